@@ -1,0 +1,424 @@
+/* tcp_flows.c: TCP connection lifecycle, bytes each way, retransmits and resets.
+ *
+ * Tracepoints (arguments and helpers only, never kernel structs; DESIGN.md rule 1):
+ *   sock:inet_sock_set_state   lifecycle, addresses, ports        (Linux 4.16+)
+ *   sock:sock_send_length      bytes an application sent          (Linux 6.3+)
+ *   sock:sock_recv_length      bytes an application received      (Linux 6.3+)
+ *   tcp:tcp_retransmit_skb     retransmitted segments             (Linux 4.15+)
+ *   tcp:tcp_send_reset         resets this host sent              (Linux 4.15+)
+ *   tcp:tcp_receive_reset      resets this host received          (Linux 4.15+)
+ *
+ * Per socket (keyed by the socket's address, used only as an opaque key) the program
+ * keeps who opened it and how many bytes went each way. Per flow key (direction,
+ * remote class, remote address, service port) it aggregates counters that user space
+ * reads each cycle, so a long-lived flow's bytes show before it closes. Each closed
+ * flow also goes to the ring buffer as one record. Direction comes from the socket's
+ * role: an active open (SYN_SENT) is egress, an accepted socket (SYN_RECV) ingress.
+ */
+#include "lens_common.h"
+
+/* tcp:tcp_send_reset names enum sk_rst_reason (Linux 6.10+), which older header trees
+ * lack. Give the generated argument struct a 4-byte enum of our own either way. */
+#define sk_rst_reason lens_sk_rst_reason
+enum lens_sk_rst_reason { LENS_RST_REASON_UNSPEC };
+
+#ifndef MAX_SOCKETS
+#define MAX_SOCKETS 65536
+#endif
+#ifndef MAX_FLOW_KEYS
+#define MAX_FLOW_KEYS 16384
+#endif
+#ifndef MAX_POLICY_PREFIXES
+#define MAX_POLICY_PREFIXES 4096
+#endif
+#ifndef RINGBUF_PAGES
+#define RINGBUF_PAGES 256
+#endif
+
+/* TCP states as the tracepoint reports them. */
+#define S_ESTABLISHED 1
+#define S_SYN_SENT 2
+#define S_SYN_RECV 3
+#define S_FIN_WAIT1 4
+#define S_CLOSE 7
+#define S_CLOSE_WAIT 8
+#define S_LAST_ACK 9
+
+#define MSG_PEEK_FLAG 2
+
+/* Index of the stats array; mirrored in lens_ebpf/net/tcp_flows.py. */
+#define ST_RINGBUF_FULL 0
+#define ST_SOCK_MAP_FULL 1
+#define ST_FLOW_MAP_FULL 2
+#define ST_UNTRACKED_SENT 3
+#define ST_UNTRACKED_RECV 4
+#define ST_UNTRACKED_RETRANS 5
+#define ST_RESET_NO_SOCKET 6
+#define ST_EVENTS 7
+#define ST_COUNT 8
+
+#define SI_PID_KNOWN 1
+#define SI_KEYED 2
+#define SI_RST_SENT 4
+#define SI_RST_RECV 8
+
+#define REASON_NORMAL 0
+#define REASON_RESET_RECEIVED 1
+#define REASON_RESET_SENT 2
+#define REASON_FAILED_CONNECT 3
+#define REASON_ABORTED 4
+
+struct flow_key {
+    u8 raddr[16];
+    u16 port;      /* remote port for egress, local listening port for ingress */
+    u8 direction;
+    u8 cls;
+    u8 family;
+    u8 overflow;   /* 1: the map was full; this is the per-(direction, class) slot */
+    u8 pad[2];
+};
+
+struct flow_val {
+    u64 opened;
+    u64 closed;
+    u64 failed;
+    u64 sent;
+    u64 recv;
+    u64 retrans;
+    u64 resets_sent;
+    u64 resets_recv;
+};
+
+struct sock_info {
+    u64 start_ns;
+    u64 sent;
+    u64 recv;
+    u64 cgroup_id;
+    struct flow_key key;
+    u8 laddr[16];
+    u32 pid;
+    u32 retrans;
+    u16 lport;
+    u16 rport;
+    u16 flags;
+    u8 direction;
+    u8 family;
+    char comm[16];
+};
+
+struct flow_event {
+    u64 ts_ns;
+    u64 duration_ns;
+    u64 sent;
+    u64 recv;
+    u64 cgroup_id;
+    u8 laddr[16];
+    u8 raddr[16];
+    u32 pid;
+    u32 retrans;
+    u16 lport;
+    u16 rport;
+    u8 family;
+    u8 direction;
+    u8 cls;
+    u8 reason;
+    char comm[16];
+};
+
+BPF_HASH(socks, u64, struct sock_info, MAX_SOCKETS);
+BPF_HASH(flows, struct flow_key, struct flow_val, MAX_FLOW_KEYS);
+BPF_LPM_TRIE(policy, struct lens_lpm_key, u8, MAX_POLICY_PREFIXES);
+BPF_PERCPU_ARRAY(stats, u64, ST_COUNT);
+BPF_RINGBUF_OUTPUT(flow_events, RINGBUF_PAGES);
+/* Never written: declares the record type so Python can check its size. */
+BPF_ARRAY(layout_flow_event, struct flow_event, 1);
+
+static __always_inline void stat_add(u32 idx, u64 n)
+{
+    u64 *v = stats.lookup(&idx);
+    if (v)
+        *v += n;
+}
+
+static __always_inline u8 classify(const u8 *addr)
+{
+    struct lens_lpm_key k = {.prefixlen = 128};
+    __builtin_memcpy(k.addr, addr, 16);
+    u8 *c = policy.lookup(&k);
+    return c ? *c : LENS_CLASS_EXTERNAL;
+}
+
+/* Tracepoint arrays are copied with a helper: the verifier refuses loads through a
+ * context pointer the compiler has offset. */
+static __always_inline void copy_addr(u8 *dst, u16 family, const u8 *v4, const u8 *v6)
+{
+    if (family == AF_INET) {
+        u8 a[4] = {};
+        bpf_probe_read_kernel(a, sizeof(a), v4);
+        lens_map_v4(dst, a);
+    } else {
+        bpf_probe_read_kernel(dst, 16, v6);
+    }
+}
+
+static __always_inline void make_key(struct flow_key *k, u8 direction, u16 family,
+                                     const u8 *raddr, u16 lport, u16 rport)
+{
+    __builtin_memset(k, 0, sizeof(*k));
+    __builtin_memcpy(k->raddr, raddr, 16);
+    k->port = direction == LENS_DIR_EGRESS ? rport : lport;
+    k->direction = direction;
+    k->family = family;
+    k->cls = classify(raddr);
+}
+
+/* The aggregate for k, created on first use; the overflow slot when the map is full. */
+static __always_inline struct flow_val *flow_get(struct flow_key *k)
+{
+    struct flow_val *v = flows.lookup(k);
+    if (v)
+        return v;
+    struct flow_val zero = {};
+    flows.insert(k, &zero);
+    v = flows.lookup(k);
+    if (v)
+        return v;
+    stat_add(ST_FLOW_MAP_FULL, 1);
+    struct flow_key o = {};
+    o.direction = k->direction;
+    o.cls = k->cls;
+    o.overflow = 1;
+    return flows.lookup(&o);
+}
+
+static __always_inline void set_owner(struct sock_info *si)
+{
+    si->pid = bpf_get_current_pid_tgid() >> 32;
+    si->cgroup_id = bpf_get_current_cgroup_id();
+    bpf_get_current_comm(&si->comm, sizeof(si->comm));
+    si->flags |= SI_PID_KNOWN;
+}
+
+static __always_inline void emit_close(struct sock_info *si, u8 reason)
+{
+    struct flow_event *e = flow_events.ringbuf_reserve(sizeof(struct flow_event));
+    if (!e) {
+        stat_add(ST_RINGBUF_FULL, 1);
+        return;
+    }
+    u64 now = bpf_ktime_get_ns();
+    e->ts_ns = now;
+    e->duration_ns = now - si->start_ns;
+    e->sent = si->sent;
+    e->recv = si->recv;
+    e->cgroup_id = si->cgroup_id;
+    __builtin_memcpy(e->laddr, si->laddr, 16);
+    __builtin_memcpy(e->raddr, si->key.raddr, 16);
+    e->pid = si->pid;
+    e->retrans = si->retrans;
+    e->lport = si->lport;
+    e->rport = si->rport;
+    e->family = si->family;
+    e->direction = si->direction;
+    e->cls = si->key.cls;
+    e->reason = reason;
+    __builtin_memcpy(e->comm, si->comm, sizeof(e->comm));
+    flow_events.ringbuf_submit(e, 0);
+    stat_add(ST_EVENTS, 1);
+}
+
+TRACEPOINT_PROBE(sock, inet_sock_set_state)
+{
+    if (args->protocol != LENS_IPPROTO_TCP)
+        return 0;
+    u16 family = args->family;
+    if (family != AF_INET && family != AF_INET6)
+        return 0;
+    u64 sk = (u64)args->skaddr;
+    int os = args->oldstate;
+    int ns = args->newstate;
+    u16 sport = args->sport, dport = args->dport;
+    LENS_PIN(sport);
+    LENS_PIN(dport);
+
+    if ((ns == S_SYN_SENT && os == S_CLOSE) || ns == S_SYN_RECV) {
+        struct sock_info si = {};
+        si.start_ns = bpf_ktime_get_ns();
+        si.family = family;
+        if (ns == S_SYN_SENT) {
+            si.direction = LENS_DIR_EGRESS;
+            set_owner(&si); /* connect() runs in the caller's context */
+        } else {
+            si.direction = LENS_DIR_INGRESS; /* softirq: the owner shows on first I/O */
+        }
+        if (socks.update(&sk, &si) != 0)
+            stat_add(ST_SOCK_MAP_FULL, 1);
+        return 0;
+    }
+
+    struct sock_info *si = socks.lookup(&sk);
+    if (!si)
+        return 0; /* opened before the agent, or not a connection */
+
+    if (ns == S_ESTABLISHED && (os == S_SYN_SENT || os == S_SYN_RECV)) {
+        u8 raddr[16];
+        copy_addr(si->laddr, family, args->saddr, args->saddr_v6);
+        copy_addr(raddr, family, args->daddr, args->daddr_v6);
+        si->lport = sport;
+        si->rport = dport;
+        make_key(&si->key, si->direction, family, raddr, si->lport, si->rport);
+        si->flags |= SI_KEYED;
+        struct flow_val *v = flow_get(&si->key);
+        if (v) {
+            __sync_fetch_and_add(&v->opened, 1);
+            /* bytes that came before the handshake finished (TCP Fast Open) */
+            if (si->sent)
+                __sync_fetch_and_add(&v->sent, si->sent);
+            if (si->recv)
+                __sync_fetch_and_add(&v->recv, si->recv);
+        }
+        return 0;
+    }
+
+    /* close() from the application: a process context for accepted sockets too */
+    if (!(si->flags & SI_PID_KNOWN) &&
+        ((os == S_ESTABLISHED && ns == S_FIN_WAIT1) || (os == S_CLOSE_WAIT && ns == S_LAST_ACK)))
+        set_owner(si);
+
+    if (ns != S_CLOSE)
+        return 0;
+
+    if (!(si->flags & SI_KEYED)) {
+        u8 raddr[16];
+        copy_addr(si->laddr, family, args->saddr, args->saddr_v6);
+        copy_addr(raddr, family, args->daddr, args->daddr_v6);
+        si->lport = sport;
+        si->rport = dport;
+        make_key(&si->key, si->direction, family, raddr, si->lport, si->rport);
+    }
+    u8 reason = REASON_NORMAL;
+    struct flow_val *v = flow_get(&si->key);
+    if (os == S_SYN_SENT || os == S_SYN_RECV) {
+        reason = os == S_SYN_SENT ? REASON_FAILED_CONNECT : REASON_ABORTED;
+        if (v)
+            __sync_fetch_and_add(&v->failed, 1);
+    } else {
+        if (si->flags & SI_RST_RECV)
+            reason = REASON_RESET_RECEIVED;
+        else if (si->flags & SI_RST_SENT)
+            reason = REASON_RESET_SENT;
+        if (v)
+            __sync_fetch_and_add(&v->closed, 1);
+    }
+    emit_close(si, reason);
+    socks.delete(&sk);
+    return 0;
+}
+
+static __always_inline void count_bytes(u64 sk, u16 family, u16 protocol, int ret, int flags,
+                                        int sending)
+{
+    if (protocol != LENS_IPPROTO_TCP || ret <= 0 || (flags & MSG_PEEK_FLAG))
+        return;
+    if (family != AF_INET && family != AF_INET6)
+        return;
+    struct sock_info *si = socks.lookup(&sk);
+    if (!si) {
+        stat_add(sending ? ST_UNTRACKED_SENT : ST_UNTRACKED_RECV, ret);
+        return;
+    }
+    if (!(si->flags & SI_PID_KNOWN))
+        set_owner(si); /* send/recv always run in the owner's context */
+    if (sending)
+        __sync_fetch_and_add(&si->sent, ret);
+    else
+        __sync_fetch_and_add(&si->recv, ret);
+    if (!(si->flags & SI_KEYED))
+        return;
+    struct flow_val *v = flow_get(&si->key);
+    if (!v)
+        return;
+    if (sending)
+        __sync_fetch_and_add(&v->sent, ret);
+    else
+        __sync_fetch_and_add(&v->recv, ret);
+}
+
+TRACEPOINT_PROBE(sock, sock_send_length)
+{
+    count_bytes((u64)args->sk, args->family, args->protocol, args->ret, args->flags, 1);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sock, sock_recv_length)
+{
+    count_bytes((u64)args->sk, args->family, args->protocol, args->ret, args->flags, 0);
+    return 0;
+}
+
+TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
+{
+    u64 sk = (u64)args->skaddr;
+    struct sock_info *si = socks.lookup(&sk);
+    if (!si) {
+        stat_add(ST_UNTRACKED_RETRANS, 1);
+        return 0;
+    }
+    si->retrans++;
+    struct flow_key k;
+    if (si->flags & SI_KEYED) {
+        __builtin_memcpy(&k, &si->key, sizeof(k));
+    } else { /* a SYN retransmitted before the handshake finished */
+        u8 raddr[16];
+        u16 family = args->family, sport = args->sport, dport = args->dport;
+        LENS_PIN(sport);
+        LENS_PIN(dport);
+        copy_addr(raddr, family, args->daddr, args->daddr_v6);
+        make_key(&k, si->direction, family, raddr, sport, dport);
+    }
+    struct flow_val *v = flow_get(&k);
+    if (v)
+        __sync_fetch_and_add(&v->retrans, 1);
+    return 0;
+}
+
+TRACEPOINT_PROBE(tcp, tcp_receive_reset)
+{
+    u64 sk = (u64)args->skaddr;
+    struct sock_info *si = socks.lookup(&sk);
+    if (!si)
+        return 0;
+    si->flags |= SI_RST_RECV;
+    struct flow_key k;
+    if (si->flags & SI_KEYED) {
+        __builtin_memcpy(&k, &si->key, sizeof(k));
+    } else { /* a refused connect: the reset answers our SYN */
+        u8 raddr[16];
+        u16 family = args->family, sport = args->sport, dport = args->dport;
+        LENS_PIN(sport);
+        LENS_PIN(dport);
+        copy_addr(raddr, family, args->daddr, args->daddr_v6);
+        make_key(&k, si->direction, family, raddr, sport, dport);
+    }
+    struct flow_val *v = flow_get(&k);
+    if (v)
+        __sync_fetch_and_add(&v->resets_recv, 1);
+    return 0;
+}
+
+TRACEPOINT_PROBE(tcp, tcp_send_reset)
+{
+    u64 sk = (u64)args->skaddr;
+    struct sock_info *si = sk ? socks.lookup(&sk) : 0;
+    if (!si) { /* e.g. a SYN to a port nobody listens on */
+        stat_add(ST_RESET_NO_SOCKET, 1);
+        return 0;
+    }
+    si->flags |= SI_RST_SENT;
+    if (!(si->flags & SI_KEYED))
+        return 0;
+    struct flow_val *v = flow_get(&si->key);
+    if (v)
+        __sync_fetch_and_add(&v->resets_sent, 1);
+    return 0;
+}

@@ -1,0 +1,3 @@
+from lens_ebpf.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,275 @@
+"""The agent process: loads what this node supports, serves /metrics, stops cleanly."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from lens_ebpf import __version__, kernel_headers, tracefs
+from lens_ebpf.api.http import HttpServer, Response, json_response
+from lens_ebpf.bpf.loader import ATTACHED, OFF, BpfLoader, LoaderCollector
+from lens_ebpf.config import Config, policy_path
+from lens_ebpf.events import EventBus, EventBusCollector
+from lens_ebpf.metrics.cache import CacheCollector, MetricCache
+from lens_ebpf.net.policy import Policy, PolicyError, load_policy
+from lens_ebpf.net.tcp_flows import TcpFlows, TcpFlowsCollector
+
+log = logging.getLogger(__name__)
+
+
+class StartupError(Exception):
+    """The agent cannot start; the message is one line for the operator."""
+
+
+@dataclass
+class PolicyState:
+    """The policy in force, and what became of the last reload."""
+
+    path: Path
+    policy: Policy
+    signature: tuple[float, int] = (0.0, 0)
+    last_error: str = ""
+    reloads: dict[str, int] = field(default_factory=lambda: {"success": 0, "failure": 0})
+
+
+def _signature(path: Path) -> tuple[float, int]:
+    try:
+        st = path.stat()
+    except OSError:
+        return (0.0, -1)
+    return (st.st_mtime, st.st_size)
+
+
+class Agent:
+    """Owns the cache, the programs, the HTTP server and the background loops."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.stop_event = threading.Event()
+        self.reload_event = threading.Event()
+        self.ready = False
+        self.heartbeat = time.monotonic()
+        self.cache = MetricCache(cfg.cache.ttl_seconds, cfg.cache.max_series, cfg.cache.families)
+        self.bus = EventBus(cfg.events.queue_size)
+        self.loader = BpfLoader()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.features: dict[str, dict[str, str]] = {}
+        self.headers: kernel_headers.HeaderTree | None = None
+        self.tcp: TcpFlows | None = None
+        self.http: HttpServer | None = None
+        self._threads: list[threading.Thread] = []
+        path = policy_path(cfg)
+        try:
+            self.policy = PolicyState(path, load_policy(path), _signature(path))
+        except PolicyError as exc:
+            raise StartupError(f"policy: {exc}") from None
+
+    # -- start-up -----------------------------------------------------------
+    def start(self) -> None:
+        """Bind the port first (fail fast), then load the programs, then serve."""
+        host, port = self.cfg.server.host, self.cfg.server.port
+        try:
+            self.http = HttpServer(host, port, self.registry)
+        except OSError as exc:
+            raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        for path, route in {
+            "/healthz": self._healthz,
+            "/health": self._healthz,
+            "/readyz": self._readyz,
+            "/ready": self._readyz,
+        }.items():
+            self.http.add(path, route)
+        for collector in (
+            CacheCollector(self.cache),
+            LoaderCollector(self.loader),
+            EventBusCollector(self.bus),
+            _AgentCollector(self),
+        ):
+            self.registry.register(collector)
+        self.http.start()
+        log.info("lens-ebpf %s serving on %s:%d", __version__, host, self.http.port)
+
+        tracefs.ensure_mounted()
+        self.headers = kernel_headers.resolve(
+            fallback_glob=self.cfg.kernel.headers_fallback_glob,
+            link=self.cfg.kernel.link_headers,
+        )
+        log.info(
+            "kernel headers: %s %s (%s)",
+            self.headers.source,
+            self.headers.path,
+            self.headers.detail,
+        )
+        self._start_tcp()
+        self._spawn("policy", self._policy_loop)
+        self.ready = True
+
+    def _start_tcp(self) -> None:
+        if not self.cfg.collectors.tcp.enabled:
+            self.features["tcp_flows"] = {"state": OFF, "reason": "disabled by config"}
+            return
+        self.tcp = TcpFlows(self.cfg, self.cache, self.bus, self.loader)
+        if self.tcp.start(self.policy.policy):
+            self.registry.register(TcpFlowsCollector(self.tcp))
+            self._spawn("ringbuf", self._poll_loop)
+            self._spawn("reader", self._read_loop)
+        else:
+            self.tcp = None
+        st = self.loader.status.get("tcp_flows")
+        if st is not None:
+            self.features["tcp_flows"] = {"state": st.state, "reason": st.reason}
+
+    def _spawn(self, name: str, target: Any) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    # -- loops --------------------------------------------------------------
+    def _poll_loop(self) -> None:
+        while not self.stop_event.is_set() and self.tcp is not None:
+            self.tcp.poll(200)
+
+    def _read_loop(self) -> None:
+        interval = self.cfg.bpf.read_interval_seconds
+        while not self.stop_event.is_set():
+            try:
+                if self.tcp is not None:
+                    self.tcp.read()
+                self.heartbeat = time.monotonic()
+            except Exception:
+                log.exception("reading BPF maps failed")
+            self.stop_event.wait(interval)
+
+    def read_now(self) -> None:
+        """One read cycle outside the loop (tests and shutdown)."""
+        if self.tcp is not None:
+            self.tcp.read()
+
+    def _policy_loop(self) -> None:
+        interval = self.cfg.policy.watch_interval_seconds
+        while not self.stop_event.is_set():
+            changed = _signature(self.policy.path) != self.policy.signature
+            if self.reload_event.is_set() or changed:
+                self.reload_event.clear()
+                self.reload_policy("SIGHUP" if not changed else "file changed")
+            self.stop_event.wait(interval)
+
+    def reload_policy(self, why: str) -> bool:
+        """Load the policy again; on error keep the last good one and say why."""
+        state = self.policy
+        state.signature = _signature(state.path)
+        try:
+            policy = load_policy(state.path)
+            if self.tcp is not None:
+                self.tcp.set_policy(policy)
+        except (PolicyError, ValueError) as exc:
+            state.last_error = str(exc)
+            state.reloads["failure"] += 1
+            log.error("policy reload (%s) failed, keeping the last good policy: %s", why, exc)
+            return False
+        state.policy = policy
+        state.last_error = ""
+        state.reloads["success"] += 1
+        log.info("policy reloaded (%s) from %s", why, state.path)
+        return True
+
+    # -- HTTP ---------------------------------------------------------------
+    def _healthz(self) -> Response:
+        stale = time.monotonic() - self.heartbeat > 3 * self.cfg.bpf.read_interval_seconds + 10
+        if stale and self.tcp is not None:
+            return json_response(503, {"status": "reader stalled"})
+        return json_response(200, {"status": "ok"})
+
+    def _readyz(self) -> Response:
+        body = {
+            "ready": self.ready,
+            "version": __version__,
+            "features": self.features,
+            "policy": {
+                "path": str(self.policy.path),
+                "error": self.policy.last_error,
+                "reloads": self.policy.reloads,
+            },
+            "kernel_headers": (
+                {"source": self.headers.source, "path": self.headers.path} if self.headers else None
+            ),
+        }
+        return json_response(200 if self.ready else 503, body)
+
+    # -- shutdown -----------------------------------------------------------
+    def install_signals(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
+        signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
+        signal.signal(signal.SIGHUP, lambda *_: self.reload_event.set())
+
+    def wait(self) -> None:
+        while not self.stop_event.wait(1.0):
+            pass
+
+    def stop(self) -> None:
+        """Detach every program and stop serving."""
+        self.stop_event.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        self.loader.close()
+        for name, st in self.loader.status.items():
+            self.features[name] = {"state": st.state, "reason": st.reason}
+        if self.http is not None:
+            self.http.stop()
+        log.info("lens-ebpf stopped; all BPF programs detached")
+
+
+class _AgentCollector(Collector):
+    """Agent-level self metrics: build info, features, policy reloads."""
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        a = self._agent
+        info = Metric("lens_agent_build_info", "Agent version", "gauge")
+        info.add_sample("lens_agent_build_info", {"version": __version__}, 1)
+        yield info
+        feat = Metric("lens_agent_feature_up", "1 when a feature is running", "gauge")
+        for name, f in a.features.items():
+            feat.add_sample(
+                "lens_agent_feature_up", {"feature": name}, 1 if f["state"] == ATTACHED else 0
+            )
+        yield feat
+        reloads = Metric("lens_agent_policy_reloads", "Policy reloads by result", "counter")
+        for result, n in a.policy.reloads.items():
+            reloads.add_sample("lens_agent_policy_reloads_total", {"result": result}, n)
+        yield reloads
+        err = Metric("lens_agent_policy_error", "1 while the last policy reload failed", "gauge")
+        err.add_sample("lens_agent_policy_error", {}, 1 if a.policy.last_error else 0)
+        yield err
+
+
+def run_agent(cfg: Config) -> int:
+    """Run until SIGTERM or SIGINT; 0 on a clean stop."""
+    agent = Agent(cfg)
+    agent.install_signals()
+    try:
+        agent.start()
+    except StartupError:
+        agent.stop()
+        raise
+    if os.geteuid() != 0:
+        log.warning("not running as root: BPF programs need CAP_BPF and CAP_PERFMON")
+    agent.wait()
+    agent.stop()
+    return 0

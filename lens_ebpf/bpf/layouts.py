@@ -1,0 +1,73 @@
+"""Python mirrors of bpf_programs/lens_common.h and the programs' records.
+
+Each mirror is checked against the size BCC derived from the C at load time; a
+mismatch is an error, never a guess (STYLE.md).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+
+class LpmKey(ctypes.Structure):
+    _fields_ = [("prefixlen", ctypes.c_uint32), ("addr", ctypes.c_uint8 * 16)]
+
+
+class FlowKey(ctypes.Structure):
+    _fields_ = [
+        ("raddr", ctypes.c_uint8 * 16),
+        ("port", ctypes.c_uint16),
+        ("direction", ctypes.c_uint8),
+        ("cls", ctypes.c_uint8),
+        ("family", ctypes.c_uint8),
+        ("overflow", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8 * 2),
+    ]
+
+
+class FlowVal(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in (
+            "opened",
+            "closed",
+            "failed",
+            "sent",
+            "recv",
+            "retrans",
+            "resets_sent",
+            "resets_recv",
+        )
+    ]
+
+
+class FlowEvent(ctypes.Structure):
+    _fields_ = [
+        ("ts_ns", ctypes.c_uint64),
+        ("duration_ns", ctypes.c_uint64),
+        ("sent", ctypes.c_uint64),
+        ("recv", ctypes.c_uint64),
+        ("cgroup_id", ctypes.c_uint64),
+        ("laddr", ctypes.c_uint8 * 16),
+        ("raddr", ctypes.c_uint8 * 16),
+        ("pid", ctypes.c_uint32),
+        ("retrans", ctypes.c_uint32),
+        ("lport", ctypes.c_uint16),
+        ("rport", ctypes.c_uint16),
+        ("family", ctypes.c_uint8),
+        ("direction", ctypes.c_uint8),
+        ("cls", ctypes.c_uint8),
+        ("reason", ctypes.c_uint8),
+        ("comm", ctypes.c_char * 16),
+    ]
+
+
+class LayoutError(Exception):
+    """A Python mirror does not match the size of its C layout."""
+
+
+def check_size(what: str, mirror: type[ctypes.Structure], c_type: type) -> None:
+    """Refuse to run when a mirror and the compiled layout differ in size."""
+    want, got = ctypes.sizeof(c_type), ctypes.sizeof(mirror)
+    if want != got:
+        raise LayoutError(f"{what}: C layout is {want} bytes, Python mirror {got}")

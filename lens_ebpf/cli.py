@@ -1,0 +1,125 @@
+"""lens-ebpf command line: run, check, version."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from lens_ebpf import __version__, config
+
+EXAMPLES = """\
+examples:
+  lens-ebpf run                                  # agent on :9470, shipped policy
+  lens-ebpf run --listen 127.0.0.1:9470 --policy /etc/lens/policy.yaml
+  lens-ebpf run --config lens.yaml --no-collector.tcp
+  lens-ebpf check                                # what this node supports, and why not
+  lens-ebpf check --json                         # the same for tools
+"""
+
+COLLECTORS = ("tcp",)
+
+
+class CliError(Exception):
+    """A usage problem, worded for one line."""
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """HOST:PORT, [V6]:PORT or :PORT."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise CliError(f"--listen {value!r}: expected HOST:PORT with a port from 0 to 65535")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lens-ebpf",
+        description="eBPF observability agent for Kubernetes GPU nodes",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser(
+        "run",
+        help="run the agent",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("--config", help="YAML config file (also LENS_CONFIG)")
+    run.add_argument("--policy", help="policy.yaml (default: the shipped policy)")
+    run.add_argument("--listen", help="HOST:PORT for HTTP (default 0.0.0.0:9470)")
+    run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    for name in COLLECTORS:
+        run.add_argument(
+            f"--no-collector.{name}",
+            dest=f"no_collector_{name}",
+            action="store_true",
+            help=f"disable the {name} collector",
+        )
+    check = sub.add_parser("check", help="report what this kernel and node support")
+    check.add_argument("--json", action="store_true", help="one JSON object")
+    sub.add_parser("version", help="print the version")
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict[tuple[str, ...], Any]:
+    out: dict[tuple[str, ...], Any] = {}
+    if args.policy:
+        out[("policy", "path")] = args.policy
+    if args.listen:
+        host, port = parse_listen(args.listen)
+        out[("server", "host")] = host
+        out[("server", "port")] = port
+    if args.log_level:
+        out[("log_level",)] = args.log_level
+    for name in COLLECTORS:
+        if getattr(args, f"no_collector_{name}"):
+            out[("collectors", name, "enabled")] = False
+    return out
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from lens_ebpf.agent import StartupError, run_agent
+
+    cfg = config.load(args.config, overrides=_overrides(args))
+    logging.basicConfig(
+        level=cfg.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return run_agent(cfg)
+    except StartupError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from lens_ebpf import probe
+
+    result = probe.run_checks()
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        print(probe.format_table(result))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "version":
+            print(f"lens-ebpf {__version__}")
+            return 0
+        if args.command == "check":
+            return _cmd_check(args)
+        return _cmd_run(args)
+    except (CliError, config.ConfigError) as exc:
+        print(f"lens-ebpf: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

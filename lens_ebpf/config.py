@@ -1,0 +1,219 @@
+"""Agent configuration: shipped defaults, a YAML file, environment, flags (in that order)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "LENS_"
+ENV_SEPARATOR = "__"
+# Names kept from the daemons lens-ebpf replaces.
+ENV_ALIASES = {
+    "NODE_NAME": ("node", "name"),
+    "NODE_IP": ("node", "ip"),
+    "APP__SERVER__HOST": ("server", "host"),
+    "APP__SERVER__PORT": ("server", "port"),
+}
+ENV_NOT_KEYS = {"LENS_CONFIG"}
+
+
+class ConfigError(Exception):
+    """A configuration problem, worded for one line of output."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class NodeConfig(_Section):
+    name: str = ""
+    ip: str = ""
+
+
+class ServerConfig(_Section):
+    host: str = "0.0.0.0"
+    port: int = Field(9470, ge=0, le=65535)
+
+
+class PolicyConfig(_Section):
+    path: str = ""
+    watch_interval_seconds: float = Field(2.0, gt=0)
+
+
+class KernelConfig(_Section):
+    headers_fallback_glob: str = "/usr/src/linux-headers-*-amd64"
+    link_headers: bool = True
+
+
+class BpfConfig(_Section):
+    ringbuf_pages: int = Field(256, ge=1)
+    max_sockets: int = Field(65536, ge=16)
+    max_flow_keys: int = Field(16384, ge=16)
+    flow_key_idle_seconds: float = Field(900, gt=0)
+    read_interval_seconds: float = Field(2.0, gt=0)
+
+    @field_validator("ringbuf_pages")
+    @classmethod
+    def _power_of_two(cls, v: int) -> int:
+        if v & (v - 1):
+            raise ValueError("must be a power of two")
+        return v
+
+
+class EventsConfig(_Section):
+    queue_size: int = Field(16384, ge=1)
+
+
+class FamilyLimits(_Section):
+    ttl_seconds: float | None = Field(None, gt=0)
+    max_series: int | None = Field(None, ge=1)
+
+
+class CacheConfig(_Section):
+    ttl_seconds: float = Field(600, gt=0)
+    max_series: int = Field(20000, ge=1)
+    families: dict[str, FamilyLimits] = Field(default_factory=dict)
+
+
+class CollectorToggle(_Section):
+    enabled: bool = True
+
+
+class CollectorsConfig(_Section):
+    tcp: CollectorToggle = Field(default_factory=CollectorToggle)
+
+
+class Config(_Section):
+    node: NodeConfig = Field(default_factory=NodeConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    log_level: str = "info"
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    kernel: KernelConfig = Field(default_factory=KernelConfig)
+    bpf: BpfConfig = Field(default_factory=BpfConfig)
+    events: EventsConfig = Field(default_factory=EventsConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+    collectors: CollectorsConfig = Field(default_factory=CollectorsConfig)
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, v: str) -> str:
+        if v.lower() not in {"debug", "info", "warning", "error"}:
+            raise ValueError("must be one of debug, info, warning, error")
+        return v.lower()
+
+    @property
+    def node_name(self) -> str:
+        return self.node.name or socket.gethostname()
+
+
+def _defaults() -> dict[str, Any]:
+    text = resources.files("lens_ebpf").joinpath("defaults.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _set_path(tree: dict[str, Any], path: tuple[str, ...], value: Any, origin: str) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            raise ConfigError(f"{origin}: unknown key {'.'.join(path)}")
+        node = child
+    if path[-1] not in node:
+        raise ConfigError(f"{origin}: unknown key {'.'.join(path)}")
+    node[path[-1]] = value
+
+
+def _env_value(raw: str) -> Any:
+    try:
+        return yaml.safe_load(raw) if raw.strip() else raw
+    except yaml.YAMLError:
+        return raw
+
+
+def _apply_env(tree: dict[str, Any], env: Mapping[str, str]) -> None:
+    for name, path in ENV_ALIASES.items():
+        if name in env:
+            _set_path(tree, path, _env_value(env[name]), f"environment {name}")
+    for name, raw in sorted(env.items()):
+        if not name.startswith(ENV_PREFIX) or name in ENV_NOT_KEYS:
+            continue
+        key = tuple(p.lower() for p in name[len(ENV_PREFIX) :].split(ENV_SEPARATOR))
+        _set_path(tree, key, _env_value(raw), f"environment {name}")
+
+
+def _describe(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    value = first.get("input")
+    shown = "" if first["type"] == "extra_forbidden" else f" (got {value!r})"
+    more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{where}: {msg}{shown}{more}"
+
+
+def load(
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[tuple[str, ...], Any] | None = None,
+) -> Config:
+    """Build the effective config; raise ConfigError naming the key and the reason."""
+    env = os.environ if env is None else env
+    tree = _defaults()
+    path = path or env.get("LENS_CONFIG") or None
+    if path:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"config file {path}: {exc.strerror or exc}") from exc
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path}: not valid YAML: {_yaml_where(exc)}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: top level must be a mapping")
+        try:
+            Config.model_validate(_merge(tree, loaded or {}))
+        except ValidationError as exc:
+            raise ConfigError(f"config file {path}: {_describe(exc)}") from exc
+        tree = _merge(tree, loaded or {})
+    _apply_env(tree, env)
+    for key, value in (overrides or {}).items():
+        _set_path(tree, key, value, "flag")
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(f"config: {_describe(exc)}") from exc
+
+
+def _yaml_where(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if mark is not None:
+        return f"line {mark.line + 1} column {mark.column + 1}: {problem}"
+    return str(problem)
+
+
+def policy_path(cfg: Config) -> Path:
+    """The policy file in force: the configured one or the shipped default."""
+    if cfg.policy.path:
+        return Path(cfg.policy.path)
+    return Path(str(resources.files("policies").joinpath("policy.yaml")))

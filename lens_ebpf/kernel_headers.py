@@ -1,0 +1,128 @@
+"""Find (or make) a kernel header tree that BCC can compile tracepoint programs against.
+
+Search order (DESIGN.md, "Kernel headers"): /lib/modules/$(uname -r)/build, then
+/sys/kernel/kheaders.tar.xz (BCC unpacks it itself), then a fallback tree such as
+Debian's linux-headers-amd64, linked in as build/ and source/. A mismatched tree is
+safe because the programs read only tracepoint arguments and helpers (rule 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FALLBACK_GLOB = "/usr/src/linux-headers-*-amd64"
+KHEADERS = Path("/sys/kernel/kheaders.tar.xz")
+
+
+@dataclass(frozen=True)
+class HeaderTree:
+    """Which header tree BCC will use, and how it was found."""
+
+    source: str  # "modules", "kheaders", "fallback" or "none"
+    path: str
+    detail: str
+
+    @property
+    def found(self) -> bool:
+        return self.source != "none"
+
+
+def _common_tree(build: Path) -> Path | None:
+    """Debian splits headers into -amd64 (build) and -common (source) trees."""
+    name = build.name
+    if name.endswith("-amd64") or name.endswith("-arm64") or name.endswith("-cloud-amd64"):
+        base = name.rsplit("-", 2 if name.endswith("-cloud-amd64") else 1)[0]
+        candidate = build.parent / f"{base}-common"
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def _tree_usable(moddir: Path) -> bool:
+    """BCC needs include/linux/kconfig.h in build/ or in the split source/ tree."""
+    return any(
+        (moddir / d / "include" / "linux" / "kconfig.h").exists() for d in ("build", "source")
+    )
+
+
+def find_fallback(pattern: str = DEFAULT_FALLBACK_GLOB) -> Path | None:
+    """Newest header tree matching pattern that carries its generated headers."""
+    trees = sorted(
+        (Path(p) for p in glob.glob(pattern) if Path(p, "include").is_dir()),
+        key=lambda p: p.name,
+    )
+    return trees[-1] if trees else None
+
+
+def resolve(
+    release: str | None = None,
+    modules_root: Path = Path("/lib/modules"),
+    kheaders: Path = KHEADERS,
+    fallback_glob: str = DEFAULT_FALLBACK_GLOB,
+    link: bool = False,
+) -> HeaderTree:
+    """Say which tree BCC will compile against; with link=True, link a fallback in."""
+    release = release or os.uname().release
+    moddir = modules_root / release
+    build = moddir / "build"
+    if build.exists() and _tree_usable(moddir):
+        return HeaderTree("modules", str(build.resolve()), f"{build} exists")
+    if kheaders.exists():
+        return HeaderTree("kheaders", str(kheaders), "BCC unpacks the kernel's own headers")
+    fallback = find_fallback(fallback_glob)
+    if fallback is None:
+        return HeaderTree(
+            "none",
+            "",
+            f"no {build}, no {kheaders}, nothing matches {fallback_glob} "
+            "(install linux-headers-amd64)",
+        )
+    if not link:
+        return HeaderTree("fallback", str(fallback), f"would link {build} -> {fallback}")
+    try:
+        moddir.mkdir(parents=True, exist_ok=True)
+        _relink(build, fallback)
+        common = _common_tree(fallback)
+        if common is not None:
+            _relink(moddir / "source", common)
+    except OSError as exc:
+        return HeaderTree("none", str(fallback), f"cannot link {build} -> {fallback}: {exc}")
+    return HeaderTree(
+        "fallback",
+        str(fallback),
+        f"linked {build} -> {fallback} (headers of another kernel; tracepoint programs only)",
+    )
+
+
+def _relink(link_path: Path, target: Path) -> None:
+    if link_path.is_symlink():
+        link_path.unlink()
+    link_path.symlink_to(target)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Prepare the host for BCC: mount tracefs and link a header tree when needed."""
+    from lens_ebpf import tracefs
+
+    parser = argparse.ArgumentParser(prog="python -m lens_ebpf.kernel_headers")
+    parser.add_argument("--prepare", action="store_true", help="mount tracefs, link headers")
+    parser.add_argument("--fallback-glob", default=DEFAULT_FALLBACK_GLOB)
+    args = parser.parse_args(argv)
+    if args.prepare:
+        mounted = tracefs.ensure_mounted()
+        print(f"tracefs: {mounted or 'not available'}")
+    tree = resolve(fallback_glob=args.fallback_glob, link=args.prepare)
+    print(f"kernel headers: {tree.source} {tree.path} ({tree.detail})")
+    return 0 if tree.found else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Pure decoders shared by the metric path and the event path, so labels and fields agree."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from lens_ebpf.net.policy import CLASS_NAMES
+
+AF_INET, AF_INET6 = 2, 10
+DIRECTIONS = ("egress", "ingress")
+CLOSE_REASONS = ("normal", "reset_received", "reset_sent", "failed_connect", "aborted")
+OTHER = "other"
+
+
+def format_addr(family: int, addr16: bytes) -> str:
+    """An address as stored by the programs (IPv4 as ::ffff:a.b.c.d) in its usual text."""
+    if family == AF_INET:
+        return str(ipaddress.IPv4Address(bytes(addr16[12:16])))
+    return str(ipaddress.IPv6Address(bytes(addr16)))
+
+
+def direction_name(direction: int) -> str:
+    return DIRECTIONS[direction] if direction < len(DIRECTIONS) else str(direction)
+
+
+def class_name(cls: int) -> str:
+    return CLASS_NAMES.get(cls, "externalHosts")
+
+
+def reason_name(reason: int) -> str:
+    return CLOSE_REASONS[reason] if reason < len(CLOSE_REASONS) else str(reason)
+
+
+def flow_key_labels(key: Any) -> tuple[str, str, str, str]:
+    """(direction, class, remote address, service port) of a flows-map key."""
+    direction = direction_name(key.direction)
+    cls = class_name(key.cls)
+    if key.overflow:
+        return direction, cls, OTHER, OTHER
+    return direction, cls, format_addr(key.family, bytes(key.raddr)), str(key.port)
+
+
+def flow_event(rec: Any) -> dict[str, Any]:
+    """A closed-flow ring-buffer record as an event."""
+    return {
+        "kind": "flow_closed",
+        "ts_ns": rec.ts_ns,
+        "pid": rec.pid,
+        "comm": rec.comm.decode(errors="replace"),
+        "cgroup_id": rec.cgroup_id,
+        "family": "ipv4" if rec.family == AF_INET else "ipv6",
+        "laddr": format_addr(rec.family, bytes(rec.laddr)),
+        "lport": rec.lport,
+        "raddr": format_addr(rec.family, bytes(rec.raddr)),
+        "rport": rec.rport,
+        "direction": direction_name(rec.direction),
+        "class": class_name(rec.cls),
+        "sent_bytes": rec.sent,
+        "received_bytes": rec.recv,
+        "retransmits": rec.retrans,
+        "duration_ns": rec.duration_ns,
+        "reason": reason_name(rec.reason),
+    }

@@ -1,0 +1,156 @@
+"""policy.yaml: CIDR classes for remote addresses, parsed purely and compiled for an LPM trie."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# Class ids as in bpf_programs/lens_common.h; a lower id wins when several match.
+EXTERNAL = "externalHosts"
+CLASS_ORDER = ("k8sPod", "k8sSvc", "dns", "docker", "localhost", "internalHosts")
+CLASS_IDS = {EXTERNAL: 0, **{name: i + 1 for i, name in enumerate(CLASS_ORDER)}}
+CLASS_NAMES = {i: name for name, i in CLASS_IDS.items()}
+ALIASES = {"internal_hosts": "internalHosts", "k8s_pod": "k8sPod", "k8s_svc": "k8sSvc"}
+LIST_KEYS = ("abnormalBlackList", "abnormalWhiteList")
+LIST_ALIASES = {
+    "abnormal_black_list": "abnormalBlackList",
+    "abnormal_white_list": "abnormalWhiteList",
+}
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+V4_MAPPED = 0xFFFF << 32
+
+
+class PolicyError(Exception):
+    """A policy that cannot be used, worded with the file, the key and the value."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Class name -> networks, plus the abnormal-flow lists."""
+
+    classes: Mapping[str, tuple[Network, ...]] = field(default_factory=dict)
+    black_list: tuple[Network, ...] = ()
+    white_list: tuple[Network, ...] = ()
+    source: str = ""
+
+
+def _networks(values: Any, key: str, source: str) -> tuple[Network, ...]:
+    if values is None:
+        return ()
+    if isinstance(values, str):
+        values = [values]
+    if not isinstance(values, list):
+        raise PolicyError(f"{source}: {key}: expected a list of CIDRs, got {values!r}")
+    out = []
+    for value in values:
+        try:
+            out.append(ipaddress.ip_network(str(value).strip(), strict=False))
+        except ValueError:
+            raise PolicyError(
+                f"{source}: {key}: {value!r} is not a CIDR or an IP address"
+            ) from None
+    return tuple(out)
+
+
+def parse_policy(text: str, source: str = "policy.yaml") -> Policy:
+    """Parse policy text; raise PolicyError naming the file, key and value at fault."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise PolicyError(f"{source}: not valid YAML{where}") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise PolicyError(f"{source}: top level must be a mapping of class to CIDR list")
+    classes: dict[str, list[Network]] = {}
+    lists: dict[str, tuple[Network, ...]] = {}
+    for raw_key, values in doc.items():
+        key = str(raw_key)
+        name = ALIASES.get(key, key)
+        list_name = LIST_ALIASES.get(key, key)
+        if name in CLASS_IDS and name != EXTERNAL:
+            classes.setdefault(name, []).extend(_networks(values, key, source))
+        elif list_name in LIST_KEYS:
+            lists[list_name] = lists.get(list_name, ()) + _networks(values, key, source)
+        else:
+            known = ", ".join((*CLASS_ORDER, *LIST_KEYS))
+            raise PolicyError(f"{source}: unknown key {key!r} (known: {known})")
+    return Policy(
+        classes={k: tuple(v) for k, v in classes.items()},
+        black_list=lists.get("abnormalBlackList", ()),
+        white_list=lists.get("abnormalWhiteList", ()),
+        source=source,
+    )
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read and parse a policy file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return parse_policy(text, str(path))
+
+
+def classify(policy: Policy, address: str) -> str:
+    """The class of one address: the first class in CLASS_ORDER with a matching network."""
+    ip = ipaddress.ip_address(address)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    for name in CLASS_ORDER:
+        if any(ip.version == n.version and ip in n for n in policy.classes.get(name, ())):
+            return name
+    return EXTERNAL
+
+
+def _mapped(net: Network) -> tuple[int, int]:
+    """(prefix length, address int) in the 128-bit space; IPv4 as ::ffff:a.b.c.d."""
+    if net.version == 4:
+        return net.prefixlen + 96, V4_MAPPED | int(net.network_address)
+    return net.prefixlen, int(net.network_address)
+
+
+def _contains(outer: tuple[int, int], inner: tuple[int, int]) -> bool:
+    olen, oaddr = outer
+    ilen, iaddr = inner
+    if olen > ilen:
+        return False
+    shift = 128 - olen
+    return (oaddr >> shift) == (iaddr >> shift) if shift < 128 else True
+
+
+def lpm_entries(policy: Policy) -> dict[tuple[int, bytes], int]:
+    """Trie entries: each prefix carries the winning class of itself and its ancestors.
+
+    The longest prefix that matches an address has every other matching prefix as an
+    ancestor, so storing the best class over the ancestors makes one LPM lookup give
+    the first-match class.
+    """
+    ranked: list[tuple[tuple[int, int], int]] = []
+    for name, nets in policy.classes.items():
+        ranked.extend((_mapped(n), CLASS_IDS[name]) for n in nets)
+    out: dict[tuple[int, bytes], int] = {}
+    for prefix, _ in ranked:
+        best = min(cid for other, cid in ranked if _contains(other, prefix))
+        out[(prefix[0], prefix[1].to_bytes(16, "big"))] = best
+    return out
+
+
+def abnormal(policy: Policy, address: str) -> bool:
+    """True when a flow to address should raise an abnormal-flow event."""
+    ip = ipaddress.ip_address(address)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+
+    def hit(nets: Iterable[Network]) -> bool:
+        return any(ip.version == n.version and ip in n for n in nets)
+
+    return hit(policy.black_list) and not hit(policy.white_list)

@@ -1,0 +1,301 @@
+"""Loads bpf_programs/tcp_flows.c and turns its maps and records into metrics and events."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from lens_ebpf.bpf import layouts
+from lens_ebpf.bpf.loader import BpfLoader
+from lens_ebpf.config import Config
+from lens_ebpf.events import EventBus
+from lens_ebpf.metrics.cache import COUNTER, MetricCache
+from lens_ebpf.net import decode
+from lens_ebpf.net.policy import CLASS_IDS, Policy, lpm_entries
+
+log = logging.getLogger(__name__)
+
+NAME = "tcp_flows"
+TRACEPOINTS = (
+    "sock:inet_sock_set_state",
+    "sock:sock_send_length",
+    "sock:sock_recv_length",
+    "tcp:tcp_retransmit_skb",
+    "tcp:tcp_send_reset",
+    "tcp:tcp_receive_reset",
+)
+MAX_POLICY_PREFIXES = 4096
+# Index of the program's stats array (ST_* in tcp_flows.c).
+STATS = (
+    "ringbuf_full",
+    "sock_map_full",
+    "flow_map_full",
+    "untracked_sent_bytes",
+    "untracked_recv_bytes",
+    "untracked_retransmits",
+    "reset_no_socket",
+    "events",
+)
+
+SEED_EGRESS = "primus_lens_network_tcp_flow_egress"
+SEED_INGRESS = "primus_lens_network_tcp_flow_ingress"
+SEED_K8S = "primus_lens_network_k8s_tcp_flow"
+SEED_DNS = "primus_lens_network_flow_dns"
+FLOW_LABELS = ("direction", "type", "raddr", "port")
+# lens_ family -> (help, the flows-map field it counts)
+LENS_FAMILIES: dict[str, tuple[str, str]] = {
+    "lens_tcp_connections_opened_total": ("TCP connections established", "opened"),
+    "lens_tcp_connections_closed_total": ("TCP connections closed", "closed"),
+    "lens_tcp_failed_connects_total": (
+        "Connection attempts that never established (refused, timed out, aborted)",
+        "failed",
+    ),
+    "lens_tcp_sent_bytes_total": ("Bytes applications sent on TCP flows", "sent"),
+    "lens_tcp_received_bytes_total": ("Bytes applications received on TCP flows", "recv"),
+    "lens_tcp_retransmits_total": ("Retransmitted TCP segments", "retrans"),
+}
+RESETS = "lens_tcp_resets_total"
+
+
+def register_families(cache: MetricCache) -> None:
+    """The seed network families (shared/METRICS.md) and our lens_tcp_* families."""
+    cache.register(
+        SEED_EGRESS,
+        COUNTER,
+        "Bytes (both ways) of flows this node opened, by remote address and port",
+        ("raddr", "rport", "direction", "type"),
+    )
+    cache.register(
+        SEED_INGRESS,
+        COUNTER,
+        "Bytes (both ways) of flows accepted by a local listener",
+        ("lport", "raddr", "direction", "type"),
+    )
+    cache.register(SEED_K8S, COUNTER, "Bytes of flows whose remote is a pod or service", ("type",))
+    cache.register(SEED_DNS, COUNTER, "Bytes of flows to DNS servers", ())
+    for name, (help_text, _) in LENS_FAMILIES.items():
+        cache.register(name, COUNTER, help_text, FLOW_LABELS)
+    cache.register(RESETS, COUNTER, "TCP resets sent or received", (*FLOW_LABELS, "side"))
+
+
+def apply_deltas(cache: MetricCache, labels: tuple[str, str, str, str], d: dict[str, int]) -> None:
+    """Feed one flow key's counter increases into every family they belong to."""
+    direction, cls, raddr, port = labels
+    for name, (_, field) in LENS_FAMILIES.items():
+        if d[field]:
+            cache.inc(name, labels, d[field])
+    if d["resets_sent"]:
+        cache.inc(RESETS, (*labels, "sent"), d["resets_sent"])
+    if d["resets_recv"]:
+        cache.inc(RESETS, (*labels, "received"), d["resets_recv"])
+    nbytes = d["sent"] + d["recv"]
+    if not nbytes:
+        return
+    if cls in ("k8sPod", "k8sSvc"):
+        cache.inc(SEED_K8S, (cls,), nbytes)
+    elif cls == "dns":
+        cache.inc(SEED_DNS, (), nbytes)
+    elif direction == "egress":
+        cache.inc(SEED_EGRESS, (raddr, port, direction, cls), nbytes)
+    else:
+        cache.inc(SEED_INGRESS, (port, raddr, direction, cls), nbytes)
+
+
+VAL_FIELDS = tuple(f[0] for f in layouts.FlowVal._fields_)
+
+
+class TcpFlows:
+    """The tcp_flows program: policy trie in, flow counters and closed-flow events out."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        cache: MetricCache,
+        bus: EventBus,
+        loader: BpfLoader,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        self.cache = cache
+        self.bus = bus
+        self.loader = loader
+        self.clock = clock
+        self.bpf: Any = None
+        self._last: dict[bytes, tuple[int, ...]] = {}
+        self._changed: dict[bytes, float] = {}
+        self._policy_keys: set[tuple[int, bytes]] = set()
+        self._lock = threading.Lock()
+        self.kernel_stats: dict[str, int] = dict.fromkeys(STATS, 0)
+        self.events_received = 0
+        register_families(cache)
+
+    def defines(self) -> dict[str, int]:
+        b = self.cfg.bpf
+        return {
+            "MAX_SOCKETS": b.max_sockets,
+            # room for the 14 overflow slots on top of the configured keys
+            "MAX_FLOW_KEYS": b.max_flow_keys + 2 * len(CLASS_IDS),
+            "MAX_POLICY_PREFIXES": MAX_POLICY_PREFIXES,
+            "RINGBUF_PAGES": b.ringbuf_pages,
+        }
+
+    def start(self, policy: Policy) -> bool:
+        """Load and attach; False (status recorded by the loader) when it cannot."""
+        self.bpf = self.loader.load(NAME, TRACEPOINTS, self.defines())
+        if self.bpf is None:
+            return False
+        layouts.check_size("flow_key", layouts.FlowKey, self.bpf["flows"].Key)
+        layouts.check_size("flow_val", layouts.FlowVal, self.bpf["flows"].Leaf)
+        layouts.check_size("lpm_key", layouts.LpmKey, self.bpf["policy"].Key)
+        layouts.check_size("flow_event", layouts.FlowEvent, self.bpf["layout_flow_event"].Leaf)
+        flows = self.bpf["flows"]
+        for direction in (0, 1):
+            for cls in CLASS_IDS.values():
+                key = flows.Key()
+                key.direction, key.cls, key.overflow = direction, cls, 1
+                flows[key] = flows.Leaf()
+        self.set_policy(policy)
+        self.bpf["flow_events"].open_ring_buffer(self._on_event)
+        return True
+
+    def set_policy(self, policy: Policy) -> None:
+        """Make the kernel's trie hold exactly this policy's entries."""
+        entries = lpm_entries(policy)
+        if len(entries) > MAX_POLICY_PREFIXES:
+            raise ValueError(f"policy has {len(entries)} prefixes; at most {MAX_POLICY_PREFIXES}")
+        trie = self.bpf["policy"]
+        for (plen, addr), cls in entries.items():
+            key = trie.Key(plen, (ctypes.c_uint8 * 16)(*addr))
+            trie[key] = ctypes.c_uint8(cls)
+        for plen, addr in self._policy_keys - set(entries):
+            key = trie.Key(plen, (ctypes.c_uint8 * 16)(*addr))
+            with contextlib.suppress(KeyError):
+                del trie[key]
+        self._policy_keys = set(entries)
+
+    def _on_event(self, _ctx: Any, data: Any, _size: int) -> None:
+        rec = ctypes.cast(data, ctypes.POINTER(layouts.FlowEvent)).contents
+        self.events_received += 1
+        self.bus.publish(decode.flow_event(rec))
+
+    def poll(self, timeout_ms: int) -> None:
+        """Deliver ring-buffer records to the bus (call from one thread)."""
+        if self.bpf is not None:
+            self.bpf.ring_buffer_poll(timeout_ms)
+
+    def read(self) -> None:
+        """Read the kernel aggregates into the metric cache, and age out idle keys."""
+        if self.bpf is None:
+            return
+        with self._lock:
+            now = self.clock()
+            flows = self.bpf["flows"]
+            seen: set[bytes] = set()
+            for key, val in flows.items_lookup_batch():
+                raw = bytes(key)
+                seen.add(raw)
+                cur = tuple(getattr(val, f) for f in VAL_FIELDS)
+                old = self._last.get(raw)
+                if old == cur:
+                    continue
+                # a key recreated after an idle removal starts again from zero
+                if old is None or any(c < o for c, o in zip(cur, old, strict=True)):
+                    old = (0,) * len(cur)
+                self._last[raw] = cur
+                self._changed[raw] = now
+                deltas = {f: c - o for f, c, o in zip(VAL_FIELDS, cur, old, strict=True)}
+                apply_deltas(self.cache, decode.flow_key_labels(key), deltas)
+            self._expire_idle(flows, now, seen)
+            self._read_stats()
+
+    def _expire_idle(self, flows: Any, now: float, seen: set[bytes]) -> None:
+        idle = self.cfg.bpf.flow_key_idle_seconds
+        for raw in list(self._last):
+            if raw not in seen:
+                del self._last[raw]
+                self._changed.pop(raw, None)
+                continue
+            if now - self._changed.get(raw, now) < idle:
+                continue
+            key = layouts.FlowKey.from_buffer_copy(raw)
+            if key.overflow:
+                continue
+            with contextlib.suppress(KeyError):
+                del flows[flows.Key.from_buffer_copy(raw)]
+            del self._last[raw]
+            del self._changed[raw]
+
+    def _read_stats(self) -> None:
+        stats = self.bpf["stats"]
+        for i, name in enumerate(STATS):
+            self.kernel_stats[name] = sum(stats[ctypes.c_int(i)])
+
+    def tracked_keys(self) -> int:
+        return len(self._last)
+
+
+class TcpFlowsCollector(Collector):
+    """The program's own counts: losses, full maps, bytes of sockets it never saw open."""
+
+    def __init__(self, flows: TcpFlows) -> None:
+        self._flows = flows
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        st = self._flows.kernel_stats
+        prog = {"program": NAME}
+        lost = Metric("lens_agent_events_lost", "Events lost before user space", "counter")
+        lost.add_sample(
+            "lens_agent_events_lost_total", {**prog, "reason": "ringbuf_full"}, st["ringbuf_full"]
+        )
+        yield lost
+        got = Metric("lens_agent_events", "Ring-buffer records received", "counter")
+        got.add_sample("lens_agent_events_total", prog, self._flows.events_received)
+        yield got
+        full = Metric("lens_agent_bpf_map_full", "Updates refused by a full BPF map", "counter")
+        full.add_sample(
+            "lens_agent_bpf_map_full_total", {**prog, "map": "socks"}, st["sock_map_full"]
+        )
+        full.add_sample(
+            "lens_agent_bpf_map_full_total", {**prog, "map": "flows"}, st["flow_map_full"]
+        )
+        yield full
+        untracked = Metric(
+            "lens_tcp_untracked_bytes",
+            "Bytes on TCP sockets opened before the agent started (no flow key known)",
+            "counter",
+        )
+        untracked.add_sample(
+            "lens_tcp_untracked_bytes_total", {"way": "sent"}, st["untracked_sent_bytes"]
+        )
+        untracked.add_sample(
+            "lens_tcp_untracked_bytes_total", {"way": "received"}, st["untracked_recv_bytes"]
+        )
+        yield untracked
+        rst = Metric(
+            "lens_tcp_resets_without_socket",
+            "Resets sent with no socket " "(a SYN to a closed port)",
+            "counter",
+        )
+        rst.add_sample("lens_tcp_resets_without_socket_total", {}, st["reset_no_socket"])
+        yield rst
+        rtx = Metric(
+            "lens_tcp_untracked_retransmits",
+            "Retransmits on sockets opened before " "the agent started",
+            "counter",
+        )
+        rtx.add_sample("lens_tcp_untracked_retransmits_total", {}, st["untracked_retransmits"])
+        yield rtx
+        keys = Metric("lens_agent_tcp_flow_keys", "Flow keys held in the kernel map", "gauge")
+        keys.add_sample("lens_agent_tcp_flow_keys", {}, self._flows.tracked_keys())
+        yield keys

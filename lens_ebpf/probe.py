@@ -1,0 +1,206 @@
+"""Capability probe: what this kernel and node support, and why not (`lens-ebpf check`)."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+import shutil
+import socket
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from lens_ebpf import kernel_headers, tracefs
+
+# Tracepoints named in DESIGN.md, by the feature that needs them.
+FEATURE_TRACEPOINTS: dict[str, tuple[str, ...]] = {
+    "tcp_flows": (
+        "sock:inet_sock_set_state",
+        "sock:sock_send_length",
+        "sock:sock_recv_length",
+        "tcp:tcp_retransmit_skb",
+        "tcp:tcp_send_reset",
+        "tcp:tcp_receive_reset",
+    ),
+    "tcp_rtt": ("tcp:tcp_probe",),
+    "processes": (
+        "sched:sched_process_exec",
+        "sched:sched_process_exit",
+        "sched:sched_process_fork",
+        "oom:mark_victim",
+    ),
+}
+
+BPF_MAP_CREATE = 0
+BPF_MAP_TYPE_RINGBUF = 27
+SYS_BPF = {"x86_64": 321, "aarch64": 280}
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    value: str
+    detail: str = ""
+
+
+def ringbuf_supported() -> tuple[bool, str]:
+    """Create (and close) a BPF ring buffer map through the bpf() syscall."""
+    nr = SYS_BPF.get(platform.machine())
+    if nr is None:
+        return False, f"unknown bpf() syscall number on {platform.machine()}"
+    attr = (ctypes.c_uint32 * 32)()
+    attr[0], attr[1], attr[2], attr[3] = BPF_MAP_TYPE_RINGBUF, 0, 0, 4096
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.syscall(nr, BPF_MAP_CREATE, ctypes.byref(attr), ctypes.sizeof(attr))
+    if fd < 0:
+        return False, os.strerror(ctypes.get_errno())
+    os.close(fd)
+    return True, "BPF_MAP_TYPE_RINGBUF created"
+
+
+def cgroup_mode(root: Path = Path("/sys/fs/cgroup")) -> str:
+    if (root / "cgroup.controllers").exists():
+        return "v2"
+    if (root / "unified" / "cgroup.controllers").exists():
+        return "hybrid (v1 controllers, v2 at unified/)"
+    return "v1"
+
+
+def _library(names: tuple[str, ...]) -> str | None:
+    for name in names:
+        try:
+            ctypes.CDLL(name)
+            return name
+        except OSError:
+            continue
+    return None
+
+
+def kubernetes_endpoint(env: dict[str, str] | None = None) -> tuple[str, str] | None:
+    env = dict(os.environ) if env is None else env
+    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
+    if host:
+        return host, port
+    return None
+
+
+def _reachable(host: str, port: str, timeout: float = 1.0) -> str | None:
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def run_checks() -> dict[str, Any]:
+    """Probe the node; every entry says what was found and, when missing, why."""
+    checks: list[Check] = []
+    checks.append(Check("kernel", True, platform.release()))
+    btf = Path("/sys/kernel/btf/vmlinux").exists()
+    checks.append(Check("btf", btf, "yes" if btf else "no", "/sys/kernel/btf/vmlinux"))
+    events = tracefs.events_dir()
+    checks.append(
+        Check(
+            "tracefs",
+            events is not None,
+            str(events.parent) if events else "not mounted",
+            "" if events else "mount -t tracefs tracefs /sys/kernel/tracing",
+        )
+    )
+    kp = tracefs.kprobes_available()
+    checks.append(
+        Check(
+            "kprobes",
+            kp,
+            "yes" if kp else "no",
+            "" if kp else "no kprobe_events in tracefs: kernel built without kprobes",
+        )
+    )
+    rb_ok, rb_detail = ringbuf_supported()
+    checks.append(Check("ringbuf", rb_ok, "yes" if rb_ok else "no", rb_detail))
+    tree = kernel_headers.resolve()
+    checks.append(Check("kernel_headers", tree.found, tree.source, tree.detail))
+    try:
+        import bcc
+
+        checks.append(Check("bcc", True, str(getattr(bcc, "__version__", "unknown"))))
+    except Exception as exc:
+        checks.append(Check("bcc", False, "missing", f"{exc}; install python3-bpfcc"))
+    checks.append(Check("cgroup", True, cgroup_mode()))
+    psi = Path("/proc/pressure/cpu")
+    psi_ok = psi.exists() and os.access(psi, os.R_OK)
+    checks.append(
+        Check(
+            "psi",
+            psi_ok,
+            "yes" if psi_ok else "no",
+            "" if psi_ok else "/proc/pressure missing (boot with psi=1)",
+        )
+    )
+    sock = Path("/run/containerd/containerd.sock")
+    checks.append(Check("containerd", sock.exists(), str(sock) if sock.exists() else "no socket"))
+    ep = kubernetes_endpoint()
+    if ep is None:
+        checks.append(
+            Check(
+                "kubernetes",
+                False,
+                "standalone",
+                "KUBERNETES_SERVICE_HOST unset: policy-only classification",
+            )
+        )
+    else:
+        err = _reachable(*ep)
+        checks.append(Check("kubernetes", err is None, f"{ep[0]}:{ep[1]}", err or "reachable"))
+    nvml = _library(("libnvidia-ml.so.1",))
+    checks.append(
+        Check(
+            "nvml",
+            nvml is not None,
+            nvml or "absent",
+            shutil.which("nvidia-smi") or "no nvidia-smi",
+        )
+    )
+    amd = _library(("libamd_smi.so",))
+    checks.append(
+        Check("amdsmi", amd is not None, amd or "absent", shutil.which("amd-smi") or "no amd-smi")
+    )
+    present = {
+        tp: tracefs.tracepoint_exists(tp, events)
+        for tps in FEATURE_TRACEPOINTS.values()
+        for tp in tps
+    }
+    features = {}
+    for feature, tps in FEATURE_TRACEPOINTS.items():
+        missing = [tp for tp in tps if not present[tp]]
+        features[feature] = {
+            "supported": not missing and events is not None,
+            "reason": f"missing: {', '.join(missing)}" if missing else "",
+        }
+    return {
+        "checks": {c.name: asdict(c) for c in checks},
+        "tracepoints": present,
+        "features": features,
+    }
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The probe as an 80-column table for people."""
+    lines = [f"{'CHECK':<16} {'OK':<4} {'VALUE':<26} DETAIL"]
+    for c in result["checks"].values():
+        lines.append(
+            f"{c['name']:<16} {'yes' if c['ok'] else 'no':<4} "
+            f"{c['value'][:26]:<26} {c['detail']}"[:80].rstrip()
+        )
+    lines.append("")
+    lines.append(f"{'TRACEPOINT':<40} PRESENT")
+    for tp, ok in result["tracepoints"].items():
+        lines.append(f"{tp:<40} {'yes' if ok else 'no'}")
+    lines.append("")
+    lines.append(f"{'FEATURE':<16} {'SUPPORTED':<10} REASON")
+    for name, f in result["features"].items():
+        lines.append(f"{name:<16} {'yes' if f['supported'] else 'no':<10} {f['reason']}"[:80])
+    return "\n".join(lines)

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what lens-ebpf needs on a Debian 12 machine, idempotently.
+#   scripts/setup.sh run    packages the agent needs, the venv, kernel headers, tracefs
+#   scripts/setup.sh test   the same plus what the test suite drives (containerd, runc,
+#                           prometheus, bpfcc-tools, gcc) and the dev Python packages
+# The Dockerfile runs `scripts/setup.sh run` too, so the image installs what the README does.
+set -euo pipefail
+mode=${1:-run}
+cd "$(dirname "$0")/.."
+
+run_pkgs=(python3-bpfcc python3-venv python3-pip linux-headers-amd64 iproute2 kmod)
+test_pkgs=(bpfcc-tools containerd runc prometheus gcc libc6-dev busybox-static)
+pkgs=("${run_pkgs[@]}")
+[ "$mode" = test ] && pkgs+=("${test_pkgs[@]}")
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# The venv sees Debian's python3-bpfcc through --system-site-packages.
+if [ ! -x .venv/bin/python ]; then
+  /usr/bin/python3 -m venv --system-site-packages .venv
+fi
+extras=""
+[ "$mode" = test ] && extras="[dev]"
+stamp=.venv/.setup-stamp-${mode}
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras}"
+  touch "$stamp"
+fi
+
+# tracefs and a kernel header tree BCC can compile against (lens_ebpf/kernel_headers.py).
+.venv/bin/python -m lens_ebpf.kernel_headers --prepare

@@ -1,0 +1,116 @@
+from prometheus_client import CollectorRegistry
+
+from lens_ebpf.config import FamilyLimits
+from lens_ebpf.metrics.cache import COUNTER, GAUGE, HISTOGRAM, CacheCollector, MetricCache
+from lens_ebpf.metrics.exposition import render
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def registry_for(cache: MetricCache) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(CacheCollector(cache))
+    return reg
+
+
+def test_series_leaves_after_ttl_and_eviction_is_counted() -> None:
+    clock = Clock()
+    cache = MetricCache(ttl_seconds=60, max_series=10, clock=clock)
+    cache.register("lens_x_total", COUNTER, "x", ("a",))
+    cache.inc("lens_x_total", ("1",), 5)
+    cache.inc("lens_x_total", ("2",), 7)
+    reg = registry_for(cache)
+    assert reg.get_sample_value("lens_x_total", {"a": "1"}) == 5
+    clock.now += 30
+    cache.inc("lens_x_total", ("2",), 1)  # refreshes series 2 only
+    clock.now += 31
+    assert reg.get_sample_value("lens_x_total", {"a": "1"}) is None
+    assert reg.get_sample_value("lens_x_total", {"a": "2"}) == 8
+    assert reg.get_sample_value("lens_agent_cache_evictions_total", {"family": "lens_x_total"}) == 1
+    assert reg.get_sample_value("lens_agent_cache_series", {"family": "lens_x_total"}) == 1
+
+
+def test_cap_refuses_new_series_but_keeps_updating_old_ones() -> None:
+    clock = Clock()
+    cache = MetricCache(ttl_seconds=60, max_series=3, clock=clock)
+    cache.register("g", GAUGE, "g", ("k",))
+    for i in range(3):
+        assert cache.set("g", (str(i),), i)
+    assert not cache.set("g", ("3",), 3)
+    assert not cache.set("g", ("4",), 4)
+    assert cache.set("g", ("0",), 42)
+    reg = registry_for(cache)
+    assert reg.get_sample_value("g", {"k": "0"}) == 42
+    assert reg.get_sample_value("g", {"k": "3"}) is None
+    assert reg.get_sample_value("lens_agent_cache_refused_total", {"family": "g"}) == 2
+    assert reg.get_sample_value("lens_agent_cache_series", {"family": "g"}) == 3
+    assert reg.get_sample_value("lens_agent_cache_max_series", {"family": "g"}) == 3
+    # once old series expire there is room again
+    clock.now += 61
+    assert cache.set("g", ("3",), 3)
+    assert reg.get_sample_value("lens_agent_cache_evictions_total", {"family": "g"}) == 3
+
+
+def test_per_family_overrides() -> None:
+    cache = MetricCache(60, 100, overrides={"f": FamilyLimits(max_series=1, ttl_seconds=5)})
+    fam = cache.register("f", GAUGE, "f", ("k",))
+    assert (fam.max_series, fam.ttl) == (1, 5)
+    assert cache.register("other", GAUGE, "o").max_series == 100
+
+
+def test_counters_only_go_up_and_keep_exact_names() -> None:
+    cache = MetricCache()
+    cache.register("primus_lens_network_flow_dns", COUNTER, "dns bytes")
+    cache.register("lens_tcp_sent_bytes_total", COUNTER, "sent", ("raddr",))
+    cache.inc("primus_lens_network_flow_dns", (), 10)
+    cache.inc("primus_lens_network_flow_dns", (), 5)
+    cache.inc("lens_tcp_sent_bytes_total", ("1.2.3.4",), 3)
+    text = render([registry_for(cache)]).decode()
+    assert "# TYPE primus_lens_network_flow_dns counter" in text
+    assert "primus_lens_network_flow_dns 15.0" in text
+    assert "# TYPE lens_tcp_sent_bytes_total counter" in text
+    assert 'lens_tcp_sent_bytes_total{raddr="1.2.3.4"} 3.0' in text
+    try:
+        cache.inc("primus_lens_network_flow_dns", (), -1)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("negative increment accepted")
+
+
+def test_histogram_is_cumulative_with_consistent_count_and_sum() -> None:
+    cache = MetricCache()
+    cache.register("h", HISTOGRAM, "h", ("d",), buckets=(1, 2, 5))
+    cache.observe("h", ("x",), [1, 0, 2, 1], 12.5)
+    cache.observe("h", ("x",), [0, 1, 0, 0], 1.5)
+    reg = registry_for(cache)
+    got = [
+        reg.get_sample_value("h_bucket", {"d": "x", "le": le})
+        for le in ("1.0", "2.0", "5.0", "+Inf")
+    ]
+    assert got == [1, 2, 4, 5]
+    assert reg.get_sample_value("h_count", {"d": "x"}) == 5
+    assert reg.get_sample_value("h_sum", {"d": "x"}) == 14.0
+
+
+def test_label_count_mismatch_is_an_error() -> None:
+    cache = MetricCache()
+    cache.register("g", GAUGE, "g", ("a", "b"))
+    try:
+        cache.set("g", ("only-one",), 1)
+    except ValueError as exc:
+        assert "expected labels" in str(exc)
+    else:
+        raise AssertionError("accepted wrong labels")
+
+
+def test_registering_does_not_collect() -> None:
+    cache = MetricCache()
+    collector = CacheCollector(cache)
+    assert list(collector.describe()) == []

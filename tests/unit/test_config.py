@@ -1,0 +1,80 @@
+from pathlib import Path
+
+import pytest
+
+from lens_ebpf import config
+from lens_ebpf.config import ConfigError
+
+
+def test_defaults_come_from_the_shipped_file() -> None:
+    cfg = config.load(None, env={})
+    assert cfg.server.port == 9470
+    assert cfg.server.host == "0.0.0.0"
+    assert cfg.collectors.tcp.enabled is True
+    assert config.policy_path(cfg).name == "policy.yaml"
+
+
+def test_file_then_env_then_flags(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("server:\n  port: 9000\n  host: 10.0.0.1\ncache:\n  ttl_seconds: 30\n")
+    env = {"LENS_SERVER__PORT": "9001", "NODE_NAME": "gpu-7", "NODE_IP": "10.1.2.3"}
+    cfg = config.load(f, env=env, overrides={("server", "port"): 9002})
+    assert cfg.server.port == 9002
+    assert cfg.server.host == "10.0.0.1"
+    assert cfg.cache.ttl_seconds == 30
+    assert cfg.node.name == "gpu-7" and cfg.node.ip == "10.1.2.3"
+    assert cfg.node_name == "gpu-7"
+
+
+def test_system_info_exporter_env_names_still_work() -> None:
+    cfg = config.load(None, env={"APP__SERVER__HOST": "127.0.0.2", "APP__SERVER__PORT": "9555"})
+    assert (cfg.server.host, cfg.server.port) == ("127.0.0.2", 9555)
+
+
+def test_lens_env_wins_over_app_alias() -> None:
+    cfg = config.load(None, env={"APP__SERVER__PORT": "9555", "LENS_SERVER__PORT": "9556"})
+    assert cfg.server.port == 9556
+
+
+def test_config_file_from_env(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("log_level: debug\n")
+    assert config.load(None, env={"LENS_CONFIG": str(f)}).log_level == "debug"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("server:\n  prot: 1\n", "server.prot: unknown key"),
+        ("server:\n  port: abc\n", "server.port: Input should be a valid integer"),
+        ("server:\n  port: 70000\n", "server.port"),
+        ("bpf:\n  ringbuf_pages: 100\n", "bpf.ringbuf_pages: Value error, must be a power of two"),
+        ("log_level: loud\n", "log_level"),
+        ("- a\n- b\n", "top level must be a mapping"),
+        ("server: [\n", "not valid YAML: line"),
+    ],
+)
+def test_bad_file_names_key_and_reason(tmp_path: Path, text: str, needle: str) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        config.load(f, env={})
+    msg = str(err.value)
+    assert needle in msg
+    assert str(f) in msg
+    assert "\n" not in msg
+
+
+def test_unknown_env_key_is_refused() -> None:
+    with pytest.raises(ConfigError, match="environment LENS_SERVER__PROT: unknown key server.prot"):
+        config.load(None, env={"LENS_SERVER__PROT": "1"})
+
+
+def test_bad_env_value_is_refused() -> None:
+    with pytest.raises(ConfigError, match="server.port: Input should be a valid integer"):
+        config.load(None, env={"LENS_SERVER__PORT": "nine"})
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="No such file"):
+        config.load(tmp_path / "nope.yaml", env={})

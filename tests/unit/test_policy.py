@@ -1,0 +1,141 @@
+import ipaddress
+import random
+from pathlib import Path
+
+import pytest
+
+from lens_ebpf.net.policy import (
+    CLASS_IDS,
+    CLASS_NAMES,
+    PolicyError,
+    abnormal,
+    classify,
+    load_policy,
+    lpm_entries,
+    parse_policy,
+)
+
+POLICY = """
+k8sPod: [10.244.0.0/16, "fd10::/64"]
+k8s_svc: [10.96.0.0/12]
+dns: [10.96.0.10, 8.8.8.8]
+docker: [172.17.0.0/16]
+localhost: [127.0.0.0/8, "::1"]
+internal_hosts: [10.0.0.0/8, 192.168.0.0/16, "fd00::/8"]
+abnormalBlackList: [203.0.113.0/24]
+abnormalWhiteList: [203.0.113.5]
+"""
+
+
+@pytest.fixture
+def policy():
+    return parse_policy(POLICY, "test.yaml")
+
+
+@pytest.mark.parametrize(
+    ("addr", "cls"),
+    [
+        ("10.244.3.4", "k8sPod"),
+        ("10.96.0.1", "k8sSvc"),
+        ("10.96.0.10", "k8sSvc"),  # k8sSvc comes before dns
+        ("8.8.8.8", "dns"),
+        ("172.17.0.2", "docker"),
+        ("127.0.0.1", "localhost"),
+        ("::1", "localhost"),
+        ("10.1.2.3", "internalHosts"),
+        ("192.168.1.1", "internalHosts"),
+        ("fd10::5", "k8sPod"),
+        ("fd00:1::5", "internalHosts"),
+        ("1.1.1.1", "externalHosts"),
+        ("2001:db8::1", "externalHosts"),
+        ("::ffff:10.244.0.9", "k8sPod"),
+    ],
+)
+def test_first_match_order(policy, addr: str, cls: str) -> None:
+    assert classify(policy, addr) == cls
+
+
+def test_snake_case_and_bare_addresses(policy) -> None:
+    assert policy.classes["k8sSvc"] == (ipaddress.ip_network("10.96.0.0/12"),)
+    assert ipaddress.ip_network("10.96.0.10/32") in policy.classes["dns"]
+
+
+def simulate_lpm(entries: dict, addr: str) -> int:
+    ip = ipaddress.ip_address(addr)
+    value = (0xFFFF << 32 | int(ip)) if ip.version == 4 else int(ip)
+    best = None
+    for (plen, raw), cls in entries.items():
+        net = int.from_bytes(raw, "big")
+        hit = plen == 0 or (value >> (128 - plen)) == (net >> (128 - plen))
+        if hit and (best is None or plen > best[0]):
+            best = (plen, cls)
+    return best[1] if best else CLASS_IDS["externalHosts"]
+
+
+def test_lpm_entries_give_the_first_match_class(policy) -> None:
+    entries = lpm_entries(policy)
+    rng = random.Random(7)
+    probes = ["10.96.0.10", "10.244.9.9", "10.5.5.5", "8.8.8.8", "::1", "fd10::1", "fd00::1"]
+    for _ in range(2000):
+        probes.append(
+            str(
+                ipaddress.IPv4Address(rng.choice([0x0A000000, 0x0A600000, 0]) + rng.getrandbits(24))
+            )
+        )
+    for addr in probes:
+        assert CLASS_NAMES[simulate_lpm(entries, addr)] == classify(policy, addr), addr
+
+
+def test_ipv4_prefixes_are_mapped(policy) -> None:
+    entries = lpm_entries(policy)
+    key = (96 + 16, bytes(10) + b"\xff\xff" + bytes([10, 244, 0, 0]))
+    assert entries[key] == CLASS_IDS["k8sPod"]
+    # the dns /32 inside the service range carries the service class
+    dns_key = (128, bytes(10) + b"\xff\xff" + bytes([10, 96, 0, 10]))
+    assert entries[dns_key] == CLASS_IDS["k8sSvc"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "k8sPod: [10.244.0.0/33]\n",
+            "bad.yaml: k8sPod: '10.244.0.0/33' is not a CIDR or an IP address",
+        ),
+        ("internal_hosts: [not-an-ip]\n", "bad.yaml: internal_hosts: 'not-an-ip' is not a CIDR"),
+        ("k8sPod: {a: 1}\n", "bad.yaml: k8sPod: expected a list of CIDRs"),
+        ("pods: [10.0.0.0/8]\n", "bad.yaml: unknown key 'pods'"),
+        ("k8sPod: [\n", "bad.yaml: not valid YAML at line"),
+        ("- 10.0.0.0/8\n", "bad.yaml: top level must be a mapping"),
+    ],
+)
+def test_bad_policy_names_file_key_and_value(text: str, message: str) -> None:
+    with pytest.raises(PolicyError) as err:
+        parse_policy(text, "bad.yaml")
+    assert message in str(err.value)
+
+
+def test_empty_policy_is_all_external() -> None:
+    p = parse_policy("", "empty.yaml")
+    assert classify(p, "10.0.0.1") == "externalHosts"
+    assert lpm_entries(p) == {}
+
+
+def test_abnormal_lists(policy) -> None:
+    assert abnormal(policy, "203.0.113.9")
+    assert not abnormal(policy, "203.0.113.5")
+    assert not abnormal(policy, "1.1.1.1")
+
+
+def test_shipped_policy_parses() -> None:
+    from importlib import resources
+
+    path = Path(str(resources.files("policies").joinpath("policy.yaml")))
+    p = load_policy(path)
+    assert classify(p, "127.0.0.1") == "localhost"
+    assert classify(p, "10.244.1.1") == "k8sPod"
+
+
+def test_unreadable_policy(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match="cannot read"):
+        load_policy(tmp_path / "missing.yaml")
