@@ -152,18 +152,18 @@ class TcpFlows:
         self.bpf = self.loader.load(NAME, TRACEPOINTS, self.defines())
         if self.bpf is None:
             return False
-        layouts.check_size("flow_key", layouts.FlowKey, self.bpf["flows"].Key)
-        layouts.check_size("flow_val", layouts.FlowVal, self.bpf["flows"].Leaf)
-        layouts.check_size("lpm_key", layouts.LpmKey, self.bpf["policy"].Key)
-        layouts.check_size("flow_event", layouts.FlowEvent, self.bpf["layout_flow_event"].Leaf)
-        flows = self.bpf["flows"]
+        layouts.check_size("flow_key", layouts.FlowKey, self.bpf[b"flows"].Key)
+        layouts.check_size("flow_val", layouts.FlowVal, self.bpf[b"flows"].Leaf)
+        layouts.check_size("lpm_key", layouts.LpmKey, self.bpf[b"policy"].Key)
+        layouts.check_size("flow_event", layouts.FlowEvent, self.bpf[b"layout_flow_event"].Leaf)
+        flows = self.bpf[b"flows"]
         for direction in (0, 1):
             for cls in CLASS_IDS.values():
                 key = flows.Key()
                 key.direction, key.cls, key.overflow = direction, cls, 1
                 flows[key] = flows.Leaf()
         self.set_policy(policy)
-        self.bpf["flow_events"].open_ring_buffer(self._on_event)
+        self.bpf[b"flow_events"].open_ring_buffer(self._on_event)
         return True
 
     def set_policy(self, policy: Policy) -> None:
@@ -171,7 +171,7 @@ class TcpFlows:
         entries = lpm_entries(policy)
         if len(entries) > MAX_POLICY_PREFIXES:
             raise ValueError(f"policy has {len(entries)} prefixes; at most {MAX_POLICY_PREFIXES}")
-        trie = self.bpf["policy"]
+        trie = self.bpf[b"policy"]
         for (plen, addr), cls in entries.items():
             key = trie.Key(plen, (ctypes.c_uint8 * 16)(*addr))
             trie[key] = ctypes.c_uint8(cls)
@@ -197,7 +197,7 @@ class TcpFlows:
             return
         with self._lock:
             now = self.clock()
-            flows = self.bpf["flows"]
+            flows = self.bpf[b"flows"]
             seen: set[bytes] = set()
             for key, val in flows.items_lookup_batch():
                 raw = bytes(key)
@@ -234,7 +234,7 @@ class TcpFlows:
             del self._changed[raw]
 
     def _read_stats(self) -> None:
-        stats = self.bpf["stats"]
+        stats = self.bpf[b"stats"]
         for i, name in enumerate(STATS):
             self.kernel_stats[name] = sum(stats[ctypes.c_int(i)])
 

@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lens_ebpf import config, kernel_headers
+from lens_ebpf.bpf.loader import BpfLoader
+from lens_ebpf.events import EventBus, Subscription
+from lens_ebpf.metrics.cache import MetricCache
+from lens_ebpf.net.policy import load_policy
+from lens_ebpf.net.tcp_flows import TcpFlows
+from tests.conftest import netns_unavailable
+from tests.netlab import Lab
+
+TEST_POLICY = """\
+k8sPod: [10.244.0.0/16]
+k8sSvc: [10.96.0.0/12]
+dns: [10.53.0.0/24]
+docker: [172.17.0.0/16]
+localhost: [127.0.0.0/8, "::1"]
+internal_hosts: [192.168.0.0/16, "fd00::/8"]
+"""
+
+
+class FlowRig:
+    """The tcp_flows program loaded with the test policy, its ring buffer polled."""
+
+    def __init__(self, flows: TcpFlows, cache: MetricCache, bus: EventBus) -> None:
+        self.flows, self.cache, self.bus = flows, cache, bus
+
+    def value(self, name: str, *labels: str) -> float:
+        self.flows.read()
+        v = self.cache.get(name, tuple(labels))
+        return 0.0 if v is None else float(v)
+
+    def wait_events(self, sub: Subscription, want: int, timeout: float = 15) -> list[dict]:
+        got: list[dict] = []
+        deadline = time.monotonic() + timeout
+        while len(got) < want and time.monotonic() < deadline:
+            ev = sub.get(timeout=0.2)
+            if ev is not None:
+                got.append(ev)
+        return got
+
+
+@pytest.fixture(scope="session")
+def policy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("policy") / "policy.yaml"
+    p.write_text(TEST_POLICY)
+    return p
+
+
+@pytest.fixture(scope="session")
+def rig(policy_file: Path) -> Iterator[FlowRig]:
+    kernel_headers.resolve(link=True)
+    cfg = config.load(None, env={})
+    cache = MetricCache(ttl_seconds=3600, max_series=200000)
+    bus = EventBus(queue_size=100000)
+    loader = BpfLoader()
+    flows = TcpFlows(cfg, cache, bus, loader)
+    assert flows.start(load_policy(policy_file)), loader.status
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            flows.poll(100)
+
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
+    yield FlowRig(flows, cache, bus)
+    stop.set()
+    t.join(5)
+    loader.close()
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[Lab]:
+    reason = netns_unavailable()
+    if reason:
+        pytest.skip(reason)
+    tag = str(os.getpid() % 100000)
+    lab = Lab(
+        tag,
+        host_v4="192.168.77.1",
+        peer_v4="192.168.77.2",
+        host_v6="fd00:77::1",
+        peer_v6="fd00:77::2",
+        extra=["10.244.7.2", "10.96.7.2", "10.53.0.53", "198.51.100.7"],
+    ).up()
+    yield lab
+    lab.down()

@@ -1,0 +1,250 @@
+"""tcp_flows.c on the real kernel: real TCP between namespaces, exact counts."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from lens_ebpf.bpf.loader import ATTACHED, LoaderCollector
+from lens_ebpf.net.policy import parse_policy
+from tests.netlab import exchange, listener, recv_exact
+
+from .conftest import FlowRig
+
+pytestmark = pytest.mark.bpf
+
+SENT = "lens_tcp_sent_bytes_total"
+RECV = "lens_tcp_received_bytes_total"
+OPENED = "lens_tcp_connections_opened_total"
+CLOSED = "lens_tcp_connections_closed_total"
+FAILED = "lens_tcp_failed_connects_total"
+RESETS = "lens_tcp_resets_total"
+
+
+def test_program_attached_and_reported(rig: FlowRig) -> None:
+    st = rig.flows.loader.status["tcp_flows"]
+    assert st.state == ATTACHED
+    assert st.tracepoints[0] == "sock:inet_sock_set_state"
+    samples = {
+        s.labels["program"]: s.value
+        for m in LoaderCollector(rig.flows.loader).collect()
+        for s in m.samples
+        if s.name == "lens_agent_bpf_program_attached"
+    }
+    assert samples == {"tcp_flows": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("addr", "cls"),
+    [
+        ("10.244.7.2", "k8sPod"),
+        ("10.96.7.2", "k8sSvc"),
+        ("10.53.0.53", "dns"),
+        ("192.168.77.2", "internalHosts"),
+        ("198.51.100.7", "externalHosts"),
+        ("fd00:77::2", "internalHosts"),
+    ],
+)
+def test_flow_class_direction_port_and_exact_bytes(rig: FlowRig, lab, addr: str, cls: str) -> None:
+    sub = rig.bus.subscribe(f"t-{addr}")
+    try:
+        srv = listener(addr, ns=lab.ns)
+        send_n, reply_n = 12345, 6789
+        port, cport = exchange(srv, addr, send_n, reply_n)
+        srv.close()
+        events = rig.wait_events(sub, 2)
+    finally:
+        rig.bus.unsubscribe(sub)
+    eg = ("egress", cls, addr, str(port))
+    assert rig.value(SENT, *eg) == send_n
+    assert rig.value(RECV, *eg) == reply_n
+    assert rig.value(OPENED, *eg) == 1
+    assert rig.value(CLOSED, *eg) == 1
+    # the accepted side, inside the namespace: the remote is the host end of the veth
+    host = lab.host_v6 if ":" in addr else lab.host_v4
+    ing = ("ingress", "internalHosts", host, str(port))
+    assert rig.value(SENT, *ing) == reply_n
+    assert rig.value(RECV, *ing) == send_n
+    assert rig.value(OPENED, *ing) == 1
+    # seed names: pods and services by class only, dns alone, the rest per address
+    total = send_n + reply_n
+    if cls in ("k8sPod", "k8sSvc"):
+        assert rig.value("primus_lens_network_k8s_tcp_flow", cls) >= total
+        assert rig.cache.get("primus_lens_network_tcp_flow_egress", (addr, str(port), "egress", cls)) is None
+    elif cls == "dns":
+        assert rig.value("primus_lens_network_flow_dns") >= total
+    else:
+        assert rig.value("primus_lens_network_tcp_flow_egress", addr, str(port), "egress", cls) == total
+    assert rig.value("primus_lens_network_tcp_flow_ingress", str(port), host, "ingress",
+                     "internalHosts") == total
+    # one closed-flow record per side, with the same numbers
+    by_dir = {e["direction"]: e for e in events}
+    assert set(by_dir) == {"egress", "ingress"}
+    eg_ev = by_dir["egress"]
+    assert eg_ev["pid"] == os.getpid()
+    assert eg_ev["raddr"] == addr and eg_ev["rport"] == port and eg_ev["lport"] == cport
+    assert eg_ev["class"] == cls
+    assert (eg_ev["sent_bytes"], eg_ev["received_bytes"]) == (send_n, reply_n)
+    assert eg_ev["reason"] == "normal"
+    assert eg_ev["duration_ns"] > 0
+    ing_ev = by_dir["ingress"]
+    assert (ing_ev["sent_bytes"], ing_ev["received_bytes"]) == (reply_n, send_n)
+    assert ing_ev["lport"] == port and ing_ev["raddr"] == host
+    assert ing_ev["pid"] == os.getpid()
+
+
+def _cgroup_v2_inode() -> int | None:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        if line.startswith("0::"):
+            rel = line[3:].lstrip("/")
+            for root in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
+                p = Path(root, rel)
+                if (Path(root) / "cgroup.controllers").exists() and p.exists():
+                    return p.stat().st_ino
+    return None
+
+
+def test_closed_flow_record_names_the_process_and_cgroup(rig: FlowRig) -> None:
+    sub = rig.bus.subscribe("t-cgroup", accept=lambda e: e.get("raddr") == "127.0.0.61")
+    try:
+        srv = listener("127.0.0.61")
+        port, _ = exchange(srv, "127.0.0.61", 10, 20)
+        srv.close()
+        events = rig.wait_events(sub, 1)
+    finally:
+        rig.bus.unsubscribe(sub)
+    eg = next(e for e in events if e["direction"] == "egress")
+    assert eg["comm"] == Path("/proc/self/comm").read_text().strip()[:15]
+    inode = _cgroup_v2_inode()
+    if inode is not None:
+        assert eg["cgroup_id"] == inode
+    assert eg["rport"] == port
+
+
+def test_ipv6_loopback_is_localhost(rig: FlowRig) -> None:
+    srv = listener("::1")
+    port, _ = exchange(srv, "::1", 4000, 1000)
+    srv.close()
+    time.sleep(0.2)
+    key = ("egress", "localhost", "::1", str(port))
+    assert rig.value(SENT, *key) == 4000
+    assert rig.value(RECV, *key) == 1000
+    assert rig.value("primus_lens_network_tcp_flow_egress", "::1", str(port), "egress",
+                     "localhost") == 5000
+
+
+def test_long_lived_flow_bytes_grow_before_close(rig: FlowRig) -> None:
+    srv = listener("127.0.0.62")
+    port = srv.getsockname()[1]
+    cli = socket.create_connection(("127.0.0.62", port))
+    conn, _ = srv.accept()
+    key = ("egress", "localhost", "127.0.0.62", str(port))
+    try:
+        cli.sendall(b"a" * 1000)
+        assert recv_exact(conn, 1000) == 1000
+        assert rig.value(SENT, *key) == 1000
+        assert rig.value(OPENED, *key) == 1
+        assert rig.value(CLOSED, *key) == 0
+        cli.sendall(b"b" * 2500)
+        assert recv_exact(conn, 2500) == 2500
+        assert rig.value(SENT, *key) == 3500
+        # a peek reads nothing out of the socket and must not count
+        cli.sendall(b"c" * 7)
+        conn.recv(7, socket.MSG_PEEK)
+        assert conn.recv(7) == b"c" * 7
+        ing = ("ingress", "localhost", "127.0.0.1", str(port))
+        assert rig.value(RECV, *ing) == 3507
+    finally:
+        cli.close()
+        conn.close()
+        srv.close()
+    time.sleep(0.2)
+    assert rig.value(CLOSED, *key) == 1
+
+
+def test_refused_connect_is_a_failed_connect_and_a_reset(rig: FlowRig) -> None:
+    # a port that was just free and is closed again: nothing listens there
+    probe = socket.socket()
+    probe.bind(("127.0.0.63", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    before_rst = rig.flows.kernel_stats["reset_no_socket"]
+    sub = rig.bus.subscribe("t-refused", accept=lambda e: e.get("raddr") == "127.0.0.63")
+    try:
+        cli = socket.socket()
+        with pytest.raises(ConnectionRefusedError):
+            cli.connect(("127.0.0.63", port))
+        cli.close()
+        events = rig.wait_events(sub, 1)
+    finally:
+        rig.bus.unsubscribe(sub)
+    key = ("egress", "localhost", "127.0.0.63", str(port))
+    assert rig.value(FAILED, *key) == 1
+    assert rig.value(OPENED, *key) == 0
+    assert rig.value(CLOSED, *key) == 0
+    assert rig.value(RESETS, *key, "received") == 1
+    assert rig.flows.kernel_stats["reset_no_socket"] >= before_rst + 1
+    assert [e["reason"] for e in events] == ["failed_connect"]
+
+
+def test_ten_thousand_short_connections_none_lost(rig: FlowRig) -> None:
+    n = 10_000
+    srv = listener("127.0.0.64")
+    port = srv.getsockname()[1]
+    lost_before = rig.flows.kernel_stats["ringbuf_full"]
+    full_before = (rig.flows.kernel_stats["sock_map_full"], rig.flows.kernel_stats["flow_map_full"])
+    sub = rig.bus.subscribe("t-burst", accept=lambda e: e.get("lport") == port
+                            or e.get("rport") == port)
+
+    def serve() -> None:
+        for _ in range(n):
+            conn, _ = srv.accept()
+            conn.close()
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        for _ in range(n):
+            c = socket.socket()
+            c.bind(("127.0.0.65", 0))
+            c.connect(("127.0.0.64", port))
+            c.close()
+        t.join(60)
+        events = rig.wait_events(sub, 2 * n, timeout=30)
+    finally:
+        rig.bus.unsubscribe(sub)
+        srv.close()
+    eg = ("egress", "localhost", "127.0.0.64", str(port))
+    ing = ("ingress", "localhost", "127.0.0.65", str(port))
+    assert rig.value(OPENED, *eg) == n
+    assert rig.value(CLOSED, *eg) == n
+    assert rig.value(OPENED, *ing) == n
+    assert rig.value(CLOSED, *ing) == n
+    assert len(events) == 2 * n
+    assert sub.dropped == 0
+    assert rig.flows.kernel_stats["ringbuf_full"] == lost_before == 0
+    assert (rig.flows.kernel_stats["sock_map_full"],
+            rig.flows.kernel_stats["flow_map_full"]) == full_before == (0, 0)
+
+
+def test_policy_swap_reclassifies_new_flows(rig: FlowRig, policy_file: Path) -> None:
+    addr = "127.0.0.66"
+    srv = listener(addr)
+    try:
+        rig.flows.set_policy(parse_policy("internalHosts: [127.0.0.66/32]\n"))
+        port, _ = exchange(srv, addr, 5, 5)
+        time.sleep(0.2)
+        assert rig.value(OPENED, "egress", "internalHosts", addr, str(port)) == 1
+    finally:
+        rig.flows.set_policy(parse_policy(policy_file.read_text()))
+        srv.close()
+    srv = listener(addr)
+    port, _ = exchange(srv, addr, 5, 5)
+    srv.close()
+    time.sleep(0.2)
+    assert rig.value(OPENED, "egress", "localhost", addr, str(port)) == 1
