@@ -219,6 +219,8 @@ class Agent:
 
     def stop(self) -> None:
         """Detach every program and stop serving."""
+        if self.http is None and not self.loader.status:
+            return  # nothing was started
         self.stop_event.set()
         for t in self._threads:
             t.join(timeout=5)

@@ -53,8 +53,9 @@ def in_netns(ns: str | None, fn: Callable[[], T]) -> T:
 class Lab:
     """One server namespace on a veth pair with extra addresses routed from the host."""
 
-    def __init__(self, tag: str, host_v4: str, peer_v4: str, host_v6: str, peer_v6: str,
-                 extra: list[str]) -> None:
+    def __init__(
+        self, tag: str, host_v4: str, peer_v4: str, host_v6: str, peer_v6: str, extra: list[str]
+    ) -> None:
         self.ns = f"lenst-{tag}"
         self.host_if, self.peer_if = f"lt{tag}a", f"lt{tag}b"
         self.host_v4, self.peer_v4 = host_v4, peer_v4
@@ -111,7 +112,11 @@ def recv_exact(conn: socket.socket, n: int) -> int:
 
 
 def exchange(
-    srv: socket.socket, addr: str, send_n: int, reply_n: int, ns: str | None = None,
+    srv: socket.socket,
+    addr: str,
+    send_n: int,
+    reply_n: int,
+    ns: str | None = None,
     bind: str | None = None,
 ) -> tuple[int, int]:
     """Client (in ns) sends send_n bytes, the server replies reply_n, both close.

@@ -75,13 +75,23 @@ def test_flow_class_direction_port_and_exact_bytes(rig: FlowRig, lab, addr: str,
     total = send_n + reply_n
     if cls in ("k8sPod", "k8sSvc"):
         assert rig.value("primus_lens_network_k8s_tcp_flow", cls) >= total
-        assert rig.cache.get("primus_lens_network_tcp_flow_egress", (addr, str(port), "egress", cls)) is None
+        assert (
+            rig.cache.get("primus_lens_network_tcp_flow_egress", (addr, str(port), "egress", cls))
+            is None
+        )
     elif cls == "dns":
         assert rig.value("primus_lens_network_flow_dns") >= total
     else:
-        assert rig.value("primus_lens_network_tcp_flow_egress", addr, str(port), "egress", cls) == total
-    assert rig.value("primus_lens_network_tcp_flow_ingress", str(port), host, "ingress",
-                     "internalHosts") == total
+        assert (
+            rig.value("primus_lens_network_tcp_flow_egress", addr, str(port), "egress", cls)
+            == total
+        )
+    assert (
+        rig.value(
+            "primus_lens_network_tcp_flow_ingress", str(port), host, "ingress", "internalHosts"
+        )
+        == total
+    )
     # one closed-flow record per side, with the same numbers
     by_dir = {e["direction"]: e for e in events}
     assert set(by_dir) == {"egress", "ingress"}
@@ -134,8 +144,10 @@ def test_ipv6_loopback_is_localhost(rig: FlowRig) -> None:
     key = ("egress", "localhost", "::1", str(port))
     assert rig.value(SENT, *key) == 4000
     assert rig.value(RECV, *key) == 1000
-    assert rig.value("primus_lens_network_tcp_flow_egress", "::1", str(port), "egress",
-                     "localhost") == 5000
+    assert (
+        rig.value("primus_lens_network_tcp_flow_egress", "::1", str(port), "egress", "localhost")
+        == 5000
+    )
 
 
 def test_long_lived_flow_bytes_grow_before_close(rig: FlowRig) -> None:
@@ -198,8 +210,9 @@ def test_ten_thousand_short_connections_none_lost(rig: FlowRig) -> None:
     port = srv.getsockname()[1]
     lost_before = rig.flows.kernel_stats["ringbuf_full"]
     full_before = (rig.flows.kernel_stats["sock_map_full"], rig.flows.kernel_stats["flow_map_full"])
-    sub = rig.bus.subscribe("t-burst", accept=lambda e: e.get("lport") == port
-                            or e.get("rport") == port)
+    sub = rig.bus.subscribe(
+        "t-burst", accept=lambda e: e.get("lport") == port or e.get("rport") == port
+    )
 
     def serve() -> None:
         for _ in range(n):
@@ -228,8 +241,11 @@ def test_ten_thousand_short_connections_none_lost(rig: FlowRig) -> None:
     assert len(events) == 2 * n
     assert sub.dropped == 0
     assert rig.flows.kernel_stats["ringbuf_full"] == lost_before == 0
-    assert (rig.flows.kernel_stats["sock_map_full"],
-            rig.flows.kernel_stats["flow_map_full"]) == full_before == (0, 0)
+    assert (
+        (rig.flows.kernel_stats["sock_map_full"], rig.flows.kernel_stats["flow_map_full"])
+        == full_before
+        == (0, 0)
+    )
 
 
 def test_policy_swap_reclassifies_new_flows(rig: FlowRig, policy_file: Path) -> None:

@@ -1,0 +1,145 @@
+"""Start `lens-ebpf run` as a process and talk to it over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+LENS = str(Path(sys.executable).with_name("lens-ebpf"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str, timeout: float = 5) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Samples exactly as exposed: Prometheus keeps a counter's name as written
+    (prometheus_client's parser would add _total to the seed counters)."""
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        assert m, f"unparseable exposition line: {line!r}"
+        labels = {
+            k: v.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+            for k, v in _LABEL.findall(m.group(2) or "")
+        }
+        out.append((m.group(1), labels, float(m.group(3))))
+    return out
+
+
+class AgentProc:
+    """A running agent; stop() sends SIGTERM and returns the exit status."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        full_env = {
+            **os.environ,
+            "LENS_BPF__READ_INTERVAL_SECONDS": "0.3",
+            "LENS_POLICY__WATCH_INTERVAL_SECONDS": "0.3",
+            **(env or {}),
+        }
+        self.started = time.monotonic()
+        # a file, not a pipe: a pipe nobody reads would block a chatty agent
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            [LENS, "run", "--listen", f"127.0.0.1:{self.port}", *args],
+            env=full_env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def wait_ready(self, timeout: float = 20) -> float:
+        """Seconds from start to /readyz answering 200."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"agent exited {self.proc.returncode}: {self.output()}")
+            try:
+                if get(self.base + "/readyz", timeout=1)[0] == 200:
+                    return time.monotonic() - self.started
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("agent not ready in time")
+
+    def json(self, path: str) -> tuple[int, Any]:
+        status, body = get(self.base + path)
+        return status, json.loads(body)
+
+    def metrics_text(self) -> str:
+        status, body = get(self.base + "/metrics")
+        assert status == 200
+        return body
+
+    def sample(self, name: str, labels: dict[str, str] | None = None) -> float | None:
+        for sname, slabels, value in parse_samples(self.metrics_text()):
+            if sname == name and (labels is None or slabels == labels):
+                return value
+        return None
+
+    def wait_sample(
+        self, name: str, labels: dict[str, str], want: float, timeout: float = 10
+    ) -> float | None:
+        deadline = time.monotonic() + timeout
+        got = None
+        while time.monotonic() < deadline:
+            got = self.sample(name, labels)
+            if got == want:
+                return got
+            time.sleep(0.2)
+        return got
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("agent did not stop on signal") from None
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [LENS, *args],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -1,0 +1,206 @@
+"""The agent as a process: serves, reports, refuses bad input, reloads, stops cleanly."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from lens_ebpf import tracefs
+from lens_ebpf.probe import FEATURE_TRACEPOINTS
+from tests.agentproc import AgentProc, free_port, run_cli
+from tests.netlab import exchange, listener
+
+pytestmark = pytest.mark.e2e
+
+GOOD = "localhost: [127.0.0.0/8]\ninternalHosts: [10.0.0.0/8]\n"
+
+
+@pytest.fixture
+def policy(tmp_path: Path) -> Path:
+    p = tmp_path / "policy.yaml"
+    p.write_text(GOOD)
+    return p
+
+
+def test_serves_metrics_counts_a_flow_and_stops_cleanly(policy: Path) -> None:
+    agent = AgentProc("--policy", str(policy))
+    try:
+        seconds = agent.wait_ready()
+        assert seconds < 10
+        status, ready = agent.json("/readyz")
+        assert status == 200 and ready["ready"] is True
+        assert ready["features"]["tcp_flows"] == {"state": "attached", "reason": ""}
+        assert ready["policy"]["path"] == str(policy)
+        for alias in ("/ready", "/health", "/healthz"):
+            assert agent.json(alias)[0] == 200
+        assert agent.sample("lens_agent_bpf_program_attached", {"program": "tcp_flows"}) == 1
+        srv = listener("127.0.0.71")
+        port, _ = exchange(srv, "127.0.0.71", 300, 700)
+        srv.close()
+        labels = {
+            "direction": "egress",
+            "type": "localhost",
+            "raddr": "127.0.0.71",
+            "port": str(port),
+        }
+        assert agent.wait_sample("lens_tcp_connections_opened_total", labels, 1) == 1
+        assert agent.sample("lens_tcp_sent_bytes_total", labels) == 300
+        assert (
+            agent.sample(
+                "primus_lens_network_tcp_flow_egress",
+                {
+                    "raddr": "127.0.0.71",
+                    "rport": str(port),
+                    "direction": "egress",
+                    "type": "localhost",
+                },
+            )
+            == 1000
+        )
+    finally:
+        rc = agent.stop()
+    assert rc == 0, agent.output()
+    assert "all BPF programs detached" in agent.output()
+
+
+def test_sigint_also_exits_zero(policy: Path) -> None:
+    agent = AgentProc("--policy", str(policy))
+    agent.wait_ready()
+    assert agent.stop(signal.SIGINT) == 0
+
+
+def test_check_json_reports_tracepoints_and_kprobes() -> None:
+    res = run_cli("check", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    for tps in FEATURE_TRACEPOINTS.values():
+        for tp in tps:
+            assert out["tracepoints"][tp] is True, tp
+    assert out["checks"]["kprobes"]["ok"] is tracefs.kprobes_available()
+    assert out["checks"]["btf"]["ok"] is Path("/sys/kernel/btf/vmlinux").exists()
+    assert out["checks"]["kernel_headers"]["ok"] is True
+    assert out["features"]["tcp_flows"]["supported"] is True
+    table = run_cli("check")
+    assert table.returncode == 0
+    assert all(len(line) <= 80 for line in table.stdout.splitlines())
+    assert "sock:inet_sock_set_state" in table.stdout
+
+
+def one_line_error(res, *needles: str) -> None:
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_unknown_config_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("server:\n  prot: 9\n")
+    one_line_error(run_cli("run", "--config", str(cfg)), str(cfg), "server.prot", "unknown key")
+
+
+def test_wrong_type(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("cache:\n  max_series: lots\n")
+    one_line_error(run_cli("run", "--config", str(cfg)), "cache.max_series", "integer")
+
+
+def test_bad_env_value() -> None:
+    one_line_error(run_cli("run", env={"LENS_BPF__MAX_SOCKETS": "-1"}), "bpf.max_sockets")
+
+
+def test_port_in_use(policy: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        res = run_cli("run", "--policy", str(policy), "--listen", f"127.0.0.1:{port}")
+    one_line_error(res, f"cannot listen on 127.0.0.1:{port}", "Address already in use")
+
+
+def test_unreadable_policy(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    one_line_error(
+        run_cli("run", "--policy", str(missing), "--listen", f"127.0.0.1:{free_port()}"),
+        str(missing),
+        "cannot read",
+    )
+
+
+def test_bad_cidr_at_start_names_file_key_value(tmp_path: Path) -> None:
+    bad = tmp_path / "policy.yaml"
+    bad.write_text("k8sPod: [10.244.0.0/16, 10.300.0.0/16]\n")
+    one_line_error(
+        run_cli("run", "--policy", str(bad), "--listen", f"127.0.0.1:{free_port()}"),
+        str(bad),
+        "k8sPod",
+        "10.300.0.0/16",
+    )
+
+
+def test_bad_listen_flag() -> None:
+    one_line_error(run_cli("run", "--listen", "localhost"), "--listen", "HOST:PORT")
+
+
+def test_bad_policy_at_reload_keeps_the_last_good_one(policy: Path) -> None:
+    agent = AgentProc("--policy", str(policy))
+    try:
+        agent.wait_ready()
+        policy.write_text("internalHosts: [10.0.0.0/8, 127.0.0.0/33]\n")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not agent.json("/readyz")[1]["policy"]["error"]:
+            time.sleep(0.2)
+        status, ready = agent.json("/readyz")
+        assert status == 200
+        assert "internalHosts" in ready["policy"]["error"]
+        assert "127.0.0.0/33" in ready["policy"]["error"]
+        assert agent.sample("lens_agent_policy_error") == 1
+        assert agent.sample("lens_agent_policy_reloads_total", {"result": "failure"}) >= 1
+        # flows are still classified by the last good policy
+        srv = listener("127.0.0.72")
+        port, _ = exchange(srv, "127.0.0.72", 1, 1)
+        srv.close()
+        labels = {
+            "direction": "egress",
+            "type": "localhost",
+            "raddr": "127.0.0.72",
+            "port": str(port),
+        }
+        assert agent.wait_sample("lens_tcp_connections_opened_total", labels, 1) == 1
+        # a fixed file is taken on SIGHUP or on change; the error clears
+        policy.write_text("internalHosts: [127.0.0.0/8]\n")
+        agent.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and agent.json("/readyz")[1]["policy"]["error"]:
+            time.sleep(0.2)
+        assert agent.json("/readyz")[1]["policy"]["error"] == ""
+        assert agent.sample("lens_agent_policy_error") == 0
+        srv = listener("127.0.0.72")
+        port, _ = exchange(srv, "127.0.0.72", 1, 1)
+        srv.close()
+        labels = {
+            "direction": "egress",
+            "type": "internalHosts",
+            "raddr": "127.0.0.72",
+            "port": str(port),
+        }
+        assert agent.wait_sample("lens_tcp_connections_opened_total", labels, 1) == 1
+    finally:
+        assert agent.stop() == 0
+
+
+def test_collector_can_be_switched_off(policy: Path) -> None:
+    agent = AgentProc("--policy", str(policy), "--no-collector.tcp")
+    try:
+        agent.wait_ready()
+        feat = agent.json("/readyz")[1]["features"]["tcp_flows"]
+        assert feat == {"state": "off", "reason": "disabled by config"}
+        assert agent.sample("lens_agent_feature_up", {"feature": "tcp_flows"}) == 0
+    finally:
+        assert agent.stop() == 0
