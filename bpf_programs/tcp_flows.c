@@ -67,6 +67,7 @@ enum lens_sk_rst_reason { LENS_RST_REASON_UNSPEC };
 #define REASON_RESET_SENT 2
 #define REASON_FAILED_CONNECT 3
 #define REASON_ABORTED 4
+#define REASON_CLOSE_NOT_SEEN 5  /* finished late: the kernel skipped this CLOSE run */
 
 struct flow_key {
     u8 raddr[16];
@@ -227,6 +228,42 @@ static __always_inline void emit_close(struct sock_info *si, u8 reason)
     stat_add(ST_EVENTS, 1);
 }
 
+/* Give a socket its flow key once its handshake is over. Normally that is the
+ * ESTABLISHED transition; when the kernel skipped that run of this program (a
+ * softirq landing while another tracing program ran on the CPU: bpf_prog_active),
+ * the next transition that carries addresses does it instead. */
+static __always_inline void key_socket(struct sock_info *si, u16 family, const u8 *raddr,
+                                       u16 sport, u16 dport)
+{
+    si->lport = sport;
+    si->rport = dport;
+    make_key(&si->key, si->direction, family, raddr, sport, dport);
+    si->flags |= SI_KEYED;
+    struct flow_val *v = flow_get(&si->key);
+    if (!v)
+        return;
+    __sync_fetch_and_add(&v->opened, 1);
+    /* bytes that came before the key was known (TCP Fast Open, a skipped run) */
+    if (si->sent)
+        __sync_fetch_and_add(&v->sent, si->sent);
+    if (si->recv)
+        __sync_fetch_and_add(&v->recv, si->recv);
+}
+
+/* Account a socket's end: a closed flow once keyed, else a failed attempt. */
+static __always_inline void finish_socket(struct sock_info *si, u8 reason)
+{
+    struct flow_val *v = flow_get(&si->key);
+    if (si->flags & SI_KEYED) {
+        if (v)
+            __sync_fetch_and_add(&v->closed, 1);
+    } else {
+        if (v)
+            __sync_fetch_and_add(&v->failed, 1);
+    }
+    emit_close(si, reason);
+}
+
 TRACEPOINT_PROBE(sock, inet_sock_set_state)
 {
     if (args->protocol != LENS_IPPROTO_TCP)
@@ -240,44 +277,51 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
     u16 sport = args->sport, dport = args->dport;
     LENS_PIN(sport);
     LENS_PIN(dport);
-
-    if ((ns == S_SYN_SENT && os == S_CLOSE) || ns == S_SYN_RECV) {
-        struct sock_info si = {};
-        si.start_ns = bpf_ktime_get_ns();
-        si.family = family;
-        if (ns == S_SYN_SENT) {
-            si.direction = LENS_DIR_EGRESS;
-            set_owner(&si); /* connect() runs in the caller's context */
-        } else {
-            si.direction = LENS_DIR_INGRESS; /* softirq: the owner shows on first I/O */
-        }
-        if (socks.update(&sk, &si) != 0)
-            stat_add(ST_SOCK_MAP_FULL, 1);
-        return 0;
-    }
+    u8 raddr[16];
+    copy_addr(raddr, family, args->daddr, args->daddr_v6);
 
     struct sock_info *si = socks.lookup(&sk);
+    int opening = (ns == S_SYN_SENT && os == S_CLOSE) || ns == S_SYN_RECV;
+    /* An accepted socket whose SYN_RECV run was skipped shows up leaving SYN_RECV. */
+    int late_accept = !si && os == S_SYN_RECV && ns != S_CLOSE;
+    if (opening || late_accept) {
+        if (si && opening) {
+            /* The address is reused while the entry lives: this run's CLOSE was skipped. */
+            if (!(si->flags & SI_KEYED)) {
+                u8 old_raddr[16];
+                __builtin_memcpy(old_raddr, si->key.raddr, 16);
+                make_key(&si->key, si->direction, si->family, old_raddr, si->lport, si->rport);
+            }
+            finish_socket(si, REASON_CLOSE_NOT_SEEN);
+        }
+        struct sock_info fresh = {};
+        fresh.start_ns = bpf_ktime_get_ns();
+        fresh.family = family;
+        copy_addr(fresh.laddr, family, args->saddr, args->saddr_v6);
+        __builtin_memcpy(fresh.key.raddr, raddr, 16);
+        fresh.lport = sport;
+        fresh.rport = dport;
+        if (ns == S_SYN_SENT) {
+            fresh.direction = LENS_DIR_EGRESS;
+            set_owner(&fresh); /* connect() runs in the caller's context */
+        } else {
+            fresh.direction = LENS_DIR_INGRESS; /* softirq: the owner shows on first I/O */
+        }
+        if (socks.update(&sk, &fresh) != 0) {
+            stat_add(ST_SOCK_MAP_FULL, 1);
+            return 0;
+        }
+        if (!late_accept)
+            return 0;
+        si = socks.lookup(&sk);
+    }
     if (!si)
         return 0; /* opened before the agent, or not a connection */
 
-    if (ns == S_ESTABLISHED && (os == S_SYN_SENT || os == S_SYN_RECV)) {
-        u8 raddr[16];
+    if (!(si->flags & SI_KEYED) && ns != S_SYN_SENT && ns != S_SYN_RECV &&
+        !(ns == S_CLOSE && (os == S_SYN_SENT || os == S_SYN_RECV))) {
         copy_addr(si->laddr, family, args->saddr, args->saddr_v6);
-        copy_addr(raddr, family, args->daddr, args->daddr_v6);
-        si->lport = sport;
-        si->rport = dport;
-        make_key(&si->key, si->direction, family, raddr, si->lport, si->rport);
-        si->flags |= SI_KEYED;
-        struct flow_val *v = flow_get(&si->key);
-        if (v) {
-            __sync_fetch_and_add(&v->opened, 1);
-            /* bytes that came before the handshake finished (TCP Fast Open) */
-            if (si->sent)
-                __sync_fetch_and_add(&v->sent, si->sent);
-            if (si->recv)
-                __sync_fetch_and_add(&v->recv, si->recv);
-        }
-        return 0;
+        key_socket(si, family, raddr, sport, dport);
     }
 
     /* close() from the application: a process context for accepted sockets too */
@@ -288,29 +332,19 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
     if (ns != S_CLOSE)
         return 0;
 
+    u8 reason = REASON_NORMAL;
     if (!(si->flags & SI_KEYED)) {
-        u8 raddr[16];
         copy_addr(si->laddr, family, args->saddr, args->saddr_v6);
-        copy_addr(raddr, family, args->daddr, args->daddr_v6);
         si->lport = sport;
         si->rport = dport;
-        make_key(&si->key, si->direction, family, raddr, si->lport, si->rport);
-    }
-    u8 reason = REASON_NORMAL;
-    struct flow_val *v = flow_get(&si->key);
-    if (os == S_SYN_SENT || os == S_SYN_RECV) {
+        make_key(&si->key, si->direction, family, raddr, sport, dport);
         reason = os == S_SYN_SENT ? REASON_FAILED_CONNECT : REASON_ABORTED;
-        if (v)
-            __sync_fetch_and_add(&v->failed, 1);
-    } else {
-        if (si->flags & SI_RST_RECV)
-            reason = REASON_RESET_RECEIVED;
-        else if (si->flags & SI_RST_SENT)
-            reason = REASON_RESET_SENT;
-        if (v)
-            __sync_fetch_and_add(&v->closed, 1);
+    } else if (si->flags & SI_RST_RECV) {
+        reason = REASON_RESET_RECEIVED;
+    } else if (si->flags & SI_RST_SENT) {
+        reason = REASON_RESET_SENT;
     }
-    emit_close(si, reason);
+    finish_socket(si, reason);
     socks.delete(&sk);
     return 0;
 }

@@ -142,9 +142,13 @@ class Agent:
 
     def _read_loop(self) -> None:
         interval = self.cfg.bpf.read_interval_seconds
+        next_sweep = time.monotonic() + self.cfg.bpf.reconcile_interval_seconds
         while not self.stop_event.is_set():
             try:
                 if self.tcp is not None:
+                    if time.monotonic() >= next_sweep:
+                        self.tcp.reconcile()
+                        next_sweep = time.monotonic() + self.cfg.bpf.reconcile_interval_seconds
                     self.tcp.read()
                 self.heartbeat = time.monotonic()
             except Exception:

@@ -58,6 +58,8 @@ class BpfConfig(_Section):
     max_flow_keys: int = Field(16384, ge=16)
     flow_key_idle_seconds: float = Field(900, gt=0)
     read_interval_seconds: float = Field(2.0, gt=0)
+    reconcile_interval_seconds: float = Field(10.0, gt=0)
+    reconcile_grace_seconds: float = Field(2.0, ge=0)
 
     @field_validator("ringbuf_pages")
     @classmethod

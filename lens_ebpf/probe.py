@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lens_ebpf import kernel_headers, tracefs
+from lens_ebpf.bpf.syscall import ringbuf_supported
 
 # Tracepoints named in DESIGN.md, by the feature that needs them.
 FEATURE_TRACEPOINTS: dict[str, tuple[str, ...]] = {
@@ -33,10 +34,6 @@ FEATURE_TRACEPOINTS: dict[str, tuple[str, ...]] = {
     ),
 }
 
-BPF_MAP_CREATE = 0
-BPF_MAP_TYPE_RINGBUF = 27
-SYS_BPF = {"x86_64": 321, "aarch64": 280}
-
 
 @dataclass
 class Check:
@@ -44,21 +41,6 @@ class Check:
     ok: bool
     value: str
     detail: str = ""
-
-
-def ringbuf_supported() -> tuple[bool, str]:
-    """Create (and close) a BPF ring buffer map through the bpf() syscall."""
-    nr = SYS_BPF.get(platform.machine())
-    if nr is None:
-        return False, f"unknown bpf() syscall number on {platform.machine()}"
-    attr = (ctypes.c_uint32 * 32)()
-    attr[0], attr[1], attr[2], attr[3] = BPF_MAP_TYPE_RINGBUF, 0, 0, 4096
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = libc.syscall(nr, BPF_MAP_CREATE, ctypes.byref(attr), ctypes.sizeof(attr))
-    if fd < 0:
-        return False, os.strerror(ctypes.get_errno())
-    os.close(fd)
-    return True, "BPF_MAP_TYPE_RINGBUF created"
 
 
 def cgroup_mode(root: Path = Path("/sys/fs/cgroup")) -> str:

@@ -41,6 +41,28 @@ class FlowVal(ctypes.Structure):
     ]
 
 
+class SockInfo(ctypes.Structure):
+    _fields_ = [
+        ("start_ns", ctypes.c_uint64),
+        ("sent", ctypes.c_uint64),
+        ("recv", ctypes.c_uint64),
+        ("cgroup_id", ctypes.c_uint64),
+        ("key", FlowKey),
+        ("laddr", ctypes.c_uint8 * 16),
+        ("pid", ctypes.c_uint32),
+        ("retrans", ctypes.c_uint32),
+        ("lport", ctypes.c_uint16),
+        ("rport", ctypes.c_uint16),
+        ("flags", ctypes.c_uint16),
+        ("direction", ctypes.c_uint8),
+        ("family", ctypes.c_uint8),
+        ("comm", ctypes.c_char * 16),
+    ]
+
+
+SI_KEYED = 2
+
+
 class FlowEvent(ctypes.Structure):
     _fields_ = [
         ("ts_ns", ctypes.c_uint64),

@@ -14,6 +14,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf import tracefs
+from lens_ebpf.bpf.syscall import recursion_misses
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,19 @@ class BpfLoader:
         log.info("%s: attached %d tracepoints in %.2fs", name, len(tps), elapsed)
         return bpf
 
+    def misses(self) -> list[tuple[str, str, int]]:
+        """(program, tracepoint, runs the kernel skipped) for each attached probe."""
+        out = []
+        for name, bpf in self._loaded.items():
+            for raw, fn in bpf.funcs.items():
+                fname = raw.decode() if isinstance(raw, bytes) else raw
+                if not fname.startswith("tracepoint__"):
+                    continue
+                n = recursion_misses(fn.fd)
+                if n is not None:
+                    out.append((name, ":".join(fname.split("__")[1:3]), n))
+        return out
+
     def close(self) -> None:
         """Detach every program."""
         for name, bpf in list(self._loaded.items()):
@@ -135,5 +149,15 @@ class LoaderCollector(Collector):
             )
             if st.state == ATTACHED:
                 seconds.add_sample(seconds.name, {"program": st.name}, st.load_seconds)
+        missed = Metric(
+            "lens_agent_bpf_program_missed",
+            "Runs the kernel skipped because another BPF program was running on that CPU",
+            "counter",
+        )
+        for program, probe, n in self._loader.misses():
+            missed.add_sample(
+                "lens_agent_bpf_program_missed_total", {"program": program, "probe": probe}, n
+            )
         yield attached
         yield seconds
+        yield missed

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import ipaddress
+import time
 from typing import Any
 
 from lens_ebpf.net.policy import CLASS_NAMES
 
 AF_INET, AF_INET6 = 2, 10
 DIRECTIONS = ("egress", "ingress")
-CLOSE_REASONS = ("normal", "reset_received", "reset_sent", "failed_connect", "aborted")
+# Why a flow ended; close_not_seen: finished late, the kernel skipped this program's
+# run for the CLOSE transition (see lens_agent_bpf_program_missed_total).
+CLOSE_REASONS = (
+    "normal",
+    "reset_received",
+    "reset_sent",
+    "failed_connect",
+    "aborted",
+    "close_not_seen",
+)
 OTHER = "other"
 
 
@@ -43,22 +53,33 @@ def flow_key_labels(key: Any) -> tuple[str, str, str, str]:
 
 def flow_event(rec: Any) -> dict[str, Any]:
     """A closed-flow ring-buffer record as an event."""
+    return _event(rec, rec.raddr, rec.cls, reason_name(rec.reason), rec.ts_ns, rec.duration_ns)
+
+
+def sock_info_event(si: Any, keyed: bool) -> dict[str, Any]:
+    """A socket the agent finished itself (its CLOSE went unseen) as an event."""
+    now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    reason = "close_not_seen" if keyed else "failed_connect"
+    return _event(si, si.key.raddr, si.key.cls, reason, now, now - si.start_ns)
+
+
+def _event(rec: Any, raddr: Any, cls: int, reason: str, ts: int, duration: int) -> dict[str, Any]:
     return {
         "kind": "flow_closed",
-        "ts_ns": rec.ts_ns,
+        "ts_ns": ts,
         "pid": rec.pid,
         "comm": rec.comm.decode(errors="replace"),
         "cgroup_id": rec.cgroup_id,
         "family": "ipv4" if rec.family == AF_INET else "ipv6",
         "laddr": format_addr(rec.family, bytes(rec.laddr)),
         "lport": rec.lport,
-        "raddr": format_addr(rec.family, bytes(rec.raddr)),
+        "raddr": format_addr(rec.family, bytes(raddr)),
         "rport": rec.rport,
         "direction": direction_name(rec.direction),
-        "class": class_name(rec.cls),
+        "class": class_name(cls),
         "sent_bytes": rec.sent,
         "received_bytes": rec.recv,
         "retransmits": rec.retrans,
-        "duration_ns": rec.duration_ns,
-        "reason": reason_name(rec.reason),
+        "duration_ns": duration,
+        "reason": reason,
     }

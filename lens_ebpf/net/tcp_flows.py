@@ -18,7 +18,7 @@ from lens_ebpf.bpf.loader import BpfLoader
 from lens_ebpf.config import Config
 from lens_ebpf.events import EventBus
 from lens_ebpf.metrics.cache import COUNTER, MetricCache
-from lens_ebpf.net import decode
+from lens_ebpf.net import decode, proc_tcp
 from lens_ebpf.net.policy import CLASS_IDS, Policy, lpm_entries
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,7 @@ class TcpFlows:
         self._lock = threading.Lock()
         self.kernel_stats: dict[str, int] = dict.fromkeys(STATS, 0)
         self.events_received = 0
+        self.repaired = 0
         register_families(cache)
 
     def defines(self) -> dict[str, int]:
@@ -156,6 +157,7 @@ class TcpFlows:
         layouts.check_size("flow_val", layouts.FlowVal, self.bpf[b"flows"].Leaf)
         layouts.check_size("lpm_key", layouts.LpmKey, self.bpf[b"policy"].Key)
         layouts.check_size("flow_event", layouts.FlowEvent, self.bpf[b"layout_flow_event"].Leaf)
+        layouts.check_size("sock_info", layouts.SockInfo, self.bpf[b"socks"].Leaf)
         flows = self.bpf[b"flows"]
         for direction in (0, 1):
             for cls in CLASS_IDS.values():
@@ -233,6 +235,59 @@ class TcpFlows:
             del self._last[raw]
             del self._changed[raw]
 
+    def reconcile(self, live: set[proc_tcp.Tuple] | None = None) -> int:
+        """Finish tracked sockets that no namespace holds any more; how many.
+
+        The kernel skips a tracepoint program when another BPF program is running
+        on that CPU (lens_agent_bpf_program_missed_total), so a CLOSE can go
+        unseen. Whoever deletes the map entry first, the kernel or this sweep,
+        counts the close, so nothing is counted twice.
+        """
+        if self.bpf is None:
+            return 0
+        socks = self.bpf[b"socks"]
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        grace = int(self.cfg.bpf.reconcile_grace_seconds * 1e9)
+        candidates = [
+            (int(getattr(key, "value", key)), layouts.SockInfo.from_buffer_copy(bytes(si)))
+            for key, si in socks.items_lookup_batch()
+            if now - si.start_ns > grace
+        ]
+        if not candidates:
+            return 0
+        live = proc_tcp.live_sockets() if live is None else live
+        finished = 0
+        for sk, si in candidates:
+            tup = (
+                decode.format_addr(si.family, bytes(si.laddr)),
+                si.lport,
+                decode.format_addr(si.family, bytes(si.key.raddr)),
+                si.rport,
+            )
+            if tup in live:
+                continue
+            key = socks.Key(sk)
+            current = socks.get(key)
+            if current is None or current.start_ns != si.start_ns:
+                continue  # closed meanwhile, or the address now holds a new socket
+            try:
+                del socks[key]
+            except KeyError:
+                continue  # the kernel closed it first and counted it
+            self._finish(si)
+            finished += 1
+        self.repaired += finished
+        return finished
+
+    def _finish(self, si: layouts.SockInfo) -> None:
+        keyed = bool(si.flags & layouts.SI_KEYED)
+        labels = decode.flow_key_labels(si.key)
+        if keyed:
+            self.cache.inc("lens_tcp_connections_closed_total", labels, 1)
+        else:
+            self.cache.inc("lens_tcp_failed_connects_total", labels, 1)
+        self.bus.publish(decode.sock_info_event(si, keyed))
+
     def _read_stats(self) -> None:
         stats = self.bpf[b"stats"]
         for i, name in enumerate(STATS):
@@ -296,6 +351,13 @@ class TcpFlowsCollector(Collector):
         )
         rtx.add_sample("lens_tcp_untracked_retransmits_total", {}, st["untracked_retransmits"])
         yield rtx
+        fixed = Metric(
+            "lens_agent_tcp_closes_repaired",
+            "Sockets finished by the agent's sweep because the kernel skipped their CLOSE",
+            "counter",
+        )
+        fixed.add_sample("lens_agent_tcp_closes_repaired_total", {}, self._flows.repaired)
+        yield fixed
         keys = Metric("lens_agent_tcp_flow_keys", "Flow keys held in the kernel map", "gauge")
         keys.add_sample("lens_agent_tcp_flow_keys", {}, self._flows.tracked_keys())
         yield keys

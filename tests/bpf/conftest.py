@@ -58,7 +58,8 @@ def policy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def rig(policy_file: Path) -> Iterator[FlowRig]:
     kernel_headers.resolve(link=True)
-    cfg = config.load(None, env={})
+    # the sweep may look at sockets of any age: tests call it when traffic is done
+    cfg = config.load(None, env={"LENS_BPF__RECONCILE_GRACE_SECONDS": "0"})
     cache = MetricCache(ttl_seconds=3600, max_series=200000)
     bus = EventBus(queue_size=100000)
     loader = BpfLoader()

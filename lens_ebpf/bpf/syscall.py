@@ -1,0 +1,60 @@
+"""The few bpf(2) commands lens-ebpf issues itself (BCC does the rest)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+
+SYS_BPF = {"x86_64": 321, "aarch64": 280}
+BPF_MAP_CREATE = 0
+BPF_OBJ_GET_INFO_BY_FD = 15
+BPF_MAP_TYPE_RINGBUF = 27
+# struct bpf_prog_info: recursion_misses is the u64 at byte 208 (Linux 5.12+)
+PROG_INFO_SIZE = 256
+RECURSION_MISSES_OFFSET = 208
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def bpf(cmd: int, attr: ctypes.Array[ctypes.c_uint32]) -> int:
+    """Issue bpf(cmd, attr); raise OSError with the kernel's reason on failure."""
+    nr = SYS_BPF.get(platform.machine())
+    if nr is None:
+        raise OSError(f"bpf() syscall number unknown on {platform.machine()}")
+    rc = int(_libc.syscall(nr, cmd, ctypes.byref(attr), ctypes.sizeof(attr)))
+    if rc < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return rc
+
+
+def ringbuf_supported() -> tuple[bool, str]:
+    """Create (and close) a BPF ring buffer map."""
+    attr = (ctypes.c_uint32 * 32)()
+    attr[0], attr[3] = BPF_MAP_TYPE_RINGBUF, 4096
+    try:
+        fd = bpf(BPF_MAP_CREATE, attr)
+    except OSError as exc:
+        return False, str(exc)
+    os.close(fd)
+    return True, "BPF_MAP_TYPE_RINGBUF created"
+
+
+def recursion_misses(prog_fd: int) -> int | None:
+    """How often the kernel skipped this program because a BPF program was already
+    running on that CPU; None when the kernel does not report it."""
+    info = (ctypes.c_uint8 * PROG_INFO_SIZE)()
+    attr = (ctypes.c_uint32 * 4)()
+    attr[0], attr[1] = prog_fd, PROG_INFO_SIZE
+    addr = ctypes.addressof(info)
+    attr[2], attr[3] = addr & 0xFFFFFFFF, addr >> 32
+    try:
+        bpf(BPF_OBJ_GET_INFO_BY_FD, attr)
+    except OSError:
+        return None
+    if attr[1] < RECURSION_MISSES_OFFSET + 8:
+        return None
+    return int.from_bytes(
+        bytes(info[RECURSION_MISSES_OFFSET : RECURSION_MISSES_OFFSET + 8]), "little"
+    )
