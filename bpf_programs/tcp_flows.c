@@ -128,6 +128,8 @@ struct flow_event {
 
 BPF_HASH(socks, u64, struct sock_info, MAX_SOCKETS);
 BPF_HASH(flows, struct flow_key, struct flow_val, MAX_FLOW_KEYS);
+/* Sockets closed a moment ago: an abortive close sends its reset after CLOSE. */
+BPF_TABLE("lru_hash", u64, struct flow_key, recent, 4096);
 BPF_LPM_TRIE(policy, struct lens_lpm_key, u8, MAX_POLICY_PREFIXES);
 BPF_PERCPU_ARRAY(stats, u64, ST_COUNT);
 BPF_RINGBUF_OUTPUT(flow_events, RINGBUF_PAGES);
@@ -343,7 +345,12 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         reason = REASON_RESET_RECEIVED;
     } else if (si->flags & SI_RST_SENT) {
         reason = REASON_RESET_SENT;
+    } else if (os == S_ESTABLISHED || os == S_CLOSE_WAIT) {
+        /* no FIN exchange: an abortive close (its reset follows) or a timeout */
+        reason = REASON_ABORTED;
     }
+    if (si->flags & SI_KEYED)
+        recent.update(&sk, &si->key);
     finish_socket(si, reason);
     socks.delete(&sk);
     return 0;
@@ -392,6 +399,8 @@ TRACEPOINT_PROBE(sock, sock_recv_length)
 
 TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 {
+    if (args->err != 0)
+        return 0; /* not sent; the kernel's own retransmit counts skip these too */
     u64 sk = (u64)args->skaddr;
     struct sock_info *si = socks.lookup(&sk);
     if (!si) {
@@ -444,8 +453,13 @@ TRACEPOINT_PROBE(tcp, tcp_send_reset)
 {
     u64 sk = (u64)args->skaddr;
     struct sock_info *si = sk ? socks.lookup(&sk) : 0;
-    if (!si) { /* e.g. a SYN to a port nobody listens on */
-        stat_add(ST_RESET_NO_SOCKET, 1);
+    if (!si) {
+        struct flow_key *closed = sk ? recent.lookup(&sk) : 0;
+        struct flow_val *cv = closed ? flow_get(closed) : 0;
+        if (cv) /* the reset of an abortive close, sent after CLOSE */
+            __sync_fetch_and_add(&cv->resets_sent, 1);
+        else /* e.g. a SYN to a port nobody listens on */
+            stat_add(ST_RESET_NO_SOCKET, 1);
         return 0;
     }
     si->flags |= SI_RST_SENT;

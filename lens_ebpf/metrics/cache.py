@@ -161,14 +161,12 @@ class MetricCache:
         with self._lock:
             return self._families[name].series.get(labels)
 
-    def stats(self) -> list[tuple[str, int, int, int]]:
-        """(family, series, evicted, refused) for each family, after expiring."""
+    def snapshot_family(self, name: str) -> list[tuple[Labels, Any]]:
+        """A copy of one family's live series."""
         with self._lock:
-            out = []
-            for fam in self._families.values():
-                fam.series.expire()
-                out.append((fam.name, len(fam.series), fam.evicted, fam.refused))
-            return out
+            fam = self._families[name]
+            fam.series.expire()
+            return list(fam.series.items())
 
     def snapshot(self) -> list[tuple[Family, list[tuple[Labels, Any]]]]:
         """Each family with a copy of its live series, taken under the lock."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 
 from lens_ebpf.bpf.loader import ATTACHED, LoaderCollector
 from lens_ebpf.net.policy import parse_policy
-from tests.netlab import exchange, listener, recv_exact
+from tests.netlab import exchange, listener, recv_exact, sh
 
 from .conftest import FlowRig
 
@@ -325,3 +326,66 @@ def test_sweep_leaves_live_sockets_alone(rig: FlowRig) -> None:
         srv.close()
     time.sleep(0.2)
     assert rig.value(CLOSED, *key) == 1
+
+
+def test_reset_on_close_with_unread_data(rig: FlowRig) -> None:
+    srv = listener("127.0.0.73")
+    port = srv.getsockname()[1]
+    sub = rig.bus.subscribe("t-rst", accept=lambda e: port in (e.get("rport"), e.get("lport")))
+    try:
+        cli = socket.create_connection(("127.0.0.73", port))
+        conn, _ = srv.accept()
+        cli.sendall(b"q" * 100)
+        time.sleep(0.1)
+        conn.close()  # 100 bytes unread: the kernel answers with a reset
+        time.sleep(0.1)
+        with pytest.raises(ConnectionResetError):
+            cli.recv(10)
+        cli.close()
+        events = rig.wait_events(sub, 2)
+    finally:
+        rig.bus.unsubscribe(sub)
+        srv.close()
+    eg = ("egress", "localhost", "127.0.0.73", str(port))
+    ing = ("ingress", "localhost", "127.0.0.1", str(port))
+    assert rig.value(RESETS, *eg, "received") == 1
+    assert rig.value(RESETS, *ing, "sent") == 1
+    assert rig.value(RECV, *ing) == 0
+    assert rig.value(CLOSED, *eg) == 1 and rig.value(CLOSED, *ing) == 1
+    reasons = {e["direction"]: e["reason"] for e in events}
+    # the kernel closes the socket, then sends the reset: the record says aborted
+    assert reasons == {"egress": "reset_received", "ingress": "aborted"}
+
+
+def _ss_total_retrans(dst: str, dport: int) -> int:
+    out = subprocess.run(
+        ["ss", "-tinH", "dst", dst, "dport", f"= :{dport}"], capture_output=True, text=True
+    ).stdout
+    m = re.search(r"retrans:\d+/(\d+)", out)
+    return int(m.group(1)) if m else 0
+
+
+def test_retransmits_match_the_kernels_count(rig: FlowRig, lab) -> None:
+    addr = "10.244.7.2"
+    srv = listener(addr, ns=lab.ns)
+    port = srv.getsockname()[1]
+    cli = socket.create_connection((addr, port))
+    conn, _ = srv.accept()
+    nsx = ("ip", "netns", "exec", lab.ns, "ip", "addr")
+    try:
+        # Without its address the namespace drops what arrives: no ACK, so the host
+        # retransmits (and each retransmit leaves, so the kernel counts it).
+        sh(*nsx, "del", f"{addr}/32", "dev", lab.peer_if)
+        cli.sendall(b"r" * 1000)
+        time.sleep(1.5)
+        sh(*nsx, "add", f"{addr}/32", "dev", lab.peer_if)
+        assert recv_exact(conn, 1000) == 1000
+        kernel = _ss_total_retrans(addr, port)
+        assert kernel >= 2
+        key = ("egress", "k8sPod", addr, str(port))
+        assert rig.value("lens_tcp_retransmits_total", *key) == kernel
+    finally:
+        cli.close()
+        conn.close()
+        srv.close()
+        subprocess.run([*nsx, "add", f"{addr}/32", "dev", lab.peer_if], capture_output=True)
