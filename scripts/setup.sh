@@ -3,7 +3,9 @@
 #   scripts/setup.sh run    packages the agent needs, the venv, kernel headers, tracefs
 #   scripts/setup.sh test   the same plus what the test suite drives (containerd, runc,
 #                           prometheus, bpfcc-tools, gcc) and the dev Python packages
-# The Dockerfile runs `scripts/setup.sh run` too, so the image installs what the README does.
+#   scripts/setup.sh image  packages and venv only: the Dockerfile's install step; the
+#                           agent mounts tracefs and finds headers itself at start-up
+# The image installs with this same script, so its steps are tested where the README's are.
 set -euo pipefail
 mode=${1:-run}
 cd "$(dirname "$0")/.."
@@ -22,6 +24,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
   apt-get install -y -q --no-install-recommends "${missing[@]}"
+  [ "$mode" = image ] && rm -rf /var/lib/apt/lists/*
 fi
 
 # The venv sees Debian's python3-bpfcc through --system-site-packages.
@@ -32,9 +35,9 @@ extras=""
 [ "$mode" = test ] && extras="[dev]"
 stamp=.venv/.setup-stamp-${mode}
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras}"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-cache-dir -e ".${extras}"
   touch "$stamp"
 fi
 
 # tracefs and a kernel header tree BCC can compile against (lens_ebpf/kernel_headers.py).
-.venv/bin/python -m lens_ebpf.kernel_headers --prepare
+[ "$mode" = image ] || .venv/bin/python -m lens_ebpf.kernel_headers --prepare
