@@ -357,6 +357,10 @@ def test_reset_on_close_with_unread_data(rig: FlowRig) -> None:
     assert reasons == {"egress": "reset_received", "ingress": "aborted"}
 
 
+def _skipped(rig: FlowRig, probe: str) -> int:
+    return sum(n for _, p, n in rig.flows.loader.misses() if p == probe)
+
+
 def _ss_total_retrans(dst: str, dport: int) -> int:
     out = subprocess.run(
         ["ss", "-tinH", "dst", dst, "dport", f"= :{dport}"], capture_output=True, text=True
@@ -372,6 +376,7 @@ def test_retransmits_match_the_kernels_count(rig: FlowRig, lab) -> None:
     cli = socket.create_connection((addr, port))
     conn, _ = srv.accept()
     nsx = ("ip", "netns", "exec", lab.ns, "ip", "addr")
+    skipped_before = _skipped(rig, "tcp:tcp_retransmit_skb")
     try:
         # Without its address the namespace drops what arrives: no ACK, so the host
         # retransmits (and each retransmit leaves, so the kernel counts it).
@@ -383,7 +388,10 @@ def test_retransmits_match_the_kernels_count(rig: FlowRig, lab) -> None:
         kernel = _ss_total_retrans(addr, port)
         assert kernel >= 2
         key = ("egress", "k8sPod", addr, str(port))
-        assert rig.value("lens_tcp_retransmits_total", *key) == kernel
+        # exact, but for runs the kernel reports it skipped (a timer softirq landing
+        # while another BPF program ran on that CPU)
+        skipped = _skipped(rig, "tcp:tcp_retransmit_skb") - skipped_before
+        assert kernel - skipped <= rig.value("lens_tcp_retransmits_total", *key) <= kernel
     finally:
         cli.close()
         conn.close()
