@@ -19,7 +19,7 @@ from lens_ebpf.config import Config
 from lens_ebpf.events import EventBus
 from lens_ebpf.metrics.cache import COUNTER, MetricCache
 from lens_ebpf.net import decode, proc_tcp
-from lens_ebpf.net.policy import CLASS_IDS, Policy, lpm_entries
+from lens_ebpf.net.policy import CLASS_IDS, Policy, abnormal, lpm_entries
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,7 @@ class TcpFlows:
         self.kernel_stats: dict[str, int] = dict.fromkeys(STATS, 0)
         self.events_received = 0
         self.repaired = 0
+        self.policy = Policy()
         register_families(cache)
 
     def defines(self) -> dict[str, int]:
@@ -177,6 +178,7 @@ class TcpFlows:
         for (plen, addr), cls in entries.items():
             key = trie.Key(plen, (ctypes.c_uint8 * 16)(*addr))
             trie[key] = ctypes.c_uint8(cls)
+        self.policy = policy
         for plen, addr in self._policy_keys - set(entries):
             key = trie.Key(plen, (ctypes.c_uint8 * 16)(*addr))
             with contextlib.suppress(KeyError):
@@ -186,7 +188,13 @@ class TcpFlows:
     def _on_event(self, _ctx: Any, data: Any, _size: int) -> None:
         rec = ctypes.cast(data, ctypes.POINTER(layouts.FlowEvent)).contents
         self.events_received += 1
-        self.bus.publish(decode.flow_event(rec))
+        self._publish(decode.flow_event(rec))
+
+    def _publish(self, event: dict[str, Any]) -> None:
+        """A closed flow, and an abnormal_flow event when the policy's lists say so."""
+        self.bus.publish(event)
+        if abnormal(self.policy, event["raddr"]):
+            self.bus.publish({**event, "kind": "abnormal_flow"})
 
     def poll(self, timeout_ms: int) -> None:
         """Deliver ring-buffer records to the bus (call from one thread)."""
@@ -286,7 +294,7 @@ class TcpFlows:
             self.cache.inc("lens_tcp_connections_closed_total", labels, 1)
         else:
             self.cache.inc("lens_tcp_failed_connects_total", labels, 1)
-        self.bus.publish(decode.sock_info_event(si, keyed))
+        self._publish(decode.sock_info_event(si, keyed))
 
     def _read_stats(self) -> None:
         stats = self.bpf[b"stats"]

@@ -397,3 +397,23 @@ def test_retransmits_match_the_kernels_count(rig: FlowRig, lab) -> None:
         conn.close()
         srv.close()
         subprocess.run([*nsx, "add", f"{addr}/32", "dev", lab.peer_if], capture_output=True)
+
+
+def test_abnormal_flow_event_from_the_policy_lists(rig: FlowRig, policy_file: Path) -> None:
+    text = policy_file.read_text()
+    rig.flows.set_policy(
+        parse_policy(text + "abnormalBlackList: [127.0.0.74/31]\nabnormalWhiteList: [127.0.0.75]\n")
+    )
+    sub = rig.bus.subscribe("t-abn", accept=lambda e: e["kind"] == "abnormal_flow")
+    try:
+        for addr in ("127.0.0.74", "127.0.0.75"):
+            srv = listener(addr)
+            exchange(srv, addr, 3, 4)
+            srv.close()
+        events = rig.wait_events(sub, 2, timeout=3)
+    finally:
+        rig.bus.unsubscribe(sub)
+        rig.flows.set_policy(parse_policy(text))
+    # the blacklisted remote raises one event; the whitelisted one none
+    assert [(e["raddr"], e["direction"]) for e in events] == [("127.0.0.74", "egress")]
+    assert events[0]["sent_bytes"] == 3
