@@ -7,6 +7,7 @@
  *   tcp:tcp_retransmit_skb     retransmitted segments             (Linux 4.15+)
  *   tcp:tcp_send_reset         resets this host sent              (Linux 4.15+)
  *   tcp:tcp_receive_reset      resets this host received          (Linux 4.15+)
+ *   tcp:tcp_probe              smoothed RTT per received segment  (Linux 4.16+; with -DLENS_RTT)
  *
  * Per socket (keyed by the socket's address, used only as an opaque key) the program
  * keeps who opened it and how many bytes went each way. Per flow key (direction,
@@ -14,6 +15,10 @@
  * reads each cycle, so a long-lived flow's bytes show before it closes. Each closed
  * flow also goes to the ring buffer as one record. Direction comes from the socket's
  * role: an active open (SYN_SENT) is egress, an accepted socket (SYN_RECV) ingress.
+ *
+ * With -DLENS_RTT the program also bins each RTT sample in the kernel into fixed
+ * bucket boundaries (-DLENS_RTT_BOUNDS, microseconds) per (direction, class, remote).
+ * It lives here because it needs each socket's direction and class from socks.
  */
 #include "lens_common.h"
 
@@ -55,7 +60,9 @@ enum lens_sk_rst_reason { LENS_RST_REASON_UNSPEC };
 #define ST_UNTRACKED_RETRANS 5
 #define ST_RESET_NO_SOCKET 6
 #define ST_EVENTS 7
-#define ST_COUNT 8
+#define ST_RTT_UNTRACKED 8
+#define ST_RTT_MAP_FULL 9
+#define ST_COUNT 10
 
 #define SI_PID_KNOWN 1
 #define SI_KEYED 2
@@ -470,3 +477,73 @@ TRACEPOINT_PROBE(tcp, tcp_send_reset)
         __sync_fetch_and_add(&v->resets_sent, 1);
     return 0;
 }
+
+#ifdef LENS_RTT
+#ifndef MAX_RTT_KEYS
+#define MAX_RTT_KEYS 4096
+#endif
+
+struct rtt_key {
+    u8 raddr[16];
+    u8 direction;
+    u8 cls;
+    u8 family;
+    u8 overflow; /* 1: the map was full; the per-(direction, class) slot */
+};
+
+struct rtt_val {
+    u64 count;
+    u64 sum_us;
+    u64 bins[LENS_RTT_NBOUNDS + 1]; /* bins[i]: srtt <= bound[i]; the last: above all */
+};
+
+BPF_HASH(rtt, struct rtt_key, struct rtt_val, MAX_RTT_KEYS);
+
+TRACEPOINT_PROBE(tcp, tcp_probe)
+{
+    /* Already microseconds: the tracepoint stores tp->srtt_us >> 3 (checked against
+     * ss -ti, which prints the same srtt). Shifting again would divide by 8. */
+    u32 srtt = args->srtt;
+    if (!srtt)
+        return 0;
+    u64 sk = (u64)args->skaddr;
+    struct sock_info *si = socks.lookup(&sk);
+    if (!si || !(si->flags & SI_KEYED)) {
+        stat_add(ST_RTT_UNTRACKED, 1);
+        return 0;
+    }
+    struct rtt_key k = {};
+    __builtin_memcpy(k.raddr, si->key.raddr, 16);
+    k.direction = si->direction;
+    k.cls = si->key.cls;
+    k.family = si->family;
+    struct rtt_val *v = rtt.lookup(&k);
+    if (!v) {
+        struct rtt_val zero = {};
+        rtt.insert(&k, &zero);
+        v = rtt.lookup(&k);
+        if (!v) {
+            stat_add(ST_RTT_MAP_FULL, 1);
+            struct rtt_key o = {};
+            o.direction = k.direction;
+            o.cls = k.cls;
+            o.overflow = 1;
+            v = rtt.lookup(&o);
+            if (!v)
+                return 0;
+        }
+    }
+    u32 bounds[LENS_RTT_NBOUNDS] = {LENS_RTT_BOUNDS};
+    u32 bin = LENS_RTT_NBOUNDS;
+#pragma unroll
+    for (int i = LENS_RTT_NBOUNDS - 1; i >= 0; i--) {
+        if (srtt <= bounds[i])
+            bin = i;
+    }
+    __sync_fetch_and_add(&v->count, 1);
+    __sync_fetch_and_add(&v->sum_us, srtt);
+    if (bin <= LENS_RTT_NBOUNDS)
+        __sync_fetch_and_add(&v->bins[bin], 1);
+    return 0;
+}
+#endif

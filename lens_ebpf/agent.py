@@ -118,8 +118,11 @@ class Agent:
     def _start_tcp(self) -> None:
         if not self.cfg.collectors.tcp.enabled:
             self.features["tcp_flows"] = {"state": OFF, "reason": "disabled by config"}
+            self.features["tcp_rtt"] = {"state": OFF, "reason": "needs the tcp collector"}
             return
-        self.tcp = TcpFlows(self.cfg, self.cache, self.bus, self.loader)
+        self.tcp = TcpFlows(
+            self.cfg, self.cache, self.bus, self.loader, rtt=self.cfg.collectors.rtt.enabled
+        )
         if self.tcp.start(self.policy.policy):
             self.registry.register(TcpFlowsCollector(self.tcp))
             self._spawn("ringbuf", self._poll_loop)
@@ -129,6 +132,12 @@ class Agent:
         st = self.loader.status.get("tcp_flows")
         if st is not None:
             self.features["tcp_flows"] = {"state": st.state, "reason": st.reason}
+            rtt_reason = self.tcp.rtt_off_reason if self.tcp else "needs the tcp_flows program"
+            self.features["tcp_rtt"] = (
+                {"state": ATTACHED, "reason": ""}
+                if self.tcp is not None and self.tcp.rtt is not None
+                else {"state": OFF, "reason": rtt_reason or st.reason}
+            )
 
     def _spawn(self, name: str, target: Any) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)

@@ -19,7 +19,7 @@ examples:
   lens-ebpf check --json                         # the same for tools
 """
 
-COLLECTORS = ("tcp",)
+COLLECTORS = ("tcp", "rtt")
 
 
 class CliError(Exception):

@@ -57,6 +57,7 @@ class BpfConfig(_Section):
     max_sockets: int = Field(65536, ge=16)
     max_flow_keys: int = Field(16384, ge=16)
     flow_key_idle_seconds: float = Field(900, gt=0)
+    max_rtt_keys: int = Field(4096, ge=16)
     read_interval_seconds: float = Field(2.0, gt=0)
     reconcile_interval_seconds: float = Field(10.0, gt=0)
     reconcile_grace_seconds: float = Field(2.0, ge=0)
@@ -90,6 +91,7 @@ class CollectorToggle(_Section):
 
 class CollectorsConfig(_Section):
     tcp: CollectorToggle = Field(default_factory=CollectorToggle)
+    rtt: CollectorToggle = Field(default_factory=CollectorToggle)
 
 
 class Config(_Section):

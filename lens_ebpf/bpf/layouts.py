@@ -84,6 +84,27 @@ class FlowEvent(ctypes.Structure):
     ]
 
 
+class RttKey(ctypes.Structure):
+    _fields_ = [
+        ("raddr", ctypes.c_uint8 * 16),
+        ("direction", ctypes.c_uint8),
+        ("cls", ctypes.c_uint8),
+        ("family", ctypes.c_uint8),
+        ("overflow", ctypes.c_uint8),
+    ]
+
+
+RTT_BINS = 28  # len(tcp_rtt.RTT_BOUNDS_US) + 1; tcp_rtt checks it
+
+
+class RttVal(ctypes.Structure):
+    _fields_ = [
+        ("count", ctypes.c_uint64),
+        ("sum_us", ctypes.c_uint64),
+        ("bins", ctypes.c_uint64 * RTT_BINS),
+    ]
+
+
 class LayoutError(Exception):
     """A Python mirror does not match the size of its C layout."""
 

@@ -42,13 +42,17 @@ def reason_name(reason: int) -> str:
     return CLOSE_REASONS[reason] if reason < len(CLOSE_REASONS) else str(reason)
 
 
+def remote_labels(key: Any) -> tuple[str, str, str]:
+    """(direction, class, remote address) of a flows- or rtt-map key."""
+    direction, cls = direction_name(key.direction), class_name(key.cls)
+    if key.overflow:
+        return direction, cls, OTHER
+    return direction, cls, format_addr(key.family, bytes(key.raddr))
+
+
 def flow_key_labels(key: Any) -> tuple[str, str, str, str]:
     """(direction, class, remote address, service port) of a flows-map key."""
-    direction = direction_name(key.direction)
-    cls = class_name(key.cls)
-    if key.overflow:
-        return direction, cls, OTHER, OTHER
-    return direction, cls, format_addr(key.family, bytes(key.raddr)), str(key.port)
+    return (*remote_labels(key), OTHER if key.overflow else str(key.port))
 
 
 def flow_event(rec: Any) -> dict[str, Any]:

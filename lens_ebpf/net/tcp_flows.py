@@ -13,12 +13,14 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from lens_ebpf import tracefs
 from lens_ebpf.bpf import layouts
 from lens_ebpf.bpf.loader import BpfLoader
+from lens_ebpf.bpf.map_reader import DeltaReader, prefill_overflow
 from lens_ebpf.config import Config
 from lens_ebpf.events import EventBus
 from lens_ebpf.metrics.cache import COUNTER, MetricCache
-from lens_ebpf.net import decode, proc_tcp
+from lens_ebpf.net import decode, proc_tcp, tcp_rtt
 from lens_ebpf.net.policy import CLASS_IDS, Policy, abnormal, lpm_entries
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,8 @@ STATS = (
     "untracked_retransmits",
     "reset_no_socket",
     "events",
+    "rtt_untracked",
+    "rtt_map_full",
 )
 
 SEED_EGRESS = "primus_lens_network_tcp_flow_egress"
@@ -122,6 +126,7 @@ class TcpFlows:
         bus: EventBus,
         loader: BpfLoader,
         clock: Callable[[], float] = time.monotonic,
+        rtt: bool = True,
     ) -> None:
         self.cfg = cfg
         self.cache = cache
@@ -129,8 +134,12 @@ class TcpFlows:
         self.loader = loader
         self.clock = clock
         self.bpf: Any = None
-        self._last: dict[bytes, tuple[int, ...]] = {}
-        self._changed: dict[bytes, float] = {}
+        self._flows_reader = DeltaReader(
+            lambda v: tuple(getattr(v, f) for f in VAL_FIELDS),
+            cfg.bpf.flow_key_idle_seconds,
+            clock,
+            pinned=lambda key: bool(key.overflow),
+        )
         self._policy_keys: set[tuple[int, bytes]] = set()
         self._lock = threading.Lock()
         self.kernel_stats: dict[str, int] = dict.fromkeys(STATS, 0)
@@ -138,10 +147,20 @@ class TcpFlows:
         self.repaired = 0
         self.policy = Policy()
         register_families(cache)
+        # RTT needs tcp:tcp_probe; without it the flows still load
+        self.rtt_off_reason = ""
+        self.rtt: tcp_rtt.TcpRtt | None = None
+        if not rtt:
+            self.rtt_off_reason = "disabled by config"
+        elif not tracefs.tracepoint_exists(tcp_rtt.TRACEPOINT):
+            self.rtt_off_reason = f"tracepoint missing on this kernel: {tcp_rtt.TRACEPOINT}"
+        else:
+            self.rtt = tcp_rtt.TcpRtt(cfg, cache, clock)
 
-    def defines(self) -> dict[str, int]:
+    def defines(self) -> dict[str, int | str]:
         b = self.cfg.bpf
-        return {
+        extra = tcp_rtt.defines(self.cfg) if self.rtt is not None else {}
+        return extra | {
             "MAX_SOCKETS": b.max_sockets,
             # room for the 14 overflow slots on top of the configured keys
             "MAX_FLOW_KEYS": b.max_flow_keys + 2 * len(CLASS_IDS),
@@ -151,7 +170,10 @@ class TcpFlows:
 
     def start(self, policy: Policy) -> bool:
         """Load and attach; False (status recorded by the loader) when it cannot."""
-        self.bpf = self.loader.load(NAME, TRACEPOINTS, self.defines())
+        tracepoints: tuple[str, ...] = TRACEPOINTS
+        if self.rtt is not None:
+            tracepoints = (*TRACEPOINTS, tcp_rtt.TRACEPOINT)
+        self.bpf = self.loader.load(NAME, tracepoints, self.defines())
         if self.bpf is None:
             return False
         layouts.check_size("flow_key", layouts.FlowKey, self.bpf[b"flows"].Key)
@@ -159,12 +181,11 @@ class TcpFlows:
         layouts.check_size("lpm_key", layouts.LpmKey, self.bpf[b"policy"].Key)
         layouts.check_size("flow_event", layouts.FlowEvent, self.bpf[b"layout_flow_event"].Leaf)
         layouts.check_size("sock_info", layouts.SockInfo, self.bpf[b"socks"].Leaf)
-        flows = self.bpf[b"flows"]
-        for direction in (0, 1):
-            for cls in CLASS_IDS.values():
-                key = flows.Key()
-                key.direction, key.cls, key.overflow = direction, cls, 1
-                flows[key] = flows.Leaf()
+        prefill_overflow(self.bpf[b"flows"], len(CLASS_IDS))
+        if self.rtt is not None:
+            layouts.check_size("rtt_key", layouts.RttKey, self.bpf[b"rtt"].Key)
+            layouts.check_size("rtt_val", layouts.RttVal, self.bpf[b"rtt"].Leaf)
+            prefill_overflow(self.bpf[b"rtt"], len(CLASS_IDS))
         self.set_policy(policy)
         self.bpf[b"flow_events"].open_ring_buffer(self._on_event)
         return True
@@ -206,42 +227,12 @@ class TcpFlows:
         if self.bpf is None:
             return
         with self._lock:
-            now = self.clock()
-            flows = self.bpf[b"flows"]
-            seen: set[bytes] = set()
-            for key, val in flows.items_lookup_batch():
-                raw = bytes(key)
-                seen.add(raw)
-                cur = tuple(getattr(val, f) for f in VAL_FIELDS)
-                old = self._last.get(raw)
-                if old == cur:
-                    continue
-                # a key recreated after an idle removal starts again from zero
-                if old is None or any(c < o for c, o in zip(cur, old, strict=True)):
-                    old = (0,) * len(cur)
-                self._last[raw] = cur
-                self._changed[raw] = now
-                deltas = {f: c - o for f, c, o in zip(VAL_FIELDS, cur, old, strict=True)}
+            for key, grew in self._flows_reader.read(self.bpf[b"flows"]):
+                deltas = dict(zip(VAL_FIELDS, grew, strict=True))
                 apply_deltas(self.cache, decode.flow_key_labels(key), deltas)
-            self._expire_idle(flows, now, seen)
+            if self.rtt is not None:
+                self.rtt.read(self.bpf[b"rtt"])
             self._read_stats()
-
-    def _expire_idle(self, flows: Any, now: float, seen: set[bytes]) -> None:
-        idle = self.cfg.bpf.flow_key_idle_seconds
-        for raw in list(self._last):
-            if raw not in seen:
-                del self._last[raw]
-                self._changed.pop(raw, None)
-                continue
-            if now - self._changed.get(raw, now) < idle:
-                continue
-            key = layouts.FlowKey.from_buffer_copy(raw)
-            if key.overflow:
-                continue
-            with contextlib.suppress(KeyError):
-                del flows[flows.Key.from_buffer_copy(raw)]
-            del self._last[raw]
-            del self._changed[raw]
 
     def reconcile(self, live: set[proc_tcp.Tuple] | None = None) -> int:
         """Finish tracked sockets that no namespace holds any more; how many.
@@ -302,7 +293,7 @@ class TcpFlows:
             self.kernel_stats[name] = sum(stats[ctypes.c_int(i)])
 
     def tracked_keys(self) -> int:
-        return len(self._last)
+        return len(self._flows_reader)
 
 
 class TcpFlowsCollector(Collector):
@@ -332,6 +323,7 @@ class TcpFlowsCollector(Collector):
         full.add_sample(
             "lens_agent_bpf_map_full_total", {**prog, "map": "flows"}, st["flow_map_full"]
         )
+        full.add_sample("lens_agent_bpf_map_full_total", {**prog, "map": "rtt"}, st["rtt_map_full"])
         yield full
         untracked = Metric(
             "lens_tcp_untracked_bytes",
