@@ -1,0 +1,86 @@
+"""Debian's prometheus, scraping given targets every second, for end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from tests.agentproc import free_port, get
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
+
+
+def available() -> str | None:
+    """Why a real Prometheus cannot run here, or None."""
+    if not Path(PROMETHEUS).exists() or not Path(PROMTOOL).exists():
+        return "Debian's prometheus package is not installed (scripts/setup.sh test installs it)"
+    return None
+
+
+class Prometheus:
+    def __init__(self, targets: list[str], rule_files: list[str] | None = None) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="lens-prom-"))
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        cfg = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": rule_files or [],
+            "scrape_configs": [{"job_name": "lens-ebpf", "static_configs": [{"targets": targets}]}],
+        }
+        (self.dir / "prometheus.yml").write_text(json.dumps(cfg))
+        self.log = open(self.dir / "log", "w")  # noqa: SIM115 (open while prometheus runs)
+        self.proc = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={self.dir / 'prometheus.yml'}",
+             f"--storage.tsdb.path={self.dir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if get(self.base + "/-/ready", timeout=1)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError("prometheus did not become ready: " + (self.dir / "log").read_text())
+
+    def query(self, expr: str) -> dict[str, Any]:
+        status, body = get(self.base + "/api/v1/query?query=" + urllib.parse.quote(expr))
+        out = json.loads(body)
+        assert status == 200 and out["status"] == "success", body
+        return out["data"]
+
+    def wait_value(self, expr: str, ok: Any, timeout: float = 20) -> list[dict[str, Any]]:
+        """Poll expr until ok(result list) holds; the last result otherwise."""
+        deadline = time.monotonic() + timeout
+        result: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            result = self.query(expr)["result"]
+            if ok(result):
+                return result
+            time.sleep(0.5)
+        return result
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def promtool_check_metrics(text: str) -> tuple[int, list[str]]:
+    res = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True,
+                         text=True)  # fmt: skip
+    problems = [line for line in (res.stdout + res.stderr).splitlines() if line.strip()]
+    return res.returncode, problems
