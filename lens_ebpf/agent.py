@@ -17,15 +17,18 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf import __version__, kernel_headers, tracefs
-from lens_ebpf.api.http import HttpServer, Response, json_response
+from lens_ebpf.api.http import HttpServer, Response, envelope, json_response
 from lens_ebpf.bpf.loader import ATTACHED, OFF, BpfLoader, LoaderCollector
 from lens_ebpf.config import Config, policy_path
+from lens_ebpf.devices import all_collectors
+from lens_ebpf.devices.collector import CollectorSet
 from lens_ebpf.events import EventBus, EventBusCollector
 from lens_ebpf.metrics.cache import CacheCollector, MetricCache
 from lens_ebpf.net.policy import Policy, PolicyError, load_policy
 from lens_ebpf.net.tcp_flows import TcpFlows, TcpFlowsCollector
 
 log = logging.getLogger(__name__)
+RUNNING = "running"  # a device collector's feature state
 
 
 class StartupError(Exception):
@@ -68,6 +71,7 @@ class Agent:
         self.headers: kernel_headers.HeaderTree | None = None
         self.tcp: TcpFlows | None = None
         self.http: HttpServer | None = None
+        self.devices: CollectorSet | None = None
         self._threads: list[threading.Thread] = []
         path = policy_path(cfg)
         try:
@@ -112,6 +116,7 @@ class Agent:
             self.headers.detail,
         )
         self._start_tcp()
+        self._start_devices()
         self._spawn("policy", self._policy_loop)
         self.ready = True
 
@@ -138,6 +143,27 @@ class Agent:
                 if self.tcp is not None and self.tcp.rtt is not None
                 else {"state": OFF, "reason": rtt_reason or st.reason}
             )
+
+    def _start_devices(self) -> None:
+        """Device collectors, each switched by collectors.<name>.enabled."""
+        chosen = []
+        for name, factory in all_collectors().items():
+            if getattr(self.cfg.collectors, name).enabled:
+                chosen.append(factory(self.cfg))
+                self.features[name] = {"state": RUNNING, "reason": ""}
+            else:
+                self.features[name] = {"state": OFF, "reason": "disabled by config"}
+        self.devices = CollectorSet(chosen)
+        self.registry.register(self.devices)
+        self.devices.start()
+        assert self.http is not None
+        self.http.add("/node", lambda: envelope(self._view("system", "node")))
+        self.http.add("/metrics/json", lambda: json_response(200, self._view("system", "system")))
+        self.http.add("/rdma", lambda: envelope(self._view("rdma", "rdma") or []))
+
+    def _view(self, collector: str, view: str) -> Any:
+        c = self.devices.collectors.get(collector) if self.devices else None
+        return c.views.get(view) if c is not None else None
 
     def _spawn(self, name: str, target: Any) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)
@@ -237,6 +263,8 @@ class Agent:
         self.stop_event.set()
         for t in self._threads:
             t.join(timeout=5)
+        if self.devices is not None:
+            self.devices.stop()
         self.loader.close()
         for name, st in self.loader.status.items():
             self.features[name] = {"state": st.state, "reason": st.reason}
@@ -262,7 +290,9 @@ class _AgentCollector(Collector):
         feat = Metric("lens_agent_feature_up", "1 when a feature is running", "gauge")
         for name, f in a.features.items():
             feat.add_sample(
-                "lens_agent_feature_up", {"feature": name}, 1 if f["state"] == ATTACHED else 0
+                "lens_agent_feature_up",
+                {"feature": name},
+                1 if f["state"] in (ATTACHED, RUNNING) else 0,
             )
         yield feat
         reloads = Metric("lens_agent_policy_reloads", "Policy reloads by result", "counter")

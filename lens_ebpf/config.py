@@ -89,9 +89,30 @@ class CollectorToggle(_Section):
     enabled: bool = True
 
 
+class RdmaCollectorConfig(_Section):
+    enabled: bool = True
+    interval_seconds: float = Field(5.0, gt=0)
+    tool: str = "rdma"
+    timeout_seconds: float = Field(5.0, gt=0)
+
+
+class SystemCollectorConfig(_Section):
+    enabled: bool = True
+    interval_seconds: float = Field(5.0, gt=0)
+    top_processes: int = Field(10, ge=0)
+
+
 class CollectorsConfig(_Section):
     tcp: CollectorToggle = Field(default_factory=CollectorToggle)
     rtt: CollectorToggle = Field(default_factory=CollectorToggle)
+    rdma: RdmaCollectorConfig = Field(default_factory=RdmaCollectorConfig)
+    system: SystemCollectorConfig = Field(default_factory=SystemCollectorConfig)
+
+
+class DevicesConfig(_Section):
+    sysfs_root: str = "/sys"
+    procfs_root: str = "/proc"
+    etc_root: str = "/etc"
 
 
 class Config(_Section):
@@ -104,6 +125,7 @@ class Config(_Section):
     events: EventsConfig = Field(default_factory=EventsConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
     collectors: CollectorsConfig = Field(default_factory=CollectorsConfig)
+    devices: DevicesConfig = Field(default_factory=DevicesConfig)
 
     @field_validator("log_level")
     @classmethod

@@ -23,6 +23,7 @@ SEED_COUNTERS = {
     "primus_lens_network_tcp_flow_ingress",
     "primus_lens_network_k8s_tcp_flow",
     "primus_lens_network_flow_dns",
+    "hw_node_uptime_seconds",
 }
 
 

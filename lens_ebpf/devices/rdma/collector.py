@@ -1,0 +1,173 @@
+"""RDMA/InfiniBand metrics: sysfs devices, ports and counters, plus `rdma statistic`."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import Metric
+
+from lens_ebpf.devices.collector import DeviceCollector, register
+from lens_ebpf.devices.rdma import statistic, sysfs
+
+log = logging.getLogger(__name__)
+
+ACTIVE = 4
+# counters/ names -> lens_rdma_port_* families, node_exporter's infiniband naming in spirit
+NAMED = {
+    "port_xmit_data": ("transmit_bytes_total", "Bytes sent (4-byte words x 4)"),
+    "port_rcv_data": ("receive_bytes_total", "Bytes received (4-byte words x 4)"),
+    "port_xmit_packets": ("transmit_packets_total", "Packets sent"),
+    "port_rcv_packets": ("receive_packets_total", "Packets received"),
+    "port_unicast_xmit_packets": ("transmit_unicast_packets_total", "Unicast packets sent"),
+    "port_unicast_rcv_packets": ("receive_unicast_packets_total", "Unicast packets received"),
+    "port_multicast_xmit_packets": ("transmit_multicast_packets_total", "Multicast packets sent"),
+    "port_multicast_rcv_packets": ("receive_multicast_packets_total", "Multicast packets received"),
+    "port_rcv_errors": ("receive_errors_total", "Packets received with errors"),
+    "port_xmit_discards": ("transmit_discards_total", "Packets discarded on send"),
+    "symbol_error": ("symbol_errors_total", "Physical-layer symbol errors"),
+    "link_downed": ("link_downed_total", "Times the link went down"),
+    "link_error_recovery": ("link_error_recovery_total", "Link error recoveries"),
+    "port_xmit_wait": ("transmit_wait_total", "Ticks data waited to be sent"),
+    "port_rcv_remote_physical_errors": ("receive_remote_physical_errors_total",
+                                        "Packets received with EBP delimiter"),
+}  # fmt: skip
+
+
+def _family(name: str, help_text: str, kind: str = "gauge") -> Metric:
+    base = name.removesuffix("_total") if kind == "counter" else name
+    return Metric(base, help_text, kind)
+
+
+def device_metrics(devices: list[sysfs.RdmaDevice]) -> list[Metric]:
+    """Metric families for what sysfs says about each device and port."""
+    info = _family("lens_rdma_device_info", "RDMA device identity (value 1)")
+    port_info = _family("lens_rdma_port_info", "RDMA port state and link (value 1)")
+    state = _family("lens_rdma_port_state", "Port state (4: ACTIVE)")
+    phys = _family("lens_rdma_port_physical_state", "Physical state (5: LinkUp)")
+    up = _family("lens_rdma_port_up", "1 when the port is ACTIVE")
+    rate = _family("lens_rdma_port_rate_bytes_per_second", "Link rate")
+    sat = _family("lens_rdma_port_counter_saturated",
+                  "1: a legacy 32-bit counter is stuck at 4294967295 (not exported)")  # fmt: skip
+    named = {c: _family(f"lens_rdma_port_{n}", h, "counter") for c, (n, h) in NAMED.items()}
+    other = _family("lens_rdma_port_counter_total", "Other counters/ values", "counter")
+    hw = _family("lens_rdma_port_hw_counter_total", "hw_counters/ values", "counter")
+    for d in devices:
+        info.add_sample(info.name, {
+            "device": d.name, "node_guid": d.node_guid, "sys_image_guid": d.sys_image_guid,
+            "node_type": d.node_type, "fw_ver": d.fw_ver, "hca_type": d.hca_type,
+            "board_id": d.board_id, "netdev": d.netdev,
+        }, 1)  # fmt: skip
+        for p in d.ports:
+            lbl = {"device": d.name, "port": str(p.number)}
+            port_info.add_sample(port_info.name, {
+                **lbl, "state": p.state_name, "phys_state": p.phys_state_name,
+                "link_layer": p.link_layer, "rate": p.rate_text,
+            }, 1)  # fmt: skip
+            if p.state is not None:
+                state.add_sample(state.name, lbl, p.state)
+                up.add_sample(up.name, lbl, 1 if p.state == ACTIVE else 0)
+            if p.phys_state is not None:
+                phys.add_sample(phys.name, lbl, p.phys_state)
+            if p.rate_bytes is not None:
+                rate.add_sample(rate.name, lbl, p.rate_bytes)
+            for name in p.saturated:
+                sat.add_sample(sat.name, {**lbl, "counter": name}, 1)
+            for name, value in p.counters.items():
+                if name in sysfs.WORD_COUNTERS:
+                    value *= 4
+                fam = named.get(name)
+                if fam is not None:
+                    fam.add_sample(f"{fam.name}_total", lbl, value)
+                else:
+                    other.add_sample(other.name + "_total", {**lbl, "counter": name}, value)
+            for name, value in p.hw_counters.items():
+                hw.add_sample(hw.name + "_total", {**lbl, "counter": name}, value)
+    fams = [info, port_info, state, phys, up, rate, sat, *named.values(), other, hw]
+    return [f for f in fams if f.samples]
+
+
+def stat_metrics(stats: list[statistic.PortStats]) -> list[Metric]:
+    """rdma_stat_<counter>{device,port}: one family per counter, created on first sight."""
+    fams: dict[str, Metric] = {}
+    for s in stats:
+        for name, value in s.counters.items():
+            fam = fams.get(name)
+            if fam is None:
+                fam = fams[name] = Metric(f"rdma_stat_{name}", f"rdma statistic {name}", "gauge")
+            fam.add_sample(fam.name, {"device": s.device, "port": str(s.port)}, value)
+    return list(fams.values())
+
+
+def rest_view(devices: list[sysfs.RdmaDevice], stats: list[statistic.PortStats]) -> list[dict]:
+    """/rdma in the node exporter's shape: one entry per port."""
+    index = {s.device: s.ifindex for s in stats if s.ifindex is not None}
+    out = []
+    for d in devices:
+        for p in d.ports:
+            out.append({
+                "if_index": index.get(d.name), "if_name": d.name, "port": p.number,
+                "node_guid": d.node_guid, "sys_image_guid": d.sys_image_guid,
+                "port_guid": p.port_guid, "link_layer": p.link_layer,
+                "state": p.state_name, "netdev": d.netdev,
+            })  # fmt: skip
+    return out
+
+
+class RdmaCollector(DeviceCollector):
+    name = "rdma"
+
+    def __init__(
+        self,
+        interval: float,
+        sysfs_root: Path = Path("/sys"),
+        runner: Callable[[], str] | None = None,
+    ) -> None:
+        super().__init__(interval)
+        self.sysfs_root = sysfs_root
+        self.runner = runner  # None: no rdma tool; sysfs only
+
+    def refresh(self) -> list[Metric]:
+        devices = sysfs.read_devices(self.sysfs_root)
+        stats: list[statistic.PortStats] = []
+        if devices and self.runner is not None:
+            stats = self._stats()
+        self.views["rdma"] = rest_view(devices, stats)
+        self.views["uverbs"] = sysfs.uverbs_map(self.sysfs_root)
+        if not devices:
+            log.debug("rdma: no devices under %s", self.sysfs_root / "class/infiniband")
+        return device_metrics(devices) + stat_metrics(stats)
+
+    def _stats(self) -> list[statistic.PortStats]:
+        assert self.runner is not None
+        try:
+            text = self.runner()
+        except subprocess.TimeoutExpired:
+            self.count_error("timeout")
+            return []
+        except OSError as exc:
+            log.warning("rdma statistic: %s", exc)
+            self.count_error("command")
+            return []
+        try:
+            return (
+                statistic.parse_json(text)
+                if text.lstrip().startswith("[")
+                else statistic.parse_text(text)
+            )
+        except statistic.StatParseError as exc:
+            log.warning("rdma statistic: unparsable output: %s", exc)
+            self.count_error("parse")
+            return []
+
+
+@register("rdma")
+def make(cfg: Any) -> RdmaCollector:
+    c = cfg.collectors.rdma
+    tool = shutil.which(c.tool)
+    runner = (lambda: statistic.run_rdma_statistic(tool, c.timeout_seconds)) if tool else None
+    return RdmaCollector(c.interval_seconds, Path(cfg.devices.sysfs_root), runner)

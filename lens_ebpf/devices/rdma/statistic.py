@@ -1,0 +1,78 @@
+"""`rdma statistic show` output (text or -j JSON) to per-port counters; pure parsing."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from dataclasses import dataclass
+
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+META_KEYS = {"ifindex", "ifname", "port"}
+
+
+class StatParseError(ValueError):
+    """Output that is not what `rdma statistic show` prints."""
+
+
+@dataclass(frozen=True)
+class PortStats:
+    device: str
+    port: int
+    counters: dict[str, int]
+    ifindex: int | None = None
+
+
+def parse_text(text: str) -> list[PortStats]:
+    """'link mlx5_0/1 rx_write_requests 0 out_of_buffer 135 ...' per line."""
+    out = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        words = line.split()
+        if not words:
+            continue
+        if words[0] != "link" or len(words) < 2 or "/" not in words[1]:
+            raise StatParseError(f"line {lineno}: expected 'link DEV/PORT ...': {line[:60]!r}")
+        device, _, port = words[1].rpartition("/")
+        pairs = words[2:]
+        if len(pairs) % 2 or not port.isdigit():
+            raise StatParseError(f"line {lineno}: counters do not pair up")
+        counters = {}
+        for name, value in zip(pairs[::2], pairs[1::2], strict=True):
+            if not NAME.match(name) or not value.isdigit():
+                raise StatParseError(f"line {lineno}: bad counter {name!r} {value!r}")
+            counters[name] = int(value)
+        out.append(PortStats(device, int(port), counters))
+    return out
+
+
+def parse_json(text: str) -> list[PortStats]:
+    """`rdma -j statistic show`: a list of {ifindex, ifname, port, counter: value, ...}."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise StatParseError(f"not JSON: {exc.msg} at {exc.pos}") from None
+    if not isinstance(doc, list):
+        raise StatParseError("expected a JSON list of links")
+    out = []
+    for item in doc:
+        if not isinstance(item, dict) or "ifname" not in item or "port" not in item:
+            raise StatParseError(f"link without ifname/port: {str(item)[:60]}")
+        counters = {
+            k: int(v)
+            for k, v in item.items()
+            if k not in META_KEYS and isinstance(v, int) and not isinstance(v, bool)
+            and NAME.match(k)
+        }  # fmt: skip
+        ifindex = item.get("ifindex")
+        out.append(PortStats(str(item["ifname"]), int(item["port"]), counters,
+                             ifindex if isinstance(ifindex, int) else None))  # fmt: skip
+    return out
+
+
+def run_rdma_statistic(tool: str, timeout: float) -> str:
+    """Run `rdma -j statistic show` with a timeout; raises OSError or TimeoutExpired."""
+    res = subprocess.run([tool, "-j", "statistic", "show"], capture_output=True, text=True,
+                         timeout=timeout, check=False)  # fmt: skip
+    if res.returncode != 0:
+        raise OSError(f"{tool} exited {res.returncode}: {res.stderr.strip()[:200]}")
+    return res.stdout
