@@ -20,6 +20,15 @@ from lens_ebpf import __version__, kernel_headers, tracefs
 from lens_ebpf.api.http import HttpServer, Response, envelope, json_response
 from lens_ebpf.bpf.loader import ATTACHED, OFF, BpfLoader, LoaderCollector
 from lens_ebpf.config import Config, policy_path
+from lens_ebpf.containers.cgroups import CgroupIndex
+from lens_ebpf.containers.proc_events import NAME as NAME_PROCS
+from lens_ebpf.containers.proc_events import (
+    ContainerResolver,
+    ProcEvents,
+    ProcEventsCollector,
+    pods_view,
+)
+from lens_ebpf.containers.runtime import ContainerdState
 from lens_ebpf.devices import all_collectors
 from lens_ebpf.devices.collector import CollectorSet
 from lens_ebpf.events import EventBus, EventBusCollector
@@ -70,6 +79,7 @@ class Agent:
         self.features: dict[str, dict[str, str]] = {}
         self.headers: kernel_headers.HeaderTree | None = None
         self.tcp: TcpFlows | None = None
+        self.procs: ProcEvents | None = None
         self.http: HttpServer | None = None
         self.devices: CollectorSet | None = None
         self._threads: list[threading.Thread] = []
@@ -116,7 +126,9 @@ class Agent:
             self.headers.detail,
         )
         self._start_tcp()
+        self._start_processes()
         self._start_devices()
+        self._spawn("reader", self._read_loop)
         self._spawn("policy", self._policy_loop)
         self.ready = True
 
@@ -130,8 +142,7 @@ class Agent:
         )
         if self.tcp.start(self.policy.policy):
             self.registry.register(TcpFlowsCollector(self.tcp))
-            self._spawn("ringbuf", self._poll_loop)
-            self._spawn("reader", self._read_loop)
+            self._spawn("ringbuf-tcp", lambda: self._poll_loop(self.tcp))
         else:
             self.tcp = None
         st = self.loader.status.get("tcp_flows")
@@ -171,9 +182,32 @@ class Agent:
         self._threads.append(t)
 
     # -- loops --------------------------------------------------------------
-    def _poll_loop(self) -> None:
-        while not self.stop_event.is_set() and self.tcp is not None:
-            self.tcp.poll(200)
+    def _start_processes(self) -> None:
+        """exec/exit/OOM attributed to containers; /pods from the runtime's state."""
+        if not self.cfg.collectors.processes.enabled:
+            self.features["processes"] = {"state": OFF, "reason": "disabled by config"}
+            return
+        resolver = ContainerResolver(
+            CgroupIndex.for_host(Path(self.cfg.devices.procfs_root)),
+            ContainerdState(Path(self.cfg.containers.containerd_state),
+                            Path(self.cfg.devices.sysfs_root)),
+        )  # fmt: skip
+        procs = ProcEvents(self.cfg, self.cache, self.bus, self.loader, resolver)
+        if procs.start():
+            self.procs = procs
+            self.registry.register(ProcEventsCollector(procs))
+            self._spawn("ringbuf-proc", lambda: self._poll_loop(procs))
+        st = self.loader.status[NAME_PROCS]
+        self.features["processes"] = {"state": st.state, "reason": st.reason}
+        assert self.http is not None
+        self.http.add(
+            "/pods",
+            lambda: envelope(pods_view(self.procs.resolver.containers if self.procs else {})),
+        )
+
+    def _poll_loop(self, program: Any) -> None:
+        while not self.stop_event.is_set():
+            program.poll(200)
 
     def _read_loop(self) -> None:
         interval = self.cfg.bpf.read_interval_seconds
@@ -185,6 +219,8 @@ class Agent:
                         self.tcp.reconcile()
                         next_sweep = time.monotonic() + self.cfg.bpf.reconcile_interval_seconds
                     self.tcp.read()
+                if self.procs is not None:
+                    self.procs.read()
                 self.heartbeat = time.monotonic()
             except Exception:
                 log.exception("reading BPF maps failed")
@@ -194,6 +230,8 @@ class Agent:
         """One read cycle outside the loop (tests and shutdown)."""
         if self.tcp is not None:
             self.tcp.read()
+        if self.procs is not None:
+            self.procs.read()
 
     def _policy_loop(self) -> None:
         interval = self.cfg.policy.watch_interval_seconds
@@ -226,7 +264,7 @@ class Agent:
     # -- HTTP ---------------------------------------------------------------
     def _healthz(self) -> Response:
         stale = time.monotonic() - self.heartbeat > 3 * self.cfg.bpf.read_interval_seconds + 10
-        if stale and self.tcp is not None:
+        if stale:
             return json_response(503, {"status": "reader stalled"})
         return json_response(200, {"status": "ok"})
 

@@ -19,7 +19,7 @@ examples:
   lens-ebpf check --json                         # the same for tools
 """
 
-COLLECTORS = ("tcp", "rtt", "rdma", "system")
+COLLECTORS = ("tcp", "rtt", "processes", "rdma", "system")
 
 
 class CliError(Exception):

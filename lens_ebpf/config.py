@@ -58,6 +58,7 @@ class BpfConfig(_Section):
     max_flow_keys: int = Field(16384, ge=16)
     flow_key_idle_seconds: float = Field(900, gt=0)
     max_rtt_keys: int = Field(4096, ge=16)
+    max_processes: int = Field(65536, ge=16)
     read_interval_seconds: float = Field(2.0, gt=0)
     reconcile_interval_seconds: float = Field(10.0, gt=0)
     reconcile_grace_seconds: float = Field(2.0, ge=0)
@@ -105,8 +106,13 @@ class SystemCollectorConfig(_Section):
 class CollectorsConfig(_Section):
     tcp: CollectorToggle = Field(default_factory=CollectorToggle)
     rtt: CollectorToggle = Field(default_factory=CollectorToggle)
+    processes: CollectorToggle = Field(default_factory=CollectorToggle)
     rdma: RdmaCollectorConfig = Field(default_factory=RdmaCollectorConfig)
     system: SystemCollectorConfig = Field(default_factory=SystemCollectorConfig)
+
+
+class ContainersConfig(_Section):
+    containerd_state: str = "/run/containerd"
 
 
 class DevicesConfig(_Section):
@@ -126,6 +132,7 @@ class Config(_Section):
     cache: CacheConfig = Field(default_factory=CacheConfig)
     collectors: CollectorsConfig = Field(default_factory=CollectorsConfig)
     devices: DevicesConfig = Field(default_factory=DevicesConfig)
+    containers: ContainersConfig = Field(default_factory=ContainersConfig)
 
     @field_validator("log_level")
     @classmethod

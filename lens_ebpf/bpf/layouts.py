@@ -105,6 +105,21 @@ class RttVal(ctypes.Structure):
     ]
 
 
+class ProcEvent(ctypes.Structure):
+    _fields_ = [
+        ("ts_ns", ctypes.c_uint64),
+        ("cgroup_id", ctypes.c_uint64),
+        ("kind", ctypes.c_uint32),
+        ("pid", ctypes.c_uint32),
+        ("ppid", ctypes.c_uint32),
+        ("exit_code", ctypes.c_int32),
+        ("signal", ctypes.c_int32),
+        ("flags", ctypes.c_uint32),
+        ("comm", ctypes.c_char * 16),
+        ("filename", ctypes.c_char * 256),
+    ]
+
+
 class LayoutError(Exception):
     """A Python mirror does not match the size of its C layout."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -61,6 +61,14 @@ class BpfLoader:
     def __init__(self) -> None:
         self.status: dict[str, ProgramStatus] = {}
         self._loaded: dict[str, Any] = {}
+        self._event_counts: dict[str, Callable[[], tuple[int, dict[str, int]]]] = {}
+
+    def report_events(self, program: str, counts: Callable[[], tuple[int, dict[str, int]]]) -> None:
+        """counts() -> (records received, {reason: records lost}) for the event metrics."""
+        self._event_counts[program] = counts
+
+    def event_counts(self) -> dict[str, tuple[int, dict[str, int]]]:
+        return {name: fn() for name, fn in self._event_counts.items()}
 
     def load(
         self,
@@ -158,6 +166,16 @@ class LoaderCollector(Collector):
             missed.add_sample(
                 "lens_agent_bpf_program_missed_total", {"program": program, "probe": probe}, n
             )
+        got = Metric("lens_agent_events", "Ring-buffer records received", "counter")
+        lost = Metric("lens_agent_events_lost", "Events lost before user space", "counter")
+        for program, (received, losses) in self._loader.event_counts().items():
+            got.add_sample("lens_agent_events_total", {"program": program}, received)
+            for reason, n in losses.items():
+                lost.add_sample(
+                    "lens_agent_events_lost_total", {"program": program, "reason": reason}, n
+                )
         yield attached
         yield seconds
         yield missed
+        yield got
+        yield lost

@@ -188,6 +188,10 @@ class TcpFlows:
             prefill_overflow(self.bpf[b"rtt"], len(CLASS_IDS))
         self.set_policy(policy)
         self.bpf[b"flow_events"].open_ring_buffer(self._on_event)
+        self.loader.report_events(
+            NAME,
+            lambda: (self.events_received, {"ringbuf_full": self.kernel_stats["ringbuf_full"]}),
+        )
         return True
 
     def set_policy(self, policy: Policy) -> None:
@@ -308,14 +312,6 @@ class TcpFlowsCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         st = self._flows.kernel_stats
         prog = {"program": NAME}
-        lost = Metric("lens_agent_events_lost", "Events lost before user space", "counter")
-        lost.add_sample(
-            "lens_agent_events_lost_total", {**prog, "reason": "ringbuf_full"}, st["ringbuf_full"]
-        )
-        yield lost
-        got = Metric("lens_agent_events", "Ring-buffer records received", "counter")
-        got.add_sample("lens_agent_events_total", prog, self._flows.events_received)
-        yield got
         full = Metric("lens_agent_bpf_map_full", "Updates refused by a full BPF map", "counter")
         full.add_sample(
             "lens_agent_bpf_map_full_total", {**prog, "map": "socks"}, st["sock_map_full"]

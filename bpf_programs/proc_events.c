@@ -1,0 +1,240 @@
+/* proc_events.c: process exec, whole-process exit (exit code or fatal signal), OOM kills.
+ *
+ * Tracepoints (arguments and helpers only; DESIGN.md rule 1):
+ *   sched:sched_process_fork     parent of each new task            (Linux 2.6.28+)
+ *   sched:sched_process_exec     filename, pid                      (Linux 3.4+)
+ *   sched:sched_process_exit     group_dead: the whole process ends (group_dead: Linux 6.10+)
+ *   syscalls:sys_enter_exit_group, syscalls:sys_enter_exit
+ *                                the exit code a process asks for   (CONFIG_FTRACE_SYSCALLS)
+ *   signal:signal_deliver        a fatal signal taken with SIG_DFL  (Linux 3.3+)
+ *   oom:mark_victim              the OOM killer's victim            (Linux 4.19+ for pid)
+ *
+ * sched_process_exit carries no exit code, and reading task->exit_code would mean a
+ * kernel struct; so the code comes from the exit syscalls' argument and the killing
+ * signal from signal_deliver, kept per process until it exits.
+ */
+#include "lens_common.h"
+
+#ifndef MAX_PROCS
+#define MAX_PROCS 65536
+#endif
+#ifndef RINGBUF_PAGES
+#define RINGBUF_PAGES 256
+#endif
+#define FILENAME_LEN 256
+
+#define EV_EXEC 1
+#define EV_EXIT 2
+#define EV_OOM 3
+
+#define PF_EXIT_CALLED 1
+#define PF_SIGNALED 2
+#define PF_OOM_VICTIM 4
+
+/* Index of the pstats array; mirrored in lens_ebpf/containers/proc_events.py. */
+#define PS_RINGBUF_FULL 0
+#define PS_EVENTS 1
+#define PS_COUNT 2
+
+#define SIG_DFL_HANDLER 0
+
+struct proc_event {
+    u64 ts_ns;
+    u64 cgroup_id;
+    u32 kind;
+    u32 pid;
+    u32 ppid;
+    s32 exit_code; /* -1: unknown */
+    s32 signal;    /* the fatal signal, or 0 */
+    u32 flags;
+    char comm[16];
+    char filename[FILENAME_LEN];
+};
+
+struct proc_state {
+    u64 cgroup_id;
+    u32 ppid;
+    s32 exit_code;
+    s32 signal;
+    u32 flags;
+};
+
+BPF_TABLE("lru_hash", u32, struct proc_state, procs, MAX_PROCS);
+BPF_RINGBUF_OUTPUT(proc_events, RINGBUF_PAGES);
+BPF_PERCPU_ARRAY(pstats, u64, PS_COUNT);
+/* Never written: declares the record type so Python can check its size. */
+BPF_ARRAY(layout_proc_event, struct proc_event, 1);
+
+static __always_inline void pstat_add(u32 idx)
+{
+    u64 *v = pstats.lookup(&idx);
+    if (v)
+        *v += 1;
+}
+
+static __always_inline struct proc_state *state_of(u32 tgid)
+{
+    struct proc_state *ps = procs.lookup(&tgid);
+    if (ps)
+        return ps;
+    struct proc_state fresh = {.exit_code = -1};
+    procs.update(&tgid, &fresh);
+    return procs.lookup(&tgid);
+}
+
+static __always_inline struct proc_event *reserve(u32 kind, u32 pid)
+{
+    struct proc_event *e = proc_events.ringbuf_reserve(sizeof(struct proc_event));
+    if (!e) {
+        pstat_add(PS_RINGBUF_FULL);
+        return 0;
+    }
+    e->ts_ns = bpf_ktime_get_ns();
+    e->kind = kind;
+    e->pid = pid;
+    e->ppid = 0;
+    e->exit_code = -1;
+    e->signal = 0;
+    e->flags = 0;
+    e->cgroup_id = 0;
+    e->filename[0] = 0;
+    return e;
+}
+
+static __always_inline void submit(struct proc_event *e)
+{
+    proc_events.ringbuf_submit(e, 0);
+    pstat_add(PS_EVENTS);
+}
+
+TRACEPOINT_PROBE(sched, sched_process_fork)
+{
+    u32 child = args->child_pid;
+    struct proc_state ps = {.exit_code = -1};
+    ps.ppid = bpf_get_current_pid_tgid() >> 32;
+    ps.cgroup_id = bpf_get_current_cgroup_id();
+    procs.update(&child, &ps);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exec)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    u64 cgroup = bpf_get_current_cgroup_id();
+    struct proc_state *ps = state_of(tgid);
+    if (ps)
+        ps->cgroup_id = cgroup;
+    struct proc_event *e = reserve(EV_EXEC, tgid);
+    if (!e)
+        return 0;
+    e->cgroup_id = cgroup;
+    e->ppid = ps ? ps->ppid : 0;
+    bpf_get_current_comm(&e->comm, sizeof(e->comm));
+    unsigned short off = args->data_loc_filename & 0xFFFF;
+    bpf_probe_read_kernel_str(e->filename, sizeof(e->filename), (void *)args + off);
+    submit(e);
+    return 0;
+}
+
+static __always_inline void exit_called(long code)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    struct proc_state *ps = state_of(tgid);
+    if (!ps)
+        return;
+    /* Asking to exit after a signal means the signal did not kill it (an init
+     * ignores what it has no handler for): the exit code is what counts. */
+    ps->exit_code = code & 0xff;
+    ps->flags |= PF_EXIT_CALLED;
+    ps->flags &= ~PF_SIGNALED;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_exit_group)
+{
+    exit_called(args->error_code);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_exit)
+{
+    exit_called(args->error_code);
+    return 0;
+}
+
+/* Signals that end a process when taken with the default action. */
+static __always_inline int fatal_by_default(int sig)
+{
+    switch (sig) {
+    case 17: /* SIGCHLD */
+    case 18: /* SIGCONT */
+    case 19: /* SIGSTOP */
+    case 20: /* SIGTSTP */
+    case 21: /* SIGTTIN */
+    case 22: /* SIGTTOU */
+    case 23: /* SIGURG */
+    case 28: /* SIGWINCH */
+        return 0;
+    }
+    return sig > 0 && sig < 32;
+}
+
+TRACEPOINT_PROBE(signal, signal_deliver)
+{
+    int sig = args->sig;
+    if (args->sa_handler != SIG_DFL_HANDLER || !fatal_by_default(sig))
+        return 0;
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    struct proc_state *ps = state_of(tgid);
+    /* Once exit_group has begun, a later SIGKILL (a namespace's init exiting kills
+     * what is left, itself included) does not change the exit code. */
+    if (ps && !(ps->flags & PF_EXIT_CALLED)) {
+        ps->signal = sig;
+        ps->flags |= PF_SIGNALED;
+    }
+    return 0;
+}
+
+TRACEPOINT_PROBE(oom, mark_victim)
+{
+    u32 pid = args->pid; /* the victim; this runs in the OOM killer's context */
+    struct proc_state *ps = state_of(pid);
+    if (ps)
+        ps->flags |= PF_OOM_VICTIM;
+    struct proc_event *e = reserve(EV_OOM, pid);
+    if (!e)
+        return 0;
+    if (ps) {
+        e->cgroup_id = ps->cgroup_id;
+        e->ppid = ps->ppid;
+    }
+    e->flags = PF_OOM_VICTIM;
+    unsigned short off = args->data_loc_comm & 0xFFFF;
+    bpf_probe_read_kernel_str(e->comm, sizeof(e->comm), (void *)args + off);
+    submit(e);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+    if (!args->group_dead)
+        return 0; /* one thread of several: the process lives on */
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    struct proc_state *ps = procs.lookup(&tgid);
+    struct proc_event *e = reserve(EV_EXIT, tgid);
+    if (e) {
+        e->cgroup_id = bpf_get_current_cgroup_id();
+        bpf_get_current_comm(&e->comm, sizeof(e->comm));
+        if (ps) {
+            e->ppid = ps->ppid;
+            e->flags = ps->flags;
+            /* the first cause of the exit sticks, as the kernel's group_exit_code does */
+            if (ps->flags & PF_EXIT_CALLED)
+                e->exit_code = ps->exit_code;
+            else if (ps->flags & PF_SIGNALED)
+                e->signal = ps->signal;
+        }
+        submit(e);
+    }
+    procs.delete(&tgid);
+    return 0;
+}

@@ -1,0 +1,267 @@
+"""Loads bpf_programs/proc_events.c; attributes exec, exit and OOM records to containers."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from lens_ebpf.bpf import layouts
+from lens_ebpf.bpf.loader import BpfLoader
+from lens_ebpf.config import Config
+from lens_ebpf.containers.cgroups import CgroupIndex, CgroupRef, parse_cgroup
+from lens_ebpf.containers.runtime import ContainerdState, ContainerInfo
+from lens_ebpf.events import EventBus
+from lens_ebpf.metrics.cache import COUNTER, MetricCache
+
+log = logging.getLogger(__name__)
+
+NAME = "proc_events"
+TRACEPOINTS = (
+    "sched:sched_process_fork",
+    "sched:sched_process_exec",
+    "sched:sched_process_exit",
+    "syscalls:sys_enter_exit_group",
+    "syscalls:sys_enter_exit",
+    "signal:signal_deliver",
+    "oom:mark_victim",
+)
+EV_EXEC, EV_EXIT, EV_OOM = 1, 2, 3
+PF_OOM_VICTIM = 4
+PSTATS = ("ringbuf_full", "events")
+IDENTITY = ("namespace", "pod", "container")
+EXECS = "lens_container_process_execs_total"
+EXITS = "lens_container_process_exits_total"
+OOMS = "lens_container_oom_kills_total"
+
+
+def systemd_cgroup_path(cgroups_path: str) -> str:
+    """'slice:prefix:name' (runc's systemd driver) -> the cgroup path it makes."""
+    parts = cgroups_path.split(":")
+    if len(parts) != 3:
+        return cgroups_path
+    slice_name, prefix, name = parts
+    nested = ""
+    acc = ""
+    for piece in slice_name.removesuffix(".slice").split("-"):
+        acc = f"{acc}-{piece}" if acc else piece
+        nested += f"/{acc}.slice"
+    return f"{nested}/{prefix}-{name}.scope"
+
+
+def exit_class(exit_code: int, signal: int) -> str:
+    if signal:
+        return "signal"
+    if exit_code < 0:
+        return "unknown"
+    return "success" if exit_code == 0 else "error"
+
+
+class ContainerResolver:
+    """cgroup id -> cgroup path -> container id -> container and pod identity."""
+
+    def __init__(
+        self, index: CgroupIndex, state: ContainerdState, min_rescan: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
+        self.index = index
+        self.state = state
+        self.containers: dict[str, ContainerInfo] = {}
+        self._min_rescan = min_rescan
+        self._clock = clock
+        self._last = -1e9
+        self._lock = threading.Lock()
+        # told of every change, whichever path (read loop or a lookup miss) found it
+        self.on_change: Callable[[list[ContainerInfo], list[ContainerInfo]], None] = (
+            lambda started, exited: None
+        )
+
+    def refresh(self) -> tuple[list[ContainerInfo], list[ContainerInfo]]:
+        """Rescan the runtime; (started, exited) since the last scan."""
+        with self._lock:
+            now = self.state.scan()
+            self._last = self._clock()
+            started = [c for cid, c in now.items() if cid not in self.containers]
+            exited = [c for cid, c in self.containers.items() if cid not in now]
+            self.containers = now
+        for c in started:
+            if c.cgroup_path:
+                # index the container's cgroup now: a short-lived process may be gone
+                # (and its cgroup too) before user space sees its events
+                self.index.remember(systemd_cgroup_path(c.cgroup_path))
+        if started or exited:
+            self.on_change(started, exited)
+        return started, exited
+
+    def resolve(self, cgroup_id: int) -> tuple[CgroupRef, ContainerInfo | None]:
+        path = self.index.path(cgroup_id, rescan=False) if cgroup_id else None
+        if path is None and cgroup_id:
+            # a cgroup not seen yet is most often a new container's: the runtime scan
+            # indexes its cgroup with one stat, before a full walk of the hierarchy
+            if self._clock() - self._last > self._min_rescan:
+                self.refresh()
+            path = self.index.path(cgroup_id)
+        ref = parse_cgroup(path or "/")
+        if not ref.container_id:
+            return ref, None
+        info = self.containers.get(ref.container_id)
+        if info is None and self._clock() - self._last > self._min_rescan:
+            self.refresh()
+            info = self.containers.get(ref.container_id)
+        return ref, info
+
+
+def identity(ref: CgroupRef, info: ContainerInfo | None) -> dict[str, str]:
+    """Event fields naming the container and pod; empty strings for the host."""
+    if info is None:
+        # a kubepods cgroup we have no runtime record of still names its container
+        return {"container_id": ref.container_id if ref.runtime else "", "container": "",
+                "pod": "", "namespace": "", "pod_uid": ref.pod_uid}  # fmt: skip
+    return {
+        "container_id": info.id,
+        "container": info.name or info.id,
+        "pod": info.pod_name,
+        "namespace": info.pod_namespace,
+        "pod_uid": info.pod_uid or ref.pod_uid,
+    }
+
+
+def container_event(kind: str, c: ContainerInfo) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "ts_ns": time.clock_gettime_ns(time.CLOCK_MONOTONIC),
+        "container_id": c.id,
+        "container": c.name or c.id,
+        "pod": c.pod_name,
+        "namespace": c.pod_namespace,
+        "pod_uid": c.pod_uid,
+        "devices": [d.host_path or d.path for d in c.devices],
+    }
+
+
+def pods_view(containers: dict[str, ContainerInfo]) -> list[dict[str, Any]]:
+    """/pods in the node exporter's shape; identity and devices only."""
+    out = []
+    for c in sorted(containers.values(), key=lambda c: c.id):
+        if c.sandbox:
+            continue
+        devs: dict[str, list[dict[str, Any]]] = {"gpu": [], "infiniband": []}
+        for d in c.devices:
+            if d.group in devs:
+                devs[d.group].append({"path": d.path, "host_path": d.host_path,
+                                      "major": d.major, "minor": d.minor})  # fmt: skip
+        out.append({
+            "id": c.id, "pod_name": c.pod_name, "pod_namespace": c.pod_namespace,
+            "pod_uuid": c.pod_uid, "container_name": c.name, "devices": devs,
+        })  # fmt: skip
+    return out
+
+
+class ProcEvents:
+    """The proc_events program: records in, attributed events and counters out."""
+
+    def __init__(
+        self, cfg: Config, cache: MetricCache, bus: EventBus, loader: BpfLoader,
+        resolver: ContainerResolver,
+    ) -> None:  # fmt: skip
+        self.cfg = cfg
+        self.cache = cache
+        self.bus = bus
+        self.loader = loader
+        self.resolver = resolver
+        self.bpf: Any = None
+        self.events_received = 0
+        self.kernel_stats = dict.fromkeys(PSTATS, 0)
+        resolver.on_change = self._containers_changed
+        for name, help_text, extra in (
+            (EXECS, "Processes started (exec) in containers", ()),
+            (EXITS, "Processes ended, by exit class: success, error, signal, unknown",
+             ("exit_class",)),
+            (OOMS, "Processes the OOM killer chose", ()),
+        ):  # fmt: skip
+            cache.register(name, COUNTER, help_text, (*IDENTITY, *extra))
+
+    def start(self) -> bool:
+        b = self.cfg.bpf
+        defines = {"MAX_PROCS": b.max_processes, "RINGBUF_PAGES": b.ringbuf_pages}
+        self.bpf = self.loader.load(NAME, TRACEPOINTS, defines)
+        if self.bpf is None:
+            return False
+        layouts.check_size("proc_event", layouts.ProcEvent, self.bpf[b"layout_proc_event"].Leaf)
+        self.refresh_containers()
+        self.bpf[b"proc_events"].open_ring_buffer(self._on_event)
+        self.loader.report_events(
+            NAME,
+            lambda: (self.events_received, {"ringbuf_full": self.kernel_stats["ringbuf_full"]}),
+        )
+        return True
+
+    def poll(self, timeout_ms: int) -> None:
+        if self.bpf is not None:
+            self.bpf.ring_buffer_poll(timeout_ms)
+
+    def _on_event(self, _ctx: Any, data: Any, _size: int) -> None:
+        rec = ctypes.cast(data, ctypes.POINTER(layouts.ProcEvent)).contents
+        self.events_received += 1
+        ref, info = self.resolver.resolve(rec.cgroup_id)
+        who = identity(ref, info)
+        labels = (who["namespace"], who["pod"], who["container"])
+        ev: dict[str, Any] = {
+            "ts_ns": rec.ts_ns, "pid": rec.pid, "ppid": rec.ppid,
+            "comm": rec.comm.decode(errors="replace"), "cgroup_id": rec.cgroup_id,
+            "cgroup": ref.path, **who,
+        }  # fmt: skip
+        if rec.kind == EV_EXEC:
+            ev["kind"] = "process_exec"
+            ev["filename"] = rec.filename.decode(errors="replace")
+            self.cache.inc(EXECS, labels)
+        elif rec.kind == EV_EXIT:
+            ev["kind"] = "process_exit"
+            ev["exit_code"] = rec.exit_code
+            ev["signal"] = rec.signal
+            ev["oom_killed"] = bool(rec.flags & PF_OOM_VICTIM)
+            self.cache.inc(EXITS, (*labels, exit_class(rec.exit_code, rec.signal)))
+        elif rec.kind == EV_OOM:
+            ev["kind"] = "oom_kill"
+            self.cache.inc(OOMS, labels)
+        else:
+            return
+        self.bus.publish(ev)
+
+    def refresh_containers(self) -> None:
+        self.resolver.refresh()
+
+    def _containers_changed(
+        self, started: list[ContainerInfo], exited: list[ContainerInfo]
+    ) -> None:
+        for c in started:
+            self.bus.publish(container_event("container_start", c))
+        for c in exited:
+            self.bus.publish(container_event("container_exit", c))
+
+    def read(self) -> None:
+        if self.bpf is None:
+            return
+        self.refresh_containers()
+        stats = self.bpf[b"pstats"]
+        for i, name in enumerate(PSTATS):
+            self.kernel_stats[name] = sum(stats[ctypes.c_int(i)])
+
+
+class ProcEventsCollector(Collector):
+    def __init__(self, procs: ProcEvents) -> None:
+        self._procs = procs
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        running = Metric("lens_containers_running", "Containers the runtime reports", "gauge")
+        running.add_sample("lens_containers_running", {}, len(self._procs.resolver.containers))
+        yield running

@@ -1,0 +1,251 @@
+"""proc_events.c with real containers (containerd + runc + busybox): attribution to pods."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lens_ebpf import config
+from lens_ebpf.bpf.loader import BpfLoader
+from lens_ebpf.containers.cgroups import CgroupIndex
+from lens_ebpf.containers.proc_events import (
+    EXECS,
+    EXITS,
+    OOMS,
+    ContainerResolver,
+    ProcEvents,
+    pods_view,
+)
+from lens_ebpf.containers.runtime import ContainerdState
+from lens_ebpf.events import EventBus
+from lens_ebpf.metrics.cache import MetricCache
+from tests.containerlab import Containerd, make_char_device, unavailable
+
+pytestmark = pytest.mark.bpf
+
+
+class ProcRig:
+    def __init__(self, procs: ProcEvents, bus: EventBus, cache: MetricCache) -> None:
+        self.procs, self.bus, self.cache = procs, bus, cache
+
+    def collect(self, accept, want: int = 10**9, timeout: float = 10, quiet: float = 1.0):
+        """Events accepted until want arrive, or quiet seconds pass with none."""
+        sub = self.bus.subscribe(f"t-{uuid.uuid4().hex[:6]}", accept=accept, maxsize=10**6)
+        return sub
+
+    def drain(self, sub, want: int = 10**9, timeout: float = 10, quiet: float = 1.0) -> list:
+        got: list = []
+        deadline = time.monotonic() + timeout
+        last = time.monotonic()
+        while len(got) < want and time.monotonic() < deadline and time.monotonic() - last < quiet:
+            ev = sub.get(timeout=0.1)
+            if ev is not None:
+                got.append(ev)
+                last = time.monotonic()
+        self.bus.unsubscribe(sub)
+        return got
+
+
+@pytest.fixture(scope="module")
+def ctd() -> Iterator[Containerd]:
+    if reason := unavailable():
+        pytest.skip(reason)
+    base = Path(f"/tmp/lens-ctd-{os.getpid()}")
+    c = Containerd(base)
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def devices() -> Iterator[tuple[str, str]]:
+    render, uverbs = Path("/dev/dri/renderD128"), Path("/dev/infiniband/uverbs0")
+    made = [
+        p
+        for p in (render, uverbs)
+        if make_char_device(p, *{render: (226, 128), uverbs: (231, 192)}[p])
+    ]
+    yield str(render), str(uverbs)
+    for p in made:
+        p.unlink()
+        if not any(p.parent.iterdir()):
+            p.parent.rmdir()
+
+
+@pytest.fixture(scope="module")
+def prig(ctd: Containerd) -> Iterator[ProcRig]:
+    cfg = config.load(None, env={})
+    cache = MetricCache(3600, 100000)
+    bus = EventBus(100000)
+    loader = BpfLoader()
+    resolver = ContainerResolver(CgroupIndex.for_host(), ContainerdState(ctd.state))
+    procs = ProcEvents(cfg, cache, bus, loader, resolver)
+    assert procs.start(), loader.status
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            procs.poll(100)
+
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
+    yield ProcRig(procs, bus, cache)
+    stop.set()
+    t.join(5)
+    loader.close()
+
+
+def pod_labels(name: str, uid: str, container: str) -> dict[str, str]:
+    return {"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": "team-a",
+            "io.kubernetes.pod.uid": uid, "io.kubernetes.container.name": container}  # fmt: skip
+
+
+def test_exec_and_exit_in_a_pod_container(prig: ProcRig, ctd: Containerd, devices) -> None:
+    cid = uuid.uuid4().hex + uuid.uuid4().hex  # 64 hex, as CRI names containers
+    uid = str(uuid.uuid4())
+    cgroup = f"/kubepods/burstable/pod{uid}/{cid}"
+    sub = prig.collect(lambda e: e.get("container_id") == cid)
+    res = ctd.run(
+        cid,
+        "/bin/sh",
+        "-c",
+        "/bin/true; /bin/echo hi; /bin/false; exit 3",
+        labels=pod_labels("web-0", uid, "app"),
+        devices=devices,
+        cgroup=cgroup,
+    )
+    assert res.returncode == 3, res.stderr
+    events = prig.drain(sub, quiet=1.5)
+    execs = [e["filename"] for e in events if e["kind"] == "process_exec"]
+    assert execs[-4:] == ["/bin/sh", "/bin/true", "/bin/echo", "/bin/false"]
+    exits = {e["comm"]: e["exit_code"] for e in events if e["kind"] == "process_exit"}
+    assert exits["true"] == 0 and exits["echo"] == 0 and exits["false"] == 1 and exits["sh"] == 3
+    assert [e["kind"] for e in events if e["kind"].startswith("container_")] == ["container_start"]
+    for e in events:
+        assert (e["pod"], e["namespace"], e["pod_uid"], e["container"]) == (
+            "web-0",
+            "team-a",
+            uid,
+            "app",
+        )
+        if e["kind"].startswith("process_"):
+            assert e["cgroup"] == cgroup
+    sh = next(e for e in events if e["kind"] == "process_exec" and e["filename"] == "/bin/sh")
+    true = next(e for e in events if e["kind"] == "process_exec" and e["filename"] == "/bin/true")
+    assert true["ppid"] == sh["pid"]
+    labels = ("team-a", "web-0", "app")
+    assert prig.cache.get(EXECS, labels) == len(execs)
+    assert prig.cache.get(EXITS, (*labels, "error")) == 2  # false and sh
+    assert prig.cache.get(EXITS, (*labels, "success")) >= 2
+
+
+def test_short_lived_container_still_attributed(prig: ProcRig, ctd: Containerd) -> None:
+    cid = "quick" + uuid.uuid4().hex[:8]
+    sub = prig.collect(lambda e: e.get("container_id") == cid)
+    assert ctd.run(cid, "/bin/true").returncode == 0
+    # runc's own init processes run (and exit) in the container's cgroup too
+    events = [e for e in prig.drain(sub, quiet=1.5) if e.get("comm") == "true"]
+    assert [e["kind"] for e in events] == ["process_exec", "process_exit"]
+    assert events[0]["container"] == cid and events[0]["cgroup"] == f"/default/{cid}"
+    assert events[1]["exit_code"] == 0
+
+
+def test_oom_kill_attributed_to_its_container(prig: ProcRig, ctd: Containerd) -> None:
+    cid = "oom" + uuid.uuid4().hex[:8]
+    uid = str(uuid.uuid4())
+    sub = prig.collect(lambda e: e.get("container_id") == cid)
+    res = ctd.run(
+        cid,
+        "/bin/sh",
+        "-c",
+        "a=xxxxxxxx; while :; do a=$a$a; done",
+        labels=pod_labels("hog-0", uid, "hog"),
+        memory=16 * 1024 * 1024,
+    )
+    assert res.returncode != 0
+    events = prig.drain(sub, quiet=1.5)
+    ooms = [e for e in events if e["kind"] == "oom_kill"]
+    assert len(ooms) == 1 and ooms[0]["pod"] == "hog-0" and ooms[0]["comm"] == "sh"
+    sh_exit = next(e for e in events if e["kind"] == "process_exit" and e["comm"] == "sh")
+    assert sh_exit["signal"] == 9 and sh_exit["oom_killed"] is True
+    assert prig.cache.get(OOMS, ("team-a", "hog-0", "hog")) == 1
+    assert prig.cache.get(EXITS, ("team-a", "hog-0", "hog", "signal")) == 1
+
+
+def test_pods_lists_running_container_with_devices_and_no_env(
+    prig: ProcRig, ctd: Containerd, devices
+) -> None:
+    cid = uuid.uuid4().hex + uuid.uuid4().hex
+    uid = str(uuid.uuid4())
+    sub = prig.collect(lambda e: e["kind"].startswith("container_") and e["container_id"] == cid)
+    res = ctd.run(cid, "/bin/sleep", "30", labels=pod_labels("train-0", uid, "trainer"),
+                  devices=devices, env={"SECRET_TOKEN": "hunter2"}, detach=True,
+                  cgroup=f"/kubepods/pod{uid}/{cid}")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    try:
+        prig.procs.read()
+        rows = {r["id"]: r for r in pods_view(prig.procs.resolver.containers)}
+        row = rows[cid]
+        assert (row["pod_name"], row["pod_namespace"], row["pod_uuid"], row["container_name"]) == (
+            "train-0",
+            "team-a",
+            uid,
+            "trainer",
+        )
+        assert [d["path"] for d in row["devices"]["gpu"]] == ["/dev/dri/renderD128"]
+        assert [(d["major"], d["minor"]) for d in row["devices"]["gpu"]] == [(226, 128)]
+        assert [d["path"] for d in row["devices"]["infiniband"]] == ["/dev/infiniband/uverbs0"]
+        text = json.dumps(pods_view(prig.procs.resolver.containers))
+        assert "hunter2" not in text and "SECRET_TOKEN" not in text
+    finally:
+        ctd.remove(cid)
+    prig.procs.read()
+    events = prig.drain(sub, want=2, quiet=2)
+    assert [e["kind"] for e in events] == ["container_start", "container_exit"]
+    assert events[0]["pod"] == "train-0" and "/dev/dri/renderD128" in events[0]["devices"]
+
+
+SPAWNER = """
+import os, sys
+n = int(sys.argv[1])
+for _ in range(n):
+    pid = os.posix_spawn("/bin/true", ["/bin/true"], {})
+    os.waitpid(pid, 0)
+print(os.getpid())
+"""
+
+
+def test_ten_thousand_execs_all_counted_or_the_drop_says_how_many(prig: ProcRig) -> None:
+    n = 10_000
+    lost_before = prig.procs.kernel_stats["ringbuf_full"]
+    seen: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def count(e: dict) -> bool:
+        if e["kind"] == "process_exec" and e["filename"] == "/bin/true":
+            with lock:
+                seen[e["ppid"]] = seen.get(e["ppid"], 0) + 1
+        return False
+
+    sub = prig.bus.subscribe("t-burst", accept=count)
+    try:
+        out = subprocess.run([sys.executable, "-c", SPAWNER, str(n)], capture_output=True,
+                             text=True, check=True, timeout=300)  # fmt: skip
+        spawner = int(out.stdout)
+        deadline = time.monotonic() + 20
+        while seen.get(spawner, 0) < n and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        prig.bus.unsubscribe(sub)
+    prig.procs.read()
+    lost = prig.procs.kernel_stats["ringbuf_full"] - lost_before
+    got = seen.get(spawner, 0)
+    assert got == n or (lost > 0 and got + lost >= n), (got, lost)

@@ -1,0 +1,102 @@
+"""A private containerd (own root, state and socket) running busybox containers with runc."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+BUSYBOX = shutil.which("busybox") or "/bin/busybox"
+APPLETS = ("sh", "true", "false", "echo", "sleep", "cat", "ls", "head", "tr")
+
+
+def unavailable() -> str | None:
+    for tool in ("containerd", "ctr", "runc"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (scripts/setup.sh test installs it)"
+    if not Path(BUSYBOX).exists():
+        return "busybox-static is not installed"
+    return None
+
+
+class Containerd:
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.sock = base / "c.sock"
+        self.state = base / "state"
+        self.rootfs = base / "rootfs"
+        self._make_rootfs()
+        self.log = open(base / "log", "w")  # noqa: SIM115 (open while containerd runs)
+        self.proc = subprocess.Popen(
+            ["containerd", "--root", str(base / "root"), "--state", str(self.state),
+             "--address", str(self.sock)],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.ctr("version", check=False).returncode == 0:
+                return
+            time.sleep(0.2)
+        raise AssertionError("containerd did not start: " + (base / "log").read_text())
+
+    def _make_rootfs(self) -> None:
+        for d in ("bin", "proc", "sys", "dev", "tmp", "etc"):
+            (self.rootfs / d).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(BUSYBOX, self.rootfs / "bin" / "busybox")
+        for a in APPLETS:
+            link = self.rootfs / "bin" / a
+            if not link.exists():
+                link.symlink_to("busybox")
+
+    def ctr(
+        self, *args: str, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(["ctr", "--address", str(self.sock), *args], capture_output=True,
+                              text=True, check=check, timeout=timeout)  # fmt: skip
+
+    def run(self, cid: str, *cmd: str, labels: dict[str, str] | None = None,
+            devices: tuple[str, ...] = (), cgroup: str | None = None, memory: int = 0,
+            env: dict[str, str] | None = None, detach: bool = False,
+            check: bool = False) -> subprocess.CompletedProcess:  # fmt: skip
+        args = ["run", "-d" if detach else "--rm"]
+        for k, v in (labels or {}).items():
+            args += ["--label", f"{k}={v}"]
+        for d in devices:
+            args += ["--device", d]
+        for k, v in (env or {}).items():
+            args += ["--env", f"{k}={v}"]
+        if cgroup:
+            args += ["--cgroup", cgroup]
+        if memory:
+            args += ["--memory-limit", str(memory)]
+        args += ["--rootfs", str(self.rootfs), cid, *cmd]
+        return self.ctr(*args, check=check)
+
+    def remove(self, cid: str) -> None:
+        self.ctr("task", "kill", "-s", "KILL", cid, check=False)
+        for _ in range(50):
+            if self.ctr("task", "rm", cid, check=False).returncode == 0:
+                break
+            time.sleep(0.1)
+        self.ctr("container", "rm", cid, check=False)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+        subprocess.run(["umount", "-R", str(self.state)], capture_output=True)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def make_char_device(path: Path, major: int, minor: int) -> bool:
+    """A device node standing in for a GPU or RDMA device; False when it already existed."""
+    if path.exists():
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mknod(path, 0o600 | 0o020000, os.makedev(major, minor))
+    return True

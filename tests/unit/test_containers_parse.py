@@ -1,0 +1,126 @@
+import json
+
+import pytest
+
+from lens_ebpf.containers.cgroups import cgroup2_root, cgroup_path, parse_cgroup
+from lens_ebpf.containers.proc_events import exit_class, pods_view, systemd_cgroup_path
+from lens_ebpf.containers.runtime import device_group, parse_spec
+
+CID = "3b2f" + "a" * 60
+UID = "6d0c3f2e-8a41-4b7e-9c55-0e1f2a3b4c5d"
+
+
+@pytest.mark.parametrize(("path", "cid", "runtime", "uid", "qos"), [
+    (f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}"
+     f".slice/cri-containerd-{CID}.scope", CID, "containerd", UID, "burstable"),
+    (f"/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/crio-{CID}.scope",
+     CID, "cri-o", UID, "guaranteed"),
+    (f"/kubepods/besteffort/pod{UID}/{CID}", CID, "", UID, "besteffort"),
+    (f"/kubepods/pod{UID}/{CID}", CID, "", UID, "guaranteed"),
+    (f"/docker/{CID}", CID, "docker", "", ""),
+    (f"/system.slice/docker-{CID}.scope", CID, "docker", "", ""),
+    ("/default/test1", "test1", "", "", ""),
+    ("/user.slice/user-0.slice/session-3.scope", "", "", "", ""),
+    ("/", "", "", "", ""),
+    (f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}"
+     f".slice/crio-conmon-{CID}.scope", "", "", UID, "burstable"),
+])  # fmt: skip
+def test_cgroup_layouts(path: str, cid: str, runtime: str, uid: str, qos: str) -> None:
+    ref = parse_cgroup(path)
+    assert (ref.container_id, ref.runtime, ref.pod_uid, ref.qos) == (cid, runtime, uid, qos)
+
+
+def test_ctr_layout_carries_its_namespace() -> None:
+    assert parse_cgroup("/default/test1").runtime_namespace == "default"
+
+
+def test_proc_cgroup_v2_first_then_v1() -> None:
+    hybrid = "9:name=systemd:/default/a\n4:memory:/default/a\n0::/default/a\n"
+    assert cgroup_path(hybrid) == "/default/a"
+    v1_only = "9:name=systemd:/docker/abc\n4:memory:/docker/abc\n0::/\n"
+    assert cgroup_path(v1_only) == "/docker/abc"
+    assert cgroup_path("0::/\n") == "/"
+
+
+def test_cgroup2_mount_from_mountinfo() -> None:
+    text = ("35 25 0:30 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+            "36 25 0:31 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n")  # fmt: skip
+    assert cgroup2_root(text) == "/sys/fs/cgroup/unified"
+    assert cgroup2_root("1 2 0:3 / /proc rw - proc proc rw\n") is None
+
+
+def test_systemd_cgroups_path() -> None:
+    got = systemd_cgroup_path(
+        f"kubepods-burstable-pod{UID.replace('-', '_')}.slice:cri-containerd:{CID}"
+    )
+    assert got == (
+        "/kubepods.slice/kubepods-burstable.slice/"
+        f"kubepods-burstable-pod{UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope"
+    )
+    assert systemd_cgroup_path("/default/test1") == "/default/test1"
+
+
+SPEC = {
+    "ociVersion": "1.1.0",
+    "process": {"env": ["PATH=/bin", "SECRET_TOKEN=hunter2"], "args": ["/bin/sleep", "30"]},
+    "mounts": [{"destination": "/var/run/secrets/kubernetes.io/serviceaccount",
+                "source": "/var/lib/kubelet/pods/x/volumes/token", "type": "bind"}],
+    "annotations": {
+        "io.kubernetes.cri.container-type": "container",
+        "io.kubernetes.cri.sandbox-name": "train-0",
+        "io.kubernetes.cri.sandbox-namespace": "ml",
+        "io.kubernetes.cri.sandbox-uid": UID,
+        "io.kubernetes.cri.container-name": "trainer",
+    },
+    "linux": {
+        "cgroupsPath": f"kubepods-pod{UID.replace('-', '_')}.slice:cri-containerd:{CID}",
+        "devices": [
+            {"path": "/dev/dri/card1", "type": "c", "major": 226, "minor": 1},
+            {"path": "/dev/dri/renderD129", "type": "c", "major": 226, "minor": 129},
+            {"path": "/dev/kfd", "type": "c", "major": 235, "minor": 0},
+            {"path": "/dev/infiniband/uverbs3", "type": "c", "major": 231, "minor": 195},
+            {"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229},
+            {"path": "/dev/broken", "type": "c"},
+        ],
+    },
+}  # fmt: skip
+
+
+def test_spec_identity_and_devices_but_never_env_or_mounts(tmp_path) -> None:
+    info = parse_spec(SPEC, CID, "k8s.io", sysfs=tmp_path)
+    assert (info.pod_name, info.pod_namespace, info.pod_uid, info.name) == (
+        "train-0", "ml", UID, "trainer")  # fmt: skip
+    assert [d.group for d in info.devices] == ["gpu", "gpu", "gpu", "infiniband", "other"]
+    view = json.dumps(pods_view({CID: info}))
+    for secret in ("hunter2", "SECRET_TOKEN", "serviceaccount", "/var/lib/kubelet"):
+        assert secret not in view and secret not in repr(info)
+    row = pods_view({CID: info})[0]
+    assert [d["path"] for d in row["devices"]["gpu"]] == [
+        "/dev/dri/card1", "/dev/dri/renderD129", "/dev/kfd"]  # fmt: skip
+
+
+def test_sandbox_containers_are_not_listed(tmp_path) -> None:
+    spec = json.loads(json.dumps(SPEC))
+    spec["annotations"]["io.kubernetes.cri.container-type"] = "sandbox"
+    assert pods_view({CID: parse_spec(spec, CID, "k8s.io", sysfs=tmp_path)}) == []
+
+
+def test_host_device_path_from_sysfs(tmp_path) -> None:
+    d = tmp_path / "dev" / "char" / "226:1"
+    d.mkdir(parents=True)
+    (d / "uevent").write_text("MAJOR=226\nMINOR=1\nDEVNAME=dri/card1\n")
+    info = parse_spec(SPEC, CID, "k8s.io", sysfs=tmp_path)
+    assert info.devices[0].host_path == "/dev/dri/card1"
+
+
+@pytest.mark.parametrize(("path", "group"), [
+    ("/dev/nvidia0", "gpu"), ("/dev/nvidiactl", "gpu"), ("/dev/nvidia-uvm", "gpu"),
+    ("/dev/nvidia-caps", "other"), ("/dev/infiniband/rdma_cm", "infiniband"),
+])  # fmt: skip
+def test_device_groups(path: str, group: str) -> None:
+    assert device_group(path) == group
+
+
+def test_exit_classes() -> None:
+    assert [exit_class(0, 0), exit_class(3, 0), exit_class(-1, 9), exit_class(-1, 0)] == [
+        "success", "error", "signal", "unknown"]  # fmt: skip
