@@ -18,6 +18,14 @@
 
 #ifndef AF_INET
 #define AF_INET 2
+/* Runtime filter for one-by-one events (trace mode), filled by Python; counters and
+ * histograms are never filtered. A zero field matches everything. */
+struct lens_trace_filter {
+    u32 pid;  /* the process (or, for process events, its parent) */
+    u16 port; /* local or remote port */
+    u16 enabled;
+};
+
 #endif
 #ifndef AF_INET6
 #define AF_INET6 10

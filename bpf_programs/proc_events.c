@@ -64,6 +64,7 @@ BPF_RINGBUF_OUTPUT(proc_events, RINGBUF_PAGES);
 BPF_PERCPU_ARRAY(pstats, u64, PS_COUNT);
 /* Never written: declares the record type so Python can check its size. */
 BPF_ARRAY(layout_proc_event, struct proc_event, 1);
+BPF_ARRAY(trace_filter, struct lens_trace_filter, 1);
 
 static __always_inline void pstat_add(u32 idx)
 {
@@ -82,8 +83,19 @@ static __always_inline struct proc_state *state_of(u32 tgid)
     return procs.lookup(&tgid);
 }
 
-static __always_inline struct proc_event *reserve(u32 kind, u32 pid)
+static __always_inline int event_wanted(u32 pid, u32 ppid)
 {
+    u32 zero = 0;
+    struct lens_trace_filter *f = trace_filter.lookup(&zero);
+    if (!f || !f->enabled || !f->pid)
+        return 1;
+    return pid == f->pid || ppid == f->pid;
+}
+
+static __always_inline struct proc_event *reserve(u32 kind, u32 pid, u32 ppid)
+{
+    if (!event_wanted(pid, ppid))
+        return 0;
     struct proc_event *e = proc_events.ringbuf_reserve(sizeof(struct proc_event));
     if (!e) {
         pstat_add(PS_RINGBUF_FULL);
@@ -124,7 +136,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     struct proc_state *ps = state_of(tgid);
     if (ps)
         ps->cgroup_id = cgroup;
-    struct proc_event *e = reserve(EV_EXEC, tgid);
+    struct proc_event *e = reserve(EV_EXEC, tgid, ps ? ps->ppid : 0);
     if (!e)
         return 0;
     e->cgroup_id = cgroup;
@@ -200,7 +212,7 @@ TRACEPOINT_PROBE(oom, mark_victim)
     struct proc_state *ps = state_of(pid);
     if (ps)
         ps->flags |= PF_OOM_VICTIM;
-    struct proc_event *e = reserve(EV_OOM, pid);
+    struct proc_event *e = reserve(EV_OOM, pid, ps ? ps->ppid : 0);
     if (!e)
         return 0;
     if (ps) {
@@ -220,7 +232,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
         return 0; /* one thread of several: the process lives on */
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     struct proc_state *ps = procs.lookup(&tgid);
-    struct proc_event *e = reserve(EV_EXIT, tgid);
+    struct proc_event *e = reserve(EV_EXIT, tgid, ps ? ps->ppid : 0);
     if (e) {
         e->cgroup_id = bpf_get_current_cgroup_id();
         bpf_get_current_comm(&e->comm, sizeof(e->comm));

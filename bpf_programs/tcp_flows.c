@@ -142,6 +142,7 @@ BPF_PERCPU_ARRAY(stats, u64, ST_COUNT);
 BPF_RINGBUF_OUTPUT(flow_events, RINGBUF_PAGES);
 /* Never written: declares the record type so Python can check its size. */
 BPF_ARRAY(layout_flow_event, struct flow_event, 1);
+BPF_ARRAY(trace_filter, struct lens_trace_filter, 1);
 
 static __always_inline void stat_add(u32 idx, u64 n)
 {
@@ -209,8 +210,23 @@ static __always_inline void set_owner(struct sock_info *si)
     si->flags |= SI_PID_KNOWN;
 }
 
+static __always_inline int event_wanted(struct sock_info *si)
+{
+    u32 zero = 0;
+    struct lens_trace_filter *f = trace_filter.lookup(&zero);
+    if (!f || !f->enabled)
+        return 1;
+    if (f->pid && si->pid != f->pid)
+        return 0;
+    if (f->port && si->lport != f->port && si->rport != f->port)
+        return 0;
+    return 1;
+}
+
 static __always_inline void emit_close(struct sock_info *si, u8 reason)
 {
+    if (!event_wanted(si))
+        return;
     struct flow_event *e = flow_events.ringbuf_reserve(sizeof(struct flow_event));
     if (!e) {
         stat_add(ST_RINGBUF_FULL, 1);

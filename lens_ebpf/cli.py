@@ -17,6 +17,7 @@ examples:
   lens-ebpf run --config lens.yaml --no-collector.tcp
   lens-ebpf check                                # what this node supports, and why not
   lens-ebpf check --json                         # the same for tools
+  lens-ebpf trace tcp --port 443                 # live flows, no agent needed (root)
 """
 
 COLLECTORS = ("tcp", "rtt", "processes", "rdma", "system")
@@ -60,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help=f"disable the {name} collector",
         )
+    from lens_ebpf import trace
+
+    trace.add_parser(sub)
     check = sub.add_parser("check", help="report what this kernel and node support")
     check.add_argument("--json", action="store_true", help="one JSON object")
     sub.add_parser("version", help="print the version")
@@ -115,6 +119,13 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "check":
             return _cmd_check(args)
+        if args.command == "trace":
+            from lens_ebpf import trace
+
+            try:
+                return trace.run(args)
+            except trace.TraceError as exc:
+                raise CliError(f"trace: {exc}") from None
         return _cmd_run(args)
     except (CliError, config.ConfigError) as exc:
         print(f"lens-ebpf: error: {exc}", file=sys.stderr)

@@ -120,6 +120,17 @@ class ProcEvent(ctypes.Structure):
     ]
 
 
+class TraceFilter(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_uint32), ("port", ctypes.c_uint16), ("enabled", ctypes.c_uint16)]
+
+
+def set_trace_filter(bpf: object, pid: int = 0, port: int = 0) -> None:
+    """Fill a program's trace_filter map (events only; counters are never filtered)."""
+    table = bpf[b"trace_filter"]  # type: ignore[index]
+    check_size("trace_filter", TraceFilter, table.Leaf)
+    table[ctypes.c_int(0)] = table.Leaf(pid, port, 1 if (pid or port) else 0)
+
+
 class LayoutError(Exception):
     """A Python mirror does not match the size of its C layout."""
 

@@ -187,10 +187,13 @@ class ProcEvents:
         ):  # fmt: skip
             cache.register(name, COUNTER, help_text, (*IDENTITY, *extra))
 
+    @staticmethod
+    def static_defines(cfg: Config) -> dict[str, int | str]:
+        """The cflags proc_events.c is compiled with."""
+        return {"MAX_PROCS": cfg.bpf.max_processes, "RINGBUF_PAGES": cfg.bpf.ringbuf_pages}
+
     def start(self) -> bool:
-        b = self.cfg.bpf
-        defines = {"MAX_PROCS": b.max_processes, "RINGBUF_PAGES": b.ringbuf_pages}
-        self.bpf = self.loader.load(NAME, TRACEPOINTS, defines)
+        self.bpf = self.loader.load(NAME, TRACEPOINTS, self.static_defines(self.cfg))
         if self.bpf is None:
             return False
         layouts.check_size("proc_event", layouts.ProcEvent, self.bpf[b"layout_proc_event"].Leaf)

@@ -158,8 +158,13 @@ class TcpFlows:
             self.rtt = tcp_rtt.TcpRtt(cfg, cache, clock)
 
     def defines(self) -> dict[str, int | str]:
-        b = self.cfg.bpf
-        extra = tcp_rtt.defines(self.cfg) if self.rtt is not None else {}
+        return self.static_defines(self.cfg, self.rtt is not None)
+
+    @staticmethod
+    def static_defines(cfg: Config, rtt: bool) -> dict[str, int | str]:
+        """The cflags tcp_flows.c is compiled with."""
+        b = cfg.bpf
+        extra = tcp_rtt.defines(cfg) if rtt else {}
         return extra | {
             "MAX_SOCKETS": b.max_sockets,
             # room for the 14 overflow slots on top of the configured keys
