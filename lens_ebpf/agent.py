@@ -20,17 +20,19 @@ from lens_ebpf import __version__, kernel_headers, tracefs
 from lens_ebpf.api.http import HttpServer, Response, envelope, json_response
 from lens_ebpf.bpf.loader import ATTACHED, OFF, BpfLoader, LoaderCollector
 from lens_ebpf.config import Config, policy_path
-from lens_ebpf.containers.cgroups import CgroupIndex
+from lens_ebpf.containers.cgroups import CgroupIndex, cgroup_path, parse_cgroup
 from lens_ebpf.containers.proc_events import NAME as NAME_PROCS
 from lens_ebpf.containers.proc_events import (
     ContainerResolver,
     ProcEvents,
     ProcEventsCollector,
+    identity,
     pods_view,
 )
 from lens_ebpf.containers.runtime import ContainerdState
 from lens_ebpf.devices import all_collectors
 from lens_ebpf.devices.collector import CollectorSet
+from lens_ebpf.devices.gpu.collector import GpuCollector
 from lens_ebpf.events import EventBus, EventBusCollector
 from lens_ebpf.metrics.cache import CacheCollector, MetricCache
 from lens_ebpf.net.policy import Policy, PolicyError, load_policy
@@ -160,7 +162,10 @@ class Agent:
         chosen = []
         for name, factory in all_collectors().items():
             if getattr(self.cfg.collectors, name).enabled:
-                chosen.append(factory(self.cfg))
+                collector = factory(self.cfg)
+                if isinstance(collector, GpuCollector) and self.procs is not None:
+                    collector.identify = self._pid_identity
+                chosen.append(collector)
                 self.features[name] = {"state": RUNNING, "reason": ""}
             else:
                 self.features[name] = {"state": OFF, "reason": "disabled by config"}
@@ -171,6 +176,20 @@ class Agent:
         self.http.add("/node", lambda: envelope(self._view("system", "node")))
         self.http.add("/metrics/json", lambda: json_response(200, self._view("system", "system")))
         self.http.add("/rdma", lambda: envelope(self._view("rdma", "rdma") or []))
+        self.http.add("/gpus", lambda: envelope(self._view("gpu", "gpus") or []))
+        self.http.add("/gpuDriverVersion", lambda: envelope(self._view("gpu", "driver") or ""))
+        self.http.add("/cardMetrics", lambda: envelope(self._view("gpu", "cards") or []))
+        self.http.add("/driMapping", lambda: envelope(self._view("gpu", "dri") or []))
+
+    def _pid_identity(self, pid: int) -> dict[str, str]:
+        """Pod identity of a host pid (GPU processes), from its cgroup."""
+        assert self.procs is not None
+        try:
+            text = Path(self.cfg.devices.procfs_root, str(pid), "cgroup").read_text()
+        except OSError:
+            return {}
+        ref = parse_cgroup(cgroup_path(text))
+        return identity(ref, self.procs.resolver.containers.get(ref.container_id))
 
     def _view(self, collector: str, view: str) -> Any:
         c = self.devices.collectors.get(collector) if self.devices else None

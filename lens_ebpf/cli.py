@@ -20,7 +20,7 @@ examples:
   lens-ebpf trace tcp --port 443                 # live flows, no agent needed (root)
 """
 
-COLLECTORS = ("tcp", "rtt", "processes", "rdma", "system")
+COLLECTORS = ("tcp", "rtt", "processes", "rdma", "gpu", "system")
 
 
 class CliError(Exception):

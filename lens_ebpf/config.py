@@ -103,11 +103,21 @@ class SystemCollectorConfig(_Section):
     top_processes: int = Field(10, ge=0)
 
 
+class GpuCollectorConfig(_Section):
+    enabled: bool = True
+    interval_seconds: float = Field(5.0, gt=0)
+    stale_seconds: float = Field(300.0, ge=0)
+    timeout_seconds: float = Field(10.0, gt=0)
+    amd_smi: str = "amd-smi"
+    nvidia_smi: str = "nvidia-smi"
+
+
 class CollectorsConfig(_Section):
     tcp: CollectorToggle = Field(default_factory=CollectorToggle)
     rtt: CollectorToggle = Field(default_factory=CollectorToggle)
     processes: CollectorToggle = Field(default_factory=CollectorToggle)
     rdma: RdmaCollectorConfig = Field(default_factory=RdmaCollectorConfig)
+    gpu: GpuCollectorConfig = Field(default_factory=GpuCollectorConfig)
     system: SystemCollectorConfig = Field(default_factory=SystemCollectorConfig)
 
 
@@ -119,6 +129,7 @@ class DevicesConfig(_Section):
     sysfs_root: str = "/sys"
     procfs_root: str = "/proc"
     etc_root: str = "/etc"
+    dev_root: str = "/dev"
 
 
 class Config(_Section):

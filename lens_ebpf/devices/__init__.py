@@ -11,6 +11,7 @@ from lens_ebpf.devices.collector import REGISTRY, DeviceCollector
 def all_collectors() -> dict[str, Callable[[Any], DeviceCollector]]:
     """name -> factory, after importing every collector module."""
     from lens_ebpf.devices import system  # noqa: F401
+    from lens_ebpf.devices.gpu import collector as _gpu  # noqa: F401
     from lens_ebpf.devices.rdma import collector  # noqa: F401
 
     return dict(REGISTRY)

@@ -1,0 +1,202 @@
+"""AMD GPUs: the amdsmi library, else `amd-smi --json`, else sysfs (needs nothing)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lens_ebpf.devices.gpu.model import GpuProcess, GpuReading, norm_bdf
+
+CARD = re.compile(r"^card\d+$")
+MB = 1024 * 1024
+
+
+class SourceError(Exception):
+    """A source that is absent or answered nonsense; the next one is tried."""
+
+
+# -- sysfs -------------------------------------------------------------------
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def parse_uevent(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def read_sysfs(sysfs: Path = Path("/sys")) -> list[GpuReading]:
+    """amdgpu cards under class/drm (cardN only, not connectors), keyed by BDF."""
+    drm = sysfs / "class" / "drm"
+    if not drm.is_dir():
+        return []
+    out: dict[str, GpuReading] = {}
+    for card in drm.iterdir():
+        if not CARD.match(card.name):
+            continue
+        dev = card / "device"
+        ev = parse_uevent(_read(dev / "uevent") or "")
+        if ev.get("DRIVER") != "amdgpu":
+            continue
+        bdf = norm_bdf(ev.get("PCI_SLOT_NAME") or dev.resolve().name)
+        r = GpuReading("amd", bdf, source="sysfs")
+        r.device_id = ev.get("PCI_ID", "").split(":")[-1].lower()
+        r.name = _read(dev / "product_name") or ""
+        r.serial = _read(dev / "serial_number") or ""
+        r.unique_id = _read(dev / "unique_id") or ""
+        r.utilization = _int(_read(dev / "gpu_busy_percent"))
+        r.memory_total = _int(_read(dev / "mem_info_vram_total"))
+        r.memory_used = _int(_read(dev / "mem_info_vram_used"))
+        r.driver_version = _read(sysfs / "module" / "amdgpu" / "version") or ""
+        hw = dev / "hwmon"
+        for h in sorted(hw.iterdir()) if hw.is_dir() else []:
+            if _read(h / "name") != "amdgpu":
+                continue
+            for temp in sorted(h.glob("temp*_input")):
+                label = _read(h / temp.name.replace("_input", "_label")) or temp.name
+                value = _int(_read(temp))
+                if value is not None:
+                    r.temperatures[label] = value / 1000
+            # kernels from 6.6 may expose power1_input only
+            power = _int(_read(h / "power1_average")) or _int(_read(h / "power1_input"))
+            if power is not None:
+                r.power_draw = power / 1e6
+            cap = _int(_read(h / "power1_cap"))
+            if cap is not None:
+                r.power_limit = cap / 1e6
+        r.temperature = r.temperatures.get("edge", r.temperatures.get("junction"))
+        out[bdf] = r
+    return [out[b] for b in sorted(out)]
+
+
+# -- amd-smi --json ----------------------------------------------------------
+def _gpu_list(doc: Any) -> list[dict[str, Any]]:
+    """Older amd-smi prints a list; newer wraps it in {"gpu_data": [...]}."""
+    if isinstance(doc, dict) and isinstance(doc.get("gpu_data"), list):
+        doc = doc["gpu_data"]
+    if not isinstance(doc, list) or not all(isinstance(g, dict) for g in doc):
+        raise SourceError("amd-smi JSON: expected a list of GPUs or {gpu_data: [...]}")
+    return doc
+
+
+def _val(node: Any, *path: str) -> float | None:
+    """A {"value": V, "unit": U} leaf (or a bare number); None for "N/A" or absent."""
+    for key in path:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    if isinstance(node, dict):
+        node = node.get("value")
+    if isinstance(node, bool) or node is None:
+        return None
+    try:
+        return float(node)
+    except (TypeError, ValueError):
+        return None
+
+
+def _unit_bytes(node: Any) -> int | None:
+    value = _val(node)
+    if value is None:
+        return None
+    unit = node.get("unit", "B") if isinstance(node, dict) else "B"
+    scale = {"B": 1, "KB": 1024, "MB": MB, "GB": 1024 * MB}.get(str(unit).upper(), 1)
+    return int(value * scale)
+
+
+def parse_amd_smi(static: str, metric: str, process: str | None = None) -> list[GpuReading]:
+    """Readings from `amd-smi static --json`, `metric --json` and `process --json`."""
+    try:
+        statics = _gpu_list(json.loads(static))
+        metrics = {g.get("gpu"): g for g in _gpu_list(json.loads(metric))}
+        procs = {g.get("gpu"): g for g in _gpu_list(json.loads(process))} if process else {}
+    except json.JSONDecodeError as exc:
+        raise SourceError(f"amd-smi JSON: {exc.msg}") from None
+    out = []
+    for s in statics:
+        bdf = (s.get("bus") or {}).get("bdf")
+        if not isinstance(bdf, str):
+            raise SourceError("amd-smi static: a GPU without bus.bdf")
+        asic, m = s.get("asic") or {}, metrics.get(s.get("gpu")) or {}
+        r = GpuReading("amd", norm_bdf(bdf), index=int(s.get("gpu", 0)), source="amd-smi")
+        r.name = str(asic.get("market_name") or "")
+        r.device_id = str(asic.get("device_id") or "").lower().removeprefix("0x")
+        r.serial = str(asic.get("asic_serial") or "")
+        r.driver_version = str((s.get("driver") or {}).get("version") or "")
+        r.memory_total = _unit_bytes((m.get("mem_usage") or {}).get("total_vram")) or \
+            _unit_bytes((s.get("vram") or {}).get("size"))  # fmt: skip
+        r.memory_used = _unit_bytes((m.get("mem_usage") or {}).get("used_vram"))
+        r.utilization = _val(m, "usage", "gfx_activity")
+        temps = m.get("temperature") or {}
+        for label, key in (("edge", "edge"), ("junction", "hotspot"), ("mem", "mem")):
+            v = _val(temps, key)
+            if v is not None:
+                r.temperatures[label] = v
+        r.temperature = r.temperatures.get("edge", r.temperatures.get("junction"))
+        r.power_draw = _val(m, "power", "socket_power") or _val(m, "power", "average_socket_power")
+        r.power_limit = _val(s, "limit", "max_power") or _val(s, "limit", "power_cap")
+        for p in (procs.get(s.get("gpu")) or {}).get("process_list") or []:
+            info = p.get("process_info", p) if isinstance(p, dict) else {}
+            pid = info.get("pid") if isinstance(info, dict) else None
+            if isinstance(pid, int):
+                r.processes.append(GpuProcess(pid, _unit_bytes(info.get("mem_usage"))))
+        out.append(r)
+    return out
+
+
+# -- the amdsmi library --------------------------------------------------------
+def _safe(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception:  # amdsmi raises AmdSmiLibraryException per metric
+        return None
+
+
+def _amdsmi_device(lib: Any, index: int, h: Any) -> GpuReading:
+    r = GpuReading("amd", norm_bdf(lib.amdsmi_get_gpu_device_bdf(h)), index=index,
+                   source="amdsmi")  # fmt: skip
+    asic = _safe(lib.amdsmi_get_gpu_asic_info, h) or {}
+    r.name = str(asic.get("market_name", ""))
+    r.device_id = str(asic.get("device_id", "")).lower().removeprefix("0x")
+    r.serial = str(asic.get("asic_serial", ""))
+    r.driver_version = str(
+        (_safe(lib.amdsmi_get_gpu_driver_info, h) or {}).get("driver_version", "")
+    )
+    vram = _safe(lib.amdsmi_get_gpu_vram_usage, h) or {}
+    total, used = _val(vram, "vram_total"), _val(vram, "vram_used")
+    r.memory_total = int(total * MB) if total is not None else None
+    r.memory_used = int(used * MB) if used is not None else None
+    r.utilization = _val(_safe(lib.amdsmi_get_gpu_activity, h) or {}, "gfx_activity")
+    tt, tm = lib.AmdSmiTemperatureType, lib.AmdSmiTemperatureMetric
+    for label, kind in (("edge", tt.EDGE), ("junction", tt.HOTSPOT), ("mem", tt.VRAM)):
+        v = _safe(lib.amdsmi_get_temp_metric, h, kind, tm.CURRENT)
+        if isinstance(v, int | float):  # "N/A" strings where numbers are missing
+            r.temperatures[label] = float(v)
+    r.temperature = r.temperatures.get("edge", r.temperatures.get("junction"))
+    power = _safe(lib.amdsmi_get_power_info, h) or {}
+    r.power_draw = _val(power, "average_socket_power") or _val(power, "current_socket_power")
+    limit = _val(power, "power_limit")
+    r.power_limit = limit / 1e6 if limit and limit > 10_000 else limit  # uW on some releases
+    for p in _safe(lib.amdsmi_get_gpu_process_list, h) or []:
+        if isinstance(p, dict) and isinstance(p.get("pid"), int):
+            usage = p.get("memory_usage")
+            mem = usage.get("vram_mem") if isinstance(usage, dict) else p.get("mem")
+            r.processes.append(GpuProcess(p["pid"], int(mem) if isinstance(mem, int) else None))
+    return r
+
+
+def read_amdsmi(lib: Any) -> list[GpuReading]:
+    """Readings through the amdsmi Python library (lib: the imported module)."""
+    return [_amdsmi_device(lib, i, h) for i, h in enumerate(lib.amdsmi_get_processor_handles())]

@@ -1,0 +1,273 @@
+"""GPU metrics for AMD and NVIDIA: one reading per GPU feeds every name in METRICS.md.
+
+Sources, first that works: AMD amdsmi -> amd-smi --json -> sysfs; NVIDIA NVML ->
+nvidia-smi. A source that is absent is skipped quietly (CPU-only nodes export no GPU
+series and no errors); one that fails counts an error and the next is tried. When
+every source of a vendor fails, its last good reading is served for
+collectors.gpu.stale_seconds and lens_gpu_reading_stale says so.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import Metric
+
+from lens_ebpf.devices.collector import DeviceCollector, register
+from lens_ebpf.devices.gpu import amd, nvidia
+from lens_ebpf.devices.gpu.model import GpuReading
+
+log = logging.getLogger(__name__)
+
+# A source returns readings, or None when it is not there at all (no library, no tool).
+Source = tuple[str, Callable[[], list[GpuReading] | None]]
+BY_PATH = re.compile(r"^pci-(.+)-(card|render)$")
+
+
+@dataclass
+class VendorState:
+    readings: list[GpuReading]
+    source: str
+    at: float
+
+
+def dri_mapping(dev: Path = Path("/dev")) -> dict[str, dict[str, str]]:
+    """BDF -> {card, render} from /dev/dri/by-path (any PCI domain)."""
+    out: dict[str, dict[str, str]] = {}
+    by_path = dev / "dri" / "by-path"
+    if not by_path.is_dir():
+        return out
+    for entry in by_path.iterdir():
+        m = BY_PATH.match(entry.name)
+        if not m:
+            continue
+        try:
+            target = os.readlink(entry)
+        except OSError:
+            continue
+        out.setdefault(m.group(1).lower(), {})[m.group(2)] = str(dev / "dri" / Path(target).name)
+    return out
+
+
+class GpuCollector(DeviceCollector):
+    name = "gpu"
+
+    def __init__(
+        self,
+        interval: float,
+        node: str,
+        sources: dict[str, list[Source]],
+        stale_seconds: float = 300,
+        dev_root: Path = Path("/dev"),
+        identify: Callable[[int], dict[str, str]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(interval)
+        self.node = node
+        self.sources = sources
+        self.stale_seconds = stale_seconds
+        self.dev_root = dev_root
+        self.identify = identify or (lambda pid: {})
+        self.clock = clock
+        self.state: dict[str, VendorState] = {}
+        self.stale: dict[str, bool] = {}
+
+    def _read_vendor(self, vendor: str) -> None:
+        for name, read in self.sources.get(vendor, []):
+            try:
+                readings = read()
+            except subprocess.TimeoutExpired:
+                self.count_error("timeout")
+                log.warning("gpu: %s timed out", name)
+                continue
+            except Exception as exc:  # NVMLError, SourceError, OSError: try the next
+                self.count_error(f"{name}")
+                log.warning("gpu: %s failed: %s", name, exc)
+                continue
+            if readings is None:
+                continue  # not installed here
+            if vendor == "amd":
+                for i, r in enumerate(sorted(readings, key=lambda r: r.bdf)):
+                    r.index = i  # keyed on the BDF, numbered in BDF order
+            self.state[vendor] = VendorState(readings, name, self.clock())
+            self.stale[vendor] = False
+            return
+        old = self.state.get(vendor)
+        if old is None:
+            return
+        if self.clock() - old.at > self.stale_seconds:
+            del self.state[vendor]  # too old to show
+            self.stale.pop(vendor, None)
+        else:
+            self.stale[vendor] = True
+
+    def readings(self) -> list[GpuReading]:
+        return [r for v in ("nvidia", "amd") if v in self.state for r in self.state[v].readings]
+
+    def refresh(self) -> list[Metric]:
+        for vendor in ("amd", "nvidia"):
+            self._read_vendor(vendor)
+        gpus = self.readings()
+        dri = dri_mapping(self.dev_root)
+        self.views["gpus"] = [self._gpu_view(g, dri) for g in gpus]
+        self.views["driver"] = next((g.driver_version for g in gpus if g.driver_version), "")
+        self.views["cards"] = [self._card_view(g) for g in gpus]
+        self.views["dri"] = [
+            {"gpu_index": g.index, "vendor": g.vendor, "bdf": g.bdf, **dri.get(g.bdf, {})}
+            for g in gpus
+        ]
+        return self._metrics(gpus)
+
+    def _gpu_view(self, g: GpuReading, dri: dict[str, dict[str, str]]) -> dict[str, Any]:
+        return {
+            "index": g.index, "vendor": g.vendor, "bdf": g.bdf, "name": g.name, "uuid": g.uuid,
+            "device_id": g.device_id, "serial": g.serial, "unique_id": g.unique_id,
+            "driver_version": g.driver_version, "memory_total_bytes": g.memory_total,
+            "source": g.source, **dri.get(g.bdf, {}),
+        }  # fmt: skip
+
+    def _card_view(self, g: GpuReading) -> dict[str, Any]:
+        return {
+            "index": g.index, "vendor": g.vendor, "bdf": g.bdf,
+            "utilization_percent": g.utilization, "memory_used_bytes": g.memory_used,
+            "memory_total_bytes": g.memory_total, "temperature_celsius": g.temperature,
+            "temperatures": g.temperatures, "power_draw_watts": g.power_draw,
+            "power_limit_watts": g.power_limit, "stale": self.stale.get(g.vendor, False),
+        }  # fmt: skip
+
+    def _metrics(self, gpus: list[GpuReading]) -> list[Metric]:
+        n = {"node": self.node}
+        fams: dict[str, Metric] = {}
+
+        def add(name: str, help_text: str, labels: dict[str, str], value: float | None,
+                kind: str = "gauge") -> None:  # fmt: skip
+            if value is None:
+                return  # unsupported or unknown: absent, never zero
+            m = fams.get(name) or fams.setdefault(name, Metric(name, help_text, kind))
+            m.add_sample(name, labels, value)
+
+        for vendor in sorted(self.state):
+            add(
+                "lens_gpu_reading_stale",
+                "1 while the last good reading is served",
+                {"vendor": vendor},
+                1 if self.stale.get(vendor) else 0,
+            )
+            add(
+                "lens_gpu_reading_age_seconds",
+                "Age of the reading served",
+                {"vendor": vendor},
+                round(self.clock() - self.state[vendor].at, 3),
+            )
+            add("lens_gpu_source_info", "Where the reading came from (value 1)",
+                {"vendor": vendor, "source": self.state[vendor].source}, 1)  # fmt: skip
+        if not gpus:
+            return list(fams.values())
+        add("hw_gpu_count", "GPUs on the node", n, len(gpus))
+        add("hw_gpu_used_count", "GPUs with utilization or memory in use", n,
+            sum(1 for g in gpus if g.used))  # fmt: skip
+        types: dict[str, int] = {}
+        for g in gpus:
+            types[g.name or g.device_id] = types.get(g.name or g.device_id, 0) + 1
+        for t, c in sorted(types.items()):
+            add("hw_gpu_type_count", "GPUs per model", {**n, "gpu_type": t}, c)
+        for g in gpus:
+            lbl = {
+                **n,
+                "gpu_index": str(g.index),
+                "gpu_name": g.name,
+                "gpu_uuid": g.uuid or g.unique_id or g.serial or g.bdf,
+                "vendor": g.vendor,
+            }
+            add("hw_gpu_memory_total_bytes", "GPU memory", lbl, g.memory_total)
+            add("hw_gpu_memory_used_bytes", "GPU memory used", lbl, g.memory_used)
+            add("hw_gpu_memory_free_bytes", "GPU memory free", lbl, g.memory_free)
+            add("hw_gpu_utilization_percent", "GPU busy", lbl, g.utilization)
+            add("hw_gpu_temperature_celsius", "GPU temperature", lbl, g.temperature)
+            add("hw_gpu_power_draw_watts", "GPU power draw", lbl, g.power_draw)
+            add("hw_gpu_power_limit_watts", "GPU power limit", lbl, g.power_limit)
+            for sensor, value in sorted(g.temperatures.items()):
+                add("lens_gpu_temperature_celsius", "GPU temperature by sensor",
+                    {**lbl, "sensor": sensor}, value)  # fmt: skip
+            idx = {"gpu_index": str(g.index)}
+            add("gpu_utilization", "GPU utilization percent", {"gpu_id": str(g.index)},
+                g.utilization)  # fmt: skip
+            add("gpu_utilization_percent", "GPU busy", idx, g.utilization)
+            add("gpu_memory_used_bytes", "GPU memory used", idx, g.memory_used)
+            add("gpu_memory_total_bytes", "GPU memory", idx, g.memory_total)
+            add("gpu_temperature_celsius", "GPU temperature", idx, g.temperature)
+            add("gpu_power_draw_watts", "GPU power draw", idx, g.power_draw)
+            for p in g.processes:
+                who = self.identify(p.pid)
+                add("gpu_process_memory_bytes", "GPU memory per process (host pid)",
+                    {**idx, "pid": str(p.pid), "namespace": who.get("namespace", ""),
+                     "pod": who.get("pod", ""), "container": who.get("container", "")},
+                    p.memory_bytes)  # fmt: skip
+        return list(fams.values())
+
+
+def nvml_source(nvml: Any) -> Source:
+    def read() -> list[GpuReading] | None:
+        try:
+            return nvidia.read_nvml(nvml)
+        except nvml.NVMLError as exc:
+            # no library or no driver: this node has no NVIDIA GPU for us
+            absent = (nvml.NVML_ERROR_LIBRARY_NOT_FOUND, nvml.NVML_ERROR_DRIVER_NOT_LOADED)
+            if getattr(exc, "value", None) in absent:
+                return None
+            raise
+
+    return "nvml", read
+
+
+def default_sources(cfg: Any) -> dict[str, list[Source]]:
+    g = cfg.collectors.gpu
+    sysfs = Path(cfg.devices.sysfs_root)
+    amd_sources: list[Source] = []
+    try:
+        amdsmi = importlib.import_module("amdsmi")
+        amdsmi.amdsmi_init()
+        amd_sources.append(("amdsmi", lambda: amd.read_amdsmi(amdsmi)))
+    except Exception as exc:  # KeyError, OSError, AttributeError when ROCm is missing
+        log.debug("amdsmi unavailable: %s", exc)
+    tool = shutil.which(g.amd_smi)
+    if tool:
+
+        def amd_smi() -> list[GpuReading]:
+            def call(*a: str) -> str:
+                return subprocess.run([tool, *a, "--json"], capture_output=True, text=True,
+                                      timeout=g.timeout_seconds, check=True).stdout  # fmt: skip
+
+            return amd.parse_amd_smi(call("static"), call("metric"), call("process"))
+
+        amd_sources.append(("amd-smi", amd_smi))
+    amd_sources.append(("sysfs", lambda: amd.read_sysfs(sysfs) or None))
+    nv_sources: list[Source] = []
+    try:
+        import pynvml
+
+        nv_sources.append(nvml_source(pynvml))
+    except ImportError:
+        pass
+    smi = shutil.which(g.nvidia_smi)
+    if smi:
+        nv_sources.append(("nvidia-smi", lambda: nvidia.parse_smi_csv(
+            *nvidia.run_nvidia_smi(smi, g.timeout_seconds))))  # fmt: skip
+    return {"amd": amd_sources, "nvidia": nv_sources}
+
+
+@register("gpu")
+def make(cfg: Any) -> GpuCollector:
+    g = cfg.collectors.gpu
+    return GpuCollector(g.interval_seconds, cfg.node_name, default_sources(cfg),
+                        g.stale_seconds, Path(cfg.devices.dev_root))  # fmt: skip

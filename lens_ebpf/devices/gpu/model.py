@@ -1,0 +1,53 @@
+"""One reading of a GPU, whatever the vendor and the source."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GpuProcess:
+    pid: int
+    memory_bytes: int | None
+
+
+@dataclass
+class GpuReading:
+    vendor: str  # nvidia or amd
+    bdf: str  # the key: PCI domain:bus:device.function, lower case
+    index: int = 0
+    name: str = ""
+    uuid: str = ""
+    device_id: str = ""
+    serial: str = ""
+    unique_id: str = ""
+    driver_version: str = ""
+    memory_total: int | None = None
+    memory_used: int | None = None
+    utilization: float | None = None
+    temperature: float | None = None  # edge, else junction
+    temperatures: dict[str, float] = field(default_factory=dict)
+    power_draw: float | None = None  # watts
+    power_limit: float | None = None  # watts
+    processes: list[GpuProcess] = field(default_factory=list)
+    source: str = ""  # amdsmi, amd-smi, sysfs, nvml, nvidia-smi
+
+    @property
+    def memory_free(self) -> int | None:
+        if self.memory_total is None or self.memory_used is None:
+            return None
+        return self.memory_total - self.memory_used
+
+    @property
+    def used(self) -> bool:
+        return bool(self.utilization) or bool(self.memory_used)
+
+
+def norm_bdf(bdf: str) -> str:
+    """'00000000:18:00.0' (NVML) or '0000:C1:00.0' -> '0000:c1:00.0'."""
+    bdf = bdf.strip().lower()
+    dom, _, rest = bdf.rpartition(":")
+    dom_part, _, bus = dom.rpartition(":")
+    if not dom_part:
+        return f"0000:{bdf}" if bdf.count(":") == 1 else bdf
+    return f"{int(dom_part, 16):04x}:{bus}:{rest}"

@@ -1,0 +1,115 @@
+"""NVIDIA GPUs: NVML through pynvml (nvidia-ml-py), else nvidia-smi's CSV."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+from lens_ebpf.devices.gpu.amd import SourceError
+from lens_ebpf.devices.gpu.model import GpuProcess, GpuReading, norm_bdf
+
+MIB = 1024 * 1024
+QUERY_GPU = ("index,uuid,name,pci.bus_id,driver_version,memory.total,memory.used,"
+             "utilization.gpu,temperature.gpu,power.draw,power.limit")  # fmt: skip
+QUERY_APPS = "gpu_uuid,pid,used_memory"
+MISSING = {"[N/A]", "[Not Supported]", "N/A", "[Unknown Error]", ""}
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _nvml_device(nvml: Any, i: int, driver: str) -> GpuReading:
+    def get(fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except nvml.NVMLError:  # NotSupported, NoPermission, GpuIsLost: per metric
+            return None
+
+    h = nvml.nvmlDeviceGetHandleByIndex(i)
+    pci = get(nvml.nvmlDeviceGetPciInfo, h)
+    bdf = norm_bdf(_text(pci.busId)) if pci is not None else f"unknown:{i}"
+    r = GpuReading("nvidia", bdf, index=i, driver_version=driver, source="nvml")
+    r.name = _text(get(nvml.nvmlDeviceGetName, h) or "")
+    r.uuid = _text(get(nvml.nvmlDeviceGetUUID, h) or "")
+    mem = get(nvml.nvmlDeviceGetMemoryInfo, h)
+    if mem is not None:
+        r.memory_total, r.memory_used = int(mem.total), int(mem.used)
+    util = get(nvml.nvmlDeviceGetUtilizationRates, h)
+    r.utilization = float(util.gpu) if util is not None else None
+    temp = get(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
+    r.temperature = float(temp) if temp is not None else None
+    mw = get(nvml.nvmlDeviceGetPowerUsage, h)
+    r.power_draw = mw / 1000 if mw is not None else None
+    limit = get(nvml.nvmlDeviceGetEnforcedPowerLimit, h)
+    r.power_limit = limit / 1000 if limit is not None else None
+    for p in get(nvml.nvmlDeviceGetComputeRunningProcesses, h) or []:
+        used = p.usedGpuMemory
+        r.processes.append(GpuProcess(int(p.pid), int(used) if used is not None else None))
+    return r
+
+
+def read_nvml(nvml: Any) -> list[GpuReading]:
+    """Readings through pynvml; each metric's NVMLError is caught on its own."""
+    nvml.nvmlInit()
+    try:
+        try:
+            driver = _text(nvml.nvmlSystemGetDriverVersion())
+        except nvml.NVMLError:
+            driver = ""
+        return [_nvml_device(nvml, i, driver) for i in range(nvml.nvmlDeviceGetCount())]
+    finally:
+        with contextlib.suppress(nvml.NVMLError):
+            nvml.nvmlShutdown()
+
+
+def _num(text: str) -> float | None:
+    text = text.strip()
+    return None if text in MISSING else float(text)
+
+
+def parse_smi_csv(gpus: str, apps: str = "") -> list[GpuReading]:
+    """`nvidia-smi --query-gpu=QUERY_GPU --format=csv,noheader,nounits` (+ compute apps)."""
+    out = []
+    by_uuid: dict[str, GpuReading] = {}
+    for lineno, line in enumerate(gpus.splitlines(), 1):
+        if not line.strip():
+            continue
+        f = [x.strip() for x in line.split(",")]
+        if len(f) != 11:
+            raise SourceError(f"nvidia-smi line {lineno}: {len(f)} fields, expected 11")
+        try:
+            r = GpuReading("nvidia", norm_bdf(f[3]), index=int(f[0]), uuid=f[1], name=f[2],
+                           driver_version=f[4], source="nvidia-smi")  # fmt: skip
+            total, used = _num(f[5]), _num(f[6])
+            r.memory_total = int(total * MIB) if total is not None else None
+            r.memory_used = int(used * MIB) if used is not None else None
+            r.utilization, r.temperature = _num(f[7]), _num(f[8])
+            r.power_draw, r.power_limit = _num(f[9]), _num(f[10])
+        except ValueError as exc:
+            raise SourceError(f"nvidia-smi line {lineno}: {exc}") from None
+        out.append(r)
+        by_uuid[r.uuid] = r
+    for line in apps.splitlines():
+        f = [x.strip() for x in line.split(",")]
+        if len(f) == 3 and f[0] in by_uuid and f[1].isdigit():
+            mem = _num(f[2])
+            by_uuid[f[0]].processes.append(
+                GpuProcess(int(f[1]), int(mem * MIB) if mem is not None else None)
+            )
+    return out
+
+
+def run_nvidia_smi(tool: str, timeout: float) -> tuple[str, str]:
+    """Both queries, each with a timeout (nvidia-smi hangs on a wedged driver)."""
+
+    def call(*args: str) -> str:
+        res = subprocess.run([tool, *args, "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=timeout, check=False)  # fmt: skip
+        if res.returncode != 0:
+            raise SourceError(f"{tool} exited {res.returncode}: {res.stderr.strip()[:200]}")
+        return res.stdout
+
+    return call(f"--query-gpu={QUERY_GPU}"), call(f"--query-compute-apps={QUERY_APPS}")

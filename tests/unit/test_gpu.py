@@ -1,0 +1,223 @@
+import ctypes
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lens_ebpf.devices.gpu import amd, nvidia
+from lens_ebpf.devices.gpu.collector import GpuCollector, dri_mapping, nvml_source
+from lens_ebpf.metrics.exposition import render_metrics
+from tests.golden import check_golden
+
+FIX = Path(__file__).parent.parent / "fixtures" / "gpu"
+GiB = 1024**3
+
+
+def values(c: GpuCollector) -> dict[tuple[str, tuple], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for m in c.snapshot() for s in m.samples}  # fmt: skip
+
+
+def by(name: str, v: dict, **labels: str) -> float | None:
+    for (n, lbl), value in v.items():
+        if n == name and all(dict(lbl).get(k) == x for k, x in labels.items()):
+            return value
+    return None
+
+
+def test_sysfs_cards_keyed_by_bdf_connectors_and_other_drivers_skipped() -> None:
+    cards = amd.read_sysfs(FIX / "sys")
+    assert [c.bdf for c in cards] == ["0000:c1:00.0", "0001:03:00.0"]
+    a, b = cards
+    assert (a.utilization, a.memory_total, a.memory_used) == (35, 206141652992, GiB)
+    assert a.temperatures == {"edge": 45.0, "junction": 60.0, "mem": 50.0}
+    assert (a.temperature, a.power_draw, a.power_limit) == (45.0, 301.0, 750.0)
+    assert (a.unique_id, a.name, a.device_id) == (
+        "0x18a96c02d4e1c0a3",
+        "AMD Instinct MI300X",
+        "74a1",
+    )
+    # power1_input only (kernel 6.6+), junction only (no edge sensor)
+    assert (b.power_draw, b.temperature, b.unique_id) == (125.0, 41.0, "")
+
+
+def test_amd_smi_both_json_shapes() -> None:
+    static = (FIX / "amd-smi-static.json").read_text()
+    metric = (FIX / "amd-smi-metric.json").read_text()
+    process = (FIX / "amd-smi-process.json").read_text()
+    got = amd.parse_amd_smi(static, metric, process)
+    assert [g.bdf for g in got] == ["0000:c1:00.0", "0001:03:00.0"]
+    a, b = got
+    assert (a.utilization, a.memory_total, a.memory_used) == (35, 196592 * 2**20, 1024 * 2**20)
+    assert a.temperatures == {"edge": 45, "junction": 60, "mem": 50}
+    assert (a.power_draw, a.power_limit, a.driver_version) == (301, 750, "6.7.0")
+    assert [(p.pid, p.memory_bytes) for p in a.processes] == [(4242, GiB)]
+    assert (b.temperature, b.power_limit, b.serial) == (41, None, "N/A")
+    # the same with the older list shape for metric and the newer for static
+    wrapped = '{"gpu_data": ' + static + "}"
+    import json
+
+    listed = json.dumps(json.loads(metric)["gpu_data"])
+    assert amd.parse_amd_smi(wrapped, listed)[0].utilization == 35
+
+
+@pytest.mark.parametrize("garbage", ["not json", '{"gpus": 1}', '[{"gpu": 0}]'])
+def test_amd_smi_garbage_is_a_source_error(garbage: str) -> None:
+    with pytest.raises(amd.SourceError):
+        amd.parse_amd_smi(garbage, "[]")
+
+
+class FakeAmdSmi:
+    """The amdsmi module as ROCm ships it, for the functions lens-ebpf calls."""
+
+    class AmdSmiTemperatureType:
+        EDGE, HOTSPOT, VRAM = 0, 1, 2
+
+    class AmdSmiTemperatureMetric:
+        CURRENT = 0
+
+    def amdsmi_get_processor_handles(self) -> list[str]:
+        return ["h0"]
+
+    def amdsmi_get_gpu_device_bdf(self, h: str) -> str:
+        return "0000:C1:00.0"
+
+    def amdsmi_get_gpu_asic_info(self, h: str) -> dict:
+        return {"market_name": "AMD Instinct MI300X", "device_id": "0x74a1", "asic_serial": "S1"}
+
+    def amdsmi_get_gpu_driver_info(self, h: str) -> dict:
+        return {"driver_version": "6.7.0"}
+
+    def amdsmi_get_gpu_vram_usage(self, h: str) -> dict:
+        return {"vram_total": 196592, "vram_used": 2048}
+
+    def amdsmi_get_gpu_activity(self, h: str) -> dict:
+        return {"gfx_activity": 77, "umc_activity": "N/A"}
+
+    def amdsmi_get_temp_metric(self, h: str, kind: int, metric: int):
+        return {0: "N/A", 1: 66, 2: 55}[kind]  # MI300: no edge sensor
+
+    def amdsmi_get_power_info(self, h: str) -> dict:
+        return {"average_socket_power": "N/A", "current_socket_power": 450, "power_limit": 750}
+
+    def amdsmi_get_gpu_process_list(self, h: str) -> list:
+        raise RuntimeError("AmdSmiLibraryException: not supported")
+
+
+def test_amdsmi_library_with_na_values_and_failing_calls() -> None:
+    (r,) = amd.read_amdsmi(FakeAmdSmi())
+    assert (r.bdf, r.name, r.utilization) == ("0000:c1:00.0", "AMD Instinct MI300X", 77)
+    assert r.temperatures == {"junction": 66.0, "mem": 55.0} and r.temperature == 66.0
+    assert (r.power_draw, r.power_limit, r.memory_used) == (450, 750, 2048 * 2**20)
+    assert r.processes == []
+
+
+def test_nvidia_smi_csv() -> None:
+    got = nvidia.parse_smi_csv((FIX / "nvidia-smi-gpus.csv").read_text(),
+                               (FIX / "nvidia-smi-apps.csv").read_text())  # fmt: skip
+    a, b = got
+    assert (a.bdf, a.memory_total, a.utilization, a.power_draw) == (
+        "0000:18:00.0", 81559 * 2**20, 87, 312.5)  # fmt: skip
+    assert [(p.pid, p.memory_bytes) for p in a.processes] == [(4242, 32 * GiB), (4343, 8 * GiB)]
+    assert (b.bdf, b.power_draw, b.power_limit) == ("0001:3b:00.0", None, None)
+    with pytest.raises(amd.SourceError):
+        nvidia.parse_smi_csv("0, x, y\n")
+
+
+@pytest.fixture(scope="module")
+def fake_nvml(tmp_path_factory) -> Iterator[object]:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is needed to build the stand-in libnvidia-ml.so.1")
+    out = tmp_path_factory.mktemp("nvml") / "libnvidia-ml.so.1"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out),
+                    str(FIX.parent / "nvml" / "fake_nvml.c")], check=True)  # fmt: skip
+    import pynvml
+
+    saved = pynvml.nvmlLib
+    pynvml.nvmlLib = ctypes.CDLL(str(out))
+    pynvml._nvmlGetFunctionPointer_cache.clear()
+    yield pynvml
+    pynvml.nvmlLib = saved
+    pynvml._nvmlGetFunctionPointer_cache.clear()
+
+
+def test_nvml_through_real_pynvml_not_supported_is_absent(fake_nvml) -> None:
+    c = GpuCollector(5, "gpu-7", {"nvidia": [nvml_source(fake_nvml)]}, dev_root=FIX / "dev",
+                     identify=lambda pid: {"pod": "train-0", "namespace": "ml",
+                                           "container": "t"} if pid == 4242 else {})  # fmt: skip
+    c.run_once()
+    assert c.success and c.errors == {}
+    v = values(c)
+    assert by("hw_gpu_count", v) == 2 and by("hw_gpu_used_count", v) == 1
+    assert by("hw_gpu_utilization_percent", v, gpu_index="0", vendor="nvidia") == 87
+    assert by("hw_gpu_memory_free_bytes", v, gpu_index="0") == 40 * GiB
+    assert by("hw_gpu_power_draw_watts", v, gpu_index="0") == 312.5
+    assert by("hw_gpu_power_limit_watts", v, gpu_index="0") == 700
+    # GPU 1 answers NotSupported for power: those series are absent, the rest stay
+    assert by("hw_gpu_power_draw_watts", v, gpu_index="1") is None
+    assert by("gpu_power_draw_watts", v, gpu_index="1") is None
+    assert by("hw_gpu_temperature_celsius", v, gpu_index="1") == 35
+    assert by("gpu_utilization", v, gpu_id="0") == 87
+    assert by("gpu_process_memory_bytes", v, pid="4242") == 32 * GiB
+    assert by("gpu_process_memory_bytes", v, pid="4242", pod="train-0", namespace="ml") == 32 * GiB
+    assert by("gpu_process_memory_bytes", v, pid="4343", pod="") == 8 * GiB
+    assert by("hw_gpu_type_count", v, gpu_type="NVIDIA H100 80GB HBM3") == 1
+    assert c.views["driver"] == "550.54.15"
+
+
+def test_golden_exposition_amd_sysfs_and_nvml(fake_nvml) -> None:
+    class Clock:
+        now = 100.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    c = GpuCollector(5, "gpu-7", {"amd": [("sysfs", lambda: amd.read_sysfs(FIX / "sys"))],
+                                  "nvidia": [nvml_source(fake_nvml)]},
+                     dev_root=FIX / "dev", clock=Clock())  # fmt: skip
+    c.run_once()
+    check_golden("gpu.prom", render_metrics(c.snapshot()))
+    assert c.views["dri"][2] == {"gpu_index": 0, "vendor": "amd", "bdf": "0000:c1:00.0",
+                                 "card": str(FIX / "dev/dri/card1"),
+                                 "render": str(FIX / "dev/dri/renderD128")}  # fmt: skip
+
+
+def test_dri_mapping_any_domain() -> None:
+    m = dri_mapping(FIX / "dev")
+    assert m["0001:03:00.0"]["render"].endswith("/dri/renderD129")
+
+
+def test_failing_source_serves_last_good_reading_marked_stale_then_drops_it() -> None:
+    now = [0.0]
+    calls = {"n": 0}
+
+    def flaky() -> list:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return nvidia.parse_smi_csv((FIX / "nvidia-smi-gpus.csv").read_text())
+        raise subprocess.TimeoutExpired(["nvidia-smi"], 10)
+
+    c = GpuCollector(5, "n", {"nvidia": [("nvidia-smi", flaky)]}, stale_seconds=300,
+                     clock=lambda: now[0])  # fmt: skip
+    c.run_once()
+    now[0] = 60
+    c.run_once()
+    v = values(c)
+    assert by("lens_gpu_reading_stale", v, vendor="nvidia") == 1
+    assert by("lens_gpu_reading_age_seconds", v, vendor="nvidia") == 60
+    assert by("hw_gpu_utilization_percent", v, gpu_index="0") == 87
+    assert c.errors == {"timeout": 1}
+    assert c.views["cards"][0]["stale"] is True
+    now[0] = 400
+    c.run_once()
+    assert by("hw_gpu_count", values(c)) is None
+
+
+def test_cpu_only_node_exports_nothing_and_no_errors(tmp_path: Path) -> None:
+    c = GpuCollector(5, "n", {"amd": [("sysfs", lambda: amd.read_sysfs(tmp_path) or None)],
+                              "nvidia": [("nvidia-smi", lambda: None)]})  # fmt: skip
+    c.run_once()
+    assert c.snapshot() == [] and c.errors == {} and c.success
+    assert c.views["gpus"] == []
