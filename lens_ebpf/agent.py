@@ -120,6 +120,7 @@ class Agent:
         self.headers = kernel_headers.resolve(
             fallback_glob=self.cfg.kernel.headers_fallback_glob,
             link=self.cfg.kernel.link_headers,
+            host_root=Path(self.cfg.kernel.host_root) if self.cfg.kernel.host_root else None,
         )
         log.info(
             "kernel headers: %s %s (%s)",

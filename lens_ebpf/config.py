@@ -50,6 +50,7 @@ class PolicyConfig(_Section):
 class KernelConfig(_Section):
     headers_fallback_glob: str = "/usr/src/linux-headers-*-amd64"
     link_headers: bool = True
+    host_root: str = ""
 
 
 class BpfConfig(_Section):

@@ -62,19 +62,58 @@ def find_fallback(pattern: str = DEFAULT_FALLBACK_GLOB) -> Path | None:
     return trees[-1] if trees else None
 
 
+def host_tree(host_root: Path, release: str) -> tuple[Path, Path | None] | None:
+    """The host's build (and source) tree as seen under host_root, when it has one.
+
+    In a container the host's /lib/modules and /usr/src are mounted under host_root;
+    the host's build link points at a host path, so it is re-rooted there.
+    """
+    moddir = host_root / "lib" / "modules" / release
+    found: list[Path | None] = []
+    for name in ("build", "source"):
+        link = moddir / name
+        if not link.is_symlink() and not link.is_dir():
+            found.append(None)
+            continue
+        target = Path(os.readlink(link)) if link.is_symlink() else link
+        if target.is_absolute() and link.is_symlink():
+            target = host_root / target.relative_to("/")
+        elif link.is_symlink():
+            target = (moddir / target).resolve()
+        found.append(target if target.is_dir() else None)
+    build, source = found
+    if build is None:
+        return None
+    usable = any((t / "include/linux/kconfig.h").exists() for t in (build, source) if t)
+    return (build, source) if usable else None
+
+
 def resolve(
     release: str | None = None,
     modules_root: Path = Path("/lib/modules"),
     kheaders: Path = KHEADERS,
     fallback_glob: str = DEFAULT_FALLBACK_GLOB,
     link: bool = False,
+    host_root: Path | None = None,
 ) -> HeaderTree:
-    """Say which tree BCC will compile against; with link=True, link a fallback in."""
+    """Say which tree BCC will compile against; with link=True, link one in if needed."""
     release = release or os.uname().release
     moddir = modules_root / release
     build = moddir / "build"
     if build.exists() and _tree_usable(moddir):
         return HeaderTree("modules", str(build.resolve()), f"{build} exists")
+    host = host_tree(host_root, release) if host_root else None
+    if host is not None:
+        if not link:
+            return HeaderTree("host", str(host[0]), f"would link {build} -> {host[0]}")
+        try:
+            moddir.mkdir(parents=True, exist_ok=True)
+            _relink(build, host[0])
+            if host[1] is not None:
+                _relink(moddir / "source", host[1])
+        except OSError as exc:
+            return HeaderTree("none", str(host[0]), f"cannot link {build} -> {host[0]}: {exc}")
+        return HeaderTree("host", str(host[0]), f"linked {build} -> the host's {host[0]}")
     if kheaders.exists():
         return HeaderTree("kheaders", str(kheaders), "BCC unpacks the kernel's own headers")
     fallback = find_fallback(fallback_glob)

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import socket
+import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.agentproc import AgentProc
+from tests.agentproc import LENS, AgentProc
+from tests.containerlab import Containerd
+from tests.containerlab import unavailable as containers_unavailable
 from tests.netlab import exchange, listener, recv_exact
 from tests.promserver import Prometheus, available, promtool_check_metrics
 
@@ -96,3 +102,85 @@ def test_real_prometheus_answers_rtt_quantiles(agent: AgentProc) -> None:
         assert got and 0 < float(got[0]["value"][1]) < 10
     finally:
         prom.stop()
+
+
+def test_every_rule_and_dashboard_expression_is_valid_promql() -> None:
+    if reason := available():
+        pytest.skip(reason)
+    from tests.unit.test_deploy import expressions
+
+    prom = Prometheus([])
+    try:
+        for expr in expressions():
+            prom.query(expr)  # asserts status success
+    finally:
+        prom.stop()
+
+
+@pytest.fixture
+def ctd() -> Iterator[Containerd]:
+    if reason := containers_unavailable():
+        pytest.skip(reason)
+    c = Containerd(Path(f"/tmp/lens-ctd-p{os.getpid()}"))
+    yield c
+    c.stop()
+
+
+def test_prometheus_sees_the_flows_rtt_and_execs_the_test_caused(
+    tmp_path: Path, ctd: Containerd
+) -> None:
+    if reason := available():
+        pytest.skip(reason)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("localhost: [127.0.0.0/8]\n")
+    cfg = tmp_path / "lens.yaml"
+    cfg.write_text(f"containers:\n  containerd_state: {ctd.state}\n")
+    agent = AgentProc("--policy", str(policy), "--config", str(cfg))
+    prom = None
+    try:
+        agent.wait_ready()
+        prom = Prometheus([f"127.0.0.1:{agent.port}"])
+        srv = listener("127.0.0.98")
+        port, _ = exchange(srv, "127.0.0.98", 3000, 4000)
+        srv.close()
+        traffic("127.0.0.99", 4.0)  # RTT samples across scrapes
+        cid = "prom" + uuid.uuid4().hex[:8]
+        # An independent observer: runc's own init may re-exec itself inside the new
+        # cgroup (a race with its parent moving it there); that exec is real too.
+        observer = subprocess.Popen(
+            [LENS, "trace", "exec", "--json", "--duration", "6", "--config", str(cfg),
+             "--pod", "p-0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert observer.stderr is not None and "tracing" in observer.stderr.readline()
+        res = ctd.run(cid, "/bin/sh", "-c", "/bin/echo hi",
+                      labels={"io.kubernetes.pod.name": "p-0",
+                              "io.kubernetes.pod.namespace": "team-p",
+                              "io.kubernetes.container.name": "c"})  # fmt: skip
+        assert res.returncode == 0, res.stderr
+
+        def value(expr: str, want: float) -> float | None:
+            got = prom.wait_value(expr, lambda r: r and float(r[0]["value"][1]) == want)
+            return float(got[0]["value"][1]) if got else None
+
+        egress = (f'primus_lens_network_tcp_flow_egress{{raddr="127.0.0.98",rport="{port}",'
+                  'direction="egress",type="localhost"}')  # fmt: skip
+        assert value(egress, 7000) == 7000
+        opened = (f'lens_tcp_connections_opened_total{{raddr="127.0.0.98",port="{port}",'
+                  'direction="egress"}')  # fmt: skip
+        assert value(opened, 1) == 1
+        execs = 'lens_container_process_execs_total{namespace="team-p",pod="p-0",container="c"}'
+        seen = [json.loads(line) for line in observer.communicate(timeout=30)[0].splitlines()]
+        files = [e["filename"] for e in seen if e["kind"] == "process_exec"]
+        ours = [f for f in files if f in ("/bin/sh", "/bin/echo")]
+        assert ours == ["/bin/sh", "/bin/echo"]  # sh execs echo in place
+        assert all("runc" in f or f.startswith(("/proc/self/", "/memfd:")) for f in files
+                   if f not in ours), files  # fmt: skip
+        assert value(execs, len(files)) == len(files)
+        q = ("histogram_quantile(0.9, sum by (le) "
+             "(rate(primus_lens_network_tcp_flow_rtt_bucket[1m])))")  # fmt: skip
+        got = prom.wait_value(q, lambda r: r and math.isfinite(float(r[0]["value"][1])))
+        assert got and 0 < float(got[0]["value"][1]) <= 10000
+    finally:
+        if prom is not None:
+            prom.stop()
+        assert agent.stop() == 0

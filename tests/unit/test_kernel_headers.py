@@ -49,3 +49,20 @@ def test_nothing_found_says_what_to_install(tmp_path: Path) -> None:
     got = resolve("6.18.0", tmp_path / "lib/modules", tmp_path / "none", str(tmp_path / "no*"))
     assert not got.found
     assert "linux-headers-amd64" in got.detail
+
+
+def test_host_tree_under_a_host_root_is_linked_first(tmp_path: Path) -> None:
+    host = tmp_path / "host"
+    tree = make_tree(host, "linux-headers-6.8.0-45-generic", kconfig=True)
+    mod = host / "lib/modules/6.8.0-45-generic"
+    mod.mkdir(parents=True)
+    (mod / "build").symlink_to("/usr/src/linux-headers-6.8.0-45-generic")  # a host path
+    fallback = make_tree(tmp_path, "linux-headers-6.1.0-9-amd64", kconfig=True)
+    mods = tmp_path / "lib/modules"
+    got = resolve("6.8.0-45-generic", mods, tmp_path / "none", str(fallback), link=True,
+                  host_root=host)  # fmt: skip
+    assert got.source == "host" and got.path == str(tree)
+    assert (mods / "6.8.0-45-generic/build").resolve() == tree
+    # a host without headers falls back to the image's tree
+    got = resolve("6.9.9", mods, tmp_path / "none", str(fallback), link=True, host_root=host)
+    assert got.source == "fallback"

