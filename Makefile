@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 LISTEN ?= 0.0.0.0:9470
 
-.PHONY: run test setup setup-test lint unit bpf e2e bench
+.PHONY: run test setup setup-test lint unit bpf e2e bench protos
 
 setup:
 	@scripts/setup.sh run
@@ -21,6 +21,9 @@ lint: setup-test
 
 test: lint
 	$(PY) -m pytest -q -rs tests
+
+protos: setup-test
+	scripts/gen_protos.sh
 
 bench: setup-test
 	$(PY) -m bench

@@ -17,7 +17,9 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf import __version__, kernel_headers, tracefs
+from lens_ebpf.api.grpc_server import GrpcServer, server_credentials
 from lens_ebpf.api.http import HttpServer, Response, envelope, json_response
+from lens_ebpf.api.reporter import Reporter, channel_credentials
 from lens_ebpf.bpf.loader import ATTACHED, OFF, BpfLoader, LoaderCollector
 from lens_ebpf.config import Config, policy_path
 from lens_ebpf.containers.cgroups import CgroupIndex, cgroup_path, parse_cgroup
@@ -30,6 +32,7 @@ from lens_ebpf.containers.proc_events import (
     pods_view,
 )
 from lens_ebpf.containers.runtime import ContainerdState
+from lens_ebpf.containers.watch import RuntimeWatcher
 from lens_ebpf.devices import all_collectors
 from lens_ebpf.devices.collector import CollectorSet
 from lens_ebpf.devices.gpu.collector import GpuCollector
@@ -75,7 +78,7 @@ class Agent:
         self.ready = False
         self.heartbeat = time.monotonic()
         self.cache = MetricCache(cfg.cache.ttl_seconds, cfg.cache.max_series, cfg.cache.families)
-        self.bus = EventBus(cfg.events.queue_size)
+        self.bus = EventBus(cfg.events.queue_size, history=cfg.grpc.history)
         self.loader = BpfLoader()
         self.registry = CollectorRegistry(auto_describe=False)
         self.features: dict[str, dict[str, str]] = {}
@@ -84,6 +87,9 @@ class Agent:
         self.procs: ProcEvents | None = None
         self.http: HttpServer | None = None
         self.devices: CollectorSet | None = None
+        self.grpc: GrpcServer | None = None
+        self.reporter: Reporter | None = None
+        self.watcher: RuntimeWatcher | None = None
         self._threads: list[threading.Thread] = []
         path = policy_path(cfg)
         try:
@@ -131,6 +137,7 @@ class Agent:
         self._start_tcp()
         self._start_processes()
         self._start_devices()
+        self._start_grpc()
         self._spawn("reader", self._read_loop)
         self._spawn("policy", self._policy_loop)
         self.ready = True
@@ -182,6 +189,30 @@ class Agent:
         self.http.add("/cardMetrics", lambda: envelope(self._view("gpu", "cards") or []))
         self.http.add("/driMapping", lambda: envelope(self._view("gpu", "dri") or []))
 
+    def _start_grpc(self) -> None:
+        """The event API and, when a collector is configured, the reporter."""
+        node = (self.cfg.node_name, self.cfg.node.ip)
+        if self.cfg.grpc.enabled:
+            t = self.cfg.grpc.tls
+            try:
+                self.grpc = GrpcServer(
+                    self.cfg.grpc.listen, self.bus, node,
+                    lambda: {k: v["state"] for k, v in self.features.items()},
+                    self.cfg.grpc.subscriber_queue,
+                    server_credentials(t.cert, t.key, t.client_ca),
+                )  # fmt: skip
+            except (OSError, RuntimeError) as exc:
+                raise StartupError(f"gRPC: {exc}") from None
+            self.grpc.start()
+            log.info("gRPC on %s (port %d)", self.cfg.grpc.listen, self.grpc.port)
+        if self.cfg.reporter.target:
+            r = self.cfg.reporter
+            self.reporter = Reporter(
+                r.target, self.bus, node, r.buffer,
+                channel_credentials(r.tls.ca, r.tls.cert, r.tls.key), r.backoff_max_seconds,
+            )  # fmt: skip
+            self.reporter.start()
+
     def _pid_identity(self, pid: int) -> dict[str, str]:
         """Pod identity of a host pid (GPU processes), from its cgroup."""
         assert self.procs is not None
@@ -215,6 +246,12 @@ class Agent:
         procs = ProcEvents(self.cfg, self.cache, self.bus, self.loader, resolver)
         if procs.start():
             self.procs = procs
+            try:
+                self.watcher = RuntimeWatcher(Path(self.cfg.containers.containerd_state),
+                                              resolver.refresh)  # fmt: skip
+                self.watcher.start()
+            except OSError as exc:  # read cycles still find containers, a little later
+                log.warning("no inotify on the containerd state: %s", exc)
             self.registry.register(ProcEventsCollector(procs))
             self._spawn("ringbuf-proc", lambda: self._poll_loop(procs))
         st = self.loader.status[NAME_PROCS]
@@ -321,6 +358,12 @@ class Agent:
         self.stop_event.set()
         for t in self._threads:
             t.join(timeout=5)
+        if self.watcher is not None:
+            self.watcher.stop()
+        if self.reporter is not None:
+            self.reporter.stop()
+        if self.grpc is not None:
+            self.grpc.stop()
         if self.devices is not None:
             self.devices.stop()
         self.loader.close()
@@ -353,6 +396,18 @@ class _AgentCollector(Collector):
                 1 if f["state"] in (ATTACHED, RUNNING) else 0,
             )
         yield feat
+        if a.reporter is not None:
+            r = a.reporter
+            for name, kind, value in (
+                ("lens_agent_reporter_sent_total", "counter", r.sent),
+                ("lens_agent_reporter_lost_total", "counter", r.lost),
+                ("lens_agent_reporter_acked_seq", "gauge", r.acked),
+                ("lens_agent_reporter_connected", "gauge", 1 if r.connected else 0),
+                ("lens_agent_reporter_reconnects_total", "counter", r.reconnects),
+            ):
+                m = Metric(name.removesuffix("_total"), "Event reporter", kind)
+                m.add_sample(name, {}, value)
+                yield m
         reloads = Metric("lens_agent_policy_reloads", "Policy reloads by result", "counter")
         for result, n in a.policy.reloads.items():
             reloads.add_sample("lens_agent_policy_reloads_total", {"result": result}, n)

@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="report what this kernel and node support")
     check.add_argument("--json", action="store_true", help="one JSON object")
     sub.add_parser("version", help="print the version")
+    col = sub.add_parser("collect", help="reference collector for the event reporter")
+    col.add_argument("--listen", default="0.0.0.0:9472", help="HOST:PORT (default 0.0.0.0:9472)")
+    col.add_argument("--out", help="append JSON lines here (default: stdout)")
+    col.add_argument("--tls-cert", default="")
+    col.add_argument("--tls-key", default="")
+    col.add_argument("--tls-client-ca", default="", help="require client certificates (mTLS)")
     return parser
 
 
@@ -119,6 +125,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "check":
             return _cmd_check(args)
+        if args.command == "collect":
+            from lens_ebpf.api import collector_server, grpc_server
+
+            creds = grpc_server.server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
+            try:
+                return collector_server.serve(args.listen, args.out, creds)
+            except OSError as exc:
+                raise CliError(f"collect: {exc}") from None
         if args.command == "trace":
             from lens_ebpf import trace
 

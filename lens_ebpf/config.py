@@ -122,6 +122,33 @@ class CollectorsConfig(_Section):
     system: SystemCollectorConfig = Field(default_factory=SystemCollectorConfig)
 
 
+class ServerTlsConfig(_Section):
+    cert: str = ""
+    key: str = ""
+    client_ca: str = ""  # set: clients must present a certificate it signed (mTLS)
+
+
+class GrpcConfig(_Section):
+    enabled: bool = True
+    listen: str = "0.0.0.0:9471"
+    subscriber_queue: int = Field(10000, ge=1)
+    history: int = Field(100000, ge=0)
+    tls: ServerTlsConfig = Field(default_factory=ServerTlsConfig)
+
+
+class ClientTlsConfig(_Section):
+    ca: str = ""
+    cert: str = ""
+    key: str = ""
+
+
+class ReporterConfig(_Section):
+    target: str = ""  # host:port of a collector; empty: no reporter
+    buffer: int = Field(100000, ge=1)
+    backoff_max_seconds: float = Field(30.0, gt=0)
+    tls: ClientTlsConfig = Field(default_factory=ClientTlsConfig)
+
+
 class ContainersConfig(_Section):
     containerd_state: str = "/run/containerd"
 
@@ -145,6 +172,8 @@ class Config(_Section):
     collectors: CollectorsConfig = Field(default_factory=CollectorsConfig)
     devices: DevicesConfig = Field(default_factory=DevicesConfig)
     containers: ContainersConfig = Field(default_factory=ContainersConfig)
+    grpc: GrpcConfig = Field(default_factory=GrpcConfig)
+    reporter: ReporterConfig = Field(default_factory=ReporterConfig)
 
     @field_validator("log_level")
     @classmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -45,13 +46,18 @@ class Subscription:
 
 
 class EventBus:
-    """Publishes events to every subscriber whose filter accepts them."""
+    """Numbers events (seq, strictly increasing per agent), keeps a bounded history for
+    resume, and publishes each to every subscriber whose filter accepts it, in order."""
 
-    def __init__(self, queue_size: int) -> None:
+    def __init__(self, queue_size: int, history: int = 0) -> None:
         self.queue_size = queue_size
         self._subs: list[Subscription] = []
         self._lock = threading.Lock()
         self.published: collections.Counter[str] = collections.Counter()
+        self.seq = 0
+        self.history: collections.deque[Event] = collections.deque(maxlen=history or None)
+        self._keep_history = history > 0
+        self._dropped_gone: collections.Counter[str] = collections.Counter()
 
     def subscribe(
         self,
@@ -68,14 +74,33 @@ class EventBus:
         with self._lock:
             if sub in self._subs:
                 self._subs.remove(sub)
+                self._dropped_gone[sub.name] += sub.dropped
 
     def publish(self, event: Event) -> None:
-        self.published[event["kind"]] += 1
         with self._lock:
-            subs = list(self._subs)
-        for sub in subs:
-            if sub.accept is None or sub.accept(event):
-                sub.put(event)
+            self.seq += 1
+            event["seq"] = self.seq
+            event.setdefault("ts_unix_nano", time.time_ns())
+            self.published[event["kind"]] += 1
+            if self._keep_history:
+                self.history.append(event)
+            for sub in self._subs:
+                if sub.accept is None or sub.accept(event):
+                    sub.put(event)
+
+    def since(self, seq: int) -> tuple[list[Event], int]:
+        """Events with seq >= the given one still held, and how many older ones are gone."""
+        with self._lock:
+            held = [e for e in self.history if e["seq"] >= seq]
+            first = self.history[0]["seq"] if self.history else self.seq + 1
+        return held, max(0, first - seq)
+
+    def dropped_by_subscriber(self) -> dict[str, int]:
+        with self._lock:
+            out = collections.Counter(self._dropped_gone)
+            for sub in self._subs:
+                out[sub.name] += sub.dropped
+        return dict(out)
 
     def subscriptions(self) -> list[Subscription]:
         with self._lock:
@@ -100,9 +125,12 @@ class EventBusCollector(Collector):
             "Events a subscriber lost because its queue was full",
             "counter",
         )
-        for sub in self._bus.subscriptions():
-            lost.add_sample(
-                "lens_agent_subscriber_events_dropped_total", {"subscriber": sub.name}, sub.dropped
-            )
+        for name, n in sorted(self._bus.dropped_by_subscriber().items()):
+            lost.add_sample("lens_agent_subscriber_events_dropped_total", {"subscriber": name}, n)
+        live = Metric("lens_agent_subscribers", "Subscribers attached to the event bus", "gauge")
+        counts = collections.Counter(s.name for s in self._bus.subscriptions())
+        for name, n in sorted(counts.items()):
+            live.add_sample("lens_agent_subscribers", {"subscriber": name}, n)
         yield pub
         yield lost
+        yield live

@@ -77,6 +77,8 @@ class ContainerResolver:
         self._clock = clock
         self._last = -1e9
         self._lock = threading.Lock()
+        self._missed: set[int] = set()  # cgroup ids a runtime scan was already done for
+        self._indexed: set[str] = set()  # containers whose cgroup is in the index
         # told of every change, whichever path (read loop or a lookup miss) found it
         self.on_change: Callable[[list[ContainerInfo], list[ContainerInfo]], None] = (
             lambda started, exited: None
@@ -86,15 +88,21 @@ class ContainerResolver:
         """Rescan the runtime; (started, exited) since the last scan."""
         with self._lock:
             now = self.state.scan()
-            self._last = self._clock()
             started = [c for cid, c in now.items() if cid not in self.containers]
             exited = [c for cid, c in self.containers.items() if cid not in now]
+            # Index each container's cgroup before anyone sees it listed: a short-lived
+            # process (and its cgroup) may be gone before its events are read. runc
+            # makes the cgroup after the spec is written, so this is tried again.
+            for c in now.values():
+                if (
+                    c.cgroup_path
+                    and c.id not in self._indexed
+                    and self.index.remember(systemd_cgroup_path(c.cgroup_path)) is not None
+                ):
+                    self._indexed.add(c.id)
+            self._indexed &= set(now)
             self.containers = now
-        for c in started:
-            if c.cgroup_path:
-                # index the container's cgroup now: a short-lived process may be gone
-                # (and its cgroup too) before user space sees its events
-                self.index.remember(systemd_cgroup_path(c.cgroup_path))
+            self._last = self._clock()
         if started or exited:
             self.on_change(started, exited)
         return started, exited
@@ -104,7 +112,8 @@ class ContainerResolver:
         if path is None and cgroup_id:
             # a cgroup not seen yet is most often a new container's: the runtime scan
             # indexes its cgroup with one stat, before a full walk of the hierarchy
-            if self._clock() - self._last > self._min_rescan:
+            if cgroup_id not in self._missed or self._clock() - self._last > self._min_rescan:
+                self._missed.add(cgroup_id)
                 self.refresh()
             path = self.index.path(cgroup_id)
         ref = parse_cgroup(path or "/")

@@ -1,0 +1,197 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Identity(_message.Message):
+    __slots__ = ("container_id", "container", "pod", "namespace", "pod_uid")
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    POD_UID_FIELD_NUMBER: _ClassVar[int]
+    container_id: str
+    container: str
+    pod: str
+    namespace: str
+    pod_uid: str
+    def __init__(self, container_id: _Optional[str] = ..., container: _Optional[str] = ..., pod: _Optional[str] = ..., namespace: _Optional[str] = ..., pod_uid: _Optional[str] = ...) -> None: ...
+
+class FlowClosed(_message.Message):
+    __slots__ = ("pid", "comm", "cgroup_id", "laddr", "lport", "raddr", "rport", "direction", "sent_bytes", "received_bytes", "retransmits", "duration_ns", "reason")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    COMM_FIELD_NUMBER: _ClassVar[int]
+    CGROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    LADDR_FIELD_NUMBER: _ClassVar[int]
+    LPORT_FIELD_NUMBER: _ClassVar[int]
+    RADDR_FIELD_NUMBER: _ClassVar[int]
+    RPORT_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    CLASS_FIELD_NUMBER: _ClassVar[int]
+    SENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RETRANSMITS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_NS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    comm: str
+    cgroup_id: int
+    laddr: str
+    lport: int
+    raddr: str
+    rport: int
+    direction: str
+    sent_bytes: int
+    received_bytes: int
+    retransmits: int
+    duration_ns: int
+    reason: str
+    def __init__(self, pid: _Optional[int] = ..., comm: _Optional[str] = ..., cgroup_id: _Optional[int] = ..., laddr: _Optional[str] = ..., lport: _Optional[int] = ..., raddr: _Optional[str] = ..., rport: _Optional[int] = ..., direction: _Optional[str] = ..., sent_bytes: _Optional[int] = ..., received_bytes: _Optional[int] = ..., retransmits: _Optional[int] = ..., duration_ns: _Optional[int] = ..., reason: _Optional[str] = ..., **kwargs) -> None: ...
+
+class ProcessExec(_message.Message):
+    __slots__ = ("pid", "ppid", "comm", "filename", "cgroup_id", "identity")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    PPID_FIELD_NUMBER: _ClassVar[int]
+    COMM_FIELD_NUMBER: _ClassVar[int]
+    FILENAME_FIELD_NUMBER: _ClassVar[int]
+    CGROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    ppid: int
+    comm: str
+    filename: str
+    cgroup_id: int
+    identity: Identity
+    def __init__(self, pid: _Optional[int] = ..., ppid: _Optional[int] = ..., comm: _Optional[str] = ..., filename: _Optional[str] = ..., cgroup_id: _Optional[int] = ..., identity: _Optional[_Union[Identity, _Mapping]] = ...) -> None: ...
+
+class ProcessExit(_message.Message):
+    __slots__ = ("pid", "ppid", "comm", "exit_code", "signal", "oom_killed", "identity")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    PPID_FIELD_NUMBER: _ClassVar[int]
+    COMM_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    OOM_KILLED_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    ppid: int
+    comm: str
+    exit_code: int
+    signal: int
+    oom_killed: bool
+    identity: Identity
+    def __init__(self, pid: _Optional[int] = ..., ppid: _Optional[int] = ..., comm: _Optional[str] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., oom_killed: _Optional[bool] = ..., identity: _Optional[_Union[Identity, _Mapping]] = ...) -> None: ...
+
+class OomKill(_message.Message):
+    __slots__ = ("pid", "comm", "identity")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    COMM_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    comm: str
+    identity: Identity
+    def __init__(self, pid: _Optional[int] = ..., comm: _Optional[str] = ..., identity: _Optional[_Union[Identity, _Mapping]] = ...) -> None: ...
+
+class ContainerChange(_message.Message):
+    __slots__ = ("identity", "devices")
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    identity: Identity
+    devices: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, identity: _Optional[_Union[Identity, _Mapping]] = ..., devices: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeviceChange(_message.Message):
+    __slots__ = ("vendor", "bdf", "change")
+    VENDOR_FIELD_NUMBER: _ClassVar[int]
+    BDF_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_FIELD_NUMBER: _ClassVar[int]
+    vendor: str
+    bdf: str
+    change: str
+    def __init__(self, vendor: _Optional[str] = ..., bdf: _Optional[str] = ..., change: _Optional[str] = ...) -> None: ...
+
+class Gap(_message.Message):
+    __slots__ = ("lost", "reason")
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    lost: int
+    reason: str
+    def __init__(self, lost: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("seq", "ts_unix_nano", "node_name", "node_ip", "flow_closed", "process_exec", "process_exit", "oom_kill", "container_start", "container_exit", "abnormal_flow", "device_change", "gap")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TS_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    NODE_IP_FIELD_NUMBER: _ClassVar[int]
+    FLOW_CLOSED_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_EXEC_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_EXIT_FIELD_NUMBER: _ClassVar[int]
+    OOM_KILL_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_START_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_EXIT_FIELD_NUMBER: _ClassVar[int]
+    ABNORMAL_FLOW_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_CHANGE_FIELD_NUMBER: _ClassVar[int]
+    GAP_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    ts_unix_nano: int
+    node_name: str
+    node_ip: str
+    flow_closed: FlowClosed
+    process_exec: ProcessExec
+    process_exit: ProcessExit
+    oom_kill: OomKill
+    container_start: ContainerChange
+    container_exit: ContainerChange
+    abnormal_flow: FlowClosed
+    device_change: DeviceChange
+    gap: Gap
+    def __init__(self, seq: _Optional[int] = ..., ts_unix_nano: _Optional[int] = ..., node_name: _Optional[str] = ..., node_ip: _Optional[str] = ..., flow_closed: _Optional[_Union[FlowClosed, _Mapping]] = ..., process_exec: _Optional[_Union[ProcessExec, _Mapping]] = ..., process_exit: _Optional[_Union[ProcessExit, _Mapping]] = ..., oom_kill: _Optional[_Union[OomKill, _Mapping]] = ..., container_start: _Optional[_Union[ContainerChange, _Mapping]] = ..., container_exit: _Optional[_Union[ContainerChange, _Mapping]] = ..., abnormal_flow: _Optional[_Union[FlowClosed, _Mapping]] = ..., device_change: _Optional[_Union[DeviceChange, _Mapping]] = ..., gap: _Optional[_Union[Gap, _Mapping]] = ...) -> None: ...
+
+class SubscribeRequest(_message.Message):
+    __slots__ = ("kinds", "namespace", "pod", "container", "from_seq")
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_FIELD_NUMBER: _ClassVar[int]
+    FROM_SEQ_FIELD_NUMBER: _ClassVar[int]
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    namespace: str
+    pod: str
+    container: str
+    from_seq: int
+    def __init__(self, kinds: _Optional[_Iterable[str]] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ..., container: _Optional[str] = ..., from_seq: _Optional[int] = ...) -> None: ...
+
+class GetNodeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeInfo(_message.Message):
+    __slots__ = ("node_name", "node_ip", "version", "features", "last_seq")
+    class FeaturesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    NODE_IP_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    node_name: str
+    node_ip: str
+    version: str
+    features: _containers.ScalarMap[str, str]
+    last_seq: int
+    def __init__(self, node_name: _Optional[str] = ..., node_ip: _Optional[str] = ..., version: _Optional[str] = ..., features: _Optional[_Mapping[str, str]] = ..., last_seq: _Optional[int] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...

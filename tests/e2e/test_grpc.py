@@ -1,0 +1,285 @@
+"""The gRPC event API against the running agent: filters, slow subscribers, the reporter
+and its replay, TLS, malformed requests, and the generated code's drift."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from lens_ebpf.api.gen import lens_pb2 as pb
+from lens_ebpf.api.gen import lens_pb2_grpc
+from tests.agentproc import LENS, AgentProc, free_port
+from tests.containerlab import Containerd
+from tests.containerlab import unavailable as containers_unavailable
+from tests.grpclab import make_certs, spawn_execs
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_agent(tmp: Path, extra: str = "", *args: str) -> tuple[AgentProc, str]:
+    port = free_port()
+    cfg = tmp / f"lens-{uuid.uuid4().hex[:6]}.yaml"
+    cfg.write_text(f"grpc:\n  listen: 127.0.0.1:{port}\n{extra}")
+    agent = AgentProc("--config", str(cfg), "--no-collector.tcp", *args)
+    agent.wait_ready()
+    return agent, f"127.0.0.1:{port}"
+
+
+def wait_subscribers(agent: AgentProc, n: int, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while agent.sample("lens_agent_subscribers", {"subscriber": "grpc"}) != n:
+        assert time.monotonic() < deadline, "subscriptions did not start"
+        time.sleep(0.1)
+
+
+class Reader:
+    """Reads a Subscribe stream in a thread of its own."""
+
+    def __init__(self, stub: lens_pb2_grpc.EventServiceStub, req: pb.SubscribeRequest) -> None:
+        self.events: list[pb.Event] = []
+        self.stream = stub.Subscribe(req)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            for ev in self.stream:
+                self.events.append(ev)
+        except grpc.RpcError:
+            pass
+
+    def close(self) -> list[pb.Event]:
+        self.stream.cancel()
+        self.thread.join(5)
+        return self.events
+
+
+def test_filtered_subscriber_gets_exactly_its_containers_execs(tmp_path: Path) -> None:
+    if reason := containers_unavailable():
+        pytest.skip(reason)
+    ctd = Containerd(Path(f"/tmp/lens-ctd-g{os.getpid()}"))
+    agent, addr = start_agent(tmp_path, f"containers:\n  containerd_state: {ctd.state}\n")
+    try:
+        stub = lens_pb2_grpc.EventServiceStub(grpc.insecure_channel(addr))
+        one, two = "g1" + uuid.uuid4().hex[:6], "g2" + uuid.uuid4().hex[:6]
+        filtered = Reader(stub, pb.SubscribeRequest(kinds=["process_exec"], container=one))
+        everything = Reader(stub, pb.SubscribeRequest(kinds=["process_exec"]))
+        wait_subscribers(agent, 2)
+        for cid in (one, two):
+            assert ctd.run(cid, "/bin/sh", "-c", "/bin/echo hi").returncode == 0
+        time.sleep(1.5)
+        got, allev = filtered.close(), everything.close()
+        assert {e.process_exec.identity.container_id for e in got} == {one}
+        assert [e.process_exec.filename for e in got if e.process_exec.filename.startswith(
+            "/bin/")] == ["/bin/sh", "/bin/echo"]  # fmt: skip
+        mine = [e for e in allev if e.process_exec.identity.container_id == one]
+        assert [e.seq for e in mine] == [e.seq for e in got]  # the same events, same numbers
+        assert any(e.process_exec.identity.container_id == two for e in allev)
+        assert all(e.node_name and e.seq for e in allev)
+        assert [e.seq for e in allev] == sorted(e.seq for e in allev)
+    finally:
+        agent.stop()
+        ctd.stop()
+
+
+def test_malformed_requests_are_invalid_argument(tmp_path: Path) -> None:
+    agent, addr = start_agent(tmp_path)
+    try:
+        stub = lens_pb2_grpc.EventServiceStub(grpc.insecure_channel(addr))
+        for req, needle in ((pb.SubscribeRequest(kinds=["tcp_dance"]), "unknown kind"),
+                            (pb.SubscribeRequest(from_seq=-5), "from_seq")):  # fmt: skip
+            with pytest.raises(grpc.RpcError) as err:
+                next(iter(stub.Subscribe(req)))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert needle in err.value.details()
+        health = health_pb2_grpc.HealthStub(grpc.insecure_channel(addr))
+        resp = health.Check(health_pb2.HealthCheckRequest(service="lens.v1.EventService"))
+        assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        node = lens_pb2_grpc.NodeServiceStub(grpc.insecure_channel(addr)).GetNode(
+            pb.GetNodeRequest())  # fmt: skip
+        assert node.features["processes"] == "attached" and node.version
+    finally:
+        agent.stop()
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_a_subscriber_that_never_reads_is_bounded_and_delays_no_one(tmp_path: Path) -> None:
+    agent, addr = start_agent(tmp_path, "  subscriber_queue: 1000\n")
+    try:
+        stub = lens_pb2_grpc.EventServiceStub(grpc.insecure_channel(addr))
+        # the stalled client keeps HTTP/2's default 64 KiB window (no BDP growth), so the
+        # transport soon stops taking its messages, as a stuck client's would
+        tight = grpc.insecure_channel(addr, options=[("grpc.http2.bdp_probe", 0)])
+        stalled = lens_pb2_grpc.EventServiceStub(tight).Subscribe(
+            pb.SubscribeRequest(kinds=["process_exec"])
+        )  # never read
+        fast = Reader(stub, pb.SubscribeRequest(kinds=["process_exec"]))
+        wait_subscribers(agent, 2)
+        rss0 = rss_kb(agent.proc.pid)
+        gen = spawn_execs(3000)  # 3x what the stalled subscriber's queue holds
+        gen.wait(120)
+        time.sleep(1.5)
+        grew_mb = (rss_kb(agent.proc.pid) - rss0) / 1024
+        got = [e for e in fast.close() if e.process_exec.ppid == gen.pid]
+        assert len(got) == 3000  # the reading subscriber missed nothing
+        assert grew_mb < 40, grew_mb
+        dropped = agent.sample("lens_agent_subscriber_events_dropped_total", {"subscriber": "grpc"})
+        assert dropped and dropped > 0
+        # when it finally reads (past what the transport held), it is told what it lost
+        gaps = []
+        for n, ev in enumerate(stalled):
+            if ev.HasField("gap"):
+                gaps.append(ev.gap)
+                break
+            assert n < 5000, "no gap marker"
+        assert gaps and gaps[0].reason == "slow_subscriber"
+        assert 0 < gaps[0].lost <= dropped
+        stalled.cancel()
+    finally:
+        agent.stop()
+
+
+def collector(port: int, out: Path) -> subprocess.Popen:
+    p = subprocess.Popen([LENS, "collect", "--listen", f"127.0.0.1:{port}", "--out", str(out)],
+                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert p.stderr is not None and "listening" in p.stderr.readline()
+    return p
+
+
+def records(out: Path) -> tuple[list[int], list[dict]]:
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    return [int(r["seq"]) for r in lines if "seq" in r], [r["gap"] for r in lines if "gap" in r]
+
+
+def wait_acked(agent: AgentProc, want: float, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (agent.sample("lens_agent_reporter_acked_seq") or 0) >= want:
+            return
+        time.sleep(0.3)
+
+
+def test_reporter_replays_every_event_after_a_collector_outage(tmp_path: Path) -> None:
+    cport = free_port()
+    out = tmp_path / "events.jsonl"
+    col = collector(cport, out)
+    rep = f"reporter:\n  target: 127.0.0.1:{cport}\n  buffer: 100000\n  backoff_max_seconds: 2\n"
+    agent, addr = start_agent(tmp_path, rep)
+    try:
+        gen = spawn_execs(400, 0.05)  # about 20 s of events
+        time.sleep(3)
+        col.send_signal(signal.SIGKILL)
+        col.wait()
+        time.sleep(10)  # events keep coming while the collector is gone
+        col = collector(cport, out)
+        gen.wait(120)
+        node = lens_pb2_grpc.NodeServiceStub(grpc.insecure_channel(addr)).GetNode(
+            pb.GetNodeRequest())  # fmt: skip
+        wait_acked(agent, node.last_seq)
+        seqs, gaps = records(out)
+        assert gaps == []
+        assert len(seqs) == len(set(seqs))  # no duplicates written
+        assert seqs == list(range(seqs[0], seqs[-1] + 1))  # and no hole
+        assert seqs[-1] >= node.last_seq - 5 and len(seqs) > 800
+        assert agent.sample("lens_agent_reporter_lost_total") == 0
+        assert agent.sample("lens_agent_reporter_reconnects_total") >= 1
+    finally:
+        agent.stop()
+        col.terminate()
+
+
+def test_loss_beyond_the_buffer_is_counted_and_reported(tmp_path: Path) -> None:
+    cport = free_port()
+    out = tmp_path / "events.jsonl"
+    col = collector(cport, out)
+    rep = f"reporter:\n  target: 127.0.0.1:{cport}\n  buffer: 50\n  backoff_max_seconds: 1\n"
+    agent, addr = start_agent(tmp_path, rep)
+    try:
+        time.sleep(1)
+        col.send_signal(signal.SIGKILL)
+        col.wait()
+        spawn_execs(300).wait(60)  # 600+ events into a 50-event buffer
+        col = collector(cport, out)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not records(out)[1]:
+            time.sleep(0.3)
+        _, gaps = records(out)
+        lost = agent.sample("lens_agent_reporter_lost_total")
+        assert gaps and gaps[0]["reason"] == "reporter_buffer" and int(gaps[0]["lost"]) > 0
+        assert lost and lost >= int(gaps[0]["lost"])
+    finally:
+        agent.stop()
+        col.terminate()
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> dict[str, Path]:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make test certificates")
+    d = tmp_path / "pki"
+    d.mkdir()
+    return make_certs(d)
+
+
+def get_node(addr: str, creds: grpc.ChannelCredentials | None) -> pb.NodeInfo:
+    chan = grpc.secure_channel(addr, creds) if creds else grpc.insecure_channel(addr)
+    return lens_pb2_grpc.NodeServiceStub(chan).GetNode(pb.GetNodeRequest(), timeout=5)
+
+
+def test_tls_and_mutual_tls(tmp_path: Path, certs: dict[str, Path]) -> None:
+    tls = f"  tls:\n    cert: {certs['server.crt']}\n    key: {certs['server.key']}\n"
+    agent, addr = start_agent(tmp_path, tls)
+    try:
+        ca = certs["ca.crt"].read_bytes()
+        assert get_node(addr, grpc.ssl_channel_credentials(ca)).node_name
+        with pytest.raises(grpc.RpcError):  # no CA: the server's certificate is not trusted
+            get_node(addr, grpc.ssl_channel_credentials())
+        with pytest.raises(grpc.RpcError):  # plaintext to a TLS port
+            get_node(addr, None)
+    finally:
+        agent.stop()
+    agent, addr = start_agent(tmp_path, tls + f"    client_ca: {certs['ca.crt']}\n")
+    try:
+        with pytest.raises(grpc.RpcError):  # mTLS: a client without a certificate is refused
+            get_node(addr, grpc.ssl_channel_credentials(ca))
+        creds = grpc.ssl_channel_credentials(ca, certs["client.key"].read_bytes(),
+                                             certs["client.crt"].read_bytes())  # fmt: skip
+        assert get_node(addr, creds).node_name
+    finally:
+        agent.stop()
+
+
+def test_generated_code_matches_the_proto(tmp_path: Path) -> None:
+    subprocess.run([str(ROOT / "scripts" / "gen_protos.sh"), str(tmp_path)], check=True)
+    for name in ("lens_pb2.py", "lens_pb2.pyi", "lens_pb2_grpc.py"):
+        assert filecmp.cmp(
+            tmp_path / name, ROOT / "lens_ebpf/api/gen" / name, shallow=False
+        ), f"{name} is stale: run make protos"
+
+
+def test_collector_dedups_and_recovers_from_its_file(tmp_path: Path) -> None:
+    from lens_ebpf.api.collector_server import recover
+
+    out = tmp_path / "e.jsonl"
+    out.write_text('{"node": "n1", "seq": "7"}\n{"node": "n1", "seq": "9"}\n{"node": "n2", '
+                   '"seq": "3"}\nnot json\n')  # fmt: skip
+    assert recover(out) == {"n1": 9, "n2": 3}
