@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 
 from lens_ebpf.bpf import layouts
 from lens_ebpf.bpf.loader import BpfLoader
+from lens_ebpf.bpf.program import RingProgram
 from lens_ebpf.config import Config
 from lens_ebpf.containers.cgroups import CgroupIndex, CgroupRef, parse_cgroup
 from lens_ebpf.containers.runtime import ContainerdState, ContainerInfo
@@ -172,21 +173,21 @@ def pods_view(containers: dict[str, ContainerInfo]) -> list[dict[str, Any]]:
     return out
 
 
-class ProcEvents:
+class ProcEvents(RingProgram):
     """The proc_events program: records in, attributed events and counters out."""
+
+    NAME = NAME
+    STATS = PSTATS
 
     def __init__(
         self, cfg: Config, cache: MetricCache, bus: EventBus, loader: BpfLoader,
         resolver: ContainerResolver,
     ) -> None:  # fmt: skip
+        super().__init__(loader)
         self.cfg = cfg
         self.cache = cache
         self.bus = bus
-        self.loader = loader
         self.resolver = resolver
-        self.bpf: Any = None
-        self.events_received = 0
-        self.kernel_stats = dict.fromkeys(PSTATS, 0)
         resolver.on_change = self._containers_changed
         for name, help_text, extra in (
             (EXECS, "Processes started (exec) in containers", ()),
@@ -207,16 +208,8 @@ class ProcEvents:
             return False
         layouts.check_size("proc_event", layouts.ProcEvent, self.bpf[b"layout_proc_event"].Leaf)
         self.refresh_containers()
-        self.bpf[b"proc_events"].open_ring_buffer(self._on_event)
-        self.loader.report_events(
-            NAME,
-            lambda: (self.events_received, {"ringbuf_full": self.kernel_stats["ringbuf_full"]}),
-        )
+        self.open_events(b"proc_events", self._on_event)
         return True
-
-    def poll(self, timeout_ms: int) -> None:
-        if self.bpf is not None:
-            self.bpf.ring_buffer_poll(timeout_ms)
 
     def _on_event(self, _ctx: Any, data: Any, _size: int) -> None:
         rec = ctypes.cast(data, ctypes.POINTER(layouts.ProcEvent)).contents
@@ -261,9 +254,7 @@ class ProcEvents:
         if self.bpf is None:
             return
         self.refresh_containers()
-        stats = self.bpf[b"pstats"]
-        for i, name in enumerate(PSTATS):
-            self.kernel_stats[name] = sum(stats[ctypes.c_int(i)])
+        self.read_stats(b"pstats")
 
 
 class ProcEventsCollector(Collector):

@@ -17,6 +17,7 @@ from lens_ebpf import tracefs
 from lens_ebpf.bpf import layouts
 from lens_ebpf.bpf.loader import BpfLoader
 from lens_ebpf.bpf.map_reader import DeltaReader, prefill_overflow
+from lens_ebpf.bpf.program import RingProgram
 from lens_ebpf.config import Config
 from lens_ebpf.events import EventBus
 from lens_ebpf.metrics.cache import COUNTER, MetricCache
@@ -116,8 +117,11 @@ def apply_deltas(cache: MetricCache, labels: tuple[str, str, str, str], d: dict[
 VAL_FIELDS = tuple(f[0] for f in layouts.FlowVal._fields_)
 
 
-class TcpFlows:
+class TcpFlows(RingProgram):
     """The tcp_flows program: policy trie in, flow counters and closed-flow events out."""
+
+    NAME = NAME
+    STATS = STATS
 
     def __init__(
         self,
@@ -128,12 +132,11 @@ class TcpFlows:
         clock: Callable[[], float] = time.monotonic,
         rtt: bool = True,
     ) -> None:
+        super().__init__(loader)
         self.cfg = cfg
         self.cache = cache
         self.bus = bus
-        self.loader = loader
         self.clock = clock
-        self.bpf: Any = None
         self._flows_reader = DeltaReader(
             lambda v: tuple(getattr(v, f) for f in VAL_FIELDS),
             cfg.bpf.flow_key_idle_seconds,
@@ -142,8 +145,6 @@ class TcpFlows:
         )
         self._policy_keys: set[tuple[int, bytes]] = set()
         self._lock = threading.Lock()
-        self.kernel_stats: dict[str, int] = dict.fromkeys(STATS, 0)
-        self.events_received = 0
         self.repaired = 0
         self.policy = Policy()
         register_families(cache)
@@ -192,11 +193,7 @@ class TcpFlows:
             layouts.check_size("rtt_val", layouts.RttVal, self.bpf[b"rtt"].Leaf)
             prefill_overflow(self.bpf[b"rtt"], len(CLASS_IDS))
         self.set_policy(policy)
-        self.bpf[b"flow_events"].open_ring_buffer(self._on_event)
-        self.loader.report_events(
-            NAME,
-            lambda: (self.events_received, {"ringbuf_full": self.kernel_stats["ringbuf_full"]}),
-        )
+        self.open_events(b"flow_events", self._on_event)
         return True
 
     def set_policy(self, policy: Policy) -> None:
@@ -226,11 +223,6 @@ class TcpFlows:
         if abnormal(self.policy, event["raddr"]):
             self.bus.publish({**event, "kind": "abnormal_flow"})
 
-    def poll(self, timeout_ms: int) -> None:
-        """Deliver ring-buffer records to the bus (call from one thread)."""
-        if self.bpf is not None:
-            self.bpf.ring_buffer_poll(timeout_ms)
-
     def read(self) -> None:
         """Read the kernel aggregates into the metric cache, and age out idle keys."""
         if self.bpf is None:
@@ -241,7 +233,7 @@ class TcpFlows:
                 apply_deltas(self.cache, decode.flow_key_labels(key), deltas)
             if self.rtt is not None:
                 self.rtt.read(self.bpf[b"rtt"])
-            self._read_stats()
+            self.read_stats(b"stats")
 
     def reconcile(self, live: set[proc_tcp.Tuple] | None = None) -> int:
         """Finish tracked sockets that no namespace holds any more; how many.
@@ -295,11 +287,6 @@ class TcpFlows:
         else:
             self.cache.inc("lens_tcp_failed_connects_total", labels, 1)
         self._publish(decode.sock_info_event(si, keyed))
-
-    def _read_stats(self) -> None:
-        stats = self.bpf[b"stats"]
-        for i, name in enumerate(STATS):
-            self.kernel_stats[name] = sum(stats[ctypes.c_int(i)])
 
     def tracked_keys(self) -> int:
         return len(self._flows_reader)

@@ -1,0 +1,42 @@
+"""What every loaded program with a ring buffer shares: polling, event counts, stats."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from typing import Any
+
+from lens_ebpf.bpf.loader import BpfLoader
+
+
+class RingProgram:
+    """A loaded BPF object whose records arrive on a ring buffer and whose losses sit in
+    a per-CPU stats array; subclasses name the program and its maps."""
+
+    NAME = ""
+    STATS: tuple[str, ...] = ()
+
+    def __init__(self, loader: BpfLoader) -> None:
+        self.loader = loader
+        self.bpf: Any = None
+        self.events_received = 0
+        self.kernel_stats: dict[str, int] = dict.fromkeys(self.STATS, 0)
+
+    def open_events(self, ring: bytes, callback: Callable[[Any, Any, int], None]) -> None:
+        """Deliver the ring buffer's records to callback; report received and lost."""
+        self.bpf[ring].open_ring_buffer(callback)
+        self.loader.report_events(
+            self.NAME,
+            lambda: (self.events_received, {"ringbuf_full": self.kernel_stats["ringbuf_full"]}),
+        )
+
+    def poll(self, timeout_ms: int) -> None:
+        """Deliver pending records (call from one thread)."""
+        if self.bpf is not None:
+            self.bpf.ring_buffer_poll(timeout_ms)
+
+    def read_stats(self, table: bytes) -> None:
+        """Sum the per-CPU stats array into kernel_stats, by the names in STATS."""
+        stats = self.bpf[table]
+        for i, name in enumerate(self.STATS):
+            self.kernel_stats[name] = sum(stats[ctypes.c_int(i)])
