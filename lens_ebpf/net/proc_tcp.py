@@ -29,7 +29,8 @@ def parse_proc_net_tcp(text: str) -> set[Tuple]:
     """Sockets that still hold a full TCP socket (not LISTEN, not TIME_WAIT)."""
     out: set[Tuple] = set()
     for line in text.splitlines()[1:]:
-        parts = line.split()
+        # only the first fields: under a connection storm most lines are TIME_WAIT
+        parts = line.split(None, 4)
         if len(parts) < 4 or parts[3] in (TIME_WAIT, LISTEN):
             continue
         try:
