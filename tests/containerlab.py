@@ -8,6 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.agentproc import stop_process
+
 BUSYBOX = shutil.which("busybox") or "/bin/busybox"
 APPLETS = ("sh", "true", "false", "echo", "sleep", "cat", "ls", "head", "tr")
 
@@ -83,11 +85,7 @@ class Containerd:
         self.ctr("container", "rm", cid, check=False)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc)
         self.log.close()
         subprocess.run(["umount", "-R", str(self.state)], capture_output=True)
         shutil.rmtree(self.base, ignore_errors=True)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -10,6 +11,7 @@ import pytest
 
 from lens_ebpf import config, kernel_headers
 from lens_ebpf.bpf.loader import BpfLoader
+from lens_ebpf.bpf.program import RingProgram
 from lens_ebpf.events import EventBus, Subscription
 from lens_ebpf.metrics.cache import MetricCache
 from lens_ebpf.net.policy import load_policy
@@ -25,6 +27,25 @@ docker: [172.17.0.0/16]
 localhost: [127.0.0.0/8, "::1"]
 internal_hosts: [192.168.0.0/16, "fd00::/8"]
 """
+
+
+@contextlib.contextmanager
+def polling(program: RingProgram, loader: BpfLoader) -> Iterator[None]:
+    """Deliver the program's ring buffer in a thread while the block runs, then detach."""
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            program.poll(100)
+
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(5)
+        loader.close()
 
 
 class FlowRig:
@@ -65,18 +86,8 @@ def rig(policy_file: Path) -> Iterator[FlowRig]:
     loader = BpfLoader()
     flows = TcpFlows(cfg, cache, bus, loader)
     assert flows.start(load_policy(policy_file)), loader.status
-    stop = threading.Event()
-
-    def poll() -> None:
-        while not stop.is_set():
-            flows.poll(100)
-
-    t = threading.Thread(target=poll, daemon=True)
-    t.start()
-    yield FlowRig(flows, cache, bus)
-    stop.set()
-    t.join(5)
-    loader.close()
+    with polling(flows, loader):
+        yield FlowRig(flows, cache, bus)
 
 
 @pytest.fixture(scope="session")

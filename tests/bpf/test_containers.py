@@ -28,6 +28,7 @@ from lens_ebpf.containers.proc_events import (
 from lens_ebpf.containers.runtime import ContainerdState
 from lens_ebpf.events import EventBus
 from lens_ebpf.metrics.cache import MetricCache
+from tests.bpf.conftest import polling
 from tests.containerlab import Containerd, make_char_device, unavailable
 
 pytestmark = pytest.mark.bpf
@@ -89,18 +90,8 @@ def prig(ctd: Containerd) -> Iterator[ProcRig]:
     resolver = ContainerResolver(CgroupIndex.for_host(), ContainerdState(ctd.state))
     procs = ProcEvents(cfg, cache, bus, loader, resolver)
     assert procs.start(), loader.status
-    stop = threading.Event()
-
-    def poll() -> None:
-        while not stop.is_set():
-            procs.poll(100)
-
-    t = threading.Thread(target=poll, daemon=True)
-    t.start()
-    yield ProcRig(procs, bus, cache)
-    stop.set()
-    t.join(5)
-    loader.close()
+    with polling(procs, loader):
+        yield ProcRig(procs, bus, cache)
 
 
 def pod_labels(name: str, uid: str, container: str) -> dict[str, str]:
