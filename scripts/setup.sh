@@ -11,7 +11,7 @@ mode=${1:-run}
 cd "$(dirname "$0")/.."
 
 run_pkgs=(python3-bpfcc python3-venv python3-pip linux-headers-amd64 iproute2 kmod)
-test_pkgs=(bpfcc-tools containerd runc prometheus gcc libc6-dev busybox-static)
+test_pkgs=(bpfcc-tools containerd runc prometheus gcc libc6-dev busybox-static openssl)
 pkgs=("${run_pkgs[@]}")
 [ "$mode" = test ] && pkgs+=("${test_pkgs[@]}")
 
