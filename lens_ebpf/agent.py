@@ -147,14 +147,13 @@ class Agent:
             self.features["tcp_flows"] = {"state": OFF, "reason": "disabled by config"}
             self.features["tcp_rtt"] = {"state": OFF, "reason": "needs the tcp collector"}
             return
-        self.tcp = TcpFlows(
+        tcp = TcpFlows(
             self.cfg, self.cache, self.bus, self.loader, rtt=self.cfg.collectors.rtt.enabled
         )
-        if self.tcp.start(self.policy.policy):
-            self.registry.register(TcpFlowsCollector(self.tcp))
-            self._spawn("ringbuf-tcp", lambda: self._poll_loop(self.tcp))
-        else:
-            self.tcp = None
+        if tcp.start(self.policy.policy):
+            self.tcp = tcp
+            self.registry.register(TcpFlowsCollector(tcp))
+            self._spawn("ringbuf-tcp", lambda: tcp.poll_until(self.stop_event))
         st = self.loader.status.get("tcp_flows")
         if st is not None:
             self.features["tcp_flows"] = {"state": st.state, "reason": st.reason}
@@ -253,7 +252,7 @@ class Agent:
             except OSError as exc:  # read cycles still find containers, a little later
                 log.warning("no inotify on the containerd state: %s", exc)
             self.registry.register(ProcEventsCollector(procs))
-            self._spawn("ringbuf-proc", lambda: self._poll_loop(procs))
+            self._spawn("ringbuf-proc", lambda: procs.poll_until(self.stop_event))
         st = self.loader.status[NAME_PROCS]
         self.features["processes"] = {"state": st.state, "reason": st.reason}
         assert self.http is not None
@@ -261,10 +260,6 @@ class Agent:
             "/pods",
             lambda: envelope(pods_view(self.procs.resolver.containers if self.procs else {})),
         )
-
-    def _poll_loop(self, program: Any) -> None:
-        while not self.stop_event.is_set():
-            program.poll(200)
 
     def _read_loop(self) -> None:
         interval = self.cfg.bpf.read_interval_seconds
@@ -282,13 +277,6 @@ class Agent:
             except Exception:
                 log.exception("reading BPF maps failed")
             self.stop_event.wait(interval)
-
-    def read_now(self) -> None:
-        """One read cycle outside the loop (tests and shutdown)."""
-        if self.tcp is not None:
-            self.tcp.read()
-        if self.procs is not None:
-            self.procs.read()
 
     def _policy_loop(self) -> None:
         interval = self.cfg.policy.watch_interval_seconds

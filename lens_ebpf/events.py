@@ -55,8 +55,8 @@ class EventBus:
         self._lock = threading.Lock()
         self.published: collections.Counter[str] = collections.Counter()
         self.seq = 0
-        self.history: collections.deque[Event] = collections.deque(maxlen=history or None)
-        self._keep_history = history > 0
+        # maxlen 0 keeps nothing: no history without a flag to say so
+        self.history: collections.deque[Event] = collections.deque(maxlen=history)
         self._dropped_gone: collections.Counter[str] = collections.Counter()
 
     def subscribe(
@@ -82,8 +82,7 @@ class EventBus:
             event["seq"] = self.seq
             event.setdefault("ts_unix_nano", time.time_ns())
             self.published[event["kind"]] += 1
-            if self._keep_history:
-                self.history.append(event)
+            self.history.append(event)
             for sub in self._subs:
                 if sub.accept is None or sub.accept(event):
                     sub.put(event)

@@ -259,7 +259,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    threads = [threading.Thread(target=_poll, args=(p, stop), daemon=True) for p in programs]
+    threads = [threading.Thread(target=p.poll_until, args=(stop, 100), daemon=True)
+               for p in programs]  # fmt: skip
     for t in threads:
         t.start()
     err.write(f"lens-ebpf trace: tracing {args.what} (Ctrl-C to stop)\n")
@@ -304,11 +305,6 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         loader.close()
     err.write(f"lens-ebpf trace: {shown} events shown, {received} received, {lost} lost\n")
     return 0
-
-
-def _poll(program: Any, stop: threading.Event) -> None:
-    while not stop.is_set():
-        program.poll(100)
 
 
 def _render(ev: Event, args: argparse.Namespace, boot_offset: float) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,11 @@ class RingProgram:
         """Deliver pending records (call from one thread)."""
         if self.bpf is not None:
             self.bpf.ring_buffer_poll(timeout_ms)
+
+    def poll_until(self, stop: threading.Event, timeout_ms: int = 200) -> None:
+        """Deliver records until stop is set (a thread's whole life)."""
+        while not stop.is_set():
+            self.poll(timeout_ms)
 
     def read_stats(self, table: bytes) -> None:
         """Sum the per-CPU stats array into kernel_stats, by the names in STATS."""

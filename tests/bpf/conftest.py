@@ -33,12 +33,7 @@ internal_hosts: [192.168.0.0/16, "fd00::/8"]
 def polling(program: RingProgram, loader: BpfLoader) -> Iterator[None]:
     """Deliver the program's ring buffer in a thread while the block runs, then detach."""
     stop = threading.Event()
-
-    def poll() -> None:
-        while not stop.is_set():
-            program.poll(100)
-
-    t = threading.Thread(target=poll, daemon=True)
+    t = threading.Thread(target=program.poll_until, args=(stop, 100), daemon=True)
     t.start()
     try:
         yield
