@@ -100,13 +100,26 @@ def load_policy(path: str | Path) -> Policy:
     return parse_policy(text, str(path))
 
 
-def classify(policy: Policy, address: str) -> str:
-    """The class of one address: the first class in CLASS_ORDER with a matching network."""
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _parse(address: str) -> Address:
+    """An address; IPv4-mapped IPv6 counts as the IPv4 address it maps."""
     ip = ipaddress.ip_address(address)
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+        return ip.ipv4_mapped
+    return ip
+
+
+def _in_any(ip: Address, nets: Iterable[Network]) -> bool:
+    return any(ip.version == n.version and ip in n for n in nets)
+
+
+def classify(policy: Policy, address: str) -> str:
+    """The class of one address: the first class in CLASS_ORDER with a matching network."""
+    ip = _parse(address)
     for name in CLASS_ORDER:
-        if any(ip.version == n.version and ip in n for n in policy.classes.get(name, ())):
+        if _in_any(ip, policy.classes.get(name, ())):
             return name
     return EXTERNAL
 
@@ -145,12 +158,11 @@ def lpm_entries(policy: Policy) -> dict[tuple[int, bytes], int]:
 
 
 def abnormal(policy: Policy, address: str) -> bool:
-    """True when a flow to address should raise an abnormal-flow event."""
-    ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    """True when a flow to address should raise an abnormal-flow event.
 
-    def hit(nets: Iterable[Network]) -> bool:
-        return any(ip.version == n.version and ip in n for n in nets)
-
-    return hit(policy.black_list) and not hit(policy.white_list)
+    Called for every closed flow: with no black list (the default) it parses nothing.
+    """
+    if not policy.black_list:
+        return False
+    ip = _parse(address)
+    return _in_any(ip, policy.black_list) and not _in_any(ip, policy.white_list)
