@@ -23,6 +23,7 @@ import psutil
 from prometheus_client.core import Metric
 
 from lens_ebpf.devices.collector import DeviceCollector, register
+from lens_ebpf.devices.files import read_text
 
 WEIGHTS = {"cpu": 0.4, "mem": 0.4, "pressure": 0.2}
 
@@ -141,7 +142,7 @@ class SystemCollector(DeviceCollector):
         self._last_proc: dict[int, float] = {}
 
     def _read(self, rel: str) -> str | None:
-        return _read_text(self.procfs / rel)
+        return read_text(self.procfs / rel)
 
     def _cpu_ratio(self) -> float:
         text = self._read("stat")
@@ -171,7 +172,7 @@ class SystemCollector(DeviceCollector):
         mem_ratio = 1 - avail / total if total else 0.0
         psi = {k: parse_psi(t) if (t := self._read(f"pressure/{k}")) else None
                for k in ("cpu", "memory")}  # fmt: skip
-        osr = parse_os_release(_read_text(self.etc / "os-release") or "")
+        osr = parse_os_release(read_text(self.etc / "os-release") or "")
         kernel = (self._read("sys/kernel/osrelease") or platform.release()).strip()
         cpuinfo = self._read("cpuinfo") or ""
         cpu_model = parse_cpu_model(cpuinfo)
@@ -236,13 +237,6 @@ class SystemCollector(DeviceCollector):
                               for p, g in top],
         }  # fmt: skip
         return fams
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
 
 
 @register("system")

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lens_ebpf.devices.files import read_text
 from lens_ebpf.devices.gpu.model import GpuProcess, GpuReading, norm_bdf
 
 CARD = re.compile(r"^card\d+$")
@@ -20,10 +21,8 @@ class SourceError(Exception):
 
 # -- sysfs -------------------------------------------------------------------
 def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
+    text = read_text(path)
+    return text.strip() if text is not None else None
 
 
 def _int(text: str | None) -> int | None:

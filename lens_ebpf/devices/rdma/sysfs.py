@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lens_ebpf.devices.files import read_text
+
 SATURATED_32 = 4294967295
 # counters/ files that count 4-byte words, not bytes
 WORD_COUNTERS = {"port_xmit_data", "port_rcv_data"}
@@ -72,19 +74,12 @@ def port_guid_from_gid(gid: str) -> str:
     return ":".join(parts[4:8]) if len(parts) == 8 else ""
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError):  # EINVAL on some iWARP files, races with removal
-        return None
-
-
 def _counters(directory: Path) -> dict[str, int]:
     out: dict[str, int] = {}
     if not directory.is_dir():
         return out
     for f in sorted(directory.iterdir()):
-        text = _read(f)
+        text = read_text(f)
         value = parse_counter(text) if text is not None else None
         if value is not None:
             out[f.name] = value
@@ -93,15 +88,15 @@ def _counters(directory: Path) -> dict[str, int]:
 
 def read_port(path: Path) -> RdmaPort:
     port = RdmaPort(int(path.name))
-    if (text := _read(path / "state")) is not None:
+    if (text := read_text(path / "state")) is not None:
         port.state, port.state_name = parse_state(text)
-    if (text := _read(path / "phys_state")) is not None:
+    if (text := read_text(path / "phys_state")) is not None:
         port.phys_state, port.phys_state_name = parse_state(text)
-    if (text := _read(path / "rate")) is not None:
+    if (text := read_text(path / "rate")) is not None:
         port.rate_text = text.strip()
         port.rate_bytes = parse_rate(text)
-    port.link_layer = (_read(path / "link_layer") or "").strip()
-    port.port_guid = port_guid_from_gid(_read(path / "gids" / "0") or "")
+    port.link_layer = (read_text(path / "link_layer") or "").strip()
+    port.port_guid = port_guid_from_gid(read_text(path / "gids" / "0") or "")
     legacy = _counters(path / "counters")
     ext = _counters(path / "counters_ext")  # 64-bit twins on older kernels: *_64
     for name, value in legacy.items():
@@ -124,7 +119,7 @@ def read_devices(sysfs: Path = Path("/sys")) -> list[RdmaDevice]:
     for d in sorted(p for p in root.iterdir() if p.is_dir()):
         dev = RdmaDevice(d.name)
         for attr in ("node_guid", "sys_image_guid", "node_type", "fw_ver", "hca_type", "board_id"):
-            setattr(dev, attr, (_read(d / attr) or "").strip())
+            setattr(dev, attr, (read_text(d / attr) or "").strip())
         net = d / "device" / "net"
         if net.is_dir():
             names = sorted(n.name for n in net.iterdir())
@@ -148,7 +143,7 @@ def uverbs_map(sysfs: Path = Path("/sys")) -> dict[int, str]:
         return out
     for d in root.iterdir():
         m = re.fullmatch(r"uverbs(\d+)", d.name)
-        ibdev = _read(d / "ibdev")
+        ibdev = read_text(d / "ibdev")
         if m and ibdev:
             out[int(m.group(1))] = ibdev.strip()
     return out
