@@ -160,6 +160,46 @@ class DevicesConfig(_Section):
     dev_root: str = "/dev"
 
 
+class KubeletConfig(_Section):
+    enabled: bool = True
+    url: str = ""  # empty: https://<node.ip or node name>:10250
+    interval_seconds: float = Field(15.0, gt=0)
+    timeout_seconds: float = Field(5.0, gt=0)
+    ca_file: str = ""  # empty: the service account's CA (the cluster CA)
+    token_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    insecure_skip_verify: bool = False
+    gpu_resources: list[str] = Field(default_factory=lambda: ["amd.com/gpu", "nvidia.com/gpu"])
+
+
+class PodResourcesConfig(_Section):
+    enabled: bool = True
+    socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    interval_seconds: float = Field(15.0, gt=0)
+    timeout_seconds: float = Field(5.0, gt=0)
+
+
+class KubernetesConfig(_Section):
+    mode: str = "auto"
+    kubeconfig: str = ""
+    request_timeout_seconds: float = Field(10.0, gt=0)
+    watch_timeout_seconds: float = Field(300.0, ge=1)
+    backoff_max_seconds: float = Field(30.0, gt=0)
+    max_pods: int = Field(100_000, ge=1)
+    max_services: int = Field(50_000, ge=1)
+    owner_cache_seconds: float = Field(600.0, gt=0)
+    cluster_cidrs: bool = True
+    cidr_refresh_seconds: float = Field(600.0, gt=0)
+    kubelet: KubeletConfig = Field(default_factory=KubeletConfig)
+    pod_resources: PodResourcesConfig = Field(default_factory=PodResourcesConfig)
+
+    @field_validator("mode")
+    @classmethod
+    def _mode(cls, v: str) -> str:
+        if v not in ("auto", "in-cluster", "kubeconfig", "off"):
+            raise ValueError("must be one of auto, in-cluster, kubeconfig, off")
+        return v
+
+
 class Config(_Section):
     node: NodeConfig = Field(default_factory=NodeConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
@@ -174,6 +214,7 @@ class Config(_Section):
     containers: ContainersConfig = Field(default_factory=ContainersConfig)
     grpc: GrpcConfig = Field(default_factory=GrpcConfig)
     reporter: ReporterConfig = Field(default_factory=ReporterConfig)
+    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
 
     @field_validator("log_level")
     @classmethod

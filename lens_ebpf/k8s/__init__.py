@@ -1,0 +1,1 @@
+"""Kubernetes awareness: API index, kubelet, PodResources."""

@@ -1,0 +1,198 @@
+"""The agent's view of the cluster: API connection, pod/service reflectors, cluster CIDRs.
+
+No API configured (no in-cluster service account, no kubeconfig) is standalone mode:
+the agent classifies by policy.yaml alone. An API that is configured but broken is
+logged and retried; it never stops the agent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from lens_ebpf.k8s.index import ClusterIndex, OwnerResolver, raw_getter
+from lens_ebpf.k8s.objects import Network, ObjectError, kubeadm_networks, node_pod_cidrs
+from lens_ebpf.k8s.reflector import Reflector
+
+log = logging.getLogger(__name__)
+
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class NotConfigured(Exception):
+    """No API to talk to: standalone mode (the message says why)."""
+
+
+def api_client(mode: str, kubeconfig: str, sa_dir: Path = SA_DIR) -> Any:
+    """A kubernetes ApiClient for in-cluster or kubeconfig access.
+
+    mode auto tries in-cluster (the service account is mounted and
+    KUBERNETES_SERVICE_HOST is set), then kubeconfig (the key, or $KUBECONFIG).
+    """
+    from kubernetes import client, config
+
+    conf = client.Configuration()
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and (sa_dir / "token").exists()
+    path = kubeconfig or os.environ.get("KUBECONFIG", "")
+    if mode == "off":
+        raise NotConfigured("kubernetes.mode is off")
+    if mode in ("auto", "in-cluster") and in_cluster:
+        config.load_incluster_config(client_configuration=conf)
+    elif mode in ("auto", "kubeconfig") and path:
+        try:
+            config.load_kube_config(config_file=path, client_configuration=conf)
+        except Exception as exc:  # missing file, bad YAML, no current context
+            raise ValueError(f"kubeconfig {path}: {exc}") from None
+    elif mode == "in-cluster":
+        raise ValueError("kubernetes.mode is in-cluster but no service account is mounted")
+    elif mode == "kubeconfig":
+        raise ValueError("kubernetes.mode is kubeconfig but no kubeconfig is set")
+    else:
+        raise NotConfigured("no in-cluster service account and no kubeconfig: standalone")
+    return client.ApiClient(conf)
+
+
+@dataclass
+class ClusterNetworks:
+    pods: tuple[Network, ...] = ()
+    services: tuple[Network, ...] = ()
+    source: str = ""
+
+
+def read_cluster_networks(
+    get_kubeadm: Callable[[], dict[str, Any]],
+    list_nodes: Callable[[], dict[str, Any]],
+) -> ClusterNetworks:
+    """Pod and service CIDRs: kubeadm-config first, then the nodes' spec.podCIDRs.
+
+    A source that is missing or malformed is logged and skipped; the result may be empty.
+    """
+    out = ClusterNetworks()
+    try:
+        out.pods, out.services = kubeadm_networks(get_kubeadm())
+        out.source = "kubeadm-config"
+    except ObjectError as exc:
+        log.warning("cluster CIDRs: %s; trying the nodes' podCIDRs", exc)
+    except Exception as exc:  # 404 on non-kubeadm clusters, 403, API down
+        log.info("cluster CIDRs: no kubeadm-config (%s); trying the nodes' podCIDRs",
+                 getattr(exc, "reason", None) or type(exc).__name__)  # fmt: skip
+    if not out.pods:
+        nets: list[Network] = []
+        try:
+            for node in list_nodes().get("items") or ():
+                try:
+                    nets.extend(n for n in node_pod_cidrs(node) if n not in nets)
+                except ObjectError as exc:
+                    log.warning("cluster CIDRs: %s", exc)
+        except Exception as exc:
+            log.info("cluster CIDRs: cannot list nodes (%s)", type(exc).__name__)
+        if nets:
+            out.pods = tuple(nets)
+            out.source = f"{out.source}+node podCIDRs" if out.source else "node podCIDRs"
+    return out
+
+
+class ClusterWatch:
+    """Reflectors for pods and services feeding one ClusterIndex."""
+
+    def __init__(self, api: Any, k: Any) -> None:
+        from kubernetes import client
+
+        self.cfg = k
+        core = client.CoreV1Api(api)
+        apps = client.AppsV1Api(api)
+        batch = client.BatchV1Api(api)
+        t = k.request_timeout_seconds
+        getters = {
+            "ReplicaSet": raw_getter(apps.read_namespaced_replica_set, t),
+            "Deployment": raw_getter(apps.read_namespaced_deployment, t),
+            "StatefulSet": raw_getter(apps.read_namespaced_stateful_set, t),
+            "DaemonSet": raw_getter(apps.read_namespaced_daemon_set, t),
+            "Job": raw_getter(batch.read_namespaced_job, t),
+            "CronJob": raw_getter(batch.read_namespaced_cron_job, t),
+        }
+        self.owners = OwnerResolver(getters, ttl=k.owner_cache_seconds)
+        self.index = ClusterIndex(k.max_pods, k.max_services, self.owners)
+        opts = {"request_timeout": t, "watch_timeout": k.watch_timeout_seconds,
+                "backoff_max": k.backoff_max_seconds}  # fmt: skip
+        self.reflectors = [
+            Reflector("pods", core.list_pod_for_all_namespaces, self.index.replace_pods,
+                      self.index.pod_event, **opts),
+            Reflector("services", core.list_service_for_all_namespaces,
+                      self.index.replace_services, self.index.service_event, **opts),
+        ]  # fmt: skip
+
+        def raw(resp: Any) -> dict[str, Any]:
+            doc: dict[str, Any] = json.loads(resp.data)
+            return doc
+
+        self._kubeadm = lambda: raw(core.read_namespaced_config_map(
+            "kubeadm-config", "kube-system", _preload_content=False, _request_timeout=t))  # fmt: skip
+        self._nodes = lambda: raw(core.list_node(_preload_content=False, _request_timeout=t))
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for r in self.reflectors:
+            t = threading.Thread(target=r.run, args=(self._stop,), name=f"k8s-{r.resource}",
+                                 daemon=True)  # fmt: skip
+            t.start()
+            self._threads.append(t)
+
+    def networks(self) -> ClusterNetworks:
+        return read_cluster_networks(self._kubeadm, self._nodes)
+
+    def wait_synced(self, timeout: float) -> bool:
+        return all(r.synced.wait(timeout) for r in self.reflectors)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for r in self.reflectors:
+            r.stop()
+        for t in self._threads:
+            t.join(timeout=2)
+
+
+class ClusterCollector(Collector):
+    """The index's size and the watches' health."""
+
+    def __init__(self, watch: ClusterWatch) -> None:
+        self._w = watch
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        idx = self._w.index
+        objs = Metric("lens_k8s_index_objects", "Objects in the pod/service index", "gauge")
+        refused = Metric("lens_k8s_index_refused", "Objects refused by a full index", "counter")
+        for kind, n in idx.counts().items():
+            objs.add_sample("lens_k8s_index_objects", {"kind": kind}, n)
+            refused.add_sample("lens_k8s_index_refused_total", {"kind": kind}, idx.refused[kind])
+        bad = Metric("lens_k8s_bad_objects", "Objects skipped as malformed", "counter")
+        bad.add_sample("lens_k8s_bad_objects_total", {}, idx.bad_objects)
+        up = Metric("lens_k8s_watch_connected", "1 while the watch is connected", "gauge")
+        restarts = Metric("lens_k8s_watch_restarts", "Watches restarted, by why", "counter")
+        lists = Metric("lens_k8s_lists", "Full lists (start, and after 410 Gone)", "counter")
+        events = Metric("lens_k8s_watch_events", "Watch events by type", "counter")
+        for r in self._w.reflectors:
+            res = {"resource": r.resource}
+            up.add_sample("lens_k8s_watch_connected", res, 1 if r.connected else 0)
+            lists.add_sample("lens_k8s_lists_total", res, r.lists)
+            for why, n in r.restarts.items():
+                restarts.add_sample("lens_k8s_watch_restarts_total", {**res, "reason": why}, n)
+            for kind, n in sorted(r.events.items()):
+                events.add_sample("lens_k8s_watch_events_total", {**res, "type": kind}, n)
+        owners = Metric("lens_k8s_owner_lookups", "Owner reference lookups", "counter")
+        for result, n in self._w.owners.lookups.items():
+            owners.add_sample("lens_k8s_owner_lookups_total", {"result": result}, n)
+        yield from (objs, refused, bad, up, restarts, lists, events, owners)

@@ -1,0 +1,146 @@
+"""Pure readers of Kubernetes objects as the API serves them (JSON dicts): the few fields
+the agent keeps, so the index holds small records rather than whole objects."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+# Pods in these phases have released their IPs (a new pod may hold one now).
+FINISHED = ("Succeeded", "Failed")
+
+
+class ObjectError(ValueError):
+    """An object or document without the fields the agent needs."""
+
+
+@dataclass(frozen=True)
+class OwnerRef:
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True)
+class PodRecord:
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    ips: tuple[str, ...]
+    host_network: bool
+    phase: str
+    owner: OwnerRef | None
+    resource_version: str = ""
+
+    @property
+    def routable_ips(self) -> tuple[str, ...]:
+        """The IPs that name this pod: none for hostNetwork pods (they hold the node's) or
+        for finished pods (their IPs are free)."""
+        if self.host_network or self.phase in FINISHED:
+            return ()
+        return self.ips
+
+
+@dataclass(frozen=True)
+class ServiceRecord:
+    namespace: str
+    name: str
+    ips: tuple[str, ...]
+
+
+def _meta(obj: Any) -> dict[str, Any]:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(meta, dict) or not meta.get("name"):
+        raise ObjectError("object without metadata.name")
+    return meta
+
+
+def _canonical(ip: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(ip))
+    except ValueError:
+        return None
+
+
+def controller_of(obj: dict[str, Any]) -> OwnerRef | None:
+    """The controlling owner reference of an object, if any."""
+    for ref in _meta(obj).get("ownerReferences") or ():
+        if isinstance(ref, dict) and ref.get("controller") and ref.get("kind") and ref.get("name"):
+            return OwnerRef(str(ref["kind"]), str(ref["name"]))
+    return None
+
+
+def pod_record(obj: dict[str, Any]) -> PodRecord:
+    meta = _meta(obj)
+    spec = obj.get("spec") or {}
+    st = obj.get("status") or {}
+    raw = [p.get("ip", "") for p in st.get("podIPs") or () if isinstance(p, dict)]
+    if not raw and st.get("podIP"):
+        raw = [st["podIP"]]
+    ips = tuple(ip for ip in (_canonical(str(r)) for r in raw) if ip)
+    return PodRecord(
+        uid=str(meta.get("uid", "")),
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta["name"]),
+        node=str(spec.get("nodeName", "")),
+        ips=ips,
+        host_network=bool(spec.get("hostNetwork")),
+        phase=str(st.get("phase", "")),
+        owner=controller_of(obj),
+        resource_version=str(meta.get("resourceVersion", "")),
+    )
+
+
+def service_record(obj: dict[str, Any]) -> ServiceRecord:
+    meta = _meta(obj)
+    spec = obj.get("spec") or {}
+    raw = list(spec.get("clusterIPs") or ()) or [spec.get("clusterIP") or ""]
+    # headless services ("None") have no cluster IP: their endpoints are pod IPs
+    ips = tuple(ip for ip in (_canonical(str(r)) for r in raw if r and r != "None") if ip)
+    return ServiceRecord(str(meta.get("namespace", "")), str(meta["name"]), ips)
+
+
+def _cidrs(value: Any, where: str) -> tuple[Network, ...]:
+    if value in (None, ""):
+        return ()
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise ObjectError(f"{where}: expected CIDRs, got {value!r}")
+    out = []
+    for item in items:
+        try:
+            out.append(ipaddress.ip_network(str(item).strip(), strict=False))
+        except ValueError:
+            raise ObjectError(f"{where}: {item!r} is not a CIDR") from None
+    return tuple(out)
+
+
+def kubeadm_networks(configmap: dict[str, Any]) -> tuple[tuple[Network, ...], tuple[Network, ...]]:
+    """(pod CIDRs, service CIDRs) from the kubeadm-config ConfigMap's ClusterConfiguration."""
+    text = (configmap.get("data") or {}).get("ClusterConfiguration")
+    if not isinstance(text, str):
+        raise ObjectError("kubeadm-config: no data.ClusterConfiguration")
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ObjectError("kubeadm-config: ClusterConfiguration is not valid YAML") from None
+    net = doc.get("networking") if isinstance(doc, dict) else None
+    if not isinstance(net, dict):
+        raise ObjectError("kubeadm-config: ClusterConfiguration has no networking section")
+    where = "kubeadm-config networking"
+    return (
+        _cidrs(net.get("podSubnet"), f"{where}.podSubnet"),
+        _cidrs(net.get("serviceSubnet"), f"{where}.serviceSubnet"),
+    )
+
+
+def node_pod_cidrs(node: dict[str, Any]) -> tuple[Network, ...]:
+    """A node's spec.podCIDRs (or the older single spec.podCIDR)."""
+    spec = node.get("spec") or {}
+    name = _meta(node)["name"]
+    value = spec.get("podCIDRs") or spec.get("podCIDR")
+    return _cidrs(value, f"node {name} spec.podCIDRs")

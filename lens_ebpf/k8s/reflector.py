@@ -1,0 +1,152 @@
+"""List then watch one API collection, as client-go's reflector does.
+
+The list gives a full snapshot and a resourceVersion; the watch streams changes from
+there (ADDED, MODIFIED, DELETED, and BOOKMARK events that only move the version on).
+A watch that ends (server timeout, dropped connection) resumes from the last version
+seen; one the server refuses with 410 Gone (the version was compacted away) lists
+again. Errors back off exponentially with jitter, and what the index holds stays
+in place meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes.watch.watch import iter_resp_lines
+
+log = logging.getLogger(__name__)
+
+ListFn = Callable[..., Any]
+PAGE = 500
+
+
+class Gone(Exception):
+    """410: the resourceVersion asked for is too old; list again."""
+
+
+class Reflector:
+    """Keeps callbacks fed from one collection until stop is set."""
+
+    def __init__(
+        self,
+        resource: str,
+        list_fn: ListFn,
+        on_replace: Callable[[list[dict[str, Any]]], None],
+        on_event: Callable[[str, dict[str, Any]], None],
+        *,
+        request_timeout: float = 10.0,
+        watch_timeout: float = 300.0,
+        backoff_max: float = 30.0,
+    ) -> None:
+        self.resource = resource
+        self.list_fn = list_fn
+        self.on_replace = on_replace
+        self.on_event = on_event
+        self.request_timeout = request_timeout
+        self.watch_timeout = watch_timeout
+        self.backoff_max = backoff_max
+        self.resource_version = ""
+        self.connected = False
+        self.synced = threading.Event()  # set after the first full list
+        self.lists = 0
+        self.restarts: dict[str, int] = {"gone": 0, "error": 0, "ended": 0}
+        self.events: dict[str, int] = {}
+        self.last_error = ""
+        self._resp: Any = None
+
+    def run(self, stop: threading.Event) -> None:
+        delay = 0.0
+        while not stop.is_set():
+            try:
+                if not self.resource_version:
+                    self._list()
+                self._watch(stop)
+                self.restarts["ended"] += 1
+                delay = 0.0
+            except Gone:
+                self.restarts["gone"] += 1
+                log.info("k8s %s: resourceVersion %s expired; listing again",
+                         self.resource, self.resource_version)  # fmt: skip
+                self.resource_version = ""
+            except Exception as exc:  # API down, reset, bad answer: keep the index, retry
+                if getattr(exc, "status", None) == 410:  # an HTTP 410 rather than an event
+                    self.restarts["gone"] += 1
+                    self.resource_version = ""
+                    continue
+                self.connected = False
+                self.restarts["error"] += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+                delay = min(self.backoff_max, max(0.5, delay * 2))
+                wait = delay * random.uniform(0.5, 1.0)
+                log.warning("k8s %s: %s; retrying in %.1fs", self.resource, self.last_error, wait)
+                stop.wait(wait)
+        self.connected = False
+
+    def stop(self) -> None:
+        """Unblock a watch waiting on the network."""
+        resp = self._resp
+        if resp is not None:
+            try:
+                resp.shutdown()
+            except Exception:  # urllib3 < 2.3 has no shutdown(); the read timeout ends it
+                log.debug("k8s %s: could not cut the watch", self.resource)
+
+    def _list(self) -> None:
+        items: list[dict[str, Any]] = []
+        token = None
+        while True:
+            resp = self.list_fn(limit=PAGE, _continue=token, _preload_content=False,
+                                _request_timeout=self.request_timeout)  # fmt: skip
+            doc = json.loads(resp.data)
+            items.extend(i for i in doc.get("items") or () if isinstance(i, dict))
+            meta = doc.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                break
+        self.on_replace(items)
+        self.resource_version = str(meta.get("resourceVersion", ""))
+        self.lists += 1
+        self.connected = True
+        self.synced.set()
+
+    def _watch(self, stop: threading.Event) -> None:
+        resp = self.list_fn(
+            watch=True,
+            resource_version=self.resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=int(self.watch_timeout),
+            _preload_content=False,
+            _request_timeout=(self.request_timeout, self.watch_timeout + 30),
+        )
+        self._resp = resp
+        self.connected = True
+        try:
+            for line in iter_resp_lines(resp):
+                if stop.is_set():
+                    return
+                if line:
+                    self._handle(json.loads(line))
+        finally:
+            self._resp = None
+            resp.release_conn()
+
+    def _handle(self, event: dict[str, Any]) -> None:
+        kind = str(event.get("type", ""))
+        obj = event.get("object")
+        if not isinstance(obj, dict):
+            raise ValueError(f"watch event {kind!r} without an object")
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise Gone(obj.get("message", ""))
+            raise RuntimeError(f"watch error {obj.get('code')}: {obj.get('message', '')}")
+        self.events[kind] = self.events.get(kind, 0) + 1
+        if kind != "BOOKMARK":
+            self.on_event(kind, obj)
+        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        if rv:
+            self.resource_version = str(rv)

@@ -1,0 +1,295 @@
+"""A local stand-in for the Kubernetes API server: list (with limit/continue), get, and
+watch as the real one streams it (chunked JSON lines, BOOKMARK events, a 410 ERROR
+event for a compacted resourceVersion), plus kill/restart and dropped connections."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import socket
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+# collection -> (API prefix, kind, namespaced)
+KINDS = {
+    "pods": ("/api/v1", "Pod", True),
+    "services": ("/api/v1", "Service", True),
+    "nodes": ("/api/v1", "Node", False),
+    "configmaps": ("/api/v1", "ConfigMap", True),
+    "replicasets": ("/apis/apps/v1", "ReplicaSet", True),
+    "deployments": ("/apis/apps/v1", "Deployment", True),
+    "statefulsets": ("/apis/apps/v1", "StatefulSet", True),
+    "daemonsets": ("/apis/apps/v1", "DaemonSet", True),
+    "jobs": ("/apis/batch/v1", "Job", True),
+    "cronjobs": ("/apis/batch/v1", "CronJob", True),
+}
+
+
+def status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}  # fmt: skip
+
+
+class FakeApiServer:
+    """Objects live across kill/restart, as etcd's would."""
+
+    def __init__(self, bookmark_interval: float = 0.3) -> None:
+        self.cond = threading.Condition()
+        self.rv = 1000
+        self.objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {k: {} for k in KINDS}
+        self.log: dict[str, list[tuple[int, str, dict[str, Any]]]] = {k: [] for k in KINDS}
+        self.compacted: dict[str, int] = dict.fromkeys(KINDS, 0)
+        self.bookmark_interval = bookmark_interval
+        self.requests: list[str] = []
+        self.fail_gets: set[str] = set()  # collections whose GETs answer 500
+        self._streams: set[socket.socket] = set()
+        self._httpd: ThreadingHTTPServer | None = None
+        self.port = 0
+
+    # -- state ------------------------------------------------------------
+    def put(self, coll: str, obj: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        key = (meta.get("namespace", ""), meta["name"])
+        with self.cond:
+            self.rv += 1
+            meta["resourceVersion"] = str(self.rv)
+            meta.setdefault("uid", f"uid-{coll}-{key[0]}-{key[1]}")
+            kind = "MODIFIED" if key in self.objects[coll] else "ADDED"
+            self.objects[coll][key] = obj
+            self.log[coll].append((self.rv, kind, obj))
+            self.cond.notify_all()
+        return obj
+
+    def delete(self, coll: str, namespace: str, name: str) -> None:
+        with self.cond:
+            obj = self.objects[coll].pop((namespace, name))
+            self.rv += 1
+            obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(self.rv)}}
+            self.log[coll].append((self.rv, "DELETED", obj))
+            self.cond.notify_all()
+
+    def compact(self) -> None:
+        """Forget history: a watch from any resourceVersion seen so far gets 410 Gone."""
+        with self.cond:
+            for coll in KINDS:
+                self.compacted[coll] = self.rv + 1
+                self.log[coll] = []
+
+    def drop_watches(self) -> None:
+        """Cut every open watch connection (a load balancer resetting idle streams)."""
+        with self.cond:
+            streams = list(self._streams)
+        for s in streams:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def open_watches(self) -> int:
+        with self.cond:
+            return len(self._streams)
+
+    def lists(self, coll: str) -> int:
+        prefix = KINDS[coll][0] + f"/{coll}?"
+        return sum(1 for r in self.requests if r.startswith(prefix) and "watch=" not in r)
+
+    def watches(self, coll: str) -> int:
+        prefix = KINDS[coll][0] + f"/{coll}?"
+        return sum(1 for r in self.requests if r.startswith(prefix) and "watch=" in r)
+
+    # -- serving ----------------------------------------------------------
+    def start(self) -> FakeApiServer:
+        server = self
+
+        class Handler(_Handler):
+            api = server
+
+        ThreadingHTTPServer.allow_reuse_address = True
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._httpd.daemon_threads = True
+        self.port = self._httpd.server_address[1]
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        return self
+
+    def kill(self) -> None:
+        """Stop listening and cut every connection, as a crashed API server would."""
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        self.drop_watches()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kubeconfig(self, path: Path) -> Path:
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "lab",
+            "clusters": [{"name": "lab", "cluster": {"server": self.url}}],
+            "users": [{"name": "lab", "user": {"token": "lab-token"}}],
+            "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "lab"}}],
+        }))  # fmt: skip
+        return path
+
+
+def _route(path: str) -> tuple[str, str, str] | None:
+    """(collection, namespace, name) of an API path; name empty for a list."""
+    for coll, (prefix, _, namespaced) in KINDS.items():
+        if not path.startswith(prefix + "/"):
+            continue
+        rest = path[len(prefix) + 1 :].split("/")
+        if rest[0] == coll and len(rest) <= 2 and not (namespaced and len(rest) == 2):
+            return coll, "", rest[1] if len(rest) == 2 else ""
+        if namespaced and len(rest) >= 3 and rest[0] == "namespaces" and rest[2] == coll:
+            return coll, rest[1], rest[3] if len(rest) == 4 else ""
+    return None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    api: FakeApiServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _json(self, code: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802
+        url = urllib.parse.urlsplit(self.path)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        self.api.requests.append(self.path)
+        route = _route(url.path)
+        if route is None:
+            self._json(404, status(404, "NotFound", f"no route {url.path}"))
+            return
+        coll, ns, name = route
+        if query.get("watch") in ("true", "1"):
+            self._watch(coll, ns, query)
+            return
+        with self.api.cond:
+            if name:
+                fail = coll in self.api.fail_gets
+                obj = self.api.objects[coll].get((ns, name))
+            else:
+                items = sorted(
+                    (o for (ons, _), o in self.api.objects[coll].items() if not ns or ons == ns),
+                    key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]),
+                )
+                rv = self.api.rv
+        if name:
+            if fail:
+                self._json(500, status(500, "InternalError", "etcd is unhappy"))
+            elif obj is None:
+                self._json(404, status(404, "NotFound", f'{coll} "{name}" not found'))
+            else:
+                self._json(200, obj)
+            return
+        start = int(query.get("continue") or 0)
+        limit = int(query.get("limit") or 0) or len(items) or 1
+        page = items[start : start + limit]
+        meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        if start + limit < len(items):
+            meta["continue"] = str(start + limit)
+        kind = KINDS[coll][1]
+        self._json(200, {"kind": f"{kind}List", "apiVersion": "v1", "metadata": meta,
+                         "items": page})  # fmt: skip
+
+    def _chunk(self, event: dict[str, Any]) -> None:
+        data = json.dumps(event).encode() + b"\n"
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _watch(self, coll: str, ns: str, query: dict[str, str]) -> None:
+        api = self.api
+        since = int(query.get("resourceVersion") or 0)
+        deadline = time.monotonic() + float(query.get("timeoutSeconds") or 1800)
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        with api.cond:
+            api._streams.add(self.connection)
+        try:
+            if since < api.compacted[coll]:
+                msg = f"too old resource version: {since} ({api.compacted[coll]})"
+                self._chunk({"type": "ERROR", "object": status(410, "Expired", msg)})
+            else:
+                self._stream(coll, ns, since, deadline, bookmarks)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except OSError:
+            self.close_connection = True
+        finally:
+            with api.cond:
+                api._streams.discard(self.connection)
+
+    def _stream(self, coll: str, ns: str, since: int, deadline: float, bookmarks: bool) -> None:
+        api = self.api
+        while time.monotonic() < deadline:
+            with api.cond:
+                pending = [e for e in api.log[coll] if e[0] > since]
+                if not pending:
+                    api.cond.wait(api.bookmark_interval)
+                    pending = [e for e in api.log[coll] if e[0] > since]
+                rv = api.rv
+            if api._httpd is None:
+                raise OSError("server killed")
+            for erv, kind, obj in pending:
+                since = erv
+                if not ns or obj["metadata"].get("namespace") == ns:
+                    self._chunk({"type": kind, "object": obj})
+            if not pending and bookmarks:
+                since = max(since, rv)
+                self._chunk({"type": "BOOKMARK", "object": {
+                    "kind": KINDS[coll][1], "apiVersion": "v1",
+                    "metadata": {"resourceVersion": str(since)}}})  # fmt: skip
+
+
+def pod(name: str, ip: str, namespace: str = "default", *, node: str = "node-a",
+        owner: tuple[str, str] | None = None, host_network: bool = False,
+        phase: str = "Running", containers: list[dict[str, Any]] | None = None,
+        init_containers: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """A Pod as the API serves it (the fields the agent reads, and a few it does not)."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": f"uid-{name}",
+                            "labels": {"app": name}}  # fmt: skip
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner[0], "name": owner[1],
+                                    "uid": f"uid-{owner[1]}", "controller": True}]  # fmt: skip
+    spec: dict[str, Any] = {"nodeName": node, "containers": containers or [
+        {"name": "main", "image": "busybox", "resources": {}}]}  # fmt: skip
+    if init_containers:
+        spec["initContainers"] = init_containers
+    if host_network:
+        spec["hostNetwork"] = True
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec,
+            "status": {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}] if ip else [],
+                       "hostIP": "192.0.2.10"}}  # fmt: skip
+
+
+def service(name: str, cluster_ip: str, namespace: str = "default") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"type": "ClusterIP", "clusterIP": cluster_ip, "clusterIPs": [cluster_ip],
+                     "ports": [{"port": 80, "protocol": "TCP"}]}}  # fmt: skip
+
+
+def owned(kind: str, name: str, namespace: str = "default",
+          owner: tuple[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """A workload object (ReplicaSet, Deployment, Job, ...) with an optional controller."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner[0], "name": owner[1],
+                                    "uid": f"uid-{owner[1]}", "controller": True}]  # fmt: skip
+    return {"kind": kind, "metadata": meta}

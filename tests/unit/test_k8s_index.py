@@ -1,0 +1,204 @@
+"""The pod/service index driven by the real kubernetes client against a local API server
+that speaks list and watch: adds, changes, deletes, bookmarks, 410 Gone, dropped and
+killed connections, owner chains."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from lens_ebpf.config import KubernetesConfig
+from lens_ebpf.k8s.cluster import ClusterWatch, NotConfigured, api_client, read_cluster_networks
+from lens_ebpf.k8s.index import Identity
+from tests.k8slab import FakeApiServer, owned, pod, service
+
+
+def eventually(check: Callable[[], bool], timeout: float = 2.0) -> float:
+    """Seconds until check() holds; fails after timeout (the issue's 2 s)."""
+    start = time.monotonic()
+    while not check():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"not true within {timeout}s")
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    server = FakeApiServer().start()
+    server.put("deployments", owned("Deployment", "web"))
+    server.put("replicasets", owned("ReplicaSet", "web-7d9f", owner=("Deployment", "web")))
+    server.put("cronjobs", owned("CronJob", "nightly", "batch"))
+    server.put("jobs", owned("Job", "nightly-2911", "batch", owner=("CronJob", "nightly")))
+    server.put("statefulsets", owned("StatefulSet", "db"))
+    server.put("pods", pod("web-7d9f-abc", "10.244.1.5", owner=("ReplicaSet", "web-7d9f")))
+    server.put("pods", pod("host-agent", "192.0.2.10", "kube-system", host_network=True,
+                           owner=("DaemonSet", "agent")))  # fmt: skip
+    server.put("services", service("web", "10.96.0.20"))
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def watch(api: FakeApiServer, tmp_path: Path) -> Iterator[ClusterWatch]:
+    k = KubernetesConfig(watch_timeout_seconds=30, backoff_max_seconds=0.5,
+                         request_timeout_seconds=2)  # fmt: skip
+    client = api_client("kubeconfig", str(api.kubeconfig(tmp_path / "kubeconfig")))
+    w = ClusterWatch(client, k)
+    w.start()
+    assert w.wait_synced(5)
+    eventually(lambda: api.open_watches() == 2)
+    yield w
+    w.stop()
+
+
+def test_list_resolves_owner_chain_and_skips_host_network(watch: ClusterWatch) -> None:
+    idx = watch.index
+    assert idx.lookup("10.244.1.5") == Identity(
+        "pod", "default", "web-7d9f-abc", "Deployment", "web", "node-a", "uid-web-7d9f-abc"
+    )
+    assert idx.lookup("10.96.0.20") == Identity("service", "default", "web")
+    # a hostNetwork pod holds the node's address: that address is not a pod
+    assert idx.lookup("192.0.2.10") is None
+    assert idx.pod("kube-system", "host-agent").workload == "agent"  # type: ignore[union-attr]
+    assert idx.counts() == {"pods": 2, "services": 1}
+
+
+def test_add_modify_delete_within_two_seconds(api: FakeApiServer, watch: ClusterWatch) -> None:
+    idx = watch.index
+    api.put("pods", pod("job-pod", "10.244.2.7", "batch", owner=("Job", "nightly-2911")))
+    eventually(lambda: idx.lookup("10.244.2.7") is not None)
+    assert idx.lookup("10.244.2.7").workload_kind == "CronJob"  # type: ignore[union-attr]
+    assert idx.lookup("10.244.2.7").workload == "nightly"  # type: ignore[union-attr]
+    api.put("pods", pod("db-0", "10.244.3.3", owner=("StatefulSet", "db")))
+    eventually(lambda: idx.lookup("10.244.3.3") is not None)
+    assert idx.lookup("10.244.3.3").workload_kind == "StatefulSet"  # type: ignore[union-attr]
+    # modify: the pod moves to a new IP; the old one no longer names it
+    api.put("pods", pod("db-0", "10.244.3.9", owner=("StatefulSet", "db")))
+    eventually(lambda: idx.lookup("10.244.3.9") is not None and idx.lookup("10.244.3.3") is None)
+    # a pod that finished has released its IP
+    api.put("pods", pod("job-pod", "10.244.2.7", "batch", owner=("Job", "nightly-2911"),
+                        phase="Succeeded"))  # fmt: skip
+    eventually(lambda: idx.lookup("10.244.2.7") is None)
+    api.delete("pods", "default", "db-0")
+    eventually(lambda: idx.lookup("10.244.3.9") is None)
+    api.put("services", service("db", "10.96.0.30"))
+    eventually(lambda: idx.lookup("10.96.0.30") == Identity("service", "default", "db"))
+    api.delete("services", "default", "web")
+    eventually(lambda: idx.lookup("10.96.0.20") is None)
+    pods = watch.reflectors[0]
+    assert pods.lists == 1  # all of that came through the one watch
+    assert pods.events["ADDED"] == 2 and pods.events["DELETED"] == 1
+
+
+def test_bookmarks_move_the_resource_version(api: FakeApiServer, watch: ClusterWatch) -> None:
+    pods = watch.reflectors[0]
+    before = int(pods.resource_version)
+    api.put("services", service("other", "10.96.0.40"))  # moves the global version only
+    eventually(lambda: pods.events.get("BOOKMARK", 0) > 0 and int(pods.resource_version) > before)
+
+
+def test_410_gone_relists_and_converges(api: FakeApiServer, watch: ClusterWatch) -> None:
+    pods = watch.reflectors[0]
+    api.compact()
+    api.drop_watches()  # the watch resumes from a compacted version: 410, then a relist
+    api.put("pods", pod("late", "10.244.4.4", owner=("ReplicaSet", "web-7d9f")))
+    eventually(lambda: pods.restarts["gone"] >= 1, timeout=5)
+    eventually(lambda: watch.index.lookup("10.244.4.4") is not None)
+    assert pods.lists >= 2
+    assert watch.index.lookup("10.244.4.4").workload == "web"  # type: ignore[union-attr]
+
+
+def test_dropped_connection_resumes_without_relisting(
+    api: FakeApiServer, watch: ClusterWatch
+) -> None:
+    pods = watch.reflectors[0]
+    api.drop_watches()
+    eventually(lambda: api.watches("pods") >= 2)
+    api.put("pods", pod("after-drop", "10.244.5.5"))
+    eventually(lambda: watch.index.lookup("10.244.5.5") is not None)
+    assert pods.lists == 1  # resumed from its resourceVersion
+
+
+def test_killed_api_keeps_index_and_reconnects(api: FakeApiServer, watch: ClusterWatch) -> None:
+    api.kill()
+    pods = watch.reflectors[0]
+    eventually(lambda: not pods.connected, timeout=5)
+    time.sleep(1.0)  # several failed reconnects
+    assert pods.restarts["error"] >= 1
+    assert watch.index.lookup("10.244.1.5").workload == "web"  # type: ignore[union-attr]
+    api.put("pods", pod("while-down", "10.244.6.6"))  # etcd moved on meanwhile
+    api.delete("services", "default", "web")
+    api.start()
+    eventually(lambda: watch.index.lookup("10.244.6.6") is not None, timeout=5)
+    eventually(lambda: watch.index.lookup("10.96.0.20") is None, timeout=5)
+    assert pods.connected
+
+
+def test_owner_lookup_failure_falls_back_to_the_direct_owner(
+    api: FakeApiServer, watch: ClusterWatch
+) -> None:
+    api.fail_gets.add("replicasets")
+    api.put("replicasets", owned("ReplicaSet", "api-55c", owner=("Deployment", "api")))
+    api.put("pods", pod("api-55c-x", "10.244.7.7", owner=("ReplicaSet", "api-55c")))
+    eventually(lambda: watch.index.lookup("10.244.7.7") is not None)
+    ident = watch.index.lookup("10.244.7.7")
+    assert (ident.workload_kind, ident.workload) == ("ReplicaSet", "api-55c")  # type: ignore[union-attr]
+    assert watch.owners.lookups["error"] >= 1
+
+
+def test_index_is_bounded_and_counts_refusals(api: FakeApiServer, tmp_path: Path) -> None:
+    k = KubernetesConfig(max_pods=1, backoff_max_seconds=0.5, request_timeout_seconds=2)
+    w = ClusterWatch(api_client("kubeconfig", str(api.kubeconfig(tmp_path / "kc"))), k)
+    w.start()
+    try:
+        assert w.wait_synced(5)
+        assert w.index.counts()["pods"] == 1
+        assert w.index.refused["pods"] == 1
+        api.put("pods", pod("one-more", "10.244.8.8"))
+        eventually(lambda: w.index.refused["pods"] == 2)
+        assert w.index.lookup("10.244.8.8") is None
+    finally:
+        w.stop()
+
+
+def test_standalone_and_bad_kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    with pytest.raises(NotConfigured, match="standalone"):
+        api_client("auto", "", tmp_path)
+    with pytest.raises(NotConfigured):
+        api_client("off", "/whatever", tmp_path)
+    with pytest.raises(ValueError, match="kubeconfig .*missing"):
+        api_client("auto", str(tmp_path / "missing"), tmp_path)
+    with pytest.raises(ValueError, match="no service account"):
+        api_client("in-cluster", "", tmp_path)
+
+
+def test_cluster_networks_sources() -> None:
+    kubeadm = {"data": {"ClusterConfiguration": (
+        "apiVersion: kubeadm.k8s.io/v1beta3\nkind: ClusterConfiguration\nnetworking:\n"
+        "  dnsDomain: cluster.local\n  podSubnet: 10.32.0.0/12,fd00:10:32::/56\n"
+        "  serviceSubnet: 10.112.0.0/12\n")}}  # fmt: skip
+    nodes = {"items": [{"metadata": {"name": "a"}, "spec": {"podCIDRs": ["10.1.0.0/24"]}},
+                       {"metadata": {"name": "b"}, "spec": {"podCIDR": "10.1.1.0/24"}}]}  # fmt: skip
+    got = read_cluster_networks(lambda: kubeadm, lambda: nodes)
+    assert [str(n) for n in got.pods] == ["10.32.0.0/12", "fd00:10:32::/56"]
+    assert [str(n) for n in got.services] == ["10.112.0.0/12"]
+    assert got.source == "kubeadm-config"
+
+    def missing() -> dict:
+        raise RuntimeError("404")
+
+    got = read_cluster_networks(missing, lambda: nodes)
+    assert [str(n) for n in got.pods] == ["10.1.0.0/24", "10.1.1.0/24"]
+    assert got.services == () and got.source == "node podCIDRs"
+    broken = {"data": {"ClusterConfiguration": "networking: [unclosed"}}
+    got = read_cluster_networks(lambda: broken, missing)  # both bad: empty, no crash
+    assert got.pods == () and got.services == () and got.source == ""
+    bad_cidr = {"data": {"ClusterConfiguration": "networking:\n  podSubnet: 10.0.0.0/33\n"}}
+    got = read_cluster_networks(lambda: bad_cidr, lambda: nodes)
+    assert [str(n) for n in got.pods] == ["10.1.0.0/24", "10.1.1.0/24"]
