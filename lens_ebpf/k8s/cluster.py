@@ -135,8 +135,11 @@ class ClusterWatch:
             doc: dict[str, Any] = json.loads(resp.data)
             return doc
 
-        self._kubeadm = lambda: raw(core.read_namespaced_config_map(
-            "kubeadm-config", "kube-system", _preload_content=False, _request_timeout=t))  # fmt: skip
+        self._kubeadm = lambda: raw(
+            core.read_namespaced_config_map(
+                "kubeadm-config", "kube-system", _preload_content=False, _request_timeout=t
+            )
+        )
         self._nodes = lambda: raw(core.list_node(_preload_content=False, _request_timeout=t))
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []

@@ -183,8 +183,10 @@ def test_cluster_networks_sources() -> None:
         "apiVersion: kubeadm.k8s.io/v1beta3\nkind: ClusterConfiguration\nnetworking:\n"
         "  dnsDomain: cluster.local\n  podSubnet: 10.32.0.0/12,fd00:10:32::/56\n"
         "  serviceSubnet: 10.112.0.0/12\n")}}  # fmt: skip
-    nodes = {"items": [{"metadata": {"name": "a"}, "spec": {"podCIDRs": ["10.1.0.0/24"]}},
-                       {"metadata": {"name": "b"}, "spec": {"podCIDR": "10.1.1.0/24"}}]}  # fmt: skip
+    nodes = {"items": [
+        {"metadata": {"name": "a"}, "spec": {"podCIDRs": ["10.1.0.0/24"]}},
+        {"metadata": {"name": "b"}, "spec": {"podCIDR": "10.1.1.0/24"}},
+    ]}  # fmt: skip
     got = read_cluster_networks(lambda: kubeadm, lambda: nodes)
     assert [str(n) for n in got.pods] == ["10.32.0.0/12", "fd00:10:32::/56"]
     assert [str(n) for n in got.services] == ["10.112.0.0/12"]
