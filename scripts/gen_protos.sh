@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# Regenerate lens_ebpf/api/gen from protos/ (make protos). Tests check for drift.
+# Regenerate the gRPC code from protos/ (make protos): lens_ebpf/api/gen (our event API)
+# and lens_ebpf/k8s/gen (the kubelet's PodResources v1). Tests check for drift.
+# With an argument DIR, writes DIR/api and DIR/k8s instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-lens_ebpf/api/gen}
-mkdir -p "$out"
-.venv/bin/python -m grpc_tools.protoc -Iprotos/lens/v1 --python_out="$out" --pyi_out="$out" \
-  --grpc_python_out="$out" protos/lens/v1/lens.proto
-# protoc writes an absolute import; the package needs a relative one
-sed -i 's/^import lens_pb2 as lens__pb2$/from . import lens_pb2 as lens__pb2/' "$out/lens_pb2_grpc.py"
+api=${1:+$1/api}
+k8s=${1:+$1/k8s}
+api=${api:-lens_ebpf/api/gen}
+k8s=${k8s:-lens_ebpf/k8s/gen}
+gen() {  # gen OUT PROTO_DIR NAME
+  mkdir -p "$1"
+  .venv/bin/python -m grpc_tools.protoc -I"$2" --python_out="$1" --pyi_out="$1" \
+    --grpc_python_out="$1" "$2/$3.proto"
+  # protoc writes an absolute import; the package needs a relative one
+  sed -i "s/^import $3_pb2 as /from . import $3_pb2 as /" "$1/$3_pb2_grpc.py"
+}
+gen "$api" protos/lens/v1 lens
+gen "$k8s" protos/k8s/podresources/v1 podresources_v1

@@ -270,10 +270,12 @@ def test_tls_and_mutual_tls(tmp_path: Path, certs: dict[str, Path]) -> None:
 
 def test_generated_code_matches_the_proto(tmp_path: Path) -> None:
     subprocess.run([str(ROOT / "scripts" / "gen_protos.sh"), str(tmp_path)], check=True)
-    for name in ("lens_pb2.py", "lens_pb2.pyi", "lens_pb2_grpc.py"):
-        assert filecmp.cmp(
-            tmp_path / name, ROOT / "lens_ebpf/api/gen" / name, shallow=False
-        ), f"{name} is stale: run make protos"
+    for sub, gen, stem in (("api", "lens_ebpf/api/gen", "lens"),
+                           ("k8s", "lens_ebpf/k8s/gen", "podresources_v1")):  # fmt: skip
+        for name in (f"{stem}_pb2.py", f"{stem}_pb2.pyi", f"{stem}_pb2_grpc.py"):
+            assert filecmp.cmp(
+                tmp_path / sub / name, ROOT / gen / name, shallow=False
+            ), f"{name} is stale: run make protos"
 
 
 def test_collector_dedups_and_recovers_from_its_file(tmp_path: Path) -> None:

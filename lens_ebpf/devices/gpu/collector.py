@@ -71,6 +71,7 @@ class GpuCollector(DeviceCollector):
         dev_root: Path = Path("/dev"),
         identify: Callable[[int], dict[str, str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        allocated: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         super().__init__(interval)
         self.node = node
@@ -78,6 +79,9 @@ class GpuCollector(DeviceCollector):
         self.stale_seconds = stale_seconds
         self.dev_root = dev_root
         self.identify = identify or (lambda pid: {})
+        # device key (GPU UUID or BDF, lower case) -> owner with labels(): the kubelet's
+        # PodResources answer, so GPU series say which pod holds the GPU
+        self.allocated = allocated or dict
         self.clock = clock
         self.state: dict[str, VendorState] = {}
         self.stale: dict[str, bool] = {}
@@ -114,19 +118,31 @@ class GpuCollector(DeviceCollector):
     def readings(self) -> list[GpuReading]:
         return [r for v in ("nvidia", "amd") if v in self.state for r in self.state[v].readings]
 
+    def owner_labels(self, g: GpuReading, allocated: dict[str, Any]) -> dict[str, str]:
+        """namespace/pod/container of the pod the kubelet gave this GPU; {} when none."""
+        for key in (g.uuid, g.bdf):
+            owner = allocated.get(key.lower()) if key else None
+            if owner is not None:
+                return dict(owner.labels())
+        return {}
+
     def refresh(self) -> list[Metric]:
         for vendor in ("amd", "nvidia"):
             self._read_vendor(vendor)
         gpus = self.readings()
         dri = dri_mapping(self.dev_root)
-        self.views["gpus"] = [self._gpu_view(g, dri) for g in gpus]
+        allocated = self.allocated()
+        owners = {id(g): self.owner_labels(g, allocated) for g in gpus}
+        self.views["gpus"] = [
+            {**self._gpu_view(g, dri), "allocated_to": owners[id(g)] or None} for g in gpus
+        ]
         self.views["driver"] = next((g.driver_version for g in gpus if g.driver_version), "")
         self.views["cards"] = [self._card_view(g) for g in gpus]
         self.views["dri"] = [
             {"gpu_index": g.index, "vendor": g.vendor, "bdf": g.bdf, **dri.get(g.bdf, {})}
             for g in gpus
         ]
-        return self._metrics(gpus)
+        return self._metrics(gpus, owners)
 
     def _gpu_view(self, g: GpuReading, dri: dict[str, dict[str, str]]) -> dict[str, Any]:
         return {
@@ -145,7 +161,7 @@ class GpuCollector(DeviceCollector):
             "power_limit_watts": g.power_limit, "stale": self.stale.get(g.vendor, False),
         }  # fmt: skip
 
-    def _metrics(self, gpus: list[GpuReading]) -> list[Metric]:
+    def _metrics(self, gpus: list[GpuReading], owners: dict[int, dict[str, str]]) -> list[Metric]:
         n = {"node": self.node}
         fams: dict[str, Metric] = {}
 
@@ -188,6 +204,7 @@ class GpuCollector(DeviceCollector):
                 "gpu_name": g.name,
                 "gpu_uuid": g.uuid or g.unique_id or g.serial or g.bdf,
                 "vendor": g.vendor,
+                **owners[id(g)],
             }
             add("hw_gpu_memory_total_bytes", "GPU memory", lbl, g.memory_total)
             add("hw_gpu_memory_used_bytes", "GPU memory used", lbl, g.memory_used)
@@ -199,9 +216,9 @@ class GpuCollector(DeviceCollector):
             for sensor, value in sorted(g.temperatures.items()):
                 add("lens_gpu_temperature_celsius", "GPU temperature by sensor",
                     {**lbl, "sensor": sensor}, value)  # fmt: skip
-            idx = {"gpu_index": str(g.index)}
-            add("gpu_utilization", "GPU utilization percent", {"gpu_id": str(g.index)},
-                g.utilization)  # fmt: skip
+            idx = {"gpu_index": str(g.index), **owners[id(g)]}
+            add("gpu_utilization", "GPU utilization percent",
+                {"gpu_id": str(g.index), **owners[id(g)]}, g.utilization)  # fmt: skip
             add("gpu_utilization_percent", "GPU busy", idx, g.utilization)
             add("gpu_memory_used_bytes", "GPU memory used", idx, g.memory_used)
             add("gpu_memory_total_bytes", "GPU memory", idx, g.memory_total)
