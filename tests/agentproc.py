@@ -102,7 +102,9 @@ class AgentProc:
 
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float | None:
         for sname, slabels, value in parse_samples(self.metrics_text()):
-            if sname == name and (labels is None or slabels == labels):
+            # an empty label is no label to Prometheus (the remote_* ones when standalone)
+            if sname == name and (labels is None or {k: v for k, v in slabels.items() if v}
+                                  == {k: v for k, v in labels.items() if v}):  # fmt: skip
                 return value
         return None
 

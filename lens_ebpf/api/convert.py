@@ -35,6 +35,15 @@ FLOW_FIELDS = (
     "retransmits",
     "duration_ns",
     "reason",
+    "remote_namespace",
+    "remote_pod",
+    "remote_workload_kind",
+    "remote_workload",
+    "remote_service",
+    "namespace",
+    "pod",
+    "workload_kind",
+    "workload",
 )
 
 

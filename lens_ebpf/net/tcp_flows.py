@@ -21,7 +21,7 @@ from lens_ebpf.bpf.program import RingProgram
 from lens_ebpf.config import Config
 from lens_ebpf.events import EventBus
 from lens_ebpf.metrics.cache import COUNTER, MetricCache
-from lens_ebpf.net import decode, proc_tcp, tcp_rtt
+from lens_ebpf.net import decode, identity, proc_tcp, tcp_rtt
 from lens_ebpf.net.policy import CLASS_IDS, Policy, abnormal, lpm_entries
 
 log = logging.getLogger(__name__)
@@ -87,20 +87,32 @@ def register_families(cache: MetricCache) -> None:
     cache.register(SEED_K8S, COUNTER, "Bytes of flows whose remote is a pod or service", ("type",))
     cache.register(SEED_DNS, COUNTER, "Bytes of flows to DNS servers", ())
     for name, (help_text, _) in LENS_FAMILIES.items():
-        cache.register(name, COUNTER, help_text, FLOW_LABELS)
-    cache.register(RESETS, COUNTER, "TCP resets sent or received", (*FLOW_LABELS, "side"))
+        cache.register(name, COUNTER, help_text, (*FLOW_LABELS, *identity.REMOTE_LABELS))
+    cache.register(RESETS, COUNTER, "TCP resets sent or received",
+                   (*FLOW_LABELS, "side", *identity.REMOTE_LABELS))  # fmt: skip
 
 
-def apply_deltas(cache: MetricCache, labels: tuple[str, str, str, str], d: dict[str, int]) -> None:
-    """Feed one flow key's counter increases into every family they belong to."""
-    direction, cls, raddr, port = labels
+def apply_deltas(
+    cache: MetricCache,
+    key_labels: tuple[str, str, str, str],
+    d: dict[str, int],
+    lookup: identity.Lookup | None = None,
+) -> None:
+    """Feed one flow key's counter increases into every family they belong to.
+
+    The class is refined by the cluster index when there is one (a pod IP is k8sPod
+    whatever the policy says), and the lens_ families carry who the remote is.
+    """
+    direction, kernel_cls, raddr, port = key_labels
+    cls, who = identity.remote(lookup, kernel_cls, raddr)
+    labels = (direction, cls, raddr, port)
     for name, (_, field) in LENS_FAMILIES.items():
         if d[field]:
-            cache.inc(name, labels, d[field])
+            cache.inc(name, (*labels, *who), d[field])
     if d["resets_sent"]:
-        cache.inc(RESETS, (*labels, "sent"), d["resets_sent"])
+        cache.inc(RESETS, (*labels, "sent", *who), d["resets_sent"])
     if d["resets_recv"]:
-        cache.inc(RESETS, (*labels, "received"), d["resets_recv"])
+        cache.inc(RESETS, (*labels, "received", *who), d["resets_recv"])
     nbytes = d["sent"] + d["recv"]
     if not nbytes:
         return
@@ -147,6 +159,8 @@ class TcpFlows(RingProgram):
         self._lock = threading.Lock()
         self.repaired = 0
         self.policy = Policy()
+        # ip -> pod/service identity (the cluster index); None: standalone
+        self.lookup: identity.Lookup | None = None
         register_families(cache)
         # RTT needs tcp:tcp_probe; without it the flows still load
         self.rtt_off_reason = ""
@@ -219,6 +233,8 @@ class TcpFlows(RingProgram):
 
     def _publish(self, event: dict[str, Any]) -> None:
         """A closed flow, and an abnormal_flow event when the policy's lists say so."""
+        if self.lookup is not None:
+            event.update(identity.event_fields(self.lookup, event))
         self.bus.publish(event)
         if abnormal(self.policy, event["raddr"]):
             self.bus.publish({**event, "kind": "abnormal_flow"})
@@ -230,9 +246,9 @@ class TcpFlows(RingProgram):
         with self._lock:
             for key, grew in self._flows_reader.read(self.bpf[b"flows"]):
                 deltas = dict(zip(VAL_FIELDS, grew, strict=True))
-                apply_deltas(self.cache, decode.flow_key_labels(key), deltas)
+                apply_deltas(self.cache, decode.flow_key_labels(key), deltas, self.lookup)
             if self.rtt is not None:
-                self.rtt.read(self.bpf[b"rtt"])
+                self.rtt.read(self.bpf[b"rtt"], self.lookup)
             self.read_stats(b"stats")
 
     def reconcile(self, live: set[proc_tcp.Tuple] | None = None) -> int:
@@ -281,7 +297,9 @@ class TcpFlows(RingProgram):
 
     def _finish(self, si: layouts.SockInfo) -> None:
         keyed = bool(si.flags & layouts.SI_KEYED)
-        labels = decode.flow_key_labels(si.key)
+        direction, kernel_cls, raddr, port = decode.flow_key_labels(si.key)
+        cls, who = identity.remote(self.lookup, kernel_cls, raddr)
+        labels = (direction, cls, raddr, port, *who)
         if keyed:
             self.cache.inc("lens_tcp_connections_closed_total", labels, 1)
         else:

@@ -15,7 +15,7 @@ from lens_ebpf.bpf import layouts
 from lens_ebpf.bpf.map_reader import DeltaReader
 from lens_ebpf.config import Config
 from lens_ebpf.metrics.cache import HISTOGRAM, MetricCache
-from lens_ebpf.net import decode
+from lens_ebpf.net import decode, identity
 
 # Kernel bin boundaries, microseconds: 10 us to 10 s (lens_tcp_rtt_seconds buckets).
 RTT_BOUNDS_US = (
@@ -70,16 +70,19 @@ def register_families(cache: MetricCache) -> None:
         LENS,
         HISTOGRAM,
         "Smoothed TCP RTT in seconds, per received segment",
-        ("direction", "type", "raddr"),
+        ("direction", "type", "raddr", *identity.REMOTE_LABELS),
         buckets=tuple(b / 1e6 for b in RTT_BOUNDS_US),
     )
 
 
-def apply_rtt(cache: MetricCache, key: Any, grew: tuple[int, ...]) -> None:
+def apply_rtt(
+    cache: MetricCache, key: Any, grew: tuple[int, ...], lookup: identity.Lookup | None = None
+) -> None:
     """One rtt-map key's growth (count, sum_us, bins...) into both histograms."""
     _, sum_us, *bins = grew
-    direction, cls, raddr = decode.remote_labels(key)
-    cache.observe(LENS, (direction, cls, raddr), bins, sum_us / 1e6)
+    direction, kernel_cls, raddr = decode.remote_labels(key)
+    cls, who = identity.remote(lookup, kernel_cls, raddr)
+    cache.observe(LENS, (direction, cls, raddr, *who), bins, sum_us / 1e6)
     seed = [sum(bins[i] for i in group) for group in SEED_GROUPS]
     cache.observe(SEED, (raddr, direction), seed, float(sum_us))
 
@@ -99,9 +102,9 @@ class TcpRtt:
         )
         register_families(cache)
 
-    def read(self, table: Any) -> None:
+    def read(self, table: Any, lookup: identity.Lookup | None = None) -> None:
         for key, grew in self._reader.read(table):
-            apply_rtt(self.cache, key, grew)
+            apply_rtt(self.cache, key, grew, lookup)
 
     def keys(self) -> int:
         return len(self._reader)

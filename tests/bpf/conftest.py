@@ -14,6 +14,7 @@ from lens_ebpf.bpf.loader import BpfLoader
 from lens_ebpf.bpf.program import RingProgram
 from lens_ebpf.events import EventBus, Subscription
 from lens_ebpf.metrics.cache import MetricCache
+from lens_ebpf.net.identity import NO_IDENTITY
 from lens_ebpf.net.policy import load_policy
 from lens_ebpf.net.tcp_flows import TcpFlows
 from tests.conftest import netns_unavailable
@@ -51,6 +52,8 @@ class FlowRig:
 
     def value(self, name: str, *labels: str) -> float:
         self.flows.read()
+        if name.startswith("lens_tcp_"):  # standalone: the remote's identity labels are empty
+            labels = (*labels, *NO_IDENTITY)
         v = self.cache.get(name, tuple(labels))
         return 0.0 if v is None else float(v)
 

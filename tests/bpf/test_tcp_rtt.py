@@ -13,6 +13,7 @@ from lens_ebpf import config
 from lens_ebpf.bpf.loader import BpfLoader
 from lens_ebpf.events import EventBus
 from lens_ebpf.metrics.cache import MetricCache
+from lens_ebpf.net.identity import NO_IDENTITY
 from lens_ebpf.net.policy import parse_policy
 from lens_ebpf.net.tcp_flows import TcpFlows
 from lens_ebpf.net.tcp_rtt import LENS, RTT_BOUNDS_US, SEED, SEED_BOUNDS_US
@@ -56,7 +57,10 @@ def test_rtt_histogram_matches_the_kernels_srtt(
     srv = listener(addr, ns=lab.ns if where == "veth" else None)
     port = srv.getsockname()[1]
     rig.flows.read()  # the series may hold earlier tests' flows: measure the increase
-    lens0 = rig.cache.get(LENS, ("egress", cls, addr)) or ([0] * (len(RTT_BOUNDS_US) + 1), 0.0)
+    lens0 = rig.cache.get(LENS, ("egress", cls, addr, *NO_IDENTITY)) or (
+        [0] * (len(RTT_BOUNDS_US) + 1),
+        0.0,
+    )
     seed0 = rig.cache.get(SEED, (addr, "egress")) or ([0] * (len(SEED_BOUNDS_US) + 1), 0.0)
     cli = socket.create_connection((addr, port))
     conn, _ = srv.accept()
@@ -64,7 +68,7 @@ def test_rtt_histogram_matches_the_kernels_srtt(
         ping_pong(cli, conn, 50)
         rig.flows.read()
         ss = ss_info(addr, port)
-        lens = rig.cache.get(LENS, ("egress", cls, addr))
+        lens = rig.cache.get(LENS, ("egress", cls, addr, *NO_IDENTITY))
         seed = rig.cache.get(SEED, (addr, "egress"))
         bins = [a - b for a, b in zip(lens[0], lens0[0], strict=True)]
         sum_s = lens[1] - lens0[1]
@@ -84,7 +88,7 @@ def test_rtt_histogram_matches_the_kernels_srtt(
         # _count grows with segments received
         ping_pong(cli, conn, 20)
         rig.flows.read()
-        grown = sum(rig.cache.get(LENS, ("egress", cls, addr))[0]) - sum(lens[0])
+        grown = sum(rig.cache.get(LENS, ("egress", cls, addr, *NO_IDENTITY))[0]) - sum(lens[0])
         assert grown == ss_info(addr, port)["segs_in"] - ss["segs_in"] >= 20
     finally:
         cli.close()
@@ -122,7 +126,7 @@ def test_a_thousand_remotes_stay_within_the_map_and_overflow_is_counted(
     table = tiny_rtt.bpf[b"rtt"]
     assert len(list(table.keys())) <= 16 + 14
     assert tiny_rtt.kernel_stats["rtt_map_full"] > 0
-    other = tiny_rtt.cache.get(LENS, ("egress", "docker", "other"))
+    other = tiny_rtt.cache.get(LENS, ("egress", "docker", "other", *NO_IDENTITY))
     assert other is not None and sum(other[0]) > 0
     per_addr = sum(
         sum(v[0])

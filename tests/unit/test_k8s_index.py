@@ -204,3 +204,23 @@ def test_cluster_networks_sources() -> None:
     bad_cidr = {"data": {"ClusterConfiguration": "networking:\n  podSubnet: 10.0.0.0/33\n"}}
     got = read_cluster_networks(lambda: bad_cidr, lambda: nodes)
     assert [str(n) for n in got.pods] == ["10.1.0.0/24", "10.1.1.0/24"]
+
+
+def test_remote_identity_refines_class_for_mapped_ipv4_and_keeps_unknowns() -> None:
+    from lens_ebpf.k8s.index import ClusterIndex
+    from lens_ebpf.net import identity
+
+    idx = ClusterIndex()
+    idx.replace_pods([pod("p", "10.244.1.5", "ns1", owner=("StatefulSet", "db"))])
+    idx.replace_services([service("s", "fd00:96::10", "ns2")])
+    assert identity.remote(idx.lookup, "internalHosts", "::ffff:10.244.1.5") == (
+        "k8sPod", ("ns1", "p", "StatefulSet", "db", ""))  # fmt: skip
+    assert identity.remote(idx.lookup, "internalHosts", "fd00:96::10") == (
+        "k8sSvc", ("ns2", "", "", "", "s"))  # fmt: skip
+    assert identity.remote(idx.lookup, "externalHosts", "8.8.8.8") == (
+        "externalHosts", identity.NO_IDENTITY)  # fmt: skip
+    assert identity.remote(None, "k8sPod", "10.244.1.5") == ("k8sPod", identity.NO_IDENTITY)
+    ev = {"class": "internalHosts", "raddr": "fd00:96::10", "laddr": "10.244.1.5"}
+    got = identity.event_fields(idx.lookup, ev)
+    assert got["class"] == "k8sSvc" and got["remote_service"] == "s"
+    assert (got["namespace"], got["pod"], got["workload"]) == ("ns1", "p", "db")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\nlens.proto\x12\x07lens.v1\"d\n\x08Identity\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x11\n\tcontainer\x18\x02 \x01(\t\x12\x0b\n\x03pod\x18\x03 \x01(\t\x12\x11\n\tnamespace\x18\x04 \x01(\t\x12\x0f\n\x07pod_uid\x18\x05 \x01(\t\"\xfe\x01\n\nFlowClosed\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0c\n\x04\x63omm\x18\x02 \x01(\t\x12\x11\n\tcgroup_id\x18\x03 \x01(\x04\x12\r\n\x05laddr\x18\x04 \x01(\t\x12\r\n\x05lport\x18\x05 \x01(\r\x12\r\n\x05raddr\x18\x06 \x01(\t\x12\r\n\x05rport\x18\x07 \x01(\r\x12\x11\n\tdirection\x18\x08 \x01(\t\x12\r\n\x05\x63lass\x18\t \x01(\t\x12\x12\n\nsent_bytes\x18\n \x01(\x04\x12\x16\n\x0ereceived_bytes\x18\x0b \x01(\x04\x12\x13\n\x0bretransmits\x18\x0c \x01(\r\x12\x13\n\x0b\x64uration_ns\x18\r \x01(\x04\x12\x0e\n\x06reason\x18\x0e \x01(\t\"\x80\x01\n\x0bProcessExec\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0c\n\x04ppid\x18\x02 \x01(\r\x12\x0c\n\x04\x63omm\x18\x03 \x01(\t\x12\x10\n\x08\x66ilename\x18\x04 \x01(\t\x12\x11\n\tcgroup_id\x18\x05 \x01(\x04\x12#\n\x08identity\x18\x06 \x01(\x0b\x32\x11.lens.v1.Identity\"\x92\x01\n\x0bProcessExit\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0c\n\x04ppid\x18\x02 \x01(\r\x12\x0c\n\x04\x63omm\x18\x03 \x01(\t\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x0e\n\x06signal\x18\x05 \x01(\x05\x12\x12\n\noom_killed\x18\x06 \x01(\x08\x12#\n\x08identity\x18\x07 \x01(\x0b\x32\x11.lens.v1.Identity\"I\n\x07OomKill\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0c\n\x04\x63omm\x18\x02 \x01(\t\x12#\n\x08identity\x18\x03 \x01(\x0b\x32\x11.lens.v1.Identity\"G\n\x0f\x43ontainerChange\x12#\n\x08identity\x18\x01 \x01(\x0b\x32\x11.lens.v1.Identity\x12\x0f\n\x07\x64\x65vices\x18\x02 \x03(\t\";\n\x0c\x44\x65viceChange\x12\x0e\n\x06vendor\x18\x01 \x01(\t\x12\x0b\n\x03\x62\x64\x66\x18\x02 \x01(\t\x12\x0e\n\x06\x63hange\x18\x03 \x01(\t\"#\n\x03Gap\x12\x0c\n\x04lost\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xeb\x03\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x14\n\x0cts_unix_nano\x18\x02 \x01(\x03\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x0f\n\x07node_ip\x18\x04 \x01(\t\x12*\n\x0b\x66low_closed\x18\n \x01(\x0b\x32\x13.lens.v1.FlowClosedH\x00\x12,\n\x0cprocess_exec\x18\x0b \x01(\x0b\x32\x14.lens.v1.ProcessExecH\x00\x12,\n\x0cprocess_exit\x18\x0c \x01(\x0b\x32\x14.lens.v1.ProcessExitH\x00\x12$\n\x08oom_kill\x18\r \x01(\x0b\x32\x10.lens.v1.OomKillH\x00\x12\x33\n\x0f\x63ontainer_start\x18\x0e \x01(\x0b\x32\x18.lens.v1.ContainerChangeH\x00\x12\x32\n\x0e\x63ontainer_exit\x18\x0f \x01(\x0b\x32\x18.lens.v1.ContainerChangeH\x00\x12,\n\rabnormal_flow\x18\x10 \x01(\x0b\x32\x13.lens.v1.FlowClosedH\x00\x12.\n\rdevice_change\x18\x11 \x01(\x0b\x32\x15.lens.v1.DeviceChangeH\x00\x12\x1b\n\x03gap\x18\x12 \x01(\x0b\x32\x0c.lens.v1.GapH\x00\x42\t\n\x07payload\"f\n\x10SubscribeRequest\x12\r\n\x05kinds\x18\x01 \x03(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0b\n\x03pod\x18\x03 \x01(\t\x12\x11\n\tcontainer\x18\x04 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x05 \x01(\x03\"\x10\n\x0eGetNodeRequest\"\xb5\x01\n\x08NodeInfo\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x0f\n\x07node_ip\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x31\n\x08\x66\x65\x61tures\x18\x04 \x03(\x0b\x32\x1f.lens.v1.NodeInfo.FeaturesEntry\x12\x10\n\x08last_seq\x18\x05 \x01(\x04\x1a/\n\rFeaturesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x12\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x32H\n\x0c\x45ventService\x12\x38\n\tSubscribe\x12\x19.lens.v1.SubscribeRequest\x1a\x0e.lens.v1.Event0\x01\x32\x44\n\x0bNodeService\x12\x35\n\x07GetNode\x12\x17.lens.v1.GetNodeRequest\x1a\x11.lens.v1.NodeInfo2>\n\x10\x43ollectorService\x12*\n\x06Report\x12\x0e.lens.v1.Event\x1a\x0c.lens.v1.Ack(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\nlens.proto\x12\x07lens.v1\"d\n\x08Identity\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x11\n\tcontainer\x18\x02 \x01(\t\x12\x0b\n\x03pod\x18\x03 \x01(\t\x12\x11\n\tnamespace\x18\x04 \x01(\t\x12\x0f\n\x07pod_uid\x18\x05 \x01(\t\"\xc4\x03\n\nFlowClosed\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0c\n\x04\x63omm\x18\x02 \x01(\t\x12\x11\n\tcgroup_id\x18\x03 \x01(\x04\x12\r\n\x05laddr\x18\x04 \x01(\t\x12\r\n\x05lport\x18\x05 \x01(\r\x12\r\n\x05raddr\x18\x06 \x01(\t\x12\r\n\x05rport\x18\x07 \x01(\r\x12\x11\n\tdirection\x18\x08 \x01(\t\x12\r\n\x05\x63lass\x18\t \x01(\t\x12\x12\n\nsent_bytes\x18\n \x01(\x04\x12\x16\n\x0ereceived_bytes\x18\x0b \x01(\x04\x12\x13\n\x0bretransmits\x18\x0c \x01(\r\x12\x13\n\x0b\x64uration_ns\x18\r \x01(\x04\x12\x0e\n\x06reason\x18\x0e \x01(\t\x12\x18\n\x10remote_namespace\x18\x0f \x01(\t\x12\x12\n\nremote_pod\x18\x10 \x01(\t\x12\x1c\n\x14remote_workload_kind\x18\x11 \x01(\t\x12\x17\n\x0fremote_workload\x18\x12 \x01(\t\x12\x16\n\x0eremote_service\x18\x13 \x01(\t\x12\x11\n\tnamespace\x18\x14 \x01(\t\x12\x0b\n\x03pod\x18\x15 \x01(\t\x12\x15\n\rworkload_kind\x18\x16 \x01(\t\x12\x10\n\x08workload\x18\x17 \x01(\t\"\x80\x01\n\x0bProcessExec\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0c\n\x04ppid\x18\x02 \x01(\r\x12\x0c\n\x04\x63omm\x18\x03 \x01(\t\x12\x10\n\x08\x66ilename\x18\x04 \x01(\t\x12\x11\n\tcgroup_id\x18\x05 \x01(\x04\x12#\n\x08identity\x18\x06 \x01(\x0b\x32\x11.lens.v1.Identity\"\x92\x01\n\x0bProcessExit\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0c\n\x04ppid\x18\x02 \x01(\r\x12\x0c\n\x04\x63omm\x18\x03 \x01(\t\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x0e\n\x06signal\x18\x05 \x01(\x05\x12\x12\n\noom_killed\x18\x06 \x01(\x08\x12#\n\x08identity\x18\x07 \x01(\x0b\x32\x11.lens.v1.Identity\"I\n\x07OomKill\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0c\n\x04\x63omm\x18\x02 \x01(\t\x12#\n\x08identity\x18\x03 \x01(\x0b\x32\x11.lens.v1.Identity\"G\n\x0f\x43ontainerChange\x12#\n\x08identity\x18\x01 \x01(\x0b\x32\x11.lens.v1.Identity\x12\x0f\n\x07\x64\x65vices\x18\x02 \x03(\t\";\n\x0c\x44\x65viceChange\x12\x0e\n\x06vendor\x18\x01 \x01(\t\x12\x0b\n\x03\x62\x64\x66\x18\x02 \x01(\t\x12\x0e\n\x06\x63hange\x18\x03 \x01(\t\"#\n\x03Gap\x12\x0c\n\x04lost\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xeb\x03\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x14\n\x0cts_unix_nano\x18\x02 \x01(\x03\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x0f\n\x07node_ip\x18\x04 \x01(\t\x12*\n\x0b\x66low_closed\x18\n \x01(\x0b\x32\x13.lens.v1.FlowClosedH\x00\x12,\n\x0cprocess_exec\x18\x0b \x01(\x0b\x32\x14.lens.v1.ProcessExecH\x00\x12,\n\x0cprocess_exit\x18\x0c \x01(\x0b\x32\x14.lens.v1.ProcessExitH\x00\x12$\n\x08oom_kill\x18\r \x01(\x0b\x32\x10.lens.v1.OomKillH\x00\x12\x33\n\x0f\x63ontainer_start\x18\x0e \x01(\x0b\x32\x18.lens.v1.ContainerChangeH\x00\x12\x32\n\x0e\x63ontainer_exit\x18\x0f \x01(\x0b\x32\x18.lens.v1.ContainerChangeH\x00\x12,\n\rabnormal_flow\x18\x10 \x01(\x0b\x32\x13.lens.v1.FlowClosedH\x00\x12.\n\rdevice_change\x18\x11 \x01(\x0b\x32\x15.lens.v1.DeviceChangeH\x00\x12\x1b\n\x03gap\x18\x12 \x01(\x0b\x32\x0c.lens.v1.GapH\x00\x42\t\n\x07payload\"f\n\x10SubscribeRequest\x12\r\n\x05kinds\x18\x01 \x03(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0b\n\x03pod\x18\x03 \x01(\t\x12\x11\n\tcontainer\x18\x04 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x05 \x01(\x03\"\x10\n\x0eGetNodeRequest\"\xb5\x01\n\x08NodeInfo\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x0f\n\x07node_ip\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x31\n\x08\x66\x65\x61tures\x18\x04 \x03(\x0b\x32\x1f.lens.v1.NodeInfo.FeaturesEntry\x12\x10\n\x08last_seq\x18\x05 \x01(\x04\x1a/\n\rFeaturesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x12\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x32H\n\x0c\x45ventService\x12\x38\n\tSubscribe\x12\x19.lens.v1.SubscribeRequest\x1a\x0e.lens.v1.Event0\x01\x32\x44\n\x0bNodeService\x12\x35\n\x07GetNode\x12\x17.lens.v1.GetNodeRequest\x1a\x11.lens.v1.NodeInfo2>\n\x10\x43ollectorService\x12*\n\x06Report\x12\x0e.lens.v1.Event\x1a\x0c.lens.v1.Ack(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,35 +36,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_IDENTITY']._serialized_start=23
   _globals['_IDENTITY']._serialized_end=123
   _globals['_FLOWCLOSED']._serialized_start=126
-  _globals['_FLOWCLOSED']._serialized_end=380
-  _globals['_PROCESSEXEC']._serialized_start=383
-  _globals['_PROCESSEXEC']._serialized_end=511
-  _globals['_PROCESSEXIT']._serialized_start=514
-  _globals['_PROCESSEXIT']._serialized_end=660
-  _globals['_OOMKILL']._serialized_start=662
-  _globals['_OOMKILL']._serialized_end=735
-  _globals['_CONTAINERCHANGE']._serialized_start=737
-  _globals['_CONTAINERCHANGE']._serialized_end=808
-  _globals['_DEVICECHANGE']._serialized_start=810
-  _globals['_DEVICECHANGE']._serialized_end=869
-  _globals['_GAP']._serialized_start=871
-  _globals['_GAP']._serialized_end=906
-  _globals['_EVENT']._serialized_start=909
-  _globals['_EVENT']._serialized_end=1400
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=1402
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=1504
-  _globals['_GETNODEREQUEST']._serialized_start=1506
-  _globals['_GETNODEREQUEST']._serialized_end=1522
-  _globals['_NODEINFO']._serialized_start=1525
-  _globals['_NODEINFO']._serialized_end=1706
-  _globals['_NODEINFO_FEATURESENTRY']._serialized_start=1659
-  _globals['_NODEINFO_FEATURESENTRY']._serialized_end=1706
-  _globals['_ACK']._serialized_start=1708
-  _globals['_ACK']._serialized_end=1726
-  _globals['_EVENTSERVICE']._serialized_start=1728
-  _globals['_EVENTSERVICE']._serialized_end=1800
-  _globals['_NODESERVICE']._serialized_start=1802
-  _globals['_NODESERVICE']._serialized_end=1870
-  _globals['_COLLECTORSERVICE']._serialized_start=1872
-  _globals['_COLLECTORSERVICE']._serialized_end=1934
+  _globals['_FLOWCLOSED']._serialized_end=578
+  _globals['_PROCESSEXEC']._serialized_start=581
+  _globals['_PROCESSEXEC']._serialized_end=709
+  _globals['_PROCESSEXIT']._serialized_start=712
+  _globals['_PROCESSEXIT']._serialized_end=858
+  _globals['_OOMKILL']._serialized_start=860
+  _globals['_OOMKILL']._serialized_end=933
+  _globals['_CONTAINERCHANGE']._serialized_start=935
+  _globals['_CONTAINERCHANGE']._serialized_end=1006
+  _globals['_DEVICECHANGE']._serialized_start=1008
+  _globals['_DEVICECHANGE']._serialized_end=1067
+  _globals['_GAP']._serialized_start=1069
+  _globals['_GAP']._serialized_end=1104
+  _globals['_EVENT']._serialized_start=1107
+  _globals['_EVENT']._serialized_end=1598
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=1600
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=1702
+  _globals['_GETNODEREQUEST']._serialized_start=1704
+  _globals['_GETNODEREQUEST']._serialized_end=1720
+  _globals['_NODEINFO']._serialized_start=1723
+  _globals['_NODEINFO']._serialized_end=1904
+  _globals['_NODEINFO_FEATURESENTRY']._serialized_start=1857
+  _globals['_NODEINFO_FEATURESENTRY']._serialized_end=1904
+  _globals['_ACK']._serialized_start=1906
+  _globals['_ACK']._serialized_end=1924
+  _globals['_EVENTSERVICE']._serialized_start=1926
+  _globals['_EVENTSERVICE']._serialized_end=1998
+  _globals['_NODESERVICE']._serialized_start=2000
+  _globals['_NODESERVICE']._serialized_end=2068
+  _globals['_COLLECTORSERVICE']._serialized_start=2070
+  _globals['_COLLECTORSERVICE']._serialized_end=2132
 # @@protoc_insertion_point(module_scope)

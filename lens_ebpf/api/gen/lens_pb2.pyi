@@ -21,7 +21,7 @@ class Identity(_message.Message):
     def __init__(self, container_id: _Optional[str] = ..., container: _Optional[str] = ..., pod: _Optional[str] = ..., namespace: _Optional[str] = ..., pod_uid: _Optional[str] = ...) -> None: ...
 
 class FlowClosed(_message.Message):
-    __slots__ = ("pid", "comm", "cgroup_id", "laddr", "lport", "raddr", "rport", "direction", "sent_bytes", "received_bytes", "retransmits", "duration_ns", "reason")
+    __slots__ = ("pid", "comm", "cgroup_id", "laddr", "lport", "raddr", "rport", "direction", "sent_bytes", "received_bytes", "retransmits", "duration_ns", "reason", "remote_namespace", "remote_pod", "remote_workload_kind", "remote_workload", "remote_service", "namespace", "pod", "workload_kind", "workload")
     PID_FIELD_NUMBER: _ClassVar[int]
     COMM_FIELD_NUMBER: _ClassVar[int]
     CGROUP_ID_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,15 @@ class FlowClosed(_message.Message):
     RETRANSMITS_FIELD_NUMBER: _ClassVar[int]
     DURATION_NS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_POD_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_WORKLOAD_KIND_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_SERVICE_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_KIND_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     pid: int
     comm: str
     cgroup_id: int
@@ -49,7 +58,16 @@ class FlowClosed(_message.Message):
     retransmits: int
     duration_ns: int
     reason: str
-    def __init__(self, pid: _Optional[int] = ..., comm: _Optional[str] = ..., cgroup_id: _Optional[int] = ..., laddr: _Optional[str] = ..., lport: _Optional[int] = ..., raddr: _Optional[str] = ..., rport: _Optional[int] = ..., direction: _Optional[str] = ..., sent_bytes: _Optional[int] = ..., received_bytes: _Optional[int] = ..., retransmits: _Optional[int] = ..., duration_ns: _Optional[int] = ..., reason: _Optional[str] = ..., **kwargs) -> None: ...
+    remote_namespace: str
+    remote_pod: str
+    remote_workload_kind: str
+    remote_workload: str
+    remote_service: str
+    namespace: str
+    pod: str
+    workload_kind: str
+    workload: str
+    def __init__(self, pid: _Optional[int] = ..., comm: _Optional[str] = ..., cgroup_id: _Optional[int] = ..., laddr: _Optional[str] = ..., lport: _Optional[int] = ..., raddr: _Optional[str] = ..., rport: _Optional[int] = ..., direction: _Optional[str] = ..., sent_bytes: _Optional[int] = ..., received_bytes: _Optional[int] = ..., retransmits: _Optional[int] = ..., duration_ns: _Optional[int] = ..., reason: _Optional[str] = ..., remote_namespace: _Optional[str] = ..., remote_pod: _Optional[str] = ..., remote_workload_kind: _Optional[str] = ..., remote_workload: _Optional[str] = ..., remote_service: _Optional[str] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ..., workload_kind: _Optional[str] = ..., workload: _Optional[str] = ..., **kwargs) -> None: ...
 
 class ProcessExec(_message.Message):
     __slots__ = ("pid", "ppid", "comm", "filename", "cgroup_id", "identity")
