@@ -37,8 +37,17 @@ from lens_ebpf.devices import all_collectors
 from lens_ebpf.devices.collector import CollectorSet
 from lens_ebpf.devices.gpu.collector import GpuCollector
 from lens_ebpf.events import EventBus, EventBusCollector
+from lens_ebpf.k8s.cluster import (
+    ClusterCollector,
+    ClusterNetworks,
+    ClusterWatch,
+    NotConfigured,
+    api_client,
+)
+from lens_ebpf.k8s.kubelet import SA_CA, KubeletClient, KubeletCollector
+from lens_ebpf.k8s.podresources import PodResourcesCollector
 from lens_ebpf.metrics.cache import CacheCollector, MetricCache
-from lens_ebpf.net.policy import Policy, PolicyError, load_policy
+from lens_ebpf.net.policy import Policy, PolicyError, load_policy, with_cluster_networks
 from lens_ebpf.net.tcp_flows import TcpFlows, TcpFlowsCollector
 
 log = logging.getLogger(__name__)
@@ -58,6 +67,7 @@ class PolicyState:
     signature: tuple[float, int] = (0.0, 0)
     last_error: str = ""
     reloads: dict[str, int] = field(default_factory=lambda: {"success": 0, "failure": 0})
+    filled: list[str] = field(default_factory=list)  # classes taken from the cluster
 
 
 def _signature(path: Path) -> tuple[float, int]:
@@ -90,6 +100,9 @@ class Agent:
         self.grpc: GrpcServer | None = None
         self.reporter: Reporter | None = None
         self.watcher: RuntimeWatcher | None = None
+        self.cluster: ClusterWatch | None = None
+        self.cluster_nets = ClusterNetworks()
+        self._policy_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         path = policy_path(cfg)
         try:
@@ -136,6 +149,7 @@ class Agent:
         )
         self._start_tcp()
         self._start_processes()
+        self._start_kubernetes()
         self._start_devices()
         self._start_grpc()
         self._spawn("reader", self._read_loop)
@@ -150,7 +164,7 @@ class Agent:
         tcp = TcpFlows(
             self.cfg, self.cache, self.bus, self.loader, rtt=self.cfg.collectors.rtt.enabled
         )
-        if tcp.start(self.policy.policy):
+        if tcp.start(self._effective(self.policy.policy)):
             self.tcp = tcp
             self.registry.register(TcpFlowsCollector(tcp))
             self._spawn("ringbuf-tcp", lambda: tcp.poll_until(self.stop_event))
@@ -164,18 +178,102 @@ class Agent:
                 else {"state": OFF, "reason": rtt_reason or st.reason}
             )
 
+    def _start_kubernetes(self) -> None:
+        """The pod/service index when an API is configured; standalone otherwise."""
+        k = self.cfg.kubernetes
+        try:
+            api = api_client(k.mode, k.kubeconfig)
+        except NotConfigured as exc:
+            self.features["kubernetes"] = {"state": OFF, "reason": str(exc)}
+            log.info("kubernetes: %s", exc)
+            return
+        except Exception as exc:  # a configured API that cannot be used: say so, run on
+            self.features["kubernetes"] = {"state": "error", "reason": str(exc)}
+            log.error("kubernetes: %s; running standalone on the policy", exc)
+            return
+        self.cluster = ClusterWatch(api, k)
+        self.registry.register(ClusterCollector(self.cluster))
+        self.cluster.start()
+        if self.tcp is not None:
+            self.tcp.lookup = self.cluster.index.lookup
+        if self.procs is not None:
+            self.procs.workload = self.cluster.index.pod
+        self.features["kubernetes"] = {"state": RUNNING, "reason": ""}
+        if k.cluster_cidrs:
+            self._spawn("k8s-cidrs", self._cidr_loop)
+
+    def _cidr_loop(self) -> None:
+        assert self.cluster is not None
+        while not self.stop_event.is_set():
+            nets = self.cluster.networks()
+            if (nets.pods, nets.services) != (self.cluster_nets.pods, self.cluster_nets.services):
+                self.cluster_nets = nets
+                log.info("cluster CIDRs from %s: pods %s, services %s", nets.source or "nowhere",
+                         [str(n) for n in nets.pods], [str(n) for n in nets.services])  # fmt: skip
+                try:
+                    self._apply_policy(self.policy.policy)
+                except ValueError as exc:
+                    log.error("cluster CIDRs not applied: %s", exc)
+            self.stop_event.wait(self.cfg.kubernetes.cidr_refresh_seconds)
+
+    def _effective(self, policy: Policy) -> Policy:
+        """The policy with its empty k8sPod/k8sSvc classes taken from the cluster."""
+        merged, self.policy.filled = with_cluster_networks(
+            policy, self.cluster_nets.pods, self.cluster_nets.services
+        )
+        return merged
+
+    def _apply_policy(self, policy: Policy) -> None:
+        with self._policy_lock:
+            if self.tcp is not None:
+                self.tcp.set_policy(self._effective(policy))
+
+    def _kubernetes_collectors(self, gpu: GpuCollector | None) -> list[Any]:
+        """PodResources (GPU -> pod) and the kubelet's allocation and storage figures."""
+        k = self.cfg.kubernetes
+        out: list[Any] = []
+        if k.pod_resources.enabled:
+            pr = k.pod_resources
+            prc = PodResourcesCollector(pr.interval_seconds, pr.socket, pr.timeout_seconds,
+                                        k.kubelet.gpu_resources)  # fmt: skip
+            if gpu is not None:
+                gpu.allocated = lambda: prc.assigned
+            out.append(prc)
+            self.features["pod_resources"] = {"state": RUNNING, "reason": ""}
+        else:
+            self.features["pod_resources"] = {"state": OFF, "reason": "disabled by config"}
+        kl = k.kubelet
+        if not kl.enabled:
+            self.features["kubelet"] = {"state": OFF, "reason": "disabled by config"}
+        elif self.cluster is None and not kl.url:
+            self.features["kubelet"] = {"state": OFF, "reason": "standalone: no Kubernetes API "
+                                        "and no kubernetes.kubelet.url"}  # fmt: skip
+        else:
+            url = kl.url or f"https://{self.cfg.node.ip or self.cfg.node_name}:10250"
+            client = KubeletClient(url, kl.ca_file or SA_CA, kl.token_file,
+                                   kl.insecure_skip_verify, kl.timeout_seconds)  # fmt: skip
+            out.append(KubeletCollector(kl.interval_seconds, client, self.cfg.node_name,
+                                        kl.gpu_resources,
+                                        lambda: len(gpu.readings()) if gpu else 0))  # fmt: skip
+            self.features["kubelet"] = {"state": RUNNING, "reason": ""}
+        return out
+
     def _start_devices(self) -> None:
         """Device collectors, each switched by collectors.<name>.enabled."""
         chosen = []
+        gpu: GpuCollector | None = None
         for name, factory in all_collectors().items():
             if getattr(self.cfg.collectors, name).enabled:
                 collector = factory(self.cfg)
-                if isinstance(collector, GpuCollector) and self.procs is not None:
-                    collector.identify = self._pid_identity
+                if isinstance(collector, GpuCollector):
+                    gpu = collector
+                    if self.procs is not None:
+                        collector.identify = self._pid_identity
                 chosen.append(collector)
                 self.features[name] = {"state": RUNNING, "reason": ""}
             else:
                 self.features[name] = {"state": OFF, "reason": "disabled by config"}
+        chosen.extend(self._kubernetes_collectors(gpu))
         self.devices = CollectorSet(chosen)
         self.registry.register(self.devices)
         self.devices.start()
@@ -293,8 +391,7 @@ class Agent:
         state.signature = _signature(state.path)
         try:
             policy = load_policy(state.path)
-            if self.tcp is not None:
-                self.tcp.set_policy(policy)
+            self._apply_policy(policy)
         except (PolicyError, ValueError) as exc:
             state.last_error = str(exc)
             state.reloads["failure"] += 1
@@ -326,8 +423,24 @@ class Agent:
             "kernel_headers": (
                 {"source": self.headers.source, "path": self.headers.path} if self.headers else None
             ),
+            "kubernetes": self._kubernetes_status(),
         }
         return json_response(200 if self.ready else 503, body)
+
+    def _kubernetes_status(self) -> dict[str, Any] | None:
+        if self.cluster is None:
+            return None
+        nets = self.cluster_nets
+        return {
+            "watches": {r.resource: {"connected": r.connected, "synced": r.synced.is_set(),
+                                     "resource_version": r.resource_version,
+                                     "last_error": r.last_error}
+                        for r in self.cluster.reflectors},
+            "index": self.cluster.index.counts(),
+            "cluster_cidrs": {"source": nets.source, "pods": [str(n) for n in nets.pods],
+                              "services": [str(n) for n in nets.services],
+                              "policy_classes_filled": self.policy.filled},
+        }  # fmt: skip
 
     # -- shutdown -----------------------------------------------------------
     def install_signals(self) -> None:
@@ -348,6 +461,8 @@ class Agent:
             t.join(timeout=5)
         if self.watcher is not None:
             self.watcher.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
         if self.reporter is not None:
             self.reporter.stop()
         if self.grpc is not None:

@@ -50,7 +50,8 @@ FLOW_FIELDS = (
 def _identity(ev: Event) -> pb.Identity:
     return pb.Identity(container_id=ev.get("container_id", ""), container=ev.get("container", ""),
                        pod=ev.get("pod", ""), namespace=ev.get("namespace", ""),
-                       pod_uid=ev.get("pod_uid", ""))  # fmt: skip
+                       pod_uid=ev.get("pod_uid", ""), workload_kind=ev.get("workload_kind", ""),
+                       workload=ev.get("workload", ""))  # fmt: skip
 
 
 def to_pb(ev: Event, node_name: str, node_ip: str) -> pb.Event:

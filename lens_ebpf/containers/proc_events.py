@@ -188,6 +188,8 @@ class ProcEvents(RingProgram):
         self.cache = cache
         self.bus = bus
         self.resolver = resolver
+        # (namespace, pod) -> the pod's identity in the cluster index (its owner workload)
+        self.workload: Callable[[str, str], Any] | None = None
         resolver.on_change = self._containers_changed
         for name, help_text, extra in (
             (EXECS, "Processes started (exec) in containers", ()),
@@ -216,6 +218,10 @@ class ProcEvents(RingProgram):
         self.events_received += 1
         ref, info = self.resolver.resolve(rec.cgroup_id)
         who = identity(ref, info)
+        if self.workload is not None and who["pod"]:
+            pod = self.workload(who["namespace"], who["pod"])
+            if pod is not None:
+                who.update(workload_kind=pod.workload_kind, workload=pod.workload)
         labels = (who["namespace"], who["pod"], who["container"])
         ev: dict[str, Any] = {
             "ts_ns": rec.ts_ns, "pid": rec.pid, "ppid": rec.ppid,

@@ -166,3 +166,22 @@ def abnormal(policy: Policy, address: str) -> bool:
         return False
     ip = _parse(address)
     return _in_any(ip, policy.black_list) and not _in_any(ip, policy.white_list)
+
+
+def with_cluster_networks(
+    policy: Policy, pods: Iterable[Network], services: Iterable[Network]
+) -> tuple[Policy, list[str]]:
+    """The policy with empty k8sPod / k8sSvc classes filled from the cluster's CIDRs.
+
+    Classes the policy sets are kept as written: the file wins. Returns the policy in
+    force and which classes were filled.
+    """
+    classes = dict(policy.classes)
+    filled = []
+    for name, nets in (("k8sPod", tuple(pods)), ("k8sSvc", tuple(services))):
+        if nets and not classes.get(name):
+            classes[name] = nets
+            filled.append(name)
+    if not filled:
+        return policy, []
+    return Policy(classes, policy.black_list, policy.white_list, policy.source), filled

@@ -139,3 +139,20 @@ def test_shipped_policy_parses() -> None:
 def test_unreadable_policy(tmp_path: Path) -> None:
     with pytest.raises(PolicyError, match="cannot read"):
         load_policy(tmp_path / "missing.yaml")
+
+
+def test_cluster_networks_fill_only_empty_classes() -> None:
+    from lens_ebpf.net.policy import with_cluster_networks
+
+    pods = [ipaddress.ip_network("10.32.0.0/12")]
+    svcs = [ipaddress.ip_network("10.112.0.0/12")]
+    empty = parse_policy("k8sPod: []\ninternalHosts: [10.0.0.0/8]\n")
+    merged, filled = with_cluster_networks(empty, pods, svcs)
+    assert filled == ["k8sPod", "k8sSvc"]
+    assert classify(merged, "10.33.0.1") == "k8sPod"
+    assert classify(merged, "10.112.0.10") == "k8sSvc"
+    assert classify(merged, "10.200.0.1") == "internalHosts"
+    written = parse_policy("k8sPod: [10.244.0.0/16]\n")
+    kept, filled = with_cluster_networks(written, pods, svcs)
+    assert filled == ["k8sSvc"] and classify(kept, "10.33.0.1") == "externalHosts"
+    assert with_cluster_networks(written, [], []) == (written, [])

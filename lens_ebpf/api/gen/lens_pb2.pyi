@@ -7,18 +7,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Identity(_message.Message):
-    __slots__ = ("container_id", "container", "pod", "namespace", "pod_uid")
+    __slots__ = ("container_id", "container", "pod", "namespace", "pod_uid", "workload_kind", "workload")
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     POD_UID_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_KIND_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     container_id: str
     container: str
     pod: str
     namespace: str
     pod_uid: str
-    def __init__(self, container_id: _Optional[str] = ..., container: _Optional[str] = ..., pod: _Optional[str] = ..., namespace: _Optional[str] = ..., pod_uid: _Optional[str] = ...) -> None: ...
+    workload_kind: str
+    workload: str
+    def __init__(self, container_id: _Optional[str] = ..., container: _Optional[str] = ..., pod: _Optional[str] = ..., namespace: _Optional[str] = ..., pod_uid: _Optional[str] = ..., workload_kind: _Optional[str] = ..., workload: _Optional[str] = ...) -> None: ...
 
 class FlowClosed(_message.Message):
     __slots__ = ("pid", "comm", "cgroup_id", "laddr", "lport", "raddr", "rport", "direction", "sent_bytes", "received_bytes", "retransmits", "duration_ns", "reason", "remote_namespace", "remote_pod", "remote_workload_kind", "remote_workload", "remote_service", "namespace", "pod", "workload_kind", "workload")
