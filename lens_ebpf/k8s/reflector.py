@@ -17,8 +17,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from kubernetes.watch.watch import iter_resp_lines
-
 log = logging.getLogger(__name__)
 
 ListFn = Callable[..., Any]
@@ -115,6 +113,8 @@ class Reflector:
         self.synced.set()
 
     def _watch(self, stop: threading.Event) -> None:
+        from kubernetes.watch.watch import iter_resp_lines  # standalone agents never load it
+
         resp = self.list_fn(
             watch=True,
             resource_version=self.resource_version,
