@@ -27,9 +27,11 @@ from lens_ebpf.containers.proc_events import (
 )
 from lens_ebpf.containers.runtime import ContainerdState
 from lens_ebpf.events import EventBus
+from lens_ebpf.k8s.index import ClusterIndex
 from lens_ebpf.metrics.cache import MetricCache
 from tests.bpf.conftest import polling
 from tests.containerlab import Containerd, make_char_device, unavailable
+from tests.k8slab import pod
 
 pytestmark = pytest.mark.bpf
 
@@ -104,15 +106,22 @@ def test_exec_and_exit_in_a_pod_container(prig: ProcRig, ctd: Containerd, device
     uid = str(uuid.uuid4())
     cgroup = f"/kubepods/burstable/pod{uid}/{cid}"
     sub = prig.collect(lambda e: e.get("container_id") == cid)
-    res = ctd.run(
-        cid,
-        "/bin/sh",
-        "-c",
-        "/bin/true; /bin/echo hi; /bin/false; exit 3",
-        labels=pod_labels("web-0", uid, "app"),
-        devices=devices,
-        cgroup=cgroup,
-    )
+    # the API's view of the pod: its owner workload joins the runtime's identity
+    index = ClusterIndex()
+    index.replace_pods([pod("web-0", "", "team-a", owner=("StatefulSet", "web"))])
+    prig.procs.workload = index.pod
+    try:
+        res = ctd.run(
+            cid,
+            "/bin/sh",
+            "-c",
+            "/bin/true; /bin/echo hi; /bin/false; exit 3",
+            labels=pod_labels("web-0", uid, "app"),
+            devices=devices,
+            cgroup=cgroup,
+        )
+    finally:
+        prig.procs.workload = None
     assert res.returncode == 3, res.stderr
     events = prig.drain(sub, quiet=1.5)
     execs = [e["filename"] for e in events if e["kind"] == "process_exec"]
@@ -129,6 +138,7 @@ def test_exec_and_exit_in_a_pod_container(prig: ProcRig, ctd: Containerd, device
         )
         if e["kind"].startswith("process_"):
             assert e["cgroup"] == cgroup
+            assert (e["workload_kind"], e["workload"]) == ("StatefulSet", "web")
     sh = next(e for e in events if e["kind"] == "process_exec" and e["filename"] == "/bin/sh")
     true = next(e for e in events if e["kind"] == "process_exec" and e["filename"] == "/bin/true")
     assert true["ppid"] == sh["pid"]

@@ -224,3 +224,23 @@ def test_remote_identity_refines_class_for_mapped_ipv4_and_keeps_unknowns() -> N
     got = identity.event_fields(idx.lookup, ev)
     assert got["class"] == "k8sSvc" and got["remote_service"] == "s"
     assert (got["namespace"], got["pod"], got["workload"]) == ("ns1", "p", "db")
+
+
+def test_identity_fields_reach_the_grpc_messages() -> None:
+    from lens_ebpf.api.convert import to_pb
+
+    flow = {
+        "kind": "flow_closed", "seq": 3, "pid": 1, "comm": "curl", "laddr": "10.244.1.5",
+        "lport": 40000, "raddr": "10.96.0.20", "rport": 80, "direction": "egress",
+        "class": "k8sSvc", "remote_namespace": "default", "remote_service": "web",
+        "namespace": "ns1", "pod": "p", "workload_kind": "StatefulSet", "workload": "db",
+    }  # fmt: skip
+    fc = to_pb(flow, "n", "1.2.3.4").flow_closed
+    assert (fc.remote_service, fc.remote_namespace, fc.pod, fc.workload) == (
+        "web", "default", "p", "db")  # fmt: skip
+    ex = {
+        "kind": "process_exec", "pid": 2, "ppid": 1, "comm": "sh", "namespace": "ns1",
+        "pod": "p", "container": "c", "workload_kind": "StatefulSet", "workload": "db",
+    }  # fmt: skip
+    ident = to_pb(ex, "n", "").process_exec.identity
+    assert (ident.pod, ident.workload_kind, ident.workload) == ("p", "StatefulSet", "db")
