@@ -72,6 +72,8 @@ class Reflector:
                          self.resource, self.resource_version)  # fmt: skip
                 self.resource_version = ""
             except Exception as exc:  # API down, reset, bad answer: keep the index, retry
+                if stop.is_set():
+                    break  # stop() cut the watch
                 if getattr(exc, "status", None) == 410:  # an HTTP 410 rather than an event
                     self.restarts["gone"] += 1
                     self.resource_version = ""
