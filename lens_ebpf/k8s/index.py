@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lens_ebpf.k8s.objects import (
@@ -113,6 +113,26 @@ class OwnerResolver:
         return current
 
 
+Parse = Callable[[dict[str, Any]], Any]  # an objects.py reader: API dict -> record
+
+
+@dataclass
+class _Entry:
+    ips: tuple[str, ...]
+    ident: Identity
+    owner: OwnerRef | None = None  # what the workload was resolved from
+
+
+@dataclass
+class _Table:
+    """Entries by (namespace, name), and by IP; at most bound entries."""
+
+    bound: int
+    entries: dict[tuple[str, str], _Entry] = field(default_factory=dict)
+    by_ip: dict[str, tuple[str, str]] = field(default_factory=dict)
+    refused: int = 0
+
+
 class ClusterIndex:
     """Pods and services by IP; bounded, thread-safe, refusals counted."""
 
@@ -122,34 +142,32 @@ class ClusterIndex:
         max_services: int = 50_000,
         owners: OwnerResolver | None = None,
     ) -> None:
-        self.max_pods = max_pods
-        self.max_services = max_services
         self.owners = owners
         self._lock = threading.Lock()
-        self._pods: dict[tuple[str, str], tuple[PodRecord, Identity]] = {}
-        self._pod_ip: dict[str, tuple[str, str]] = {}
-        self._services: dict[tuple[str, str], ServiceRecord] = {}
-        self._svc_ip: dict[str, tuple[str, str]] = {}
-        self.refused = {"pods": 0, "services": 0}
+        self._pods = _Table(max_pods)
+        self._services = _Table(max_services)
         self.bad_objects = 0
         self.changes = 0  # bumped on every change, so users can tell the index moved on
 
-    # -- pods ---------------------------------------------------------------
-    def _pod_entry(self, rec: PodRecord) -> tuple[PodRecord, Identity]:
-        old = self._pods.get((rec.namespace, rec.name))
-        if old is not None and old[0].owner == rec.owner and old[0].uid == rec.uid:
-            ident = old[1]
+    @property
+    def refused(self) -> dict[str, int]:
+        return {"pods": self._pods.refused, "services": self._services.refused}
+
+    def _pod_entry(self, rec: PodRecord) -> _Entry:
+        old = self._pods.entries.get((rec.namespace, rec.name))
+        if old is not None and old.owner == rec.owner and old.ident.uid == rec.uid:
+            kind, name = old.ident.workload_kind, old.ident.workload  # resolved already
         else:
             top = self.owners.workload(rec.namespace, rec.owner) if self.owners else rec.owner
-            ident = Identity("pod", rec.namespace, rec.name,
-                             top.kind if top else "", top.name if top else "",
-                             rec.node, rec.uid)  # fmt: skip
-        if ident.node != rec.node:
-            ident = Identity(ident.kind, ident.namespace, ident.name, ident.workload_kind,
-                             ident.workload, rec.node, rec.uid)  # fmt: skip
-        return rec, ident
+            kind, name = (top.kind, top.name) if top else ("", "")
+        ident = Identity("pod", rec.namespace, rec.name, kind, name, rec.node, rec.uid)
+        return _Entry(rec.routable_ips, ident, rec.owner)
 
-    def _parse(self, parse: Callable[[dict[str, Any]], Any], obj: dict[str, Any]) -> Any:
+    @staticmethod
+    def _service_entry(rec: ServiceRecord) -> _Entry:
+        return _Entry(rec.ips, Identity("service", rec.namespace, rec.name))
+
+    def _parse(self, parse: Parse, obj: dict[str, Any]) -> Any:
         try:
             return parse(obj)
         except ObjectError as exc:
@@ -157,103 +175,76 @@ class ClusterIndex:
             log.warning("k8s: skipping an object: %s", exc)
             return None
 
-    def replace_pods(self, objs: Iterable[dict[str, Any]]) -> None:
-        """A full list: the index becomes exactly these pods (within the bound)."""
-        entries: dict[tuple[str, str], tuple[PodRecord, Identity]] = {}
+    def _replace(self, table: _Table, parse: Parse, entry: Callable[[Any], _Entry],
+                 objs: Iterable[dict[str, Any]]) -> None:  # fmt: skip
+        """A full list: the table becomes exactly these objects (within its bound)."""
+        new: dict[tuple[str, str], _Entry] = {}
         for obj in objs:
-            rec = self._parse(pod_record, obj)
+            rec = self._parse(parse, obj)
             if rec is None:
                 continue
-            if len(entries) >= self.max_pods:
-                self.refused["pods"] += 1
+            if len(new) >= table.bound:
+                table.refused += 1
                 continue
-            entries[(rec.namespace, rec.name)] = self._pod_entry(rec)
-        by_ip = {ip: key for key, (rec, _) in entries.items() for ip in rec.routable_ips}
+            new[(rec.namespace, rec.name)] = entry(rec)
+        by_ip = {ip: key for key, e in new.items() for ip in e.ips}
         with self._lock:
-            self._pods, self._pod_ip = entries, by_ip
+            table.entries, table.by_ip = new, by_ip
             self.changes += 1
 
-    def pod_event(self, kind: str, obj: dict[str, Any]) -> None:
-        rec = self._parse(pod_record, obj)
+    def _event(self, table: _Table, parse: Parse, entry: Callable[[Any], _Entry], kind: str,
+               obj: dict[str, Any]) -> None:  # fmt: skip
+        """One watch event: ADDED and MODIFIED replace the entry, DELETED removes it."""
+        rec = self._parse(parse, obj)
         if rec is None:
             return
         key = (rec.namespace, rec.name)
-        entry = None if kind == "DELETED" else self._pod_entry(rec)
+        new = None if kind == "DELETED" else entry(rec)  # owner lookups outside the lock
         with self._lock:
-            old = self._pods.pop(key, None)
-            if old is not None:
-                for ip in old[0].routable_ips:
-                    if self._pod_ip.get(ip) == key:
-                        del self._pod_ip[ip]
-            if entry is not None:
-                if old is None and len(self._pods) >= self.max_pods:
-                    self.refused["pods"] += 1
-                    return
-                self._pods[key] = entry
-                for ip in rec.routable_ips:
-                    self._pod_ip[ip] = key
-            self.changes += 1
-
-    # -- services -------------------------------------------------------------
-    def replace_services(self, objs: Iterable[dict[str, Any]]) -> None:
-        entries: dict[tuple[str, str], ServiceRecord] = {}
-        for obj in objs:
-            rec = self._parse(service_record, obj)
-            if rec is None:
-                continue
-            if len(entries) >= self.max_services:
-                self.refused["services"] += 1
-                continue
-            entries[(rec.namespace, rec.name)] = rec
-        by_ip = {ip: key for key, rec in entries.items() for ip in rec.ips}
-        with self._lock:
-            self._services, self._svc_ip = entries, by_ip
-            self.changes += 1
-
-    def service_event(self, kind: str, obj: dict[str, Any]) -> None:
-        rec = self._parse(service_record, obj)
-        if rec is None:
-            return
-        key = (rec.namespace, rec.name)
-        with self._lock:
-            old = self._services.pop(key, None)
+            old = table.entries.pop(key, None)
             if old is not None:
                 for ip in old.ips:
-                    if self._svc_ip.get(ip) == key:
-                        del self._svc_ip[ip]
-            if kind != "DELETED":
-                if old is None and len(self._services) >= self.max_services:
-                    self.refused["services"] += 1
+                    if table.by_ip.get(ip) == key:
+                        del table.by_ip[ip]
+            if new is not None:
+                if old is None and len(table.entries) >= table.bound:
+                    table.refused += 1
                     return
-                self._services[key] = rec
-                for ip in rec.ips:
-                    self._svc_ip[ip] = key
+                table.entries[key] = new
+                for ip in new.ips:
+                    table.by_ip[ip] = key
             self.changes += 1
+
+    def replace_pods(self, objs: Iterable[dict[str, Any]]) -> None:
+        self._replace(self._pods, pod_record, self._pod_entry, objs)
+
+    def pod_event(self, kind: str, obj: dict[str, Any]) -> None:
+        self._event(self._pods, pod_record, self._pod_entry, kind, obj)
+
+    def replace_services(self, objs: Iterable[dict[str, Any]]) -> None:
+        self._replace(self._services, service_record, self._service_entry, objs)
+
+    def service_event(self, kind: str, obj: dict[str, Any]) -> None:
+        self._event(self._services, service_record, self._service_entry, kind, obj)
 
     # -- lookups --------------------------------------------------------------
     def lookup(self, ip: str) -> Identity | None:
         """The pod or service that holds ip (already in canonical text form)."""
         with self._lock:
-            key = self._pod_ip.get(ip)
-            if key is not None:
-                return self._pods[key][1]
-            key = self._svc_ip.get(ip)
-            if key is not None:
-                return Identity("service", key[0], key[1])
+            for table in (self._pods, self._services):
+                key = table.by_ip.get(ip)
+                if key is not None:
+                    return table.entries[key].ident
         return None
 
     def pod(self, namespace: str, name: str) -> Identity | None:
         with self._lock:
-            entry = self._pods.get((namespace, name))
-        return entry[1] if entry else None
+            entry = self._pods.entries.get((namespace, name))
+        return entry.ident if entry else None
 
     def counts(self) -> dict[str, int]:
         with self._lock:
-            return {"pods": len(self._pods), "services": len(self._services)}
-
-    def pods_on(self, node: str) -> list[Identity]:
-        with self._lock:
-            return [ident for _, ident in self._pods.values() if ident.node == node]
+            return {"pods": len(self._pods.entries), "services": len(self._services.entries)}
 
 
 def raw_getter(fn: Callable[..., Any], timeout: float) -> Getter:

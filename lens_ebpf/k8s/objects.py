@@ -9,7 +9,8 @@ from typing import Any
 
 import yaml
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+from lens_ebpf.net.policy import Network, PolicyError, parse_networks
+
 # Pods in these phases have released their IPs (a new pod may hold one now).
 FINISHED = ("Succeeded", "Failed")
 
@@ -104,19 +105,16 @@ def service_record(obj: dict[str, Any]) -> ServiceRecord:
     return ServiceRecord(str(meta.get("namespace", "")), str(meta["name"]), ips)
 
 
-def _cidrs(value: Any, where: str) -> tuple[Network, ...]:
+def _cidrs(value: Any, source: str, key: str) -> tuple[Network, ...]:
+    """CIDRs as the cluster writes them: a list, or one string, comma-separated for
+    dual-stack (kubeadm's podSubnet: "10.244.0.0/16,fd00:10:244::/56")."""
     if value in (None, ""):
         return ()
     items = value.split(",") if isinstance(value, str) else value
-    if not isinstance(items, list):
-        raise ObjectError(f"{where}: expected CIDRs, got {value!r}")
-    out = []
-    for item in items:
-        try:
-            out.append(ipaddress.ip_network(str(item).strip(), strict=False))
-        except ValueError:
-            raise ObjectError(f"{where}: {item!r} is not a CIDR") from None
-    return tuple(out)
+    try:
+        return parse_networks(items, key, source)
+    except PolicyError as exc:
+        raise ObjectError(str(exc)) from None
 
 
 def kubeadm_networks(configmap: dict[str, Any]) -> tuple[tuple[Network, ...], tuple[Network, ...]]:
@@ -131,10 +129,9 @@ def kubeadm_networks(configmap: dict[str, Any]) -> tuple[tuple[Network, ...], tu
     net = doc.get("networking") if isinstance(doc, dict) else None
     if not isinstance(net, dict):
         raise ObjectError("kubeadm-config: ClusterConfiguration has no networking section")
-    where = "kubeadm-config networking"
     return (
-        _cidrs(net.get("podSubnet"), f"{where}.podSubnet"),
-        _cidrs(net.get("serviceSubnet"), f"{where}.serviceSubnet"),
+        _cidrs(net.get("podSubnet"), "kubeadm-config", "networking.podSubnet"),
+        _cidrs(net.get("serviceSubnet"), "kubeadm-config", "networking.serviceSubnet"),
     )
 
 
@@ -143,4 +140,4 @@ def node_pod_cidrs(node: dict[str, Any]) -> tuple[Network, ...]:
     spec = node.get("spec") or {}
     name = _meta(node)["name"]
     value = spec.get("podCIDRs") or spec.get("podCIDR")
-    return _cidrs(value, f"node {name} spec.podCIDRs")
+    return _cidrs(value, f"node {name}", "spec.podCIDRs")

@@ -40,7 +40,8 @@ class Policy:
     source: str = ""
 
 
-def _networks(values: Any, key: str, source: str) -> tuple[Network, ...]:
+def parse_networks(values: Any, key: str, source: str) -> tuple[Network, ...]:
+    """CIDRs or bare addresses (a list, or one string); PolicyError names source, key, value."""
     if values is None:
         return ()
     if isinstance(values, str):
@@ -77,9 +78,9 @@ def parse_policy(text: str, source: str = "policy.yaml") -> Policy:
         name = ALIASES.get(key, key)
         list_name = LIST_ALIASES.get(key, key)
         if name in CLASS_IDS and name != EXTERNAL:
-            classes.setdefault(name, []).extend(_networks(values, key, source))
+            classes.setdefault(name, []).extend(parse_networks(values, key, source))
         elif list_name in LIST_KEYS:
-            lists[list_name] = lists.get(list_name, ()) + _networks(values, key, source)
+            lists[list_name] = lists.get(list_name, ()) + parse_networks(values, key, source)
         else:
             known = ", ".join((*CLASS_ORDER, *LIST_KEYS))
             raise PolicyError(f"{source}: unknown key {key!r} (known: {known})")
