@@ -7,7 +7,6 @@ import ctypes.util
 import os
 import platform
 import shutil
-import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -61,20 +60,25 @@ def _library(names: tuple[str, ...]) -> str | None:
     return None
 
 
-def kubernetes_endpoint(env: dict[str, str] | None = None) -> tuple[str, str] | None:
-    env = dict(os.environ) if env is None else env
-    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
-    if host:
-        return host, port
-    return None
+def kubernetes_check(kubeconfig: str = "", timeout: float = 3.0) -> Check:
+    """Which API the agent would use (in-cluster, else kubeconfig), and its version."""
+    from lens_ebpf.k8s.cluster import NotConfigured, api_client
 
-
-def _reachable(host: str, port: str, timeout: float = 1.0) -> str | None:
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            return None
-    except OSError as exc:
-        return exc.strerror or str(exc)
+        api = api_client("auto", kubeconfig)
+    except NotConfigured as exc:
+        return Check("kubernetes", False, "standalone", f"{exc}; policy-only classification")
+    except Exception as exc:
+        return Check("kubernetes", False, "error", str(exc))
+    from kubernetes import client
+
+    host = api.configuration.host
+    try:
+        version = client.VersionApi(api).get_code(_request_timeout=timeout)
+    except Exception as exc:  # refused, TLS, 401: say which
+        reason = getattr(exc, "reason", None) or type(exc).__name__
+        return Check("kubernetes", False, host, f"unreachable: {str(reason)[:200]}")
+    return Check("kubernetes", True, host, f"reachable, {version.git_version}")
 
 
 def run_checks() -> dict[str, Any]:
@@ -124,19 +128,7 @@ def run_checks() -> dict[str, Any]:
     )
     sock = Path("/run/containerd/containerd.sock")
     checks.append(Check("containerd", sock.exists(), str(sock) if sock.exists() else "no socket"))
-    ep = kubernetes_endpoint()
-    if ep is None:
-        checks.append(
-            Check(
-                "kubernetes",
-                False,
-                "standalone",
-                "KUBERNETES_SERVICE_HOST unset: policy-only classification",
-            )
-        )
-    else:
-        err = _reachable(*ep)
-        checks.append(Check("kubernetes", err is None, f"{ep[0]}:{ep[1]}", err or "reachable"))
+    checks.append(kubernetes_check())
     nvml = _library(("libnvidia-ml.so.1",))
     checks.append(
         Check(

@@ -172,6 +172,13 @@ class _Handler(BaseHTTPRequestHandler):
         url = urllib.parse.urlsplit(self.path)
         query = dict(urllib.parse.parse_qsl(url.query))
         self.api.requests.append(self.path)
+        if url.path.rstrip("/") == "/version":
+            self._json(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.2",
+                             "gitCommit": "5864a4677267e6adeae276ad85882a8714d69d9d",
+                             "gitTreeState": "clean", "buildDate": "2024-10-22T20:28:14Z",
+                             "goVersion": "go1.22.8", "compiler": "gc",
+                             "platform": "linux/amd64"})  # fmt: skip
+            return
         route = _route(url.path)
         if route is None:
             self._json(404, status(404, "NotFound", f"no route {url.path}"))

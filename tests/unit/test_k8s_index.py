@@ -244,3 +244,20 @@ def test_identity_fields_reach_the_grpc_messages() -> None:
     }  # fmt: skip
     ident = to_pb(ex, "n", "").process_exec.identity
     assert (ident.pod, ident.workload_kind, ident.workload) == ("p", "StatefulSet", "db")
+
+
+def test_check_reports_the_api_and_its_version(
+    api: FakeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lens_ebpf.probe import kubernetes_check
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    kc = str(api.kubeconfig(tmp_path / "kc"))
+    ok = kubernetes_check(kc)
+    assert (ok.ok, ok.value, ok.detail) == (True, api.url, "reachable, v1.31.2")
+    api.kill()
+    down = kubernetes_check(kc, timeout=1)
+    assert not down.ok and down.detail.startswith("unreachable")
+    alone = kubernetes_check("")
+    assert (alone.ok, alone.value) == (False, "standalone")
