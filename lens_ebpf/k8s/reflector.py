@@ -66,16 +66,14 @@ class Reflector:
                 self._watch(stop)
                 self.restarts["ended"] += 1
                 delay = 0.0
-            except Gone:
-                self.restarts["gone"] += 1
-                log.info("k8s %s: resourceVersion %s expired; listing again",
-                         self.resource, self.resource_version)  # fmt: skip
-                self.resource_version = ""
             except Exception as exc:  # API down, reset, bad answer: keep the index, retry
                 if stop.is_set():
                     break  # stop() cut the watch
-                if getattr(exc, "status", None) == 410:  # an HTTP 410 rather than an event
+                if isinstance(exc, Gone) or getattr(exc, "status", None) == 410:
+                    # the version was compacted away (an ERROR event or an HTTP 410)
                     self.restarts["gone"] += 1
+                    log.info("k8s %s: resourceVersion %s expired; listing again",
+                             self.resource, self.resource_version)  # fmt: skip
                     self.resource_version = ""
                     continue
                 self.connected = False
