@@ -7,7 +7,6 @@ logged and retried; it never stops the agent.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -19,9 +18,9 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from lens_ebpf.k8s.index import ClusterIndex, OwnerResolver, raw_getter
+from lens_ebpf.k8s.index import ClusterIndex, Getter, OwnerResolver
 from lens_ebpf.k8s.objects import Network, ObjectError, kubeadm_networks, node_pod_cidrs
-from lens_ebpf.k8s.reflector import Reflector
+from lens_ebpf.k8s.reflector import Reflector, call_raw
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +100,11 @@ def read_cluster_networks(
     return out
 
 
+def raw_getter(fn: Callable[..., Any], timeout: float) -> Getter:
+    """A kubernetes client read_namespaced_* method as a getter of the raw JSON object."""
+    return lambda namespace, name: call_raw(fn, name, namespace, timeout=timeout)
+
+
 class ClusterWatch:
     """Reflectors for pods and services feeding one ClusterIndex."""
 
@@ -130,17 +134,10 @@ class ClusterWatch:
             Reflector("services", core.list_service_for_all_namespaces,
                       self.index.replace_services, self.index.service_event, **opts),
         ]  # fmt: skip
-
-        def raw(resp: Any) -> dict[str, Any]:
-            doc: dict[str, Any] = json.loads(resp.data)
-            return doc
-
-        self._kubeadm = lambda: raw(
-            core.read_namespaced_config_map(
-                "kubeadm-config", "kube-system", _preload_content=False, _request_timeout=t
-            )
+        self._kubeadm = lambda: call_raw(
+            core.read_namespaced_config_map, "kubeadm-config", "kube-system", timeout=t
         )
-        self._nodes = lambda: raw(core.list_node(_preload_content=False, _request_timeout=t))
+        self._nodes = lambda: call_raw(core.list_node, timeout=t)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 

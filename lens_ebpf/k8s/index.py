@@ -8,7 +8,6 @@ When the API goes away the index keeps what it had until a relist replaces it.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -245,14 +244,3 @@ class ClusterIndex:
     def counts(self) -> dict[str, int]:
         with self._lock:
             return {"pods": len(self._pods.entries), "services": len(self._services.entries)}
-
-
-def raw_getter(fn: Callable[..., Any], timeout: float) -> Getter:
-    """A kubernetes client read_namespaced_* method as a getter of the raw JSON object."""
-
-    def get(namespace: str, name: str) -> dict[str, Any]:
-        resp = fn(name, namespace, _preload_content=False, _request_timeout=timeout)
-        doc: dict[str, Any] = json.loads(resp.data)
-        return doc
-
-    return get

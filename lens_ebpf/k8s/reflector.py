@@ -23,6 +23,15 @@ ListFn = Callable[..., Any]
 PAGE = 500
 
 
+def call_raw(fn: Callable[..., Any], *args: Any, timeout: float, **kwargs: Any) -> dict[str, Any]:
+    """One kubernetes client call answered as the API's own JSON (no model objects)."""
+    resp = fn(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
+    doc = json.loads(resp.data)
+    if not isinstance(doc, dict):
+        raise ValueError(f"{getattr(fn, '__name__', 'call')}: answer is not a JSON object")
+    return doc
+
+
 class Gone(Exception):
     """410: the resourceVersion asked for is too old; list again."""
 
@@ -98,9 +107,8 @@ class Reflector:
         items: list[dict[str, Any]] = []
         token = None
         while True:
-            resp = self.list_fn(limit=PAGE, _continue=token, _preload_content=False,
-                                _request_timeout=self.request_timeout)  # fmt: skip
-            doc = json.loads(resp.data)
+            doc = call_raw(self.list_fn, limit=PAGE, _continue=token,
+                           timeout=self.request_timeout)  # fmt: skip
             items.extend(i for i in doc.get("items") or () if isinstance(i, dict))
             meta = doc.get("metadata") or {}
             token = meta.get("continue")
