@@ -67,7 +67,6 @@ class PolicyState:
     signature: tuple[float, int] = (0.0, 0)
     last_error: str = ""
     reloads: dict[str, int] = field(default_factory=lambda: {"success": 0, "failure": 0})
-    filled: list[str] = field(default_factory=list)  # classes taken from the cluster
 
 
 def _signature(path: Path) -> tuple[float, int]:
@@ -218,10 +217,7 @@ class Agent:
 
     def _effective(self, policy: Policy) -> Policy:
         """The policy with its empty k8sPod/k8sSvc classes taken from the cluster."""
-        merged, self.policy.filled = with_cluster_networks(
-            policy, self.cluster_nets.pods, self.cluster_nets.services
-        )
-        return merged
+        return with_cluster_networks(policy, self.cluster_nets.pods, self.cluster_nets.services)[0]
 
     def _apply_policy(self, policy: Policy) -> None:
         with self._policy_lock:
@@ -431,6 +427,7 @@ class Agent:
         if self.cluster is None:
             return None
         nets = self.cluster_nets
+        filled = with_cluster_networks(self.policy.policy, nets.pods, nets.services)[1]
         return {
             "watches": {r.resource: {"connected": r.connected, "synced": r.synced.is_set(),
                                      "resource_version": r.resource_version,
@@ -439,7 +436,7 @@ class Agent:
             "index": self.cluster.index.counts(),
             "cluster_cidrs": {"source": nets.source, "pods": [str(n) for n in nets.pods],
                               "services": [str(n) for n in nets.services],
-                              "policy_classes_filled": self.policy.filled},
+                              "policy_classes_filled": filled},
         }  # fmt: skip
 
     # -- shutdown -----------------------------------------------------------
