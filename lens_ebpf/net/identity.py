@@ -42,6 +42,16 @@ def remote(lookup: Lookup | None, cls: str, address: str) -> tuple[str, tuple[st
     return "k8sSvc", (ident.namespace, "", "", "", ident.name)
 
 
+def refine(
+    lookup: Lookup | None, key_labels: tuple[str, ...]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A map key's (direction, class, raddr, ...) with the class refined, and the remote's
+    identity labels: what every lens_tcp_* family and the RTT histogram are labelled by."""
+    direction, cls, raddr, *rest = key_labels
+    cls, who = remote(lookup, cls, raddr)
+    return (direction, cls, raddr, *rest), who
+
+
 def event_fields(lookup: Lookup | None, event: dict[str, Any]) -> dict[str, Any]:
     """A closed-flow event's class refined and who holds the remote end; namespace,
     pod and workload of the local end when a pod holds it, so Subscribe's namespace/pod

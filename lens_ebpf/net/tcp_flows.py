@@ -103,9 +103,8 @@ def apply_deltas(
     The class is refined by the cluster index when there is one (a pod IP is k8sPod
     whatever the policy says), and the lens_ families carry who the remote is.
     """
-    direction, kernel_cls, raddr, port = key_labels
-    cls, who = identity.remote(lookup, kernel_cls, raddr)
-    labels = (direction, cls, raddr, port)
+    labels, who = identity.refine(lookup, key_labels)
+    direction, cls, raddr, port = labels
     for name, (_, field) in LENS_FAMILIES.items():
         if d[field]:
             cache.inc(name, (*labels, *who), d[field])
@@ -297,9 +296,8 @@ class TcpFlows(RingProgram):
 
     def _finish(self, si: layouts.SockInfo) -> None:
         keyed = bool(si.flags & layouts.SI_KEYED)
-        direction, kernel_cls, raddr, port = decode.flow_key_labels(si.key)
-        cls, who = identity.remote(self.lookup, kernel_cls, raddr)
-        labels = (direction, cls, raddr, port, *who)
+        key_labels, who = identity.refine(self.lookup, decode.flow_key_labels(si.key))
+        labels = (*key_labels, *who)
         if keyed:
             self.cache.inc("lens_tcp_connections_closed_total", labels, 1)
         else:

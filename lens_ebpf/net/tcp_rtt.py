@@ -80,9 +80,9 @@ def apply_rtt(
 ) -> None:
     """One rtt-map key's growth (count, sum_us, bins...) into both histograms."""
     _, sum_us, *bins = grew
-    direction, kernel_cls, raddr = decode.remote_labels(key)
-    cls, who = identity.remote(lookup, kernel_cls, raddr)
-    cache.observe(LENS, (direction, cls, raddr, *who), bins, sum_us / 1e6)
+    labels, who = identity.refine(lookup, decode.remote_labels(key))
+    direction, _, raddr = labels
+    cache.observe(LENS, (*labels, *who), bins, sum_us / 1e6)
     seed = [sum(bins[i] for i in group) for group in SEED_GROUPS]
     cache.observe(SEED, (raddr, direction), seed, float(sum_us))
 
