@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,16 @@ KINDS = {
     "jobs": ("/apis/batch/v1", "Job", True),
     "cronjobs": ("/apis/batch/v1", "CronJob", True),
 }
+
+
+def eventually(check: Callable[[], Any], timeout: float = 2.0, every: float = 0.02) -> float:
+    """Seconds until check() holds; fails after timeout (the issue's 2 s by default)."""
+    start = time.monotonic()
+    while not check():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"not true within {timeout}s")
+        time.sleep(every)
+    return time.monotonic() - start
 
 
 def status(code: int, reason: str, message: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.agentproc import AgentProc
-from tests.k8slab import FakeApiServer, owned, pod, service
+from tests.k8slab import FakeApiServer, eventually, owned, pod, service
 from tests.netlab import exchange, listener
 
 pytestmark = pytest.mark.e2e
@@ -53,13 +53,6 @@ def connect(addr: str, n: int = 100) -> int:
     return port
 
 
-def wait_for(check, timeout: float = 10) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "not true in time"
-        time.sleep(0.2)
-
-
 def test_identity_cidrs_and_api_killed_mid_watch(api: FakeApiServer, tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
@@ -77,8 +70,9 @@ def test_identity_cidrs_and_api_killed_mid_watch(api: FakeApiServer, tmp_path: P
         def k8s() -> dict:
             return agent.json("/readyz")[1]["kubernetes"] or {}
 
-        wait_for(lambda: k8s().get("watches", {}).get("pods", {}).get("synced"))
-        wait_for(lambda: k8s()["cluster_cidrs"]["policy_classes_filled"] == ["k8sPod", "k8sSvc"])
+        eventually(lambda: k8s().get("watches", {}).get("pods", {}).get("synced"), 10, 0.2)
+        eventually(lambda: k8s()["cluster_cidrs"]["policy_classes_filled"] == ["k8sPod", "k8sSvc"],
+                   10, 0.2)  # fmt: skip
         assert k8s()["cluster_cidrs"]["source"] == "kubeadm-config"
         assert agent.json("/readyz")[1]["features"]["kubernetes"]["state"] == "running"
 
@@ -116,7 +110,7 @@ def test_identity_cidrs_and_api_killed_mid_watch(api: FakeApiServer, tmp_path: P
         assert agent.sample("lens_k8s_watch_restarts_total", {**up, "reason": "error"}) >= 1
         api.start()  # same port, same objects, and the pod created while it was down
         assert agent.wait_sample("lens_k8s_watch_connected", up, 1, timeout=15) == 1
-        wait_for(lambda: k8s()["index"]["pods"] == 2)
+        eventually(lambda: k8s()["index"]["pods"] == 2, 10, 0.2)
         lport = connect("127.0.0.83")
         late = {"namespace": "shop", "pod": "late-0", "workload_kind": "StatefulSet",
                 "workload": "late"}  # fmt: skip

@@ -5,7 +5,7 @@ killed connections, owner chains."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,17 +13,7 @@ import pytest
 from lens_ebpf.config import KubernetesConfig
 from lens_ebpf.k8s.cluster import ClusterWatch, NotConfigured, api_client, read_cluster_networks
 from lens_ebpf.k8s.index import Identity
-from tests.k8slab import FakeApiServer, owned, pod, service
-
-
-def eventually(check: Callable[[], bool], timeout: float = 2.0) -> float:
-    """Seconds until check() holds; fails after timeout (the issue's 2 s)."""
-    start = time.monotonic()
-    while not check():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"not true within {timeout}s")
-        time.sleep(0.02)
-    return time.monotonic() - start
+from tests.k8slab import FakeApiServer, eventually, owned, pod, service
 
 
 @pytest.fixture
