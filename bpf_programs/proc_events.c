@@ -1,19 +1,24 @@
 /* proc_events.c: process exec, whole-process exit (exit code or fatal signal), OOM kills.
  *
- * Tracepoints (arguments and helpers only; DESIGN.md rule 1):
+ * Tracepoints (arguments and helpers only; DESIGN.md rule 1). Each optional need has
+ * its switch, set by the program's spec (lens_ebpf/containers/proc_events.py SPEC):
  *   sched:sched_process_fork     parent of each new task            (Linux 2.6.28+)
  *   sched:sched_process_exec     filename, pid                      (Linux 3.4+)
- *   sched:sched_process_exit     group_dead: the whole process ends (group_dead: Linux 6.10+)
- *   syscalls:sys_enter_exit_group, syscalls:sys_enter_exit
+ *   sched:sched_process_exit     one thread ends; its group_dead field says the whole
+ *                                process ends (-DLENS_TP_EXIT_GROUP_DEAD: 6.18 has it, 6.12 not);
+ *                                without it, the thread-group leader's exit stands for
+ *                                the process's
+ *   -DLENS_EXIT_CODES syscalls:sys_enter_exit_group, syscalls:sys_enter_exit
  *                                the exit code a process asks for   (CONFIG_FTRACE_SYSCALLS)
- *   signal:signal_deliver        a fatal signal taken with SIG_DFL  (Linux 3.3+)
- *   oom:mark_victim              the OOM killer's victim            (Linux 4.19+ for pid)
+ *   -DLENS_SIGNALS signal:signal_deliver  a fatal signal taken with SIG_DFL (Linux 3.3+)
+ *   -DLENS_OOM oom:mark_victim   the OOM killer's victim            (Linux 4.19+ for pid;
+ *                                its comm, -DLENS_TP_OOM_COMM, where the kernel has it)
  *
  * sched_process_exit carries no exit code, and reading task->exit_code would mean a
  * kernel struct; so the code comes from the exit syscalls' argument and the killing
  * signal from signal_deliver, kept per process until it exits.
  */
-#include "lens_common.h"
+#include "proc_events.h"
 
 #ifndef MAX_PROCS
 #define MAX_PROCS 65536
@@ -21,7 +26,6 @@
 #ifndef RINGBUF_PAGES
 #define RINGBUF_PAGES 256
 #endif
-#define FILENAME_LEN 256
 
 #define EV_EXEC 1
 #define EV_EXIT 2
@@ -37,19 +41,6 @@
 #define PS_COUNT 2
 
 #define SIG_DFL_HANDLER 0
-
-struct proc_event {
-    u64 ts_ns;
-    u64 cgroup_id;
-    u32 kind;
-    u32 pid;
-    u32 ppid;
-    s32 exit_code; /* -1: unknown */
-    s32 signal;    /* the fatal signal, or 0 */
-    u32 flags;
-    char comm[16];
-    char filename[FILENAME_LEN];
-};
 
 struct proc_state {
     u64 cgroup_id;
@@ -161,6 +152,7 @@ static __always_inline void exit_called(long code)
     ps->flags &= ~PF_SIGNALED;
 }
 
+#ifdef LENS_EXIT_CODES
 TRACEPOINT_PROBE(syscalls, sys_enter_exit_group)
 {
     exit_called(args->error_code);
@@ -173,6 +165,9 @@ TRACEPOINT_PROBE(syscalls, sys_enter_exit)
     return 0;
 }
 
+#endif
+
+#ifdef LENS_SIGNALS
 /* Signals that end a process when taken with the default action. */
 static __always_inline int fatal_by_default(int sig)
 {
@@ -206,6 +201,9 @@ TRACEPOINT_PROBE(signal, signal_deliver)
     return 0;
 }
 
+#endif
+
+#ifdef LENS_OOM
 TRACEPOINT_PROBE(oom, mark_victim)
 {
     u32 pid = args->pid; /* the victim; this runs in the OOM killer's context */
@@ -220,17 +218,28 @@ TRACEPOINT_PROBE(oom, mark_victim)
         e->ppid = ps->ppid;
     }
     e->flags = PF_OOM_VICTIM;
+#ifdef LENS_TP_OOM_COMM
     unsigned short off = args->data_loc_comm & 0xFFFF;
     bpf_probe_read_kernel_str(e->comm, sizeof(e->comm), (void *)args + off);
+#else
+    e->comm[0] = 0; /* user space names it from the exec it saw, when it can */
+#endif
     submit(e);
     return 0;
 }
+#endif
 
 TRACEPOINT_PROBE(sched, sched_process_exit)
 {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+#ifdef LENS_TP_EXIT_GROUP_DEAD
     if (!args->group_dead)
         return 0; /* one thread of several: the process lives on */
-    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+#else
+    if ((u32)id != tgid)
+        return 0; /* not the thread-group leader: the process lives on */
+#endif
     struct proc_state *ps = procs.lookup(&tgid);
     struct proc_event *e = reserve(EV_EXIT, tgid, ps ? ps->ppid : 0);
     if (e) {

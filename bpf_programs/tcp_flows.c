@@ -1,13 +1,21 @@
-/* tcp_flows.c: TCP connection lifecycle, bytes each way, retransmits and resets.
+/* tcp_flows.c: TCP connection lifecycle, bytes each way, retransmits, resets and RTT.
  *
- * Tracepoints (arguments and helpers only, never kernel structs; DESIGN.md rule 1):
- *   sock:inet_sock_set_state   lifecycle, addresses, ports        (Linux 4.16+)
- *   sock:sock_send_length      bytes an application sent          (Linux 6.3+)
- *   sock:sock_recv_length      bytes an application received      (Linux 6.3+)
- *   tcp:tcp_retransmit_skb     retransmitted segments             (Linux 4.15+)
- *   tcp:tcp_send_reset         resets this host sent              (Linux 4.15+)
- *   tcp:tcp_receive_reset      resets this host received          (Linux 4.15+)
- *   tcp:tcp_probe              smoothed RTT per received segment  (Linux 4.16+; with -DLENS_RTT)
+ * Arguments, return values, tracepoint fields and helpers only, never kernel structs
+ * (DESIGN.md rule 1). Each need has its switch, set by the program's spec
+ * (lens_ebpf/net/tcp_flows.py SPEC) from what the running kernel describes:
+ *   sock:inet_sock_set_state   lifecycle, addresses, ports        (Linux 4.16+; always)
+ *   bytes an application sent and received, one of:
+ *     -DLENS_BYTES_TRACEPOINT  sock:sock_send_length, sock:sock_recv_length (Linux 6.3+)
+ *     -DLENS_BYTES_KPROBE      tcp_sendmsg() entry and return (socket, bytes sent),
+ *                              tcp_cleanup_rbuf() (socket, bytes copied to the reader),
+ *                              inet_recvmsg()/inet6_recvmsg() flags (MSG_PEEK reads
+ *                              nothing out), as BCC's tcptop does
+ *   -DLENS_RETRANS   tcp:tcp_retransmit_skb  retransmitted segments  (Linux 4.15+;
+ *                    its err field, -DLENS_TP_RETRANSMIT_ERR: 6.18 has it, 6.12 not)
+ *   -DLENS_RESETS    tcp:tcp_send_reset, tcp:tcp_receive_reset       (Linux 4.15+)
+ *   -DLENS_RTT       tcp:tcp_probe  smoothed RTT per received segment (Linux 4.16+); the
+ *                    socket comes from its skaddr field (-DLENS_TP_TCP_PROBE_SKADDR:
+ *                    6.12 has it, 6.1 not), else from its 4-tuple, indexed when a socket is keyed
  *
  * Per socket (keyed by the socket's address, used only as an opaque key) the program
  * keeps who opened it and how many bytes went each way. Per flow key (direction,
@@ -20,7 +28,7 @@
  * bucket boundaries (-DLENS_RTT_BOUNDS, microseconds) per (direction, class, remote).
  * It lives here because it needs each socket's direction and class from socks.
  */
-#include "lens_common.h"
+#include "tcp_flows.h"
 
 /* tcp:tcp_send_reset names enum sk_rst_reason (Linux 6.10+), which older header trees
  * lack. Give the generated argument struct a 4-byte enum of our own either way. */
@@ -38,6 +46,9 @@ enum lens_sk_rst_reason { LENS_RST_REASON_UNSPEC };
 #endif
 #ifndef RINGBUF_PAGES
 #define RINGBUF_PAGES 256
+#endif
+#ifndef MAX_RTT_KEYS
+#define MAX_RTT_KEYS 4096
 #endif
 
 /* TCP states as the tracepoint reports them. */
@@ -76,63 +87,6 @@ enum lens_sk_rst_reason { LENS_RST_REASON_UNSPEC };
 #define REASON_ABORTED 4
 #define REASON_CLOSE_NOT_SEEN 5  /* finished late: the kernel skipped this CLOSE run */
 
-struct flow_key {
-    u8 raddr[16];
-    u16 port;      /* remote port for egress, local listening port for ingress */
-    u8 direction;
-    u8 cls;
-    u8 family;
-    u8 overflow;   /* 1: the map was full; this is the per-(direction, class) slot */
-    u8 pad[2];
-};
-
-struct flow_val {
-    u64 opened;
-    u64 closed;
-    u64 failed;
-    u64 sent;
-    u64 recv;
-    u64 retrans;
-    u64 resets_sent;
-    u64 resets_recv;
-};
-
-struct sock_info {
-    u64 start_ns;
-    u64 sent;
-    u64 recv;
-    u64 cgroup_id;
-    struct flow_key key;
-    u8 laddr[16];
-    u32 pid;
-    u32 retrans;
-    u16 lport;
-    u16 rport;
-    u16 flags;
-    u8 direction;
-    u8 family;
-    char comm[16];
-};
-
-struct flow_event {
-    u64 ts_ns;
-    u64 duration_ns;
-    u64 sent;
-    u64 recv;
-    u64 cgroup_id;
-    u8 laddr[16];
-    u8 raddr[16];
-    u32 pid;
-    u32 retrans;
-    u16 lport;
-    u16 rport;
-    u8 family;
-    u8 direction;
-    u8 cls;
-    u8 reason;
-    char comm[16];
-};
-
 BPF_HASH(socks, u64, struct sock_info, MAX_SOCKETS);
 BPF_HASH(flows, struct flow_key, struct flow_val, MAX_FLOW_KEYS);
 /* Sockets closed a moment ago: an abortive close sends its reset after CLOSE. */
@@ -143,6 +97,44 @@ BPF_RINGBUF_OUTPUT(flow_events, RINGBUF_PAGES);
 /* Never written: declares the record type so Python can check its size. */
 BPF_ARRAY(layout_flow_event, struct flow_event, 1);
 BPF_ARRAY(trace_filter, struct lens_trace_filter, 1);
+
+#if defined(LENS_RTT) && !defined(LENS_TP_TCP_PROBE_SKADDR)
+/* A keyed socket by its 4-tuple, for a tcp_probe record that names no socket. */
+struct tuple_key {
+    u8 laddr[16];
+    u8 raddr[16];
+    u16 lport;
+    u16 rport;
+    u32 pad;
+};
+BPF_TABLE("lru_hash", struct tuple_key, u64, tuples, MAX_SOCKETS);
+
+static __always_inline void tuple_of(struct tuple_key *t, struct sock_info *si)
+{
+    __builtin_memset(t, 0, sizeof(*t));
+    __builtin_memcpy(t->laddr, si->laddr, 16);
+    __builtin_memcpy(t->raddr, si->key.raddr, 16);
+    t->lport = si->lport;
+    t->rport = si->rport;
+}
+
+static __always_inline void index_tuple(u64 sk, struct sock_info *si)
+{
+    struct tuple_key t;
+    tuple_of(&t, si);
+    tuples.update(&t, &sk);
+}
+
+static __always_inline void unindex_tuple(struct sock_info *si)
+{
+    struct tuple_key t;
+    tuple_of(&t, si);
+    tuples.delete(&t);
+}
+#else
+static __always_inline void index_tuple(u64 sk, struct sock_info *si) {}
+static __always_inline void unindex_tuple(struct sock_info *si) {}
+#endif
 
 static __always_inline void stat_add(u32 idx, u64 n)
 {
@@ -257,13 +249,14 @@ static __always_inline void emit_close(struct sock_info *si, u8 reason)
  * ESTABLISHED transition; when the kernel skipped that run of this program (a
  * softirq landing while another tracing program ran on the CPU: bpf_prog_active),
  * the next transition that carries addresses does it instead. */
-static __always_inline void key_socket(struct sock_info *si, u16 family, const u8 *raddr,
-                                       u16 sport, u16 dport)
+static __always_inline void key_socket(u64 sk, struct sock_info *si, u16 family,
+                                       const u8 *raddr, u16 sport, u16 dport)
 {
     si->lport = sport;
     si->rport = dport;
     make_key(&si->key, si->direction, family, raddr, sport, dport);
     si->flags |= SI_KEYED;
+    index_tuple(sk, si);
     struct flow_val *v = flow_get(&si->key);
     if (!v)
         return;
@@ -346,7 +339,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
     if (!(si->flags & SI_KEYED) && ns != S_SYN_SENT && ns != S_SYN_RECV &&
         !(ns == S_CLOSE && (os == S_SYN_SENT || os == S_SYN_RECV))) {
         copy_addr(si->laddr, family, args->saddr, args->saddr_v6);
-        key_socket(si, family, raddr, sport, dport);
+        key_socket(sk, si, family, raddr, sport, dport);
     }
 
     /* close() from the application: a process context for accepted sockets too */
@@ -372,20 +365,18 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         /* no FIN exchange: an abortive close (its reset follows) or a timeout */
         reason = REASON_ABORTED;
     }
-    if (si->flags & SI_KEYED)
+    if (si->flags & SI_KEYED) {
         recent.update(&sk, &si->key);
+        unindex_tuple(si);
+    }
     finish_socket(si, reason);
     socks.delete(&sk);
     return 0;
 }
 
-static __always_inline void count_bytes(u64 sk, u16 family, u16 protocol, int ret, int flags,
-                                        int sending)
+/* Bytes an application moved on a socket: into its flow's counters once keyed. */
+static __always_inline void account_bytes(u64 sk, int ret, int sending)
 {
-    if (protocol != LENS_IPPROTO_TCP || ret <= 0 || (flags & MSG_PEEK_FLAG))
-        return;
-    if (family != AF_INET && family != AF_INET6)
-        return;
     struct sock_info *si = socks.lookup(&sk);
     if (!si) {
         stat_add(sending ? ST_UNTRACKED_SENT : ST_UNTRACKED_RECV, ret);
@@ -408,6 +399,17 @@ static __always_inline void count_bytes(u64 sk, u16 family, u16 protocol, int re
         __sync_fetch_and_add(&v->recv, ret);
 }
 
+#ifdef LENS_BYTES_TRACEPOINT
+static __always_inline void count_bytes(u64 sk, u16 family, u16 protocol, int ret, int flags,
+                                        int sending)
+{
+    if (protocol != LENS_IPPROTO_TCP || ret <= 0 || (flags & MSG_PEEK_FLAG))
+        return;
+    if (family != AF_INET && family != AF_INET6)
+        return;
+    account_bytes(sk, ret, sending);
+}
+
 TRACEPOINT_PROBE(sock, sock_send_length)
 {
     count_bytes((u64)args->sk, args->family, args->protocol, args->ret, args->flags, 1);
@@ -419,11 +421,87 @@ TRACEPOINT_PROBE(sock, sock_recv_length)
     count_bytes((u64)args->sk, args->family, args->protocol, args->ret, args->flags, 0);
     return 0;
 }
+#endif
 
+#ifdef LENS_BYTES_KPROBE
+#ifndef MAX_INFLIGHT_CALLS
+#define MAX_INFLIGHT_CALLS 16384
+#endif
+/* thread -> the socket its tcp_sendmsg() is sending on, until the call returns */
+BPF_HASH(sending, u64, u64, MAX_INFLIGHT_CALLS);
+/* threads inside a MSG_PEEK recvmsg(): their tcp_cleanup_rbuf() moved no data out */
+BPF_HASH(peeking, u64, u8, MAX_INFLIGHT_CALLS);
+
+/* int tcp_sendmsg(struct sock *sk, struct msghdr *msg, size_t size) */
+int kprobe__tcp_sendmsg(struct pt_regs *ctx)
+{
+    u64 tid = bpf_get_current_pid_tgid();
+    u64 sk = PT_REGS_PARM1(ctx);
+    sending.update(&tid, &sk);
+    return 0;
+}
+
+int kretprobe__tcp_sendmsg(struct pt_regs *ctx)
+{
+    u64 tid = bpf_get_current_pid_tgid();
+    u64 *sk = sending.lookup(&tid);
+    if (!sk)
+        return 0;
+    u64 sock = *sk;
+    sending.delete(&tid);
+    int ret = PT_REGS_RC(ctx);
+    if (ret > 0)
+        account_bytes(sock, ret, 1);
+    return 0;
+}
+
+/* int inet_recvmsg(struct socket *sock, struct msghdr *msg, size_t size, int flags), and
+ * inet6_recvmsg alike: remember a peek until the same thread's tcp_cleanup_rbuf(). */
+static __always_inline int recv_flags(int flags)
+{
+    u64 tid = bpf_get_current_pid_tgid();
+    if (flags & MSG_PEEK_FLAG) {
+        u8 one = 1;
+        peeking.update(&tid, &one);
+    } else if (peeking.lookup(&tid)) {
+        peeking.delete(&tid); /* a peek that never reached tcp_cleanup_rbuf() */
+    }
+    return 0;
+}
+
+int kprobe__inet_recvmsg(struct pt_regs *ctx)
+{
+    return recv_flags((int)PT_REGS_PARM4(ctx));
+}
+
+int kprobe__inet6_recvmsg(struct pt_regs *ctx)
+{
+    return recv_flags((int)PT_REGS_PARM4(ctx));
+}
+
+/* void tcp_cleanup_rbuf(struct sock *sk, int copied): copied bytes left the receive
+ * queue for the reader (negative: an error code). */
+int kprobe__tcp_cleanup_rbuf(struct pt_regs *ctx)
+{
+    u64 tid = bpf_get_current_pid_tgid();
+    if (peeking.lookup(&tid)) {
+        peeking.delete(&tid);
+        return 0;
+    }
+    int copied = (int)PT_REGS_PARM2(ctx);
+    if (copied > 0)
+        account_bytes(PT_REGS_PARM1(ctx), copied, 0);
+    return 0;
+}
+#endif
+
+#ifdef LENS_RETRANS
 TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 {
+#ifdef LENS_TP_RETRANSMIT_ERR
     if (args->err != 0)
         return 0; /* not sent; the kernel's own retransmit counts skip these too */
+#endif
     u64 sk = (u64)args->skaddr;
     struct sock_info *si = socks.lookup(&sk);
     if (!si) {
@@ -436,18 +514,21 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
         __builtin_memcpy(&k, &si->key, sizeof(k));
     } else { /* a SYN retransmitted before the handshake finished */
         u8 raddr[16];
-        u16 family = args->family, sport = args->sport, dport = args->dport;
+        u16 sport = args->sport, dport = args->dport;
         LENS_PIN(sport);
         LENS_PIN(dport);
-        copy_addr(raddr, family, args->daddr, args->daddr_v6);
-        make_key(&k, si->direction, family, raddr, sport, dport);
+        /* the socket's family: 5.10's record has no family field */
+        copy_addr(raddr, si->family, args->daddr, args->daddr_v6);
+        make_key(&k, si->direction, si->family, raddr, sport, dport);
     }
     struct flow_val *v = flow_get(&k);
     if (v)
         __sync_fetch_and_add(&v->retrans, 1);
     return 0;
 }
+#endif
 
+#ifdef LENS_RESETS
 TRACEPOINT_PROBE(tcp, tcp_receive_reset)
 {
     u64 sk = (u64)args->skaddr;
@@ -460,11 +541,11 @@ TRACEPOINT_PROBE(tcp, tcp_receive_reset)
         __builtin_memcpy(&k, &si->key, sizeof(k));
     } else { /* a refused connect: the reset answers our SYN */
         u8 raddr[16];
-        u16 family = args->family, sport = args->sport, dport = args->dport;
+        u16 sport = args->sport, dport = args->dport;
         LENS_PIN(sport);
         LENS_PIN(dport);
-        copy_addr(raddr, family, args->daddr, args->daddr_v6);
-        make_key(&k, si->direction, family, raddr, sport, dport);
+        copy_addr(raddr, si->family, args->daddr, args->daddr_v6);
+        make_key(&k, si->direction, si->family, raddr, sport, dport);
     }
     struct flow_val *v = flow_get(&k);
     if (v)
@@ -493,27 +574,39 @@ TRACEPOINT_PROBE(tcp, tcp_send_reset)
         __sync_fetch_and_add(&v->resets_sent, 1);
     return 0;
 }
-
-#ifdef LENS_RTT
-#ifndef MAX_RTT_KEYS
-#define MAX_RTT_KEYS 4096
 #endif
 
-struct rtt_key {
-    u8 raddr[16];
-    u8 direction;
-    u8 cls;
-    u8 family;
-    u8 overflow; /* 1: the map was full; the per-(direction, class) slot */
-};
-
-struct rtt_val {
-    u64 count;
-    u64 sum_us;
-    u64 bins[LENS_RTT_NBOUNDS + 1]; /* bins[i]: srtt <= bound[i]; the last: above all */
-};
-
+#ifdef LENS_RTT
 BPF_HASH(rtt, struct rtt_key, struct rtt_val, MAX_RTT_KEYS);
+
+#ifndef LENS_TP_TCP_PROBE_SKADDR
+/* No skaddr in this kernel's tcp_probe: find the socket by its 4-tuple. The record's
+ * saddr/daddr are a sockaddr_in or sockaddr_in6 (family first, as the kernel stores
+ * them); sport/dport are the same host-order ports inet_sock_set_state reports. */
+static __always_inline struct sock_info *socket_by_tuple(const u8 *saddr, const u8 *daddr,
+                                                         u16 sport, u16 dport)
+{
+    u8 sa[28] = {};
+    u8 da[28] = {};
+    bpf_probe_read_kernel(sa, sizeof(sa), saddr);
+    bpf_probe_read_kernel(da, sizeof(da), daddr);
+    u16 family = *(u16 *)sa;
+    struct tuple_key t = {};
+    if (family == AF_INET) {
+        lens_map_v4(t.laddr, sa + 4);
+        lens_map_v4(t.raddr, da + 4);
+    } else if (family == AF_INET6) {
+        __builtin_memcpy(t.laddr, sa + 8, 16);
+        __builtin_memcpy(t.raddr, da + 8, 16);
+    } else {
+        return 0;
+    }
+    t.lport = sport;
+    t.rport = dport;
+    u64 *sk = tuples.lookup(&t);
+    return sk ? socks.lookup(sk) : 0;
+}
+#endif
 
 TRACEPOINT_PROBE(tcp, tcp_probe)
 {
@@ -522,8 +615,15 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
     u32 srtt = args->srtt;
     if (!srtt)
         return 0;
+#ifdef LENS_TP_TCP_PROBE_SKADDR
     u64 sk = (u64)args->skaddr;
     struct sock_info *si = socks.lookup(&sk);
+#else
+    u16 sport = args->sport, dport = args->dport;
+    LENS_PIN(sport);
+    LENS_PIN(dport);
+    struct sock_info *si = socket_by_tuple(args->saddr, args->daddr, sport, dport);
+#endif
     if (!si || !(si->flags & SI_KEYED)) {
         stat_add(ST_RTT_UNTRACKED, 1);
         return 0;

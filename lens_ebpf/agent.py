@@ -20,7 +20,7 @@ from lens_ebpf import __version__, kernel_headers, tracefs
 from lens_ebpf.api.grpc_server import GrpcServer, server_credentials
 from lens_ebpf.api.http import HttpServer, Response, envelope, json_response
 from lens_ebpf.api.reporter import Reporter, channel_credentials
-from lens_ebpf.bpf.loader import ATTACHED, OFF, BpfLoader, LoaderCollector
+from lens_ebpf.bpf.loader import ATTACHED, OFF, BpfLoader, LoaderCollector, feature_view
 from lens_ebpf.config import Config, policy_path
 from lens_ebpf.containers.cgroups import CgroupIndex, cgroup_path, parse_cgroup
 from lens_ebpf.containers.proc_events import NAME as NAME_PROCS
@@ -48,7 +48,7 @@ from lens_ebpf.k8s.kubelet import SA_CA, KubeletClient, KubeletCollector
 from lens_ebpf.k8s.podresources import PodResourcesCollector
 from lens_ebpf.metrics.cache import CacheCollector, MetricCache
 from lens_ebpf.net.policy import Policy, PolicyError, load_policy, with_cluster_networks
-from lens_ebpf.net.tcp_flows import TcpFlows, TcpFlowsCollector
+from lens_ebpf.net.tcp_flows import RTT, TcpFlows, TcpFlowsCollector
 
 log = logging.getLogger(__name__)
 RUNNING = "running"  # a device collector's feature state
@@ -90,7 +90,7 @@ class Agent:
         self.bus = EventBus(cfg.events.queue_size, history=cfg.grpc.history)
         self.loader = BpfLoader()
         self.registry = CollectorRegistry(auto_describe=False)
-        self.features: dict[str, dict[str, str]] = {}
+        self.features: dict[str, dict[str, Any]] = {}
         self.headers: kernel_headers.HeaderTree | None = None
         self.tcp: TcpFlows | None = None
         self.procs: ProcEvents | None = None
@@ -169,13 +169,16 @@ class Agent:
             self._spawn("ringbuf-tcp", lambda: tcp.poll_until(self.stop_event))
         st = self.loader.status.get("tcp_flows")
         if st is not None:
-            self.features["tcp_flows"] = {"state": st.state, "reason": st.reason}
-            rtt_reason = self.tcp.rtt_off_reason if self.tcp else "needs the tcp_flows program"
-            self.features["tcp_rtt"] = (
-                {"state": ATTACHED, "reason": ""}
-                if self.tcp is not None and self.tcp.rtt is not None
-                else {"state": OFF, "reason": rtt_reason or st.reason}
-            )
+            flows_needs = [n for n in st.paths if n != RTT]
+            self.features["tcp_flows"] = feature_view(st, flows_needs)
+            # RTT stands on the flows program (it needs each socket's state), whichever
+            # path that program's bytes took
+            rtt = feature_view(st, [RTT])
+            if self.tcp is None or self.tcp.rtt is None:
+                reason = tcp.rtt_off_reason or f"needs the tcp_flows program: {st.reason}"
+                rtt.update(state=OFF, reason=reason, path=OFF)
+            rtt["detail"] = "; ".join(d for d in tcp.plan.degraded if "tcp_probe" in d)
+            self.features["tcp_rtt"] = rtt
 
     def _start_kubernetes(self) -> None:
         """The pod/service index when an API is configured; standalone otherwise."""
@@ -347,8 +350,7 @@ class Agent:
                 log.warning("no inotify on the containerd state: %s", exc)
             self.registry.register(ProcEventsCollector(procs))
             self._spawn("ringbuf-proc", lambda: procs.poll_until(self.stop_event))
-        st = self.loader.status[NAME_PROCS]
-        self.features["processes"] = {"state": st.state, "reason": st.reason}
+        self.features["processes"] = feature_view(self.loader.status[NAME_PROCS])
         assert self.http is not None
         self.http.add(
             "/pods",
@@ -468,7 +470,7 @@ class Agent:
             self.devices.stop()
         self.loader.close()
         for name, st in self.loader.status.items():
-            self.features[name] = {"state": st.state, "reason": st.reason}
+            self.features.setdefault(name, {}).update(state=st.state, reason=st.reason)
         if self.http is not None:
             self.http.stop()
         log.info("lens-ebpf stopped; all BPF programs detached")
@@ -492,7 +494,8 @@ class _AgentCollector(Collector):
         for name, f in a.features.items():
             feat.add_sample(
                 "lens_agent_feature_up",
-                {"feature": name},
+                # path: tracepoint or kprobe for BPF features; "" for the others
+                {"feature": name, "path": f.get("path", "")},
                 1 if f["state"] in (ATTACHED, RUNNING) else 0,
             )
         yield feat

@@ -12,26 +12,50 @@ from pathlib import Path
 from typing import Any
 
 from lens_ebpf import kernel_headers, tracefs
+from lens_ebpf.bpf.spec import Kernel, Plan, resolve
 from lens_ebpf.bpf.syscall import ringbuf_supported
+from lens_ebpf.containers import proc_events
+from lens_ebpf.net import tcp_flows
 
-# Tracepoints named in DESIGN.md, by the feature that needs them.
-FEATURE_TRACEPOINTS: dict[str, tuple[str, ...]] = {
-    "tcp_flows": (
-        "sock:inet_sock_set_state",
-        "sock:sock_send_length",
-        "sock:sock_recv_length",
-        "tcp:tcp_retransmit_skb",
-        "tcp:tcp_send_reset",
-        "tcp:tcp_receive_reset",
-    ),
-    "tcp_rtt": ("tcp:tcp_probe",),
-    "processes": (
-        "sched:sched_process_exec",
-        "sched:sched_process_exit",
-        "sched:sched_process_fork",
-        "oom:mark_victim",
-    ),
-}
+# The programs' specs are the one list of what each feature needs (bpf/spec.py).
+SPECS = (tcp_flows.SPEC, proc_events.SPEC)
+
+
+def feature_plans(kernel: Kernel) -> dict[str, tuple[Plan, list[str]]]:
+    """feature -> (its program's plan on this kernel, the needs the feature covers)."""
+    flows = resolve(tcp_flows.SPEC, kernel)
+    procs = resolve(proc_events.SPEC, kernel)
+    return {
+        "tcp_flows": (flows, [n.name for n in tcp_flows.SPEC.needs if n.name != tcp_flows.RTT]),
+        "tcp_rtt": (flows, [tcp_flows.RTT]),
+        "processes": (procs, [n.name for n in proc_events.SPEC.needs]),
+    }
+
+
+def feature_support(plan: Plan, needs: list[str]) -> dict[str, Any]:
+    """Whether a feature would load here, by which path, and why not or what it loses."""
+    chosen = {n: plan.choices[n] for n in needs}
+    paths = {n: c.label for n, c in chosen.items()}
+    used = {p for p in paths.values() if p != "off"}
+    supported = (
+        plan.loadable
+        and all(c.path is not None for n, c in chosen.items() if not plan.spec.need(n).optional)
+        and bool(used)
+    )
+    reasons = [f"{n}: {c.reason}" for n, c in chosen.items() if c.reason]
+    reasons += [
+        d
+        for d in plan.degraded
+        if any(tp in d for n in needs for p in plan.spec.need(n).paths for tp in p.probes)
+    ]
+    if not plan.loadable:
+        reasons.insert(0, plan.off_reason)
+    return {
+        "supported": supported,
+        "path": "kprobe" if "kprobe" in used else "tracepoint" if used else "off",
+        "paths": paths,
+        "reason": "; ".join(dict.fromkeys(reasons)),
+    }
 
 
 @dataclass
@@ -142,18 +166,12 @@ def run_checks() -> dict[str, Any]:
     checks.append(
         Check("amdsmi", amd is not None, amd or "absent", shutil.which("amd-smi") or "no amd-smi")
     )
-    present = {
-        tp: tracefs.tracepoint_exists(tp, events)
-        for tps in FEATURE_TRACEPOINTS.values()
-        for tp in tps
+    kernel = Kernel.running(SPECS)
+    present = {tp: kernel.has_tracepoint(tp) for spec in SPECS for tp in spec.all_tracepoints()}
+    features = {
+        feature: feature_support(plan, needs)
+        for feature, (plan, needs) in feature_plans(kernel).items()
     }
-    features = {}
-    for feature, tps in FEATURE_TRACEPOINTS.items():
-        missing = [tp for tp in tps if not present[tp]]
-        features[feature] = {
-            "supported": not missing and events is not None,
-            "reason": f"missing: {', '.join(missing)}" if missing else "",
-        }
     return {
         "checks": {c.name: asdict(c) for c in checks},
         "tracepoints": present,
@@ -174,7 +192,8 @@ def format_table(result: dict[str, Any]) -> str:
     for tp, ok in result["tracepoints"].items():
         lines.append(f"{tp:<40} {'yes' if ok else 'no'}")
     lines.append("")
-    lines.append(f"{'FEATURE':<16} {'SUPPORTED':<10} REASON")
+    lines.append(f"{'FEATURE':<12} {'SUPPORTED':<10} {'PATH':<11} REASON")
     for name, f in result["features"].items():
-        lines.append(f"{name:<16} {'yes' if f['supported'] else 'no':<10} {f['reason']}"[:80])
+        ok = "yes" if f["supported"] else "no"
+        lines.append(f"{name:<12} {ok:<10} {f['path']:<11} {f['reason']}"[:80])
     return "\n".join(lines)

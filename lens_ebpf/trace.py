@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from lens_ebpf import config, kernel_headers, tracefs
 from lens_ebpf.bpf import layouts
-from lens_ebpf.bpf.loader import BpfLoader, program_source, render_cflags
+from lens_ebpf.bpf.loader import BpfLoader, plan_for, program_source, render_cflags
 from lens_ebpf.containers import proc_events
 from lens_ebpf.containers.cgroups import CgroupIndex
 from lens_ebpf.containers.runtime import ContainerdState
@@ -189,11 +189,15 @@ def print_ebpf(what: str, cfg: config.Config, out: TextIO) -> None:
     names = {"tcp": ["tcp_flows"], "rtt": ["tcp_flows"], "exec": ["proc_events"],
              "all": ["tcp_flows", "proc_events"]}[what]  # fmt: skip
     for name in names:
-        defines: dict[str, int | str] = (
-            tcp_flows.TcpFlows.static_defines(cfg, rtt=what in ("rtt", "all"))
-            if name == "tcp_flows"
-            else proc_events.ProcEvents.static_defines(cfg)
-        )
+        # the switches this kernel's spec resolution sets, then the settings
+        if name == "tcp_flows":
+            rtt = what in ("rtt", "all")
+            plan = plan_for(tcp_flows.SPEC, () if rtt else (tcp_flows.RTT,))
+            settings = tcp_flows.TcpFlows.static_defines(cfg, rtt=rtt and plan.uses(tcp_flows.RTT))
+        else:
+            plan = plan_for(proc_events.SPEC)
+            settings = proc_events.ProcEvents.static_defines(cfg)
+        defines: dict[str, int | str] = {**plan.defines, **settings}
         out.write(f"// {program_source(name)}\n// cflags: {' '.join(render_cflags(defines))}\n")
         out.write(program_source(name).read_text())
 
@@ -211,14 +215,6 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         raise TraceError("tracefs is not mounted and cannot be (mount -t tracefs ...)")
     want_tcp = args.what in ("tcp", "rtt", "all")
     want_proc = args.what in ("exec", "all")
-    needed = (list(tcp_flows.TRACEPOINTS) if want_tcp else []) + (
-        list(proc_events.TRACEPOINTS) if want_proc else []
-    )
-    if args.what in ("rtt", "all"):
-        needed.append(tcp_rtt.TRACEPOINT)
-    missing = [tp for tp in needed if not tracefs.tracepoint_exists(tp)]
-    if missing:
-        raise TraceError(f"this kernel lacks tracepoint(s) {', '.join(missing)}")
     kernel_headers.resolve(fallback_glob=cfg.kernel.headers_fallback_glob,
                            link=cfg.kernel.link_headers)  # fmt: skip
     try:
@@ -233,6 +229,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     tcp = procs = None
     if want_tcp:
         tcp = tcp_flows.TcpFlows(cfg, cache, bus, loader, rtt=args.what in ("rtt", "all"))
+        if args.what == "rtt" and tcp.rtt is None:
+            raise TraceError(f"rtt: {tcp.rtt_off_reason}")
         if not tcp.start(policy):
             raise TraceError(f"tcp_flows: {loader.status['tcp_flows'].reason}")
         layouts.set_trace_filter(tcp.bpf, args.pid, args.port)

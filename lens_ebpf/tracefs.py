@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -45,3 +46,46 @@ def tracepoint_exists(tracepoint: str, events: Path | None = None) -> bool:
 def kprobes_available(candidates: tuple[Path, ...] = CANDIDATES) -> bool:
     """kprobes need kprobe_events in tracefs (absent on kernels built without them)."""
     return any((root / "kprobe_events").exists() for root in candidates)
+
+
+def tracepoint_fields(tracepoint: str, events: Path | None = None) -> frozenset[str]:
+    """The fields of tracepoint's record as BCC names them (`__data_loc char[] comm` is
+    `data_loc_comm`); empty when the kernel does not describe the tracepoint."""
+    root = events if events is not None else events_dir()
+    if root is None:
+        return frozenset()
+    category, _, name = tracepoint.partition(":")
+    try:
+        text = (root / category / name / "format").read_text()
+    except OSError:
+        return frozenset()
+    return parse_format_fields(text)
+
+
+def parse_format_fields(text: str) -> frozenset[str]:
+    """Field names from a tracepoint format file, common_* fields left out."""
+    names = set()
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("field:"):
+            continue
+        decl = line[len("field:") :].split(";", 1)[0].strip()
+        ident = re.sub(r"\[[^\]]*\]", "", decl).split()[-1].lstrip("*")
+        if ident.startswith("common_"):
+            continue
+        names.add(f"data_loc_{ident}" if decl.startswith("__data_loc") else ident)
+    return frozenset(names)
+
+
+def kernel_functions(names: set[str], kallsyms: Path = Path("/proc/kallsyms")) -> set[str]:
+    """Which of names the running kernel has as functions a kprobe can attach to."""
+    found: set[str] = set()
+    try:
+        with kallsyms.open() as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3 and parts[1] in "tT" and parts[2] in names:
+                    found.add(parts[2])
+    except OSError:
+        pass
+    return found

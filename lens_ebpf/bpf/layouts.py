@@ -1,7 +1,8 @@
-"""Python mirrors of bpf_programs/lens_common.h and the programs' records.
+"""Python mirrors of the records in bpf_programs/*.h (lens_common.h, tcp_flows.h,
+proc_events.h).
 
-Each mirror is checked against the size BCC derived from the C at load time; a
-mismatch is an error, never a guess (STYLE.md).
+Each mirror is checked field by field (name, offset, size) against the type BCC
+derived from the C at load time; a mismatch is an error, never a guess (STYLE.md).
 """
 
 from __future__ import annotations
@@ -127,16 +128,46 @@ class TraceFilter(ctypes.Structure):
 def set_trace_filter(bpf: object, pid: int = 0, port: int = 0) -> None:
     """Fill a program's trace_filter map (events only; counters are never filtered)."""
     table = bpf[b"trace_filter"]  # type: ignore[index]
-    check_size("trace_filter", TraceFilter, table.Leaf)
+    check_layout("trace_filter", TraceFilter, table.Leaf)
     table[ctypes.c_int(0)] = table.Leaf(pid, port, 1 if (pid or port) else 0)
 
 
 class LayoutError(Exception):
-    """A Python mirror does not match the size of its C layout."""
+    """A Python mirror does not match its C layout."""
 
 
-def check_size(what: str, mirror: type[ctypes.Structure], c_type: type) -> None:
-    """Refuse to run when a mirror and the compiled layout differ in size."""
+def fields_of(t: type) -> list[tuple[str, int, int]]:
+    """(name, offset, size) of each field of a ctypes structure, padding left out."""
+    fields = getattr(t, "_fields_", ())
+    return [
+        (f[0], getattr(t, f[0]).offset, getattr(t, f[0]).size)
+        for f in fields
+        if not f[0].startswith("__pad")
+    ]
+
+
+def check_layout(what: str, mirror: type[ctypes.Structure], c_type: type) -> None:
+    """Refuse to run when a mirror and the compiled layout differ: in size, or in any
+    field's name, offset or size (nested structures too)."""
     want, got = ctypes.sizeof(c_type), ctypes.sizeof(mirror)
     if want != got:
         raise LayoutError(f"{what}: C layout is {want} bytes, Python mirror {got}")
+    c_fields, py_fields = fields_of(c_type), fields_of(mirror)
+    for i in range(max(len(c_fields), len(py_fields))):
+        c = c_fields[i] if i < len(c_fields) else None
+        py = py_fields[i] if i < len(py_fields) else None
+        if c != py:
+            raise LayoutError(
+                f"{what}: field {i} is {_field_text(c)} in C, {_field_text(py)} in Python"
+            )
+    for (name, ctype), (_, ptype) in zip(_typed(c_type), _typed(mirror), strict=True):
+        if hasattr(ctype, "_fields_") and hasattr(ptype, "_fields_"):
+            check_layout(f"{what}.{name}", ptype, ctype)
+
+
+def _typed(t: type) -> list[tuple[str, type]]:
+    return [(f[0], f[1]) for f in getattr(t, "_fields_", ()) if not f[0].startswith("__pad")]
+
+
+def _field_text(f: tuple[str, int, int] | None) -> str:
+    return "missing" if f is None else f"{f[0]} at offset {f[1]}, {f[2]} bytes"

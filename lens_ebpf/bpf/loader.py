@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from lens_ebpf import tracefs
+from lens_ebpf.bpf.spec import KPROBE, TRACEPOINT, Kernel, Plan, ProgramSpec, resolve
 from lens_ebpf.bpf.syscall import recursion_misses
 
 log = logging.getLogger(__name__)
@@ -42,17 +42,32 @@ def render_cflags(defines: Mapping[str, int | str]) -> list[str]:
 
 @dataclass
 class ProgramStatus:
-    """What became of one program: attached, off (with why) or error (with why)."""
+    """What became of one program: attached, off (with why) or error (with why), and the
+    path each of its needs took on this kernel."""
 
     name: str
     state: str
     reason: str = ""
     load_seconds: float = 0.0
     tracepoints: tuple[str, ...] = ()
+    kprobes: tuple[str, ...] = ()
+    paths: dict[str, str] = field(default_factory=dict)  # need -> tracepoint|kprobe|off
+    detail: str = ""  # fallbacks taken and details lost (Plan.summary)
 
 
-def missing_tracepoints(tracepoints: Sequence[str], events: Path | None = None) -> list[str]:
-    return [tp for tp in tracepoints if not tracefs.tracepoint_exists(tp, events)]
+def plan_for(spec: ProgramSpec, disabled: Sequence[str] = (), kernel: Kernel | None = None) -> Plan:
+    """spec resolved on the running kernel (or the one given)."""
+    return resolve(spec, kernel or Kernel.running((spec,)), disabled)
+
+
+def feature_view(st: ProgramStatus, needs: Iterable[str] | None = None) -> dict[str, Any]:
+    """A program's status as /readyz and check show a feature: state, why, and the path
+    (tracepoint, or kprobe where any need fell back to one) of the needs it covers."""
+    paths = {n: p for n, p in st.paths.items() if needs is None or n in needs}
+    used = {p for p in paths.values() if p != OFF}
+    path = KPROBE if KPROBE in used else TRACEPOINT if used else OFF
+    return {"state": st.state, "reason": st.reason, "path": path, "paths": paths,
+            "detail": st.detail}  # fmt: skip
 
 
 class BpfLoader:
@@ -70,46 +85,53 @@ class BpfLoader:
     def event_counts(self) -> dict[str, tuple[int, dict[str, int]]]:
         return {name: fn() for name, fn in self._event_counts.items()}
 
-    def load(
-        self,
-        name: str,
-        tracepoints: Sequence[str],
-        defines: Mapping[str, int | str] | None = None,
-    ) -> Any | None:
-        """Compile and attach bpf_programs/<name>.c; None (with a status) when it can't."""
-        tps = tuple(tracepoints)
-        missing = missing_tracepoints(tps)
-        if missing:
-            reason = f"tracepoint(s) missing on this kernel: {', '.join(missing)}"
-            self.status[name] = ProgramStatus(name, OFF, reason, tracepoints=tps)
-            log.warning("%s: off: %s", name, reason)
+    def load(self, plan: Plan, defines: Mapping[str, int | str] | None = None) -> Any | None:
+        """Compile bpf_programs/<name>.c with the plan's switches and attach what it
+        chose; None (with a status) when it can't."""
+        name = plan.spec.name
+        tps, kps = plan.tracepoints(), plan.kprobes()
+
+        def status(state: str, reason: str, seconds: float = 0.0) -> ProgramStatus:
+            st = ProgramStatus(name, state, reason, seconds, tps, kps, plan.paths(),
+                               plan.summary())  # fmt: skip
+            self.status[name] = st
+            return st
+
+        if not plan.loadable:
+            status(OFF, plan.off_reason)
+            log.warning("%s: off: %s", name, plan.off_reason)
             return None
         try:
             from bcc import BPF
         except ImportError as exc:
             reason = f"BCC is not importable ({exc}); install python3-bpfcc"
-            self.status[name] = ProgramStatus(name, ERROR, reason, tracepoints=tps)
+            status(ERROR, reason)
             log.error("%s: %s", name, reason)
             return None
         started = time.monotonic()
         try:
+            # kprobe__fn / kretprobe__fn functions attach themselves as BCC loads them
             bpf = BPF(
                 src_file=str(program_source(name)).encode(),
-                cflags=render_cflags(defines or {}),
+                cflags=render_cflags({**plan.defines, **(defines or {})}),
             )
-            attached = bpf.num_open_tracepoints()
-            if attached != len(tps):
+            got = (bpf.num_open_tracepoints(), bpf.num_open_kprobes())
+            if got != (len(tps), len(kps)):
                 bpf.cleanup()
-                raise RuntimeError(f"{attached} of {len(tps)} tracepoints attached")
+                raise RuntimeError(
+                    f"{got[0]} of {len(tps)} tracepoints and {got[1]} of {len(kps)} "
+                    "kprobes attached"
+                )
         except Exception as exc:  # BCC raises bare Exception for compile and load errors
             reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
-            self.status[name] = ProgramStatus(name, ERROR, reason, tracepoints=tps)
+            status(ERROR, reason)
             log.error("%s: cannot load: %s", name, reason)
             return None
         elapsed = time.monotonic() - started
-        self.status[name] = ProgramStatus(name, ATTACHED, "", elapsed, tps)
+        status(ATTACHED, "", elapsed)
         self._loaded[name] = bpf
-        log.info("%s: attached %d tracepoints in %.2fs", name, len(tps), elapsed)
+        log.info("%s: attached %d tracepoints and %d kprobes in %.2fs (%s)", name, len(tps),
+                 len(kps), elapsed, plan.summary() or "all tracepoints")  # fmt: skip
         return bpf
 
     def misses(self) -> list[tuple[str, str, int]]:

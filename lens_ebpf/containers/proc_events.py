@@ -13,8 +13,9 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf.bpf import layouts
-from lens_ebpf.bpf.loader import BpfLoader
+from lens_ebpf.bpf.loader import BpfLoader, plan_for
 from lens_ebpf.bpf.program import RingProgram
+from lens_ebpf.bpf.spec import TRACEPOINT, Field, Need, ProbePath, ProgramSpec
 from lens_ebpf.config import Config
 from lens_ebpf.containers.cgroups import CgroupIndex, CgroupRef, parse_cgroup
 from lens_ebpf.containers.runtime import ContainerdState, ContainerInfo
@@ -24,15 +25,28 @@ from lens_ebpf.metrics.cache import COUNTER, MetricCache
 log = logging.getLogger(__name__)
 
 NAME = "proc_events"
-TRACEPOINTS = (
-    "sched:sched_process_fork",
-    "sched:sched_process_exec",
-    "sched:sched_process_exit",
-    "syscalls:sys_enter_exit_group",
-    "syscalls:sys_enter_exit",
-    "signal:signal_deliver",
-    "oom:mark_victim",
-)
+# What proc_events.c needs, and what is lost without the optional parts (bpf/spec.py).
+SPEC = ProgramSpec(
+    NAME,
+    needs=(
+        Need("fork", (ProbePath(TRACEPOINT, ("sched:sched_process_fork",)),)),
+        Need("exec", (ProbePath(TRACEPOINT, ("sched:sched_process_exec",)),)),
+        Need("exit", (ProbePath(TRACEPOINT, ("sched:sched_process_exit",)),)),
+        Need("exit_codes", (ProbePath(TRACEPOINT, ("syscalls:sys_enter_exit_group",
+                                                   "syscalls:sys_enter_exit"), "LENS_EXIT_CODES"),),
+             optional=True, what_is_lost="exits carry no exit code"),
+        Need("signals", (ProbePath(TRACEPOINT, ("signal:signal_deliver",), "LENS_SIGNALS"),),
+             optional=True, what_is_lost="exits carry no killing signal"),
+        Need("oom", (ProbePath(TRACEPOINT, ("oom:mark_victim",), "LENS_OOM"),), optional=True,
+             what_is_lost="no OOM kill events"),
+    ),
+    fields=(
+        Field("sched:sched_process_exit", "group_dead", "LENS_TP_EXIT_GROUP_DEAD",
+              "the thread-group leader's exit stands for the process's"),
+        Field("oom:mark_victim", "data_loc_comm", "LENS_TP_OOM_COMM",
+              "OOM events name the process from its exec"),
+    ),
+)  # fmt: skip
 EV_EXEC, EV_EXIT, EV_OOM = 1, 2, 3
 PF_OOM_VICTIM = 4
 PSTATS = ("ringbuf_full", "events")
@@ -191,6 +205,7 @@ class ProcEvents(RingProgram):
         # (namespace, pod) -> the pod's identity in the cluster index (its owner workload)
         self.workload: Callable[[str, str], Any] | None = None
         resolver.on_change = self._containers_changed
+        self._comms: dict[int, str] = {}
         for name, help_text, extra in (
             (EXECS, "Processes started (exec) in containers", ()),
             (EXITS, "Processes ended, by exit class: success, error, signal, unknown",
@@ -205,10 +220,10 @@ class ProcEvents(RingProgram):
         return {"MAX_PROCS": cfg.bpf.max_processes, "RINGBUF_PAGES": cfg.bpf.ringbuf_pages}
 
     def start(self) -> bool:
-        self.bpf = self.loader.load(NAME, TRACEPOINTS, self.static_defines(self.cfg))
+        self.bpf = self.loader.load(plan_for(SPEC), self.static_defines(self.cfg))
         if self.bpf is None:
             return False
-        layouts.check_size("proc_event", layouts.ProcEvent, self.bpf[b"layout_proc_event"].Leaf)
+        layouts.check_layout("proc_event", layouts.ProcEvent, self.bpf[b"layout_proc_event"].Leaf)
         self.refresh_containers()
         self.open_events(b"proc_events", self._on_event)
         return True
@@ -232,7 +247,9 @@ class ProcEvents(RingProgram):
             ev["kind"] = "process_exec"
             ev["filename"] = rec.filename.decode(errors="replace")
             self.cache.inc(EXECS, labels)
+            self._remember_comm(rec.pid, ev["comm"])
         elif rec.kind == EV_EXIT:
+            self._comms.pop(rec.pid, None)
             ev["kind"] = "process_exit"
             ev["exit_code"] = rec.exit_code
             ev["signal"] = rec.signal
@@ -240,10 +257,19 @@ class ProcEvents(RingProgram):
             self.cache.inc(EXITS, (*labels, exit_class(rec.exit_code, rec.signal)))
         elif rec.kind == EV_OOM:
             ev["kind"] = "oom_kill"
+            if not ev["comm"]:  # a kernel whose mark_victim has no comm
+                ev["comm"] = self._comms.get(rec.pid, "")
             self.cache.inc(OOMS, labels)
         else:
             return
         self.bus.publish(ev)
+
+    def _remember_comm(self, pid: int, comm: str) -> None:
+        """pid -> its comm at exec, bounded like the kernel's process map."""
+        self._comms.pop(pid, None)
+        self._comms[pid] = comm
+        if len(self._comms) > self.cfg.bpf.max_processes:
+            self._comms.pop(next(iter(self._comms)))
 
     def refresh_containers(self) -> None:
         self.resolver.refresh()

@@ -13,11 +13,11 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from lens_ebpf import tracefs
 from lens_ebpf.bpf import layouts
-from lens_ebpf.bpf.loader import BpfLoader
+from lens_ebpf.bpf.loader import BpfLoader, plan_for
 from lens_ebpf.bpf.map_reader import DeltaReader, prefill_overflow
 from lens_ebpf.bpf.program import RingProgram
+from lens_ebpf.bpf.spec import KPROBE, TRACEPOINT, Field, Need, ProbePath, ProgramSpec
 from lens_ebpf.config import Config
 from lens_ebpf.events import EventBus
 from lens_ebpf.metrics.cache import COUNTER, MetricCache
@@ -27,14 +27,32 @@ from lens_ebpf.net.policy import CLASS_IDS, Policy, abnormal, lpm_entries
 log = logging.getLogger(__name__)
 
 NAME = "tcp_flows"
-TRACEPOINTS = (
-    "sock:inet_sock_set_state",
-    "sock:sock_send_length",
-    "sock:sock_recv_length",
-    "tcp:tcp_retransmit_skb",
-    "tcp:tcp_send_reset",
-    "tcp:tcp_receive_reset",
-)
+RTT = "rtt"  # the need that feeds the tcp_rtt feature
+# What tcp_flows.c needs and the ways to get it, in order of preference (bpf/spec.py).
+_BYTES_TP = ("sock:sock_send_length", "sock:sock_recv_length")
+_BYTES_KP = ("tcp_sendmsg", "tcp_sendmsg:return", "tcp_cleanup_rbuf", "inet_recvmsg",
+             "inet6_recvmsg")  # fmt: skip
+_RESETS = ("tcp:tcp_send_reset", "tcp:tcp_receive_reset")
+SPEC = ProgramSpec(
+    NAME,
+    needs=(
+        Need("lifecycle", (ProbePath(TRACEPOINT, ("sock:inet_sock_set_state",)),)),
+        Need("bytes", (ProbePath(TRACEPOINT, _BYTES_TP, "LENS_BYTES_TRACEPOINT"),
+                       ProbePath(KPROBE, _BYTES_KP, "LENS_BYTES_KPROBE"))),
+        Need("retransmits", (ProbePath(TRACEPOINT, ("tcp:tcp_retransmit_skb",), "LENS_RETRANS"),),
+             optional=True, what_is_lost="no retransmit counts"),
+        Need("resets", (ProbePath(TRACEPOINT, _RESETS, "LENS_RESETS"),), optional=True,
+             what_is_lost="no reset counts"),
+        Need(RTT, (ProbePath(TRACEPOINT, ("tcp:tcp_probe",), "LENS_RTT"),), optional=True,
+             what_is_lost="no RTT histograms"),
+    ),
+    fields=(
+        # older kernels trace only retransmits that were sent: nothing to skip there
+        Field("tcp:tcp_retransmit_skb", "err", "LENS_TP_RETRANSMIT_ERR", ""),
+        Field("tcp:tcp_probe", "skaddr", "LENS_TP_TCP_PROBE_SKADDR",
+              "RTT samples find their socket by 4-tuple"),
+    ),
+)  # fmt: skip
 MAX_POLICY_PREFIXES = 4096
 # Index of the program's stats array (ST_* in tcp_flows.c).
 STATS = (
@@ -162,13 +180,11 @@ class TcpFlows(RingProgram):
         self.lookup: identity.Lookup | None = None
         register_families(cache)
         # RTT needs tcp:tcp_probe; without it the flows still load
-        self.rtt_off_reason = ""
+        self.plan = plan_for(SPEC, () if rtt else (RTT,))
+        rtt_choice = self.plan.choices[RTT]
+        self.rtt_off_reason = "" if rtt_choice.path else rtt_choice.reason
         self.rtt: tcp_rtt.TcpRtt | None = None
-        if not rtt:
-            self.rtt_off_reason = "disabled by config"
-        elif not tracefs.tracepoint_exists(tcp_rtt.TRACEPOINT):
-            self.rtt_off_reason = f"tracepoint missing on this kernel: {tcp_rtt.TRACEPOINT}"
-        else:
+        if rtt_choice.path is not None:
             self.rtt = tcp_rtt.TcpRtt(cfg, cache, clock)
 
     def defines(self) -> dict[str, int | str]:
@@ -189,21 +205,18 @@ class TcpFlows(RingProgram):
 
     def start(self, policy: Policy) -> bool:
         """Load and attach; False (status recorded by the loader) when it cannot."""
-        tracepoints: tuple[str, ...] = TRACEPOINTS
-        if self.rtt is not None:
-            tracepoints = (*TRACEPOINTS, tcp_rtt.TRACEPOINT)
-        self.bpf = self.loader.load(NAME, tracepoints, self.defines())
+        self.bpf = self.loader.load(self.plan, self.defines())
         if self.bpf is None:
             return False
-        layouts.check_size("flow_key", layouts.FlowKey, self.bpf[b"flows"].Key)
-        layouts.check_size("flow_val", layouts.FlowVal, self.bpf[b"flows"].Leaf)
-        layouts.check_size("lpm_key", layouts.LpmKey, self.bpf[b"policy"].Key)
-        layouts.check_size("flow_event", layouts.FlowEvent, self.bpf[b"layout_flow_event"].Leaf)
-        layouts.check_size("sock_info", layouts.SockInfo, self.bpf[b"socks"].Leaf)
+        layouts.check_layout("flow_key", layouts.FlowKey, self.bpf[b"flows"].Key)
+        layouts.check_layout("flow_val", layouts.FlowVal, self.bpf[b"flows"].Leaf)
+        layouts.check_layout("lpm_key", layouts.LpmKey, self.bpf[b"policy"].Key)
+        layouts.check_layout("flow_event", layouts.FlowEvent, self.bpf[b"layout_flow_event"].Leaf)
+        layouts.check_layout("sock_info", layouts.SockInfo, self.bpf[b"socks"].Leaf)
         prefill_overflow(self.bpf[b"flows"], len(CLASS_IDS))
         if self.rtt is not None:
-            layouts.check_size("rtt_key", layouts.RttKey, self.bpf[b"rtt"].Key)
-            layouts.check_size("rtt_val", layouts.RttVal, self.bpf[b"rtt"].Leaf)
+            layouts.check_layout("rtt_key", layouts.RttKey, self.bpf[b"rtt"].Key)
+            layouts.check_layout("rtt_val", layouts.RttVal, self.bpf[b"rtt"].Leaf)
             prefill_overflow(self.bpf[b"rtt"], len(CLASS_IDS))
         self.set_policy(policy)
         self.open_events(b"flow_events", self._on_event)

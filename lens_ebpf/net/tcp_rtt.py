@@ -33,9 +33,9 @@ TRACEPOINT = "tcp:tcp_probe"
 
 
 def defines(cfg: Config) -> dict[str, int | str]:
-    """cflags that compile the RTT part of tcp_flows.c."""
+    """cflags the RTT part of tcp_flows.c is compiled with (LENS_RTT itself comes from
+    the program's spec, when tcp:tcp_probe is there)."""
     return {
-        "LENS_RTT": 1,
         "LENS_RTT_NBOUNDS": len(RTT_BOUNDS_US),
         "LENS_RTT_BOUNDS": ",".join(str(b) for b in RTT_BOUNDS_US),
         "MAX_RTT_KEYS": cfg.bpf.max_rtt_keys + 14,  # plus the overflow slots

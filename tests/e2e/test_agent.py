@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lens_ebpf import tracefs
-from lens_ebpf.probe import FEATURE_TRACEPOINTS
+from lens_ebpf.probe import SPECS
 from tests.agentproc import AgentProc, free_port, run_cli
 from tests.netlab import exchange, listener
 
@@ -34,7 +34,16 @@ def test_serves_metrics_counts_a_flow_and_stops_cleanly(policy: Path) -> None:
         assert seconds < 10
         status, ready = agent.json("/readyz")
         assert status == 200 and ready["ready"] is True
-        assert ready["features"]["tcp_flows"] == {"state": "attached", "reason": ""}
+        # the bytes path this kernel has: sock_send_length from 6.3, kprobes before
+        path = "tracepoint" if tracefs.tracepoint_exists("sock:sock_send_length") else "kprobe"
+        flows = ready["features"]["tcp_flows"]
+        assert (flows["state"], flows["reason"], flows["path"]) == ("attached", "", path)
+        assert flows["paths"]["bytes"] == path and flows["paths"]["lifecycle"] == "tracepoint"
+        for feature in ("tcp_rtt", "processes"):
+            got = ready["features"][feature]
+            assert (got["state"], got["path"]) == ("attached", "tracepoint"), got
+        up = {"feature": "tcp_flows", "path": path}
+        assert agent.sample("lens_agent_feature_up", up) == 1
         assert ready["policy"]["path"] == str(policy)
         for alias in ("/ready", "/health", "/healthz"):
             assert agent.json(alias)[0] == 200
@@ -78,8 +87,8 @@ def test_check_json_reports_tracepoints_and_kprobes() -> None:
     res = run_cli("check", "--json")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
-    for tps in FEATURE_TRACEPOINTS.values():
-        for tp in tps:
+    for spec in SPECS:
+        for tp in spec.all_tracepoints():
             assert out["tracepoints"][tp] is True, tp
     assert out["checks"]["kprobes"]["ok"] is tracefs.kprobes_available()
     assert out["checks"]["btf"]["ok"] is Path("/sys/kernel/btf/vmlinux").exists()
