@@ -1,6 +1,7 @@
 # lens-ebpf node agent: Debian 12 with python3-bpfcc, run as a privileged DaemonSet.
 # Kernel headers come from the host (/lib/modules, /usr/src mounted by deploy/);
-# the image carries Debian's linux-headers-amd64 as the fallback the agent links in.
+# the image carries Debian's linux-headers-amd64 as the fallback the agent links in
+# (another kernel's headers are safe: tracepoint fields and probe arguments only).
 FROM debian:bookworm-20241111-slim
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]

@@ -29,6 +29,8 @@
  * It lives here because it needs each socket's direction and class from socks.
  */
 #include "tcp_flows.h"
+/* struct sockaddr_in6: 5.10's tcp_probe record sizes its address fields with it */
+#include <linux/in6.h>
 
 /* tcp:tcp_send_reset names enum sk_rst_reason (Linux 6.10+), which older header trees
  * lack. Give the generated argument struct a 4-byte enum of our own either way. */
@@ -424,6 +426,7 @@ TRACEPOINT_PROBE(sock, sock_recv_length)
 #endif
 
 #ifdef LENS_BYTES_KPROBE
+#include <uapi/linux/ptrace.h> /* struct pt_regs, for PT_REGS_PARM*() */
 #ifndef MAX_INFLIGHT_CALLS
 #define MAX_INFLIGHT_CALLS 16384
 #endif

@@ -215,6 +215,15 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         raise TraceError("tracefs is not mounted and cannot be (mount -t tracefs ...)")
     want_tcp = args.what in ("tcp", "rtt", "all")
     want_proc = args.what in ("exec", "all")
+    # what this kernel lacks, said before anything compiles (the specs' own reasons)
+    if want_tcp:
+        plan = plan_for(tcp_flows.SPEC)
+        if not plan.loadable:
+            raise TraceError(f"tcp_flows: {plan.off_reason}")
+        if args.what == "rtt" and not plan.uses(tcp_flows.RTT):
+            raise TraceError(f"rtt: {plan.choices[tcp_flows.RTT].reason}")
+    if want_proc and not (plan := plan_for(proc_events.SPEC)).loadable:
+        raise TraceError(f"proc_events: {plan.off_reason}")
     kernel_headers.resolve(fallback_glob=cfg.kernel.headers_fallback_glob,
                            link=cfg.kernel.link_headers)  # fmt: skip
     try:

@@ -2,7 +2,8 @@
 # Installs what lens-ebpf needs on a Debian 12 machine, idempotently.
 #   scripts/setup.sh run    packages the agent needs, the venv, kernel headers, tracefs
 #   scripts/setup.sh test   the same plus what the test suite drives (containerd, runc,
-#                           prometheus, bpfcc-tools, gcc) and the dev Python packages
+#                           prometheus, bpfcc-tools, gcc, QEMU), the dev Python packages
+#                           and Debian's 5.10, 6.1 and 6.12 kernels for the kernel matrix
 #   scripts/setup.sh image  packages and venv only: the Dockerfile's install step; the
 #                           agent mounts tracefs and finds headers itself at start-up
 # The image installs with this same script, so its steps are tested where the README's are.
@@ -11,7 +12,8 @@ mode=${1:-run}
 cd "$(dirname "$0")/.."
 
 run_pkgs=(python3-bpfcc python3-venv python3-pip linux-headers-amd64 iproute2 kmod)
-test_pkgs=(bpfcc-tools containerd runc prometheus gcc libc6-dev busybox-static openssl)
+test_pkgs=(bpfcc-tools containerd runc prometheus gcc libc6-dev busybox-static openssl
+           qemu-system-x86 xz-utils zstd)
 pkgs=("${run_pkgs[@]}")
 [ "$mode" = test ] && pkgs+=("${test_pkgs[@]}")
 
@@ -41,3 +43,11 @@ fi
 
 # tracefs and a kernel header tree BCC can compile against (lens_ebpf/kernel_headers.py).
 [ "$mode" = image ] || .venv/bin/python -m lens_ebpf.kernel_headers --prepare
+
+# The kernel matrix's kernels: the newest image of each series, resolved on every run
+# (Debian drops superseded ABIs) and cached. Without them the matrix skips, saying why.
+if [ "$mode" = test ]; then
+  if ! .venv/bin/python -m tests.vm.kernels fetch; then
+    echo "setup: kernel matrix kernels not fetched; tests/vm will skip" >&2
+  fi
+fi

@@ -16,6 +16,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import stretch
+
 LENS = str(Path(sys.executable).with_name("lens-ebpf"))
 
 
@@ -79,7 +81,7 @@ class AgentProc:
 
     def wait_ready(self, timeout: float = 20) -> float:
         """Seconds from start to /readyz answering 200."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + stretch(timeout)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"agent exited {self.proc.returncode}: {self.output()}")

@@ -7,6 +7,15 @@ import shutil
 
 import pytest
 
+# Inside a kernel-matrix guest (tests/vm): QEMU emulates the CPU (TCG), many times slower
+# than the host, so waits stretch; counts stay exact.
+EMULATED = bool(os.environ.get("KMATRIX_KERNEL"))
+
+
+def stretch(seconds: float) -> float:
+    """A wait long enough here: as given on the host, eight times that in a guest."""
+    return seconds * 8 if EMULATED else seconds
+
 
 def bpf_unavailable() -> str | None:
     """Why real BPF programs cannot be loaded here, or None when they can."""

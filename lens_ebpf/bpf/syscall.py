@@ -10,8 +10,11 @@ SYS_BPF = {"x86_64": 321, "aarch64": 280}
 BPF_MAP_CREATE = 0
 BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_MAP_TYPE_RINGBUF = 27
-# struct bpf_prog_info: recursion_misses is the u64 at byte 208 (Linux 5.12+)
+# struct bpf_prog_info: run_time_ns and run_cnt are the u64s at bytes 192 and 200
+# (Linux 5.1+, counted while kernel.bpf_stats_enabled=1), recursion_misses at 208 (5.12+)
 PROG_INFO_SIZE = 256
+RUN_TIME_NS_OFFSET = 192
+RUN_CNT_OFFSET = 200
 RECURSION_MISSES_OFFSET = 208
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -41,9 +44,9 @@ def ringbuf_supported() -> tuple[bool, str]:
     return True, "BPF_MAP_TYPE_RINGBUF created"
 
 
-def recursion_misses(prog_fd: int) -> int | None:
-    """How often the kernel skipped this program because a BPF program was already
-    running on that CPU; None when the kernel does not report it."""
+def _prog_info_u64(prog_fd: int, offset: int) -> int | None:
+    """The u64 at offset of the program's bpf_prog_info; None when the kernel's info
+    is shorter (an older kernel) or the call fails."""
     info = (ctypes.c_uint8 * PROG_INFO_SIZE)()
     attr = (ctypes.c_uint32 * 4)()
     attr[0], attr[1] = prog_fd, PROG_INFO_SIZE
@@ -53,8 +56,19 @@ def recursion_misses(prog_fd: int) -> int | None:
         bpf(BPF_OBJ_GET_INFO_BY_FD, attr)
     except OSError:
         return None
-    if attr[1] < RECURSION_MISSES_OFFSET + 8:
+    if attr[1] < offset + 8:
         return None
-    return int.from_bytes(
-        bytes(info[RECURSION_MISSES_OFFSET : RECURSION_MISSES_OFFSET + 8]), "little"
-    )
+    return int.from_bytes(bytes(info[offset : offset + 8]), "little")
+
+
+def recursion_misses(prog_fd: int) -> int | None:
+    """How often the kernel skipped this program because a BPF program was already
+    running on that CPU; None when the kernel does not report it."""
+    return _prog_info_u64(prog_fd, RECURSION_MISSES_OFFSET)
+
+
+def run_stats(prog_fd: int) -> tuple[int, int] | None:
+    """(nanoseconds spent, runs) of a program while kernel.bpf_stats_enabled is 1."""
+    ns = _prog_info_u64(prog_fd, RUN_TIME_NS_OFFSET)
+    cnt = _prog_info_u64(prog_fd, RUN_CNT_OFFSET)
+    return None if ns is None or cnt is None else (ns, cnt)

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from lens_ebpf import tracefs
 from lens_ebpf.bpf.loader import ATTACHED, LoaderCollector
+from lens_ebpf.bpf.syscall import recursion_misses
 from lens_ebpf.net.policy import parse_policy
 from tests.netlab import exchange, listener, recv_exact, sh
 
@@ -202,7 +204,11 @@ def test_refused_connect_is_a_failed_connect_and_a_reset(rig: FlowRig) -> None:
     assert rig.value(OPENED, *key) == 0
     assert rig.value(CLOSED, *key) == 0
     assert rig.value(RESETS, *key, "received") == 1
-    assert rig.flows.kernel_stats["reset_no_socket"] >= before_rst + 1
+    if "saddr_v6" in tracefs.tracepoint_fields("tcp:tcp_send_reset"):
+        # the older record (5.10, 6.1) is traced only for resets sent on a socket
+        assert rig.flows.kernel_stats["reset_no_socket"] == before_rst
+    else:  # the sockaddr record (6.12 on) traces the listener-less reset too
+        assert rig.flows.kernel_stats["reset_no_socket"] >= before_rst + 1
     assert [e["reason"] for e in events] == ["failed_connect"]
 
 
@@ -264,7 +270,11 @@ def test_policy_swap_reclassifies_new_flows(rig: FlowRig, policy_file: Path) -> 
 
 def test_kernel_skips_are_reported_per_probe(rig: FlowRig) -> None:
     misses = {probe: n for program, probe, n in rig.flows.loader.misses() if program == "tcp_flows"}
-    assert set(misses) == {tp for tp in rig.flows.loader.status["tcp_flows"].tracepoints}
+    fd = next(iter(rig.flows.bpf.funcs.values())).fd
+    # bpf_prog_info carries recursion_misses from Linux 5.12: before, nothing to report
+    reported = recursion_misses(fd) is not None
+    want = set(rig.flows.loader.status["tcp_flows"].tracepoints) if reported else set()
+    assert set(misses) == want
     assert all(n >= 0 for n in misses.values())
 
 

@@ -13,6 +13,7 @@ import pytest
 from lens_ebpf import tracefs
 from lens_ebpf.probe import SPECS
 from tests.agentproc import AgentProc, free_port, run_cli
+from tests.conftest import stretch
 from tests.netlab import exchange, listener
 
 pytestmark = pytest.mark.e2e
@@ -31,7 +32,7 @@ def test_serves_metrics_counts_a_flow_and_stops_cleanly(policy: Path) -> None:
     agent = AgentProc("--policy", str(policy))
     try:
         seconds = agent.wait_ready()
-        assert seconds < 10
+        assert seconds < stretch(10)
         status, ready = agent.json("/readyz")
         assert status == 200 and ready["ready"] is True
         # the bytes path this kernel has: sock_send_length from 6.3, kprobes before
@@ -87,13 +88,16 @@ def test_check_json_reports_tracepoints_and_kprobes() -> None:
     res = run_cli("check", "--json")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
-    for spec in SPECS:
+    for spec in SPECS:  # every tracepoint a spec may use, present or not on this kernel
         for tp in spec.all_tracepoints():
-            assert out["tracepoints"][tp] is True, tp
+            assert out["tracepoints"][tp] is tracefs.tracepoint_exists(tp), tp
     assert out["checks"]["kprobes"]["ok"] is tracefs.kprobes_available()
     assert out["checks"]["btf"]["ok"] is Path("/sys/kernel/btf/vmlinux").exists()
     assert out["checks"]["kernel_headers"]["ok"] is True
-    assert out["features"]["tcp_flows"]["supported"] is True
+    for feature in ("tcp_flows", "tcp_rtt", "processes"):
+        assert out["features"][feature]["supported"] is True, out["features"][feature]
+    path = "tracepoint" if tracefs.tracepoint_exists("sock:sock_send_length") else "kprobe"
+    assert out["features"]["tcp_flows"]["paths"]["bytes"] == path
     table = run_cli("check")
     assert table.returncode == 0
     assert all(len(line) <= 80 for line in table.stdout.splitlines())

@@ -60,7 +60,20 @@ def test_missing_tracepoint_is_one_line_and_exit_2(monkeypatch, capsys) -> None:
     monkeypatch.setattr(tracefs, "tracepoint_exists", lambda tp, events=None: tp != "tcp:tcp_probe")
     assert cli.main(["trace", "rtt"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["lens-ebpf: error: trace: this kernel lacks tracepoint(s) tcp:tcp_probe"]
+    assert err == ["lens-ebpf: error: trace: rtt: no tracepoint: tcp:tcp_probe missing"]
+
+
+def test_no_byte_probe_point_is_one_line_and_exit_2(monkeypatch, capsys) -> None:
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    monkeypatch.setattr(tracefs, "ensure_mounted", lambda *a: "/sys/kernel/tracing")
+    monkeypatch.setattr(tracefs, "tracepoint_exists", lambda tp, events=None: "length" not in tp)
+    monkeypatch.setattr(tracefs, "kprobes_available", lambda *a: False)
+    assert cli.main(["trace", "tcp"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "lens-ebpf: error: trace: tcp_flows: bytes: no tracepoint: sock:sock_send_length, "
+        "sock:sock_recv_length missing; no kprobe: kprobes (kernel built without them) missing"
+    ]
 
 
 @pytest.mark.parametrize("what", ["tcp", "exec"])

@@ -21,7 +21,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-CACHE = Path(os.environ.get("LENS_VM_CACHE", "/var/cache/lens-ebpf/vm"))
+CACHE = Path(os.environ.get("KMATRIX_CACHE", "/var/cache/lens-ebpf/vm"))
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,12 @@ class Kernel:
     @property
     def vmlinuz(self) -> Path:
         return self.root / "boot" / f"vmlinuz-{self.abi}"
+
+    @property
+    def headers_source(self) -> Path | None:
+        """Debian's split -common tree (the `source` link beside `build`)."""
+        found = sorted(self.headers.parent.glob("linux-headers-*-common*"))
+        return found[0] if found else None
 
     @property
     def modules(self) -> Path:
@@ -217,7 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         kernels = fetch() if args.action == "fetch" else cached()
     except FetchError as exc:
         print(f"kernels: {exc}", file=sys.stderr)
+        CACHE.mkdir(parents=True, exist_ok=True)
+        (CACHE / "fetch-error").write_text(str(exc))  # the matrix's skip says why
         return 1
+    (CACHE / "fetch-error").unlink(missing_ok=True)
     for k in kernels:
         print(f"{k.series:<6} {k.abi:<24} {k.vmlinuz}")
     return 0

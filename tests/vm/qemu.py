@@ -4,7 +4,7 @@ The host root is shared read-only over virtio-9p and mounted under a tmpfs overl
 the guest runs this checkout and its venv as they are, on another kernel. The guest's
 /lib/modules/<abi> points at the unpacked kernel package (modprobe works) with `build`
 at the matching headers or left for the agent's own fallback. What the command writes
-to $LENS_VM_OUT comes back in a writable 9p share; its exit status is written there too.
+to $KMATRIX_OUT comes back in a writable 9p share; its exit status is written there too.
 
     python -m tests.vm.qemu 6.1 -- uname -r
 """
@@ -80,9 +80,10 @@ mkdir -p /lib/modules/$abi
 for f in $MODDIR/*; do ln -sf "$f" /lib/modules/$abi/; done
 rm -f /lib/modules/$abi/build /lib/modules/$abi/source
 [ -n "$HEADERS" ] && ln -s "$HEADERS" /lib/modules/$abi/build
+[ -n "$HEADERS_SOURCE" ] && ln -s "$HEADERS_SOURCE" /lib/modules/$abi/source
 ip link set lo up
 hostname lens-vm
-export LENS_VM_OUT=$OUTDIR LENS_VM_KERNEL=$abi
+export KMATRIX_OUT=$OUTDIR KMATRIX_KERNEL=$abi
 cd $WORKDIR
 echo "lens-vm: running on $abi"
 /bin/sh -c "$COMMAND" > $OUTDIR/console.log 2>&1
@@ -176,6 +177,7 @@ def boot(
         "OUTDIR": "/lens-vm-out",  # as INIT mounts it
         "MODDIR": str(kernel.modules),
         "HEADERS": str(kernel.headers) if headers == "matching" else "",
+        "HEADERS_SOURCE": str(kernel.headers_source or "") if headers == "matching" else "",
         "WORKDIR": str(workdir),
         "COMMAND": command,
     }
@@ -222,9 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("series", help="5.10, 6.1 or 6.12")
     ap.add_argument("--headers", choices=("matching", "fallback"), default="matching")
     ap.add_argument("--out", type=Path)
-    ap.add_argument("command", nargs=argparse.REMAINDER)
-    args = ap.parse_args(argv)
-    command = " ".join(args.command[1:] if args.command[:1] == ["--"] else args.command)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = ap.parse_args(argv[:cut])
+    command = " ".join(argv[cut + 1 :])
     res = boot(by_series(args.series), command, workdir=Path.cwd(), headers=args.headers,
                out=args.out)  # fmt: skip
     print(res.output, end="")

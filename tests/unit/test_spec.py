@@ -1,0 +1,116 @@
+"""Program specs resolved against the tracepoint formats real kernels describe.
+
+tests/fixtures/tracefs/<kernel>/ holds the format files of every tracepoint the specs
+name, copied from Debian's 5.10, 6.1 and 6.12 kernels booted in QEMU and from the
+development machines' 6.18 (`python -m tests.vm.formats` refreshes them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lens_ebpf import tracefs
+from lens_ebpf.bpf.spec import KPROBE, TRACEPOINT, Kernel, resolve
+from lens_ebpf.containers import proc_events
+from lens_ebpf.net import tcp_flows
+from lens_ebpf.probe import feature_plans, feature_support
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tracefs"
+BYTES_FNS = frozenset({"tcp_sendmsg", "tcp_cleanup_rbuf", "inet_recvmsg", "inet6_recvmsg"})
+
+
+def kernel(name: str, kprobes: bool = True, functions: frozenset[str] = BYTES_FNS) -> Kernel:
+    return Kernel(FIXTURES / name / "events", kprobes, functions if kprobes else frozenset())
+
+
+# kernel -> (bytes path, defines that must be set, defines that must not be)
+EXPECT = {
+    "5.10": (KPROBE, {"LENS_BYTES_KPROBE", "LENS_RTT", "LENS_RETRANS", "LENS_RESETS"},
+             {"LENS_TP_TCP_PROBE_SKADDR", "LENS_TP_RETRANSMIT_ERR", "LENS_BYTES_TRACEPOINT"}),
+    "6.1": (KPROBE, {"LENS_BYTES_KPROBE", "LENS_RTT"},
+            {"LENS_TP_TCP_PROBE_SKADDR", "LENS_TP_RETRANSMIT_ERR"}),
+    "6.12": (TRACEPOINT, {"LENS_BYTES_TRACEPOINT", "LENS_TP_TCP_PROBE_SKADDR"},
+             {"LENS_TP_RETRANSMIT_ERR", "LENS_BYTES_KPROBE"}),
+    "6.18": (TRACEPOINT, {"LENS_BYTES_TRACEPOINT", "LENS_TP_TCP_PROBE_SKADDR",
+                          "LENS_TP_RETRANSMIT_ERR"}, {"LENS_BYTES_KPROBE"}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(EXPECT))
+def test_tcp_flows_paths_and_fields_per_kernel(name: str) -> None:
+    path, on, off = EXPECT[name]
+    plan = resolve(tcp_flows.SPEC, kernel(name))
+    assert plan.loadable
+    assert plan.paths() == {"lifecycle": TRACEPOINT, "bytes": path, "retransmits": TRACEPOINT,
+                            "resets": TRACEPOINT, "rtt": TRACEPOINT}  # fmt: skip
+    assert on <= set(plan.defines), plan.defines
+    assert not off & set(plan.defines), plan.defines
+    if path == KPROBE:
+        assert plan.kprobes() == ("tcp_sendmsg", "tcp_sendmsg:return", "tcp_cleanup_rbuf",
+                                  "inet_recvmsg", "inet6_recvmsg")  # fmt: skip
+        assert "sock:sock_send_length" not in plan.tracepoints()
+        assert plan.choices["bytes"].reason == (
+            "no tracepoint: sock:sock_send_length, sock:sock_recv_length missing"
+        )
+    else:
+        assert plan.kprobes() == ()
+
+
+@pytest.mark.parametrize("name", sorted(EXPECT))
+def test_proc_events_degrades_only_the_missing_fields(name: str) -> None:
+    plan = resolve(proc_events.SPEC, kernel(name))
+    assert plan.loadable and set(plan.paths().values()) == {TRACEPOINT}
+    assert ("LENS_TP_EXIT_GROUP_DEAD" in plan.defines) is (name == "6.18")
+    assert "LENS_TP_OOM_COMM" in plan.defines  # every kernel here names the OOM victim
+    if name != "6.18":
+        assert plan.degraded == [
+            "sched:sched_process_exit has no group_dead: "
+            "the thread-group leader's exit stands for the process's"
+        ]
+
+
+def test_no_kprobes_and_no_byte_tracepoints_turns_only_tcp_flows_off() -> None:
+    k = kernel("5.10", kprobes=False)
+    features = {f: feature_support(p, n) for f, (p, n) in feature_plans(k).items()}
+    assert features["tcp_flows"]["supported"] is False
+    assert features["tcp_flows"]["reason"] == (
+        "bytes: no tracepoint: sock:sock_send_length, sock:sock_recv_length missing; "
+        "no kprobe: kprobes (kernel built without them) missing"
+    )
+    assert features["processes"]["supported"] is True
+    # RTT needs the flows program, which cannot load here
+    assert features["tcp_rtt"]["supported"] is False
+
+
+def test_missing_kernel_function_is_named() -> None:
+    k = kernel("6.1", functions=BYTES_FNS - {"tcp_cleanup_rbuf"})
+    plan = resolve(tcp_flows.SPEC, k)
+    assert not plan.loadable
+    assert plan.off_reason.endswith("no kprobe: tcp_cleanup_rbuf() missing")
+
+
+def test_disabled_need_and_missing_optional_tracepoint(tmp_path: Path) -> None:
+    plan = resolve(tcp_flows.SPEC, kernel("6.18"), disabled=[tcp_flows.RTT])
+    assert plan.paths()["rtt"] == "off" and "LENS_RTT" not in plan.defines
+    assert plan.choices["rtt"].reason == "disabled by config"
+    # a kernel without tcp_probe: the flows still load, RTT is off with the reason
+    events = tmp_path / "events"
+    for tp in ("sock/inet_sock_set_state", "sock/sock_send_length", "sock/sock_recv_length"):
+        (events / tp).mkdir(parents=True)
+        (events / tp / "format").write_text((FIXTURES / "6.18/events" / tp / "format").read_text())
+    plan = resolve(tcp_flows.SPEC, Kernel(events, False))
+    assert plan.loadable
+    assert plan.paths() == {"lifecycle": TRACEPOINT, "bytes": TRACEPOINT, "retransmits": "off",
+                            "resets": "off", "rtt": "off"}  # fmt: skip
+    assert plan.choices["rtt"].reason == "no tracepoint: tcp:tcp_probe missing"
+
+
+def test_format_fields_as_bcc_names_them() -> None:
+    fields = tracefs.tracepoint_fields("oom:mark_victim", FIXTURES / "6.1" / "events")
+    assert "data_loc_comm" in fields and "pid" in fields
+    assert "common_pid" not in fields
+    probe = tracefs.tracepoint_fields("tcp:tcp_probe", FIXTURES / "5.10" / "events")
+    assert {"saddr", "daddr", "sport", "dport", "srtt"} <= probe
+    assert "skaddr" not in probe and "family" not in probe
