@@ -167,7 +167,13 @@ class Plan:
 
     def summary(self) -> str:
         """One line: which needs took a fallback or are off, and which details degrade."""
-        parts = [f"{c.need}: {c.label} ({c.reason})" for c in self.choices.values() if c.reason]
+        parts = []
+        for need in self.spec.needs:
+            c = self.choices[need.name]
+            if not c.reason:
+                continue
+            lost = f": {need.what_is_lost}" if c.path is None and need.what_is_lost else ""
+            parts.append(f"{c.need}: {c.label} ({c.reason}){lost}")
         parts.extend(self.degraded)
         return "; ".join(parts)
 

@@ -114,3 +114,19 @@ def test_format_fields_as_bcc_names_them() -> None:
     probe = tracefs.tracepoint_fields("tcp:tcp_probe", FIXTURES / "5.10" / "events")
     assert {"saddr", "daddr", "sport", "dport", "srtt"} <= probe
     assert "skaddr" not in probe and "family" not in probe
+
+
+def test_summary_says_what_an_absent_optional_need_costs(tmp_path: Path) -> None:
+    events = tmp_path / "events"
+    for tp in ("sched/sched_process_fork", "sched/sched_process_exec", "sched/sched_process_exit"):
+        (events / tp).mkdir(parents=True)
+        (events / tp / "format").write_text((FIXTURES / "6.18/events" / tp / "format").read_text())
+    plan = resolve(proc_events.SPEC, Kernel(events, False))
+    assert plan.loadable
+    assert plan.summary() == (
+        "exit_codes: off (no tracepoint: syscalls:sys_enter_exit_group, "
+        "syscalls:sys_enter_exit missing): exits carry no exit code; "
+        "signals: off (no tracepoint: signal:signal_deliver missing): "
+        "exits carry no killing signal; "
+        "oom: off (no tracepoint: oom:mark_victim missing): no OOM kill events"
+    )
