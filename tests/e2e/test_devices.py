@@ -83,7 +83,7 @@ def test_rdma_rest_and_metrics_from_a_fixture_sysfs() -> None:
         status, body = agent.json("/rdma")
         assert status == 200 and body["code"] == 0
         rows = {r["if_name"]: r for r in body["data"]}
-        assert sorted(rows) == ["iwp1s0f0", "mlx5_0", "mlx5_1", "rocep8s0f0"]
+        assert sorted(rows) == ["iwp1s0f0", "mlx4_0", "mlx5_0", "mlx5_1", "rocep8s0f0"]
         assert rows["rocep8s0f0"]["link_layer"] == "Ethernet"
         mlx = {"device": "mlx5_0", "port": "1"}
         assert agent.sample("lens_rdma_port_transmit_bytes_total", mlx) == 1234567 * 4

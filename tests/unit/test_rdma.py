@@ -24,7 +24,7 @@ def samples(c: RdmaCollector) -> dict[tuple[str, tuple], float]:
 
 def test_devices_found_by_directory_whatever_their_names() -> None:
     devs = by_name(sysfs.read_devices(SYS))
-    assert sorted(devs) == ["iwp1s0f0", "mlx5_0", "mlx5_1", "rocep8s0f0"]
+    assert sorted(devs) == ["iwp1s0f0", "mlx4_0", "mlx5_0", "mlx5_1", "rocep8s0f0"]
     mlx = devs["mlx5_0"]
     assert (mlx.node_guid, mlx.fw_ver, mlx.hca_type, mlx.board_id, mlx.netdev) == (
         "0c42:a103:0065:2a3c",
@@ -43,11 +43,20 @@ def test_devices_found_by_directory_whatever_their_names() -> None:
     assert p.hw_counters["out_of_buffer"] == 135
 
 
-def test_counters_ext_wins_over_a_stuck_legacy_counter() -> None:
+def test_counters_ext_is_kept_apart_from_counters() -> None:
     roce = by_name(sysfs.read_devices(SYS))["rocep8s0f0"].ports[0]
-    assert roce.saturated == []
-    assert roce.counters["port_rcv_data"] == 20_000_000_000
+    # counters/ stuck at the 32-bit maximum is withheld, not replaced by counters_ext/
+    assert roce.saturated == ["port_rcv_data", "port_xmit_data"]
+    assert "port_rcv_data" not in roce.counters and roce.counters["port_rcv_packets"] == 9
+    assert roce.legacy == {"port_rcv_data_64": 20_000_000_000, "port_xmit_data_64": 10_000_000_000}
     assert roce.link_layer == "Ethernet" and roce.rate_bytes == 12.5e9
+    mlx4 = by_name(sysfs.read_devices(SYS))["mlx4_0"].ports
+    # counters/ says 6,825,908,347 packets where the legacy twin says 0: counters/ counts
+    assert mlx4[0].counters["port_rcv_packets"] == 6_825_908_347
+    assert mlx4[0].legacy["port_rcv_packets_64"] == 0
+    # and where counters/ reads 0 but the legacy twin has traffic, counters/ still counts
+    assert mlx4[1].counters["port_rcv_packets"] == 0 and mlx4[1].legacy["port_rcv_packets_64"] == 70
+    assert mlx4[1].saturated == ["port_xmit_wait"]
 
 
 def test_iwarp_no_pma_and_unreadable_files_are_skipped() -> None:
@@ -106,7 +115,8 @@ def test_collector_exact_values_and_golden_exposition() -> None:
     sat = tuple(sorted((*mlx, ("counter", "port_rcv_data"))))
     assert got[("lens_rdma_port_counter_saturated", sat)] == 1
     roce = (("device", "rocep8s0f0"), ("port", "1"))
-    assert got[("lens_rdma_port_receive_bytes_total", roce)] == 20_000_000_000 * 4
+    assert ("lens_rdma_port_receive_bytes_total", roce) not in got  # saturated in counters/
+    assert got[("lens_rdma_port_legacy_receive_bytes_total", roce)] == 20_000_000_000 * 4
     assert got[("lens_rdma_port_hw_counter_total", (("counter", "np_cnp_sent"), *roce))] == 4
     assert got[("lens_rdma_port_up", (("device", "mlx5_1"), ("port", "1")))] == 0
     assert got[("rdma_stat_out_of_buffer", mlx)] == 135

@@ -17,24 +17,143 @@ from lens_ebpf.devices.rdma import statistic, sysfs
 log = logging.getLogger(__name__)
 
 ACTIVE = 4
-# counters/ names -> lens_rdma_port_* families, node_exporter's infiniband naming in spirit
+# counters/ file -> (lens_rdma_port_<family>, node_exporter's node_infiniband_<name>, help).
+# Values are node_exporter's for the same file: data words x 4, everything else as is.
 NAMED = {
-    "port_xmit_data": ("transmit_bytes_total", "Bytes sent (4-byte words x 4)"),
-    "port_rcv_data": ("receive_bytes_total", "Bytes received (4-byte words x 4)"),
-    "port_xmit_packets": ("transmit_packets_total", "Packets sent"),
-    "port_rcv_packets": ("receive_packets_total", "Packets received"),
-    "port_unicast_xmit_packets": ("transmit_unicast_packets_total", "Unicast packets sent"),
-    "port_unicast_rcv_packets": ("receive_unicast_packets_total", "Unicast packets received"),
-    "port_multicast_xmit_packets": ("transmit_multicast_packets_total", "Multicast packets sent"),
-    "port_multicast_rcv_packets": ("receive_multicast_packets_total", "Multicast packets received"),
-    "port_rcv_errors": ("receive_errors_total", "Packets received with errors"),
-    "port_xmit_discards": ("transmit_discards_total", "Packets discarded on send"),
-    "symbol_error": ("symbol_errors_total", "Physical-layer symbol errors"),
-    "link_downed": ("link_downed_total", "Times the link went down"),
-    "link_error_recovery": ("link_error_recovery_total", "Link error recoveries"),
-    "port_xmit_wait": ("transmit_wait_total", "Ticks data waited to be sent"),
-    "port_rcv_remote_physical_errors": ("receive_remote_physical_errors_total",
-                                        "Packets received with EBP delimiter"),
+    "port_xmit_data": (
+        "transmit_bytes_total",
+        "port_data_transmitted_bytes_total",
+        "Bytes sent (4-byte words x 4)",
+    ),
+    "port_rcv_data": (
+        "receive_bytes_total",
+        "port_data_received_bytes_total",
+        "Bytes received (4-byte words x 4)",
+    ),
+    "port_xmit_packets": (
+        "transmit_packets_total",
+        "port_packets_transmitted_total",
+        "Packets sent on all VLs (including errors)",
+    ),
+    "port_rcv_packets": (
+        "receive_packets_total",
+        "port_packets_received_total",
+        "Packets received on all VLs (including errors)",
+    ),
+    "unicast_xmit_packets": (
+        "transmit_unicast_packets_total",
+        "unicast_packets_transmitted_total",
+        "Unicast packets sent",
+    ),
+    "unicast_rcv_packets": (
+        "receive_unicast_packets_total",
+        "unicast_packets_received_total",
+        "Unicast packets received",
+    ),
+    "multicast_xmit_packets": (
+        "transmit_multicast_packets_total",
+        "multicast_packets_transmitted_total",
+        "Multicast packets sent",
+    ),
+    "multicast_rcv_packets": (
+        "receive_multicast_packets_total",
+        "multicast_packets_received_total",
+        "Multicast packets received",
+    ),
+    "port_rcv_errors": (
+        "receive_errors_total",
+        "port_errors_received_total",
+        "Packets received with errors",
+    ),
+    "port_xmit_discards": (
+        "transmit_discards_total",
+        "port_discards_transmitted_total",
+        "Outbound packets discarded (port down or congested)",
+    ),
+    "port_rcv_discards": (
+        "receive_discards_total",
+        "port_discards_received_total",
+        "Inbound packets discarded (port down or congested)",
+    ),
+    "port_xmit_constraint_errors": (
+        "transmit_constraint_errors_total",
+        "port_constraint_errors_transmitted_total",
+        "Packets not sent for a switch port's constraints",
+    ),
+    "port_rcv_constraint_errors": (
+        "receive_constraint_errors_total",
+        "port_constraint_errors_received_total",
+        "Packets received and discarded for the port's constraints",
+    ),
+    "port_xmit_wait": (
+        "transmit_wait_total",
+        "port_transmit_wait_total",
+        "Ticks the port had data to send but sent none",
+    ),
+    "symbol_error": (
+        "symbol_errors_total",
+        "symbol_error_total",
+        "Minor link errors on one or more physical lanes",
+    ),
+    "link_downed": (
+        "link_downed_total",
+        "link_downed_total",
+        "Times the link failed to recover from an error and went down",
+    ),
+    "link_error_recovery": (
+        "link_error_recovery_total",
+        "link_error_recovery_total",
+        "Times the link recovered from an error",
+    ),
+    "local_link_integrity_errors": (
+        "local_link_integrity_errors_total",
+        "local_link_integrity_errors_total",
+        "Times local physical errors passed their threshold",
+    ),
+    "excessive_buffer_overrun_errors": (
+        "excessive_buffer_overrun_errors_total",
+        "excessive_buffer_overrun_errors_total",
+        "Flow-control update periods with buffer overruns",
+    ),
+    "VL15_dropped": (
+        "vl15_dropped_total",
+        "vl15_dropped_total",
+        "VL15 packets dropped for lack of resources",
+    ),
+    "port_rcv_remote_physical_errors": (
+        "receive_remote_physical_errors_total",
+        "port_receive_remote_physical_errors_total",
+        "Packets received with the EBP delimiter",
+    ),
+    "port_rcv_switch_relay_errors": (
+        "receive_switch_relay_errors_total",
+        "port_receive_switch_relay_errors_total",
+        "Packets a switch could not forward",
+    ),
+}
+# counters_ext/ file (mlx4's legacy duplicate) -> lens_rdma_port_legacy_<family>, the
+# node_exporter name, help. Exported beside the counters/ families, never into them.
+LEGACY = {
+    "port_xmit_data_64": ("transmit_bytes_total", "legacy_data_transmitted_bytes_total",
+                          "Bytes sent, counters_ext (4-byte words x 4)"),
+    "port_rcv_data_64": ("receive_bytes_total", "legacy_data_received_bytes_total",
+                         "Bytes received, counters_ext (4-byte words x 4)"),
+    "port_xmit_packets_64": ("transmit_packets_total", "legacy_packets_transmitted_total",
+                             "Packets sent, counters_ext"),
+    "port_rcv_packets_64": ("receive_packets_total", "legacy_packets_received_total",
+                            "Packets received, counters_ext"),
+    "port_unicast_xmit_packets": ("transmit_unicast_packets_total",
+                                  "legacy_unicast_packets_transmitted_total",
+                                  "Unicast packets sent, counters_ext"),
+    "port_unicast_rcv_packets": ("receive_unicast_packets_total",
+                                 "legacy_unicast_packets_received_total",
+                                 "Unicast packets received, counters_ext"),
+    "port_multicast_xmit_packets": ("transmit_multicast_packets_total",
+                                    "legacy_multicast_packets_transmitted_total",
+                                    "Multicast packets sent, counters_ext"),
+    "port_multicast_rcv_packets": ("receive_multicast_packets_total",
+                                   "legacy_multicast_packets_received_total",
+                                   "Multicast packets received, counters_ext"),
 }  # fmt: skip
 
 
@@ -53,8 +172,13 @@ def device_metrics(devices: list[sysfs.RdmaDevice]) -> list[Metric]:
     rate = _family("lens_rdma_port_rate_bytes_per_second", "Link rate")
     sat = _family("lens_rdma_port_counter_saturated",
                   "1: a legacy 32-bit counter is stuck at 4294967295 (not exported)")  # fmt: skip
-    named = {c: _family(f"lens_rdma_port_{n}", h, "counter") for c, (n, h) in NAMED.items()}
+    named = {c: _family(f"lens_rdma_port_{n}", h, "counter") for c, (n, _, h) in NAMED.items()}
+    legacy = {
+        c: _family(f"lens_rdma_port_legacy_{n}", h, "counter") for c, (n, _, h) in LEGACY.items()
+    }
     other = _family("lens_rdma_port_counter_total", "Other counters/ values", "counter")
+    other_legacy = _family("lens_rdma_port_legacy_counter_total", "Other counters_ext/ values",
+                           "counter")  # fmt: skip
     hw = _family("lens_rdma_port_hw_counter_total", "hw_counters/ values", "counter")
     for d in devices:
         info.add_sample(info.name, {
@@ -77,17 +201,20 @@ def device_metrics(devices: list[sysfs.RdmaDevice]) -> list[Metric]:
                 rate.add_sample(rate.name, lbl, p.rate_bytes)
             for name in p.saturated:
                 sat.add_sample(sat.name, {**lbl, "counter": name}, 1)
-            for name, value in p.counters.items():
-                if name in sysfs.WORD_COUNTERS:
-                    value *= 4
-                fam = named.get(name)
-                if fam is not None:
-                    fam.add_sample(f"{fam.name}_total", lbl, value)
-                else:
-                    other.add_sample(other.name + "_total", {**lbl, "counter": name}, value)
+            for values, families, rest in ((p.counters, named, other),
+                                           (p.legacy, legacy, other_legacy)):  # fmt: skip
+                for name, value in values.items():
+                    if name in sysfs.WORD_COUNTERS:
+                        value *= 4
+                    fam = families.get(name)
+                    if fam is not None:
+                        fam.add_sample(f"{fam.name}_total", lbl, value)
+                    else:
+                        rest.add_sample(rest.name + "_total", {**lbl, "counter": name}, value)
             for name, value in p.hw_counters.items():
                 hw.add_sample(hw.name + "_total", {**lbl, "counter": name}, value)
-    fams = [info, port_info, state, phys, up, rate, sat, *named.values(), other, hw]
+    fams = [info, port_info, state, phys, up, rate, sat, *named.values(), other,
+            *legacy.values(), other_legacy, hw]  # fmt: skip
     return [f for f in fams if f.samples]
 
 

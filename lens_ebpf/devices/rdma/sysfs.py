@@ -9,8 +9,8 @@ from pathlib import Path
 from lens_ebpf.devices.files import read_text
 
 SATURATED_32 = 4294967295
-# counters/ files that count 4-byte words, not bytes
-WORD_COUNTERS = {"port_xmit_data", "port_rcv_data"}
+# counters/ and counters_ext/ files that count 4-byte words, not bytes
+WORD_COUNTERS = {"port_xmit_data", "port_rcv_data", "port_xmit_data_64", "port_rcv_data_64"}
 
 
 @dataclass
@@ -24,9 +24,12 @@ class RdmaPort:
     rate_text: str = ""
     link_layer: str = ""
     port_guid: str = ""
-    counters: dict[str, int] = field(default_factory=dict)  # counters/ and counters_ext/
+    counters: dict[str, int] = field(default_factory=dict)  # counters/, as the files say
+    # counters_ext/: mlx4's legacy duplicate (kernels before 4.5 kept 64-bit values
+    # there); never mixed into counters, whatever either says
+    legacy: dict[str, int] = field(default_factory=dict)
     hw_counters: dict[str, int] = field(default_factory=dict)
-    saturated: list[str] = field(default_factory=list)
+    saturated: list[str] = field(default_factory=list)  # counters/ stuck at 2^32 - 1
 
 
 @dataclass
@@ -97,15 +100,14 @@ def read_port(path: Path) -> RdmaPort:
         port.rate_bytes = parse_rate(text)
     port.link_layer = (read_text(path / "link_layer") or "").strip()
     port.port_guid = port_guid_from_gid(read_text(path / "gids" / "0") or "")
-    legacy = _counters(path / "counters")
-    ext = _counters(path / "counters_ext")  # 64-bit twins on older kernels: *_64
-    for name, value in legacy.items():
-        if value == SATURATED_32 and f"{name}_64" not in ext:
+    # counters/ is the kernel's authoritative set (64-bit where the HCA has
+    # PortCountersExtended); a 32-bit one stuck at its maximum counts nothing more
+    for name, value in _counters(path / "counters").items():
+        if value == SATURATED_32:
             port.saturated.append(name)
-            continue
-        port.counters[name] = value
-    for name, value in ext.items():
-        port.counters[name.removesuffix("_64")] = value
+        else:
+            port.counters[name] = value
+    port.legacy = _counters(path / "counters_ext")
     port.hw_counters = _counters(path / "hw_counters")
     return port
 
