@@ -25,6 +25,17 @@ def kernel(name: str, kprobes: bool = True, functions: frozenset[str] = BYTES_FN
     return Kernel(FIXTURES / name / "events", kprobes, functions if kprobes else frozenset())
 
 
+def only(tmp_path: Path, *tracepoints: str) -> Path:
+    """An events tree holding just these tracepoints (6.18's formats)."""
+    events = tmp_path / "events"
+    for tp in tracepoints:
+        rel = tp.replace(":", "/")
+        (events / rel).mkdir(parents=True)
+        src = FIXTURES / "6.18" / "events" / rel / "format"
+        (events / rel / "format").write_text(src.read_text())
+    return events
+
+
 # kernel -> (bytes path, defines that must be set, defines that must not be)
 EXPECT = {
     "5.10": (KPROBE, {"LENS_BYTES_KPROBE", "LENS_RTT", "LENS_RETRANS", "LENS_RESETS"},
@@ -96,10 +107,8 @@ def test_disabled_need_and_missing_optional_tracepoint(tmp_path: Path) -> None:
     assert plan.paths()["rtt"] == "off" and "LENS_RTT" not in plan.defines
     assert plan.choices["rtt"].reason == "disabled by config"
     # a kernel without tcp_probe: the flows still load, RTT is off with the reason
-    events = tmp_path / "events"
-    for tp in ("sock/inet_sock_set_state", "sock/sock_send_length", "sock/sock_recv_length"):
-        (events / tp).mkdir(parents=True)
-        (events / tp / "format").write_text((FIXTURES / "6.18/events" / tp / "format").read_text())
+    events = only(tmp_path, "sock:inet_sock_set_state", "sock:sock_send_length",
+                  "sock:sock_recv_length")  # fmt: skip
     plan = resolve(tcp_flows.SPEC, Kernel(events, False))
     assert plan.loadable
     assert plan.paths() == {"lifecycle": TRACEPOINT, "bytes": TRACEPOINT, "retransmits": "off",
@@ -117,10 +126,8 @@ def test_format_fields_as_bcc_names_them() -> None:
 
 
 def test_summary_says_what_an_absent_optional_need_costs(tmp_path: Path) -> None:
-    events = tmp_path / "events"
-    for tp in ("sched/sched_process_fork", "sched/sched_process_exec", "sched/sched_process_exit"):
-        (events / tp).mkdir(parents=True)
-        (events / tp / "format").write_text((FIXTURES / "6.18/events" / tp / "format").read_text())
+    events = only(tmp_path, "sched:sched_process_fork", "sched:sched_process_exec",
+                  "sched:sched_process_exit")  # fmt: skip
     plan = resolve(proc_events.SPEC, Kernel(events, False))
     assert plan.loadable
     assert plan.summary() == (
