@@ -69,8 +69,10 @@ mount -t proc proc /proc 2>/dev/null
 mount -t sysfs sys /sys 2>/dev/null
 mount -t devtmpfs dev /dev 2>/dev/null
 mkdir -p /dev/pts /dev/shm && mount -t devpts devpts /dev/pts && mount -t tmpfs tmpfs /dev/shm
-mount -t tmpfs tmpfs /run && mkdir -p /run/netns /run/lock
-mount -t tmpfs tmpfs /tmp
+mount -t tmpfs tmpfs /run && mkdir -p /run/netns /run/lock /run/tmp
+# /tmp stays the host's, seen through the overlay (a checkout may live there); the
+# guest's own temporary files go to a tmpfs
+export TMPDIR=/run/tmp
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mount -t bpf bpf /sys/fs/bpf
 mount -t debugfs debugfs /sys/kernel/debug
