@@ -47,6 +47,12 @@ def bucket_of(value_us: float, bounds: tuple[float, ...]) -> int:
     return next((i for i, b in enumerate(bounds) if value_us <= b), len(bounds))
 
 
+def near(value_us: float, bounds: tuple[float, ...]) -> set[int]:
+    """The bucket of value_us and its neighbours."""
+    b = bucket_of(value_us, bounds)
+    return {max(b - 1, 0), b, min(b + 1, len(bounds))}
+
+
 @pytest.mark.parametrize(("where", "addr", "cls"), [
     ("loopback", "127.0.0.81", "localhost"),
     ("veth", "192.168.77.2", "internalHosts"),
@@ -76,9 +82,11 @@ def test_rtt_histogram_matches_the_kernels_srtt(
         count = sum(bins)
         # every segment received after the handshake is one sample
         assert count == ss["segs_in"] - 1
-        # the bucket that holds the kernel's srtt has counts
-        assert bins[bucket_of(ss["rtt_us"], tuple(RTT_BOUNDS_US))] > 0
-        assert seed_bins[bucket_of(ss["rtt_us"], SEED_BOUNDS_US)] > 0
+        # the kernel's srtt as ss shows it sits in a filled bucket or next to one:
+        # tcp_probe fires before a segment's ACK updates srtt, so ss sees one EWMA
+        # step more than the last sample (an emulated CPU's RTTs jump a bucket)
+        assert any(bins[i] for i in near(ss["rtt_us"], tuple(RTT_BOUNDS_US))), (ss, bins)
+        assert any(seed_bins[i] for i in near(ss["rtt_us"], SEED_BOUNDS_US)), (ss, seed_bins)
         # the sum and the bins count the same samples: each sample lies in its bin,
         # (bound[i-1], bound[i]], so the mean lies between the lowest and the highest
         # non-empty bins (exact; ss's last srtt against the mean would be a timing bet)

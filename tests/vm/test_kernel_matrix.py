@@ -92,12 +92,15 @@ def _report(res: qemu.Result) -> tuple[dict[str, int], list[str]]:
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     assert suite is not None
     totals = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-    bad = [
-        f"{case.get('classname')}::{case.get('name')}: "
-        f"{(case.find('failure') or case.find('error')).get('message', '')[:300]}"  # type: ignore[union-attr]
-        for case in suite.iter("testcase")
-        if case.find("failure") is not None or case.find("error") is not None
-    ]
+    bad = []
+    for case in suite.iter("testcase"):
+        # an Element with no children is falsy: choose with `is not None`, never `or`
+        problem = case.find("failure")
+        if problem is None:
+            problem = case.find("error")
+        if problem is not None:
+            name = f"{case.get('classname')}::{case.get('name')}"
+            bad.append(f"{name}: {problem.get('message', '')[:300]}")
     return totals, bad
 
 
