@@ -113,7 +113,7 @@ class AgentProc:
     def wait_sample(
         self, name: str, labels: dict[str, str], want: float, timeout: float = 10
     ) -> float | None:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + stretch(timeout)
         got = None
         while time.monotonic() < deadline:
             got = self.sample(name, labels)

@@ -58,20 +58,12 @@ def test_serves_metrics_counts_a_flow_and_stops_cleanly(policy: Path) -> None:
             "raddr": "127.0.0.71",
             "port": str(port),
         }
+        # each value waits for its own read cycle: one can land between connect and send
         assert agent.wait_sample("lens_tcp_connections_opened_total", labels, 1) == 1
-        assert agent.sample("lens_tcp_sent_bytes_total", labels) == 300
-        assert (
-            agent.sample(
-                "primus_lens_network_tcp_flow_egress",
-                {
-                    "raddr": "127.0.0.71",
-                    "rport": str(port),
-                    "direction": "egress",
-                    "type": "localhost",
-                },
-            )
-            == 1000
-        )
+        assert agent.wait_sample("lens_tcp_sent_bytes_total", labels, 300) == 300
+        seed = {"raddr": "127.0.0.71", "rport": str(port), "direction": "egress",
+                "type": "localhost"}  # fmt: skip
+        assert agent.wait_sample("primus_lens_network_tcp_flow_egress", seed, 1000) == 1000
     finally:
         rc = agent.stop()
     assert rc == 0, agent.output()
