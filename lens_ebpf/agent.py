@@ -177,7 +177,7 @@ class Agent:
             if self.tcp is None or self.tcp.rtt is None:
                 reason = tcp.rtt_off_reason or f"needs the tcp_flows program: {st.reason}"
                 rtt.update(state=OFF, reason=reason, path=OFF)
-            rtt["detail"] = "; ".join(d for d in tcp.plan.degraded if "tcp_probe" in d)
+            rtt["detail"] = "; ".join(tcp.plan.degraded_for([RTT]))
             self.features["tcp_rtt"] = rtt
 
     def _start_kubernetes(self) -> None:

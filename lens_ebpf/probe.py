@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lens_ebpf import kernel_headers, tracefs
-from lens_ebpf.bpf.spec import Kernel, Plan, resolve
+from lens_ebpf.bpf.spec import Kernel, Plan, feature_path, resolve
 from lens_ebpf.bpf.syscall import ringbuf_supported
 from lens_ebpf.containers import proc_events
 from lens_ebpf.net import tcp_flows
@@ -36,23 +36,15 @@ def feature_support(plan: Plan, needs: list[str]) -> dict[str, Any]:
     """Whether a feature would load here, by which path, and why not or what it loses."""
     chosen = {n: plan.choices[n] for n in needs}
     paths = {n: c.label for n, c in chosen.items()}
-    used = {p for p in paths.values() if p != "off"}
-    supported = (
-        plan.loadable
-        and all(c.path is not None for n, c in chosen.items() if not plan.spec.need(n).optional)
-        and bool(used)
-    )
+    path = feature_path(paths.values())
     reasons = [f"{n}: {c.reason}" for n, c in chosen.items() if c.reason]
-    reasons += [
-        d
-        for d in plan.degraded
-        if any(tp in d for n in needs for p in plan.spec.need(n).paths for tp in p.probes)
-    ]
+    reasons += plan.degraded_for(needs)
     if not plan.loadable:
         reasons.insert(0, plan.off_reason)
     return {
-        "supported": supported,
-        "path": "kprobe" if "kprobe" in used else "tracepoint" if used else "off",
+        # loadable: every required need of the program has a path; and this feature uses one
+        "supported": plan.loadable and path != "off",
+        "path": path,
         "paths": paths,
         "reason": "; ".join(dict.fromkeys(reasons)),
     }

@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from lens_ebpf.bpf.spec import KPROBE, TRACEPOINT, Kernel, Plan, ProgramSpec, resolve
+from lens_ebpf.bpf.spec import Kernel, Plan, ProgramSpec, feature_path, resolve
 from lens_ebpf.bpf.syscall import recursion_misses
 
 log = logging.getLogger(__name__)
@@ -64,10 +64,8 @@ def feature_view(st: ProgramStatus, needs: Iterable[str] | None = None) -> dict[
     """A program's status as /readyz and check show a feature: state, why, and the path
     (tracepoint, or kprobe where any need fell back to one) of the needs it covers."""
     paths = {n: p for n, p in st.paths.items() if needs is None or n in needs}
-    used = {p for p in paths.values() if p != OFF}
-    path = KPROBE if KPROBE in used else TRACEPOINT if used else OFF
-    return {"state": st.state, "reason": st.reason, "path": path, "paths": paths,
-            "detail": st.detail}  # fmt: skip
+    return {"state": st.state, "reason": st.reason, "path": feature_path(paths.values()),
+            "paths": paths, "detail": st.detail}  # fmt: skip
 
 
 class BpfLoader:

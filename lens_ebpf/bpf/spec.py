@@ -128,7 +128,18 @@ class Plan:
     spec: ProgramSpec
     choices: dict[str, Choice]
     defines: dict[str, int | str] = field(default_factory=dict)
-    degraded: list[str] = field(default_factory=list)  # fields missing, with what is lost
+    missing_fields: list[Field] = field(default_factory=list)  # used, absent, something lost
+
+    @property
+    def degraded(self) -> list[str]:
+        """Each missing field, with what is lost."""
+        return [f"{f.tracepoint} has no {f.name}: {f.what_is_lost}" for f in self.missing_fields]
+
+    def degraded_for(self, needs: Iterable[str]) -> list[str]:
+        """The degradations that touch the tracepoints these needs attach."""
+        tps = {tp for n in needs if (p := self.choices[n].path) is not None for tp in p.probes}
+        return [d for f, d in zip(self.missing_fields, self.degraded, strict=True)
+                if f.tracepoint in tps]  # fmt: skip
 
     @property
     def loadable(self) -> bool:
@@ -145,21 +156,19 @@ class Plan:
     def uses(self, need: str) -> bool:
         return self.choices[need].path is not None
 
-    def tracepoints(self) -> tuple[str, ...]:
-        return tuple(
-            tp
-            for c in self.choices.values()
-            if c.path is not None and c.path.kind == TRACEPOINT
-            for tp in c.path.probes
-        )
-
-    def kprobes(self) -> tuple[str, ...]:
+    def _probes(self, kind: str) -> tuple[str, ...]:
         return tuple(
             p
             for c in self.choices.values()
-            if c.path is not None and c.path.kind == KPROBE
+            if c.path is not None and c.path.kind == kind
             for p in c.path.probes
         )
+
+    def tracepoints(self) -> tuple[str, ...]:
+        return self._probes(TRACEPOINT)
+
+    def kprobes(self) -> tuple[str, ...]:
+        return self._probes(KPROBE)
 
     def paths(self) -> dict[str, str]:
         """need -> "tracepoint", "kprobe" or "off" (for /readyz and check)."""
@@ -199,7 +208,7 @@ def resolve(spec: ProgramSpec, kernel: Kernel, disabled: Iterable[str] = ()) -> 
         choices[need.name] = Choice(need.name, chosen, reason)
         if chosen is not None and chosen.define:
             defines[chosen.define] = 1
-    degraded = []
+    missing_fields = []
     for f in spec.fields:
         used = any(c.path is not None and f.tracepoint in c.path.probes for c in choices.values())
         if not used:
@@ -207,5 +216,11 @@ def resolve(spec: ProgramSpec, kernel: Kernel, disabled: Iterable[str] = ()) -> 
         if f.name in kernel.fields(f.tracepoint):
             defines[f.define] = 1
         elif f.what_is_lost:
-            degraded.append(f"{f.tracepoint} has no {f.name}: {f.what_is_lost}")
-    return Plan(spec, choices, defines, degraded)
+            missing_fields.append(f)
+    return Plan(spec, choices, defines, missing_fields)
+
+
+def feature_path(paths: Iterable[str]) -> str:
+    """A feature's path from its needs' paths: kprobe where any fell back to one."""
+    used = {p for p in paths if p != "off"}
+    return KPROBE if KPROBE in used else TRACEPOINT if used else "off"
