@@ -25,8 +25,10 @@ from lens_ebpf import config, kernel_headers
 from lens_ebpf.bpf.loader import BpfLoader
 from lens_ebpf.bpf.syscall import run_stats
 from lens_ebpf.containers.cgroups import CgroupIndex
-from lens_ebpf.containers.proc_events import ContainerResolver, ProcEvents
+from lens_ebpf.containers.proc_events import ProcEvents
+from lens_ebpf.containers.resolver import ContainerResolver
 from lens_ebpf.containers.runtime import ContainerdState
+from lens_ebpf.enrich import Enrichment
 from lens_ebpf.events import EventBus
 from lens_ebpf.metrics.cache import MetricCache
 from lens_ebpf.net.policy import parse_policy
@@ -66,7 +68,7 @@ def measure(connections: int, execs: int) -> dict:
     cache, bus, loader = MetricCache(3600, 100000), EventBus(100000), BpfLoader()
     flows = TcpFlows(cfg, cache, bus, loader)
     resolver = ContainerResolver(CgroupIndex.for_host(), ContainerdState(Path("/nonexistent")))
-    procs = ProcEvents(cfg, cache, bus, loader, resolver)
+    procs = ProcEvents(cfg, cache, bus, loader, Enrichment(resolver))
     old = STATS.read_text().strip()
     STATS.write_text("1")
     try:

@@ -20,11 +20,9 @@
  */
 #include "proc_events.h"
 
-#ifndef MAX_PROCS
-#define MAX_PROCS 65536
-#endif
-#ifndef RINGBUF_PAGES
-#define RINGBUF_PAGES 256
+/* Sizes come from the agent's config (bpf.max_processes, bpf.ringbuf_pages). */
+#if !defined(MAX_PROCS) || !defined(RINGBUF_PAGES)
+#error "MAX_PROCS and RINGBUF_PAGES come as -D flags"
 #endif
 
 #define EV_EXEC 1

@@ -37,20 +37,13 @@
 #define sk_rst_reason lens_sk_rst_reason
 enum lens_sk_rst_reason { LENS_RST_REASON_UNSPEC };
 
-#ifndef MAX_SOCKETS
-#define MAX_SOCKETS 65536
+/* Map sizes come from the agent's config (bpf.* in lens_ebpf/config.py), never from here. */
+#if !defined(MAX_SOCKETS) || !defined(MAX_FLOW_KEYS) || !defined(MAX_POLICY_PREFIXES) || \
+    !defined(RINGBUF_PAGES)
+#error "MAX_SOCKETS, MAX_FLOW_KEYS, MAX_POLICY_PREFIXES and RINGBUF_PAGES come as -D flags"
 #endif
-#ifndef MAX_FLOW_KEYS
-#define MAX_FLOW_KEYS 16384
-#endif
-#ifndef MAX_POLICY_PREFIXES
-#define MAX_POLICY_PREFIXES 4096
-#endif
-#ifndef RINGBUF_PAGES
-#define RINGBUF_PAGES 256
-#endif
-#ifndef MAX_RTT_KEYS
-#define MAX_RTT_KEYS 4096
+#if defined(LENS_RTT) && !defined(MAX_RTT_KEYS)
+#error "MAX_RTT_KEYS comes as a -D flag (bpf.max_rtt_keys)"
 #endif
 
 /* TCP states as the tracepoint reports them. */

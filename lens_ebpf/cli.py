@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from typing import Any
 
 from lens_ebpf import __version__, config
+
+log = logging.getLogger("lens_ebpf.agent")
 
 EXAMPLES = """\
 examples:
@@ -20,7 +23,12 @@ examples:
   lens-ebpf trace tcp --port 443                 # live flows, no agent needed (root)
 """
 
-COLLECTORS = ("tcp", "rtt", "processes", "rdma", "gpu", "system")
+
+def collectors() -> list[str]:
+    """collectors.<key> sections that can be switched off (--no-collector.<key>)."""
+    from lens_ebpf.feature import collector_settings
+
+    return [k for k, m in collector_settings().items() if "enabled" in m.model_fields]
 
 
 class CliError(Exception):
@@ -54,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--policy", help="policy.yaml (default: the shipped policy)")
     run.add_argument("--listen", help="HOST:PORT for HTTP (default 0.0.0.0:9470)")
     run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
-    for name in COLLECTORS:
+    for name in collectors():
         run.add_argument(
             f"--no-collector.{name}",
             dest=f"no_collector_{name}",
@@ -86,14 +94,33 @@ def _overrides(args: argparse.Namespace) -> dict[tuple[str, ...], Any]:
         out[("server", "port")] = port
     if args.log_level:
         out[("log_level",)] = args.log_level
-    for name in COLLECTORS:
+    for name in collectors():
         if getattr(args, f"no_collector_{name}"):
             out[("collectors", name, "enabled")] = False
     return out
 
 
+def run_agent(cfg: config.Config) -> int:
+    """Run until SIGTERM or SIGINT; 0 on a clean stop."""
+    from lens_ebpf.agent import Agent, StartupError
+
+    agent = Agent(cfg)
+    agent.install_signals()
+    try:
+        agent.start()
+    except StartupError:
+        agent.stop()
+        raise
+    if os.geteuid() != 0:
+        log.warning("not running as root: BPF programs need CAP_BPF and CAP_PERFMON")
+    while not agent.stop_event.wait(1.0):
+        pass
+    agent.stop()
+    return 0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    from lens_ebpf.agent import StartupError, run_agent
+    from lens_ebpf.agent import StartupError
 
     cfg = config.load(args.config, overrides=_overrides(args))
     logging.basicConfig(

@@ -10,7 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 ENV_PREFIX = "LENS_"
 ENV_SEPARATOR = "__"
@@ -87,39 +95,45 @@ class CacheConfig(_Section):
     families: dict[str, FamilyLimits] = Field(default_factory=dict)
 
 
-class CollectorToggle(_Section):
-    enabled: bool = True
+class CollectorsConfig(BaseModel):
+    """collectors.<key>: one section per feature setting, each with the model its feature
+    registered (lens_ebpf/feature.py), so a new feature brings its own keys."""
 
+    model_config = ConfigDict(extra="allow")
 
-class RdmaCollectorConfig(_Section):
-    enabled: bool = True
-    interval_seconds: float = Field(5.0, gt=0)
-    tool: str = "rdma"
-    timeout_seconds: float = Field(5.0, gt=0)
+    @model_validator(mode="before")
+    @classmethod
+    def _sections(cls, data: Any) -> dict[str, BaseModel]:
+        from lens_ebpf.feature import collector_settings
 
+        models = collector_settings()
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ValueError("must be a mapping of collector names")
+        unknown = sorted(set(data) - set(models))
+        if unknown:
+            raise PydanticCustomError("nested", "{where}: {msg}",
+                                      {"where": unknown[0], "msg": "unknown key"})  # fmt: skip
+        out: dict[str, BaseModel] = {}
+        for key, model in models.items():
+            value = data.get(key)
+            if isinstance(value, model):
+                out[key] = value
+                continue
+            try:
+                out[key] = model.model_validate(value if value is not None else {})
+            except ValidationError as exc:
+                where, msg = _describe(exc).split(": ", 1)
+                ctx = {"where": f"{key}.{where}", "msg": msg}
+                raise PydanticCustomError("nested", "{where}: {msg}", ctx) from None
+        return out
 
-class SystemCollectorConfig(_Section):
-    enabled: bool = True
-    interval_seconds: float = Field(5.0, gt=0)
-    top_processes: int = Field(10, ge=0)
-
-
-class GpuCollectorConfig(_Section):
-    enabled: bool = True
-    interval_seconds: float = Field(5.0, gt=0)
-    stale_seconds: float = Field(300.0, ge=0)
-    timeout_seconds: float = Field(10.0, gt=0)
-    amd_smi: str = "amd-smi"
-    nvidia_smi: str = "nvidia-smi"
-
-
-class CollectorsConfig(_Section):
-    tcp: CollectorToggle = Field(default_factory=CollectorToggle)
-    rtt: CollectorToggle = Field(default_factory=CollectorToggle)
-    processes: CollectorToggle = Field(default_factory=CollectorToggle)
-    rdma: RdmaCollectorConfig = Field(default_factory=RdmaCollectorConfig)
-    gpu: GpuCollectorConfig = Field(default_factory=GpuCollectorConfig)
-    system: SystemCollectorConfig = Field(default_factory=SystemCollectorConfig)
+    def section(self, key: str) -> BaseModel:
+        got = (self.__pydantic_extra__ or {}).get(key)
+        if got is None:
+            raise KeyError(f"no collectors.{key}")
+        return got
 
 
 class ServerTlsConfig(_Section):
@@ -229,8 +243,10 @@ class Config(_Section):
 
 
 def _defaults() -> dict[str, Any]:
+    """Every key with its default: the models' (every registered feature's too), with the
+    shipped defaults.yaml on top (it documents them; a test keeps the two equal)."""
     text = resources.files("lens_ebpf").joinpath("defaults.yaml").read_text()
-    return yaml.safe_load(text)
+    return _merge(Config().model_dump(), yaml.safe_load(text))
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -277,6 +293,10 @@ def _describe(err: ValidationError) -> str:
     first = err.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "(top level)"
     msg = first["msg"]
+    if first["type"] == "nested":  # a feature's section: its own key and message
+        ctx = first.get("ctx") or {}
+        more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
+        return f"{where}.{ctx['where']}: {ctx['msg']}{more}"
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
     value = first.get("input")

@@ -1,17 +1,180 @@
-"""Event bus: ring-buffer records and other events fan out to bounded subscriber queues."""
+"""Typed events, the one filter every consumer uses, and the bus that fans them out.
+
+Each event kind is a frozen dataclass made by a decoder. Its fields carry the names the
+proto and `trace --json` use (`cls` is written `class`); `ev["name"]` and `ev.get()` read
+them by those names, for consumers that take events as records.
+"""
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-Event = dict[str, Any]
+_WIRE = {"cls": "class"}  # field -> name outside Python (a keyword there)
+_FIELD = {v: k for k, v in _WIRE.items()}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Event:
+    """What every event has: its kind, and the bus's sequence number and wall time
+    (stamped once by EventBus.publish, before any subscriber sees the event)."""
+
+    KINDS: ClassVar[tuple[str, ...]] = ()
+    kind: str
+    seq: int = 0
+    ts_unix_nano: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in self.KINDS:
+            raise ValueError(f"{type(self).__name__} has no kind {self.kind!r}")
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return getattr(self, _FIELD.get(name, name))
+        except AttributeError:
+            raise KeyError(name) from None
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, _FIELD.get(name, name), default)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The event by its wire names (trace --json, the reference collector)."""
+        return {_WIRE.get(f.name, f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Owner(Event):
+    """Who a process belongs to; empty strings for the host."""
+
+    container_id: str = ""
+    container: str = ""
+    pod: str = ""
+    namespace: str = ""
+    pod_uid: str = ""
+    workload_kind: str = ""
+    workload: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FlowClosed(Event):
+    """A TCP flow that ended; abnormal_flow: one the policy's lists single out."""
+
+    KINDS = ("flow_closed", "abnormal_flow")
+    kind: str = "flow_closed"
+    ts_ns: int
+    pid: int
+    comm: str
+    cgroup_id: int
+    family: str
+    laddr: str
+    lport: int
+    raddr: str
+    rport: int
+    direction: str
+    cls: str
+    sent_bytes: int
+    received_bytes: int
+    retransmits: int
+    duration_ns: int
+    reason: str
+    # the remote, when the cluster index knows its address
+    remote_namespace: str = ""
+    remote_pod: str = ""
+    remote_workload_kind: str = ""
+    remote_workload: str = ""
+    remote_service: str = ""
+    # the pod on this node that holds the local address
+    namespace: str = ""
+    pod: str = ""
+    workload_kind: str = ""
+    workload: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProcessEvent(Owner):
+    """exec, exit or OOM kill of a process, with the container and pod it ran in."""
+
+    KINDS = ("process_exec", "process_exit", "oom_kill")
+    ts_ns: int
+    pid: int
+    ppid: int
+    comm: str
+    cgroup_id: int
+    cgroup: str
+    filename: str = ""  # process_exec
+    exit_code: int = 0  # process_exit: -1 unknown
+    signal: int = 0
+    oom_killed: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ContainerChange(Owner):
+    KINDS = ("container_start", "container_exit")
+    ts_ns: int
+    devices: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DeviceChange(Event):
+    KINDS = ("device_change",)
+    kind: str = "device_change"
+    vendor: str
+    bdf: str
+    change: str  # appeared, disappeared
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Gap(Event):
+    """Events a consumer did not get, and why."""
+
+    KINDS = ("gap",)
+    kind: str = "gap"
+    lost: int
+    reason: str
+
+
+EVENT_TYPES: tuple[type[Event], ...] = (FlowClosed, ProcessEvent, ContainerChange, DeviceChange,
+                                        Gap)  # fmt: skip
+KINDS: dict[str, type[Event]] = {k: t for t in EVENT_TYPES for k in t.KINDS}
+
+
+@dataclasses.dataclass(frozen=True)
+class EventFilter:
+    """Which events a consumer wants: gRPC Subscribe and `lens-ebpf trace` build one each.
+    An empty criterion takes everything; class only applies to events that have one."""
+
+    kinds: frozenset[str] = frozenset()
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""  # name, or a prefix of the id
+    comm: str = ""
+    cls: str = ""
+
+    def __call__(self, ev: Event) -> bool:
+        if self.kinds and ev.get("kind") not in self.kinds:
+            return False
+        if self.namespace and ev.get("namespace") != self.namespace:
+            return False
+        if self.pod and ev.get("pod") != self.pod:
+            return False
+        if self.comm and ev.get("comm") != self.comm[:15]:
+            return False
+        if self.cls and ev.get("class") not in (None, self.cls):
+            return False
+        return not (
+            self.container
+            and not (
+                ev.get("container") == self.container
+                or str(ev.get("container_id", "")).startswith(self.container)
+            )
+        )
 
 
 class Subscription:
@@ -79,9 +242,11 @@ class EventBus:
     def publish(self, event: Event) -> None:
         with self._lock:
             self.seq += 1
-            event["seq"] = self.seq
-            event.setdefault("ts_unix_nano", time.time_ns())
-            self.published[event["kind"]] += 1
+            # the bus is the one writer of these two, before anyone else holds the event
+            object.__setattr__(event, "seq", self.seq)
+            if not event.ts_unix_nano:
+                object.__setattr__(event, "ts_unix_nano", time.time_ns())
+            self.published[event.kind] += 1
             self.history.append(event)
             for sub in self._subs:
                 if sub.accept is None or sub.accept(event):
@@ -90,8 +255,8 @@ class EventBus:
     def since(self, seq: int) -> tuple[list[Event], int]:
         """Events with seq >= the given one still held, and how many older ones are gone."""
         with self._lock:
-            held = [e for e in self.history if e["seq"] >= seq]
-            first = self.history[0]["seq"] if self.history else self.seq + 1
+            held = [e for e in self.history if e.seq >= seq]
+            first = self.history[0].seq if self.history else self.seq + 1
         return held, max(0, first - seq)
 
     def dropped_by_subscriber(self) -> dict[str, int]:

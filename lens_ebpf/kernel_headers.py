@@ -15,6 +15,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -165,3 +166,11 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def for_config(k: Any) -> HeaderTree:
+    """resolve() with the agent's kernel.* settings; logs which tree it found."""
+    tree = resolve(fallback_glob=k.headers_fallback_glob, link=k.link_headers,
+                   host_root=Path(k.host_root) if k.host_root else None)  # fmt: skip
+    log.info("kernel headers: %s %s (%s)", tree.source, tree.path, tree.detail)
+    return tree

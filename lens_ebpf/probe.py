@@ -12,24 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from lens_ebpf import kernel_headers, tracefs
-from lens_ebpf.bpf.spec import Kernel, Plan, feature_path, resolve
+from lens_ebpf.bpf.spec import Kernel, Plan, feature_path
 from lens_ebpf.bpf.syscall import ringbuf_supported
-from lens_ebpf.containers import proc_events
-from lens_ebpf.net import tcp_flows
+from lens_ebpf.feature import registered
 
 # The programs' specs are the one list of what each feature needs (bpf/spec.py).
-SPECS = (tcp_flows.SPEC, proc_events.SPEC)
+SPECS = tuple(spec for info in registered() for spec in info.cls.specs)
 
 
 def feature_plans(kernel: Kernel) -> dict[str, tuple[Plan, list[str]]]:
     """feature -> (its program's plan on this kernel, the needs the feature covers)."""
-    flows = resolve(tcp_flows.SPEC, kernel)
-    procs = resolve(proc_events.SPEC, kernel)
-    return {
-        "tcp_flows": (flows, [n.name for n in tcp_flows.SPEC.needs if n.name != tcp_flows.RTT]),
-        "tcp_rtt": (flows, [tcp_flows.RTT]),
-        "processes": (procs, [n.name for n in proc_events.SPEC.needs]),
-    }
+    return {name: got for info in registered() for name, got in info.cls.plans(kernel).items()}
 
 
 def feature_support(plan: Plan, needs: list[str]) -> dict[str, Any]:

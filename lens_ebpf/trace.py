@@ -14,7 +14,6 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -23,11 +22,14 @@ from lens_ebpf.bpf import layouts
 from lens_ebpf.bpf.loader import BpfLoader, plan_for, program_source, render_cflags
 from lens_ebpf.containers import proc_events
 from lens_ebpf.containers.cgroups import CgroupIndex
+from lens_ebpf.containers.resolver import ContainerResolver
 from lens_ebpf.containers.runtime import ContainerdState
-from lens_ebpf.events import Event, EventBus
+from lens_ebpf.enrich import Enrichment
+from lens_ebpf.events import Event, EventBus, EventFilter
 from lens_ebpf.metrics.cache import MetricCache
 from lens_ebpf.net import tcp_flows, tcp_rtt
-from lens_ebpf.net.policy import PolicyError, load_policy
+from lens_ebpf.net.policy import PolicyError
+from lens_ebpf.net.policy_watch import PolicyWatcher
 
 EXAMPLES = """\
 examples:
@@ -42,6 +44,10 @@ TCP_HEADER = (
     f"{'TX':>6} {'RX':>6} {'MS':>5}"
 )
 EXEC_HEADER = f"{'TIME':<8} {'EVENT':<5} {'PID':>7} {'PPID':>7} {'COMM':<12} {'RET':>5} FILENAME"
+# trace all: one table, each line led by its event kind
+ALL_HEADER = f"{'TIME':<8} {'EVENT':<5} {'PID':>7} {'COMM':<12} DETAIL"
+SHORT_KIND = {"flow_closed": "flow", "process_exec": "exec", "process_exit": "exit",
+              "oom_kill": "oom"}  # fmt: skip
 CLASS_SHORT = {"externalHosts": "external", "internalHosts": "internal", "localhost": "local"}
 
 
@@ -102,15 +108,39 @@ def format_flow(ev: Event, boot_offset: float, wide: bool = False) -> str:
 
 
 def format_proc(ev: Event, boot_offset: float, wide: bool = False) -> str:
-    kind = {"process_exec": "exec", "process_exit": "exit", "oom_kill": "oom"}[ev["kind"]]
-    ret = ""
-    if kind == "exit":
-        ret = f"sig{ev['signal']}" if ev["signal"] else ("?" if ev["exit_code"] < 0
-                                                          else str(ev["exit_code"]))  # fmt: skip
+    kind = SHORT_KIND[ev["kind"]]
+    ret = _exit_text(ev) if kind == "exit" else ""
     line = (
         f"{clock_text(ev['ts_ns'], boot_offset):<8} {kind:<5} {ev['pid']:>7} {ev['ppid']:>7} "
         f"{ev['comm'][:12]:<12} {ret:>5} {ev.get('filename', '')}"
     )[:80]
+    return line + _wide(ev) if wide else line
+
+
+def _exit_text(ev: Event) -> str:
+    if ev["signal"]:
+        return f"sig{ev['signal']}"
+    return "?" if ev["exit_code"] < 0 else str(ev["exit_code"])
+
+
+def format_any(ev: Event, boot_offset: float, wide: bool = False) -> str:
+    """One line of `trace all`'s table: time, kind, pid, comm, then what that kind says."""
+    kind = SHORT_KIND[ev["kind"]]
+    if kind == "flow":
+        port = ev["rport"] if ev["direction"] == "egress" else ev["lport"]
+        remote = f"[{ev['raddr']}]:{port}" if ":" in ev["raddr"] else f"{ev['raddr']}:{port}"
+        detail = (f"{'out' if ev['direction'] == 'egress' else 'in'} "
+                  f"{CLASS_SHORT.get(ev['class'], ev['class'])} {_fit(remote, 21)} "
+                  f"{human_bytes(ev['sent_bytes'])}/{human_bytes(ev['received_bytes'])} "
+                  f"{min(ev['duration_ns'] / 1e6, 99999):.0f}ms")  # fmt: skip
+    elif kind == "exec":
+        detail = f"ppid {ev['ppid']} {ev.get('filename', '')}"
+    elif kind == "exit":
+        detail = f"ppid {ev['ppid']} ret {_exit_text(ev)}"
+    else:
+        detail = f"ppid {ev['ppid']} chosen by the OOM killer"
+    line = (f"{clock_text(ev['ts_ns'], boot_offset):<8} {kind:<5} {ev['pid']:>7} "
+            f"{ev['comm'][:12]:<12} {detail}")[:80]  # fmt: skip
     return line + _wide(ev) if wide else line
 
 
@@ -121,24 +151,11 @@ def _wide(ev: Event) -> str:
     return f"  pod={pod} container={ev.get('container') or ev['container_id'][:12]}"
 
 
-def event_filter(args: argparse.Namespace) -> Callable[[Event], bool]:
-    """The filters the kernel did not apply."""
-
-    def accept(ev: Event) -> bool:
-        if args.comm and ev.get("comm") != args.comm[:15]:
-            return False
-        if args.cls and ev.get("class") not in (None, args.cls):
-            return False
-        if args.container and not (
-            ev.get("container") == args.container
-            or str(ev.get("container_id", "")).startswith(args.container)
-        ):
-            return False
-        if args.namespace and ev.get("namespace") != args.namespace:
-            return False
-        return not (args.pod and ev.get("pod") != args.pod)
-
-    return accept
+def event_filter(args: argparse.Namespace, kinds: frozenset[str] = frozenset()) -> EventFilter:
+    """The filters the kernel did not apply (the one filter gRPC Subscribe uses too)."""
+    return EventFilter(kinds=kinds, namespace=args.namespace or "", pod=args.pod or "",
+                       container=args.container or "", comm=args.comm or "",
+                       cls=args.cls or "")  # fmt: skip
 
 
 def rtt_lines(
@@ -224,12 +241,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             raise TraceError(f"rtt: {plan.choices[tcp_flows.RTT].reason}")
     if want_proc and not (plan := plan_for(proc_events.SPEC)).loadable:
         raise TraceError(f"proc_events: {plan.off_reason}")
-    kernel_headers.resolve(fallback_glob=cfg.kernel.headers_fallback_glob,
-                           link=cfg.kernel.link_headers)  # fmt: skip
+    kernel_headers.for_config(cfg.kernel)
     try:
-        policy = load_policy(args.policy or config.policy_path(cfg))
+        policy = PolicyWatcher(Path(args.policy) if args.policy else config.policy_path(cfg))
     except PolicyError as exc:
         raise TraceError(f"policy: {exc}") from None
+    # pid -> container -> pod from the runtime; no cluster index (standalone)
+    state = ContainerdState(Path(cfg.containers.containerd_state))
+    enrich = Enrichment(ContainerResolver(CgroupIndex.for_host(), state))
 
     cache = MetricCache(ttl_seconds=3600, max_series=10**6)
     bus = EventBus(cfg.events.queue_size)
@@ -237,18 +256,16 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     programs: list[Any] = []
     tcp = procs = None
     if want_tcp:
-        tcp = tcp_flows.TcpFlows(cfg, cache, bus, loader, rtt=args.what in ("rtt", "all"))
+        tcp = tcp_flows.TcpFlows(cfg, cache, bus, loader, rtt=args.what in ("rtt", "all"),
+                                 enrich=enrich)  # fmt: skip
         if args.what == "rtt" and tcp.rtt is None:
             raise TraceError(f"rtt: {tcp.rtt_off_reason}")
-        if not tcp.start(policy):
+        if not tcp.start(policy.effective()):
             raise TraceError(f"tcp_flows: {loader.status['tcp_flows'].reason}")
         layouts.set_trace_filter(tcp.bpf, args.pid, args.port)
         programs.append(tcp)
     if want_proc:
-        resolver = proc_events.ContainerResolver(
-            CgroupIndex.for_host(), ContainerdState(Path(cfg.containers.containerd_state))
-        )
-        procs = proc_events.ProcEvents(cfg, cache, bus, loader, resolver)
+        procs = proc_events.ProcEvents(cfg, cache, bus, loader, enrich)
         if not procs.start():
             loader.close()
             raise TraceError(f"proc_events: {loader.status['proc_events'].reason}")
@@ -256,13 +273,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         programs.append(procs)
 
     boot_offset = time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
-    accept = event_filter(args)
     kinds = set()
     if args.what in ("tcp", "all"):
         kinds.add("flow_closed")
     if want_proc:
         kinds |= {"process_exec", "process_exit", "oom_kill"}
-    sub = bus.subscribe("trace", accept=lambda e: e["kind"] in kinds and accept(e))
+    sub = bus.subscribe("trace", accept=event_filter(args, frozenset(kinds)))
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -285,8 +301,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             ev = sub.get(timeout=0.1)
             if ev is not None:
                 if not args.json and not header_done:
-                    out.write((TCP_HEADER if ev["kind"] == "flow_closed" else EXEC_HEADER) + "\n")
-                    header_done = args.what != "all"
+                    out.write({"tcp": TCP_HEADER, "exec": EXEC_HEADER}.get(args.what, ALL_HEADER)
+                              + "\n")  # fmt: skip
+                    header_done = True
                 out.write(_render(ev, args, boot_offset) + "\n")
                 out.flush()
                 shown += 1
@@ -316,7 +333,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 
 def _render(ev: Event, args: argparse.Namespace, boot_offset: float) -> str:
     if args.json:
-        return json.dumps(ev, sort_keys=True, default=str)
+        return json.dumps(ev.to_dict(), sort_keys=True, default=str)
+    if args.what == "all":
+        return format_any(ev, boot_offset, args.wide)
     if ev["kind"] == "flow_closed":
         return format_flow(ev, boot_offset, args.wide)
     return format_proc(ev, boot_offset, args.wide)

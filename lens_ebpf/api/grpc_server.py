@@ -15,7 +15,7 @@ from lens_ebpf import __version__
 from lens_ebpf.api import convert
 from lens_ebpf.api.gen import lens_pb2 as pb
 from lens_ebpf.api.gen import lens_pb2_grpc
-from lens_ebpf.events import EventBus
+from lens_ebpf.events import EventBus, Gap
 
 log = logging.getLogger(__name__)
 
@@ -51,20 +51,20 @@ class EventService(lens_pb2_grpc.EventServiceServicer):
                 for ev in held:
                     if accept(ev):
                         yield convert.to_pb(ev, *self.node)
-                    last = ev["seq"]
+                    last = ev.seq
             seen_drops = 0
             while context.is_active():
                 live = sub.get(timeout=0.5)
                 if sub.dropped > seen_drops:  # this subscriber was too slow
                     yield self._gap(sub.dropped - seen_drops, "slow_subscriber")
                     seen_drops = sub.dropped
-                if live is not None and live["seq"] > last:
+                if live is not None and live.seq > last:
                     yield convert.to_pb(live, *self.node)
         finally:
             self.bus.unsubscribe(sub)
 
     def _gap(self, lost: int, reason: str) -> pb.Event:
-        return convert.to_pb({"kind": "gap", "lost": lost, "reason": reason}, *self.node)
+        return convert.to_pb(Gap(lost=lost, reason=reason), *self.node)
 
 
 class NodeService(lens_pb2_grpc.NodeServiceServicer):

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import collections
 import logging
-import random
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from lens_ebpf.api import convert
 from lens_ebpf.api.gen import lens_pb2 as pb
 from lens_ebpf.api.gen import lens_pb2_grpc
-from lens_ebpf.events import EventBus
+from lens_ebpf.backoff import Backoff
+from lens_ebpf.events import Event, EventBus, Gap
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class Reporter:
         self.node = node
         self.credentials = credentials
         self.backoff_max = backoff_max
-        self.pending: collections.deque[dict[str, Any]] = collections.deque()
+        self.pending: collections.deque[Event] = collections.deque()
         self.buffer = buffer
         self.acked = 0
         self.lost = 0
@@ -97,26 +98,22 @@ class Reporter:
         while not self._stop.is_set() and not done.is_set():
             with self._cond:
                 if self.unreported_lost:
-                    gap: dict[str, Any] = {
-                        "kind": "gap",
-                        "lost": self.unreported_lost,
-                        "reason": "reporter_buffer",
-                    }
+                    gap = Gap(lost=self.unreported_lost, reason="reporter_buffer")
                     self.unreported_lost = 0
-                    batch = [gap]
+                    batch: list[Event] = [gap]
                 else:
-                    batch = [e for e in self.pending if e["seq"] > cursor]
+                    batch = [e for e in self.pending if e.seq > cursor]
                     if not batch:
                         self._cond.wait(timeout=0.5)
                         continue
             for ev in batch:
-                if ev["kind"] != "gap":
-                    cursor = ev["seq"]
+                if ev.kind != "gap":
+                    cursor = ev.seq
                 self.sent += 1
                 yield convert.to_pb(ev, *self.node)
 
     def _run(self) -> None:
-        delay = 0.5
+        backoff = Backoff(self.backoff_max, jitter=(0.5, 1.5))
         while not self._stop.is_set():
             ready, done = threading.Event(), threading.Event()
             try:
@@ -127,11 +124,11 @@ class Reporter:
                 for ack in stub.Report(self._requests(ready, done), metadata=meta):
                     with self._cond:
                         self.acked = ack.seq if not ready.is_set() else max(self.acked, ack.seq)
-                        while self.pending and self.pending[0]["seq"] <= self.acked:
+                        while self.pending and self.pending[0].seq <= self.acked:
                             self.pending.popleft()
                     if not ready.is_set():
                         self.connected = True
-                        delay = 0.5
+                        backoff.reset()
                         ready.set()
                     if self._stop.is_set():
                         break
@@ -143,5 +140,25 @@ class Reporter:
             if self._stop.is_set():
                 break
             self.reconnects += 1
-            self._stop.wait(delay * random.uniform(0.5, 1.5))  # jitter
-            delay = min(delay * 2, self.backoff_max)
+            self._stop.wait(backoff.next())
+
+
+class ReporterCollector(Collector):
+    """What the reporter sent, lost and had acknowledged, and whether it is connected."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self._r = reporter
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        r = self._r
+        for name, family, value in (
+            ("lens_agent_reporter_sent", CounterMetricFamily, r.sent),
+            ("lens_agent_reporter_lost", CounterMetricFamily, r.lost),
+            ("lens_agent_reporter_acked_seq", GaugeMetricFamily, r.acked),
+            ("lens_agent_reporter_connected", GaugeMetricFamily, 1 if r.connected else 0),
+            ("lens_agent_reporter_reconnects", CounterMetricFamily, r.reconnects),
+        ):
+            yield family(name, "Event reporter", value=value)

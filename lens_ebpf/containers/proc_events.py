@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client.core import Metric
@@ -17,9 +16,9 @@ from lens_ebpf.bpf.loader import BpfLoader, plan_for
 from lens_ebpf.bpf.program import RingProgram
 from lens_ebpf.bpf.spec import TRACEPOINT, Field, Need, ProbePath, ProgramSpec
 from lens_ebpf.config import Config
-from lens_ebpf.containers.cgroups import CgroupIndex, CgroupRef, parse_cgroup
-from lens_ebpf.containers.runtime import ContainerdState, ContainerInfo
-from lens_ebpf.events import EventBus
+from lens_ebpf.containers.runtime import ContainerInfo
+from lens_ebpf.enrich import Enrichment
+from lens_ebpf.events import ContainerChange, EventBus, ProcessEvent
 from lens_ebpf.metrics.cache import COUNTER, MetricCache
 
 log = logging.getLogger(__name__)
@@ -56,20 +55,6 @@ EXITS = "lens_container_process_exits_total"
 OOMS = "lens_container_oom_kills_total"
 
 
-def systemd_cgroup_path(cgroups_path: str) -> str:
-    """'slice:prefix:name' (runc's systemd driver) -> the cgroup path it makes."""
-    parts = cgroups_path.split(":")
-    if len(parts) != 3:
-        return cgroups_path
-    slice_name, prefix, name = parts
-    nested = ""
-    acc = ""
-    for piece in slice_name.removesuffix(".slice").split("-"):
-        acc = f"{acc}-{piece}" if acc else piece
-        nested += f"/{acc}.slice"
-    return f"{nested}/{prefix}-{name}.scope"
-
-
 def exit_class(exit_code: int, signal: int) -> str:
     if signal:
         return "signal"
@@ -78,95 +63,12 @@ def exit_class(exit_code: int, signal: int) -> str:
     return "success" if exit_code == 0 else "error"
 
 
-class ContainerResolver:
-    """cgroup id -> cgroup path -> container id -> container and pod identity."""
-
-    def __init__(
-        self, index: CgroupIndex, state: ContainerdState, min_rescan: float = 0.05,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:  # fmt: skip
-        self.index = index
-        self.state = state
-        self.containers: dict[str, ContainerInfo] = {}
-        self._min_rescan = min_rescan
-        self._clock = clock
-        self._last = -1e9
-        self._lock = threading.Lock()
-        self._missed: set[int] = set()  # cgroup ids a runtime scan was already done for
-        self._indexed: set[str] = set()  # containers whose cgroup is in the index
-        # told of every change, whichever path (read loop or a lookup miss) found it
-        self.on_change: Callable[[list[ContainerInfo], list[ContainerInfo]], None] = (
-            lambda started, exited: None
-        )
-
-    def refresh(self) -> tuple[list[ContainerInfo], list[ContainerInfo]]:
-        """Rescan the runtime; (started, exited) since the last scan."""
-        with self._lock:
-            now = self.state.scan()
-            started = [c for cid, c in now.items() if cid not in self.containers]
-            exited = [c for cid, c in self.containers.items() if cid not in now]
-            # Index each container's cgroup before anyone sees it listed: a short-lived
-            # process (and its cgroup) may be gone before its events are read. runc
-            # makes the cgroup after the spec is written, so this is tried again.
-            for c in now.values():
-                if (
-                    c.cgroup_path
-                    and c.id not in self._indexed
-                    and self.index.remember(systemd_cgroup_path(c.cgroup_path)) is not None
-                ):
-                    self._indexed.add(c.id)
-            self._indexed &= set(now)
-            self.containers = now
-            self._last = self._clock()
-        if started or exited:
-            self.on_change(started, exited)
-        return started, exited
-
-    def resolve(self, cgroup_id: int) -> tuple[CgroupRef, ContainerInfo | None]:
-        path = self.index.path(cgroup_id, rescan=False) if cgroup_id else None
-        if path is None and cgroup_id:
-            # a cgroup not seen yet is most often a new container's: the runtime scan
-            # indexes its cgroup with one stat, before a full walk of the hierarchy
-            if cgroup_id not in self._missed or self._clock() - self._last > self._min_rescan:
-                self._missed.add(cgroup_id)
-                self.refresh()
-            path = self.index.path(cgroup_id)
-        ref = parse_cgroup(path or "/")
-        if not ref.container_id:
-            return ref, None
-        info = self.containers.get(ref.container_id)
-        if info is None and self._clock() - self._last > self._min_rescan:
-            self.refresh()
-            info = self.containers.get(ref.container_id)
-        return ref, info
-
-
-def identity(ref: CgroupRef, info: ContainerInfo | None) -> dict[str, str]:
-    """Event fields naming the container and pod; empty strings for the host."""
-    if info is None:
-        # a kubepods cgroup we have no runtime record of still names its container
-        return {"container_id": ref.container_id if ref.runtime else "", "container": "",
-                "pod": "", "namespace": "", "pod_uid": ref.pod_uid}  # fmt: skip
-    return {
-        "container_id": info.id,
-        "container": info.name or info.id,
-        "pod": info.pod_name,
-        "namespace": info.pod_namespace,
-        "pod_uid": info.pod_uid or ref.pod_uid,
-    }
-
-
-def container_event(kind: str, c: ContainerInfo) -> dict[str, Any]:
-    return {
-        "kind": kind,
-        "ts_ns": time.clock_gettime_ns(time.CLOCK_MONOTONIC),
-        "container_id": c.id,
-        "container": c.name or c.id,
-        "pod": c.pod_name,
-        "namespace": c.pod_namespace,
-        "pod_uid": c.pod_uid,
-        "devices": [d.host_path or d.path for d in c.devices],
-    }
+def container_event(kind: str, c: ContainerInfo) -> ContainerChange:
+    return ContainerChange(
+        kind=kind, ts_ns=time.clock_gettime_ns(time.CLOCK_MONOTONIC), container_id=c.id,
+        container=c.name or c.id, pod=c.pod_name, namespace=c.pod_namespace, pod_uid=c.pod_uid,
+        devices=tuple(d.host_path or d.path for d in c.devices),
+    )  # fmt: skip
 
 
 def pods_view(containers: dict[str, ContainerInfo]) -> list[dict[str, Any]]:
@@ -195,16 +97,16 @@ class ProcEvents(RingProgram):
 
     def __init__(
         self, cfg: Config, cache: MetricCache, bus: EventBus, loader: BpfLoader,
-        resolver: ContainerResolver,
+        enrich: Enrichment,
     ) -> None:  # fmt: skip
         super().__init__(loader)
         self.cfg = cfg
         self.cache = cache
         self.bus = bus
-        self.resolver = resolver
-        # (namespace, pod) -> the pod's identity in the cluster index (its owner workload)
-        self.workload: Callable[[str, str], Any] | None = None
-        resolver.on_change = self._containers_changed
+        self.enrich = enrich
+        assert enrich.containers is not None, "processes are attributed through containers"
+        self.resolver = enrich.containers
+        self.resolver.on_change = self._containers_changed
         self._comms: dict[int, str] = {}
         for name, help_text, extra in (
             (EXECS, "Processes started (exec) in containers", ()),
@@ -231,34 +133,25 @@ class ProcEvents(RingProgram):
     def _on_event(self, _ctx: Any, data: Any, _size: int) -> None:
         rec = ctypes.cast(data, ctypes.POINTER(layouts.ProcEvent)).contents
         self.events_received += 1
-        ref, info = self.resolver.resolve(rec.cgroup_id)
-        who = identity(ref, info)
-        if self.workload is not None and who["pod"]:
-            pod = self.workload(who["namespace"], who["pod"])
-            if pod is not None:
-                who.update(workload_kind=pod.workload_kind, workload=pod.workload)
+        ref, who = self.enrich.cgroup(rec.cgroup_id)
         labels = (who["namespace"], who["pod"], who["container"])
-        ev: dict[str, Any] = {
-            "ts_ns": rec.ts_ns, "pid": rec.pid, "ppid": rec.ppid,
-            "comm": rec.comm.decode(errors="replace"), "cgroup_id": rec.cgroup_id,
-            "cgroup": ref.path, **who,
-        }  # fmt: skip
+        comm = rec.comm.decode(errors="replace")
+        common = dict(ts_ns=rec.ts_ns, pid=rec.pid, ppid=rec.ppid, cgroup_id=rec.cgroup_id,
+                      cgroup=ref.path, **who)  # fmt: skip
         if rec.kind == EV_EXEC:
-            ev["kind"] = "process_exec"
-            ev["filename"] = rec.filename.decode(errors="replace")
+            ev = ProcessEvent(kind="process_exec", comm=comm, **common,
+                              filename=rec.filename.decode(errors="replace"))  # fmt: skip
             self.cache.inc(EXECS, labels)
-            self._remember_comm(rec.pid, ev["comm"])
+            self._remember_comm(rec.pid, comm)
         elif rec.kind == EV_EXIT:
             self._comms.pop(rec.pid, None)
-            ev["kind"] = "process_exit"
-            ev["exit_code"] = rec.exit_code
-            ev["signal"] = rec.signal
-            ev["oom_killed"] = bool(rec.flags & PF_OOM_VICTIM)
+            ev = ProcessEvent(kind="process_exit", comm=comm, **common,
+                              exit_code=rec.exit_code, signal=rec.signal,
+                              oom_killed=bool(rec.flags & PF_OOM_VICTIM))  # fmt: skip
             self.cache.inc(EXITS, (*labels, exit_class(rec.exit_code, rec.signal)))
         elif rec.kind == EV_OOM:
-            ev["kind"] = "oom_kill"
-            if not ev["comm"]:  # a kernel whose mark_victim has no comm
-                ev["comm"] = self._comms.get(rec.pid, "")
+            # a kernel whose mark_victim has no comm: the one its exec had
+            ev = ProcessEvent(kind="oom_kill", comm=comm or self._comms.get(rec.pid, ""), **common)
             self.cache.inc(OOMS, labels)
         else:
             return

@@ -12,10 +12,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
+
+from lens_ebpf.api.http import Response, envelope
+from lens_ebpf.feature import RUNNING, Context, Feature, Settings
 
 log = logging.getLogger(__name__)
 
@@ -83,27 +86,48 @@ class DeviceCollector(abc.ABC):
             return list(self.families)
 
 
-# name -> factory(cfg) -> DeviceCollector; filled by each collector's module
-REGISTRY: dict[str, Callable[[Any], DeviceCollector]] = {}
+class DeviceFeature(Feature):
+    """A device collector as a feature: built by make(), refreshed in the agent's
+    CollectorSet; VIEWS maps each REST route to (its JSON view, the answer when off)."""
 
+    VIEWS: ClassVar[dict[str, tuple[str, Any]]] = {}
 
-def register(
-    name: str,
-) -> Callable[[Callable[[Any], DeviceCollector]], Callable[[Any], DeviceCollector]]:
-    def wrap(factory: Callable[[Any], DeviceCollector]) -> Callable[[Any], DeviceCollector]:
-        REGISTRY[name] = factory
-        return factory
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.collector: DeviceCollector | None = None
 
-    return wrap
+    def enabled(self) -> str:
+        return "" if self.ctx.settings(self.name, Settings).enabled else "disabled by config"
+
+    def make(self) -> DeviceCollector:
+        """The collector, from this feature's settings."""
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self.collector = self.make()
+        self.ctx.devices.add(self.collector)
+        self.state = {"state": RUNNING, "reason": ""}
+
+    def view(self, name: str) -> Any:
+        return self.collector.views.get(name) if self.collector is not None else None
+
+    def routes(self) -> dict[str, Callable[[], Response]]:
+        def route(view: str, empty: Any) -> Callable[[], Response]:
+            return lambda: envelope(self.view(view) if self.view(view) is not None else empty)
+
+        return {path: route(view, empty) for path, (view, empty) in self.VIEWS.items()}
 
 
 class CollectorSet(Collector):
     """Runs collectors on their intervals and exposes their metrics and their own health."""
 
-    def __init__(self, collectors: list[DeviceCollector]) -> None:
-        self.collectors = {c.name: c for c in collectors}
+    def __init__(self, collectors: list[DeviceCollector] | None = None) -> None:
+        self.collectors = {c.name: c for c in collectors or []}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+
+    def add(self, collector: DeviceCollector) -> None:
+        self.collectors[collector.name] = collector
 
     def start(self) -> None:
         for c in self.collectors.values():

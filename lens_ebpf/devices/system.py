@@ -17,13 +17,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
 from prometheus_client.core import Metric
+from pydantic import Field
 
-from lens_ebpf.devices.collector import DeviceCollector, register
+from lens_ebpf.api.http import Response, json_response
+from lens_ebpf.devices.collector import DeviceCollector, DeviceFeature
 from lens_ebpf.devices.files import read_text
+from lens_ebpf.feature import Settings, register
 
 WEIGHTS = {"cpu": 0.4, "mem": 0.4, "pressure": 0.2}
 
@@ -239,8 +241,23 @@ class SystemCollector(DeviceCollector):
         return fams
 
 
-@register("system")
-def make(cfg: Any) -> SystemCollector:
-    c = cfg.collectors.system
-    return SystemCollector(c.interval_seconds, cfg.node_name, Path(cfg.devices.procfs_root),
-                           Path(cfg.devices.etc_root), c.top_processes)  # fmt: skip
+class SystemSettings(Settings):
+    interval_seconds: float = Field(5.0, gt=0)
+    top_processes: int = Field(10, ge=0)
+
+
+@register("system", order=30, settings={"system": SystemSettings})
+class SystemFeature(DeviceFeature):
+    """hw_* CPU and memory, PSI, the health score, top processes; /node, /metrics/json."""
+
+    VIEWS = {"/node": ("node", None)}
+
+    def make(self) -> SystemCollector:
+        cfg, c = self.ctx.cfg, self.ctx.settings("system", SystemSettings)
+        return SystemCollector(c.interval_seconds, cfg.node_name, Path(cfg.devices.procfs_root),
+                               Path(cfg.devices.etc_root), c.top_processes)  # fmt: skip
+
+    def routes(self) -> dict[str, Callable[[], Response]]:
+        # the system info exporter's JSON, without the REST envelope
+        return {**super().routes(),
+                "/metrics/json": lambda: json_response(200, self.view("system"))}  # fmt: skip

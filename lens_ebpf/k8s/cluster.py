@@ -11,7 +11,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from prometheus_client.registry import Collector
 from lens_ebpf.k8s.index import ClusterIndex, Getter, OwnerResolver
 from lens_ebpf.k8s.objects import Network, ObjectError, kubeadm_networks, node_pod_cidrs
 from lens_ebpf.k8s.reflector import Reflector, call_raw
+from lens_ebpf.net.policy_watch import ClusterNetworks
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +58,6 @@ def api_client(mode: str, kubeconfig: str, sa_dir: Path = SA_DIR) -> Any:
     else:
         raise NotConfigured("no in-cluster service account and no kubeconfig: standalone")
     return client.ApiClient(conf)
-
-
-@dataclass
-class ClusterNetworks:
-    pods: tuple[Network, ...] = ()
-    services: tuple[Network, ...] = ()
-    source: str = ""
 
 
 def read_cluster_networks(

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from lens_ebpf.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +68,14 @@ class Reflector:
         self._resp: Any = None
 
     def run(self, stop: threading.Event) -> None:
-        delay = 0.0
+        backoff = Backoff(self.backoff_max)
         while not stop.is_set():
             try:
                 if not self.resource_version:
                     self._list()
                 self._watch(stop)
                 self.restarts["ended"] += 1
-                delay = 0.0
+                backoff.reset()
             except Exception as exc:  # API down, reset, bad answer: keep the index, retry
                 if stop.is_set():
                     break  # stop() cut the watch
@@ -88,8 +89,7 @@ class Reflector:
                 self.connected = False
                 self.restarts["error"] += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"[:300]
-                delay = min(self.backoff_max, max(0.5, delay * 2))
-                wait = delay * random.uniform(0.5, 1.0)
+                wait = backoff.next()
                 log.warning("k8s %s: %s; retrying in %.1fs", self.resource, self.last_error, wait)
                 stop.wait(wait)
         self.connected = False

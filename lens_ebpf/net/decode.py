@@ -6,6 +6,7 @@ import socket
 import time
 from typing import Any
 
+from lens_ebpf.events import FlowClosed
 from lens_ebpf.net.policy import CLASS_NAMES
 
 AF_INET, AF_INET6 = 2, 10
@@ -59,35 +60,34 @@ def flow_key_labels(key: Any) -> tuple[str, str, str, str]:
     return (*remote_labels(key), OTHER if key.overflow else str(key.port))
 
 
-def flow_event(rec: Any) -> dict[str, Any]:
+def flow_event(rec: Any) -> FlowClosed:
     """A closed-flow ring-buffer record as an event."""
     return _event(rec, rec.raddr, rec.cls, reason_name(rec.reason), rec.ts_ns, rec.duration_ns)
 
 
-def sock_info_event(si: Any, keyed: bool) -> dict[str, Any]:
+def sock_info_event(si: Any, keyed: bool) -> FlowClosed:
     """A socket the agent finished itself (its CLOSE went unseen) as an event."""
     now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
     reason = "close_not_seen" if keyed else "failed_connect"
     return _event(si, si.key.raddr, si.key.cls, reason, now, now - si.start_ns)
 
 
-def _event(rec: Any, raddr: Any, cls: int, reason: str, ts: int, duration: int) -> dict[str, Any]:
-    return {
-        "kind": "flow_closed",
-        "ts_ns": ts,
-        "pid": rec.pid,
-        "comm": rec.comm.decode(errors="replace"),
-        "cgroup_id": rec.cgroup_id,
-        "family": "ipv4" if rec.family == AF_INET else "ipv6",
-        "laddr": format_addr(rec.family, bytes(rec.laddr)),
-        "lport": rec.lport,
-        "raddr": format_addr(rec.family, bytes(raddr)),
-        "rport": rec.rport,
-        "direction": direction_name(rec.direction),
-        "class": class_name(cls),
-        "sent_bytes": rec.sent,
-        "received_bytes": rec.recv,
-        "retransmits": rec.retrans,
-        "duration_ns": duration,
-        "reason": reason,
-    }
+def _event(rec: Any, raddr: Any, cls: int, reason: str, ts: int, duration: int) -> FlowClosed:
+    return FlowClosed(
+        ts_ns=ts,
+        pid=rec.pid,
+        comm=rec.comm.decode(errors="replace"),
+        cgroup_id=rec.cgroup_id,
+        family="ipv4" if rec.family == AF_INET else "ipv6",
+        laddr=format_addr(rec.family, bytes(rec.laddr)),
+        lport=rec.lport,
+        raddr=format_addr(rec.family, bytes(raddr)),
+        rport=rec.rport,
+        direction=direction_name(rec.direction),
+        cls=class_name(cls),
+        sent_bytes=rec.sent,
+        received_bytes=rec.recv,
+        retransmits=rec.retrans,
+        duration_ns=duration,
+        reason=reason,
+    )

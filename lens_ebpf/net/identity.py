@@ -52,7 +52,7 @@ def refine(
     return (direction, cls, raddr, *rest), who
 
 
-def event_fields(lookup: Lookup | None, event: dict[str, Any]) -> dict[str, Any]:
+def event_fields(lookup: Lookup | None, event: Any) -> dict[str, Any]:
     """A closed-flow event's class refined and who holds the remote end; namespace,
     pod and workload of the local end when a pod holds it, so Subscribe's namespace/pod
     filters select the flows of a pod on this node."""

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf.bpf import layouts
@@ -19,7 +20,8 @@ from lens_ebpf.bpf.map_reader import DeltaReader, prefill_overflow
 from lens_ebpf.bpf.program import RingProgram
 from lens_ebpf.bpf.spec import KPROBE, TRACEPOINT, Field, Need, ProbePath, ProgramSpec
 from lens_ebpf.config import Config
-from lens_ebpf.events import EventBus
+from lens_ebpf.enrich import Enrichment
+from lens_ebpf.events import EventBus, FlowClosed
 from lens_ebpf.metrics.cache import COUNTER, MetricCache
 from lens_ebpf.net import decode, identity, proc_tcp, tcp_rtt
 from lens_ebpf.net.policy import CLASS_IDS, Policy, abnormal, lpm_entries
@@ -160,6 +162,7 @@ class TcpFlows(RingProgram):
         loader: BpfLoader,
         clock: Callable[[], float] = time.monotonic,
         rtt: bool = True,
+        enrich: Enrichment | None = None,
     ) -> None:
         super().__init__(loader)
         self.cfg = cfg
@@ -176,8 +179,8 @@ class TcpFlows(RingProgram):
         self._lock = threading.Lock()
         self.repaired = 0
         self.policy = Policy()
-        # ip -> pod/service identity (the cluster index); None: standalone
-        self.lookup: identity.Lookup | None = None
+        # who is behind each address (a null index standalone)
+        self.enrich = enrich or Enrichment()
         register_families(cache)
         # RTT needs tcp:tcp_probe; without it the flows still load
         self.plan = plan_for(SPEC, () if rtt else (RTT,))
@@ -243,13 +246,12 @@ class TcpFlows(RingProgram):
         self.events_received += 1
         self._publish(decode.flow_event(rec))
 
-    def _publish(self, event: dict[str, Any]) -> None:
+    def _publish(self, event: FlowClosed) -> None:
         """A closed flow, and an abnormal_flow event when the policy's lists say so."""
-        if self.lookup is not None:
-            event.update(identity.event_fields(self.lookup, event))
+        event = self.enrich.flow(event)
         self.bus.publish(event)
-        if abnormal(self.policy, event["raddr"]):
-            self.bus.publish({**event, "kind": "abnormal_flow"})
+        if abnormal(self.policy, event.raddr):
+            self.bus.publish(dataclasses.replace(event, kind="abnormal_flow", seq=0))
 
     def read(self) -> None:
         """Read the kernel aggregates into the metric cache, and age out idle keys."""
@@ -258,9 +260,9 @@ class TcpFlows(RingProgram):
         with self._lock:
             for key, grew in self._flows_reader.read(self.bpf[b"flows"]):
                 deltas = dict(zip(VAL_FIELDS, grew, strict=True))
-                apply_deltas(self.cache, decode.flow_key_labels(key), deltas, self.lookup)
+                apply_deltas(self.cache, decode.flow_key_labels(key), deltas, self.enrich.lookup)
             if self.rtt is not None:
-                self.rtt.read(self.bpf[b"rtt"], self.lookup)
+                self.rtt.read(self.bpf[b"rtt"], self.enrich.lookup)
             self.read_stats(b"stats")
 
     def reconcile(self, live: set[proc_tcp.Tuple] | None = None) -> int:
@@ -308,13 +310,11 @@ class TcpFlows(RingProgram):
         return finished
 
     def _finish(self, si: layouts.SockInfo) -> None:
+        """A socket the kernel never saw close: counted through the same path as the
+        kernel map's deltas (closed, or failed when it never established)."""
         keyed = bool(si.flags & layouts.SI_KEYED)
-        key_labels, who = identity.refine(self.lookup, decode.flow_key_labels(si.key))
-        labels = (*key_labels, *who)
-        if keyed:
-            self.cache.inc("lens_tcp_connections_closed_total", labels, 1)
-        else:
-            self.cache.inc("lens_tcp_failed_connects_total", labels, 1)
+        grew = dict.fromkeys(VAL_FIELDS, 0) | {"closed" if keyed else "failed": 1}
+        apply_deltas(self.cache, decode.flow_key_labels(si.key), grew, self.enrich.lookup)
         self._publish(decode.sock_info_event(si, keyed))
 
     def tracked_keys(self) -> int:
@@ -331,50 +331,30 @@ class TcpFlowsCollector(Collector):
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        st = self._flows.kernel_stats
-        prog = {"program": NAME}
-        full = Metric("lens_agent_bpf_map_full", "Updates refused by a full BPF map", "counter")
-        full.add_sample(
-            "lens_agent_bpf_map_full_total", {**prog, "map": "socks"}, st["sock_map_full"]
-        )
-        full.add_sample(
-            "lens_agent_bpf_map_full_total", {**prog, "map": "flows"}, st["flow_map_full"]
-        )
-        full.add_sample("lens_agent_bpf_map_full_total", {**prog, "map": "rtt"}, st["rtt_map_full"])
+        st, flows = self._flows.kernel_stats, self._flows
+        full = CounterMetricFamily("lens_agent_bpf_map_full", "Updates refused by a full BPF map",
+                                   labels=("program", "map"))  # fmt: skip
+        for map_name, stat in (("socks", "sock_map_full"), ("flows", "flow_map_full"),
+                               ("rtt", "rtt_map_full")):  # fmt: skip
+            full.add_metric((NAME, map_name), st[stat])
         yield full
-        untracked = Metric(
+        untracked = CounterMetricFamily(
             "lens_tcp_untracked_bytes",
             "Bytes on TCP sockets opened before the agent started (no flow key known)",
-            "counter",
+            labels=("way",),
         )
-        untracked.add_sample(
-            "lens_tcp_untracked_bytes_total", {"way": "sent"}, st["untracked_sent_bytes"]
-        )
-        untracked.add_sample(
-            "lens_tcp_untracked_bytes_total", {"way": "received"}, st["untracked_recv_bytes"]
-        )
+        untracked.add_metric(("sent",), st["untracked_sent_bytes"])
+        untracked.add_metric(("received",), st["untracked_recv_bytes"])
         yield untracked
-        rst = Metric(
-            "lens_tcp_resets_without_socket",
-            "Resets sent with no socket " "(a SYN to a closed port)",
-            "counter",
-        )
-        rst.add_sample("lens_tcp_resets_without_socket_total", {}, st["reset_no_socket"])
-        yield rst
-        rtx = Metric(
-            "lens_tcp_untracked_retransmits",
-            "Retransmits on sockets opened before " "the agent started",
-            "counter",
-        )
-        rtx.add_sample("lens_tcp_untracked_retransmits_total", {}, st["untracked_retransmits"])
-        yield rtx
-        fixed = Metric(
-            "lens_agent_tcp_closes_repaired",
-            "Sockets finished by the agent's sweep because the kernel skipped their CLOSE",
-            "counter",
-        )
-        fixed.add_sample("lens_agent_tcp_closes_repaired_total", {}, self._flows.repaired)
-        yield fixed
-        keys = Metric("lens_agent_tcp_flow_keys", "Flow keys held in the kernel map", "gauge")
-        keys.add_sample("lens_agent_tcp_flow_keys", {}, self._flows.tracked_keys())
-        yield keys
+        for name, help_text, value in (
+            ("lens_tcp_resets_without_socket",
+             "Resets sent with no socket (a SYN to a closed port)", st["reset_no_socket"]),
+            ("lens_tcp_untracked_retransmits",
+             "Retransmits on sockets opened before the agent started", st["untracked_retransmits"]),
+            ("lens_agent_tcp_closes_repaired",
+             "Sockets finished by the agent's sweep because the kernel skipped their CLOSE",
+             flows.repaired),
+        ):  # fmt: skip
+            yield CounterMetricFamily(name, help_text, value=value)
+        yield GaugeMetricFamily("lens_agent_tcp_flow_keys", "Flow keys held in the kernel map",
+                                value=flows.tracked_keys())  # fmt: skip

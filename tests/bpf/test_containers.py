@@ -17,15 +17,10 @@ import pytest
 from lens_ebpf import config
 from lens_ebpf.bpf.loader import BpfLoader
 from lens_ebpf.containers.cgroups import CgroupIndex
-from lens_ebpf.containers.proc_events import (
-    EXECS,
-    EXITS,
-    OOMS,
-    ContainerResolver,
-    ProcEvents,
-    pods_view,
-)
+from lens_ebpf.containers.proc_events import EXECS, EXITS, OOMS, ProcEvents, pods_view
+from lens_ebpf.containers.resolver import ContainerResolver
 from lens_ebpf.containers.runtime import ContainerdState
+from lens_ebpf.enrich import Enrichment
 from lens_ebpf.events import EventBus
 from lens_ebpf.k8s.index import ClusterIndex
 from lens_ebpf.metrics.cache import MetricCache
@@ -91,7 +86,7 @@ def prig(ctd: Containerd) -> Iterator[ProcRig]:
     bus = EventBus(100000)
     loader = BpfLoader()
     resolver = ContainerResolver(CgroupIndex.for_host(), ContainerdState(ctd.state))
-    procs = ProcEvents(cfg, cache, bus, loader, resolver)
+    procs = ProcEvents(cfg, cache, bus, loader, Enrichment(resolver))
     assert procs.start(), loader.status
     with polling(procs, loader):
         yield ProcRig(procs, bus, cache)
@@ -110,7 +105,7 @@ def test_exec_and_exit_in_a_pod_container(prig: ProcRig, ctd: Containerd, device
     # the API's view of the pod: its owner workload joins the runtime's identity
     index = ClusterIndex()
     index.replace_pods([pod("web-0", "", "team-a", owner=("StatefulSet", "web"))])
-    prig.procs.workload = index.pod
+    prig.procs.enrich.index = index
     try:
         res = ctd.run(
             cid,
@@ -122,7 +117,7 @@ def test_exec_and_exit_in_a_pod_container(prig: ProcRig, ctd: Containerd, device
             cgroup=cgroup,
         )
     finally:
-        prig.procs.workload = None
+        prig.procs.enrich.index = None
     assert res.returncode == 3, res.stderr
     events = prig.drain(sub, quiet=1.5)
     execs = [e["filename"] for e in events if e["kind"] == "process_exec"]

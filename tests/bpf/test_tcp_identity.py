@@ -27,9 +27,9 @@ def indexed(rig: FlowRig):
     idx = ClusterIndex(owners=OwnerResolver(getters))
     idx.replace_pods([pod("web-5d-x7k", POD_IP, "shop", owner=("ReplicaSet", "web-5d"))])
     idx.replace_services([service("kube-dns", SVC_IP, "kube-system")])
-    rig.flows.lookup = idx.lookup
+    rig.flows.enrich.index = idx
     yield idx
-    rig.flows.lookup = None
+    rig.flows.enrich.index = None
 
 
 def test_pod_and_service_remotes_get_identity(rig: FlowRig, lab, indexed: ClusterIndex) -> None:

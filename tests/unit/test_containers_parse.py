@@ -3,7 +3,8 @@ import json
 import pytest
 
 from lens_ebpf.containers.cgroups import cgroup2_root, cgroup_path, parse_cgroup
-from lens_ebpf.containers.proc_events import exit_class, pods_view, systemd_cgroup_path
+from lens_ebpf.containers.proc_events import exit_class, pods_view
+from lens_ebpf.containers.resolver import systemd_cgroup_path
 from lens_ebpf.containers.runtime import device_group, parse_spec
 
 CID = "3b2f" + "a" * 60

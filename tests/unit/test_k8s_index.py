@@ -218,20 +218,22 @@ def test_remote_identity_refines_class_for_mapped_ipv4_and_keeps_unknowns() -> N
 
 def test_identity_fields_reach_the_grpc_messages() -> None:
     from lens_ebpf.api.convert import to_pb
+    from lens_ebpf.events import FlowClosed, ProcessEvent
 
-    flow = {
-        "kind": "flow_closed", "seq": 3, "pid": 1, "comm": "curl", "laddr": "10.244.1.5",
-        "lport": 40000, "raddr": "10.96.0.20", "rport": 80, "direction": "egress",
-        "class": "k8sSvc", "remote_namespace": "default", "remote_service": "web",
-        "namespace": "ns1", "pod": "p", "workload_kind": "StatefulSet", "workload": "db",
-    }  # fmt: skip
+    flow = FlowClosed(
+        seq=3, ts_ns=1, pid=1, comm="curl", cgroup_id=0, family="ipv4", laddr="10.244.1.5",
+        lport=40000, raddr="10.96.0.20", rport=80, direction="egress", cls="k8sSvc",
+        sent_bytes=0, received_bytes=0, retransmits=0, duration_ns=0, reason="normal",
+        remote_namespace="default", remote_service="web", namespace="ns1", pod="p",
+        workload_kind="StatefulSet", workload="db",
+    )  # fmt: skip
     fc = to_pb(flow, "n", "1.2.3.4").flow_closed
     assert (fc.remote_service, fc.remote_namespace, fc.pod, fc.workload) == (
         "web", "default", "p", "db")  # fmt: skip
-    ex = {
-        "kind": "process_exec", "pid": 2, "ppid": 1, "comm": "sh", "namespace": "ns1",
-        "pod": "p", "container": "c", "workload_kind": "StatefulSet", "workload": "db",
-    }  # fmt: skip
+    ex = ProcessEvent(
+        kind="process_exec", ts_ns=1, pid=2, ppid=1, comm="sh", cgroup_id=0, cgroup="/",
+        namespace="ns1", pod="p", container="c", workload_kind="StatefulSet", workload="db",
+    )  # fmt: skip
     ident = to_pb(ex, "n", "").process_exec.identity
     assert (ident.pod, ident.workload_kind, ident.workload) == ("p", "StatefulSet", "db")
 

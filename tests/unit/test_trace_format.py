@@ -90,3 +90,16 @@ def test_ebpf_prints_source_and_cflags(capsys) -> None:
     assert "TRACEPOINT_PROBE(sock, inet_sock_set_state)" in out
     assert "TRACEPOINT_PROBE(sched, sched_process_exec)" in out
     assert "-DLENS_RTT=1" in out and "-DMAX_PROCS=65536" in out
+
+
+def test_trace_all_is_one_table_with_a_kind_column() -> None:
+    from lens_ebpf.trace import ALL_HEADER, format_any
+
+    proc = {"kind": "process_exit", "ts_ns": 0, "pid": 31, "ppid": 1, "comm": "sh",
+            "exit_code": 3, "signal": 0}  # fmt: skip
+    lines = [ALL_HEADER, *(format_any(e, 0.0) for e in [*FLOWS, proc])]
+    assert all(len(line) <= 80 for line in lines)
+    assert [line.split()[1] for line in lines] == ["EVENT", "flow", "flow", "flow", "exit"]
+    # direction, class, remote, bytes sent/received, duration
+    assert lines[1].split()[4:] == ["out", "external", "93.184.216.34:443", "517/1.3M", "45ms"]
+    assert lines[4].endswith("ppid 1 ret 3")

@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client.core import Metric
+from pydantic import Field
 
-from lens_ebpf.devices.collector import DeviceCollector, register
+from lens_ebpf.devices.collector import DeviceCollector, DeviceFeature
 from lens_ebpf.devices.gpu import amd, nvidia
 from lens_ebpf.devices.gpu.model import GpuReading
+from lens_ebpf.feature import Settings, register
 
 log = logging.getLogger(__name__)
 
@@ -247,9 +249,15 @@ def nvml_source(nvml: Any) -> Source:
     return "nvml", read
 
 
-def default_sources(cfg: Any) -> dict[str, list[Source]]:
-    g = cfg.collectors.gpu
-    sysfs = Path(cfg.devices.sysfs_root)
+class GpuSettings(Settings):
+    interval_seconds: float = Field(5.0, gt=0)
+    stale_seconds: float = Field(300.0, ge=0)
+    timeout_seconds: float = Field(10.0, gt=0)
+    amd_smi: str = "amd-smi"
+    nvidia_smi: str = "nvidia-smi"
+
+
+def default_sources(g: GpuSettings, sysfs: Path) -> dict[str, list[Source]]:
     amd_sources: list[Source] = []
     try:
         amdsmi = importlib.import_module("amdsmi")
@@ -283,8 +291,19 @@ def default_sources(cfg: Any) -> dict[str, list[Source]]:
     return {"amd": amd_sources, "nvidia": nv_sources}
 
 
-@register("gpu")
-def make(cfg: Any) -> GpuCollector:
-    g = cfg.collectors.gpu
-    return GpuCollector(g.interval_seconds, cfg.node_name, default_sources(cfg),
-                        g.stale_seconds, Path(cfg.devices.dev_root))  # fmt: skip
+@register("gpu", order=30, settings={"gpu": GpuSettings})
+class GpuFeature(DeviceFeature):
+    """AMD (amdsmi, amd-smi, sysfs) and NVIDIA (NVML, nvidia-smi) GPUs, and the node
+    exporter's GPU routes; processes attributed to pods, GPUs to the pods they serve."""
+
+    VIEWS = {"/gpus": ("gpus", []), "/gpuDriverVersion": ("driver", ""),
+             "/cardMetrics": ("cards", []), "/driMapping": ("dri", [])}  # fmt: skip
+
+    def make(self) -> GpuCollector:
+        cfg, g = self.ctx.cfg, self.ctx.settings("gpu", GpuSettings)
+        gpu = GpuCollector(g.interval_seconds, cfg.node_name,
+                           default_sources(g, Path(cfg.devices.sysfs_root)), g.stale_seconds,
+                           Path(cfg.devices.dev_root), identify=self.ctx.enrich.pid,
+                           allocated=lambda: self.ctx.offered("gpu_assignments", {}))  # fmt: skip
+        self.ctx.offers["gpu_count"] = lambda: len(gpu.readings())
+        return gpu

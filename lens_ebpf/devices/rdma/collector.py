@@ -7,12 +7,13 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from prometheus_client.core import Metric
+from pydantic import Field
 
-from lens_ebpf.devices.collector import DeviceCollector, register
+from lens_ebpf.devices.collector import DeviceCollector, DeviceFeature
 from lens_ebpf.devices.rdma import statistic, sysfs
+from lens_ebpf.feature import Settings, register
 
 log = logging.getLogger(__name__)
 
@@ -292,9 +293,20 @@ class RdmaCollector(DeviceCollector):
             return []
 
 
-@register("rdma")
-def make(cfg: Any) -> RdmaCollector:
-    c = cfg.collectors.rdma
-    tool = shutil.which(c.tool)
-    runner = (lambda: statistic.run_rdma_statistic(tool, c.timeout_seconds)) if tool else None
-    return RdmaCollector(c.interval_seconds, Path(cfg.devices.sysfs_root), runner)
+class RdmaSettings(Settings):
+    interval_seconds: float = Field(5.0, gt=0)
+    tool: str = "rdma"
+    timeout_seconds: float = Field(5.0, gt=0)
+
+
+@register("rdma", order=30, settings={"rdma": RdmaSettings})
+class RdmaFeature(DeviceFeature):
+    """/sys/class/infiniband and `rdma statistic show`; the /rdma route."""
+
+    VIEWS = {"/rdma": ("rdma", [])}
+
+    def make(self) -> RdmaCollector:
+        c = self.ctx.settings("rdma", RdmaSettings)
+        tool = shutil.which(c.tool)
+        runner = (lambda: statistic.run_rdma_statistic(tool, c.timeout_seconds)) if tool else None
+        return RdmaCollector(c.interval_seconds, Path(self.ctx.cfg.devices.sysfs_root), runner)

@@ -1,0 +1,46 @@
+"""The event side of the agent: gRPC Subscribe/GetNode and, when configured, the reporter."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry
+
+from lens_ebpf.api.grpc_server import GrpcServer, server_credentials
+from lens_ebpf.api.reporter import Reporter, ReporterCollector, channel_credentials
+from lens_ebpf.config import Config
+from lens_ebpf.events import EventBus
+
+log = logging.getLogger(__name__)
+
+
+class EventApi:
+    def __init__(self, cfg: Config, bus: EventBus, features: Callable[[], dict[str, str]]) -> None:
+        self.cfg, self.bus, self.features = cfg, bus, features
+        self.grpc: GrpcServer | None = None
+        self.reporter: Reporter | None = None
+
+    def start(self, registry: CollectorRegistry) -> None:
+        """Raises OSError or RuntimeError when the gRPC port cannot be served."""
+        cfg, node = self.cfg, (self.cfg.node_name, self.cfg.node.ip)
+        if cfg.grpc.enabled:
+            t = cfg.grpc.tls
+            self.grpc = GrpcServer(cfg.grpc.listen, self.bus, node, self.features,
+                                   cfg.grpc.subscriber_queue,
+                                   server_credentials(t.cert, t.key, t.client_ca))  # fmt: skip
+            self.grpc.start()
+            log.info("gRPC on %s (port %d)", cfg.grpc.listen, self.grpc.port)
+        r = cfg.reporter
+        if r.target:
+            creds = channel_credentials(r.tls.ca, r.tls.cert, r.tls.key)
+            self.reporter = Reporter(r.target, self.bus, node, r.buffer, creds,
+                                     r.backoff_max_seconds)  # fmt: skip
+            self.reporter.start()
+            registry.register(ReporterCollector(self.reporter))
+
+    def stop(self) -> None:
+        if self.reporter is not None:
+            self.reporter.stop()
+        if self.grpc is not None:
+            self.grpc.stop()

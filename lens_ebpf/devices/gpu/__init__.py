@@ -1,0 +1,1 @@
+"""GPU collectors: AMD (amdsmi, amd-smi, sysfs) and NVIDIA (NVML, nvidia-smi)."""

@@ -1,0 +1,21 @@
+"""kubelet PodResources v1: which pod holds which GPU (offered as gpu_assignments)."""
+
+from __future__ import annotations
+
+from lens_ebpf.devices.collector import DeviceCollector, DeviceFeature
+from lens_ebpf.feature import register
+from lens_ebpf.k8s.podresources import PodResourcesCollector
+
+
+@register("pod_resources", order=20)
+class PodResourcesFeature(DeviceFeature):
+    def enabled(self) -> str:
+        return "" if self.ctx.cfg.kubernetes.pod_resources.enabled else "disabled by config"
+
+    def make(self) -> DeviceCollector:
+        k = self.ctx.cfg.kubernetes
+        pr = k.pod_resources
+        prc = PodResourcesCollector(pr.interval_seconds, pr.socket, pr.timeout_seconds,
+                                    k.kubelet.gpu_resources)  # fmt: skip
+        self.ctx.offers["gpu_assignments"] = lambda: prc.assigned
+        return prc

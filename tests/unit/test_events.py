@@ -1,0 +1,111 @@
+"""Typed events: the proto conversion checked against the types, the one filter, the bus."""
+
+import dataclasses
+import json
+
+import pytest
+
+from lens_ebpf.api import convert
+from lens_ebpf.api.gen import lens_pb2 as pb
+from lens_ebpf.events import (
+    KINDS,
+    ContainerChange,
+    DeviceChange,
+    EventBus,
+    EventFilter,
+    FlowClosed,
+    Gap,
+    ProcessEvent,
+)
+
+FLOW = FlowClosed(ts_ns=1, pid=7, comm="curl", cgroup_id=3, family="ipv4", laddr="10.0.0.1",
+                  lport=40000, raddr="10.0.0.7", rport=443, direction="egress",
+                  cls="internalHosts", sent_bytes=10, received_bytes=20, retransmits=1,
+                  duration_ns=99, reason="normal", remote_service="web", pod="cli",
+                  namespace="apps")  # fmt: skip
+EXEC = ProcessEvent(kind="process_exec", ts_ns=2, pid=8, ppid=1, comm="sh", cgroup_id=4,
+                    cgroup="/kubepods/x", filename="/bin/sh", container_id="abc123",
+                    container="app", pod="web-0", namespace="team-a", pod_uid="u",
+                    workload_kind="StatefulSet", workload="web")  # fmt: skip
+EXAMPLES = {
+    "flow_closed": FLOW,
+    "abnormal_flow": dataclasses.replace(FLOW, kind="abnormal_flow"),
+    "process_exec": EXEC,
+    "process_exit": dataclasses.replace(EXEC, kind="process_exit", exit_code=3, signal=0),
+    "oom_kill": dataclasses.replace(EXEC, kind="oom_kill"),
+    "container_start": ContainerChange(
+        kind="container_start",
+        ts_ns=3,
+        container_id="abc123",
+        pod="web-0",
+        devices=("/dev/dri/renderD128",),
+    ),  # fmt: skip
+    "container_exit": ContainerChange(kind="container_exit", ts_ns=4, container_id="abc123"),
+    "device_change": DeviceChange(vendor="amd", bdf="0000:03:00.0", change="appeared"),
+    "gap": Gap(lost=5, reason="slow_subscriber"),
+}
+
+
+def test_every_proto_payload_has_an_event_type_and_back() -> None:
+    assert set(KINDS) == set(convert.PAYLOADS) == set(EXAMPLES)
+
+
+@pytest.mark.parametrize("kind", sorted(EXAMPLES))
+def test_every_proto_field_is_read_from_the_typed_event(kind: str) -> None:
+    ev = EXAMPLES[kind]
+    msg = getattr(convert.to_pb(ev, "node-a", "10.1.1.1"), kind)
+    for f in msg.DESCRIPTOR.fields:
+        if f.name == "identity":
+            for g in pb.Identity.DESCRIPTOR.fields:
+                assert getattr(msg.identity, g.name) == ev[g.name], g.name
+        elif f.is_repeated:
+            assert list(getattr(msg, f.name)) == list(ev[f.name]), f.name
+        else:
+            assert getattr(msg, f.name) == ev[f.name], f.name
+
+
+def test_wire_names_and_json() -> None:
+    assert FLOW["class"] == FLOW.get("class") == "internalHosts"
+    d = FLOW.to_dict()
+    assert d["class"] == "internalHosts" and "cls" not in d
+    assert json.loads(json.dumps(d))["sent_bytes"] == 10
+    with pytest.raises(KeyError):
+        FLOW["no_such_field"]
+    with pytest.raises(ValueError, match="no kind"):
+        ProcessEvent(kind="flow_closed", ts_ns=0, pid=0, ppid=0, comm="", cgroup_id=0, cgroup="")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        FLOW.pid = 8  # type: ignore[misc]
+
+
+def test_one_filter_for_subscribe_and_trace() -> None:
+    assert EventFilter()(FLOW) and EventFilter()(EXEC)
+    assert EventFilter(kinds=frozenset({"process_exec"}))(EXEC)
+    assert not EventFilter(kinds=frozenset({"process_exec"}))(FLOW)
+    assert EventFilter(namespace="team-a", pod="web-0", container="abc")(EXEC)
+    assert EventFilter(container="app")(EXEC) and not EventFilter(container="bcd")(EXEC)
+    assert not EventFilter(namespace="team-b")(EXEC)
+    # class applies only to events that have one
+    assert EventFilter(cls="dns")(EXEC) and not EventFilter(cls="dns")(FLOW)
+    # a kernel comm holds 15 characters: a longer name given matches its first 15
+    assert EventFilter(comm="curl-with-a-long-name")(
+        dataclasses.replace(FLOW, comm="curl-with-a-lon")
+    )
+    req = pb.SubscribeRequest(kinds=["process_exec"], namespace="team-a", container="abc")
+    assert convert.matcher(req) == EventFilter(kinds=frozenset({"process_exec"}),
+                                               namespace="team-a", container="abc")  # fmt: skip
+    assert "unknown kind(s) nope" in (convert.validate(pb.SubscribeRequest(kinds=["nope"])) or "")
+
+
+def test_bus_stamps_each_event_once_in_order() -> None:
+    bus = EventBus(queue_size=2, history=10)
+    sub = bus.subscribe("t", accept=EventFilter(kinds=frozenset({"flow_closed"})))
+    first, ex, second = (dataclasses.replace(e) for e in (FLOW, EXEC, FLOW))
+    bus.publish(first)
+    bus.publish(ex)
+    bus.publish(second)
+    assert (first.seq, ex.seq, second.seq) == (1, 2, 3)
+    assert first.ts_unix_nano > 0
+    assert [sub.get(0).seq, sub.get(0).seq] == [1, 3]  # type: ignore[union-attr]
+    held, gone = bus.since(2)
+    assert [e.seq for e in held] == [2, 3] and gone == 0
+    assert bus.published == {"flow_closed": 2, "process_exec": 1}

@@ -1,0 +1,138 @@
+"""Features plug in by name: a feature declared in one module gets its config section,
+its --no-collector flag, its routes, metrics, /readyz state and read cycle, with no other
+file touched. The toy feature here is such a module."""
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from importlib import resources
+
+import pytest
+import yaml
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+from pydantic import Field
+
+from lens_ebpf import cli, config, feature
+from lens_ebpf.agent import Agent
+from lens_ebpf.api.http import envelope
+from lens_ebpf.feature import RUNNING, Feature, Settings, register
+
+
+def test_every_feature_is_found_in_start_order() -> None:
+    names = [f.name for f in feature.registered()]
+    assert names == ["kubernetes", "tcp_flows", "processes", "kubelet", "pod_resources", "gpu",
+                     "rdma", "system"]  # fmt: skip
+    assert list(feature.collector_settings()) == ["tcp", "rtt", "processes", "gpu", "rdma",
+                                                  "system"]  # fmt: skip
+
+
+def test_shipped_defaults_match_the_models() -> None:
+    """defaults.yaml documents every default; the models hold them: the two agree."""
+    shipped = yaml.safe_load(resources.files("lens_ebpf").joinpath("defaults.yaml").read_text())
+    models = config.Config().model_dump()
+
+    def walk(doc: dict, model: dict, where: str) -> None:
+        for key, value in doc.items():
+            assert key in model, f"defaults.yaml: {where}{key} is no setting"
+            if isinstance(value, dict) and isinstance(model[key], dict) and value:
+                walk(value, model[key], f"{where}{key}.")
+            else:
+                assert value == model[key], f"defaults.yaml: {where}{key}"
+
+    walk(shipped, models, "")
+
+
+class ToySettings(Settings):
+    interval_seconds: float = Field(1.0, gt=0)
+    greeting: str = "hello"
+
+
+class ToyCollector(Collector):
+    def __init__(self, toy: "ToyFeature") -> None:
+        self.toy = toy
+
+    def describe(self):
+        return iter(())
+
+    def collect(self):
+        yield CounterMetricFamily("lens_toy_reads", "Read cycles seen", value=self.toy.reads)
+
+
+class ToyFeature(Feature):
+    """What a new feature's module holds: settings, start, collectors, routes, read, stop."""
+
+    reads = 0
+    stopped = False
+
+    def enabled(self) -> str:
+        return "" if self.ctx.settings("toy", ToySettings).enabled else "disabled by config"
+
+    def start(self) -> None:
+        self.state = {"state": RUNNING, "reason": ""}
+
+    def collectors(self) -> list[Collector]:
+        return [ToyCollector(self)]
+
+    def routes(self):
+        return {"/toy": lambda: envelope(self.ctx.settings("toy", ToySettings).greeting)}
+
+    def read(self) -> None:
+        self.reads += 1
+
+    def stop(self) -> None:
+        ToyFeature.stopped = True
+
+
+@pytest.fixture
+def toy() -> Iterator[type[ToyFeature]]:
+    feature.registered()
+    register("toy", order=40, settings={"toy": ToySettings})(ToyFeature)
+    yield ToyFeature
+    del feature.REGISTRY["toy"]
+
+
+def test_a_new_feature_brings_its_config_and_flag(toy) -> None:
+    cfg = config.load(None, env={"LENS_COLLECTORS__TOY__GREETING": "hi"})
+    assert cfg.collectors.section("toy") == ToySettings(greeting="hi")
+    with pytest.raises(config.ConfigError, match="collectors.toy.interval_seconds: Input should"):
+        config.load(None, env={"LENS_COLLECTORS__TOY__INTERVAL_SECONDS": "0"})
+    assert "toy" in cli.collectors()
+    args = cli.build_parser().parse_args(["run", "--no-collector.toy"])
+    assert cli._overrides(args)[("collectors", "toy", "enabled")] is False
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_the_agent_runs_a_new_feature_end_to_end(toy) -> None:
+    off = {(f"collectors.{k}.enabled"): False for k in ("tcp", "rtt", "processes", "gpu",
+                                                          "rdma", "system")}  # fmt: skip
+    overrides = {tuple(k.split(".")): v for k, v in off.items()}
+    overrides |= {("server", "host"): "127.0.0.1", ("server", "port"): 0,
+                  ("grpc", "listen"): "127.0.0.1:0", ("kubernetes", "mode"): "off",
+                  ("kubernetes", "pod_resources", "enabled"): False,
+                  ("bpf", "read_interval_seconds"): 0.05}  # fmt: skip
+    agent = Agent(config.load(None, env={}, overrides=overrides))
+    agent.start()
+    try:
+        assert agent.http is not None
+        port = agent.http.port
+        assert get(port, "/toy") == (200, json.dumps(
+            {"code": 0, "data": "hello", "message": "success"}, sort_keys=True) + "\n")  # fmt: skip
+        ready = json.loads(get(port, "/readyz")[1])
+        assert ready["features"]["toy"] == {"state": "running", "reason": ""}
+        assert ready["features"]["gpu"] == {"state": "off", "reason": "disabled by config"}
+        # the routes of features that are off still answer, with empty data
+        assert json.loads(get(port, "/gpus")[1])["data"] == []
+        metrics = get(port, "/metrics")[1]
+        assert 'lens_agent_feature_up{feature="toy",path=""} 1.0' in metrics
+        assert "lens_toy_reads_total" in metrics
+    finally:
+        agent.stop()
+    assert ToyFeature.stopped and agent.features[-1].reads >= 1  # type: ignore[attr-defined]
