@@ -36,7 +36,7 @@ class TcpFeature(Feature):
                        rtt=ctx.settings("rtt", Settings).enabled)  # fmt: skip
         if tcp.start(ctx.policy.effective()):
             self.flows = tcp
-            ctx.policy.subscribe(tcp.set_policy)
+            ctx.policy.subscribe(tcp.set_policy)  # again: it may have changed while compiling
             ctx.spawn("ringbuf-tcp", lambda: tcp.poll_until(ctx.stop))
             self._next_sweep = time.monotonic() + ctx.cfg.bpf.reconcile_interval_seconds
         st = ctx.loader.status[NAME]

@@ -65,7 +65,11 @@ class PolicyWatcher:
         return with_cluster_networks(self.policy, c.pods, c.services)[1]
 
     def subscribe(self, consumer: Consumer) -> None:
-        self._consumers.append(consumer)
+        """Tell consumer the policy in force now, then every change: a change published
+        while the consumer was starting (cluster CIDRs found meanwhile) is not lost."""
+        with self._lock:
+            consumer(self.effective())
+            self._consumers.append(consumer)
 
     def _publish(self, policy: Policy) -> None:
         with self._lock:

@@ -156,3 +156,34 @@ def test_cluster_networks_fill_only_empty_classes() -> None:
     kept, filled = with_cluster_networks(written, pods, svcs)
     assert filled == ["k8sSvc"] and classify(kept, "10.33.0.1") == "externalHosts"
     assert with_cluster_networks(written, [], []) == (written, [])
+
+
+def test_policy_watcher_publishes_the_effective_policy(tmp_path) -> None:
+    from ipaddress import ip_network
+
+    from lens_ebpf.net.policy import classify
+    from lens_ebpf.net.policy_watch import ClusterNetworks, PolicyWatcher
+
+    path = tmp_path / "policy.yaml"
+    path.write_text("internalHosts: [10.0.0.0/8]\n")
+    w = PolicyWatcher(path)
+    # CIDRs found before anyone listens are not lost: a new consumer gets them at once
+    w.set_cluster_networks(ClusterNetworks((ip_network("10.244.0.0/16"),), (), "kubeadm-config"))
+    seen: list = []
+    w.subscribe(seen.append)
+    assert classify(seen[-1], "10.244.1.1") == "k8sPod" and w.filled() == ["k8sPod"]
+    path.write_text("internalHosts: [10.0.0.0/8]\ndns: [10.0.0.53]\n")
+    assert w.reload("test") and classify(seen[-1], "10.0.0.53") == "dns"
+    assert classify(seen[-1], "10.244.1.1") == "k8sPod"  # the cluster's part stays
+    path.write_text("dns: [not-an-address]\n")
+    assert not w.reload("test")
+    assert w.reloads == {"success": 1, "failure": 1} and "not-an-address" in w.last_error
+    assert classify(w.effective(), "10.0.0.53") == "dns"  # the last good one is kept
+
+    def refuse(policy) -> None:
+        raise ValueError("policy has 5000 prefixes; at most 4096")
+
+    path.write_text("internalHosts: [10.0.0.0/8]\n")
+    w.subscribe(lambda p: None)
+    w._consumers.append(refuse)  # a consumer that cannot take the next one
+    assert not w.reload("test") and "at most 4096" in w.last_error
