@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,7 @@ from lens_ebpf.bpf.program import RingProgram
 from lens_ebpf.bpf.spec import TRACEPOINT, Field, Need, ProbePath, ProgramSpec
 from lens_ebpf.config import Config
 from lens_ebpf.containers.runtime import ContainerInfo
+from lens_ebpf.devices.gpu import rest
 from lens_ebpf.enrich import Enrichment
 from lens_ebpf.events import ContainerChange, EventBus, ProcessEvent
 from lens_ebpf.metrics.cache import COUNTER, MetricCache
@@ -48,6 +50,8 @@ SPEC = ProgramSpec(
 )  # fmt: skip
 EV_EXEC, EV_EXIT, EV_OOM = 1, 2, 3
 PF_OOM_VICTIM = 4
+GPU_NODE = re.compile(r"^/dev/(dri/(card|renderD)\d+|nvidia\d+)$")
+UVERBS = re.compile(r"^/dev/infiniband/uverbs\d+$")
 PSTATS = ("ringbuf_full", "events")
 IDENTITY = ("namespace", "pod", "container")
 EXECS = "lens_container_process_execs_total"
@@ -71,20 +75,33 @@ def container_event(kind: str, c: ContainerInfo) -> ContainerChange:
     )  # fmt: skip
 
 
-def pods_view(containers: dict[str, ContainerInfo]) -> list[dict[str, Any]]:
-    """/pods in the node exporter's shape; identity and devices only."""
+def pods_view(containers: dict[str, ContainerInfo], gpus: dict[str, dict] | None = None,
+              rdma: dict[str, dict] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """/pods in the node exporter's shape: each container with the GPUs and RDMA devices
+    it was given. gpus and rdma map a host device path to the device behind it (the GPU
+    and RDMA collectors' views); a node neither knows keeps id -1. Shared control nodes
+    (/dev/kfd, /dev/nvidiactl, /dev/infiniband/rdma_cm, ...) go under control_devices."""
     out = []
     for c in sorted(containers.values(), key=lambda c: c.id):
         if c.sandbox:
             continue
-        devs: dict[str, list[dict[str, Any]]] = {"gpu": [], "infiniband": []}
+        gpu_nodes, ib, control = [], [], []
         for d in c.devices:
-            if d.group in devs:
-                devs[d.group].append({"path": d.path, "host_path": d.host_path,
-                                      "major": d.major, "minor": d.minor})  # fmt: skip
+            if d.group == "gpu" and GPU_NODE.match(d.host_path or d.path):
+                gpu_nodes.append(d)
+            elif d.group == "infiniband" and UVERBS.match(d.host_path or d.path):
+                known = (rdma or {}).get(d.host_path or d.path)
+                ib.append({**(known or {"name": "", "id": -1, "kind": "RDMA", "uuid": ""}),
+                           "path": d.path, "host_path": d.host_path, "major": d.major,
+                           "minor": d.minor})  # fmt: skip
+            elif d.group in ("gpu", "infiniband"):
+                control.append(d.path)
         out.append({
             "id": c.id, "pod_name": c.pod_name, "pod_namespace": c.pod_namespace,
-            "pod_uuid": c.pod_uid, "container_name": c.name, "devices": devs,
+            "pod_uuid": c.pod_uid,
+            "devices": {"gpu": rest.pod_gpus(gpu_nodes, gpus or {}), "infiniband": ib},
+            # lens-ebpf's additions
+            "container_name": c.name, "control_devices": control,
         })  # fmt: skip
     return out
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prometheus_client.registry import Collector
 
-from lens_ebpf.api.http import Response, envelope
+from lens_ebpf.api.http import Response, json_response
 from lens_ebpf.bpf.loader import feature_view
 from lens_ebpf.bpf.spec import Kernel, Plan, resolve
 from lens_ebpf.containers.proc_events import (
@@ -52,8 +52,13 @@ class ProcessesFeature(Feature):
         return [ProcEventsCollector(self.procs)] if self.procs is not None else []
 
     def routes(self) -> dict[str, Callable[[], Response]]:
-        return {"/pods": lambda: envelope(pods_view(self.procs.resolver.containers
-                                                    if self.procs else {}))}  # fmt: skip
+        return {"/pods": self._pods}
+
+    def _pods(self) -> Response:
+        """The node exporter serves /pods as a bare list, without the REST envelope."""
+        containers = self.procs.resolver.containers if self.procs else {}
+        gpus, rdma = self.ctx.offered("gpu_devices", {}), self.ctx.offered("rdma_devices", {})
+        return json_response(200, pods_view(containers, gpus, rdma))
 
     def read(self) -> None:
         if self.procs is not None:

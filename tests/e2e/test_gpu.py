@@ -77,17 +77,19 @@ def test_gpu_rest_routes_from_fixture_sysfs_and_dev() -> None:
         agent.wait_ready()
         status, gpus = agent.json("/gpus")
         assert status == 200 and gpus["code"] == 0 and gpus["message"] == "success"
-        rows = {g["bdf"]: g for g in gpus["data"]}
+        rows = {g["bus"]["bdf"]: g for g in gpus["data"]}
         assert sorted(rows) == ["0000:c1:00.0", "0001:03:00.0"]
-        assert rows["0000:c1:00.0"]["card"].endswith("/dri/card1")
-        assert rows["0001:03:00.0"]["render"].endswith("/dri/renderD129")
+        # the host's device names, not the fixture root the agent read them from
+        assert rows["0000:c1:00.0"]["dri_device"]["card"] == "/dev/dri/card1"
+        assert rows["0001:03:00.0"]["dri_device"]["render"] == "/dev/dri/renderD129"
         _, dri = agent.json("/driMapping")
-        assert [(d["gpu_index"], d["bdf"]) for d in dri["data"]] == [
-            (0, "0000:c1:00.0"), (1, "0001:03:00.0")]  # fmt: skip
+        by_card = {k: (d["card_id"], d["pci_addr"]) for k, d in dri["data"].items()}
+        assert by_card == {"/dev/dri/card1": (1, "0000:c1:00.0"),
+                           "/dev/dri/card2": (2, "0001:03:00.0")}  # fmt: skip
         _, cards = agent.json("/cardMetrics")
         assert cards["data"][1]["power_draw_watts"] == 125.0
-        _, drv = agent.json("/gpuDriverVersion")
-        assert drv == {"code": 0, "data": "", "message": "success"}
+        _, drv = agent.json("/gpuDriverVersion")  # the amdgpu module's version in sysfs
+        assert drv == {"code": 0, "data": "6.7.0", "message": "success"}
         assert agent.sample("hw_gpu_power_draw_watts", {
             "node": agent_node(agent), "gpu_index": "0", "gpu_name": "AMD Instinct MI300X",
             "gpu_uuid": "0x18a96c02d4e1c0a3", "vendor": "amd"}) == 301.0  # fmt: skip

@@ -96,8 +96,10 @@ def test_spec_identity_and_devices_but_never_env_or_mounts(tmp_path) -> None:
     for secret in ("hunter2", "SECRET_TOKEN", "serviceaccount", "/var/lib/kubelet"):
         assert secret not in view and secret not in repr(info)
     row = pods_view({CID: info})[0]
-    assert [d["path"] for d in row["devices"]["gpu"]] == [
-        "/dev/dri/card1", "/dev/dri/renderD129", "/dev/kfd"]  # fmt: skip
+    # GPU device nodes no GPU reading explains keep id -1; /dev/kfd is a shared node
+    assert [(d["path"], d["id"]) for d in row["devices"]["gpu"]] == [
+        ("/dev/dri/card1", -1), ("/dev/dri/renderD129", -1)]  # fmt: skip
+    assert row["control_devices"] == ["/dev/kfd"]
 
 
 def test_sandbox_containers_are_not_listed(tmp_path) -> None:

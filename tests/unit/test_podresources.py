@@ -91,7 +91,7 @@ def test_two_gpus_map_to_two_pods(kubelet_sock: tuple[str, Lister]) -> None:
     assert util[("amd", "0")]["container"] == "trainer"
     assert util[("nvidia", "0")]["pod"] == "cuda-check"
     assert "pod" not in util[("nvidia", "1")]  # not allocated: no pod labels
-    view = {(g["vendor"], g["index"]): g["allocated_to"] for g in gpus.views["gpus"]}
+    view = {(g["vendor"], g["gpu"]): g["allocated_to"] for g in gpus.views["gpus"]}
     assert view[("amd", 0)] == {"namespace": "ml", "pod": "train-0", "container": "trainer"}
     assert view[("nvidia", 1)] is None
 

@@ -126,14 +126,16 @@ def test_collector_exact_values_and_golden_exposition() -> None:
         "if_index": 0,
         "if_name": "mlx5_0",
         "port": 1,
-        "node_guid": "0c42:a103:0065:2a3c",
-        "sys_image_guid": "0c42:a103:0065:2a3c",
-        "port_guid": "0c42:a103:0065:2a3c",
+        # eight bytes, as the node exporter writes GUIDs (sysfs: 0c42:a103:0065:2a3c)
+        "node_guid": "0c:42:a1:03:00:65:2a:3c",
+        "sys_image_guid": "0c:42:a1:03:00:65:2a:3c",
+        "port_guid": "0c:42:a1:03:00:65:2a:3c",
         "link_layer": "InfiniBand",
         "state": "ACTIVE",
         "netdev": "ib0",
     }
-    assert rows["iwp1s0f0"]["if_index"] is None  # not in rdma statistic
+    # not in rdma statistic: its position by name, or the next index no device holds
+    assert rows["iwp1s0f0"]["if_index"] == 3  # position 0 is taken: the next free index
     check_golden("rdma.prom", render_metrics(c.snapshot()))
 
 

@@ -25,7 +25,7 @@ from prometheus_client.core import Metric
 from pydantic import Field
 
 from lens_ebpf.devices.collector import DeviceCollector, DeviceFeature
-from lens_ebpf.devices.gpu import amd, nvidia
+from lens_ebpf.devices.gpu import amd, nvidia, rest
 from lens_ebpf.devices.gpu.model import GpuReading
 from lens_ebpf.feature import Settings, register
 
@@ -44,7 +44,8 @@ class VendorState:
 
 
 def dri_mapping(dev: Path = Path("/dev")) -> dict[str, dict[str, str]]:
-    """BDF -> {card, render} from /dev/dri/by-path (any PCI domain)."""
+    """BDF -> {card, render} from /dev/dri/by-path (any PCI domain), as the host names
+    them (/dev/dri/card0), whatever root the agent reads /dev from."""
     out: dict[str, dict[str, str]] = {}
     by_path = dev / "dri" / "by-path"
     if not by_path.is_dir():
@@ -57,7 +58,7 @@ def dri_mapping(dev: Path = Path("/dev")) -> dict[str, dict[str, str]]:
             target = os.readlink(entry)
         except OSError:
             continue
-        out.setdefault(m.group(1).lower(), {})[m.group(2)] = str(dev / "dri" / Path(target).name)
+        out.setdefault(m.group(1).lower(), {})[m.group(2)] = f"/dev/dri/{Path(target).name}"
     return out
 
 
@@ -135,33 +136,12 @@ class GpuCollector(DeviceCollector):
         dri = dri_mapping(self.dev_root)
         allocated = self.allocated()
         owners = {id(g): self.owner_labels(g, allocated) for g in gpus}
-        self.views["gpus"] = [
-            {**self._gpu_view(g, dri), "allocated_to": owners[id(g)] or None} for g in gpus
-        ]
-        self.views["driver"] = next((g.driver_version for g in gpus if g.driver_version), "")
-        self.views["cards"] = [self._card_view(g) for g in gpus]
-        self.views["dri"] = [
-            {"gpu_index": g.index, "vendor": g.vendor, "bdf": g.bdf, **dri.get(g.bdf, {})}
-            for g in gpus
-        ]
+        self.views["gpus"] = [rest.gpu_entry(g, dri.get(g.bdf, {}), owners[id(g)]) for g in gpus]
+        self.views["driver"] = rest.driver_version(gpus)
+        self.views["cards"] = [rest.card_entry(g, self.stale.get(g.vendor, False)) for g in gpus]
+        self.views["dri"] = rest.dri_map(gpus, dri)
+        self.views["devices"] = rest.device_nodes(gpus, dri)
         return self._metrics(gpus, owners)
-
-    def _gpu_view(self, g: GpuReading, dri: dict[str, dict[str, str]]) -> dict[str, Any]:
-        return {
-            "index": g.index, "vendor": g.vendor, "bdf": g.bdf, "name": g.name, "uuid": g.uuid,
-            "device_id": g.device_id, "serial": g.serial, "unique_id": g.unique_id,
-            "driver_version": g.driver_version, "memory_total_bytes": g.memory_total,
-            "source": g.source, **dri.get(g.bdf, {}),
-        }  # fmt: skip
-
-    def _card_view(self, g: GpuReading) -> dict[str, Any]:
-        return {
-            "index": g.index, "vendor": g.vendor, "bdf": g.bdf,
-            "utilization_percent": g.utilization, "memory_used_bytes": g.memory_used,
-            "memory_total_bytes": g.memory_total, "temperature_celsius": g.temperature,
-            "temperatures": g.temperatures, "power_draw_watts": g.power_draw,
-            "power_limit_watts": g.power_limit, "stale": self.stale.get(g.vendor, False),
-        }  # fmt: skip
 
     def _metrics(self, gpus: list[GpuReading], owners: dict[int, dict[str, str]]) -> list[Metric]:
         n = {"node": self.node}
@@ -297,7 +277,7 @@ class GpuFeature(DeviceFeature):
     exporter's GPU routes; processes attributed to pods, GPUs to the pods they serve."""
 
     VIEWS = {"/gpus": ("gpus", []), "/gpuDriverVersion": ("driver", ""),
-             "/cardMetrics": ("cards", []), "/driMapping": ("dri", [])}  # fmt: skip
+             "/cardMetrics": ("cards", []), "/driMapping": ("dri", {})}  # fmt: skip
 
     def make(self) -> GpuCollector:
         cfg, g = self.ctx.cfg, self.ctx.settings("gpu", GpuSettings)
@@ -306,4 +286,5 @@ class GpuFeature(DeviceFeature):
                            Path(cfg.devices.dev_root), identify=self.ctx.enrich.pid,
                            allocated=lambda: self.ctx.offered("gpu_assignments", {}))  # fmt: skip
         self.ctx.offers["gpu_count"] = lambda: len(gpu.readings())
+        self.ctx.offers["gpu_devices"] = lambda: gpu.views.get("devices", {})
         return gpu

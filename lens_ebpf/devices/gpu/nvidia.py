@@ -34,6 +34,9 @@ def _nvml_device(nvml: Any, i: int, driver: str) -> GpuReading:
     r = GpuReading("nvidia", bdf, index=i, driver_version=driver, source="nvml")
     r.name = _text(get(nvml.nvmlDeviceGetName, h) or "")
     r.uuid = _text(get(nvml.nvmlDeviceGetUUID, h) or "")
+    r.serial = _text(get(nvml.nvmlDeviceGetSerial, h) or "")
+    if pci is not None and pci.pciDeviceId:
+        r.device_id = f"{pci.pciDeviceId >> 16:04x}"  # the low 16 bits are the vendor's
     mem = get(nvml.nvmlDeviceGetMemoryInfo, h)
     if mem is not None:
         r.memory_total, r.memory_used = int(mem.total), int(mem.used)

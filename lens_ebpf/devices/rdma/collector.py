@@ -231,18 +231,52 @@ def stat_metrics(stats: list[statistic.PortStats]) -> list[Metric]:
     return list(fams.values())
 
 
+def guid_bytes(guid: str) -> str:
+    """sysfs's '0c42:a103:0065:2a3c' as the node exporter writes GUIDs: eight bytes,
+    '0c:42:a1:03:00:65:2a:3c'. Anything that is not 64 bits of hex is left as it is."""
+    bare = guid.replace(":", "").strip().lower()
+    if len(bare) != 16 or any(c not in "0123456789abcdef" for c in bare):
+        return guid
+    return ":".join(bare[i : i + 2] for i in range(0, 16, 2))
+
+
 def rest_view(devices: list[sysfs.RdmaDevice], stats: list[statistic.PortStats]) -> list[dict]:
-    """/rdma in the node exporter's shape: one entry per port."""
+    """/rdma in the node exporter's shape: one entry per port. if_index is the RDMA device
+    index `rdma statistic` reports; for a device it does not list, the device's position
+    by name, or the next index no other device holds."""
     index = {s.device: s.ifindex for s in stats if s.ifindex is not None}
+    taken = set(index.values())
+    for position, d in enumerate(devices):
+        if d.name not in index:
+            while position in taken:
+                position += 1
+            index[d.name] = position
+            taken.add(position)
     out = []
     for d in devices:
         for p in d.ports:
             out.append({
-                "if_index": index.get(d.name), "if_name": d.name, "port": p.number,
-                "node_guid": d.node_guid, "sys_image_guid": d.sys_image_guid,
-                "port_guid": p.port_guid, "link_layer": p.link_layer,
-                "state": p.state_name, "netdev": d.netdev,
+                "if_index": index[d.name], "if_name": d.name,
+                "node_guid": guid_bytes(d.node_guid),
+                "sys_image_guid": guid_bytes(d.sys_image_guid),
+                "port_guid": guid_bytes(p.port_guid), "link_layer": p.link_layer,
+                # lens-ebpf's additions
+                "port": p.number, "state": p.state_name, "netdev": d.netdev,
             })  # fmt: skip
+    return out
+
+
+def uverbs_devices(devices: list[sysfs.RdmaDevice], uverbs: dict[int, str],
+                   view: list[dict]) -> dict[str, dict]:  # fmt: skip
+    """/dev/infiniband/uverbsN -> the RDMA device behind it, in /pods' device shape."""
+    by_name = {row["if_name"]: row for row in view}
+    out = {}
+    for n, name in uverbs.items():
+        row = by_name.get(name)
+        out[f"/dev/infiniband/uverbs{n}"] = {
+            "name": name, "id": row["if_index"] if row else -1, "kind": "RDMA",
+            "uuid": row["node_guid"] if row else "",
+        }  # fmt: skip
     return out
 
 
@@ -266,6 +300,7 @@ class RdmaCollector(DeviceCollector):
             stats = self._stats()
         self.views["rdma"] = rest_view(devices, stats)
         self.views["uverbs"] = sysfs.uverbs_map(self.sysfs_root)
+        self.views["devices"] = uverbs_devices(devices, self.views["uverbs"], self.views["rdma"])
         if not devices:
             log.debug("rdma: no devices under %s", self.sysfs_root / "class/infiniband")
         return device_metrics(devices) + stat_metrics(stats)
@@ -309,4 +344,6 @@ class RdmaFeature(DeviceFeature):
         c = self.ctx.settings("rdma", RdmaSettings)
         tool = shutil.which(c.tool)
         runner = (lambda: statistic.run_rdma_statistic(tool, c.timeout_seconds)) if tool else None
-        return RdmaCollector(c.interval_seconds, Path(self.ctx.cfg.devices.sysfs_root), runner)
+        rdma = RdmaCollector(c.interval_seconds, Path(self.ctx.cfg.devices.sysfs_root), runner)
+        self.ctx.offers["rdma_devices"] = lambda: rdma.views.get("devices", {})
+        return rdma
