@@ -62,12 +62,12 @@ class KernelConfig(_Section):
 
 
 class BpfConfig(_Section):
-    ringbuf_pages: int = Field(256, ge=1)
-    max_sockets: int = Field(65536, ge=16)
-    max_flow_keys: int = Field(16384, ge=16)
+    ringbuf_pages: int = Field(256, ge=1, le=65536)  # up to 256 MiB
+    max_sockets: int = Field(65536, ge=16, le=1 << 22)
+    max_flow_keys: int = Field(16384, ge=16, le=1 << 20)
     flow_key_idle_seconds: float = Field(900, gt=0)
-    max_rtt_keys: int = Field(4096, ge=16)
-    max_processes: int = Field(65536, ge=16)
+    max_rtt_keys: int = Field(4096, ge=16, le=1 << 18)
+    max_processes: int = Field(65536, ge=16, le=1 << 22)
     read_interval_seconds: float = Field(2.0, gt=0)
     reconcile_interval_seconds: float = Field(10.0, gt=0)
     reconcile_grace_seconds: float = Field(2.0, ge=0)
@@ -81,7 +81,7 @@ class BpfConfig(_Section):
 
 
 class EventsConfig(_Section):
-    queue_size: int = Field(16384, ge=1)
+    queue_size: int = Field(16384, ge=1, le=10_000_000)
 
 
 class FamilyLimits(_Section):
@@ -91,7 +91,7 @@ class FamilyLimits(_Section):
 
 class CacheConfig(_Section):
     ttl_seconds: float = Field(600, gt=0)
-    max_series: int = Field(20000, ge=1)
+    max_series: int = Field(20000, ge=1, le=10_000_000)
     families: dict[str, FamilyLimits] = Field(default_factory=dict)
 
 
@@ -145,8 +145,8 @@ class ServerTlsConfig(_Section):
 class GrpcConfig(_Section):
     enabled: bool = True
     listen: str = "0.0.0.0:9471"
-    subscriber_queue: int = Field(10000, ge=1)
-    history: int = Field(100000, ge=0)
+    subscriber_queue: int = Field(10000, ge=1, le=10_000_000)
+    history: int = Field(100000, ge=0, le=10_000_000)
     tls: ServerTlsConfig = Field(default_factory=ServerTlsConfig)
 
 
@@ -158,7 +158,7 @@ class ClientTlsConfig(_Section):
 
 class ReporterConfig(_Section):
     target: str = ""  # host:port of a collector; empty: no reporter
-    buffer: int = Field(100000, ge=1)
+    buffer: int = Field(100000, ge=1, le=10_000_000)
     backoff_max_seconds: float = Field(30.0, gt=0)
     tls: ClientTlsConfig = Field(default_factory=ClientTlsConfig)
 
@@ -198,13 +198,18 @@ class KubernetesConfig(_Section):
     request_timeout_seconds: float = Field(10.0, gt=0)
     watch_timeout_seconds: float = Field(300.0, ge=1)
     backoff_max_seconds: float = Field(30.0, gt=0)
-    max_pods: int = Field(100_000, ge=1)
-    max_services: int = Field(50_000, ge=1)
+    max_pods: int = Field(100_000, ge=1, le=10_000_000)
+    max_services: int = Field(50_000, ge=1, le=10_000_000)
     owner_cache_seconds: float = Field(600.0, gt=0)
     cluster_cidrs: bool = True
     cidr_refresh_seconds: float = Field(600.0, gt=0)
     kubelet: KubeletConfig = Field(default_factory=KubeletConfig)
     pod_resources: PodResourcesConfig = Field(default_factory=PodResourcesConfig)
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        return "off" if v is False else v  # YAML 1.1 reads a bare off as false
 
     @field_validator("mode")
     @classmethod
@@ -271,9 +276,32 @@ def _set_path(tree: dict[str, Any], path: tuple[str, ...], value: Any, origin: s
     node[path[-1]] = value
 
 
-def _env_value(raw: str) -> Any:
+def _field_type(path: tuple[str, ...]) -> Any:
+    """The annotation of the setting at path (None when there is no such setting)."""
+    from lens_ebpf.feature import collector_settings
+
+    model: Any = Config
+    for i, part in enumerate(path):
+        if model is CollectorsConfig:
+            model = collector_settings().get(part)
+            if model is None or i == len(path) - 1:
+                return model
+            continue
+        info = getattr(model, "model_fields", {}).get(part)
+        if info is None:
+            return None
+        model = info.annotation
+    return model
+
+
+def _env_value(raw: str, path: tuple[str, ...]) -> Any:
+    """A value from the environment, read as its setting's type: a string setting takes
+    the text as it is (NODE_NAME=on, LENS_KUBERNETES__MODE=off); others are YAML
+    (numbers, booleans, lists)."""
+    if _field_type(path) is str or not raw.strip():
+        return raw
     try:
-        return yaml.safe_load(raw) if raw.strip() else raw
+        return yaml.safe_load(raw)
     except yaml.YAMLError:
         return raw
 
@@ -281,12 +309,12 @@ def _env_value(raw: str) -> Any:
 def _apply_env(tree: dict[str, Any], env: Mapping[str, str]) -> None:
     for name, path in ENV_ALIASES.items():
         if name in env:
-            _set_path(tree, path, _env_value(env[name]), f"environment {name}")
+            _set_path(tree, path, _env_value(env[name], path), f"environment {name}")
     for name, raw in sorted(env.items()):
         if not name.startswith(ENV_PREFIX) or name in ENV_NOT_KEYS:
             continue
         key = tuple(p.lower() for p in name[len(ENV_PREFIX) :].split(ENV_SEPARATOR))
-        _set_path(tree, key, _env_value(raw), f"environment {name}")
+        _set_path(tree, key, _env_value(raw, key), f"environment {name}")
 
 
 def _describe(err: ValidationError) -> str:

@@ -24,6 +24,13 @@ LIST_ALIASES = {
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 V4_MAPPED = 0xFFFF << 32
+# The kernel trie's size (tcp_flows.c MAX_POLICY_PREFIXES); a policy file may hold this
+# many class prefixes, leaving the cluster's pod and service CIDRs room only if it holds
+# fewer. Checked before anything is parsed.
+MAX_PREFIXES = 4096
+# libyaml's safe loader where PyYAML has it (Debian's does): a 100k-line file parses in a
+# fraction of the pure-Python loader's time
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class PolicyError(Exception):
@@ -62,15 +69,20 @@ def parse_networks(values: Any, key: str, source: str) -> tuple[Network, ...]:
 def parse_policy(text: str, source: str = "policy.yaml") -> Policy:
     """Parse policy text; raise PolicyError naming the file, key and value at fault."""
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=SAFE_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise PolicyError(f"{source}: not valid YAML{where}") from None
-    if doc is None:
-        doc = {}
+    if doc is None:  # an empty file (or comments only) is a mistake more often than not
+        raise PolicyError(f"{source}: empty; write {{}} for a policy with no classes")
     if not isinstance(doc, dict):
         raise PolicyError(f"{source}: top level must be a mapping of class to CIDR list")
+    size = sum(len(v) if isinstance(v, list) else 1 for k, v in doc.items()
+               if ALIASES.get(str(k), str(k)) in CLASS_IDS)  # fmt: skip
+    if size > MAX_PREFIXES:
+        raise PolicyError(f"{source}: {size} class prefixes; at most {MAX_PREFIXES} fit the "
+                          "kernel's trie")  # fmt: skip
     classes: dict[str, list[Network]] = {}
     lists: dict[str, tuple[Network, ...]] = {}
     for raw_key, values in doc.items():
@@ -146,14 +158,21 @@ def lpm_entries(policy: Policy) -> dict[tuple[int, bytes], int]:
 
     The longest prefix that matches an address has every other matching prefix as an
     ancestor, so storing the best class over the ancestors makes one LPM lookup give
-    the first-match class.
+    the first-match class. Sorted by address then length, a prefix's ancestors come
+    before it and are on the stack when it is reached: n log n, not n squared.
     """
-    ranked: list[tuple[tuple[int, int], int]] = []
+    own: dict[tuple[int, int], int] = {}
     for name, nets in policy.classes.items():
-        ranked.extend((_mapped(n), CLASS_IDS[name]) for n in nets)
+        for n in nets:
+            key = _mapped(n)
+            own[key] = min(own.get(key, CLASS_IDS[name]), CLASS_IDS[name])
     out: dict[tuple[int, bytes], int] = {}
-    for prefix, _ in ranked:
-        best = min(cid for other, cid in ranked if _contains(other, prefix))
+    stack: list[tuple[tuple[int, int], int]] = []  # (prefix, best class over it and above)
+    for prefix in sorted(own, key=lambda p: (p[1], p[0])):
+        while stack and not _contains(stack[-1][0], prefix):
+            stack.pop()
+        best = min(own[prefix], stack[-1][1]) if stack else own[prefix]
+        stack.append((prefix, best))
         out[(prefix[0], prefix[1].to_bytes(16, "big"))] = best
     return out
 

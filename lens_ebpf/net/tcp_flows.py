@@ -24,7 +24,7 @@ from lens_ebpf.enrich import Enrichment
 from lens_ebpf.events import EventBus, FlowClosed
 from lens_ebpf.metrics.cache import COUNTER, MetricCache
 from lens_ebpf.net import decode, identity, proc_tcp, tcp_rtt
-from lens_ebpf.net.policy import CLASS_IDS, Policy, abnormal, lpm_entries
+from lens_ebpf.net.policy import CLASS_IDS, MAX_PREFIXES, Policy, abnormal, lpm_entries
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ SPEC = ProgramSpec(
               "RTT samples find their socket by 4-tuple"),
     ),
 )  # fmt: skip
-MAX_POLICY_PREFIXES = 4096
+MAX_POLICY_PREFIXES = MAX_PREFIXES + 64  # room for the cluster's pod and service CIDRs
 # Index of the program's stats array (ST_* in tcp_flows.c).
 STATS = (
     "ringbuf_full",

@@ -149,6 +149,19 @@ def test_bad_cidr_at_start_names_file_key_value(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(("text", "needle"), [
+    ("", "empty; write {} for a policy with no classes"),
+    ("internalHosts:\n" + "".join(f"  - 10.{i >> 8}.{i & 255}.0/24\n" for i in range(5000)),
+     "5000 class prefixes; at most 4096"),
+])  # fmt: skip
+def test_empty_or_oversized_policy_at_start_is_one_line(tmp_path: Path, text: str,
+                                                        needle: str) -> None:  # fmt: skip
+    bad = tmp_path / "policy.yaml"
+    bad.write_text(text)
+    res = run_cli("run", "--policy", str(bad), "--listen", f"127.0.0.1:{free_port()}")
+    one_line_error(res, str(bad), needle)
+
+
 def test_bad_listen_flag() -> None:
     one_line_error(run_cli("run", "--listen", "localhost"), "--listen", "HOST:PORT")
 

@@ -78,3 +78,24 @@ def test_bad_env_value_is_refused() -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="No such file"):
         config.load(tmp_path / "nope.yaml", env={})
+
+
+def test_string_settings_take_the_environment_as_written(tmp_path) -> None:
+    """off, on, yes are strings where the setting is a string (YAML would make them bools)."""
+    env = {"LENS_KUBERNETES__MODE": "off", "NODE_NAME": "on",
+           "LENS_COLLECTORS__GPU__AMD_SMI": "yes", "LENS_COLLECTORS__GPU__ENABLED": "false",
+           "LENS_KUBERNETES__KUBELET__GPU_RESOURCES": "[amd.com/gpu]"}  # fmt: skip
+    cfg = config.load(None, env=env)
+    assert (cfg.kubernetes.mode, cfg.node.name) == ("off", "on")
+    assert cfg.collectors.gpu.amd_smi == "yes" and cfg.collectors.gpu.enabled is False
+    assert cfg.kubernetes.kubelet.gpu_resources == ["amd.com/gpu"]
+    f = tmp_path / "lens.yaml"
+    f.write_text("kubernetes:\n  mode: off\n")  # the documented spelling, in a file
+    assert config.load(f, env={}).kubernetes.mode == "off"
+
+
+def test_sizes_are_bounded() -> None:
+    with pytest.raises(ConfigError, match=r"bpf.max_sockets: Input should be less than or equal"):
+        config.load(None, env={"LENS_BPF__MAX_SOCKETS": "99999999999"})
+    with pytest.raises(ConfigError, match=r"cache.max_series: Input should be less than or equal"):
+        config.load(None, env={"LENS_CACHE__MAX_SERIES": "1000000000000"})

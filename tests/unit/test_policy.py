@@ -116,9 +116,47 @@ def test_bad_policy_names_file_key_and_value(text: str, message: str) -> None:
 
 
 def test_empty_policy_is_all_external() -> None:
-    p = parse_policy("", "empty.yaml")
+    p = parse_policy("{}\n", "empty.yaml")  # said explicitly: no classes
     assert classify(p, "10.0.0.1") == "externalHosts"
     assert lpm_entries(p) == {}
+
+
+@pytest.mark.parametrize("text", ["", "\n", "# internalHosts: [10.0.0.0/8]\n"])
+def test_an_empty_file_is_refused(text: str) -> None:
+    """An empty file would reclassify everything as externalHosts: say so instead."""
+    with pytest.raises(PolicyError, match="empty.yaml: empty; write {} for a policy"):
+        parse_policy(text, "empty.yaml")
+
+
+def test_a_policy_over_the_trie_is_refused_before_any_work() -> None:
+    text = "internalHosts:\n" + "".join(f"  - 10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}\n"
+                                         for i in range(100_000))  # fmt: skip
+    with pytest.raises(PolicyError, match="big.yaml: 100000 class prefixes; at most 4096"):
+        parse_policy(text, "big.yaml")
+
+
+def test_trie_entries_match_first_match_classification_at_the_limit() -> None:
+    """4,096 nested and overlapping prefixes: the longest match answers as first-match
+    classification does (compile time: bench/policy_compile.py)."""
+    rng = random.Random(7)
+    lines = {name: [] for name in ("k8sPod", "dns", "internalHosts", "docker")}
+    for _ in range(4096):
+        plen = rng.choice((8, 12, 16, 20, 24, 28, 32))
+        addr = f"10.{rng.randrange(4)}.{rng.randrange(256)}.{rng.randrange(256)}/{plen}"
+        lines[rng.choice(list(lines))].append(addr)
+    text = "".join(f"{k}: [{', '.join(v)}]\n" for k, v in lines.items())
+    p = parse_policy(text, "big.yaml")
+    entries = lpm_entries(p)
+    names = {v: k for k, v in CLASS_IDS.items()}
+    nets = [(ipaddress.ip_network((int.from_bytes(raw, "big") & 0xFFFFFFFF, plen - 96)), cls)
+            for (plen, raw), cls in entries.items()]  # fmt: skip
+    for _ in range(2000):  # what one LPM lookup answers is what first-match classification says
+        ip = ipaddress.ip_address(
+            f"10.{rng.randrange(4)}.{rng.randrange(256)}.{rng.randrange(256)}"
+        )
+        hits = [(n.prefixlen, cls) for n, cls in nets if ip in n]
+        want = classify(p, str(ip))
+        assert (names[max(hits)[1]] if hits else "externalHosts") == want, ip
 
 
 def test_abnormal_lists(policy) -> None:
