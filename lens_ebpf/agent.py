@@ -62,8 +62,12 @@ class Agent:
         return {name: v for f in self.features for name, v in f.views().items()}
 
     def start(self) -> None:
-        """Bind the port first (fail fast), then start the features, then serve events."""
+        """Bind the ports (fail fast), start the features, then serve events."""
         ctx, host, port = self.ctx, self.cfg.server.host, self.cfg.server.port
+        try:  # both ports first: a port in use is one line and exit 2, before any work
+            self.events.bind()
+        except (OSError, RuntimeError) as exc:
+            raise StartupError(f"gRPC: {exc}") from None
         try:
             self.http = HttpServer(host, port, self.registry)
         except OSError as exc:
@@ -93,10 +97,7 @@ class Agent:
             for fc in f.collectors():
                 self.registry.register(fc)
         ctx.devices.start()
-        try:
-            self.events.start(self.registry)
-        except (OSError, RuntimeError) as exc:
-            raise StartupError(f"gRPC: {exc}") from None
+        self.events.start(self.registry)
         self._spawn("reader", self._read_loop)
         interval = self.cfg.policy.watch_interval_seconds
         self._spawn("policy", lambda: ctx.policy.run(ctx.stop, interval))
@@ -139,7 +140,8 @@ class Agent:
     def stop(self) -> None:
         """Stop the features in reverse, detach every program, stop serving."""
         if self.http is None:
-            return  # nothing was started
+            self.events.stop()  # the gRPC port may be held
+            return  # nothing else was started
         self.stop_event.set()
         for t in self._threads:
             t.join(timeout=5)

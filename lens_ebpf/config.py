@@ -147,6 +147,7 @@ class GrpcConfig(_Section):
     listen: str = "0.0.0.0:9471"
     subscriber_queue: int = Field(10000, ge=1, le=10_000_000)
     history: int = Field(100000, ge=0, le=10_000_000)
+    max_subscribers: int = Field(1000, ge=1, le=100_000)
     tls: ServerTlsConfig = Field(default_factory=ServerTlsConfig)
 
 

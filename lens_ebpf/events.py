@@ -181,11 +181,14 @@ class Subscription:
     """A bounded queue; when full the oldest event goes and the loss is counted."""
 
     def __init__(
-        self, name: str, maxsize: int, accept: Callable[[Event], bool] | None = None
-    ) -> None:
+        self, name: str, maxsize: int, accept: Callable[[Event], bool] | None = None,
+        notify: Callable[[], None] | None = None,
+    ) -> None:  # fmt: skip
         self.name = name
         self.accept = accept
+        self.notify = notify  # told after each put (an asyncio reader's wake-up)
         self.dropped = 0
+        self.last_dropped_seq = 0
         self._queue: collections.deque[Event] = collections.deque()
         self._maxsize = maxsize
         self._cond = threading.Condition()
@@ -193,10 +196,12 @@ class Subscription:
     def put(self, event: Event) -> None:
         with self._cond:
             if len(self._queue) >= self._maxsize:
-                self._queue.popleft()
+                self.last_dropped_seq = self._queue.popleft().seq
                 self.dropped += 1
             self._queue.append(event)
             self._cond.notify()
+        if self.notify is not None:
+            self.notify()
 
     def get(self, timeout: float | None = None) -> Event | None:
         with self._cond:
@@ -227,8 +232,9 @@ class EventBus:
         name: str,
         accept: Callable[[Event], bool] | None = None,
         maxsize: int | None = None,
+        notify: Callable[[], None] | None = None,
     ) -> Subscription:
-        sub = Subscription(name, maxsize or self.queue_size, accept)
+        sub = Subscription(name, maxsize or self.queue_size, accept, notify)
         with self._lock:
             self._subs.append(sub)
         return sub

@@ -68,6 +68,9 @@ class AgentProc:
             "LENS_POLICY__WATCH_INTERVAL_SECONDS": "0.3",
             **(env or {}),
         }
+        if "--config" not in args and "LENS_GRPC__LISTEN" not in full_env:
+            # a port of its own: the gRPC port is not shared (a taken one stops the agent)
+            full_env["LENS_GRPC__LISTEN"] = f"127.0.0.1:{free_port()}"
         self.started = time.monotonic()
         # a file, not a pipe: a pipe nobody reads would block a chatty agent
         self.log = tempfile.TemporaryFile(mode="w+")

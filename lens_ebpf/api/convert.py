@@ -36,8 +36,10 @@ def to_pb(ev: Event, node_name: str, node_ip: str) -> pb.Event:
 def validate(req: pb.SubscribeRequest) -> str | None:
     """Why a SubscribeRequest is malformed, or None."""
     unknown = [k for k in req.kinds if k not in KINDS]
-    if unknown:
-        return f"unknown kind(s) {', '.join(unknown)}; known: {', '.join(KINDS)}"
+    if unknown:  # named, but bounded: a request is not echoed back whole
+        shown = ", ".join(repr(k[:40]) for k in unknown[:5])
+        more = f" (+{len(unknown) - 5} more)" if len(unknown) > 5 else ""
+        return f"unknown kind(s) {shown}{more}; known: {', '.join(KINDS)}"
     if req.from_seq < 0:
         return f"from_seq must be 0 (live) or a sequence number, got {req.from_seq}"
     return None

@@ -21,15 +21,22 @@ class EventApi:
         self.grpc: GrpcServer | None = None
         self.reporter: Reporter | None = None
 
-    def start(self, registry: CollectorRegistry) -> None:
-        """Raises OSError or RuntimeError when the gRPC port cannot be served."""
+    def bind(self) -> None:
+        """Take the gRPC port (at start, before anything else is done or logged); raises
+        OSError or RuntimeError when it cannot be had."""
         cfg, node = self.cfg, (self.cfg.node_name, self.cfg.node.ip)
         if cfg.grpc.enabled:
             t = cfg.grpc.tls
             self.grpc = GrpcServer(cfg.grpc.listen, self.bus, node, self.features,
                                    cfg.grpc.subscriber_queue,
-                                   server_credentials(t.cert, t.key, t.client_ca))  # fmt: skip
+                                   server_credentials(t.cert, t.key, t.client_ca),
+                                   cfg.grpc.max_subscribers)  # fmt: skip
+
+    def start(self, registry: CollectorRegistry) -> None:
+        cfg, node = self.cfg, (self.cfg.node_name, self.cfg.node.ip)
+        if self.grpc is not None:
             self.grpc.start()
+            registry.register(self.grpc.collector())
             log.info("gRPC on %s (port %d)", cfg.grpc.listen, self.grpc.port)
         r = cfg.reporter
         if r.target:

@@ -79,5 +79,6 @@ class HttpServer:
         self._thread.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
+        if self._thread is not None:  # shutdown() waits for a serve loop that never ran
+            self._server.shutdown()
         self._server.server_close()

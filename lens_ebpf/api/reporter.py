@@ -50,6 +50,7 @@ class Reporter:
         self.acked = 0
         self.lost = 0
         self.unreported_lost = 0
+        self.last_lost_seq = 0  # the newest event lost, which a gap is numbered after
         self.sent = 0
         self.connected = False
         self.reconnects = 0
@@ -82,11 +83,12 @@ class Reporter:
                     self._seen_bus_drops = self._sub.dropped
                     self.lost += bus_lost
                     self.unreported_lost += bus_lost
+                    self.last_lost_seq = max(self.last_lost_seq, self._sub.last_dropped_seq)
                 if ev is None:
                     continue
                 self.pending.append(ev)
                 while len(self.pending) > self.buffer:
-                    self.pending.popleft()
+                    self.last_lost_seq = max(self.last_lost_seq, self.pending.popleft().seq)
                     self.lost += 1
                     self.unreported_lost += 1
                 self._cond.notify_all()
@@ -98,7 +100,10 @@ class Reporter:
         while not self._stop.is_set() and not done.is_set():
             with self._cond:
                 if self.unreported_lost:
-                    gap = Gap(lost=self.unreported_lost, reason="reporter_buffer")
+                    # numbered as the last event it stands for
+                    gap = Gap(
+                        lost=self.unreported_lost, reason="reporter_buffer", seq=self.last_lost_seq
+                    )
                     self.unreported_lost = 0
                     batch: list[Event] = [gap]
                 else:

@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lens_ebpf.api.gen import lens_pb2 as pb
 from lens_ebpf.api.gen import lens_pb2_grpc
-from tests.agentproc import LENS, AgentProc, free_port
+from tests.agentproc import LENS, AgentProc, free_port, run_cli
 from tests.containerlab import Containerd
 from tests.containerlab import unavailable as containers_unavailable
 from tests.grpclab import make_certs, spawn_execs
@@ -115,6 +115,48 @@ def test_malformed_requests_are_invalid_argument(tmp_path: Path) -> None:
         agent.stop()
 
 
+def test_500_idle_subscribers_starve_no_one_and_the_limit_is_counted(tmp_path: Path) -> None:
+    """Streams wait on the event loop, not in a thread each: health, GetNode and new
+    streams still answer; beyond grpc.max_subscribers a stream is refused, and counted."""
+    agent, addr = start_agent(tmp_path, "  max_subscribers: 500\n", "--no-collector.processes")
+    channel = grpc.insecure_channel(addr)
+    stub = lens_pb2_grpc.EventServiceStub(channel)
+    streams = [stub.Subscribe(pb.SubscribeRequest(kinds=["oom_kill"])) for _ in range(500)]
+    try:
+        wait_subscribers(agent, 500, timeout=60)
+        health = health_pb2_grpc.HealthStub(grpc.insecure_channel(addr))
+        resp = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        node = lens_pb2_grpc.NodeServiceStub(grpc.insecure_channel(addr)).GetNode(
+            pb.GetNodeRequest(), timeout=5)  # fmt: skip
+        assert node.version
+        with pytest.raises(grpc.RpcError) as err:
+            next(iter(stub.Subscribe(pb.SubscribeRequest(), timeout=5)))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "grpc.max_subscribers" in err.value.details()
+        assert agent.sample("lens_agent_grpc_streams_refused_total") == 1
+        assert agent.sample("lens_agent_grpc_streams") == 500
+    finally:
+        for st in streams:
+            st.cancel()
+        agent.stop()
+
+
+def test_a_second_agent_on_the_same_grpc_port_exits_2(tmp_path: Path) -> None:
+    agent, addr = start_agent(tmp_path, "", "--no-collector.processes")
+    try:
+        cfg = tmp_path / "second.yaml"
+        cfg.write_text(f"grpc:\n  listen: {addr}\n")
+        res = run_cli("run", "--config", str(cfg), "--listen", f"127.0.0.1:{free_port()}",
+                      "--no-collector.tcp", "--no-collector.processes", timeout=60)  # fmt: skip
+        assert res.returncode == 2, (res.returncode, res.stderr)
+        lines = res.stderr.strip().splitlines()
+        want = f"gRPC: cannot listen on {addr}: Address already in use"
+        assert len(lines) == 1 and want in lines[0], res.stderr
+    finally:
+        agent.stop()
+
+
 def rss_kb(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -145,14 +187,17 @@ def test_a_subscriber_that_never_reads_is_bounded_and_delays_no_one(tmp_path: Pa
         dropped = agent.sample("lens_agent_subscriber_events_dropped_total", {"subscriber": "grpc"})
         assert dropped and dropped > 0
         # when it finally reads (past what the transport held), it is told what it lost
-        gaps = []
+        gaps, before = [], 0
         for n, ev in enumerate(stalled):
             if ev.HasField("gap"):
-                gaps.append(ev.gap)
+                gaps.append(ev)
                 break
+            before = ev.seq
             assert n < 5000, "no gap marker"
-        assert gaps and gaps[0].reason == "slow_subscriber"
-        assert 0 < gaps[0].lost <= dropped
+        assert gaps and gaps[0].gap.reason == "slow_subscriber"
+        assert 0 < gaps[0].gap.lost <= dropped
+        # numbered in the stream: as the newest event it stands for, after those read
+        assert gaps[0].seq > before
         stalled.cancel()
     finally:
         agent.stop()

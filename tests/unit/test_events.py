@@ -93,7 +93,7 @@ def test_one_filter_for_subscribe_and_trace() -> None:
     req = pb.SubscribeRequest(kinds=["process_exec"], namespace="team-a", container="abc")
     assert convert.matcher(req) == EventFilter(kinds=frozenset({"process_exec"}),
                                                namespace="team-a", container="abc")  # fmt: skip
-    assert "unknown kind(s) nope" in (convert.validate(pb.SubscribeRequest(kinds=["nope"])) or "")
+    assert "unknown kind(s) 'nope'" in (convert.validate(pb.SubscribeRequest(kinds=["nope"])) or "")
 
 
 def test_bus_stamps_each_event_once_in_order() -> None:
