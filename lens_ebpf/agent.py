@@ -63,13 +63,15 @@ class Agent:
 
     def start(self) -> None:
         """Bind the ports (fail fast), start the features, then serve events."""
-        ctx, host, port = self.ctx, self.cfg.server.host, self.cfg.server.port
+        ctx, srv = self.ctx, self.cfg.server
+        host, port = srv.host, srv.port
         try:  # both ports first: a port in use is one line and exit 2, before any work
             self.events.bind()
         except (OSError, RuntimeError) as exc:
             raise StartupError(f"gRPC: {exc}") from None
         try:
-            self.http = HttpServer(host, port, self.registry)
+            self.http = HttpServer(host, port, self.registry, srv.max_connections,
+                                   srv.request_timeout_seconds, srv.max_header_bytes)  # fmt: skip
         except OSError as exc:
             raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         routes = {"/healthz": self._healthz, "/readyz": self._readyz}
@@ -79,7 +81,7 @@ class Agent:
             self.http.add(path, route)
         for c in (CacheCollector(ctx.cache), LoaderCollector(ctx.loader), ctx.devices,
                   EventBusCollector(ctx.bus), PolicyCollector(ctx.policy),
-                  FeatureCollector(self.views)):  # fmt: skip
+                  FeatureCollector(self.views), self.http.collector()):  # fmt: skip
             self.registry.register(c)
         self.http.start()
         log.info("lens-ebpf %s serving on %s:%d", __version__, host, self.http.port)
@@ -124,13 +126,17 @@ class Agent:
         return json_response(200, {"status": "ok"})
 
     def _readyz(self) -> Response:
-        h = self.headers
-        body = {"ready": self.ready, "version": __version__, "features": self.views(),
+        """Ready: started, and no feature the config asks for failed (an error, not a
+        kernel that lacks its probe points: that is off, with the reason)."""
+        h, views = self.headers, self.views()
+        failed = {k: v["reason"] for k, v in views.items() if v["state"] == ERROR}
+        ready = self.ready and not failed
+        body = {"ready": ready, "failed": failed, "version": __version__, "features": views,
                 "policy": self.ctx.policy.status(), "kubernetes": None,
                 "kernel_headers": {"source": h.source, "path": h.path} if h else None}  # fmt: skip
         for f in self.features:
             body.update(f.report())
-        return json_response(200 if self.ready else 503, body)
+        return json_response(200 if ready else 503, body)
 
     def install_signals(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())

@@ -136,3 +136,29 @@ def test_the_agent_runs_a_new_feature_end_to_end(toy) -> None:
     finally:
         agent.stop()
     assert ToyFeature.stopped and agent.features[-1].reads >= 1  # type: ignore[attr-defined]
+
+
+class BrokenFeature(Feature):
+    def start(self) -> None:
+        raise RuntimeError("cannot load: the compile failed")
+
+
+def test_a_feature_that_fails_to_start_makes_the_agent_not_ready() -> None:
+    feature.registered()
+    register("broken", order=40)(BrokenFeature)
+    overrides = {("server", "host"): "127.0.0.1", ("server", "port"): 0,
+                 ("grpc", "listen"): "127.0.0.1:0", ("kubernetes", "mode"): "off",
+                 ("collectors", "tcp", "enabled"): False,
+                 ("collectors", "processes", "enabled"): False}  # fmt: skip
+    agent = Agent(config.load(None, env={}, overrides=overrides))
+    try:
+        agent.start()  # the others start; the agent serves
+        assert agent.http is not None
+        status, body = get(agent.http.port, "/readyz")
+        ready = json.loads(body)
+        assert status == 503 and ready["ready"] is False
+        assert ready["failed"] == {"broken": "cannot load: the compile failed"}
+        assert ready["features"]["system"]["state"] == "running"
+    finally:
+        agent.stop()
+        del feature.REGISTRY["broken"]
