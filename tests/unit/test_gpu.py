@@ -132,7 +132,9 @@ def test_nvml_through_real_pynvml_not_supported_is_absent(fake_nvml) -> None:
     v = values(c)
     assert by("hw_gpu_count", v) == 2 and by("hw_gpu_used_count", v) == 1
     assert by("hw_gpu_utilization_percent", v, gpu_index="0", vendor="nvidia") == 87
-    assert by("hw_gpu_memory_free_bytes", v, gpu_index="0") == 40 * GiB
+    # NVML v2: used is the processes' 40 GiB; the 480 MiB the driver keeps is not free
+    assert by("hw_gpu_memory_used_bytes", v, gpu_index="0") == 40 * GiB
+    assert by("hw_gpu_memory_free_bytes", v, gpu_index="0") == 40 * GiB - 480 * 2**20
     assert by("hw_gpu_power_draw_watts", v, gpu_index="0") == 312.5
     assert by("hw_gpu_power_limit_watts", v, gpu_index="0") == 700
     # GPU 1 answers NotSupported for power: those series are absent, the rest stay
@@ -202,3 +204,11 @@ def test_cpu_only_node_exports_nothing_and_no_errors(tmp_path: Path) -> None:
     c.run_once()
     assert c.snapshot() == [] and c.errors == {} and c.success
     assert c.views["gpus"] == []
+
+
+def test_nvml_without_the_v2_memory_call_falls_back_to_v1(fake_nvml, monkeypatch) -> None:
+    """A binding (or driver) without nvmlDeviceGetMemoryInfo_v2: v1's used, which counts
+    what the driver reserves, as such drivers report it."""
+    monkeypatch.delattr(fake_nvml, "nvmlMemory_v2")
+    (g0, _) = nvidia.read_nvml(fake_nvml)
+    assert (g0.memory_used, g0.memory_reserved) == (40 * 2**30 + 480 * 2**20, None)

@@ -23,7 +23,8 @@ class GpuReading:
     unique_id: str = ""
     driver_version: str = ""
     memory_total: int | None = None
-    memory_used: int | None = None
+    memory_used: int | None = None  # by processes; not what the driver reserves
+    memory_reserved: int | None = None  # kept by the driver (NVML v2), when known
     utilization: float | None = None
     temperature: float | None = None  # edge, else junction
     temperatures: dict[str, float] = field(default_factory=dict)
@@ -36,7 +37,7 @@ class GpuReading:
     def memory_free(self) -> int | None:
         if self.memory_total is None or self.memory_used is None:
             return None
-        return self.memory_total - self.memory_used
+        return self.memory_total - (self.memory_reserved or 0) - self.memory_used
 
     @property
     def used(self) -> bool:

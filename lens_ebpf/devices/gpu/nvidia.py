@@ -21,6 +21,18 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def _memory_v2(nvml: Any, h: Any) -> Any:
+    """nvmlDeviceGetMemoryInfo_v2 (total, reserved, free, used); None where the driver or
+    the binding lacks it."""
+    version = getattr(nvml, "nvmlMemory_v2", None)
+    if version is None:
+        return None
+    try:
+        return nvml.nvmlDeviceGetMemoryInfo(h, version=version)
+    except (nvml.NVMLError, TypeError):
+        return None
+
+
 def _nvml_device(nvml: Any, i: int, driver: str) -> GpuReading:
     def get(fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -37,8 +49,12 @@ def _nvml_device(nvml: Any, i: int, driver: str) -> GpuReading:
     r.serial = _text(get(nvml.nvmlDeviceGetSerial, h) or "")
     if pci is not None and pci.pciDeviceId:
         r.device_id = f"{pci.pciDeviceId >> 16:04x}"  # the low 16 bits are the vendor's
-    mem = get(nvml.nvmlDeviceGetMemoryInfo, h)
-    if mem is not None:
+    mem = _memory_v2(nvml, h)
+    if mem is not None:  # used excludes what the driver reserves, as nvidia-smi shows
+        r.memory_total, r.memory_used = int(mem.total), int(mem.used)
+        r.memory_reserved = int(mem.reserved)
+    elif (mem := get(nvml.nvmlDeviceGetMemoryInfo, h)) is not None:
+        # drivers before v2 (R510): "used" includes the reserved part
         r.memory_total, r.memory_used = int(mem.total), int(mem.used)
     util = get(nvml.nvmlDeviceGetUtilizationRates, h)
     r.utilization = float(util.gpu) if util is not None else None
