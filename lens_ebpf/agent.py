@@ -132,7 +132,7 @@ class Agent:
         failed = {k: v["reason"] for k, v in views.items() if v["state"] == ERROR}
         ready = self.ready and not failed
         body = {"ready": ready, "failed": failed, "version": __version__, "features": views,
-                "policy": self.ctx.policy.status(), "kubernetes": None,
+                "policy": self.ctx.policy.status(),
                 "kernel_headers": {"source": h.source, "path": h.path} if h else None}  # fmt: skip
         for f in self.features:
             body.update(f.report())

@@ -21,9 +21,6 @@ from lens_ebpf import config, kernel_headers, tracefs
 from lens_ebpf.bpf import layouts
 from lens_ebpf.bpf.loader import BpfLoader, plan_for, program_source, render_cflags
 from lens_ebpf.containers import proc_events
-from lens_ebpf.containers.cgroups import CgroupIndex
-from lens_ebpf.containers.resolver import ContainerResolver
-from lens_ebpf.containers.runtime import ContainerdState
 from lens_ebpf.enrich import Enrichment
 from lens_ebpf.events import Event, EventBus, EventFilter
 from lens_ebpf.metrics.cache import MetricCache
@@ -93,10 +90,15 @@ def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else "…" + text[-(width - 1) :]
 
 
+def _remote(ev: Event) -> str:
+    """The remote address with the service port (the remote's for egress, ours else)."""
+    port = ev["rport"] if ev["direction"] == "egress" else ev["lport"]
+    return f"[{ev['raddr']}]:{port}" if ":" in ev["raddr"] else f"{ev['raddr']}:{port}"
+
+
 def format_flow(ev: Event, boot_offset: float, wide: bool = False) -> str:
     """One closed flow as an 80-column line (--wide appends pod and container)."""
-    port = ev["rport"] if ev["direction"] == "egress" else ev["lport"]
-    remote = f"[{ev['raddr']}]:{port}" if ":" in ev["raddr"] else f"{ev['raddr']}:{port}"
+    remote = _remote(ev)
     line = (
         f"{clock_text(ev['ts_ns'], boot_offset):<8} {ev['pid']:>6} {ev['comm'][:9]:<9} "
         f"{'out' if ev['direction'] == 'egress' else 'in':<3} "
@@ -127,10 +129,8 @@ def format_any(ev: Event, boot_offset: float, wide: bool = False) -> str:
     """One line of `trace all`'s table: time, kind, pid, comm, then what that kind says."""
     kind = SHORT_KIND[ev["kind"]]
     if kind == "flow":
-        port = ev["rport"] if ev["direction"] == "egress" else ev["lport"]
-        remote = f"[{ev['raddr']}]:{port}" if ":" in ev["raddr"] else f"{ev['raddr']}:{port}"
         detail = (f"{'out' if ev['direction'] == 'egress' else 'in'} "
-                  f"{CLASS_SHORT.get(ev['class'], ev['class'])} {_fit(remote, 21)} "
+                  f"{CLASS_SHORT.get(ev['class'], ev['class'])} {_fit(_remote(ev), 21)} "
                   f"{human_bytes(ev['sent_bytes'])}/{human_bytes(ev['received_bytes'])} "
                   f"{min(ev['duration_ns'] / 1e6, 99999):.0f}ms")  # fmt: skip
     elif kind == "exec":
@@ -247,8 +247,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     except PolicyError as exc:
         raise TraceError(f"policy: {exc}") from None
     # pid -> container -> pod from the runtime; no cluster index (standalone)
-    state = ContainerdState(Path(cfg.containers.containerd_state))
-    enrich = Enrichment(ContainerResolver(CgroupIndex.for_host(), state))
+    enrich = Enrichment.for_node(Path("/proc"), Path("/sys"), Path(cfg.containers.containerd_state))
 
     cache = MetricCache(ttl_seconds=3600, max_series=10**6)
     bus = EventBus(cfg.events.queue_size)

@@ -86,7 +86,7 @@ class DeviceCollector(abc.ABC):
             return list(self.families)
 
 
-class DeviceFeature(Feature):
+class DeviceFeature(Feature, abc.ABC):
     """A device collector as a feature: built by make(), refreshed in the agent's
     CollectorSet; VIEWS maps each REST route to (its JSON view, the answer when off)."""
 
@@ -99,9 +99,9 @@ class DeviceFeature(Feature):
     def enabled(self) -> str:
         return "" if self.ctx.settings(self.name, Settings).enabled else "disabled by config"
 
+    @abc.abstractmethod
     def make(self) -> DeviceCollector:
         """The collector, from this feature's settings."""
-        raise NotImplementedError
 
     def start(self) -> None:
         self.collector = self.make()
@@ -113,7 +113,11 @@ class DeviceFeature(Feature):
 
     def routes(self) -> dict[str, Callable[[], Response]]:
         def route(view: str, empty: Any) -> Callable[[], Response]:
-            return lambda: envelope(self.view(view) if self.view(view) is not None else empty)
+            def answer() -> Response:
+                got = self.view(view)
+                return envelope(empty if got is None else got)
+
+            return answer
 
         return {path: route(view, empty) for path, (view, empty) in self.VIEWS.items()}
 

@@ -24,9 +24,9 @@ LIST_ALIASES = {
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 V4_MAPPED = 0xFFFF << 32
-# The kernel trie's size (tcp_flows.c MAX_POLICY_PREFIXES); a policy file may hold this
-# many class prefixes, leaving the cluster's pod and service CIDRs room only if it holds
-# fewer. Checked before anything is parsed.
+# Class prefixes a policy file may hold, checked before anything is parsed. The kernel
+# trie (tcp_flows.MAX_POLICY_PREFIXES) holds these plus room for the cluster's pod and
+# service CIDRs.
 MAX_PREFIXES = 4096
 # libyaml's safe loader where PyYAML has it (Debian's does): a 100k-line file parses in a
 # fraction of the pure-Python loader's time

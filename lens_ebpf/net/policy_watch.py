@@ -7,17 +7,15 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from lens_ebpf.net.policy import Policy, PolicyError, load_policy, with_cluster_networks
+from lens_ebpf.net.policy import Network, Policy, PolicyError, load_policy, with_cluster_networks
 
 log = logging.getLogger(__name__)
-Network = IPv4Network | IPv6Network
 # told the effective policy; a ValueError refuses it (the last good one stays)
 Consumer = Callable[[Policy], None]
 
