@@ -92,6 +92,9 @@ BPF_RINGBUF_OUTPUT(flow_events, RINGBUF_PAGES);
 /* Never written: declares the record type so Python can check its size. */
 BPF_ARRAY(layout_flow_event, struct flow_event, 1);
 BPF_ARRAY(trace_filter, struct lens_trace_filter, 1);
+/* 1 while some consumer wants closed-flow records (Python sets it as subscribers come and
+ * go); at 0 no record enters the ring buffer and the aggregates alone carry the counts. */
+BPF_ARRAY(records_on, u32, 1);
 
 #if defined(LENS_RTT) && !defined(LENS_TP_TCP_PROBE_SKADDR)
 /* A keyed socket by its 4-tuple, for a tcp_probe record that names no socket. */
@@ -210,9 +213,15 @@ static __always_inline int event_wanted(struct sock_info *si)
     return 1;
 }
 
+/* Wake the reader once per this many records on a CPU; it also polls on a timer, so a
+ * record waits at most one poll interval (lens_ebpf/bpf/program.py) */
+#define WAKEUP_EVERY 64
+
 static __always_inline void emit_close(struct sock_info *si, u8 reason)
 {
-    if (!event_wanted(si))
+    u32 zero = 0;
+    u32 *on = records_on.lookup(&zero);
+    if (!on || !*on || !event_wanted(si))
         return;
     struct flow_event *e = flow_events.ringbuf_reserve(sizeof(struct flow_event));
     if (!e) {
@@ -236,8 +245,10 @@ static __always_inline void emit_close(struct sock_info *si, u8 reason)
     e->cls = si->key.cls;
     e->reason = reason;
     __builtin_memcpy(e->comm, si->comm, sizeof(e->comm));
-    flow_events.ringbuf_submit(e, 0);
-    stat_add(ST_EVENTS, 1);
+    u32 idx = ST_EVENTS;
+    u64 *n = stats.lookup(&idx);
+    u64 seq = n ? ++*n : 0;
+    flow_events.ringbuf_submit(e, seq % WAKEUP_EVERY ? BPF_RB_NO_WAKEUP : BPF_RB_FORCE_WAKEUP);
 }
 
 /* Give a socket its flow key once its handshake is over. Normally that is the
@@ -290,8 +301,6 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
     u16 sport = args->sport, dport = args->dport;
     LENS_PIN(sport);
     LENS_PIN(dport);
-    u8 raddr[16];
-    copy_addr(raddr, family, args->daddr, args->daddr_v6);
 
     struct sock_info *si = socks.lookup(&sk);
     int opening = (ns == S_SYN_SENT && os == S_CLOSE) || ns == S_SYN_RECV;
@@ -311,7 +320,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         fresh.start_ns = bpf_ktime_get_ns();
         fresh.family = family;
         copy_addr(fresh.laddr, family, args->saddr, args->saddr_v6);
-        __builtin_memcpy(fresh.key.raddr, raddr, 16);
+        copy_addr(fresh.key.raddr, family, args->daddr, args->daddr_v6);
         fresh.lport = sport;
         fresh.rport = dport;
         if (ns == S_SYN_SENT) {
@@ -333,6 +342,8 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 
     if (!(si->flags & SI_KEYED) && ns != S_SYN_SENT && ns != S_SYN_RECV &&
         !(ns == S_CLOSE && (os == S_SYN_SENT || os == S_SYN_RECV))) {
+        u8 raddr[16];
+        copy_addr(raddr, family, args->daddr, args->daddr_v6);
         copy_addr(si->laddr, family, args->saddr, args->saddr_v6);
         key_socket(sk, si, family, raddr, sport, dport);
     }
@@ -347,6 +358,8 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 
     u8 reason = REASON_NORMAL;
     if (!(si->flags & SI_KEYED)) {
+        u8 raddr[16];
+        copy_addr(raddr, family, args->daddr, args->daddr_v6);
         copy_addr(si->laddr, family, args->saddr, args->saddr_v6);
         si->lport = sport;
         si->rport = dport;
@@ -361,7 +374,10 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         reason = REASON_ABORTED;
     }
     if (si->flags & SI_KEYED) {
-        recent.update(&sk, &si->key);
+        /* an abortive close (or disconnect) sends its reset after CLOSE; a socket
+         * leaving LAST_ACK has had its close() already and sends none */
+        if (os != S_LAST_ACK)
+            recent.update(&sk, &si->key);
         unindex_tuple(si);
     }
     finish_socket(si, reason);

@@ -87,6 +87,8 @@ class Agent:
         log.info("lens-ebpf %s serving on %s:%d", __version__, host, self.http.port)
         tracefs.ensure_mounted()
         self.headers = kernel_headers.for_config(self.cfg.kernel)
+        if self.cfg.bpf.run_stats:
+            ctx.loader.enable_stats()
         for f in self.features:  # in order: a feature's enabled() may ask an earlier one
             if why := f.enabled():
                 f.state = {"state": OFF, "reason": why}

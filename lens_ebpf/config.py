@@ -7,7 +7,7 @@ import socket
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -74,6 +74,7 @@ class BpfConfig(_Section):
     read_interval_seconds: float = Field(2.0, gt=0)
     reconcile_interval_seconds: float = Field(10.0, gt=0)
     reconcile_grace_seconds: float = Field(2.0, ge=0)
+    run_stats: bool = False
 
     @field_validator("ringbuf_pages")
     @classmethod
@@ -85,6 +86,8 @@ class BpfConfig(_Section):
 
 class EventsConfig(_Section):
     queue_size: int = Field(16384, ge=1, le=10_000_000)
+    flow_records: Literal["auto", "always"] = "auto"
+    flow_records_linger_seconds: float = Field(60.0, ge=0, le=86400)
 
 
 class FamilyLimits(_Section):

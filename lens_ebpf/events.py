@@ -187,6 +187,8 @@ class Subscription:
         self.name = name
         self.accept = accept
         self.notify = notify  # told after each put (an asyncio reader's wake-up)
+        # the kinds it can accept (empty: any); producers skip work no one can take
+        self.kinds = accept.kinds if isinstance(accept, EventFilter) else frozenset[str]()
         self.dropped = 0
         self.last_dropped_seq = 0
         self._queue: collections.deque[Event] = collections.deque()
@@ -226,6 +228,20 @@ class EventBus:
         # maxlen 0 keeps nothing: no history without a flag to say so
         self.history: collections.deque[Event] = collections.deque(maxlen=history)
         self._dropped_gone: collections.Counter[str] = collections.Counter()
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call listener() after each subscribe and unsubscribe (from that thread)."""
+        self._listeners.append(listener)
+
+    def wants(self, kinds: frozenset[str]) -> bool:
+        """Whether any subscriber now can accept an event of one of these kinds."""
+        with self._lock:
+            return any(not sub.kinds or sub.kinds & kinds for sub in self._subs)
+
+    def _changed(self) -> None:
+        for listener in list(self._listeners):
+            listener()
 
     def subscribe(
         self,
@@ -237,6 +253,7 @@ class EventBus:
         sub = Subscription(name, maxsize or self.queue_size, accept, notify)
         with self._lock:
             self._subs.append(sub)
+        self._changed()
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
@@ -244,6 +261,7 @@ class EventBus:
             if sub in self._subs:
                 self._subs.remove(sub)
                 self._dropped_gone[sub.name] += sub.dropped
+        self._changed()
 
     def publish(self, event: Event) -> None:
         with self._lock:

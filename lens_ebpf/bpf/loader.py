@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf.bpf.spec import Kernel, Plan, ProgramSpec, feature_path, resolve
-from lens_ebpf.bpf.syscall import recursion_misses
+from lens_ebpf.bpf.syscall import enable_run_stats, recursion_misses, run_stats
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,18 @@ class BpfLoader:
         self.status: dict[str, ProgramStatus] = {}
         self._loaded: dict[str, Any] = {}
         self._event_counts: dict[str, Callable[[], tuple[int, dict[str, int]]]] = {}
+        self._stats_fd: int | None = None
+
+    def enable_stats(self) -> bool:
+        """Keep the kernel's BPF run-time statistics on until close() (bpf.run_stats)."""
+        if self._stats_fd is None:
+            try:
+                self._stats_fd = enable_run_stats()
+            except OSError as exc:
+                log.warning("bpf.run_stats: the kernel refused BPF_ENABLE_STATS: %s", exc)
+                return False
+            log.info("bpf.run_stats: BPF run-time statistics on while the agent runs")
+        return True
 
     def report_events(self, program: str, counts: Callable[[], tuple[int, dict[str, int]]]) -> None:
         """counts() -> (records received, {reason: records lost}) for the event metrics."""
@@ -132,17 +145,38 @@ class BpfLoader:
                  len(kps), elapsed, plan.summary() or "all tracepoints")  # fmt: skip
         return bpf
 
-    def misses(self) -> list[tuple[str, str, int]]:
-        """(program, tracepoint, runs the kernel skipped) for each attached probe."""
+    def probes(self) -> list[tuple[str, str, int]]:
+        """(program, probe, fd) for each attached tracepoint and kprobe function."""
         out = []
         for name, bpf in self._loaded.items():
             for raw, fn in bpf.funcs.items():
                 fname = raw.decode() if isinstance(raw, bytes) else raw
-                if not fname.startswith("tracepoint__"):
-                    continue
-                n = recursion_misses(fn.fd)
-                if n is not None:
-                    out.append((name, ":".join(fname.split("__")[1:3]), n))
+                if fname.startswith("tracepoint__"):
+                    out.append((name, ":".join(fname.split("__")[1:3]), fn.fd))
+                elif fname.startswith(("kprobe__", "kretprobe__")):
+                    kind, _, func = fname.partition("__")
+                    out.append((name, f"{kind}:{func}", fn.fd))
+        return out
+
+    def misses(self) -> list[tuple[str, str, int]]:
+        """(program, tracepoint, runs the kernel skipped) for each attached tracepoint."""
+        out = []
+        for name, probe, fd in self.probes():
+            if probe.startswith(("kprobe:", "kretprobe:")):
+                continue
+            n = recursion_misses(fd)
+            if n is not None:
+                out.append((name, probe, n))
+        return out
+
+    def run_stats(self) -> list[tuple[str, str, int, int]]:
+        """(program, probe, nanoseconds run, runs) for each attached probe that has run
+        while the kernel's run-time statistics were on."""
+        out = []
+        for name, probe, fd in self.probes():
+            got = run_stats(fd)
+            if got and got[1]:
+                out.append((name, probe, got[0], got[1]))
         return out
 
     def close(self) -> None:
@@ -155,6 +189,9 @@ class BpfLoader:
             self.status[name].state = OFF
             self.status[name].reason = "detached"
         self._loaded.clear()
+        if self._stats_fd is not None:
+            os.close(self._stats_fd)
+            self._stats_fd = None
 
 
 class LoaderCollector(Collector):
@@ -186,6 +223,20 @@ class LoaderCollector(Collector):
             missed.add_sample(
                 "lens_agent_bpf_program_missed_total", {"program": program, "probe": probe}, n
             )
+        run_s = Metric(
+            "lens_agent_bpf_program_run_seconds",
+            "Time the kernel spent in the probe while its BPF run-time statistics were on",
+            "counter",
+        )
+        runs = Metric(
+            "lens_agent_bpf_program_runs",
+            "Runs of the probe while the kernel's BPF run-time statistics were on",
+            "counter",
+        )
+        for program, probe, ns, n in self._loader.run_stats():
+            labels = {"program": program, "probe": probe}
+            run_s.add_sample("lens_agent_bpf_program_run_seconds_total", labels, ns / 1e9)
+            runs.add_sample("lens_agent_bpf_program_runs_total", labels, n)
         got = Metric("lens_agent_events", "Ring-buffer records received", "counter")
         lost = Metric("lens_agent_events_lost", "Events lost before user space", "counter")
         for program, (received, losses) in self._loader.event_counts().items():
@@ -197,5 +248,7 @@ class LoaderCollector(Collector):
         yield attached
         yield seconds
         yield missed
+        yield run_s
+        yield runs
         yield got
         yield lost

@@ -32,11 +32,14 @@ class RingProgram:
         )
 
     def poll(self, timeout_ms: int) -> None:
-        """Deliver pending records (call from one thread)."""
+        """Deliver pending records (call from one thread). A program may submit without
+        waking the reader (it wakes it once per batch), so what is there after the wait is
+        taken whether a wakeup came or not."""
         if self.bpf is not None:
             self.bpf.ring_buffer_poll(timeout_ms)
+            self.bpf.ring_buffer_consume()
 
-    def poll_until(self, stop: threading.Event, timeout_ms: int = 200) -> None:
+    def poll_until(self, stop: threading.Event, timeout_ms: int = 100) -> None:
         """Deliver records until stop is set (a thread's whole life)."""
         while not stop.is_set():
             self.poll(timeout_ms)

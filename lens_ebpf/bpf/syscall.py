@@ -9,6 +9,8 @@ import platform
 SYS_BPF = {"x86_64": 321, "aarch64": 280}
 BPF_MAP_CREATE = 0
 BPF_OBJ_GET_INFO_BY_FD = 15
+BPF_ENABLE_STATS = 32  # Linux 5.8+
+BPF_STATS_RUN_TIME = 0
 BPF_MAP_TYPE_RINGBUF = 27
 # struct bpf_prog_info: run_time_ns and run_cnt are the u64s at bytes 192 and 200
 # (Linux 5.1+, counted while kernel.bpf_stats_enabled=1), recursion_misses at 208 (5.12+)
@@ -72,3 +74,12 @@ def run_stats(prog_fd: int) -> tuple[int, int] | None:
     ns = _prog_info_u64(prog_fd, RUN_TIME_NS_OFFSET)
     cnt = _prog_info_u64(prog_fd, RUN_CNT_OFFSET)
     return None if ns is None or cnt is None else (ns, cnt)
+
+
+def enable_run_stats() -> int:
+    """Turn on run-time statistics for every BPF program for as long as the returned fd
+    stays open (BPF_ENABLE_STATS, Linux 5.8+), like kernel.bpf_stats_enabled=1 without
+    changing the sysctl; OSError when the kernel cannot."""
+    attr = (ctypes.c_uint32 * 2)()
+    attr[0] = BPF_STATS_RUN_TIME
+    return bpf(BPF_ENABLE_STATS, attr)

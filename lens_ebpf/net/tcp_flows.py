@@ -177,6 +177,9 @@ class TcpFlows(RingProgram):
         )
         self._policy_keys: set[tuple[int, bytes]] = set()
         self._lock = threading.Lock()
+        self._gate_lock = threading.Lock()
+        self.records_on = False
+        self._wanted_at = -float("inf")
         self.repaired = 0
         self.policy = Policy()
         # who is behind each address (a null index standalone)
@@ -223,7 +226,26 @@ class TcpFlows(RingProgram):
             prefill_overflow(self.bpf[b"rtt"], len(CLASS_IDS))
         self.set_policy(policy)
         self.open_events(b"flow_events", self._on_event)
+        self.bus.on_change(self.gate_records)
+        self.gate_records()
         return True
+
+    def gate_records(self) -> None:
+        """Let closed-flow records into the ring buffer while some consumer can take them
+        (events.flow_records), and for the linger after the last one leaves."""
+        if self.bpf is None:
+            return
+        ev = self.cfg.events
+        with self._gate_lock:
+            now = self.clock()
+            if ev.flow_records == "always" or self.bus.wants(frozenset(FlowClosed.KINDS)):
+                self._wanted_at = now
+            on = now - self._wanted_at <= ev.flow_records_linger_seconds
+            if on != self.records_on:
+                table = self.bpf[b"records_on"]
+                table[ctypes.c_int(0)] = ctypes.c_uint32(int(on))
+                self.records_on = on
+                log.info("closed-flow records %s", "on" if on else "off: no consumer wants them")
 
     def set_policy(self, policy: Policy) -> None:
         """Make the kernel's trie hold exactly this policy's entries."""
@@ -264,6 +286,7 @@ class TcpFlows(RingProgram):
             if self.rtt is not None:
                 self.rtt.read(self.bpf[b"rtt"], self.enrich.lookup)
             self.read_stats(b"stats")
+        self.gate_records()
 
     def reconcile(self, live: set[proc_tcp.Tuple] | None = None) -> int:
         """Finish tracked sockets that no namespace holds any more; how many.

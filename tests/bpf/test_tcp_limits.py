@@ -1,4 +1,5 @@
-"""tcp_flows.c with tiny maps: a full flow map and a full ring buffer lose nothing silently."""
+"""tcp_flows.c with tiny maps: a full flow map and a full ring buffer lose nothing silently;
+closed-flow records only while a consumer wants them, the counts exact either way."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from lens_ebpf import config
 from lens_ebpf.bpf.loader import BpfLoader
-from lens_ebpf.events import EventBus
+from lens_ebpf.events import EventBus, EventFilter
 from lens_ebpf.metrics.cache import MetricCache
 from lens_ebpf.net.identity import NO_IDENTITY
 from lens_ebpf.net.policy import parse_policy
@@ -70,7 +71,9 @@ def test_full_flow_map_lands_in_the_other_slot(tiny: TcpFlows) -> None:
 
 
 def test_full_ring_buffer_is_counted(tiny: TcpFlows) -> None:
-    # one page holds about 36 records; nobody polls, so most of 2 x 100 must be dropped
+    # one page holds about 36 records; a consumer wants them but nobody polls, so most
+    # of 2 x 100 must be dropped
+    tiny.bus.subscribe("t-full")
     connect_each(["127.0.1.200"] * 100)
     tiny.read()
     full = tiny.kernel_stats["ringbuf_full"]
@@ -80,3 +83,53 @@ def test_full_ring_buffer_is_counted(tiny: TcpFlows) -> None:
     tiny.poll(0)
     assert tiny.events_received >= submitted  # what went in comes out
     assert submitted + full >= 200
+
+
+@pytest.fixture
+def gated() -> Iterator[TcpFlows]:
+    cfg = config.load(None, env={"LENS_EVENTS__FLOW_RECORDS_LINGER_SECONDS": "0"})
+    loader = BpfLoader()
+    flows = TcpFlows(cfg, MetricCache(3600, 100000), EventBus(100000), loader)
+    assert flows.start(parse_policy("docker: [127.0.1.0/24]\nlocalhost: [127.0.0.0/8]\n"))
+    yield flows
+    loader.close()
+
+
+def opened(flows: TcpFlows, addr: str) -> float:
+    flows.read()
+    series = flows.cache.snapshot_family(OPENED)
+    return sum(v for labels, v in series if labels[0] == "egress" and labels[2] == addr)
+
+
+def test_flow_records_only_while_a_consumer_wants_them(gated: TcpFlows) -> None:
+    addr = "127.0.1.201"
+    # nobody subscribed: every connection counted, no record written
+    assert not gated.records_on
+    connect_each([addr] * 20)
+    assert opened(gated, addr) == 20
+    assert gated.kernel_stats["events"] == 0
+    gated.poll(0)
+    assert gated.events_received == 0
+    # a subscriber for process events only changes nothing
+    procs = gated.bus.subscribe("t-procs", accept=EventFilter(kinds=frozenset({"process_exec"})))
+    assert not gated.records_on
+    # one that takes flows turns them on at once: one record per socket
+    sub = gated.bus.subscribe("t-flows", accept=EventFilter(kinds=frozenset({"flow_closed"})))
+    assert gated.records_on
+    connect_each([addr] * 20)
+    gated.poll(0)
+    got = []
+    while (ev := sub.get(0)) is not None:
+        got.append(ev)
+    # both ends are on this host: a record for each
+    assert len([e for e in got if addr in (e.raddr, e.laddr)]) == 2 * 20
+    assert opened(gated, addr) == 40
+    # gone (no linger here): off at the next read, and still counted
+    gated.bus.unsubscribe(sub)
+    gated.bus.unsubscribe(procs)
+    gated.read()
+    assert not gated.records_on
+    before = gated.kernel_stats["events"]
+    connect_each([addr] * 20)
+    assert opened(gated, addr) == 60
+    assert gated.kernel_stats["events"] == before

@@ -109,3 +109,20 @@ def test_bus_stamps_each_event_once_in_order() -> None:
     held, gone = bus.since(2)
     assert [e.seq for e in held] == [2, 3] and gone == 0
     assert bus.published == {"flow_closed": 2, "process_exec": 1}
+
+
+def test_bus_says_which_kinds_a_subscriber_can_take() -> None:
+    bus = EventBus(queue_size=2)
+    changes: list[bool] = []
+    flows = frozenset({"flow_closed", "abnormal_flow"})
+    bus.on_change(lambda: changes.append(bus.wants(flows)))
+    assert not bus.wants(flows)
+    procs = bus.subscribe("p", accept=EventFilter(kinds=frozenset({"process_exec"})))
+    assert changes == [False]
+    anything = bus.subscribe("a", accept=lambda ev: True)  # a callable: it may take any kind
+    assert changes == [False, True]
+    bus.unsubscribe(anything)
+    abn = bus.subscribe("f", accept=EventFilter(kinds=frozenset({"abnormal_flow"}), pod="x"))
+    bus.unsubscribe(abn)
+    bus.unsubscribe(procs)
+    assert changes == [False, True, False, True, False, False]
