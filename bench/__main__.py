@@ -66,12 +66,14 @@ def free_port() -> int:
 class Agent:
     def __init__(self, env: dict[str, str], log: Path) -> None:
         self.port = free_port()
+        self.grpc = f"127.0.0.1:{free_port()}"
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = open(log, "w")  # noqa: SIM115
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             ["taskset", "-c", "0", LENS, "run", "--listen", f"127.0.0.1:{self.port}"],
-            env={**os.environ, "LENS_BPF__READ_INTERVAL_SECONDS": "1", **env},
+            env={**os.environ, "LENS_BPF__READ_INTERVAL_SECONDS": "1",
+                 "LENS_GRPC__LISTEN": self.grpc, **env},
             stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         self.ready_s = self._wait_ready()
@@ -113,37 +115,94 @@ def conn_load(tools: dict[str, str], addr: str, seconds: float) -> dict[str, flo
     return parse_kv(out)
 
 
+def probe_costs(agent: Agent) -> dict[str, tuple[float, float]]:
+    """(run seconds, runs) per program/probe from the agent's own metrics."""
+    body, _ = agent.metrics()
+    got: dict[str, list[float]] = {}
+    for m in re.finditer(r'^lens_agent_bpf_program_(run_seconds|runs)_total\{program="([^"]+)",'
+                         r'probe="([^"]+)"\} (\S+)$', body, re.M):  # fmt: skip
+        got.setdefault(f"{m[2]}/{m[3]}", [0.0, 0.0])[m[1] == "runs"] = float(m[4])
+    return {k: (v[0], v[1]) for k, v in got.items()}
+
+
+def agent_under_load(
+    tools: dict[str, str],
+    addr: str,
+    seconds: float,
+    tmp: Path,
+    name: str,
+    env: dict[str, str] | None = None,
+    subscribe: bool = False,
+) -> dict[str, Any]:
+    """conngen to addr with an agent running (and, with subscribe, one Subscribe client for
+    closed flows): its rate, the agent's CPU and completeness, and each probe's cost."""
+    agent = Agent(env or {}, tmp / f"agent-{name}.log")
+    res: dict[str, Any] = {"startup_seconds": round(agent.ready_s, 2)}
+    sub = None
+    try:
+        if subscribe:
+            sub = subprocess.Popen(
+                ["taskset", "-c", "0", sys.executable, "-m", "bench.subscriber", agent.grpc,
+                 addr, "flow_closed"], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            deadline = time.monotonic() + 30
+            while agent.sample("lens_agent_grpc_streams") < 1 and time.monotonic() < deadline:
+                time.sleep(0.1)
+        costs0 = probe_costs(agent)
+        cpu0 = cpu_seconds(agent.proc.pid)
+        run = conn_load(tools, addr, seconds)
+        time.sleep(3)
+        cpu = cpu_seconds(agent.proc.pid) - cpu0
+        costs = {k: (v[0] - costs0.get(k, (0, 0))[0], v[1] - costs0.get(k, (0, 0))[1])
+                 for k, v in probe_costs(agent).items()}  # fmt: skip
+        port = str(int(run["port"]))
+        opened = agent.sample("lens_tcp_connections_opened_total", direction="egress",
+                              raddr=addr, port=port)  # fmt: skip
+        sent = agent.sample("lens_tcp_sent_bytes_total", direction="egress", raddr=addr,
+                            port=port)  # fmt: skip
+        res.update(
+            lost=agent.sample("lens_agent_events_lost_total", program="tcp_flows"),
+            skipped_runs=agent.sample("lens_agent_bpf_program_missed_total", program="tcp_flows"),
+            closes_repaired=agent.sample("lens_agent_tcp_closes_repaired_total"),
+        )
+        if sub is not None:
+            sub.terminate()
+            out = sub.communicate(timeout=30)[0]
+            res["subscriber_flows"] = parse_kv(out).get("flows", 0.0)
+    finally:
+        if sub is not None and sub.poll() is None:
+            sub.kill()
+        agent.stop()
+    res.update(
+        rate=run["rate"],
+        connections=run["connections"],
+        cpu_s_per_10k=round(cpu / run["connections"] * 10_000, 3),
+        cpu_pct_at_rate=round(100 * cpu / run["seconds"], 1),
+        completeness=round(opened / run["connections"], 5),
+        bytes_error=round(sent / (opened * PAYLOAD) - 1, 5) if opened else None,
+        probes={k: {"runs": n, "ns_per_run": round(t / n * 1e9)} for k, (t, n) in costs.items()
+                if n},
+    )  # fmt: skip
+    return res
+
+
 def bench_connections(tools: dict[str, str], seconds: float, tmp: Path) -> dict[str, Any]:
     res: dict[str, Any] = {}
     base = conn_load(tools, "127.0.0.100", seconds)
     res["baseline_rate"] = base["rate"]
-    agent = Agent({}, tmp / "agent-conn.log")
-    res["startup_seconds"] = round(agent.ready_s, 2)
-    try:
-        cpu0 = cpu_seconds(agent.proc.pid)
-        run = conn_load(tools, "127.0.0.101", seconds)
-        time.sleep(3)
-        cpu = cpu_seconds(agent.proc.pid) - cpu0
-        opened = agent.sample("lens_tcp_connections_opened_total", direction="egress",
-                              raddr="127.0.0.101", port=str(int(run["port"])))  # fmt: skip
-        sent = agent.sample("lens_tcp_sent_bytes_total", direction="egress", raddr="127.0.0.101",
-                            port=str(int(run["port"])))  # fmt: skip
-        lost = agent.sample("lens_agent_events_lost_total", program="tcp_flows")
-        missed = agent.sample("lens_agent_bpf_program_missed_total", program="tcp_flows")
-        repaired = agent.sample("lens_agent_tcp_closes_repaired_total")
-    finally:
-        agent.stop()
-    res.update(
-        agent_rate=run["rate"],
-        agent_rate_ratio=round(run["rate"] / base["rate"], 3),
-        agent_cpu_s_per_10k=round(cpu / run["connections"] * 10_000, 3),
-        agent_cpu_pct_at_rate=round(100 * cpu / run["seconds"], 1),
-        agent_completeness=round(opened / run["connections"], 5),
-        agent_bytes_error=round(sent / (opened * PAYLOAD) - 1, 5) if opened else None,
-        agent_events_lost=lost,
-        agent_kernel_skipped_runs=missed,
-        agent_closes_repaired=repaired,
-    )
+    plain = agent_under_load(tools, "127.0.0.101", seconds, tmp, "conn")
+    res["startup_seconds"] = plain["startup_seconds"]
+    res["agent"] = plain
+    res["agent_rate_ratio"] = round(plain["rate"] / base["rate"], 3)
+    # one Subscribe client that takes every closed flow: the records are on
+    sub = agent_under_load(tools, "127.0.0.104", seconds, tmp, "conn-sub", subscribe=True)
+    res["subscribed"] = sub
+    res["subscribed_rate_ratio"] = round(sub["rate"] / base["rate"], 3)
+    # the kernel's run-time statistics on: what each probe costs (they cost too)
+    stats = agent_under_load(tools, "127.0.0.105", seconds, tmp, "conn-stats",
+                             env={"LENS_BPF__RUN_STATS": "true"})  # fmt: skip
+    res["run_stats"] = stats
+    res["run_stats_rate_ratio"] = round(stats["rate"] / base["rate"], 3)
     tcplife = shutil.which("tcplife-bpfcc")
     if tcplife is None:
         res["tcplife"] = "not installed (bpfcc-tools)"
@@ -307,15 +366,23 @@ def table(r: dict[str, Any]) -> str:
     c, e, s = r["connections"], r["execs"], r["scrape"]
     rows = [
         ("connections/s, no tracer", f"{c['baseline_rate']:.0f}", ""),
-        ("connections/s, lens-ebpf", f"{c['agent_rate']:.0f}",
-         f"{c['agent_rate_ratio']:.1%} of no tracer (target >= 95%)"),
+        ("connections/s, lens-ebpf", f"{c['agent']['rate']:.0f}",
+         f"{c['agent_rate_ratio']:.1%} of no tracer, no flow consumer (target >= 95%)"),
+        ("connections/s, + 1 subscriber", f"{c['subscribed']['rate']:.0f}",
+         f"{c['subscribed_rate_ratio']:.1%}, a Subscribe client taking every closed flow"),
+        ("connections/s, run stats on", f"{c['run_stats']['rate']:.0f}",
+         f"{c['run_stats_rate_ratio']:.1%} (bpf.run_stats: true)"),
         ("connections/s, tcplife", f"{c.get('tcplife_rate', 0):.0f}",
          f"{c.get('tcplife_rate_ratio', 0):.1%} of no tracer"),
-        ("lens-ebpf CPU s / 10k conns", f"{c['agent_cpu_s_per_10k']}",
-         f"{c['agent_cpu_pct_at_rate']}% of a core at {c['agent_rate']:.0f}/s"),
+        ("lens-ebpf CPU s / 10k conns", f"{c['agent']['cpu_s_per_10k']}",
+         f"{c['agent']['cpu_pct_at_rate']}% of a core; no flow consumer (target <= 0.03)"),
+        ("  with 1 subscriber", f"{c['subscribed']['cpu_s_per_10k']}",
+         f"{c['subscribed']['cpu_pct_at_rate']}% of a core (target <= 0.15); it got "
+         f"{c['subscribed'].get('subscriber_flows', 0):.0f} of "
+         f"{2 * c['subscribed']['connections']:.0f} closed flows"),
         ("tcplife CPU s / 10k conns", f"{c.get('tcplife_cpu_s_per_10k')}", ""),
-        ("lens-ebpf completeness", f"{c['agent_completeness']:.4%}",
-         f"lost {c['agent_events_lost']:.0f}, bytes error {c['agent_bytes_error']}"),
+        ("lens-ebpf completeness", f"{c['agent']['completeness']:.4%}",
+         f"lost {c['subscribed']['lost']:.0f}, bytes error {c['agent']['bytes_error']}"),
         ("tcplife completeness", f"{c.get('tcplife_completeness', 0):.4%}",
          f"TX_KB median {c.get('tcplife_tx_kb_median')} for {PAYLOAD // 1024} KB sent"),
         ("execs/s, no tracer", f"{e['baseline_rate']:.0f}", ""),
@@ -325,6 +392,10 @@ def table(r: dict[str, Any]) -> str:
         ("execsnoop-bpfcc", "-", str(e.get("execsnoop", ""))[:50]),
         ("start-up to attached", f"{c['startup_seconds']} s", "target < 5 s"),
     ]  # fmt: skip
+    for probe, p in sorted(c["run_stats"]["probes"].items()):
+        rows.append((f"ns/run {probe.split('/', 1)[1]}", f"{p['ns_per_run']}",
+                     f"{probe.split('/')[0]}, {p['runs']} runs (target <= 300; ebpf_exporter "
+                     "+35..96 ns)"))  # fmt: skip
     for lv in s["levels"]:
         rows.append(
             (
@@ -354,6 +425,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10, help="each load phase")
     ap.add_argument("--soak", type=float, default=600, help="soak seconds (0: skip)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
+    ap.add_argument("--only", choices=("connections", "execs", "scrape"),
+                    help="run one phase, print its figures as JSON, write nothing")  # fmt: skip
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench: needs root", file=sys.stderr)
@@ -362,6 +435,11 @@ def main() -> int:
     tools = build(tmp)
     results: dict[str, Any] = {"host": {"kernel": os.uname().release, "cpus": os.cpu_count()},
                                "payload_bytes": PAYLOAD}  # fmt: skip
+    if args.only:
+        phase = {"connections": bench_connections, "execs": bench_execs,
+                 "scrape": lambda _t, _s, tmp: bench_scrape(tmp)}[args.only]  # fmt: skip
+        print(json.dumps(phase(tools, args.seconds, tmp), indent=1))
+        return 0
     results["connections"] = bench_connections(tools, args.seconds, tmp)
     results["execs"] = bench_execs(tools, args.seconds, tmp)
     results["scrape"] = bench_scrape(tmp)

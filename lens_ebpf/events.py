@@ -18,7 +18,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 _WIRE = {"cls": "class"}  # field -> name outside Python (a keyword there)
-_FIELD = {v: k for k, v in _WIRE.items()}
+WIRE_ATTRS = {v: k for k, v in _WIRE.items()}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -37,12 +37,12 @@ class Event:
 
     def __getitem__(self, name: str) -> Any:
         try:
-            return getattr(self, _FIELD.get(name, name))
+            return getattr(self, WIRE_ATTRS.get(name, name))
         except AttributeError:
             raise KeyError(name) from None
 
     def get(self, name: str, default: Any = None) -> Any:
-        return getattr(self, _FIELD.get(name, name), default)
+        return getattr(self, WIRE_ATTRS.get(name, name), default)
 
     def to_dict(self) -> dict[str, Any]:
         """The event by its wire names (trace --json, the reference collector)."""
@@ -186,7 +186,7 @@ class Subscription:
     ) -> None:  # fmt: skip
         self.name = name
         self.accept = accept
-        self.notify = notify  # told after each put (an asyncio reader's wake-up)
+        self.notify = notify  # told when a put finds the queue empty (a reader's wake-up)
         # the kinds it can accept (empty: any); producers skip work no one can take
         self.kinds = accept.kinds if isinstance(accept, EventFilter) else frozenset[str]()
         self.dropped = 0
@@ -197,12 +197,14 @@ class Subscription:
 
     def put(self, event: Event) -> None:
         with self._cond:
+            was_empty = not self._queue
             if len(self._queue) >= self._maxsize:
                 self.last_dropped_seq = self._queue.popleft().seq
                 self.dropped += 1
             self._queue.append(event)
             self._cond.notify()
-        if self.notify is not None:
+        # a reader drains the queue before it waits again: telling it once is enough
+        if self.notify is not None and was_empty:
             self.notify()
 
     def get(self, timeout: float | None = None) -> Event | None:

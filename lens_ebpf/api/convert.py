@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from lens_ebpf.api.gen import lens_pb2 as pb
-from lens_ebpf.events import KINDS, Event, EventFilter
+from lens_ebpf.events import KINDS, WIRE_ATTRS, Event, EventFilter
 
 _ONEOF = pb.Event.DESCRIPTOR.oneofs_by_name["payload"]
 # event kind -> payload message class (the oneof field is named after the kind)
@@ -18,19 +18,33 @@ PAYLOADS: dict[str, Any] = {f.name: getattr(pb, f.message_type.name)  # type: ig
                             for f in _ONEOF.fields}  # fmt: skip
 
 
+def _plan(cls: Any) -> tuple[tuple[str, str], ...]:
+    """(proto field, event attribute) for each field of a message but identity."""
+    return tuple((f.name, WIRE_ATTRS.get(f.name, f.name)) for f in cls.DESCRIPTOR.fields
+                 if f.name != "identity")  # fmt: skip
+
+
+_IDENTITY = _plan(pb.Identity)
+# payload class -> its fields read from the event, and whether it carries an Identity
+_PLANS: dict[Any, tuple[tuple[tuple[str, str], ...], bool]] = {
+    cls: (_plan(cls), "identity" in cls.DESCRIPTOR.fields_by_name)
+    for cls in (*PAYLOADS.values(), pb.Identity)
+}
+
+
 def message(cls: Any, ev: Event) -> Any:
-    """One payload (or Identity) message, each field read from the event by its name."""
-    values: dict[str, Any] = {}
-    for f in cls.DESCRIPTOR.fields:
-        values[f.name] = message(pb.Identity, ev) if f.name == "identity" else ev[f.name]
+    """One payload (or Identity) message, each field read from the event by its name;
+    a field the event lacks raises AttributeError."""
+    fields, identity = _PLANS[cls]
+    values = {name: getattr(ev, attr) for name, attr in fields}
+    if identity:
+        values["identity"] = pb.Identity(**{name: getattr(ev, attr) for name, attr in _IDENTITY})
     return cls(**values)
 
 
 def to_pb(ev: Event, node_name: str, node_ip: str) -> pb.Event:
-    out = pb.Event(seq=ev.seq, ts_unix_nano=ev.ts_unix_nano, node_name=node_name,
-                   node_ip=node_ip)  # fmt: skip
-    getattr(out, ev.kind).CopyFrom(message(PAYLOADS[ev.kind], ev))
-    return out
+    return pb.Event(seq=ev.seq, ts_unix_nano=ev.ts_unix_nano, node_name=node_name,
+                    node_ip=node_ip, **{ev.kind: message(PAYLOADS[ev.kind], ev)})  # fmt: skip
 
 
 def validate(req: pb.SubscribeRequest) -> str | None:

@@ -8,6 +8,8 @@ derived from the C at load time; a mismatch is an error, never a guess (STYLE.md
 from __future__ import annotations
 
 import ctypes
+import struct
+from typing import Any, cast
 
 
 class LpmKey(ctypes.Structure):
@@ -171,3 +173,30 @@ def _typed(t: type) -> list[tuple[str, type]]:
 
 def _field_text(f: tuple[str, int, int] | None) -> str:
     return "missing" if f is None else f"{f[0]} at offset {f[1]}, {f[2]} bytes"
+
+
+def record_struct(t: type[ctypes.Structure]) -> struct.Struct:
+    """A struct.Struct that unpacks a ctypes mirror's bytes into its fields in order
+    (arrays of bytes and chars as bytes), padding skipped; checked against the mirror's
+    offsets and size."""
+    codes: dict[Any, str] = {ctypes.c_uint64: "Q", ctypes.c_int64: "q", ctypes.c_uint32: "I",
+             ctypes.c_int32: "i", ctypes.c_uint16: "H", ctypes.c_uint8: "B"}  # fmt: skip
+    fmt, at = "<", 0
+    for name, ftype in t._fields_:  # type: ignore[misc]
+        ftype = cast(Any, ftype)
+        off = getattr(t, name).offset
+        if off > at:
+            fmt += f"{off - at}x"
+        if ftype in codes:
+            fmt += codes[ftype]
+        elif getattr(ftype, "_type_", None) in (ctypes.c_uint8, ctypes.c_char):
+            fmt += f"{ftype._length_}s"
+        else:
+            raise TypeError(f"{t.__name__}.{name}: no struct code for {ftype}")
+        at = off + ctypes.sizeof(ftype)
+    if ctypes.sizeof(t) > at:
+        fmt += f"{ctypes.sizeof(t) - at}x"
+    s = struct.Struct(fmt)
+    if s.size != ctypes.sizeof(t):
+        raise TypeError(f"{t.__name__}: struct {fmt} is {s.size} bytes, ctypes {ctypes.sizeof(t)}")
+    return s

@@ -23,9 +23,12 @@ class RingProgram:
         self.events_received = 0
         self.kernel_stats: dict[str, int] = dict.fromkeys(self.STATS, 0)
 
-    def open_events(self, ring: bytes, callback: Callable[[Any, Any, int], None]) -> None:
-        """Deliver the ring buffer's records to callback; report received and lost."""
-        self.bpf[ring].open_ring_buffer(callback)
+    def open_events(self, ring: bytes, handle: Callable[[bytes], None]) -> None:
+        """Deliver the ring buffer's records (their bytes) to handle; report received and
+        lost."""
+        self.bpf[ring].open_ring_buffer(
+            lambda _ctx, data, size: handle(ctypes.string_at(data, size))
+        )
         self.loader.report_events(
             self.NAME,
             lambda: (self.events_received, {"ringbuf_full": self.kernel_stats["ringbuf_full"]}),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import re
 import time
@@ -13,6 +12,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf.bpf import layouts
+from lens_ebpf.bpf.layouts import record_struct
 from lens_ebpf.bpf.loader import BpfLoader, plan_for
 from lens_ebpf.bpf.program import RingProgram
 from lens_ebpf.bpf.spec import TRACEPOINT, Field, Need, ProbePath, ProgramSpec
@@ -106,6 +106,14 @@ def pods_view(containers: dict[str, ContainerInfo], gpus: dict[str, dict] | None
     return out
 
 
+_PROC_EVENT = record_struct(layouts.ProcEvent)
+
+
+def _text(raw: bytes) -> str:
+    """A NUL-terminated char array's text."""
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
 class ProcEvents(RingProgram):
     """The proc_events program: records in, attributed events and counters out."""
 
@@ -147,28 +155,29 @@ class ProcEvents(RingProgram):
         self.open_events(b"proc_events", self._on_event)
         return True
 
-    def _on_event(self, _ctx: Any, data: Any, _size: int) -> None:
-        rec = ctypes.cast(data, ctypes.POINTER(layouts.ProcEvent)).contents
+    def _on_event(self, rec: bytes) -> None:
+        ts_ns, cgroup_id, kind, pid, ppid, exit_code, signal, flags, raw_comm, raw_file = (
+            _PROC_EVENT.unpack_from(rec)
+        )
         self.events_received += 1
-        ref, who = self.enrich.cgroup(rec.cgroup_id)
+        ref, who = self.enrich.cgroup(cgroup_id)
         labels = (who["namespace"], who["pod"], who["container"])
-        comm = rec.comm.decode(errors="replace")
-        common = dict(ts_ns=rec.ts_ns, pid=rec.pid, ppid=rec.ppid, cgroup_id=rec.cgroup_id,
-                      cgroup=ref.path, **who)  # fmt: skip
-        if rec.kind == EV_EXEC:
+        comm = _text(raw_comm)
+        common = dict(ts_ns=ts_ns, pid=pid, ppid=ppid, cgroup_id=cgroup_id, cgroup=ref.path,
+                      **who)  # fmt: skip
+        if kind == EV_EXEC:
             ev = ProcessEvent(kind="process_exec", comm=comm, **common,
-                              filename=rec.filename.decode(errors="replace"))  # fmt: skip
+                              filename=_text(raw_file))  # fmt: skip
             self.cache.inc(EXECS, labels)
-            self._remember_comm(rec.pid, comm)
-        elif rec.kind == EV_EXIT:
-            self._comms.pop(rec.pid, None)
-            ev = ProcessEvent(kind="process_exit", comm=comm, **common,
-                              exit_code=rec.exit_code, signal=rec.signal,
-                              oom_killed=bool(rec.flags & PF_OOM_VICTIM))  # fmt: skip
-            self.cache.inc(EXITS, (*labels, exit_class(rec.exit_code, rec.signal)))
-        elif rec.kind == EV_OOM:
+            self._remember_comm(pid, comm)
+        elif kind == EV_EXIT:
+            self._comms.pop(pid, None)
+            ev = ProcessEvent(kind="process_exit", comm=comm, **common, exit_code=exit_code,
+                              signal=signal, oom_killed=bool(flags & PF_OOM_VICTIM))  # fmt: skip
+            self.cache.inc(EXITS, (*labels, exit_class(exit_code, signal)))
+        elif kind == EV_OOM:
             # a kernel whose mark_victim has no comm: the one its exec had
-            ev = ProcessEvent(kind="oom_kill", comm=comm or self._comms.get(rec.pid, ""), **common)
+            ev = ProcessEvent(kind="oom_kill", comm=comm or self._comms.get(pid, ""), **common)
             self.cache.inc(OOMS, labels)
         else:
             return

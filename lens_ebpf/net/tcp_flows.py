@@ -9,7 +9,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -263,10 +262,9 @@ class TcpFlows(RingProgram):
                 del trie[key]
         self._policy_keys = set(entries)
 
-    def _on_event(self, _ctx: Any, data: Any, _size: int) -> None:
-        rec = ctypes.cast(data, ctypes.POINTER(layouts.FlowEvent)).contents
+    def _on_event(self, rec: bytes) -> None:
         self.events_received += 1
-        self._publish(decode.flow_event(rec))
+        self._publish(decode.flow_record(rec))
 
     def _publish(self, event: FlowClosed) -> None:
         """A closed flow, and an abnormal_flow event when the policy's lists say so."""

@@ -52,7 +52,8 @@ def test_ring_record_decodes_to_a_typed_event() -> None:
         rport=443, family=decode.AF_INET, direction=0, cls=CLASS_IDS["internalHosts"],
         reason=1, comm=b"curl",
     )  # fmt: skip
-    ev = decode.flow_event(rec)
+    ev = decode.flow_record(bytes(rec))  # as the ring buffer hands it over
+    assert ev.duration_ns == 7 and ev.ts_ns == 5 and ev.cgroup_id == 9 and ev.pid == 42
     assert (ev.kind, ev.laddr, ev.raddr, ev.lport, ev.rport) == (
         "flow_closed", "10.0.0.1", "10.0.0.7", 40000, 443)  # fmt: skip
     assert (ev.sent_bytes, ev.received_bytes, ev.retransmits) == (123_457, 7_777, 2)
