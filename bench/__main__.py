@@ -100,7 +100,9 @@ class Agent:
         for line in body.splitlines():
             if not line.startswith(name + "{") and not line.startswith(name + " "):
                 continue
-            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            # an empty label is left out of the exposition (no label to Prometheus)
+            if all(f'{k}="{v}"' in line if v else f'{k}="' not in line
+                   for k, v in labels.items()):  # fmt: skip
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
@@ -292,6 +294,7 @@ def distinct_flows(start: int, count: int) -> None:
 def bench_scrape(tmp: Path) -> dict[str, Any]:
     env = {
         "LENS_CACHE__MAX_SERIES": "400000",
+        "LENS_CACHE__MAX_SAMPLES": "0",  # no budget: the scrape cost of every series
         "LENS_BPF__MAX_FLOW_KEYS": "120000",
         "LENS_BPF__MAX_RTT_KEYS": "120000",
         "LENS_COLLECTORS__PROCESSES__ENABLED": "false",
@@ -329,6 +332,41 @@ def bench_scrape(tmp: Path) -> dict[str, Any]:
     return {"levels": levels, "cap": {"family": "primus_lens_network_tcp_flow_egress",
                                       "max_series": 1000, "series": capped,
                                       "refused": refused}}  # fmt: skip
+
+
+def bench_storm(tmp: Path, ttl: float = 30) -> dict[str, Any]:
+    """1,000,000 refused connects to distinct (address, port) pairs and 20,000 short
+    connections from distinct addresses (tests/stormgen.c), with the default limits but a
+    short cache TTL: /metrics at the peak, and RSS one TTL after."""
+    gen = tmp / "stormgen"
+    sh("gcc", "-O2", "-pthread", "-o", str(gen), str(ROOT / "tests" / "stormgen.c"))
+    policy = tmp / "storm-policy.yaml"
+    policy.write_text("docker: [127.77.0.0/16, 127.78.0.0/16]\nlocalhost: [127.0.0.0/8]\n")
+    env = {"LENS_POLICY__PATH": str(policy), "LENS_CACHE__TTL_SECONDS": str(ttl),
+           "LENS_COLLECTORS__PROCESSES__ENABLED": "false"}  # fmt: skip
+    agent = Agent(env, tmp / "agent-storm.log")
+    try:
+        before = rss_mb(agent.proc.pid)
+        t0 = time.monotonic()
+        sh(str(gen), "refused", "127.77.0", "16", "1000", "63499")
+        sh(str(gen), "accept", "127.78.0", "20000")
+        storm_s = time.monotonic() - t0
+        time.sleep(3)
+        times = []
+        for _ in range(5):
+            body, took = agent.metrics()
+            times.append(took)
+        peak = rss_mb(agent.proc.pid)
+        time.sleep(ttl + 5)
+        agent.metrics()  # a scrape expires what the TTL let go
+        after = rss_mb(agent.proc.pid)
+    finally:
+        agent.stop()
+    return {"flows": 1_020_000, "storm_seconds": round(storm_s, 1),
+            "scrape_ms": round(statistics.median(times) * 1000, 1), "bytes": len(body),
+            "lines": sum(1 for ln in body.splitlines() if ln and not ln.startswith("#")),
+            "rss_mb_before": round(before, 1), "rss_mb_peak": round(peak, 1),
+            "rss_mb_after_ttl": round(after, 1), "ttl_seconds": ttl}  # fmt: skip
 
 
 def bench_soak(tools: dict[str, str], seconds: float, tmp: Path) -> dict[str, Any]:
@@ -411,6 +449,12 @@ def table(r: dict[str, Any]) -> str:
             f"series (cap {s['cap']['max_series']}), {s['cap']['refused']:.0f} refused",
         )
     )
+    st = r["storm"]
+    rows.append((f"/metrics after {st['flows']} flows", f"{st['scrape_ms']} ms",
+                 f"{st['bytes'] / 1e6:.2f} MB, {st['lines']} lines (targets 250 ms, 5 MB); RSS "
+                 f"{st['rss_mb_before']:.0f} -> {st['rss_mb_peak']:.0f} MB, "
+                 f"{st['rss_mb_after_ttl']:.0f} MB one TTL ({st['ttl_seconds']:.0f} s) "
+                 "later"))  # fmt: skip
     if "soak" in r:
         so = r["soak"]
         rows.append((f"soak {so['seconds']:.0f} s RSS", f"{so['rss_mb_first']:.0f}->"
@@ -425,7 +469,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10, help="each load phase")
     ap.add_argument("--soak", type=float, default=600, help="soak seconds (0: skip)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
-    ap.add_argument("--only", choices=("connections", "execs", "scrape"),
+    ap.add_argument("--only", choices=("connections", "execs", "scrape", "storm"),
                     help="run one phase, print its figures as JSON, write nothing")  # fmt: skip
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -437,12 +481,14 @@ def main() -> int:
                                "payload_bytes": PAYLOAD}  # fmt: skip
     if args.only:
         phase = {"connections": bench_connections, "execs": bench_execs,
-                 "scrape": lambda _t, _s, tmp: bench_scrape(tmp)}[args.only]  # fmt: skip
+                 "scrape": lambda _t, _s, tmp: bench_scrape(tmp),
+                 "storm": lambda _t, _s, tmp: bench_storm(tmp)}[args.only]  # fmt: skip
         print(json.dumps(phase(tools, args.seconds, tmp), indent=1))
         return 0
     results["connections"] = bench_connections(tools, args.seconds, tmp)
     results["execs"] = bench_execs(tools, args.seconds, tmp)
     results["scrape"] = bench_scrape(tmp)
+    results["storm"] = bench_storm(tmp)
     if args.soak:
         results["soak"] = bench_soak(tools, args.soak, tmp)
     Path(args.out).write_text(json.dumps(results, indent=2))

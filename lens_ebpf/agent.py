@@ -4,6 +4,8 @@ What a feature does lives in its own module (lens_ebpf/feature.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import signal
 import threading
@@ -34,6 +36,16 @@ class StartupError(Exception):
     """The agent cannot start; the message is one line for the operator."""
 
 
+RELEASE_AFTER_SERIES = 10_000
+
+
+def release_memory() -> None:
+    """Give the C heap's free pages back to the system (glibc's malloc_trim), as
+    Python's allocator keeps them after many objects are freed."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
+        ctypes.CDLL(None).malloc_trim(0)
+
+
 class Agent:
     def __init__(self, cfg: Config) -> None:
         self.cfg, self.ready, self.heartbeat = cfg, False, time.monotonic()
@@ -46,7 +58,8 @@ class Agent:
         enrich = Enrichment.for_node(Path(cfg.devices.procfs_root), Path(cfg.devices.sysfs_root),
                                      Path(cfg.containers.containerd_state))  # fmt: skip
         self.ctx = Context(
-            cfg, MetricCache(cfg.cache.ttl_seconds, cfg.cache.max_series, cfg.cache.families),
+            cfg, MetricCache(cfg.cache.ttl_seconds, cfg.cache.max_series, cfg.cache.families,
+                             max_samples=cfg.cache.max_samples),
             EventBus(cfg.events.queue_size, history=cfg.grpc.history), BpfLoader(), enrich,
             policy, CollectorSet(), self.stop_event, self._spawn,
         )  # fmt: skip
@@ -113,12 +126,19 @@ class Agent:
         self._threads.append(t)
 
     def _read_loop(self) -> None:
+        released = 0
         while not self.stop_event.is_set():
             for f in self.features:
                 try:
                     f.read()
                 except Exception:
                     log.exception("reading %s failed", f.name)
+            # series past their TTL go now, scraped or not; after a storm's worth, the
+            # freed heap goes back to the system
+            released += self.ctx.cache.expire()
+            if released >= RELEASE_AFTER_SERIES:
+                release_memory()
+                released = 0
             self.heartbeat = time.monotonic()
             self.stop_event.wait(self.cfg.bpf.read_interval_seconds)
 

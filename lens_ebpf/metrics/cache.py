@@ -8,16 +8,19 @@ their series lives.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cachetools import TTLCache
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+from lens_ebpf.metrics.exposition import RenderedFamily
 
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 INF = float("inf")
@@ -25,23 +28,21 @@ INF = float("inf")
 Labels = tuple[str, ...]
 
 
-class _CountingTTLCache(TTLCache[Labels, Any]):
-    """A TTLCache that counts what its expiry removes (it also expires inside set)."""
+class _Series:
+    """One series: its value, when it was last written, and its exposition line(s)
+    without the value, made on first rendering and kept while the series lives."""
 
-    def __init__(self, maxsize: int, ttl: float, timer: Callable[[], float]) -> None:
-        # One slot of headroom: the cap is enforced before insertion, never by LRU eviction.
-        super().__init__(maxsize=maxsize + 1, ttl=ttl, timer=timer)
-        self.expired = 0
+    __slots__ = ("value", "touched", "lines")
 
-    def expire(self, time: float | None = None) -> list[tuple[Labels, Any]]:
-        gone = list(super().expire(time))
-        self.expired += len(gone)
-        return gone
+    def __init__(self, value: Any, touched: float) -> None:
+        self.value = value
+        self.touched = touched
+        self.lines: Any = None
 
 
 @dataclass
 class Family:
-    """One metric family and its live series."""
+    """One metric family and its live series, least recently written first."""
 
     name: str
     kind: str
@@ -50,23 +51,39 @@ class Family:
     ttl: float
     max_series: int
     buckets: tuple[float, ...] = ()
-    series: _CountingTTLCache = field(init=False, repr=False)
-    refused: int = 0
+    series: OrderedDict[Labels, _Series] = field(default_factory=OrderedDict, repr=False)
+    refused: int = 0  # new series refused at this family's cap
+    refused_budget: int = 0  # new series refused at the cache's total budget
+    evicted: int = 0
 
     def __post_init__(self) -> None:
         if self.kind == HISTOGRAM and (not self.buckets or self.buckets[-1] != INF):
             self.buckets = (*self.buckets, INF)
 
-    def make_series(self, clock: Callable[[], float]) -> None:
-        self.series = _CountingTTLCache(self.max_series, self.ttl, clock)
-
     @property
-    def evicted(self) -> int:
-        return self.series.expired
+    def samples_per_series(self) -> int:
+        """Exposition lines one series takes: buckets, _count and _sum for a histogram."""
+        return len(self.buckets) + 2 if self.kind == HISTOGRAM else 1
+
+    def expire(self, now: float) -> int:
+        """Remove the series not written for the TTL; how many."""
+        series, gone = self.series, 0
+        while series:
+            first = next(iter(series.values()))
+            if now - first.touched < self.ttl:
+                break
+            series.popitem(last=False)
+            gone += 1
+        self.evicted += gone
+        return gone
+
+    def items(self) -> list[tuple[Labels, Any]]:
+        return [(labels, s.value) for labels, s in self.series.items()]
 
 
 class MetricCache:
-    """Families of series with a time-to-live and a cap each; thread-safe."""
+    """Families of series with a time-to-live and a cap each, and a budget of exposition
+    lines for all of them together; thread-safe."""
 
     def __init__(
         self,
@@ -74,6 +91,7 @@ class MetricCache:
         max_series: int = 20000,
         overrides: Mapping[str, Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_samples: int = 0,
     ) -> None:
         self._ttl = ttl_seconds
         self._max = max_series
@@ -81,6 +99,9 @@ class MetricCache:
         self._clock = clock
         self._lock = threading.Lock()
         self._families: dict[str, Family] = {}
+        self.max_samples = max_samples  # 0: no budget
+        self.samples = 0  # exposition lines the live series take
+        self._swept = -INF
 
     def register(
         self,
@@ -100,44 +121,61 @@ class MetricCache:
             ttl = getattr(over, "ttl_seconds", None) or self._ttl
             cap = getattr(over, "max_series", None) or self._max
             fam = Family(name, kind, help, tuple(labelnames), ttl, cap, tuple(buckets))
-            fam.make_series(self._clock)
             self._families[name] = fam
             return fam
 
     def family(self, name: str) -> Family:
         return self._families[name]
 
-    def _slot(self, fam: Family, labels: Labels) -> bool:
-        """True when labels may hold a series (present, or room for a new one)."""
+    def _expire_all(self, now: float) -> None:
+        for fam in self._families.values():
+            self.samples -= fam.expire(now) * fam.samples_per_series
+        self._swept = now
+
+    def _slot(self, fam: Family, labels: Labels, now: float) -> _Series | None:
+        """The series for labels: present (moved to the young end), new when there is
+        room, or None when refused (counted)."""
+        s = fam.series.get(labels)
+        if s is not None:
+            fam.series.move_to_end(labels)
+            s.touched = now
+            return s
         if len(labels) != len(fam.labelnames):
             raise ValueError(f"{fam.name}: expected labels {fam.labelnames}, got {labels}")
-        if labels in fam.series:
-            return True
+        cost = fam.samples_per_series
         if len(fam.series) >= fam.max_series:
-            fam.series.expire()
+            self.samples -= fam.expire(now) * cost
             if len(fam.series) >= fam.max_series:
                 fam.refused += 1
-                return False
-        return True
+                return None
+        if self.max_samples and self.samples + cost > self.max_samples:
+            if now - self._swept >= 1.0:  # a storm of refusals sweeps once a second
+                self._expire_all(now)
+            if self.samples + cost > self.max_samples:
+                fam.refused_budget += 1
+                return None
+        s = fam.series[labels] = _Series(None, now)
+        self.samples += cost
+        return s
 
     def inc(self, name: str, labels: Labels, amount: float = 1.0) -> bool:
         """Add to a counter series; False when the series was refused at the cap."""
         if amount < 0:
             raise ValueError(f"{name}: counters only go up (got {amount})")
         with self._lock:
-            fam = self._families[name]
-            if not self._slot(fam, labels):
+            s = self._slot(self._families[name], labels, self._clock())
+            if s is None:
                 return False
-            fam.series[labels] = fam.series.get(labels, 0.0) + amount
+            s.value = (s.value or 0.0) + amount
             return True
 
     def set(self, name: str, labels: Labels, value: float) -> bool:
         """Set a gauge series."""
         with self._lock:
-            fam = self._families[name]
-            if not self._slot(fam, labels):
+            s = self._slot(self._families[name], labels, self._clock())
+            if s is None:
                 return False
-            fam.series[labels] = float(value)
+            s.value = float(value)
             return True
 
     def observe(self, name: str, labels: Labels, counts: Sequence[int], total: float) -> bool:
@@ -146,36 +184,96 @@ class MetricCache:
             fam = self._families[name]
             if len(counts) != len(fam.buckets):
                 raise ValueError(f"{name}: {len(fam.buckets)} buckets, got {len(counts)}")
-            if not self._slot(fam, labels):
+            s = self._slot(fam, labels, self._clock())
+            if s is None:
                 return False
-            old = fam.series.get(labels)
-            if old is None:
-                fam.series[labels] = (list(counts), float(total))
+            if s.value is None:
+                s.value = (list(counts), float(total))
             else:
-                merged = [a + b for a, b in zip(old[0], counts, strict=True)]
-                fam.series[labels] = (merged, old[1] + total)
+                merged = [a + b for a, b in zip(s.value[0], counts, strict=True)]
+                s.value = (merged, s.value[1] + total)
             return True
+
+    def expire(self) -> int:
+        """Remove every series past its TTL now; how many."""
+        with self._lock:
+            before = sum(fam.evicted for fam in self._families.values())
+            self._expire_all(self._clock())
+            return sum(fam.evicted for fam in self._families.values()) - before
 
     def get(self, name: str, labels: Labels) -> Any:
         """The live value of a series, or None."""
         with self._lock:
-            return self._families[name].series.get(labels)
+            s = self._families[name].series.get(labels)
+            return None if s is None else s.value
 
     def snapshot_family(self, name: str) -> list[tuple[Labels, Any]]:
         """A copy of one family's live series."""
         with self._lock:
             fam = self._families[name]
-            fam.series.expire()
-            return list(fam.series.items())
+            self.samples -= fam.expire(self._clock()) * fam.samples_per_series
+            return fam.items()
 
     def snapshot(self) -> list[tuple[Family, list[tuple[Labels, Any]]]]:
         """Each family with a copy of its live series, taken under the lock."""
         with self._lock:
-            out = []
+            self._expire_all(self._clock())
+            return [(fam, fam.items()) for fam in self._families.values()]
+
+    def render(self) -> list[tuple[Family, int, str]]:
+        """Each family's live series as exposition text (without HELP and TYPE): its
+        series count and its lines. A series' lines without their values are made once
+        and kept while it lives; labels with empty values are left out (to Prometheus
+        an empty label is no label). Rendered under the lock, so writers wait for it."""
+        out = []
+        with self._lock:
+            self._expire_all(self._clock())
             for fam in self._families.values():
-                fam.series.expire()
-                out.append((fam, list(fam.series.items())))
-            return out
+                out.append((fam, len(fam.series), _render_family(fam)))
+        return out
+
+
+def _label_text(names: Sequence[str], values: Sequence[str], extra: str = "") -> str:
+    parts = [f'{k}="{_escape(v)}"' for k, v in zip(names, values, strict=True) if v]
+    if extra:
+        parts.append(extra)
+    return "{" + ",".join(parts) + "}" if parts else ""
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _render_family(fam: Family) -> str:
+    out: list[str] = []
+    names, name = fam.labelnames, fam.name
+    if fam.kind == HISTOGRAM:
+        les = [f'le="{floatToGoString(b)}"' for b in fam.buckets]
+        for labels, s in fam.series.items():
+            lines = s.lines
+            if lines is None:
+                lines = s.lines = (
+                    [f"{name}_bucket{_label_text(names, labels, le)} " for le in les],
+                    f"{name}_count{_label_text(names, labels)} ",
+                    f"{name}_sum{_label_text(names, labels)} ",
+                )  # fmt: skip
+            counts, total = s.value
+            acc = 0
+            for prefix, n in zip(lines[0], counts, strict=True):
+                acc += n
+                out.append(f"{prefix}{floatToGoString(acc)}\n")
+            out.append(f"{lines[1]}{floatToGoString(acc)}\n")
+            out.append(f"{lines[2]}{floatToGoString(total)}\n")
+    else:
+        for labels, s in fam.series.items():
+            if s.lines is None:
+                s.lines = f"{name}{_label_text(names, labels)} "
+            out.append(f"{s.lines}{floatToGoString(s.value)}\n")
+    return "".join(out)
+
+
+def _samples(fam: Family) -> list[Any]:
+    return family_metrics(fam, fam.items()).samples
 
 
 def _base_name(fam: Family) -> str:
@@ -206,7 +304,8 @@ def family_metrics(fam: Family, series: Iterable[tuple[Labels, Any]]) -> Metric:
 
 
 class CacheCollector(Collector):
-    """Exposes a MetricCache and the cache's own size, evictions and refusals."""
+    """Exposes a MetricCache (already rendered as text; samples built only when asked
+    for) and the cache's own size, evictions and refusals."""
 
     def __init__(self, cache: MetricCache) -> None:
         self._cache = cache
@@ -221,13 +320,28 @@ class CacheCollector(Collector):
         refused = Metric(
             "lens_agent_cache_refused", "New series refused at the family cap", COUNTER
         )
+        over = Metric(
+            "lens_agent_cache_budget_refused",
+            "New series refused at the cache's budget of exposition lines (cache.max_samples)",
+            COUNTER,
+        )
         cap = Metric("lens_agent_cache_max_series", "Series cap per metric family", GAUGE)
-        for fam, series in self._cache.snapshot():
-            if series:
-                yield family_metrics(fam, series)
+        for fam, n, text in self._cache.render():
+            if n:
+                yield RenderedFamily(_base_name(fam), fam.name, fam.help, fam.kind, text,
+                                     functools.partial(_samples, fam))  # fmt: skip
             lbl = {"family": fam.name}
-            size.add_sample("lens_agent_cache_series", lbl, len(series))
+            size.add_sample("lens_agent_cache_series", lbl, n)
             evicted.add_sample("lens_agent_cache_evictions_total", lbl, fam.evicted)
             refused.add_sample("lens_agent_cache_refused_total", lbl, fam.refused)
+            over.add_sample("lens_agent_cache_budget_refused_total", lbl, fam.refused_budget)
             cap.add_sample("lens_agent_cache_max_series", lbl, fam.max_series)
-        yield from (size, evicted, refused, cap)
+        samples = Metric("lens_agent_cache_samples", "Exposition lines the cached series take",
+                         GAUGE)  # fmt: skip
+        samples.add_sample("lens_agent_cache_samples", {}, self._cache.samples)
+        yield from (size, evicted, refused, over, cap, samples)
+        if self._cache.max_samples:
+            budget = Metric("lens_agent_cache_max_samples",
+                            "Budget of exposition lines for all cached series", GAUGE)  # fmt: skip
+            budget.add_sample("lens_agent_cache_max_samples", {}, self._cache.max_samples)
+            yield budget

@@ -7,7 +7,8 @@ TYPE line must name the samples dashboards query.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
@@ -29,11 +30,35 @@ def _type_name(metric: Metric) -> str:
     return metric.name
 
 
+class RenderedFamily(Metric):
+    """A family whose sample lines are already text (the metric cache's); its samples
+    are built only when something other than this writer asks for them."""
+
+    def __init__(self, name: str, sample_name: str, documentation: str, typ: str, text: str,
+                 samples: Callable[[], list[Any]]) -> None:  # fmt: skip
+        self._make_samples = samples
+        super().__init__(name, documentation, typ)
+        self.sample_name = sample_name  # what the TYPE line names: the samples' own name
+        self.text = text
+
+    @property
+    def samples(self) -> list[Any]:
+        return self._make_samples()
+
+    @samples.setter
+    def samples(self, _value: list[Any]) -> None:
+        pass  # Metric.__init__ sets an empty list
+
+
 def render_metrics(metrics: Iterable[Metric]) -> str:
     out: list[str] = []
     for metric in metrics:
-        name = _type_name(metric)
         doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        if isinstance(metric, RenderedFamily):
+            name, typ = metric.sample_name, _TYPES.get(metric.type, metric.type)
+            out.append(f"# HELP {name} {doc}\n# TYPE {name} {typ}\n{metric.text}")
+            continue
+        name = _type_name(metric)
         out.append(f"# HELP {name} {doc}\n# TYPE {name} {_TYPES.get(metric.type, metric.type)}\n")
         for s in metric.samples:
             if s.labels:

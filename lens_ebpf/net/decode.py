@@ -26,7 +26,7 @@ CLOSE_REASONS = (
 OTHER = "other"
 
 
-@functools.lru_cache(maxsize=65536)
+@functools.lru_cache(maxsize=8192)
 def format_addr(family: int, addr16: bytes) -> str:
     """An address as stored by the programs (IPv4 as ::ffff:a.b.c.d) in its usual text.
 

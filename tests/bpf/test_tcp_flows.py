@@ -240,8 +240,12 @@ def test_ten_thousand_short_connections_none_lost(rig: FlowRig) -> None:
     assert rig.value(CLOSED, *eg) == n
     assert rig.value(OPENED, *ing) == n
     assert rig.value(CLOSED, *ing) == n
-    assert len(events) == 2 * n, (rig.flows.kernel_stats, rig.flows.events_received, sub.dropped,
-                                  rig.flows.repaired)
+    assert len(events) == 2 * n, (
+        rig.flows.kernel_stats,
+        rig.flows.events_received,
+        sub.dropped,
+        rig.flows.repaired,
+    )
     assert sub.dropped == 0
     assert rig.flows.kernel_stats["ringbuf_full"] == lost_before == 0
     assert (

@@ -114,3 +114,51 @@ def test_registering_does_not_collect() -> None:
     cache = MetricCache()
     collector = CacheCollector(cache)
     assert list(collector.describe()) == []
+
+
+def test_budget_of_exposition_lines_refuses_new_series_and_counts_them() -> None:
+    clock = Clock()
+    cache = MetricCache(ttl_seconds=60, max_series=100, clock=clock, max_samples=10)
+    cache.register("c_total", COUNTER, "c", ("k",))
+    cache.register("h", HISTOGRAM, "h", ("k",), buckets=(1, 2))  # 3 buckets + 2: 5 lines
+    assert cache.observe("h", ("a",), [1, 0, 0], 0.5)
+    for i in range(5):
+        assert cache.inc("c_total", (str(i),))
+    assert cache.samples == 10
+    assert not cache.inc("c_total", ("5",))  # an 11th line
+    assert not cache.observe("h", ("b",), [0, 1, 0], 1.5)
+    assert cache.inc("c_total", ("0",), 2)  # present series keep counting
+    reg = registry_for(cache)
+    assert reg.get_sample_value("c_total", {"k": "0"}) == 3
+    assert reg.get_sample_value("lens_agent_cache_budget_refused_total", {"family": "c_total"}) == 1
+    assert reg.get_sample_value("lens_agent_cache_budget_refused_total", {"family": "h"}) == 1
+    assert reg.get_sample_value("lens_agent_cache_refused_total", {"family": "c_total"}) == 0
+    assert reg.get_sample_value("lens_agent_cache_samples") == 10
+    assert reg.get_sample_value("lens_agent_cache_max_samples") == 10
+    # the histogram leaves after its TTL: its five lines are free again
+    clock.now += 30
+    for i in range(5):
+        cache.inc("c_total", (str(i),))
+    clock.now += 31
+    assert cache.observe("h", ("b",), [0, 1, 0], 1.5)
+    assert cache.samples == 10
+
+
+def test_exposition_leaves_out_empty_labels_and_escapes_the_rest() -> None:
+    cache = MetricCache()
+    cache.register("g", GAUGE, "g", ("a", "b", "c"))
+    cache.register("h", HISTOGRAM, "h", ("a", "b"), buckets=(1,))
+    cache.set("g", ("x", "", 'q"\\\n'), 1)
+    cache.set("g", ("", "", ""), 2)
+    cache.observe("h", ("", "y"), [1, 1], 3.0)
+    reg = registry_for(cache)
+    first = render([reg]).decode()
+    assert 'g{a="x",c="q\\"\\\\\\n"} 1.0\n' in first
+    assert "\ng 2.0\n" in first
+    assert 'h_bucket{b="y",le="1.0"} 1.0\nh_bucket{b="y",le="+Inf"} 2.0\n' in first
+    assert 'h_count{b="y"} 2.0\nh_sum{b="y"} 3.0\n' in first
+    # to Prometheus an empty label is no label: the samples API still names them all
+    assert reg.get_sample_value("g", {"a": "", "b": "", "c": ""}) == 2
+    cache.set("g", ("", "", ""), 5)
+    again = render([reg]).decode()
+    assert again == first.replace("\ng 2.0\n", "\ng 5.0\n")
