@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -59,6 +60,16 @@ def port_free(listen: str) -> None:
             raise OSError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
 
 
+async def decode_request(cls: Any, raw: bytes, context: Any) -> Any:
+    """A request message from its bytes; INVALID_ARGUMENT with a bounded message when
+    they are not one."""
+    try:
+        return cls.FromString(raw)
+    except DecodeError:
+        why = f"request is not a {cls.DESCRIPTOR.full_name} ({len(raw)} bytes)"
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
+
+
 class EventService(lens_pb2_grpc.EventServiceServicer):
     """Subscribe on asyncio: an idle stream holds no thread, only a waiting coroutine."""
 
@@ -66,6 +77,13 @@ class EventService(lens_pb2_grpc.EventServiceServicer):
         self.bus, self.node, self.queue, self.limit = bus, node, queue, limit
         self.active = 0
         self.refused = 0
+
+    async def subscribe_raw(self, raw: bytes, context: Any) -> AsyncIterator[pb.Event]:
+        """Subscribe from the request's bytes: what does not decode is the caller's
+        error (INVALID_ARGUMENT), not the server's (gRPC's own decoding says INTERNAL)."""
+        request = await decode_request(pb.SubscribeRequest, raw, context)
+        async for ev in self.Subscribe(request, context):
+            yield ev
 
     async def Subscribe(  # noqa: N802
         self, request: pb.SubscribeRequest, context: Any
@@ -122,6 +140,9 @@ class NodeService(lens_pb2_grpc.NodeServiceServicer):
                  features: Callable[[], dict[str, str]]) -> None:  # fmt: skip
         self.bus, self.node, self.features = bus, node, features
 
+    async def get_node_raw(self, raw: bytes, context: Any) -> pb.NodeInfo:
+        return await self.GetNode(await decode_request(pb.GetNodeRequest, raw, context), context)
+
     async def GetNode(self, request: pb.GetNodeRequest, context: Any) -> pb.NodeInfo:  # noqa: N802
         return pb.NodeInfo(node_name=self.node[0], node_ip=self.node[1], version=__version__,
                            features=self.features(), last_seq=self.bus.seq)  # fmt: skip
@@ -152,8 +173,19 @@ class GrpcServer:
     async def _bind(self, listen: str, credentials: grpc.ServerCredentials | None) -> int:
         port_free(listen)
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        lens_pb2_grpc.add_EventServiceServicer_to_server(self.events, self.server)
-        lens_pb2_grpc.add_NodeServiceServicer_to_server(self._nodes, self.server)
+        # requests arrive as bytes and are decoded by the handlers (decode_request)
+        self.server.add_generic_rpc_handlers((
+            grpc.method_handlers_generic_handler("lens.v1.EventService", {
+                "Subscribe": grpc.unary_stream_rpc_method_handler(
+                    self.events.subscribe_raw,
+                    response_serializer=pb.Event.SerializeToString),
+            }),
+            grpc.method_handlers_generic_handler("lens.v1.NodeService", {
+                "GetNode": grpc.unary_unary_rpc_method_handler(
+                    self._nodes.get_node_raw,
+                    response_serializer=pb.NodeInfo.SerializeToString),
+            }),
+        ))  # fmt: skip
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         for name in ("", "lens.v1.EventService", "lens.v1.NodeService"):

@@ -105,6 +105,17 @@ def test_malformed_requests_are_invalid_argument(tmp_path: Path) -> None:
                 next(iter(stub.Subscribe(req)))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert needle in err.value.details()
+        # bytes that are no protobuf at all: the caller's error too, not INTERNAL
+        channel = grpc.insecure_channel(addr)
+        for method, call in (("/lens.v1.EventService/Subscribe", channel.unary_stream),
+                             ("/lens.v1.NodeService/GetNode", channel.unary_unary)):  # fmt: skip
+            rpc = call(method, request_serializer=lambda b: b, response_deserializer=bytes)
+            with pytest.raises(grpc.RpcError) as err:
+                got = rpc(b"\xff" * 5000, timeout=5)
+                next(iter(got)) if method.endswith("Subscribe") else got
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
+            assert err.value.details().startswith("request is not a lens.v1.")
+            assert "5000 bytes" in err.value.details()
         health = health_pb2_grpc.HealthStub(grpc.insecure_channel(addr))
         resp = health.Check(health_pb2.HealthCheckRequest(service="lens.v1.EventService"))
         assert resp.status == health_pb2.HealthCheckResponse.SERVING
