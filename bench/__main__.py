@@ -35,7 +35,7 @@ def sh(*cmd: str, timeout: float = 600) -> str:
 
 def build(out: Path) -> dict[str, str]:
     tools = {}
-    for name, flags in (("conngen", ["-pthread"]), ("execgen", [])):
+    for name, flags in (("conngen", ["-pthread"]), ("execgen", []), ("rrgen", ["-pthread"])):
         sh("gcc", "-O2", *flags, "-o", str(out / name), str(ROOT / "bench" / f"{name}.c"))
         tools[name] = str(out / name)
     return tools
@@ -234,6 +234,40 @@ def bench_connections(tools: dict[str, str], seconds: float, tmp: Path) -> dict[
     return res
 
 
+def bench_persistent(tools: dict[str, str], seconds: float, tmp: Path) -> dict[str, Any]:
+    """Few connections, many messages: 64-byte request/response and a stream of 256-byte
+    writes on two persistent connections, untraced, with the agent and with tcplife."""
+    loads = {"rr": ("rr", "2", "64"), "stream": ("stream", "2", "256")}
+
+    def run(addr: str) -> dict[str, float]:
+        return {name: parse_kv(sh("taskset", "-c", "1", tools["rrgen"], mode, addr,
+                                  str(seconds), conns, size))["rate"]
+                for name, (mode, conns, size) in loads.items()}  # fmt: skip
+
+    res: dict[str, Any] = {"baseline": run("127.0.0.106")}
+    agent = Agent({}, tmp / "agent-persistent.log")
+    try:
+        cpu0 = cpu_seconds(agent.proc.pid)
+        res["agent"] = run("127.0.0.107")
+        res["agent_cpu_s"] = round(cpu_seconds(agent.proc.pid) - cpu0, 2)
+    finally:
+        agent.stop()
+    tcplife = shutil.which("tcplife-bpfcc")
+    if tcplife:
+        tl = subprocess.Popen(["taskset", "-c", "0", tcplife], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)  # fmt: skip
+        time.sleep(6)
+        try:
+            res["tcplife"] = run("127.0.0.108")
+        finally:
+            tl.terminate()
+            tl.wait(30)
+    for who in ("agent", "tcplife"):
+        if who in res:
+            res[f"{who}_ratio"] = {k: round(v / res["baseline"][k], 3) for k, v in res[who].items()}
+    return res
+
+
 def bench_execs(tools: dict[str, str], seconds: float, tmp: Path) -> dict[str, Any]:
     base = parse_kv(sh("taskset", "-c", "1", tools["execgen"], str(seconds)))
     agent = Agent({"LENS_COLLECTORS__TCP__ENABLED": "false"}, tmp / "agent-exec.log")
@@ -370,7 +404,10 @@ def bench_storm(tmp: Path, ttl: float = 30) -> dict[str, Any]:
 
 
 def bench_soak(tools: dict[str, str], seconds: float, tmp: Path) -> dict[str, Any]:
-    agent = Agent({}, tmp / "agent-soak.log")
+    """Connection and exec churn for seconds, with a cache TTL of a third of that: RSS
+    should be flat once the first TTL has passed."""
+    ttl = max(30.0, seconds / 3)
+    agent = Agent({"LENS_CACHE__TTL_SECONDS": str(ttl)}, tmp / "agent-soak.log")
     samples = []
     stop = threading.Event()
 
@@ -393,7 +430,10 @@ def bench_soak(tools: dict[str, str], seconds: float, tmp: Path) -> dict[str, An
     xs, ys = zip(*samples, strict=True)
     slope = statistics.linear_regression(xs, ys).slope if len(xs) > 2 else 0.0
     half = ys[len(ys) // 2 :]
-    return {"seconds": seconds, "rss_mb_first": ys[0], "rss_mb_last": ys[-1],
+    after_ttl = [y for x, y in samples if x >= ttl]
+    return {"seconds": seconds, "ttl_seconds": ttl, "rss_mb_first": ys[0], "rss_mb_last": ys[-1],
+            "rss_mb_after_ttl_min": min(after_ttl, default=None),
+            "rss_mb_after_ttl_max": max(after_ttl, default=None),
             "rss_mb_max": max(ys), "slope_mb_per_hour": round(slope * 3600, 2),
             "second_half_slope_mb_per_hour": round(
                 statistics.linear_regression(xs[len(xs) // 2:], half).slope * 3600, 2)
@@ -401,7 +441,7 @@ def bench_soak(tools: dict[str, str], seconds: float, tmp: Path) -> dict[str, An
 
 
 def table(r: dict[str, Any]) -> str:
-    c, e, s = r["connections"], r["execs"], r["scrape"]
+    c, e, s, p = r["connections"], r["execs"], r["scrape"], r["persistent"]
     rows = [
         ("connections/s, no tracer", f"{c['baseline_rate']:.0f}", ""),
         ("connections/s, lens-ebpf", f"{c['agent']['rate']:.0f}",
@@ -423,6 +463,12 @@ def table(r: dict[str, Any]) -> str:
          f"lost {c['subscribed']['lost']:.0f}, bytes error {c['agent']['bytes_error']}"),
         ("tcplife completeness", f"{c.get('tcplife_completeness', 0):.4%}",
          f"TX_KB median {c.get('tcplife_tx_kb_median')} for {PAYLOAD // 1024} KB sent"),
+        *(
+            (f"{label}, lens-ebpf", f"{p['agent'][k]:.0f}/s",
+             f"{p['agent_ratio'][k]:.1%} of {p['baseline'][k]:.0f}/s untraced (target >= 95%); "
+             f"tcplife {p.get('tcplife_ratio', {}).get(k, 0):.1%}")
+            for k, label in (("rr", "64 B request/response"), ("stream", "256 B stream writes"))
+        ),
         ("execs/s, no tracer", f"{e['baseline_rate']:.0f}", ""),
         ("execs/s, lens-ebpf", f"{e['agent_rate']:.0f}", f"{e['agent_rate_ratio']:.1%}"),
         ("lens-ebpf exec completeness", f"{e['agent_completeness']:.2%}",
@@ -458,8 +504,9 @@ def table(r: dict[str, Any]) -> str:
     if "soak" in r:
         so = r["soak"]
         rows.append((f"soak {so['seconds']:.0f} s RSS", f"{so['rss_mb_first']:.0f}->"
-                     f"{so['rss_mb_last']:.0f} MB", f"slope {so['slope_mb_per_hour']} MB/h, "
-                     f"2nd half {so['second_half_slope_mb_per_hour']} MB/h"))  # fmt: skip
+                     f"{so['rss_mb_last']:.0f} MB", f"after the first TTL ({so['ttl_seconds']:.0f}"
+                     f" s): {so['rss_mb_after_ttl_min']:.0f}..{so['rss_mb_after_ttl_max']:.0f} MB;"
+                     f" 2nd half slope {so['second_half_slope_mb_per_hour']} MB/h"))  # fmt: skip
     width = max(len(a) for a, _, _ in rows)
     return "\n".join(f"| {a:<{width}} | {b:>12} | {c} |" for a, b, c in rows)
 
@@ -469,7 +516,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10, help="each load phase")
     ap.add_argument("--soak", type=float, default=600, help="soak seconds (0: skip)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
-    ap.add_argument("--only", choices=("connections", "execs", "scrape", "storm"),
+    ap.add_argument("--only", choices=("connections", "persistent", "execs", "scrape", "storm"),
                     help="run one phase, print its figures as JSON, write nothing")  # fmt: skip
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -480,12 +527,14 @@ def main() -> int:
     results: dict[str, Any] = {"host": {"kernel": os.uname().release, "cpus": os.cpu_count()},
                                "payload_bytes": PAYLOAD}  # fmt: skip
     if args.only:
-        phase = {"connections": bench_connections, "execs": bench_execs,
+        phase = {"connections": bench_connections, "persistent": bench_persistent,
+                 "execs": bench_execs,
                  "scrape": lambda _t, _s, tmp: bench_scrape(tmp),
                  "storm": lambda _t, _s, tmp: bench_storm(tmp)}[args.only]  # fmt: skip
         print(json.dumps(phase(tools, args.seconds, tmp), indent=1))
         return 0
     results["connections"] = bench_connections(tools, args.seconds, tmp)
+    results["persistent"] = bench_persistent(tools, args.seconds, tmp)
     results["execs"] = bench_execs(tools, args.seconds, tmp)
     results["scrape"] = bench_scrape(tmp)
     results["storm"] = bench_storm(tmp)
