@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--policy", help="policy.yaml (default: the shipped policy)")
     run.add_argument("--listen", help="HOST:PORT for HTTP (default 0.0.0.0:9470)")
     run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    run.add_argument("--tuner", action="store_true",
+                     help="turn the system tuner on (collectors.tuner.enabled): it raises "
+                     "kernel settings that are lower than collectors.tuner asks")  # fmt: skip
     for name in collectors():
         run.add_argument(
             f"--no-collector.{name}",
@@ -74,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_parser(sub)
     check = sub.add_parser("check", help="report what this kernel and node support")
     check.add_argument("--json", action="store_true", help="one JSON object")
+    check.add_argument("--config", help="YAML config file (also LENS_CONFIG): the tuner's "
+                       "settings to compare with this node's")  # fmt: skip
     sub.add_parser("version", help="print the version")
     col = sub.add_parser("collect", help="reference collector for the event reporter")
     col.add_argument("--listen", default="0.0.0.0:9472", help="HOST:PORT (default 0.0.0.0:9472)")
@@ -94,6 +99,8 @@ def _overrides(args: argparse.Namespace) -> dict[tuple[str, ...], Any]:
         out[("server", "port")] = port
     if args.log_level:
         out[("log_level",)] = args.log_level
+    if args.tuner:
+        out[("collectors", "tuner", "enabled")] = True
     for name in collectors():
         if getattr(args, f"no_collector_{name}"):
             out[("collectors", name, "enabled")] = False
@@ -136,7 +143,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_check(args: argparse.Namespace) -> int:
     from lens_ebpf import probe
 
-    result = probe.run_checks()
+    result = probe.run_checks(config.load(args.config))
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:

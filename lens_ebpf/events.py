@@ -131,6 +131,17 @@ class DeviceChange(Event):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class NodeTuned(Event):
+    """The system tuner raised a kernel setting."""
+
+    KINDS = ("node_tuned",)
+    kind: str = "node_tuned"
+    setting: str
+    old_value: int
+    new_value: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Gap(Event):
     """Events a consumer did not get, and why."""
 
@@ -141,7 +152,7 @@ class Gap(Event):
 
 
 EVENT_TYPES: tuple[type[Event], ...] = (FlowClosed, ProcessEvent, ContainerChange, DeviceChange,
-                                        Gap)  # fmt: skip
+                                        NodeTuned, Gap)  # fmt: skip
 KINDS: dict[str, type[Event]] = {k: t for t in EVENT_TYPES for k in t.KINDS}
 
 

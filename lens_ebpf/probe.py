@@ -14,6 +14,7 @@ from typing import Any
 from lens_ebpf import kernel_headers, tracefs
 from lens_ebpf.bpf.spec import Kernel, Plan, feature_path
 from lens_ebpf.bpf.syscall import ringbuf_supported
+from lens_ebpf.config import Config
 from lens_ebpf.feature import registered
 
 # The programs' specs are the one list of what each feature needs (bpf/spec.py).
@@ -90,8 +91,9 @@ def kubernetes_check(kubeconfig: str = "", timeout: float = 3.0) -> Check:
     return Check("kubernetes", True, host, f"reachable, {version.git_version}")
 
 
-def run_checks() -> dict[str, Any]:
-    """Probe the node; every entry says what was found and, when missing, why."""
+def run_checks(cfg: Config | None = None) -> dict[str, Any]:
+    """Probe the node; every entry says what was found and, when missing, why. With a
+    config, also each setting the system tuner would keep, read and never changed."""
     checks: list[Check] = []
     checks.append(Check("kernel", True, platform.release()))
     btf = Path("/sys/kernel/btf/vmlinux").exists()
@@ -157,11 +159,19 @@ def run_checks() -> dict[str, Any]:
         feature: feature_support(plan, needs)
         for feature, (plan, needs) in feature_plans(kernel).items()
     }
-    return {
+    out = {
         "checks": {c.name: asdict(c) for c in checks},
         "tracepoints": present,
         "features": features,
     }
+    if cfg is not None:
+        from lens_ebpf.features import tuner
+
+        s = cfg.collectors.section("tuner")
+        assert isinstance(s, tuner.TunerSettings)
+        rows = tuner.check_rows(Path(cfg.devices.procfs_root) / "sys", tuner.desired_settings(s))
+        out["tuner"] = {"enabled": s.enabled, "settings": list(rows)}
+    return out
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -181,4 +191,12 @@ def format_table(result: dict[str, Any]) -> str:
     for name, f in result["features"].items():
         ok = "yes" if f["supported"] else "no"
         lines.append(f"{name:<12} {ok:<10} {f['path']:<11} {f['reason']}"[:80])
+    if "tuner" in result:
+        t = result["tuner"]
+        lines.append("")
+        lines.append(f"tuner: {'on' if t['enabled'] else 'off (--tuner turns it on)'}")
+        lines.append(f"{'SETTING':<20} {'DESIRED':>10} {'CURRENT':>10} ACTION")
+        for r in t["settings"]:
+            cur = "-" if r["current"] is None else str(r["current"])
+            lines.append(f"{r['setting']:<20} {r['desired']:>10} {cur:>10} {r['action']}"[:80])
     return "\n".join(lines)

@@ -15,6 +15,7 @@ from lens_ebpf.events import (
     EventFilter,
     FlowClosed,
     Gap,
+    NodeTuned,
     ProcessEvent,
 )
 
@@ -43,6 +44,7 @@ EXAMPLES = {
     "container_exit": ContainerChange(kind="container_exit", ts_ns=4, container_id="abc123"),
     "device_change": DeviceChange(vendor="amd", bdf="0000:03:00.0", change="appeared"),
     "gap": Gap(lost=5, reason="slow_subscriber"),
+    "node_tuned": NodeTuned(setting="vm.max_map_count", old_value=65530, new_value=262144),
 }
 
 

@@ -22,9 +22,9 @@ from lens_ebpf.feature import RUNNING, Feature, Settings, register
 def test_every_feature_is_found_in_start_order() -> None:
     names = [f.name for f in feature.registered()]
     assert names == ["kubernetes", "tcp_flows", "processes", "kubelet", "pod_resources", "gpu",
-                     "rdma", "system"]  # fmt: skip
+                     "rdma", "system", "tuner"]  # fmt: skip
     assert list(feature.collector_settings()) == ["tcp", "rtt", "processes", "gpu", "rdma",
-                                                  "system"]  # fmt: skip
+                                                  "system", "tuner"]  # fmt: skip
 
 
 def test_shipped_defaults_match_the_models() -> None:
@@ -135,7 +135,8 @@ def test_the_agent_runs_a_new_feature_end_to_end(toy) -> None:
         assert "lens_toy_reads_total" in metrics
     finally:
         agent.stop()
-    assert ToyFeature.stopped and agent.features[-1].reads >= 1  # type: ignore[attr-defined]
+    toy_feature = next(f for f in agent.features if f.name == "toy")
+    assert ToyFeature.stopped and toy_feature.reads >= 1  # type: ignore[attr-defined]
 
 
 class BrokenFeature(Feature):

@@ -135,6 +135,16 @@ class DeviceChange(_message.Message):
     change: str
     def __init__(self, vendor: _Optional[str] = ..., bdf: _Optional[str] = ..., change: _Optional[str] = ...) -> None: ...
 
+class NodeTuned(_message.Message):
+    __slots__ = ("setting", "old_value", "new_value")
+    SETTING_FIELD_NUMBER: _ClassVar[int]
+    OLD_VALUE_FIELD_NUMBER: _ClassVar[int]
+    NEW_VALUE_FIELD_NUMBER: _ClassVar[int]
+    setting: str
+    old_value: int
+    new_value: int
+    def __init__(self, setting: _Optional[str] = ..., old_value: _Optional[int] = ..., new_value: _Optional[int] = ...) -> None: ...
+
 class Gap(_message.Message):
     __slots__ = ("lost", "reason")
     LOST_FIELD_NUMBER: _ClassVar[int]
@@ -144,7 +154,7 @@ class Gap(_message.Message):
     def __init__(self, lost: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("seq", "ts_unix_nano", "node_name", "node_ip", "flow_closed", "process_exec", "process_exit", "oom_kill", "container_start", "container_exit", "abnormal_flow", "device_change", "gap")
+    __slots__ = ("seq", "ts_unix_nano", "node_name", "node_ip", "flow_closed", "process_exec", "process_exit", "oom_kill", "container_start", "container_exit", "abnormal_flow", "device_change", "gap", "node_tuned")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TS_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +168,7 @@ class Event(_message.Message):
     ABNORMAL_FLOW_FIELD_NUMBER: _ClassVar[int]
     DEVICE_CHANGE_FIELD_NUMBER: _ClassVar[int]
     GAP_FIELD_NUMBER: _ClassVar[int]
+    NODE_TUNED_FIELD_NUMBER: _ClassVar[int]
     seq: int
     ts_unix_nano: int
     node_name: str
@@ -171,7 +182,8 @@ class Event(_message.Message):
     abnormal_flow: FlowClosed
     device_change: DeviceChange
     gap: Gap
-    def __init__(self, seq: _Optional[int] = ..., ts_unix_nano: _Optional[int] = ..., node_name: _Optional[str] = ..., node_ip: _Optional[str] = ..., flow_closed: _Optional[_Union[FlowClosed, _Mapping]] = ..., process_exec: _Optional[_Union[ProcessExec, _Mapping]] = ..., process_exit: _Optional[_Union[ProcessExit, _Mapping]] = ..., oom_kill: _Optional[_Union[OomKill, _Mapping]] = ..., container_start: _Optional[_Union[ContainerChange, _Mapping]] = ..., container_exit: _Optional[_Union[ContainerChange, _Mapping]] = ..., abnormal_flow: _Optional[_Union[FlowClosed, _Mapping]] = ..., device_change: _Optional[_Union[DeviceChange, _Mapping]] = ..., gap: _Optional[_Union[Gap, _Mapping]] = ...) -> None: ...
+    node_tuned: NodeTuned
+    def __init__(self, seq: _Optional[int] = ..., ts_unix_nano: _Optional[int] = ..., node_name: _Optional[str] = ..., node_ip: _Optional[str] = ..., flow_closed: _Optional[_Union[FlowClosed, _Mapping]] = ..., process_exec: _Optional[_Union[ProcessExec, _Mapping]] = ..., process_exit: _Optional[_Union[ProcessExit, _Mapping]] = ..., oom_kill: _Optional[_Union[OomKill, _Mapping]] = ..., container_start: _Optional[_Union[ContainerChange, _Mapping]] = ..., container_exit: _Optional[_Union[ContainerChange, _Mapping]] = ..., abnormal_flow: _Optional[_Union[FlowClosed, _Mapping]] = ..., device_change: _Optional[_Union[DeviceChange, _Mapping]] = ..., gap: _Optional[_Union[Gap, _Mapping]] = ..., node_tuned: _Optional[_Union[NodeTuned, _Mapping]] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
     __slots__ = ("kinds", "namespace", "pod", "container", "from_seq")
