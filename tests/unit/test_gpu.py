@@ -149,6 +149,49 @@ def test_nvml_through_real_pynvml_not_supported_is_absent(fake_nvml) -> None:
     assert c.views["driver"] == "550.54.15"
 
 
+def test_nvml_health_where_the_gpu_reports_it(fake_nvml) -> None:
+    c = GpuCollector(5, "gpu-7", {"nvidia": [nvml_source(fake_nvml)]}, dev_root=FIX / "dev")
+    c.run_once()
+    assert c.success and c.errors == {}
+    v = values(c)
+    ecc = "lens_gpu_ecc_errors_total"
+    assert by(ecc, v, gpu_index="0", type="corrected", counter="volatile") == 12
+    assert by(ecc, v, gpu_index="0", type="corrected", counter="aggregate") == 340
+    assert by(ecc, v, gpu_index="0", type="uncorrected", counter="aggregate") == 2
+    assert by(ecc, v, gpu_index="0", type="uncorrected", counter="volatile") == 0
+    assert by("lens_gpu_retired_pages", v, gpu_index="0", cause="multiple_single_bit_ecc") == 3
+    assert by("lens_gpu_retired_pages", v, gpu_index="0", cause="double_bit_ecc") == 1
+    assert by("lens_gpu_retired_pages_pending", v, gpu_index="0") == 1
+    assert by("lens_gpu_remapped_rows", v, gpu_index="0", type="correctable") == 5
+    assert by("lens_gpu_remapped_rows", v, gpu_index="0", type="uncorrectable") == 1
+    assert (by("lens_gpu_row_remap_pending", v, gpu_index="0"),
+            by("lens_gpu_row_remap_failure", v, gpu_index="0")) == (1, 0)  # fmt: skip
+    active = {dict(lbl)["reason"] for (name, lbl), val in v.items()
+              if name == "lens_gpu_clock_event_active" and dict(lbl)["gpu_index"] == "0"
+              and val}  # fmt: skip
+    assert active == {"sw_power_cap", "hw_thermal_slowdown"}
+    assert by("lens_gpu_clock_event_active", v, gpu_index="1", reason="gpu_idle") == 1
+    assert by("lens_gpu_clock_mhz", v, gpu_index="0", clock="sm") == 1755
+    assert by("lens_gpu_clock_mhz", v, gpu_index="1", clock="memory") == 1215
+    assert by("lens_gpu_pcie_replays_total", v, gpu_index="0") == 7
+    assert by("lens_gpu_energy_joules_total", v, gpu_index="0") == 123456.789
+    # GPU 1 has no ECC, retirement, remapping or energy: absent, never zero
+    for name in (ecc, "lens_gpu_retired_pages", "lens_gpu_retired_pages_pending",
+                 "lens_gpu_remapped_rows", "lens_gpu_row_remap_pending",
+                 "lens_gpu_energy_joules_total"):  # fmt: skip
+        assert by(name, v, gpu_index="1") is None, name
+    assert by("lens_gpu_pcie_replays_total", v, gpu_index="1") == 0
+
+
+def test_older_nvml_reads_the_throttle_reasons(fake_nvml, monkeypatch) -> None:
+    """A binding older than R535's rename: the throttle reasons call, same bits."""
+    monkeypatch.delattr(fake_nvml, "nvmlDeviceGetCurrentClocksEventReasons")
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetCurrentClocksThrottleReasons",
+                        lambda h: 0x8)  # fmt: skip
+    (g0, _) = nvidia.read_nvml(fake_nvml)
+    assert {k for k, on in g0.clock_events.items() if on} == {"hw_slowdown"}
+
+
 def test_golden_exposition_amd_sysfs_and_nvml(fake_nvml) -> None:
     class Clock:
         now = 100.0

@@ -198,6 +198,7 @@ class GpuCollector(DeviceCollector):
             for sensor, value in sorted(g.temperatures.items()):
                 add("lens_gpu_temperature_celsius", "GPU temperature by sensor",
                     {**lbl, "sensor": sensor}, value)  # fmt: skip
+            _health_metrics(add, lbl, g)
             idx = {"gpu_index": str(g.index), **owners[id(g)]}
             add("gpu_utilization", "GPU utilization percent",
                 {"gpu_id": str(g.index), **owners[id(g)]}, g.utilization)  # fmt: skip
@@ -213,6 +214,38 @@ class GpuCollector(DeviceCollector):
                      "pod": who.get("pod", ""), "container": who.get("container", "")},
                     p.memory_bytes)  # fmt: skip
         return list(fams.values())
+
+
+def _bool(v: bool | None) -> float | None:
+    return None if v is None else float(v)
+
+
+def _health_metrics(add: Callable[..., None], lbl: dict[str, str], g: GpuReading) -> None:
+    """The faults operators alert on, each only where the GPU reports it."""
+    for (etype, counter), n in sorted(g.ecc_errors.items()):
+        add("lens_gpu_ecc_errors_total", "Memory ECC errors: corrected or uncorrected, since "
+            "the driver loaded (volatile) or over the GPU's life (aggregate)",
+            {**lbl, "type": etype, "counter": counter}, n, "counter")  # fmt: skip
+    for cause, n in sorted(g.retired_pages.items()):
+        add("lens_gpu_retired_pages", "Memory pages retired, by cause",
+            {**lbl, "cause": cause}, n)  # fmt: skip
+    add("lens_gpu_retired_pages_pending", "1 while a page retirement waits for a reset",
+        lbl, _bool(g.retired_pages_pending))  # fmt: skip
+    for kind, n in sorted(g.remapped_rows.items()):
+        add("lens_gpu_remapped_rows", "Memory rows remapped, by the error that caused it",
+            {**lbl, "type": kind}, n)  # fmt: skip
+    add("lens_gpu_row_remap_pending", "1 while a row remapping waits for a reset", lbl,
+        _bool(g.row_remap_pending))  # fmt: skip
+    add("lens_gpu_row_remap_failure", "1 when a row remapping has failed", lbl,
+        _bool(g.row_remap_failure))  # fmt: skip
+    for reason, active in sorted(g.clock_events.items()):
+        add("lens_gpu_clock_event_active", "1 while this reason holds the clocks down "
+            "(throttling)", {**lbl, "reason": reason}, float(active))  # fmt: skip
+    for clock, mhz in sorted(g.clocks_mhz.items()):
+        add("lens_gpu_clock_mhz", "Current clock", {**lbl, "clock": clock}, mhz)
+    add("lens_gpu_pcie_replays_total", "PCIe replays", lbl, g.pcie_replays, "counter")
+    add("lens_gpu_energy_joules_total", "Energy the GPU used since the driver loaded", lbl,
+        g.energy_joules, "counter")  # fmt: skip
 
 
 def nvml_source(nvml: Any) -> Source:

@@ -32,6 +32,17 @@ class GpuReading:
     power_limit: float | None = None  # watts
     processes: list[GpuProcess] = field(default_factory=list)
     source: str = ""  # amdsmi, amd-smi, sysfs, nvml, nvidia-smi
+    # health; each entry only where the GPU reports it (absent, never zero)
+    ecc_errors: dict[tuple[str, str], int] = field(default_factory=dict)  # (type, counter)
+    retired_pages: dict[str, int] = field(default_factory=dict)  # cause -> pages
+    retired_pages_pending: bool | None = None
+    remapped_rows: dict[str, int] = field(default_factory=dict)  # correctable, uncorrectable
+    row_remap_pending: bool | None = None
+    row_remap_failure: bool | None = None
+    clock_events: dict[str, bool] = field(default_factory=dict)  # reason -> active
+    clocks_mhz: dict[str, float] = field(default_factory=dict)  # sm, memory
+    pcie_replays: int | None = None
+    energy_joules: float | None = None  # since the driver loaded
 
     @property
     def memory_free(self) -> int | None:

@@ -33,6 +33,60 @@ def _memory_v2(nvml: Any, h: Any) -> Any:
         return None
 
 
+# NVML's clock event (throttle) reason bits, by the names the metric uses
+CLOCK_EVENTS = {
+    "gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8, "sync_boost": 0x10, "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40, "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}  # fmt: skip
+
+
+def _nvml_health(nvml: Any, h: Any, r: GpuReading, get: Callable[..., Any]) -> None:
+    """ECC, page retirement, row remapping, clock events and clocks, PCIe replays,
+    energy: each only where this GPU and driver answer."""
+    for etype, ename in (
+        (nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, "corrected"),
+        (nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, "uncorrected"),
+    ):
+        for ctype, cname in ((nvml.NVML_VOLATILE_ECC, "volatile"),
+                             (nvml.NVML_AGGREGATE_ECC, "aggregate")):  # fmt: skip
+            n = get(nvml.nvmlDeviceGetTotalEccErrors, h, etype, ctype)
+            if n is not None:
+                r.ecc_errors[(ename, cname)] = int(n)
+    for cause, cname in ((nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+                          "multiple_single_bit_ecc"),
+                         (nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+                          "double_bit_ecc")):  # fmt: skip
+        pages = get(nvml.nvmlDeviceGetRetiredPages, h, cause)
+        if pages is not None:
+            r.retired_pages[cname] = len(pages)
+    pending = get(nvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
+    r.retired_pages_pending = bool(pending) if pending is not None else None
+    rows = get(nvml.nvmlDeviceGetRemappedRows, h)
+    if rows is not None:
+        corr, unc, pend, fail = rows
+        r.remapped_rows = {"correctable": int(corr), "uncorrectable": int(unc)}
+        r.row_remap_pending, r.row_remap_failure = bool(pend), bool(fail)
+    # the clock event reasons (R535+), formerly the throttle reasons
+    reasons = None
+    for fn_name in ("nvmlDeviceGetCurrentClocksEventReasons",
+                    "nvmlDeviceGetCurrentClocksThrottleReasons"):  # fmt: skip
+        fn = getattr(nvml, fn_name, None)
+        if fn is not None and (reasons := get(fn, h)) is not None:
+            break
+    if reasons is not None:
+        r.clock_events = {name: bool(reasons & bit) for name, bit in CLOCK_EVENTS.items()}
+    for ctype, cname in ((nvml.NVML_CLOCK_SM, "sm"), (nvml.NVML_CLOCK_MEM, "memory")):
+        mhz = get(nvml.nvmlDeviceGetClockInfo, h, ctype)
+        if mhz is not None:
+            r.clocks_mhz[cname] = float(mhz)
+    replays = get(nvml.nvmlDeviceGetPcieReplayCounter, h)
+    r.pcie_replays = int(replays) if replays is not None else None
+    mj = get(nvml.nvmlDeviceGetTotalEnergyConsumption, h)
+    r.energy_joules = mj / 1000 if mj is not None else None
+
+
 def _nvml_device(nvml: Any, i: int, driver: str) -> GpuReading:
     def get(fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -67,6 +121,7 @@ def _nvml_device(nvml: Any, i: int, driver: str) -> GpuReading:
     for p in get(nvml.nvmlDeviceGetComputeRunningProcesses, h) or []:
         used = p.usedGpuMemory
         r.processes.append(GpuProcess(int(p.pid), int(used) if used is not None else None))
+    _nvml_health(nvml, h, r, get)
     return r
 
 
