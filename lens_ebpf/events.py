@@ -131,6 +131,22 @@ class DeviceChange(Event):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class GpuFault(Owner):
+    """A GPU fault, and (as the owner) the pod that held the GPU when it happened."""
+
+    KINDS = ("gpu_fault",)
+    kind: str = "gpu_fault"
+    gpu_index: int
+    bdf: str
+    uuid: str
+    vendor: str
+    fault: str
+    code: str
+    message: str
+    pid: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class NodeTuned(Event):
     """The system tuner raised a kernel setting."""
 
@@ -152,7 +168,7 @@ class Gap(Event):
 
 
 EVENT_TYPES: tuple[type[Event], ...] = (FlowClosed, ProcessEvent, ContainerChange, DeviceChange,
-                                        NodeTuned, Gap)  # fmt: skip
+                                        GpuFault, NodeTuned, Gap)  # fmt: skip
 KINDS: dict[str, type[Event]] = {k: t for t in EVENT_TYPES for k in t.KINDS}
 
 

@@ -15,6 +15,7 @@ from lens_ebpf.events import (
     EventFilter,
     FlowClosed,
     Gap,
+    GpuFault,
     NodeTuned,
     ProcessEvent,
 )
@@ -44,6 +45,19 @@ EXAMPLES = {
     "container_exit": ContainerChange(kind="container_exit", ts_ns=4, container_id="abc123"),
     "device_change": DeviceChange(vendor="amd", bdf="0000:03:00.0", change="appeared"),
     "gap": Gap(lost=5, reason="slow_subscriber"),
+    "gpu_fault": GpuFault(
+        gpu_index=0,
+        bdf="0000:18:00.0",
+        uuid="GPU-1111",
+        vendor="nvidia",
+        fault="xid",
+        code="79",
+        message="NVRM: Xid (PCI:0000:18:00): 79",
+        pid=4242,
+        pod="train-0",
+        namespace="ml",
+        workload="train",
+    ),
     "node_tuned": NodeTuned(setting="vm.max_map_count", old_value=65530, new_value=262144),
 }
 

@@ -135,6 +135,28 @@ class DeviceChange(_message.Message):
     change: str
     def __init__(self, vendor: _Optional[str] = ..., bdf: _Optional[str] = ..., change: _Optional[str] = ...) -> None: ...
 
+class GpuFault(_message.Message):
+    __slots__ = ("gpu_index", "bdf", "uuid", "vendor", "fault", "code", "message", "pid", "identity")
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    BDF_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    VENDOR_FIELD_NUMBER: _ClassVar[int]
+    FAULT_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    gpu_index: int
+    bdf: str
+    uuid: str
+    vendor: str
+    fault: str
+    code: str
+    message: str
+    pid: int
+    identity: Identity
+    def __init__(self, gpu_index: _Optional[int] = ..., bdf: _Optional[str] = ..., uuid: _Optional[str] = ..., vendor: _Optional[str] = ..., fault: _Optional[str] = ..., code: _Optional[str] = ..., message: _Optional[str] = ..., pid: _Optional[int] = ..., identity: _Optional[_Union[Identity, _Mapping]] = ...) -> None: ...
+
 class NodeTuned(_message.Message):
     __slots__ = ("setting", "old_value", "new_value")
     SETTING_FIELD_NUMBER: _ClassVar[int]
@@ -154,7 +176,7 @@ class Gap(_message.Message):
     def __init__(self, lost: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("seq", "ts_unix_nano", "node_name", "node_ip", "flow_closed", "process_exec", "process_exit", "oom_kill", "container_start", "container_exit", "abnormal_flow", "device_change", "gap", "node_tuned")
+    __slots__ = ("seq", "ts_unix_nano", "node_name", "node_ip", "flow_closed", "process_exec", "process_exit", "oom_kill", "container_start", "container_exit", "abnormal_flow", "device_change", "gap", "node_tuned", "gpu_fault")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TS_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +191,7 @@ class Event(_message.Message):
     DEVICE_CHANGE_FIELD_NUMBER: _ClassVar[int]
     GAP_FIELD_NUMBER: _ClassVar[int]
     NODE_TUNED_FIELD_NUMBER: _ClassVar[int]
+    GPU_FAULT_FIELD_NUMBER: _ClassVar[int]
     seq: int
     ts_unix_nano: int
     node_name: str
@@ -183,7 +206,8 @@ class Event(_message.Message):
     device_change: DeviceChange
     gap: Gap
     node_tuned: NodeTuned
-    def __init__(self, seq: _Optional[int] = ..., ts_unix_nano: _Optional[int] = ..., node_name: _Optional[str] = ..., node_ip: _Optional[str] = ..., flow_closed: _Optional[_Union[FlowClosed, _Mapping]] = ..., process_exec: _Optional[_Union[ProcessExec, _Mapping]] = ..., process_exit: _Optional[_Union[ProcessExit, _Mapping]] = ..., oom_kill: _Optional[_Union[OomKill, _Mapping]] = ..., container_start: _Optional[_Union[ContainerChange, _Mapping]] = ..., container_exit: _Optional[_Union[ContainerChange, _Mapping]] = ..., abnormal_flow: _Optional[_Union[FlowClosed, _Mapping]] = ..., device_change: _Optional[_Union[DeviceChange, _Mapping]] = ..., gap: _Optional[_Union[Gap, _Mapping]] = ..., node_tuned: _Optional[_Union[NodeTuned, _Mapping]] = ...) -> None: ...
+    gpu_fault: GpuFault
+    def __init__(self, seq: _Optional[int] = ..., ts_unix_nano: _Optional[int] = ..., node_name: _Optional[str] = ..., node_ip: _Optional[str] = ..., flow_closed: _Optional[_Union[FlowClosed, _Mapping]] = ..., process_exec: _Optional[_Union[ProcessExec, _Mapping]] = ..., process_exit: _Optional[_Union[ProcessExit, _Mapping]] = ..., oom_kill: _Optional[_Union[OomKill, _Mapping]] = ..., container_start: _Optional[_Union[ContainerChange, _Mapping]] = ..., container_exit: _Optional[_Union[ContainerChange, _Mapping]] = ..., abnormal_flow: _Optional[_Union[FlowClosed, _Mapping]] = ..., device_change: _Optional[_Union[DeviceChange, _Mapping]] = ..., gap: _Optional[_Union[Gap, _Mapping]] = ..., node_tuned: _Optional[_Union[NodeTuned, _Mapping]] = ..., gpu_fault: _Optional[_Union[GpuFault, _Mapping]] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
     __slots__ = ("kinds", "namespace", "pod", "container", "from_seq")

@@ -25,11 +25,15 @@ from prometheus_client.core import Metric
 from pydantic import Field
 
 from lens_ebpf.devices.collector import DeviceCollector, DeviceFeature
-from lens_ebpf.devices.gpu import amd, nvidia, rest
+from lens_ebpf.devices.gpu import amd, faults, nvidia, rest
+from lens_ebpf.devices.gpu.faults import Fault
 from lens_ebpf.devices.gpu.model import GpuReading
+from lens_ebpf.events import GpuFault
 from lens_ebpf.feature import Settings, register
 
 log = logging.getLogger(__name__)
+
+MAX_FAULT_SERIES = 1000  # lens_gpu_faults_total series; beyond, counted unattributed
 
 # A source returns readings, or None when it is not there at all (no library, no tool).
 Source = tuple[str, Callable[[], list[GpuReading] | None]]
@@ -88,6 +92,10 @@ class GpuCollector(DeviceCollector):
         self.clock = clock
         self.state: dict[str, VendorState] = {}
         self.stale: dict[str, bool] = {}
+        # (gpu, kind, code, namespace, pod, workload) -> faults; bounded, overflow counted
+        self.faults: dict[tuple[str, ...], int] = {}
+        self.faults_dropped = 0
+        self.publish: Callable[[GpuFault], None] = lambda _ev: None
 
     def _read_vendor(self, vendor: str) -> None:
         for name, read in self.sources.get(vendor, []):
@@ -129,6 +137,44 @@ class GpuCollector(DeviceCollector):
                 return dict(owner.labels())
         return {}
 
+    def holders(self, g: GpuReading | None, pid: int) -> list[dict[str, str]]:
+        """Who held the GPU at this moment: the process a fault names, else the pod the
+        kubelet gave the GPU, else the pods of the processes using it; [{}] for nobody."""
+        if pid and (who := self.identify(pid)).get("pod"):
+            return [who]
+        if g is None:
+            return [{}]
+        if owner := self.owner_labels(g, self.allocated()):
+            return [owner]
+        pods: dict[tuple[str, str], dict[str, str]] = {}
+        for p in g.processes:
+            who = self.identify(p.pid)
+            if who.get("pod"):
+                pods.setdefault((who.get("namespace", ""), who["pod"]), who)
+        return list(pods.values()) or [{}]
+
+    def fault(self, f: Fault) -> None:
+        """A fault from the kernel log: an event per holder of the GPU, and counted."""
+        g = next((r for r in self.readings() if r.bdf == f.bdf), None)
+        for who in self.holders(g, f.pid):
+            ev = GpuFault(gpu_index=g.index if g else 0, bdf=f.bdf, uuid=g.uuid if g else "",
+                          vendor=f.vendor, fault=f.kind, code=f.code, message=f.message,
+                          pid=f.pid, container_id=who.get("container_id", ""),
+                          container=who.get("container", ""), pod=who.get("pod", ""),
+                          namespace=who.get("namespace", ""), pod_uid=who.get("pod_uid", ""),
+                          workload_kind=who.get("workload_kind", ""),
+                          workload=who.get("workload", ""))  # fmt: skip
+            self.publish(ev)
+            key = (str(g.index) if g else f.bdf, f.kind, f.code, ev.namespace, ev.pod,
+                   ev.workload)  # fmt: skip
+            with self._lock:
+                if key in self.faults or len(self.faults) < MAX_FAULT_SERIES:
+                    self.faults[key] = self.faults.get(key, 0) + f.count
+                else:
+                    self.faults_dropped += f.count
+            log.warning("gpu fault: %s %s %s on %s (pod %s/%s)", f.vendor, f.kind, f.code, f.bdf,
+                        ev.namespace, ev.pod)  # fmt: skip
+
     def refresh(self) -> list[Metric]:
         for vendor in ("amd", "nvidia"):
             self._read_vendor(vendor)
@@ -154,6 +200,16 @@ class GpuCollector(DeviceCollector):
             m = fams.get(name) or fams.setdefault(name, Metric(name, help_text, kind))
             m.add_sample(name, labels, value)
 
+        with self._lock:
+            counted, dropped = dict(self.faults), self.faults_dropped
+        for (gpu, kind, code, ns, pod, workload), count in sorted(counted.items()):
+            add("lens_gpu_faults_total", "GPU faults from the kernel log (Xid, RAS), with the "
+                "pod that held the GPU", {"gpu": gpu, "kind": kind, "code": code,
+                                          "namespace": ns, "pod": pod, "workload": workload},
+                count, "counter")  # fmt: skip
+        if counted or dropped:
+            add("lens_gpu_faults_unattributed_total", "GPU faults beyond the series cap, "
+                f"counted here ({MAX_FAULT_SERIES} series)", n, dropped, "counter")  # fmt: skip
         for vendor in sorted(self.state):
             add(
                 "lens_gpu_reading_stale",
@@ -264,6 +320,7 @@ def nvml_source(nvml: Any) -> Source:
 
 class GpuSettings(Settings):
     interval_seconds: float = Field(5.0, gt=0)
+    kmsg: str = "/dev/kmsg"  # the kernel log, for Xid and RAS reports; "" turns that off
     stale_seconds: float = Field(300.0, ge=0)
     timeout_seconds: float = Field(10.0, gt=0)
     amd_smi: str = "amd-smi"
@@ -318,6 +375,10 @@ class GpuFeature(DeviceFeature):
                            default_sources(g, Path(cfg.devices.sysfs_root)), g.stale_seconds,
                            Path(cfg.devices.dev_root), identify=self.ctx.enrich.pid,
                            allocated=lambda: self.ctx.offered("gpu_assignments", {}))  # fmt: skip
+        gpu.publish = self.ctx.bus.publish
+        if g.kmsg:
+            watcher = faults.KmsgWatcher(g.kmsg, gpu.fault)
+            self.ctx.spawn("gpu-faults", lambda: watcher.run(self.ctx.stop))
         self.ctx.offers["gpu_count"] = lambda: len(gpu.readings())
         self.ctx.offers["gpu_devices"] = lambda: gpu.views.get("devices", {})
         return gpu
