@@ -40,6 +40,29 @@ def test_sysfs_cards_keyed_by_bdf_connectors_and_other_drivers_skipped() -> None
     assert (b.power_draw, b.temperature, b.unique_id) == (125.0, 41.0, "")
 
 
+def test_amd_ras_counts_and_pcie_replays_from_sysfs_whatever_the_source() -> None:
+    """amdgpu's ras/<block>_err_count (`ue: N`, `ce: N`, `de: N` on newer kernels) and
+    pcie_replay_count, added to readings from amd-smi as from sysfs; a card without them
+    has none (absent, never zero)."""
+    static, metric, process = ((FIX / f"amd-smi-{k}.json").read_text()
+                               for k in ("static", "metric", "process"))  # fmt: skip
+    c = GpuCollector(5, "gpu-7", {"amd": [("amd-smi", lambda: amd.parse_amd_smi(
+        static, metric, process))]}, dev_root=FIX / "dev", sysfs=FIX / "sys")  # fmt: skip
+    c.run_once()
+    assert c.success and c.errors == {}
+    v = values(c)
+    ras = "lens_gpu_ras_errors_total"
+    assert by(ras, v, gpu_index="0", block="umc", type="uncorrectable") == 2
+    assert by(ras, v, gpu_index="0", block="umc", type="correctable") == 17
+    assert by(ras, v, gpu_index="0", block="gfx", type="correctable") == 3
+    assert by(ras, v, gpu_index="0", block="sdma", type="deferred") == 1
+    assert by(ras, v, block="features") is None  # ras/features is no counter
+    assert by("lens_gpu_pcie_replays_total", v, gpu_index="0") == 5
+    assert by(ras, v, gpu_index="1") is None
+    assert by("lens_gpu_pcie_replays_total", v, gpu_index="1") is None
+    assert amd.parse_ras_count("ue: 3\nce: x\ngarbage\n") == {"uncorrectable": 3}
+
+
 def test_amd_smi_both_json_shapes() -> None:
     static = (FIX / "amd-smi-static.json").read_text()
     metric = (FIX / "amd-smi-metric.json").read_text()

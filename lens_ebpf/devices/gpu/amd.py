@@ -36,20 +36,56 @@ def parse_uevent(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
-def read_sysfs(sysfs: Path = Path("/sys")) -> list[GpuReading]:
-    """amdgpu cards under class/drm (cardN only, not connectors), keyed by BDF."""
+RAS_TYPES = {"ue": "uncorrectable", "ce": "correctable", "de": "deferred"}
+
+
+def parse_ras_count(text: str) -> dict[str, int]:
+    """A ras/<block>_err_count file: `ue: N` and `ce: N` lines (and `de: N` on newer
+    kernels), by type name; lines that are not that are skipped."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in RAS_TYPES and value.strip().isdigit():
+            out[RAS_TYPES[key.strip()]] = int(value)
+    return out
+
+
+def add_sysfs_health(sysfs: Path, readings: list[GpuReading]) -> None:
+    """RAS error counts per block and PCIe replays from each card's sysfs directory, for
+    AMD readings whatever their source (amdsmi and amd-smi do not report these)."""
+    dirs = card_dirs(sysfs)
+    for r in readings:
+        dev = dirs.get(r.bdf)
+        if dev is None:
+            continue
+        ras = dev / "ras"
+        for f in sorted(ras.glob("*_err_count")) if ras.is_dir() else []:
+            for kind, n in parse_ras_count(_read(f) or "").items():
+                r.ras_errors[(f.name[: -len("_err_count")], kind)] = n
+        replays = _int(_read(dev / "pcie_replay_count"))
+        if replays is not None:
+            r.pcie_replays = replays
+
+
+def card_dirs(sysfs: Path) -> dict[str, Path]:
+    """BDF -> the device directory of each amdgpu card under class/drm."""
     drm = sysfs / "class" / "drm"
-    if not drm.is_dir():
-        return []
-    out: dict[str, GpuReading] = {}
-    for card in drm.iterdir():
+    out: dict[str, Path] = {}
+    for card in sorted(drm.iterdir()) if drm.is_dir() else []:
         if not CARD.match(card.name):
             continue
         dev = card / "device"
         ev = parse_uevent(_read(dev / "uevent") or "")
-        if ev.get("DRIVER") != "amdgpu":
-            continue
-        bdf = norm_bdf(ev.get("PCI_SLOT_NAME") or dev.resolve().name)
+        if ev.get("DRIVER") == "amdgpu":
+            out[norm_bdf(ev.get("PCI_SLOT_NAME") or dev.resolve().name)] = dev
+    return out
+
+
+def read_sysfs(sysfs: Path = Path("/sys")) -> list[GpuReading]:
+    """amdgpu cards under class/drm (cardN only, not connectors), keyed by BDF."""
+    out: dict[str, GpuReading] = {}
+    for bdf, dev in card_dirs(sysfs).items():
+        ev = parse_uevent(_read(dev / "uevent") or "")
         r = GpuReading("amd", bdf, source="sysfs")
         r.device_id = ev.get("PCI_ID", "").split(":")[-1].lower()
         r.name = _read(dev / "product_name") or ""

@@ -79,8 +79,10 @@ class GpuCollector(DeviceCollector):
         identify: Callable[[int], dict[str, str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         allocated: Callable[[], dict[str, Any]] | None = None,
+        sysfs: Path | None = None,
     ) -> None:
         super().__init__(interval)
+        self.sysfs = sysfs  # AMD RAS counts and PCIe replays, whatever the source
         self.node = node
         self.sources = sources
         self.stale_seconds = stale_seconds
@@ -114,6 +116,8 @@ class GpuCollector(DeviceCollector):
             if vendor == "amd":
                 for i, r in enumerate(sorted(readings, key=lambda r: r.bdf)):
                     r.index = i  # keyed on the BDF, numbered in BDF order
+                if self.sysfs is not None:
+                    amd.add_sysfs_health(self.sysfs, readings)
             self.state[vendor] = VendorState(readings, name, self.clock())
             self.stale[vendor] = False
             return
@@ -300,6 +304,9 @@ def _health_metrics(add: Callable[..., None], lbl: dict[str, str], g: GpuReading
     for clock, mhz in sorted(g.clocks_mhz.items()):
         add("lens_gpu_clock_mhz", "Current clock", {**lbl, "clock": clock}, mhz)
     add("lens_gpu_pcie_replays_total", "PCIe replays", lbl, g.pcie_replays, "counter")
+    for (block, kind), n in sorted(g.ras_errors.items()):
+        add("lens_gpu_ras_errors_total", "RAS errors by block (umc, gfx, sdma, ...) and type",
+            {**lbl, "block": block, "type": kind}, n, "counter")  # fmt: skip
     add("lens_gpu_energy_joules_total", "Energy the GPU used since the driver loaded", lbl,
         g.energy_joules, "counter")  # fmt: skip
 
@@ -374,7 +381,8 @@ class GpuFeature(DeviceFeature):
         gpu = GpuCollector(g.interval_seconds, cfg.node_name,
                            default_sources(g, Path(cfg.devices.sysfs_root)), g.stale_seconds,
                            Path(cfg.devices.dev_root), identify=self.ctx.enrich.pid,
-                           allocated=lambda: self.ctx.offered("gpu_assignments", {}))  # fmt: skip
+                           allocated=lambda: self.ctx.offered("gpu_assignments", {}),
+                           sysfs=Path(cfg.devices.sysfs_root))  # fmt: skip
         gpu.publish = self.ctx.bus.publish
         if g.kmsg:
             watcher = faults.KmsgWatcher(g.kmsg, gpu.fault)

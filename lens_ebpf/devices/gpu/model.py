@@ -42,6 +42,7 @@ class GpuReading:
     clock_events: dict[str, bool] = field(default_factory=dict)  # reason -> active
     clocks_mhz: dict[str, float] = field(default_factory=dict)  # sm, memory
     pcie_replays: int | None = None
+    ras_errors: dict[tuple[str, str], int] = field(default_factory=dict)  # (block, type)
     energy_joules: float | None = None  # since the driver loaded
 
     @property
