@@ -175,6 +175,11 @@ def _field_text(f: tuple[str, int, int] | None) -> str:
     return "missing" if f is None else f"{f[0]} at offset {f[1]}, {f[2]} bytes"
 
 
+def c_text(raw: bytes) -> str:
+    """A NUL-terminated char array's text."""
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
 def record_struct(t: type[ctypes.Structure]) -> struct.Struct:
     """A struct.Struct that unpacks a ctypes mirror's bytes into its fields in order
     (arrays of bytes and chars as bytes), padding skipped; checked against the mirror's

@@ -12,7 +12,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf.bpf import layouts
-from lens_ebpf.bpf.layouts import record_struct
+from lens_ebpf.bpf.layouts import c_text, record_struct
 from lens_ebpf.bpf.loader import BpfLoader, plan_for
 from lens_ebpf.bpf.program import RingProgram
 from lens_ebpf.bpf.spec import TRACEPOINT, Field, Need, ProbePath, ProgramSpec
@@ -109,11 +109,6 @@ def pods_view(containers: dict[str, ContainerInfo], gpus: dict[str, dict] | None
 _PROC_EVENT = record_struct(layouts.ProcEvent)
 
 
-def _text(raw: bytes) -> str:
-    """A NUL-terminated char array's text."""
-    return raw.split(b"\0", 1)[0].decode(errors="replace")
-
-
 class ProcEvents(RingProgram):
     """The proc_events program: records in, attributed events and counters out."""
 
@@ -162,12 +157,12 @@ class ProcEvents(RingProgram):
         self.events_received += 1
         ref, who = self.enrich.cgroup(cgroup_id)
         labels = (who["namespace"], who["pod"], who["container"])
-        comm = _text(raw_comm)
+        comm = c_text(raw_comm)
         common = dict(ts_ns=ts_ns, pid=pid, ppid=ppid, cgroup_id=cgroup_id, cgroup=ref.path,
                       **who)  # fmt: skip
         if kind == EV_EXEC:
             ev = ProcessEvent(kind="process_exec", comm=comm, **common,
-                              filename=_text(raw_file))  # fmt: skip
+                              filename=c_text(raw_file))  # fmt: skip
             self.cache.inc(EXECS, labels)
             self._remember_comm(pid, comm)
         elif kind == EV_EXIT:

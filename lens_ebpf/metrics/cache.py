@@ -20,7 +20,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from lens_ebpf.metrics.exposition import RenderedFamily
+from lens_ebpf.metrics.exposition import RenderedFamily, escape_value
 
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 INF = float("inf")
@@ -127,10 +127,15 @@ class MetricCache:
     def family(self, name: str) -> Family:
         return self._families[name]
 
-    def _expire_all(self, now: float) -> None:
-        for fam in self._families.values():
-            self.samples -= fam.expire(now) * fam.samples_per_series
+    def _expire(self, fam: Family, now: float) -> int:
+        """Expire one family, its lines leaving the budget; how many series went."""
+        gone = fam.expire(now)
+        self.samples -= gone * fam.samples_per_series
+        return gone
+
+    def _expire_all(self, now: float) -> int:
         self._swept = now
+        return sum(self._expire(fam, now) for fam in self._families.values())
 
     def _slot(self, fam: Family, labels: Labels, now: float) -> _Series | None:
         """The series for labels: present (moved to the young end), new when there is
@@ -144,7 +149,7 @@ class MetricCache:
             raise ValueError(f"{fam.name}: expected labels {fam.labelnames}, got {labels}")
         cost = fam.samples_per_series
         if len(fam.series) >= fam.max_series:
-            self.samples -= fam.expire(now) * cost
+            self._expire(fam, now)
             if len(fam.series) >= fam.max_series:
                 fam.refused += 1
                 return None
@@ -197,9 +202,7 @@ class MetricCache:
     def expire(self) -> int:
         """Remove every series past its TTL now; how many."""
         with self._lock:
-            before = sum(fam.evicted for fam in self._families.values())
-            self._expire_all(self._clock())
-            return sum(fam.evicted for fam in self._families.values()) - before
+            return self._expire_all(self._clock())
 
     def get(self, name: str, labels: Labels) -> Any:
         """The live value of a series, or None."""
@@ -211,7 +214,7 @@ class MetricCache:
         """A copy of one family's live series."""
         with self._lock:
             fam = self._families[name]
-            self.samples -= fam.expire(self._clock()) * fam.samples_per_series
+            self._expire(fam, self._clock())
             return fam.items()
 
     def snapshot(self) -> list[tuple[Family, list[tuple[Labels, Any]]]]:
@@ -234,14 +237,10 @@ class MetricCache:
 
 
 def _label_text(names: Sequence[str], values: Sequence[str], extra: str = "") -> str:
-    parts = [f'{k}="{_escape(v)}"' for k, v in zip(names, values, strict=True) if v]
+    parts = [f'{k}="{escape_value(v)}"' for k, v in zip(names, values, strict=True) if v]
     if extra:
         parts.append(extra)
     return "{" + ",".join(parts) + "}" if parts else ""
-
-
-def _escape(v: str) -> str:
-    return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
 def _render_family(fam: Family) -> str:

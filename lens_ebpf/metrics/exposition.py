@@ -18,7 +18,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _TYPES = {"unknown": "untyped", "info": "gauge", "stateset": "gauge"}
 
 
-def _escape_value(v: str) -> str:
+def escape_value(v: str) -> str:
+    """A label value as the text format writes it."""
     return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
@@ -50,22 +51,27 @@ class RenderedFamily(Metric):
         pass  # Metric.__init__ sets an empty list
 
 
+def _sample_lines(metric: Metric) -> str:
+    out = []
+    for s in metric.samples:
+        if s.labels:
+            labels = ",".join(f'{k}="{escape_value(v)}"' for k, v in s.labels.items())
+            out.append(f"{s.name}{{{labels}}} {floatToGoString(s.value)}\n")
+        else:
+            out.append(f"{s.name} {floatToGoString(s.value)}\n")
+    return "".join(out)
+
+
 def render_metrics(metrics: Iterable[Metric]) -> str:
     out: list[str] = []
     for metric in metrics:
         doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
-        if isinstance(metric, RenderedFamily):
-            name, typ = metric.sample_name, _TYPES.get(metric.type, metric.type)
-            out.append(f"# HELP {name} {doc}\n# TYPE {name} {typ}\n{metric.text}")
-            continue
-        name = _type_name(metric)
-        out.append(f"# HELP {name} {doc}\n# TYPE {name} {_TYPES.get(metric.type, metric.type)}\n")
-        for s in metric.samples:
-            if s.labels:
-                labels = ",".join(f'{k}="{_escape_value(v)}"' for k, v in s.labels.items())
-                out.append(f"{s.name}{{{labels}}} {floatToGoString(s.value)}\n")
-            else:
-                out.append(f"{s.name} {floatToGoString(s.value)}\n")
+        if isinstance(metric, RenderedFamily):  # the cache's, already text
+            name, body = metric.sample_name, metric.text
+        else:
+            name, body = _type_name(metric), _sample_lines(metric)
+        typ = _TYPES.get(metric.type, metric.type)
+        out.append(f"# HELP {name} {doc}\n# TYPE {name} {typ}\n{body}")
     return "".join(out)
 
 

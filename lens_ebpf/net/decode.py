@@ -7,7 +7,7 @@ import socket
 import time
 from typing import Any
 
-from lens_ebpf.bpf.layouts import FlowEvent, record_struct
+from lens_ebpf.bpf.layouts import FlowEvent, c_text, record_struct
 from lens_ebpf.events import FlowClosed
 from lens_ebpf.net.policy import CLASS_NAMES
 
@@ -70,10 +70,31 @@ def flow_record(buf: bytes) -> FlowClosed:
     """A closed-flow ring-buffer record (struct flow_event's bytes) as an event."""
     (ts, duration, sent, recv, cgroup_id, laddr, raddr, pid, retrans, lport, rport, family,
      direction, cls, reason, comm) = _FLOW_EVENT.unpack_from(buf)  # fmt: skip
+    return _event(ts=ts, duration=duration, pid=pid, comm=comm, cgroup_id=cgroup_id,
+                  family=family, laddr=laddr, raddr=raddr, lport=lport, rport=rport,
+                  direction=direction, cls=cls, sent=sent, recv=recv, retrans=retrans,
+                  reason=reason_name(reason))  # fmt: skip
+
+
+def sock_info_event(si: Any, keyed: bool) -> FlowClosed:
+    """A socket the agent finished itself (its CLOSE went unseen) as an event."""
+    now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    reason = "close_not_seen" if keyed else "failed_connect"
+    return _event(ts=now, duration=now - si.start_ns, pid=si.pid, comm=si.comm,
+                  cgroup_id=si.cgroup_id, family=si.family, laddr=bytes(si.laddr),
+                  raddr=bytes(si.key.raddr), lport=si.lport, rport=si.rport,
+                  direction=si.direction, cls=si.key.cls, sent=si.sent, recv=si.recv,
+                  retrans=si.retrans, reason=reason)  # fmt: skip
+
+
+def _event(*, ts: int, duration: int, pid: int, comm: bytes, cgroup_id: int, family: int,
+           laddr: bytes, raddr: bytes, lport: int, rport: int, direction: int, cls: int,
+           sent: int, recv: int, retrans: int, reason: str) -> FlowClosed:  # fmt: skip
+    """A closed flow from the programs' raw values (a ring record's, or a sock_info's)."""
     return FlowClosed(
         ts_ns=ts,
         pid=pid,
-        comm=comm.split(b"\0", 1)[0].decode(errors="replace"),
+        comm=c_text(comm),
         cgroup_id=cgroup_id,
         family="ipv4" if family == AF_INET else "ipv6",
         laddr=format_addr(family, laddr),
@@ -85,34 +106,6 @@ def flow_record(buf: bytes) -> FlowClosed:
         sent_bytes=sent,
         received_bytes=recv,
         retransmits=retrans,
-        duration_ns=duration,
-        reason=reason_name(reason),
-    )
-
-
-def sock_info_event(si: Any, keyed: bool) -> FlowClosed:
-    """A socket the agent finished itself (its CLOSE went unseen) as an event."""
-    now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-    reason = "close_not_seen" if keyed else "failed_connect"
-    return _event(si, si.key.raddr, si.key.cls, reason, now, now - si.start_ns)
-
-
-def _event(rec: Any, raddr: Any, cls: int, reason: str, ts: int, duration: int) -> FlowClosed:
-    return FlowClosed(
-        ts_ns=ts,
-        pid=rec.pid,
-        comm=rec.comm.decode(errors="replace"),
-        cgroup_id=rec.cgroup_id,
-        family="ipv4" if rec.family == AF_INET else "ipv6",
-        laddr=format_addr(rec.family, bytes(rec.laddr)),
-        lport=rec.lport,
-        raddr=format_addr(rec.family, bytes(raddr)),
-        rport=rec.rport,
-        direction=direction_name(rec.direction),
-        cls=class_name(cls),
-        sent_bytes=rec.sent,
-        received_bytes=rec.recv,
-        retransmits=rec.retrans,
         duration_ns=duration,
         reason=reason,
     )

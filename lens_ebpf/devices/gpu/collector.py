@@ -378,11 +378,12 @@ class GpuFeature(DeviceFeature):
 
     def make(self) -> GpuCollector:
         cfg, g = self.ctx.cfg, self.ctx.settings("gpu", GpuSettings)
-        gpu = GpuCollector(g.interval_seconds, cfg.node_name,
-                           default_sources(g, Path(cfg.devices.sysfs_root)), g.stale_seconds,
-                           Path(cfg.devices.dev_root), identify=self.ctx.enrich.pid,
+        sysfs = Path(cfg.devices.sysfs_root)
+        gpu = GpuCollector(g.interval_seconds, cfg.node_name, default_sources(g, sysfs),
+                           g.stale_seconds, Path(cfg.devices.dev_root),
+                           identify=self.ctx.enrich.pid,
                            allocated=lambda: self.ctx.offered("gpu_assignments", {}),
-                           sysfs=Path(cfg.devices.sysfs_root))  # fmt: skip
+                           sysfs=sysfs)  # fmt: skip
         gpu.publish = self.ctx.bus.publish
         if g.kmsg:
             watcher = faults.KmsgWatcher(g.kmsg, gpu.fault)

@@ -42,25 +42,31 @@ CLOCK_EVENTS = {
 }  # fmt: skip
 
 
+def _answered(get: Callable[..., Any], fn: Any, h: Any, asks: dict[Any, tuple[Any, ...]]
+              ) -> dict[Any, Any]:  # fmt: skip
+    """{key: fn(h, *args)} for each key whose call answered (get() gives None when not)."""
+    got = {key: get(fn, h, *args) for key, args in asks.items()}
+    return {key: v for key, v in got.items() if v is not None}
+
+
 def _nvml_health(nvml: Any, h: Any, r: GpuReading, get: Callable[..., Any]) -> None:
     """ECC, page retirement, row remapping, clock events and clocks, PCIe replays,
     energy: each only where this GPU and driver answer."""
-    for etype, ename in (
-        (nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, "corrected"),
-        (nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, "uncorrected"),
-    ):
-        for ctype, cname in ((nvml.NVML_VOLATILE_ECC, "volatile"),
-                             (nvml.NVML_AGGREGATE_ECC, "aggregate")):  # fmt: skip
-            n = get(nvml.nvmlDeviceGetTotalEccErrors, h, etype, ctype)
-            if n is not None:
-                r.ecc_errors[(ename, cname)] = int(n)
-    for cause, cname in ((nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
-                          "multiple_single_bit_ecc"),
-                         (nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
-                          "double_bit_ecc")):  # fmt: skip
-        pages = get(nvml.nvmlDeviceGetRetiredPages, h, cause)
-        if pages is not None:
-            r.retired_pages[cname] = len(pages)
+    ecc = {(ename, cname): (etype, ctype)
+           for etype, ename in ((nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, "corrected"),
+                                (nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, "uncorrected"))
+           for ctype, cname in ((nvml.NVML_VOLATILE_ECC, "volatile"),
+                                (nvml.NVML_AGGREGATE_ECC, "aggregate"))}  # fmt: skip
+    got = _answered(get, nvml.nvmlDeviceGetTotalEccErrors, h, ecc)
+    r.ecc_errors = {key: int(n) for key, n in got.items()}
+    causes = {
+        "multiple_single_bit_ecc": (
+            nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+        ),
+        "double_bit_ecc": (nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,),
+    }
+    got = _answered(get, nvml.nvmlDeviceGetRetiredPages, h, causes)
+    r.retired_pages = {cause: len(pages) for cause, pages in got.items()}
     pending = get(nvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
     r.retired_pages_pending = bool(pending) if pending is not None else None
     rows = get(nvml.nvmlDeviceGetRemappedRows, h)
@@ -77,10 +83,9 @@ def _nvml_health(nvml: Any, h: Any, r: GpuReading, get: Callable[..., Any]) -> N
             break
     if reasons is not None:
         r.clock_events = {name: bool(reasons & bit) for name, bit in CLOCK_EVENTS.items()}
-    for ctype, cname in ((nvml.NVML_CLOCK_SM, "sm"), (nvml.NVML_CLOCK_MEM, "memory")):
-        mhz = get(nvml.nvmlDeviceGetClockInfo, h, ctype)
-        if mhz is not None:
-            r.clocks_mhz[cname] = float(mhz)
+    clocks = {"sm": (nvml.NVML_CLOCK_SM,), "memory": (nvml.NVML_CLOCK_MEM,)}
+    got = _answered(get, nvml.nvmlDeviceGetClockInfo, h, clocks)
+    r.clocks_mhz = {clock: float(mhz) for clock, mhz in got.items()}
     replays = get(nvml.nvmlDeviceGetPcieReplayCounter, h)
     r.pcie_replays = int(replays) if replays is not None else None
     mj = get(nvml.nvmlDeviceGetTotalEnergyConsumption, h)
