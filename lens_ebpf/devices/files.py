@@ -11,3 +11,11 @@ def read_text(path: Path) -> str | None:
         return path.read_text()
     except (OSError, UnicodeDecodeError):
         return None
+
+
+def read_bytes(path: Path) -> bytes | None:
+    """The file's bytes (binary tables such as amdgpu's gpu_metrics), or None."""
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None

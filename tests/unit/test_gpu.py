@@ -1,3 +1,4 @@
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -89,49 +90,114 @@ def test_amd_smi_garbage_is_a_source_error(garbage: str) -> None:
         amd.parse_amd_smi(garbage, "[]")
 
 
-class FakeAmdSmi:
-    """The amdsmi module as ROCm ships it, for the functions lens-ebpf calls."""
+def test_amdsmi_through_the_real_binding(fake_amdsmi) -> None:
+    """PyPI's amdsmi loading a stand-in libamd_smi.so: every value exact, "N/A" and
+    not-supported answers absent, never zero."""
+    c = GpuCollector(5, "gpu-7", {"amd": [("amdsmi", lambda: amd.read_amdsmi(fake_amdsmi))]},
+                     identify=lambda pid: {"pod": "llm-0", "namespace": "ml",
+                                           "container": "c"} if pid == 5151 else {})  # fmt: skip
+    c.run_once()
+    assert c.success and c.errors == {}
+    v = values(c)
+    a, b = c.readings()
+    assert (a.bdf, a.name, a.device_id, a.serial, a.driver_version) == (
+        "0001:29:00.0",
+        "AMD Instinct MI250X",
+        "740c",
+        "0x5F1A2B3C4D5E6F70",
+        "6.10.5",
+    )
+    assert (a.memory_total, a.memory_used, a.utilization) == (65520 * 2**20, 31337 * 2**20, 73)
+    assert a.temperatures == {"edge": 43.0, "junction": 58.0, "mem": 49.0}
+    assert (a.power_draw, a.power_limit) == (377, 560)
+    assert by("gpu_process_memory_bytes", v, pid="5151", pod="llm-0") == 20 * GiB
+    assert by("gpu_process_memory_bytes", v, pid="5252", pod="") == 6 * GiB
+    ras = "lens_gpu_ras_errors_total"
+    assert {(dict(lbl)["block"], dict(lbl)["type"]): n for (name, lbl), n in v.items()
+            if name == ras} == {  # fmt: skip
+        ("umc", "correctable"): 17, ("umc", "uncorrectable"): 2, ("umc", "deferred"): 0,
+        ("gfx", "correctable"): 4, ("gfx", "uncorrectable"): 0, ("gfx", "deferred"): 0,
+        ("sdma", "correctable"): 0, ("sdma", "uncorrectable"): 0, ("sdma", "deferred"): 0,
+        ("xgmi_wafl", "correctable"): 6, ("xgmi_wafl", "uncorrectable"): 0,
+        ("xgmi_wafl", "deferred"): 1,
+    }  # fmt: skip
+    assert by("lens_gpu_pcie_replays_total", v, gpu_index="0") == 13
+    assert by("lens_gpu_energy_joules_total", v, gpu_index="0") == 1000.0
+    assert by("lens_gpu_xgmi_error_status", v, gpu_index="0") == 1
+    # GPU 1: no edge sensor, activity "N/A", no RAS, replays, energy or XGMI state
+    assert (b.bdf, b.utilization, b.temperature, b.processes) == ("0001:2f:00.0", None, 39.0, [])
+    assert b.temperatures == {"junction": 39.0, "mem": 36.0}
+    for name in (ras, "lens_gpu_pcie_replays_total", "lens_gpu_energy_joules_total",
+                 "lens_gpu_xgmi_error_status", "hw_gpu_utilization_percent"):  # fmt: skip
+        assert by(name, v, gpu_index="1") is None, name
+    assert by("hw_gpu_memory_used_bytes", v, gpu_index="1") == 0
 
-    class AmdSmiTemperatureType:
-        EDGE, HOTSPOT, VRAM = 0, 1, 2
 
-    class AmdSmiTemperatureMetric:
-        CURRENT = 0
+def test_amdsmi_stand_in_answers_every_symbol_the_binding_resolves(fake_amdsmi) -> None:
+    """The binding resolved all its symbols at import (a missing one raises there); those
+    lens-ebpf does not call answer not-supported, as the real library does for absent
+    features, and surface as the binding's own exception."""
+    from tests.unit.conftest import _binding_symbols
 
-    def amdsmi_get_processor_handles(self) -> list[str]:
-        return ["h0"]
-
-    def amdsmi_get_gpu_device_bdf(self, h: str) -> str:
-        return "0000:C1:00.0"
-
-    def amdsmi_get_gpu_asic_info(self, h: str) -> dict:
-        return {"market_name": "AMD Instinct MI300X", "device_id": "0x74a1", "asic_serial": "S1"}
-
-    def amdsmi_get_gpu_driver_info(self, h: str) -> dict:
-        return {"driver_version": "6.7.0"}
-
-    def amdsmi_get_gpu_vram_usage(self, h: str) -> dict:
-        return {"vram_total": 196592, "vram_used": 2048}
-
-    def amdsmi_get_gpu_activity(self, h: str) -> dict:
-        return {"gfx_activity": 77, "umc_activity": "N/A"}
-
-    def amdsmi_get_temp_metric(self, h: str, kind: int, metric: int):
-        return {0: "N/A", 1: 66, 2: 55}[kind]  # MI300: no edge sensor
-
-    def amdsmi_get_power_info(self, h: str) -> dict:
-        return {"average_socket_power": "N/A", "current_socket_power": 450, "power_limit": 750}
-
-    def amdsmi_get_gpu_process_list(self, h: str) -> list:
-        raise RuntimeError("AmdSmiLibraryException: not supported")
+    assert len(_binding_symbols()) >= 184
+    (h, _) = fake_amdsmi.amdsmi_get_processor_handles()
+    with pytest.raises(fake_amdsmi.AmdSmiLibraryException):
+        fake_amdsmi.amdsmi_get_gpu_device_uuid(h)
 
 
-def test_amdsmi_library_with_na_values_and_failing_calls() -> None:
-    (r,) = amd.read_amdsmi(FakeAmdSmi())
-    assert (r.bdf, r.name, r.utilization) == ("0000:c1:00.0", "AMD Instinct MI300X", 77)
-    assert r.temperatures == {"junction": 66.0, "mem": 55.0} and r.temperature == 66.0
-    assert (r.power_draw, r.power_limit, r.memory_used) == (450, 750, 2048 * 2**20)
-    assert r.processes == []
+def sysfs_with_metrics(tmp_path: Path) -> Path:
+    """The sysfs fixture with gpu_metrics tables the compiler laid out: v1.3 (MI200-like)
+    on card 2, a v1.5 header (MI300's layout) on card 1."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is needed to build the gpu_metrics writer")
+    sys_root = tmp_path / "sys"
+    shutil.copytree(FIX / "sys", sys_root, symlinks=True)
+    writer = tmp_path / "gpu_metrics"
+    subprocess.run(["gcc", "-o", str(writer), str(FIX / "gpu_metrics.c")], check=True)
+    devs = amd.card_dirs(sys_root)
+    subprocess.run([str(writer), "1.3", str(devs["0001:03:00.0"] / "gpu_metrics")], check=True)
+    subprocess.run([str(writer), "1.5", str(devs["0000:c1:00.0"] / "gpu_metrics")], check=True)
+    return sys_root
+
+
+def test_amd_gpu_metrics_table_clocks_and_throttling(tmp_path: Path) -> None:
+    sys_root = sysfs_with_metrics(tmp_path)
+    c = GpuCollector(5, "gpu-7", {"amd": [("sysfs", lambda: amd.read_sysfs(sys_root))]},
+                     sysfs=sys_root)  # fmt: skip
+    c.run_once()
+    c.run_once()
+    v = values(c)
+    assert by("lens_gpu_clock_mhz", v, gpu_index="1", clock="gfx") == 1650
+    assert by("lens_gpu_clock_mhz", v, gpu_index="1", clock="soc") == 1090
+    assert by("lens_gpu_clock_mhz", v, gpu_index="1", clock="memory") == 1600
+    active = {dict(lbl)["reason"] for (name, lbl), val in v.items()
+              if name == "lens_gpu_clock_event_active" and dict(lbl)["gpu_index"] == "1"
+              and val}  # fmt: skip
+    assert active == {"ppt0", "temp_hotspot"}
+    assert by("lens_gpu_clock_event_active", v, gpu_index="1", reason="temp_edge") == 0
+    # card 1's v1.5 table is skipped, counted once per reading, and adds nothing
+    assert by("lens_gpu_metrics_table_skipped_total", v, revision="1.5") == 2
+    assert by("lens_gpu_clock_mhz", v, gpu_index="0") is None
+    assert by("lens_gpu_clock_event_active", v, gpu_index="0") is None
+
+
+@pytest.mark.parametrize(
+    "data, revision",
+    [
+        (b"", "short"),
+        (b"\x10\x00\x01", "short"),
+        (b"\x78\x00\x01\x03" + b"\0" * 20, "1.3"),
+        (b"\x50\x00\x02\x01" + b"\0" * 200, "2.1"),
+    ],
+)
+def test_gpu_metrics_garbage_is_skipped_not_misread(data: bytes, revision: str) -> None:
+    """A truncated table, or a layout other than 1.1-1.3, gives no values."""
+    from lens_ebpf.devices.gpu.model import GpuReading
+
+    r = GpuReading("amd", "0000:01:00.0")
+    amd.parse_gpu_metrics(data, r)
+    assert r.metrics_table == (revision, False)
+    assert (r.clocks_mhz, r.clock_events) == ({}, {})
 
 
 def test_nvidia_smi_csv() -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lens_ebpf.devices.files import read_text
+from lens_ebpf.devices.files import read_bytes, read_text
 from lens_ebpf.devices.gpu.model import GpuProcess, GpuReading, norm_bdf
 
 CARD = re.compile(r"^card\d+$")
@@ -50,9 +51,53 @@ def parse_ras_count(text: str) -> dict[str, int]:
     return out
 
 
+# The gpu_metrics table (kgd_pp_interface.h): a header (u16 structure_size, u8
+# format_revision, u8 content_revision), then a layout per revision. Versions 1.1-1.3
+# (MI100, MI200, RDNA) share the offsets read here; 1.3 adds the ASIC-independent throttle
+# status. Other revisions (1.0, 1.4+ on MI300, 2.x on APUs) are skipped and counted.
+METRICS_HEADER = struct.Struct("<HBB")
+METRICS_CLOCKS = {"gfx": 54, "soc": 56, "memory": 58}  # current_gfxclk, socclk, uclk (MHz)
+METRICS_SIZES = {1: 96, 2: 104, 3: 120}  # content revision -> sizeof(gpu_metrics_v1_N)
+INDEP_THROTTLE_OFFSET = 112  # gpu_metrics_v1_3.indep_throttle_status (u64)
+# SMU_THROTTLER_*_BIT (amdgpu_smu.h), the bits of the ASIC-independent throttle status
+THROTTLERS = {
+    "ppt0": 0, "ppt1": 1, "ppt2": 2, "ppt3": 3, "spl": 4, "fppt": 5, "sppt": 6,
+    "sppt_apu": 7, "tdc_gfx": 16, "tdc_soc": 17, "tdc_mem": 18, "tdc_vdd": 19,
+    "tdc_cvip": 20, "edc_cpu": 21, "edc_gfx": 22, "apcc": 23, "temp_gpu": 32,
+    "temp_core": 33, "temp_mem": 34, "temp_edge": 35, "temp_hotspot": 36, "temp_soc": 37,
+    "temp_vr_gfx": 38, "temp_vr_soc": 39, "temp_vr_mem0": 40, "temp_vr_mem1": 41,
+    "temp_liquid0": 42, "temp_liquid1": 43, "vrhot0": 44, "vrhot1": 45, "prochot_cpu": 46,
+    "prochot_gfx": 47, "ppm": 56, "fit": 57,
+}  # fmt: skip
+
+
+def parse_gpu_metrics(data: bytes, r: GpuReading) -> None:
+    """Clocks and throttle reasons from a gpu_metrics table into r; r.metrics_table says
+    the revision, and whether it was understood."""
+    if len(data) < METRICS_HEADER.size:
+        r.metrics_table = ("short", False)
+        return
+    size, fmt, content = METRICS_HEADER.unpack_from(data)
+    revision = f"{fmt}.{content}"
+    need = METRICS_SIZES.get(content) if fmt == 1 else None
+    if need is None or len(data) < need or size < need:
+        r.metrics_table = (revision, False)
+        return
+    r.metrics_table = (revision, True)
+    for clock, offset in METRICS_CLOCKS.items():
+        (mhz,) = struct.unpack_from("<H", data, offset)
+        if mhz != 0xFFFF:  # not available on this ASIC
+            r.clocks_mhz[clock] = float(mhz)
+    if content >= 3:
+        (status,) = struct.unpack_from("<Q", data, INDEP_THROTTLE_OFFSET)
+        if status != 0xFFFFFFFFFFFFFFFF:
+            r.clock_events = {name: bool(status >> bit & 1) for name, bit in THROTTLERS.items()}
+
+
 def add_sysfs_health(sysfs: Path, readings: list[GpuReading]) -> None:
-    """RAS error counts per block and PCIe replays from each card's sysfs directory, for
-    AMD readings whatever their source (amdsmi and amd-smi do not report these)."""
+    """RAS error counts per block, PCIe replays, and clocks and throttling from the
+    gpu_metrics table, from each card's sysfs directory, for AMD readings whatever their
+    source."""
     dirs = card_dirs(sysfs)
     for r in readings:
         dev = dirs.get(r.bdf)
@@ -65,6 +110,9 @@ def add_sysfs_health(sysfs: Path, readings: list[GpuReading]) -> None:
         replays = _int(_read(dev / "pcie_replay_count"))
         if replays is not None:
             r.pcie_replays = replays
+        metrics = read_bytes(dev / "gpu_metrics")
+        if metrics is not None:
+            parse_gpu_metrics(metrics, r)
 
 
 def card_dirs(sysfs: Path) -> dict[str, Path]:
@@ -195,22 +243,52 @@ def parse_amd_smi(static: str, metric: str, process: str | None = None) -> list[
 def _safe(fn: Callable[..., Any], *args: Any) -> Any:
     try:
         return fn(*args)
-    except Exception:  # amdsmi raises AmdSmiLibraryException per metric
+    except Exception:  # AmdSmiLibraryException (not supported, no permission) per metric
         return None
+
+
+def _amdsmi_health(lib: Any, h: Any, r: GpuReading) -> None:
+    """RAS error counts for each block whose RAS feature is on, PCIe replays, energy and
+    the XGMI error state: each only where the GPU answers. sysfs, read after this, has
+    the final word on the counts they both give (add_sysfs_health)."""
+    blocks = [b for b in lib.AmdSmiGpuBlock if b.name not in ("INVALID", "RESERVED")]
+    enabled = _safe(lib.amdsmi_get_gpu_ras_block_features_enabled, h)
+    if isinstance(enabled, list):  # the call answers for every block or fails as a whole
+        on = {e.get("block") for e in enabled if e.get("status") == "ENABLED"}
+        blocks = [b for b in blocks if b.name in on]
+    for block in blocks:
+        ec = _safe(lib.amdsmi_get_gpu_ecc_count, h, block)
+        if isinstance(ec, dict):
+            for key, kind in (("correctable_count", "correctable"),
+                              ("uncorrectable_count", "uncorrectable"),
+                              ("deferred_count", "deferred")):  # fmt: skip
+                if isinstance(ec.get(key), int):
+                    r.ras_errors[(block.name.lower(), kind)] = ec[key]
+    replays = _safe(lib.amdsmi_get_gpu_pci_replay_counter, h)
+    r.pcie_replays = replays if isinstance(replays, int) else None
+    energy = _safe(lib.amdsmi_get_energy_count, h) or {}
+    acc, res = energy.get("energy_accumulator"), energy.get("counter_resolution")
+    if isinstance(acc, int) and isinstance(res, float):
+        r.energy_joules = acc * res / 1e6  # counts of `resolution` microjoules
+    xgmi = _safe(lib.amdsmi_gpu_xgmi_error_status, h)
+    r.xgmi_error_status = xgmi if isinstance(xgmi, int) else None
+
+
+def _text(v: Any) -> str:
+    """A string the binding returns, "" for its "N/A"."""
+    return "" if v is None or v == "N/A" else str(v)
 
 
 def _amdsmi_device(lib: Any, index: int, h: Any) -> GpuReading:
     r = GpuReading("amd", norm_bdf(lib.amdsmi_get_gpu_device_bdf(h)), index=index,
                    source="amdsmi")  # fmt: skip
     asic = _safe(lib.amdsmi_get_gpu_asic_info, h) or {}
-    r.name = str(asic.get("market_name", ""))
-    r.device_id = str(asic.get("device_id", "")).lower().removeprefix("0x")
-    r.serial = str(asic.get("asic_serial", ""))
-    r.driver_version = str(
-        (_safe(lib.amdsmi_get_gpu_driver_info, h) or {}).get("driver_version", "")
-    )
+    r.name = _text(asic.get("market_name"))
+    r.device_id = _text(asic.get("device_id")).lower().removeprefix("0x")
+    r.serial = _text(asic.get("asic_serial"))
+    r.driver_version = _text((_safe(lib.amdsmi_get_gpu_driver_info, h) or {}).get("driver_version"))
     vram = _safe(lib.amdsmi_get_gpu_vram_usage, h) or {}
-    total, used = _val(vram, "vram_total"), _val(vram, "vram_used")
+    total, used = _val(vram, "vram_total"), _val(vram, "vram_used")  # MB
     r.memory_total = int(total * MB) if total is not None else None
     r.memory_used = int(used * MB) if used is not None else None
     r.utilization = _val(_safe(lib.amdsmi_get_gpu_activity, h) or {}, "gfx_activity")
@@ -229,9 +307,10 @@ def _amdsmi_device(lib: Any, index: int, h: Any) -> GpuReading:
             usage = p.get("memory_usage")
             mem = usage.get("vram_mem") if isinstance(usage, dict) else p.get("mem")
             r.processes.append(GpuProcess(p["pid"], int(mem) if isinstance(mem, int) else None))
+    _amdsmi_health(lib, h, r)
     return r
 
 
 def read_amdsmi(lib: Any) -> list[GpuReading]:
-    """Readings through the amdsmi Python library (lib: the imported module)."""
+    """Readings through the amdsmi Python binding (lib: the imported module, initialized)."""
     return [_amdsmi_device(lib, i, h) for i, h in enumerate(lib.amdsmi_get_processor_handles())]

@@ -9,7 +9,9 @@ collectors.gpu.stale_seconds and lens_gpu_reading_stale says so.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import logging
 import os
 import re
@@ -97,6 +99,7 @@ class GpuCollector(DeviceCollector):
         # (gpu, kind, code, namespace, pod, workload) -> faults; bounded, overflow counted
         self.faults: dict[tuple[str, ...], int] = {}
         self.faults_dropped = 0
+        self.tables_skipped: dict[str, int] = {}  # AMD gpu_metrics revisions not understood
         self.publish: Callable[[GpuFault], None] = lambda _ev: None
 
     def _read_vendor(self, vendor: str) -> None:
@@ -118,6 +121,10 @@ class GpuCollector(DeviceCollector):
                     r.index = i  # keyed on the BDF, numbered in BDF order
                 if self.sysfs is not None:
                     amd.add_sysfs_health(self.sysfs, readings)
+                for r in readings:
+                    if r.metrics_table is not None and not r.metrics_table[1]:
+                        rev = r.metrics_table[0]
+                        self.tables_skipped[rev] = self.tables_skipped.get(rev, 0) + 1
             self.state[vendor] = VendorState(readings, name, self.clock())
             self.stale[vendor] = False
             return
@@ -214,6 +221,10 @@ class GpuCollector(DeviceCollector):
         if counted or dropped:
             add("lens_gpu_faults_unattributed_total", "GPU faults beyond the series cap, "
                 f"counted here ({MAX_FAULT_SERIES} series)", n, dropped, "counter")  # fmt: skip
+        for rev, count in sorted(self.tables_skipped.items()):
+            add("lens_gpu_metrics_table_skipped_total", "AMD gpu_metrics tables read but not "
+                "understood (a layout revision lens-ebpf does not know), by revision",
+                {"revision": rev}, count, "counter")  # fmt: skip
         for vendor in sorted(self.state):
             add(
                 "lens_gpu_reading_stale",
@@ -309,6 +320,8 @@ def _health_metrics(add: Callable[..., None], lbl: dict[str, str], g: GpuReading
             {**lbl, "block": block, "type": kind}, n, "counter")  # fmt: skip
     add("lens_gpu_energy_joules_total", "Energy the GPU used since the driver loaded", lbl,
         g.energy_joules, "counter")  # fmt: skip
+    add("lens_gpu_xgmi_error_status", "AMD XGMI link errors: 0 none, 1 one, 2 several",
+        lbl, g.xgmi_error_status)  # fmt: skip
 
 
 def nvml_source(nvml: Any) -> Source:
@@ -336,12 +349,15 @@ class GpuSettings(Settings):
 
 def default_sources(g: GpuSettings, sysfs: Path) -> dict[str, list[Source]]:
     amd_sources: list[Source] = []
+    said = io.StringIO()
     try:
-        amdsmi = importlib.import_module("amdsmi")
+        # the binding prints to stdout, then fails, where libamd_smi.so is not installed
+        with contextlib.redirect_stdout(said):
+            amdsmi = importlib.import_module("amdsmi")
         amdsmi.amdsmi_init()
         amd_sources.append(("amdsmi", lambda: amd.read_amdsmi(amdsmi)))
-    except Exception as exc:  # KeyError, OSError, AttributeError when ROCm is missing
-        log.debug("amdsmi unavailable: %s", exc)
+    except Exception as exc:  # KeyError, OSError, AmdSmiLibraryException: no ROCm here
+        log.debug("amdsmi unavailable: %s %s", exc, said.getvalue().strip())
     tool = shutil.which(g.amd_smi)
     if tool:
 

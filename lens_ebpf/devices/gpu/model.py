@@ -44,6 +44,8 @@ class GpuReading:
     pcie_replays: int | None = None
     ras_errors: dict[tuple[str, str], int] = field(default_factory=dict)  # (block, type)
     energy_joules: float | None = None  # since the driver loaded
+    xgmi_error_status: int | None = None  # AMD: 0 no errors, 1 an error, 2 several
+    metrics_table: tuple[str, bool] | None = None  # AMD gpu_metrics: (revision, understood)
 
     @property
     def memory_free(self) -> int | None:
