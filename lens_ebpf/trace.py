@@ -1,8 +1,10 @@
-"""`lens-ebpf trace tcp|rtt|exec|all`: live events from the agent's own programs.
+"""`lens-ebpf trace tcp|rtt|exec|all|gpu`: live events from the agent's own programs.
 
 Runs standalone as root, with no agent and no Kubernetes. The programs, decoders and
 attribution are the agent's; pid and port filters are applied in the kernel (the
-programs' trace_filter map), the others in user space.
+programs' trace_filter map), the others in user space. `trace gpu` shows GPU faults
+(Xid, uncorrectable ECC and RAS errors) as the agent sees them: the kernel log, NVML's
+events and the error counters, with the pod that held the GPU.
 """
 
 from __future__ import annotations
@@ -35,11 +37,13 @@ examples:
   lens-ebpf trace rtt 5 3                  # RTT histograms per class, 3 times every 5 s
   lens-ebpf trace exec --pod web-0         # execs and exits in one pod's containers
   lens-ebpf trace all --duration 10        # everything, for 10 seconds
+  lens-ebpf trace gpu --wide               # GPU faults and the pods on the GPU
 """
 TCP_HEADER = (
     f"{'TIME':<8} {'PID':>6} {'COMM':<9} {'DIR':<3} {'CLASS':<8} {'REMOTE':<21} "
     f"{'TX':>6} {'RX':>6} {'MS':>5}"
 )
+GPU_HEADER = f"{'TIME':<8} {'GPU':>3} {'BDF':<12} {'FAULT':<18} {'CODE':<6} {'PID':>7} MESSAGE"
 EXEC_HEADER = f"{'TIME':<8} {'EVENT':<5} {'PID':>7} {'PPID':>7} {'COMM':<12} {'RET':>5} FILENAME"
 # trace all: one table, each line led by its event kind
 ALL_HEADER = f"{'TIME':<8} {'EVENT':<5} {'PID':>7} {'COMM':<12} DETAIL"
@@ -55,7 +59,7 @@ class TraceError(Exception):
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("trace", help="live events from this node's kernel", epilog=EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("what", choices=("tcp", "rtt", "exec", "all"))
+    p.add_argument("what", choices=("tcp", "rtt", "exec", "all", "gpu"))
     p.add_argument("interval", nargs="?", type=float, default=5.0,
                    help="rtt: seconds between histograms (default 5)")  # fmt: skip
     p.add_argument("count", nargs="?", type=int, default=0, help="rtt: how many (default: ever)")
@@ -223,6 +227,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     out = out or sys.stdout
     err = err or sys.stderr
     cfg = config.load(args.config, overrides={("log_level",): "error"})
+    if args.what == "gpu":
+        return run_gpu(args, cfg, out, err)
     if args.ebpf:
         print_ebpf(args.what, cfg, out)
         return 0
@@ -338,3 +344,86 @@ def _render(ev: Event, args: argparse.Namespace, boot_offset: float) -> str:
     if ev["kind"] == "flow_closed":
         return format_flow(ev, boot_offset, args.wide)
     return format_proc(ev, boot_offset, args.wide)
+
+
+def format_gpu(ev: Event, wide: bool = False) -> str:
+    line = (
+        f"{time.strftime('%H:%M:%S'):<8} {ev['gpu_index']:>3} {ev['bdf']:<12} "
+        f"{ev['fault']:<18} {ev['code']:<6} {ev['pid'] or '-':>7} {ev['message']}"
+    )[:120]
+    return line + _wide(ev) if wide else line
+
+
+def run_gpu(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: TextIO) -> int:
+    """GPU faults as the agent's GPU feature sees them, without the agent."""
+    from lens_ebpf.devices.gpu import collector as gpu_collector
+    from lens_ebpf.devices.gpu import faults, nvidia
+    from lens_ebpf.k8s.podresources import PodResourcesCollector
+
+    g = cfg.collectors.section("gpu")
+    assert isinstance(g, gpu_collector.GpuSettings)
+    sysfs = Path(cfg.devices.sysfs_root)
+    enrich = Enrichment.for_node(Path("/proc"), sysfs, Path(cfg.containers.containerd_state))
+    k = cfg.kubernetes
+    pods = PodResourcesCollector(
+        k.pod_resources.interval_seconds,
+        k.pod_resources.socket,
+        k.pod_resources.timeout_seconds,
+        k.kubelet.gpu_resources,
+    )
+    gpus = gpu_collector.GpuCollector(g.interval_seconds, cfg.node_name,
+                                      gpu_collector.default_sources(g, sysfs), g.stale_seconds,
+                                      Path(cfg.devices.dev_root), identify=enrich.pid,
+                                      allocated=lambda: pods.assigned, sysfs=sysfs)  # fmt: skip
+    bus = EventBus(cfg.events.queue_size)
+    gpus.publish = bus.publish
+    sub = bus.subscribe("trace", accept=event_filter(args, frozenset({"gpu_fault"})))
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if k.pod_resources.enabled and Path(k.pod_resources.socket).exists():
+        pods.run_once()
+    gpus.run_once()
+
+    def poll() -> None:  # the error counters: a rise between readings is a fault
+        while not stop.wait(g.interval_seconds):
+            gpus.run_once()
+
+    threads = [threading.Thread(target=poll, daemon=True)]
+    watcher = faults.KmsgWatcher(g.kmsg, gpus.fault) if g.kmsg else None
+    if watcher is not None:
+        try:
+            fd = watcher.open()
+            threads.append(threading.Thread(target=watcher.run, args=(stop, fd), daemon=True))
+        except OSError as exc:
+            err.write(f"lens-ebpf trace: {g.kmsg}: {exc.strerror}; kernel log faults not seen\n")
+    nvml = gpu_collector.nvml_module() if g.nvml_events else None
+    if nvml is not None:
+        xids = nvidia.XidEvents(nvml, gpus.fault)
+        threads.append(threading.Thread(target=xids.run, args=(stop,), daemon=True))
+    for t in threads:
+        t.start()
+    gpu_count = len(gpus.readings())
+    err.write(f"lens-ebpf trace: tracing GPU faults on {gpu_count} GPUs (Ctrl-C to stop)\n")
+    err.flush()
+    shown = 0
+    started = time.monotonic()
+    try:
+        while not stop.is_set():
+            if args.duration and time.monotonic() - started >= args.duration:
+                break
+            ev = sub.get(timeout=0.1)
+            if ev is None:
+                continue
+            if not args.json and not shown:
+                out.write(GPU_HEADER + "\n")
+            out.write((json.dumps(ev.to_dict(), sort_keys=True, default=str) if args.json
+                       else format_gpu(ev, args.wide)) + "\n")  # fmt: skip
+            out.flush()
+            shown += 1
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=2)
+    err.write(f"lens-ebpf trace: {shown} GPU faults shown\n")
+    return 0

@@ -16,7 +16,7 @@ def fake_nvml(tmp_path_factory) -> Iterator[object]:
     if shutil.which("gcc") is None:
         pytest.skip("gcc is needed to build the stand-in libnvidia-ml.so.1")
     out = tmp_path_factory.mktemp("nvml") / "libnvidia-ml.so.1"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out),
+    subprocess.run(["gcc", "-shared", "-fPIC", "-pthread", "-o", str(out),
                     str(FIX.parent / "nvml" / "fake_nvml.c")], check=True)  # fmt: skip
     import pynvml
 

@@ -270,6 +270,19 @@ def test_nvml_health_where_the_gpu_reports_it(fake_nvml) -> None:
                  "lens_gpu_energy_joules_total"):  # fmt: skip
         assert by(name, v, gpu_index="1") is None, name
     assert by("lens_gpu_pcie_replays_total", v, gpu_index="1") == 0
+    # PCIe throughput (KB/s from NVML) in bytes; NVLink: 18 links, link 3 down, the
+    # errors summed over links; GPU 1 has neither
+    pcie = "lens_gpu_pcie_throughput_bytes_per_second"
+    assert by(pcie, v, gpu_index="0", direction="tx") == 1200 * 1024
+    assert by(pcie, v, gpu_index="0", direction="rx") == 3400 * 1024
+    links = {dict(lbl)["link"]: val for (name, lbl), val in v.items()
+             if name == "lens_gpu_nvlink_up" and dict(lbl)["gpu_index"] == "0"}  # fmt: skip
+    assert len(links) == 18 and [k for k, up in links.items() if not up] == ["3"]
+    nvl = "lens_gpu_nvlink_errors_total"
+    assert {c: by(nvl, v, gpu_index="0", counter=c) for c in nvidia.NVLINK_ERRORS} == {
+        "replay": 4, "recovery": 1, "crc_flit": 9, "crc_data": 0, "ecc_data": 0}  # fmt: skip
+    for name in (pcie, "lens_gpu_nvlink_up", nvl):
+        assert by(name, v, gpu_index="1") is None, name
 
 
 def test_older_nvml_reads_the_throttle_reasons(fake_nvml, monkeypatch) -> None:

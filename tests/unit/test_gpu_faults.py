@@ -115,23 +115,132 @@ def test_fault_series_are_bounded(fake_nvml, monkeypatch) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="writing to /dev/kmsg needs root")
-def test_watcher_reads_the_real_kernel_log() -> None:
-    got: list[faults.Fault] = []
-    w = faults.KmsgWatcher("/dev/kmsg", got.append)
+def test_a_line_written_to_the_real_kernel_log_is_parsed_and_attributed(fake_nvml) -> None:
+    """Through /dev/kmsg itself: the watcher reads from the end, and the Xid it finds
+    names the stand-in NVML's GPU 0 and a process of pod ml/train-0."""
+    c, events = collector(fake_nvml)
+    w = faults.KmsgWatcher("/dev/kmsg", c.fault)
     fd = w.open()  # at the end: what is logged from here on
     stop = threading.Event()
     t = threading.Thread(target=w.run, args=(stop, fd))
     t.start()
-    line = ("NVRM: Xid (PCI:ffff:ff:1f): 13, pid=1, name=lens-ebpf-test, written by the "
+    line = ("NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=lens-ebpf-test, written by the "
             "lens-ebpf test suite, not a driver")  # fmt: skip
     try:
         with open("/dev/kmsg", "w") as kmsg:
             kmsg.write(line + "\n")
-        deadline = time.monotonic() + 5
-        while not got and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert wait_for(lambda: bool(events))
     finally:
         stop.set()
         t.join(5)
-    assert [(f.bdf, f.kind, f.code, f.pid) for f in got] == [("ffff:ff:1f.0", "xid", "13", 1)]
+    assert [(e.gpu_index, e.bdf, e.fault, e.code, e.pid, e.namespace, e.pod, e.workload)
+            for e in events] == [(0, "0000:18:00.0", "xid", "13", 4242, "ml", "train-0",
+                                  "train")]  # fmt: skip
+    assert events[0].message == line
     assert w.records >= 1 and w.faults == 1
+    got = samples(c)
+    key = ("lens_gpu_faults_total", (("code", "13"), ("gpu", "0"), ("kind", "xid"),
+                                     ("namespace", "ml"), ("pod", "train-0"),
+                                     ("workload", "train")))  # fmt: skip
+    assert got[key] == 1
+
+
+def wait_for(cond, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return bool(cond())
+
+
+def raise_xid(state: Path, gpu: int, xid: int) -> None:
+    """Tells the stand-in NVML to raise an Xid event (renamed into place: it reads and
+    removes the file whenever it looks)."""
+    (state / "xid.tmp").write_text(f"{gpu} {xid}\n")
+    (state / "xid.tmp").rename(state / "xid")
+
+
+def test_nvml_xid_events_reach_the_collector_once_with_the_kernel_log(
+    fake_nvml, tmp_path, monkeypatch
+) -> None:
+    """An Xid through NVML's event API (GPU 0 registers; GPU 1 refuses, as GPUs without
+    event support do) becomes a fault; the same Xid in the kernel log counts once."""
+    from lens_ebpf.devices.gpu import nvidia
+
+    monkeypatch.setenv("FAKE_NVML_STATE", str(tmp_path))
+    c, events = collector(fake_nvml)
+    xids = nvidia.XidEvents(fake_nvml, c.fault)
+    stop = threading.Event()
+    t = threading.Thread(target=xids.run, args=(stop,))
+    t.start()
+    try:
+        assert wait_for(lambda: len(xids.gpus) == 1)
+        assert list(xids.gpus.values()) == ["0000:18:00.0"]
+        raise_xid(tmp_path, 0, 79)
+        assert wait_for(lambda: len(events) == 2)  # two pods run processes on GPU 0
+        c.fault(faults.parse_fault(XID_79.replace("pid=4242", "pid=7")))  # type: ignore[arg-type]
+        raise_xid(tmp_path, 0, 79)  # a second Xid 79: counted
+        assert wait_for(lambda: xids.events == 2)
+    finally:
+        stop.set()
+        t.join(5)
+    assert xids.errors == 0
+    assert {(e.fault, e.code, e.bdf, e.pod) for e in events} == {
+        ("xid", "79", "0000:18:00.0", "train-0"),
+        ("xid", "79", "0000:18:00.0", "eval-0"),
+    }
+    assert events[0].message == "NVML Xid event: 79"
+    got = samples(c)
+    total = sum(v for (n, lbl), v in got.items() if n == "lens_gpu_faults_total")
+    assert total == 4  # two Xids, each to two pods; the kernel log's copy not again
+    assert got[("lens_gpu_faults_duplicate_total", (("node", "gpu-7"),))] == 1
+
+
+def test_a_rise_in_uncorrectable_ecc_is_a_fault(fake_nvml, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("FAKE_NVML_STATE", str(tmp_path))
+    c, events = collector(fake_nvml)  # the first reading: the baseline, no fault
+    c.run_once()
+    assert events == []
+    (tmp_path / "ecc_uncorrected").write_text("3")
+    c.run_once()
+    assert {(e.fault, e.code, e.pod) for e in events} == {
+        ("ecc_uncorrectable", "memory", "train-0"),
+        ("ecc_uncorrectable", "memory", "eval-0"),
+    }
+    assert events[0].message == "3 uncorrectable ECC errors (NVML volatile count now 3)"
+    got = samples(c)
+    key = ("lens_gpu_faults_total", (("code", "memory"), ("gpu", "0"),
+                                     ("kind", "ecc_uncorrectable"), ("namespace", "ml"),
+                                     ("pod", "train-0"), ("workload", "train")))  # fmt: skip
+    assert got[key] == 3
+    (tmp_path / "ecc_uncorrected").write_text("0")  # the driver reloaded: a new baseline
+    c.run_once()
+    assert len(events) == 2
+
+
+def test_amd_ras_in_the_kernel_log_and_the_counters_count_once() -> None:
+    """amdgpu logs `2 uncorrectable hardware errors detected in umc block` and its RAS
+    count rises by two: one fault of two errors."""
+    from lens_ebpf.devices.gpu.model import GpuReading
+
+    ue = {"n": 5}
+
+    def read() -> list[GpuReading]:
+        r = GpuReading("amd", "0000:c1:00.0", source="test")
+        r.ras_errors = {("umc", "uncorrectable"): ue["n"], ("umc", "correctable"): 40}
+        return [r]
+
+    c = GpuCollector(5, "gpu-7", {"amd": [("test", read)]})
+    events: list[GpuFault] = []
+    c.publish = events.append
+    c.run_once()
+    c.fault(faults.parse_fault(AMD_UE))  # type: ignore[arg-type]
+    ue["n"] = 7
+    got = samples(c)
+    assert [(e.fault, e.code) for e in events] == [("ras_uncorrectable", "umc")]
+    key = ("lens_gpu_faults_total", (("code", "umc"), ("gpu", "0"), ("kind", "ras_uncorrectable"),
+                                     ("namespace", ""), ("pod", ""), ("workload", "")))  # fmt: skip
+    assert got[key] == 2
+    assert got[("lens_gpu_faults_duplicate_total", (("node", "gpu-7"),))] == 1
+    ue["n"] = 8  # a rise nobody logged: a fault of its own
+    got = samples(c)
+    assert got[key] == 3 and len(events) == 2

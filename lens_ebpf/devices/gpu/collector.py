@@ -9,6 +9,7 @@ collectors.gpu.stale_seconds and lens_gpu_reading_stale says so.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib
 import io
@@ -35,6 +36,7 @@ from lens_ebpf.feature import Settings, register
 
 log = logging.getLogger(__name__)
 
+DEDUP_SECONDS = 10.0  # an Xid in the kernel log and from NVML within this is one fault
 MAX_FAULT_SERIES = 1000  # lens_gpu_faults_total series; beyond, counted unattributed
 
 # A source returns readings, or None when it is not there at all (no library, no tool).
@@ -99,6 +101,9 @@ class GpuCollector(DeviceCollector):
         # (gpu, kind, code, namespace, pod, workload) -> faults; bounded, overflow counted
         self.faults: dict[tuple[str, ...], int] = {}
         self.faults_dropped = 0
+        self.faults_duplicate = 0  # reported by both the kernel log and NVML
+        self._baseline: dict[tuple[str, str, str], int] = {}  # uncorrectable error counters
+        self._recent: dict[tuple[str, str, str], collections.deque[tuple[float, str]]] = {}
         self.tables_skipped: dict[str, int] = {}  # AMD gpu_metrics revisions not understood
         self.publish: Callable[[GpuFault], None] = lambda _ev: None
 
@@ -127,6 +132,7 @@ class GpuCollector(DeviceCollector):
                         self.tables_skipped[rev] = self.tables_skipped.get(rev, 0) + 1
             self.state[vendor] = VendorState(readings, name, self.clock())
             self.stale[vendor] = False
+            self.counter_faults(readings)
             return
         old = self.state.get(vendor)
         if old is None:
@@ -164,8 +170,45 @@ class GpuCollector(DeviceCollector):
                 pods.setdefault((who.get("namespace", ""), who["pod"]), who)
         return list(pods.values()) or [{}]
 
+    def counter_faults(self, readings: list[GpuReading]) -> None:
+        """Uncorrectable errors that a counter shows and no log line may have told (NVML's
+        ECC count, amdgpu's RAS counts): a rise between two readings is a fault. The first
+        reading, and a counter that went down (driver reloaded), only set the baseline."""
+        for r in readings:
+            for (kind, code), (n, message) in uncorrectable_counts(r).items():
+                key = (r.bdf, kind, code)
+                prev, self._baseline[key] = self._baseline.get(key), n
+                if prev is not None and n > prev:
+                    self.fault(Fault(r.vendor, r.bdf, kind, code, message.format(n - prev, n),
+                                     count=n - prev, source="counter"))  # fmt: skip
+
+    def duplicate(self, f: Fault) -> bool:
+        """True for the second report of one fault: an Xid the kernel log and NVML's event
+        API both report, an amdgpu RAS report the counters show too. Each report of one
+        source pairs with at most one of another source within the window, so repeated
+        faults still count one by one."""
+        now = self.clock()
+        key = (f.bdf, f.kind, f.code)
+        window = max(DEDUP_SECONDS, 2 * self.interval)  # a counter shows it a reading later
+        with self._lock:
+            for k in [k for k, q in self._recent.items() if not q or q[-1][0] < now - window]:
+                del self._recent[k]
+            q = self._recent.setdefault(key, collections.deque(maxlen=256))
+            while q and q[0][0] < now - window:
+                q.popleft()
+            for i, (_, source) in enumerate(q):
+                if source != f.source:
+                    del q[i]
+                    self.faults_duplicate += 1
+                    return True
+            q.append((now, f.source))
+        return False
+
     def fault(self, f: Fault) -> None:
-        """A fault from the kernel log: an event per holder of the GPU, and counted."""
+        """A fault from the kernel log or NVML's events: an event per holder of the GPU,
+        and counted; once, when both report it."""
+        if self.duplicate(f):
+            return
         g = next((r for r in self.readings() if r.bdf == f.bdf), None)
         for who in self.holders(g, f.pid):
             ev = GpuFault(gpu_index=g.index if g else 0, bdf=f.bdf, uuid=g.uuid if g else "",
@@ -214,13 +257,16 @@ class GpuCollector(DeviceCollector):
         with self._lock:
             counted, dropped = dict(self.faults), self.faults_dropped
         for (gpu, kind, code, ns, pod, workload), count in sorted(counted.items()):
-            add("lens_gpu_faults_total", "GPU faults from the kernel log (Xid, RAS), with the "
-                "pod that held the GPU", {"gpu": gpu, "kind": kind, "code": code,
+            add("lens_gpu_faults_total", "GPU faults (Xid, uncorrectable ECC and RAS errors), "
+                "with the pod that held the GPU", {"gpu": gpu, "kind": kind, "code": code,
                                           "namespace": ns, "pod": pod, "workload": workload},
                 count, "counter")  # fmt: skip
         if counted or dropped:
             add("lens_gpu_faults_unattributed_total", "GPU faults beyond the series cap, "
                 f"counted here ({MAX_FAULT_SERIES} series)", n, dropped, "counter")  # fmt: skip
+            add("lens_gpu_faults_duplicate_total", "Fault reports seen two ways (kernel log, "
+                "NVML events, error counters), counted once in lens_gpu_faults_total", n,
+                self.faults_duplicate, "counter")  # fmt: skip
         for rev, count in sorted(self.tables_skipped.items()):
             add("lens_gpu_metrics_table_skipped_total", "AMD gpu_metrics tables read but not "
                 "understood (a layout revision lens-ebpf does not know), by revision",
@@ -287,6 +333,29 @@ class GpuCollector(DeviceCollector):
         return list(fams.values())
 
 
+def uncorrectable_counts(g: GpuReading) -> dict[tuple[str, str], tuple[int, str]]:
+    """(fault kind, code) -> (count now, message template) for the counters whose rise is
+    a fault: NVIDIA's uncorrected ECC errors (volatile, else aggregate), AMD's
+    uncorrectable RAS errors per block (the kind and code the kernel log's reports use,
+    so the two count once)."""
+    out: dict[tuple[str, str], tuple[int, str]] = {}
+    for counter in ("volatile", "aggregate"):
+        n = g.ecc_errors.get(("uncorrected", counter))
+        if n is not None:
+            out[("ecc_uncorrectable", "memory")] = (
+                n,
+                f"{{}} uncorrectable ECC errors (NVML {counter} count now {{}})",
+            )
+            break
+    for (block, kind), n in g.ras_errors.items():
+        if kind == "uncorrectable":
+            out[("ras_uncorrectable", block)] = (
+                n,
+                f"{{}} uncorrectable RAS errors in {block} (count now {{}})",
+            )
+    return out
+
+
 def _bool(v: bool | None) -> float | None:
     return None if v is None else float(v)
 
@@ -320,6 +389,19 @@ def _health_metrics(add: Callable[..., None], lbl: dict[str, str], g: GpuReading
             {**lbl, "block": block, "type": kind}, n, "counter")  # fmt: skip
     add("lens_gpu_energy_joules_total", "Energy the GPU used since the driver loaded", lbl,
         g.energy_joules, "counter")  # fmt: skip
+    for direction, bps in sorted(g.pcie_bytes_per_second.items()):
+        add("lens_gpu_pcie_throughput_bytes_per_second", "PCIe throughput (NVML's 20 ms "
+            "sample)", {**lbl, "direction": direction}, bps)  # fmt: skip
+    for link, up in sorted(g.nvlink_up.items()):
+        add("lens_gpu_nvlink_up", "1 while the NVLink is active", {**lbl, "link": str(link)},
+            float(up))  # fmt: skip
+    totals: dict[str, int] = {}
+    for (_, counter), n in g.nvlink_errors.items():  # per GPU, as dcgm-exporter's totals
+        totals[counter] = totals.get(counter, 0) + n
+    for counter, n in sorted(totals.items()):
+        add("lens_gpu_nvlink_errors_total", "NVLink data-link errors summed over the GPU's "
+            "links, by counter (replay, recovery, crc_flit, crc_data, ecc_data)",
+            {**lbl, "counter": counter}, n, "counter")  # fmt: skip
     add("lens_gpu_xgmi_error_status", "AMD XGMI link errors: 0 none, 1 one, 2 several",
         lbl, g.xgmi_error_status)  # fmt: skip
 
@@ -338,9 +420,19 @@ def nvml_source(nvml: Any) -> Source:
     return "nvml", read
 
 
+def nvml_module() -> Any:
+    """pynvml (nvidia-ml-py), or None where it is not installed."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    return pynvml
+
+
 class GpuSettings(Settings):
     interval_seconds: float = Field(5.0, gt=0)
     kmsg: str = "/dev/kmsg"  # the kernel log, for Xid and RAS reports; "" turns that off
+    nvml_events: bool = True  # Xid errors through NVML's event API too (counted once)
     stale_seconds: float = Field(300.0, ge=0)
     timeout_seconds: float = Field(10.0, gt=0)
     amd_smi: str = "amd-smi"
@@ -371,12 +463,8 @@ def default_sources(g: GpuSettings, sysfs: Path) -> dict[str, list[Source]]:
         amd_sources.append(("amd-smi", amd_smi))
     amd_sources.append(("sysfs", lambda: amd.read_sysfs(sysfs) or None))
     nv_sources: list[Source] = []
-    try:
-        import pynvml
-
+    if (pynvml := nvml_module()) is not None:
         nv_sources.append(nvml_source(pynvml))
-    except ImportError:
-        pass
     smi = shutil.which(g.nvidia_smi)
     if smi:
         nv_sources.append(("nvidia-smi", lambda: nvidia.parse_smi_csv(
@@ -404,6 +492,10 @@ class GpuFeature(DeviceFeature):
         if g.kmsg:
             watcher = faults.KmsgWatcher(g.kmsg, gpu.fault)
             self.ctx.spawn("gpu-faults", lambda: watcher.run(self.ctx.stop))
+        nvml = nvml_module() if g.nvml_events else None
+        if nvml is not None:
+            xids = nvidia.XidEvents(nvml, gpu.fault)
+            self.ctx.spawn("gpu-xid-events", lambda: xids.run(self.ctx.stop))
         self.ctx.offers["gpu_count"] = lambda: len(gpu.readings())
         self.ctx.offers["gpu_devices"] = lambda: gpu.views.get("devices", {})
         return gpu

@@ -39,6 +39,7 @@ class Fault:
     message: str
     count: int = 1  # RAS reports say how many errors
     pid: int = 0  # the process an Xid names, when it names one
+    source: str = "kmsg"  # kmsg (the kernel log) or nvml (NVML's event API)
 
 
 def parse_record(raw: bytes) -> tuple[int, str] | None:

@@ -45,6 +45,9 @@ class GpuReading:
     ras_errors: dict[tuple[str, str], int] = field(default_factory=dict)  # (block, type)
     energy_joules: float | None = None  # since the driver loaded
     xgmi_error_status: int | None = None  # AMD: 0 no errors, 1 an error, 2 several
+    pcie_bytes_per_second: dict[str, float] = field(default_factory=dict)  # tx, rx
+    nvlink_up: dict[int, bool] = field(default_factory=dict)  # link -> active
+    nvlink_errors: dict[tuple[int, str], int] = field(default_factory=dict)  # (link, counter)
     metrics_table: tuple[str, bool] | None = None  # AMD gpu_metrics: (revision, understood)
 
     @property

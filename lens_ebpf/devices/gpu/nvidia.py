@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import logging
 import subprocess
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from lens_ebpf.devices.gpu.amd import SourceError
+from lens_ebpf.devices.gpu.faults import Fault
 from lens_ebpf.devices.gpu.model import GpuProcess, GpuReading, norm_bdf
+
+log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 QUERY_GPU = ("index,uuid,name,pci.bus_id,driver_version,memory.total,memory.used,"
@@ -90,6 +97,28 @@ def _nvml_health(nvml: Any, h: Any, r: GpuReading, get: Callable[..., Any]) -> N
     r.pcie_replays = int(replays) if replays is not None else None
     mj = get(nvml.nvmlDeviceGetTotalEnergyConsumption, h)
     r.energy_joules = mj / 1000 if mj is not None else None
+    pcie = {"tx": (nvml.NVML_PCIE_UTIL_TX_BYTES,), "rx": (nvml.NVML_PCIE_UTIL_RX_BYTES,)}
+    got = _answered(get, nvml.nvmlDeviceGetPcieThroughput, h, pcie)
+    r.pcie_bytes_per_second = {d: kbps * 1024 for d, kbps in got.items()}  # KB/s
+    _nvlink(nvml, h, r, get)
+
+
+NVLINK_ERRORS = ("replay", "recovery", "crc_flit", "crc_data", "ecc_data")  # DL_* counters
+
+
+def _nvlink(nvml: Any, h: Any, r: GpuReading, get: Callable[..., Any]) -> None:
+    """Each NVLink's state and its data-link error counters, for the links the GPU has
+    (NVML answers NotSupported for link 0 on GPUs without NVLink, InvalidArgument past
+    the last link)."""
+    for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
+        state = get(nvml.nvmlDeviceGetNvLinkState, h, link)
+        if state is None:
+            break
+        r.nvlink_up[link] = bool(state)
+        for counter, name in enumerate(NVLINK_ERRORS):
+            n = get(nvml.nvmlDeviceGetNvLinkErrorCounter, h, link, counter)
+            if n is not None:
+                r.nvlink_errors[(link, name)] = int(n)
 
 
 def _nvml_device(nvml: Any, i: int, driver: str) -> GpuReading:
@@ -128,6 +157,78 @@ def _nvml_device(nvml: Any, i: int, driver: str) -> GpuReading:
         r.processes.append(GpuProcess(int(p.pid), int(used) if used is not None else None))
     _nvml_health(nvml, h, r, get)
     return r
+
+
+class XidEvents:
+    """Xid critical errors through NVML's event API, on a thread of their own: the same
+    faults the driver logs to the kernel log, where /dev/kmsg cannot be read (the
+    collector counts a fault seen both ways once)."""
+
+    WAIT_MS = 500
+
+    def __init__(self, nvml: Any, on_fault: Callable[[Fault], None]) -> None:
+        self.nvml = nvml
+        self.on_fault = on_fault
+        self.events = 0
+        self.errors = 0
+        self.gpus: dict[int | None, str] = {}  # device handle address -> BDF
+
+    def register(self) -> Any:
+        """An event set with every GPU that takes Xid events; None when none does."""
+        nvml = self.nvml
+        nvml.nvmlInit()
+        evset = nvml.nvmlEventSetCreate()
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            try:
+                nvml.nvmlDeviceRegisterEvents(h, nvml.nvmlEventTypeXidCriticalError, evset)
+                bdf = norm_bdf(_text(nvml.nvmlDeviceGetPciInfo(h).busId))
+            except nvml.NVMLError as exc:
+                log.info("gpu %d: no NVML Xid events (%s); the kernel log still has them", i,
+                         exc)  # fmt: skip
+                continue
+            self.gpus[ctypes.cast(h, ctypes.c_void_p).value] = bdf
+        if not self.gpus:
+            nvml.nvmlEventSetFree(evset)
+            nvml.nvmlShutdown()
+            return None
+        return evset
+
+    def run(self, stop: threading.Event) -> None:
+        """Until stop is set (a thread's whole life)."""
+        nvml = self.nvml
+        try:
+            evset = self.register()
+        except nvml.NVMLError as exc:
+            log.info("NVML Xid events unavailable: %s", exc)
+            return
+        if evset is None:
+            return
+        try:
+            while not stop.is_set():
+                self.wait_once(evset)
+        finally:
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlEventSetFree(evset)
+                nvml.nvmlShutdown()
+
+    def wait_once(self, evset: Any) -> None:
+        nvml = self.nvml
+        try:
+            data = nvml.nvmlEventSetWait_v2(evset, self.WAIT_MS)
+        except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) != nvml.NVML_ERROR_TIMEOUT:
+                self.errors += 1
+                log.warning("NVML event wait failed: %s", exc)
+                time.sleep(1)
+            return
+        if not data.eventType & nvml.nvmlEventTypeXidCriticalError:
+            return
+        self.events += 1
+        bdf = self.gpus.get(ctypes.cast(data.device, ctypes.c_void_p).value, "unknown")
+        xid = int(data.eventData)
+        self.on_fault(Fault("nvidia", bdf, "xid", str(xid), f"NVML Xid event: {xid}",
+                            source="nvml"))  # fmt: skip
 
 
 def read_nvml(nvml: Any) -> list[GpuReading]:
