@@ -122,7 +122,10 @@ def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     alerts = {r["alert"] for g in rule_groups() for r in g["rules"]}
     assert alerts == {"LensAgentDown", "LensBpfProgramNotAttached", "LensEventsLost",
-                      "LensGpuHot", "LensRdmaPortDown", "LensSeriesCapReached"}  # fmt: skip
+                      "LensGpuHot", "LensRdmaPortDown", "LensSeriesCapReached",
+                      "LensGpuXidCritical", "LensGpuUncorrectableErrors",
+                      "LensGpuRowRemapFailure", "LensGpuResetPending",
+                      "LensGpuThermalThrottling", "LensGpuXgmiErrors"}  # fmt: skip
 
 
 def expressions() -> list[str]:
@@ -159,5 +162,6 @@ def test_dashboard_panels_cover_the_issue() -> None:
     titles = " ".join(p["title"] for p in json.loads(
         (DEPLOY / "grafana-dashboard.json").read_text())["panels"]).lower()  # fmt: skip
     for word in ("class", "rtt", "heatmap", "retransmit", "exec", "oom", "gpu utilization",
-                 "gpu memory", "gpu power", "rdma"):  # fmt: skip
+                 "gpu memory", "gpu power", "rdma", "gpu faults", "throttling",
+                 "ecc", "nvlink"):  # fmt: skip
         assert word in titles, word
