@@ -62,7 +62,8 @@ class Enrichment:
         return ref, who
 
     def pid(self, pid: int) -> dict[str, str]:
-        """Pod identity of a host pid (GPU processes), from its cgroup."""
+        """Pod identity of a host pid (GPU processes, RDMA queue pairs), from its cgroup,
+        with the owner workload where the cluster index knows the pod."""
         if self.containers is None:
             return {}
         try:
@@ -70,4 +71,9 @@ class Enrichment:
         except OSError:
             return {}
         ref = parse_cgroup(cgroup_path(text))
-        return identity(ref, self.containers.containers.get(ref.container_id))
+        who = identity(ref, self.containers.containers.get(ref.container_id))
+        if self.index is not None and who["pod"]:
+            pod = self.index.pod(who["namespace"], who["pod"])
+            if pod is not None:
+                who.update(workload_kind=pod.workload_kind, workload=pod.workload)
+        return who

@@ -147,6 +147,16 @@ class GpuFault(Owner):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class RdmaUse(Owner):
+    """A container opened its first RDMA queue pair on a device (rdma_open), or has closed
+    its last (rdma_close)."""
+
+    KINDS = ("rdma_open", "rdma_close")
+    device: str
+    queue_pairs: int  # open now on the device (0 on rdma_close)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class NodeTuned(Event):
     """The system tuner raised a kernel setting."""
 
@@ -168,7 +178,7 @@ class Gap(Event):
 
 
 EVENT_TYPES: tuple[type[Event], ...] = (FlowClosed, ProcessEvent, ContainerChange, DeviceChange,
-                                        GpuFault, NodeTuned, Gap)  # fmt: skip
+                                        GpuFault, NodeTuned, RdmaUse, Gap)  # fmt: skip
 KINDS: dict[str, type[Event]] = {k: t for t in EVENT_TYPES for k in t.KINDS}
 
 

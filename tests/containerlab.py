@@ -61,8 +61,11 @@ class Containerd:
     def run(self, cid: str, *cmd: str, labels: dict[str, str] | None = None,
             devices: tuple[str, ...] = (), cgroup: str | None = None, memory: int = 0,
             env: dict[str, str] | None = None, detach: bool = False,
-            check: bool = False) -> subprocess.CompletedProcess:  # fmt: skip
+            check: bool = False, rootfs: Path | None = None,
+            net_host: bool = False) -> subprocess.CompletedProcess:  # fmt: skip
         args = ["run", "-d" if detach else "--rm"]
+        if net_host:
+            args.append("--net-host")
         for k, v in (labels or {}).items():
             args += ["--label", f"{k}={v}"]
         for d in devices:
@@ -73,7 +76,7 @@ class Containerd:
             args += ["--cgroup", cgroup]
         if memory:
             args += ["--memory-limit", str(memory)]
-        args += ["--rootfs", str(self.rootfs), cid, *cmd]
+        args += ["--rootfs", str(rootfs or self.rootfs), cid, *cmd]
         return self.ctr(*args, check=check)
 
     def remove(self, cid: str) -> None:

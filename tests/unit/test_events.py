@@ -18,6 +18,7 @@ from lens_ebpf.events import (
     GpuFault,
     NodeTuned,
     ProcessEvent,
+    RdmaUse,
 )
 
 FLOW = FlowClosed(ts_ns=1, pid=7, comm="curl", cgroup_id=3, family="ipv4", laddr="10.0.0.1",
@@ -45,6 +46,24 @@ EXAMPLES = {
     "container_exit": ContainerChange(kind="container_exit", ts_ns=4, container_id="abc123"),
     "device_change": DeviceChange(vendor="amd", bdf="0000:03:00.0", change="appeared"),
     "gap": Gap(lost=5, reason="slow_subscriber"),
+    "rdma_open": RdmaUse(
+        kind="rdma_open",
+        device="rxe0",
+        queue_pairs=2,
+        pod="llm-0",
+        namespace="ml",
+        container="trainer",
+        container_id="c" * 64,
+    ),
+    "rdma_close": RdmaUse(
+        kind="rdma_close",
+        device="rxe0",
+        queue_pairs=0,
+        pod="llm-0",
+        namespace="ml",
+        container="trainer",
+        container_id="c" * 64,
+    ),
     "gpu_fault": GpuFault(
         gpu_index=0,
         bdf="0000:18:00.0",

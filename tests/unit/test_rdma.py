@@ -61,7 +61,7 @@ def test_counters_ext_is_kept_apart_from_counters() -> None:
 
 def test_iwarp_no_pma_and_unreadable_files_are_skipped() -> None:
     iw = by_name(sysfs.read_devices(SYS))["iwp1s0f0"]
-    assert iw.node_type == "4: RNIC" and iw.hca_type == ""
+    assert iw.node_type == "RNIC" and iw.hca_type == ""
     assert iw.ports[0].counters == {}
     assert iw.ports[0].hw_counters == {"ip4InReceives": 1000, "tcpInSegs": 900}
 
@@ -162,3 +162,109 @@ def test_no_rdma_hardware_exports_nothing(tmp_path: Path) -> None:
     c.run_once()
     assert c.snapshot() == [] and c.errors == {} and c.success
     assert c.views["rdma"] == []
+
+
+def rdma_tool(qp: str | None = None, link: str | None = None):
+    """`rdma -j ARGS` as the fixtures answer it (the shapes iproute2 prints, captured from
+    rxe on 6.12; mlx5_1's entries without `port`, as 5.10 prints some)."""
+
+    def run(*args: str) -> str:
+        if args == ("resource", "show", "qp"):
+            return qp if qp is not None else (FIX / "resource-qp.json").read_text()
+        if args == ("link", "show"):
+            return link if link is not None else (FIX / "link.json").read_text()
+        raise AssertionError(args)
+
+    return run
+
+
+PODS = {4242: {"namespace": "ml", "pod": "llm-0", "container": "trainer",
+               "container_id": "a" * 64, "workload": "llm"},
+        4343: {}}  # fmt: skip
+
+
+def test_queue_pairs_attributed_to_pods_and_the_kernels_own_kept() -> None:
+    events: list = []
+    c = RdmaCollector(5, SYS, rdma=rdma_tool(), identify=lambda pid: PODS.get(pid, {}))
+    c.publish = events.append
+    c.run_once()
+    assert c.success and c.errors == {}
+    v = samples(c)
+    qps = {tuple(dict(lbl)[k] for k in ("device", "port", "type", "comm", "pod")): n
+           for (name, lbl), n in v.items() if name == "lens_rdma_queue_pairs"}  # fmt: skip
+    assert qps == {
+        ("mlx5_0", "1", "SMI", "ib_core", ""): 1, ("mlx5_0", "1", "GSI", "ib_core", ""): 1,
+        ("mlx5_0", "1", "RC", "python3", "llm-0"): 2, ("mlx5_0", "1", "UD", "ib_write_bw", ""): 1,
+        ("mlx5_1", "1", "GSI", "ib_core", ""): 1, ("mlx5_1", "1", "RC", "python3", "llm-0"): 1,
+    }  # fmt: skip
+    assert v[("lens_rdma_queue_pairs_unlabelled", ())] == 0
+    # /rdma: each port lists its QPs with pid, comm and identity; the netdev `rdma link`
+    # names where sysfs has none; the device index `rdma link` reports
+    rows = {(r["if_name"], r["port"]): r for r in c.views["rdma"]}
+    mlx5 = rows[("mlx5_0", 1)]
+    assert [(q["lqpn"], q["type"], q["pid"], q["comm"], q["pod"]) for q in mlx5["queue_pairs"]] == [
+        (0, "SMI", None, "ib_core", ""), (1, "GSI", None, "ib_core", ""),
+        (1057, "RC", 4242, "python3", "llm-0"), (1058, "RC", 4242, "python3", "llm-0"),
+        (1060, "UD", 4343, "ib_write_bw", "")]  # fmt: skip
+    assert rows[("mlx5_1", 1)]["if_index"] == 3 and rows[("mlx4_0", 2)]["queue_pairs"] == []
+    assert rows[("mlx5_0", 1)]["netdev"] == "ib0"  # sysfs's, kept
+    # one event: the container opened QPs on two devices
+    assert [(e.kind, e.device, e.queue_pairs, e.pod) for e in events] == [
+        ("rdma_open", "mlx5_0", 2, "llm-0"),
+        ("rdma_open", "mlx5_1", 1, "llm-0"),
+    ]
+    # its process exits: closed on both, once
+    c.rdma = rdma_tool(qp="[]")
+    c.run_once()
+    c.run_once()
+    assert [(e.kind, e.device, e.queue_pairs) for e in events[2:]] == [
+        ("rdma_close", "mlx5_0", 0),
+        ("rdma_close", "mlx5_1", 0),
+    ]
+    assert not any(n == "lens_rdma_queue_pairs" for (n, _) in samples(c))
+
+
+def test_rxe_netdev_index_and_node_type(tmp_path: Path) -> None:
+    """Soft-RoCE's sysfs, as 6.12 lays it out: no device/ link, so no netdev there;
+    `rdma link` names it (veth0) and the device index (0)."""
+    dev = tmp_path / "class/infiniband/rxe0"
+    port = dev / "ports/1"
+    (port / "hw_counters").mkdir(parents=True)
+    for name, text in {
+        "node_type": "1: CA\n",
+        "node_guid": "5854:10ff:fef1:dfa7\n",
+        "sys_image_guid": "5854:10ff:fef1:dfa7\n",
+        "fw_ver": "0.0.0\n",
+    }.items():
+        (dev / name).write_text(text)
+    for name, text in {
+        "state": "4: ACTIVE\n",
+        "phys_state": "5: LinkUp\n",
+        "link_layer": "Ethernet\n",
+        "rate": "10 Gb/sec (1X QDR)\n",
+    }.items():
+        (port / name).write_text(text)
+    (port / "hw_counters/rdma_sends").write_text("600\n")
+    link = '[{"ifindex":0,"ifname":"rxe0","port":1,"state":"ACTIVE","physical_state":' \
+           '"LINK_UP","netdev":"veth0","netdev_index":3}]'  # fmt: skip
+    c = RdmaCollector(5, tmp_path, rdma=rdma_tool(qp="[]", link=link))
+    c.run_once()
+    assert c.errors == {}
+    (row,) = c.views["rdma"]
+    assert (row["if_name"], row["if_index"], row["netdev"], row["queue_pairs"]) == (
+        "rxe0", 0, "veth0", [])  # fmt: skip
+    v = samples(c)
+    info = next(dict(lbl) for (n, lbl) in v if n == "lens_rdma_device_info")
+    assert (info["netdev"], info["node_type"]) == ("veth0", "CA")
+    assert v[("lens_rdma_port_hw_counter_total",
+              (("counter", "rdma_sends"), ("device", "rxe0"), ("port", "1")))] == 600  # fmt: skip
+
+
+@pytest.mark.parametrize("garbage", ["not json", "{}", '[{"ifname": "x"}]', '["x"]'])
+def test_resource_garbage_is_a_counted_parse_error(garbage: str) -> None:
+    c = RdmaCollector(5, SYS, rdma=rdma_tool(qp=garbage))
+    c.run_once()
+    assert c.success and c.errors == {"parse": 1}
+    assert "queue_pairs" not in c.views["rdma"][0]  # unknown, not "none"
+    assert not any(n.startswith("lens_rdma_queue_pairs") for (n, _) in samples(c))
+    assert any(n == "lens_rdma_port_up" for (n, _) in samples(c))  # the rest still served

@@ -2,7 +2,9 @@
 
 Each kernel boots in QEMU over this machine's root (tests/vm/qemu.py) and runs the
 BPF suite (exact bytes both ways, opens, closes, failed connects, resets,
-retransmits, RTT buckets, exec/exit codes and signals, OOM, policy classes) and the
+retransmits, RTT buckets, exec/exit codes and signals, OOM, policy classes), the RDMA
+suite on a Soft-RoCE device (tests/rdma: exact sends/receives, queue pairs attributed
+to a process and to a containerd container's pod) and the
 agent's own start, /readyz and clean SIGTERM, with the kernel's matching headers; then
 an agent start and a flow with the agent's fallback header tree (another kernel's).
 The host kernel runs the same suite as the rest of `make test`. Two guests run at a
@@ -31,7 +33,8 @@ AGENT = "tests/e2e/test_agent.py::test_"
 # SIGTERM; and what check says. The agent's other e2e tests (config errors, flags,
 # SIGINT, reloads) do not depend on the kernel and run on the host only.
 FALLBACK = f"{AGENT}serves_metrics_counts_a_flow_and_stops_cleanly"
-SUITE = f"tests/bpf {FALLBACK} {AGENT}check_json_reports_tracepoints_and_kprobes"
+# and a real RDMA device: Soft-RoCE on a veth, ibv_rc_pingpong, QPs per process and pod
+SUITE = f"tests/bpf tests/rdma {FALLBACK} {AGENT}check_json_reports_tracepoints_and_kprobes"
 
 
 def _guest_command(tests: str, cost: bool) -> str:

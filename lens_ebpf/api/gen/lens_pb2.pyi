@@ -157,6 +157,16 @@ class GpuFault(_message.Message):
     identity: Identity
     def __init__(self, gpu_index: _Optional[int] = ..., bdf: _Optional[str] = ..., uuid: _Optional[str] = ..., vendor: _Optional[str] = ..., fault: _Optional[str] = ..., code: _Optional[str] = ..., message: _Optional[str] = ..., pid: _Optional[int] = ..., identity: _Optional[_Union[Identity, _Mapping]] = ...) -> None: ...
 
+class RdmaUse(_message.Message):
+    __slots__ = ("device", "queue_pairs", "identity")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_PAIRS_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    queue_pairs: int
+    identity: Identity
+    def __init__(self, device: _Optional[str] = ..., queue_pairs: _Optional[int] = ..., identity: _Optional[_Union[Identity, _Mapping]] = ...) -> None: ...
+
 class NodeTuned(_message.Message):
     __slots__ = ("setting", "old_value", "new_value")
     SETTING_FIELD_NUMBER: _ClassVar[int]
@@ -176,7 +186,7 @@ class Gap(_message.Message):
     def __init__(self, lost: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("seq", "ts_unix_nano", "node_name", "node_ip", "flow_closed", "process_exec", "process_exit", "oom_kill", "container_start", "container_exit", "abnormal_flow", "device_change", "gap", "node_tuned", "gpu_fault")
+    __slots__ = ("seq", "ts_unix_nano", "node_name", "node_ip", "flow_closed", "process_exec", "process_exit", "oom_kill", "container_start", "container_exit", "abnormal_flow", "device_change", "gap", "node_tuned", "gpu_fault", "rdma_open", "rdma_close")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TS_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +202,8 @@ class Event(_message.Message):
     GAP_FIELD_NUMBER: _ClassVar[int]
     NODE_TUNED_FIELD_NUMBER: _ClassVar[int]
     GPU_FAULT_FIELD_NUMBER: _ClassVar[int]
+    RDMA_OPEN_FIELD_NUMBER: _ClassVar[int]
+    RDMA_CLOSE_FIELD_NUMBER: _ClassVar[int]
     seq: int
     ts_unix_nano: int
     node_name: str
@@ -207,7 +219,9 @@ class Event(_message.Message):
     gap: Gap
     node_tuned: NodeTuned
     gpu_fault: GpuFault
-    def __init__(self, seq: _Optional[int] = ..., ts_unix_nano: _Optional[int] = ..., node_name: _Optional[str] = ..., node_ip: _Optional[str] = ..., flow_closed: _Optional[_Union[FlowClosed, _Mapping]] = ..., process_exec: _Optional[_Union[ProcessExec, _Mapping]] = ..., process_exit: _Optional[_Union[ProcessExit, _Mapping]] = ..., oom_kill: _Optional[_Union[OomKill, _Mapping]] = ..., container_start: _Optional[_Union[ContainerChange, _Mapping]] = ..., container_exit: _Optional[_Union[ContainerChange, _Mapping]] = ..., abnormal_flow: _Optional[_Union[FlowClosed, _Mapping]] = ..., device_change: _Optional[_Union[DeviceChange, _Mapping]] = ..., gap: _Optional[_Union[Gap, _Mapping]] = ..., node_tuned: _Optional[_Union[NodeTuned, _Mapping]] = ..., gpu_fault: _Optional[_Union[GpuFault, _Mapping]] = ...) -> None: ...
+    rdma_open: RdmaUse
+    rdma_close: RdmaUse
+    def __init__(self, seq: _Optional[int] = ..., ts_unix_nano: _Optional[int] = ..., node_name: _Optional[str] = ..., node_ip: _Optional[str] = ..., flow_closed: _Optional[_Union[FlowClosed, _Mapping]] = ..., process_exec: _Optional[_Union[ProcessExec, _Mapping]] = ..., process_exit: _Optional[_Union[ProcessExit, _Mapping]] = ..., oom_kill: _Optional[_Union[OomKill, _Mapping]] = ..., container_start: _Optional[_Union[ContainerChange, _Mapping]] = ..., container_exit: _Optional[_Union[ContainerChange, _Mapping]] = ..., abnormal_flow: _Optional[_Union[FlowClosed, _Mapping]] = ..., device_change: _Optional[_Union[DeviceChange, _Mapping]] = ..., gap: _Optional[_Union[Gap, _Mapping]] = ..., node_tuned: _Optional[_Union[NodeTuned, _Mapping]] = ..., gpu_fault: _Optional[_Union[GpuFault, _Mapping]] = ..., rdma_open: _Optional[_Union[RdmaUse, _Mapping]] = ..., rdma_close: _Optional[_Union[RdmaUse, _Mapping]] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
     __slots__ = ("kinds", "namespace", "pod", "container", "from_seq")

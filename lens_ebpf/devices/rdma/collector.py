@@ -7,12 +7,14 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.core import Metric
 from pydantic import Field
 
 from lens_ebpf.devices.collector import DeviceCollector, DeviceFeature
-from lens_ebpf.devices.rdma import statistic, sysfs
+from lens_ebpf.devices.rdma import resources, statistic, sysfs
+from lens_ebpf.events import RdmaUse
 from lens_ebpf.feature import Settings, register
 
 log = logging.getLogger(__name__)
@@ -219,6 +221,14 @@ def device_metrics(devices: list[sysfs.RdmaDevice]) -> list[Metric]:
     return [f for f in fams if f.samples]
 
 
+def _use(kind: str, device: str, qps: int, who: dict[str, str]) -> RdmaUse:
+    g = who.get
+    return RdmaUse(kind=kind, device=device, queue_pairs=qps,
+                   container_id=g("container_id", ""), container=g("container", ""),
+                   pod=g("pod", ""), namespace=g("namespace", ""), pod_uid=g("pod_uid", ""),
+                   workload_kind=g("workload_kind", ""), workload=g("workload", ""))  # fmt: skip
+
+
 def stat_metrics(stats: list[statistic.PortStats]) -> list[Metric]:
     """rdma_stat_<counter>{device,port}: one family per counter, created on first sight."""
     fams: dict[str, Metric] = {}
@@ -240,11 +250,15 @@ def guid_bytes(guid: str) -> str:
     return ":".join(bare[i : i + 2] for i in range(0, 16, 2))
 
 
-def rest_view(devices: list[sysfs.RdmaDevice], stats: list[statistic.PortStats]) -> list[dict]:
+def rest_view(devices: list[sysfs.RdmaDevice], stats: list[statistic.PortStats],
+              links: list[resources.Link] | None = None,
+              qps: dict[tuple[str, int], list[dict]] | None = None) -> list[dict]:  # fmt: skip
     """/rdma in the node exporter's shape: one entry per port. if_index is the RDMA device
-    index `rdma statistic` reports; for a device it does not list, the device's position
-    by name, or the next index no other device holds."""
+    index `rdma link` or `rdma statistic` reports; for a device neither lists, the
+    device's position by name, or the next index no other device holds. With resource
+    tracking, each port lists its queue pairs (`queue_pairs`)."""
     index = {s.device: s.ifindex for s in stats if s.ifindex is not None}
+    index.update({link.device: link.index for link in links or []})
     taken = set(index.values())
     for position, d in enumerate(devices):
         if d.name not in index:
@@ -263,6 +277,8 @@ def rest_view(devices: list[sysfs.RdmaDevice], stats: list[statistic.PortStats])
                 # lens-ebpf's additions
                 "port": p.number, "state": p.state_name, "netdev": d.netdev,
             })  # fmt: skip
+            if qps is not None:
+                out[-1]["queue_pairs"] = qps.get((d.name, p.number), [])
     return out
 
 
@@ -280,6 +296,52 @@ def uverbs_devices(devices: list[sysfs.RdmaDevice], uverbs: dict[int, str],
     return out
 
 
+IDENTITY = ("namespace", "pod", "container", "workload")
+MAX_QP_SERIES = 1000  # lens_rdma_queue_pairs series; QPs beyond are counted, not labelled
+
+
+def qp_rows(qps: list[resources.QueuePair], identify: Callable[[int], dict[str, str]],
+            ) -> list[tuple[resources.QueuePair, dict[str, str]]]:  # fmt: skip
+    """Each QP with who holds it: the pod identity of its process (empty for the host's
+    processes and the kernel's QPs)."""
+    cache: dict[int, dict[str, str]] = {}
+    out = []
+    for qp in qps:
+        who = {}
+        if qp.pid is not None:
+            who = cache.get(qp.pid) or cache.setdefault(qp.pid, identify(qp.pid))
+        out.append((qp, who))
+    return out
+
+
+def qp_metrics(rows: list[tuple[resources.QueuePair, dict[str, str]]],
+               ports: dict[str, int]) -> list[Metric]:  # fmt: skip
+    """lens_rdma_queue_pairs{device,port,type,comm,namespace,pod,container,workload}: QPs
+    open now, bounded; the rest in lens_rdma_queue_pairs_unlabelled."""
+    counts: dict[tuple[str, ...], int] = {}
+    over = 0
+    for qp, who in rows:
+        port = qp.port if qp.port is not None else ports.get(qp.device, 0)
+        key = (qp.device, str(port), qp.type, qp.comm, *(who.get(k, "") for k in IDENTITY))
+        if key in counts or len(counts) < MAX_QP_SERIES:
+            counts[key] = counts.get(key, 0) + 1
+        else:
+            over += 1
+    fam = Metric(
+        "lens_rdma_queue_pairs",
+        "Queue pairs open now, by the process (comm) and "
+        "pod that created them; the kernel's own under their comm",
+        "gauge",
+    )
+    for key, n in sorted(counts.items()):
+        fam.add_sample(fam.name, dict(zip(("device", "port", "type", "comm", *IDENTITY), key,
+                                          strict=True)), n)  # fmt: skip
+    unl = Metric("lens_rdma_queue_pairs_unlabelled", f"Queue pairs beyond the "
+                 f"{MAX_QP_SERIES} labelled series", "gauge")  # fmt: skip
+    unl.add_sample(unl.name, {}, over)
+    return [fam, unl]
+
+
 class RdmaCollector(DeviceCollector):
     name = "rdma"
 
@@ -288,22 +350,81 @@ class RdmaCollector(DeviceCollector):
         interval: float,
         sysfs_root: Path = Path("/sys"),
         runner: Callable[[], str] | None = None,
+        rdma: Callable[..., str] | None = None,
+        identify: Callable[[int], dict[str, str]] | None = None,
     ) -> None:
         super().__init__(interval)
         self.sysfs_root = sysfs_root
-        self.runner = runner  # None: no rdma tool; sysfs only
+        self.runner = runner  # `rdma statistic`; None: no rdma tool; sysfs only
+        self.rdma = rdma  # rdma(*args) -> `rdma -j ARGS`'s output; None: no rdma tool
+        self.identify = identify or (lambda pid: {})
+        # (container_id, device) -> QPs, for container_start-like open/close events
+        self.holders: dict[tuple[str, str], tuple[int, dict[str, str]]] = {}
+        self.publish: Callable[[RdmaUse], None] = lambda _ev: None
 
     def refresh(self) -> list[Metric]:
         devices = sysfs.read_devices(self.sysfs_root)
         stats: list[statistic.PortStats] = []
+        links: list[resources.Link] = []
+        rows: list[tuple[resources.QueuePair, dict[str, str]]] | None = None
         if devices and self.runner is not None:
             stats = self._stats()
-        self.views["rdma"] = rest_view(devices, stats)
+        if devices and self.rdma is not None:
+            links = self._tool("link", resources.parse_links, "link", "show") or []
+            qps = self._tool("resource", resources.parse_qps, "resource", "show", "qp")
+            rows = qp_rows(qps, self.identify) if qps is not None else None
+        for d in devices:  # rxe and siw have no device/net in sysfs; `rdma link` says
+            if not d.netdev:
+                d.netdev = next((ln.netdev for ln in links if ln.device == d.name
+                                 and ln.netdev), "")  # fmt: skip
+        first_port = {d.name: d.ports[0].number for d in devices if d.ports}
+        by_port: dict[tuple[str, int], list[dict]] | None = None
+        if rows is not None:
+            by_port = {}
+            for qp, who in rows:
+                port = qp.port if qp.port is not None else first_port.get(qp.device, 0)
+                by_port.setdefault((qp.device, port), []).append({
+                    "lqpn": qp.lqpn, "type": qp.type, "state": qp.state, "pid": qp.pid,
+                    "comm": qp.comm, **{k: who.get(k, "") for k in (*IDENTITY, "container_id")},
+                })  # fmt: skip
+            self._changes(rows)
+        self.views["rdma"] = rest_view(devices, stats, links, by_port)
         self.views["uverbs"] = sysfs.uverbs_map(self.sysfs_root)
         self.views["devices"] = uverbs_devices(devices, self.views["uverbs"], self.views["rdma"])
         if not devices:
             log.debug("rdma: no devices under %s", self.sysfs_root / "class/infiniband")
-        return device_metrics(devices) + stat_metrics(stats)
+        qp_fams = qp_metrics(rows, first_port) if rows is not None else []
+        return device_metrics(devices) + stat_metrics(stats) + qp_fams
+
+    def _changes(self, rows: list[tuple[resources.QueuePair, dict[str, str]]]) -> None:
+        """An event when a container opens its first QP on a device, and when it has
+        closed its last."""
+        now: dict[tuple[str, str], tuple[int, dict[str, str]]] = {}
+        for qp, who in rows:
+            if who.get("container_id"):
+                n, _ = now.get((who["container_id"], qp.device), (0, who))
+                now[(who["container_id"], qp.device)] = (n + 1, who)
+        for key in sorted(now.keys() - self.holders.keys()):
+            n, who = now[key]
+            self.publish(_use("rdma_open", key[1], n, who))
+        for key in sorted(self.holders.keys() - now.keys()):
+            self.publish(_use("rdma_close", key[1], 0, self.holders[key][1]))
+        self.holders = now
+
+    def _tool(self, what: str, parse: Callable[[str], Any], *args: str) -> Any:
+        """parse(`rdma -j ARGS`), or None with the error counted."""
+        assert self.rdma is not None
+        try:
+            return parse(self.rdma(*args))
+        except subprocess.TimeoutExpired:
+            self.count_error("timeout")
+        except OSError as exc:
+            log.warning("rdma %s: %s", what, exc)
+            self.count_error("command")
+        except resources.ResourceParseError as exc:
+            log.warning("rdma %s: unparsable output: %s", what, exc)
+            self.count_error("parse")
+        return None
 
     def _stats(self) -> list[statistic.PortStats]:
         assert self.runner is not None
@@ -330,6 +451,7 @@ class RdmaCollector(DeviceCollector):
 
 class RdmaSettings(Settings):
     interval_seconds: float = Field(5.0, gt=0)
+    queue_pairs: bool = True  # resource tracking (`rdma resource show qp`) and `rdma link`
     tool: str = "rdma"
     timeout_seconds: float = Field(5.0, gt=0)
 
@@ -344,6 +466,14 @@ class RdmaFeature(DeviceFeature):
         c = self.ctx.settings("rdma", RdmaSettings)
         tool = shutil.which(c.tool)
         runner = (lambda: statistic.run_rdma_statistic(tool, c.timeout_seconds)) if tool else None
-        rdma = RdmaCollector(c.interval_seconds, Path(self.ctx.cfg.devices.sysfs_root), runner)
+        tool_json = None
+        if tool and c.queue_pairs:
+
+            def tool_json(*args: str) -> str:
+                return resources.run_rdma(tool, c.timeout_seconds, *args)
+
+        rdma = RdmaCollector(c.interval_seconds, Path(self.ctx.cfg.devices.sysfs_root), runner,
+                             tool_json, identify=self.ctx.enrich.pid)  # fmt: skip
+        rdma.publish = self.ctx.bus.publish
         self.ctx.offers["rdma_devices"] = lambda: rdma.views.get("devices", {})
         return rdma

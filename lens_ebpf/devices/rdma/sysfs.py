@@ -122,6 +122,7 @@ def read_devices(sysfs: Path = Path("/sys")) -> list[RdmaDevice]:
         dev = RdmaDevice(d.name)
         for attr in ("node_guid", "sys_image_guid", "node_type", "fw_ver", "hca_type", "board_id"):
             setattr(dev, attr, (read_text(d / attr) or "").strip())
+        dev.node_type = parse_state(dev.node_type)[1]  # "1: CA" -> CA, switch, router, RNIC
         net = d / "device" / "net"
         if net.is_dir():
             names = sorted(n.name for n in net.iterdir())
