@@ -254,3 +254,23 @@ def test_a_containers_queue_pairs_are_its_pods(rxe: RdmaCollector, ctd: Containe
     values(rxe)
     values(rxe)
     assert [e.kind for e in events] == ["rdma_open", "rdma_close"]
+
+
+def test_rxe_takes_per_qp_binding_but_keeps_no_counters(rxe: RdmaCollector) -> None:
+    """collectors.rdma.qp_counters on Soft-RoCE: iproute2 accepts `auto type on`, rxe binds
+    no counter, so there are no per-QP series (absent, never zero)."""
+    rdma = shutil.which("rdma")
+    assert rdma is not None
+    from lens_ebpf.devices.rdma import qp_counters
+
+    rxe.bind = lambda device, port: qp_counters.bind_auto(rdma, device, port, 10)
+    srv, cli = pingpong(10**7)
+    try:
+        v = wait_qps(rxe, 2, device=DEV, type="RC", comm="ibv_rc_pingpong")
+        assert not any(n == "lens_rdma_qp_counter_total" for (n, _) in v)
+        assert (rxe.bound[(DEV, 1)] == "") == (
+            v[("lens_rdma_qp_counters_bound", (("device", DEV), ("port", "1")))] == 1
+        )
+    finally:
+        stop(srv, cli)
+        rxe.bind = None

@@ -268,3 +268,45 @@ def test_resource_garbage_is_a_counted_parse_error(garbage: str) -> None:
     assert "queue_pairs" not in c.views["rdma"][0]  # unknown, not "none"
     assert not any(n.startswith("lens_rdma_queue_pairs") for (n, _) in samples(c))
     assert any(n == "lens_rdma_port_up" for (n, _) in samples(c))  # the rest still served
+
+
+def test_per_qp_counters_when_asked_summed_per_pod() -> None:
+    """collectors.rdma.qp_counters: each port asked once to bind (mlx5_0 takes it, the
+    others refuse as rxe and siw do), then the counters the driver keeps, per pod."""
+    asked: list[tuple[str, int]] = []
+
+    def bind(device: str, port: int) -> str:
+        asked.append((device, port))
+        return "" if device == "mlx5_2" or device == "mlx5_0" else "Operation not supported"
+
+    text = (FIX / "statistic-qp.txt").read_text()
+    tool = rdma_tool()
+
+    def run(*args: str) -> str:
+        return text if args == ("statistic", "qp", "show") else tool(*args)
+
+    pods = {30893: {"namespace": "ml", "pod": "llm-0", "container": "trainer"}}
+    c = RdmaCollector(5, SYS, rdma=run, identify=lambda pid: pods.get(pid, {}), bind=bind)
+    c.run_once()
+    c.run_once()
+    assert c.errors == {}
+    assert sorted(asked) == sorted({(d.name, p.number) for d in sysfs.read_devices(SYS)
+                                    for p in d.ports})  # fmt: skip
+    v = samples(c)
+    key = ("lens_rdma_qp_counter_total", (("comm", "python3"), ("container", "trainer"),
+           ("counter", "rx_write_requests"), ("device", "mlx5_2"), ("namespace", "ml"),
+           ("pod", "llm-0"), ("port", "1"), ("workload", "")))  # fmt: skip
+    assert v[key] == 41
+    host = ("lens_rdma_qp_counter_total", (("comm", "ib_send_bw"), ("container", ""),
+            ("counter", "out_of_sequence"), ("device", "mlx5_2"), ("namespace", ""),
+            ("pod", ""), ("port", "1"), ("workload", "")))  # fmt: skip
+    assert v[host] == 7
+    bound = {dict(lbl)["device"]: n for (name, lbl), n in v.items()
+             if name == "lens_rdma_qp_counters_bound"}  # fmt: skip
+    assert bound["mlx5_0"] == 1 and bound["mlx4_0"] == 0
+
+
+def test_per_qp_counters_off_by_default() -> None:
+    c = RdmaCollector(5, SYS, rdma=rdma_tool())
+    c.run_once()
+    assert not any(n.startswith("lens_rdma_qp_counter") for (n, _) in samples(c))

@@ -13,7 +13,7 @@ from prometheus_client.core import Metric
 from pydantic import Field
 
 from lens_ebpf.devices.collector import DeviceCollector, DeviceFeature
-from lens_ebpf.devices.rdma import resources, statistic, sysfs
+from lens_ebpf.devices.rdma import qp_counters, resources, statistic, sysfs
 from lens_ebpf.events import RdmaUse
 from lens_ebpf.feature import Settings, register
 
@@ -352,12 +352,17 @@ class RdmaCollector(DeviceCollector):
         runner: Callable[[], str] | None = None,
         rdma: Callable[..., str] | None = None,
         identify: Callable[[int], dict[str, str]] | None = None,
+        bind: Callable[[str, int], str] | None = None,
     ) -> None:
         super().__init__(interval)
         self.sysfs_root = sysfs_root
         self.runner = runner  # `rdma statistic`; None: no rdma tool; sysfs only
         self.rdma = rdma  # rdma(*args) -> `rdma -j ARGS`'s output; None: no rdma tool
         self.identify = identify or (lambda pid: {})
+        # per-QP counters (opt in): bind(device, port) turns on auto binding -> "" or why
+        # not; each port is asked once
+        self.bind = bind
+        self.bound: dict[tuple[str, int], str] = {}
         # (container_id, device) -> QPs, for container_start-like open/close events
         self.holders: dict[tuple[str, str], tuple[int, dict[str, str]]] = {}
         self.publish: Callable[[RdmaUse], None] = lambda _ev: None
@@ -394,7 +399,44 @@ class RdmaCollector(DeviceCollector):
         if not devices:
             log.debug("rdma: no devices under %s", self.sysfs_root / "class/infiniband")
         qp_fams = qp_metrics(rows, first_port) if rows is not None else []
+        if devices and self.rdma is not None and self.bind is not None:
+            qp_fams += self._qp_counters(devices)
         return device_metrics(devices) + stat_metrics(stats) + qp_fams
+
+    def _qp_counters(self, devices: list[sysfs.RdmaDevice]) -> list[Metric]:
+        """lens_rdma_qp_counter_total{device,port,counter,comm,namespace,pod,container,
+        workload}: the per-QP counters the driver keeps, summed per process name and pod;
+        lens_rdma_qp_counters_bound{device,port} says where binding took."""
+        assert self.bind is not None
+        for d in devices:
+            for p in d.ports:
+                if (d.name, p.number) not in self.bound:
+                    why = self.bind(d.name, p.number)
+                    self.bound[(d.name, p.number)] = why
+                    if why:
+                        log.info("rdma: no per-QP counters on %s/%d: %s", d.name, p.number,
+                                 why)  # fmt: skip
+        got = self._tool("statistic qp", qp_counters.parse, "statistic", "qp", "show") or []
+        sums: dict[tuple[str, ...], int] = {}
+        for c in got:
+            who = self.identify(c.pid) if c.pid is not None else {}
+            for name, value in c.counters.items():
+                key = (c.device, str(c.port), name, c.comm, *(who.get(k, "") for k in IDENTITY))
+                if key in sums or len(sums) < MAX_QP_SERIES:
+                    sums[key] = sums.get(key, 0) + value
+        fam = Metric("lens_rdma_qp_counter", "Per-QP hardware counters (collectors.rdma."
+                     "qp_counters), summed per process and pod", "counter")  # fmt: skip
+        for key, value in sorted(sums.items()):
+            fam.add_sample(
+                fam.name + "_total",
+                dict(zip(("device", "port", "counter", "comm", *IDENTITY), key, strict=True)),
+                value,
+            )
+        bound = Metric("lens_rdma_qp_counters_bound", "1 where per-QP counters were bound "
+                       "(auto, by QP type), 0 where the driver refused", "gauge")  # fmt: skip
+        for (dev, port), why in sorted(self.bound.items()):
+            bound.add_sample(bound.name, {"device": dev, "port": str(port)}, 0 if why else 1)
+        return [fam, bound]
 
     def _changes(self, rows: list[tuple[resources.QueuePair, dict[str, str]]]) -> None:
         """An event when a container opens its first QP on a device, and when it has
@@ -452,6 +494,9 @@ class RdmaCollector(DeviceCollector):
 class RdmaSettings(Settings):
     interval_seconds: float = Field(5.0, gt=0)
     queue_pairs: bool = True  # resource tracking (`rdma resource show qp`) and `rdma link`
+    # per-QP counters: binds them (`rdma statistic qp set link D/P auto type on`), which
+    # changes the device's counter mode for everyone; off unless asked for
+    qp_counters: bool = False
     tool: str = "rdma"
     timeout_seconds: float = Field(5.0, gt=0)
 
@@ -472,8 +517,14 @@ class RdmaFeature(DeviceFeature):
             def tool_json(*args: str) -> str:
                 return resources.run_rdma(tool, c.timeout_seconds, *args)
 
+        bind = None
+        if tool and c.qp_counters:
+
+            def bind(device: str, port: int) -> str:
+                return qp_counters.bind_auto(tool, device, port, c.timeout_seconds)
+
         rdma = RdmaCollector(c.interval_seconds, Path(self.ctx.cfg.devices.sysfs_root), runner,
-                             tool_json, identify=self.ctx.enrich.pid)  # fmt: skip
+                             tool_json, identify=self.ctx.enrich.pid, bind=bind)  # fmt: skip
         rdma.publish = self.ctx.bus.publish
         self.ctx.offers["rdma_devices"] = lambda: rdma.views.get("devices", {})
         return rdma
