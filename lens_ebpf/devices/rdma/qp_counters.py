@@ -17,10 +17,11 @@ metrics are then absent, never zero.
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from dataclasses import dataclass, field
+
+from lens_ebpf.devices.rdma.resources import json_objects
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 META = {"ifindex", "ifname", "port", "cntn", "qp-type", "pid", "comm", "lqpn"}
@@ -43,15 +44,9 @@ class QpCounter:
 
 
 def parse_json(text: str) -> list[QpCounter]:
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise QpCounterParseError(f"not JSON: {exc.msg} at {exc.pos}") from None
-    if not isinstance(doc, list):
-        raise QpCounterParseError("expected a JSON list of counters")
     out = []
-    for item in doc:
-        if not isinstance(item, dict) or not all(k in item for k in ("ifname", "port", "cntn")):
+    for item in json_objects(text, "statistic qp show", QpCounterParseError):
+        if not all(k in item for k in ("ifname", "port", "cntn")):
             raise QpCounterParseError(f"counter without ifname/port/cntn: {str(item)[:60]}")
         counters = {k: v for k, v in item.items() if k not in META and NAME.match(k)
                     and isinstance(v, int) and not isinstance(v, bool)}  # fmt: skip

@@ -37,13 +37,15 @@ class Link:
     netdev: str
 
 
-def _records(text: str, what: str) -> list[dict]:
+def json_objects(text: str, what: str, error: type[ValueError] = ResourceParseError
+                 ) -> list[dict]:  # fmt: skip
+    """The list of objects the rdma tool's -j prints (for every command), or error."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ResourceParseError(f"{what}: not JSON: {exc.msg} at {exc.pos}") from None
+        raise error(f"{what}: not JSON: {exc.msg} at {exc.pos}") from None
     if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
-        raise ResourceParseError(f"{what}: expected a JSON list of objects")
+        raise error(f"{what}: expected a JSON list of objects")
     return doc
 
 
@@ -54,7 +56,7 @@ def _int(v: object) -> int | None:
 def parse_qps(text: str) -> list[QueuePair]:
     """`rdma -j resource show qp`; an entry without ifname, lqpn or type is an error."""
     out = []
-    for r in _records(text, "resource show qp"):
+    for r in json_objects(text, "resource show qp"):
         lqpn = _int(r.get("lqpn"))
         if not isinstance(r.get("ifname"), str) or lqpn is None or not r.get("type"):
             raise ResourceParseError(f"resource show qp: entry without ifname/lqpn/type: "
@@ -68,7 +70,7 @@ def parse_qps(text: str) -> list[QueuePair]:
 def parse_links(text: str) -> list[Link]:
     """`rdma -j link show`: one entry per port, with the netdev where there is one."""
     out = []
-    for r in _records(text, "link show"):
+    for r in json_objects(text, "link show"):
         index, port = _int(r.get("ifindex")), _int(r.get("port"))
         if not isinstance(r.get("ifname"), str) or index is None or port is None:
             raise ResourceParseError(f"link show: entry without ifname/ifindex/port: "

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from dataclasses import dataclass
+
+from lens_ebpf.devices.rdma.resources import json_objects
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 META_KEYS = {"ifindex", "ifname", "port"}
@@ -47,15 +48,9 @@ def parse_text(text: str) -> list[PortStats]:
 
 def parse_json(text: str) -> list[PortStats]:
     """`rdma -j statistic show`: a list of {ifindex, ifname, port, counter: value, ...}."""
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise StatParseError(f"not JSON: {exc.msg} at {exc.pos}") from None
-    if not isinstance(doc, list):
-        raise StatParseError("expected a JSON list of links")
     out = []
-    for item in doc:
-        if not isinstance(item, dict) or "ifname" not in item or "port" not in item:
+    for item in json_objects(text, "statistic show", StatParseError):
+        if "ifname" not in item or "port" not in item:
             raise StatParseError(f"link without ifname/port: {str(item)[:60]}")
         counters = {
             k: int(v)
