@@ -149,7 +149,9 @@ def run_checks(cfg: Config | None = None) -> dict[str, Any]:
             shutil.which("nvidia-smi") or "no nvidia-smi",
         )
     )
-    amd = _library(("libamd_smi.so",))
+    # where the amdsmi binding looks first: $ROCM_HOME or $ROCM_PATH, then the linker's path
+    rocm = os.environ.get("ROCM_HOME", os.environ.get("ROCM_PATH", ""))
+    amd = _library((*([f"{rocm}/lib/libamd_smi.so"] if rocm else []), "libamd_smi.so"))
     checks.append(
         Check("amdsmi", amd is not None, amd or "absent", shutil.which("amd-smi") or "no amd-smi")
     )
