@@ -124,11 +124,16 @@ def test_amdsmi_through_the_real_binding(fake_amdsmi) -> None:
     assert by("lens_gpu_pcie_replays_total", v, gpu_index="0") == 13
     assert by("lens_gpu_energy_joules_total", v, gpu_index="0") == 1000.0
     assert by("lens_gpu_xgmi_error_status", v, gpu_index="0") == 1
+    # clocks from the library's gpu_metrics (a v1.5 table here): gfx is the XCCs' mean
+    clocks = {dict(lbl)["clock"]: mhz for (name, lbl), mhz in v.items()
+              if name == "lens_gpu_clock_mhz" and dict(lbl)["gpu_index"] == "0"}  # fmt: skip
+    assert clocks == {"gfx": 2087.5, "soc": 1143, "memory": 1300}
     # GPU 1: no edge sensor, activity "N/A", no RAS, replays, energy or XGMI state
     assert (b.bdf, b.utilization, b.temperature, b.processes) == ("0001:2f:00.0", None, 39.0, [])
     assert b.temperatures == {"junction": 39.0, "mem": 36.0}
     for name in (ras, "lens_gpu_pcie_replays_total", "lens_gpu_energy_joules_total",
-                 "lens_gpu_xgmi_error_status", "hw_gpu_utilization_percent"):  # fmt: skip
+                 "lens_gpu_xgmi_error_status", "hw_gpu_utilization_percent",
+                 "lens_gpu_clock_mhz"):  # fmt: skip
         assert by(name, v, gpu_index="1") is None, name
     assert by("hw_gpu_memory_used_bytes", v, gpu_index="1") == 0
 

@@ -272,6 +272,18 @@ def _amdsmi_health(lib: Any, h: Any, r: GpuReading) -> None:
         r.energy_joules = acc * res / 1e6  # counts of `resolution` microjoules
     xgmi = _safe(lib.amdsmi_gpu_xgmi_error_status, h)
     r.xgmi_error_status = xgmi if isinstance(xgmi, int) else None
+    # the gpu_metrics table through the library, whatever its revision (MI300's 1.4+ too,
+    # which the sysfs reader skips): clocks; gfx is the mean over the XCCs that report.
+    # The binding turns the throttle status into a bool, so reasons come from sysfs only.
+    metrics = _safe(lib.amdsmi_get_gpu_metrics_info, h)
+    if isinstance(metrics, dict):
+        for clock, key in (("gfx", "current_gfxclks"), ("soc", "current_socclks")):
+            got = metrics.get(key)
+            mhz = [v for v in got if isinstance(v, int)] if isinstance(got, list) else []
+            if mhz:
+                r.clocks_mhz[clock] = sum(mhz) / len(mhz) if clock == "gfx" else float(mhz[0])
+        if isinstance(metrics.get("current_uclk"), int):
+            r.clocks_mhz["memory"] = float(metrics["current_uclk"])
 
 
 def _text(v: Any) -> str:
