@@ -310,3 +310,18 @@ def test_per_qp_counters_off_by_default() -> None:
     c = RdmaCollector(5, SYS, rdma=rdma_tool())
     c.run_once()
     assert not any(n.startswith("lens_rdma_qp_counter") for (n, _) in samples(c))
+
+
+def test_per_qp_counter_garbage_is_a_counted_parse_error() -> None:
+    """Unparsable `rdma statistic qp show` output: counted, and the rest still served."""
+    tool = rdma_tool()
+
+    def run(*args: str) -> str:
+        return "Segmentation fault\n" if args == ("statistic", "qp", "show") else tool(*args)
+
+    c = RdmaCollector(5, SYS, rdma=run, bind=lambda device, port: "")
+    c.run_once()
+    assert c.success and c.errors == {"parse": 1}
+    v = samples(c)
+    assert not any(n == "lens_rdma_qp_counter_total" for (n, _) in v)
+    assert any(n == "lens_rdma_queue_pairs" for (n, _) in v)

@@ -463,7 +463,7 @@ class RdmaCollector(DeviceCollector):
         except OSError as exc:
             log.warning("rdma %s: %s", what, exc)
             self.count_error("command")
-        except resources.ResourceParseError as exc:
+        except resources.ToolOutputError as exc:
             log.warning("rdma %s: unparsable output: %s", what, exc)
             self.count_error("parse")
         return None

@@ -21,13 +21,13 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 
-from lens_ebpf.devices.rdma.resources import json_objects
+from lens_ebpf.devices.rdma.resources import ToolOutputError, json_objects
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 META = {"ifindex", "ifname", "port", "cntn", "qp-type", "pid", "comm", "lqpn"}
 
 
-class QpCounterParseError(ValueError):
+class QpCounterParseError(ToolOutputError):
     """Output that is not what `rdma statistic qp show` prints."""
 
 

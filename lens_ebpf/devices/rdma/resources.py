@@ -14,8 +14,13 @@ import subprocess
 from dataclasses import dataclass
 
 
-class ResourceParseError(ValueError):
-    """Output that is not what the rdma tool prints."""
+class ToolOutputError(ValueError):
+    """Output that is not what the rdma tool prints (each command's parser has its own
+    subclass; the collector counts any of them as a parse error)."""
+
+
+class ResourceParseError(ToolOutputError):
+    """Output that is not what `rdma resource show` or `rdma link show` prints."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,7 @@ class Link:
     netdev: str
 
 
-def json_objects(text: str, what: str, error: type[ValueError] = ResourceParseError
+def json_objects(text: str, what: str, error: type[ToolOutputError] = ResourceParseError
                  ) -> list[dict]:  # fmt: skip
     """The list of objects the rdma tool's -j prints (for every command), or error."""
     try:

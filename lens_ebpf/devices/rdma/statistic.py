@@ -6,13 +6,13 @@ import re
 import subprocess
 from dataclasses import dataclass
 
-from lens_ebpf.devices.rdma.resources import json_objects
+from lens_ebpf.devices.rdma.resources import ToolOutputError, json_objects
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 META_KEYS = {"ifindex", "ifname", "port"}
 
 
-class StatParseError(ValueError):
+class StatParseError(ToolOutputError):
     """Output that is not what `rdma statistic show` prints."""
 
 
