@@ -26,7 +26,7 @@ from lens_ebpf.containers.cgroups import CgroupIndex
 from lens_ebpf.containers.proc_events import pods_view
 from lens_ebpf.containers.resolver import ContainerResolver
 from lens_ebpf.containers.runtime import ContainerdState
-from lens_ebpf.devices.rdma import resources, statistic
+from lens_ebpf.devices.rdma import resources
 from lens_ebpf.devices.rdma.collector import RdmaCollector
 from lens_ebpf.enrich import Enrichment
 from lens_ebpf.k8s.index import ClusterIndex
@@ -69,7 +69,7 @@ def rxe() -> Iterator[RdmaCollector]:
         rdma = shutil.which("rdma")
         assert rdma is not None
         yield RdmaCollector(
-            1, Path("/sys"), runner=lambda: statistic.run_rdma_statistic(rdma, 10),
+            1, Path("/sys"), runner=lambda: resources.run_rdma(rdma, 10, "statistic", "show"),
             rdma=lambda *args: resources.run_rdma(rdma, 10, *args))  # fmt: skip
     finally:
         # a device still open is not deleted until its users close it (5.10 waits for ever)

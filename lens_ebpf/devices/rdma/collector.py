@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import subprocess
@@ -300,29 +301,33 @@ IDENTITY = ("namespace", "pod", "container", "workload")
 MAX_QP_SERIES = 1000  # lens_rdma_queue_pairs series; QPs beyond are counted, not labelled
 
 
+QpRows = list[tuple[resources.QueuePair, dict[str, str]]]  # each QP with who holds it
+
+
 def qp_rows(qps: list[resources.QueuePair], identify: Callable[[int], dict[str, str]],
-            ) -> list[tuple[resources.QueuePair, dict[str, str]]]:  # fmt: skip
+            first_port: dict[str, int]) -> QpRows:  # fmt: skip
     """Each QP with who holds it: the pod identity of its process (empty for the host's
-    processes and the kernel's QPs)."""
+    processes and the kernel's QPs); a QP the kernel gave no port (5.10) on its device's
+    first port."""
     cache: dict[int, dict[str, str]] = {}
     out = []
     for qp in qps:
         who = {}
         if qp.pid is not None:
             who = cache.get(qp.pid) or cache.setdefault(qp.pid, identify(qp.pid))
+        if qp.port is None:
+            qp = dataclasses.replace(qp, port=first_port.get(qp.device, 0))
         out.append((qp, who))
     return out
 
 
-def qp_metrics(rows: list[tuple[resources.QueuePair, dict[str, str]]],
-               ports: dict[str, int]) -> list[Metric]:  # fmt: skip
+def qp_metrics(rows: QpRows) -> list[Metric]:
     """lens_rdma_queue_pairs{device,port,type,comm,namespace,pod,container,workload}: QPs
     open now, bounded; the rest in lens_rdma_queue_pairs_unlabelled."""
     counts: dict[tuple[str, ...], int] = {}
     over = 0
     for qp, who in rows:
-        port = qp.port if qp.port is not None else ports.get(qp.device, 0)
-        key = (qp.device, str(port), qp.type, qp.comm, *(who.get(k, "") for k in IDENTITY))
+        key = (qp.device, str(qp.port), qp.type, qp.comm, *(who.get(k, "") for k in IDENTITY))
         if key in counts or len(counts) < MAX_QP_SERIES:
             counts[key] = counts.get(key, 0) + 1
         else:
@@ -371,24 +376,25 @@ class RdmaCollector(DeviceCollector):
         devices = sysfs.read_devices(self.sysfs_root)
         stats: list[statistic.PortStats] = []
         links: list[resources.Link] = []
-        rows: list[tuple[resources.QueuePair, dict[str, str]]] | None = None
+        rows: QpRows | None = None
+        rdma = self.rdma
         if devices and self.runner is not None:
-            stats = self._stats()
-        if devices and self.rdma is not None:
-            links = self._tool("link", resources.parse_links, "link", "show") or []
-            qps = self._tool("resource", resources.parse_qps, "resource", "show", "qp")
-            rows = qp_rows(qps, self.identify) if qps is not None else None
+            stats = self._tool("statistic", statistic.parse, self.runner) or []
+        first_port = {d.name: d.ports[0].number for d in devices if d.ports}
+        if devices and rdma is not None:
+            links = self._tool("link", resources.parse_links, lambda: rdma("link", "show")) or []
+            qps = self._tool("resource", resources.parse_qps,
+                             lambda: rdma("resource", "show", "qp"))  # fmt: skip
+            rows = qp_rows(qps, self.identify, first_port) if qps is not None else None
         for d in devices:  # rxe and siw have no device/net in sysfs; `rdma link` says
             if not d.netdev:
                 d.netdev = next((ln.netdev for ln in links if ln.device == d.name
                                  and ln.netdev), "")  # fmt: skip
-        first_port = {d.name: d.ports[0].number for d in devices if d.ports}
         by_port: dict[tuple[str, int], list[dict]] | None = None
         if rows is not None:
             by_port = {}
             for qp, who in rows:
-                port = qp.port if qp.port is not None else first_port.get(qp.device, 0)
-                by_port.setdefault((qp.device, port), []).append({
+                by_port.setdefault((qp.device, qp.port or 0), []).append({
                     "lqpn": qp.lqpn, "type": qp.type, "state": qp.state, "pid": qp.pid,
                     "comm": qp.comm, **{k: who.get(k, "") for k in (*IDENTITY, "container_id")},
                 })  # fmt: skip
@@ -398,12 +404,13 @@ class RdmaCollector(DeviceCollector):
         self.views["devices"] = uverbs_devices(devices, self.views["uverbs"], self.views["rdma"])
         if not devices:
             log.debug("rdma: no devices under %s", self.sysfs_root / "class/infiniband")
-        qp_fams = qp_metrics(rows, first_port) if rows is not None else []
-        if devices and self.rdma is not None and self.bind is not None:
-            qp_fams += self._qp_counters(devices)
+        qp_fams = qp_metrics(rows) if rows is not None else []
+        if devices and rdma is not None and self.bind is not None:
+            qp_fams += self._qp_counters(devices, rdma)
         return device_metrics(devices) + stat_metrics(stats) + qp_fams
 
-    def _qp_counters(self, devices: list[sysfs.RdmaDevice]) -> list[Metric]:
+    def _qp_counters(self, devices: list[sysfs.RdmaDevice], rdma: Callable[..., str]
+                     ) -> list[Metric]:  # fmt: skip
         """lens_rdma_qp_counter_total{device,port,counter,comm,namespace,pod,container,
         workload}: the per-QP counters the driver keeps, summed per process name and pod;
         lens_rdma_qp_counters_bound{device,port} says where binding took."""
@@ -416,7 +423,8 @@ class RdmaCollector(DeviceCollector):
                     if why:
                         log.info("rdma: no per-QP counters on %s/%d: %s", d.name, p.number,
                                  why)  # fmt: skip
-        got = self._tool("statistic qp", qp_counters.parse, "statistic", "qp", "show") or []
+        got = self._tool("statistic qp", qp_counters.parse,
+                         lambda: rdma("statistic", "qp", "show")) or []  # fmt: skip
         sums: dict[tuple[str, ...], int] = {}
         for c in got:
             who = self.identify(c.pid) if c.pid is not None else {}
@@ -438,7 +446,7 @@ class RdmaCollector(DeviceCollector):
             bound.add_sample(bound.name, {"device": dev, "port": str(port)}, 0 if why else 1)
         return [fam, bound]
 
-    def _changes(self, rows: list[tuple[resources.QueuePair, dict[str, str]]]) -> None:
+    def _changes(self, rows: QpRows) -> None:
         """An event when a container opens its first QP on a device, and when it has
         closed its last."""
         now: dict[tuple[str, str], tuple[int, dict[str, str]]] = {}
@@ -453,11 +461,10 @@ class RdmaCollector(DeviceCollector):
             self.publish(_use("rdma_close", key[1], 0, self.holders[key][1]))
         self.holders = now
 
-    def _tool(self, what: str, parse: Callable[[str], Any], *args: str) -> Any:
-        """parse(`rdma -j ARGS`), or None with the error counted."""
-        assert self.rdma is not None
+    def _tool(self, what: str, parse: Callable[[str], Any], run: Callable[[], str]) -> Any:
+        """parse(run()) of one rdma tool command, or None with the error counted."""
         try:
-            return parse(self.rdma(*args))
+            return parse(run())
         except subprocess.TimeoutExpired:
             self.count_error("timeout")
         except OSError as exc:
@@ -467,28 +474,6 @@ class RdmaCollector(DeviceCollector):
             log.warning("rdma %s: unparsable output: %s", what, exc)
             self.count_error("parse")
         return None
-
-    def _stats(self) -> list[statistic.PortStats]:
-        assert self.runner is not None
-        try:
-            text = self.runner()
-        except subprocess.TimeoutExpired:
-            self.count_error("timeout")
-            return []
-        except OSError as exc:
-            log.warning("rdma statistic: %s", exc)
-            self.count_error("command")
-            return []
-        try:
-            return (
-                statistic.parse_json(text)
-                if text.lstrip().startswith("[")
-                else statistic.parse_text(text)
-            )
-        except statistic.StatParseError as exc:
-            log.warning("rdma statistic: unparsable output: %s", exc)
-            self.count_error("parse")
-            return []
 
 
 class RdmaSettings(Settings):
@@ -510,7 +495,12 @@ class RdmaFeature(DeviceFeature):
     def make(self) -> RdmaCollector:
         c = self.ctx.settings("rdma", RdmaSettings)
         tool = shutil.which(c.tool)
-        runner = (lambda: statistic.run_rdma_statistic(tool, c.timeout_seconds)) if tool else None
+        runner = None
+        if tool:
+
+            def runner() -> str:
+                return resources.run_rdma(tool, c.timeout_seconds, "statistic", "show")
+
         tool_json = None
         if tool and c.queue_pairs:
 

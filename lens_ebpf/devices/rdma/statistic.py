@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass
 
 from lens_ebpf.devices.rdma.resources import ToolOutputError, json_objects
@@ -64,10 +63,6 @@ def parse_json(text: str) -> list[PortStats]:
     return out
 
 
-def run_rdma_statistic(tool: str, timeout: float) -> str:
-    """Run `rdma -j statistic show` with a timeout; raises OSError or TimeoutExpired."""
-    res = subprocess.run([tool, "-j", "statistic", "show"], capture_output=True, text=True,
-                         timeout=timeout, check=False)  # fmt: skip
-    if res.returncode != 0:
-        raise OSError(f"{tool} exited {res.returncode}: {res.stderr.strip()[:200]}")
-    return res.stdout
+def parse(text: str) -> list[PortStats]:
+    """Either form: JSON (`rdma -j statistic show`) or text."""
+    return parse_json(text) if text.lstrip().startswith("[") else parse_text(text)
