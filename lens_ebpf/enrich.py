@@ -54,12 +54,7 @@ class Enrichment:
         """A cgroup's path and its container, pod and owner workload (empty: the host)."""
         assert self.containers is not None
         ref, info = self.containers.resolve(cgroup_id)
-        who = identity(ref, info)
-        if self.index is not None and who["pod"]:
-            pod = self.index.pod(who["namespace"], who["pod"])
-            if pod is not None:
-                who.update(workload_kind=pod.workload_kind, workload=pod.workload)
-        return ref, who
+        return ref, self._with_workload(identity(ref, info))
 
     def pid(self, pid: int) -> dict[str, str]:
         """Pod identity of a host pid (GPU processes, RDMA queue pairs), from its cgroup,
@@ -71,7 +66,10 @@ class Enrichment:
         except OSError:
             return {}
         ref = parse_cgroup(cgroup_path(text))
-        who = identity(ref, self.containers.containers.get(ref.container_id))
+        return self._with_workload(identity(ref, self.containers.containers.get(ref.container_id)))
+
+    def _with_workload(self, who: dict[str, str]) -> dict[str, str]:
+        """An identity with its pod's owner workload, where the cluster index knows the pod."""
         if self.index is not None and who["pod"]:
             pod = self.index.pod(who["namespace"], who["pod"])
             if pod is not None:

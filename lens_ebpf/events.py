@@ -12,7 +12,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
@@ -60,6 +60,26 @@ class Owner(Event):
     pod_uid: str = ""
     workload_kind: str = ""
     workload: str = ""
+
+
+class OwnerFields(TypedDict):
+    container_id: str
+    container: str
+    pod: str
+    namespace: str
+    pod_uid: str
+    workload_kind: str
+    workload: str
+
+
+def owner_fields(who: dict[str, str]) -> OwnerFields:
+    """An Owner's fields from an identity (Enrichment.pid, PodResources labels) that may
+    name only some of them; the rest empty."""
+    g = who.get
+    return OwnerFields(container_id=g("container_id", ""), container=g("container", ""),
+                       pod=g("pod", ""), namespace=g("namespace", ""),
+                       pod_uid=g("pod_uid", ""), workload_kind=g("workload_kind", ""),
+                       workload=g("workload", ""))  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

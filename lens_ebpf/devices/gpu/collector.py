@@ -31,7 +31,7 @@ from lens_ebpf.devices.collector import DeviceCollector, DeviceFeature
 from lens_ebpf.devices.gpu import amd, faults, nvidia, rest
 from lens_ebpf.devices.gpu.faults import Fault
 from lens_ebpf.devices.gpu.model import GpuReading
-from lens_ebpf.events import GpuFault
+from lens_ebpf.events import GpuFault, owner_fields
 from lens_ebpf.feature import Settings, register
 
 log = logging.getLogger(__name__)
@@ -213,11 +213,7 @@ class GpuCollector(DeviceCollector):
         for who in self.holders(g, f.pid):
             ev = GpuFault(gpu_index=g.index if g else 0, bdf=f.bdf, uuid=g.uuid if g else "",
                           vendor=f.vendor, fault=f.kind, code=f.code, message=f.message,
-                          pid=f.pid, container_id=who.get("container_id", ""),
-                          container=who.get("container", ""), pod=who.get("pod", ""),
-                          namespace=who.get("namespace", ""), pod_uid=who.get("pod_uid", ""),
-                          workload_kind=who.get("workload_kind", ""),
-                          workload=who.get("workload", ""))  # fmt: skip
+                          pid=f.pid, **owner_fields(who))  # fmt: skip
             self.publish(ev)
             key = (str(g.index) if g else f.bdf, f.kind, f.code, ev.namespace, ev.pod,
                    ev.workload)  # fmt: skip

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from lens_ebpf.devices.collector import DeviceCollector, DeviceFeature
 from lens_ebpf.devices.rdma import qp_counters, resources, statistic, sysfs
-from lens_ebpf.events import RdmaUse
+from lens_ebpf.events import RdmaUse, owner_fields
 from lens_ebpf.feature import Settings, register
 
 log = logging.getLogger(__name__)
@@ -220,14 +220,6 @@ def device_metrics(devices: list[sysfs.RdmaDevice]) -> list[Metric]:
     fams = [info, port_info, state, phys, up, rate, sat, *named.values(), other,
             *legacy.values(), other_legacy, hw]  # fmt: skip
     return [f for f in fams if f.samples]
-
-
-def _use(kind: str, device: str, qps: int, who: dict[str, str]) -> RdmaUse:
-    g = who.get
-    return RdmaUse(kind=kind, device=device, queue_pairs=qps,
-                   container_id=g("container_id", ""), container=g("container", ""),
-                   pod=g("pod", ""), namespace=g("namespace", ""), pod_uid=g("pod_uid", ""),
-                   workload_kind=g("workload_kind", ""), workload=g("workload", ""))  # fmt: skip
 
 
 def stat_metrics(stats: list[statistic.PortStats]) -> list[Metric]:
@@ -456,9 +448,11 @@ class RdmaCollector(DeviceCollector):
                 now[(who["container_id"], qp.device)] = (n + 1, who)
         for key in sorted(now.keys() - self.holders.keys()):
             n, who = now[key]
-            self.publish(_use("rdma_open", key[1], n, who))
+            self.publish(RdmaUse(kind="rdma_open", device=key[1], queue_pairs=n,
+                                 **owner_fields(who)))  # fmt: skip
         for key in sorted(self.holders.keys() - now.keys()):
-            self.publish(_use("rdma_close", key[1], 0, self.holders[key][1]))
+            self.publish(RdmaUse(kind="rdma_close", device=key[1], queue_pairs=0,
+                                 **owner_fields(self.holders[key][1])))  # fmt: skip
         self.holders = now
 
     def _tool(self, what: str, parse: Callable[[str], Any], run: Callable[[], str]) -> Any:
