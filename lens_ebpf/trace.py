@@ -357,7 +357,6 @@ def format_gpu(ev: Event, wide: bool = False) -> str:
 def run_gpu(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: TextIO) -> int:
     """GPU faults as the agent's GPU feature sees them, without the agent."""
     from lens_ebpf.devices.gpu import collector as gpu_collector
-    from lens_ebpf.devices.gpu import faults, nvidia
     from lens_ebpf.k8s.podresources import PodResourcesCollector
 
     g = cfg.collectors.section("gpu")
@@ -365,16 +364,8 @@ def run_gpu(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: Text
     sysfs = Path(cfg.devices.sysfs_root)
     enrich = Enrichment.for_node(Path("/proc"), sysfs, Path(cfg.containers.containerd_state))
     k = cfg.kubernetes
-    pods = PodResourcesCollector(
-        k.pod_resources.interval_seconds,
-        k.pod_resources.socket,
-        k.pod_resources.timeout_seconds,
-        k.kubelet.gpu_resources,
-    )
-    gpus = gpu_collector.GpuCollector(g.interval_seconds, cfg.node_name,
-                                      gpu_collector.default_sources(g, sysfs), g.stale_seconds,
-                                      Path(cfg.devices.dev_root), identify=enrich.pid,
-                                      allocated=lambda: pods.assigned, sysfs=sysfs)  # fmt: skip
+    pods = PodResourcesCollector.from_config(k)
+    gpus = gpu_collector.make_collector(cfg, g, enrich.pid, lambda: pods.assigned)
     bus = EventBus(cfg.events.queue_size)
     gpus.publish = bus.publish
     sub = bus.subscribe("trace", accept=event_filter(args, frozenset({"gpu_fault"})))
@@ -390,16 +381,14 @@ def run_gpu(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: Text
             gpus.run_once()
 
     threads = [threading.Thread(target=poll, daemon=True)]
-    watcher = faults.KmsgWatcher(g.kmsg, gpus.fault) if g.kmsg else None
-    if watcher is not None:
-        try:
-            fd = watcher.open()
-            threads.append(threading.Thread(target=watcher.run, args=(stop, fd), daemon=True))
+    kmsg, xids = gpu_collector.fault_watchers(g, gpus)
+    if kmsg is not None:
+        try:  # opened here, to say so when it cannot be (the agent logs it)
+            fd = kmsg.open()
+            threads.append(threading.Thread(target=kmsg.run, args=(stop, fd), daemon=True))
         except OSError as exc:
             err.write(f"lens-ebpf trace: {g.kmsg}: {exc.strerror}; kernel log faults not seen\n")
-    nvml = gpu_collector.nvml_module() if g.nvml_events else None
-    if nvml is not None:
-        xids = nvidia.XidEvents(nvml, gpus.fault)
+    if xids is not None:
         threads.append(threading.Thread(target=xids.run, args=(stop,), daemon=True))
     for t in threads:
         t.start()

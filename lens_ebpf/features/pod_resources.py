@@ -13,9 +13,6 @@ class PodResourcesFeature(DeviceFeature):
         return "" if self.ctx.cfg.kubernetes.pod_resources.enabled else "disabled by config"
 
     def make(self) -> DeviceCollector:
-        k = self.ctx.cfg.kubernetes
-        pr = k.pod_resources
-        prc = PodResourcesCollector(pr.interval_seconds, pr.socket, pr.timeout_seconds,
-                                    k.kubelet.gpu_resources)  # fmt: skip
+        prc = PodResourcesCollector.from_config(self.ctx.cfg.kubernetes)
         self.ctx.offers["gpu_assignments"] = lambda: prc.assigned
         return prc

@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 from prometheus_client.core import Metric
 
+from lens_ebpf.config import KubernetesConfig
 from lens_ebpf.devices.collector import CollectorError, DeviceCollector
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,13 @@ class PodResourcesCollector(DeviceCollector):
         self._channel: grpc.Channel | None = None
         self._stub: Any = None
         self._chan_lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, k: KubernetesConfig) -> PodResourcesCollector:
+        """From the config's kubernetes section (its pod_resources and the kubelet's GPU
+        resource names)."""
+        pr = k.pod_resources
+        return cls(pr.interval_seconds, pr.socket, pr.timeout_seconds, k.kubelet.gpu_resources)
 
     def _list(self) -> Any:
         from lens_ebpf.k8s.gen import podresources_v1_pb2 as pb

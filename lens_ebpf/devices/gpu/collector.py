@@ -27,6 +27,7 @@ from typing import Any
 from prometheus_client.core import Metric
 from pydantic import Field
 
+from lens_ebpf.config import Config
 from lens_ebpf.devices.collector import DeviceCollector, DeviceFeature
 from lens_ebpf.devices.gpu import amd, faults, nvidia, rest
 from lens_ebpf.devices.gpu.faults import Fault
@@ -468,6 +469,24 @@ def default_sources(g: GpuSettings, sysfs: Path) -> dict[str, list[Source]]:
     return {"amd": amd_sources, "nvidia": nv_sources}
 
 
+def make_collector(cfg: Config, g: GpuSettings, identify: Callable[[int], dict[str, str]],
+                   allocated: Callable[[], dict[str, Any]]) -> GpuCollector:  # fmt: skip
+    """The GPU collector from the config (the agent's feature and `trace gpu`)."""
+    sysfs = Path(cfg.devices.sysfs_root)
+    return GpuCollector(g.interval_seconds, cfg.node_name, default_sources(g, sysfs),
+                        g.stale_seconds, Path(cfg.devices.dev_root), identify=identify,
+                        allocated=allocated, sysfs=sysfs)  # fmt: skip
+
+
+def fault_watchers(g: GpuSettings, gpu: GpuCollector
+                   ) -> tuple[faults.KmsgWatcher | None, nvidia.XidEvents | None]:  # fmt: skip
+    """What reports faults to gpu beside its own readings, each as configured: the kernel
+    log, and NVML's Xid events where pynvml is installed."""
+    kmsg = faults.KmsgWatcher(g.kmsg, gpu.fault) if g.kmsg else None
+    nvml = nvml_module() if g.nvml_events else None
+    return kmsg, nvidia.XidEvents(nvml, gpu.fault) if nvml is not None else None
+
+
 @register("gpu", order=30, settings={"gpu": GpuSettings})
 class GpuFeature(DeviceFeature):
     """AMD (amdsmi, amd-smi, sysfs) and NVIDIA (NVML, nvidia-smi) GPUs, and the node
@@ -477,20 +496,14 @@ class GpuFeature(DeviceFeature):
              "/cardMetrics": ("cards", []), "/driMapping": ("dri", {})}  # fmt: skip
 
     def make(self) -> GpuCollector:
-        cfg, g = self.ctx.cfg, self.ctx.settings("gpu", GpuSettings)
-        sysfs = Path(cfg.devices.sysfs_root)
-        gpu = GpuCollector(g.interval_seconds, cfg.node_name, default_sources(g, sysfs),
-                           g.stale_seconds, Path(cfg.devices.dev_root),
-                           identify=self.ctx.enrich.pid,
-                           allocated=lambda: self.ctx.offered("gpu_assignments", {}),
-                           sysfs=sysfs)  # fmt: skip
+        g = self.ctx.settings("gpu", GpuSettings)
+        gpu = make_collector(self.ctx.cfg, g, self.ctx.enrich.pid,
+                             lambda: self.ctx.offered("gpu_assignments", {}))  # fmt: skip
         gpu.publish = self.ctx.bus.publish
-        if g.kmsg:
-            watcher = faults.KmsgWatcher(g.kmsg, gpu.fault)
-            self.ctx.spawn("gpu-faults", lambda: watcher.run(self.ctx.stop))
-        nvml = nvml_module() if g.nvml_events else None
-        if nvml is not None:
-            xids = nvidia.XidEvents(nvml, gpu.fault)
+        kmsg, xids = fault_watchers(g, gpu)
+        if kmsg is not None:
+            self.ctx.spawn("gpu-faults", lambda: kmsg.run(self.ctx.stop))
+        if xids is not None:
             self.ctx.spawn("gpu-xid-events", lambda: xids.run(self.ctx.stop))
         self.ctx.offers["gpu_count"] = lambda: len(gpu.readings())
         self.ctx.offers["gpu_devices"] = lambda: gpu.views.get("devices", {})
