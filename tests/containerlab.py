@@ -6,7 +6,10 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.agentproc import stop_process
 
@@ -92,6 +95,16 @@ class Containerd:
         self.log.close()
         subprocess.run(["umount", "-R", str(self.state)], capture_output=True)
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+def private_containerd(tag: str) -> Iterator[Containerd]:
+    """A fixture's body: a private containerd under /tmp/lens-ctd-<tag><pid>, stopped
+    afterwards; the test skips where containerd, runc or busybox is missing."""
+    if reason := unavailable():
+        pytest.skip(reason)
+    c = Containerd(Path(f"/tmp/lens-ctd-{tag}{os.getpid()}"))
+    yield c
+    c.stop()
 
 
 def make_char_device(path: Path, major: int, minor: int) -> bool:

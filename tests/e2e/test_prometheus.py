@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import socket
 import subprocess
 import threading
@@ -16,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.agentproc import LENS, AgentProc
-from tests.containerlab import Containerd
-from tests.containerlab import unavailable as containers_unavailable
+from tests.containerlab import Containerd, private_containerd
 from tests.netlab import exchange, listener, recv_exact
 from tests.promserver import Prometheus, available, promtool_check_metrics
 
@@ -119,11 +117,7 @@ def test_every_rule_and_dashboard_expression_is_valid_promql() -> None:
 
 @pytest.fixture
 def ctd() -> Iterator[Containerd]:
-    if reason := containers_unavailable():
-        pytest.skip(reason)
-    c = Containerd(Path(f"/tmp/lens-ctd-p{os.getpid()}"))
-    yield c
-    c.stop()
+    yield from private_containerd("p")
 
 
 def test_prometheus_sees_the_flows_rtt_and_execs_the_test_caused(

@@ -3,7 +3,6 @@ RDMA fixture trees, and a real containerd container holding a GPU and an RDMA de
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 import uuid
@@ -14,7 +13,7 @@ import pytest
 
 from tests import rest_contract
 from tests.agentproc import AgentProc
-from tests.containerlab import Containerd, make_char_device, unavailable
+from tests.containerlab import Containerd, make_char_device, private_containerd
 
 pytestmark = pytest.mark.e2e
 FIX = Path(__file__).parent.parent / "fixtures"
@@ -22,11 +21,7 @@ FIX = Path(__file__).parent.parent / "fixtures"
 
 @pytest.fixture(scope="module")
 def ctd() -> Iterator[Containerd]:
-    if reason := unavailable():
-        pytest.skip(reason)
-    c = Containerd(Path(f"/tmp/lens-ctd-rest-{os.getpid()}"))
-    yield c
-    c.stop()
+    yield from private_containerd("rest-")
 
 
 @pytest.fixture(scope="module")

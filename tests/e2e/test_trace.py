@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.agentproc import LENS
-from tests.containerlab import Containerd, unavailable
+from tests.containerlab import Containerd, private_containerd
 from tests.netlab import exchange, listener
 
 pytestmark = pytest.mark.e2e
@@ -71,11 +71,7 @@ def test_trace_port_filter_is_applied_in_the_kernel() -> None:
 
 @pytest.fixture
 def ctd() -> Iterator[Containerd]:
-    if reason := unavailable():
-        pytest.skip(reason)
-    c = Containerd(Path(f"/tmp/lens-ctd-t{os.getpid()}"))
-    yield c
-    c.stop()
+    yield from private_containerd("t")
 
 
 def test_trace_exec_sees_a_command_in_a_real_container(ctd: Containerd, tmp_path: Path) -> None:

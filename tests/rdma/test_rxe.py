@@ -30,8 +30,7 @@ from lens_ebpf.devices.rdma import resources
 from lens_ebpf.devices.rdma.collector import RdmaCollector
 from lens_ebpf.enrich import Enrichment
 from lens_ebpf.k8s.index import ClusterIndex
-from tests.containerlab import Containerd
-from tests.containerlab import unavailable as containers_unavailable
+from tests.containerlab import Containerd, private_containerd
 from tests.k8slab import pod
 
 DEV, NETDEV, PEER, ADDR = "lensrxe0", "lensrx0", "lensrx1", "10.77.0.1"
@@ -197,11 +196,7 @@ def test_a_long_pingpong_holds_two_rc_queue_pairs_then_none(rxe: RdmaCollector) 
 
 @pytest.fixture
 def ctd() -> Iterator[Containerd]:
-    if reason := containers_unavailable():
-        pytest.skip(reason)
-    c = Containerd(Path(f"/tmp/lens-ctd-rdma-{os.getpid()}"))
-    yield c
-    c.stop()
+    yield from private_containerd("rdma-")
 
 
 def test_a_containers_queue_pairs_are_its_pods(rxe: RdmaCollector, ctd: Containerd) -> None:
