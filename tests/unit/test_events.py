@@ -161,3 +161,12 @@ def test_bus_says_which_kinds_a_subscriber_can_take() -> None:
     bus.unsubscribe(abn)
     bus.unsubscribe(procs)
     assert changes == [False, True, False, True, False, False]
+
+
+def test_owner_fields_names_every_owner_field() -> None:
+    """events.OwnerFields is the typed mirror of Owner's own fields: the two do not drift."""
+    from lens_ebpf.events import Event, Owner, OwnerFields, owner_fields
+
+    own = {f.name for f in dataclasses.fields(Owner)} - {f.name for f in dataclasses.fields(Event)}
+    assert set(OwnerFields.__annotations__) == own
+    assert owner_fields({"pod": "p", "other": "x"}) == {**dict.fromkeys(own, ""), "pod": "p"}
