@@ -227,6 +227,28 @@ class KubernetesConfig(_Section):
         return v
 
 
+class KubeletServiceConfig(_Section):
+    enabled: bool = False
+    namespace: str = "kube-system"
+    name: str = "kubelet"
+    interval_seconds: float = Field(30.0, gt=0)
+    ports: dict[str, int] = Field(
+        default_factory=lambda: {"https-metrics": 10250, "http-metrics": 10255, "cadvisor": 4194}
+    )
+
+
+class RecorderConfig(_Section):
+    database_url: str = "sqlite:///lens-recorder.db"
+    listen: str = "0.0.0.0:9480"  # REST (/workloads, /pods) and /metrics
+    collect_listen: str = "0.0.0.0:9472"  # reporters' collector protocol; empty: off
+    gpu_resources: list[str] = Field(default_factory=lambda: ["amd.com/gpu", "nvidia.com/gpu"])
+    finalizers: bool = True
+    queue_max: int = Field(100_000, ge=1, le=10_000_000)
+    db_retry_max_seconds: float = Field(10.0, gt=0)
+    page_max: int = Field(1000, ge=1, le=100_000)
+    kubelet_service: KubeletServiceConfig = Field(default_factory=KubeletServiceConfig)
+
+
 class Config(_Section):
     node: NodeConfig = Field(default_factory=NodeConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
@@ -242,6 +264,7 @@ class Config(_Section):
     grpc: GrpcConfig = Field(default_factory=GrpcConfig)
     reporter: ReporterConfig = Field(default_factory=ReporterConfig)
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+    recorder: RecorderConfig = Field(default_factory=RecorderConfig)
 
     @field_validator("log_level")
     @classmethod

@@ -3,7 +3,8 @@
 #   scripts/setup.sh run    packages the agent needs, the venv, kernel headers, tracefs
 #   scripts/setup.sh test   the same plus what the test suite drives (containerd, runc,
 #                           prometheus, bpfcc-tools, gcc, QEMU, rdma-core's verbs
-#                           programs for Soft-RoCE in the guests), the dev Python packages
+#                           programs for Soft-RoCE in the guests, PostgreSQL for the
+#                           recorder's tests), the dev Python packages
 #                           and Debian's 5.10, 6.1 and 6.12 kernels for the kernel matrix
 #   scripts/setup.sh image  packages and venv only: the Dockerfile's install step; the
 #                           agent mounts tracefs and finds headers itself at start-up
@@ -14,7 +15,8 @@ cd "$(dirname "$0")/.."
 
 run_pkgs=(python3-bpfcc python3-venv python3-pip linux-headers-amd64 iproute2 kmod)
 test_pkgs=(bpfcc-tools containerd runc prometheus gcc libc6-dev busybox-static openssl
-           qemu-system-x86 xz-utils zstd rdma-core ibverbs-providers ibverbs-utils)
+           qemu-system-x86 xz-utils zstd rdma-core ibverbs-providers ibverbs-utils
+           postgresql)
 pkgs=("${run_pkgs[@]}")
 [ "$mode" = test ] && pkgs+=("${test_pkgs[@]}")
 

@@ -1,6 +1,10 @@
 """A local stand-in for the Kubernetes API server: list (with limit/continue), get, and
 watch as the real one streams it (chunked JSON lines, BOOKMARK events, a 410 ERROR
-event for a compacted resourceVersion), plus kill/restart and dropped connections."""
+event for a compacted resourceVersion), plus kill/restart and dropped connections; create
+(POST), replace (PUT), merge patch (PATCH) with the resourceVersion precondition (409),
+DELETE that waits on finalizers (deletionTimestamp first, gone when the last finalizer
+is removed), API discovery (/api/v1, /apis/<group>/<version>), and a custom resource
+kind shaped like Kubeflow's PyTorchJob."""
 
 from __future__ import annotations
 
@@ -28,7 +32,12 @@ KINDS = {
     "daemonsets": ("/apis/apps/v1", "DaemonSet", True),
     "jobs": ("/apis/batch/v1", "Job", True),
     "cronjobs": ("/apis/batch/v1", "CronJob", True),
+    "endpoints": ("/api/v1", "Endpoints", True),
+    "pytorchjobs": ("/apis/kubeflow.org/v1", "PyTorchJob", True),
 }
+# fields the server owns: an update that leaves them out keeps them (a controller's status
+# update does not drop the finalizers others put on)
+SERVER_METADATA = ("uid", "creationTimestamp", "finalizers", "deletionTimestamp")
 
 
 def eventually(check: Callable[[], Any], timeout: float = 2.0, every: float = 0.02) -> float:
@@ -68,14 +77,49 @@ class FakeApiServer:
         meta = obj.setdefault("metadata", {})
         key = (meta.get("namespace", ""), meta["name"])
         with self.cond:
+            old = self.objects[coll].get(key)
+            for field in SERVER_METADATA:
+                if old is not None and field not in meta and field in old["metadata"]:
+                    meta[field] = copy.deepcopy(old["metadata"][field])
+            if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+                self._remove(coll, key, obj)  # the last finalizer is gone
+                return obj
             self.rv += 1
             meta["resourceVersion"] = str(self.rv)
             meta.setdefault("uid", f"uid-{coll}-{key[0]}-{key[1]}")
+            meta.setdefault("creationTimestamp", _now())
             kind = "MODIFIED" if key in self.objects[coll] else "ADDED"
             self.objects[coll][key] = obj
             self.log[coll].append((self.rv, kind, obj))
             self.cond.notify_all()
         return obj
+
+    def get(self, coll: str, namespace: str, name: str) -> dict[str, Any] | None:
+        with self.cond:
+            obj = self.objects[coll].get((namespace, name))
+            return copy.deepcopy(obj) if obj is not None else None
+
+    def request_delete(self, coll: str, namespace: str, name: str) -> None:
+        """What kubectl delete asks: gone now, or, when finalizers hold the object, marked
+        with a deletionTimestamp until the last one is removed."""
+        with self.cond:
+            obj = copy.deepcopy(self.objects[coll][(namespace, name)])
+            meta = obj["metadata"]
+            if not meta.get("finalizers"):
+                self._remove(coll, (namespace, name), obj)
+                return
+            if not meta.get("deletionTimestamp"):
+                meta["deletionTimestamp"] = _now()
+                meta["deletionGracePeriodSeconds"] = 0
+                self.put(coll, obj)
+
+    def _remove(self, coll: str, key: tuple[str, str], obj: dict[str, Any]) -> None:
+        with self.cond:
+            self.objects[coll].pop(key, None)
+            self.rv += 1
+            obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(self.rv)}}
+            self.log[coll].append((self.rv, "DELETED", obj))
+            self.cond.notify_all()
 
     def delete(self, coll: str, namespace: str, name: str) -> None:
         with self.cond:
@@ -148,6 +192,48 @@ class FakeApiServer:
         return path
 
 
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merge_patch(out.get(key), value)
+    return out
+
+
+def discovery(path: str) -> dict[str, Any] | None:
+    """The APIResourceList of /api/v1 or /apis/<group>/<version>, from KINDS."""
+    found = [(coll, kind, namespaced) for coll, (prefix, kind, namespaced) in KINDS.items()
+             if prefix == path]  # fmt: skip
+    if not found:
+        return None
+    group_version = path.removeprefix("/apis/").removeprefix("/api/")
+    verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": group_version,
+        "resources": [
+            {
+                "name": coll,
+                "singularName": kind.lower(),
+                "namespaced": namespaced,
+                "kind": kind,
+                "verbs": verbs,
+            }
+            for coll, kind, namespaced in found
+        ],
+    }
+
+
 def _route(path: str) -> tuple[str, str, str] | None:
     """(collection, namespace, name) of an API path; name empty for a list."""
     for coll, (prefix, _, namespaced) in KINDS.items():
@@ -192,7 +278,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         route = _route(url.path)
         if route is None:
-            self._json(404, status(404, "NotFound", f"no route {url.path}"))
+            found = discovery(url.path.rstrip("/"))
+            if found is not None:
+                self._json(200, found)
+            else:
+                self._json(404, status(404, "NotFound", f"no route {url.path}"))
             return
         coll, ns, name = route
         if query.get("watch") in ("true", "1"):
@@ -225,6 +315,99 @@ class _Handler(BaseHTTPRequestHandler):
         kind = KINDS[coll][1]
         self._json(200, {"kind": f"{kind}List", "apiVersion": "v1", "metadata": meta,
                          "items": page})  # fmt: skip
+
+    def _body(self) -> Any:
+        return json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+
+    def _one(self) -> tuple[str, str, str, dict[str, Any]] | None:
+        """The object a write names, answering 404 itself when there is none."""
+        url = urllib.parse.urlsplit(self.path)
+        self.api.requests.append(f"{self.command} {self.path}")
+        route = _route(url.path)
+        if route is None or not route[2]:
+            self._json(404, status(404, "NotFound", f"no route {url.path}"))
+            return None
+        coll, ns, name = route
+        obj = self.api.get(coll, ns, name)
+        if obj is None:
+            self._json(404, status(404, "NotFound", f'{coll} "{name}" not found'))
+            return None
+        return coll, ns, name, obj
+
+    def _conflict(self, coll: str, name: str, want: Any, obj: dict[str, Any]) -> bool:
+        if want and str(want) != obj["metadata"].get("resourceVersion"):
+            self._json(409, status(409, "Conflict", f'Operation cannot be fulfilled on {coll} '
+                                   f'"{name}": the object has been modified'))  # fmt: skip
+            return True
+        return False
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        patch = self._body()
+        found = self._one()
+        if found is None:
+            return
+        coll, ns, name, obj = found
+        if "json-patch" in (self.headers.get("Content-Type") or ""):
+            self._json(415, status(415, "UnsupportedMediaType", "only merge patches here"))
+            return
+        with self.api.cond:
+            if self._conflict(coll, name, (patch.get("metadata") or {}).get("resourceVersion"),
+                              obj):  # fmt: skip
+                return
+            new = _merge_patch(obj, patch)
+            fins = new["metadata"].get("finalizers") or []
+            if obj["metadata"].get("deletionTimestamp") and \
+                    set(fins) - set(obj["metadata"].get("finalizers") or []):  # fmt: skip
+                self._json(422, status(422, "Invalid", "no new finalizers can be added if the "
+                                       "object is being deleted"))  # fmt: skip
+                return
+            if "finalizers" in (patch.get("metadata") or {}):
+                new["metadata"]["finalizers"] = fins  # [] and null both clear them
+            new["metadata"].pop("resourceVersion", None)
+            self._json(200, self.api.put(coll, new))
+
+    def do_PUT(self) -> None:  # noqa: N802
+        body = self._body()
+        found = self._one()
+        if found is None:
+            return
+        coll, ns, name, obj = found
+        with self.api.cond:
+            if self._conflict(coll, name, (body.get("metadata") or {}).get("resourceVersion"),
+                              obj):  # fmt: skip
+                return
+            body.setdefault("metadata", {})["namespace"] = ns
+            body["metadata"]["name"] = name
+            body["metadata"].pop("resourceVersion", None)
+            self._json(200, self.api.put(coll, body))
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = self._body()
+        url = urllib.parse.urlsplit(self.path)
+        self.api.requests.append(f"POST {self.path}")
+        route = _route(url.path)
+        if route is None or route[2]:
+            self._json(404, status(404, "NotFound", f"no route {url.path}"))
+            return
+        coll, ns, _ = route
+        meta = body.setdefault("metadata", {})
+        meta["namespace"] = ns
+        with self.api.cond:
+            if self.api.get(coll, ns, meta.get("name", "")) is not None:
+                self._json(409, status(409, "AlreadyExists", f'{coll} "{meta.get("name")}" '
+                                       "already exists"))  # fmt: skip
+                return
+            self._json(201, self.api.put(coll, body))
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        if self.headers.get("Content-Length"):
+            self._body()
+        found = self._one()
+        if found is None:
+            return
+        coll, ns, name, obj = found
+        self.api.request_delete(coll, ns, name)
+        self._json(200, self.api.get(coll, ns, name) or obj)
 
     def _chunk(self, event: dict[str, Any]) -> None:
         data = json.dumps(event).encode() + b"\n"

@@ -18,9 +18,10 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 
 Response = tuple[int, str, bytes]
 Route = Callable[[], Response]
+# a route under a prefix: (the path below the prefix, the query's last value per key)
+QueryRoute = Callable[[str, dict[str, str]], Response]
 
 
 def json_response(status: int, body: Any) -> Response:
@@ -135,7 +138,8 @@ class HttpServer:
                  max_header_bytes: int = 65536) -> None:  # fmt: skip
         self.registry = registry
         self.routes: dict[str, Route] = {"/metrics": self._metrics}
-        routes = self.routes
+        self.query_routes: dict[str, QueryRoute] = {}
+        routes, query_routes = self.routes, self.query_routes
         self.renders = 0
         self.scrapes = 0
         self._cond = threading.Condition()
@@ -159,8 +163,16 @@ class HttpServer:
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 self.server.head_read(self.connection)  # type: ignore[attr-defined]
-                path = urlsplit(self.path).path.rstrip("/") or "/"
+                url = urlsplit(self.path)
+                path = url.path.rstrip("/") or "/"
                 route = routes.get(path)
+                if route is None:
+                    for prefix, qroute in query_routes.items():
+                        if path == prefix or path.startswith(prefix + "/"):
+                            query = dict(parse_qsl(url.query))
+                            rest = unquote(path[len(prefix) :].lstrip("/"))
+                            route = partial(qroute, rest, query)
+                            break
                 if route is None:
                     status, ctype, body = json_response(404, {"error": f"no route {path}"})
                 else:
@@ -189,6 +201,10 @@ class HttpServer:
 
     def add(self, path: str, route: Route) -> None:
         self.routes[path] = route
+
+    def add_query(self, prefix: str, route: QueryRoute) -> None:
+        """A route for prefix and every path below it, given the rest and the query."""
+        self.query_routes[prefix.rstrip("/")] = route
 
     def _metrics(self) -> Response:
         """Render once for every scrape that arrives while a rendering runs."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -65,6 +66,7 @@ class Reflector:
         self.restarts: dict[str, int] = {"gone": 0, "error": 0, "ended": 0}
         self.events: dict[str, int] = {}
         self.last_error = ""
+        self.last_heard = 0.0  # time.monotonic() of the last list, event or bookmark
         self._resp: Any = None
 
     def run(self, stop: threading.Event) -> None:
@@ -117,6 +119,7 @@ class Reflector:
         self.on_replace(items)
         self.resource_version = str(meta.get("resourceVersion", ""))
         self.lists += 1
+        self.last_heard = time.monotonic()
         self.connected = True
         self.synced.set()
 
@@ -153,6 +156,7 @@ class Reflector:
                 raise Gone(obj.get("message", ""))
             raise RuntimeError(f"watch error {obj.get('code')}: {obj.get('message', '')}")
         self.events[kind] = self.events.get(kind, 0) + 1
+        self.last_heard = time.monotonic()
         if kind != "BOOKMARK":
             self.on_event(kind, obj)
         rv = (obj.get("metadata") or {}).get("resourceVersion")

@@ -1,0 +1,321 @@
+"""`lens-ebpf recorder`: the database, the watches, the collector protocol, REST and
+metrics, wired together; and the one-shot commands (--report, --remove-finalizers)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
+
+from lens_ebpf.api.http import HttpServer, Response, json_response
+from lens_ebpf.config import Config
+from lens_ebpf.k8s.reflector import call_raw
+from lens_ebpf.recorder import lifecycle as lc
+from lens_ebpf.recorder import queries, schema
+from lens_ebpf.recorder.kubelet_service import KubeletService
+from lens_ebpf.recorder.node_events import NodeEvents, last_seqs
+from lens_ebpf.recorder.store import WRITE_BUCKETS, Writer, engine_for, upgrade
+from lens_ebpf.recorder.tracker import Api, Kind, Recorder
+
+log = logging.getLogger(__name__)
+
+# kinds whose finalizers --remove-finalizers clears even when the database never saw them
+BUILTIN_KINDS = (
+    ("apps/v1", "ReplicaSet"), ("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"),
+    ("apps/v1", "DaemonSet"), ("batch/v1", "Job"), ("batch/v1", "CronJob"),
+)  # fmt: skip
+
+
+def split_listen(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"{value!r}: expected HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class RecorderApp:
+    """The recorder process's parts; start() and stop() in the right order."""
+
+    def __init__(self, cfg: Config, api_client: Any,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:  # fmt: skip
+        r, k = cfg.recorder, cfg.kubernetes
+        self.cfg = cfg
+        self.clock = clock
+        self.engine = engine_for(r.database_url)
+        self.revision = upgrade(self.engine)
+        self.writer = Writer(self.engine, r.queue_max, r.db_retry_max_seconds)
+        self.api = Api(api_client, k.request_timeout_seconds)
+        opts = {
+            "request_timeout": k.request_timeout_seconds,
+            "watch_timeout": k.watch_timeout_seconds,
+            "backoff_max": k.backoff_max_seconds,
+        }
+        self.recorder = Recorder(self.api, self.writer, r.gpu_resources, finalizers=r.finalizers,
+                                 reflector_opts=opts, clock=clock)  # fmt: skip
+        with self.engine.connect() as conn:
+            self.recorder.recover(conn)
+            self.node_events = NodeEvents(self.writer, last_seqs(conn))
+        self.kubelet: KubeletService | None = None
+        ks = r.kubelet_service
+        if ks.enabled:
+            self.kubelet = KubeletService(self.api.core, ks.namespace, ks.name, ks.ports,
+                                          ks.interval_seconds,
+                                          k.request_timeout_seconds)  # fmt: skip
+        self.registry = CollectorRegistry()
+        self.registry.register(RecorderMetrics(self))
+        host, port = split_listen(r.listen)
+        self.http = HttpServer(host, port, self.registry, cfg.server.max_connections,
+                               cfg.server.request_timeout_seconds)  # fmt: skip
+        self.http.add("/healthz", lambda: json_response(200, {"status": "ok"}))
+        self.http.add("/readyz", self._ready)
+        self.http.add_query("/workloads", self._workloads)
+        self.http.add_query("/pods", self._pods)
+        self.grpc: Any = None
+        self.collect_port = 0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        self.writer.start(self._stop)
+        self.recorder.start()
+        if self.cfg.recorder.collect_listen:
+            from lens_ebpf.api import collector_server, grpc_server
+
+            tls = self.cfg.grpc.tls
+            creds = grpc_server.server_credentials(tls.cert, tls.key, tls.client_ca)
+            listen = self.cfg.recorder.collect_listen
+            self.grpc, self.collect_port = collector_server.start(self.node_events, listen, creds)
+        if self.kubelet is not None:
+            th = threading.Thread(target=self.kubelet.run, args=(self._stop,),
+                                  name="recorder-kubelet-service", daemon=True)  # fmt: skip
+            th.start()
+            self._threads.append(th)
+        self.http.start()
+
+    def stop(self, flush_timeout: float = 10.0) -> None:
+        """Stop watching and serving; write what is queued (within flush_timeout)."""
+        self.recorder.stop()
+        if self.grpc is not None:
+            self.grpc.stop(grace=1)
+        if not self.writer.flush(flush_timeout):
+            log.warning("recorder: stopping with %d writes not stored", self.writer.depth())
+        self._stop.set()
+        self.writer.join(5)
+        for th in self._threads:
+            th.join(timeout=3)
+        self.http.stop()
+        self.engine.dispose()
+
+    # -- REST ----------------------------------------------------------------------
+    def _read(self, fn: Callable[[Any], Any]) -> Response:
+        try:
+            with self.engine.connect() as conn:
+                return json_response(200, fn(conn))
+        except queries.QueryError as exc:
+            return json_response(400, {"error": str(exc)})
+        except SQLAlchemyError as exc:
+            return json_response(503, {"error": f"database unavailable: {type(exc).__name__}"})
+
+    def _workloads(self, rest: str, query: dict[str, str]) -> Response:
+        if rest:
+            try:
+                with self.engine.connect() as conn:
+                    found = queries.workload(conn, rest)
+            except SQLAlchemyError as exc:
+                return json_response(503, {"error": f"database unavailable: {type(exc).__name__}"})
+            if found is None:
+                return json_response(404, {"error": f"no workload {rest}"})
+            return json_response(200, found)
+        try:
+            page = queries.page_of(query, self.cfg.recorder.page_max)
+        except queries.QueryError as exc:
+            return json_response(400, {"error": str(exc)})
+        return self._read(lambda conn: queries.workloads(conn, query, page))
+
+    def _pods(self, rest: str, query: dict[str, str]) -> Response:
+        if rest:
+            return json_response(404, {"error": f"no route /pods/{rest}"})
+        try:
+            page = queries.page_of(query, self.cfg.recorder.page_max)
+        except queries.QueryError as exc:
+            return json_response(400, {"error": str(exc)})
+        return self._read(lambda conn: queries.pods(conn, query, page, self.clock()))
+
+    def _ready(self) -> Response:
+        watching = self.recorder.pod_reflector.synced.is_set()
+        ok = watching and self.writer.up
+        body = {"pods_synced": watching, "database_up": self.writer.up,
+                "queued_writes": self.writer.depth()}  # fmt: skip
+        return json_response(200 if ok else 503, body)
+
+
+class RecorderMetrics(Collector):
+    """The recorder's own health: watches, database writes, queue, errors."""
+
+    def __init__(self, app: RecorderApp) -> None:
+        self.app = app
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        app, rec, w = self.app, self.app.recorder, self.app.writer
+
+        def family(name: str, help_text: str, kind: str) -> Metric:
+            return Metric(name, help_text, kind)
+
+        up = family("lens_recorder_watch_connected", "1 while the watch is connected", "gauge")
+        lag = family("lens_recorder_watch_lag_seconds",
+                     "Seconds since the watch last heard from the API (events, bookmarks, "
+                     "lists)", "gauge")  # fmt: skip
+        events = family("lens_recorder_watch_events", "Watch events by type", "counter")
+        restarts = family("lens_recorder_watch_restarts", "Watches restarted, by why", "counter")
+        now = time.monotonic()
+        for r in rec.reflectors():
+            res = {"resource": r.resource}
+            up.add_sample("lens_recorder_watch_connected", res, 1 if r.connected else 0)
+            if r.last_heard:
+                lag.add_sample("lens_recorder_watch_lag_seconds", res, now - r.last_heard)
+            for kind, n in sorted(r.events.items()):
+                events.add_sample("lens_recorder_watch_events_total", {**res, "type": kind}, n)
+            for why, n in r.restarts.items():
+                restarts.add_sample("lens_recorder_watch_restarts_total",
+                                    {**res, "reason": why}, n)  # fmt: skip
+        yield from (up, lag, events, restarts)
+        yield self._gauge("lens_recorder_db_up", "1 while the database takes writes",
+                          1 if w.up else 0)  # fmt: skip
+        hist = HistogramMetricFamily("lens_recorder_db_write_seconds",
+                                     "Time to commit one batch of writes")  # fmt: skip
+        bounds = [*(str(b) for b in WRITE_BUCKETS), "+Inf"]
+        hist.add_metric([], list(zip(bounds, w.write_buckets, strict=True)), w.write_sum)
+        yield hist
+        yield self._gauge("lens_recorder_queue_depth", "Writes waiting for the database",
+                          w.depth())  # fmt: skip
+        yield self._gauge("lens_recorder_queue_capacity", "The write queue's bound", w.queue_max)
+        yield self._counter("lens_recorder_queue_dropped", "Writes dropped by a full queue",
+                            w.dropped)  # fmt: skip
+        yield self._counter("lens_recorder_db_writes", "Writes committed", w.committed)
+        errs = family(
+            "lens_recorder_db_errors",
+            "Database errors: unavailable (the write "
+            "waits and is retried), rejected (the write is dropped)",
+            "counter",
+        )
+        for why, n in w.errors.items():
+            errs.add_sample("lens_recorder_db_errors_total", {"reason": why}, n)
+        yield errs
+        bad = family("lens_recorder_malformed_objects", "API objects skipped as malformed",
+                     "counter")  # fmt: skip
+        for what, n in rec.malformed.items():
+            bad.add_sample("lens_recorder_malformed_objects_total", {"resource": what}, n)
+        yield bad
+        yield self._gauge("lens_recorder_pods_tracked", "GPU pods followed now", len(rec.pods))
+        yield self._gauge("lens_recorder_workloads_watched", "Workloads watched now",
+                          len(rec.workloads))  # fmt: skip
+        yield self._counter("lens_recorder_watchers_collected",
+                            "Workload watchers ended (workload deleted and stored)",
+                            rec.watchers_collected)  # fmt: skip
+        owners = family("lens_recorder_owner_lookups", "Owner reference lookups", "counter")
+        for result, n in rec.lookups.items():
+            owners.add_sample("lens_recorder_owner_lookups_total", {"result": result}, n)
+        yield owners
+        fin = family("lens_recorder_finalizer_operations", "Finalizer adds and removals",
+                     "counter")  # fmt: skip
+        for (op, result), n in sorted(rec.finalizer_ops.items()):
+            fin.add_sample("lens_recorder_finalizer_operations_total",
+                           {"operation": op, "result": result}, n)  # fmt: skip
+        yield fin
+        ne = family("lens_recorder_node_events", "Node agents' events stored, by kind",
+                    "counter")  # fmt: skip
+        for kind, n in sorted(app.node_events.stored.items()):
+            ne.add_sample("lens_recorder_node_events_total", {"kind": kind}, n)
+        yield ne
+        yield self._counter("lens_recorder_node_events_duplicate",
+                            "Node events received again and dropped (node, seq)",
+                            app.node_events.duplicates)  # fmt: skip
+        if app.kubelet is not None:
+            ks = family("lens_recorder_kubelet_service_syncs",
+                        "kubelet Service/Endpoints syncs, by result", "counter")  # fmt: skip
+            for result, n in app.kubelet.syncs.items():
+                ks.add_sample("lens_recorder_kubelet_service_syncs_total", {"result": result}, n)
+            yield ks
+
+    @staticmethod
+    def _gauge(name: str, help_text: str, value: float) -> Metric:
+        m = Metric(name, help_text, "gauge")
+        m.add_sample(name, {}, value)
+        return m
+
+    @staticmethod
+    def _counter(name: str, help_text: str, value: float) -> Metric:
+        m = Metric(name, help_text, "counter")
+        m.add_sample(name + "_total", {}, value)
+        return m
+
+
+# -- one-shot commands ---------------------------------------------------------------
+def run_report(cfg: Config, since: str, node: str, as_json: bool) -> str:
+    now = datetime.now(UTC)
+    engine = engine_for(cfg.recorder.database_url)
+    try:
+        with engine.connect() as conn:
+            lines = queries.report(conn, queries.parse_since(since, now), now, node)
+    finally:
+        engine.dispose()
+    if as_json:
+        return "\n".join(json.dumps({k: queries.json_value(v) for k, v in vars(x).items()},
+                                    sort_keys=True) for x in lines)  # fmt: skip
+    return queries.format_report(lines)
+
+
+def remove_finalizers(cfg: Config, api_client: Any) -> dict[str, int]:
+    """Take the recorder's finalizer off every object that holds it (uninstall): the kinds
+    the database knows and the built-in workload kinds. Returns removals per kind."""
+    api = Api(api_client, cfg.kubernetes.request_timeout_seconds)
+    kinds: set[tuple[str, str]] = set(BUILTIN_KINDS)
+    try:
+        engine = engine_for(cfg.recorder.database_url)
+        with engine.connect() as conn:
+            wl = schema.gpu_workloads
+            q = select(wl.c.api_version, wl.c.kind).distinct()
+            kinds |= {(str(a), str(k)) for a, k in conn.execute(q)}
+        engine.dispose()
+    except SQLAlchemyError as exc:
+        log.warning("recorder: database unreadable (%s); clearing the built-in kinds only",
+                    type(exc).__name__)  # fmt: skip
+    out: dict[str, int] = {}
+    for api_version, kind_name in sorted(kinds):
+        kind = api.kind(api_version, kind_name)
+        if kind is None:
+            continue
+        out[kind_name] = _strip_kind(api, kind)
+    return out
+
+
+def _strip_kind(api: Api, kind: Kind) -> int:
+    removed = 0
+    doc = call_raw(api.lister(kind), timeout=api.timeout)
+    for obj in doc.get("items") or ():
+        m = obj.get("metadata") or {}
+        fins = list(m.get("finalizers") or ())
+        if lc.FINALIZER not in fins:
+            continue
+        fins.remove(lc.FINALIZER)
+        api.patch(
+            kind,
+            m.get("namespace", ""),
+            m["name"],
+            {"metadata": {"finalizers": fins, "resourceVersion": m.get("resourceVersion")}},
+        )
+        removed += 1
+    return removed

@@ -1,0 +1,91 @@
+"""The recorder against the API stand-in and a real database (SQLite, and PostgreSQL from
+Debian's package, started here)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, select
+
+from lens_ebpf import config
+from tests import pglab
+from tests.k8slab import FakeApiServer
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[pglab.Postgres]:
+    why = pglab.unavailable()
+    if why:
+        pytest.skip(why)
+    pg = pglab.Postgres().init()
+    yield pg
+    pg.destroy()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'recorder.db'}"
+    pg = request.getfixturevalue("postgres")
+    return str(pg.create_database(f"lens_{next(_names)}"))
+
+
+@pytest.fixture()
+def api() -> Iterator[FakeApiServer]:
+    srv = FakeApiServer().start()
+    yield srv
+    srv.kill()
+
+
+Factory = Callable[..., Any]
+
+
+@pytest.fixture()
+def recorder_app(api: FakeApiServer, tmp_path: Path) -> Iterator[Factory]:
+    """make(db_url, **recorder settings) -> a started RecorderApp; all stopped at the end."""
+    from lens_ebpf.k8s.cluster import api_client
+    from lens_ebpf.recorder.service import RecorderApp
+
+    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+    apps: list[Any] = []
+
+    def make(url: str, **settings: Any) -> Any:
+        over: dict[tuple[str, ...], Any] = {
+            ("recorder", "database_url"): url,
+            ("recorder", "listen"): "127.0.0.1:0",
+            ("recorder", "collect_listen"): "127.0.0.1:0",
+            ("recorder", "db_retry_max_seconds"): 0.5,
+            ("kubernetes", "backoff_max_seconds"): 0.5,
+        }
+        for key, value in settings.items():
+            over[("recorder", *key.split("__"))] = value
+        cfg = config.load(env={}, overrides=over)
+        app = RecorderApp(cfg, api_client("kubeconfig", str(kubeconfig)))
+        app.start()
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        if not app._stop.is_set():
+            app.stop(flush_timeout=2)
+
+
+def rows(url: str, table: str) -> list[dict[str, Any]]:
+    """Every row of a table, as dicts, in insertion order where the table has one."""
+    from lens_ebpf.recorder import schema
+
+    tab = schema.metadata.tables[table]
+    eng = create_engine(url)
+    try:
+        with eng.connect() as conn:
+            order = tab.c.id if "id" in tab.c else list(tab.primary_key.columns)[0]
+            return [dict(r) for r in conn.execute(select(tab).order_by(order)).mappings()]
+    finally:
+        eng.dispose()
