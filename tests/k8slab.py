@@ -67,6 +67,7 @@ class FakeApiServer:
         self.bookmark_interval = bookmark_interval
         self.requests: list[str] = []
         self.fail_gets: set[str] = set()  # collections whose GETs answer 500
+        self.fail_writes: set[str] = set()  # collections whose PATCH/PUT/DELETE answer 500
         self._streams: set[socket.socket] = set()
         self._httpd: ThreadingHTTPServer | None = None
         self.port = 0
@@ -328,6 +329,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, status(404, "NotFound", f"no route {url.path}"))
             return None
         coll, ns, name = route
+        if coll in self.api.fail_writes:
+            self._json(500, status(500, "InternalError", "etcd is unhappy"))
+            return None
         obj = self.api.get(coll, ns, name)
         if obj is None:
             self._json(404, status(404, "NotFound", f'{coll} "{name}" not found'))

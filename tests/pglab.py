@@ -59,7 +59,7 @@ class Postgres:
 
     def start(self) -> None:
         opts = (f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off "
-                "-c synchronous_commit=off -c full_page_writes=off")  # fmt: skip
+                "-c full_page_writes=off")  # fmt: skip
         self._as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", opts, "-w",
                           "-l", str(self.base / "log"), "start")  # fmt: skip
 

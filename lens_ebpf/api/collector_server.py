@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from concurrent import futures
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -26,35 +27,66 @@ from lens_ebpf.api.gen import lens_pb2_grpc
 
 class Collector(lens_pb2_grpc.CollectorServiceServicer):
     """Acknowledges what it holds; subclasses store events elsewhere (_store) and may
-    acknowledge later than they accept (ack_seq)."""
+    hold them for good later than they accept them (_held, then notify _acked)."""
 
     def __init__(self, out: TextIO | None, last: dict[str, int] | None = None) -> None:
         self.out = out
-        self.last = dict(last or {})
+        self.last = dict(last or {})  # the newest seq accepted per node
         self.duplicates = 0
         self._lock = threading.Lock()
+        self._acked = threading.Condition(self._lock)
 
     def Report(self, request_iterator: Iterator[pb.Event], context: Any) -> Iterator[pb.Ack]:  # noqa: N802
         meta = dict(context.invocation_metadata())
         node = meta.get("lens-node", "unknown")
-        yield pb.Ack(seq=self.ack_seq(node))
-        for ev in request_iterator:
-            with self._lock:
-                if ev.HasField("gap"):
-                    self._store(node, ev)
-                    continue
-                if ev.seq <= self.last.get(node, 0):
-                    self.duplicates += 1
-                    continue
-                if not self._store(node, ev):
-                    continue  # not held: the reporter sends it again
-                self.last[node] = ev.seq
-            yield pb.Ack(seq=self.ack_seq(node))
+        with self._lock:
+            sent = self._held(node)
+        yield pb.Ack(seq=sent)  # where the reporter resumes
+        done = threading.Event()
+        reader = threading.Thread(target=self._read, args=(node, request_iterator, done),
+                                  name=f"collect-{node}", daemon=True)  # fmt: skip
+        reader.start()
+        while context.is_active():
+            with self._acked:
+                self._acked.wait_for(partial(self._moved, node, sent, done), 1.0)
+                seq = self._held(node)
+                finished = done.is_set() and seq >= self.last.get(node, 0)
+            if seq > sent:
+                sent = seq
+                yield pb.Ack(seq=seq)
+            if finished:
+                return
+
+    def _read(self, node: str, request_iterator: Iterator[pb.Event],
+              done: threading.Event) -> None:  # fmt: skip
+        try:
+            for ev in request_iterator:
+                with self._acked:
+                    if ev.HasField("gap"):
+                        self._store(node, ev)
+                    elif ev.seq <= self.last.get(node, 0):
+                        self.duplicates += 1
+                    elif self._store(node, ev):  # else not held: the reporter sends it again
+                        self.last[node] = ev.seq
+                    self._acked.notify_all()
+        except Exception:  # the stream ended under us (cancelled, disconnected)
+            pass
+        finally:
+            done.set()
+            with self._acked:
+                self._acked.notify_all()
+
+    def _moved(self, node: str, sent: int, done: threading.Event) -> bool:
+        return done.is_set() or self._held(node) > sent
 
     def ack_seq(self, node: str) -> int:
         """The highest sequence number of node's events held for good."""
         with self._lock:
-            return self.last.get(node, 0)
+            return self._held(node)
+
+    def _held(self, node: str) -> int:
+        """ack_seq with the lock held."""
+        return self.last.get(node, 0)
 
     def _store(self, node: str, ev: pb.Event) -> bool:
         """Hold one event (a gap too); False when it could not be held."""

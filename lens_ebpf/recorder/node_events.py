@@ -76,9 +76,8 @@ class NodeEvents(Collector):
         self.committed = dict(last)
         self.stored: dict[str, int] = {}  # kind -> events committed
 
-    def ack_seq(self, node: str) -> int:
-        with self._lock:
-            return self.committed.get(node, 0)
+    def _held(self, node: str) -> int:
+        return self.committed.get(node, 0)
 
     def _store(self, node: str, ev: pb.Event) -> bool:
         row = event_row(node, ev)
@@ -93,9 +92,10 @@ class NodeEvents(Collector):
                 upsert(conn, t.pod_resources, res, ["pod_uid", "container", "source"])
 
         def done() -> None:
-            with self._lock:
+            with self._acked:
                 if row["seq"] is not None:
                     self.committed[node] = max(self.committed.get(node, 0), row["seq"])
                 self.stored[row["kind"]] = self.stored.get(row["kind"], 0) + 1
+                self._acked.notify_all()
 
         return self.writer.submit(Op("node_events", write, done))

@@ -1,0 +1,108 @@
+"""The recorder serves the reporters' collector protocol: the agent's own Reporter pushes a
+node's events into node_events, once per (node, seq), acknowledged only once stored; a
+container_start's GPU devices land in pod_resources."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import grpc
+
+from lens_ebpf.api.gen import lens_pb2 as pb
+from lens_ebpf.api.gen import lens_pb2_grpc
+from lens_ebpf.api.reporter import Reporter
+from lens_ebpf.events import ContainerChange, EventBus
+from tests import pglab
+from tests.k8slab import FakeApiServer, eventually
+from tests.recorder.conftest import rows
+
+
+def container_start(n: int, devices: tuple[str, ...]) -> ContainerChange:
+    return ContainerChange(kind="container_start", ts_ns=time.monotonic_ns(),
+                           container_id=f"c{n}", container=f"worker-{n}", pod=f"bert-{n}",
+                           namespace="ml", pod_uid=f"uid-bert-{n}", devices=devices)  # fmt: skip
+
+
+NV = ("/dev/nvidia0", "/dev/nvidia3", "/dev/nvidiactl", "/dev/nvidia-uvm")
+AMD = ("/dev/kfd", "/dev/dri/card1", "/dev/dri/renderD129")
+
+
+def report(port: int, node: str, events: list[pb.Event]) -> list[int]:
+    """One Report stream: the acks received while sending events."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        stub = lens_pb2_grpc.CollectorServiceStub(ch)
+        return [a.seq for a in stub.Report(iter(events), metadata=(("lens-node", node),))]
+
+
+def raw(seq: int) -> pb.Event:
+    return pb.Event(seq=seq, ts_unix_nano=1_795_000_000_000_000_000 + seq, node_name="gpu-9",
+                    oom_kill=pb.OomKill(pid=seq, comm="python"))  # fmt: skip
+
+
+def test_a_reporter_pushes_a_nodes_events_exactly_once(api: FakeApiServer, recorder_app: Any,
+                                                       db_url: str) -> None:  # fmt: skip
+    app = recorder_app(db_url)
+    bus = EventBus(1000)
+    reporter = Reporter(f"127.0.0.1:{app.collect_port}", bus, ("gpu-1", "192.0.2.11"), 1000)
+    reporter.start()
+    try:
+        bus.publish(container_start(1, NV))
+        bus.publish(container_start(2, AMD))
+        bus.publish(container_start(3, ("/dev/null",)))  # no GPU: an event, no resources
+        eventually(lambda: reporter.acked == 3, timeout=15)
+    finally:
+        reporter.stop()
+    got = [(r["node"], r["seq"], r["kind"], r["namespace"], r["pod"], r["pod_uid"], r["container"])
+           for r in rows(db_url, "node_events")]  # fmt: skip
+    assert got == [("gpu-1", n, "container_start", "ml", f"bert-{n}", f"uid-bert-{n}",
+                    f"worker-{n}") for n in (1, 2, 3)]  # fmt: skip
+    assert rows(db_url, "node_events")[0]["payload"]["devices"] == list(NV)
+    res = {(r["pod_uid"], r["container"], r["source"], r["resource"], r["count"],
+            tuple(r["devices"])) for r in rows(db_url, "pod_resources")}  # fmt: skip
+    assert res == {("uid-bert-1", "worker-1", "agent", "nvidia.com/gpu", 2,
+                    ("/dev/nvidia0", "/dev/nvidia3")),
+                   ("uid-bert-2", "worker-2", "agent", "amd.com/gpu", 1,
+                    ("/dev/dri/renderD129",))}  # fmt: skip
+
+
+def test_duplicates_are_dropped_and_a_restart_resumes_after_the_last_stored(
+        api: FakeApiServer, recorder_app: Any, db_url: str) -> None:  # fmt: skip
+    app = recorder_app(db_url)
+    acks = report(app.collect_port, "gpu-9", [raw(n) for n in range(1, 6)])
+    assert acks[0] == 0  # where to resume: nothing stored yet
+    assert app.writer.flush(10)
+    acks = report(app.collect_port, "gpu-9", [raw(n) for n in range(3, 8)])
+    assert acks[0] == 5  # resumes after what it stored
+    assert app.writer.flush(10)
+    assert app.node_events.duplicates == 3
+    assert [r["seq"] for r in rows(db_url, "node_events")] == [1, 2, 3, 4, 5, 6, 7]
+    app.stop()
+    app = recorder_app(db_url)  # the resume point comes back from the database
+    assert report(app.collect_port, "gpu-9", [])[0] == 7
+    assert report(app.collect_port, "gpu-8", [])[0] == 0
+
+
+def test_events_are_acknowledged_only_once_stored(api: FakeApiServer, recorder_app: Any,
+                                                  postgres: pglab.Postgres) -> None:  # fmt: skip
+    url = postgres.create_database("acks")
+    app = recorder_app(url)
+    bus = EventBus(1000)
+    reporter = Reporter(f"127.0.0.1:{app.collect_port}", bus, ("gpu-1", "192.0.2.11"), 1000)
+    reporter.start()
+    try:
+        bus.publish(container_start(1, NV))
+        eventually(lambda: reporter.acked == 1, timeout=15)
+        postgres.stop()
+        try:
+            for n in range(2, 7):
+                bus.publish(container_start(n, NV))
+            eventually(lambda: app.writer.depth() == 5, timeout=15)
+            time.sleep(0.5)
+            assert reporter.acked == 1 and len(reporter.pending) == 5  # held at both ends
+        finally:
+            postgres.start()
+        eventually(lambda: reporter.acked == 6, timeout=20)
+    finally:
+        reporter.stop()
+    assert [r["seq"] for r in rows(url, "node_events")] == [1, 2, 3, 4, 5, 6]
