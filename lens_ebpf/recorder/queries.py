@@ -61,9 +61,10 @@ class Page:
 
 
 def page_of(query: dict[str, str], page_max: int) -> Page:
-    """limit (1..page_max, default 100) and the continue token of the previous page."""
+    """limit (1..page_max, default 100 or page_max if less) and the continue token of the
+    previous page."""
     try:
-        limit = int(query.get("limit") or 100)
+        limit = int(query.get("limit") or min(100, page_max))
     except ValueError:
         raise QueryError(f"limit={query.get('limit')!r}: not a number") from None
     if not 1 <= limit <= page_max:
@@ -218,12 +219,12 @@ def format_report(lines: list[ReportLine]) -> str:
     def when(d: datetime | None) -> str:
         return d.strftime("%m-%d %H:%M") if d else "-"
 
-    out = [f"{'WORKLOAD':<34} {'STATUS':<10} {'GPUS':>4} {'PODS':>4} {'CREATED':<11} "
+    out = [f"{'WORKLOAD':<29} {'STATUS':<9} {'GPUS':>4} {'PODS':>4} {'CREATED':<11} "
            f"{'ENDED':<11} {'GPU-H':>6}"]  # fmt: skip
     for x in lines:
         name = f"{x.kind}/{x.namespace}/{x.name}"
-        name = name if len(name) <= 34 else name[:33] + "…"
+        name = name if len(name) <= 29 else name[:28] + "…"
         hours = x.gpu_seconds / 3600
-        out.append(f"{name:<34} {x.status[:10]:<10} {x.gpus:>4} {x.pods:>4} "
+        out.append(f"{name:<29} {x.status[:9]:<9} {x.gpus:>4} {x.pods:>4} "
                    f"{when(x.created):<11} {when(x.ended):<11} {hours:>6.2f}")  # fmt: skip
     return "\n".join(out)

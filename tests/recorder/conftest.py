@@ -55,7 +55,7 @@ def recorder_app(api: FakeApiServer, tmp_path: Path) -> Iterator[Factory]:
     kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
     apps: list[Any] = []
 
-    def make(url: str, **settings: Any) -> Any:
+    def make(url: str, clock: Any = None, **settings: Any) -> Any:
         over: dict[tuple[str, ...], Any] = {
             ("recorder", "database_url"): url,
             ("recorder", "listen"): "127.0.0.1:0",
@@ -66,7 +66,8 @@ def recorder_app(api: FakeApiServer, tmp_path: Path) -> Iterator[Factory]:
         for key, value in settings.items():
             over[("recorder", *key.split("__"))] = value
         cfg = config.load(env={}, overrides=over)
-        app = RecorderApp(cfg, api_client("kubeconfig", str(kubeconfig)))
+        client = api_client("kubeconfig", str(kubeconfig))
+        app = RecorderApp(cfg, client, clock) if clock else RecorderApp(cfg, client)
         app.start()
         apps.append(app)
         return app
