@@ -165,3 +165,54 @@ def test_dashboard_panels_cover_the_issue() -> None:
                  "gpu memory", "gpu power", "rdma", "gpu faults", "throttling",
                  "ecc", "nvlink"):  # fmt: skip
         assert word in titles, word
+
+
+RECORDER = DEPLOY / "recorder"
+
+
+def recorder_documents() -> list[dict]:
+    kust = yaml.safe_load((RECORDER / "kustomization.yaml").read_text())
+    return [doc for name in kust["resources"]
+            for doc in yaml.safe_load_all((RECORDER / name).read_text())]  # fmt: skip
+
+
+def test_recorder_manifests_round_trip_and_run_what_the_recorder_needs(tmp_path: Path) -> None:
+    kubernetes = pytest.importorskip("kubernetes")
+    from lens_ebpf import config
+
+    api = kubernetes.client.ApiClient()
+    models = {**MODELS, "Deployment": "V1Deployment",
+              "PersistentVolumeClaim": "V1PersistentVolumeClaim"}  # fmt: skip
+    docs = recorder_documents()
+    for doc in docs:
+        model = api.deserialize(json.dumps(doc), models[doc["kind"]], "application/json")
+        assert _drop_empty(api.sanitize_for_serialization(model)) == doc, doc["kind"]
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["args"][0] == "recorder"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    # the shipped config and the Secret's variable are keys the recorder knows
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    (tmp_path / "recorder.yaml").write_text(cm["data"]["recorder.yaml"])
+    env = {e["name"]: "postgresql+psycopg://lens:pw@db/lens" for e in c["env"]}
+    cfg = config.load(tmp_path / "recorder.yaml", env=env)
+    assert cfg.recorder.database_url == "postgresql+psycopg://lens:pw@db/lens"
+    assert config.load(tmp_path / "recorder.yaml", env={}).recorder.database_url.startswith(
+        "sqlite:////var/lib/lens-recorder/")  # on the volume  # fmt: skip
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert "/var/lib/lens-recorder" in mounts
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"http": int(cfg.recorder.listen.rsplit(":", 1)[1]),
+                     "collect": int(cfg.recorder.collect_listen.rsplit(":", 1)[1])}  # fmt: skip
+
+
+def test_recorder_rbac_allows_the_finalizer_on_every_kind_it_follows() -> None:
+    role = next(d for d in recorder_documents() if d["kind"] == "ClusterRole")
+    allowed = {(g, r): set(rule["verbs"]) for rule in role["rules"]
+               for g in rule["apiGroups"] for r in rule["resources"]}  # fmt: skip
+    for group, res in (("apps", "deployments"), ("apps", "replicasets"), ("batch", "jobs"),
+                       ("batch", "cronjobs"), ("kubeflow.org", "pytorchjobs"),
+                       ("ray.io", "rayjobs")):  # fmt: skip
+        assert {"get", "list", "watch", "patch"} <= allowed[(group, res)], res
+    assert {"get", "list", "watch"} <= allowed[("", "pods")]
