@@ -338,26 +338,32 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         return coll, ns, name, obj
 
-    def _conflict(self, coll: str, name: str, want: Any, obj: dict[str, Any]) -> bool:
+    def _target(self) -> tuple[str, str, str, dict[str, Any], dict[str, Any]] | None:
+        """(collection, namespace, name, stored object, request body) of a PATCH or PUT,
+        answering 404 or 409 (a resourceVersion precondition that fails) itself. Call it
+        holding the API's lock, so that the check and the write are one step."""
+        body = self._body()
+        found = self._one()
+        if found is None:
+            return None
+        coll, ns, name, obj = found
+        want = (body.get("metadata") or {}).get("resourceVersion")
         if want and str(want) != obj["metadata"].get("resourceVersion"):
             self._json(409, status(409, "Conflict", f'Operation cannot be fulfilled on {coll} '
                                    f'"{name}": the object has been modified'))  # fmt: skip
-            return True
-        return False
+            return None
+        return coll, ns, name, obj, body
 
     def do_PATCH(self) -> None:  # noqa: N802
-        patch = self._body()
-        found = self._one()
-        if found is None:
-            return
-        coll, ns, name, obj = found
         if "json-patch" in (self.headers.get("Content-Type") or ""):
+            self._body()
             self._json(415, status(415, "UnsupportedMediaType", "only merge patches here"))
             return
         with self.api.cond:
-            if self._conflict(coll, name, (patch.get("metadata") or {}).get("resourceVersion"),
-                              obj):  # fmt: skip
+            target = self._target()
+            if target is None:
                 return
+            coll, _, _, obj, patch = target
             new = _merge_patch(obj, patch)
             fins = new["metadata"].get("finalizers") or []
             if obj["metadata"].get("deletionTimestamp") and \
@@ -371,17 +377,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(200, self.api.put(coll, new))
 
     def do_PUT(self) -> None:  # noqa: N802
-        body = self._body()
-        found = self._one()
-        if found is None:
-            return
-        coll, ns, name, obj = found
         with self.api.cond:
-            if self._conflict(coll, name, (body.get("metadata") or {}).get("resourceVersion"),
-                              obj):  # fmt: skip
+            target = self._target()
+            if target is None:
                 return
-            body.setdefault("metadata", {})["namespace"] = ns
-            body["metadata"]["name"] = name
+            coll, ns, name, _, body = target
+            body.setdefault("metadata", {}).update(namespace=ns, name=name)
             body["metadata"].pop("resourceVersion", None)
             self._json(200, self.api.put(coll, body))
 

@@ -459,11 +459,17 @@ class Recorder:
             try:
                 m = lc.meta(obj)
                 status, ended = lc.workload_status(obj)
-                reqs = lc.workload_request(obj, self.resources)
             except (ObjectError, TypeError, AttributeError, ValueError) as exc:
                 self.malformed["workloads"] += 1
                 log.warning("recorder: workload %s/%s: %s", w.namespace, w.name, exc)
                 return
+            try:
+                reqs = lc.workload_request(obj, self.resources)
+            except (ObjectError, TypeError, AttributeError, ValueError) as exc:
+                # its pods still name it: recorded, with no GPU request it could read
+                self.malformed["workloads"] += 1
+                log.warning("recorder: workload %s/%s: %s", w.namespace, w.name, exc)
+                reqs = {}
             w.parent = lc.owner_ref(obj)
             deleting = gone or bool(m.get("deletionTimestamp"))
             row = {

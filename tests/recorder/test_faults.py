@@ -165,3 +165,21 @@ def test_without_finalizers_a_workload_deleted_while_down_is_still_recorded(
     assert events[-1] == ("deleted", "Running")
     assert app.recorder.workloads == {} and app.recorder.kinds == {}
     assert U["trainer"] in {r["uid"] for r in rows(db_url, "gpu_workloads")}
+
+
+def test_a_workload_with_an_unreadable_gpu_request_is_recorded_and_counted(
+        api: FakeApiServer, recorder_app: Any, db_url: str) -> None:  # fmt: skip
+    bad = {"pytorchReplicaSpecs": {"Worker": {"replicas": 2, "template": template(NV, 1)}}}
+    bad["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["resources"] = {
+        "limits": {NV: "lots"}}  # fmt: skip
+    api.put("pytorchjobs", workload("bert", bad, {}))
+    p = gpu_pod("bert-worker-0", "bert", NV, 1, GPU1)
+    api.put("pods", state(p, "Running", True))
+    app = recorder_app(db_url)
+    eventually(lambda: len(rows(db_url, "gpu_pods")) == 1, timeout=10)
+    assert app.writer.flush(10)
+    (wl,) = rows(db_url, "gpu_workloads")
+    assert (wl["name"], wl["gpu_request"], wl["gpu_resources"]) == ("bert", 0, {})
+    assert rows(db_url, "gpu_pods")[0]["workload_uid"] == U["bert"]
+    assert metric(app, 'lens_recorder_malformed_objects_total{resource="workloads"}') >= 1
+    assert metric(app, 'lens_recorder_malformed_objects_total{resource="pods"}') == 0

@@ -4,7 +4,9 @@ container_start's GPU devices land in pod_resources."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -28,6 +30,18 @@ NV = ("/dev/nvidia0", "/dev/nvidia3", "/dev/nvidiactl", "/dev/nvidia-uvm")
 AMD = ("/dev/kfd", "/dev/dri/card1", "/dev/dri/renderD129")
 
 
+@contextlib.contextmanager
+def reporting(app: Any) -> Iterator[tuple[EventBus, Reporter]]:
+    """The agent's own Reporter, pushing a bus's events to the recorder."""
+    bus = EventBus(1000)
+    reporter = Reporter(f"127.0.0.1:{app.collect_port}", bus, ("gpu-1", "192.0.2.11"), 1000)
+    reporter.start()
+    try:
+        yield bus, reporter
+    finally:
+        reporter.stop()
+
+
 def report(port: int, node: str, events: list[pb.Event]) -> list[int]:
     """One Report stream: the acks received while sending events."""
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
@@ -43,16 +57,11 @@ def raw(seq: int) -> pb.Event:
 def test_a_reporter_pushes_a_nodes_events_exactly_once(api: FakeApiServer, recorder_app: Any,
                                                        db_url: str) -> None:  # fmt: skip
     app = recorder_app(db_url)
-    bus = EventBus(1000)
-    reporter = Reporter(f"127.0.0.1:{app.collect_port}", bus, ("gpu-1", "192.0.2.11"), 1000)
-    reporter.start()
-    try:
+    with reporting(app) as (bus, reporter):
         bus.publish(container_start(1, NV))
         bus.publish(container_start(2, AMD))
         bus.publish(container_start(3, ("/dev/null",)))  # no GPU: an event, no resources
         eventually(lambda: reporter.acked == 3, timeout=15)
-    finally:
-        reporter.stop()
     got = [(r["node"], r["seq"], r["kind"], r["namespace"], r["pod"], r["pod_uid"], r["container"])
            for r in rows(db_url, "node_events")]  # fmt: skip
     assert got == [("gpu-1", n, "container_start", "ml", f"bert-{n}", f"uid-bert-{n}",
@@ -87,10 +96,7 @@ def test_events_are_acknowledged_only_once_stored(api: FakeApiServer, recorder_a
                                                   postgres: pglab.Postgres) -> None:  # fmt: skip
     url = postgres.create_database("acks")
     app = recorder_app(url)
-    bus = EventBus(1000)
-    reporter = Reporter(f"127.0.0.1:{app.collect_port}", bus, ("gpu-1", "192.0.2.11"), 1000)
-    reporter.start()
-    try:
+    with reporting(app) as (bus, reporter):
         bus.publish(container_start(1, NV))
         eventually(lambda: reporter.acked == 1, timeout=15)
         postgres.stop()
@@ -103,6 +109,4 @@ def test_events_are_acknowledged_only_once_stored(api: FakeApiServer, recorder_a
         finally:
             postgres.start()
         eventually(lambda: reporter.acked == 6, timeout=20)
-    finally:
-        reporter.stop()
     assert [r["seq"] for r in rows(url, "node_events")] == [1, 2, 3, 4, 5, 6]
