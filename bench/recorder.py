@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import tempfile
 import time
 from pathlib import Path
@@ -86,7 +85,6 @@ def run(url: str, deployments: int, pods: int, updates: int) -> dict[str, Any]:
             ("recorder", "finalizers"): False,
         }
         cfg = config.load(env={}, overrides=over)
-        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         app = RecorderApp(cfg, api_client("kubeconfig", str(kc)))
         total = deployments * pods
         start = time.perf_counter()
@@ -113,8 +111,10 @@ def run(url: str, deployments: int, pods: int, updates: int) -> dict[str, Any]:
             "updates": updates, "updates_stored_seconds": round(streamed, 2),
             "updates_per_second": round(updates / streamed, 1),
             "commits": batches, "mean_commit_ms": round(1000 * w.write_sum / max(1, batches), 2),
-            "rss_growth_mib": round((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0)
-                                    / 1024, 1),
+            # what the recorder keeps per pod to derive the next change: its last snapshot
+            "snapshot_json_bytes_per_pod": round(sum(
+                len(json.dumps(p.snap, default=str)) for p in app.recorder.pods.values())
+                / max(1, len(app.recorder.pods))),
         }  # fmt: skip
         app.stop()
     api.kill()

@@ -202,9 +202,9 @@ class RecorderMetrics(Collector):
         yield self._gauge("lens_recorder_queue_depth", "Writes waiting for the database",
                           w.depth())  # fmt: skip
         yield self._gauge("lens_recorder_queue_capacity", "The write queue's bound", w.queue_max)
-        yield self._counter("lens_recorder_queue_dropped", "Writes dropped by a full queue",
+        yield self._counter("lens_recorder_queue_dropped_total", "Writes dropped by a full queue",
                             w.dropped)  # fmt: skip
-        yield self._counter("lens_recorder_db_writes", "Writes committed", w.committed)
+        yield self._counter("lens_recorder_db_writes_total", "Writes committed", w.committed)
         errs = family(
             "lens_recorder_db_errors",
             "Database errors: unavailable (the write "
@@ -222,7 +222,7 @@ class RecorderMetrics(Collector):
         yield self._gauge("lens_recorder_pods_tracked", "GPU pods followed now", len(rec.pods))
         yield self._gauge("lens_recorder_workloads_watched", "Workloads watched now",
                           len(rec.workloads))  # fmt: skip
-        yield self._counter("lens_recorder_watchers_collected",
+        yield self._counter("lens_recorder_watchers_collected_total",
                             "Workload watchers ended (workload deleted and stored)",
                             rec.watchers_collected)  # fmt: skip
         owners = family("lens_recorder_owner_lookups", "Owner reference lookups", "counter")
@@ -240,7 +240,7 @@ class RecorderMetrics(Collector):
         for kind, n in sorted(app.node_events.stored.items()):
             ne.add_sample("lens_recorder_node_events_total", {"kind": kind}, n)
         yield ne
-        yield self._counter("lens_recorder_node_events_duplicate",
+        yield self._counter("lens_recorder_node_events_duplicate_total",
                             "Node events received again and dropped (node, seq)",
                             app.node_events.duplicates)  # fmt: skip
         if app.kubelet is not None:
@@ -257,9 +257,10 @@ class RecorderMetrics(Collector):
         return m
 
     @staticmethod
-    def _counter(name: str, help_text: str, value: float) -> Metric:
-        m = Metric(name, help_text, "counter")
-        m.add_sample(name + "_total", {}, value)
+    def _counter(sample: str, help_text: str, value: float) -> Metric:
+        """A counter family with one sample, named as it is exported (..._total)."""
+        m = Metric(sample.removesuffix("_total"), help_text, "counter")
+        m.add_sample(sample, {}, value)
         return m
 
 

@@ -139,6 +139,11 @@ class PodState:
     row: dict[str, Any]
     snap: dict[str, Any]
     refs: tuple[str, ...] = ()  # workload uids referenced, bottom to top
+    resolved: bool = True  # False: an owner lookup failed; tried again at the next change
+
+
+class Unresolved(Exception):
+    """An owner the API could not tell about just now (not a 404)."""
 
 
 class Recorder:
@@ -275,7 +280,10 @@ class Recorder:
         now = self.clock()
         m, st = obj["metadata"], obj.get("status") or {}
         phase = str(st.get("phase", ""))
-        refs = old.refs if old is not None and old.refs else self._chain(m)
+        if old is not None and old.resolved:
+            refs, resolved = old.refs, True
+        else:
+            refs, resolved = self._chain(m)
         prev = old.row if old is not None else {}
         started = prev.get("started_at")
         if started is None and phase in ("Running", *lc.TERMINAL_PHASES):
@@ -296,7 +304,7 @@ class Recorder:
         changes = lc.pod_changes(old.snap if old is not None and old.snap else None, snap)
         if old is not None and not old.snap:
             changes = [c for c in changes if c.type != "created"]
-        self.pods[uid] = PodState(row, snap, refs)
+        self.pods[uid] = PodState(row, snap, refs, resolved)
         resources = self._spec_resources(uid, obj, str(row["node"]), now)
         new_refs = [r for r in refs if old is None or r not in old.refs]
         rv = str(row["resource_version"])
@@ -377,8 +385,9 @@ class Recorder:
         self.writer.submit(Op("gpu_pods", write))
 
     # -- workloads -----------------------------------------------------------------
-    def _chain(self, pod_meta: dict[str, Any]) -> tuple[str, ...]:
-        """The uids of the workloads above a pod, bottom to top, tracking each."""
+    def _chain(self, pod_meta: dict[str, Any]) -> tuple[tuple[str, ...], bool]:
+        """The uids of the workloads above a pod, bottom to top, tracking each; and False
+        when a lookup failed for now (the chain may go higher)."""
         namespace = str(pod_meta.get("namespace", ""))
         ref = lc.owner_ref({"metadata": pod_meta})
         out: list[str] = []
@@ -389,12 +398,15 @@ class Recorder:
             if w is not None:
                 self.lookups["cached"] += 1
             else:
-                w = self._fetch(namespace, ref)
+                try:
+                    w = self._fetch(namespace, ref)
+                except Unresolved:
+                    return tuple(out), False
                 if w is None:
                     break
             out.append(w.uid)
             ref = w.parent
-        return tuple(out)
+        return tuple(out), True
 
     def _fetch(self, namespace: str, ref: dict[str, str]) -> Workload | None:
         try:
@@ -415,7 +427,9 @@ class Recorder:
             log.log(logging.DEBUG if code == 404 else logging.WARNING,
                     "recorder: owner %s %s/%s: %s", ref["kind"], namespace, ref["name"],
                     f"HTTP {code}" if code else f"{type(exc).__name__}: {exc}")  # fmt: skip
-            return None
+            if code == 404:
+                return None
+            raise Unresolved from None
         self.lookups["fetched"] += 1
         w = Workload(kind, ref["kind"], namespace, str(m["name"]), str(m["uid"]),
                      lc.owner_ref(obj))  # fmt: skip

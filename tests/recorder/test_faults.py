@@ -183,3 +183,21 @@ def test_a_workload_with_an_unreadable_gpu_request_is_recorded_and_counted(
     assert rows(db_url, "gpu_pods")[0]["workload_uid"] == U["bert"]
     assert metric(app, 'lens_recorder_malformed_objects_total{resource="workloads"}') >= 1
     assert metric(app, 'lens_recorder_malformed_objects_total{resource="pods"}') == 0
+
+
+def test_an_owner_the_api_could_not_tell_about_is_looked_up_again(
+        api: FakeApiServer, recorder_app: Any, db_url: str) -> None:  # fmt: skip
+    api.fail_gets.add("replicasets")  # 500 on GET: the ReplicaSet is unknown for now
+    p = deployment(api)
+    app = recorder_app(db_url)
+    eventually(lambda: len(rows(db_url, "gpu_pods")) == 1, timeout=10)
+    assert app.writer.flush(10)
+    assert rows(db_url, "gpu_pods")[0]["workload_uid"] is None
+    assert rows(db_url, "workload_pod_references") == []
+    assert app.recorder.lookups["error"] == 1
+    api.fail_gets.clear()
+    api.put("pods", state(p, "Running", True, restarts=1))  # the pod's next change
+    eventually(lambda: len(rows(db_url, "workload_pod_references")) == 2, timeout=10)
+    assert app.writer.flush(10)
+    assert rows(db_url, "gpu_pods")[0]["workload_uid"] == U["trainer"]
+    assert {r["name"] for r in rows(db_url, "gpu_workloads")} == {"trainer", "trainer-5d9f"}

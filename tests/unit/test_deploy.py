@@ -125,7 +125,9 @@ def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
                       "LensGpuHot", "LensRdmaPortDown", "LensSeriesCapReached",
                       "LensGpuXidCritical", "LensGpuUncorrectableErrors",
                       "LensGpuRowRemapFailure", "LensGpuResetPending",
-                      "LensGpuThermalThrottling", "LensGpuXgmiErrors"}  # fmt: skip
+                      "LensGpuThermalThrottling", "LensGpuXgmiErrors",
+                      "LensRecorderDatabaseDown", "LensRecorderWritesDropped",
+                      "LensRecorderNotWatching"}  # fmt: skip
 
 
 def expressions() -> list[str]:
