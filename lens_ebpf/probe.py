@@ -35,12 +35,14 @@ def feature_support(plan: Plan, needs: list[str]) -> dict[str, Any]:
     reasons += plan.degraded_for(needs)
     if not plan.loadable:
         reasons.insert(0, plan.off_reason)
+    # off_reason repeats the needs' own reasons: each piece once
+    pieces = [piece for r in reasons for piece in r.split("; ")]
     return {
         # loadable: every required need of the program has a path; and this feature uses one
         "supported": plan.loadable and path != "off",
         "path": path,
         "paths": paths,
-        "reason": "; ".join(dict.fromkeys(reasons)),
+        "reason": "; ".join(dict.fromkeys(pieces)),
     }
 
 
@@ -99,12 +101,17 @@ def run_checks(cfg: Config | None = None) -> dict[str, Any]:
     btf = Path("/sys/kernel/btf/vmlinux").exists()
     checks.append(Check("btf", btf, "yes" if btf else "no", "/sys/kernel/btf/vmlinux"))
     events = tracefs.events_dir()
+    mounted = ""
+    if events is None and os.geteuid() == 0:  # as the agent does at start (Ubuntu 24.04's
+        tracefs.ensure_mounted()  # GPU nodes boot without it), so the tracepoints below count
+        events = tracefs.events_dir()
+        mounted = "mounted (as the agent does)" if events else ""
     checks.append(
         Check(
             "tracefs",
             events is not None,
             str(events.parent) if events else "not mounted",
-            "" if events else "mount -t tracefs tracefs /sys/kernel/tracing",
+            mounted if events else "mount -t tracefs tracefs /sys/kernel/tracing",
         )
     )
     kp = tracefs.kprobes_available()

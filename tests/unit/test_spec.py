@@ -95,6 +95,16 @@ def test_no_kprobes_and_no_byte_tracepoints_turns_only_tcp_flows_off() -> None:
     assert features["tcp_rtt"]["supported"] is False
 
 
+def test_a_kernel_without_the_process_tracepoints_says_each_reason_once(tmp_path: Path) -> None:
+    # what lens-ebpf check printed on a real GPU node (Ubuntu 24.04, tracefs not mounted):
+    # the plan's off reason and the needs' own reasons, each twice
+    k = Kernel(tmp_path / "events", False, frozenset())  # no tracefs events, no kprobes
+    reason = feature_support(*feature_plans(k)["processes"])["reason"]
+    pieces = reason.split("; ")
+    assert len(pieces) == len(set(pieces))
+    assert pieces[0] == "fork: no tracepoint: sched:sched_process_fork missing"
+
+
 def test_missing_kernel_function_is_named() -> None:
     k = kernel("6.1", functions=BYTES_FNS - {"tcp_cleanup_rbuf"})
     plan = resolve(tcp_flows.SPEC, k)
