@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -24,7 +25,14 @@ from lens_ebpf.recorder import lifecycle as lc
 from lens_ebpf.recorder import queries, schema
 from lens_ebpf.recorder.kubelet_service import KubeletService
 from lens_ebpf.recorder.node_events import NodeEvents, last_seqs
-from lens_ebpf.recorder.store import WRITE_BUCKETS, Writer, engine_for, upgrade
+from lens_ebpf.recorder.store import (
+    WRITE_BUCKETS,
+    DatabaseError,
+    Writer,
+    engine_for,
+    redact,
+    upgrade,
+)
 from lens_ebpf.recorder.tracker import Api, Kind, Recorder
 
 log = logging.getLogger(__name__)
@@ -267,10 +275,18 @@ class RecorderMetrics(Collector):
 # -- one-shot commands ---------------------------------------------------------------
 def run_report(cfg: Config, since: str, node: str, as_json: bool) -> str:
     now = datetime.now(UTC)
-    engine = engine_for(cfg.recorder.database_url)
+    start = queries.parse_since(since, now)
+    url = cfg.recorder.database_url
+    path = url.removeprefix("sqlite:///")
+    if url.startswith("sqlite:///") and path != ":memory:" and not Path(path).exists():
+        raise DatabaseError(f"no recorder database at {path}")
+    engine = engine_for(url)
     try:
         with engine.connect() as conn:
-            lines = queries.report(conn, queries.parse_since(since, now), now, node)
+            lines = queries.report(conn, start, now, node)
+    except SQLAlchemyError as exc:
+        msg = str(exc).splitlines()[0][:200]
+        raise DatabaseError(f"database {redact(url)}: {type(exc).__name__}: {msg}") from None
     finally:
         engine.dispose()
     if as_json:

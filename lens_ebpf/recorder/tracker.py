@@ -21,13 +21,14 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from sqlalchemy import Connection, or_, select, update
+from sqlalchemy import Connection, func, or_, select, update
 
 from lens_ebpf.backoff import Backoff
 from lens_ebpf.k8s.objects import ObjectError
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 
 MAX_OWNER_HOPS = 5
 MERGE_PATCH = "application/merge-patch+json"
+NODE_LABELS_TTL = 600.0
 MODEL_LABELS = ("nvidia.com/gpu.product", "amd.com/gpu.product-name", "amd.com/gpu.family")
 
 
@@ -103,16 +105,17 @@ class Api:
         return partial(self.custom.list_cluster_custom_object, k.group, k.version, k.plural)
 
     def node_labels(self, node: str) -> dict[str, str]:
-        """A node's labels, read once per node (the GPU product labels)."""
+        """A node's labels (the GPU product labels), read again after NODE_LABELS_TTL: GPU
+        feature discovery may label a node after its first pods start."""
         hit = self._nodes.get(node)
-        if hit is None:
+        if hit is None or time.monotonic() > hit[0]:
             try:
                 labels = (call_raw(self.core.read_node, node, timeout=self.timeout)
                           .get("metadata", {}).get("labels") or {})  # fmt: skip
             except Exception as exc:  # 404, 403: no model, not an error
                 log.debug("node %s: %s", node, exc)
                 labels = {}
-            hit = (0.0, {str(k): str(v) for k, v in labels.items()})
+            hit = (time.monotonic() + NODE_LABELS_TTL, {str(k): str(v) for k, v in labels.items()})
             self._nodes[node] = hit
         return hit[1]
 
@@ -192,18 +195,22 @@ class Recorder:
             self.workloads[uid] = Workload(kind, row["kind"], row["namespace"], row["name"], uid,
                                            None, dict(row))  # fmt: skip
         pods, snaps, refs = t.gpu_pods, t.pod_snapshots, t.workload_pod_references
+        live = select(pods.c.uid).where(pods.c.deleted.is_(False))
+        newest = select(func.max(snaps.c.id)).where(snaps.c.pod_uid.in_(live))
+        last: dict[str, dict[str, Any]] = {}
+        for r in conn.execute(select(snaps).where(
+                snaps.c.id.in_(newest.group_by(snaps.c.pod_uid)))).mappings():  # fmt: skip
+            last[str(r["pod_uid"])] = {"metadata": r["pod_metadata"], "spec": r["spec"],
+                                       "status": r["status"]}  # fmt: skip
+        owners: dict[str, list[str]] = {}
+        for pod_uid, w_uid in conn.execute(select(refs.c.pod_uid, refs.c.workload_uid)
+                                           .where(refs.c.pod_uid.in_(live))):  # fmt: skip
+            owners.setdefault(str(pod_uid), []).append(str(w_uid))
         for row in conn.execute(select(pods).where(pods.c.deleted.is_(False))).mappings():
             uid = str(row["uid"])
-            q = select(snaps).where(snaps.c.pod_uid == uid).order_by(snaps.c.id.desc()).limit(1)
-            last = conn.execute(q).mappings().first()
-            snap = {}
-            if last is not None:
-                snap = {"metadata": last["pod_metadata"], "spec": last["spec"],
-                        "status": last["status"]}  # fmt: skip
-            q2 = select(refs.c.workload_uid).where(refs.c.pod_uid == uid)
-            found: list[Any] = list(conn.execute(q2).scalars())
-            uids = tuple(str(x) for x in found)
-            self.pods[uid] = PodState(dict(row), snap, uids)
+            # the top workload last: a pod's next row names it (refs[-1])
+            uids = sorted(owners.get(uid, ()), key=lambda w, top=row["workload_uid"]: w == top)
+            self.pods[uid] = PodState(dict(row), last.get(uid, {}), tuple(uids))
         log.info("recorder: recovered %d pods and %d workloads from the database",
                  len(self.pods), len(self.workloads))  # fmt: skip
 
@@ -623,7 +630,3 @@ class Recorder:
                 if code != 409:
                     raise
         return "conflict"
-
-    def idle(self) -> bool:
-        """No finalizer work pending (for tests and shutdown)."""
-        return self._fin.unfinished_tasks == 0

@@ -202,6 +202,10 @@ def test_the_command_line(api: FakeApiServer, tmp_path: Path) -> None:
         (["--database", "nosuch://x"], "recorder: database_url nosuch://x"),
         (["--report", "--database", db, "--since", "soon"], "since='soon'"),
         (["--listen", "nowhere"], "--listen 'nowhere'"),
+        (
+            ["--report", "--database", f"sqlite:///{tmp_path / 'none.db'}"],
+            "no recorder database at",
+        ),
     ):
         bad = run_cli(*args, env=env)
         assert bad.returncode == 2 and says in bad.stderr, (args, bad.stderr)
