@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Select, and_, or_, select
+from sqlalchemy import Connection, Select, Table, and_, or_, select
 
 from lens_ebpf.recorder import schema as t
 
@@ -57,7 +57,7 @@ def parse_since(text: str, now: datetime) -> datetime:
 @dataclass(frozen=True)
 class Page:
     limit: int
-    offset: int
+    after: tuple[datetime, str] | None = None  # the last (created_at, uid) already served
 
 
 def page_of(query: dict[str, str], page_max: int) -> Page:
@@ -70,21 +70,30 @@ def page_of(query: dict[str, str], page_max: int) -> Page:
     if not 1 <= limit <= page_max:
         raise QueryError(f"limit={limit}: must be from 1 to {page_max}")
     token = query.get("continue") or ""
-    offset = 0
-    if token:
-        try:
-            offset = int(json.loads(base64.urlsafe_b64decode(token.encode()))["offset"])
-        except (ValueError, KeyError, TypeError, binascii.Error):
-            raise QueryError("continue: not a token this API gave") from None
-    return Page(limit, offset)
+    if not token:
+        return Page(limit)
+    try:
+        created, uid = json.loads(base64.urlsafe_b64decode(token.encode()))["after"]
+        when = datetime.fromisoformat(str(created))
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        raise QueryError("continue: not a token this API gave") from None
+    return Page(limit, (when if when.tzinfo else when.replace(tzinfo=UTC), str(uid)))
 
 
-def _paged(conn: Connection, stmt: Select[Any], page: Page) -> dict[str, Any]:
-    rows = conn.execute(stmt.limit(page.limit + 1).offset(page.offset)).mappings().all()
+def _paged(conn: Connection, stmt: Select[Any], table: Table, page: Page) -> dict[str, Any]:
+    """One page in (created_at, uid) order, after the previous page's last row: rows added
+    meanwhile neither shift a page nor come twice."""
+    created, uid = table.c.created_at, table.c.uid
+    if page.after is not None:
+        when, last = page.after
+        stmt = stmt.where(or_(created > when, and_(created == when, uid > last)))
+    stmt = stmt.order_by(created, uid).limit(page.limit + 1)
+    rows = conn.execute(stmt).mappings().all()
     out: dict[str, Any] = {"items": [row_dict(r) for r in rows[: page.limit]]}
     if len(rows) > page.limit:
-        nxt = json.dumps({"offset": page.offset + page.limit}).encode()
-        out["continue"] = base64.urlsafe_b64encode(nxt).decode()
+        tail = rows[page.limit - 1]
+        after = [aware(tail["created_at"]).isoformat(), tail["uid"]]  # type: ignore[union-attr]
+        out["continue"] = base64.urlsafe_b64encode(json.dumps({"after": after}).encode()).decode()
     return out
 
 
@@ -92,7 +101,7 @@ def workloads(conn: Connection, query: dict[str, str], page: Page) -> dict[str, 
     """Workloads, oldest first; filters: namespace, kind, running (true/false), top (true:
     only workloads without a parent)."""
     wl = t.gpu_workloads
-    stmt = select(wl).order_by(wl.c.created_at, wl.c.uid)
+    stmt = select(wl)
     if query.get("namespace"):
         stmt = stmt.where(wl.c.namespace == query["namespace"])
     if query.get("kind"):
@@ -104,7 +113,7 @@ def workloads(conn: Connection, query: dict[str, str], page: Page) -> dict[str, 
             stmt = stmt.where(col.is_(query[key] == "true"))
     if query.get("top") == "true":
         stmt = stmt.where(wl.c.parent_uid.is_(None))
-    return _paged(conn, stmt, page)
+    return _paged(conn, stmt, wl, page)
 
 
 def workload(conn: Connection, uid: str) -> dict[str, Any] | None:
@@ -161,7 +170,7 @@ def workload(conn: Connection, uid: str) -> dict[str, Any] | None:
 def pods(conn: Connection, query: dict[str, str], page: Page, now: datetime) -> dict[str, Any]:
     """GPU pods, oldest first: on node= (optional), alive at any time since since=."""
     p = t.gpu_pods
-    stmt = select(p).order_by(p.c.created_at, p.c.uid)
+    stmt = select(p)
     if query.get("node"):
         stmt = stmt.where(p.c.node == query["node"])
     if query.get("since"):
@@ -169,7 +178,7 @@ def pods(conn: Connection, query: dict[str, str], page: Page, now: datetime) -> 
         stmt = stmt.where(or_(p.c.ended_at.is_(None), p.c.ended_at >= since))
     if query.get("namespace"):
         stmt = stmt.where(p.c.namespace == query["namespace"])
-    return _paged(conn, stmt, page)
+    return _paged(conn, stmt, p, page)
 
 
 @dataclass

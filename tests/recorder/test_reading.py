@@ -60,6 +60,18 @@ def populate(api: FakeApiServer) -> None:
         api.put("pods", state(gpu_pod(f"bert-worker-{n}", "bert", NV, 1, GPU1), "Running", True))
 
 
+def early_job(api: FakeApiServer) -> None:
+    """A Job created before the others (it sorts first), with one GPU pod."""
+    job = workload("nightly-29000", {"parallelism": 1, "template": template(AMD, 1)}, {})
+    job["metadata"].update(
+        name="early", uid="uid-aaa-early", creationTimestamp="2026-11-22T00:00:00Z"
+    )
+    api.put("jobs", job)
+    p = gpu_pod("early-x", "nightly-29000", AMD, 1, "gpu-3")
+    p["metadata"]["ownerReferences"][0].update(name="early", uid="uid-aaa-early")
+    api.put("pods", state(p, "Running", True))
+
+
 def get(app: Any, path: str) -> requests.Response:
     return requests.get(f"http://127.0.0.1:{app.http.port}{path}", timeout=5)
 
@@ -74,17 +86,22 @@ def test_rest_pages_filters_and_errors(api: FakeApiServer, recorder_app: Any, db
     assert [w["name"] for w in top["items"]] == ["bert", "nightly", "trainer"] or \
         sorted(w["name"] for w in top["items"]) == ["bert", "nightly", "trainer"]  # fmt: skip
     assert "continue" not in top
-    # pages of two: three pages for five workloads, each row once
+    # pages of two: three pages for five workloads, each row once, even when a workload
+    # that sorts first is recorded between two pages (an offset would serve a row twice)
     seen, token, pages = [], "", 0
     while True:
         page = get(app, f"/workloads?limit=2&continue={token}").json()
         seen += [w["uid"] for w in page["items"]]
         pages += 1
         token = page.get("continue", "")
+        if pages == 1:
+            early_job(api)
+            eventually(lambda: len(rows(db_url, "gpu_workloads")) == 6, timeout=10)
         if not token:
             break
     assert pages == 3 and sorted(seen) == sorted(U.values())
-    running = get(app, "/workloads?running=false").json()["items"]
+    assert len(get(app, "/workloads?limit=50").json()["items"]) == 6
+    running = get(app, "/workloads?running=false").json()["items"]  # the early Job runs
     assert [w["name"] for w in running] == ["nightly-29000"]
     assert [w["name"] for w in get(app, "/workloads?kind=PyTorchJob").json()["items"]] == ["bert"]
 
@@ -104,9 +121,9 @@ def test_rest_pages_filters_and_errors(api: FakeApiServer, recorder_app: Any, db
     # the finished pod ended at 08:00 (the recorder's clock): not alive since 08:30
     alive = get(app, "/pods?since=2026-11-23T08:30:00Z").json()["items"]
     assert sorted(p["name"] for p in alive) == ["bert-worker-0", "bert-worker-1",
-                                                 "bert-worker-2", "trainer-5d9f-a",
+                                                 "bert-worker-2", "early-x", "trainer-5d9f-a",
                                                  "trainer-5d9f-b"]  # fmt: skip
-    assert len(get(app, "/pods?since=1800000000").json()["items"]) == 5  # Unix seconds
+    assert len(get(app, "/pods?since=1800000000").json()["items"]) == 6  # Unix seconds
 
     for path, code, says in (
         ("/workloads?limit=0", 400, "limit=0: must be from 1 to 50"),

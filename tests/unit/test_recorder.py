@@ -146,7 +146,7 @@ def test_workload_status(obj: dict[str, Any], status: str, ended: bool) -> None:
 
 def test_page_tokens_and_their_errors() -> None:
     p = queries.page_of({"limit": "5"}, 10)
-    assert (p.limit, p.offset) == (5, 0)
+    assert (p.limit, p.after) == (5, None)
     with pytest.raises(queries.QueryError, match="must be from 1 to 10"):
         queries.page_of({"limit": "11"}, 10)
     with pytest.raises(queries.QueryError, match="not a token"):
