@@ -155,6 +155,8 @@ def _cmd_recorder(args: argparse.Namespace) -> int:
                 print(f"{kind}: {n} finalizers removed")
             return 0
         app = service.RecorderApp(cfg, client)
+    except CliError:
+        raise
     except (DatabaseError, QueryError) as exc:
         raise CliError(f"recorder: {exc}") from None
     except Exception as exc:  # the database or the API at start-up

@@ -223,12 +223,18 @@ def test_the_command_line(api: FakeApiServer, tmp_path: Path) -> None:
             ["--report", "--database", f"sqlite:///{tmp_path / 'none.db'}"],
             "no recorder database at",
         ),
+        (
+            ["--database", "postgresql+psycopg://lens:hunter2@127.0.0.1:1/lens"],
+            "recorder: cannot start: OperationalError",
+        ),
     ):
         bad = run_cli(*args, env=env)
         assert bad.returncode == 2 and says in bad.stderr, (args, bad.stderr)
+        assert "hunter2" not in bad.stderr
     noapi = {k: v for k, v in env.items() if k != "KUBECONFIG"}
     bad = run_cli("--database", db, env=noapi)
-    assert bad.returncode == 2 and "needs the Kubernetes API" in bad.stderr
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("lens-ebpf: error: recorder: needs the Kubernetes API (")
 
 
 class socket_pair:  # noqa: N801 (used as a context manager)
