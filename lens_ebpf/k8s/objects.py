@@ -67,12 +67,18 @@ def _canonical(ip: str) -> str | None:
         return None
 
 
-def controller_of(obj: dict[str, Any]) -> OwnerRef | None:
-    """The controlling owner reference of an object, if any."""
+def controller_ref(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The controlling owner reference of an object as the API wrote it, if any."""
     for ref in _meta(obj).get("ownerReferences") or ():
         if isinstance(ref, dict) and ref.get("controller") and ref.get("kind") and ref.get("name"):
-            return OwnerRef(str(ref["kind"]), str(ref["name"]))
+            return ref
     return None
+
+
+def controller_of(obj: dict[str, Any]) -> OwnerRef | None:
+    """The controlling owner reference of an object, if any."""
+    ref = controller_ref(obj)
+    return OwnerRef(str(ref["kind"]), str(ref["name"])) if ref else None
 
 
 def pod_record(obj: dict[str, Any]) -> PodRecord:

@@ -12,12 +12,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from lens_ebpf.k8s.kubelet import effective_request
-from lens_ebpf.k8s.objects import ObjectError
+from lens_ebpf.k8s.objects import ObjectError, controller_ref
 
 FINALIZER = "lens-ebpf.io/recorder"
 TERMINAL_PHASES = ("Succeeded", "Failed")
 # condition types that end a workload when True (Job, and the training operators' jobs)
-ENDING_CONDITIONS = {"Complete": "Complete", "Succeeded": "Succeeded", "Failed": "Failed"}
+ENDING_CONDITIONS = ("Complete", "Succeeded", "Failed")
 REDACTED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
 # metadata fields that change without the pod changing
 NOISE_METADATA = ("resourceVersion", "managedFields", "generation")
@@ -166,7 +166,7 @@ def workload_status(obj: dict[str, Any]) -> tuple[str, datetime | None]:
     for c in conds:
         if c.get("status") == "True" and c.get("type") in ENDING_CONDITIONS:
             when = parse_time(c.get("lastTransitionTime")) or parse_time(st.get("completionTime"))
-            return ENDING_CONDITIONS[str(c["type"])], when or datetime.now(UTC)
+            return str(c["type"]), when or datetime.now(UTC)
     if "replicas" in st or "readyReplicas" in st or "currentNumberScheduled" in st:
         ready = st.get("readyReplicas", st.get("numberReady", 0)) or 0
         return ("Running" if ready else "Pending"), None
@@ -181,12 +181,12 @@ def workload_status(obj: dict[str, Any]) -> tuple[str, datetime | None]:
 
 
 def owner_ref(obj: dict[str, Any]) -> dict[str, str] | None:
-    """The controlling owner reference (apiVersion, kind, name, uid), if any."""
-    for ref in meta(obj).get("ownerReferences") or ():
-        if isinstance(ref, dict) and ref.get("controller") and ref.get("kind") and \
-                ref.get("name") and ref.get("apiVersion"):  # fmt: skip
-            return {k: str(ref.get(k, "")) for k in ("apiVersion", "kind", "name", "uid")}
-    return None
+    """The controlling owner reference (apiVersion, kind, name, uid), if it names its
+    apiVersion (without one it cannot be followed)."""
+    ref = controller_ref({"metadata": meta(obj)})
+    if ref is None or not ref.get("apiVersion"):
+        return None
+    return {k: str(ref.get(k, "")) for k in ("apiVersion", "kind", "name", "uid")}
 
 
 def split_api_version(api_version: str) -> tuple[str, str]:

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, Select, Table, and_, or_, select
 
 from lens_ebpf.recorder import schema as t
+from lens_ebpf.recorder.lifecycle import parse_time
 
 
 class QueryError(ValueError):
@@ -45,13 +46,10 @@ def parse_since(text: str, now: datetime) -> datetime:
         return datetime.fromtimestamp(float(text), UTC)
     except ValueError:
         pass
-    try:
-        out = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise QueryError(
-            f"since={text!r}: expected RFC 3339, Unix seconds, or 30m/12h/7d"
-        ) from None
-    return out if out.tzinfo else out.replace(tzinfo=UTC)
+    out = parse_time(text)
+    if out is None:
+        raise QueryError(f"since={text!r}: expected RFC 3339, Unix seconds, or 30m/12h/7d")
+    return out
 
 
 @dataclass(frozen=True)
@@ -74,10 +72,12 @@ def page_of(query: dict[str, str], page_max: int) -> Page:
         return Page(limit)
     try:
         created, uid = json.loads(base64.urlsafe_b64decode(token.encode()))["after"]
-        when = datetime.fromisoformat(str(created))
     except (ValueError, KeyError, TypeError, binascii.Error):
         raise QueryError("continue: not a token this API gave") from None
-    return Page(limit, (when if when.tzinfo else when.replace(tzinfo=UTC), str(uid)))
+    when = parse_time(created)
+    if when is None:
+        raise QueryError("continue: not a token this API gave")
+    return Page(limit, (when, str(uid)))
 
 
 def _paged(conn: Connection, stmt: Select[Any], table: Table, page: Page) -> dict[str, Any]:
