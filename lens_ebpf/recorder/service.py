@@ -33,7 +33,7 @@ from lens_ebpf.recorder.store import (
     redact,
     upgrade,
 )
-from lens_ebpf.recorder.tracker import Api, Kind, Recorder
+from lens_ebpf.recorder.tracker import Api, Kind, Recorder, change_finalizer
 
 log = logging.getLogger(__name__)
 
@@ -324,15 +324,8 @@ def _strip_kind(api: Api, kind: Kind) -> int:
     doc = call_raw(api.lister(kind), timeout=api.timeout)
     for obj in doc.get("items") or ():
         m = obj.get("metadata") or {}
-        fins = list(m.get("finalizers") or ())
-        if lc.FINALIZER not in fins:
-            continue
-        fins.remove(lc.FINALIZER)
-        api.patch(
-            kind,
-            m.get("namespace", ""),
-            m["name"],
-            {"metadata": {"finalizers": fins, "resourceVersion": m.get("resourceVersion")}},
-        )
-        removed += 1
+        if lc.FINALIZER in (m.get("finalizers") or ()):
+            result = change_finalizer(api, kind, m.get("namespace", ""), m["name"],
+                                      str(m.get("uid", "")), add=False)  # fmt: skip
+            removed += result == "ok"
     return removed

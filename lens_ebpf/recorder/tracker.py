@@ -595,38 +595,48 @@ class Recorder:
         self.writer.submit(Op("gpu_workloads", write))
 
     def _finalize(self, action: str, uid: str, kind: Kind, namespace: str, name: str) -> str:
-        """Add or remove the recorder's finalizer, with the object's resourceVersion as a
-        precondition (409: read again and retry)."""
-        for _ in range(5):
-            try:
-                obj = self.api.get(kind, namespace, name)
-            except Exception as exc:
-                if _status_code(exc) == 404:
-                    return "gone"
-                raise
-            m = obj.get("metadata") or {}
-            if m.get("uid") != uid:
+        return change_finalizer(self.api, kind, namespace, name, uid, action == "add",
+                                partial(self._may_add, uid))  # fmt: skip
+
+    def _may_add(self, uid: str) -> bool:
+        """Still tracked and not being finalized: the finalizer may go on."""
+        with self._lock:
+            w = self.workloads.get(uid)
+            return w is not None and not w.finalizing
+
+
+def change_finalizer(api: Api, kind: Kind, namespace: str, name: str, uid: str, add: bool,
+                     may_add: Callable[[], bool] = lambda: True) -> str:  # fmt: skip
+    """Add or remove the recorder's finalizer on the object uid names ("ok", "unchanged",
+    "gone", "conflict"), with its resourceVersion as a precondition (409: read again and
+    retry, five times)."""
+    for _ in range(5):
+        try:
+            obj = api.get(kind, namespace, name)
+        except Exception as exc:
+            if _status_code(exc) == 404:
                 return "gone"
-            fins = [f for f in m.get("finalizers") or () if isinstance(f, str)]
-            if action == "add":
-                if lc.FINALIZER in fins or m.get("deletionTimestamp"):
-                    return "unchanged"  # none may be added to an object being deleted
-                with self._lock:
-                    if uid not in self.workloads or self.workloads[uid].finalizing:
-                        return "unchanged"
-                fins.append(lc.FINALIZER)
-            else:
-                if lc.FINALIZER not in fins:
-                    return "unchanged"
-                fins.remove(lc.FINALIZER)
-            body = {"metadata": {"finalizers": fins, "resourceVersion": m.get("resourceVersion")}}
-            try:
-                self.api.patch(kind, namespace, name, body)
-                return "ok"
-            except Exception as exc:
-                code = _status_code(exc)
-                if code == 404:
-                    return "gone"
-                if code != 409:
-                    raise
-        return "conflict"
+            raise
+        m = obj.get("metadata") or {}
+        if m.get("uid") != uid:
+            return "gone"
+        fins = [f for f in m.get("finalizers") or () if isinstance(f, str)]
+        if add:
+            if lc.FINALIZER in fins or m.get("deletionTimestamp") or not may_add():
+                return "unchanged"  # none may be added to an object being deleted
+            fins.append(lc.FINALIZER)
+        else:
+            if lc.FINALIZER not in fins:
+                return "unchanged"
+            fins.remove(lc.FINALIZER)
+        body = {"metadata": {"finalizers": fins, "resourceVersion": m.get("resourceVersion")}}
+        try:
+            api.patch(kind, namespace, name, body)
+            return "ok"
+        except Exception as exc:
+            code = _status_code(exc)
+            if code == 404:
+                return "gone"
+            if code != 409:
+                raise
+    return "conflict"
