@@ -38,11 +38,10 @@ class CliError(Exception):
 
 def parse_listen(value: str) -> tuple[str, int]:
     """HOST:PORT, [V6]:PORT or :PORT."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise CliError(f"--listen {value!r}: expected HOST:PORT with a port from 0 to 65535")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
+    try:
+        return config.split_listen(value)
+    except ValueError as exc:
+        raise CliError(f"--listen {value!r}: {exc}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

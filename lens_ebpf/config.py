@@ -36,6 +36,14 @@ class ConfigError(Exception):
     """A configuration problem, worded for one line of output."""
 
 
+def split_listen(value: str) -> tuple[str, int]:
+    """(host, port) of HOST:PORT, [V6]:PORT or :PORT (no host: every address)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("expected HOST:PORT with a port from 0 to 65535")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -247,6 +255,12 @@ class RecorderConfig(_Section):
     db_retry_max_seconds: float = Field(10.0, gt=0)
     page_max: int = Field(1000, ge=1, le=100_000)
     kubelet_service: KubeletServiceConfig = Field(default_factory=KubeletServiceConfig)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        split_listen(v)
+        return v
 
 
 class Config(_Section):

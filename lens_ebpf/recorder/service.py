@@ -19,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
 from lens_ebpf.api.http import HttpServer, Response, json_response
-from lens_ebpf.config import Config
+from lens_ebpf.config import Config, split_listen
 from lens_ebpf.k8s.reflector import call_raw
 from lens_ebpf.recorder import lifecycle as lc
 from lens_ebpf.recorder import queries, schema
@@ -42,13 +42,6 @@ BUILTIN_KINDS = (
     ("apps/v1", "ReplicaSet"), ("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"),
     ("apps/v1", "DaemonSet"), ("batch/v1", "Job"), ("batch/v1", "CronJob"),
 )  # fmt: skip
-
-
-def split_listen(value: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
-    if not port.isdigit():
-        raise ValueError(f"{value!r}: expected HOST:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 class RecorderApp:

@@ -229,3 +229,12 @@ def test_a_refused_write_is_dropped_and_counted_and_the_rest_go_on(tmp_path: Pat
     full = Writer(eng, queue_max=1)
     assert full.submit(good(3)) and not full.submit(good(4))
     assert full.dropped == 1
+
+
+def test_a_bad_recorder_listen_address_is_refused_naming_the_key() -> None:
+    from lens_ebpf import config
+
+    with pytest.raises(config.ConfigError, match=r"recorder\.listen: .*HOST:PORT.*'nowhere'"):
+        config.load(env={"LENS_RECORDER__LISTEN": "nowhere"})
+    assert config.split_listen("[::1]:9480") == ("::1", 9480)
+    assert config.split_listen(":9480") == ("0.0.0.0", 9480)
