@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Table, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 
 from lens_ebpf.backoff import Backoff
 
@@ -111,12 +111,10 @@ class Op:
 class Writer:
     """One thread applying queued writes in order, surviving database outages."""
 
-    def __init__(self, engine: Engine, queue_max: int, retry_max: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(self, engine: Engine, queue_max: int, retry_max: float = 10.0) -> None:
         self.engine = engine
         self.queue_max = queue_max
         self.retry_max = retry_max
-        self.clock = clock
         self._queue: deque[Op] = deque()
         self._cond = threading.Condition()
         self._busy = False
@@ -179,21 +177,16 @@ class Writer:
                 self._busy = True
             try:
                 self._commit(batch)
-            except DBAPIError as exc:
+                backoff.reset()
+            except SQLAlchemyError as exc:
                 if not _unavailable(exc):
                     self._one_by_one(batch)
                     continue
                 self._down(exc)
                 if stop.wait(backoff.next()):
-                    self._idle()
-                    return  # stopped while the database is down: the queue is lost, counted
-                continue
-            except SQLAlchemyError:
-                self._one_by_one(batch)
-                continue
+                    return  # stopped while the database is down: RecorderApp.stop logs the rest
             finally:
                 self._idle()
-            backoff.reset()
 
     def _idle(self) -> None:
         with self._cond:
@@ -232,12 +225,10 @@ class Writer:
         for op in batch:
             try:
                 self._commit([op])
-            except DBAPIError as exc:
+            except SQLAlchemyError as exc:
                 if _unavailable(exc):
                     self._down(exc)
                     return  # the rest stay queued
-                self._reject(op, exc)
-            except SQLAlchemyError as exc:
                 self._reject(op, exc)
 
     def _reject(self, op: Op, exc: Exception) -> None:
@@ -257,8 +248,8 @@ class Writer:
         self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"[:300]
 
 
-def _unavailable(exc: DBAPIError) -> bool:
+def _unavailable(exc: SQLAlchemyError) -> bool:
     """The database cannot be reached (as opposed to refusing this write)."""
-    from sqlalchemy.exc import InterfaceError, OperationalError
-
-    return bool(exc.connection_invalidated) or isinstance(exc, OperationalError | InterfaceError)
+    if isinstance(exc, OperationalError | InterfaceError):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
