@@ -43,7 +43,8 @@ def _count(value: Any, where: str) -> int:
     return int(text)
 
 
-def _container_request(c: dict[str, Any], resource: str, where: str) -> int:
+def container_request(c: dict[str, Any], resource: str, where: str) -> int:
+    """One container's request for an extended resource (its limit when it gives no request)."""
     res = c.get("resources") or {}
     # extended resources may give only limits; requests then default to them
     value = (res.get("requests") or {}).get(resource)
@@ -65,13 +66,13 @@ def effective_request(pod: dict[str, Any], resource: str) -> int:
     sidecars = 0
     init_peak = 0
     for c in spec.get("initContainers") or ():
-        req = _container_request(c, resource, where)
+        req = container_request(c, resource, where)
         if c.get("restartPolicy") == "Always":
             sidecars += req
             init_peak = max(init_peak, sidecars)
         else:
             init_peak = max(init_peak, sidecars + req)
-    app = sum(_container_request(c, resource, where) for c in spec.get("containers") or ())
+    app = sum(container_request(c, resource, where) for c in spec.get("containers") or ())
     return max(app + sidecars, init_peak)
 
 

@@ -31,6 +31,7 @@ from typing import Any
 from sqlalchemy import Connection, func, or_, select, update
 
 from lens_ebpf.backoff import Backoff
+from lens_ebpf.k8s.kubelet import container_request
 from lens_ebpf.k8s.objects import ObjectError
 from lens_ebpf.k8s.reflector import Reflector, call_raw
 from lens_ebpf.recorder import lifecycle as lc
@@ -40,6 +41,8 @@ from lens_ebpf.recorder.store import Op, Writer, insert_new, upsert
 log = logging.getLogger(__name__)
 
 MAX_OWNER_HOPS = 5
+# what reading a malformed object raises (a missing field, a wrong type, a bad quantity)
+BAD_OBJECT = (ObjectError, TypeError, AttributeError, ValueError)
 MERGE_PATCH = "application/merge-patch+json"
 NODE_LABELS_TTL = 600.0
 MODEL_LABELS = ("nvidia.com/gpu.product", "amd.com/gpu.product-name", "amd.com/gpu.family")
@@ -182,8 +185,7 @@ class Recorder:
         wl = t.gpu_workloads
         q = select(wl).where(or_(wl.c.deleted.is_(False), wl.c.finalizer.is_(True)))
         for row in conn.execute(q).mappings():
-            group, version = lc.split_api_version(row["api_version"])
-            kind = self.api.kind(row["api_version"], row["kind"]) if group else None
+            kind = self.api.kind(row["api_version"], row["kind"])
             if kind is None:
                 log.warning("recorder: %s %s/%s: kind no longer served; not watched",
                             row["kind"], row["namespace"], row["name"])  # fmt: skip
@@ -241,6 +243,10 @@ class Recorder:
         with self._lock:
             return [self.pod_reflector] + [k[0] for k in self.kinds.values()]
 
+    def _malformed(self, resource: str, what: str, exc: Exception) -> None:
+        self.malformed[resource] += 1
+        log.warning("recorder: %s: %s", what, exc)
+
     # -- pods --------------------------------------------------------------------
     def replace_pods(self, items: list[dict[str, Any]]) -> None:
         """A full list: every pod in it, and pods no longer there were deleted meanwhile."""
@@ -268,9 +274,8 @@ class Recorder:
             if not reqs and not known:
                 return ""
             snap = lc.snapshot(obj)
-        except (ObjectError, TypeError, AttributeError, ValueError) as exc:
-            self.malformed["pods"] += 1
-            log.warning("recorder: skipping a malformed pod: %s", exc)
+        except BAD_OBJECT as exc:
+            self._malformed("pods", "skipping a malformed pod", exc)
             return ""
         if kind == "DELETED":
             self._pod_deleted(uid, obj, snap)
@@ -318,10 +323,7 @@ class Recorder:
 
         def write(conn: Connection) -> None:
             upsert(conn, t.gpu_pods, row, ["uid"])
-            insert_new(conn, t.pod_snapshots, {
-                "pod_uid": uid, "resource_version": rv, "taken_at": now,
-                "pod_metadata": snap["metadata"], "spec": snap["spec"], "status": snap["status"],
-            }, ["pod_uid", "resource_version"])  # fmt: skip
+            self._write_snapshot(conn, uid, rv, now, snap)
             self._write_changes(conn, uid, rv, now, changes)
             for res in resources:
                 upsert(conn, t.pod_resources, res, ["pod_uid", "container", "source"])
@@ -331,6 +333,14 @@ class Recorder:
                            ["workload_uid", "pod_uid"])  # fmt: skip
 
         self.writer.submit(Op("gpu_pods", write))
+
+    @staticmethod
+    def _write_snapshot(conn: Connection, uid: str, rv: str, at: datetime,
+                        snap: dict[str, Any]) -> None:  # fmt: skip
+        insert_new(conn, t.pod_snapshots, {
+            "pod_uid": uid, "resource_version": rv, "taken_at": at,
+            "pod_metadata": snap["metadata"], "spec": snap["spec"], "status": snap["status"],
+        }, ["pod_uid", "resource_version"])  # fmt: skip
 
     @staticmethod
     def _write_changes(conn: Connection, uid: str, rv: str, at: datetime,
@@ -344,15 +354,13 @@ class Recorder:
     def _spec_resources(self, uid: str, obj: dict[str, Any], node: str,
                         now: datetime) -> list[dict[str, Any]]:  # fmt: skip
         """pod_resources rows from the spec: per container, the GPUs it requests."""
-        from lens_ebpf.k8s.kubelet import _container_request
-
         labels = self.api.node_labels(node) if node else {}
         model = next((labels[k] for k in MODEL_LABELS if labels.get(k)), "")
         spec = obj.get("spec") or {}
         out = []
         for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
             for r in self.resources:
-                n = _container_request(c, r, f"pod {uid}")
+                n = container_request(c, r, f"pod {uid}")
                 if n:
                     out.append({"pod_uid": uid, "container": str(c.get("name", "")),
                                 "source": "spec", "resource": r, "count": n, "model": model,
@@ -383,10 +391,7 @@ class Recorder:
         def write(conn: Connection) -> None:
             upsert(conn, t.gpu_pods, row, ["uid"])
             if snap is not None and snap != old.snap:
-                insert_new(conn, t.pod_snapshots, {
-                    "pod_uid": uid, "resource_version": rv, "taken_at": now,
-                    "pod_metadata": snap["metadata"], "spec": snap["spec"],
-                    "status": snap["status"]}, ["pod_uid", "resource_version"])  # fmt: skip
+                self._write_snapshot(conn, uid, rv, now, snap)
             self._write_changes(conn, uid, rv, now, changes)
 
         self.writer.submit(Op("gpu_pods", write))
@@ -424,9 +429,7 @@ class Recorder:
             obj = self.api.get(kind, namespace, ref["name"])
             m = lc.meta(obj)
         except ObjectError as exc:
-            self.malformed["workloads"] += 1
-            log.warning("recorder: %s %s/%s is malformed: %s", ref["kind"], namespace,
-                        ref["name"], exc)  # fmt: skip
+            self._malformed("workloads", f"{ref['kind']} {namespace}/{ref['name']}", exc)
             return None
         except Exception as exc:
             code = _status_code(exc)
@@ -451,8 +454,7 @@ class Recorder:
         try:
             uid = str(lc.meta(obj)["uid"])
         except ObjectError as exc:
-            self.malformed["workloads"] += 1
-            log.warning("recorder: skipping a malformed workload: %s", exc)
+            self._malformed("workloads", "skipping a malformed workload", exc)
             return
         with self._lock:
             w = self.workloads.get(uid)
@@ -480,16 +482,14 @@ class Recorder:
             try:
                 m = lc.meta(obj)
                 status, ended = lc.workload_status(obj)
-            except (ObjectError, TypeError, AttributeError, ValueError) as exc:
-                self.malformed["workloads"] += 1
-                log.warning("recorder: workload %s/%s: %s", w.namespace, w.name, exc)
+            except BAD_OBJECT as exc:
+                self._malformed("workloads", f"workload {w.namespace}/{w.name}", exc)
                 return
             try:
                 reqs = lc.workload_request(obj, self.resources)
-            except (ObjectError, TypeError, AttributeError, ValueError) as exc:
+            except BAD_OBJECT as exc:
                 # its pods still name it: recorded, with no GPU request it could read
-                self.malformed["workloads"] += 1
-                log.warning("recorder: workload %s/%s: %s", w.namespace, w.name, exc)
+                self._malformed("workloads", f"workload {w.namespace}/{w.name}", exc)
                 reqs = {}
             w.parent = lc.owner_ref(obj)
             deleting = gone or bool(m.get("deletionTimestamp"))
