@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 
 from lens_ebpf.k8s.index import ClusterIndex, Getter, OwnerResolver
 from lens_ebpf.k8s.objects import Network, ObjectError, kubeadm_networks, node_pod_cidrs
-from lens_ebpf.k8s.reflector import Reflector, call_raw
+from lens_ebpf.k8s.reflector import Reflector, call_raw, watch_metrics
 from lens_ebpf.net.policy_watch import ClusterNetworks
 
 log = logging.getLogger(__name__)
@@ -173,19 +173,11 @@ class ClusterCollector(Collector):
             refused.add_sample("lens_k8s_index_refused_total", {"kind": kind}, idx.refused[kind])
         bad = Metric("lens_k8s_bad_objects", "Objects skipped as malformed", "counter")
         bad.add_sample("lens_k8s_bad_objects_total", {}, idx.bad_objects)
-        up = Metric("lens_k8s_watch_connected", "1 while the watch is connected", "gauge")
-        restarts = Metric("lens_k8s_watch_restarts", "Watches restarted, by why", "counter")
         lists = Metric("lens_k8s_lists", "Full lists (start, and after 410 Gone)", "counter")
-        events = Metric("lens_k8s_watch_events", "Watch events by type", "counter")
         for r in self._w.reflectors:
-            res = {"resource": r.resource}
-            up.add_sample("lens_k8s_watch_connected", res, 1 if r.connected else 0)
-            lists.add_sample("lens_k8s_lists_total", res, r.lists)
-            for why, n in r.restarts.items():
-                restarts.add_sample("lens_k8s_watch_restarts_total", {**res, "reason": why}, n)
-            for kind, n in sorted(r.events.items()):
-                events.add_sample("lens_k8s_watch_events_total", {**res, "type": kind}, n)
+            lists.add_sample("lens_k8s_lists_total", {"resource": r.resource}, r.lists)
         owners = Metric("lens_k8s_owner_lookups", "Owner reference lookups", "counter")
         for result, n in self._w.owners.lookups.items():
             owners.add_sample("lens_k8s_owner_lookups_total", {"result": result}, n)
-        yield from (objs, refused, bad, up, restarts, lists, events, owners)
+        yield from (objs, refused, bad, *watch_metrics("lens_k8s", self._w.reflectors), lists,
+                    owners)  # fmt: skip

@@ -14,8 +14,10 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+from prometheus_client.core import Metric
 
 from lens_ebpf.backoff import Backoff
 
@@ -162,3 +164,19 @@ class Reflector:
         rv = (obj.get("metadata") or {}).get("resourceVersion")
         if rv:
             self.resource_version = str(rv)
+
+
+def watch_metrics(prefix: str, reflectors: Iterable[Reflector]) -> list[Metric]:
+    """Each watch's health by resource: {prefix}_watch_connected,
+    {prefix}_watch_restarts_total{reason} and {prefix}_watch_events_total{type}."""
+    up = Metric(f"{prefix}_watch_connected", "1 while the watch is connected", "gauge")
+    restarts = Metric(f"{prefix}_watch_restarts", "Watches restarted, by why", "counter")
+    events = Metric(f"{prefix}_watch_events", "Watch events by type", "counter")
+    for r in reflectors:
+        res = {"resource": r.resource}
+        up.add_sample(f"{prefix}_watch_connected", res, 1 if r.connected else 0)
+        for why, n in r.restarts.items():
+            restarts.add_sample(f"{prefix}_watch_restarts_total", {**res, "reason": why}, n)
+        for kind, n in sorted(r.events.items()):
+            events.add_sample(f"{prefix}_watch_events_total", {**res, "type": kind}, n)
+    return [up, restarts, events]

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from lens_ebpf.api.http import HttpServer, Response, json_response
 from lens_ebpf.config import Config, split_listen
-from lens_ebpf.k8s.reflector import call_raw
+from lens_ebpf.k8s.reflector import call_raw, watch_metrics
 from lens_ebpf.recorder import lifecycle as lc
 from lens_ebpf.recorder import queries, schema
 from lens_ebpf.recorder.kubelet_service import KubeletService
@@ -118,39 +119,38 @@ class RecorderApp:
         self.engine.dispose()
 
     # -- REST ----------------------------------------------------------------------
-    def _read(self, fn: Callable[[Any], Any]) -> Response:
+    def _read(self, fn: Callable[[Any], Any], missing: str = "") -> Response:
+        """fn(connection) as JSON: 404 saying missing when it finds nothing, 503 while the
+        database is down."""
         try:
             with self.engine.connect() as conn:
-                return json_response(200, fn(conn))
-        except queries.QueryError as exc:
-            return json_response(400, {"error": str(exc)})
+                found = fn(conn)
         except SQLAlchemyError as exc:
             return json_response(503, {"error": f"database unavailable: {type(exc).__name__}"})
+        if found is None:
+            return json_response(404, {"error": missing})
+        return json_response(200, found)
 
-    def _workloads(self, rest: str, query: dict[str, str]) -> Response:
-        if rest:
-            try:
-                with self.engine.connect() as conn:
-                    found = queries.workload(conn, rest)
-            except SQLAlchemyError as exc:
-                return json_response(503, {"error": f"database unavailable: {type(exc).__name__}"})
-            if found is None:
-                return json_response(404, {"error": f"no workload {rest}"})
-            return json_response(200, found)
+    def _listing(self, query: dict[str, str], list_fn: Callable[..., Any]) -> Response:
+        """One page of list_fn(connection, query, page); 400 for bad paging parameters."""
         try:
             page = queries.page_of(query, self.cfg.recorder.page_max)
         except queries.QueryError as exc:
             return json_response(400, {"error": str(exc)})
-        return self._read(lambda conn: queries.workloads(conn, query, page))
+        try:
+            return self._read(lambda conn: list_fn(conn, query, page))
+        except queries.QueryError as exc:  # a filter it could not read
+            return json_response(400, {"error": str(exc)})
+
+    def _workloads(self, rest: str, query: dict[str, str]) -> Response:
+        if rest:
+            return self._read(lambda conn: queries.workload(conn, rest), f"no workload {rest}")
+        return self._listing(query, queries.workloads)
 
     def _pods(self, rest: str, query: dict[str, str]) -> Response:
         if rest:
             return json_response(404, {"error": f"no route /pods/{rest}"})
-        try:
-            page = queries.page_of(query, self.cfg.recorder.page_max)
-        except queries.QueryError as exc:
-            return json_response(400, {"error": str(exc)})
-        return self._read(lambda conn: queries.pods(conn, query, page, self.clock()))
+        return self._listing(query, partial(queries.pods, now=self.clock()))
 
     def _ready(self) -> Response:
         watching = self.recorder.pod_reflector.synced.is_set()
@@ -172,27 +172,17 @@ class RecorderMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         app, rec, w = self.app, self.app.recorder, self.app.writer
 
-        def family(name: str, help_text: str, kind: str) -> Metric:
-            return Metric(name, help_text, kind)
-
-        up = family("lens_recorder_watch_connected", "1 while the watch is connected", "gauge")
-        lag = family("lens_recorder_watch_lag_seconds",
+        reflectors = rec.reflectors()
+        yield from watch_metrics("lens_recorder", reflectors)
+        lag = Metric("lens_recorder_watch_lag_seconds",
                      "Seconds since the watch last heard from the API (events, bookmarks, "
                      "lists)", "gauge")  # fmt: skip
-        events = family("lens_recorder_watch_events", "Watch events by type", "counter")
-        restarts = family("lens_recorder_watch_restarts", "Watches restarted, by why", "counter")
         now = time.monotonic()
-        for r in rec.reflectors():
-            res = {"resource": r.resource}
-            up.add_sample("lens_recorder_watch_connected", res, 1 if r.connected else 0)
+        for r in reflectors:
             if r.last_heard:
-                lag.add_sample("lens_recorder_watch_lag_seconds", res, now - r.last_heard)
-            for kind, n in sorted(r.events.items()):
-                events.add_sample("lens_recorder_watch_events_total", {**res, "type": kind}, n)
-            for why, n in r.restarts.items():
-                restarts.add_sample("lens_recorder_watch_restarts_total",
-                                    {**res, "reason": why}, n)  # fmt: skip
-        yield from (up, lag, events, restarts)
+                lag.add_sample("lens_recorder_watch_lag_seconds", {"resource": r.resource},
+                               now - r.last_heard)  # fmt: skip
+        yield lag
         yield self._gauge("lens_recorder_db_up", "1 while the database takes writes",
                           1 if w.up else 0)  # fmt: skip
         hist = HistogramMetricFamily("lens_recorder_db_write_seconds",
@@ -206,7 +196,7 @@ class RecorderMetrics(Collector):
         yield self._counter("lens_recorder_queue_dropped_total", "Writes dropped by a full queue",
                             w.dropped)  # fmt: skip
         yield self._counter("lens_recorder_db_writes_total", "Writes committed", w.committed)
-        errs = family(
+        errs = Metric(
             "lens_recorder_db_errors",
             "Database errors: unavailable (the write "
             "waits and is retried), rejected (the write is dropped)",
@@ -215,7 +205,7 @@ class RecorderMetrics(Collector):
         for why, n in w.errors.items():
             errs.add_sample("lens_recorder_db_errors_total", {"reason": why}, n)
         yield errs
-        bad = family("lens_recorder_malformed_objects", "API objects skipped as malformed",
+        bad = Metric("lens_recorder_malformed_objects", "API objects skipped as malformed",
                      "counter")  # fmt: skip
         for what, n in rec.malformed.items():
             bad.add_sample("lens_recorder_malformed_objects_total", {"resource": what}, n)
@@ -226,17 +216,17 @@ class RecorderMetrics(Collector):
         yield self._counter("lens_recorder_watchers_collected_total",
                             "Workload watchers ended (workload deleted and stored)",
                             rec.watchers_collected)  # fmt: skip
-        owners = family("lens_recorder_owner_lookups", "Owner reference lookups", "counter")
+        owners = Metric("lens_recorder_owner_lookups", "Owner reference lookups", "counter")
         for result, n in rec.lookups.items():
             owners.add_sample("lens_recorder_owner_lookups_total", {"result": result}, n)
         yield owners
-        fin = family("lens_recorder_finalizer_operations", "Finalizer adds and removals",
+        fin = Metric("lens_recorder_finalizer_operations", "Finalizer adds and removals",
                      "counter")  # fmt: skip
         for (op, result), n in sorted(rec.finalizer_ops.items()):
             fin.add_sample("lens_recorder_finalizer_operations_total",
                            {"operation": op, "result": result}, n)  # fmt: skip
         yield fin
-        ne = family("lens_recorder_node_events", "Node agents' events stored, by kind",
+        ne = Metric("lens_recorder_node_events", "Node agents' events stored, by kind",
                     "counter")  # fmt: skip
         for kind, n in sorted(app.node_events.stored.items()):
             ne.add_sample("lens_recorder_node_events_total", {"kind": kind}, n)
@@ -245,7 +235,7 @@ class RecorderMetrics(Collector):
                             "Node events received again and dropped (node, seq)",
                             app.node_events.duplicates)  # fmt: skip
         if app.kubelet is not None:
-            ks = family("lens_recorder_kubelet_service_syncs",
+            ks = Metric("lens_recorder_kubelet_service_syncs",
                         "kubelet Service/Endpoints syncs, by result", "counter")  # fmt: skip
             for result, n in app.kubelet.syncs.items():
                 ks.add_sample("lens_recorder_kubelet_service_syncs_total", {"result": result}, n)
