@@ -51,6 +51,17 @@ def desired(namespace: str, name: str, ports: dict[str, int],
     return service, endpoints
 
 
+def _same_ports(have: dict[str, Any], want: dict[str, Any]) -> bool:
+    """A Service as wanted: its ports (the cluster fills in the rest of its spec)."""
+    ports = (have.get("spec") or {}).get("ports") or ()
+    return [(p.get("name"), p.get("port")) for p in ports] == \
+        [(p["name"], p["port"]) for p in want["spec"]["ports"]]  # fmt: skip
+
+
+def _same_subsets(have: dict[str, Any], want: dict[str, Any]) -> bool:
+    return bool(have.get("subsets") == want["subsets"])
+
+
 class KubeletService:
     """Creates the Service and its Endpoints, and keeps the Endpoints equal to the nodes."""
 
@@ -59,16 +70,13 @@ class KubeletService:
         self.core, self.namespace, self.name = core, namespace, name
         self.ports, self.interval, self.timeout = ports, interval, timeout
         self.syncs: dict[str, int] = {"unchanged": 0, "created": 0, "updated": 0, "error": 0}
-        self.addresses = 0
 
     def sync(self) -> str:
         nodes = call_raw(self.core.list_node, timeout=self.timeout)
-        addrs = node_addresses(nodes)
-        self.addresses = len(addrs)
-        service, endpoints = desired(self.namespace, self.name, self.ports, addrs)
+        service, endpoints = desired(self.namespace, self.name, self.ports, node_addresses(nodes))
         result = "unchanged"
-        for kind, body, compare in (("service", service, "spec"),
-                                    ("endpoints", endpoints, "subsets")):  # fmt: skip
+        for kind, body, same_as in (("service", service, _same_ports),
+                                    ("endpoints", endpoints, _same_subsets)):  # fmt: skip
             read = getattr(self.core, f"read_namespaced_{kind}")
             try:
                 have = call_raw(read, self.name, self.namespace, timeout=self.timeout)
@@ -79,10 +87,7 @@ class KubeletService:
                 call_raw(create, self.namespace, body, timeout=self.timeout)
                 result = "created"
                 continue
-            same = have.get(compare) == body[compare] if kind == "endpoints" else \
-                [(p.get("name"), p.get("port")) for p in have.get("spec", {}).get("ports") or ()] \
-                == [(p["name"], p["port"]) for p in body["spec"]["ports"]]  # fmt: skip
-            if not same:
+            if not same_as(have, body):
                 body = {
                     **body,
                     "metadata": {

@@ -135,36 +135,29 @@ def workload(conn: Connection, uid: str) -> dict[str, Any] | None:
         .where(refs.c.workload_uid == uid)
         .order_by(pods.c.created_at, pods.c.uid)
     ).mappings()
-    out["pods"] = []
-    for p in pod_rows:
-        pod = row_dict(p)
-        res = t.pod_resources
-        pod["resources"] = [
-            row_dict(r)
-            for r in conn.execute(
-                select(
-                    res.c.container,
-                    res.c.source,
-                    res.c.resource,
-                    res.c.count,
-                    res.c.model,
-                    res.c.devices,
-                )
-                .where(res.c.pod_uid == p["uid"])
-                .order_by(res.c.container, res.c.source)
-            ).mappings()
-        ]
-        ev = t.gpu_pods_events
-        pod["events"] = [
-            row_dict(r)
-            for r in conn.execute(
-                select(ev.c.at, ev.c.type, ev.c.subject, ev.c.old_value, ev.c.new_value)
-                .where(ev.c.pod_uid == p["uid"])
-                .order_by(ev.c.id)
-            ).mappings()
-        ]
-        out["pods"].append(pod)
-    return out  # fmt: skip
+    out["pods"] = [{**row_dict(p), "resources": [], "events": []} for p in pod_rows]
+    by_uid = {p["uid"]: p for p in out["pods"]}
+    # each pod's GPUs and events: one query for all of them, not two per pod
+    res, ev = t.pod_resources, t.gpu_pods_events
+    for r in conn.execute(
+        select(res.c.pod_uid, res.c.container, res.c.source, res.c.resource, res.c.count,
+               res.c.model, res.c.devices)
+        .where(res.c.pod_uid.in_(by_uid))
+        .order_by(res.c.container, res.c.source)
+    ).mappings():  # fmt: skip
+        by_uid[r["pod_uid"]]["resources"].append(_without_pod(r))
+    for r in conn.execute(
+        select(ev.c.pod_uid, ev.c.at, ev.c.type, ev.c.subject, ev.c.old_value, ev.c.new_value)
+        .where(ev.c.pod_uid.in_(by_uid))
+        .order_by(ev.c.id)
+    ).mappings():  # fmt: skip
+        by_uid[r["pod_uid"]]["events"].append(_without_pod(r))
+    return out
+
+
+def _without_pod(row: Any) -> dict[str, Any]:
+    """A pod's resource or event row, without the pod uid it is listed under."""
+    return {k: v for k, v in row_dict(row).items() if k != "pod_uid"}
 
 
 def pods(conn: Connection, query: dict[str, str], page: Page, now: datetime) -> dict[str, Any]:
