@@ -179,5 +179,6 @@ class ClusterCollector(Collector):
         owners = Metric("lens_k8s_owner_lookups", "Owner reference lookups", "counter")
         for result, n in self._w.owners.lookups.items():
             owners.add_sample("lens_k8s_owner_lookups_total", {"result": result}, n)
-        yield from (objs, refused, bad, *watch_metrics("lens_k8s", self._w.reflectors), lists,
-                    owners)  # fmt: skip
+        watches = watch_metrics(self._w.reflectors, "lens_k8s_watch_connected",
+                                "lens_k8s_watch_restarts", "lens_k8s_watch_events")  # fmt: skip
+        yield from (objs, refused, bad, *watches, lists, owners)

@@ -166,17 +166,18 @@ class Reflector:
             self.resource_version = str(rv)
 
 
-def watch_metrics(prefix: str, reflectors: Iterable[Reflector]) -> list[Metric]:
-    """Each watch's health by resource: {prefix}_watch_connected,
-    {prefix}_watch_restarts_total{reason} and {prefix}_watch_events_total{type}."""
-    up = Metric(f"{prefix}_watch_connected", "1 while the watch is connected", "gauge")
-    restarts = Metric(f"{prefix}_watch_restarts", "Watches restarted, by why", "counter")
-    events = Metric(f"{prefix}_watch_events", "Watch events by type", "counter")
+def watch_metrics(reflectors: Iterable[Reflector], connected: str, restarts: str,
+                  events: str) -> list[Metric]:  # fmt: skip
+    """Each watch's health by resource, in the families named (written out by each caller,
+    so that a metric's name finds its source): connected, restarts{reason}, events{type}."""
+    up = Metric(connected, "1 while the watch is connected", "gauge")
+    again = Metric(restarts, "Watches restarted, by why", "counter")
+    seen = Metric(events, "Watch events by type", "counter")
     for r in reflectors:
         res = {"resource": r.resource}
-        up.add_sample(f"{prefix}_watch_connected", res, 1 if r.connected else 0)
+        up.add_sample(connected, res, 1 if r.connected else 0)
         for why, n in r.restarts.items():
-            restarts.add_sample(f"{prefix}_watch_restarts_total", {**res, "reason": why}, n)
+            again.add_sample(f"{restarts}_total", {**res, "reason": why}, n)
         for kind, n in sorted(r.events.items()):
-            events.add_sample(f"{prefix}_watch_events_total", {**res, "type": kind}, n)
-    return [up, restarts, events]
+            seen.add_sample(f"{events}_total", {**res, "type": kind}, n)
+    return [up, again, seen]

@@ -173,7 +173,12 @@ class RecorderMetrics(Collector):
         app, rec, w = self.app, self.app.recorder, self.app.writer
 
         reflectors = rec.reflectors()
-        yield from watch_metrics("lens_recorder", reflectors)
+        yield from watch_metrics(
+            reflectors,
+            "lens_recorder_watch_connected",
+            "lens_recorder_watch_restarts",
+            "lens_recorder_watch_events",
+        )
         lag = Metric("lens_recorder_watch_lag_seconds",
                      "Seconds since the watch last heard from the API (events, bookmarks, "
                      "lists)", "gauge")  # fmt: skip
