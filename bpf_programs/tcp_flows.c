@@ -6,10 +6,10 @@
  *   sock:inet_sock_set_state   lifecycle, addresses, ports        (Linux 4.16+; always)
  *   bytes an application sent and received, one of:
  *     -DLENS_BYTES_TRACEPOINT  sock:sock_send_length, sock:sock_recv_length (Linux 6.3+)
- *     -DLENS_BYTES_KPROBE      tcp_sendmsg() entry and return (socket, bytes sent),
- *                              tcp_cleanup_rbuf() (socket, bytes copied to the reader),
+ *     -DLENS_BYTES_KPROBE      tcp_sendmsg() and tcp_recvmsg() entry (socket) and return
+ *                              (bytes sent, bytes copied to the reader);
  *                              inet_recvmsg()/inet6_recvmsg() flags (MSG_PEEK reads
- *                              nothing out), as BCC's tcptop does
+ *                              nothing out)
  *   -DLENS_RETRANS   tcp:tcp_retransmit_skb  retransmitted segments  (Linux 4.15+;
  *                    its err field, -DLENS_TP_RETRANSMIT_ERR: 6.18 has it, 6.12 not)
  *   -DLENS_RESETS    tcp:tcp_send_reset, tcp:tcp_receive_reset       (Linux 4.15+)
@@ -439,10 +439,15 @@ TRACEPOINT_PROBE(sock, sock_recv_length)
 #ifndef MAX_INFLIGHT_CALLS
 #define MAX_INFLIGHT_CALLS 16384
 #endif
-/* thread -> the socket its tcp_sendmsg() is sending on, until the call returns */
+/* thread -> the socket its tcp_sendmsg() / tcp_recvmsg() works on, until the call returns */
 BPF_HASH(sending, u64, u64, MAX_INFLIGHT_CALLS);
-/* threads inside a MSG_PEEK recvmsg(): their tcp_cleanup_rbuf() moved no data out */
+BPF_HASH(receiving, u64, u64, MAX_INFLIGHT_CALLS);
+/* threads inside a MSG_PEEK recvmsg(): their tcp_recvmsg() moves no data out */
 BPF_HASH(peeking, u64, u8, MAX_INFLIGHT_CALLS);
+
+/* Return probes are named kretprobe_<fn>, not kretprobe__<fn>: the loader attaches them
+ * itself, with room for as many threads inside the call at once as the kernel allows
+ * (a thread blocked in recv holds one instance for as long as it waits). */
 
 /* int tcp_sendmsg(struct sock *sk, struct msghdr *msg, size_t size) */
 int kprobe__tcp_sendmsg(struct pt_regs *ctx)
@@ -453,7 +458,7 @@ int kprobe__tcp_sendmsg(struct pt_regs *ctx)
     return 0;
 }
 
-int kretprobe__tcp_sendmsg(struct pt_regs *ctx)
+int kretprobe_tcp_sendmsg(struct pt_regs *ctx)
 {
     u64 tid = bpf_get_current_pid_tgid();
     u64 *sk = sending.lookup(&tid);
@@ -468,7 +473,8 @@ int kretprobe__tcp_sendmsg(struct pt_regs *ctx)
 }
 
 /* int inet_recvmsg(struct socket *sock, struct msghdr *msg, size_t size, int flags), and
- * inet6_recvmsg alike: remember a peek until the same thread's tcp_cleanup_rbuf(). */
+ * inet6_recvmsg alike: remember a peek until the same thread's tcp_recvmsg(), whose own
+ * flags argument moved when 5.19 dropped its nonblock argument. */
 static __always_inline int recv_flags(int flags)
 {
     u64 tid = bpf_get_current_pid_tgid();
@@ -476,7 +482,7 @@ static __always_inline int recv_flags(int flags)
         u8 one = 1;
         peeking.update(&tid, &one);
     } else if (peeking.lookup(&tid)) {
-        peeking.delete(&tid); /* a peek that never reached tcp_cleanup_rbuf() */
+        peeking.delete(&tid); /* a peek that never reached tcp_recvmsg() */
     }
     return 0;
 }
@@ -491,18 +497,34 @@ int kprobe__inet6_recvmsg(struct pt_regs *ctx)
     return recv_flags((int)PT_REGS_PARM4(ctx));
 }
 
-/* void tcp_cleanup_rbuf(struct sock *sk, int copied): copied bytes left the receive
- * queue for the reader (negative: an error code). */
-int kprobe__tcp_cleanup_rbuf(struct pt_regs *ctx)
+/* int tcp_recvmsg(struct sock *sk, struct msghdr *msg, size_t len, ...) returns the bytes
+ * it copied to the reader, once per call. (tcp_cleanup_rbuf(), which BCC's tcptop
+ * probes, is told the bytes copied so far each time the call waits or processes its
+ * backlog, and again at the end: a read that spans a wait was counted twice.) */
+int kprobe__tcp_recvmsg(struct pt_regs *ctx)
 {
     u64 tid = bpf_get_current_pid_tgid();
     if (peeking.lookup(&tid)) {
         peeking.delete(&tid);
+        receiving.delete(&tid);
         return 0;
     }
-    int copied = (int)PT_REGS_PARM2(ctx);
-    if (copied > 0)
-        account_bytes(PT_REGS_PARM1(ctx), copied, 0);
+    u64 sk = PT_REGS_PARM1(ctx);
+    receiving.update(&tid, &sk);
+    return 0;
+}
+
+int kretprobe_tcp_recvmsg(struct pt_regs *ctx)
+{
+    u64 tid = bpf_get_current_pid_tgid();
+    u64 *sk = receiving.lookup(&tid);
+    if (!sk)
+        return 0;
+    u64 sock = *sk;
+    receiving.delete(&tid);
+    int ret = PT_REGS_RC(ctx);
+    if (ret > 0)
+        account_bytes(sock, ret, 0);
     return 0;
 }
 #endif

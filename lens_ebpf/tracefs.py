@@ -48,6 +48,27 @@ def kprobes_available(candidates: tuple[Path, ...] = CANDIDATES) -> bool:
     return any((root / "kprobe_events").exists() for root in candidates)
 
 
+def kprobe_profile(candidates: tuple[Path, ...] = CANDIDATES) -> dict[str, tuple[int, int]]:
+    """Each kprobe event made through kprobe_events -> (hits, misses), from kprobe_profile
+    (a return probe misses when every instance of its maxactive is in use)."""
+    for root in candidates:
+        try:
+            text = (root / "kprobe_profile").read_text()
+        except OSError:
+            continue
+        return parse_kprobe_profile(text)
+    return {}
+
+
+def parse_kprobe_profile(text: str) -> dict[str, tuple[int, int]]:
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+            out[parts[0]] = (int(parts[1]), int(parts[2]))
+    return out
+
+
 def tracepoint_fields(tracepoint: str, events: Path | None = None) -> frozenset[str]:
     """The fields of tracepoint's record as BCC names them (`__data_loc char[] comm` is
     `data_loc_comm`); empty when the kernel does not describe the tracepoint."""

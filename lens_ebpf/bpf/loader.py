@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -14,12 +15,35 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from lens_ebpf import tracefs
 from lens_ebpf.bpf.spec import Kernel, Plan, ProgramSpec, feature_path, resolve
 from lens_ebpf.bpf.syscall import enable_run_stats, recursion_misses, run_stats
 
 log = logging.getLogger(__name__)
 
 ATTACHED, OFF, ERROR = "attached", "off", "error"
+# Threads that may be inside a return-probed function at once (a thread blocked in recv
+# holds an instance while it waits); the kernel's own default is max(10, 2 * CPUs) and
+# its ceiling KRETPROBE_MAXACTIVE_MAX is 4096. A return beyond it is missed, and counted.
+RETPROBE_MAXACTIVE = 4096
+RETPROBE_PREFIX = "kretprobe_"  # not BCC's auto-attached kretprobe__: the loader attaches it
+_retprobe_serial = itertools.count(1)
+
+
+def attach_retprobe(bpf: Any, fn: str) -> str:
+    """Attach kretprobe_<fn> to fn's return with RETPROBE_MAXACTIVE instances; the kprobe
+    event's name (kprobe_profile shows it). BCC makes a return probe with maxactive
+    through kprobe_events, naming it r_<fn>_bcc_<pid>, so a second program of the same
+    process could not attach there: each gets a name of its own."""
+    from bcc import BPF, lib
+
+    prog = bpf.load_func(f"{RETPROBE_PREFIX}{fn}".encode(), BPF.KPROBE)
+    ev_name = f"r_{fn}_lens{next(_retprobe_serial)}".encode()
+    fd = lib.bpf_attach_kprobe(prog.fd, 1, ev_name, fn.encode(), 0, RETPROBE_MAXACTIVE)
+    if fd < 0:
+        raise RuntimeError(f"cannot attach a return probe to {fn}()")
+    bpf._add_kprobe_fd(ev_name, prog.name, fd)  # BCC's own record: cleanup() detaches it
+    return f"{ev_name.decode()}_bcc_{os.getpid()}"
 
 
 def program_dir() -> Path:
@@ -77,6 +101,7 @@ class BpfLoader:
         self._loaded: dict[str, Any] = {}
         self._event_counts: dict[str, Callable[[], tuple[int, dict[str, int]]]] = {}
         self._stats_fd: int | None = None
+        self._retprobe_events: dict[tuple[str, str], str] = {}  # (program, fn) -> event
 
     def enable_stats(self) -> bool:
         """Keep the kernel's BPF run-time statistics on until close() (bpf.run_stats)."""
@@ -121,18 +146,27 @@ class BpfLoader:
             return None
         started = time.monotonic()
         try:
-            # kprobe__fn / kretprobe__fn functions attach themselves as BCC loads them
+            # kprobe__fn functions attach themselves as BCC loads them
             bpf = BPF(
                 src_file=str(program_source(name)).encode(),
                 cflags=render_cflags({**plan.defines, **(defines or {})}),
             )
-            got = (bpf.num_open_tracepoints(), bpf.num_open_kprobes())
-            if got != (len(tps), len(kps)):
+            try:
+                for probe in kps:
+                    fn, _, where = probe.partition(":")
+                    if where == "return":
+                        self._retprobe_events[(name, fn)] = attach_retprobe(bpf, fn)
+                got = (bpf.num_open_tracepoints(), bpf.num_open_kprobes())
+                if got != (len(tps), len(kps)):
+                    raise RuntimeError(
+                        f"{got[0]} of {len(tps)} tracepoints and {got[1]} of {len(kps)} "
+                        "kprobes attached"
+                    )
+            except Exception:
                 bpf.cleanup()
-                raise RuntimeError(
-                    f"{got[0]} of {len(tps)} tracepoints and {got[1]} of {len(kps)} "
-                    "kprobes attached"
-                )
+                for key in [k for k in self._retprobe_events if k[0] == name]:
+                    del self._retprobe_events[key]
+                raise
         except Exception as exc:  # BCC raises bare Exception for compile and load errors
             reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
             status(ERROR, reason)
@@ -153,9 +187,10 @@ class BpfLoader:
                 fname = raw.decode() if isinstance(raw, bytes) else raw
                 if fname.startswith("tracepoint__"):
                     out.append((name, ":".join(fname.split("__")[1:3]), fn.fd))
-                elif fname.startswith(("kprobe__", "kretprobe__")):
-                    kind, _, func = fname.partition("__")
-                    out.append((name, f"{kind}:{func}", fn.fd))
+                elif fname.startswith("kprobe__"):
+                    out.append((name, f"kprobe:{fname[len('kprobe__'):]}", fn.fd))
+                elif fname.startswith(RETPROBE_PREFIX):
+                    out.append((name, f"kretprobe:{fname[len(RETPROBE_PREFIX):]}", fn.fd))
         return out
 
     def misses(self) -> list[tuple[str, str, int]]:
@@ -167,6 +202,18 @@ class BpfLoader:
             n = recursion_misses(fd)
             if n is not None:
                 out.append((name, probe, n))
+        return out
+
+    def retprobe_misses(self) -> list[tuple[str, str, int]]:
+        """(program, kretprobe:fn, returns missed) for each attached return probe."""
+        if not self._retprobe_events:
+            return []
+        profile = tracefs.kprobe_profile()
+        out = []
+        for (name, fn), event in self._retprobe_events.items():
+            got = profile.get(event)
+            if got is not None:
+                out.append((name, f"kretprobe:{fn}", got[1]))
         return out
 
     def run_stats(self) -> list[tuple[str, str, int, int]]:
@@ -189,6 +236,7 @@ class BpfLoader:
             self.status[name].state = OFF
             self.status[name].reason = "detached"
         self._loaded.clear()
+        self._retprobe_events.clear()
         if self._stats_fd is not None:
             os.close(self._stats_fd)
             self._stats_fd = None
@@ -223,6 +271,16 @@ class LoaderCollector(Collector):
             missed.add_sample(
                 "lens_agent_bpf_program_missed_total", {"program": program, "probe": probe}, n
             )
+        ret_missed = Metric(
+            "lens_agent_kretprobe_missed",
+            "Returns of a probed kernel function the program did not see: more threads were "
+            "inside the function at once than the return probe has instances for",
+            "counter",
+        )
+        for program, probe, n in self._loader.retprobe_misses():
+            ret_missed.add_sample(
+                "lens_agent_kretprobe_missed_total", {"program": program, "probe": probe}, n
+            )
         run_s = Metric(
             "lens_agent_bpf_program_run_seconds",
             "Time the kernel spent in the probe while its BPF run-time statistics were on",
@@ -248,6 +306,7 @@ class LoaderCollector(Collector):
         yield attached
         yield seconds
         yield missed
+        yield ret_missed
         yield run_s
         yield runs
         yield got

@@ -31,8 +31,8 @@ NAME = "tcp_flows"
 RTT = "rtt"  # the need that feeds the tcp_rtt feature
 # What tcp_flows.c needs and the ways to get it, in order of preference (bpf/spec.py).
 _BYTES_TP = ("sock:sock_send_length", "sock:sock_recv_length")
-_BYTES_KP = ("tcp_sendmsg", "tcp_sendmsg:return", "tcp_cleanup_rbuf", "inet_recvmsg",
-             "inet6_recvmsg")  # fmt: skip
+_BYTES_KP = ("tcp_sendmsg", "tcp_sendmsg:return", "tcp_recvmsg", "tcp_recvmsg:return",
+             "inet_recvmsg", "inet6_recvmsg")  # fmt: skip
 _RESETS = ("tcp:tcp_send_reset", "tcp:tcp_receive_reset")
 SPEC = ProgramSpec(
     NAME,

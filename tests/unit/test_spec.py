@@ -18,7 +18,7 @@ from lens_ebpf.net import tcp_flows
 from lens_ebpf.probe import feature_plans, feature_support
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tracefs"
-BYTES_FNS = frozenset({"tcp_sendmsg", "tcp_cleanup_rbuf", "inet_recvmsg", "inet6_recvmsg"})
+BYTES_FNS = frozenset({"tcp_sendmsg", "tcp_recvmsg", "inet_recvmsg", "inet6_recvmsg"})
 
 
 def kernel(name: str, kprobes: bool = True, functions: frozenset[str] = BYTES_FNS) -> Kernel:
@@ -59,8 +59,10 @@ def test_tcp_flows_paths_and_fields_per_kernel(name: str) -> None:
     assert on <= set(plan.defines), plan.defines
     assert not off & set(plan.defines), plan.defines
     if path == KPROBE:
-        assert plan.kprobes() == ("tcp_sendmsg", "tcp_sendmsg:return", "tcp_cleanup_rbuf",
-                                  "inet_recvmsg", "inet6_recvmsg")  # fmt: skip
+        assert plan.kprobes() == (
+            "tcp_sendmsg", "tcp_sendmsg:return", "tcp_recvmsg", "tcp_recvmsg:return",
+            "inet_recvmsg", "inet6_recvmsg",
+        )  # fmt: skip
         assert "sock:sock_send_length" not in plan.tracepoints()
         assert plan.choices["bytes"].reason == (
             "no tracepoint: sock:sock_send_length, sock:sock_recv_length missing"
@@ -106,10 +108,10 @@ def test_a_kernel_without_the_process_tracepoints_says_each_reason_once(tmp_path
 
 
 def test_missing_kernel_function_is_named() -> None:
-    k = kernel("6.1", functions=BYTES_FNS - {"tcp_cleanup_rbuf"})
+    k = kernel("6.1", functions=BYTES_FNS - {"tcp_recvmsg"})
     plan = resolve(tcp_flows.SPEC, k)
     assert not plan.loadable
-    assert plan.off_reason.endswith("no kprobe: tcp_cleanup_rbuf() missing")
+    assert plan.off_reason.endswith("no kprobe: tcp_recvmsg() missing")
 
 
 def test_disabled_need_and_missing_optional_tracepoint(tmp_path: Path) -> None:
@@ -147,3 +149,16 @@ def test_summary_says_what_an_absent_optional_need_costs(tmp_path: Path) -> None
         "exits carry no killing signal; "
         "oom: off (no tracepoint: oom:mark_victim missing): no OOM kill events"
     )
+
+
+def test_kprobe_profile_gives_hits_and_misses_per_event() -> None:
+    # as 6.1's trace_kprobe.c prints it: "  %-44s %15lu %15lu"
+    text = (
+        "  r_tcp_sendmsg_bcc_139                                   4811               0\n"
+        "  r_tcp_recvmsg_bcc_139                                   9120              17\n"
+    )
+    assert tracefs.parse_kprobe_profile(text) == {
+        "r_tcp_sendmsg_bcc_139": (4811, 0),
+        "r_tcp_recvmsg_bcc_139": (9120, 17),
+    }
+    assert tracefs.parse_kprobe_profile("") == {}
