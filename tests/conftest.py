@@ -4,17 +4,47 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
+T = TypeVar("T")
 # Inside a kernel-matrix guest (tests/vm): QEMU emulates the CPU (TCG), many times slower
-# than the host, so waits stretch; counts stay exact.
+# than the host; counts stay exact.
 EMULATED = bool(os.environ.get("KMATRIX_KERNEL"))
+# No test decides on time (timing figures live in bench/). A wait ends as soon as what
+# it waits for happens; its limit is a hang guard that only says when to give up. The
+# limits are written for an idle host and multiplied here: a busy machine runs several
+# times slower, a TCG guest (about 8 times slower than the host on its own) more again.
+SLOWDOWN = 16.0 if EMULATED else 4.0
 
 
-def stretch(seconds: float) -> float:
-    """A wait long enough here: as given on the host, eight times that in a guest."""
-    return seconds * 8 if EMULATED else seconds
+def hang_guard(seconds: float) -> float:
+    """How long to wait for what takes well under `seconds` on an idle host before
+    calling it a hang."""
+    return seconds * SLOWDOWN
+
+
+def wait_for(
+    check: Callable[[], T], what: str | Callable[[], str], timeout: float = 10, every: float = 0.1
+) -> T:
+    """check()'s first truthy value; a hang-guard failure saying what did not come
+    (what: text, or a function that describes the state at the failure)."""
+    guard = hang_guard(timeout)
+    deadline = time.monotonic() + guard
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            said = what() if callable(what) else what
+            raise AssertionError(f"hang guard: no {said} after {guard:.0f} s (got {got!r})")
+        time.sleep(every)
 
 
 def bpf_unavailable() -> str | None:
@@ -48,3 +78,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "bpf" in item.keywords or "e2e" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Boot the kernel matrix's guests as soon as they are collected, so they run beside
+    the host's tests instead of after them (tests/vm/test_kernel_matrix.py)."""
+    if any(i.nodeid.startswith("tests/vm/test_kernel_matrix.py") for i in session.items):
+        from tests.vm import test_kernel_matrix
+
+        test_kernel_matrix.start(Path(tempfile.mkdtemp(prefix="lens-kmatrix-")))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line per kernel-matrix guest: kernel, tests passed, seconds."""
+    matrix = sys.modules.get("tests.vm.test_kernel_matrix")
+    lines = matrix.summary_lines() if matrix is not None else []
+    if lines:
+        terminalreporter.section("kernel matrix")
+        for line in lines:
+            terminalreporter.write_line(line)

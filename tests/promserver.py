@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.agentproc import free_port, get, stop_process
+from tests.conftest import hang_guard, wait_for
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
@@ -42,7 +43,7 @@ class Prometheus:
              f"--web.listen-address=127.0.0.1:{self.port}"],
             stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + hang_guard(30)
         while time.monotonic() < deadline:
             try:
                 if get(self.base + "/-/ready", timeout=1)[0] == 200:
@@ -50,7 +51,8 @@ class Prometheus:
             except OSError:
                 pass
             time.sleep(0.2)
-        raise AssertionError("prometheus did not become ready: " + (self.dir / "log").read_text())
+        raise AssertionError("hang guard: prometheus did not become ready: "
+                             + (self.dir / "log").read_text())  # fmt: skip
 
     def query(self, expr: str) -> dict[str, Any]:
         status, body = get(self.base + "/api/v1/query?query=" + urllib.parse.quote(expr))
@@ -59,15 +61,14 @@ class Prometheus:
         return out["data"]
 
     def wait_value(self, expr: str, ok: Any, timeout: float = 20) -> list[dict[str, Any]]:
-        """Poll expr until ok(result list) holds; the last result otherwise."""
-        deadline = time.monotonic() + timeout
-        result: list[dict[str, Any]] = []
-        while time.monotonic() < deadline:
-            result = self.query(expr)["result"]
-            if ok(result):
-                return result
-            time.sleep(0.5)
-        return result
+        """Poll expr until ok(result list) holds; a hang-guard failure otherwise."""
+        last: list[list[dict[str, Any]]] = [[]]
+
+        def check() -> list[dict[str, Any]] | None:
+            last[0] = self.query(expr)["result"]
+            return last[0] if ok(last[0]) else None
+
+        return wait_for(check, lambda: f"result for {expr} (last {last[0]})", timeout, every=0.5)
 
     def stop(self) -> None:
         stop_process(self.proc)

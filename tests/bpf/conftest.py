@@ -17,7 +17,7 @@ from lens_ebpf.metrics.cache import MetricCache
 from lens_ebpf.net.identity import NO_IDENTITY
 from lens_ebpf.net.policy import load_policy
 from lens_ebpf.net.tcp_flows import TcpFlows
-from tests.conftest import netns_unavailable
+from tests.conftest import hang_guard, netns_unavailable, wait_for
 from tests.netlab import Lab
 
 TEST_POLICY = """\
@@ -57,10 +57,35 @@ class FlowRig:
         v = self.cache.get(name, tuple(labels))
         return 0.0 if v is None else float(v)
 
-    def wait_events(self, sub: Subscription, want: int, timeout: float = 15) -> list[dict]:
+    def wait_value(self, name: str, *labels: str, want: float, timeout: float = 10) -> float:
+        """value() once it equals want: the last transitions of a close can land in a
+        softirq after the call that caused them returned."""
+        wait_for(
+            lambda: self.value(name, *labels) == want,
+            lambda: f"{name}{labels} == {want} (it is {self.value(name, *labels)})",
+            timeout,
+        )
+        return want
+
+    def wait_events(
+        self, sub: Subscription, want: int, timeout: float = 15, reconcile: bool = False
+    ) -> list[dict]:
+        """The first want events; a hang-guard failure if they do not come. reconcile:
+        sweep for sockets whose CLOSE the kernel skipped meanwhile, as the agent's reader
+        loop does every bpf.reconcile_interval_seconds."""
         got: list[dict] = []
-        deadline = time.monotonic() + timeout
-        while len(got) < want and time.monotonic() < deadline:
+        guard = hang_guard(timeout)
+        deadline = time.monotonic() + guard
+        swept = time.monotonic()
+        while len(got) < want:
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"hang guard: {len(got)} of {want} events after {guard:.0f} s "
+                    f"(kernel {self.flows.kernel_stats}, dropped {sub.dropped})"
+                )
+            if reconcile and time.monotonic() - swept > 1:
+                self.flows.reconcile()
+                swept = time.monotonic()
             ev = sub.get(timeout=0.2)
             if ev is not None:
                 got.append(ev)

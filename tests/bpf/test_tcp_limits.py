@@ -4,7 +4,6 @@ closed-flow records only while a consumer wants them, the counts exact either wa
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -16,14 +15,17 @@ from lens_ebpf.metrics.cache import MetricCache
 from lens_ebpf.net.identity import NO_IDENTITY
 from lens_ebpf.net.policy import parse_policy
 from lens_ebpf.net.tcp_flows import TcpFlows, TcpFlowsCollector
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.bpf
 
 OPENED = "lens_tcp_connections_opened_total"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def tiny() -> Iterator[TcpFlows]:
+    """One load for the module's two tests (a compile is minutes in the 5.10 guest): the
+    flow-map test counts keys, the ring-buffer test records, neither the other's."""
     env = {"LENS_BPF__MAX_FLOW_KEYS": "16", "LENS_BPF__RINGBUF_PAGES": "1"}
     cfg = config.load(None, env=env)
     loader = BpfLoader()
@@ -46,7 +48,6 @@ def connect_each(addrs: list[str]) -> None:
         c.close()
         conn.close()
     srv.close()
-    time.sleep(0.3)
 
 
 def test_full_flow_map_lands_in_the_other_slot(tiny: TcpFlows) -> None:
@@ -75,7 +76,12 @@ def test_full_ring_buffer_is_counted(tiny: TcpFlows) -> None:
     # of 2 x 100 must be dropped
     tiny.bus.subscribe("t-full")
     connect_each(["127.0.1.200"] * 100)
-    tiny.read()
+
+    def closed() -> bool:  # every socket's CLOSE ran (its last steps can trail close())
+        tiny.read()
+        return tiny.kernel_stats["events"] + tiny.kernel_stats["ringbuf_full"] >= 200
+
+    wait_for(closed, "200 closes written or counted as dropped")
     full = tiny.kernel_stats["ringbuf_full"]
     submitted = tiny.kernel_stats["events"]
     assert full > 0
@@ -117,12 +123,17 @@ def test_flow_records_only_while_a_consumer_wants_them(gated: TcpFlows) -> None:
     sub = gated.bus.subscribe("t-flows", accept=EventFilter(kinds=frozenset({"flow_closed"})))
     assert gated.records_on
     connect_each([addr] * 20)
-    gated.poll(0)
     got = []
-    while (ev := sub.get(0)) is not None:
-        got.append(ev)
+
+    def records() -> int:
+        gated.poll(0)
+        while (ev := sub.get(0)) is not None:
+            got.append(ev)
+        return len([e for e in got if addr in (e.raddr, e.laddr)])
+
     # both ends are on this host: a record for each
-    assert len([e for e in got if addr in (e.raddr, e.laddr)]) == 2 * 20
+    wait_for(lambda: records() >= 2 * 20, "a record for each end of 20 connections")
+    assert records() == 2 * 20
     assert opened(gated, addr) == 40
     # gone (no linger here): off at the next read, and still counted
     gated.bus.unsubscribe(sub)

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
-import time
 from pathlib import Path
 
 import pytest
 
-from lens_ebpf import tracefs
+from lens_ebpf import probe, tracefs
 from lens_ebpf.probe import SPECS
 from tests.agentproc import AgentProc, free_port, run_cli
-from tests.conftest import stretch
+from tests.conftest import EMULATED, wait_for
 from tests.netlab import exchange, listener
 
 pytestmark = pytest.mark.e2e
@@ -31,8 +31,7 @@ def policy(tmp_path: Path) -> Path:
 def test_serves_metrics_counts_a_flow_and_stops_cleanly(policy: Path) -> None:
     agent = AgentProc("--policy", str(policy))
     try:
-        seconds = agent.wait_ready()
-        assert seconds < stretch(10)
+        agent.wait_ready()  # how long start-up takes is bench's figure, not a test's
         status, ready = agent.json("/readyz")
         assert status == 200 and ready["ready"] is True
         # the bytes path this kernel has: sock_send_length from 6.3, kprobes before
@@ -80,6 +79,8 @@ def test_check_json_reports_tracepoints_and_kprobes() -> None:
     res = run_cli("check", "--json")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
+    if os.environ.get("KMATRIX_OUT"):  # in a matrix guest: the host checks it too
+        Path(os.environ["KMATRIX_OUT"], "check.json").write_text(res.stdout)
     for spec in SPECS:  # every tracepoint a spec may use, present or not on this kernel
         for tp in spec.all_tracepoints():
             assert out["tracepoints"][tp] is tracefs.tracepoint_exists(tp), tp
@@ -90,10 +91,16 @@ def test_check_json_reports_tracepoints_and_kprobes() -> None:
         assert out["features"][feature]["supported"] is True, out["features"][feature]
     path = "tracepoint" if tracefs.tracepoint_exists("sock:sock_send_length") else "kprobe"
     assert out["features"]["tcp_flows"]["paths"]["bytes"] == path
-    table = run_cli("check")
-    assert table.returncode == 0
-    assert all(len(line) <= 80 for line in table.stdout.splitlines())
-    assert "sock:inet_sock_set_state" in table.stdout
+    # the table for people, with this kernel's reasons; as a process on the host only (a
+    # guest starts Python slowly)
+    tables = [probe.format_table(out)]
+    if not EMULATED:
+        table = run_cli("check")
+        assert table.returncode == 0
+        tables.append(table.stdout)
+    for text in tables:
+        assert all(len(line) <= 80 for line in text.splitlines())
+        assert "sock:inet_sock_set_state" in text
 
 
 def one_line_error(res, *needles: str) -> None:
@@ -171,9 +178,7 @@ def test_bad_policy_at_reload_keeps_the_last_good_one(policy: Path) -> None:
     try:
         agent.wait_ready()
         policy.write_text("internalHosts: [10.0.0.0/8, 127.0.0.0/33]\n")
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not agent.json("/readyz")[1]["policy"]["error"]:
-            time.sleep(0.2)
+        wait_for(lambda: agent.json("/readyz")[1]["policy"]["error"], "the reload's error")
         status, ready = agent.json("/readyz")
         assert status == 200
         assert "internalHosts" in ready["policy"]["error"]
@@ -194,9 +199,7 @@ def test_bad_policy_at_reload_keeps_the_last_good_one(policy: Path) -> None:
         # a fixed file is taken on SIGHUP or on change; the error clears
         policy.write_text("internalHosts: [127.0.0.0/8]\n")
         agent.proc.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and agent.json("/readyz")[1]["policy"]["error"]:
-            time.sleep(0.2)
+        wait_for(lambda: not agent.json("/readyz")[1]["policy"]["error"], "the error cleared")
         assert agent.json("/readyz")[1]["policy"]["error"] == ""
         assert agent.sample("lens_agent_policy_error") == 0
         srv = listener("127.0.0.72")

@@ -21,6 +21,7 @@ from lens_ebpf.api.gen import lens_pb2 as pb
 from lens_ebpf.api.gen import lens_pb2_grpc
 from lens_ebpf.k8s.gen import podresources_v1_pb2_grpc as pr_grpc
 from tests.agentproc import LENS, AgentProc, free_port, parse_samples
+from tests.conftest import hang_guard, wait_for
 from tests.e2e.test_grpc import Reader, wait_subscribers
 from tests.unit.test_gpu_faults import raise_xid
 from tests.unit.test_podresources import Lister
@@ -66,13 +67,14 @@ def gpu_node(tmp_path: Path) -> Iterator[dict[str, str]]:
 def wait_labelled(agent: AgentProc, name: str, labels: dict[str, str],
                   timeout: float = 20) -> float | None:  # fmt: skip
     """The first sample of name whose labels include these."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def find() -> tuple[float] | None:
         for sname, slabels, value in parse_samples(agent.metrics_text()):
             if sname == name and labels.items() <= slabels.items():
-                return value
-        time.sleep(0.2)
-    return None
+                return (value,)
+        return None
+
+    return wait_for(find, f"{name} with {labels}", timeout, every=0.2)[0]
 
 
 def write_kmsg(xid: int, note: str) -> str:
@@ -111,10 +113,8 @@ def test_faults_reach_metrics_and_the_grpc_stream_with_the_pod(
         assert agent.wait_sample("lens_gpu_faults_total", ecc, 3, 20)
         assert agent.wait_sample("lens_gpu_faults_duplicate_total", None, 1, 20)
         assert agent.sample("lens_gpu_faults_total", xid) == 1
-        deadline = time.monotonic() + 10
-        while len(reader.events) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1)  # nothing more comes
+        wait_for(lambda: len(reader.events) >= 2, "two faults on the stream")
+        time.sleep(1)  # nothing more comes (a window: a slower machine only widens it)
         got = reader.close()
     finally:
         assert agent.stop() == 0
@@ -129,7 +129,8 @@ def test_faults_reach_metrics_and_the_grpc_stream_with_the_pod(
 
 
 def test_trace_gpu_shows_a_fault_live_with_the_pod(gpu_node: dict[str, str]) -> None:
-    proc = subprocess.Popen([LENS, "trace", "gpu", "--json", "--duration", "20"],
+    # the duration only ends a trace that would otherwise hang the test
+    proc = subprocess.Popen([LENS, "trace", "gpu", "--json", "--duration", str(hang_guard(20))],
                             env={**os.environ, **gpu_node}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
@@ -140,7 +141,7 @@ def test_trace_gpu_shows_a_fault_live_with_the_pod(gpu_node: dict[str, str]) -> 
         got = json.loads(proc.stdout.readline())
     finally:
         proc.terminate()
-        proc.wait(10)
+        proc.wait(hang_guard(10))
     assert (got["kind"], got["fault"], got["code"], got["gpu_index"], got["bdf"]) == (
         "gpu_fault", "xid", "48", 0, "0000:18:00.0")  # fmt: skip
     assert (got["namespace"], got["pod"], got["message"]) == ("default", "cuda-check", line)

@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lens_ebpf.api.gen import lens_pb2 as pb
 from lens_ebpf.api.gen import lens_pb2_grpc
 from tests.agentproc import LENS, AgentProc, free_port, run_cli
+from tests.conftest import hang_guard, wait_for
 from tests.containerlab import Containerd
 from tests.containerlab import unavailable as containers_unavailable
 from tests.grpclab import make_certs, spawn_execs
@@ -39,10 +39,8 @@ def start_agent(tmp: Path, extra: str = "", *args: str) -> tuple[AgentProc, str]
 
 
 def wait_subscribers(agent: AgentProc, n: int, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while agent.sample("lens_agent_subscribers", {"subscriber": "grpc"}) != n:
-        assert time.monotonic() < deadline, "subscriptions did not start"
-        time.sleep(0.1)
+    wait_for(lambda: agent.sample("lens_agent_subscribers", {"subscriber": "grpc"}) == n,
+             f"{n} subscriptions", timeout)  # fmt: skip
 
 
 class Reader:
@@ -80,7 +78,15 @@ def test_filtered_subscriber_gets_exactly_its_containers_execs(tmp_path: Path) -
         wait_subscribers(agent, 2)
         for cid in (one, two):
             assert ctd.run(cid, "/bin/sh", "-c", "/bin/echo hi").returncode == 0
-        time.sleep(1.5)
+
+        def echoed(reader: Reader, cid: str) -> bool:  # the last exec each stream waits for
+            return any(
+                e.process_exec.identity.container_id == cid
+                and e.process_exec.filename == "/bin/echo"
+                for e in reader.events
+            )
+
+        wait_for(lambda: echoed(everything, two) and echoed(filtered, one), "both echoes")
         got, allev = filtered.close(), everything.close()
         assert {e.process_exec.identity.container_id for e in got} == {one}
         assert [e.process_exec.filename for e in got if e.process_exec.filename.startswith(
@@ -111,7 +117,7 @@ def test_malformed_requests_are_invalid_argument(tmp_path: Path) -> None:
                              ("/lens.v1.NodeService/GetNode", channel.unary_unary)):  # fmt: skip
             rpc = call(method, request_serializer=lambda b: b, response_deserializer=bytes)
             with pytest.raises(grpc.RpcError) as err:
-                got = rpc(b"\xff" * 5000, timeout=5)
+                got = rpc(b"\xff" * 5000, timeout=hang_guard(5))
                 next(iter(got)) if method.endswith("Subscribe") else got
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
             assert err.value.details().startswith("request is not a lens.v1.")
@@ -136,13 +142,13 @@ def test_500_idle_subscribers_starve_no_one_and_the_limit_is_counted(tmp_path: P
     try:
         wait_subscribers(agent, 500, timeout=60)
         health = health_pb2_grpc.HealthStub(grpc.insecure_channel(addr))
-        resp = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        resp = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=hang_guard(5))
         assert resp.status == health_pb2.HealthCheckResponse.SERVING
         node = lens_pb2_grpc.NodeServiceStub(grpc.insecure_channel(addr)).GetNode(
-            pb.GetNodeRequest(), timeout=5)  # fmt: skip
+            pb.GetNodeRequest(), timeout=hang_guard(5))  # fmt: skip
         assert node.version
         with pytest.raises(grpc.RpcError) as err:
-            next(iter(stub.Subscribe(pb.SubscribeRequest(), timeout=5)))
+            next(iter(stub.Subscribe(pb.SubscribeRequest(), timeout=hang_guard(5))))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "grpc.max_subscribers" in err.value.details()
         assert agent.sample("lens_agent_grpc_streams_refused_total") == 1
@@ -189,11 +195,15 @@ def test_a_subscriber_that_never_reads_is_bounded_and_delays_no_one(tmp_path: Pa
         wait_subscribers(agent, 2)
         rss0 = rss_kb(agent.proc.pid)
         gen = spawn_execs(3000)  # 3x what the stalled subscriber's queue holds
-        gen.wait(120)
-        time.sleep(1.5)
+        gen.wait(hang_guard(120))
+
+        def fast_got() -> list[pb.Event]:
+            return [e for e in list(fast.events) if e.process_exec.ppid == gen.pid]
+
+        wait_for(lambda: len(fast_got()) >= 3000, lambda: f"3000 execs ({len(fast_got())})")
         grew_mb = (rss_kb(agent.proc.pid) - rss0) / 1024
-        got = [e for e in fast.close() if e.process_exec.ppid == gen.pid]
-        assert len(got) == 3000  # the reading subscriber missed nothing
+        fast.close()
+        assert len(fast_got()) == 3000  # the reading subscriber missed nothing
         assert grew_mb < 40, grew_mb
         dropped = agent.sample("lens_agent_subscriber_events_dropped_total", {"subscriber": "grpc"})
         assert dropped and dropped > 0
@@ -227,11 +237,13 @@ def records(out: Path) -> tuple[list[int], list[dict]]:
 
 
 def wait_acked(agent: AgentProc, want: float, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (agent.sample("lens_agent_reporter_acked_seq") or 0) >= want:
-            return
-        time.sleep(0.3)
+    wait_for(lambda: (agent.sample("lens_agent_reporter_acked_seq") or 0) >= want,
+             f"the reporter's events acked up to {want}", timeout, every=0.3)  # fmt: skip
+
+
+def last_seq(addr: str) -> int:
+    stub = lens_pb2_grpc.NodeServiceStub(grpc.insecure_channel(addr))
+    return int(stub.GetNode(pb.GetNodeRequest(), timeout=hang_guard(5)).last_seq)
 
 
 def test_reporter_replays_every_event_after_a_collector_outage(tmp_path: Path) -> None:
@@ -241,13 +253,15 @@ def test_reporter_replays_every_event_after_a_collector_outage(tmp_path: Path) -
     rep = f"reporter:\n  target: 127.0.0.1:{cport}\n  buffer: 100000\n  backoff_max_seconds: 2\n"
     agent, addr = start_agent(tmp_path, rep)
     try:
-        gen = spawn_execs(400, 0.05)  # about 20 s of events
-        time.sleep(3)
+        # events before, during and after the outage: 200 execs (exec and exit) each
+        spawn_execs(200).wait(hang_guard(60))
+        wait_acked(agent, last_seq(addr))
         col.send_signal(signal.SIGKILL)
         col.wait()
-        time.sleep(10)  # events keep coming while the collector is gone
+        spawn_execs(200).wait(hang_guard(60))  # while the collector is gone
+        wait_for(lambda: agent.sample("lens_agent_reporter_connected") == 0, "the reporter down")
         col = collector(cport, out)
-        gen.wait(120)
+        spawn_execs(200).wait(hang_guard(60))
         node = lens_pb2_grpc.NodeServiceStub(grpc.insecure_channel(addr)).GetNode(
             pb.GetNodeRequest())  # fmt: skip
         wait_acked(agent, node.last_seq)
@@ -255,7 +269,7 @@ def test_reporter_replays_every_event_after_a_collector_outage(tmp_path: Path) -
         assert gaps == []
         assert len(seqs) == len(set(seqs))  # no duplicates written
         assert seqs == list(range(seqs[0], seqs[-1] + 1))  # and no hole
-        assert seqs[-1] >= node.last_seq - 5 and len(seqs) > 800
+        assert seqs[-1] >= node.last_seq - 5 and len(seqs) > 1200
         assert agent.sample("lens_agent_reporter_lost_total") == 0
         assert agent.sample("lens_agent_reporter_reconnects_total") >= 1
     finally:
@@ -270,14 +284,11 @@ def test_loss_beyond_the_buffer_is_counted_and_reported(tmp_path: Path) -> None:
     rep = f"reporter:\n  target: 127.0.0.1:{cport}\n  buffer: 50\n  backoff_max_seconds: 1\n"
     agent, addr = start_agent(tmp_path, rep)
     try:
-        time.sleep(1)
         col.send_signal(signal.SIGKILL)
         col.wait()
-        spawn_execs(300).wait(60)  # 600+ events into a 50-event buffer
+        spawn_execs(300).wait(hang_guard(60))  # 600+ events into a 50-event buffer
         col = collector(cport, out)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not records(out)[1]:
-            time.sleep(0.3)
+        wait_for(lambda: records(out)[1], "a gap record at the collector", every=0.3)
         _, gaps = records(out)
         lost = agent.sample("lens_agent_reporter_lost_total")
         assert gaps and gaps[0]["reason"] == "reporter_buffer" and int(gaps[0]["lost"]) > 0
@@ -298,7 +309,8 @@ def certs(tmp_path: Path) -> dict[str, Path]:
 
 def get_node(addr: str, creds: grpc.ChannelCredentials | None) -> pb.NodeInfo:
     chan = grpc.secure_channel(addr, creds) if creds else grpc.insecure_channel(addr)
-    return lens_pb2_grpc.NodeServiceStub(chan).GetNode(pb.GetNodeRequest(), timeout=5)
+    stub = lens_pb2_grpc.NodeServiceStub(chan)
+    return stub.GetNode(pb.GetNodeRequest(), timeout=hang_guard(5))
 
 
 def test_tls_and_mutual_tls(tmp_path: Path, certs: dict[str, Path]) -> None:

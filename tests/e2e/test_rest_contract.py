@@ -4,7 +4,6 @@ RDMA fixture trees, and a real containerd container holding a GPU and an RDMA de
 from __future__ import annotations
 
 import shutil
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 from tests import rest_contract
 from tests.agentproc import AgentProc
+from tests.conftest import wait_for
 from tests.containerlab import Containerd, make_char_device, private_containerd
 
 pytestmark = pytest.mark.e2e
@@ -58,11 +58,8 @@ def test_every_route_reads_as_the_node_exporters(ctd, host_devices, tmp_path: Pa
         res = ctd.run(cid, "/bin/sleep", "60", labels=labels, devices=host_devices,
                       detach=True, cgroup=f"/kubepods/pod{pod_uid}/{cid}")  # fmt: skip
         assert res.returncode == 0, res.stderr
-        deadline = time.monotonic() + 15
-        pods: list = []
-        while time.monotonic() < deadline and not any(p["id"] == cid for p in pods):
-            pods = agent.json("/pods")[1]
-            time.sleep(0.3)
+        wait_for(lambda: any(p["id"] == cid for p in agent.json("/pods")[1]),
+                 f"container {cid} in /pods", every=0.3)  # fmt: skip
         got = {path: rest_contract.route(path, agent.json(path)[1])
                for path in rest_contract.ROUTES}  # fmt: skip
     finally:

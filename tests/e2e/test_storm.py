@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.agentproc import AgentProc, parse_samples
-from tests.conftest import EMULATED
+from tests.conftest import EMULATED, hang_guard, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -50,7 +49,7 @@ def test_million_flow_storm_keeps_metrics_bounded_and_counts_exact(tmp_path: Pat
         before = rss_kb(agent.proc.pid, "VmRSS")
         out = subprocess.run([str(gen), "refused", "127.77.0", str(ADDRS), str(PORT_LO),
                               str(PORT_HI)], capture_output=True, text=True, check=True,
-                             timeout=600).stdout  # fmt: skip
+                             timeout=hang_guard(600)).stdout  # fmt: skip
         refused, connected = (int(x) for x in re.findall(r"=(\d+)", out))
         assert refused + connected == ADDRS * (PORT_HI - PORT_LO + 1) == 1_000_000
         out = subprocess.run(
@@ -58,20 +57,21 @@ def test_million_flow_storm_keeps_metrics_bounded_and_counts_exact(tmp_path: Pat
             capture_output=True,
             text=True,
             check=True,
-            timeout=600,
+            timeout=hang_guard(600),
         ).stdout
         assert out.strip() == f"connections={CONNECTIONS}"
         # every attempt counted: per remote while the kernel map had room, the rest in
         # the (egress, docker) "other" slot
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            text = agent.metrics_text()
-            failed = storm_total(text, "lens_tcp_failed_connects_total")
-            opened = storm_total(text, "lens_tcp_connections_opened_total")
-            if (failed, opened) == (refused, connected + CONNECTIONS):
-                break
-            time.sleep(1)
-        assert (failed, opened) == (refused, connected + CONNECTIONS)
+        texts: list[str] = []
+
+        def counted() -> tuple[float, float]:
+            texts[:] = [agent.metrics_text()]
+            return (storm_total(texts[0], "lens_tcp_failed_connects_total"),
+                    storm_total(texts[0], "lens_tcp_connections_opened_total"))  # fmt: skip
+
+        want = (refused, connected + CONNECTIONS)
+        wait_for(lambda: counted() == want, lambda: f"{want} counted (now {counted()})", 60, 1)
+        text = texts[0]
         samples = parse_samples(text)
         other = [v for n, labels, v in samples if n == "lens_tcp_failed_connects_total"
                  and labels.get("type") == "docker" and labels.get("raddr") == "other"]  # fmt: skip

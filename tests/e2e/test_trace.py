@@ -2,46 +2,38 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.agentproc import LENS
 from tests.containerlab import Containerd, private_containerd
 from tests.netlab import exchange, listener
+from tests.tracelab import Trace
 
 pytestmark = pytest.mark.e2e
 
 
-def start_trace(*args: str) -> subprocess.Popen:
-    p = subprocess.Popen([LENS, "trace", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)  # fmt: skip
-    assert p.stderr is not None
-    line = p.stderr.readline()  # the ready line, once the programs are attached
-    assert "tracing" in line, line + p.stderr.read()
-    return p
-
-
-def finish(p: subprocess.Popen) -> tuple[list[dict], str]:
-    out, err = p.communicate(timeout=60)
-    assert p.returncode == 0, err
-    return [json.loads(line) for line in out.splitlines() if line.strip()], err
-
-
 def test_trace_tcp_json_reports_known_flows_exactly() -> None:
-    p = start_trace("tcp", "--json", "--duration", "3")
+    trace = Trace("tcp", "--json")
     servers = {addr: listener(addr) for addr in ("127.0.0.94", "127.0.0.95")}
     ports = {a: exchange(s, a, 1111 * (i + 1), 222 * (i + 1))
              for i, (a, s) in enumerate(servers.items())}  # fmt: skip
     for s in servers.values():
         s.close()
-    events, err = finish(p)
+    sports = {port for port, _ in ports.values()}
+
+    def ends(ev: list[dict]) -> int:  # each flow's two ends
+        return sum(
+            (e["direction"] == "egress" and e["raddr"] in servers)
+            or (e["direction"] == "ingress" and e["lport"] in sports)
+            for e in ev
+        )
+
+    trace.until(lambda ev: ends(ev) >= 4, "both ends of both flows")
+    events, err = trace.finish()
     for i, (addr, (port, cport)) in enumerate(ports.items()):
         eg = [e for e in events if e["raddr"] == addr and e["direction"] == "egress"]
         assert len(eg) == 1, events
@@ -56,12 +48,14 @@ def test_trace_tcp_json_reports_known_flows_exactly() -> None:
 def test_trace_port_filter_is_applied_in_the_kernel() -> None:
     keep, drop = listener("127.0.0.96"), listener("127.0.0.97")
     keep_port = keep.getsockname()[1]
-    p = start_trace("tcp", "--json", "--duration", "3", "--port", str(keep_port))
-    exchange(keep, "127.0.0.96", 10, 10)
+    trace = Trace("tcp", "--json", "--port", str(keep_port))
     exchange(drop, "127.0.0.97", 10, 10)
+    exchange(keep, "127.0.0.96", 10, 10)
     keep.close()
     drop.close()
-    events, err = finish(p)
+    # the kept flow's two ends; had the other flow passed, it would have come before them
+    trace.until(lambda ev: len(ev) >= 2, "the kept flow's two ends")
+    events, err = trace.finish()
     assert {e["raddr"] for e in events if e["direction"] == "egress"} == {"127.0.0.96"}
     assert all(keep_port in (e["lport"], e["rport"]) for e in events)
     # filtered in the kernel: the other flows never reached user space
@@ -78,14 +72,15 @@ def test_trace_exec_sees_a_command_in_a_real_container(ctd: Containerd, tmp_path
     cfg = tmp_path / "lens.yaml"
     cfg.write_text(f"containers:\n  containerd_state: {ctd.state}\n")
     cid = "trace" + uuid.uuid4().hex[:8]
-    p = start_trace("exec", "--json", "--duration", "4", "--config", str(cfg),
-                    "--container", cid)  # fmt: skip
+    trace = Trace("exec", "--json", "--config", str(cfg), "--container", cid)
     res = ctd.run(cid, "/bin/sh", "-c", "/bin/echo traced; exit 5",
                   labels={"io.kubernetes.pod.name": "tr-0",
                           "io.kubernetes.pod.namespace": "team-t"})  # fmt: skip
     assert res.returncode == 5
-    time.sleep(0.5)
-    events, _ = finish(p)
+    # the shell's exit comes after its child's
+    trace.until(lambda ev: any(e["kind"] == "process_exit" and e["comm"] == "sh" for e in ev),
+                "the shell's exit")  # fmt: skip
+    events, _ = trace.finish()
     assert events and all(e["container_id"] == cid for e in events)
     execs = [e["filename"] for e in events if e["kind"] == "process_exec"]
     assert execs == ["/bin/sh", "/bin/echo"]
@@ -95,9 +90,5 @@ def test_trace_exec_sees_a_command_in_a_real_container(ctd: Containerd, tmp_path
 
 
 def test_sigint_ends_trace_cleanly_with_a_summary() -> None:
-    p = start_trace("all")
-    time.sleep(0.5)
-    p.send_signal(2)
-    out, err = p.communicate(timeout=30)
-    assert p.returncode == 0
+    _, err = Trace("all").finish()
     assert "events shown" in err and "lost" in err

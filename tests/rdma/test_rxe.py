@@ -30,6 +30,7 @@ from lens_ebpf.devices.rdma import resources
 from lens_ebpf.devices.rdma.collector import RdmaCollector
 from lens_ebpf.enrich import Enrichment
 from lens_ebpf.k8s.index import ClusterIndex
+from tests.conftest import hang_guard, wait_for
 from tests.containerlab import Containerd, private_containerd
 from tests.k8slab import pod
 
@@ -38,7 +39,8 @@ PINGPONG = ["ibv_rc_pingpong", "-d", DEV, "-g", "1", "-s", "4096"]
 
 
 def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=60)
+    return subprocess.run(cmd, capture_output=True, text=True, check=check,
+                          timeout=hang_guard(15))  # fmt: skip
 
 
 def _why_not() -> str | None:
@@ -68,12 +70,15 @@ def rxe() -> Iterator[RdmaCollector]:
         rdma = shutil.which("rdma")
         assert rdma is not None
         yield RdmaCollector(
-            1, Path("/sys"), runner=lambda: resources.run_rdma(rdma, 10, "statistic", "show"),
-            rdma=lambda *args: resources.run_rdma(rdma, 10, *args))  # fmt: skip
+            1, Path("/sys"),
+            runner=lambda: resources.run_rdma(rdma, hang_guard(5), "statistic", "show"),
+            rdma=lambda *args: resources.run_rdma(rdma, hang_guard(5), *args))  # fmt: skip
     finally:
         # a device still open is not deleted until its users close it (5.10 waits for ever)
-        _sh("pkill", "-KILL", "-f", f"ibv_rc_pingpong -d {DEV}", check=False)
-        time.sleep(1)
+        pattern = f"ibv_rc_pingpong -d {DEV}"
+        _sh("pkill", "-KILL", "-f", pattern, check=False)
+        wait_for(lambda: _sh("pgrep", "-f", pattern, check=False).returncode == 1,
+                 "the pingpongs gone")  # fmt: skip
         _sh("rdma", "link", "delete", DEV, check=False)
         _sh("ip", "link", "del", NETDEV, check=False)
 
@@ -114,11 +119,11 @@ def pingpong(
     connecting to the veth's own address (rxe serves both ends)."""
     srv = subprocess.Popen(server or [*PINGPONG, "-n", str(iters)], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    deadline = time.monotonic() + 60  # a container's start under TCG is slow
+    deadline = time.monotonic() + hang_guard(15)
     while not listening():
         if srv.poll() is not None or time.monotonic() > deadline:
             srv.kill()
-            raise AssertionError(f"the server did not listen (exit {srv.poll()}): "
+            raise AssertionError(f"hang guard: the server did not listen (exit {srv.poll()}): "
                                  + (srv.stdout.read() if srv.stdout else ""))  # fmt: skip
         time.sleep(0.2)
     cli = subprocess.Popen([*PINGPONG, "-n", str(iters), ADDR], stdout=subprocess.PIPE,
@@ -132,8 +137,8 @@ def test_300_round_trips_are_600_sends_and_receives_in_both_families(
     before = counters(rxe)
     srv, cli = pingpong(300)
     try:
-        assert cli.wait(120) == 0, cli.stdout.read() if cli.stdout else ""
-        assert srv.wait(30) == 0, srv.stdout.read() if srv.stdout else ""
+        assert cli.wait(hang_guard(30)) == 0, cli.stdout.read() if cli.stdout else ""
+        assert srv.wait(hang_guard(10)) == 0, srv.stdout.read() if srv.stdout else ""
     finally:
         stop(srv, cli)
     after = counters(rxe)
@@ -161,12 +166,16 @@ def qps(v: dict, **want: str) -> float | None:
 
 
 def wait_qps(c: RdmaCollector, want: float, **labels: str) -> dict:
-    deadline = time.monotonic() + 60
-    while True:
-        v = values(c)
-        if qps(v, **labels) == want or time.monotonic() > deadline:
-            return v
-        time.sleep(0.5)
+    """The values once the QPs of these labels number want."""
+    got: list[dict] = [{}]
+
+    def check() -> bool:
+        got[0] = values(c)
+        return qps(got[0], **labels) == want
+
+    wait_for(check, lambda: f"{want} queue pairs of {labels} ({qps(got[0], **labels)})",
+             timeout=15, every=0.5)  # fmt: skip
+    return got[0]
 
 
 def stop(*procs: subprocess.Popen) -> None:
@@ -174,7 +183,7 @@ def stop(*procs: subprocess.Popen) -> None:
         if p.poll() is None:
             p.kill()
     for p in procs:
-        p.wait(30)
+        p.wait(hang_guard(10))
 
 
 def test_a_long_pingpong_holds_two_rc_queue_pairs_then_none(rxe: RdmaCollector) -> None:
@@ -188,10 +197,8 @@ def test_a_long_pingpong_holds_two_rc_queue_pairs_then_none(rxe: RdmaCollector) 
         assert pids == sorted([srv.pid, cli.pid])
     finally:
         stop(srv, cli)
-    v = values(rxe)  # within two intervals of the exit: absent
-    if qps(v, device=DEV, type="RC") is not None:
-        v = values(rxe)
-    assert qps(v, device=DEV, type="RC") is None
+    # absent (not zero) once the kernel has freed them
+    wait_for(lambda: qps(values(rxe), device=DEV, type="RC") is None, "the RC QPs gone")
 
 
 @pytest.fixture
@@ -246,8 +253,7 @@ def test_a_containers_queue_pairs_are_its_pods(rxe: RdmaCollector, ctd: Containe
         stop(*[p for p in (cli, srv) if p is not None])
         ctd.remove(cid)
         _sh("umount", str(root), check=False)
-    values(rxe)
-    values(rxe)
+    wait_for(lambda: values(rxe) and len(events) >= 2, "the container's rdma_close")
     assert [e.kind for e in events] == ["rdma_open", "rdma_close"]
 
 

@@ -11,6 +11,7 @@ import pytest
 import requests
 
 from tests import pglab
+from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer, eventually
 from tests.recorder.conftest import rows
 from tests.recorder.objects import (
@@ -41,7 +42,7 @@ def deployment(api: FakeApiServer) -> dict[str, Any]:
 
 
 def metric(app: Any, line: str) -> float | None:
-    text = requests.get(f"http://127.0.0.1:{app.http.port}/metrics", timeout=5).text
+    text = requests.get(f"http://127.0.0.1:{app.http.port}/metrics", timeout=hang_guard(5)).text
     for got in text.splitlines():
         if got.startswith(line + " "):
             return float(got.rsplit(" ", 1)[1])
@@ -74,9 +75,9 @@ def test_a_database_outage_loses_nothing_within_the_bound(api: FakeApiServer,
         eventually(lambda: metric(app, "lens_recorder_db_up") == 0, timeout=10)
         assert metric(app, "lens_recorder_queue_depth") == 20
         assert metric(app, 'lens_recorder_db_errors_total{reason="unavailable"}') >= 1
-        ready = requests.get(f"http://127.0.0.1:{app.http.port}/readyz", timeout=5)
+        ready = requests.get(f"http://127.0.0.1:{app.http.port}/readyz", timeout=hang_guard(5))
         assert ready.status_code == 503 and ready.json()["database_up"] is False
-        down = requests.get(f"http://127.0.0.1:{app.http.port}/workloads", timeout=15)
+        down = requests.get(f"http://127.0.0.1:{app.http.port}/workloads", timeout=hang_guard(15))
         assert down.status_code == 503 and "database unavailable" in down.json()["error"]
     finally:
         pg.start()

@@ -10,6 +10,7 @@ from typing import Any
 
 import requests
 
+from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer, eventually, pod
 from tests.recorder.conftest import rows
 from tests.recorder.objects import (
@@ -91,7 +92,7 @@ def test_three_workloads_from_creation_to_deletion(api: FakeApiServer, recorder_
     assert app.writer.flush(10)
     eventually(lambda: len(rows(db_url, "gpu_pods")) == 7, timeout=10)
     eventually(lambda: all(r["finalizer"] for r in rows(db_url, "gpu_workloads")), timeout=10)
-    metrics = requests.get(f"http://127.0.0.1:{app.http.port}/metrics", timeout=5).text
+    metrics = requests.get(f"http://127.0.0.1:{app.http.port}/metrics", timeout=hang_guard(5)).text
     assert 'lens_recorder_malformed_objects_total{resource="pods"} 1.0' in metrics
     assert 'lens_recorder_finalizer_operations_total{operation="add",result="ok"} 5.0' in metrics
     assert "lens_recorder_workloads_watched 5.0" in metrics

@@ -18,6 +18,7 @@ import requests
 from sqlalchemy import create_engine, inspect
 
 from lens_ebpf.recorder import queries
+from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer, eventually
 from tests.recorder.conftest import rows
 from tests.recorder.objects import (
@@ -73,7 +74,7 @@ def early_job(api: FakeApiServer) -> None:
 
 
 def get(app: Any, path: str) -> requests.Response:
-    return requests.get(f"http://127.0.0.1:{app.http.port}{path}", timeout=5)
+    return requests.get(f"http://127.0.0.1:{app.http.port}{path}", timeout=hang_guard(5))
 
 
 def test_rest_pages_filters_and_errors(api: FakeApiServer, recorder_app: Any, db_url: str) -> None:
@@ -188,18 +189,18 @@ def test_the_command_line(api: FakeApiServer, tmp_path: Path) -> None:
 
         def ready() -> bool:
             try:
-                return requests.get(url + "/readyz", timeout=1).status_code == 200
+                return requests.get(url + "/readyz", timeout=hang_guard(1)).status_code == 200
             except requests.ConnectionError:
                 return False
 
         eventually(ready, timeout=30)
-        eventually(lambda: len(requests.get(url + "/pods", timeout=2).json()["items"]) == 6,
-                   timeout=15)  # fmt: skip
+        eventually(lambda: len(requests.get(url + "/pods", timeout=hang_guard(2))
+                               .json()["items"]) == 6, timeout=15)  # fmt: skip
         eventually(lambda: all(has_finalizer(api, n) for n in U), timeout=15)
         assert "lens_recorder_db_write_seconds_bucket" in requests.get(url + "/metrics").text
     finally:
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=hang_guard(30))
     assert proc.returncode == 0, err
 
     out = run_cli("--report", "--database", db, "--since", "2026-11-23T00:00:00Z", env=env)

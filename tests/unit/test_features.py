@@ -17,6 +17,7 @@ from lens_ebpf import cli, config, feature
 from lens_ebpf.agent import Agent
 from lens_ebpf.api.http import envelope
 from lens_ebpf.feature import RUNNING, Feature, Settings, register
+from tests.conftest import hang_guard
 
 
 def test_every_feature_is_found_in_start_order() -> None:
@@ -104,7 +105,7 @@ def test_a_new_feature_brings_its_config_and_flag(toy) -> None:
 
 def get(port: int, path: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=hang_guard(5)) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()

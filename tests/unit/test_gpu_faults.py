@@ -13,6 +13,7 @@ import pytest
 from lens_ebpf.devices.gpu import faults
 from lens_ebpf.devices.gpu.collector import GpuCollector, nvml_source
 from lens_ebpf.events import GpuFault
+from tests.conftest import hang_guard
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -146,7 +147,8 @@ def test_a_line_written_to_the_real_kernel_log_is_parsed_and_attributed(fake_nvm
 
 
 def wait_for(cond, seconds: float = 5.0) -> bool:
-    deadline = time.monotonic() + seconds
+    """cond() once it holds, or its last value when the hang guard runs out."""
+    deadline = time.monotonic() + hang_guard(seconds)
     while not cond() and time.monotonic() < deadline:
         time.sleep(0.02)
     return bool(cond())

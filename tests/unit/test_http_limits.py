@@ -3,7 +3,6 @@ cap, bounded request heads, and concurrent scrapes sharing one rendering."""
 
 import socket
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -12,26 +11,29 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
 from lens_ebpf.api.http import HttpServer
+from tests.conftest import hang_guard, wait_for
 
 
 class Slow:
-    """A collector that takes a while, as a big cache does."""
+    """A collector that takes a while, as a big cache does: until its gate opens."""
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds, self.calls = seconds, 0
+    def __init__(self) -> None:
+        self.calls = 0
+        self.gate = threading.Event()
+        self.gate.set()
 
     def describe(self):
         return iter(())
 
     def collect(self):
         self.calls += 1
-        time.sleep(self.seconds)
+        assert self.gate.wait(hang_guard(10)), "hang guard: the gate never opened"
         yield GaugeMetricFamily("lens_test_value", "A value", value=1)
 
 
 def serve(**kw) -> tuple[HttpServer, Slow]:
     reg = CollectorRegistry(auto_describe=False)
-    slow = Slow(kw.pop("render_seconds", 0.0))
+    slow = Slow()
     reg.register(slow)
     http = HttpServer("127.0.0.1", 0, reg, **kw)
     reg.register(http.collector())
@@ -48,7 +50,7 @@ def http() -> Iterator[HttpServer]:
 
 def get(port: int, path: str = "/metrics") -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=hang_guard(10)) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -68,12 +70,9 @@ def closed(s: socket.socket, timeout: float) -> bool:
 def test_500_idle_connections_are_cut_and_scrapes_go_on(http: HttpServer) -> None:
     idle = [socket.create_connection(("127.0.0.1", http.port)) for _ in range(500)]
     try:
-        deadline = time.monotonic() + 10
-        while http._server.open < 500 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert http._server.open == 500
+        wait_for(lambda: http._server.open == 500, "500 open connections")
         assert get(http.port)[0] == 200  # served beside them
-        assert all(closed(s, 5) for s in idle)  # within request_timeout, plus the reaper
+        assert all(closed(s, hang_guard(5)) for s in idle)  # after request_timeout
         assert http._server.cut >= 500
     finally:
         for s in idle:
@@ -83,16 +82,16 @@ def test_500_idle_connections_are_cut_and_scrapes_go_on(http: HttpServer) -> Non
 def test_a_dripping_request_head_is_cut(http: HttpServer) -> None:
     s = socket.create_connection(("127.0.0.1", http.port))
     s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-    started = time.monotonic()
-    try:
-        while time.monotonic() - started < 5:
-            try:
-                s.sendall(b"a")  # a byte every 0.2 s keeps each recv under the timeout
-            except OSError:
-                break
-            if closed(s, 0.2):
-                break
-        assert time.monotonic() - started < 4  # request_timeout 2 s, reaper every second
+
+    def cut() -> bool:  # a byte every 0.2 s keeps each recv under the timeout
+        try:
+            s.sendall(b"a")
+        except OSError:
+            return True
+        return closed(s, 0.2)
+
+    try:  # the head never completes: cut once request_timeout (2 s) has passed
+        wait_for(cut, "the dripping connection cut", every=0)
     finally:
         s.close()
 
@@ -102,7 +101,7 @@ def test_oversized_request_heads_are_refused(http: HttpServer) -> None:
     head = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"".join(
         b"X-Pad-%d: %s\r\n" % (i, b"p" * 1000) for i in range(80)) + b"\r\n"  # fmt: skip
     s.sendall(head)  # 80 KB of headers: each line is short, the head is not
-    s.settimeout(5)
+    s.settimeout(hang_guard(5))
     assert s.recv(64).startswith(b"HTTP/1.1 431")
     s.close()
 
@@ -111,15 +110,11 @@ def test_connections_beyond_the_cap_get_503() -> None:
     http, _ = serve(max_connections=5, request_timeout=30)
     held = [socket.create_connection(("127.0.0.1", http.port)) for _ in range(5)]
     try:
-        deadline = time.monotonic() + 5
-        while http._server.open < 5 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: http._server.open == 5, "5 open connections")
         assert get(http.port)[0] == 503
         assert http._server.refused == 1
         held.pop().close()
-        deadline = time.monotonic() + 5
-        while http._server.open >= 5 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: http._server.open < 5, "a connection closed")
         assert get(http.port)[0] == 200
     finally:
         for s in held:
@@ -128,18 +123,21 @@ def test_connections_beyond_the_cap_get_503() -> None:
 
 
 def test_concurrent_scrapes_share_one_rendering() -> None:
-    http, slow = serve(render_seconds=0.5)
+    http, slow = serve()
     try:
         got: list[bytes] = []
         threads = [threading.Thread(target=lambda: got.append(get(http.port)[1]))
                    for _ in range(10)]  # fmt: skip
+        slow.gate.clear()
         threads[0].start()
-        time.sleep(0.1)  # the first is rendering when the others arrive
+        wait_for(lambda: slow.calls == 1, "the first scrape rendering")
         for t in threads[1:]:
             t.start()
+        wait_for(lambda: http.scrapes == 10, "ten scrapes waiting")
+        slow.gate.set()
         for t in threads:
-            t.join(10)
+            t.join(hang_guard(10))
         assert len(got) == 10 and all(b"lens_test_value 1.0" in body for body in got)
-        assert http.scrapes == 10 and http.renders == slow.calls <= 2
+        assert http.scrapes == 10 and http.renders == slow.calls == 1
     finally:
         http.stop()

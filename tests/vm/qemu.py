@@ -85,7 +85,9 @@ rm -f /lib/modules/$abi/build /lib/modules/$abi/source
 [ -n "$HEADERS_SOURCE" ] && ln -s "$HEADERS_SOURCE" /lib/modules/$abi/source
 ip link set lo up
 hostname lens-vm
-export KMATRIX_OUT=$OUTDIR KMATRIX_KERNEL=$abi
+# the command's output reaches the share as it is written: the host reads its growth
+# as the guest's progress
+export KMATRIX_OUT=$OUTDIR KMATRIX_KERNEL=$abi PYTHONUNBUFFERED=1
 cd $WORKDIR
 echo "lens-vm: running on $abi"
 /bin/sh -c "$COMMAND" > $OUTDIR/console.log 2>&1
@@ -155,6 +157,22 @@ class Result:
     console: str  # the kernel's serial console
     seconds: float
     out: Path  # the share the command wrote into
+    hung: str = ""  # why the guest was stopped, when it was: it stopped making progress
+
+
+# A guest is as slow as the emulated CPU and the machine's load make it; what makes it
+# hung is silence: neither its command nor its kernel wrote anything for this long.
+STALL_SECONDS = 600.0
+# and, as a last resort, a guest still busy after this long is stopped too
+CAP_SECONDS = 3 * 3600.0
+POLL_SECONDS = 2.0
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
 
 
 def boot(
@@ -165,15 +183,20 @@ def boot(
     headers: str = "matching",
     memory_mb: int = 3072,
     cpus: int = 1,
-    timeout: float = 900,
+    stall: float = STALL_SECONDS,
+    cap: float = CAP_SECONDS,
     out: Path | None = None,
 ) -> Result:
-    """Run command (sh -c) in a guest on kernel; headers: "matching" or "fallback"."""
+    """Run command (sh -c) in a guest on kernel; headers: "matching" or "fallback".
+
+    The guest runs as long as it makes progress: it is stopped (Result.hung says why)
+    only when neither the command's output nor the serial console grew for `stall`
+    seconds, or after `cap`."""
     if shutil.which("qemu-system-x86_64") is None:
         raise RuntimeError("qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)")
     out = out or Path(tempfile.mkdtemp(prefix=f"lens-vm-{kernel.series}-"))
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("rc", "console.log"):
+    for stale in ("rc", "console.log", "serial.log"):
         (out / stale).unlink(missing_ok=True)
     env = {
         "OUTDIR": "/lens-vm-out",  # as INIT mounts it
@@ -184,6 +207,7 @@ def boot(
         "COMMAND": command,
     }
     guest = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()) + GUEST
+    hung = ""
     with tempfile.TemporaryDirectory(prefix="lens-vm-initrd-") as tmp:
         initrd = Path(tmp) / "initrd.gz"
         build_initramfs(kernel, guest, initrd)
@@ -198,19 +222,34 @@ def boot(
             "-virtfs", f"local,path={out},mount_tag=out,security_model=none,multidevs=remap",
         ]  # fmt: skip
         started = time.monotonic()
-        try:
-            proc = subprocess.run(
-                cmd, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL
-            )
-            console = proc.stdout.decode(errors="replace")
-        except subprocess.TimeoutExpired as exc:
-            console = (exc.stdout or b"").decode(errors="replace") + "\nlens-vm: timed out"
+        serial = out / "serial.log"
+        with serial.open("wb") as console_file:
+            proc = subprocess.Popen(cmd, stdout=console_file, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)  # fmt: skip
+            progress, last = (-1, -1), started
+            while proc.poll() is None:
+                time.sleep(POLL_SECONDS)
+                now = time.monotonic()
+                seen = (_size(out / "console.log"), _size(serial))
+                if seen != progress:
+                    progress, last = seen, now
+                elif now - last > stall:
+                    hung = f"no output from the guest for {stall:.0f} s"
+                if now - started > cap:
+                    hung = f"still running after {cap:.0f} s"
+                if hung:
+                    proc.kill()
+                    proc.wait()
+                    break
     elapsed = time.monotonic() - started
+    console = serial.read_text(errors="replace")
+    if hung:
+        console += f"\nlens-vm: stopped: {hung}"
     rc_file = out / "rc"
     rc = int(rc_file.read_text().strip() or -1) if rc_file.exists() else -1
     log = out / "console.log"
     output = log.read_text(errors="replace") if log.exists() else ""
-    return Result(rc, output, console, elapsed, out)
+    return Result(rc, output, console, elapsed, out, hung)
 
 
 def by_series(series: str) -> kernels.Kernel:
