@@ -368,6 +368,45 @@ def bench_scrape(tmp: Path) -> dict[str, Any]:
                                       "refused": refused}}  # fmt: skip
 
 
+NVIDIA_SMI = """#!/bin/sh
+# nvidia-smi stand-in: answers from the recorded CSV until told to hang, as on a wedged driver
+case "$(cat {mode})" in hang) exec sleep 600 ;; esac
+case "$*" in
+  *--query-gpu*) cat {fixtures}/nvidia-smi-gpus.csv ;;
+  *--query-compute-apps*) cat {fixtures}/nvidia-smi-apps.csv ;;
+esac
+"""
+
+
+def bench_hung_collector(tmp: Path, scrapes: int = 50) -> dict[str, Any]:
+    """/metrics while the GPU collector's tool hangs (it times out every second)."""
+    mode, tool = tmp / "smi-mode", tmp / "nvidia-smi"
+    mode.write_text("ok")
+    tool.write_text(NVIDIA_SMI.format(mode=mode, fixtures=ROOT / "tests" / "fixtures" / "gpu"))
+    tool.chmod(0o755)
+    env = {"LENS_COLLECTORS__GPU__NVIDIA_SMI": str(tool),
+           "LENS_COLLECTORS__GPU__INTERVAL_SECONDS": "1",
+           "LENS_COLLECTORS__GPU__TIMEOUT_SECONDS": "1",
+           "LENS_DEVICES__SYSFS_ROOT": str(tmp),  # no amdgpu cards
+           "LENS_COLLECTORS__TCP__ENABLED": "false",
+           "LENS_COLLECTORS__PROCESSES__ENABLED": "false"}  # fmt: skip
+    agent = Agent(env, tmp / "agent-hung.log")
+    try:
+        idle = [agent.metrics()[1] for _ in range(scrapes)]
+        mode.write_text("hang")
+        while agent.sample("lens_gpu_reading_stale", vendor="nvidia") != 1:
+            time.sleep(0.1)
+        hung = []
+        for _ in range(scrapes):
+            hung.append(agent.metrics()[1])
+            time.sleep(0.05)
+    finally:
+        agent.stop()
+    ms = lambda xs: round(statistics.median(xs) * 1000, 1)  # noqa: E731
+    return {"scrapes": scrapes, "idle_ms": ms(idle), "hung_ms": ms(hung),
+            "hung_max_ms": round(max(hung) * 1000, 1)}  # fmt: skip
+
+
 def bench_storm(tmp: Path, ttl: float = 30) -> dict[str, Any]:
     """1,000,000 refused connects to distinct (address, port) pairs and 20,000 short
     connections from distinct addresses (tests/stormgen.c), with the default limits but a
@@ -488,6 +527,10 @@ def table(r: dict[str, Any]) -> str:
                 f"{lv['flows']} flows, RSS {lv['rss_mb']} MB (targets 250 ms, 150 MB)",
             )
         )
+    h = r["hung"]
+    rows.append(("/metrics, nvidia-smi hung", f"{h['hung_ms']} ms",
+                 f"median of {h['scrapes']} (max {h['hung_max_ms']} ms; {h['idle_ms']} ms "
+                 "before it hung): scrapes do not wait for a collector"))  # fmt: skip
     rows.append(
         (
             "cache at its cap",
@@ -516,7 +559,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10, help="each load phase")
     ap.add_argument("--soak", type=float, default=600, help="soak seconds (0: skip)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
-    ap.add_argument("--only", choices=("connections", "persistent", "execs", "scrape", "storm"),
+    ap.add_argument("--only", choices=("connections", "persistent", "execs", "scrape", "storm",
+                                       "hung"),
                     help="run one phase, print its figures as JSON, write nothing")  # fmt: skip
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -530,7 +574,8 @@ def main() -> int:
         phase = {"connections": bench_connections, "persistent": bench_persistent,
                  "execs": bench_execs,
                  "scrape": lambda _t, _s, tmp: bench_scrape(tmp),
-                 "storm": lambda _t, _s, tmp: bench_storm(tmp)}[args.only]  # fmt: skip
+                 "storm": lambda _t, _s, tmp: bench_storm(tmp),
+                 "hung": lambda _t, _s, tmp: bench_hung_collector(tmp)}[args.only]  # fmt: skip
         print(json.dumps(phase(tools, args.seconds, tmp), indent=1))
         return 0
     results["connections"] = bench_connections(tools, args.seconds, tmp)
@@ -538,6 +583,7 @@ def main() -> int:
     results["execs"] = bench_execs(tools, args.seconds, tmp)
     results["scrape"] = bench_scrape(tmp)
     results["storm"] = bench_storm(tmp)
+    results["hung"] = bench_hung_collector(tmp)
     if args.soak:
         results["soak"] = bench_soak(tools, args.soak, tmp)
     Path(args.out).write_text(json.dumps(results, indent=2))
