@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from lens_ebpf import __version__, kernel_headers, tracefs
 from lens_ebpf.api.event_api import EventApi
 from lens_ebpf.api.http import HttpServer, Response, json_response
+from lens_ebpf.api.loop import EventLoopThread
 from lens_ebpf.bpf.loader import BpfLoader, LoaderCollector
 from lens_ebpf.config import Config, policy_path
 from lens_ebpf.devices.collector import CollectorSet
@@ -66,8 +67,9 @@ class Agent:
         self.features: list[Feature] = [info.cls(self.ctx) for info in registered()]
         self.registry = CollectorRegistry(auto_describe=False)
         self.http: HttpServer | None = None
+        self.loop = EventLoopThread("aio")  # HTTP and gRPC: one loop, no thread per client
         self.events = EventApi(
-            cfg, self.ctx.bus, lambda: {k: v["state"] for k, v in self.views().items()}
+            cfg, self.ctx.bus, lambda: {k: v["state"] for k, v in self.views().items()}, self.loop
         )
         self.headers: kernel_headers.HeaderTree | None = None
 
@@ -84,7 +86,8 @@ class Agent:
             raise StartupError(f"gRPC: {exc}") from None
         try:
             self.http = HttpServer(host, port, self.registry, srv.max_connections,
-                                   srv.request_timeout_seconds, srv.max_header_bytes)  # fmt: skip
+                                   srv.request_timeout_seconds, srv.max_header_bytes,
+                                   self.loop)  # fmt: skip
         except OSError as exc:
             raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         routes = {"/healthz": self._healthz, "/readyz": self._readyz}
@@ -169,6 +172,7 @@ class Agent:
         """Stop the features in reverse, detach every program, stop serving."""
         if self.http is None:
             self.events.stop()  # the gRPC port may be held
+            self.loop.close()
             return  # nothing else was started
         self.stop_event.set()
         for t in self._threads:
@@ -179,4 +183,5 @@ class Agent:
         self.ctx.devices.stop()
         self.ctx.loader.close()
         self.http.stop()
+        self.loop.close()
         log.info("lens-ebpf stopped; all BPF programs detached")

@@ -56,7 +56,7 @@ class NodeConfig(_Section):
 class ServerConfig(_Section):
     host: str = "0.0.0.0"
     port: int = Field(9470, ge=0, le=65535)
-    max_connections: int = Field(256, ge=1, le=100_000)
+    max_connections: int = Field(10000, ge=1, le=100_000)
     request_timeout_seconds: float = Field(10.0, gt=0, le=3600)
     max_header_bytes: int = Field(65536, ge=1024, le=16 << 20)
 

@@ -8,76 +8,97 @@ exactly after the last event it wrote.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import signal
 import sys
 import threading
-from collections.abc import Iterator
-from concurrent import futures
-from functools import partial
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
+import grpc.aio
 from google.protobuf.json_format import MessageToDict
 
 from lens_ebpf.api.gen import lens_pb2 as pb
 from lens_ebpf.api.gen import lens_pb2_grpc
+from lens_ebpf.api.loop import EventLoopThread
 
 
 class Collector(lens_pb2_grpc.CollectorServiceServicer):
     """Acknowledges what it holds; subclasses store events elsewhere (_store) and may
-    hold them for good later than they accept them (_held, then notify _acked)."""
+    hold them for good later than they accept them (_held, then call _changed).
+
+    Report runs on grpc.aio: a reporter's stream is a coroutine, not a thread, so a
+    thousand agents cost a thousand waiting coroutines. The state is under a lock:
+    a subclass's commits arrive from its writer's thread."""
 
     def __init__(self, out: TextIO | None, last: dict[str, int] | None = None) -> None:
         self.out = out
         self.last = dict(last or {})  # the newest seq accepted per node
         self.duplicates = 0
+        self.streams = 0
         self._lock = threading.Lock()
-        self._acked = threading.Condition(self._lock)
+        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
 
-    def Report(self, request_iterator: Iterator[pb.Event], context: Any) -> Iterator[pb.Ack]:  # noqa: N802
+    def _changed(self) -> None:
+        """Wake every stream to see whether its node's acknowledgement moved (any thread)."""
+        for loop, wake in list(self._waiters):
+            loop.call_soon_threadsafe(wake.set)
+
+    async def Report(  # noqa: N802
+        self, request_iterator: AsyncIterator[pb.Event], context: Any
+    ) -> AsyncIterator[pb.Ack]:
         meta = dict(context.invocation_metadata())
         node = meta.get("lens-node", "unknown")
         with self._lock:
             sent = self._held(node)
         yield pb.Ack(seq=sent)  # where the reporter resumes
-        done = threading.Event()
-        reader = threading.Thread(target=self._read, args=(node, request_iterator, done),
-                                  name=f"collect-{node}", daemon=True)  # fmt: skip
-        reader.start()
-        while context.is_active():
-            with self._acked:
-                self._acked.wait_for(partial(self._moved, node, sent, done), 1.0)
-                seq = self._held(node)
-                finished = done.is_set() and seq >= self.last.get(node, 0)
-            if seq > sent:
-                sent = seq
-                yield pb.Ack(seq=seq)
-            if finished:
-                return
+        waiter = (asyncio.get_running_loop(), asyncio.Event())
+        wake, ended = waiter[1], asyncio.Event()
 
-    def _read(self, node: str, request_iterator: Iterator[pb.Event],
-              done: threading.Event) -> None:  # fmt: skip
+        async def read() -> None:
+            try:
+                async for ev in request_iterator:
+                    with self._lock:
+                        self._accept(node, ev)
+                    wake.set()
+            except Exception:  # the stream ended under us (cancelled, disconnected)
+                pass
+            finally:
+                ended.set()
+                wake.set()
+
+        self._waiters.add(waiter)
+        self.streams += 1
+        reader = asyncio.create_task(read())
         try:
-            for ev in request_iterator:
-                with self._acked:
-                    if ev.HasField("gap"):
-                        self._store(node, ev)
-                    elif ev.seq <= self.last.get(node, 0):
-                        self.duplicates += 1
-                    elif self._store(node, ev):  # else not held: the reporter sends it again
-                        self.last[node] = ev.seq
-                    self._acked.notify_all()
-        except Exception:  # the stream ended under us (cancelled, disconnected)
-            pass
+            while True:
+                await wake.wait()
+                wake.clear()
+                with self._lock:
+                    seq = self._held(node)
+                    finished = ended.is_set() and seq >= self.last.get(node, 0)
+                if seq > sent:
+                    sent = seq
+                    yield pb.Ack(seq=seq)
+                if finished:
+                    return
         finally:
-            done.set()
-            with self._acked:
-                self._acked.notify_all()
+            self.streams -= 1
+            self._waiters.discard(waiter)
+            reader.cancel()
 
-    def _moved(self, node: str, sent: int, done: threading.Event) -> bool:
-        return done.is_set() or self._held(node) > sent
+    def _accept(self, node: str, ev: pb.Event) -> None:
+        """One event of node's stream, with the lock held."""
+        if ev.HasField("gap"):
+            self._store(node, ev)
+        elif ev.seq <= self.last.get(node, 0):
+            self.duplicates += 1
+        elif self._store(node, ev):  # else not held: the reporter sends it again
+            self.last[node] = ev.seq
 
     def ack_seq(self, node: str) -> int:
         """The highest sequence number of node's events held for good."""
@@ -116,21 +137,41 @@ def recover(path: Path) -> dict[str, int]:
     return last
 
 
-def start(collector: Collector, listen: str,
-          credentials: grpc.ServerCredentials | None) -> tuple[grpc.Server, int]:  # fmt: skip
-    """A started gRPC server with collector behind it, and its port; OSError when listen is
-    taken."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
-    lens_pb2_grpc.add_CollectorServiceServicer_to_server(collector, server)
-    try:
-        port = server.add_secure_port(listen, credentials) if credentials else \
-            server.add_insecure_port(listen)  # fmt: skip
-    except RuntimeError:  # grpcio >= 1.66 raises where older ones answered 0
-        port = 0
-    if not port:
-        raise OSError(f"cannot listen on {listen}")
-    server.start()
-    return server, port
+class CollectorServer:
+    """The collector behind a grpc.aio server on loop (or one of its own)."""
+
+    def __init__(self, collector: Collector, listen: str,
+                 credentials: grpc.ServerCredentials | None,
+                 loop: EventLoopThread | None = None) -> None:  # fmt: skip
+        self.collector = collector
+        self._own_loop = loop is None
+        self._loop = loop or EventLoopThread("collect")
+        try:
+            self.port = self._loop.call(self._start(listen, credentials))
+        except BaseException:
+            if self._own_loop:
+                self._loop.close()
+            raise
+
+    async def _start(self, listen: str, credentials: grpc.ServerCredentials | None) -> int:
+        """Bound and started; OSError when listen is taken."""
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        lens_pb2_grpc.add_CollectorServiceServicer_to_server(self.collector, self.server)
+        try:
+            port = self.server.add_secure_port(listen, credentials) if credentials else \
+                self.server.add_insecure_port(listen)  # fmt: skip
+        except RuntimeError:  # grpc.aio raises where the sync server answered 0
+            port = 0
+        if not port:
+            raise OSError(f"cannot listen on {listen}")
+        await self.server.start()
+        return int(port)
+
+    def stop(self, grace: float = 1.0) -> None:
+        with contextlib.suppress(Exception):
+            self._loop.call(self.server.stop(grace), timeout=grace + 10)
+        if self._own_loop:
+            self._loop.close()
 
 
 def serve(listen: str, out_path: str | None, credentials: grpc.ServerCredentials | None) -> int:
@@ -140,7 +181,7 @@ def serve(listen: str, out_path: str | None, credentials: grpc.ServerCredentials
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     path = Path(out_path) if out_path else None
     out = open(path, "a") if path else sys.stdout  # noqa: SIM115 (open while serving)
-    server, _ = start(Collector(out, recover(path) if path else {}), listen, credentials)
+    server = CollectorServer(Collector(out, recover(path) if path else {}), listen, credentials)
     print(f"lens-ebpf collect: listening on {listen}", file=sys.stderr, flush=True)
     while not stop.wait(1):
         pass

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry
 
 from lens_ebpf.api.grpc_server import GrpcServer, server_credentials
+from lens_ebpf.api.loop import EventLoopThread
 from lens_ebpf.api.reporter import Reporter, ReporterCollector, channel_credentials
 from lens_ebpf.config import Config
 from lens_ebpf.events import EventBus
@@ -16,8 +17,9 @@ log = logging.getLogger(__name__)
 
 
 class EventApi:
-    def __init__(self, cfg: Config, bus: EventBus, features: Callable[[], dict[str, str]]) -> None:
-        self.cfg, self.bus, self.features = cfg, bus, features
+    def __init__(self, cfg: Config, bus: EventBus, features: Callable[[], dict[str, str]],
+                 loop: EventLoopThread | None = None) -> None:  # fmt: skip
+        self.cfg, self.bus, self.features, self.loop = cfg, bus, features, loop
         self.grpc: GrpcServer | None = None
         self.reporter: Reporter | None = None
 
@@ -30,7 +32,7 @@ class EventApi:
             self.grpc = GrpcServer(cfg.grpc.listen, self.bus, node, self.features,
                                    cfg.grpc.subscriber_queue,
                                    server_credentials(t.cert, t.key, t.client_ca),
-                                   cfg.grpc.max_subscribers)  # fmt: skip
+                                   cfg.grpc.max_subscribers, self.loop)  # fmt: skip
 
     def start(self, registry: CollectorRegistry) -> None:
         cfg, node = self.cfg, (self.cfg.node_name, self.cfg.node.ip)

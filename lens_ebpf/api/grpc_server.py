@@ -7,7 +7,6 @@ import contextlib
 import ipaddress
 import logging
 import socket
-import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from lens_ebpf import __version__
 from lens_ebpf.api import convert
 from lens_ebpf.api.gen import lens_pb2 as pb
 from lens_ebpf.api.gen import lens_pb2_grpc
+from lens_ebpf.api.loop import EventLoopThread
 from lens_ebpf.events import EventBus, Gap
 
 log = logging.getLogger(__name__)
@@ -149,18 +149,19 @@ class NodeService(lens_pb2_grpc.NodeServiceServicer):
 
 
 class GrpcServer:
-    """grpc.aio on its own event loop thread. The port is bound without SO_REUSEPORT: a
-    second agent on the same port fails to start instead of sharing it silently."""
+    """grpc.aio on the given event loop (the HTTP server's), or one of its own. The port
+    is bound without SO_REUSEPORT: a second agent on the same port fails to start instead
+    of sharing it silently."""
 
     def __init__(self, listen: str, bus: EventBus, node: tuple[str, str],
                  features: Callable[[], dict[str, str]], queue: int = 10000,
                  credentials: grpc.ServerCredentials | None = None,
-                 max_subscribers: int = 1000) -> None:  # fmt: skip
+                 max_subscribers: int = 1000,
+                 loop: EventLoopThread | None = None) -> None:  # fmt: skip
         self.events = EventService(bus, node, queue, max_subscribers)
         self._nodes = NodeService(bus, node, features)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="grpc", daemon=True)
-        self._thread.start()
+        self._own_loop = loop is None
+        self._loop = loop or EventLoopThread("grpc")
         try:
             self.port = self._call(self._bind(listen, credentials))
         except BaseException:
@@ -168,7 +169,7 @@ class GrpcServer:
             raise
 
     def _call(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(15)
+        return self._loop.call(coro, 15)
 
     async def _bind(self, listen: str, credentials: grpc.ServerCredentials | None) -> int:
         port_free(listen)
@@ -214,8 +215,8 @@ class GrpcServer:
         self._close_loop()
 
     def _close_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
+        if self._own_loop:
+            self._loop.close()
 
     def collector(self) -> Collector:
         return _GrpcCollector(self.events)

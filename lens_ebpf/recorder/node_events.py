@@ -91,11 +91,11 @@ class NodeEvents(Collector):
             for res in resources:
                 upsert(conn, t.pod_resources, res, ["pod_uid", "container", "source"])
 
-        def done() -> None:
-            with self._acked:
+        def done() -> None:  # on the writer's thread, once committed
+            with self._lock:
                 if row["seq"] is not None:
                     self.committed[node] = max(self.committed.get(node, 0), row["seq"])
                 self.stored[row["kind"]] = self.stored.get(row["kind"], 0) + 1
-                self._acked.notify_all()
+            self._changed()
 
         return self.writer.submit(Op("node_events", write, done))

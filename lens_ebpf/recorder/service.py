@@ -20,6 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
 from lens_ebpf.api.http import HttpServer, Response, json_response
+from lens_ebpf.api.loop import EventLoopThread
 from lens_ebpf.config import Config, split_listen
 from lens_ebpf.k8s.reflector import call_raw, watch_metrics
 from lens_ebpf.recorder import lifecycle as lc
@@ -76,8 +77,10 @@ class RecorderApp:
         self.registry = CollectorRegistry()
         self.registry.register(RecorderMetrics(self))
         host, port = split_listen(r.listen)
+        self.loop = EventLoopThread("aio")  # REST and the reporters' streams: one loop
         self.http = HttpServer(host, port, self.registry, cfg.server.max_connections,
-                               cfg.server.request_timeout_seconds)  # fmt: skip
+                               cfg.server.request_timeout_seconds, cfg.server.max_header_bytes,
+                               self.loop)  # fmt: skip
         self.http.add("/healthz", lambda: json_response(200, {"status": "ok"}))
         self.http.add("/readyz", self._ready)
         self.http.add_query("/workloads", self._workloads)
@@ -91,12 +94,14 @@ class RecorderApp:
         self.writer.start(self._stop)
         self.recorder.start()
         if self.cfg.recorder.collect_listen:
-            from lens_ebpf.api import collector_server, grpc_server
+            from lens_ebpf.api import grpc_server
+            from lens_ebpf.api.collector_server import CollectorServer
 
             tls = self.cfg.grpc.tls
             creds = grpc_server.server_credentials(tls.cert, tls.key, tls.client_ca)
             listen = self.cfg.recorder.collect_listen
-            self.grpc, self.collect_port = collector_server.start(self.node_events, listen, creds)
+            self.grpc = CollectorServer(self.node_events, listen, creds, self.loop)
+            self.collect_port = self.grpc.port
         if self.kubelet is not None:
             th = threading.Thread(target=self.kubelet.run, args=(self._stop,),
                                   name="recorder-kubelet-service", daemon=True)  # fmt: skip
@@ -116,6 +121,7 @@ class RecorderApp:
         for th in self._threads:
             th.join(timeout=3)
         self.http.stop()
+        self.loop.close()
         self.engine.dispose()
 
     # -- REST ----------------------------------------------------------------------

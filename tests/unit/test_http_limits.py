@@ -1,6 +1,9 @@
-"""The HTTP front under abusive clients: idle and dripping connections cut, a connection
+"""The HTTP front (aiohttp) under abusive clients: thousands of idle connections held
+while scrapes answer, idle and dripping heads cut after the request timeout, a connection
 cap, bounded request heads, and concurrent scrapes sharing one rendering."""
 
+import http.client
+import resource
 import socket
 import threading
 import urllib.request
@@ -11,7 +14,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
 from lens_ebpf.api.http import HttpServer
+from tests.agentproc import parse_samples
 from tests.conftest import hang_guard, wait_for
+
+IDLE = 5000
 
 
 class Slow:
@@ -42,8 +48,9 @@ def serve(**kw) -> tuple[HttpServer, Slow]:
 
 
 @pytest.fixture
-def http() -> Iterator[HttpServer]:
-    h, _ = serve(max_connections=600, request_timeout=2.0)
+def short() -> Iterator[HttpServer]:
+    """request_timeout 1 s: what idles or drips longer is cut."""
+    h, _ = serve(max_connections=600, request_timeout=1.0)
     yield h
     h.stop()
 
@@ -67,54 +74,91 @@ def closed(s: socket.socket, timeout: float) -> bool:
         return False
 
 
-def test_500_idle_connections_are_cut_and_scrapes_go_on(http: HttpServer) -> None:
-    idle = [socket.create_connection(("127.0.0.1", http.port)) for _ in range(500)]
+def sample(body: bytes, name: str) -> float:
+    return next(v for n, _, v in parse_samples(body.decode()) if n == name)
+
+
+def test_5000_idle_connections_and_a_slowloris_while_a_scrape_answers() -> None:
+    need = 2 * IDLE + 512  # both ends live in this process
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < need:
+        pytest.skip(f"needs {need} open files; the hard limit here is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need), hard))
+    # a timeout long enough that nothing is cut while the test holds them
+    http, _ = serve(max_connections=IDLE + 100, request_timeout=hang_guard(30))
+    idle = [socket.create_connection(("127.0.0.1", http.port)) for _ in range(IDLE)]
+    drip = socket.create_connection(("127.0.0.1", http.port))
     try:
-        wait_for(lambda: http._server.open == 500, "500 open connections")
-        assert get(http.port)[0] == 200  # served beside them
-        assert all(closed(s, hang_guard(5)) for s in idle)  # after request_timeout
-        assert http._server.cut >= 500
+        drip.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: a")
+        wait_for(lambda: http.counters.open == IDLE + 1, f"{IDLE + 1} connections open")
+        status, body = get(http.port)
+        assert status == 200
+        # every connection counted: the idle ones, the dripping one, the scrape's own
+        assert sample(body, "lens_agent_http_connections") == IDLE + 2
+        assert sample(body, "lens_agent_http_connections_refused_total") == 0
+        assert sample(body, "lens_agent_http_connections_timed_out_total") == 0
     finally:
-        for s in idle:
+        for s in (*idle, drip):
+            s.close()
+        http.stop()
+
+
+def test_idle_and_dripping_connections_are_cut_after_the_request_timeout(
+    short: HttpServer,
+) -> None:
+    idle = [socket.create_connection(("127.0.0.1", short.port)) for _ in range(50)]
+    drip = socket.create_connection(("127.0.0.1", short.port))
+    drip.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+
+    def cut() -> bool:  # a byte every 0.2 s: the head grows, yet never completes
+        try:
+            drip.sendall(b"a")
+        except OSError:
+            return True
+        return closed(drip, 0.2)
+
+    try:
+        wait_for(cut, "the dripping connection cut", every=0)
+        assert all(closed(s, hang_guard(5)) for s in idle)
+        assert get(short.port)[0] == 200  # served beside them
+        wait_for(lambda: short.counters.cut == 51, "51 connections counted as cut")
+    finally:
+        for s in (*idle, drip):
             s.close()
 
 
-def test_a_dripping_request_head_is_cut(http: HttpServer) -> None:
-    s = socket.create_connection(("127.0.0.1", http.port))
-    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-
-    def cut() -> bool:  # a byte every 0.2 s keeps each recv under the timeout
-        try:
-            s.sendall(b"a")
-        except OSError:
-            return True
-        return closed(s, 0.2)
-
-    try:  # the head never completes: cut once request_timeout (2 s) has passed
-        wait_for(cut, "the dripping connection cut", every=0)
+def test_a_keep_alive_connection_serves_request_after_request(short: HttpServer) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", short.port, timeout=hang_guard(5))
+    try:
+        for _ in range(3):  # each response starts the head's deadline again
+            conn.request("GET", "/metrics")
+            resp = conn.getresponse()
+            assert resp.status == 200 and b"lens_test_value 1.0" in resp.read()
     finally:
-        s.close()
+        conn.close()
+    assert short.counters.scrapes == 3
 
 
-def test_oversized_request_heads_are_refused(http: HttpServer) -> None:
-    s = socket.create_connection(("127.0.0.1", http.port))
+def test_oversized_request_heads_are_refused(short: HttpServer) -> None:
+    s = socket.create_connection(("127.0.0.1", short.port))
     head = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"".join(
         b"X-Pad-%d: %s\r\n" % (i, b"p" * 1000) for i in range(80)) + b"\r\n"  # fmt: skip
     s.sendall(head)  # 80 KB of headers: each line is short, the head is not
     s.settimeout(hang_guard(5))
     assert s.recv(64).startswith(b"HTTP/1.1 431")
     s.close()
+    assert short.counters.oversized == 1
 
 
 def test_connections_beyond_the_cap_get_503() -> None:
-    http, _ = serve(max_connections=5, request_timeout=30)
+    http, _ = serve(max_connections=5, request_timeout=hang_guard(30))
     held = [socket.create_connection(("127.0.0.1", http.port)) for _ in range(5)]
     try:
-        wait_for(lambda: http._server.open == 5, "5 open connections")
+        wait_for(lambda: http.counters.open == 5, "5 open connections")
         assert get(http.port)[0] == 503
-        assert http._server.refused == 1
+        assert http.counters.refused == 1
         held.pop().close()
-        wait_for(lambda: http._server.open < 5, "a connection closed")
+        wait_for(lambda: http.counters.open < 5, "a connection closed")
         assert get(http.port)[0] == 200
     finally:
         for s in held:
@@ -139,5 +183,17 @@ def test_concurrent_scrapes_share_one_rendering() -> None:
             t.join(hang_guard(10))
         assert len(got) == 10 and all(b"lens_test_value 1.0" in body for body in got)
         assert http.scrapes == 10 and http.renders == slow.calls == 1
+    finally:
+        http.stop()
+
+
+def test_unknown_paths_and_methods() -> None:
+    http, _ = serve()
+    try:
+        assert get(http.port, "/nope")[0] == 404
+        req = urllib.request.Request(f"http://127.0.0.1:{http.port}/metrics", data=b"x")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=hang_guard(5))
+        assert err.value.code == 405
     finally:
         http.stop()
