@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.agentproc import stop_process
+from tests.conftest import hang_guard
 
 BUSYBOX = shutil.which("busybox") or "/bin/busybox"
 APPLETS = ("sh", "true", "false", "echo", "sleep", "cat", "ls", "head", "tr")
@@ -39,12 +40,13 @@ class Containerd:
              "--address", str(self.sock)],
             stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + hang_guard(20)
         while time.monotonic() < deadline:
             if self.ctr("version", check=False).returncode == 0:
                 return
             time.sleep(0.2)
-        raise AssertionError("containerd did not start: " + (base / "log").read_text())
+        raise AssertionError("hang guard: containerd did not start: "
+                             + (base / "log").read_text())  # fmt: skip
 
     def _make_rootfs(self) -> None:
         for d in ("bin", "proc", "sys", "dev", "tmp", "etc"):
@@ -56,10 +58,10 @@ class Containerd:
                 link.symlink_to("busybox")
 
     def ctr(
-        self, *args: str, check: bool = True, timeout: float = 60
+        self, *args: str, check: bool = True, timeout: float = 15
     ) -> subprocess.CompletedProcess:
         return subprocess.run(["ctr", "--address", str(self.sock), *args], capture_output=True,
-                              text=True, check=check, timeout=timeout)  # fmt: skip
+                              text=True, check=check, timeout=hang_guard(timeout))  # fmt: skip
 
     def run(self, cid: str, *cmd: str, labels: dict[str, str] | None = None,
             devices: tuple[str, ...] = (), cgroup: str | None = None, memory: int = 0,
@@ -84,9 +86,11 @@ class Containerd:
 
     def remove(self, cid: str) -> None:
         self.ctr("task", "kill", "-s", "KILL", cid, check=False)
-        for _ in range(50):
-            if self.ctr("task", "rm", cid, check=False).returncode == 0:
-                break
+        # the task is removable once its process is gone; it may be gone already
+        deadline = time.monotonic() + hang_guard(5)
+        while self.ctr("task", "rm", cid, check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                break  # no task (it had ended): the container goes all the same
             time.sleep(0.1)
         self.ctr("container", "rm", cid, check=False)
 

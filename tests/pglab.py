@@ -12,6 +12,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from tests.conftest import hang_guard
+
+WAIT = str(int(hang_guard(60)))  # pg_ctl -w: seconds to wait for the server (a hang guard)
+
 
 def pg_bin() -> Path | None:
     """The newest installed server's bin directory."""
@@ -49,7 +53,8 @@ class Postgres:
 
     def _as_postgres(self, *args: str) -> None:
         subprocess.run(["runuser", "-u", "postgres", "--", *args], check=True, cwd="/",
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)  # fmt: skip
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       timeout=hang_guard(90))  # fmt: skip
 
     def init(self) -> Postgres:
         self._as_postgres(str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust",
@@ -61,11 +66,11 @@ class Postgres:
         opts = (f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off "
                 "-c full_page_writes=off")  # fmt: skip
         self._as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", opts, "-w",
-                          "-l", str(self.base / "log"), "start")  # fmt: skip
+                          "-t", WAIT, "-l", str(self.base / "log"), "start")  # fmt: skip
 
     def stop(self) -> None:
         self._as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate",
-                          "-w", "stop")  # fmt: skip
+                          "-w", "-t", WAIT, "stop")  # fmt: skip
 
     def create_database(self, name: str) -> str:
         """A new empty database; its SQLAlchemy URL."""
