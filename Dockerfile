@@ -1,8 +1,12 @@
-# lens-ebpf node agent: Debian 12 with python3-bpfcc, run as a privileged DaemonSet.
-# Kernel headers come from the host (/lib/modules, /usr/src mounted by deploy/);
-# the image carries Debian's linux-headers-amd64 as the fallback the agent links in
-# (another kernel's headers are safe: tracepoint fields and probe arguments only).
-FROM debian:bookworm-20241111-slim
+# Two images from one file, each installed by scripts/setup.sh:
+#   docker build --target agent   -t lens-ebpf:0.1.0 .          the node agent (DaemonSet)
+#   docker build --target cluster -t lens-ebpf-cluster:0.1.0 .  the cluster service
+# The agent: Debian 12 with python3-bpfcc, run privileged. Kernel headers come from the
+# host (/lib/modules, /usr/src mounted by deploy/); the image carries Debian's
+# linux-headers-amd64 as the fallback the agent links in (another kernel's headers are
+# safe: tracepoint fields and probe arguments only). The cluster service: Python and
+# its database drivers, no BCC and no headers.
+FROM debian:bookworm-20241111-slim AS cluster
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /opt/lens-ebpf
@@ -13,7 +17,26 @@ COPY lens_ebpf/ lens_ebpf/
 COPY bpf_programs/ bpf_programs/
 COPY policies/ policies/
 
-# The same install script the README's commands run (scripts/setup.sh).
+RUN scripts/setup.sh cluster-image
+
+ENV PATH=/opt/lens-ebpf/.venv/bin:$PATH \
+    PYTHONUNBUFFERED=1
+EXPOSE 9480 9472
+USER 65534
+ENTRYPOINT ["lens-ebpf"]
+CMD ["recorder"]
+
+FROM debian:bookworm-20241111-slim AS agent
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+WORKDIR /opt/lens-ebpf
+
+COPY pyproject.toml README.md ./
+COPY scripts/setup.sh scripts/setup.sh
+COPY lens_ebpf/ lens_ebpf/
+COPY bpf_programs/ bpf_programs/
+COPY policies/ policies/
+
 RUN scripts/setup.sh image
 
 ENV PATH=/opt/lens-ebpf/.venv/bin:$PATH \

@@ -15,7 +15,7 @@ import urllib.request
 
 from prometheus_client import CollectorRegistry
 
-from lens_ebpf.api.http import HttpServer
+from lens_ebpf.core.http import HttpServer
 
 # request_timeout_seconds: long enough that all N are held while they are being opened
 # (the default is 10 s)

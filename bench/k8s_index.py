@@ -15,9 +15,10 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from lens_ebpf.config import KubernetesConfig
-from lens_ebpf.k8s.cluster import ClusterWatch, api_client
-from lens_ebpf.k8s.index import ClusterIndex
+from lens_ebpf.agent.config import KubernetesConfig
+from lens_ebpf.agent.k8s.cluster import ClusterWatch
+from lens_ebpf.agent.k8s.index import ClusterIndex
+from lens_ebpf.k8s.client import api_client
 from tests.k8slab import FakeApiServer, owned, pod, service
 
 

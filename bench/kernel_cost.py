@@ -21,18 +21,18 @@ import sys
 import threading
 from pathlib import Path
 
-from lens_ebpf import config, kernel_headers
-from lens_ebpf.bpf.loader import BpfLoader
-from lens_ebpf.bpf.syscall import run_stats
-from lens_ebpf.containers.cgroups import CgroupIndex
-from lens_ebpf.containers.proc_events import ProcEvents
-from lens_ebpf.containers.resolver import ContainerResolver
-from lens_ebpf.containers.runtime import ContainerdState
-from lens_ebpf.enrich import Enrichment
-from lens_ebpf.events import EventBus
-from lens_ebpf.metrics.cache import MetricCache
-from lens_ebpf.net.policy import parse_policy
-from lens_ebpf.net.tcp_flows import TcpFlows
+from lens_ebpf.agent import config, kernel_headers
+from lens_ebpf.agent.bpf.loader import BpfLoader
+from lens_ebpf.agent.bpf.syscall import run_stats
+from lens_ebpf.agent.containers.cgroups import CgroupIndex
+from lens_ebpf.agent.containers.resolver import ContainerResolver
+from lens_ebpf.agent.containers.runtime import ContainerdState
+from lens_ebpf.agent.enrich import Enrichment
+from lens_ebpf.agent.events import EventBus
+from lens_ebpf.agent.metrics.cache import MetricCache
+from lens_ebpf.agent.net.policy import parse_policy
+from lens_ebpf.agent.processes.proc_events import ProcEvents
+from lens_ebpf.agent.tcp.tcp_flows import TcpFlows
 
 STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 

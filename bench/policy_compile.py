@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 import time
 
-from lens_ebpf.net.policy import MAX_PREFIXES, PolicyError, lpm_entries, parse_policy
+from lens_ebpf.agent.net.policy import MAX_PREFIXES, PolicyError, lpm_entries, parse_policy
 
 
 def lines(n: int, rng: random.Random) -> str:

@@ -17,10 +17,9 @@ from typing import Any
 
 from sqlalchemy import create_engine, func, select
 
-from lens_ebpf import config
-from lens_ebpf.k8s.cluster import api_client
-from lens_ebpf.recorder import schema
-from lens_ebpf.recorder.service import RecorderApp
+from lens_ebpf.cluster import config, schema
+from lens_ebpf.cluster.service import RecorderApp
+from lens_ebpf.k8s.client import api_client
 from tests.k8slab import FakeApiServer
 from tests.recorder.objects import gpu_pod, state, template
 

@@ -1,24 +1,35 @@
 #!/usr/bin/env bash
 # Installs what lens-ebpf needs on a Debian 12 machine, idempotently.
-#   scripts/setup.sh run    packages the agent needs, the venv, kernel headers, tracefs
-#   scripts/setup.sh test   the same plus what the test suite drives (containerd, runc,
-#                           prometheus, bpfcc-tools, gcc, QEMU, rdma-core's verbs
-#                           programs for Soft-RoCE in the guests, PostgreSQL for the
-#                           recorder's tests), the dev Python packages
-#                           and Debian's 5.10, 6.1 and 6.12 kernels for the kernel matrix
-#   scripts/setup.sh image  packages and venv only: the Dockerfile's install step; the
-#                           agent mounts tracefs and finds headers itself at start-up
-# The image installs with this same script, so its steps are tested where the README's are.
+#   scripts/setup.sh run     the node agent: its packages, the venv with .[agent], kernel
+#                            headers, tracefs
+#   scripts/setup.sh test    the same plus what the test suite drives (containerd, runc,
+#                            prometheus, bpfcc-tools, gcc, QEMU, rdma-core's verbs
+#                            programs for Soft-RoCE in the guests, PostgreSQL for the
+#                            cluster service's tests), the venv with .[dev] (both services
+#                            and the test tools) and Debian's 5.10, 6.1 and 6.12 kernels
+#                            for the kernel matrix
+#   scripts/setup.sh image   the agent image's install step (Dockerfile, target agent):
+#                            packages and venv only; the agent mounts tracefs and finds
+#                            headers itself at start-up
+#   scripts/setup.sh cluster-image
+#                            the cluster service's image (target cluster): Python and the
+#                            venv with .[cluster]; no BCC, no kernel headers
+# The images install with this same script, so its steps are tested where the README's are.
 set -euo pipefail
 mode=${1:-run}
 cd "$(dirname "$0")/.."
 
-run_pkgs=(python3-bpfcc python3-venv python3-pip linux-headers-amd64 iproute2 kmod)
-test_pkgs=(bpfcc-tools containerd runc prometheus gcc libc6-dev busybox-static openssl
-           qemu-system-x86 xz-utils zstd rdma-core ibverbs-providers ibverbs-utils
-           postgresql)
-pkgs=("${run_pkgs[@]}")
-[ "$mode" = test ] && pkgs+=("${test_pkgs[@]}")
+case "$mode" in
+  run|test|image) pkgs=(python3-bpfcc python3-venv python3-pip linux-headers-amd64 iproute2 kmod)
+                  extras="[agent]" ;;
+  cluster-image)  pkgs=(python3-venv python3-pip); extras="[cluster]" ;;
+  *) echo "setup: unknown mode $mode (run, test, image, cluster-image)" >&2; exit 2 ;;
+esac
+if [ "$mode" = test ]; then
+  pkgs+=(bpfcc-tools containerd runc prometheus gcc libc6-dev busybox-static openssl
+         qemu-system-x86 xz-utils zstd rdma-core ibverbs-providers ibverbs-utils postgresql)
+  extras="[dev]"
+fi
 
 missing=()
 for p in "${pkgs[@]}"; do
@@ -29,23 +40,21 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
   apt-get install -y -q --no-install-recommends "${missing[@]}"
-  [ "$mode" = image ] && rm -rf /var/lib/apt/lists/*
+  case "$mode" in *image) rm -rf /var/lib/apt/lists/* ;; esac
 fi
 
 # The venv sees Debian's python3-bpfcc through --system-site-packages.
 if [ ! -x .venv/bin/python ]; then
   /usr/bin/python3 -m venv --system-site-packages .venv
 fi
-extras=""
-[ "$mode" = test ] && extras="[dev]"
 stamp=.venv/.setup-stamp-${mode}
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-cache-dir -e ".${extras}"
   touch "$stamp"
 fi
 
-# tracefs and a kernel header tree BCC can compile against (lens_ebpf/kernel_headers.py).
-[ "$mode" = image ] || .venv/bin/python -m lens_ebpf.kernel_headers --prepare
+# tracefs and a kernel header tree BCC can compile against (lens_ebpf/agent/kernel_headers.py).
+case "$mode" in run|test) .venv/bin/python -m lens_ebpf.agent.kernel_headers --prepare ;; esac
 
 # The kernel matrix's kernels: the newest image of each series, resolved on every run
 # (Debian drops superseded ABIs) and cached. Without them the matrix skips, saying why.

@@ -55,7 +55,7 @@ def bpf_unavailable() -> str | None:
         import bcc  # noqa: F401
     except ImportError:
         return "BCC is not importable (install python3-bpfcc; run from .venv)"
-    from lens_ebpf import tracefs
+    from lens_ebpf.agent import tracefs
 
     if tracefs.ensure_mounted() is None:
         return "tracefs is not mounted and cannot be"

@@ -8,6 +8,7 @@ exactly after the last event it wrote.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -24,7 +25,9 @@ from google.protobuf.json_format import MessageToDict
 
 from lens_ebpf.api.gen import lens_pb2 as pb
 from lens_ebpf.api.gen import lens_pb2_grpc
-from lens_ebpf.api.loop import EventLoopThread
+from lens_ebpf.api.tls import server_credentials
+from lens_ebpf.core.commandline import CliError, run_command
+from lens_ebpf.core.loop import EventLoopThread
 
 
 class Collector(lens_pb2_grpc.CollectorServiceServicer):
@@ -41,11 +44,15 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
         self.duplicates = 0
         self.streams = 0
         self._lock = threading.Lock()
-        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        # node -> its streams' wake-ups (a node has one reporter; a reconnect may overlap)
+        self._waiters: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
 
-    def _changed(self) -> None:
-        """Wake every stream to see whether its node's acknowledgement moved (any thread)."""
-        for loop, wake in list(self._waiters):
+    def _changed(self, node: str) -> None:
+        """Wake node's streams to see whether its acknowledgement moved (from any thread);
+        only that node's: a thousand streams must not all wake for each commit."""
+        with self._lock:
+            waiters = list(self._waiters.get(node, ()))
+        for loop, wake in waiters:
             loop.call_soon_threadsafe(wake.set)
 
     async def Report(  # noqa: N802
@@ -71,7 +78,8 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
                 ended.set()
                 wake.set()
 
-        self._waiters.add(waiter)
+        with self._lock:
+            self._waiters.setdefault(node, set()).add(waiter)
         self.streams += 1
         reader = asyncio.create_task(read())
         try:
@@ -88,7 +96,11 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
                     return
         finally:
             self.streams -= 1
-            self._waiters.discard(waiter)
+            with self._lock:
+                mine = self._waiters.get(node, set())
+                mine.discard(waiter)
+                if not mine:
+                    self._waiters.pop(node, None)
             reader.cancel()
 
     def _accept(self, node: str, ev: pb.Event) -> None:
@@ -172,6 +184,28 @@ class CollectorServer:
             self._loop.call(self.server.stop(grace), timeout=grace + 10)
         if self._own_loop:
             self._loop.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`lens-ebpf collect`."""
+    ap = argparse.ArgumentParser(
+        prog="lens-ebpf collect", description="reference collector for the event reporter"
+    )
+    ap.add_argument("--listen", default="0.0.0.0:9472", help="HOST:PORT (default 0.0.0.0:9472)")
+    ap.add_argument("--out", help="append JSON lines here (default: stdout)")
+    ap.add_argument("--tls-cert", default="")
+    ap.add_argument("--tls-key", default="")
+    ap.add_argument("--tls-client-ca", default="", help="require client certificates (mTLS)")
+    args = ap.parse_args(argv)
+
+    def run() -> int:
+        creds = server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
+        try:
+            return serve(args.listen, args.out, creds)
+        except OSError as exc:
+            raise CliError(f"collect: {exc}") from None
+
+    return run_command(run)
 
 
 def serve(listen: str, out_path: str | None, credentials: grpc.ServerCredentials | None) -> int:

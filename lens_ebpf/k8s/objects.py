@@ -1,5 +1,5 @@
 """Pure readers of Kubernetes objects as the API serves them (JSON dicts): the few fields
-the agent keeps, so the index holds small records rather than whole objects."""
+either service keeps, so an index holds small records rather than whole objects."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from typing import Any
 
 import yaml
 
-from lens_ebpf.net.policy import Network, PolicyError, parse_networks
-
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 # Pods in these phases have released their IPs (a new pod may hold one now).
 FINISHED = ("Succeeded", "Failed")
 
@@ -117,10 +116,15 @@ def _cidrs(value: Any, source: str, key: str) -> tuple[Network, ...]:
     if value in (None, ""):
         return ()
     items = value.split(",") if isinstance(value, str) else value
-    try:
-        return parse_networks(items, key, source)
-    except PolicyError as exc:
-        raise ObjectError(str(exc)) from None
+    if not isinstance(items, list):
+        raise ObjectError(f"{source}: {key}: expected a list of CIDRs, got {value!r}")
+    out = []
+    for item in items:
+        try:
+            out.append(ipaddress.ip_network(str(item).strip(), strict=False))
+        except ValueError:
+            raise ObjectError(f"{source}: {key}: {item!r} is not a CIDR or an IP address") from None
+    return tuple(out)
 
 
 def kubeadm_networks(configmap: dict[str, Any]) -> tuple[tuple[Network, ...], tuple[Network, ...]]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
-from lens_ebpf.backoff import Backoff
+from lens_ebpf.core.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

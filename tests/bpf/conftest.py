@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from lens_ebpf import config, kernel_headers
-from lens_ebpf.bpf.loader import BpfLoader
-from lens_ebpf.bpf.program import RingProgram
-from lens_ebpf.events import EventBus, Subscription
-from lens_ebpf.metrics.cache import MetricCache
-from lens_ebpf.net.identity import NO_IDENTITY
-from lens_ebpf.net.policy import load_policy
-from lens_ebpf.net.tcp_flows import TcpFlows
+from lens_ebpf.agent import config, kernel_headers
+from lens_ebpf.agent.bpf.loader import BpfLoader
+from lens_ebpf.agent.bpf.program import RingProgram
+from lens_ebpf.agent.events import EventBus, Subscription
+from lens_ebpf.agent.metrics.cache import MetricCache
+from lens_ebpf.agent.net.identity import NO_IDENTITY
+from lens_ebpf.agent.net.policy import load_policy
+from lens_ebpf.agent.tcp.tcp_flows import TcpFlows
 from tests.conftest import hang_guard, netns_unavailable, wait_for
 from tests.netlab import Lab
 

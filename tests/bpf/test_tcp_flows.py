@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from lens_ebpf import tracefs
-from lens_ebpf.bpf.loader import ATTACHED, LoaderCollector
-from lens_ebpf.bpf.syscall import recursion_misses
-from lens_ebpf.net.policy import parse_policy
+from lens_ebpf.agent import tracefs
+from lens_ebpf.agent.bpf.loader import ATTACHED, LoaderCollector
+from lens_ebpf.agent.bpf.syscall import recursion_misses
+from lens_ebpf.agent.net.policy import parse_policy
 from tests.conftest import EMULATED, hang_guard, wait_for
 from tests.netlab import exchange, listener, recv_exact, sh
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lens_ebpf.k8s.index import ClusterIndex, OwnerResolver
-from lens_ebpf.net.tcp_rtt import LENS
+from lens_ebpf.agent.k8s.index import ClusterIndex, OwnerResolver
+from lens_ebpf.agent.tcp.tcp_rtt import LENS
 from tests.k8slab import owned, pod, service
 from tests.netlab import exchange, listener
 

@@ -8,13 +8,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from lens_ebpf import config
-from lens_ebpf.bpf.loader import BpfLoader
-from lens_ebpf.events import EventBus, EventFilter
-from lens_ebpf.metrics.cache import MetricCache
-from lens_ebpf.net.identity import NO_IDENTITY
-from lens_ebpf.net.policy import parse_policy
-from lens_ebpf.net.tcp_flows import TcpFlows, TcpFlowsCollector
+from lens_ebpf.agent import config
+from lens_ebpf.agent.bpf.loader import BpfLoader
+from lens_ebpf.agent.events import EventBus, EventFilter
+from lens_ebpf.agent.metrics.cache import MetricCache
+from lens_ebpf.agent.net.identity import NO_IDENTITY
+from lens_ebpf.agent.net.policy import parse_policy
+from lens_ebpf.agent.tcp.tcp_flows import TcpFlows, TcpFlowsCollector
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.bpf

@@ -9,14 +9,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from lens_ebpf import config
-from lens_ebpf.bpf.loader import BpfLoader
-from lens_ebpf.events import EventBus
-from lens_ebpf.metrics.cache import MetricCache
-from lens_ebpf.net.identity import NO_IDENTITY
-from lens_ebpf.net.policy import parse_policy
-from lens_ebpf.net.tcp_flows import TcpFlows
-from lens_ebpf.net.tcp_rtt import LENS, RTT_BOUNDS_US, SEED, SEED_BOUNDS_US
+from lens_ebpf.agent import config
+from lens_ebpf.agent.bpf.loader import BpfLoader
+from lens_ebpf.agent.events import EventBus
+from lens_ebpf.agent.metrics.cache import MetricCache
+from lens_ebpf.agent.net.identity import NO_IDENTITY
+from lens_ebpf.agent.net.policy import parse_policy
+from lens_ebpf.agent.tcp.tcp_flows import TcpFlows
+from lens_ebpf.agent.tcp.tcp_rtt import LENS, RTT_BOUNDS_US, SEED, SEED_BOUNDS_US
 from tests.netlab import in_netns, listener, recv_exact
 
 from .conftest import FlowRig

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lens_ebpf import probe, tracefs
-from lens_ebpf.probe import SPECS
+from lens_ebpf.agent import probe, tracefs
+from lens_ebpf.agent.probe import SPECS
 from tests.agentproc import AgentProc, free_port, run_cli
 from tests.conftest import EMULATED, wait_for
 from tests.netlab import exchange, listener

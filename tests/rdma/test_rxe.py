@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from lens_ebpf.containers.cgroups import CgroupIndex
-from lens_ebpf.containers.proc_events import pods_view
-from lens_ebpf.containers.resolver import ContainerResolver
-from lens_ebpf.containers.runtime import ContainerdState
-from lens_ebpf.devices.rdma import resources
-from lens_ebpf.devices.rdma.collector import RdmaCollector
-from lens_ebpf.enrich import Enrichment
-from lens_ebpf.k8s.index import ClusterIndex
+from lens_ebpf.agent.containers.cgroups import CgroupIndex
+from lens_ebpf.agent.containers.pods import pods_view
+from lens_ebpf.agent.containers.resolver import ContainerResolver
+from lens_ebpf.agent.containers.runtime import ContainerdState
+from lens_ebpf.agent.devices.rdma import resources
+from lens_ebpf.agent.devices.rdma.collector import RdmaCollector
+from lens_ebpf.agent.enrich import Enrichment
+from lens_ebpf.agent.k8s.index import ClusterIndex
 from tests.conftest import hang_guard, wait_for
 from tests.containerlab import Containerd, private_containerd
 from tests.k8slab import pod
@@ -262,7 +262,7 @@ def test_rxe_takes_per_qp_binding_but_keeps_no_counters(rxe: RdmaCollector) -> N
     no counter, so there are no per-QP series (absent, never zero)."""
     rdma = shutil.which("rdma")
     assert rdma is not None
-    from lens_ebpf.devices.rdma import qp_counters
+    from lens_ebpf.agent.devices.rdma import qp_counters
 
     rxe.bind = lambda device, port: qp_counters.bind_auto(rdma, device, port, 10)
     srv, cli = pingpong(10**7)

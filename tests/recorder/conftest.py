@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, select
 
-from lens_ebpf import config
+from lens_ebpf.cluster import config
 from tests import pglab
 from tests.k8slab import FakeApiServer
 
@@ -49,8 +49,8 @@ Factory = Callable[..., Any]
 @pytest.fixture()
 def recorder_app(api: FakeApiServer, tmp_path: Path) -> Iterator[Factory]:
     """make(db_url, **recorder settings) -> a started RecorderApp; all stopped at the end."""
-    from lens_ebpf.k8s.cluster import api_client
-    from lens_ebpf.recorder.service import RecorderApp
+    from lens_ebpf.cluster.service import RecorderApp
+    from lens_ebpf.k8s.client import api_client
 
     kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
     apps: list[Any] = []
@@ -80,7 +80,7 @@ def recorder_app(api: FakeApiServer, tmp_path: Path) -> Iterator[Factory]:
 
 def rows(url: str, table: str) -> list[dict[str, Any]]:
     """Every row of a table, as dicts, in insertion order where the table has one."""
-    from lens_ebpf.recorder import schema
+    from lens_ebpf.cluster import schema
 
     tab = schema.metadata.tables[table]
     eng = create_engine(url)

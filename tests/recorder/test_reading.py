@@ -17,7 +17,7 @@ import pytest
 import requests
 from sqlalchemy import create_engine, inspect
 
-from lens_ebpf.recorder import queries
+from lens_ebpf.cluster import queries
 from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer, eventually
 from tests.recorder.conftest import rows
@@ -258,8 +258,8 @@ def test_migrations_build_exactly_the_schema(db_url: str) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    from lens_ebpf.recorder import schema
-    from lens_ebpf.recorder.store import engine_for, upgrade
+    from lens_ebpf.cluster import schema
+    from lens_ebpf.cluster.store import engine_for, upgrade
 
     eng = engine_for(db_url)
     assert upgrade(eng) == "0001"

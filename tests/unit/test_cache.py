@@ -1,8 +1,8 @@
 from prometheus_client import CollectorRegistry
 
-from lens_ebpf.config import FamilyLimits
-from lens_ebpf.metrics.cache import COUNTER, GAUGE, HISTOGRAM, CacheCollector, MetricCache
-from lens_ebpf.metrics.exposition import render
+from lens_ebpf.agent.config import FamilyLimits
+from lens_ebpf.agent.metrics.cache import COUNTER, GAUGE, HISTOGRAM, CacheCollector, MetricCache
+from lens_ebpf.core.exposition import render
 
 
 class Clock:

@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from lens_ebpf import config
-from lens_ebpf.config import ConfigError
+from lens_ebpf.agent import config
+from lens_ebpf.core.settings import ConfigError
 
 
 def test_defaults_come_from_the_shipped_file() -> None:

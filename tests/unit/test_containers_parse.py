@@ -2,10 +2,11 @@ import json
 
 import pytest
 
-from lens_ebpf.containers.cgroups import cgroup2_root, cgroup_path, parse_cgroup
-from lens_ebpf.containers.proc_events import exit_class, pods_view
-from lens_ebpf.containers.resolver import systemd_cgroup_path
-from lens_ebpf.containers.runtime import device_group, parse_spec
+from lens_ebpf.agent.containers.cgroups import cgroup2_root, cgroup_path, parse_cgroup
+from lens_ebpf.agent.containers.pods import pods_view
+from lens_ebpf.agent.containers.resolver import systemd_cgroup_path
+from lens_ebpf.agent.containers.runtime import device_group, parse_spec
+from lens_ebpf.agent.processes.proc_events import exit_class
 
 CID = "3b2f" + "a" * 60
 UID = "6d0c3f2e-8a41-4b7e-9c55-0e1f2a3b4c5d"

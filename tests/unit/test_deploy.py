@@ -180,7 +180,7 @@ def recorder_documents() -> list[dict]:
 
 def test_recorder_manifests_round_trip_and_run_what_the_recorder_needs(tmp_path: Path) -> None:
     kubernetes = pytest.importorskip("kubernetes")
-    from lens_ebpf import config
+    from lens_ebpf.cluster import config
 
     api = kubernetes.client.ApiClient()
     models = {**MODELS, "Deployment": "V1Deployment",

@@ -5,9 +5,8 @@ import json
 
 import pytest
 
-from lens_ebpf.api import convert
-from lens_ebpf.api.gen import lens_pb2 as pb
-from lens_ebpf.events import (
+from lens_ebpf.agent.api import convert
+from lens_ebpf.agent.events import (
     KINDS,
     ContainerChange,
     DeviceChange,
@@ -20,6 +19,7 @@ from lens_ebpf.events import (
     ProcessEvent,
     RdmaUse,
 )
+from lens_ebpf.api.gen import lens_pb2 as pb
 
 FLOW = FlowClosed(ts_ns=1, pid=7, comm="curl", cgroup_id=3, family="ipv4", laddr="10.0.0.1",
                   lport=40000, raddr="10.0.0.7", rport=443, direction="egress",
@@ -134,12 +134,11 @@ def test_one_filter_for_subscribe_and_trace() -> None:
 def test_bus_stamps_each_event_once_in_order() -> None:
     bus = EventBus(queue_size=2, history=10)
     sub = bus.subscribe("t", accept=EventFilter(kinds=frozenset({"flow_closed"})))
-    first, ex, second = (dataclasses.replace(e) for e in (FLOW, EXEC, FLOW))
-    bus.publish(first)
-    bus.publish(ex)
-    bus.publish(second)
+    unnumbered = dataclasses.replace(FLOW)
+    first, ex, second = (bus.publish(e) for e in (unnumbered, EXEC, FLOW))
     assert (first.seq, ex.seq, second.seq) == (1, 2, 3)
     assert first.ts_unix_nano > 0
+    assert unnumbered.seq == 0  # numbered as a copy: an event is never changed
     assert [sub.get(0).seq, sub.get(0).seq] == [1, 3]  # type: ignore[union-attr]
     held, gone = bus.since(2)
     assert [e.seq for e in held] == [2, 3] and gone == 0
@@ -165,7 +164,7 @@ def test_bus_says_which_kinds_a_subscriber_can_take() -> None:
 
 def test_owner_fields_names_every_owner_field() -> None:
     """events.OwnerFields is the typed mirror of Owner's own fields: the two do not drift."""
-    from lens_ebpf.events import Event, Owner, OwnerFields, owner_fields
+    from lens_ebpf.agent.events import Event, Owner, OwnerFields, owner_fields
 
     own = {f.name for f in dataclasses.fields(Owner)} - {f.name for f in dataclasses.fields(Event)}
     assert set(OwnerFields.__annotations__) == own

@@ -3,9 +3,10 @@ its --no-collector flag, its routes, metrics, /readyz state and read cycle, with
 file touched. The toy feature here is such a module."""
 
 import json
+import re
 import urllib.request
 from collections.abc import Iterator
-from importlib import resources
+from pathlib import Path
 
 import pytest
 import yaml
@@ -13,25 +14,45 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 from pydantic import Field
 
-from lens_ebpf import cli, config, feature
-from lens_ebpf.agent import Agent
-from lens_ebpf.api.http import envelope
-from lens_ebpf.feature import RUNNING, Feature, Settings, register
+from lens_ebpf.agent import cli, config, feature
+from lens_ebpf.agent.feature import RUNNING, Feature, Settings, register
+from lens_ebpf.agent.registry import FEATURES
+from lens_ebpf.agent.service import Agent
+from lens_ebpf.core import settings
+from lens_ebpf.core.http import envelope
+from lens_ebpf.core.settings import ConfigError
 from tests.conftest import hang_guard
 
+ROOT = Path(__file__).resolve().parents[2]
 
-def test_every_feature_is_found_in_start_order() -> None:
-    names = [f.name for f in feature.registered()]
-    assert names == ["kubernetes", "tcp_flows", "processes", "kubelet", "pod_resources", "gpu",
-                     "rdma", "system", "tuner"]  # fmt: skip
-    assert list(feature.collector_settings()) == ["tcp", "rtt", "processes", "gpu", "rdma",
-                                                  "system", "tuner"]  # fmt: skip
+
+def declared() -> int:
+    """How many features the modules of the registry's packages declare (their source)."""
+    return sum(len(re.findall(r"^@register\(", path.read_text(), re.M))
+               for pkg in FEATURES.packages
+               for path in (ROOT / pkg.replace(".", "/")).rglob("*.py"))  # fmt: skip
+
+
+def test_every_declared_feature_is_found_with_its_sections() -> None:
+    found = feature.registered()
+    assert len({f.name for f in found}) == len(found) == declared()
+    assert all(issubclass(f.cls, Feature) for f in found)
+    assert [f.order for f in found] == sorted(f.order for f in found)  # start order
+    keys = [k for f in found for k in f.settings]
+    assert len(keys) == len(set(keys)), keys  # each section has one owner
+    shipped = yaml.safe_load(config.shipped())["collectors"]
+    readme = (ROOT / "README.md").read_text()
+    for key, model in feature.collector_settings().items():
+        assert issubclass(model, Settings)  # so `enabled` and --no-collector.<key>
+        assert key in shipped, f"collectors.{key} is not in agent/defaults.yaml"
+        assert f"collectors.{key}" in readme, f"the README says nothing of collectors.{key}"
+    assert set(cli.collectors()) == set(keys)
 
 
 def test_shipped_defaults_match_the_models() -> None:
     """defaults.yaml documents every default; the models hold them: the two agree."""
-    shipped = yaml.safe_load(resources.files("lens_ebpf").joinpath("defaults.yaml").read_text())
-    models = config.Config().model_dump()
+    shipped = yaml.safe_load(config.shipped())
+    models = settings.defaults(config.Config, [], FEATURES.settings())
 
     def walk(doc: dict, model: dict, where: str) -> None:
         for key, value in doc.items():
@@ -90,13 +111,13 @@ def toy() -> Iterator[type[ToyFeature]]:
     feature.registered()
     register("toy", order=40, settings={"toy": ToySettings})(ToyFeature)
     yield ToyFeature
-    del feature.REGISTRY["toy"]
+    del FEATURES.parts["toy"]
 
 
 def test_a_new_feature_brings_its_config_and_flag(toy) -> None:
     cfg = config.load(None, env={"LENS_COLLECTORS__TOY__GREETING": "hi"})
     assert cfg.collectors.section("toy") == ToySettings(greeting="hi")
-    with pytest.raises(config.ConfigError, match="collectors.toy.interval_seconds: Input should"):
+    with pytest.raises(ConfigError, match="collectors.toy.interval_seconds: Input should"):
         config.load(None, env={"LENS_COLLECTORS__TOY__INTERVAL_SECONDS": "0"})
     assert "toy" in cli.collectors()
     args = cli.build_parser().parse_args(["run", "--no-collector.toy"])
@@ -163,4 +184,4 @@ def test_a_feature_that_fails_to_start_makes_the_agent_not_ready() -> None:
         assert ready["features"]["system"]["state"] == "running"
     finally:
         agent.stop()
-        del feature.REGISTRY["broken"]
+        del FEATURES.parts["broken"]

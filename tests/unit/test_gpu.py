@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from lens_ebpf.devices.gpu import amd, nvidia
-from lens_ebpf.devices.gpu.collector import GpuCollector, dri_mapping, nvml_source
-from lens_ebpf.metrics.exposition import render_metrics
+from lens_ebpf.agent.devices.gpu import amd, nvidia
+from lens_ebpf.agent.devices.gpu.collector import GpuCollector, dri_mapping, nvml_source
+from lens_ebpf.core.exposition import render_metrics
 from tests.golden import check_golden
 
 FIX = Path(__file__).parent.parent / "fixtures" / "gpu"
@@ -197,7 +197,7 @@ def test_amd_gpu_metrics_table_clocks_and_throttling(tmp_path: Path) -> None:
 )
 def test_gpu_metrics_garbage_is_skipped_not_misread(data: bytes, revision: str) -> None:
     """A truncated table, or a layout other than 1.1-1.3, gives no values."""
-    from lens_ebpf.devices.gpu.model import GpuReading
+    from lens_ebpf.agent.devices.gpu.model import GpuReading
 
     r = GpuReading("amd", "0000:01:00.0")
     amd.parse_gpu_metrics(data, r)

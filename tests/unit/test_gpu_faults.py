@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from lens_ebpf.devices.gpu import faults
-from lens_ebpf.devices.gpu.collector import GpuCollector, nvml_source
-from lens_ebpf.events import GpuFault
+from lens_ebpf.agent.devices.gpu import faults
+from lens_ebpf.agent.devices.gpu.collector import GpuCollector, nvml_source
+from lens_ebpf.agent.events import GpuFault
 from tests.conftest import hang_guard
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
@@ -104,7 +104,7 @@ def test_the_kubelets_allocation_wins_over_processes(fake_nvml) -> None:
 
 
 def test_fault_series_are_bounded(fake_nvml, monkeypatch) -> None:
-    from lens_ebpf.devices.gpu import collector as mod
+    from lens_ebpf.agent.devices.gpu import collector as mod
 
     monkeypatch.setattr(mod, "MAX_FAULT_SERIES", 2)
     c, _ = collector(fake_nvml)
@@ -166,7 +166,7 @@ def test_nvml_xid_events_reach_the_collector_once_with_the_kernel_log(
 ) -> None:
     """An Xid through NVML's event API (GPU 0 registers; GPU 1 refuses, as GPUs without
     event support do) becomes a fault; the same Xid in the kernel log counts once."""
-    from lens_ebpf.devices.gpu import nvidia
+    from lens_ebpf.agent.devices.gpu import nvidia
 
     monkeypatch.setenv("FAKE_NVML_STATE", str(tmp_path))
     c, events = collector(fake_nvml)
@@ -222,7 +222,7 @@ def test_a_rise_in_uncorrectable_ecc_is_a_fault(fake_nvml, tmp_path, monkeypatch
 def test_amd_ras_in_the_kernel_log_and_the_counters_count_once() -> None:
     """amdgpu logs `2 uncorrectable hardware errors detected in umc block` and its RAS
     count rises by two: one fault of two errors."""
-    from lens_ebpf.devices.gpu.model import GpuReading
+    from lens_ebpf.agent.devices.gpu.model import GpuReading
 
     ue = {"n": 5}
 

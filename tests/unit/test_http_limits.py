@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
-from lens_ebpf.api.http import HttpServer
+from lens_ebpf.core.http import HttpServer
 from tests.agentproc import parse_samples
 from tests.conftest import hang_guard, wait_for
 
@@ -127,8 +127,16 @@ def test_idle_and_dripping_connections_are_cut_after_the_request_timeout(
             s.close()
 
 
-def test_a_keep_alive_connection_serves_request_after_request(short: HttpServer) -> None:
-    conn = http.client.HTTPConnection("127.0.0.1", short.port, timeout=hang_guard(5))
+@pytest.fixture
+def roomy() -> Iterator[HttpServer]:
+    """A timeout no slow machine reaches while a test talks to it."""
+    h, _ = serve(request_timeout=hang_guard(30))
+    yield h
+    h.stop()
+
+
+def test_a_keep_alive_connection_serves_request_after_request(roomy: HttpServer) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", roomy.port, timeout=hang_guard(5))
     try:
         for _ in range(3):  # each response starts the head's deadline again
             conn.request("GET", "/metrics")
@@ -136,18 +144,18 @@ def test_a_keep_alive_connection_serves_request_after_request(short: HttpServer)
             assert resp.status == 200 and b"lens_test_value 1.0" in resp.read()
     finally:
         conn.close()
-    assert short.counters.scrapes == 3
+    assert roomy.counters.scrapes == 3
 
 
-def test_oversized_request_heads_are_refused(short: HttpServer) -> None:
-    s = socket.create_connection(("127.0.0.1", short.port))
+def test_oversized_request_heads_are_refused(roomy: HttpServer) -> None:
+    s = socket.create_connection(("127.0.0.1", roomy.port))
     head = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"".join(
         b"X-Pad-%d: %s\r\n" % (i, b"p" * 1000) for i in range(80)) + b"\r\n"  # fmt: skip
     s.sendall(head)  # 80 KB of headers: each line is short, the head is not
     s.settimeout(hang_guard(5))
     assert s.recv(64).startswith(b"HTTP/1.1 431")
     s.close()
-    assert short.counters.oversized == 1
+    assert roomy.counters.oversized == 1
 
 
 def test_connections_beyond_the_cap_get_503() -> None:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from lens_ebpf.config import KubernetesConfig
-from lens_ebpf.k8s.cluster import ClusterWatch, NotConfigured, api_client, read_cluster_networks
-from lens_ebpf.k8s.index import Identity
+from lens_ebpf.agent.config import KubernetesConfig
+from lens_ebpf.agent.k8s.cluster import ClusterWatch, read_cluster_networks
+from lens_ebpf.agent.k8s.index import Identity
+from lens_ebpf.k8s.client import NotConfigured, api_client
 from tests.k8slab import FakeApiServer, eventually, owned, pod, service
 
 
@@ -195,8 +196,8 @@ def test_cluster_networks_sources() -> None:
 
 
 def test_remote_identity_refines_class_for_mapped_ipv4_and_keeps_unknowns() -> None:
-    from lens_ebpf.k8s.index import ClusterIndex
-    from lens_ebpf.net import identity
+    from lens_ebpf.agent.k8s.index import ClusterIndex
+    from lens_ebpf.agent.net import identity
 
     idx = ClusterIndex()
     idx.replace_pods([pod("p", "10.244.1.5", "ns1", owner=("StatefulSet", "db"))])
@@ -208,15 +209,14 @@ def test_remote_identity_refines_class_for_mapped_ipv4_and_keeps_unknowns() -> N
     assert identity.remote(idx.lookup, "externalHosts", "8.8.8.8") == (
         "externalHosts", identity.NO_IDENTITY)  # fmt: skip
     assert identity.remote(None, "k8sPod", "10.244.1.5") == ("k8sPod", identity.NO_IDENTITY)
-    ev = {"class": "internalHosts", "raddr": "fd00:96::10", "laddr": "10.244.1.5"}
-    got = identity.event_fields(idx.lookup, ev)
-    assert got["class"] == "k8sSvc" and got["remote_service"] == "s"
+    got = identity.flow_fields(idx.lookup, "internalHosts", "fd00:96::10", "10.244.1.5")
+    assert got["cls"] == "k8sSvc" and got["remote_service"] == "s"
     assert (got["namespace"], got["pod"], got["workload"]) == ("ns1", "p", "db")
 
 
 def test_identity_fields_reach_the_grpc_messages() -> None:
-    from lens_ebpf.api.convert import to_pb
-    from lens_ebpf.events import FlowClosed, ProcessEvent
+    from lens_ebpf.agent.api.convert import to_pb
+    from lens_ebpf.agent.events import FlowClosed, ProcessEvent
 
     flow = FlowClosed(
         seq=3, ts_ns=1, pid=1, comm="curl", cgroup_id=0, family="ipv4", laddr="10.244.1.5",
@@ -239,7 +239,7 @@ def test_identity_fields_reach_the_grpc_messages() -> None:
 def test_check_reports_the_api_and_its_version(
     api: FakeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lens_ebpf.probe import kubernetes_check
+    from lens_ebpf.agent.probe import kubernetes_check
 
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.delenv("KUBECONFIG", raising=False)

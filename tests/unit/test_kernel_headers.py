@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from lens_ebpf.kernel_headers import resolve
+from lens_ebpf.agent.kernel_headers import resolve
 
 
 def make_tree(root: Path, name: str, kconfig: bool) -> Path:

@@ -14,14 +14,10 @@ from typing import Any
 import pytest
 from prometheus_client.core import Metric
 
-from lens_ebpf.devices.collector import CollectorError
-from lens_ebpf.k8s.kubelet import (
-    KubeletClient,
-    KubeletCollector,
-    effective_request,
-    gpu_allocation,
-)
+from lens_ebpf.agent.k8s.kubelet import KubeletClient, KubeletCollector, gpu_allocation
+from lens_ebpf.core.collector import CollectorError
 from lens_ebpf.k8s.objects import ObjectError
+from lens_ebpf.k8s.resources import effective_request
 from tests.grpclab import make_certs
 
 FIX = Path(__file__).parent.parent / "fixtures" / "kubelet"

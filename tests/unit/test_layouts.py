@@ -6,7 +6,7 @@ import ctypes
 
 import pytest
 
-from lens_ebpf.bpf import layouts
+from lens_ebpf.agent.bpf import layouts
 
 
 def c_like(fields: list[tuple[str, type]]) -> type[ctypes.Structure]:

@@ -6,13 +6,14 @@ import socket
 
 from prometheus_client import CollectorRegistry
 
-from lens_ebpf.bpf import layouts
-from lens_ebpf.enrich import Enrichment
-from lens_ebpf.k8s.index import ClusterIndex
-from lens_ebpf.metrics.cache import CacheCollector, MetricCache
-from lens_ebpf.metrics.exposition import render
-from lens_ebpf.net import decode, tcp_flows, tcp_rtt
-from lens_ebpf.net.policy import CLASS_IDS
+from lens_ebpf.agent.bpf import layouts
+from lens_ebpf.agent.enrich import Enrichment
+from lens_ebpf.agent.k8s.index import ClusterIndex
+from lens_ebpf.agent.metrics.cache import CacheCollector, MetricCache
+from lens_ebpf.agent.net import identity
+from lens_ebpf.agent.net.policy import CLASS_IDS
+from lens_ebpf.agent.tcp import decode, tcp_flows, tcp_rtt
+from lens_ebpf.core.exposition import render
 from tests.golden import check_golden
 from tests.k8slab import pod, service
 
@@ -85,14 +86,15 @@ def network_cache(lookup=None) -> MetricCache:
         (("egress", "k8sSvc", "10.96.0.10", "80"), zero(failed=2, resets_recv=2)),
         (("egress", "dns", "10.53.0.53", "53"), zero(opened=1, closed=1, sent=40, recv=80)),
     ):  # fmt: skip
-        tcp_flows.apply_deltas(cache, key, grew, lookup)
+        tcp_flows.apply_deltas(cache, *identity.refine(lookup, key), grew)
     # one RTT key: 3 samples of 120, 180 and 4500 us
     rtt_key = layouts.RttKey((ctypes.c_uint8 * 16)(*addr16("10.0.0.7")), 0,
                              CLASS_IDS["internalHosts"], decode.AF_INET, 0)  # fmt: skip
     bins = [0] * layouts.RTT_BINS
     bins[tcp_rtt.RTT_BOUNDS_US.index(200)] = 2  # 120 and 180 us: the (100, 200] bin
     bins[tcp_rtt.RTT_BOUNDS_US.index(5000)] = 1
-    tcp_rtt.apply_rtt(cache, rtt_key, (3, 4800, *bins), lookup)
+    tcp_rtt.apply_rtt(cache, *identity.refine(lookup, decode.remote_labels(rtt_key)),
+                      (3, 4800, *bins))  # fmt: skip
     return cache
 
 

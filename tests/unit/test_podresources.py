@@ -10,11 +10,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from lens_ebpf.devices.gpu import amd, nvidia
-from lens_ebpf.devices.gpu.collector import GpuCollector
+from lens_ebpf.agent.devices.gpu import amd, nvidia
+from lens_ebpf.agent.devices.gpu.collector import GpuCollector
+from lens_ebpf.agent.k8s.podresources import DeviceOwner, PodResourcesCollector
 from lens_ebpf.k8s.gen import podresources_v1_pb2 as pb
 from lens_ebpf.k8s.gen import podresources_v1_pb2_grpc as pb_grpc
-from lens_ebpf.k8s.podresources import DeviceOwner, PodResourcesCollector
 
 GPU_FIX = Path(__file__).parent.parent / "fixtures" / "gpu"
 RESOURCES = ["amd.com/gpu", "nvidia.com/gpu"]

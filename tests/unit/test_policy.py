@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from lens_ebpf.net.policy import (
+from lens_ebpf.agent.net.policy import (
     CLASS_IDS,
     CLASS_NAMES,
     PolicyError,
@@ -180,7 +180,7 @@ def test_unreadable_policy(tmp_path: Path) -> None:
 
 
 def test_cluster_networks_fill_only_empty_classes() -> None:
-    from lens_ebpf.net.policy import with_cluster_networks
+    from lens_ebpf.agent.net.policy import with_cluster_networks
 
     pods = [ipaddress.ip_network("10.32.0.0/12")]
     svcs = [ipaddress.ip_network("10.112.0.0/12")]
@@ -199,8 +199,8 @@ def test_cluster_networks_fill_only_empty_classes() -> None:
 def test_policy_watcher_publishes_the_effective_policy(tmp_path) -> None:
     from ipaddress import ip_network
 
-    from lens_ebpf.net.policy import classify
-    from lens_ebpf.net.policy_watch import ClusterNetworks, PolicyWatcher
+    from lens_ebpf.agent.net.policy import classify
+    from lens_ebpf.agent.net.policy_watch import ClusterNetworks, PolicyWatcher
 
     path = tmp_path / "policy.yaml"
     path.write_text("internalHosts: [10.0.0.0/8]\n")

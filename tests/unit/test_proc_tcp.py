@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from lens_ebpf.net.proc_tcp import live_sockets, parse_proc_net_tcp
+from lens_ebpf.agent.net.proc_tcp import live_sockets, parse_proc_net_tcp
 
 FIX = Path(__file__).parent.parent / "fixtures" / "proc"
 

@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from lens_ebpf.devices.rdma import statistic, sysfs
-from lens_ebpf.devices.rdma.collector import RdmaCollector
-from lens_ebpf.metrics.exposition import render_metrics
+from lens_ebpf.agent.devices.rdma import statistic, sysfs
+from lens_ebpf.agent.devices.rdma.collector import RdmaCollector
+from lens_ebpf.core.exposition import render_metrics
 from tests.golden import check_golden
 
 FIX = Path(__file__).parent.parent / "fixtures" / "rdma"

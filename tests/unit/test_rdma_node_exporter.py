@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lens_ebpf.devices.rdma.collector import RdmaCollector
+from lens_ebpf.agent.devices.rdma.collector import RdmaCollector
 
 SYS = Path(__file__).parent.parent / "fixtures" / "rdma" / "sys"
 SATURATED = 4294967295

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lens_ebpf.devices.rdma import qp_counters
+from lens_ebpf.agent.devices.rdma import qp_counters
 
 FIX = Path(__file__).parent.parent / "fixtures" / "rdma"
 

@@ -12,12 +12,13 @@ import pytest
 from sqlalchemy import text
 
 from lens_ebpf.api.gen import lens_pb2 as pb
+from lens_ebpf.cluster import lifecycle as lc
+from lens_ebpf.cluster import queries
+from lens_ebpf.cluster.kubelet_service import node_addresses
+from lens_ebpf.cluster.node_events import agent_resources, event_row
+from lens_ebpf.cluster.store import Op, Writer, engine_for, redact, upgrade
+from lens_ebpf.core.settings import ConfigError, split_listen
 from lens_ebpf.k8s.objects import ObjectError
-from lens_ebpf.recorder import lifecycle as lc
-from lens_ebpf.recorder import queries
-from lens_ebpf.recorder.kubelet_service import node_addresses
-from lens_ebpf.recorder.node_events import agent_resources, event_row
-from lens_ebpf.recorder.store import Op, Writer, engine_for, redact, upgrade
 
 GPUS = ["amd.com/gpu", "nvidia.com/gpu"]
 
@@ -232,9 +233,9 @@ def test_a_refused_write_is_dropped_and_counted_and_the_rest_go_on(tmp_path: Pat
 
 
 def test_a_bad_recorder_listen_address_is_refused_naming_the_key() -> None:
-    from lens_ebpf import config
+    from lens_ebpf.cluster import config
 
-    with pytest.raises(config.ConfigError, match=r"recorder\.listen: .*HOST:PORT.*'nowhere'"):
+    with pytest.raises(ConfigError, match=r"recorder\.listen: .*HOST:PORT.*'nowhere'"):
         config.load(env={"LENS_RECORDER__LISTEN": "nowhere"})
-    assert config.split_listen("[::1]:9480") == ("::1", 9480)
-    assert config.split_listen(":9480") == ("0.0.0.0", 9480)
+    assert split_listen("[::1]:9480") == ("::1", 9480)
+    assert split_listen(":9480") == ("0.0.0.0", 9480)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from lens_ebpf.containers.proc_events import pods_view
-from lens_ebpf.containers.runtime import ContainerInfo, Device
-from lens_ebpf.devices.gpu import amd
-from lens_ebpf.devices.gpu.collector import GpuCollector, nvml_source
-from lens_ebpf.devices.rdma.collector import RdmaCollector
+from lens_ebpf.agent.containers.pods import pods_view
+from lens_ebpf.agent.containers.runtime import ContainerInfo, Device
+from lens_ebpf.agent.devices.gpu import amd
+from lens_ebpf.agent.devices.gpu.collector import GpuCollector, nvml_source
+from lens_ebpf.agent.devices.rdma.collector import RdmaCollector
 from tests import rest_contract
 from tests.golden import check_golden
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from lens_ebpf import tracefs
-from lens_ebpf.bpf.spec import KPROBE, TRACEPOINT, Kernel, resolve
-from lens_ebpf.containers import proc_events
-from lens_ebpf.net import tcp_flows
-from lens_ebpf.probe import feature_plans, feature_support
+from lens_ebpf.agent import tracefs
+from lens_ebpf.agent.bpf.spec import KPROBE, TRACEPOINT, Kernel, resolve
+from lens_ebpf.agent.probe import feature_plans, feature_support
+from lens_ebpf.agent.processes import proc_events
+from lens_ebpf.agent.tcp import tcp_flows
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tracefs"
 BYTES_FNS = frozenset({"tcp_sendmsg", "tcp_recvmsg", "inet_recvmsg", "inet6_recvmsg"})

@@ -1,8 +1,8 @@
 import shutil
 from pathlib import Path
 
-from lens_ebpf.devices.system import ProcSample, SystemCollector, health_score
-from lens_ebpf.metrics.exposition import render_metrics
+from lens_ebpf.agent.devices.system import ProcSample, SystemCollector, health_score
+from lens_ebpf.core.exposition import render_metrics
 from tests.golden import check_golden
 
 FIX = Path(__file__).parent.parent / "fixtures"

@@ -2,8 +2,9 @@ import argparse
 
 import pytest
 
-from lens_ebpf import cli, tracefs
-from lens_ebpf.trace import event_filter, format_flow, format_proc
+from lens_ebpf import cli
+from lens_ebpf.agent import tracefs
+from lens_ebpf.agent.trace import event_filter, format_flow, format_proc
 from tests.golden import check_golden
 
 FLOWS = [
@@ -22,7 +23,7 @@ FLOWS = [
 
 
 def test_human_table_layout_is_golden_and_fits_80_columns() -> None:
-    from lens_ebpf.trace import TCP_HEADER
+    from lens_ebpf.agent.trace import TCP_HEADER
 
     lines = [TCP_HEADER] + [format_flow(e, boot_offset=0.0) for e in FLOWS]
     assert all(len(line) <= 80 for line in lines)
@@ -93,7 +94,7 @@ def test_ebpf_prints_source_and_cflags(capsys) -> None:
 
 
 def test_trace_all_is_one_table_with_a_kind_column() -> None:
-    from lens_ebpf.trace import ALL_HEADER, format_any
+    from lens_ebpf.agent.trace import ALL_HEADER, format_any
 
     proc = {"kind": "process_exit", "ts_ns": 0, "pid": 31, "ppid": 1, "comm": "sh",
             "exit_code": 3, "signal": 0}  # fmt: skip

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from lens_ebpf import config
-from lens_ebpf.events import NodeTuned
-from lens_ebpf.features.tuner import (
+from lens_ebpf.agent import config
+from lens_ebpf.agent.events import NodeTuned
+from lens_ebpf.agent.features.tuner import (
     Tuner,
     TunerSettings,
     check_rows,
     desired_settings,
 )
+from lens_ebpf.core.settings import ConfigError
 
 
 def proc_sys(root: Path, values: dict[str, str]) -> Path:
@@ -103,7 +104,7 @@ def test_settings_refuse_namespaced_and_malformed_sysctls() -> None:
                      ({"kernel.shmmax": 1}, "belongs to a namespace"),
                      ({"vm/max_map_count": 1}, "not a sysctl name"),
                      ({"vm.max_map_count": -1}, "non-negative")):  # fmt: skip
-        with pytest.raises(config.ConfigError, match=why):
+        with pytest.raises(ConfigError, match=why):
             config.load(None, env={}, overrides={("collectors", "tuner", "sysctls"): bad})
     cfg = config.load(None, env={"LENS_COLLECTORS__TUNER__OPEN_FILES": "0"})
     s = cfg.collectors.section("tuner")

@@ -12,8 +12,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from lens_ebpf import tracefs
-from lens_ebpf.probe import SPECS
+from lens_ebpf.agent import tracefs
+from lens_ebpf.agent.probe import SPECS
 from tests.vm import kernels, qemu
 
 ROOT = Path(__file__).resolve().parents[2]

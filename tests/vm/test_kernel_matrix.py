@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from lens_ebpf import kernel_headers
+from lens_ebpf.agent import kernel_headers
 from tests.conftest import bpf_unavailable
 from tests.vm import kernels, qemu
 

@@ -1,0 +1,64 @@
+"""Typed events to lens.v1 protobuf messages, field by field under the same names.
+
+Every field of a payload message is read from the event by its name (a nested Identity
+from the event's owner fields), so a proto field that an event type lacks fails the
+conversion test rather than going out empty (tests/unit/test_events.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lens_ebpf.agent.events import KINDS, WIRE_ATTRS, Event, EventFilter
+from lens_ebpf.api.gen import lens_pb2 as pb
+
+_ONEOF = pb.Event.DESCRIPTOR.oneofs_by_name["payload"]
+# event kind -> payload message class (the oneof field is named after the kind)
+PAYLOADS: dict[str, Any] = {f.name: getattr(pb, f.message_type.name)  # type: ignore[union-attr]
+                            for f in _ONEOF.fields}  # fmt: skip
+
+
+def _plan(cls: Any) -> tuple[tuple[str, str], ...]:
+    """(proto field, event attribute) for each field of a message but identity."""
+    return tuple((f.name, WIRE_ATTRS.get(f.name, f.name)) for f in cls.DESCRIPTOR.fields
+                 if f.name != "identity")  # fmt: skip
+
+
+_IDENTITY = _plan(pb.Identity)
+# payload class -> its fields read from the event, and whether it carries an Identity
+_PLANS: dict[Any, tuple[tuple[tuple[str, str], ...], bool]] = {
+    cls: (_plan(cls), "identity" in cls.DESCRIPTOR.fields_by_name)
+    for cls in (*PAYLOADS.values(), pb.Identity)
+}
+
+
+def message(cls: Any, ev: Event) -> Any:
+    """One payload (or Identity) message, each field read from the event by its name;
+    a field the event lacks raises AttributeError."""
+    fields, identity = _PLANS[cls]
+    values = {name: getattr(ev, attr) for name, attr in fields}
+    if identity:
+        values["identity"] = pb.Identity(**{name: getattr(ev, attr) for name, attr in _IDENTITY})
+    return cls(**values)
+
+
+def to_pb(ev: Event, node_name: str, node_ip: str) -> pb.Event:
+    return pb.Event(seq=ev.seq, ts_unix_nano=ev.ts_unix_nano, node_name=node_name,
+                    node_ip=node_ip, **{ev.kind: message(PAYLOADS[ev.kind], ev)})  # fmt: skip
+
+
+def validate(req: pb.SubscribeRequest) -> str | None:
+    """Why a SubscribeRequest is malformed, or None."""
+    unknown = [k for k in req.kinds if k not in KINDS]
+    if unknown:  # named, but bounded: a request is not echoed back whole
+        shown = ", ".join(repr(k[:40]) for k in unknown[:5])
+        more = f" (+{len(unknown) - 5} more)" if len(unknown) > 5 else ""
+        return f"unknown kind(s) {shown}{more}; known: {', '.join(KINDS)}"
+    if req.from_seq < 0:
+        return f"from_seq must be 0 (live) or a sequence number, got {req.from_seq}"
+    return None
+
+
+def matcher(req: pb.SubscribeRequest) -> EventFilter:
+    return EventFilter(kinds=frozenset(req.kinds), namespace=req.namespace, pod=req.pod,
+                       container=req.container)  # fmt: skip

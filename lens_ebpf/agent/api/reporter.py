@@ -1,0 +1,158 @@
+"""Pushes events to a central collector, resuming after what the collector acknowledged.
+
+Events wait in a bounded replay buffer until acknowledged. On failure the reporter
+reconnects with exponential backoff and jitter; the collector's first Ack says
+where to resume. Events that fell out of the buffer before acknowledgement are
+counted as lost and announced with a gap marker (seq 0), never dropped silently.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Iterator
+
+import grpc
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from lens_ebpf.agent.api import convert
+from lens_ebpf.agent.events import Event, EventBus, Gap
+from lens_ebpf.api.gen import lens_pb2 as pb
+from lens_ebpf.api.gen import lens_pb2_grpc
+from lens_ebpf.core.backoff import Backoff
+
+log = logging.getLogger(__name__)
+
+
+class Reporter:
+    def __init__(self, target: str, bus: EventBus, node: tuple[str, str], buffer: int,
+                 credentials: grpc.ChannelCredentials | None = None,
+                 backoff_max: float = 30.0) -> None:  # fmt: skip
+        self.target = target
+        self.node = node
+        self.credentials = credentials
+        self.backoff_max = backoff_max
+        self.pending: collections.deque[Event] = collections.deque()
+        self.buffer = buffer
+        self.acked = 0
+        self.lost = 0
+        self.unreported_lost = 0
+        self.last_lost_seq = 0  # the newest event lost, which a gap is numbered after
+        self.sent = 0
+        self.connected = False
+        self.reconnects = 0
+        self._seen_bus_drops = 0
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._sub = bus.subscribe("reporter", maxsize=buffer)
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for target in (self._fill, self._run):
+            t = threading.Thread(target=target, name=f"reporter{target.__name__}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def _fill(self) -> None:
+        """Move events from the bus into the replay buffer, counting what overflows."""
+        while not self._stop.is_set():
+            ev = self._sub.get(timeout=0.5)
+            with self._cond:
+                bus_lost = self._sub.dropped - self._seen_bus_drops
+                if bus_lost:
+                    self._seen_bus_drops = self._sub.dropped
+                    self.lost += bus_lost
+                    self.unreported_lost += bus_lost
+                    self.last_lost_seq = max(self.last_lost_seq, self._sub.last_dropped_seq)
+                if ev is None:
+                    continue
+                self.pending.append(ev)
+                while len(self.pending) > self.buffer:
+                    self.last_lost_seq = max(self.last_lost_seq, self.pending.popleft().seq)
+                    self.lost += 1
+                    self.unreported_lost += 1
+                self._cond.notify_all()
+
+    def _requests(self, ready: threading.Event, done: threading.Event) -> Iterator[pb.Event]:
+        if not ready.wait(timeout=30):  # the collector's first Ack: where to resume
+            return
+        cursor = self.acked
+        while not self._stop.is_set() and not done.is_set():
+            with self._cond:
+                if self.unreported_lost:
+                    # numbered as the last event it stands for
+                    gap = Gap(
+                        lost=self.unreported_lost, reason="reporter_buffer", seq=self.last_lost_seq
+                    )
+                    self.unreported_lost = 0
+                    batch: list[Event] = [gap]
+                else:
+                    batch = [e for e in self.pending if e.seq > cursor]
+                    if not batch:
+                        self._cond.wait(timeout=0.5)
+                        continue
+            for ev in batch:
+                if ev.kind != "gap":
+                    cursor = ev.seq
+                self.sent += 1
+                yield convert.to_pb(ev, *self.node)
+
+    def _run(self) -> None:
+        backoff = Backoff(self.backoff_max, jitter=(0.5, 1.5))
+        while not self._stop.is_set():
+            ready, done = threading.Event(), threading.Event()
+            try:
+                channel = (grpc.secure_channel(self.target, self.credentials)
+                           if self.credentials else grpc.insecure_channel(self.target))  # fmt: skip
+                stub = lens_pb2_grpc.CollectorServiceStub(channel)
+                meta = (("lens-node", self.node[0]), ("lens-node-ip", self.node[1]))
+                for ack in stub.Report(self._requests(ready, done), metadata=meta):
+                    with self._cond:
+                        self.acked = ack.seq if not ready.is_set() else max(self.acked, ack.seq)
+                        while self.pending and self.pending[0].seq <= self.acked:
+                            self.pending.popleft()
+                    if not ready.is_set():
+                        self.connected = True
+                        backoff.reset()
+                        ready.set()
+                    if self._stop.is_set():
+                        break
+            except grpc.RpcError as exc:
+                log.debug("reporter: %s", exc)
+            finally:
+                done.set()
+                self.connected = False
+            if self._stop.is_set():
+                break
+            self.reconnects += 1
+            self._stop.wait(backoff.next())
+
+
+class ReporterCollector(Collector):
+    """What the reporter sent, lost and had acknowledged, and whether it is connected."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self._r = reporter
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        r = self._r
+        for name, family, value in (
+            ("lens_agent_reporter_sent", CounterMetricFamily, r.sent),
+            ("lens_agent_reporter_lost", CounterMetricFamily, r.lost),
+            ("lens_agent_reporter_acked_seq", GaugeMetricFamily, r.acked),
+            ("lens_agent_reporter_connected", GaugeMetricFamily, 1 if r.connected else 0),
+            ("lens_agent_reporter_reconnects", CounterMetricFamily, r.reconnects),
+        ):
+            yield family(name, "Event reporter", value=value)

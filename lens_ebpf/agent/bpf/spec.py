@@ -1,0 +1,226 @@
+"""What each BPF program needs from the kernel, and the ways to get it: one spec per program.
+
+The loader, `lens-ebpf check`, `/readyz` and trace all resolve the same spec against
+the running kernel (tracefs formats, kprobe support, kernel functions), so what check
+calls supported is what the loader attaches. A need lists its paths in order of
+preference; the first whose probe points all exist is chosen and its -D flag set.
+A tracepoint field that some kernels lack sets its own flag when present, and the C
+side degrades that one detail when it is not (DESIGN.md, rule 1 and Kernels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lens_ebpf.agent import tracefs
+
+TRACEPOINT, KPROBE = "tracepoint", "kprobe"
+
+
+@dataclass(frozen=True)
+class ProbePath:
+    """One way to get a need: tracepoints, or kernel functions probed at entry
+    ("fn") or return ("fn:return"); define is set when this path is chosen."""
+
+    kind: str
+    probes: tuple[str, ...]
+    define: str = ""
+
+    def functions(self) -> set[str]:
+        return {p.split(":", 1)[0] for p in self.probes} if self.kind == KPROBE else set()
+
+
+@dataclass(frozen=True)
+class Need:
+    """A capability of a program; optional ones leave the program loadable without them."""
+
+    name: str
+    paths: tuple[ProbePath, ...]
+    optional: bool = False
+    what_is_lost: str = ""
+
+
+@dataclass(frozen=True)
+class Field:
+    """A tracepoint field that not every kernel has; define is set when it exists."""
+
+    tracepoint: str
+    name: str
+    define: str
+    what_is_lost: str
+
+
+@dataclass(frozen=True)
+class ProgramSpec:
+    name: str
+    needs: tuple[Need, ...]
+    fields: tuple[Field, ...] = ()
+
+    def need(self, name: str) -> Need:
+        return next(n for n in self.needs if n.name == name)
+
+    def all_tracepoints(self) -> list[str]:
+        """Every tracepoint any path of this program may use (for check's listing)."""
+        out: list[str] = []
+        for n in self.needs:
+            for p in n.paths:
+                if p.kind == TRACEPOINT:
+                    out.extend(tp for tp in p.probes if tp not in out)
+        return out
+
+
+@dataclass
+class Kernel:
+    """What the running kernel offers probes: tracefs, kprobes, functions. Swappable."""
+
+    events: Path | None
+    kprobes: bool
+    functions: frozenset[str] = frozenset()
+
+    @classmethod
+    def running(cls, specs: Iterable[ProgramSpec] = ()) -> Kernel:
+        events = tracefs.events_dir()
+        kprobes = tracefs.kprobes_available()
+        wanted: set[str] = set()
+        for s in specs:
+            for n in s.needs:
+                for p in n.paths:
+                    wanted |= p.functions()
+        funcs = tracefs.kernel_functions(wanted) if kprobes and wanted else set()
+        return cls(events, kprobes, frozenset(funcs))
+
+    def has_tracepoint(self, tp: str) -> bool:
+        return self.events is not None and tracefs.tracepoint_exists(tp, self.events)
+
+    def fields(self, tp: str) -> frozenset[str]:
+        return tracefs.tracepoint_fields(tp, self.events) if self.events else frozenset()
+
+    def missing(self, path: ProbePath) -> list[str]:
+        """The probe points of path this kernel lacks, each with why."""
+        if path.kind == TRACEPOINT:
+            return [tp for tp in path.probes if not self.has_tracepoint(tp)]
+        if not self.kprobes:
+            return ["kprobes (kernel built without them)"]
+        return sorted(f"{fn}()" for fn in path.functions() - self.functions)
+
+
+@dataclass
+class Choice:
+    """What became of one need: the path taken, or off with why."""
+
+    need: str
+    path: ProbePath | None
+    reason: str  # why a fallback was taken, or why the need is off
+
+    @property
+    def label(self) -> str:
+        if self.path is None:
+            return "off"
+        return self.path.kind
+
+
+@dataclass
+class Plan:
+    """A spec resolved on one kernel: what to attach and compile with, and what is lost."""
+
+    spec: ProgramSpec
+    choices: dict[str, Choice]
+    defines: dict[str, int | str] = field(default_factory=dict)
+    missing_fields: list[Field] = field(default_factory=list)  # used, absent, something lost
+
+    @property
+    def degraded(self) -> list[str]:
+        """Each missing field, with what is lost."""
+        return [f"{f.tracepoint} has no {f.name}: {f.what_is_lost}" for f in self.missing_fields]
+
+    def degraded_for(self, needs: Iterable[str]) -> list[str]:
+        """The degradations that touch the tracepoints these needs attach."""
+        tps = {tp for n in needs if (p := self.choices[n].path) is not None for tp in p.probes}
+        return [d for f, d in zip(self.missing_fields, self.degraded, strict=True)
+                if f.tracepoint in tps]  # fmt: skip
+
+    @property
+    def loadable(self) -> bool:
+        return all(self.choices[n.name].path is not None for n in self.spec.needs if not n.optional)
+
+    @property
+    def off_reason(self) -> str:
+        return "; ".join(
+            f"{n.name}: {self.choices[n.name].reason}"
+            for n in self.spec.needs
+            if not n.optional and self.choices[n.name].path is None
+        )
+
+    def uses(self, need: str) -> bool:
+        return self.choices[need].path is not None
+
+    def _probes(self, kind: str) -> tuple[str, ...]:
+        return tuple(
+            p
+            for c in self.choices.values()
+            if c.path is not None and c.path.kind == kind
+            for p in c.path.probes
+        )
+
+    def tracepoints(self) -> tuple[str, ...]:
+        return self._probes(TRACEPOINT)
+
+    def kprobes(self) -> tuple[str, ...]:
+        return self._probes(KPROBE)
+
+    def paths(self) -> dict[str, str]:
+        """need -> "tracepoint", "kprobe" or "off" (for /readyz and check)."""
+        return {name: c.label for name, c in self.choices.items()}
+
+    def summary(self) -> str:
+        """One line: which needs took a fallback or are off, and which details degrade."""
+        parts = []
+        for need in self.spec.needs:
+            c = self.choices[need.name]
+            if not c.reason:
+                continue
+            lost = f": {need.what_is_lost}" if c.path is None and need.what_is_lost else ""
+            parts.append(f"{c.need}: {c.label} ({c.reason}){lost}")
+        parts.extend(self.degraded)
+        return "; ".join(parts)
+
+
+def resolve(spec: ProgramSpec, kernel: Kernel, disabled: Iterable[str] = ()) -> Plan:
+    """Choose a path per need (the first whose probe points exist) and the field flags."""
+    off = set(disabled)
+    choices: dict[str, Choice] = {}
+    defines: dict[str, int | str] = {}
+    for need in spec.needs:
+        if need.name in off:
+            choices[need.name] = Choice(need.name, None, "disabled by config")
+            continue
+        passed_over: list[str] = []
+        chosen = None
+        for path in need.paths:
+            missing = kernel.missing(path)
+            if not missing:
+                chosen = path
+                break
+            passed_over.append(f"no {path.kind}: {', '.join(missing)} missing")
+        reason = "; ".join(passed_over)
+        choices[need.name] = Choice(need.name, chosen, reason)
+        if chosen is not None and chosen.define:
+            defines[chosen.define] = 1
+    missing_fields = []
+    for f in spec.fields:
+        used = any(c.path is not None and f.tracepoint in c.path.probes for c in choices.values())
+        if not used:
+            continue
+        if f.name in kernel.fields(f.tracepoint):
+            defines[f.define] = 1
+        elif f.what_is_lost:
+            missing_fields.append(f)
+    return Plan(spec, choices, defines, missing_fields)
+
+
+def feature_path(paths: Iterable[str]) -> str:
+    """A feature's path from its needs' paths: kprobe where any fell back to one."""
+    used = {p for p in paths if p != "off"}
+    return KPROBE if KPROBE in used else TRACEPOINT if used else "off"

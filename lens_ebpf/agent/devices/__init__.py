@@ -1,0 +1,1 @@
+"""Device collectors: each module declares its feature (CollectorFeature) by name."""

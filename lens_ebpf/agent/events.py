@@ -1,0 +1,385 @@
+"""Typed events, the one filter every consumer uses, and the bus that fans them out.
+
+Each event kind is a frozen dataclass made by a decoder. Its fields carry the names the
+proto and `trace --json` use (`cls` is written `class`); `ev["name"]` and `ev.get()` read
+them by those names, for consumers that take events as records.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar, TypedDict
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+_WIRE = {"cls": "class"}  # field -> name outside Python (a keyword there)
+WIRE_ATTRS = {v: k for k, v in _WIRE.items()}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Event:
+    """What every event has: its kind, and the bus's sequence number and wall time
+    (stamped once by EventBus.publish, before any subscriber sees the event)."""
+
+    KINDS: ClassVar[tuple[str, ...]] = ()
+    kind: str
+    seq: int = 0
+    ts_unix_nano: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in self.KINDS:
+            raise ValueError(f"{type(self).__name__} has no kind {self.kind!r}")
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return getattr(self, WIRE_ATTRS.get(name, name))
+        except AttributeError:
+            raise KeyError(name) from None
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, WIRE_ATTRS.get(name, name), default)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The event by its wire names (trace --json, the reference collector)."""
+        return {_WIRE.get(f.name, f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Owner(Event):
+    """Who a process belongs to; empty strings for the host."""
+
+    container_id: str = ""
+    container: str = ""
+    pod: str = ""
+    namespace: str = ""
+    pod_uid: str = ""
+    workload_kind: str = ""
+    workload: str = ""
+
+
+class OwnerFields(TypedDict):
+    container_id: str
+    container: str
+    pod: str
+    namespace: str
+    pod_uid: str
+    workload_kind: str
+    workload: str
+
+
+def owner_fields(who: dict[str, str]) -> OwnerFields:
+    """An Owner's fields from an identity (Enrichment.pid, PodResources labels) that may
+    name only some of them; the rest empty."""
+    g = who.get
+    return OwnerFields(container_id=g("container_id", ""), container=g("container", ""),
+                       pod=g("pod", ""), namespace=g("namespace", ""),
+                       pod_uid=g("pod_uid", ""), workload_kind=g("workload_kind", ""),
+                       workload=g("workload", ""))  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FlowClosed(Event):
+    """A TCP flow that ended; abnormal_flow: one the policy's lists single out."""
+
+    KINDS = ("flow_closed", "abnormal_flow")
+    kind: str = "flow_closed"
+    ts_ns: int
+    pid: int
+    comm: str
+    cgroup_id: int
+    family: str
+    laddr: str
+    lport: int
+    raddr: str
+    rport: int
+    direction: str
+    cls: str
+    sent_bytes: int
+    received_bytes: int
+    retransmits: int
+    duration_ns: int
+    reason: str
+    # the remote, when the cluster index knows its address
+    remote_namespace: str = ""
+    remote_pod: str = ""
+    remote_workload_kind: str = ""
+    remote_workload: str = ""
+    remote_service: str = ""
+    # the pod on this node that holds the local address
+    namespace: str = ""
+    pod: str = ""
+    workload_kind: str = ""
+    workload: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProcessEvent(Owner):
+    """exec, exit or OOM kill of a process, with the container and pod it ran in."""
+
+    KINDS = ("process_exec", "process_exit", "oom_kill")
+    ts_ns: int
+    pid: int
+    ppid: int
+    comm: str
+    cgroup_id: int
+    cgroup: str
+    filename: str = ""  # process_exec
+    exit_code: int = 0  # process_exit: -1 unknown
+    signal: int = 0
+    oom_killed: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ContainerChange(Owner):
+    KINDS = ("container_start", "container_exit")
+    ts_ns: int
+    devices: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DeviceChange(Event):
+    KINDS = ("device_change",)
+    kind: str = "device_change"
+    vendor: str
+    bdf: str
+    change: str  # appeared, disappeared
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GpuFault(Owner):
+    """A GPU fault, and (as the owner) the pod that held the GPU when it happened."""
+
+    KINDS = ("gpu_fault",)
+    kind: str = "gpu_fault"
+    gpu_index: int
+    bdf: str
+    uuid: str
+    vendor: str
+    fault: str
+    code: str
+    message: str
+    pid: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RdmaUse(Owner):
+    """A container opened its first RDMA queue pair on a device (rdma_open), or has closed
+    its last (rdma_close)."""
+
+    KINDS = ("rdma_open", "rdma_close")
+    device: str
+    queue_pairs: int  # open now on the device (0 on rdma_close)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NodeTuned(Event):
+    """The system tuner raised a kernel setting."""
+
+    KINDS = ("node_tuned",)
+    kind: str = "node_tuned"
+    setting: str
+    old_value: int
+    new_value: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Gap(Event):
+    """Events a consumer did not get, and why."""
+
+    KINDS = ("gap",)
+    kind: str = "gap"
+    lost: int
+    reason: str
+
+
+EVENT_TYPES: tuple[type[Event], ...] = (FlowClosed, ProcessEvent, ContainerChange, DeviceChange,
+                                        GpuFault, NodeTuned, RdmaUse, Gap)  # fmt: skip
+KINDS: dict[str, type[Event]] = {k: t for t in EVENT_TYPES for k in t.KINDS}
+
+
+@dataclasses.dataclass(frozen=True)
+class EventFilter:
+    """Which events a consumer wants: gRPC Subscribe and `lens-ebpf trace` build one each.
+    An empty criterion takes everything; class only applies to events that have one."""
+
+    kinds: frozenset[str] = frozenset()
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""  # name, or a prefix of the id
+    comm: str = ""
+    cls: str = ""
+
+    def __call__(self, ev: Event) -> bool:
+        if self.kinds and ev.get("kind") not in self.kinds:
+            return False
+        if self.namespace and ev.get("namespace") != self.namespace:
+            return False
+        if self.pod and ev.get("pod") != self.pod:
+            return False
+        if self.comm and ev.get("comm") != self.comm[:15]:
+            return False
+        if self.cls and ev.get("class") not in (None, self.cls):
+            return False
+        return not (
+            self.container
+            and not (
+                ev.get("container") == self.container
+                or str(ev.get("container_id", "")).startswith(self.container)
+            )
+        )
+
+
+class Subscription:
+    """A bounded queue; when full the oldest event goes and the loss is counted."""
+
+    def __init__(
+        self, name: str, maxsize: int, accept: Callable[[Event], bool] | None = None,
+        notify: Callable[[], None] | None = None,
+    ) -> None:  # fmt: skip
+        self.name = name
+        self.accept = accept
+        self.notify = notify  # told when a put finds the queue empty (a reader's wake-up)
+        # the kinds it can accept (empty: any); producers skip work no one can take
+        self.kinds = accept.kinds if isinstance(accept, EventFilter) else frozenset[str]()
+        self.dropped = 0
+        self.last_dropped_seq = 0
+        self._queue: collections.deque[Event] = collections.deque()
+        self._maxsize = maxsize
+        self._cond = threading.Condition()
+
+    def put(self, event: Event) -> None:
+        with self._cond:
+            was_empty = not self._queue
+            if len(self._queue) >= self._maxsize:
+                self.last_dropped_seq = self._queue.popleft().seq
+                self.dropped += 1
+            self._queue.append(event)
+            self._cond.notify()
+        # a reader drains the queue before it waits again: telling it once is enough
+        if self.notify is not None and was_empty:
+            self.notify()
+
+    def get(self, timeout: float | None = None) -> Event | None:
+        with self._cond:
+            if not self._queue:
+                self._cond.wait(timeout)
+            return self._queue.popleft() if self._queue else None
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+
+class EventBus:
+    """Numbers events (seq, strictly increasing per agent), keeps a bounded history for
+    resume, and publishes each to every subscriber whose filter accepts it, in order."""
+
+    def __init__(self, queue_size: int, history: int = 0) -> None:
+        self.queue_size = queue_size
+        self._subs: list[Subscription] = []
+        self._lock = threading.Lock()
+        self.published: collections.Counter[str] = collections.Counter()
+        self.seq = 0
+        # maxlen 0 keeps nothing: no history without a flag to say so
+        self.history: collections.deque[Event] = collections.deque(maxlen=history)
+        self._dropped_gone: collections.Counter[str] = collections.Counter()
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call listener() after each subscribe and unsubscribe (from that thread)."""
+        self._listeners.append(listener)
+
+    def wants(self, kinds: frozenset[str]) -> bool:
+        """Whether any subscriber now can accept an event of one of these kinds."""
+        with self._lock:
+            return any(not sub.kinds or sub.kinds & kinds for sub in self._subs)
+
+    def _changed(self) -> None:
+        for listener in list(self._listeners):
+            listener()
+
+    def subscribe(
+        self,
+        name: str,
+        accept: Callable[[Event], bool] | None = None,
+        maxsize: int | None = None,
+        notify: Callable[[], None] | None = None,
+    ) -> Subscription:
+        sub = Subscription(name, maxsize or self.queue_size, accept, notify)
+        with self._lock:
+            self._subs.append(sub)
+        self._changed()
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        with self._lock:
+            if sub in self._subs:
+                self._subs.remove(sub)
+                self._dropped_gone[sub.name] += sub.dropped
+        self._changed()
+
+    def publish(self, event: Event) -> Event:
+        """Number the event (a copy: events are frozen) and hand it to every subscriber
+        that accepts it; the numbered event."""
+        with self._lock:
+            self.seq += 1
+            event = dataclasses.replace(
+                event, seq=self.seq, ts_unix_nano=event.ts_unix_nano or time.time_ns()
+            )
+            self.published[event.kind] += 1
+            self.history.append(event)
+            for sub in self._subs:
+                if sub.accept is None or sub.accept(event):
+                    sub.put(event)
+        return event
+
+    def since(self, seq: int) -> tuple[list[Event], int]:
+        """Events with seq >= the given one still held, and how many older ones are gone."""
+        with self._lock:
+            held = [e for e in self.history if e.seq >= seq]
+            first = self.history[0].seq if self.history else self.seq + 1
+        return held, max(0, first - seq)
+
+    def dropped_by_subscriber(self) -> dict[str, int]:
+        with self._lock:
+            out = collections.Counter(self._dropped_gone)
+            for sub in self._subs:
+                out[sub.name] += sub.dropped
+        return dict(out)
+
+    def subscriptions(self) -> list[Subscription]:
+        with self._lock:
+            return list(self._subs)
+
+
+class EventBusCollector(Collector):
+    """Events published by kind, and events each subscriber lost to a full queue."""
+
+    def __init__(self, bus: EventBus) -> None:
+        self._bus = bus
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        pub = Metric("lens_agent_events_published", "Events published by kind", "counter")
+        for kind, n in sorted(self._bus.published.items()):
+            pub.add_sample("lens_agent_events_published_total", {"kind": kind}, n)
+        lost = Metric(
+            "lens_agent_subscriber_events_dropped",
+            "Events a subscriber lost because its queue was full",
+            "counter",
+        )
+        for name, n in sorted(self._bus.dropped_by_subscriber().items()):
+            lost.add_sample("lens_agent_subscriber_events_dropped_total", {"subscriber": name}, n)
+        live = Metric("lens_agent_subscribers", "Subscribers attached to the event bus", "gauge")
+        counts = collections.Counter(s.name for s in self._bus.subscriptions())
+        for name, n in sorted(counts.items()):
+            live.add_sample("lens_agent_subscribers", {"subscriber": name}, n)
+        yield pub
+        yield lost
+        yield live

@@ -1,0 +1,208 @@
+"""The agent's features: a BPF program, or a device or cluster collector.
+
+Its module declares it with `@register(name, order=..., settings={...})`
+(agent/registry.py, core/registry.py): its config models (each one the section
+`collectors.<key>`, switched by `enabled` and `--no-collector.<key>`), and a class that
+the Agent builds with a Context (what it consumes), starts when enabled, asks for its
+collectors, routes and status, reads each cycle, and stops in reverse order. Modules are
+found in the registry's packages: adding a feature touches its own module, its test, its
+fixture and the README.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from pydantic import BaseModel
+
+from lens_ebpf.agent.bpf.loader import ATTACHED
+from lens_ebpf.agent.registry import FEATURES
+from lens_ebpf.core.collector import PeriodicCollector
+from lens_ebpf.core.http import Response, envelope
+from lens_ebpf.core.registry import Registered
+from lens_ebpf.core.settings import Section
+
+if TYPE_CHECKING:
+    from lens_ebpf.agent.bpf.loader import BpfLoader
+    from lens_ebpf.agent.bpf.spec import Kernel, Plan, ProgramSpec
+    from lens_ebpf.agent.config import Config
+    from lens_ebpf.agent.enrich import Enrichment
+    from lens_ebpf.agent.events import EventBus
+    from lens_ebpf.agent.metrics.cache import MetricCache
+    from lens_ebpf.agent.net.policy_watch import PolicyWatcher
+    from lens_ebpf.core.collector import CollectorSet
+
+RUNNING, OFF, ERROR = "running", "off", "error"  # a BPF feature's running state: ATTACHED
+S = TypeVar("S", bound=BaseModel)
+
+
+class Settings(Section):
+    """A feature's config section: collectors.<key>; unknown keys are errors."""
+
+    enabled: bool = True
+
+
+def _none() -> dict[str, Any]:
+    return {}
+
+
+@dataclass
+class Offers:
+    """What one feature offers the others, each asked at the time of use (the offering
+    feature may start after the one that asks); the defaults answer for a feature that
+    is off."""
+
+    gpu_count: Callable[[], int] = lambda: 0
+    gpu_devices: Callable[[], dict[str, Any]] = _none  # GPU index -> its device record
+    gpu_assignments: Callable[[], dict[str, Any]] = _none  # GPU -> pod (kubelet's view)
+    rdma_devices: Callable[[], dict[str, Any]] = _none  # RDMA device -> its record
+
+
+@dataclass
+class Context:
+    """What the Agent hands every feature at construction."""
+
+    cfg: Config
+    cache: MetricCache
+    bus: EventBus
+    loader: BpfLoader
+    enrich: Enrichment
+    policy: PolicyWatcher
+    devices: CollectorSet  # device collectors, refreshed on their own intervals
+    stop: threading.Event
+    spawn: Callable[[str, Callable[[], None]], None]
+    offers: Offers = field(default_factory=Offers)
+
+    def settings(self, key: str, model: type[S]) -> S:
+        """This feature's typed section of the config."""
+        got = self.cfg.collectors.section(key)
+        assert isinstance(got, model), f"collectors.{key} is a {type(got).__name__}"
+        return got
+
+
+class Feature:
+    """Base: a feature that does nothing; subclasses override what they have."""
+
+    name: ClassVar[str] = ""
+    specs: ClassVar[tuple[ProgramSpec, ...]] = ()  # the BPF programs it loads (bpf/spec.py)
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.state: dict[str, Any] = {"state": OFF, "reason": "not started"}
+
+    def enabled(self) -> str:
+        """Why this feature stays off by configuration; "" when it should start."""
+        return ""
+
+    def start(self) -> None:
+        """Start; set self.state (raise only for what should stop the agent)."""
+        self.state = {"state": RUNNING, "reason": ""}
+
+    def views(self) -> dict[str, dict[str, Any]]:
+        """Feature name -> its state as /readyz shows it (one program may feed two)."""
+        return {self.name: self.state}
+
+    def collectors(self) -> list[Collector]:
+        return []
+
+    def report(self) -> dict[str, Any]:
+        """Top-level /readyz sections this feature adds (kubernetes: its watches)."""
+        return {}
+
+    def routes(self) -> dict[str, Callable[[], Response]]:
+        """HTTP routes; served whether or not the feature runs (empty data when off)."""
+        return {}
+
+    def read(self) -> None:
+        """Each read cycle of the agent (BPF maps into the cache)."""
+
+    def stop(self) -> None:
+        """Release what start took."""
+
+    @classmethod
+    def plans(cls, kernel: Kernel) -> dict[str, tuple[Plan, list[str]]]:
+        """BPF features: feature -> (its program's plan on kernel, the needs it covers)."""
+        return {}
+
+
+register = FEATURES.register
+
+
+def registered() -> list[Registered]:
+    """Every feature, in start order, after importing the modules that declare them."""
+    return FEATURES.registered()
+
+
+def feature_classes() -> list[type[Feature]]:
+    """Every feature's class, in start order."""
+    return [cast(type[Feature], info.cls) for info in registered()]
+
+
+def collector_settings() -> dict[str, type[BaseModel]]:
+    """collectors.<key> -> its model, in start order (config and --no-collector flags)."""
+    return FEATURES.settings()
+
+
+class CollectorFeature(Feature, abc.ABC):
+    """A periodic collector as a feature: built by make(), refreshed in the agent's
+    CollectorSet; VIEWS maps each REST route to (its JSON view, the answer when off)."""
+
+    VIEWS: ClassVar[dict[str, tuple[str, Any]]] = {}
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.collector: PeriodicCollector | None = None
+
+    def enabled(self) -> str:
+        return "" if self.ctx.settings(self.name, Settings).enabled else "disabled by config"
+
+    @abc.abstractmethod
+    def make(self) -> PeriodicCollector:
+        """The collector, from this feature's settings."""
+
+    def start(self) -> None:
+        self.collector = self.make()
+        self.ctx.devices.add(self.collector)
+        self.state = {"state": RUNNING, "reason": ""}
+
+    def view(self, name: str) -> Any:
+        return self.collector.views.get(name) if self.collector is not None else None
+
+    def routes(self) -> dict[str, Callable[[], Response]]:
+        def route(view: str, empty: Any) -> Callable[[], Response]:
+            def answer() -> Response:
+                got = self.view(view)
+                return envelope(empty if got is None else got)
+
+            return answer
+
+        return {path: route(view, empty) for path, (view, empty) in self.VIEWS.items()}
+
+
+class FeatureCollector(Collector):
+    """Agent self metrics: build info, and which features run (by which probe path)."""
+
+    def __init__(self, views: Callable[[], dict[str, dict[str, Any]]]) -> None:
+        self._views = views
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        from lens_ebpf import __version__
+
+        info = GaugeMetricFamily("lens_agent_build_info", "Agent version", labels=("version",))
+        info.add_metric((__version__,), 1)
+        yield info
+        up = GaugeMetricFamily("lens_agent_feature_up", "1 when a feature is running",
+                               labels=("feature", "path"))  # fmt: skip
+        for name, f in self._views().items():
+            # path: tracepoint or kprobe for BPF features; "" for the others
+            up.add_metric((name, f.get("path", "")), 1 if f["state"] in (ATTACHED, RUNNING) else 0)
+        yield up

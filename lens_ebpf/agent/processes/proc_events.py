@@ -1,0 +1,139 @@
+"""Loads bpf_programs/proc_events.c; attributes exec, exit and OOM records to containers."""
+
+from __future__ import annotations
+
+import logging
+
+from lens_ebpf.agent.bpf import layouts
+from lens_ebpf.agent.bpf.layouts import c_text, record_struct
+from lens_ebpf.agent.bpf.loader import BpfLoader, plan_for
+from lens_ebpf.agent.bpf.program import RingProgram
+from lens_ebpf.agent.bpf.spec import TRACEPOINT, Field, Need, ProbePath, ProgramSpec
+from lens_ebpf.agent.config import Config
+from lens_ebpf.agent.enrich import Enrichment
+from lens_ebpf.agent.events import EventBus, ProcessEvent
+from lens_ebpf.agent.metrics.cache import COUNTER, MetricCache
+
+log = logging.getLogger(__name__)
+
+NAME = "proc_events"
+# What proc_events.c needs, and what is lost without the optional parts (bpf/spec.py).
+SPEC = ProgramSpec(
+    NAME,
+    needs=(
+        Need("fork", (ProbePath(TRACEPOINT, ("sched:sched_process_fork",)),)),
+        Need("exec", (ProbePath(TRACEPOINT, ("sched:sched_process_exec",)),)),
+        Need("exit", (ProbePath(TRACEPOINT, ("sched:sched_process_exit",)),)),
+        Need("exit_codes", (ProbePath(TRACEPOINT, ("syscalls:sys_enter_exit_group",
+                                                   "syscalls:sys_enter_exit"), "LENS_EXIT_CODES"),),
+             optional=True, what_is_lost="exits carry no exit code"),
+        Need("signals", (ProbePath(TRACEPOINT, ("signal:signal_deliver",), "LENS_SIGNALS"),),
+             optional=True, what_is_lost="exits carry no killing signal"),
+        Need("oom", (ProbePath(TRACEPOINT, ("oom:mark_victim",), "LENS_OOM"),), optional=True,
+             what_is_lost="no OOM kill events"),
+    ),
+    fields=(
+        Field("sched:sched_process_exit", "group_dead", "LENS_TP_EXIT_GROUP_DEAD",
+              "the thread-group leader's exit stands for the process's"),
+        Field("oom:mark_victim", "data_loc_comm", "LENS_TP_OOM_COMM",
+              "OOM events name the process from its exec"),
+    ),
+)  # fmt: skip
+EV_EXEC, EV_EXIT, EV_OOM = 1, 2, 3
+PF_OOM_VICTIM = 4
+PSTATS = ("ringbuf_full", "events")
+IDENTITY = ("namespace", "pod", "container")
+EXECS = "lens_container_process_execs_total"
+EXITS = "lens_container_process_exits_total"
+OOMS = "lens_container_oom_kills_total"
+
+
+def exit_class(exit_code: int, signal: int) -> str:
+    if signal:
+        return "signal"
+    if exit_code < 0:
+        return "unknown"
+    return "success" if exit_code == 0 else "error"
+
+
+_PROC_EVENT = record_struct(layouts.ProcEvent)
+
+
+class ProcEvents(RingProgram):
+    """The proc_events program: records in, attributed events and counters out."""
+
+    NAME = NAME
+    STATS = PSTATS
+
+    def __init__(
+        self, cfg: Config, cache: MetricCache, bus: EventBus, loader: BpfLoader,
+        enrich: Enrichment,
+    ) -> None:  # fmt: skip
+        super().__init__(loader)
+        self.cfg = cfg
+        self.cache = cache
+        self.bus = bus
+        self.enrich = enrich
+        assert enrich.containers is not None, "processes are attributed through containers"
+        self.resolver = enrich.containers
+        self._comms: dict[int, str] = {}
+        for name, help_text, extra in (
+            (EXECS, "Processes started (exec) in containers", ()),
+            (EXITS, "Processes ended, by exit class: success, error, signal, unknown",
+             ("exit_class",)),
+            (OOMS, "Processes the OOM killer chose", ()),
+        ):  # fmt: skip
+            cache.register(name, COUNTER, help_text, (*IDENTITY, *extra))
+
+    @staticmethod
+    def static_defines(cfg: Config) -> dict[str, int | str]:
+        """The cflags proc_events.c is compiled with."""
+        return {"MAX_PROCS": cfg.bpf.max_processes, "RINGBUF_PAGES": cfg.bpf.ringbuf_pages}
+
+    def start(self) -> bool:
+        self.bpf = self.loader.load(plan_for(SPEC), self.static_defines(self.cfg))
+        if self.bpf is None:
+            return False
+        layouts.check_layout("proc_event", layouts.ProcEvent, self.bpf[b"layout_proc_event"].Leaf)
+        self.open_events(b"proc_events", self._on_event)
+        return True
+
+    def _on_event(self, rec: bytes) -> None:
+        ts_ns, cgroup_id, kind, pid, ppid, exit_code, signal, flags, raw_comm, raw_file = (
+            _PROC_EVENT.unpack_from(rec)
+        )
+        self.events_received += 1
+        ref, who = self.enrich.cgroup(cgroup_id)
+        labels = (who["namespace"], who["pod"], who["container"])
+        comm = c_text(raw_comm)
+        common = dict(ts_ns=ts_ns, pid=pid, ppid=ppid, cgroup_id=cgroup_id, cgroup=ref.path,
+                      **who)  # fmt: skip
+        if kind == EV_EXEC:
+            ev = ProcessEvent(kind="process_exec", comm=comm, **common,
+                              filename=c_text(raw_file))  # fmt: skip
+            self.cache.inc(EXECS, labels)
+            self._remember_comm(pid, comm)
+        elif kind == EV_EXIT:
+            self._comms.pop(pid, None)
+            ev = ProcessEvent(kind="process_exit", comm=comm, **common, exit_code=exit_code,
+                              signal=signal, oom_killed=bool(flags & PF_OOM_VICTIM))  # fmt: skip
+            self.cache.inc(EXITS, (*labels, exit_class(exit_code, signal)))
+        elif kind == EV_OOM:
+            # a kernel whose mark_victim has no comm: the one its exec had
+            ev = ProcessEvent(kind="oom_kill", comm=comm or self._comms.get(pid, ""), **common)
+            self.cache.inc(OOMS, labels)
+        else:
+            return
+        self.bus.publish(ev)
+
+    def _remember_comm(self, pid: int, comm: str) -> None:
+        """pid -> its comm at exec, bounded like the kernel's process map."""
+        self._comms.pop(pid, None)
+        self._comms[pid] = comm
+        if len(self._comms) > self.cfg.bpf.max_processes:
+            self._comms.pop(next(iter(self._comms)))
+
+    def read(self) -> None:
+        if self.bpf is None:
+            return
+        self.read_stats(b"pstats")

@@ -1,0 +1,188 @@
+"""The agent: builds the shared parts (cache, bus, loader, enrichment, policy, HTTP, gRPC),
+starts the registered features in order, reads them each cycle, stops them in reverse.
+What a feature does lives in its own module (lens_ebpf/feature.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from lens_ebpf import __version__
+from lens_ebpf.agent import kernel_headers, tracefs
+from lens_ebpf.agent.api.event_api import EventApi
+from lens_ebpf.agent.bpf.loader import BpfLoader, LoaderCollector
+from lens_ebpf.agent.config import Config, policy_path
+from lens_ebpf.agent.enrich import Enrichment
+from lens_ebpf.agent.events import EventBus, EventBusCollector
+from lens_ebpf.agent.feature import ERROR, OFF, Context, Feature, FeatureCollector, feature_classes
+from lens_ebpf.agent.metrics.cache import CacheCollector, MetricCache
+from lens_ebpf.agent.net.policy import PolicyError
+from lens_ebpf.agent.net.policy_watch import PolicyCollector, PolicyWatcher
+from lens_ebpf.core.collector import CollectorSet
+from lens_ebpf.core.http import HttpServer, Response, json_response
+from lens_ebpf.core.loop import EventLoopThread
+
+log = logging.getLogger(__name__)
+
+
+class StartupError(Exception):
+    """The agent cannot start; the message is one line for the operator."""
+
+
+RELEASE_AFTER_SERIES = 10_000
+
+
+def release_memory() -> None:
+    """Give the C heap's free pages back to the system (glibc's malloc_trim), as
+    Python's allocator keeps them after many objects are freed."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
+        ctypes.CDLL(None).malloc_trim(0)
+
+
+class Agent:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg, self.ready, self.heartbeat = cfg, False, time.monotonic()
+        self.stop_event = threading.Event()
+        self._threads: list[threading.Thread] = []
+        try:
+            policy = PolicyWatcher(policy_path(cfg))
+        except PolicyError as exc:
+            raise StartupError(f"policy: {exc}") from None
+        enrich = Enrichment.for_node(Path(cfg.devices.procfs_root), Path(cfg.devices.sysfs_root),
+                                     Path(cfg.containers.containerd_state))  # fmt: skip
+        self.ctx = Context(
+            cfg, MetricCache(cfg.cache.ttl_seconds, cfg.cache.max_series, cfg.cache.families,
+                             max_samples=cfg.cache.max_samples),
+            EventBus(cfg.events.queue_size, history=cfg.grpc.history), BpfLoader(), enrich,
+            policy, CollectorSet(), self.stop_event, self._spawn,
+        )  # fmt: skip
+        self.features: list[Feature] = [cls(self.ctx) for cls in feature_classes()]
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.http: HttpServer | None = None
+        self.loop = EventLoopThread("aio")  # HTTP and gRPC: one loop, no thread per client
+        self.events = EventApi(
+            cfg, self.ctx.bus, lambda: {k: v["state"] for k, v in self.views().items()}, self.loop
+        )
+        self.headers: kernel_headers.HeaderTree | None = None
+
+    def views(self) -> dict[str, dict[str, Any]]:
+        return {name: v for f in self.features for name, v in f.views().items()}
+
+    def start(self) -> None:
+        """Bind the ports (fail fast), start the features, then serve events."""
+        ctx, srv = self.ctx, self.cfg.server
+        host, port = srv.host, srv.port
+        try:  # both ports first: a port in use is one line and exit 2, before any work
+            self.events.bind()
+        except (OSError, RuntimeError) as exc:
+            raise StartupError(f"gRPC: {exc}") from None
+        try:
+            self.http = HttpServer(host, port, self.registry, srv.max_connections,
+                                   srv.request_timeout_seconds, srv.max_header_bytes,
+                                   self.loop)  # fmt: skip
+        except OSError as exc:
+            raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        routes = {"/healthz": self._healthz, "/readyz": self._readyz}
+        for f in self.features:
+            routes.update(f.routes())
+        for path, route in {**routes, "/health": self._healthz, "/ready": self._readyz}.items():
+            self.http.add(path, route)
+        for c in (CacheCollector(ctx.cache), LoaderCollector(ctx.loader), ctx.devices,
+                  EventBusCollector(ctx.bus), PolicyCollector(ctx.policy),
+                  FeatureCollector(self.views), self.http.collector()):  # fmt: skip
+            self.registry.register(c)
+        self.http.start()
+        log.info("lens-ebpf %s serving on %s:%d", __version__, host, self.http.port)
+        tracefs.ensure_mounted()
+        self.headers = kernel_headers.for_config(self.cfg.kernel)
+        if self.cfg.bpf.run_stats:
+            ctx.loader.enable_stats()
+        for f in self.features:  # in order: a feature's enabled() may ask an earlier one
+            if why := f.enabled():
+                f.state = {"state": OFF, "reason": why}
+                continue
+            try:
+                f.start()
+            except Exception as exc:  # a broken feature must not stop the others
+                log.exception("feature %s failed to start", f.name)
+                f.state = {"state": ERROR, "reason": str(exc)}
+            for fc in f.collectors():
+                self.registry.register(fc)
+        ctx.devices.start()
+        self.events.start(self.registry)
+        self._spawn("reader", self._read_loop)
+        interval = self.cfg.policy.watch_interval_seconds
+        self._spawn("policy", lambda: ctx.policy.run(ctx.stop, interval))
+        self.ready = True
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _read_loop(self) -> None:
+        released = 0
+        while not self.stop_event.is_set():
+            for f in self.features:
+                try:
+                    f.read()
+                except Exception:
+                    log.exception("reading %s failed", f.name)
+            # series past their TTL go now, scraped or not; after a storm's worth, the
+            # freed heap goes back to the system
+            released += self.ctx.cache.expire()
+            if released >= RELEASE_AFTER_SERIES:
+                release_memory()
+                released = 0
+            self.heartbeat = time.monotonic()
+            self.stop_event.wait(self.cfg.bpf.read_interval_seconds)
+
+    def _healthz(self) -> Response:
+        if time.monotonic() - self.heartbeat > 3 * self.cfg.bpf.read_interval_seconds + 10:
+            return json_response(503, {"status": "reader stalled"})
+        return json_response(200, {"status": "ok"})
+
+    def _readyz(self) -> Response:
+        """Ready: started, and no feature the config asks for failed (an error, not a
+        kernel that lacks its probe points: that is off, with the reason)."""
+        h, views = self.headers, self.views()
+        failed = {k: v["reason"] for k, v in views.items() if v["state"] == ERROR}
+        ready = self.ready and not failed
+        body = {"ready": ready, "failed": failed, "version": __version__, "features": views,
+                "policy": self.ctx.policy.status(),
+                "kernel_headers": {"source": h.source, "path": h.path} if h else None}  # fmt: skip
+        for f in self.features:
+            body.update(f.report())
+        return json_response(200 if ready else 503, body)
+
+    def install_signals(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
+        signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
+        signal.signal(signal.SIGHUP, lambda *_: self.ctx.policy.reload_requested.set())
+
+    def stop(self) -> None:
+        """Stop the features in reverse, detach every program, stop serving."""
+        if self.http is None:
+            self.events.stop()  # the gRPC port may be held
+            self.loop.close()
+            return  # nothing else was started
+        self.stop_event.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        for f in reversed(self.features):
+            f.stop()
+        self.events.stop()
+        self.ctx.devices.stop()
+        self.ctx.loader.close()
+        self.http.stop()
+        self.loop.close()
+        log.info("lens-ebpf stopped; all BPF programs detached")

@@ -1,0 +1,111 @@
+"""Pure decoders shared by the metric path and the event path, so labels and fields agree."""
+
+from __future__ import annotations
+
+import functools
+import socket
+import time
+from typing import Any
+
+from lens_ebpf.agent.bpf.layouts import FlowEvent, c_text, record_struct
+from lens_ebpf.agent.events import FlowClosed
+from lens_ebpf.agent.net.policy import CLASS_NAMES
+
+AF_INET, AF_INET6 = 2, 10
+DIRECTIONS = ("egress", "ingress")
+# Why a flow ended; close_not_seen: finished late, the kernel skipped this program's
+# run for the CLOSE transition (see lens_agent_bpf_program_missed_total).
+CLOSE_REASONS = (
+    "normal",
+    "reset_received",
+    "reset_sent",
+    "failed_connect",
+    "aborted",
+    "close_not_seen",
+)
+OTHER = "other"
+
+
+@functools.lru_cache(maxsize=8192)
+def format_addr(family: int, addr16: bytes) -> str:
+    """An address as stored by the programs (IPv4 as ::ffff:a.b.c.d) in its usual text.
+
+    inet_ntop rather than ipaddress, and remembered: this runs twice per ring-buffer
+    record, mostly for addresses it has seen.
+    """
+    if family == AF_INET:
+        return socket.inet_ntop(socket.AF_INET, bytes(addr16[12:16]))
+    return socket.inet_ntop(socket.AF_INET6, bytes(addr16))
+
+
+def direction_name(direction: int) -> str:
+    return DIRECTIONS[direction] if direction < len(DIRECTIONS) else str(direction)
+
+
+def class_name(cls: int) -> str:
+    return CLASS_NAMES.get(cls, "externalHosts")
+
+
+def reason_name(reason: int) -> str:
+    return CLOSE_REASONS[reason] if reason < len(CLOSE_REASONS) else str(reason)
+
+
+def remote_labels(key: Any) -> tuple[str, str, str]:
+    """(direction, class, remote address) of a flows- or rtt-map key."""
+    direction, cls = direction_name(key.direction), class_name(key.cls)
+    if key.overflow:
+        return direction, cls, OTHER
+    return direction, cls, format_addr(key.family, bytes(key.raddr))
+
+
+def flow_key_labels(key: Any) -> tuple[str, str, str, str]:
+    """(direction, class, remote address, service port) of a flows-map key."""
+    return (*remote_labels(key), OTHER if key.overflow else str(key.port))
+
+
+_FLOW_EVENT = record_struct(FlowEvent)
+
+
+def flow_record(buf: bytes) -> FlowClosed:
+    """A closed-flow ring-buffer record (struct flow_event's bytes) as an event."""
+    (ts, duration, sent, recv, cgroup_id, laddr, raddr, pid, retrans, lport, rport, family,
+     direction, cls, reason, comm) = _FLOW_EVENT.unpack_from(buf)  # fmt: skip
+    return _event(ts=ts, duration=duration, pid=pid, comm=comm, cgroup_id=cgroup_id,
+                  family=family, laddr=laddr, raddr=raddr, lport=lport, rport=rport,
+                  direction=direction, cls=cls, sent=sent, recv=recv, retrans=retrans,
+                  reason=reason_name(reason))  # fmt: skip
+
+
+def sock_info_event(si: Any, keyed: bool) -> FlowClosed:
+    """A socket the agent finished itself (its CLOSE went unseen) as an event."""
+    now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    reason = "close_not_seen" if keyed else "failed_connect"
+    return _event(ts=now, duration=now - si.start_ns, pid=si.pid, comm=si.comm,
+                  cgroup_id=si.cgroup_id, family=si.family, laddr=bytes(si.laddr),
+                  raddr=bytes(si.key.raddr), lport=si.lport, rport=si.rport,
+                  direction=si.direction, cls=si.key.cls, sent=si.sent, recv=si.recv,
+                  retrans=si.retrans, reason=reason)  # fmt: skip
+
+
+def _event(*, ts: int, duration: int, pid: int, comm: bytes, cgroup_id: int, family: int,
+           laddr: bytes, raddr: bytes, lport: int, rport: int, direction: int, cls: int,
+           sent: int, recv: int, retrans: int, reason: str) -> FlowClosed:  # fmt: skip
+    """A closed flow from the programs' raw values (a ring record's, or a sock_info's)."""
+    return FlowClosed(
+        ts_ns=ts,
+        pid=pid,
+        comm=c_text(comm),
+        cgroup_id=cgroup_id,
+        family="ipv4" if family == AF_INET else "ipv6",
+        laddr=format_addr(family, laddr),
+        lport=lport,
+        raddr=format_addr(family, raddr),
+        rport=rport,
+        direction=direction_name(direction),
+        cls=class_name(cls),
+        sent_bytes=sent,
+        received_bytes=recv,
+        retransmits=retrans,
+        duration_ns=duration,
+        reason=reason,
+    )

@@ -1,0 +1,379 @@
+"""Loads bpf_programs/tcp_flows.c and turns its maps and records into metrics and events."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from lens_ebpf.agent.bpf import layouts
+from lens_ebpf.agent.bpf.loader import BpfLoader, plan_for
+from lens_ebpf.agent.bpf.map_reader import DeltaReader, prefill_overflow
+from lens_ebpf.agent.bpf.program import RingProgram
+from lens_ebpf.agent.bpf.spec import KPROBE, TRACEPOINT, Field, Need, ProbePath, ProgramSpec
+from lens_ebpf.agent.config import Config
+from lens_ebpf.agent.enrich import Enrichment
+from lens_ebpf.agent.events import EventBus, FlowClosed
+from lens_ebpf.agent.metrics.cache import COUNTER, MetricCache
+from lens_ebpf.agent.net import identity, proc_tcp
+from lens_ebpf.agent.net.policy import CLASS_IDS, MAX_PREFIXES, Policy, abnormal, lpm_entries
+from lens_ebpf.agent.tcp import decode, tcp_rtt
+
+log = logging.getLogger(__name__)
+
+NAME = "tcp_flows"
+RTT = "rtt"  # the need that feeds the tcp_rtt feature
+# What tcp_flows.c needs and the ways to get it, in order of preference (bpf/spec.py).
+_BYTES_TP = ("sock:sock_send_length", "sock:sock_recv_length")
+_BYTES_KP = ("tcp_sendmsg", "tcp_sendmsg:return", "tcp_recvmsg", "tcp_recvmsg:return",
+             "inet_recvmsg", "inet6_recvmsg")  # fmt: skip
+_RESETS = ("tcp:tcp_send_reset", "tcp:tcp_receive_reset")
+SPEC = ProgramSpec(
+    NAME,
+    needs=(
+        Need("lifecycle", (ProbePath(TRACEPOINT, ("sock:inet_sock_set_state",)),)),
+        Need("bytes", (ProbePath(TRACEPOINT, _BYTES_TP, "LENS_BYTES_TRACEPOINT"),
+                       ProbePath(KPROBE, _BYTES_KP, "LENS_BYTES_KPROBE"))),
+        Need("retransmits", (ProbePath(TRACEPOINT, ("tcp:tcp_retransmit_skb",), "LENS_RETRANS"),),
+             optional=True, what_is_lost="no retransmit counts"),
+        Need("resets", (ProbePath(TRACEPOINT, _RESETS, "LENS_RESETS"),), optional=True,
+             what_is_lost="no reset counts"),
+        Need(RTT, (ProbePath(TRACEPOINT, (tcp_rtt.TRACEPOINT,), "LENS_RTT"),), optional=True,
+             what_is_lost="no RTT histograms"),
+    ),
+    fields=(
+        # older kernels trace only retransmits that were sent: nothing to skip there
+        Field("tcp:tcp_retransmit_skb", "err", "LENS_TP_RETRANSMIT_ERR", ""),
+        Field(tcp_rtt.TRACEPOINT, "skaddr", "LENS_TP_TCP_PROBE_SKADDR",
+              "RTT samples find their socket by 4-tuple"),
+    ),
+)  # fmt: skip
+MAX_POLICY_PREFIXES = MAX_PREFIXES + 64  # room for the cluster's pod and service CIDRs
+# Index of the program's stats array (ST_* in tcp_flows.c).
+STATS = (
+    "ringbuf_full",
+    "sock_map_full",
+    "flow_map_full",
+    "untracked_sent_bytes",
+    "untracked_recv_bytes",
+    "untracked_retransmits",
+    "reset_no_socket",
+    "events",
+    "rtt_untracked",
+    "rtt_map_full",
+)
+
+SEED_EGRESS = "primus_lens_network_tcp_flow_egress"
+SEED_INGRESS = "primus_lens_network_tcp_flow_ingress"
+SEED_K8S = "primus_lens_network_k8s_tcp_flow"
+SEED_DNS = "primus_lens_network_flow_dns"
+FLOW_LABELS = ("direction", "type", "raddr", "port")
+# lens_ family -> (help, the flows-map field it counts)
+LENS_FAMILIES: dict[str, tuple[str, str]] = {
+    "lens_tcp_connections_opened_total": ("TCP connections established", "opened"),
+    "lens_tcp_connections_closed_total": ("TCP connections closed", "closed"),
+    "lens_tcp_failed_connects_total": (
+        "Connection attempts that never established (refused, timed out, aborted)",
+        "failed",
+    ),
+    "lens_tcp_sent_bytes_total": ("Bytes applications sent on TCP flows", "sent"),
+    "lens_tcp_received_bytes_total": ("Bytes applications received on TCP flows", "recv"),
+    "lens_tcp_retransmits_total": ("Retransmitted TCP segments", "retrans"),
+}
+RESETS = "lens_tcp_resets_total"
+
+
+def register_families(cache: MetricCache) -> None:
+    """The seed network families (shared/METRICS.md) and our lens_tcp_* families."""
+    cache.register(
+        SEED_EGRESS,
+        COUNTER,
+        "Bytes (both ways) of flows this node opened, by remote address and port",
+        ("raddr", "rport", "direction", "type"),
+    )
+    cache.register(
+        SEED_INGRESS,
+        COUNTER,
+        "Bytes (both ways) of flows accepted by a local listener",
+        ("lport", "raddr", "direction", "type"),
+    )
+    cache.register(SEED_K8S, COUNTER, "Bytes of flows whose remote is a pod or service", ("type",))
+    cache.register(SEED_DNS, COUNTER, "Bytes of flows to DNS servers", ())
+    for name, (help_text, _) in LENS_FAMILIES.items():
+        cache.register(name, COUNTER, help_text, (*FLOW_LABELS, *identity.REMOTE_LABELS))
+    cache.register(RESETS, COUNTER, "TCP resets sent or received",
+                   (*FLOW_LABELS, "side", *identity.REMOTE_LABELS))  # fmt: skip
+
+
+def apply_deltas(
+    cache: MetricCache, labels: tuple[str, ...], who: tuple[str, ...], d: dict[str, int]
+) -> None:
+    """Feed one flow key's counter increases into every family they belong to.
+
+    labels and who come from enrichment (Enrichment.flow_key): the class refined by the
+    cluster index when there is one (a pod IP is k8sPod whatever the policy says), and
+    who the remote is, which the lens_ families carry.
+    """
+    direction, cls, raddr, port = labels
+    for name, (_, field) in LENS_FAMILIES.items():
+        if d[field]:
+            cache.inc(name, (*labels, *who), d[field])
+    if d["resets_sent"]:
+        cache.inc(RESETS, (*labels, "sent", *who), d["resets_sent"])
+    if d["resets_recv"]:
+        cache.inc(RESETS, (*labels, "received", *who), d["resets_recv"])
+    nbytes = d["sent"] + d["recv"]
+    if not nbytes:
+        return
+    if cls in ("k8sPod", "k8sSvc"):
+        cache.inc(SEED_K8S, (cls,), nbytes)
+    elif cls == "dns":
+        cache.inc(SEED_DNS, (), nbytes)
+    elif direction == "egress":
+        cache.inc(SEED_EGRESS, (raddr, port, direction, cls), nbytes)
+    else:
+        cache.inc(SEED_INGRESS, (port, raddr, direction, cls), nbytes)
+
+
+VAL_FIELDS = tuple(f[0] for f in layouts.FlowVal._fields_)
+
+
+class TcpFlows(RingProgram):
+    """The tcp_flows program: policy trie in, flow counters and closed-flow events out."""
+
+    NAME = NAME
+    STATS = STATS
+
+    def __init__(
+        self,
+        cfg: Config,
+        cache: MetricCache,
+        bus: EventBus,
+        loader: BpfLoader,
+        clock: Callable[[], float] = time.monotonic,
+        rtt: bool = True,
+        enrich: Enrichment | None = None,
+    ) -> None:
+        super().__init__(loader)
+        self.cfg = cfg
+        self.cache = cache
+        self.bus = bus
+        self.clock = clock
+        self._flows_reader = DeltaReader(
+            lambda v: tuple(getattr(v, f) for f in VAL_FIELDS),
+            cfg.bpf.flow_key_idle_seconds,
+            clock,
+            pinned=lambda key: bool(key.overflow),
+        )
+        self._policy_keys: set[tuple[int, bytes]] = set()
+        self._lock = threading.Lock()
+        self._gate_lock = threading.Lock()
+        self.records_on = False
+        self._wanted_at = -float("inf")
+        self.repaired = 0
+        self.policy = Policy()
+        # who is behind each address (a null index standalone)
+        self.enrich = enrich or Enrichment()
+        register_families(cache)
+        # RTT needs tcp:tcp_probe; without it the flows still load
+        self.plan = plan_for(SPEC, () if rtt else (RTT,))
+        rtt_choice = self.plan.choices[RTT]
+        self.rtt_off_reason = "" if rtt_choice.path else rtt_choice.reason
+        self.rtt: tcp_rtt.TcpRtt | None = None
+        if rtt_choice.path is not None:
+            self.rtt = tcp_rtt.TcpRtt(cfg, cache, clock)
+
+    def defines(self) -> dict[str, int | str]:
+        return self.static_defines(self.cfg, self.rtt is not None)
+
+    @staticmethod
+    def static_defines(cfg: Config, rtt: bool) -> dict[str, int | str]:
+        """The cflags tcp_flows.c is compiled with."""
+        b = cfg.bpf
+        extra = tcp_rtt.defines(cfg) if rtt else {}
+        return extra | {
+            "MAX_SOCKETS": b.max_sockets,
+            # room for the 14 overflow slots on top of the configured keys
+            "MAX_FLOW_KEYS": b.max_flow_keys + 2 * len(CLASS_IDS),
+            "MAX_POLICY_PREFIXES": MAX_POLICY_PREFIXES,
+            "RINGBUF_PAGES": b.ringbuf_pages,
+        }
+
+    def start(self, policy: Policy) -> bool:
+        """Load and attach; False (status recorded by the loader) when it cannot."""
+        self.bpf = self.loader.load(self.plan, self.defines())
+        if self.bpf is None:
+            return False
+        layouts.check_layout("flow_key", layouts.FlowKey, self.bpf[b"flows"].Key)
+        layouts.check_layout("flow_val", layouts.FlowVal, self.bpf[b"flows"].Leaf)
+        layouts.check_layout("lpm_key", layouts.LpmKey, self.bpf[b"policy"].Key)
+        layouts.check_layout("flow_event", layouts.FlowEvent, self.bpf[b"layout_flow_event"].Leaf)
+        layouts.check_layout("sock_info", layouts.SockInfo, self.bpf[b"socks"].Leaf)
+        prefill_overflow(self.bpf[b"flows"], len(CLASS_IDS))
+        if self.rtt is not None:
+            layouts.check_layout("rtt_key", layouts.RttKey, self.bpf[b"rtt"].Key)
+            layouts.check_layout("rtt_val", layouts.RttVal, self.bpf[b"rtt"].Leaf)
+            prefill_overflow(self.bpf[b"rtt"], len(CLASS_IDS))
+        self.set_policy(policy)
+        self.open_events(b"flow_events", self._on_event)
+        self.bus.on_change(self.gate_records)
+        self.gate_records()
+        return True
+
+    def gate_records(self) -> None:
+        """Let closed-flow records into the ring buffer while some consumer can take them
+        (events.flow_records), and for the linger after the last one leaves."""
+        if self.bpf is None:
+            return
+        ev = self.cfg.events
+        with self._gate_lock:
+            now = self.clock()
+            if ev.flow_records == "always" or self.bus.wants(frozenset(FlowClosed.KINDS)):
+                self._wanted_at = now
+            on = now - self._wanted_at <= ev.flow_records_linger_seconds
+            if on != self.records_on:
+                table = self.bpf[b"records_on"]
+                table[ctypes.c_int(0)] = ctypes.c_uint32(int(on))
+                self.records_on = on
+                log.info("closed-flow records %s", "on" if on else "off: no consumer wants them")
+
+    def set_policy(self, policy: Policy) -> None:
+        """Make the kernel's trie hold exactly this policy's entries."""
+        entries = lpm_entries(policy)
+        if len(entries) > MAX_POLICY_PREFIXES:
+            raise ValueError(f"policy has {len(entries)} prefixes; at most {MAX_POLICY_PREFIXES}")
+        trie = self.bpf[b"policy"]
+        for (plen, addr), cls in entries.items():
+            key = trie.Key(plen, (ctypes.c_uint8 * 16)(*addr))
+            trie[key] = ctypes.c_uint8(cls)
+        self.policy = policy
+        for plen, addr in self._policy_keys - set(entries):
+            key = trie.Key(plen, (ctypes.c_uint8 * 16)(*addr))
+            with contextlib.suppress(KeyError):
+                del trie[key]
+        self._policy_keys = set(entries)
+
+    def _on_event(self, rec: bytes) -> None:
+        self.events_received += 1
+        self._publish(decode.flow_record(rec))
+
+    def _publish(self, event: FlowClosed) -> None:
+        """A closed flow, and an abnormal_flow event when the policy's lists say so."""
+        event = self.enrich.flow(event)
+        self.bus.publish(event)
+        if abnormal(self.policy, event.raddr):
+            self.bus.publish(dataclasses.replace(event, kind="abnormal_flow"))
+
+    def read(self) -> None:
+        """Read the kernel aggregates into the metric cache, and age out idle keys."""
+        if self.bpf is None:
+            return
+        with self._lock:
+            for key, grew in self._flows_reader.read(self.bpf[b"flows"]):
+                deltas = dict(zip(VAL_FIELDS, grew, strict=True))
+                apply_deltas(self.cache, *self.enrich.flow_key(decode.flow_key_labels(key)), deltas)
+            if self.rtt is not None:
+                self.rtt.read(self.bpf[b"rtt"], self.enrich)
+            self.read_stats(b"stats")
+        self.gate_records()
+
+    def reconcile(self, live: set[proc_tcp.Tuple] | None = None) -> int:
+        """Finish tracked sockets that no namespace holds any more; how many.
+
+        The kernel skips a tracepoint program when another BPF program is running
+        on that CPU (lens_agent_bpf_program_missed_total), so a CLOSE can go
+        unseen. Whoever deletes the map entry first, the kernel or this sweep,
+        counts the close, so nothing is counted twice.
+        """
+        if self.bpf is None:
+            return 0
+        socks = self.bpf[b"socks"]
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        grace = int(self.cfg.bpf.reconcile_grace_seconds * 1e9)
+        candidates = [
+            (int(getattr(key, "value", key)), layouts.SockInfo.from_buffer_copy(bytes(si)))
+            for key, si in socks.items_lookup_batch()
+            if now - si.start_ns > grace
+        ]
+        if not candidates:
+            return 0
+        live = proc_tcp.live_sockets() if live is None else live
+        finished = 0
+        for sk, si in candidates:
+            tup = (
+                decode.format_addr(si.family, bytes(si.laddr)),
+                si.lport,
+                decode.format_addr(si.family, bytes(si.key.raddr)),
+                si.rport,
+            )
+            if tup in live:
+                continue
+            key = socks.Key(sk)
+            current = socks.get(key)
+            if current is None or current.start_ns != si.start_ns:
+                continue  # closed meanwhile, or the address now holds a new socket
+            try:
+                del socks[key]
+            except KeyError:
+                continue  # the kernel closed it first and counted it
+            self._finish(si)
+            finished += 1
+        self.repaired += finished
+        return finished
+
+    def _finish(self, si: layouts.SockInfo) -> None:
+        """A socket the kernel never saw close: counted through the same path as the
+        kernel map's deltas (closed, or failed when it never established)."""
+        keyed = bool(si.flags & layouts.SI_KEYED)
+        grew = dict.fromkeys(VAL_FIELDS, 0) | {"closed" if keyed else "failed": 1}
+        apply_deltas(self.cache, *self.enrich.flow_key(decode.flow_key_labels(si.key)), grew)
+        self._publish(decode.sock_info_event(si, keyed))
+
+    def tracked_keys(self) -> int:
+        return len(self._flows_reader)
+
+
+class TcpFlowsCollector(Collector):
+    """The program's own counts: losses, full maps, bytes of sockets it never saw open."""
+
+    def __init__(self, flows: TcpFlows) -> None:
+        self._flows = flows
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        st, flows = self._flows.kernel_stats, self._flows
+        full = CounterMetricFamily("lens_agent_bpf_map_full", "Updates refused by a full BPF map",
+                                   labels=("program", "map"))  # fmt: skip
+        for map_name, stat in (("socks", "sock_map_full"), ("flows", "flow_map_full"),
+                               ("rtt", "rtt_map_full")):  # fmt: skip
+            full.add_metric((NAME, map_name), st[stat])
+        yield full
+        untracked = CounterMetricFamily(
+            "lens_tcp_untracked_bytes",
+            "Bytes on TCP sockets opened before the agent started (no flow key known)",
+            labels=("way",),
+        )
+        untracked.add_metric(("sent",), st["untracked_sent_bytes"])
+        untracked.add_metric(("received",), st["untracked_recv_bytes"])
+        yield untracked
+        for name, help_text, value in (
+            ("lens_tcp_resets_without_socket",
+             "Resets sent with no socket (a SYN to a closed port)", st["reset_no_socket"]),
+            ("lens_tcp_untracked_retransmits",
+             "Retransmits on sockets opened before the agent started", st["untracked_retransmits"]),
+            ("lens_agent_tcp_closes_repaired",
+             "Sockets finished by the agent's sweep because the kernel skipped their CLOSE",
+             flows.repaired),
+        ):  # fmt: skip
+            yield CounterMetricFamily(name, help_text, value=value)
+        yield GaugeMetricFamily("lens_agent_tcp_flow_keys", "Flow keys held in the kernel map",
+                                value=flows.tracked_keys())  # fmt: skip

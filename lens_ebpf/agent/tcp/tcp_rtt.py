@@ -1,0 +1,112 @@
+"""RTT histograms from tcp:tcp_probe, binned in the kernel (the rtt map of tcp_flows.c).
+
+The kernel bins each smoothed-RTT sample into RTT_BOUNDS_US. The seed histogram's
+buckets (SEED_BOUNDS_US) are a subset of those, so both histograms are exact sums
+of kernel bins, never an approximation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from lens_ebpf.agent.bpf import layouts
+from lens_ebpf.agent.bpf.map_reader import DeltaReader
+from lens_ebpf.agent.config import Config
+from lens_ebpf.agent.enrich import Enrichment
+from lens_ebpf.agent.metrics.cache import HISTOGRAM, MetricCache
+from lens_ebpf.agent.net import identity
+from lens_ebpf.agent.tcp import decode
+
+# Kernel bin boundaries, microseconds: 10 us to 10 s (lens_tcp_rtt_seconds buckets).
+RTT_BOUNDS_US = (
+    10, 25, 50, 100, 200, 300, 500, 700,
+    1000, 1300, 1600, 2000, 2500, 3000, 4000, 5000, 7000,
+    10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000,
+)  # fmt: skip
+# primus_lens_network_tcp_flow_rtt buckets (shared/METRICS.md), microseconds.
+SEED_BOUNDS_US = (50, 100, 200, 300, 500, 700, 1000, 1300, 1600, 2000, 2500, 3000, 4000, 5000,
+                  7000, 10000)  # fmt: skip
+SEED = "primus_lens_network_tcp_flow_rtt"
+LENS = "lens_tcp_rtt_seconds"
+TRACEPOINT = "tcp:tcp_probe"
+
+
+def defines(cfg: Config) -> dict[str, int | str]:
+    """cflags the RTT part of tcp_flows.c is compiled with (LENS_RTT itself comes from
+    the program's spec, when tcp:tcp_probe is there)."""
+    return {
+        "LENS_RTT_NBOUNDS": len(RTT_BOUNDS_US),
+        "LENS_RTT_BOUNDS": ",".join(str(b) for b in RTT_BOUNDS_US),
+        "MAX_RTT_KEYS": cfg.bpf.max_rtt_keys + 14,  # plus the overflow slots
+    }
+
+
+def _seed_groups() -> list[list[int]]:
+    """Which kernel bins add up to each seed bucket (the last: above 10 ms)."""
+    groups: list[list[int]] = [[] for _ in range(len(SEED_BOUNDS_US) + 1)]
+    j = 0
+    for i, bound in enumerate((*RTT_BOUNDS_US, float("inf"))):
+        while j < len(SEED_BOUNDS_US) and bound > SEED_BOUNDS_US[j]:
+            j += 1
+        groups[j].append(i)
+    return groups
+
+
+SEED_GROUPS = _seed_groups()
+assert set(SEED_BOUNDS_US) <= set(RTT_BOUNDS_US), "seed buckets must be kernel bounds"
+assert len(RTT_BOUNDS_US) + 1 == layouts.RTT_BINS, "bpf/layouts.py RttVal is out of date"
+
+
+def register_families(cache: MetricCache) -> None:
+    cache.register(
+        SEED,
+        HISTOGRAM,
+        "Smoothed TCP RTT in microseconds, per received segment",
+        ("raddr", "direction"),
+        buckets=SEED_BOUNDS_US,
+    )
+    cache.register(
+        LENS,
+        HISTOGRAM,
+        "Smoothed TCP RTT in seconds, per received segment",
+        ("direction", "type", "raddr", *identity.REMOTE_LABELS),
+        buckets=tuple(b / 1e6 for b in RTT_BOUNDS_US),
+    )
+
+
+def apply_rtt(
+    cache: MetricCache, labels: tuple[str, ...], who: tuple[str, ...], grew: tuple[int, ...]
+) -> None:
+    """One rtt-map key's growth (count, sum_us, bins...) into both histograms; labels
+    and who as enrichment gives them (Enrichment.flow_key of decode.remote_labels)."""
+    _, sum_us, *bins = grew
+    direction, _, raddr = labels
+    cache.observe(LENS, (*labels, *who), bins, sum_us / 1e6)
+    seed = [sum(bins[i] for i in group) for group in SEED_GROUPS]
+    cache.observe(SEED, (raddr, direction), seed, float(sum_us))
+
+
+class TcpRtt:
+    """Reads the rtt map of a loaded tcp_flows program into the metric cache."""
+
+    def __init__(
+        self, cfg: Config, cache: MetricCache, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.cache = cache
+        self._reader = DeltaReader(
+            lambda v: (v.count, v.sum_us, *v.bins),
+            cfg.bpf.flow_key_idle_seconds,
+            clock,
+            pinned=lambda key: bool(key.overflow),
+        )
+        register_families(cache)
+
+    def read(self, table: Any, enrich: Enrichment) -> None:
+        for key, grew in self._reader.read(table):
+            apply_rtt(self.cache, *enrich.flow_key(decode.remote_labels(key)), grew)
+
+    def keys(self) -> int:
+        return len(self._reader)

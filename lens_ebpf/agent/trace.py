@@ -1,0 +1,418 @@
+"""`lens-ebpf trace tcp|rtt|exec|all|gpu`: live events from the agent's own programs.
+
+Runs standalone as root, with no agent and no Kubernetes. The programs, decoders and
+attribution are the agent's; pid and port filters are applied in the kernel (the
+programs' trace_filter map), the others in user space. `trace gpu` shows GPU faults
+(Xid, uncorrectable ECC and RAS errors) as the agent sees them: the kernel log, NVML's
+events and the error counters, with the pod that held the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from lens_ebpf.agent import config, kernel_headers, tracefs
+from lens_ebpf.agent.bpf import layouts
+from lens_ebpf.agent.bpf.loader import BpfLoader, plan_for, program_source, render_cflags
+from lens_ebpf.agent.enrich import Enrichment
+from lens_ebpf.agent.events import Event, EventBus, EventFilter
+from lens_ebpf.agent.metrics.cache import MetricCache
+from lens_ebpf.agent.net.policy import PolicyError
+from lens_ebpf.agent.net.policy_watch import PolicyWatcher
+from lens_ebpf.agent.processes import proc_events
+from lens_ebpf.agent.tcp import tcp_flows, tcp_rtt
+
+EXAMPLES = """\
+examples:
+  lens-ebpf trace tcp                      # one line per closed TCP flow
+  lens-ebpf trace tcp --port 443 --json    # flows on port 443, one JSON object per line
+  lens-ebpf trace rtt 5 3                  # RTT histograms per class, 3 times every 5 s
+  lens-ebpf trace exec --pod web-0         # execs and exits in one pod's containers
+  lens-ebpf trace all --duration 10        # everything, for 10 seconds
+  lens-ebpf trace gpu --wide               # GPU faults and the pods on the GPU
+"""
+TCP_HEADER = (
+    f"{'TIME':<8} {'PID':>6} {'COMM':<9} {'DIR':<3} {'CLASS':<8} {'REMOTE':<21} "
+    f"{'TX':>6} {'RX':>6} {'MS':>5}"
+)
+GPU_HEADER = f"{'TIME':<8} {'GPU':>3} {'BDF':<12} {'FAULT':<18} {'CODE':<6} {'PID':>7} MESSAGE"
+EXEC_HEADER = f"{'TIME':<8} {'EVENT':<5} {'PID':>7} {'PPID':>7} {'COMM':<12} {'RET':>5} FILENAME"
+# trace all: one table, each line led by its event kind
+ALL_HEADER = f"{'TIME':<8} {'EVENT':<5} {'PID':>7} {'COMM':<12} DETAIL"
+SHORT_KIND = {"flow_closed": "flow", "process_exec": "exec", "process_exit": "exit",
+              "oom_kill": "oom"}  # fmt: skip
+CLASS_SHORT = {"externalHosts": "external", "internalHosts": "internal", "localhost": "local"}
+
+
+class TraceError(Exception):
+    """Why trace cannot run, in one line (exit status 2)."""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("trace", help="live events from this node's kernel", epilog=EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("what", choices=("tcp", "rtt", "exec", "all", "gpu"))
+    p.add_argument("interval", nargs="?", type=float, default=5.0,
+                   help="rtt: seconds between histograms (default 5)")  # fmt: skip
+    p.add_argument("count", nargs="?", type=int, default=0, help="rtt: how many (default: ever)")
+    p.add_argument("--pid", type=int, default=0, help="this process (exec: or its children)")
+    p.add_argument("--comm", help="process name")
+    p.add_argument("--port", type=int, default=0, help="local or remote TCP port")
+    p.add_argument("--class", dest="cls", help="remote class (k8sPod, externalHosts, ...)")
+    p.add_argument("--container", help="container name or id prefix")
+    p.add_argument("--namespace", help="pod namespace")
+    p.add_argument("--pod", help="pod name")
+    p.add_argument("--duration", type=float, default=0, help="stop after S seconds")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--wide", action="store_true", help="add pod and container columns")
+    p.add_argument("--policy", help="policy.yaml for classes (default: the shipped one)")
+    p.add_argument("--config", help="agent config file (map sizes, containerd state dir)")
+    p.add_argument("--ebpf", action="store_true", help=argparse.SUPPRESS)
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("", "K", "M", "G"):
+        if n < 1024 or unit == "G":
+            return f"{n:.0f}{unit}" if unit == "" else f"{n:.1f}{unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def clock_text(ts_ns: int, boot_offset: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(boot_offset + ts_ns / 1e9))
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else "…" + text[-(width - 1) :]
+
+
+def _remote(ev: Event) -> str:
+    """The remote address with the service port (the remote's for egress, ours else)."""
+    port = ev["rport"] if ev["direction"] == "egress" else ev["lport"]
+    return f"[{ev['raddr']}]:{port}" if ":" in ev["raddr"] else f"{ev['raddr']}:{port}"
+
+
+def format_flow(ev: Event, boot_offset: float, wide: bool = False) -> str:
+    """One closed flow as an 80-column line (--wide appends pod and container)."""
+    remote = _remote(ev)
+    line = (
+        f"{clock_text(ev['ts_ns'], boot_offset):<8} {ev['pid']:>6} {ev['comm'][:9]:<9} "
+        f"{'out' if ev['direction'] == 'egress' else 'in':<3} "
+        f"{CLASS_SHORT.get(ev['class'], ev['class'])[:8]:<8} {_fit(remote, 21):<21} "
+        f"{human_bytes(ev['sent_bytes']):>6} {human_bytes(ev['received_bytes']):>6} "
+        f"{min(ev['duration_ns'] / 1e6, 99999):>5.0f}"
+    )
+    return line + _wide(ev) if wide else line
+
+
+def format_proc(ev: Event, boot_offset: float, wide: bool = False) -> str:
+    kind = SHORT_KIND[ev["kind"]]
+    ret = _exit_text(ev) if kind == "exit" else ""
+    line = (
+        f"{clock_text(ev['ts_ns'], boot_offset):<8} {kind:<5} {ev['pid']:>7} {ev['ppid']:>7} "
+        f"{ev['comm'][:12]:<12} {ret:>5} {ev.get('filename', '')}"
+    )[:80]
+    return line + _wide(ev) if wide else line
+
+
+def _exit_text(ev: Event) -> str:
+    if ev["signal"]:
+        return f"sig{ev['signal']}"
+    return "?" if ev["exit_code"] < 0 else str(ev["exit_code"])
+
+
+def format_any(ev: Event, boot_offset: float, wide: bool = False) -> str:
+    """One line of `trace all`'s table: time, kind, pid, comm, then what that kind says."""
+    kind = SHORT_KIND[ev["kind"]]
+    if kind == "flow":
+        detail = (f"{'out' if ev['direction'] == 'egress' else 'in'} "
+                  f"{CLASS_SHORT.get(ev['class'], ev['class'])} {_fit(_remote(ev), 21)} "
+                  f"{human_bytes(ev['sent_bytes'])}/{human_bytes(ev['received_bytes'])} "
+                  f"{min(ev['duration_ns'] / 1e6, 99999):.0f}ms")  # fmt: skip
+    elif kind == "exec":
+        detail = f"ppid {ev['ppid']} {ev.get('filename', '')}"
+    elif kind == "exit":
+        detail = f"ppid {ev['ppid']} ret {_exit_text(ev)}"
+    else:
+        detail = f"ppid {ev['ppid']} chosen by the OOM killer"
+    line = (f"{clock_text(ev['ts_ns'], boot_offset):<8} {kind:<5} {ev['pid']:>7} "
+            f"{ev['comm'][:12]:<12} {detail}")[:80]  # fmt: skip
+    return line + _wide(ev) if wide else line
+
+
+def _wide(ev: Event) -> str:
+    if not ev.get("container_id"):
+        return ""
+    pod = f"{ev['namespace']}/{ev['pod']}" if ev.get("pod") else "-"
+    return f"  pod={pod} container={ev.get('container') or ev['container_id'][:12]}"
+
+
+def event_filter(args: argparse.Namespace, kinds: frozenset[str] = frozenset()) -> EventFilter:
+    """The filters the kernel did not apply (the one filter gRPC Subscribe uses too)."""
+    return EventFilter(kinds=kinds, namespace=args.namespace or "", pod=args.pod or "",
+                       container=args.container or "", comm=args.comm or "",
+                       cls=args.cls or "")  # fmt: skip
+
+
+def rtt_lines(
+    prev: dict[tuple[str, str], list[int]], now: dict[tuple[str, str], tuple[list[int], float]],
+    stamp: str, as_json: bool,
+) -> list[str]:  # fmt: skip
+    """Histograms of the samples since the last interval, per (direction, class)."""
+    out = []
+    for key, (bins, _total) in sorted(now.items()):
+        old = prev.get(key, [0] * len(bins))
+        delta = [a - b for a, b in zip(bins, old, strict=True)]
+        count = sum(delta)
+        if not count:
+            continue
+        bounds = [*tcp_rtt.RTT_BOUNDS_US, None]
+        if as_json:
+            out.append(json.dumps({
+                "kind": "rtt_histogram", "time": stamp, "direction": key[0], "class": key[1],
+                "count": count,
+                "buckets": [{"le_us": b, "count": n} for b, n in zip(bounds, delta, strict=True)
+                            if n],
+            }))  # fmt: skip
+            continue
+        out.append(f"{stamp} direction={key[0]} class={key[1]} samples={count}")
+        out.append(f"{'usecs':>21} : {'count':<8} distribution")
+        peak = max(delta)
+        low = 0
+        for b, n in zip(bounds, delta, strict=True):
+            if n:
+                label = f"{low} -> {b}" if b is not None else f"{low} -> inf"
+                bar = "*" * max(1, round(40 * n / peak))
+                out.append(f"{label:>21} : {n:<8} |{bar:<40}|")
+            low = b if b is not None else low
+    return out
+
+
+def rtt_by_class(cache: MetricCache) -> dict[tuple[str, str], tuple[list[int], float]]:
+    out: dict[tuple[str, str], tuple[list[int], float]] = {}
+    for labels, (bins, total) in cache.snapshot_family(tcp_rtt.LENS):
+        key = (labels[0], labels[1])
+        acc, s = out.get(key, ([0] * len(bins), 0.0))
+        out[key] = ([a + b for a, b in zip(acc, bins, strict=True)], s + total)
+    return out
+
+
+def print_ebpf(what: str, cfg: config.Config, out: TextIO) -> None:
+    """The C source and cflags trace would load (hidden --ebpf)."""
+    names = {"tcp": ["tcp_flows"], "rtt": ["tcp_flows"], "exec": ["proc_events"],
+             "all": ["tcp_flows", "proc_events"]}[what]  # fmt: skip
+    for name in names:
+        # the switches this kernel's spec resolution sets, then the settings
+        if name == "tcp_flows":
+            rtt = what in ("rtt", "all")
+            plan = plan_for(tcp_flows.SPEC, () if rtt else (tcp_flows.RTT,))
+            settings = tcp_flows.TcpFlows.static_defines(cfg, rtt=rtt and plan.uses(tcp_flows.RTT))
+        else:
+            plan = plan_for(proc_events.SPEC)
+            settings = proc_events.ProcEvents.static_defines(cfg)
+        defines: dict[str, int | str] = {**plan.defines, **settings}
+        out.write(f"// {program_source(name)}\n// cflags: {' '.join(render_cflags(defines))}\n")
+        out.write(program_source(name).read_text())
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    cfg = config.load(args.config, overrides={("log_level",): "error"})
+    if args.what == "gpu":
+        return run_gpu(args, cfg, out, err)
+    if args.ebpf:
+        print_ebpf(args.what, cfg, out)
+        return 0
+    if os.geteuid() != 0:
+        raise TraceError("needs root: loading BPF programs takes CAP_BPF and CAP_PERFMON")
+    if tracefs.ensure_mounted() is None:
+        raise TraceError("tracefs is not mounted and cannot be (mount -t tracefs ...)")
+    want_tcp = args.what in ("tcp", "rtt", "all")
+    want_proc = args.what in ("exec", "all")
+    # what this kernel lacks, said before anything compiles (the specs' own reasons)
+    if want_tcp:
+        plan = plan_for(tcp_flows.SPEC)
+        if not plan.loadable:
+            raise TraceError(f"tcp_flows: {plan.off_reason}")
+        if args.what == "rtt" and not plan.uses(tcp_flows.RTT):
+            raise TraceError(f"rtt: {plan.choices[tcp_flows.RTT].reason}")
+    if want_proc and not (plan := plan_for(proc_events.SPEC)).loadable:
+        raise TraceError(f"proc_events: {plan.off_reason}")
+    kernel_headers.for_config(cfg.kernel)
+    try:
+        policy = PolicyWatcher(Path(args.policy) if args.policy else config.policy_path(cfg))
+    except PolicyError as exc:
+        raise TraceError(f"policy: {exc}") from None
+    # pid -> container -> pod from the runtime; no cluster index (standalone)
+    enrich = Enrichment.for_node(Path("/proc"), Path("/sys"), Path(cfg.containers.containerd_state))
+
+    cache = MetricCache(ttl_seconds=3600, max_series=10**6)
+    bus = EventBus(cfg.events.queue_size)
+    loader = BpfLoader()
+    programs: list[Any] = []
+    tcp = procs = None
+    if want_tcp:
+        tcp = tcp_flows.TcpFlows(cfg, cache, bus, loader, rtt=args.what in ("rtt", "all"),
+                                 enrich=enrich)  # fmt: skip
+        if args.what == "rtt" and tcp.rtt is None:
+            raise TraceError(f"rtt: {tcp.rtt_off_reason}")
+        if not tcp.start(policy.effective()):
+            raise TraceError(f"tcp_flows: {loader.status['tcp_flows'].reason}")
+        layouts.set_trace_filter(tcp.bpf, args.pid, args.port)
+        programs.append(tcp)
+    if want_proc:
+        procs = proc_events.ProcEvents(cfg, cache, bus, loader, enrich)
+        if not procs.start():
+            loader.close()
+            raise TraceError(f"proc_events: {loader.status['proc_events'].reason}")
+        layouts.set_trace_filter(procs.bpf, args.pid)
+        programs.append(procs)
+
+    boot_offset = time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
+    kinds = set()
+    if args.what in ("tcp", "all"):
+        kinds.add("flow_closed")
+    if want_proc:
+        kinds |= {"process_exec", "process_exit", "oom_kill"}
+    sub = bus.subscribe("trace", accept=event_filter(args, frozenset(kinds)))
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    threads = [threading.Thread(target=p.poll_until, args=(stop, 100), daemon=True)
+               for p in programs]  # fmt: skip
+    for t in threads:
+        t.start()
+    err.write(f"lens-ebpf trace: tracing {args.what} (Ctrl-C to stop)\n")
+    err.flush()
+    shown = 0
+    header_done = False
+    started = time.monotonic()
+    next_rtt = started + args.interval
+    rtt_prev: dict[tuple[str, str], list[int]] = {}
+    rtt_rounds = 0
+    try:
+        while not stop.is_set():
+            if args.duration and time.monotonic() - started >= args.duration:
+                break
+            ev = sub.get(timeout=0.1)
+            if ev is not None:
+                if not args.json and not header_done:
+                    out.write({"tcp": TCP_HEADER, "exec": EXEC_HEADER}.get(args.what, ALL_HEADER)
+                              + "\n")  # fmt: skip
+                    header_done = True
+                out.write(_render(ev, args, boot_offset) + "\n")
+                out.flush()
+                shown += 1
+            if args.what in ("rtt", "all") and tcp is not None and time.monotonic() >= next_rtt:
+                tcp.read()
+                now = rtt_by_class(cache)
+                for line in rtt_lines(rtt_prev, now, time.strftime("%H:%M:%S"), args.json):
+                    out.write(line + "\n")
+                out.flush()
+                rtt_prev = {k: v[0] for k, v in now.items()}
+                next_rtt += args.interval
+                rtt_rounds += 1
+                if args.count and rtt_rounds >= args.count:
+                    break
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=2)
+        for p in programs:
+            p.read()
+        lost = sum(p.kernel_stats["ringbuf_full"] for p in programs) + sub.dropped
+        received = sum(p.events_received for p in programs)
+        loader.close()
+    err.write(f"lens-ebpf trace: {shown} events shown, {received} received, {lost} lost\n")
+    return 0
+
+
+def _render(ev: Event, args: argparse.Namespace, boot_offset: float) -> str:
+    if args.json:
+        return json.dumps(ev.to_dict(), sort_keys=True, default=str)
+    if args.what == "all":
+        return format_any(ev, boot_offset, args.wide)
+    if ev["kind"] == "flow_closed":
+        return format_flow(ev, boot_offset, args.wide)
+    return format_proc(ev, boot_offset, args.wide)
+
+
+def format_gpu(ev: Event, wide: bool = False) -> str:
+    line = (
+        f"{time.strftime('%H:%M:%S'):<8} {ev['gpu_index']:>3} {ev['bdf']:<12} "
+        f"{ev['fault']:<18} {ev['code']:<6} {ev['pid'] or '-':>7} {ev['message']}"
+    )[:120]
+    return line + _wide(ev) if wide else line
+
+
+def run_gpu(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: TextIO) -> int:
+    """GPU faults as the agent's GPU feature sees them, without the agent."""
+    from lens_ebpf.agent.devices.gpu import collector as gpu_collector
+    from lens_ebpf.agent.k8s.podresources import PodResourcesCollector
+
+    g = cfg.collectors.section("gpu")
+    assert isinstance(g, gpu_collector.GpuSettings)
+    sysfs = Path(cfg.devices.sysfs_root)
+    enrich = Enrichment.for_node(Path("/proc"), sysfs, Path(cfg.containers.containerd_state))
+    k = cfg.kubernetes
+    pods = PodResourcesCollector.from_config(k)
+    gpus = gpu_collector.make_collector(cfg, g, enrich.pid, lambda: pods.assigned)
+    bus = EventBus(cfg.events.queue_size)
+    gpus.publish = bus.publish
+    sub = bus.subscribe("trace", accept=event_filter(args, frozenset({"gpu_fault"})))
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if k.pod_resources.enabled and Path(k.pod_resources.socket).exists():
+        pods.run_once()
+    gpus.run_once()
+
+    def poll() -> None:  # the error counters: a rise between readings is a fault
+        while not stop.wait(g.interval_seconds):
+            gpus.run_once()
+
+    threads = [threading.Thread(target=poll, daemon=True)]
+    kmsg, xids = gpu_collector.fault_watchers(g, gpus)
+    if kmsg is not None:
+        try:  # opened here, to say so when it cannot be (the agent logs it)
+            fd = kmsg.open()
+            threads.append(threading.Thread(target=kmsg.run, args=(stop, fd), daemon=True))
+        except OSError as exc:
+            err.write(f"lens-ebpf trace: {g.kmsg}: {exc.strerror}; kernel log faults not seen\n")
+    if xids is not None:
+        threads.append(threading.Thread(target=xids.run, args=(stop,), daemon=True))
+    for t in threads:
+        t.start()
+    gpu_count = len(gpus.readings())
+    err.write(f"lens-ebpf trace: tracing GPU faults on {gpu_count} GPUs (Ctrl-C to stop)\n")
+    err.flush()
+    shown = 0
+    started = time.monotonic()
+    try:
+        while not stop.is_set():
+            if args.duration and time.monotonic() - started >= args.duration:
+                break
+            ev = sub.get(timeout=0.1)
+            if ev is None:
+                continue
+            if not args.json and not shown:
+                out.write(GPU_HEADER + "\n")
+            out.write((json.dumps(ev.to_dict(), sort_keys=True, default=str) if args.json
+                       else format_gpu(ev, args.wide)) + "\n")  # fmt: skip
+            out.flush()
+            shown += 1
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=2)
+    err.write(f"lens-ebpf trace: {shown} GPU faults shown\n")
+    return 0

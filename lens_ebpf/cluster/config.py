@@ -1,0 +1,80 @@
+"""The cluster service's settings: shipped defaults (cluster/defaults.yaml), a YAML file,
+the environment, flags, in that order (core/settings.py)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from importlib import resources
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from lens_ebpf.api.tls import ServerTlsConfig
+from lens_ebpf.core import settings
+from lens_ebpf.core.settings import Section, ServerConfig, split_listen
+from lens_ebpf.k8s.client import KubernetesClientConfig
+
+
+class KubeletServiceConfig(Section):
+    enabled: bool = False
+    namespace: str = "kube-system"
+    name: str = "kubelet"
+    interval_seconds: float = Field(30.0, gt=0)
+    ports: dict[str, int] = Field(
+        default_factory=lambda: {"https-metrics": 10250, "http-metrics": 10255, "cadvisor": 4194}
+    )
+
+
+class RecorderConfig(Section):
+    database_url: str = "sqlite:///lens-recorder.db"
+    listen: str = "0.0.0.0:9480"  # REST (/workloads, /pods) and /metrics
+    collect_listen: str = "0.0.0.0:9472"  # reporters' collector protocol; empty: off
+    gpu_resources: list[str] = Field(default_factory=lambda: ["amd.com/gpu", "nvidia.com/gpu"])
+    finalizers: bool = True
+    queue_max: int = Field(100_000, ge=1, le=10_000_000)
+    db_retry_max_seconds: float = Field(10.0, gt=0)
+    page_max: int = Field(1000, ge=1, le=100_000)
+    kubelet_service: KubeletServiceConfig = Field(default_factory=KubeletServiceConfig)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        split_listen(v)
+        return v
+
+
+class CollectorGrpcConfig(Section):
+    tls: ServerTlsConfig = Field(default_factory=ServerTlsConfig)
+
+
+class Config(Section):
+    log_level: str = "info"
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    kubernetes: KubernetesClientConfig = Field(default_factory=KubernetesClientConfig)
+    grpc: CollectorGrpcConfig = Field(default_factory=CollectorGrpcConfig)
+    recorder: RecorderConfig = Field(default_factory=RecorderConfig)
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, v: str) -> str:
+        return settings.log_level(v)
+
+
+def shipped() -> str:
+    """cluster/defaults.yaml: every key with its default, documented."""
+    return resources.files("lens_ebpf.cluster").joinpath("defaults.yaml").read_text()
+
+
+def load(
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[tuple[str, ...], Any] | None = None,
+) -> Config:
+    """The cluster service's effective settings; ConfigError naming the key and why."""
+    return settings.load(Config, [shipped()], path, env, overrides)
+
+
+def defaults() -> dict[str, Any]:
+    """Every key with its default: the models' and defaults.yaml."""
+    return settings.defaults(Config, [shipped()])

@@ -1,0 +1,255 @@
+"""The recorder's database: engine, migrations, and one writer thread.
+
+Every write goes through a bounded queue to one writer thread, in order. While the
+database is down the writer keeps the batch it holds and retries with backoff; the queue
+absorbs what arrives meanwhile, up to queue_max, and counts what it had to drop. A write
+the database refuses (a constraint, bad data) is retried alone, then dropped and counted,
+so one bad row cannot stall the rest. After a write commits, its callback runs (the
+finalizer of a deleted workload comes off only once its final state is stored).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Table, create_engine, event
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
+
+from lens_ebpf.core.backoff import Backoff
+
+log = logging.getLogger(__name__)
+
+BATCH = 200
+# histogram buckets for one commit, seconds
+WRITE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class DatabaseError(Exception):
+    """The database URL or schema cannot be used (worded for one line)."""
+
+
+def engine_for(url: str) -> Engine:
+    """An engine for a SQLAlchemy URL: sqlite:///path or postgresql+psycopg://..."""
+    try:
+        if url.startswith("sqlite"):
+            eng = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+            @event.listens_for(eng, "connect")
+            def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+                cur = dbapi_conn.cursor()
+                cur.execute("PRAGMA journal_mode=WAL")  # readers (REST) never block the writer
+                cur.close()
+
+            return eng
+        return create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 5})
+    except (SQLAlchemyError, ImportError, ValueError) as exc:
+        raise DatabaseError(f"database_url {redact(url)}: {exc}") from None
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    head, at, tail = url.rpartition("@")
+    if not at:
+        return url
+    scheme, _, cred = head.partition("://")
+    user = cred.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{tail}"
+
+
+def upgrade(engine: Engine) -> str:
+    """Bring the schema to the newest migration; returns its revision."""
+    from alembic import command
+    from alembic.config import Config
+    from alembic.runtime.migration import MigrationContext
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(resources.files("lens_ebpf.cluster") /
+                                               "migrations"))  # fmt: skip
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+        return str(MigrationContext.configure(conn).get_current_revision())
+
+
+def _insert(conn: Connection, table: Table) -> Any:
+    if conn.dialect.name == "postgresql":
+        return postgresql.insert(table)
+    return sqlite.insert(table)
+
+
+def upsert(conn: Connection, table: Table, row: dict[str, Any], keys: list[str]) -> None:
+    """Insert row, or update every other column of the row that has its keys."""
+    stmt = _insert(conn, table).values(**row)
+    rest = {c: stmt.excluded[c] for c in row if c not in keys}
+    conn.execute(stmt.on_conflict_do_update(index_elements=keys, set_=rest))
+
+
+def insert_new(conn: Connection, table: Table, row: dict[str, Any], keys: list[str]) -> bool:
+    """Insert row unless one with the same keys exists; True when it was inserted."""
+    stmt = _insert(conn, table).values(**row).on_conflict_do_nothing(index_elements=keys)
+    return bool(conn.execute(stmt).rowcount)
+
+
+Write = Callable[[Connection], None]
+
+
+@dataclass
+class Op:
+    what: str  # the table or action, for errors and logs
+    write: Write
+    done: Callable[[], None] | None = None  # runs after the commit
+
+
+class Writer:
+    """One thread applying queued writes in order, surviving database outages."""
+
+    def __init__(self, engine: Engine, queue_max: int, retry_max: float = 10.0) -> None:
+        self.engine = engine
+        self.queue_max = queue_max
+        self.retry_max = retry_max
+        self._queue: deque[Op] = deque()
+        self._cond = threading.Condition()
+        self._busy = False
+        self.up = True
+        self.committed = 0  # writes committed
+        self.dropped = 0  # refused by a full queue
+        self.errors: dict[str, int] = {"unavailable": 0, "rejected": 0}
+        self.last_error = ""
+        # commit durations: a cumulative histogram (counts per WRITE_BUCKETS bound, +Inf last)
+        self.write_buckets = [0] * (len(WRITE_BUCKETS) + 1)
+        self.write_sum = 0.0
+        self._thread: threading.Thread | None = None
+
+    def submit(self, op: Op) -> bool:
+        with self._cond:
+            if len(self._queue) >= self.queue_max:
+                self.dropped += 1
+                log.warning("recorder: write queue full (%d); dropped a %s write",
+                            self.queue_max, op.what)  # fmt: skip
+                return False
+            self._queue.append(op)
+            self._cond.notify_all()
+        return True
+
+    def depth(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every queued write is committed (or dropped as rejected)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.1))
+        return True
+
+    def start(self, stop: threading.Event) -> None:
+        self._thread = threading.Thread(target=self.run, args=(stop,), name="recorder-db",
+                                        daemon=True)  # fmt: skip
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            with self._cond:
+                self._cond.notify_all()
+            self._thread.join(timeout)
+
+    def run(self, stop: threading.Event) -> None:
+        backoff = Backoff(self.retry_max)
+        while True:
+            with self._cond:
+                while not self._queue and not stop.is_set():
+                    self._cond.wait(0.5)
+                if not self._queue:
+                    return  # stopped with nothing left
+                batch = [self._queue[i] for i in range(min(BATCH, len(self._queue)))]
+                self._busy = True
+            try:
+                self._commit(batch)
+                backoff.reset()
+            except SQLAlchemyError as exc:
+                if not _unavailable(exc):
+                    self._one_by_one(batch)
+                    continue
+                self._down(exc)
+                if stop.wait(backoff.next()):
+                    return  # stopped while the database is down: RecorderApp.stop logs the rest
+            finally:
+                self._idle()
+
+    def _idle(self) -> None:
+        with self._cond:
+            self._busy = False
+            self._cond.notify_all()
+
+    def _commit(self, batch: list[Op]) -> None:
+        start = time.monotonic()
+        with self.engine.begin() as conn:
+            for op in batch:
+                op.write(conn)
+        took = time.monotonic() - start
+        for i, bound in enumerate((*WRITE_BUCKETS, float("inf"))):
+            if took <= bound:
+                self.write_buckets[i] += 1
+        self.write_sum += took
+        if not self.up:
+            log.info("recorder: database is back; writing %d queued writes", self.depth())
+        self.up = True
+        self._done(batch)
+
+    def _done(self, batch: list[Op]) -> None:
+        with self._cond:
+            for _ in batch:
+                self._queue.popleft()
+            self.committed += len(batch)
+        for op in batch:
+            if op.done is not None:
+                try:
+                    op.done()
+                except Exception:  # a callback's failure is its own; the rows are stored
+                    log.exception("recorder: after writing %s", op.what)
+
+    def _one_by_one(self, batch: list[Op]) -> None:
+        """A batch the database refused: each write alone; the ones it refuses are dropped."""
+        for op in batch:
+            try:
+                self._commit([op])
+            except SQLAlchemyError as exc:
+                if _unavailable(exc):
+                    self._down(exc)
+                    return  # the rest stay queued
+                self._reject(op, exc)
+
+    def _reject(self, op: Op, exc: Exception) -> None:
+        self.errors["rejected"] += 1
+        self.last_error = f"{op.what}: {type(exc).__name__}: {exc}"[:300]
+        log.error("recorder: the database refused a %s write: %s", op.what, self.last_error)
+        with self._cond:
+            if self._queue and self._queue[0] is op:
+                self._queue.popleft()
+
+    def _down(self, exc: Exception) -> None:
+        self.errors["unavailable"] += 1
+        if self.up:
+            log.warning("recorder: database unavailable (%s); %d writes queued",
+                        str(exc).splitlines()[0][:200], self.depth())  # fmt: skip
+        self.up = False
+        self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"[:300]
+
+
+def _unavailable(exc: SQLAlchemyError) -> bool:
+    """The database cannot be reached (as opposed to refusing this write)."""
+    if isinstance(exc, OperationalError | InterfaceError):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)

@@ -1,0 +1,298 @@
+"""HTTP front on aiohttp: /metrics, health and readiness, and JSON routes other modules add.
+
+One asyncio loop (api/loop.py, shared with the gRPC servers) holds every connection, so
+an idle or slow client costs a coroutine, not a thread. Bounded against abusive clients:
+beyond `max_connections` open at once a new connection gets 503 and is closed (counted);
+a request head must arrive whole within `request_timeout` of connecting or of the
+previous response (aiohttp's keep-alive timer, counted when it cuts); request heads are
+capped at `max_header_bytes` (431 beyond); clients that hang up are not tracebacks; and
+scrapes that arrive while /metrics renders share that rendering. Routes are plain
+functions run on a worker thread, so a slow one never holds the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import resource
+import socket
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+from urllib.parse import unquote
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from lens_ebpf.core.exposition import CONTENT_TYPE, render
+from lens_ebpf.core.loop import EventLoopThread
+
+log = logging.getLogger(__name__)
+
+Response = tuple[int, str, bytes]
+Route = Callable[[], Response]
+# a route under a prefix: (the path below the prefix, the query's last value per key)
+QueryRoute = Callable[[str, dict[str, str]], Response]
+
+REFUSED = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
+             b"Connection: close\r\n\r\n")  # fmt: skip
+
+
+def json_response(status: int, body: Any) -> Response:
+    return status, "application/json", (json.dumps(body, sort_keys=True) + "\n").encode()
+
+
+def envelope(data: Any) -> Response:
+    """The node exporter's REST envelope."""
+    return json_response(200, {"code": 0, "data": data, "message": "success"})
+
+
+def raise_open_files(needed: int) -> int:
+    """Raise this process's open-file limit toward needed (up to the hard limit); the
+    soft limit in force. Each connection is a descriptor."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= needed:
+        return soft
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if target > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    if soft < needed:
+        log.warning("open files limited to %d (hard limit %s): fewer than the %d that "
+                    "server.max_connections asks for", soft, hard, needed)  # fmt: skip
+    else:
+        log.info("open-file limit raised to %d for server.max_connections", soft)
+    return soft
+
+
+class Counters:
+    def __init__(self) -> None:
+        self.open = 0
+        self.refused = 0
+        self.cut = 0  # closed for sending no whole request head in time
+        self.oversized = 0
+        self.scrapes = 0
+        self.renders = 0
+
+
+class _Connection(RequestHandler):
+    """aiohttp's protocol, counting what its keep-alive timer cuts (no whole request
+    head within the timeout) and holding a connection's head bytes to a budget."""
+
+    def __init__(self, manager: web.Server, counters: Counters, head_budget: int,
+                 **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(manager, **kwargs)
+        self.counters = counters
+        self.head_budget = head_budget
+        self.head_bytes = 0
+        self.in_request = False
+
+    def data_received(self, data: bytes) -> None:
+        if not self.in_request:  # bytes of a head not yet whole
+            self.head_bytes += len(data)
+            if self.head_bytes > self.head_budget and self.transport is not None:
+                self.counters.oversized += 1
+                self.transport.write(TOO_LARGE)
+                self.force_close()
+                self.transport.close()
+                return
+        super().data_received(data)
+
+    def _process_keepalive(self) -> None:
+        open_before = not self._force_close
+        super()._process_keepalive()
+        if open_before and self._force_close:
+            self.counters.cut += 1
+
+
+class _Server(web.Server):
+    """Makes _Connection protocols; refuses connections beyond the cap."""
+
+    def __init__(self, handler: Any, counters: Counters, max_connections: int,
+                 head_budget: int, **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(handler, **kwargs)
+        self.counters, self.max_connections = counters, max_connections
+        self.head_budget = head_budget
+
+    def __call__(self) -> RequestHandler:
+        return _Connection(self, self.counters, self.head_budget, loop=self._loop, **self._kwargs)
+
+    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        self.counters.open += 1
+        if self.counters.open > self.max_connections:
+            self.counters.refused += 1
+            transport.write(REFUSED)
+            handler.force_close()
+            transport.close()
+
+    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+        self.counters.open -= 1
+        super().connection_lost(handler, exc)
+
+
+class HttpServer:
+    """aiohttp on the given loop (or one of its own), with a fixed route table."""
+
+    def __init__(self, host: str, port: int, registry: CollectorRegistry,
+                 max_connections: int = 10000, request_timeout: float = 10.0,
+                 max_header_bytes: int = 65536,
+                 loop: EventLoopThread | None = None) -> None:  # fmt: skip
+        self.registry = registry
+        self.routes: dict[str, Route] = {}
+        self.query_routes: dict[str, QueryRoute] = {}
+        self.counters = Counters()
+        self.max_connections = max_connections
+        self.request_timeout = request_timeout
+        self.max_header_bytes = max_header_bytes
+        self._own_loop = loop is None
+        self._loop = loop or EventLoopThread("http")
+        self._rendering: asyncio.Future[bytes] | None = None
+        self._server: asyncio.AbstractServer | None = None
+        raise_open_files(max_connections + 256)
+        # bound now: a port in use is the caller's error at once, before anything starts
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._sock.bind((host, port))
+            self._sock.listen(1024)
+            self._sock.setblocking(False)
+        except OSError:
+            self._sock.close()
+            if self._own_loop:
+                self._loop.close()
+            raise
+
+    @property
+    def port(self) -> int:
+        return int(self._sock.getsockname()[1])
+
+    @property
+    def scrapes(self) -> int:
+        return self.counters.scrapes
+
+    @property
+    def renders(self) -> int:
+        return self.counters.renders
+
+    def add(self, path: str, route: Route) -> None:
+        self.routes[path] = route
+
+    def add_query(self, prefix: str, route: QueryRoute) -> None:
+        """A route for prefix and every path below it, given the rest and the query."""
+        self.query_routes[prefix.rstrip("/")] = route
+
+    def _find(self, request: web.BaseRequest) -> Route | None:
+        path = request.path.rstrip("/") or "/"
+        route = self.routes.get(path)
+        if route is not None:
+            return route
+        for prefix, qroute in self.query_routes.items():
+            if path == prefix or path.startswith(prefix + "/"):
+                rest = unquote(path[len(prefix) :].lstrip("/"))
+                return partial(qroute, rest, dict(request.query))
+        return None
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        conn = request.protocol
+        if isinstance(conn, _Connection):
+            conn.in_request, conn.head_bytes = True, 0
+        try:
+            if request.method not in ("GET", "HEAD"):
+                status, ctype, body = json_response(405, {"error": f"{request.method} not allowed"})
+            elif (request.path.rstrip("/") or "/") == "/metrics":
+                status, ctype, body = 200, CONTENT_TYPE, await self._metrics()
+            elif (route := self._find(request)) is None:
+                status, ctype, body = json_response(404, {"error": f"no route {request.path}"})
+            else:
+                try:
+                    status, ctype, body = await asyncio.get_running_loop().run_in_executor(
+                        None, route
+                    )
+                except Exception as exc:  # a broken route must not take the server down
+                    log.exception("route %s failed", request.path)
+                    status, ctype, body = json_response(500, {"error": str(exc)})
+            return web.Response(status=status, body=body, headers={"Content-Type": ctype})
+        finally:
+            if isinstance(conn, _Connection):
+                conn.in_request = False
+
+    async def _metrics(self) -> bytes:
+        """Render once for every scrape that arrives while a rendering runs."""
+        self.counters.scrapes += 1
+        if self._rendering is None:
+            self._rendering = asyncio.get_running_loop().run_in_executor(None, self._render)
+            self._rendering.add_done_callback(self._rendered)
+        return await asyncio.shield(self._rendering)
+
+    def _rendered(self, _: asyncio.Future[bytes]) -> None:
+        self._rendering = None
+
+    def _render(self) -> bytes:
+        body = render([self.registry])
+        self.counters.renders += 1
+        return body
+
+    async def _start(self) -> None:
+        manager = _Server(
+            self._handle, self.counters, self.max_connections, self.max_header_bytes,
+            keepalive_timeout=self.request_timeout, max_line_size=self.max_header_bytes,
+            max_field_size=self.max_header_bytes, access_log=None,
+            loop=asyncio.get_running_loop(),
+        )  # fmt: skip
+        self._server = await asyncio.get_running_loop().create_server(manager, sock=self._sock)
+        self._manager = manager
+
+    def start(self) -> None:
+        self._loop.call(self._start())
+
+    async def _stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._manager.pre_shutdown()
+            await self._server.wait_closed()
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._loop.call(self._stop(), timeout=10)
+        self._sock.close()
+        if self._own_loop:
+            self._loop.close()
+
+    def collector(self) -> Collector:
+        return _HttpCollector(self.counters)
+
+
+class _HttpCollector(Collector):
+    def __init__(self, counters: Counters) -> None:
+        self._c = counters
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        c = self._c
+        yield GaugeMetricFamily("lens_agent_http_connections", "HTTP connections open",
+                                value=c.open)  # fmt: skip
+        yield CounterMetricFamily("lens_agent_http_connections_refused",
+                                  "HTTP connections refused (server.max_connections open)",
+                                  value=c.refused)  # fmt: skip
+        yield CounterMetricFamily("lens_agent_http_connections_timed_out",
+                                  "HTTP connections closed: no whole request head in time",
+                                  value=c.cut)  # fmt: skip
+        yield CounterMetricFamily("lens_agent_http_request_heads_too_large",
+                                  "HTTP request heads refused (431): over server.max_header_bytes",
+                                  value=c.oversized)  # fmt: skip
+        yield CounterMetricFamily("lens_agent_metrics_scrapes", "/metrics requests",
+                                  value=c.scrapes)  # fmt: skip
+        yield CounterMetricFamily("lens_agent_metrics_renders",
+                                  "/metrics renderings (concurrent scrapes share one)",
+                                  value=c.renders)  # fmt: skip

@@ -1,1 +1,0 @@
-"""Device collectors: each module declares its feature (DeviceFeature) by name."""
