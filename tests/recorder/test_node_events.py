@@ -11,13 +11,15 @@ from typing import Any
 
 import grpc
 
+from lens_ebpf.agent.api.reporter import Reporter
+from lens_ebpf.agent.events import ContainerChange, EventBus
 from lens_ebpf.api.gen import lens_pb2 as pb
 from lens_ebpf.api.gen import lens_pb2_grpc
-from lens_ebpf.api.reporter import Reporter
-from lens_ebpf.events import ContainerChange, EventBus
 from tests import pglab
+from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer, eventually
 from tests.recorder.conftest import rows
+from tests.reportersim import simulate
 
 
 def container_start(n: int, devices: tuple[str, ...]) -> ContainerChange:
@@ -110,3 +112,22 @@ def test_events_are_acknowledged_only_once_stored(api: FakeApiServer, recorder_a
             postgres.start()
         eventually(lambda: reporter.acked == 6, timeout=20)
     assert [r["seq"] for r in rows(url, "node_events")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_hundred_reporters_at_once_every_event_written(api: FakeApiServer, recorder_app: Any,
+                                                          db_url: str) -> None:  # fmt: skip
+    """Streams on the collector's event loop, none holding a thread: each node's events
+    written once and acknowledged to the last (bench.reporters runs a thousand)."""
+    nodes, events = 100, 20
+    app = recorder_app(db_url)
+    got = simulate(f"127.0.0.1:{app.collect_port}", nodes, events, timeout=hang_guard(120))
+    assert got.acked == {f"gpu-{n}": events for n in range(nodes)}
+    stored = rows(db_url, "node_events")
+    assert len(stored) == nodes * events
+    per_node: dict[str, list[int]] = {}
+    for r in stored:
+        per_node.setdefault(r["node"], []).append(r["seq"])
+    assert {n: sorted(s) for n, s in per_node.items()} == {
+        f"gpu-{n}": list(range(1, events + 1)) for n in range(nodes)}  # fmt: skip
+    assert app.node_events.streams == 0  # every stream ended
+    assert len(rows(db_url, "pod_resources")) == nodes * events  # one GPU each, from the agent
