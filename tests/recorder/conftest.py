@@ -13,7 +13,7 @@ from sqlalchemy import create_engine, select
 
 from lens_ebpf.cluster import config
 from tests import pglab
-from tests.k8slab import FakeApiServer
+from tests.k8slab import FakeApiServer, eventually
 
 _names = itertools.count()
 
@@ -48,7 +48,9 @@ Factory = Callable[..., Any]
 
 @pytest.fixture()
 def recorder_app(api: FakeApiServer, tmp_path: Path) -> Iterator[Factory]:
-    """make(db_url, **recorder settings) -> a started RecorderApp; all stopped at the end."""
+    """make(db_url, **recorder settings) -> a started RecorderApp whose pod watch has
+    listed (what a test changes next reaches it as watch events, one by one, however
+    slow the machine); all stopped at the end."""
     from lens_ebpf.cluster.service import RecorderApp
     from lens_ebpf.k8s.client import api_client
 
@@ -70,6 +72,7 @@ def recorder_app(api: FakeApiServer, tmp_path: Path) -> Iterator[Factory]:
         app = RecorderApp(cfg, client, clock) if clock else RecorderApp(cfg, client)
         app.start()
         apps.append(app)
+        eventually(app.recorder.pod_reflector.synced.is_set, timeout=10)
         return app
 
     yield make
