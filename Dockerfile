@@ -6,7 +6,7 @@
 # linux-headers-amd64 as the fallback the agent links in (another kernel's headers are
 # safe: tracepoint fields and probe arguments only). The cluster service: Python and
 # its database drivers, no BCC and no headers.
-FROM debian:bookworm-20241111-slim AS cluster
+FROM debian:bookworm-20241111-slim AS source
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /opt/lens-ebpf
@@ -17,30 +17,17 @@ COPY lens_ebpf/ lens_ebpf/
 COPY bpf_programs/ bpf_programs/
 COPY policies/ policies/
 
-RUN scripts/setup.sh cluster-image
-
 ENV PATH=/opt/lens-ebpf/.venv/bin:$PATH \
     PYTHONUNBUFFERED=1
+ENTRYPOINT ["lens-ebpf"]
+
+FROM source AS cluster
+RUN scripts/setup.sh cluster-image
 EXPOSE 9480 9472
 USER 65534
-ENTRYPOINT ["lens-ebpf"]
 CMD ["recorder"]
 
-FROM debian:bookworm-20241111-slim AS agent
-
-SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-WORKDIR /opt/lens-ebpf
-
-COPY pyproject.toml README.md ./
-COPY scripts/setup.sh scripts/setup.sh
-COPY lens_ebpf/ lens_ebpf/
-COPY bpf_programs/ bpf_programs/
-COPY policies/ policies/
-
+FROM source AS agent
 RUN scripts/setup.sh image
-
-ENV PATH=/opt/lens-ebpf/.venv/bin:$PATH \
-    PYTHONUNBUFFERED=1
 EXPOSE 9470
-ENTRYPOINT ["lens-ebpf"]
 CMD ["run"]

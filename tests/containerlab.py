@@ -118,3 +118,17 @@ def make_char_device(path: Path, major: int, minor: int) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     os.mknod(path, 0o600 | 0o020000, os.makedev(major, minor))
     return True
+
+
+def gpu_and_rdma_nodes() -> Iterator[tuple[str, str]]:
+    """A fixture's body: /dev/dri/renderD128 (an AMD GPU's render node, 226:128) and
+    /dev/infiniband/uverbs0 (an RDMA device's, 231:192) for containers to be given, made
+    where missing and removed afterwards."""
+    render, uverbs = Path("/dev/dri/renderD128"), Path("/dev/infiniband/uverbs0")
+    made = [p for p, mm in ((render, (226, 128)), (uverbs, (231, 192)))
+            if make_char_device(p, *mm)]  # fmt: skip
+    yield str(render), str(uverbs)
+    for p in made:
+        p.unlink()
+        if not any(p.parent.iterdir()):
+            p.parent.rmdir()

@@ -9,7 +9,8 @@ from typing import Any
 
 import yaml
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+from lens_ebpf.core.networks import Network, NetworkError, parse_networks
+
 # Pods in these phases have released their IPs (a new pod may hold one now).
 FINISHED = ("Succeeded", "Failed")
 
@@ -116,15 +117,10 @@ def _cidrs(value: Any, source: str, key: str) -> tuple[Network, ...]:
     if value in (None, ""):
         return ()
     items = value.split(",") if isinstance(value, str) else value
-    if not isinstance(items, list):
-        raise ObjectError(f"{source}: {key}: expected a list of CIDRs, got {value!r}")
-    out = []
-    for item in items:
-        try:
-            out.append(ipaddress.ip_network(str(item).strip(), strict=False))
-        except ValueError:
-            raise ObjectError(f"{source}: {key}: {item!r} is not a CIDR or an IP address") from None
-    return tuple(out)
+    try:
+        return parse_networks(items, f"{source}: {key}")
+    except NetworkError as exc:
+        raise ObjectError(str(exc)) from None
 
 
 def kubeadm_networks(configmap: dict[str, Any]) -> tuple[tuple[Network, ...], tuple[Network, ...]]:

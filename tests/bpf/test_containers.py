@@ -25,7 +25,7 @@ from lens_ebpf.agent.metrics.cache import MetricCache
 from lens_ebpf.agent.processes.proc_events import EXECS, EXITS, OOMS, ProcEvents
 from tests.bpf.conftest import polling
 from tests.conftest import EMULATED, hang_guard, wait_for
-from tests.containerlab import Containerd, make_char_device, unavailable
+from tests.containerlab import Containerd, gpu_and_rdma_nodes, unavailable
 from tests.k8slab import pod
 
 pytestmark = pytest.mark.bpf
@@ -75,17 +75,7 @@ def ctd() -> Iterator[Containerd]:
 
 @pytest.fixture(scope="module")
 def devices() -> Iterator[tuple[str, str]]:
-    render, uverbs = Path("/dev/dri/renderD128"), Path("/dev/infiniband/uverbs0")
-    made = [
-        p
-        for p in (render, uverbs)
-        if make_char_device(p, *{render: (226, 128), uverbs: (231, 192)}[p])
-    ]
-    yield str(render), str(uverbs)
-    for p in made:
-        p.unlink()
-        if not any(p.parent.iterdir()):
-            p.parent.rmdir()
+    yield from gpu_and_rdma_nodes()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -16,7 +15,7 @@ from lens_ebpf.api.gen import lens_pb2 as pb
 from lens_ebpf.api.gen import lens_pb2_grpc
 from tests.agentproc import AgentProc, free_port
 from tests.conftest import wait_for
-from tests.containerlab import Containerd, make_char_device, private_containerd
+from tests.containerlab import Containerd, gpu_and_rdma_nodes, private_containerd
 from tests.e2e.test_grpc import Reader, wait_subscribers
 
 pytestmark = pytest.mark.e2e
@@ -29,14 +28,7 @@ def ctd() -> Iterator[Containerd]:
 
 @pytest.fixture(scope="module")
 def devices() -> Iterator[tuple[str, str]]:
-    render, uverbs = Path("/dev/dri/renderD128"), Path("/dev/infiniband/uverbs0")
-    made = [p for p, mm in ((render, (226, 128)), (uverbs, (231, 192)))
-            if make_char_device(p, *mm)]  # fmt: skip
-    yield str(render), str(uverbs)
-    for p in made:
-        p.unlink()
-        if not any(p.parent.iterdir()):
-            p.parent.rmdir()
+    yield from gpu_and_rdma_nodes()
 
 
 def test_pods_and_container_events_without_bpf(ctd: Containerd, devices) -> None:

@@ -13,7 +13,7 @@ import pytest
 from tests import rest_contract
 from tests.agentproc import AgentProc
 from tests.conftest import wait_for
-from tests.containerlab import Containerd, make_char_device, private_containerd
+from tests.containerlab import Containerd, gpu_and_rdma_nodes, private_containerd
 
 pytestmark = pytest.mark.e2e
 FIX = Path(__file__).parent.parent / "fixtures"
@@ -27,14 +27,7 @@ def ctd() -> Iterator[Containerd]:
 @pytest.fixture(scope="module")
 def host_devices() -> Iterator[tuple[str, str]]:
     """Device nodes standing in for the MI300X's render node and mlx5_0's uverbs0."""
-    render, uverbs = Path("/dev/dri/renderD128"), Path("/dev/infiniband/uverbs0")
-    made = [p for p, mm in ((render, (226, 128)), (uverbs, (231, 192)))
-            if make_char_device(p, *mm)]  # fmt: skip
-    yield str(render), str(uverbs)
-    for p in made:
-        p.unlink()
-        if not any(p.parent.iterdir()):
-            p.parent.rmdir()
+    yield from gpu_and_rdma_nodes()
 
 
 def test_every_route_reads_as_the_node_exporters(ctd, host_devices, tmp_path: Path) -> None:

@@ -10,6 +10,9 @@ from typing import Any
 
 import yaml
 
+from lens_ebpf.core import networks
+from lens_ebpf.core.networks import Network
+
 # Class ids as in bpf_programs/lens_common.h; a lower id wins when several match.
 EXTERNAL = "externalHosts"
 CLASS_ORDER = ("k8sPod", "k8sSvc", "dns", "docker", "localhost", "internalHosts")
@@ -22,7 +25,6 @@ LIST_ALIASES = {
     "abnormal_white_list": "abnormalWhiteList",
 }
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 V4_MAPPED = 0xFFFF << 32
 # Class prefixes a policy file may hold, checked before anything is parsed. The kernel
 # trie (tcp_flows.MAX_POLICY_PREFIXES) holds these plus room for the cluster's pod and
@@ -49,21 +51,10 @@ class Policy:
 
 def parse_networks(values: Any, key: str, source: str) -> tuple[Network, ...]:
     """CIDRs or bare addresses (a list, or one string); PolicyError names source, key, value."""
-    if values is None:
-        return ()
-    if isinstance(values, str):
-        values = [values]
-    if not isinstance(values, list):
-        raise PolicyError(f"{source}: {key}: expected a list of CIDRs, got {values!r}")
-    out = []
-    for value in values:
-        try:
-            out.append(ipaddress.ip_network(str(value).strip(), strict=False))
-        except ValueError:
-            raise PolicyError(
-                f"{source}: {key}: {value!r} is not a CIDR or an IP address"
-            ) from None
-    return tuple(out)
+    try:
+        return networks.parse_networks(values, f"{source}: {key}")
+    except networks.NetworkError as exc:
+        raise PolicyError(str(exc)) from None
 
 
 def parse_policy(text: str, source: str = "policy.yaml") -> Policy:
