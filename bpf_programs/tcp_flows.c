@@ -439,9 +439,14 @@ TRACEPOINT_PROBE(sock, sock_recv_length)
 #ifndef MAX_INFLIGHT_CALLS
 #define MAX_INFLIGHT_CALLS 16384
 #endif
-/* thread -> the socket its tcp_sendmsg() / tcp_recvmsg() works on, until the call returns */
-BPF_HASH(sending, u64, u64, MAX_INFLIGHT_CALLS);
-BPF_HASH(receiving, u64, u64, MAX_INFLIGHT_CALLS);
+/* thread -> the socket its tcp_sendmsg() or tcp_recvmsg() works on, and which of the two,
+ * until the call returns (a thread is inside one of them at a time) */
+struct inflight {
+    u64 sk;
+    u32 sending;
+    u32 pad;
+};
+BPF_HASH(calls, u64, struct inflight, MAX_INFLIGHT_CALLS);
 /* threads inside a MSG_PEEK recvmsg(): their tcp_recvmsg() moves no data out */
 BPF_HASH(peeking, u64, u8, MAX_INFLIGHT_CALLS);
 
@@ -449,27 +454,38 @@ BPF_HASH(peeking, u64, u8, MAX_INFLIGHT_CALLS);
  * itself, with room for as many threads inside the call at once as the kernel allows
  * (a thread blocked in recv holds one instance for as long as it waits). */
 
+static __always_inline void call_entered(u64 sk, u32 sending)
+{
+    u64 tid = bpf_get_current_pid_tgid();
+    struct inflight call = {.sk = sk, .sending = sending};
+    calls.update(&tid, &call);
+}
+
+/* The call's return value is the bytes it moved, once per call however often it waited. */
+static __always_inline int call_returned(struct pt_regs *ctx)
+{
+    u64 tid = bpf_get_current_pid_tgid();
+    struct inflight *found = calls.lookup(&tid);
+    if (!found)
+        return 0;
+    struct inflight call = *found;
+    calls.delete(&tid);
+    int ret = PT_REGS_RC(ctx);
+    if (ret > 0)
+        account_bytes(call.sk, ret, call.sending);
+    return 0;
+}
+
 /* int tcp_sendmsg(struct sock *sk, struct msghdr *msg, size_t size) */
 int kprobe__tcp_sendmsg(struct pt_regs *ctx)
 {
-    u64 tid = bpf_get_current_pid_tgid();
-    u64 sk = PT_REGS_PARM1(ctx);
-    sending.update(&tid, &sk);
+    call_entered(PT_REGS_PARM1(ctx), 1);
     return 0;
 }
 
 int kretprobe_tcp_sendmsg(struct pt_regs *ctx)
 {
-    u64 tid = bpf_get_current_pid_tgid();
-    u64 *sk = sending.lookup(&tid);
-    if (!sk)
-        return 0;
-    u64 sock = *sk;
-    sending.delete(&tid);
-    int ret = PT_REGS_RC(ctx);
-    if (ret > 0)
-        account_bytes(sock, ret, 1);
-    return 0;
+    return call_returned(ctx);
 }
 
 /* int inet_recvmsg(struct socket *sock, struct msghdr *msg, size_t size, int flags), and
@@ -506,26 +522,16 @@ int kprobe__tcp_recvmsg(struct pt_regs *ctx)
     u64 tid = bpf_get_current_pid_tgid();
     if (peeking.lookup(&tid)) {
         peeking.delete(&tid);
-        receiving.delete(&tid);
+        calls.delete(&tid);
         return 0;
     }
-    u64 sk = PT_REGS_PARM1(ctx);
-    receiving.update(&tid, &sk);
+    call_entered(PT_REGS_PARM1(ctx), 0);
     return 0;
 }
 
 int kretprobe_tcp_recvmsg(struct pt_regs *ctx)
 {
-    u64 tid = bpf_get_current_pid_tgid();
-    u64 *sk = receiving.lookup(&tid);
-    if (!sk)
-        return 0;
-    u64 sock = *sk;
-    receiving.delete(&tid);
-    int ret = PT_REGS_RC(ctx);
-    if (ret > 0)
-        account_bytes(sock, ret, 0);
-    return 0;
+    return call_returned(ctx);
 }
 #endif
 
