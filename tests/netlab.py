@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import socket
 import subprocess
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -63,7 +65,26 @@ class Lab:
         self.extra = extra
 
     def up(self) -> Lab:
+        """Build the lab; a failed build leaves nothing behind."""
         self.down()
+        reap_stale_labs()
+        try:
+            self._build()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _build(self) -> None:
+        for addr in self.extra:
+            held = subprocess.run(
+                ["ip", "-o", "route", "show", f"{addr}/32"], capture_output=True, text=True
+            ).stdout.strip()
+            if held:
+                raise RuntimeError(
+                    f"route {held!r} already exists: another test run on this host holds the "
+                    "lab's addresses (tests that count traffic cannot share a host)"
+                )
         sh("ip", "netns", "add", self.ns)
         sh("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.peer_if)
         sh("ip", "link", "set", self.peer_if, "netns", self.ns)
@@ -80,11 +101,40 @@ class Lab:
         sh(*nsx, "ip", "route", "add", "default", "via", self.host_v4)
         for addr in self.extra:
             sh("ip", "route", "add", f"{addr}/32", "via", self.peer_v4, "dev", self.host_if)
-        return self
 
     def down(self) -> None:
         subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
         subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+
+
+def _alive(pid: int) -> bool:
+    """Is pid a live test run (a reused pid that is something else does not count)?"""
+    try:
+        return b"pytest" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def reap_stale_labs() -> list[str]:
+    """Remove labs (veth `lt<pid>a`, namespace `lenst-<pid>`) whose test run is gone.
+
+    A run killed before its teardown (SIGKILL, a CI timeout) leaves its veth, its
+    namespace and the routes to the lab's addresses; the next run's routes would collide.
+    """
+    gone: list[str] = []
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    for m in re.finditer(r"^\d+: lt(\d+)a[@:]", links, re.M):
+        if not _alive(int(m.group(1))):
+            subprocess.run(["ip", "link", "del", f"lt{m.group(1)}a"], capture_output=True)
+            gone.append(f"lt{m.group(1)}a")
+    netns = Path("/run/netns")
+    names = [p.name for p in netns.iterdir()] if netns.is_dir() else []
+    for name in names:
+        m = re.fullmatch(r"lenst-(\d+)", name)
+        if m and not _alive(int(m.group(1))):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+            gone.append(name)
+    return gone
 
 
 def listener(addr: str, ns: str | None = None, backlog: int = 4096) -> socket.socket:

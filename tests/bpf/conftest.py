@@ -118,7 +118,7 @@ def lab() -> Iterator[Lab]:
     reason = netns_unavailable()
     if reason:
         pytest.skip(reason)
-    tag = str(os.getpid() % 100000)
+    tag = str(os.getpid())  # the owner's pid: a later run reaps it once this one is gone
     lab = Lab(
         tag,
         host_v4="192.168.77.1",
