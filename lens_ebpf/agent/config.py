@@ -107,6 +107,10 @@ class DevicesConfig(Section):
     procfs_root: str = "/proc"
     etc_root: str = "/etc"
     dev_root: str = "/dev"
+    # other exporters' GPU families, written too from the same readings: amd (AMD
+    # device-metrics-exporter), dcgm (dcgm-exporter). Empty: none (no duplicate series
+    # where those exporters still run).
+    compat: list[Literal["amd", "dcgm"]] = Field(default_factory=list)
 
 
 class KubeletConfig(Section):

@@ -94,6 +94,15 @@ def parse_gpu_metrics(data: bytes, r: GpuReading) -> None:
             r.clock_events = {name: bool(status >> bit & 1) for name, bit in THROTTLERS.items()}
 
 
+PCI_VENDORS = {"1002": "Advanced Micro Devices, Inc. [AMD/ATI]"}  # pci.ids' name
+
+
+def link_speed(text: str | None) -> float | None:
+    """A PCI device's current_link_speed / max_link_speed ("32.0 GT/s PCIe") in GT/s."""
+    m = re.match(r"^\s*([0-9.]+)\s*GT/s", text or "")
+    return float(m.group(1)) if m else None
+
+
 def add_sysfs_health(sysfs: Path, readings: list[GpuReading]) -> None:
     """RAS error counts per block, PCIe replays, and clocks and throttling from the
     gpu_metrics table, from each card's sysfs directory, for AMD readings whatever their
@@ -107,6 +116,13 @@ def add_sysfs_health(sysfs: Path, readings: list[GpuReading]) -> None:
         for f in sorted(ras.glob("*_err_count")) if ras.is_dir() else []:
             for kind, n in parse_ras_count(_read(f) or "").items():
                 r.ras_errors[(f.name[: -len("_err_count")], kind)] = n
+        if r.pcie_speed_gts is None:
+            r.pcie_speed_gts = link_speed(_read(dev / "current_link_speed"))
+        r.pcie_max_speed_gts = link_speed(_read(dev / "max_link_speed"))
+        if not r.card_model:
+            r.card_model = _read(dev / "product_number") or ""
+        if not r.vbios_version:
+            r.vbios_version = _read(dev / "vbios_version") or ""
         replays = _int(_read(dev / "pcie_replay_count"))
         if replays is not None:
             r.pcie_replays = replays
@@ -143,6 +159,11 @@ def read_sysfs(sysfs: Path = Path("/sys")) -> list[GpuReading]:
         r.memory_total = _int(_read(dev / "mem_info_vram_total"))
         r.memory_used = _int(_read(dev / "mem_info_vram_used"))
         r.driver_version = _read(sysfs / "module" / "amdgpu" / "version") or ""
+        r.card_series = r.name
+        r.card_model = _read(dev / "product_number") or ""
+        r.vbios_version = _read(dev / "vbios_version") or ""
+        r.card_vendor = PCI_VENDORS.get(ev.get("PCI_ID", "").split(":")[0].lower(), "")
+        r.memory_utilization = _int(_read(dev / "mem_busy_percent"))
         hw = dev / "hwmon"
         for h in sorted(hw.iterdir()) if hw.is_dir() else []:
             if _read(h / "name") != "amdgpu":
@@ -155,7 +176,7 @@ def read_sysfs(sysfs: Path = Path("/sys")) -> list[GpuReading]:
             # kernels from 6.6 may expose power1_input only
             power = _int(_read(h / "power1_average")) or _int(_read(h / "power1_input"))
             if power is not None:
-                r.power_draw = power / 1e6
+                r.power_draw = r.power_socket = power / 1e6
             cap = _int(_read(h / "power1_cap"))
             if cap is not None:
                 r.power_limit = cap / 1e6
@@ -218,6 +239,11 @@ def parse_amd_smi(static: str, metric: str, process: str | None = None) -> list[
         r.device_id = str(asic.get("device_id") or "").lower().removeprefix("0x")
         r.serial = str(asic.get("asic_serial") or "")
         r.driver_version = str((s.get("driver") or {}).get("version") or "")
+        board, vbios = s.get("board") or {}, s.get("vbios") or {}
+        r.card_series = str(board.get("product_name") or r.name)
+        r.card_model = str(board.get("model_number") or "")
+        r.card_vendor = str(board.get("manufacturer_name") or asic.get("vendor_name") or "")
+        r.vbios_version = str(vbios.get("version") or "")
         r.memory_total = _unit_bytes((m.get("mem_usage") or {}).get("total_vram")) or \
             _unit_bytes((s.get("vram") or {}).get("size"))  # fmt: skip
         r.memory_used = _unit_bytes((m.get("mem_usage") or {}).get("used_vram"))
@@ -228,7 +254,10 @@ def parse_amd_smi(static: str, metric: str, process: str | None = None) -> list[
             if v is not None:
                 r.temperatures[label] = v
         r.temperature = r.temperatures.get("edge", r.temperatures.get("junction"))
-        r.power_draw = _val(m, "power", "socket_power") or _val(m, "power", "average_socket_power")
+        r.memory_utilization = _val(m, "usage", "umc_activity")
+        r.power_socket = _val(m, "power", "socket_power")
+        r.power_average = _val(m, "power", "average_socket_power")
+        r.power_draw = r.power_socket or r.power_average
         r.power_limit = _val(s, "limit", "max_power") or _val(s, "limit", "power_cap")
         for p in (procs.get(s.get("gpu")) or {}).get("process_list") or []:
             info = p.get("process_info", p) if isinstance(p, dict) else {}
@@ -284,6 +313,27 @@ def _amdsmi_health(lib: Any, h: Any, r: GpuReading) -> None:
                 r.clocks_mhz[clock] = sum(mhz) / len(mhz) if clock == "gfx" else float(mhz[0])
         if isinstance(metrics.get("current_uclk"), int):
             r.clocks_mhz["memory"] = float(metrics["current_uclk"])
+        for key, into in (("xgmi_read_data_acc", r.xgmi_read_kb),
+                          ("xgmi_write_data_acc", r.xgmi_write_kb)):  # fmt: skip
+            got = metrics.get(key)
+            for link, kb in enumerate(got if isinstance(got, list) else []):
+                if isinstance(kb, int):
+                    into[link] = kb
+    pcie = (_safe(lib.amdsmi_get_pcie_info, h) or {}).get("pcie_metric") or {}
+    if isinstance(pcie.get("pcie_speed"), int):
+        r.pcie_speed_gts = pcie["pcie_speed"] / 1000  # MT/s
+    if isinstance(pcie.get("pcie_bandwidth"), int):
+        r.pcie_bandwidth_mbs = float(pcie["pcie_bandwidth"])
+    for name, key in PCIE_COUNTERS.items():
+        if isinstance(pcie.get(key), int):
+            r.pcie_counters[name] = pcie[key]
+
+
+# amdsmi_get_pcie_info's counters (MI300), by the names the AMD exporter gives them
+PCIE_COUNTERS = {"replay": "pcie_replay_count", "recovery": "pcie_l0_to_recovery_count",
+                 "replay_rollover": "pcie_replay_roll_over_count",
+                 "nack_sent": "pcie_nak_sent_count",
+                 "nack_received": "pcie_nak_received_count"}  # fmt: skip
 
 
 def _text(v: Any) -> str:
@@ -299,11 +349,18 @@ def _amdsmi_device(lib: Any, index: int, h: Any) -> GpuReading:
     r.device_id = _text(asic.get("device_id")).lower().removeprefix("0x")
     r.serial = _text(asic.get("asic_serial"))
     r.driver_version = _text((_safe(lib.amdsmi_get_gpu_driver_info, h) or {}).get("driver_version"))
+    board = _safe(lib.amdsmi_get_gpu_board_info, h) or {}
+    r.card_model = _text(board.get("model_number"))
+    r.card_series = _text(board.get("product_name")) or r.name
+    r.card_vendor = _text(board.get("manufacturer_name")) or _text(asic.get("vendor_name"))
+    r.vbios_version = _text((_safe(lib.amdsmi_get_gpu_vbios_info, h) or {}).get("version"))
     vram = _safe(lib.amdsmi_get_gpu_vram_usage, h) or {}
     total, used = _val(vram, "vram_total"), _val(vram, "vram_used")  # MB
     r.memory_total = int(total * MB) if total is not None else None
     r.memory_used = int(used * MB) if used is not None else None
-    r.utilization = _val(_safe(lib.amdsmi_get_gpu_activity, h) or {}, "gfx_activity")
+    activity = _safe(lib.amdsmi_get_gpu_activity, h) or {}
+    r.utilization = _val(activity, "gfx_activity")
+    r.memory_utilization = _val(activity, "umc_activity")
     tt, tm = lib.AmdSmiTemperatureType, lib.AmdSmiTemperatureMetric
     for label, kind in (("edge", tt.EDGE), ("junction", tt.HOTSPOT), ("mem", tt.VRAM)):
         v = _safe(lib.amdsmi_get_temp_metric, h, kind, tm.CURRENT)
@@ -311,7 +368,10 @@ def _amdsmi_device(lib: Any, index: int, h: Any) -> GpuReading:
             r.temperatures[label] = float(v)
     r.temperature = r.temperatures.get("edge", r.temperatures.get("junction"))
     power = _safe(lib.amdsmi_get_power_info, h) or {}
-    r.power_draw = _val(power, "average_socket_power") or _val(power, "current_socket_power")
+    r.power_socket = _val(power, "socket_power")
+    r.power_current = _val(power, "current_socket_power")
+    r.power_average = _val(power, "average_socket_power")
+    r.power_draw = r.power_average or r.power_current
     limit = _val(power, "power_limit")
     r.power_limit = limit / 1e6 if limit and limit > 10_000 else limit  # uW on some releases
     for p in _safe(lib.amdsmi_get_gpu_process_list, h) or []:

@@ -19,7 +19,7 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from prometheus_client.core import Metric
 from pydantic import Field
 
 from lens_ebpf.agent.config import Config
-from lens_ebpf.agent.devices.gpu import amd, faults, nvidia, rest
+from lens_ebpf.agent.devices.gpu import amd, compat_amd, compat_dcgm, faults, nvidia, rest
 from lens_ebpf.agent.devices.gpu.faults import Fault
 from lens_ebpf.agent.devices.gpu.model import GpuReading
 from lens_ebpf.agent.events import GpuFault, owner_fields
@@ -85,8 +85,10 @@ class GpuCollector(PeriodicCollector):
         clock: Callable[[], float] = time.monotonic,
         allocated: Callable[[], dict[str, Any]] | None = None,
         sysfs: Path | None = None,
+        compat: Sequence[str] = (),
     ) -> None:
         super().__init__(interval)
+        self.compat = tuple(compat)  # other exporters' families to write too: amd, dcgm
         self.sysfs = sysfs  # AMD RAS counts and PCIe replays, whatever the source
         self.node = node
         self.sources = sources
@@ -107,6 +109,7 @@ class GpuCollector(PeriodicCollector):
         self._recent: dict[tuple[str, str, str], collections.deque[tuple[float, str]]] = {}
         self.tables_skipped: dict[str, int] = {}  # AMD gpu_metrics revisions not understood
         self.publish: Callable[[GpuFault], object] = lambda _ev: None
+        self.last_xid: dict[str, int] = {}  # BDF -> the last Xid seen (dcgm's XID_ERRORS)
 
     def _read_vendor(self, vendor: str) -> None:
         for name, read in self.sources.get(vendor, []):
@@ -210,6 +213,9 @@ class GpuCollector(PeriodicCollector):
         and counted; once, when both report it."""
         if self.duplicate(f):
             return
+        if f.kind == "xid" and f.code.isdigit():
+            with self._lock:
+                self.last_xid[f.bdf] = int(f.code)
         g = next((r for r in self.readings() if r.bdf == f.bdf), None)
         for who in self.holders(g, f.pid):
             ev = GpuFault(gpu_index=g.index if g else 0, bdf=f.bdf, uuid=g.uuid if g else "",
@@ -313,9 +319,14 @@ class GpuCollector(PeriodicCollector):
                 add("lens_gpu_temperature_celsius", "GPU temperature by sensor",
                     {**lbl, "sensor": sensor}, value)  # fmt: skip
             _health_metrics(add, lbl, g)
-            idx = {"gpu_index": str(g.index), **owners[id(g)]}
-            add("gpu_utilization", "GPU utilization percent",
-                {"gpu_id": str(g.index), **owners[id(g)]}, g.utilization)  # fmt: skip
+            # vendor tells two GPUs 0 apart on a node with GPUs of both (METRICS.md)
+            idx = {"gpu_index": str(g.index), "vendor": g.vendor, **owners[id(g)]}
+            gid = {"gpu_id": str(g.index), "vendor": g.vendor, **owners[id(g)]}
+            add("gpu_utilization", "GPU utilization percent", gid, g.utilization)
+            add("gpu_socket_power_watts", "GPU socket power (amdsmi's socket_power), watts",
+                gid, g.power_socket)  # fmt: skip
+            add("gpu_pcie_bandwidth_mbs", "PCIe bandwidth in use (amdsmi's), Mb/s", gid,
+                g.pcie_bandwidth_mbs)  # fmt: skip
             add("gpu_utilization_percent", "GPU busy", idx, g.utilization)
             add("gpu_memory_used_bytes", "GPU memory used", idx, g.memory_used)
             add("gpu_memory_total_bytes", "GPU memory", idx, g.memory_total)
@@ -327,7 +338,15 @@ class GpuCollector(PeriodicCollector):
                     {**idx, "pid": str(p.pid), "namespace": who.get("namespace", ""),
                      "pod": who.get("pod", ""), "container": who.get("container", "")},
                     p.memory_bytes)  # fmt: skip
-        return list(fams.values())
+        out = list(fams.values())
+        if "amd" in self.compat:
+            out += compat_amd.families(gpus, self.node, lambda g: owners[id(g)])
+        if "dcgm" in self.compat:
+            with self._lock:
+                xids = dict(self.last_xid)
+            out += compat_dcgm.families(gpus, self.node, lambda g: owners[id(g)],
+                                        lambda g: xids.get(g.bdf, 0))  # fmt: skip
+        return out
 
 
 def uncorrectable_counts(g: GpuReading) -> dict[tuple[str, str], tuple[int, str]]:
@@ -475,7 +494,7 @@ def make_collector(cfg: Config, g: GpuSettings, identify: Callable[[int], dict[s
     sysfs = Path(cfg.devices.sysfs_root)
     return GpuCollector(g.interval_seconds, cfg.node_name, default_sources(g, sysfs),
                         g.stale_seconds, Path(cfg.devices.dev_root), identify=identify,
-                        allocated=allocated, sysfs=sysfs)  # fmt: skip
+                        allocated=allocated, sysfs=sysfs, compat=cfg.devices.compat)  # fmt: skip
 
 
 def fault_watchers(g: GpuSettings, gpu: GpuCollector

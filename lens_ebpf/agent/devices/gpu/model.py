@@ -49,6 +49,24 @@ class GpuReading:
     nvlink_up: dict[int, bool] = field(default_factory=dict)  # link -> active
     nvlink_errors: dict[tuple[int, str], int] = field(default_factory=dict)  # (link, counter)
     metrics_table: tuple[str, bool] | None = None  # AMD gpu_metrics: (revision, understood)
+    # identity beyond the name, for the exporter-compatible families (devices.compat)
+    vbios_version: str = ""
+    card_series: str = ""  # AMD: the product (board) name
+    card_model: str = ""  # AMD: the board's part number (102-...)
+    card_vendor: str = ""
+    minor: int | None = None  # NVIDIA: /dev/nvidia<minor>
+    memory_utilization: float | None = None  # percent: NVML memory, AMD UMC activity
+    # AMD socket power, watts: amdsmi's socket_power, current_socket_power (MI300) and
+    # average_socket_power (MI200), each where the GPU answers
+    power_socket: float | None = None
+    power_current: float | None = None
+    power_average: float | None = None
+    pcie_speed_gts: float | None = None  # current link speed, GT/s
+    pcie_max_speed_gts: float | None = None
+    pcie_bandwidth_mbs: float | None = None  # amdsmi's instantaneous PCIe bandwidth, Mb/s
+    pcie_counters: dict[str, int] = field(default_factory=dict)  # recovery, nak_sent, ...
+    xgmi_read_kb: dict[int, int] = field(default_factory=dict)  # link -> KB read, accumulated
+    xgmi_write_kb: dict[int, int] = field(default_factory=dict)
 
     @property
     def memory_free(self) -> int | None:

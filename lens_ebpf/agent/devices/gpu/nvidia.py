@@ -146,6 +146,10 @@ def _nvml_device(nvml: Any, i: int, driver: str) -> GpuReading:
         r.memory_total, r.memory_used = int(mem.total), int(mem.used)
     util = get(nvml.nvmlDeviceGetUtilizationRates, h)
     r.utilization = float(util.gpu) if util is not None else None
+    r.memory_utilization = float(util.memory) if util is not None else None
+    minor = get(nvml.nvmlDeviceGetMinorNumber, h)
+    r.minor = int(minor) if minor is not None else None
+    r.vbios_version = _text(get(nvml.nvmlDeviceGetVbiosVersion, h) or "")
     temp = get(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
     r.temperature = float(temp) if temp is not None else None
     mw = get(nvml.nvmlDeviceGetPowerUsage, h)
