@@ -47,7 +47,7 @@ def test_hanging_nvidia_smi_times_out_serves_stale_and_metrics_go_on(tmp_path: P
             return agent.sample("lens_gpu_reading_stale", {"vendor": "nvidia"}) == 1
 
         wait_for(stale, "a stale reading")
-        labels = {"gpu_index": "0"}
+        labels = {"gpu_index": "0", "vendor": "nvidia"}
         assert agent.sample("gpu_utilization_percent", labels) == 87  # last good reading
         assert agent.sample("lens_agent_collector_errors_total",
                             {"collector": "gpu", "reason": "timeout"}) >= 1  # fmt: skip

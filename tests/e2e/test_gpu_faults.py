@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from lens_ebpf.k8s.gen import podresources_v1_pb2_grpc as pr_grpc
 from tests.agentproc import LENS, AgentProc, free_port, parse_samples
 from tests.conftest import hang_guard, wait_for
 from tests.e2e.test_grpc import Reader, wait_subscribers
+from tests.gpulab import build_nvml, missing_gcc
 from tests.unit.test_gpu_faults import raise_xid
 from tests.unit.test_podresources import Lister
 
@@ -39,12 +39,10 @@ POD = {"namespace": "default", "pod": "cuda-check"}  # PodResources gives it GPU
 def gpu_node(tmp_path: Path) -> Iterator[dict[str, str]]:
     """The stand-in NVML where the agent's pynvml finds it, a kubelet PodResources socket,
     and the directory that tells the stand-in what faults to raise."""
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is needed to build the stand-in libnvidia-ml.so.1")
+    if missing_gcc():
+        pytest.skip(missing_gcc())
     lib = tmp_path / "lib"
-    lib.mkdir()
-    subprocess.run(["gcc", "-shared", "-fPIC", "-pthread", "-o", str(lib / "libnvidia-ml.so.1"),
-                    str(ROOT / "tests/fixtures/nvml/fake_nvml.c")], check=True)  # fmt: skip
+    build_nvml(lib)
     state = tmp_path / "nvml-state"
     state.mkdir()
     sock = str(tmp_path / "kubelet.sock")

@@ -1,23 +1,21 @@
 """Fixtures shared by the unit tests."""
 
 import ctypes
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.gpulab import amdsmi_symbols, build_amdsmi, build_nvml, missing_gcc
 
 FIX = Path(__file__).parent.parent / "fixtures" / "gpu"
 
 
 @pytest.fixture(scope="session")
 def fake_nvml(tmp_path_factory) -> Iterator[object]:
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is needed to build the stand-in libnvidia-ml.so.1")
-    out = tmp_path_factory.mktemp("nvml") / "libnvidia-ml.so.1"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-pthread", "-o", str(out),
-                    str(FIX.parent / "nvml" / "fake_nvml.c")], check=True)  # fmt: skip
+    if missing_gcc():
+        pytest.skip(missing_gcc())
+    out = build_nvml(tmp_path_factory.mktemp("nvml"))
     import pynvml
 
     saved = pynvml.nvmlLib
@@ -26,19 +24,6 @@ def fake_nvml(tmp_path_factory) -> Iterator[object]:
     yield pynvml
     pynvml.nvmlLib = saved
     pynvml._nvmlGetFunctionPointer_cache.clear()
-
-
-def _binding_symbols() -> list[str]:
-    """Every libamd_smi.so symbol the installed amdsmi binding resolves at import."""
-    import importlib.util
-    import re
-
-    spec = importlib.util.find_spec("amdsmi")
-    if spec is None or spec.origin is None:
-        pytest.skip("the amdsmi binding (PyPI amdsmi) is not installed")
-    wrapper = Path(spec.origin).parent / "amdsmi_wrapper.py"
-    names = re.findall(r"_libraries\['libamd_smi\.so'\]\.(\w+)", wrapper.read_text())
-    return sorted(set(names))
 
 
 @pytest.fixture(scope="module")
@@ -50,16 +35,13 @@ def fake_amdsmi(tmp_path_factory) -> Iterator[object]:
     import os
     import sys
 
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is needed to build the stand-in libamd_smi.so")
+    if missing_gcc():
+        pytest.skip(missing_gcc())
+    symbols = amdsmi_symbols()
+    if symbols is None:
+        pytest.skip("the amdsmi binding (PyPI amdsmi) is not installed")
     root = tmp_path_factory.mktemp("rocm")
-    (root / "lib").mkdir()
-    stubs = root / "stubs.c"
-    stubs.write_text("".join(f"__attribute__((weak)) int {name}(void) {{ return 2; }}\n"
-                             for name in _binding_symbols()))  # fmt: skip
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(root / "lib" / "libamd_smi.so"),
-                    str(FIX.parent / "amdsmi" / "fake_amdsmi.c"), str(stubs)],
-                   check=True)  # fmt: skip
+    build_amdsmi(root, symbols)
     saved = {k: os.environ.get(k) for k in ("ROCM_PATH", "ROCM_HOME")}
     os.environ.pop("ROCM_HOME", None)
     os.environ["ROCM_PATH"] = str(root)

@@ -142,6 +142,7 @@ def test_amd_families_from_amdsmi_exact(fake_amdsmi) -> None:
     assert one(v, "gpu_energy_consumed", gpu_id="0") == 1000.0 * 1e6  # uJ
     assert one(v, "pcie_bandwidth", gpu_id="0") == 4821  # Mb/s
     assert one(v, "pcie_speed", gpu_id="0") == 16  # 16000 MT/s
+    assert one(v, "pcie_max_speed", gpu_id="0") == 32
     assert {n: one(v, n, gpu_id="0") for n in ("pcie_replay_count", "pcie_recovery_count",
             "pcie_replay_rollover_count", "pcie_nack_sent_count",
             "pcie_nack_received_count")} == {  # fmt: skip

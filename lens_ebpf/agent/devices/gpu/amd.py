@@ -118,7 +118,8 @@ def add_sysfs_health(sysfs: Path, readings: list[GpuReading]) -> None:
                 r.ras_errors[(f.name[: -len("_err_count")], kind)] = n
         if r.pcie_speed_gts is None:
             r.pcie_speed_gts = link_speed(_read(dev / "current_link_speed"))
-        r.pcie_max_speed_gts = link_speed(_read(dev / "max_link_speed"))
+        if r.pcie_max_speed_gts is None:
+            r.pcie_max_speed_gts = link_speed(_read(dev / "max_link_speed"))
         if not r.card_model:
             r.card_model = _read(dev / "product_number") or ""
         if not r.vbios_version:
@@ -319,7 +320,10 @@ def _amdsmi_health(lib: Any, h: Any, r: GpuReading) -> None:
             for link, kb in enumerate(got if isinstance(got, list) else []):
                 if isinstance(kb, int):
                     into[link] = kb
-    pcie = (_safe(lib.amdsmi_get_pcie_info, h) or {}).get("pcie_metric") or {}
+    info = _safe(lib.amdsmi_get_pcie_info, h) or {}
+    static, pcie = info.get("pcie_static") or {}, info.get("pcie_metric") or {}
+    if isinstance(static.get("max_pcie_speed"), int):
+        r.pcie_max_speed_gts = static["max_pcie_speed"] / 1000  # MT/s
     if isinstance(pcie.get("pcie_speed"), int):
         r.pcie_speed_gts = pcie["pcie_speed"] / 1000  # MT/s
     if isinstance(pcie.get("pcie_bandwidth"), int):
