@@ -37,7 +37,6 @@ LACKING: dict[str, str] = {
     "gpu_gfx_busy_instantaneous": MI300,
     "gpu_junction_temperature{gpu_uuid=\"$g_gpu_uuid\", card_model=~\"102-G302":
         "the panel shows junction temperature for MI300 boards only; GPU 0 is an MI200 board",
-    "gpu_hbm_temperature": "per-stack HBM temperatures are not read (MI200 metrics table)",
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "a DCGM profiling counter: NVML has no equivalent",
     "node_k8s_gpu_allocation_rate": "the kubelet's pods and their GPU requests: this node runs "
         "without Kubernetes (tests/unit/test_kubelet.py checks it)",

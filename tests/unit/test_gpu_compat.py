@@ -100,6 +100,11 @@ def test_amd_families_from_sysfs_exact(fake_nvml) -> None:
     assert one(v, "gpu_memory_temperature", gpu_id="0") == 50
     assert one(v, "gpu_power_usage", gpu_id="0") == 301
     assert one(v, "pcie_speed", gpu_id="0") == 32 and one(v, "pcie_max_speed", gpu_id="1") == 16
+    assert one(v, "gpu_total_visible_vram", gpu_id="0") == 206141652992 / MiB
+    assert one(v, "gpu_used_visible_vram", gpu_id="0") == 1024
+    assert (one(v, "gpu_total_gtt", gpu_id="0"), one(v, "gpu_free_gtt", gpu_id="0")) == (
+        1547406, 1547406 - 52)  # fmt: skip
+    assert one(v, "gpu_total_gtt", gpu_id="1") is None  # no mem_info_gtt_*: absent
     # RAS counts per block, the exporter's names; totals are the blocks' sums
     assert one(v, "gpu_ecc_uncorrect_umc", gpu_id="0") == 2
     assert one(v, "gpu_ecc_correct_umc", gpu_id="0") == 17
@@ -155,6 +160,16 @@ def test_amd_families_from_amdsmi_exact(fake_amdsmi) -> None:
     assert one(v, "gpu_xgmi_link_tx", gpu_id="0", link_index="1") == 262144
     assert one(v, "gpu_clock", gpu_id="0", clock_type="SYSTEM") == 2087.5
     assert one(v, "gpu_clock", gpu_id="0", clock_type="MEMORY") == 1300
+    assert one(v, "gpu_min_clock", gpu_id="0", clock_type="SYSTEM", clock_index="0") == 500
+    assert one(v, "gpu_max_clock", gpu_id="0", clock_type="MEMORY", clock_index="2") == 1600
+    assert one(v, "gpu_max_clock", gpu_id="0", clock_type="SOC") == 1090
+    assert {dict(lbl)["hbm_index"]: val for (n, lbl), val in v.items()
+            if n == "gpu_hbm_temperature"} == {"0": 51, "1": 52, "2": 50, "3": 53}  # fmt: skip
+    assert one(v, "gpu_total_visible_vram", gpu_id="0") == 65520
+    assert one(v, "gpu_used_visible_vram", gpu_id="0") == 31337
+    assert one(v, "gpu_free_visible_vram", gpu_id="0") == 65520 - 31337
+    assert (one(v, "gpu_total_gtt", gpu_id="0"), one(v, "gpu_used_gtt", gpu_id="0")) == (
+        258048, 16)  # fmt: skip
     assert one(v, "gpu_ecc_correct_xgmi_wafl", gpu_id="0") == 6
     assert one(v, "gpu_ecc_deferred_xgmi_wafl", gpu_id="0") == 1
     assert one(v, "gpu_ecc_uncorrect_total", gpu_id="0") == 2

@@ -165,6 +165,10 @@ def read_sysfs(sysfs: Path = Path("/sys")) -> list[GpuReading]:
         r.vbios_version = _read(dev / "vbios_version") or ""
         r.card_vendor = PCI_VENDORS.get(ev.get("PCI_ID", "").split(":")[0].lower(), "")
         r.memory_utilization = _int(_read(dev / "mem_busy_percent"))
+        r.memory_visible_total = _int(_read(dev / "mem_info_vis_vram_total"))
+        r.memory_visible_used = _int(_read(dev / "mem_info_vis_vram_used"))
+        r.gtt_total = _int(_read(dev / "mem_info_gtt_total"))
+        r.gtt_used = _int(_read(dev / "mem_info_gtt_used"))
         hw = dev / "hwmon"
         for h in sorted(hw.iterdir()) if hw.is_dir() else []:
             if _read(h / "name") != "amdgpu":
@@ -314,12 +318,30 @@ def _amdsmi_health(lib: Any, h: Any, r: GpuReading) -> None:
                 r.clocks_mhz[clock] = sum(mhz) / len(mhz) if clock == "gfx" else float(mhz[0])
         if isinstance(metrics.get("current_uclk"), int):
             r.clocks_mhz["memory"] = float(metrics["current_uclk"])
+        hbm = metrics.get("temperature_hbm")
+        for stack, c in enumerate(hbm if isinstance(hbm, list) else []):
+            if isinstance(c, int):
+                r.hbm_temperatures[stack] = float(c)
         for key, into in (("xgmi_read_data_acc", r.xgmi_read_kb),
                           ("xgmi_write_data_acc", r.xgmi_write_kb)):  # fmt: skip
             got = metrics.get(key)
             for link, kb in enumerate(got if isinstance(got, list) else []):
                 if isinstance(kb, int):
                     into[link] = kb
+    mt = lib.AmdSmiMemoryType
+    for kind, total_attr, used_attr in ((mt.VIS_VRAM, "memory_visible_total",
+                                         "memory_visible_used"),
+                                        (mt.GTT, "gtt_total", "gtt_used")):  # fmt: skip
+        total, used = (_safe(lib.amdsmi_get_gpu_memory_total, h, kind),
+                       _safe(lib.amdsmi_get_gpu_memory_usage, h, kind))  # fmt: skip
+        setattr(r, total_attr, total if isinstance(total, int) else None)
+        setattr(r, used_attr, used if isinstance(used, int) else None)
+    ct = lib.AmdSmiClkType
+    for clock, kind in (("gfx", ct.GFX), ("soc", ct.SOC), ("memory", ct.MEM)):
+        ci = _safe(lib.amdsmi_get_clock_info, h, kind) or {}
+        lo, hi = ci.get("min_clk"), ci.get("max_clk")
+        if isinstance(lo, int) and isinstance(hi, int):
+            r.clock_ranges_mhz[clock] = (float(lo), float(hi))
     info = _safe(lib.amdsmi_get_pcie_info, h) or {}
     static, pcie = info.get("pcie_static") or {}, info.get("pcie_metric") or {}
     if isinstance(static.get("max_pcie_speed"), int):

@@ -26,8 +26,17 @@ ECC_KINDS = {"correctable": "correct", "uncorrectable": "uncorrect", "deferred":
 CLOCK_TYPES = {"gfx": "SYSTEM", "soc": "SOC", "memory": "MEMORY"}  # GPU_CLOCK_TYPE_*
 
 
+def _clock_order(clock: str) -> int:
+    """clock_index: the clock's place in (gfx, soc, memory), the same on every GPU."""
+    return list(CLOCK_TYPES).index(clock) if clock in CLOCK_TYPES else len(CLOCK_TYPES)
+
+
 def _mb(n: int | None) -> float | None:
     return None if n is None else n / MB
+
+
+def _minus(total: int | None, used: int | None) -> int | None:
+    return None if total is None or used is None else total - used
 
 
 # name, help (the exporter's), value of one reading (None: absent)
@@ -38,6 +47,16 @@ GAUGES: list[tuple[str, str, Callable[[GpuReading], float | None]]] = [
     ("gpu_total_vram", "Total VRAM available in MB", lambda g: _mb(g.memory_total)),
     ("gpu_used_vram", "Total VRAM memory used in MB", lambda g: _mb(g.memory_used)),
     ("gpu_free_vram", "Total VRAM memory free in MB", lambda g: _mb(g.memory_free)),
+    ("gpu_total_visible_vram", "Total available visible VRAM memory in MB",
+     lambda g: _mb(g.memory_visible_total)),
+    ("gpu_used_visible_vram", "Used visible VRAM memory in MB",
+     lambda g: _mb(g.memory_visible_used)),
+    ("gpu_free_visible_vram", "Free visible VRAM memory in MB",
+     lambda g: _mb(_minus(g.memory_visible_total, g.memory_visible_used))),
+    ("gpu_total_gtt", "Total GTT memory in MB", lambda g: _mb(g.gtt_total)),
+    ("gpu_used_gtt", "Current GTT memory usage in MB", lambda g: _mb(g.gtt_used)),
+    ("gpu_free_gtt", "Free GTT memory available in MB",
+     lambda g: _mb(_minus(g.gtt_total, g.gtt_used))),
     ("gpu_power_usage", "GPU power usage in Watts", lambda g: g.power_socket),
     ("gpu_package_power", "Current socket power in Watts", lambda g: g.power_current),
     ("gpu_average_package_power", "Average socket power in Watts",
@@ -112,12 +131,16 @@ def families(gpus: list[GpuReading], hostname: str,
         add("gpu_health", "Health of the GPU (1 healthy, 0 unhealthy)", lbl, float(healthy(g)))
         for name, help_text, value in GAUGES:
             add(name, help_text, lbl, value(g))
-        for i, (clock, mhz) in enumerate(sorted(g.clocks_mhz.items(),
-                                                key=lambda kv: list(CLOCK_TYPES).index(kv[0])
-                                                if kv[0] in CLOCK_TYPES else 99)):  # fmt: skip
-            add("gpu_clock", "Clock measure of the GPU in Mhz",
-                {**lbl, "clock_index": str(i), "clock_type": CLOCK_TYPES.get(clock, clock.upper())},
-                mhz)  # fmt: skip
+        for clock in sorted(set(g.clocks_mhz) | set(g.clock_ranges_mhz), key=_clock_order):
+            clbl = {**lbl, "clock_index": str(_clock_order(clock)),
+                    "clock_type": CLOCK_TYPES.get(clock, clock.upper())}  # fmt: skip
+            add("gpu_clock", "Clock measure of the GPU in Mhz", clbl, g.clocks_mhz.get(clock))
+            lo, hi = g.clock_ranges_mhz.get(clock, (None, None))
+            add("gpu_min_clock", "Minimum Clock measure of the GPU in Mhz", clbl, lo)
+            add("gpu_max_clock", "Maximum Clock measure of the GPU in Mhz", clbl, hi)
+        for stack, c in sorted(g.hbm_temperatures.items()):
+            add("gpu_hbm_temperature", "List of per-stack HBM temperatures in Celsius",
+                {**lbl, "hbm_index": str(stack)}, c)  # fmt: skip
         for link, kb in sorted(g.xgmi_read_kb.items()):
             add("gpu_xgmi_link_rx", "Accumulated XGMI Link Data Read in KB",
                 {**lbl, "link_index": str(link)}, kb)  # fmt: skip

@@ -67,6 +67,14 @@ class GpuReading:
     pcie_counters: dict[str, int] = field(default_factory=dict)  # recovery, nak_sent, ...
     xgmi_read_kb: dict[int, int] = field(default_factory=dict)  # link -> KB read, accumulated
     xgmi_write_kb: dict[int, int] = field(default_factory=dict)
+    # AMD: CPU-visible VRAM and GTT, bytes; clock ranges (clock -> (min, max) MHz); HBM
+    # stack temperatures (stack -> C)
+    memory_visible_total: int | None = None
+    memory_visible_used: int | None = None
+    gtt_total: int | None = None
+    gtt_used: int | None = None
+    clock_ranges_mhz: dict[str, tuple[float, float]] = field(default_factory=dict)
+    hbm_temperatures: dict[int, float] = field(default_factory=dict)
 
     @property
     def memory_free(self) -> int | None:
