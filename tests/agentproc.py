@@ -13,6 +13,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,24 @@ def get(url: str, timeout: float = hang_guard(5)) -> tuple[int, str]:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
+
+
+def wait_http_ok(url: str, proc: subprocess.Popen, what: str, log: Callable[[], str],
+                 timeout: float = 30) -> None:  # fmt: skip
+    """Until url answers 200; a hang-guard failure (with the log's tail) when it does not
+    within the guard, and at once when the process exits."""
+    guard = hang_guard(timeout)
+    deadline = time.monotonic() + guard
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{what} exited {proc.returncode}: {log()[-3000:]}")
+        try:
+            if get(url, timeout=5)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"hang guard: {what} was not ready after {guard:.0f} s\n{log()[-3000:]}")
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
@@ -84,19 +103,7 @@ class AgentProc:
 
     def wait_ready(self, timeout: float = 20) -> None:
         """Until /readyz answers 200 (start-up time is bench's to measure, not a test's)."""
-        guard = hang_guard(timeout)
-        deadline = time.monotonic() + guard
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"agent exited {self.proc.returncode}: {self.output()}")
-            try:
-                if get(self.base + "/readyz", timeout=5)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"hang guard: the agent was not ready after {guard:.0f} s\n"
-                             f"{self.output()[-3000:]}")  # fmt: skip
+        wait_http_ok(self.base + "/readyz", self.proc, "the agent", self.output, timeout)
 
     def json(self, path: str) -> tuple[int, Any]:
         status, body = get(self.base + path)

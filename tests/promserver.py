@@ -6,13 +6,12 @@ import json
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from tests.agentproc import free_port, get, stop_process
-from tests.conftest import hang_guard, wait_for
+from tests.agentproc import free_port, get, stop_process, wait_http_ok
+from tests.conftest import wait_for
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
@@ -43,16 +42,8 @@ class Prometheus:
              f"--web.listen-address=127.0.0.1:{self.port}"],
             stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
-        deadline = time.monotonic() + hang_guard(30)
-        while time.monotonic() < deadline:
-            try:
-                if get(self.base + "/-/ready", timeout=1)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError("hang guard: prometheus did not become ready: "
-                             + (self.dir / "log").read_text())  # fmt: skip
+        wait_http_ok(self.base + "/-/ready", self.proc, "prometheus",
+                     lambda: (self.dir / "log").read_text())  # fmt: skip
 
     def query(self, expr: str) -> dict[str, Any]:
         status, body = get(self.base + "/api/v1/query?query=" + urllib.parse.quote(expr))

@@ -7,13 +7,11 @@ import json
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from tests.agentproc import free_port, get, stop_process
-from tests.conftest import hang_guard
+from tests.agentproc import free_port, get, stop_process, wait_http_ok
 
 VICTORIA = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"
 
@@ -42,16 +40,8 @@ class VictoriaMetrics:
              "-search.latencyOffset=0s", "-search.disableCache", "-retentionPeriod=1d"],
             stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
-        deadline = time.monotonic() + hang_guard(30)
-        while time.monotonic() < deadline:
-            try:
-                if get(self.base + "/health", timeout=1)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError("hang guard: victoria-metrics did not become ready: "
-                             + (self.dir / "log").read_text())  # fmt: skip
+        wait_http_ok(self.base + "/health", self.proc, "victoria-metrics",
+                     lambda: (self.dir / "log").read_text())  # fmt: skip
 
     def api(self, path: str, **params: str | list[str]) -> Any:
         status, body = get(f"{self.base}/api/v1/{path}?"
