@@ -143,11 +143,39 @@ class ContainerChange(Owner):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DeviceChange(Event):
+    """A GPU or RDMA port that appeared, disappeared or changed, with its full record
+    (also an entry of a device_inventory)."""
+
     KINDS = ("device_change",)
     kind: str = "device_change"
     vendor: str
     bdf: str
-    change: str  # appeared, disappeared
+    change: str  # appeared, disappeared, changed; "" in an inventory
+    device_kind: str  # gpu, rdma_port
+    key: str
+    index: int = 0
+    model: str = ""
+    uuid: str = ""
+    serial: str = ""
+    driver_version: str = ""
+    firmware_version: str = ""
+    vbios_version: str = ""
+    port_state: str = ""
+    link_layer: str = ""
+    rate: str = ""
+    retired_pages_pending: bool = False
+    row_remap_pending: bool = False
+    row_remap_failure: bool = False
+    fields: tuple[str, ...] = ()  # changed: which fields differ from the last record
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DeviceInventory(Event):
+    """Every device of the node (at start, and on each reporter (re)connect)."""
+
+    KINDS = ("device_inventory",)
+    kind: str = "device_inventory"
+    devices: tuple[DeviceChange, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -198,7 +226,8 @@ class Gap(Event):
 
 
 EVENT_TYPES: tuple[type[Event], ...] = (FlowClosed, ProcessEvent, ContainerChange, DeviceChange,
-                                        GpuFault, NodeTuned, RdmaUse, Gap)  # fmt: skip
+                                        DeviceInventory, GpuFault, NodeTuned, RdmaUse,
+                                        Gap)  # fmt: skip
 KINDS: dict[str, type[Event]] = {k: t for t in EVENT_TYPES for k in t.KINDS}
 
 

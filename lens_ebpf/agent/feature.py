@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from lens_ebpf.agent.config import Config
     from lens_ebpf.agent.enrich import Enrichment
     from lens_ebpf.agent.events import EventBus
+    from lens_ebpf.agent.inventory import DeviceWatch
     from lens_ebpf.agent.metrics.cache import MetricCache
     from lens_ebpf.agent.net.policy_watch import PolicyWatcher
     from lens_ebpf.core.collector import CollectorSet
@@ -78,6 +79,13 @@ class Context:
     stop: threading.Event
     spawn: Callable[[str, Callable[[], None]], None]
     offers: Offers = field(default_factory=Offers)
+    # the device collectors' records: device_change and device_inventory events
+    watch: DeviceWatch = field(init=False)
+
+    def __post_init__(self) -> None:
+        from lens_ebpf.agent.inventory import DeviceWatch
+
+        self.watch = DeviceWatch(self.bus.publish)
 
     def settings(self, key: str, model: type[S]) -> S:
         """This feature's typed section of the config."""

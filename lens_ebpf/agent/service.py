@@ -70,7 +70,11 @@ class Agent:
         self.http: HttpServer | None = None
         self.loop = EventLoopThread("aio")  # HTTP and gRPC: one loop, no thread per client
         self.events = EventApi(
-            cfg, self.ctx.bus, lambda: {k: v["state"] for k, v in self.views().items()}, self.loop
+            cfg,
+            self.ctx.bus,
+            lambda: {k: v["state"] for k, v in self.views().items()},
+            self.loop,
+            on_connect=self.ctx.watch.inventory_again,
         )
         self.headers: kernel_headers.HeaderTree | None = None
 

@@ -272,6 +272,10 @@ def test_reporter_replays_every_event_after_a_collector_outage(tmp_path: Path) -
         assert seqs[-1] >= node.last_seq - 5 and len(seqs) > 1200
         assert agent.sample("lens_agent_reporter_lost_total") == 0
         assert agent.sample("lens_agent_reporter_reconnects_total") >= 1
+        # the device inventory again on each connect: the collector's restart sees one
+        lines = [json.loads(x) for x in out.read_text().splitlines()]
+        inventories = [int(r["seq"]) for r in lines if "device_inventory" in r]
+        assert len(inventories) >= 2 and inventories[-1] > seqs[0] + 800, inventories
     finally:
         agent.stop()
         col.terminate()

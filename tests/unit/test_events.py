@@ -10,6 +10,7 @@ from lens_ebpf.agent.events import (
     KINDS,
     ContainerChange,
     DeviceChange,
+    DeviceInventory,
     EventBus,
     EventFilter,
     FlowClosed,
@@ -30,6 +31,15 @@ EXEC = ProcessEvent(kind="process_exec", ts_ns=2, pid=8, ppid=1, comm="sh", cgro
                     cgroup="/kubepods/x", filename="/bin/sh", container_id="abc123",
                     container="app", pod="web-0", namespace="team-a", pod_uid="u",
                     workload_kind="StatefulSet", workload="web")  # fmt: skip
+GPU_CHANGE = DeviceChange(vendor="amd", bdf="0000:03:00.0", change="changed", device_kind="gpu",
+                          key="5F1A2B3C", index=1, model="AMD Instinct MI300X",
+                          serial="5F1A2B3C", driver_version="6.10.5", vbios_version="113-M30",
+                          firmware_version="", retired_pages_pending=True,
+                          fields=("serial", "vbios_version"))  # fmt: skip
+RDMA_PORT = DeviceChange(vendor="mlx5", bdf="0000:41:00.0", change="", device_kind="rdma_port",
+                         key="mlx5_0/1", model="MT4129", firmware_version="28.39.1002",
+                         port_state="ACTIVE", link_layer="InfiniBand",
+                         rate="400 Gb/sec (4X NDR)")  # fmt: skip
 EXAMPLES = {
     "flow_closed": FLOW,
     "abnormal_flow": dataclasses.replace(FLOW, kind="abnormal_flow"),
@@ -44,7 +54,8 @@ EXAMPLES = {
         devices=("/dev/dri/renderD128",),
     ),  # fmt: skip
     "container_exit": ContainerChange(kind="container_exit", ts_ns=4, container_id="abc123"),
-    "device_change": DeviceChange(vendor="amd", bdf="0000:03:00.0", change="appeared"),
+    "device_change": GPU_CHANGE,
+    "device_inventory": DeviceInventory(devices=(GPU_CHANGE, RDMA_PORT)),
     "gap": Gap(lost=5, reason="slow_subscriber"),
     "rdma_open": RdmaUse(
         kind="rdma_open",
@@ -93,6 +104,10 @@ def test_every_proto_field_is_read_from_the_typed_event(kind: str) -> None:
         if f.name == "identity":
             for g in pb.Identity.DESCRIPTOR.fields:
                 assert getattr(msg.identity, g.name) == ev[g.name], g.name
+        elif f.message_type is not None:  # events inside an event (an inventory's devices)
+            sub = getattr(pb, f.message_type.name)
+            assert list(getattr(msg, f.name)) == [convert.message(sub, e) for e in ev[f.name]]
+            assert getattr(msg, f.name)[1].rate == "400 Gb/sec (4X NDR)"
         elif f.is_repeated:
             assert list(getattr(msg, f.name)) == list(ev[f.name]), f.name
         else:

@@ -24,6 +24,16 @@ def _plan(cls: Any) -> tuple[tuple[str, str], ...]:
                  if f.name != "identity")  # fmt: skip
 
 
+# message fields that hold events themselves (a device_inventory's devices): the class of
+# each, converted entry by entry
+_NESTED: dict[tuple[Any, str], Any] = {
+    (cls, f.name): getattr(pb, f.message_type.name)
+    for cls in PAYLOADS.values()
+    for f in cls.DESCRIPTOR.fields
+    if f.message_type is not None and f.name != "identity"
+}
+
+
 _IDENTITY = _plan(pb.Identity)
 # payload class -> its fields read from the event, and whether it carries an Identity
 _PLANS: dict[Any, tuple[tuple[tuple[str, str], ...], bool]] = {
@@ -37,6 +47,9 @@ def message(cls: Any, ev: Event) -> Any:
     a field the event lacks raises AttributeError."""
     fields, identity = _PLANS[cls]
     values = {name: getattr(ev, attr) for name, attr in fields}
+    for name in values:
+        if (sub := _NESTED.get((cls, name))) is not None:
+            values[name] = [message(sub, e) for e in values[name]]
     if identity:
         values["identity"] = pb.Identity(**{name: getattr(ev, attr) for name, attr in _IDENTITY})
     return cls(**values)

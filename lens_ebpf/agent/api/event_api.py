@@ -19,8 +19,10 @@ log = logging.getLogger(__name__)
 
 class EventApi:
     def __init__(self, cfg: Config, bus: EventBus, features: Callable[[], dict[str, str]],
-                 loop: EventLoopThread | None = None) -> None:  # fmt: skip
+                 loop: EventLoopThread | None = None,
+                 on_connect: Callable[[], object] = lambda: None) -> None:  # fmt: skip
         self.cfg, self.bus, self.features, self.loop = cfg, bus, features, loop
+        self.on_connect = on_connect  # the reporter (re)connected
         self.grpc: GrpcServer | None = None
         self.reporter: Reporter | None = None
 
@@ -46,6 +48,7 @@ class EventApi:
             creds = channel_credentials(r.tls.ca, r.tls.cert, r.tls.key)
             self.reporter = Reporter(r.target, self.bus, node, r.buffer, creds,
                                      r.backoff_max_seconds)  # fmt: skip
+            self.reporter.on_connect = self.on_connect
             self.reporter.start()
             registry.register(ReporterCollector(self.reporter))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -43,6 +43,7 @@ class Reporter:
         self.sent = 0
         self.connected = False
         self.reconnects = 0
+        self.on_connect: Callable[[], object] = lambda: None  # each (re)connect
         self._seen_bus_drops = 0
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -124,6 +125,7 @@ class Reporter:
                         self.connected = True
                         backoff.reset()
                         ready.set()
+                        self.on_connect()  # e.g. the device inventory, sent anew
                     if self._stop.is_set():
                         break
             except grpc.RpcError as exc:

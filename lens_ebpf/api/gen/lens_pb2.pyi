@@ -126,14 +126,52 @@ class ContainerChange(_message.Message):
     def __init__(self, identity: _Optional[_Union[Identity, _Mapping]] = ..., devices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DeviceChange(_message.Message):
-    __slots__ = ("vendor", "bdf", "change")
+    __slots__ = ("vendor", "bdf", "change", "device_kind", "key", "index", "model", "uuid", "serial", "driver_version", "firmware_version", "vbios_version", "port_state", "link_layer", "rate", "retired_pages_pending", "row_remap_pending", "row_remap_failure", "fields")
     VENDOR_FIELD_NUMBER: _ClassVar[int]
     BDF_FIELD_NUMBER: _ClassVar[int]
     CHANGE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FIRMWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VBIOS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PORT_STATE_FIELD_NUMBER: _ClassVar[int]
+    LINK_LAYER_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_PAGES_PENDING_FIELD_NUMBER: _ClassVar[int]
+    ROW_REMAP_PENDING_FIELD_NUMBER: _ClassVar[int]
+    ROW_REMAP_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
     vendor: str
     bdf: str
     change: str
-    def __init__(self, vendor: _Optional[str] = ..., bdf: _Optional[str] = ..., change: _Optional[str] = ...) -> None: ...
+    device_kind: str
+    key: str
+    index: int
+    model: str
+    uuid: str
+    serial: str
+    driver_version: str
+    firmware_version: str
+    vbios_version: str
+    port_state: str
+    link_layer: str
+    rate: str
+    retired_pages_pending: bool
+    row_remap_pending: bool
+    row_remap_failure: bool
+    fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, vendor: _Optional[str] = ..., bdf: _Optional[str] = ..., change: _Optional[str] = ..., device_kind: _Optional[str] = ..., key: _Optional[str] = ..., index: _Optional[int] = ..., model: _Optional[str] = ..., uuid: _Optional[str] = ..., serial: _Optional[str] = ..., driver_version: _Optional[str] = ..., firmware_version: _Optional[str] = ..., vbios_version: _Optional[str] = ..., port_state: _Optional[str] = ..., link_layer: _Optional[str] = ..., rate: _Optional[str] = ..., retired_pages_pending: _Optional[bool] = ..., row_remap_pending: _Optional[bool] = ..., row_remap_failure: _Optional[bool] = ..., fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeviceInventory(_message.Message):
+    __slots__ = ("devices",)
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceChange]
+    def __init__(self, devices: _Optional[_Iterable[_Union[DeviceChange, _Mapping]]] = ...) -> None: ...
 
 class GpuFault(_message.Message):
     __slots__ = ("gpu_index", "bdf", "uuid", "vendor", "fault", "code", "message", "pid", "identity")
@@ -186,7 +224,7 @@ class Gap(_message.Message):
     def __init__(self, lost: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("seq", "ts_unix_nano", "node_name", "node_ip", "flow_closed", "process_exec", "process_exit", "oom_kill", "container_start", "container_exit", "abnormal_flow", "device_change", "gap", "node_tuned", "gpu_fault", "rdma_open", "rdma_close")
+    __slots__ = ("seq", "ts_unix_nano", "node_name", "node_ip", "flow_closed", "process_exec", "process_exit", "oom_kill", "container_start", "container_exit", "abnormal_flow", "device_change", "gap", "node_tuned", "gpu_fault", "rdma_open", "rdma_close", "device_inventory")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TS_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -204,6 +242,7 @@ class Event(_message.Message):
     GPU_FAULT_FIELD_NUMBER: _ClassVar[int]
     RDMA_OPEN_FIELD_NUMBER: _ClassVar[int]
     RDMA_CLOSE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_INVENTORY_FIELD_NUMBER: _ClassVar[int]
     seq: int
     ts_unix_nano: int
     node_name: str
@@ -221,7 +260,8 @@ class Event(_message.Message):
     gpu_fault: GpuFault
     rdma_open: RdmaUse
     rdma_close: RdmaUse
-    def __init__(self, seq: _Optional[int] = ..., ts_unix_nano: _Optional[int] = ..., node_name: _Optional[str] = ..., node_ip: _Optional[str] = ..., flow_closed: _Optional[_Union[FlowClosed, _Mapping]] = ..., process_exec: _Optional[_Union[ProcessExec, _Mapping]] = ..., process_exit: _Optional[_Union[ProcessExit, _Mapping]] = ..., oom_kill: _Optional[_Union[OomKill, _Mapping]] = ..., container_start: _Optional[_Union[ContainerChange, _Mapping]] = ..., container_exit: _Optional[_Union[ContainerChange, _Mapping]] = ..., abnormal_flow: _Optional[_Union[FlowClosed, _Mapping]] = ..., device_change: _Optional[_Union[DeviceChange, _Mapping]] = ..., gap: _Optional[_Union[Gap, _Mapping]] = ..., node_tuned: _Optional[_Union[NodeTuned, _Mapping]] = ..., gpu_fault: _Optional[_Union[GpuFault, _Mapping]] = ..., rdma_open: _Optional[_Union[RdmaUse, _Mapping]] = ..., rdma_close: _Optional[_Union[RdmaUse, _Mapping]] = ...) -> None: ...
+    device_inventory: DeviceInventory
+    def __init__(self, seq: _Optional[int] = ..., ts_unix_nano: _Optional[int] = ..., node_name: _Optional[str] = ..., node_ip: _Optional[str] = ..., flow_closed: _Optional[_Union[FlowClosed, _Mapping]] = ..., process_exec: _Optional[_Union[ProcessExec, _Mapping]] = ..., process_exit: _Optional[_Union[ProcessExit, _Mapping]] = ..., oom_kill: _Optional[_Union[OomKill, _Mapping]] = ..., container_start: _Optional[_Union[ContainerChange, _Mapping]] = ..., container_exit: _Optional[_Union[ContainerChange, _Mapping]] = ..., abnormal_flow: _Optional[_Union[FlowClosed, _Mapping]] = ..., device_change: _Optional[_Union[DeviceChange, _Mapping]] = ..., gap: _Optional[_Union[Gap, _Mapping]] = ..., node_tuned: _Optional[_Union[NodeTuned, _Mapping]] = ..., gpu_fault: _Optional[_Union[GpuFault, _Mapping]] = ..., rdma_open: _Optional[_Union[RdmaUse, _Mapping]] = ..., rdma_close: _Optional[_Union[RdmaUse, _Mapping]] = ..., device_inventory: _Optional[_Union[DeviceInventory, _Mapping]] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
     __slots__ = ("kinds", "namespace", "pod", "container", "from_seq")

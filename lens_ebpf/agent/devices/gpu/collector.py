@@ -28,6 +28,7 @@ from prometheus_client.core import Metric
 from pydantic import Field
 
 from lens_ebpf.agent.config import Config
+from lens_ebpf.agent.devices import inventory
 from lens_ebpf.agent.devices.gpu import amd, compat_amd, compat_dcgm, faults, nvidia, rest
 from lens_ebpf.agent.devices.gpu.faults import Fault
 from lens_ebpf.agent.devices.gpu.model import GpuReading
@@ -110,6 +111,7 @@ class GpuCollector(PeriodicCollector):
         self.tables_skipped: dict[str, int] = {}  # AMD gpu_metrics revisions not understood
         self.publish: Callable[[GpuFault], object] = lambda _ev: None
         self.last_xid: dict[str, int] = {}  # BDF -> the last Xid seen (dcgm's XID_ERRORS)
+        self.on_readings: Callable[[list[GpuReading]], object] = lambda _gpus: None
 
     def _read_vendor(self, vendor: str) -> None:
         for name, read in self.sources.get(vendor, []):
@@ -236,6 +238,7 @@ class GpuCollector(PeriodicCollector):
         for vendor in ("amd", "nvidia"):
             self._read_vendor(vendor)
         gpus = self.readings()
+        self.on_readings(gpus)
         dri = dri_mapping(self.dev_root)
         allocated = self.allocated()
         owners = {id(g): self.owner_labels(g, allocated) for g in gpus}
@@ -519,6 +522,9 @@ class GpuFeature(CollectorFeature):
         gpu = make_collector(self.ctx.cfg, g, self.ctx.enrich.pid,
                              lambda: self.ctx.offers.gpu_assignments())  # fmt: skip
         gpu.publish = self.ctx.bus.publish
+        watch, node = self.ctx.watch, self.ctx.cfg.node_name
+        watch.expect("gpu")
+        gpu.on_readings = lambda gpus: watch.update("gpu", inventory.gpu_records(gpus, node))
         kmsg, xids = fault_watchers(g, gpu)
         if kmsg is not None:
             self.ctx.spawn("gpu-faults", lambda: kmsg.run(self.ctx.stop))

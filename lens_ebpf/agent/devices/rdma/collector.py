@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client.core import Metric
 from pydantic import Field
 
+from lens_ebpf.agent.devices import inventory
 from lens_ebpf.agent.devices.rdma import qp_counters, resources, statistic, sysfs
 from lens_ebpf.agent.events import RdmaUse, owner_fields
 from lens_ebpf.agent.feature import CollectorFeature, Settings, register
@@ -363,9 +364,11 @@ class RdmaCollector(PeriodicCollector):
         # (container_id, device) -> QPs, for container_start-like open/close events
         self.holders: dict[tuple[str, str], tuple[int, dict[str, str]]] = {}
         self.publish: Callable[[RdmaUse], object] = lambda _ev: None
+        self.on_devices: Callable[[list[sysfs.RdmaDevice]], object] = lambda _devs: None
 
     def refresh(self) -> list[Metric]:
         devices = sysfs.read_devices(self.sysfs_root)
+        self.on_devices(devices)
         stats: list[statistic.PortStats] = []
         links: list[resources.Link] = []
         rows: QpRows | None = None
@@ -510,5 +513,8 @@ class RdmaFeature(CollectorFeature):
         rdma = RdmaCollector(c.interval_seconds, Path(self.ctx.cfg.devices.sysfs_root), runner,
                              tool_json, identify=self.ctx.enrich.pid, bind=bind)  # fmt: skip
         rdma.publish = self.ctx.bus.publish
+        watch, node = self.ctx.watch, self.ctx.cfg.node_name
+        watch.expect("rdma")
+        rdma.on_devices = lambda devs: watch.update("rdma", inventory.rdma_records(devs, node))
         self.ctx.offers.rdma_devices = lambda: rdma.views.get("devices", {})
         return rdma
