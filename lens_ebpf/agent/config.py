@@ -96,6 +96,17 @@ class ReporterConfig(Section):
     buffer: int = Field(100000, ge=1, le=10_000_000)
     backoff_max_seconds: float = Field(30.0, gt=0)
     tls: ClientTlsConfig = Field(default_factory=ClientTlsConfig)
+    kinds: list[str] = Field(default_factory=list)  # event kinds it pushes; empty: all
+
+    @field_validator("kinds")
+    @classmethod
+    def _known_kinds(cls, v: list[str]) -> list[str]:
+        from lens_ebpf.agent.events import KINDS
+
+        unknown = [k for k in v if k not in KINDS]
+        if unknown:
+            raise ValueError(f"unknown event kind(s) {unknown}; known: {', '.join(KINDS)}")
+        return v
 
 
 class ContainersConfig(Section):

@@ -101,3 +101,36 @@ def test_inventory_waits_for_every_collector_and_comes_again_on_reconnect(tmp_pa
     watch.update("rdma", down)
     assert [(e.change, e.fields, e.port_state) for e in got[2:]] == [
         ("changed", ("port_state",), "DOWN")]  # fmt: skip
+
+
+def test_reporter_kinds_chooses_what_it_pushes(tmp_path: Path) -> None:
+    """reporter.kinds: only those kinds reach the reporter's buffer (gaps always do); an
+    unknown kind is a config error naming it."""
+    from lens_ebpf.agent import config
+    from lens_ebpf.agent.api.reporter import Reporter
+    from lens_ebpf.agent.events import EventBus, Gap, NodeTuned
+    from lens_ebpf.core.settings import ConfigError
+    from tests.agentproc import free_port
+    from tests.conftest import wait_for
+
+    bus = EventBus(100)
+    rep = Reporter(f"127.0.0.1:{free_port()}", bus, ("n1", ""), 100, backoff_max=60,
+                   kinds=frozenset({"device_change", "device_inventory"}))  # fmt: skip
+    rep.start()
+    try:
+        watch = DeviceWatch(bus.publish)
+        watch.update("gpu", {})  # the inventory (nothing expected but this scope)
+        bus.publish(NodeTuned(setting="vm.max_map_count", old_value=1, new_value=2))
+        bus.publish(Gap(lost=3, reason="test"))
+        wait_for(lambda: len(rep.pending) == 2, lambda: f"two events ({list(rep.pending)})")
+        assert [e.kind for e in rep.pending] == ["device_inventory", "gap"]
+    finally:
+        rep.stop()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("reporter:\n  kinds: [device_change, no_such_kind]\n")
+    try:
+        config.load(cfg, env={})
+    except ConfigError as exc:
+        assert "reporter.kinds" in str(exc) and "no_such_kind" in str(exc)
+    else:
+        raise AssertionError("an unknown kind was accepted")

@@ -47,7 +47,7 @@ class EventApi:
         if r.target:
             creds = channel_credentials(r.tls.ca, r.tls.cert, r.tls.key)
             self.reporter = Reporter(r.target, self.bus, node, r.buffer, creds,
-                                     r.backoff_max_seconds)  # fmt: skip
+                                     r.backoff_max_seconds, frozenset(r.kinds))  # fmt: skip
             self.reporter.on_connect = self.on_connect
             self.reporter.start()
             registry.register(ReporterCollector(self.reporter))

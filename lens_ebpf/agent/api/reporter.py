@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 class Reporter:
     def __init__(self, target: str, bus: EventBus, node: tuple[str, str], buffer: int,
                  credentials: grpc.ChannelCredentials | None = None,
-                 backoff_max: float = 30.0) -> None:  # fmt: skip
+                 backoff_max: float = 30.0,
+                 kinds: frozenset[str] = frozenset()) -> None:  # fmt: skip
         self.target = target
         self.node = node
         self.credentials = credentials
@@ -47,7 +48,9 @@ class Reporter:
         self._seen_bus_drops = 0
         self._cond = threading.Condition()
         self._stop = threading.Event()
-        self._sub = bus.subscribe("reporter", maxsize=buffer)
+        # gaps always pass: a reporter that leaves kinds out still says what it lost
+        accept = (lambda ev: ev.kind in kinds or ev.kind == "gap") if kinds else None
+        self._sub = bus.subscribe("reporter", accept=accept, maxsize=buffer)
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
