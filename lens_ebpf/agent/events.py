@@ -167,6 +167,7 @@ class DeviceChange(Event):
     row_remap_pending: bool = False
     row_remap_failure: bool = False
     fields: tuple[str, ...] = ()  # changed: which fields differ from the last record
+    slot: str = ""  # where it sits: a GPU's BDF, an RDMA device/port
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -9,6 +9,7 @@ holds what it accepted); nothing is lost within the two bounds.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -60,6 +61,82 @@ def agent_resources(ev: pb.Event, at: datetime) -> list[dict[str, Any]]:
              "updated_at": at} for r, devs in sorted(by_resource.items())]  # fmt: skip
 
 
+# a device record's fields as node_devices stores them (the proto's name -> the column)
+DEVICE_COLUMNS = {"device_kind": "kind", "slot": "slot", "key": "key", "index": "idx",
+                  "vendor": "vendor", "model": "model", "uuid": "uuid", "serial": "serial",
+                  "bdf": "bdf", "driver_version": "driver_version",
+                  "firmware_version": "firmware_version", "vbios_version": "vbios_version",
+                  "port_state": "port_state", "link_layer": "link_layer", "rate": "rate",
+                  "retired_pages_pending": "retired_pages_pending",
+                  "row_remap_pending": "row_remap_pending",
+                  "row_remap_failure": "row_remap_failure"}  # fmt: skip
+# what a change of identity or state is (not the index the agent numbers GPUs by)
+TRACKED = [c for c in DEVICE_COLUMNS.values() if c not in ("kind", "slot", "idx")]
+
+
+def _text(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def device_writes(node: str, ev: pb.Event, at: datetime) -> Callable[[Connection], int] | None:
+    """The node_devices and device_changelog writes of a device_change or device_inventory:
+    each record compared with the stored one, one changelog row per field that differs
+    (present: when it appeared or went). An inventory also marks the node's devices it
+    no longer lists as gone. The same event twice writes nothing the second time, so a
+    restart of either side loses and invents nothing. None for other events; the write
+    returns the changelog rows it added."""
+    kind = ev.WhichOneof("payload")
+    if kind == "device_change":
+        msgs, inventory = [ev.device_change], False
+    elif kind == "device_inventory":
+        msgs, inventory = list(ev.device_inventory.devices), True
+    else:
+        return None
+    gone = {ev.device_change.slot} if kind == "device_change" and \
+        ev.device_change.change == "disappeared" else set()  # fmt: skip
+    records = [{col: getattr(m, name) for name, col in DEVICE_COLUMNS.items()} for m in msgs]
+    nd, cl = t.node_devices, t.device_changelog
+
+    def write(conn: Connection) -> int:
+        added = 0
+
+        def log(row: Any, field: str, old: Any, new: Any) -> None:
+            nonlocal added
+            conn.execute(cl.insert().values(at=at, node=node, kind=row["kind"],
+                                            slot=row["slot"], device_key=row["key"],
+                                            field=field, old_value=_text(old),
+                                            new_value=_text(new)))  # fmt: skip
+            added += 1
+
+        stored = {(r.kind, r.slot): r._mapping for r in
+                  conn.execute(select(nd).where(nd.c.node == node))}  # fmt: skip
+        for rec in records:
+            old = stored.get((rec["kind"], rec["slot"]))
+            present = rec["slot"] not in gone
+            if old is None:
+                conn.execute(nd.insert().values(node=node, present=present, first_seen=at,
+                                                last_seen=at, **rec))  # fmt: skip
+                if present:
+                    log(rec, "present", "", True)
+                continue
+            diff = [c for c in TRACKED if old[c] != rec[c]]
+            for c in diff:
+                log(rec, c, old[c], rec[c])
+            if old["present"] != present:
+                log(rec, "present", old["present"], present)
+            conn.execute(nd.update().where(nd.c.id == old["id"]).values(
+                present=present, last_seen=at, **rec))  # fmt: skip
+        if inventory:
+            listed = {(r["kind"], r["slot"]) for r in records}
+            for slot, old in stored.items():
+                if slot not in listed and old["present"]:
+                    log(old, "present", True, False)
+                    conn.execute(nd.update().where(nd.c.id == old["id"]).values(present=False))
+        return added
+
+    return write
+
+
 def last_seqs(conn: Connection) -> dict[str, int]:
     """The highest stored sequence number per node: where each reporter resumes."""
     ne = t.node_events
@@ -82,12 +159,15 @@ class NodeEvents(Collector):
     def _store(self, node: str, ev: pb.Event) -> bool:
         row = event_row(node, ev)
         resources = agent_resources(ev, row["at"])
+        devices = device_writes(node, ev, row["at"])
 
         def write(conn: Connection) -> None:
             if row["seq"] is None:
-                conn.execute(t.node_events.insert().values(**row))
-            else:
-                insert_new(conn, t.node_events, row, ["node", "seq"])
+                new = bool(conn.execute(t.node_events.insert().values(**row)).rowcount)
+            else:  # a replay of a stored event: its device changes are stored too
+                new = insert_new(conn, t.node_events, row, ["node", "seq"])
+            if devices is not None and new:
+                devices(conn)
             for res in resources:
                 upsert(conn, t.pod_resources, res, ["pod_uid", "container", "source"])
 

@@ -9,6 +9,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Index,
     Integer,
     MetaData,
     String,
@@ -136,5 +137,54 @@ node_events = Table(
     UniqueConstraint("node", "seq", name="uq_node_events_seq"),
 )  # fmt: skip
 
+# every node's GPUs and RDMA ports as its agent last reported them (device_change,
+# device_inventory); one row per place a device sits (a GPU's BDF, an RDMA device/port),
+# kept when it goes (present false)
+node_devices = Table(
+    "node_devices", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("node", String(NAME), nullable=False),
+    Column("kind", String(16), nullable=False),  # gpu, rdma_port
+    Column("slot", String(NAME), nullable=False),
+    Column("key", String(NAME), nullable=False, index=True),  # UUID, unique id, serial, ...
+    Column("idx", Integer, nullable=False, default=0),
+    Column("vendor", String(32), nullable=False, default=""),
+    Column("model", String(NAME), nullable=False, default=""),
+    Column("uuid", String(NAME), nullable=False, default=""),
+    Column("serial", String(NAME), nullable=False, default="", index=True),
+    Column("bdf", String(32), nullable=False, default=""),
+    Column("driver_version", String(64), nullable=False, default=""),
+    Column("firmware_version", String(64), nullable=False, default=""),
+    Column("vbios_version", String(64), nullable=False, default=""),
+    Column("port_state", String(32), nullable=False, default=""),
+    Column("link_layer", String(32), nullable=False, default=""),
+    Column("rate", String(64), nullable=False, default=""),
+    Column("retired_pages_pending", Boolean, nullable=False, default=False),
+    Column("row_remap_pending", Boolean, nullable=False, default=False),
+    Column("row_remap_failure", Boolean, nullable=False, default=False),
+    Column("present", Boolean, nullable=False, default=True),
+    Column("first_seen", DateTime(timezone=True), nullable=False),
+    Column("last_seen", DateTime(timezone=True), nullable=False),
+    UniqueConstraint("node", "kind", "slot", name="uq_node_devices_slot"),
+)  # fmt: skip
+
+# one row per field of a device that changed: serial, firmware, port state, health, ...
+# ("present" when it appeared or went)
+device_changelog = Table(
+    "device_changelog", metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+           autoincrement=True),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("node", String(NAME), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("slot", String(NAME), nullable=False),
+    Column("device_key", String(NAME), nullable=False, index=True),
+    Column("field", String(32), nullable=False),
+    Column("old_value", String(NAME), nullable=False, default=""),
+    Column("new_value", String(NAME), nullable=False, default=""),
+)  # fmt: skip
+Index("ix_device_changelog_node_at", device_changelog.c.node, device_changelog.c.at)
+
 TABLES = ("gpu_pods", "pod_snapshots", "gpu_pods_events", "pod_resources", "gpu_workloads",
-          "workload_pod_references", "node_events")  # fmt: skip
+          "workload_pod_references", "node_events", "node_devices",
+          "device_changelog")  # fmt: skip

@@ -19,8 +19,8 @@ from prometheus_client.registry import Collector
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
+from lens_ebpf.cluster import api, queries, schema
 from lens_ebpf.cluster import lifecycle as lc
-from lens_ebpf.cluster import queries, schema
 from lens_ebpf.cluster.config import Config
 from lens_ebpf.cluster.kubelet_service import KubeletService
 from lens_ebpf.cluster.node_events import NodeEvents, last_seqs
@@ -86,6 +86,9 @@ class RecorderApp:
         self.http.add("/readyz", self._ready)
         self.http.add_query("/workloads", self._workloads)
         self.http.add_query("/pods", self._pods)
+        cluster_api = api.routes(self._connected)
+        for prefix in api.PREFIXES:  # the Primus-Lens API's routes, as its UI calls them
+            self.http.add_query(prefix, cluster_api)
         self.grpc: Any = None
         self.collect_port = 0
         self._stop = threading.Event()
@@ -126,6 +129,10 @@ class RecorderApp:
         self.engine.dispose()
 
     # -- REST ----------------------------------------------------------------------
+    def _connected(self, fn: Callable[[Any], Any]) -> Any:
+        with self.engine.connect() as conn:
+            return fn(conn)
+
     def _read(self, fn: Callable[[Any], Any], missing: str = "") -> Response:
         """fn(connection) as JSON: 404 saying missing when it finds nothing, 503 while the
         database is down."""

@@ -35,11 +35,11 @@ GPU_CHANGE = DeviceChange(vendor="amd", bdf="0000:03:00.0", change="changed", de
                           key="5F1A2B3C", index=1, model="AMD Instinct MI300X",
                           serial="5F1A2B3C", driver_version="6.10.5", vbios_version="113-M30",
                           firmware_version="", retired_pages_pending=True,
-                          fields=("serial", "vbios_version"))  # fmt: skip
+                          fields=("serial", "vbios_version"), slot="0000:03:00.0")  # fmt: skip
 RDMA_PORT = DeviceChange(vendor="mlx5", bdf="0000:41:00.0", change="", device_kind="rdma_port",
                          key="mlx5_0/1", model="MT4129", firmware_version="28.39.1002",
                          port_state="ACTIVE", link_layer="InfiniBand",
-                         rate="400 Gb/sec (4X NDR)")  # fmt: skip
+                         rate="400 Gb/sec (4X NDR)", slot="mlx5_0/1")  # fmt: skip
 EXAMPLES = {
     "flow_closed": FLOW,
     "abnormal_flow": dataclasses.replace(FLOW, kind="abnormal_flow"),

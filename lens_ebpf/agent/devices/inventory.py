@@ -20,7 +20,7 @@ def gpu_records(gpus: Iterable[GpuReading], node: str) -> dict[str, DeviceChange
     """slot (BDF) -> the GPU's record."""
     return {
         g.bdf: DeviceChange(
-            change="", device_kind="gpu", vendor=g.vendor, bdf=g.bdf, index=g.index,
+            change="", device_kind="gpu", vendor=g.vendor, bdf=g.bdf, slot=g.bdf, index=g.index,
             key=g.uuid or g.unique_id or g.serial or f"{node}/{g.bdf}", model=g.name, uuid=g.uuid,
             serial=g.serial, driver_version=g.driver_version, vbios_version=g.vbios_version,
             retired_pages_pending=bool(g.retired_pages_pending),
@@ -35,7 +35,7 @@ def rdma_records(devices: Iterable[RdmaDevice], node: str) -> dict[str, DeviceCh
     """slot (device/port) -> the port's record."""
     return {
         f"{d.name}/{p.number}": DeviceChange(
-            change="", device_kind="rdma_port", vendor="", bdf="",
+            change="", device_kind="rdma_port", vendor="", bdf="", slot=f"{d.name}/{p.number}",
             index=p.number, key=f"{d.node_guid or node + '/' + d.name}/{p.number}",
             model=d.hca_type or d.board_id, firmware_version=d.fw_ver,
             port_state=p.state_name, link_layer=p.link_layer, rate=p.rate_text,

@@ -1,0 +1,173 @@
+"""The cluster API's envelope and parameters (the Primus-Lens API's: `/v1/` as its web UI
+calls it, and the same routes under `/api/`), and the routes over the nodes' devices.
+
+Envelope `{"meta": {"code": 2000, "message": "OK"}, "data": ...}`; errors carry
+`meta.code` 4001 (a bad parameter, named), 4004 (an unknown name) or 5003 (a dependency
+that is down, named) with HTTP 400, 404 and 503. Parameters are taken in snake_case (the
+UI's `page_num`) and camelCase (`pageNum`). Paged lists answer `{"data": [...], "total": N}`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any
+
+from sqlalchemy import Connection, func, or_, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from lens_ebpf.cluster import schema as t
+from lens_ebpf.cluster.lifecycle import parse_time
+from lens_ebpf.cluster.queries import aware
+from lens_ebpf.core.http import Response, json_response
+
+PREFIXES = ("/v1", "/api")
+PAGE_MAX = 1000
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def bad(message: str) -> ApiError:
+    return ApiError(400, 4001, message)
+
+
+def ok(data: Any) -> Response:
+    return json_response(200, {"meta": {"code": 2000, "message": "OK"}, "data": data})
+
+
+def error(e: ApiError) -> Response:
+    return json_response(e.status, {"meta": {"code": e.code, "message": e.message},
+                                    "data": None})  # fmt: skip
+
+
+def param(query: dict[str, str], name: str) -> str | None:
+    """A parameter by its snake_case name, or its camelCase spelling."""
+    if name in query:
+        return query[name]
+    camel = re.sub(r"_([a-z])", lambda m: m.group(1).upper(), name)
+    return query.get(camel)
+
+
+def page(query: dict[str, str]) -> tuple[int, int]:
+    """(page_num, page_size): defaults 1 and 10; a page size above 1,000 is refused."""
+    out = []
+    for name, default, most in (("page_num", 1, None), ("page_size", 10, PAGE_MAX)):
+        raw = param(query, name)
+        try:
+            n = int(raw) if raw else default
+        except ValueError:
+            raise bad(f"{name}={raw!r}: not a number") from None
+        if n < 1 or (most is not None and n > most):
+            raise bad(f"{name}={n}: must be from 1 to {most}" if most else f"{name}={n}: "
+                      "must be 1 or more")  # fmt: skip
+        out.append(n)
+    return out[0], out[1]
+
+
+def when(query: dict[str, str], name: str) -> datetime | None:
+    """A time parameter: unix seconds or RFC 3339; None when absent."""
+    raw = param(query, name)
+    if not raw:
+        return None
+    try:
+        return datetime.fromtimestamp(float(raw), UTC)
+    except (ValueError, OverflowError, OSError):
+        pass
+    got = parse_time(raw)
+    if got is None:
+        raise bad(f"{name}={raw!r}: not unix seconds or RFC 3339")
+    return got
+
+
+def _device(row: Any) -> dict[str, Any]:
+    return {
+        "kind": row.kind, "slot": row.slot, "key": row.key, "index": row.idx,
+        "vendor": row.vendor, "model": row.model, "uuid": row.uuid, "serial": row.serial,
+        "bdf": row.bdf, "driver_version": row.driver_version,
+        "firmware_version": row.firmware_version, "vbios_version": row.vbios_version,
+        "port_state": row.port_state, "link_layer": row.link_layer, "rate": row.rate,
+        "retired_pages_pending": row.retired_pages_pending,
+        "row_remap_pending": row.row_remap_pending, "row_remap_failure": row.row_remap_failure,
+        "present": row.present, "first_seen": int(aware(row.first_seen).timestamp()),  # type: ignore[union-attr]
+        "last_seen": int(aware(row.last_seen).timestamp()),  # type: ignore[union-attr]
+    }  # fmt: skip
+
+
+def _change(row: Any) -> dict[str, Any]:
+    return {"time": int(aware(row.at).timestamp()), "node": row.node,  # type: ignore[union-attr]
+            "kind": row.kind, "slot": row.slot, "device_key": row.device_key,
+            "field": row.field, "old": row.old_value, "new": row.new_value}  # fmt: skip
+
+
+def node_devices(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    """nodes/{name}/devices: the node's GPUs and RDMA ports as its agent last reported
+    them (`present` false for one that went)."""
+    nd = t.node_devices
+    rows = list(conn.execute(select(nd).where(nd.c.node == name)
+                             .order_by(nd.c.kind, nd.c.idx, nd.c.slot)))  # fmt: skip
+    if not rows:
+        raise ApiError(404, 4004, f"no devices known for node {name!r}")
+    return {"node_name": name, "devices": [_device(r) for r in rows]}
+
+
+def changelog(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    """nodes/{name}/devices/changelog?since=: one row per field that changed, oldest
+    first, paged."""
+    num, size = page(query)
+    since = when(query, "since")
+    cl = t.device_changelog
+    cond = [cl.c.node == name] + ([cl.c.at >= since] if since is not None else [])
+    known = conn.execute(select(func.count()).select_from(t.node_devices)
+                         .where(t.node_devices.c.node == name)).scalar_one()  # fmt: skip
+    if not known:
+        raise ApiError(404, 4004, f"no devices known for node {name!r}")
+    total = conn.execute(select(func.count()).select_from(cl).where(*cond)).scalar_one()
+    rows = conn.execute(select(cl).where(*cond).order_by(cl.c.at, cl.c.id)
+                        .offset((num - 1) * size).limit(size))  # fmt: skip
+    return {"data": [_change(r) for r in rows], "total": int(total)}
+
+
+def device_history(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    """devices/{serial}/history: where the device sat (every node and slot), and every
+    change it had; looked up by serial, UUID or key."""
+    nd, cl = t.node_devices, t.device_changelog
+    match = or_(nd.c.serial == name, nd.c.uuid == name, nd.c.key == name)
+    places = list(conn.execute(select(nd).where(match).order_by(nd.c.first_seen)))
+    if not places:
+        raise ApiError(404, 4004, f"no device with serial, UUID or key {name!r}")
+    keys = sorted({p.key for p in places})
+    # changes recorded under its key, and the change that brought its serial into a slot
+    rows = conn.execute(select(cl).where(or_(cl.c.device_key.in_(keys),
+                                             (cl.c.field == "serial") & (cl.c.new_value == name)))
+                        .order_by(cl.c.at, cl.c.id))  # fmt: skip
+    return {"serial": name, "places": [_device(p) for p in places],
+            "changes": [_change(r) for r in rows]}  # fmt: skip
+
+
+def routes(read: Callable[[Callable[[Connection], Any]], Any]) -> Callable[..., Response]:
+    """The query route for /v1 and /api: rest is the path below the prefix."""
+    table: list[tuple[re.Pattern[str], Callable[..., Any]]] = [
+        (re.compile(r"^nodes/([^/]+)/devices$"), node_devices),
+        (re.compile(r"^nodes/([^/]+)/devices/changelog$"), changelog),
+        (re.compile(r"^devices/([^/]+)/history$"), device_history),
+    ]
+
+    def route(rest: str, query: dict[str, str]) -> Response:
+        for pattern, fn in table:
+            if m := pattern.match(rest):
+                try:
+                    return ok(read(partial(fn, name=m.group(1), query=query)))
+                except ApiError as e:
+                    return error(e)
+                except SQLAlchemyError as exc:
+                    return error(ApiError(503, 5003, "database unavailable: "
+                                          f"{type(exc).__name__}"))  # fmt: skip
+        return error(ApiError(404, 4004, f"no route {rest!r}"))
+
+    return route

@@ -1,0 +1,182 @@
+"""The nodes' devices in the cluster service: an agent's device_inventory and device_change
+(from its real collectors' records) become node_devices rows and one changelog row per
+field that changed; replaying the same inventory writes nothing; the routes answer in the
+Primus-Lens envelope, under /v1/ and /api/, with the documented errors."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from lens_ebpf.agent.devices import inventory as records
+from lens_ebpf.agent.devices.gpu import amd
+from lens_ebpf.agent.inventory import DeviceWatch
+from tests import pglab
+from tests.conftest import hang_guard
+from tests.k8slab import FakeApiServer, eventually
+from tests.recorder.conftest import rows
+from tests.recorder.test_node_events import reporting
+
+FIX = Path(__file__).parent.parent / "fixtures"
+CARD1 = "devices/pci0000:c0/0000:c0:01.1/0000:c1:00.0"
+
+
+def get(app: Any, path: str) -> requests.Response:
+    return requests.get(f"http://127.0.0.1:{app.http.port}{path}", timeout=hang_guard(5))
+
+
+def changes(url: str) -> list[tuple[str, str, str, str, str]]:
+    return [(r["node"], r["slot"], r["field"], r["old_value"], r["new_value"])
+            for r in rows(url, "device_changelog")]  # fmt: skip
+
+
+def test_inventory_then_a_serial_change(api: FakeApiServer, recorder_app: Any, db_url: str,
+                                        tmp_path: Path) -> None:  # fmt: skip
+    sys = tmp_path / "sys"
+    shutil.copytree(FIX / "gpu" / "sys", sys, symlinks=True)
+    app = recorder_app(db_url)
+    with reporting(app) as (bus, reporter):  # node gpu-1
+        watch = DeviceWatch(bus.publish)
+        watch.expect("gpu")
+
+        def read() -> None:
+            watch.update("gpu", records.gpu_records(amd.read_sysfs(sys), "gpu-1"))
+
+        read()  # the inventory: two GPUs
+        eventually(lambda: reporter.acked == 1, timeout=15)
+        assert app.writer.flush(10)
+        assert changes(db_url) == [("gpu-1", "0000:c1:00.0", "present", "", "true"),
+                                   ("gpu-1", "0001:03:00.0", "present", "", "true")]  # fmt: skip
+        (sys / CARD1 / "serial_number").write_text("692251001234\n")
+        read()  # one device_change
+        watch.inventory_again()  # the reporter reconnected: the same inventory again
+        eventually(lambda: reporter.acked == 3, timeout=15)
+        assert app.writer.flush(10)
+    assert changes(db_url)[2:] == [("gpu-1", "0000:c1:00.0", "serial", "", "692251001234")]
+    devices = {r["slot"]: r for r in rows(db_url, "node_devices")}
+    assert devices["0000:c1:00.0"]["serial"] == "692251001234"
+    assert devices["0000:c1:00.0"]["key"] == "0x18a96c02d4e1c0a3"  # the chip: the same one
+
+    for prefix in ("/v1", "/api"):
+        r = get(app, f"{prefix}/nodes/gpu-1/devices/changelog?page_num=1&page_size=2")
+        body = r.json()
+        assert r.status_code == 200 and body["meta"] == {"code": 2000, "message": "OK"}
+        assert body["data"]["total"] == 3
+        assert [(c["slot"], c["field"], c["old"], c["new"]) for c in body["data"]["data"]] == [
+            ("0000:c1:00.0", "present", "", "true"),
+            ("0001:03:00.0", "present", "", "true"),
+        ]
+        page2 = get(app, f"{prefix}/nodes/gpu-1/devices/changelog?pageNum=2&pageSize=2").json()
+        assert [(c["field"], c["new"]) for c in page2["data"]["data"]] == [
+            ("serial", "692251001234")]  # fmt: skip
+    later = get(app, "/v1/nodes/gpu-1/devices/changelog?since=4102444800").json()  # 2100
+    assert later["data"] == {"data": [], "total": 0}
+    devs = get(app, "/v1/nodes/gpu-1/devices").json()["data"]
+    assert [(d["slot"], d["serial"], d["model"], d["present"]) for d in devs["devices"]] == [
+        ("0000:c1:00.0", "692251001234", "AMD Instinct MI300X", True),
+        ("0001:03:00.0", "", "", True)]  # fmt: skip
+    hist = get(app, "/v1/devices/692251001234/history").json()["data"]
+    assert [(p["slot"], p["key"]) for p in hist["places"]] == [
+        ("0000:c1:00.0", "0x18a96c02d4e1c0a3")]  # fmt: skip
+    assert [(c["field"], c["new"]) for c in hist["changes"]] == [
+        ("present", "true"), ("serial", "692251001234")]  # fmt: skip
+
+
+def test_an_inventory_without_a_device_marks_it_gone(api: FakeApiServer, recorder_app: Any,
+                                                     db_url: str) -> None:  # fmt: skip
+    app = recorder_app(db_url)
+    both = records.gpu_records(amd.read_sysfs(FIX / "gpu" / "sys"), "gpu-1")
+    with reporting(app) as (bus, reporter):
+        first = DeviceWatch(bus.publish)
+        first.update("gpu", both)
+        # the agent restarted with one GPU fewer (its driver let go while it was down)
+        second = DeviceWatch(bus.publish)
+        second.update("gpu", {k: v for k, v in both.items() if k == "0000:c1:00.0"})
+        eventually(lambda: reporter.acked == 2, timeout=15)
+        assert app.writer.flush(10)
+    assert changes(db_url)[2:] == [("gpu-1", "0001:03:00.0", "present", "true", "false")]
+    gone = {r["slot"]: r["present"] for r in rows(db_url, "node_devices")}
+    assert gone == {"0000:c1:00.0": True, "0001:03:00.0": False}
+
+
+@pytest.mark.parametrize("path, status, code, names", [
+    ("/v1/nodes/gpu-1/devices/changelog?page_size=1001", 400, 4001, "page_size"),
+    ("/v1/nodes/gpu-1/devices/changelog?pageNum=0", 400, 4001, "page_num"),
+    ("/v1/nodes/gpu-1/devices/changelog?page_num=x", 400, 4001, "page_num"),
+    ("/v1/nodes/gpu-1/devices/changelog?since=yesterday", 400, 4001, "since"),
+    ("/v1/nodes/nowhere/devices", 404, 4004, "nowhere"),
+    ("/v1/nodes/nowhere/devices/changelog", 404, 4004, "nowhere"),
+    ("/api/devices/NOPE/history", 404, 4004, "NOPE"),
+    ("/v1/no/such/route", 404, 4004, "no/such/route"),
+])  # fmt: skip
+def test_bad_requests_get_the_documented_answers(api: FakeApiServer, recorder_app: Any,
+                                                 tmp_path: Path, path: str, status: int,
+                                                 code: int, names: str) -> None:  # fmt: skip
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    app = recorder_app(url)
+    with reporting(app) as (bus, reporter):
+        DeviceWatch(bus.publish).update(
+            "gpu", records.gpu_records(amd.read_sysfs(FIX / "gpu" / "sys"), "gpu-1")
+        )
+        eventually(lambda: reporter.acked == 1, timeout=15)
+        assert app.writer.flush(10)
+    r = get(app, path)
+    body = r.json()
+    assert r.status_code == status and body["meta"]["code"] == code and body["data"] is None
+    assert names in body["meta"]["message"]
+
+
+def test_database_down_is_5003(api: FakeApiServer, recorder_app: Any,
+                               postgres: pglab.Postgres) -> None:  # fmt: skip
+    url = postgres.create_database("devices_down")
+    app = recorder_app(url)
+    postgres.stop()
+    try:
+        r = get(app, "/v1/nodes/gpu-1/devices")
+        body = r.json()
+        assert r.status_code == 503 and body["meta"]["code"] == 5003
+        assert "database unavailable" in body["meta"]["message"]
+    finally:
+        postgres.start()
+
+
+def test_a_real_agent_reports_a_gpu_that_changed_serial(api: FakeApiServer, recorder_app: Any,
+                                                        tmp_path: Path) -> None:  # fmt: skip
+    """End to end: a running agent (GPU collector on a fixture sysfs, its reporter aimed at
+    the service); a GPU's serial changes in the tree; one changelog row with old and new,
+    and the node's devices show the new serial."""
+    from tests.agentproc import AgentProc
+
+    sys = tmp_path / "sys"
+    shutil.copytree(FIX / "gpu" / "sys", sys, symlinks=True)
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    app = recorder_app(url)
+    env = {"NODE_NAME": "gpu-node-3", "LENS_DEVICES__SYSFS_ROOT": str(sys),
+           "LENS_COLLECTORS__GPU__INTERVAL_SECONDS": "1",
+           "LENS_COLLECTORS__GPU__NVIDIA_SMI": "lens-no-such-tool",
+           "LENS_COLLECTORS__GPU__AMD_SMI": "lens-no-such-tool",
+           "LENS_COLLECTORS__RDMA__TOOL": "lens-no-such-rdma-tool",
+           "LENS_REPORTER__TARGET": f"127.0.0.1:{app.collect_port}",
+           "LENS_REPORTER__KINDS": "[device_change, device_inventory]"}  # fmt: skip
+    agent = AgentProc("--no-collector.tcp", "--no-collector.processes", env=env)
+    try:
+        agent.wait_ready()
+
+        def present() -> list[tuple[str, str]]:
+            return sorted((r["slot"], r["serial"]) for r in rows(url, "node_devices"))
+
+        eventually(lambda: present() == [("0000:c1:00.0", ""), ("0001:03:00.0", "")],
+                   timeout=30)  # fmt: skip
+        (sys / CARD1 / "serial_number").write_text("692251009999\n")
+        eventually(lambda: ("0000:c1:00.0", "692251009999") in present(), timeout=30)
+    finally:
+        assert agent.stop() == 0
+    assert [c for c in changes(url) if c[2] != "present"] == [
+        ("gpu-node-3", "0000:c1:00.0", "serial", "", "692251009999")]  # fmt: skip
+    devs = get(app, "/v1/nodes/gpu-node-3/devices").json()["data"]["devices"]
+    assert {d["slot"]: d["serial"] for d in devs} == {"0000:c1:00.0": "692251009999",
+                                                      "0001:03:00.0": ""}  # fmt: skip
