@@ -133,9 +133,40 @@ def changelog(conn: Connection, name: str, query: dict[str, str]) -> dict[str, A
     return {"data": [_change(r) for r in rows], "total": int(total)}
 
 
+FAULTS_MAX = 1000  # the newest faults a history lists, per place the device sat
+
+
+def _faults(conn: Connection, place: Any, serial: str) -> list[dict[str, Any]]:
+    """The GPU faults its agent reported for this node and slot since this device sat
+    there (since its serial arrived in the slot), each with the pod that held the GPU
+    then (the newest FAULTS_MAX, oldest first)."""
+    cl = t.device_changelog
+    arrived = conn.execute(select(func.max(cl.c.at)).where(
+        cl.c.node == place.node, cl.c.slot == place.slot, cl.c.field == "serial",
+        cl.c.new_value == serial)).scalar_one_or_none()  # fmt: skip
+    since = max(aware(place.first_seen), aware(arrived)) if arrived else place.first_seen  # type: ignore[type-var]
+    ne = t.node_events
+    rows = conn.execute(select(ne).where(ne.c.node == place.node, ne.c.kind == "gpu_fault",
+                                         ne.c.at >= since)
+                        .order_by(ne.c.at.desc(), ne.c.id.desc()))  # fmt: skip
+    out = []
+    for r in rows:
+        p = r.payload or {}
+        if p.get("bdf") != place.slot:
+            continue
+        out.append({"time": int(aware(r.at).timestamp()), "node": r.node,  # type: ignore[union-attr]
+                    "slot": place.slot, "fault": p.get("fault", ""), "code": p.get("code", ""),
+                    "message": p.get("message", ""), "namespace": r.namespace, "pod": r.pod,
+                    "workload": (p.get("identity") or {}).get("workload", "")})  # fmt: skip
+        if len(out) >= FAULTS_MAX:
+            break
+    return out[::-1]
+
+
 def device_history(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
-    """devices/{serial}/history: where the device sat (every node and slot), and every
-    change it had; looked up by serial, UUID or key."""
+    """devices/{serial}/history: where the device sat (every node and slot), every
+    change it had, and every fault its agent reported there with the pod that held it;
+    looked up by serial, UUID or key."""
     nd, cl = t.node_devices, t.device_changelog
     match = or_(nd.c.serial == name, nd.c.uuid == name, nd.c.key == name)
     places = list(conn.execute(select(nd).where(match).order_by(nd.c.first_seen)))
@@ -146,8 +177,10 @@ def device_history(conn: Connection, name: str, query: dict[str, str]) -> dict[s
     rows = conn.execute(select(cl).where(or_(cl.c.device_key.in_(keys),
                                              (cl.c.field == "serial") & (cl.c.new_value == name)))
                         .order_by(cl.c.at, cl.c.id))  # fmt: skip
+    faults = sorted((f for p in places for f in _faults(conn, p, p.serial)),
+                    key=lambda f: f["time"])  # fmt: skip
     return {"serial": name, "places": [_device(p) for p in places],
-            "changes": [_change(r) for r in rows]}  # fmt: skip
+            "changes": [_change(r) for r in rows], "faults": faults}  # fmt: skip
 
 
 def routes(read: Callable[[Callable[[Connection], Any]], Any]) -> Callable[..., Response]:

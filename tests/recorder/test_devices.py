@@ -14,6 +14,7 @@ import requests
 
 from lens_ebpf.agent.devices import inventory as records
 from lens_ebpf.agent.devices.gpu import amd
+from lens_ebpf.agent.events import GpuFault
 from lens_ebpf.agent.inventory import DeviceWatch
 from tests import pglab
 from tests.conftest import hang_guard
@@ -23,6 +24,12 @@ from tests.recorder.test_node_events import reporting
 
 FIX = Path(__file__).parent.parent / "fixtures"
 CARD1 = "devices/pci0000:c0/0000:c0:01.1/0000:c1:00.0"
+
+
+def xid(code: str, pod: str) -> GpuFault:
+    return GpuFault(gpu_index=0, bdf="0000:c1:00.0", uuid="", vendor="amd", fault="xid",
+                    code=code, message=f"Xid {code}", pod=pod, namespace="ml",
+                    workload=pod.split("-")[0])  # fmt: skip
 
 
 def get(app: Any, path: str) -> requests.Response:
@@ -51,10 +58,12 @@ def test_inventory_then_a_serial_change(api: FakeApiServer, recorder_app: Any, d
         assert app.writer.flush(10)
         assert changes(db_url) == [("gpu-1", "0000:c1:00.0", "present", "", "true"),
                                    ("gpu-1", "0001:03:00.0", "present", "", "true")]  # fmt: skip
+        bus.publish(xid("79", "old-board-job"))  # a fault of the board that was there
         (sys / CARD1 / "serial_number").write_text("692251001234\n")
         read()  # one device_change
         watch.inventory_again()  # the reporter reconnected: the same inventory again
-        eventually(lambda: reporter.acked == 3, timeout=15)
+        bus.publish(xid("48", "llm-0"))  # and one of the new board
+        eventually(lambda: reporter.acked == 5, timeout=15)
         assert app.writer.flush(10)
     assert changes(db_url)[2:] == [("gpu-1", "0000:c1:00.0", "serial", "", "692251001234")]
     devices = {r["slot"]: r for r in rows(db_url, "node_devices")}
@@ -84,6 +93,9 @@ def test_inventory_then_a_serial_change(api: FakeApiServer, recorder_app: Any, d
         ("0000:c1:00.0", "0x18a96c02d4e1c0a3")]  # fmt: skip
     assert [(c["field"], c["new"]) for c in hist["changes"]] == [
         ("present", "true"), ("serial", "692251001234")]  # fmt: skip
+    # the faults on this board, with the pod that held it: not the old board's
+    assert [(f["code"], f["namespace"], f["pod"], f["workload"]) for f in hist["faults"]] == [
+        ("48", "ml", "llm-0", "llm")]  # fmt: skip
 
 
 def test_an_inventory_without_a_device_marks_it_gone(api: FakeApiServer, recorder_app: Any,
