@@ -183,15 +183,47 @@ def device_history(conn: Connection, name: str, query: dict[str, str]) -> dict[s
             "changes": [_change(r) for r in rows], "faults": faults}  # fmt: skip
 
 
-def routes(read: Callable[[Callable[[Connection], Any]], Any]) -> Callable[..., Response]:
+# a GPU resource -> the vendor the Primus-Lens API names it by (its GpuVendor values)
+VENDORS = {"amd.com/gpu": "amd", "nvidia.com/gpu": "NVIDIA"}
+
+
+def gpu_allocation(conn: Connection, name: str, query: dict[str, str]) -> list[dict[str, Any]]:
+    """nodes/gpuAllocation (model.GpuAllocation): per node and GPU resource with a
+    capacity, the GPUs running pods requested; allocationRate is a ratio (0 to 1), as
+    the original computes it."""
+    n, p = t.nodes, t.gpu_pods
+    allocated: dict[tuple[str, str], int] = {}
+    for row in conn.execute(select(p.c.node, p.c.gpu_resources).where(
+            p.c.running.is_(True), p.c.deleted.is_(False))):  # fmt: skip
+        node, res = row.node, row.gpu_resources or {}
+        for resource, count in res.items():
+            key = (str(node), str(resource))
+            allocated[key] = allocated.get(key, 0) + int(count)
+    out = []
+    for row in conn.execute(select(n).where(n.c.deleted.is_(False)).order_by(n.c.name)):
+        for resource, capacity in sorted((row.gpu_capacity or {}).items()):
+            if not capacity:
+                continue
+            used = allocated.get((row.name, resource), 0)
+            out.append({"node": row.name, "vendor": VENDORS.get(resource, resource),
+                        "capacity": int(capacity), "allocated": used,
+                        "allocationRate": used / int(capacity)})  # fmt: skip
+    return out
+
+
+def routes(read: Callable[[Callable[[Connection], Any]], Any],
+           cluster_name: str = "local") -> Callable[..., Response]:  # fmt: skip
     """The query route for /v1 and /api: rest is the path below the prefix."""
     table: list[tuple[re.Pattern[str], Callable[..., Any]]] = [
+        (re.compile(r"^(nodes/gpuAllocation)$"), gpu_allocation),
         (re.compile(r"^nodes/([^/]+)/devices$"), node_devices),
         (re.compile(r"^nodes/([^/]+)/devices/changelog$"), changelog),
         (re.compile(r"^devices/([^/]+)/history$"), device_history),
     ]
 
     def route(rest: str, query: dict[str, str]) -> Response:
+        if rest == "gpu-aggregation/clusters":  # one cluster until multi-cluster
+            return ok([cluster_name])
         for pattern, fn in table:
             if m := pattern.match(rest):
                 try:

@@ -31,6 +31,7 @@ class RecorderConfig(Section):
     listen: str = "0.0.0.0:9480"  # REST (/workloads, /pods) and /metrics
     collect_listen: str = "0.0.0.0:9472"  # reporters' collector protocol; empty: off
     gpu_resources: list[str] = Field(default_factory=lambda: ["amd.com/gpu", "nvidia.com/gpu"])
+    cluster_name: str = Field("local", min_length=1)  # what the cluster API calls this cluster
     finalizers: bool = True
     queue_max: int = Field(100_000, ge=1, le=10_000_000)
     db_retry_max_seconds: float = Field(10.0, gt=0)

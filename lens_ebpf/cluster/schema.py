@@ -185,6 +185,25 @@ device_changelog = Table(
 )  # fmt: skip
 Index("ix_device_changelog_node_at", device_changelog.c.node, device_changelog.c.at)
 
+# the cluster's nodes as the API serves them (a Node watch): what the node pages show
+nodes = Table(
+    "nodes", metadata,
+    Column("name", String(NAME), primary_key=True),
+    Column("address", String(64), nullable=False, default=""),  # InternalIP
+    Column("status", String(16), nullable=False, default=""),  # Ready, NotReady, Unknown
+    Column("gpu_capacity", JSON, nullable=False),  # {"amd.com/gpu": 8}, configured resources
+    Column("gpu_allocatable", JSON, nullable=False),
+    Column("labels", JSON, nullable=False),  # the ones that matter: GPU product, type, zone
+    Column("cpu_count", Integer, nullable=False, default=0),
+    Column("memory_bytes", BigInteger, nullable=False, default=0),
+    Column("kernel", String(NAME), nullable=False, default=""),
+    Column("os_image", String(NAME), nullable=False, default=""),
+    Column("kubelet_version", String(64), nullable=False, default=""),
+    Column("container_runtime", String(NAME), nullable=False, default=""),
+    Column("deleted", Boolean, nullable=False, default=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)  # fmt: skip
+
 TABLES = ("gpu_pods", "pod_snapshots", "gpu_pods_events", "pod_resources", "gpu_workloads",
           "workload_pod_references", "node_events", "node_devices",
-          "device_changelog")  # fmt: skip
+          "device_changelog", "nodes")  # fmt: skip

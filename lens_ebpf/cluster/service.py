@@ -24,6 +24,7 @@ from lens_ebpf.cluster import lifecycle as lc
 from lens_ebpf.cluster.config import Config
 from lens_ebpf.cluster.kubelet_service import KubeletService
 from lens_ebpf.cluster.node_events import NodeEvents, last_seqs
+from lens_ebpf.cluster.nodes import NodeTracker
 from lens_ebpf.cluster.store import (
     WRITE_BUCKETS,
     DatabaseError,
@@ -66,6 +67,8 @@ class RecorderApp:
         }
         self.recorder = Recorder(self.api, self.writer, r.gpu_resources, finalizers=r.finalizers,
                                  reflector_opts=opts, clock=clock)  # fmt: skip
+        self.nodes = NodeTracker(self.api.core.list_node, self.writer, r.gpu_resources, clock,
+                                 **opts)  # fmt: skip
         with self.engine.connect() as conn:
             self.recorder.recover(conn)
             self.node_events = NodeEvents(self.writer, last_seqs(conn))
@@ -86,7 +89,7 @@ class RecorderApp:
         self.http.add("/readyz", self._ready)
         self.http.add_query("/workloads", self._workloads)
         self.http.add_query("/pods", self._pods)
-        cluster_api = api.routes(self._connected)
+        cluster_api = api.routes(self._connected, r.cluster_name)
         for prefix in api.PREFIXES:  # the Primus-Lens API's routes, as its UI calls them
             self.http.add_query(prefix, cluster_api)
         self.grpc: Any = None
@@ -97,6 +100,10 @@ class RecorderApp:
     def start(self) -> None:
         self.writer.start(self._stop)
         self.recorder.start()
+        th = threading.Thread(target=self.nodes.reflector.run, args=(self._stop,),
+                              name="recorder-nodes", daemon=True)  # fmt: skip
+        th.start()
+        self._threads.append(th)
         if self.cfg.recorder.collect_listen:
             from lens_ebpf.api.collector_server import CollectorServer
             from lens_ebpf.api.tls import server_credentials
@@ -116,6 +123,7 @@ class RecorderApp:
     def stop(self, flush_timeout: float = 10.0) -> None:
         """Stop watching and serving; write what is queued (within flush_timeout)."""
         self.recorder.stop()
+        self.nodes.reflector.stop()
         if self.grpc is not None:
             self.grpc.stop(grace=1)
         if not self.writer.flush(flush_timeout):

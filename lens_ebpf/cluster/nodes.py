@@ -1,0 +1,120 @@
+"""The cluster's nodes: a Node watch kept in the `nodes` table (status from the Ready
+condition as Kubernetes reports it, GPU capacity and allocatable per configured resource,
+the labels that matter, the node's software), for the node routes."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection
+
+from lens_ebpf.cluster import schema as t
+from lens_ebpf.cluster.store import Op, Writer, upsert
+from lens_ebpf.k8s.reflector import Reflector
+
+log = logging.getLogger(__name__)
+
+# labels kept: the GPU product (GPU feature discovery, AMD's labeller), the instance type
+# and the zone
+KEPT_LABELS = re.compile(r"^(nvidia\.com/gpu\.(product|count|memory)|amd\.com/gpu\.("
+                         r"product-name|family|vram|device-id)|beta\.amd\.com/gpu\.(product-"
+                         r"name|family)|node\.kubernetes\.io/instance-type|topology\.kubernetes"
+                         r"\.io/(zone|region))$")  # fmt: skip
+BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+
+
+def quantity(value: Any) -> int:
+    """A Kubernetes quantity as a whole number ("512Gi", "128", "1500m" -> 1); 0 when it
+    does not parse."""
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", str(value or ""))
+    if not m:
+        return 0
+    number, suffix = float(m.group(1)), m.group(2)
+    if suffix == "m":
+        return int(number / 1000)
+    scale = BINARY.get(suffix) or DECIMAL.get(suffix) or (1 if not suffix else 0)
+    return int(number * scale)
+
+
+def node_status(node: dict[str, Any]) -> str:
+    """Ready, NotReady or Unknown, from the Ready condition (no condition: Unknown)."""
+    for c in (node.get("status") or {}).get("conditions") or ():
+        if isinstance(c, dict) and c.get("type") == "Ready":
+            return {"True": "Ready", "False": "NotReady"}.get(str(c.get("status")), "Unknown")
+    return "Unknown"
+
+
+def node_row(node: dict[str, Any], resources: list[str], at: datetime) -> dict[str, Any]:
+    meta, status = node.get("metadata") or {}, node.get("status") or {}
+    info = status.get("nodeInfo") or {}
+    capacity, allocatable = status.get("capacity") or {}, status.get("allocatable") or {}
+    address = next((a.get("address", "") for a in status.get("addresses") or ()
+                    if isinstance(a, dict) and a.get("type") == "InternalIP"), "")  # fmt: skip
+    return {
+        "name": meta["name"], "address": address, "status": node_status(node),
+        "gpu_capacity": {r: quantity(capacity[r]) for r in resources if r in capacity},
+        "gpu_allocatable": {r: quantity(allocatable[r]) for r in resources if r in allocatable},
+        "labels": {k: str(v) for k, v in (meta.get("labels") or {}).items()
+                   if KEPT_LABELS.match(k)},
+        "cpu_count": quantity(capacity.get("cpu")),
+        "memory_bytes": quantity(capacity.get("memory")),
+        "kernel": str(info.get("kernelVersion", "")), "os_image": str(info.get("osImage", "")),
+        "kubelet_version": str(info.get("kubeletVersion", "")),
+        "container_runtime": str(info.get("containerRuntimeVersion", "")),
+        "deleted": False, "updated_at": at,
+    }  # fmt: skip
+
+
+class NodeTracker:
+    """Nodes listed and watched into the `nodes` table through the writer; a node that
+    goes is kept, marked deleted."""
+
+    def __init__(self, list_nodes: Callable[..., Any], writer: Writer, resources: list[str],
+                 clock: Callable[[], datetime], **reflector_opts: Any) -> None:  # fmt: skip
+        self.writer, self.resources, self.clock = writer, list(resources), clock
+        self.malformed = 0
+        self.reflector = Reflector("nodes", list_nodes, self.replace, self.event,
+                                   **reflector_opts)  # fmt: skip
+
+    def _row(self, node: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            return node_row(node, self.resources, self.clock())
+        except (KeyError, TypeError, AttributeError) as exc:
+            self.malformed += 1
+            log.warning("recorder: a node the API served is malformed: %r", exc)
+            return None
+
+    def replace(self, items: list[dict[str, Any]]) -> None:
+        rows = [r for r in (self._row(n) for n in items) if r is not None]
+        names = {r["name"] for r in rows}
+        at = self.clock()
+
+        def write(conn: Connection) -> None:
+            for row in rows:
+                upsert(conn, t.nodes, row, ["name"])
+            gone = t.nodes.update().where(t.nodes.c.deleted.is_(False))
+            if names:
+                gone = gone.where(t.nodes.c.name.not_in(names))
+            conn.execute(gone.values(deleted=True, updated_at=at))
+
+        self.writer.submit(Op("nodes", write))
+
+    def event(self, kind: str, node: dict[str, Any]) -> None:
+        row = self._row(node)
+        if row is None:
+            return
+        if kind == "DELETED":
+            name, at = row["name"], row["updated_at"]
+
+            def gone(conn: Connection) -> None:
+                conn.execute(t.nodes.update().where(t.nodes.c.name == name)
+                             .values(deleted=True, updated_at=at))  # fmt: skip
+
+            self.writer.submit(Op("nodes", gone))
+            return
+        self.writer.submit(Op("nodes", lambda conn: upsert(conn, t.nodes, row, ["name"])))
