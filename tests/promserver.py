@@ -25,8 +25,18 @@ def available() -> str | None:
 
 
 class Prometheus:
-    def __init__(self, targets: list[str], rule_files: list[str] | None = None) -> None:
+    def __init__(self, targets: list[str], rule_files: list[str] | None = None,
+                 openmetrics: str | None = None) -> None:  # fmt: skip
+        """openmetrics: series (OpenMetrics text, with timestamps) written into its TSDB
+        by `promtool tsdb create-blocks-from openmetrics` before it starts, so a test
+        knows every number a query returns."""
         self.dir = Path(tempfile.mkdtemp(prefix="lens-prom-"))
+        if openmetrics is not None:
+            (self.dir / "series.om").write_text(openmetrics)
+            res = subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics",
+                                  str(self.dir / "series.om"), str(self.dir / "data")],
+                                 capture_output=True, text=True)  # fmt: skip
+            assert res.returncode == 0, f"promtool: {res.stdout}{res.stderr}"
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         cfg = {

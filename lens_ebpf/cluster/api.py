@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, func, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 
+from lens_ebpf.cluster import prom
 from lens_ebpf.cluster import schema as t
 from lens_ebpf.cluster.lifecycle import parse_time
 from lens_ebpf.cluster.queries import aware
@@ -211,10 +212,54 @@ def gpu_allocation(conn: Connection, name: str, query: dict[str, str]) -> list[d
     return out
 
 
-def routes(read: Callable[[Callable[[Connection], Any]], Any],
-           cluster_name: str = "local") -> Callable[..., Response]:  # fmt: skip
+def _allocation_percent(conn: Connection) -> float:
+    """The cluster's GPUs requested by running pods, percent of its GPU capacity."""
+    per_node = gpu_allocation(conn, "", {})
+    capacity = sum(a["capacity"] for a in per_node)
+    return 100 * sum(a["allocated"] for a in per_node) / capacity if capacity else 0.0
+
+
+def integer(query: dict[str, str], name: str, default: int | None = None) -> int:
+    raw = param(query, name)
+    if not raw:
+        if default is None:
+            raise bad(f"{name} is required (unix seconds)")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise bad(f"{name}={raw!r}: not a whole number") from None
+
+
+def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str = "local",
+           metrics: prom.Prom | None = None,
+           clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+           ) -> Callable[..., Response]:  # fmt: skip
     """The query route for /v1 and /api: rest is the path below the prefix."""
+    metrics = metrics or prom.Prom("", 10, 11_000)
+
+    def utilization(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+        """nodes/gpuUtilization (model.GPUUtilization): the cluster's allocation rate
+        (percent, from the pods and nodes it keeps) and GPU utilization now (percent)."""
+        return {"allocationRate": _allocation_percent(conn),
+                "utilization": metrics.scalar(prom.UTILIZATION, clock())}  # fmt: skip
+
+    def history(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+        """nodes/gpuUtilizationHistory?start=&end=&step= (model.GpuUtilizationHistory)."""
+        start, end = integer(query, "start"), integer(query, "end")
+        step = integer(query, "step", 60)
+        if step <= 0:
+            raise bad(f"step={step}: must be 1 or more")
+        try:
+            return {key: metrics.series(q, start, end, step) for key, q in (
+                ("allocationRate", prom.ALLOCATION_RATE), ("utilization", prom.UTILIZATION),
+                ("vramUtilization", prom.VRAM_RATIO))}  # fmt: skip
+        except prom.TooManyPoints as exc:
+            raise bad(str(exc)) from None
+
     table: list[tuple[re.Pattern[str], Callable[..., Any]]] = [
+        (re.compile(r"^(nodes/gpuUtilization)$"), utilization),
+        (re.compile(r"^(nodes/gpuUtilizationHistory)$"), history),
         (re.compile(r"^(nodes/gpuAllocation)$"), gpu_allocation),
         (re.compile(r"^nodes/([^/]+)/devices$"), node_devices),
         (re.compile(r"^nodes/([^/]+)/devices/changelog$"), changelog),
@@ -233,6 +278,8 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any],
                 except SQLAlchemyError as exc:
                     return error(ApiError(503, 5003, "database unavailable: "
                                           f"{type(exc).__name__}"))  # fmt: skip
+                except prom.PromError as exc:
+                    return error(ApiError(503, 5003, str(exc)))
         return error(ApiError(404, 4004, f"no route {rest!r}"))
 
     return route

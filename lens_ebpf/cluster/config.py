@@ -26,6 +26,12 @@ class KubeletServiceConfig(Section):
     )
 
 
+class PrometheusConfig(Section):
+    url: str = ""  # a Prometheus-compatible HTTP API; empty: the metric routes answer 503
+    timeout_seconds: float = Field(10.0, gt=0)
+    max_points: int = Field(11_000, ge=1, le=1_000_000)  # per series, in a range query
+
+
 class RecorderConfig(Section):
     database_url: str = "sqlite:///lens-recorder.db"
     listen: str = "0.0.0.0:9480"  # REST (/workloads, /pods) and /metrics
@@ -37,6 +43,7 @@ class RecorderConfig(Section):
     db_retry_max_seconds: float = Field(10.0, gt=0)
     page_max: int = Field(1000, ge=1, le=100_000)
     kubelet_service: KubeletServiceConfig = Field(default_factory=KubeletServiceConfig)
+    prometheus: PrometheusConfig = Field(default_factory=PrometheusConfig)
 
     @field_validator("listen")
     @classmethod

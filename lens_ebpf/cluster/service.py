@@ -25,6 +25,7 @@ from lens_ebpf.cluster.config import Config
 from lens_ebpf.cluster.kubelet_service import KubeletService
 from lens_ebpf.cluster.node_events import NodeEvents, last_seqs
 from lens_ebpf.cluster.nodes import NodeTracker
+from lens_ebpf.cluster.prom import Prom
 from lens_ebpf.cluster.store import (
     WRITE_BUCKETS,
     DatabaseError,
@@ -89,7 +90,9 @@ class RecorderApp:
         self.http.add("/readyz", self._ready)
         self.http.add_query("/workloads", self._workloads)
         self.http.add_query("/pods", self._pods)
-        cluster_api = api.routes(self._connected, r.cluster_name)
+        p = r.prometheus
+        self.prom = Prom(p.url, p.timeout_seconds, p.max_points)
+        cluster_api = api.routes(self._connected, r.cluster_name, self.prom, clock)
         for prefix in api.PREFIXES:  # the Primus-Lens API's routes, as its UI calls them
             self.http.add_query(prefix, cluster_api)
         self.grpc: Any = None

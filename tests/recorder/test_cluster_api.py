@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import requests
 
 from tests.conftest import hang_guard
@@ -141,3 +142,83 @@ def test_a_schema_catches_a_renamed_or_missing_field() -> None:
     assert not conforms([{**row, "allocation_rate": 0.25}], schema)
     assert not conforms([{k: v for k, v in row.items() if k != "vendor"}], schema)
     assert not conforms([{**row, "capacity": "8"}], schema)
+
+
+def openmetrics(t0: int) -> str:
+    """Ten minutes of the agents' series, one sample a minute, values a test can add up."""
+    fams = {
+        "gpu_utilization": [('node="gpu-1",gpu_id="0",vendor="amd"', 80),
+                            ('node="gpu-1",gpu_id="1",vendor="amd"', 40),
+                            ('node="gpu-2",gpu_id="0",vendor="nvidia"', 30)],
+        "node_k8s_gpu_allocation_rate": [('node="gpu-1"', 25), ('node="gpu-2"', 35)],
+        "gpu_memory_used_bytes": [('node="gpu-1",gpu_index="0",vendor="amd"', 50),
+                                  ('node="gpu-2",gpu_index="0",vendor="nvidia"', 20)],
+        "gpu_memory_total_bytes": [('node="gpu-1",gpu_index="0",vendor="amd"', 100),
+                                   ('node="gpu-2",gpu_index="0",vendor="nvidia"', 100)],
+    }  # fmt: skip
+    out = []
+    for name, series in fams.items():
+        out.append(f"# TYPE {name} gauge\n")
+        for labels, value in series:
+            out += [f"{name}{{{labels}}} {value} {t0 + 60 * m}\n" for m in range(11)]
+    return "".join(out) + "# EOF\n"
+
+
+def test_utilization_routes_from_a_real_prometheus(api: FakeApiServer, recorder_app: Any,
+                                                   tmp_path: Any) -> None:  # fmt: skip
+    from datetime import UTC, datetime
+
+    from tests.promserver import Prometheus, available
+
+    if available():
+        pytest.skip(available())
+    t0 = (int(datetime.now(UTC).timestamp()) // 3600 - 3) * 3600  # three hours ago, whole
+    prometheus = Prometheus([], openmetrics=openmetrics(t0))
+    try:
+        api.put("nodes", node("gpu-1", "True", {"amd.com/gpu": "8"}, "10.0.0.11"))
+        api.put("nodes", node("gpu-2", "True", {"nvidia.com/gpu": "4"}, "10.0.0.12"))
+        api.put("pods", gpu_pod("a", "gpu-1", "amd.com/gpu", 2, "Running"))
+        api.put("pods", gpu_pod("c", "gpu-2", "nvidia.com/gpu", 1, "Running"))
+        url = f"sqlite:///{tmp_path / 'r.db'}"
+        at = datetime.fromtimestamp(t0 + 300, UTC)
+        app = recorder_app(url, clock=lambda: at, prometheus__url=prometheus.base)
+        eventually(lambda: len(rows(url, "nodes")) == 2 and sum(
+            r["running"] for r in rows(url, "gpu_pods")) == 2, timeout=15)  # fmt: skip
+        now = get(app, "/v1/nodes/gpuUtilization?cluster=local")
+        assert conforms(now, {"allocationRate": "number", "utilization": "number"})
+        assert now == {"allocationRate": 25.0, "utilization": 50.0}  # 3 of 12; (80+40+30)/3
+        hist = get(app, f"/v1/nodes/gpuUtilizationHistory?start={t0}&end={t0 + 240}&step=60")
+        point = {"timestamp": "integer", "value": "number"}
+        assert conforms(hist, {"allocationRate": [point], "utilization": [point],
+                               "vramUtilization": [point]})  # fmt: skip
+        times = [t0 + 60 * m for m in range(5)]
+        assert hist["utilization"] == [{"timestamp": ts, "value": 50.0} for ts in times]
+        assert hist["allocationRate"] == [{"timestamp": ts, "value": 30.0} for ts in times]
+        assert hist["vramUtilization"] == [{"timestamp": ts, "value": 0.35} for ts in times]
+        # a day at one point a second is more than max_points: refused, not run
+        r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/nodes/gpuUtilizationHistory"
+                         f"?start={t0}&end={t0 + 86400}&step=1", timeout=hang_guard(5))  # fmt: skip
+        assert r.status_code == 400 and r.json()["meta"]["code"] == 4001
+        assert "max_points" in r.json()["meta"]["message"]
+        bad = requests.get(f"http://127.0.0.1:{app.http.port}/v1/nodes/gpuUtilizationHistory"
+                           f"?end={t0}", timeout=hang_guard(5)).json()  # fmt: skip
+        assert bad["meta"]["code"] == 4001 and "start" in bad["meta"]["message"]
+    finally:
+        prometheus.stop()
+    # Prometheus gone: the metric routes say so (503), the rest answer
+    r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/nodes/gpuUtilization",
+                     timeout=hang_guard(15))  # fmt: skip
+    assert r.status_code == 503 and r.json()["meta"]["code"] == 5003
+    assert "unavailable" in r.json()["meta"]["message"]
+    assert get(app, "/v1/nodes/gpuAllocation")[0]["allocated"] == 2
+
+
+def test_without_prometheus_the_metric_routes_say_so(api: FakeApiServer, recorder_app: Any,
+                                                     tmp_path: Any) -> None:  # fmt: skip
+    app = recorder_app(f"sqlite:///{tmp_path / 'r.db'}")
+    r = requests.get(f"http://127.0.0.1:{app.http.port}/api/nodes/gpuUtilization",
+                     timeout=hang_guard(5))  # fmt: skip
+    body = r.json()
+    assert r.status_code == 503 and body["meta"]["code"] == 5003
+    assert "recorder.prometheus.url is not set" in body["meta"]["message"]
+    assert get(app, "/v1/gpu-aggregation/clusters") == ["local"]

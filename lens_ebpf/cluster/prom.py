@@ -1,0 +1,87 @@
+"""The cluster service's PromQL, in one place, against a Prometheus-compatible HTTP API
+(`recorder.prometheus.url`: Prometheus, Thanos, Mimir, VictoriaMetrics speak it). Every
+query is time-bounded (`timeout_seconds`) and a range query that would return more than
+`max_points` points per series is refused before it runs."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from datetime import datetime
+from typing import Any
+
+# the queries, by what they answer (the series carry `node` from the agents' scrape config)
+UTILIZATION = "avg(gpu_utilization)"
+UTILIZATION_BY_NODE = "avg by (node) (gpu_utilization)"
+ALLOCATION_RATE = "avg(node_k8s_gpu_allocation_rate)"
+VRAM_RATIO = "avg(gpu_memory_used_bytes / gpu_memory_total_bytes)"
+
+
+class PromError(Exception):
+    """Prometheus cannot answer: not configured, down, or it refused the query (503)."""
+
+
+class TooManyPoints(ValueError):
+    """A range query beyond max_points (400, naming the parameters)."""
+
+
+class Prom:
+    def __init__(self, url: str, timeout: float, max_points: int) -> None:
+        self.url, self.timeout, self.max_points = url.rstrip("/"), timeout, max_points
+        self.queries = 0
+        self.errors = 0
+
+    def _get(self, path: str, params: dict[str, str]) -> Any:
+        if not self.url:
+            raise PromError("recorder.prometheus.url is not set: this route needs Prometheus")
+        self.queries += 1
+        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with urllib.request.urlopen(url, timeout=self.timeout) as r:
+                body = json.loads(r.read())
+        except urllib.error.HTTPError as exc:  # 400/422: the query; 5xx: the server
+            self.errors += 1
+            detail = exc.read()[:300].decode(errors="replace")
+            raise PromError(f"prometheus at {self.url} answered {exc.code}: {detail}") from None
+        except (OSError, ValueError) as exc:
+            self.errors += 1
+            raise PromError(f"prometheus at {self.url} is unavailable: {exc}") from None
+        if body.get("status") != "success":
+            self.errors += 1
+            raise PromError(f"prometheus at {self.url}: {body.get('error', body)}")
+        return body["data"]
+
+    def instant(self, query: str, at: datetime) -> list[tuple[dict[str, str], float]]:
+        data = self._get("query", {"query": query, "time": f"{at.timestamp():.3f}",
+                                   "timeout": f"{int(self.timeout * 1000)}ms"})  # fmt: skip
+        return [(r["metric"], float(r["value"][1])) for r in data.get("result", [])]
+
+    def scalar(self, query: str, at: datetime) -> float:
+        """The value of a query that answers one series; 0 when it answers none."""
+        got = self.instant(query, at)
+        return got[0][1] if got else 0.0
+
+    def series(self, query: str, start: int, end: int, step: int) -> list[dict[str, Any]]:
+        """[{"timestamp", "value"}] of a query answering one series (model.TimePoint)."""
+        if end < start:
+            raise TooManyPoints(f"end={end} is before start={start}")
+        points = (end - start) // step + 1
+        if points > self.max_points:
+            raise TooManyPoints(
+                f"start={start}, end={end}, step={step}: {points} points, more "
+                f"than recorder.prometheus.max_points ({self.max_points})"
+            )
+        params = {
+            "query": query,
+            "start": str(start),
+            "end": str(end),
+            "step": str(step),
+            "timeout": f"{int(self.timeout * 1000)}ms",
+        }
+        data = self._get("query_range", params)
+        out: list[dict[str, Any]] = []
+        for r in data.get("result", []):
+            out += [{"timestamp": int(float(ts)), "value": float(v)} for ts, v in r["values"]]
+        return out
