@@ -212,6 +212,39 @@ def gpu_allocation(conn: Connection, name: str, query: dict[str, str]) -> list[d
     return out
 
 
+STATUS_COLORS = {"Ready": "green", "NotReady": "red", "Unknown": "yellow"}  # the original's
+# the node label that names its GPUs, as the original reads it (AMD's labeller, NVIDIA's),
+# then GPU feature discovery's product label
+GPU_NAME_LABELS = ("amd.com/gpu.product-name", "nvidia.com/gpu.device-name",
+                   "nvidia.com/gpu.product")  # fmt: skip
+ORDER = {"name", "ip", "gpu_name", "gpu_count", "gpu_allocation", "gpu_utilization", "status"}
+
+
+def _gpu_nodes(conn: Connection) -> list[dict[str, Any]]:
+    """Every node with GPU capacity, as model.GPUNode but the utilization."""
+    allocated: dict[str, int] = {}
+    for a in gpu_allocation(conn, "", {}):
+        allocated[a["node"]] = allocated.get(a["node"], 0) + a["allocated"]
+    models = {str(r.node): str(r.model) for r in conn.execute(
+        select(t.node_devices.c.node, t.node_devices.c.model).where(
+            t.node_devices.c.kind == "gpu", t.node_devices.c.present.is_(True),
+            t.node_devices.c.model != ""))}  # fmt: skip
+    out = []
+    n = t.nodes
+    for row in conn.execute(select(n).where(n.c.deleted.is_(False)).order_by(n.c.name)):
+        count = sum(int(v) for v in (row.gpu_capacity or {}).values())
+        if not count:
+            continue
+        labels = row.labels or {}
+        name = next((labels[k] for k in GPU_NAME_LABELS if labels.get(k)), "") or \
+            models.get(row.name, "")  # fmt: skip
+        out.append({"name": row.name, "ip": row.address, "gpu_name": name, "gpu_count": count,
+                    "gpu_allocation": allocated.get(row.name, 0), "gpu_utilization": 0.0,
+                    "status": row.status,
+                    "status_color": STATUS_COLORS.get(row.status, "")})  # fmt: skip
+    return out
+
+
 def _allocation_percent(conn: Connection) -> float:
     """The cluster's GPUs requested by running pods, percent of its GPU capacity."""
     per_node = gpu_allocation(conn, "", {})
@@ -257,13 +290,66 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
         except prom.TooManyPoints as exc:
             raise bad(str(exc)) from None
 
+    def node_list(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+        """nodes?page_num=&page_size=&name=&gpu_name=&status=&order_by=&desc=
+        (NodeListResponse): GPU nodes, each with its GPUs' mean utilization now."""
+        num, size = page(query)
+        order_by = param(query, "order_by") or "name"
+        if order_by not in ORDER:
+            raise bad(f"order_by={order_by!r}: one of {', '.join(sorted(ORDER))}")
+        desc = (param(query, "desc") or "false").lower()
+        if desc not in ("true", "false", "1", "0"):
+            raise bad(f"desc={desc!r}: true or false")
+        nodes = _gpu_nodes(conn)
+        sub, gpu = param(query, "name") or "", param(query, "gpu_name") or ""
+        wanted = {s for s in (param(query, "status") or "").split(",") if s}
+        nodes = [n for n in nodes if sub in n["name"] and (not gpu or n["gpu_name"] == gpu)
+                 and (not wanted or n["status"] in wanted)]  # fmt: skip
+        if nodes:
+            util = {lbl.get("node", ""): v for lbl, v in
+                    metrics.instant(prom.UTILIZATION_BY_NODE, clock())}  # fmt: skip
+            for n in nodes:
+                n["gpu_utilization"] = util.get(n["name"], 0.0)
+        nodes.sort(key=lambda n: (n[order_by], n["name"]), reverse=desc in ("true", "1"))
+        return {"data": nodes[(num - 1) * size : num * size], "total": len(nodes),
+                "cluster_name": cluster_name}  # fmt: skip
+
+    def node_detail(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+        """nodes/{name} (NodeDetailResponse: model.GpuNodeDetail and cluster_name)."""
+        n = t.nodes
+        row = conn.execute(select(n).where(n.c.name == name)).first()
+        if row is None:
+            raise ApiError(404, 4004, f"node not found: {name!r}")
+        listed = next((g for g in _gpu_nodes(conn) if g["name"] == name), None)
+        nd = t.node_devices
+        drivers = sorted({str(d) for (d,) in conn.execute(select(nd.c.driver_version).where(
+            nd.c.node == name, nd.c.kind == "gpu", nd.c.present.is_(True),
+            nd.c.driver_version != ""))})  # fmt: skip
+        model = ""
+        if metrics.url:  # the CPU model is the agent's hw_node_info; without Prometheus: count
+            info = metrics.instant(f'hw_node_info{{node="{prom.escape(name)}"}}', clock())
+            model = next((lbl.get("cpu_model", "") for lbl, _ in info), "")
+        runtime = str(row.container_runtime)
+        return {
+            "name": row.name, "health": row.status,
+            "cpu": f"{row.cpu_count} X {model}" if model else str(row.cpu_count),
+            "memory": row.memory, "os": row.os_image, "gpu_driver_version": ",".join(drivers),
+            "static_gpu_details": f"{listed['gpu_count']} X {listed['gpu_name']}" if listed
+            else "",
+            "kubelet_version": row.kubelet_version,
+            "containerd_version": runtime.removeprefix("containerd://"),
+            "cluster_name": cluster_name,
+        }  # fmt: skip
+
     table: list[tuple[re.Pattern[str], Callable[..., Any]]] = [
+        (re.compile(r"^(nodes)$"), node_list),
         (re.compile(r"^(nodes/gpuUtilization)$"), utilization),
         (re.compile(r"^(nodes/gpuUtilizationHistory)$"), history),
         (re.compile(r"^(nodes/gpuAllocation)$"), gpu_allocation),
         (re.compile(r"^nodes/([^/]+)/devices$"), node_devices),
         (re.compile(r"^nodes/([^/]+)/devices/changelog$"), changelog),
         (re.compile(r"^devices/([^/]+)/history$"), device_history),
+        (re.compile(r"^nodes/([^/]+)$"), node_detail),
     ]
 
     def route(rest: str, query: dict[str, str]) -> Response:

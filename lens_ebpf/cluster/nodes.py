@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 # labels kept: the GPU product (GPU feature discovery, AMD's labeller), the instance type
 # and the zone
-KEPT_LABELS = re.compile(r"^(nvidia\.com/gpu\.(product|count|memory)|amd\.com/gpu\.("
+KEPT_LABELS = re.compile(r"^(nvidia\.com/gpu\.(product|count|memory|device-name)|amd\.com/gpu\.("
                          r"product-name|family|vram|device-id)|beta\.amd\.com/gpu\.(product-"
                          r"name|family)|node\.kubernetes\.io/instance-type|topology\.kubernetes"
                          r"\.io/(zone|region))$")  # fmt: skip
@@ -63,6 +63,7 @@ def node_row(node: dict[str, Any], resources: list[str], at: datetime) -> dict[s
                    if KEPT_LABELS.match(k)},
         "cpu_count": quantity(capacity.get("cpu")),
         "memory_bytes": quantity(capacity.get("memory")),
+        "memory": str(capacity.get("memory", "")),
         "kernel": str(info.get("kernelVersion", "")), "os_image": str(info.get("osImage", "")),
         "kubelet_version": str(info.get("kubeletVersion", "")),
         "container_runtime": str(info.get("containerRuntimeVersion", "")),

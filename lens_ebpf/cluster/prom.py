@@ -19,6 +19,11 @@ ALLOCATION_RATE = "avg(node_k8s_gpu_allocation_rate)"
 VRAM_RATIO = "avg(gpu_memory_used_bytes / gpu_memory_total_bytes)"
 
 
+def escape(value: str) -> str:
+    """A label value inside a PromQL double-quoted string."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
 class PromError(Exception):
     """Prometheus cannot answer: not configured, down, or it refused the query (503)."""
 

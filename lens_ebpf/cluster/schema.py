@@ -196,6 +196,7 @@ nodes = Table(
     Column("labels", JSON, nullable=False),  # the ones that matter: GPU product, type, zone
     Column("cpu_count", Integer, nullable=False, default=0),
     Column("memory_bytes", BigInteger, nullable=False, default=0),
+    Column("memory", String(64), nullable=False, default=""),  # the capacity as served
     Column("kernel", String(NAME), nullable=False, default=""),
     Column("os_image", String(NAME), nullable=False, default=""),
     Column("kubelet_version", String(64), nullable=False, default=""),

@@ -25,6 +25,28 @@ CONTRACTS: dict[str, tuple[str, Any]] = {
                             [{"node": "string", "vendor": "string", "capacity": "integer",
                               "allocated": "integer", "allocationRate": "number"}]),
 }  # fmt: skip
+GPU_NODE = {
+    "name": "string",
+    "ip": "string",
+    "gpu_name": "string",
+    "gpu_count": "integer",
+    "gpu_allocation": "integer",
+    "gpu_utilization": "number",
+    "status": "string",
+    "status_color": "string",
+}  # model.GPUNode, core/pkg/model/nodes.go
+# routes that read Prometheus too
+METRIC_CONTRACTS: dict[str, tuple[str, Any]] = {
+    "nodes?page_num=1&page_size=10&status=&name=&gpu_name=&order_by=&desc=false": (
+        f"{GO}/api/pkg/api/unified_node.go NodeListResponse",
+        {"data": [GPU_NODE], "total": "integer", "cluster_name": "string"}),
+    "nodes/gpu-1": (f"{GO}/api/pkg/api/unified_node.go NodeDetailResponse "
+                    "(model.GpuNodeDetail, core/pkg/model/nodes.go, and cluster_name)",
+                    {"name": "string", "health": "string", "cpu": "string", "memory": "string",
+                     "os": "string", "gpu_driver_version": "string",
+                     "static_gpu_details": "string", "kubelet_version": "string",
+                     "containerd_version": "string", "cluster_name": "string"}),
+}  # fmt: skip
 
 
 def shape(value: Any) -> Any:
@@ -155,6 +177,8 @@ def openmetrics(t0: int) -> str:
                                   ('node="gpu-2",gpu_index="0",vendor="nvidia"', 20)],
         "gpu_memory_total_bytes": [('node="gpu-1",gpu_index="0",vendor="amd"', 100),
                                    ('node="gpu-2",gpu_index="0",vendor="nvidia"', 100)],
+        "hw_node_info": [('node="gpu-1",os="ubuntu",os_version="22.04",kernel="6.8.0",'
+                          'cpu_model="AMD EPYC 9654 96-Core Processor"', 1)],
     }  # fmt: skip
     out = []
     for name, series in fams.items():
@@ -200,6 +224,29 @@ def test_utilization_routes_from_a_real_prometheus(api: FakeApiServer, recorder_
                          f"?start={t0}&end={t0 + 86400}&step=1", timeout=hang_guard(5))  # fmt: skip
         assert r.status_code == 400 and r.json()["meta"]["code"] == 4001
         assert "max_points" in r.json()["meta"]["message"]
+        answers = {route: get(app, f"/v1/{route}") for route in METRIC_CONTRACTS}
+        for route, (source, schema) in METRIC_CONTRACTS.items():
+            assert conforms(answers[route], schema), (route, source, answers[route])
+        listed = answers[next(iter(METRIC_CONTRACTS))]
+        assert listed == {"total": 2, "cluster_name": "local", "data": [
+            {"name": "gpu-1", "ip": "10.0.0.11", "gpu_name": "AMD_Instinct_MI300X_OAM",
+             "gpu_count": 8, "gpu_allocation": 2, "gpu_utilization": 60.0, "status": "Ready",
+             "status_color": "green"},
+            {"name": "gpu-2", "ip": "10.0.0.12", "gpu_name": "AMD_Instinct_MI300X_OAM",
+             "gpu_count": 4, "gpu_allocation": 1, "gpu_utilization": 30.0, "status": "Ready",
+             "status_color": "green"}]}  # fmt: skip
+        by_use = get(app, "/v1/nodes?order_by=gpu_utilization&desc=true&page_size=1&pageNum=2")
+        assert [n["name"] for n in by_use["data"]] == ["gpu-2"] and by_use["total"] == 2
+        assert get(app, "/v1/nodes?name=gpu-2&status=Ready,NotReady")["total"] == 1
+        assert answers["nodes/gpu-1"] == {
+            "name": "gpu-1", "health": "Ready", "cpu": "128 X AMD EPYC 9654 96-Core Processor",
+            "memory": "2113474560Ki", "os": "Ubuntu 22.04.5 LTS", "gpu_driver_version": "",
+            "static_gpu_details": "8 X AMD_Instinct_MI300X_OAM", "kubelet_version": "v1.31.2",
+            "containerd_version": "1.7.22", "cluster_name": "local"}  # fmt: skip
+        for path, names in (("nodes?order_by=colour", "order_by"), ("nodes?desc=maybe", "desc"),
+                            ("nodes/gpu-9", "gpu-9")):  # fmt: skip
+            r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/{path}", timeout=hang_guard(5))
+            assert r.json()["meta"]["code"] in (4001, 4004) and names in r.json()["meta"]["message"]
         bad = requests.get(f"http://127.0.0.1:{app.http.port}/v1/nodes/gpuUtilizationHistory"
                            f"?end={t0}", timeout=hang_guard(5)).json()  # fmt: skip
         assert bad["meta"]["code"] == 4001 and "start" in bad["meta"]["message"]
@@ -222,3 +269,12 @@ def test_without_prometheus_the_metric_routes_say_so(api: FakeApiServer, recorde
     assert r.status_code == 503 and body["meta"]["code"] == 5003
     assert "recorder.prometheus.url is not set" in body["meta"]["message"]
     assert get(app, "/v1/gpu-aggregation/clusters") == ["local"]
+    # the node detail without Prometheus: the CPU count alone (the model is the agents')
+    api.put("nodes", node("gpu-1", "True", {"amd.com/gpu": "8"}, "10.0.0.11"))
+    eventually(lambda: get_or_none(app, "/v1/nodes/gpu-1") is not None, timeout=15)
+    assert get(app, "/v1/nodes/gpu-1")["cpu"] == "128"
+
+
+def get_or_none(app: Any, path: str) -> Any:
+    r = requests.get(f"http://127.0.0.1:{app.http.port}{path}", timeout=hang_guard(5))
+    return r.json()["data"] if r.status_code == 200 else None

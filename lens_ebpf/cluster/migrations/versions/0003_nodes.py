@@ -26,6 +26,7 @@ def upgrade() -> None:
         sa.Column("labels", sa.JSON, nullable=False),
         sa.Column("cpu_count", sa.Integer, nullable=False),
         sa.Column("memory_bytes", sa.BigInteger, nullable=False),
+        sa.Column("memory", sa.String(64), nullable=False),
         sa.Column("kernel", sa.String(253), nullable=False),
         sa.Column("os_image", sa.String(253), nullable=False),
         sa.Column("kubelet_version", sa.String(64), nullable=False),
