@@ -341,7 +341,39 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
             "cluster_name": cluster_name,
         }  # fmt: skip
 
+    def overview(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+        """clusters/overview (model.GpuClusterOverview): GPU nodes by health (faulty: not
+        Ready, or tainted) and by idleness, allocation rate and utilization (percent),
+        RDMA bytes/s, and the storage fields (0: storage is not monitored yet)."""
+        n = t.nodes
+        rows = [r for r in conn.execute(select(n).where(n.c.deleted.is_(False)))
+                if sum(int(v) for v in (r.gpu_capacity or {}).values())]  # fmt: skip
+        faulty = sum(1 for r in rows if r.status != "Ready" or r.taints)
+        per_node: dict[str, list[int]] = {}
+        for a in gpu_allocation(conn, "", {}):
+            pair = per_node.setdefault(a["node"], [0, 0])
+            pair[0] += a["allocated"]
+            pair[1] += a["capacity"]
+        idle = sum(1 for a, c in per_node.values() if a == 0)
+        busy = sum(1 for a, c in per_node.values() if a >= c)
+        untainted = {r.name for r in rows if not r.taints}
+        cap = sum(c for node, (_, c) in per_node.items() if node in untainted)
+        used = sum(a for node, (a, _) in per_node.items() if node in untainted)
+        at = clock()
+        return {
+            "total_space": 0.0, "used_space": 0.0, "usage_percentage": 0.0,
+            "total_inodes": 0.0, "used_inodes": 0.0, "inodes_usage_percentage": 0.0,
+            "read_bandwidth": 0.0, "write_bandwidth": 0.0,
+            "total_tx": metrics.scalar(prom.RDMA_TX, at),
+            "total_rx": metrics.scalar(prom.RDMA_RX, at),
+            "totalNodes": len(rows), "healthyNodes": len(rows) - faulty, "faultyNodes": faulty,
+            "fullyIdleNodes": idle, "partiallyIdleNodes": len(per_node) - idle - busy,
+            "busyNodes": busy, "allocationRate": 100 * used / cap if cap else 0.0,
+            "utilization": metrics.scalar(prom.UTILIZATION, at),
+        }  # fmt: skip
+
     table: list[tuple[re.Pattern[str], Callable[..., Any]]] = [
+        (re.compile(r"^(clusters/overview)$"), overview),
         (re.compile(r"^(nodes)$"), node_list),
         (re.compile(r"^(nodes/gpuUtilization)$"), utilization),
         (re.compile(r"^(nodes/gpuUtilizationHistory)$"), history),

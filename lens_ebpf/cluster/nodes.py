@@ -67,6 +67,7 @@ def node_row(node: dict[str, Any], resources: list[str], at: datetime) -> dict[s
         "kernel": str(info.get("kernelVersion", "")), "os_image": str(info.get("osImage", "")),
         "kubelet_version": str(info.get("kubeletVersion", "")),
         "container_runtime": str(info.get("containerRuntimeVersion", "")),
+        "taints": len((node.get("spec") or {}).get("taints") or ()),
         "deleted": False, "updated_at": at,
     }  # fmt: skip
 

@@ -17,6 +17,9 @@ UTILIZATION = "avg(gpu_utilization)"
 UTILIZATION_BY_NODE = "avg by (node) (gpu_utilization)"
 ALLOCATION_RATE = "avg(node_k8s_gpu_allocation_rate)"
 VRAM_RATIO = "avg(gpu_memory_used_bytes / gpu_memory_total_bytes)"
+# the agents' RDMA port counters, bytes/s over the cluster
+RDMA_TX = "sum(rate(lens_rdma_port_transmit_bytes_total[1m]))"
+RDMA_RX = "sum(rate(lens_rdma_port_receive_bytes_total[1m]))"
 
 
 def escape(value: str) -> str:

@@ -201,6 +201,7 @@ nodes = Table(
     Column("os_image", String(NAME), nullable=False, default=""),
     Column("kubelet_version", String(64), nullable=False, default=""),
     Column("container_runtime", String(NAME), nullable=False, default=""),
+    Column("taints", Integer, nullable=False, default=0),  # how many (a tainted node is faulty)
     Column("deleted", Boolean, nullable=False, default=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
 )  # fmt: skip

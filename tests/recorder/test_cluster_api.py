@@ -35,6 +35,15 @@ GPU_NODE = {
     "status": "string",
     "status_color": "string",
 }  # model.GPUNode, core/pkg/model/nodes.go
+# model.GpuClusterOverview (core/pkg/model/gpu.go) with its embedded StorageStat
+# (storage.go) and RdmaClusterStat (rdma.go): Go's JSON flattens embedded structs
+OVERVIEW = {**{k: "number" for k in ("total_space", "used_space", "usage_percentage",
+                                     "total_inodes", "used_inodes", "inodes_usage_percentage",
+                                     "read_bandwidth", "write_bandwidth", "total_tx",
+                                     "total_rx", "allocationRate", "utilization")},
+            **{k: "integer" for k in ("totalNodes", "healthyNodes", "faultyNodes",
+                                      "fullyIdleNodes", "partiallyIdleNodes",
+                                      "busyNodes")}}  # fmt: skip
 # routes that read Prometheus too
 METRIC_CONTRACTS: dict[str, tuple[str, Any]] = {
     "nodes?page_num=1&page_size=10&status=&name=&gpu_name=&order_by=&desc=false": (
@@ -185,6 +194,12 @@ def openmetrics(t0: int) -> str:
         out.append(f"# TYPE {name} gauge\n")
         for labels, value in series:
             out += [f"{name}{{{labels}}} {value} {t0 + 60 * m}\n" for m in range(11)]
+    # RDMA port counters: 6,000 bytes a minute sent (100 B/s), 12,000 received (200 B/s)
+    port = 'node="gpu-1",device="mlx5_0",port="1"'
+    for family, per_minute in (("lens_rdma_port_transmit_bytes", 6000),
+                               ("lens_rdma_port_receive_bytes", 12000)):  # fmt: skip
+        out.append(f"# TYPE {family} counter\n")
+        out += [f"{family}_total{{{port}}} {per_minute * m} {t0 + 60 * m}\n" for m in range(11)]
     return "".join(out) + "# EOF\n"
 
 
@@ -243,6 +258,19 @@ def test_utilization_routes_from_a_real_prometheus(api: FakeApiServer, recorder_
             "memory": "2113474560Ki", "os": "Ubuntu 22.04.5 LTS", "gpu_driver_version": "",
             "static_gpu_details": "8 X AMD_Instinct_MI300X_OAM", "kubelet_version": "v1.31.2",
             "containerd_version": "1.7.22", "cluster_name": "local"}  # fmt: skip
+        # a third GPU node, Ready but tainted: faulty, and out of the allocation rate
+        tainted = node("gpu-3", "True", {"amd.com/gpu": "2"}, "10.0.0.13")
+        tainted["spec"] = {"taints": [{"key": "amd.com/gpu-unhealthy", "effect": "NoSchedule"}]}
+        api.put("nodes", tainted)
+        eventually(lambda: len(rows(url, "nodes")) == 3, timeout=15)
+        overview = get(app, "/v1/clusters/overview?cluster=local")
+        assert conforms(overview, OVERVIEW)
+        assert overview == {
+            "total_space": 0.0, "used_space": 0.0, "usage_percentage": 0.0, "total_inodes": 0.0,
+            "used_inodes": 0.0, "inodes_usage_percentage": 0.0, "read_bandwidth": 0.0,
+            "write_bandwidth": 0.0, "total_tx": 100.0, "total_rx": 200.0, "totalNodes": 3,
+            "healthyNodes": 2, "faultyNodes": 1, "fullyIdleNodes": 1, "partiallyIdleNodes": 2,
+            "busyNodes": 0, "allocationRate": 25.0, "utilization": 50.0}  # fmt: skip
         for path, names in (("nodes?order_by=colour", "order_by"), ("nodes?desc=maybe", "desc"),
                             ("nodes/gpu-9", "gpu-9")):  # fmt: skip
             r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/{path}", timeout=hang_guard(5))

@@ -31,6 +31,7 @@ def upgrade() -> None:
         sa.Column("os_image", sa.String(253), nullable=False),
         sa.Column("kubelet_version", sa.String(64), nullable=False),
         sa.Column("container_runtime", sa.String(253), nullable=False),
+        sa.Column("taints", sa.Integer, nullable=False),
         sa.Column("deleted", sa.Boolean, nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
     )
