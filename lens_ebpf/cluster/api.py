@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from sqlalchemy import Connection, func, or_, select
+from sqlalchemy import ColumnElement, Connection, func, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from lens_ebpf.cluster import prom
@@ -245,6 +245,120 @@ def _gpu_nodes(conn: Connection) -> list[dict[str, Any]]:
     return out
 
 
+# the recorder's workload states -> the Primus-Lens API's (Running, Pending, Done,
+# Deleted, Failed), and their colors as the original gives them
+WORKLOAD_STATUS = {"Running": "Running", "Active": "Running", "Available": "Running",
+                   "Pending": "Pending", "Scheduled": "Pending", "Created": "Pending",
+                   "Complete": "Done", "Succeeded": "Done", "Failed": "Failed"}  # fmt: skip
+WORKLOAD_COLORS = {"Running": "green", "Done": "blue", "Deleted": "gray", "Pending": "yellow",
+                   "Failed": "red"}  # fmt: skip
+
+
+def _ts(value: Any) -> int:
+    return int(aware(value).timestamp()) if value is not None else 0  # type: ignore[union-attr]
+
+
+def workload_status(row: Any) -> str:
+    return "Deleted" if row.deleted else WORKLOAD_STATUS.get(row.status, row.status)
+
+
+def _workload(conn: Connection, uid: str) -> Any:
+    w = t.gpu_workloads
+    row = conn.execute(select(w).where(w.c.uid == uid)).first()
+    if row is None:
+        raise ApiError(404, 4004, f"workload not found: {uid!r}")
+    return row
+
+
+def hierarchy(conn: Connection, uid: str) -> dict[str, Any]:
+    """model.WorkloadHierarchyItem: the workload and every workload below it."""
+    w = t.gpu_workloads
+    rows = list(conn.execute(select(w.c.uid, w.c.parent_uid, w.c.kind, w.c.name, w.c.namespace,
+                                    w.c.created_at)))  # fmt: skip
+    children: dict[str, list[Any]] = {}
+    for r in rows:
+        if r.parent_uid:
+            children.setdefault(r.parent_uid, []).append(r)
+    by_uid = {r.uid: r for r in rows}
+
+    def node(r: Any, seen: frozenset[str]) -> dict[str, Any]:
+        kids = sorted(children.get(r.uid, ()), key=lambda c: (_ts(c.created_at), c.name))
+        below = [node(c, seen | {r.uid}) for c in kids if c.uid not in seen]
+        return {"kind": r.kind, "name": r.name, "namespace": r.namespace, "uid": r.uid,
+                "children": below}  # fmt: skip
+
+    if uid not in by_uid:
+        raise ApiError(404, 4004, f"workload not found: {uid!r}")
+    return node(by_uid[uid], frozenset())
+
+
+def workload_pods(conn: Connection, uid: str) -> list[Any]:
+    """The GPU pods below a workload, at any level (oldest first)."""
+    p, refs = t.gpu_pods, t.workload_pod_references
+    return list(conn.execute(select(p).join(refs, refs.c.pod_uid == p.c.uid)
+                             .where(refs.c.workload_uid == uid)
+                             .order_by(p.c.created_at, p.c.name)))  # fmt: skip
+
+
+def gpu_names(conn: Connection) -> dict[str, str]:
+    """node -> the name of its GPUs (as the node list gives it)."""
+    return {n["name"]: n["gpu_name"] for n in _gpu_nodes(conn)}
+
+
+def gpu_allocation_info(pods: list[Any], names: dict[str, str]) -> dict[str, float]:
+    """model.GpuAllocationInfo: GPUs the workload's live pods were given, by GPU name (the
+    resource's name where the node's GPUs have none)."""
+    out: dict[str, float] = {}
+    for pod in pods:
+        if pod.deleted or not pod.running:
+            continue
+        for resource, n in (pod.gpu_resources or {}).items():
+            key = names.get(pod.node) or resource
+            out[key] = out.get(key, 0.0) + float(n)
+    return out
+
+
+def workload_metadata(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    """workloadMetadata: the namespaces and kinds of the top-level workloads."""
+    w = t.gpu_workloads
+    top = w.c.parent_uid.is_(None) | (w.c.parent_uid == "")
+    return {"namespaces": sorted({r[0] for r in conn.execute(select(w.c.namespace).where(top))}),
+            "kinds": sorted({r[0] for r in conn.execute(select(w.c.kind).where(top))})}  # fmt: skip
+
+
+def hierarchy_query(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    """workloads/hierarchy?kind=&name=[&namespace=]."""
+    kind, wname, ns = param(query, "kind"), param(query, "name"), param(query, "namespace")
+    if not kind or not wname:
+        raise bad("kind and name are required")
+    w = t.gpu_workloads
+    cond = [w.c.kind == kind, w.c.name == wname] + ([w.c.namespace == ns] if ns else [])
+    row = conn.execute(select(w.c.uid).where(*cond).order_by(w.c.created_at.desc())).first()
+    if row is None:
+        raise ApiError(404, 4004, f"workload not found: {kind}/{wname}")
+    return hierarchy(conn, row.uid)
+
+
+def hierarchy_by_uid(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    return hierarchy(conn, name)
+
+
+def workload_detail(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    """workloads/{uid} (model.WorkloadInfo)."""
+    row = _workload(conn, name)
+    pods = workload_pods(conn, name)
+    items = [{"podUid": p.uid, "podNamespace": p.namespace, "podName": p.name,
+              "nodeName": p.node, "phase": p.phase, "running": p.running,
+              "gpuAllocated": int(p.gpus), "createdAt": _ts(p.created_at),
+              "updatedAt": _ts(p.updated_at)} for p in pods]  # fmt: skip
+    active = [i for i, p in zip(items, pods, strict=True) if p.running and not p.deleted]
+    return {"apiVersion": row.api_version, "kind": row.kind, "name": row.name,
+            "namespace": row.namespace, "uid": row.uid,
+            "gpu_allocation": gpu_allocation_info(pods, gpu_names(conn)), "pods": items,
+            "activePods": active, "startTime": _ts(row.created_at),
+            "endTime": _ts(row.ended_at), "source": "k8s"}  # fmt: skip
+
+
 def _allocation_percent(conn: Connection) -> float:
     """The cluster's GPUs requested by running pods, percent of its GPU capacity."""
     per_node = gpu_allocation(conn, "", {})
@@ -372,8 +486,73 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
             "utilization": metrics.scalar(prom.UTILIZATION, at),
         }  # fmt: skip
 
+    def workload_list(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+        """workloads?page_num=&page_size=&name=&namespace=&kind=&status=&order_by=
+        (WorkloadListResponse of model.WorkloadListItem): top-level workloads, newest
+        first, each with its GPUs and its pods' GPU utilization over its life (average,
+        p50, p90, p95 of the per-minute mean; the instant value while it runs)."""
+        num, size = page(query)
+        order = param(query, "order_by") or ""
+        if order not in ("", "start_at", "end_at"):
+            raise bad(f"order_by={order!r}: start_at or end_at")
+        w = t.gpu_workloads
+        cond: list[ColumnElement[bool]] = [w.c.parent_uid.is_(None) | (w.c.parent_uid == "")]
+        if sub := param(query, "name"):
+            cond.append(w.c.name.contains(sub, autoescape=True))
+        for col in ("namespace", "kind"):
+            if value := param(query, col):
+                cond.append(w.c[col] == value)
+        rows = list(conn.execute(select(w).where(*cond)))
+        if status := param(query, "status"):
+            rows = [r for r in rows if workload_status(r) == status]
+        key = "ended_at" if order == "end_at" else "created_at"
+        rows.sort(key=lambda r: (_ts(getattr(r, key)), r.name), reverse=True)
+        names, now = gpu_names(conn), clock()
+        items = []
+        for r in rows[(num - 1) * size : num * size]:
+            pods = workload_pods(conn, r.uid)
+            status = workload_status(r)
+            item = {"kind": r.kind, "name": r.name, "namespace": r.namespace, "uid": r.uid,
+                    "gpu_allocated": sum(int(p.gpus) for p in pods
+                                         if p.running and not p.deleted),
+                    "gpu_allocation": gpu_allocation_info(pods, names), "status": status,
+                    "status_color": WORKLOAD_COLORS.get(status, ""),
+                    "start_at": _ts(r.created_at), "end_at": _ts(r.ended_at or r.updated_at),
+                    "source": "k8s"}  # fmt: skip
+            item.update(utilization_stats(r, pods, status == "Running", now))
+            items.append(item)
+        return {"data": items, "total": len(rows)}
+
+    def utilization_stats(row: Any, pods: list[Any], running: bool, now: datetime
+                          ) -> dict[str, Any]:  # fmt: skip
+        """From the agents' gpu_utilization of the GPUs the workload's pods held."""
+        stats: dict[str, Any] = {"instant_gpu_utilization": None, "avg_gpu_utilization": 0.0,
+                                 "p50_gpu_utilization": 0.0, "p90_gpu_utilization": 0.0,
+                                 "p95_gpu_utilization": 0.0}  # fmt: skip
+        if not pods:
+            return stats
+        start = aware(row.created_at) or now
+        end = aware(row.ended_at) or now
+        seconds = max(60, int((min(end, now) - start).total_seconds()))
+        sel = prom.pods_selector(row.namespace, [p.name for p in pods])
+        series = f"avg(gpu_utilization{{{sel}}})[{seconds}s:60s]"
+        at = min(end, now)
+        stats["avg_gpu_utilization"] = metrics.scalar(f"avg_over_time({series})", at)
+        for q, field in ((0.5, "p50"), (0.9, "p90"), (0.95, "p95")):
+            stats[f"{field}_gpu_utilization"] = metrics.scalar(
+                f"quantile_over_time({q}, {series})", at)  # fmt: skip
+        if running:
+            stats["instant_gpu_utilization"] = metrics.scalar(
+                f"avg(gpu_utilization{{{sel}}})", now)  # fmt: skip
+        return stats
+
     table: list[tuple[re.Pattern[str], Callable[..., Any]]] = [
         (re.compile(r"^(clusters/overview)$"), overview),
+        (re.compile(r"^(workloads)$"), workload_list),
+        (re.compile(r"^(workloadMetadata)$"), workload_metadata),
+        (re.compile(r"^(workloads/hierarchy)$"), hierarchy_query),
+        (re.compile(r"^workloads/([^/]+)/hierarchy$"), hierarchy_by_uid),
+        (re.compile(r"^workloads/([^/]+)$"), workload_detail),
         (re.compile(r"^(nodes)$"), node_list),
         (re.compile(r"^(nodes/gpuUtilization)$"), utilization),
         (re.compile(r"^(nodes/gpuUtilizationHistory)$"), history),

@@ -6,6 +6,7 @@ query is time-bounded (`timeout_seconds`) and a range query that would return mo
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -25,6 +26,12 @@ RDMA_RX = "sum(rate(lens_rdma_port_receive_bytes_total[1m]))"
 def escape(value: str) -> str:
     """A label value inside a PromQL double-quoted string."""
     return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def pods_selector(namespace: str, pods: list[str]) -> str:
+    """Label matchers for these pods of a namespace."""
+    names = "|".join(re.escape(p) for p in sorted(set(pods)))
+    return f'namespace="{escape(namespace)}",pod=~"{escape(names)}"'
 
 
 class PromError(Exception):

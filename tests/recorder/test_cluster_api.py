@@ -306,3 +306,116 @@ def test_without_prometheus_the_metric_routes_say_so(api: FakeApiServer, recorde
 def get_or_none(app: Any, path: str) -> Any:
     r = requests.get(f"http://127.0.0.1:{app.http.port}{path}", timeout=hang_guard(5))
     return r.json()["data"] if r.status_code == 200 else None
+
+
+WORKLOAD_ITEM = {"kind": "string", "name": "string", "namespace": "string", "uid": "string",
+                 "gpu_allocated": "integer", "gpu_allocation": {"MI300X": "number"},
+                 "status": "string", "status_color": "string", "start_at": "integer",
+                 "end_at": "integer", "source": "string", "instant_gpu_utilization": "number",
+                 "avg_gpu_utilization": "number", "p50_gpu_utilization": "number",
+                 "p90_gpu_utilization": "number", "p95_gpu_utilization": "number"}  # fmt: skip
+POD = {
+    "podUid": "string",
+    "podNamespace": "string",
+    "podName": "string",
+    "nodeName": "string",
+    "phase": "string",
+    "running": "boolean",
+    "gpuAllocated": "integer",
+    "createdAt": "integer",
+    "updatedAt": "integer",
+}  # model.WorkloadInfoPod (ip omitted)
+
+
+def test_workload_routes_as_the_ui_asks_them(api: FakeApiServer, recorder_app: Any,
+                                             tmp_path: Any) -> None:  # fmt: skip
+    """A Deployment -> ReplicaSet -> 2 GPU pods on gpu-1; the pods' GPU utilization in a real
+    Prometheus: the list's statistics, the hierarchy, the detail, exactly."""
+    from datetime import UTC, datetime
+
+    from tests.promserver import Prometheus, available
+    from tests.recorder.objects import NS, gpu_pod, state, template, workload
+
+    if available():
+        pytest.skip(available())
+    t0 = (int(datetime.now(UTC).timestamp()) // 3600 - 3) * 3600
+    # per minute, pod a's GPU: 10, 20, ... 100 (ten minutes); pod b's: 50 throughout;
+    # another namespace's pod of the same name: 99 (not this workload's)
+    lines = ["# TYPE gpu_utilization gauge\n"]
+    for m in range(10):
+        lines.append(
+            f'gpu_utilization{{node="gpu-1",gpu_id="0",namespace="{NS}",'
+            f'pod="trainer-5d9f-a"}} {10 * (m + 1)} {t0 + 60 * m}\n'
+        )
+        lines.append(
+            f'gpu_utilization{{node="gpu-1",gpu_id="1",namespace="{NS}",'
+            f'pod="trainer-5d9f-b"}} 50 {t0 + 60 * m}\n'
+        )
+        lines.append(
+            f'gpu_utilization{{node="gpu-1",gpu_id="2",namespace="other",'
+            f'pod="trainer-5d9f-a"}} 99 {t0 + 60 * m}\n'
+        )
+    prometheus = Prometheus([], openmetrics="".join(lines) + "# EOF\n")
+    try:
+        started = datetime.fromtimestamp(t0, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        spec = {"replicas": 2, "template": template("amd.com/gpu", 1)}
+        dep = workload("trainer", spec, {"replicas": 2, "readyReplicas": 2})
+        rs = workload("trainer-5d9f", spec, {"replicas": 2, "readyReplicas": 2}, "trainer")
+        for obj in (dep, rs):
+            obj["metadata"]["creationTimestamp"] = started
+        api.put("deployments", dep)
+        api.put("replicasets", rs)
+        labels = {"amd.com/gpu.product-name": "MI300X"}
+        api.put("nodes", {**node("gpu-1", "True", {"amd.com/gpu": "8"}, "10.0.0.11"),
+                          "metadata": {"name": "gpu-1", "labels": labels}})  # fmt: skip
+        for name in ("trainer-5d9f-a", "trainer-5d9f-b"):
+            p = gpu_pod(name, "trainer-5d9f", "amd.com/gpu", 1, "gpu-1")
+            api.put("pods", p)
+            api.put("pods", state(p, "Running", True))
+        url = f"sqlite:///{tmp_path / 'r.db'}"
+        at = datetime.fromtimestamp(t0 + 540, UTC)  # nine minutes in: every sample is in
+        app = recorder_app(url, clock=lambda: at, prometheus__url=prometheus.base)
+        eventually(lambda: sum(r["running"] for r in rows(url, "gpu_pods")) == 2
+                   and len(rows(url, "gpu_workloads")) == 2 and len(rows(url, "nodes")) == 1,
+                   timeout=15)  # fmt: skip
+        listed = get(app, "/v1/workloads?page_num=1&page_size=10&name=&namespace=&kind=&"
+                          "order_by=&desc=false")  # fmt: skip
+        assert conforms(listed, {"data": [WORKLOAD_ITEM], "total": "integer"})
+        (item,) = listed["data"]
+        # per-minute means: 30, 35, ... 75 (a: 10..100 and b: 50); their average 52.5
+        assert {k: item[k] for k in ("kind", "name", "namespace", "uid", "gpu_allocated",
+                                     "gpu_allocation", "status", "status_color", "start_at",
+                                     "source", "instant_gpu_utilization",
+                                     "avg_gpu_utilization")} == {
+            "kind": "Deployment", "name": "trainer", "namespace": NS, "uid": "uid-dep-trainer",
+            "gpu_allocated": 2, "gpu_allocation": {"MI300X": 2.0}, "status": "Running",
+            "status_color": "green", "start_at": t0, "source": "k8s",
+            "instant_gpu_utilization": 75.0, "avg_gpu_utilization": 52.5}  # fmt: skip
+        # quantiles of the ten per-minute means 30..75, interpolated as Prometheus does
+        assert (item["p50_gpu_utilization"], item["p90_gpu_utilization"],
+                item["p95_gpu_utilization"]) == (52.5, 70.5, 72.75)  # fmt: skip
+        assert get(app, "/v1/workloads?kind=Job")["total"] == 0
+        assert get(app, "/v1/workloadMetadata") == {"namespaces": [NS], "kinds": ["Deployment"]}
+        tree = get(app, "/v1/workloads/hierarchy?kind=Deployment&name=trainer")
+        assert tree == {"kind": "Deployment", "name": "trainer", "namespace": NS,
+                        "uid": "uid-dep-trainer", "children": [
+                            {"kind": "ReplicaSet", "name": "trainer-5d9f", "namespace": NS,
+                             "uid": "uid-rs-trainer", "children": []}]}  # fmt: skip
+        assert get(app, "/v1/workloads/uid-rs-trainer/hierarchy")["name"] == "trainer-5d9f"
+        detail = get(app, "/v1/workloads/uid-dep-trainer")
+        assert conforms(detail, {"apiVersion": "string", "kind": "string", "name": "string",
+                                 "namespace": "string", "uid": "string",
+                                 "gpu_allocation": {"MI300X": "number"}, "pods": [POD],
+                                 "activePods": [POD], "startTime": "integer",
+                                 "endTime": "integer", "source": "string"})  # fmt: skip
+        assert [(p["podName"], p["nodeName"], p["gpuAllocated"], p["running"])
+                for p in detail["activePods"]] == [
+            ("trainer-5d9f-a", "gpu-1", 1, True), ("trainer-5d9f-b", "gpu-1", 1, True)]  # fmt: skip
+        for path, code, names in (("workloads/hierarchy?kind=Deployment", 4001, "name"),
+                                  ("workloads/hierarchy?kind=Job&name=x", 4004, "Job/x"),
+                                  ("workloads/nope", 4004, "nope"),
+                                  ("workloads?order_by=size", 4001, "order_by")):  # fmt: skip
+            r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/{path}", timeout=hang_guard(5))
+            assert r.json()["meta"]["code"] == code and names in r.json()["meta"]["message"]
+    finally:
+        prometheus.stop()
