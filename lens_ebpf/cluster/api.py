@@ -546,7 +546,54 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
                 f"avg(gpu_utilization{{{sel}}})", now)  # fmt: skip
         return stats
 
+    def heatmap(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+        """clusters/gpuHeatmap: every GPU of the 5 nodes with the highest mean, for
+        utilization, temperature and power, with the original's axes and units (its
+        items under a capital `Data`, as its struct has no json tag there)."""
+        now, out = clock(), {}
+        axes = {"utilization": (1, "%", 100, 0), "power": (2, "W", 850, 0),
+                "temperature": (3, "℃", 110, 20)}  # fmt: skip
+        for key, expr in prom.HEATMAP.items():
+            gpus = [(lbl.get("node", ""), lbl.get("gpu_id", ""), v)
+                    for lbl, v in metrics.instant(expr, now)]  # fmt: skip
+            by_node: dict[str, list[float]] = {}
+            for node, _, v in gpus:
+                by_node.setdefault(node, []).append(v)
+            means = sorted(by_node, key=lambda n: (-sum(by_node[n]) / len(by_node[n]), n))
+            top = set(means[:5])  # topk(5, avg by (node) (...)), then those nodes' GPUs
+            items = sorted(({"node_name": node, "gpu_id": int(gpu) if gpu.isdigit() else 0,
+                             "value": v} for node, gpu, v in gpus if node in top),
+                           key=lambda i: (i["node_name"], i["gpu_id"]))  # fmt: skip
+            serial, unit, ymax, ymin = axes[key]
+            out[key] = {"serial": serial, "unit": unit, "yaxis_max": ymax, "yaxis_min": ymin,
+                        "Data": items}  # fmt: skip
+        return out
+
+    def consumers(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+        """clusters/consumers?page_num=&page_size= (ClusterConsumersResponse of
+        model.TopLevelGpuResource): running top-level workloads, their GPU request and
+        their pods' GPU utilization now."""
+        num, size = page(query)
+        w = t.gpu_workloads
+        top = w.c.parent_uid.is_(None) | (w.c.parent_uid == "")
+        rows = [r for r in conn.execute(select(w).where(top, w.c.deleted.is_(False))
+                                        .order_by(w.c.created_at, w.c.name))
+                if workload_status(r) == "Running"]  # fmt: skip
+        items, now = [], clock()
+        for r in rows[(num - 1) * size : num * size]:
+            pods = [p.name for p in workload_pods(conn, r.uid) if p.running and not p.deleted]
+            util = metrics.scalar(f"avg(gpu_utilization{{"
+                                  f"{prom.pods_selector(r.namespace, pods)}}})", now) \
+                if pods else 0.0  # fmt: skip
+            items.append({"kind": r.kind, "name": r.name, "namespace": r.namespace,
+                          "uid": r.uid, "stat": {"gpu_request": int(r.gpu_request),
+                                                 "gpu_utilization": util},
+                          "pods": None, "source": "k8s"})  # fmt: skip
+        return {"data": items, "total": len(rows)}
+
     table: list[tuple[re.Pattern[str], Callable[..., Any]]] = [
+        (re.compile(r"^(clusters/gpuHeatmap)$"), heatmap),
+        (re.compile(r"^(clusters/consumers)$"), consumers),
         (re.compile(r"^(clusters/overview)$"), overview),
         (re.compile(r"^(workloads)$"), workload_list),
         (re.compile(r"^(workloadMetadata)$"), workload_metadata),

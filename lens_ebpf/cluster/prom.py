@@ -18,6 +18,13 @@ UTILIZATION = "avg(gpu_utilization)"
 UTILIZATION_BY_NODE = "avg by (node) (gpu_utilization)"
 ALLOCATION_RATE = "avg(node_k8s_gpu_allocation_rate)"
 VRAM_RATIO = "avg(gpu_memory_used_bytes / gpu_memory_total_bytes)"
+# the heatmap's three: each GPU's series with gpu_id (the agents' own names; temperature and
+# power carry gpu_index, renamed)
+HEATMAP = {
+    "utilization": "gpu_utilization",
+    "temperature": 'label_replace(gpu_temperature_celsius, "gpu_id", "$1", "gpu_index", "(.*)")',
+    "power": 'label_replace(gpu_power_draw_watts, "gpu_id", "$1", "gpu_index", "(.*)")',
+}
 # the agents' RDMA port counters, bytes/s over the cluster
 RDMA_TX = "sum(rate(lens_rdma_port_transmit_bytes_total[1m]))"
 RDMA_RX = "sum(rate(lens_rdma_port_receive_bytes_total[1m]))"

@@ -186,6 +186,11 @@ def openmetrics(t0: int) -> str:
                                   ('node="gpu-2",gpu_index="0",vendor="nvidia"', 20)],
         "gpu_memory_total_bytes": [('node="gpu-1",gpu_index="0",vendor="amd"', 100),
                                    ('node="gpu-2",gpu_index="0",vendor="nvidia"', 100)],
+        "gpu_temperature_celsius": [('node="gpu-1",gpu_index="0",vendor="amd"', 61),
+                                    ('node="gpu-1",gpu_index="1",vendor="amd"', 55),
+                                    ('node="gpu-2",gpu_index="0",vendor="nvidia"', 70)],
+        "gpu_power_draw_watts": [('node="gpu-1",gpu_index="0",vendor="amd"', 700),
+                                 ('node="gpu-2",gpu_index="0",vendor="nvidia"', 350)],
         "hw_node_info": [('node="gpu-1",os="ubuntu",os_version="22.04",kernel="6.8.0",'
                           'cpu_model="AMD EPYC 9654 96-Core Processor"', 1)],
     }  # fmt: skip
@@ -263,6 +268,28 @@ def test_utilization_routes_from_a_real_prometheus(api: FakeApiServer, recorder_
         tainted["spec"] = {"taints": [{"key": "amd.com/gpu-unhealthy", "effect": "NoSchedule"}]}
         api.put("nodes", tainted)
         eventually(lambda: len(rows(url, "nodes")) == 3, timeout=15)
+        heat = get(app, "/v1/clusters/gpuHeatmap?cluster=local")
+        item = {"node_name": "string", "gpu_id": "integer", "value": "number"}
+        axis = {
+            "serial": "integer",
+            "unit": "string",
+            "yaxis_max": "number",
+            "yaxis_min": "number",
+            "Data": [item],
+        }  # model.Heatmap: no json tag on Data
+        assert conforms(heat, {"utilization": axis, "temperature": axis, "power": axis})
+        assert heat["utilization"] == {"serial": 1, "unit": "%", "yaxis_max": 100,
+                                       "yaxis_min": 0, "Data": [
+            {"node_name": "gpu-1", "gpu_id": 0, "value": 80.0},
+            {"node_name": "gpu-1", "gpu_id": 1, "value": 40.0},
+            {"node_name": "gpu-2", "gpu_id": 0, "value": 30.0}]}  # fmt: skip
+        assert [(i["node_name"], i["gpu_id"], i["value"]) for i in heat["temperature"]["Data"]] == [
+            ("gpu-1", 0, 61.0),
+            ("gpu-1", 1, 55.0),
+            ("gpu-2", 0, 70.0),
+        ]
+        assert (heat["temperature"]["unit"], heat["power"]["yaxis_max"]) == ("℃", 850)
+        assert [i["value"] for i in heat["power"]["Data"]] == [700.0, 350.0]
         overview = get(app, "/v1/clusters/overview?cluster=local")
         assert conforms(overview, OVERVIEW)
         assert overview == {
@@ -395,6 +422,13 @@ def test_workload_routes_as_the_ui_asks_them(api: FakeApiServer, recorder_app: A
         assert (item["p50_gpu_utilization"], item["p90_gpu_utilization"],
                 item["p95_gpu_utilization"]) == (52.5, 70.5, 72.75)  # fmt: skip
         assert get(app, "/v1/workloads?kind=Job")["total"] == 0
+        stored = next(r["gpu_request"] for r in rows(url, "gpu_workloads")
+                      if r["uid"] == "uid-dep-trainer")  # fmt: skip
+        consumers = get(app, "/v1/clusters/consumers?page_num=1&page_size=10")
+        assert consumers == {"total": 1, "data": [
+            {"kind": "Deployment", "name": "trainer", "namespace": NS, "uid": "uid-dep-trainer",
+             "stat": {"gpu_request": stored, "gpu_utilization": 75.0}, "pods": None,
+             "source": "k8s"}]}  # fmt: skip
         assert get(app, "/v1/workloadMetadata") == {"namespaces": [NS], "kinds": ["Deployment"]}
         tree = get(app, "/v1/workloads/hierarchy?kind=Deployment&name=trainer")
         assert tree == {"kind": "Deployment", "name": "trainer", "namespace": NS,
