@@ -359,6 +359,47 @@ def workload_detail(conn: Connection, name: str, query: dict[str, str]) -> dict[
             "endTime": _ts(row.ended_at), "source": "k8s"}  # fmt: skip
 
 
+def _rfc3339(value: Any) -> str:
+    """A time as Go's encoding/json writes a UTC time.Time."""
+    return aware(value).strftime("%Y-%m-%dT%H:%M:%SZ")  # type: ignore[union-attr]
+
+
+def hourly_stats(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    """gpu-aggregation/cluster/hourly-stats?start_time=&end_time=&page=&page_size=&order_by=
+    &order_direction= (RFC 3339; PaginatedResponse of dbmodel.ClusterGpuHourlyStats)."""
+    bounds = []
+    for key in ("start_time", "end_time"):
+        raw = param(query, key)
+        got = parse_time(raw) if raw else None
+        if got is None:
+            raise bad(f"{key}={raw!r}: an RFC 3339 time is required")
+        bounds.append(got)
+    num = integer(query, "page", 1)
+    size = integer(query, "page_size", 20)
+    if num < 1 or not 1 <= size <= PAGE_MAX:
+        raise bad(f"page={num}, page_size={size}: page from 1, page_size from 1 to {PAGE_MAX}")
+    order = param(query, "order_by") or "time"
+    direction = (param(query, "order_direction") or "desc").lower()
+    if order not in ("time", "utilization") or direction not in ("asc", "desc"):
+        raise bad(f"order_by={order!r}, order_direction={direction!r}: time or utilization, "
+                  "asc or desc")  # fmt: skip
+    hs = t.cluster_gpu_hourly_stats
+    col = hs.c.stat_hour if order == "time" else hs.c.avg_utilization
+    cond = [hs.c.stat_hour >= bounds[0], hs.c.stat_hour <= bounds[1]]
+    total = int(conn.execute(select(func.count()).select_from(hs).where(*cond)).scalar_one())
+    rows = conn.execute(select(hs).where(*cond)
+                        .order_by(col.desc() if direction == "desc" else col.asc(), hs.c.id)
+                        .offset((num - 1) * size).limit(size))  # fmt: skip
+    data = [{**{c: getattr(r, c) for c in (
+        "id", "cluster_name", "total_gpu_capacity", "allocated_gpu_count", "allocation_rate",
+        "avg_utilization", "max_utilization", "min_utilization", "p50_utilization",
+        "p95_utilization", "sample_count")},
+        "stat_hour": _rfc3339(r.stat_hour), "created_at": _rfc3339(r.created_at),
+        "updated_at": _rfc3339(r.updated_at)} for r in rows]  # fmt: skip
+    return {"data": data, "total": total, "page": num, "page_size": size,
+            "total_pages": -(-total // size)}  # fmt: skip
+
+
 def _allocation_percent(conn: Connection) -> float:
     """The cluster's GPUs requested by running pods, percent of its GPU capacity."""
     per_node = gpu_allocation(conn, "", {})
@@ -592,6 +633,7 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
         return {"data": items, "total": len(rows)}
 
     table: list[tuple[re.Pattern[str], Callable[..., Any]]] = [
+        (re.compile(r"^(gpu-aggregation/cluster/hourly-stats)$"), hourly_stats),
         (re.compile(r"^(clusters/gpuHeatmap)$"), heatmap),
         (re.compile(r"^(clusters/consumers)$"), consumers),
         (re.compile(r"^(clusters/overview)$"), overview),

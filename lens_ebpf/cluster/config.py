@@ -32,6 +32,14 @@ class PrometheusConfig(Section):
     max_points: int = Field(11_000, ge=1, le=1_000_000)  # per series, in a range query
 
 
+class JobsConfig(Section):
+    allocation_seconds: float = Field(30.0, gt=0)  # GPU allocation snapshots, hourly stats
+
+
+class RetentionConfig(Section):
+    days: float = Field(30.0, gt=0)  # allocation snapshots and the device changelog
+
+
 class RecorderConfig(Section):
     database_url: str = "sqlite:///lens-recorder.db"
     listen: str = "0.0.0.0:9480"  # REST (/workloads, /pods) and /metrics
@@ -44,6 +52,8 @@ class RecorderConfig(Section):
     page_max: int = Field(1000, ge=1, le=100_000)
     kubelet_service: KubeletServiceConfig = Field(default_factory=KubeletServiceConfig)
     prometheus: PrometheusConfig = Field(default_factory=PrometheusConfig)
+    jobs: JobsConfig = Field(default_factory=JobsConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
 
     @field_validator("listen")
     @classmethod

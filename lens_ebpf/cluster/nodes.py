@@ -80,6 +80,8 @@ class NodeTracker:
                  clock: Callable[[], datetime], **reflector_opts: Any) -> None:  # fmt: skip
         self.writer, self.resources, self.clock = writer, list(resources), clock
         self.malformed = 0
+        self.known: dict[str, dict[str, Any]] = {}  # name -> the row last written
+        self.listed = False  # the first list writes even when empty (marks the gone)
         self.reflector = Reflector("nodes", list_nodes, self.replace, self.event,
                                    **reflector_opts)  # fmt: skip
 
@@ -91,18 +93,36 @@ class NodeTracker:
             log.warning("recorder: a node the API served is malformed: %r", exc)
             return None
 
+    def _changed(self, row: dict[str, Any]) -> bool:
+        """Whether this row differs from the one last written (updated_at aside); a
+        re-list or a status heartbeat that changes nothing writes nothing."""
+        key = {k: v for k, v in row.items() if k != "updated_at"}
+        if self.known.get(row["name"]) == key:
+            return False
+        self.known[row["name"]] = key
+        return True
+
     def replace(self, items: list[dict[str, Any]]) -> None:
         rows = [r for r in (self._row(n) for n in items) if r is not None]
         names = {r["name"] for r in rows}
+        gone = [n for n in self.known if n not in names]
+        for name in gone:
+            del self.known[name]
+        rows = [r for r in rows if self._changed(r)]
+        if not rows and not gone and self.listed:
+            return
+        self.listed = True
         at = self.clock()
 
         def write(conn: Connection) -> None:
             for row in rows:
                 upsert(conn, t.nodes, row, ["name"])
-            gone = t.nodes.update().where(t.nodes.c.deleted.is_(False))
+            # every node the list does not have is gone (those the service knew before a
+            # restart too)
+            stale = t.nodes.update().where(t.nodes.c.deleted.is_(False))
             if names:
-                gone = gone.where(t.nodes.c.name.not_in(names))
-            conn.execute(gone.values(deleted=True, updated_at=at))
+                stale = stale.where(t.nodes.c.name.not_in(names))
+            conn.execute(stale.values(deleted=True, updated_at=at))
 
         self.writer.submit(Op("nodes", write))
 
@@ -112,6 +132,7 @@ class NodeTracker:
             return
         if kind == "DELETED":
             name, at = row["name"], row["updated_at"]
+            self.known.pop(name, None)
 
             def gone(conn: Connection) -> None:
                 conn.execute(t.nodes.update().where(t.nodes.c.name == name)
@@ -119,4 +140,5 @@ class NodeTracker:
 
             self.writer.submit(Op("nodes", gone))
             return
-        self.writer.submit(Op("nodes", lambda conn: upsert(conn, t.nodes, row, ["name"])))
+        if self._changed(row):
+            self.writer.submit(Op("nodes", lambda conn: upsert(conn, t.nodes, row, ["name"])))

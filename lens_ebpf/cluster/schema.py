@@ -9,6 +9,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     Index,
     Integer,
     MetaData,
@@ -206,6 +207,41 @@ nodes = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False),
 )  # fmt: skip
 
+# every jobs.allocation_seconds: per node (and node "" for the cluster) the GPUs allocatable
+# and those running pods requested
+allocation_snapshots = Table(
+    "allocation_snapshots", metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+           autoincrement=True),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("node", String(NAME), nullable=False),
+    Column("allocatable", Integer, nullable=False),
+    Column("requested", Integer, nullable=False),
+    Column("rate", Float, nullable=False),  # percent
+)  # fmt: skip
+Index("ix_allocation_snapshots_node_at", allocation_snapshots.c.node, allocation_snapshots.c.at)
+
+# one row per completed hour: the cluster's GPU capacity, allocation and utilization
+cluster_gpu_hourly_stats = Table(
+    "cluster_gpu_hourly_stats", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("cluster_name", String(NAME), nullable=False),
+    Column("stat_hour", DateTime(timezone=True), nullable=False),
+    Column("total_gpu_capacity", Integer, nullable=False),
+    Column("allocated_gpu_count", Float, nullable=False),
+    Column("allocation_rate", Float, nullable=False),
+    Column("avg_utilization", Float, nullable=False),
+    Column("max_utilization", Float, nullable=False),
+    Column("min_utilization", Float, nullable=False),
+    Column("p50_utilization", Float, nullable=False),
+    Column("p95_utilization", Float, nullable=False),
+    Column("sample_count", Integer, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    UniqueConstraint("cluster_name", "stat_hour", name="uq_cluster_gpu_hourly_stats_hour"),
+)  # fmt: skip
+
 TABLES = ("gpu_pods", "pod_snapshots", "gpu_pods_events", "pod_resources", "gpu_workloads",
           "workload_pod_references", "node_events", "node_devices",
-          "device_changelog", "nodes")  # fmt: skip
+          "device_changelog", "nodes", "allocation_snapshots",
+          "cluster_gpu_hourly_stats")  # fmt: skip

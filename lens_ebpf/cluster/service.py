@@ -22,6 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from lens_ebpf.cluster import api, queries, schema
 from lens_ebpf.cluster import lifecycle as lc
 from lens_ebpf.cluster.config import Config
+from lens_ebpf.cluster.jobs import Jobs
 from lens_ebpf.cluster.kubelet_service import KubeletService
 from lens_ebpf.cluster.node_events import NodeEvents, last_seqs
 from lens_ebpf.cluster.nodes import NodeTracker
@@ -93,6 +94,8 @@ class RecorderApp:
         p = r.prometheus
         self.prom = Prom(p.url, p.timeout_seconds, p.max_points)
         cluster_api = api.routes(self._connected, r.cluster_name, self.prom, clock)
+        self.jobs = Jobs(self.engine, self.writer, self.prom, r.cluster_name,
+                         r.jobs.allocation_seconds, r.retention.days, clock)  # fmt: skip
         for prefix in api.PREFIXES:  # the Primus-Lens API's routes, as its UI calls them
             self.http.add_query(prefix, cluster_api)
         self.grpc: Any = None
@@ -103,10 +106,11 @@ class RecorderApp:
     def start(self) -> None:
         self.writer.start(self._stop)
         self.recorder.start()
-        th = threading.Thread(target=self.nodes.reflector.run, args=(self._stop,),
-                              name="recorder-nodes", daemon=True)  # fmt: skip
-        th.start()
-        self._threads.append(th)
+        for name, target in (("recorder-nodes", self.nodes.reflector.run),
+                             ("recorder-jobs", self.jobs.run)):  # fmt: skip
+            th = threading.Thread(target=target, args=(self._stop,), name=name, daemon=True)
+            th.start()
+            self._threads.append(th)
         if self.cfg.recorder.collect_listen:
             from lens_ebpf.api.collector_server import CollectorServer
             from lens_ebpf.api.tls import server_credentials
@@ -264,6 +268,18 @@ class RecorderMetrics(Collector):
         yield self._counter("lens_recorder_node_events_duplicate_total",
                             "Node events received again and dropped (node, seq)",
                             app.node_events.duplicates)  # fmt: skip
+        jobs = app.jobs
+        for name, help_text, data, label in (
+            ("lens_recorder_job_runs", "Periodic job runs, by job", jobs.runs, "job"),
+            ("lens_recorder_job_errors", "Periodic job runs that failed, by job", jobs.errors,
+             "job"),
+            ("lens_recorder_pruned_rows", "Rows older than recorder.retention.days removed, "
+             "by table", jobs.pruned, "table"),
+        ):  # fmt: skip
+            fam = Metric(name, help_text, "counter")
+            for key, n in sorted(data.items()):
+                fam.add_sample(name + "_total", {label: key}, n)
+            yield fam
         if app.kubelet is not None:
             ks = Metric("lens_recorder_kubelet_service_syncs",
                         "kubelet Service/Endpoints syncs, by result", "counter")  # fmt: skip

@@ -64,6 +64,9 @@ def recorder_app(api: FakeApiServer, tmp_path: Path) -> Iterator[Factory]:
             ("recorder", "collect_listen"): "127.0.0.1:0",
             ("recorder", "db_retry_max_seconds"): 0.5,
             ("kubernetes", "backoff_max_seconds"): 0.5,
+            # the periodic jobs run once at start (a test calls them for their times);
+            # a snapshot every 30 s would add writes to the ones a test counts
+            ("recorder", "jobs", "allocation_seconds"): 3600,
         }
         for key, value in settings.items():
             over[("recorder", *key.split("__"))] = value

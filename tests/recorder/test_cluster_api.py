@@ -453,3 +453,82 @@ def test_workload_routes_as_the_ui_asks_them(api: FakeApiServer, recorder_app: A
             assert r.json()["meta"]["code"] == code and names in r.json()["meta"]["message"]
     finally:
         prometheus.stop()
+
+
+HOURLY = {
+    "id": "integer",
+    "cluster_name": "string",
+    "stat_hour": "string",
+    "total_gpu_capacity": "integer",
+    "allocated_gpu_count": "number",
+    "allocation_rate": "number",
+    "avg_utilization": "number",
+    "max_utilization": "number",
+    "min_utilization": "number",
+    "p50_utilization": "number",
+    "p95_utilization": "number",
+    "sample_count": "integer",
+    "created_at": "string",
+    "updated_at": "string",
+}
+# dbmodel.ClusterGpuHourlyStats (core/pkg/database/model), in PaginatedResponse
+
+
+def test_hourly_stats_from_snapshots_and_prometheus(api: FakeApiServer, recorder_app: Any,
+                                                    tmp_path: Any) -> None:  # fmt: skip
+    from datetime import UTC, datetime, timedelta
+
+    from tests.promserver import Prometheus, available
+
+    if available():
+        pytest.skip(available())
+    hour = (int(datetime.now(UTC).timestamp()) // 3600 - 4) * 3600
+    series = "".join(f'gpu_utilization{{node="gpu-1",gpu_id="0"}} {m} {hour + 60 * m}\n'
+                     for m in range(60))  # 0, 1, ... 59 over the hour  # fmt: skip
+    prometheus = Prometheus([], openmetrics=f"# TYPE gpu_utilization gauge\n{series}# EOF\n")
+    try:
+        api.put("nodes", node("gpu-1", "True", {"amd.com/gpu": "8"}, "10.0.0.11"))
+        api.put("nodes", node("gpu-2", "True", {"nvidia.com/gpu": "4"}, "10.0.0.12"))
+        api.put("pods", gpu_pod("a", "gpu-1", "amd.com/gpu", 2, "Running"))
+        api.put("pods", gpu_pod("c", "gpu-2", "nvidia.com/gpu", 1, "Running"))
+        url = f"sqlite:///{tmp_path / 'r.db'}"
+        h = datetime.fromtimestamp(hour, UTC)
+        later = h + timedelta(hours=2)
+        app = recorder_app(url, clock=lambda: later, prometheus__url=prometheus.base,
+                           jobs__allocation_seconds=3600, retention__days=1)  # fmt: skip
+        eventually(lambda: len(rows(url, "nodes")) == 2 and sum(
+            r["running"] for r in rows(url, "gpu_pods")) == 2 and
+            app.jobs.runs["hourly"] >= 1, timeout=15)  # fmt: skip
+        for minute in (10, 40):
+            app.jobs.snapshot(h + timedelta(minutes=minute))
+        assert app.writer.flush(10)
+        snaps = [(r["node"], r["allocatable"], r["requested"], r["rate"])
+                 for r in rows(url, "allocation_snapshots") if r["at"].minute == 10]  # fmt: skip
+        assert snaps == [("", 12, 3, 25.0), ("gpu-1", 8, 2, 25.0), ("gpu-2", 4, 1, 25.0)]
+        assert app.jobs.hourly(later) == 1  # hour h; the others had no snapshots
+        assert app.writer.flush(10)
+        assert app.jobs.hourly(later) == 0  # written once
+        q = (
+            f"start_time={h.strftime('%Y-%m-%dT%H:%M:%SZ')}&end_time="
+            f"{later.strftime('%Y-%m-%dT%H:%M:%SZ')}&order_by=time&order_direction=desc"
+        )
+        got = get(app, f"/v1/gpu-aggregation/cluster/hourly-stats?{q}")
+        assert conforms(got, {"data": [HOURLY], "total": "integer", "page": "integer",
+                              "page_size": "integer", "total_pages": "integer"})  # fmt: skip
+        (row,) = got["data"]
+        assert {k: v for k, v in row.items() if k not in ("id", "created_at", "updated_at")} == {
+            "cluster_name": "local", "stat_hour": h.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "total_gpu_capacity": 12, "allocated_gpu_count": 3.0, "allocation_rate": 25.0,
+            "avg_utilization": 29.5, "max_utilization": 59.0, "min_utilization": 0.0,
+            "p50_utilization": 29.5, "p95_utilization": 56.05, "sample_count": 60}  # fmt: skip
+        assert (got["total"], got["page"], got["page_size"], got["total_pages"]) == (1, 1, 20, 1)
+        r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/gpu-aggregation/cluster/"
+                         "hourly-stats?start_time=yesterday", timeout=hang_guard(5))  # fmt: skip
+        assert r.status_code == 400 and "start_time" in r.json()["meta"]["message"]
+        # retention: a day; what is older goes, counted (hour h's six; the start's stay)
+        app.jobs.prune(h + timedelta(days=1, hours=1))
+        assert app.writer.flush(10)
+        assert {r["at"] for r in rows(url, "allocation_snapshots")} == {later.replace(tzinfo=None)}
+        assert app.jobs.pruned["allocation_snapshots"] == 6
+    finally:
+        prometheus.stop()

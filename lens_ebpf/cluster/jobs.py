@@ -1,0 +1,151 @@
+"""The cluster service's periodic jobs: GPU allocation snapshots (every
+`recorder.jobs.allocation_seconds`), the cluster's hourly GPU statistics (each completed
+hour, from the snapshots and Prometheus), and pruning what is older than
+`recorder.retention.days` (counted)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, delete, func, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from lens_ebpf.cluster import prom
+from lens_ebpf.cluster import schema as t
+from lens_ebpf.cluster.api import gpu_allocation
+from lens_ebpf.cluster.queries import aware
+from lens_ebpf.cluster.store import Op, Writer, insert_new
+
+log = logging.getLogger(__name__)
+HOUR = timedelta(hours=1)
+BACKFILL_HOURS = 24  # completed hours looked at for a missing statistics row
+
+
+def floor_hour(at: datetime) -> datetime:
+    return at.replace(minute=0, second=0, microsecond=0)
+
+
+class Jobs:
+    def __init__(self, engine: Engine, writer: Writer, metrics: prom.Prom, cluster_name: str,
+                 allocation_seconds: float, retention_days: float,
+                 clock: Callable[[], datetime]) -> None:  # fmt: skip
+        self.engine, self.writer, self.metrics = engine, writer, metrics
+        self.cluster_name, self.interval = cluster_name, allocation_seconds
+        self.retention = timedelta(days=retention_days)
+        self.clock = clock
+        self.runs: dict[str, int] = {"snapshot": 0, "hourly": 0, "prune": 0}
+        self.errors: dict[str, int] = {"snapshot": 0, "hourly": 0, "prune": 0}
+        self.pruned: dict[str, int] = {"allocation_snapshots": 0, "device_changelog": 0}
+        self._last_prune: datetime | None = None
+
+    def snapshot(self, now: datetime) -> None:
+        """Per node and for the cluster (node ""): GPUs allocatable, requested by running
+        pods, and the rate (percent)."""
+        with self.engine.connect() as conn:
+            per_node: dict[str, list[int]] = {}
+            for a in gpu_allocation(conn, "", {}):
+                pair = per_node.setdefault(a["node"], [0, 0])
+                pair[0] += a["capacity"]
+                pair[1] += a["allocated"]
+        total = [sum(c for c, _ in per_node.values()), sum(r for _, r in per_node.values())]
+        rows = [{"at": now, "node": node, "allocatable": c, "requested": r,
+                 "rate": 100 * r / c if c else 0.0}
+                for node, (c, r) in sorted({**per_node, "": total}.items())]  # fmt: skip
+
+        def write(conn: Connection) -> None:
+            conn.execute(t.allocation_snapshots.insert(), rows)
+
+        self.writer.submit(Op("allocation_snapshots", write))
+        self.runs["snapshot"] += 1
+
+    def hourly(self, now: datetime) -> int:
+        """A statistics row for each completed hour of the last day that has snapshots and
+        none yet; the rows written."""
+        hs = t.cluster_gpu_hourly_stats
+        last = floor_hour(now)
+        hours = [last - HOUR * n for n in range(1, BACKFILL_HOURS + 1)]
+        with self.engine.connect() as conn:
+            done = {aware(r.stat_hour) for r in conn.execute(select(hs.c.stat_hour).where(
+                hs.c.cluster_name == self.cluster_name, hs.c.stat_hour >= hours[-1]))}  # fmt: skip
+            rows = []
+            for hour in sorted(hours):
+                if hour in done:
+                    continue
+                row = self._hour(conn, hour, now)
+                if row is not None:
+                    rows.append(row)
+        if rows:
+
+            def write(conn: Connection) -> None:  # a run that overlapped writes nothing twice
+                for row in rows:
+                    insert_new(conn, hs, row, ["cluster_name", "stat_hour"])
+
+            self.writer.submit(Op("cluster_gpu_hourly_stats", write))
+        self.runs["hourly"] += 1
+        return len(rows)
+
+    def _hour(self, conn: Connection, hour: datetime, now: datetime) -> dict[str, Any] | None:
+        s = t.allocation_snapshots
+        got = conn.execute(
+            select(func.max(s.c.allocatable), func.avg(s.c.requested), func.avg(s.c.rate))
+            .where(s.c.node == "", s.c.at >= hour, s.c.at < hour + HOUR)).one()  # fmt: skip
+        capacity, requested, rate = got[0], got[1], got[2]
+        if capacity is None:
+            return None  # the service was not running that hour
+        util = {"avg": 0.0, "max": 0.0, "min": 0.0, "p50": 0.0, "p95": 0.0, "count": 0.0}
+        if self.metrics.url:
+            series = f"{prom.UTILIZATION}[3600s:60s]"
+            end = hour + HOUR - timedelta(seconds=1)  # the hour's own minutes
+            for key, fn in (("avg", "avg_over_time"), ("max", "max_over_time"),
+                            ("min", "min_over_time"), ("count", "count_over_time")):  # fmt: skip
+                util[key] = self.metrics.scalar(f"{fn}({series})", end)
+            for key, q in (("p50", 0.5), ("p95", 0.95)):
+                util[key] = self.metrics.scalar(f"quantile_over_time({q}, {series})", end)
+        return {"cluster_name": self.cluster_name, "stat_hour": hour,
+                "total_gpu_capacity": int(capacity), "allocated_gpu_count": float(requested),
+                "allocation_rate": float(rate), "avg_utilization": util["avg"],
+                "max_utilization": util["max"], "min_utilization": util["min"],
+                "p50_utilization": util["p50"], "p95_utilization": util["p95"],
+                "sample_count": int(util["count"]),
+                "created_at": now, "updated_at": now}  # fmt: skip
+
+    def prune(self, now: datetime) -> None:
+        """Snapshots and changelog rows older than the retention, counted."""
+        cutoff = now - self.retention
+        counts: dict[str, int] = {}
+
+        def write(conn: Connection) -> None:
+            for table, col in ((t.allocation_snapshots, t.allocation_snapshots.c.at),
+                               (t.device_changelog, t.device_changelog.c.at)):  # fmt: skip
+                counts[table.name] = conn.execute(delete(table).where(col < cutoff)).rowcount
+
+        def done() -> None:
+            for name, n in counts.items():
+                self.pruned[name] = self.pruned.get(name, 0) + max(0, n)
+
+        self.writer.submit(Op("prune", write, done))
+        self.runs["prune"] += 1
+
+    def run_once(self, now: datetime) -> None:
+        for name, fn in (("snapshot", self.snapshot), ("hourly", self.hourly)):
+            try:
+                fn(now)
+            except (SQLAlchemyError, prom.PromError) as exc:
+                self.errors[name] += 1
+                log.warning("recorder job %s: %s", name, exc)
+        if self._last_prune is None or now - self._last_prune >= HOUR:
+            self._last_prune = now
+            try:
+                self.prune(now)
+            except SQLAlchemyError as exc:
+                self.errors["prune"] += 1
+                log.warning("recorder job prune: %s", exc)
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.run_once(self.clock())
+            stop.wait(self.interval)
