@@ -24,7 +24,9 @@ from lens_ebpf.cluster.lifecycle import parse_time
 from lens_ebpf.cluster.queries import aware
 from lens_ebpf.core.http import Response, json_response
 
-PREFIXES = ("/v1", "/api")
+# /v1 as the UI names its API, /lens/v1 as it asks it when served under /lens/ (its build's
+# base: its proxy passes the path on unchanged), and the seed's /api
+PREFIXES = ("/v1", "/lens/v1", "/api")
 PAGE_MAX = 1000
 
 
@@ -400,6 +402,30 @@ def hourly_stats(conn: Connection, name: str, query: dict[str, str]) -> dict[str
             "total_pages": -(-total // size)}  # fmt: skip
 
 
+def node_workloads(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    """nodes/{name}/workloads?page_num=&page_size= (NodeWorkloadsResponse of
+    model.WorkloadNodeView): the running top-level workloads with a live pod on the node,
+    their GPUs in all and on this node."""
+    num, size = page(query)
+    if conn.execute(select(t.nodes.c.name).where(t.nodes.c.name == name)).first() is None:
+        raise ApiError(404, 4004, f"node not found: {name!r}")
+    p, w = t.gpu_pods, t.gpu_workloads
+    live = p.c.running.is_(True) & p.c.deleted.is_(False)
+    uids = {r.workload_uid for r in conn.execute(select(p.c.workload_uid).where(
+        live, p.c.node == name, p.c.workload_uid.is_not(None)))}  # fmt: skip
+    rows = [r for r in conn.execute(select(w).where(w.c.uid.in_(uids))
+                                    .order_by(w.c.created_at, w.c.name))
+            if workload_status(r) == "Running"]  # fmt: skip
+    views = []
+    for r in rows[(num - 1) * size : num * size]:
+        pods = [q for q in workload_pods(conn, r.uid) if q.running and not q.deleted]
+        views.append({"kind": r.kind, "name": r.name, "namespace": r.namespace, "uid": r.uid,
+                      "gpu_allocated": sum(int(q.gpus) for q in pods),
+                      "gpu_allocated_node": sum(int(q.gpus) for q in pods if q.node == name),
+                      "node_name": name, "status": "Running"})  # fmt: skip
+    return {"data": views, "total": len(rows)}
+
+
 def _allocation_percent(conn: Connection) -> float:
     """The cluster's GPUs requested by running pods, percent of its GPU capacity."""
     per_node = gpu_allocation(conn, "", {})
@@ -649,6 +675,7 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
         (re.compile(r"^nodes/([^/]+)/devices$"), node_devices),
         (re.compile(r"^nodes/([^/]+)/devices/changelog$"), changelog),
         (re.compile(r"^devices/([^/]+)/history$"), device_history),
+        (re.compile(r"^nodes/([^/]+)/workloads$"), node_workloads),
         (re.compile(r"^nodes/([^/]+)$"), node_detail),
     ]
 

@@ -159,6 +159,7 @@ def test_nodes_and_gpu_allocation_exact_and_shaped_as_the_original(
         {"node": "gpu-2", "vendor": "NVIDIA", "capacity": 4, "allocated": 1,
          "allocationRate": 0.25}]  # fmt: skip
     assert get(app, "/api/nodes/gpuAllocation") == answers["nodes/gpuAllocation"]
+    assert get(app, "/lens/v1/nodes/gpuAllocation") == answers["nodes/gpuAllocation"]
     # the node goes: kept, marked deleted, no longer listed
     api.delete("nodes", "", "gpu-2")
     eventually(lambda: {r["name"]: r["deleted"] for r in rows(db_url, "nodes")}["gpu-2"],
@@ -422,6 +423,12 @@ def test_workload_routes_as_the_ui_asks_them(api: FakeApiServer, recorder_app: A
         assert (item["p50_gpu_utilization"], item["p90_gpu_utilization"],
                 item["p95_gpu_utilization"]) == (52.5, 70.5, 72.75)  # fmt: skip
         assert get(app, "/v1/workloads?kind=Job")["total"] == 0
+        on_node = get(app, "/v1/nodes/gpu-1/workloads?page_num=1&page_size=10")
+        assert on_node == {"total": 1, "data": [
+            {"kind": "Deployment", "name": "trainer", "namespace": NS, "uid": "uid-dep-trainer",
+             "gpu_allocated": 2, "gpu_allocated_node": 2, "node_name": "gpu-1",
+             "status": "Running"}]}  # fmt: skip
+        assert get(app, "/v1/nodes/gpu-1/workloads?page_num=2")["data"] == []
         stored = next(r["gpu_request"] for r in rows(url, "gpu_workloads")
                       if r["uid"] == "uid-dep-trainer")  # fmt: skip
         consumers = get(app, "/v1/clusters/consumers?page_num=1&page_size=10")
@@ -445,6 +452,24 @@ def test_workload_routes_as_the_ui_asks_them(api: FakeApiServer, recorder_app: A
         assert [(p["podName"], p["nodeName"], p["gpuAllocated"], p["running"])
                 for p in detail["activePods"]] == [
             ("trainer-5d9f-a", "gpu-1", 1, True), ("trainer-5d9f-b", "gpu-1", 1, True)]  # fmt: skip
+        # every request the web UI's pages make on load, with their exact query strings
+        rfc = "%Y-%m-%dT%H:%M:%SZ"
+        span = (f"start_time={datetime.fromtimestamp(t0, UTC).strftime(rfc)}&end_time="
+                f"{at.strftime(rfc)}")  # fmt: skip
+        ui = ["gpu-aggregation/clusters", "clusters/overview",
+              f"gpu-aggregation/cluster/hourly-stats?{span}&order_by=time&order_direction=desc",
+              "clusters/consumers?page_num=1&page_size=10", "nodes/gpuUtilization",
+              "clusters/gpuHeatmap", f"nodes/gpuUtilizationHistory?start={t0}&end={t0 + 540}"
+              "&step=60", "nodes?page_num=1&page_size=10&status=&name=&gpu_name=&order_by=&"
+              "desc=false", "nodes/gpu-1", "nodes/gpu-1/workloads?page_num=1&page_size=10",
+              "workloads?page_num=1&page_size=10&name=&namespace=&kind=&order_by=&desc=false",
+              "workloadMetadata", "workloads/hierarchy?kind=Deployment&name=trainer",
+              "workloads/uid-dep-trainer"]  # fmt: skip
+        for path in ui:
+            sep = "&" if "?" in path else "?"
+            r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/{path}{sep}cluster=local",
+                             timeout=hang_guard(5))  # fmt: skip
+            assert r.status_code == 200 and r.json()["meta"]["code"] == 2000, (path, r.text)
         for path, code, names in (("workloads/hierarchy?kind=Deployment", 4001, "name"),
                                   ("workloads/hierarchy?kind=Job&name=x", 4004, "Job/x"),
                                   ("workloads/nope", 4004, "nope"),
