@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc.aio
@@ -30,13 +31,17 @@ class Outcome:
     seconds: float  # from the first stream opened to the last acknowledged
 
 
-async def _report(target: str, node: int, events: int, timeout: float) -> tuple[str, int]:
+EventFn = Callable[[int, int], pb.Event]
+
+
+async def _report(target: str, node: int, events: int, timeout: float,
+                  make: EventFn = event) -> tuple[str, int]:  # fmt: skip
     name = f"gpu-{node}"
     done = asyncio.Event()
 
     async def requests():  # noqa: ANN202 (an async generator of pb.Event)
         for seq in range(1, events + 1):
-            yield event(node, seq)
+            yield make(node, seq)
         await done.wait()  # the stream stays open until the last acknowledgement
 
     acked = 0
@@ -52,13 +57,16 @@ async def _report(target: str, node: int, events: int, timeout: float) -> tuple[
     return name, acked
 
 
-async def _all(target: str, nodes: int, events: int, timeout: float) -> Outcome:
+async def _all(target: str, nodes: int, events: int, timeout: float,
+               make: EventFn = event) -> Outcome:  # fmt: skip
     started = time.monotonic()
-    got = await asyncio.gather(*(_report(target, n, events, timeout) for n in range(nodes)))
+    got = await asyncio.gather(*(_report(target, n, events, timeout, make)
+                                 for n in range(nodes)))  # fmt: skip
     return Outcome(dict(got), time.monotonic() - started)
 
 
-def simulate(target: str, nodes: int, events: int, timeout: float = 600) -> Outcome:
-    """nodes reporters, each sending events, all at once; a stream ends at its last ack,
-    or at timeout (a hang guard)."""
-    return asyncio.run(_all(target, nodes, events, timeout))
+def simulate(target: str, nodes: int, events: int, timeout: float = 600,
+             make: EventFn = event) -> Outcome:  # fmt: skip
+    """nodes reporters, each sending events (make(node, seq)), all at once; a stream ends
+    at its last ack, or at timeout (a hang guard)."""
+    return asyncio.run(_all(target, nodes, events, timeout, make))

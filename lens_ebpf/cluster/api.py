@@ -222,18 +222,24 @@ GPU_NAME_LABELS = ("amd.com/gpu.product-name", "nvidia.com/gpu.device-name",
 ORDER = {"name", "ip", "gpu_name", "gpu_count", "gpu_allocation", "gpu_utilization", "status"}
 
 
-def _gpu_nodes(conn: Connection) -> list[dict[str, Any]]:
-    """Every node with GPU capacity, as model.GPUNode but the utilization."""
+def _gpu_nodes(conn: Connection, only: str | None = None) -> list[dict[str, Any]]:
+    """Every node with GPU capacity (or only that one), as model.GPUNode but the
+    utilization."""
+    n, p, nd = t.nodes, t.gpu_pods, t.node_devices
+    live = [p.c.running.is_(True), p.c.deleted.is_(False)] + ([p.c.node == only] if only else [])
     allocated: dict[str, int] = {}
-    for a in gpu_allocation(conn, "", {}):
-        allocated[a["node"]] = allocated.get(a["node"], 0) + a["allocated"]
+    for r in conn.execute(select(p.c.node, p.c.gpus).where(*live)):
+        allocated[r.node] = allocated.get(r.node, 0) + int(r.gpus)
+    nodes = list(conn.execute(select(n).where(n.c.deleted.is_(False),
+                                              *([n.c.name == only] if only else []))
+                              .order_by(n.c.name)))  # fmt: skip
+    unnamed = [r.name for r in nodes if not any((r.labels or {}).get(k) for k in GPU_NAME_LABELS)]
     models = {str(r.node): str(r.model) for r in conn.execute(
-        select(t.node_devices.c.node, t.node_devices.c.model).where(
-            t.node_devices.c.kind == "gpu", t.node_devices.c.present.is_(True),
-            t.node_devices.c.model != ""))}  # fmt: skip
+        select(nd.c.node, nd.c.model).where(nd.c.kind == "gpu", nd.c.present.is_(True),
+                                            nd.c.model != "", nd.c.node.in_(unnamed)))
+    } if unnamed else {}  # fmt: skip
     out = []
-    n = t.nodes
-    for row in conn.execute(select(n).where(n.c.deleted.is_(False)).order_by(n.c.name)):
+    for row in nodes:
         count = sum(int(v) for v in (row.gpu_capacity or {}).values())
         if not count:
             continue
@@ -486,14 +492,23 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
         wanted = {s for s in (param(query, "status") or "").split(",") if s}
         nodes = [n for n in nodes if sub in n["name"] and (not gpu or n["gpu_name"] == gpu)
                  and (not wanted or n["status"] in wanted)]  # fmt: skip
-        if nodes:
-            util = {lbl.get("node", ""): v for lbl, v in
-                    metrics.instant(prom.UTILIZATION_BY_NODE, clock())}  # fmt: skip
-            for n in nodes:
+
+        def utilization(of: list[dict[str, Any]], every: bool) -> None:
+            if not of:
+                return
+            expr = prom.utilization_by_node(None if every else [n["name"] for n in of])
+            util = {lbl.get("node", ""): v for lbl, v in metrics.instant(expr, clock())}
+            for n in of:
                 n["gpu_utilization"] = util.get(n["name"], 0.0)
+
+        by_use = order_by == "gpu_utilization"
+        if by_use:  # every node's, to order them; else only the page's
+            utilization(nodes, True)
         nodes.sort(key=lambda n: (n[order_by], n["name"]), reverse=desc in ("true", "1"))
-        return {"data": nodes[(num - 1) * size : num * size], "total": len(nodes),
-                "cluster_name": cluster_name}  # fmt: skip
+        shown = nodes[(num - 1) * size : num * size]
+        if not by_use:
+            utilization(shown, False)
+        return {"data": shown, "total": len(nodes), "cluster_name": cluster_name}
 
     def node_detail(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
         """nodes/{name} (NodeDetailResponse: model.GpuNodeDetail and cluster_name)."""
@@ -501,7 +516,7 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
         row = conn.execute(select(n).where(n.c.name == name)).first()
         if row is None:
             raise ApiError(404, 4004, f"node not found: {name!r}")
-        listed = next((g for g in _gpu_nodes(conn) if g["name"] == name), None)
+        listed = next(iter(_gpu_nodes(conn, name)), None)
         nd = t.node_devices
         drivers = sorted({str(d) for (d,) in conn.execute(select(nd.c.driver_version).where(
             nd.c.node == name, nd.c.kind == "gpu", nd.c.present.is_(True),

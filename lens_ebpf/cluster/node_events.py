@@ -19,7 +19,7 @@ from sqlalchemy import Connection, func, select
 from lens_ebpf.api.collector_server import Collector
 from lens_ebpf.api.gen import lens_pb2 as pb
 from lens_ebpf.cluster import schema as t
-from lens_ebpf.cluster.store import Op, Writer, insert_new, upsert
+from lens_ebpf.cluster.store import Op, Writer, dialect_insert
 
 # device nodes that are GPUs: NVIDIA's /dev/nvidiaN, AMD's DRI render nodes
 GPU_DEVICES = (
@@ -108,8 +108,10 @@ def device_writes(node: str, ev: pb.Event, at: datetime) -> Callable[[Connection
                                             new_value=_text(new)))  # fmt: skip
             added += 1
 
-        stored = {(r.kind, r.slot): r._mapping for r in
-                  conn.execute(select(nd).where(nd.c.node == node))}  # fmt: skip
+        q = select(nd).where(nd.c.node == node)
+        if not inventory:  # a change: its own row is all it compares with
+            q = q.where(nd.c.slot.in_([r["slot"] for r in records]))
+        stored = {(r.kind, r.slot): r._mapping for r in conn.execute(q)}
         for rec in records:
             old = stored.get((rec["kind"], rec["slot"]))
             present = rec["slot"] not in gone
@@ -158,18 +160,7 @@ class NodeEvents(Collector):
 
     def _store(self, node: str, ev: pb.Event) -> bool:
         row = event_row(node, ev)
-        resources = agent_resources(ev, row["at"])
-        devices = device_writes(node, ev, row["at"])
-
-        def write(conn: Connection) -> None:
-            if row["seq"] is None:
-                new = bool(conn.execute(t.node_events.insert().values(**row)).rowcount)
-            else:  # a replay of a stored event: its device changes are stored too
-                new = insert_new(conn, t.node_events, row, ["node", "seq"])
-            if devices is not None and new:
-                devices(conn)
-            for res in resources:
-                upsert(conn, t.pod_resources, res, ["pod_uid", "container", "source"])
+        item = (row, agent_resources(ev, row["at"]), device_writes(node, ev, row["at"]))
 
         def done() -> None:  # on the writer's thread, once committed
             with self._lock:
@@ -178,4 +169,40 @@ class NodeEvents(Collector):
                 self.stored[row["kind"]] = self.stored.get(row["kind"], 0) + 1
             self._changed(node)
 
-        return self.writer.submit(Op("node_events", write, done))
+        return self.writer.submit(
+            Op(
+                "node_events",
+                lambda conn: self.write_many(conn, [item]),
+                done,
+                bulk=self.write_many,
+                item=item,
+            )
+        )
+
+    def write_many(self, conn: Connection, items: list[Any]) -> None:
+        """Events in one multi-row insert (a replayed (node, seq) skipped); then, for those
+        new, their GPU resources (one multi-row upsert) and device changes, in order."""
+        ne = t.node_events
+        rows = [row for row, _, _ in items if row["seq"] is not None]
+        new: set[tuple[str, int]] = set()
+        if rows:
+            stmt = (dialect_insert(conn, ne).values(rows)
+                    .on_conflict_do_nothing(index_elements=["node", "seq"])
+                    .returning(ne.c.node, ne.c.seq))  # fmt: skip
+            new = {(r.node, r.seq) for r in conn.execute(stmt)}
+        resources: dict[tuple[str, str, str], dict[str, Any]] = {}
+        for row, res, devices in items:
+            if row["seq"] is None:
+                conn.execute(ne.insert().values(**row))
+            elif (row["node"], row["seq"]) not in new:
+                continue  # a replay of a stored event: its effects are stored too
+            for r in res:  # the last for a container wins, as one by one
+                resources[(r["pod_uid"], r["container"], r["source"])] = r
+            if devices is not None:
+                devices(conn)
+        if resources:
+            pr = t.pod_resources
+            stmt = dialect_insert(conn, pr).values(list(resources.values()))
+            keep = ["pod_uid", "container", "source"]
+            rest = {c: stmt.excluded[c] for c in next(iter(resources.values())) if c not in keep}
+            conn.execute(stmt.on_conflict_do_update(index_elements=keep, set_=rest))

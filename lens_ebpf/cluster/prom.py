@@ -15,7 +15,6 @@ from typing import Any
 
 # the queries, by what they answer (the series carry `node` from the agents' scrape config)
 UTILIZATION = "avg(gpu_utilization)"
-UTILIZATION_BY_NODE = "avg by (node) (gpu_utilization)"
 ALLOCATION_RATE = "avg(node_k8s_gpu_allocation_rate)"
 VRAM_RATIO = "avg(gpu_memory_used_bytes / gpu_memory_total_bytes)"
 # the heatmap's three: each GPU's series with gpu_id (the agents' own names; temperature and
@@ -39,6 +38,14 @@ def pods_selector(namespace: str, pods: list[str]) -> str:
     """Label matchers for these pods of a namespace."""
     names = "|".join(re.escape(p) for p in sorted(set(pods)))
     return f'namespace="{escape(namespace)}",pod=~"{escape(names)}"'
+
+
+def utilization_by_node(nodes: list[str] | None = None) -> str:
+    """Each node's GPUs' mean utilization (these nodes', or every node's)."""
+    if nodes is None:
+        return "avg by (node) (gpu_utilization)"
+    names = escape("|".join(re.escape(n) for n in sorted(nodes)))
+    return f'avg by (node) (gpu_utilization{{node=~"{names}"}})'
 
 
 class PromError(Exception):

@@ -79,7 +79,8 @@ def upgrade(engine: Engine) -> str:
         return str(MigrationContext.configure(conn).get_current_revision())
 
 
-def _insert(conn: Connection, table: Table) -> Any:
+def dialect_insert(conn: Connection, table: Table) -> Any:
+    """The dialect's INSERT (ON CONFLICT, RETURNING) for this connection."""
     if conn.dialect.name == "postgresql":
         return postgresql.insert(table)
     return sqlite.insert(table)
@@ -87,14 +88,14 @@ def _insert(conn: Connection, table: Table) -> Any:
 
 def upsert(conn: Connection, table: Table, row: dict[str, Any], keys: list[str]) -> None:
     """Insert row, or update every other column of the row that has its keys."""
-    stmt = _insert(conn, table).values(**row)
+    stmt = dialect_insert(conn, table).values(**row)
     rest = {c: stmt.excluded[c] for c in row if c not in keys}
     conn.execute(stmt.on_conflict_do_update(index_elements=keys, set_=rest))
 
 
 def insert_new(conn: Connection, table: Table, row: dict[str, Any], keys: list[str]) -> bool:
     """Insert row unless one with the same keys exists; True when it was inserted."""
-    stmt = _insert(conn, table).values(**row).on_conflict_do_nothing(index_elements=keys)
+    stmt = dialect_insert(conn, table).values(**row).on_conflict_do_nothing(index_elements=keys)
     return bool(conn.execute(stmt).rowcount)
 
 
@@ -106,6 +107,10 @@ class Op:
     what: str  # the table or action, for errors and logs
     write: Write
     done: Callable[[], None] | None = None  # runs after the commit
+    # consecutive ops with the same bulk writer are written by one call of it with their
+    # items (multi-row statements); write() alone does the same for this op's item
+    bulk: Callable[[Connection, list[Any]], None] | None = None
+    item: Any = None
 
 
 class Writer:
@@ -196,8 +201,16 @@ class Writer:
     def _commit(self, batch: list[Op]) -> None:
         start = time.monotonic()
         with self.engine.begin() as conn:
-            for op in batch:
-                op.write(conn)
+            i = 0
+            while i < len(batch):
+                op, j = batch[i], i + 1
+                if op.bulk is None:
+                    op.write(conn)
+                else:
+                    while j < len(batch) and batch[j].bulk == op.bulk:
+                        j += 1
+                    op.bulk(conn, [o.item for o in batch[i:j]])
+                i = j
         took = time.monotonic() - start
         for i, bound in enumerate((*WRITE_BUCKETS, float("inf"))):
             if took <= bound:

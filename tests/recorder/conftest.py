@@ -76,6 +76,10 @@ def recorder_app(api: FakeApiServer, tmp_path: Path) -> Iterator[Factory]:
         app.start()
         apps.append(app)
         eventually(app.recorder.pod_reflector.synced.is_set, timeout=10)
+        # the node watch's first list and the jobs' first run write too: done before a
+        # test stops the database or counts the queue
+        eventually(app.nodes.reflector.synced.is_set, timeout=10)
+        eventually(lambda: app.jobs.runs["prune"] >= 1, timeout=10)
         return app
 
     yield make
