@@ -432,6 +432,28 @@ def node_workloads(conn: Connection, name: str, query: dict[str, str]) -> dict[s
     return {"data": views, "total": len(rows)}
 
 
+def cluster_allocation(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    """clusters/allocation?start=&end= (unix seconds or RFC 3339; either may be left
+    out): the cluster's allocation snapshots, `{"points": [{"timestamp", "allocatable",
+    "requested", "rate"}]}` (rate in percent); more than 10,000 points is refused."""
+    end = when(query, "end")
+    start = when(query, "start")
+    s = t.allocation_snapshots
+    cond = [s.c.node == ""]
+    if start is not None:
+        cond.append(s.c.at >= start)
+    if end is not None:
+        cond.append(s.c.at <= end)
+    if start is not None and end is not None and end < start:
+        raise bad("end is before start")
+    n = int(conn.execute(select(func.count()).select_from(s).where(*cond)).scalar_one())
+    if n > PAGE_MAX * 10:
+        raise bad(f"start, end: {n} snapshots; at most {PAGE_MAX * 10}: narrow the range")
+    rows = conn.execute(select(s).where(*cond).order_by(s.c.at))
+    return {"points": [{"timestamp": _ts(r.at), "allocatable": r.allocatable,
+                        "requested": r.requested, "rate": r.rate} for r in rows]}  # fmt: skip
+
+
 def _allocation_percent(conn: Connection) -> float:
     """The cluster's GPUs requested by running pods, percent of its GPU capacity."""
     per_node = gpu_allocation(conn, "", {})
@@ -673,7 +695,33 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
                           "pods": None, "source": "k8s"})  # fmt: skip
         return {"data": items, "total": len(rows)}
 
+    def node_gpu_devices(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+        """nodes/{name}/gpuDevices (NodeGPUDevicesResponse of model.GpuDeviceInfo): the
+        node's GPUs as its agent reported them, with their utilization, temperature,
+        power and memory now."""
+        nd = t.node_devices
+        if conn.execute(select(t.nodes.c.name).where(t.nodes.c.name == name)).first() is None:
+            raise ApiError(404, 4004, f"node not found: {name!r}")
+        mine = (nd.c.node == name, nd.c.kind == "gpu", nd.c.present.is_(True))
+        gpus = list(conn.execute(select(nd).where(*mine).order_by(nd.c.idx)))
+        now, values = clock(), {}
+        for key, expr in prom.node_gpus(name).items():
+            values[key] = {(lbl.get("vendor", ""), lbl.get("gpu_index", "")): v
+                           for lbl, v in metrics.instant(expr, now)}  # fmt: skip
+        devices = []
+        for g in gpus:
+            k = (g.vendor, str(g.idx))
+            memory = values["memory"].get(k)
+            devices.append({"deviceId": int(g.idx), "model": g.model,
+                            "memory": f"{int(memory // 2**30)}GB" if memory is not None else "",
+                            "utilization": values["utilization"].get(k, 0.0),
+                            "temperature": values["temperature"].get(k, 0.0),
+                            "power": values["power"].get(k, 0.0)})  # fmt: skip
+        return {"node_name": name, "cluster_name": cluster_name, "devices": devices}
+
     table: list[tuple[re.Pattern[str], Callable[..., Any]]] = [
+        (re.compile(r"^nodes/([^/]+)/gpuDevices$"), node_gpu_devices),
+        (re.compile(r"^(clusters/allocation)$"), cluster_allocation),
         (re.compile(r"^(gpu-aggregation/cluster/hourly-stats)$"), hourly_stats),
         (re.compile(r"^(clusters/gpuHeatmap)$"), heatmap),
         (re.compile(r"^(clusters/consumers)$"), consumers),

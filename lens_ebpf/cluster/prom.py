@@ -40,6 +40,17 @@ def pods_selector(namespace: str, pods: list[str]) -> str:
     return f'namespace="{escape(namespace)}",pod=~"{escape(names)}"'
 
 
+def node_gpus(node: str) -> dict[str, str]:
+    """A node's GPUs, by what a device page shows: utilization (%), temperature (C),
+    power (W), memory (bytes); each series carries gpu_index (and gpu_id renamed)."""
+    sel = f'node="{escape(node)}"'
+    return {"utilization": f'label_replace(gpu_utilization{{{sel}}}, "gpu_index", "$1", '
+                           '"gpu_id", "(.*)")',
+            "temperature": f"gpu_temperature_celsius{{{sel}}}",
+            "power": f"gpu_power_draw_watts{{{sel}}}",
+            "memory": f"gpu_memory_total_bytes{{{sel}}}"}  # fmt: skip
+
+
 def utilization_by_node(nodes: list[str] | None = None) -> str:
     """Each node's GPUs' mean utilization (these nodes', or every node's)."""
     if nodes is None:

@@ -5,6 +5,7 @@ with SQLite and PostgreSQL; and the Node watch keeps the `nodes` table."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -269,6 +270,38 @@ def test_utilization_routes_from_a_real_prometheus(api: FakeApiServer, recorder_
         tainted["spec"] = {"taints": [{"key": "amd.com/gpu-unhealthy", "effect": "NoSchedule"}]}
         api.put("nodes", tainted)
         eventually(lambda: len(rows(url, "nodes")) == 3, timeout=15)
+        devices = get(app, "/v1/nodes/gpu-2/gpuDevices")
+        assert devices == {"node_name": "gpu-2", "cluster_name": "local", "devices": []}
+        # gpu-1's agent reports its two AMD GPUs; their figures now, from Prometheus
+        from lens_ebpf.agent.devices import inventory as records
+        from lens_ebpf.agent.devices.gpu import amd
+        from lens_ebpf.agent.inventory import DeviceWatch
+        from tests.recorder.test_node_events import reporting
+
+        sysfs = Path(__file__).parent.parent / "fixtures" / "gpu" / "sys"
+        readings = sorted(amd.read_sysfs(sysfs), key=lambda r: r.bdf)
+        for i, r in enumerate(readings):  # numbered in BDF order, as the collector does
+            r.index = i
+        with reporting(app) as (bus, reporter):  # node gpu-1
+            DeviceWatch(bus.publish).update("gpu", records.gpu_records(readings, "gpu-1"))
+            eventually(lambda: reporter.acked == 1, timeout=15)
+            assert app.writer.flush(10)
+        devices = get(app, "/v1/nodes/gpu-1/gpuDevices")
+        info = {
+            "deviceId": "integer",
+            "model": "string",
+            "memory": "string",
+            "utilization": "number",
+            "temperature": "number",
+            "power": "number",
+        }
+        assert conforms(devices, {"node_name": "string", "cluster_name": "string",
+                                  "devices": [info]})  # model.GpuDeviceInfo  # fmt: skip
+        assert devices["devices"] == [
+            {"deviceId": 0, "model": "AMD Instinct MI300X", "memory": "0GB", "utilization": 80.0,
+             "temperature": 61.0, "power": 700.0},
+            {"deviceId": 1, "model": "", "memory": "", "utilization": 40.0, "temperature": 55.0,
+             "power": 0.0}]  # fmt: skip
         heat = get(app, "/v1/clusters/gpuHeatmap?cluster=local")
         item = {"node_name": "string", "gpu_id": "integer", "value": "number"}
         axis = {
@@ -550,6 +583,11 @@ def test_hourly_stats_from_snapshots_and_prometheus(api: FakeApiServer, recorder
         r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/gpu-aggregation/cluster/"
                          "hourly-stats?start_time=yesterday", timeout=hang_guard(5))  # fmt: skip
         assert r.status_code == 400 and "start_time" in r.json()["meta"]["message"]
+        alloc = get(app, f"/v1/clusters/allocation?start={hour}&end={hour + 3600}")
+        assert alloc == {"points": [
+            {"timestamp": hour + 600, "allocatable": 12, "requested": 3, "rate": 25.0},
+            {"timestamp": hour + 2400, "allocatable": 12, "requested": 3,
+             "rate": 25.0}]}  # fmt: skip
         # retention: a day; what is older goes, counted (hour h's six; the start's stay)
         app.jobs.prune(h + timedelta(days=1, hours=1))
         assert app.writer.flush(10)
