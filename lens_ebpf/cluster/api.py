@@ -719,7 +719,33 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
                             "power": values["power"].get(k, 0.0)})  # fmt: skip
         return {"node_name": name, "cluster_name": cluster_name, "devices": devices}
 
+    def workload_metrics(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+        """workloads/{uid}/metrics?start=&end=&step= (map of model.MetricsGraph): its GPUs'
+        utilization, memory and power per node (the original's three), and beyond the
+        original: memory and power per pod and summed, TCP bytes/s and median RTT from its
+        pods' nodes to its own pods."""
+        start, end = integer(query, "start"), integer(query, "end")
+        step = integer(query, "step", 60)
+        if step <= 0:
+            raise bad(f"step={step}: must be 1 or more")
+        row = _workload(conn, name)
+        pods = workload_pods(conn, name)
+        # the agents name a remote pod's workload by its top owner
+        tops = {p.workload_uid for p in pods if p.workload_uid}
+        top = _workload(conn, next(iter(tops))) if len(tops) == 1 else row
+        out: dict[str, Any] = {}
+        graphs = prom.workload_graphs(row.namespace, top.name, [p.name for p in pods],
+                                      sorted({p.node for p in pods if p.node}), step)  # fmt: skip
+        for title, (serial, unit, expr) in graphs.items():
+            try:
+                series = metrics.graph(expr, start, end, step) if pods else []
+            except prom.TooManyPoints as exc:
+                raise bad(str(exc)) from None
+            out[title] = {"serial": serial, "series": series, "config": {"y_axis_unit": unit}}
+        return out
+
     table: list[tuple[re.Pattern[str], Callable[..., Any]]] = [
+        (re.compile(r"^workloads/([^/]+)/metrics$"), workload_metrics),
         (re.compile(r"^nodes/([^/]+)/gpuDevices$"), node_gpu_devices),
         (re.compile(r"^(clusters/allocation)$"), cluster_allocation),
         (re.compile(r"^(gpu-aggregation/cluster/hourly-stats)$"), hourly_stats),

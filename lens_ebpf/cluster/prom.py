@@ -51,6 +51,34 @@ def node_gpus(node: str) -> dict[str, str]:
             "memory": f"gpu_memory_total_bytes{{{sel}}}"}  # fmt: skip
 
 
+def workload_graphs(namespace: str, name: str, pods: list[str], nodes: list[str], step: int
+                    ) -> dict[str, tuple[int, str, str]]:  # fmt: skip
+    """A workload's metric graphs: title -> (serial, unit, PromQL). GPU series by the pods
+    the agents label them with; TCP from its pods' nodes to its own pods (the agents'
+    remote_* labels)."""
+    sel = pods_selector(namespace, pods)
+    to_own = (
+        f'remote_namespace="{escape(namespace)}",remote_workload="{escape(name)}",'
+        f'node=~"{escape("|".join(re.escape(n) for n in sorted(nodes)))}"'
+    )
+    window = f"{max(step, 60)}s"
+    return {
+        "GPU Utilization": (1, "%", f"avg by (node) (gpu_utilization{{{sel}}})"),
+        "GPU Memory Utilization": (2, "%", f"avg by (node) (gpu_memory_used_bytes{{{sel}}} "
+                                           f"/ gpu_memory_total_bytes{{{sel}}}) * 100"),
+        "GPU Power": (3, "W", f"avg by (node) (gpu_power_draw_watts{{{sel}}})"),
+        "GPU Memory Used per Pod": (5, "B", f"sum by (pod) (gpu_memory_used_bytes{{{sel}}})"),
+        "GPU Memory Used": (6, "B", f"sum(gpu_memory_used_bytes{{{sel}}})"),
+        "GPU Power per Pod": (7, "W", f"sum by (pod) (gpu_power_draw_watts{{{sel}}})"),
+        "TCP Bytes to Own Pods": (8, "B/s", f"sum by (node) (rate(lens_tcp_sent_bytes_total"
+                                            f"{{{to_own}}}[{window}]) + rate("
+                                            f"lens_tcp_received_bytes_total{{{to_own}}}"
+                                            f"[{window}]))"),
+        "TCP RTT to Own Pods": (9, "s", f"histogram_quantile(0.5, sum by (node, le) (rate("
+                                        f"lens_tcp_rtt_seconds_bucket{{{to_own}}}[{window}])))"),
+    }  # fmt: skip
+
+
 def utilization_by_node(nodes: list[str] | None = None) -> str:
     """Each node's GPUs' mean utilization (these nodes', or every node's)."""
     if nodes is None:
@@ -103,8 +131,15 @@ class Prom:
         got = self.instant(query, at)
         return got[0][1] if got else 0.0
 
-    def series(self, query: str, start: int, end: int, step: int) -> list[dict[str, Any]]:
-        """[{"timestamp", "value"}] of a query answering one series (model.TimePoint)."""
+    def graph(self, query: str, start: int, end: int, step: int) -> list[dict[str, Any]]:
+        """[{"labels", "values": [{"timestamp", "value"}]}] (model.MetricsSeries), one per
+        series the query answers."""
+        data = self._range(query, start, end, step)
+        return [{"labels": {k: v for k, v in r["metric"].items() if k != "__name__"},
+                 "values": [{"timestamp": int(float(ts)), "value": float(v)}
+                            for ts, v in r["values"]]} for r in data.get("result", [])]  # fmt: skip
+
+    def _range(self, query: str, start: int, end: int, step: int) -> Any:
         if end < start:
             raise TooManyPoints(f"end={end} is before start={start}")
         points = (end - start) // step + 1
@@ -120,7 +155,11 @@ class Prom:
             "step": str(step),
             "timeout": f"{int(self.timeout * 1000)}ms",
         }
-        data = self._get("query_range", params)
+        return self._get("query_range", params)
+
+    def series(self, query: str, start: int, end: int, step: int) -> list[dict[str, Any]]:
+        """[{"timestamp", "value"}] of a query answering one series (model.TimePoint)."""
+        data = self._range(query, start, end, step)
         out: list[dict[str, Any]] = []
         for r in data.get("result", []):
             out += [{"timestamp": int(float(ts)), "value": float(v)} for ts, v in r["values"]]

@@ -416,6 +416,32 @@ def test_workload_routes_as_the_ui_asks_them(api: FakeApiServer, recorder_app: A
             f'gpu_utilization{{node="gpu-1",gpu_id="2",namespace="other",'
             f'pod="trainer-5d9f-a"}} 99 {t0 + 60 * m}\n'
         )
+    own = 'node="gpu-1",remote_namespace="ml",remote_workload="trainer",direction="egress"'
+    gauges = {
+        "gpu_memory_used_bytes": (40, 60),
+        "gpu_memory_total_bytes": (100, 100),
+        "gpu_power_draw_watts": (300, 500),
+    }  # pod a's, pod b's
+    for family, (a, b) in gauges.items():
+        lines.append(f"# TYPE {family} gauge\n")
+        for m in range(10):
+            lines.append(
+                f'{family}{{node="gpu-1",gpu_index="0",namespace="{NS}",'
+                f'pod="trainer-5d9f-a"}} {a} {t0 + 60 * m}\n'
+            )
+            lines.append(
+                f'{family}{{node="gpu-1",gpu_index="1",namespace="{NS}",'
+                f'pod="trainer-5d9f-b"}} {b} {t0 + 60 * m}\n'
+            )
+    for family, per_minute in (("lens_tcp_sent_bytes", 6000), ("lens_tcp_received_bytes", 3000)):
+        lines.append(f"# TYPE {family} counter\n")
+        lines += [f"{family}_total{{{own}}} {per_minute * m} {t0 + 60 * m}\n" for m in range(10)]
+    lines.append("# TYPE lens_tcp_rtt_seconds histogram\n")
+    for m in range(10):
+        for le, n in (("0.001", 10), ("0.002", 20), ("+Inf", 20)):
+            lines.append(f'lens_tcp_rtt_seconds_bucket{{{own},le="{le}"}} {n * m} {t0 + 60 * m}\n')
+        lines.append(f"lens_tcp_rtt_seconds_count{{{own}}} {20 * m} {t0 + 60 * m}\n")
+        lines.append(f"lens_tcp_rtt_seconds_sum{{{own}}} {0.02 * m} {t0 + 60 * m}\n")
     prometheus = Prometheus([], openmetrics="".join(lines) + "# EOF\n")
     try:
         started = datetime.fromtimestamp(t0, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -485,6 +511,32 @@ def test_workload_routes_as_the_ui_asks_them(api: FakeApiServer, recorder_app: A
         assert [(p["podName"], p["nodeName"], p["gpuAllocated"], p["running"])
                 for p in detail["activePods"]] == [
             ("trainer-5d9f-a", "gpu-1", 1, True), ("trainer-5d9f-b", "gpu-1", 1, True)]  # fmt: skip
+        graphs = get(app, f"/v1/workloads/uid-rs-trainer/metrics?start={t0}&end={t0 + 540}"
+                          "&step=60")  # fmt: skip
+        graph = {"serial": "integer", "series": [{"labels": {"node": "string"},
+                                                  "values": [{"timestamp": "integer",
+                                                              "value": "number"}]}],
+                 "config": {"y_axis_unit": "string"}}  # model.MetricsGraph  # fmt: skip
+        for title in ("GPU Utilization", "GPU Memory Utilization", "GPU Power"):
+            assert conforms(graphs[title], graph), title
+
+        def values(title: str) -> dict[str, list[float]]:
+            return {",".join(f"{k}={v}" for k, v in sorted(s["labels"].items())):
+                    [p["value"] for p in s["values"]] for s in graphs[title]["series"]}  # fmt: skip
+
+        assert values("GPU Utilization") == {"node=gpu-1": [30.0 + 5 * m for m in range(10)]}
+        assert values("GPU Memory Utilization") == {"node=gpu-1": [50.0] * 10}
+        assert values("GPU Power") == {"node=gpu-1": [400.0] * 10}
+        assert values("GPU Memory Used per Pod") == {
+            "pod=trainer-5d9f-a": [40.0] * 10,
+            "pod=trainer-5d9f-b": [60.0] * 10,
+        }
+        assert values("GPU Memory Used") == {"": [100.0] * 10}
+        # TCP from the pods' node to the workload's own pods: 100 + 50 B/s; RTT median 1 ms
+        assert values("TCP Bytes to Own Pods") == {"node=gpu-1": [150.0] * 9}
+        assert values("TCP RTT to Own Pods") == {"node=gpu-1": [0.001] * 9}
+        assert (graphs["GPU Power"]["serial"], graphs["GPU Power"]["config"]) == (
+            3, {"y_axis_unit": "W"})  # fmt: skip
         # every request the web UI's pages make on load, with their exact query strings
         rfc = "%Y-%m-%dT%H:%M:%SZ"
         span = (f"start_time={datetime.fromtimestamp(t0, UTC).strftime(rfc)}&end_time="
