@@ -454,6 +454,31 @@ def cluster_allocation(conn: Connection, name: str, query: dict[str, str]) -> di
                         "requested": r.requested, "rate": r.rate} for r in rows]}  # fmt: skip
 
 
+def node_workloads_history(conn: Connection, name: str, query: dict[str, str]
+                           ) -> dict[str, Any]:  # fmt: skip
+    """nodes/{name}/workloadsHistory?page_num=&page_size= (NodeWorkloadsHistoryResponse of
+    model.WorkloadHistoryNodeView): the node's GPU pods that ran and are over (not
+    running, not pending), newest first, each with its top-level workload."""
+    num, size = page(query)
+    p, w = t.gpu_pods, t.gpu_workloads
+    done = (p.c.node == name, p.c.running.is_(False), p.c.phase != "Pending")
+    total = int(conn.execute(select(func.count()).select_from(p).where(*done)).scalar_one())
+    pods = list(conn.execute(select(p).where(*done).order_by(p.c.created_at.desc(), p.c.name)
+                             .offset((num - 1) * size).limit(size)))  # fmt: skip
+    tops = {r.uid: r for r in conn.execute(select(w).where(
+        w.c.uid.in_({q.workload_uid for q in pods if q.workload_uid})))}  # fmt: skip
+    views = []
+    for q in pods:
+        top = tops.get(q.workload_uid)
+        if top is None:
+            continue  # as the original: a pod without a workload is not listed
+        views.append({"kind": top.kind, "name": top.name, "namespace": top.namespace,
+                      "uid": top.uid, "gpu_allocated": int(q.gpus), "pod_name": q.name,
+                      "pod_namespace": q.namespace, "start_time": _ts(q.created_at),
+                      "end_time": _ts(q.ended_at or q.updated_at)})  # fmt: skip
+    return {"data": views, "total": total}
+
+
 def _allocation_percent(conn: Connection) -> float:
     """The cluster's GPUs requested by running pods, percent of its GPU capacity."""
     per_node = gpu_allocation(conn, "", {})
@@ -744,7 +769,25 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
             out[title] = {"serial": serial, "series": series, "config": {"y_axis_unit": unit}}
         return out
 
+    def node_gpu_metrics(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+        """nodes/{name}/gpuMetrics?start=&end=&step= (NodeGPUMetricsResponse): its GPUs'
+        utilization (one series per GPU) and its allocation rate, percent."""
+        start, end = integer(query, "start"), integer(query, "end")
+        step = integer(query, "step", 60)
+        if step <= 0:
+            raise bad(f"step={step}: must be 1 or more")
+        if conn.execute(select(t.nodes.c.name).where(t.nodes.c.name == name)).first() is None:
+            raise ApiError(404, 4004, f"node not found: {name!r}")
+        try:
+            return {key: {"serial": 0, "series": metrics.graph(expr, start, end, step),
+                          "config": {"y_axis_unit": "%"}}
+                    for key, expr in prom.node_history(name).items()}  # fmt: skip
+        except prom.TooManyPoints as exc:
+            raise bad(str(exc)) from None
+
     table: list[tuple[re.Pattern[str], Callable[..., Any]]] = [
+        (re.compile(r"^nodes/([^/]+)/gpuMetrics$"), node_gpu_metrics),
+        (re.compile(r"^nodes/([^/]+)/workloadsHistory$"), node_workloads_history),
         (re.compile(r"^workloads/([^/]+)/metrics$"), workload_metrics),
         (re.compile(r"^nodes/([^/]+)/gpuDevices$"), node_gpu_devices),
         (re.compile(r"^(clusters/allocation)$"), cluster_allocation),

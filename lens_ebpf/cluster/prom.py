@@ -79,6 +79,13 @@ def workload_graphs(namespace: str, name: str, pods: list[str], nodes: list[str]
     }  # fmt: skip
 
 
+def node_history(node: str) -> dict[str, str]:
+    """A node's GPU utilization per GPU and its allocation rate (the agents' own)."""
+    sel = f'node="{escape(node)}"'
+    return {"gpu_utilization": f"max by (gpu_id) (gpu_utilization{{{sel}}})",
+            "gpu_allocation_rate": f"max(node_k8s_gpu_allocation_rate{{{sel}}})"}  # fmt: skip
+
+
 def utilization_by_node(nodes: list[str] | None = None) -> str:
     """Each node's GPUs' mean utilization (these nodes', or every node's)."""
     if nodes is None:

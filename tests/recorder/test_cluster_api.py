@@ -233,6 +233,23 @@ def test_utilization_routes_from_a_real_prometheus(api: FakeApiServer, recorder_
         now = get(app, "/v1/nodes/gpuUtilization?cluster=local")
         assert conforms(now, {"allocationRate": "number", "utilization": "number"})
         assert now == {"allocationRate": 25.0, "utilization": 50.0}  # 3 of 12; (80+40+30)/3
+        node_hist = get(app, f"/v1/nodes/gpu-1/gpuMetrics?start={t0}&end={t0 + 240}&step=60")
+        graph = {
+            "serial": "integer",
+            "series": [
+                {
+                    "labels": {"gpu_id": "string"},
+                    "values": [{"timestamp": "integer", "value": "number"}],
+                }
+            ],
+            "config": {"y_axis_unit": "string"},
+        }
+        assert conforms(node_hist["gpu_utilization"], graph)
+        assert {s["labels"]["gpu_id"]: [p["value"] for p in s["values"]]
+                for s in node_hist["gpu_utilization"]["series"]} == {"0": [80.0] * 5,
+                                                                     "1": [40.0] * 5}  # fmt: skip
+        assert node_hist["gpu_allocation_rate"]["series"] == [{"labels": {}, "values": [
+            {"timestamp": t0 + 60 * m, "value": 25.0} for m in range(5)]}]  # fmt: skip
         hist = get(app, f"/v1/nodes/gpuUtilizationHistory?start={t0}&end={t0 + 240}&step=60")
         point = {"timestamp": "integer", "value": "number"}
         assert conforms(hist, {"allocationRate": [point], "utilization": [point],
@@ -455,8 +472,9 @@ def test_workload_routes_as_the_ui_asks_them(api: FakeApiServer, recorder_app: A
         labels = {"amd.com/gpu.product-name": "MI300X"}
         api.put("nodes", {**node("gpu-1", "True", {"amd.com/gpu": "8"}, "10.0.0.11"),
                           "metadata": {"name": "gpu-1", "labels": labels}})  # fmt: skip
+        made = {}
         for name in ("trainer-5d9f-a", "trainer-5d9f-b"):
-            p = gpu_pod(name, "trainer-5d9f", "amd.com/gpu", 1, "gpu-1")
+            p = made[name] = gpu_pod(name, "trainer-5d9f", "amd.com/gpu", 1, "gpu-1")
             api.put("pods", p)
             api.put("pods", state(p, "Running", True))
         url = f"sqlite:///{tmp_path / 'r.db'}"
@@ -555,6 +573,18 @@ def test_workload_routes_as_the_ui_asks_them(api: FakeApiServer, recorder_app: A
             r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/{path}{sep}cluster=local",
                              timeout=hang_guard(5))  # fmt: skip
             assert r.status_code == 200 and r.json()["meta"]["code"] == 2000, (path, r.text)
+        assert get(app, "/v1/nodes/gpu-1/workloadsHistory") == {"data": [], "total": 0}
+        api.put("pods", state(made["trainer-5d9f-b"], "Succeeded", False))  # b is over
+        eventually(lambda: sum(r["running"] for r in rows(url, "gpu_pods")) == 1, timeout=15)
+        history = get(app, "/v1/nodes/gpu-1/workloadsHistory?page_num=1&page_size=10")
+        assert [{k: v for k, v in h.items() if k not in ("start_time", "end_time")}
+                for h in history["data"]] == [
+            {"kind": "Deployment", "name": "trainer", "namespace": NS, "uid": "uid-dep-trainer",
+             "gpu_allocated": 1, "pod_name": "trainer-5d9f-b", "pod_namespace": NS}]  # fmt: skip
+        assert history["total"] == 1 and conforms(history["data"][0], {
+            "kind": "string", "name": "string", "namespace": "string", "uid": "string",
+            "gpu_allocated": "integer", "pod_name": "string", "pod_namespace": "string",
+            "start_time": "integer", "end_time": "integer"})  # fmt: skip
         for path, code, names in (("workloads/hierarchy?kind=Deployment", 4001, "name"),
                                   ("workloads/hierarchy?kind=Job&name=x", 4004, "Job/x"),
                                   ("workloads/nope", 4004, "nope"),
