@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import requests
 
+from lens_ebpf.cluster.queries import aware
 from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer, eventually, pod
 from tests.recorder.conftest import rows
@@ -211,7 +212,7 @@ def openmetrics(t0: int) -> str:
 
 
 def test_utilization_routes_from_a_real_prometheus(api: FakeApiServer, recorder_app: Any,
-                                                   tmp_path: Any) -> None:  # fmt: skip
+                                                   db_url: str) -> None:  # fmt: skip
     from datetime import UTC, datetime
 
     from tests.promserver import Prometheus, available
@@ -225,7 +226,7 @@ def test_utilization_routes_from_a_real_prometheus(api: FakeApiServer, recorder_
         api.put("nodes", node("gpu-2", "True", {"nvidia.com/gpu": "4"}, "10.0.0.12"))
         api.put("pods", gpu_pod("a", "gpu-1", "amd.com/gpu", 2, "Running"))
         api.put("pods", gpu_pod("c", "gpu-2", "nvidia.com/gpu", 1, "Running"))
-        url = f"sqlite:///{tmp_path / 'r.db'}"
+        url = db_url
         at = datetime.fromtimestamp(t0 + 300, UTC)
         app = recorder_app(url, clock=lambda: at, prometheus__url=prometheus.base)
         eventually(lambda: len(rows(url, "nodes")) == 2 and sum(
@@ -406,7 +407,7 @@ POD = {
 
 
 def test_workload_routes_as_the_ui_asks_them(api: FakeApiServer, recorder_app: Any,
-                                             tmp_path: Any) -> None:  # fmt: skip
+                                             db_url: str) -> None:  # fmt: skip
     """A Deployment -> ReplicaSet -> 2 GPU pods on gpu-1; the pods' GPU utilization in a real
     Prometheus: the list's statistics, the hierarchy, the detail, exactly."""
     from datetime import UTC, datetime
@@ -477,7 +478,7 @@ def test_workload_routes_as_the_ui_asks_them(api: FakeApiServer, recorder_app: A
             p = made[name] = gpu_pod(name, "trainer-5d9f", "amd.com/gpu", 1, "gpu-1")
             api.put("pods", p)
             api.put("pods", state(p, "Running", True))
-        url = f"sqlite:///{tmp_path / 'r.db'}"
+        url = db_url
         at = datetime.fromtimestamp(t0 + 540, UTC)  # nine minutes in: every sample is in
         app = recorder_app(url, clock=lambda: at, prometheus__url=prometheus.base)
         eventually(lambda: sum(r["running"] for r in rows(url, "gpu_pods")) == 2
@@ -615,7 +616,7 @@ HOURLY = {
 
 
 def test_hourly_stats_from_snapshots_and_prometheus(api: FakeApiServer, recorder_app: Any,
-                                                    tmp_path: Any) -> None:  # fmt: skip
+                                                    db_url: str) -> None:  # fmt: skip
     from datetime import UTC, datetime, timedelta
 
     from tests.promserver import Prometheus, available
@@ -631,7 +632,7 @@ def test_hourly_stats_from_snapshots_and_prometheus(api: FakeApiServer, recorder
         api.put("nodes", node("gpu-2", "True", {"nvidia.com/gpu": "4"}, "10.0.0.12"))
         api.put("pods", gpu_pod("a", "gpu-1", "amd.com/gpu", 2, "Running"))
         api.put("pods", gpu_pod("c", "gpu-2", "nvidia.com/gpu", 1, "Running"))
-        url = f"sqlite:///{tmp_path / 'r.db'}"
+        url = db_url
         h = datetime.fromtimestamp(hour, UTC)
         later = h + timedelta(hours=2)
         app = recorder_app(url, clock=lambda: later, prometheus__url=prometheus.base,
@@ -642,8 +643,9 @@ def test_hourly_stats_from_snapshots_and_prometheus(api: FakeApiServer, recorder
         for minute in (10, 40):
             app.jobs.snapshot(h + timedelta(minutes=minute))
         assert app.writer.flush(10)
-        snaps = [(r["node"], r["allocatable"], r["requested"], r["rate"])
-                 for r in rows(url, "allocation_snapshots") if r["at"].minute == 10]  # fmt: skip
+        snaps = sorted((r["node"], r["allocatable"], r["requested"], r["rate"])
+                       for r in rows(url, "allocation_snapshots")
+                       if r["at"].minute == 10)  # fmt: skip
         assert snaps == [("", 12, 3, 25.0), ("gpu-1", 8, 2, 25.0), ("gpu-2", 4, 1, 25.0)]
         assert app.jobs.hourly(later) == 1  # hour h; the others had no snapshots
         assert app.writer.flush(10)
@@ -673,7 +675,7 @@ def test_hourly_stats_from_snapshots_and_prometheus(api: FakeApiServer, recorder
         # retention: a day; what is older goes, counted (hour h's six; the start's stay)
         app.jobs.prune(h + timedelta(days=1, hours=1))
         assert app.writer.flush(10)
-        assert {r["at"] for r in rows(url, "allocation_snapshots")} == {later.replace(tzinfo=None)}
+        assert {aware(r["at"]) for r in rows(url, "allocation_snapshots")} == {later}
         assert app.jobs.pruned["allocation_snapshots"] == 6
     finally:
         prometheus.stop()
