@@ -26,7 +26,8 @@ def available() -> str | None:
 
 class Prometheus:
     def __init__(self, targets: list[str], rule_files: list[str] | None = None,
-                 openmetrics: str | None = None) -> None:  # fmt: skip
+                 openmetrics: str | None = None,
+                 labels: dict[str, str] | None = None) -> None:  # fmt: skip
         """openmetrics: series (OpenMetrics text, with timestamps) written into its TSDB
         by `promtool tsdb create-blocks-from openmetrics` before it starts, so a test
         knows every number a query returns."""
@@ -42,7 +43,12 @@ class Prometheus:
         cfg = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": rule_files or [],
-            "scrape_configs": [{"job_name": "lens-ebpf", "static_configs": [{"targets": targets}]}],
+            "scrape_configs": [
+                {
+                    "job_name": "lens-ebpf",
+                    "static_configs": [{"targets": targets, "labels": labels or {}}],
+                }
+            ],
         }
         (self.dir / "prometheus.yml").write_text(json.dumps(cfg))
         self.log = open(self.dir / "log", "w")  # noqa: SIM115 (open while prometheus runs)

@@ -679,3 +679,43 @@ def test_hourly_stats_from_snapshots_and_prometheus(api: FakeApiServer, recorder
         assert app.jobs.pruned["allocation_snapshots"] == 6
     finally:
         prometheus.stop()
+
+
+def test_against_a_prometheus_that_scrapes_a_real_agent(api: FakeApiServer, recorder_app: Any,
+                                                        tmp_path: Any) -> None:  # fmt: skip
+    """The agent on the AMD sysfs fixture (35% and 0% busy), scraped by a real Prometheus
+    with the `node` label the DaemonSet's ServiceMonitor adds: the cluster API's figures
+    are the agent's."""
+    from tests.agentproc import AgentProc
+    from tests.promserver import Prometheus, available
+
+    if available():
+        pytest.skip(available())
+    fix = Path(__file__).parent.parent / "fixtures" / "gpu"
+    env = {"NODE_NAME": "gpu-1", "LENS_DEVICES__SYSFS_ROOT": str(fix / "sys"),
+           "LENS_DEVICES__DEV_ROOT": str(fix / "dev"),
+           "LENS_COLLECTORS__GPU__INTERVAL_SECONDS": "1",
+           "LENS_COLLECTORS__GPU__NVIDIA_SMI": "lens-no-such-tool",
+           "LENS_COLLECTORS__GPU__AMD_SMI": "lens-no-such-tool"}  # fmt: skip
+    agent = AgentProc("--no-collector.tcp", "--no-collector.processes", env=env)
+    prometheus = None
+    try:
+        agent.wait_ready()
+        prometheus = Prometheus([agent.base.removeprefix("http://")], labels={"node": "gpu-1"})
+        api.put("nodes", node("gpu-1", "True", {"amd.com/gpu": "2"}, "10.0.0.11"))
+        app = recorder_app(f"sqlite:///{tmp_path / 'r.db'}", prometheus__url=prometheus.base)
+        prometheus.wait_value('gpu_utilization{node="gpu-1"}', lambda r: len(r) == 2)
+        eventually(lambda: len(rows(f"sqlite:///{tmp_path / 'r.db'}", "nodes")) == 1,
+                   timeout=15)  # fmt: skip
+        assert get(app, "/v1/nodes/gpuUtilization") == {"allocationRate": 0.0,
+                                                        "utilization": 17.5}  # fmt: skip
+        listed = get(app, "/v1/nodes")["data"]
+        assert [(n["name"], n["gpu_count"], n["gpu_utilization"]) for n in listed] == [
+            ("gpu-1", 2, 17.5)]  # fmt: skip
+        heat = get(app, "/v1/clusters/gpuHeatmap")
+        assert [(i["gpu_id"], i["value"]) for i in heat["utilization"]["Data"]] == [
+            (0, 35.0), (1, 0.0)]  # fmt: skip
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        assert agent.stop() == 0
