@@ -121,6 +121,14 @@ def gpu_pod(name: str, node_name: str, resource: str, n: int, phase: str) -> dic
     )
 
 
+def two_gpu_nodes(api: FakeApiServer) -> None:
+    """gpu-1 (8 AMD GPUs, a running pod holding 2) and gpu-2 (4 NVIDIA, a pod holding 1)."""
+    api.put("nodes", node("gpu-1", "True", {"amd.com/gpu": "8"}, "10.0.0.11"))
+    api.put("nodes", node("gpu-2", "True", {"nvidia.com/gpu": "4"}, "10.0.0.12"))
+    api.put("pods", gpu_pod("a", "gpu-1", "amd.com/gpu", 2, "Running"))
+    api.put("pods", gpu_pod("c", "gpu-2", "nvidia.com/gpu", 1, "Running"))
+
+
 def get(app: Any, path: str) -> Any:
     r = requests.get(f"http://127.0.0.1:{app.http.port}{path}", timeout=hang_guard(5))
     body = r.json()
@@ -222,10 +230,7 @@ def test_utilization_routes_from_a_real_prometheus(api: FakeApiServer, recorder_
     t0 = (int(datetime.now(UTC).timestamp()) // 3600 - 3) * 3600  # three hours ago, whole
     prometheus = Prometheus([], openmetrics=openmetrics(t0))
     try:
-        api.put("nodes", node("gpu-1", "True", {"amd.com/gpu": "8"}, "10.0.0.11"))
-        api.put("nodes", node("gpu-2", "True", {"nvidia.com/gpu": "4"}, "10.0.0.12"))
-        api.put("pods", gpu_pod("a", "gpu-1", "amd.com/gpu", 2, "Running"))
-        api.put("pods", gpu_pod("c", "gpu-2", "nvidia.com/gpu", 1, "Running"))
+        two_gpu_nodes(api)
         url = db_url
         at = datetime.fromtimestamp(t0 + 300, UTC)
         app = recorder_app(url, clock=lambda: at, prometheus__url=prometheus.base)
@@ -628,10 +633,7 @@ def test_hourly_stats_from_snapshots_and_prometheus(api: FakeApiServer, recorder
                      for m in range(60))  # 0, 1, ... 59 over the hour  # fmt: skip
     prometheus = Prometheus([], openmetrics=f"# TYPE gpu_utilization gauge\n{series}# EOF\n")
     try:
-        api.put("nodes", node("gpu-1", "True", {"amd.com/gpu": "8"}, "10.0.0.11"))
-        api.put("nodes", node("gpu-2", "True", {"nvidia.com/gpu": "4"}, "10.0.0.12"))
-        api.put("pods", gpu_pod("a", "gpu-1", "amd.com/gpu", 2, "Running"))
-        api.put("pods", gpu_pod("c", "gpu-2", "nvidia.com/gpu", 1, "Running"))
+        two_gpu_nodes(api)
         url = db_url
         h = datetime.fromtimestamp(hour, UTC)
         later = h + timedelta(hours=2)
