@@ -20,11 +20,9 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, func, select
 
+from bench import service
 from lens_ebpf.api.gen import lens_pb2 as pb
-from lens_ebpf.cluster import config, schema
-from lens_ebpf.cluster.service import RecorderApp
-from lens_ebpf.k8s.client import api_client
-from tests import pglab
+from lens_ebpf.cluster import schema
 from tests.k8slab import FakeApiServer, eventually
 from tests.promserver import Prometheus
 from tests.reportersim import event as container_start
@@ -87,11 +85,9 @@ def main() -> None:
     args = ap.parse_args()
     from tests.reportersim import simulate
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * args.nodes + 1024)), hard))
+    service.allow_streams(args.nodes)
     tmp = Path(tempfile.mkdtemp(prefix="lens-bench-cluster-"))
-    pg = None if args.sqlite else pglab.Postgres().init()
-    url = pg.create_database("cluster") if pg else f"sqlite:///{tmp / 'recorder.db'}"
+    url, pg = service.database(not args.sqlite, tmp, "cluster")
     now = int(datetime.now(UTC).timestamp()) // 60 * 60
     lines = ["# TYPE gpu_utilization gauge\n"]
     for n in range(args.nodes):
@@ -102,14 +98,9 @@ def main() -> None:
     api = FakeApiServer().start()
     for n in range(args.nodes):
         api.put("nodes", node_object(n))
-    over = {("recorder", "database_url"): url, ("recorder", "listen"): "127.0.0.1:0",
-            ("recorder", "collect_listen"): "127.0.0.1:0",
-            ("recorder", "prometheus", "url"): prometheus.base}  # fmt: skip
     at = datetime.fromtimestamp(now - 60, UTC)
-    app = RecorderApp(config.load(env={}, overrides=over),
-                      api_client("kubeconfig", str(api.kubeconfig(tmp / "kc"))),
-                      lambda: at)  # fmt: skip
-    app.start()
+    app = service.start(url, tmp, api, {("recorder", "prometheus", "url"): prometheus.base},
+                        lambda: at)  # fmt: skip
     try:
         eng = create_engine(url)
 

@@ -14,10 +14,8 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, func, select
 
-from lens_ebpf.cluster import config, schema
-from lens_ebpf.cluster.service import RecorderApp
-from lens_ebpf.k8s.client import api_client
-from tests import pglab
+from bench import service
+from lens_ebpf.cluster import schema
 from tests.k8slab import FakeApiServer
 from tests.reportersim import simulate
 
@@ -29,17 +27,11 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=20)
     ap.add_argument("--postgres", action="store_true")
     args = ap.parse_args()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * args.nodes + 1024)), hard))
+    service.allow_streams(args.nodes)
     tmp = Path(tempfile.mkdtemp(prefix="lens-bench-reporters-"))
-    pg = pglab.Postgres().init() if args.postgres else None
-    url = pg.create_database("reporters") if pg else f"sqlite:///{tmp / 'recorder.db'}"
+    url, pg = service.database(args.postgres, tmp, "reporters")
     api = FakeApiServer().start()
-    over = {("recorder", "database_url"): url, ("recorder", "listen"): "127.0.0.1:0",
-            ("recorder", "collect_listen"): "127.0.0.1:0"}  # fmt: skip
-    app = RecorderApp(config.load(env={}, overrides=over),
-                      api_client("kubeconfig", str(api.kubeconfig(tmp / "kc"))))  # fmt: skip
-    app.start()
+    app = service.start(url, tmp, api)
     try:
         got = simulate(f"127.0.0.1:{app.collect_port}", args.nodes, args.events)
         eng = create_engine(url)
