@@ -9,12 +9,12 @@ holds what it accepted); nothing is lost within the two bounds.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, bindparam, func, select
 
 from lens_ebpf.api.collector_server import Collector
 from lens_ebpf.api.gen import lens_pb2 as pb
@@ -78,13 +78,19 @@ def _text(v: Any) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def device_writes(node: str, ev: pb.Event, at: datetime) -> Callable[[Connection], int] | None:
-    """The node_devices and device_changelog writes of a device_change or device_inventory:
-    each record compared with the stored one, one changelog row per field that differs
-    (present: when it appeared or went). An inventory also marks the node's devices it
-    no longer lists as gone. The same event twice writes nothing the second time, so a
-    restart of either side loses and invents nothing. None for other events; the write
-    returns the changelog rows it added."""
+@dataclass
+class DeviceUpdate:
+    """The device records one device_change or device_inventory brings."""
+
+    node: str
+    at: datetime
+    records: list[dict[str, Any]]
+    inventory: bool  # the node's whole inventory: what it does not list is gone
+    gone: set[str]  # slots a change says disappeared
+
+
+def device_update(node: str, ev: pb.Event, at: datetime) -> DeviceUpdate | None:
+    """The device records of a device_change or device_inventory; None for other events."""
     kind = ev.WhichOneof("payload")
     if kind == "device_change":
         msgs, inventory = [ev.device_change], False
@@ -95,48 +101,77 @@ def device_writes(node: str, ev: pb.Event, at: datetime) -> Callable[[Connection
     gone = {ev.device_change.slot} if kind == "device_change" and \
         ev.device_change.change == "disappeared" else set()  # fmt: skip
     records = [{col: getattr(m, name) for name, col in DEVICE_COLUMNS.items()} for m in msgs]
+    return DeviceUpdate(node, at, records, inventory, gone)
+
+
+def apply_devices(conn: Connection, updates: list[DeviceUpdate]) -> int:
+    """node_devices and device_changelog for updates, in order: each record compared with
+    the stored one (or one an earlier update of the batch wrote), one changelog row per
+    field that differs (present: when it appeared or went); an inventory marks the
+    node's devices it no longer lists as gone. The same update twice writes nothing the
+    second time, so a restart of either side loses and invents nothing. One read of the
+    batch's nodes' devices, then multi-row writes; the changelog rows added."""
     nd, cl = t.node_devices, t.device_changelog
+    nodes = sorted({u.node for u in updates})
+    # (node, kind, slot) -> the row as it stands, with its id (None: inserted by this batch)
+    state: dict[tuple[str, str, str], dict[str, Any]] = {
+        (r.node, r.kind, r.slot): dict(r._mapping)
+        for r in conn.execute(select(nd).where(nd.c.node.in_(nodes)))}  # fmt: skip
+    changed: dict[tuple[str, str, str], dict[str, Any]] = {}
+    log: list[dict[str, Any]] = []
 
-    def write(conn: Connection) -> int:
-        added = 0
+    def entry(node: str, at: datetime, row: dict[str, Any], field: str, old: Any,
+              new: Any) -> None:  # fmt: skip
+        log.append({"at": at, "node": node, "kind": row["kind"], "slot": row["slot"],
+                    "device_key": row["key"], "field": field, "old_value": _text(old),
+                    "new_value": _text(new)})  # fmt: skip
 
-        def log(row: Any, field: str, old: Any, new: Any) -> None:
-            nonlocal added
-            conn.execute(cl.insert().values(at=at, node=node, kind=row["kind"],
-                                            slot=row["slot"], device_key=row["key"],
-                                            field=field, old_value=_text(old),
-                                            new_value=_text(new)))  # fmt: skip
-            added += 1
-
-        q = select(nd).where(nd.c.node == node)
-        if not inventory:  # a change: its own row is all it compares with
-            q = q.where(nd.c.slot.in_([r["slot"] for r in records]))
-        stored = {(r.kind, r.slot): r._mapping for r in conn.execute(q)}
-        for rec in records:
-            old = stored.get((rec["kind"], rec["slot"]))
-            present = rec["slot"] not in gone
+    for u in updates:
+        for rec in u.records:
+            key = (u.node, rec["kind"], rec["slot"])
+            present = rec["slot"] not in u.gone
+            old = state.get(key)
             if old is None:
-                conn.execute(nd.insert().values(node=node, present=present, first_seen=at,
-                                                last_seen=at, **rec))  # fmt: skip
+                row = {
+                    "id": None,
+                    "node": u.node,
+                    "present": present,
+                    "first_seen": u.at,
+                    "last_seen": u.at,
+                    **rec,
+                }
+                state[key] = changed[key] = row
                 if present:
-                    log(rec, "present", "", True)
+                    entry(u.node, u.at, rec, "present", "", True)
                 continue
-            diff = [c for c in TRACKED if old[c] != rec[c]]
-            for c in diff:
-                log(rec, c, old[c], rec[c])
+            for c in TRACKED:
+                if old[c] != rec[c]:
+                    entry(u.node, u.at, rec, c, old[c], rec[c])
             if old["present"] != present:
-                log(rec, "present", old["present"], present)
-            conn.execute(nd.update().where(nd.c.id == old["id"]).values(
-                present=present, last_seen=at, **rec))  # fmt: skip
-        if inventory:
-            listed = {(r["kind"], r["slot"]) for r in records}
-            for slot, old in stored.items():
-                if slot not in listed and old["present"]:
-                    log(old, "present", True, False)
-                    conn.execute(nd.update().where(nd.c.id == old["id"]).values(present=False))
-        return added
-
-    return write
+                entry(u.node, u.at, rec, "present", old["present"], present)
+            old.update(present=present, last_seen=u.at, **rec)
+            changed[key] = old
+        if u.inventory:
+            listed = {(u.node, r["kind"], r["slot"]) for r in u.records}
+            for key, old in state.items():
+                if key[0] == u.node and key not in listed and old["present"]:
+                    entry(u.node, u.at, old, "present", True, False)
+                    old["present"] = False
+                    changed[key] = old
+    inserts = [{k: v for k, v in row.items() if k != "id"}
+               for row in changed.values() if row["id"] is None]  # fmt: skip
+    # bound as v_<column> (a bind parameter may not take its column's name)
+    skip = ("id", "first_seen")
+    updates_ = [{**{f"v_{k}": v for k, v in row.items() if k not in skip}, "row_id": row["id"]}
+                for row in changed.values() if row["id"] is not None]  # fmt: skip
+    if inserts:
+        conn.execute(nd.insert(), inserts)
+    if updates_:
+        cols: dict[str, Any] = {c[2:]: bindparam(c) for c in updates_[0] if c != "row_id"}
+        conn.execute(nd.update().where(nd.c.id == bindparam("row_id")).values(cols), updates_)
+    if log:
+        conn.execute(cl.insert(), log)
+    return len(log)
 
 
 def last_seqs(conn: Connection) -> dict[str, int]:
@@ -160,7 +195,7 @@ class NodeEvents(Collector):
 
     def _store(self, node: str, ev: pb.Event) -> bool:
         row = event_row(node, ev)
-        item = (row, agent_resources(ev, row["at"]), device_writes(node, ev, row["at"]))
+        item = (row, agent_resources(ev, row["at"]), device_update(node, ev, row["at"]))
 
         def done() -> None:  # on the writer's thread, once committed
             with self._lock:
@@ -191,15 +226,18 @@ class NodeEvents(Collector):
                     .returning(ne.c.node, ne.c.seq))  # fmt: skip
             new = {(r.node, r.seq) for r in conn.execute(stmt)}
         resources: dict[tuple[str, str, str], dict[str, Any]] = {}
-        for row, res, devices in items:
+        devices: list[DeviceUpdate] = []
+        for row, res, update in items:
             if row["seq"] is None:
                 conn.execute(ne.insert().values(**row))
             elif (row["node"], row["seq"]) not in new:
                 continue  # a replay of a stored event: its effects are stored too
             for r in res:  # the last for a container wins, as one by one
                 resources[(r["pod_uid"], r["container"], r["source"])] = r
-            if devices is not None:
-                devices(conn)
+            if update is not None:
+                devices.append(update)
+        if devices:
+            apply_devices(conn, devices)
         if resources:
             pr = t.pod_resources
             stmt = dialect_insert(conn, pr).values(list(resources.values()))
