@@ -192,3 +192,43 @@ def test_a_real_agent_reports_a_gpu_that_changed_serial(api: FakeApiServer, reco
     devs = get(app, "/v1/nodes/gpu-node-3/devices").json()["data"]["devices"]
     assert {d["slot"]: d["serial"] for d in devs} == {"0000:c1:00.0": "692251009999",
                                                       "0001:03:00.0": ""}  # fmt: skip
+
+
+def test_one_batch_with_an_inventory_a_change_and_the_inventory_again(tmp_path: Path) -> None:
+    """The writer hands a batch of events at once: a device inserted by the batch and
+    changed later in it is one row; the same batch again writes nothing."""
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import create_engine
+
+    from lens_ebpf.api.gen import lens_pb2 as pb
+    from lens_ebpf.cluster.node_events import apply_devices, device_update
+    from lens_ebpf.cluster.store import upgrade
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    eng = create_engine(url)
+    upgrade(eng)
+    t0 = datetime(2026, 11, 25, 6, 0, tzinfo=UTC)
+
+    def gpu(slot: str, serial: str) -> pb.DeviceChange:
+        return pb.DeviceChange(device_kind="gpu", slot=slot, bdf=slot, key=f"k-{slot}",
+                               serial=serial, vendor="amd")  # fmt: skip
+
+    inv = pb.Event(device_inventory=pb.DeviceInventory(devices=[gpu("a", "S1"), gpu("b", "S2")]))
+    change = pb.Event(device_change=pb.DeviceChange(**{
+        **{f.name: getattr(gpu("a", "S9"), f.name) for f in pb.DeviceChange.DESCRIPTOR.fields
+           if f.name != "fields"}, "change": "changed"}))  # fmt: skip
+    again = pb.Event(device_inventory=pb.DeviceInventory(devices=[gpu("a", "S9")]))  # b gone
+    batch = [device_update("n1", ev, t0 + timedelta(seconds=i))
+             for i, ev in enumerate((inv, change, again))]  # fmt: skip
+    with eng.begin() as conn:
+        assert apply_devices(conn, [u for u in batch if u is not None]) == 4
+    assert [(r["slot"], r["field"], r["old_value"], r["new_value"])
+            for r in rows(url, "device_changelog")] == [
+        ("a", "present", "", "true"), ("b", "present", "", "true"), ("a", "serial", "S1", "S9"),
+        ("b", "present", "true", "false")]  # fmt: skip
+    assert sorted((r["slot"], r["serial"], r["present"]) for r in rows(url, "node_devices")) == [
+        ("a", "S9", True), ("b", "S2", False)]  # fmt: skip
+    with eng.begin() as conn:  # the last inventory once more: nothing new
+        assert apply_devices(conn, [batch[2]]) == 0  # type: ignore[list-item]
+    eng.dispose()
