@@ -61,11 +61,7 @@ def page(query: dict[str, str]) -> tuple[int, int]:
     """(page_num, page_size): defaults 1 and 10; a page size above 1,000 is refused."""
     out = []
     for name, default, most in (("page_num", 1, None), ("page_size", 10, PAGE_MAX)):
-        raw = param(query, name)
-        try:
-            n = int(raw) if raw else default
-        except ValueError:
-            raise bad(f"{name}={raw!r}: not a number") from None
+        n = integer(query, name, default)
         if n < 1 or (most is not None and n > most):
             raise bad(f"{name}={n}: must be from 1 to {most}" if most else f"{name}={n}: "
                       "must be 1 or more")  # fmt: skip

@@ -34,10 +34,14 @@ def escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
+def any_of(values: list[str]) -> str:
+    """A regular expression matching exactly these values, as a PromQL string's body."""
+    return escape("|".join(re.escape(v) for v in sorted(set(values))))
+
+
 def pods_selector(namespace: str, pods: list[str]) -> str:
     """Label matchers for these pods of a namespace."""
-    names = "|".join(re.escape(p) for p in sorted(set(pods)))
-    return f'namespace="{escape(namespace)}",pod=~"{escape(names)}"'
+    return f'namespace="{escape(namespace)}",pod=~"{any_of(pods)}"'
 
 
 def node_gpus(node: str) -> dict[str, str]:
@@ -59,7 +63,7 @@ def workload_graphs(namespace: str, name: str, pods: list[str], nodes: list[str]
     sel = pods_selector(namespace, pods)
     to_own = (
         f'remote_namespace="{escape(namespace)}",remote_workload="{escape(name)}",'
-        f'node=~"{escape("|".join(re.escape(n) for n in sorted(nodes)))}"'
+        f'node=~"{any_of(nodes)}"'
     )
     window = f"{max(step, 60)}s"
     return {
@@ -90,8 +94,7 @@ def utilization_by_node(nodes: list[str] | None = None) -> str:
     """Each node's GPUs' mean utilization (these nodes', or every node's)."""
     if nodes is None:
         return "avg by (node) (gpu_utilization)"
-    names = escape("|".join(re.escape(n) for n in sorted(nodes)))
-    return f'avg by (node) (gpu_utilization{{node=~"{names}"}})'
+    return f'avg by (node) (gpu_utilization{{node=~"{any_of(nodes)}"}})'
 
 
 class PromError(Exception):
