@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from google.protobuf.json_format import MessageToDict
-from sqlalchemy import Connection, bindparam, func, select
+from sqlalchemy import Connection, bindparam, func, or_, select, tuple_
 
 from lens_ebpf.api.collector_server import Collector
 from lens_ebpf.api.gen import lens_pb2 as pb
+from lens_ebpf.api.jsondict import to_dict
 from lens_ebpf.cluster import schema as t
-from lens_ebpf.cluster.store import Op, Writer, dialect_insert
+from lens_ebpf.cluster.store import Op, Writer, insert_rows
 
 # device nodes that are GPUs: NVIDIA's /dev/nvidiaN, AMD's DRI render nodes
 GPU_DEVICES = (
@@ -31,7 +31,7 @@ GPU_DEVICES = (
 def event_row(node: str, ev: pb.Event) -> dict[str, Any]:
     """The node_events row of one reporter event (a gap has no seq)."""
     kind = ev.WhichOneof("payload") or "unknown"
-    payload = MessageToDict(getattr(ev, kind), preserving_proto_field_name=True) \
+    payload = to_dict(getattr(ev, kind)) \
         if kind != "unknown" else {}  # fmt: skip
     ident = payload.get("identity") or {}
     at = datetime.fromtimestamp(ev.ts_unix_nano / 1e9, UTC) if ev.ts_unix_nano else \
@@ -109,14 +109,20 @@ def apply_devices(conn: Connection, updates: list[DeviceUpdate]) -> int:
     the stored one (or one an earlier update of the batch wrote), one changelog row per
     field that differs (present: when it appeared or went); an inventory marks the
     node's devices it no longer lists as gone. The same update twice writes nothing the
-    second time, so a restart of either side loses and invents nothing. One read of the
-    batch's nodes' devices, then multi-row writes; the changelog rows added."""
+    second time, so a restart of either side loses and invents nothing. One read (every
+    device of a node with an inventory in the batch, else the devices the batch names),
+    then multi-row writes; the changelog rows added."""
     nd, cl = t.node_devices, t.device_changelog
-    nodes = sorted({u.node for u in updates})
+    whole = {u.node for u in updates if u.inventory}
+    named = sorted({(u.node, r["kind"], r["slot"]) for u in updates if u.node not in whole
+                    for r in u.records})  # fmt: skip
+    wanted = [c for c in (nd.c.node.in_(sorted(whole)) if whole else None,
+                          tuple_(nd.c.node, nd.c.kind, nd.c.slot).in_(named) if named else None)
+              if c is not None]  # fmt: skip
     # (node, kind, slot) -> the row as it stands, with its id (None: inserted by this batch)
     state: dict[tuple[str, str, str], dict[str, Any]] = {
         (r.node, r.kind, r.slot): dict(r._mapping)
-        for r in conn.execute(select(nd).where(nd.c.node.in_(nodes)))}  # fmt: skip
+        for r in conn.execute(select(nd).where(or_(*wanted)))} if wanted else {}  # fmt: skip
     changed: dict[tuple[str, str, str], dict[str, Any]] = {}
     log: list[dict[str, Any]] = []
 
@@ -164,13 +170,11 @@ def apply_devices(conn: Connection, updates: list[DeviceUpdate]) -> int:
     skip = ("id", "first_seen")
     updates_ = [{**{f"v_{k}": v for k, v in row.items() if k not in skip}, "row_id": row["id"]}
                 for row in changed.values() if row["id"] is not None]  # fmt: skip
-    if inserts:
-        conn.execute(nd.insert(), inserts)
+    insert_rows(conn, nd, inserts)
     if updates_:
         cols: dict[str, Any] = {c[2:]: bindparam(c) for c in updates_[0] if c != "row_id"}
         conn.execute(nd.update().where(nd.c.id == bindparam("row_id")).values(cols), updates_)
-    if log:
-        conn.execute(cl.insert(), log)
+    insert_rows(conn, cl, log)
     return len(log)
 
 
@@ -221,10 +225,8 @@ class NodeEvents(Collector):
         rows = [row for row, _, _ in items if row["seq"] is not None]
         new: set[tuple[str, int]] = set()
         if rows:
-            stmt = (dialect_insert(conn, ne).values(rows)
-                    .on_conflict_do_nothing(index_elements=["node", "seq"])
-                    .returning(ne.c.node, ne.c.seq))  # fmt: skip
-            new = {(r.node, r.seq) for r in conn.execute(stmt)}
+            new = {(r.node, r.seq) for r in insert_rows(conn, ne, rows, keys=["node", "seq"],
+                                                        returning=("node", "seq"))}  # fmt: skip
         resources: dict[tuple[str, str, str], dict[str, Any]] = {}
         devices: list[DeviceUpdate] = []
         for row, res, update in items:
@@ -239,8 +241,5 @@ class NodeEvents(Collector):
         if devices:
             apply_devices(conn, devices)
         if resources:
-            pr = t.pod_resources
-            stmt = dialect_insert(conn, pr).values(list(resources.values()))
-            keep = ["pod_uid", "container", "source"]
-            rest = {c: stmt.excluded[c] for c in next(iter(resources.values())) if c not in keep}
-            conn.execute(stmt.on_conflict_do_update(index_elements=keep, set_=rest))
+            insert_rows(conn, t.pod_resources, list(resources.values()),
+                        keys=["pod_uid", "container", "source"], update=True)  # fmt: skip
