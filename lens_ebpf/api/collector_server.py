@@ -15,7 +15,7 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,9 +25,13 @@ from google.protobuf.json_format import MessageToDict
 
 from lens_ebpf.api.gen import lens_pb2 as pb
 from lens_ebpf.api.gen import lens_pb2_grpc
+from lens_ebpf.api.jsondict import to_dict
 from lens_ebpf.api.tls import server_credentials
 from lens_ebpf.core.commandline import CliError, run_command
 from lens_ebpf.core.loop import EventLoopThread
+
+# how long a stream waits after something became acknowledgeable before it acknowledges
+ACK_COALESCE_SECONDS = 0.1
 
 
 class Collector(lens_pb2_grpc.CollectorServiceServicer):
@@ -45,33 +49,64 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
         self.streams = 0
         self._lock = threading.Lock()
         # node -> its streams' wake-ups (a node has one reporter; a reconnect may overlap)
-        self._waiters: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None  # the streams' loop
+        self._moved: set[str] = set()  # nodes whose streams are to wake
 
     def _changed(self, node: str) -> None:
         """Wake node's streams to see whether its acknowledgement moved (from any thread);
-        only that node's: a thousand streams must not all wake for each commit."""
+        only that node's: a thousand streams must not all wake for each commit. Calls
+        before the loop runs the wake-up join it (one hop to the loop per batch of
+        commits, not per event)."""
         with self._lock:
-            waiters = list(self._waiters.get(node, ()))
-        for loop, wake in waiters:
-            loop.call_soon_threadsafe(wake.set)
+            first = not self._moved
+            self._moved.add(node)
+            loop = self._loop
+        if first and loop is not None:
+            loop.call_soon_threadsafe(self._wake_moved)
 
+    def _wake_moved(self) -> None:
+        """On the loop: wake the streams of the nodes _changed named."""
+        with self._lock:
+            nodes, self._moved = self._moved, set()
+            wakes = [w for n in nodes for w in self._waiters.get(n, ())]
+        for wake in wakes:
+            wake.set()
+
+    # async generators both (grpc.aio runs a plain function on a thread)
     async def Report(  # noqa: N802
         self, request_iterator: AsyncIterator[pb.Event], context: Any
     ) -> AsyncIterator[pb.Ack]:
+        async for ack in self._serve(request_iterator, context, lambda ev: (ev,)):
+            yield ack
+
+    async def ReportBatch(  # noqa: N802
+        self, request_iterator: AsyncIterator[pb.EventBatch], context: Any
+    ) -> AsyncIterator[pb.Ack]:
+        async for ack in self._serve(request_iterator, context, lambda batch: batch.events):
+            yield ack
+
+    async def _serve(self, request_iterator: AsyncIterator[Any], context: Any,
+                     events: Callable[[Any], Iterable[pb.Event]],
+                     ) -> AsyncIterator[pb.Ack]:  # fmt: skip
+        """One reporter's stream: its events accepted in order, acknowledged as held."""
         meta = dict(context.invocation_metadata())
         node = meta.get("lens-node", "unknown")
         with self._lock:
             sent = self._held(node)
         yield pb.Ack(seq=sent)  # where the reporter resumes
-        waiter = (asyncio.get_running_loop(), asyncio.Event())
-        wake, ended = waiter[1], asyncio.Event()
+        wake, ended = asyncio.Event(), asyncio.Event()
 
         async def read() -> None:
             try:
-                async for ev in request_iterator:
+                async for msg in request_iterator:
                     with self._lock:
-                        self._accept(node, ev)
-                    wake.set()
+                        for ev in events(msg):
+                            self._accept(node, ev)
+                        # held already (this class), else its commit calls _changed
+                        moved = self._held(node) > sent
+                    if moved:
+                        wake.set()
             except Exception:  # the stream ended under us (cancelled, disconnected)
                 pass
             finally:
@@ -79,12 +114,17 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
                 wake.set()
 
         with self._lock:
-            self._waiters.setdefault(node, set()).add(waiter)
+            self._loop = asyncio.get_running_loop()
+            self._waiters.setdefault(node, set()).add(wake)
         self.streams += 1
         reader = asyncio.create_task(read())
         try:
             while True:
                 await wake.wait()
+                if not ended.is_set():
+                    # what the next moments hold joins this acknowledgement: an ack
+                    # per commit or per event costs a gRPC message each
+                    await asyncio.sleep(ACK_COALESCE_SECONDS)
                 wake.clear()
                 with self._lock:
                     seq = self._held(node)
@@ -98,7 +138,7 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
             self.streams -= 1
             with self._lock:
                 mine = self._waiters.get(node, set())
-                mine.discard(waiter)
+                mine.discard(wake)
                 if not mine:
                     self._waiters.pop(node, None)
             reader.cancel()
@@ -126,7 +166,7 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
         if ev.HasField("gap"):
             record = {"node": node, "gap": MessageToDict(ev.gap)}
         else:
-            record = {"node": node, **MessageToDict(ev, preserving_proto_field_name=True)}
+            record = {"node": node, **to_dict(ev)}
         assert self.out is not None
         self.out.write(json.dumps(record, sort_keys=True) + "\n")
         self.out.flush()

@@ -5,11 +5,15 @@ container_start's GPU devices land in pod_resources."""
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
+import grpc.aio
+import pytest
 
 from lens_ebpf.agent.api.reporter import Reporter
 from lens_ebpf.agent.events import ContainerChange, EventBus
@@ -64,6 +68,7 @@ def test_a_reporter_pushes_a_nodes_events_exactly_once(api: FakeApiServer, recor
         bus.publish(container_start(2, AMD))
         bus.publish(container_start(3, ("/dev/null",)))  # no GPU: an event, no resources
         eventually(lambda: reporter.acked == 3, timeout=15)
+        assert reporter.batched  # ReportBatch: the recorder takes it
     got = [(r["node"], r["seq"], r["kind"], r["namespace"], r["pod"], r["pod_uid"], r["container"])
            for r in rows(db_url, "node_events")]  # fmt: skip
     assert got == [("gpu-1", n, "container_start", "ml", f"bert-{n}", f"uid-bert-{n}",
@@ -114,13 +119,17 @@ def test_events_are_acknowledged_only_once_stored(api: FakeApiServer, recorder_a
     assert [r["seq"] for r in rows(url, "node_events")] == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.parametrize("per_message", [1, 7], ids=["Report", "ReportBatch"])
 def test_a_hundred_reporters_at_once_every_event_written(api: FakeApiServer, recorder_app: Any,
-                                                          db_url: str) -> None:  # fmt: skip
+                                                          db_url: str,
+                                                          per_message: int) -> None:  # fmt: skip
     """Streams on the collector's event loop, none holding a thread: each node's events
-    written once and acknowledged to the last (bench.reporters runs a thousand)."""
+    written once and acknowledged to the last (bench.reporters runs a thousand), one per
+    message or in batches (20 = 7 + 7 + 6)."""
     nodes, events = 100, 20
     app = recorder_app(db_url)
-    got = simulate(f"127.0.0.1:{app.collect_port}", nodes, events, timeout=hang_guard(120))
+    got = simulate(f"127.0.0.1:{app.collect_port}", nodes, events, timeout=hang_guard(120),
+                   per_message=per_message)  # fmt: skip
     assert got.acked == {f"gpu-{n}": events for n in range(nodes)}
     stored = rows(db_url, "node_events")
     assert len(stored) == nodes * events
@@ -131,3 +140,42 @@ def test_a_hundred_reporters_at_once_every_event_written(api: FakeApiServer, rec
         f"gpu-{n}": list(range(1, events + 1)) for n in range(nodes)}  # fmt: skip
     assert app.node_events.streams == 0  # every stream ended
     assert len(rows(db_url, "pod_resources")) == nodes * events  # one GPU each, from the agent
+
+
+def test_a_collector_without_report_batch_gets_report(tmp_path: Any) -> None:
+    """A collector older than ReportBatch (the method unknown to its server: UNIMPLEMENTED):
+    the agent's reporter sends the same events with Report, each once, in order."""
+    from lens_ebpf.api.collector_server import Collector
+    from lens_ebpf.core.loop import EventLoopThread
+
+    out = io.StringIO()
+    collector, loop = Collector(out), EventLoopThread("old-collector")
+
+    async def serve() -> tuple[grpc.aio.Server, int]:
+        server = grpc.aio.server()
+        only_report = grpc.stream_stream_rpc_method_handler(
+            collector.Report, request_deserializer=pb.Event.FromString,
+            response_serializer=pb.Ack.SerializeToString)  # fmt: skip
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "lens.v1.CollectorService", {"Report": only_report}),))  # fmt: skip
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        return server, port
+
+    server, port = loop.call(serve())
+    bus = EventBus(1000)
+    reporter = Reporter(f"127.0.0.1:{port}", bus, ("gpu-1", "192.0.2.11"), 1000)
+    reporter.start()
+    try:
+        for n in (1, 2, 3):
+            bus.publish(container_start(n, NV))
+        eventually(lambda: reporter.acked == 3, timeout=hang_guard(15))
+        assert not reporter.batched
+        assert reporter.reconnects == 0  # the switch is not a failure
+    finally:
+        reporter.stop()
+        loop.call(server.stop(0))
+        loop.close()
+    got = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(r["node"], r["seq"], r["container_start"]["identity"]["pod"]) for r in got] == [
+        ("gpu-1", str(n), f"bert-{n}") for n in (1, 2, 3)]  # fmt: skip

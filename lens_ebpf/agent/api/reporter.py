@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -24,6 +25,11 @@ from lens_ebpf.api.gen import lens_pb2_grpc
 from lens_ebpf.core.backoff import Backoff
 
 log = logging.getLogger(__name__)
+
+# one ReportBatch message holds at most this many events and about this many bytes
+# (gRPC's default limit on a received message is 4 MiB)
+BATCH_EVENTS = 500
+BATCH_BYTES = 1 << 20
 
 
 class Reporter:
@@ -45,6 +51,7 @@ class Reporter:
         self.connected = False
         self.reconnects = 0
         self.on_connect: Callable[[], object] = lambda: None  # each (re)connect
+        self.batched = True  # ReportBatch, until a collector answers UNIMPLEMENTED
         self._seen_bus_drops = 0
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -86,9 +93,14 @@ class Reporter:
                     self.unreported_lost += 1
                 self._cond.notify_all()
 
-    def _requests(self, ready: threading.Event, done: threading.Event) -> Iterator[pb.Event]:
-        if not ready.wait(timeout=30):  # the collector's first Ack: where to resume
-            return
+    def _requests(self, ready: threading.Event, done: threading.Event,
+                  ) -> Iterator[list[pb.Event]]:  # fmt: skip
+        """The events to send, in order, each once after what the collector holds: what
+        is ready at once in one list, up to BATCH_EVENTS events and BATCH_BYTES bytes."""
+        deadline = time.monotonic() + 30
+        while not ready.wait(timeout=0.2):  # the collector's first Ack: where to resume
+            if done.is_set() or self._stop.is_set() or time.monotonic() > deadline:
+                return
         cursor = self.acked
         while not self._stop.is_set() and not done.is_set():
             with self._cond:
@@ -104,11 +116,21 @@ class Reporter:
                     if not batch:
                         self._cond.wait(timeout=0.5)
                         continue
+            chunk: list[pb.Event] = []
+            size = 0
             for ev in batch:
                 if ev.kind != "gap":
                     cursor = ev.seq
-                self.sent += 1
-                yield convert.to_pb(ev, *self.node)
+                msg = convert.to_pb(ev, *self.node)
+                chunk.append(msg)
+                size += msg.ByteSize()
+                if len(chunk) >= BATCH_EVENTS or size >= BATCH_BYTES:
+                    self.sent += len(chunk)
+                    yield chunk
+                    chunk, size = [], 0
+            if chunk:
+                self.sent += len(chunk)
+                yield chunk
 
     def _run(self) -> None:
         backoff = Backoff(self.backoff_max, jitter=(0.5, 1.5))
@@ -119,7 +141,11 @@ class Reporter:
                            if self.credentials else grpc.insecure_channel(self.target))  # fmt: skip
                 stub = lens_pb2_grpc.CollectorServiceStub(channel)
                 meta = (("lens-node", self.node[0]), ("lens-node-ip", self.node[1]))
-                for ack in stub.Report(self._requests(ready, done), metadata=meta):
+                chunks = self._requests(ready, done)
+                acks = stub.ReportBatch((pb.EventBatch(events=c) for c in chunks),
+                                        metadata=meta) if self.batched else \
+                    stub.Report((ev for c in chunks for ev in c), metadata=meta)  # fmt: skip
+                for ack in acks:
                     with self._cond:
                         self.acked = ack.seq if not ready.is_set() else max(self.acked, ack.seq)
                         while self.pending and self.pending[0].seq <= self.acked:
@@ -132,6 +158,12 @@ class Reporter:
                     if self._stop.is_set():
                         break
             except grpc.RpcError as exc:
+                if self.batched and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    # a collector older than ReportBatch: one event per message from now on
+                    log.info("reporter: %s does not take ReportBatch; using Report",
+                             self.target)  # fmt: skip
+                    self.batched = False
+                    continue
                 log.debug("reporter: %s", exc)
             finally:
                 done.set()

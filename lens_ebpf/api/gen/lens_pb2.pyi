@@ -309,3 +309,9 @@ class Ack(_message.Message):
     SEQ_FIELD_NUMBER: _ClassVar[int]
     seq: int
     def __init__(self, seq: _Optional[int] = ...) -> None: ...
+
+class EventBatch(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ...) -> None: ...

@@ -183,6 +183,11 @@ class CollectorServiceStub:
                 request_serializer=lens__pb2.Event.SerializeToString,
                 response_deserializer=lens__pb2.Ack.FromString,
                 _registered_method=True)
+        self.ReportBatch = channel.stream_stream(
+                '/lens.v1.CollectorService/ReportBatch',
+                request_serializer=lens__pb2.EventBatch.SerializeToString,
+                response_deserializer=lens__pb2.Ack.FromString,
+                _registered_method=True)
 
 
 class CollectorServiceServicer:
@@ -194,12 +199,25 @@ class CollectorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportBatch(self, request_iterator, context):
+        """Report with EventBatch messages; the same acknowledgements. A collector that answers
+        UNIMPLEMENTED (older than it) gets Report.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CollectorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Report': grpc.stream_stream_rpc_method_handler(
                     servicer.Report,
                     request_deserializer=lens__pb2.Event.FromString,
+                    response_serializer=lens__pb2.Ack.SerializeToString,
+            ),
+            'ReportBatch': grpc.stream_stream_rpc_method_handler(
+                    servicer.ReportBatch,
+                    request_deserializer=lens__pb2.EventBatch.FromString,
                     response_serializer=lens__pb2.Ack.SerializeToString,
             ),
     }
@@ -229,6 +247,33 @@ class CollectorService:
             target,
             '/lens.v1.CollectorService/Report',
             lens__pb2.Event.SerializeToString,
+            lens__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportBatch(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/lens.v1.CollectorService/ReportBatch',
+            lens__pb2.EventBatch.SerializeToString,
             lens__pb2.Ack.FromString,
             options,
             channel_credentials,
