@@ -5,14 +5,16 @@ Prometheus holding every GPU's utilization (the reporters run in a process of th
 own). Prints the figures; the goals (ingest >= 5,000
 events/s, overview <= 100 ms, a node page <= 50 ms) are printed beside them.
 
-.venv/bin/python -m bench.cluster_api [--nodes 1000] [--events 20] [--sqlite]
+.venv/bin/python -m bench.cluster_api [--nodes 1000] [--events 20] [--per-message 5] [--sqlite]
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import multiprocessing as mp
+import os
 import resource
 import statistics
 import tempfile
@@ -24,6 +26,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, func, select
 
 from bench import service
+from bench.__main__ import cpu_seconds
 from lens_ebpf.api.gen import lens_pb2 as pb
 from lens_ebpf.cluster import schema
 from tests.k8slab import FakeApiServer, eventually
@@ -67,6 +70,16 @@ def node_object(n: int) -> dict:
                                     "containerRuntimeVersion": "containerd://1.7.22"}}}  # fmt: skip
 
 
+def postgres_cpu() -> float:
+    """CPU seconds of every PostgreSQL process on the machine (the bench's own server)."""
+    total = 0.0
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if (proc / "comm").read_text().strip() == "postgres":
+                total += cpu_seconds(int(proc.name))
+    return total
+
+
 def timed(url: str, n: int = 30) -> tuple[float, float]:
     """(median, max) ms of n GETs."""
     took = []
@@ -85,6 +98,10 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--events", type=int, default=20)
     ap.add_argument("--sqlite", action="store_true")
+    ap.add_argument("--per-message", type=int, default=5,
+                    help="events per ReportBatch message, as an agent's reporter sends what "
+                         "it holds (default 5); 1: Report, one event per message, as agents "
+                         "older than ReportBatch send")  # fmt: skip
     args = ap.parse_args()
     from tests.reportersim import simulate
 
@@ -116,17 +133,33 @@ def main() -> None:
         # the reporters in a process of their own: the service's figures, not the
         # clients' (they would share its interpreter lock)
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
+            ex.submit(int).result()  # the process started before the clock does
+            cpu = {"service": cpu_seconds(os.getpid()), "PostgreSQL": postgres_cpu()}
+            writes = (app.writer.write_sum, app.writer.write_buckets[-1])
             got = ex.submit(simulate, f"127.0.0.1:{app.collect_port}", args.nodes,
-                            args.events, 600, make_event).result()  # fmt: skip
+                            args.events, 600, make_event, args.per_message).result()  # fmt: skip
+        cpu = {
+            "service": cpu_seconds(os.getpid()) - cpu["service"],
+            "PostgreSQL": postgres_cpu() - cpu["PostgreSQL"],
+            "reporters": got.cpu_seconds,
+        }
         sent = args.nodes * args.events
         stored, devices, changes = count("node_events"), count("node_devices"), count(
             "device_changelog")  # fmt: skip
         full = sum(1 for n in got.acked.values() if n == args.events)
-        print(f"{args.nodes} nodes x {GPUS} GPUs, {args.events} events each into "
+        print(f"{args.nodes} nodes x {GPUS} GPUs, {args.events} events each "
+              f"({args.per_message} per message) into "
               f"{'SQLite' if args.sqlite else 'PostgreSQL'}: {stored} of {sent} events stored "
               f"({full} of {args.nodes} streams acknowledged to their last), {devices} devices, "
-              f"{changes} changelog rows, in {got.seconds:.1f} s: "
+              f"{changes} changelog rows, {got.acks} acknowledgements, in {got.seconds:.1f} s "
+              f"(once the {args.nodes} streams were open, which took {got.connect_seconds:.1f} s): "
               f"{sent / got.seconds:.0f} events/s (goal >= 5000)")  # fmt: skip
+        print(
+            f"the database writer: {app.writer.write_buckets[-1] - writes[1]} commits taking "
+            f"{app.writer.write_sum - writes[0]:.1f} s"
+        )
+        print("CPU meanwhile (2 cores: %.1f s): " % (2 * got.seconds) +
+              ", ".join(f"{k} {v:.1f} s" for k, v in cpu.items()))  # fmt: skip
         base = f"http://127.0.0.1:{app.http.port}/v1"
         for label, path, goal in (
             ("clusters/overview", "/clusters/overview", 100),
