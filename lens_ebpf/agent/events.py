@@ -166,6 +166,7 @@ class DeviceChange(Event):
     retired_pages_pending: bool = False
     row_remap_pending: bool = False
     row_remap_failure: bool = False
+    recovery_action: str = ""  # NVIDIA: none, gpu_reset, node_reboot, ...; "": not reported
     fields: tuple[str, ...] = ()  # changed: which fields differ from the last record
     slot: str = ""  # where it sits: a GPU's BDF, an RDMA device/port
 

@@ -21,6 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from lens_ebpf.cluster import prom
 from lens_ebpf.cluster import schema as t
 from lens_ebpf.cluster.lifecycle import parse_time
+from lens_ebpf.cluster.node_events import DEVICE_COLUMNS
 from lens_ebpf.cluster.queries import aware
 from lens_ebpf.core.http import Response, json_response
 
@@ -85,17 +86,13 @@ def when(query: dict[str, str], name: str) -> datetime | None:
 
 
 def _device(row: Any) -> dict[str, Any]:
-    return {
-        "kind": row.kind, "slot": row.slot, "key": row.key, "index": row.idx,
-        "vendor": row.vendor, "model": row.model, "uuid": row.uuid, "serial": row.serial,
-        "bdf": row.bdf, "driver_version": row.driver_version,
-        "firmware_version": row.firmware_version, "vbios_version": row.vbios_version,
-        "port_state": row.port_state, "link_layer": row.link_layer, "rate": row.rate,
-        "retired_pages_pending": row.retired_pages_pending,
-        "row_remap_pending": row.row_remap_pending, "row_remap_failure": row.row_remap_failure,
-        "present": row.present, "first_seen": int(aware(row.first_seen).timestamp()),  # type: ignore[union-attr]
-        "last_seen": int(aware(row.last_seen).timestamp()),  # type: ignore[union-attr]
-    }  # fmt: skip
+    """A node_devices row as the device routes answer it: the agent's record under its
+    proto field names (kind for device_kind), where and when it was seen."""
+    rec = {("kind" if name == "device_kind" else name): getattr(row, col)
+           for name, col in DEVICE_COLUMNS.items()}  # fmt: skip
+    return {**rec, "present": row.present,
+            "first_seen": int(aware(row.first_seen).timestamp()),  # type: ignore[union-attr]
+            "last_seen": int(aware(row.last_seen).timestamp())}  # type: ignore[union-attr]  # fmt: skip
 
 
 def _change(row: Any) -> dict[str, Any]:

@@ -232,3 +232,33 @@ def test_one_batch_with_an_inventory_a_change_and_the_inventory_again(tmp_path: 
     with eng.begin() as conn:  # the last inventory once more: nothing new
         assert apply_devices(conn, [batch[2]]) == 0  # type: ignore[list-item]
     eng.dispose()
+
+
+def test_a_gpu_that_asks_for_a_reset_and_gets_one(api: FakeApiServer, recorder_app: Any,
+                                                  db_url: str) -> None:  # fmt: skip
+    """NVML's recovery action (an Xid asks for a reset, the reset done) is a field of the
+    record: one changelog row each way, and the device routes show it."""
+    from lens_ebpf.agent.devices.gpu.model import GpuReading
+
+    def h100(action: str) -> GpuReading:
+        return GpuReading(index=0, vendor="nvidia", name="NVIDIA H100 80GB HBM3",
+                          uuid="GPU-11111111-2222-3333-4444-555555555555",
+                          bdf="00000000:18:00.0", serial="1650923010481",
+                          recovery_action=action)  # fmt: skip
+
+    app = recorder_app(db_url)
+    with reporting(app) as (bus, reporter):
+        watch = DeviceWatch(bus.publish)
+        watch.expect("gpu")
+        for action in ("none", "gpu_reset", "none"):
+            watch.update("gpu", records.gpu_records([h100(action)], "gpu-1"))
+        eventually(lambda: reporter.acked == 3, timeout=15)
+        assert app.writer.flush(10)
+    assert changes(db_url) == [("gpu-1", "00000000:18:00.0", "present", "", "true"),
+                               ("gpu-1", "00000000:18:00.0", "recovery_action", "none",
+                                "gpu_reset"),
+                               ("gpu-1", "00000000:18:00.0", "recovery_action", "gpu_reset",
+                                "none")]  # fmt: skip
+    devs = get(app, "/v1/nodes/gpu-1/devices").json()["data"]["devices"]
+    assert [(d["uuid"], d["recovery_action"]) for d in devs] == [
+        ("GPU-11111111-2222-3333-4444-555555555555", "none")]  # fmt: skip

@@ -1,6 +1,7 @@
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -245,6 +246,8 @@ def test_nvml_through_real_pynvml_not_supported_is_absent(fake_nvml) -> None:
 
 def test_nvml_health_where_the_gpu_reports_it(fake_nvml) -> None:
     c = GpuCollector(5, "gpu-7", {"nvidia": [nvml_source(fake_nvml)]}, dev_root=FIX / "dev")
+    read: list[Any] = []
+    c.on_readings = read.extend
     c.run_once()
     assert c.success and c.errors == {}
     v = values(c)
@@ -260,6 +263,10 @@ def test_nvml_health_where_the_gpu_reports_it(fake_nvml) -> None:
     assert by("lens_gpu_remapped_rows", v, gpu_index="0", type="uncorrectable") == 1
     assert (by("lens_gpu_row_remap_pending", v, gpu_index="0"),
             by("lens_gpu_row_remap_failure", v, gpu_index="0")) == (1, 0)  # fmt: skip
+    # NVML's recovery action (field 230): GPU 0 asks for a reset, GPU 1 for nothing
+    assert (by("lens_gpu_reset_pending", v, gpu_index="0"),
+            by("lens_gpu_reset_pending", v, gpu_index="1")) == (1, 0)  # fmt: skip
+    assert [g.recovery_action for g in read] == ["gpu_reset", "none"]
     active = {dict(lbl)["reason"] for (name, lbl), val in v.items()
               if name == "lens_gpu_clock_event_active" and dict(lbl)["gpu_index"] == "0"
               and val}  # fmt: skip

@@ -26,6 +26,7 @@ def gpu_records(gpus: Iterable[GpuReading], node: str) -> dict[str, DeviceChange
             retired_pages_pending=bool(g.retired_pages_pending),
             row_remap_pending=bool(g.row_remap_pending),
             row_remap_failure=bool(g.row_remap_failure),
+            recovery_action=g.recovery_action or "",
         )
         for g in gpus
     }  # fmt: skip

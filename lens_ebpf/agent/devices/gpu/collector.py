@@ -397,6 +397,11 @@ def _health_metrics(add: Callable[..., None], lbl: dict[str, str], g: GpuReading
         _bool(g.row_remap_pending))  # fmt: skip
     add("lens_gpu_row_remap_failure", "1 when a row remapping has failed", lbl,
         _bool(g.row_remap_failure))  # fmt: skip
+    if g.recovery_action is not None:
+        add("lens_gpu_reset_pending", "1 while the driver asks for a GPU reset (or more: "
+            "a node reboot, a drain) before the GPU is usable again, as after an Xid 79 or "
+            "95; the action is in the device inventory", lbl,
+            float(g.recovery_action != "none"))  # fmt: skip
     for reason, active in sorted(g.clock_events.items()):
         add("lens_gpu_clock_event_active", "1 while this reason holds the clocks down "
             "(throttling)", {**lbl, "reason": reason}, float(active))  # fmt: skip

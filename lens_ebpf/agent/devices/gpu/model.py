@@ -39,6 +39,9 @@ class GpuReading:
     remapped_rows: dict[str, int] = field(default_factory=dict)  # correctable, uncorrectable
     row_remap_pending: bool | None = None
     row_remap_failure: bool | None = None
+    # NVIDIA (R570+): what the driver asks before the GPU is usable again, after an Xid:
+    # none, gpu_reset, node_reboot, drain_p2p, drain_and_reset, ...
+    recovery_action: str | None = None
     clock_events: dict[str, bool] = field(default_factory=dict)  # reason -> active
     clocks_mhz: dict[str, float] = field(default_factory=dict)  # sm, memory
     pcie_replays: int | None = None

@@ -56,6 +56,14 @@ def _answered(get: Callable[..., Any], fn: Any, h: Any, asks: dict[Any, tuple[An
     return {key: v for key, v in got.items() if v is not None}
 
 
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (R570+; the deprecated RESET_STATUS and
+# DRAIN_AND_RESET_STATUS fields before it) and its NVML_GPU_RECOVERY_ACTION_* values
+FI_GPU_RECOVERY_ACTION = 230
+RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p",
+                    4: "drain_and_reset", 5: "recover_imex_domain", 6: "bus_reset",
+                    7: "system_reboot"}  # fmt: skip
+
+
 def _nvml_health(nvml: Any, h: Any, r: GpuReading, get: Callable[..., Any]) -> None:
     """ECC, page retirement, row remapping, clock events and clocks, PCIe replays,
     energy: each only where this GPU and driver answer."""
@@ -81,6 +89,10 @@ def _nvml_health(nvml: Any, h: Any, r: GpuReading, get: Callable[..., Any]) -> N
         corr, unc, pend, fail = rows
         r.remapped_rows = {"correctable": int(corr), "uncorrectable": int(unc)}
         r.row_remap_pending, r.row_remap_failure = bool(pend), bool(fail)
+    values = get(nvml.nvmlDeviceGetFieldValues, h, [FI_GPU_RECOVERY_ACTION])
+    if values is not None and values[0].nvmlReturn == nvml.NVML_SUCCESS:
+        code = int(values[0].value.uiVal)
+        r.recovery_action = RECOVERY_ACTIONS.get(code, f"action_{code}")
     # the clock event reasons (R535+), formerly the throttle reasons
     reasons = None
     for fn_name in ("nvmlDeviceGetCurrentClocksEventReasons",
