@@ -4,6 +4,9 @@ Debian's package, started here)."""
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,22 @@ from tests import pglab
 from tests.k8slab import FakeApiServer, eventually
 
 _names = itertools.count()
+# API_EXAMPLES_OUT=FILE: the fullest 2000 answer of each cluster API route the tests get
+# is kept there (scripts/api_examples.py writes them into the README)
+EXAMPLES = os.environ.get("API_EXAMPLES_OUT", "")
+
+
+def example(path: str, body: Any) -> None:
+    """Keep body as the example answer of path's route, if its fullest yet."""
+    if not EXAMPLES or not isinstance(body, dict) or body.get("meta", {}).get("code") != 2000:
+        return
+    route = "/v1/" + re.sub(r"^/?(v1|api|lens/v1)/", "", path.split("?")[0]).lstrip("/")
+    file = Path(EXAMPLES)
+    got = json.loads(file.read_text()) if file.exists() else {}
+    if len(json.dumps(body)) > len(json.dumps(got.get(route, {}).get("body", {}))):
+        got[route] = {"request": "/v1/" + re.sub(r"^/?(v1|api|lens/v1)/", "", path),
+                      "body": body}  # fmt: skip
+        file.write_text(json.dumps(got, indent=1))
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import requests
 from lens_ebpf.cluster.queries import aware
 from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer, eventually, pod
-from tests.recorder.conftest import rows
+from tests.recorder.conftest import example, rows
 
 GO = "AMD-AGI/Primus-SaFE@c946dc3d Lens/modules"
 # route -> (where the response type is, its schema: a JSON type, or a list of one schema,
@@ -132,6 +132,7 @@ def two_gpu_nodes(api: FakeApiServer) -> None:
 def get(app: Any, path: str) -> Any:
     r = requests.get(f"http://127.0.0.1:{app.http.port}{path}", timeout=hang_guard(5))
     body = r.json()
+    example(path, body)
     assert r.status_code == 200 and body["meta"] == {"code": 2000, "message": "OK"}, body
     return body["data"]
 
@@ -579,6 +580,7 @@ def test_workload_routes_as_the_ui_asks_them(api: FakeApiServer, recorder_app: A
             r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/{path}{sep}cluster=local",
                              timeout=hang_guard(5))  # fmt: skip
             assert r.status_code == 200 and r.json()["meta"]["code"] == 2000, (path, r.text)
+            example(path, r.json())
         assert get(app, "/v1/nodes/gpu-1/workloadsHistory") == {"data": [], "total": 0}
         api.put("pods", state(made["trainer-5d9f-b"], "Succeeded", False))  # b is over
         eventually(lambda: sum(r["running"] for r in rows(url, "gpu_pods")) == 1, timeout=15)

@@ -19,7 +19,7 @@ from lens_ebpf.agent.inventory import DeviceWatch
 from tests import pglab
 from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer, eventually
-from tests.recorder.conftest import rows
+from tests.recorder.conftest import example, rows
 from tests.recorder.test_node_events import reporting
 
 FIX = Path(__file__).parent.parent / "fixtures"
@@ -33,7 +33,9 @@ def xid(code: str, pod: str) -> GpuFault:
 
 
 def get(app: Any, path: str) -> requests.Response:
-    return requests.get(f"http://127.0.0.1:{app.http.port}{path}", timeout=hang_guard(5))
+    r = requests.get(f"http://127.0.0.1:{app.http.port}{path}", timeout=hang_guard(5))
+    example(path, r.json())
+    return r
 
 
 def changes(url: str) -> list[tuple[str, str, str, str, str]]:
