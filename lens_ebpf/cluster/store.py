@@ -30,12 +30,12 @@ from sqlalchemy import (
     cast,
     column,
     create_engine,
-    event,  # fmt: skip
+    event,
     func,
     select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSON
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 
 from lens_ebpf.core.backoff import Backoff
@@ -114,7 +114,7 @@ def insert_rows(conn: Connection, table: Table, rows: list[dict[str, Any]],
     keys exist is skipped (update=False) or has its other columns updated. Returns the
     `returning` columns of the rows written.
 
-    On PostgreSQL the rows travel as one JSON parameter expanded by jsonb_to_recordset: one
+    On PostgreSQL the rows travel as one JSON parameter expanded by json_to_recordset: one
     cached statement with one bind, where a multi-row VALUES makes the driver parse and
     bind every value of every row (most of the ingest's time at 1,000 nodes). SQLite takes
     them as executemany."""
@@ -124,7 +124,7 @@ def insert_rows(conn: Connection, table: Table, rows: list[dict[str, Any]],
     ins = dialect_insert(conn, table)
     if conn.dialect.name == "postgresql":
         src = (
-            func.jsonb_to_recordset(cast(bindparam("rows", type_=Text), JSONB))
+            func.json_to_recordset(cast(bindparam("rows", type_=Text), JSON))
             .table_valued(*(column(c, table.c[c].type) for c in cols))
             .render_derived(with_types=True)
         )
