@@ -472,11 +472,18 @@ def node_workloads_history(conn: Connection, name: str, query: dict[str, str]
     return {"data": views, "total": total}
 
 
-def _allocation_percent(conn: Connection) -> float:
-    """The cluster's GPUs requested by running pods, percent of its GPU capacity."""
-    per_node = gpu_allocation(conn, "", {})
-    capacity = sum(a["capacity"] for a in per_node)
-    return 100 * sum(a["allocated"] for a in per_node) / capacity if capacity else 0.0
+def _allocation_percent(conn: Connection, per_node: list[dict[str, Any]] | None = None,
+                        ) -> float:  # fmt: skip
+    """The cluster's GPUs requested by running pods, percent of its GPU capacity, tainted
+    nodes left out as the original leaves them out (per_node: gpu_allocation's rows,
+    when the caller has them)."""
+    n = t.nodes
+    tainted = {r.name for r in conn.execute(select(n.c.name, n.c.taints).where(
+        n.c.deleted.is_(False))) if r.taints}  # fmt: skip
+    kept = [a for a in (gpu_allocation(conn, "", {}) if per_node is None else per_node)
+            if a["node"] not in tainted]  # fmt: skip
+    capacity = sum(a["capacity"] for a in kept)
+    return 100 * sum(a["allocated"] for a in kept) / capacity if capacity else 0.0
 
 
 def integer(query: dict[str, str], name: str, default: int | None = None) -> int:
@@ -586,15 +593,13 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
                 if sum(int(v) for v in (r.gpu_capacity or {}).values())]  # fmt: skip
         faulty = sum(1 for r in rows if r.status != "Ready" or r.taints)
         per_node: dict[str, list[int]] = {}
-        for a in gpu_allocation(conn, "", {}):
+        allocation = gpu_allocation(conn, "", {})
+        for a in allocation:
             pair = per_node.setdefault(a["node"], [0, 0])
             pair[0] += a["allocated"]
             pair[1] += a["capacity"]
         idle = sum(1 for a, c in per_node.values() if a == 0)
         busy = sum(1 for a, c in per_node.values() if a >= c)
-        untainted = {r.name for r in rows if not r.taints}
-        cap = sum(c for node, (_, c) in per_node.items() if node in untainted)
-        used = sum(a for node, (a, _) in per_node.items() if node in untainted)
         at = clock()
         return {
             "total_space": 0.0, "used_space": 0.0, "usage_percentage": 0.0,
@@ -604,7 +609,7 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
             "total_rx": metrics.scalar(prom.RDMA_RX, at),
             "totalNodes": len(rows), "healthyNodes": len(rows) - faulty, "faultyNodes": faulty,
             "fullyIdleNodes": idle, "partiallyIdleNodes": len(per_node) - idle - busy,
-            "busyNodes": busy, "allocationRate": 100 * used / cap if cap else 0.0,
+            "busyNodes": busy, "allocationRate": _allocation_percent(conn, allocation),
             "utilization": metrics.scalar(prom.UTILIZATION, at),
         }  # fmt: skip
 

@@ -356,6 +356,8 @@ def test_utilization_routes_from_a_real_prometheus(api: FakeApiServer, recorder_
             "write_bandwidth": 0.0, "total_tx": 100.0, "total_rx": 200.0, "totalNodes": 3,
             "healthyNodes": 2, "faultyNodes": 1, "fullyIdleNodes": 1, "partiallyIdleNodes": 2,
             "busyNodes": 0, "allocationRate": 25.0, "utilization": 50.0}  # fmt: skip
+        # the dashboard's figure leaves the tainted node out too: 3 of 12 GPUs, not of 14
+        assert get(app, "/v1/nodes/gpuUtilization")["allocationRate"] == 25.0
         for path, names in (("nodes?order_by=colour", "order_by"), ("nodes?desc=maybe", "desc"),
                             ("nodes/gpu-9", "gpu-9")):  # fmt: skip
             r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/{path}", timeout=hang_guard(5))
