@@ -31,7 +31,7 @@ from lens_ebpf.agent.config import Config
 from lens_ebpf.agent.devices import inventory
 from lens_ebpf.agent.devices.gpu import amd, compat_amd, compat_dcgm, faults, nvidia, rest
 from lens_ebpf.agent.devices.gpu.faults import Fault
-from lens_ebpf.agent.devices.gpu.model import GpuReading
+from lens_ebpf.agent.devices.gpu.model import GpuReading, flag
 from lens_ebpf.agent.events import GpuFault, owner_fields
 from lens_ebpf.agent.feature import CollectorFeature, Settings, register
 from lens_ebpf.core.collector import PeriodicCollector
@@ -375,10 +375,6 @@ def uncorrectable_counts(g: GpuReading) -> dict[tuple[str, str], tuple[int, str]
     return out
 
 
-def _bool(v: bool | None) -> float | None:
-    return None if v is None else float(v)
-
-
 def _health_metrics(add: Callable[..., None], lbl: dict[str, str], g: GpuReading) -> None:
     """The faults operators alert on, each only where the GPU reports it."""
     for (etype, counter), n in sorted(g.ecc_errors.items()):
@@ -389,14 +385,14 @@ def _health_metrics(add: Callable[..., None], lbl: dict[str, str], g: GpuReading
         add("lens_gpu_retired_pages", "Memory pages retired, by cause",
             {**lbl, "cause": cause}, n)  # fmt: skip
     add("lens_gpu_retired_pages_pending", "1 while a page retirement waits for a reset",
-        lbl, _bool(g.retired_pages_pending))  # fmt: skip
+        lbl, flag(g.retired_pages_pending))  # fmt: skip
     for kind, n in sorted(g.remapped_rows.items()):
         add("lens_gpu_remapped_rows", "Memory rows remapped, by the error that caused it",
             {**lbl, "type": kind}, n)  # fmt: skip
     add("lens_gpu_row_remap_pending", "1 while a row remapping waits for a reset", lbl,
-        _bool(g.row_remap_pending))  # fmt: skip
+        flag(g.row_remap_pending))  # fmt: skip
     add("lens_gpu_row_remap_failure", "1 when a row remapping has failed", lbl,
-        _bool(g.row_remap_failure))  # fmt: skip
+        flag(g.row_remap_failure))  # fmt: skip
     if g.recovery_action is not None:
         add("lens_gpu_reset_pending", "1 while the driver asks for a GPU reset (or more: "
             "a node reboot, a drain) before the GPU is usable again, as after an Xid 79 or "

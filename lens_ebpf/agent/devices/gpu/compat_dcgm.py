@@ -18,17 +18,13 @@ from collections.abc import Callable
 
 from prometheus_client.core import Metric
 
-from lens_ebpf.agent.devices.gpu.model import GpuReading
+from lens_ebpf.agent.devices.gpu.model import GpuReading, flag
 
 MIB = 1024 * 1024
 
 
 def _mib(n: int | None) -> float | None:
     return None if n is None else float(n // MIB)
-
-
-def _flag(v: bool | None) -> float | None:
-    return None if v is None else float(v)
 
 
 # name, type, help (the CSV's), value of one reading (None: absent)
@@ -60,7 +56,7 @@ FIELDS: list[tuple[str, str, str, Callable[[GpuReading], float | None]]] = [
      "Number of remapped rows for correctable errors",
      lambda g: g.remapped_rows.get("correctable")),
     ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
-     lambda g: _flag(g.row_remap_failure)),
+     lambda g: flag(g.row_remap_failure)),
     ("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "The rate of data transmitted over the PCIe bus "
      "- including both protocol headers and data payloads - in bytes per second.",
      lambda g: g.pcie_bytes_per_second.get("tx")),

@@ -98,3 +98,8 @@ def norm_bdf(bdf: str) -> str:
     if not dom_part:
         return f"0000:{bdf}" if bdf.count(":") == 1 else bdf
     return f"{int(dom_part, 16):04x}:{bus}:{rest}"
+
+
+def flag(v: bool | None) -> float | None:
+    """A health flag as a sample: 1.0, 0.0, or None where the GPU does not report it."""
+    return None if v is None else float(v)
