@@ -167,6 +167,7 @@ class DeviceChange(Event):
     row_remap_pending: bool = False
     row_remap_failure: bool = False
     recovery_action: str = ""  # NVIDIA: none, gpu_reset, node_reboot, ...; "": not reported
+    holder: str = ""  # a GPU: namespace/pod of the pod the kubelet gave it; "": none
     fields: tuple[str, ...] = ()  # changed: which fields differ from the last record
     slot: str = ""  # where it sits: a GPU's BDF, an RDMA device/port
 

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, func, or_, select
+from sqlalchemy import ColumnElement, Connection, func, or_, select, tuple_
 from sqlalchemy.exc import SQLAlchemyError
 
 from lens_ebpf.cluster import prom
@@ -132,15 +132,63 @@ def changelog(conn: Connection, name: str, query: dict[str, str]) -> dict[str, A
 FAULTS_MAX = 1000  # the newest faults a history lists, per place the device sat
 
 
-def _faults(conn: Connection, place: Any, serial: str) -> list[dict[str, Any]]:
-    """The GPU faults its agent reported for this node and slot since this device sat
-    there (since its serial arrived in the slot), each with the pod that held the GPU
-    then (the newest FAULTS_MAX, oldest first)."""
+def _arrived(conn: Connection, place: Any, serial: str) -> datetime:
+    """Since when this device sits in this place: its serial's arrival in the slot, or
+    the slot's first report."""
     cl = t.device_changelog
     arrived = conn.execute(select(func.max(cl.c.at)).where(
         cl.c.node == place.node, cl.c.slot == place.slot, cl.c.field == "serial",
         cl.c.new_value == serial)).scalar_one_or_none()  # fmt: skip
-    since = max(aware(place.first_seen), aware(arrived)) if arrived else place.first_seen  # type: ignore[type-var]
+    first = aware(place.first_seen)
+    return max(first, aware(arrived)) if arrived else first  # type: ignore[type-var,return-value]
+
+
+def _holders(conn: Connection, place: Any, serial: str) -> list[dict[str, Any]]:
+    """The pods the kubelet gave this GPU while it sat in this place, oldest first, each
+    {"namespace", "pod", "workload" (its top owner, kind/name, where the service knows
+    the pod), "from", "to" (unix seconds; to null while it holds the GPU)}: from the
+    holder changes its agent reported in the slot, and the holder now."""
+    cl = t.device_changelog
+    since = _arrived(conn, place, serial)
+    changes = list(conn.execute(select(cl.c.at, cl.c.old_value, cl.c.new_value).where(
+        cl.c.node == place.node, cl.c.slot == place.slot, cl.c.field == "holder",
+        cl.c.at >= since).order_by(cl.c.at, cl.c.id)))  # fmt: skip
+    spans: list[tuple[str, datetime, datetime | None]] = []
+    holder, start = (changes[0].old_value if changes else place.holder), since
+    for c in changes:
+        at = aware(c.at) or since  # never None: a changelog time is required
+        if holder:
+            spans.append((holder, start, at))
+        holder, start = c.new_value, at
+    if holder:
+        spans.append((holder, start, None if place.present else aware(place.last_seen)))
+    p, w = t.gpu_pods, t.gpu_workloads
+    names = {tuple(h.split("/", 1)) for h, _, _ in spans}
+    owners: dict[tuple[str, str], list[tuple[datetime, str]]] = {}
+    if names:
+        held = tuple_(p.c.namespace, p.c.name).in_(sorted(names))
+        for r in conn.execute(select(p.c.namespace, p.c.name, p.c.created_at, w.c.kind,
+                                     w.c.name.label("workload"))
+                              .join(w, w.c.uid == p.c.workload_uid).where(held)):  # fmt: skip
+            owners.setdefault((r.namespace, r.name), []).append(
+                (aware(r.created_at) or since, f"{r.kind}/{r.workload}"))  # fmt: skip
+    out = []
+    for h, begin, end in spans:
+        ns, _, pod = h.partition("/")
+        # a name used again (a StatefulSet's pod): the pod made before this span began
+        made = sorted(o for o in owners.get((ns, pod), []) if o[0] <= begin) or \
+            sorted(owners.get((ns, pod), []))  # fmt: skip
+        out.append({"namespace": ns, "pod": pod, "workload": made[-1][1] if made else "",
+                    "from": int(begin.timestamp()),
+                    "to": int(end.timestamp()) if end else None})  # fmt: skip
+    return out
+
+
+def _faults(conn: Connection, place: Any, serial: str) -> list[dict[str, Any]]:
+    """The GPU faults its agent reported for this node and slot since this device sat
+    there (since its serial arrived in the slot), each with the pod that held the GPU
+    then (the newest FAULTS_MAX, oldest first)."""
+    since = _arrived(conn, place, serial)
     ne = t.node_events
     rows = conn.execute(select(ne).where(ne.c.node == place.node, ne.c.kind == "gpu_fault",
                                          ne.c.at >= since)
@@ -161,8 +209,8 @@ def _faults(conn: Connection, place: Any, serial: str) -> list[dict[str, Any]]:
 
 def device_history(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
     """devices/{serial}/history: where the device sat (every node and slot), every
-    change it had, and every fault its agent reported there with the pod that held it;
-    looked up by serial, UUID or key."""
+    change it had, every pod the kubelet gave it and when, and every fault its agent
+    reported there with the pod that held it; looked up by serial, UUID or key."""
     nd, cl = t.node_devices, t.device_changelog
     match = or_(nd.c.serial == name, nd.c.uuid == name, nd.c.key == name)
     places = list(conn.execute(select(nd).where(match).order_by(nd.c.first_seen)))
@@ -175,8 +223,11 @@ def device_history(conn: Connection, name: str, query: dict[str, str]) -> dict[s
                         .order_by(cl.c.at, cl.c.id))  # fmt: skip
     faults = sorted((f for p in places for f in _faults(conn, p, p.serial)),
                     key=lambda f: f["time"])  # fmt: skip
+    holders = sorted((h for p in places for h in _holders(conn, p, p.serial)),
+                     key=lambda h: h["from"])  # fmt: skip
     return {"serial": name, "places": [_device(p) for p in places],
-            "changes": [_change(r) for r in rows], "faults": faults}  # fmt: skip
+            "changes": [_change(r) for r in rows], "holders": holders,
+            "faults": faults}  # fmt: skip
 
 
 # a GPU resource -> the vendor the Primus-Lens API names it by (its GpuVendor values)

@@ -70,7 +70,7 @@ DEVICE_COLUMNS = {"device_kind": "kind", "slot": "slot", "key": "key", "index": 
                   "retired_pages_pending": "retired_pages_pending",
                   "row_remap_pending": "row_remap_pending",
                   "row_remap_failure": "row_remap_failure",
-                  "recovery_action": "recovery_action"}  # fmt: skip
+                  "recovery_action": "recovery_action", "holder": "holder"}  # fmt: skip
 # what a change of identity or state is (not the index the agent numbers GPUs by)
 TRACKED = [c for c in DEVICE_COLUMNS.values() if c not in ("kind", "slot", "idx")]
 

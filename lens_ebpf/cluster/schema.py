@@ -164,6 +164,7 @@ node_devices = Table(
     Column("row_remap_pending", Boolean, nullable=False, default=False),
     Column("row_remap_failure", Boolean, nullable=False, default=False),
     Column("recovery_action", String(32), nullable=False, default=""),
+    Column("holder", String(NAME), nullable=False, default=""),  # namespace/pod
     Column("present", Boolean, nullable=False, default=True),
     Column("first_seen", DateTime(timezone=True), nullable=False),
     Column("last_seen", DateTime(timezone=True), nullable=False),

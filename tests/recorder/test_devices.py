@@ -264,3 +264,54 @@ def test_a_gpu_that_asks_for_a_reset_and_gets_one(api: FakeApiServer, recorder_a
     devs = get(app, "/v1/nodes/gpu-1/devices").json()["data"]["devices"]
     assert [(d["uuid"], d["recovery_action"]) for d in devs] == [
         ("GPU-11111111-2222-3333-4444-555555555555", "none")]  # fmt: skip
+
+
+def test_a_gpus_history_names_every_pod_that_held_it(api: FakeApiServer, recorder_app: Any,
+                                                     db_url: str) -> None:  # fmt: skip
+    """The kubelet gives the GPU in slot c1 to a Deployment's pod, then to a pod the
+    service does not track, then to no one: devices/{serial}/history lists both holders
+    with their spans (the Deployment named), next to the Xid the first one saw."""
+    from lens_ebpf.agent.devices.gpu.model import GpuReading
+    from tests.recorder.objects import gpu_pod, state, template, workload
+
+    spec = {"replicas": 1, "template": template("amd.com/gpu", 1)}
+    api.put("deployments", workload("trainer", spec, {"replicas": 1}))
+    api.put("replicasets", workload("trainer-5d9f", spec, {"replicas": 1}, "trainer"))
+    p = gpu_pod("trainer-5d9f-a", "trainer-5d9f", "amd.com/gpu", 1, "gpu-1")
+    api.put("pods", p)
+    api.put("pods", state(p, "Running", True))
+    app = recorder_app(db_url)
+    eventually(lambda: len(rows(db_url, "gpu_pods")) == 1
+               and len(rows(db_url, "gpu_workloads")) == 2, timeout=15)  # fmt: skip
+
+    def mi300(holder: str) -> dict[str, Any]:
+        gpu = GpuReading(vendor="amd", bdf="0000:c1:00.0", name="AMD Instinct MI300X",
+                         serial="692251001234", unique_id="0x18a96c02d4e1c0a3")  # fmt: skip
+        ns, _, pod = holder.partition("/")
+        return records.gpu_records([gpu], "gpu-1", {gpu.bdf: {"namespace": ns, "pod": pod}}
+                                   if holder else {})  # fmt: skip
+
+    with reporting(app) as (bus, reporter):  # node gpu-1
+        watch = DeviceWatch(bus.publish)
+        watch.expect("gpu")
+        watch.update("gpu", mi300(""))
+        watch.update("gpu", mi300("ml/trainer-5d9f-a"))
+        bus.publish(xid("79", "trainer-5d9f-a"))
+        watch.update("gpu", mi300("batch/eval-0"))
+        watch.update("gpu", mi300(""))
+        eventually(lambda: reporter.acked == 5, timeout=15)
+        assert app.writer.flush(10)
+    held = [(c[2], c[3], c[4]) for c in changes(db_url) if c[2] == "holder"]
+    assert held == [("holder", "", "ml/trainer-5d9f-a"),
+                    ("holder", "ml/trainer-5d9f-a", "batch/eval-0"),
+                    ("holder", "batch/eval-0", "")]  # fmt: skip
+    hist = get(app, "/v1/devices/692251001234/history").json()["data"]
+    holders = hist["holders"]
+    assert [(h["namespace"], h["pod"], h["workload"]) for h in holders] == [
+        ("ml", "trainer-5d9f-a", "Deployment/trainer"), ("batch", "eval-0", "")]  # fmt: skip
+    at = {(c["field"], c["new"]): c["time"] for c in hist["changes"]}
+    assert (holders[0]["from"], holders[0]["to"]) == (
+        at[("holder", "ml/trainer-5d9f-a")], at[("holder", "batch/eval-0")])  # fmt: skip
+    assert (holders[1]["from"], holders[1]["to"]) == (
+        at[("holder", "batch/eval-0")], at[("holder", "")])  # fmt: skip
+    assert [(f["code"], f["pod"]) for f in hist["faults"]] == [("79", "trainer-5d9f-a")]

@@ -247,7 +247,7 @@ def test_nvml_through_real_pynvml_not_supported_is_absent(fake_nvml) -> None:
 def test_nvml_health_where_the_gpu_reports_it(fake_nvml) -> None:
     c = GpuCollector(5, "gpu-7", {"nvidia": [nvml_source(fake_nvml)]}, dev_root=FIX / "dev")
     read: list[Any] = []
-    c.on_readings = read.extend
+    c.on_readings = lambda gpus, _holders: read.extend(gpus)
     c.run_once()
     assert c.success and c.errors == {}
     v = values(c)

@@ -17,15 +17,17 @@ FIX = Path(__file__).parent.parent / "fixtures"
 CARD1 = "devices/pci0000:c0/0000:c0:01.1/0000:c1:00.0"
 
 
-def gpu_node(tmp_path: Path) -> tuple[GpuCollector, DeviceWatch, list]:
+def gpu_node(tmp_path: Path, allocated: dict | None = None,
+             ) -> tuple[GpuCollector, DeviceWatch, list]:  # fmt: skip
     sys = tmp_path / "sys"
     shutil.copytree(FIX / "gpu" / "sys", sys, symlinks=True)
     got: list = []
     watch = DeviceWatch(got.append)
     watch.expect("gpu")
     c = GpuCollector(5, "gpu-7", {"amd": [("sysfs", lambda: amd.read_sysfs(sys))]},
-                     sysfs=sys)  # fmt: skip
-    c.on_readings = lambda gpus: watch.update("gpu", records.gpu_records(gpus, "gpu-7"))
+                     sysfs=sys, allocated=lambda: allocated or {})  # fmt: skip
+    c.on_readings = lambda gpus, holders: watch.update(
+        "gpu", records.gpu_records(gpus, "gpu-7", holders))  # fmt: skip
     return c, watch, got
 
 
@@ -52,6 +54,24 @@ def test_inventory_at_start_then_only_changes(tmp_path: Path) -> None:
     assert (change.bdf, change.serial, change.vbios_version) == (
         "0000:c1:00.0", "692251001234", "113-M3000100-103")  # fmt: skip
     assert watch.changes == 1
+
+
+def test_the_pod_the_kubelet_gave_a_gpu_is_its_holder(tmp_path: Path) -> None:
+    """The kubelet's allocation (PodResources, keyed by the device plugin's ID: a BDF for
+    AMD) names the holder; a new holder is a change of that field, each way."""
+    from lens_ebpf.agent.k8s.podresources import DeviceOwner
+
+    allocated: dict = {}
+    c, _, got = gpu_node(tmp_path, allocated)
+    c.run_once()
+    assert [d.holder for d in got[0].devices] == ["", ""]
+    allocated["0000:c1:00.0"] = DeviceOwner("amd.com/gpu", "ml", "llm-0", "main")
+    c.run_once()
+    c.run_once()
+    allocated.clear()
+    c.run_once()
+    assert [(e.bdf, e.fields, e.holder) for e in got[1:]] == [
+        ("0000:c1:00.0", ("holder",), "ml/llm-0"), ("0000:c1:00.0", ("holder",), "")]  # fmt: skip
 
 
 def test_appeared_and_disappeared_with_the_full_record(tmp_path: Path) -> None:

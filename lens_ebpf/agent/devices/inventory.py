@@ -16,8 +16,12 @@ from lens_ebpf.agent.devices.rdma.sysfs import RdmaDevice
 from lens_ebpf.agent.events import DeviceChange
 
 
-def gpu_records(gpus: Iterable[GpuReading], node: str) -> dict[str, DeviceChange]:
-    """slot (BDF) -> the GPU's record."""
+def gpu_records(gpus: Iterable[GpuReading], node: str,
+                holders: dict[str, dict[str, str]] | None = None,
+                ) -> dict[str, DeviceChange]:  # fmt: skip
+    """slot (BDF) -> the GPU's record; holders: BDF -> the labels (namespace, pod) of the
+    pod the kubelet gave the GPU, which the record names as namespace/pod."""
+    holders = holders or {}
     return {
         g.bdf: DeviceChange(
             change="", device_kind="gpu", vendor=g.vendor, bdf=g.bdf, slot=g.bdf, index=g.index,
@@ -27,9 +31,14 @@ def gpu_records(gpus: Iterable[GpuReading], node: str) -> dict[str, DeviceChange
             row_remap_pending=bool(g.row_remap_pending),
             row_remap_failure=bool(g.row_remap_failure),
             recovery_action=g.recovery_action or "",
+            holder=_holder(holders.get(g.bdf, {})),
         )
         for g in gpus
     }  # fmt: skip
+
+
+def _holder(labels: dict[str, str]) -> str:
+    return f"{labels['namespace']}/{labels['pod']}" if labels.get("pod") else ""
 
 
 def rdma_records(devices: Iterable[RdmaDevice], node: str) -> dict[str, DeviceChange]:

@@ -126,7 +126,7 @@ class ContainerChange(_message.Message):
     def __init__(self, identity: _Optional[_Union[Identity, _Mapping]] = ..., devices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DeviceChange(_message.Message):
-    __slots__ = ("vendor", "bdf", "change", "device_kind", "key", "index", "model", "uuid", "serial", "driver_version", "firmware_version", "vbios_version", "port_state", "link_layer", "rate", "retired_pages_pending", "row_remap_pending", "row_remap_failure", "fields", "slot", "recovery_action")
+    __slots__ = ("vendor", "bdf", "change", "device_kind", "key", "index", "model", "uuid", "serial", "driver_version", "firmware_version", "vbios_version", "port_state", "link_layer", "rate", "retired_pages_pending", "row_remap_pending", "row_remap_failure", "fields", "slot", "recovery_action", "holder")
     VENDOR_FIELD_NUMBER: _ClassVar[int]
     BDF_FIELD_NUMBER: _ClassVar[int]
     CHANGE_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +148,7 @@ class DeviceChange(_message.Message):
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     SLOT_FIELD_NUMBER: _ClassVar[int]
     RECOVERY_ACTION_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
     vendor: str
     bdf: str
     change: str
@@ -169,7 +170,8 @@ class DeviceChange(_message.Message):
     fields: _containers.RepeatedScalarFieldContainer[str]
     slot: str
     recovery_action: str
-    def __init__(self, vendor: _Optional[str] = ..., bdf: _Optional[str] = ..., change: _Optional[str] = ..., device_kind: _Optional[str] = ..., key: _Optional[str] = ..., index: _Optional[int] = ..., model: _Optional[str] = ..., uuid: _Optional[str] = ..., serial: _Optional[str] = ..., driver_version: _Optional[str] = ..., firmware_version: _Optional[str] = ..., vbios_version: _Optional[str] = ..., port_state: _Optional[str] = ..., link_layer: _Optional[str] = ..., rate: _Optional[str] = ..., retired_pages_pending: _Optional[bool] = ..., row_remap_pending: _Optional[bool] = ..., row_remap_failure: _Optional[bool] = ..., fields: _Optional[_Iterable[str]] = ..., slot: _Optional[str] = ..., recovery_action: _Optional[str] = ...) -> None: ...
+    holder: str
+    def __init__(self, vendor: _Optional[str] = ..., bdf: _Optional[str] = ..., change: _Optional[str] = ..., device_kind: _Optional[str] = ..., key: _Optional[str] = ..., index: _Optional[int] = ..., model: _Optional[str] = ..., uuid: _Optional[str] = ..., serial: _Optional[str] = ..., driver_version: _Optional[str] = ..., firmware_version: _Optional[str] = ..., vbios_version: _Optional[str] = ..., port_state: _Optional[str] = ..., link_layer: _Optional[str] = ..., rate: _Optional[str] = ..., retired_pages_pending: _Optional[bool] = ..., row_remap_pending: _Optional[bool] = ..., row_remap_failure: _Optional[bool] = ..., fields: _Optional[_Iterable[str]] = ..., slot: _Optional[str] = ..., recovery_action: _Optional[str] = ..., holder: _Optional[str] = ...) -> None: ...
 
 class DeviceInventory(_message.Message):
     __slots__ = ("devices",)

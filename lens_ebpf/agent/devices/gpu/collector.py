@@ -111,7 +111,9 @@ class GpuCollector(PeriodicCollector):
         self.tables_skipped: dict[str, int] = {}  # AMD gpu_metrics revisions not understood
         self.publish: Callable[[GpuFault], object] = lambda _ev: None
         self.last_xid: dict[str, int] = {}  # BDF -> the last Xid seen (dcgm's XID_ERRORS)
-        self.on_readings: Callable[[list[GpuReading]], object] = lambda _gpus: None
+        # each read: the GPUs, and the labels of the pod the kubelet gave each (by BDF)
+        self.on_readings: Callable[[list[GpuReading], dict[str, dict[str, str]]], object] = \
+            lambda _gpus, _holders: None  # fmt: skip
 
     def _read_vendor(self, vendor: str) -> None:
         for name, read in self.sources.get(vendor, []):
@@ -238,10 +240,10 @@ class GpuCollector(PeriodicCollector):
         for vendor in ("amd", "nvidia"):
             self._read_vendor(vendor)
         gpus = self.readings()
-        self.on_readings(gpus)
-        dri = dri_mapping(self.dev_root)
         allocated = self.allocated()
         owners = {id(g): self.owner_labels(g, allocated) for g in gpus}
+        self.on_readings(gpus, {g.bdf: owners[id(g)] for g in gpus})
+        dri = dri_mapping(self.dev_root)
         self.views["gpus"] = [rest.gpu_entry(g, dri.get(g.bdf, {}), owners[id(g)]) for g in gpus]
         self.views["driver"] = rest.driver_version(gpus)
         self.views["cards"] = [rest.card_entry(g, self.stale.get(g.vendor, False)) for g in gpus]
@@ -525,7 +527,8 @@ class GpuFeature(CollectorFeature):
         gpu.publish = self.ctx.bus.publish
         watch, node = self.ctx.watch, self.ctx.cfg.node_name
         watch.expect("gpu")
-        gpu.on_readings = lambda gpus: watch.update("gpu", inventory.gpu_records(gpus, node))
+        gpu.on_readings = lambda gpus, holders: watch.update(
+            "gpu", inventory.gpu_records(gpus, node, holders))  # fmt: skip
         kmsg, xids = fault_watchers(g, gpu)
         if kmsg is not None:
             self.ctx.spawn("gpu-faults", lambda: kmsg.run(self.ctx.stop))

@@ -1,4 +1,5 @@
-"""node_devices.recovery_action: what an NVIDIA driver asks before a GPU is usable again.
+"""node_devices.recovery_action (what an NVIDIA driver asks before a GPU is usable again)
+and node_devices.holder (the pod the kubelet gave a GPU).
 
 Revision ID: 0005
 Revises: 0004
@@ -19,8 +20,10 @@ def upgrade() -> None:
     with op.batch_alter_table("node_devices") as batch:
         batch.add_column(sa.Column("recovery_action", sa.String(32), nullable=False,
                                    server_default=""))  # fmt: skip
+        batch.add_column(sa.Column("holder", sa.String(253), nullable=False, server_default=""))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("node_devices") as batch:
+        batch.drop_column("holder")
         batch.drop_column("recovery_action")
