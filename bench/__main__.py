@@ -135,9 +135,18 @@ def agent_under_load(
     name: str,
     env: dict[str, str] | None = None,
     subscribe: bool = False,
+    report: bool = False,
 ) -> dict[str, Any]:
     """conngen to addr with an agent running (and, with subscribe, one Subscribe client for
-    closed flows): its rate, the agent's CPU and completeness, and each probe's cost."""
+    closed flows; with report, its reporter pushing every event to `lens-ebpf collect`):
+    its rate, the agent's CPU and completeness, and each probe's cost."""
+    collector, out = None, tmp / f"collected-{name}.jsonl"
+    if report:
+        cport = free_port()
+        collector = subprocess.Popen(["taskset", "-c", "0", LENS, "collect", "--listen",
+                                      f"127.0.0.1:{cport}", "--out", str(out)],
+                                     stderr=subprocess.DEVNULL)  # fmt: skip
+        env = {**(env or {}), "LENS_REPORTER__TARGET": f"127.0.0.1:{cport}"}
     agent = Agent(env or {}, tmp / f"agent-{name}.log")
     res: dict[str, Any] = {"startup_seconds": round(agent.ready_s, 2)}
     sub = None
@@ -169,12 +178,20 @@ def agent_under_load(
         )
         if sub is not None:
             sub.terminate()
-            out = sub.communicate(timeout=30)[0]
-            res["subscriber_flows"] = parse_kv(out).get("flows", 0.0)
+            got = sub.communicate(timeout=30)[0]
+            res["subscriber_flows"] = parse_kv(got).get("flows", 0.0)
+        if collector is not None:
+            res.update(reporter_drained_seconds=drain_reporter(agent),
+                       reporter_flows=collected_flows(out, addr),
+                       reporter_lost=agent.sample("lens_agent_reporter_lost_total"),
+                       reporter_sent=agent.sample("lens_agent_reporter_sent_total"))  # fmt: skip
     finally:
         if sub is not None and sub.poll() is None:
             sub.kill()
         agent.stop()
+        if collector is not None:
+            collector.terminate()
+            collector.wait(30)
     res.update(
         rate=run["rate"],
         connections=run["connections"],
@@ -186,6 +203,30 @@ def agent_under_load(
                 if n},
     )  # fmt: skip
     return res
+
+
+def drain_reporter(agent: Agent, limit: float = 120) -> float:
+    """Seconds until the reporter's acknowledged seq settles (moves less than 20 in a
+    second: this bench's own scrapes are flows too), at most limit."""
+    start = time.monotonic()
+    acked = agent.sample("lens_agent_reporter_acked_seq")
+    while time.monotonic() - start < limit:
+        time.sleep(1)
+        now = agent.sample("lens_agent_reporter_acked_seq")
+        if now - acked < 20:
+            break
+        acked = now
+    return round(time.monotonic() - start, 1)
+
+
+def collected_flows(out: Path, raddr: str) -> int:
+    """flow_closed records to raddr that `lens-ebpf collect` wrote."""
+    n = 0
+    with open(out) as f:
+        for line in f:
+            if '"flow_closed"' in line and json.loads(line)["flow_closed"].get("raddr") == raddr:
+                n += 1
+    return n
 
 
 def bench_connections(tools: dict[str, str], seconds: float, tmp: Path) -> dict[str, Any]:
@@ -200,6 +241,10 @@ def bench_connections(tools: dict[str, str], seconds: float, tmp: Path) -> dict[
     sub = agent_under_load(tools, "127.0.0.104", seconds, tmp, "conn-sub", subscribe=True)
     res["subscribed"] = sub
     res["subscribed_rate_ratio"] = round(sub["rate"] / base["rate"], 3)
+    # the reporter pushing every event to a collector (what feeds the cluster service)
+    rep = agent_under_load(tools, "127.0.0.109", seconds, tmp, "conn-report", report=True)
+    res["reported"] = rep
+    res["reported_rate_ratio"] = round(rep["rate"] / base["rate"], 3)
     # the kernel's run-time statistics on: what each probe costs (they cost too)
     stats = agent_under_load(tools, "127.0.0.105", seconds, tmp, "conn-stats",
                              env={"LENS_BPF__RUN_STATS": "true"})  # fmt: skip
@@ -497,6 +542,15 @@ def table(r: dict[str, Any]) -> str:
          f"{c['subscribed']['cpu_pct_at_rate']}% of a core (target <= 0.15); it got "
          f"{c['subscribed'].get('subscriber_flows', 0):.0f} of "
          f"{2 * c['subscribed']['connections']:.0f} closed flows"),
+        ("connections/s, + reporter", f"{c['reported']['rate']:.0f}",
+         f"{c['reported_rate_ratio']:.1%}, the reporter pushing every event to lens-ebpf "
+         "collect"),
+        ("  with the reporter", f"{c['reported']['cpu_s_per_10k']}",
+         f"{c['reported']['cpu_pct_at_rate']}% of a core; the collector got "
+         f"{c['reported'].get('reporter_flows', 0):.0f} of {2 * c['reported']['connections']:.0f}"
+         f" closed flows ({c['reported'].get('reporter_sent', 0):.0f} events sent, "
+         f"{c['reported'].get('reporter_lost', 0):.0f} lost, drained "
+         f"{c['reported'].get('reporter_drained_seconds')} s after the load)"),
         ("tcplife CPU s / 10k conns", f"{c.get('tcplife_cpu_s_per_10k')}", ""),
         ("lens-ebpf completeness", f"{c['agent']['completeness']:.4%}",
          f"lost {c['subscribed']['lost']:.0f}, bytes error {c['agent']['bytes_error']}"),
@@ -560,7 +614,7 @@ def main() -> int:
     ap.add_argument("--soak", type=float, default=600, help="soak seconds (0: skip)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
     ap.add_argument("--only", choices=("connections", "persistent", "execs", "scrape", "storm",
-                                       "hung"),
+                                       "hung", "reporter"),
                     help="run one phase, print its figures as JSON, write nothing")  # fmt: skip
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -575,7 +629,9 @@ def main() -> int:
                  "execs": bench_execs,
                  "scrape": lambda _t, _s, tmp: bench_scrape(tmp),
                  "storm": lambda _t, _s, tmp: bench_storm(tmp),
-                 "hung": lambda _t, _s, tmp: bench_hung_collector(tmp)}[args.only]  # fmt: skip
+                 "hung": lambda _t, _s, tmp: bench_hung_collector(tmp),
+                 "reporter": lambda tools, s, tmp: agent_under_load(
+                     tools, "127.0.0.109", s, tmp, "report", report=True)}[args.only]  # fmt: skip
         print(json.dumps(phase(tools, args.seconds, tmp), indent=1))
         return 0
     results["connections"] = bench_connections(tools, args.seconds, tmp)

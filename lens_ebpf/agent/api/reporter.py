@@ -41,7 +41,9 @@ class Reporter:
         self.node = node
         self.credentials = credentials
         self.backoff_max = backoff_max
-        self.pending: collections.deque[Event] = collections.deque()
+        self.pending: collections.deque[Event] = collections.deque()  # not acknowledged
+        # of those, not sent on this stream yet (rebuilt from pending on each connect)
+        self.unsent: collections.deque[Event] = collections.deque()
         self.buffer = buffer
         self.acked = 0
         self.lost = 0
@@ -87,8 +89,12 @@ class Reporter:
                 if ev is None:
                     continue
                 self.pending.append(ev)
+                self.unsent.append(ev)
                 while len(self.pending) > self.buffer:
-                    self.last_lost_seq = max(self.last_lost_seq, self.pending.popleft().seq)
+                    dropped = self.pending.popleft()
+                    if self.unsent and self.unsent[0] is dropped:
+                        self.unsent.popleft()
+                    self.last_lost_seq = max(self.last_lost_seq, dropped.seq)
                     self.lost += 1
                     self.unreported_lost += 1
                 self._cond.notify_all()
@@ -101,7 +107,8 @@ class Reporter:
         while not ready.wait(timeout=0.2):  # the collector's first Ack: where to resume
             if done.is_set() or self._stop.is_set() or time.monotonic() > deadline:
                 return
-        cursor = self.acked
+        with self._cond:  # after what the collector holds: each pending event once
+            self.unsent = collections.deque(e for e in self.pending if e.seq > self.acked)
         while not self._stop.is_set() and not done.is_set():
             with self._cond:
                 if self.unreported_lost:
@@ -111,16 +118,14 @@ class Reporter:
                     )
                     self.unreported_lost = 0
                     batch: list[Event] = [gap]
+                elif self.unsent:
+                    batch, self.unsent = list(self.unsent), collections.deque()
                 else:
-                    batch = [e for e in self.pending if e.seq > cursor]
-                    if not batch:
-                        self._cond.wait(timeout=0.5)
-                        continue
+                    self._cond.wait(timeout=0.5)
+                    continue
             chunk: list[pb.Event] = []
             size = 0
             for ev in batch:
-                if ev.kind != "gap":
-                    cursor = ev.seq
                 msg = convert.to_pb(ev, *self.node)
                 chunk.append(msg)
                 size += msg.ByteSize()
