@@ -144,15 +144,12 @@ def insert_rows(conn: Connection, table: Table, rows: list[dict[str, Any]],
 
 def upsert(conn: Connection, table: Table, row: dict[str, Any], keys: list[str]) -> None:
     """Insert row, or update every other column of the row that has its keys."""
-    stmt = dialect_insert(conn, table).values(**row)
-    rest = {c: stmt.excluded[c] for c in row if c not in keys}
-    conn.execute(stmt.on_conflict_do_update(index_elements=keys, set_=rest))
+    insert_rows(conn, table, [row], keys=keys, update=True)
 
 
 def insert_new(conn: Connection, table: Table, row: dict[str, Any], keys: list[str]) -> bool:
     """Insert row unless one with the same keys exists; True when it was inserted."""
-    stmt = dialect_insert(conn, table).values(**row).on_conflict_do_nothing(index_elements=keys)
-    return bool(conn.execute(stmt).rowcount)
+    return bool(insert_rows(conn, table, [row], keys=keys, returning=(keys[0],)))
 
 
 Write = Callable[[Connection], None]
