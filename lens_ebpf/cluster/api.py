@@ -163,7 +163,7 @@ def _holders(conn: Connection, place: Any, serial: str) -> list[dict[str, Any]]:
     if holder:
         spans.append((holder, start, None if place.present else aware(place.last_seen)))
     p, w = t.gpu_pods, t.gpu_workloads
-    names = {tuple(h.split("/", 1)) for h, _, _ in spans}
+    names = {tuple(h.split("/", 1)) for h, _, _ in spans if "/" in h}  # namespace/pod
     owners: dict[tuple[str, str], list[tuple[datetime, str]]] = {}
     if names:
         held = tuple_(p.c.namespace, p.c.name).in_(sorted(names))
