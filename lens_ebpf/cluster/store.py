@@ -10,6 +10,7 @@ finalizer of a deleted workload comes off only once its final state is stored).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -94,13 +95,6 @@ def upgrade(engine: Engine) -> str:
         return str(MigrationContext.configure(conn).get_current_revision())
 
 
-def dialect_insert(conn: Connection, table: Table) -> Any:
-    """The dialect's INSERT (ON CONFLICT, RETURNING) for this connection."""
-    if conn.dialect.name == "postgresql":
-        return postgresql.insert(table)
-    return sqlite.insert(table)
-
-
 def _json_value(v: Any) -> Any:
     if isinstance(v, datetime):
         return v.isoformat()
@@ -120,26 +114,36 @@ def insert_rows(conn: Connection, table: Table, rows: list[dict[str, Any]],
     them as executemany."""
     if not rows:
         return []
-    cols = list(rows[0])
-    ins = dialect_insert(conn, table)
-    if conn.dialect.name == "postgresql":
+    cols = tuple(rows[0])
+    pg = conn.dialect.name == "postgresql"
+    ins = _insert_statement(table, cols, tuple(keys or ()), update, returning, pg)
+    params: Any = {"rows": json.dumps(rows, default=_json_value)} if pg else rows
+    if returning:
+        return list(conn.execute(ins, params))
+    conn.execute(ins, params)
+    return []
+
+
+@functools.lru_cache(maxsize=256)
+def _insert_statement(table: Table, cols: tuple[str, ...], keys: tuple[str, ...], update: bool,
+                      returning: tuple[str, ...], pg: bool) -> Any:  # fmt: skip
+    """insert_rows's statement, built once per shape: building the construct (its derived
+    table's columns above all) cost a tenth of the ingest's time at 1,000 nodes."""
+    ins = postgresql.insert(table) if pg else sqlite.insert(table)
+    if pg:
         src = (
             func.json_to_recordset(cast(bindparam("rows", type_=Text), JSON))
             .table_valued(*(column(c, table.c[c].type) for c in cols))
             .render_derived(with_types=True)
         )
-        ins = ins.from_select(cols, select(*(src.c[c] for c in cols)))
-        params: Any = {"rows": json.dumps(rows, default=_json_value)}
-    else:
-        params = rows
+        ins = ins.from_select(list(cols), select(*(src.c[c] for c in cols)))
     if keys:
         ins = ins.on_conflict_do_update(
-            index_elements=keys, set_={c: ins.excluded[c] for c in cols if c not in keys}) \
-            if update else ins.on_conflict_do_nothing(index_elements=keys)  # fmt: skip
+            index_elements=list(keys), set_={c: ins.excluded[c] for c in cols if c not in keys}) \
+            if update else ins.on_conflict_do_nothing(index_elements=list(keys))  # fmt: skip
     if returning:
-        return list(conn.execute(ins.returning(*(table.c[c] for c in returning)), params))
-    conn.execute(ins, params)
-    return []
+        ins = ins.returning(*(table.c[c] for c in returning))
+    return ins
 
 
 def upsert(conn: Connection, table: Table, row: dict[str, Any], keys: list[str]) -> None:
