@@ -129,7 +129,7 @@ def _insert_statement(table: Table, cols: tuple[str, ...], keys: tuple[str, ...]
                       returning: tuple[str, ...], pg: bool) -> Any:  # fmt: skip
     """insert_rows's statement, built once per shape: building the construct (its derived
     table's columns above all) cost a tenth of the ingest's time at 1,000 nodes."""
-    ins = postgresql.insert(table) if pg else sqlite.insert(table)
+    ins: Any = postgresql.insert(table) if pg else sqlite.insert(table)
     if pg:
         src = (
             func.json_to_recordset(cast(bindparam("rows", type_=Text), JSON))
