@@ -549,11 +549,15 @@ def integer(query: dict[str, str], name: str, default: int | None = None) -> int
         raise bad(f"{name}={raw!r}: not a whole number") from None
 
 
+Table = list[tuple[re.Pattern[str], Callable[..., Any]]]
+
+
 def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str = "local",
            metrics: prom.Prom | None = None,
-           clock: Callable[[], datetime] = lambda: datetime.now(UTC)
-           ) -> Callable[..., Response]:  # fmt: skip
-    """The query route for /v1 and /api: rest is the path below the prefix."""
+           clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+           extra: Table | None = None) -> Callable[..., Response]:  # fmt: skip
+    """The query route for /v1 and /api: rest is the path below the prefix; extra: more
+    (pattern, fn(conn, name, query)) entries, matched first."""
     metrics = metrics or prom.Prom("", 10, 11_000)
 
     def utilization(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
@@ -834,7 +838,8 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
         except prom.TooManyPoints as exc:
             raise bad(str(exc)) from None
 
-    table: list[tuple[re.Pattern[str], Callable[..., Any]]] = [
+    table: Table = [
+        *(extra or []),
         (re.compile(r"^nodes/([^/]+)/gpuMetrics$"), node_gpu_metrics),
         (re.compile(r"^nodes/([^/]+)/workloadsHistory$"), node_workloads_history),
         (re.compile(r"^workloads/([^/]+)/metrics$"), workload_metrics),

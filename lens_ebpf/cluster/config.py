@@ -34,6 +34,33 @@ class PrometheusConfig(Section):
 
 class JobsConfig(Section):
     allocation_seconds: float = Field(30.0, gt=0)  # GPU allocation snapshots, hourly stats
+    outliers_seconds: float = Field(60.0, gt=0)  # workloads' pods compared (the outlier rule)
+
+
+class IngestConfig(Section):
+    """Who may POST (logs, remote write): a bearer token, or nobody beyond loopback."""
+
+    token_file: str = ""  # the token, one line; empty: no token
+    allow_anonymous: bool = False  # without a token, take POSTs beyond loopback too
+
+
+class LogsConfig(Section):
+    max_body_bytes: int = Field(16 << 20, ge=1024, le=1 << 30)  # sent, and once decompressed
+
+
+class TrainingConfig(Section):
+    window: int = Field(50, ge=3, le=10_000)  # iterations in the rolling median
+    slowdown_factor: float = Field(1.5, gt=1)  # an iteration this many medians long: slowdown
+    stall_factor: float = Field(5.0, gt=1)  # no progress for this many medians: stalled
+    check_seconds: float = Field(5.0, gt=0)  # how often stalls are looked for
+    series_ttl_seconds: float = Field(3600.0, gt=0)  # a workload's lens_training_* series
+    # go this long after its last point
+
+
+class TimelineConfig(Section):
+    regression_factor: float = Field(2.0, gt=1)  # above this many times the baseline
+    regression_minutes: float = Field(2.0, gt=0)  # for at least this long: a regression
+    baseline_seconds: float = Field(3600.0, gt=0)  # the baseline: the median of this before
 
 
 class RetentionConfig(Section):
@@ -54,6 +81,10 @@ class RecorderConfig(Section):
     prometheus: PrometheusConfig = Field(default_factory=PrometheusConfig)
     jobs: JobsConfig = Field(default_factory=JobsConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    ingest: IngestConfig = Field(default_factory=IngestConfig)
+    logs: LogsConfig = Field(default_factory=LogsConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    timeline: TimelineConfig = Field(default_factory=TimelineConfig)
 
     @field_validator("listen")
     @classmethod
@@ -66,9 +97,13 @@ class CollectorGrpcConfig(Section):
     tls: ServerTlsConfig = Field(default_factory=ServerTlsConfig)
 
 
+class ClusterServerConfig(ServerConfig):
+    tls: ServerTlsConfig = Field(default_factory=ServerTlsConfig)  # recorder.listen over HTTPS
+
+
 class Config(Section):
     log_level: str = "info"
-    server: ServerConfig = Field(default_factory=ServerConfig)
+    server: ClusterServerConfig = Field(default_factory=ClusterServerConfig)
     kubernetes: KubernetesClientConfig = Field(default_factory=KubernetesClientConfig)
     grpc: CollectorGrpcConfig = Field(default_factory=CollectorGrpcConfig)
     recorder: RecorderConfig = Field(default_factory=RecorderConfig)

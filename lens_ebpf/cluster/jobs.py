@@ -23,6 +23,8 @@ from lens_ebpf.cluster.store import Op, Writer, insert_new
 log = logging.getLogger(__name__)
 HOUR = timedelta(hours=1)
 BACKFILL_HOURS = 24  # completed hours looked at for a missing statistics row
+# what retention.days prunes, by its time
+PRUNED = ("allocation_snapshots", "device_changelog", "training_points", "training_events")
 
 
 def floor_hour(at: datetime) -> datetime:
@@ -39,7 +41,7 @@ class Jobs:
         self.clock = clock
         self.runs: dict[str, int] = {"snapshot": 0, "hourly": 0, "prune": 0}
         self.errors: dict[str, int] = {"snapshot": 0, "hourly": 0, "prune": 0}
-        self.pruned: dict[str, int] = {"allocation_snapshots": 0, "device_changelog": 0}
+        self.pruned: dict[str, int] = dict.fromkeys(PRUNED, 0)
         self._last_prune: datetime | None = None
 
     def snapshot(self, now: datetime) -> None:
@@ -114,14 +116,15 @@ class Jobs:
                 "created_at": now, "updated_at": now}  # fmt: skip
 
     def prune(self, now: datetime) -> None:
-        """Snapshots and changelog rows older than the retention, counted."""
+        """Snapshots, changelog rows, training points and events older than the retention,
+        counted."""
         cutoff = now - self.retention
         counts: dict[str, int] = {}
 
         def write(conn: Connection) -> None:
-            for table, col in ((t.allocation_snapshots, t.allocation_snapshots.c.at),
-                               (t.device_changelog, t.device_changelog.c.at)):  # fmt: skip
-                counts[table.name] = conn.execute(delete(table).where(col < cutoff)).rowcount
+            for name in PRUNED:
+                table = t.metadata.tables[name]
+                counts[name] = conn.execute(delete(table).where(table.c.at < cutoff)).rowcount
 
         def done() -> None:
             for name, n in counts.items():

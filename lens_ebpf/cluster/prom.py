@@ -83,6 +83,72 @@ def workload_graphs(namespace: str, name: str, pods: list[str], nodes: list[str]
     }  # fmt: skip
 
 
+# the agents' RDMA port error counters (lens_rdma_port_<family>_total)
+RDMA_ERRORS = ("receive_errors", "transmit_discards", "receive_discards",
+               "transmit_constraint_errors", "receive_constraint_errors", "symbol_errors",
+               "link_downed", "link_error_recovery", "local_link_integrity_errors",
+               "excessive_buffer_overrun_errors", "receive_remote_physical_errors",
+               "receive_switch_relay_errors")  # fmt: skip
+# NVIDIA's clock events that hold no clock down for a fault (idle, a setting, a boost)
+NOT_THROTTLING = ("gpu_idle", "applications_clocks_setting", "sync_boost",
+                  "display_clock_setting")  # fmt: skip
+
+
+def to_own_pods(namespace: str, workload: str, nodes: list[str]) -> str:
+    """Matchers for the agents' TCP series from these nodes to the workload's own pods (the
+    remote's identity labels name its top workload)."""
+    return (f'remote_namespace="{escape(namespace)}",remote_workload="{escape(workload)}",'
+            f'node=~"{any_of(nodes)}"')  # fmt: skip
+
+
+def rtt_p50_by_node(namespace: str, workload: str, nodes: list[str], window: int) -> str:
+    """Each node's median TCP RTT (seconds) to the workload's own pods."""
+    sel = to_own_pods(namespace, workload, nodes)
+    return (f"histogram_quantile(0.5, sum by (node, le) (rate(lens_tcp_rtt_seconds_bucket"
+            f"{{{sel}}}[{window}s])))")  # fmt: skip
+
+
+def retransmits_by_node(namespace: str, workload: str, nodes: list[str], window: int) -> str:
+    """Each node's retransmitted segments per second to the workload's own pods."""
+    sel = to_own_pods(namespace, workload, nodes)
+    return f"sum by (node) (rate(lens_tcp_retransmits_total{{{sel}}}[{window}s]))"
+
+
+def _ports(nodes: list[str], devices: list[str]) -> str:
+    sel = f'node=~"{any_of(nodes)}"'
+    return sel + (f',device=~"{any_of(devices)}"' if devices else "")
+
+
+def rdma_errors(nodes: list[str], devices: list[str], window: int, by: str) -> str:
+    """RDMA port errors per second on these nodes (these devices: the ones the pods'
+    queue pairs use, when known), summed by `by`."""
+    names = any_of([f"lens_rdma_port_{f}_total" for f in RDMA_ERRORS])
+    return (f'sum by ({by}) (rate({{__name__=~"{names}",{_ports(nodes, devices)}}}'
+            f"[{window}s]))")  # fmt: skip
+
+
+def rdma_bytes_by_node(nodes: list[str], devices: list[str], window: int) -> str:
+    """RDMA bytes per second, both ways, by node."""
+    sel = _ports(nodes, devices)
+    return " + ".join(
+        f"sum by (node) (rate(lens_rdma_port_{way}_bytes_total{{{sel}}}" f"[{window}s]))"
+        for way in ("transmit", "receive")
+    )
+
+
+def gpu_utilization_by_pod(namespace: str, pods: list[str], window: int) -> str:
+    sel = pods_selector(namespace, pods)
+    return f"avg by (pod) (avg_over_time(gpu_utilization{{{sel}}}[{window}s]))"
+
+
+def throttling(namespace: str, pods: list[str]) -> str:
+    """1 while a clock event that is a slowdown holds a GPU of these pods (by node, GPU
+    index, pod and reason)."""
+    sel = pods_selector(namespace, pods)
+    return (f'max by (node, gpu_index, pod, reason) (lens_gpu_clock_event_active{{{sel},'
+            f'reason!~"{any_of(list(NOT_THROTTLING))}"}})')  # fmt: skip
+
+
 def node_history(node: str) -> dict[str, str]:
     """A node's GPU utilization per GPU and its allocation rate (the agents' own)."""
     sel = f'node="{escape(node)}"'

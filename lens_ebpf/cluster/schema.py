@@ -243,7 +243,58 @@ cluster_gpu_hourly_stats = Table(
     UniqueConstraint("cluster_name", "stat_hour", name="uq_cluster_gpu_hourly_stats_hour"),
 )  # fmt: skip
 
+# training progress from the pods' logs (POST /logs): one row per progress line a format
+# parsed; line_key (the pod, the line's time and text) makes a line sent twice one row
+training_points = Table(
+    "training_points", metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+           autoincrement=True),
+    Column("workload_uid", String(UID), nullable=False),  # the pod's top workload
+    Column("pod_uid", String(UID), nullable=False),
+    Column("namespace", String(NAME), nullable=False),
+    Column("pod", String(NAME), nullable=False),
+    Column("node", String(NAME), nullable=False, default=""),
+    Column("at", DateTime(timezone=True), nullable=False),  # the line's time
+    Column("received_at", DateTime(timezone=True), nullable=False),
+    Column("format", String(32), nullable=False),  # megatron, torchtitan, hf_trainer, ...
+    Column("iteration", BigInteger, nullable=True),
+    Column("target_iterations", BigInteger, nullable=True),
+    Column("iteration_seconds", Float, nullable=True),
+    Column("tokens_per_second", Float, nullable=True),  # per GPU
+    Column("tflops_per_gpu", Float, nullable=True),
+    Column("loss", Float, nullable=True),
+    Column("skipped_iterations", Integer, nullable=True),
+    Column("nan_iterations", Integer, nullable=True),
+    Column("samples_per_second", Float, nullable=True),
+    Column("line_key", String(64), nullable=False),
+    UniqueConstraint("line_key", name="uq_training_points_line"),
+)  # fmt: skip
+Index("ix_training_points_workload_at", training_points.c.workload_uid, training_points.c.at)
+
+# what the service found in a workload's progress and signals: training_slowdown,
+# training_stalled, outlier (a pod apart from the others on a signal)
+training_events = Table(
+    "training_events", metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+           autoincrement=True),
+    Column("workload_uid", String(UID), nullable=False),  # the top workload
+    Column("namespace", String(NAME), nullable=False),
+    Column("workload", String(NAME), nullable=False),  # its name
+    Column("pod_uid", String(UID), nullable=False, default=""),  # "" for the whole workload
+    Column("pod", String(NAME), nullable=False, default=""),
+    Column("node", String(NAME), nullable=False, default=""),
+    Column("kind", String(32), nullable=False),
+    Column("signal", String(32), nullable=False, default=""),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("ended_at", DateTime(timezone=True), nullable=True),
+    Column("iteration", BigInteger, nullable=True),
+    Column("value", Float, nullable=True),  # the iteration's seconds, the signal's value
+    Column("baseline", Float, nullable=True),  # the median it was compared with
+    Column("detail", JSON, nullable=False),
+)  # fmt: skip
+Index("ix_training_events_workload_at", training_events.c.workload_uid, training_events.c.at)
+
 TABLES = ("gpu_pods", "pod_snapshots", "gpu_pods_events", "pod_resources", "gpu_workloads",
           "workload_pod_references", "node_events", "node_devices",
           "device_changelog", "nodes", "allocation_snapshots",
-          "cluster_gpu_hourly_stats")  # fmt: skip
+          "cluster_gpu_hourly_stats", "training_points", "training_events")  # fmt: skip

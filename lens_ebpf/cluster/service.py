@@ -22,6 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from lens_ebpf.cluster import api, queries, schema
 from lens_ebpf.cluster import lifecycle as lc
 from lens_ebpf.cluster.config import Config
+from lens_ebpf.cluster.ingest import Ingest
 from lens_ebpf.cluster.jobs import Jobs
 from lens_ebpf.cluster.kubelet_service import KubeletService
 from lens_ebpf.cluster.node_events import NodeEvents, last_seqs
@@ -36,7 +37,10 @@ from lens_ebpf.cluster.store import (
     upgrade,
 )
 from lens_ebpf.cluster.tracker import Api, Kind, Recorder, change_finalizer
-from lens_ebpf.core.http import HttpServer, Response, json_response
+from lens_ebpf.cluster.training import routes as training_routes
+from lens_ebpf.cluster.training.outliers import Outliers
+from lens_ebpf.cluster.training.progress import Training
+from lens_ebpf.core.http import HttpServer, Response, json_response, tls_context
 from lens_ebpf.core.loop import EventLoopThread
 from lens_ebpf.core.settings import split_listen
 from lens_ebpf.k8s.reflector import call_raw, watch_metrics
@@ -83,17 +87,34 @@ class RecorderApp:
         self.registry = CollectorRegistry()
         self.registry.register(RecorderMetrics(self))
         host, port = split_listen(r.listen)
+        self.ingest = Ingest(r.ingest, host)
+        self.training = Training(r.training, self.writer, self.recorder.gpu_pod,
+                                 self.recorder.running_workloads, clock)  # fmt: skip
+        with self.engine.connect() as conn:
+            self.training.recover(conn, clock())
+        self.registry.register(self.ingest)
+        self.registry.register(self.training)
         self.loop = EventLoopThread("aio")  # REST and the reporters' streams: one loop
-        self.http = HttpServer(host, port, self.registry, cfg.server.max_connections,
-                               cfg.server.request_timeout_seconds, cfg.server.max_header_bytes,
-                               self.loop)  # fmt: skip
+        srv = cfg.server
+        self.http = HttpServer(host, port, self.registry, srv.max_connections,
+                               srv.request_timeout_seconds, srv.max_header_bytes, self.loop,
+                               tls_context(srv.tls.cert, srv.tls.key,
+                                           srv.tls.client_ca))  # fmt: skip
         self.http.add("/healthz", lambda: json_response(200, {"status": "ok"}))
         self.http.add("/readyz", self._ready)
         self.http.add_query("/workloads", self._workloads)
         self.http.add_query("/pods", self._pods)
         p = r.prometheus
         self.prom = Prom(p.url, p.timeout_seconds, p.max_points)
-        cluster_api = api.routes(self._connected, r.cluster_name, self.prom, clock)
+        cluster_api = api.routes(self._connected, r.cluster_name, self.prom, clock,
+                                 training_routes.api_routes(self.prom, r, clock))  # fmt: skip
+        logs = self.ingest.route("/logs", training_routes.post_logs(
+            self.training, self.writer, r.logs.max_body_bytes, clock))  # fmt: skip
+        for path in ("/logs", "/v1/logs", "/api/logs"):  # the seed's, and the API's prefixes
+            self.http.add_post(path, logs, r.logs.max_body_bytes)
+        self.outliers = Outliers(self.engine, self.writer, self.prom, self.recorder.running_pods,
+                                 r.jobs.outliers_seconds, clock)  # fmt: skip
+        self.registry.register(self.outliers)
         self.jobs = Jobs(self.engine, self.writer, self.prom, r.cluster_name,
                          r.jobs.allocation_seconds, r.retention.days, clock)  # fmt: skip
         for prefix in api.PREFIXES:  # the Primus-Lens API's routes, as its UI calls them
@@ -107,7 +128,9 @@ class RecorderApp:
         self.writer.start(self._stop)
         self.recorder.start()
         for name, target in (("recorder-nodes", self.nodes.reflector.run),
-                             ("recorder-jobs", self.jobs.run)):  # fmt: skip
+                             ("recorder-jobs", self.jobs.run),
+                             ("recorder-training", self.training.run_checks),
+                             ("recorder-outliers", self.outliers.run)):  # fmt: skip
             th = threading.Thread(target=target, args=(self._stop,), name=name, daemon=True)
             th.start()
             self._threads.append(th)

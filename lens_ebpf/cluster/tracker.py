@@ -148,6 +148,18 @@ class PodState:
     resolved: bool = True  # False: an owner lookup failed; tried again at the next change
 
 
+@dataclass(frozen=True)
+class TrackedPod:
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    running: bool
+    workload_uid: str  # the top owner ("" for a pod no workload owns)
+    workload_kind: str
+    workload_name: str
+
+
 class Unresolved(Exception):
     """An owner the API could not tell about just now (not a 404)."""
 
@@ -166,6 +178,7 @@ class Recorder:
         self.clock = clock
         self._lock = threading.RLock()
         self.pods: dict[str, PodState] = {}
+        self.names: dict[tuple[str, str], str] = {}  # (namespace, name) -> uid of pods
         self.workloads: dict[str, Workload] = {}
         self.kinds: dict[Kind, tuple[Reflector, threading.Event, threading.Thread]] = {}
         self.pod_reflector = Reflector("pods", api.core.list_pod_for_all_namespaces,
@@ -213,6 +226,7 @@ class Recorder:
             # the top workload last: a pod's next row names it (refs[-1])
             uids = sorted(owners.get(uid, ()), key=lambda w, top=row["workload_uid"]: w == top)
             self.pods[uid] = PodState(dict(row), last.get(uid, {}), tuple(uids))
+            self.names[(str(row["namespace"]), str(row["name"]))] = uid
         log.info("recorder: recovered %d pods and %d workloads from the database",
                  len(self.pods), len(self.workloads))  # fmt: skip
 
@@ -242,6 +256,40 @@ class Recorder:
     def reflectors(self) -> list[Reflector]:
         with self._lock:
             return [self.pod_reflector] + [k[0] for k in self.kinds.values()]
+
+    def gpu_pod(self, namespace: str, name: str, uid: str = "") -> TrackedPod | None:
+        """A GPU pod tracked now, by its uid or else its namespace and name, with its top
+        workload; None for any other pod."""
+        with self._lock:
+            if not uid or uid not in self.pods:
+                uid = self.names.get((namespace, name), "")
+            st = self.pods.get(uid)
+            if st is None:
+                return None
+            row = st.row
+            top = str(row.get("workload_uid") or "")
+            w = self.workloads.get(top)
+            return TrackedPod(uid, str(row["namespace"]), str(row["name"]), str(row["node"]),
+                              bool(row["running"]), top, w.kind_name if w else "",
+                              w.name if w else "")  # fmt: skip
+
+    def running_workloads(self) -> set[str]:
+        """The top workloads with a pod running now."""
+        return set(self.running_pods())
+
+    def running_pods(self) -> dict[str, list[TrackedPod]]:
+        """Top workload uid -> its pods running now (by name)."""
+        with self._lock:
+            uids = [uid for uid, st in self.pods.items()
+                    if st.row.get("running") and st.row.get("workload_uid")]  # fmt: skip
+        out: dict[str, list[TrackedPod]] = {}
+        for uid in uids:
+            pod = self.gpu_pod("", "", uid)
+            if pod is not None and pod.uid == uid:
+                out.setdefault(pod.workload_uid, []).append(pod)
+        for pods in out.values():
+            pods.sort(key=lambda p: p.name)
+        return out
 
     def _malformed(self, resource: str, what: str, exc: Exception) -> None:
         self.malformed[resource] += 1
@@ -317,6 +365,7 @@ class Recorder:
         if old is not None and not old.snap:
             changes = [c for c in changes if c.type != "created"]
         self.pods[uid] = PodState(row, snap, refs, resolved)
+        self.names[(str(row["namespace"]), str(row["name"]))] = uid
         resources = self._spec_resources(uid, obj, str(row["node"]), now)
         new_refs = [r for r in refs if old is None or r not in old.refs]
         rv = str(row["resource_version"])
@@ -375,6 +424,9 @@ class Recorder:
             old = self.pods.pop(uid, None)
             if old is None:
                 return
+            key = (str(old.row["namespace"]), str(old.row["name"]))
+            if self.names.get(key) == uid:
+                del self.names[key]
         now = self.clock()
         row = {**old.row, "running": False, "deleted": True, "deleted_at": now,
                "ended_at": old.row.get("ended_at") or now, "updated_at": now}  # fmt: skip

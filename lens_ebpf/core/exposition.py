@@ -18,6 +18,16 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _TYPES = {"unknown": "untyped", "info": "gauge", "stateset": "gauge"}
 
 
+def cumulative(bounds: tuple[float, ...], buckets: list[int]) -> list[tuple[str, float]]:
+    """Per-bucket counts (one per bound, then +Inf) as a histogram family's cumulative
+    (le, count) pairs."""
+    out, acc = [], 0
+    for bound, n in zip((*bounds, float("inf")), buckets, strict=True):
+        acc += n
+        out.append(("+Inf" if bound == float("inf") else str(bound), float(acc)))
+    return out
+
+
 def escape_value(v: str) -> str:
     """A label value as the text format writes it."""
     return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")

@@ -7,7 +7,9 @@ a request head must arrive whole within `request_timeout` of connecting or of th
 previous response (aiohttp's keep-alive timer, counted when it cuts); request heads are
 capped at `max_header_bytes` (431 beyond); clients that hang up are not tracebacks; and
 scrapes that arrive while /metrics renders share that rendering. Routes are plain
-functions run on a worker thread, so a slow one never holds the loop.
+functions run on a worker thread, so a slow one never holds the loop. POST routes get
+their body whole, read up to the route's own bound (413 beyond, counted, before the rest
+is read); with a certificate the server speaks TLS (mutual TLS with a client CA).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import json
 import logging
 import resource
 import socket
+import ssl
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 from urllib.parse import unquote
@@ -38,6 +42,20 @@ Response = tuple[int, str, bytes]
 Route = Callable[[], Response]
 # a route under a prefix: (the path below the prefix, the query's last value per key)
 QueryRoute = Callable[[str, dict[str, str]], Response]
+
+
+@dataclass(frozen=True)
+class Post:
+    """A POST request as a route gets it: its body read whole (not decoded)."""
+
+    path: str  # below the route's prefix
+    query: dict[str, str]
+    headers: dict[str, str]  # names in lower case
+    body: bytes
+    peer: str  # the client's address
+
+
+PostRoute = Callable[[Post], Response]
 
 REFUSED = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
@@ -78,6 +96,7 @@ class Counters:
         self.refused = 0
         self.cut = 0  # closed for sending no whole request head in time
         self.oversized = 0
+        self.bodies_too_large = 0  # POST bodies over their route's bound (413)
         self.scrapes = 0
         self.renders = 0
 
@@ -144,10 +163,14 @@ class HttpServer:
     def __init__(self, host: str, port: int, registry: CollectorRegistry,
                  max_connections: int = 10000, request_timeout: float = 10.0,
                  max_header_bytes: int = 65536,
-                 loop: EventLoopThread | None = None) -> None:  # fmt: skip
+                 loop: EventLoopThread | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:  # fmt: skip
         self.registry = registry
         self.routes: dict[str, Route] = {}
         self.query_routes: dict[str, QueryRoute] = {}
+        # path -> (the route, the most body bytes it takes)
+        self.post_routes: dict[str, tuple[PostRoute, int]] = {}
+        self.tls = tls
         self.counters = Counters()
         self.max_connections = max_connections
         self.request_timeout = request_timeout
@@ -190,6 +213,37 @@ class HttpServer:
         """A route for prefix and every path below it, given the rest and the query."""
         self.query_routes[prefix.rstrip("/")] = route
 
+    def add_post(self, path: str, route: PostRoute, max_body: int) -> None:
+        """A POST route for path (and the paths below it); bodies over max_body get 413."""
+        self.post_routes[path.rstrip("/")] = (route, max_body)
+
+    def _find_post(self, request: web.BaseRequest) -> tuple[str, PostRoute, int] | None:
+        path = request.path.rstrip("/") or "/"
+        for prefix, (route, most) in self.post_routes.items():
+            if path == prefix or path.startswith(prefix + "/"):
+                return unquote(path[len(prefix) :].lstrip("/")), route, most
+        return None
+
+    async def _post(self, request: web.BaseRequest) -> Response:
+        found = self._find_post(request)
+        if found is None:
+            allowed = "GET" if self._find(request) is not None else "nothing"
+            return json_response(405, {"error": f"POST not allowed here ({allowed} is)"})
+        rest, route, most = found
+        length = request.content_length
+        if length is not None and length > most:
+            self.counters.bodies_too_large += 1
+            return json_response(413, {"error": f"body of {length} bytes: over {most}"})
+        body = bytearray()
+        async for chunk in request.content.iter_chunked(65536):
+            body += chunk
+            if len(body) > most:
+                self.counters.bodies_too_large += 1
+                return json_response(413, {"error": f"body over {most} bytes"})
+        post = Post(rest, dict(request.query), {k.lower(): v for k, v in request.headers.items()},
+                    bytes(body), request.remote or "")  # fmt: skip
+        return await asyncio.get_running_loop().run_in_executor(None, route, post)
+
     def _find(self, request: web.BaseRequest) -> Route | None:
         path = request.path.rstrip("/") or "/"
         route = self.routes.get(path)
@@ -206,7 +260,13 @@ class HttpServer:
         if isinstance(conn, _Connection):
             conn.in_request, conn.head_bytes = True, 0
         try:
-            if request.method not in ("GET", "HEAD"):
+            if request.method == "POST":
+                try:
+                    status, ctype, body = await self._post(request)
+                except Exception as exc:  # a broken route must not take the server down
+                    log.exception("POST %s failed", request.path)
+                    status, ctype, body = json_response(500, {"error": str(exc)})
+            elif request.method not in ("GET", "HEAD"):
                 status, ctype, body = json_response(405, {"error": f"{request.method} not allowed"})
             elif (request.path.rstrip("/") or "/") == "/metrics":
                 status, ctype, body = 200, CONTENT_TYPE, await self._metrics()
@@ -220,7 +280,10 @@ class HttpServer:
                 except Exception as exc:  # a broken route must not take the server down
                     log.exception("route %s failed", request.path)
                     status, ctype, body = json_response(500, {"error": str(exc)})
-            return web.Response(status=status, body=body, headers={"Content-Type": ctype})
+            headers = {"Content-Type": ctype}
+            if status == 413:  # the rest of the body is not read: the connection cannot go on
+                headers["Connection"] = "close"
+            return web.Response(status=status, body=body, headers=headers)
         finally:
             if isinstance(conn, _Connection):
                 conn.in_request = False
@@ -248,7 +311,8 @@ class HttpServer:
             max_field_size=self.max_header_bytes, access_log=None,
             loop=asyncio.get_running_loop(),
         )  # fmt: skip
-        self._server = await asyncio.get_running_loop().create_server(manager, sock=self._sock)
+        self._server = await asyncio.get_running_loop().create_server(manager, sock=self._sock,
+                                                                      ssl=self.tls)  # fmt: skip
         self._manager = manager
 
     def start(self) -> None:
@@ -291,8 +355,24 @@ class _HttpCollector(Collector):
         yield CounterMetricFamily("lens_agent_http_request_heads_too_large",
                                   "HTTP request heads refused (431): over server.max_header_bytes",
                                   value=c.oversized)  # fmt: skip
+        yield CounterMetricFamily("lens_agent_http_request_bodies_too_large",
+                                  "POST bodies refused (413): over their route's bound",
+                                  value=c.bodies_too_large)  # fmt: skip
         yield CounterMetricFamily("lens_agent_metrics_scrapes", "/metrics requests",
                                   value=c.scrapes)  # fmt: skip
         yield CounterMetricFamily("lens_agent_metrics_renders",
                                   "/metrics renderings (concurrent scrapes share one)",
                                   value=c.renders)  # fmt: skip
+
+
+def tls_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext | None:
+    """A server's TLS when cert and key are set; clients must present a certificate the
+    client CA signed when one is set (mutual TLS)."""
+    if not cert:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    if client_ca:
+        ctx.load_verify_locations(client_ca)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx

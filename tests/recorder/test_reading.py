@@ -262,8 +262,8 @@ def test_migrations_build_exactly_the_schema(db_url: str) -> None:
     from lens_ebpf.cluster.store import engine_for, upgrade
 
     eng = engine_for(db_url)
-    assert upgrade(eng) == "0005"
-    assert upgrade(eng) == "0005"  # again: nothing to do
+    assert upgrade(eng) == "0006"
+    assert upgrade(eng) == "0006"  # again: nothing to do
     with eng.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), schema.metadata)
         assert diff == []

@@ -1,0 +1,152 @@
+"""Who may POST to the cluster service (log lines, remote write), and the POST routes'
+answers and counts.
+
+Every POST route takes a bearer token, read from `recorder.ingest.token_file` (read again
+when the file changes, as a mounted Secret does). Without a token file, POSTs are taken
+only while the service listens on loopback, or where `ingest.allow_anonymous` says so.
+A wrong or missing token gets 401, counted per route. Answers carry the cluster API's
+envelope: meta.code 2000, or 4001 (a bad body), 4010 (no or a wrong token), 4013 (too
+large), 4015 (an encoding or protocol the route does not take), 5003 (a dependency is
+down, or the write queue is full: retry).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hmac
+import ipaddress
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from lens_ebpf.cluster.config import IngestConfig
+from lens_ebpf.core.exposition import cumulative
+from lens_ebpf.core.http import Post, Response, json_response
+from lens_ebpf.core.settings import ConfigError
+
+log = logging.getLogger(__name__)
+
+CODES = {400: 4001, 401: 4010, 404: 4004, 413: 4013, 415: 4015, 429: 4029, 503: 5003}
+SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def answer(status: int, message: str = "OK", data: Any = None) -> Response:
+    code = 2000 if status < 300 else CODES.get(status, status * 10)
+    return json_response(status, {"meta": {"code": code, "message": message}, "data": data})
+
+
+def loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class Ingest(Collector):
+    def __init__(self, cfg: IngestConfig, listen_host: str) -> None:
+        self.path = cfg.token_file
+        self.anonymous = cfg.allow_anonymous or loopback(listen_host)
+        self._token = ""
+        self._stamp: tuple[float, int] | None = None
+        self._lock = threading.Lock()
+        self.unauthorized: dict[str, int] = {}
+        self.requests: dict[tuple[str, int], int] = {}
+        self.seconds: dict[str, tuple[list[int], float]] = {}
+        if self.path:
+            self._token = self._read()
+            if not self._token:
+                raise ConfigError(f"recorder.ingest.token_file {self.path}: empty")
+        elif not self.anonymous:
+            log.warning("recorder: no recorder.ingest.token_file and listening beyond "
+                        "loopback: POST routes answer 401 (set a token, or "
+                        "ingest.allow_anonymous: true)")  # fmt: skip
+
+    def _read(self) -> str:
+        try:
+            st = os.stat(self.path)
+            with open(self.path) as f:
+                token = f.read().strip()
+        except OSError as exc:
+            raise ConfigError(f"recorder.ingest.token_file {self.path}: {exc}") from None
+        self._stamp = (st.st_mtime, st.st_size)
+        return token
+
+    def token(self) -> str:
+        """The token now (the file read again when it changed; the last one kept while it
+        cannot be read)."""
+        with self._lock:
+            try:
+                st = os.stat(self.path)
+                if (st.st_mtime, st.st_size) != self._stamp:
+                    self._token = self._read() or self._token
+            except (OSError, ConfigError) as exc:
+                log.warning("recorder: token file: %s; keeping the last token", exc)
+            return self._token
+
+    def refused(self, route: str, headers: dict[str, str]) -> Response | None:
+        """401 for a request without the token (or any, where no token is set and anonymous
+        POSTs are not taken); None when it may go on."""
+        if self.path:
+            scheme, _, given = headers.get("authorization", "").partition(" ")
+            token = self.token().encode()
+            if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token):
+                return None
+            why = "a wrong bearer token" if given else "no bearer token (Authorization: Bearer)"
+        elif self.anonymous:
+            return None
+        else:
+            why = ("no recorder.ingest.token_file is set and the service listens beyond "
+                   "loopback (set a token, or ingest.allow_anonymous: true)")  # fmt: skip
+        with self._lock:
+            self.unauthorized[route] = self.unauthorized.get(route, 0) + 1
+        return answer(401, f"{route}: {why}")
+
+    def route(self, name: str, handler: Callable[[Post], Response]) -> Callable[[Post], Response]:
+        """handler behind the token check, its answers counted and timed."""
+
+        def serve(req: Post) -> Response:
+            start = time.perf_counter()
+            got = self.refused(name, req.headers) or handler(req)
+            took = time.perf_counter() - start
+            with self._lock:
+                key = (name, got[0])
+                self.requests[key] = self.requests.get(key, 0) + 1
+                buckets, total = self.seconds.get(name) or ([0] * (len(SECONDS_BUCKETS) + 1), 0.0)
+                buckets[bisect.bisect_left(SECONDS_BUCKETS, took)] += 1
+                self.seconds[name] = (buckets, total + took)
+            return got
+
+        return serve
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            requests = sorted(self.requests.items())
+            unauthorized = sorted(self.unauthorized.items())
+            seconds = sorted((k, list(b), s) for k, (b, s) in self.seconds.items())
+        fam = Metric("lens_recorder_post_requests", "POST requests, by route and HTTP status",
+                     "counter")  # fmt: skip
+        for (route, status), n in requests:
+            fam.add_sample("lens_recorder_post_requests_total",
+                           {"route": route, "code": str(status)}, n)  # fmt: skip
+        yield fam
+        bad = Metric("lens_recorder_post_unauthorized", "POST requests refused (401): no or a "
+                     "wrong bearer token", "counter")  # fmt: skip
+        for route, n in unauthorized:
+            bad.add_sample("lens_recorder_post_unauthorized_total", {"route": route}, n)
+        yield bad
+        hist = HistogramMetricFamily("lens_recorder_post_request_seconds",
+                                     "Time to answer a POST", labels=["route"])  # fmt: skip
+        for route, buckets, total in seconds:
+            hist.add_metric([route], cumulative(SECONDS_BUCKETS, buckets), total)
+        yield hist

@@ -1,0 +1,2 @@
+"""Training progress from the pods' logs, the workload timeline, and the rank that holds
+the others back."""
