@@ -99,7 +99,8 @@ class Ingest(Collector):
             token = self.token().encode()
             if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token):
                 return None
-            why = "a wrong bearer token" if given else "no bearer token (Authorization: Bearer)"
+            bearer = scheme.lower() == "bearer" and given.strip()
+            why = "a wrong bearer token" if bearer else "no bearer token (Authorization: Bearer)"
         elif self.anonymous:
             return None
         else:

@@ -309,6 +309,9 @@ class HttpServer:
             self._handle, self.counters, self.max_connections, self.max_header_bytes,
             keepalive_timeout=self.request_timeout, max_line_size=self.max_header_bytes,
             max_field_size=self.max_header_bytes, access_log=None,
+            # a body comes as sent: a route unpacks it within its own bound (aiohttp's
+            # unpacking knows none: a small gzip'd body can unpack to gigabytes)
+            auto_decompress=False,
             loop=asyncio.get_running_loop(),
         )  # fmt: skip
         self._server = await asyncio.get_running_loop().create_server(manager, sock=self._sock,

@@ -62,7 +62,8 @@ class Run:
     namespace: str
     name: str
     window: deque[float]
-    seen: OrderedDict[int, datetime] = field(default_factory=OrderedDict)
+    # recent iterations: when first seen, whether a line gave its time
+    seen: OrderedDict[int, tuple[datetime, bool]] = field(default_factory=OrderedDict)
     last_iteration: int | None = None
     last_progress: datetime | None = None  # the newest iteration's time
     slow: tuple[datetime, float] | None = None  # an open slowdown: since, its median
@@ -197,19 +198,24 @@ class Training(Collector):
         median = run.median()
         first = run.seen.get(it)
         near = timedelta(seconds=max(DUPLICATE_SECONDS, 2 * (median or 0)))
-        if first is not None and abs(at - first) <= near:
-            return  # another rank's line of an iteration counted
-        if run.last_iteration is not None and it < run.last_iteration:
-            run.seen.clear()  # the run started over (from a checkpoint, or from 0)
-        run.seen[it] = at
-        while len(run.seen) > SEEN_MAX:
-            run.seen.popitem(last=False)
-        run.last_iteration = it
-        if run.last_progress is None or at > run.last_progress:
-            run.last_progress = at
-        if run.stalled is not None:
-            b.ends.append((run.uid, "training_stalled", run.stalled, at))
-            run.stalled = None
+        if first is not None and abs(at - first[0]) <= near:
+            # another rank's line of an iteration counted (or one more line of it, with the
+            # time the first lacked: DeepSpeed prints step= before steps:)
+            if seconds is None or first[1]:
+                return
+            run.seen[it] = (first[0], True)
+        else:
+            if run.last_iteration is not None and it < run.last_iteration:
+                run.seen.clear()  # the run started over (from a checkpoint, or from 0)
+            run.seen[it] = (at, seconds is not None)
+            while len(run.seen) > SEEN_MAX:
+                run.seen.popitem(last=False)
+            run.last_iteration = it
+            if run.last_progress is None or at > run.last_progress:
+                run.last_progress = at
+            if run.stalled is not None:
+                b.ends.append((run.uid, "training_stalled", run.stalled, at))
+                run.stalled = None
         if seconds is None:
             return
         run.seconds_sum += seconds
@@ -296,22 +302,21 @@ class Training(Collector):
                 .order_by(tp.c.at.desc(), tp.c.id.desc()).limit(4 * self.cfg.window)))  # fmt: skip
             if not rows:
                 continue
-            run = Run(uid, rows[0].namespace, uid, deque(maxlen=self.cfg.window))
-            for r in reversed(rows):
-                at = aware(r.at) or now
-                first = run.seen.get(int(r.iteration))
-                if first is not None and abs(at - first) <= timedelta(seconds=DUPLICATE_SECONDS):
-                    continue
-                run.seen[int(r.iteration)] = at
-                run.last_iteration, run.last_progress = int(r.iteration), at
-                if r.iteration_seconds is not None:
-                    run.window.append(float(r.iteration_seconds))
-                last = self.last.setdefault(str(r.pod_uid), PodLast())
-                last.at, last.iteration = at, int(r.iteration)
-                last.remember(str(r.line_key))
             name = conn.execute(select(t.gpu_workloads.c.name).where(
                 t.gpu_workloads.c.uid == uid)).scalar_one_or_none()  # fmt: skip
-            run.name = str(name or uid)
+            run = Run(uid, rows[0].namespace, str(name or uid), deque(maxlen=self.cfg.window))
+            scratch = Batch()  # what was found then is stored already
+            for r in reversed(rows):
+                at = aware(r.at) or now
+                pod = TrackedPod(str(r.pod_uid), r.namespace, r.pod, r.node, True, uid, "",
+                                 run.name)  # fmt: skip
+                last = self.last.setdefault(pod.uid, PodLast())
+                last.at, last.iteration = at, int(r.iteration)
+                last.remember(str(r.line_key))
+                self._iteration(run, pod, int(r.iteration), at, r.iteration_seconds, scratch)
+            # the metrics start again; what is open is what the table says
+            run.buckets, run.seconds_sum, run.slowdowns = [0] * len(run.buckets), 0.0, 0
+            run.slow = run.stalled = None
             for e in conn.execute(select(ev.c.kind, ev.c.at, ev.c.baseline).where(
                     ev.c.workload_uid == uid, ev.c.ended_at.is_(None),
                     ev.c.kind.in_(("training_slowdown", "training_stalled")))):  # fmt: skip

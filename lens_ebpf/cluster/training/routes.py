@@ -86,9 +86,10 @@ def summary(rows: list[Any]) -> dict[str, Any]:
     }
 
 
-def training_performance(conn: Connection, uid: str, query: dict[str, str]) -> dict[str, Any]:
+def training_performance(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
     """workloads/{uid}/trainingPerformance?start=&end=: the points its pods' logs gave
     (oldest first) and their summary; uid is any level of the workload hierarchy."""
+    uid = name
     if conn.execute(select(t.gpu_workloads.c.uid).where(t.gpu_workloads.c.uid == uid)
                     ).first() is None:  # fmt: skip
         raise ApiError(404, 4004, f"workload not found: {uid!r}")
