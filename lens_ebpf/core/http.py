@@ -111,18 +111,32 @@ class _Connection(RequestHandler):
         self.counters = counters
         self.head_budget = head_budget
         self.head_bytes = 0
+        self.head_done = False  # the head's blank line came: what follows is its body
+        self.tail = b""  # the head's last bytes (its end may span two reads)
         self.in_request = False
 
     def data_received(self, data: bytes) -> None:
-        if not self.in_request:  # bytes of a head not yet whole
-            self.head_bytes += len(data)
-            if self.head_bytes > self.head_budget and self.transport is not None:
+        if not self.in_request and not self.head_done:  # bytes of a head not yet whole
+            seen = self.tail + data
+            end = seen.find(b"\r\n\r\n")
+            if end >= 0:
+                self.head_done = True  # a body after it is its route's to bound
+                self.head_bytes += max(0, end + 4 - len(self.tail))
+            else:
+                self.head_bytes += len(data)
+                self.tail = seen[-3:]
+            transport = self.transport
+            if self.head_bytes > self.head_budget and transport is not None:
                 self.counters.oversized += 1
-                self.transport.write(TOO_LARGE)
+                transport.write(TOO_LARGE)
                 self.force_close()
-                self.transport.close()
+                transport.close()
                 return
         super().data_received(data)
+
+    def next_head(self) -> None:
+        """A response went: the next bytes are the next request's head."""
+        self.in_request, self.head_bytes, self.head_done, self.tail = False, 0, False, b""
 
     def _process_keepalive(self) -> None:
         open_before = not self._force_close
@@ -258,7 +272,7 @@ class HttpServer:
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         conn = request.protocol
         if isinstance(conn, _Connection):
-            conn.in_request, conn.head_bytes = True, 0
+            conn.in_request = True
         try:
             if request.method == "POST":
                 try:
@@ -286,7 +300,7 @@ class HttpServer:
             return web.Response(status=status, body=body, headers=headers)
         finally:
             if isinstance(conn, _Connection):
-                conn.in_request = False
+                conn.next_head()
 
     async def _metrics(self) -> bytes:
         """Render once for every scrape that arrives while a rendering runs."""
