@@ -49,7 +49,7 @@ class BpfConfig(Section):
     max_sockets: int = Field(65536, ge=16, le=1 << 22)
     max_flow_keys: int = Field(4096, ge=16, le=1 << 20)
     flow_key_idle_seconds: float = Field(900, gt=0)
-    max_rtt_keys: int = Field(128, ge=16, le=1 << 18)
+    max_rtt_keys: int = Field(256, ge=16, le=1 << 18)
     max_processes: int = Field(65536, ge=16, le=1 << 22)
     read_interval_seconds: float = Field(2.0, gt=0)
     reconcile_interval_seconds: float = Field(10.0, gt=0)
@@ -78,7 +78,7 @@ class FamilyLimits(Section):
 class CacheConfig(Section):
     ttl_seconds: float = Field(600, gt=0)
     max_series: int = Field(20000, ge=1, le=10_000_000)
-    max_samples: int = Field(40000, ge=0, le=100_000_000)
+    max_samples: int = Field(48000, ge=0, le=100_000_000)
     families: dict[str, FamilyLimits] = Field(default_factory=dict)
 
 

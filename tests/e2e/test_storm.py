@@ -83,7 +83,7 @@ def test_million_flow_storm_keeps_metrics_bounded_and_counts_exact(tmp_path: Pat
         lines = sum(1 for ln in text.splitlines() if ln and not ln.startswith("#"))
         assert len(text.encode()) <= 5_000_000, (len(text), lines)
         cached = agent.sample("lens_agent_cache_samples")
-        assert cached is not None and cached <= 40_000
+        assert cached is not None and cached <= 48_000
         peak = rss_kb(agent.proc.pid, "VmHWM")
         assert peak <= 300 * 1024, f"peak RSS {peak // 1024} MB (from {before // 1024} MB)"
         print(f"storm: /metrics {len(text.encode())} bytes, {lines} lines; RSS "
