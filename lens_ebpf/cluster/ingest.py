@@ -2,7 +2,8 @@
 answers and counts.
 
 Every POST route takes a bearer token, read from `recorder.ingest.token_file` (read again
-when the file changes, as a mounted Secret does). Without a token file, POSTs are taken
+when the file changes, as a mounted Secret does; while it holds none, every POST gets 401
+saying so, and the rest of the service runs). Without a token file, POSTs are taken
 only while the service listens on loopback, or where `ingest.allow_anonymous` says so.
 A wrong or missing token gets 401, counted per route. Answers carry the cluster API's
 envelope: meta.code 2000, or 4001 (a bad body), 4010 (no or a wrong token), 4013 (too
@@ -28,7 +29,6 @@ from prometheus_client.registry import Collector
 from lens_ebpf.cluster.config import IngestConfig
 from lens_ebpf.core.exposition import cumulative
 from lens_ebpf.core.http import Post, Response, json_response
-from lens_ebpf.core.settings import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -56,39 +56,34 @@ class Ingest(Collector):
         self.anonymous = cfg.allow_anonymous or loopback(listen_host)
         self._token = ""
         self._stamp: tuple[float, int] | None = None
+        self._warned = False
         self._lock = threading.Lock()
         self.unauthorized: dict[str, int] = {}
         self.requests: dict[tuple[str, int], int] = {}
         self.seconds: dict[str, tuple[list[int], float]] = {}
         if self.path:
-            self._token = self._read()
-            if not self._token:
-                raise ConfigError(f"recorder.ingest.token_file {self.path}: empty")
+            if not self.token():
+                log.warning("recorder: recorder.ingest.token_file %s holds no token yet: "
+                            "POST routes answer 401 until it does", self.path)  # fmt: skip
         elif not self.anonymous:
             log.warning("recorder: no recorder.ingest.token_file and listening beyond "
                         "loopback: POST routes answer 401 (set a token, or "
                         "ingest.allow_anonymous: true)")  # fmt: skip
 
-    def _read(self) -> str:
-        try:
-            st = os.stat(self.path)
-            with open(self.path) as f:
-                token = f.read().strip()
-        except OSError as exc:
-            raise ConfigError(f"recorder.ingest.token_file {self.path}: {exc}") from None
-        self._stamp = (st.st_mtime, st.st_size)
-        return token
-
     def token(self) -> str:
-        """The token now (the file read again when it changed; the last one kept while it
-        cannot be read)."""
+        """The token now: the file read again when it changed (a Secret's new token); the
+        last one kept while it cannot be read; "" before it ever could."""
         with self._lock:
             try:
                 st = os.stat(self.path)
                 if (st.st_mtime, st.st_size) != self._stamp:
-                    self._token = self._read() or self._token
-            except (OSError, ConfigError) as exc:
-                log.warning("recorder: token file: %s; keeping the last token", exc)
+                    with open(self.path) as f:
+                        self._token = f.read().strip() or self._token
+                    self._stamp = (st.st_mtime, st.st_size)
+            except OSError as exc:
+                if self._stamp is not None or not self._warned:
+                    log.warning("recorder: token file: %s", exc)
+                self._warned = True
             return self._token
 
     def refused(self, route: str, headers: dict[str, str]) -> Response | None:
@@ -96,11 +91,14 @@ class Ingest(Collector):
         POSTs are not taken); None when it may go on."""
         if self.path:
             scheme, _, given = headers.get("authorization", "").partition(" ")
-            token = self.token().encode()
-            if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token):
+            token = self.token()
+            if token and scheme.lower() == "bearer" and hmac.compare_digest(
+                    given.strip().encode(), token.encode()):  # fmt: skip
                 return None
             bearer = scheme.lower() == "bearer" and given.strip()
             why = "a wrong bearer token" if bearer else "no bearer token (Authorization: Bearer)"
+            if not token:
+                why = f"recorder.ingest.token_file {self.path} holds no token (yet)"
         elif self.anonymous:
             return None
         else:

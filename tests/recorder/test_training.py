@@ -389,3 +389,18 @@ def test_over_https_with_its_certificate(api: FakeApiServer, recorder_app: Any,
             requests.get(f"http://127.0.0.1:{app.http.port}/healthz", timeout=hang_guard(5))
     finally:
         app.stop(flush_timeout=2)
+
+
+def test_a_token_file_that_appears_later(api: FakeApiServer, recorder_app: Any,
+                                         tmp_path: Path) -> None:  # fmt: skip
+    token = tmp_path / "secret" / "token"  # the Secret is not there yet
+    app = started(api, recorder_app, f"sqlite:///{tmp_path / 'r.db'}",
+                  ingest__token_file=str(token))  # fmt: skip
+    good = fluent_bit(WORKERS[0], [megatron(1, 1000.0)], [1.7e9])
+    r = post(app, good, headers={"Authorization": "Bearer abc"})
+    assert r.status_code == 401 and "holds no token" in r.json()["meta"]["message"]
+    assert get(app, "/v1/gpu-aggregation/clusters") == ["local"]  # the rest runs
+    token.parent.mkdir()
+    token.write_text("abc\n")
+    r = post(app, good, headers={"Authorization": "Bearer abc"})
+    assert r.status_code == 200 and r.json()["data"]["parsed"] == 1

@@ -218,3 +218,25 @@ def test_recorder_rbac_allows_the_finalizer_on_every_kind_it_follows() -> None:
                        ("ray.io", "rayjobs")):  # fmt: skip
         assert {"get", "list", "watch", "patch"} <= allowed[(group, res)], res
     assert {"get", "list", "watch"} <= allowed[("", "pods")]
+
+
+def test_the_log_shippers_snippets_point_at_the_recorders_post_route(tmp_path: Path) -> None:
+    from lens_ebpf.cluster import config
+
+    cm = next(d for d in recorder_documents() if d["kind"] == "ConfigMap")
+    (tmp_path / "recorder.yaml").write_text(cm["data"]["recorder.yaml"])
+    cfg = config.load(tmp_path / "recorder.yaml", env={})
+    port = cfg.recorder.listen.rsplit(":", 1)[1]
+    fb = dict(line.split(None, 1) for line in
+              (DEPLOY / "log-shippers" / "fluent-bit-output.conf").read_text().splitlines()
+              if line.startswith("    ") and not line.strip().startswith("#"))  # fmt: skip
+    assert (fb["Name"], fb["Port"], fb["URI"], fb["Format"]) == ("http", port, "/logs", "json")
+    assert fb["Header"].startswith("Authorization Bearer ")
+    sink = yaml.safe_load((DEPLOY / "log-shippers" / "vector-sink.yaml").read_text())["sinks"]
+    assert sink["lens_ebpf"]["uri"].endswith(f":{port}/logs")
+    assert sink["lens_ebpf"]["auth"]["strategy"] == "bearer"
+    # the token the shippers present is the file the recorder reads, from the Secret
+    dep = next(d for d in recorder_documents() if d["kind"] == "Deployment")
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "ingest-token")
+    assert cfg.recorder.ingest.token_file == f"{mount['mountPath']}/token"
