@@ -2,7 +2,8 @@
 `<!-- api-examples -->` and `<!-- /api-examples -->`, from what the tests got:
 
     API_EXAMPLES_OUT=/tmp/examples.json .venv/bin/python -m pytest -q \
-        tests/recorder/test_cluster_api.py tests/recorder/test_devices.py -k "not postgresql"
+        tests/recorder/test_cluster_api.py tests/recorder/test_devices.py \
+        tests/recorder/test_training.py tests/recorder/test_timeline.py -k "not postgresql"
     .venv/bin/python scripts/api_examples.py /tmp/examples.json
 
 Each answer is a real one (a real Prometheus with the tests' series, the API stand-in's
@@ -29,7 +30,7 @@ ROUTES = [
     "nodes/{name}/workloads", "nodes/{name}/workloadsHistory", "nodes/{name}/devices",
     "nodes/{name}/devices/changelog", "devices/{serial}/history", "workloads",
     "workloadMetadata", "workloads/hierarchy", "workloads/{uid}", "workloads/{uid}/hierarchy",
-    "workloads/{uid}/metrics",
+    "workloads/{uid}/metrics", "workloads/{uid}/trainingPerformance", "workloads/{uid}/timeline",
 ]  # fmt: skip
 FIXED = {"gpuAllocation", "gpuUtilization", "gpuUtilizationHistory", "hierarchy"}
 

@@ -404,3 +404,31 @@ def test_a_token_file_that_appears_later(api: FakeApiServer, recorder_app: Any,
     token.write_text("abc\n")
     r = post(app, good, headers={"Authorization": "Bearer abc"})
     assert r.status_code == 200 and r.json()["data"]["parsed"] == 1
+
+
+@pytest.mark.parametrize("shipper", ["fluent-bit", "fluent-bit-json-lines", "vector", "plain"])
+def test_every_formats_lines_through_every_shipper(
+        api: FakeApiServer, recorder_app: Any, tmp_path: Path, shipper: str) -> None:  # fmt: skip
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    app = started(api, recorder_app, url)
+    files = ("megatron-single-node.log", "primus.log", "torchtitan.log", "hf_trainer.log",
+             "deepspeed.log")  # fmt: skip
+    texts = [x for f in files for x in lines(f)]
+    times = [1.7e9 + 13 * i for i in range(len(texts))]
+    if shipper == "plain":
+        r = post(app, gzip.compress("\n".join(texts).encode()),
+                 params={"namespace": NS, "pod": WORKERS[0]},
+                 headers={"Content-Encoding": "gzip"})  # fmt: skip
+    elif shipper == "vector":
+        r = post(app, vector(WORKERS[0], texts, times))
+    else:
+        recs = fluent_bit(WORKERS[0], texts, times)
+        r = post(app, recs if shipper == "fluent-bit" else
+                 "\n".join(json.dumps(x) for x in recs))  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert r.json()["data"]["parsed"] == 23 and r.json()["data"]["malformed"] == 0
+    assert app.writer.flush(10)
+    got: dict[str, int] = {}
+    for row in rows(url, "training_points"):
+        got[row["format"]] = got.get(row["format"], 0) + 1
+    assert got == {"megatron": 11, "torchtitan": 3, "hf_trainer": 5, "deepspeed": 4}
