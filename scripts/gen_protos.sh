@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Regenerate the gRPC code from protos/ (make protos): lens_ebpf/api/gen (our event API)
-# and lens_ebpf/k8s/gen (the kubelet's PodResources v1). Tests check for drift.
-# With an argument DIR, writes DIR/api and DIR/k8s instead.
+# Regenerate the gRPC code from protos/ (make protos): lens_ebpf/api/gen (our event API),
+# lens_ebpf/k8s/gen (the kubelet's PodResources v1) and lens_ebpf/cluster/gen (Prometheus
+# remote write 1.0 and 2.0, messages only). Tests check for drift.
+# With an argument DIR, writes DIR/api, DIR/k8s and DIR/cluster instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 api=${1:+$1/api}
 k8s=${1:+$1/k8s}
+cluster=${1:+$1/cluster}
 api=${api:-lens_ebpf/api/gen}
 k8s=${k8s:-lens_ebpf/k8s/gen}
+cluster=${cluster:-lens_ebpf/cluster/gen}
 gen() {  # gen OUT PROTO_DIR NAME
   mkdir -p "$1"
   .venv/bin/python -m grpc_tools.protoc -I"$2" --python_out="$1" --pyi_out="$1" \
@@ -17,3 +20,9 @@ gen() {  # gen OUT PROTO_DIR NAME
 }
 gen "$api" protos/lens/v1 lens
 gen "$k8s" protos/k8s/podresources/v1 podresources_v1
+messages() {  # messages OUT PROTO_DIR NAME: no service, no gRPC code
+  mkdir -p "$1"
+  .venv/bin/python -m grpc_tools.protoc -I"$2" --python_out="$1" --pyi_out="$1" "$2/$3.proto"
+}
+messages "$cluster" protos/prometheus/v1 remote_write_v1
+messages "$cluster" protos/prometheus/v2 remote_write_v2

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -67,6 +67,56 @@ class RetentionConfig(Section):
     days: float = Field(30.0, gt=0)  # allocation snapshots and the device changelog
 
 
+class DeviceLabelRule(Section):
+    """A label of other exporters' series that names a device, and what of the device it
+    holds: a GPU's index, UUID, serial or PCI address, or an RDMA device."""
+
+    label: str = Field(min_length=1)
+    match: Literal["index", "uuid", "serial", "bdf", "rdma"]
+
+
+def _device_rules() -> list[DeviceLabelRule]:
+    return [DeviceLabelRule(label=label, match=match) for label, match in (
+        ("UUID", "uuid"),  # dcgm-exporter
+        ("gpu_uuid", "uuid"),  # AMD device-metrics-exporter, lens-ebpf's hw_gpu_*
+        ("serial_number", "serial"),  # AMD device-metrics-exporter
+        ("pci_bus_id", "bdf"),  # dcgm-exporter (eight-digit domain)
+        ("gpu_id", "index"),  # AMD device-metrics-exporter, lens-ebpf
+        ("gpu", "index"),  # dcgm-exporter
+        ("gpu_index", "index"),  # lens-ebpf
+        ("asic", "index"),
+        ("device", "rdma"),  # lens-ebpf's and node_exporter's RDMA ports
+    )]  # fmt: skip
+
+
+class BasicAuthConfig(Section):
+    username: str = ""
+    password_file: str = ""
+
+
+class ClientTlsFiles(Section):
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    insecure_skip_verify: bool = False
+
+
+class RemoteWriteConfig(Section):
+    url: str = ""  # where series go (a remote write receiver); "": POST /prometheus is 503
+    mode: Literal["workload", "proxy"] = "workload"  # proxy: every series is forwarded too
+    job: str = Field("lens-ebpf-recorder", min_length=1)  # the copies' job label
+    max_body_bytes: int = Field(16 << 20, ge=1024, le=1 << 30)  # sent, and once unpacked
+    timeout_seconds: float = Field(30.0, gt=0)  # the downstream's answer
+    bearer_token_file: str = ""
+    basic_auth: BasicAuthConfig = Field(default_factory=BasicAuthConfig)
+    tls: ClientTlsFiles = Field(default_factory=ClientTlsFiles)
+    cache_seconds: float = Field(10.0, gt=0)  # the device -> pod -> workload maps are read anew
+    node_labels: list[str] = Field(default_factory=lambda: [
+        "primus_lens_node_name", "Hostname", "hostname", "node", "instance"])  # fmt: skip
+    device_labels: list[DeviceLabelRule] = Field(default_factory=_device_rules)
+    pod_labels: list[str] = Field(default_factory=lambda: ["pod", "pod_name", "exported_pod"])
+
+
 class RecorderConfig(Section):
     database_url: str = "sqlite:///lens-recorder.db"
     listen: str = "0.0.0.0:9480"  # REST (/workloads, /pods) and /metrics
@@ -85,6 +135,7 @@ class RecorderConfig(Section):
     logs: LogsConfig = Field(default_factory=LogsConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     timeline: TimelineConfig = Field(default_factory=TimelineConfig)
+    remote_write: RemoteWriteConfig = Field(default_factory=RemoteWriteConfig)
 
     @field_validator("listen")
     @classmethod

@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 
 from lens_ebpf.cluster.config import IngestConfig
 from lens_ebpf.core.exposition import cumulative
-from lens_ebpf.core.http import Post, Response, json_response
+from lens_ebpf.core.http import Answer, Post, Response, json_response
 
 log = logging.getLogger(__name__)
 
@@ -108,12 +108,12 @@ class Ingest(Collector):
             self.unauthorized[route] = self.unauthorized.get(route, 0) + 1
         return answer(401, f"{route}: {why}")
 
-    def route(self, name: str, handler: Callable[[Post], Response]) -> Callable[[Post], Response]:
+    def route(self, name: str, handler: Callable[[Post], Answer]) -> Callable[[Post], Answer]:
         """handler behind the token check, its answers counted and timed."""
 
-        def serve(req: Post) -> Response:
+        def serve(req: Post) -> Answer:
             start = time.perf_counter()
-            got = self.refused(name, req.headers) or handler(req)
+            got: Answer = self.refused(name, req.headers) or handler(req)
             took = time.perf_counter() - start
             with self._lock:
                 key = (name, got[0])

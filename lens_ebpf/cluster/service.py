@@ -28,6 +28,7 @@ from lens_ebpf.cluster.kubelet_service import KubeletService
 from lens_ebpf.cluster.node_events import NodeEvents, last_seqs
 from lens_ebpf.cluster.nodes import NodeTracker
 from lens_ebpf.cluster.prom import Prom
+from lens_ebpf.cluster.remote_write.routes import RemoteWrite
 from lens_ebpf.cluster.store import (
     WRITE_BUCKETS,
     DatabaseError,
@@ -106,12 +107,18 @@ class RecorderApp:
         self.http.add_query("/pods", self._pods)
         p = r.prometheus
         self.prom = Prom(p.url, p.timeout_seconds, p.max_points)
+        self.remote_write = RemoteWrite(r.remote_write, self.engine, clock)
+        self.registry.register(self.remote_write)
         cluster_api = api.routes(self._connected, r.cluster_name, self.prom, clock,
-                                 training_routes.api_routes(self.prom, r, clock))  # fmt: skip
+                                 training_routes.api_routes(self.prom, r, clock)
+                                 + self.remote_write.api_routes())  # fmt: skip
         logs = self.ingest.route("/logs", training_routes.post_logs(
             self.training, self.writer, r.logs.max_body_bytes, clock))  # fmt: skip
         for path in ("/logs", "/v1/logs", "/api/logs"):  # the seed's, and the API's prefixes
             self.http.add_post(path, logs, r.logs.max_body_bytes)
+        writes = self.ingest.route("/prometheus", self.remote_write.post)
+        for path in ("/prometheus", "/v1/prometheus", "/api/prometheus"):
+            self.http.add_post(path, writes, r.remote_write.max_body_bytes)
         self.outliers = Outliers(self.engine, self.writer, self.prom, self.recorder.running_pods,
                                  r.jobs.outliers_seconds, clock)  # fmt: skip
         self.registry.register(self.outliers)
@@ -130,6 +137,7 @@ class RecorderApp:
         for name, target in (("recorder-nodes", self.nodes.reflector.run),
                              ("recorder-jobs", self.jobs.run),
                              ("recorder-training", self.training.run_checks),
+                             ("recorder-remote-write", self.remote_write.indexer.run),
                              ("recorder-outliers", self.outliers.run)):  # fmt: skip
             th = threading.Thread(target=target, args=(self._stop,), name=name, daemon=True)
             th.start()
@@ -200,6 +208,11 @@ class RecorderApp:
         return self._listing(query, queries.workloads)
 
     def _pods(self, rest: str, query: dict[str, str]) -> Response:
+        # the telemetry processor's caches, at Primus-Lens's paths (/pods/cache, ...)
+        for path, fn in (("cache", self.remote_write.pods_cache),
+                         ("workload/cache", self.remote_write.workload_cache)):  # fmt: skip
+            if rest == path:
+                return api.ok(fn(None, rest, query))  # type: ignore[arg-type]
         if rest:
             return json_response(404, {"error": f"no route /pods/{rest}"})
         return self._listing(query, partial(queries.pods, now=self.clock()))

@@ -55,7 +55,9 @@ class Post:
     peer: str  # the client's address
 
 
-PostRoute = Callable[[Post], Response]
+# a POST route may answer headers of its own too (Retry-After, ...)
+Answer = tuple[int, str, bytes] | tuple[int, str, bytes, dict[str, str]]
+PostRoute = Callable[[Post], Answer]
 
 REFUSED = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
@@ -182,8 +184,10 @@ class HttpServer:
         self.registry = registry
         self.routes: dict[str, Route] = {}
         self.query_routes: dict[str, QueryRoute] = {}
-        # path -> (the route, the most body bytes it takes)
-        self.post_routes: dict[str, tuple[PostRoute, int]] = {}
+        # path -> (the route, the most body bytes it takes, the most requests at once)
+        self.post_routes: dict[str, tuple[PostRoute, int, int]] = {}
+        self.in_flight: dict[str, int] = {}
+        self.busy: dict[str, int] = {}  # POSTs refused for too many at once (503), by route
         self.tls = tls
         self.counters = Counters()
         self.max_connections = max_connections
@@ -227,36 +231,47 @@ class HttpServer:
         """A route for prefix and every path below it, given the rest and the query."""
         self.query_routes[prefix.rstrip("/")] = route
 
-    def add_post(self, path: str, route: PostRoute, max_body: int) -> None:
-        """A POST route for path (and the paths below it); bodies over max_body get 413."""
-        self.post_routes[path.rstrip("/")] = (route, max_body)
+    def add_post(self, path: str, route: PostRoute, max_body: int, at_once: int = 64) -> None:
+        """A POST route for path (and the paths below it); bodies over max_body get 413;
+        beyond at_once requests of it in hand (bodies read, answers not yet sent) a new
+        one gets 503 before its body is read, so what is held stays bounded."""
+        self.post_routes[path.rstrip("/")] = (route, max_body, at_once)
 
-    def _find_post(self, request: web.BaseRequest) -> tuple[str, PostRoute, int] | None:
+    def _find_post(self, request: web.BaseRequest) -> tuple[str, str, PostRoute, int, int] | None:
         path = request.path.rstrip("/") or "/"
-        for prefix, (route, most) in self.post_routes.items():
+        for prefix, (route, most, at_once) in self.post_routes.items():
             if path == prefix or path.startswith(prefix + "/"):
-                return unquote(path[len(prefix) :].lstrip("/")), route, most
+                return prefix, unquote(path[len(prefix) :].lstrip("/")), route, most, at_once
         return None
 
-    async def _post(self, request: web.BaseRequest) -> Response:
+    async def _post(self, request: web.BaseRequest) -> Answer:
         found = self._find_post(request)
         if found is None:
             allowed = "GET" if self._find(request) is not None else "nothing"
             return json_response(405, {"error": f"POST not allowed here ({allowed} is)"})
-        rest, route, most = found
+        prefix, rest, route, most, at_once = found
         length = request.content_length
         if length is not None and length > most:
             self.counters.bodies_too_large += 1
             return json_response(413, {"error": f"body of {length} bytes: over {most}"})
-        body = bytearray()
-        async for chunk in request.content.iter_chunked(65536):
-            body += chunk
-            if len(body) > most:
-                self.counters.bodies_too_large += 1
-                return json_response(413, {"error": f"body over {most} bytes"})
-        post = Post(rest, dict(request.query), {k.lower(): v for k, v in request.headers.items()},
-                    bytes(body), request.remote or "")  # fmt: skip
-        return await asyncio.get_running_loop().run_in_executor(None, route, post)
+        if self.in_flight.get(prefix, 0) >= at_once:
+            self.busy[prefix] = self.busy.get(prefix, 0) + 1
+            return (*json_response(503, {"error": f"{at_once} requests in hand: retry"}),
+                    {"Retry-After": "1", "Connection": "close"})  # fmt: skip
+        self.in_flight[prefix] = self.in_flight.get(prefix, 0) + 1
+        try:
+            body = bytearray()
+            async for chunk in request.content.iter_chunked(65536):
+                body += chunk
+                if len(body) > most:
+                    self.counters.bodies_too_large += 1
+                    return json_response(413, {"error": f"body over {most} bytes"})
+            post = Post(rest, dict(request.query),
+                        {k.lower(): v for k, v in request.headers.items()}, bytes(body),
+                        request.remote or "")  # fmt: skip
+            return await asyncio.get_running_loop().run_in_executor(None, route, post)
+        finally:
+            self.in_flight[prefix] -= 1
 
     def _find(self, request: web.BaseRequest) -> Route | None:
         path = request.path.rstrip("/") or "/"
@@ -274,9 +289,12 @@ class HttpServer:
         if isinstance(conn, _Connection):
             conn.in_request = True
         try:
+            extra: dict[str, str] = {}
             if request.method == "POST":
                 try:
-                    status, ctype, body = await self._post(request)
+                    got = await self._post(request)
+                    status, ctype, body = got[0], got[1], got[2]
+                    extra = got[3] if len(got) > 3 else {}
                 except Exception as exc:  # a broken route must not take the server down
                     log.exception("POST %s failed", request.path)
                     status, ctype, body = json_response(500, {"error": str(exc)})
@@ -294,7 +312,7 @@ class HttpServer:
                 except Exception as exc:  # a broken route must not take the server down
                     log.exception("route %s failed", request.path)
                     status, ctype, body = json_response(500, {"error": str(exc)})
-            headers = {"Content-Type": ctype}
+            headers = {"Content-Type": ctype, **extra}
             if status == 413:  # the rest of the body is not read: the connection cannot go on
                 headers["Connection"] = "close"
             return web.Response(status=status, body=body, headers=headers)

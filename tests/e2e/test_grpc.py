@@ -346,8 +346,11 @@ def test_tls_and_mutual_tls(tmp_path: Path, certs: dict[str, Path]) -> None:
 def test_generated_code_matches_the_proto(tmp_path: Path) -> None:
     subprocess.run([str(ROOT / "scripts" / "gen_protos.sh"), str(tmp_path)], check=True)
     for sub, gen, stem in (("api", "lens_ebpf/api/gen", "lens"),
-                           ("k8s", "lens_ebpf/k8s/gen", "podresources_v1")):  # fmt: skip
-        for name in (f"{stem}_pb2.py", f"{stem}_pb2.pyi", f"{stem}_pb2_grpc.py"):
+                           ("k8s", "lens_ebpf/k8s/gen", "podresources_v1"),
+                           ("cluster", "lens_ebpf/cluster/gen", "remote_write_v1"),
+                           ("cluster", "lens_ebpf/cluster/gen", "remote_write_v2")):  # fmt: skip
+        grpc_code = () if sub == "cluster" else (f"{stem}_pb2_grpc.py",)
+        for name in (f"{stem}_pb2.py", f"{stem}_pb2.pyi", *grpc_code):
             assert filecmp.cmp(
                 tmp_path / sub / name, ROOT / gen / name, shallow=False
             ), f"{name} is stale: run make protos"

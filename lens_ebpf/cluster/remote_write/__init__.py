@@ -1,0 +1,1 @@
+"""Prometheus remote write in, workload series out (the telemetry processor's metrics side)."""
