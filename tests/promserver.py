@@ -26,11 +26,13 @@ def available() -> str | None:
 
 class Prometheus:
     def __init__(self, targets: list[str], rule_files: list[str] | None = None,
-                 openmetrics: str | None = None,
-                 labels: dict[str, str] | None = None) -> None:  # fmt: skip
+                 openmetrics: str | None = None, labels: dict[str, str] | None = None,
+                 flags: list[str] | None = None,
+                 remote_write: list[dict[str, Any]] | None = None) -> None:  # fmt: skip
         """openmetrics: series (OpenMetrics text, with timestamps) written into its TSDB
         by `promtool tsdb create-blocks-from openmetrics` before it starts, so a test
-        knows every number a query returns."""
+        knows every number a query returns. flags: more command-line flags (e.g.
+        --web.enable-remote-write-receiver); remote_write: its remote_write section."""
         self.dir = Path(tempfile.mkdtemp(prefix="lens-prom-"))
         if openmetrics is not None:
             (self.dir / "series.om").write_text(openmetrics)
@@ -50,16 +52,30 @@ class Prometheus:
                 }
             ],
         }
+        if remote_write:
+            cfg["remote_write"] = remote_write
         (self.dir / "prometheus.yml").write_text(json.dumps(cfg))
+        self.flags = list(flags or [])
         self.log = open(self.dir / "log", "w")  # noqa: SIM115 (open while prometheus runs)
-        self.proc = subprocess.Popen(
+        self.proc = self._run()
+
+    def _run(self) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
             [PROMETHEUS, f"--config.file={self.dir / 'prometheus.yml'}",
              f"--storage.tsdb.path={self.dir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"],
+             f"--web.listen-address=127.0.0.1:{self.port}", *self.flags],
             stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
-        wait_http_ok(self.base + "/-/ready", self.proc, "prometheus",
+        wait_http_ok(self.base + "/-/ready", proc, "prometheus",
                      lambda: (self.dir / "log").read_text())  # fmt: skip
+        return proc
+
+    def pause(self) -> None:
+        """Stopped, its data kept (start() runs it again on the same port)."""
+        stop_process(self.proc)
+
+    def start(self) -> None:
+        self.proc = self._run()
 
     def query(self, expr: str) -> dict[str, Any]:
         status, body = get(self.base + "/api/v1/query?query=" + urllib.parse.quote(expr))

@@ -1,0 +1,391 @@
+"""Remote write through the cluster service, end to end: a real Prometheus scrapes other
+exporters' real exposition (dcgm-exporter's, AMD's device-metrics-exporter's) and
+remote-writes to the service, which writes each GPU pod's series on to a second real
+Prometheus (its remote write receiver on) as the workload_ copies Primus-Lens's dashboards
+query; in proxy mode every series goes on. The receiver stopped for a minute loses
+nothing. Bad requests get their answers; a receiver's failures reach the sender."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from lens_ebpf.api.gen import lens_pb2 as pb
+from lens_ebpf.cluster.gen import remote_write_v1_pb2 as pb1
+from lens_ebpf.cluster.gen import remote_write_v2_pb2 as pb2
+from lens_ebpf.cluster.remote_write import wire
+from tests.conftest import hang_guard, wait_for
+from tests.k8slab import FakeApiServer, eventually
+from tests.recorder.objects import NS, U, gpu_pod, state, template, workload
+from tests.recorder.test_cluster_api import node
+from tests.recorder.test_node_events import report
+from tests.recorder.test_training import get, metric
+
+FIX = Path(__file__).parent.parent / "fixtures" / "remote_write"
+NVIDIA, AMD, OTHER = "i-030791dc5a37cd257", "tw038", "gpu-3"  # the exporters' host names
+WORKERS = {"bert-worker-0": NVIDIA, "bert-worker-1": AMD, "bert-worker-2": OTHER}
+
+
+class Exporter:
+    """Serves an exposition text on /metrics, as an exporter does."""
+
+    def __init__(self, text: str) -> None:
+        body = text.encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.target = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()  # refused from now on, as a receiver that is down
+
+
+class Receiver:
+    """A remote write receiver that answers what the test says and keeps what it got."""
+
+    def __init__(self) -> None:
+        self.status = 204
+        self.got: list[tuple[dict[str, str], bytes]] = []
+        rec = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                rec.got.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(rec.status)
+                if rec.status == 429:
+                    self.send_header("Retry-After", "7")
+                self.send_header("Content-Length", "4")
+                self.end_headers()
+                self.wfile.write(b"nope" if rec.status >= 300 else b"okay")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/v1/write"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()  # refused from now on, as a receiver that is down
+
+
+def exposition() -> str:
+    """The exporters' lines: dcgm-exporter's and AMD's as served, and dcgm-exporter's
+    Kubernetes quick start for a GPU the service does not know, its pod labels filled as
+    dcgm-exporter fills them for a pod that holds the GPU."""
+    kube = (FIX / "dcgm-exporter-kubernetes.prom").read_text().replace(
+        'namespace="",pod=""', f'namespace="{NS}",pod="bert-worker-2"')  # fmt: skip
+    return ((FIX / "dcgm-exporter.prom").read_text() +
+            (FIX / "amd-device-metrics-exporter.prom").read_text() + kube)  # fmt: skip
+
+
+def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, value = line.rsplit(" ", 1)
+        name, _, body = head.partition("{")
+        labels = {}
+        for part in body.rstrip("}").split('",'):
+            k, _, v = part.strip().partition("=")
+            labels[k.strip()] = v.strip().strip('"')
+        out.append((name, labels, float(value)))
+    return out
+
+
+def bert(api: FakeApiServer) -> None:
+    spec = {"pytorchReplicaSpecs": {"Worker": {"replicas": 3, "template": template(
+        "nvidia.com/gpu", 1)}}}  # fmt: skip
+    api.put("pytorchjobs", workload("bert", spec, {}))
+    for i, (pod, host) in enumerate(WORKERS.items()):
+        api.put("nodes", node(host, "True", {"nvidia.com/gpu": "8"}, f"10.1.0.{i + 1}"))
+        api.put("pods", state(gpu_pod(pod, "bert", "nvidia.com/gpu", 1, host), "Running", True))
+
+
+def devices(app: Any) -> None:
+    """Each node's agent reports its GPU, held by its worker (as the kubelet gave it)."""
+    nv = pb.DeviceChange(device_kind="gpu", vendor="nvidia", bdf="0000:31:00.0",
+                         slot="0000:31:00.0", index=0,
+                         key="GPU-c2f76b33-7953-256e-8f33-1343419b1a1c",
+                         uuid="GPU-c2f76b33-7953-256e-8f33-1343419b1a1c", model="NVIDIA L4",
+                         holder=f"{NS}/bert-worker-0")  # fmt: skip
+    uuid = "ccff74a1-0000-1000-80e0-c6d49f5b0d86"
+    amd = pb.DeviceChange(device_kind="gpu", vendor="amd", bdf="0000:15:00.0",
+                          slot="0000:15:00.0", index=2, key=uuid, uuid=uuid,
+                          serial="692409005408", model="AMD Instinct MI300X OAM",
+                          holder=f"{NS}/bert-worker-1")  # fmt: skip
+    for host, gpu in ((NVIDIA, nv), (AMD, amd)):
+        ev = pb.Event(seq=1, ts_unix_nano=time.time_ns(), node_name=host,
+                      device_inventory=pb.DeviceInventory(devices=[gpu]))  # fmt: skip
+        assert report(app.collect_port, host, [ev]) == [0, 1]
+    assert app.writer.flush(10)
+
+
+def started(api: FakeApiServer, recorder_app: Any, url: str, **settings: Any) -> Any:
+    bert(api)
+    app = recorder_app(url, remote_write__cache_seconds=3600, **settings)
+    from tests.recorder.conftest import rows
+
+    eventually(lambda: sum(r["running"] for r in rows(url, "gpu_pods")) == 3, timeout=15)
+    devices(app)
+    idx = app.remote_write.indexer.refresh()
+    assert len(idx.pods) == 3 and idx.holders
+    return app
+
+
+def test_other_exporters_series_become_workload_series_in_a_real_prometheus(
+        api: FakeApiServer, recorder_app: Any, tmp_path: Path) -> None:  # fmt: skip
+    """(SQLite alone: a minute of the receiver down is this test's own time; the maps on
+    PostgreSQL are the next test's.)"""
+    from tests.promserver import Prometheus, available
+
+    if available():
+        pytest.skip(available())
+    token = tmp_path / "token"
+    token.write_text("s3cret")
+    receiver = Prometheus([], flags=["--web.enable-remote-write-receiver"])
+    exporter = Exporter(exposition())
+    sender = None
+    try:
+        app = started(api, recorder_app, f"sqlite:///{tmp_path / 'r.db'}",
+                      ingest__token_file=str(token),
+                      remote_write__url=f"{receiver.base}/api/v1/write")  # fmt: skip
+        sender = Prometheus([exporter.target], remote_write=[{
+            "url": f"http://127.0.0.1:{app.http.port}/prometheus",
+            "authorization": {"credentials_file": str(token)},
+            "queue_config": {"batch_send_deadline": "1s", "min_backoff": "100ms",
+                             "max_backoff": "2s"},
+        }])  # fmt: skip
+        want = samples(exposition())
+        # every series of a GPU pod, as its workload_ copy, value exact
+        for name, labels, value in want:
+            pod = "bert-worker-2" if labels.get("pod") else \
+                "bert-worker-0" if labels.get("Hostname") else "bert-worker-1"  # fmt: skip
+            expr = f'workload_{name}{{workload_uid="{U["bert"]}",pod_name="{pod}"}}'
+            got = receiver.wait_value(expr, lambda r: len(r) == 1, timeout=60)[0]["metric"]
+            assert float(receiver.query(expr)["result"][0]["value"][1]) == value, expr
+            assert (got["workload_name"], got["job"], got["pod_uid"]) == (
+                "bert", "lens-ebpf-recorder", f"uid-{pod}")  # fmt: skip
+            for k, v in labels.items():  # theirs kept (an empty one is no label)
+                assert got.get(k, "") == v, (expr, k)
+        # nothing else is copied (up, scrape_*: no pod), and no original goes on
+        every = receiver.query('count by (__name__) ({__name__=~".+"})')["result"]
+        names = {r["metric"]["__name__"] for r in every}
+        assert names == {f"workload_{n}" for n, _, _ in want}
+        assert metric(app, 'lens_recorder_remote_write_samples_total{result="no_pod"}') > 0
+
+        # the receiver stopped for a minute: the sender hears 503, retries, loses nothing
+        before = time.time()
+        receiver.pause()
+        wait_for(lambda: (metric(app, "lens_recorder_remote_write_downstream_errors_total"
+                                      '{reason="unreachable"}') or 0) > 0,
+                 "the service saw the receiver down", 30)  # fmt: skip
+        time.sleep(60)
+        receiver.start()
+        span = int(time.time() - before) + 120
+        sel = f'{{Hostname="{NVIDIA}",__name__="DCGM_FI_DEV_GPU_UTIL"}}'
+        copied = '{pod_name="bert-worker-0",__name__="workload_DCGM_FI_DEV_GPU_UTIL"}'
+
+        def caught_up() -> bool:
+            at = time.time() - 5  # what the sender has sent by now
+            sent = sender.query(f"count_over_time({sel}[{span}s] @ {at:.3f})")["result"]
+            got = receiver.query(f"count_over_time({copied}[{span}s] @ {at:.3f})")["result"]
+            return bool(sent and got) and sent[0]["value"][1] == got[0]["value"][1]
+
+        wait_for(caught_up, "the receiver has every sample the sender scraped", 180, every=2)
+        own = requests.get(sender.base + "/metrics", timeout=hang_guard(5)).text
+        said = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in own.splitlines()
+                if line.startswith("prometheus_remote_storage_samples_")}  # fmt: skip
+        # the sender's own count: none failed or dropped, some retried (the minute down)
+        assert said["prometheus_remote_storage_samples_failed_total"] == 0, said
+        assert said["prometheus_remote_storage_samples_dropped_total"] == 0, said
+        assert said["prometheus_remote_storage_samples_retried_total"] > 0, said
+        # counted on both sides: what the service says it copied is what the receiver holds
+        sender.pause()  # its last batches flushed on the way out
+        assert app.writer.flush(5)
+        held = sum(float(r["value"][1]) for n in names
+                   for r in receiver.query(f"count_over_time({n}[1h])")["result"])  # fmt: skip
+        copied_n = metric(app, 'lens_recorder_remote_write_samples_total{result="copied"}')
+        assert held == copied_n
+        # the maps the copies were made by, as Primus-Lens serves them
+        cache = get(app, f"/pods/cache?node={NVIDIA}")
+        assert cache["cache"] == {NVIDIA: {
+            "UUID": {"GPU-c2f76b33-7953-256e-8f33-1343419b1a1c": ["bert-worker-0",
+                                                                  "uid-bert-worker-0"]},
+            "gpu_uuid": {"GPU-c2f76b33-7953-256e-8f33-1343419b1a1c": ["bert-worker-0",
+                                                                      "uid-bert-worker-0"]},
+            "pci_bus_id": {"0000:31:00.0": ["bert-worker-0", "uid-bert-worker-0"]},
+            **{k: {"0": ["bert-worker-0", "uid-bert-worker-0"]}
+               for k in ("gpu_id", "gpu", "gpu_index", "asic")}}}  # fmt: skip
+        assert get(app, "/v1/pods/workload/cache")["cache"] == {
+            p: [["bert", U["bert"]]] for p in WORKERS}  # fmt: skip
+    finally:
+        if sender is not None:
+            sender.stop()
+        receiver.stop()
+        exporter.stop()
+
+
+def test_proxy_mode_forwards_every_series(api: FakeApiServer, recorder_app: Any,
+                                          tmp_path: Path) -> None:  # fmt: skip
+    from tests.promserver import Prometheus, available
+
+    if available():
+        pytest.skip(available())
+    receiver = Prometheus([], flags=["--web.enable-remote-write-receiver"])
+    exporter = Exporter(exposition())
+    sender = None
+    try:
+        app = started(api, recorder_app, f"sqlite:///{tmp_path / 'r.db'}",
+                      remote_write__url=f"{receiver.base}/api/v1/write",
+                      remote_write__mode="proxy")  # fmt: skip
+        sender = Prometheus([exporter.target], remote_write=[{
+            "url": f"http://127.0.0.1:{app.http.port}/v1/prometheus",
+            "queue_config": {"batch_send_deadline": "1s"}}])  # fmt: skip
+        for name, labels, value in samples(exposition()):
+            key = "UUID" if "UUID" in labels else "gpu_uuid"
+            sel = f'{name}{{job="lens-ebpf",{key}="{labels[key]}"}}'
+            r = receiver.wait_value(sel, lambda r: len(r) >= 1, 60)
+            want = {"bert-worker-2"} if labels.get("pod") else \
+                {"bert-worker-0"} if labels.get("Hostname") else {"bert-worker-1"}  # fmt: skip
+            assert {x["metric"].get("pod") for x in r} == want, name
+            assert {x["metric"].get("workload") for x in r} == {"bert"}
+            assert {float(x["value"][1]) for x in r} == {value}
+        # and what belongs to no pod goes on as it came
+        up = receiver.wait_value('up{job="lens-ebpf"}', lambda r: len(r) == 1, 60)
+        assert "pod" not in up[0]["metric"]
+        receiver.wait_value('workload_gpu_gfx_activity{workload_name="bert"}',
+                            lambda r: len(r) == 1, 60)  # fmt: skip
+    finally:
+        if sender is not None:
+            sender.stop()
+        receiver.stop()
+        exporter.stop()
+
+
+def write_request() -> bytes:
+    req = pb1.WriteRequest()
+    ts = req.timeseries.add()
+    for k, v in sorted({"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": NVIDIA,
+                        "UUID": "GPU-c2f76b33-7953-256e-8f33-1343419b1a1c"}.items()):  # fmt: skip
+        ts.labels.add(name=k, value=v)
+    ts.samples.add(value=97.0, timestamp=int(time.time() * 1000))
+    return req.SerializeToString()
+
+
+V1 = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy",
+      "X-Prometheus-Remote-Write-Version": "0.1.0"}  # fmt: skip
+
+
+def test_bad_requests_and_a_failing_receiver_get_their_answers(
+        api: FakeApiServer, recorder_app: Any, db_url: str) -> None:  # fmt: skip
+    receiver = Receiver()
+    try:
+        app = started(api, recorder_app, db_url,
+                      remote_write__url=receiver.url,
+                      remote_write__max_body_bytes=4096)  # fmt: skip
+        url = f"http://127.0.0.1:{app.http.port}/prometheus"
+
+        def send(body: bytes, headers: dict[str, str] | None = None) -> requests.Response:
+            return requests.post(url, data=body, headers=headers if headers is not None else V1,
+                                 timeout=hang_guard(10))  # fmt: skip
+
+        good = wire.snappy(write_request())
+        r = send(good)
+        assert r.status_code == 204, r.text
+        ((headers, body),) = receiver.got
+        assert headers["content-encoding"] == "snappy"
+        assert headers["x-prometheus-remote-write-version"] == "0.1.0"
+        (copy,) = pb1.WriteRequest.FromString(wire.unsnappy(body, 1 << 20)).timeseries
+        assert {lb.name: lb.value for lb in copy.labels}["workload_uid"] == U["bert"]
+        cases = [
+            (b"not snappy at all", V1, 400, "not snappy"),
+            (wire.snappy(b"\x0a\xff\xff\xff"), V1, 400, "not a prometheus.WriteRequest"),
+            (good, {**V1, "X-Prometheus-Remote-Write-Version": "9.0.0"}, 415, "9.0.0"),
+            (good, {**V1, "Content-Encoding": "gzip"}, 415, "snappy"),
+            (good, {**V1, "Content-Type": "application/json"}, 415, "Content-Type"),
+            (wire.snappy(b"\x0a" + b"\x00" * 9000), V1, 413, "once unpacked"),
+        ]  # fmt: skip
+        for data, headers, status, why in cases:
+            r = send(data, headers)
+            assert r.status_code == status and why in r.json()["meta"]["message"], (why, r.text)
+        assert send(b"x" * 5000).status_code == 413  # over max_body_bytes as sent
+        for reason, n in (("bad_body", 2), ("unsupported", 3), ("too_large", 1)):
+            assert metric(app, f'lens_recorder_remote_write_refused_total{{reason="{reason}"}}') \
+                == n  # fmt: skip
+        # the receiver's answers reach the sender: 429 (with its Retry-After), 503, 400
+        for status, heard in ((429, 429), (500, 503), (503, 503), (400, 400)):
+            receiver.status = status
+            r = send(good)
+            assert r.status_code == heard, (status, r.text)
+            if status == 429:
+                assert r.headers["Retry-After"] == "7"
+        assert metric(app, 'lens_recorder_remote_write_samples_total{result="rejected"}') == 1
+        for reason, n in (("429", 1), ("5xx", 2), ("4xx", 1)):
+            assert metric(app, 'lens_recorder_remote_write_downstream_errors_total'
+                               f'{{reason="{reason}"}}') == n  # fmt: skip
+        receiver.stop()
+        r = send(good)
+        assert r.status_code == 503 and "did not answer" in r.json()["meta"]["message"]
+        # remote write 2.0 goes on as 2.0, and says what it wrote
+        receiver = Receiver()
+        app.remote_write.forwarder.cfg = app.remote_write.cfg.model_copy(
+            update={"url": receiver.url})  # fmt: skip
+        req = pb2.Request(
+            symbols=[
+                "",
+                "__name__",
+                "DCGM_FI_DEV_GPU_UTIL",
+                "Hostname",
+                NVIDIA,
+                "UUID",
+                "GPU-c2f76b33-7953-256e-8f33-1343419b1a1c",
+            ]
+        )
+        ts = req.timeseries.add(labels_refs=[1, 2, 3, 4, 5, 6])
+        ts.samples.add(value=5.0, timestamp=int(time.time() * 1000))
+        v2 = {
+            **V1,
+            "Content-Type": "application/x-protobuf;proto=io.prometheus.write.v2.Request",
+            "X-Prometheus-Remote-Write-Version": "2.0.0",
+        }
+        r = send(wire.snappy(req.SerializeToString()), v2)
+        assert r.status_code == 204, r.text
+        assert r.headers["X-Prometheus-Remote-Write-Samples-Written"] == "1"
+        ((headers, body),) = receiver.got
+        assert headers["content-type"] == v2["Content-Type"]
+        got = pb2.Request.FromString(wire.unsnappy(body, 1 << 20))
+        assert "workload_DCGM_FI_DEV_GPU_UTIL" in got.symbols
+    finally:
+        receiver.stop()
+
+
+def test_without_a_receiver_remote_write_says_so(api: FakeApiServer, recorder_app: Any,
+                                                 tmp_path: Path) -> None:  # fmt: skip
+    app = recorder_app(f"sqlite:///{tmp_path / 'r.db'}")
+    r = requests.post(f"http://127.0.0.1:{app.http.port}/prometheus",
+                      data=wire.snappy(write_request()), headers=V1,
+                      timeout=hang_guard(10))  # fmt: skip
+    assert r.status_code == 503 and "remote_write.url is not set" in r.json()["meta"]["message"]
+    assert get(app, "/pods/cache")["cache"] == {}
