@@ -279,3 +279,22 @@ def test_which_requests_are_taken() -> None:
 def test_pci_addresses_as_the_agents_write_them() -> None:
     assert bdf("00000000:3B:00.0") == "0000:3b:00.0"
     assert bdf("0000:c1:00.0") == "0000:c1:00.0"
+
+
+def test_new_maps_keep_the_copies_of_series_whose_pod_did_not_change() -> None:
+    maps = Maps(index())
+    cfg = config.load(env={}).recorder.remote_write
+    r = Relabeler(cfg, maps)  # type: ignore[arg-type]
+    a = {"__name__": "gpu_utilization", "gpu_id": "0", "node": "node-a"}  # unheld
+    b = {"__name__": "gpu_utilization", "gpu_id": "3", "node": "node-a"}  # held by worker 1
+    req = request([(a, [(1.0, int(CHANGED) + 1)]), (b, [(2.0, int(CHANGED) + 1)])])
+    assert [x["pod_name"] for x, _ in written(r.v1(req).body)] == ["bert-worker-1"]
+    kept = {k: v.copies for k, v in r.cache.items()}
+    new = index()
+    new.generation = 2
+    new.holders[("node-a", "0000:01:00.0")] = [(-math.inf, math.inf, "uid-w2")]  # a pod came
+    maps.index = new
+    got = written(r.v1(req).body)
+    assert [x["pod_name"] for x, _ in got] == ["bert-worker-2", "bert-worker-1"]
+    same = [k for k, v in r.cache.items() if v.copies is kept[k]]
+    assert len(same) == 1  # b's copies were not built again

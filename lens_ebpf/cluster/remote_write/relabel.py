@@ -13,6 +13,7 @@ is its samples' bytes and the join.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 
@@ -37,21 +38,37 @@ class Out:
     series: int = 0  # series forwarded (copies, and originals in proxy mode)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESULTS, 0))
     written: wire.Counts = field(default_factory=wire.Counts)
-    oldest_ms: float = 0.0  # the oldest sample's time (ingest lag)
+    oldest_ms: float = 0.0  # the request's first sample's time (ingest lag)
 
 
 class Resolved:
     """A series' labels, read against one generation of the maps."""
 
-    __slots__ = ("generation", "device", "pod", "labels", "held", "copies", "proxy")
+    __slots__ = (
+        "generation",
+        "device",
+        "pod",
+        "static",
+        "labels",
+        "key",
+        "held",
+        "held_pod",
+        "copies",
+        "proxy",
+    )
 
     def __init__(self, generation: int, device: tuple[str, str] | None, pod: str,
-                 labels: dict[str, str]) -> None:  # fmt: skip
+                 labels: dict[str, str], static: str | None) -> None:  # fmt: skip
         self.generation = generation
         self.device = device  # (node, slot or RDMA device): its holder is looked up by time
         self.pod = pod  # the pod its labels name ("" for none)
-        self.labels = labels
+        self.static = static  # the pod whatever the time (None: it depends on the time)
+        # its labels: kept only while its copies are built (memory: a cached series is its
+        # key, its copies' bytes and a few names), read again from key when asked
+        self.labels: dict[str, str] | None = labels
+        self.key = b""  # its serialized labels (1.0's cache key)
         self.held: str | None = None  # the pod whose copies below are built
+        self.held_pod: Pod | None = None  # as the maps had it then
         self.copies: tuple[bytes, ...] = ()
         self.proxy: bytes = b""
 
@@ -100,7 +117,27 @@ class Relabeler:
                 pod = idx.by_name.get((ns, name), "")
             elif len(idx.names.get(name, ())) == 1:
                 pod = idx.names[name][0]
-        return Resolved(idx.generation, device, pod, labels)
+        static: str | None = pod
+        if device is not None:
+            spans = idx.holders.get(device, [])
+            if len(spans) == 1 and spans[0][0] == -math.inf and spans[0][1] == math.inf:
+                static = spans[0][2]
+            elif spans:
+                static = None
+        return Resolved(idx.generation, device, pod, labels, static)
+
+    def again(self, old: Resolved, idx: Index) -> Resolved:
+        """A series' labels read against new maps; the copies already built are kept when
+        its device, its pod and that pod's workloads are what they were (the maps change
+        each time a pod somewhere starts or ends: a rebuild of every series' copies then
+        would be a cold start)."""
+        new = self.resolve(labels_of(old), idx)
+        new.key = old.key
+        if (new.device, new.pod, new.static) == (old.device, old.pod, old.static) and \
+                old.held is not None and idx.pods.get(old.held) == old.held_pod:  # fmt: skip
+            new.held, new.held_pod, new.copies, new.proxy = (old.held, old.held_pod,
+                                                             old.copies, old.proxy)  # fmt: skip
+        return new
 
     def pod_at(self, r: Resolved, idx: Index, at_ms: float) -> str:
         """The pod a series belongs to at that time: its device's holder then, else the
@@ -123,10 +160,14 @@ class Relabeler:
     def build(self, r: Resolved, pod_uid: str, idx: Index, original: bytes) -> None:
         """The copies' label bytes (and the proxied series') for this pod."""
         pod = idx.pods.get(pod_uid)
-        r.held = pod_uid
-        r.copies = tuple(wire.labels(lbl) for lbl in self.copies(r.labels, pod))
-        proxy = proxied(r.labels, pod)
-        r.proxy = wire.labels(proxy) if proxy != r.labels else original
+        labels = labels_of(r)
+        r.held, r.held_pod = pod_uid, pod
+        r.copies = tuple(wire.labels(lbl) for lbl in self.copies(labels, pod))
+        if self.cfg.mode == "proxy":
+            proxy = proxied(labels, pod)
+            r.proxy = wire.labels(proxy) if proxy != labels else original
+        if r.key:
+            r.labels = None
 
     @staticmethod
     def reason(pod_uid: str, idx: Index) -> str:
@@ -137,58 +178,116 @@ class Relabeler:
 
     # -- remote write 1.0 --------------------------------------------------------------
     def v1(self, data: bytes) -> Out:
-        try:
-            req = pb1.WriteRequest.FromString(data)
-        except DecodeError as exc:
-            raise wire.WireError(400, f"not a prometheus.WriteRequest: {exc}") from None
+        """A 1.0 request, read at the wire level where it can be: a WriteRequest is its
+        series one after another, a series its labels then its samples (as Prometheus,
+        vmagent and the OpenTelemetry Collector write them), so a series' label bytes are
+        its cache key and its sample bytes go into its copies as they came. A series that
+        is laid out otherwise (fields interleaved, exemplars, histograms) is read through
+        protobuf."""
         idx = self.indexer.index
         proxy = self.cfg.mode == "proxy"
         out: list[bytes] = []
         res = Out(b"")
-        counts, cache = res.counts, self.cache
-        oldest = float("inf")
-        for ts in req.timeseries:
-            keyed = pb1.TimeSeries()
-            keyed.labels.MergeFrom(ts.labels)
-            key = keyed.SerializeToString()
-            r = cache.get(key)
-            if r is None or r.generation != idx.generation:
-                r = self.resolve({lb.name: lb.value for lb in ts.labels}, idx)
-                if len(cache) >= CACHE_MAX:
-                    cache.clear()
-                cache[key] = r
-            n = len(ts.samples)
-            res.written.samples += n
-            res.written.histograms += len(ts.histograms)
-            res.written.exemplars += len(ts.exemplars)
-            times = [s.timestamp for s in ts.samples] or [h.timestamp for h in ts.histograms]
-            if not times:
-                continue
-            oldest = min(oldest, times[0])
-            first = self.pod_at(r, idx, times[0])
-            groups = [(first, ts)]
-            if r.device is not None and len(times) > 1 and \
-                    self.pod_at(r, idx, times[-1]) != first:  # fmt: skip
-                groups = self._split(r, idx, ts)  # the device changed holders meanwhile
-            else:
-                ts.ClearField("labels")
-            for pod_uid, part in groups:
-                if r.held != pod_uid:
-                    self.build(r, pod_uid, idx, key)
-                part.ClearField("labels")
-                rest = part.SerializeToString()
-                m = len(part.samples) + len(part.histograms)
-                counts[self.reason(pod_uid, idx)] += m
-                for lb in r.copies:
-                    out.append(wire.timeseries(lb, rest))
-                if proxy:
-                    out.append(wire.timeseries(r.proxy, rest))
-        if proxy:
-            out += [wire.field(0x1A, m.SerializeToString()) for m in req.metadata]
-        res.series = len(out) - (len(req.metadata) if proxy else 0)
+        pos, n = 0, len(data)
+        try:
+            while pos < n:
+                tag = data[pos]
+                if tag & 7 != 2:  # only length-delimited fields in a WriteRequest
+                    raise ValueError(f"a field of wire type {tag & 7} in a WriteRequest")
+                length, start = _len(data, pos + 1)
+                end = start + length
+                if end > n:
+                    raise ValueError("a field longer than the request")
+                if tag == 0x0A:
+                    self._series(data[start:end], idx, proxy, out, res)
+                elif tag == 0x1A and proxy:  # metadata: it goes on with the series
+                    out.append(data[pos:end])
+                pos = end
+        except (ValueError, IndexError, DecodeError) as exc:
+            raise wire.WireError(400, f"not a prometheus.WriteRequest: {exc}") from None
+        res.series = len(out) - sum(1 for o in out if o[0] == 0x1A)
         res.body = b"".join(out)
-        res.oldest_ms = oldest if oldest != float("inf") else 0.0
         return res
+
+    def _series(self, ts: bytes, idx: Index, proxy: bool, out: list[bytes], res: Out) -> None:
+        p, m = 0, len(ts)
+        while p < m and ts[p] == 0x0A:  # the labels (a length under 128 read inline)
+            b = ts[p + 1]
+            if b < 0x80:
+                p += 2 + b
+            else:
+                length, q = wire.read_uvarint(ts, p + 1)
+                p = q + length
+        if p > m:
+            raise ValueError("a label longer than its series")
+        key = ts[:p]
+        r = self.cache.get(key)
+        if r is None:
+            r = self.resolve({lb.name: lb.value for lb in pb1.TimeSeries.FromString(key).labels},
+                             idx)  # fmt: skip
+            r.key = key
+            if len(self.cache) >= CACHE_MAX:
+                self.cache.clear()
+            self.cache[key] = r
+        elif r.generation != idx.generation:
+            r = self.cache[key] = self.again(r, idx)
+        # the samples: only Sample fields, else the series is read through protobuf
+        q, count = p, 0
+        need = r.static is None or not res.oldest_ms
+        times: list[int] = []
+        while q < m:
+            if ts[q] != 0x12:
+                return self._series_pb(pb1.TimeSeries.FromString(ts), key, r, idx, proxy, out,
+                                       res)  # fmt: skip
+            length, start = _len(ts, q + 1)
+            q = start + length
+            count += 1
+            if need:
+                times.append(_sample_time(ts, start, q))
+        if q > m:
+            raise ValueError("a sample longer than its series")
+        if not count:
+            return None
+        res.written.samples += count
+        if times and not res.oldest_ms:
+            res.oldest_ms = float(times[0])
+        pod_uid = r.static if r.static is not None else self.pod_at(r, idx, times[0])
+        if r.static is None and any(self.pod_at(r, idx, t) != pod_uid for t in times):
+            return self._series_pb(pb1.TimeSeries.FromString(ts), key, r, idx, proxy, out, res,
+                                   counted=True)  # fmt: skip
+        if r.held != pod_uid:
+            self.build(r, pod_uid, idx, key)
+        res.counts[self.reason(pod_uid, idx)] += count
+        rest = ts[p:]
+        for lb in r.copies:
+            out.append(wire.timeseries(lb, rest))
+        if proxy:
+            out.append(wire.timeseries(r.proxy, rest))
+        return None
+
+    def _series_pb(self, ts: pb1.TimeSeries, key: bytes, r: Resolved, idx: Index, proxy: bool,
+                   out: list[bytes], res: Out, counted: bool = False) -> None:  # fmt: skip
+        """A series read through protobuf: its samples, histograms and exemplars split by
+        the pod holding its device at each one's time."""
+        if not counted:
+            res.written.samples += len(ts.samples)
+        res.written.histograms += len(ts.histograms)
+        res.written.exemplars += len(ts.exemplars)
+        times = [s.timestamp for s in ts.samples] or [h.timestamp for h in ts.histograms]
+        if not times:
+            return
+        if not res.oldest_ms:
+            res.oldest_ms = float(times[0])
+        for pod_uid, part in self._split(r, idx, ts):
+            if r.held != pod_uid:
+                self.build(r, pod_uid, idx, key)
+            part.ClearField("labels")
+            rest = part.SerializeToString()
+            res.counts[self.reason(pod_uid, idx)] += len(part.samples) + len(part.histograms)
+            for lb in r.copies:
+                out.append(wire.timeseries(lb, rest))
+            if proxy:
+                out.append(wire.timeseries(r.proxy, rest))
 
     def _split(self, r: Resolved, idx: Index,
                ts: pb1.TimeSeries) -> list[tuple[str, pb1.TimeSeries]]:  # fmt: skip
@@ -281,3 +380,32 @@ def proxied(labels: dict[str, str], pod: Pod | None) -> dict[str, str]:
         if v and not out.get(k):
             out[k] = v
     return out
+
+
+def labels_of(r: Resolved) -> dict[str, str]:
+    if r.labels is not None:
+        return r.labels
+    return {lb.name: lb.value for lb in pb1.TimeSeries.FromString(r.key).labels}
+
+
+def _len(data: bytes, pos: int) -> tuple[int, int]:
+    """A field's length (a varint at pos) and where its bytes start."""
+    b = data[pos]
+    if b < 0x80:
+        return b, pos + 1
+    return wire.read_uvarint(data, pos)
+
+
+def _sample_time(ts: bytes, start: int, end: int) -> int:
+    """A Sample's timestamp (field 2, a varint; absent: 0) from its bytes."""
+    p = start
+    while p < end:
+        tag = ts[p]
+        if tag == 0x09:  # value, a double
+            p += 9
+        elif tag == 0x10:
+            value, _ = wire.read_uvarint(ts, p + 1)
+            return value - (1 << 64) if value >= 1 << 63 else value
+        else:
+            raise ValueError(f"field tag {tag:#x} in a Sample")
+    return 0

@@ -8,6 +8,8 @@ import bisect
 import math
 import re
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -43,6 +45,9 @@ class RemoteWrite(Collector):
         self.refused: dict[str, int] = dict.fromkeys(REFUSED.values(), 0)
         self.lag = ([0] * (len(LAG_BUCKETS) + 1), 0.0)
         self.downstream = ([0] * (len(SECONDS_BUCKETS) + 1), 0.0)
+        # what the service itself adds to a request (its time less the receiver's)
+        self.added = ([0] * (len(SECONDS_BUCKETS) + 1), 0.0)
+        self.recent_added: deque[float] = deque(maxlen=100_000)  # the last, exactly (bench)
         self._lock = threading.Lock()
 
     def _refuse(self, status: int, message: str) -> Answer:
@@ -53,6 +58,7 @@ class RemoteWrite(Collector):
 
     def post(self, req: Post) -> Answer:
         """One sender's request: 204 once the receiver took what it became."""
+        began = time.perf_counter()
         if self.forwarder is None:
             return self._refuse(503, "recorder.remote_write.url is not set: there is no "
                                      "receiver to write to")  # fmt: skip
@@ -62,12 +68,12 @@ class RemoteWrite(Collector):
             out = self.relabeler.v1(data) if version == wire.V1 else self.relabeler.v2(data)
         except wire.WireError as exc:
             return self._refuse(exc.status, str(exc))
-        now_ms = datetime.now(UTC).timestamp() * 1000
+        now_ms = time.time() * 1000
         took = 0.0
         if out.series:
-            start = datetime.now(UTC)
+            start = time.perf_counter()
             got = self.forwarder.send(version, out.body)
-            took = (datetime.now(UTC) - start).total_seconds()
+            took = time.perf_counter() - start
             if got.status == 400:
                 with self._lock:
                     self.samples["rejected"] += out.written.samples + out.written.histograms
@@ -85,6 +91,10 @@ class RemoteWrite(Collector):
             if out.series:
                 self.downstream[0][bisect.bisect_left(SECONDS_BUCKETS, took)] += 1
                 self.downstream = (self.downstream[0], self.downstream[1] + took)
+            added = time.perf_counter() - began - took
+            self.added[0][bisect.bisect_left(SECONDS_BUCKETS, added)] += 1
+            self.added = (self.added[0], self.added[1] + added)
+            self.recent_added.append(added)
         headers = {}
         if version == wire.V2:  # what 2.0 asks a receiver to say it wrote
             w = out.written
@@ -155,9 +165,9 @@ class RemoteWrite(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             samples, refused = dict(self.samples), dict(self.refused)
-            written, lag, down = self.written, self.lag, self.downstream
-            lag = (list(lag[0]), lag[1])
-            down = (list(down[0]), down[1])
+            written = self.written
+            lag, down, added = ((list(h[0]), h[1]) for h in (self.lag, self.downstream,
+                                                              self.added))  # fmt: skip
         errors = dict(self.forwarder.errors) if self.forwarder else {}
         fam = Metric("lens_recorder_remote_write_samples", "Samples of remote write requests "
                      "the receiver took, by result: copied (to workload_ series), no_pod, "
@@ -185,6 +195,8 @@ class RemoteWrite(Collector):
              "its arrival", LAG_BUCKETS, lag),
             ("lens_recorder_remote_write_downstream_seconds", "The receiver's time to answer",
              SECONDS_BUCKETS, down),
+            ("lens_recorder_remote_write_added_seconds", "What the service adds to a "
+             "request it takes: its time less the receiver's", SECONDS_BUCKETS, added),
         ):  # fmt: skip
             h = HistogramMetricFamily(name, help_text)
             h.add_metric([], cumulative(bounds, buckets), total)
