@@ -108,6 +108,32 @@ def test_allocation_and_storage_equal_hand_computed(
     assert got[(pod, (("namespace", "ml"), ("node", "gpu-node-1"),
                       ("pod", "serve-6f7b9-x2k4q")))] == 45056  # fmt: skip
     assert sum(1 for name, _ in got if name == pod) == 2  # kube-proxy reports none
+    # each pod's PersistentVolumeClaims, as the summary measures them (the projected
+    # service account token is no claim: none for it, as kubelet_volume_stats_* has none)
+    data = (
+        ("namespace", "ml"),
+        ("node", "gpu-node-1"),
+        ("persistentvolumeclaim", "train-data"),
+        ("pod", "train-0"),
+        ("volume", "data"),
+    )
+    models = (
+        ("namespace", "ml"),
+        ("node", "gpu-node-1"),
+        ("persistentvolumeclaim", "model-cache"),
+        ("pod", "serve-6f7b9-x2k4q"),
+        ("volume", "models"),
+    )
+    assert {(n, lb): v for (n, lb), v in got.items() if n.startswith("lens_pod_volume_")} == {
+        ("lens_pod_volume_used_bytes", data): 133143986176,
+        ("lens_pod_volume_capacity_bytes", data): 1099511627776,
+        ("lens_pod_volume_available_bytes", data): 966367641600,
+        ("lens_pod_volume_inodes_used", data): 864,
+        ("lens_pod_volume_used_bytes", models): 53687091200,
+        ("lens_pod_volume_capacity_bytes", models): 107374182400,
+        ("lens_pod_volume_available_bytes", models): 53687091200,
+        ("lens_pod_volume_inodes_used", models): 800,
+    }
 
 
 def test_wrong_ca_fails_closed_and_says_why(kubelet: Kubelet, tmp_path: Path, token: str) -> None:

@@ -71,6 +71,20 @@ def gpu_allocation(pod_list: dict[str, Any], resources: Iterable[str]) -> Alloca
     return out
 
 
+@dataclass(frozen=True)
+class Volume:
+    """A pod's PersistentVolumeClaim volume as the kubelet measures it."""
+
+    namespace: str
+    pod: str
+    claim: str
+    volume: str
+    used: int | None
+    capacity: int | None
+    available: int | None
+    inodes_used: int | None
+
+
 @dataclass
 class Storage:
     node: str
@@ -78,6 +92,7 @@ class Storage:
     available: int | None
     capacity: int | None
     pods: list[tuple[str, str, int]]  # (namespace, pod, used bytes)
+    volumes: list[Volume] = field(default_factory=list)  # PVCs only (kubelet_volume_stats_*)
 
 
 def _int(v: Any) -> int | None:
@@ -91,14 +106,23 @@ def ephemeral_storage(summary: dict[str, Any]) -> Storage:
         raise ObjectError("kubelet /stats/summary: no node section")
     fs = node.get("fs") or {}
     pods = []
+    volumes = []
     for p in summary.get("pods") or ():
         ref = p.get("podRef") or {} if isinstance(p, dict) else {}
         used = _int((p.get("ephemeral-storage") or {}).get("usedBytes")) if ref else None
         if ref.get("name") and used is not None:
             pods.append((str(ref.get("namespace", "")), str(ref["name"]), used))
+        for v in (p.get("volume") or ()) if ref.get("name") else ():
+            pvc = v.get("pvcRef") if isinstance(v, dict) else None
+            if not isinstance(pvc, dict) or not pvc.get("name"):
+                continue  # not a claim (a projected token, an emptyDir): the kubelet's too
+            sizes = (_int(v.get(k)) for k in ("usedBytes", "capacityBytes", "availableBytes",
+                                              "inodesUsed"))  # fmt: skip
+            volumes.append(Volume(str(ref.get("namespace", "")), str(ref["name"]),
+                                  str(pvc["name"]), str(v.get("name", "")), *sizes))
     return Storage(str(node.get("nodeName", "")), _int(fs.get("usedBytes")),
                    _int(fs.get("availableBytes")), _int(fs.get("capacityBytes")),
-                   pods)  # fmt: skip
+                   pods, volumes)  # fmt: skip
 
 
 # -- HTTPS ----------------------------------------------------------------------
@@ -236,4 +260,31 @@ class KubeletCollector(PeriodicCollector):
             pods.add_sample("pod_ephemeral_storage_usage_bytes",
                             {"namespace": ns, "pod": pod, **node}, used)  # fmt: skip
         out.append(pods)
+        out.extend(volume_families(st.volumes, node))
         return out
+
+
+# a pod's claim volumes: kubelet_volume_stats_*'s meaning, per pod
+VOLUME_FAMILIES = (
+    ("lens_pod_volume_used_bytes", "used", "Bytes used on a pod's PersistentVolumeClaim"),
+    ("lens_pod_volume_capacity_bytes", "capacity", "Capacity of a pod's PersistentVolumeClaim"),
+    ("lens_pod_volume_available_bytes", "available",
+     "Bytes available on a pod's PersistentVolumeClaim"),
+    ("lens_pod_volume_inodes_used", "inodes_used", "Inodes used on a pod's PersistentVolumeClaim"),
+)  # fmt: skip
+
+
+def volume_families(volumes: list[Volume], node: dict[str, str]) -> list[Metric]:
+    """lens_pod_volume_*{namespace,pod,persistentvolumeclaim,volume,node}: the kubelet's
+    measure of each claim a pod mounts (where it measured it)."""
+    fams = []
+    for name, attr, help_text in VOLUME_FAMILIES:
+        m = Metric(name, help_text, "gauge")
+        for v in sorted(volumes, key=lambda v: (v.namespace, v.pod, v.volume)):
+            value = getattr(v, attr)
+            if value is not None:
+                m.add_sample(name, {"namespace": v.namespace, "pod": v.pod,
+                                    "persistentvolumeclaim": v.claim, "volume": v.volume,
+                                    **node}, value)  # fmt: skip
+        fams.append(m)
+    return fams
