@@ -79,6 +79,7 @@ class FlowRig:
         swept = time.monotonic()
         while len(got) < want:
             if time.monotonic() > deadline:
+                self.flows.read()  # the kernel's counters as they are now, not when last read
                 raise AssertionError(
                     f"hang guard: {len(got)} of {want} events after {guard:.0f} s "
                     f"(kernel {self.flows.kernel_stats}, dropped {sub.dropped})"
