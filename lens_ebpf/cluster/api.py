@@ -70,18 +70,23 @@ def page(query: dict[str, str]) -> tuple[int, int]:
     return out[0], out[1]
 
 
+MILLIS = 100_000_000_000  # a unix time above this is milliseconds (year 5138 in seconds)
+
+
 def when(query: dict[str, str], name: str) -> datetime | None:
-    """A time parameter: unix seconds or RFC 3339; None when absent."""
+    """A time parameter: unix seconds, unix milliseconds (as Grafana and the original's
+    trainingPerformance send them), or RFC 3339; None when absent."""
     raw = param(query, name)
     if not raw:
         return None
     try:
-        return datetime.fromtimestamp(float(raw), UTC)
+        v = float(raw)
+        return datetime.fromtimestamp(v / 1000 if v > MILLIS else v, UTC)
     except (ValueError, OverflowError, OSError):
         pass
     got = parse_time(raw)
     if got is None:
-        raise bad(f"{name}={raw!r}: not unix seconds or RFC 3339")
+        raise bad(f"{name}={raw!r}: not unix seconds, unix milliseconds or RFC 3339")
     return got
 
 

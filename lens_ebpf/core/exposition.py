@@ -7,7 +7,7 @@ TYPE line must name the samples dashboards query.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prometheus_client.core import Metric
@@ -26,6 +26,15 @@ def cumulative(bounds: tuple[float, ...], buckets: list[int]) -> list[tuple[str,
         acc += n
         out.append(("+Inf" if bound == float("inf") else str(bound), float(acc)))
     return out
+
+
+def counter(name: str, help_text: str, values: Mapping[Any, float], label: str = "") -> Metric:
+    """A counter family (`name`, its samples `name_total`): one sample, or one per key of
+    values under label."""
+    m = Metric(name, help_text, "counter")
+    for key, n in values.items():
+        m.add_sample(name + "_total", {label: str(key)} if label else {}, n)
+    return m
 
 
 def escape_value(v: str) -> str:

@@ -18,6 +18,8 @@ from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer, eventually
 from tests.recorder.conftest import example, rows
 from tests.recorder.objects import NS, U, gpu_pod, state, template, workload
+from tests.recorder.test_faults import metric
+from tests.unit.test_training import MEGATRON_SECONDS
 
 FIX = Path(__file__).parent.parent / "fixtures" / "training"
 NV = "nvidia.com/gpu"
@@ -77,14 +79,6 @@ def get(app: Any, path: str) -> Any:
     return body["data"]
 
 
-def metric(app: Any, line: str) -> float | None:
-    text = requests.get(f"http://127.0.0.1:{app.http.port}/metrics", timeout=hang_guard(5)).text
-    for got in text.splitlines():
-        if got.startswith(line + " "):
-            return float(got.rsplit(" ", 1)[1])
-    return None
-
-
 def points(url: str, pod: str) -> list[tuple[Any, ...]]:
     return [(r["format"], r["iteration"], r["iteration_seconds"], r["tokens_per_second"],
              r["tflops_per_gpu"], r["loss"], r["skipped_iterations"], r["samples_per_second"])
@@ -129,18 +123,7 @@ def test_each_shippers_body_of_each_formats_real_lines(api: FakeApiServer, recor
     assert app.writer.flush(10)
 
     assert points(db_url, WORKERS[0])[0] == ("megatron", 1, 19.1388, None, 80.2, 10.43863, 0, None)
-    assert [p[2] for p in points(db_url, WORKERS[0])] == [
-        19.1388,
-        12.9361,
-        12.9781,
-        13.0141,
-        13.076,
-        13.0747,
-        13.0818,
-        13.0687,
-        13.0712,
-        13.0654,
-    ]
+    assert [p[2] for p in points(db_url, WORKERS[0])] == MEGATRON_SECONDS
     # torchtitan prints no time per step: the gap between lines over the steps between
     assert points(db_url, WORKERS[1]) == [
         ("torchtitan", 1, None, 375.0, 21.73, 12.2254, None, None),

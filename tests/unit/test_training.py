@@ -17,6 +17,9 @@ from lens_ebpf.cluster.training.outliers import Flag, robust_outliers
 from lens_ebpf.cluster.training.timeline import Regression, regressions
 
 FIX = Path(__file__).parent.parent / "fixtures" / "training"
+# megatron-single-node.log's ten iterations, in seconds
+MEGATRON_SECONDS = [19.1388, 12.9361, 12.9781, 13.0141, 13.076, 13.0747, 13.0818, 13.0687,
+                    13.0712, 13.0654]  # fmt: skip
 
 
 def lines(name: str) -> list[str]:
@@ -29,18 +32,7 @@ def test_megatron_every_iteration_line_of_a_real_run() -> None:
     assert got[0] == Progress("megatron", iteration=1, target_iterations=5000,
                               iteration_seconds=19.1388, tflops_per_gpu=80.2, loss=10.43863,
                               skipped_iterations=0, nan_iterations=0)  # fmt: skip
-    assert [p.iteration_seconds for p in got] == [
-        19.1388,
-        12.9361,
-        12.9781,
-        13.0141,
-        13.076,
-        13.0747,
-        13.0818,
-        13.0687,
-        13.0712,
-        13.0654,
-    ]
+    assert [p.iteration_seconds for p in got] == MEGATRON_SECONDS
     assert got[-1].loss == 9.947481 and got[-1].tflops_per_gpu == 117.6
     assert all(p.tokens_per_second is None for p in got)  # Megatron prints none
 

@@ -118,8 +118,15 @@ def ephemeral_storage(summary: dict[str, Any]) -> Storage:
                 continue  # not a claim (a projected token, an emptyDir): the kubelet's too
             sizes = (_int(v.get(k)) for k in ("usedBytes", "capacityBytes", "availableBytes",
                                               "inodesUsed"))  # fmt: skip
-            volumes.append(Volume(str(ref.get("namespace", "")), str(ref["name"]),
-                                  str(pvc["name"]), str(v.get("name", "")), *sizes))
+            volumes.append(
+                Volume(
+                    str(ref.get("namespace", "")),
+                    str(ref["name"]),
+                    str(pvc["name"]),
+                    str(v.get("name", "")),
+                    *sizes,
+                )
+            )
     return Storage(str(node.get("nodeName", "")), _int(fs.get("usedBytes")),
                    _int(fs.get("availableBytes")), _int(fs.get("capacityBytes")),
                    pods, volumes)  # fmt: skip

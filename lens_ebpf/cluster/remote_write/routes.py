@@ -25,7 +25,7 @@ from lens_ebpf.cluster.remote_write import wire
 from lens_ebpf.cluster.remote_write.forward import Forwarder
 from lens_ebpf.cluster.remote_write.index import Indexer
 from lens_ebpf.cluster.remote_write.relabel import RESULTS, Relabeler
-from lens_ebpf.core.exposition import cumulative
+from lens_ebpf.core.exposition import counter, cumulative
 from lens_ebpf.core.http import Answer, Post
 
 LAG_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
@@ -169,27 +169,19 @@ class RemoteWrite(Collector):
             lag, down, added = ((list(h[0]), h[1]) for h in (self.lag, self.downstream,
                                                               self.added))  # fmt: skip
         errors = dict(self.forwarder.errors) if self.forwarder else {}
-        fam = Metric("lens_recorder_remote_write_samples", "Samples of remote write requests "
-                     "the receiver took, by result: copied (to workload_ series), no_pod, "
-                     "no_workload; rejected (the receiver refused them)", "counter")  # fmt: skip
-        for k, n in samples.items():
-            fam.add_sample("lens_recorder_remote_write_samples_total", {"result": k}, n)
-        yield fam
-        w = Metric("lens_recorder_remote_write_series_written", "Series the receiver took "
-                   "(workload copies, and every series in proxy mode)", "counter")  # fmt: skip
-        w.add_sample("lens_recorder_remote_write_series_written_total", {}, written)
-        yield w
-        r = Metric("lens_recorder_remote_write_refused", "Remote write requests refused: "
-                   "bad_body (400), too_large (413), unsupported (415), no_receiver (503)",
-                   "counter")  # fmt: skip
-        for k, n in refused.items():
-            r.add_sample("lens_recorder_remote_write_refused_total", {"reason": k}, n)
-        yield r
-        e = Metric("lens_recorder_remote_write_downstream_errors", "The receiver's failures: "
-                   "unreachable, 5xx, 429, 4xx", "counter")  # fmt: skip
-        for k, n in sorted(errors.items()):
-            e.add_sample("lens_recorder_remote_write_downstream_errors_total", {"reason": k}, n)
-        yield e
+        yield counter("lens_recorder_remote_write_samples", "Samples of remote write requests "
+                      "the receiver took, by result: copied (to workload_ series), no_pod, "
+                      "no_workload; rejected (the receiver refused them)", samples,
+                      "result")  # fmt: skip
+        yield counter("lens_recorder_remote_write_series_written", "Series the receiver took "
+                      "(workload copies, and every series in proxy mode)",
+                      {"": written})  # fmt: skip
+        yield counter("lens_recorder_remote_write_refused", "Remote write requests refused: "
+                      "bad_body (400), too_large (413), unsupported (415), no_receiver (503)",
+                      refused, "reason")  # fmt: skip
+        yield counter("lens_recorder_remote_write_downstream_errors", "The receiver's "
+                      "failures: unreachable, 5xx, 429, 4xx", dict(sorted(errors.items())),
+                      "reason")  # fmt: skip
         for name, help_text, bounds, (buckets, total) in (
             ("lens_recorder_remote_write_lag_seconds", "From a request's oldest sample to "
              "its arrival", LAG_BUCKETS, lag),

@@ -36,7 +36,7 @@ from lens_ebpf.cluster.store import Op, Writer, insert_rows
 from lens_ebpf.cluster.tracker import TrackedPod
 from lens_ebpf.cluster.training import formats
 from lens_ebpf.cluster.training.logs import LogLine
-from lens_ebpf.core.exposition import cumulative
+from lens_ebpf.core.exposition import counter, cumulative
 
 MIN_WINDOW = 5  # iterations a median needs before anything is compared with it
 DUPLICATE_SECONDS = 60.0
@@ -340,16 +340,13 @@ class Training(Collector):
             snapshot = [(r.namespace, r.name, list(r.buckets), r.seconds_sum, dict(r.gauges),
                          r.slowdowns, r.stalls, r.slow is not None, r.stalled is not None)
                         for r in runs]  # fmt: skip
-        fam = Metric("lens_recorder_log_lines", "Log lines taken by POST /logs, by result: "
-                     "parsed (a progress point), not_progress (a GPU pod's other lines), "
-                     "not_gpu_pod, no_workload, duplicate (sent again)", "counter")  # fmt: skip
-        for result, n in lines.items():
-            fam.add_sample("lens_recorder_log_lines_total", {"result": result}, n)
-        yield fam
-        bad = Metric("lens_recorder_log_records_malformed", "Shippers' records POST /logs "
-                     "skipped: no line, no pod, a time that does not parse", "counter")  # fmt: skip
-        bad.add_sample("lens_recorder_log_records_malformed_total", {}, malformed)
-        yield bad
+        yield counter("lens_recorder_log_lines", "Log lines taken by POST /logs, by result: "
+                      "parsed (a progress point), not_progress (a GPU pod's other lines), "
+                      "not_gpu_pod, no_workload, duplicate (sent again)", lines,
+                      "result")  # fmt: skip
+        yield counter("lens_recorder_log_records_malformed", "Shippers' records POST /logs "
+                      "skipped: no line, no pod, a time that does not parse",
+                      {"": malformed})  # fmt: skip
         lag_fam = HistogramMetricFamily("lens_recorder_log_lag_seconds",
                                         "From a log line's time to its arrival")  # fmt: skip
         lag_fam.add_metric([], cumulative(LAG_BUCKETS, lag[0]), lag[1])

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, func, select
 
 from lens_ebpf.cluster import prom
 from lens_ebpf.cluster import schema as t
-from lens_ebpf.cluster.api import ApiError, bad, param, workload_pods
+from lens_ebpf.cluster.api import ApiError, bad, when, workload_pods
 from lens_ebpf.cluster.config import RecorderConfig
 from lens_ebpf.cluster.ingest import answer
-from lens_ebpf.cluster.lifecycle import parse_time
 from lens_ebpf.cluster.queries import aware
 from lens_ebpf.cluster.store import Writer
 from lens_ebpf.cluster.training.logs import BodyError, gunzip, parse_body
@@ -24,27 +23,9 @@ from lens_ebpf.cluster.training.timeline import Timeline
 from lens_ebpf.core.http import Post, Response
 
 POINTS_MAX = 10_000
-MILLIS = 100_000_000_000  # a time above this is in milliseconds (the original's start/end)
 FIELDS = ("iteration", "target_iterations", "iteration_seconds", "tokens_per_second",
           "tflops_per_gpu", "loss", "skipped_iterations", "nan_iterations",
           "samples_per_second")  # fmt: skip
-
-
-def stamp(query: dict[str, str], name: str) -> datetime | None:
-    """A time: unix seconds, unix milliseconds (as the original and Grafana send them), or
-    RFC 3339; None when absent."""
-    raw = param(query, name)
-    if not raw:
-        return None
-    try:
-        v = float(raw)
-        return datetime.fromtimestamp(v / 1000 if v > MILLIS else v, UTC)
-    except (ValueError, OverflowError, OSError):
-        pass
-    got = parse_time(raw)
-    if got is None:
-        raise bad(f"{name}={raw!r}: not unix seconds, unix milliseconds or RFC 3339")
-    return got
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -93,7 +74,7 @@ def training_performance(conn: Connection, name: str, query: dict[str, str]) -> 
     if conn.execute(select(t.gpu_workloads.c.uid).where(t.gpu_workloads.c.uid == uid)
                     ).first() is None:  # fmt: skip
         raise ApiError(404, 4004, f"workload not found: {uid!r}")
-    start, end = stamp(query, "start"), stamp(query, "end")
+    start, end = when(query, "start"), when(query, "end")
     if start is not None and end is not None and end < start:
         raise bad("end is before start")
     tp = t.training_points
