@@ -3,7 +3,8 @@
 
     API_EXAMPLES_OUT=/tmp/examples.json .venv/bin/python -m pytest -q \
         tests/recorder/test_cluster_api.py tests/recorder/test_devices.py \
-        tests/recorder/test_training.py tests/recorder/test_timeline.py -k "not postgresql"
+        tests/recorder/test_training.py tests/recorder/test_timeline.py \
+        tests/recorder/test_storage.py -k "not postgresql"
     .venv/bin/python scripts/api_examples.py /tmp/examples.json
 
 Each answer is a real one (a real Prometheus with the tests' series, the API stand-in's
@@ -31,6 +32,7 @@ ROUTES = [
     "nodes/{name}/devices/changelog", "devices/{serial}/history", "workloads",
     "workloadMetadata", "workloads/hierarchy", "workloads/{uid}", "workloads/{uid}/hierarchy",
     "workloads/{uid}/metrics", "workloads/{uid}/trainingPerformance", "workloads/{uid}/timeline",
+    "storage/overview", "storage/volumes",
 ]  # fmt: skip
 FIXED = {"gpuAllocation", "gpuUtilization", "gpuUtilizationHistory", "hierarchy"}
 

@@ -36,6 +36,11 @@ KINDS = {
     "cronjobs": ("/apis/batch/v1", "CronJob", True),
     "endpoints": ("/api/v1", "Endpoints", True),
     "pytorchjobs": ("/apis/kubeflow.org/v1", "PyTorchJob", True),
+    "storageclasses": ("/apis/storage.k8s.io/v1", "StorageClass", False),
+    "csidrivers": ("/apis/storage.k8s.io/v1", "CSIDriver", False),
+    "persistentvolumes": ("/api/v1", "PersistentVolume", False),
+    "persistentvolumeclaims": ("/api/v1", "PersistentVolumeClaim", True),
+    "events": ("/api/v1", "Event", True),
 }
 # fields the server owns: an update that leaves them out keeps them (a controller's status
 # update does not drop the finalizers others put on)

@@ -67,6 +67,11 @@ class RetentionConfig(Section):
     days: float = Field(30.0, gt=0)  # allocation snapshots and the device changelog
 
 
+class StorageConfig(Section):
+    scan_seconds: float = Field(60.0, gt=0)  # StorageClasses, volumes, claims, their usage
+    pending_seconds: float = Field(300.0, gt=0)  # a claim Pending longer: unhealthy
+
+
 class DeviceLabelRule(Section):
     """A label of other exporters' series that names a device, and what of the device it
     holds: a GPU's index, UUID, serial or PCI address, or an RDMA device."""
@@ -136,6 +141,7 @@ class RecorderConfig(Section):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     timeline: TimelineConfig = Field(default_factory=TimelineConfig)
     remote_write: RemoteWriteConfig = Field(default_factory=RemoteWriteConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
 
     @field_validator("listen")
     @classmethod

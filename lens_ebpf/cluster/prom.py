@@ -94,6 +94,15 @@ NOT_THROTTLING = ("gpu_idle", "applications_clocks_setting", "sync_boost",
                   "display_clock_setting")  # fmt: skip
 
 
+# the agents' measure of each pod's claims (kubelet summary): a claim mounted by several
+# pods counts once (the most any of their kubelets measured)
+VOLUME_USED = "max by (namespace, persistentvolumeclaim) (lens_pod_volume_used_bytes)"
+VOLUME_AVAILABLE = "max by (namespace, persistentvolumeclaim) (lens_pod_volume_available_bytes)"
+VOLUME_MOUNTS = (
+    "group by (namespace, persistentvolumeclaim, pod, node) (lens_pod_volume_used_bytes)"
+)
+
+
 def to_own_pods(namespace: str, workload: str, nodes: list[str]) -> str:
     """Matchers for the agents' TCP series from these nodes to the workload's own pods (the
     remote's identity labels name its top workload)."""

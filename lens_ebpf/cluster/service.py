@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from lens_ebpf.cluster.node_events import NodeEvents, last_seqs
 from lens_ebpf.cluster.nodes import NodeTracker
 from lens_ebpf.cluster.prom import Prom
 from lens_ebpf.cluster.remote_write.routes import RemoteWrite
+from lens_ebpf.cluster.storage import StorageScan
 from lens_ebpf.cluster.store import (
     WRITE_BUCKETS,
     DatabaseError,
@@ -109,9 +111,16 @@ class RecorderApp:
         self.prom = Prom(p.url, p.timeout_seconds, p.max_points)
         self.remote_write = RemoteWrite(r.remote_write, self.engine, clock)
         self.registry.register(self.remote_write)
+        self.storage = StorageScan(api_client, k.request_timeout_seconds, self.prom, r.storage,
+                                   clock)  # fmt: skip
+        self.registry.register(self.storage)
+        storage_routes = [
+            (re.compile(r"^(storage/overview)$"), self.storage.overview),
+            (re.compile(r"^(storage/volumes)$"), self.storage.volumes),
+        ]
         cluster_api = api.routes(self._connected, r.cluster_name, self.prom, clock,
                                  training_routes.api_routes(self.prom, r, clock)
-                                 + self.remote_write.api_routes())  # fmt: skip
+                                 + self.remote_write.api_routes() + storage_routes)  # fmt: skip
         logs = self.ingest.route("/logs", training_routes.post_logs(
             self.training, self.writer, r.logs.max_body_bytes, clock))  # fmt: skip
         for path in ("/logs", "/v1/logs", "/api/logs"):  # the seed's, and the API's prefixes
@@ -138,6 +147,7 @@ class RecorderApp:
                              ("recorder-jobs", self.jobs.run),
                              ("recorder-training", self.training.run_checks),
                              ("recorder-remote-write", self.remote_write.indexer.run),
+                             ("recorder-storage", self.storage.run),
                              ("recorder-outliers", self.outliers.run)):  # fmt: skip
             th = threading.Thread(target=target, args=(self._stop,), name=name, daemon=True)
             th.start()

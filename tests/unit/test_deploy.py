@@ -218,6 +218,11 @@ def test_recorder_rbac_allows_the_finalizer_on_every_kind_it_follows() -> None:
                        ("ray.io", "rayjobs")):  # fmt: skip
         assert {"get", "list", "watch", "patch"} <= allowed[(group, res)], res
     assert {"get", "list", "watch"} <= allowed[("", "pods")]
+    # the storage scan's reads
+    reads = [("", r) for r in ("persistentvolumes", "persistentvolumeclaims", "events")]
+    reads += [("storage.k8s.io", r) for r in ("storageclasses", "csidrivers")]
+    for group, res in reads:
+        assert "list" in allowed[(group, res)], res
 
 
 def test_the_log_shippers_snippets_point_at_the_recorders_post_route(tmp_path: Path) -> None:
