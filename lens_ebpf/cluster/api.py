@@ -560,9 +560,12 @@ Table = list[tuple[re.Pattern[str], Callable[..., Any]]]
 def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str = "local",
            metrics: prom.Prom | None = None,
            clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-           extra: Table | None = None) -> Callable[..., Response]:  # fmt: skip
+           extra: Table | None = None,
+           storage: Callable[[], dict[str, float]] | None = None,
+           ) -> Callable[..., Response]:  # fmt: skip
     """The query route for /v1 and /api: rest is the path below the prefix; extra: more
-    (pattern, fn(conn, name, query)) entries, matched first."""
+    (pattern, fn(conn, name, query)) entries, matched first; storage: the overview's
+    storage fields (the newest storage scan's totals)."""
     metrics = metrics or prom.Prom("", 10, 11_000)
 
     def utilization(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
@@ -647,7 +650,8 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
     def overview(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
         """clusters/overview (model.GpuClusterOverview): GPU nodes by health (faulty: not
         Ready, or tainted) and by idleness, allocation rate and utilization (percent),
-        RDMA bytes/s, and the storage fields (0: storage is not monitored yet)."""
+        RDMA bytes/s, and the storage scan's space (the volumes' capacity and what their
+        claims use; inodes and bandwidth are not measured: 0)."""
         n = t.nodes
         rows = [r for r in conn.execute(select(n).where(n.c.deleted.is_(False)))
                 if sum(int(v) for v in (r.gpu_capacity or {}).values())]  # fmt: skip
@@ -661,9 +665,11 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
         idle = sum(1 for a, c in per_node.values() if a == 0)
         busy = sum(1 for a, c in per_node.values() if a >= c)
         at = clock()
+        space = {"total_space": 0.0, "used_space": 0.0, "usage_percentage": 0.0}
+        if storage is not None:
+            space.update(storage())
         return {
-            "total_space": 0.0, "used_space": 0.0, "usage_percentage": 0.0,
-            "total_inodes": 0.0, "used_inodes": 0.0, "inodes_usage_percentage": 0.0,
+            **space, "total_inodes": 0.0, "used_inodes": 0.0, "inodes_usage_percentage": 0.0,
             "read_bandwidth": 0.0, "write_bandwidth": 0.0,
             "total_tx": metrics.scalar(prom.RDMA_TX, at),
             "total_rx": metrics.scalar(prom.RDMA_RX, at),

@@ -120,7 +120,8 @@ class RecorderApp:
         ]
         cluster_api = api.routes(self._connected, r.cluster_name, self.prom, clock,
                                  training_routes.api_routes(self.prom, r, clock)
-                                 + self.remote_write.api_routes() + storage_routes)  # fmt: skip
+                                 + self.remote_write.api_routes() + storage_routes,
+                                 self.storage.totals)  # fmt: skip
         logs = self.ingest.route("/logs", training_routes.post_logs(
             self.training, self.writer, r.logs.max_body_bytes, clock))  # fmt: skip
         for path in ("/logs", "/v1/logs", "/api/logs"):  # the seed's, and the API's prefixes

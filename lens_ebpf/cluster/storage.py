@@ -282,6 +282,18 @@ class StorageScan(Collector):
         return {"data": rows[(num - 1) * size : num * size], "total": len(rows),
                 "scanned_at": int(s.at.timestamp())}  # fmt: skip
 
+    def totals(self) -> dict[str, float]:
+        """clusters/overview's storage fields from the newest scan (none yet, or the API
+        not listable: 0): the volumes' capacity, what the claims use, percent."""
+        with self._lock:
+            last = self.last
+        if last is None:
+            return {}
+        total = float(sum(b.capacity for b in last.backends.values()))
+        used = float(sum(c.used for c in last.claims if c.used is not None))
+        return {"total_space": total, "used_space": used,
+                "usage_percentage": 100 * used / total if total else 0.0}  # fmt: skip
+
     # -- metrics ---------------------------------------------------------------------
     def describe(self) -> Iterator[Metric]:
         return iter(())

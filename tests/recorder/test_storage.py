@@ -138,6 +138,11 @@ def test_storage_overview_and_volumes_exact(api: FakeApiServer, recorder_app: An
             "used_bytes": 53687091200, "available_bytes": 483183820800,
             "pods": ["ml/serve-0", "ml/serve-1"], "nodes": ["gpu-1", "gpu-2"]}  # fmt: skip
         assert metric(app, 'lens_recorder_storage_backend_healthy{storage_class="slow"}') == 0
+        # the cluster overview's storage fields: the volumes' capacity, what the claims use
+        overview = get(app, "/v1/clusters/overview")
+        total, used = TI + 500 * GI + 100 * GI, 133143986176 + 53687091200
+        assert (overview["total_space"], overview["used_space"]) == (total, used)
+        assert overview["usage_percentage"] == pytest.approx(100 * used / total)
         assert metric(app, 'lens_recorder_storage_scans_total{result="ok"}') >= 1
     finally:
         prometheus.stop()
