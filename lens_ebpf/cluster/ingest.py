@@ -13,7 +13,6 @@ down, or the write queue is full: retry).
 
 from __future__ import annotations
 
-import bisect
 import hmac
 import ipaddress
 import logging
@@ -27,7 +26,7 @@ from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf.cluster.config import IngestConfig
-from lens_ebpf.core.exposition import cumulative
+from lens_ebpf.core.exposition import Buckets
 from lens_ebpf.core.http import Answer, Post, Response, json_response
 
 log = logging.getLogger(__name__)
@@ -60,7 +59,7 @@ class Ingest(Collector):
         self._lock = threading.Lock()
         self.unauthorized: dict[str, int] = {}
         self.requests: dict[tuple[str, int], int] = {}
-        self.seconds: dict[str, tuple[list[int], float]] = {}
+        self.seconds: dict[str, Buckets] = {}
         if self.path:
             if not self.token():
                 log.warning("recorder: recorder.ingest.token_file %s holds no token yet: "
@@ -118,9 +117,7 @@ class Ingest(Collector):
             with self._lock:
                 key = (name, got[0])
                 self.requests[key] = self.requests.get(key, 0) + 1
-                buckets, total = self.seconds.get(name) or ([0] * (len(SECONDS_BUCKETS) + 1), 0.0)
-                buckets[bisect.bisect_left(SECONDS_BUCKETS, took)] += 1
-                self.seconds[name] = (buckets, total + took)
+                self.seconds.setdefault(name, Buckets(SECONDS_BUCKETS)).observe(took)
             return got
 
         return serve
@@ -132,7 +129,7 @@ class Ingest(Collector):
         with self._lock:
             requests = sorted(self.requests.items())
             unauthorized = sorted(self.unauthorized.items())
-            seconds = sorted((k, list(b), s) for k, (b, s) in self.seconds.items())
+            seconds = sorted((k, b.copy()) for k, b in self.seconds.items())
         fam = Metric("lens_recorder_post_requests", "POST requests, by route and HTTP status",
                      "counter")  # fmt: skip
         for (route, status), n in requests:
@@ -146,6 +143,6 @@ class Ingest(Collector):
         yield bad
         hist = HistogramMetricFamily("lens_recorder_post_request_seconds",
                                      "Time to answer a POST", labels=["route"])  # fmt: skip
-        for route, buckets, total in seconds:
-            hist.add_metric([route], cumulative(SECONDS_BUCKETS, buckets), total)
+        for route, b in seconds:
+            hist.add_metric([route], b.cumulative(), b.total)
         yield hist

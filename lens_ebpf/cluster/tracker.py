@@ -264,14 +264,16 @@ class Recorder:
             if not uid or uid not in self.pods:
                 uid = self.names.get((namespace, name), "")
             st = self.pods.get(uid)
-            if st is None:
-                return None
-            row = st.row
-            top = str(row.get("workload_uid") or "")
-            w = self.workloads.get(top)
-            return TrackedPod(uid, str(row["namespace"]), str(row["name"]), str(row["node"]),
-                              bool(row["running"]), top, w.kind_name if w else "",
-                              w.name if w else "")  # fmt: skip
+            return self._tracked(uid, st) if st is not None else None
+
+    def _tracked(self, uid: str, st: PodState) -> TrackedPod:
+        """A pod's row with its top workload's kind and name (the lock held)."""
+        row = st.row
+        top = str(row.get("workload_uid") or "")
+        w = self.workloads.get(top)
+        return TrackedPod(uid, str(row["namespace"]), str(row["name"]), str(row["node"]),
+                          bool(row["running"]), top, w.kind_name if w else "",
+                          w.name if w else "")  # fmt: skip
 
     def running_workloads(self) -> set[str]:
         """The top workloads with a pod running now."""
@@ -279,14 +281,12 @@ class Recorder:
 
     def running_pods(self) -> dict[str, list[TrackedPod]]:
         """Top workload uid -> its pods running now (by name)."""
-        with self._lock:
-            uids = [uid for uid, st in self.pods.items()
-                    if st.row.get("running") and st.row.get("workload_uid")]  # fmt: skip
         out: dict[str, list[TrackedPod]] = {}
-        for uid in uids:
-            pod = self.gpu_pod("", "", uid)
-            if pod is not None and pod.uid == uid:
-                out.setdefault(pod.workload_uid, []).append(pod)
+        with self._lock:
+            for uid, st in self.pods.items():
+                if st.row.get("running") and st.row.get("workload_uid"):
+                    pod = self._tracked(uid, st)
+                    out.setdefault(pod.workload_uid, []).append(pod)
         for pods in out.values():
             pods.sort(key=lambda p: p.name)
         return out

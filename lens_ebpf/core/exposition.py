@@ -7,6 +7,7 @@ TYPE line must name the samples dashboards query.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -18,14 +19,33 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _TYPES = {"unknown": "untyped", "info": "gauge", "stateset": "gauge"}
 
 
-def cumulative(bounds: tuple[float, ...], buckets: list[int]) -> list[tuple[str, float]]:
-    """Per-bucket counts (one per bound, then +Inf) as a histogram family's cumulative
-    (le, count) pairs."""
-    out, acc = [], 0
-    for bound, n in zip((*bounds, float("inf")), buckets, strict=True):
-        acc += n
-        out.append(("+Inf" if bound == float("inf") else str(bound), float(acc)))
-    return out
+class Buckets:
+    """A histogram's counts kept by hand (its owner holds its own lock): one count per
+    bound and one above them all, and the sum of what was observed."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def copy(self) -> Buckets:
+        out = Buckets(self.bounds)
+        out.counts, out.total = list(self.counts), self.total
+        return out
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """The counts as a histogram family's cumulative (le, count) pairs."""
+        out, acc = [], 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            acc += n
+            out.append(("+Inf" if bound == float("inf") else str(bound), float(acc)))
+        return out
 
 
 def counter(name: str, help_text: str, values: Mapping[Any, float], label: str = "") -> Metric:

@@ -4,7 +4,6 @@ pods/cache and pods/workload/cache: the maps the copies are made by."""
 
 from __future__ import annotations
 
-import bisect
 import math
 import re
 import threading
@@ -25,7 +24,7 @@ from lens_ebpf.cluster.remote_write import wire
 from lens_ebpf.cluster.remote_write.forward import Forwarder
 from lens_ebpf.cluster.remote_write.index import Indexer
 from lens_ebpf.cluster.remote_write.relabel import RESULTS, Relabeler
-from lens_ebpf.core.exposition import counter, cumulative
+from lens_ebpf.core.exposition import Buckets, counter
 from lens_ebpf.core.http import Answer, Post
 
 LAG_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
@@ -43,10 +42,10 @@ class RemoteWrite(Collector):
         self.samples: dict[str, int] = dict.fromkeys(RESULTS, 0)
         self.written = 0  # series the receiver took (copies, and proxied series)
         self.refused: dict[str, int] = dict.fromkeys(REFUSED.values(), 0)
-        self.lag = ([0] * (len(LAG_BUCKETS) + 1), 0.0)
-        self.downstream = ([0] * (len(SECONDS_BUCKETS) + 1), 0.0)
+        self.lag = Buckets(LAG_BUCKETS)
+        self.downstream = Buckets(SECONDS_BUCKETS)
         # what the service itself adds to a request (its time less the receiver's)
-        self.added = ([0] * (len(SECONDS_BUCKETS) + 1), 0.0)
+        self.added = Buckets(SECONDS_BUCKETS)
         self.recent_added: deque[float] = deque(maxlen=100_000)  # the last, exactly (bench)
         self._lock = threading.Lock()
 
@@ -85,15 +84,11 @@ class RemoteWrite(Collector):
                 self.samples[k] += n
             self.written += out.series
             if out.oldest_ms:
-                lag = max(0.0, (now_ms - out.oldest_ms) / 1000)
-                self.lag[0][bisect.bisect_left(LAG_BUCKETS, lag)] += 1
-                self.lag = (self.lag[0], self.lag[1] + lag)
+                self.lag.observe(max(0.0, (now_ms - out.oldest_ms) / 1000))
             if out.series:
-                self.downstream[0][bisect.bisect_left(SECONDS_BUCKETS, took)] += 1
-                self.downstream = (self.downstream[0], self.downstream[1] + took)
+                self.downstream.observe(took)
             added = time.perf_counter() - began - took
-            self.added[0][bisect.bisect_left(SECONDS_BUCKETS, added)] += 1
-            self.added = (self.added[0], self.added[1] + added)
+            self.added.observe(added)
             self.recent_added.append(added)
         headers = {}
         if version == wire.V2:  # what 2.0 asks a receiver to say it wrote
@@ -166,8 +161,7 @@ class RemoteWrite(Collector):
         with self._lock:
             samples, refused = dict(self.samples), dict(self.refused)
             written = self.written
-            lag, down, added = ((list(h[0]), h[1]) for h in (self.lag, self.downstream,
-                                                              self.added))  # fmt: skip
+            lag, down, added = (h.copy() for h in (self.lag, self.downstream, self.added))
         errors = dict(self.forwarder.errors) if self.forwarder else {}
         yield counter("lens_recorder_remote_write_samples", "Samples of remote write requests "
                       "the receiver took, by result: copied (to workload_ series), no_pod, "
@@ -182,16 +176,16 @@ class RemoteWrite(Collector):
         yield counter("lens_recorder_remote_write_downstream_errors", "The receiver's "
                       "failures: unreachable, 5xx, 429, 4xx", dict(sorted(errors.items())),
                       "reason")  # fmt: skip
-        for name, help_text, bounds, (buckets, total) in (
-            ("lens_recorder_remote_write_lag_seconds", "From a request's oldest sample to "
-             "its arrival", LAG_BUCKETS, lag),
+        for name, help_text, b in (
+            ("lens_recorder_remote_write_lag_seconds", "From a request's first sample to "
+             "its arrival", lag),
             ("lens_recorder_remote_write_downstream_seconds", "The receiver's time to answer",
-             SECONDS_BUCKETS, down),
+             down),
             ("lens_recorder_remote_write_added_seconds", "What the service adds to a "
-             "request it takes: its time less the receiver's", SECONDS_BUCKETS, added),
+             "request it takes: its time less the receiver's", added),
         ):  # fmt: skip
             h = HistogramMetricFamily(name, help_text)
-            h.add_metric([], cumulative(bounds, buckets), total)
+            h.add_metric([], b.cumulative(), b.total)
             yield h
         idx = self.indexer.index
         g = Metric("lens_recorder_remote_write_cache", "The copies' maps: series remembered, "

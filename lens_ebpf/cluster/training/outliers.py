@@ -21,6 +21,7 @@ lens_workload_outlier{namespace,workload,pod,node,signal} 1 while it stays one.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import threading
 from collections.abc import Callable, Iterator
@@ -109,9 +110,9 @@ class Outliers(Collector):
         }
         for signal, expr in per_node.items():
             got = {lbl.get("node", ""): v for lbl, v in self.metrics.instant(expr, at)}
-            out[signal] = {
-                p.uid: got[p.node] for p in pods if p.node in got and got[p.node] == got[p.node]
-            }  # fmt: skip (NaN: no traffic)
+            out[signal] = {  # NaN: no traffic on the node in the window
+                p.uid: got[p.node] for p in pods if p.node in got and not math.isnan(got[p.node])
+            }
         return out
 
     def run_once(self, now: datetime) -> int:

@@ -15,7 +15,6 @@ time and its text, in memory and in the table's unique key.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import statistics
 import threading
@@ -36,7 +35,7 @@ from lens_ebpf.cluster.store import Op, Writer, insert_rows
 from lens_ebpf.cluster.tracker import TrackedPod
 from lens_ebpf.cluster.training import formats
 from lens_ebpf.cluster.training.logs import LogLine
-from lens_ebpf.core.exposition import counter, cumulative
+from lens_ebpf.core.exposition import Buckets, counter
 
 MIN_WINDOW = 5  # iterations a median needs before anything is compared with it
 DUPLICATE_SECONDS = 60.0
@@ -68,8 +67,7 @@ class Run:
     last_progress: datetime | None = None  # the newest iteration's time
     slow: tuple[datetime, float] | None = None  # an open slowdown: since, its median
     stalled: datetime | None = None  # an open stall: since
-    buckets: list[int] = field(default_factory=lambda: [0] * (len(ITERATION_BUCKETS) + 1))
-    seconds_sum: float = 0.0
+    seconds: Buckets = field(default_factory=lambda: Buckets(ITERATION_BUCKETS))
     gauges: dict[str, float] = field(default_factory=dict)  # tokens, tflops, loss: the last
     slowdowns: int = 0
     stalls: int = 0
@@ -117,8 +115,7 @@ class Training(Collector):
         self.runs: dict[str, Run] = {}
         self.last: dict[str, PodLast] = {}  # pod uid -> its last point
         self.lines: dict[str, int] = dict.fromkeys(RESULTS, 0)
-        self.lag_buckets = [0] * (len(LAG_BUCKETS) + 1)
-        self.lag_sum = 0.0
+        self.lag = Buckets(LAG_BUCKETS)
         self.malformed = 0  # shippers' records skipped (no line, no pod, a bad time)
 
     # -- ingest ----------------------------------------------------------------------
@@ -142,14 +139,12 @@ class Training(Collector):
     def _line(self, line: LogLine, received: datetime, b: Batch) -> None:
         at = line.at or received
         if line.at is not None:
-            lag = max(0.0, (received - line.at).total_seconds())
-            self.lag_sum += lag
-            self.lag_buckets[bisect.bisect_left(LAG_BUCKETS, lag)] += 1
-        prog = formats.parse(line.text)
+            self.lag.observe(max(0.0, (received - line.at).total_seconds()))
         pod = self.pods(line.namespace, line.pod, line.pod_uid)
-        if pod is None:
+        if pod is None:  # most lines of a cluster: not parsed at all
             b.counts["not_gpu_pod"] += 1
             return
+        prog = formats.parse(line.text)
         if prog is None:
             b.counts["not_progress"] += 1
             return
@@ -218,8 +213,7 @@ class Training(Collector):
                 run.stalled = None
         if seconds is None:
             return
-        run.seconds_sum += seconds
-        run.buckets[bisect.bisect_left(ITERATION_BUCKETS, seconds)] += 1
+        run.seconds.observe(seconds)
         if run.slow is not None:
             since, base = run.slow
             if seconds <= self.cfg.slowdown_factor * base:
@@ -315,7 +309,7 @@ class Training(Collector):
                 last.remember(str(r.line_key))
                 self._iteration(run, pod, int(r.iteration), at, r.iteration_seconds, scratch)
             # the metrics start again; what is open is what the table says
-            run.buckets, run.seconds_sum, run.slowdowns = [0] * len(run.buckets), 0.0, 0
+            run.seconds, run.slowdowns = Buckets(ITERATION_BUCKETS), 0
             run.slow = run.stalled = None
             for e in conn.execute(select(ev.c.kind, ev.c.at, ev.c.baseline).where(
                     ev.c.workload_uid == uid, ev.c.ended_at.is_(None),
@@ -336,8 +330,8 @@ class Training(Collector):
             runs = sorted(self.runs.values(), key=lambda r: (r.namespace, r.name))
             lines = dict(self.lines)
             malformed = self.malformed
-            lag = (list(self.lag_buckets), self.lag_sum)
-            snapshot = [(r.namespace, r.name, list(r.buckets), r.seconds_sum, dict(r.gauges),
+            lag = self.lag.copy()
+            snapshot = [(r.namespace, r.name, r.seconds.copy(), dict(r.gauges),
                          r.slowdowns, r.stalls, r.slow is not None, r.stalled is not None)
                         for r in runs]  # fmt: skip
         yield counter("lens_recorder_log_lines", "Log lines taken by POST /logs, by result: "
@@ -349,7 +343,7 @@ class Training(Collector):
                       {"": malformed})  # fmt: skip
         lag_fam = HistogramMetricFamily("lens_recorder_log_lag_seconds",
                                         "From a log line's time to its arrival")  # fmt: skip
-        lag_fam.add_metric([], cumulative(LAG_BUCKETS, lag[0]), lag[1])
+        lag_fam.add_metric([], lag.cumulative(), lag.total)
         yield lag_fam
         hist = HistogramMetricFamily("lens_training_iteration_seconds", "Time per training "
                                      "iteration, each iteration once (the logs' own figure)",
@@ -368,9 +362,9 @@ class Training(Collector):
         active = {name: Metric(f"lens_training_{name}", help_text, "gauge")
                   for name, help_text in (("slowdown_active", "1 while a slowdown is open"),
                                           ("stalled", "1 while a stall is open"))}  # fmt: skip
-        for ns, name, buckets, total, g, slowdowns, stalls, slow, stalled in snapshot:
+        for ns, name, seconds, g, slowdowns, stalls, slow, stalled in snapshot:
             lbl = {"namespace": ns, "workload": name}
-            hist.add_metric([ns, name], cumulative(ITERATION_BUCKETS, buckets), total)
+            hist.add_metric([ns, name], seconds.cumulative(), seconds.total)
             for key, value in g.items():
                 gauges[key].add_sample(f"lens_training_{key}", lbl, value)
             counters["slowdowns"].add_sample("lens_training_slowdowns_total", lbl, slowdowns)
