@@ -96,16 +96,18 @@ def test_beyond_the_bound_writes_are_dropped_and_counted(api: FakeApiServer, rec
     app = recorder_app(url, queue_max=5, finalizers=False)  # only the pod's writes queue
     eventually(lambda: len(rows(url, "gpu_pods")) == 1, timeout=10)
     assert app.writer.flush(10)
+    # a start-up write may already have found the 5 places taken (a slow first commit)
+    before = app.writer.dropped
     pg.stop()
     try:
         for n in range(1, 9):  # 8 changes, room for 5
             api.put("pods", state(p, "Running", True, restarts=n))
-        eventually(lambda: app.writer.dropped == 3, timeout=10)
+        eventually(lambda: app.writer.dropped == before + 3, timeout=10)
     finally:
         pg.start()
     assert app.writer.flush(30)
     assert restarts(url) == ["1", "2", "3", "4", "5"]  # the first five, in order
-    assert metric(app, "lens_recorder_queue_dropped_total") == 3
+    assert metric(app, "lens_recorder_queue_dropped_total") == before + 3
 
 
 def test_the_api_server_dies_and_comes_back(api: FakeApiServer, recorder_app: Any,
