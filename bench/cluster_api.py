@@ -135,7 +135,7 @@ def main() -> None:
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
             ex.submit(int).result()  # the process started before the clock does
             cpu = {"service": cpu_seconds(os.getpid()), "PostgreSQL": postgres_cpu()}
-            writes = (app.writer.write_sum, app.writer.write_buckets[-1])
+            writes = app.writer.writes.copy()
             got = ex.submit(simulate, f"127.0.0.1:{app.collect_port}", args.nodes,
                             args.events, 600, make_event, args.per_message).result()  # fmt: skip
         cpu = {
@@ -155,8 +155,8 @@ def main() -> None:
               f"(once the {args.nodes} streams were open, which took {got.connect_seconds:.1f} s): "
               f"{sent / got.seconds:.0f} events/s (goal >= 5000)")  # fmt: skip
         print(
-            f"the database writer: {app.writer.write_buckets[-1] - writes[1]} commits taking "
-            f"{app.writer.write_sum - writes[0]:.1f} s"
+            f"the database writer: {sum(app.writer.writes.counts) - sum(writes.counts)} commits "
+            f"taking {app.writer.writes.total - writes.total:.1f} s"
         )
         print("CPU meanwhile (2 cores: %.1f s): " % (2 * got.seconds) +
               ", ".join(f"{k} {v:.1f} s" for k, v in cpu.items()))  # fmt: skip

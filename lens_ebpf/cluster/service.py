@@ -32,7 +32,6 @@ from lens_ebpf.cluster.prom import Prom
 from lens_ebpf.cluster.remote_write.routes import RemoteWrite
 from lens_ebpf.cluster.storage import StorageScan
 from lens_ebpf.cluster.store import (
-    WRITE_BUCKETS,
     DatabaseError,
     Writer,
     engine_for,
@@ -268,8 +267,8 @@ class RecorderMetrics(Collector):
                           1 if w.up else 0)  # fmt: skip
         hist = HistogramMetricFamily("lens_recorder_db_write_seconds",
                                      "Time to commit one batch of writes")  # fmt: skip
-        bounds = [*(str(b) for b in WRITE_BUCKETS), "+Inf"]
-        hist.add_metric([], list(zip(bounds, w.write_buckets, strict=True)), w.write_sum)
+        writes = w.writes.copy()
+        hist.add_metric([], writes.cumulative(), writes.total)
         yield hist
         yield self._gauge("lens_recorder_queue_depth", "Writes waiting for the database",
                           w.depth())  # fmt: skip

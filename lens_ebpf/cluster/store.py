@@ -40,6 +40,7 @@ from sqlalchemy.dialects.postgresql import JSON
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 
 from lens_ebpf.core.backoff import Backoff
+from lens_ebpf.core.exposition import Buckets
 
 log = logging.getLogger(__name__)
 
@@ -185,9 +186,7 @@ class Writer:
         self.dropped = 0  # refused by a full queue
         self.errors: dict[str, int] = {"unavailable": 0, "rejected": 0}
         self.last_error = ""
-        # commit durations: a cumulative histogram (counts per WRITE_BUCKETS bound, +Inf last)
-        self.write_buckets = [0] * (len(WRITE_BUCKETS) + 1)
-        self.write_sum = 0.0
+        self.writes = Buckets(WRITE_BUCKETS)  # commit durations (this thread observes)
         self._thread: threading.Thread | None = None
 
     def submit(self, op: Op) -> bool:
@@ -268,11 +267,7 @@ class Writer:
                         j += 1
                     op.bulk(conn, [o.item for o in batch[i:j]])
                 i = j
-        took = time.monotonic() - start
-        for i, bound in enumerate((*WRITE_BUCKETS, float("inf"))):
-            if took <= bound:
-                self.write_buckets[i] += 1
-        self.write_sum += took
+        self.writes.observe(time.monotonic() - start)
         if not self.up:
             log.info("recorder: database is back; writing %d queued writes", self.depth())
         self.up = True
