@@ -31,6 +31,7 @@ ENV_ALIASES = {
 class NodeConfig(Section):
     name: str = ""
     ip: str = ""
+    cluster: str = ""  # the cluster the reporter tells the cluster service; "": its home one
 
 
 class PolicyConfig(Section):

@@ -90,8 +90,7 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
                      events: Callable[[Any], Iterable[pb.Event]],
                      ) -> AsyncIterator[pb.Ack]:  # fmt: skip
         """One reporter's stream: its events accepted in order, acknowledged as held."""
-        meta = dict(context.invocation_metadata())
-        node = meta.get("lens-node", "unknown")
+        node = self._source(dict(context.invocation_metadata()))
         with self._lock:
             sent = self._held(node)
         yield pb.Ack(seq=sent)  # where the reporter resumes
@@ -142,6 +141,10 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
                 if not mine:
                     self._waiters.pop(node, None)
             reader.cancel()
+
+    def _source(self, meta: dict[str, str]) -> str:
+        """Whose stream this is (sequence numbers are per source): the reporter's node."""
+        return meta.get("lens-node", "unknown")
 
     def _accept(self, node: str, ev: pb.Event) -> None:
         """One event of node's stream, with the lock held."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -19,10 +20,10 @@ from sqlalchemy import ColumnElement, Connection, func, or_, select, tuple_
 from sqlalchemy.exc import SQLAlchemyError
 
 from lens_ebpf.cluster import prom
-from lens_ebpf.cluster import schema as t
 from lens_ebpf.cluster.lifecycle import parse_time
 from lens_ebpf.cluster.node_events import DEVICE_COLUMNS
 from lens_ebpf.cluster.queries import aware
+from lens_ebpf.cluster.schema import Scoped, scoped
 from lens_ebpf.core.http import Response, json_response
 
 # /v1 as the UI names its API, /lens/v1 as it asks it when served under /lens/ (its build's
@@ -39,6 +40,20 @@ class ApiError(Exception):
 
 def bad(message: str) -> ApiError:
     return ApiError(400, 4001, message)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The cluster a request asks about (`?cluster=`): its name, the Prometheus holding
+    its metrics, its storage scan's totals; its tables are its rows only."""
+
+    name: str
+    prom: prom.Prom
+    storage: Callable[[], dict[str, float]] | None = None
+
+    @property
+    def tables(self) -> Scoped:
+        return scoped(self.name)
 
 
 def ok(data: Any) -> Response:
@@ -106,10 +121,11 @@ def _change(row: Any) -> dict[str, Any]:
             "field": row.field, "old": row.old_value, "new": row.new_value}  # fmt: skip
 
 
-def node_devices(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+def node_devices(conn: Connection, name: str, query: dict[str, str], c: Scope
+                 ) -> dict[str, Any]:  # fmt: skip
     """nodes/{name}/devices: the node's GPUs and RDMA ports as its agent last reported
     them (`present` false for one that went)."""
-    nd = t.node_devices
+    nd = c.tables.node_devices
     rows = list(conn.execute(select(nd).where(nd.c.node == name)
                              .order_by(nd.c.kind, nd.c.idx, nd.c.slot)))  # fmt: skip
     if not rows:
@@ -117,9 +133,10 @@ def node_devices(conn: Connection, name: str, query: dict[str, str]) -> dict[str
     return {"node_name": name, "devices": [_device(r) for r in rows]}
 
 
-def changelog(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+def changelog(conn: Connection, name: str, query: dict[str, str], c: Scope) -> dict[str, Any]:
     """nodes/{name}/devices/changelog?since=: one row per field that changed, oldest
     first, paged."""
+    t = c.tables
     num, size = page(query)
     since = when(query, "since")
     cl = t.device_changelog
@@ -137,7 +154,7 @@ def changelog(conn: Connection, name: str, query: dict[str, str]) -> dict[str, A
 FAULTS_MAX = 1000  # the newest faults a history lists, per place the device sat
 
 
-def _arrived(conn: Connection, place: Any, serial: str) -> datetime:
+def _arrived(conn: Connection, t: Scoped, place: Any, serial: str) -> datetime:
     """Since when this device sits in this place: its serial's arrival in the slot, or
     the slot's first report."""
     cl = t.device_changelog
@@ -148,13 +165,13 @@ def _arrived(conn: Connection, place: Any, serial: str) -> datetime:
     return max(first, aware(arrived)) if arrived else first  # type: ignore[type-var,return-value]
 
 
-def _holders(conn: Connection, place: Any, serial: str) -> list[dict[str, Any]]:
+def _holders(conn: Connection, t: Scoped, place: Any, serial: str) -> list[dict[str, Any]]:
     """The pods the kubelet gave this GPU while it sat in this place, oldest first, each
     {"namespace", "pod", "workload" (its top owner, kind/name, where the service knows
     the pod), "from", "to" (unix seconds; to null while it holds the GPU)}: from the
     holder changes its agent reported in the slot, and the holder now."""
     cl = t.device_changelog
-    since = _arrived(conn, place, serial)
+    since = _arrived(conn, t, place, serial)
     changes = list(conn.execute(select(cl.c.at, cl.c.old_value, cl.c.new_value).where(
         cl.c.node == place.node, cl.c.slot == place.slot, cl.c.field == "holder",
         cl.c.at >= since).order_by(cl.c.at, cl.c.id)))  # fmt: skip
@@ -189,11 +206,11 @@ def _holders(conn: Connection, place: Any, serial: str) -> list[dict[str, Any]]:
     return out
 
 
-def _faults(conn: Connection, place: Any, serial: str) -> list[dict[str, Any]]:
+def _faults(conn: Connection, t: Scoped, place: Any, serial: str) -> list[dict[str, Any]]:
     """The GPU faults its agent reported for this node and slot since this device sat
     there (since its serial arrived in the slot), each with the pod that held the GPU
     then (the newest FAULTS_MAX, oldest first)."""
-    since = _arrived(conn, place, serial)
+    since = _arrived(conn, t, place, serial)
     ne = t.node_events
     rows = conn.execute(select(ne).where(ne.c.node == place.node, ne.c.kind == "gpu_fault",
                                          ne.c.at >= since)
@@ -212,10 +229,12 @@ def _faults(conn: Connection, place: Any, serial: str) -> list[dict[str, Any]]:
     return out[::-1]
 
 
-def device_history(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+def device_history(conn: Connection, name: str, query: dict[str, str], c: Scope
+                   ) -> dict[str, Any]:  # fmt: skip
     """devices/{serial}/history: where the device sat (every node and slot), every
     change it had, every pod the kubelet gave it and when, and every fault its agent
     reported there with the pod that held it; looked up by serial, UUID or key."""
+    t = c.tables
     nd, cl = t.node_devices, t.device_changelog
     match = or_(nd.c.serial == name, nd.c.uuid == name, nd.c.key == name)
     places = list(conn.execute(select(nd).where(match).order_by(nd.c.first_seen)))
@@ -226,9 +245,9 @@ def device_history(conn: Connection, name: str, query: dict[str, str]) -> dict[s
     rows = conn.execute(select(cl).where(or_(cl.c.device_key.in_(keys),
                                              (cl.c.field == "serial") & (cl.c.new_value == name)))
                         .order_by(cl.c.at, cl.c.id))  # fmt: skip
-    faults = sorted((f for p in places for f in _faults(conn, p, p.serial)),
+    faults = sorted((f for p in places for f in _faults(conn, t, p, p.serial)),
                     key=lambda f: f["time"])  # fmt: skip
-    holders = sorted((h for p in places for h in _holders(conn, p, p.serial)),
+    holders = sorted((h for p in places for h in _holders(conn, t, p, p.serial)),
                      key=lambda h: h["from"])  # fmt: skip
     return {"serial": name, "places": [_device(p) for p in places],
             "changes": [_change(r) for r in rows], "holders": holders,
@@ -239,11 +258,12 @@ def device_history(conn: Connection, name: str, query: dict[str, str]) -> dict[s
 VENDORS = {"amd.com/gpu": "amd", "nvidia.com/gpu": "NVIDIA"}
 
 
-def gpu_allocation(conn: Connection, name: str, query: dict[str, str]) -> list[dict[str, Any]]:
+def gpu_allocation(conn: Connection, name: str, query: dict[str, str], c: Scope
+                   ) -> list[dict[str, Any]]:  # fmt: skip
     """nodes/gpuAllocation (model.GpuAllocation): per node and GPU resource with a
     capacity, the GPUs running pods requested; allocationRate is a ratio (0 to 1), as
     the original computes it."""
-    n, p = t.nodes, t.gpu_pods
+    n, p = c.tables.nodes, c.tables.gpu_pods
     allocated: dict[tuple[str, str], int] = {}
     for row in conn.execute(select(p.c.node, p.c.gpu_resources).where(
             p.c.running.is_(True), p.c.deleted.is_(False))):  # fmt: skip
@@ -271,7 +291,7 @@ GPU_NAME_LABELS = ("amd.com/gpu.product-name", "nvidia.com/gpu.device-name",
 ORDER = {"name", "ip", "gpu_name", "gpu_count", "gpu_allocation", "gpu_utilization", "status"}
 
 
-def _gpu_nodes(conn: Connection, only: str | None = None) -> list[dict[str, Any]]:
+def _gpu_nodes(conn: Connection, t: Scoped, only: str | None = None) -> list[dict[str, Any]]:
     """Every node with GPU capacity (or only that one), as model.GPUNode but the
     utilization."""
     n, p, nd = t.nodes, t.gpu_pods, t.node_devices
@@ -319,7 +339,7 @@ def workload_status(row: Any) -> str:
     return "Deleted" if row.deleted else WORKLOAD_STATUS.get(row.status, row.status)
 
 
-def _workload(conn: Connection, uid: str) -> Any:
+def _workload(conn: Connection, t: Scoped, uid: str) -> Any:
     w = t.gpu_workloads
     row = conn.execute(select(w).where(w.c.uid == uid)).first()
     if row is None:
@@ -327,7 +347,7 @@ def _workload(conn: Connection, uid: str) -> Any:
     return row
 
 
-def hierarchy(conn: Connection, uid: str) -> dict[str, Any]:
+def hierarchy(conn: Connection, t: Scoped, uid: str) -> dict[str, Any]:
     """model.WorkloadHierarchyItem: the workload and every workload below it."""
     w = t.gpu_workloads
     rows = list(conn.execute(select(w.c.uid, w.c.parent_uid, w.c.kind, w.c.name, w.c.namespace,
@@ -349,7 +369,7 @@ def hierarchy(conn: Connection, uid: str) -> dict[str, Any]:
     return node(by_uid[uid], frozenset())
 
 
-def workload_pods(conn: Connection, uid: str) -> list[Any]:
+def workload_pods(conn: Connection, t: Scoped, uid: str) -> list[Any]:
     """The GPU pods below a workload, at any level (oldest first)."""
     p, refs = t.gpu_pods, t.workload_pod_references
     return list(conn.execute(select(p).join(refs, refs.c.pod_uid == p.c.uid)
@@ -357,9 +377,9 @@ def workload_pods(conn: Connection, uid: str) -> list[Any]:
                              .order_by(p.c.created_at, p.c.name)))  # fmt: skip
 
 
-def gpu_names(conn: Connection) -> dict[str, str]:
+def gpu_names(conn: Connection, t: Scoped) -> dict[str, str]:
     """node -> the name of its GPUs (as the node list gives it)."""
-    return {n["name"]: n["gpu_name"] for n in _gpu_nodes(conn)}
+    return {n["name"]: n["gpu_name"] for n in _gpu_nodes(conn, t)}
 
 
 def gpu_allocation_info(pods: list[Any], names: dict[str, str]) -> dict[str, float]:
@@ -375,35 +395,39 @@ def gpu_allocation_info(pods: list[Any], names: dict[str, str]) -> dict[str, flo
     return out
 
 
-def workload_metadata(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+def workload_metadata(conn: Connection, name: str, query: dict[str, str], c: Scope
+                      ) -> dict[str, Any]:  # fmt: skip
     """workloadMetadata: the namespaces and kinds of the top-level workloads."""
-    w = t.gpu_workloads
+    w = c.tables.gpu_workloads
     top = w.c.parent_uid.is_(None) | (w.c.parent_uid == "")
     return {"namespaces": sorted({r[0] for r in conn.execute(select(w.c.namespace).where(top))}),
             "kinds": sorted({r[0] for r in conn.execute(select(w.c.kind).where(top))})}  # fmt: skip
 
 
-def hierarchy_query(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+def hierarchy_query(conn: Connection, name: str, query: dict[str, str], c: Scope
+                    ) -> dict[str, Any]:  # fmt: skip
     """workloads/hierarchy?kind=&name=[&namespace=]."""
     kind, wname, ns = param(query, "kind"), param(query, "name"), param(query, "namespace")
     if not kind or not wname:
         raise bad("kind and name are required")
-    w = t.gpu_workloads
+    w = c.tables.gpu_workloads
     cond = [w.c.kind == kind, w.c.name == wname] + ([w.c.namespace == ns] if ns else [])
     row = conn.execute(select(w.c.uid).where(*cond).order_by(w.c.created_at.desc())).first()
     if row is None:
         raise ApiError(404, 4004, f"workload not found: {kind}/{wname}")
-    return hierarchy(conn, row.uid)
+    return hierarchy(conn, c.tables, row.uid)
 
 
-def hierarchy_by_uid(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
-    return hierarchy(conn, name)
+def hierarchy_by_uid(conn: Connection, name: str, query: dict[str, str], c: Scope
+                     ) -> dict[str, Any]:  # fmt: skip
+    return hierarchy(conn, c.tables, name)
 
 
-def workload_detail(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+def workload_detail(conn: Connection, name: str, query: dict[str, str], c: Scope
+                    ) -> dict[str, Any]:  # fmt: skip
     """workloads/{uid} (model.WorkloadInfo)."""
-    row = _workload(conn, name)
-    pods = workload_pods(conn, name)
+    row = _workload(conn, c.tables, name)
+    pods = workload_pods(conn, c.tables, name)
     items = [{"podUid": p.uid, "podNamespace": p.namespace, "podName": p.name,
               "nodeName": p.node, "phase": p.phase, "running": p.running,
               "gpuAllocated": int(p.gpus), "createdAt": _ts(p.created_at),
@@ -411,7 +435,7 @@ def workload_detail(conn: Connection, name: str, query: dict[str, str]) -> dict[
     active = [i for i, p in zip(items, pods, strict=True) if p.running and not p.deleted]
     return {"apiVersion": row.api_version, "kind": row.kind, "name": row.name,
             "namespace": row.namespace, "uid": row.uid,
-            "gpu_allocation": gpu_allocation_info(pods, gpu_names(conn)), "pods": items,
+            "gpu_allocation": gpu_allocation_info(pods, gpu_names(conn, c.tables)), "pods": items,
             "activePods": active, "startTime": _ts(row.created_at),
             "endTime": _ts(row.ended_at), "source": "k8s"}  # fmt: skip
 
@@ -421,7 +445,8 @@ def _rfc3339(value: Any) -> str:
     return aware(value).strftime("%Y-%m-%dT%H:%M:%SZ")  # type: ignore[union-attr]
 
 
-def hourly_stats(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+def hourly_stats(conn: Connection, name: str, query: dict[str, str], c: Scope
+                 ) -> dict[str, Any]:  # fmt: skip
     """gpu-aggregation/cluster/hourly-stats?start_time=&end_time=&page=&page_size=&order_by=
     &order_direction= (RFC 3339; PaginatedResponse of dbmodel.ClusterGpuHourlyStats)."""
     bounds = []
@@ -440,7 +465,7 @@ def hourly_stats(conn: Connection, name: str, query: dict[str, str]) -> dict[str
     if order not in ("time", "utilization") or direction not in ("asc", "desc"):
         raise bad(f"order_by={order!r}, order_direction={direction!r}: time or utilization, "
                   "asc or desc")  # fmt: skip
-    hs = t.cluster_gpu_hourly_stats
+    hs = c.tables.cluster_gpu_hourly_stats
     col = hs.c.stat_hour if order == "time" else hs.c.avg_utilization
     cond = [hs.c.stat_hour >= bounds[0], hs.c.stat_hour <= bounds[1]]
     total = int(conn.execute(select(func.count()).select_from(hs).where(*cond)).scalar_one())
@@ -457,10 +482,12 @@ def hourly_stats(conn: Connection, name: str, query: dict[str, str]) -> dict[str
             "total_pages": -(-total // size)}  # fmt: skip
 
 
-def node_workloads(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+def node_workloads(conn: Connection, name: str, query: dict[str, str], c: Scope
+                   ) -> dict[str, Any]:  # fmt: skip
     """nodes/{name}/workloads?page_num=&page_size= (NodeWorkloadsResponse of
     model.WorkloadNodeView): the running top-level workloads with a live pod on the node,
     their GPUs in all and on this node."""
+    t = c.tables
     num, size = page(query)
     if conn.execute(select(t.nodes.c.name).where(t.nodes.c.name == name)).first() is None:
         raise ApiError(404, 4004, f"node not found: {name!r}")
@@ -473,7 +500,7 @@ def node_workloads(conn: Connection, name: str, query: dict[str, str]) -> dict[s
             if workload_status(r) == "Running"]  # fmt: skip
     views = []
     for r in rows[(num - 1) * size : num * size]:
-        pods = [q for q in workload_pods(conn, r.uid) if q.running and not q.deleted]
+        pods = [q for q in workload_pods(conn, t, r.uid) if q.running and not q.deleted]
         views.append({"kind": r.kind, "name": r.name, "namespace": r.namespace, "uid": r.uid,
                       "gpu_allocated": sum(int(q.gpus) for q in pods),
                       "gpu_allocated_node": sum(int(q.gpus) for q in pods if q.node == name),
@@ -481,13 +508,14 @@ def node_workloads(conn: Connection, name: str, query: dict[str, str]) -> dict[s
     return {"data": views, "total": len(rows)}
 
 
-def cluster_allocation(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+def cluster_allocation(conn: Connection, name: str, query: dict[str, str], c: Scope
+                       ) -> dict[str, Any]:  # fmt: skip
     """clusters/allocation?start=&end= (unix seconds or RFC 3339; either may be left
     out): the cluster's allocation snapshots, `{"points": [{"timestamp", "allocatable",
     "requested", "rate"}]}` (rate in percent); more than 10,000 points is refused."""
     end = when(query, "end")
     start = when(query, "start")
-    s = t.allocation_snapshots
+    s = c.tables.allocation_snapshots
     cond = [s.c.node == ""]
     if start is not None:
         cond.append(s.c.at >= start)
@@ -503,13 +531,13 @@ def cluster_allocation(conn: Connection, name: str, query: dict[str, str]) -> di
                         "requested": r.requested, "rate": r.rate} for r in rows]}  # fmt: skip
 
 
-def node_workloads_history(conn: Connection, name: str, query: dict[str, str]
+def node_workloads_history(conn: Connection, name: str, query: dict[str, str], c: Scope
                            ) -> dict[str, Any]:  # fmt: skip
     """nodes/{name}/workloadsHistory?page_num=&page_size= (NodeWorkloadsHistoryResponse of
     model.WorkloadHistoryNodeView): the node's GPU pods that ran and are over (not
     running, not pending), newest first, each with its top-level workload."""
     num, size = page(query)
-    p, w = t.gpu_pods, t.gpu_workloads
+    p, w = c.tables.gpu_pods, c.tables.gpu_workloads
     done = (p.c.node == name, p.c.running.is_(False), p.c.phase != "Pending")
     total = int(conn.execute(select(func.count()).select_from(p).where(*done)).scalar_one())
     pods = list(conn.execute(select(p).where(*done).order_by(p.c.created_at.desc(), p.c.name)
@@ -528,15 +556,15 @@ def node_workloads_history(conn: Connection, name: str, query: dict[str, str]
     return {"data": views, "total": total}
 
 
-def _allocation_percent(conn: Connection, per_node: list[dict[str, Any]] | None = None,
-                        ) -> float:  # fmt: skip
+def _allocation_percent(conn: Connection, c: Scope,
+                        per_node: list[dict[str, Any]] | None = None) -> float:  # fmt: skip
     """The cluster's GPUs requested by running pods, percent of its GPU capacity, tainted
     nodes left out as the original leaves them out (per_node: gpu_allocation's rows,
     when the caller has them)."""
-    n = t.nodes
+    n = c.tables.nodes
     tainted = {r.name for r in conn.execute(select(n.c.name, n.c.taints).where(
         n.c.deleted.is_(False))) if r.taints}  # fmt: skip
-    kept = [a for a in (gpu_allocation(conn, "", {}) if per_node is None else per_node)
+    kept = [a for a in (gpu_allocation(conn, "", {}, c) if per_node is None else per_node)
             if a["node"] not in tainted]  # fmt: skip
     capacity = sum(a["capacity"] for a in kept)
     return 100 * sum(a["allocated"] for a in kept) / capacity if capacity else 0.0
@@ -557,37 +585,54 @@ def integer(query: dict[str, str], name: str, default: int | None = None) -> int
 Table = list[tuple[re.Pattern[str], Callable[..., Any]]]
 
 
-def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str = "local",
-           metrics: prom.Prom | None = None,
+def single(name: str = "local", metrics: prom.Prom | None = None,
+           storage: Callable[[], dict[str, float]] | None = None,
+           ) -> Callable[[str | None], Scope]:  # fmt: skip
+    """scopes for a service that knows one cluster (tests, tools)."""
+    only = Scope(name, metrics or prom.Prom("", 10, 11_000), storage)
+
+    def scope(asked: str | None) -> Scope:
+        if asked and asked != name:
+            raise ApiError(404, 4004, f"no cluster {asked!r}; known: {name}")
+        return only
+
+    return scope
+
+
+def routes(read: Callable[[Callable[[Connection], Any]], Any],
+           scopes: Callable[[str | None], Scope],
            clock: Callable[[], datetime] = lambda: datetime.now(UTC),
            extra: Table | None = None,
-           storage: Callable[[], dict[str, float]] | None = None,
+           clusters: Callable[[], list[str]] | None = None,
            ) -> Callable[..., Response]:  # fmt: skip
-    """The query route for /v1 and /api: rest is the path below the prefix; extra: more
-    (pattern, fn(conn, name, query)) entries, matched first; storage: the overview's
-    storage fields (the newest storage scan's totals)."""
-    metrics = metrics or prom.Prom("", 10, 11_000)
+    """The query route for /v1 and /api: rest is the path below the prefix; scopes: the
+    cluster `?cluster=` names (None: the default one; ApiError 404 for one not known);
+    extra: more (pattern, fn(conn, name, query, c)) entries, matched first; clusters:
+    the names gpu-aggregation/clusters lists."""
 
-    def utilization(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    def utilization(conn: Connection, name: str, query: dict[str, str], c: Scope
+            ) -> dict[str, Any]:  # fmt: skip
         """nodes/gpuUtilization (model.GPUUtilization): the cluster's allocation rate
         (percent, from the pods and nodes it keeps) and GPU utilization now (percent)."""
-        return {"allocationRate": _allocation_percent(conn),
-                "utilization": metrics.scalar(prom.UTILIZATION, clock())}  # fmt: skip
+        return {"allocationRate": _allocation_percent(conn, c),
+                "utilization": c.prom.scalar(prom.UTILIZATION, clock())}  # fmt: skip
 
-    def history(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    def history(conn: Connection, name: str, query: dict[str, str], c: Scope
+            ) -> dict[str, Any]:  # fmt: skip
         """nodes/gpuUtilizationHistory?start=&end=&step= (model.GpuUtilizationHistory)."""
         start, end = integer(query, "start"), integer(query, "end")
         step = integer(query, "step", 60)
         if step <= 0:
             raise bad(f"step={step}: must be 1 or more")
         try:
-            return {key: metrics.series(q, start, end, step) for key, q in (
+            return {key: c.prom.series(q, start, end, step) for key, q in (
                 ("allocationRate", prom.ALLOCATION_RATE), ("utilization", prom.UTILIZATION),
                 ("vramUtilization", prom.VRAM_RATIO))}  # fmt: skip
         except prom.TooManyPoints as exc:
             raise bad(str(exc)) from None
 
-    def node_list(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    def node_list(conn: Connection, name: str, query: dict[str, str], c: Scope
+            ) -> dict[str, Any]:  # fmt: skip
         """nodes?page_num=&page_size=&name=&gpu_name=&status=&order_by=&desc=
         (NodeListResponse): GPU nodes, each with its GPUs' mean utilization now."""
         num, size = page(query)
@@ -597,7 +642,7 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
         desc = (param(query, "desc") or "false").lower()
         if desc not in ("true", "false", "1", "0"):
             raise bad(f"desc={desc!r}: true or false")
-        nodes = _gpu_nodes(conn)
+        nodes = _gpu_nodes(conn, c.tables)
         sub, gpu = param(query, "name") or "", param(query, "gpu_name") or ""
         wanted = {s for s in (param(query, "status") or "").split(",") if s}
         nodes = [n for n in nodes if sub in n["name"] and (not gpu or n["gpu_name"] == gpu)
@@ -607,7 +652,7 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
             if not of:
                 return
             expr = prom.utilization_by_node(None if every else [n["name"] for n in of])
-            util = {lbl.get("node", ""): v for lbl, v in metrics.instant(expr, clock())}
+            util = {lbl.get("node", ""): v for lbl, v in c.prom.instant(expr, clock())}
             for n in of:
                 n["gpu_utilization"] = util.get(n["name"], 0.0)
 
@@ -618,22 +663,23 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
         shown = nodes[(num - 1) * size : num * size]
         if not by_use:
             utilization(shown, False)
-        return {"data": shown, "total": len(nodes), "cluster_name": cluster_name}
+        return {"data": shown, "total": len(nodes), "cluster_name": c.name}
 
-    def node_detail(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    def node_detail(conn: Connection, name: str, query: dict[str, str], c: Scope
+            ) -> dict[str, Any]:  # fmt: skip
         """nodes/{name} (NodeDetailResponse: model.GpuNodeDetail and cluster_name)."""
-        n = t.nodes
+        n = c.tables.nodes
         row = conn.execute(select(n).where(n.c.name == name)).first()
         if row is None:
             raise ApiError(404, 4004, f"node not found: {name!r}")
-        listed = next(iter(_gpu_nodes(conn, name)), None)
-        nd = t.node_devices
+        listed = next(iter(_gpu_nodes(conn, c.tables, name)), None)
+        nd = c.tables.node_devices
         drivers = sorted({str(d) for (d,) in conn.execute(select(nd.c.driver_version).where(
             nd.c.node == name, nd.c.kind == "gpu", nd.c.present.is_(True),
             nd.c.driver_version != ""))})  # fmt: skip
         model = ""
-        if metrics.url:  # the CPU model is the agent's hw_node_info; without Prometheus: count
-            info = metrics.instant(f'hw_node_info{{node="{prom.escape(name)}"}}', clock())
+        if c.prom.url:  # the CPU model is the agent's hw_node_info; without Prometheus: count
+            info = c.prom.instant(f'hw_node_info{{node="{prom.escape(name)}"}}', clock())
             model = next((lbl.get("cpu_model", "") for lbl, _ in info), "")
         runtime = str(row.container_runtime)
         return {
@@ -644,20 +690,21 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
             else "",
             "kubelet_version": row.kubelet_version,
             "containerd_version": runtime.removeprefix("containerd://"),
-            "cluster_name": cluster_name,
+            "cluster_name": c.name,
         }  # fmt: skip
 
-    def overview(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    def overview(conn: Connection, name: str, query: dict[str, str], c: Scope
+            ) -> dict[str, Any]:  # fmt: skip
         """clusters/overview (model.GpuClusterOverview): GPU nodes by health (faulty: not
         Ready, or tainted) and by idleness, allocation rate and utilization (percent),
         RDMA bytes/s, and the storage scan's space (the volumes' capacity and what their
         claims use; inodes and bandwidth are not measured: 0)."""
-        n = t.nodes
+        n = c.tables.nodes
         rows = [r for r in conn.execute(select(n).where(n.c.deleted.is_(False)))
                 if sum(int(v) for v in (r.gpu_capacity or {}).values())]  # fmt: skip
         faulty = sum(1 for r in rows if r.status != "Ready" or r.taints)
         per_node: dict[str, list[int]] = {}
-        allocation = gpu_allocation(conn, "", {})
+        allocation = gpu_allocation(conn, "", {}, c)
         for a in allocation:
             pair = per_node.setdefault(a["node"], [0, 0])
             pair[0] += a["allocated"]
@@ -666,20 +713,21 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
         busy = sum(1 for a, c in per_node.values() if a >= c)
         at = clock()
         space = {"total_space": 0.0, "used_space": 0.0, "usage_percentage": 0.0}
-        if storage is not None:
-            space.update(storage())
+        if c.storage is not None:
+            space.update(c.storage())
         return {
             **space, "total_inodes": 0.0, "used_inodes": 0.0, "inodes_usage_percentage": 0.0,
             "read_bandwidth": 0.0, "write_bandwidth": 0.0,
-            "total_tx": metrics.scalar(prom.RDMA_TX, at),
-            "total_rx": metrics.scalar(prom.RDMA_RX, at),
+            "total_tx": c.prom.scalar(prom.RDMA_TX, at),
+            "total_rx": c.prom.scalar(prom.RDMA_RX, at),
             "totalNodes": len(rows), "healthyNodes": len(rows) - faulty, "faultyNodes": faulty,
             "fullyIdleNodes": idle, "partiallyIdleNodes": len(per_node) - idle - busy,
-            "busyNodes": busy, "allocationRate": _allocation_percent(conn, allocation),
-            "utilization": metrics.scalar(prom.UTILIZATION, at),
+            "busyNodes": busy, "allocationRate": _allocation_percent(conn, c, allocation),
+            "utilization": c.prom.scalar(prom.UTILIZATION, at),
         }  # fmt: skip
 
-    def workload_list(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    def workload_list(conn: Connection, name: str, query: dict[str, str], c: Scope
+            ) -> dict[str, Any]:  # fmt: skip
         """workloads?page_num=&page_size=&name=&namespace=&kind=&status=&order_by=
         (WorkloadListResponse of model.WorkloadListItem): top-level workloads, newest
         first, each with its GPUs and its pods' GPU utilization over its life (average,
@@ -688,7 +736,7 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
         order = param(query, "order_by") or ""
         if order not in ("", "start_at", "end_at"):
             raise bad(f"order_by={order!r}: start_at or end_at")
-        w = t.gpu_workloads
+        w = c.tables.gpu_workloads
         cond: list[ColumnElement[bool]] = [w.c.parent_uid.is_(None) | (w.c.parent_uid == "")]
         if sub := param(query, "name"):
             cond.append(w.c.name.contains(sub, autoescape=True))
@@ -700,10 +748,10 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
             rows = [r for r in rows if workload_status(r) == status]
         key = "ended_at" if order == "end_at" else "created_at"
         rows.sort(key=lambda r: (_ts(getattr(r, key)), r.name), reverse=True)
-        names, now = gpu_names(conn), clock()
+        names, now = gpu_names(conn, c.tables), clock()
         items = []
         for r in rows[(num - 1) * size : num * size]:
-            pods = workload_pods(conn, r.uid)
+            pods = workload_pods(conn, c.tables, r.uid)
             status = workload_status(r)
             item = {"kind": r.kind, "name": r.name, "namespace": r.namespace, "uid": r.uid,
                     "gpu_allocated": sum(int(p.gpus) for p in pods
@@ -712,11 +760,11 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
                     "status_color": WORKLOAD_COLORS.get(status, ""),
                     "start_at": _ts(r.created_at), "end_at": _ts(r.ended_at or r.updated_at),
                     "source": "k8s"}  # fmt: skip
-            item.update(utilization_stats(r, pods, status == "Running", now))
+            item.update(utilization_stats(c, r, pods, status == "Running", now))
             items.append(item)
         return {"data": items, "total": len(rows)}
 
-    def utilization_stats(row: Any, pods: list[Any], running: bool, now: datetime
+    def utilization_stats(c: Scope, row: Any, pods: list[Any], running: bool, now: datetime
                           ) -> dict[str, Any]:  # fmt: skip
         """From the agents' gpu_utilization of the GPUs the workload's pods held."""
         stats: dict[str, Any] = {"instant_gpu_utilization": None, "avg_gpu_utilization": 0.0,
@@ -730,16 +778,17 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
         sel = prom.pods_selector(row.namespace, [p.name for p in pods])
         series = f"avg(gpu_utilization{{{sel}}})[{seconds}s:60s]"
         at = min(end, now)
-        stats["avg_gpu_utilization"] = metrics.scalar(f"avg_over_time({series})", at)
+        stats["avg_gpu_utilization"] = c.prom.scalar(f"avg_over_time({series})", at)
         for q, field in ((0.5, "p50"), (0.9, "p90"), (0.95, "p95")):
-            stats[f"{field}_gpu_utilization"] = metrics.scalar(
+            stats[f"{field}_gpu_utilization"] = c.prom.scalar(
                 f"quantile_over_time({q}, {series})", at)  # fmt: skip
         if running:
-            stats["instant_gpu_utilization"] = metrics.scalar(
+            stats["instant_gpu_utilization"] = c.prom.scalar(
                 f"avg(gpu_utilization{{{sel}}})", now)  # fmt: skip
         return stats
 
-    def heatmap(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    def heatmap(conn: Connection, name: str, query: dict[str, str], c: Scope
+            ) -> dict[str, Any]:  # fmt: skip
         """clusters/gpuHeatmap: every GPU of the 5 nodes with the highest mean, for
         utilization, temperature and power, with the original's axes and units (its
         items under a capital `Data`, as its struct has no json tag there)."""
@@ -748,7 +797,7 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
                 "temperature": (3, "℃", 110, 20)}  # fmt: skip
         for key, expr in prom.HEATMAP.items():
             gpus = [(lbl.get("node", ""), lbl.get("gpu_id", ""), v)
-                    for lbl, v in metrics.instant(expr, now)]  # fmt: skip
+                    for lbl, v in c.prom.instant(expr, now)]  # fmt: skip
             by_node: dict[str, list[float]] = {}
             for node, _, v in gpus:
                 by_node.setdefault(node, []).append(v)
@@ -762,20 +811,23 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
                         "Data": items}  # fmt: skip
         return out
 
-    def consumers(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    def consumers(conn: Connection, name: str, query: dict[str, str], c: Scope
+            ) -> dict[str, Any]:  # fmt: skip
         """clusters/consumers?page_num=&page_size= (ClusterConsumersResponse of
         model.TopLevelGpuResource): running top-level workloads, their GPU request and
         their pods' GPU utilization now."""
         num, size = page(query)
-        w = t.gpu_workloads
+        w = c.tables.gpu_workloads
         top = w.c.parent_uid.is_(None) | (w.c.parent_uid == "")
         rows = [r for r in conn.execute(select(w).where(top, w.c.deleted.is_(False))
                                         .order_by(w.c.created_at, w.c.name))
                 if workload_status(r) == "Running"]  # fmt: skip
         items, now = [], clock()
         for r in rows[(num - 1) * size : num * size]:
-            pods = [p.name for p in workload_pods(conn, r.uid) if p.running and not p.deleted]
-            util = metrics.scalar(f"avg(gpu_utilization{{"
+            pods = [
+                p.name for p in workload_pods(conn, c.tables, r.uid) if p.running and not p.deleted
+            ]
+            util = c.prom.scalar(f"avg(gpu_utilization{{"
                                   f"{prom.pods_selector(r.namespace, pods)}}})", now) \
                 if pods else 0.0  # fmt: skip
             items.append({"kind": r.kind, "name": r.name, "namespace": r.namespace,
@@ -784,19 +836,23 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
                           "pods": None, "source": "k8s"})  # fmt: skip
         return {"data": items, "total": len(rows)}
 
-    def node_gpu_devices(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    def node_gpu_devices(conn: Connection, name: str, query: dict[str, str], c: Scope
+            ) -> dict[str, Any]:  # fmt: skip
         """nodes/{name}/gpuDevices (NodeGPUDevicesResponse of model.GpuDeviceInfo): the
         node's GPUs as its agent reported them, with their utilization, temperature,
         power and memory now."""
-        nd = t.node_devices
-        if conn.execute(select(t.nodes.c.name).where(t.nodes.c.name == name)).first() is None:
+        nd = c.tables.node_devices
+        if (
+            conn.execute(select(c.tables.nodes.c.name).where(c.tables.nodes.c.name == name)).first()
+            is None
+        ):
             raise ApiError(404, 4004, f"node not found: {name!r}")
         mine = (nd.c.node == name, nd.c.kind == "gpu", nd.c.present.is_(True))
         gpus = list(conn.execute(select(nd).where(*mine).order_by(nd.c.idx)))
         now, values = clock(), {}
         for key, expr in prom.node_gpus(name).items():
             values[key] = {(lbl.get("vendor", ""), lbl.get("gpu_index", "")): v
-                           for lbl, v in metrics.instant(expr, now)}  # fmt: skip
+                           for lbl, v in c.prom.instant(expr, now)}  # fmt: skip
         devices = []
         for g in gpus:
             k = (g.vendor, str(g.idx))
@@ -806,9 +862,10 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
                             "utilization": values["utilization"].get(k, 0.0),
                             "temperature": values["temperature"].get(k, 0.0),
                             "power": values["power"].get(k, 0.0)})  # fmt: skip
-        return {"node_name": name, "cluster_name": cluster_name, "devices": devices}
+        return {"node_name": name, "cluster_name": c.name, "devices": devices}
 
-    def workload_metrics(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    def workload_metrics(conn: Connection, name: str, query: dict[str, str], c: Scope
+            ) -> dict[str, Any]:  # fmt: skip
         """workloads/{uid}/metrics?start=&end=&step= (map of model.MetricsGraph): its GPUs'
         utilization, memory and power per node (the original's three), and beyond the
         original: memory and power per pod and summed, TCP bytes/s and median RTT from its
@@ -817,33 +874,37 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
         step = integer(query, "step", 60)
         if step <= 0:
             raise bad(f"step={step}: must be 1 or more")
-        row = _workload(conn, name)
-        pods = workload_pods(conn, name)
+        row = _workload(conn, c.tables, name)
+        pods = workload_pods(conn, c.tables, name)
         # the agents name a remote pod's workload by its top owner
         tops = {p.workload_uid for p in pods if p.workload_uid}
-        top = _workload(conn, next(iter(tops))) if len(tops) == 1 else row
+        top = _workload(conn, c.tables, next(iter(tops))) if len(tops) == 1 else row
         out: dict[str, Any] = {}
         graphs = prom.workload_graphs(row.namespace, top.name, [p.name for p in pods],
                                       sorted({p.node for p in pods if p.node}), step)  # fmt: skip
         for title, (serial, unit, expr) in graphs.items():
             try:
-                series = metrics.graph(expr, start, end, step) if pods else []
+                series = c.prom.graph(expr, start, end, step) if pods else []
             except prom.TooManyPoints as exc:
                 raise bad(str(exc)) from None
             out[title] = {"serial": serial, "series": series, "config": {"y_axis_unit": unit}}
         return out
 
-    def node_gpu_metrics(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    def node_gpu_metrics(conn: Connection, name: str, query: dict[str, str], c: Scope
+            ) -> dict[str, Any]:  # fmt: skip
         """nodes/{name}/gpuMetrics?start=&end=&step= (NodeGPUMetricsResponse): its GPUs'
         utilization (one series per GPU) and its allocation rate, percent."""
         start, end = integer(query, "start"), integer(query, "end")
         step = integer(query, "step", 60)
         if step <= 0:
             raise bad(f"step={step}: must be 1 or more")
-        if conn.execute(select(t.nodes.c.name).where(t.nodes.c.name == name)).first() is None:
+        if (
+            conn.execute(select(c.tables.nodes.c.name).where(c.tables.nodes.c.name == name)).first()
+            is None
+        ):
             raise ApiError(404, 4004, f"node not found: {name!r}")
         try:
-            return {key: {"serial": 0, "series": metrics.graph(expr, start, end, step),
+            return {key: {"serial": 0, "series": c.prom.graph(expr, start, end, step),
                           "config": {"y_axis_unit": "%"}}
                     for key, expr in prom.node_history(name).items()}  # fmt: skip
         except prom.TooManyPoints as exc:
@@ -877,12 +938,16 @@ def routes(read: Callable[[Callable[[Connection], Any]], Any], cluster_name: str
     ]
 
     def route(rest: str, query: dict[str, str]) -> Response:
-        if rest == "gpu-aggregation/clusters":  # one cluster until multi-cluster
-            return ok([cluster_name])
+        try:
+            c = scopes(param(query, "cluster") or None)
+        except ApiError as e:
+            return error(e)
+        if rest == "gpu-aggregation/clusters":
+            return ok(clusters() if clusters is not None else [c.name])
         for pattern, fn in table:
             if m := pattern.match(rest):
                 try:
-                    return ok(read(partial(fn, name=m.group(1), query=query)))
+                    return ok(read(partial(fn, name=m.group(1), query=query, c=c)))
                 except ApiError as e:
                     return error(e)
                 except SQLAlchemyError as exc:

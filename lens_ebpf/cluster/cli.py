@@ -40,6 +40,8 @@ def build_parser(prog: str = "lens-ebpf recorder") -> argparse.ArgumentParser:
                      help="print the workloads that used GPUs since --since and exit")  # fmt: skip
     rec.add_argument("--since", default="7d", help="with --report: RFC 3339, or an age (12h, 7d)")
     rec.add_argument("--node", default="", help="with --report: only GPU pods on this node")
+    rec.add_argument("--cluster", default="",
+                     help="with --report: this cluster (not the home one)")  # fmt: skip
     rec.add_argument("--json", action="store_true", help="with --report: one object per line")
     rec.add_argument("--remove-finalizers", action="store_true",
                      help="take the recorder's finalizer off every object and exit "
@@ -71,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
     try:
         if args.report:
-            print(service.run_report(cfg, args.since, args.node, args.json))
+            print(service.run_report(cfg, args.since, args.node, args.json, args.cluster))
             return 0
         try:
             client = api_client(cfg.kubernetes.mode, cfg.kubernetes.kubeconfig)

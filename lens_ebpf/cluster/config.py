@@ -4,6 +4,7 @@ the environment, flags, in that order (core/settings.py)."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from importlib import resources
 from typing import Any, Literal
@@ -14,6 +15,8 @@ from lens_ebpf.api.tls import ServerTlsConfig
 from lens_ebpf.core import settings
 from lens_ebpf.core.settings import Section, ServerConfig, split_listen
 from lens_ebpf.k8s.client import KubernetesClientConfig
+
+CLUSTER_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"  # a DNS label: no "/" in it
 
 
 class KubeletServiceConfig(Section):
@@ -127,7 +130,7 @@ class RecorderConfig(Section):
     listen: str = "0.0.0.0:9480"  # REST (/workloads, /pods) and /metrics
     collect_listen: str = "0.0.0.0:9472"  # reporters' collector protocol; empty: off
     gpu_resources: list[str] = Field(default_factory=lambda: ["amd.com/gpu", "nvidia.com/gpu"])
-    cluster_name: str = Field("local", min_length=1)  # what the cluster API calls this cluster
+    cluster_name: str = Field("local", pattern=CLUSTER_NAME)  # the home cluster's name
     finalizers: bool = True
     queue_max: int = Field(100_000, ge=1, le=10_000_000)
     db_retry_max_seconds: float = Field(10.0, gt=0)
@@ -150,6 +153,26 @@ class RecorderConfig(Section):
         return v
 
 
+class ClusterEntry(Section):
+    """A cluster beyond the home one: how to reach its API, and where its metrics are."""
+
+    kubeconfig: str = Field(min_length=1)  # a kubeconfig file, or in-cluster
+    prometheus_url: str = ""  # its own Prometheus; "": recorder.prometheus.url
+
+
+class MultiClusterConfig(Section):
+    """Clusters beyond the home one from the seed's multi-k8s-config Secret (one key per
+    cluster: its kubeconfig), and the storage config exporter."""
+
+    secret: str = ""  # the Secret's name in namespace; "": not read (multi-k8s-config)
+    namespace: str = ""  # "": the service's own (its service account's namespace)
+    reload_seconds: float = Field(30.0, gt=0)  # the Secret is read again this often
+    storage_config_sync: bool = False  # every sync_seconds: merged_secret from source_secret
+    source_secret: str = Field("storage-config", min_length=1)  # read in every cluster
+    merged_secret: str = Field("multi-storage-config", min_length=1)  # written in the home one
+    sync_seconds: float = Field(30.0, gt=0)
+
+
 class CollectorGrpcConfig(Section):
     tls: ServerTlsConfig = Field(default_factory=ServerTlsConfig)
 
@@ -164,6 +187,18 @@ class Config(Section):
     kubernetes: KubernetesClientConfig = Field(default_factory=KubernetesClientConfig)
     grpc: CollectorGrpcConfig = Field(default_factory=CollectorGrpcConfig)
     recorder: RecorderConfig = Field(default_factory=RecorderConfig)
+    # clusters beyond the home one (recorder.cluster_name, reached through kubernetes.*)
+    clusters: dict[str, ClusterEntry] = Field(default_factory=dict)
+    multicluster: MultiClusterConfig = Field(default_factory=MultiClusterConfig)
+
+    @field_validator("clusters")
+    @classmethod
+    def _names(cls, v: dict[str, ClusterEntry]) -> dict[str, ClusterEntry]:
+        for name in v:
+            if not re.match(CLUSTER_NAME, name):
+                raise ValueError(f"cluster name {name!r}: lowercase letters, digits and '-' "
+                                 "(a DNS label)")  # fmt: skip
+        return v
 
     @field_validator("log_level")
     @classmethod

@@ -16,7 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from lens_ebpf.cluster import prom
 from lens_ebpf.cluster import schema as t
-from lens_ebpf.cluster.api import gpu_allocation
+from lens_ebpf.cluster.api import Scope, gpu_allocation
 from lens_ebpf.cluster.queries import aware
 from lens_ebpf.cluster.store import Op, Writer, insert_new
 
@@ -32,11 +32,11 @@ def floor_hour(at: datetime) -> datetime:
 
 
 class Jobs:
-    def __init__(self, engine: Engine, writer: Writer, metrics: prom.Prom, cluster_name: str,
+    def __init__(self, engine: Engine, writer: Writer, scopes: Callable[[], list[Scope]],
                  allocation_seconds: float, retention_days: float,
                  clock: Callable[[], datetime]) -> None:  # fmt: skip
-        self.engine, self.writer, self.metrics = engine, writer, metrics
-        self.cluster_name, self.interval = cluster_name, allocation_seconds
+        self.engine, self.writer, self.scopes = engine, writer, scopes  # the clusters now
+        self.interval = allocation_seconds
         self.retention = timedelta(days=retention_days)
         self.clock = clock
         self.runs: dict[str, int] = {"snapshot": 0, "hourly": 0, "prune": 0}
@@ -45,41 +45,48 @@ class Jobs:
         self._last_prune: datetime | None = None
 
     def snapshot(self, now: datetime) -> None:
-        """Per node and for the cluster (node ""): GPUs allocatable, requested by running
-        pods, and the rate (percent)."""
-        with self.engine.connect() as conn:
-            per_node: dict[str, list[int]] = {}
-            for a in gpu_allocation(conn, "", {}):
-                pair = per_node.setdefault(a["node"], [0, 0])
-                pair[0] += a["capacity"]
-                pair[1] += a["allocated"]
-        total = [sum(c for c, _ in per_node.values()), sum(r for _, r in per_node.values())]
-        rows = [{"at": now, "node": node, "allocatable": c, "requested": r,
-                 "rate": 100 * r / c if c else 0.0}
-                for node, (c, r) in sorted({**per_node, "": total}.items())]  # fmt: skip
+        """Per cluster, per node and for the cluster (node ""): GPUs allocatable, requested
+        by running pods, and the rate (percent)."""
+        rows = []
+        for c in self.scopes():
+            rows += self._snapshot(c, now)
 
         def write(conn: Connection) -> None:
             conn.execute(t.allocation_snapshots.insert(), rows)
 
-        self.writer.submit(Op("allocation_snapshots", write))
+        if rows:
+            self.writer.submit(Op("allocation_snapshots", write))
         self.runs["snapshot"] += 1
 
+    def _snapshot(self, c: Scope, now: datetime) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            per_node: dict[str, list[int]] = {}
+            for a in gpu_allocation(conn, "", {}, c):
+                pair = per_node.setdefault(a["node"], [0, 0])
+                pair[0] += a["capacity"]
+                pair[1] += a["allocated"]
+        total = [sum(c for c, _ in per_node.values()), sum(r for _, r in per_node.values())]
+        return [{"cluster": c.name, "at": now, "node": node, "allocatable": cap,
+                 "requested": r, "rate": 100 * r / cap if cap else 0.0}
+                for node, (cap, r) in sorted({**per_node, "": total}.items())]  # fmt: skip
+
     def hourly(self, now: datetime) -> int:
-        """A statistics row for each completed hour of the last day that has snapshots and
-        none yet; the rows written."""
+        """Per cluster, a statistics row for each completed hour of the last day that has
+        snapshots and none yet; the rows written."""
         hs = t.cluster_gpu_hourly_stats
         last = floor_hour(now)
         hours = [last - HOUR * n for n in range(1, BACKFILL_HOURS + 1)]
+        rows = []
         with self.engine.connect() as conn:
-            done = {aware(r.stat_hour) for r in conn.execute(select(hs.c.stat_hour).where(
-                hs.c.cluster_name == self.cluster_name, hs.c.stat_hour >= hours[-1]))}  # fmt: skip
-            rows = []
-            for hour in sorted(hours):
-                if hour in done:
-                    continue
-                row = self._hour(conn, hour, now)
-                if row is not None:
-                    rows.append(row)
+            for c in self.scopes():
+                done = {aware(r.stat_hour) for r in conn.execute(select(hs.c.stat_hour).where(
+                    hs.c.cluster_name == c.name, hs.c.stat_hour >= hours[-1]))}  # fmt: skip
+                for hour in sorted(hours):
+                    if hour in done:
+                        continue
+                    row = self._hour(conn, c, hour, now)
+                    if row is not None:
+                        rows.append(row)
         if rows:
 
             def write(conn: Connection) -> None:  # a run that overlapped writes nothing twice
@@ -90,8 +97,9 @@ class Jobs:
         self.runs["hourly"] += 1
         return len(rows)
 
-    def _hour(self, conn: Connection, hour: datetime, now: datetime) -> dict[str, Any] | None:
-        s = t.allocation_snapshots
+    def _hour(self, conn: Connection, c: Scope, hour: datetime,
+              now: datetime) -> dict[str, Any] | None:  # fmt: skip
+        s = c.tables.allocation_snapshots
         got = conn.execute(
             select(func.max(s.c.allocatable), func.avg(s.c.requested), func.avg(s.c.rate))
             .where(s.c.node == "", s.c.at >= hour, s.c.at < hour + HOUR)).one()  # fmt: skip
@@ -99,15 +107,15 @@ class Jobs:
         if capacity is None:
             return None  # the service was not running that hour
         util = {"avg": 0.0, "max": 0.0, "min": 0.0, "p50": 0.0, "p95": 0.0, "count": 0.0}
-        if self.metrics.url:
+        if c.prom.url:
             series = f"{prom.UTILIZATION}[3600s:60s]"
             end = hour + HOUR - timedelta(seconds=1)  # the hour's own minutes
             for key, fn in (("avg", "avg_over_time"), ("max", "max_over_time"),
                             ("min", "min_over_time"), ("count", "count_over_time")):  # fmt: skip
-                util[key] = self.metrics.scalar(f"{fn}({series})", end)
+                util[key] = c.prom.scalar(f"{fn}({series})", end)
             for key, q in (("p50", 0.5), ("p95", 0.95)):
-                util[key] = self.metrics.scalar(f"quantile_over_time({q}, {series})", end)
-        return {"cluster_name": self.cluster_name, "stat_hour": hour,
+                util[key] = c.prom.scalar(f"quantile_over_time({q}, {series})", end)
+        return {"cluster_name": c.name, "stat_hour": hour,
                 "total_gpu_capacity": int(capacity), "allocated_gpu_count": float(requested),
                 "allocation_rate": float(rate), "avg_utilization": util["avg"],
                 "max_utilization": util["max"], "min_utilization": util["min"],

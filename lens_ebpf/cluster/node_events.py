@@ -28,7 +28,7 @@ GPU_DEVICES = (
 )
 
 
-def event_row(node: str, ev: pb.Event) -> dict[str, Any]:
+def event_row(cluster: str, node: str, ev: pb.Event) -> dict[str, Any]:
     """The node_events row of one reporter event (a gap has no seq)."""
     kind = ev.WhichOneof("payload") or "unknown"
     payload = to_dict(getattr(ev, kind)) \
@@ -37,14 +37,15 @@ def event_row(node: str, ev: pb.Event) -> dict[str, Any]:
     at = datetime.fromtimestamp(ev.ts_unix_nano / 1e9, UTC) if ev.ts_unix_nano else \
         datetime.now(UTC)  # fmt: skip
     return {
-        "node": node, "seq": None if kind == "gap" else ev.seq, "at": at, "kind": kind,
+        "cluster": cluster, "node": node, "seq": None if kind == "gap" else ev.seq, "at": at,
+        "kind": kind,
         "namespace": ident.get("namespace", ""), "pod": ident.get("pod", ""),
         "pod_uid": ident.get("pod_uid", ""), "container": ident.get("container", ""),
         "payload": payload,
     }  # fmt: skip
 
 
-def agent_resources(ev: pb.Event, at: datetime) -> list[dict[str, Any]]:
+def agent_resources(cluster: str, ev: pb.Event, at: datetime) -> list[dict[str, Any]]:
     """pod_resources rows from a container_start's device list (GPUs only)."""
     if ev.WhichOneof("payload") != "container_start":
         return []
@@ -56,7 +57,8 @@ def agent_resources(ev: pb.Event, at: datetime) -> list[dict[str, Any]]:
         for pattern, resource in GPU_DEVICES:
             if pattern.match(dev):
                 by_resource.setdefault(resource, []).append(dev)
-    return [{"pod_uid": ident.pod_uid, "container": ident.container, "source": "agent",
+    return [{"cluster": cluster, "pod_uid": ident.pod_uid, "container": ident.container,
+             "source": "agent",
              "resource": r, "count": len(devs), "model": "", "devices": sorted(devs),
              "updated_at": at} for r, devs in sorted(by_resource.items())]  # fmt: skip
 
@@ -83,6 +85,7 @@ def _text(v: Any) -> str:
 class DeviceUpdate:
     """The device records one device_change or device_inventory brings."""
 
+    cluster: str
     node: str
     at: datetime
     records: list[dict[str, Any]]
@@ -90,7 +93,7 @@ class DeviceUpdate:
     gone: set[str]  # slots a change says disappeared
 
 
-def device_update(node: str, ev: pb.Event, at: datetime) -> DeviceUpdate | None:
+def device_update(cluster: str, node: str, ev: pb.Event, at: datetime) -> DeviceUpdate | None:
     """The device records of a device_change or device_inventory; None for other events."""
     kind = ev.WhichOneof("payload")
     if kind == "device_change":
@@ -102,7 +105,7 @@ def device_update(node: str, ev: pb.Event, at: datetime) -> DeviceUpdate | None:
     gone = {ev.device_change.slot} if kind == "device_change" and \
         ev.device_change.change == "disappeared" else set()  # fmt: skip
     records = [{col: getattr(m, name) for name, col in DEVICE_COLUMNS.items()} for m in msgs]
-    return DeviceUpdate(node, at, records, inventory, gone)
+    return DeviceUpdate(cluster, node, at, records, inventory, gone)
 
 
 def apply_devices(conn: Connection, updates: list[DeviceUpdate]) -> int:
@@ -113,6 +116,12 @@ def apply_devices(conn: Connection, updates: list[DeviceUpdate]) -> int:
     second time, so a restart of either side loses and invents nothing. One read (every
     device of a node with an inventory in the batch, else the devices the batch names),
     then multi-row writes; the changelog rows added."""
+    clusters = dict.fromkeys(u.cluster for u in updates)  # each its own, in order
+    return sum(_apply_devices(conn, c, [u for u in updates if u.cluster == c]) for c in clusters)
+
+
+def _apply_devices(conn: Connection, cluster: str, updates: list[DeviceUpdate]) -> int:
+    """apply_devices for one cluster's updates."""
     nd, cl = t.node_devices, t.device_changelog
     whole = {u.node for u in updates if u.inventory}
     named = sorted({(u.node, r["kind"], r["slot"]) for u in updates if u.node not in whole
@@ -123,13 +132,15 @@ def apply_devices(conn: Connection, updates: list[DeviceUpdate]) -> int:
     # (node, kind, slot) -> the row as it stands, with its id (None: inserted by this batch)
     state: dict[tuple[str, str, str], dict[str, Any]] = {
         (r.node, r.kind, r.slot): dict(r._mapping)
-        for r in conn.execute(select(nd).where(or_(*wanted)))} if wanted else {}  # fmt: skip
+        for r in conn.execute(select(nd).where(nd.c.cluster == cluster, or_(*wanted)))
+    } if wanted else {}  # fmt: skip
     changed: dict[tuple[str, str, str], dict[str, Any]] = {}
     log: list[dict[str, Any]] = []
 
     def entry(node: str, at: datetime, row: dict[str, Any], field: str, old: Any,
               new: Any) -> None:  # fmt: skip
-        log.append({"at": at, "node": node, "kind": row["kind"], "slot": row["slot"],
+        log.append({"cluster": cluster, "at": at, "node": node, "kind": row["kind"],
+                    "slot": row["slot"],
                     "device_key": row["key"], "field": field, "old_value": _text(old),
                     "new_value": _text(new)})  # fmt: skip
 
@@ -141,6 +152,7 @@ def apply_devices(conn: Connection, updates: list[DeviceUpdate]) -> int:
             if old is None:
                 row = {
                     "id": None,
+                    "cluster": cluster,
                     "node": u.node,
                     "present": present,
                     "first_seen": u.at,
@@ -180,34 +192,49 @@ def apply_devices(conn: Connection, updates: list[DeviceUpdate]) -> int:
 
 
 def last_seqs(conn: Connection) -> dict[str, int]:
-    """The highest stored sequence number per node: where each reporter resumes."""
+    """The highest stored sequence number per "cluster/node": where each reporter
+    resumes."""
     ne = t.node_events
-    rows = conn.execute(select(ne.c.node, func.max(ne.c.seq)).group_by(ne.c.node))
-    return {str(node): int(str(seq)) for node, seq in rows if seq is not None}
+    rows = conn.execute(select(ne.c.cluster, ne.c.node, func.max(ne.c.seq))
+                        .group_by(ne.c.cluster, ne.c.node))  # fmt: skip
+    return {f"{c}/{node}": int(str(seq)) for c, node, seq in rows if seq is not None}
+
+
+def source(cluster: str, node: str) -> str:
+    """A reporter's key: its cluster and node ("/" is in neither name)."""
+    return f"{cluster}/{node}"
 
 
 class NodeEvents(Collector):
     """A collector whose events go through the recorder's writer."""
 
-    def __init__(self, writer: Writer, last: dict[str, int]) -> None:
+    def __init__(self, writer: Writer, last: dict[str, int], home: str = "local") -> None:
         super().__init__(None, last)
         self.writer = writer
+        self.home = home  # the cluster of a reporter that does not say its own
         self.committed = dict(last)
         self.stored: dict[str, int] = {}  # kind -> events committed
+
+    def _source(self, meta: dict[str, str]) -> str:
+        """ "cluster/node": the cluster its reporter says (node.cluster), else the home one."""
+        return source(meta.get("lens-cluster") or self.home, meta.get("lens-node", "unknown"))
 
     def _held(self, node: str) -> int:
         return self.committed.get(node, 0)
 
     def _store(self, node: str, ev: pb.Event) -> bool:
-        row = event_row(node, ev)
-        item = (row, agent_resources(ev, row["at"]), device_update(node, ev, row["at"]))
+        key = node
+        cluster, _, node = key.partition("/")
+        row = event_row(cluster, node, ev)
+        item = (row, agent_resources(cluster, ev, row["at"]),
+                device_update(cluster, node, ev, row["at"]))  # fmt: skip
 
         def done() -> None:  # on the writer's thread, once committed
             with self._lock:
                 if row["seq"] is not None:
-                    self.committed[node] = max(self.committed.get(node, 0), row["seq"])
+                    self.committed[key] = max(self.committed.get(key, 0), row["seq"])
                 self.stored[row["kind"]] = self.stored.get(row["kind"], 0) + 1
-            self._changed(node)
+            self._changed(key)
 
         return self.writer.submit(
             Op(
@@ -224,23 +251,25 @@ class NodeEvents(Collector):
         new, their GPU resources (one multi-row upsert) and device changes, in order."""
         ne = t.node_events
         rows = [row for row, _, _ in items if row["seq"] is not None]
-        new: set[tuple[str, int]] = set()
+        new: set[tuple[str, str, int]] = set()
         if rows:
-            new = {(r.node, r.seq) for r in insert_rows(conn, ne, rows, keys=["node", "seq"],
-                                                        returning=("node", "seq"))}  # fmt: skip
-        resources: dict[tuple[str, str, str], dict[str, Any]] = {}
+            new = {(r.cluster, r.node, r.seq) for r in insert_rows(
+                conn, ne, rows, keys=["cluster", "node", "seq"],
+                returning=("cluster", "node", "seq"))}  # fmt: skip
+        resources: dict[tuple[str, str, str, str], dict[str, Any]] = {}
         devices: list[DeviceUpdate] = []
         for row, res, update in items:
             if row["seq"] is None:
                 conn.execute(ne.insert().values(**row))
-            elif (row["node"], row["seq"]) not in new:
+            elif (row["cluster"], row["node"], row["seq"]) not in new:
                 continue  # a replay of a stored event: its effects are stored too
             for r in res:  # the last for a container wins, as one by one
-                resources[(r["pod_uid"], r["container"], r["source"])] = r
+                resources[(r["cluster"], r["pod_uid"], r["container"], r["source"])] = r
             if update is not None:
                 devices.append(update)
         if devices:
             apply_devices(conn, devices)
         if resources:
             insert_rows(conn, t.pod_resources, list(resources.values()),
-                        keys=["pod_uid", "container", "source"], update=True)  # fmt: skip
+                        keys=["cluster", "pod_uid", "container", "source"],
+                        update=True)  # fmt: skip

@@ -77,8 +77,10 @@ class NodeTracker:
     goes is kept, marked deleted."""
 
     def __init__(self, list_nodes: Callable[..., Any], writer: Writer, resources: list[str],
-                 clock: Callable[[], datetime], **reflector_opts: Any) -> None:  # fmt: skip
+                 clock: Callable[[], datetime], cluster: str = "local",
+                 **reflector_opts: Any) -> None:  # fmt: skip
         self.writer, self.resources, self.clock = writer, list(resources), clock
+        self.cluster = cluster
         self.malformed = 0
         self.known: dict[str, dict[str, Any]] = {}  # name -> the row last written
         self.listed = False  # the first list writes even when empty (marks the gone)
@@ -87,7 +89,7 @@ class NodeTracker:
 
     def _row(self, node: dict[str, Any]) -> dict[str, Any] | None:
         try:
-            return node_row(node, self.resources, self.clock())
+            return {"cluster": self.cluster, **node_row(node, self.resources, self.clock())}
         except (KeyError, TypeError, AttributeError) as exc:
             self.malformed += 1
             log.warning("recorder: a node the API served is malformed: %r", exc)
@@ -116,10 +118,11 @@ class NodeTracker:
 
         def write(conn: Connection) -> None:
             for row in rows:
-                upsert(conn, t.nodes, row, ["name"])
+                upsert(conn, t.nodes, row, ["cluster", "name"])
             # every node the list does not have is gone (those the service knew before a
             # restart too)
-            stale = t.nodes.update().where(t.nodes.c.deleted.is_(False))
+            stale = t.nodes.update().where(t.nodes.c.cluster == self.cluster,
+                                           t.nodes.c.deleted.is_(False))  # fmt: skip
             if names:
                 stale = stale.where(t.nodes.c.name.not_in(names))
             conn.execute(stale.values(deleted=True, updated_at=at))
@@ -135,10 +138,13 @@ class NodeTracker:
             self.known.pop(name, None)
 
             def gone(conn: Connection) -> None:
-                conn.execute(t.nodes.update().where(t.nodes.c.name == name)
+                conn.execute(t.nodes.update().where(t.nodes.c.cluster == self.cluster,
+                                                    t.nodes.c.name == name)
                              .values(deleted=True, updated_at=at))  # fmt: skip
 
             self.writer.submit(Op("nodes", gone))
             return
         if self._changed(row):
-            self.writer.submit(Op("nodes", lambda conn: upsert(conn, t.nodes, row, ["name"])))
+            self.writer.submit(
+                Op("nodes", lambda conn: upsert(conn, t.nodes, row, ["cluster", "name"]))
+            )

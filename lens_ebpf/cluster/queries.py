@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Select, Table, and_, or_, select
+from sqlalchemy import Connection, Select, and_, or_, select
 
-from lens_ebpf.cluster import schema as t
 from lens_ebpf.cluster.lifecycle import parse_time
+from lens_ebpf.cluster.schema import scoped
 
 
 class QueryError(ValueError):
@@ -80,7 +80,7 @@ def page_of(query: dict[str, str], page_max: int) -> Page:
     return Page(limit, (when, str(uid)))
 
 
-def _paged(conn: Connection, stmt: Select[Any], table: Table, page: Page) -> dict[str, Any]:
+def _paged(conn: Connection, stmt: Select[Any], table: Any, page: Page) -> dict[str, Any]:
     """One page in (created_at, uid) order, after the previous page's last row: rows added
     meanwhile neither shift a page nor come twice."""
     created, uid = table.c.created_at, table.c.uid
@@ -97,10 +97,11 @@ def _paged(conn: Connection, stmt: Select[Any], table: Table, page: Page) -> dic
     return out
 
 
-def workloads(conn: Connection, query: dict[str, str], page: Page) -> dict[str, Any]:
-    """Workloads, oldest first; filters: namespace, kind, running (true/false), top (true:
-    only workloads without a parent)."""
-    wl = t.gpu_workloads
+def workloads(conn: Connection, query: dict[str, str], page: Page,
+              cluster: str = "local") -> dict[str, Any]:  # fmt: skip
+    """A cluster's workloads, oldest first; filters: namespace, kind, running (true/false),
+    top (true: only workloads without a parent)."""
+    wl = scoped(cluster).gpu_workloads
     stmt = select(wl)
     if query.get("namespace"):
         stmt = stmt.where(wl.c.namespace == query["namespace"])
@@ -116,8 +117,9 @@ def workloads(conn: Connection, query: dict[str, str], page: Page) -> dict[str, 
     return _paged(conn, stmt, wl, page)
 
 
-def workload(conn: Connection, uid: str) -> dict[str, Any] | None:
+def workload(conn: Connection, uid: str, cluster: str = "local") -> dict[str, Any] | None:
     """One workload with its children, its pods (with their GPUs) and their events."""
+    t = scoped(cluster)
     wl, refs, pods = t.gpu_workloads, t.workload_pod_references, t.gpu_pods
     row = conn.execute(select(wl).where(wl.c.uid == uid)).mappings().first()
     if row is None:
@@ -160,9 +162,11 @@ def _without_pod(row: Any) -> dict[str, Any]:
     return {k: v for k, v in row_dict(row).items() if k != "pod_uid"}
 
 
-def pods(conn: Connection, query: dict[str, str], page: Page, now: datetime) -> dict[str, Any]:
-    """GPU pods, oldest first: on node= (optional), alive at any time since since=."""
-    p = t.gpu_pods
+def pods(conn: Connection, query: dict[str, str], page: Page, now: datetime,
+         cluster: str = "local") -> dict[str, Any]:  # fmt: skip
+    """A cluster's GPU pods, oldest first: on node= (optional), alive at any time since
+    since=."""
+    p = scoped(cluster).gpu_pods
     stmt = select(p)
     if query.get("node"):
         stmt = stmt.where(p.c.node == query["node"])
@@ -187,9 +191,12 @@ class ReportLine:
     gpu_seconds: float
 
 
-def report(conn: Connection, since: datetime, now: datetime, node: str = "") -> list[ReportLine]:
-    """Top-level workloads whose GPU pods ran since `since` (on node, when given), with the
-    GPU time their pods held: GPUs x (end or now - start), counted from since."""
+def report(conn: Connection, since: datetime, now: datetime, node: str = "",
+           cluster: str = "local") -> list[ReportLine]:  # fmt: skip
+    """A cluster's top-level workloads whose GPU pods ran since `since` (on node, when
+    given), with the GPU time their pods held: GPUs x (end or now - start), counted from
+    since."""
+    t = scoped(cluster)
     wl, refs, p = t.gpu_workloads, t.workload_pod_references, t.gpu_pods
     cond = and_(p.c.started_at.is_not(None), or_(p.c.ended_at.is_(None), p.c.ended_at >= since))
     if node:

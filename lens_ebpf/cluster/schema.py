@@ -3,6 +3,8 @@ a test keeps a migrated database equal to these definitions."""
 
 from __future__ import annotations
 
+import functools
+
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -14,9 +16,11 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Subquery,
     Table,
     UniqueConstraint,
     false,
+    select,
 )
 
 metadata = MetaData()
@@ -27,6 +31,7 @@ NAME = 253  # a DNS subdomain, the longest Kubernetes object name
 # one row per pod that requested GPUs; kept after the pod is deleted
 gpu_pods = Table(
     "gpu_pods", metadata,
+    Column("cluster", String(NAME), primary_key=True),
     Column("uid", String(UID), primary_key=True),
     Column("namespace", String(NAME), nullable=False),
     Column("name", String(NAME), nullable=False),
@@ -49,6 +54,7 @@ gpu_pods = Table(
 # secrets removed)
 pod_snapshots = Table(
     "pod_snapshots", metadata,
+    Column("cluster", String(NAME), nullable=False),
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("pod_uid", String(UID), nullable=False, index=True),
     Column("resource_version", String(32), nullable=False),
@@ -56,12 +62,13 @@ pod_snapshots = Table(
     Column("pod_metadata", JSON, nullable=False),
     Column("spec", JSON, nullable=False),
     Column("status", JSON, nullable=False),
-    UniqueConstraint("pod_uid", "resource_version", name="uq_pod_snapshots_version"),
+    UniqueConstraint("cluster", "pod_uid", "resource_version", name="uq_pod_snapshots_version"),
 )  # fmt: skip
 
 # what changed between two snapshots: created, phase, condition, restart, deleted
 gpu_pods_events = Table(
     "gpu_pods_events", metadata,
+    Column("cluster", String(NAME), nullable=False),
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("pod_uid", String(UID), nullable=False, index=True),
     Column("resource_version", String(32), nullable=False),
@@ -70,13 +77,14 @@ gpu_pods_events = Table(
     Column("subject", String(NAME), nullable=False, default=""),  # condition or container
     Column("old_value", String(64), nullable=False, default=""),
     Column("new_value", String(64), nullable=False, default=""),
-    UniqueConstraint("pod_uid", "resource_version", "type", "subject",
+    UniqueConstraint("cluster", "pod_uid", "resource_version", "type", "subject",
                      name="uq_gpu_pods_events_change"),
 )  # fmt: skip
 
 # GPUs per pod container: from the pod spec, and from the node agent's container_start
 pod_resources = Table(
     "pod_resources", metadata,
+    Column("cluster", String(NAME), nullable=False),
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("pod_uid", String(UID), nullable=False, index=True),
     Column("container", String(NAME), nullable=False),
@@ -86,13 +94,15 @@ pod_resources = Table(
     Column("model", String(NAME), nullable=False, default=""),
     Column("devices", JSON, nullable=False),  # device paths (agent) or [] (spec)
     Column("updated_at", DateTime(timezone=True), nullable=False),
-    UniqueConstraint("pod_uid", "container", "source", name="uq_pod_resources_container"),
+    UniqueConstraint("cluster", "pod_uid", "container", "source",
+                     name="uq_pod_resources_container"),
 )  # fmt: skip
 
 # the workloads above GPU pods, every level (ReplicaSet and its Deployment, Job and its
 # CronJob, custom resources)
 gpu_workloads = Table(
     "gpu_workloads", metadata,
+    Column("cluster", String(NAME), primary_key=True),
     Column("uid", String(UID), primary_key=True),
     Column("api_version", String(NAME), nullable=False),
     Column("kind", String(NAME), nullable=False),
@@ -116,6 +126,7 @@ gpu_workloads = Table(
 
 workload_pod_references = Table(
     "workload_pod_references", metadata,
+    Column("cluster", String(NAME), primary_key=True),
     Column("workload_uid", String(UID), primary_key=True),
     Column("pod_uid", String(UID), primary_key=True, index=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
@@ -124,6 +135,7 @@ workload_pod_references = Table(
 # the node agents' events, as the reporters deliver them; (node, seq) once
 node_events = Table(
     "node_events", metadata,
+    Column("cluster", String(NAME), nullable=False),
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
            autoincrement=True),
     Column("node", String(NAME), nullable=False),
@@ -135,7 +147,7 @@ node_events = Table(
     Column("pod_uid", String(UID), nullable=False, default="", index=True),
     Column("container", String(NAME), nullable=False, default=""),
     Column("payload", JSON, nullable=False),
-    UniqueConstraint("node", "seq", name="uq_node_events_seq"),
+    UniqueConstraint("cluster", "node", "seq", name="uq_node_events_seq"),
 )  # fmt: skip
 
 # every node's GPUs and RDMA ports as its agent last reported them (device_change,
@@ -143,6 +155,7 @@ node_events = Table(
 # kept when it goes (present false)
 node_devices = Table(
     "node_devices", metadata,
+    Column("cluster", String(NAME), nullable=False),
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("node", String(NAME), nullable=False),
     Column("kind", String(16), nullable=False),  # gpu, rdma_port
@@ -168,13 +181,14 @@ node_devices = Table(
     Column("present", Boolean, nullable=False, default=True),
     Column("first_seen", DateTime(timezone=True), nullable=False),
     Column("last_seen", DateTime(timezone=True), nullable=False),
-    UniqueConstraint("node", "kind", "slot", name="uq_node_devices_slot"),
+    UniqueConstraint("cluster", "node", "kind", "slot", name="uq_node_devices_slot"),
 )  # fmt: skip
 
 # one row per field of a device that changed: serial, firmware, port state, health, ...
 # ("present" when it appeared or went)
 device_changelog = Table(
     "device_changelog", metadata,
+    Column("cluster", String(NAME), nullable=False),
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
            autoincrement=True),
     Column("at", DateTime(timezone=True), nullable=False),
@@ -186,11 +200,17 @@ device_changelog = Table(
     Column("old_value", String(NAME), nullable=False, default=""),
     Column("new_value", String(NAME), nullable=False, default=""),
 )  # fmt: skip
-Index("ix_device_changelog_node_at", device_changelog.c.node, device_changelog.c.at)
+Index(
+    "ix_device_changelog_node_at",
+    device_changelog.c.cluster,
+    device_changelog.c.node,
+    device_changelog.c.at,
+)
 
 # the cluster's nodes as the API serves them (a Node watch): what the node pages show
 nodes = Table(
     "nodes", metadata,
+    Column("cluster", String(NAME), primary_key=True),
     Column("name", String(NAME), primary_key=True),
     Column("address", String(64), nullable=False, default=""),  # InternalIP
     Column("status", String(16), nullable=False, default=""),  # Ready, NotReady, Unknown
@@ -213,6 +233,7 @@ nodes = Table(
 # and those running pods requested
 allocation_snapshots = Table(
     "allocation_snapshots", metadata,
+    Column("cluster", String(NAME), nullable=False),
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
            autoincrement=True),
     Column("at", DateTime(timezone=True), nullable=False),
@@ -221,7 +242,12 @@ allocation_snapshots = Table(
     Column("requested", Integer, nullable=False),
     Column("rate", Float, nullable=False),  # percent
 )  # fmt: skip
-Index("ix_allocation_snapshots_node_at", allocation_snapshots.c.node, allocation_snapshots.c.at)
+Index(
+    "ix_allocation_snapshots_node_at",
+    allocation_snapshots.c.cluster,
+    allocation_snapshots.c.node,
+    allocation_snapshots.c.at,
+)
 
 # one row per completed hour: the cluster's GPU capacity, allocation and utilization
 cluster_gpu_hourly_stats = Table(
@@ -247,6 +273,7 @@ cluster_gpu_hourly_stats = Table(
 # parsed; line_key (the pod, the line's time and text) makes a line sent twice one row
 training_points = Table(
     "training_points", metadata,
+    Column("cluster", String(NAME), nullable=False),
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
            autoincrement=True),
     Column("workload_uid", String(UID), nullable=False),  # the pod's top workload
@@ -267,7 +294,7 @@ training_points = Table(
     Column("nan_iterations", Integer, nullable=True),
     Column("samples_per_second", Float, nullable=True),
     Column("line_key", String(64), nullable=False),
-    UniqueConstraint("line_key", name="uq_training_points_line"),
+    UniqueConstraint("cluster", "line_key", name="uq_training_points_line"),
 )  # fmt: skip
 Index("ix_training_points_workload_at", training_points.c.workload_uid, training_points.c.at)
 
@@ -275,6 +302,7 @@ Index("ix_training_points_workload_at", training_points.c.workload_uid, training
 # training_stalled, outlier (a pod apart from the others on a signal)
 training_events = Table(
     "training_events", metadata,
+    Column("cluster", String(NAME), nullable=False),
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
            autoincrement=True),
     Column("workload_uid", String(UID), nullable=False),  # the top workload
@@ -298,3 +326,38 @@ TABLES = ("gpu_pods", "pod_snapshots", "gpu_pods_events", "pod_resources", "gpu_
           "workload_pod_references", "node_events", "node_devices",
           "device_changelog", "nodes", "allocation_snapshots",
           "cluster_gpu_hourly_stats", "training_points", "training_events")  # fmt: skip
+
+
+class Scoped:
+    """Every table as one cluster sees it: a subquery of that cluster's rows under the
+    table's name, with the table's columns, so a read written against these reads one
+    cluster only (the cluster API's `?cluster=`); the databases fold such a subquery into
+    the query around it. Writes name the cluster themselves."""
+
+    gpu_pods: Subquery
+    pod_snapshots: Subquery
+    gpu_pods_events: Subquery
+    pod_resources: Subquery
+    gpu_workloads: Subquery
+    workload_pod_references: Subquery
+    node_events: Subquery
+    node_devices: Subquery
+    device_changelog: Subquery
+    nodes: Subquery
+    allocation_snapshots: Subquery
+    cluster_gpu_hourly_stats: Subquery
+    training_points: Subquery
+    training_events: Subquery
+
+    def __init__(self, cluster: str) -> None:
+        self.cluster = cluster
+        for name in TABLES:
+            tab = metadata.tables[name]
+            mine = tab.c.cluster if "cluster" in tab.c else tab.c.cluster_name
+            setattr(self, name, select(tab).where(mine == cluster).subquery(name))
+
+
+@functools.lru_cache(maxsize=256)
+def scoped(cluster: str) -> Scoped:
+    """The tables as cluster sees them (built once per cluster name)."""
+    return Scoped(cluster)

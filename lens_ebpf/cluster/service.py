@@ -22,15 +22,14 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from lens_ebpf.cluster import api, queries, schema
 from lens_ebpf.cluster import lifecycle as lc
+from lens_ebpf.cluster.clusters import Clusters, Shared, StorageConfigSync
 from lens_ebpf.cluster.config import Config
 from lens_ebpf.cluster.ingest import Ingest
 from lens_ebpf.cluster.jobs import Jobs
 from lens_ebpf.cluster.kubelet_service import KubeletService
 from lens_ebpf.cluster.node_events import NodeEvents, last_seqs
-from lens_ebpf.cluster.nodes import NodeTracker
 from lens_ebpf.cluster.prom import Prom
 from lens_ebpf.cluster.remote_write.routes import RemoteWrite
-from lens_ebpf.cluster.storage import StorageScan
 from lens_ebpf.cluster.store import (
     DatabaseError,
     Writer,
@@ -38,7 +37,7 @@ from lens_ebpf.cluster.store import (
     redact,
     upgrade,
 )
-from lens_ebpf.cluster.tracker import Api, Kind, Recorder, change_finalizer
+from lens_ebpf.cluster.tracker import Api, Kind, change_finalizer
 from lens_ebpf.cluster.training import routes as training_routes
 from lens_ebpf.cluster.training.outliers import Outliers
 from lens_ebpf.cluster.training.progress import Training
@@ -65,21 +64,19 @@ class RecorderApp:
         self.cfg = cfg
         self.clock = clock
         self.engine = engine_for(r.database_url)
-        self.revision = upgrade(self.engine)
+        self.revision = upgrade(self.engine, r.cluster_name)
         self.writer = Writer(self.engine, r.queue_max, r.db_retry_max_seconds)
-        self.api = Api(api_client, k.request_timeout_seconds)
-        opts = {
-            "request_timeout": k.request_timeout_seconds,
-            "watch_timeout": k.watch_timeout_seconds,
-            "backoff_max": k.backoff_max_seconds,
-        }
-        self.recorder = Recorder(self.api, self.writer, r.gpu_resources, finalizers=r.finalizers,
-                                 reflector_opts=opts, clock=clock)  # fmt: skip
-        self.nodes = NodeTracker(self.api.core.list_node, self.writer, r.gpu_resources, clock,
-                                 **opts)  # fmt: skip
+        p = r.prometheus
+        self.prom = Prom(p.url, p.timeout_seconds, p.max_points)
+        self.clusters = Clusters(Shared(cfg, self.engine, self.writer, self.prom, clock),
+                                 api_client)  # fmt: skip
+        home = self.clusters.home
+        assert home.recorder is not None and home.nodes is not None and home.storage is not None
+        self.api, self.recorder, self.nodes, self.storage = (home.api, home.recorder,
+                                                             home.nodes, home.storage)  # fmt: skip
+        self.clusters.recover()
         with self.engine.connect() as conn:
-            self.recorder.recover(conn)
-            self.node_events = NodeEvents(self.writer, last_seqs(conn))
+            self.node_events = NodeEvents(self.writer, last_seqs(conn), r.cluster_name)
         self.kubelet: KubeletService | None = None
         ks = r.kubelet_service
         if ks.enabled:
@@ -91,7 +88,8 @@ class RecorderApp:
         host, port = split_listen(r.listen)
         self.ingest = Ingest(r.ingest, host)
         self.training = Training(r.training, self.writer, self.recorder.gpu_pod,
-                                 self.recorder.running_workloads, clock)  # fmt: skip
+                                 self.recorder.running_workloads, clock,
+                                 r.cluster_name)  # fmt: skip
         with self.engine.connect() as conn:
             self.training.recover(conn, clock())
         self.registry.register(self.ingest)
@@ -106,21 +104,23 @@ class RecorderApp:
         self.http.add("/readyz", self._ready)
         self.http.add_query("/workloads", self._workloads)
         self.http.add_query("/pods", self._pods)
-        p = r.prometheus
-        self.prom = Prom(p.url, p.timeout_seconds, p.max_points)
-        self.remote_write = RemoteWrite(r.remote_write, self.engine, clock)
+        self.remote_write = RemoteWrite(r.remote_write, self.engine, clock, r.cluster_name)
         self.registry.register(self.remote_write)
-        self.storage = StorageScan(api_client, k.request_timeout_seconds, self.prom, r.storage,
-                                   clock)  # fmt: skip
-        self.registry.register(self.storage)
-        storage_routes = [
-            (re.compile(r"^(storage/overview)$"), self.storage.overview),
-            (re.compile(r"^(storage/volumes)$"), self.storage.volumes),
+        self.registry.register(self.storage)  # the home cluster's scans
+        self.registry.register(self.clusters)
+        self.storage_sync: StorageConfigSync | None = None
+        if cfg.multicluster.storage_config_sync:
+            self.storage_sync = StorageConfigSync(self.clusters)
+            self.registry.register(self.storage_sync)
+        storage_routes: api.Table = [
+            (re.compile(r"^(storage/overview)$"), partial(self._storage, "overview")),
+            (re.compile(r"^(storage/volumes)$"), partial(self._storage, "volumes")),
+            (re.compile(r"^(clusters)$"), self.clusters.listing),
         ]
-        cluster_api = api.routes(self._connected, r.cluster_name, self.prom, clock,
-                                 training_routes.api_routes(self.prom, r, clock)
+        cluster_api = api.routes(self._connected, self.clusters.scope, clock,
+                                 training_routes.api_routes(r, clock)
                                  + self.remote_write.api_routes() + storage_routes,
-                                 self.storage.totals)  # fmt: skip
+                                 self.clusters.names)  # fmt: skip
         logs = self.ingest.route("/logs", training_routes.post_logs(
             self.training, self.writer, r.logs.max_body_bytes, clock))  # fmt: skip
         for path in ("/logs", "/v1/logs", "/api/logs"):  # the seed's, and the API's prefixes
@@ -129,9 +129,9 @@ class RecorderApp:
         for path in ("/prometheus", "/v1/prometheus", "/api/prometheus"):
             self.http.add_post(path, writes, r.remote_write.max_body_bytes)
         self.outliers = Outliers(self.engine, self.writer, self.prom, self.recorder.running_pods,
-                                 r.jobs.outliers_seconds, clock)  # fmt: skip
+                                 r.jobs.outliers_seconds, clock, r.cluster_name)  # fmt: skip
         self.registry.register(self.outliers)
-        self.jobs = Jobs(self.engine, self.writer, self.prom, r.cluster_name,
+        self.jobs = Jobs(self.engine, self.writer, self.clusters.scopes,
                          r.jobs.allocation_seconds, r.retention.days, clock)  # fmt: skip
         for prefix in api.PREFIXES:  # the Primus-Lens API's routes, as its UI calls them
             self.http.add_query(prefix, cluster_api)
@@ -142,13 +142,14 @@ class RecorderApp:
 
     def start(self) -> None:
         self.writer.start(self._stop)
-        self.recorder.start()
-        for name, target in (("recorder-nodes", self.nodes.reflector.run),
-                             ("recorder-jobs", self.jobs.run),
-                             ("recorder-training", self.training.run_checks),
-                             ("recorder-remote-write", self.remote_write.indexer.run),
-                             ("recorder-storage", self.storage.run),
-                             ("recorder-outliers", self.outliers.run)):  # fmt: skip
+        self.clusters.start()
+        loops = [("recorder-jobs", self.jobs.run),
+                 ("recorder-training", self.training.run_checks),
+                 ("recorder-remote-write", self.remote_write.indexer.run),
+                 ("recorder-outliers", self.outliers.run)]  # fmt: skip
+        if self.storage_sync is not None:
+            loops.append(("recorder-storage-config", self.storage_sync.run))
+        for name, target in loops:
             th = threading.Thread(target=target, args=(self._stop,), name=name, daemon=True)
             th.start()
             self._threads.append(th)
@@ -170,8 +171,7 @@ class RecorderApp:
 
     def stop(self, flush_timeout: float = 10.0) -> None:
         """Stop watching and serving; write what is queued (within flush_timeout)."""
-        self.recorder.stop()
-        self.nodes.reflector.stop()
+        self.clusters.stop()
         if self.grpc is not None:
             self.grpc.stop(grace=1)
         if not self.writer.flush(flush_timeout):
@@ -212,10 +212,16 @@ class RecorderApp:
         except queries.QueryError as exc:  # a filter it could not read
             return json_response(400, {"error": str(exc)})
 
+    def _cluster(self, query: dict[str, str]) -> str:
+        """The cluster ?cluster= names (a name not followed reads nothing); the home one."""
+        return query.get("cluster") or self.cfg.recorder.cluster_name
+
     def _workloads(self, rest: str, query: dict[str, str]) -> Response:
+        cluster = self._cluster(query)
         if rest:
-            return self._read(lambda conn: queries.workload(conn, rest), f"no workload {rest}")
-        return self._listing(query, queries.workloads)
+            return self._read(lambda conn: queries.workload(conn, rest, cluster),
+                              f"no workload {rest} in cluster {cluster}")  # fmt: skip
+        return self._listing(query, partial(queries.workloads, cluster=cluster))
 
     def _pods(self, rest: str, query: dict[str, str]) -> Response:
         # the telemetry processor's caches, at Primus-Lens's paths (/pods/cache, ...)
@@ -225,14 +231,31 @@ class RecorderApp:
                 return api.ok(fn(None, rest, query))  # type: ignore[arg-type]
         if rest:
             return json_response(404, {"error": f"no route /pods/{rest}"})
-        return self._listing(query, partial(queries.pods, now=self.clock()))
+        return self._listing(query, partial(queries.pods, now=self.clock(),
+                                            cluster=self._cluster(query)))  # fmt: skip
 
     def _ready(self) -> Response:
+        """Ready while the home cluster's pods are listed and the database takes writes;
+        the other clusters' state is said, and does not make the service unready."""
         watching = self.recorder.pod_reflector.synced.is_set()
         ok = watching and self.writer.up
-        body = {"pods_synced": watching, "database_up": self.writer.up,
-                "queued_writes": self.writer.depth()}  # fmt: skip
+        body: dict[str, Any] = {"pods_synced": watching, "database_up": self.writer.up,
+                                "queued_writes": self.writer.depth(),
+                                "clusters": self.clusters.listing(None, "", {})}  # fmt: skip
+        if self.clusters.reload_error:
+            body["clusters_secret_error"] = self.clusters.reload_error
+        if self.storage_sync is not None:
+            body["storage_config_sync"] = self.storage_sync.state()
         return json_response(200 if ok else 503, body)
+
+    def _storage(self, what: str, conn: Any, name: str, query: dict[str, str],
+                 c: api.Scope) -> dict[str, Any]:  # fmt: skip
+        """storage/overview and storage/volumes of the cluster asked about."""
+        w = self.clusters.get(c.name)
+        if w is None or w.storage is None:
+            raise api.ApiError(503, 5003, f"cluster {c.name!r} is not watched: "
+                               f"{w.error if w else 'gone'}")  # fmt: skip
+        return getattr(w.storage, what)(conn, name, query)
 
 
 class RecorderMetrics(Collector):
@@ -348,7 +371,7 @@ class RecorderMetrics(Collector):
 
 
 # -- one-shot commands ---------------------------------------------------------------
-def run_report(cfg: Config, since: str, node: str, as_json: bool) -> str:
+def run_report(cfg: Config, since: str, node: str, as_json: bool, cluster: str = "") -> str:
     now = datetime.now(UTC)
     start = queries.parse_since(since, now)
     url = cfg.recorder.database_url
@@ -358,7 +381,7 @@ def run_report(cfg: Config, since: str, node: str, as_json: bool) -> str:
     engine = engine_for(url)
     try:
         with engine.connect() as conn:
-            lines = queries.report(conn, start, now, node)
+            lines = queries.report(conn, start, now, node, cluster or cfg.recorder.cluster_name)
     except SQLAlchemyError as exc:
         msg = str(exc).splitlines()[0][:200]
         raise DatabaseError(f"database {redact(url)}: {type(exc).__name__}: {msg}") from None

@@ -81,8 +81,9 @@ def redact(url: str) -> str:
     return f"{scheme}://{user}:***@{tail}"
 
 
-def upgrade(engine: Engine) -> str:
-    """Bring the schema to the newest migration; returns its revision."""
+def upgrade(engine: Engine, cluster: str = "local", target: str = "head") -> str:
+    """Bring the schema to the newest migration (or target); returns its revision. Rows
+    stored before the schema knew clusters belong to cluster (the home one)."""
     from alembic import command
     from alembic.config import Config
     from alembic.runtime.migration import MigrationContext
@@ -92,7 +93,8 @@ def upgrade(engine: Engine) -> str:
                                                "migrations"))  # fmt: skip
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
+        cfg.attributes["cluster"] = cluster
+        command.upgrade(cfg, target)
         return str(MigrationContext.configure(conn).get_current_revision())
 
 

@@ -169,8 +169,10 @@ class Recorder:
 
     def __init__(self, api: Api, writer: Writer, resources: list[str], *,
                  finalizers: bool = True, reflector_opts: dict[str, Any] | None = None,
-                 clock: Callable[[], datetime] = now_utc) -> None:  # fmt: skip
+                 clock: Callable[[], datetime] = now_utc,
+                 cluster: str = "local") -> None:  # fmt: skip
         self.api = api
+        self.cluster = cluster  # every row it writes and reads is this cluster's
         self.writer = writer
         self.resources = list(resources)
         self.finalizers = finalizers
@@ -196,7 +198,9 @@ class Recorder:
     def recover(self, conn: Connection) -> None:
         """State from the database: pods and workloads not yet deleted."""
         wl = t.gpu_workloads
-        q = select(wl).where(or_(wl.c.deleted.is_(False), wl.c.finalizer.is_(True)))
+        q = select(wl).where(
+            wl.c.cluster == self.cluster, or_(wl.c.deleted.is_(False), wl.c.finalizer.is_(True))
+        )
         for row in conn.execute(q).mappings():
             kind = self.api.kind(row["api_version"], row["kind"])
             if kind is None:
@@ -210,8 +214,10 @@ class Recorder:
             self.workloads[uid] = Workload(kind, row["kind"], row["namespace"], row["name"], uid,
                                            None, dict(row))  # fmt: skip
         pods, snaps, refs = t.gpu_pods, t.pod_snapshots, t.workload_pod_references
-        live = select(pods.c.uid).where(pods.c.deleted.is_(False))
-        newest = select(func.max(snaps.c.id)).where(snaps.c.pod_uid.in_(live))
+        c = self.cluster
+        live = select(pods.c.uid).where(pods.c.cluster == c, pods.c.deleted.is_(False))
+        newest = select(func.max(snaps.c.id)).where(snaps.c.cluster == c,
+                                                    snaps.c.pod_uid.in_(live))  # fmt: skip
         last: dict[str, dict[str, Any]] = {}
         for r in conn.execute(select(snaps).where(
                 snaps.c.id.in_(newest.group_by(snaps.c.pod_uid)))).mappings():  # fmt: skip
@@ -219,9 +225,12 @@ class Recorder:
                                        "status": r["status"]}  # fmt: skip
         owners: dict[str, list[str]] = {}
         for pod_uid, w_uid in conn.execute(select(refs.c.pod_uid, refs.c.workload_uid)
-                                           .where(refs.c.pod_uid.in_(live))):  # fmt: skip
+                                           .where(refs.c.cluster == c,
+                                                  refs.c.pod_uid.in_(live))):  # fmt: skip
             owners.setdefault(str(pod_uid), []).append(str(w_uid))
-        for row in conn.execute(select(pods).where(pods.c.deleted.is_(False))).mappings():
+        for row in conn.execute(
+            select(pods).where(pods.c.cluster == c, pods.c.deleted.is_(False))
+        ).mappings():
             uid = str(row["uid"])
             # the top workload last: a pod's next row names it (refs[-1])
             uids = sorted(owners.get(uid, ()), key=lambda w, top=row["workload_uid"]: w == top)
@@ -352,7 +361,8 @@ class Recorder:
         if ended is None and phase in lc.TERMINAL_PHASES:
             ended = now
         row = {
-            "uid": uid, "namespace": str(m.get("namespace", "")), "name": str(m["name"]),
+            "cluster": self.cluster, "uid": uid, "namespace": str(m.get("namespace", "")),
+            "name": str(m["name"]),
             "node": str((obj.get("spec") or {}).get("nodeName") or ""),
             "gpus": sum(reqs.values()), "gpu_resources": reqs, "phase": phase,
             "running": phase == "Running", "deleted": False,
@@ -371,34 +381,33 @@ class Recorder:
         rv = str(row["resource_version"])
 
         def write(conn: Connection) -> None:
-            upsert(conn, t.gpu_pods, row, ["uid"])
+            upsert(conn, t.gpu_pods, row, ["cluster", "uid"])
             self._write_snapshot(conn, uid, rv, now, snap)
             self._write_changes(conn, uid, rv, now, changes)
             for res in resources:
-                upsert(conn, t.pod_resources, res, ["pod_uid", "container", "source"])
+                upsert(conn, t.pod_resources, res, ["cluster", "pod_uid", "container", "source"])
             for w in new_refs:
                 insert_new(conn, t.workload_pod_references,
-                           {"workload_uid": w, "pod_uid": uid, "created_at": now},
-                           ["workload_uid", "pod_uid"])  # fmt: skip
+                           {"cluster": self.cluster, "workload_uid": w, "pod_uid": uid,
+                            "created_at": now},
+                           ["cluster", "workload_uid", "pod_uid"])  # fmt: skip
 
         self.writer.submit(Op("gpu_pods", write))
 
-    @staticmethod
-    def _write_snapshot(conn: Connection, uid: str, rv: str, at: datetime,
+    def _write_snapshot(self, conn: Connection, uid: str, rv: str, at: datetime,
                         snap: dict[str, Any]) -> None:  # fmt: skip
         insert_new(conn, t.pod_snapshots, {
-            "pod_uid": uid, "resource_version": rv, "taken_at": at,
+            "cluster": self.cluster, "pod_uid": uid, "resource_version": rv, "taken_at": at,
             "pod_metadata": snap["metadata"], "spec": snap["spec"], "status": snap["status"],
-        }, ["pod_uid", "resource_version"])  # fmt: skip
+        }, ["cluster", "pod_uid", "resource_version"])  # fmt: skip
 
-    @staticmethod
-    def _write_changes(conn: Connection, uid: str, rv: str, at: datetime,
+    def _write_changes(self, conn: Connection, uid: str, rv: str, at: datetime,
                        changes: list[lc.Change]) -> None:  # fmt: skip
         for c in changes:
             insert_new(conn, t.gpu_pods_events, {
-                "pod_uid": uid, "resource_version": rv, "at": at, "type": c.type,
-                "subject": c.subject, "old_value": c.old, "new_value": c.new,
-            }, ["pod_uid", "resource_version", "type", "subject"])  # fmt: skip
+                "cluster": self.cluster, "pod_uid": uid, "resource_version": rv, "at": at,
+                "type": c.type, "subject": c.subject, "old_value": c.old, "new_value": c.new,
+            }, ["cluster", "pod_uid", "resource_version", "type", "subject"])  # fmt: skip
 
     def _spec_resources(self, uid: str, obj: dict[str, Any], node: str,
                         now: datetime) -> list[dict[str, Any]]:  # fmt: skip
@@ -411,7 +420,8 @@ class Recorder:
             for r in self.resources:
                 n = container_request(c, r, f"pod {uid}")
                 if n:
-                    out.append({"pod_uid": uid, "container": str(c.get("name", "")),
+                    out.append({"cluster": self.cluster, "pod_uid": uid,
+                                "container": str(c.get("name", "")),
                                 "source": "spec", "resource": r, "count": n, "model": model,
                                 "devices": [], "updated_at": now})  # fmt: skip
         return out
@@ -441,7 +451,7 @@ class Recorder:
         rv = row["resource_version"] or f"deleted-{now.timestamp():.0f}"
 
         def write(conn: Connection) -> None:
-            upsert(conn, t.gpu_pods, row, ["uid"])
+            upsert(conn, t.gpu_pods, row, ["cluster", "uid"])
             if snap is not None and snap != old.snap:
                 self._write_snapshot(conn, uid, rv, now, snap)
             self._write_changes(conn, uid, rv, now, changes)
@@ -546,7 +556,8 @@ class Recorder:
             w.parent = lc.owner_ref(obj)
             deleting = gone or bool(m.get("deletionTimestamp"))
             row = {
-                "uid": w.uid, "api_version": w.kind.api_version, "kind": w.kind_name,
+                "cluster": self.cluster, "uid": w.uid, "api_version": w.kind.api_version,
+                "kind": w.kind_name,
                 "namespace": w.namespace, "name": w.name,
                 "parent_uid": w.parent["uid"] if w.parent else None,
                 "gpu_request": sum(reqs.values()), "gpu_resources": reqs, "status": status,
@@ -584,7 +595,7 @@ class Recorder:
 
     @staticmethod
     def _write_workload(row: dict[str, Any], conn: Connection) -> None:
-        upsert(conn, t.gpu_workloads, row, ["uid"])
+        upsert(conn, t.gpu_workloads, row, ["cluster", "uid"])
 
     def _collect(self, w: Workload) -> None:
         """The workload is finished and stored: drop its watcher (and its kind's watch when
@@ -639,7 +650,8 @@ class Recorder:
 
     def _note_finalizer(self, uid: str, held: bool) -> None:
         wl = t.gpu_workloads
-        stmt = update(wl).where(wl.c.uid == uid).values(finalizer=held)
+        stmt = update(wl).where(wl.c.cluster == self.cluster, wl.c.uid == uid
+                                ).values(finalizer=held)  # fmt: skip
 
         def write(conn: Connection) -> None:
             conn.execute(stmt)

@@ -221,7 +221,7 @@ def test_one_batch_with_an_inventory_a_change_and_the_inventory_again(tmp_path: 
         **{f.name: getattr(gpu("a", "S9"), f.name) for f in pb.DeviceChange.DESCRIPTOR.fields
            if f.name != "fields"}, "change": "changed"}))  # fmt: skip
     again = pb.Event(device_inventory=pb.DeviceInventory(devices=[gpu("a", "S9")]))  # b gone
-    batch = [device_update("n1", ev, t0 + timedelta(seconds=i))
+    batch = [device_update("local", "n1", ev, t0 + timedelta(seconds=i))
              for i, ev in enumerate((inv, change, again))]  # fmt: skip
     with eng.begin() as conn:
         assert apply_devices(conn, [u for u in batch if u is not None]) == 4

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import requests
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, select
 
 from lens_ebpf.cluster import queries
 from tests.conftest import hang_guard
@@ -262,13 +262,54 @@ def test_migrations_build_exactly_the_schema(db_url: str) -> None:
     from lens_ebpf.cluster.store import engine_for, upgrade
 
     eng = engine_for(db_url)
-    assert upgrade(eng) == "0006"
-    assert upgrade(eng) == "0006"  # again: nothing to do
+    assert upgrade(eng) == "0007"
+    assert upgrade(eng) == "0007"  # again: nothing to do
     with eng.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), schema.metadata)
         assert diff == []
         names = set(inspect(conn).get_table_names())
     assert names == set(schema.TABLES) | {"alembic_version"}
+    eng.dispose()
+
+
+def test_rows_stored_before_clusters_belong_to_the_home_cluster(db_url: str) -> None:
+    """0007 on a database of 0006 with rows: each row keeps its values and gains the
+    home cluster; a second cluster may then hold the same node name and pod UID."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import text
+
+    from lens_ebpf.cluster import schema
+    from lens_ebpf.cluster.store import engine_for, upgrade
+
+    eng = engine_for(db_url)
+    assert upgrade(eng, target="0006") == "0006"
+    at = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+    with eng.begin() as conn:  # as 0006 wrote them (no cluster column yet)
+        conn.execute(text("INSERT INTO nodes (name, address, status, gpu_capacity, "
+                          "gpu_allocatable, labels, cpu_count, memory_bytes, memory, kernel, "
+                          "os_image, kubelet_version, container_runtime, taints, deleted, "
+                          "updated_at) VALUES ('gpu-0', '10.0.0.1', 'Ready', '{}', '{}', "
+                          "'{}', 8, 0, '', '', '', '', '', 0, false, :at)"), {"at": at})
+        conn.execute(text("INSERT INTO node_events (node, seq, at, kind, namespace, pod, "
+                          "pod_uid, container, payload) VALUES ('gpu-0', 7, :at, 'oom_kill', "
+                          "'', '', '', '', '{}')"), {"at": at})
+    assert upgrade(eng, cluster="home") == "0007"
+    with eng.begin() as conn:
+        assert [tuple(r) for r in conn.execute(select(schema.nodes.c.cluster,
+                                                      schema.nodes.c.name,
+                                                      schema.nodes.c.address))] == [
+            ("home", "gpu-0", "10.0.0.1")]  # fmt: skip
+        ne = schema.node_events
+        assert [tuple(r) for r in conn.execute(select(ne.c.cluster, ne.c.node, ne.c.seq))] \
+            == [("home", "gpu-0", 7)]  # fmt: skip
+        row = {"node": "gpu-0", "seq": 7, "at": at, "kind": "oom_kill", "payload": {}}
+        conn.execute(ne.insert().values(cluster="b", **row))  # the same (node, seq) in b
+        conn.execute(schema.nodes.insert().values(
+            cluster="b", name="gpu-0", gpu_capacity={}, gpu_allocatable={}, labels={},
+            updated_at=at))  # fmt: skip
+        assert conn.execute(select(schema.nodes.c.cluster).order_by(schema.nodes.c.cluster)
+                            ).scalars().all() == ["b", "home"]  # fmt: skip
     eng.dispose()
 
 

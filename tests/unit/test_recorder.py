@@ -163,14 +163,14 @@ def test_node_event_rows_and_the_gpus_a_container_got() -> None:
             devices=["/dev/nvidia1", "/dev/nvidiactl", "/dev/dri/renderD128", "/dev/dri/card0"],
         ),
     )
-    row = event_row("gpu-1", ev)
+    row = event_row("local", "gpu-1", ev)
     assert (row["node"], row["seq"], row["kind"], row["pod_uid"], row["container"]) == \
         ("gpu-1", 7, "container_start", "u", "m")  # fmt: skip
     assert row["at"].timestamp() == 1_795_000_000
-    got = [(r["resource"], r["count"], r["devices"]) for r in agent_resources(ev, row["at"])]
+    got = [(r["resource"], r["count"], r["devices"]) for r in agent_resources("local", ev, row["at"])]
     assert got == [("amd.com/gpu", 1, ["/dev/dri/renderD128"]),
                    ("nvidia.com/gpu", 1, ["/dev/nvidia1"])]  # fmt: skip
-    gap = event_row("gpu-1", pb.Event(seq=9, gap=pb.Gap(lost=3, reason="reporter_buffer")))
+    gap = event_row("local", "gpu-1", pb.Event(seq=9, gap=pb.Gap(lost=3, reason="reporter_buffer")))
     assert (gap["seq"], gap["kind"], gap["payload"]) == (
         None,
         "gap",
@@ -206,9 +206,9 @@ def test_a_refused_write_is_dropped_and_counted_and_the_rest_go_on(tmp_path: Pat
     w = Writer(eng, queue_max=10)
     stop = threading.Event()
 
-    insert = ("INSERT INTO node_events (node, seq, at, kind, namespace, pod, pod_uid, "
-              "container, payload) VALUES ('n', {}, '2026-11-23 07:00:00', 'x', '', '', '', '', "
-              "'{{}}')")  # fmt: skip
+    insert = ("INSERT INTO node_events (cluster, node, seq, at, kind, namespace, pod, "
+              "pod_uid, container, payload) VALUES ('local', 'n', {}, '2026-11-23 07:00:00', "
+              "'x', '', '', '', '', '{{}}')")  # fmt: skip
 
     def good(n: int) -> Op:
         return Op("node_events", lambda conn: conn.execute(text(insert.format(n))) and None)

@@ -47,7 +47,8 @@ class EventApi:
         if r.target:
             creds = channel_credentials(r.tls.ca, r.tls.cert, r.tls.key)
             self.reporter = Reporter(r.target, self.bus, node, r.buffer, creds,
-                                     r.backoff_max_seconds, frozenset(r.kinds))  # fmt: skip
+                                     r.backoff_max_seconds, frozenset(r.kinds),
+                                     cfg.node.cluster)  # fmt: skip
             self.reporter.on_connect = self.on_connect
             self.reporter.start()
             registry.register(ReporterCollector(self.reporter))

@@ -36,9 +36,10 @@ class Reporter:
     def __init__(self, target: str, bus: EventBus, node: tuple[str, str], buffer: int,
                  credentials: grpc.ChannelCredentials | None = None,
                  backoff_max: float = 30.0,
-                 kinds: frozenset[str] = frozenset()) -> None:  # fmt: skip
+                 kinds: frozenset[str] = frozenset(), cluster: str = "") -> None:  # fmt: skip
         self.target = target
         self.node = node
+        self.cluster = cluster  # said to the collector (lens-cluster); "": its home cluster
         self.credentials = credentials
         self.backoff_max = backoff_max
         self.pending: collections.deque[Event] = collections.deque()  # not acknowledged
@@ -145,7 +146,8 @@ class Reporter:
                 channel = (grpc.secure_channel(self.target, self.credentials)
                            if self.credentials else grpc.insecure_channel(self.target))  # fmt: skip
                 stub = lens_pb2_grpc.CollectorServiceStub(channel)
-                meta = (("lens-node", self.node[0]), ("lens-node-ip", self.node[1]))
+                meta = (("lens-node", self.node[0]), ("lens-node-ip", self.node[1]),
+                        *((("lens-cluster", self.cluster),) if self.cluster else ()))  # fmt: skip
                 chunks = self._requests(ready, done)
                 acks = stub.ReportBatch((pb.EventBatch(events=c) for c in chunks),
                                         metadata=meta) if self.batched else \

@@ -18,8 +18,8 @@ from typing import Any
 from sqlalchemy import Connection, Engine, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from lens_ebpf.cluster import schema as t
 from lens_ebpf.cluster.queries import aware
+from lens_ebpf.cluster.schema import Scoped, scoped
 
 log = logging.getLogger(__name__)
 HISTORY = timedelta(days=1)  # holder changes and RDMA opens looked back on
@@ -95,7 +95,8 @@ def _spans(changes: list[tuple[float, str, str]], current: str) -> list[tuple[fl
     return out
 
 
-def build(conn: Connection, now: datetime) -> Index:
+def build(conn: Connection, now: datetime, t: Scoped) -> Index:
+    """The maps from one cluster's tables."""
     idx = Index(built=now)
     since = now - HISTORY
     for r in conn.execute(select(t.nodes.c.name, t.nodes.c.address)):
@@ -179,8 +180,10 @@ def fingerprint(idx: Index) -> str:
 class Indexer:
     """Keeps the newest Index, read again every interval."""
 
-    def __init__(self, engine: Engine, interval: float, clock: Callable[[], datetime]) -> None:
+    def __init__(self, engine: Engine, interval: float, clock: Callable[[], datetime],
+                 cluster: str = "local") -> None:  # fmt: skip
         self.engine, self.interval, self.clock = engine, interval, clock
+        self.cluster = cluster  # the series come from this cluster's exporters
         self.index = Index()
         self._print = ""
         self.refreshes = 0
@@ -190,7 +193,7 @@ class Indexer:
     def refresh(self) -> Index:
         now = self.clock()
         with self.engine.connect() as conn:
-            idx = build(conn, now)
+            idx = build(conn, now, scoped(self.cluster))
         mark = fingerprint(idx)
         with self._lock:
             idx.generation = self.index.generation + (mark != self._print)

@@ -17,7 +17,7 @@ from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import Connection, Engine
 
-from lens_ebpf.cluster.api import Table
+from lens_ebpf.cluster.api import ApiError, Scope, Table
 from lens_ebpf.cluster.config import RemoteWriteConfig
 from lens_ebpf.cluster.ingest import answer
 from lens_ebpf.cluster.remote_write import wire
@@ -34,9 +34,10 @@ REFUSED = {400: "bad_body", 413: "too_large", 415: "unsupported", 503: "no_recei
 
 class RemoteWrite(Collector):
     def __init__(self, cfg: RemoteWriteConfig, engine: Engine,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:  # fmt: skip
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 cluster: str = "local") -> None:  # fmt: skip
         self.cfg = cfg
-        self.indexer = Indexer(engine, cfg.cache_seconds, clock)
+        self.indexer = Indexer(engine, cfg.cache_seconds, clock, cluster)
         self.relabeler = Relabeler(cfg, self.indexer)
         self.forwarder = Forwarder(cfg) if cfg.url else None
         self.samples: dict[str, int] = dict.fromkeys(RESULTS, 0)
@@ -99,9 +100,16 @@ class RemoteWrite(Collector):
         return 204, "text/plain", b"", headers
 
     # -- the maps, as Primus-Lens serves them ------------------------------------------
-    def pods_cache(self, conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    def _home(self, c: Scope | None) -> None:
+        if c is not None and c.name != self.indexer.cluster:
+            raise ApiError(404, 4004, f"remote write serves cluster {self.indexer.cluster!r} "
+                           f"only, not {c.name!r}")  # fmt: skip
+
+    def pods_cache(self, conn: Connection, name: str, query: dict[str, str],
+                   c: Scope | None = None) -> dict[str, Any]:  # fmt: skip
         """pods/cache?node=: node -> device label -> device -> [pod name, pod uid], the pods
         holding devices now (and since when, unix seconds, under `since`)."""
+        self._home(c)
         idx = self.indexer.index
         only = query.get("node", "")
         by_slot: dict[tuple[str, str], list[tuple[str, str]]] = {}
@@ -132,10 +140,11 @@ class RemoteWrite(Collector):
         return {"updated_at": int(idx.built.timestamp()) if idx.built else None,
                 "cache": cache, "since": since}  # fmt: skip
 
-    def workload_cache(self, conn: Connection, name: str,
-                       query: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+    def workload_cache(self, conn: Connection, name: str, query: dict[str, str],
+                       c: Scope | None = None) -> dict[str, Any]:  # fmt: skip
         """pods/workload/cache: pod name -> [[workload name, workload uid], ...] (every
         level above it), and the same by pod uid."""
+        self._home(c)
         idx = self.indexer.index
         by_name: dict[str, list[list[str]]] = {}
         by_uid: dict[str, list[list[str]]] = {}

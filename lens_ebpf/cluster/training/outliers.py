@@ -36,6 +36,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from lens_ebpf.cluster import prom
 from lens_ebpf.cluster import schema as t
+from lens_ebpf.cluster.schema import scoped
 from lens_ebpf.cluster.store import Op, Writer
 from lens_ebpf.cluster.tracker import TrackedPod
 from lens_ebpf.cluster.training.timeline import rdma_devices
@@ -83,8 +84,9 @@ def robust_outliers(values: dict[str, float], direction: str) -> dict[str, Flag]
 class Outliers(Collector):
     def __init__(self, engine: Engine, writer: Writer, metrics: prom.Prom,
                  running_pods: Callable[[], dict[str, list[TrackedPod]]], interval: float,
-                 clock: Callable[[], datetime]) -> None:  # fmt: skip
+                 clock: Callable[[], datetime], cluster: str = "local") -> None:  # fmt: skip
         self.engine, self.writer, self.metrics = engine, writer, metrics
+        self.cluster = cluster  # running_pods' cluster
         self.running_pods, self.interval, self.clock = running_pods, interval, clock
         # (workload uid, pod uid, signal) -> (since, flag, namespace, workload, pod, node)
         self.flagged: dict[tuple[str, str, str], tuple[datetime, Flag, str, str, str, str]] = {}
@@ -96,7 +98,7 @@ class Outliers(Collector):
                 pods: list[TrackedPod], at: datetime) -> dict[str, dict[str, float]]:  # fmt: skip
         """signal -> pod uid -> value, for the pods that have one."""
         nodes = sorted({p.node for p in pods if p.node})
-        devices = rdma_devices(conn, [p.uid for p in pods])
+        devices = rdma_devices(conn, scoped(self.cluster), [p.uid for p in pods])
         by_name = {p.name: p.uid for p in pods}
         util = {by_name[lbl["pod"]]: v for lbl, v in self.metrics.instant(
             prom.gpu_utilization_by_pod(namespace, sorted(by_name), WINDOW), at)
@@ -118,7 +120,7 @@ class Outliers(Collector):
     def run_once(self, now: datetime) -> int:
         """Compare every running workload's pods; the outliers found anew."""
         found: dict[tuple[str, str, str], tuple[Flag, str, str, str, str]] = {}
-        w = t.gpu_workloads
+        w = scoped(self.cluster).gpu_workloads
         with self.engine.connect() as conn:
             for uid, pods in sorted(self.running_pods().items()):
                 if len(pods) < MIN_PODS:
@@ -137,7 +139,8 @@ class Outliers(Collector):
         with self._lock:
             for key, (flag, ns, name, pod, node) in found.items():
                 if key not in self.flagged:
-                    new.append({"workload_uid": key[0], "namespace": ns, "workload": name,
+                    new.append({"cluster": self.cluster, "workload_uid": key[0],
+                                "namespace": ns, "workload": name,
                                 "pod_uid": key[1], "pod": pod, "node": node, "kind": "outlier",
                                 "signal": key[2], "at": now, "ended_at": None,
                                 "iteration": None, "value": flag.value, "baseline": flag.median,
@@ -151,7 +154,9 @@ class Outliers(Collector):
                 ends.append((*key, self.flagged.pop(key)[0]))
             self.found += len(new)
         if new or ends:
-            self.writer.submit(Op("training_events", lambda conn: _write(conn, new, ends, now)))
+            self.writer.submit(
+                Op("training_events", lambda conn: _write(conn, self.cluster, new, ends, now))
+            )
         return len(new)
 
     def run(self, stop: threading.Event) -> None:
@@ -182,13 +187,14 @@ class Outliers(Collector):
         yield runs
 
 
-def _write(conn: Connection, new: list[dict[str, Any]],
+def _write(conn: Connection, cluster: str, new: list[dict[str, Any]],
            ends: list[tuple[str, str, str, datetime]], now: datetime) -> None:  # fmt: skip
     if new:
         conn.execute(t.training_events.insert(), new)
     ev = t.training_events
     for uid, pod_uid, signal, since in ends:
         conn.execute(update(ev).where(and_(
-            ev.c.workload_uid == uid, ev.c.kind == "outlier", ev.c.pod_uid == pod_uid,
+            ev.c.cluster == cluster, ev.c.workload_uid == uid, ev.c.kind == "outlier",
+            ev.c.pod_uid == pod_uid,
             ev.c.signal == signal, ev.c.at == since, ev.c.ended_at.is_(None)))
             .values(ended_at=now))  # fmt: skip

@@ -31,6 +31,7 @@ from sqlalchemy import Connection, and_, select, update
 from lens_ebpf.cluster import schema as t
 from lens_ebpf.cluster.config import TrainingConfig
 from lens_ebpf.cluster.queries import aware
+from lens_ebpf.cluster.schema import scoped
 from lens_ebpf.cluster.store import Op, Writer, insert_rows
 from lens_ebpf.cluster.tracker import TrackedPod
 from lens_ebpf.cluster.training import formats
@@ -108,8 +109,9 @@ class Batch:
 class Training(Collector):
     def __init__(self, cfg: TrainingConfig, writer: Writer, pods: PodLookup,
                  running: Callable[[], set[str]],
-                 clock: Callable[[], datetime]) -> None:  # fmt: skip
+                 clock: Callable[[], datetime], cluster: str = "local") -> None:  # fmt: skip
         self.cfg, self.writer, self.pods, self.running = cfg, writer, pods, running
+        self.cluster = cluster  # its pods' (POST /logs reads the home cluster's pods)
         self.clock = clock
         self._lock = threading.Lock()
         self.runs: dict[str, Run] = {}
@@ -165,7 +167,8 @@ class Training(Collector):
         if prog.iteration is not None:
             last.at, last.iteration = at, prog.iteration
         b.points.append({
-            "workload_uid": pod.workload_uid, "pod_uid": pod.uid, "namespace": pod.namespace,
+            "cluster": self.cluster, "workload_uid": pod.workload_uid, "pod_uid": pod.uid,
+            "namespace": pod.namespace,
             "pod": pod.name, "node": pod.node, "at": at, "received_at": received,
             "format": prog.format, "iteration": prog.iteration,
             "target_iterations": prog.target_iterations, "iteration_seconds": seconds,
@@ -228,11 +231,11 @@ class Training(Collector):
                                          "window": len(run.window)}))  # fmt: skip
         run.window.append(seconds)
 
-    @staticmethod
-    def _event(run: Run, kind: str, at: datetime, pod: TrackedPod | None, it: int | None,
+    def _event(self, run: Run, kind: str, at: datetime, pod: TrackedPod | None, it: int | None,
                value: float | None, baseline: float | None,
                detail: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-        return {"workload_uid": run.uid, "namespace": run.namespace, "workload": run.name,
+        return {"cluster": self.cluster, "workload_uid": run.uid, "namespace": run.namespace,
+                "workload": run.name,
                 "pod_uid": pod.uid if pod else "", "pod": pod.name if pod else "",
                 "node": pod.node if pod else "", "kind": kind, "signal": "", "at": at,
                 "ended_at": None, "iteration": it, "value": value, "baseline": baseline,
@@ -271,14 +274,14 @@ class Training(Collector):
             self.check(self.clock())
 
     # -- the database ----------------------------------------------------------------
-    @staticmethod
-    def write(conn: Connection, b: Batch) -> None:
-        insert_rows(conn, t.training_points, b.points, keys=["line_key"])
+    def write(self, conn: Connection, b: Batch) -> None:
+        insert_rows(conn, t.training_points, b.points, keys=["cluster", "line_key"])
         if b.events:
             conn.execute(t.training_events.insert(), b.events)
         ev = t.training_events
         for uid, kind, at, end in b.ends:
-            conn.execute(update(ev).where(and_(ev.c.workload_uid == uid, ev.c.kind == kind,
+            conn.execute(update(ev).where(and_(ev.c.cluster == self.cluster,
+                                               ev.c.workload_uid == uid, ev.c.kind == kind,
                                                ev.c.at == at, ev.c.ended_at.is_(None)))
                          .values(ended_at=end))  # fmt: skip
 
@@ -286,7 +289,8 @@ class Training(Collector):
         """Each workload with points in the last day: its last `window` iterations, so a
         restart of the service neither forgets a median nor counts an iteration twice;
         its open slowdown or stall."""
-        tp, ev = t.training_points, t.training_events
+        mine = scoped(self.cluster)
+        tp, ev = mine.training_points, mine.training_events
         since = now - timedelta(days=1)
         uids = [r[0] for r in conn.execute(select(tp.c.workload_uid).where(tp.c.at >= since)
                                            .group_by(tp.c.workload_uid))]  # fmt: skip
@@ -296,8 +300,8 @@ class Training(Collector):
                 .order_by(tp.c.at.desc(), tp.c.id.desc()).limit(4 * self.cfg.window)))  # fmt: skip
             if not rows:
                 continue
-            name = conn.execute(select(t.gpu_workloads.c.name).where(
-                t.gpu_workloads.c.uid == uid)).scalar_one_or_none()  # fmt: skip
+            name = conn.execute(select(mine.gpu_workloads.c.name).where(
+                mine.gpu_workloads.c.uid == uid)).scalar_one_or_none()  # fmt: skip
             run = Run(uid, rows[0].namespace, str(name or uid), deque(maxlen=self.cfg.window))
             scratch = Batch()  # what was found then is stored already
             for r in reversed(rows):

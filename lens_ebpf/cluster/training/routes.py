@@ -10,9 +10,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, func, select
 
-from lens_ebpf.cluster import prom
-from lens_ebpf.cluster import schema as t
-from lens_ebpf.cluster.api import ApiError, bad, when, workload_pods
+from lens_ebpf.cluster.api import ApiError, Scope, bad, when, workload_pods
 from lens_ebpf.cluster.config import RecorderConfig
 from lens_ebpf.cluster.ingest import answer
 from lens_ebpf.cluster.queries import aware
@@ -67,10 +65,11 @@ def summary(rows: list[Any]) -> dict[str, Any]:
     }
 
 
-def training_performance(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+def training_performance(conn: Connection, name: str, query: dict[str, str], c: Scope
+                         ) -> dict[str, Any]:  # fmt: skip
     """workloads/{uid}/trainingPerformance?start=&end=: the points its pods' logs gave
     (oldest first) and their summary; uid is any level of the workload hierarchy."""
-    uid = name
+    uid, t = name, c.tables
     if conn.execute(select(t.gpu_workloads.c.uid).where(t.gpu_workloads.c.uid == uid)
                     ).first() is None:  # fmt: skip
         raise ApiError(404, 4004, f"workload not found: {uid!r}")
@@ -78,7 +77,9 @@ def training_performance(conn: Connection, name: str, query: dict[str, str]) -> 
     if start is not None and end is not None and end < start:
         raise bad("end is before start")
     tp = t.training_points
-    cond: list[ColumnElement[bool]] = [tp.c.pod_uid.in_([p.uid for p in workload_pods(conn, uid)])]
+    cond: list[ColumnElement[bool]] = [
+        tp.c.pod_uid.in_([p.uid for p in workload_pods(conn, t, uid)])
+    ]
     cond += [tp.c.at >= start] if start is not None else []
     cond += [tp.c.at <= end] if end is not None else []
     n = int(conn.execute(select(func.count()).select_from(tp).where(*cond)).scalar_one())
@@ -91,15 +92,15 @@ def training_performance(conn: Connection, name: str, query: dict[str, str]) -> 
     return {"points": points, "summary": summary(rows)}
 
 
-def api_routes(metrics: prom.Prom, cfg: RecorderConfig, clock: Callable[[], datetime]
+def api_routes(cfg: RecorderConfig, clock: Callable[[], datetime]
                ) -> list[tuple[re.Pattern[str], Callable[..., Any]]]:  # fmt: skip
     """The cluster API table's entries for training (api.routes(extra=...))."""
-    timeline = Timeline(metrics, cfg.timeline)
 
-    def timeline_route(conn: Connection, name: str, query: dict[str, str]) -> dict[str, Any]:
+    def timeline_route(conn: Connection, name: str, query: dict[str, str], c: Scope
+                       ) -> dict[str, Any]:  # fmt: skip
         """workloads/{uid}/timeline?start=&end= (unix seconds or RFC 3339; default the
         workload's life up to now)."""
-        return timeline(conn, name, query, clock())
+        return Timeline(c.prom, cfg.timeline, c.tables)(conn, name, query, clock())
 
     return [
         (re.compile(r"^workloads/([^/]+)/trainingPerformance$"), training_performance),

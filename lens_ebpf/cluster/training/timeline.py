@@ -25,10 +25,10 @@ from typing import Any
 from sqlalchemy import Connection, or_, select
 
 from lens_ebpf.cluster import prom
-from lens_ebpf.cluster import schema as t
 from lens_ebpf.cluster.api import ApiError, bad, when, workload_pods
 from lens_ebpf.cluster.config import TimelineConfig
 from lens_ebpf.cluster.queries import aware
+from lens_ebpf.cluster.schema import Scoped
 
 MAX_RANGE = timedelta(days=31)
 # entries at the same second: causes before what they cause
@@ -95,22 +95,24 @@ def _ts(value: Any) -> int | None:
 
 
 class Timeline:
-    def __init__(self, metrics: prom.Prom, cfg: TimelineConfig) -> None:
-        self.metrics, self.cfg = metrics, cfg
+    def __init__(self, metrics: prom.Prom, cfg: TimelineConfig, tables: Scoped) -> None:
+        self.metrics, self.cfg, self.t = metrics, cfg, tables  # one cluster's
 
     def __call__(self, conn: Connection, uid: str, query: dict[str, str],
                  now: datetime) -> dict[str, Any]:  # fmt: skip
-        w = conn.execute(select(t.gpu_workloads).where(t.gpu_workloads.c.uid == uid)).first()
+        w = conn.execute(
+            select(self.t.gpu_workloads).where(self.t.gpu_workloads.c.uid == uid)
+        ).first()
         if w is None:
             raise ApiError(404, 4004, f"workload not found: {uid!r}")
-        pods = workload_pods(conn, uid)
+        pods = workload_pods(conn, self.t, uid)
         start = when(query, "start") or aware(w.created_at) or now - timedelta(days=1)
         end = when(query, "end") or now
         if end < start:
             raise bad("end is before start")
         if end - start > MAX_RANGE:
             raise bad(f"start, end: at most {MAX_RANGE.days} days")
-        ctx = _Pods(conn, pods)
+        ctx = _Pods(conn, self.t, pods)
         entries = [*self._training(conn, ctx, start, end), *self._faults(conn, ctx, start, end),
                    *self._devices(conn, ctx, start, end), *self._containers(conn, ctx, start, end),
                    *self._pod_events(conn, ctx, start, end)]  # fmt: skip
@@ -130,7 +132,7 @@ class Timeline:
     # -- the tables ------------------------------------------------------------------
     def _training(self, conn: Connection, ctx: _Pods, start: datetime,
                   end: datetime) -> Iterable[dict[str, Any]]:  # fmt: skip
-        ev = t.training_events
+        ev = self.t.training_events
         mine = or_(ev.c.pod_uid.in_(ctx.uids),
                    (ev.c.pod_uid == "") & ev.c.workload_uid.in_(ctx.tops))  # fmt: skip
         for r in _rows(conn, ev, start, end, mine):
@@ -153,7 +155,7 @@ class Timeline:
 
     def _faults(self, conn: Connection, ctx: _Pods, start: datetime,
                 end: datetime) -> Iterable[dict[str, Any]]:  # fmt: skip
-        ne = t.node_events
+        ne = self.t.node_events
         for r in _rows(conn, ne, start, end, ne.c.kind == "gpu_fault", ne.c.node.in_(ctx.nodes)):
             p = r.payload or {}
             bdf = str(p.get("bdf", ""))
@@ -167,7 +169,7 @@ class Timeline:
 
     def _devices(self, conn: Connection, ctx: _Pods, start: datetime,
                  end: datetime) -> Iterable[dict[str, Any]]:  # fmt: skip
-        cl = t.device_changelog
+        cl = self.t.device_changelog
         for r in _rows(conn, cl, start, end, cl.c.node.in_(ctx.nodes)):
             pod = ctx.held.get((r.node, r.slot))
             if pod:
@@ -178,7 +180,7 @@ class Timeline:
 
     def _containers(self, conn: Connection, ctx: _Pods, start: datetime,
                     end: datetime) -> Iterable[dict[str, Any]]:  # fmt: skip
-        ne = t.node_events
+        ne = self.t.node_events
         kinds = ne.c.kind.in_(("oom_kill", "container_exit"))
         for r in _rows(conn, ne, start, end, kinds, ne.c.pod_uid.in_(ctx.uids)):
             p = r.payload or {}
@@ -190,7 +192,7 @@ class Timeline:
 
     def _pod_events(self, conn: Connection, ctx: _Pods, start: datetime,
                     end: datetime) -> Iterable[dict[str, Any]]:  # fmt: skip
-        pe = t.gpu_pods_events
+        pe = self.t.gpu_pods_events
         for r in _rows(conn, pe, start, end, pe.c.pod_uid.in_(ctx.uids)):
             pod = ctx.by_uid[r.pod_uid]
             what = " ".join(x for x in (r.type, r.subject) if x)
@@ -227,7 +229,9 @@ class Timeline:
                                       f"{r.value * 1000:g} ms, {r.value / r.baseline:.2f}x its "
                                       f"baseline {r.baseline * 1000:g} ms",
                                       _regression(r)))  # fmt: skip
-        expr = prom.rdma_errors(nodes, rdma_devices(conn, ctx.uids), window, "node, device, port")
+        expr = prom.rdma_errors(
+            nodes, rdma_devices(conn, self.t, ctx.uids), window, "node, device, port"
+        )
         for s in self.metrics.graph(expr, first, until, step):
             lbl = s["labels"]
             node, port = lbl.get("node", ""), f"{lbl.get('device', '')}/{lbl.get('port', '')}"
@@ -268,7 +272,7 @@ def _regression(r: Regression) -> dict[str, Any]:
 class _Pods:
     """A workload's pods, and where they were: nodes, names, the GPUs they held."""
 
-    def __init__(self, conn: Connection, pods: list[Any]) -> None:
+    def __init__(self, conn: Connection, t: Scoped, pods: list[Any]) -> None:
         self.by_uid = {p.uid: p for p in pods}
         self.uids = sorted(self.by_uid)
         self.names = {(p.namespace, p.name) for p in pods}
@@ -292,7 +296,7 @@ class _Pods:
         return ",".join(sorted(p.name for p in self.by_uid.values() if p.node == node))
 
 
-def rdma_devices(conn: Connection, pod_uids: list[str]) -> list[str]:
+def rdma_devices(conn: Connection, t: Scoped, pod_uids: list[str]) -> list[str]:
     """The RDMA devices these pods' queue pairs opened (the agents' rdma_open)."""
     ne = t.node_events
     rows = conn.execute(select(ne.c.payload).where(ne.c.kind == "rdma_open",
