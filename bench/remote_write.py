@@ -40,7 +40,8 @@ def uuid(n: int, i: int) -> str:
 
 def gpu_rows(nodes: int, now: Any) -> list[dict[str, Any]]:
     """Each node's GPUs as its agent reported them, each held by its job's pod."""
-    return [{"cluster": "local", "node": f"gpu-{n}", "kind": "gpu", "slot": f"0000:{0x10 + i * 0x10:02x}:00.0",
+    return [{"cluster": "local", "node": f"gpu-{n}", "kind": "gpu",
+             "slot": f"0000:{0x10 + i * 0x10:02x}:00.0",
              "key": uuid(n, i), "idx": i, "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3",
              "uuid": uuid(n, i), "serial": "", "bdf": f"0000:{0x10 + i * 0x10:02x}:00.0",
              "holder": f"ml/job-{n // 8}-worker-{n % 8}", "present": True,

@@ -286,14 +286,24 @@ def test_rows_stored_before_clusters_belong_to_the_home_cluster(db_url: str) -> 
     assert upgrade(eng, target="0006") == "0006"
     at = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
     with eng.begin() as conn:  # as 0006 wrote them (no cluster column yet)
-        conn.execute(text("INSERT INTO nodes (name, address, status, gpu_capacity, "
-                          "gpu_allocatable, labels, cpu_count, memory_bytes, memory, kernel, "
-                          "os_image, kubelet_version, container_runtime, taints, deleted, "
-                          "updated_at) VALUES ('gpu-0', '10.0.0.1', 'Ready', '{}', '{}', "
-                          "'{}', 8, 0, '', '', '', '', '', 0, false, :at)"), {"at": at})
-        conn.execute(text("INSERT INTO node_events (node, seq, at, kind, namespace, pod, "
-                          "pod_uid, container, payload) VALUES ('gpu-0', 7, :at, 'oom_kill', "
-                          "'', '', '', '', '{}')"), {"at": at})
+        conn.execute(
+            text(
+                "INSERT INTO nodes (name, address, status, gpu_capacity, "
+                "gpu_allocatable, labels, cpu_count, memory_bytes, memory, kernel, "
+                "os_image, kubelet_version, container_runtime, taints, deleted, "
+                "updated_at) VALUES ('gpu-0', '10.0.0.1', 'Ready', '{}', '{}', "
+                "'{}', 8, 0, '', '', '', '', '', 0, false, :at)"
+            ),
+            {"at": at},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO node_events (node, seq, at, kind, namespace, pod, "
+                "pod_uid, container, payload) VALUES ('gpu-0', 7, :at, 'oom_kill', "
+                "'', '', '', '', '{}')"
+            ),
+            {"at": at},
+        )
     assert upgrade(eng, cluster="home") == "0007"
     with eng.begin() as conn:
         assert [tuple(r) for r in conn.execute(select(schema.nodes.c.cluster,

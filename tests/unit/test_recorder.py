@@ -167,7 +167,8 @@ def test_node_event_rows_and_the_gpus_a_container_got() -> None:
     assert (row["node"], row["seq"], row["kind"], row["pod_uid"], row["container"]) == \
         ("gpu-1", 7, "container_start", "u", "m")  # fmt: skip
     assert row["at"].timestamp() == 1_795_000_000
-    got = [(r["resource"], r["count"], r["devices"]) for r in agent_resources("local", ev, row["at"])]
+    res = agent_resources("local", ev, row["at"])
+    got = [(r["resource"], r["count"], r["devices"]) for r in res]
     assert got == [("amd.com/gpu", 1, ["/dev/dri/renderD128"]),
                    ("nvidia.com/gpu", 1, ["/dev/nvidia1"])]  # fmt: skip
     gap = event_row("local", "gpu-1", pb.Event(seq=9, gap=pb.Gap(lost=3, reason="reporter_buffer")))
