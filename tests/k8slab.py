@@ -41,6 +41,7 @@ KINDS = {
     "persistentvolumes": ("/api/v1", "PersistentVolume", False),
     "persistentvolumeclaims": ("/api/v1", "PersistentVolumeClaim", True),
     "events": ("/api/v1", "Event", True),
+    "secrets": ("/api/v1", "Secret", True),
 }
 # fields the server owns: an update that leaves them out keeps them (a controller's status
 # update does not drop the finalizers others put on)

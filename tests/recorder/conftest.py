@@ -76,7 +76,9 @@ def recorder_app(api: FakeApiServer, tmp_path: Path) -> Iterator[Factory]:
     kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
     apps: list[Any] = []
 
-    def make(url: str, clock: Any = None, **settings: Any) -> Any:
+    def make(url: str, clock: Any = None, top: dict[tuple[str, ...], Any] | None = None,
+             **settings: Any) -> Any:  # fmt: skip
+        """settings: recorder.* keys (a__b for a.b); top: other keys, by their path."""
         over: dict[tuple[str, ...], Any] = {
             ("recorder", "database_url"): url,
             ("recorder", "listen"): "127.0.0.1:0",
@@ -89,6 +91,7 @@ def recorder_app(api: FakeApiServer, tmp_path: Path) -> Iterator[Factory]:
         }
         for key, value in settings.items():
             over[("recorder", *key.split("__"))] = value
+        over.update(top or {})
         cfg = config.load(env={}, overrides=over)
         client = api_client("kubeconfig", str(kubeconfig))
         app = RecorderApp(cfg, client, clock) if clock else RecorderApp(cfg, client)
@@ -115,7 +118,7 @@ def rows(url: str, table: str) -> list[dict[str, Any]]:
     eng = create_engine(url)
     try:
         with eng.connect() as conn:
-            order = tab.c.id if "id" in tab.c else list(tab.primary_key.columns)[0]
-            return [dict(r) for r in conn.execute(select(tab).order_by(order)).mappings()]
+            order = [tab.c.id] if "id" in tab.c else list(tab.primary_key.columns)
+            return [dict(r) for r in conn.execute(select(tab).order_by(*order)).mappings()]
     finally:
         eng.dispose()
