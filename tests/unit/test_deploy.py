@@ -225,6 +225,28 @@ def test_recorder_rbac_allows_the_finalizer_on_every_kind_it_follows() -> None:
         assert "list" in allowed[(group, res)], res
 
 
+def test_recorder_rbac_reads_and_writes_the_multicluster_secrets() -> None:
+    """The Secrets multicluster names, by their shipped names, in the service's namespace."""
+    from lens_ebpf.cluster import config
+
+    mc = config.load(env={}).multicluster
+    role = next(d for d in recorder_documents() if d["kind"] == "Role"
+                and d["metadata"]["name"] == "lens-ebpf-recorder-secrets")  # fmt: skip
+    sa = next(d for d in recorder_documents() if d["kind"] == "ServiceAccount")
+    assert role["metadata"]["namespace"] == sa["metadata"]["namespace"]
+    by_verb: dict[str, set[str]] = {}
+    for rule in role["rules"]:
+        assert rule["resources"] == ["secrets"]
+        for verb in rule["verbs"]:
+            by_verb.setdefault(verb, set()).update(rule.get("resourceNames") or {"*"})
+    assert by_verb == {"get": {"multi-k8s-config", mc.source_secret, mc.merged_secret},
+                       "update": {mc.merged_secret}, "create": {"*"}}  # fmt: skip
+    deployment = next(d for d in recorder_documents() if d["kind"] == "Deployment")
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.namespace"}}} in env  # fmt: skip
+
+
 def test_the_log_shippers_snippets_point_at_the_recorders_post_route(tmp_path: Path) -> None:
     from lens_ebpf.cluster import config
 
