@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, func, or_, select, tuple_
+from sqlalchemy import Connection, and_, bindparam, func, or_, select, tuple_
 
 from lens_ebpf.api.collector_server import Collector
 from lens_ebpf.api.gen import lens_pb2 as pb
@@ -124,15 +124,18 @@ def _apply_devices(conn: Connection, cluster: str, updates: list[DeviceUpdate]) 
     """apply_devices for one cluster's updates."""
     nd, cl = t.node_devices, t.device_changelog
     whole = {u.node for u in updates if u.inventory}
-    named = sorted({(u.node, r["kind"], r["slot"]) for u in updates if u.node not in whole
+    named = sorted({(cluster, u.node, r["kind"], r["slot"]) for u in updates if u.node not in whole
                     for r in u.records})  # fmt: skip
-    wanted = [c for c in (nd.c.node.in_(sorted(whole)) if whole else None,
-                          tuple_(nd.c.node, nd.c.kind, nd.c.slot).in_(named) if named else None)
+    # both by the unique key's leading columns (cluster, node[, kind, slot])
+    wanted = [c for c in (and_(nd.c.cluster == cluster, nd.c.node.in_(sorted(whole)))
+                          if whole else None,
+                          tuple_(nd.c.cluster, nd.c.node, nd.c.kind, nd.c.slot).in_(named)
+                          if named else None)
               if c is not None]  # fmt: skip
     # (node, kind, slot) -> the row as it stands, with its id (None: inserted by this batch)
     state: dict[tuple[str, str, str], dict[str, Any]] = {
         (r.node, r.kind, r.slot): dict(r._mapping)
-        for r in conn.execute(select(nd).where(nd.c.cluster == cluster, or_(*wanted)))
+        for r in conn.execute(select(nd).where(or_(*wanted)))
     } if wanted else {}  # fmt: skip
     changed: dict[tuple[str, str, str], dict[str, Any]] = {}
     log: list[dict[str, Any]] = []
