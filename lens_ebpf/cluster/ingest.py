@@ -50,8 +50,9 @@ def loopback(host: str) -> bool:
 
 
 class Ingest(Collector):
-    def __init__(self, cfg: IngestConfig, listen_host: str) -> None:
+    def __init__(self, cfg: IngestConfig, listen_host: str, home: str = "local") -> None:
         self.path = cfg.token_file
+        self.home = home  # the cluster whose pods the POST routes read
         self.anonymous = cfg.allow_anonymous or loopback(listen_host)
         self._token = ""
         self._stamp: tuple[float, int] | None = None
@@ -112,7 +113,8 @@ class Ingest(Collector):
 
         def serve(req: Post) -> Answer:
             start = time.perf_counter()
-            got: Answer = self.refused(name, req.headers) or handler(req)
+            got: Answer = self.refused(name, req.headers) or self._elsewhere(name, req) \
+                or handler(req)  # fmt: skip
             took = time.perf_counter() - start
             with self._lock:
                 key = (name, got[0])
@@ -121,6 +123,15 @@ class Ingest(Collector):
             return got
 
         return serve
+
+    def _elsewhere(self, route: str, req: Post) -> Answer | None:
+        """404 for a body of another cluster (?cluster=): the POST routes read the home
+        cluster's pods; another cluster's senders post to a service of their own."""
+        asked = req.query.get("cluster", "")
+        if asked and asked != self.home:
+            return answer(404, f"{route}: this service takes cluster {self.home!r}'s only, "
+                          f"not {asked!r}")  # fmt: skip
+        return None
 
     def describe(self) -> Iterator[Metric]:
         return iter(())

@@ -86,7 +86,7 @@ class RecorderApp:
         self.registry = CollectorRegistry()
         self.registry.register(RecorderMetrics(self))
         host, port = split_listen(r.listen)
-        self.ingest = Ingest(r.ingest, host)
+        self.ingest = Ingest(r.ingest, host, r.cluster_name)
         self.training = Training(r.training, self.writer, self.recorder.gpu_pod,
                                  self.recorder.running_workloads, clock,
                                  r.cluster_name)  # fmt: skip

@@ -192,6 +192,15 @@ def test_clusters_from_the_config_and_a_bad_secret(api: FakeApiServer, api_b: Fa
     _, ready = answer(app, "/readyz")
     assert "'Not_A_Name' is not a cluster name" in ready["clusters_secret_error"]
     assert metric(app, 'lens_recorder_cluster_reloads_total{result="error"}') == 1
+    # the POST routes read the home cluster's pods: another cluster's body is refused, counted
+    base = f"http://127.0.0.1:{app.http.port}"
+    r = requests.post(f"{base}/logs?cluster=b&namespace=ml&pod=p&container=c", data=b"x\n",
+                      timeout=hang_guard(5))  # fmt: skip
+    assert r.status_code == 404 and "cluster 'local''s only, not 'b'" in r.json()["meta"]["message"]
+    assert metric(app, 'lens_recorder_post_requests_total{route="/logs",code="404"}') == 1
+    r = requests.post(f"{base}/logs?cluster=local&namespace=ml&pod=p&container=c", data=b"x\n",
+                      timeout=hang_guard(5))  # fmt: skip
+    assert r.status_code == 200 and r.json()["data"]["not_gpu_pod"] == 1
 
 
 def storage_config(text: str) -> dict[str, str]:
