@@ -39,7 +39,7 @@ from lens_ebpf.cluster.nodes import NodeTracker
 from lens_ebpf.cluster.prom import Prom
 from lens_ebpf.cluster.storage import StorageScan
 from lens_ebpf.cluster.store import Writer
-from lens_ebpf.cluster.tracker import Api, Recorder
+from lens_ebpf.cluster.tracker import Api, Recorder, change_finalizer
 from lens_ebpf.core.exposition import counter
 from lens_ebpf.k8s.reflector import call_raw
 
@@ -69,6 +69,25 @@ def client_from_kubeconfig(text: str) -> Any:
     except Exception as exc:  # bad YAML, no current context, no cluster entry
         raise ValueError(f"kubeconfig: {type(exc).__name__}: {exc}"[:300]) from None
     return client.ApiClient(conf)
+
+
+def read_clusters_secret(home: Api, cfg: Config, namespace: str = "") -> dict[str, str]:
+    """cluster name -> its kubeconfig, from multicluster.secret's keys (a key that is not
+    a cluster name or not base64 is an error naming it)."""
+    name, ns = cfg.multicluster.secret, namespace or cfg.multicluster.namespace or own_namespace()
+    doc = call_raw(home.core.read_namespaced_secret, name, ns,
+                   timeout=cfg.kubernetes.request_timeout_seconds)  # fmt: skip
+    out = {}
+    for key, value in sorted((doc.get("data") or {}).items()):
+        if not re.match(CLUSTER_NAME, key):
+            raise ValueError(f"secret {ns}/{name}: key {key!r} is not a cluster name "
+                             "(a DNS label)")  # fmt: skip
+        try:
+            out[key] = base64.b64decode(str(value), validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            raise ValueError(f"secret {ns}/{name}: key {key!r} is not base64 of a "
+                             "kubeconfig") from None  # fmt: skip
+    return out
 
 
 @dataclass(frozen=True)
@@ -165,6 +184,26 @@ class ClusterWatch:
         for th in self._threads:
             th.join(timeout=3)
 
+    def release(self) -> int:
+        """Take the recorder's finalizer off the workloads it follows here (the cluster is
+        no longer followed: nothing would take it off later); the removals. Call after
+        stop()."""
+        r = self.recorder
+        if r is None:
+            return 0
+        done = 0
+        for w in list(r.workloads.values()):
+            try:
+                if change_finalizer(self.api, w.kind, w.namespace, w.name, w.uid, add=False) \
+                        in ("ok", "unchanged"):  # fmt: skip
+                    r._note_finalizer(w.uid, False)
+                    done += 1
+            except Exception as exc:  # its API gone too: said; uninstall's command is left
+                log.warning("recorder: cluster %s: finalizer of %s %s/%s stays: %s", self.name,
+                            w.kind_name, w.namespace, w.name,
+                            f"{type(exc).__name__}: {exc}"[:200])  # fmt: skip
+        return done
+
     @property
     def up(self) -> bool:
         """Watched, and its pod watch has listed and is connected."""
@@ -191,6 +230,7 @@ class Clusters(Collector):
         self._lock = threading.Lock()
         self.reloads: dict[str, int] = {"ok": 0, "unchanged": 0, "error": 0}
         self.reload_error = ""
+        self.released: dict[str, int] = {}  # cluster -> finalizers taken off when it went
         home = ClusterWatch(self.home_name, Source("home"), shared, home_client)
         self.home = home
         self.watches: dict[str, ClusterWatch] = {self.home_name: home}
@@ -239,22 +279,7 @@ class Clusters(Collector):
             self.reload()
 
     def read_secret(self) -> dict[str, str]:
-        """cluster name -> its kubeconfig, from the Secret's keys (a key that is not a
-        cluster name or not base64 is an error naming it)."""
-        name = self.shared.cfg.multicluster.secret
-        doc = call_raw(self.home.api.core.read_namespaced_secret, name, self.namespace,
-                       timeout=self.shared.cfg.kubernetes.request_timeout_seconds)  # fmt: skip
-        out = {}
-        for key, value in sorted((doc.get("data") or {}).items()):
-            if not re.match(CLUSTER_NAME, key):
-                raise ValueError(f"secret {self.namespace}/{name}: key {key!r} is not a "
-                                 "cluster name (a DNS label)")  # fmt: skip
-            try:
-                out[key] = base64.b64decode(str(value), validate=True).decode()
-            except (binascii.Error, UnicodeDecodeError):
-                raise ValueError(f"secret {self.namespace}/{name}: key {key!r} is not "
-                                 "base64 of a kubeconfig") from None  # fmt: skip
-        return out
+        return read_clusters_secret(self.home.api, self.shared.cfg, self.namespace)
 
     def reload(self) -> bool:
         """Read the Secret and follow what it says now; False when it could not be read
@@ -283,8 +308,13 @@ class Clusters(Collector):
             with self._lock:
                 self.watches.pop(w.name, None)
             w.stop()
-            log.info("recorder: cluster %s: stopped (its kubeconfig %s)", w.name,
-                     "changed" if w.name in wanted else "was removed")  # fmt: skip
+            if w.name in wanted:
+                log.info("recorder: cluster %s: stopped (its kubeconfig changed)", w.name)
+                continue
+            freed = w.release()
+            self.released[w.name] = self.released.get(w.name, 0) + freed
+            log.info("recorder: cluster %s: stopped (its kubeconfig was removed), its "
+                     "finalizer taken off %d workloads", w.name, freed)  # fmt: skip
         for n in sorted(added):
             w = ClusterWatch(n, Source("secret", text=wanted[n]), self.shared)
             w.recover()
@@ -327,6 +357,9 @@ class Clusters(Collector):
         yield up
         yield counter("lens_recorder_cluster_reloads", "Reads of the multi-cluster Secret, "
                       "by result", self.reloads, "result")  # fmt: skip
+        yield counter("lens_recorder_cluster_finalizers_released",
+                      "Finalizers taken off a cluster's workloads as it left the multi-cluster "
+                      "Secret", dict(self.released), "cluster")  # fmt: skip
 
 
 class StorageConfigSync(Collector):

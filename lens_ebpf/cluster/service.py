@@ -394,9 +394,11 @@ def run_report(cfg: Config, since: str, node: str, as_json: bool, cluster: str =
 
 
 def remove_finalizers(cfg: Config, api_client: Any) -> dict[str, int]:
-    """Take the recorder's finalizer off every object that holds it (uninstall): the kinds
-    the database knows and the built-in workload kinds. Returns removals per kind."""
-    api = Api(api_client, cfg.kubernetes.request_timeout_seconds)
+    """Take the recorder's finalizer off every object that holds it (uninstall), in every
+    cluster it follows (the home one, clusters:, the multi-k8s-config Secret's): the kinds
+    the database knows and the built-in workload kinds. Returns removals per kind ("Kind"
+    in the home cluster, "cluster: Kind" in the others); a cluster it cannot reach is
+    said in the log and left."""
     kinds: set[tuple[str, str]] = set(BUILTIN_KINDS)
     try:
         engine = engine_for(cfg.recorder.database_url)
@@ -409,11 +411,39 @@ def remove_finalizers(cfg: Config, api_client: Any) -> dict[str, int]:
         log.warning("recorder: database unreadable (%s); clearing the built-in kinds only",
                     type(exc).__name__)  # fmt: skip
     out: dict[str, int] = {}
-    for api_version, kind_name in sorted(kinds):
-        kind = api.kind(api_version, kind_name)
-        if kind is None:
-            continue
-        out[kind_name] = _strip_kind(api, kind)
+    for cluster, client in _clients(cfg, api_client).items():
+        api = Api(client, cfg.kubernetes.request_timeout_seconds)
+        prefix = "" if cluster == cfg.recorder.cluster_name else f"{cluster}: "
+        try:
+            for api_version, kind_name in sorted(kinds):
+                kind = api.kind(api_version, kind_name)
+                if kind is not None:
+                    out[prefix + kind_name] = _strip_kind(api, kind)
+        except Exception as exc:  # that cluster's API is down: the others still
+            if not prefix:
+                raise
+            log.warning("recorder: cluster %s: %s", cluster, f"{type(exc).__name__}: {exc}"[:300])
+    return out
+
+
+def _clients(cfg: Config, home: Any) -> dict[str, Any]:
+    """Every cluster's API client: the home one first, then those a client can be made for."""
+    from lens_ebpf.cluster.clusters import Source, read_clusters_secret
+
+    sources = {name: Source("config", e.kubeconfig) for name, e in sorted(cfg.clusters.items())}
+    if cfg.multicluster.secret:
+        try:
+            home_api = Api(home, cfg.kubernetes.request_timeout_seconds)
+            for name, text in read_clusters_secret(home_api, cfg).items():
+                sources.setdefault(name, Source("secret", text=text))
+        except Exception as exc:
+            log.warning("recorder: multi-cluster secret: %s", f"{type(exc).__name__}: {exc}"[:300])
+    out = {cfg.recorder.cluster_name: home}
+    for name, src in sources.items():
+        try:
+            out.setdefault(name, src.client())
+        except Exception as exc:
+            log.warning("recorder: cluster %s: %s", name, f"{type(exc).__name__}: {exc}"[:300])
     return out
 
 

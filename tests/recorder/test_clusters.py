@@ -167,6 +167,9 @@ def test_two_clusters_one_service(api: FakeApiServer, api_b: FakeApiServer, reco
     api.put("secrets", secret("multi-k8s-config", {}))
     eventually(lambda: [c["name"] for c in get(app, "/api/clusters")] == ["local"], timeout=15)
     eventually(lambda: api_b.open_watches() == 0, timeout=15)
+    # nothing in b would take its finalizers off later: they went with it
+    eventually(lambda: not has_finalizer(api_b, "bert"), timeout=15)
+    assert metric(app, 'lens_recorder_cluster_finalizers_released_total{cluster="b"}') == 1
     assert [r["cluster"] for r in rows(db_url, "nodes")].count("b") == 2
     status, _ = answer(app, "/api/nodes?cluster=b")
     assert status == 404
@@ -255,3 +258,24 @@ def test_the_storage_config_exporter(api: FakeApiServer, api_b: FakeApiServer,
     _, ready = answer(app, "/readyz")
     assert list(ready["storage_config_sync"]["unreadable"]) == ["b"]
     assert (merged() or {}).get("b") == storage_config("postgres: {host: db-b2}\n")
+
+
+def test_uninstall_takes_the_finalizers_off_in_every_cluster(
+    api: FakeApiServer, api_b: FakeApiServer, recorder_app: Any, tmp_path: Path
+) -> None:
+    from lens_ebpf.cluster import config, service
+    from lens_ebpf.k8s.client import api_client
+
+    bert(api, "gpu-0")
+    bert(api_b, "gpu-1")
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    clusters = {"b": {"kubeconfig": str(api_b.kubeconfig(tmp_path / "b.kubeconfig"))}}
+    app = recorder_app(url, top={("clusters",): clusters})
+    eventually(lambda: has_finalizer(api, "bert") and has_finalizer(api_b, "bert"), timeout=15)
+    app.stop()
+    cfg = config.load(env={}, overrides={("recorder", "database_url"): url,
+                                         ("clusters",): clusters})  # fmt: skip
+    home = api_client("kubeconfig", str(api.kubeconfig(tmp_path / "home.kubeconfig")))
+    got = service.remove_finalizers(cfg, home)
+    assert (got["PyTorchJob"], got["b: PyTorchJob"]) == (1, 1)
+    assert not has_finalizer(api, "bert") and not has_finalizer(api_b, "bert")
