@@ -2,12 +2,14 @@
 layouts, apply_deltas and the RTT histograms into the cache, and a golden exposition."""
 
 import ctypes
+import dataclasses
 import socket
 
 from prometheus_client import CollectorRegistry
 
 from lens_ebpf.agent.bpf import layouts
 from lens_ebpf.agent.enrich import Enrichment
+from lens_ebpf.agent.events import EventBus, FlowClosed
 from lens_ebpf.agent.k8s.index import ClusterIndex
 from lens_ebpf.agent.metrics.cache import CacheCollector, MetricCache
 from lens_ebpf.agent.net import identity
@@ -60,6 +62,17 @@ def test_ring_record_decodes_to_a_typed_event() -> None:
     assert (ev.sent_bytes, ev.received_bytes, ev.retransmits) == (123_457, 7_777, 2)
     assert (ev.cls, ev["class"], ev.reason, ev.comm) == (
         "internalHosts", "internalHosts", "reset_received", "curl")  # fmt: skip
+    # built through its __dict__: the event the constructor makes, field for field
+    made = FlowClosed(ts_ns=5, pid=42, comm="curl", cgroup_id=9, family="ipv4",
+                      laddr="10.0.0.1", lport=40000, raddr="10.0.0.7", rport=443,
+                      direction="egress", cls="internalHosts", sent_bytes=123_457,
+                      received_bytes=7_777, retransmits=2, duration_ns=7,
+                      reason="reset_received")  # fmt: skip
+    assert ev == made and vars(ev) == vars(made) and hash(ev) == hash(made)
+    # the bus numbers a copy (through its __dict__ too): equal to replace's, ev unchanged
+    got = EventBus(10).publish(ev)
+    assert got == dataclasses.replace(ev, seq=1, ts_unix_nano=got.ts_unix_nano)
+    assert (got.seq, ev.seq) == (1, 0) and got.ts_unix_nano > 0 and type(got) is FlowClosed
     # enrichment: the index names both ends; standalone leaves the event as it was
     idx = ClusterIndex()
     idx.replace_pods([pod("db-0", "10.0.0.7", "data", owner=("StatefulSet", "db")),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import socket
 import time
@@ -87,11 +88,22 @@ def sock_info_event(si: Any, keyed: bool) -> FlowClosed:
                   retrans=si.retrans, reason=reason)  # fmt: skip
 
 
+# FlowClosed's defaults (kind flow_closed, no identity yet), for _event
+_FLOW_DEFAULTS = {f.name: f.default for f in dataclasses.fields(FlowClosed)
+                  if f.default is not dataclasses.MISSING}  # fmt: skip
+
+
 def _event(*, ts: int, duration: int, pid: int, comm: bytes, cgroup_id: int, family: int,
            laddr: bytes, raddr: bytes, lport: int, rport: int, direction: int, cls: int,
            sent: int, recv: int, retrans: int, reason: str) -> FlowClosed:  # fmt: skip
-    """A closed flow from the programs' raw values (a ring record's, or a sock_info's)."""
-    return FlowClosed(
+    """A closed flow from the programs' raw values (a ring record's, or a sock_info's).
+
+    Built through its __dict__ (0.5 us) where the frozen dataclass's __init__ sets each of
+    its 26 fields through object.__setattr__ (2.0 us): this runs once per ring record. The
+    values are every field's, as the constructor would have them (tests compare both)."""
+    ev = object.__new__(FlowClosed)
+    ev.__dict__.update(_FLOW_DEFAULTS)
+    ev.__dict__.update(
         ts_ns=ts,
         pid=pid,
         comm=c_text(comm),
@@ -109,3 +121,4 @@ def _event(*, ts: int, duration: int, pid: int, comm: bytes, cgroup_id: int, fam
         duration_ns=duration,
         reason=reason,
     )
+    return ev
