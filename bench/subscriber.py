@@ -1,7 +1,8 @@
 """A Subscribe client for the bench: counts the events it receives until SIGTERM, then
-prints `events=N flows=M` (flows: flow_closed events to the given remote address).
+prints `events=N flows=M` (flows: flow_closed events to the given remote address);
+--batch: through SubscribeBatch (several events to a message).
 
-    python -m bench.subscriber HOST:PORT RADDR [KIND...]
+    python -m bench.subscriber [--batch] HOST:PORT RADDR [KIND...]
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from lens_ebpf.api.gen import lens_pb2 as pb
 from lens_ebpf.api.gen import lens_pb2_grpc
 
 
-def main(addr: str, raddr: str, kinds: list[str]) -> int:
+def main(addr: str, raddr: str, kinds: list[str], batch: bool = False) -> int:
     stub = lens_pb2_grpc.EventServiceStub(grpc.insecure_channel(addr))
-    stream = stub.Subscribe(pb.SubscribeRequest(kinds=kinds))
+    req = pb.SubscribeRequest(kinds=kinds)
+    stream = stub.SubscribeBatch(req) if batch else stub.Subscribe(req)
     done = threading.Event()
 
     def stop(*_: object) -> None:
@@ -29,10 +31,11 @@ def main(addr: str, raddr: str, kinds: list[str]) -> int:
     events = flows = 0
     print("subscribed", flush=True)
     try:
-        for ev in stream:
-            events += 1
-            if ev.WhichOneof("payload") == "flow_closed" and ev.flow_closed.raddr == raddr:
-                flows += 1
+        for msg in stream:
+            for ev in msg.events if batch else (msg,):
+                events += 1
+                if ev.WhichOneof("payload") == "flow_closed" and ev.flow_closed.raddr == raddr:
+                    flows += 1
     except grpc.RpcError:
         if not done.is_set():
             raise
@@ -41,4 +44,7 @@ def main(addr: str, raddr: str, kinds: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2], sys.argv[3:]))
+    args = sys.argv[1:]
+    batched = "--batch" in args
+    args = [a for a in args if a != "--batch"]
+    sys.exit(main(args[0], args[1], args[2:], batched))

@@ -302,11 +302,24 @@ class Subscription:
                 self._cond.wait(timeout)
             return self._queue.popleft() if self._queue else None
 
+    def drain(self, most: int) -> list[Event]:
+        """Up to most events held now, oldest first (no wait)."""
+        with self._cond:
+            q = self._queue
+            if len(q) <= most:
+                out = list(q)
+                q.clear()
+                return out
+            return [q.popleft() for _ in range(most)]
+
     def __len__(self) -> int:
         return len(self._queue)
 
 
 E = TypeVar("E", bound="Event")
+# where an event keeps its wire encoding once made (api/convert.wire): not a field, so it
+# takes no part in equality, hashing or the event's repr
+WIRE = "_wire"
 
 
 def numbered(event: E, seq: int, ts_unix_nano: int) -> E:
@@ -316,6 +329,7 @@ def numbered(event: E, seq: int, ts_unix_nano: int) -> E:
     copy = object.__new__(type(event))
     fields = copy.__dict__
     fields.update(event.__dict__)
+    fields.pop(WIRE, None)  # the encoding of the event it was copied from
     fields["seq"], fields["ts_unix_nano"] = seq, ts_unix_nano
     return copy
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lens_ebpf.agent.events import KINDS, WIRE_ATTRS, Event, EventFilter
+from lens_ebpf.agent.events import KINDS, WIRE, WIRE_ATTRS, Event, EventFilter
 from lens_ebpf.api.gen import lens_pb2 as pb
 
 _ONEOF = pb.Event.DESCRIPTOR.oneofs_by_name["payload"]
@@ -58,6 +58,30 @@ def message(cls: Any, ev: Event) -> Any:
 def to_pb(ev: Event, node_name: str, node_ip: str) -> pb.Event:
     return pb.Event(seq=ev.seq, ts_unix_nano=ev.ts_unix_nano, node_name=node_name,
                     node_ip=node_ip, **{ev.kind: message(PAYLOADS[ev.kind], ev)})  # fmt: skip
+
+
+def wire(ev: Event, node_name: str, node_ip: str) -> bytes:
+    """The event as a serialized pb.Event, made once and kept on the event: every
+    subscriber's stream (and batch) sends the same bytes."""
+    got = ev.__dict__.get(WIRE)
+    if got is None:
+        got = ev.__dict__[WIRE] = to_pb(ev, node_name, node_ip).SerializeToString()
+    return got
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def batch_wire(events: list[bytes]) -> bytes:
+    """A serialized pb.EventBatch of serialized events (field 1, length-delimited, each:
+    what EventBatch(events=[...]).SerializeToString() writes, without parsing them again)."""
+    return b"".join(b"\n" + _varint(len(e)) + e for e in events)
 
 
 def validate(req: pb.SubscribeRequest) -> str | None:

@@ -19,12 +19,15 @@ from prometheus_client.registry import Collector
 
 from lens_ebpf import __version__
 from lens_ebpf.agent.api import convert
-from lens_ebpf.agent.events import EventBus, Gap
+from lens_ebpf.agent.events import Event, EventBus, Gap
 from lens_ebpf.api.gen import lens_pb2 as pb
 from lens_ebpf.api.gen import lens_pb2_grpc
 from lens_ebpf.core.loop import EventLoopThread
 
 log = logging.getLogger(__name__)
+# SubscribeBatch: what one message holds at most (as the reporter's ReportBatch)
+BATCH_EVENTS = 500
+BATCH_BYTES = 1 << 20
 
 
 def port_free(listen: str) -> None:
@@ -77,6 +80,30 @@ class EventService(lens_pb2_grpc.EventServiceServicer):
     async def Subscribe(  # noqa: N802
         self, request: pb.SubscribeRequest, context: Any
     ) -> AsyncIterator[pb.Event]:
+        async for events in self._stream(request, context, 1):
+            for ev in events:
+                yield convert.to_pb(ev, *self.node)
+
+    async def subscribe_batch_raw(self, raw: bytes, context: Any) -> AsyncIterator[bytes]:
+        """SubscribeBatch: serialized EventBatch messages of events serialized once."""
+        request = await decode_request(pb.SubscribeRequest, raw, context)
+        async for events in self._stream(request, context, BATCH_EVENTS):
+            out: list[bytes] = []
+            size = 0
+            for ev in events:
+                data = convert.wire(ev, *self.node)
+                out.append(data)
+                size += len(data)
+                if size >= BATCH_BYTES:
+                    yield convert.batch_wire(out)
+                    out, size = [], 0
+            if out:
+                yield convert.batch_wire(out)
+
+    async def _stream(self, request: pb.SubscribeRequest, context: Any,
+                      most: int) -> AsyncIterator[list[Event]]:  # fmt: skip
+        """A subscriber's events in order, up to most at a time (gaps where its queue
+        overflowed or the history no longer held what it asked for)."""
         problem = convert.validate(request)
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
@@ -98,30 +125,32 @@ class EventService(lens_pb2_grpc.EventServiceServicer):
             if request.from_seq:
                 held, gone = self.bus.since(request.from_seq)
                 if gone:  # numbered as the last event it stands for
-                    yield self._gap(gone, "history", request.from_seq + gone - 1)
-                for ev in held:
-                    if accept(ev):
-                        yield convert.to_pb(ev, *self.node)
-                    last = ev.seq
+                    yield [self._gap(gone, "history", request.from_seq + gone - 1)]
+                replay = [ev for ev in held if accept(ev)]
+                for i in range(0, len(replay), most):
+                    yield replay[i : i + most]
+                last = held[-1].seq if held else 0
             seen_drops = 0
             while True:
                 wake.clear()
-                live = sub.get(timeout=0)
+                live = sub.drain(most)
                 if sub.dropped > seen_drops:  # this subscriber was too slow
-                    yield self._gap(sub.dropped - seen_drops, "slow_subscriber",
-                                    sub.last_dropped_seq)  # fmt: skip
+                    yield [self._gap(sub.dropped - seen_drops, "slow_subscriber",
+                                     sub.last_dropped_seq)]  # fmt: skip
                     seen_drops = sub.dropped
-                if live is None:
+                live = [ev for ev in live if ev.seq > last]
+                if not live:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(wake.wait(), 1.0)
-                elif live.seq > last:
-                    yield convert.to_pb(live, *self.node)
+                    continue
+                yield live
         finally:
             self.active -= 1
             self.bus.unsubscribe(sub)
 
-    def _gap(self, lost: int, reason: str, seq: int) -> pb.Event:
-        return convert.to_pb(Gap(lost=lost, reason=reason, seq=seq), *self.node)
+    @staticmethod
+    def _gap(lost: int, reason: str, seq: int) -> Gap:
+        return Gap(lost=lost, reason=reason, seq=seq)
 
 
 class NodeService(lens_pb2_grpc.NodeServiceServicer):
@@ -169,6 +198,9 @@ class GrpcServer:
                 "Subscribe": grpc.unary_stream_rpc_method_handler(
                     self.events.subscribe_raw,
                     response_serializer=pb.Event.SerializeToString),
+                "SubscribeBatch": grpc.unary_stream_rpc_method_handler(
+                    self.events.subscribe_batch_raw,
+                    response_serializer=bytes),  # serialized already
             }),
             grpc.method_handlers_generic_handler("lens.v1.NodeService", {
                 "GetNode": grpc.unary_unary_rpc_method_handler(
