@@ -1,6 +1,7 @@
 /* conngen: loopback TCP connection load with its own listener.
- *   conngen ADDR SECONDS CLIENTS [PAYLOAD] [SRC]
- * Client threads connect, send PAYLOAD bytes, read them back and close, for SECONDS.
+ *   conngen ADDR SECONDS CLIENTS [PAYLOAD] [SRC|-] [RATE]
+ * Client threads connect, send PAYLOAD bytes, read them back and close, for SECONDS;
+ * with RATE, at most RATE connections per second in all (paced per client).
  * Prints: connections=N seconds=S rate=R port=P */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -17,6 +18,7 @@
 static int listener;
 static struct sockaddr_in dst, src;
 static int payload = 64, use_src;
+static double interval; /* seconds between one client's connections; 0: no pacing */
 static atomic_long done;
 static atomic_int stop;
 
@@ -50,7 +52,14 @@ static void *client(void *arg)
     int one = 1;
     (void)arg;
     memset(buf, 'x', sizeof buf);
+    double next = now();
     while (!atomic_load(&stop)) {
+        if (interval > 0) {
+            double wait = next - now();
+            if (wait > 0)
+                usleep((useconds_t)(wait * 1e6));
+            next += interval;
+        }
         int s = socket(AF_INET, SOCK_STREAM, 0);
         if (use_src) {
             setsockopt(s, IPPROTO_IP, 24 /* IP_BIND_ADDRESS_NO_PORT */, &one, sizeof one);
@@ -72,7 +81,7 @@ static void *client(void *arg)
 int main(int argc, char **argv)
 {
     if (argc < 4) {
-        fprintf(stderr, "usage: conngen ADDR SECONDS CLIENTS [PAYLOAD] [SRC]\n");
+        fprintf(stderr, "usage: conngen ADDR SECONDS CLIENTS [PAYLOAD] [SRC|-] [RATE]\n");
         return 2;
     }
     double seconds = atof(argv[2]);
@@ -81,7 +90,9 @@ int main(int argc, char **argv)
         payload = atoi(argv[4]);
     dst.sin_family = AF_INET;
     inet_pton(AF_INET, argv[1], &dst.sin_addr);
-    if (argc > 5) {
+    if (argc > 6 && atof(argv[6]) > 0)
+        interval = clients / atof(argv[6]);
+    if (argc > 5 && strcmp(argv[5], "-") != 0) {
         src.sin_family = AF_INET;
         inet_pton(AF_INET, argv[5], &src.sin_addr);
         use_src = 1;
