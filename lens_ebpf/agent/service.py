@@ -24,6 +24,7 @@ from lens_ebpf.agent.config import Config, policy_path
 from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.events import EventBus, EventBusCollector
 from lens_ebpf.agent.feature import ERROR, OFF, Context, Feature, FeatureCollector, feature_classes
+from lens_ebpf.agent.memory import release_compiler_memory
 from lens_ebpf.agent.metrics.cache import CacheCollector, MetricCache
 from lens_ebpf.agent.net.policy import PolicyError
 from lens_ebpf.agent.net.policy_watch import PolicyCollector, PolicyWatcher
@@ -122,6 +123,10 @@ class Agent:
             for fc in f.collectors():
                 self.registry.register(fc)
         ctx.devices.start()
+        # the programs are compiled and loaded: the compiler's pages go back (memory.py)
+        freed = release_compiler_memory()
+        if freed:
+            log.info("gave back %.0f MB of the BPF compiler's pages", freed / 2**20)
         self.events.start(self.registry)
         self._spawn("reader", self._read_loop)
         interval = self.cfg.policy.watch_interval_seconds
