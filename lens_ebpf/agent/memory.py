@@ -79,6 +79,12 @@ def release_compiler_memory(smaps_path: Path = Path("/proc/self/smaps")) -> int:
             freed += rss
         else:
             log.debug("madvise %x-%x: errno %d", start, end, ctypes.get_errno())
-    with contextlib.suppress(AttributeError):  # not glibc: no malloc_trim
-        libc.malloc_trim(0)
+    trim_heap()
     return freed
+
+
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's malloc_trim): Python's
+    allocator and LLVM keep them after many objects are freed."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
+        ctypes.CDLL(None).malloc_trim(0)

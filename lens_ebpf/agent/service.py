@@ -4,8 +4,6 @@ What a feature does lives in its own module (lens_ebpf/feature.py)."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import signal
 import threading
@@ -24,7 +22,7 @@ from lens_ebpf.agent.config import Config, policy_path
 from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.events import EventBus, EventBusCollector
 from lens_ebpf.agent.feature import ERROR, OFF, Context, Feature, FeatureCollector, feature_classes
-from lens_ebpf.agent.memory import release_compiler_memory
+from lens_ebpf.agent.memory import release_compiler_memory, trim_heap
 from lens_ebpf.agent.metrics.cache import CacheCollector, MetricCache
 from lens_ebpf.agent.net.policy import PolicyError
 from lens_ebpf.agent.net.policy_watch import PolicyCollector, PolicyWatcher
@@ -40,13 +38,6 @@ class StartupError(Exception):
 
 
 RELEASE_AFTER_SERIES = 10_000
-
-
-def release_memory() -> None:
-    """Give the C heap's free pages back to the system (glibc's malloc_trim), as
-    Python's allocator keeps them after many objects are freed."""
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
-        ctypes.CDLL(None).malloc_trim(0)
 
 
 class Agent:
@@ -150,7 +141,7 @@ class Agent:
             # freed heap goes back to the system
             released += self.ctx.cache.expire()
             if released >= RELEASE_AFTER_SERIES:
-                release_memory()
+                trim_heap()
                 released = 0
             self.heartbeat = time.monotonic()
             self.stop_event.wait(self.cfg.bpf.read_interval_seconds)
