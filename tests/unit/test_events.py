@@ -184,3 +184,18 @@ def test_owner_fields_names_every_owner_field() -> None:
     own = {f.name for f in dataclasses.fields(Owner)} - {f.name for f in dataclasses.fields(Event)}
     assert set(OwnerFields.__annotations__) == own
     assert owner_fields({"pod": "p", "other": "x"}) == {**dict.fromkeys(own, ""), "pod": "p"}
+
+
+def test_zero_fields_left_out_make_the_same_bytes() -> None:
+    """message() passes only the fields that are not at their zero value: the bytes are
+    those of the message with every field set."""
+    for ev in (dataclasses.replace(FLOW, seq=3, ts_unix_nano=5, retransmits=0, pod=""),
+               dataclasses.replace(EXEC, seq=4, ts_unix_nano=6)):  # fmt: skip
+        cls = convert.PAYLOADS[ev.kind]
+        fields, identity = convert._PLANS[cls]
+        full = {name: getattr(ev, attr) for name, attr in fields}
+        if identity:
+            full["identity"] = pb.Identity(**{n: getattr(ev, a) for n, a in convert._IDENTITY})
+        every = pb.Event(seq=ev.seq, ts_unix_nano=ev.ts_unix_nano, node_name="n",
+                         node_ip="", **{ev.kind: cls(**full)})  # fmt: skip
+        assert convert.to_pb(ev, "n", "").SerializeToString() == every.SerializeToString()
