@@ -21,7 +21,6 @@ from prometheus_client.registry import Collector
 from lens_ebpf.agent.api import convert
 from lens_ebpf.agent.events import Event, EventBus, Gap
 from lens_ebpf.api.gen import lens_pb2 as pb
-from lens_ebpf.api.gen import lens_pb2_grpc
 from lens_ebpf.core.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -101,9 +100,10 @@ class Reporter:
                 self._cond.notify_all()
 
     def _requests(self, ready: threading.Event, done: threading.Event,
-                  ) -> Iterator[list[pb.Event]]:  # fmt: skip
-        """The events to send, in order, each once after what the collector holds: what
-        is ready at once in one list, up to BATCH_EVENTS events and BATCH_BYTES bytes."""
+                  ) -> Iterator[list[bytes]]:  # fmt: skip
+        """The events to send, serialized (convert.wire: the bytes the event's subscribers
+        send too, made once), in order, each once after what the collector holds: what is
+        ready at once in one list, up to BATCH_EVENTS events and BATCH_BYTES bytes."""
         deadline = time.monotonic() + 30
         while not ready.wait(timeout=0.2):  # the collector's first Ack: where to resume
             if done.is_set() or self._stop.is_set() or time.monotonic() > deadline:
@@ -124,12 +124,12 @@ class Reporter:
                 else:
                     self._cond.wait(timeout=0.5)
                     continue
-            chunk: list[pb.Event] = []
+            chunk: list[bytes] = []
             size = 0
             for ev in batch:
-                msg = convert.to_pb(ev, *self.node)
+                msg = convert.wire(ev, *self.node)
                 chunk.append(msg)
-                size += msg.ByteSize()
+                size += len(msg)
                 if len(chunk) >= BATCH_EVENTS or size >= BATCH_BYTES:
                     self.sent += len(chunk)
                     yield chunk
@@ -145,13 +145,18 @@ class Reporter:
             try:
                 channel = (grpc.secure_channel(self.target, self.credentials)
                            if self.credentials else grpc.insecure_channel(self.target))  # fmt: skip
-                stub = lens_pb2_grpc.CollectorServiceStub(channel)
                 meta = (("lens-node", self.node[0]), ("lens-node-ip", self.node[1]),
                         *((("lens-cluster", self.cluster),) if self.cluster else ()))  # fmt: skip
                 chunks = self._requests(ready, done)
-                acks = stub.ReportBatch((pb.EventBatch(events=c) for c in chunks),
-                                        metadata=meta) if self.batched else \
-                    stub.Report((ev for c in chunks for ev in c), metadata=meta)  # fmt: skip
+                # the requests go as the bytes _requests made (an EventBatch framed from
+                # them, or each event's): nothing is serialized twice
+                method = "ReportBatch" if self.batched else "Report"
+                call = channel.stream_stream(f"/lens.v1.CollectorService/{method}",
+                                             request_serializer=bytes,
+                                             response_deserializer=pb.Ack.FromString)  # fmt: skip
+                acks = call((convert.batch_wire(c) for c in chunks), metadata=meta) \
+                    if self.batched else call((ev for c in chunks for ev in c),
+                                              metadata=meta)  # fmt: skip
                 for ack in acks:
                     with self._cond:
                         self.acked = ack.seq if not ready.is_set() else max(self.acked, ack.seq)
