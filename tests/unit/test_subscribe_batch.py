@@ -12,7 +12,8 @@ import grpc
 import pytest
 
 from lens_ebpf.agent.api import convert
-from lens_ebpf.agent.api.grpc_server import BATCH_EVENTS, GrpcServer
+from lens_ebpf.agent.api.convert import BATCH_EVENTS
+from lens_ebpf.agent.api.grpc_server import GrpcServer
 from lens_ebpf.agent.events import EventBus
 from lens_ebpf.api.gen import lens_pb2 as pb
 from lens_ebpf.api.gen import lens_pb2_grpc

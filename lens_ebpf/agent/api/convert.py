@@ -7,6 +7,7 @@ conversion test rather than going out empty (tests/unit/test_events.py).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from lens_ebpf.agent.events import KINDS, WIRE, WIRE_ATTRS, Event, EventFilter
@@ -79,6 +80,29 @@ def _varint(n: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+# what one EventBatch holds at most (SubscribeBatch, the reporter's ReportBatch): gRPC's
+# default limit on a received message is 4 MiB
+BATCH_EVENTS = 500
+BATCH_BYTES = 1 << 20
+
+
+def wire_chunks(events: Iterable[Event], node_name: str, node_ip: str
+                ) -> Iterator[list[bytes]]:  # fmt: skip
+    """The events' encodings (wire), in order, in lists of at most BATCH_EVENTS events
+    and about BATCH_BYTES bytes (a list ends at the event that reaches it)."""
+    chunk: list[bytes] = []
+    size = 0
+    for ev in events:
+        data = wire(ev, node_name, node_ip)
+        chunk.append(data)
+        size += len(data)
+        if len(chunk) >= BATCH_EVENTS or size >= BATCH_BYTES:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
 
 
 def batch_wire(events: list[bytes]) -> bytes:

@@ -25,12 +25,10 @@ from lens_ebpf.api.gen import lens_pb2_grpc
 from lens_ebpf.core.loop import EventLoopThread
 
 log = logging.getLogger(__name__)
-# SubscribeBatch: what one message holds at most (as the reporter's ReportBatch)
-BATCH_EVENTS = 500
-BATCH_BYTES = 1 << 20
-# after a batch short of BATCH_EVENTS the stream lets the queue fill this long: at a steady
-# 40,000 events/s a message per event, or per few, cost more than the events (every one a
-# write and a wake-up of the loop); a batch waits at most this much longer
+# SubscribeBatch: after a batch short of convert.BATCH_EVENTS the stream lets the queue
+# fill this long: at a steady 40,000 events/s a message per event, or per few, cost more
+# than the events (every one a write and a wake-up of the loop); a batch waits at most
+# this much longer
 BATCH_LINGER_SECONDS = 0.01
 
 
@@ -91,18 +89,9 @@ class EventService(lens_pb2_grpc.EventServiceServicer):
     async def subscribe_batch_raw(self, raw: bytes, context: Any) -> AsyncIterator[bytes]:
         """SubscribeBatch: serialized EventBatch messages of events serialized once."""
         request = await decode_request(pb.SubscribeRequest, raw, context)
-        async for events in self._stream(request, context, BATCH_EVENTS):
-            out: list[bytes] = []
-            size = 0
-            for ev in events:
-                data = convert.wire(ev, *self.node)
-                out.append(data)
-                size += len(data)
-                if size >= BATCH_BYTES:
-                    yield convert.batch_wire(out)
-                    out, size = [], 0
-            if out:
-                yield convert.batch_wire(out)
+        async for events in self._stream(request, context, convert.BATCH_EVENTS):
+            for chunk in convert.wire_chunks(events, *self.node):
+                yield convert.batch_wire(chunk)
 
     async def _stream(self, request: pb.SubscribeRequest, context: Any,
                       most: int) -> AsyncIterator[list[Event]]:  # fmt: skip

@@ -25,11 +25,6 @@ from lens_ebpf.core.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
-# one ReportBatch message holds at most this many events and about this many bytes
-# (gRPC's default limit on a received message is 4 MiB)
-BATCH_EVENTS = 500
-BATCH_BYTES = 1 << 20
-
 
 class Reporter:
     def __init__(self, target: str, bus: EventBus, node: tuple[str, str], buffer: int,
@@ -103,7 +98,7 @@ class Reporter:
                   ) -> Iterator[list[bytes]]:  # fmt: skip
         """The events to send, serialized (convert.wire: the bytes the event's subscribers
         send too, made once), in order, each once after what the collector holds: what is
-        ready at once in one list, up to BATCH_EVENTS events and BATCH_BYTES bytes."""
+        ready at once in lists of convert.wire_chunks' bounds."""
         deadline = time.monotonic() + 30
         while not ready.wait(timeout=0.2):  # the collector's first Ack: where to resume
             if done.is_set() or self._stop.is_set() or time.monotonic() > deadline:
@@ -124,17 +119,7 @@ class Reporter:
                 else:
                     self._cond.wait(timeout=0.5)
                     continue
-            chunk: list[bytes] = []
-            size = 0
-            for ev in batch:
-                msg = convert.wire(ev, *self.node)
-                chunk.append(msg)
-                size += len(msg)
-                if len(chunk) >= BATCH_EVENTS or size >= BATCH_BYTES:
-                    self.sent += len(chunk)
-                    yield chunk
-                    chunk, size = [], 0
-            if chunk:
+            for chunk in convert.wire_chunks(batch, *self.node):
                 self.sent += len(chunk)
                 yield chunk
 
