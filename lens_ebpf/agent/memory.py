@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
+import functools
 import logging
 import re
 from pathlib import Path
@@ -25,15 +25,14 @@ MADV_DONTNEED = 4
 COMPILER = re.compile(r"/lib(LLVM|clang-cpp|clang)[-.][^/]*\.so[^/]*$")
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if not name:
-        return None
+    """The C library the process runs with (its madvise and malloc_trim), opened once."""
     try:
-        libc = ctypes.CDLL(name, use_errno=True)
-    except OSError:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    except (OSError, AttributeError):
         return None
-    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     return libc
 
 
@@ -86,5 +85,7 @@ def release_compiler_memory(smaps_path: Path = Path("/proc/self/smaps")) -> int:
 def trim_heap() -> None:
     """Give the C heap's free pages back to the system (glibc's malloc_trim): Python's
     allocator and LLVM keep them after many objects are freed."""
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
-        ctypes.CDLL(None).malloc_trim(0)
+    libc = _libc()
+    with contextlib.suppress(AttributeError):  # not glibc: nothing to do
+        if libc is not None:
+            libc.malloc_trim(0)

@@ -41,10 +41,11 @@ from lens_ebpf.cluster.storage import StorageScan
 from lens_ebpf.cluster.store import Writer
 from lens_ebpf.cluster.tracker import Api, Recorder, change_finalizer
 from lens_ebpf.core.exposition import counter
+from lens_ebpf.k8s.client import SA_DIR
 from lens_ebpf.k8s.reflector import call_raw
 
 log = logging.getLogger(__name__)
-SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+SA_NAMESPACE = SA_DIR / "namespace"
 
 
 def own_namespace(sa_file: Path = SA_NAMESPACE) -> str:
@@ -138,13 +139,10 @@ class ClusterWatch:
         self.prom = Prom(url, p.timeout_seconds, p.max_points) if url else shared.prom
         try:
             self.client = client if client is not None else source.client()
-        except (ValueError, OSError) as exc:
-            self.error = str(exc)[:300]
-            self.client = None
-            log.warning("recorder: cluster %s: %s", name, self.error)
-            return
-        except Exception as exc:  # NotConfigured (in-cluster without a service account)
-            self.error = f"{type(exc).__name__}: {exc}"[:300]
+        except Exception as exc:  # a broken kubeconfig; NotConfigured (no service account)
+            # ValueError and OSError say what they are themselves
+            said = isinstance(exc, ValueError | OSError)
+            self.error = (str(exc) if said else f"{type(exc).__name__}: {exc}")[:300]
             self.client = None
             log.warning("recorder: cluster %s: %s", name, self.error)
             return
