@@ -585,20 +585,6 @@ def integer(query: dict[str, str], name: str, default: int | None = None) -> int
 Table = list[tuple[re.Pattern[str], Callable[..., Any]]]
 
 
-def single(name: str = "local", metrics: prom.Prom | None = None,
-           storage: Callable[[], dict[str, float]] | None = None,
-           ) -> Callable[[str | None], Scope]:  # fmt: skip
-    """scopes for a service that knows one cluster (tests, tools)."""
-    only = Scope(name, metrics or prom.Prom("", 10, 11_000), storage)
-
-    def scope(asked: str | None) -> Scope:
-        if asked and asked != name:
-            raise ApiError(404, 4004, f"no cluster {asked!r}; known: {name}")
-        return only
-
-    return scope
-
-
 def routes(read: Callable[[Callable[[Connection], Any]], Any],
            scopes: Callable[[str | None], Scope],
            clock: Callable[[], datetime] = lambda: datetime.now(UTC),

@@ -200,7 +200,7 @@ def last_seqs(conn: Connection) -> dict[str, int]:
     ne = t.node_events
     rows = conn.execute(select(ne.c.cluster, ne.c.node, func.max(ne.c.seq))
                         .group_by(ne.c.cluster, ne.c.node))  # fmt: skip
-    return {f"{c}/{node}": int(str(seq)) for c, node, seq in rows if seq is not None}
+    return {source(str(c), str(node)): int(str(seq)) for c, node, seq in rows if seq is not None}
 
 
 def source(cluster: str, node: str) -> str:
