@@ -39,7 +39,7 @@ from lens_ebpf.cluster.nodes import NodeTracker
 from lens_ebpf.cluster.prom import Prom
 from lens_ebpf.cluster.storage import StorageScan
 from lens_ebpf.cluster.store import Writer
-from lens_ebpf.cluster.tracker import Api, Recorder, change_finalizer
+from lens_ebpf.cluster.tracker import Api, Recorder
 from lens_ebpf.core.exposition import counter
 from lens_ebpf.k8s.client import SA_DIR
 from lens_ebpf.k8s.reflector import call_raw
@@ -186,21 +186,7 @@ class ClusterWatch:
         """Take the recorder's finalizer off the workloads it follows here (the cluster is
         no longer followed: nothing would take it off later); the removals. Call after
         stop()."""
-        r = self.recorder
-        if r is None:
-            return 0
-        done = 0
-        for w in list(r.workloads.values()):
-            try:
-                if change_finalizer(self.api, w.kind, w.namespace, w.name, w.uid, add=False) \
-                        in ("ok", "unchanged"):  # fmt: skip
-                    r._note_finalizer(w.uid, False)
-                    done += 1
-            except Exception as exc:  # its API gone too: said; uninstall's command is left
-                log.warning("recorder: cluster %s: finalizer of %s %s/%s stays: %s", self.name,
-                            w.kind_name, w.namespace, w.name,
-                            f"{type(exc).__name__}: {exc}"[:200])  # fmt: skip
-        return done
+        return self.recorder.release_finalizers() if self.recorder is not None else 0
 
     @property
     def up(self) -> bool:

@@ -658,6 +658,22 @@ class Recorder:
 
         self.writer.submit(Op("gpu_workloads", write))
 
+    def release_finalizers(self) -> int:
+        """Take the finalizer off every workload followed, now (its cluster is no longer
+        followed: nothing would take it off later); the removals. After stop()."""
+        done = 0
+        for w in list(self.workloads.values()):
+            try:
+                if self._finalize("remove", w.uid, w.kind, w.namespace, w.name) \
+                        in ("ok", "unchanged"):  # fmt: skip
+                    self._note_finalizer(w.uid, False)
+                    done += 1
+            except Exception as exc:  # its API gone too: said; uninstall's command is left
+                log.warning("recorder (%s): finalizer of %s %s/%s stays: %s", self.cluster,
+                            w.kind_name, w.namespace, w.name,
+                            f"{type(exc).__name__}: {exc}"[:200])  # fmt: skip
+        return done
+
     def _finalize(self, action: str, uid: str, kind: Kind, namespace: str, name: str) -> str:
         return change_finalizer(self.api, kind, namespace, name, uid, action == "add",
                                 partial(self._may_add, uid))  # fmt: skip
