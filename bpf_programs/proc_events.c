@@ -32,6 +32,8 @@
 #define PF_EXIT_CALLED 1
 #define PF_SIGNALED 2
 #define PF_OOM_VICTIM 4
+/* A record flag, not a process's: its cgroup is not in known_cgroups. */
+#define REC_NEW_CGROUP 8
 
 /* Index of the pstats array; mirrored in lens_ebpf/containers/proc_events.py. */
 #define PS_RINGBUF_FULL 0
@@ -51,6 +53,15 @@ struct proc_state {
 BPF_TABLE("lru_hash", u32, struct proc_state, procs, MAX_PROCS);
 BPF_RINGBUF_OUTPUT(proc_events, RINGBUF_PAGES);
 BPF_PERCPU_ARRAY(pstats, u64, PS_COUNT);
+/* Cgroups user space has named for good, container and pod (it adds them when a record
+ * flagged REC_NEW_CGROUP resolves; lens_ebpf/agent/processes/proc_events.py). Their
+ * records wake the reader once per WAKEUP_EVERY on a CPU, or at its poll timer: a wake-up
+ * costs the traced process ~20 us where the kernel sends an interrupt for it. A record of
+ * any other cgroup wakes it at once, while that cgroup and its container still exist to
+ * be looked up. */
+#define KNOWN_CGROUPS 4096
+#define WAKEUP_EVERY 64
+BPF_TABLE("lru_hash", u64, u8, known_cgroups, KNOWN_CGROUPS);
 /* Never written: declares the record type so Python can check its size. */
 BPF_ARRAY(layout_proc_event, struct proc_event, 1);
 BPF_ARRAY(trace_filter, struct lens_trace_filter, 1);
@@ -104,8 +115,16 @@ static __always_inline struct proc_event *reserve(u32 kind, u32 pid, u32 ppid)
 
 static __always_inline void submit(struct proc_event *e)
 {
-    proc_events.ringbuf_submit(e, 0);
-    pstat_add(PS_EVENTS);
+    u32 idx = PS_EVENTS;
+    u64 *n = pstats.lookup(&idx);
+    u64 seq = n ? ++*n : 0;
+    u64 cgroup = e->cgroup_id;
+    u64 wake = seq % WAKEUP_EVERY ? BPF_RB_NO_WAKEUP : BPF_RB_FORCE_WAKEUP;
+    if (!known_cgroups.lookup(&cgroup)) {
+        e->flags |= REC_NEW_CGROUP;
+        wake = BPF_RB_FORCE_WAKEUP;
+    }
+    proc_events.ringbuf_submit(e, wake);
 }
 
 TRACEPOINT_PROBE(sched, sched_process_fork)

@@ -11,11 +11,15 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from lens_ebpf.agent.containers.cgroups import CgroupIndex, CgroupRef, cgroup_path, parse_cgroup
+from lens_ebpf.agent.containers.cgroups import CgroupIndex, cgroup_path, parse_cgroup
 from lens_ebpf.agent.containers.resolver import ContainerResolver, identity
 from lens_ebpf.agent.containers.runtime import ContainerdState
 from lens_ebpf.agent.events import FlowClosed
 from lens_ebpf.agent.net import identity as remote_identity
+
+# How many cgroups' final answers Enrichment.cgroup keeps (as many as proc_events.c's
+# known_cgroups: a cgroup the kernel no longer knows is looked up again)
+SETTLED = 4096
 
 
 class Enrichment:
@@ -26,6 +30,8 @@ class Enrichment:
         self.containers = containers
         self.procfs_root = procfs_root
         self.index: Any = None  # k8s.index.ClusterIndex once the API answers; None standalone
+        # cgroup id -> (path, identity) of cgroups whose answer is final, oldest first
+        self._settled: dict[int, tuple[str, dict[str, str]]] = {}
 
     @classmethod
     def for_node(cls, procfs_root: Path, sysfs_root: Path, containerd_state: Path) -> Enrichment:
@@ -51,11 +57,23 @@ class Enrichment:
             ev, **remote_identity.flow_fields(lookup, ev.cls, ev.raddr, ev.laddr)
         )
 
-    def cgroup(self, cgroup_id: int) -> tuple[CgroupRef, dict[str, str]]:
-        """A cgroup's path and its container, pod and owner workload (empty: the host)."""
-        assert self.containers is not None
-        ref, info = self.containers.resolve(cgroup_id)
-        return ref, self._with_workload(identity(ref, info))
+    def cgroup(self, cgroup_id: int) -> tuple[str, dict[str, str], bool]:
+        """A cgroup's path, its container, pod and owner workload (empty: the host), and
+        whether that is final (ContainerResolver.settled). A final answer is kept, the
+        SETTLED newest, so a cgroup's later records (most of them) skip the lookup; the
+        workload is joined each time, from the index as it is then. The identity returned
+        is shared: read it, do not change it."""
+        got = self._settled.get(cgroup_id)
+        if got is None:
+            assert self.containers is not None
+            ref, info = self.containers.resolve(cgroup_id)
+            who = identity(ref, info)
+            if not self.containers.settled(cgroup_id, ref, info):
+                return ref.path, self._with_workload(who), False
+            got = self._settled[cgroup_id] = (ref.path, who)
+            if len(self._settled) > SETTLED:
+                del self._settled[next(iter(self._settled))]
+        return got[0], self._with_workload(got[1]), True
 
     def pid(self, pid: int) -> dict[str, str]:
         """Pod identity of a host pid (GPU processes, RDMA queue pairs), from its cgroup,
@@ -67,12 +85,13 @@ class Enrichment:
         except OSError:
             return {}
         ref = parse_cgroup(cgroup_path(text))
-        return self._with_workload(identity(ref, self.containers.containers.get(ref.container_id)))
+        return self._with_workload(identity(ref, self.containers.container(ref.container_id)))
 
     def _with_workload(self, who: dict[str, str]) -> dict[str, str]:
-        """An identity with its pod's owner workload, where the cluster index knows the pod."""
+        """An identity with its pod's owner workload, where the cluster index knows the pod
+        (a new dict then; who itself is left as it was)."""
         if self.index is not None and who["pod"]:
             pod = self.index.pod(who["namespace"], who["pod"])
             if pod is not None:
-                who.update(workload_kind=pod.workload_kind, workload=pod.workload)
+                return {**who, "workload_kind": pod.workload_kind, "workload": pod.workload}
         return who

@@ -382,12 +382,17 @@ class EventBus:
                 self._dropped_gone[sub.name] += sub.dropped
         self._changed()
 
-    def publish(self, event: Event) -> Event:
+    def publish(self, event: Event, owned: bool = False) -> Event:
         """Number the event (a copy: events are frozen) and hand it to every subscriber
-        that accepts it; the numbered event."""
+        that accepts it; the numbered event. owned: the caller made the event for this
+        call and no one else holds it (a decoder's), so it is numbered in place."""
         with self._lock:
             self.seq += 1
-            event = numbered(event, self.seq, event.ts_unix_nano or time.time_ns())
+            ts = event.ts_unix_nano or time.time_ns()
+            if owned:
+                event.__dict__.update(seq=self.seq, ts_unix_nano=ts)
+            else:
+                event = numbered(event, self.seq, ts)
             self.published[event.kind] += 1
             self.history.append(event)
             for sub in self._subs:

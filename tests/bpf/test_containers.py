@@ -15,7 +15,7 @@ import pytest
 
 from lens_ebpf.agent import config
 from lens_ebpf.agent.bpf.loader import BpfLoader
-from lens_ebpf.agent.containers.cgroups import CgroupIndex
+from lens_ebpf.agent.containers.cgroups import CgroupIndex, cgroup_path
 from lens_ebpf.agent.containers.resolver import ContainerResolver
 from lens_ebpf.agent.containers.runtime import ContainerdState
 from lens_ebpf.agent.enrich import Enrichment
@@ -115,10 +115,12 @@ def test_exec_and_exit_in_a_pod_container(prig: ProcRig, ctd: Containerd, device
             devices=devices,
             cgroup=cgroup,
         )
+        assert res.returncode == 3, res.stderr
+        # the pod stays in the API until its records are read, as a pod outlives its
+        # container's exit; they may wait for their batch's wake-up (proc_events.c)
+        events = prig.drain(sub, exited("sh"))
     finally:
         prig.procs.enrich.index = None
-    assert res.returncode == 3, res.stderr
-    events = prig.drain(sub, exited("sh"))
     execs = [e["filename"] for e in events if e["kind"] == "process_exec"]
     assert execs[-4:] == ["/bin/sh", "/bin/true", "/bin/echo", "/bin/false"]
     exits = {e["comm"]: e["exit_code"] for e in events if e["kind"] == "process_exit"}
@@ -217,3 +219,11 @@ def test_ten_thousand_execs_all_counted_or_the_drop_says_how_many(prig: ProcRig)
     lost = prig.procs.kernel_stats["ringbuf_full"] - lost_before
     got = seen.get(spawner, 0)
     assert got == n or (lost > 0 and got + lost >= n), (got, lost)
+    # the spawner's cgroup (this test's) resolved at its first record: the rest waited
+    # for their batch's wake-up, and came all the same
+    own = Path(f"/proc/{os.getpid()}/cgroup").read_text()
+    root = CgroupIndex.for_host().root
+    assert root is not None
+    cgroup_id = (root / cgroup_path(own).lstrip("/")).stat().st_ino
+    known = {k.value for k in prig.procs.bpf[b"known_cgroups"]}
+    assert cgroup_id in known, (cgroup_id, known)

@@ -1,12 +1,34 @@
 import json
+from pathlib import Path
 
 import pytest
 
-from lens_ebpf.agent.containers.cgroups import cgroup2_root, cgroup_path, parse_cgroup
+from lens_ebpf.agent import config
+from lens_ebpf.agent.bpf.loader import BpfLoader
+from lens_ebpf.agent.containers.cgroups import (
+    CgroupIndex,
+    cgroup2_root,
+    cgroup_path,
+    parse_cgroup,
+)
 from lens_ebpf.agent.containers.pods import pods_view
-from lens_ebpf.agent.containers.resolver import systemd_cgroup_path
-from lens_ebpf.agent.containers.runtime import device_group, parse_spec
-from lens_ebpf.agent.processes.proc_events import exit_class
+from lens_ebpf.agent.containers.resolver import ContainerResolver, systemd_cgroup_path
+from lens_ebpf.agent.containers.runtime import ContainerdState, device_group, parse_spec
+from lens_ebpf.agent.enrich import Enrichment
+from lens_ebpf.agent.events import EventBus, ProcessEvent
+from lens_ebpf.agent.k8s.index import ClusterIndex
+from lens_ebpf.agent.metrics.cache import MetricCache
+from lens_ebpf.agent.processes.proc_events import (
+    _PROC_EVENT,
+    EV_EXEC,
+    EV_EXIT,
+    EXECS,
+    EXITS,
+    PF_OOM_VICTIM,
+    ProcEvents,
+    exit_class,
+)
+from tests.k8slab import pod
 
 CID = "3b2f" + "a" * 60
 UID = "6d0c3f2e-8a41-4b7e-9c55-0e1f2a3b4c5d"
@@ -128,3 +150,104 @@ def test_device_groups(path: str, group: str) -> None:
 def test_exit_classes() -> None:
     assert [exit_class(0, 0), exit_class(3, 0), exit_class(-1, 9), exit_class(-1, 0)] == [
         "success", "error", "signal", "unknown"]  # fmt: skip
+
+
+def pod_container(tmp_path: Path) -> tuple[Path, str, Path]:
+    """A cgroup v2 tree with SPEC's container's cgroup, and containerd's task directory for
+    it: (cgroup root, the container's cgroup path, its task directory)."""
+    cgroups = tmp_path / "cgroup"
+    path = f"/kubepods/pod{UID}/{CID}"
+    (cgroups / path.lstrip("/")).mkdir(parents=True)
+    task = tmp_path / "state" / "io.containerd.runtime.v2.task" / "k8s.io" / CID
+    task.mkdir(parents=True)
+    spec = json.loads(json.dumps(SPEC))
+    spec["linux"]["cgroupsPath"] = path
+    (task / "config.json").write_text(json.dumps(spec))
+    return cgroups, path, task
+
+
+def test_an_exited_container_names_its_late_records_for_a_while(tmp_path) -> None:
+    """Records a program held back for a batch arrive after the runtime let the container
+    go: the resolver answers with it for keep_exited seconds, then forgets it."""
+    cgroups, path, task = pod_container(tmp_path)
+    now = [100.0]
+    index = CgroupIndex(cgroups, min_rescan=0)
+    resolver = ContainerResolver(index, ContainerdState(tmp_path / "state", tmp_path),
+                                 clock=lambda: now[0], keep_exited=60)  # fmt: skip
+    cgroup_id = (cgroups / path.lstrip("/")).stat().st_ino
+    ref, info = resolver.resolve(cgroup_id)
+    assert info is not None and info.name == "trainer"
+    assert resolver.settled(cgroup_id, ref, info)
+    # an unknown cgroup, and a container cgroup the runtime does not list, are not final
+    ref0, info0 = resolver.resolve(987654321)
+    assert (ref0.path, info0) == ("/", None) and not resolver.settled(987654321, ref0, info0)
+    other = f"/kubepods/pod{UID}/{'e' * 64}"
+    (cgroups / other.lstrip("/")).mkdir()
+    other_id = (cgroups / other.lstrip("/")).stat().st_ino
+    ref1, info1 = resolver.resolve(other_id)
+    assert ref1.container_id == "e" * 64 and info1 is None
+    assert not resolver.settled(other_id, ref1, info1)
+
+    (task / "config.json").unlink()
+    task.rmdir()
+    (cgroups / path.lstrip("/")).rmdir()
+    now[0] += 1
+    assert resolver.refresh() == ([], [info])
+    assert resolver.containers == {}
+    ref, late = resolver.resolve(cgroup_id)
+    assert late == info and ref.path == path
+    now[0] += 60
+    resolver.refresh()
+    assert resolver.resolve(cgroup_id)[1] == info  # 60 s after its exit: still kept
+    now[0] += 0.5
+    resolver.refresh()
+    assert resolver.resolve(cgroup_id)[1] is None
+
+
+def test_process_records_become_the_events_the_constructor_makes(tmp_path) -> None:
+    """proc_events records (bytes as the ring hands them over) -> events built through
+    their __dict__ equal to ProcessEvent's own; a cgroup's settled identity is kept and
+    the owner workload joined from the index as it is at each record."""
+    cgroups, path, _task = pod_container(tmp_path)
+    resolver = ContainerResolver(CgroupIndex(cgroups, min_rescan=0),
+                                 ContainerdState(tmp_path / "state", tmp_path))  # fmt: skip
+    enrich = Enrichment(resolver)
+    cache, bus = MetricCache(3600, 1000), EventBus(100)
+    procs = ProcEvents(config.load(None, env={}), cache, bus, BpfLoader(), enrich)
+    sub = bus.subscribe("t", maxsize=100)
+    cgroup_id = (cgroups / path.lstrip("/")).stat().st_ino
+    index = ClusterIndex()
+    index.replace_pods([pod("train-0", "", "ml", owner=("Job", "train"))])
+    enrich.index = index
+    procs._on_event(_PROC_EVENT.pack(10, cgroup_id, EV_EXEC, 42, 1, -1, 0, 0, b"python\0x",
+                                     b"/usr/bin/python3\0"))  # fmt: skip
+    enrich.index = None
+    procs._on_event(_PROC_EVENT.pack(20, cgroup_id, EV_EXIT, 42, 1, 0, 9, PF_OOM_VICTIM,
+                                     b"python", b""))  # fmt: skip
+    procs._on_event(_PROC_EVENT.pack(30, cgroup_id, 77, 42, 1, 0, 0, 0, b"x", b""))  # no kind
+    got = [sub.get(0), sub.get(0), sub.get(0)]
+    who = dict(
+        container_id=CID,
+        container="trainer",
+        pod="train-0",
+        namespace="ml",
+        pod_uid=UID,
+        pid=42,
+        ppid=1,
+        cgroup_id=cgroup_id,
+        cgroup=path,
+        comm="python",
+    )
+    assert got == [
+        ProcessEvent(kind="process_exec", seq=1, ts_unix_nano=got[0].ts_unix_nano, ts_ns=10,
+                     filename="/usr/bin/python3", workload_kind="Job", workload="train",
+                     **who),
+        ProcessEvent(kind="process_exit", seq=2, ts_unix_nano=got[1].ts_unix_nano, ts_ns=20,
+                     exit_code=0, signal=9, oom_killed=True, **who),
+        None,
+    ]  # fmt: skip
+    assert procs.events_received == 3
+    assert cache.get(EXECS, ("ml", "train-0", "trainer")) == 1
+    assert cache.get(EXITS, ("ml", "train-0", "trainer", "signal")) == 1
+    assert enrich.cgroup(cgroup_id) == (path, {k: who[k] for k in (
+        "container_id", "container", "pod", "namespace", "pod_uid")}, True)  # fmt: skip

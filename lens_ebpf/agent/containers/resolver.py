@@ -24,16 +24,25 @@ def systemd_cgroup_path(cgroups_path: str) -> str:
     return f"{nested}/{prefix}-{name}.scope"
 
 
+# How long a container that exited still names its events: a program may hold records
+# back for one batch (proc_events.c wakes its reader once per batch for cgroups it has
+# named), and the runtime's directory goes the moment the container ends.
+KEEP_EXITED_SECONDS = 60.0
+
+
 class ContainerResolver:
     """cgroup id -> cgroup path -> container id -> container and pod identity."""
 
     def __init__(
         self, index: CgroupIndex, state: ContainerdState, min_rescan: float = 0.05,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, keep_exited: float = KEEP_EXITED_SECONDS,
     ) -> None:  # fmt: skip
         self.index = index
         self.state = state
         self.containers: dict[str, ContainerInfo] = {}
+        # container id -> (when the runtime no longer listed it, what it was), oldest first
+        self._exited: dict[str, tuple[float, ContainerInfo]] = {}
+        self._keep_exited = keep_exited
         self._min_rescan = min_rescan
         self._clock = clock
         self._last = -1e9
@@ -64,6 +73,15 @@ class ContainerResolver:
             self._indexed &= set(now)
             self.containers = now
             self._last = self._clock()
+            for c in started:
+                self._exited.pop(c.id, None)
+            for c in exited:
+                self._exited[c.id] = (self._last, c)
+            while self._exited:
+                oldest = next(iter(self._exited))
+                if self._last - self._exited[oldest][0] <= self._keep_exited:
+                    break
+                del self._exited[oldest]
         if started or exited:
             self.on_change(started, exited)
         return started, exited
@@ -80,11 +98,25 @@ class ContainerResolver:
         ref = parse_cgroup(path or "/")
         if not ref.container_id:
             return ref, None
-        info = self.containers.get(ref.container_id)
+        info = self.container(ref.container_id)
         if info is None and self._clock() - self._last > self._min_rescan:
             self.refresh()
-            info = self.containers.get(ref.container_id)
+            info = self.container(ref.container_id)
         return ref, info
+
+    def container(self, container_id: str) -> ContainerInfo | None:
+        """A running container, or one that exited in the last keep_exited seconds."""
+        info = self.containers.get(container_id)
+        if info is None:
+            gone = self._exited.get(container_id)
+            info = gone[1] if gone is not None else None
+        return info
+
+    def settled(self, cgroup_id: int, ref: CgroupRef, info: ContainerInfo | None) -> bool:
+        """Whether what resolve gave for this cgroup is final: its path is known, and it
+        is no container's or its container is known (a later lookup gives the same)."""
+        known = self.index.path(cgroup_id, rescan=False) is not None
+        return known and (not ref.container_id or info is not None)
 
 
 def identity(ref: CgroupRef, info: ContainerInfo | None) -> dict[str, str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import logging
 
 from lens_ebpf.agent.bpf import layouts
@@ -41,6 +43,7 @@ SPEC = ProgramSpec(
 )  # fmt: skip
 EV_EXEC, EV_EXIT, EV_OOM = 1, 2, 3
 PF_OOM_VICTIM = 4
+REC_NEW_CGROUP = 8  # the record's cgroup is not in known_cgroups: it woke the reader
 PSTATS = ("ringbuf_full", "events")
 IDENTITY = ("namespace", "pod", "container")
 EXECS = "lens_container_process_execs_total"
@@ -57,6 +60,10 @@ def exit_class(exit_code: int, signal: int) -> str:
 
 
 _PROC_EVENT = record_struct(layouts.ProcEvent)
+_KINDS = {EV_EXEC: "process_exec", EV_EXIT: "process_exit", EV_OOM: "oom_kill"}
+# ProcessEvent's defaults (no identity, no exit), for _on_event
+_PROC_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ProcessEvent)
+                  if f.default is not dataclasses.MISSING}  # fmt: skip
 
 
 class ProcEvents(RingProgram):
@@ -103,28 +110,37 @@ class ProcEvents(RingProgram):
             _PROC_EVENT.unpack_from(rec)
         )
         self.events_received += 1
-        ref, who = self.enrich.cgroup(cgroup_id)
+        name = _KINDS.get(kind)
+        if name is None:
+            return
+        path, who, settled = self.enrich.cgroup(cgroup_id)
+        if flags & REC_NEW_CGROUP and settled:
+            # from now on this cgroup's records wait for the batch's wake-up
+            self.bpf[b"known_cgroups"][ctypes.c_uint64(cgroup_id)] = ctypes.c_uint8(1)
         labels = (who["namespace"], who["pod"], who["container"])
         comm = c_text(raw_comm)
-        common = dict(ts_ns=ts_ns, pid=pid, ppid=ppid, cgroup_id=cgroup_id, cgroup=ref.path,
-                      **who)  # fmt: skip
+        # built through its __dict__, as tcp/decode._event builds a flow: the frozen
+        # dataclass's __init__ sets each of its 19 fields through object.__setattr__
+        ev = object.__new__(ProcessEvent)
+        fields = ev.__dict__
+        fields.update(_PROC_DEFAULTS)
+        fields.update(who)
+        fields.update(kind=name, ts_ns=ts_ns, pid=pid, ppid=ppid, cgroup_id=cgroup_id,
+                      cgroup=path, comm=comm)  # fmt: skip
         if kind == EV_EXEC:
-            ev = ProcessEvent(kind="process_exec", comm=comm, **common,
-                              filename=c_text(raw_file))  # fmt: skip
+            fields["filename"] = c_text(raw_file)
             self.cache.inc(EXECS, labels)
             self._remember_comm(pid, comm)
         elif kind == EV_EXIT:
             self._comms.pop(pid, None)
-            ev = ProcessEvent(kind="process_exit", comm=comm, **common, exit_code=exit_code,
-                              signal=signal, oom_killed=bool(flags & PF_OOM_VICTIM))  # fmt: skip
+            fields.update(exit_code=exit_code, signal=signal,
+                          oom_killed=bool(flags & PF_OOM_VICTIM))  # fmt: skip
             self.cache.inc(EXITS, (*labels, exit_class(exit_code, signal)))
-        elif kind == EV_OOM:
-            # a kernel whose mark_victim has no comm: the one its exec had
-            ev = ProcessEvent(kind="oom_kill", comm=comm or self._comms.get(pid, ""), **common)
-            self.cache.inc(OOMS, labels)
         else:
-            return
-        self.bus.publish(ev)
+            # a kernel whose mark_victim has no comm: the one its exec had
+            fields["comm"] = comm or self._comms.get(pid, "")
+            self.cache.inc(OOMS, labels)
+        self.bus.publish(ev, owned=True)
 
     def _remember_comm(self, pid: int, comm: str) -> None:
         """pid -> its comm at exec, bounded like the kernel's process map."""

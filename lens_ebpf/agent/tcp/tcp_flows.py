@@ -265,11 +265,12 @@ class TcpFlows(RingProgram):
         self._publish(decode.flow_record(rec))
 
     def _publish(self, event: FlowClosed) -> None:
-        """A closed flow, and an abnormal_flow event when the policy's lists say so."""
+        """A closed flow (made for this call: decoded, or the agent's own), and an
+        abnormal_flow event when the policy's lists say so."""
         event = self.enrich.flow(event)
-        self.bus.publish(event)
+        self.bus.publish(event, owned=True)
         if abnormal(self.policy, event.raddr):
-            self.bus.publish(dataclasses.replace(event, kind="abnormal_flow"))
+            self.bus.publish(dataclasses.replace(event, kind="abnormal_flow"), owned=True)
 
     def read(self) -> None:
         """Read the kernel aggregates into the metric cache, and age out idle keys."""
