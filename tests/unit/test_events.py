@@ -199,3 +199,15 @@ def test_zero_fields_left_out_make_the_same_bytes() -> None:
         every = pb.Event(seq=ev.seq, ts_unix_nano=ev.ts_unix_nano, node_name="n",
                          node_ip="", **{ev.kind: cls(**full)})  # fmt: skip
         assert convert.to_pb(ev, "n", "").SerializeToString() == every.SerializeToString()
+
+
+@pytest.mark.parametrize("kind", sorted(EXAMPLES))
+def test_encode_writes_protobufs_own_bytes(kind: str) -> None:
+    """convert.encode (what every stream and the reporter send) builds the payload and the
+    Event's fields apart: the bytes are those of to_pb's message, for every kind, with and
+    without a sequence number, a timestamp before 1970 and an empty node."""
+    for seq, ts, node in ((0, 0, ("", "")), (7, 1_764_000_000_123_456_789, ("node-a", "10.1.1.1")),
+                          (2**40, -5, ("nœud", "fd00::1"))):  # fmt: skip
+        ev = dataclasses.replace(EXAMPLES[kind], seq=seq, ts_unix_nano=ts)
+        assert convert.encode(ev, *node) == convert.to_pb(ev, *node).SerializeToString()
+        assert pb.Event.FromString(convert.encode(ev, *node)) == convert.to_pb(ev, *node)
