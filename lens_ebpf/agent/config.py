@@ -47,6 +47,9 @@ class KernelConfig(Section):
 
 class BpfConfig(Section):
     ringbuf_pages: int = Field(256, ge=1, le=65536)  # up to 256 MiB
+    # how records leave the ring buffers: "mapped", a pass over the ring's own mapping
+    # (x86-64; elsewhere the callback), or "callback", BCC's callback per record
+    ring_reader: Literal["mapped", "callback"] = "mapped"
     max_sockets: int = Field(65536, ge=16, le=1 << 22)
     max_flow_keys: int = Field(4096, ge=16, le=1 << 20)
     flow_key_idle_seconds: float = Field(900, gt=0)

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from lens_ebpf.agent.bpf import ringbuf
 from lens_ebpf.agent.bpf.loader import BpfLoader
+from lens_ebpf.agent.bpf.ringbuf import MappedRing
+
+log = logging.getLogger(__name__)
 
 
 class RingProgram:
@@ -21,24 +26,62 @@ class RingProgram:
         self.loader = loader
         self.bpf: Any = None
         self.events_received = 0
+        self.handler_errors = 0  # records taken whose handling failed: lost, and counted
         self.kernel_stats: dict[str, int] = dict.fromkeys(self.STATS, 0)
+        self.ring: MappedRing | None = None
+        self._handle: Callable[[bytes], None] = lambda _rec: None
 
-    def open_events(self, ring: bytes, handle: Callable[[bytes], None]) -> None:
+    def open_events(self, ring: bytes, handle: Callable[[bytes], None],
+                    reader: str = "mapped") -> None:  # fmt: skip
         """Deliver the ring buffer's records (their bytes) to handle; report received and
-        lost."""
-        self.bpf[ring].open_ring_buffer(
-            lambda _ctx, data, size: handle(ctypes.string_at(data, size))
-        )
+        lost. reader "mapped": a pass over the ring's own mapping each time (ringbuf.py)
+        where this machine allows it; else, or "callback", BCC's callback per record."""
+        table = self.bpf[ring]
+        self._handle = handle
+        why = "bpf.ring_reader: callback" if reader == "callback" else ringbuf.available()
+        if not why:
+            try:
+                self.ring = MappedRing(table.map_fd, table.max_entries)
+            except (OSError, ValueError) as exc:
+                why = f"its mapping failed: {exc}"
+        if self.ring is None:
+            log.info("%s: ring buffer read through BCC's callback (%s)", self.NAME, why)
+            table.open_ring_buffer(
+                lambda _ctx, data, size: self._deliver(ctypes.string_at(data, size))
+            )
         self.loader.report_events(
             self.NAME,
-            lambda: (self.events_received, {"ringbuf_full": self.kernel_stats["ringbuf_full"]}),
-        )
+            lambda: (self.events_received, {"ringbuf_full": self.kernel_stats["ringbuf_full"],
+                                            "handler_error": self.handler_errors}),
+        )  # fmt: skip
+
+    def _deliver(self, rec: bytes) -> None:
+        try:
+            self._handle(rec)
+        except Exception:
+            self._failed()
+
+    def _failed(self) -> None:
+        """A record the handler failed on: counted and logged, and the next goes on (a
+        record taken from the ring cannot be read again)."""
+        self.handler_errors += 1
+        if self.handler_errors == 1 or self.handler_errors % 10_000 == 0:
+            log.exception("%s: a record could not be handled (%d so far)", self.NAME,
+                          self.handler_errors)  # fmt: skip
 
     def poll(self, timeout_ms: int) -> None:
         """Deliver pending records (call from one thread). A program may submit without
         waking the reader (it wakes it once per batch), so what is there after the wait is
         taken whether a wakeup came or not."""
-        if self.bpf is not None:
+        if self.ring is not None:
+            self.ring.wait(timeout_ms / 1000)
+            handle = self._handle
+            for rec in self.ring.take():
+                try:
+                    handle(rec)
+                except Exception:
+                    self._failed()
+        elif self.bpf is not None:
             self.bpf.ring_buffer_poll(timeout_ms)
             self.bpf.ring_buffer_consume()
 

@@ -102,7 +102,7 @@ class ProcEvents(RingProgram):
         if self.bpf is None:
             return False
         layouts.check_layout("proc_event", layouts.ProcEvent, self.bpf[b"layout_proc_event"].Leaf)
-        self.open_events(b"proc_events", self._on_event)
+        self.open_events(b"proc_events", self._on_event, self.cfg.bpf.ring_reader)
         return True
 
     def _on_event(self, rec: bytes) -> None:

@@ -222,7 +222,7 @@ class TcpFlows(RingProgram):
             layouts.check_layout("rtt_val", layouts.RttVal, self.bpf[b"rtt"].Leaf)
             prefill_overflow(self.bpf[b"rtt"], len(CLASS_IDS))
         self.set_policy(policy)
-        self.open_events(b"flow_events", self._on_event)
+        self.open_events(b"flow_events", self._on_event, self.cfg.bpf.ring_reader)
         self.bus.on_change(self.gate_records)
         self.gate_records()
         return True

@@ -1,0 +1,87 @@
+"""The two ways records leave a ring buffer (bpf.ring_reader): a pass over the ring's own
+mapping (lens_ebpf/agent/bpf/ringbuf.py) and BCC's callback per record. Both deliver every
+record in order; a record whose handling fails is counted as lost and the next goes on."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lens_ebpf.agent import config
+from lens_ebpf.agent.bpf import ringbuf
+from lens_ebpf.agent.bpf.layouts import c_text
+from lens_ebpf.agent.bpf.loader import BpfLoader
+from lens_ebpf.agent.containers.cgroups import CgroupIndex
+from lens_ebpf.agent.containers.resolver import ContainerResolver
+from lens_ebpf.agent.containers.runtime import ContainerdState
+from lens_ebpf.agent.enrich import Enrichment
+from lens_ebpf.agent.events import EventBus
+from lens_ebpf.agent.metrics.cache import MetricCache
+from lens_ebpf.agent.processes.proc_events import _PROC_EVENT, EV_EXEC, ProcEvents
+from tests.bpf.conftest import polling
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.bpf
+
+
+@pytest.fixture(params=["mapped", "callback"])
+def procs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ProcEvents]:
+    if request.param == "mapped" and (why := ringbuf.available()):
+        pytest.skip(why)
+    cfg = config.load(None, env={"LENS_BPF__RING_READER": request.param})
+    loader = BpfLoader()
+    resolver = ContainerResolver(CgroupIndex.for_host(), ContainerdState(tmp_path / "none"))
+    p = ProcEvents(cfg, MetricCache(3600, 1000), EventBus(10000), loader, Enrichment(resolver))
+    assert p.start(), loader.status
+    assert (p.ring is not None) == (request.param == "mapped")
+    with polling(p, loader):
+        yield p
+
+
+def test_every_record_in_order_and_a_failed_one_counted(procs: ProcEvents, tmp_path) -> None:
+    """Three runs of a program under a name of its own: the first exec's record makes the
+    handler fail (counted as lost, with its reason); every other record of the runs comes,
+    in the order the kernel wrote them."""
+    name = f"rb{uuid.uuid4().hex[:10]}"
+    probe = tmp_path / name
+    shutil.copy("/bin/true", probe)
+    handle = procs._handle
+    failed: list[int] = []
+
+    def failing_once(rec: bytes) -> None:
+        fields = _PROC_EVENT.unpack_from(rec)
+        if fields[2] == EV_EXEC and c_text(fields[9]).endswith(name) and not failed:
+            failed.append(fields[3])
+            raise ValueError("a record this test makes unreadable")
+        handle(rec)
+
+    procs._handle = failing_once
+    sub = procs.bus.subscribe("t", accept=lambda e: e.get("comm") == name, maxsize=1000)
+    try:
+        for _ in range(3):
+            subprocess.run([str(probe)], check=True)
+        got: list = []
+
+        def all_came() -> bool:
+            while (ev := sub.get(0)) is not None:
+                got.append(ev)
+            return len(got) >= 5
+
+        wait_for(all_came, "five records of three runs, one failed")
+    finally:
+        procs.bus.unsubscribe(sub)
+        procs._handle = handle
+    assert [e["kind"] for e in got] == ["process_exit", "process_exec", "process_exit",
+                                        "process_exec", "process_exit"]  # fmt: skip
+    assert got[0]["pid"] == failed[0]  # the failed exec's process still ends on record
+    assert [e["pid"] for e in got[1:]] == [got[1]["pid"], got[1]["pid"], got[3]["pid"],
+                                           got[3]["pid"]]  # fmt: skip
+    assert procs.handler_errors == 1
+    assert procs.loader.event_counts()["proc_events"][1]["handler_error"] == 1
+    if procs.ring is not None:
+        assert procs.ring.pending() == 0
