@@ -249,6 +249,17 @@ def last_seq(addr: str) -> int:
     return int(stub.GetNode(pb.GetNodeRequest(), timeout=hang_guard(5)).last_seq)
 
 
+def run_execs(agent: AgentProc, n: int) -> None:
+    """n execs of /bin/true, and their exits published: records of a cgroup the agent has
+    named wait for their batch's wake-up (README, Container processes), up to 100 ms after
+    the spawner is gone."""
+    exits = {"kind": "process_exit"}
+    before = agent.sample("lens_agent_events_published_total", exits) or 0
+    spawn_execs(n).wait(hang_guard(60))
+    wait_for(lambda: (agent.sample("lens_agent_events_published_total", exits) or 0)
+             >= before + n, f"{n} exits published", every=0.1)  # fmt: skip
+
+
 def test_reporter_replays_every_event_after_a_collector_outage(tmp_path: Path) -> None:
     cport = free_port()
     out = tmp_path / "events.jsonl"
@@ -257,14 +268,14 @@ def test_reporter_replays_every_event_after_a_collector_outage(tmp_path: Path) -
     agent, addr = start_agent(tmp_path, rep)
     try:
         # events before, during and after the outage: 200 execs (exec and exit) each
-        spawn_execs(200).wait(hang_guard(60))
+        run_execs(agent, 200)
         wait_acked(agent, last_seq(addr))
         col.send_signal(signal.SIGKILL)
         col.wait()
-        spawn_execs(200).wait(hang_guard(60))  # while the collector is gone
+        run_execs(agent, 200)  # while the collector is gone
         wait_for(lambda: agent.sample("lens_agent_reporter_connected") == 0, "the reporter down")
         col = collector(cport, out)
-        spawn_execs(200).wait(hang_guard(60))
+        run_execs(agent, 200)
         node = lens_pb2_grpc.NodeServiceStub(grpc.insecure_channel(addr)).GetNode(
             pb.GetNodeRequest())  # fmt: skip
         wait_acked(agent, node.last_seq)
