@@ -205,8 +205,8 @@ def test_an_exited_container_names_its_late_records_for_a_while(tmp_path) -> Non
 
 
 def test_process_records_become_the_events_the_constructor_makes(tmp_path) -> None:
-    """proc_events records (bytes as the ring hands them over) -> events built through
-    their __dict__ equal to ProcessEvent's own; a cgroup's settled identity is kept and
+    """proc_events records (bytes as the ring hands them over) -> events made through
+    their slots equal to ProcessEvent's own; a cgroup's settled identity is kept and
     the owner workload joined from the index as it is at each record."""
     cgroups, path, _task = pod_container(tmp_path)
     resolver = ContainerResolver(CgroupIndex(cgroups, min_rescan=0),

@@ -211,3 +211,37 @@ def test_encode_writes_protobufs_own_bytes(kind: str) -> None:
         ev = dataclasses.replace(EXAMPLES[kind], seq=seq, ts_unix_nano=ts)
         assert convert.encode(ev, *node) == convert.to_pb(ev, *node).SerializeToString()
         assert pb.Event.FromString(convert.encode(ev, *node)) == convert.to_pb(ev, *node)
+
+
+@pytest.mark.parametrize("kind", sorted(EXAMPLES))
+def test_maker_makes_what_the_constructor_makes(kind: str) -> None:
+    """events.maker (the decoders' way, through slots) gives every type the event its own
+    __init__ gives, defaults included; an event keeps no __dict__ (slots: the history's
+    100,000 events, 1.4 KB each with one), and its wire encoding is no part of its value."""
+    from lens_ebpf.agent.events import maker
+
+    ev = EXAMPLES[kind]
+    cls = type(ev)
+    given = {f.name: getattr(ev, f.name) for f in dataclasses.fields(cls) if f.init}
+    made = maker(cls)(**given)
+    assert made == ev and type(made) is cls and made._wire == b""
+    assert not hasattr(made, "__dict__")
+    convert.wire(made, "n", "")
+    assert made == ev and made._wire and "_wire" not in made.to_dict() and "_wire" not in repr(made)
+    required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
+    if required:  # a field without a default must be given, as to __init__
+        with pytest.raises(TypeError, match=required[0]):
+            maker(cls)()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.seq = 5  # type: ignore[misc]
+
+
+def test_maker_takes_named_fields_by_position() -> None:
+    from lens_ebpf.agent.events import maker
+
+    make = maker(ProcessEvent, ("kind", "pid", "comm"))
+    ev = make("process_exit", 7, "sh", ts_ns=1, ppid=1, cgroup_id=2, cgroup="/", exit_code=3)
+    assert ev == ProcessEvent(kind="process_exit", pid=7, comm="sh", ts_ns=1, ppid=1,
+                              cgroup_id=2, cgroup="/", exit_code=3)  # fmt: skip
+    with pytest.raises(TypeError, match="no_such"):
+        maker(ProcessEvent, ("pid", "no_such"))

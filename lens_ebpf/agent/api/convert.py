@@ -68,9 +68,10 @@ def to_pb(ev: Event, node_name: str, node_ip: str) -> pb.Event:
 def wire(ev: Event, node_name: str, node_ip: str) -> bytes:
     """The event as a serialized pb.Event (encode), made once and kept on the event: every
     subscriber's stream (and batch) sends the same bytes."""
-    got = ev.__dict__.get(WIRE)
-    if got is None:
-        got = ev.__dict__[WIRE] = encode(ev, node_name, node_ip)
+    got = ev._wire
+    if not got:
+        got = encode(ev, node_name, node_ip)
+        object.__setattr__(ev, WIRE, got)
     return got
 
 
@@ -93,7 +94,7 @@ def _varint(n: int) -> bytes:
 
 
 # encode builds each payload with one call of its message class, every field passed from
-# the event's __dict__ (zero values too: proto3 writes none of them), by a function made
+# the event (zero values too: proto3 writes none of them), by a function made
 # once from the message's descriptor, as dataclasses makes __init__; then writes the
 # Event's own four fields and appends the payload as its oneof field (the highest numbers,
 # so the bytes are protobuf's: tests/unit/test_events.py compares them for every kind).
@@ -101,12 +102,12 @@ def _varint(n: int) -> bytes:
 # us for a closed flow, more than the rest of its way from the ring buffer to a subscriber.
 def _builder(cls: Any) -> Callable[[Any], Any]:
     """A function making one message of cls from an event (or a nested entry): each
-    field read by its name from the object's __dict__; the identity from the event's own
+    field read by its name from the object; the identity from the event's own
     owner fields, always set, as message() sets it."""
     env: dict[str, Any] = {"M": cls}
     args = []
     for f in cls.DESCRIPTOR.fields:
-        value = f"d[{WIRE_ATTRS.get(f.name, f.name)!r}]"
+        value = f"ev.{WIRE_ATTRS.get(f.name, f.name)}"
         if f.message_type is not None:
             env[f"B_{f.name}"] = _builder(getattr(pb, f.message_type.name))
             if f.is_repeated:
@@ -117,7 +118,7 @@ def _builder(cls: Any) -> Callable[[Any], Any]:
                 raise TypeError(f"{cls.__name__}.{f.name}: only identity is a nested message")
         # a field named like a Python keyword (class) goes in through **
         args.append(f"**{{{f.name!r}: {value}}}" if iskeyword(f.name) else f"{f.name}={value}")
-    source = f"def build(ev):\n    d = ev.__dict__\n    return M({', '.join(args)})\n"
+    source = f"def build(ev):\n    return M({', '.join(args)})\n"
     exec(source, env)  # noqa: S102 - the source above, from the message's descriptor
     build: Callable[[Any], Any] = env["build"]
     return build

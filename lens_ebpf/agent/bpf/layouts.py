@@ -180,6 +180,21 @@ def c_text(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode(errors="replace")
 
 
+_COMMS: dict[bytes, str] = {}
+_COMMS_HELD = 4096
+
+
+def comm_text(raw: bytes) -> str:
+    """A record's comm as text (c_text), remembered: a node's records name a few hundred
+    programs, so most are one lookup, and their events share one string each."""
+    got = _COMMS.get(raw)
+    if got is None:
+        if len(_COMMS) >= _COMMS_HELD:
+            _COMMS.clear()
+        got = _COMMS[raw] = c_text(raw)
+    return got
+
+
 def record_struct(t: type[ctypes.Structure]) -> struct.Struct:
     """A struct.Struct that unpacks a ctypes mirror's bytes into its fields in order
     (arrays of bytes and chars as bytes), padding skipped; checked against the mirror's

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import logging
 
 from lens_ebpf.agent.bpf import layouts
-from lens_ebpf.agent.bpf.layouts import c_text, record_struct
+from lens_ebpf.agent.bpf.layouts import c_text, comm_text, record_struct
 from lens_ebpf.agent.bpf.loader import BpfLoader, plan_for
 from lens_ebpf.agent.bpf.program import RingProgram
 from lens_ebpf.agent.bpf.spec import TRACEPOINT, Field, Need, ProbePath, ProgramSpec
 from lens_ebpf.agent.config import Config
 from lens_ebpf.agent.enrich import Enrichment
-from lens_ebpf.agent.events import EventBus, ProcessEvent
+from lens_ebpf.agent.events import EventBus, ProcessEvent, maker
 from lens_ebpf.agent.metrics.cache import COUNTER, MetricCache
 
 log = logging.getLogger(__name__)
@@ -61,9 +60,8 @@ def exit_class(exit_code: int, signal: int) -> str:
 
 _PROC_EVENT = record_struct(layouts.ProcEvent)
 _KINDS = {EV_EXEC: "process_exec", EV_EXIT: "process_exit", EV_OOM: "oom_kill"}
-# ProcessEvent's defaults (no identity, no exit), for _on_event
-_PROC_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ProcessEvent)
-                  if f.default is not dataclasses.MISSING}  # fmt: skip
+# made through its slots (events.maker), once per ring record: these fields by position
+_make_process = maker(ProcessEvent, ("kind", "ts_ns", "pid", "ppid", "cgroup_id", "cgroup", "comm"))
 
 
 class ProcEvents(RingProgram):
@@ -118,27 +116,22 @@ class ProcEvents(RingProgram):
             # from now on this cgroup's records wait for the batch's wake-up
             self.bpf[b"known_cgroups"][ctypes.c_uint64(cgroup_id)] = ctypes.c_uint8(1)
         labels = (who["namespace"], who["pod"], who["container"])
-        comm = c_text(raw_comm)
-        # built through its __dict__, as tcp/decode._event builds a flow: the frozen
-        # dataclass's __init__ sets each of its 19 fields through object.__setattr__
-        ev = object.__new__(ProcessEvent)
-        fields = ev.__dict__
-        fields.update(_PROC_DEFAULTS)
-        fields.update(who)
-        fields.update(kind=name, ts_ns=ts_ns, pid=pid, ppid=ppid, cgroup_id=cgroup_id,
-                      cgroup=path, comm=comm)  # fmt: skip
+        comm = comm_text(raw_comm)
         if kind == EV_EXEC:
-            fields["filename"] = c_text(raw_file)
+            ev = _make_process(name, ts_ns, pid, ppid, cgroup_id, path, comm,
+                               filename=c_text(raw_file), **who)  # fmt: skip
             self.cache.inc(EXECS, labels)
             self._remember_comm(pid, comm)
         elif kind == EV_EXIT:
             self._comms.pop(pid, None)
-            fields.update(exit_code=exit_code, signal=signal,
-                          oom_killed=bool(flags & PF_OOM_VICTIM))  # fmt: skip
+            ev = _make_process(name, ts_ns, pid, ppid, cgroup_id, path, comm, exit_code=exit_code,
+                               signal=signal, oom_killed=bool(flags & PF_OOM_VICTIM),
+                               **who)  # fmt: skip
             self.cache.inc(EXITS, (*labels, exit_class(exit_code, signal)))
         else:
             # a kernel whose mark_victim has no comm: the one its exec had
-            fields["comm"] = comm or self._comms.get(pid, "")
+            ev = _make_process(name, ts_ns, pid, ppid, cgroup_id, path,
+                               comm or self._comms.get(pid, ""), **who)  # fmt: skip
             self.cache.inc(OOMS, labels)
         self.bus.publish(ev, owned=True)
 
