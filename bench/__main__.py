@@ -170,6 +170,8 @@ def agent_under_load(
         run = conn_load(tools, addr, seconds, rate)
         time.sleep(3)
         cpu = cpu_seconds(agent.proc.pid) - cpu0
+        # what the events published under the load hold (the bus's history among them)
+        res["rss_mb_after"] = round(rss_mb(agent.proc.pid), 1)
         costs = {k: (v[0] - costs0.get(k, (0, 0))[0], v[1] - costs0.get(k, (0, 0))[1])
                  for k, v in probe_costs(agent).items()}  # fmt: skip
         port = str(int(run["port"]))
@@ -584,7 +586,8 @@ def table(r: dict[str, Any]) -> str:
              f"({c[k].get('subscriber_flows', 0) / max(1, c[k]['connections']):.2%}; goal "
              f"100% up to 20,000 conn/s): ring lost {c[k]['lost']:.0f} of both sides' "
              f"{c[k]['published'] + c[k]['lost']:.0f}, queue dropped "
-             f"{c[k].get('subscriber_dropped', 0):.0f}")
+             f"{c[k].get('subscriber_dropped', 0):.0f}; RSS after "
+             f"{c[k].get('rss_mb_after', 0):.0f} MB")
             for k, label in (("subscribed_batch", ""), ("subscribed_20k", ", 20k conn/s"))
             if k in c
         ),
