@@ -37,9 +37,6 @@ class StartupError(Exception):
     """The agent cannot start; the message is one line for the operator."""
 
 
-RELEASE_AFTER_SERIES = 10_000
-
-
 class Agent:
     def __init__(self, cfg: Config) -> None:
         self.cfg, self.ready, self.heartbeat = cfg, False, time.monotonic()
@@ -130,19 +127,17 @@ class Agent:
         self._threads.append(t)
 
     def _read_loop(self) -> None:
-        released = 0
         while not self.stop_event.is_set():
             for f in self.features:
                 try:
                     f.read()
                 except Exception:
                     log.exception("reading %s failed", f.name)
-            # series past their TTL go now, scraped or not; after a storm's worth, the
-            # freed heap goes back to the system
-            released += self.ctx.cache.expire()
-            if released >= RELEASE_AFTER_SERIES:
-                trim_heap()
-                released = 0
+            # series past their TTL go now, scraped or not; then the heap's free pages go
+            # back to the system (what expired series, scrapes and event bursts freed:
+            # 6-10 MB at 1,000-39,000 series; malloc_trim takes ~0.1 ms)
+            self.ctx.cache.expire()
+            trim_heap()
             self.heartbeat = time.monotonic()
             self.stop_event.wait(self.cfg.bpf.read_interval_seconds)
 
