@@ -20,9 +20,10 @@
  */
 #include "proc_events.h"
 
-/* Sizes come from the agent's config (bpf.max_processes, bpf.ringbuf_pages). */
-#if !defined(MAX_PROCS) || !defined(RINGBUF_PAGES)
-#error "MAX_PROCS and RINGBUF_PAGES come as -D flags"
+/* Sizes come from the agent's config (bpf.max_processes, bpf.ringbuf_pages,
+ * bpf.max_known_cgroups). */
+#if !defined(MAX_PROCS) || !defined(RINGBUF_PAGES) || !defined(KNOWN_CGROUPS)
+#error "MAX_PROCS, RINGBUF_PAGES and KNOWN_CGROUPS come as -D flags"
 #endif
 
 #define EV_EXEC 1
@@ -59,7 +60,6 @@ BPF_PERCPU_ARRAY(pstats, u64, PS_COUNT);
  * costs the traced process ~20 us where the kernel sends an interrupt for it. A record of
  * any other cgroup wakes it at once, while that cgroup and its container still exist to
  * be looked up. */
-#define KNOWN_CGROUPS 4096
 #define WAKEUP_EVERY 64
 BPF_TABLE("lru_hash", u64, u8, known_cgroups, KNOWN_CGROUPS);
 /* Never written: declares the record type so Python can check its size. */

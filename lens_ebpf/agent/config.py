@@ -55,6 +55,7 @@ class BpfConfig(Section):
     flow_key_idle_seconds: float = Field(900, gt=0)
     max_rtt_keys: int = Field(256, ge=16, le=1 << 18)
     max_processes: int = Field(65536, ge=16, le=1 << 22)
+    max_known_cgroups: int = Field(4096, ge=16, le=1 << 20)
     read_interval_seconds: float = Field(2.0, gt=0)
     reconcile_interval_seconds: float = Field(10.0, gt=0)
     reconcile_grace_seconds: float = Field(2.0, ge=0)

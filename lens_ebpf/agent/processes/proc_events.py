@@ -93,7 +93,8 @@ class ProcEvents(RingProgram):
     @staticmethod
     def static_defines(cfg: Config) -> dict[str, int | str]:
         """The cflags proc_events.c is compiled with."""
-        return {"MAX_PROCS": cfg.bpf.max_processes, "RINGBUF_PAGES": cfg.bpf.ringbuf_pages}
+        return {"MAX_PROCS": cfg.bpf.max_processes, "RINGBUF_PAGES": cfg.bpf.ringbuf_pages,
+                "KNOWN_CGROUPS": cfg.bpf.max_known_cgroups}  # fmt: skip
 
     def start(self) -> bool:
         self.bpf = self.loader.load(plan_for(SPEC), self.static_defines(self.cfg))
