@@ -61,6 +61,8 @@ def message(cls: Any, ev: Event) -> Any:
 
 
 def to_pb(ev: Event, node_name: str, node_ip: str) -> pb.Event:
+    """The event as a pb.Event message, field by field: the reference encode's bytes are
+    compared with (the streams and the reporter send encode's)."""
     return pb.Event(seq=ev.seq, ts_unix_nano=ev.ts_unix_nano, node_name=node_name,
                     node_ip=node_ip, **{ev.kind: message(PAYLOADS[ev.kind], ev)})  # fmt: skip
 

@@ -72,19 +72,15 @@ class EventService(lens_pb2_grpc.EventServiceServicer):
         self.active = 0
         self.refused = 0
 
-    async def subscribe_raw(self, raw: bytes, context: Any) -> AsyncIterator[pb.Event]:
+    async def subscribe_raw(self, raw: bytes, context: Any) -> AsyncIterator[bytes]:
         """Subscribe from the request's bytes: what does not decode is the caller's
-        error (INVALID_ARGUMENT), not the server's (gRPC's own decoding says INTERNAL)."""
+        error (INVALID_ARGUMENT), not the server's (gRPC's own decoding says INTERNAL).
+        Each event goes out as its serialized pb.Event (convert.wire: made once, the
+        bytes every stream and the reporter send)."""
         request = await decode_request(pb.SubscribeRequest, raw, context)
-        async for ev in self.Subscribe(request, context):
-            yield ev
-
-    async def Subscribe(  # noqa: N802
-        self, request: pb.SubscribeRequest, context: Any
-    ) -> AsyncIterator[pb.Event]:
         async for events in self._stream(request, context, 1):
             for ev in events:
-                yield convert.to_pb(ev, *self.node)
+                yield convert.wire(ev, *self.node)
 
     async def subscribe_batch_raw(self, raw: bytes, context: Any) -> AsyncIterator[bytes]:
         """SubscribeBatch: serialized EventBatch messages of events serialized once."""
@@ -192,7 +188,7 @@ class GrpcServer:
             grpc.method_handlers_generic_handler("lens.v1.EventService", {
                 "Subscribe": grpc.unary_stream_rpc_method_handler(
                     self.events.subscribe_raw,
-                    response_serializer=pb.Event.SerializeToString),
+                    response_serializer=bytes),  # serialized already
                 "SubscribeBatch": grpc.unary_stream_rpc_method_handler(
                     self.events.subscribe_batch_raw,
                     response_serializer=bytes),  # serialized already
