@@ -70,10 +70,9 @@ def flow_record(buf: bytes) -> FlowClosed:
     """A closed-flow ring-buffer record (struct flow_event's bytes) as an event."""
     (ts, duration, sent, recv, cgroup_id, laddr, raddr, pid, retrans, lport, rport, family,
      direction, cls, reason, comm) = _FLOW_EVENT.unpack_from(buf)  # fmt: skip
-    return _event(ts=ts, duration=duration, pid=pid, comm=comm, cgroup_id=cgroup_id,
-                  family=family, laddr=laddr, raddr=raddr, lport=lport, rport=rport,
-                  direction=direction, cls=cls, sent=sent, recv=recv, retrans=retrans,
-                  reason=reason_name(reason))  # fmt: skip
+    # by position: the arguments bind in half the time keywords take, once per record
+    return _event(ts, duration, pid, comm, cgroup_id, family, laddr, raddr, lport, rport,
+                  direction, cls, sent, recv, retrans, reason_name(reason))  # fmt: skip
 
 
 def sock_info_event(si: Any, keyed: bool) -> FlowClosed:
@@ -93,7 +92,7 @@ _make_flow = maker(FlowClosed, tuple(
     " received_bytes retransmits duration_ns reason".split()))  # fmt: skip
 
 
-def _event(*, ts: int, duration: int, pid: int, comm: bytes, cgroup_id: int, family: int,
+def _event(ts: int, duration: int, pid: int, comm: bytes, cgroup_id: int, family: int,
            laddr: bytes, raddr: bytes, lport: int, rport: int, direction: int, cls: int,
            sent: int, recv: int, retrans: int, reason: str) -> FlowClosed:  # fmt: skip
     """A closed flow from the programs' raw values (a ring record's, or a sock_info's),
