@@ -17,8 +17,9 @@ from lens_ebpf.agent.containers.runtime import ContainerdState
 from lens_ebpf.agent.events import FlowClosed
 from lens_ebpf.agent.net import identity as remote_identity
 
-# How many cgroups' final answers Enrichment.cgroup keeps (as many as proc_events.c's
-# known_cgroups: a cgroup the kernel no longer knows is looked up again)
+# How many cgroups' final answers Enrichment.cgroup keeps, the oldest going first (the
+# default of proc_events.c's known_cgroups, bpf.max_known_cgroups: a cache apart from it,
+# whose misses cost one lookup again)
 SETTLED = 4096
 
 

@@ -56,18 +56,16 @@ class RingProgram:
         )  # fmt: skip
 
     def _deliver(self, rec: bytes) -> None:
+        """One record to the handler, whichever reader took it; one the handler fails on is
+        counted and logged, and the next goes on (a record taken from the ring cannot be
+        read again)."""
         try:
             self._handle(rec)
         except Exception:
-            self._failed()
-
-    def _failed(self) -> None:
-        """A record the handler failed on: counted and logged, and the next goes on (a
-        record taken from the ring cannot be read again)."""
-        self.handler_errors += 1
-        if self.handler_errors == 1 or self.handler_errors % 10_000 == 0:
-            log.exception("%s: a record could not be handled (%d so far)", self.NAME,
-                          self.handler_errors)  # fmt: skip
+            self.handler_errors += 1
+            if self.handler_errors == 1 or self.handler_errors % 10_000 == 0:
+                log.exception("%s: a record could not be handled (%d so far)", self.NAME,
+                              self.handler_errors)  # fmt: skip
 
     def poll(self, timeout_ms: int) -> None:
         """Deliver pending records (call from one thread). A program may submit without
@@ -75,12 +73,8 @@ class RingProgram:
         taken whether a wakeup came or not."""
         if self.ring is not None:
             self.ring.wait(timeout_ms / 1000)
-            handle = self._handle
             for rec in self.ring.take():
-                try:
-                    handle(rec)
-                except Exception:
-                    self._failed()
+                self._deliver(rec)
         elif self.bpf is not None:
             self.bpf.ring_buffer_poll(timeout_ms)
             self.bpf.ring_buffer_consume()

@@ -92,10 +92,3 @@ class MappedRing:
         if cons != start:
             self._cons[0] = cons
         return out
-
-    def close(self) -> None:
-        self._epoll.close()
-        for view in (self._headers, self._cons, self._prod, self._data):
-            view.release()
-        self._producer.close()
-        self._consumer.close()
