@@ -78,6 +78,7 @@ class ProgramStatus:
     kprobes: tuple[str, ...] = ()
     paths: dict[str, str] = field(default_factory=dict)  # need -> tracepoint|kprobe|off
     detail: str = ""  # fallbacks taken and details lost (Plan.summary)
+    raw_tracepoints: tuple[str, ...] = ()  # probes() names each "raw:<event>"
 
 
 def plan_for(spec: ProgramSpec, disabled: Sequence[str] = (), kernel: Kernel | None = None) -> Plan:
@@ -125,11 +126,11 @@ class BpfLoader:
         """Compile bpf_programs/<name>.c with the plan's switches and attach what it
         chose; None (with a status) when it can't."""
         name = plan.spec.name
-        tps, kps = plan.tracepoints(), plan.kprobes()
+        tps, raws, kps = plan.tracepoints(), plan.raw_tracepoints(), plan.kprobes()
 
         def status(state: str, reason: str, seconds: float = 0.0) -> ProgramStatus:
             st = ProgramStatus(name, state, reason, seconds, tps, kps, plan.paths(),
-                               plan.summary())  # fmt: skip
+                               plan.summary(), raws)  # fmt: skip
             self.status[name] = st
             return st
 
@@ -146,7 +147,8 @@ class BpfLoader:
             return None
         started = time.monotonic()
         try:
-            # kprobe__fn functions attach themselves as BCC loads them
+            # kprobe__fn, tracepoint__cat__name and raw_tracepoint__name functions attach
+            # themselves as BCC loads them
             bpf = BPF(
                 src_file=str(program_source(name)).encode(),
                 cflags=render_cflags({**plan.defines, **(defines or {})}),
@@ -156,11 +158,12 @@ class BpfLoader:
                     fn, _, where = probe.partition(":")
                     if where == "return":
                         self._retprobe_events[(name, fn)] = attach_retprobe(bpf, fn)
-                got = (bpf.num_open_tracepoints(), bpf.num_open_kprobes())
-                if got != (len(tps), len(kps)):
+                got = (bpf.num_open_tracepoints(), len(bpf.raw_tracepoint_fds),
+                       bpf.num_open_kprobes())  # fmt: skip
+                if got != (len(tps), len(raws), len(kps)):
                     raise RuntimeError(
-                        f"{got[0]} of {len(tps)} tracepoints and {got[1]} of {len(kps)} "
-                        "kprobes attached"
+                        f"{got[0]} of {len(tps)} tracepoints, {got[1]} of {len(raws)} raw "
+                        f"tracepoints and {got[2]} of {len(kps)} kprobes attached"
                     )
             except Exception:
                 bpf.cleanup()
@@ -175,18 +178,22 @@ class BpfLoader:
         elapsed = time.monotonic() - started
         status(ATTACHED, "", elapsed)
         self._loaded[name] = bpf
-        log.info("%s: attached %d tracepoints and %d kprobes in %.2fs (%s)", name, len(tps),
-                 len(kps), elapsed, plan.summary() or "all tracepoints")  # fmt: skip
+        log.info("%s: attached %d tracepoints, %d raw tracepoints and %d kprobes in %.2fs (%s)",
+                 name, len(tps), len(raws), len(kps), elapsed,
+                 plan.summary() or "all tracepoints")  # fmt: skip
         return bpf
 
     def probes(self) -> list[tuple[str, str, int]]:
-        """(program, probe, fd) for each attached tracepoint and kprobe function."""
+        """(program, probe, fd) for each attached tracepoint and kprobe function; a raw
+        tracepoint is "raw:<name>"."""
         out = []
         for name, bpf in self._loaded.items():
             for raw, fn in bpf.funcs.items():
                 fname = raw.decode() if isinstance(raw, bytes) else raw
                 if fname.startswith("tracepoint__"):
                     out.append((name, ":".join(fname.split("__")[1:3]), fn.fd))
+                elif fname.startswith("raw_tracepoint__"):
+                    out.append((name, f"raw:{fname[len('raw_tracepoint__'):]}", fn.fd))
                 elif fname.startswith("kprobe__"):
                     out.append((name, f"kprobe:{fname[len('kprobe__'):]}", fn.fd))
                 elif fname.startswith(RETPROBE_PREFIX):

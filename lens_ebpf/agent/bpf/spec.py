@@ -15,18 +15,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lens_ebpf.agent import tracefs
+from lens_ebpf.agent.bpf import btf as btf_mod
+from lens_ebpf.agent.bpf.btf import Btf
 
 TRACEPOINT, KPROBE = "tracepoint", "kprobe"
+# a tracepoint's arguments as the kernel passes them, no record built (checked against
+# the kernel's BTF); fields the running kernel's BTF places, read from a tracepoint the
+# program has anyway (bpf/btf.py says why that keeps DESIGN.md rule 1's promise)
+RAW_TRACEPOINT, BTF = "raw_tracepoint", "btf"
+
+
+@dataclass(frozen=True)
+class BtfField:
+    """A struct member the running kernel's BTF must place: its byte offset becomes
+    -D<define>=offset; a path that needs one the kernel lacks (or of another size) is
+    passed over."""
+
+    define: str
+    member: str  # "struct.member[.member]"
+    size: int
 
 
 @dataclass(frozen=True)
 class ProbePath:
-    """One way to get a need: tracepoints, or kernel functions probed at entry
-    ("fn") or return ("fn:return"); define is set when this path is chosen."""
+    """One way to get a need: tracepoints (classic, or raw with the argument types args),
+    kernel functions probed at entry ("fn") or return ("fn:return"), or fields the
+    running kernel's BTF places (btf); define is set when this path is chosen."""
 
     kind: str
     probes: tuple[str, ...]
     define: str = ""
+    args: tuple[str, ...] = ()  # RAW_TRACEPOINT: each probe's argument types, in C
+    btf: tuple[BtfField, ...] = ()
 
     def functions(self) -> set[str]:
         return {p.split(":", 1)[0] for p in self.probes} if self.kind == KPROBE else set()
@@ -66,18 +86,20 @@ class ProgramSpec:
         out: list[str] = []
         for n in self.needs:
             for p in n.paths:
-                if p.kind == TRACEPOINT:
+                if p.kind in (TRACEPOINT, RAW_TRACEPOINT):
                     out.extend(tp for tp in p.probes if tp not in out)
         return out
 
 
 @dataclass
 class Kernel:
-    """What the running kernel offers probes: tracefs, kprobes, functions. Swappable."""
+    """What the running kernel offers probes: tracefs, kprobes, functions, its own type
+    description (BTF). Swappable."""
 
     events: Path | None
     kprobes: bool
     functions: frozenset[str] = frozenset()
+    btf: Btf | None = None
 
     @classmethod
     def running(cls, specs: Iterable[ProgramSpec] = ()) -> Kernel:
@@ -89,7 +111,7 @@ class Kernel:
                 for p in n.paths:
                     wanted |= p.functions()
         funcs = tracefs.kernel_functions(wanted) if kprobes and wanted else set()
-        return cls(events, kprobes, frozenset(funcs))
+        return cls(events, kprobes, frozenset(funcs), btf_mod.running())
 
     def has_tracepoint(self, tp: str) -> bool:
         return self.events is not None and tracefs.tracepoint_exists(tp, self.events)
@@ -98,12 +120,38 @@ class Kernel:
         return tracefs.tracepoint_fields(tp, self.events) if self.events else frozenset()
 
     def missing(self, path: ProbePath) -> list[str]:
-        """The probe points of path this kernel lacks, each with why."""
-        if path.kind == TRACEPOINT:
-            return [tp for tp in path.probes if not self.has_tracepoint(tp)]
-        if not self.kprobes:
-            return ["kprobes (kernel built without them)"]
-        return sorted(f"{fn}()" for fn in path.functions() - self.functions)
+        """The probe points (and BTF facts) of path this kernel lacks, each with why."""
+        if path.kind == KPROBE:
+            if not self.kprobes:
+                return ["kprobes (kernel built without them)"]
+            return sorted(f"{fn}()" for fn in path.functions() - self.functions)
+        out = [tp for tp in path.probes if not self.has_tracepoint(tp)]
+        if out:
+            return out
+        if (path.kind == RAW_TRACEPOINT or path.btf) and self.btf is None:
+            return [f"BTF ({btf_mod.VMLINUX} absent or unreadable)"]
+        if path.kind == RAW_TRACEPOINT and self.btf is not None:
+            for tp in path.probes:
+                got = self.btf.raw_tracepoint_args(tp.split(":", 1)[-1])
+                if got != path.args:
+                    out.append(f"{tp} arguments ({', '.join(got) if got else 'none in BTF'}; "
+                               f"expected {', '.join(path.args)})")  # fmt: skip
+        for f in path.btf:
+            got_member = self.btf.member(f.member) if self.btf is not None else None
+            if got_member is None:
+                out.append(f"BTF {f.member}")
+            elif got_member[1] != f.size:
+                out.append(f"BTF {f.member} of {f.size} bytes (it has {got_member[1]})")
+        return out
+
+    def btf_offsets(self, path: ProbePath) -> dict[str, int]:
+        """-D flags for path's BTF fields (present: missing() said so)."""
+        out = {}
+        for f in path.btf:
+            got = self.btf.member(f.member) if self.btf is not None else None
+            if got is not None:
+                out[f.define] = got[0]
+        return out
 
 
 @dataclass
@@ -170,8 +218,12 @@ class Plan:
     def kprobes(self) -> tuple[str, ...]:
         return self._probes(KPROBE)
 
+    def raw_tracepoints(self) -> tuple[str, ...]:
+        return self._probes(RAW_TRACEPOINT)
+
     def paths(self) -> dict[str, str]:
-        """need -> "tracepoint", "kprobe" or "off" (for /readyz and check)."""
+        """need -> "tracepoint", "raw_tracepoint", "btf", "kprobe" or "off" (for /readyz
+        and check)."""
         return {name: c.label for name, c in self.choices.items()}
 
     def summary(self) -> str:
@@ -196,18 +248,24 @@ def resolve(spec: ProgramSpec, kernel: Kernel, disabled: Iterable[str] = ()) -> 
         if need.name in off:
             choices[need.name] = Choice(need.name, None, "disabled by config")
             continue
-        passed_over: list[str] = []
+        passed_over: list[tuple[list[str], str]] = []  # (kinds, what they miss)
         chosen = None
         for path in need.paths:
             missing = kernel.missing(path)
             if not missing:
                 chosen = path
                 break
-            passed_over.append(f"no {path.kind}: {', '.join(missing)} missing")
-        reason = "; ".join(passed_over)
+            what = ", ".join(missing)
+            if passed_over and passed_over[-1][1] == what:  # said once for both
+                passed_over[-1][0].append(path.kind)
+            else:
+                passed_over.append(([path.kind], what))
+        reason = "; ".join(f"no {' or '.join(k)}: {what} missing" for k, what in passed_over)
         choices[need.name] = Choice(need.name, chosen, reason)
         if chosen is not None and chosen.define:
             defines[chosen.define] = 1
+        if chosen is not None:
+            defines.update(kernel.btf_offsets(chosen))
     missing_fields = []
     for f in spec.fields:
         used = any(c.path is not None and f.tracepoint in c.path.probes for c in choices.values())
@@ -221,6 +279,7 @@ def resolve(spec: ProgramSpec, kernel: Kernel, disabled: Iterable[str] = ()) -> 
 
 
 def feature_path(paths: Iterable[str]) -> str:
-    """A feature's path from its needs' paths: kprobe where any fell back to one."""
+    """A feature's path from its needs' paths: kprobe where any fell back to one (raw
+    tracepoints and BTF fields count as tracepoint: no kprobe is involved)."""
     used = {p for p in paths if p != "off"}
     return KPROBE if KPROBE in used else TRACEPOINT if used else "off"

@@ -1,0 +1,201 @@
+"""The running kernel's own type description (BTF, /sys/kernel/btf/vmlinux): where a
+struct member lies, and the prototype a raw tracepoint passes its program.
+
+DESIGN.md rule 1 forbids reading kernel structs through a header tree, because the tree
+on disk may belong to another kernel. BTF is not a header tree: the running kernel
+describes itself, as it does its tracepoint formats, so an offset taken from it is that
+kernel's offset. The programs use it where a tracepoint record would cost more than the
+one field they need (DESIGN.md: the exceptions to rule 1): the exit code of an exiting
+task, the family and protocol of a socket a raw tracepoint names. A kernel without BTF,
+or whose types differ from what a path expects, takes the path's fallback.
+
+Only what those uses need is read: the type table is walked once, structs, unions and
+typedefs are indexed by name, and member lookups follow anonymous members as C does.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+VMLINUX = Path("/sys/kernel/btf/vmlinux")
+MAGIC = 0xEB9F
+
+# BTF_KIND_* (include/uapi/linux/btf.h)
+INT, PTR, ARRAY, STRUCT, UNION, ENUM, FWD, TYPEDEF, VOLATILE, CONST, RESTRICT = range(1, 12)
+FUNC, FUNC_PROTO, VAR, DATASEC, FLOAT, DECL_TAG, TYPE_TAG, ENUM64 = range(12, 20)
+_MODIFIERS = (TYPEDEF, VOLATILE, CONST, RESTRICT, TYPE_TAG)
+# bytes after the 12-byte btf_type: fixed, and per vlen entry
+_EXTRA = {INT: 4, ARRAY: 12, VAR: 4, DECL_TAG: 4}
+_PER_ITEM = {STRUCT: 12, UNION: 12, ENUM: 8, FUNC_PROTO: 8, DATASEC: 12, ENUM64: 12}
+
+
+class BtfError(ValueError):
+    """The file is not BTF this reader understands (says where it stopped)."""
+
+
+@dataclass(frozen=True)
+class Member:
+    name: str
+    type_id: int
+    bit_offset: int
+    bitfield_size: int  # 0: a whole field
+
+
+@dataclass(frozen=True)
+class Type:
+    kind: int
+    name: str
+    size_or_type: int  # size for INT/STRUCT/UNION/ENUM*/FLOAT, else the referenced type
+    members: tuple[Member, ...] = ()  # STRUCT/UNION
+    params: tuple[int, ...] = ()  # FUNC_PROTO: each parameter's type
+
+
+class Btf:
+    """One BTF blob, parsed."""
+
+    def __init__(self, data: bytes) -> None:
+        if len(data) < 24:
+            raise BtfError("shorter than a BTF header")
+        magic, _version, _flags, hdr_len = struct.unpack_from("<HBBI", data)
+        if magic != MAGIC:
+            raise BtfError(f"magic {magic:#x}, not {MAGIC:#x} (or not little-endian)")
+        type_off, type_len, str_off, str_len = struct.unpack_from("<IIII", data, 8)
+        base = hdr_len
+        strings = data[base + str_off : base + str_off + str_len]
+        if len(strings) != str_len or base + type_off + type_len > len(data):
+            raise BtfError("sections run past the end of the file")
+
+        def name(off: int) -> str:
+            end = strings.find(b"\0", off)
+            return strings[off:end].decode("ascii", "replace") if off < len(strings) else ""
+
+        self.types: list[Type | None] = [None]  # id 0 is void
+        self._by_name: dict[tuple[int, str], int] = {}
+        pos, end = base + type_off, base + type_off + type_len
+        while pos < end:
+            name_off, info, size_or_type = struct.unpack_from("<III", data, pos)
+            kind, vlen, kflag = (info >> 24) & 0x1F, info & 0xFFFF, info >> 31
+            pos += 12
+            members: tuple[Member, ...] = ()
+            params: tuple[int, ...] = ()
+            if kind in (STRUCT, UNION):
+                got = []
+                for m_name, m_type, m_off in struct.iter_unpack(
+                    "<III", data[pos : pos + 12 * vlen]
+                ):
+                    bits, size = (m_off & 0xFFFFFF, m_off >> 24) if kflag else (m_off, 0)
+                    got.append(Member(name(m_name), m_type, bits, size))
+                members = tuple(got)
+            elif kind == FUNC_PROTO:
+                params = tuple(t for _n, t in struct.iter_unpack("<II", data[pos : pos + 8 * vlen]))
+            elif kind not in _EXTRA and kind not in _PER_ITEM and kind not in (
+                PTR, FWD, TYPEDEF, VOLATILE, CONST, RESTRICT, FUNC, FLOAT, TYPE_TAG
+            ):  # fmt: skip
+                raise BtfError(f"type {len(self.types)}: unknown kind {kind}")
+            pos += _EXTRA.get(kind, 0) + _PER_ITEM.get(kind, 0) * vlen
+            t = Type(kind, name(name_off), size_or_type, members, params)
+            if t.name and kind in (STRUCT, UNION, TYPEDEF):
+                # a struct's full definition wins over a forward one of size 0
+                key = (kind, t.name)
+                if key not in self._by_name or not self.types[self._by_name[key]].size_or_type:  # type: ignore[union-attr]
+                    self._by_name[key] = len(self.types)
+            self.types.append(t)
+        if pos != end:
+            raise BtfError("the type section ends inside a type")
+
+    def struct_id(self, name: str) -> int | None:
+        return self._by_name.get((STRUCT, name))
+
+    def resolve(self, type_id: int) -> int:
+        """type_id with typedefs and qualifiers taken off."""
+        for _ in range(64):
+            t = self.types[type_id]
+            if t is None or t.kind not in _MODIFIERS:
+                return type_id
+            type_id = t.size_or_type
+        raise BtfError(f"type {type_id}: a chain of typedefs that does not end")
+
+    def size(self, type_id: int) -> int | None:
+        t = self.types[self.resolve(type_id)]
+        if t is None:
+            return None
+        if t.kind in (INT, STRUCT, UNION, ENUM, ENUM64, FLOAT):
+            return t.size_or_type
+        return 8 if t.kind == PTR else None
+
+    def _find(self, type_id: int, member: str) -> tuple[int, int] | None:
+        """(bit offset, member type) of member in the struct or union type_id, looking
+        into anonymous structs and unions as C does; None if absent or a bitfield."""
+        t = self.types[self.resolve(type_id)]
+        if t is None or t.kind not in (STRUCT, UNION):
+            return None
+        for m in t.members:
+            if m.name == member:
+                return None if m.bitfield_size else (m.bit_offset, m.type_id)
+            if not m.name:
+                inner = self._find(m.type_id, member)
+                if inner is not None:
+                    return m.bit_offset + inner[0], inner[1]
+        return None
+
+    def member(self, path: str) -> tuple[int, int] | None:
+        """(byte offset, size) of "struct.member[.member...]", or None when the struct, a
+        member, or a whole-byte placement is missing (a bitfield has no byte offset)."""
+        struct_name, *names = path.split(".")
+        type_id = self.struct_id(struct_name)
+        if type_id is None or not names:
+            return None
+        bits = 0
+        for n in names:
+            found = self._find(type_id, n)
+            if found is None:
+                return None
+            bits += found[0]
+            type_id = found[1]
+        size = self.size(type_id)
+        if bits % 8 or size is None:
+            return None
+        return bits // 8, size
+
+    def raw_tracepoint_args(self, event: str) -> tuple[str, ...] | None:
+        """The C types a raw tracepoint's program gets, from the kernel's btf_trace_<event>
+        typedef (a pointer to a prototype whose first parameter is the tracepoint's own
+        data pointer, left out here): e.g. ("struct sock *", "int", "int")."""
+        tid = self._by_name.get((TYPEDEF, f"btf_trace_{event}"))
+        if tid is None:
+            return None
+        ptr = self.types[self.resolve(tid)]
+        if ptr is None or ptr.kind != PTR:
+            return None
+        proto = self.types[ptr.size_or_type]
+        if proto is None or proto.kind != FUNC_PROTO or not proto.params:
+            return None
+        return tuple(self.type_name(p) for p in proto.params[1:])
+
+    def type_name(self, type_id: int) -> str:
+        """A short C spelling: "int", "struct sock *", "unsigned short" (typedefs kept)."""
+        t = self.types[type_id]
+        if t is None:
+            return "void"
+        if t.kind == PTR:
+            return self.type_name(t.size_or_type) + " *"
+        if t.kind in (CONST, VOLATILE, RESTRICT, TYPE_TAG):
+            return self.type_name(t.size_or_type)
+        if t.kind == STRUCT:
+            return f"struct {t.name}"
+        if t.kind == UNION:
+            return f"union {t.name}"
+        return t.name or "?"
+
+
+@functools.cache
+def running() -> Btf | None:
+    """The running kernel's BTF, or None where the kernel has none (CONFIG_DEBUG_INFO_BTF)
+    or it does not parse."""
+    try:
+        return Btf(VMLINUX.read_bytes())
+    except (OSError, BtfError):
+        return None
