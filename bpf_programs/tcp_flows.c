@@ -5,6 +5,12 @@
  * (lens_ebpf/net/tcp_flows.py SPEC) from what the running kernel describes:
  *   sock:inet_sock_set_state   lifecycle, addresses, ports        (Linux 4.16+; always)
  *   bytes an application sent and received, one of:
+ *     -DLENS_BYTES_RAW         the same two tracepoints attached raw (Linux 6.3+ with BTF):
+ *                              their arguments (struct sock *, int ret, int flags) as the
+ *                              kernel passes them, checked against its BTF, no record
+ *                              built (half the cost per message); an untracked socket's
+ *                              family and protocol read where the running kernel's BTF
+ *                              places them (-DLENS_SK_FAMILY_OFF, -DLENS_SK_PROTOCOL_OFF)
  *     -DLENS_BYTES_TRACEPOINT  sock:sock_send_length, sock:sock_recv_length (Linux 6.3+)
  *     -DLENS_BYTES_KPROBE      tcp_sendmsg() and tcp_recvmsg() entry (socket) and return
  *                              (bytes sent, bytes copied to the reader);
@@ -385,11 +391,29 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
     return 0;
 }
 
+#ifdef LENS_BYTES_RAW
+/* A raw tracepoint fires for every socket: one the program does not track counts as
+ * untracked only when it is TCP over IPv4/IPv6, as the classic tracepoint's own family
+ * and protocol fields say. The fields are read where the running kernel's BTF puts
+ * them (lens_ebpf/agent/bpf/btf.py), never where a header tree would. */
+static __always_inline int inet_tcp(u64 sk)
+{
+    u16 family = 0, protocol = 0;
+    bpf_probe_read_kernel(&family, sizeof(family), (void *)(sk + LENS_SK_FAMILY_OFF));
+    bpf_probe_read_kernel(&protocol, sizeof(protocol), (void *)(sk + LENS_SK_PROTOCOL_OFF));
+    return protocol == LENS_IPPROTO_TCP && (family == AF_INET || family == AF_INET6);
+}
+#endif
+
 /* Bytes an application moved on a socket: into its flow's counters once keyed. */
 static __always_inline void account_bytes(u64 sk, int ret, int sending)
 {
     struct sock_info *si = socks.lookup(&sk);
     if (!si) {
+#ifdef LENS_BYTES_RAW
+        if (!inet_tcp(sk))
+            return; /* a Unix, UDP or netlink socket: none of ours */
+#endif
         stat_add(sending ? ST_UNTRACKED_SENT : ST_UNTRACKED_RECV, ret);
         return;
     }
@@ -430,6 +454,30 @@ TRACEPOINT_PROBE(sock, sock_send_length)
 TRACEPOINT_PROBE(sock, sock_recv_length)
 {
     count_bytes((u64)args->sk, args->family, args->protocol, args->ret, args->flags, 0);
+    return 0;
+}
+#endif
+
+#ifdef LENS_BYTES_RAW
+/* TP_PROTO(struct sock *sk, int ret, int flags), as the kernel's btf_trace_* typedefs
+ * say (the spec checks them): every socket, so tracked ones are found first. */
+static __always_inline void raw_bytes(u64 *args, int sending)
+{
+    int ret = (int)args[1];
+    if (ret <= 0 || ((int)args[2] & MSG_PEEK_FLAG))
+        return;
+    account_bytes(args[0], ret, sending);
+}
+
+RAW_TRACEPOINT_PROBE(sock_send_length)
+{
+    raw_bytes(ctx->args, 1);
+    return 0;
+}
+
+RAW_TRACEPOINT_PROBE(sock_recv_length)
+{
+    raw_bytes(ctx->args, 0);
     return 0;
 }
 #endif

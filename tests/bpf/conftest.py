@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -45,10 +46,12 @@ def polling(program: RingProgram, loader: BpfLoader) -> Iterator[None]:
 
 
 class FlowRig:
-    """The tcp_flows program loaded with the test policy, its ring buffer polled."""
+    """The tcp_flows program loaded with the test policy, its ring buffer polled; early is
+    a connected TCP pair (client, server side) opened before the program attached."""
 
-    def __init__(self, flows: TcpFlows, cache: MetricCache, bus: EventBus) -> None:
-        self.flows, self.cache, self.bus = flows, cache, bus
+    def __init__(self, flows: TcpFlows, cache: MetricCache, bus: EventBus,
+                 early: tuple[socket.socket, socket.socket]) -> None:  # fmt: skip
+        self.flows, self.cache, self.bus, self.early = flows, cache, bus, early
 
     def value(self, name: str, *labels: str) -> float:
         self.flows.read()
@@ -113,9 +116,13 @@ def rig(policy_file: Path) -> Iterator[FlowRig]:
     bus = EventBus(queue_size=100000)
     loader = BpfLoader()
     flows = TcpFlows(cfg, cache, bus, loader)
+    srv = socket.create_server(("127.0.0.64", 0))
+    early_cli = socket.create_connection(srv.getsockname())
+    early_srv, _ = srv.accept()
+    srv.close()
     assert flows.start(load_policy(policy_file)), loader.status
-    with polling(flows, loader):
-        yield FlowRig(flows, cache, bus)
+    with polling(flows, loader), early_cli, early_srv:
+        yield FlowRig(flows, cache, bus, (early_cli, early_srv))
 
 
 @pytest.fixture(scope="session")

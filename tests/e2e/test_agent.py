@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lens_ebpf.agent import probe, tracefs
+from lens_ebpf.agent.bpf import btf
 from lens_ebpf.agent.probe import SPECS
 from tests.agentproc import AgentProc, free_port, run_cli
 from tests.conftest import EMULATED, wait_for
@@ -28,17 +29,25 @@ def policy(tmp_path: Path) -> Path:
     return p
 
 
+def bytes_paths() -> tuple[str, str]:
+    """(tcp_flows' feature path, its bytes need's path) on this kernel."""
+    if not tracefs.tracepoint_exists("sock:sock_send_length"):
+        return "kprobe", "kprobe"
+    return "tracepoint", "raw_tracepoint" if btf.running() is not None else "tracepoint"
+
+
 def test_serves_metrics_counts_a_flow_and_stops_cleanly(policy: Path) -> None:
     agent = AgentProc("--policy", str(policy))
     try:
         agent.wait_ready()  # how long start-up takes is bench's figure, not a test's
         status, ready = agent.json("/readyz")
         assert status == 200 and ready["ready"] is True
-        # the bytes path this kernel has: sock_send_length from 6.3, kprobes before
-        path = "tracepoint" if tracefs.tracepoint_exists("sock:sock_send_length") else "kprobe"
+        # the bytes path this kernel has: sock_send_length from 6.3 (raw where the kernel
+        # has BTF), kprobes before; the feature's path is tracepoint for both
+        path, bytes_path = bytes_paths()
         flows = ready["features"]["tcp_flows"]
         assert (flows["state"], flows["reason"], flows["path"]) == ("attached", "", path)
-        assert flows["paths"]["bytes"] == path and flows["paths"]["lifecycle"] == "tracepoint"
+        assert flows["paths"]["bytes"] == bytes_path and flows["paths"]["lifecycle"] == "tracepoint"
         for feature in ("tcp_rtt", "processes"):
             got = ready["features"][feature]
             assert (got["state"], got["path"]) == ("attached", "tracepoint"), got
@@ -89,8 +98,7 @@ def test_check_json_reports_tracepoints_and_kprobes() -> None:
     assert out["checks"]["kernel_headers"]["ok"] is True
     for feature in ("tcp_flows", "tcp_rtt", "processes"):
         assert out["features"][feature]["supported"] is True, out["features"][feature]
-    path = "tracepoint" if tracefs.tracepoint_exists("sock:sock_send_length") else "kprobe"
-    assert out["features"]["tcp_flows"]["paths"]["bytes"] == path
+    assert out["features"]["tcp_flows"]["paths"]["bytes"] == bytes_paths()[1]
     # the table for people, with this kernel's reasons; as a process on the host only (a
     # guest starts Python slowly)
     tables = [probe.format_table(out)]

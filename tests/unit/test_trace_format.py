@@ -72,8 +72,9 @@ def test_no_byte_probe_point_is_one_line_and_exit_2(monkeypatch, capsys) -> None
     assert cli.main(["trace", "tcp"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "lens-ebpf: error: trace: tcp_flows: bytes: no tracepoint: sock:sock_send_length, "
-        "sock:sock_recv_length missing; no kprobe: kprobes (kernel built without them) missing"
+        "lens-ebpf: error: trace: tcp_flows: bytes: no raw_tracepoint or tracepoint: "
+        "sock:sock_send_length, sock:sock_recv_length missing; no kprobe: kprobes (kernel "
+        "built without them) missing"
     ]
 
 

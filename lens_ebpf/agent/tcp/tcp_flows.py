@@ -17,7 +17,16 @@ from lens_ebpf.agent.bpf import layouts
 from lens_ebpf.agent.bpf.loader import BpfLoader, plan_for
 from lens_ebpf.agent.bpf.map_reader import DeltaReader, prefill_overflow
 from lens_ebpf.agent.bpf.program import RingProgram
-from lens_ebpf.agent.bpf.spec import KPROBE, TRACEPOINT, Field, Need, ProbePath, ProgramSpec
+from lens_ebpf.agent.bpf.spec import (
+    KPROBE,
+    RAW_TRACEPOINT,
+    TRACEPOINT,
+    BtfField,
+    Field,
+    Need,
+    ProbePath,
+    ProgramSpec,
+)
 from lens_ebpf.agent.config import Config
 from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.events import EventBus, FlowClosed
@@ -32,6 +41,11 @@ NAME = "tcp_flows"
 RTT = "rtt"  # the need that feeds the tcp_rtt feature
 # What tcp_flows.c needs and the ways to get it, in order of preference (bpf/spec.py).
 _BYTES_TP = ("sock:sock_send_length", "sock:sock_recv_length")
+# the raw path's arguments, and the two fields that tell an untracked socket's protocol
+_BYTES_RAW = ProbePath(RAW_TRACEPOINT, _BYTES_TP, "LENS_BYTES_RAW",
+                       args=("struct sock *", "int", "int"),
+                       btf=(BtfField("LENS_SK_FAMILY_OFF", "sock.__sk_common.skc_family", 2),
+                            BtfField("LENS_SK_PROTOCOL_OFF", "sock.sk_protocol", 2)))  # fmt: skip
 _BYTES_KP = ("tcp_sendmsg", "tcp_sendmsg:return", "tcp_recvmsg", "tcp_recvmsg:return",
              "inet_recvmsg", "inet6_recvmsg")  # fmt: skip
 _RESETS = ("tcp:tcp_send_reset", "tcp:tcp_receive_reset")
@@ -39,7 +53,7 @@ SPEC = ProgramSpec(
     NAME,
     needs=(
         Need("lifecycle", (ProbePath(TRACEPOINT, ("sock:inet_sock_set_state",)),)),
-        Need("bytes", (ProbePath(TRACEPOINT, _BYTES_TP, "LENS_BYTES_TRACEPOINT"),
+        Need("bytes", (_BYTES_RAW, ProbePath(TRACEPOINT, _BYTES_TP, "LENS_BYTES_TRACEPOINT"),
                        ProbePath(KPROBE, _BYTES_KP, "LENS_BYTES_KPROBE"))),
         Need("retransmits", (ProbePath(TRACEPOINT, ("tcp:tcp_retransmit_skb",), "LENS_RETRANS"),),
              optional=True, what_is_lost="no retransmit counts"),
