@@ -8,15 +8,24 @@
  *                                process ends (-DLENS_TP_EXIT_GROUP_DEAD: 6.18 has it, 6.12 not);
  *                                without it, the thread-group leader's exit stands for
  *                                the process's
+ *   the exit code and killing signal, one of:
+ *   -DLENS_EXIT_CODE_BTF         the exiting task's exit_code, read in sched_process_exit
+ *                                where the running kernel's BTF places it
+ *                                (-DLENS_TASK_EXIT_CODE_OFF; lens_ebpf/agent/bpf/btf.py):
+ *                                the status wait() reports, at no cost to anything else
  *   -DLENS_EXIT_CODES syscalls:sys_enter_exit_group, syscalls:sys_enter_exit
- *                                the exit code a process asks for   (CONFIG_FTRACE_SYSCALLS)
+ *                                the exit code a process asks for   (CONFIG_FTRACE_SYSCALLS;
+ *                                a kernel without BTF: an enabled syscall tracepoint sends
+ *                                every syscall of every process through the slow path,
+ *                                ~110 ns each on the development machine)
  *   -DLENS_SIGNALS signal:signal_deliver  a fatal signal taken with SIG_DFL (Linux 3.3+)
  *   -DLENS_OOM oom:mark_victim   the OOM killer's victim            (Linux 4.19+ for pid;
  *                                its comm, -DLENS_TP_OOM_COMM, where the kernel has it)
  *
- * sched_process_exit carries no exit code, and reading task->exit_code would mean a
- * kernel struct; so the code comes from the exit syscalls' argument and the killing
- * signal from signal_deliver, kept per process until it exits.
+ * sched_process_exit carries no exit code. Where the kernel describes itself in BTF the
+ * task's exit_code is read at that offset; elsewhere the code comes from the exit
+ * syscalls' argument and the killing signal from signal_deliver, kept per process until
+ * it exits (reading task->exit_code through a header tree would be rule 1's wrong number).
  */
 #include "proc_events.h"
 
@@ -210,8 +219,10 @@ TRACEPOINT_PROBE(signal, signal_deliver)
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     struct proc_state *ps = state_of(tgid);
     /* Once exit_group has begun, a later SIGKILL (a namespace's init exiting kills
-     * what is left, itself included) does not change the exit code. */
-    if (ps && !(ps->flags & PF_EXIT_CALLED)) {
+     * what is left, itself included) does not change the exit code; and the first fatal
+     * signal is the one wait() reports: the group exit it starts delivers SIGKILL to the
+     * process's threads, the first one included, and this tracepoint sees that too. */
+    if (ps && !(ps->flags & (PF_EXIT_CALLED | PF_SIGNALED))) {
         ps->signal = sig;
         ps->flags |= PF_SIGNALED;
     }
@@ -265,12 +276,30 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
         if (ps) {
             e->ppid = ps->ppid;
             e->flags = ps->flags;
+#ifndef LENS_EXIT_CODE_BTF
             /* the first cause of the exit sticks, as the kernel's group_exit_code does */
             if (ps->flags & PF_EXIT_CALLED)
                 e->exit_code = ps->exit_code;
             else if (ps->flags & PF_SIGNALED)
                 e->signal = ps->signal;
+#endif
         }
+#ifdef LENS_EXIT_CODE_BTF
+        /* do_exit() stored it before this tracepoint: (code << 8) for exit() and
+         * exit_group() (every thread of a group exit gets the group's), the signal's
+         * number (| 0x80 with a core dump) for a fatal signal: wait()'s status */
+        int code = 0;
+        bpf_probe_read_kernel(&code, sizeof(code),
+                              (void *)bpf_get_current_task() + LENS_TASK_EXIT_CODE_OFF);
+        e->flags &= ~(PF_EXIT_CALLED | PF_SIGNALED);
+        if (code & 0x7f) {
+            e->signal = code & 0x7f;
+            e->flags |= PF_SIGNALED;
+        } else {
+            e->exit_code = (code >> 8) & 0xff;
+            e->flags |= PF_EXIT_CALLED;
+        }
+#endif
         submit(e);
     }
     procs.delete(&tgid);

@@ -227,3 +227,31 @@ def test_ten_thousand_execs_all_counted_or_the_drop_says_how_many(prig: ProcRig)
     cgroup_id = (root / cgroup_path(own).lstrip("/")).stat().st_ino
     known = {k.value for k in prig.procs.bpf[b"known_cgroups"]}
     assert cgroup_id in known, (cgroup_id, known)
+
+
+def test_exit_status_is_what_wait_reports_signals_and_threads_too(prig: ProcRig) -> None:
+    """Exit code and killing signal as wait() reports them, on whichever path this kernel
+    takes (the task's exit_code where its BTF places it, else the exit syscalls and
+    signal_deliver): a plain exit, a fatal signal, and an exit one thread of several asks
+    for on behalf of its whole process."""
+    cases = {
+        "plain": ("raise SystemExit(42)", 42, 0),
+        # a signal leaves no exit code: -1, as on every path
+        "term": ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -1, 15),
+        "thread": ("import os, threading, time\n"
+                   "threading.Thread(target=lambda: os._exit(7)).start()\n"
+                   "time.sleep(30)", 7, 0),
+    }  # fmt: skip
+    path = prig.procs.loader.status["proc_events"].paths["exit_codes"]
+    for name, (code, want_code, want_signal) in cases.items():
+        sub = prig.collect(lambda e: e.get("kind") == "process_exit")
+        p = subprocess.Popen([sys.executable, "-c", code])
+        assert p.wait(30) == (-want_signal or want_code), name
+        events = prig.drain(sub, lambda got, pid=p.pid: any(e["pid"] == pid for e in got))
+        mine = [e for e in events if e["pid"] == p.pid]
+        if name == "term" and path != "btf":
+            # the fallback's limit: an unblocked fatal signal takes the kernel's shortcut
+            # (complete_signal() marks the group exit and queues SIGKILL), so signal_deliver
+            # only ever sees the SIGKILL; wait(), and the BTF path, say SIGTERM
+            want_signal = 9
+        assert [(e["exit_code"], e["signal"]) for e in mine] == [(want_code, want_signal)], name

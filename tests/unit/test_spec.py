@@ -12,7 +12,19 @@ from pathlib import Path
 import pytest
 
 from lens_ebpf.agent import tracefs
-from lens_ebpf.agent.bpf.spec import KPROBE, TRACEPOINT, Kernel, resolve
+from lens_ebpf.agent.bpf import btf
+from lens_ebpf.agent.bpf.spec import (
+    BTF,
+    KPROBE,
+    RAW_TRACEPOINT,
+    TRACEPOINT,
+    BtfField,
+    Kernel,
+    Need,
+    ProbePath,
+    ProgramSpec,
+    resolve,
+)
 from lens_ebpf.agent.probe import feature_plans, feature_support
 from lens_ebpf.agent.processes import proc_events
 from lens_ebpf.agent.tcp import tcp_flows
@@ -65,10 +77,15 @@ def test_tcp_flows_paths_and_fields_per_kernel(name: str) -> None:
         )  # fmt: skip
         assert "sock:sock_send_length" not in plan.tracepoints()
         assert plan.choices["bytes"].reason == (
-            "no tracepoint: sock:sock_send_length, sock:sock_recv_length missing"
+            "no raw_tracepoint or tracepoint: sock:sock_send_length, sock:sock_recv_length "
+            "missing"
         )
     else:
         assert plan.kprobes() == ()
+        # these fixtures carry no BTF: the classic tracepoints, saying why
+        assert plan.choices["bytes"].reason == (
+            "no raw_tracepoint: BTF (/sys/kernel/btf/vmlinux absent or unreadable) missing"
+        )
 
 
 @pytest.mark.parametrize("name", sorted(EXPECT))
@@ -89,8 +106,8 @@ def test_no_kprobes_and_no_byte_tracepoints_turns_only_tcp_flows_off() -> None:
     features = {f: feature_support(p, n) for f, (p, n) in feature_plans(k).items()}
     assert features["tcp_flows"]["supported"] is False
     assert features["tcp_flows"]["reason"] == (
-        "bytes: no tracepoint: sock:sock_send_length, sock:sock_recv_length missing; "
-        "no kprobe: kprobes (kernel built without them) missing"
+        "bytes: no raw_tracepoint or tracepoint: sock:sock_send_length, "
+        "sock:sock_recv_length missing; no kprobe: kprobes (kernel built without them) missing"
     )
     assert features["processes"]["supported"] is True
     # RTT needs the flows program, which cannot load here
@@ -143,7 +160,8 @@ def test_summary_says_what_an_absent_optional_need_costs(tmp_path: Path) -> None
     plan = resolve(proc_events.SPEC, Kernel(events, False))
     assert plan.loadable
     assert plan.summary() == (
-        "exit_codes: off (no tracepoint: syscalls:sys_enter_exit_group, "
+        "exit_codes: off (no btf: BTF (/sys/kernel/btf/vmlinux absent or unreadable) missing; "
+        "no tracepoint: syscalls:sys_enter_exit_group, "
         "syscalls:sys_enter_exit missing): exits carry no exit code; "
         "signals: off (no tracepoint: signal:signal_deliver missing): "
         "exits carry no killing signal; "
@@ -162,3 +180,57 @@ def test_kprobe_profile_gives_hits_and_misses_per_event() -> None:
         "r_tcp_recvmsg_bcc_139": (9120, 17),
     }
     assert tracefs.parse_kprobe_profile("") == {}
+
+
+# The running kernel's own BTF (bpf/btf.py): the paths that need it, and what passes them over.
+HOST_BTF = btf.running()
+needs_btf = pytest.mark.skipif(
+    HOST_BTF is None, reason="this kernel has no /sys/kernel/btf/vmlinux"
+)
+
+
+@needs_btf
+def test_with_btf_bytes_take_raw_tracepoints_and_exit_codes_the_task_field() -> None:
+    k = Kernel(FIXTURES / "6.18" / "events", False, btf=HOST_BTF)
+    plan = resolve(tcp_flows.SPEC, k)
+    assert plan.paths()["bytes"] == RAW_TRACEPOINT and plan.choices["bytes"].reason == ""
+    assert plan.raw_tracepoints() == ("sock:sock_send_length", "sock:sock_recv_length")
+    assert "sock:sock_send_length" not in plan.tracepoints()
+    assert HOST_BTF is not None
+    family, protocol = (
+        HOST_BTF.member("sock.__sk_common.skc_family"),
+        HOST_BTF.member("sock.sk_protocol"),
+    )
+    assert family is not None and protocol is not None
+    assert plan.defines["LENS_BYTES_RAW"] == 1
+    assert plan.defines["LENS_SK_FAMILY_OFF"] == family[0]
+    assert plan.defines["LENS_SK_PROTOCOL_OFF"] == protocol[0]
+    procs = resolve(proc_events.SPEC, k)
+    assert procs.paths()["exit_codes"] == BTF
+    assert "syscalls:sys_enter_exit_group" not in procs.tracepoints()
+    assert procs.defines["LENS_TASK_EXIT_CODE_OFF"] == HOST_BTF.member("task_struct.exit_code")[0]  # type: ignore[index]
+    # a kernel before sock_send_length has BTF too, and still takes the kprobes
+    assert resolve(tcp_flows.SPEC, Kernel(FIXTURES / "5.10" / "events", True, BYTES_FNS,
+                                          HOST_BTF)).paths()["bytes"] == KPROBE  # fmt: skip
+
+
+@needs_btf
+def test_btf_that_does_not_match_passes_the_path_over_saying_why() -> None:
+    k = Kernel(FIXTURES / "6.18" / "events", False, btf=HOST_BTF)
+    wrong_args = ProbePath(
+        RAW_TRACEPOINT, ("sock:sock_send_length",), args=("struct sock *", "long")
+    )
+    assert k.missing(wrong_args) == [
+        "sock:sock_send_length arguments (struct sock *, int, int; expected struct sock *, long)"
+    ]
+    no_member = ProbePath(BTF, (), btf=(BtfField("X", "sock.no_such_member", 2),))
+    assert k.missing(no_member) == ["BTF sock.no_such_member"]
+    wrong_size = ProbePath(BTF, (), btf=(BtfField("X", "task_struct.exit_code", 8),))
+    assert k.missing(wrong_size) == ["BTF task_struct.exit_code of 8 bytes (it has 4)"]
+    no_struct = ProbePath(BTF, (), btf=(BtfField("X", "no_such_struct.field", 4),))
+    assert k.missing(no_struct) == ["BTF no_such_struct.field"]
+    fallback = ProbePath(TRACEPOINT, ("sock:sock_send_length",), "FALLBACK")
+    spec = ProgramSpec("t", (Need("n", (wrong_args, fallback)),))
+    plan = resolve(spec, k)
+    assert plan.paths() == {"n": TRACEPOINT} and "FALLBACK" in plan.defines
+    assert plan.choices["n"].reason.startswith("no raw_tracepoint: sock:sock_send_length arguments")

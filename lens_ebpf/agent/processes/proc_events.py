@@ -9,7 +9,7 @@ from lens_ebpf.agent.bpf import layouts
 from lens_ebpf.agent.bpf.layouts import c_text, comm_text, record_struct
 from lens_ebpf.agent.bpf.loader import BpfLoader, plan_for
 from lens_ebpf.agent.bpf.program import RingProgram
-from lens_ebpf.agent.bpf.spec import TRACEPOINT, Field, Need, ProbePath, ProgramSpec
+from lens_ebpf.agent.bpf.spec import BTF, TRACEPOINT, BtfField, Field, Need, ProbePath, ProgramSpec
 from lens_ebpf.agent.config import Config
 from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.events import EventBus, ProcessEvent, maker
@@ -25,8 +25,13 @@ SPEC = ProgramSpec(
         Need("fork", (ProbePath(TRACEPOINT, ("sched:sched_process_fork",)),)),
         Need("exec", (ProbePath(TRACEPOINT, ("sched:sched_process_exec",)),)),
         Need("exit", (ProbePath(TRACEPOINT, ("sched:sched_process_exit",)),)),
-        Need("exit_codes", (ProbePath(TRACEPOINT, ("syscalls:sys_enter_exit_group",
-                                                   "syscalls:sys_enter_exit"), "LENS_EXIT_CODES"),),
+        # the task's own exit_code where the kernel's BTF places it: the syscall
+        # tracepoints, the fallback, tax every syscall on the node while enabled
+        Need("exit_codes", (ProbePath(BTF, (), "LENS_EXIT_CODE_BTF",
+                                      btf=(BtfField("LENS_TASK_EXIT_CODE_OFF",
+                                                    "task_struct.exit_code", 4),)),
+                            ProbePath(TRACEPOINT, ("syscalls:sys_enter_exit_group",
+                                                   "syscalls:sys_enter_exit"), "LENS_EXIT_CODES")),
              optional=True, what_is_lost="exits carry no exit code"),
         Need("signals", (ProbePath(TRACEPOINT, ("signal:signal_deliver",), "LENS_SIGNALS"),),
              optional=True, what_is_lost="exits carry no killing signal"),
