@@ -17,7 +17,7 @@
  *                                the exit code a process asks for   (CONFIG_FTRACE_SYSCALLS;
  *                                a kernel without BTF: an enabled syscall tracepoint sends
  *                                every syscall of every process through the slow path,
- *                                ~110 ns each on the development machine)
+ *                                12-113 ns each on the development machine)
  *   -DLENS_SIGNALS signal:signal_deliver  a fatal signal taken with SIG_DFL (Linux 3.3+)
  *   -DLENS_OOM oom:mark_victim   the OOM killer's victim            (Linux 4.19+ for pid;
  *                                its comm, -DLENS_TP_OOM_COMM, where the kernel has it)
