@@ -15,8 +15,8 @@ typedefs are indexed by name, and member lookups follow anonymous members as C d
 
 from __future__ import annotations
 
-import functools
 import struct
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,7 +57,9 @@ class Btf:
     """One BTF blob. Parsing walks the type table once, noting where each type starts and
     indexing named structs, unions and typedefs; a type's members or parameters are read
     only when a lookup reaches it (the kernel's ~130,000 types cost ~0.1 s, not seconds
-    under an emulated CPU)."""
+    under an emulated CPU). It keeps the blob, a 4-byte position per type and an int per
+    named struct: ~7 MB, for as long as the caller holds it (the agent, while it resolves
+    its specs)."""
 
     def __init__(self, data: bytes) -> None:
         if len(data) < 24:
@@ -68,8 +70,8 @@ class Btf:
         type_off, type_len, str_off, str_len = struct.unpack_from("<IIII", data, 8)
         base = hdr_len
         self._data = data
-        self._strings = data[base + str_off : base + str_off + str_len]
-        if len(self._strings) != str_len or base + type_off + type_len > len(data):
+        self._str0, self._str_end = base + str_off, base + str_off + str_len
+        if self._str_end > len(data) or base + type_off + type_len > len(data):
             raise BtfError("sections run past the end of the file")
         extra = [0] * 32  # bytes after the 12-byte btf_type, fixed and per vlen entry
         per_item = [-1] * 32  # -1: a kind this reader does not know
@@ -81,8 +83,8 @@ class Btf:
             per_item[k] = n
         indexed = (STRUCT, UNION, TYPEDEF)
         head = struct.Struct("<III").unpack_from
-        starts = [0]  # id 0 is void
-        by_name_off: dict[tuple[int, int], int] = {}
+        starts = array("I", [0])  # id 0 is void
+        by_name_off: dict[int, int] = {}  # kind << 32 | name offset -> id
         pos, end = base + type_off, base + type_off + type_len
         while pos < end:
             name_off, info, size_or_type = head(data, pos)
@@ -93,7 +95,7 @@ class Btf:
             starts.append(pos)
             # a struct's full definition wins over a forward one of size 0
             if name_off and kind in indexed and (kind == TYPEDEF or size_or_type):
-                by_name_off.setdefault((kind, name_off), len(starts) - 1)
+                by_name_off.setdefault(kind << 32 | name_off, len(starts) - 1)
             pos += 12 + extra[kind] + step * (info & 0xFFFF)
         if pos != end:
             raise BtfError("the type section ends inside a type")
@@ -104,8 +106,11 @@ class Btf:
         return len(self._starts)
 
     def _name(self, off: int) -> str:
-        end = self._strings.find(b"\0", off)
-        return self._strings[off:end].decode("ascii", "replace") if off < len(self._strings) else ""
+        at = self._str0 + off
+        if at >= self._str_end:
+            return ""
+        end = self._data.find(b"\0", at, self._str_end)
+        return self._data[at : end if end >= 0 else self._str_end].decode("ascii", "replace")
 
     def type(self, type_id: int) -> Type | None:
         """Type type_id decoded (None for void or an id out of range)."""
@@ -130,8 +135,8 @@ class Btf:
     def _named(self, kind: int, name: str) -> int | None:
         """The id of the struct, union or typedef called name (BTF keeps each string
         once, so its offset names it)."""
-        at = self._strings.find(b"\0" + name.encode() + b"\0")
-        return None if at < 0 else self._by_name_off.get((kind, at + 1))
+        at = self._data.find(b"\0" + name.encode() + b"\0", self._str0, self._str_end)
+        return None if at < 0 else self._by_name_off.get(kind << 32 | (at + 1 - self._str0))
 
     def struct_id(self, name: str) -> int | None:
         return self._named(STRUCT, name)
@@ -218,10 +223,11 @@ class Btf:
         return t.name or "?"
 
 
-@functools.cache
 def running() -> Btf | None:
     """The running kernel's BTF, or None where the kernel has none (CONFIG_DEBUG_INFO_BTF)
-    or it does not parse."""
+    or it does not parse. Read anew each call (~0.06 s here) and kept by nobody here: the
+    agent needs it only while it resolves its specs, and ~7 MB held for its lifetime
+    showed in its RSS."""
     try:
         return Btf(VMLINUX.read_bytes())
     except (OSError, BtfError):
