@@ -5,7 +5,7 @@ DESIGN.md rule 1 forbids reading kernel structs through a header tree, because t
 on disk may belong to another kernel. BTF is not a header tree: the running kernel
 describes itself, as it does its tracepoint formats, so an offset taken from it is that
 kernel's offset. The programs use it where a tracepoint record would cost more than the
-one field they need (DESIGN.md: the exceptions to rule 1): the exit code of an exiting
+one field they need (README, Kernels): the exit code of an exiting
 task, the family and protocol of a socket a raw tracepoint names. A kernel without BTF,
 or whose types differ from what a path expects, takes the path's fallback.
 
@@ -29,9 +29,16 @@ MAGIC = 0xEB9F
 INT, PTR, ARRAY, STRUCT, UNION, ENUM, FWD, TYPEDEF, VOLATILE, CONST, RESTRICT = range(1, 12)
 FUNC, FUNC_PROTO, VAR, DATASEC, FLOAT, DECL_TAG, TYPE_TAG, ENUM64 = range(12, 20)
 _MODIFIERS = (TYPEDEF, VOLATILE, CONST, RESTRICT, TYPE_TAG)
-# bytes after the 12-byte btf_type: fixed, and per vlen entry
-_EXTRA = {INT: 4, ARRAY: 12, VAR: 4, DECL_TAG: 4}
-_PER_ITEM = {STRUCT: 12, UNION: 12, ENUM: 8, FUNC_PROTO: 8, DATASEC: 12, ENUM64: 12}
+# bytes after the 12-byte btf_type, by kind: fixed, and per vlen entry (-1: a kind this
+# reader does not know)
+_EXTRA = [0] * 32
+_PER_ITEM = [-1] * 32
+for _k in (PTR, FWD, TYPEDEF, VOLATILE, CONST, RESTRICT, FUNC, FLOAT, TYPE_TAG):
+    _PER_ITEM[_k] = 0
+for _k, _n in ((INT, 4), (ARRAY, 12), (VAR, 4), (DECL_TAG, 4)):
+    _EXTRA[_k], _PER_ITEM[_k] = _n, 0
+for _k, _n in ((STRUCT, 12), (UNION, 12), (ENUM, 8), (FUNC_PROTO, 8), (DATASEC, 12), (ENUM64, 12)):
+    _PER_ITEM[_k] = _n
 
 
 class BtfError(ValueError):
@@ -75,14 +82,7 @@ class Btf:
         self._str0, self._str_end = base + str_off, base + str_off + str_len
         if self._str_end > len(data) or base + type_off + type_len > len(data):
             raise BtfError("sections run past the end of the file")
-        extra = [0] * 32  # bytes after the 12-byte btf_type, fixed and per vlen entry
-        per_item = [-1] * 32  # -1: a kind this reader does not know
-        for k in (PTR, FWD, TYPEDEF, VOLATILE, CONST, RESTRICT, FUNC, FLOAT, TYPE_TAG):
-            per_item[k] = 0
-        for k, n in _EXTRA.items():
-            extra[k], per_item[k] = n, 0
-        for k, n in _PER_ITEM.items():
-            per_item[k] = n
+        extra, per_item = _EXTRA, _PER_ITEM
         indexed = (STRUCT, UNION, TYPEDEF)
         head = struct.Struct("<III").unpack_from
         starts = array("I", [0])  # id 0 is void

@@ -128,16 +128,18 @@ class Kernel:
         out = [tp for tp in path.probes if not self.has_tracepoint(tp)]
         if out:
             return out
-        if (path.kind == RAW_TRACEPOINT or path.btf) and self.btf is None:
+        if path.kind != RAW_TRACEPOINT and not path.btf:
+            return out
+        if self.btf is None:
             return [f"BTF ({btf_mod.VMLINUX} absent or unreadable)"]
-        if path.kind == RAW_TRACEPOINT and self.btf is not None:
+        if path.kind == RAW_TRACEPOINT:
             for tp in path.probes:
                 got = self.btf.raw_tracepoint_args(tp.split(":", 1)[-1])
                 if got != path.args:
                     out.append(f"{tp} arguments ({', '.join(got) if got else 'none in BTF'}; "
                                f"expected {', '.join(path.args)})")  # fmt: skip
         for f in path.btf:
-            got_member = self.btf.member(f.member) if self.btf is not None else None
+            got_member = self.btf.member(f.member)
             if got_member is None:
                 out.append(f"BTF {f.member}")
             elif got_member[1] != f.size:
