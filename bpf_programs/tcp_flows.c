@@ -19,9 +19,14 @@
  *   -DLENS_RETRANS   tcp:tcp_retransmit_skb  retransmitted segments  (Linux 4.15+;
  *                    its err field, -DLENS_TP_RETRANSMIT_ERR: 6.18 has it, 6.12 not)
  *   -DLENS_RESETS    tcp:tcp_send_reset, tcp:tcp_receive_reset       (Linux 4.15+)
- *   -DLENS_RTT       tcp:tcp_probe  smoothed RTT per received segment (Linux 4.16+); the
- *                    socket comes from its skaddr field (-DLENS_TP_TCP_PROBE_SKADDR:
- *                    6.12 has it, 6.1 not), else from its 4-tuple, indexed when a socket is keyed
+ *   the smoothed RTT, one of:
+ *     -DLENS_RTT_SAMPLED  read from the socket where the running kernel's BTF places
+ *                         tcp_sock.srtt_us (-DLENS_TCP_SRTT_OFF), by whichever bytes
+ *                         path runs, at most once per socket per collectors.rtt
+ *                         .sample_seconds of I/O: no program per received segment
+ *     -DLENS_RTT       tcp:tcp_probe  per received segment (Linux 4.16+); the socket
+ *                      comes from its skaddr field (-DLENS_TP_TCP_PROBE_SKADDR: 6.12
+ *                      has it, 6.1 not), else from its 4-tuple, indexed when a socket is keyed
  *
  * Per socket (keyed by the socket's address, used only as an opaque key) the program
  * keeps who opened it and how many bytes went each way. Per flow key (direction,
@@ -30,7 +35,7 @@
  * flow also goes to the ring buffer as one record. Direction comes from the socket's
  * role: an active open (SYN_SENT) is egress, an accepted socket (SYN_RECV) ingress.
  *
- * With -DLENS_RTT the program also bins each RTT sample in the kernel into fixed
+ * With either RTT path the program also bins each RTT sample in the kernel into fixed
  * bucket boundaries (-DLENS_RTT_BOUNDS, microseconds) per (direction, class, remote).
  * It lives here because it needs each socket's direction and class from socks.
  */
@@ -48,7 +53,7 @@ enum lens_sk_rst_reason { LENS_RST_REASON_UNSPEC };
     !defined(RINGBUF_PAGES)
 #error "MAX_SOCKETS, MAX_FLOW_KEYS, MAX_POLICY_PREFIXES and RINGBUF_PAGES come as -D flags"
 #endif
-#if defined(LENS_RTT) && !defined(MAX_RTT_KEYS)
+#if (defined(LENS_RTT) || defined(LENS_RTT_SAMPLED)) && !defined(MAX_RTT_KEYS)
 #error "MAX_RTT_KEYS comes as a -D flag (bpf.max_rtt_keys)"
 #endif
 
@@ -391,6 +396,75 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
     return 0;
 }
 
+#if defined(LENS_RTT) || defined(LENS_RTT_SAMPLED)
+BPF_HASH(rtt, struct rtt_key, struct rtt_val, MAX_RTT_KEYS);
+
+/* One smoothed-RTT sample (microseconds) into its (direction, class, remote) bins. */
+static __always_inline void rtt_add(struct sock_info *si, u32 srtt)
+{
+    struct rtt_key k = {};
+    __builtin_memcpy(k.raddr, si->key.raddr, 16);
+    k.direction = si->direction;
+    k.cls = si->key.cls;
+    k.family = si->family;
+    struct rtt_val *v = rtt.lookup(&k);
+    if (!v) {
+        struct rtt_val zero = {};
+        rtt.insert(&k, &zero);
+        v = rtt.lookup(&k);
+        if (!v) {
+            stat_add(ST_RTT_MAP_FULL, 1);
+            struct rtt_key o = {};
+            o.direction = k.direction;
+            o.cls = k.cls;
+            o.overflow = 1;
+            v = rtt.lookup(&o);
+            if (!v)
+                return;
+        }
+    }
+    u32 bounds[LENS_RTT_NBOUNDS] = {LENS_RTT_BOUNDS};
+    u32 bin = LENS_RTT_NBOUNDS;
+#pragma unroll
+    for (int i = LENS_RTT_NBOUNDS - 1; i >= 0; i--) {
+        if (srtt <= bounds[i])
+            bin = i;
+    }
+    __sync_fetch_and_add(&v->count, 1);
+    __sync_fetch_and_add(&v->sum_us, srtt);
+    if (bin <= LENS_RTT_NBOUNDS)
+        __sync_fetch_and_add(&v->bins[bin], 1);
+}
+#endif
+
+#ifdef LENS_RTT_SAMPLED
+/* Nanoseconds between two samples of one socket's RTT (collectors.rtt.sample_seconds,
+ * set by Python at start); 0: every send and receive. */
+BPF_ARRAY(rtt_every, u64, 1);
+
+/* The socket's smoothed RTT, read where the running kernel's BTF places
+ * tcp_sock.srtt_us (-DLENS_TCP_SRTT_OFF: microseconds << 3, the value tcp_probe's srtt
+ * field and ss -ti show shifted back), when an application moves bytes on it and its
+ * last sample is sample_seconds old: no program runs per received segment. */
+static __always_inline void sample_rtt(u64 sk, struct sock_info *si)
+{
+    u32 zero = 0;
+    u64 *every = rtt_every.lookup(&zero);
+    if (!every)
+        return;
+    u64 now = bpf_ktime_get_ns();
+    if (si->rtt_at && now - si->rtt_at < *every)
+        return;
+    u32 srtt_us = 0;
+    bpf_probe_read_kernel(&srtt_us, sizeof(srtt_us), (void *)(sk + LENS_TCP_SRTT_OFF));
+    u32 srtt = srtt_us >> 3;
+    if (!srtt)
+        return; /* no RTT measured yet */
+    si->rtt_at = now;
+    rtt_add(si, srtt);
+}
+#endif
+
 #ifdef LENS_BYTES_RAW
 /* A raw tracepoint fires for every socket: one the program does not track counts as
  * untracked only when it is TCP over IPv4/IPv6, as the classic tracepoint's own family
@@ -425,6 +499,9 @@ static __always_inline void account_bytes(u64 sk, int ret, int sending)
         __sync_fetch_and_add(&si->recv, ret);
     if (!(si->flags & SI_KEYED))
         return;
+#ifdef LENS_RTT_SAMPLED
+    sample_rtt(sk, si);
+#endif
     struct flow_val *v = flow_get(&si->key);
     if (!v)
         return;
@@ -665,8 +742,6 @@ TRACEPOINT_PROBE(tcp, tcp_send_reset)
 #endif
 
 #ifdef LENS_RTT
-BPF_HASH(rtt, struct rtt_key, struct rtt_val, MAX_RTT_KEYS);
-
 #ifndef LENS_TP_TCP_PROBE_SKADDR
 /* No skaddr in this kernel's tcp_probe: find the socket by its 4-tuple. The record's
  * saddr/daddr are a sockaddr_in or sockaddr_in6 (family first, as the kernel stores
@@ -716,38 +791,7 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
         stat_add(ST_RTT_UNTRACKED, 1);
         return 0;
     }
-    struct rtt_key k = {};
-    __builtin_memcpy(k.raddr, si->key.raddr, 16);
-    k.direction = si->direction;
-    k.cls = si->key.cls;
-    k.family = si->family;
-    struct rtt_val *v = rtt.lookup(&k);
-    if (!v) {
-        struct rtt_val zero = {};
-        rtt.insert(&k, &zero);
-        v = rtt.lookup(&k);
-        if (!v) {
-            stat_add(ST_RTT_MAP_FULL, 1);
-            struct rtt_key o = {};
-            o.direction = k.direction;
-            o.cls = k.cls;
-            o.overflow = 1;
-            v = rtt.lookup(&o);
-            if (!v)
-                return 0;
-        }
-    }
-    u32 bounds[LENS_RTT_NBOUNDS] = {LENS_RTT_BOUNDS};
-    u32 bin = LENS_RTT_NBOUNDS;
-#pragma unroll
-    for (int i = LENS_RTT_NBOUNDS - 1; i >= 0; i--) {
-        if (srtt <= bounds[i])
-            bin = i;
-    }
-    __sync_fetch_and_add(&v->count, 1);
-    __sync_fetch_and_add(&v->sum_us, srtt);
-    if (bin <= LENS_RTT_NBOUNDS)
-        __sync_fetch_and_add(&v->bins[bin], 1);
+    rtt_add(si, srtt);
     return 0;
 }
 #endif

@@ -1,7 +1,9 @@
-"""RTT histograms binned in the kernel, checked against the kernel's own srtt (ss -ti)."""
+"""RTT histograms binned in the kernel, checked against the kernel's own srtt (ss -ti), on
+both paths: sampled from the socket (BTF) and per segment (tcp_probe)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import socket
 import subprocess
@@ -11,11 +13,12 @@ import pytest
 
 from lens_ebpf.agent import config
 from lens_ebpf.agent.bpf.loader import BpfLoader
+from lens_ebpf.agent.bpf.spec import TRACEPOINT, Kernel
 from lens_ebpf.agent.events import EventBus
 from lens_ebpf.agent.metrics.cache import MetricCache
 from lens_ebpf.agent.net.identity import NO_IDENTITY
 from lens_ebpf.agent.net.policy import parse_policy
-from lens_ebpf.agent.tcp.tcp_flows import TcpFlows
+from lens_ebpf.agent.tcp.tcp_flows import SPEC, TcpFlows
 from lens_ebpf.agent.tcp.tcp_rtt import LENS, RTT_BOUNDS_US, SEED, SEED_BOUNDS_US
 from tests.netlab import in_netns, listener, recv_exact
 
@@ -53,73 +56,147 @@ def near(value_us: float, bounds: tuple[float, ...]) -> set[int]:
     return {max(b - 1, 0), b, min(b + 1, len(bounds))}
 
 
+def rtt_state(rig_cache: MetricCache, addr: str, cls: str) -> tuple[list[float], float]:
+    """The egress lens_tcp_rtt_seconds bins and sum for addr (zeros before any sample)."""
+    got = rig_cache.get(LENS, ("egress", cls, addr, *NO_IDENTITY))
+    return (list(got[0]), got[1]) if got else ([0] * (len(RTT_BOUNDS_US) + 1), 0.0)
+
+
+def grew(flows: TcpFlows, cache: MetricCache, addr: str, cls: str,
+         before: tuple[list[float], float]) -> tuple[list[float], float]:  # fmt: skip
+    """Bins and sum added since before."""
+    flows.read()
+    now = rtt_state(cache, addr, cls)
+    return [a - b for a, b in zip(now[0], before[0], strict=True)], now[1] - before[1]
+
+
+def check_bins(bins: list[float], sum_s: float, ss_rtt_us: float) -> None:
+    """ss's srtt sits in a filled bucket or next to one, and the mean lies between the
+    lowest and highest non-empty bins (each sample lies in its bin, (bound[i-1],
+    bound[i]]: exact; ss's last srtt against the mean would be a timing bet)."""
+    assert any(bins[i] for i in near(ss_rtt_us, tuple(RTT_BOUNDS_US))), (ss_rtt_us, bins)
+    count = sum(bins)
+    mean_us = sum_s / count * 1e6
+    filled = [i for i, n in enumerate(bins) if n]
+    edges = (0, *RTT_BOUNDS_US, float("inf"))
+    assert edges[filled[0]] < mean_us <= edges[filled[-1] + 1]
+
+
+@pytest.fixture
+def sampled(rig: FlowRig) -> Iterator[TcpFlows]:
+    """The rig's program where it samples RTT from the socket (BTF srtt_us); its interval
+    set back to the configured one afterwards."""
+    flows = rig.flows
+    if flows.rtt is None or not flows.rtt.sampled:
+        pytest.skip("no BTF tcp_sock.srtt_us on this kernel: RTT comes from tcp_probe "
+                    "(test_rtt_per_segment_matches_the_kernels_srtt)")  # fmt: skip
+    configured = flows.rtt_sample_seconds
+    yield flows
+    flows.set_rtt_sampling(configured)
+
+
 @pytest.mark.parametrize(("where", "addr", "cls"), [
     ("loopback", "127.0.0.81", "localhost"),
     ("veth", "192.168.77.2", "internalHosts"),
 ])  # fmt: skip
-def test_rtt_histogram_matches_the_kernels_srtt(
-    rig: FlowRig, lab, where: str, addr: str, cls: str
+def test_rtt_sampled_per_socket_is_the_kernels_srtt(
+    rig: FlowRig, sampled: TcpFlows, lab, where: str, addr: str, cls: str
 ) -> None:
+    """One sample per send and per receive at interval 0, each the socket's srtt as ss
+    shows it; one per socket per interval otherwise, whatever the traffic."""
     srv = listener(addr, ns=lab.ns if where == "veth" else None)
     port = srv.getsockname()[1]
     rig.flows.read()  # the series may hold earlier tests' flows: measure the increase
-    lens0 = rig.cache.get(LENS, ("egress", cls, addr, *NO_IDENTITY)) or (
-        [0] * (len(RTT_BOUNDS_US) + 1),
-        0.0,
-    )
-    seed0 = rig.cache.get(SEED, (addr, "egress")) or ([0] * (len(SEED_BOUNDS_US) + 1), 0.0)
+    sampled.set_rtt_sampling(0)
     cli = socket.create_connection((addr, port))
     conn, _ = srv.accept()
     try:
+        before = rtt_state(rig.cache, addr, cls)
+        seed0 = rig.cache.get(SEED, (addr, "egress")) or ([0] * (len(SEED_BOUNDS_US) + 1), 0.0)
         ping_pong(cli, conn, 50)
-        rig.flows.read()
+        bins, sum_s = grew(sampled, rig.cache, addr, cls, before)
+        # the client's 50 sends and 50 receives: one sample each (egress: the client's)
+        assert sum(bins) == 100, bins
         ss = ss_info(addr, port)
-        lens = rig.cache.get(LENS, ("egress", cls, addr, *NO_IDENTITY))
+        check_bins(bins, sum_s, ss["rtt_us"])
         seed = rig.cache.get(SEED, (addr, "egress"))
-        bins = [a - b for a, b in zip(lens[0], lens0[0], strict=True)]
-        sum_s = lens[1] - lens0[1]
         seed_bins = [a - b for a, b in zip(seed[0], seed0[0], strict=True)]
-        count = sum(bins)
-        # every segment received after the handshake is one sample
-        assert count == ss["segs_in"] - 1
-        # the kernel's srtt as ss shows it sits in a filled bucket or next to one:
-        # tcp_probe fires before a segment's ACK updates srtt, so ss sees one EWMA
-        # step more than the last sample (an emulated CPU's RTTs jump a bucket)
-        assert any(bins[i] for i in near(ss["rtt_us"], tuple(RTT_BOUNDS_US))), (ss, bins)
-        assert any(seed_bins[i] for i in near(ss["rtt_us"], SEED_BOUNDS_US)), (ss, seed_bins)
-        # the sum and the bins count the same samples: each sample lies in its bin,
-        # (bound[i-1], bound[i]], so the mean lies between the lowest and the highest
-        # non-empty bins (exact; ss's last srtt against the mean would be a timing bet)
-        mean_us = sum_s / count * 1e6
-        filled = [i for i, n in enumerate(bins) if n]
-        edges = (0, *RTT_BOUNDS_US, float("inf"))
-        assert edges[filled[0]] < mean_us <= edges[filled[-1] + 1]
-        # the two histograms count the same samples; seed sums are in microseconds
-        assert sum(seed_bins) == count
+        assert sum(seed_bins) == 100
         assert seed[1] - seed0[1] == pytest.approx(sum_s * 1e6)
-        # _count grows with segments received
-        ping_pong(cli, conn, 20)
-        rig.flows.read()
-        grown = sum(rig.cache.get(LENS, ("egress", cls, addr, *NO_IDENTITY))[0]) - sum(lens[0])
-        assert grown == ss_info(addr, port)["segs_in"] - ss["segs_in"] >= 20
+        assert any(seed_bins[i] for i in near(ss["rtt_us"], SEED_BOUNDS_US)), (ss, seed_bins)
+        # the client's last receive took "q", which acknowledged its "p": its srtt has not
+        # moved since. A receive of data that acknowledges nothing new leaves it so, and
+        # samples exactly what ss shows (both microseconds, srtt_us >> 3)
+        before = rtt_state(rig.cache, addr, cls)
+        conn.sendall(b"r")
+        recv_exact(cli, 1)
+        bins, sum_s = grew(sampled, rig.cache, addr, cls, before)
+        assert sum(bins) == 1 and round(sum_s * 1e6) == ss["rtt_us"], (bins, sum_s, ss)
+        # an hour between samples: the open socket, sampled a moment ago, takes none, and
+        # a new one takes one at its first send, however many follow
+        sampled.set_rtt_sampling(3600)
+        cli2 = socket.create_connection((addr, port))
+        conn2, _ = srv.accept()
+        try:
+            before = rtt_state(rig.cache, addr, cls)
+            ping_pong(cli, conn, 20)
+            ping_pong(cli2, conn2, 20)
+            bins, _ = grew(sampled, rig.cache, addr, cls, before)
+            assert sum(bins) == 1, bins
+        finally:
+            cli2.close()
+            conn2.close()
     finally:
         cli.close()
         conn.close()
         srv.close()
 
 
-@pytest.fixture
-def tiny_rtt() -> Iterator[TcpFlows]:
+@pytest.fixture(scope="module")
+def per_segment() -> Iterator[TcpFlows]:
+    """tcp_flows as a kernel without BTF loads it: RTT from tcp:tcp_probe, bytes through
+    the classic tracepoints (6.3+) or kprobes; a small RTT map, for the overflow test."""
     cfg = config.load(None, env={"LENS_BPF__MAX_RTT_KEYS": "16"})
     loader = BpfLoader()
-    flows = TcpFlows(cfg, MetricCache(3600, 100000), EventBus(1000), loader)
+    no_btf = dataclasses.replace(Kernel.running((SPEC,)), btf=None)
+    flows = TcpFlows(cfg, MetricCache(3600, 100000), EventBus(1000), loader, kernel=no_btf)
+    assert flows.plan.paths()["rtt"] == TRACEPOINT and flows.rtt is not None
+    assert not flows.rtt.sampled
     assert flows.start(parse_policy("docker: [127.0.0.0/16]\nlocalhost: [127.0.0.0/8]\n"))
     yield flows
     loader.close()
 
 
+def test_rtt_per_segment_matches_the_kernels_srtt(per_segment: TcpFlows) -> None:
+    addr, cls = "127.0.0.81", "docker"
+    srv = listener(addr)
+    port = srv.getsockname()[1]
+    per_segment.read()
+    before = rtt_state(per_segment.cache, addr, cls)
+    cli = socket.create_connection((addr, port))
+    conn, _ = srv.accept()
+    try:
+        ping_pong(cli, conn, 50)
+        bins, sum_s = grew(per_segment, per_segment.cache, addr, cls, before)
+        ss = ss_info(addr, port)
+        # every segment received after the handshake is one sample
+        assert sum(bins) == ss["segs_in"] - 1
+        # tcp_probe fires before a segment's ACK updates srtt, so ss sees one EWMA step
+        # more than the last sample (an emulated CPU's RTTs jump a bucket)
+        check_bins(bins, sum_s, ss["rtt_us"])
+        # _count grows with segments received
+        before = rtt_state(per_segment.cache, addr, cls)
+        ping_pong(cli, conn, 20)
+        bins, _ = grew(per_segment, per_segment.cache, addr, cls, before)
+        assert sum(bins) == ss_info(addr, port)["segs_in"] - ss["segs_in"] >= 20
+    finally:
+        cli.close()
+        conn.close()
+        srv.close()
+
+
 def test_a_thousand_remotes_stay_within_the_map_and_overflow_is_counted(
-    tiny_rtt: TcpFlows,
+    per_segment: TcpFlows,
 ) -> None:
     srv = socket.socket()
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -134,15 +211,15 @@ def test_a_thousand_remotes_stay_within_the_map_and_overflow_is_counted(
         cli.close()
         conn.close()
     srv.close()
-    tiny_rtt.read()
-    table = tiny_rtt.bpf[b"rtt"]
+    per_segment.read()
+    table = per_segment.bpf[b"rtt"]
     assert len(list(table.keys())) <= 16 + 14
-    assert tiny_rtt.kernel_stats["rtt_map_full"] > 0
-    other = tiny_rtt.cache.get(LENS, ("egress", "docker", "other", *NO_IDENTITY))
+    assert per_segment.kernel_stats["rtt_map_full"] > 0
+    other = per_segment.cache.get(LENS, ("egress", "docker", "other", *NO_IDENTITY))
     assert other is not None and sum(other[0]) > 0
     per_addr = sum(
         sum(v[0])
-        for labels, v in tiny_rtt.cache.snapshot_family(LENS)
+        for labels, v in per_segment.cache.snapshot_family(LENS)
         if labels[:2] == ("egress", "docker") and labels[2] != "other"
     )
     # each connection received 2 responses after its handshake: nothing lost

@@ -142,7 +142,10 @@ def test_disabled_need_and_missing_optional_tracepoint(tmp_path: Path) -> None:
     assert plan.loadable
     assert plan.paths() == {"lifecycle": TRACEPOINT, "bytes": TRACEPOINT, "retransmits": "off",
                             "resets": "off", "rtt": "off"}  # fmt: skip
-    assert plan.choices["rtt"].reason == "no tracepoint: tcp:tcp_probe missing"
+    assert plan.choices["rtt"].reason == (
+        "no btf: BTF (/sys/kernel/btf/vmlinux absent or unreadable) missing; "
+        "no tracepoint: tcp:tcp_probe missing"
+    )
 
 
 def test_format_fields_as_bcc_names_them() -> None:
@@ -205,6 +208,11 @@ def test_with_btf_bytes_take_raw_tracepoints_and_exit_codes_the_task_field() -> 
     assert plan.defines["LENS_BYTES_RAW"] == 1
     assert plan.defines["LENS_SK_FAMILY_OFF"] == family[0]
     assert plan.defines["LENS_SK_PROTOCOL_OFF"] == protocol[0]
+    # RTT sampled from the socket where BTF places srtt_us: tcp_probe not attached
+    assert plan.paths()["rtt"] == BTF and "tcp:tcp_probe" not in plan.tracepoints()
+    srtt = HOST_BTF.member("tcp_sock.srtt_us")
+    assert srtt is not None and plan.defines["LENS_TCP_SRTT_OFF"] == srtt[0]
+    assert plan.defines["LENS_RTT_SAMPLED"] == 1 and "LENS_RTT" not in plan.defines
     procs = resolve(proc_events.SPEC, k)
     assert procs.paths()["exit_codes"] == BTF
     assert "syscalls:sys_enter_exit_group" not in procs.tracepoints()

@@ -1,9 +1,11 @@
 import argparse
+import re
 
 import pytest
 
 from lens_ebpf import cli
 from lens_ebpf.agent import tracefs
+from lens_ebpf.agent.bpf import btf
 from lens_ebpf.agent.trace import event_filter, format_flow, format_proc
 from tests.golden import check_golden
 
@@ -59,9 +61,14 @@ def test_missing_tracepoint_is_one_line_and_exit_2(monkeypatch, capsys) -> None:
     monkeypatch.setattr("os.geteuid", lambda: 0)
     monkeypatch.setattr(tracefs, "ensure_mounted", lambda *a: "/sys/kernel/tracing")
     monkeypatch.setattr(tracefs, "tracepoint_exists", lambda tp, events=None: tp != "tcp:tcp_probe")
+    # and no BTF, whose srtt_us would sample RTT without tcp_probe
+    monkeypatch.setattr(btf, "running", lambda *a: None)
     assert cli.main(["trace", "rtt"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["lens-ebpf: error: trace: rtt: no tracepoint: tcp:tcp_probe missing"]
+    assert err == [
+        "lens-ebpf: error: trace: rtt: no btf: BTF (/sys/kernel/btf/vmlinux absent or "
+        "unreadable) missing; no tracepoint: tcp:tcp_probe missing"
+    ]
 
 
 def test_no_byte_probe_point_is_one_line_and_exit_2(monkeypatch, capsys) -> None:
@@ -91,7 +98,7 @@ def test_ebpf_prints_source_and_cflags(capsys) -> None:
     out = capsys.readouterr().out
     assert "TRACEPOINT_PROBE(sock, inet_sock_set_state)" in out
     assert "TRACEPOINT_PROBE(sched, sched_process_exec)" in out
-    assert "-DLENS_RTT=1" in out and "-DMAX_PROCS=65536" in out
+    assert re.search(r"-DLENS_RTT(_SAMPLED)?=1", out) and "-DMAX_PROCS=65536" in out
 
 
 def test_trace_all_is_one_table_with_a_kind_column() -> None:

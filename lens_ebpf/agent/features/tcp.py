@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from prometheus_client.registry import Collector
+from pydantic import Field
 
 from lens_ebpf.agent.bpf.loader import OFF, feature_view
 from lens_ebpf.agent.bpf.spec import Kernel, Plan, resolve
@@ -15,7 +16,15 @@ from lens_ebpf.agent.tcp.tcp_flows import NAME, RTT, SPEC, TcpFlows, TcpFlowsCol
 RTT_FEATURE = "tcp_rtt"
 
 
-@register(NAME, order=10, settings={"tcp": Settings, "rtt": Settings})
+class RttSettings(Settings):
+    """collectors.rtt: where the kernel's BTF places srtt_us, each socket's smoothed RTT
+    is sampled when it sends or receives, at most once per sample_seconds (0: at every
+    send and receive); elsewhere tcp:tcp_probe gives one sample per received segment."""
+
+    sample_seconds: float = Field(1.0, ge=0, le=3600)
+
+
+@register(NAME, order=10, settings={"tcp": Settings, "rtt": RttSettings})
 class TcpFeature(Feature):
     """tcp_flows and, on the same program, tcp_rtt (collectors.rtt; needs tcp)."""
 
@@ -32,8 +41,9 @@ class TcpFeature(Feature):
 
     def start(self) -> None:
         ctx = self.ctx
+        rtt_cfg = ctx.settings("rtt", RttSettings)
         tcp = TcpFlows(ctx.cfg, ctx.cache, ctx.bus, ctx.loader, enrich=ctx.enrich,
-                       rtt=ctx.settings("rtt", Settings).enabled)  # fmt: skip
+                       rtt=rtt_cfg.enabled, rtt_sample_seconds=rtt_cfg.sample_seconds)  # fmt: skip
         if tcp.start(ctx.policy.effective()):
             self.flows = tcp
             ctx.policy.subscribe(tcp.set_policy)  # again: it may have changed while compiling

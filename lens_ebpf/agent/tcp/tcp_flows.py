@@ -18,11 +18,13 @@ from lens_ebpf.agent.bpf.loader import BpfLoader, plan_for
 from lens_ebpf.agent.bpf.map_reader import DeltaReader, prefill_overflow
 from lens_ebpf.agent.bpf.program import RingProgram
 from lens_ebpf.agent.bpf.spec import (
+    BTF,
     KPROBE,
     RAW_TRACEPOINT,
     TRACEPOINT,
     BtfField,
     Field,
+    Kernel,
     Need,
     ProbePath,
     ProgramSpec,
@@ -59,7 +61,10 @@ SPEC = ProgramSpec(
              optional=True, what_is_lost="no retransmit counts"),
         Need("resets", (ProbePath(TRACEPOINT, _RESETS, "LENS_RESETS"),), optional=True,
              what_is_lost="no reset counts"),
-        Need(RTT, (ProbePath(TRACEPOINT, (tcp_rtt.TRACEPOINT,), "LENS_RTT"),), optional=True,
+        # sampled where the bytes path runs (every path has the socket) where BTF places
+        # srtt_us, else tcp_probe on every received segment
+        Need(RTT, (ProbePath(BTF, (), tcp_rtt.SAMPLED, btf=(tcp_rtt.SRTT_FIELD,)),
+                   ProbePath(TRACEPOINT, (tcp_rtt.TRACEPOINT,), "LENS_RTT")), optional=True,
              what_is_lost="no RTT histograms"),
     ),
     fields=(
@@ -174,6 +179,8 @@ class TcpFlows(RingProgram):
         clock: Callable[[], float] = time.monotonic,
         rtt: bool = True,
         enrich: Enrichment | None = None,
+        rtt_sample_seconds: float = 1.0,
+        kernel: Kernel | None = None,
     ) -> None:
         super().__init__(loader)
         self.cfg = cfg
@@ -196,13 +203,15 @@ class TcpFlows(RingProgram):
         # who is behind each address (a null index standalone)
         self.enrich = enrich or Enrichment()
         register_families(cache)
-        # RTT needs tcp:tcp_probe; without it the flows still load
-        self.plan = plan_for(SPEC, () if rtt else (RTT,))
+        # RTT needs BTF's srtt_us or tcp:tcp_probe; without either the flows still load
+        self.plan = plan_for(SPEC, () if rtt else (RTT,), kernel)
         rtt_choice = self.plan.choices[RTT]
         self.rtt_off_reason = "" if rtt_choice.path else rtt_choice.reason
         self.rtt: tcp_rtt.TcpRtt | None = None
+        self.rtt_sample_seconds = rtt_sample_seconds
         if rtt_choice.path is not None:
-            self.rtt = tcp_rtt.TcpRtt(cfg, cache, clock)
+            sampled = rtt_choice.path.kind == BTF
+            self.rtt = tcp_rtt.TcpRtt(cfg, cache, clock, sampled=sampled)
 
     def defines(self) -> dict[str, int | str]:
         return self.static_defines(self.cfg, self.rtt is not None)
@@ -235,11 +244,21 @@ class TcpFlows(RingProgram):
             layouts.check_layout("rtt_key", layouts.RttKey, self.bpf[b"rtt"].Key)
             layouts.check_layout("rtt_val", layouts.RttVal, self.bpf[b"rtt"].Leaf)
             prefill_overflow(self.bpf[b"rtt"], len(CLASS_IDS))
+            if self.rtt.sampled:
+                self.set_rtt_sampling(self.rtt_sample_seconds)
         self.set_policy(policy)
         self.open_events(b"flow_events", self._on_event, self.cfg.bpf.ring_reader)
         self.bus.on_change(self.gate_records)
         self.gate_records()
         return True
+
+    def set_rtt_sampling(self, seconds: float) -> None:
+        """Sample each socket's RTT at most once per this many seconds of its I/O (0:
+        at every send and receive); on the sampled RTT path only."""
+        if self.bpf is None or self.rtt is None or not self.rtt.sampled:
+            raise ValueError("RTT is not sampled on this kernel (no BTF srtt_us)")
+        self.bpf[b"rtt_every"][ctypes.c_int(0)] = ctypes.c_uint64(round(seconds * 1e9))
+        self.rtt_sample_seconds = seconds
 
     def gate_records(self) -> None:
         """Let closed-flow records into the ring buffer while some consumer can take them

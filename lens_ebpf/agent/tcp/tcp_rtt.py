@@ -1,8 +1,11 @@
-"""RTT histograms from tcp:tcp_probe, binned in the kernel (the rtt map of tcp_flows.c).
+"""RTT histograms binned in the kernel (the rtt map of tcp_flows.c).
 
-The kernel bins each smoothed-RTT sample into RTT_BOUNDS_US. The seed histogram's
-buckets (SEED_BOUNDS_US) are a subset of those, so both histograms are exact sums
-of kernel bins, never an approximation.
+The samples are each socket's smoothed RTT: where the running kernel's BTF places
+tcp_sock.srtt_us, read when an application sends or receives on the socket, at most
+once per socket per collectors.rtt.sample_seconds (no program runs per segment); else
+tcp:tcp_probe's, one per segment received. The kernel bins each sample into
+RTT_BOUNDS_US. The seed histogram's buckets (SEED_BOUNDS_US) are a subset of those,
+so both histograms are exact sums of kernel bins, never an approximation.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 
 from lens_ebpf.agent.bpf import layouts
 from lens_ebpf.agent.bpf.map_reader import DeltaReader
+from lens_ebpf.agent.bpf.spec import BtfField
 from lens_ebpf.agent.config import Config
 from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.metrics.cache import HISTOGRAM, MetricCache
@@ -32,6 +36,14 @@ SEED_BOUNDS_US = (50, 100, 200, 300, 500, 700, 1000, 1300, 1600, 2000, 2500, 300
 SEED = "primus_lens_network_tcp_flow_rtt"
 LENS = "lens_tcp_rtt_seconds"
 TRACEPOINT = "tcp:tcp_probe"
+# the sampled path's switch and the field it reads (microseconds << 3, as the kernel keeps it)
+SAMPLED = "LENS_RTT_SAMPLED"
+SRTT_FIELD = BtfField("LENS_TCP_SRTT_OFF", "tcp_sock.srtt_us", 4)
+# what one sample is, per path, for the families' help
+PER_SAMPLE = {
+    True: "each socket's, at most once per collectors.rtt.sample_seconds of its I/O",
+    False: "per received segment",
+}
 
 
 def defines(cfg: Config) -> dict[str, int | str]:
@@ -60,18 +72,19 @@ assert set(SEED_BOUNDS_US) <= set(RTT_BOUNDS_US), "seed buckets must be kernel b
 assert len(RTT_BOUNDS_US) + 1 == layouts.RTT_BINS, "bpf/layouts.py RttVal is out of date"
 
 
-def register_families(cache: MetricCache) -> None:
+def register_families(cache: MetricCache, sampled: bool = True) -> None:
+    """Both histograms; sampled: which path feeds them (their help says what a sample is)."""
     cache.register(
         SEED,
         HISTOGRAM,
-        "Smoothed TCP RTT in microseconds, per received segment",
+        f"Smoothed TCP RTT in microseconds, {PER_SAMPLE[sampled]}",
         ("raddr", "direction"),
         buckets=SEED_BOUNDS_US,
     )
     cache.register(
         LENS,
         HISTOGRAM,
-        "Smoothed TCP RTT in seconds, per received segment",
+        f"Smoothed TCP RTT in seconds, {PER_SAMPLE[sampled]}",
         ("direction", "type", "raddr", *identity.REMOTE_LABELS),
         buckets=tuple(b / 1e6 for b in RTT_BOUNDS_US),
     )
@@ -93,16 +106,21 @@ class TcpRtt:
     """Reads the rtt map of a loaded tcp_flows program into the metric cache."""
 
     def __init__(
-        self, cfg: Config, cache: MetricCache, clock: Callable[[], float] = time.monotonic
+        self,
+        cfg: Config,
+        cache: MetricCache,
+        clock: Callable[[], float] = time.monotonic,
+        sampled: bool = True,
     ) -> None:
         self.cache = cache
+        self.sampled = sampled
         self._reader = DeltaReader(
             lambda v: (v.count, v.sum_us, *v.bins),
             cfg.bpf.flow_key_idle_seconds,
             clock,
             pinned=lambda key: bool(key.overflow),
         )
-        register_families(cache)
+        register_families(cache, sampled)
 
     def read(self, table: Any, enrich: Enrichment) -> None:
         for key, grew in self._reader.read(table):
