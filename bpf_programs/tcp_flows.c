@@ -438,29 +438,27 @@ static __always_inline void rtt_add(struct sock_info *si, u32 srtt)
 #endif
 
 #ifdef LENS_RTT_SAMPLED
-/* Nanoseconds between two samples of one socket's RTT (collectors.rtt.sample_seconds,
- * set by Python at start); 0: every send and receive. */
-BPF_ARRAY(rtt_every, u64, 1);
+/* The current sampling period, which Python advances every collectors.rtt.sample_seconds
+ * (from its read loop); 0: sample at every send and receive. A counter, not a clock: a
+ * clock read per message cost this probe a third more here. */
+BPF_ARRAY(rtt_period, u64, 1);
 
 /* The socket's smoothed RTT, read where the running kernel's BTF places
  * tcp_sock.srtt_us (-DLENS_TCP_SRTT_OFF: microseconds << 3, the value tcp_probe's srtt
- * field and ss -ti show shifted back), when an application moves bytes on it and its
- * last sample is sample_seconds old: no program runs per received segment. */
+ * field and ss -ti show shifted back), when an application moves bytes on it, once per
+ * period: no program runs per received segment. */
 static __always_inline void sample_rtt(u64 sk, struct sock_info *si)
 {
     u32 zero = 0;
-    u64 *every = rtt_every.lookup(&zero);
-    if (!every)
-        return;
-    u64 now = bpf_ktime_get_ns();
-    if (si->rtt_at && now - si->rtt_at < *every)
+    u64 *period = rtt_period.lookup(&zero);
+    if (!period || (*period && si->rtt_period == *period))
         return;
     u32 srtt_us = 0;
     bpf_probe_read_kernel(&srtt_us, sizeof(srtt_us), (void *)(sk + LENS_TCP_SRTT_OFF));
     u32 srtt = srtt_us >> 3;
     if (!srtt)
         return; /* no RTT measured yet */
-    si->rtt_at = now;
+    si->rtt_period = *period;
     rtt_add(si, srtt);
 }
 #endif

@@ -35,7 +35,7 @@ struct sock_info {
     u64 sent;
     u64 recv;
     u64 cgroup_id;
-    u64 rtt_at;    /* when its RTT was last sampled (LENS_RTT_SAMPLED), ktime ns */
+    u64 rtt_period; /* the sampling period of its last RTT sample (LENS_RTT_SAMPLED) */
     struct flow_key key;
     u8 laddr[16];
     u32 pid;

@@ -102,8 +102,8 @@ def sampled(rig: FlowRig) -> Iterator[TcpFlows]:
 def test_rtt_sampled_per_socket_is_the_kernels_srtt(
     rig: FlowRig, sampled: TcpFlows, lab, where: str, addr: str, cls: str
 ) -> None:
-    """One sample per send and per receive at interval 0, each the socket's srtt as ss
-    shows it; one per socket per interval otherwise, whatever the traffic."""
+    """One sample per send and per receive at sample_seconds 0, each the socket's srtt as
+    ss shows it; else one per socket per period, whatever the traffic."""
     srv = listener(addr, ns=lab.ns if where == "veth" else None)
     port = srv.getsockname()[1]
     rig.flows.read()  # the series may hold earlier tests' flows: measure the increase
@@ -132,8 +132,8 @@ def test_rtt_sampled_per_socket_is_the_kernels_srtt(
         recv_exact(cli, 1)
         bins, sum_s = grew(sampled, rig.cache, addr, cls, before)
         assert sum(bins) == 1 and round(sum_s * 1e6) == ss["rtt_us"], (bins, sum_s, ss)
-        # an hour between samples: the open socket, sampled a moment ago, takes none, and
-        # a new one takes one at its first send, however many follow
+        # periods of an hour, the first starting now: each socket takes one sample at its
+        # first send or receive in the period, however many follow
         sampled.set_rtt_sampling(3600)
         cli2 = socket.create_connection((addr, port))
         conn2, _ = srv.accept()
@@ -141,8 +141,16 @@ def test_rtt_sampled_per_socket_is_the_kernels_srtt(
             before = rtt_state(rig.cache, addr, cls)
             ping_pong(cli, conn, 20)
             ping_pong(cli2, conn2, 20)
+            bins, _ = grew(sampled, rig.cache, addr, cls, before)  # a read starts none
+            assert sum(bins) == 2, bins
+            ping_pong(cli, conn, 5)
             bins, _ = grew(sampled, rig.cache, addr, cls, before)
-            assert sum(bins) == 1, bins
+            assert sum(bins) == 2, bins
+            # the next period: one more from the socket that moves bytes in it
+            sampled.set_rtt_sampling(3600)
+            ping_pong(cli, conn, 5)
+            bins, _ = grew(sampled, rig.cache, addr, cls, before)
+            assert sum(bins) == 3, bins
         finally:
             cli2.close()
             conn2.close()

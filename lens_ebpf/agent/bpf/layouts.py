@@ -50,7 +50,7 @@ class SockInfo(ctypes.Structure):
         ("sent", ctypes.c_uint64),
         ("recv", ctypes.c_uint64),
         ("cgroup_id", ctypes.c_uint64),
-        ("rtt_at", ctypes.c_uint64),
+        ("rtt_period", ctypes.c_uint64),
         ("key", FlowKey),
         ("laddr", ctypes.c_uint8 * 16),
         ("pid", ctypes.c_uint32),

@@ -209,6 +209,8 @@ class TcpFlows(RingProgram):
         self.rtt_off_reason = "" if rtt_choice.path else rtt_choice.reason
         self.rtt: tcp_rtt.TcpRtt | None = None
         self.rtt_sample_seconds = rtt_sample_seconds
+        self._rtt_period = 0  # 0: every send and receive; else the kernel's current period
+        self._rtt_period_at = 0.0
         if rtt_choice.path is not None:
             sampled = rtt_choice.path.kind == BTF
             self.rtt = tcp_rtt.TcpRtt(cfg, cache, clock, sampled=sampled)
@@ -253,12 +255,18 @@ class TcpFlows(RingProgram):
         return True
 
     def set_rtt_sampling(self, seconds: float) -> None:
-        """Sample each socket's RTT at most once per this many seconds of its I/O (0:
-        at every send and receive); on the sampled RTT path only."""
+        """Sample each socket's RTT once per period of this many seconds (0: at every
+        send and receive), a new period starting now; on the sampled RTT path only."""
         if self.bpf is None or self.rtt is None or not self.rtt.sampled:
             raise ValueError("RTT is not sampled on this kernel (no BTF srtt_us)")
-        self.bpf[b"rtt_every"][ctypes.c_int(0)] = ctypes.c_uint64(round(seconds * 1e9))
         self.rtt_sample_seconds = seconds
+        self._next_rtt_period(0 if seconds == 0 else self._rtt_period + 1)
+
+    def _next_rtt_period(self, period: int) -> None:
+        assert self.bpf is not None
+        self.bpf[b"rtt_period"][ctypes.c_int(0)] = ctypes.c_uint64(period)
+        self._rtt_period = period
+        self._rtt_period_at = self.clock()
 
     def gate_records(self) -> None:
         """Let closed-flow records into the ring buffer while some consumer can take them
@@ -315,6 +323,11 @@ class TcpFlows(RingProgram):
                 apply_deltas(self.cache, *self.enrich.flow_key(decode.flow_key_labels(key)), deltas)
             if self.rtt is not None:
                 self.rtt.read(self.bpf[b"rtt"], self.enrich)
+                # periods begin on this read cycle: at least bpf.read_interval_seconds long
+                if self._rtt_period and self.clock() - self._rtt_period_at >= (
+                    self.rtt_sample_seconds
+                ):
+                    self._next_rtt_period(self._rtt_period + 1)
             self.read_stats(b"stats")
         self.gate_records()
 
