@@ -261,8 +261,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     programs: list[Any] = []
     tcp = procs = None
     if want_tcp:
+        rtt_every = getattr(cfg.collectors.section("rtt"), "sample_seconds", 1.0)
         tcp = tcp_flows.TcpFlows(cfg, cache, bus, loader, rtt=args.what in ("rtt", "all"),
-                                 enrich=enrich)  # fmt: skip
+                                 enrich=enrich, rtt_sample_seconds=rtt_every)  # fmt: skip
         if args.what == "rtt" and tcp.rtt is None:
             raise TraceError(f"rtt: {tcp.rtt_off_reason}")
         if not tcp.start(policy.effective()):
