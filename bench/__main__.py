@@ -359,6 +359,7 @@ def bench_persistent(tools: dict[str, str], seconds: float, tmp: Path,
         turn = {"baseline": run("127.0.0.106")}
         agent = Agent({}, tmp / f"agent-persistent-{i}.log")
         try:
+            time.sleep(SETTLE)
             cpu0 = cpu_seconds(agent.proc.pid)
             turn["agent"] = run("127.0.0.107")
             cpu += cpu_seconds(agent.proc.pid) - cpu0
