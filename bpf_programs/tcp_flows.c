@@ -22,8 +22,8 @@
  *   the smoothed RTT, one of:
  *     -DLENS_RTT_SAMPLED  read from the socket where the running kernel's BTF places
  *                         tcp_sock.srtt_us (-DLENS_TCP_SRTT_OFF), by whichever bytes
- *                         path runs, at most once per socket per collectors.rtt
- *                         .sample_seconds of I/O: no program per received segment
+ *                         path runs, once per socket per sampling period in which it
+ *                         moves bytes (rtt_period): no program per received segment
  *     -DLENS_RTT       tcp:tcp_probe  per received segment (Linux 4.16+); the socket
  *                      comes from its skaddr field (-DLENS_TP_TCP_PROBE_SKADDR: 6.12
  *                      has it, 6.1 not), else from its 4-tuple, indexed when a socket is keyed

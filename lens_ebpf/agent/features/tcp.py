@@ -18,8 +18,9 @@ RTT_FEATURE = "tcp_rtt"
 
 class RttSettings(Settings):
     """collectors.rtt: where the kernel's BTF places srtt_us, each socket's smoothed RTT
-    is sampled when it sends or receives, at most once per sample_seconds (0: at every
-    send and receive); elsewhere tcp:tcp_probe gives one sample per received segment."""
+    is sampled once per period of sample_seconds in which it sends or receives (0: at
+    every send and receive); elsewhere tcp:tcp_probe gives one sample per received
+    segment."""
 
     sample_seconds: float = Field(1.0, ge=0, le=3600)
 

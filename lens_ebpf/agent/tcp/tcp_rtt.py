@@ -1,8 +1,8 @@
 """RTT histograms binned in the kernel (the rtt map of tcp_flows.c).
 
 The samples are each socket's smoothed RTT: where the running kernel's BTF places
-tcp_sock.srtt_us, read when an application sends or receives on the socket, at most
-once per socket per collectors.rtt.sample_seconds (no program runs per segment); else
+tcp_sock.srtt_us, read when an application sends or receives on the socket, once per
+socket per sampling period (collectors.rtt.sample_seconds; no program runs per segment); else
 tcp:tcp_probe's, one per segment received. The kernel bins each sample into
 RTT_BOUNDS_US. The seed histogram's buckets (SEED_BOUNDS_US) are a subset of those,
 so both histograms are exact sums of kernel bins, never an approximation.
@@ -41,14 +41,14 @@ SAMPLED = "LENS_RTT_SAMPLED"
 SRTT_FIELD = BtfField("LENS_TCP_SRTT_OFF", "tcp_sock.srtt_us", 4)
 # what one sample is, per path, for the families' help
 PER_SAMPLE = {
-    True: "each socket's, at most once per collectors.rtt.sample_seconds of its I/O",
+    True: "each socket's, once per collectors.rtt.sample_seconds period it moves bytes in",
     False: "per received segment",
 }
 
 
 def defines(cfg: Config) -> dict[str, int | str]:
-    """cflags the RTT part of tcp_flows.c is compiled with (LENS_RTT itself comes from
-    the program's spec, when tcp:tcp_probe is there)."""
+    """cflags the RTT part of tcp_flows.c is compiled with (LENS_RTT_SAMPLED or LENS_RTT
+    itself comes from the program's spec: BTF's srtt_us, else tcp:tcp_probe)."""
     return {
         "LENS_RTT_NBOUNDS": len(RTT_BOUNDS_US),
         "LENS_RTT_BOUNDS": ",".join(str(b) for b in RTT_BOUNDS_US),
