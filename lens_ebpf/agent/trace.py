@@ -261,7 +261,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     programs: list[Any] = []
     tcp = procs = None
     if want_tcp:
-        rtt_every = getattr(cfg.collectors.section("rtt"), "sample_seconds", 1.0)
+        rtt_every = getattr(cfg.collectors.section("rtt"), "sample_seconds",
+                            tcp_rtt.SAMPLE_SECONDS)  # fmt: skip
         tcp = tcp_flows.TcpFlows(cfg, cache, bus, loader, rtt=args.what in ("rtt", "all"),
                                  enrich=enrich, rtt_sample_seconds=rtt_every)  # fmt: skip
         if args.what == "rtt" and tcp.rtt is None:

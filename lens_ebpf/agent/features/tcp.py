@@ -11,6 +11,7 @@ from pydantic import Field
 from lens_ebpf.agent.bpf.loader import OFF, feature_view
 from lens_ebpf.agent.bpf.spec import Kernel, Plan, resolve
 from lens_ebpf.agent.feature import Context, Feature, Settings, register
+from lens_ebpf.agent.tcp import tcp_rtt
 from lens_ebpf.agent.tcp.tcp_flows import NAME, RTT, SPEC, TcpFlows, TcpFlowsCollector
 
 RTT_FEATURE = "tcp_rtt"
@@ -22,7 +23,7 @@ class RttSettings(Settings):
     every send and receive); elsewhere tcp:tcp_probe gives one sample per received
     segment."""
 
-    sample_seconds: float = Field(1.0, ge=0, le=3600)
+    sample_seconds: float = Field(tcp_rtt.SAMPLE_SECONDS, ge=0, le=3600)
 
 
 @register(NAME, order=10, settings={"tcp": Settings, "rtt": RttSettings})

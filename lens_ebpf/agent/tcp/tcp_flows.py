@@ -179,7 +179,7 @@ class TcpFlows(RingProgram):
         clock: Callable[[], float] = time.monotonic,
         rtt: bool = True,
         enrich: Enrichment | None = None,
-        rtt_sample_seconds: float = 1.0,
+        rtt_sample_seconds: float = tcp_rtt.SAMPLE_SECONDS,
         kernel: Kernel | None = None,
     ) -> None:
         super().__init__(loader)

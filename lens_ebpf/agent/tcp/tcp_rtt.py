@@ -39,6 +39,7 @@ TRACEPOINT = "tcp:tcp_probe"
 # the sampled path's switch and the field it reads (microseconds << 3, as the kernel keeps it)
 SAMPLED = "LENS_RTT_SAMPLED"
 SRTT_FIELD = BtfField("LENS_TCP_SRTT_OFF", "tcp_sock.srtt_us", 4)
+SAMPLE_SECONDS = 1.0  # collectors.rtt.sample_seconds' default
 # what one sample is, per path, for the families' help
 PER_SAMPLE = {
     True: "each socket's, once per collectors.rtt.sample_seconds period it moves bytes in",
