@@ -12,6 +12,13 @@
  *                              family and protocol read where the running kernel's BTF
  *                              places them (-DLENS_SK_FAMILY_OFF, -DLENS_SK_PROTOCOL_OFF)
  *     -DLENS_BYTES_TRACEPOINT  sock:sock_send_length, sock:sock_recv_length (Linux 6.3+)
+ *     -DLENS_BYTES_COUNTERS    no program per message: the socket's own counters, read
+ *                              where the running kernel's BTF places them (-DLENS_TCP_*_OFF,
+ *                              -DLENS_SK_*_OFF), folded into the flow at the socket's
+ *                              close transitions and, for open sockets, by the TCP socket
+ *                              iterator (bpf_iter__tcp) that Python runs every read cycle
+ *                              (Linux 5.15+: the iterator holds each socket's lock, as
+ *                              every state change does, so two folds never interleave)
  *     -DLENS_BYTES_KPROBE      tcp_sendmsg() and tcp_recvmsg() entry (socket) and return
  *                              (bytes sent, bytes copied to the reader);
  *                              inet_recvmsg()/inet6_recvmsg() flags (MSG_PEEK reads
@@ -29,7 +36,8 @@
  *                      has it, 6.1 not), else from its 4-tuple, indexed when a socket is keyed
  *
  * Per socket (keyed by the socket's address, used only as an opaque key) the program
- * keeps who opened it and how many bytes went each way. Per flow key (direction,
+ * keeps who opened it and how many bytes went each way (on the counters path: how many
+ * it has folded into the flow so far). Per flow key (direction,
  * remote class, remote address, service port) it aggregates counters that user space
  * reads each cycle, so a long-lived flow's bytes show before it closes. Each closed
  * flow also goes to the ring buffer as one record. Direction comes from the socket's
@@ -299,6 +307,13 @@ static __always_inline void finish_socket(struct sock_info *si, u8 reason)
     emit_close(si, reason);
 }
 
+#ifdef LENS_BYTES_COUNTERS
+/* defined with the counters below */
+static __always_inline void fold_bytes(u64 sk, struct sock_info *si, int state, int at_close);
+static __always_inline void fold_untracked(u64 sk, int state, int at_close, int insert);
+static __always_inline int fold_point(int os, int ns);
+#endif
+
 TRACEPOINT_PROBE(sock, inet_sock_set_state)
 {
     if (args->protocol != LENS_IPPROTO_TCP)
@@ -348,8 +363,13 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
             return 0;
         si = socks.lookup(&sk);
     }
-    if (!si)
-        return 0; /* opened before the agent, or not a connection */
+    if (!si) { /* opened before the agent, or not a connection */
+#ifdef LENS_BYTES_COUNTERS
+        if (fold_point(os, ns))
+            fold_untracked(sk, os, ns == S_CLOSE, 0);
+#endif
+        return 0;
+    }
 
     if (!(si->flags & SI_KEYED) && ns != S_SYN_SENT && ns != S_SYN_RECV &&
         !(ns == S_CLOSE && (os == S_SYN_SENT || os == S_SYN_RECV))) {
@@ -364,6 +384,10 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         ((os == S_ESTABLISHED && ns == S_FIN_WAIT1) || (os == S_CLOSE_WAIT && ns == S_LAST_ACK)))
         set_owner(si);
 
+#ifdef LENS_BYTES_COUNTERS
+    if ((si->flags & SI_KEYED) && fold_point(os, ns))
+        fold_bytes(sk, si, os, ns == S_CLOSE);
+#endif
     if (ns != S_CLOSE)
         return 0;
 
@@ -477,6 +501,179 @@ static __always_inline int inet_tcp(u64 sk)
 }
 #endif
 
+#ifdef LENS_BYTES_COUNTERS
+#define S_FIN_WAIT2 5
+#define S_TIME_WAIT 6
+#define S_LISTEN 10
+#define S_CLOSING 11
+#define S_NEW_SYN_RECV 12
+/* enum sock_flags: SOCK_DEAD, SOCK_DONE (a FIN came in: tcp_fin() sets it), ... */
+#define SOCK_DONE_BIT 1
+
+/* A socket's application bytes since it was created: what send() accepted and what
+ * recv() returned, from the kernel's own counters. */
+struct counts {
+    u64 sent;
+    u64 recv;
+    u32 ports; /* skc_portpair: an untracked entry belongs to this socket, not a reused address */
+    u32 pad;
+};
+/* Sockets opened before the agent (no flow key): their counters when first seen by the
+ * iterator, so lens_tcp_untracked_bytes counts what moved since. */
+BPF_TABLE("lru_hash", u64, struct counts, untracked, MAX_SOCKETS);
+
+static __always_inline u32 read_u32(u64 sk, u32 off)
+{
+    u32 v = 0;
+    bpf_probe_read_kernel(&v, sizeof(v), (void *)(sk + off));
+    return v;
+}
+
+static __always_inline u64 read_u64(u64 sk, u32 off)
+{
+    u64 v = 0;
+    bpf_probe_read_kernel(&v, sizeof(v), (void *)(sk + off));
+    return v;
+}
+
+/* A FIN is queued (it took one sequence number of write_seq) once the socket has left
+ * ESTABLISHED or CLOSE_WAIT by close() or shutdown(): the state is set first, then
+ * tcp_send_fin() runs under the same socket lock. */
+static __always_inline int fin_queued(int state)
+{
+    return state == S_FIN_WAIT1 || state == S_FIN_WAIT2 || state == S_CLOSING ||
+           state == S_LAST_ACK;
+}
+
+/* state: the socket's state before this transition (or now, for the iterator). Sent:
+ * the sequence space the socket used, as a u64 (bytes_acked plus what is queued past
+ * snd_una; u32 sequences wrap every 4 GB), less its FIN. Read: bytes_received (u64, up to
+ * rcv_nxt) less what waits unread, less the EOF when the application read it (recv()
+ * moves copied_seq past the FIN). At CLOSE, data still queued for the application (the
+ * peer's FIN closed the socket before it read everything: it reads the rest after
+ * CLOSE, which no transition sees) counts as read; close() empties the queue of what it
+ * throws away before CLOSE, so that never counts. */
+static __always_inline void socket_counts(u64 sk, int state, int at_close, struct counts *c)
+{
+    u64 acked = read_u64(sk, LENS_TCP_BYTES_ACKED_OFF);
+    u32 write_seq = read_u32(sk, LENS_TCP_WRITE_SEQ_OFF);
+    u32 snd_una = read_u32(sk, LENS_TCP_SND_UNA_OFF);
+    u64 received = read_u64(sk, LENS_TCP_BYTES_RECEIVED_OFF);
+    u32 rcv_nxt = read_u32(sk, LENS_TCP_RCV_NXT_OFF);
+    u32 copied = read_u32(sk, LENS_TCP_COPIED_SEQ_OFF);
+    u64 sk_flags = read_u64(sk, LENS_SK_FLAGS_OFF);
+    c->sent = acked + (u32)(write_seq - snd_una) - fin_queued(state);
+    u32 unread = rcv_nxt - copied;
+    u32 fin_in = (sk_flags >> SOCK_DONE_BIT) & 1;
+    c->recv = received - unread;
+    if (fin_in && !unread)
+        c->recv -= 1; /* the EOF the application read */
+    else if (at_close && unread > fin_in && read_u32(sk, LENS_SK_RCVQ_LEN_OFF))
+        c->recv += unread - fin_in;
+    c->ports = read_u32(sk, LENS_SK_PORTPAIR_OFF);
+}
+
+/* Add what a tracked socket moved since its last fold to its flow (si->sent, si->recv:
+ * what was folded). Only ever called under the socket's lock (a state change, or the
+ * iterator), so the folds of one socket never interleave. */
+static __always_inline void fold_bytes(u64 sk, struct sock_info *si, int state, int at_close)
+{
+    struct counts c;
+    socket_counts(sk, state, at_close, &c);
+    /* an active open's SYN took one sequence number: bytes_acked counts its ACK */
+    u64 syn = si->direction == LENS_DIR_EGRESS;
+    u64 sent = c.sent > syn ? c.sent - syn : 0;
+    u64 ds = sent > si->sent ? sent - si->sent : 0;
+    u64 dr = c.recv > si->recv ? c.recv - si->recv : 0;
+    if (!ds && !dr)
+        return;
+    si->sent += ds;
+    si->recv += dr;
+#ifdef LENS_RTT_SAMPLED
+    sample_rtt(sk, si);
+#endif
+    struct flow_val *v = flow_get(&si->key);
+    if (!v)
+        return;
+    if (ds)
+        __sync_fetch_and_add(&v->sent, ds);
+    if (dr)
+        __sync_fetch_and_add(&v->recv, dr);
+}
+
+/* A socket opened before the agent: what it moved since the iterator first saw it, into
+ * the untracked counters. The iterator (insert) takes its first sight; a close forgets it. */
+static __always_inline void fold_untracked(u64 sk, int state, int at_close, int insert)
+{
+    struct counts c;
+    socket_counts(sk, state, at_close, &c);
+    struct counts *was = untracked.lookup(&sk);
+    if (!was || was->ports != c.ports || c.sent < was->sent || c.recv < was->recv) {
+        if (insert)
+            untracked.update(&sk, &c); /* first sight, or another socket at this address */
+        else if (was)
+            untracked.delete(&sk);
+        return;
+    }
+    if (c.sent > was->sent)
+        stat_add(ST_UNTRACKED_SENT, c.sent - was->sent);
+    if (c.recv > was->recv)
+        stat_add(ST_UNTRACKED_RECV, c.recv - was->recv);
+    if (at_close) {
+        untracked.delete(&sk);
+    } else {
+        was->sent = c.sent;
+        was->recv = c.recv;
+    }
+}
+
+/* The transitions whose fold matters: close() or shutdown() from the application
+ * (process context: the kernel does not skip these runs for another program's), and
+ * CLOSE. */
+static __always_inline int fold_point(int os, int ns)
+{
+    return ns == S_CLOSE || (os == S_ESTABLISHED && ns == S_FIN_WAIT1) ||
+           (os == S_CLOSE_WAIT && ns == S_LAST_ACK);
+}
+
+/* The context of the TCP socket iterator (net/ipv4/tcp_ipv4.c), as the verifier checks
+ * it against the kernel's BTF: each member 8-aligned. */
+struct bpf_iter__tcp {
+    void *meta;
+    void *sk_common;
+    u32 uid;
+} __attribute__((aligned(8)));
+
+/* Run by Python once per read cycle over every TCP socket: fold what open connections
+ * moved since their last fold (the bytes a scrape shows before a flow ends), and take
+ * the first sight of sockets opened before the agent. */
+int bpf_iter__tcp(struct bpf_iter__tcp *ctx)
+{
+    void *skc = ctx->sk_common;
+    if (!skc)
+        return 0;
+    u64 sk = (u64)skc;
+    u8 state = 0;
+    bpf_probe_read_kernel(&state, sizeof(state), (void *)(sk + LENS_SK_STATE_OFF));
+    /* not full sockets, or none that moves application bytes */
+    if (state == S_TIME_WAIT || state == S_NEW_SYN_RECV || state == S_LISTEN ||
+        state == S_CLOSE || state == S_SYN_SENT)
+        return 0;
+    struct sock_info *si = socks.lookup(&sk);
+    if (si) {
+        if (si->flags & SI_KEYED)
+            fold_bytes(sk, si, state, 0);
+        return 0;
+    }
+    u16 family = 0;
+    bpf_probe_read_kernel(&family, sizeof(family), (void *)(sk + LENS_SK_FAMILY_OFF));
+    if (family == AF_INET || family == AF_INET6)
+        fold_untracked(sk, state, 0, 1);
+    return 0;
+}
+#endif
+
+#if !defined(LENS_BYTES_COUNTERS)
 /* Bytes an application moved on a socket: into its flow's counters once keyed. */
 static __always_inline void account_bytes(u64 sk, int ret, int sending)
 {
@@ -508,6 +705,7 @@ static __always_inline void account_bytes(u64 sk, int ret, int sending)
     else
         __sync_fetch_and_add(&v->recv, ret);
 }
+#endif
 
 #ifdef LENS_BYTES_TRACEPOINT
 static __always_inline void count_bytes(u64 sk, u16 family, u16 protocol, int ret, int flags,

@@ -13,11 +13,11 @@ import pytest
 
 from lens_ebpf.agent import config
 from lens_ebpf.agent.bpf.loader import BpfLoader
-from lens_ebpf.agent.bpf.spec import TRACEPOINT, Kernel
+from lens_ebpf.agent.bpf.spec import ITER, TRACEPOINT, Kernel
 from lens_ebpf.agent.events import EventBus
 from lens_ebpf.agent.metrics.cache import MetricCache
 from lens_ebpf.agent.net.identity import NO_IDENTITY
-from lens_ebpf.agent.net.policy import parse_policy
+from lens_ebpf.agent.net.policy import load_policy, parse_policy
 from lens_ebpf.agent.tcp.tcp_flows import SPEC, TcpFlows
 from lens_ebpf.agent.tcp.tcp_rtt import LENS, RTT_BOUNDS_US, SEED, SEED_BOUNDS_US
 from tests.netlab import in_netns, listener, recv_exact
@@ -82,44 +82,52 @@ def check_bins(bins: list[float], sum_s: float, ss_rtt_us: float) -> None:
     assert edges[filled[0]] < mean_us <= edges[filled[-1] + 1]
 
 
-@pytest.fixture
-def sampled(rig: FlowRig) -> Iterator[TcpFlows]:
-    """The rig's program where it samples RTT from the socket (BTF srtt_us); its interval
-    set back to the configured one afterwards."""
-    flows = rig.flows
+@pytest.fixture(scope="module")
+def per_message(policy_file) -> Iterator[TcpFlows]:
+    """tcp_flows as a kernel without the TCP socket iterator loads it (5.10): bytes from
+    a program per message (raw tracepoints on 6.3+, kprobes before), RTT sampled by those
+    programs from the socket where BTF places srtt_us."""
+    loader = BpfLoader()
+    no_iter = dataclasses.replace(Kernel.running((SPEC,)), iterators=False)
+    flows = TcpFlows(config.load(None), MetricCache(3600, 100000), EventBus(1000), loader,
+                     kernel=no_iter)  # fmt: skip
     if flows.rtt is None or not flows.rtt.sampled:
         pytest.skip("no BTF tcp_sock.srtt_us on this kernel: RTT comes from tcp_probe "
                     "(test_rtt_per_segment_matches_the_kernels_srtt)")  # fmt: skip
+    assert flows.plan.paths()["bytes"] != ITER
+    assert flows.start(load_policy(policy_file))
     configured = flows.rtt_sample_seconds
     yield flows
     flows.set_rtt_sampling(configured)
+    loader.close()
 
 
 @pytest.mark.parametrize(("where", "addr", "cls"), [
     ("loopback", "127.0.0.81", "localhost"),
     ("veth", "192.168.77.2", "internalHosts"),
 ])  # fmt: skip
-def test_rtt_sampled_per_socket_is_the_kernels_srtt(
-    rig: FlowRig, sampled: TcpFlows, lab, where: str, addr: str, cls: str
+def test_rtt_sampled_per_message_is_the_kernels_srtt(
+    per_message: TcpFlows, lab, where: str, addr: str, cls: str
 ) -> None:
     """One sample per send and per receive at sample_seconds 0, each the socket's srtt as
     ss shows it; else one per socket per period, whatever the traffic."""
+    sampled, cache = per_message, per_message.cache
     srv = listener(addr, ns=lab.ns if where == "veth" else None)
     port = srv.getsockname()[1]
-    rig.flows.read()  # the series may hold earlier tests' flows: measure the increase
+    sampled.read()  # the series may hold earlier tests' flows: measure the increase
     sampled.set_rtt_sampling(0)
     cli = socket.create_connection((addr, port))
     conn, _ = srv.accept()
     try:
-        before = rtt_state(rig.cache, addr, cls)
-        seed0 = rig.cache.get(SEED, (addr, "egress")) or ([0] * (len(SEED_BOUNDS_US) + 1), 0.0)
+        before = rtt_state(cache, addr, cls)
+        seed0 = cache.get(SEED, (addr, "egress")) or ([0] * (len(SEED_BOUNDS_US) + 1), 0.0)
         ping_pong(cli, conn, 50)
-        bins, sum_s = grew(sampled, rig.cache, addr, cls, before)
+        bins, sum_s = grew(sampled, cache, addr, cls, before)
         # the client's 50 sends and 50 receives: one sample each (egress: the client's)
         assert sum(bins) == 100, bins
         ss = ss_info(addr, port)
         check_bins(bins, sum_s, ss["rtt_us"])
-        seed = rig.cache.get(SEED, (addr, "egress"))
+        seed = cache.get(SEED, (addr, "egress"))
         seed_bins = [a - b for a, b in zip(seed[0], seed0[0], strict=True)]
         assert sum(seed_bins) == 100
         assert seed[1] - seed0[1] == pytest.approx(sum_s * 1e6)
@@ -127,10 +135,10 @@ def test_rtt_sampled_per_socket_is_the_kernels_srtt(
         # the client's last receive took "q", which acknowledged its "p": its srtt has not
         # moved since. A receive of data that acknowledges nothing new leaves it so, and
         # samples exactly what ss shows (both microseconds, srtt_us >> 3)
-        before = rtt_state(rig.cache, addr, cls)
+        before = rtt_state(cache, addr, cls)
         conn.sendall(b"r")
         recv_exact(cli, 1)
-        bins, sum_s = grew(sampled, rig.cache, addr, cls, before)
+        bins, sum_s = grew(sampled, cache, addr, cls, before)
         assert sum(bins) == 1 and round(sum_s * 1e6) == ss["rtt_us"], (bins, sum_s, ss)
         # periods of an hour, the first starting now: each socket takes one sample at its
         # first send or receive in the period, however many follow
@@ -138,19 +146,99 @@ def test_rtt_sampled_per_socket_is_the_kernels_srtt(
         cli2 = socket.create_connection((addr, port))
         conn2, _ = srv.accept()
         try:
-            before = rtt_state(rig.cache, addr, cls)
+            before = rtt_state(cache, addr, cls)
             ping_pong(cli, conn, 20)
             ping_pong(cli2, conn2, 20)
-            bins, _ = grew(sampled, rig.cache, addr, cls, before)  # a read starts none
+            bins, _ = grew(sampled, cache, addr, cls, before)  # a read starts none
             assert sum(bins) == 2, bins
             ping_pong(cli, conn, 5)
-            bins, _ = grew(sampled, rig.cache, addr, cls, before)
+            bins, _ = grew(sampled, cache, addr, cls, before)
             assert sum(bins) == 2, bins
             # the next period: one more from the socket that moves bytes in it
             sampled.set_rtt_sampling(3600)
             ping_pong(cli, conn, 5)
-            bins, _ = grew(sampled, rig.cache, addr, cls, before)
+            bins, _ = grew(sampled, cache, addr, cls, before)
             assert sum(bins) == 3, bins
+        finally:
+            cli2.close()
+            conn2.close()
+    finally:
+        cli.close()
+        conn.close()
+        srv.close()
+
+
+@pytest.fixture
+def folded(rig: FlowRig) -> Iterator[TcpFlows]:
+    """The rig's program where it folds bytes from the socket's counters (no program per
+    message): RTT is sampled at each fold; its interval set back afterwards."""
+    flows = rig.flows
+    if flows.plan.paths()["bytes"] != ITER:
+        pytest.skip(f"bytes take the {flows.plan.paths()['bytes']} path on this kernel "
+                    f"({flows.plan.choices['bytes'].reason}): "
+                    "test_rtt_sampled_per_message_is_the_kernels_srtt covers it")  # fmt: skip
+    if flows.rtt is None or not flows.rtt.sampled:
+        pytest.skip("no BTF tcp_sock.srtt_us on this kernel")
+    configured = flows.rtt_sample_seconds
+    yield flows
+    flows.set_rtt_sampling(configured)
+
+
+@pytest.mark.parametrize(("where", "addr", "cls"), [
+    ("loopback", "127.0.0.82", "localhost"),
+    ("veth", "192.168.77.2", "internalHosts"),
+])  # fmt: skip
+def test_rtt_sampled_at_each_fold_is_the_kernels_srtt(
+    rig: FlowRig, folded: TcpFlows, lab, where: str, addr: str, cls: str
+) -> None:
+    """Where no program runs per message, a socket's srtt is sampled when its bytes are
+    folded (each read cycle's iterator walk, and its close) if it moved bytes since the
+    last fold: at sample_seconds 0 at every such fold, else once per period."""
+    srv = listener(addr, ns=lab.ns if where == "veth" else None)
+    port = srv.getsockname()[1]
+    folded.read()  # the series may hold earlier tests' flows: measure the increase
+    folded.set_rtt_sampling(0)
+    cli = socket.create_connection((addr, port))
+    conn, _ = srv.accept()
+    try:
+        before = rtt_state(rig.cache, addr, cls)
+        ping_pong(cli, conn, 50)
+        bins, sum_s = grew(folded, rig.cache, addr, cls, before)
+        assert sum(bins) == 1, bins  # one walk, one socket that moved bytes (egress)
+        bins, _ = grew(folded, rig.cache, addr, cls, before)
+        assert sum(bins) == 1, bins  # a walk after no traffic takes none
+        # a receive of data that acknowledges nothing new leaves srtt as it was: the
+        # sample is exactly what ss shows (both microseconds, srtt_us >> 3)
+        before = rtt_state(rig.cache, addr, cls)
+        conn.sendall(b"r")
+        recv_exact(cli, 1)
+        ss = ss_info(addr, port)
+        bins, sum_s = grew(folded, rig.cache, addr, cls, before)
+        assert sum(bins) == 1 and round(sum_s * 1e6) == ss["rtt_us"], (bins, sum_s, ss)
+        check_bins(bins, sum_s, ss["rtt_us"])
+        # periods of an hour: one sample per socket per period, however many walks
+        folded.set_rtt_sampling(3600)
+        cli2 = socket.create_connection((addr, port))
+        conn2, _ = srv.accept()
+        try:
+            before = rtt_state(rig.cache, addr, cls)
+            ping_pong(cli, conn, 20)
+            ping_pong(cli2, conn2, 20)
+            bins, _ = grew(folded, rig.cache, addr, cls, before)
+            assert sum(bins) == 2, bins
+            ping_pong(cli, conn, 5)
+            bins, _ = grew(folded, rig.cache, addr, cls, before)
+            assert sum(bins) == 2, bins
+            folded.set_rtt_sampling(3600)  # the next period
+            ping_pong(cli, conn, 5)
+            bins, _ = grew(folded, rig.cache, addr, cls, before)
+            assert sum(bins) == 3, bins
+            # a close folds what moved since the last walk, and samples it
+            folded.set_rtt_sampling(0)
+            ping_pong(cli2, conn2, 3)
+            cli2.close()  # close() itself moves the socket to FIN_WAIT1: that run folds
+            bins, _ = grew(folded, rig.cache, addr, cls, before)
+            assert sum(bins) == 4, bins
         finally:
             cli2.close()
             conn2.close()

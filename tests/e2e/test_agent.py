@@ -31,9 +31,12 @@ def policy(tmp_path: Path) -> Path:
 
 def bytes_paths() -> tuple[str, str]:
     """(tcp_flows' feature path, its bytes need's path) on this kernel."""
+    kernel_btf = btf.running()
+    if kernel_btf is not None and kernel_btf.struct_id("bpf_tcp_iter_state") is not None:
+        return "tracepoint", "iter"  # the socket's counters: no program per message
     if not tracefs.tracepoint_exists("sock:sock_send_length"):
         return "kprobe", "kprobe"
-    return "tracepoint", "raw_tracepoint" if btf.running() is not None else "tracepoint"
+    return "tracepoint", "raw_tracepoint" if kernel_btf is not None else "tracepoint"
 
 
 def test_serves_metrics_counts_a_flow_and_stops_cleanly(policy: Path) -> None:
@@ -42,8 +45,9 @@ def test_serves_metrics_counts_a_flow_and_stops_cleanly(policy: Path) -> None:
         agent.wait_ready()  # how long start-up takes is bench's figure, not a test's
         status, ready = agent.json("/readyz")
         assert status == 200 and ready["ready"] is True
-        # the bytes path this kernel has: sock_send_length from 6.3 (raw where the kernel
-        # has BTF), kprobes before; the feature's path is tracepoint for both
+        # the bytes path this kernel has: the socket's counters where BTF and a locking
+        # TCP iterator are (5.15+), else sock_send_length from 6.3 (raw where the kernel
+        # has BTF), kprobes before; the feature's path is tracepoint but for kprobes
         path, bytes_path = bytes_paths()
         flows = ready["features"]["tcp_flows"]
         assert (flows["state"], flows["reason"], flows["path"]) == ("attached", "", path)

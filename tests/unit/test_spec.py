@@ -15,6 +15,7 @@ from lens_ebpf.agent import tracefs
 from lens_ebpf.agent.bpf import btf
 from lens_ebpf.agent.bpf.spec import (
     BTF,
+    ITER,
     KPROBE,
     RAW_TRACEPOINT,
     TRACEPOINT,
@@ -77,6 +78,7 @@ def test_tcp_flows_paths_and_fields_per_kernel(name: str) -> None:
         )  # fmt: skip
         assert "sock:sock_send_length" not in plan.tracepoints()
         assert plan.choices["bytes"].reason == (
+            "no iter: BTF (/sys/kernel/btf/vmlinux absent or unreadable) missing; "
             "no raw_tracepoint or tracepoint: sock:sock_send_length, sock:sock_recv_length "
             "missing"
         )
@@ -84,7 +86,8 @@ def test_tcp_flows_paths_and_fields_per_kernel(name: str) -> None:
         assert plan.kprobes() == ()
         # these fixtures carry no BTF: the classic tracepoints, saying why
         assert plan.choices["bytes"].reason == (
-            "no raw_tracepoint: BTF (/sys/kernel/btf/vmlinux absent or unreadable) missing"
+            "no iter or raw_tracepoint: BTF (/sys/kernel/btf/vmlinux absent or unreadable) "
+            "missing"
         )
 
 
@@ -106,7 +109,8 @@ def test_no_kprobes_and_no_byte_tracepoints_turns_only_tcp_flows_off() -> None:
     features = {f: feature_support(p, n) for f, (p, n) in feature_plans(k).items()}
     assert features["tcp_flows"]["supported"] is False
     assert features["tcp_flows"]["reason"] == (
-        "bytes: no raw_tracepoint or tracepoint: sock:sock_send_length, "
+        "bytes: no iter: BTF (/sys/kernel/btf/vmlinux absent or unreadable) missing; "
+        "no raw_tracepoint or tracepoint: sock:sock_send_length, "
         "sock:sock_recv_length missing; no kprobe: kprobes (kernel built without them) missing"
     )
     assert features["processes"]["supported"] is True
@@ -193,10 +197,51 @@ needs_btf = pytest.mark.skipif(
 
 
 @needs_btf
-def test_with_btf_bytes_take_raw_tracepoints_and_exit_codes_the_task_field() -> None:
-    k = Kernel(FIXTURES / "6.18" / "events", False, btf=HOST_BTF)
+def test_with_btf_bytes_come_from_the_socket_counters_through_the_tcp_iterator() -> None:
+    plan = resolve(tcp_flows.SPEC, Kernel(FIXTURES / "6.18" / "events", False, btf=HOST_BTF))
+    assert plan.paths()["bytes"] == ITER and plan.choices["bytes"].reason == ""
+    assert plan.iterators() == ("tcp",)
+    assert plan.raw_tracepoints() == () and plan.kprobes() == ()
+    assert "sock:sock_send_length" not in plan.tracepoints()
+    assert HOST_BTF is not None
+    for define, member in (("LENS_TCP_BYTES_ACKED_OFF", "tcp_sock.bytes_acked"),
+                           ("LENS_TCP_COPIED_SEQ_OFF", "tcp_sock.copied_seq"),
+                           ("LENS_SK_FLAGS_OFF", "sock.__sk_common.skc_flags")):  # fmt: skip
+        got = HOST_BTF.member(member)
+        assert got is not None and plan.defines[define] == got[0]
+    assert plan.defines["LENS_BYTES_COUNTERS"] == 1
+
+
+@needs_btf
+def test_an_iterator_without_the_socket_lock_keeps_a_program_per_message() -> None:
+    """5.10's TCP iterator (BTF has bpf_iter__tcp, not bpf_tcp_iter_state) walks without
+    each socket's lock: the per-message paths, saying why."""
+
+    class NoLock:
+        def __init__(self, real: object) -> None:
+            self._real = real
+
+        def struct_id(self, name: str) -> int | None:
+            return None if name == "bpf_tcp_iter_state" else self._real.struct_id(name)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._real, name)
+
+    k = Kernel(FIXTURES / "6.18" / "events", False, btf=NoLock(HOST_BTF))  # type: ignore[arg-type]
     plan = resolve(tcp_flows.SPEC, k)
-    assert plan.paths()["bytes"] == RAW_TRACEPOINT and plan.choices["bytes"].reason == ""
+    assert plan.paths()["bytes"] == RAW_TRACEPOINT
+    assert plan.choices["bytes"].reason == (
+        "no iter: a TCP iterator that locks each socket (Linux 5.15+) "
+        "(BTF struct bpf_tcp_iter_state) missing"
+    )
+
+
+@needs_btf
+def test_with_btf_no_iterator_bytes_go_raw_and_exit_codes_take_the_task_field() -> None:
+    k = Kernel(FIXTURES / "6.18" / "events", False, btf=HOST_BTF, iterators=False)
+    plan = resolve(tcp_flows.SPEC, k)
+    assert plan.paths()["bytes"] == RAW_TRACEPOINT
+    assert plan.choices["bytes"].reason == "no iter: BPF iterators (turned off) missing"
     assert plan.raw_tracepoints() == ("sock:sock_send_length", "sock:sock_recv_length")
     assert "sock:sock_send_length" not in plan.tracepoints()
     assert HOST_BTF is not None
@@ -218,8 +263,8 @@ def test_with_btf_bytes_take_raw_tracepoints_and_exit_codes_the_task_field() -> 
     assert "syscalls:sys_enter_exit_group" not in procs.tracepoints()
     assert procs.defines["LENS_TASK_EXIT_CODE_OFF"] == HOST_BTF.member("task_struct.exit_code")[0]  # type: ignore[index]
     # a kernel before sock_send_length has BTF too, and still takes the kprobes
-    assert resolve(tcp_flows.SPEC, Kernel(FIXTURES / "5.10" / "events", True, BYTES_FNS,
-                                          HOST_BTF)).paths()["bytes"] == KPROBE  # fmt: skip
+    old = Kernel(FIXTURES / "5.10" / "events", True, BYTES_FNS, HOST_BTF, iterators=False)
+    assert resolve(tcp_flows.SPEC, old).paths()["bytes"] == KPROBE
 
 
 @needs_btf

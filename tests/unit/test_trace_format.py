@@ -76,10 +76,12 @@ def test_no_byte_probe_point_is_one_line_and_exit_2(monkeypatch, capsys) -> None
     monkeypatch.setattr(tracefs, "ensure_mounted", lambda *a: "/sys/kernel/tracing")
     monkeypatch.setattr(tracefs, "tracepoint_exists", lambda tp, events=None: "length" not in tp)
     monkeypatch.setattr(tracefs, "kprobes_available", lambda *a: False)
+    monkeypatch.setattr(btf, "running", lambda: None)  # no BTF: no counters path either
     assert cli.main(["trace", "tcp"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "lens-ebpf: error: trace: tcp_flows: bytes: no raw_tracepoint or tracepoint: "
+        "lens-ebpf: error: trace: tcp_flows: bytes: no iter: BTF (/sys/kernel/btf/vmlinux "
+        "absent or unreadable) missing; no raw_tracepoint or tracepoint: "
         "sock:sock_send_length, sock:sock_recv_length missing; no kprobe: kprobes (kernel "
         "built without them) missing"
     ]

@@ -179,8 +179,9 @@ def test_real_kernel_suite(matrix: Matrix, series: str, headers: str) -> None:
     for feature in ("tcp_flows", "tcp_rtt", "processes"):
         assert check["features"][feature]["supported"] is True, (feature, check["features"])
     bytes_path = check["features"]["tcp_flows"]["paths"]["bytes"]
-    # Debian's kernels have BTF: sock_send_length's raw tracepoints from 6.3, kprobes before
-    assert bytes_path == ("kprobe" if series in ("5.10", "6.1") else "raw_tracepoint")
+    # Debian's kernels have BTF: the socket's counters where the TCP iterator locks each
+    # socket (5.15+), kprobes on 5.10
+    assert bytes_path == ("kprobe" if series == "5.10" else "iter")
     # and exit codes come from the task's BTF-placed field, no syscall tracepoint on any
     assert check["features"]["processes"]["paths"]["exit_codes"] == "btf"
 

@@ -46,6 +46,47 @@ def attach_retprobe(bpf: Any, fn: str) -> str:
     return f"{ev_name.decode()}_bcc_{os.getpid()}"
 
 
+ITER_PREFIX = "bpf_iter__"  # bpf_iter__<target>: the loader links it; Python runs it
+
+
+class BpfIterator:
+    """A BPF iterator program linked to its target: each run() makes the kernel walk
+    every object of the target (every TCP socket for "tcp") through the program once."""
+
+    def __init__(self, bpf: Any, target: str) -> None:
+        import ctypes
+
+        from bcc import BPF, lib
+
+        self.fn = bpf.load_func(f"{ITER_PREFIX}{target}".encode(), BPF.TRACING)
+        # libbcc's own calls (BCC's Python wraps neither): a link, then one fd per walk
+        self._lib = ctypes.CDLL(lib._name, use_errno=True)
+        self._lib.bcc_iter_attach.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_uint32)
+        self._lib.bcc_iter_create.argtypes = (ctypes.c_int,)
+        self.link = self._lib.bcc_iter_attach(self.fn.fd, None, 0)
+        if self.link < 0:
+            err = ctypes.get_errno()
+            raise RuntimeError(f"cannot link the {target} iterator: {os.strerror(err)}")
+
+    def run(self) -> bytes:
+        """One walk; what the program wrote (bpf_seq_write), if anything."""
+        fd = self._lib.bcc_iter_create(self.link)
+        if fd < 0:
+            raise OSError(f"cannot start an iterator walk (errno {abs(fd)})")
+        try:
+            out = []
+            while chunk := os.read(fd, 65536):
+                out.append(chunk)
+            return b"".join(out)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        if self.link >= 0:
+            os.close(self.link)
+            self.link = -1
+
+
 def program_dir() -> Path:
     """Where the .c files and their shared header live (found as package data)."""
     return Path(str(resources.files("bpf_programs")))
@@ -79,6 +120,7 @@ class ProgramStatus:
     paths: dict[str, str] = field(default_factory=dict)  # need -> tracepoint|kprobe|off
     detail: str = ""  # fallbacks taken and details lost (Plan.summary)
     raw_tracepoints: tuple[str, ...] = ()  # probes() names each "raw:<event>"
+    iterators: tuple[str, ...] = ()  # BPF iterator targets; probes() names each "iter:<target>"
 
 
 def plan_for(spec: ProgramSpec, disabled: Sequence[str] = (), kernel: Kernel | None = None) -> Plan:
@@ -103,6 +145,7 @@ class BpfLoader:
         self._event_counts: dict[str, Callable[[], tuple[int, dict[str, int]]]] = {}
         self._stats_fd: int | None = None
         self._retprobe_events: dict[tuple[str, str], str] = {}  # (program, fn) -> event
+        self._iterators: dict[tuple[str, str], BpfIterator] = {}  # (program, target)
 
     def enable_stats(self) -> bool:
         """Keep the kernel's BPF run-time statistics on until close() (bpf.run_stats)."""
@@ -127,10 +170,11 @@ class BpfLoader:
         chose; None (with a status) when it can't."""
         name = plan.spec.name
         tps, raws, kps = plan.tracepoints(), plan.raw_tracepoints(), plan.kprobes()
+        iters = plan.iterators()
 
         def status(state: str, reason: str, seconds: float = 0.0) -> ProgramStatus:
             st = ProgramStatus(name, state, reason, seconds, tps, kps, plan.paths(),
-                               plan.summary(), raws)  # fmt: skip
+                               plan.summary(), raws, iters)  # fmt: skip
             self.status[name] = st
             return st
 
@@ -158,6 +202,8 @@ class BpfLoader:
                     fn, _, where = probe.partition(":")
                     if where == "return":
                         self._retprobe_events[(name, fn)] = attach_retprobe(bpf, fn)
+                for target in iters:
+                    self._iterators[(name, target)] = BpfIterator(bpf, target)
                 got = (bpf.num_open_tracepoints(), len(bpf.raw_tracepoint_fds),
                        bpf.num_open_kprobes())  # fmt: skip
                 if got != (len(tps), len(raws), len(kps)):
@@ -166,6 +212,7 @@ class BpfLoader:
                         f"tracepoints and {got[2]} of {len(kps)} kprobes attached"
                     )
             except Exception:
+                self._close_iterators(name)
                 bpf.cleanup()
                 for key in [k for k in self._retprobe_events if k[0] == name]:
                     del self._retprobe_events[key]
@@ -178,10 +225,18 @@ class BpfLoader:
         elapsed = time.monotonic() - started
         status(ATTACHED, "", elapsed)
         self._loaded[name] = bpf
-        log.info("%s: attached %d tracepoints, %d raw tracepoints and %d kprobes in %.2fs (%s)",
-                 name, len(tps), len(raws), len(kps), elapsed,
-                 plan.summary() or "all tracepoints")  # fmt: skip
+        log.info("%s: attached %d tracepoints, %d raw tracepoints, %d kprobes and %d "
+                 "iterators in %.2fs (%s)", name, len(tps), len(raws), len(kps), len(iters),
+                 elapsed, plan.summary() or "all tracepoints")  # fmt: skip
         return bpf
+
+    def iterator(self, program: str, target: str) -> BpfIterator:
+        """The linked iterator of a loaded program (KeyError when it has none)."""
+        return self._iterators[(program, target)]
+
+    def _close_iterators(self, program: str | None = None) -> None:
+        for key in [k for k in self._iterators if program is None or k[0] == program]:
+            self._iterators.pop(key).close()
 
     def probes(self) -> list[tuple[str, str, int]]:
         """(program, probe, fd) for each attached tracepoint and kprobe function; a raw
@@ -198,14 +253,16 @@ class BpfLoader:
                     out.append((name, f"kprobe:{fname[len('kprobe__'):]}", fn.fd))
                 elif fname.startswith(RETPROBE_PREFIX):
                     out.append((name, f"kretprobe:{fname[len(RETPROBE_PREFIX):]}", fn.fd))
+                elif fname.startswith(ITER_PREFIX):
+                    out.append((name, f"iter:{fname[len(ITER_PREFIX):]}", fn.fd))
         return out
 
     def misses(self) -> list[tuple[str, str, int]]:
         """(program, tracepoint, runs the kernel skipped) for each attached tracepoint."""
         out = []
         for name, probe, fd in self.probes():
-            if probe.startswith(("kprobe:", "kretprobe:")):
-                continue
+            if probe.startswith(("kprobe:", "kretprobe:", "iter:")):
+                continue  # the kernel skips tracepoint programs only
             n = recursion_misses(fd)
             if n is not None:
                 out.append((name, probe, n))
@@ -235,6 +292,7 @@ class BpfLoader:
 
     def close(self) -> None:
         """Detach every program."""
+        self._close_iterators()
         for name, bpf in list(self._loaded.items()):
             try:
                 bpf.cleanup()

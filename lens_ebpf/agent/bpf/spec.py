@@ -23,6 +23,10 @@ TRACEPOINT, KPROBE = "tracepoint", "kprobe"
 # the kernel's BTF); fields the running kernel's BTF places, read from a tracepoint the
 # program has anyway (bpf/btf.py says why that keeps DESIGN.md rule 1's promise)
 RAW_TRACEPOINT, BTF = "raw_tracepoint", "btf"
+# a BPF iterator over kernel objects (probes name its target: "tcp" for bpf_iter__tcp),
+# run from user space, no probe on any kernel path; its program reads fields the running
+# kernel's BTF places, and btf_types names the kernel types it relies on
+ITER = "iter"
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class ProbePath:
     define: str = ""
     args: tuple[str, ...] = ()  # RAW_TRACEPOINT: each probe's argument types, in C
     btf: tuple[BtfField, ...] = ()
+    btf_types: tuple[tuple[str, str], ...] = ()  # (struct, what it shows) BTF must have
 
     def functions(self) -> set[str]:
         return {p.split(":", 1)[0] for p in self.probes} if self.kind == KPROBE else set()
@@ -100,6 +105,9 @@ class Kernel:
     kprobes: bool
     functions: frozenset[str] = frozenset()
     btf: Btf | None = None
+    # False: take the kernel as one without BPF iterators (tests force the per-message
+    # paths with it)
+    iterators: bool = True
 
     @classmethod
     def running(cls, specs: Iterable[ProgramSpec] = ()) -> Kernel:
@@ -125,13 +133,20 @@ class Kernel:
             if not self.kprobes:
                 return ["kprobes (kernel built without them)"]
             return sorted(f"{fn}()" for fn in path.functions() - self.functions)
-        out = [tp for tp in path.probes if not self.has_tracepoint(tp)]
+        if path.kind == ITER and not self.iterators:
+            return ["BPF iterators (turned off)"]
+        out = [] if path.kind == ITER else [tp for tp in path.probes if not self.has_tracepoint(tp)]
         if out:
             return out
-        if path.kind != RAW_TRACEPOINT and not path.btf:
+        if path.kind not in (RAW_TRACEPOINT, ITER) and not path.btf:
             return out
         if self.btf is None:
             return [f"BTF ({btf_mod.VMLINUX} absent or unreadable)"]
+        for struct, what in path.btf_types:
+            if self.btf.struct_id(struct) is None:
+                out.append(f"{what} (BTF struct {struct})")
+        if out:
+            return out
         if path.kind == RAW_TRACEPOINT:
             for tp in path.probes:
                 got = self.btf.raw_tracepoint_args(tp.split(":", 1)[-1])
@@ -223,9 +238,13 @@ class Plan:
     def raw_tracepoints(self) -> tuple[str, ...]:
         return self._probes(RAW_TRACEPOINT)
 
+    def iterators(self) -> tuple[str, ...]:
+        """The BPF iterator targets the program runs from user space (bpf_iter__<target>)."""
+        return self._probes(ITER)
+
     def paths(self) -> dict[str, str]:
-        """need -> "tracepoint", "raw_tracepoint", "btf", "kprobe" or "off" (for /readyz
-        and check)."""
+        """need -> "tracepoint", "raw_tracepoint", "btf", "iter", "kprobe" or "off" (for
+        /readyz and check)."""
         return {name: c.label for name, c in self.choices.items()}
 
     def summary(self) -> str:
@@ -282,6 +301,6 @@ def resolve(spec: ProgramSpec, kernel: Kernel, disabled: Iterable[str] = ()) -> 
 
 def feature_path(paths: Iterable[str]) -> str:
     """A feature's path from its needs' paths: kprobe where any fell back to one (raw
-    tracepoints and BTF fields count as tracepoint: no kprobe is involved)."""
+    tracepoints, BTF fields and iterators count as tracepoint: no kprobe is involved)."""
     used = {p for p in paths if p != "off"}
     return KPROBE if KPROBE in used else TRACEPOINT if used else "off"

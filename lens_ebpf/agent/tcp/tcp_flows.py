@@ -19,6 +19,7 @@ from lens_ebpf.agent.bpf.map_reader import DeltaReader, prefill_overflow
 from lens_ebpf.agent.bpf.program import RingProgram
 from lens_ebpf.agent.bpf.spec import (
     BTF,
+    ITER,
     KPROBE,
     RAW_TRACEPOINT,
     TRACEPOINT,
@@ -48,6 +49,32 @@ _BYTES_RAW = ProbePath(RAW_TRACEPOINT, _BYTES_TP, "LENS_BYTES_RAW",
                        args=("struct sock *", "int", "int"),
                        btf=(BtfField("LENS_SK_FAMILY_OFF", "sock.__sk_common.skc_family", 2),
                             BtfField("LENS_SK_PROTOCOL_OFF", "sock.sk_protocol", 2)))  # fmt: skip
+# no program per message: the socket's own counters, folded at close transitions and by
+# the TCP socket iterator each read cycle (tcp_flows.c, LENS_BYTES_COUNTERS)
+_COUNTER_FIELDS = (
+    ("LENS_TCP_BYTES_ACKED_OFF", "tcp_sock.bytes_acked", 8),
+    ("LENS_TCP_WRITE_SEQ_OFF", "tcp_sock.write_seq", 4),
+    ("LENS_TCP_SND_UNA_OFF", "tcp_sock.snd_una", 4),
+    ("LENS_TCP_BYTES_RECEIVED_OFF", "tcp_sock.bytes_received", 8),
+    ("LENS_TCP_RCV_NXT_OFF", "tcp_sock.rcv_nxt", 4),
+    ("LENS_TCP_COPIED_SEQ_OFF", "tcp_sock.copied_seq", 4),
+    ("LENS_SK_FLAGS_OFF", "sock.__sk_common.skc_flags", 8),
+    ("LENS_SK_RCVQ_LEN_OFF", "sock.sk_receive_queue.qlen", 4),
+    ("LENS_SK_STATE_OFF", "sock.__sk_common.skc_state", 1),
+    ("LENS_SK_FAMILY_OFF", "sock.__sk_common.skc_family", 2),
+    ("LENS_SK_PORTPAIR_OFF", "sock.__sk_common.skc_portpair", 4),
+)
+_ITER_TYPES = (
+    ("bpf_iter__tcp", "the TCP socket iterator (Linux 5.9+)"),
+    ("bpf_tcp_iter_state", "a TCP iterator that locks each socket (Linux 5.15+)"),
+)
+_BYTES_COUNTERS = ProbePath(
+    ITER,
+    ("tcp",),
+    "LENS_BYTES_COUNTERS",
+    btf=tuple(BtfField(*f) for f in _COUNTER_FIELDS),
+    btf_types=_ITER_TYPES,
+)
 _BYTES_KP = ("tcp_sendmsg", "tcp_sendmsg:return", "tcp_recvmsg", "tcp_recvmsg:return",
              "inet_recvmsg", "inet6_recvmsg")  # fmt: skip
 _RESETS = ("tcp:tcp_send_reset", "tcp:tcp_receive_reset")
@@ -55,7 +82,8 @@ SPEC = ProgramSpec(
     NAME,
     needs=(
         Need("lifecycle", (ProbePath(TRACEPOINT, ("sock:inet_sock_set_state",)),)),
-        Need("bytes", (_BYTES_RAW, ProbePath(TRACEPOINT, _BYTES_TP, "LENS_BYTES_TRACEPOINT"),
+        Need("bytes", (_BYTES_COUNTERS, _BYTES_RAW,
+                       ProbePath(TRACEPOINT, _BYTES_TP, "LENS_BYTES_TRACEPOINT"),
                        ProbePath(KPROBE, _BYTES_KP, "LENS_BYTES_KPROBE"))),
         Need("retransmits", (ProbePath(TRACEPOINT, ("tcp:tcp_retransmit_skb",), "LENS_RETRANS"),),
              optional=True, what_is_lost="no retransmit counts"),
@@ -208,6 +236,8 @@ class TcpFlows(RingProgram):
         rtt_choice = self.plan.choices[RTT]
         self.rtt_off_reason = "" if rtt_choice.path else rtt_choice.reason
         self.rtt: tcp_rtt.TcpRtt | None = None
+        # the TCP socket iterator that folds open sockets' bytes (the counters path)
+        self._walk: Callable[[], bytes] | None = None
         self.rtt_sample_seconds = rtt_sample_seconds
         self._rtt_period = 0  # 0: every send and receive; else the kernel's current period
         self._rtt_period_at = 0.0
@@ -249,6 +279,10 @@ class TcpFlows(RingProgram):
             if self.rtt.sampled:
                 self.set_rtt_sampling(self.rtt_sample_seconds)
         self.set_policy(policy)
+        if self.plan.iterators():
+            self._walk = self.loader.iterator(NAME, "tcp").run
+            # at once: sockets opened before the agent are counted from their first sight
+            self._walk()
         self.open_events(b"flow_events", self._on_event, self.cfg.bpf.ring_reader)
         self.bus.on_change(self.gate_records)
         self.gate_records()
@@ -318,6 +352,8 @@ class TcpFlows(RingProgram):
         if self.bpf is None:
             return
         with self._lock:
+            if self._walk is not None:
+                self._walk()  # open sockets' bytes into their flows, before they are read
             for key, grew in self._flows_reader.read(self.bpf[b"flows"]):
                 deltas = dict(zip(VAL_FIELDS, grew, strict=True))
                 apply_deltas(self.cache, *self.enrich.flow_key(decode.flow_key_labels(key)), deltas)
