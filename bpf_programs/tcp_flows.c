@@ -309,8 +309,10 @@ static __always_inline void finish_socket(struct sock_info *si, u8 reason)
 
 #ifdef LENS_BYTES_COUNTERS
 /* defined with the counters below */
-static __always_inline void fold_bytes(u64 sk, struct sock_info *si, int state, int at_close);
-static __always_inline void fold_untracked(u64 sk, int state, int at_close, int insert);
+static __always_inline void fold_bytes(u64 sk, struct sock_info *si, int state, int at_close,
+                                       u32 slot);
+static __always_inline void fold_untracked(u64 sk, int state, int at_close, int insert,
+                                           u32 slot);
 static __always_inline int fold_point(int os, int ns);
 #endif
 
@@ -366,7 +368,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
     if (!si) { /* opened before the agent, or not a connection */
 #ifdef LENS_BYTES_COUNTERS
         if (fold_point(os, ns))
-            fold_untracked(sk, os, ns == S_CLOSE, 0);
+            fold_untracked(sk, os, ns == S_CLOSE, 0, 0);
 #endif
         return 0;
     }
@@ -386,7 +388,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 
 #ifdef LENS_BYTES_COUNTERS
     if ((si->flags & SI_KEYED) && fold_point(os, ns))
-        fold_bytes(sk, si, os, ns == S_CLOSE);
+        fold_bytes(sk, si, os, ns == S_CLOSE, 0);
 #endif
     if (ns != S_CLOSE)
         return 0;
@@ -536,6 +538,31 @@ static __always_inline u64 read_u64(u64 sk, u32 off)
     return v;
 }
 
+/* The six tcp_sock counters lie within a few hundred bytes of each other: one read of
+ * the span that holds them costs less than six reads (each read is a guarded copy). */
+#define LENS_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define LENS_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define TCP_BLOCK_OFF                                                                          \
+    LENS_MIN(LENS_MIN(LENS_MIN(LENS_TCP_BYTES_ACKED_OFF, LENS_TCP_WRITE_SEQ_OFF),             \
+                      LENS_MIN(LENS_TCP_SND_UNA_OFF, LENS_TCP_BYTES_RECEIVED_OFF)),           \
+             LENS_MIN(LENS_TCP_RCV_NXT_OFF, LENS_TCP_COPIED_SEQ_OFF))
+#define TCP_BLOCK_END                                                                          \
+    LENS_MAX(LENS_MAX(LENS_MAX(LENS_TCP_BYTES_ACKED_OFF + 8, LENS_TCP_WRITE_SEQ_OFF + 4),     \
+                      LENS_MAX(LENS_TCP_SND_UNA_OFF + 4, LENS_TCP_BYTES_RECEIVED_OFF + 8)),   \
+             LENS_MAX(LENS_TCP_RCV_NXT_OFF + 4, LENS_TCP_COPIED_SEQ_OFF + 4))
+#define TCP_BLOCK_LEN (TCP_BLOCK_END - TCP_BLOCK_OFF)
+#if TCP_BLOCK_LEN > 1024
+#error "tcp_sock's counters span more than 1 KB on this kernel"
+#endif
+struct tcp_block {
+    u8 b[TCP_BLOCK_LEN];
+};
+/* scratch for the span: slot 0 for the state-change program, 1 for the iterator (a
+ * softirq's state change can land while the iterator runs on the CPU) */
+BPF_PERCPU_ARRAY(tcp_blocks, struct tcp_block, 2);
+#define BLOCK_U32(blk, off) (*(u32 *)((blk)->b + ((off) - TCP_BLOCK_OFF)))
+#define BLOCK_U64(blk, off) (*(u64 *)((blk)->b + ((off) - TCP_BLOCK_OFF)))
+
 /* A FIN is queued (it took one sequence number of write_seq) once the socket has left
  * ESTABLISHED or CLOSE_WAIT by close() or shutdown(): the state is set first, then
  * tcp_send_fin() runs under the same socket lock. */
@@ -553,14 +580,18 @@ static __always_inline int fin_queued(int state)
  * peer's FIN closed the socket before it read everything: it reads the rest after
  * CLOSE, which no transition sees) counts as read; close() empties the queue of what it
  * throws away before CLOSE, so that never counts. */
-static __always_inline void socket_counts(u64 sk, int state, int at_close, struct counts *c)
+static __always_inline int socket_counts(u64 sk, int state, int at_close, struct counts *c,
+                                         u32 slot)
 {
-    u64 acked = read_u64(sk, LENS_TCP_BYTES_ACKED_OFF);
-    u32 write_seq = read_u32(sk, LENS_TCP_WRITE_SEQ_OFF);
-    u32 snd_una = read_u32(sk, LENS_TCP_SND_UNA_OFF);
-    u64 received = read_u64(sk, LENS_TCP_BYTES_RECEIVED_OFF);
-    u32 rcv_nxt = read_u32(sk, LENS_TCP_RCV_NXT_OFF);
-    u32 copied = read_u32(sk, LENS_TCP_COPIED_SEQ_OFF);
+    struct tcp_block *blk = tcp_blocks.lookup(&slot);
+    if (!blk || bpf_probe_read_kernel(blk, sizeof(*blk), (void *)(sk + TCP_BLOCK_OFF)))
+        return -1;
+    u64 acked = BLOCK_U64(blk, LENS_TCP_BYTES_ACKED_OFF);
+    u32 write_seq = BLOCK_U32(blk, LENS_TCP_WRITE_SEQ_OFF);
+    u32 snd_una = BLOCK_U32(blk, LENS_TCP_SND_UNA_OFF);
+    u64 received = BLOCK_U64(blk, LENS_TCP_BYTES_RECEIVED_OFF);
+    u32 rcv_nxt = BLOCK_U32(blk, LENS_TCP_RCV_NXT_OFF);
+    u32 copied = BLOCK_U32(blk, LENS_TCP_COPIED_SEQ_OFF);
     u64 sk_flags = read_u64(sk, LENS_SK_FLAGS_OFF);
     c->sent = acked + (u32)(write_seq - snd_una) - fin_queued(state);
     u32 unread = rcv_nxt - copied;
@@ -570,16 +601,18 @@ static __always_inline void socket_counts(u64 sk, int state, int at_close, struc
         c->recv -= 1; /* the EOF the application read */
     else if (at_close && unread > fin_in && read_u32(sk, LENS_SK_RCVQ_LEN_OFF))
         c->recv += unread - fin_in;
-    c->ports = read_u32(sk, LENS_SK_PORTPAIR_OFF);
+    return 0;
 }
 
 /* Add what a tracked socket moved since its last fold to its flow (si->sent, si->recv:
  * what was folded). Only ever called under the socket's lock (a state change, or the
  * iterator), so the folds of one socket never interleave. */
-static __always_inline void fold_bytes(u64 sk, struct sock_info *si, int state, int at_close)
+static __always_inline void fold_bytes(u64 sk, struct sock_info *si, int state, int at_close,
+                                       u32 slot)
 {
     struct counts c;
-    socket_counts(sk, state, at_close, &c);
+    if (socket_counts(sk, state, at_close, &c, slot))
+        return;
     /* an active open's SYN took one sequence number: bytes_acked counts its ACK */
     u64 syn = si->direction == LENS_DIR_EGRESS;
     u64 sent = c.sent > syn ? c.sent - syn : 0;
@@ -603,10 +636,13 @@ static __always_inline void fold_bytes(u64 sk, struct sock_info *si, int state, 
 
 /* A socket opened before the agent: what it moved since the iterator first saw it, into
  * the untracked counters. The iterator (insert) takes its first sight; a close forgets it. */
-static __always_inline void fold_untracked(u64 sk, int state, int at_close, int insert)
+static __always_inline void fold_untracked(u64 sk, int state, int at_close, int insert,
+                                           u32 slot)
 {
     struct counts c;
-    socket_counts(sk, state, at_close, &c);
+    if (socket_counts(sk, state, at_close, &c, slot))
+        return;
+    c.ports = read_u32(sk, LENS_SK_PORTPAIR_OFF);
     struct counts *was = untracked.lookup(&sk);
     if (!was || was->ports != c.ports || c.sent < was->sent || c.recv < was->recv) {
         if (insert)
@@ -662,13 +698,13 @@ int bpf_iter__tcp(struct bpf_iter__tcp *ctx)
     struct sock_info *si = socks.lookup(&sk);
     if (si) {
         if (si->flags & SI_KEYED)
-            fold_bytes(sk, si, state, 0);
+            fold_bytes(sk, si, state, 0, 1);
         return 0;
     }
     u16 family = 0;
     bpf_probe_read_kernel(&family, sizeof(family), (void *)(sk + LENS_SK_FAMILY_OFF));
     if (family == AF_INET || family == AF_INET6)
-        fold_untracked(sk, state, 0, 1);
+        fold_untracked(sk, state, 0, 1, 1);
     return 0;
 }
 #endif

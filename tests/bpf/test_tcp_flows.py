@@ -19,6 +19,7 @@ import pytest
 
 from lens_ebpf.agent import tracefs
 from lens_ebpf.agent.bpf.loader import ATTACHED, LoaderCollector
+from lens_ebpf.agent.bpf.spec import ITER
 from lens_ebpf.agent.bpf.syscall import recursion_misses
 from lens_ebpf.agent.net.policy import parse_policy
 from tests.conftest import EMULATED, hang_guard, wait_for
@@ -451,6 +452,66 @@ def test_reset_on_close_with_unread_data(rig: FlowRig) -> None:
     reasons = {e["direction"]: e["reason"] for e in events}
     # the kernel closes the socket, then sends the reset: the record says aborted
     assert reasons == {"egress": "reset_received", "ingress": "aborted"}
+
+
+def test_data_read_after_the_peer_closed_the_socket_is_not_lost(rig: FlowRig) -> None:
+    """A client that shut its side (shutdown(SHUT_WR)) gets the reply and the server's FIN
+    before it reads: its socket goes to CLOSE with 3,000 bytes queued, and it reads them
+    after. Where bytes come from the socket's counters they count as read at CLOSE;
+    where a program runs per message the late reads find no flow and count as untracked.
+    Either way every byte is counted once."""
+    srv = listener("127.0.0.78")
+    port = srv.getsockname()[1]
+    eg = ("egress", "localhost", "127.0.0.78", str(port))
+    rig.flows.read()
+    untracked0 = rig.flows.kernel_stats["untracked_recv_bytes"]
+    cli = socket.create_connection(("127.0.0.78", port))
+    cli.settimeout(hang_guard(10))
+    conn, _ = srv.accept()
+    try:
+        cli.sendall(b"w" * 500)
+        cli.shutdown(socket.SHUT_WR)
+        assert recv_exact(conn, 1000) == 500  # and the client's FIN
+        conn.sendall(b"x" * 3000)
+        conn.close()
+        # the FIN arrived in FIN_WAIT2: the client's socket is closed, the data waits
+        assert rig.wait_value(CLOSED, *eg, want=1) == 1
+        assert unread(cli) == 3000
+        assert recv_exact(cli, 4000) == 3000
+    finally:
+        cli.close()
+        srv.close()
+    assert rig.value(SENT, *eg) == 500
+    late = rig.flows.kernel_stats["untracked_recv_bytes"] - untracked0
+    if rig.flows.plan.paths()["bytes"] == ITER:
+        assert (rig.value(RECV, *eg), late) == (3000, 0)
+    else:  # the node's other old connections may add to the untracked counter
+        assert rig.value(RECV, *eg) + late >= 3000 and rig.value(RECV, *eg) <= 3000
+
+
+def test_an_abortive_close_counts_what_send_accepted(rig: FlowRig) -> None:
+    """SO_LINGER 0 with megabytes the peer never read: close() resets the connection
+    and throws the queue away; sent is what send() accepted, on every path."""
+    srv = listener("127.0.0.79")
+    port = srv.getsockname()[1]
+    eg = ("egress", "localhost", "127.0.0.79", str(port))
+    cli = socket.create_connection(("127.0.0.79", port))
+    conn, _ = srv.accept()
+    try:
+        cli.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        cli.setblocking(False)
+        accepted = 0
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                accepted += cli.send(b"y" * 65536)
+        assert accepted > 65536
+        cli.close()  # a reset, the queue dropped
+        assert rig.wait_value(CLOSED, *eg, want=1) == 1
+        assert rig.value(SENT, *eg) == accepted
+    finally:
+        cli.close()
+        conn.close()
+        srv.close()
 
 
 def unread(conn: socket.socket) -> int:
