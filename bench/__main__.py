@@ -343,9 +343,11 @@ def bench_persistent(tools: dict[str, str], seconds: float, tmp: Path,
     writes on two persistent connections, untraced, with the agent and with tcplife. The
     three take turns for `rounds` rounds of seconds/rounds each, and each ratio is taken
     against its own round's untraced rate, the medians printed: this machine's speed
-    drifts by more than the 3% a goal allows between runs minutes apart."""
+    drifts by more than the 3% a goal allows between runs minutes apart. A round runs 10 s
+    at least: with no program per message, rounds of 3.3 s still spread the 256 B
+    stream's ratio over 86.7-99.9%, rounds of 10 s over 100.2-100.4%."""
     loads = {"rr": ("rr", "2", "64"), "stream": ("stream", "2", "256")}
-    each = max(2.0, seconds / rounds)
+    each = max(10.0, seconds / rounds)
 
     def run(addr: str) -> dict[str, float]:
         return {name: parse_kv(sh("taskset", "-c", "1", tools["rrgen"], mode, addr,
