@@ -284,10 +284,10 @@ def bench_connections(tools: dict[str, str], seconds: float, tmp: Path,
     """Connection rates untraced, with the agent (no flow consumer) and with tcplife
     taking turns for `rounds` rounds of seconds/rounds each, each ratio against its own
     round's untraced rate and the median round's figures kept (this machine's speed
-    drifts by more than a goal's 3% between runs minutes apart); then the consumers'
-    runs, one each."""
+    drifts by more than a goal's 3% between runs minutes apart; a round runs 10 s at
+    least, as bench_persistent's); then the consumers' runs, one each."""
     res: dict[str, Any] = {}
-    each = max(3.0, seconds / rounds)
+    each = max(10.0, seconds / rounds)
     turns: list[dict[str, Any]] = []
     for i in range(rounds):
         base = conn_load(tools, "127.0.0.100", each)

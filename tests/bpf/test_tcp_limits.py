@@ -144,3 +144,45 @@ def test_flow_records_only_while_a_consumer_wants_them(gated: TcpFlows) -> None:
     connect_each([addr] * 20)
     assert opened(gated, addr) == 60
     assert gated.kernel_stats["events"] == before
+
+
+def test_an_iterator_that_fails_to_load_leaves_a_program_per_message(monkeypatch) -> None:
+    """Where the TCP iterator cannot be linked (a BCC or kernel that refuses it), the
+    program loads again with a program per message, says why, and counts exactly."""
+    from lens_ebpf.agent.bpf import loader as loader_mod
+    from lens_ebpf.agent.bpf.spec import ITER
+
+    loader = BpfLoader()
+    flows = TcpFlows(config.load(None), MetricCache(3600, 100000), EventBus(1000), loader)
+    if flows.plan.paths()["bytes"] != ITER:
+        pytest.skip(f"no iterator to fail here: {flows.plan.choices['bytes'].reason}")
+
+    def refuse(self, bpf, target: str) -> None:
+        raise RuntimeError(f"cannot link the {target} iterator: Operation not permitted")
+
+    monkeypatch.setattr(loader_mod.BpfIterator, "__init__", refuse)
+    try:
+        assert flows.start(parse_policy("docker: [127.0.1.0/24]\nlocalhost: [127.0.0.0/8]\n"))
+        assert flows.plan.paths()["bytes"] != ITER
+        assert flows.plan.choices["bytes"].reason.startswith(
+            "no iter: BPF iterators (failed to load: cannot link the tcp iterator: "
+            "Operation not permitted)"
+        )
+        assert loader.status["tcp_flows"].state == "attached"
+        assert "failed to load" in loader.status["tcp_flows"].detail
+        srv = socket.create_server(("127.0.0.91", 0))
+        port = srv.getsockname()[1]
+        cli = socket.create_connection(("127.0.0.91", port))
+        conn, _ = srv.accept()
+        cli.sendall(b"f" * 4321)
+        got = 0
+        while got < 4321:
+            got += len(conn.recv(65536))
+        flows.read()
+        key = ("egress", "localhost", "127.0.0.91", str(port), *NO_IDENTITY)
+        assert flows.cache.get("lens_tcp_sent_bytes_total", key) == 4321
+        cli.close()
+        conn.close()
+        srv.close()
+    finally:
+        loader.close()

@@ -106,8 +106,9 @@ class Kernel:
     functions: frozenset[str] = frozenset()
     btf: Btf | None = None
     # False: take the kernel as one without BPF iterators (tests force the per-message
-    # paths with it)
+    # paths with it; a program whose iterator failed to load is loaded again so), and why
     iterators: bool = True
+    no_iterators_why: str = "turned off"
 
     @classmethod
     def running(cls, specs: Iterable[ProgramSpec] = ()) -> Kernel:
@@ -134,7 +135,7 @@ class Kernel:
                 return ["kprobes (kernel built without them)"]
             return sorted(f"{fn}()" for fn in path.functions() - self.functions)
         if path.kind == ITER and not self.iterators:
-            return ["BPF iterators (turned off)"]
+            return [f"BPF iterators ({self.no_iterators_why})"]
         out = [] if path.kind == ITER else [tp for tp in path.probes if not self.has_tracepoint(tp)]
         if out:
             return out

@@ -232,7 +232,9 @@ class TcpFlows(RingProgram):
         self.enrich = enrich or Enrichment()
         register_families(cache)
         # RTT needs BTF's srtt_us or tcp:tcp_probe; without either the flows still load
-        self.plan = plan_for(SPEC, () if rtt else (RTT,), kernel)
+        self._disabled = () if rtt else (RTT,)
+        self._kernel = kernel
+        self.plan = plan_for(SPEC, self._disabled, kernel)
         rtt_choice = self.plan.choices[RTT]
         self.rtt_off_reason = "" if rtt_choice.path else rtt_choice.reason
         self.rtt: tcp_rtt.TcpRtt | None = None
@@ -262,8 +264,20 @@ class TcpFlows(RingProgram):
         }
 
     def start(self, policy: Policy) -> bool:
-        """Load and attach; False (status recorded by the loader) when it cannot."""
+        """Load and attach; False (status recorded by the loader) when it cannot. Where
+        the counters path (a BPF iterator) fails to load (a BCC or kernel that refuses the
+        program or its link), the program loads again with a program per message, and
+        the plan says why."""
         self.bpf = self.loader.load(self.plan, self.defines())
+        if self.bpf is None and self.plan.iterators():
+            why = self.loader.status[NAME].reason
+            log.warning("%s: the socket-counter path failed to load (%s): bytes per message",
+                        NAME, why)  # fmt: skip
+            kernel = dataclasses.replace(self._kernel or Kernel.running((SPEC,)),
+                                         iterators=False,
+                                         no_iterators_why=f"failed to load: {why}")  # fmt: skip
+            self.plan = plan_for(SPEC, self._disabled, kernel)
+            self.bpf = self.loader.load(self.plan, self.defines())
         if self.bpf is None:
             return False
         layouts.check_layout("flow_key", layouts.FlowKey, self.bpf[b"flows"].Key)
