@@ -489,6 +489,21 @@ static __always_inline void sample_rtt(u64 sk, struct sock_info *si)
 }
 #endif
 
+/* Bytes a keyed socket moved, into its flow's counters (and the period's RTT sample). */
+static __always_inline void flow_add(u64 sk, struct sock_info *si, u64 sent, u64 recv)
+{
+#ifdef LENS_RTT_SAMPLED
+    sample_rtt(sk, si);
+#endif
+    struct flow_val *v = flow_get(&si->key);
+    if (!v)
+        return;
+    if (sent)
+        __sync_fetch_and_add(&v->sent, sent);
+    if (recv)
+        __sync_fetch_and_add(&v->recv, recv);
+}
+
 #ifdef LENS_BYTES_RAW
 /* A raw tracepoint fires for every socket: one the program does not track counts as
  * untracked only when it is TCP over IPv4/IPv6, as the classic tracepoint's own family
@@ -622,16 +637,7 @@ static __always_inline void fold_bytes(u64 sk, struct sock_info *si, int state, 
         return;
     si->sent += ds;
     si->recv += dr;
-#ifdef LENS_RTT_SAMPLED
-    sample_rtt(sk, si);
-#endif
-    struct flow_val *v = flow_get(&si->key);
-    if (!v)
-        return;
-    if (ds)
-        __sync_fetch_and_add(&v->sent, ds);
-    if (dr)
-        __sync_fetch_and_add(&v->recv, dr);
+    flow_add(sk, si, ds, dr);
 }
 
 /* A socket opened before the agent: what it moved since the iterator first saw it, into
@@ -728,18 +734,8 @@ static __always_inline void account_bytes(u64 sk, int ret, int sending)
         __sync_fetch_and_add(&si->sent, ret);
     else
         __sync_fetch_and_add(&si->recv, ret);
-    if (!(si->flags & SI_KEYED))
-        return;
-#ifdef LENS_RTT_SAMPLED
-    sample_rtt(sk, si);
-#endif
-    struct flow_val *v = flow_get(&si->key);
-    if (!v)
-        return;
-    if (sending)
-        __sync_fetch_and_add(&v->sent, ret);
-    else
-        __sync_fetch_and_add(&v->recv, ret);
+    if (si->flags & SI_KEYED)
+        flow_add(sk, si, sending ? ret : 0, sending ? 0 : ret);
 }
 #endif
 

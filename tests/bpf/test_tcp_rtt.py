@@ -3,6 +3,7 @@ both paths: sampled from the socket (BTF) and per segment (tcp_probe)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import socket
@@ -82,6 +83,47 @@ def check_bins(bins: list[float], sum_s: float, ss_rtt_us: float) -> None:
     assert edges[filled[0]] < mean_us <= edges[filled[-1] + 1]
 
 
+@contextlib.contextmanager
+def connected(flows: TcpFlows, ns: str | None, addr: str,
+              ) -> Iterator[tuple[socket.socket, socket.socket, socket.socket]]:  # fmt: skip
+    """A listener on addr (in ns) and one connection to it (listener, client, accepted),
+    the flows read first (the series may hold earlier tests' flows: a test measures the
+    increase) and RTT sampled at every chance."""
+    srv = listener(addr, ns=ns)
+    flows.read()
+    flows.set_rtt_sampling(0)
+    try:
+        cli = socket.create_connection((addr, srv.getsockname()[1]))
+        conn, _ = srv.accept()
+        with cli, conn:
+            yield srv, cli, conn
+    finally:
+        srv.close()
+
+
+def one_per_socket_per_period(flows: TcpFlows, cache: MetricCache, addr: str, cls: str,
+                              one: tuple[socket.socket, socket.socket],
+                              two: tuple[socket.socket, socket.socket],
+                              ) -> tuple[list[float], float]:  # fmt: skip
+    """Periods of an hour, the first starting now: each of two connections takes one
+    sample in a period however much it moves, and a period no sample has read adds none
+    (a read starts no period); the histograms as they were before, for more checks."""
+    flows.set_rtt_sampling(3600)
+    before = rtt_state(cache, addr, cls)
+    ping_pong(*one, 20)
+    ping_pong(*two, 20)
+    bins, _ = grew(flows, cache, addr, cls, before)
+    assert sum(bins) == 2, bins
+    ping_pong(*one, 5)
+    bins, _ = grew(flows, cache, addr, cls, before)
+    assert sum(bins) == 2, bins
+    flows.set_rtt_sampling(3600)  # the next period: one more from the socket that moves
+    ping_pong(*one, 5)
+    bins, _ = grew(flows, cache, addr, cls, before)
+    assert sum(bins) == 3, bins
+    return before
+
+
 @pytest.fixture(scope="module")
 def per_message(policy_file) -> Iterator[TcpFlows]:
     """tcp_flows as a kernel without the TCP socket iterator loads it (5.10): bytes from
@@ -112,13 +154,8 @@ def test_rtt_sampled_per_message_is_the_kernels_srtt(
     """One sample per send and per receive at sample_seconds 0, each the socket's srtt as
     ss shows it; else one per socket per period, whatever the traffic."""
     sampled, cache = per_message, per_message.cache
-    srv = listener(addr, ns=lab.ns if where == "veth" else None)
-    port = srv.getsockname()[1]
-    sampled.read()  # the series may hold earlier tests' flows: measure the increase
-    sampled.set_rtt_sampling(0)
-    cli = socket.create_connection((addr, port))
-    conn, _ = srv.accept()
-    try:
+    with connected(sampled, lab.ns if where == "veth" else None, addr) as (srv, cli, conn):
+        port = srv.getsockname()[1]
         before = rtt_state(cache, addr, cls)
         seed0 = cache.get(SEED, (addr, "egress")) or ([0] * (len(SEED_BOUNDS_US) + 1), 0.0)
         ping_pong(cli, conn, 50)
@@ -140,32 +177,12 @@ def test_rtt_sampled_per_message_is_the_kernels_srtt(
         recv_exact(cli, 1)
         bins, sum_s = grew(sampled, cache, addr, cls, before)
         assert sum(bins) == 1 and round(sum_s * 1e6) == ss["rtt_us"], (bins, sum_s, ss)
-        # periods of an hour, the first starting now: each socket takes one sample at its
-        # first send or receive in the period, however many follow
-        sampled.set_rtt_sampling(3600)
+        # periods of an hour: each socket takes one sample at its first send or receive
+        # in the period, however many follow
         cli2 = socket.create_connection((addr, port))
         conn2, _ = srv.accept()
-        try:
-            before = rtt_state(cache, addr, cls)
-            ping_pong(cli, conn, 20)
-            ping_pong(cli2, conn2, 20)
-            bins, _ = grew(sampled, cache, addr, cls, before)  # a read starts none
-            assert sum(bins) == 2, bins
-            ping_pong(cli, conn, 5)
-            bins, _ = grew(sampled, cache, addr, cls, before)
-            assert sum(bins) == 2, bins
-            # the next period: one more from the socket that moves bytes in it
-            sampled.set_rtt_sampling(3600)
-            ping_pong(cli, conn, 5)
-            bins, _ = grew(sampled, cache, addr, cls, before)
-            assert sum(bins) == 3, bins
-        finally:
-            cli2.close()
-            conn2.close()
-    finally:
-        cli.close()
-        conn.close()
-        srv.close()
+        with cli2, conn2:
+            one_per_socket_per_period(sampled, cache, addr, cls, (cli, conn), (cli2, conn2))
 
 
 @pytest.fixture
@@ -194,13 +211,8 @@ def test_rtt_sampled_at_each_fold_is_the_kernels_srtt(
     """Where no program runs per message, a socket's srtt is sampled when its bytes are
     folded (each read cycle's iterator walk, and its close) if it moved bytes since the
     last fold: at sample_seconds 0 at every such fold, else once per period."""
-    srv = listener(addr, ns=lab.ns if where == "veth" else None)
-    port = srv.getsockname()[1]
-    folded.read()  # the series may hold earlier tests' flows: measure the increase
-    folded.set_rtt_sampling(0)
-    cli = socket.create_connection((addr, port))
-    conn, _ = srv.accept()
-    try:
+    with connected(folded, lab.ns if where == "veth" else None, addr) as (srv, cli, conn):
+        port = srv.getsockname()[1]
         before = rtt_state(rig.cache, addr, cls)
         ping_pong(cli, conn, 50)
         bins, sum_s = grew(folded, rig.cache, addr, cls, before)
@@ -217,35 +229,17 @@ def test_rtt_sampled_at_each_fold_is_the_kernels_srtt(
         assert sum(bins) == 1 and round(sum_s * 1e6) == ss["rtt_us"], (bins, sum_s, ss)
         check_bins(bins, sum_s, ss["rtt_us"])
         # periods of an hour: one sample per socket per period, however many walks
-        folded.set_rtt_sampling(3600)
         cli2 = socket.create_connection((addr, port))
         conn2, _ = srv.accept()
-        try:
-            before = rtt_state(rig.cache, addr, cls)
-            ping_pong(cli, conn, 20)
-            ping_pong(cli2, conn2, 20)
-            bins, _ = grew(folded, rig.cache, addr, cls, before)
-            assert sum(bins) == 2, bins
-            ping_pong(cli, conn, 5)
-            bins, _ = grew(folded, rig.cache, addr, cls, before)
-            assert sum(bins) == 2, bins
-            folded.set_rtt_sampling(3600)  # the next period
-            ping_pong(cli, conn, 5)
-            bins, _ = grew(folded, rig.cache, addr, cls, before)
-            assert sum(bins) == 3, bins
+        with cli2, conn2:
+            before = one_per_socket_per_period(folded, rig.cache, addr, cls, (cli, conn),
+                                               (cli2, conn2))  # fmt: skip
             # a close folds what moved since the last walk, and samples it
             folded.set_rtt_sampling(0)
             ping_pong(cli2, conn2, 3)
             cli2.close()  # close() itself moves the socket to FIN_WAIT1: that run folds
             bins, _ = grew(folded, rig.cache, addr, cls, before)
             assert sum(bins) == 4, bins
-        finally:
-            cli2.close()
-            conn2.close()
-    finally:
-        cli.close()
-        conn.close()
-        srv.close()
 
 
 @pytest.fixture(scope="module")
