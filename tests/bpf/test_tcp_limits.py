@@ -186,3 +186,27 @@ def test_an_iterator_that_fails_to_load_leaves_a_program_per_message(monkeypatch
         srv.close()
     finally:
         loader.close()
+
+
+def test_a_failed_walk_is_counted_and_the_read_goes_on(tiny: TcpFlows, monkeypatch) -> None:
+    """A walk of open sockets that fails (the kernel refuses a new iterator fd) leaves
+    the closed flows' counts read as ever, and says how many walks failed."""
+    if tiny._walk is None:
+        pytest.skip("bytes take a per-message path here: no walk")
+
+    def refused() -> bytes:
+        raise OSError("cannot start an iterator walk (errno 24)")
+
+    def opened() -> float:  # the map may be full (the other test): any key, "other" too
+        tiny.read()
+        return sum(v for labels, v in tiny.cache.snapshot_family(OPENED)
+                   if labels[:2] == ("egress", "localhost"))  # fmt: skip
+
+    base = opened()
+    monkeypatch.setattr(tiny, "_walk", refused)
+    before = tiny.walks_failed
+    connect_each(["127.0.0.92"])
+    wait_for(lambda: opened() == base + 1, "the connection counted while walks fail")
+    assert tiny.walks_failed > before
+    got = {s.name: s.value for m in TcpFlowsCollector(tiny).collect() for s in m.samples}
+    assert got["lens_agent_tcp_walks_failed_total"] == tiny.walks_failed

@@ -240,6 +240,7 @@ class TcpFlows(RingProgram):
         self.rtt: tcp_rtt.TcpRtt | None = None
         # the TCP socket iterator that folds open sockets' bytes (the counters path)
         self._walk: Callable[[], bytes] | None = None
+        self.walks_failed = 0
         self.rtt_sample_seconds = rtt_sample_seconds
         self._rtt_period = 0  # 0: every send and receive; else the kernel's current period
         self._rtt_period_at = 0.0
@@ -367,7 +368,7 @@ class TcpFlows(RingProgram):
             return
         with self._lock:
             if self._walk is not None:
-                self._walk()  # open sockets' bytes into their flows, before they are read
+                self._walk_open_sockets()
             for key, grew in self._flows_reader.read(self.bpf[b"flows"]):
                 deltas = dict(zip(VAL_FIELDS, grew, strict=True))
                 apply_deltas(self.cache, *self.enrich.flow_key(decode.flow_key_labels(key)), deltas)
@@ -380,6 +381,19 @@ class TcpFlows(RingProgram):
                     self._next_rtt_period(self._rtt_period + 1)
             self.read_stats(b"stats")
         self.gate_records()
+
+    def _walk_open_sockets(self) -> None:
+        """Fold open sockets' bytes into their flows, before the flows are read. A walk
+        that fails is counted (lens_agent_tcp_walks_failed_total) and the read goes on:
+        what those sockets moved shows at the next walk or at their close."""
+        assert self._walk is not None
+        try:
+            self._walk()
+        except OSError as exc:
+            self.walks_failed += 1
+            if self.walks_failed == 1 or self.walks_failed % 1000 == 0:
+                log.warning("%s: the TCP socket walk failed (%d so far): %s", NAME,
+                            self.walks_failed, exc)  # fmt: skip
 
     def reconcile(self, live: set[proc_tcp.Tuple] | None = None) -> int:
         """Finish tracked sockets that no namespace holds any more; how many.
@@ -470,6 +484,9 @@ class TcpFlowsCollector(Collector):
             ("lens_agent_tcp_closes_repaired",
              "Sockets finished by the agent's sweep because the kernel skipped their CLOSE",
              flows.repaired),
+            ("lens_agent_tcp_walks_failed",
+             "Read cycles whose walk of open TCP sockets (bpf_iter__tcp) failed: their bytes "
+             "show at the next walk or at close", flows.walks_failed),
         ):  # fmt: skip
             yield CounterMetricFamily(name, help_text, value=value)
         yield GaugeMetricFamily("lens_agent_tcp_flow_keys", "Flow keys held in the kernel map",
