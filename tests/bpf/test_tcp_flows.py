@@ -23,7 +23,7 @@ from lens_ebpf.agent.bpf.spec import ITER
 from lens_ebpf.agent.bpf.syscall import recursion_misses
 from lens_ebpf.agent.net.policy import parse_policy
 from tests.conftest import EMULATED, hang_guard, wait_for
-from tests.netlab import exchange, listener, recv_exact, sh
+from tests.netlab import exchange, in_netns, listener, recv_exact, sh
 
 from .conftest import FlowRig
 
@@ -512,6 +512,43 @@ def test_an_abortive_close_counts_what_send_accepted(rig: FlowRig) -> None:
         cli.close()
         conn.close()
         srv.close()
+
+
+def test_fast_open_data_in_the_syn_counts_once(rig: FlowRig, lab) -> None:
+    """TCP Fast Open (in the lab's namespace, where tcp_fastopen lets both ends use it
+    without a cookie): the client's first bytes ride in its SYN, the server reads them
+    before the handshake ends. Every byte once, each way, on every path."""
+    sh("ip", "netns", "exec", lab.ns, "sysctl", "-q", "-w", "net.ipv4.tcp_fastopen=1027")
+    send_n, reply_n, conns = 700, 300, 3
+
+    def run() -> int:
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_TCP, socket.TCP_FASTOPEN, 16)
+        srv.bind(("127.0.0.5", 0))
+        srv.listen(16)
+        with srv:
+            for _ in range(conns):
+                c = socket.socket()
+                c.sendto(b"t" * send_n, socket.MSG_FASTOPEN, srv.getsockname())
+                conn, _ = srv.accept()
+                assert recv_exact(conn, send_n) == send_n
+                conn.sendall(b"r" * reply_n)
+                assert recv_exact(c, reply_n) == reply_n
+                c.close()
+                conn.recv(1)  # the client's FIN
+                conn.close()
+            return int(srv.getsockname()[1])
+
+    port = in_netns(lab.ns, run)
+    nstat = ["ip", "netns", "exec", lab.ns, "nstat", "-az", "TcpExtTCPFastOpenPassive"]
+    fast = subprocess.run(nstat, capture_output=True, text=True).stdout
+    assert re.search(r"TcpExtTCPFastOpenPassive\s+[1-9]", fast), fast  # data rode a SYN
+    eg = ("egress", "localhost", "127.0.0.5", str(port))
+    ing = ("ingress", "localhost", "127.0.0.1", str(port))
+    assert rig.wait_value(CLOSED, *eg, want=conns) == conns
+    assert rig.wait_value(CLOSED, *ing, want=conns) == conns
+    assert (rig.value(SENT, *eg), rig.value(RECV, *eg)) == (conns * send_n, conns * reply_n)
+    assert (rig.value(SENT, *ing), rig.value(RECV, *ing)) == (conns * reply_n, conns * send_n)
 
 
 def unread(conn: socket.socket) -> int:
