@@ -188,6 +188,36 @@ def test_long_lived_flow_bytes_grow_before_close(rig: FlowRig) -> None:
     assert rig.wait_value(CLOSED, *key, want=1) == 1
 
 
+def test_a_pods_long_lived_flow_grows_before_close(rig: FlowRig, lab) -> None:
+    """Both ends in another network namespace (a pod's): its open connection's bytes
+    show before it closes, as the host's do (where bytes come from the socket's
+    counters, the agent walks every namespace's sockets)."""
+
+    def connect() -> tuple[socket.socket, socket.socket, socket.socket]:
+        srv = listener("127.0.0.93")
+        cli = socket.create_connection(srv.getsockname())
+        return srv, cli, srv.accept()[0]
+
+    srv, cli, conn = in_netns(lab.ns, connect)
+    port = srv.getsockname()[1]
+    eg = ("egress", "localhost", "127.0.0.93", str(port))
+    ing = ("ingress", "localhost", "127.0.0.1", str(port))
+    try:
+        cli.sendall(b"p" * 2500)
+        assert recv_exact(conn, 2500) == 2500
+        conn.sendall(b"q" * 700)
+        assert recv_exact(cli, 700) == 700
+        assert (rig.value(SENT, *eg), rig.value(RECV, *eg)) == (2500, 700)
+        assert (rig.value(SENT, *ing), rig.value(RECV, *ing)) == (700, 2500)
+        assert rig.value(CLOSED, *eg) == 0
+    finally:
+        cli.close()
+        conn.close()
+        srv.close()
+    assert rig.wait_value(CLOSED, *eg, want=1) == 1
+    assert (rig.value(SENT, *eg), rig.value(RECV, *eg)) == (2500, 700)
+
+
 def test_sockets_opened_before_the_agent_count_as_untracked_bytes_tcp_only(rig: FlowRig) -> None:
     """A connection older than the program has no flow; its bytes go to the untracked
     counters, and only TCP's: the raw tracepoints see every socket, so a Unix or UDP

@@ -34,7 +34,7 @@ from lens_ebpf.agent.config import Config
 from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.events import EventBus, FlowClosed
 from lens_ebpf.agent.metrics.cache import COUNTER, MetricCache
-from lens_ebpf.agent.net import identity, proc_tcp
+from lens_ebpf.agent.net import identity, netns, proc_tcp
 from lens_ebpf.agent.net.policy import CLASS_IDS, MAX_PREFIXES, Policy, abnormal, lpm_entries
 from lens_ebpf.agent.tcp import decode, tcp_rtt
 
@@ -297,7 +297,7 @@ class TcpFlows(RingProgram):
         if self.plan.iterators():
             self._walk = self.loader.iterator(NAME, "tcp").run
             # at once: sockets opened before the agent are counted from their first sight
-            self._walk()
+            self._walk_open_sockets()
         self.open_events(b"flow_events", self._on_event, self.cfg.bpf.ring_reader)
         self.bus.on_change(self.gate_records)
         self.gate_records()
@@ -383,17 +383,26 @@ class TcpFlows(RingProgram):
         self.gate_records()
 
     def _walk_open_sockets(self) -> None:
-        """Fold open sockets' bytes into their flows, before the flows are read. A walk
-        that fails is counted (lens_agent_tcp_walks_failed_total) and the read goes on:
-        what those sockets moved shows at the next walk or at their close."""
+        """Fold open sockets' bytes into their flows, before the flows are read: one
+        walk per network namespace (the iterator walks the namespace it starts in; pods
+        have their own). A walk that fails, or a namespace that cannot be entered, is
+        counted (lens_agent_tcp_walks_failed_total) and the read goes on: what those
+        sockets moved shows at a later walk or at their close."""
+        for _ino, ok in netns.in_each(netns.namespaces(), self._walk_one):
+            if not ok:
+                self.walks_failed += 1
+                if self.walks_failed == 1 or self.walks_failed % 1000 == 0:
+                    log.warning("%s: a walk of a namespace's TCP sockets failed (%d so far)",
+                                NAME, self.walks_failed)  # fmt: skip
+
+    def _walk_one(self) -> bool:
         assert self._walk is not None
         try:
             self._walk()
         except OSError as exc:
-            self.walks_failed += 1
-            if self.walks_failed == 1 or self.walks_failed % 1000 == 0:
-                log.warning("%s: the TCP socket walk failed (%d so far): %s", NAME,
-                            self.walks_failed, exc)  # fmt: skip
+            log.debug("%s: walk failed: %s", NAME, exc)
+            return False
+        return True
 
     def reconcile(self, live: set[proc_tcp.Tuple] | None = None) -> int:
         """Finish tracked sockets that no namespace holds any more; how many.
@@ -485,8 +494,9 @@ class TcpFlowsCollector(Collector):
              "Sockets finished by the agent's sweep because the kernel skipped their CLOSE",
              flows.repaired),
             ("lens_agent_tcp_walks_failed",
-             "Read cycles whose walk of open TCP sockets (bpf_iter__tcp) failed: their bytes "
-             "show at the next walk or at close", flows.walks_failed),
+             "Walks of a network namespace's open TCP sockets (bpf_iter__tcp, one per "
+             "namespace per read cycle) that failed: their bytes show later or at close",
+             flows.walks_failed),
         ):  # fmt: skip
             yield CounterMetricFamily(name, help_text, value=value)
         yield GaugeMetricFamily("lens_agent_tcp_flow_keys", "Flow keys held in the kernel map",
