@@ -70,9 +70,14 @@ enum lens_sk_rst_reason { LENS_RST_REASON_UNSPEC };
 #define S_SYN_SENT 2
 #define S_SYN_RECV 3
 #define S_FIN_WAIT1 4
+#define S_FIN_WAIT2 5
+#define S_TIME_WAIT 6
 #define S_CLOSE 7
 #define S_CLOSE_WAIT 8
 #define S_LAST_ACK 9
+#define S_LISTEN 10
+#define S_CLOSING 11
+#define S_NEW_SYN_RECV 12
 
 #define MSG_PEEK_FLAG 2
 
@@ -307,13 +312,26 @@ static __always_inline void finish_socket(struct sock_info *si, u8 reason)
     emit_close(si, reason);
 }
 
+/* close() or shutdown() from the application: a process context, for accepted sockets
+ * too; the socket's FIN is queued right after this transition. */
+static __always_inline int app_closes(int os, int ns)
+{
+    return (os == S_ESTABLISHED && ns == S_FIN_WAIT1) || (os == S_CLOSE_WAIT && ns == S_LAST_ACK);
+}
+
 #ifdef LENS_BYTES_COUNTERS
+/* The transitions whose fold matters: the application's close() or shutdown() (the
+ * kernel does not skip these runs for another program's), and CLOSE. */
+static __always_inline int fold_point(int os, int ns)
+{
+    return ns == S_CLOSE || app_closes(os, ns);
+}
+
 /* defined with the counters below */
 static __always_inline void fold_bytes(u64 sk, struct sock_info *si, int state, int at_close,
                                        u32 slot);
 static __always_inline void fold_untracked(u64 sk, int state, int at_close, int insert,
                                            u32 slot);
-static __always_inline int fold_point(int os, int ns);
 #endif
 
 TRACEPOINT_PROBE(sock, inet_sock_set_state)
@@ -381,9 +399,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         key_socket(sk, si, family, raddr, sport, dport);
     }
 
-    /* close() from the application: a process context for accepted sockets too */
-    if (!(si->flags & SI_PID_KNOWN) &&
-        ((os == S_ESTABLISHED && ns == S_FIN_WAIT1) || (os == S_CLOSE_WAIT && ns == S_LAST_ACK)))
+    if (!(si->flags & SI_PID_KNOWN) && app_closes(os, ns))
         set_owner(si);
 
 #ifdef LENS_BYTES_COUNTERS
@@ -519,11 +535,6 @@ static __always_inline int inet_tcp(u64 sk)
 #endif
 
 #ifdef LENS_BYTES_COUNTERS
-#define S_FIN_WAIT2 5
-#define S_TIME_WAIT 6
-#define S_LISTEN 10
-#define S_CLOSING 11
-#define S_NEW_SYN_RECV 12
 /* enum sock_flags: SOCK_DEAD, SOCK_DONE (a FIN came in: tcp_fin() sets it), ... */
 #define SOCK_DONE_BIT 1
 
@@ -667,15 +678,6 @@ static __always_inline void fold_untracked(u64 sk, int state, int at_close, int 
         was->sent = c.sent;
         was->recv = c.recv;
     }
-}
-
-/* The transitions whose fold matters: close() or shutdown() from the application
- * (process context: the kernel does not skip these runs for another program's), and
- * CLOSE. */
-static __always_inline int fold_point(int os, int ns)
-{
-    return ns == S_CLOSE || (os == S_ESTABLISHED && ns == S_FIN_WAIT1) ||
-           (os == S_CLOSE_WAIT && ns == S_LAST_ACK);
 }
 
 /* The context of the TCP socket iterator (net/ipv4/tcp_ipv4.c), as the verifier checks

@@ -7,7 +7,6 @@ namespace for life, so the test can use it from any thread afterwards.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import socket
@@ -17,8 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from lens_ebpf.agent.net import netns
+
 T = TypeVar("T")
-CLONE_NEWNET = 0x40000000
 
 
 def sh(*cmd: str) -> None:
@@ -33,11 +33,9 @@ def in_netns(ns: str | None, fn: Callable[[], T]) -> T:
 
     def target() -> None:
         try:
-            fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+            fd = os.open(netns.NAMED / ns, os.O_RDONLY)
             try:
-                libc = ctypes.CDLL(None, use_errno=True)
-                if libc.setns(fd, CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), "setns failed")
+                netns.enter(fd)
             finally:
                 os.close(fd)
             box["value"] = fn()

@@ -42,7 +42,8 @@ def namespaces(proc: Path = Path("/proc"), named: Path = NAMED) -> dict[int, Pat
     return out
 
 
-def _setns(fd: int) -> None:
+def enter(fd: int) -> None:
+    """Move the calling thread into the network namespace open at fd (setns(2))."""
     if _libc.setns(fd, CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"setns: {os.strerror(err)}")
@@ -66,7 +67,7 @@ def in_each(paths: dict[int, Path], fn: Callable[[], T]) -> Iterator[tuple[int, 
             except OSError:
                 continue
             try:
-                _setns(fd)
+                enter(fd)
             except OSError as exc:
                 log.debug("cannot enter network namespace %s: %s", path, exc)
                 yield ino, None
@@ -76,7 +77,7 @@ def in_each(paths: dict[int, Path], fn: Callable[[], T]) -> Iterator[tuple[int, 
             try:
                 got = fn()
             finally:
-                _setns(own)
+                enter(own)
             yield ino, got
     finally:
         os.close(own)
