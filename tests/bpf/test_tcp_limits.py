@@ -12,10 +12,12 @@ from lens_ebpf.agent import config
 from lens_ebpf.agent.bpf.loader import BpfLoader
 from lens_ebpf.agent.events import EventBus, EventFilter
 from lens_ebpf.agent.metrics.cache import MetricCache
+from lens_ebpf.agent.net import proc_tcp
 from lens_ebpf.agent.net.identity import NO_IDENTITY
 from lens_ebpf.agent.net.policy import parse_policy
 from lens_ebpf.agent.tcp.tcp_flows import TcpFlows, TcpFlowsCollector
 from tests.conftest import wait_for
+from tests.netlab import in_netns, sh
 
 pytestmark = pytest.mark.bpf
 
@@ -210,3 +212,33 @@ def test_a_failed_walk_is_counted_and_the_read_goes_on(tiny: TcpFlows, monkeypat
     assert tiny.walks_failed > before
     got = {s.name: s.value for m in TcpFlowsCollector(tiny).collect() for s in m.samples}
     assert got["lens_agent_tcp_walks_failed_total"] == tiny.walks_failed
+
+
+def test_a_namespace_without_tcp_sockets_is_not_walked(tiny: TcpFlows) -> None:
+    """A walk scans the kernel's whole established hash: a namespace holding no TCP
+    socket (sockstat's count, per namespace) is passed over, one with a listener is
+    walked, each counted; the exposition says both."""
+    if tiny._walk is None:
+        pytest.skip("bytes take a per-message path here: no walk")
+    ns = "lenst-walk"
+    sh("ip", "netns", "add", ns)
+    try:
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        walked, skipped = tiny.walks, tiny.walks_skipped
+        assert in_netns(ns, proc_tcp.tcp_in_use) == 0
+        assert in_netns(ns, tiny._walk_one) is True
+        assert (tiny.walks, tiny.walks_skipped) == (walked, skipped + 1)
+
+        def listen_and_walk() -> tuple[int | None, bool]:
+            with socket.socket(socket.AF_INET6) as srv:
+                srv.bind(("::1", 0))
+                srv.listen()
+                return proc_tcp.tcp_in_use(), tiny._walk_one()
+
+        assert in_netns(ns, listen_and_walk) == (1, True)
+        assert (tiny.walks, tiny.walks_skipped) == (walked + 1, skipped + 1)
+    finally:
+        sh("ip", "netns", "del", ns)
+    got = {s.name: s.value for m in TcpFlowsCollector(tiny).collect() for s in m.samples}
+    assert got["lens_agent_tcp_walks_total"] == tiny.walks
+    assert got["lens_agent_tcp_walks_skipped_total"] == tiny.walks_skipped

@@ -241,6 +241,8 @@ class TcpFlows(RingProgram):
         # the TCP socket iterator that folds open sockets' bytes (the counters path)
         self._walk: Callable[[], bytes] | None = None
         self.walks_failed = 0
+        self.walks = 0  # namespaces walked
+        self.walks_skipped = 0  # namespaces passed over: no TCP socket in them
         self.rtt_sample_seconds = rtt_sample_seconds
         self._rtt_period = 0  # 0: every send and receive; else the kernel's current period
         self._rtt_period_at = 0.0
@@ -385,9 +387,12 @@ class TcpFlows(RingProgram):
     def _walk_open_sockets(self) -> None:
         """Fold open sockets' bytes into their flows, before the flows are read: one
         walk per network namespace (the iterator walks the namespace it starts in; pods
-        have their own). A walk that fails, or a namespace that cannot be entered, is
-        counted (lens_agent_tcp_walks_failed_total) and the read goes on: what those
-        sockets moved shows at a later walk or at their close."""
+        have their own). A walk scans the kernel's whole established hash whatever the
+        namespace holds, so a namespace with no TCP socket at all (sockstat's per-namespace
+        count) is passed over: nothing there to fold, and no socket to see first. A walk
+        that fails, or a namespace that cannot be entered, is counted
+        (lens_agent_tcp_walks_failed_total) and the read goes on: what those sockets
+        moved shows at a later walk or at their close."""
         for _ino, ok in netns.in_each(netns.namespaces(), self._walk_one):
             if not ok:
                 self.walks_failed += 1
@@ -396,12 +401,18 @@ class TcpFlows(RingProgram):
                                 NAME, self.walks_failed)  # fmt: skip
 
     def _walk_one(self) -> bool:
+        """Walk the calling thread's namespace, unless it holds no TCP socket; False when
+        the walk failed."""
         assert self._walk is not None
+        if proc_tcp.tcp_in_use() == 0:  # None (unreadable): walk
+            self.walks_skipped += 1
+            return True
         try:
             self._walk()
         except OSError as exc:
             log.debug("%s: walk failed: %s", NAME, exc)
             return False
+        self.walks += 1
         return True
 
     def reconcile(self, live: set[proc_tcp.Tuple] | None = None) -> int:
@@ -493,6 +504,12 @@ class TcpFlowsCollector(Collector):
             ("lens_agent_tcp_closes_repaired",
              "Sockets finished by the agent's sweep because the kernel skipped their CLOSE",
              flows.repaired),
+            ("lens_agent_tcp_walks",
+             "Walks of a network namespace's open TCP sockets (bpf_iter__tcp, one per "
+             "namespace that has TCP sockets, per read cycle)", flows.walks),
+            ("lens_agent_tcp_walks_skipped",
+             "Network namespaces a read cycle did not walk: they held no TCP socket",
+             flows.walks_skipped),
             ("lens_agent_tcp_walks_failed",
              "Walks of a network namespace's open TCP sockets (bpf_iter__tcp, one per "
              "namespace per read cycle) that failed: their bytes show later or at close",
