@@ -702,9 +702,13 @@ def table(r: dict[str, Any]) -> str:
                          f"{probe.split('/')[0]}, {p['runs']} runs: one per open socket "
                          "per read cycle, no goal per run"))  # fmt: skip
             continue
-        rows.append((f"ns/run {probe.split('/', 1)[1]}", f"{p['ns_per_run']}",
-                     f"{probe.split('/')[0]}, {p['runs']} runs (goal <= "
-                     f"{3000 if 'exec' in probe else 150}; ebpf_exporter +35..96 ns)"))  # fmt: skip
+        program = probe.split("/")[0]
+        # the goals: each TCP probe's, and sched_process_exec's; none for the
+        # other process probes (exit, fork)
+        goal = ("goal <= 3000" if "exec" in probe else "goal <= 150" if program == "tcp_flows"
+                else "no goal per run")  # fmt: skip
+        what = f"{program}, {p['runs']} runs ({goal}; ebpf_exporter +35..96 ns)"
+        rows.append((f"ns/run {probe.split('/', 1)[1]}", f"{p['ns_per_run']}", what))
     for lv in s["levels"]:
         rows.append(
             (
