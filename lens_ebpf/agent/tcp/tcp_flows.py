@@ -511,9 +511,8 @@ class TcpFlowsCollector(Collector):
              "Network namespaces a read cycle did not walk: they held no TCP socket",
              flows.walks_skipped),
             ("lens_agent_tcp_walks_failed",
-             "Walks of a network namespace's open TCP sockets (bpf_iter__tcp, one per "
-             "namespace per read cycle) that failed: their bytes show later or at close",
-             flows.walks_failed),
+             "Walks that failed, or namespaces that could not be entered: their sockets' "
+             "bytes show at a later walk or at close", flows.walks_failed),
         ):  # fmt: skip
             yield CounterMetricFamily(name, help_text, value=value)
         yield GaugeMetricFamily("lens_agent_tcp_flow_keys", "Flow keys held in the kernel map",
