@@ -325,7 +325,7 @@ def bench_connections(tools: dict[str, str], seconds: float, tmp: Path,
     both = agent_under_load(tools, "127.0.0.112", seconds, tmp, "conn-both", subscribe=True,
                             batch=True, report=True)  # fmt: skip
     res["subscribed_reported"] = both
-    # the reporter pushing every event to a collector (what feeds the cluster service)
+    # the reporter pushing every event to a collector (what feeds the recorder)
     rep = agent_under_load(tools, "127.0.0.109", seconds, tmp, "conn-report", report=True)
     res["reported"] = rep
     res["reported_rate_ratio"] = round(rep["rate"] / base_rate, 3)

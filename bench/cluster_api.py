@@ -1,4 +1,4 @@
-"""The cluster service at 1,000 nodes x 8 GPUs: the agents' device inventories, device
+"""The recorder at 1,000 nodes x 8 GPUs: the agents' device inventories, device
 changes and container events streamed in at once (into PostgreSQL, or SQLite with
 --sqlite), then the cluster API's overview, node list and node page timed against a real
 Prometheus holding every GPU's utilization (the reporters run in a process of their
@@ -27,8 +27,8 @@ from sqlalchemy import create_engine, func, select
 
 from bench import service
 from bench.__main__ import cpu_seconds
-from lens_ebpf.api.gen import lens_pb2 as pb
-from lens_ebpf.cluster import schema
+from lens_ebpf.protocol.gen import lens_pb2 as pb
+from lens_ebpf.recorder.store import schema
 from tests.k8slab import FakeApiServer, eventually
 from tests.promserver import Prometheus
 from tests.reportersim import event as container_start

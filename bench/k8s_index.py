@@ -16,8 +16,8 @@ import tracemalloc
 from pathlib import Path
 
 from lens_ebpf.agent.config import KubernetesConfig
-from lens_ebpf.agent.k8s.cluster import ClusterWatch
-from lens_ebpf.agent.k8s.index import ClusterIndex
+from lens_ebpf.agent.pods.cluster import ClusterWatch
+from lens_ebpf.agent.pods.index import ClusterIndex
 from lens_ebpf.k8s.client import api_client
 from tests.k8slab import FakeApiServer, owned, pod, service
 

@@ -17,9 +17,10 @@ from typing import Any
 
 from sqlalchemy import create_engine, func, select
 
-from lens_ebpf.cluster import config, schema
-from lens_ebpf.cluster.service import RecorderApp
 from lens_ebpf.k8s.client import api_client
+from lens_ebpf.recorder import config
+from lens_ebpf.recorder.service import RecorderApp
+from lens_ebpf.recorder.store import schema
 from tests.k8slab import FakeApiServer
 from tests.recorder.objects import gpu_pod, state, template
 
@@ -88,7 +89,7 @@ def run(url: str, deployments: int, pods: int, updates: int) -> dict[str, Any]:
         total = deployments * pods
         start = time.perf_counter()
         app.start()
-        wait(lambda: app.recorder.pod_reflector.synced.is_set())
+        wait(lambda: app.tracker.pod_reflector.synced.is_set())
         listed = time.perf_counter() - start
         wait(lambda: count(url, "gpu_pods") == total and app.writer.flush(0.01))
         stored = time.perf_counter() - start
@@ -112,8 +113,8 @@ def run(url: str, deployments: int, pods: int, updates: int) -> dict[str, Any]:
             "commits": batches, "mean_commit_ms": round(1000 * w.writes.total / max(1, batches), 2),
             # what the recorder keeps per pod to derive the next change: its last snapshot
             "snapshot_json_bytes_per_pod": round(sum(
-                len(json.dumps(p.snap, default=str)) for p in app.recorder.pods.values())
-                / max(1, len(app.recorder.pods))),
+                len(json.dumps(p.snap, default=str)) for p in app.tracker.pods.values())
+                / max(1, len(app.tracker.pods))),
         }  # fmt: skip
         app.stop()
     api.kill()

@@ -1,4 +1,4 @@
-"""Remote write through the cluster service at 1,000 nodes x 8 GPUs x 40 series every 15 s
+"""Remote write through the recorder at 1,000 nodes x 8 GPUs x 40 series every 15 s
 (dcgm-exporter's label set, as one Prometheus sends it: batches of 2,000 series, several
 shards at once) into a receiver that takes everything (a process of its own), and prints
 the samples per second per core of the service's CPU and the latency it adds to a request
@@ -25,9 +25,9 @@ from typing import Any
 
 from bench import service
 from bench.__main__ import cpu_seconds
-from lens_ebpf.cluster import schema
-from lens_ebpf.cluster.remote_write import wire
-from lens_ebpf.cluster.store import engine_for, upgrade
+from lens_ebpf.recorder.remote_write import wire
+from lens_ebpf.recorder.store import schema
+from lens_ebpf.recorder.store.writer import engine_for, upgrade
 from tests.k8slab import FakeApiServer, eventually, pod
 
 GPUS, SERIES, BATCH, PERIOD = 8, 40, 2000, 15.0
@@ -210,7 +210,7 @@ def main() -> None:
     try:
 
         def tracked() -> bool:
-            running = app.recorder.running_pods()
+            running = app.tracker.running_pods()
             return len(running) == jobs and sum(len(v) for v in running.values()) == args.nodes
 
         eventually(tracked, timeout=300)

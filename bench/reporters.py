@@ -1,4 +1,4 @@
-"""A thousand node agents' reporters streaming into the cluster service at once: every
+"""A thousand node agents' reporters streaming into the recorder at once: every
 event written? how fast, and at what memory? One Report stream and connection per node
 (tests/reportersim.py), the recorder with SQLite, or PostgreSQL with --postgres.
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, func, select
 
 from bench import service
-from lens_ebpf.cluster import schema
+from lens_ebpf.recorder.store import schema
 from tests.k8slab import FakeApiServer
 from tests.reportersim import simulate
 

@@ -1,4 +1,4 @@
-"""The cluster service as the cluster benches start it: file limits for a thousand
+"""The recorder as the cluster benches start it: file limits for a thousand
 streams, a database (PostgreSQL from tests/pglab.py, or a SQLite file), the API stand-in,
 and a started RecorderApp."""
 
@@ -10,9 +10,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from lens_ebpf.cluster import config
-from lens_ebpf.cluster.service import RecorderApp
 from lens_ebpf.k8s.client import api_client
+from lens_ebpf.recorder import config
+from lens_ebpf.recorder.service import RecorderApp
 from tests import pglab
 from tests.k8slab import FakeApiServer
 

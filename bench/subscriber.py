@@ -13,8 +13,8 @@ import threading
 
 import grpc
 
-from lens_ebpf.api.gen import lens_pb2 as pb
-from lens_ebpf.api.gen import lens_pb2_grpc
+from lens_ebpf.protocol.gen import lens_pb2 as pb
+from lens_ebpf.protocol.gen import lens_pb2_grpc
 
 
 def main(addr: str, raddr: str, kinds: list[str], batch: bool = False) -> int:

@@ -1,6 +1,6 @@
 """`lens-ebpf`: one command for both services. It imports neither until it knows which
-the command is for, so the cluster service's image needs none of the agent's libraries
-(BCC, GPU bindings) and the agent's none of the cluster service's (SQLAlchemy)."""
+the command is for, so the recorder's image needs none of the agent's libraries
+(BCC, GPU bindings) and the agent's none of the recorder's (SQLAlchemy)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ the node agent (lens_ebpf.agent):
   run        run the agent on this node
   check      report what this kernel and node support, and why not
   trace      live flows, RTT, execs or GPU faults, without an agent (root)
-the cluster service (lens_ebpf.cluster):
+the recorder (lens_ebpf.recorder):
   recorder   GPU pods and their workloads in a database, the agents' events, REST
 either:
   collect    reference collector for the agents' event reporter
@@ -32,11 +32,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return agent_cli.main(args)
     if command == "recorder":
-        from lens_ebpf.cluster import cli as cluster_cli
+        from lens_ebpf.recorder import cli as cluster_cli
 
         return cluster_cli.main(args[1:], prog="lens-ebpf recorder")
     if command == "collect":
-        from lens_ebpf.api import collector_server
+        from lens_ebpf.protocol import collector_server
 
         return collector_server.main(args[1:])
     if command == "version":

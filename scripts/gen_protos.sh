@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Regenerate the gRPC code from protos/ (make protos): lens_ebpf/api/gen (our event API),
-# lens_ebpf/k8s/gen (the kubelet's PodResources v1) and lens_ebpf/cluster/gen (Prometheus
+# Regenerate the gRPC code from protos/ (make protos): lens_ebpf/protocol/gen (our event API),
+# lens_ebpf/k8s/gen (the kubelet's PodResources v1) and lens_ebpf/recorder/gen (Prometheus
 # remote write 1.0 and 2.0, messages only). Tests check for drift.
 # With an argument DIR, writes DIR/api, DIR/k8s and DIR/cluster instead.
 set -euo pipefail
@@ -8,9 +8,9 @@ cd "$(dirname "$0")/.."
 api=${1:+$1/api}
 k8s=${1:+$1/k8s}
 cluster=${1:+$1/cluster}
-api=${api:-lens_ebpf/api/gen}
+api=${api:-lens_ebpf/protocol/gen}
 k8s=${k8s:-lens_ebpf/k8s/gen}
-cluster=${cluster:-lens_ebpf/cluster/gen}
+cluster=${cluster:-lens_ebpf/recorder/gen}
 gen() {  # gen OUT PROTO_DIR NAME
   mkdir -p "$1"
   .venv/bin/python -m grpc_tools.protoc -I"$2" --python_out="$1" --pyi_out="$1" \

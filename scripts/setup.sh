@@ -6,15 +6,15 @@
 #                            prometheus, victoria-metrics, bpfcc-tools, dwarves (pahole,
 #                            the BTF reader's reference), gcc, QEMU, rdma-core's verbs
 #                            programs for Soft-RoCE in the guests, PostgreSQL for the
-#                            cluster service's tests), the venv with .[dev] (both services
+#                            recorder's tests), the venv with .[dev] (both services
 #                            and the test tools) and Debian's 5.10, 6.1 and 6.12 kernels
 #                            for the kernel matrix
 #   scripts/setup.sh image   the agent image's install step (Dockerfile, target agent):
 #                            packages and venv only; the agent mounts tracefs and finds
 #                            headers itself at start-up
-#   scripts/setup.sh cluster-image
-#                            the cluster service's image (target cluster): Python and the
-#                            venv with .[cluster]; no BCC, no kernel headers
+#   scripts/setup.sh recorder-image
+#                            the recorder's image (target recorder): Python and the
+#                            venv with .[recorder]; no BCC, no kernel headers
 # The images install with this same script, so its steps are tested where the README's are.
 set -euo pipefail
 mode=${1:-run}
@@ -23,8 +23,8 @@ cd "$(dirname "$0")/.."
 case "$mode" in
   run|test|image) pkgs=(python3-bpfcc python3-venv python3-pip linux-headers-amd64 iproute2 kmod)
                   extras="[agent]" ;;
-  cluster-image)  pkgs=(python3-venv python3-pip); extras="[cluster]" ;;
-  *) echo "setup: unknown mode $mode (run, test, image, cluster-image)" >&2; exit 2 ;;
+  recorder-image)  pkgs=(python3-venv python3-pip); extras="[recorder]" ;;
+  *) echo "setup: unknown mode $mode (run, test, image, recorder-image)" >&2; exit 2 ;;
 esac
 if [ "$mode" = test ]; then
   pkgs+=(bpfcc-tools dwarves containerd runc prometheus victoria-metrics gcc libc6-dev busybox-static openssl

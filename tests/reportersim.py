@@ -1,7 +1,7 @@
 """Many node agents' reporters at once, simulated on one asyncio loop: each node its own
 gRPC connection and Report stream (as its agent's reporter has), sending events
 numbered 1..N and holding the stream until the collector acknowledges the last.
-Used by the cluster service's tests (a hundred nodes) and bench.reporters (a thousand)."""
+Used by the recorder's tests (a hundred nodes) and bench.reporters (a thousand)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import grpc.aio
 
-from lens_ebpf.api.gen import lens_pb2 as pb
-from lens_ebpf.api.gen import lens_pb2_grpc
+from lens_ebpf.protocol.gen import lens_pb2 as pb
+from lens_ebpf.protocol.gen import lens_pb2_grpc
 
 
 def event(node: int, seq: int) -> pb.Event:

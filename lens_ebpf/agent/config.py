@@ -14,10 +14,10 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from lens_ebpf.agent.registry import FEATURES
-from lens_ebpf.api.tls import ClientTlsConfig, ServerTlsConfig
 from lens_ebpf.core import settings
 from lens_ebpf.core.settings import Section, Sections, ServerConfig
 from lens_ebpf.k8s.client import KubernetesClientConfig
+from lens_ebpf.protocol.tls import ClientTlsConfig, ServerTlsConfig
 
 # Names kept from the daemons lens-ebpf replaces.
 ENV_ALIASES = {
@@ -31,7 +31,7 @@ ENV_ALIASES = {
 class NodeConfig(Section):
     name: str = ""
     ip: str = ""
-    cluster: str = ""  # the cluster the reporter tells the cluster service; "": its home one
+    cluster: str = ""  # the cluster the reporter tells the recorder; "": its home one
 
 
 class PolicyConfig(Section):

@@ -1,6 +1,6 @@
 """What changed between two reads of the node's devices: device_change events (a GPU or
 RDMA port appeared, disappeared, or changed identity or state) and device_inventory
-snapshots (at start, and each time the reporter (re)connects), so the cluster service can
+snapshots (at start, and each time the reporter (re)connects), so the recorder can
 keep every node's inventory and a changelog. The records come from the device collectors
 (lens_ebpf/agent/devices/inventory.py); nothing changes: nothing is sent.
 """

@@ -16,7 +16,6 @@ from prometheus_client import CollectorRegistry
 
 from lens_ebpf import __version__
 from lens_ebpf.agent import kernel_headers, tracefs
-from lens_ebpf.agent.api.event_api import EventApi
 from lens_ebpf.agent.bpf.loader import BpfLoader, LoaderCollector
 from lens_ebpf.agent.config import Config, policy_path
 from lens_ebpf.agent.enrich import Enrichment
@@ -26,6 +25,7 @@ from lens_ebpf.agent.memory import release_compiler_memory, trim_heap
 from lens_ebpf.agent.metrics.cache import CacheCollector, MetricCache
 from lens_ebpf.agent.net.policy import PolicyError
 from lens_ebpf.agent.net.policy_watch import PolicyCollector, PolicyWatcher
+from lens_ebpf.agent.stream.event_api import EventApi
 from lens_ebpf.core.collector import CollectorSet
 from lens_ebpf.core.http import HttpServer, Response, json_response
 from lens_ebpf.core.loop import EventLoopThread

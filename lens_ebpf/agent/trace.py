@@ -359,7 +359,7 @@ def format_gpu(ev: Event, wide: bool = False) -> str:
 def run_gpu(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: TextIO) -> int:
     """GPU faults as the agent's GPU feature sees them, without the agent."""
     from lens_ebpf.agent.devices.gpu import collector as gpu_collector
-    from lens_ebpf.agent.k8s.podresources import PodResourcesCollector
+    from lens_ebpf.agent.pods.podresources import PodResourcesCollector
 
     g = cfg.collectors.section("gpu")
     assert isinstance(g, gpu_collector.GpuSettings)

@@ -43,7 +43,7 @@ def api_client(mode: str, kubeconfig: str, sa_dir: Path = SA_DIR) -> Any:
     elif mode == "kubeconfig":
         raise ValueError("kubernetes.mode is kubeconfig but no kubeconfig is set")
     else:
-        raise NotConfigured("no in-cluster service account and no kubeconfig: standalone")
+        raise NotConfigured("no in-recorder account and no kubeconfig: standalone")
     return client.ApiClient(conf)
 
 

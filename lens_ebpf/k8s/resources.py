@@ -1,6 +1,6 @@
 """Extended resources a pod asks for (GPUs), by Kubernetes' effective-request rule: what
 the scheduler reserves, read the same way by the agent's allocation view and the
-cluster service's records."""
+recorder's records."""
 
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ from lens_ebpf.agent.containers.resolver import ContainerResolver
 from lens_ebpf.agent.containers.runtime import ContainerdState
 from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.events import EventBus
-from lens_ebpf.agent.k8s.index import ClusterIndex
 from lens_ebpf.agent.metrics.cache import MetricCache
+from lens_ebpf.agent.pods.index import ClusterIndex
 from lens_ebpf.agent.processes.proc_events import EXECS, EXITS, OOMS, ProcEvents
 from tests.bpf.conftest import polling
 from tests.conftest import EMULATED, hang_guard, wait_for

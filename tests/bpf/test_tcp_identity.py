@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lens_ebpf.agent.k8s.index import ClusterIndex, OwnerResolver
+from lens_ebpf.agent.pods.index import ClusterIndex, OwnerResolver
 from lens_ebpf.agent.tcp.tcp_rtt import LENS
 from tests.k8slab import owned, pod, service
 from tests.netlab import exchange, listener

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from lens_ebpf.api.gen import lens_pb2 as pb
-from lens_ebpf.api.gen import lens_pb2_grpc
+from lens_ebpf.protocol.gen import lens_pb2 as pb
+from lens_ebpf.protocol.gen import lens_pb2_grpc
 from tests.agentproc import AgentProc, free_port
 from tests.conftest import wait_for
 from tests.containerlab import Containerd, gpu_and_rdma_nodes, private_containerd

@@ -16,9 +16,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from lens_ebpf.api.gen import lens_pb2 as pb
-from lens_ebpf.api.gen import lens_pb2_grpc
 from lens_ebpf.k8s.gen import podresources_v1_pb2_grpc as pr_grpc
+from lens_ebpf.protocol.gen import lens_pb2 as pb
+from lens_ebpf.protocol.gen import lens_pb2_grpc
 from tests.agentproc import LENS, AgentProc, free_port, parse_samples
 from tests.conftest import hang_guard, wait_for
 from tests.e2e.test_grpc import Reader, wait_subscribers

@@ -17,8 +17,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from lens_ebpf.api.gen import lens_pb2 as pb
-from lens_ebpf.api.gen import lens_pb2_grpc
+from lens_ebpf.protocol.gen import lens_pb2 as pb
+from lens_ebpf.protocol.gen import lens_pb2_grpc
 from tests.agentproc import LENS, AgentProc, free_port, run_cli
 from tests.conftest import hang_guard, wait_for
 from tests.containerlab import Containerd
@@ -356,10 +356,10 @@ def test_tls_and_mutual_tls(tmp_path: Path, certs: dict[str, Path]) -> None:
 
 def test_generated_code_matches_the_proto(tmp_path: Path) -> None:
     subprocess.run([str(ROOT / "scripts" / "gen_protos.sh"), str(tmp_path)], check=True)
-    for sub, gen, stem in (("api", "lens_ebpf/api/gen", "lens"),
+    for sub, gen, stem in (("api", "lens_ebpf/protocol/gen", "lens"),
                            ("k8s", "lens_ebpf/k8s/gen", "podresources_v1"),
-                           ("cluster", "lens_ebpf/cluster/gen", "remote_write_v1"),
-                           ("cluster", "lens_ebpf/cluster/gen", "remote_write_v2")):  # fmt: skip
+                           ("cluster", "lens_ebpf/recorder/gen", "remote_write_v1"),
+                           ("cluster", "lens_ebpf/recorder/gen", "remote_write_v2")):  # fmt: skip
         grpc_code = () if sub == "cluster" else (f"{stem}_pb2_grpc.py",)
         for name in (f"{stem}_pb2.py", f"{stem}_pb2.pyi", *grpc_code):
             assert filecmp.cmp(
@@ -368,7 +368,7 @@ def test_generated_code_matches_the_proto(tmp_path: Path) -> None:
 
 
 def test_collector_dedups_and_recovers_from_its_file(tmp_path: Path) -> None:
-    from lens_ebpf.api.collector_server import recover
+    from lens_ebpf.protocol.collector_server import recover
 
     out = tmp_path / "e.jsonl"
     out.write_text('{"node": "n1", "seq": "7"}\n{"node": "n1", "seq": "9"}\n{"node": "n2", '

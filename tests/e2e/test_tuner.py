@@ -9,8 +9,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from lens_ebpf.api.gen import lens_pb2 as pb
-from lens_ebpf.api.gen import lens_pb2_grpc
+from lens_ebpf.protocol.gen import lens_pb2 as pb
+from lens_ebpf.protocol.gen import lens_pb2_grpc
 from tests.agentproc import AgentProc, free_port
 from tests.conftest import hang_guard, wait_for
 

@@ -29,7 +29,7 @@ from lens_ebpf.agent.containers.runtime import ContainerdState
 from lens_ebpf.agent.devices.rdma import resources
 from lens_ebpf.agent.devices.rdma.collector import RdmaCollector
 from lens_ebpf.agent.enrich import Enrichment
-from lens_ebpf.agent.k8s.index import ClusterIndex
+from lens_ebpf.agent.pods.index import ClusterIndex
 from tests.conftest import hang_guard, wait_for
 from tests.containerlab import Containerd, private_containerd
 from tests.k8slab import pod

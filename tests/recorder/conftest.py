@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, select
 
-from lens_ebpf.cluster import config
+from lens_ebpf.recorder import config
 from tests import pglab
 from tests.k8slab import FakeApiServer, eventually
 
@@ -70,8 +70,8 @@ def recorder_app(api: FakeApiServer, tmp_path: Path) -> Iterator[Factory]:
     """make(db_url, **recorder settings) -> a started RecorderApp whose pod watch has
     listed (what a test changes next reaches it as watch events, one by one, however
     slow the machine); all stopped at the end."""
-    from lens_ebpf.cluster.service import RecorderApp
     from lens_ebpf.k8s.client import api_client
+    from lens_ebpf.recorder.service import RecorderApp
 
     kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
     apps: list[Any] = []
@@ -97,7 +97,7 @@ def recorder_app(api: FakeApiServer, tmp_path: Path) -> Iterator[Factory]:
         app = RecorderApp(cfg, client, clock) if clock else RecorderApp(cfg, client)
         app.start()
         apps.append(app)
-        eventually(app.recorder.pod_reflector.synced.is_set, timeout=10)
+        eventually(app.tracker.pod_reflector.synced.is_set, timeout=10)
         # the node watch's first list and the jobs' first run write too: done before a
         # test stops the database or counts the queue
         eventually(app.nodes.reflector.synced.is_set, timeout=10)
@@ -112,7 +112,7 @@ def recorder_app(api: FakeApiServer, tmp_path: Path) -> Iterator[Factory]:
 
 def rows(url: str, table: str) -> list[dict[str, Any]]:
     """Every row of a table, as dicts, in insertion order where the table has one."""
-    from lens_ebpf.cluster import schema
+    from lens_ebpf.recorder.store import schema
 
     tab = schema.metadata.tables[table]
     eng = create_engine(url)

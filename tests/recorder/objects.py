@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from lens_ebpf.cluster.lifecycle import FINALIZER
+from lens_ebpf.recorder.lifecycle import FINALIZER
 from tests.k8slab import FakeApiServer, eventually, pod
 
 NS = "ml"

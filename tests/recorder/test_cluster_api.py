@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import requests
 
-from lens_ebpf.cluster.queries import aware
+from lens_ebpf.core.times import aware
 from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer, eventually, pod
 from tests.recorder.conftest import example, rows

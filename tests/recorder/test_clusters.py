@@ -16,8 +16,8 @@ import grpc
 import pytest
 import requests
 
-from lens_ebpf.api.gen import lens_pb2 as pb
-from lens_ebpf.api.gen import lens_pb2_grpc
+from lens_ebpf.protocol.gen import lens_pb2 as pb
+from lens_ebpf.protocol.gen import lens_pb2_grpc
 from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer, eventually
 from tests.recorder.conftest import rows
@@ -263,8 +263,8 @@ def test_the_storage_config_exporter(api: FakeApiServer, api_b: FakeApiServer,
 def test_uninstall_takes_the_finalizers_off_in_every_cluster(
     api: FakeApiServer, api_b: FakeApiServer, recorder_app: Any, tmp_path: Path
 ) -> None:
-    from lens_ebpf.cluster import config, service
     from lens_ebpf.k8s.client import api_client
+    from lens_ebpf.recorder import config, service
 
     bert(api, "gpu-0")
     bert(api_b, "gpu-1")

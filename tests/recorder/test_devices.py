@@ -1,4 +1,4 @@
-"""The nodes' devices in the cluster service: an agent's device_inventory and device_change
+"""The nodes' devices in the recorder: an agent's device_inventory and device_change
 (from its real collectors' records) become node_devices rows and one changelog row per
 field that changed; replaying the same inventory writes nothing; the routes answer in the
 Primus-Lens envelope, under /v1/ and /api/, with the documented errors."""
@@ -203,9 +203,9 @@ def test_one_batch_with_an_inventory_a_change_and_the_inventory_again(tmp_path: 
 
     from sqlalchemy import create_engine
 
-    from lens_ebpf.api.gen import lens_pb2 as pb
-    from lens_ebpf.cluster.node_events import apply_devices, device_update
-    from lens_ebpf.cluster.store import upgrade
+    from lens_ebpf.protocol.gen import lens_pb2 as pb
+    from lens_ebpf.recorder.ingest.node_events import apply_devices, device_update
+    from lens_ebpf.recorder.store.writer import upgrade
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
     eng = create_engine(url)

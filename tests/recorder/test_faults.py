@@ -138,7 +138,7 @@ def test_a_finalizer_left_on_by_a_crash_comes_off_at_the_next_start(
     api.fail_writes.add("deployments")  # the finalizer cannot come off
     api.request_delete("deployments", NS, "trainer")
     eventually(lambda: any(r["deleted"] for r in rows(db_url, "gpu_workloads")), timeout=10)
-    eventually(lambda: app.recorder.finalizer_ops.get(("remove", "error"), 0) >= 1, timeout=10)
+    eventually(lambda: app.tracker.finalizer_ops.get(("remove", "error"), 0) >= 1, timeout=10)
     app.stop()  # the recorder goes away with the finalizer still on
     assert has_finalizer(api, "trainer") and not gone(api, "trainer")
     (row,) = (r for r in rows(db_url, "gpu_workloads") if r["name"] == "trainer")
@@ -166,7 +166,7 @@ def test_without_finalizers_a_workload_deleted_while_down_is_still_recorded(
                            rows(db_url, "gpu_pods")), timeout=10)  # fmt: skip
     events = [(e["type"], e["old_value"]) for e in rows(db_url, "gpu_pods_events")]
     assert events[-1] == ("deleted", "Running")
-    assert app.recorder.workloads == {} and app.recorder.kinds == {}
+    assert app.tracker.workloads == {} and app.tracker.kinds == {}
     assert U["trainer"] in {r["uid"] for r in rows(db_url, "gpu_workloads")}
 
 
@@ -197,7 +197,7 @@ def test_an_owner_the_api_could_not_tell_about_is_looked_up_again(
     assert app.writer.flush(10)
     assert rows(db_url, "gpu_pods")[0]["workload_uid"] is None
     assert rows(db_url, "workload_pod_references") == []
-    assert app.recorder.lookups["error"] == 1
+    assert app.tracker.lookups["error"] == 1
     api.fail_gets.clear()
     api.put("pods", state(p, "Running", True, restarts=1))  # the pod's next change
     eventually(lambda: len(rows(db_url, "workload_pod_references")) == 2, timeout=10)

@@ -246,6 +246,6 @@ def test_three_workloads_from_creation_to_deletion(api: FakeApiServer, recorder_
                    for n, (node, g, _, _) in want_pods.items()}  # fmt: skip
 
     # the recorder let go of everything: no watchers, no finalizers left anywhere
-    eventually(lambda: not app.recorder.workloads and not app.recorder.kinds, timeout=5)
+    eventually(lambda: not app.tracker.workloads and not app.tracker.kinds, timeout=5)
     for coll in ("deployments", "replicasets", "jobs", "cronjobs", "pytorchjobs"):
         assert not api.objects[coll], coll

@@ -15,10 +15,10 @@ import grpc
 import grpc.aio
 import pytest
 
-from lens_ebpf.agent.api.reporter import Reporter
 from lens_ebpf.agent.events import ContainerChange, EventBus
-from lens_ebpf.api.gen import lens_pb2 as pb
-from lens_ebpf.api.gen import lens_pb2_grpc
+from lens_ebpf.agent.stream.reporter import Reporter
+from lens_ebpf.protocol.gen import lens_pb2 as pb
+from lens_ebpf.protocol.gen import lens_pb2_grpc
 from tests import pglab
 from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer, eventually
@@ -147,8 +147,8 @@ def test_a_hundred_reporters_at_once_every_event_written(api: FakeApiServer, rec
 def test_a_collector_without_report_batch_gets_report(tmp_path: Any) -> None:
     """A collector older than ReportBatch (the method unknown to its server: UNIMPLEMENTED):
     the agent's reporter sends the same events with Report, each once, in order."""
-    from lens_ebpf.api.collector_server import Collector
     from lens_ebpf.core.loop import EventLoopThread
+    from lens_ebpf.protocol.collector_server import Collector
 
     out = io.StringIO()
     collector, loop = Collector(out), EventLoopThread("old-collector")

@@ -17,7 +17,7 @@ import pytest
 import requests
 from sqlalchemy import create_engine, inspect, select
 
-from lens_ebpf.cluster import queries
+from lens_ebpf.recorder.store import queries
 from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer, eventually
 from tests.recorder.conftest import rows
@@ -258,8 +258,8 @@ def test_migrations_build_exactly_the_schema(db_url: str) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    from lens_ebpf.cluster import schema
-    from lens_ebpf.cluster.store import engine_for, upgrade
+    from lens_ebpf.recorder.store import schema
+    from lens_ebpf.recorder.store.writer import engine_for, upgrade
 
     eng = engine_for(db_url)
     assert upgrade(eng) == "0007"
@@ -279,8 +279,8 @@ def test_rows_stored_before_clusters_belong_to_the_home_cluster(db_url: str) -> 
 
     from sqlalchemy import text
 
-    from lens_ebpf.cluster import schema
-    from lens_ebpf.cluster.store import engine_for, upgrade
+    from lens_ebpf.recorder.store import schema
+    from lens_ebpf.recorder.store.writer import engine_for, upgrade
 
     eng = engine_for(db_url)
     assert upgrade(eng, target="0006") == "0006"

@@ -1,4 +1,4 @@
-"""Remote write through the cluster service, end to end: a real Prometheus scrapes other
+"""Remote write through the recorder, end to end: a real Prometheus scrapes other
 exporters' real exposition (dcgm-exporter's, AMD's device-metrics-exporter's) and
 remote-writes to the service, which writes each GPU pod's series on to a second real
 Prometheus (its remote write receiver on) as the workload_ copies Primus-Lens's dashboards
@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import requests
 
-from lens_ebpf.api.gen import lens_pb2 as pb
-from lens_ebpf.cluster.gen import remote_write_v1_pb2 as pb1
-from lens_ebpf.cluster.gen import remote_write_v2_pb2 as pb2
-from lens_ebpf.cluster.remote_write import wire
+from lens_ebpf.protocol.gen import lens_pb2 as pb
+from lens_ebpf.recorder.gen import remote_write_v1_pb2 as pb1
+from lens_ebpf.recorder.gen import remote_write_v2_pb2 as pb2
+from lens_ebpf.recorder.remote_write import wire
 from tests.conftest import hang_guard, wait_for
 from tests.k8slab import FakeApiServer, eventually
 from tests.recorder.objects import NS, U, gpu_pod, state, template, workload

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from lens_ebpf.api.gen import lens_pb2 as pb
+from lens_ebpf.protocol.gen import lens_pb2 as pb
 from tests.k8slab import FakeApiServer, eventually
 from tests.recorder.conftest import rows
 from tests.recorder.objects import NS, U

@@ -1,4 +1,4 @@
-"""Training progress through POST /logs, as log shippers send it, into the cluster service
+"""Training progress through POST /logs, as log shippers send it, into the recorder
 (the API stand-in's PyTorchJob with four GPU pods; SQLite and PostgreSQL): every format's
 real lines in every shipper's body, the points and the summary exactly, slowdowns and
 stalls, a restart, and every bad body's answer."""
@@ -38,7 +38,7 @@ def started(api: FakeApiServer, recorder_app: Any, url: str, **settings: Any) ->
     bert(api)
     app = recorder_app(url, **settings)
     eventually(lambda: sum(r["running"] for r in rows(url, "gpu_pods")) == 4
-               and app.recorder.gpu_pod(NS, WORKERS[3]) is not None, timeout=15)  # fmt: skip
+               and app.tracker.gpu_pod(NS, WORKERS[3]) is not None, timeout=15)  # fmt: skip
     return app
 
 
@@ -259,7 +259,7 @@ def test_a_slowdown_and_a_stall_and_a_restart(api: FakeApiServer, recorder_app: 
     assert list(again.training.runs[uid].window) == list(app.training.runs[uid].window)
     r = post(again, fluent_bit(WORKERS[0], [megatron(91, 7000.0)], [last + 7.0]))
     assert r.json()["data"]["duplicate"] == 1
-    eventually(lambda: again.recorder.gpu_pod(NS, WORKERS[0]) is not None, timeout=15)
+    eventually(lambda: again.tracker.gpu_pod(NS, WORKERS[0]) is not None, timeout=15)
     end = run(again, 92, [3.0, 1.0], last + 7.0)  # still slow; then back: the slowdown ends
     assert again.writer.flush(10)
     assert [(e["kind"], e["iteration"]) for e in rows(db_url, "training_events")] == [
@@ -336,7 +336,7 @@ def test_beyond_loopback_without_a_token_no_post_is_taken(api: FakeApiServer, re
     assert r.status_code == 401 and "ingest.allow_anonymous" in r.json()["meta"]["message"]
     app.stop()
     opened = recorder_app(url, listen="0.0.0.0:0", ingest__allow_anonymous=True)
-    eventually(lambda: opened.recorder.gpu_pod(NS, WORKERS[0]) is not None, timeout=15)
+    eventually(lambda: opened.tracker.gpu_pod(NS, WORKERS[0]) is not None, timeout=15)
     r = post(opened, fluent_bit(WORKERS[0], [megatron(1, 1000.0)], [1.7e9]))
     assert r.status_code == 200 and r.json()["data"]["parsed"] == 1
 
@@ -350,9 +350,9 @@ def test_over_https_with_its_certificate(api: FakeApiServer, recorder_app: Any,
                     "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
                     "-keyout", str(key), "-out", str(cert)], check=True,
                    capture_output=True)  # fmt: skip
-    from lens_ebpf.cluster import config
-    from lens_ebpf.cluster.service import RecorderApp
     from lens_ebpf.k8s.client import api_client
+    from lens_ebpf.recorder import config
+    from lens_ebpf.recorder.service import RecorderApp
 
     bert(api)
     cfg = config.load(env={}, overrides={
@@ -362,7 +362,7 @@ def test_over_https_with_its_certificate(api: FakeApiServer, recorder_app: Any,
     app = RecorderApp(cfg, api_client("kubeconfig", str(api.kubeconfig(tmp_path / "kc"))))
     app.start()
     try:
-        eventually(lambda: app.recorder.gpu_pod(NS, WORKERS[0]) is not None, timeout=15)
+        eventually(lambda: app.tracker.gpu_pod(NS, WORKERS[0]) is not None, timeout=15)
         base = f"https://127.0.0.1:{app.http.port}"
         r = requests.post(base + "/logs", json=fluent_bit(WORKERS[0], [megatron(1, 1000.0)],
                                                          [1.7e9]),

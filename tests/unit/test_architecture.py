@@ -17,11 +17,11 @@ PKG = ROOT / "lens_ebpf"
 # layer -> the layers it may import (itself included); the root package holds the version
 ALLOWED = {
     "core": {"core"},
-    "api": {"core", "api"},
+    "protocol": {"core", "protocol"},
     "k8s": {"core", "k8s"},
-    "agent": {"core", "api", "k8s", "agent"},
-    "cluster": {"core", "api", "k8s", "cluster"},
-    "cli": {"core", "api", "k8s", "agent", "cluster", "cli"},
+    "agent": {"core", "protocol", "k8s", "agent"},
+    "recorder": {"core", "protocol", "k8s", "recorder"},
+    "cli": {"core", "protocol", "k8s", "agent", "recorder", "cli"},
 }
 
 
@@ -63,7 +63,9 @@ def layer(name: str) -> str:
 def unit(name: str) -> str:
     """The node the cycle check sees: a service's subpackage or module, a shared package."""
     parts = name.split(".")
-    return ".".join(parts[:3] if len(parts) > 2 and parts[1] in ("agent", "cluster") else parts[:2])
+    return ".".join(
+        parts[:3] if len(parts) > 2 and parts[1] in ("agent", "recorder") else parts[:2]
+    )
 
 
 def graph() -> dict[str, set[str]]:
@@ -110,12 +112,12 @@ def test_the_checker_sees_imports_in_functions_and_type_checking(tmp_path: Path)
     src = tmp_path / "x.py"
     src.write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-        "    from lens_ebpf.cluster.store import Writer\n"
+        "    from lens_ebpf.recorder.store.writer import Writer\n"
         "def f():\n    import lens_ebpf.agent.trace\n"
     )
     known = set(modules())
     assert imports("lens_ebpf.core.x", src, known) == {
-        "lens_ebpf.cluster.store", "lens_ebpf.agent.trace"}  # fmt: skip
+        "lens_ebpf.recorder.store.writer", "lens_ebpf.agent.trace"}  # fmt: skip
 
 
 def test_each_extra_brings_its_own_service_only() -> None:
@@ -130,8 +132,8 @@ def test_each_extra_brings_its_own_service_only() -> None:
     database = {"sqlalchemy", "alembic", "psycopg"}
     devices = {"psutil", "nvidia-ml-py", "amdsmi"}
     assert not (base | extras["agent"]) & database  # pip install .[agent]
-    assert not (base | extras["cluster"]) & devices  # pip install .[cluster]
-    assert database <= extras["cluster"] and devices <= extras["agent"]
+    assert not (base | extras["recorder"]) & devices  # pip install .[recorder]
+    assert database <= extras["recorder"] and devices <= extras["agent"]
 
 
 BLOCK = """
@@ -155,11 +157,11 @@ def imports_without(package: str, blocked: set[str]) -> subprocess.CompletedProc
                           cwd=ROOT)  # fmt: skip
 
 
-def test_the_cluster_service_needs_nothing_of_the_agents() -> None:
-    res = imports_without("lens_ebpf.cluster", {"bcc", "psutil", "pynvml", "amdsmi"})
+def test_the_recorder_needs_nothing_of_the_agents() -> None:
+    res = imports_without("lens_ebpf.recorder", {"bcc", "psutil", "pynvml", "amdsmi"})
     assert res.stdout.strip() == "imported", res.stderr
 
 
-def test_the_agent_needs_nothing_of_the_cluster_services() -> None:
+def test_the_agent_needs_nothing_of_the_recorder() -> None:
     res = imports_without("lens_ebpf.agent", {"sqlalchemy", "alembic", "psycopg"})
     assert res.stdout.strip() == "imported", res.stderr

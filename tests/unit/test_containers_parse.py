@@ -16,8 +16,8 @@ from lens_ebpf.agent.containers.resolver import ContainerResolver, systemd_cgrou
 from lens_ebpf.agent.containers.runtime import ContainerdState, device_group, parse_spec
 from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.events import EventBus, ProcessEvent
-from lens_ebpf.agent.k8s.index import ClusterIndex
 from lens_ebpf.agent.metrics.cache import MetricCache
+from lens_ebpf.agent.pods.index import ClusterIndex
 from lens_ebpf.agent.processes.proc_events import (
     _PROC_EVENT,
     EV_EXEC,

@@ -180,7 +180,7 @@ def recorder_documents() -> list[dict]:
 
 def test_recorder_manifests_round_trip_and_run_what_the_recorder_needs(tmp_path: Path) -> None:
     kubernetes = pytest.importorskip("kubernetes")
-    from lens_ebpf.cluster import config
+    from lens_ebpf.recorder import config
 
     api = kubernetes.client.ApiClient()
     models = {**MODELS, "Deployment": "V1Deployment",
@@ -227,7 +227,7 @@ def test_recorder_rbac_allows_the_finalizer_on_every_kind_it_follows() -> None:
 
 def test_recorder_rbac_reads_and_writes_the_multicluster_secrets() -> None:
     """The Secrets multicluster names, by their shipped names, in the service's namespace."""
-    from lens_ebpf.cluster import config
+    from lens_ebpf.recorder import config
 
     mc = config.load(env={}).multicluster
     role = next(d for d in recorder_documents() if d["kind"] == "Role"
@@ -248,7 +248,7 @@ def test_recorder_rbac_reads_and_writes_the_multicluster_secrets() -> None:
 
 
 def test_the_log_shippers_snippets_point_at_the_recorders_post_route(tmp_path: Path) -> None:
-    from lens_ebpf.cluster import config
+    from lens_ebpf.recorder import config
 
     cm = next(d for d in recorder_documents() if d["kind"] == "ConfigMap")
     (tmp_path / "recorder.yaml").write_text(cm["data"]["recorder.yaml"])

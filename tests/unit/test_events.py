@@ -5,7 +5,6 @@ import json
 
 import pytest
 
-from lens_ebpf.agent.api import convert
 from lens_ebpf.agent.events import (
     KINDS,
     ContainerChange,
@@ -20,7 +19,8 @@ from lens_ebpf.agent.events import (
     ProcessEvent,
     RdmaUse,
 )
-from lens_ebpf.api.gen import lens_pb2 as pb
+from lens_ebpf.agent.stream import convert
+from lens_ebpf.protocol.gen import lens_pb2 as pb
 
 FLOW = FlowClosed(ts_ns=1, pid=7, comm="curl", cgroup_id=3, family="ipv4", laddr="10.0.0.1",
                   lport=40000, raddr="10.0.0.7", rport=443, direction="egress",

@@ -59,7 +59,7 @@ def test_inventory_at_start_then_only_changes(tmp_path: Path) -> None:
 def test_the_pod_the_kubelet_gave_a_gpu_is_its_holder(tmp_path: Path) -> None:
     """The kubelet's allocation (PodResources, keyed by the device plugin's ID: a BDF for
     AMD) names the holder; a new holder is a change of that field, each way."""
-    from lens_ebpf.agent.k8s.podresources import DeviceOwner
+    from lens_ebpf.agent.pods.podresources import DeviceOwner
 
     allocated: dict = {}
     c, _, got = gpu_node(tmp_path, allocated)
@@ -127,8 +127,8 @@ def test_reporter_kinds_chooses_what_it_pushes(tmp_path: Path) -> None:
     """reporter.kinds: only those kinds reach the reporter's buffer (gaps always do); an
     unknown kind is a config error naming it."""
     from lens_ebpf.agent import config
-    from lens_ebpf.agent.api.reporter import Reporter
     from lens_ebpf.agent.events import EventBus, Gap, NodeTuned
+    from lens_ebpf.agent.stream.reporter import Reporter
     from lens_ebpf.core.settings import ConfigError
     from tests.agentproc import free_port
     from tests.conftest import wait_for

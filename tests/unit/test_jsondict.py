@@ -12,8 +12,8 @@ from google.protobuf import json_format, struct_pb2
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-from lens_ebpf.api.gen import lens_pb2 as pb
-from lens_ebpf.api.jsondict import to_dict
+from lens_ebpf.protocol.gen import lens_pb2 as pb
+from lens_ebpf.protocol.jsondict import to_dict
 
 F = FieldDescriptor
 INTS = {F.TYPE_INT32: (-(2**31), 2**31 - 1), F.TYPE_SINT32: (-(2**31), 2**31 - 1),

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from lens_ebpf.agent.config import KubernetesConfig
-from lens_ebpf.agent.k8s.cluster import ClusterWatch, read_cluster_networks
-from lens_ebpf.agent.k8s.index import Identity
+from lens_ebpf.agent.pods.cluster import ClusterWatch, read_cluster_networks
+from lens_ebpf.agent.pods.index import Identity
 from lens_ebpf.k8s.client import NotConfigured, api_client
 from tests.k8slab import FakeApiServer, eventually, owned, pod, service
 
@@ -196,8 +196,8 @@ def test_cluster_networks_sources() -> None:
 
 
 def test_remote_identity_refines_class_for_mapped_ipv4_and_keeps_unknowns() -> None:
-    from lens_ebpf.agent.k8s.index import ClusterIndex
     from lens_ebpf.agent.net import identity
+    from lens_ebpf.agent.pods.index import ClusterIndex
 
     idx = ClusterIndex()
     idx.replace_pods([pod("p", "10.244.1.5", "ns1", owner=("StatefulSet", "db"))])
@@ -215,8 +215,8 @@ def test_remote_identity_refines_class_for_mapped_ipv4_and_keeps_unknowns() -> N
 
 
 def test_identity_fields_reach_the_grpc_messages() -> None:
-    from lens_ebpf.agent.api.convert import to_pb
     from lens_ebpf.agent.events import FlowClosed, ProcessEvent
+    from lens_ebpf.agent.stream.convert import to_pb
 
     flow = FlowClosed(
         seq=3, ts_ns=1, pid=1, comm="curl", cgroup_id=0, family="ipv4", laddr="10.244.1.5",

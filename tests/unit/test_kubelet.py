@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from prometheus_client.core import Metric
 
-from lens_ebpf.agent.k8s.kubelet import KubeletClient, KubeletCollector, gpu_allocation
+from lens_ebpf.agent.pods.kubelet import KubeletClient, KubeletCollector, gpu_allocation
 from lens_ebpf.core.collector import CollectorError
 from lens_ebpf.k8s.objects import ObjectError
 from lens_ebpf.k8s.resources import effective_request

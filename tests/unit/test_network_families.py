@@ -10,10 +10,10 @@ from prometheus_client import CollectorRegistry
 from lens_ebpf.agent.bpf import layouts
 from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.events import EventBus, FlowClosed
-from lens_ebpf.agent.k8s.index import ClusterIndex
 from lens_ebpf.agent.metrics.cache import CacheCollector, MetricCache
 from lens_ebpf.agent.net import identity
 from lens_ebpf.agent.net.policy import CLASS_IDS
+from lens_ebpf.agent.pods.index import ClusterIndex
 from lens_ebpf.agent.tcp import decode, tcp_flows, tcp_rtt
 from lens_ebpf.core.exposition import render
 from tests.golden import check_golden

@@ -12,7 +12,7 @@ import pytest
 
 from lens_ebpf.agent.devices.gpu import amd, nvidia
 from lens_ebpf.agent.devices.gpu.collector import GpuCollector
-from lens_ebpf.agent.k8s.podresources import DeviceOwner, PodResourcesCollector
+from lens_ebpf.agent.pods.podresources import DeviceOwner, PodResourcesCollector
 from lens_ebpf.k8s.gen import podresources_v1_pb2 as pb
 from lens_ebpf.k8s.gen import podresources_v1_pb2_grpc as pb_grpc
 

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from lens_ebpf.api.gen import lens_pb2 as pb
-from lens_ebpf.cluster import lifecycle as lc
-from lens_ebpf.cluster import queries
-from lens_ebpf.cluster.kubelet_service import node_addresses
-from lens_ebpf.cluster.node_events import agent_resources, event_row
-from lens_ebpf.cluster.store import Op, Writer, engine_for, redact, upgrade
 from lens_ebpf.core.settings import ConfigError, split_listen
 from lens_ebpf.k8s.objects import ObjectError
+from lens_ebpf.protocol.gen import lens_pb2 as pb
+from lens_ebpf.recorder import lifecycle as lc
+from lens_ebpf.recorder.ingest.node_events import agent_resources, event_row
+from lens_ebpf.recorder.kubelet_service import node_addresses
+from lens_ebpf.recorder.store import queries
+from lens_ebpf.recorder.store.writer import Op, Writer, engine_for, redact, upgrade
 
 GPUS = ["amd.com/gpu", "nvidia.com/gpu"]
 
@@ -234,7 +234,7 @@ def test_a_refused_write_is_dropped_and_counted_and_the_rest_go_on(tmp_path: Pat
 
 
 def test_a_bad_recorder_listen_address_is_refused_naming_the_key() -> None:
-    from lens_ebpf.cluster import config
+    from lens_ebpf.recorder import config
 
     with pytest.raises(ConfigError, match=r"recorder\.listen: .*HOST:PORT.*'nowhere'"):
         config.load(env={"LENS_RECORDER__LISTEN": "nowhere"})

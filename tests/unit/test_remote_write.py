@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from lens_ebpf.cluster import config
-from lens_ebpf.cluster.gen import remote_write_v1_pb2 as pb1
-from lens_ebpf.cluster.gen import remote_write_v2_pb2 as pb2
-from lens_ebpf.cluster.remote_write import wire
-from lens_ebpf.cluster.remote_write.index import Index, Pod, bdf
-from lens_ebpf.cluster.remote_write.relabel import Relabeler
+from lens_ebpf.recorder import config
+from lens_ebpf.recorder.gen import remote_write_v1_pb2 as pb1
+from lens_ebpf.recorder.gen import remote_write_v2_pb2 as pb2
+from lens_ebpf.recorder.remote_write import wire
+from lens_ebpf.recorder.remote_write.index import Index, Pod, bdf
+from lens_ebpf.recorder.remote_write.relabel import Relabeler
 
 FIX = Path(__file__).parent.parent / "fixtures" / "remote_write"
 BERT = (("PyTorchJob", "bert", "uid-pt-bert"),)

@@ -11,12 +11,12 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from lens_ebpf.agent.api import convert
-from lens_ebpf.agent.api.convert import BATCH_EVENTS
-from lens_ebpf.agent.api.grpc_server import GrpcServer
 from lens_ebpf.agent.events import EventBus
-from lens_ebpf.api.gen import lens_pb2 as pb
-from lens_ebpf.api.gen import lens_pb2_grpc
+from lens_ebpf.agent.stream import convert
+from lens_ebpf.agent.stream.convert import BATCH_EVENTS
+from lens_ebpf.agent.stream.grpc_server import GrpcServer
+from lens_ebpf.protocol.gen import lens_pb2 as pb
+from lens_ebpf.protocol.gen import lens_pb2_grpc
 from tests.conftest import hang_guard
 from tests.k8slab import eventually
 from tests.unit.test_events import EXEC, FLOW

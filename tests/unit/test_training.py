@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from lens_ebpf.cluster.training import formats
-from lens_ebpf.cluster.training.formats import Progress, parse
-from lens_ebpf.cluster.training.logs import BodyError, LogLine, gunzip, parse_body
-from lens_ebpf.cluster.training.outliers import Flag, robust_outliers
-from lens_ebpf.cluster.training.timeline import Regression, regressions
+from lens_ebpf.recorder.training import formats
+from lens_ebpf.recorder.training.formats import Progress, parse
+from lens_ebpf.recorder.training.logs import BodyError, LogLine, gunzip, parse_body
+from lens_ebpf.recorder.training.outliers import Flag, robust_outliers
+from lens_ebpf.recorder.training.timeline import Regression, regressions
 
 FIX = Path(__file__).parent.parent / "fixtures" / "training"
 # megatron-single-node.log's ten iterations, in seconds

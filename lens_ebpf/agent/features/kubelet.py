@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lens_ebpf.agent.feature import CollectorFeature, register
-from lens_ebpf.agent.k8s.kubelet import SA_CA, KubeletClient, KubeletCollector
+from lens_ebpf.agent.pods.kubelet import SA_CA, KubeletClient, KubeletCollector
 from lens_ebpf.core.collector import PeriodicCollector
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from prometheus_client.registry import Collector
 
 from lens_ebpf.agent.feature import ERROR, OFF, RUNNING, Feature, register
-from lens_ebpf.agent.k8s.cluster import ClusterCollector, ClusterWatch
+from lens_ebpf.agent.pods.cluster import ClusterCollector, ClusterWatch
 from lens_ebpf.k8s.client import NotConfigured, api_client
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lens_ebpf.agent.feature import CollectorFeature, register
-from lens_ebpf.agent.k8s.podresources import PodResourcesCollector
+from lens_ebpf.agent.pods.podresources import PodResourcesCollector
 from lens_ebpf.core.collector import PeriodicCollector
 
 

@@ -1,0 +1,147 @@
+"""The agent's view of the cluster: API connection, pod/service reflectors, cluster CIDRs.
+
+No API configured (no in-recorder account, no kubeconfig) is standalone mode:
+the agent classifies by policy.yaml alone. An API that is configured but broken is
+logged and retried; it never stops the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from lens_ebpf.agent.net.policy_watch import ClusterNetworks
+from lens_ebpf.agent.pods.index import ClusterIndex, Getter, OwnerResolver
+from lens_ebpf.k8s.objects import Network, ObjectError, kubeadm_networks, node_pod_cidrs
+from lens_ebpf.k8s.reflector import Reflector, call_raw, watch_metrics
+
+log = logging.getLogger(__name__)
+
+
+def read_cluster_networks(
+    get_kubeadm: Callable[[], dict[str, Any]],
+    list_nodes: Callable[[], dict[str, Any]],
+) -> ClusterNetworks:
+    """Pod and service CIDRs: kubeadm-config first, then the nodes' spec.podCIDRs.
+
+    A source that is missing or malformed is logged and skipped; the result may be empty.
+    """
+    out = ClusterNetworks()
+    try:
+        out.pods, out.services = kubeadm_networks(get_kubeadm())
+        out.source = "kubeadm-config"
+    except ObjectError as exc:
+        log.warning("cluster CIDRs: %s; trying the nodes' podCIDRs", exc)
+    except Exception as exc:  # 404 on non-kubeadm clusters, 403, API down
+        log.info("cluster CIDRs: no kubeadm-config (%s); trying the nodes' podCIDRs",
+                 getattr(exc, "reason", None) or type(exc).__name__)  # fmt: skip
+    if not out.pods:
+        nets: list[Network] = []
+        try:
+            for node in list_nodes().get("items") or ():
+                try:
+                    nets.extend(n for n in node_pod_cidrs(node) if n not in nets)
+                except ObjectError as exc:
+                    log.warning("cluster CIDRs: %s", exc)
+        except Exception as exc:
+            log.info("cluster CIDRs: cannot list nodes (%s)", type(exc).__name__)
+        if nets:
+            out.pods = tuple(nets)
+            out.source = f"{out.source}+node podCIDRs" if out.source else "node podCIDRs"
+    return out
+
+
+def raw_getter(fn: Callable[..., Any], timeout: float) -> Getter:
+    """A kubernetes client read_namespaced_* method as a getter of the raw JSON object."""
+    return lambda namespace, name: call_raw(fn, name, namespace, timeout=timeout)
+
+
+class ClusterWatch:
+    """Reflectors for pods and services feeding one ClusterIndex."""
+
+    def __init__(self, api: Any, k: Any) -> None:
+        from kubernetes import client
+
+        self.cfg = k
+        core = client.CoreV1Api(api)
+        apps = client.AppsV1Api(api)
+        batch = client.BatchV1Api(api)
+        t = k.request_timeout_seconds
+        getters = {
+            "ReplicaSet": raw_getter(apps.read_namespaced_replica_set, t),
+            "Deployment": raw_getter(apps.read_namespaced_deployment, t),
+            "StatefulSet": raw_getter(apps.read_namespaced_stateful_set, t),
+            "DaemonSet": raw_getter(apps.read_namespaced_daemon_set, t),
+            "Job": raw_getter(batch.read_namespaced_job, t),
+            "CronJob": raw_getter(batch.read_namespaced_cron_job, t),
+        }
+        self.owners = OwnerResolver(getters, ttl=k.owner_cache_seconds)
+        self.index = ClusterIndex(k.max_pods, k.max_services, self.owners)
+        opts = {"request_timeout": t, "watch_timeout": k.watch_timeout_seconds,
+                "backoff_max": k.backoff_max_seconds}  # fmt: skip
+        self.reflectors = [
+            Reflector("pods", core.list_pod_for_all_namespaces, self.index.replace_pods,
+                      self.index.pod_event, **opts),
+            Reflector("services", core.list_service_for_all_namespaces,
+                      self.index.replace_services, self.index.service_event, **opts),
+        ]  # fmt: skip
+        self._kubeadm = lambda: call_raw(
+            core.read_namespaced_config_map, "kubeadm-config", "kube-system", timeout=t
+        )
+        self._nodes = lambda: call_raw(core.list_node, timeout=t)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for r in self.reflectors:
+            t = threading.Thread(target=r.run, args=(self._stop,), name=f"k8s-{r.resource}",
+                                 daemon=True)  # fmt: skip
+            t.start()
+            self._threads.append(t)
+
+    def networks(self) -> ClusterNetworks:
+        return read_cluster_networks(self._kubeadm, self._nodes)
+
+    def wait_synced(self, timeout: float) -> bool:
+        return all(r.synced.wait(timeout) for r in self.reflectors)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for r in self.reflectors:
+            r.stop()
+        for t in self._threads:
+            t.join(timeout=2)
+
+
+class ClusterCollector(Collector):
+    """The index's size and the watches' health."""
+
+    def __init__(self, watch: ClusterWatch) -> None:
+        self._w = watch
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        idx = self._w.index
+        objs = Metric("lens_k8s_index_objects", "Objects in the pod/service index", "gauge")
+        refused = Metric("lens_k8s_index_refused", "Objects refused by a full index", "counter")
+        for kind, n in idx.counts().items():
+            objs.add_sample("lens_k8s_index_objects", {"kind": kind}, n)
+            refused.add_sample("lens_k8s_index_refused_total", {"kind": kind}, idx.refused[kind])
+        bad = Metric("lens_k8s_bad_objects", "Objects skipped as malformed", "counter")
+        bad.add_sample("lens_k8s_bad_objects_total", {}, idx.bad_objects)
+        lists = Metric("lens_k8s_lists", "Full lists (start, and after 410 Gone)", "counter")
+        for r in self._w.reflectors:
+            lists.add_sample("lens_k8s_lists_total", {"resource": r.resource}, r.lists)
+        owners = Metric("lens_k8s_owner_lookups", "Owner reference lookups", "counter")
+        for result, n in self._w.owners.lookups.items():
+            owners.add_sample("lens_k8s_owner_lookups_total", {"result": result}, n)
+        watches = watch_metrics(self._w.reflectors, "lens_k8s_watch_connected",
+                                "lens_k8s_watch_restarts", "lens_k8s_watch_events")  # fmt: skip
+        yield from (objs, refused, bad, *watches, lists, owners)

@@ -1,0 +1,192 @@
+"""Pushes events to a central collector, resuming after what the collector acknowledged.
+
+Events wait in a bounded replay buffer until acknowledged. On failure the reporter
+reconnects with exponential backoff and jitter; the collector's first Ack says
+where to resume. Events that fell out of the buffer before acknowledgement are
+counted as lost and announced with a gap marker (seq 0), never dropped silently.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import grpc
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from lens_ebpf.agent.events import Event, EventBus, Gap
+from lens_ebpf.agent.stream import convert
+from lens_ebpf.core.backoff import Backoff
+from lens_ebpf.protocol.gen import lens_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+class Reporter:
+    def __init__(self, target: str, bus: EventBus, node: tuple[str, str], buffer: int,
+                 credentials: grpc.ChannelCredentials | None = None,
+                 backoff_max: float = 30.0,
+                 kinds: frozenset[str] = frozenset(), cluster: str = "") -> None:  # fmt: skip
+        self.target = target
+        self.node = node
+        self.cluster = cluster  # said to the collector (lens-cluster); "": its home cluster
+        self.credentials = credentials
+        self.backoff_max = backoff_max
+        self.pending: collections.deque[Event] = collections.deque()  # not acknowledged
+        # of those, not sent on this stream yet (rebuilt from pending on each connect)
+        self.unsent: collections.deque[Event] = collections.deque()
+        self.buffer = buffer
+        self.acked = 0
+        self.lost = 0
+        self.unreported_lost = 0
+        self.last_lost_seq = 0  # the newest event lost, which a gap is numbered after
+        self.sent = 0
+        self.connected = False
+        self.reconnects = 0
+        self.on_connect: Callable[[], object] = lambda: None  # each (re)connect
+        self.batched = True  # ReportBatch, until a collector answers UNIMPLEMENTED
+        self._seen_bus_drops = 0
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        # gaps always pass: a reporter that leaves kinds out still says what it lost
+        accept = (lambda ev: ev.kind in kinds or ev.kind == "gap") if kinds else None
+        self._sub = bus.subscribe("reporter", accept=accept, maxsize=buffer)
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for target in (self._fill, self._run):
+            t = threading.Thread(target=target, name=f"reporter{target.__name__}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def _fill(self) -> None:
+        """Move events from the bus into the replay buffer, counting what overflows."""
+        while not self._stop.is_set():
+            ev = self._sub.get(timeout=0.5)
+            with self._cond:
+                bus_lost = self._sub.dropped - self._seen_bus_drops
+                if bus_lost:
+                    self._seen_bus_drops = self._sub.dropped
+                    self.lost += bus_lost
+                    self.unreported_lost += bus_lost
+                    self.last_lost_seq = max(self.last_lost_seq, self._sub.last_dropped_seq)
+                if ev is None:
+                    continue
+                self.pending.append(ev)
+                self.unsent.append(ev)
+                while len(self.pending) > self.buffer:
+                    dropped = self.pending.popleft()
+                    if self.unsent and self.unsent[0] is dropped:
+                        self.unsent.popleft()
+                    self.last_lost_seq = max(self.last_lost_seq, dropped.seq)
+                    self.lost += 1
+                    self.unreported_lost += 1
+                self._cond.notify_all()
+
+    def _requests(self, ready: threading.Event, done: threading.Event,
+                  ) -> Iterator[list[bytes]]:  # fmt: skip
+        """The events to send, serialized (convert.wire: the bytes the event's subscribers
+        send too, made once), in order, each once after what the collector holds: what is
+        ready at once in lists of convert.wire_chunks' bounds."""
+        deadline = time.monotonic() + 30
+        while not ready.wait(timeout=0.2):  # the collector's first Ack: where to resume
+            if done.is_set() or self._stop.is_set() or time.monotonic() > deadline:
+                return
+        with self._cond:  # after what the collector holds: each pending event once
+            self.unsent = collections.deque(e for e in self.pending if e.seq > self.acked)
+        while not self._stop.is_set() and not done.is_set():
+            with self._cond:
+                if self.unreported_lost:
+                    # numbered as the last event it stands for
+                    gap = Gap(
+                        lost=self.unreported_lost, reason="reporter_buffer", seq=self.last_lost_seq
+                    )
+                    self.unreported_lost = 0
+                    batch: list[Event] = [gap]
+                elif self.unsent:
+                    batch, self.unsent = list(self.unsent), collections.deque()
+                else:
+                    self._cond.wait(timeout=0.5)
+                    continue
+            for chunk in convert.wire_chunks(batch, *self.node):
+                self.sent += len(chunk)
+                yield chunk
+
+    def _run(self) -> None:
+        backoff = Backoff(self.backoff_max, jitter=(0.5, 1.5))
+        while not self._stop.is_set():
+            ready, done = threading.Event(), threading.Event()
+            try:
+                channel = (grpc.secure_channel(self.target, self.credentials)
+                           if self.credentials else grpc.insecure_channel(self.target))  # fmt: skip
+                meta = (("lens-node", self.node[0]), ("lens-node-ip", self.node[1]),
+                        *((("lens-cluster", self.cluster),) if self.cluster else ()))  # fmt: skip
+                chunks = self._requests(ready, done)
+                # the requests go as the bytes _requests made (an EventBatch framed from
+                # them, or each event's): nothing is serialized twice
+                method = "ReportBatch" if self.batched else "Report"
+                call = channel.stream_stream(f"/lens.v1.CollectorService/{method}",
+                                             request_serializer=bytes,
+                                             response_deserializer=pb.Ack.FromString)  # fmt: skip
+                acks = call((convert.batch_wire(c) for c in chunks), metadata=meta) \
+                    if self.batched else call((ev for c in chunks for ev in c),
+                                              metadata=meta)  # fmt: skip
+                for ack in acks:
+                    with self._cond:
+                        self.acked = ack.seq if not ready.is_set() else max(self.acked, ack.seq)
+                        while self.pending and self.pending[0].seq <= self.acked:
+                            self.pending.popleft()
+                    if not ready.is_set():
+                        self.connected = True
+                        backoff.reset()
+                        ready.set()
+                        self.on_connect()  # e.g. the device inventory, sent anew
+                    if self._stop.is_set():
+                        break
+            except grpc.RpcError as exc:
+                if self.batched and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    # a collector older than ReportBatch: one event per message from now on
+                    log.info("reporter: %s does not take ReportBatch; using Report",
+                             self.target)  # fmt: skip
+                    self.batched = False
+                    continue
+                log.debug("reporter: %s", exc)
+            finally:
+                done.set()
+                self.connected = False
+            if self._stop.is_set():
+                break
+            self.reconnects += 1
+            self._stop.wait(backoff.next())
+
+
+class ReporterCollector(Collector):
+    """What the reporter sent, lost and had acknowledged, and whether it is connected."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self._r = reporter
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        r = self._r
+        for name, family, value in (
+            ("lens_agent_reporter_sent", CounterMetricFamily, r.sent),
+            ("lens_agent_reporter_lost", CounterMetricFamily, r.lost),
+            ("lens_agent_reporter_acked_seq", GaugeMetricFamily, r.acked),
+            ("lens_agent_reporter_connected", GaugeMetricFamily, 1 if r.connected else 0),
+            ("lens_agent_reporter_reconnects", CounterMetricFamily, r.reconnects),
+        ):
+            yield family(name, "Event reporter", value=value)

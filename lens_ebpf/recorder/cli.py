@@ -1,0 +1,118 @@
+"""The recorder's command line: `lens-ebpf recorder` (and `lens-ebpf-recorder`; `lens-ebpf-cluster`
+is its old name, kept)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+from lens_ebpf.core.commandline import CliError, parse_listen, run_command
+from lens_ebpf.recorder import config
+
+log = logging.getLogger("lens_ebpf.recorder")
+
+EXAMPLES = """\
+examples:
+  lens-ebpf recorder                                   # SQLite file ./lens-recorder.db
+  lens-ebpf recorder --database postgresql+psycopg://lens:secret@db:5432/lens
+  lens-ebpf recorder --report --since 7d --node gpu-node-3
+  lens-ebpf recorder --remove-finalizers               # before uninstalling it
+"""
+
+
+def build_parser(prog: str = "lens-ebpf recorder") -> argparse.ArgumentParser:
+    rec = argparse.ArgumentParser(
+        prog=prog,
+        description="the recorder: GPU pods and their workloads in a database, the "
+        "node agents' events, REST (one per cluster)",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rec.add_argument("--config", help="YAML config file (also LENS_CONFIG): the recorder: section")
+    rec.add_argument("--database", help="SQLAlchemy URL (recorder.database_url)")
+    rec.add_argument("--listen", help="HOST:PORT for REST and /metrics (default 0.0.0.0:9480)")
+    rec.add_argument("--collect-listen", help="HOST:PORT for reporters (default 0.0.0.0:9472)")
+    rec.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    rec.add_argument("--report", action="store_true",
+                     help="print the workloads that used GPUs since --since and exit")  # fmt: skip
+    rec.add_argument("--since", default="7d", help="with --report: RFC 3339, or an age (12h, 7d)")
+    rec.add_argument("--node", default="", help="with --report: only GPU pods on this node")
+    rec.add_argument("--cluster", default="",
+                     help="with --report: this cluster (not the home one)")  # fmt: skip
+    rec.add_argument("--json", action="store_true", help="with --report: one object per line")
+    rec.add_argument("--remove-finalizers", action="store_true",
+                     help="take the recorder's finalizer off every object and exit "
+                     "(run before uninstalling)")  # fmt: skip
+    return rec
+
+
+def overrides(args: argparse.Namespace) -> dict[tuple[str, ...], Any]:
+    out: dict[tuple[str, ...], Any] = {}
+    if args.database:
+        out[("recorder", "database_url")] = args.database
+    for flag, key in ((args.listen, "listen"), (args.collect_listen, "collect_listen")):
+        if flag:
+            parse_listen(flag, f"--{key.replace('_', '-')}")
+            out[("recorder", key)] = flag
+    if args.log_level:
+        out[("log_level",)] = args.log_level
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from lens_ebpf.k8s.client import NotConfigured, api_client
+    from lens_ebpf.recorder import service
+    from lens_ebpf.recorder.store.queries import QueryError
+    from lens_ebpf.recorder.store.writer import DatabaseError
+
+    cfg = config.load(args.config, overrides=overrides(args))
+    logging.basicConfig(level=cfg.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    try:
+        if args.report:
+            print(service.run_report(cfg, args.since, args.node, args.json, args.cluster))
+            return 0
+        try:
+            client = api_client(cfg.kubernetes.mode, cfg.kubernetes.kubeconfig)
+        except NotConfigured as exc:
+            raise CliError(f"recorder: needs the Kubernetes API ({exc})") from None
+        except ValueError as exc:
+            raise CliError(f"recorder: {exc}") from None
+        if args.remove_finalizers:
+            for kind, n in sorted(service.remove_finalizers(cfg, client).items()):
+                print(f"{kind}: {n} finalizers removed")
+            return 0
+        app = service.RecorderApp(cfg, client)
+    except CliError:
+        raise
+    except (DatabaseError, QueryError) as exc:
+        raise CliError(f"recorder: {exc}") from None
+    except Exception as exc:  # the database or the API at start-up
+        raise CliError(f"recorder: cannot start: {type(exc).__name__}: {exc}"[:500]) from None
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        app.start()
+    except OSError as exc:
+        app.stop(flush_timeout=1)
+        raise CliError(f"recorder: {exc}") from None
+    log.info("recorder: schema %s, REST on %s, collector on %s", app.revision,
+             cfg.recorder.listen, cfg.recorder.collect_listen or "off")  # fmt: skip
+    while not stop.wait(1.0):
+        pass
+    app.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None, prog: str = "lens-ebpf-recorder") -> int:
+    args = build_parser(prog).parse_args(argv)
+    return run_command(lambda: run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""The recorder's settings: shipped defaults (cluster/defaults.yaml), a YAML file,
+the environment, flags, in that order (core/settings.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from importlib import resources
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from lens_ebpf.core import settings
+from lens_ebpf.core.settings import Section, ServerConfig, split_listen
+from lens_ebpf.k8s.client import KubernetesClientConfig
+from lens_ebpf.protocol.tls import ServerTlsConfig
+
+CLUSTER_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"  # a DNS label: no "/" in it
+
+
+class KubeletServiceConfig(Section):
+    enabled: bool = False
+    namespace: str = "kube-system"
+    name: str = "kubelet"
+    interval_seconds: float = Field(30.0, gt=0)
+    ports: dict[str, int] = Field(
+        default_factory=lambda: {"https-metrics": 10250, "http-metrics": 10255, "cadvisor": 4194}
+    )
+
+
+class PrometheusConfig(Section):
+    url: str = ""  # a Prometheus-compatible HTTP API; empty: the metric routes answer 503
+    timeout_seconds: float = Field(10.0, gt=0)
+    max_points: int = Field(11_000, ge=1, le=1_000_000)  # per series, in a range query
+
+
+class JobsConfig(Section):
+    allocation_seconds: float = Field(30.0, gt=0)  # GPU allocation snapshots, hourly stats
+    outliers_seconds: float = Field(60.0, gt=0)  # workloads' pods compared (the outlier rule)
+
+
+class IngestConfig(Section):
+    """Who may POST (logs, remote write): a bearer token, or nobody beyond loopback."""
+
+    token_file: str = ""  # the token, one line; empty: no token
+    allow_anonymous: bool = False  # without a token, take POSTs beyond loopback too
+
+
+class LogsConfig(Section):
+    max_body_bytes: int = Field(16 << 20, ge=1024, le=1 << 30)  # sent, and once decompressed
+
+
+class TrainingConfig(Section):
+    window: int = Field(50, ge=3, le=10_000)  # iterations in the rolling median
+    slowdown_factor: float = Field(1.5, gt=1)  # an iteration this many medians long: slowdown
+    stall_factor: float = Field(5.0, gt=1)  # no progress for this many medians: stalled
+    check_seconds: float = Field(5.0, gt=0)  # how often stalls are looked for
+    series_ttl_seconds: float = Field(3600.0, gt=0)  # a workload's lens_training_* series
+    # go this long after its last point
+
+
+class TimelineConfig(Section):
+    regression_factor: float = Field(2.0, gt=1)  # above this many times the baseline
+    regression_minutes: float = Field(2.0, gt=0)  # for at least this long: a regression
+    baseline_seconds: float = Field(3600.0, gt=0)  # the baseline: the median of this before
+
+
+class RetentionConfig(Section):
+    days: float = Field(30.0, gt=0)  # allocation snapshots and the device changelog
+
+
+class StorageConfig(Section):
+    scan_seconds: float = Field(60.0, gt=0)  # StorageClasses, volumes, claims, their usage
+    pending_seconds: float = Field(300.0, gt=0)  # a claim Pending longer: unhealthy
+
+
+class DeviceLabelRule(Section):
+    """A label of other exporters' series that names a device, and what of the device it
+    holds: a GPU's index, UUID, serial or PCI address, or an RDMA device."""
+
+    label: str = Field(min_length=1)
+    match: Literal["index", "uuid", "serial", "bdf", "rdma"]
+
+
+def _device_rules() -> list[DeviceLabelRule]:
+    return [DeviceLabelRule(label=label, match=match) for label, match in (
+        ("UUID", "uuid"),  # dcgm-exporter
+        ("gpu_uuid", "uuid"),  # AMD device-metrics-exporter, lens-ebpf's hw_gpu_*
+        ("serial_number", "serial"),  # AMD device-metrics-exporter
+        ("pci_bus_id", "bdf"),  # dcgm-exporter (eight-digit domain)
+        ("gpu_id", "index"),  # AMD device-metrics-exporter, lens-ebpf
+        ("gpu", "index"),  # dcgm-exporter
+        ("gpu_index", "index"),  # lens-ebpf
+        ("asic", "index"),
+        ("device", "rdma"),  # lens-ebpf's and node_exporter's RDMA ports
+    )]  # fmt: skip
+
+
+class BasicAuthConfig(Section):
+    username: str = ""
+    password_file: str = ""
+
+
+class ClientTlsFiles(Section):
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    insecure_skip_verify: bool = False
+
+
+class RemoteWriteConfig(Section):
+    url: str = ""  # where series go (a remote write receiver); "": POST /prometheus is 503
+    mode: Literal["workload", "proxy"] = "workload"  # proxy: every series is forwarded too
+    job: str = Field("lens-ebpf-recorder", min_length=1)  # the copies' job label
+    max_body_bytes: int = Field(16 << 20, ge=1024, le=1 << 30)  # sent, and once unpacked
+    timeout_seconds: float = Field(30.0, gt=0)  # the downstream's answer
+    bearer_token_file: str = ""
+    basic_auth: BasicAuthConfig = Field(default_factory=BasicAuthConfig)
+    tls: ClientTlsFiles = Field(default_factory=ClientTlsFiles)
+    cache_seconds: float = Field(10.0, gt=0)  # the device -> pod -> workload maps are read anew
+    node_labels: list[str] = Field(default_factory=lambda: [
+        "primus_lens_node_name", "Hostname", "hostname", "node", "instance"])  # fmt: skip
+    device_labels: list[DeviceLabelRule] = Field(default_factory=_device_rules)
+    pod_labels: list[str] = Field(default_factory=lambda: ["pod", "pod_name", "exported_pod"])
+
+
+class RecorderConfig(Section):
+    database_url: str = "sqlite:///lens-recorder.db"
+    listen: str = "0.0.0.0:9480"  # REST (/workloads, /pods) and /metrics
+    collect_listen: str = "0.0.0.0:9472"  # reporters' collector protocol; empty: off
+    gpu_resources: list[str] = Field(default_factory=lambda: ["amd.com/gpu", "nvidia.com/gpu"])
+    cluster_name: str = Field("local", pattern=CLUSTER_NAME)  # the home cluster's name
+    finalizers: bool = True
+    queue_max: int = Field(100_000, ge=1, le=10_000_000)
+    db_retry_max_seconds: float = Field(10.0, gt=0)
+    page_max: int = Field(1000, ge=1, le=100_000)
+    kubelet_service: KubeletServiceConfig = Field(default_factory=KubeletServiceConfig)
+    prometheus: PrometheusConfig = Field(default_factory=PrometheusConfig)
+    jobs: JobsConfig = Field(default_factory=JobsConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    ingest: IngestConfig = Field(default_factory=IngestConfig)
+    logs: LogsConfig = Field(default_factory=LogsConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    timeline: TimelineConfig = Field(default_factory=TimelineConfig)
+    remote_write: RemoteWriteConfig = Field(default_factory=RemoteWriteConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        split_listen(v)
+        return v
+
+
+class ClusterEntry(Section):
+    """A cluster beyond the home one: how to reach its API, and where its metrics are."""
+
+    kubeconfig: str = Field(min_length=1)  # a kubeconfig file, or in-cluster
+    prometheus_url: str = ""  # its own Prometheus; "": recorder.prometheus.url
+
+
+class MultiClusterConfig(Section):
+    """Clusters beyond the home one from the seed's multi-k8s-config Secret (one key per
+    cluster: its kubeconfig), and the storage config exporter."""
+
+    secret: str = ""  # the Secret's name in namespace; "": not read (multi-k8s-config)
+    namespace: str = ""  # "": the service's own (its service account's namespace)
+    reload_seconds: float = Field(30.0, gt=0)  # the Secret is read again this often
+    storage_config_sync: bool = False  # every sync_seconds: merged_secret from source_secret
+    source_secret: str = Field("storage-config", min_length=1)  # read in every cluster
+    merged_secret: str = Field("multi-storage-config", min_length=1)  # written in the home one
+    sync_seconds: float = Field(30.0, gt=0)
+
+
+class CollectorGrpcConfig(Section):
+    tls: ServerTlsConfig = Field(default_factory=ServerTlsConfig)
+
+
+class ClusterServerConfig(ServerConfig):
+    tls: ServerTlsConfig = Field(default_factory=ServerTlsConfig)  # recorder.listen over HTTPS
+
+
+class Config(Section):
+    log_level: str = "info"
+    server: ClusterServerConfig = Field(default_factory=ClusterServerConfig)
+    kubernetes: KubernetesClientConfig = Field(default_factory=KubernetesClientConfig)
+    grpc: CollectorGrpcConfig = Field(default_factory=CollectorGrpcConfig)
+    recorder: RecorderConfig = Field(default_factory=RecorderConfig)
+    # clusters beyond the home one (recorder.cluster_name, reached through kubernetes.*)
+    clusters: dict[str, ClusterEntry] = Field(default_factory=dict)
+    multicluster: MultiClusterConfig = Field(default_factory=MultiClusterConfig)
+
+    @field_validator("clusters")
+    @classmethod
+    def _names(cls, v: dict[str, ClusterEntry]) -> dict[str, ClusterEntry]:
+        for name in v:
+            if not re.match(CLUSTER_NAME, name):
+                raise ValueError(f"cluster name {name!r}: lowercase letters, digits and '-' "
+                                 "(a DNS label)")  # fmt: skip
+        return v
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, v: str) -> str:
+        return settings.log_level(v)
+
+
+def shipped() -> str:
+    """cluster/defaults.yaml: every key with its default, documented."""
+    return resources.files("lens_ebpf.recorder").joinpath("defaults.yaml").read_text()
+
+
+def load(
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[tuple[str, ...], Any] | None = None,
+) -> Config:
+    """The recorder's effective settings; ConfigError naming the key and why."""
+    return settings.load(Config, [shipped()], path, env, overrides)
+
+
+def defaults() -> dict[str, Any]:
+    """Every key with its default: the models' and defaults.yaml."""
+    return settings.defaults(Config, [shipped()])

@@ -1,0 +1,159 @@
+"""Who may POST to the recorder (log lines, remote write), and the POST routes'
+answers and counts.
+
+Every POST route takes a bearer token, read from `recorder.ingest.token_file` (read again
+when the file changes, as a mounted Secret does; while it holds none, every POST gets 401
+saying so, and the rest of the service runs). Without a token file, POSTs are taken
+only while the service listens on loopback, or where `ingest.allow_anonymous` says so.
+A wrong or missing token gets 401, counted per route. Answers carry the cluster API's
+envelope: meta.code 2000, or 4001 (a bad body), 4010 (no or a wrong token), 4013 (too
+large), 4015 (an encoding or protocol the route does not take), 5003 (a dependency is
+down, or the write queue is full: retry).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from lens_ebpf.core.exposition import Buckets
+from lens_ebpf.core.http import Answer, Post, Response, json_response
+from lens_ebpf.recorder.config import IngestConfig
+
+log = logging.getLogger(__name__)
+
+CODES = {400: 4001, 401: 4010, 404: 4004, 413: 4013, 415: 4015, 429: 4029, 503: 5003}
+SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def answer(status: int, message: str = "OK", data: Any = None) -> Response:
+    code = 2000 if status < 300 else CODES.get(status, status * 10)
+    return json_response(status, {"meta": {"code": code, "message": message}, "data": data})
+
+
+def loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class Ingest(Collector):
+    def __init__(self, cfg: IngestConfig, listen_host: str, home: str = "local") -> None:
+        self.path = cfg.token_file
+        self.home = home  # the cluster whose pods the POST routes read
+        self.anonymous = cfg.allow_anonymous or loopback(listen_host)
+        self._token = ""
+        self._stamp: tuple[float, int] | None = None
+        self._warned = False
+        self._lock = threading.Lock()
+        self.unauthorized: dict[str, int] = {}
+        self.requests: dict[tuple[str, int], int] = {}
+        self.seconds: dict[str, Buckets] = {}
+        if self.path:
+            if not self.token():
+                log.warning("recorder: recorder.ingest.token_file %s holds no token yet: "
+                            "POST routes answer 401 until it does", self.path)  # fmt: skip
+        elif not self.anonymous:
+            log.warning("recorder: no recorder.ingest.token_file and listening beyond "
+                        "loopback: POST routes answer 401 (set a token, or "
+                        "ingest.allow_anonymous: true)")  # fmt: skip
+
+    def token(self) -> str:
+        """The token now: the file read again when it changed (a Secret's new token); the
+        last one kept while it cannot be read; "" before it ever could."""
+        with self._lock:
+            try:
+                st = os.stat(self.path)
+                if (st.st_mtime, st.st_size) != self._stamp:
+                    with open(self.path) as f:
+                        self._token = f.read().strip() or self._token
+                    self._stamp = (st.st_mtime, st.st_size)
+            except OSError as exc:
+                if self._stamp is not None or not self._warned:
+                    log.warning("recorder: token file: %s", exc)
+                self._warned = True
+            return self._token
+
+    def refused(self, route: str, headers: dict[str, str]) -> Response | None:
+        """401 for a request without the token (or any, where no token is set and anonymous
+        POSTs are not taken); None when it may go on."""
+        if self.path:
+            scheme, _, given = headers.get("authorization", "").partition(" ")
+            token = self.token()
+            if token and scheme.lower() == "bearer" and hmac.compare_digest(
+                    given.strip().encode(), token.encode()):  # fmt: skip
+                return None
+            bearer = scheme.lower() == "bearer" and given.strip()
+            why = "a wrong bearer token" if bearer else "no bearer token (Authorization: Bearer)"
+            if not token:
+                why = f"recorder.ingest.token_file {self.path} holds no token (yet)"
+        elif self.anonymous:
+            return None
+        else:
+            why = ("no recorder.ingest.token_file is set and the service listens beyond "
+                   "loopback (set a token, or ingest.allow_anonymous: true)")  # fmt: skip
+        with self._lock:
+            self.unauthorized[route] = self.unauthorized.get(route, 0) + 1
+        return answer(401, f"{route}: {why}")
+
+    def route(self, name: str, handler: Callable[[Post], Answer]) -> Callable[[Post], Answer]:
+        """handler behind the token check, its answers counted and timed."""
+
+        def serve(req: Post) -> Answer:
+            start = time.perf_counter()
+            got: Answer = self.refused(name, req.headers) or self._elsewhere(name, req) \
+                or handler(req)  # fmt: skip
+            took = time.perf_counter() - start
+            with self._lock:
+                key = (name, got[0])
+                self.requests[key] = self.requests.get(key, 0) + 1
+                self.seconds.setdefault(name, Buckets(SECONDS_BUCKETS)).observe(took)
+            return got
+
+        return serve
+
+    def _elsewhere(self, route: str, req: Post) -> Answer | None:
+        """404 for a body of another cluster (?cluster=): the POST routes read the home
+        cluster's pods; another cluster's senders post to a service of their own."""
+        asked = req.query.get("cluster", "")
+        if asked and asked != self.home:
+            return answer(404, f"{route}: this service takes cluster {self.home!r}'s only, "
+                          f"not {asked!r}")  # fmt: skip
+        return None
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            requests = sorted(self.requests.items())
+            unauthorized = sorted(self.unauthorized.items())
+            seconds = sorted((k, b.copy()) for k, b in self.seconds.items())
+        fam = Metric("lens_recorder_post_requests", "POST requests, by route and HTTP status",
+                     "counter")  # fmt: skip
+        for (route, status), n in requests:
+            fam.add_sample("lens_recorder_post_requests_total",
+                           {"route": route, "code": str(status)}, n)  # fmt: skip
+        yield fam
+        bad = Metric("lens_recorder_post_unauthorized", "POST requests refused (401): no or a "
+                     "wrong bearer token", "counter")  # fmt: skip
+        for route, n in unauthorized:
+            bad.add_sample("lens_recorder_post_unauthorized_total", {"route": route}, n)
+        yield bad
+        hist = HistogramMetricFamily("lens_recorder_post_request_seconds",
+                                     "Time to answer a POST", labels=["route"])  # fmt: skip
+        for route, b in seconds:
+            hist.add_metric([route], b.cumulative(), b.total)
+        yield hist

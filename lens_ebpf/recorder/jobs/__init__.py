@@ -1,0 +1,1 @@
+"""The recorder's periodic jobs, each run by core/runner."""

@@ -1,0 +1,205 @@
+"""POST /prometheus (and /v1/prometheus, Primus-Lens's path): remote write in, workload
+copies (and in proxy mode every series) out to `recorder.remote_write.url`; GET
+pods/cache and pods/workload/cache: the maps the copies are made by."""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import Connection, Engine
+
+from lens_ebpf.core.exposition import Buckets, counter
+from lens_ebpf.core.http import Answer, Post
+from lens_ebpf.recorder.api import ApiError, Scope, Table
+from lens_ebpf.recorder.config import RemoteWriteConfig
+from lens_ebpf.recorder.ingest.admission import answer
+from lens_ebpf.recorder.remote_write import wire
+from lens_ebpf.recorder.remote_write.forward import Forwarder
+from lens_ebpf.recorder.remote_write.index import Indexer
+from lens_ebpf.recorder.remote_write.relabel import RESULTS, Relabeler
+
+LAG_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
+SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+REFUSED = {400: "bad_body", 413: "too_large", 415: "unsupported", 503: "no_receiver"}
+
+
+class RemoteWrite(Collector):
+    def __init__(self, cfg: RemoteWriteConfig, engine: Engine,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 cluster: str = "local") -> None:  # fmt: skip
+        self.cfg = cfg
+        self.indexer = Indexer(engine, cfg.cache_seconds, clock, cluster)
+        self.relabeler = Relabeler(cfg, self.indexer)
+        self.forwarder = Forwarder(cfg) if cfg.url else None
+        self.samples: dict[str, int] = dict.fromkeys(RESULTS, 0)
+        self.written = 0  # series the receiver took (copies, and proxied series)
+        self.refused: dict[str, int] = dict.fromkeys(REFUSED.values(), 0)
+        self.lag = Buckets(LAG_BUCKETS)
+        self.downstream = Buckets(SECONDS_BUCKETS)
+        # what the service itself adds to a request (its time less the receiver's)
+        self.added = Buckets(SECONDS_BUCKETS)
+        self.recent_added: deque[float] = deque(maxlen=100_000)  # the last, exactly (bench)
+        self._lock = threading.Lock()
+
+    def _refuse(self, status: int, message: str) -> Answer:
+        with self._lock:
+            key = REFUSED.get(status, "bad_body")
+            self.refused[key] += 1
+        return answer(status, message)
+
+    def post(self, req: Post) -> Answer:
+        """One sender's request: 204 once the receiver took what it became."""
+        began = time.perf_counter()
+        if self.forwarder is None:
+            return self._refuse(503, "recorder.remote_write.url is not set: there is no "
+                                     "receiver to write to")  # fmt: skip
+        try:
+            version = wire.version(req.headers)
+            data = wire.unsnappy(req.body, self.cfg.max_body_bytes)
+            out = self.relabeler.v1(data) if version == wire.V1 else self.relabeler.v2(data)
+        except wire.WireError as exc:
+            return self._refuse(exc.status, str(exc))
+        now_ms = time.time() * 1000
+        took = 0.0
+        if out.series:
+            start = time.perf_counter()
+            got = self.forwarder.send(version, out.body)
+            took = time.perf_counter() - start
+            if got.status == 400:
+                with self._lock:
+                    self.samples["rejected"] += out.written.samples + out.written.histograms
+            if got.status != 204:
+                extra = {"Retry-After": got.retry_after} if got.retry_after else {}
+                return (*answer(got.status, got.message), extra)
+        with self._lock:
+            for k, n in out.counts.items():
+                self.samples[k] += n
+            self.written += out.series
+            if out.oldest_ms:
+                self.lag.observe(max(0.0, (now_ms - out.oldest_ms) / 1000))
+            if out.series:
+                self.downstream.observe(took)
+            added = time.perf_counter() - began - took
+            self.added.observe(added)
+            self.recent_added.append(added)
+        headers = {}
+        if version == wire.V2:  # what 2.0 asks a receiver to say it wrote
+            w = out.written
+            headers = {"X-Prometheus-Remote-Write-Samples-Written": str(w.samples),
+                       "X-Prometheus-Remote-Write-Histograms-Written": str(w.histograms),
+                       "X-Prometheus-Remote-Write-Exemplars-Written": str(w.exemplars)}  # fmt: skip
+        return 204, "text/plain", b"", headers
+
+    # -- the maps, as Primus-Lens serves them ------------------------------------------
+    def _home(self, c: Scope | None) -> None:
+        if c is not None and c.name != self.indexer.cluster:
+            raise ApiError(404, 4004, f"remote write serves cluster {self.indexer.cluster!r} "
+                           f"only, not {c.name!r}")  # fmt: skip
+
+    def pods_cache(self, conn: Connection, name: str, query: dict[str, str],
+                   c: Scope | None = None) -> dict[str, Any]:  # fmt: skip
+        """pods/cache?node=: node -> device label -> device -> [pod name, pod uid], the pods
+        holding devices now (and since when, unix seconds, under `since`)."""
+        self._home(c)
+        idx = self.indexer.index
+        only = query.get("node", "")
+        by_slot: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        for node, gpus in idx.gpus.items():
+            for (match, value), slot in gpus.items():
+                by_slot.setdefault((node, slot), []).append((match, value))
+        for node, devices in idx.rdma.items():
+            for dev in devices:
+                by_slot.setdefault((node, dev), []).append(("rdma", dev))
+        cache: dict[str, dict[str, dict[str, list[str]]]] = {}
+        since: dict[str, dict[str, dict[str, int | None]]] = {}
+        now = (idx.built or datetime.now(UTC)).timestamp() * 1000
+        for (node, slot), names in sorted(by_slot.items()):
+            if only and node != only:
+                continue
+            held = [(start, uid) for start, end, uid in idx.holders.get((node, slot), ())
+                    if start <= now < end]  # fmt: skip
+            if len(held) != 1 or held[0][1] not in idx.pods:
+                continue
+            start, uid = held[0]
+            pod = idx.pods[uid]
+            for label, match in self.relabeler.rules:
+                for m, value in names:
+                    if m == match:
+                        cache.setdefault(node, {}).setdefault(label, {})[value] = [pod.name, uid]
+                        since.setdefault(node, {}).setdefault(label, {})[value] = \
+                            int(start / 1000) if math.isfinite(start) else None  # fmt: skip
+        return {"updated_at": int(idx.built.timestamp()) if idx.built else None,
+                "cache": cache, "since": since}  # fmt: skip
+
+    def workload_cache(self, conn: Connection, name: str, query: dict[str, str],
+                       c: Scope | None = None) -> dict[str, Any]:  # fmt: skip
+        """pods/workload/cache: pod name -> [[workload name, workload uid], ...] (every
+        level above it), and the same by pod uid."""
+        self._home(c)
+        idx = self.indexer.index
+        by_name: dict[str, list[list[str]]] = {}
+        by_uid: dict[str, list[list[str]]] = {}
+        for uid, pod in sorted(idx.pods.items()):
+            pairs = [[wname, wuid] for _, wname, wuid in pod.workloads]
+            by_name.setdefault(pod.name, []).extend(p for p in pairs
+                                                    if p not in by_name[pod.name])  # fmt: skip
+            by_uid[uid] = pairs
+        return {"updated_at": int(idx.built.timestamp()) if idx.built else None,
+                "cache": by_name, "by_uid": by_uid}  # fmt: skip
+
+    def api_routes(self) -> Table:
+        return [
+            (re.compile(r"^(pods/cache)$"), self.pods_cache),
+            (re.compile(r"^(pods/workload/cache)$"), self.workload_cache),
+        ]
+
+    # -- metrics ---------------------------------------------------------------------
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            samples, refused = dict(self.samples), dict(self.refused)
+            written = self.written
+            lag, down, added = (h.copy() for h in (self.lag, self.downstream, self.added))
+        errors = dict(self.forwarder.errors) if self.forwarder else {}
+        yield counter("lens_recorder_remote_write_samples", "Samples of remote write requests "
+                      "the receiver took, by result: copied (to workload_ series), no_pod, "
+                      "no_workload; rejected (the receiver refused them)", samples,
+                      "result")  # fmt: skip
+        yield counter("lens_recorder_remote_write_series_written", "Series the receiver took "
+                      "(workload copies, and every series in proxy mode)",
+                      {"": written})  # fmt: skip
+        yield counter("lens_recorder_remote_write_refused", "Remote write requests refused: "
+                      "bad_body (400), too_large (413), unsupported (415), no_receiver (503)",
+                      refused, "reason")  # fmt: skip
+        yield counter("lens_recorder_remote_write_downstream_errors", "The receiver's "
+                      "failures: unreachable, 5xx, 429, 4xx", dict(sorted(errors.items())),
+                      "reason")  # fmt: skip
+        for name, help_text, b in (
+            ("lens_recorder_remote_write_lag_seconds", "From a request's first sample to "
+             "its arrival", lag),
+            ("lens_recorder_remote_write_downstream_seconds", "The receiver's time to answer",
+             down),
+            ("lens_recorder_remote_write_added_seconds", "What the service adds to a "
+             "request it takes: its time less the receiver's", added),
+        ):  # fmt: skip
+            h = HistogramMetricFamily(name, help_text)
+            h.add_metric([], b.cumulative(), b.total)
+            yield h
+        idx = self.indexer.index
+        g = Metric("lens_recorder_remote_write_cache", "The copies' maps: series remembered, "
+                   "their generation (it moves when the maps change)", "gauge")  # fmt: skip
+        g.add_sample("lens_recorder_remote_write_cache", {"what": "series"},
+                     len(self.relabeler.cache))  # fmt: skip
+        g.add_sample("lens_recorder_remote_write_cache", {"what": "generation"}, idx.generation)
+        yield g

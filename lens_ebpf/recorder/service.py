@@ -1,0 +1,460 @@
+"""`lens-ebpf recorder`: the database, the watches, the collector protocol, REST and
+metrics, wired together; and the one-shot commands (--report, --remove-finalizers)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
+
+from lens_ebpf.core.http import HttpServer, Response, json_response, tls_context
+from lens_ebpf.core.loop import EventLoopThread
+from lens_ebpf.core.settings import split_listen
+from lens_ebpf.k8s.reflector import call_raw, watch_metrics
+from lens_ebpf.recorder import api
+from lens_ebpf.recorder import lifecycle as lc
+from lens_ebpf.recorder.clusters import Clusters, Shared, StorageConfigSync
+from lens_ebpf.recorder.config import Config
+from lens_ebpf.recorder.ingest.admission import Ingest
+from lens_ebpf.recorder.ingest.node_events import NodeEvents, last_seqs
+from lens_ebpf.recorder.jobs.allocation import Jobs
+from lens_ebpf.recorder.kubelet_service import KubeletService
+from lens_ebpf.recorder.prom import Prom
+from lens_ebpf.recorder.remote_write.routes import RemoteWrite
+from lens_ebpf.recorder.store import queries, schema
+from lens_ebpf.recorder.store.writer import (
+    DatabaseError,
+    Writer,
+    engine_for,
+    redact,
+    upgrade,
+)
+from lens_ebpf.recorder.tracker import Api, Kind, change_finalizer
+from lens_ebpf.recorder.training import routes as training_routes
+from lens_ebpf.recorder.training.outliers import Outliers
+from lens_ebpf.recorder.training.progress import Training
+
+log = logging.getLogger(__name__)
+
+# kinds whose finalizers --remove-finalizers clears even when the database never saw them
+BUILTIN_KINDS = (
+    ("apps/v1", "ReplicaSet"), ("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"),
+    ("apps/v1", "DaemonSet"), ("batch/v1", "Job"), ("batch/v1", "CronJob"),
+)  # fmt: skip
+
+
+class RecorderApp:
+    """The recorder process's parts; start() and stop() in the right order."""
+
+    def __init__(self, cfg: Config, api_client: Any,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:  # fmt: skip
+        r, k = cfg.recorder, cfg.kubernetes
+        self.cfg = cfg
+        self.clock = clock
+        self.engine = engine_for(r.database_url)
+        self.revision = upgrade(self.engine, r.cluster_name)
+        self.writer = Writer(self.engine, r.queue_max, r.db_retry_max_seconds)
+        p = r.prometheus
+        self.prom = Prom(p.url, p.timeout_seconds, p.max_points)
+        self.clusters = Clusters(Shared(cfg, self.engine, self.writer, self.prom, clock),
+                                 api_client)  # fmt: skip
+        home = self.clusters.home
+        assert home.tracker is not None and home.nodes is not None and home.storage is not None
+        self.api, self.tracker, self.nodes, self.storage = (home.api, home.tracker,
+                                                             home.nodes, home.storage)  # fmt: skip
+        self.clusters.recover()
+        with self.engine.connect() as conn:
+            self.node_events = NodeEvents(self.writer, last_seqs(conn), r.cluster_name)
+        self.kubelet: KubeletService | None = None
+        ks = r.kubelet_service
+        if ks.enabled:
+            self.kubelet = KubeletService(self.api.core, ks.namespace, ks.name, ks.ports,
+                                          ks.interval_seconds,
+                                          k.request_timeout_seconds)  # fmt: skip
+        self.registry = CollectorRegistry()
+        self.registry.register(RecorderMetrics(self))
+        host, port = split_listen(r.listen)
+        self.ingest = Ingest(r.ingest, host, r.cluster_name)
+        self.training = Training(r.training, self.writer, self.tracker.gpu_pod,
+                                 self.tracker.running_workloads, clock,
+                                 r.cluster_name)  # fmt: skip
+        with self.engine.connect() as conn:
+            self.training.recover(conn, clock())
+        self.registry.register(self.ingest)
+        self.registry.register(self.training)
+        self.loop = EventLoopThread("aio")  # REST and the reporters' streams: one loop
+        srv = cfg.server
+        self.http = HttpServer(host, port, self.registry, srv.max_connections,
+                               srv.request_timeout_seconds, srv.max_header_bytes, self.loop,
+                               tls_context(srv.tls.cert, srv.tls.key,
+                                           srv.tls.client_ca))  # fmt: skip
+        self.http.add("/healthz", lambda: json_response(200, {"status": "ok"}))
+        self.http.add("/readyz", self._ready)
+        self.http.add_query("/workloads", self._workloads)
+        self.http.add_query("/pods", self._pods)
+        self.remote_write = RemoteWrite(r.remote_write, self.engine, clock, r.cluster_name)
+        self.registry.register(self.remote_write)
+        self.registry.register(self.storage)  # the home cluster's scans
+        self.registry.register(self.clusters)
+        self.storage_sync: StorageConfigSync | None = None
+        if cfg.multicluster.storage_config_sync:
+            self.storage_sync = StorageConfigSync(self.clusters)
+            self.registry.register(self.storage_sync)
+        storage_routes: api.Table = [
+            (re.compile(r"^(storage/overview)$"), partial(self._storage, "overview")),
+            (re.compile(r"^(storage/volumes)$"), partial(self._storage, "volumes")),
+            (re.compile(r"^(clusters)$"), self.clusters.listing),
+        ]
+        cluster_api = api.routes(self._connected, self.clusters.scope, clock,
+                                 training_routes.api_routes(r, clock)
+                                 + self.remote_write.api_routes() + storage_routes,
+                                 self.clusters.names)  # fmt: skip
+        logs = self.ingest.route("/logs", training_routes.post_logs(
+            self.training, self.writer, r.logs.max_body_bytes, clock))  # fmt: skip
+        for path in ("/logs", "/v1/logs", "/api/logs"):  # the seed's, and the API's prefixes
+            self.http.add_post(path, logs, r.logs.max_body_bytes)
+        writes = self.ingest.route("/prometheus", self.remote_write.post)
+        for path in ("/prometheus", "/v1/prometheus", "/api/prometheus"):
+            self.http.add_post(path, writes, r.remote_write.max_body_bytes)
+        self.outliers = Outliers(self.engine, self.writer, self.prom, self.tracker.running_pods,
+                                 r.jobs.outliers_seconds, clock, r.cluster_name)  # fmt: skip
+        self.registry.register(self.outliers)
+        self.jobs = Jobs(self.engine, self.writer, self.clusters.scopes,
+                         r.jobs.allocation_seconds, r.retention.days, clock)  # fmt: skip
+        for prefix in api.PREFIXES:  # the Primus-Lens API's routes, as its UI calls them
+            self.http.add_query(prefix, cluster_api)
+        self.grpc: Any = None
+        self.collect_port = 0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        self.writer.start(self._stop)
+        self.clusters.start()
+        loops = [("recorder-jobs", self.jobs.run),
+                 ("recorder-training", self.training.run_checks),
+                 ("recorder-remote-write", self.remote_write.indexer.run),
+                 ("recorder-outliers", self.outliers.run)]  # fmt: skip
+        if self.storage_sync is not None:
+            loops.append(("recorder-storage-config", self.storage_sync.run))
+        for name, target in loops:
+            th = threading.Thread(target=target, args=(self._stop,), name=name, daemon=True)
+            th.start()
+            self._threads.append(th)
+        if self.cfg.recorder.collect_listen:
+            from lens_ebpf.protocol.collector_server import CollectorServer
+            from lens_ebpf.protocol.tls import server_credentials
+
+            tls = self.cfg.grpc.tls
+            creds = server_credentials(tls.cert, tls.key, tls.client_ca)
+            listen = self.cfg.recorder.collect_listen
+            self.grpc = CollectorServer(self.node_events, listen, creds, self.loop)
+            self.collect_port = self.grpc.port
+        if self.kubelet is not None:
+            th = threading.Thread(target=self.kubelet.run, args=(self._stop,),
+                                  name="recorder-kubelet-service", daemon=True)  # fmt: skip
+            th.start()
+            self._threads.append(th)
+        self.http.start()
+
+    def stop(self, flush_timeout: float = 10.0) -> None:
+        """Stop watching and serving; write what is queued (within flush_timeout)."""
+        self.clusters.stop()
+        if self.grpc is not None:
+            self.grpc.stop(grace=1)
+        if not self.writer.flush(flush_timeout):
+            log.warning("recorder: stopping with %d writes not stored", self.writer.depth())
+        self._stop.set()
+        self.writer.join(5)
+        for th in self._threads:
+            th.join(timeout=3)
+        self.http.stop()
+        self.loop.close()
+        self.engine.dispose()
+
+    # -- REST ----------------------------------------------------------------------
+    def _connected(self, fn: Callable[[Any], Any]) -> Any:
+        with self.engine.connect() as conn:
+            return fn(conn)
+
+    def _read(self, fn: Callable[[Any], Any], missing: str = "") -> Response:
+        """fn(connection) as JSON: 404 saying missing when it finds nothing, 503 while the
+        database is down."""
+        try:
+            with self.engine.connect() as conn:
+                found = fn(conn)
+        except SQLAlchemyError as exc:
+            return json_response(503, {"error": f"database unavailable: {type(exc).__name__}"})
+        if found is None:
+            return json_response(404, {"error": missing})
+        return json_response(200, found)
+
+    def _listing(self, query: dict[str, str], list_fn: Callable[..., Any]) -> Response:
+        """One page of list_fn(connection, query, page); 400 for bad paging parameters."""
+        try:
+            page = queries.page_of(query, self.cfg.recorder.page_max)
+        except queries.QueryError as exc:
+            return json_response(400, {"error": str(exc)})
+        try:
+            return self._read(lambda conn: list_fn(conn, query, page))
+        except queries.QueryError as exc:  # a filter it could not read
+            return json_response(400, {"error": str(exc)})
+
+    def _cluster(self, query: dict[str, str]) -> str:
+        """The cluster ?cluster= names (a name not followed reads nothing); the home one."""
+        return query.get("cluster") or self.cfg.recorder.cluster_name
+
+    def _workloads(self, rest: str, query: dict[str, str]) -> Response:
+        cluster = self._cluster(query)
+        if rest:
+            return self._read(lambda conn: queries.workload(conn, rest, cluster),
+                              f"no workload {rest} in cluster {cluster}")  # fmt: skip
+        return self._listing(query, partial(queries.workloads, cluster=cluster))
+
+    def _pods(self, rest: str, query: dict[str, str]) -> Response:
+        # the telemetry processor's caches, at Primus-Lens's paths (/pods/cache, ...)
+        for path, fn in (("cache", self.remote_write.pods_cache),
+                         ("workload/cache", self.remote_write.workload_cache)):  # fmt: skip
+            if rest == path:
+                return api.ok(fn(None, rest, query))  # type: ignore[arg-type]
+        if rest:
+            return json_response(404, {"error": f"no route /pods/{rest}"})
+        return self._listing(query, partial(queries.pods, now=self.clock(),
+                                            cluster=self._cluster(query)))  # fmt: skip
+
+    def _ready(self) -> Response:
+        """Ready while the home cluster's pods are listed and the database takes writes;
+        the other clusters' state is said, and does not make the service unready."""
+        watching = self.tracker.pod_reflector.synced.is_set()
+        ok = watching and self.writer.up
+        body: dict[str, Any] = {"pods_synced": watching, "database_up": self.writer.up,
+                                "queued_writes": self.writer.depth(),
+                                "clusters": self.clusters.listing(None, "", {})}  # fmt: skip
+        if self.clusters.reload_error:
+            body["clusters_secret_error"] = self.clusters.reload_error
+        if self.storage_sync is not None:
+            body["storage_config_sync"] = self.storage_sync.state()
+        return json_response(200 if ok else 503, body)
+
+    def _storage(self, what: str, conn: Any, name: str, query: dict[str, str],
+                 c: api.Scope) -> dict[str, Any]:  # fmt: skip
+        """storage/overview and storage/volumes of the cluster asked about."""
+        w = self.clusters.get(c.name)
+        if w is None or w.storage is None:
+            raise api.ApiError(503, 5003, f"cluster {c.name!r} is not watched: "
+                               f"{w.error if w else 'gone'}")  # fmt: skip
+        return getattr(w.storage, what)(conn, name, query)
+
+
+class RecorderMetrics(Collector):
+    """The recorder's own health: watches, database writes, queue, errors."""
+
+    def __init__(self, app: RecorderApp) -> None:
+        self.app = app
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        app, rec, w = self.app, self.app.tracker, self.app.writer
+
+        reflectors = rec.reflectors()
+        yield from watch_metrics(
+            reflectors,
+            "lens_recorder_watch_connected",
+            "lens_recorder_watch_restarts",
+            "lens_recorder_watch_events",
+        )
+        lag = Metric("lens_recorder_watch_lag_seconds",
+                     "Seconds since the watch last heard from the API (events, bookmarks, "
+                     "lists)", "gauge")  # fmt: skip
+        now = time.monotonic()
+        for r in reflectors:
+            if r.last_heard:
+                lag.add_sample("lens_recorder_watch_lag_seconds", {"resource": r.resource},
+                               now - r.last_heard)  # fmt: skip
+        yield lag
+        yield self._gauge("lens_recorder_db_up", "1 while the database takes writes",
+                          1 if w.up else 0)  # fmt: skip
+        hist = HistogramMetricFamily("lens_recorder_db_write_seconds",
+                                     "Time to commit one batch of writes")  # fmt: skip
+        writes = w.writes.copy()
+        hist.add_metric([], writes.cumulative(), writes.total)
+        yield hist
+        yield self._gauge("lens_recorder_queue_depth", "Writes waiting for the database",
+                          w.depth())  # fmt: skip
+        yield self._gauge("lens_recorder_queue_capacity", "The write queue's bound", w.queue_max)
+        yield self._counter("lens_recorder_queue_dropped_total", "Writes dropped by a full queue",
+                            w.dropped)  # fmt: skip
+        yield self._counter("lens_recorder_db_writes_total", "Writes committed", w.committed)
+        errs = Metric(
+            "lens_recorder_db_errors",
+            "Database errors: unavailable (the write "
+            "waits and is retried), rejected (the write is dropped)",
+            "counter",
+        )
+        for why, n in w.errors.items():
+            errs.add_sample("lens_recorder_db_errors_total", {"reason": why}, n)
+        yield errs
+        bad = Metric("lens_recorder_malformed_objects", "API objects skipped as malformed",
+                     "counter")  # fmt: skip
+        for what, n in rec.malformed.items():
+            bad.add_sample("lens_recorder_malformed_objects_total", {"resource": what}, n)
+        yield bad
+        yield self._gauge("lens_recorder_pods_tracked", "GPU pods followed now", len(rec.pods))
+        yield self._gauge("lens_recorder_workloads_watched", "Workloads watched now",
+                          len(rec.workloads))  # fmt: skip
+        yield self._counter("lens_recorder_watchers_collected_total",
+                            "Workload watchers ended (workload deleted and stored)",
+                            rec.watchers_collected)  # fmt: skip
+        owners = Metric("lens_recorder_owner_lookups", "Owner reference lookups", "counter")
+        for result, n in rec.lookups.items():
+            owners.add_sample("lens_recorder_owner_lookups_total", {"result": result}, n)
+        yield owners
+        fin = Metric("lens_recorder_finalizer_operations", "Finalizer adds and removals",
+                     "counter")  # fmt: skip
+        for (op, result), n in sorted(rec.finalizer_ops.items()):
+            fin.add_sample("lens_recorder_finalizer_operations_total",
+                           {"operation": op, "result": result}, n)  # fmt: skip
+        yield fin
+        ne = Metric("lens_recorder_node_events", "Node agents' events stored, by kind",
+                    "counter")  # fmt: skip
+        for kind, n in sorted(app.node_events.stored.items()):
+            ne.add_sample("lens_recorder_node_events_total", {"kind": kind}, n)
+        yield ne
+        yield self._counter("lens_recorder_node_events_duplicate_total",
+                            "Node events received again and dropped (node, seq)",
+                            app.node_events.duplicates)  # fmt: skip
+        jobs = app.jobs
+        for name, help_text, data, label in (
+            ("lens_recorder_job_runs", "Periodic job runs, by job", jobs.runs, "job"),
+            ("lens_recorder_job_errors", "Periodic job runs that failed, by job", jobs.errors,
+             "job"),
+            ("lens_recorder_pruned_rows", "Rows older than recorder.retention.days removed, "
+             "by table", jobs.pruned, "table"),
+        ):  # fmt: skip
+            fam = Metric(name, help_text, "counter")
+            for key, n in sorted(data.items()):
+                fam.add_sample(name + "_total", {label: key}, n)
+            yield fam
+        if app.kubelet is not None:
+            ks = Metric("lens_recorder_kubelet_service_syncs",
+                        "kubelet Service/Endpoints syncs, by result", "counter")  # fmt: skip
+            for result, n in app.kubelet.syncs.items():
+                ks.add_sample("lens_recorder_kubelet_service_syncs_total", {"result": result}, n)
+            yield ks
+
+    @staticmethod
+    def _gauge(name: str, help_text: str, value: float) -> Metric:
+        m = Metric(name, help_text, "gauge")
+        m.add_sample(name, {}, value)
+        return m
+
+    @staticmethod
+    def _counter(sample: str, help_text: str, value: float) -> Metric:
+        """A counter family with one sample, named as it is exported (..._total)."""
+        m = Metric(sample.removesuffix("_total"), help_text, "counter")
+        m.add_sample(sample, {}, value)
+        return m
+
+
+# -- one-shot commands ---------------------------------------------------------------
+def run_report(cfg: Config, since: str, node: str, as_json: bool, cluster: str = "") -> str:
+    now = datetime.now(UTC)
+    start = queries.parse_since(since, now)
+    url = cfg.recorder.database_url
+    path = url.removeprefix("sqlite:///")
+    if url.startswith("sqlite:///") and path != ":memory:" and not Path(path).exists():
+        raise DatabaseError(f"no recorder database at {path}")
+    engine = engine_for(url)
+    try:
+        with engine.connect() as conn:
+            lines = queries.report(conn, start, now, node, cluster or cfg.recorder.cluster_name)
+    except SQLAlchemyError as exc:
+        msg = str(exc).splitlines()[0][:200]
+        raise DatabaseError(f"database {redact(url)}: {type(exc).__name__}: {msg}") from None
+    finally:
+        engine.dispose()
+    if as_json:
+        return "\n".join(json.dumps({k: queries.json_value(v) for k, v in vars(x).items()},
+                                    sort_keys=True) for x in lines)  # fmt: skip
+    return queries.format_report(lines)
+
+
+def remove_finalizers(cfg: Config, api_client: Any) -> dict[str, int]:
+    """Take the recorder's finalizer off every object that holds it (uninstall), in every
+    cluster it follows (the home one, clusters:, the multi-k8s-config Secret's): the kinds
+    the database knows and the built-in workload kinds. Returns removals per kind ("Kind"
+    in the home cluster, "cluster: Kind" in the others); a cluster it cannot reach is
+    said in the log and left."""
+    kinds: set[tuple[str, str]] = set(BUILTIN_KINDS)
+    try:
+        engine = engine_for(cfg.recorder.database_url)
+        with engine.connect() as conn:
+            wl = schema.gpu_workloads
+            q = select(wl.c.api_version, wl.c.kind).distinct()
+            kinds |= {(str(a), str(k)) for a, k in conn.execute(q)}
+        engine.dispose()
+    except SQLAlchemyError as exc:
+        log.warning("recorder: database unreadable (%s); clearing the built-in kinds only",
+                    type(exc).__name__)  # fmt: skip
+    out: dict[str, int] = {}
+    for cluster, client in _clients(cfg, api_client).items():
+        api = Api(client, cfg.kubernetes.request_timeout_seconds)
+        prefix = "" if cluster == cfg.recorder.cluster_name else f"{cluster}: "
+        try:
+            for api_version, kind_name in sorted(kinds):
+                kind = api.kind(api_version, kind_name)
+                if kind is not None:
+                    out[prefix + kind_name] = _strip_kind(api, kind)
+        except Exception as exc:  # that cluster's API is down: the others still
+            if not prefix:
+                raise
+            log.warning("recorder: cluster %s: %s", cluster, f"{type(exc).__name__}: {exc}"[:300])
+    return out
+
+
+def _clients(cfg: Config, home: Any) -> dict[str, Any]:
+    """Every cluster's API client: the home one first, then those a client can be made for."""
+    from lens_ebpf.recorder.clusters import Source, read_clusters_secret
+
+    sources = {name: Source("config", e.kubeconfig) for name, e in sorted(cfg.clusters.items())}
+    if cfg.multicluster.secret:
+        try:
+            home_api = Api(home, cfg.kubernetes.request_timeout_seconds)
+            for name, text in read_clusters_secret(home_api, cfg).items():
+                sources.setdefault(name, Source("secret", text=text))
+        except Exception as exc:
+            log.warning("recorder: multi-cluster secret: %s", f"{type(exc).__name__}: {exc}"[:300])
+    out = {cfg.recorder.cluster_name: home}
+    for name, src in sources.items():
+        try:
+            out.setdefault(name, src.client())
+        except Exception as exc:
+            log.warning("recorder: cluster %s: %s", name, f"{type(exc).__name__}: {exc}"[:300])
+    return out
+
+
+def _strip_kind(api: Api, kind: Kind) -> int:
+    removed = 0
+    doc = call_raw(api.lister(kind), timeout=api.timeout)
+    for obj in doc.get("items") or ():
+        m = obj.get("metadata") or {}
+        if lc.FINALIZER in (m.get("finalizers") or ()):
+            result = change_finalizer(api, kind, m.get("namespace", ""), m["name"],
+                                      str(m.get("uid", "")), add=False)  # fmt: skip
+            removed += result == "ok"
+    return removed
