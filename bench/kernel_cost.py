@@ -66,9 +66,9 @@ def measure(connections: int, execs: int) -> dict:
     kernel_headers.resolve(link=True)
     cfg = config.load(None, env={})
     cache, bus, loader = MetricCache(3600, 100000), EventBus(100000), BpfLoader()
-    flows = TcpFlows(cfg, cache, bus, loader)
+    flows = TcpFlows(cfg.bpf, cfg.events, cache, bus, loader)
     resolver = ContainerResolver(CgroupIndex.for_host(), ContainerdState(Path("/nonexistent")))
-    procs = ProcEvents(cfg, cache, bus, loader, Enrichment(resolver))
+    procs = ProcEvents(cfg.bpf, cache, bus, loader, Enrichment(resolver))
     old = STATS.read_text().strip()
     STATS.write_text("1")
     try:

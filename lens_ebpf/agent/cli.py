@@ -103,8 +103,7 @@ def run_agent(cfg: config.Config) -> int:
         raise
     if os.geteuid() != 0:
         log.warning("not running as root: BPF programs need CAP_BPF and CAP_PERFMON")
-    while not agent.stop_event.wait(1.0):
-        pass
+    agent.stop_event.wait()  # set by SIGTERM or SIGINT (install_signals)
     agent.stop()
     return 0
 

@@ -3,17 +3,20 @@
 Its module declares it with `@register(name, order=..., settings={...})`
 (agent/registry.py, core/registry.py): its config models (each one the section
 `collectors.<key>`, switched by `enabled` and `--no-collector.<key>`), and a class that
-the Agent builds with a Context (what it consumes), starts when enabled, asks for its
-collectors, routes and status, reads each cycle, and stops in reverse order. Modules are
-found in the registry's packages: adding a feature touches its own module, its test, its
-fixture and the README.
+the Agent builds with a Context (its own sections, the shared ones it may read, the
+agent's parts; never the whole config), starts when enabled, asks for its collectors,
+routes and status, reads each cycle, and stops in reverse order. Modules are found in
+the registry's packages, so no list names a feature: adding one touches its module, its
+test and fixture, defaults.yaml, its docs and the generated metric reference; a BPF
+program adds its C file and layout mirror (docs/contributing/feature.md).
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
@@ -26,12 +29,19 @@ from lens_ebpf.agent.registry import FEATURES
 from lens_ebpf.core.collector import PeriodicCollector
 from lens_ebpf.core.http import Response, envelope
 from lens_ebpf.core.registry import Registered
-from lens_ebpf.core.settings import Section
+from lens_ebpf.core.settings import Section, Sections
 
 if TYPE_CHECKING:
     from lens_ebpf.agent.bpf.loader import BpfLoader
     from lens_ebpf.agent.bpf.spec import Kernel, Plan, ProgramSpec
-    from lens_ebpf.agent.config import Config
+    from lens_ebpf.agent.config import (
+        BpfConfig,
+        ContainersConfig,
+        DevicesConfig,
+        EventsConfig,
+        KubernetesConfig,
+        NodeConfig,
+    )
     from lens_ebpf.agent.enrich import Enrichment
     from lens_ebpf.agent.events import EventBus
     from lens_ebpf.agent.inventory import DeviceWatch
@@ -67,31 +77,37 @@ class Offers:
 
 @dataclass
 class Context:
-    """What the Agent hands every feature at construction."""
+    """What the Agent hands a feature at construction: its own sections of the config
+    (settings()), the shared sections a feature may read, each typed, and the agent's
+    parts. Never the whole config: a feature reads what it declares."""
 
-    cfg: Config
+    node: NodeConfig  # name resolved: node.name, else the host's
+    bpf: BpfConfig
+    events: EventsConfig
+    devices: DevicesConfig  # the roots (sysfs, procfs, /etc, /dev) and compat
+    containers: ContainersConfig
+    kubernetes: KubernetesConfig
     cache: MetricCache
     bus: EventBus
     loader: BpfLoader
     enrich: Enrichment
     policy: PolicyWatcher
-    devices: CollectorSet  # device collectors, refreshed on their own intervals
+    periodic: CollectorSet  # periodic collectors, each refreshed on its own interval
     stop: threading.Event
     spawn: Callable[[str, Callable[[], None]], None]
+    watch: DeviceWatch  # the device collectors' records: device_change and device_inventory
     offers: Offers = field(default_factory=Offers)
-    # the device collectors' records: device_change and device_inventory events
-    watch: DeviceWatch = field(init=False)
-
-    def __post_init__(self) -> None:
-        from lens_ebpf.agent.inventory import DeviceWatch
-
-        self.watch = DeviceWatch(self.bus.publish)
+    sections: Mapping[str, BaseModel] = field(default_factory=dict)  # collectors.<key>: its own
 
     def settings(self, key: str, model: type[S]) -> S:
-        """This feature's typed section of the config."""
-        got = self.cfg.collectors.section(key)
-        assert isinstance(got, model), f"collectors.{key} is a {type(got).__name__}"
+        """This feature's typed section collectors.<key>; only its own are here."""
+        got = self.sections.get(key)
+        assert isinstance(got, model), f"collectors.{key} is not this feature's {model.__name__}"
         return got
+
+    def own(self, keys: Iterable[str], collectors: Sections) -> Context:
+        """This context for one feature: the same parts, its own sections (keys) only."""
+        return dataclasses.replace(self, sections={k: collectors.section(k) for k in keys})
 
 
 class Feature:
@@ -124,7 +140,9 @@ class Feature:
         return {}
 
     def routes(self) -> dict[str, Callable[[], Response]]:
-        """HTTP routes; served whether or not the feature runs (empty data when off)."""
+        """REST path -> handler() answering whole (the node exporter's envelope,
+        core.http.envelope); Agent.rest() mounts them in one RouteTable, served whether or
+        not the feature runs (empty data when off)."""
         return {}
 
     def read(self) -> None:
@@ -152,6 +170,12 @@ def feature_classes() -> list[type[Feature]]:
     return [cast(type[Feature], info.cls) for info in registered()]
 
 
+def build_features(ctx: Context, collectors: Sections) -> list[Feature]:
+    """Every feature, in start order, each built with ctx holding its own sections."""
+    return [cast(type[Feature], info.cls)(ctx.own(info.settings, collectors))
+            for info in registered()]  # fmt: skip
+
+
 def collector_settings() -> dict[str, type[BaseModel]]:
     """collectors.<key> -> its model, in start order (config and --no-collector flags)."""
     return FEATURES.settings()
@@ -176,7 +200,7 @@ class CollectorFeature(Feature, abc.ABC):
 
     def start(self) -> None:
         self.collector = self.make()
-        self.ctx.devices.add(self.collector)
+        self.ctx.periodic.add(self.collector)
         self.state = {"state": RUNNING, "reason": ""}
 
     def view(self, name: str) -> Any:

@@ -1,6 +1,6 @@
 """The agent: builds the shared parts (cache, bus, loader, enrichment, policy, HTTP, gRPC),
 starts the registered features in order, reads them each cycle, stops them in reverse.
-What a feature does lives in its own module (lens_ebpf/feature.py)."""
+What a feature does lives in its own module (agent/feature.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from lens_ebpf.agent.bpf.loader import BpfLoader, LoaderCollector
 from lens_ebpf.agent.config import Config, policy_path
 from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.events import EventBus, EventBusCollector
-from lens_ebpf.agent.feature import ERROR, OFF, Context, Feature, FeatureCollector, feature_classes
+from lens_ebpf.agent.feature import ERROR, OFF, Context, Feature, FeatureCollector, build_features
+from lens_ebpf.agent.inventory import DeviceWatch
 from lens_ebpf.agent.memory import release_compiler_memory, trim_heap
 from lens_ebpf.agent.metrics.cache import CacheCollector, MetricCache
 from lens_ebpf.agent.net.policy import PolicyError
@@ -29,6 +30,8 @@ from lens_ebpf.agent.stream.event_api import EventApi
 from lens_ebpf.core.collector import CollectorSet
 from lens_ebpf.core.http import HttpServer, Response, json_response
 from lens_ebpf.core.loop import EventLoopThread
+from lens_ebpf.core.routes import RouteTable, Whole
+from lens_ebpf.core.runner import Job, Runner
 
 log = logging.getLogger(__name__)
 
@@ -42,30 +45,50 @@ class Agent:
         self.cfg, self.ready, self.heartbeat = cfg, False, time.monotonic()
         self.stop_event = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.runner = Runner(name="agent")  # the read cycle, the policy file, the collectors
         try:
             policy = PolicyWatcher(policy_path(cfg))
         except PolicyError as exc:
             raise StartupError(f"policy: {exc}") from None
         enrich = Enrichment.for_node(Path(cfg.devices.procfs_root), Path(cfg.devices.sysfs_root),
                                      Path(cfg.containers.containerd_state))  # fmt: skip
+        bus = EventBus(cfg.events.queue_size, history=cfg.grpc.history)
+        # each feature reads its own sections and these, never the whole config
         self.ctx = Context(
-            cfg, MetricCache(cfg.cache.ttl_seconds, cfg.cache.max_series, cfg.cache.families,
-                             max_samples=cfg.cache.max_samples),
-            EventBus(cfg.events.queue_size, history=cfg.grpc.history), BpfLoader(), enrich,
-            policy, CollectorSet(), self.stop_event, self._spawn,
+            node=cfg.node.model_copy(update={"name": cfg.node_name}), bpf=cfg.bpf,
+            events=cfg.events, devices=cfg.devices, containers=cfg.containers,
+            kubernetes=cfg.kubernetes,
+            cache=MetricCache(cfg.cache.ttl_seconds, cfg.cache.max_series, cfg.cache.families,
+                              max_samples=cfg.cache.max_samples),
+            bus=bus, loader=BpfLoader(), enrich=enrich, policy=policy,
+            periodic=CollectorSet(runner=self.runner),
+            stop=self.stop_event, spawn=self._spawn, watch=DeviceWatch(bus.publish),
         )  # fmt: skip
-        self.features: list[Feature] = [cls(self.ctx) for cls in feature_classes()]
+        self.features: list[Feature] = build_features(self.ctx, cfg.collectors)
         self.registry = CollectorRegistry(auto_describe=False)
         self.http: HttpServer | None = None
         self.loop = EventLoopThread("aio")  # HTTP and gRPC: one loop, no thread per client
         self.events = EventApi(
-            cfg,
+            self.ctx.node,
+            cfg.grpc,
+            cfg.reporter,
             self.ctx.bus,
             lambda: {k: v["state"] for k, v in self.views().items()},
             self.loop,
             on_connect=self.ctx.watch.inventory_again,
         )
         self.headers: kernel_headers.HeaderTree | None = None
+
+    def rest(self) -> RouteTable:
+        """The agent's REST: health, and every feature's routes (Feature.routes()), each
+        answering whole in the node exporter's envelope (core.http.envelope) or its own."""
+        paths = {"/healthz": self._healthz, "/readyz": self._readyz}
+        for f in self.features:
+            paths.update(f.routes())
+        routes = RouteTable()
+        for path, route in {**paths, "/health": self._healthz, "/ready": self._readyz}.items():
+            routes.get(path)(route)
+        return routes
 
     def views(self) -> dict[str, dict[str, Any]]:
         return {name: v for f in self.features for name, v in f.views().items()}
@@ -84,12 +107,8 @@ class Agent:
                                    self.loop)  # fmt: skip
         except OSError as exc:
             raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-        routes = {"/healthz": self._healthz, "/readyz": self._readyz}
-        for f in self.features:
-            routes.update(f.routes())
-        for path, route in {**routes, "/health": self._healthz, "/ready": self._readyz}.items():
-            self.http.add(path, route)
-        for c in (CacheCollector(ctx.cache), LoaderCollector(ctx.loader), ctx.devices,
+        self.http.mount("", Whole(), self.rest())
+        for c in (CacheCollector(ctx.cache), LoaderCollector(ctx.loader), ctx.periodic,
                   EventBusCollector(ctx.bus), PolicyCollector(ctx.policy),
                   FeatureCollector(self.views), self.http.collector()):  # fmt: skip
             self.registry.register(c)
@@ -110,15 +129,16 @@ class Agent:
                 f.state = {"state": ERROR, "reason": str(exc)}
             for fc in f.collectors():
                 self.registry.register(fc)
-        ctx.devices.start()
+        ctx.periodic.start()
         # the programs are compiled and loaded: the compiler's pages go back (memory.py)
         freed = release_compiler_memory()
         if freed:
             log.info("gave back %.0f MB of the BPF compiler's pages", freed / 2**20)
         self.events.start(self.registry)
-        self._spawn("reader", self._read_loop)
-        interval = self.cfg.policy.watch_interval_seconds
-        self._spawn("policy", lambda: ctx.policy.run(ctx.stop, interval))
+        self.runner.add(Job("reader", self.cfg.bpf.read_interval_seconds, self._read_once,
+                            leader_only=False, at_start=True))  # fmt: skip
+        self.runner.add(Job("policy", self.cfg.policy.watch_interval_seconds, ctx.policy.check,
+                            leader_only=False, at_start=True))  # fmt: skip
         self.ready = True
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
@@ -126,20 +146,19 @@ class Agent:
         t.start()
         self._threads.append(t)
 
-    def _read_loop(self) -> None:
-        while not self.stop_event.is_set():
-            for f in self.features:
-                try:
-                    f.read()
-                except Exception:
-                    log.exception("reading %s failed", f.name)
-            # series past their TTL go now, scraped or not; then the heap's free pages go
-            # back to the system (what expired series, scrapes and event bursts freed:
-            # 6-10 MB at 1,000-39,000 series; malloc_trim takes ~0.1 ms)
-            self.ctx.cache.expire()
-            trim_heap()
-            self.heartbeat = time.monotonic()
-            self.stop_event.wait(self.cfg.bpf.read_interval_seconds)
+    def _read_once(self) -> None:
+        """One read cycle: every feature, then the cache's expiry (the runner's job)."""
+        for f in self.features:
+            try:
+                f.read()
+            except Exception:
+                log.exception("reading %s failed", f.name)
+        # series past their TTL go now, scraped or not; then the heap's free pages go
+        # back to the system (what expired series, scrapes and event bursts freed:
+        # 6-10 MB at 1,000-39,000 series; malloc_trim takes ~0.1 ms)
+        self.ctx.cache.expire()
+        trim_heap()
+        self.heartbeat = time.monotonic()
 
     def _healthz(self) -> Response:
         if time.monotonic() - self.heartbeat > 3 * self.cfg.bpf.read_interval_seconds + 10:
@@ -171,12 +190,13 @@ class Agent:
             self.loop.close()
             return  # nothing else was started
         self.stop_event.set()
+        self.runner.stop()
         for t in self._threads:
             t.join(timeout=5)
         for f in reversed(self.features):
             f.stop()
         self.events.stop()
-        self.ctx.devices.stop()
+        self.ctx.periodic.stop()
         self.ctx.loader.close()
         self.http.stop()
         self.loop.close()

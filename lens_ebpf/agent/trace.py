@@ -29,6 +29,7 @@ from lens_ebpf.agent.net.policy import PolicyError
 from lens_ebpf.agent.net.policy_watch import PolicyWatcher
 from lens_ebpf.agent.processes import proc_events
 from lens_ebpf.agent.tcp import tcp_flows, tcp_rtt
+from lens_ebpf.core.runner import Job, Runner
 
 EXAMPLES = """\
 examples:
@@ -214,10 +215,11 @@ def print_ebpf(what: str, cfg: config.Config, out: TextIO) -> None:
         if name == "tcp_flows":
             rtt = what in ("rtt", "all")
             plan = plan_for(tcp_flows.SPEC, () if rtt else (tcp_flows.RTT,))
-            settings = tcp_flows.TcpFlows.static_defines(cfg, rtt=rtt and plan.uses(tcp_flows.RTT))
+            rtt = rtt and plan.uses(tcp_flows.RTT)
+            settings = tcp_flows.TcpFlows.static_defines(cfg.bpf, rtt=rtt)
         else:
             plan = plan_for(proc_events.SPEC)
-            settings = proc_events.ProcEvents.static_defines(cfg)
+            settings = proc_events.ProcEvents.static_defines(cfg.bpf)
         defines: dict[str, int | str] = {**plan.defines, **settings}
         out.write(f"// {program_source(name)}\n// cflags: {' '.join(render_cflags(defines))}\n")
         out.write(program_source(name).read_text())
@@ -263,8 +265,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     if want_tcp:
         rtt_every = getattr(cfg.collectors.section("rtt"), "sample_seconds",
                             tcp_rtt.SAMPLE_SECONDS)  # fmt: skip
-        tcp = tcp_flows.TcpFlows(cfg, cache, bus, loader, rtt=args.what in ("rtt", "all"),
-                                 enrich=enrich, rtt_sample_seconds=rtt_every)  # fmt: skip
+        tcp = tcp_flows.TcpFlows(cfg.bpf, cfg.events, cache, bus, loader,
+                                 rtt=args.what in ("rtt", "all"), enrich=enrich,
+                                 rtt_sample_seconds=rtt_every)  # fmt: skip
         if args.what == "rtt" and tcp.rtt is None:
             raise TraceError(f"rtt: {tcp.rtt_off_reason}")
         if not tcp.start(policy.effective()):
@@ -272,7 +275,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         layouts.set_trace_filter(tcp.bpf, args.pid, args.port)
         programs.append(tcp)
     if want_proc:
-        procs = proc_events.ProcEvents(cfg, cache, bus, loader, enrich)
+        procs = proc_events.ProcEvents(cfg.bpf, cache, bus, loader, enrich)
         if not procs.start():
             loader.close()
             raise TraceError(f"proc_events: {loader.status['proc_events'].reason}")
@@ -367,7 +370,8 @@ def run_gpu(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: Text
     enrich = Enrichment.for_node(Path("/proc"), sysfs, Path(cfg.containers.containerd_state))
     k = cfg.kubernetes
     pods = PodResourcesCollector.from_config(k)
-    gpus = gpu_collector.make_collector(cfg, g, enrich.pid, lambda: pods.assigned)
+    gpus = gpu_collector.make_collector(cfg.devices, cfg.node_name, g, enrich.pid,
+                                        lambda: pods.assigned)  # fmt: skip
     bus = EventBus(cfg.events.queue_size)
     gpus.publish = bus.publish
     sub = bus.subscribe("trace", accept=event_filter(args, frozenset({"gpu_fault"})))
@@ -378,11 +382,10 @@ def run_gpu(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: Text
         pods.run_once()
     gpus.run_once()
 
-    def poll() -> None:  # the error counters: a rise between readings is a fault
-        while not stop.wait(g.interval_seconds):
-            gpus.run_once()
-
-    threads = [threading.Thread(target=poll, daemon=True)]
+    # the error counters: a rise between readings is a fault
+    runner = Runner([Job("gpu", g.interval_seconds, gpus.run_once, leader_only=False)],
+                    name="trace")  # fmt: skip
+    threads = []
     kmsg, xids = gpu_collector.fault_watchers(g, gpus)
     if kmsg is not None:
         try:  # opened here, to say so when it cannot be (the agent logs it)
@@ -394,6 +397,7 @@ def run_gpu(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: Text
         threads.append(threading.Thread(target=xids.run, args=(stop,), daemon=True))
     for t in threads:
         t.start()
+    runner.start()
     gpu_count = len(gpus.readings())
     err.write(f"lens-ebpf trace: tracing GPU faults on {gpu_count} GPUs (Ctrl-C to stop)\n")
     err.flush()
@@ -414,6 +418,7 @@ def run_gpu(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: Text
             shown += 1
     finally:
         stop.set()
+        runner.stop(timeout=2)
         for t in threads:
             t.join(timeout=2)
     err.write(f"lens-ebpf trace: {shown} GPU faults shown\n")

@@ -17,6 +17,8 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from lens_ebpf.core.runner import Job, Runner
+
 log = logging.getLogger(__name__)
 
 
@@ -84,32 +86,26 @@ class PeriodicCollector(abc.ABC):
 
 
 class CollectorSet(Collector):
-    """Runs collectors on their intervals and exposes their metrics and their own health."""
+    """Runs collectors on their intervals (jobs of a runner, lens_ebpf/core/runner.py) and
+    exposes their metrics and their own health."""
 
-    def __init__(self, collectors: list[PeriodicCollector] | None = None) -> None:
+    def __init__(self, collectors: list[PeriodicCollector] | None = None,
+                 runner: Runner | None = None) -> None:  # fmt: skip
         self.collectors = {c.name: c for c in collectors or []}
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self.runner = runner if runner is not None else Runner(name="collectors")
 
     def add(self, collector: PeriodicCollector) -> None:
         self.collectors[collector.name] = collector
 
     def start(self) -> None:
+        """A first refresh of each (data before the first scrape), then the runner."""
         for c in self.collectors.values():
-            c.run_once()  # first data before the first scrape
-            t = threading.Thread(target=self._loop, args=(c,), name=f"collector-{c.name}",
-                                 daemon=True)  # fmt: skip
-            t.start()
-            self._threads.append(t)
-
-    def _loop(self, c: PeriodicCollector) -> None:
-        while not self._stop.wait(c.interval):
             c.run_once()
+            self.runner.add(Job(f"collector-{c.name}", c.interval, c.run_once, leader_only=False))
+        self.runner.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=5)
+        self.runner.stop()
 
     def describe(self) -> Iterator[Metric]:
         return iter(())

@@ -1,4 +1,4 @@
-"""HTTP front on aiohttp: /metrics, health and readiness, and JSON routes other modules add.
+"""HTTP front on aiohttp: /metrics, and the route tables (core/routes.py) mounted on it.
 
 One asyncio loop (api/loop.py, shared with the gRPC servers) holds every connection, so
 an idle or slow client costs a coroutine, not a thread. Bounded against abusive clients:
@@ -6,10 +6,11 @@ beyond `max_connections` open at once a new connection gets 503 and is closed (c
 a request head must arrive whole within `request_timeout` of connecting or of the
 previous response (aiohttp's keep-alive timer, counted when it cuts); request heads are
 capped at `max_header_bytes` (431 beyond); clients that hang up are not tracebacks; and
-scrapes that arrive while /metrics renders share that rendering. Routes are plain
-functions run on a worker thread, so a slow one never holds the loop. POST routes get
-their body whole, read up to the route's own bound (413 beyond, counted, before the rest
-is read); with a certificate the server speaks TLS (mutual TLS with a client CA).
+scrapes that arrive while /metrics renders share that rendering. Routes come only
+through mount(): their surface calls them on a worker thread, so a slow one never holds
+the loop. POST routes get their body whole, read up to the route's own bound (413
+beyond, counted, before the rest is read); with a certificate the server speaks TLS
+(mutual TLS with a client CA).
 """
 
 from __future__ import annotations
@@ -21,9 +22,7 @@ import logging
 import resource
 import socket
 import ssl
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from functools import partial
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote
 
@@ -35,29 +34,11 @@ from prometheus_client.registry import Collector
 
 from lens_ebpf.core.exposition import CONTENT_TYPE, render
 from lens_ebpf.core.loop import EventLoopThread
+from lens_ebpf.core.routes import Answer, Mounted, Request, Response, Routes, RouteTable, Surface
 
 log = logging.getLogger(__name__)
 
-Response = tuple[int, str, bytes]
-Route = Callable[[], Response]
-# a route under a prefix: (the path below the prefix, the query's last value per key)
-QueryRoute = Callable[[str, dict[str, str]], Response]
-
-
-@dataclass(frozen=True)
-class Post:
-    """A POST request as a route gets it: its body read whole (not decoded)."""
-
-    path: str  # below the route's prefix
-    query: dict[str, str]
-    headers: dict[str, str]  # names in lower case
-    body: bytes
-    peer: str  # the client's address
-
-
-# a POST route may answer headers of its own too (Retry-After, ...)
-Answer = tuple[int, str, bytes] | tuple[int, str, bytes, dict[str, str]]
-PostRoute = Callable[[Post], Answer]
+__all__ = ["Answer", "HttpServer", "Response", "envelope", "json_response", "tls_context"]
 
 REFUSED = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
@@ -174,7 +155,7 @@ class _Server(web.Server):
 
 
 class HttpServer:
-    """aiohttp on the given loop (or one of its own), with a fixed route table."""
+    """aiohttp on the given loop (or one of its own), serving the route tables mounted."""
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry,
                  max_connections: int = 10000, request_timeout: float = 10.0,
@@ -182,11 +163,8 @@ class HttpServer:
                  loop: EventLoopThread | None = None,
                  tls: ssl.SSLContext | None = None) -> None:  # fmt: skip
         self.registry = registry
-        self.routes: dict[str, Route] = {}
-        self.query_routes: dict[str, QueryRoute] = {}
-        # path -> (the route, the most body bytes it takes, the most requests at once)
-        self.post_routes: dict[str, tuple[PostRoute, int, int]] = {}
-        self.in_flight: dict[str, int] = {}
+        self._routes = Routes()
+        self.in_flight: dict[str, int] = {}  # POSTs in hand, by route
         self.busy: dict[str, int] = {}  # POSTs refused for too many at once (503), by route
         self.tls = tls
         self.counters = Counters()
@@ -224,32 +202,30 @@ class HttpServer:
     def renders(self) -> int:
         return self.counters.renders
 
-    def add(self, path: str, route: Route) -> None:
-        self.routes[path] = route
+    def mount(self, prefix: str, surface: Surface, *tables: RouteTable) -> None:
+        """Serve tables' routes under prefix, called and answered through surface."""
+        self._routes.mount(prefix, surface, *tables)
 
-    def add_query(self, prefix: str, route: QueryRoute) -> None:
-        """A route for prefix and every path below it, given the rest and the query."""
-        self.query_routes[prefix.rstrip("/")] = route
+    @staticmethod
+    def _path(request: web.BaseRequest) -> str:
+        return unquote(request.path.rstrip("/") or "/")
 
-    def add_post(self, path: str, route: PostRoute, max_body: int, at_once: int = 64) -> None:
-        """A POST route for path (and the paths below it); bodies over max_body get 413;
-        beyond at_once requests of it in hand (bodies read, answers not yet sent) a new
-        one gets 503 before its body is read, so what is held stays bounded."""
-        self.post_routes[path.rstrip("/")] = (route, max_body, at_once)
-
-    def _find_post(self, request: web.BaseRequest) -> tuple[str, str, PostRoute, int, int] | None:
-        path = request.path.rstrip("/") or "/"
-        for prefix, (route, most, at_once) in self.post_routes.items():
-            if path == prefix or path.startswith(prefix + "/"):
-                return prefix, unquote(path[len(prefix) :].lstrip("/")), route, most, at_once
-        return None
+    @staticmethod
+    def _request(request: web.BaseRequest, path: str, m: Mounted, params: dict[str, str],
+                 body: bytes = b"") -> Request:  # fmt: skip
+        return Request(path[len(m.prefix) :].lstrip("/"), params, dict(request.query),
+                       {k.lower(): v for k, v in request.headers.items()}, body,
+                       request.remote or "")  # fmt: skip
 
     async def _post(self, request: web.BaseRequest) -> Answer:
-        found = self._find_post(request)
+        path = self._path(request)
+        found = self._routes.find("POST", path)
         if found is None:
-            allowed = "GET" if self._find(request) is not None else "nothing"
+            gets = self._routes.find("GET", path) or self._routes.below(path)
+            allowed = "GET" if gets is not None else "nothing"
             return json_response(405, {"error": f"POST not allowed here ({allowed} is)"})
-        prefix, rest, route, most, at_once = found
+        m, params = found
+        prefix, most, at_once = "/".join(m.parts), m.surface.max_body(m.route), m.route.at_once
         length = request.content_length
         if length is not None and length > most:
             self.counters.bodies_too_large += 1
@@ -266,23 +242,26 @@ class HttpServer:
                 if len(body) > most:
                     self.counters.bodies_too_large += 1
                     return json_response(413, {"error": f"body over {most} bytes"})
-            post = Post(rest, dict(request.query),
-                        {k.lower(): v for k, v in request.headers.items()}, bytes(body),
-                        request.remote or "")  # fmt: skip
-            return await asyncio.get_running_loop().run_in_executor(None, route, post)
+            req = self._request(request, path, m, params, bytes(body))
+            return await asyncio.get_running_loop().run_in_executor(None, m.surface.call,
+                                                                    m.route, req)  # fmt: skip
         finally:
             self.in_flight[prefix] -= 1
 
-    def _find(self, request: web.BaseRequest) -> Route | None:
-        path = request.path.rstrip("/") or "/"
-        route = self.routes.get(path)
-        if route is not None:
-            return route
-        for prefix, qroute in self.query_routes.items():
-            if path == prefix or path.startswith(prefix + "/"):
-                rest = unquote(path[len(prefix) :].lstrip("/"))
-                return partial(qroute, rest, dict(request.query))
-        return None
+    def _get(self, request: web.BaseRequest) -> Answer | None:
+        """The GET route's answer (a surface's for a path under its prefix that no route
+        holds); None: no route."""
+        path = self._path(request)
+        found = self._routes.find("GET", path)
+        if found is not None:
+            m, params = found
+            return m.surface.call(m.route, self._request(request, path, m, params))
+        below = self._routes.below(path)
+        if below is None:
+            return None
+        prefix, surface = below
+        return surface.missing(Request(path[len(prefix) :].lstrip("/"), {},
+                                       dict(request.query)))  # fmt: skip
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         conn = request.protocol
@@ -302,13 +281,13 @@ class HttpServer:
                 status, ctype, body = json_response(405, {"error": f"{request.method} not allowed"})
             elif (request.path.rstrip("/") or "/") == "/metrics":
                 status, ctype, body = 200, CONTENT_TYPE, await self._metrics()
-            elif (route := self._find(request)) is None:
-                status, ctype, body = json_response(404, {"error": f"no route {request.path}"})
             else:
                 try:
-                    status, ctype, body = await asyncio.get_running_loop().run_in_executor(
-                        None, route
-                    )
+                    found = await asyncio.get_running_loop().run_in_executor(
+                        None, self._get, request)  # fmt: skip
+                    got = found or json_response(404, {"error": f"no route {request.path}"})
+                    status, ctype, body = got[0], got[1], got[2]
+                    extra = got[3] if len(got) > 3 else {}
                 except Exception as exc:  # a broken route must not take the server down
                     log.exception("route %s failed", request.path)
                     status, ctype, body = json_response(500, {"error": str(exc)})

@@ -4,8 +4,8 @@ A service keeps one Registry naming the packages its parts live in. A part's mod
 declares it with `@registry.register(name, order=..., settings={...})`: its class, its
 start order and its settings models (each one a section of the service's config, e.g.
 the agent's `collectors.<key>`). registered() imports every module of those packages
-first, so parts are found, not listed: adding one touches its own module, its test, its
-fixture and the README.
+first, so parts are found, not listed: adding one touches its own module and what tests
+and documents it, no list elsewhere (the agent's: docs/contributing/feature.md).
 """
 
 from __future__ import annotations

@@ -260,7 +260,6 @@ def serve(listen: str, out_path: str | None, credentials: grpc.ServerCredentials
     out = open(path, "a") if path else sys.stdout  # noqa: SIM115 (open while serving)
     server = CollectorServer(Collector(out, recover(path) if path else {}), listen, credentials)
     print(f"lens-ebpf collect: listening on {listen}", file=sys.stderr, flush=True)
-    while not stop.wait(1):
-        pass
+    stop.wait()  # set by SIGTERM or SIGINT
     server.stop(grace=1)
     return 0

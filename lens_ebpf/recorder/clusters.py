@@ -23,7 +23,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -34,12 +34,14 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
 from lens_ebpf.core.exposition import counter
+from lens_ebpf.core.runner import Job, Runner
 from lens_ebpf.k8s.client import SA_DIR
 from lens_ebpf.k8s.reflector import call_raw
-from lens_ebpf.recorder import api
 from lens_ebpf.recorder.config import CLUSTER_NAME, Config
+from lens_ebpf.recorder.errors import NotFound
 from lens_ebpf.recorder.nodes import NodeTracker
 from lens_ebpf.recorder.prom import Prom
+from lens_ebpf.recorder.scope import Scope
 from lens_ebpf.recorder.storage import StorageScan
 from lens_ebpf.recorder.store.writer import Writer
 from lens_ebpf.recorder.tracker import Api, WorkloadTracker
@@ -119,6 +121,7 @@ class Shared:
     writer: Writer
     prom: Prom  # recorder.prometheus
     clock: Callable[[], datetime]
+    runner: Runner = field(default_factory=Runner)  # the service's: each cluster's scan
 
 
 class ClusterWatch:
@@ -167,14 +170,22 @@ class ClusterWatch:
         if self.tracker is None or self.nodes is None or self.storage is None:
             return
         self.tracker.start()
-        for what, target in (("nodes", self.nodes.reflector.run), ("storage", self.storage.run)):
-            th = threading.Thread(target=target, args=(self._stop,), daemon=True,
-                                  name=f"recorder-{self.name}-{what}")  # fmt: skip
-            th.start()
-            self._threads.append(th)
+        th = threading.Thread(target=self.nodes.reflector.run, args=(self._stop,), daemon=True,
+                              name=f"recorder-{self.name}-nodes")  # fmt: skip
+        th.start()
+        self._threads.append(th)
+        scan = self.storage
+        self.shared.runner.add(Job(self.scan_job, scan.cfg.scan_seconds,
+                                   lambda: scan.run_once(scan.clock()), leader_only=True,
+                                   at_start=True))  # fmt: skip
+
+    @property
+    def scan_job(self) -> str:
+        return f"storage_scan/{self.name}"
 
     def stop(self) -> None:
         self._stop.set()
+        self.shared.runner.remove(self.scan_job)
         if self.tracker is not None:
             self.tracker.stop()
         if self.nodes is not None:
@@ -198,8 +209,8 @@ class ClusterWatch:
         why = self.error or ("" if self.up else "its API is not answering (yet)")
         return {"name": self.name, "source": self.source.origin, "up": self.up, "error": why}
 
-    def scope(self) -> api.Scope:
-        return api.Scope(self.name, self.prom, self.storage.totals if self.storage else None)
+    def scope(self) -> Scope:
+        return Scope(self.name, self.prom, self.storage.totals if self.storage else None)
 
 
 class Clusters(Collector):
@@ -225,8 +236,6 @@ class Clusters(Collector):
             self.watches[name] = ClusterWatch(name, Source("config", entry.kubeconfig,
                                                            prometheus_url=entry.prometheus_url),
                                               shared)  # fmt: skip
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # -- lifecycle -------------------------------------------------------------------
     def recover(self) -> None:
@@ -234,18 +243,14 @@ class Clusters(Collector):
             w.recover()
 
     def start(self) -> None:
+        """Start each cluster's watches; read the multi-k8s-config Secret once (its reload
+        is a job of the service's runner)."""
         for w in self.all():
             w.start()
         if self.shared.cfg.multicluster.secret:
             self.reload()
-            self._thread = threading.Thread(target=self._reload_loop, daemon=True,
-                                            name="recorder-clusters")  # fmt: skip
-            self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=3)
         for w in self.all():
             w.stop()
 
@@ -258,10 +263,6 @@ class Clusters(Collector):
             return self.watches.get(name)
 
     # -- the multi-k8s-config Secret -------------------------------------------------
-    def _reload_loop(self) -> None:
-        while not self._stop.wait(self.shared.cfg.multicluster.reload_seconds):
-            self.reload()
-
     def read_secret(self) -> dict[str, str]:
         return read_clusters_secret(self.home.api, self.shared.cfg, self.namespace)
 
@@ -310,23 +311,22 @@ class Clusters(Collector):
         return True
 
     # -- what the API and metrics see --------------------------------------------------
-    def scope(self, asked: str | None) -> api.Scope:
+    def scope(self, asked: str | None) -> Scope:
         """The cluster `?cluster=` names; the home one when none is named."""
         w = self.get(asked or self.home_name)
         if w is None:
             known = ", ".join(sorted(w.name for w in self.all()))
-            raise api.ApiError(404, 4004, f"no cluster {asked!r}; known: {known}")
+            raise NotFound(f"no cluster {asked!r}; known: {known}")
         return w.scope()
 
-    def scopes(self) -> list[api.Scope]:
+    def scopes(self) -> list[Scope]:
         return [w.scope() for w in self.all() if w.tracker is not None]
 
     def names(self) -> list[str]:
         return sorted(w.name for w in self.all())
 
-    def listing(self, conn: Any, name: str, query: dict[str, str],
-                c: api.Scope | None = None) -> list[dict[str, Any]]:  # fmt: skip
-        """GET /api/clusters: each cluster, whether it is watched and up, and why not."""
+    def listing(self) -> list[dict[str, Any]]:
+        """Each cluster, whether it is watched and up, and why not (GET /api/clusters)."""
         order = sorted(self.all(), key=lambda w: (w.name != self.home_name, w.name))
         return [{**w.state(), "home": w.name == self.home_name} for w in order]
 
@@ -431,11 +431,6 @@ class StorageConfigSync(Collector):
     def _count(self, result: str) -> str:
         self.runs[result] += 1
         return result
-
-    def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            self.run_once()
-            stop.wait(self.interval)
 
     def state(self) -> dict[str, Any]:
         return {"secret": self.merged, "runs": dict(self.runs), "unreadable": self.unreadable,

@@ -5,13 +5,9 @@ away leaves it at the next sync."""
 
 from __future__ import annotations
 
-import logging
-import threading
 from typing import Any
 
 from lens_ebpf.k8s.reflector import call_raw
-
-log = logging.getLogger(__name__)
 
 LABELS = {"k8s-app": "kubelet", "app.kubernetes.io/managed-by": "lens-ebpf-recorder"}
 
@@ -102,14 +98,12 @@ class KubeletService:
                 result = "updated" if result == "unchanged" else result
         return result
 
-    def run(self, stop: threading.Event) -> None:
-        while True:
-            try:
-                result = self.sync()
-            except Exception as exc:  # API down, RBAC: say so, try at the next interval
-                result = "error"
-                log.warning("recorder: kubelet Service %s/%s: %s", self.namespace, self.name,
-                            f"{type(exc).__name__}: {exc}"[:200])  # fmt: skip
-            self.syncs[result] += 1
-            if stop.wait(self.interval):
-                return
+    def sync_counted(self) -> None:
+        """sync(), counted by result (the runner's job; it logs a failure: the API down,
+        RBAC)."""
+        try:
+            result = self.sync()
+        except Exception:
+            self.syncs["error"] += 1
+            raise
+        self.syncs[result] += 1

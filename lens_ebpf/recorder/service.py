@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +18,25 @@ from prometheus_client.registry import Collector
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
-from lens_ebpf.core.http import HttpServer, Response, json_response, tls_context
+from lens_ebpf.core.http import HttpServer, tls_context
 from lens_ebpf.core.loop import EventLoopThread
+from lens_ebpf.core.runner import Job, JobMetrics, Runner
 from lens_ebpf.core.settings import split_listen
 from lens_ebpf.k8s.reflector import call_raw, watch_metrics
 from lens_ebpf.recorder import api
 from lens_ebpf.recorder import lifecycle as lc
+from lens_ebpf.recorder.api.envelope import LensApi, Services
+from lens_ebpf.recorder.api.posts import Admitted
+from lens_ebpf.recorder.api.seed import PlainJson
 from lens_ebpf.recorder.clusters import Clusters, Shared, StorageConfigSync
 from lens_ebpf.recorder.config import Config
 from lens_ebpf.recorder.ingest.admission import Ingest
 from lens_ebpf.recorder.ingest.node_events import NodeEvents, last_seqs
+from lens_ebpf.recorder.jobs import FAILURES
 from lens_ebpf.recorder.jobs.allocation import Jobs
 from lens_ebpf.recorder.kubelet_service import KubeletService
 from lens_ebpf.recorder.prom import Prom
-from lens_ebpf.recorder.remote_write.routes import RemoteWrite
+from lens_ebpf.recorder.remote_write.receiver import RemoteWrite
 from lens_ebpf.recorder.store import queries, schema
 from lens_ebpf.recorder.store.writer import (
     DatabaseError,
@@ -43,7 +46,6 @@ from lens_ebpf.recorder.store.writer import (
     upgrade,
 )
 from lens_ebpf.recorder.tracker import Api, Kind, change_finalizer
-from lens_ebpf.recorder.training import routes as training_routes
 from lens_ebpf.recorder.training.outliers import Outliers
 from lens_ebpf.recorder.training.progress import Training
 
@@ -69,7 +71,10 @@ class RecorderApp:
         self.writer = Writer(self.engine, r.queue_max, r.db_retry_max_seconds)
         p = r.prometheus
         self.prom = Prom(p.url, p.timeout_seconds, p.max_points)
-        self.clusters = Clusters(Shared(cfg, self.engine, self.writer, self.prom, clock),
+        # every periodic job, leader-only or not: listed in start()
+        self.runner = Runner(name="recorder")
+        self.clusters = Clusters(Shared(cfg, self.engine, self.writer, self.prom, clock,
+                                        self.runner),
                                  api_client)  # fmt: skip
         home = self.clusters.home
         assert home.tracker is not None and home.nodes is not None and home.storage is not None
@@ -86,6 +91,7 @@ class RecorderApp:
                                           k.request_timeout_seconds)  # fmt: skip
         self.registry = CollectorRegistry()
         self.registry.register(RecorderMetrics(self))
+        self.registry.register(JobMetrics(self.runner, "lens_recorder_job"))
         host, port = split_listen(r.listen)
         self.ingest = Ingest(r.ingest, host, r.cluster_name)
         self.training = Training(r.training, self.writer, self.tracker.gpu_pod,
@@ -101,10 +107,6 @@ class RecorderApp:
                                srv.request_timeout_seconds, srv.max_header_bytes, self.loop,
                                tls_context(srv.tls.cert, srv.tls.key,
                                            srv.tls.client_ca))  # fmt: skip
-        self.http.add("/healthz", lambda: json_response(200, {"status": "ok"}))
-        self.http.add("/readyz", self._ready)
-        self.http.add_query("/workloads", self._workloads)
-        self.http.add_query("/pods", self._pods)
         self.remote_write = RemoteWrite(r.remote_write, self.engine, clock, r.cluster_name)
         self.registry.register(self.remote_write)
         self.registry.register(self.storage)  # the home cluster's scans
@@ -113,47 +115,59 @@ class RecorderApp:
         if cfg.multicluster.storage_config_sync:
             self.storage_sync = StorageConfigSync(self.clusters)
             self.registry.register(self.storage_sync)
-        storage_routes: api.Table = [
-            (re.compile(r"^(storage/overview)$"), partial(self._storage, "overview")),
-            (re.compile(r"^(storage/volumes)$"), partial(self._storage, "volumes")),
-            (re.compile(r"^(clusters)$"), self.clusters.listing),
-        ]
-        cluster_api = api.routes(self._connected, self.clusters.scope, clock,
-                                 training_routes.api_routes(r, clock)
-                                 + self.remote_write.api_routes() + storage_routes,
-                                 self.clusters.names)  # fmt: skip
-        logs = self.ingest.route("/logs", training_routes.post_logs(
-            self.training, self.writer, r.logs.max_body_bytes, clock))  # fmt: skip
-        for path in ("/logs", "/v1/logs", "/api/logs"):  # the seed's, and the API's prefixes
-            self.http.add_post(path, logs, r.logs.max_body_bytes)
-        writes = self.ingest.route("/prometheus", self.remote_write.post)
-        for path in ("/prometheus", "/v1/prometheus", "/api/prometheus"):
-            self.http.add_post(path, writes, r.remote_write.max_body_bytes)
+        parts = Services(r, self.clusters, self.remote_write, self.training, self.writer,
+                         self.readiness, clock)  # fmt: skip
+        api.mount(self.http, {"lens": LensApi(parts, self.engine.connect, self.clusters.scope),
+                              "plain": PlainJson(parts, self.engine.connect),
+                              "posts": Admitted(parts, self.ingest)})  # fmt: skip
         self.outliers = Outliers(self.engine, self.writer, self.prom, self.tracker.running_pods,
                                  r.jobs.outliers_seconds, clock, r.cluster_name)  # fmt: skip
         self.registry.register(self.outliers)
         self.jobs = Jobs(self.engine, self.writer, self.clusters.scopes,
                          r.jobs.allocation_seconds, r.retention.days, clock)  # fmt: skip
-        for prefix in api.PREFIXES:  # the Primus-Lens API's routes, as its UI calls them
-            self.http.add_query(prefix, cluster_api)
         self.grpc: Any = None
         self.collect_port = 0
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+
+    def jobs_to_run(self) -> list[Job]:
+        """The periodic jobs; leader-only ones write or act on the cluster, and one replica
+        does that (each cluster's storage scan is added by its ClusterWatch, leader-only)."""
+        r, mc, clock, alloc = self.cfg.recorder, self.cfg.multicluster, self.clock, self.jobs
+        every = r.jobs.allocation_seconds
+        jobs = [  # snapshot, hourly and prune share a thread: their first runs in this order
+            Job("snapshot", every, lambda: alloc.snapshot(clock()), leader_only=True,
+                at_start=True, lane="allocation", quiet=FAILURES),
+            Job("hourly", every, lambda: alloc.hourly(clock()), leader_only=True,
+                at_start=True, lane="allocation", quiet=FAILURES),
+            Job("prune", 3600, lambda: alloc.prune(clock()), leader_only=True, at_start=True,
+                lane="allocation", quiet=FAILURES),
+            Job("training", r.training.check_seconds, lambda: self.training.check(clock()),
+                leader_only=True),
+            Job("outliers", r.jobs.outliers_seconds, self.outliers.run_counted,
+                leader_only=True, quiet=FAILURES),
+            # every replica answers remote writes from its own maps
+            Job("remote_write_index", self.remote_write.indexer.interval,
+                self.remote_write.indexer.refresh_counted, leader_only=False, at_start=True,
+                quiet=FAILURES),
+        ]  # fmt: skip
+        if self.storage_sync is not None:
+            jobs.append(Job("storage_config_sync", self.storage_sync.interval,
+                            self.storage_sync.run_once, leader_only=True,
+                            at_start=True))  # fmt: skip
+        if mc.secret:  # read once by clusters.start()
+            jobs.append(Job("clusters_reload", mc.reload_seconds, self.clusters.reload,
+                            leader_only=True))  # fmt: skip
+        if self.kubelet is not None:
+            jobs.append(Job("kubelet_service", self.kubelet.interval, self.kubelet.sync_counted,
+                            leader_only=True, at_start=True))  # fmt: skip
+        return jobs
 
     def start(self) -> None:
         self.writer.start(self._stop)
         self.clusters.start()
-        loops = [("recorder-jobs", self.jobs.run),
-                 ("recorder-training", self.training.run_checks),
-                 ("recorder-remote-write", self.remote_write.indexer.run),
-                 ("recorder-outliers", self.outliers.run)]  # fmt: skip
-        if self.storage_sync is not None:
-            loops.append(("recorder-storage-config", self.storage_sync.run))
-        for name, target in loops:
-            th = threading.Thread(target=target, args=(self._stop,), name=name, daemon=True)
-            th.start()
-            self._threads.append(th)
+        for job in self.jobs_to_run():
+            self.runner.add(job)
+        self.runner.start()
         if self.cfg.recorder.collect_listen:
             from lens_ebpf.protocol.collector_server import CollectorServer
             from lens_ebpf.protocol.tls import server_credentials
@@ -163,15 +177,12 @@ class RecorderApp:
             listen = self.cfg.recorder.collect_listen
             self.grpc = CollectorServer(self.node_events, listen, creds, self.loop)
             self.collect_port = self.grpc.port
-        if self.kubelet is not None:
-            th = threading.Thread(target=self.kubelet.run, args=(self._stop,),
-                                  name="recorder-kubelet-service", daemon=True)  # fmt: skip
-            th.start()
-            self._threads.append(th)
         self.http.start()
 
     def stop(self, flush_timeout: float = 10.0) -> None:
-        """Stop watching and serving; write what is queued (within flush_timeout)."""
+        """Stop the jobs, watching and serving; write what is queued (within
+        flush_timeout)."""
+        self.runner.stop(timeout=3)
         self.clusters.stop()
         if self.grpc is not None:
             self.grpc.stop(grace=1)
@@ -179,84 +190,24 @@ class RecorderApp:
             log.warning("recorder: stopping with %d writes not stored", self.writer.depth())
         self._stop.set()
         self.writer.join(5)
-        for th in self._threads:
-            th.join(timeout=3)
         self.http.stop()
         self.loop.close()
         self.engine.dispose()
 
     # -- REST ----------------------------------------------------------------------
-    def _connected(self, fn: Callable[[Any], Any]) -> Any:
-        with self.engine.connect() as conn:
-            return fn(conn)
-
-    def _read(self, fn: Callable[[Any], Any], missing: str = "") -> Response:
-        """fn(connection) as JSON: 404 saying missing when it finds nothing, 503 while the
-        database is down."""
-        try:
-            with self.engine.connect() as conn:
-                found = fn(conn)
-        except SQLAlchemyError as exc:
-            return json_response(503, {"error": f"database unavailable: {type(exc).__name__}"})
-        if found is None:
-            return json_response(404, {"error": missing})
-        return json_response(200, found)
-
-    def _listing(self, query: dict[str, str], list_fn: Callable[..., Any]) -> Response:
-        """One page of list_fn(connection, query, page); 400 for bad paging parameters."""
-        try:
-            page = queries.page_of(query, self.cfg.recorder.page_max)
-        except queries.QueryError as exc:
-            return json_response(400, {"error": str(exc)})
-        try:
-            return self._read(lambda conn: list_fn(conn, query, page))
-        except queries.QueryError as exc:  # a filter it could not read
-            return json_response(400, {"error": str(exc)})
-
-    def _cluster(self, query: dict[str, str]) -> str:
-        """The cluster ?cluster= names (a name not followed reads nothing); the home one."""
-        return query.get("cluster") or self.cfg.recorder.cluster_name
-
-    def _workloads(self, rest: str, query: dict[str, str]) -> Response:
-        cluster = self._cluster(query)
-        if rest:
-            return self._read(lambda conn: queries.workload(conn, rest, cluster),
-                              f"no workload {rest} in cluster {cluster}")  # fmt: skip
-        return self._listing(query, partial(queries.workloads, cluster=cluster))
-
-    def _pods(self, rest: str, query: dict[str, str]) -> Response:
-        # the telemetry processor's caches, at Primus-Lens's paths (/pods/cache, ...)
-        for path, fn in (("cache", self.remote_write.pods_cache),
-                         ("workload/cache", self.remote_write.workload_cache)):  # fmt: skip
-            if rest == path:
-                return api.ok(fn(None, rest, query))  # type: ignore[arg-type]
-        if rest:
-            return json_response(404, {"error": f"no route /pods/{rest}"})
-        return self._listing(query, partial(queries.pods, now=self.clock(),
-                                            cluster=self._cluster(query)))  # fmt: skip
-
-    def _ready(self) -> Response:
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready while the home cluster's pods are listed and the database takes writes;
         the other clusters' state is said, and does not make the service unready."""
         watching = self.tracker.pod_reflector.synced.is_set()
         ok = watching and self.writer.up
         body: dict[str, Any] = {"pods_synced": watching, "database_up": self.writer.up,
                                 "queued_writes": self.writer.depth(),
-                                "clusters": self.clusters.listing(None, "", {})}  # fmt: skip
+                                "clusters": self.clusters.listing()}  # fmt: skip
         if self.clusters.reload_error:
             body["clusters_secret_error"] = self.clusters.reload_error
         if self.storage_sync is not None:
             body["storage_config_sync"] = self.storage_sync.state()
-        return json_response(200 if ok else 503, body)
-
-    def _storage(self, what: str, conn: Any, name: str, query: dict[str, str],
-                 c: api.Scope) -> dict[str, Any]:  # fmt: skip
-        """storage/overview and storage/volumes of the cluster asked about."""
-        w = self.clusters.get(c.name)
-        if w is None or w.storage is None:
-            raise api.ApiError(503, 5003, f"cluster {c.name!r} is not watched: "
-                               f"{w.error if w else 'gone'}")  # fmt: skip
-        return getattr(w.storage, what)(conn, name, query)
+        return ok, body
 
 
 class RecorderMetrics(Collector):
@@ -338,18 +289,12 @@ class RecorderMetrics(Collector):
         yield self._counter("lens_recorder_node_events_duplicate_total",
                             "Node events received again and dropped (node, seq)",
                             app.node_events.duplicates)  # fmt: skip
-        jobs = app.jobs
-        for name, help_text, data, label in (
-            ("lens_recorder_job_runs", "Periodic job runs, by job", jobs.runs, "job"),
-            ("lens_recorder_job_errors", "Periodic job runs that failed, by job", jobs.errors,
-             "job"),
-            ("lens_recorder_pruned_rows", "Rows older than recorder.retention.days removed, "
-             "by table", jobs.pruned, "table"),
-        ):  # fmt: skip
-            fam = Metric(name, help_text, "counter")
-            for key, n in sorted(data.items()):
-                fam.add_sample(name + "_total", {label: key}, n)
-            yield fam
+        # lens_recorder_job_* (runs, errors, last success, ...): JobMetrics, the runner's
+        pruned = Metric("lens_recorder_pruned_rows", "Rows older than recorder.retention.days "
+                        "removed, by table", "counter")  # fmt: skip
+        for table, n in sorted(app.jobs.pruned.items()):
+            pruned.add_sample("lens_recorder_pruned_rows_total", {"table": table}, n)
+        yield pruned
         if app.kubelet is not None:
             ks = Metric("lens_recorder_kubelet_service_syncs",
                         "kubelet Service/Endpoints syncs, by result", "counter")  # fmt: skip

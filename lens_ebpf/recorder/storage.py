@@ -27,8 +27,8 @@ from lens_ebpf.core.exposition import counter
 from lens_ebpf.k8s.quantity import whole
 from lens_ebpf.k8s.reflector import call_raw
 from lens_ebpf.recorder import prom
-from lens_ebpf.recorder.api import ApiError, page
 from lens_ebpf.recorder.config import StorageConfig
+from lens_ebpf.recorder.errors import Unavailable
 from lens_ebpf.recorder.lifecycle import parse_time
 
 log = logging.getLogger(__name__)
@@ -218,7 +218,7 @@ class StorageScan(Collector):
         if last is None:
             last = self.run_once(self.clock())
         if last is None:
-            raise ApiError(503, 5003, "storage: the Kubernetes API could not be listed")
+            raise Unavailable("storage: the Kubernetes API could not be listed")
         return last
 
     def run_once(self, now: datetime) -> Scan | None:
@@ -233,13 +233,8 @@ class StorageScan(Collector):
         self.runs["ok"] += 1
         return got
 
-    def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            self.run_once(self.clock())
-            stop.wait(self.cfg.scan_seconds)
-
     # -- routes ----------------------------------------------------------------------
-    def overview(self, conn: Any, name: str, query: dict[str, str]) -> dict[str, Any]:
+    def overview(self) -> dict[str, Any]:
         """storage/overview: per backend its class, provisioner, volumes, capacity requested
         and provisioned, used, the pods using it, and whether it is healthy (and why not)."""
         s = self.newest()
@@ -260,10 +255,9 @@ class StorageScan(Collector):
         return {"scanned_at": int(s.at.timestamp()), "backends": out,
                 "incomplete": s.incomplete}  # fmt: skip
 
-    def volumes(self, conn: Any, name: str, query: dict[str, str]) -> dict[str, Any]:
-        """storage/volumes?page_num=&page_size=: each claim, its capacity, usage, and the
+    def volumes(self, num: int, size: int) -> dict[str, Any]:
+        """storage/volumes: one page of the claims, each with its capacity, usage, and the
         pods and nodes mounting it."""
-        num, size = page(query)
         s = self.newest()
         rows = [{"namespace": c.namespace, "name": c.name, "storage_class": c.storage_class,
                  "phase": c.phase, "volume": c.volume, "access_modes": c.access_modes,

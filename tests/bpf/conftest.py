@@ -115,7 +115,7 @@ def rig(policy_file: Path) -> Iterator[FlowRig]:
     cache = MetricCache(ttl_seconds=3600, max_series=200000)
     bus = EventBus(queue_size=100000)
     loader = BpfLoader()
-    flows = TcpFlows(cfg, cache, bus, loader)
+    flows = TcpFlows(cfg.bpf, cfg.events, cache, bus, loader)
     srv = socket.create_server(("127.0.0.64", 0))
     early_cli = socket.create_connection(srv.getsockname())
     early_srv, _ = srv.accept()

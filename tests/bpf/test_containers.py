@@ -85,7 +85,7 @@ def prig(ctd: Containerd) -> Iterator[ProcRig]:
     bus = EventBus(100000)
     loader = BpfLoader()
     resolver = ContainerResolver(CgroupIndex.for_host(), ContainerdState(ctd.state))
-    procs = ProcEvents(cfg, cache, bus, loader, Enrichment(resolver))
+    procs = ProcEvents(cfg.bpf, cache, bus, loader, Enrichment(resolver))
     assert procs.start(), loader.status
     with polling(procs, loader):
         yield ProcRig(procs, bus, cache)

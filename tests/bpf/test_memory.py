@@ -33,7 +33,8 @@ def rss():
 
 def flows():
     loader = BpfLoader()
-    f = TcpFlows(config.load(None, env={}), MetricCache(3600, 1000), EventBus(10), loader)
+    cfg = config.load(None, env={})
+    f = TcpFlows(cfg.bpf, cfg.events, MetricCache(3600, 1000), EventBus(10), loader)
     assert f.start(load_policy(sys.argv[1])), loader.status
     return f, loader
 

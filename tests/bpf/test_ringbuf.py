@@ -36,7 +36,7 @@ def procs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ProcEvents
     cfg = config.load(None, env={"LENS_BPF__RING_READER": request.param})
     loader = BpfLoader()
     resolver = ContainerResolver(CgroupIndex.for_host(), ContainerdState(tmp_path / "none"))
-    p = ProcEvents(cfg, MetricCache(3600, 1000), EventBus(10000), loader, Enrichment(resolver))
+    p = ProcEvents(cfg.bpf, MetricCache(3600, 1000), EventBus(10000), loader, Enrichment(resolver))
     assert p.start(), loader.status
     assert (p.ring is not None) == (request.param == "mapped")
     with polling(p, loader):

@@ -31,7 +31,7 @@ def tiny() -> Iterator[TcpFlows]:
     env = {"LENS_BPF__MAX_FLOW_KEYS": "16", "LENS_BPF__RINGBUF_PAGES": "1"}
     cfg = config.load(None, env=env)
     loader = BpfLoader()
-    flows = TcpFlows(cfg, MetricCache(3600, 100000), EventBus(100000), loader)
+    flows = TcpFlows(cfg.bpf, cfg.events, MetricCache(3600, 100000), EventBus(100000), loader)
     # a class of its own, so other traffic on the host cannot reach its overflow slot
     assert flows.start(parse_policy("docker: [127.0.1.0/24]\nlocalhost: [127.0.0.0/8]\n"))
     yield flows
@@ -97,7 +97,7 @@ def test_full_ring_buffer_is_counted(tiny: TcpFlows) -> None:
 def gated() -> Iterator[TcpFlows]:
     cfg = config.load(None, env={"LENS_EVENTS__FLOW_RECORDS_LINGER_SECONDS": "0"})
     loader = BpfLoader()
-    flows = TcpFlows(cfg, MetricCache(3600, 100000), EventBus(100000), loader)
+    flows = TcpFlows(cfg.bpf, cfg.events, MetricCache(3600, 100000), EventBus(100000), loader)
     assert flows.start(parse_policy("docker: [127.0.1.0/24]\nlocalhost: [127.0.0.0/8]\n"))
     yield flows
     loader.close()
@@ -155,7 +155,8 @@ def test_an_iterator_that_fails_to_load_leaves_a_program_per_message(monkeypatch
     from lens_ebpf.agent.bpf.spec import ITER
 
     loader = BpfLoader()
-    flows = TcpFlows(config.load(None), MetricCache(3600, 100000), EventBus(1000), loader)
+    cfg = config.load(None)
+    flows = TcpFlows(cfg.bpf, cfg.events, MetricCache(3600, 100000), EventBus(1000), loader)
     if flows.plan.paths()["bytes"] != ITER:
         pytest.skip(f"no iterator to fail here: {flows.plan.choices['bytes'].reason}")
 

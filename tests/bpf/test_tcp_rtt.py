@@ -131,7 +131,8 @@ def per_message(policy_file) -> Iterator[TcpFlows]:
     programs from the socket where BTF places srtt_us."""
     loader = BpfLoader()
     no_iter = dataclasses.replace(Kernel.running((SPEC,)), iterators=False)
-    flows = TcpFlows(config.load(None), MetricCache(3600, 100000), EventBus(1000), loader,
+    cfg = config.load(None)
+    flows = TcpFlows(cfg.bpf, cfg.events, MetricCache(3600, 100000), EventBus(1000), loader,
                      kernel=no_iter)  # fmt: skip
     if flows.rtt is None or not flows.rtt.sampled:
         pytest.skip("no BTF tcp_sock.srtt_us on this kernel: RTT comes from tcp_probe "
@@ -249,7 +250,8 @@ def per_segment() -> Iterator[TcpFlows]:
     cfg = config.load(None, env={"LENS_BPF__MAX_RTT_KEYS": "16"})
     loader = BpfLoader()
     no_btf = dataclasses.replace(Kernel.running((SPEC,)), btf=None)
-    flows = TcpFlows(cfg, MetricCache(3600, 100000), EventBus(1000), loader, kernel=no_btf)
+    flows = TcpFlows(cfg.bpf, cfg.events, MetricCache(3600, 100000), EventBus(1000), loader,
+                     kernel=no_btf)  # fmt: skip
     assert flows.plan.paths()["rtt"] == TRACEPOINT and flows.rtt is not None
     assert not flows.rtt.sampled
     assert flows.start(parse_policy("docker: [127.0.0.0/16]\nlocalhost: [127.0.0.0/8]\n"))

@@ -251,7 +251,7 @@ def last_seq(addr: str) -> int:
 
 def run_execs(agent: AgentProc, n: int) -> None:
     """n execs of /bin/true, and their exits published: records of a cgroup the agent has
-    named wait for their batch's wake-up (README, Container processes), up to 100 ms after
+    named wait for their batch's wake-up (docs/agent/containers.md), up to 100 ms after
     the spawner is gone."""
     exits = {"kind": "process_exit"}
     before = agent.sample("lens_agent_events_published_total", exits) or 0

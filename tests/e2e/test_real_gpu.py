@@ -37,7 +37,7 @@ def nvidia_smi() -> list[dict[str, str]] | None:
 def test_dcgm_families_equal_nvidia_smi_on_a_real_gpu() -> None:
     if nvidia_smi() is None:
         pytest.skip("no NVIDIA GPU with a working nvidia-smi on this machine "
-                    "(run on a GPU node: README, Exporter-compatible GPU names)")  # fmt: skip
+                    "(run on a GPU node: docs/agent/compat.md)")  # fmt: skip
     env = {"LENS_DEVICES__COMPAT": "[dcgm]", "LENS_COLLECTORS__GPU__INTERVAL_SECONDS": "1"}
     agent = AgentProc("--no-collector.tcp", "--no-collector.processes", env=env)
     try:

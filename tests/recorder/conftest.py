@@ -20,7 +20,7 @@ from tests.k8slab import FakeApiServer, eventually
 
 _names = itertools.count()
 # API_EXAMPLES_OUT=FILE: the fullest 2000 answer of each cluster API route the tests get
-# is kept there (scripts/api_examples.py writes them into the README)
+# is kept there (scripts/api_examples.py writes them into docs/recorder/api-examples.md)
 EXAMPLES = os.environ.get("API_EXAMPLES_OUT", "")
 
 

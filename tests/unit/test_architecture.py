@@ -1,4 +1,4 @@
-"""The map in the README's Architecture section, kept true: every import of lens_ebpf
+"""The map in docs/design.md's Layers section, kept true: every import of lens_ebpf
 (module level, inside functions, under TYPE_CHECKING) goes down the layers, never from
 one service into the other; no package imports back into one that imports it; and each
 service runs without the other's libraries."""
@@ -108,6 +108,116 @@ def test_no_package_imports_back_into_one_that_imports_it() -> None:
     assert cycles == []
 
 
+HTTP_LAYER = ("lens_ebpf.recorder.api", "lens_ebpf.core.http", "lens_ebpf.core.routes", "aiohttp")
+# the recorder's HTTP layer: its API package, and the module that wires the service
+HTTP_MODULES = ("lens_ebpf.recorder.api", "lens_ebpf.recorder.service")
+
+
+def under(name: str, roots: tuple[str, ...]) -> bool:
+    return any(name == r or name.startswith(r + ".") for r in roots)
+
+
+def http_imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """What of the HTTP layer a module imports (aiohttp too), wherever it stands."""
+    found = {t for t in imports(name, path, known) if under(t, HTTP_LAYER)}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "aiohttp"}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "aiohttp":
+            found.add(node.module or "")
+    return found
+
+
+def test_the_recorders_domain_never_imports_the_http_layer() -> None:
+    mods = modules()
+    wrong = [f"{name} imports {sorted(got)}" for name, path in sorted(mods.items())
+             if under(name, ("lens_ebpf.recorder",)) and not under(name, HTTP_MODULES)
+             and (got := http_imports(name, path, set(mods)))]  # fmt: skip
+    assert wrong == []
+
+
+def test_the_http_check_sees_a_domain_module_that_imports_it(tmp_path: Path) -> None:
+    src = tmp_path / "x.py"
+    src.write_text("from lens_ebpf.recorder.api.envelope import ok\n"
+                   "def f():\n    from aiohttp import web\n")  # fmt: skip
+    assert http_imports("lens_ebpf.recorder.x", src, set(modules())) == {
+        "lens_ebpf.recorder.api.envelope", "aiohttp"}  # fmt: skip
+
+
+# where route tables may be made: the recorder's resource modules, the agent's REST
+TABLE_MAKERS = ("lens_ebpf.recorder.api.", "lens_ebpf.agent.service")
+ROUTE_MACHINERY = ("lens_ebpf.core.http", "lens_ebpf.core.routes")
+
+
+def route_breaches(name: str, tree: ast.AST) -> list[str]:
+    """Routes added another way than a RouteTable mounted: the server's private
+    registration called outside the machinery, a table made outside its designated
+    modules, a table mounted outside the one list (recorder.api) or the agent's REST."""
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        called = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+        on = f.value if isinstance(f, ast.Attribute) else None  # what it is called on
+        server = getattr(on, "attr", getattr(on, "id", "")) in ("http", "_routes")
+        if server and called in ("add", "add_query", "add_post", "mount") \
+                and name not in ROUTE_MACHINERY and (called != "mount" or name not in (
+                    "lens_ebpf.recorder.api", TABLE_MAKERS[1])):  # fmt: skip
+            out.append(f"{name}: {called}() on the server")
+        if called == "RouteTable" and not (
+                name.startswith(TABLE_MAKERS[0]) and name.count(".") == 3
+                or name == TABLE_MAKERS[1]):  # fmt: skip
+            out.append(f"{name}: makes a RouteTable")
+    return out
+
+
+def listed_tables(api: Path = PKG / "recorder" / "api") -> tuple[set[str], set[str]]:
+    """The recorder.api modules that make a table, and those recorder/api/__init__.py's
+    ROUTES list."""
+    made = {p.stem for p in api.glob("*.py")
+            if any(isinstance(n, ast.Call) and getattr(n.func, "id", "") == "RouteTable"
+                   for n in ast.walk(ast.parse(p.read_text())))}  # fmt: skip
+    listed: set[str] = set()
+    for node in ast.walk(ast.parse((api / "__init__.py").read_text())):
+        if isinstance(node, ast.AnnAssign | ast.Assign):
+            target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
+            if getattr(target, "id", "") == "ROUTES" and node.value is not None:
+                listed |= {n.value.id for n in ast.walk(node.value)
+                           if isinstance(n, ast.Attribute) and n.attr == "routes"
+                           and isinstance(n.value, ast.Name)}  # fmt: skip
+    return made, listed
+
+
+def test_routes_are_added_one_way_and_listed_in_one_place() -> None:
+    wrong = [b for name, path in sorted(modules().items())
+             for b in route_breaches(name, ast.parse(path.read_text()))]  # fmt: skip
+    assert wrong == []
+    made, listed = listed_tables()
+    assert made and made == listed
+
+
+def test_the_route_check_sees_a_route_added_another_way() -> None:
+    src = ("from lens_ebpf.core.routes import RouteTable\n"
+           "def wire(self):\n    self.http.add_query('/x', f)\n    t = RouteTable()\n"
+           "    self.http.mount('', s, t)\n")  # fmt: skip
+    assert route_breaches("lens_ebpf.recorder.jobs.x", ast.parse(src)) == [
+        "lens_ebpf.recorder.jobs.x: add_query() on the server",
+        "lens_ebpf.recorder.jobs.x: makes a RouteTable",
+        "lens_ebpf.recorder.jobs.x: mount() on the server"]  # fmt: skip
+    # a resource module makes its table, and leaves mounting it to the list
+    assert route_breaches("lens_ebpf.recorder.api.nodes", ast.parse(src)) == [
+        "lens_ebpf.recorder.api.nodes: add_query() on the server",
+        "lens_ebpf.recorder.api.nodes: mount() on the server"]  # fmt: skip
+
+
+def test_the_list_check_sees_a_table_left_out(tmp_path: Path) -> None:
+    (tmp_path / "nodes.py").write_text("routes = RouteTable()\n")
+    (tmp_path / "gpus.py").write_text("routes = RouteTable()\n")
+    (tmp_path / "__init__.py").write_text("ROUTES = [(nodes.routes, PREFIXES, 'lens')]\n")
+    assert listed_tables(tmp_path) == ({"nodes", "gpus"}, {"nodes"})
+
+
 def test_the_checker_sees_imports_in_functions_and_type_checking(tmp_path: Path) -> None:
     src = tmp_path / "x.py"
     src.write_text(
@@ -165,3 +275,87 @@ def test_the_recorder_needs_nothing_of_the_agents() -> None:
 def test_the_agent_needs_nothing_of_the_recorder() -> None:
     res = imports_without("lens_ebpf.agent", {"sqlalchemy", "alembic", "psycopg"})
     assert res.stdout.strip() == "imported", res.stderr
+
+
+# -- periodic work goes through the runner (lens_ebpf/core/runner.py) ------------------
+RUNNER = "lens_ebpf/core/runner.py"
+# loops that wait with a timeout and are not periodic jobs: (module, function) -> why
+NOT_JOBS = {
+    ("lens_ebpf/agent/stream/grpc_server.py", "EventService._stream"):
+        "a subscriber's stream: a short linger gathers a batch of the bus's events",
+    ("lens_ebpf/agent/stream/reporter.py", "Reporter._requests"):
+        "a stream: waits for the collector's first ack, then for events to send",
+    ("lens_ebpf/agent/stream/reporter.py", "Reporter._run"): "a reconnect backoff",
+    ("lens_ebpf/k8s/reflector.py", "Reflector.run"): "a watch stream and its reconnect backoff",
+    ("lens_ebpf/protocol/collector_server.py", "Collector._serve"):
+        "a reporter's stream: acks gathered over a short sleep",
+    ("lens_ebpf/recorder/store/writer.py", "Writer.flush"): "waits, to a deadline, for the "
+        "write queue to empty",
+    ("lens_ebpf/recorder/store/writer.py", "Writer.run"): "the write queue's consumer",
+    ("lens_ebpf/recorder/tracker.py", "WorkloadTracker._finalizer_loop"):
+        "the finalizer queue's consumer, with a backoff after a failure",
+}  # fmt: skip
+
+
+def _timed_wait(call: ast.Call) -> bool:
+    """time.sleep(x), asyncio.sleep(x), event.wait(x), cond.wait(timeout=x)."""
+    f = call.func
+    name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+    if name == "sleep":
+        return True
+    return name == "wait" and bool(call.args or any(k.arg == "timeout" for k in call.keywords))
+
+
+def _own(nodes: list[ast.AST]) -> list[ast.AST]:
+    """The nodes and what they hold, not looking into functions or classes defined there."""
+    out, stack = [], list(nodes)
+    while stack:
+        n = stack.pop()
+        if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            out.append(n)
+            stack.extend(ast.iter_child_nodes(n))
+    return out
+
+
+def timed_loops(path: Path) -> set[str]:
+    """The functions (Class.method) holding a while loop whose test or body waits with a
+    timeout: a thread that wakes up every so often, i.e. a periodic job."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST, scope: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                visit(child, f"{scope}.{child.name}".lstrip("."))
+                continue
+            if isinstance(child, ast.While) and any(
+                isinstance(n, ast.Call) and _timed_wait(n) for n in _own([child.test, *child.body])
+            ):
+                found.add(scope)
+            visit(child, scope)
+
+    visit(ast.parse(path.read_text()), "")
+    return found
+
+
+def test_periodic_loops_run_in_the_runner() -> None:
+    """A loop that waits with a timeout is a job for core/runner (intervals, jitter, stop,
+    the leader gate, its metrics) unless NOT_JOBS says what else it is."""
+    found = {(str(p.relative_to(ROOT)), f) for p in sorted(PKG.rglob("*.py"))
+             if str(p.relative_to(ROOT)) != RUNNER for f in timed_loops(p)}  # fmt: skip
+    assert found - NOT_JOBS.keys() == set(), "periodic loops outside lens_ebpf/core/runner.py"
+    assert NOT_JOBS.keys() - found == set(), "NOT_JOBS names loops that are gone"
+
+
+def test_the_loop_checker_sees_waits_in_tests_and_bodies(tmp_path: Path) -> None:
+    src = tmp_path / "x.py"
+    src.write_text(
+        "import time\n"
+        "def refresh(stop):\n    while not stop.wait(5):\n        pass\n"
+        "class Poller:\n    def run(self):\n        while True:\n            time.sleep(1)\n"
+        "    def consume(self, q):\n        while True:\n            q.get(timeout=1)\n"
+        "async def stream(ev):\n    while True:\n        await ev.wait()\n"
+        "def outer(stop):\n    while True:\n"
+        "        def inner():\n            stop.wait(1)\n"
+        "def drain(cond):\n    while cond:\n        cond.wait(timeout=0.5)\n"
+    )
+    assert timed_loops(src) == {"refresh", "Poller.run", "drain"}

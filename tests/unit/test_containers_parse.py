@@ -213,7 +213,7 @@ def test_process_records_become_the_events_the_constructor_makes(tmp_path) -> No
                                  ContainerdState(tmp_path / "state", tmp_path))  # fmt: skip
     enrich = Enrichment(resolver)
     cache, bus = MetricCache(3600, 1000), EventBus(100)
-    procs = ProcEvents(config.load(None, env={}), cache, bus, BpfLoader(), enrich)
+    procs = ProcEvents(config.load(None, env={}).bpf, cache, bus, BpfLoader(), enrich)
     sub = bus.subscribe("t", maxsize=100)
     cgroup_id = (cgroups / path.lstrip("/")).stat().st_ino
     index = ClusterIndex()

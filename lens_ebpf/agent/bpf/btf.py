@@ -5,7 +5,7 @@ DESIGN.md rule 1 forbids reading kernel structs through a header tree, because t
 on disk may belong to another kernel. BTF is not a header tree: the running kernel
 describes itself, as it does its tracepoint formats, so an offset taken from it is that
 kernel's offset. The programs use it where a tracepoint record would cost more than the
-one field they need (README, Kernels): the exit code of an exiting
+one field they need (docs/agent/kernels.md): the exit code of an exiting
 task, the family and protocol of a socket a raw tracepoint names. A kernel without BTF,
 or whose types differ from what a path expects, takes the path's fallback.
 

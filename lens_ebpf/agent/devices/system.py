@@ -253,9 +253,9 @@ class SystemFeature(CollectorFeature):
     VIEWS = {"/node": ("node", None)}
 
     def make(self) -> SystemCollector:
-        cfg, c = self.ctx.cfg, self.ctx.settings("system", SystemSettings)
-        return SystemCollector(c.interval_seconds, cfg.node_name, Path(cfg.devices.procfs_root),
-                               Path(cfg.devices.etc_root), c.top_processes)  # fmt: skip
+        d, c = self.ctx.devices, self.ctx.settings("system", SystemSettings)
+        return SystemCollector(c.interval_seconds, self.ctx.node.name, Path(d.procfs_root),
+                               Path(d.etc_root), c.top_processes)  # fmt: skip
 
     def routes(self) -> dict[str, Callable[[], Response]]:
         # the system info exporter's JSON, without the REST envelope

@@ -38,7 +38,7 @@ class ContainerRuntimeFeature(Feature):
         resolver.on_change = self._changed
         resolver.refresh()
         try:
-            self.watcher = RuntimeWatcher(Path(self.ctx.cfg.containers.containerd_state),
+            self.watcher = RuntimeWatcher(Path(self.ctx.containers.containerd_state),
                                           resolver.refresh)  # fmt: skip
             self.watcher.start()
         except OSError as exc:  # read cycles still find containers, a little later

@@ -10,7 +10,7 @@ from lens_ebpf.core.collector import PeriodicCollector
 @register("kubelet", order=20)
 class KubeletFeature(CollectorFeature):
     def enabled(self) -> str:
-        kl = self.ctx.cfg.kubernetes.kubelet
+        kl = self.ctx.kubernetes.kubelet
         if not kl.enabled:
             return "disabled by config"
         if self.ctx.enrich.index is None and not kl.url:
@@ -18,10 +18,9 @@ class KubeletFeature(CollectorFeature):
         return ""
 
     def make(self) -> PeriodicCollector:
-        cfg = self.ctx.cfg
-        kl = cfg.kubernetes.kubelet
-        url = kl.url or f"https://{cfg.node.ip or cfg.node_name}:10250"
+        kl, node = self.ctx.kubernetes.kubelet, self.ctx.node
+        url = kl.url or f"https://{node.ip or node.name}:10250"
         client = KubeletClient(url, kl.ca_file or SA_CA, kl.token_file, kl.insecure_skip_verify,
                                kl.timeout_seconds)  # fmt: skip
-        return KubeletCollector(kl.interval_seconds, client, cfg.node_name, kl.gpu_resources,
+        return KubeletCollector(kl.interval_seconds, client, node.name, kl.gpu_resources,
                                 lambda: self.ctx.offers.gpu_count())  # fmt: skip

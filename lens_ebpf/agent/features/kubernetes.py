@@ -10,6 +10,7 @@ from prometheus_client.registry import Collector
 
 from lens_ebpf.agent.feature import ERROR, OFF, RUNNING, Feature, register
 from lens_ebpf.agent.pods.cluster import ClusterCollector, ClusterWatch
+from lens_ebpf.core.runner import Job
 from lens_ebpf.k8s.client import NotConfigured, api_client
 
 log = logging.getLogger(__name__)
@@ -20,7 +21,7 @@ class KubernetesFeature(Feature):
     cluster: ClusterWatch | None = None
 
     def start(self) -> None:
-        k = self.ctx.cfg.kubernetes
+        k = self.ctx.kubernetes
         try:
             api = api_client(k.mode, k.kubeconfig)
         except NotConfigured as exc:
@@ -36,13 +37,13 @@ class KubernetesFeature(Feature):
         self.ctx.enrich.index = self.cluster.index
         self.state = {"state": RUNNING, "reason": ""}
         if k.cluster_cidrs:
-            self.ctx.spawn("k8s-cidrs", self._cidr_loop)
+            self.ctx.periodic.runner.add(Job("k8s-cidrs", k.cidr_refresh_seconds,
+                                             self._refresh_cidrs, leader_only=False,
+                                             at_start=True))  # fmt: skip
 
-    def _cidr_loop(self) -> None:
+    def _refresh_cidrs(self) -> None:
         assert self.cluster is not None
-        while not self.ctx.stop.is_set():
-            self.ctx.policy.set_cluster_networks(self.cluster.networks())
-            self.ctx.stop.wait(self.ctx.cfg.kubernetes.cidr_refresh_seconds)
+        self.ctx.policy.set_cluster_networks(self.cluster.networks())
 
     def collectors(self) -> list[Collector]:
         return [ClusterCollector(self.cluster)] if self.cluster is not None else []

@@ -10,9 +10,9 @@ from lens_ebpf.core.collector import PeriodicCollector
 @register("pod_resources", order=20)
 class PodResourcesFeature(CollectorFeature):
     def enabled(self) -> str:
-        return "" if self.ctx.cfg.kubernetes.pod_resources.enabled else "disabled by config"
+        return "" if self.ctx.kubernetes.pod_resources.enabled else "disabled by config"
 
     def make(self) -> PeriodicCollector:
-        prc = PodResourcesCollector.from_config(self.ctx.cfg.kubernetes)
+        prc = PodResourcesCollector.from_config(self.ctx.kubernetes)
         self.ctx.offers.gpu_assignments = lambda: prc.assigned
         return prc

@@ -44,13 +44,13 @@ class TcpFeature(Feature):
     def start(self) -> None:
         ctx = self.ctx
         rtt_cfg = ctx.settings("rtt", RttSettings)
-        tcp = TcpFlows(ctx.cfg, ctx.cache, ctx.bus, ctx.loader, enrich=ctx.enrich,
+        tcp = TcpFlows(ctx.bpf, ctx.events, ctx.cache, ctx.bus, ctx.loader, enrich=ctx.enrich,
                        rtt=rtt_cfg.enabled, rtt_sample_seconds=rtt_cfg.sample_seconds)  # fmt: skip
         if tcp.start(ctx.policy.effective()):
             self.flows = tcp
             ctx.policy.subscribe(tcp.set_policy)  # again: it may have changed while compiling
             ctx.spawn("ringbuf-tcp", lambda: tcp.poll_until(ctx.stop))
-            self._next_sweep = time.monotonic() + ctx.cfg.bpf.reconcile_interval_seconds
+            self._next_sweep = time.monotonic() + ctx.bpf.reconcile_interval_seconds
         st = ctx.loader.status[NAME]
         self.state = feature_view(st, [n for n in st.paths if n != RTT])
         # RTT stands on the flows program (it needs each socket's state), whichever path
@@ -73,7 +73,7 @@ class TcpFeature(Feature):
             return
         if time.monotonic() >= self._next_sweep:
             self.flows.reconcile()
-            self._next_sweep = time.monotonic() + self.ctx.cfg.bpf.reconcile_interval_seconds
+            self._next_sweep = time.monotonic() + self.ctx.bpf.reconcile_interval_seconds
         self.flows.read()
 
     @classmethod

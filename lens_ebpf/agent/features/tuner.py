@@ -6,7 +6,7 @@ each desired sysctl under /proc/sys and raises it when it is lower; a value an
 operator set higher is left alone, and nothing is ever lowered. `open_files` is the
 open-file limit: it keeps fs.nr_open (the most one process may be allowed) and
 fs.file-max (the whole system) at least that high. A running container's own
-RLIMIT_NOFILE cannot be raised from outside; the README says how to set it.
+RLIMIT_NOFILE cannot be raised from outside; docs/agent/tuner.md says how to set it.
 
 Sysctls that belong to a namespace (net.*, the IPC ones, ...) are refused: written
 from the agent's namespaces they would not change what the workloads see.
@@ -185,5 +185,5 @@ class TunerFeature(CollectorFeature):
     def make(self) -> Tuner:
         s = self.ctx.settings("tuner", TunerSettings)
         bus: EventBus = self.ctx.bus
-        return Tuner(s.interval_seconds, Path(self.ctx.cfg.devices.procfs_root) / "sys",
+        return Tuner(s.interval_seconds, Path(self.ctx.devices.procfs_root) / "sys",
                      desired_settings(s), bus.publish)  # fmt: skip

@@ -110,14 +110,13 @@ class PolicyWatcher:
         log.info("policy reloaded (%s) from %s", why, self.path)
         return True
 
-    def run(self, stop: threading.Event, interval: float) -> None:
-        """Reload on a changed file or a SIGHUP until stop is set (a thread's life)."""
-        while not stop.is_set():
-            changed = _signature(self.path) != self.signature
-            if self.reload_requested.is_set() or changed:
-                self.reload_requested.clear()
-                self.reload("file changed" if changed else "SIGHUP")
-            stop.wait(interval)
+    def check(self) -> None:
+        """Reload on a changed file or a SIGHUP (the agent's runner asks every
+        policy.watch_interval_seconds)."""
+        changed = _signature(self.path) != self.signature
+        if self.reload_requested.is_set() or changed:
+            self.reload_requested.clear()
+            self.reload("file changed" if changed else "SIGHUP")
 
     def status(self) -> dict[str, Any]:
         return {"path": str(self.path), "error": self.last_error, "reloads": self.reloads}

@@ -10,7 +10,7 @@ from lens_ebpf.agent.bpf.layouts import c_text, comm_text, record_struct
 from lens_ebpf.agent.bpf.loader import BpfLoader, plan_for
 from lens_ebpf.agent.bpf.program import RingProgram
 from lens_ebpf.agent.bpf.spec import BTF, TRACEPOINT, BtfField, Field, Need, ProbePath, ProgramSpec
-from lens_ebpf.agent.config import Config
+from lens_ebpf.agent.config import BpfConfig
 from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.events import EventBus, ProcessEvent, maker
 from lens_ebpf.agent.metrics.cache import COUNTER, MetricCache
@@ -76,11 +76,11 @@ class ProcEvents(RingProgram):
     STATS = PSTATS
 
     def __init__(
-        self, cfg: Config, cache: MetricCache, bus: EventBus, loader: BpfLoader,
+        self, bpf: BpfConfig, cache: MetricCache, bus: EventBus, loader: BpfLoader,
         enrich: Enrichment,
     ) -> None:  # fmt: skip
         super().__init__(loader)
-        self.cfg = cfg
+        self.bpf_cfg = bpf
         self.cache = cache
         self.bus = bus
         self.enrich = enrich
@@ -96,17 +96,17 @@ class ProcEvents(RingProgram):
             cache.register(name, COUNTER, help_text, (*IDENTITY, *extra))
 
     @staticmethod
-    def static_defines(cfg: Config) -> dict[str, int | str]:
+    def static_defines(b: BpfConfig) -> dict[str, int | str]:
         """The cflags proc_events.c is compiled with."""
-        return {"MAX_PROCS": cfg.bpf.max_processes, "RINGBUF_PAGES": cfg.bpf.ringbuf_pages,
-                "KNOWN_CGROUPS": cfg.bpf.max_known_cgroups}  # fmt: skip
+        return {"MAX_PROCS": b.max_processes, "RINGBUF_PAGES": b.ringbuf_pages,
+                "KNOWN_CGROUPS": b.max_known_cgroups}  # fmt: skip
 
     def start(self) -> bool:
-        self.bpf = self.loader.load(plan_for(SPEC), self.static_defines(self.cfg))
+        self.bpf = self.loader.load(plan_for(SPEC), self.static_defines(self.bpf_cfg))
         if self.bpf is None:
             return False
         layouts.check_layout("proc_event", layouts.ProcEvent, self.bpf[b"layout_proc_event"].Leaf)
-        self.open_events(b"proc_events", self._on_event, self.cfg.bpf.ring_reader)
+        self.open_events(b"proc_events", self._on_event, self.bpf_cfg.ring_reader)
         return True
 
     def _on_event(self, rec: bytes) -> None:
@@ -145,7 +145,7 @@ class ProcEvents(RingProgram):
         """pid -> its comm at exec, bounded like the kernel's process map."""
         self._comms.pop(pid, None)
         self._comms[pid] = comm
-        if len(self._comms) > self.cfg.bpf.max_processes:
+        if len(self._comms) > self.bpf_cfg.max_processes:
             self._comms.pop(next(iter(self._comms)))
 
     def read(self) -> None:

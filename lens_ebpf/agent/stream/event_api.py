@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
-from lens_ebpf.agent.config import Config
+from lens_ebpf.agent.config import GrpcConfig, NodeConfig, ReporterConfig
 from lens_ebpf.agent.events import EventBus
 from lens_ebpf.agent.stream.grpc_server import GrpcServer
 from lens_ebpf.agent.stream.reporter import Reporter, ReporterCollector
@@ -18,10 +18,14 @@ log = logging.getLogger(__name__)
 
 
 class EventApi:
-    def __init__(self, cfg: Config, bus: EventBus, features: Callable[[], dict[str, str]],
+    """node: its name resolved (the agent's Context.node)."""
+
+    def __init__(self, node: NodeConfig, grpc: GrpcConfig, reporter: ReporterConfig,
+                 bus: EventBus, features: Callable[[], dict[str, str]],
                  loop: EventLoopThread | None = None,
                  on_connect: Callable[[], object] = lambda: None) -> None:  # fmt: skip
-        self.cfg, self.bus, self.features, self.loop = cfg, bus, features, loop
+        self.node, self.grpc_cfg, self.reporter_cfg = node, grpc, reporter
+        self.bus, self.features, self.loop = bus, features, loop
         self.on_connect = on_connect  # the reporter (re)connected
         self.grpc: GrpcServer | None = None
         self.reporter: Reporter | None = None
@@ -29,26 +33,25 @@ class EventApi:
     def bind(self) -> None:
         """Take the gRPC port (at start, before anything else is done or logged); raises
         OSError or RuntimeError when it cannot be had."""
-        cfg, node = self.cfg, (self.cfg.node_name, self.cfg.node.ip)
-        if cfg.grpc.enabled:
-            t = cfg.grpc.tls
-            self.grpc = GrpcServer(cfg.grpc.listen, self.bus, node, self.features,
-                                   cfg.grpc.subscriber_queue,
+        g = self.grpc_cfg
+        if g.enabled:
+            t = g.tls
+            self.grpc = GrpcServer(g.listen, self.bus, (self.node.name, self.node.ip),
+                                   self.features, g.subscriber_queue,
                                    server_credentials(t.cert, t.key, t.client_ca),
-                                   cfg.grpc.max_subscribers, self.loop)  # fmt: skip
+                                   g.max_subscribers, self.loop)  # fmt: skip
 
     def start(self, registry: CollectorRegistry) -> None:
-        cfg, node = self.cfg, (self.cfg.node_name, self.cfg.node.ip)
         if self.grpc is not None:
             self.grpc.start()
             registry.register(self.grpc.collector())
-            log.info("gRPC on %s (port %d)", cfg.grpc.listen, self.grpc.port)
-        r = cfg.reporter
+            log.info("gRPC on %s (port %d)", self.grpc_cfg.listen, self.grpc.port)
+        r, node = self.reporter_cfg, self.node
         if r.target:
             creds = channel_credentials(r.tls.ca, r.tls.cert, r.tls.key)
-            self.reporter = Reporter(r.target, self.bus, node, r.buffer, creds,
+            self.reporter = Reporter(r.target, self.bus, (node.name, node.ip), r.buffer, creds,
                                      r.backoff_max_seconds, frozenset(r.kinds),
-                                     cfg.node.cluster)  # fmt: skip
+                                     node.cluster)  # fmt: skip
             self.reporter.on_connect = self.on_connect
             self.reporter.start()
             registry.register(ReporterCollector(self.reporter))

@@ -30,7 +30,7 @@ from lens_ebpf.agent.bpf.spec import (
     ProbePath,
     ProgramSpec,
 )
-from lens_ebpf.agent.config import Config
+from lens_ebpf.agent.config import BpfConfig, EventsConfig
 from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.events import EventBus, FlowClosed
 from lens_ebpf.agent.metrics.cache import COUNTER, MetricCache
@@ -200,7 +200,8 @@ class TcpFlows(RingProgram):
 
     def __init__(
         self,
-        cfg: Config,
+        bpf: BpfConfig,
+        events: EventsConfig,
         cache: MetricCache,
         bus: EventBus,
         loader: BpfLoader,
@@ -211,13 +212,13 @@ class TcpFlows(RingProgram):
         kernel: Kernel | None = None,
     ) -> None:
         super().__init__(loader)
-        self.cfg = cfg
+        self.bpf_cfg, self.events_cfg = bpf, events
         self.cache = cache
         self.bus = bus
         self.clock = clock
         self._flows_reader = DeltaReader(
             lambda v: tuple(getattr(v, f) for f in VAL_FIELDS),
-            cfg.bpf.flow_key_idle_seconds,
+            bpf.flow_key_idle_seconds,
             clock,
             pinned=lambda key: bool(key.overflow),
         )
@@ -248,16 +249,15 @@ class TcpFlows(RingProgram):
         self._rtt_period_at = 0.0
         if rtt_choice.path is not None:
             sampled = rtt_choice.path.kind == BTF
-            self.rtt = tcp_rtt.TcpRtt(cfg, cache, clock, sampled=sampled)
+            self.rtt = tcp_rtt.TcpRtt(bpf, cache, clock, sampled=sampled)
 
     def defines(self) -> dict[str, int | str]:
-        return self.static_defines(self.cfg, self.rtt is not None)
+        return self.static_defines(self.bpf_cfg, self.rtt is not None)
 
     @staticmethod
-    def static_defines(cfg: Config, rtt: bool) -> dict[str, int | str]:
+    def static_defines(b: BpfConfig, rtt: bool) -> dict[str, int | str]:
         """The cflags tcp_flows.c is compiled with."""
-        b = cfg.bpf
-        extra = tcp_rtt.defines(cfg) if rtt else {}
+        extra = tcp_rtt.defines(b) if rtt else {}
         return extra | {
             "MAX_SOCKETS": b.max_sockets,
             # room for the 14 overflow slots on top of the configured keys
@@ -300,7 +300,7 @@ class TcpFlows(RingProgram):
             self._walk = self.loader.iterator(NAME, "tcp").run
             # at once: sockets opened before the agent are counted from their first sight
             self._walk_open_sockets()
-        self.open_events(b"flow_events", self._on_event, self.cfg.bpf.ring_reader)
+        self.open_events(b"flow_events", self._on_event, self.bpf_cfg.ring_reader)
         self.bus.on_change(self.gate_records)
         self.gate_records()
         return True
@@ -324,7 +324,7 @@ class TcpFlows(RingProgram):
         (events.flow_records), and for the linger after the last one leaves."""
         if self.bpf is None:
             return
-        ev = self.cfg.events
+        ev = self.events_cfg
         with self._gate_lock:
             now = self.clock()
             if ev.flow_records == "always" or self.bus.wants(frozenset(FlowClosed.KINDS)):
@@ -427,7 +427,7 @@ class TcpFlows(RingProgram):
             return 0
         socks = self.bpf[b"socks"]
         now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-        grace = int(self.cfg.bpf.reconcile_grace_seconds * 1e9)
+        grace = int(self.bpf_cfg.reconcile_grace_seconds * 1e9)
         candidates = [
             (int(getattr(key, "value", key)), layouts.SockInfo.from_buffer_copy(bytes(si)))
             for key, si in socks.items_lookup_batch()

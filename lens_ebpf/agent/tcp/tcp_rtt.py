@@ -17,7 +17,7 @@ from typing import Any
 from lens_ebpf.agent.bpf import layouts
 from lens_ebpf.agent.bpf.map_reader import DeltaReader
 from lens_ebpf.agent.bpf.spec import BtfField
-from lens_ebpf.agent.config import Config
+from lens_ebpf.agent.config import BpfConfig
 from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.metrics.cache import HISTOGRAM, MetricCache
 from lens_ebpf.agent.net import identity
@@ -47,13 +47,13 @@ PER_SAMPLE = {
 }
 
 
-def defines(cfg: Config) -> dict[str, int | str]:
+def defines(bpf: BpfConfig) -> dict[str, int | str]:
     """cflags the RTT part of tcp_flows.c is compiled with (LENS_RTT_SAMPLED or LENS_RTT
     itself comes from the program's spec: BTF's srtt_us, else tcp:tcp_probe)."""
     return {
         "LENS_RTT_NBOUNDS": len(RTT_BOUNDS_US),
         "LENS_RTT_BOUNDS": ",".join(str(b) for b in RTT_BOUNDS_US),
-        "MAX_RTT_KEYS": cfg.bpf.max_rtt_keys + 14,  # plus the overflow slots
+        "MAX_RTT_KEYS": bpf.max_rtt_keys + 14,  # plus the overflow slots
     }
 
 
@@ -108,7 +108,7 @@ class TcpRtt:
 
     def __init__(
         self,
-        cfg: Config,
+        bpf: BpfConfig,
         cache: MetricCache,
         clock: Callable[[], float] = time.monotonic,
         sampled: bool = True,
@@ -117,7 +117,7 @@ class TcpRtt:
         self.sampled = sampled
         self._reader = DeltaReader(
             lambda v: (v.count, v.sum_us, *v.bins),
-            cfg.bpf.flow_key_idle_seconds,
+            bpf.flow_key_idle_seconds,
             clock,
             pinned=lambda key: bool(key.overflow),
         )

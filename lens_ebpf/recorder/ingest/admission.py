@@ -1,14 +1,12 @@
-"""Who may POST to the recorder (log lines, remote write), and the POST routes'
-answers and counts.
+"""Who may POST to the recorder (log lines, remote write), what a POST came to, and the
+POST routes' counts.
 
 Every POST route takes a bearer token, read from `recorder.ingest.token_file` (read again
 when the file changes, as a mounted Secret does; while it holds none, every POST gets 401
 saying so, and the rest of the service runs). Without a token file, POSTs are taken
 only while the service listens on loopback, or where `ingest.allow_anonymous` says so.
-A wrong or missing token gets 401, counted per route. Answers carry the cluster API's
-envelope: meta.code 2000, or 4001 (a bad body), 4010 (no or a wrong token), 4013 (too
-large), 4015 (an encoding or protocol the route does not take), 5003 (a dependency is
-down, or the write queue is full: retry).
+A wrong or missing token gets 401, counted per route. The HTTP surface
+(recorder/api/posts.py) puts each Outcome in the cluster API's envelope.
 """
 
 from __future__ import annotations
@@ -18,26 +16,30 @@ import ipaddress
 import logging
 import os
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf.core.exposition import Buckets
-from lens_ebpf.core.http import Answer, Post, Response, json_response
 from lens_ebpf.recorder.config import IngestConfig
 
 log = logging.getLogger(__name__)
 
-CODES = {400: 4001, 401: 4010, 404: 4004, 413: 4013, 415: 4015, 429: 4029, 503: 5003}
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
-def answer(status: int, message: str = "OK", data: Any = None) -> Response:
-    code = 2000 if status < 300 else CODES.get(status, status * 10)
-    return json_response(status, {"meta": {"code": code, "message": message}, "data": data})
+@dataclass(frozen=True)
+class Outcome:
+    """What a POST came to: the HTTP status it answers, its message and data, and headers
+    of its own (Retry-After, what remote write 2.0 says was written)."""
+
+    status: int
+    message: str = "OK"
+    data: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 def loopback(host: str) -> bool:
@@ -86,7 +88,7 @@ class Ingest(Collector):
                 self._warned = True
             return self._token
 
-    def refused(self, route: str, headers: dict[str, str]) -> Response | None:
+    def refused(self, route: str, headers: dict[str, str]) -> Outcome | None:
         """401 for a request without the token (or any, where no token is set and anonymous
         POSTs are not taken); None when it may go on."""
         if self.path:
@@ -106,32 +108,22 @@ class Ingest(Collector):
                    "loopback (set a token, or ingest.allow_anonymous: true)")  # fmt: skip
         with self._lock:
             self.unauthorized[route] = self.unauthorized.get(route, 0) + 1
-        return answer(401, f"{route}: {why}")
+        return Outcome(401, f"{route}: {why}")
 
-    def route(self, name: str, handler: Callable[[Post], Answer]) -> Callable[[Post], Answer]:
-        """handler behind the token check, its answers counted and timed."""
-
-        def serve(req: Post) -> Answer:
-            start = time.perf_counter()
-            got: Answer = self.refused(name, req.headers) or self._elsewhere(name, req) \
-                or handler(req)  # fmt: skip
-            took = time.perf_counter() - start
-            with self._lock:
-                key = (name, got[0])
-                self.requests[key] = self.requests.get(key, 0) + 1
-                self.seconds.setdefault(name, Buckets(SECONDS_BUCKETS)).observe(took)
-            return got
-
-        return serve
-
-    def _elsewhere(self, route: str, req: Post) -> Answer | None:
+    def elsewhere(self, route: str, asked: str) -> Outcome | None:
         """404 for a body of another cluster (?cluster=): the POST routes read the home
         cluster's pods; another cluster's senders post to a service of their own."""
-        asked = req.query.get("cluster", "")
         if asked and asked != self.home:
-            return answer(404, f"{route}: this service takes cluster {self.home!r}'s only, "
-                          f"not {asked!r}")  # fmt: skip
+            return Outcome(404, f"{route}: this service takes cluster {self.home!r}'s only, "
+                           f"not {asked!r}")  # fmt: skip
         return None
+
+    def count(self, route: str, status: int, seconds: float) -> None:
+        """A POST answered: counted by route and status, its time observed."""
+        with self._lock:
+            key = (route, status)
+            self.requests[key] = self.requests.get(key, 0) + 1
+            self.seconds.setdefault(route, Buckets(SECONDS_BUCKETS)).observe(seconds)
 
     def describe(self) -> Iterator[Metric]:
         return iter(())

@@ -5,22 +5,19 @@ hour, from the snapshots and Prometheus), and pruning what is older than
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, func, select
-from sqlalchemy.exc import SQLAlchemyError
 
 from lens_ebpf.core.times import aware
 from lens_ebpf.recorder import prom
-from lens_ebpf.recorder.api import Scope, gpu_allocation
+from lens_ebpf.recorder.allocation import gpu_allocation
+from lens_ebpf.recorder.scope import Scope
 from lens_ebpf.recorder.store import schema as t
 from lens_ebpf.recorder.store.writer import Op, Writer, insert_new
 
-log = logging.getLogger(__name__)
 HOUR = timedelta(hours=1)
 BACKFILL_HOURS = 24  # completed hours looked at for a missing statistics row
 # what retention.days prunes, by its time
@@ -39,10 +36,9 @@ class Jobs:
         self.interval = allocation_seconds
         self.retention = timedelta(days=retention_days)
         self.clock = clock
+        # runs that did their work (the runner counts every run and the failures)
         self.runs: dict[str, int] = {"snapshot": 0, "hourly": 0, "prune": 0}
-        self.errors: dict[str, int] = {"snapshot": 0, "hourly": 0, "prune": 0}
         self.pruned: dict[str, int] = dict.fromkeys(PRUNED, 0)
-        self._last_prune: datetime | None = None
 
     def snapshot(self, now: datetime) -> None:
         """Per cluster, per node and for the cluster (node ""): GPUs allocatable, requested
@@ -61,7 +57,7 @@ class Jobs:
     def _snapshot(self, c: Scope, now: datetime) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:
             per_node: dict[str, list[int]] = {}
-            for a in gpu_allocation(conn, "", {}, c):
+            for a in gpu_allocation(conn, c.tables):
                 pair = per_node.setdefault(a["node"], [0, 0])
                 pair[0] += a["capacity"]
                 pair[1] += a["allocated"]
@@ -142,21 +138,7 @@ class Jobs:
         self.runs["prune"] += 1
 
     def run_once(self, now: datetime) -> None:
-        for name, fn in (("snapshot", self.snapshot), ("hourly", self.hourly)):
-            try:
-                fn(now)
-            except (SQLAlchemyError, prom.PromError) as exc:
-                self.errors[name] += 1
-                log.warning("recorder job %s: %s", name, exc)
-        if self._last_prune is None or now - self._last_prune >= HOUR:
-            self._last_prune = now
-            try:
-                self.prune(now)
-            except SQLAlchemyError as exc:
-                self.errors["prune"] += 1
-                log.warning("recorder job prune: %s", exc)
-
-    def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            self.run_once(self.clock())
-            stop.wait(self.interval)
+        """The three once, in the order of their first runs under the runner."""
+        self.snapshot(now)
+        self.hourly(now)
+        self.prune(now)

@@ -7,7 +7,6 @@ nothing changed keeps the generation, so the per-series answers stay cached."""
 from __future__ import annotations
 
 import hashlib
-import logging
 import math
 import threading
 from collections.abc import Callable
@@ -21,7 +20,6 @@ from sqlalchemy.exc import SQLAlchemyError
 from lens_ebpf.core.times import aware
 from lens_ebpf.recorder.store.schema import Scoped, scoped
 
-log = logging.getLogger(__name__)
 HISTORY = timedelta(days=1)  # holder changes and RDMA opens looked back on
 ALWAYS = (-math.inf, math.inf)
 
@@ -202,12 +200,10 @@ class Indexer:
             self.refreshes += 1
         return idx
 
-    def run(self, stop: threading.Event) -> None:
-        while True:
-            try:
-                self.refresh()
-            except SQLAlchemyError as exc:
-                self.errors += 1
-                log.warning("recorder: remote write maps not read: %s", type(exc).__name__)
-            if stop.wait(self.interval):
-                return
+    def refresh_counted(self) -> None:
+        """refresh(), its failures counted (the runner's job; it logs them)."""
+        try:
+            self.refresh()
+        except SQLAlchemyError:
+            self.errors += 1
+            raise

@@ -269,10 +269,6 @@ class Training(Collector):
             self.writer.submit(Op("training_events", lambda conn: self.write(conn, b)))
         return len(b.events)
 
-    def run_checks(self, stop: threading.Event) -> None:
-        while not stop.wait(self.cfg.check_seconds):
-            self.check(self.clock())
-
     # -- the database ----------------------------------------------------------------
     def write(self, conn: Connection, b: Batch) -> None:
         insert_rows(conn, t.training_points, b.points, keys=["cluster", "line_key"])

@@ -26,9 +26,10 @@ from sqlalchemy import Connection, or_, select
 
 from lens_ebpf.core.times import aware
 from lens_ebpf.recorder import prom
-from lens_ebpf.recorder.api import ApiError, bad, when, workload_pods
 from lens_ebpf.recorder.config import TimelineConfig
+from lens_ebpf.recorder.errors import BadRequest, NotFound
 from lens_ebpf.recorder.store.schema import Scoped
+from lens_ebpf.recorder.workloads import workload_pods
 
 MAX_RANGE = timedelta(days=31)
 # entries at the same second: causes before what they cause
@@ -98,20 +99,21 @@ class Timeline:
     def __init__(self, metrics: prom.Prom, cfg: TimelineConfig, tables: Scoped) -> None:
         self.metrics, self.cfg, self.t = metrics, cfg, tables  # one cluster's
 
-    def __call__(self, conn: Connection, uid: str, query: dict[str, str],
-                 now: datetime) -> dict[str, Any]:  # fmt: skip
+    def __call__(self, conn: Connection, uid: str, start: datetime | None,
+                 end: datetime | None, now: datetime) -> dict[str, Any]:  # fmt: skip
+        """The workload's timeline from start (default: its creation) to end (now)."""
         w = conn.execute(
             select(self.t.gpu_workloads).where(self.t.gpu_workloads.c.uid == uid)
         ).first()
         if w is None:
-            raise ApiError(404, 4004, f"workload not found: {uid!r}")
+            raise NotFound(f"workload not found: {uid!r}")
         pods = workload_pods(conn, self.t, uid)
-        start = when(query, "start") or aware(w.created_at) or now - timedelta(days=1)
-        end = when(query, "end") or now
+        start = start or aware(w.created_at) or now - timedelta(days=1)
+        end = end or now
         if end < start:
-            raise bad("end is before start")
+            raise BadRequest("end is before start")
         if end - start > MAX_RANGE:
-            raise bad(f"start, end: at most {MAX_RANGE.days} days")
+            raise BadRequest(f"start, end: at most {MAX_RANGE.days} days")
         ctx = _Pods(conn, self.t, pods)
         entries = [*self._training(conn, ctx, start, end), *self._faults(conn, ctx, start, end),
                    *self._devices(conn, ctx, start, end), *self._containers(conn, ctx, start, end),

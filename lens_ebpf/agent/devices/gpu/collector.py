@@ -27,7 +27,7 @@ from typing import Any
 from prometheus_client.core import Metric
 from pydantic import Field
 
-from lens_ebpf.agent.config import Config
+from lens_ebpf.agent.config import DevicesConfig
 from lens_ebpf.agent.devices import inventory
 from lens_ebpf.agent.devices.gpu import amd, compat_amd, compat_dcgm, faults, nvidia, rest
 from lens_ebpf.agent.devices.gpu.faults import Fault
@@ -494,13 +494,14 @@ def default_sources(g: GpuSettings, sysfs: Path) -> dict[str, list[Source]]:
     return {"amd": amd_sources, "nvidia": nv_sources}
 
 
-def make_collector(cfg: Config, g: GpuSettings, identify: Callable[[int], dict[str, str]],
+def make_collector(devices: DevicesConfig, node: str, g: GpuSettings,
+                   identify: Callable[[int], dict[str, str]],
                    allocated: Callable[[], dict[str, Any]]) -> GpuCollector:  # fmt: skip
-    """The GPU collector from the config (the agent's feature and `trace gpu`)."""
-    sysfs = Path(cfg.devices.sysfs_root)
-    return GpuCollector(g.interval_seconds, cfg.node_name, default_sources(g, sysfs),
-                        g.stale_seconds, Path(cfg.devices.dev_root), identify=identify,
-                        allocated=allocated, sysfs=sysfs, compat=cfg.devices.compat)  # fmt: skip
+    """The GPU collector from its settings (the agent's feature and `trace gpu`)."""
+    sysfs = Path(devices.sysfs_root)
+    return GpuCollector(g.interval_seconds, node, default_sources(g, sysfs),
+                        g.stale_seconds, Path(devices.dev_root), identify=identify,
+                        allocated=allocated, sysfs=sysfs, compat=devices.compat)  # fmt: skip
 
 
 def fault_watchers(g: GpuSettings, gpu: GpuCollector
@@ -522,10 +523,10 @@ class GpuFeature(CollectorFeature):
 
     def make(self) -> GpuCollector:
         g = self.ctx.settings("gpu", GpuSettings)
-        gpu = make_collector(self.ctx.cfg, g, self.ctx.enrich.pid,
+        gpu = make_collector(self.ctx.devices, self.ctx.node.name, g, self.ctx.enrich.pid,
                              lambda: self.ctx.offers.gpu_assignments())  # fmt: skip
         gpu.publish = self.ctx.bus.publish
-        watch, node = self.ctx.watch, self.ctx.cfg.node_name
+        watch, node = self.ctx.watch, self.ctx.node.name
         watch.expect("gpu")
         gpu.on_readings = lambda gpus, holders: watch.update(
             "gpu", inventory.gpu_records(gpus, node, holders))  # fmt: skip

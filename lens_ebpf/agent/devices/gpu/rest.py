@@ -2,7 +2,7 @@
 half of /pods. Pure: readings and the DRI map in, JSON-ready values out.
 
 Every documented key is present with its documented type; what lens-ebpf knows beyond
-that (vendor, BDF, allocation, stale flags, ...) rides beside it as extra keys (README).
+that (vendor, BDF, allocation, stale flags, ...) rides beside it as extra keys (docs/agent/http.md).
 """
 
 from __future__ import annotations

@@ -510,10 +510,10 @@ class RdmaFeature(CollectorFeature):
             def bind(device: str, port: int) -> str:
                 return qp_counters.bind_auto(tool, device, port, c.timeout_seconds)
 
-        rdma = RdmaCollector(c.interval_seconds, Path(self.ctx.cfg.devices.sysfs_root), runner,
+        rdma = RdmaCollector(c.interval_seconds, Path(self.ctx.devices.sysfs_root), runner,
                              tool_json, identify=self.ctx.enrich.pid, bind=bind)  # fmt: skip
         rdma.publish = self.ctx.bus.publish
-        watch, node = self.ctx.watch, self.ctx.cfg.node_name
+        watch, node = self.ctx.watch, self.ctx.node.name
         watch.expect("rdma")
         rdma.on_devices = lambda devs: watch.update("rdma", inventory.rdma_records(devs, node))
         self.ctx.offers.rdma_devices = lambda: rdma.views.get("devices", {})

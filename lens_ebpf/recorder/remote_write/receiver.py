@@ -1,11 +1,10 @@
-"""POST /prometheus (and /v1/prometheus, Primus-Lens's path): remote write in, workload
-copies (and in proxy mode every series) out to `recorder.remote_write.url`; GET
-pods/cache and pods/workload/cache: the maps the copies are made by."""
+"""Remote write in (POST /prometheus, and /v1/prometheus, Primus-Lens's path), workload
+copies (and in proxy mode every series) out to `recorder.remote_write.url`; and the maps
+the copies are made by, as pods/cache and pods/workload/cache serve them."""
 
 from __future__ import annotations
 
 import math
-import re
 import threading
 import time
 from collections import deque
@@ -15,13 +14,12 @@ from typing import Any
 
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Engine
 
 from lens_ebpf.core.exposition import Buckets, counter
-from lens_ebpf.core.http import Answer, Post
-from lens_ebpf.recorder.api import ApiError, Scope, Table
 from lens_ebpf.recorder.config import RemoteWriteConfig
-from lens_ebpf.recorder.ingest.admission import answer
+from lens_ebpf.recorder.errors import NotFound
+from lens_ebpf.recorder.ingest.admission import Outcome
 from lens_ebpf.recorder.remote_write import wire
 from lens_ebpf.recorder.remote_write.forward import Forwarder
 from lens_ebpf.recorder.remote_write.index import Indexer
@@ -50,21 +48,22 @@ class RemoteWrite(Collector):
         self.recent_added: deque[float] = deque(maxlen=100_000)  # the last, exactly (bench)
         self._lock = threading.Lock()
 
-    def _refuse(self, status: int, message: str) -> Answer:
+    def _refuse(self, status: int, message: str) -> Outcome:
         with self._lock:
             key = REFUSED.get(status, "bad_body")
             self.refused[key] += 1
-        return answer(status, message)
+        return Outcome(status, message)
 
-    def post(self, req: Post) -> Answer:
-        """One sender's request: 204 once the receiver took what it became."""
+    def post(self, headers: dict[str, str], body: bytes) -> Outcome:
+        """One sender's request (headers named in lower case): 204 once the receiver took
+        what it became."""
         began = time.perf_counter()
         if self.forwarder is None:
             return self._refuse(503, "recorder.remote_write.url is not set: there is no "
                                      "receiver to write to")  # fmt: skip
         try:
-            version = wire.version(req.headers)
-            data = wire.unsnappy(req.body, self.cfg.max_body_bytes)
+            version = wire.version(headers)
+            data = wire.unsnappy(body, self.cfg.max_body_bytes)
             out = self.relabeler.v1(data) if version == wire.V1 else self.relabeler.v2(data)
         except wire.WireError as exc:
             return self._refuse(exc.status, str(exc))
@@ -79,7 +78,7 @@ class RemoteWrite(Collector):
                     self.samples["rejected"] += out.written.samples + out.written.histograms
             if got.status != 204:
                 extra = {"Retry-After": got.retry_after} if got.retry_after else {}
-                return (*answer(got.status, got.message), extra)
+                return Outcome(got.status, got.message, headers=extra)
         with self._lock:
             for k, n in out.counts.items():
                 self.samples[k] += n
@@ -91,27 +90,25 @@ class RemoteWrite(Collector):
             added = time.perf_counter() - began - took
             self.added.observe(added)
             self.recent_added.append(added)
-        headers = {}
+        said = {}
         if version == wire.V2:  # what 2.0 asks a receiver to say it wrote
             w = out.written
-            headers = {"X-Prometheus-Remote-Write-Samples-Written": str(w.samples),
+            said = {"X-Prometheus-Remote-Write-Samples-Written": str(w.samples),
                        "X-Prometheus-Remote-Write-Histograms-Written": str(w.histograms),
                        "X-Prometheus-Remote-Write-Exemplars-Written": str(w.exemplars)}  # fmt: skip
-        return 204, "text/plain", b"", headers
+        return Outcome(204, "", headers=said)
 
     # -- the maps, as Primus-Lens serves them ------------------------------------------
-    def _home(self, c: Scope | None) -> None:
-        if c is not None and c.name != self.indexer.cluster:
-            raise ApiError(404, 4004, f"remote write serves cluster {self.indexer.cluster!r} "
-                           f"only, not {c.name!r}")  # fmt: skip
+    def _home(self, cluster: str) -> None:
+        if cluster != self.indexer.cluster:
+            raise NotFound(f"remote write serves cluster {self.indexer.cluster!r} only, not "
+                           f"{cluster!r}")  # fmt: skip
 
-    def pods_cache(self, conn: Connection, name: str, query: dict[str, str],
-                   c: Scope | None = None) -> dict[str, Any]:  # fmt: skip
-        """pods/cache?node=: node -> device label -> device -> [pod name, pod uid], the pods
-        holding devices now (and since when, unix seconds, under `since`)."""
-        self._home(c)
+    def pods_cache(self, cluster: str, only: str = "") -> dict[str, Any]:
+        """node (only that one, when given) -> device label -> device -> [pod name, pod uid],
+        the pods holding devices now (and since when, unix seconds, under `since`)."""
+        self._home(cluster)
         idx = self.indexer.index
-        only = query.get("node", "")
         by_slot: dict[tuple[str, str], list[tuple[str, str]]] = {}
         for node, gpus in idx.gpus.items():
             for (match, value), slot in gpus.items():
@@ -140,11 +137,10 @@ class RemoteWrite(Collector):
         return {"updated_at": int(idx.built.timestamp()) if idx.built else None,
                 "cache": cache, "since": since}  # fmt: skip
 
-    def workload_cache(self, conn: Connection, name: str, query: dict[str, str],
-                       c: Scope | None = None) -> dict[str, Any]:  # fmt: skip
-        """pods/workload/cache: pod name -> [[workload name, workload uid], ...] (every
-        level above it), and the same by pod uid."""
-        self._home(c)
+    def workload_cache(self, cluster: str) -> dict[str, Any]:
+        """pod name -> [[workload name, workload uid], ...] (every level above it), and the
+        same by pod uid."""
+        self._home(cluster)
         idx = self.indexer.index
         by_name: dict[str, list[list[str]]] = {}
         by_uid: dict[str, list[list[str]]] = {}
@@ -155,12 +151,6 @@ class RemoteWrite(Collector):
             by_uid[uid] = pairs
         return {"updated_at": int(idx.built.timestamp()) if idx.built else None,
                 "cache": by_name, "by_uid": by_uid}  # fmt: skip
-
-    def api_routes(self) -> Table:
-        return [
-            (re.compile(r"^(pods/cache)$"), self.pods_cache),
-            (re.compile(r"^(pods/workload/cache)$"), self.workload_cache),
-        ]
 
     # -- metrics ---------------------------------------------------------------------
     def describe(self) -> Iterator[Metric]:

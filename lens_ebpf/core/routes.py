@@ -1,0 +1,161 @@
+"""Routes by resource: the one way to add one, for both services.
+
+A module of routes makes a `RouteTable` and declares each handler on it
+(`@routes.get("nodes/{name}/devices")`, `@routes.post("logs", max_body=...)`);
+`HttpServer.mount(prefix, surface, *tables)` serves tables under a prefix through a
+`Surface`: how that API calls its handlers and wraps their answers (its envelope). A path
+matches a route with as many segments whose literal segments are equal; where several
+match, the one whose first differing segment is literal wins (`nodes/gpuAllocation`
+over `nodes/{name}`, `workloads/statistics` over `workloads/{uid}`).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+Response = tuple[int, str, bytes]
+# an answer may carry headers of its own too (Retry-After, ...)
+Answer = tuple[int, str, bytes] | tuple[int, str, bytes, dict[str, str]]
+H = TypeVar("H", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request as a surface gets it: the path below the mount's prefix, the path's
+    parameters by name, the query's last value per key; a POST's body read whole."""
+
+    path: str
+    params: dict[str, str]
+    query: dict[str, str]
+    headers: dict[str, str] = field(default_factory=dict)  # names in lower case
+    body: bytes = b""
+    peer: str = ""  # the client's address
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str  # GET (HEAD too) or POST
+    path: str  # segments, "{name}" for a parameter: "nodes/{name}/devices"
+    handler: Callable[..., Any]
+    max_body: int = 0  # POST: bodies over it get 413
+    at_once: int = 64  # POST: beyond this many in hand, 503 before the body is read
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        return split(self.path)
+
+
+def split(path: str) -> tuple[str, ...]:
+    return tuple(p for p in path.strip("/").split("/") if p)
+
+
+class RouteTable:
+    """One resource's routes; handlers are declared on it with get() and post()."""
+
+    def __init__(self) -> None:
+        self.routes: list[Route] = []
+
+    def get(self, path: str) -> Callable[[H], H]:
+        return self._declare(Route("GET", path.strip("/"), _unset))
+
+    def post(self, path: str, max_body: int = 0, at_once: int = 64) -> Callable[[H], H]:
+        """A POST route: bodies over max_body (0: the bound its surface sets) get 413;
+        beyond at_once requests of it in hand (bodies read, answers not yet sent) a new
+        one gets 503 before its body is read, so what is held stays bounded."""
+        return self._declare(Route("POST", path.strip("/"), _unset, max_body, at_once))
+
+    def _declare(self, proto: Route) -> Callable[[H], H]:
+        def declare(handler: H) -> H:
+            if any(r.method == proto.method and r.parts == proto.parts for r in self.routes):
+                raise ValueError(f"{proto.method} {proto.path}: declared twice")
+            self.routes.append(Route(proto.method, proto.path, handler, proto.max_body,
+                                     proto.at_once))  # fmt: skip
+            return handler
+
+        return declare
+
+
+def _unset() -> None:
+    raise AssertionError("a route's handler is set when it is declared")
+
+
+class Surface(abc.ABC):
+    """An API as its clients see it: how its handlers are called, and the envelope of
+    their answers."""
+
+    @abc.abstractmethod
+    def call(self, route: Route, req: Request) -> Answer:
+        """The route's handler on req, its answer (or error) in this API's envelope."""
+
+    def max_body(self, route: Route) -> int:
+        """The most body bytes a POST route takes: its own bound, or one the API sets."""
+        return route.max_body
+
+    def missing(self, req: Request) -> Answer | None:
+        """The answer for a path under the prefix that no route holds; None: the server's
+        plain 404."""
+        return None
+
+
+@dataclass(frozen=True)
+class Mounted:
+    route: Route
+    surface: Surface
+    prefix: str
+    parts: tuple[str, ...]  # the prefix's and the route's
+
+
+class Routes:
+    """Every mounted route, matched by method and path (literal segments first)."""
+
+    def __init__(self) -> None:
+        self.mounted: list[Mounted] = []
+        self.prefixes: list[tuple[str, Surface]] = []  # longest first: whose missing() answers
+
+    def mount(self, prefix: str, surface: Surface, *tables: RouteTable) -> None:
+        prefix = "/" + "/".join(split(prefix)) if split(prefix) else ""
+        for table in tables:
+            for r in table.routes:
+                parts = split(prefix) + r.parts
+                if any(m.parts == parts and m.route.method == r.method for m in self.mounted):
+                    raise ValueError(f"{r.method} {prefix}/{r.path}: mounted twice")
+                self.mounted.append(Mounted(r, surface, prefix, parts))
+        if prefix and all(p != prefix for p, _ in self.prefixes):
+            self.prefixes.append((prefix, surface))
+            self.prefixes.sort(key=lambda ps: -len(ps[0]))
+
+    def find(self, method: str, path: str) -> tuple[Mounted, dict[str, str]] | None:
+        """The route for method and path (a path already unquoted), and its parameters."""
+        parts = split(path)
+        best: tuple[tuple[bool, ...], Mounted] | None = None
+        for m in self.mounted:
+            if m.route.method != method or len(m.parts) != len(parts):
+                continue
+            if all(p.startswith("{") or p == q for p, q in zip(m.parts, parts, strict=True)):
+                rank = tuple(not p.startswith("{") for p in m.parts)
+                if best is None or rank > best[0]:
+                    best = (rank, m)
+        if best is None:
+            return None
+        m = best[1]
+        params = {p[1:-1]: q for p, q in zip(m.parts, parts, strict=True) if p.startswith("{")}
+        return m, params
+
+    def below(self, path: str) -> tuple[str, Surface] | None:
+        """The longest mounted prefix path is under, and its surface."""
+        for prefix, surface in self.prefixes:
+            if path == prefix or path.startswith(prefix + "/"):
+                return prefix, surface
+        return None
+
+
+class Whole(Surface):
+    """handler() -> its answer whole: the envelope is the handler's own (the agent's REST:
+    the node exporter's, core.http.envelope, or none where the exporter has none)."""
+
+    def call(self, route: Route, req: Request) -> Answer:
+        got: Answer = route.handler()
+        return got

@@ -1,0 +1,79 @@
+"""GPU allocation: what running pods requested of each node's GPUs, the cluster's rate,
+and the snapshots the allocation job keeps."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, func, select
+
+from lens_ebpf.core.times import aware
+from lens_ebpf.recorder.errors import BadRequest
+from lens_ebpf.recorder.store.schema import Scoped
+
+# a GPU resource -> the vendor the Primus-Lens API names it by (its GpuVendor values)
+VENDORS = {"amd.com/gpu": "amd", "nvidia.com/gpu": "NVIDIA"}
+POINTS_MAX = 10_000  # allocation snapshots one answer gives
+
+
+def gpu_allocation(conn: Connection, t: Scoped) -> list[dict[str, Any]]:
+    """Per node and GPU resource with a capacity (model.GpuAllocation), the GPUs running
+    pods requested; allocationRate is a ratio (0 to 1), as the original computes it."""
+    n, p = t.nodes, t.gpu_pods
+    allocated: dict[tuple[str, str], int] = {}
+    for row in conn.execute(select(p.c.node, p.c.gpu_resources).where(
+            p.c.running.is_(True), p.c.deleted.is_(False))):  # fmt: skip
+        node, res = row.node, row.gpu_resources or {}
+        for resource, count in res.items():
+            key = (str(node), str(resource))
+            allocated[key] = allocated.get(key, 0) + int(count)
+    out = []
+    for row in conn.execute(select(n).where(n.c.deleted.is_(False)).order_by(n.c.name)):
+        for resource, capacity in sorted((row.gpu_capacity or {}).items()):
+            if not capacity:
+                continue
+            used = allocated.get((row.name, resource), 0)
+            out.append({"node": row.name, "vendor": VENDORS.get(resource, resource),
+                        "capacity": int(capacity), "allocated": used,
+                        "allocationRate": used / int(capacity)})  # fmt: skip
+    return out
+
+
+def allocation_percent(conn: Connection, t: Scoped,
+                       per_node: list[dict[str, Any]] | None = None) -> float:  # fmt: skip
+    """The cluster's GPUs requested by running pods, percent of its GPU capacity, tainted
+    nodes left out as the original leaves them out (per_node: gpu_allocation's rows,
+    when the caller has them)."""
+    n = t.nodes
+    tainted = {r.name for r in conn.execute(select(n.c.name, n.c.taints).where(
+        n.c.deleted.is_(False))) if r.taints}  # fmt: skip
+    kept = [a for a in (gpu_allocation(conn, t) if per_node is None else per_node)
+            if a["node"] not in tainted]  # fmt: skip
+    capacity = sum(a["capacity"] for a in kept)
+    return 100 * sum(a["allocated"] for a in kept) / capacity if capacity else 0.0
+
+
+def allocation_points(conn: Connection, t: Scoped, start: datetime | None,
+                      end: datetime | None) -> dict[str, Any]:  # fmt: skip
+    """The cluster's allocation snapshots between start and end (either may be None),
+    `{"points": [{"timestamp", "allocatable", "requested", "rate"}]}` (rate in percent);
+    more than POINTS_MAX is refused."""
+    s = t.allocation_snapshots
+    cond = [s.c.node == ""]
+    if start is not None:
+        cond.append(s.c.at >= start)
+    if end is not None:
+        cond.append(s.c.at <= end)
+    if start is not None and end is not None and end < start:
+        raise BadRequest("end is before start")
+    n = int(conn.execute(select(func.count()).select_from(s).where(*cond)).scalar_one())
+    if n > POINTS_MAX:
+        raise BadRequest(f"start, end: {n} snapshots; at most {POINTS_MAX}: narrow the range")
+    rows = conn.execute(select(s).where(*cond).order_by(s.c.at))
+    return {"points": [{"timestamp": _ts(r.at), "allocatable": r.allocatable,
+                        "requested": r.requested, "rate": r.rate} for r in rows]}  # fmt: skip
+
+
+def _ts(value: Any) -> int:
+    return int(aware(value).timestamp()) if value is not None else 0  # type: ignore[union-attr]

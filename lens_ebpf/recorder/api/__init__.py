@@ -1,0 +1,48 @@
+"""The recorder's HTTP API: every route table, listed once here with where it is served.
+
+A route goes in the module of its resource (`nodes.py`: `@routes.get("nodes/{name}")`),
+its handler thin: parameters parsed and checked (envelope.py), a domain function of
+`lens_ebpf.recorder` called, its data returned; the surface puts it in its envelope.
+A new resource's module adds its table to ROUTES.
+"""
+
+from __future__ import annotations
+
+from lens_ebpf.core.http import HttpServer
+from lens_ebpf.core.routes import RouteTable, Surface
+from lens_ebpf.recorder.api import (
+    aggregation,
+    clusters,
+    devices,
+    nodes,
+    posts,
+    remote_write,
+    seed,
+    storage,
+    training,
+    workloads,
+)
+from lens_ebpf.recorder.api.envelope import PREFIXES
+
+ROOT = ("",)
+# (the table, the prefixes it is served under, its surface: "lens" the Primus-Lens API's
+# envelope, "plain" the seed's JSON, "posts" the POST routes' token check and envelope)
+ROUTES: list[tuple[RouteTable, tuple[str, ...], str]] = [
+    (clusters.routes, PREFIXES, "lens"),
+    (nodes.routes, PREFIXES, "lens"),
+    (workloads.routes, PREFIXES, "lens"),
+    (devices.routes, PREFIXES, "lens"),
+    (storage.routes, PREFIXES, "lens"),
+    (aggregation.routes, PREFIXES, "lens"),
+    (training.routes, PREFIXES, "lens"),
+    (remote_write.routes, (*PREFIXES, *ROOT), "lens"),  # /pods/cache as the original serves it
+    (seed.routes, ROOT, "plain"),
+    (posts.routes, (*ROOT, "/v1", "/api"), "posts"),
+]
+
+
+def mount(http: HttpServer, surfaces: dict[str, Surface]) -> None:
+    """Every table of ROUTES on http, each through its surface."""
+    for table, prefixes, surface in ROUTES:
+        for prefix in prefixes:
+            http.mount(prefix, surfaces[surface], table)

@@ -1,0 +1,219 @@
+"""The cluster API's surfaces: the Primus-Lens envelope and parameters (`/v1/` as its web
+UI calls it, `/lens/v1/`, and the same routes under `/api/`), and what its handlers get.
+
+Envelope `{"meta": {"code": 2000, "message": "OK"}, "data": ...}`; errors carry
+`meta.code` 4001 (a bad parameter, named), 4004 (an unknown name) or 5003 (a dependency
+that is down, named) with HTTP 400, 404 and 503: the domain's BadRequest, NotFound and
+Unavailable, a database error, a Prometheus that cannot answer. Parameters are taken in
+snake_case (the UI's `page_num`) and camelCase (`pageNum`). Paged lists answer
+`{"data": [...], "total": N}`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection
+from sqlalchemy.exc import SQLAlchemyError
+
+from lens_ebpf.core.http import json_response
+from lens_ebpf.core.routes import Answer, Request, Response, Route, Surface
+from lens_ebpf.recorder import prom
+from lens_ebpf.recorder.errors import BadRequest, NotFound, Unavailable
+from lens_ebpf.recorder.lifecycle import parse_time
+from lens_ebpf.recorder.scope import Scope
+
+if TYPE_CHECKING:
+    from lens_ebpf.recorder.clusters import Clusters
+    from lens_ebpf.recorder.config import RecorderConfig
+    from lens_ebpf.recorder.remote_write.receiver import RemoteWrite
+    from lens_ebpf.recorder.store.writer import Writer
+    from lens_ebpf.recorder.training.progress import Training
+
+# /v1 as the UI names its API, /lens/v1 as it asks it when served under /lens/ (its build's
+# base: its proxy passes the path on unchanged), and the seed's /api
+PREFIXES = ("/v1", "/lens/v1", "/api")
+PAGE_MAX = 1000
+Connect = Callable[[], contextlib.AbstractContextManager[Connection]]  # a connection, closed after
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def bad(message: str) -> BadRequest:
+    return BadRequest(message)
+
+
+def ok(data: Any) -> Response:
+    return json_response(200, {"meta": {"code": 2000, "message": "OK"}, "data": data})
+
+
+def error(e: ApiError) -> Response:
+    return json_response(e.status, {"meta": {"code": e.code, "message": e.message},
+                                    "data": None})  # fmt: skip
+
+
+def failure(exc: Exception) -> ApiError | None:
+    """What a handler's exception answers: status, meta.code, message (None: not one the
+    API answers, a bug)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, BadRequest | prom.TooManyPoints):
+        return ApiError(400, 4001, str(exc))
+    if isinstance(exc, NotFound):
+        return ApiError(404, 4004, str(exc))
+    if isinstance(exc, Unavailable | prom.PromError):
+        return ApiError(503, 5003, str(exc))
+    if isinstance(exc, SQLAlchemyError):
+        return ApiError(503, 5003, f"database unavailable: {type(exc).__name__}")
+    return None
+
+
+def param(query: dict[str, str], name: str) -> str | None:
+    """A parameter by its snake_case name, or its camelCase spelling."""
+    if name in query:
+        return query[name]
+    camel = re.sub(r"_([a-z])", lambda m: m.group(1).upper(), name)
+    return query.get(camel)
+
+
+def page(query: dict[str, str]) -> tuple[int, int]:
+    """(page_num, page_size): defaults 1 and 10; a page size above 1,000 is refused."""
+    out = []
+    for name, default, most in (("page_num", 1, None), ("page_size", 10, PAGE_MAX)):
+        n = integer(query, name, default)
+        if n < 1 or (most is not None and n > most):
+            raise bad(f"{name}={n}: must be from 1 to {most}" if most else f"{name}={n}: "
+                      "must be 1 or more")  # fmt: skip
+        out.append(n)
+    return out[0], out[1]
+
+
+MILLIS = 100_000_000_000  # a unix time above this is milliseconds (year 5138 in seconds)
+
+
+def when(query: dict[str, str], name: str) -> datetime | None:
+    """A time parameter: unix seconds, unix milliseconds (as Grafana and the original's
+    trainingPerformance send them), or RFC 3339; None when absent."""
+    raw = param(query, name)
+    if not raw:
+        return None
+    try:
+        v = float(raw)
+        return datetime.fromtimestamp(v / 1000 if v > MILLIS else v, UTC)
+    except (ValueError, OverflowError, OSError):
+        pass
+    got = parse_time(raw)
+    if got is None:
+        raise bad(f"{name}={raw!r}: not unix seconds, unix milliseconds or RFC 3339")
+    return got
+
+
+def integer(query: dict[str, str], name: str, default: int | None = None) -> int:
+    raw = param(query, name)
+    if not raw:
+        if default is None:
+            raise bad(f"{name} is required (unix seconds)")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise bad(f"{name}={raw!r}: not a whole number") from None
+
+
+def span(query: dict[str, str]) -> tuple[int, int, int]:
+    """start, end (unix seconds, required) and step (seconds, default 60) of a graph."""
+    start, end = integer(query, "start"), integer(query, "end")
+    step = integer(query, "step", 60)
+    if step <= 0:
+        raise bad(f"step={step}: must be 1 or more")
+    return start, end, step
+
+
+@dataclass
+class Services:
+    """The service's parts the handlers call into."""
+
+    cfg: RecorderConfig
+    clusters: Clusters
+    remote_write: RemoteWrite
+    training: Training
+    writer: Writer
+    readiness: Callable[[], tuple[bool, dict[str, Any]]]
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+
+
+@dataclass
+class Ask:
+    """What a handler gets: the request, the cluster asked about (the Primus-Lens API's
+    `?cluster=`), the service's parts, and a database connection opened on first use."""
+
+    req: Request
+    app: Services
+    scope: Scope | None
+    connect: Connect
+    _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    _conn: Connection | None = None
+
+    @property
+    def conn(self) -> Connection:
+        if self._conn is None:
+            self._conn = self._stack.enter_context(self.connect())
+        return self._conn
+
+    @property
+    def c(self) -> Scope:
+        assert self.scope is not None, "a route of the Primus-Lens API"
+        return self.scope
+
+    @property
+    def query(self) -> dict[str, str]:
+        return self.req.query
+
+    def arg(self, name: str) -> str:
+        """A path parameter ({name} in the route's path)."""
+        return self.req.params[name]
+
+    def now(self) -> datetime:
+        return self.app.clock()
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+class LensApi(Surface):
+    """The Primus-Lens API: handler(ask) -> data, answered in its envelope."""
+
+    def __init__(self, app: Services, connect: Connect,
+                 scopes: Callable[[str | None], Scope]) -> None:  # fmt: skip
+        self.app, self.connect, self.scopes = app, connect, scopes
+
+    def call(self, route: Route, req: Request) -> Answer:
+        ask = None
+        try:
+            ask = Ask(req, self.app, self.scopes(param(req.query, "cluster") or None),
+                      self.connect)  # fmt: skip
+            return ok(route.handler(ask))
+        except Exception as exc:
+            e = failure(exc)
+            if e is None:
+                raise
+            return error(e)
+        finally:
+            if ask is not None:
+                ask.close()
+
+    def missing(self, req: Request) -> Answer:
+        try:
+            self.scopes(param(req.query, "cluster") or None)
+        except NotFound as exc:
+            return error(ApiError(404, 4004, str(exc)))
+        return error(ApiError(404, 4004, f"no route {req.path!r}"))

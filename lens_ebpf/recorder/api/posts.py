@@ -1,0 +1,66 @@
+"""The POST routes, at the root and under /v1 and /api: /logs (log shippers) and
+/prometheus (remote write). Each takes the bearer token (ingest/admission.py), is counted
+and timed by route, and answers in the cluster API's envelope: meta.code 2000, or 4001
+(a bad body), 4010 (no or a wrong token), 4013 (too large), 4015 (an encoding or protocol
+the route does not take), 5003 (a dependency is down, or the write queue is full: retry).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from lens_ebpf.core.http import json_response
+from lens_ebpf.core.routes import Answer, Request, Response, Route, RouteTable, Surface
+from lens_ebpf.recorder.api.envelope import Services
+from lens_ebpf.recorder.ingest.admission import Ingest, Outcome
+from lens_ebpf.recorder.training.intake import take_logs
+
+CODES = {400: 4001, 401: 4010, 404: 4004, 413: 4013, 415: 4015, 429: 4029, 503: 5003}
+
+routes = RouteTable()
+
+
+def answer(status: int, message: str = "OK", data: Any = None) -> Response:
+    code = 2000 if status < 300 else CODES.get(status, status * 10)
+    return json_response(status, {"meta": {"code": code, "message": message}, "data": data})
+
+
+def put(got: Outcome) -> Answer:
+    """An outcome as its answer: the envelope, or no body at all for 204."""
+    if got.status == 204:
+        return 204, "text/plain", b"", got.headers
+    status, ctype, body = answer(got.status, got.message, got.data)
+    return (status, ctype, body, got.headers) if got.headers else (status, ctype, body)
+
+
+class Admitted(Surface):
+    """handler(req, app) -> Outcome, behind the token check, counted and timed by route;
+    each route's body bound is its setting (recorder.logs, recorder.remote_write)."""
+
+    def __init__(self, app: Services, ingest: Ingest) -> None:
+        self.app, self.ingest = app, ingest
+
+    def max_body(self, route: Route) -> int:
+        cfg = self.app.cfg
+        return {"logs": cfg.logs.max_body_bytes,
+                "prometheus": cfg.remote_write.max_body_bytes}[route.path]  # fmt: skip
+
+    def call(self, route: Route, req: Request) -> Answer:
+        name = "/" + route.path
+        start = time.perf_counter()
+        got = self.ingest.refused(name, req.headers) or self.ingest.elsewhere(
+            name, req.query.get("cluster", "")) or route.handler(req, self.app)  # fmt: skip
+        self.ingest.count(name, got.status, time.perf_counter() - start)
+        return put(got)
+
+
+@routes.post("logs")
+def logs(req: Request, app: Services) -> Outcome:
+    return take_logs(app.training, app.writer, req.body, req.headers.get("content-encoding", ""),
+                     req.query, app.cfg.logs.max_body_bytes, app.clock())  # fmt: skip
+
+
+@routes.post("prometheus")
+def prometheus(req: Request, app: Services) -> Outcome:
+    return app.remote_write.post(req.headers, req.body)

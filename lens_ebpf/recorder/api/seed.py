@@ -1,0 +1,87 @@
+"""The seed's own REST, in plain JSON at the root: /healthz, /readyz, /workloads[/{uid}],
+/pods (paged with limit and continue; errors `{"error": ...}`: 400, 404, 503)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from lens_ebpf.core.http import json_response
+from lens_ebpf.core.routes import Answer, Request, Route, RouteTable, Surface
+from lens_ebpf.recorder.api.envelope import Ask, Connect, Services
+from lens_ebpf.recorder.errors import BadRequest, NotFound
+from lens_ebpf.recorder.store import queries
+
+routes = RouteTable()
+
+
+class PlainJson(Surface):
+    """handler(ask) -> data as JSON; a (status, data) pair where it says its own status."""
+
+    def __init__(self, app: Services, connect: Connect
+                 ) -> None:  # fmt: skip
+        self.app, self.connect = app, connect
+
+    def call(self, route: Route, req: Request) -> Answer:
+        ask = Ask(req, self.app, None, self.connect)
+        try:
+            got = route.handler(ask)
+        except NotFound as exc:
+            return json_response(404, {"error": str(exc)})
+        except (BadRequest, queries.QueryError) as exc:
+            return json_response(400, {"error": str(exc)})
+        except SQLAlchemyError as exc:
+            return json_response(503, {"error": f"database unavailable: {type(exc).__name__}"})
+        finally:
+            ask.close()
+        if isinstance(got, Status):
+            return json_response(got.code, got.data)
+        return json_response(200, got)
+
+
+@dataclass(frozen=True)
+class Status:
+    """A handler's data with a status of its own."""
+
+    code: int
+    data: Any
+
+
+def cluster(ask: Ask) -> str:
+    """The cluster ?cluster= names (a name not followed reads nothing); the home one."""
+    return ask.query.get("cluster") or ask.app.cfg.cluster_name
+
+
+@routes.get("healthz")
+def healthz(ask: Ask) -> Any:
+    return {"status": "ok"}
+
+
+@routes.get("readyz")
+def readyz(ask: Ask) -> Any:
+    """Ready while the home cluster's pods are listed and the database takes writes."""
+    ready, body = ask.app.readiness()
+    return Status(200 if ready else 503, body)
+
+
+@routes.get("workloads")
+def workloads(ask: Ask) -> Any:
+    page = queries.page_of(ask.query, ask.app.cfg.page_max)
+    return queries.workloads(ask.conn, ask.query, page, cluster=cluster(ask))
+
+
+@routes.get("workloads/{uid}")
+def workload(ask: Ask) -> Any:
+    uid, name = ask.arg("uid"), cluster(ask)
+    found = queries.workload(ask.conn, uid, name)
+    if found is None:
+        raise NotFound(f"no workload {uid} in cluster {name}")
+    return found
+
+
+@routes.get("pods")
+def pods(ask: Ask) -> Any:
+    page = queries.page_of(ask.query, ask.app.cfg.page_max)
+    return queries.pods(ask.conn, ask.query, page, now=ask.now(), cluster=cluster(ask))

@@ -1,0 +1,14 @@
+"""What a question to the recorder can come to short of an answer; the HTTP surfaces map
+them to their statuses (404, 400, 503) and envelopes."""
+
+
+class NotFound(LookupError):
+    """Nothing known by that name (a node, a workload, a device, a cluster)."""
+
+
+class BadRequest(ValueError):
+    """A question that cannot be answered as asked (a bad parameter, a range too wide)."""
+
+
+class Unavailable(RuntimeError):
+    """What the answer needs is down or not there yet (a cluster not watched)."""

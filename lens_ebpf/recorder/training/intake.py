@@ -1,0 +1,28 @@
+"""POST /logs's work: a log shipper's body into training points, counted by result."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from lens_ebpf.recorder.ingest.admission import Outcome
+from lens_ebpf.recorder.store.writer import Writer
+from lens_ebpf.recorder.training.logs import BodyError, gunzip, parse_body
+from lens_ebpf.recorder.training.progress import Training
+
+
+def take_logs(training: Training, writer: Writer, body: bytes, encoding: str,
+              query: dict[str, str], max_body: int, now: datetime) -> Outcome:  # fmt: skip
+    """The lines of a shipper's body (logs.py; query: its source's fields) stored."""
+    if writer.depth() >= writer.queue_max:
+        return Outcome(503, "the write queue is full (the database is slow or down): retry")
+    try:
+        got = parse_body(gunzip(body, encoding, max_body), query)
+    except BodyError as exc:
+        return Outcome(exc.status, str(exc))
+    training.count_malformed(got.malformed)
+    counts = training.ingest(got.lines, now)
+    data = {"shipper": got.shipper, "lines": len(got.lines), "malformed": got.malformed,
+            **counts}  # fmt: skip
+    if got.malformed and not got.lines:
+        return Outcome(400, f"no record taken: {got.why}", data)
+    return Outcome(200, f"skipped {got.malformed}: {got.why}" if got.malformed else "OK", data)
