@@ -1,9 +1,9 @@
-# The README's two commands: `make run` and `make test`.
+# The README's two commands: `make run` and `make test` (and `make docs`, the docs site).
 VENV := .venv
 PY := $(VENV)/bin/python
 LISTEN ?= 0.0.0.0:9470
 
-.PHONY: run test setup setup-test lint unit bpf e2e bench protos
+.PHONY: run test setup setup-test lint docs unit bpf e2e bench protos
 
 setup:
 	@scripts/setup.sh run
@@ -18,6 +18,12 @@ lint: setup-test
 	$(VENV)/bin/ruff check lens_ebpf tests bench
 	$(VENV)/bin/ruff format --check lens_ebpf tests bench
 	$(VENV)/bin/mypy lens_ebpf
+	$(VENV)/bin/mkdocs build --strict -q -d site
+
+# The docs site (docs/, mkdocs.yml) into site/, its generated reference fresh first.
+docs: setup-test
+	$(PY) scripts/metrics_reference.py
+	$(VENV)/bin/mkdocs build --strict -d site
 
 test: lint
 	$(PY) -m pytest -q -rs tests

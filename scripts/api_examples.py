@@ -1,5 +1,5 @@
-"""Writes the cluster API's example answers into README.md, between the markers
-`<!-- api-examples -->` and `<!-- /api-examples -->`, from what the tests got:
+"""Writes the cluster API's example answers into docs/recorder/api-examples.md, between
+the markers `<!-- api-examples -->` and `<!-- /api-examples -->`, from what the tests got:
 
     API_EXAMPLES_OUT=/tmp/examples.json .venv/bin/python -m pytest -q \
         tests/recorder/test_cluster_api.py tests/recorder/test_devices.py \
@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "recorder" / "api-examples.md"
 START, END = "<!-- api-examples -->", "<!-- /api-examples -->"
-# the routes, in the README's order ({name}: a node, {uid}: a workload, {serial}: a device)
+# the routes, in the API page's order ({name}: a node, {uid}: a workload, {serial}: a device)
 ROUTES = [
     "gpu-aggregation/clusters", "gpu-aggregation/cluster/hourly-stats", "clusters/overview",
     "clusters/consumers", "clusters/gpuHeatmap", "clusters/allocation", "nodes",
@@ -92,12 +92,12 @@ def render(examples: dict[str, Any]) -> str:
 
 def main() -> int:
     examples = json.loads(Path(sys.argv[1]).read_text())
-    text = README.read_text()
+    text = PAGE.read_text()
     if START not in text or END not in text:
-        raise SystemExit(f"api_examples: README.md lacks {START} ... {END}")
+        raise SystemExit(f"api_examples: {PAGE.name} lacks {START} ... {END}")
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    README.write_text(head + render(examples) + tail)
+    PAGE.write_text(head + render(examples) + tail)
     return 0
 
 
