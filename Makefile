@@ -23,6 +23,7 @@ lint: setup-test
 # The docs site (docs/, mkdocs.yml) into site/, its generated reference fresh first.
 docs: setup-test
 	$(PY) scripts/metrics_reference.py
+	$(PY) scripts/routes_reference.py
 	$(VENV)/bin/mkdocs build --strict -d site
 
 test: lint

@@ -1,10 +1,10 @@
-"""The docs hold: a short README, and a metric reference that is the code's (fresh, and
-naming every family a golden exposition holds)."""
+"""The docs hold: a short README, a metric reference that is the code's (fresh, and naming
+every family a golden exposition holds), and the recorder's route list, fresh."""
 
 import re
 from pathlib import Path
 
-from scripts import metrics_reference
+from scripts import metrics_reference, routes_reference
 from tests.golden import GOLDEN
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,3 +46,9 @@ def test_the_reference_reads_the_code_not_only_the_golden_files() -> None:
                  "lens_agent_feature_up", "lens_tcp_rtt_seconds", "lens_k8s_watch_connected",
                  "lens_container_process_exits_total", "lens_gpu_faults_total"):  # fmt: skip
         assert name in have, name
+
+
+def test_the_route_reference_is_fresh() -> None:
+    assert (
+        routes_reference.PAGE.read_text() == routes_reference.render()
+    ), "docs/reference/routes.md is stale: run python scripts/routes_reference.py"
