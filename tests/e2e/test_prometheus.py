@@ -22,7 +22,8 @@ from tests.tracelab import Trace
 
 pytestmark = pytest.mark.e2e
 
-# shared/METRICS.md keeps these counter names without _total; promtool's lint says so
+# docs/reference/metric-conventions.md keeps these counter names without _total; promtool's
+# lint says so
 SEED_COUNTERS = {
     "primus_lens_network_tcp_flow_egress",
     "primus_lens_network_tcp_flow_ingress",
