@@ -11,7 +11,13 @@ wins, in this order):
    the kernel; registering them needs neither root nor BPF);
 3. every other family, read from the code that builds it: each `Metric(...)`,
    `*MetricFamily(...)` and `cache.register(...)` whose name is a literal or a `for` over a
-   literal table, its labels from the `labels=` it is given and the `add_sample` calls on it.
+   literal table (inline, a module's, a dict's items()), and each call of a helper that
+   builds one from its arguments (`_family(name, help, kind)`, `add(name, ...)`,
+   exposition.counter), read as the helper's body with the call's arguments. Its labels
+   from the `labels=` it is given and the `add_sample` calls on it (the helper's, the
+   variable it is bound to, `x[k]` of a dict of families): a dict literal and its
+   ** spreads, a name bound to one here, in the function around, or by every caller of
+   the function (a parameter), a function that returns one, dict(zip(<literal tuple>, ...)).
 
 python scripts/metrics_reference.py writes the page; --check exits 1 when it differs
 (tests/unit/test_docs.py runs that check).
@@ -20,9 +26,10 @@ python scripts/metrics_reference.py writes the page; --check exits 1 when it dif
 from __future__ import annotations
 
 import ast
+import builtins
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +55,8 @@ UNITS = (("_bytes_per_second", "bytes/s"), ("_seconds", "seconds"), ("_bytes", "
 WRITERS = {
     "agent/devices/system.py": "system",
     "agent/devices/gpu/": "gpu",
+    "agent/devices/gpu/compat_amd.py": "gpu, compat amd",
+    "agent/devices/gpu/compat_dcgm.py": "gpu, compat dcgm",
     "agent/devices/rdma/": "rdma",
     "agent/features/tuner.py": "tuner",
     "agent/tcp/": "tcp",
@@ -64,7 +73,9 @@ WRITERS = {
     "agent/feature.py": "agent (features)",
     "agent/": "agent",
     "core/collector.py": "agent (periodic collectors)",
-    "core/http.py": "both (HTTP server)",
+    # HttpServer serves both services, but only the agent registers its collector
+    # (agent/service.py: self.http.collector()); tests/unit/test_docs.py holds that
+    "core/http.py": "agent (HTTP server)",
     "core/runner.py": "both (periodic jobs)",
     "k8s/": "both (Kubernetes watches)",
     "recorder/ingest/": "recorder (ingest)",
@@ -189,24 +200,27 @@ class Partial(str):
 
 
 class Constants:
-    """Module-level names bound to strings or tuples of strings, for labels and tables."""
+    """Module-level names bound to literals: strings, numbers, and tuples or dicts of them
+    (the tables families are built from)."""
 
     def __init__(self, tree: ast.Module) -> None:
         self.values: dict[str, object] = {}
         for node in tree.body:
+            target, value = None, None
             if isinstance(node, ast.Assign) and len(node.targets) == 1:
-                target = node.targets[0]
-                if isinstance(target, ast.Name):
-                    got = self.eval(node.value)
-                    if got is not None:
-                        self.values[target.id] = got
+                target, value = node.targets[0], node.value
+            elif isinstance(node, ast.AnnAssign):
+                target, value = node.target, node.value
+            if isinstance(target, ast.Name) and value is not None:
+                got = self.eval(value)
+                if got is not None:
+                    self.values[target.id] = got
 
-    def eval(self, node: ast.AST | None, local: dict[str, object] | None = None) -> object:
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+    def eval(self, node: ast.AST | None) -> object:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str | int | float) \
+                and not isinstance(node.value, bool):  # fmt: skip
             return node.value
         if isinstance(node, ast.Name):
-            if local and node.id in local:
-                return local[node.id]
             if node.id in CLASSES:
                 return CLASSES[node.id]  # a table row naming a family's class: its type
             return self.values.get(node.id, KINDS.get(node.id))
@@ -214,29 +228,307 @@ class Constants:
             out: list[object] = []
             for elt in node.elts:
                 if isinstance(elt, ast.Starred):
-                    inner = self.eval(elt.value, local)
+                    inner = self.eval(elt.value)
                     if not isinstance(inner, tuple):
                         return None
                     out.extend(inner)
                 else:
-                    out.append(self.eval(elt, local))
+                    out.append(self.eval(elt))
             return tuple(out)
-        if isinstance(node, ast.JoinedStr):  # whole where a table row fills it, else Partial
-            parts = [v.value if isinstance(v, ast.Constant) else
-                     self.eval(v.value, local) if isinstance(v, ast.FormattedValue) else None
-                     for v in node.values]  # fmt: skip
-            text = "".join(x for x in parts if isinstance(x, str))
-            whole = all(isinstance(x, str) and not isinstance(x, Partial) for x in parts)
-            return text if whole else Partial(text)
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-            a, b = self.eval(node.left, local), self.eval(node.right, local)
-            return a + b if isinstance(a, str) and isinstance(b, str) else None
+        if isinstance(node, ast.Dict) and all(isinstance(k, ast.Constant) for k in node.keys):
+            return {k.value: self.eval(v) for k, v in zip(node.keys, node.values, strict=True)
+                    if isinstance(k, ast.Constant)}  # fmt: skip
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "items" and not node.args:  # fmt: skip
+            table = self.eval(node.func.value)
+            return tuple(table.items()) if isinstance(table, dict) else None
+        if isinstance(node, ast.JoinedStr | ast.BinOp):
+            return join(node, self.eval)
         return None
+
+
+def join(node: ast.JoinedStr | ast.BinOp, value: Callable[[ast.AST], object]) -> object:
+    """An f-string or a `+` of strings: whole where every part is known, else Partial."""
+    if isinstance(node, ast.BinOp):
+        if not isinstance(node.op, ast.Add):
+            return None
+        parts = [value(node.left), value(node.right)]
+        if not all(isinstance(x, str) for x in parts):
+            return None
+    else:
+        parts = [v.value if isinstance(v, ast.Constant) else
+                 value(v.value) if isinstance(v, ast.FormattedValue) else None
+                 for v in node.values]  # fmt: skip
+        parts = [str(x) if isinstance(x, int | float) else x for x in parts]
+    text = "".join(x for x in parts if isinstance(x, str))
+    whole = all(isinstance(x, str) and not isinstance(x, Partial) for x in parts)
+    return text if whole else Partial(text)
 
 
 def call_name(call: ast.Call) -> str:
     f = call.func
     return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+Def = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+@dataclass
+class Module:
+    """One module of the package, parsed: its constants, functions and imports."""
+
+    rel: str
+    tree: ast.Module
+    consts: Constants
+    defs: dict[str, list[Def]] = field(default_factory=dict)  # every def, nested too
+    parent: dict[int, Def] = field(default_factory=dict)  # a def or call (id) -> its def
+    imports: dict[str, str] = field(default_factory=dict)  # name -> the module it is from
+    calls: dict[int, list[ast.Call]] = field(default_factory=dict)  # def (id) -> its calls
+
+    @classmethod
+    def parse(cls, path: Path) -> Module:
+        tree = ast.parse(path.read_text())
+        mod = cls(path.relative_to(PACKAGE).as_posix(), tree, Constants(tree))
+        todo: list[tuple[ast.AST, Def | None]] = [(tree, None)]
+        while todo:  # each node with the innermost def around it
+            node, around = todo.pop()
+            if around is not None and isinstance(node, Def | ast.Call):
+                mod.parent[id(node)] = around
+            if isinstance(node, ast.Call):
+                mod.calls.setdefault(id(around or tree), []).append(node)
+            if isinstance(node, Def):
+                mod.defs.setdefault(node.name, []).append(node)
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lens_ebpf."):
+                rel = (node.module or "").removeprefix("lens_ebpf.").replace(".", "/")
+                for alias in node.names:
+                    mod.imports[alias.asname or alias.name] = rel + ".py"
+            inner = node if isinstance(node, Def) else around
+            todo.extend((child, inner) for child in ast.iter_child_nodes(node))
+        return mod
+
+
+_MODULES: dict[str, Module] = {}
+
+
+def modules() -> dict[str, Module]:
+    """The package's modules (not generated code nor migrations), by lens_ebpf-relative path."""
+    if not _MODULES:
+        for path in sorted(PACKAGE.rglob("*.py")):
+            rel = path.relative_to(PACKAGE).as_posix()
+            if "/gen/" not in rel and "/migrations/" not in rel:
+                _MODULES[rel] = Module.parse(path)
+    return _MODULES
+
+
+@dataclass
+class Ctx:
+    """Where an expression is read: its module, the function around it, the row of the
+    literal table a loop binds, and (in a helper) the caller's arguments of its parameters."""
+
+    mod: Module
+    fn: ast.AST
+    row: dict[str, object] = field(default_factory=dict)
+    bound: dict[str, tuple[ast.AST, Ctx]] = field(default_factory=dict)
+
+    def outer(self) -> Ctx | None:
+        up = self.mod.parent.get(id(self.fn))
+        return Ctx(self.mod, up) if up is not None else None
+
+
+def params_of(fn: ast.AST) -> list[str]:
+    if not isinstance(fn, Def):
+        return []
+    a = fn.args
+    return [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+
+
+def assigned(fn: ast.AST) -> dict[str, list[ast.AST]]:
+    """Names bound in fn, to what (every binding)."""
+    out: dict[str, list[ast.AST]] = {}
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+            out.setdefault(n.targets[0].id, []).append(n.value)
+        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.value:
+            out.setdefault(n.target.id, []).append(n.value)
+    return out
+
+
+def bind(call: ast.Call, fn: Def, caller: Ctx, mod: Module) -> dict[str, tuple[ast.AST, Ctx]]:
+    """fn's parameters -> the call's arguments (in the caller) or their defaults (in fn's
+    scope)."""
+    a = fn.args
+    positional = [p.arg for p in (*a.posonlyargs, *a.args)]
+    home = Ctx(mod, mod.parent.get(id(fn), mod.tree))
+    out: dict[str, tuple[ast.AST, Ctx]] = {}
+    for p, d in zip(positional[len(positional) - len(a.defaults) :], a.defaults, strict=True):
+        out[p] = (d, home)
+    for kwarg, default in zip(a.kwonlyargs, a.kw_defaults, strict=True):
+        if default is not None:
+            out[kwarg.arg] = (default, home)
+    if positional[:1] in (["self"], ["cls"]) and isinstance(call.func, ast.Attribute):
+        positional = positional[1:]
+    for p, arg in zip(positional, call.args, strict=False):
+        if isinstance(arg, ast.Starred):
+            break
+        out[p] = (arg, caller)
+    out.update({k.arg: (k.value, caller) for k in call.keywords if k.arg})
+    return out
+
+
+def resolve(name: str, ctx: Ctx) -> list[tuple[ast.AST, Ctx]]:
+    """What name may stand for where ctx reads it: a helper's argument, a binding in the
+    function or (a closure) in the functions around it."""
+    if name in ctx.bound:
+        return [ctx.bound[name]]
+    if name in params_of(ctx.fn):
+        return []  # an argument nobody gave here (label_keys asks the callers)
+    got = assigned(ctx.fn).get(name)
+    if got:
+        return [(v, ctx) for v in got]
+    up = ctx.outer()
+    return resolve(name, up) if up is not None else []
+
+
+def value(node: ast.AST | None, ctx: Ctx, depth: int = 0) -> object:
+    """The literal an expression certainly has where ctx reads it, else None."""
+    if node is None or depth > 8:
+        return None
+    if isinstance(node, ast.Name):
+        if node.id in ctx.row:
+            return ctx.row[node.id]
+        for v, c in resolve(node.id, ctx):
+            got = value(v, c, depth + 1)
+            if got is not None:
+                return got
+        if node.id in ctx.bound or node.id in params_of(ctx.fn):
+            return None
+        return ctx.mod.consts.eval(node)
+    if isinstance(node, ast.JoinedStr | ast.BinOp):
+        return join(node, lambda n: value(n, ctx, depth + 1))
+    if isinstance(node, ast.IfExp):
+        got = value(node.body, ctx, depth + 1)
+        return got if got is not None else value(node.orelse, ctx, depth + 1)
+    affixes = ("removesuffix", "removeprefix")
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and node.func.attr in affixes and len(node.args) == 1:  # fmt: skip
+        text, affix = value(node.func.value, ctx, depth + 1), value(node.args[0], ctx, depth + 1)
+        if isinstance(text, str) and not isinstance(text, Partial) and isinstance(affix, str):
+            return getattr(text, node.func.attr)(affix)
+        return None
+    if isinstance(node, ast.Tuple | ast.List):
+        out: list[object] = []
+        for elt in node.elts:
+            if isinstance(elt, ast.Starred):
+                inner = value(elt.value, ctx, depth + 1)
+                if not isinstance(inner, tuple):
+                    return None
+                out.extend(inner)
+            else:
+                out.append(value(elt, ctx, depth + 1))
+        return tuple(out)
+    return ctx.mod.consts.eval(node)
+
+
+def label_keys(node: ast.AST | None, ctx: Ctx, depth: int = 0) -> set[str]:
+    """The label names a labels expression has where ctx reads it: a dict literal (its **
+    spreads too), a name bound to one (here, around, or by every caller), a helper's
+    argument, a call of a function that returns one, dict(zip(<literal tuple>, ...)),
+    or a tuple of names (labels=, labelnames)."""
+    out: set[str] = set()
+    if node is None or depth > 8:
+        return out
+    if isinstance(node, ast.Name):
+        for v, c in resolve(node.id, ctx) or callers_args(node.id, ctx):
+            out |= label_keys(v, c, depth + 1)
+        return out | updated_keys(node.id, ctx, depth)
+    if isinstance(node, ast.Dict):
+        for k, v in zip(node.keys, node.values, strict=True):
+            key = value(k, ctx) if k is not None else None
+            if k is None:
+                out |= label_keys(v, ctx, depth + 1)
+            elif isinstance(key, str) and key and not isinstance(key, Partial):
+                out.add(key)
+        return out
+    if isinstance(node, ast.IfExp):
+        return label_keys(node.body, ctx, depth + 1) | label_keys(node.orelse, ctx, depth + 1)
+    if isinstance(node, ast.BoolOp):
+        return set().union(*(label_keys(v, ctx, depth + 1) for v in node.values))
+    if isinstance(node, ast.Tuple | ast.List):
+        names = value(node, ctx)
+        return {x for x in names if isinstance(x, str)} if isinstance(names, tuple) else out
+    if isinstance(node, ast.Call):
+        if call_name(node) == "dict":
+            z = node.args[0] if node.args else None
+            if isinstance(z, ast.Call) and call_name(z) == "zip" and z.args:
+                out |= label_keys(z.args[0], ctx, depth + 1)
+            return out | {k.arg for k in node.keywords if k.arg}
+        for fn, mod in defs_called(node, ctx):  # a function that returns the labels
+            inner = Ctx(mod, fn, {}, bind(node, fn, ctx, mod))
+            for ret in ast.walk(fn):
+                if isinstance(ret, ast.Return):
+                    out |= label_keys(ret.value, inner, depth + 1)
+    return out
+
+
+def callers_args(name: str, ctx: Ctx) -> list[tuple[ast.AST, Ctx]]:
+    """A parameter nobody bound here: the arguments the module's calls of its function give."""
+    fn = ctx.fn
+    if not isinstance(fn, Def) or name not in params_of(fn):
+        return []
+    out = []
+    for node in ast.walk(ctx.mod.tree):
+        if isinstance(node, ast.Call) and call_name(node) == fn.name:
+            caller = Ctx(ctx.mod, ctx.mod.parent.get(id(node), ctx.mod.tree))
+            bound = bind(node, fn, caller, ctx.mod)
+            if name in bound:
+                out.append(bound[name])
+    return out
+
+
+def updated_keys(name: str, ctx: Ctx, depth: int) -> set[str]:
+    """Keys name's dict gains in the function: name.update(k=...), name["k"] = ..."""
+    out: set[str] = set()
+    for node in ast.walk(ctx.fn):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "update" and isinstance(node.func.value, ast.Name) \
+                and node.func.value.id == name:  # fmt: skip
+            out |= {k.arg for k in node.keywords if k.arg}
+            for arg in node.args:
+                out |= label_keys(arg, ctx, depth + 1)
+        elif isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) \
+                        and t.value.id == name:  # fmt: skip
+                    key = value(t.slice, ctx)
+                    if isinstance(key, str):
+                        out.add(key)
+    return out
+
+
+def defs_called(call: ast.Call, ctx: Ctx) -> list[tuple[Def, Module]]:
+    """The defs a call may run: nested in the functions around it, the module's own (a
+    method by its name), or one imported from another module of the package."""
+    name = call_name(call)
+    if (
+        not name
+        or isinstance(call.func, ast.Attribute)
+        and not (isinstance(call.func.value, ast.Name) and call.func.value.id in ("self", "cls"))
+    ):
+        return []
+    mod, found = ctx.mod, ctx.mod.defs.get(name, [])
+    scopes = []
+    c: Ctx | None = ctx
+    while c is not None:
+        scopes.append(c.fn)
+        c = c.outer()
+    near = [d for d in found if mod.parent.get(id(d)) in scopes]
+    top = [d for d in found if not isinstance(mod.parent.get(id(d)), Def)]
+    if near or top:
+        return [(d, mod) for d in near or top]
+    other = modules().get(mod.imports.get(name, ""))
+    if other is None:
+        return []
+    return [(d, other) for d in other.defs.get(name, []) if id(d) not in other.parent]
 
 
 def bindings(fn: ast.AST, consts: Constants) -> dict[int, list[dict[str, object]]]:
@@ -256,95 +548,112 @@ def bindings(fn: ast.AST, consts: Constants) -> dict[int, list[dict[str, object]
 def table_rows(
     gens: list[ast.For | ast.comprehension], consts: Constants
 ) -> list[dict[str, object]]:
+    """The names a loop over a literal table (inline, a module's, or a dict's items())
+    binds, one dict per row; nested targets (`for k, (a, b) in T.items()`) too."""
     rows: list[dict[str, object]] = []
     for node in gens:
-        if isinstance(node.target, ast.Tuple):
-            names = [t.id if isinstance(t, ast.Name) else "" for t in node.target.elts]
-            table = consts.eval(node.iter) if isinstance(node.iter, ast.Name) else node.iter
-            if isinstance(table, ast.Tuple | ast.List):
-                for row in table.elts:
-                    if isinstance(row, ast.Tuple) and len(row.elts) == len(names):
-                        rows.append(
-                            {n: consts.eval(v) for n, v in zip(names, row.elts, strict=False) if n}
-                        )
-            elif isinstance(table, tuple):  # a module's table of literals
-                for values in table:
-                    if isinstance(values, tuple) and len(values) == len(names):
-                        rows.append({n: v for n, v in zip(names, values, strict=False) if n})
+        table = consts.eval(node.iter) if isinstance(node.target, ast.Tuple) else None
+        if isinstance(table, tuple):
+            rows += [r for r in (destructure(node.target, v) for v in table) if r is not None]
     return rows
 
 
-def families_in(fn: ast.AST, consts: Constants) -> Iterator[tuple[Family, str | None]]:
-    """Each family fn builds, and the variable it is bound to (for its add_sample calls)."""
-    around = bindings(fn, consts)
+def destructure(target: ast.AST, values: object) -> dict[str, object] | None:
+    if isinstance(target, ast.Name):
+        return {target.id: values}
+    if isinstance(target, ast.Tuple) and isinstance(values, tuple) \
+            and len(values) == len(target.elts):  # fmt: skip
+        out: dict[str, object] = {}
+        for t, v in zip(target.elts, values, strict=True):
+            got = destructure(t, v)
+            if got is None:
+                return None
+            out.update(got)
+        return out
+    return None
+
+
+BUILDERS = {"Metric", "register", *CLASSES}
+
+
+def build(call: ast.Call, ctx: Ctx) -> Family | None:
+    """The family a call that builds one makes, where ctx reads it; None where its name
+    is not certain (a name made at run time, a helper's own body)."""
+    fname, args = call_name(call), call.args
+    kw = {k.arg: k.value for k in call.keywords if k.arg}
+    labels: ast.AST | None = None
+    kind: object
+    if fname in CLASSES:
+        name, help_node, kind, labels = args[0] if args else kw.get("name"), \
+            args[1] if len(args) > 1 else kw.get("documentation"), CLASSES[fname], \
+            kw.get("labels")  # fmt: skip
+    elif fname == "Metric" and len(args) >= 3:
+        name, help_node, kind = args[0], args[1], value(args[2], ctx)
+    elif fname == "register" and len(args) >= 3:  # MetricCache.register
+        name, help_node, kind = args[0], args[2], value(args[1], ctx)
+        labels = args[3] if len(args) > 3 else kw.get("labelnames")
+    elif isinstance(call.func, ast.Name) and call.func.id in ctx.row and len(args) >= 2:
+        name, help_node, kind = args[0], args[1], ctx.row[call.func.id]  # a table's class
+    else:
+        return None
+    got, help_text = value(name, ctx), value(help_node, ctx)
+    if isinstance(got, Partial) or not isinstance(got, str) or not NAME.match(got) \
+            or kind not in KINDS.values():  # fmt: skip
+        return None
+    if kind == "counter":
+        got = got.removesuffix("_total")
+    fam = Family(got, str(kind), help_text if isinstance(help_text, str) else "")
+    fam.labels = label_keys(labels, ctx) if labels is not None else set()
+    return fam
+
+
+def helper_families(call: ast.Call, ctx: Ctx) -> Iterator[Family]:
+    """The families a helper (a function whose body builds a family from its arguments)
+    makes for this call; their labels from the labels its body gives them."""
+    for fn, mod in defs_called(call, ctx):
+        inner = Ctx(mod, fn, {}, bind(call, fn, ctx, mod))
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call) and call_name(node) in BUILDERS and node.args \
+                    and not isinstance(node.args[0], ast.Constant):  # fmt: skip
+                fam = build(node, inner)
+                if fam is not None:
+                    fam.labels |= samples_labels(fn, None, inner)
+                    yield fam
+
+
+def families_in(fn: ast.AST, mod: Module) -> Iterator[tuple[Family, str | None]]:
+    """Each family fn builds (itself or through a helper), and the variable it is bound to
+    (for its add_sample calls)."""
+    wanted = BUILDERS | {"watch_metrics", "JobMetrics"} | set(mod.defs) | set(mod.imports)
+    if not any(
+        call_name(c) in wanted or isinstance(c.func, ast.Name) and not hasattr(builtins, c.func.id)
+        for c in mod.calls.get(id(fn), [])
+    ):
+        return  # nothing here builds a family (a table's class is a loop's name)
+    around = bindings(fn, mod.consts)
     targets: dict[int, str] = {}
-    for node in ast.walk(fn):
-        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
-                and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):  # fmt: skip
-            targets[id(node.value)] = node.targets[0].id
-    for node in ast.walk(fn):
-        if not isinstance(node, ast.Call) or len(node.args) < 2:
-            continue
-        fname, args = call_name(node), node.args
-        kw = {k.arg: k.value for k in node.keywords if k.arg}
+    for node in ast.walk(fn):  # x = Metric(...), x = {k: Metric(...) for ...}
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Name):  # fmt: skip
+            for inner in ast.walk(node.value):
+                if isinstance(inner, ast.Call):
+                    targets.setdefault(id(inner), node.targets[0].id)
+    for node in mod.calls.get(id(fn), []):
+        fname = call_name(node)
         if fname == "watch_metrics":
-            yield from watch_families(node, consts)
-            continue
-        spec = family_spec(fname, args, kw, consts)
-        if spec is None:
+            yield from watch_families(node, mod.consts)
             continue
         if fname == "JobMetrics":
-            yield from job_families(node, consts)
+            yield from job_families(node, mod.consts)
             continue
         rows = around.get(id(node), [])
         for row in rows or [{}]:
-            got = [consts.eval(a, row) if isinstance(a, ast.AST) else a for a in spec]
-            name, help_text, kind, labels = got
-            if isinstance(node.func, ast.Name) and node.func.id in row:
-                kind = row[node.func.id]  # family(name, help) with family a table's class
-            if isinstance(name, Partial) or not isinstance(name, str) or not NAME.match(name) \
-                    or kind not in KINDS.values():  # fmt: skip
-                continue
-            if kind == "counter":
-                name = name.removesuffix("_total")
-            fam = Family(name, str(kind), help_text if isinstance(help_text, str) else "")
-            if isinstance(labels, tuple):
-                fam.labels = {x for x in labels if isinstance(x, str)}
-            elif isinstance(labels, str):
-                fam.labels = {labels}
-            elif isinstance(labels, ast.AST):  # a helper's labels argument
-                fam.labels = label_keys(labels, assigned(fn), consts)
-            yield fam, targets.get(id(node))
-            if not rows or not any(isinstance(a, ast.Name) and a.id in row for a in spec):
-                break  # a literal family: once, whatever the table
-
-
-HELPERS = {"counter": "counter", "_counter": "counter", "gauge": "gauge", "_gauge": "gauge",
-           "histogram": "histogram", "add": "gauge"}  # fmt: skip
-
-
-def family_spec(fname: str, args: list[ast.expr], kw: dict[str, ast.expr],
-                consts: Constants) -> tuple[object, ...] | None:  # fmt: skip
-    """(name, help, type, labels) nodes or values of a call that builds a family, else None."""
-    if fname in CLASSES:
-        return (args[0], args[1], CLASSES[fname], kw.get("labels"))
-    if fname == "Metric" and len(args) >= 3:
-        return (args[0], args[1], args[2], None)
-    if fname == "register" and len(args) >= 3:  # MetricCache.register
-        return (args[0], args[2], args[1], args[3] if len(args) > 3 else kw.get("labelnames"))
-    if fname in HELPERS:  # the modules' small helpers: (name, [type,] help, [labels,] ...)
-        rest = list(args[1:])
-        kind: object = HELPERS[fname]
-        if rest and consts.eval(rest[0]) in KINDS.values():
-            kind = consts.eval(rest.pop(0))
-        words = [consts.eval(a) for a in args[2:]] + [consts.eval(v) for v in kw.values()]
-        kind = next((w for w in words if w in KINDS.values()), kind)
-        labels = kw.get("label") or kw.get("labels") or next(
-            (a for a in rest[1:] if isinstance(a, ast.Dict | ast.Name)), None)  # fmt: skip
-        return (args[0], rest[0] if rest else None, kind, labels) if rest else None
-    if isinstance(fname, str) and fname and len(args) >= 2:
-        return (args[0], args[1], None, None)  # family(name, help): a table row's class
-    return None
+            ctx = Ctx(mod, fn, row)
+            fam = build(node, ctx)
+            fams = [fam] if fam is not None else [] if fname in BUILDERS else \
+                list(helper_families(node, ctx))  # fmt: skip
+            for fam in fams:
+                yield fam, targets.get(id(node))
 
 
 def watch_families(call: ast.Call, consts: Constants) -> Iterator[tuple[Family, None]]:
@@ -387,67 +696,48 @@ def job_families(call: ast.Call, consts: Constants) -> Iterator[tuple[Family, No
         )
 
 
-def assigned(fn: ast.AST) -> dict[str, ast.AST]:
-    """Names bound in fn, to what (the last binding wins)."""
-    return {n.targets[0].id: n.value for n in ast.walk(fn) if isinstance(n, ast.Assign)
-            and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)}  # fmt: skip
-
-
-def sample_labels(fn: ast.AST, var: str, consts: Constants) -> set[str]:
-    """Label names of the add_sample/add_metric calls on var in fn (literal keys)."""
+def samples_labels(fn: ast.AST, var: str | None, ctx: Ctx) -> set[str]:
+    """Label names of the add_sample calls in fn on var (var, var[...], or a loop name
+    that takes var from a literal table); on any family where var is None."""
+    names = {var} | aliases(fn, var) if var else set()
     out: set[str] = set()
-    dicts = assigned(fn)
     for node in ast.walk(fn):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == var
-                and node.func.attr == "add_sample" and len(node.args) >= 2):  # fmt: skip
-            out |= label_keys(node.args[1], dicts, consts)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "add_sample" and len(node.args) >= 2:  # fmt: skip
+            on = node.func.value
+            on = on.value if isinstance(on, ast.Subscript) else on
+            if var is None or isinstance(on, ast.Name) and on.id in names:
+                out |= label_keys(node.args[1], ctx)
     return out
 
 
-def label_keys(
-    node: ast.AST, dicts: dict[str, ast.AST], consts: Constants, depth: int = 0
-) -> set[str]:
-    """The keys a labels argument certainly has: a dict literal (its ** spreads of names
-    bound to dicts in the function too), such a name, or dict(zip(<constant tuple>, ...))."""
-    if depth > 3:
-        return set()
-    if isinstance(node, ast.Name) and node.id in dicts:
-        return label_keys(dicts[node.id], dicts, consts, depth + 1)
-    if isinstance(node, ast.Dict):
-        out: set[str] = set()
-        for k, v in zip(node.keys, node.values, strict=False):
-            if k is None:
-                out |= label_keys(v, dicts, consts, depth + 1)
-            elif isinstance(k, ast.Constant) and isinstance(k.value, str):
-                out.add(k.value)
-        return out
-    if isinstance(node, ast.Call) and call_name(node) == "dict" and node.args:
-        z = node.args[0]
-        if isinstance(z, ast.Call) and call_name(z) == "zip" and z.args:
-            keys = consts.eval(z.args[0])
-            if isinstance(keys, tuple):
-                return {k for k in keys if isinstance(k, str)}
-    return set()
+def aliases(fn: ast.AST, var: str) -> set[str]:
+    """Loop names bound to var: `for a, b in ((x, var), ...)` makes b var in that row."""
+    out: set[str] = set()
+    for loop in ast.walk(fn):
+        if isinstance(loop, ast.For) and isinstance(loop.target, ast.Tuple) \
+                and isinstance(loop.iter, ast.Tuple | ast.List):  # fmt: skip
+            for row in loop.iter.elts:
+                if isinstance(row, ast.Tuple) and len(row.elts) == len(loop.target.elts):
+                    for t, v in zip(loop.target.elts, row.elts, strict=True):
+                        if isinstance(v, ast.Name) and v.id == var and isinstance(t, ast.Name):
+                            out.add(t.id)
+    return out
 
 
 def code_families() -> Iterator[Family]:
     features = feature_modules()
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE).as_posix()
-        if "/gen/" in rel or "/migrations/" in rel:
-            continue
-        tree = ast.parse(path.read_text())
-        consts = Constants(tree)
-        fns = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
-        seen: set[str] = set()
+    for rel, mod in modules().items():
+        fns = [mod.tree, *(n for n in ast.walk(mod.tree) if isinstance(n, Def))]
+        seen: dict[str, Family] = {}
         for fn in fns:
-            for fam, var in families_in(fn, consts):
-                if fam.name in seen:
-                    continue
-                seen.add(fam.name)
+            for fam, var in families_in(fn, mod):
                 if var:
-                    fam.labels |= sample_labels(fn, var, consts)
+                    fam.labels |= samples_labels(fn, var, Ctx(mod, fn))
+                if fam.name in seen:  # built twice (each branch): one family, every label
+                    seen[fam.name].labels |= fam.labels
+                    continue
+                seen[fam.name] = fam
                 fam.writer, fam.source = writer_of(rel, features), f"lens_ebpf/{rel}"
                 yield fam
 
@@ -495,8 +785,10 @@ def render(fams: dict[str, Family]) -> str:
         "How each family was found: from a golden exposition (`tests/golden/*.prom`: the "
         "collector run on the repo's fixtures), from the metric cache the TCP feature "
         "registers its families in, or from the code that builds it (its name a literal or "
-        "a row of a literal table). A family whose series exist only with data (a fault, an "
-        "error reason) is listed all the same.",
+        "a row of a literal table, given to the family or to a helper that builds one). A "
+        "family whose series exist only with data (a fault, an error reason) is listed all "
+        "the same; one named after what the hardware reports (`rdma_stat_<counter>`, AMD's "
+        "`gpu_ecc_<kind>_<block>`) as the fixtures name it.",
         "",
     ]
     for title, part in (("The agent", agent), ("The recorder", recorder)):
