@@ -83,5 +83,7 @@ def test_every_record_in_order_and_a_failed_one_counted(procs: ProcEvents, tmp_p
                                            got[3]["pid"]]  # fmt: skip
     assert procs.handler_errors == 1
     assert procs.loader.event_counts()["proc_events"][1]["handler_error"] == 1
-    if procs.ring is not None:
-        assert procs.ring.pending() == 0
+    if procs.ring is not None:  # the reader leaves nothing behind what it delivered (a busy
+        # machine's other processes keep writing: the ring is seldom empty)
+        ring, written = procs.ring, procs.ring._prod[0]
+        wait_for(lambda: ring._cons[0] >= written, "the reader takes what was written")
