@@ -6,7 +6,8 @@
 #                            prometheus, victoria-metrics, bpfcc-tools, dwarves (pahole,
 #                            the BTF reader's reference), gcc, QEMU, rdma-core's verbs
 #                            programs for Soft-RoCE in the guests, PostgreSQL for the
-#                            recorder's tests), the venv with .[dev] (both services
+#                            recorder's tests, chromium and poppler-utils for the weekly
+#                            report's PDF and its tests), the venv with .[dev] (both services
 #                            and the test tools) and Debian's 5.10, 6.1 and 6.12 kernels
 #                            for the kernel matrix
 #   scripts/setup.sh image   the agent image's install step (Dockerfile, target agent):
@@ -28,7 +29,8 @@ case "$mode" in
 esac
 if [ "$mode" = test ]; then
   pkgs+=(bpfcc-tools dwarves containerd runc prometheus victoria-metrics gcc libc6-dev busybox-static openssl
-         qemu-system-x86 xz-utils zstd rdma-core ibverbs-providers ibverbs-utils postgresql)
+         qemu-system-x86 xz-utils zstd rdma-core ibverbs-providers ibverbs-utils postgresql
+         chromium poppler-utils)
   extras="[dev]"
 fi
 

@@ -21,6 +21,15 @@ examples:
   lens-ebpf recorder --database postgresql+psycopg://lens:secret@db:5432/lens
   lens-ebpf recorder --report --since 7d --node gpu-node-3
   lens-ebpf recorder --remove-finalizers               # before uninstalling it
+  lens-ebpf recorder report --week 2026-W47 --format pdf -o week47.pdf
+"""
+
+REPORT_EXAMPLES = """\
+examples:
+  lens-ebpf recorder report                            # last week's, HTML on stdout
+  lens-ebpf recorder report --week 2026-W47 --format pdf -o week47.pdf
+  lens-ebpf recorder report --week 2026-W48 --format json --cluster x-flannel \\
+      --database postgresql+psycopg://lens:secret@db:5432/lens
 """
 
 
@@ -47,7 +56,64 @@ def build_parser(prog: str = "lens-ebpf recorder") -> argparse.ArgumentParser:
     rec.add_argument("--remove-finalizers", action="store_true",
                      help="take the recorder's finalizer off every object and exit "
                      "(run before uninstalling)")  # fmt: skip
+    sub = rec.add_subparsers(dest="command", metavar="{report}",
+                             help="report: the weekly GPU utilization report of a week; "
+                             "none: run the service")  # fmt: skip
+    rep = sub.add_parser("report", help="the weekly GPU utilization report of a week",
+                         epilog=REPORT_EXAMPLES,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    rep.add_argument("--week", default="",
+                     help="an ISO week, 2026-W47 (default: the last completed one; the "
+                     "current one: up to now)")  # fmt: skip
+    rep.add_argument("--format", choices=("html", "pdf", "json"), default="html")
+    rep.add_argument("-o", "--output", default="-", help="the file to write (default stdout)")
+    rep.add_argument("--cluster", dest="report_cluster", default="",
+                     help="this cluster (default recorder.cluster_name)")  # fmt: skip
+    # also after the subcommand; absent there, the recorder's own flags stand
+    for flag, text in (("--config", "YAML config file (also LENS_CONFIG)"),
+                       ("--database", "SQLAlchemy URL (recorder.database_url)")):  # fmt: skip
+        rep.add_argument(flag, default=argparse.SUPPRESS, help=text)
     return rec
+
+
+def weekly_report(cfg: config.Config, args: argparse.Namespace) -> bytes:
+    """`recorder report`: the week's report from the database and Prometheus, as a file."""
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    from lens_ebpf.recorder.errors import BadRequest, Unavailable
+    from lens_ebpf.recorder.prom import Prom
+    from lens_ebpf.recorder.reports import week, weekly
+    from lens_ebpf.recorder.scope import Scope
+    from lens_ebpf.recorder.store.writer import engine_for
+
+    r = cfg.recorder
+    now = datetime.now(UTC)
+    url = r.database_url
+    path = url.removeprefix("sqlite:///")
+    if url.startswith("sqlite:///") and not Path(path).exists():
+        raise CliError(f"recorder report: no recorder database at {path}")
+    cluster = args.report_cluster or r.cluster_name
+    prom_url = cfg.clusters[cluster].prometheus_url if cluster in cfg.clusters else ""
+    p = r.prometheus
+    scope = Scope(cluster, Prom(prom_url or p.url, p.timeout_seconds, p.max_points))
+    try:
+        wk = (week.parse(args.week, r.reports.timezone) if args.week
+              else week.containing(now, r.reports.timezone).before())  # fmt: skip
+        engine = engine_for(url)
+        try:
+            chromium = r.reports.chromium if args.format == "pdf" else None
+            with engine.connect() as conn:
+                made = weekly.make(conn, scope, wk, now, weekly.options(r), chromium)
+        finally:
+            engine.dispose()
+    except (BadRequest, Unavailable) as exc:
+        raise CliError(f"recorder report: {exc}") from None
+    if args.format == "pdf":
+        if made.pdf is None:
+            raise CliError(f"recorder report: {made.error}")
+        return made.pdf
+    return made.json() if args.format == "json" else made.html.encode()
 
 
 def overrides(args: argparse.Namespace) -> dict[tuple[str, ...], Any]:
@@ -73,6 +139,14 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=cfg.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
     try:
+        if args.command == "report":
+            body = weekly_report(cfg, args)
+            if args.output == "-":
+                sys.stdout.buffer.write(body)
+            else:
+                with open(args.output, "wb") as out:
+                    out.write(body)
+            return 0
         if args.report:
             print(service.run_report(cfg, args.since, args.node, args.json, args.cluster))
             return 0

@@ -66,6 +66,43 @@ class TimelineConfig(Section):
     baseline_seconds: float = Field(3600.0, gt=0)  # the baseline: the median of this before
 
 
+class AggregationConfig(Section):
+    """GPU accounting's label and annotation dimensions and how far back backfill goes."""
+
+    # the pods' label and annotation keys the statistics group by (their values)
+    label_keys: list[str] = Field(
+        default_factory=lambda: ["app.kubernetes.io/name", "team", "project"])  # fmt: skip
+    annotation_keys: list[str] = Field(default_factory=lambda: ["team", "project"])
+    max_values: int = Field(50, ge=1, le=10_000)  # per key; the rest fold into "__other__"
+    backfill_days: float = Field(7.0, ge=0, le=366)  # hours without snapshots, from lifetimes
+
+
+class ReportsConfig(Section):
+    """The weekly GPU utilization report (docs/recorder/reports.md)."""
+
+    weekly: bool = True  # made by the leader for each cluster's last completed week
+    weekday: Literal["monday", "tuesday", "wednesday", "thursday", "friday", "saturday",
+                     "sunday"] = "monday"  # fmt: skip
+    hour: int = Field(9, ge=0, le=23)  # a week's report is due this hour of weekday after it
+    timezone: str = "UTC"  # the weeks' and days' calendar (an IANA zone)
+    check_seconds: float = Field(600.0, gt=0)  # how often the job looks for a due report
+    pdf: bool = True  # printed by headless Chromium; off: HTML and JSON only
+    chromium: str = Field("chromium", min_length=1)  # its command or path
+    top_workloads: int = Field(10, ge=1, le=1000)  # the most idle workloads listed
+    low_utilization_percent: float = Field(30.0, ge=0, le=100)  # a workload below: low
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, v: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"{v!r}: not an IANA timezone (UTC, Europe/Berlin, ...)") from None
+        return v
+
+
 class RetentionConfig(Section):
     days: float = Field(30.0, gt=0)  # allocation snapshots and the device changelog
 
@@ -139,6 +176,8 @@ class RecorderConfig(Section):
     prometheus: PrometheusConfig = Field(default_factory=PrometheusConfig)
     jobs: JobsConfig = Field(default_factory=JobsConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
+    reports: ReportsConfig = Field(default_factory=ReportsConfig)
     ingest: IngestConfig = Field(default_factory=IngestConfig)
     logs: LogsConfig = Field(default_factory=LogsConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)

@@ -145,6 +145,21 @@ def rdma_bytes_by_node(nodes: list[str], devices: list[str], window: int) -> str
     )
 
 
+# GPU accounting's samples of an hour, per pod: utilization summed and counted (a group's mean
+# is its sums over its counts), memory used and total
+ACCOUNTING = (
+    "sum by (namespace, pod) (gpu_utilization)",
+    "count by (namespace, pod) (gpu_utilization)",
+    "sum by (namespace, pod) (gpu_memory_used_bytes)",
+    "sum by (namespace, pod) (gpu_memory_total_bytes)",
+)
+POD_UTILIZATION_HOUR = "avg by (namespace, pod) (avg_over_time(gpu_utilization[1h]))"
+
+
+def workload_utilization(namespace: str, pods: list[str]) -> str:
+    return f"avg(gpu_utilization{{{pods_selector(namespace, pods)}}})"
+
+
 def gpu_utilization_by_pod(namespace: str, pods: list[str], window: int) -> str:
     sel = pods_selector(namespace, pods)
     return f"avg by (pod) (avg_over_time(gpu_utilization{{{sel}}}[{window}s]))"

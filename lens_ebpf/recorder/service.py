@@ -25,6 +25,7 @@ from lens_ebpf.core.settings import split_listen
 from lens_ebpf.k8s.reflector import call_raw, watch_metrics
 from lens_ebpf.recorder import api
 from lens_ebpf.recorder import lifecycle as lc
+from lens_ebpf.recorder.accounting import Keys
 from lens_ebpf.recorder.api.envelope import LensApi, Services
 from lens_ebpf.recorder.api.posts import Admitted
 from lens_ebpf.recorder.api.seed import PlainJson
@@ -37,6 +38,7 @@ from lens_ebpf.recorder.jobs.allocation import Jobs
 from lens_ebpf.recorder.kubelet_service import KubeletService
 from lens_ebpf.recorder.prom import Prom
 from lens_ebpf.recorder.remote_write.receiver import RemoteWrite
+from lens_ebpf.recorder.reports import weekly
 from lens_ebpf.recorder.store import queries, schema
 from lens_ebpf.recorder.store.writer import (
     DatabaseError,
@@ -123,8 +125,12 @@ class RecorderApp:
         self.outliers = Outliers(self.engine, self.writer, self.prom, self.tracker.running_pods,
                                  r.jobs.outliers_seconds, clock, r.cluster_name)  # fmt: skip
         self.registry.register(self.outliers)
+        ag = r.aggregation
         self.jobs = Jobs(self.engine, self.writer, self.clusters.scopes,
-                         r.jobs.allocation_seconds, r.retention.days, clock)  # fmt: skip
+                         r.jobs.allocation_seconds, r.retention.days, clock,
+                         Keys(tuple(ag.label_keys), tuple(ag.annotation_keys), ag.max_values),
+                         ag.backfill_days)  # fmt: skip
+        self.reports = weekly.job_for(r, self.engine, self.writer, self.clusters.scopes)
         self.grpc: Any = None
         self.collect_port = 0
         self._stop = threading.Event()
@@ -150,6 +156,10 @@ class RecorderApp:
                 self.remote_write.indexer.refresh_counted, leader_only=False, at_start=True,
                 quiet=FAILURES),
         ]  # fmt: skip
+        if r.reports.weekly:  # the last completed week's report, once, when due
+            jobs.append(Job("weekly_report", r.reports.check_seconds,
+                            lambda: self.reports.run(clock()), leader_only=True,
+                            at_start=True, quiet=FAILURES))  # fmt: skip
         if self.storage_sync is not None:
             jobs.append(Job("storage_config_sync", self.storage_sync.interval,
                             self.storage_sync.run_once, leader_only=True,

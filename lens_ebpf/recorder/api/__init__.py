@@ -17,6 +17,7 @@ from lens_ebpf.recorder.api import (
     nodes,
     posts,
     remote_write,
+    reports,
     seed,
     storage,
     training,
@@ -35,6 +36,8 @@ ROUTES: list[tuple[RouteTable, tuple[str, ...], str]] = [
     (storage.routes, PREFIXES, "lens"),
     (aggregation.routes, PREFIXES, "lens"),
     (training.routes, PREFIXES, "lens"),
+    (reports.routes, PREFIXES, "lens"),
+    (reports.files, PREFIXES, "lens-files"),  # the report's HTML, PDF and JSON files
     (remote_write.routes, (*PREFIXES, *ROOT), "lens"),  # /pods/cache as the original serves it
     (seed.routes, ROOT, "plain"),
     (posts.routes, (*ROOT, "/v1", "/api"), "posts"),
@@ -43,6 +46,7 @@ ROUTES: list[tuple[RouteTable, tuple[str, ...], str]] = [
 
 def mount(http: HttpServer, surfaces: dict[str, Surface]) -> None:
     """Every table of ROUTES on http, each through its surface."""
+    surfaces = {**surfaces, "lens-files": reports.LensFiles(surfaces["lens"])}
     for table, prefixes, surface in ROUTES:
         for prefix in prefixes:
             http.mount(prefix, surfaces[surface], table)

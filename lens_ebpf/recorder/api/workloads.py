@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from lens_ebpf.core.routes import RouteTable
-from lens_ebpf.recorder import workloads
+from lens_ebpf.recorder import accounting, workloads
 from lens_ebpf.recorder.api.envelope import Ask, bad, page, param, span
 
 routes = RouteTable()
@@ -37,6 +37,29 @@ def hierarchy_query(ask: Ask) -> Any:
     if not kind or not name:
         raise bad("kind and name are required")
     return workloads.hierarchy_of(ask.conn, ask.c.tables, kind, name, ns)
+
+
+@routes.get("workloads/statistic")
+def statistic(ask: Ask) -> Any:
+    """model.WorkloadStatisticResp (the original's path)."""
+    return accounting.workload_statistic(ask.conn, ask.c, ask.now())
+
+
+@routes.get("workloads/statistics")
+def statistics(ask: Ask) -> Any:
+    """As workloads/statistic: the path the web UI calls."""
+    return accounting.workload_statistic(ask.conn, ask.c, ask.now())
+
+
+@routes.get("workloads/gpuUtilizationHistory")
+def utilization_history(ask: Ask) -> Any:
+    """?kind=&name=[&namespace=]&start=&end=[&step=] (unix seconds)."""
+    q = ask.query
+    kind, name = param(q, "kind"), param(q, "name")
+    if not kind or not name:
+        raise bad("kind and name are required")
+    return accounting.utilization_history(ask.conn, ask.c, kind, name, param(q, "namespace"),
+                                          *span(q))  # fmt: skip
 
 
 @routes.get("workloads/{uid}")

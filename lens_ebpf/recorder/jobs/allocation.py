@@ -1,6 +1,7 @@
 """The recorder's periodic jobs: GPU allocation snapshots (every
-`recorder.jobs.allocation_seconds`), the cluster's hourly GPU statistics (each completed
-hour, from the snapshots and Prometheus), and pruning what is older than
+`recorder.jobs.allocation_seconds`; per node, and per namespace, label, annotation and
+workload), the hourly GPU statistics (each completed hour, from the snapshots or the pods'
+lifetimes, and Prometheus: see accounting.py), and pruning what is older than
 `recorder.retention.days` (counted)."""
 
 from __future__ import annotations
@@ -9,46 +10,68 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, func, select
+from sqlalchemy import Connection, Engine, delete, select, update
 
 from lens_ebpf.core.times import aware
-from lens_ebpf.recorder import prom
+from lens_ebpf.recorder import accounting as acc
 from lens_ebpf.recorder.allocation import gpu_allocation
 from lens_ebpf.recorder.scope import Scope
 from lens_ebpf.recorder.store import schema as t
 from lens_ebpf.recorder.store.writer import Op, Writer, insert_new
 
 HOUR = timedelta(hours=1)
-BACKFILL_HOURS = 24  # completed hours looked at for a missing statistics row
+BACKFILL_HOURS = 24  # completed hours looked at for a missing row, and for utilization
+FILL_SECONDS = 300  # how often hours without utilization are asked for again
 # what retention.days prunes, by its time
 PRUNED = ("allocation_snapshots", "device_changelog", "training_points", "training_events")
-
-
-def floor_hour(at: datetime) -> datetime:
-    return at.replace(minute=0, second=0, microsecond=0)
+PRUNED_BY = {"gpu_allocation_snapshots": "snapshot_time", "cluster_gpu_hourly_stats": "stat_hour",
+             "namespace_gpu_hourly_stats": "stat_hour", "label_gpu_hourly_stats": "stat_hour",
+             "workload_gpu_hourly_stats": "stat_hour"}  # fmt: skip
+# an hour's tables and each one's key, the cluster's last (its row marks the hour done)
+HOURLY = {
+    "namespace_gpu_hourly_stats": ["cluster_name", "namespace", "stat_hour"],
+    "label_gpu_hourly_stats": ["cluster_name", "dimension_type", "dimension_key",
+                               "dimension_value", "stat_hour"],
+    "workload_gpu_hourly_stats": ["cluster_name", "owner_uid", "stat_hour"],
+    "cluster_gpu_hourly_stats": ["cluster_name", "stat_hour"],
+}  # fmt: skip
+FILLED = ("avg_utilization", "max_utilization", "min_utilization", "p50_utilization",
+          "p95_utilization", "avg_gpu_memory_used", "max_gpu_memory_used",
+          "avg_gpu_memory_total", "sample_count")  # fmt: skip
+floor_hour = acc.floor_hour
 
 
 class Jobs:
     def __init__(self, engine: Engine, writer: Writer, scopes: Callable[[], list[Scope]],
                  allocation_seconds: float, retention_days: float,
-                 clock: Callable[[], datetime]) -> None:  # fmt: skip
+                 clock: Callable[[], datetime], keys: acc.Keys | None = None,
+                 backfill_days: float = 7.0) -> None:  # fmt: skip
         self.engine, self.writer, self.scopes = engine, writer, scopes  # the clusters now
         self.interval = allocation_seconds
         self.retention = timedelta(days=retention_days)
         self.clock = clock
+        self.keys = keys or acc.Keys()
+        self.backfill = timedelta(days=backfill_days)
+        self._filled_at: datetime | None = None
+        self.folded = 0  # label/annotation values folded into acc.OTHER, every hour
+        self.filled = 0  # hours whose utilization came later
         # runs that did their work (the runner counts every run and the failures)
         self.runs: dict[str, int] = {"snapshot": 0, "hourly": 0, "prune": 0}
-        self.pruned: dict[str, int] = dict.fromkeys(PRUNED, 0)
+        self.pruned: dict[str, int] = dict.fromkeys((*PRUNED, *PRUNED_BY), 0)
 
     def snapshot(self, now: datetime) -> None:
         """Per cluster, per node and for the cluster (node ""): GPUs allocatable, requested
         by running pods, and the rate (percent)."""
-        rows = []
+        rows, dims = [], []
         for c in self.scopes():
             rows += self._snapshot(c, now)
+            with self.engine.connect() as conn:
+                dims += acc.snapshot(conn, c.tables, c.name, self.keys, now)
 
         def write(conn: Connection) -> None:
             conn.execute(t.allocation_snapshots.insert(), rows)
+            if dims:
+                conn.execute(t.gpu_allocation_snapshots.insert(), dims)
 
         if rows:
             self.writer.submit(Op("allocation_snapshots", write))
@@ -67,57 +90,103 @@ class Jobs:
                 for node, (cap, r) in sorted({**per_node, "": total}.items())]  # fmt: skip
 
     def hourly(self, now: datetime) -> int:
-        """Per cluster, a statistics row for each completed hour of the last day that has
-        snapshots and none yet; the rows written."""
-        hs = t.cluster_gpu_hourly_stats
+        """Per cluster, each completed hour of the window (backfill_days, at least a day)
+        without a statistics row: its cluster, namespace, label/annotation and workload
+        rows, from its snapshots or else (within backfill_days, from the first pod's start)
+        the pods' lifetimes; then utilization missing in the last day filled in. The
+        cluster rows written."""
         last = floor_hour(now)
-        hours = [last - HOUR * n for n in range(1, BACKFILL_HOURS + 1)]
-        rows = []
-        with self.engine.connect() as conn:
-            for c in self.scopes():
-                done = {aware(r.stat_hour) for r in conn.execute(select(hs.c.stat_hour).where(
-                    hs.c.cluster_name == c.name, hs.c.stat_hour >= hours[-1]))}  # fmt: skip
-                for hour in sorted(hours):
-                    if hour in done:
-                        continue
-                    row = self._hour(conn, c, hour, now)
-                    if row is not None:
-                        rows.append(row)
-        if rows:
-
-            def write(conn: Connection) -> None:  # a run that overlapped writes nothing twice
-                for row in rows:
-                    insert_new(conn, hs, row, ["cluster_name", "stat_hour"])
-
-            self.writer.submit(Op("cluster_gpu_hourly_stats", write))
+        span = max(BACKFILL_HOURS, int(self.backfill.total_seconds() // 3600))
+        span = min(span, int(self.retention.total_seconds() // 3600))  # no prune and redo
+        hours = [last - HOUR * n for n in range(span, 0, -1)]
+        work: list[dict[str, list[dict[str, Any]]]] = []
+        for c in self.scopes():
+            with self.engine.connect() as conn:
+                done = self._hours_done(conn, c.name, hours[0] if hours else last)
+                first = acc.first_start(conn, c.tables)
+                for hour in hours:
+                    if hour not in done:
+                        rows = self._hour(conn, c, hour, now, first)
+                        if rows is not None:
+                            work.append(rows)
+        written = self._write_hours(work)
+        self._fill(now)
         self.runs["hourly"] += 1
-        return len(rows)
+        return written
 
-    def _hour(self, conn: Connection, c: Scope, hour: datetime,
-              now: datetime) -> dict[str, Any] | None:  # fmt: skip
-        s = c.tables.allocation_snapshots
-        got = conn.execute(
-            select(func.max(s.c.allocatable), func.avg(s.c.requested), func.avg(s.c.rate))
-            .where(s.c.node == "", s.c.at >= hour, s.c.at < hour + HOUR)).one()  # fmt: skip
-        capacity, requested, rate = got[0], got[1], got[2]
-        if capacity is None:
-            return None  # the service was not running that hour
-        util = {"avg": 0.0, "max": 0.0, "min": 0.0, "p50": 0.0, "p95": 0.0, "count": 0.0}
-        if c.prom.url:
-            series = f"{prom.UTILIZATION}[3600s:60s]"
-            end = hour + HOUR - timedelta(seconds=1)  # the hour's own minutes
-            for key, fn in (("avg", "avg_over_time"), ("max", "max_over_time"),
-                            ("min", "min_over_time"), ("count", "count_over_time")):  # fmt: skip
-                util[key] = c.prom.scalar(f"{fn}({series})", end)
-            for key, q in (("p50", 0.5), ("p95", 0.95)):
-                util[key] = c.prom.scalar(f"quantile_over_time({q}, {series})", end)
-        return {"cluster_name": c.name, "stat_hour": hour,
-                "total_gpu_capacity": int(capacity), "allocated_gpu_count": float(requested),
-                "allocation_rate": float(rate), "avg_utilization": util["avg"],
-                "max_utilization": util["max"], "min_utilization": util["min"],
-                "p50_utilization": util["p50"], "p95_utilization": util["p95"],
-                "sample_count": int(util["count"]),
-                "created_at": now, "updated_at": now}  # fmt: skip
+    def _hours_done(self, conn: Connection, cluster: str, since: datetime) -> set[datetime]:
+        hs = t.cluster_gpu_hourly_stats
+        got = conn.execute(select(hs.c.stat_hour).where(hs.c.cluster_name == cluster,
+                                                        hs.c.stat_hour >= since))  # fmt: skip
+        return {aware(r.stat_hour) for r in got}  # type: ignore[misc]
+
+    def _hour(self, conn: Connection, c: Scope, hour: datetime, now: datetime,
+              first: datetime | None) -> dict[str, list[dict[str, Any]]] | None:  # fmt: skip
+        """Every statistics row of the hour, or None when it cannot be computed (no
+        snapshots, and before backfill_days or the first pod)."""
+        got = acc.hour_from_snapshots(conn, c.tables, hour)
+        if got is None:
+            if first is None or hour + HOUR <= first or hour < floor_hour(now) - self.backfill:
+                return None
+            got = acc.hour_from_lifetimes(conn, c.tables, hour, self.keys, now)
+        cap, allocated, works = got
+        self.folded += acc.folded(works.values(), self.keys)
+        return acc.hour_rows(c.name, hour, cap, allocated, works, acc.hour_series(c, hour),
+                             self.keys, now)  # fmt: skip
+
+    def _write_hours(self, work: list[dict[str, list[dict[str, Any]]]]) -> int:
+        if not work:
+            return 0
+
+        def write(conn: Connection) -> None:  # a run that overlapped writes nothing twice
+            for rows in work:
+                for name in HOURLY:  # the cluster's row last: it marks the hour done
+                    for row in rows[name]:
+                        insert_new(conn, t.metadata.tables[name], row, HOURLY[name])
+
+        self.writer.submit(Op("gpu_hourly_stats", write))
+        return len(work)
+
+    def _fill(self, now: datetime) -> int:
+        """Hours of the last day whose utilization Prometheus could not give: asked again,
+        at most every FILL_SECONDS; the hours filled."""
+        if self._filled_at is not None and (now - self._filled_at).total_seconds() < FILL_SECONDS:
+            return 0
+        self._filled_at = now
+        hs = t.cluster_gpu_hourly_stats
+        since = floor_hour(now) - HOUR * BACKFILL_HOURS
+        updates: list[tuple[str, dict[str, list[dict[str, Any]]]]] = []
+        for c in self.scopes():
+            if not c.prom.url:
+                continue
+            with self.engine.connect() as conn:
+                missing = [aware(r.stat_hour) for r in conn.execute(select(hs.c.stat_hour).where(
+                    hs.c.cluster_name == c.name, hs.c.stat_hour >= since,
+                    hs.c.avg_utilization.is_(None)))]  # fmt: skip
+                for hour in missing:
+                    series = acc.hour_series(c, hour)  # type: ignore[arg-type]
+                    if series is None or not any(series.util_sum.values()):
+                        continue
+                    got = acc.hour_from_snapshots(conn, c.tables, hour)  # type: ignore[arg-type]
+                    if got is None:
+                        got = acc.hour_from_lifetimes(conn, c.tables, hour, self.keys,  # type: ignore[arg-type]
+                                                      now)  # fmt: skip
+                    updates.append((c.name, acc.hour_rows(c.name, hour, *got, series,  # type: ignore[arg-type]
+                                                          self.keys, now)))  # fmt: skip
+        if updates:
+
+            def write(conn: Connection) -> None:
+                for _, rows in updates:
+                    for name, keys in HOURLY.items():
+                        table = t.metadata.tables[name]
+                        for row in rows[name]:
+                            cond = [table.c[k] == row[k] for k in keys]
+                            vals = {k: v for k, v in row.items() if k in FILLED}
+                            conn.execute(update(table).where(*cond).values(**vals))
+
+            self.writer.submit(Op("gpu_hourly_stats_fill", write))
+        self.filled += len(updates)
+        return len(updates)
 
     def prune(self, now: datetime) -> None:
         """Snapshots, changelog rows, training points and events older than the retention,
@@ -126,9 +195,9 @@ class Jobs:
         counts: dict[str, int] = {}
 
         def write(conn: Connection) -> None:
-            for name in PRUNED:
+            for name, col in (*((n, "at") for n in PRUNED), *PRUNED_BY.items()):
                 table = t.metadata.tables[name]
-                counts[name] = conn.execute(delete(table).where(table.c.at < cutoff)).rowcount
+                counts[name] = conn.execute(delete(table).where(table.c[col] < cutoff)).rowcount
 
         def done() -> None:
             for name, n in counts.items():
