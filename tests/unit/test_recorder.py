@@ -201,7 +201,7 @@ def test_urls_are_redacted_in_messages() -> None:
     assert redact("sqlite:///x.db") == "sqlite:///x.db"
 
 
-def test_a_refused_write_is_dropped_and_counted_and_the_rest_go_on(tmp_path: Path) -> None:
+def test_a_refused_or_failing_write_is_dropped_counted_and_the_rest_go_on(tmp_path: Path) -> None:
     eng = engine_for(f"sqlite:///{tmp_path / 'w.db'}")
     upgrade(eng)
     w = Writer(eng, queue_max=10)
@@ -218,14 +218,18 @@ def test_a_refused_write_is_dropped_and_counted_and_the_rest_go_on(tmp_path: Pat
         "gpu_pods",
         lambda conn: conn.execute(text("INSERT INTO gpu_pods (uid) VALUES ('x')")) and None,
     )
-    for op in (good(1), bad, good(2)):
+
+    def broken(conn: object) -> None:  # the write's own code fails, not the database
+        raise TypeError("Object of type set is not JSON serializable")
+
+    for op in (good(1), bad, Op("training_points", broken), good(2)):
         assert w.submit(op)
     w.start(stop)
     assert w.flush(10)
     stop.set()
     w.join(5)
-    assert (w.committed, w.errors["rejected"], w.dropped) == (2, 1, 0)
-    assert "gpu_pods" in w.last_error
+    assert (w.committed, w.errors["rejected"], w.dropped) == (2, 2, 0)
+    assert w.last_error == "training_points: TypeError: Object of type set is not JSON serializable"
     with eng.connect() as conn:
         assert [r[0] for r in conn.execute(text("SELECT seq FROM node_events"))] == [1, 2]
     full = Writer(eng, queue_max=1)

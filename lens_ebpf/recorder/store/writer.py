@@ -248,6 +248,8 @@ class Writer:
                 self._down(exc)
                 if stop.wait(backoff.next()):
                     return  # stopped while the database is down: RecorderApp.stop logs the rest
+            except Exception:  # a write function's own failure: that write goes, not the writer
+                self._one_by_one(batch)
             finally:
                 self._idle()
 
@@ -297,6 +299,9 @@ class Writer:
                     self._down(exc)
                     return  # the rest stay queued
                 self._reject(op, exc)
+            except Exception as exc:  # the write's own code failed (a value it cannot store)
+                log.exception("recorder: a %s write failed", op.what)
+                self._reject(op, exc)
 
     def _reject(self, op: Op, exc: Exception) -> None:
         self.errors["rejected"] += 1
@@ -310,9 +315,9 @@ class Writer:
         self.errors["unavailable"] += 1
         if self.up:
             log.warning("recorder: database unavailable (%s); %d writes queued",
-                        str(exc).splitlines()[0][:200], self.depth())  # fmt: skip
+                        (str(exc).splitlines() or [""])[0][:200], self.depth())  # fmt: skip
         self.up = False
-        self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"[:300]
+        self.last_error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:300]
 
 
 def _unavailable(exc: SQLAlchemyError) -> bool:
