@@ -11,10 +11,14 @@ from typing import Any
 import pytest
 import requests
 
+from lens_ebpf.core.times import aware
+from lens_ebpf.recorder.jobs.allocation import HOURLY
 from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer, eventually, pod
+from tests.recorder import objects
 from tests.recorder.conftest import rows
-from tests.recorder.test_cluster_api import get, node
+from tests.recorder.objects import NS, state
+from tests.recorder.test_cluster_api import CONTRACTS, conforms, get, node, put_trainer
 
 RFC = "%Y-%m-%dT%H:%M:%SZ"
 GIB = 1 << 30
@@ -199,3 +203,216 @@ def test_utilization_missing_while_prometheus_is_down_then_filled(
         assert (w["avg_utilization"], w["avg_gpu_memory_used"]) == (50.0, 2.0)
     finally:
         prometheus.stop()
+
+
+def trainer_series(hour: int) -> str:
+    """Hour `hour`'s minutes of the Deployment trainer's two pods: a's GPU at 40 %, b's at
+    10 %; each 2 GiB of GPU memory used of 8."""
+    lines = ["# TYPE gpu_utilization gauge"]
+    for m in range(60):
+        lines += [f'gpu_utilization{{namespace="{NS}",pod="trainer-5d9f-{p}",gpu_id="0"}} '
+                  f'{v} {hour + 60 * m}' for p, v in (("a", 40), ("b", 10))]  # fmt: skip
+    for family, v in (("gpu_memory_used_bytes", 2 * GIB), ("gpu_memory_total_bytes", 8 * GIB)):
+        lines.append(f"# TYPE {family} gauge")
+        lines += [f'{family}{{namespace="{NS}",pod="trainer-5d9f-{p}"}} {v} {hour + 60 * m}'
+                  for m in range(60) for p in "ab"]  # fmt: skip
+    return "\n".join(lines) + "\n# EOF\n"
+
+
+def trainer(api: FakeApiServer, started: str) -> None:
+    """gpu-1 (8 GPUs); the Deployment trainer, its ReplicaSet and two running pods of one
+    GPU each, labelled team=research."""
+    put_trainer(api, started)
+    api.put("nodes", node("gpu-1", "True", {"amd.com/gpu": "8"}, "10.0.0.11"))
+    for name in ("trainer-5d9f-a", "trainer-5d9f-b"):
+        p = objects.gpu_pod(name, "trainer-5d9f", "amd.com/gpu", 1, "gpu-1")
+        p["metadata"]["labels"]["team"] = "research"
+        api.put("pods", p)
+        api.put("pods", state(p, "Running", True))
+
+
+def test_statistics_routes_conform_to_the_original_and_their_figures(
+        api: FakeApiServer, recorder_app: Any, db_url: str) -> None:  # fmt: skip
+    """Every Statistics route's answer has the original's Go json tags (CONTRACTS), and
+    workloads/statistic(s), gpuUtilizationHistory and snapshots/latest are exact."""
+    from tests.promserver import Prometheus, available
+
+    if available():
+        pytest.skip(available())
+    hour = (int(datetime.now(UTC).timestamp()) // 3600 - 3) * 3600
+    h = datetime.fromtimestamp(hour, UTC)
+    prometheus = Prometheus([], openmetrics=trainer_series(hour))
+    try:
+        trainer(api, h.strftime(RFC))
+        now = [h - timedelta(minutes=10)]  # the start's snapshot falls in hour h-1
+        app = recorder_app(db_url, clock=lambda: now[0], prometheus__url=prometheus.base)
+        eventually(lambda: sum(r["running"] for r in rows(db_url, "gpu_pods")) == 2
+                   and len(rows(db_url, "gpu_workloads")) == 2
+                   and app.jobs.runs["hourly"] >= 1, timeout=15)  # fmt: skip
+        for minute in (10, 40):
+            app.jobs.snapshot(h + timedelta(minutes=minute))
+        now[0] = h + timedelta(hours=1, minutes=5)
+        assert app.writer.flush(10)
+        app.jobs.hourly(now[0])
+        assert app.writer.flush(10)
+
+        span = f"start_time={h.strftime(RFC)}&end_time={(h + timedelta(minutes=59)).strftime(RFC)}"
+        t0 = int(hour)
+        asks = {
+            "gpu-aggregation/namespaces": span,
+            "gpu-aggregation/dimension-keys": f"dimension_type=label&{span}",
+            "gpu-aggregation/dimension-values": f"dimension_type=label&dimension_key=team&{span}",
+            "gpu-aggregation/namespaces/hourly-stats": span,
+            "gpu-aggregation/labels/hourly-stats":
+                f"dimension_type=label&dimension_key=team&{span}",
+            "gpu-aggregation/workloads/hourly-stats": span,
+            "gpu-aggregation/snapshots": span,
+            "gpu-aggregation/snapshots/latest": "",
+            "workloads/statistic": "", "workloads/statistics": "",
+            "workloads/gpuUtilizationHistory":
+                f"kind=Deployment&name=trainer&start={t0}&end={t0 + 300}&step=60",
+            "nodes/fragmentation-analysis": "", "nodes/load-balance-analysis": "",
+        }  # fmt: skip
+        got = {route: get(app, f"/v1/{route}?{q}&cluster=local") for route, q in asks.items()}
+        for route, answer in got.items():
+            source, schema = CONTRACTS[route]
+            assert conforms(answer, schema), (route, source, answer)
+        for route in ("namespaces", "labels", "workloads"):  # non-empty: every field checked
+            assert len(got[f"gpu-aggregation/{route}/hourly-stats"]["data"]) == 1, route
+        assert got["gpu-aggregation/namespaces"] == [NS]
+        assert got["gpu-aggregation/dimension-keys"] == ["team"]
+        assert got["gpu-aggregation/dimension-values"] == ["research"]
+
+        # the trainer: 2 GPUs requested; its pods' mean over the last hour (40 and 10): 25 %,
+        # under the original's 30 % bound
+        assert got["workloads/statistic"] == got["workloads/statistics"] == {
+            "running_workloads_count": 1, "avg_gpu_allocated": 2.0,
+            "avg_gpu_utilization": 25.0, "low_utilization_workloads_count": 1}  # fmt: skip
+        assert got["workloads/gpuUtilizationHistory"] == {
+            "serial": 1, "config": {"y_axis_unit": "%"},
+            "series": [{"labels": {}, "values": [{"timestamp": t0 + 60 * m, "value": 25.0}
+                                                 for m in range(6)]}]}  # fmt: skip
+        latest = got["gpu-aggregation/snapshots/latest"]
+        assert {k: v for k, v in latest.items() if k != "id"} == {
+            "cluster_name": "local", "snapshot_time": (h + timedelta(minutes=40)).strftime(RFC),
+            "dimension_type": "cluster", "dimension_key": "", "dimension_value": "",
+            "total_gpu_capacity": 8, "allocated_gpu_count": 2,
+            "allocation_details": {"workloads": 1},
+            "created_at": (h + timedelta(minutes=40)).strftime(RFC)}  # fmt: skip
+        assert [s["snapshot_time"] for s in got["gpu-aggregation/snapshots"]] == [
+            (h + timedelta(minutes=m)).strftime(RFC) for m in (40, 10)]  # fmt: skip
+        (w,) = got["gpu-aggregation/workloads/hourly-stats"]["data"]
+        assert (w["workload_name"], w["workload_type"], w["allocated_gpu_count"],
+                w["avg_utilization"], w["avg_gpu_memory_used"], w["avg_gpu_memory_total"]) == (
+            "trainer", "Deployment", 2.0, 25.0, 4.0, 16.0)  # fmt: skip
+        # without Prometheus the counts still draw; the utilization is 0 as the original's
+        (scope,) = app.jobs.scopes()
+        scope.prom.url = "http://127.0.0.1:9"
+        assert get(app, "/v1/workloads/statistic")["avg_gpu_utilization"] == 0.0
+        for q, word in (("name=trainer", "kind"),
+                        ("kind=Deployment&name=nobody&start=0&end=60", "nobody"),
+                        ("kind=Deployment&name=trainer&start=x&end=60", "start")):  # fmt: skip
+            r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/workloads/"
+                             f"gpuUtilizationHistory?{q}", timeout=hang_guard(5))  # fmt: skip
+            assert r.status_code in (400, 404) and word in r.json()["meta"]["message"], r.text
+    finally:
+        prometheus.stop()
+
+
+def hours_written(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Each hourly table's (stat_hour, its other key columns but the cluster) per row,
+    sorted."""
+
+    out = {}
+    for name, keys in HOURLY.items():
+        rest = [k for k in keys if k not in ("stat_hour", "cluster_name")]
+        out[name] = sorted((aware_hour(r["stat_hour"]), *(str(r[k]) for k in rest))
+                           for r in rows(url, name))  # fmt: skip
+    return out
+
+
+def test_a_restart_across_an_hour_boundary_writes_each_hour_once(
+        api: FakeApiServer, recorder_app: Any, db_url: str) -> None:  # fmt: skip
+    """Stopped during hour H, started again after H+1 ended: H (its snapshots) and H+1
+    (the pods' lifetimes) each written once in every hourly table, none skipped."""
+    h = datetime.fromtimestamp((int(datetime.now(UTC).timestamp()) // 3600 - 5) * 3600, UTC)
+    now = [h - timedelta(minutes=10)]  # the start's snapshot: hour H-1, before any pod
+    api.put("nodes", node("gpu-1", "True", {"amd.com/gpu": "8"}, "10.0.0.11"))
+    first = recorder_app(db_url, clock=lambda: now[0])
+    api.put("pods", gpu("a", "ml", 2, {"team": "research"}, {}))
+    api.put("pods", gpu("c", "infer", 1, {"team": "serving"}, {}))
+    eventually(lambda: sum(r["running"] for r in rows(db_url, "gpu_pods")) == 2, timeout=15)
+    for minute in (10, 30):
+        first.jobs.snapshot(h + timedelta(minutes=minute))
+    now[0] = h + timedelta(minutes=40)
+    first.stop()
+    assert hours_written(db_url)["cluster_gpu_hourly_stats"] == []
+
+    now[0] = h + timedelta(hours=2, minutes=10)
+    second = recorder_app(db_url, clock=lambda: now[0])
+    eventually(lambda: second.jobs.runs["hourly"] >= 1, timeout=15)
+    assert second.writer.flush(10)
+    assert second.jobs.hourly(now[0]) == 0  # a second run (another restart) adds nothing
+    assert second.writer.flush(10)
+    got = hours_written(db_url)
+    for name, written in got.items():
+        assert len(written) == len(set(written)), (name, written)
+    hours = [h - timedelta(hours=1), h, h + timedelta(hours=1)]
+    assert [r[0] for r in got["cluster_gpu_hourly_stats"]] == hours
+    for at in hours[1:]:  # both pods all through H (snapshots) and H+1 (lifetimes)
+        assert [r[1] for r in got["namespace_gpu_hourly_stats"] if r[0] == at] == ["infer", "ml"]
+        assert [r[2:] for r in got["label_gpu_hourly_stats"] if r[0] == at] == [
+            ("team", "research"), ("team", "serving")]  # fmt: skip
+        assert [r[1] for r in got["workload_gpu_hourly_stats"] if r[0] == at] == ["uid-a", "uid-c"]
+    cluster = {aware_hour(r["stat_hour"]): r["allocated_gpu_count"]
+               for r in rows(db_url, "cluster_gpu_hourly_stats")}  # fmt: skip
+    assert cluster == {hours[0]: 0.0, hours[1]: 3.0, hours[2]: 3.0}
+
+
+def aware_hour(value: Any) -> datetime:
+    """A stored time as an aware datetime (SQLite's come back naive)."""
+    got: datetime = aware(value)  # type: ignore[assignment]
+    return got
+
+
+def test_values_beyond_max_values_fold_into_other_and_retention_prunes(
+        api: FakeApiServer, recorder_app: Any, db_url: str) -> None:  # fmt: skip
+    """max_values 1: team x (3 GPUs) kept, y (2) and z (1) one __other__ of 3 GPUs and two
+    workloads, counted; retention.days 1 prunes every new table by its time, exactly."""
+    h = datetime.fromtimestamp((int(datetime.now(UTC).timestamp()) // 3600 - 5) * 3600, UTC)
+    now = [h - timedelta(minutes=10)]  # the start's snapshot: hour H-1, before any pod
+    api.put("nodes", node("gpu-1", "True", {"amd.com/gpu": "8"}, "10.0.0.11"))
+    app = recorder_app(db_url, clock=lambda: now[0], aggregation__max_values=1,
+                       retention__days=1)  # fmt: skip
+    for name, team, n in (("x1", "x", 3), ("y1", "y", 2), ("z1", "z", 1)):
+        api.put("pods", gpu(name, "ml", n, {"team": team}, {}))
+    eventually(lambda: sum(r["running"] for r in rows(db_url, "gpu_pods")) == 3, timeout=15)
+    for minute in (10, 40):
+        app.jobs.snapshot(h + timedelta(minutes=minute))
+    assert app.writer.flush(10)
+    folded = app.jobs.folded
+    assert app.jobs.hourly(h + timedelta(hours=1, minutes=5)) == 2  # H-1 (no pod) and H
+    assert app.writer.flush(10)
+    assert app.jobs.folded - folded == 2  # y and z, in hour H
+    snap = [(r["dimension_value"], r["allocated_gpu_count"], r["allocation_details"])
+            for r in rows(db_url, "gpu_allocation_snapshots") if r["dimension_type"] == "label"
+            and aware_hour(r["snapshot_time"]) == h + timedelta(minutes=10)]  # fmt: skip
+    assert sorted(snap) == [("__other__", 3, {"workloads": 2}), ("x", 3, {"workloads": 1})]
+    labels = [(r["dimension_value"], r["allocated_gpu_count"], r["active_workload_count"])
+              for r in rows(db_url, "label_gpu_hourly_stats")]  # fmt: skip
+    assert sorted(labels) == [("__other__", 3.0, 2), ("x", 3.0, 1)]
+
+    before = dict(app.jobs.pruned)
+    app.jobs.prune(h + timedelta(days=1))  # the cutoff: hour H's start
+    assert app.writer.flush(10)
+    pruned = {k: app.jobs.pruned[k] - before[k] for k in before if app.jobs.pruned[k] > before[k]}
+    # H-1's cluster row and its one snapshot row (no pod then); H's rows kept
+    assert pruned == {"cluster_gpu_hourly_stats": 1, "gpu_allocation_snapshots": 1,
+                      "allocation_snapshots": 1}  # fmt: skip
+    left = {name: len(rows(db_url, name)) for name in (
+        "gpu_allocation_snapshots", "cluster_gpu_hourly_stats", "namespace_gpu_hourly_stats",
+        "label_gpu_hourly_stats", "workload_gpu_hourly_stats")}  # fmt: skip
+    # two snapshots of 7 rows: the cluster, ml, team x and __other__, three workloads
+    assert left == {"gpu_allocation_snapshots": 14, "cluster_gpu_hourly_stats": 1,
+                    "namespace_gpu_hourly_stats": 1, "label_gpu_hourly_stats": 2,
+                    "workload_gpu_hourly_stats": 3}  # fmt: skip

@@ -17,6 +17,48 @@ from tests.k8slab import FakeApiServer, eventually, pod
 from tests.recorder.conftest import example, rows
 
 GO = "AMD-AGI/Primus-SaFE@c946dc3d Lens/modules"
+
+
+def paginated(row: Any) -> dict[str, Any]:
+    """PaginatedResponse (api/pkg/api/gpu_aggregation.go) of rows."""
+    return {"total": "integer", "page": "integer", "page_size": "integer",
+            "total_pages": "integer", "data": [row]}  # fmt: skip
+
+
+# the database models' json tags (core/pkg/database/model/*.gen.go); "object": a JSON object
+# of any keys (their ExtType), a time.Time a string
+NAMESPACE_HOUR = {
+    **dict.fromkeys(("cluster_name", "namespace", "stat_hour", "created_at", "updated_at"),
+                    "string"),
+    **dict.fromkeys(("id", "total_gpu_capacity", "active_workload_count"), "integer"),
+    **dict.fromkeys(("allocated_gpu_count", "avg_utilization", "max_utilization",
+                     "min_utilization", "allocation_rate"), "number")}  # fmt: skip
+LABEL_HOUR = {
+    **dict.fromkeys(("cluster_name", "dimension_type", "dimension_key", "dimension_value",
+                     "stat_hour", "created_at", "updated_at"), "string"),
+    **dict.fromkeys(("id", "active_workload_count"), "integer"),
+    **dict.fromkeys(("allocated_gpu_count", "avg_utilization", "max_utilization",
+                     "min_utilization"), "number")}  # fmt: skip
+WORKLOAD_HOUR = {
+    **dict.fromkeys(("cluster_name", "namespace", "workload_name", "workload_type", "stat_hour",
+                     "workload_status", "owner_uid", "owner_name", "created_at", "updated_at"),
+                    "string"),
+    **dict.fromkeys(("id", "max_replica_count", "min_replica_count", "sample_count"), "integer"),
+    **dict.fromkeys(("allocated_gpu_count", "requested_gpu_count", "avg_utilization",
+                     "max_utilization", "min_utilization", "p50_utilization",
+                     "p95_utilization", "avg_gpu_memory_used",
+                     "max_gpu_memory_used", "avg_gpu_memory_total", "avg_replica_count"),
+                    "number"),
+    "labels": "object", "annotations": "object"}  # fmt: skip
+SNAPSHOT = {
+    **dict.fromkeys(("cluster_name", "snapshot_time", "dimension_type", "dimension_key",
+                     "dimension_value", "created_at"), "string"),
+    **dict.fromkeys(("id", "total_gpu_capacity", "allocated_gpu_count"), "integer"),
+    "allocation_details": "object"}  # fmt: skip
+METRICS_GRAPH = {"serial": "integer",
+                 "series": [{"labels": "object",
+                             "values": [{"timestamp": "integer", "value": "number"}]}],
+                 "config": {"y_axis_unit": "string"}}  # fmt: skip
 # route -> (where the response type is, its schema: a JSON type, or a list of one schema,
 # or {field: schema})
 CONTRACTS: dict[str, tuple[str, Any]] = {
@@ -26,7 +68,57 @@ CONTRACTS: dict[str, tuple[str, Any]] = {
                             "[]model.GpuAllocation (core/pkg/model/gpu.go)",
                             [{"node": "string", "vendor": "string", "capacity": "integer",
                               "allocated": "integer", "allocationRate": "number"}]),
+    **{f"gpu-aggregation/{r}": (f"{GO}/api/pkg/api/unified_gpu_aggregation.go {t} []string",
+                                ["string"])
+       for r, t in (("namespaces", "GpuAggNamespacesResponse"),
+                    ("dimension-keys", "GpuAggDimensionKeysResponse"),
+                    ("dimension-values", "GpuAggDimensionValuesResponse"))},
+    **{f"gpu-aggregation/{r}/hourly-stats": (
+        f"{GO}/api/pkg/api/gpu_aggregation.go PaginatedResponse of {t} "
+        f"(core/pkg/database/model/{f}.gen.go)", paginated(row))
+       for r, t, f, row in (
+           ("namespaces", "NamespaceGpuHourlyStats", "namespace_gpu_hourly_stats", NAMESPACE_HOUR),
+           ("labels", "LabelGpuHourlyStats", "label_gpu_hourly_stats", LABEL_HOUR),
+           ("workloads", "WorkloadGpuHourlyStats", "workload_gpu_hourly_stats", WORKLOAD_HOUR))},
+    "gpu-aggregation/snapshots": (f"{GO}/api/pkg/api/unified_gpu_aggregation.go "
+                                  "[]*dbmodel.GpuAllocationSnapshots "
+                                  "(core/pkg/database/model/gpu_allocation_snapshots.gen.go)",
+                                  [SNAPSHOT]),
+    "gpu-aggregation/snapshots/latest": (f"{GO}/api/pkg/api/unified_gpu_aggregation.go "
+                                         "dbmodel.GpuAllocationSnapshots", SNAPSHOT),
+    **{f"workloads/{r}": (f"{GO}/api/pkg/api/unified_workload.go WorkloadStatisticsResponse "
+                          "model.WorkloadStatisticResp (core/pkg/model/workload.go)",
+                          {"running_workloads_count": "integer", "avg_gpu_allocated": "number",
+                           "avg_gpu_utilization": "number",
+                           "low_utilization_workloads_count": "integer"})
+       for r in ("statistic", "statistics")},
+    "workloads/gpuUtilizationHistory": (f"{GO}/api/pkg/api/unified_workload.go "
+                                        "WorkloadGPUHistoryResponse model.MetricsGraph "
+                                        "(core/pkg/model/common.go)", METRICS_GRAPH),
+    "nodes/fragmentation-analysis": (f"{GO}/api/pkg/api/node_fragmentation.go "
+                                     "FragmentationAnalysisResponse", {
+        "cluster": "string", "cluster_fragmentation_score": "number", "total_nodes": "integer",
+        "node_fragmentations": [{"node_name": "string", "total_gpus": "integer",
+                                 "allocated_gpus": "integer", "available_gpus": "integer",
+                                 "fragmentation_score": "number", "status": "string",
+                                 "utilization": "number"}],
+        "recommendations": ["string"],
+        "summary": {"healthy_nodes": "integer", "fragmented_nodes": "integer",
+                    "critical_nodes": "integer", "total_wasted_gpus": "integer",
+                    "waste_percentage": "number"}}),
+    "nodes/load-balance-analysis": (f"{GO}/api/pkg/api/node_fragmentation.go "
+                                    "LoadBalanceAnalysisResponse", {
+        "cluster": "string", "load_balance_score": "number",
+        "node_load_distribution": [{"node_name": "string", "allocation_rate": "number",
+                                    "utilization_rate": "number", "load_score": "number"}],
+        "hotspot_nodes": ["string"], "idle_nodes": ["string"], "recommendations": ["string"],
+        "statistics": {"avg_allocation_rate": "number", "stddev_allocation": "number",
+                       "max_allocation": "number", "min_allocation": "number",
+                       "variance": "number"}}),
 }  # fmt: skip
+# the routes the first test asks with no parameters
+PLAIN = ("gpu-aggregation/clusters", "nodes/gpuAllocation", "nodes/fragmentation-analysis",
+         "nodes/load-balance-analysis")  # fmt: skip
 GPU_NODE = {
     "name": "string",
     "ip": "string",
@@ -83,6 +175,8 @@ def conforms(value: Any, schema: Any) -> bool:
     got = shape(value)
     if schema == "number" and got == "integer":
         return True
+    if schema == "object":
+        return isinstance(value, dict)
     if isinstance(schema, list):
         return isinstance(value, list) and all(conforms(v, schema[0]) for v in value)
     if isinstance(schema, dict):
@@ -160,8 +254,9 @@ def test_nodes_and_gpu_allocation_exact_and_shaped_as_the_original(
     }
     assert (got["gpu-2"]["status"], got["cpu-1"]["status"]) == ("NotReady", "Unknown")
 
-    answers = {route: get(app, f"/v1/{route}?cluster=mi300-east") for route in CONTRACTS}
-    for route, (source, schema) in CONTRACTS.items():
+    answers = {route: get(app, f"/v1/{route}?cluster=mi300-east") for route in PLAIN}
+    for route in PLAIN:
+        source, schema = CONTRACTS[route]
         assert conforms(answers[route], schema), (route, source, answers[route])
     assert answers["gpu-aggregation/clusters"] == ["mi300-east"]
     assert answers["nodes/gpuAllocation"] == [
@@ -185,6 +280,20 @@ def test_a_schema_catches_a_renamed_or_missing_field() -> None:
     assert not conforms([{**row, "allocation_rate": 0.25}], schema)
     assert not conforms([{k: v for k, v in row.items() if k != "vendor"}], schema)
     assert not conforms([{**row, "capacity": "8"}], schema)
+
+
+def test_every_statistics_route_has_a_contract() -> None:
+    """The Statistics pages' routes (issue 57) each have the original's schema."""
+    from lens_ebpf.recorder.api import aggregation
+
+    pages = {r.path for r in aggregation.routes.routes} - {"gpu-aggregation/cluster/hourly-stats"}
+    pages |= {"workloads/statistic", "workloads/statistics", "workloads/gpuUtilizationHistory",
+              "nodes/fragmentation-analysis", "nodes/load-balance-analysis"}  # fmt: skip
+    assert pages - CONTRACTS.keys() == set()
+    _, schema = CONTRACTS["gpu-aggregation/snapshots/latest"]
+    row = {k: 0 if v == "integer" else {} if v == "object" else "x" for k, v in schema.items()}
+    assert conforms(row, schema) and conforms({**row, "allocation_details": {"a": [1]}}, schema)
+    assert not conforms({**row, "allocation_details": "{}"}, schema)
 
 
 def openmetrics(t0: int) -> str:
@@ -414,6 +523,19 @@ POD = {
 }  # model.WorkloadInfoPod (ip omitted)
 
 
+def put_trainer(api: FakeApiServer, started: str) -> None:
+    """The Deployment trainer (2 replicas of 1 GPU) and its ReplicaSet trainer-5d9f."""
+    from tests.recorder.objects import template, workload
+
+    spec = {"replicas": 2, "template": template("amd.com/gpu", 1)}
+    dep = workload("trainer", spec, {"replicas": 2, "readyReplicas": 2})
+    rs = workload("trainer-5d9f", spec, {"replicas": 2, "readyReplicas": 2}, "trainer")
+    for obj in (dep, rs):
+        obj["metadata"]["creationTimestamp"] = started
+    api.put("deployments", dep)
+    api.put("replicasets", rs)
+
+
 def test_workload_routes_as_the_ui_asks_them(api: FakeApiServer, recorder_app: Any,
                                              db_url: str) -> None:  # fmt: skip
     """A Deployment -> ReplicaSet -> 2 GPU pods on gpu-1; the pods' GPU utilization in a real
@@ -421,7 +543,7 @@ def test_workload_routes_as_the_ui_asks_them(api: FakeApiServer, recorder_app: A
     from datetime import UTC, datetime
 
     from tests.promserver import Prometheus, available
-    from tests.recorder.objects import NS, gpu_pod, state, template, workload
+    from tests.recorder.objects import NS, gpu_pod, state
 
     if available():
         pytest.skip(available())
@@ -471,13 +593,7 @@ def test_workload_routes_as_the_ui_asks_them(api: FakeApiServer, recorder_app: A
     prometheus = Prometheus([], openmetrics="".join(lines) + "# EOF\n")
     try:
         started = datetime.fromtimestamp(t0, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        spec = {"replicas": 2, "template": template("amd.com/gpu", 1)}
-        dep = workload("trainer", spec, {"replicas": 2, "readyReplicas": 2})
-        rs = workload("trainer-5d9f", spec, {"replicas": 2, "readyReplicas": 2}, "trainer")
-        for obj in (dep, rs):
-            obj["metadata"]["creationTimestamp"] = started
-        api.put("deployments", dep)
-        api.put("replicasets", rs)
+        put_trainer(api, started)
         labels = {"amd.com/gpu.product-name": "MI300X"}
         api.put("nodes", {**node("gpu-1", "True", {"amd.com/gpu": "8"}, "10.0.0.11"),
                           "metadata": {"name": "gpu-1", "labels": labels}})  # fmt: skip
