@@ -314,6 +314,12 @@ namespace_gpu_hourly_stats = Table(
     UniqueConstraint("cluster_name", "namespace", "stat_hour",
                      name="uq_namespace_gpu_hourly_stats_hour"),
 )  # fmt: skip
+# the Statistics pages read every namespace's hours of a span
+Index(
+    "ix_namespace_gpu_hourly_stats_hour",
+    namespace_gpu_hourly_stats.c.cluster_name,
+    namespace_gpu_hourly_stats.c.stat_hour,
+)
 
 # one row per label or annotation value and completed hour
 label_gpu_hourly_stats = Table(
@@ -372,6 +378,11 @@ Index(
     "ix_workload_gpu_hourly_stats_ns_hour",
     workload_gpu_hourly_stats.c.cluster_name,
     workload_gpu_hourly_stats.c.namespace,
+    workload_gpu_hourly_stats.c.stat_hour,
+)
+Index(
+    "ix_workload_gpu_hourly_stats_hour",
+    workload_gpu_hourly_stats.c.cluster_name,
     workload_gpu_hourly_stats.c.stat_hour,
 )
 

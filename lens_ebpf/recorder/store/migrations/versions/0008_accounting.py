@@ -63,6 +63,11 @@ def upgrade() -> None:
             "cluster_name", "namespace", "stat_hour", name="uq_namespace_gpu_hourly_stats_hour"
         ),
     )
+    op.create_index(
+        "ix_namespace_gpu_hourly_stats_hour",
+        "namespace_gpu_hourly_stats",
+        ["cluster_name", "stat_hour"],
+    )
     op.create_table(
         "label_gpu_hourly_stats",
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
@@ -124,6 +129,11 @@ def upgrade() -> None:
         "ix_workload_gpu_hourly_stats_ns_hour",
         "workload_gpu_hourly_stats",
         ["cluster_name", "namespace", "stat_hour"],
+    )
+    op.create_index(
+        "ix_workload_gpu_hourly_stats_hour",
+        "workload_gpu_hourly_stats",
+        ["cluster_name", "stat_hour"],
     )
     op.create_table(
         "gpu_usage_weekly_reports",
