@@ -307,6 +307,12 @@ class RecorderMetrics(Collector):
         for table, n in sorted(app.jobs.pruned.items()):
             pruned.add_sample("lens_recorder_pruned_rows_total", {"table": table}, n)
         yield pruned
+        yield self._counter(
+            "lens_recorder_aggregation_folded_values_total",
+            "Label and annotation values beyond recorder.aggregation.max_values "
+            "folded into __other__, each hour's statistics",
+            app.jobs.folded,
+        )
         if app.kubelet is not None:
             ks = Metric("lens_recorder_kubelet_service_syncs",
                         "kubelet Service/Endpoints syncs, by result", "counter")  # fmt: skip

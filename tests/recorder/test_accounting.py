@@ -19,6 +19,7 @@ from tests.recorder import objects
 from tests.recorder.conftest import rows
 from tests.recorder.objects import NS, state
 from tests.recorder.test_cluster_api import CONTRACTS, conforms, get, node, put_trainer
+from tests.recorder.test_faults import metric
 
 RFC = "%Y-%m-%dT%H:%M:%SZ"
 GIB = 1 << 30
@@ -394,6 +395,7 @@ def test_values_beyond_max_values_fold_into_other_and_retention_prunes(
     assert app.jobs.hourly(h + timedelta(hours=1, minutes=5)) == 2  # H-1 (no pod) and H
     assert app.writer.flush(10)
     assert app.jobs.folded - folded == 2  # y and z, in hour H
+    assert metric(app, "lens_recorder_aggregation_folded_values_total") == app.jobs.folded
     snap = [(r["dimension_value"], r["allocated_gpu_count"], r["allocation_details"])
             for r in rows(db_url, "gpu_allocation_snapshots") if r["dimension_type"] == "label"
             and aware_hour(r["snapshot_time"]) == h + timedelta(minutes=10)]  # fmt: skip
