@@ -23,24 +23,9 @@ def clusters(ask: Ask) -> Any:
 @routes.get("gpu-aggregation/cluster/hourly-stats")
 def hourly(ask: Ask) -> Any:
     """?start_time=&end_time=&page=&page_size=&order_by=&order_direction= (RFC 3339)."""
-    q, bounds = ask.query, []
-    for key in ("start_time", "end_time"):
-        raw = param(q, key)
-        got = parse_time(raw) if raw else None
-        if got is None:
-            raise bad(f"{key}={raw!r}: an RFC 3339 time is required")
-        bounds.append(got)
-    num = integer(q, "page", 1)
-    size = integer(q, "page_size", 20)
-    if num < 1 or not 1 <= size <= PAGE_MAX:
-        raise bad(f"page={num}, page_size={size}: page from 1, page_size from 1 to {PAGE_MAX}")
-    order = param(q, "order_by") or "time"
-    direction = (param(q, "order_direction") or "desc").lower()
-    if order not in ("time", "utilization") or direction not in ("asc", "desc"):
-        raise bad(f"order_by={order!r}, order_direction={direction!r}: time or utilization, "
-                  "asc or desc")  # fmt: skip
-    return hourly_stats(ask.conn, ask.c.tables, bounds[0], bounds[1], num, size,
-                        order == "utilization", direction == "desc")  # fmt: skip
+    start, end = _span_of(ask.query)
+    num, size, order, desc = _order(ask.query, ("time", "utilization"))
+    return hourly_stats(ask.conn, ask.c.tables, start, end, num, size, order == "utilization", desc)
 
 
 def _span(q: dict[str, str], required: bool = True) -> tuple[datetime | None, datetime | None]:
@@ -61,8 +46,9 @@ def _span_of(q: dict[str, str]) -> tuple[datetime, datetime]:
     return start, end
 
 
-def _order(q: dict[str, str], allowed: tuple[str, ...]) -> tuple[int, str, bool]:
-    """page, order_by, descending (page_size is taken as the original takes it: ignored)."""
+def _order(q: dict[str, str], allowed: tuple[str, ...]) -> tuple[int, int, str, bool]:
+    """page, page_size, order_by, descending (the dimension pages take page_size as the
+    original takes them: checked, then ignored)."""
     num = integer(q, "page", 1)
     size = integer(q, "page_size", 20)
     if num < 1 or not 1 <= size <= PAGE_MAX:
@@ -72,7 +58,7 @@ def _order(q: dict[str, str], allowed: tuple[str, ...]) -> tuple[int, str, bool]
     if order not in allowed or direction not in ("asc", "desc"):
         raise bad(f"order_by={order!r}, order_direction={direction!r}: "
                   f"{' or '.join(allowed)}, asc or desc")  # fmt: skip
-    return num, order, direction == "desc"
+    return num, size, order, direction == "desc"
 
 
 def _dimension(q: dict[str, str]) -> str:
@@ -110,7 +96,7 @@ def namespace_hourly(ask: Ask) -> Any:
     """?namespace=&start_time=&end_time=&page=&order_by=time|utilization&order_direction="""
     q = ask.query
     start, end = _span_of(q)
-    num, order, desc = _order(q, ("time", "utilization"))
+    num, _, order, desc = _order(q, ("time", "utilization"))
     return accounting.namespace_stats(ask.conn, ask.c.tables, param(q, "namespace"), start,
                                       end, num, order, desc)  # fmt: skip
 
@@ -124,7 +110,7 @@ def label_hourly(ask: Ask) -> Any:
     if not key:
         raise bad("dimension_key is required")
     start, end = _span_of(q)
-    num, order, desc = _order(q, ("time", "utilization", "allocated_gpu_count"))
+    num, _, order, desc = _order(q, ("time", "utilization", "allocated_gpu_count"))
     return accounting.label_stats(ask.conn, ask.c.tables, dim, key,
                                   param(q, "dimension_value"), start, end, num, order,
                                   desc)  # fmt: skip
@@ -136,7 +122,7 @@ def workload_hourly(ask: Ask) -> Any:
     &order_direction="""
     q = ask.query
     start, end = _span_of(q)
-    num, order, desc = _order(q, ("time", "utilization", "allocated_gpu_count"))
+    num, _, order, desc = _order(q, ("time", "utilization", "allocated_gpu_count"))
     return accounting.workload_stats(ask.conn, ask.c.tables, param(q, "namespace"),
                                      param(q, "workload_name"), param(q, "workload_type"),
                                      start, end, num, order, desc)  # fmt: skip
