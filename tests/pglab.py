@@ -72,13 +72,16 @@ class Postgres:
         self._as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate",
                           "-w", "-t", WAIT, "stop")  # fmt: skip
 
-    def create_database(self, name: str) -> str:
-        """A new empty database; its SQLAlchemy URL."""
+    def create_database(self, name: str, timezone: str = "") -> str:
+        """A new empty database (its sessions in timezone, where one is given: a server
+        set up in a local zone); its SQLAlchemy URL."""
         import psycopg
 
         with psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres",
                              autocommit=True) as conn:  # fmt: skip
             conn.execute(f'CREATE DATABASE "{name}"')
+            if timezone:  # the sessions' TimeZone: times come back in it
+                conn.execute(f"ALTER DATABASE \"{name}\" SET timezone = '{timezone}'")
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{name}"
 
     def destroy(self) -> None:

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 
 def aware(value: datetime | None) -> datetime | None:
-    """A stored time with its zone: SQLite hands datetimes back without it, and every
-    stored one is UTC."""
+    """A stored time in UTC: SQLite hands datetimes back without their zone (every stored
+    one is UTC), PostgreSQL in its session's TimeZone (which need not be UTC)."""
     if value is None:
         return None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+    return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)

@@ -8,6 +8,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +48,17 @@ def postgres() -> Iterator[pglab.Postgres]:
     pg.destroy()
 
 
+PG_TIMEZONE = "Asia/Kolkata"  # UTC+05:30
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'recorder.db'}"
     pg = request.getfixturevalue("postgres")
-    return str(pg.create_database(f"lens_{next(_names)}"))
+    # its sessions half an hour off UTC, as a server set up in a local zone hands times
+    # back: every stored time must read the same as on SQLite
+    return str(pg.create_database(f"lens_{next(_names)}", timezone=PG_TIMEZONE))
 
 
 @pytest.fixture()
@@ -110,8 +116,16 @@ def recorder_app(api: FakeApiServer, tmp_path: Path) -> Iterator[Factory]:
             app.stop(flush_timeout=2)
 
 
+def _utc(value: Any) -> Any:
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone(UTC)
+    return value
+
+
 def rows(url: str, table: str) -> list[dict[str, Any]]:
-    """Every row of a table, as dicts, in insertion order where the table has one."""
+    """Every row of a table, as dicts, in insertion order where the table has one; times
+    as the database hands them back, but in UTC (PostgreSQL's come in its session's
+    zone, SQLite's without one)."""
     from lens_ebpf.recorder.store import schema
 
     tab = schema.metadata.tables[table]
@@ -119,6 +133,7 @@ def rows(url: str, table: str) -> list[dict[str, Any]]:
     try:
         with eng.connect() as conn:
             order = [tab.c.id] if "id" in tab.c else list(tab.primary_key.columns)
-            return [dict(r) for r in conn.execute(select(tab).order_by(*order)).mappings()]
+            return [{k: _utc(v) for k, v in r.items()}
+                    for r in conn.execute(select(tab).order_by(*order)).mappings()]  # fmt: skip
     finally:
         eng.dispose()
