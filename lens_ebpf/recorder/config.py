@@ -90,6 +90,7 @@ class ReportsConfig(Section):
     chromium: str = Field("chromium", min_length=1)  # its command or path
     top_workloads: int = Field(10, ge=1, le=1000)  # the most idle workloads listed
     low_utilization_percent: float = Field(30.0, ge=0, le=100)  # a workload below: low
+    keep_weeks: int = Field(104, ge=1)  # reports of weeks that ended longer ago are pruned
 
     @field_validator("timezone")
     @classmethod

@@ -286,6 +286,30 @@ def test_routes_job_once_and_chromium_missing(prometheus: Any, recorder_app: Any
     assert missing["meta"]["code"] == 4004
     bad = requests.get(f"{base}?page=0", timeout=hang_guard(5))
     assert bad.status_code == 400 and "page" in bad.json()["meta"]["message"]
+    # kept recorder.reports.keep_weeks (104) after its week ended, then pruned, counted
+    before = app.jobs.pruned["gpu_usage_weekly_reports"]
+    app.jobs.prune(WEEK.end + timedelta(weeks=104) - H)
+    assert app.writer.flush(10) and lens("")["total"] == 1
+    app.jobs.prune(WEEK.end + timedelta(weeks=104) + H)
+    assert app.writer.flush(10) and lens("")["total"] == 0
+    assert app.jobs.pruned["gpu_usage_weekly_reports"] - before == 1
+
+
+def test_the_longest_bars_label_stays_inside_the_chart() -> None:
+    """A bar's "allocated / used" label goes after the bar, or inside its end where the
+    chart's edge would cut it."""
+    import re
+
+    from lens_ebpf.recorder.reports import charts
+
+    svg = charts.hour_bars([("ns-a", 6096.0, 4627.2), ("ns-b", 10.0, 5.0)], width=720)
+    labels = re.findall(r"<text x='([\d.]+)' y='[\d.]+'( text-anchor='end')?>([^<]*h[^<]*)</",
+                        svg)  # fmt: skip
+    assert [(anchor != "", text) for _, anchor, text in labels] == [
+        (True, "6096 h / 4627.2 used"), (False, "10 h / 5 used")]  # fmt: skip
+    for x, anchor, text in labels:
+        end = float(x) if anchor else float(x) + charts.CHAR_W * len(text)
+        assert end <= 720, (text, end)
 
 
 def test_cli_writes_the_same_report(prometheus: Any, tmp_path: Path,

@@ -27,6 +27,7 @@ PRUNED = ("allocation_snapshots", "device_changelog", "training_points", "traini
 PRUNED_BY = {"gpu_allocation_snapshots": "snapshot_time", "cluster_gpu_hourly_stats": "stat_hour",
              "namespace_gpu_hourly_stats": "stat_hour", "label_gpu_hourly_stats": "stat_hour",
              "workload_gpu_hourly_stats": "stat_hour"}  # fmt: skip
+REPORTS = "gpu_usage_weekly_reports"  # pruned after recorder.reports.keep_weeks
 # an hour's tables and each one's key, the cluster's last (its row marks the hour done)
 HOURLY = {
     "namespace_gpu_hourly_stats": ["cluster_name", "namespace", "stat_hour"],
@@ -45,10 +46,11 @@ class Jobs:
     def __init__(self, engine: Engine, writer: Writer, scopes: Callable[[], list[Scope]],
                  allocation_seconds: float, retention_days: float,
                  clock: Callable[[], datetime], keys: acc.Keys | None = None,
-                 backfill_days: float = 7.0) -> None:  # fmt: skip
+                 backfill_days: float = 7.0, report_weeks: int = 104) -> None:  # fmt: skip
         self.engine, self.writer, self.scopes = engine, writer, scopes  # the clusters now
         self.interval = allocation_seconds
         self.retention = timedelta(days=retention_days)
+        self.report_retention = timedelta(weeks=report_weeks)
         self.clock = clock
         self.keys = keys or acc.Keys()
         self.backfill = timedelta(days=backfill_days)
@@ -57,7 +59,7 @@ class Jobs:
         self.filled = 0  # hours whose utilization came later
         # runs that did their work (the runner counts every run and the failures)
         self.runs: dict[str, int] = {"snapshot": 0, "hourly": 0, "prune": 0}
-        self.pruned: dict[str, int] = dict.fromkeys((*PRUNED, *PRUNED_BY), 0)
+        self.pruned: dict[str, int] = dict.fromkeys((*PRUNED, *PRUNED_BY, REPORTS), 0)
 
     def snapshot(self, now: datetime) -> None:
         """Per cluster, per node and for the cluster (node ""): GPUs allocatable, requested
@@ -189,8 +191,9 @@ class Jobs:
         return len(updates)
 
     def prune(self, now: datetime) -> None:
-        """Snapshots, changelog rows, training points and events older than the retention,
-        counted."""
+        """Snapshots, changelog rows, training points and events, hourly statistics older
+        than the retention, and weekly reports of weeks that ended before
+        recorder.reports.keep_weeks, counted."""
         cutoff = now - self.retention
         counts: dict[str, int] = {}
 
@@ -198,6 +201,9 @@ class Jobs:
             for name, col in (*((n, "at") for n in PRUNED), *PRUNED_BY.items()):
                 table = t.metadata.tables[name]
                 counts[name] = conn.execute(delete(table).where(table.c[col] < cutoff)).rowcount
+            reports = t.gpu_usage_weekly_reports
+            counts[REPORTS] = conn.execute(delete(reports).where(
+                reports.c.period_end < now - self.report_retention)).rowcount  # fmt: skip
 
         def done() -> None:
             for name, n in counts.items():

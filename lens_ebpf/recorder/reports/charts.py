@@ -7,6 +7,7 @@ from html import escape
 
 BLUE, GREEN, GREY, RED = "#3b6fd8", "#2e9d5b", "#c9ced6", "#d0473c"
 FONT = "font-family='Helvetica, Arial, sans-serif'"
+CHAR_W = 6.5  # px: the widest a character of the 11 px font runs, digits and letters
 
 
 def _num(v: float) -> str:
@@ -77,6 +78,10 @@ def hour_bars(rows: list[tuple[str, float, float | None]], width: int = 720) -> 
             out.append(f"<rect x='{label_w}' y='{y + 2}' width='{plot_w * used / most:.1f}' "
                        f"height='{row_h - 6}' fill='{GREEN}'/>")  # fmt: skip
         note = f"{_num(alloc)} h" + ("" if used is None else f" / {_num(used)} used")
-        out.append(f"<text x='{label_w + w + 4:.1f}' y='{y + 14}'>{escape(note)}</text>")
+        if label_w + w + 4 + CHAR_W * len(note) <= width:  # after the bar
+            out.append(f"<text x='{label_w + w + 4:.1f}' y='{y + 14}'>{escape(note)}</text>")
+        else:  # the longest bars: inside their end, where it is not cut by the edge
+            out.append(f"<text x='{label_w + w - 4:.1f}' y='{y + 14}' text-anchor='end'>"
+                       f"{escape(note)}</text>")  # fmt: skip
     out.append("</svg>")
     return "".join(out)
