@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from lens_ebpf.k8s.client import api_client
-from lens_ebpf.recorder import config
-from lens_ebpf.recorder.service import RecorderApp
+from lens_ebpf.recorder import config, service
 from tests import pglab
 from tests.k8slab import FakeApiServer
 
@@ -30,11 +29,12 @@ def database(postgres: bool, tmp: Path, name: str) -> tuple[str, pglab.Postgres 
 
 def start(url: str, tmp: Path, api: FakeApiServer,
           overrides: dict[tuple[str, ...], Any] | None = None,
-          clock: Callable[[], datetime] | None = None) -> RecorderApp:  # fmt: skip
+          clock: Callable[[], datetime] | None = None) -> service.RecorderApp:  # fmt: skip
     over = {("recorder", "database_url"): url, ("recorder", "listen"): "127.0.0.1:0",
             ("recorder", "collect_listen"): "127.0.0.1:0", **(overrides or {})}  # fmt: skip
     client = api_client("kubeconfig", str(api.kubeconfig(tmp / "kc")))
     cfg = config.load(env={}, overrides=over)
-    app = RecorderApp(cfg, client, clock) if clock else RecorderApp(cfg, client)
+    app = service.RecorderApp(cfg, client, clock) if clock else service.RecorderApp(cfg, client)
     app.start()
+    service.settle_heap()  # as the service's process does (recorder/cli.py)
     return app

@@ -177,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"recorder: {exc}") from None
     log.info("recorder: schema %s, REST on %s, collector on %s", app.revision,
              cfg.recorder.listen, cfg.recorder.collect_listen or "off")  # fmt: skip
+    service.settle_heap()
     stop.wait()  # set by SIGTERM or SIGINT
     app.stop()
     return 0

@@ -5,11 +5,14 @@ query is time-bounded (`timeout_seconds`) and a range query that would return mo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
@@ -191,6 +194,29 @@ class PromError(Exception):
     """Prometheus cannot answer: not configured, down, or it refused the query (503)."""
 
 
+# what the current request could not get from Prometheus (see missing_figures)
+_MISSING: ContextVar[list[str] | None] = ContextVar("prometheus_missing", default=None)
+
+
+@contextlib.contextmanager
+def missing_figures() -> Iterator[list[str]]:
+    """Within it (one request, one thread), the Prom.maybe_* reads that Prometheus could
+    not answer add why to the list: the figures they gave are None, the stored facts
+    beside them are answered (the surface says what is missing in meta.message)."""
+    got: list[str] = []
+    token = _MISSING.set(got)
+    try:
+        yield got
+    finally:
+        _MISSING.reset(token)
+
+
+def _missed(exc: PromError) -> None:
+    got = _MISSING.get()
+    if got is not None and str(exc) not in got:
+        got.append(str(exc))
+
+
 class TooManyPoints(ValueError):
     """A range query beyond max_points (400, naming the parameters)."""
 
@@ -225,6 +251,22 @@ class Prom:
         data = self._get("query", {"query": query, "time": f"{at.timestamp():.3f}",
                                    "timeout": f"{int(self.timeout * 1000)}ms"})  # fmt: skip
         return [(r["metric"], float(r["value"][1])) for r in data.get("result", [])]
+
+    def maybe_instant(self, query: str, at: datetime
+                      ) -> list[tuple[dict[str, str], float]] | None:  # fmt: skip
+        """instant(), or None where Prometheus cannot answer (said to missing_figures)."""
+        try:
+            return self.instant(query, at)
+        except PromError as exc:
+            _missed(exc)
+            return None
+
+    def maybe_scalar(self, query: str, at: datetime) -> float | None:
+        """scalar(), or None where Prometheus cannot answer (said to missing_figures)."""
+        got = self.maybe_instant(query, at)
+        if got is None:
+            return None
+        return got[0][1] if got else 0.0
 
     def scalar(self, query: str, at: datetime) -> float:
         """The value of a query that answers one series; 0 when it answers none."""

@@ -3,6 +3,7 @@ metrics, wired together; and the one-shot commands (--report, --remove-finalizer
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import threading
@@ -129,7 +130,7 @@ class RecorderApp:
         self.jobs = Jobs(self.engine, self.writer, self.clusters.scopes,
                          r.jobs.allocation_seconds, r.retention.days, clock,
                          Keys(tuple(ag.label_keys), tuple(ag.annotation_keys), ag.max_values),
-                         ag.backfill_days)  # fmt: skip
+                         ag.backfill_days, r.reports.keep_weeks)  # fmt: skip
         self.reports = weekly.job_for(r, self.engine, self.writer, self.clusters.scopes)
         self.grpc: Any = None
         self.collect_port = 0
@@ -332,6 +333,16 @@ class RecorderMetrics(Collector):
         m = Metric(sample.removesuffix("_total"), help_text, "counter")
         m.add_sample(sample, {}, value)
         return m
+
+
+def settle_heap() -> None:
+    """Once the process has started: what start-up made (modules, the schema, the API
+    client's models, about 200,000 objects) moves out of the garbage collector's sight
+    (gc.freeze). A full collection otherwise walks all of it, about 80 ms, every few
+    10,000-row statistics pages: a request that meets one takes twice as long. Only for
+    the service's own process (what is frozen is never collected)."""
+    gc.collect()
+    gc.freeze()
 
 
 # -- one-shot commands ---------------------------------------------------------------

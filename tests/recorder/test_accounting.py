@@ -18,7 +18,14 @@ from tests.k8slab import FakeApiServer, eventually, pod
 from tests.recorder import objects
 from tests.recorder.conftest import rows
 from tests.recorder.objects import NS, state
-from tests.recorder.test_cluster_api import CONTRACTS, conforms, get, node, put_trainer
+from tests.recorder.test_cluster_api import (
+    CONTRACTS,
+    METRIC_CONTRACTS,
+    conforms,
+    get,
+    node,
+    put_trainer,
+)
 from tests.recorder.test_faults import metric
 
 RFC = "%Y-%m-%dT%H:%M:%SZ"
@@ -263,6 +270,7 @@ def test_statistics_routes_conform_to_the_original_and_their_figures(
             "gpu-aggregation/namespaces": span,
             "gpu-aggregation/dimension-keys": f"dimension_type=label&{span}",
             "gpu-aggregation/dimension-values": f"dimension_type=label&dimension_key=team&{span}",
+            "gpu-aggregation/cluster/hourly-stats": span,
             "gpu-aggregation/namespaces/hourly-stats": span,
             "gpu-aggregation/labels/hourly-stats":
                 f"dimension_type=label&dimension_key=team&{span}",
@@ -276,9 +284,9 @@ def test_statistics_routes_conform_to_the_original_and_their_figures(
         }  # fmt: skip
         got = {route: get(app, f"/v1/{route}?{q}&cluster=local") for route, q in asks.items()}
         for route, answer in got.items():
-            source, schema = CONTRACTS[route]
+            source, schema = {**CONTRACTS, **METRIC_CONTRACTS}[route]
             assert conforms(answer, schema), (route, source, answer)
-        for route in ("namespaces", "labels", "workloads"):  # non-empty: every field checked
+        for route in ("cluster", "namespaces", "labels", "workloads"):  # every field checked
             assert len(got[f"gpu-aggregation/{route}/hourly-stats"]["data"]) == 1, route
         assert got["gpu-aggregation/namespaces"] == [NS]
         assert got["gpu-aggregation/dimension-keys"] == ["team"]

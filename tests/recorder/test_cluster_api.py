@@ -27,6 +27,12 @@ def paginated(row: Any) -> dict[str, Any]:
 
 # the database models' json tags (core/pkg/database/model/*.gen.go); "object": a JSON object
 # of any keys (their ExtType), a time.Time a string
+CLUSTER_HOUR = {
+    **dict.fromkeys(("cluster_name", "stat_hour", "created_at", "updated_at"), "string"),
+    **dict.fromkeys(("id", "total_gpu_capacity", "sample_count"), "integer"),
+    **dict.fromkeys(("allocated_gpu_count", "allocation_rate", "avg_utilization",
+                     "max_utilization", "min_utilization", "p50_utilization",
+                     "p95_utilization"), "number")}  # fmt: skip
 NAMESPACE_HOUR = {
     **dict.fromkeys(("cluster_name", "namespace", "stat_hour", "created_at", "updated_at"),
                     "string"),
@@ -77,6 +83,7 @@ CONTRACTS: dict[str, tuple[str, Any]] = {
         f"{GO}/api/pkg/api/gpu_aggregation.go PaginatedResponse of {t} "
         f"(core/pkg/database/model/{f}.gen.go)", paginated(row))
        for r, t, f, row in (
+           ("cluster", "ClusterGpuHourlyStats", "cluster_gpu_hourly_stats", CLUSTER_HOUR),
            ("namespaces", "NamespaceGpuHourlyStats", "namespace_gpu_hourly_stats", NAMESPACE_HOUR),
            ("labels", "LabelGpuHourlyStats", "label_gpu_hourly_stats", LABEL_HOUR),
            ("workloads", "WorkloadGpuHourlyStats", "workload_gpu_hourly_stats", WORKLOAD_HOUR))},
@@ -95,30 +102,9 @@ CONTRACTS: dict[str, tuple[str, Any]] = {
     "workloads/gpuUtilizationHistory": (f"{GO}/api/pkg/api/unified_workload.go "
                                         "WorkloadGPUHistoryResponse model.MetricsGraph "
                                         "(core/pkg/model/common.go)", METRICS_GRAPH),
-    "nodes/fragmentation-analysis": (f"{GO}/api/pkg/api/node_fragmentation.go "
-                                     "FragmentationAnalysisResponse", {
-        "cluster": "string", "cluster_fragmentation_score": "number", "total_nodes": "integer",
-        "node_fragmentations": [{"node_name": "string", "total_gpus": "integer",
-                                 "allocated_gpus": "integer", "available_gpus": "integer",
-                                 "fragmentation_score": "number", "status": "string",
-                                 "utilization": "number"}],
-        "recommendations": ["string"],
-        "summary": {"healthy_nodes": "integer", "fragmented_nodes": "integer",
-                    "critical_nodes": "integer", "total_wasted_gpus": "integer",
-                    "waste_percentage": "number"}}),
-    "nodes/load-balance-analysis": (f"{GO}/api/pkg/api/node_fragmentation.go "
-                                    "LoadBalanceAnalysisResponse", {
-        "cluster": "string", "load_balance_score": "number",
-        "node_load_distribution": [{"node_name": "string", "allocation_rate": "number",
-                                    "utilization_rate": "number", "load_score": "number"}],
-        "hotspot_nodes": ["string"], "idle_nodes": ["string"], "recommendations": ["string"],
-        "statistics": {"avg_allocation_rate": "number", "stddev_allocation": "number",
-                       "max_allocation": "number", "min_allocation": "number",
-                       "variance": "number"}}),
 }  # fmt: skip
 # the routes the first test asks with no parameters
-PLAIN = ("gpu-aggregation/clusters", "nodes/gpuAllocation", "nodes/fragmentation-analysis",
-         "nodes/load-balance-analysis")  # fmt: skip
+PLAIN = ("gpu-aggregation/clusters", "nodes/gpuAllocation")
 GPU_NODE = {
     "name": "string",
     "ip": "string",
@@ -149,6 +135,37 @@ METRIC_CONTRACTS: dict[str, tuple[str, Any]] = {
                      "os": "string", "gpu_driver_version": "string",
                      "static_gpu_details": "string", "kubelet_version": "string",
                      "containerd_version": "string", "cluster_name": "string"}),
+    "nodes/fragmentation-analysis": (f"{GO}/api/pkg/api/node_fragmentation.go "
+                                     "FragmentationAnalysisResponse", {
+        "cluster": "string", "cluster_fragmentation_score": "number", "total_nodes": "integer",
+        "node_fragmentations": [{"node_name": "string", "total_gpus": "integer",
+                                 "allocated_gpus": "integer", "available_gpus": "integer",
+                                 "fragmentation_score": "number", "status": "string",
+                                 "utilization": "number"}],
+        "recommendations": ["string"],
+        "summary": {"healthy_nodes": "integer", "fragmented_nodes": "integer",
+                    "critical_nodes": "integer", "total_wasted_gpus": "integer",
+                    "waste_percentage": "number"}}),
+    "nodes/load-balance-analysis": (f"{GO}/api/pkg/api/node_fragmentation.go "
+                                    "LoadBalanceAnalysisResponse", {
+        "cluster": "string", "load_balance_score": "number",
+        "node_load_distribution": [{"node_name": "string", "allocation_rate": "number",
+                                    "utilization_rate": "number", "load_score": "number"}],
+        "hotspot_nodes": ["string"], "idle_nodes": ["string"], "recommendations": ["string"],
+        "statistics": {"avg_allocation_rate": "number", "stddev_allocation": "number",
+                       "max_allocation": "number", "min_allocation": "number",
+                       "variance": "number"}}),
+    "nodes/gpu-1/fragmentation": (f"{GO}/api/pkg/api/node_fragmentation.go "
+                                  "NodeFragmentationDetail", {
+        "node_name": "string", "total_gpus": "integer", "allocated_gpus": "integer",
+        "available_gpus": "integer", "fragmentation_score": "number", "status": "string",
+        "allocation_pattern": {"fully_allocated_pods": "integer",
+                               "partially_allocated_pods": "integer",
+                               "gpu_sharing_enabled": "boolean",
+                               "largest_contiguous_gpu": "integer"},
+        "running_pods": [{"pod_name": "string", "namespace": "string",
+                          "allocated_gpus": "integer"}],
+        "recommendations": ["string"]}),
 }  # fmt: skip
 
 
@@ -286,10 +303,10 @@ def test_every_statistics_route_has_a_contract() -> None:
     """The Statistics pages' routes (issue 57) each have the original's schema."""
     from lens_ebpf.recorder.api import aggregation
 
-    pages = {r.path for r in aggregation.routes.routes} - {"gpu-aggregation/cluster/hourly-stats"}
+    pages = {r.path for r in aggregation.routes.routes}
     pages |= {"workloads/statistic", "workloads/statistics", "workloads/gpuUtilizationHistory",
               "nodes/fragmentation-analysis", "nodes/load-balance-analysis"}  # fmt: skip
-    assert pages - CONTRACTS.keys() == set()
+    assert pages - CONTRACTS.keys() - METRIC_CONTRACTS.keys() == set()
     _, schema = CONTRACTS["gpu-aggregation/snapshots/latest"]
     row = {k: 0 if v == "integer" else {} if v == "object" else "x" for k, v in schema.items()}
     assert conforms(row, schema) and conforms({**row, "allocation_details": {"a": [1]}}, schema)
@@ -382,6 +399,41 @@ def test_utilization_routes_from_a_real_prometheus(api: FakeApiServer, recorder_
         answers = {route: get(app, f"/v1/{route}") for route in METRIC_CONTRACTS}
         for route, (source, schema) in METRIC_CONTRACTS.items():
             assert conforms(answers[route], schema), (route, source, answers[route])
+        # gpu-1: 2 of 8 GPUs held, at 60 %; gpu-2: 1 of 4, at 30 %: each 30 points for its
+        # unallocated GPUs (0.75 x 40), none for idle allocated ones (utilization above
+        # the allocation rate), none for small allocations (one pod each)
+        assert answers["nodes/fragmentation-analysis"] == {
+            "cluster": "local", "cluster_fragmentation_score": 30.0, "total_nodes": 2,
+            "node_fragmentations": [
+                {"node_name": "gpu-1", "total_gpus": 8, "allocated_gpus": 2, "available_gpus": 6,
+                 "fragmentation_score": 30.0, "status": "fragmented", "utilization": 60.0},
+                {"node_name": "gpu-2", "total_gpus": 4, "allocated_gpus": 1, "available_gpus": 3,
+                 "fragmentation_score": 30.0, "status": "fragmented", "utilization": 30.0}],
+            "recommendations": ["Some nodes have fragmented GPU allocation. Consider using pod "
+                                "affinity/anti-affinity rules."],
+            "summary": {"healthy_nodes": 0, "fragmented_nodes": 2, "critical_nodes": 0,
+                        "total_wasted_gpus": 9, "waste_percentage": 75.0}}  # fmt: skip
+        # load: allocation 60 %, utilization 40 %; both nodes 25 % allocated: even (100)
+        assert answers["nodes/load-balance-analysis"] == {
+            "cluster": "local", "load_balance_score": 100.0,
+            "node_load_distribution": [
+                {"node_name": "gpu-1", "allocation_rate": 25.0, "utilization_rate": 60.0,
+                 "load_score": 25.0 * 0.6 + 60.0 * 0.4},
+                {"node_name": "gpu-2", "allocation_rate": 25.0, "utilization_rate": 30.0,
+                 "load_score": 25.0 * 0.6 + 30.0 * 0.4}],
+            "hotspot_nodes": [], "idle_nodes": [],
+            "recommendations": ["Overall cluster GPU allocation is low. Consider optimizing "
+                                "resource requests."],
+            "statistics": {"avg_allocation_rate": 25.0, "stddev_allocation": 0.0,
+                           "max_allocation": 25.0, "min_allocation": 25.0,
+                           "variance": 0.0}}  # fmt: skip
+        assert answers["nodes/gpu-1/fragmentation"] == {
+            "node_name": "gpu-1", "total_gpus": 8, "allocated_gpus": 2, "available_gpus": 6,
+            "fragmentation_score": 30.0, "status": "fragmented",
+            "allocation_pattern": {"fully_allocated_pods": 0, "partially_allocated_pods": 1,
+                                   "gpu_sharing_enabled": False, "largest_contiguous_gpu": 6},
+            "running_pods": [{"pod_name": "a", "namespace": "ml", "allocated_gpus": 2}],
+            "recommendations": ["Node GPU allocation is healthy"]}  # fmt: skip
         listed = answers[next(iter(METRIC_CONTRACTS))]
         assert listed == {"total": 2, "cluster_name": "local", "data": [
             {"name": "gpu-1", "ip": "10.0.0.11", "gpu_name": "AMD_Instinct_MI300X_OAM",
@@ -497,6 +549,30 @@ def test_without_prometheus_the_metric_routes_say_so(api: FakeApiServer, recorde
     api.put("nodes", node("gpu-1", "True", {"amd.com/gpu": "8"}, "10.0.0.11"))
     eventually(lambda: get_or_none(app, "/v1/nodes/gpu-1") is not None, timeout=15)
     assert get(app, "/v1/nodes/gpu-1")["cpu"] == "128"
+    # the node analyses mix stored allocation with Prometheus's utilization: answered
+    # without it (null), saying so; the scores from the allocation alone
+    for route in ("nodes/fragmentation-analysis", "nodes/load-balance-analysis"):
+        r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/{route}", timeout=hang_guard(5))
+        body = r.json()
+        assert r.status_code == 200 and body["meta"]["code"] == 2000, body
+        assert "Prometheus figures missing" in body["meta"]["message"]
+        assert "recorder.prometheus.url is not set" in body["meta"]["message"]
+        if route == "nodes/fragmentation-analysis":
+            assert body["data"]["node_fragmentations"] == [
+                {
+                    "node_name": "gpu-1",
+                    "total_gpus": 8,
+                    "allocated_gpus": 0,
+                    "available_gpus": 8,
+                    "fragmentation_score": 40.0,
+                    "status": "fragmented",
+                    "utilization": None,
+                }
+            ]
+        else:
+            assert body["data"]["node_load_distribution"] == [
+                {"node_name": "gpu-1", "allocation_rate": 0.0, "utilization_rate": None,
+                 "load_score": 0.0}]  # fmt: skip
 
 
 def get_or_none(app: Any, path: str) -> Any:

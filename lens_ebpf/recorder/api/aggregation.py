@@ -9,7 +9,6 @@ from typing import Any
 from lens_ebpf.core.routes import RouteTable
 from lens_ebpf.recorder import accounting
 from lens_ebpf.recorder.api.envelope import PAGE_MAX, Ask, bad, integer, param
-from lens_ebpf.recorder.hourly_stats import hourly_stats
 from lens_ebpf.recorder.lifecycle import parse_time
 
 routes = RouteTable()
@@ -25,7 +24,7 @@ def hourly(ask: Ask) -> Any:
     """?start_time=&end_time=&page=&page_size=&order_by=&order_direction= (RFC 3339)."""
     start, end = _span_of(ask.query)
     num, size, order, desc = _order(ask.query, ("time", "utilization"))
-    return hourly_stats(ask.conn, ask.c.tables, start, end, num, size, order == "utilization", desc)
+    return accounting.cluster_stats(ask.conn, ask.c.tables, start, end, num, size, order, desc)
 
 
 def _span(q: dict[str, str], required: bool = True) -> tuple[datetime | None, datetime | None]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from lens_ebpf.core.routes import RouteTable
-from lens_ebpf.recorder import allocation, gpu_nodes, workloads
+from lens_ebpf.recorder import allocation, gpu_nodes, node_analysis, workloads
 from lens_ebpf.recorder.api.envelope import Ask, bad, page, param, span
 
 routes = RouteTable()
@@ -29,25 +29,22 @@ def node_list(ask: Ask) -> Any:
                                param(q, "gpu_name") or "", wanted)  # fmt: skip
 
 
-# the original's node analyses (api/pkg/api/node_fragmentation.go) are not computed here:
-# their fixed paths answer empty in its shapes rather than as a node named so
 @routes.get("nodes/fragmentation-analysis")
 def fragmentation(ask: Ask) -> Any:
-    """FragmentationAnalysisResponse, empty."""
-    return {"cluster": ask.c.name, "cluster_fragmentation_score": 0.0, "total_nodes": 0,
-            "node_fragmentations": [], "recommendations": [],
-            "summary": {"healthy_nodes": 0, "fragmented_nodes": 0, "critical_nodes": 0,
-                        "total_wasted_gpus": 0, "waste_percentage": 0.0}}  # fmt: skip
+    """FragmentationAnalysisResponse."""
+    return node_analysis.fragmentation(ask.conn, ask.c, ask.now())
 
 
 @routes.get("nodes/load-balance-analysis")
 def load_balance(ask: Ask) -> Any:
-    """LoadBalanceAnalysisResponse, empty."""
-    return {"cluster": ask.c.name, "load_balance_score": 0.0, "node_load_distribution": [],
-            "hotspot_nodes": [], "idle_nodes": [], "recommendations": [],
-            "statistics": {"avg_allocation_rate": 0.0, "stddev_allocation": 0.0,
-                           "max_allocation": 0.0, "min_allocation": 0.0,
-                           "variance": 0.0}}  # fmt: skip
+    """LoadBalanceAnalysisResponse."""
+    return node_analysis.load_balance(ask.conn, ask.c, ask.now())
+
+
+@routes.get("nodes/{name}/fragmentation")
+def node_fragmentation(ask: Ask) -> Any:
+    """NodeFragmentationDetail."""
+    return node_analysis.node_detail(ask.conn, ask.c, ask.arg("name"), ask.now())
 
 
 @routes.get("nodes/gpuAllocation")

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from lens_ebpf.core.http import json_response
 from lens_ebpf.core.routes import Answer, Request, Response, Route, RouteTable, Surface
 from lens_ebpf.recorder.api.envelope import Services
+from lens_ebpf.recorder.api.envelope import answer as encoded
 from lens_ebpf.recorder.ingest.admission import Ingest, Outcome
 from lens_ebpf.recorder.training.intake import take_logs
 
@@ -23,7 +23,7 @@ routes = RouteTable()
 
 def answer(status: int, message: str = "OK", data: Any = None) -> Response:
     code = 2000 if status < 300 else CODES.get(status, status * 10)
-    return json_response(status, {"meta": {"code": code, "message": message}, "data": data})
+    return encoded(status, {"meta": {"code": code, "message": message}, "data": data})
 
 
 def put(got: Outcome) -> Answer:
