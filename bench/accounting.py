@@ -298,8 +298,9 @@ def main() -> None:
             for i in range(n):
                 at = last + timedelta(seconds=i * args.snapshot_seconds)
                 insert(conn, s, [{**r, "snapshot_time": at, "created_at": at} for r in one])
-        if args.postgres:  # the statistics autovacuum gathers after such inserts
-            with eng.connect() as conn:
+        if args.postgres:  # the statistics autovacuum gathers after such inserts,
+            # committed (in a transaction that rolls back, ANALYZE leaves none)
+            with eng.begin() as conn:
                 conn.exec_driver_sql("ANALYZE")
         print(
             f"the measured hour: {n} snapshots of {len(one)} rows each "

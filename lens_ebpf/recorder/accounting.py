@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -441,12 +442,6 @@ def _time_text(value: Any) -> str:
     return rfc3339(datetime.fromisoformat(value) if isinstance(value, str) else value)
 
 
-def _json_value(value: Any) -> Any:
-    """A JSON column read as its text (see _wide), answered as that text: the API's
-    envelope (orjson) writes a Fragment as it is, with no decoding and encoding again."""
-    return orjson.Fragment(value) if isinstance(value, str | bytes) else value
-
-
 def _wide(table: Any, names: Sequence[str]) -> list[Any]:
     """The columns to select for _rows: times and JSON values as text, not through
     SQLAlchemy's and the driver's per-value processing (a regular expression or a datetime
@@ -462,34 +457,63 @@ def _wide(table: Any, names: Sequence[str]) -> list[Any]:
 def _rows(rows: Iterable[Any], columns: Sequence[str], table: Any = None
           ) -> list[dict[str, Any]]:  # fmt: skip
     """Rows (their values in the order of columns, selected by _wide(table, columns) when
-    table is given) as dicts, times in RFC 3339. Column by column: each distinct time
-    formatted once (a page of 10,000 rows holds a few dozen), JSON text wrapped as it is."""
-    cols = [list(c) for c in zip(*rows, strict=True)]
-    if not cols:
-        return []
-    fmt = _time_text if table is not None else rfc3339
-    for i, name in enumerate(columns):
-        if name in TIMES:
-            memo = {v: fmt(v) for v in set(cols[i])}
-            cols[i] = [memo[v] for v in cols[i]]
-        elif table is not None and isinstance(table.c[name].type, JSON):
-            cols[i] = list(map(_json_value, cols[i]))
+    table is given) as dicts, keys in that order, times in RFC 3339 (each distinct time
+    formatted once: a page of 10,000 rows holds a few dozen), JSON text wrapped as it is.
+    About 1.4 us a row of 27 columns: a 10,000-row page's Python time is mostly here."""
     names = [str(n) for n in columns]
-    return [dict(zip(names, values, strict=True)) for values in zip(*cols, strict=True)]
+    times = [i for i, n in enumerate(names) if n in TIMES]
+    js = [] if table is None else [i for i, n in enumerate(names)
+                                   if isinstance(table.c[n].type, JSON)]  # fmt: skip
+    fmt = _time_text if table is not None else rfc3339
+    memo: dict[Any, str] = {}
+    text, fragment = str, orjson.Fragment
+    out = []
+    for r in rows:
+        v = list(r)
+        for i in times:
+            t = v[i]
+            got = memo.get(t)
+            if got is None:
+                got = memo[t] = fmt(t)
+            v[i] = got
+        for i in js:  # read as text (_wide): answered as it is
+            if type(v[i]) is text:
+                v[i] = fragment(v[i])
+        out.append(dict(zip(names, v)))  # noqa: B905 (as long by construction)
+    return out
 
 
 def _page(conn: Connection, table: Any, cond: list[Any], order: Any, descending: bool,
           num: int, size: int = PAGE_ALL) -> dict[str, Any]:  # fmt: skip
     """PaginatedResponse of the table's rows (every column), ordered by order then id
     (both the same way: a descending page reads the time index backwards, no sort)."""
-    total = int(conn.execute(select(func.count()).select_from(table).where(*cond)).scalar_one())
-    names = [c.name for c in table.c]
+    counting = _counter().submit(_count, conn.engine, table, cond)
+    names = sorted(c.name for c in table.c)  # each row's keys in name order
     rows = conn.execute(select(*_wide(table, names)).where(*cond)
                         .order_by(*(c.desc() if descending else c.asc()
                                     for c in (order, table.c.id)))
                         .offset((num - 1) * size).limit(size)).all()  # fmt: skip
-    return {"data": _rows(rows, names, table), "total": total, "page": num,
-            "page_size": size, "total_pages": -(-total // size)}  # fmt: skip
+    data = _rows(rows, names, table)
+    total = counting.result()
+    return {"data": data, "total": total, "page": num, "page_size": size,
+            "total_pages": -(-total // size)}  # fmt: skip
+
+
+_COUNTER: list[ThreadPoolExecutor] = []
+
+
+def _counter() -> ThreadPoolExecutor:
+    """The threads that count a page's rows while the page is read and built (the count of
+    a week's 231,612 workload rows is 15-25 ms of the database's time)."""
+    if not _COUNTER:
+        _COUNTER.append(ThreadPoolExecutor(4, thread_name_prefix="page-count"))
+    return _COUNTER[0]
+
+
+def _count(engine: Any, table: Any, cond: list[Any]) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(table).where(*cond))
+                   .scalar_one())  # fmt: skip
 
 
 ORDERS = {"time": "stat_hour", "utilization": "avg_utilization",
