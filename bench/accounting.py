@@ -10,12 +10,19 @@ workloads, their pods (lifetimes over two weeks: the report compares the week be
 one snapshot per pod (its labels and annotations, as the aggregation reads them), the
 cluster's allocation snapshots every `--snapshot-seconds` over two weeks, the dimension
 snapshots of the measured hour (the snapshot run's rows, at each of its times), and the
-other hours' statistics (made by accounting.hour_rows from the same lifetimes). No
-Prometheus: utilization is NULL (a week of 8,000 GPUs' minutes is 80 M samples, more than
-promtool and this machine make in a bench's time).
+other hours' statistics (made by accounting.hour_rows from the same lifetimes).
+
+Without --prometheus, utilization is NULL. With it, a real Prometheus (Debian's) holds
+every pod GPU's series, written by promtool before it starts: gpu_utilization,
+gpu_memory_used_bytes and gpu_memory_total_bytes a minute apart over the two hours the
+aggregation measures (the hourly job's four range queries read them at that step), and
+gpu_utilization over the report's two weeks every --report-step seconds (300: at one a
+minute two weeks of 8,000 GPUs are 160 M samples, about 12 minutes of promtool here; the
+report's day queries read every sample, so their time scales with the step).
 
     .venv/bin/python -m bench.accounting [--nodes 1000] [--workloads 5000] [--namespaces 200]
         [--values 10] [--days 7] [--snapshot-seconds 30] [--requests 30] [--postgres]
+        [--prometheus [--report-step 300]]
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import statistics
 import tempfile
 import time
 import urllib.request
+import zlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -42,6 +50,7 @@ from lens_ebpf.recorder.reports import weekly
 from lens_ebpf.recorder.reports.week import due
 from lens_ebpf.recorder.store import schema as t
 from tests.k8slab import FakeApiServer, eventually
+from tests.promserver import Prometheus, create_blocks
 
 HOUR = timedelta(hours=1)
 RFC = "%Y-%m-%dT%H:%M:%SZ"
@@ -192,6 +201,73 @@ def hour_rows(works: list[Work], hour: datetime, cap: int, keys: acc.Keys,
     return acc.hour_rows(CLUSTER, hour, cap, allocated, got, None, keys, now)
 
 
+GIB = 1 << 30
+HOUR_METRICS = ("gpu_utilization", "gpu_memory_used_bytes", "gpu_memory_total_bytes")
+
+
+def pod_nodes(works: list[Work], nodes: int) -> list[tuple[Work, str, str]]:
+    """(workload, pod, node) of every pod, on the nodes fill() gave them."""
+    out, k = [], 0
+    for w in works:
+        for name in w.pods():
+            out.append((w, name, f"gpu-{k % nodes}"))
+            k += 1
+    return out
+
+
+def value_of(metric: str, pod: str) -> float:
+    """A pod's GPUs' figure, fixed per pod: utilization 5-95 %, memory used of 192 GiB."""
+    use = 5 + zlib.crc32(pod.encode()) % 91
+    if metric == "gpu_utilization":
+        return float(use)
+    return float(192 * GIB if metric == "gpu_memory_total_bytes" else use * 192 * GIB // 100)
+
+
+def write_series(path: Path, pods: list[tuple[Work, str, str]], a: datetime, b: datetime,
+                 step: int, metrics: tuple[str, ...], now: datetime) -> int:  # fmt: skip
+    """OpenMetrics of each pod GPU's series, every step seconds (whole multiples) in [a, b)
+    while its pod ran; the samples written."""
+    n = 0
+    with path.open("w") as f:
+        for metric in metrics:
+            f.write(f"# TYPE {metric} gauge\n")
+            for w, pod, node in pods:
+                lo, hi = max(a, w.start), min(b, w.end or now)
+                if hi <= lo:
+                    continue
+                times = range(-(-int(lo.timestamp()) // step) * step, int(hi.timestamp()), step)
+                v = value_of(metric, pod)
+                for g in range(w.gpus):
+                    head = (f'{metric}{{namespace="{w.namespace}",pod="{pod}",node="{node}",'
+                            f'gpu_id="{g}"}} {v} ')  # fmt: skip
+                    f.write("".join(f"{head}{t}\n" for t in times))
+                    n += len(times)
+        f.write("# EOF\n")
+    return n
+
+
+def prometheus_for(tmp: Path, works: list[Work], nodes: int, weeks: tuple[datetime, datetime],
+                   hours: tuple[datetime, datetime], step: int,
+                   now: datetime) -> Prometheus:  # fmt: skip
+    """A Prometheus holding the pods' GPU series: gpu_utilization over the weeks (a day a
+    file, every step seconds) and the three HOUR_METRICS over the hours a minute apart."""
+    start = time.perf_counter()
+    pods, tsdb, om, samples = pod_nodes(works, nodes), tmp / "tsdb", tmp / "part.om", 0
+    day = weeks[0]
+    while day < weeks[1]:
+        samples += write_series(om, pods, day, day + timedelta(days=1), step,
+                                ("gpu_utilization",), now)  # fmt: skip
+        create_blocks(om, tsdb)
+        day += timedelta(days=1)
+    samples += write_series(om, pods, hours[0] - timedelta(minutes=5), hours[1], 60,
+                            HOUR_METRICS, now)  # fmt: skip
+    create_blocks(om, tsdb)
+    om.unlink()
+    prom = Prometheus([], tsdb=tsdb, flags=["--storage.tsdb.retention.time=90d"])
+    print(f"Prometheus: {samples:,} samples written in {time.perf_counter() - start:.0f} s")
+    return prom
+
+
 def timed_get(url: str, n: int) -> tuple[float, float, int]:
     """(median, p95) ms of n GETs, and the body's bytes."""
     took, size = [], 0
@@ -239,6 +315,17 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=30, help="GETs per route")
     ap.add_argument("--postgres", action="store_true", help="PostgreSQL (root), not SQLite")
     ap.add_argument("--no-pdf", action="store_true", help="the report without its PDF")
+    ap.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="a real Prometheus holding the pods' GPU series (utilization measured)",
+    )
+    ap.add_argument(
+        "--report-step",
+        type=int,
+        default=300,
+        help="seconds between the report's samples (with --prometheus)",
+    )
     args = ap.parse_args()
 
     real = datetime.now(UTC)
@@ -249,6 +336,12 @@ def main() -> None:
     last = acc.floor_hour(now) - HOUR  # the measured hour
     hours = [last - HOUR * n for n in range(args.days * 24 - 1, 0, -1)]  # the others
     tmp = Path(tempfile.mkdtemp(prefix="lens-bench-accounting-"))
+    works = workloads(args.workloads, args.namespaces, args.values, since, now)
+    week = due(now, "monday", 9)
+    prometheus = None
+    if args.prometheus:  # the report's two weeks, and the measured hour with the one before
+        prometheus = prometheus_for(tmp, works, args.nodes, (week.before().start, week.end),
+                                    (hours[-1], last + HOUR), args.report_step, now)  # fmt: skip
     url, pg = service.database(args.postgres, tmp, "accounting")
     api = FakeApiServer().start()
     for n in range(args.nodes):
@@ -259,6 +352,9 @@ def main() -> None:
             ("recorder", "aggregation", "label_keys"): list(LABELS),
             ("recorder", "aggregation", "annotation_keys"): list(ANNOTATIONS),
             ("recorder", "reports", "pdf"): not args.no_pdf}  # fmt: skip
+    if prometheus is not None:
+        over[("recorder", "prometheus", "url")] = prometheus.base
+        over[("recorder", "prometheus", "timeout_seconds")] = 60
     app = service.start(url, tmp, api, over, lambda: now)
     try:
         eng = create_engine(url)
@@ -273,7 +369,6 @@ def main() -> None:
                    timeout=300)  # fmt: skip
         assert app.writer.flush(60)
         start = time.perf_counter()
-        works = workloads(args.workloads, args.namespaces, args.values, since, now)
         rows = fill(url, works, since, now, args.snapshot_seconds, hours, args.nodes)
         running = [w for w in works if w.end is None]
         print(f"{'PostgreSQL' if args.postgres else 'SQLite'}: {args.nodes} nodes x {GPUS} "
@@ -314,6 +409,12 @@ def main() -> None:
         print(f"one hour from its snapshots (Jobs.hourly, the write included): {clock.read()}"
               " (goal <= 10 s): rows " + ", ".join(f"{k} {v}" for k, v in made_rows.items())
               )  # fmt: skip
+        cl = t.cluster_gpu_hourly_stats
+        with eng.connect() as conn:
+            util = conn.execute(select(cl.c.avg_utilization, cl.c.sample_count).where(
+                cl.c.stat_hour == last)).one()  # fmt: skip
+        print(f"  the hour's utilization: {util[0]} % mean, {util[1]} samples "
+              f"({app.prom.queries} Prometheus queries so far)")  # fmt: skip
         # an hour without snapshots (the service was down): from the pods' lifetimes
         with eng.begin() as conn:
             conn.execute(delete(s).where(s.c.snapshot_time >= hours[-1],
@@ -328,15 +429,15 @@ def main() -> None:
               f"{clock.read()} (goal <= 10 s)")  # fmt: skip
 
         c = app.clusters.scopes()[0]
-        week = due(now, "monday", 9)
         opts = weekly.options(app.cfg.recorder)
         clock = Clock(args.postgres)
         with eng.connect() as conn:
             made = weekly.make(conn, c, week, now, opts, None)
+        summary = made.content["summary"]
         print(f"week {week.name}'s report, content and HTML (weekly.make): {clock.read()} "
-              f"(goal <= 30 s): {made.content['summary']['pods']} pods, "
-              f"{made.content['summary']['total_gpu_hours']:,} GPU-hours, "
-              f"{len(made.html):,} bytes of HTML")  # fmt: skip
+              f"(goal <= 30 s): {summary['pods']} pods, {summary['total_gpu_hours']:,} "
+              f"GPU-hours ({summary.get('used_gpu_hours')} used), {len(made.html):,} bytes "
+              f"of HTML")  # fmt: skip
         clock = Clock(args.postgres)
         assert app.reports.run(now) == [weekly.report_id(c.name, week)]
         assert app.writer.flush(600)
@@ -379,6 +480,8 @@ def main() -> None:
     finally:
         app.stop()
         api.kill()
+        if prometheus is not None:
+            prometheus.stop()
         if pg:
             pg.destroy()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -28,18 +28,19 @@ class Prometheus:
     def __init__(self, targets: list[str], rule_files: list[str] | None = None,
                  openmetrics: str | None = None, labels: dict[str, str] | None = None,
                  flags: list[str] | None = None,
-                 remote_write: list[dict[str, Any]] | None = None) -> None:  # fmt: skip
+                 remote_write: list[dict[str, Any]] | None = None,
+                 tsdb: Path | None = None) -> None:  # fmt: skip
         """openmetrics: series (OpenMetrics text, with timestamps) written into its TSDB
         by `promtool tsdb create-blocks-from openmetrics` before it starts, so a test
-        knows every number a query returns. flags: more command-line flags (e.g.
+        knows every number a query returns; tsdb: a TSDB directory made so already
+        (create_blocks), taken as its data. flags: more command-line flags (e.g.
         --web.enable-remote-write-receiver); remote_write: its remote_write section."""
         self.dir = Path(tempfile.mkdtemp(prefix="lens-prom-"))
+        if tsdb is not None:
+            shutil.move(str(tsdb), self.dir / "data")
         if openmetrics is not None:
             (self.dir / "series.om").write_text(openmetrics)
-            res = subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics",
-                                  str(self.dir / "series.om"), str(self.dir / "data")],
-                                 capture_output=True, text=True)  # fmt: skip
-            assert res.returncode == 0, f"promtool: {res.stdout}{res.stderr}"
+            create_blocks(self.dir / "series.om", self.dir / "data")
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         cfg = {
@@ -97,6 +98,14 @@ class Prometheus:
         stop_process(self.proc)
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def create_blocks(openmetrics: Path, tsdb: Path) -> None:
+    """Write an OpenMetrics file's samples into blocks of a TSDB directory (more files,
+    more blocks: a large data set goes in a file at a time)."""
+    res = subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics",
+                          str(openmetrics), str(tsdb)], capture_output=True, text=True)  # fmt: skip
+    assert res.returncode == 0, f"promtool: {res.stdout[-2000:]}{res.stderr[-2000:]}"
 
 
 def promtool_check_metrics(text: str) -> tuple[int, list[str]]:
