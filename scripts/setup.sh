@@ -7,9 +7,10 @@
 #                            the BTF reader's reference), gcc, QEMU, rdma-core's verbs
 #                            programs for Soft-RoCE in the guests, PostgreSQL for the
 #                            recorder's tests, chromium and poppler-utils for the weekly
-#                            report's PDF and its tests), the venv with .[dev] (both services
-#                            and the test tools) and Debian's 5.10, 6.1 and 6.12 kernels
-#                            for the kernel matrix
+#                            report's PDF and its tests, etcd-server for the real API
+#                            server lab), the venv with .[dev] (both services and the test
+#                            tools), Debian's 5.10, 6.1 and 6.12 kernels for the kernel
+#                            matrix and a kube-apiserver built from Debian's source (cached)
 #   scripts/setup.sh image   the agent image's install step (Dockerfile, target agent):
 #                            packages and venv only; the agent mounts tracefs and finds
 #                            headers itself at start-up
@@ -30,7 +31,7 @@ esac
 if [ "$mode" = test ]; then
   pkgs+=(bpfcc-tools dwarves containerd runc prometheus victoria-metrics gcc libc6-dev busybox-static openssl
          qemu-system-x86 xz-utils zstd rdma-core ibverbs-providers ibverbs-utils postgresql
-         chromium poppler-utils)
+         chromium poppler-utils etcd-server)
   extras="[dev]"
 fi
 
@@ -64,5 +65,13 @@ case "$mode" in run|test) .venv/bin/python -m lens_ebpf.agent.kernel_headers --p
 if [ "$mode" = test ]; then
   if ! .venv/bin/python -m tests.vm.kernels fetch; then
     echo "setup: kernel matrix kernels not fetched; tests/vm will skip" >&2
+  fi
+fi
+
+# The real API server lab's kube-apiserver (built from Debian's kubernetes source, about
+# 5 min on 2 cores the first time, then cached) and kubectl. Without them tests/kube skips.
+if [ "$mode" = test ]; then
+  if ! .venv/bin/python -m tests.kube.build; then
+    echo "setup: kube-apiserver not built; the real API server tests will skip" >&2
   fi
 fi

@@ -4,18 +4,35 @@ event for a compacted resourceVersion), plus kill/restart and dropped connection
 (POST), replace (PUT), merge patch (PATCH) with the resourceVersion precondition (409),
 DELETE that waits on finalizers (deletionTimestamp first, gone when the last finalizer
 is removed), API discovery (/api/v1, /apis/<group>/<version>), and a custom resource
-kind shaped like Kubeflow's PyTorchJob."""
+kind shaped like Kubeflow's PyTorchJob.
+
+tests/kube/test_api_claims.py runs the same checks against this and a real kube-apiserver
+(1.20.2); what it found is matched here: error Status bodies (message, reason, details)
+word for word, continue tokens that carry the first page's resourceVersion (pages are a
+snapshot of it, 410 Expired once compacted), list items without kind and apiVersion, the
+DELETED event of a finalized object carrying its last stored state, a Status (not the
+object) from an immediate DELETE, and Leases refusing an update without a
+resourceVersion (422) and MicroTimes without six decimals (400). Kept on purpose: a
+BOOKMARK (shaped as the real one) every `bookmark_interval` while a watch is idle (1.20.2's
+watch cache sends them only in the last 2 s before timeoutSeconds, and only for a
+resource that changed since it started; without the cache, none; 1.27+ about once a
+minute), and the watch cache's wording of a 410 ("too old resource version: ..."; etcd's,
+without the cache: "The resourceVersion for the provided watch is too old.")."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import copy
 import json
+import re
 import socket
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -42,7 +59,18 @@ KINDS = {
     "persistentvolumeclaims": ("/api/v1", "PersistentVolumeClaim", True),
     "events": ("/api/v1", "Event", True),
     "secrets": ("/api/v1", "Secret", True),
+    "leases": ("/apis/coordination.k8s.io/v1", "Lease", True),
 }
+# kinds whose update must name the resourceVersion it replaces (their strategy's
+# AllowUnconditionalUpdate is false): a PUT without one is 422
+NO_UNCONDITIONAL_UPDATE = {"leases"}
+# kinds whose immediate DELETE answers the deleted object (ReturnDeletedObject); the
+# others answer a Success Status
+RETURN_DELETED = {"pods"}
+SNAPSHOTS = 32  # list snapshots kept for continue tokens
+# metav1.MicroTime fields: stored in UTC with six decimals, refused without them
+MICRO_TIMES = {"leases": ("acquireTime", "renewTime")}
+_MICRO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)")
 # fields the server owns: an update that leaves them out keeps them (a controller's status
 # update does not drop the finalizers others put on)
 SERVER_METADATA = ("uid", "creationTimestamp", "finalizers", "deletionTimestamp")
@@ -56,9 +84,114 @@ def eventually(check: Callable[[], Any], timeout: float = 2.0, every: float = 0.
     wait_for(check, f"truth of the check{where}", timeout, every)
 
 
-def status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": message, "reason": reason, "code": code}  # fmt: skip
+def status(code: int, reason: str, message: str,
+           details: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    out: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                           "status": "Failure", "message": message, "reason": reason}  # fmt: skip
+    if details is not None:
+        out["details"] = details
+    out["code"] = code
+    return out
+
+
+def group_version(coll: str) -> str:
+    """The apiVersion of a collection's objects ("v1", "batch/v1")."""
+    return KINDS[coll][0].removeprefix("/apis/").removeprefix("/api/")
+
+
+def resource(coll: str) -> str:
+    """The name errors give a collection: its plural, qualified by a named group
+    ("configmaps", "jobs.batch", "leases.coordination.k8s.io")."""
+    gv = group_version(coll)
+    return f"{coll}.{gv.split('/')[0]}" if "/" in gv else coll
+
+
+def details(coll: str, name: str, kind: str = "", **more: Any) -> dict[str, Any]:
+    """A Status's details: the name, the group (when named), the kind (the plural unless
+    given) and more (uid, causes)."""
+    out: dict[str, Any] = {"name": name}
+    gv = group_version(coll)
+    if "/" in gv:
+        out["group"] = gv.split("/")[0]
+    return {**out, "kind": kind or coll, **more}
+
+
+def not_found(coll: str, name: str) -> dict[str, Any]:
+    return status(404, "NotFound", f'{resource(coll)} "{name}" not found', details(coll, name))
+
+
+def conflict(coll: str, name: str) -> dict[str, Any]:
+    return status(409, "Conflict", f'Operation cannot be fulfilled on {resource(coll)} "{name}": '
+                  "the object has been modified; please apply your changes to the latest "
+                  "version and try again", details(coll, name))  # fmt: skip
+
+
+def already_exists(coll: str, name: str) -> dict[str, Any]:
+    return status(409, "AlreadyExists", f'{resource(coll)} "{name}" already exists',
+                  details(coll, name))  # fmt: skip
+
+
+def no_new_finalizers(coll: str, name: str, new: set[str]) -> dict[str, Any]:
+    """422 for finalizers added to an object being deleted, as 1.20 words it: the kind (not
+    the plural) names it, and the cause is listed twice (validated twice on update)."""
+    kind, gv = KINDS[coll][1], group_version(coll)
+    qualified = f"{kind}.{gv.split('/')[0]}" if "/" in gv else kind  # "Job.batch"
+    quoted = ", ".join(json.dumps(f) for f in sorted(new))  # Go's %#v of a []string
+    why = ("Forbidden: no new finalizers can be added if the object is being deleted, found "
+           f"new finalizers []string{{{quoted}}}")  # fmt: skip
+    cause = {"reason": "FieldValueForbidden", "message": why, "field": "metadata.finalizers"}
+    return status(422, "Invalid", f'{qualified} "{name}" is invalid: metadata.finalizers: {why}',
+                  details(coll, name, kind, causes=[cause, dict(cause)]))  # fmt: skip
+
+
+def resource_version_required(coll: str, name: str) -> dict[str, Any]:
+    why = "Invalid value: 0x0: must be specified for an update"
+    cause = {"reason": "FieldValueInvalid", "message": why, "field": "metadata.resourceVersion"}
+    return status(422, "Invalid",
+                  f'{resource(coll)} "{name}" is invalid: metadata.resourceVersion: {why}',
+                  details(coll, name, causes=[cause]))  # fmt: skip
+
+
+def micro_time(value: str) -> str:
+    """A metav1.MicroTime as the API stores it (UTC, six decimals); ValueError for what
+    Go's time.Parse(RFC3339Micro) refuses (no fraction, or not six digits of one)."""
+    if not _MICRO.fullmatch(value):
+        raise ValueError(f'parsing time "{value}" as "2006-01-02T15:04:05.000000Z07:00"')
+    at = datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
+    return at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+CONTINUE_EXPIRED = (
+    "The provided continue parameter is too old to display a consistent list result. You can "
+    "start a new list without the continue parameter, or use the continue token in this "
+    "response to retrieve the remainder of the results. Continuing with the provided token "
+    "results in an inconsistent list - objects that were created, modified, or deleted "
+    "between the time the first chunk was returned and now may show up in the list."
+)
+
+
+def continue_token(rv: int, start: str) -> str:
+    """The real server's token: unpadded URL-safe base64 of the list's resourceVersion and
+    the key to go on from (-1: no longer consistent, go on from the latest)."""
+    doc = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": start}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(doc.encode()).decode().rstrip("=")
+
+
+def _read_token(token: str) -> tuple[int, str]:
+    """(resourceVersion, start key) of a continue token; ValueError when it is none."""
+    try:
+        doc = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        return int(doc["rv"]), str(doc["start"])
+    except (binascii.Error, ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"invalid continue token: {exc}") from None
+
+
+def list_key(obj: dict[str, Any], in_namespace: bool) -> str:
+    """An object's etcd key below the list's prefix: lists come in this order, and a
+    continue token names the key to go on after."""
+    meta = obj["metadata"]
+    ns = meta.get("namespace", "")
+    return str(meta["name"]) if in_namespace or not ns else f"{ns}/{meta['name']}"
 
 
 class FakeApiServer:
@@ -70,6 +203,9 @@ class FakeApiServer:
         self.objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {k: {} for k in KINDS}
         self.log: dict[str, list[tuple[int, str, dict[str, Any]]]] = {k: [] for k in KINDS}
         self.compacted: dict[str, int] = dict.fromkeys(KINDS, 0)
+        # (collection, namespace, resourceVersion) -> the items a paged list started with:
+        # its continue tokens read that snapshot, as etcd reads the first page's revision
+        self.snapshots: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
         self.bookmark_interval = bookmark_interval
         self.requests: list[str] = []
         self.fail_gets: set[str] = set()  # collections whose GETs answer 500
@@ -89,9 +225,17 @@ class FakeApiServer:
                 if old is not None and field not in meta and field in old["metadata"]:
                     meta[field] = copy.deepcopy(old["metadata"][field])
             if meta.get("deletionTimestamp") and not meta.get("finalizers"):
-                self._remove(coll, key, obj)  # the last finalizer is gone
+                # the last finalizer is gone: the update is not stored, the object is
+                # deleted; the DELETED event carries the last stored state, the answer
+                # the update with the resourceVersion it replaced
+                if old is not None:
+                    meta["resourceVersion"] = old["metadata"].get("resourceVersion", "")
+                self._remove(coll, key, old if old is not None else obj)
                 return obj
             self.rv += 1
+            obj = {"kind": KINDS[coll][1], "apiVersion": group_version(coll),
+                   **{k: v for k, v in obj.items() if k not in ("kind", "apiVersion")}}  # fmt: skip
+            meta = obj["metadata"]
             meta["resourceVersion"] = str(self.rv)
             meta.setdefault("uid", f"uid-{coll}-{key[0]}-{key[1]}")
             meta.setdefault("creationTimestamp", _now())
@@ -137,11 +281,15 @@ class FakeApiServer:
             self.cond.notify_all()
 
     def compact(self) -> None:
-        """Forget history: a watch from any resourceVersion seen so far gets 410 Gone."""
+        """Forget history: a watch from any resourceVersion seen so far gets 410 Gone, and
+        so does a continue token; a list made after it gives a version a watch can start
+        from (a version is skipped, as etcd's compaction sits past the latest one)."""
         with self.cond:
+            self.rv += 1
             for coll in KINDS:
-                self.compacted[coll] = self.rv + 1
+                self.compacted[coll] = self.rv
                 self.log[coll] = []
+            self.snapshots.clear()
 
     def drop_watches(self) -> None:
         """Cut every open watch connection (a load balancer resetting idle streams)."""
@@ -295,33 +443,62 @@ class _Handler(BaseHTTPRequestHandler):
         if query.get("watch") in ("true", "1"):
             self._watch(coll, ns, query)
             return
-        with self.api.cond:
-            if name:
+        if name:
+            with self.api.cond:
                 fail = coll in self.api.fail_gets
                 obj = self.api.objects[coll].get((ns, name))
-            else:
-                items = sorted(
-                    (o for (ons, _), o in self.api.objects[coll].items() if not ns or ons == ns),
-                    key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]),
-                )
-                rv = self.api.rv
-        if name:
             if fail:
                 self._json(500, status(500, "InternalError", "etcd is unhappy"))
             elif obj is None:
-                self._json(404, status(404, "NotFound", f'{coll} "{name}" not found'))
+                self._json(404, not_found(coll, name))
             else:
                 self._json(200, obj)
             return
-        start = int(query.get("continue") or 0)
-        limit = int(query.get("limit") or 0) or len(items) or 1
-        page = items[start : start + limit]
-        meta: dict[str, Any] = {"resourceVersion": str(rv)}
-        if start + limit < len(items):
-            meta["continue"] = str(start + limit)
-        kind = KINDS[coll][1]
-        self._json(200, {"kind": f"{kind}List", "apiVersion": "v1", "metadata": meta,
-                         "items": page})  # fmt: skip
+        self._list(coll, ns, query)
+
+    def _list(self, coll: str, ns: str, query: dict[str, str]) -> None:
+        """One page; with a continue token, the next page of the snapshot the first page
+        was cut from (its resourceVersion), 410 once that version is compacted away."""
+        api = self.api
+        token = query.get("continue") or ""
+        start = ""
+        with api.cond:
+            if token:
+                try:
+                    rv, start = _read_token(token)
+                except ValueError as exc:
+                    self._json(400, status(400, "BadRequest", str(exc)))
+                    return
+                if 0 <= rv < api.compacted[coll]:
+                    gone = status(410, "Expired", CONTINUE_EXPIRED)
+                    gone["metadata"] = {"continue": continue_token(-1, start)}
+                    self._json(410, gone)
+                    return
+                items = api.snapshots.get((coll, ns, rv)) if rv >= 0 else None
+                if items is None:  # -1, or a snapshot no longer kept: the latest
+                    rv, items = api.rv, self._items(coll, ns)
+            else:
+                rv, items = api.rv, self._items(coll, ns)
+            items = [o for o in items if list_key(o, bool(ns)) >= start]
+            limit = int(query.get("limit") or 0) or len(items) or 1
+            meta: dict[str, Any] = {"resourceVersion": str(rv)}
+            if len(items) > limit:
+                if not token:
+                    api.snapshots[(coll, ns, rv)] = items
+                    while len(api.snapshots) > SNAPSHOTS:
+                        api.snapshots.pop(next(iter(api.snapshots)))
+                meta["continue"] = continue_token(rv, list_key(items[limit - 1], bool(ns)) + "\0")
+                meta["remainingItemCount"] = len(items) - limit
+            # a list's items carry no kind or apiVersion: the list's own say it
+            page = [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")}
+                    for o in items[:limit]]  # fmt: skip
+        self._json(200, {"kind": f"{KINDS[coll][1]}List", "apiVersion": group_version(coll),
+                         "metadata": meta, "items": page})  # fmt: skip
+
+    def _items(self, coll: str, ns: str) -> list[dict[str, Any]]:
+        """The collection (or one namespace of it) in etcd's key order. Holding the lock."""
+        found = (o for (ons, _), o in self.api.objects[coll].items() if not ns or ons == ns)
+        return sorted(found, key=lambda o: list_key(o, bool(ns)))
 
     def _body(self) -> Any:
         return json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
@@ -340,7 +517,7 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         obj = self.api.get(coll, ns, name)
         if obj is None:
-            self._json(404, status(404, "NotFound", f'{coll} "{name}" not found'))
+            self._json(404, not_found(coll, name))
             return None
         return coll, ns, name, obj
 
@@ -355,10 +532,39 @@ class _Handler(BaseHTTPRequestHandler):
         coll, ns, name, obj = found
         want = (body.get("metadata") or {}).get("resourceVersion")
         if want and str(want) != obj["metadata"].get("resourceVersion"):
-            self._json(409, status(409, "Conflict", f'Operation cannot be fulfilled on {coll} '
-                                   f'"{name}": the object has been modified'))  # fmt: skip
+            self._json(409, conflict(coll, name))
             return None
         return coll, ns, name, obj, body
+
+    def _decodes(self, coll: str, obj: dict[str, Any]) -> bool:
+        """Stores its MicroTime fields as the API does; answers 400 when one is not one."""
+        spec = obj.get("spec")
+        if coll not in MICRO_TIMES or not isinstance(spec, dict):
+            return True
+        obj["spec"] = spec = dict(spec)  # a merge patch shares what it left alone
+        for field in MICRO_TIMES[coll]:
+            if spec.get(field) is None:
+                continue
+            try:
+                spec[field] = micro_time(str(spec[field]))
+            except ValueError as exc:
+                kind, version = KINDS[coll][1], group_version(coll).split("/")[-1]
+                self._json(400, status(400, "BadRequest", f'{kind} in version "{version}" '
+                                       f"cannot be handled as a {kind}: {exc}"))  # fmt: skip
+                return False
+        return True
+
+    def _adds_finalizers(self, coll: str, name: str, old: dict[str, Any],
+                         new: dict[str, Any]) -> bool:  # fmt: skip
+        """Answers 422 when an update adds finalizers to an object being deleted."""
+        if not old["metadata"].get("deletionTimestamp"):
+            return False
+        added = set(new["metadata"].get("finalizers") or ()) - set(
+            old["metadata"].get("finalizers") or ()
+        )
+        if added:
+            self._json(422, no_new_finalizers(coll, name, added))
+        return bool(added)
 
     def do_PATCH(self) -> None:  # noqa: N802
         if "json-patch" in (self.headers.get("Content-Type") or ""):
@@ -369,16 +575,13 @@ class _Handler(BaseHTTPRequestHandler):
             target = self._target()
             if target is None:
                 return
-            coll, _, _, obj, patch = target
+            coll, _, name, obj, patch = target
             new = _merge_patch(obj, patch)
-            fins = new["metadata"].get("finalizers") or []
-            if obj["metadata"].get("deletionTimestamp") and \
-                    set(fins) - set(obj["metadata"].get("finalizers") or []):  # fmt: skip
-                self._json(422, status(422, "Invalid", "no new finalizers can be added if the "
-                                       "object is being deleted"))  # fmt: skip
+            if self._adds_finalizers(coll, name, obj, new) or not self._decodes(coll, new):
                 return
             if "finalizers" in (patch.get("metadata") or {}):
-                new["metadata"]["finalizers"] = fins  # [] and null both clear them
+                # [] and null both clear them
+                new["metadata"]["finalizers"] = new["metadata"].get("finalizers") or []
             new["metadata"].pop("resourceVersion", None)
             self._json(200, self.api.put(coll, new))
 
@@ -387,8 +590,13 @@ class _Handler(BaseHTTPRequestHandler):
             target = self._target()
             if target is None:
                 return
-            coll, ns, name, _, body = target
+            coll, ns, name, obj, body = target
             body.setdefault("metadata", {}).update(namespace=ns, name=name)
+            if coll in NO_UNCONDITIONAL_UPDATE and not body["metadata"].get("resourceVersion"):
+                self._json(422, resource_version_required(coll, name))
+                return
+            if self._adds_finalizers(coll, name, obj, body) or not self._decodes(coll, body):
+                return
             body["metadata"].pop("resourceVersion", None)
             self._json(200, self.api.put(coll, body))
 
@@ -403,10 +611,11 @@ class _Handler(BaseHTTPRequestHandler):
         coll, ns, _ = route
         meta = body.setdefault("metadata", {})
         meta["namespace"] = ns
+        if not self._decodes(coll, body):
+            return
         with self.api.cond:
             if self.api.get(coll, ns, meta.get("name", "")) is not None:
-                self._json(409, status(409, "AlreadyExists", f'{coll} "{meta.get("name")}" '
-                                       "already exists"))  # fmt: skip
+                self._json(409, already_exists(coll, str(meta.get("name"))))
                 return
             self._json(201, self.api.put(coll, body))
 
@@ -418,7 +627,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         coll, ns, name, obj = found
         self.api.request_delete(coll, ns, name)
-        self._json(200, self.api.get(coll, ns, name) or obj)
+        held = self.api.get(coll, ns, name)
+        if held is not None or coll in RETURN_DELETED:
+            self._json(200, held or obj)  # held by finalizers: the object, being deleted
+            return
+        uid = obj["metadata"].get("uid", "")
+        self._json(200, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                         "status": "Success", "details": details(coll, name, uid=uid)})  # fmt: skip
 
     def _chunk(self, event: dict[str, Any]) -> None:
         data = json.dumps(event).encode() + b"\n"
@@ -428,6 +643,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _watch(self, coll: str, ns: str, query: dict[str, str]) -> None:
         api = self.api
         since = int(query.get("resourceVersion") or 0)
+        initial: list[dict[str, Any]] = []
+        if since == 0:  # "" or "0": the current state as ADDED events, then what follows
+            with api.cond:
+                since, initial = api.rv, self._items(coll, ns)
         deadline = time.monotonic() + float(query.get("timeoutSeconds") or 1800)
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
         self.send_response(200)
@@ -441,6 +660,8 @@ class _Handler(BaseHTTPRequestHandler):
                 msg = f"too old resource version: {since} ({api.compacted[coll]})"
                 self._chunk({"type": "ERROR", "object": status(410, "Expired", msg)})
             else:
+                for obj in initial:
+                    self._chunk({"type": "ADDED", "object": obj})
                 self._stream(coll, ns, since, deadline, bookmarks)
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
@@ -468,8 +689,9 @@ class _Handler(BaseHTTPRequestHandler):
             if not pending and bookmarks:
                 since = max(since, rv)
                 self._chunk({"type": "BOOKMARK", "object": {
-                    "kind": KINDS[coll][1], "apiVersion": "v1",
-                    "metadata": {"resourceVersion": str(since)}}})  # fmt: skip
+                    "kind": KINDS[coll][1], "apiVersion": group_version(coll),
+                    "metadata": {"resourceVersion": str(since),
+                                 "creationTimestamp": None}}})  # fmt: skip
 
 
 def pod(name: str, ip: str, namespace: str = "default", *, node: str = "node-a",
