@@ -104,3 +104,74 @@ def simulate(target: str, nodes: int, events: int, timeout: float = 600,
     sends what it holds); 1: Report, one event per message (as agents older than
     ReportBatch do)."""
     return asyncio.run(_all(target, nodes, events, timeout, make, per_message))
+
+
+async def _paced(
+    node: int,
+    events: int,
+    pace: float,
+    acked: int,
+    first: list[int],
+    ready: asyncio.Event,
+    done: asyncio.Event,
+):  # noqa: ANN201 (EventBatch gen)
+    """A stream's events: after what it resumes from (known once ready), one every pace
+    seconds; then held open until done."""
+    await ready.wait()
+    for seq in range(max(first[0], acked) + 1, events + 1):
+        yield pb.EventBatch(events=[event(node, seq)])
+        await asyncio.sleep(pace)
+    await done.wait()
+
+
+async def _resuming(target: str, node: int, events: int, pace: float,
+                    deadline: float) -> tuple[str, int, int]:  # fmt: skip
+    """One node's reporter as an agent's behaves across a collector's failure: each stream
+    resumes after what was acknowledged (the collector's first Ack, or what an earlier
+    stream had acknowledged, whichever is more), sends the rest one event every `pace`
+    seconds, and ends at the last acknowledgement; a broken stream is opened again."""
+    name, acked, streams = f"gpu-{node}", 0, 0
+    loop = asyncio.get_running_loop()
+    while acked < events:
+        if loop.time() > deadline:
+            raise TimeoutError(f"{name}: {acked} of {events} acknowledged by the deadline")
+        streams += 1
+        first: list[int] = []
+        ready, done = asyncio.Event(), asyncio.Event()
+        try:
+            # a connection of its own, as each agent has (channels to one target in one
+            # process share one otherwise: a hundred reporters would be one connection)
+            async with grpc.aio.insecure_channel(
+                target, options=(("grpc.use_local_subchannel_pool", 1),)
+            ) as channel:
+                stub = lens_pb2_grpc.CollectorServiceStub(channel)
+                sent = _paced(node, events, pace, acked, first, ready, done)
+                call = stub.ReportBatch(sent, metadata=(("lens-node", name),))
+                async for ack in call:
+                    if not first:
+                        first.append(ack.seq)
+                        ready.set()
+                    else:
+                        acked = max(acked, ack.seq)
+                    if max(acked, first[0]) >= events:
+                        acked = max(acked, first[0])
+                        break
+                done.set()
+                call.cancel()
+        except grpc.aio.AioRpcError:
+            await asyncio.sleep(0.2)  # the collector went: the next connection, elsewhere
+    return name, acked, streams
+
+
+def simulate_resuming(target: str, nodes: int, events: int, pace: float = 0.02,
+                      timeout: float = 120) -> dict[str, tuple[int, int]]:  # fmt: skip
+    """nodes reporters that survive their collector's failure (simulate()'s, resuming as
+    an agent's reporter does); node -> (the last seq acknowledged, streams opened)."""
+
+    async def run() -> dict[str, tuple[int, int]]:
+        deadline = asyncio.get_running_loop().time() + timeout
+        got = await asyncio.gather(*(_resuming(target, n, events, pace, deadline)
+                                     for n in range(nodes)))  # fmt: skip
+        return {name: (acked, streams) for name, acked, streams in got}
+
+    return asyncio.run(run())

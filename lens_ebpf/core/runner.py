@@ -4,9 +4,11 @@ what each run did (runs, failures, last success, last duration).
 A job says whether it needs the leader (controller-runtime's NeedLeaderElection): the
 runner runs a leader-only job only while is_leader() answers True, asked each time the job
 is due; a job passed over because this replica does not lead is counted as skipped, not as
-a failure. An exception in a job is logged and counted and never stops the runner or the
-other jobs. Jobs in one lane share a thread and run in the order given (their first runs
-too); each job has a lane of its own unless it names one.
+a failure, and asks again every GATE_RECHECK seconds (uncounted) until it runs: a replica
+that comes to lead runs its jobs at once, not an interval later. An exception in a job is
+logged and counted and never stops the runner or the other jobs. Jobs in one lane share a
+thread and run in the order given (their first runs too); each job has a lane of its own
+unless it names one.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from prometheus_client.registry import Collector
 log = logging.getLogger(__name__)
 
 JITTER = 0.05  # the default: each wait is up to 5% longer than the interval
+GATE_RECHECK = 1.0  # seconds: a leader-only job passed over asks the gate again this soon
 
 
 @dataclass(frozen=True)
@@ -154,14 +157,24 @@ class Runner:
     def _serve(self, lane: _Lane) -> None:
         now = self.clock()
         due = {j.name: now if j.at_start else now + self.delay(j) for j in lane.jobs}
+        regular = dict(due)  # each job's own times; due: when it is next looked at
         while lane.jobs:
             jobs = list(lane.jobs)
             if self.wait(lane.ended, max(0.0, min(due[j.name] for j in jobs) - self.clock())):
                 return
             for j in jobs:
-                if j in lane.jobs and due[j.name] <= self.clock():
-                    self._run(j)
-                    due[j.name] = self.clock() + self.delay(j)
+                if j not in lane.jobs or due[j.name] > self.clock():
+                    continue
+                at = self.clock()
+                counted = at >= regular[j.name]  # one of its own times (not a recheck)
+                if self._run(j, counted):
+                    regular[j.name] = due[j.name] = self.clock() + self.delay(j)
+                    continue
+                if counted:
+                    regular[j.name] = at + self.delay(j)
+                # passed over: the gate is asked again soon (uncounted), so a replica
+                # that comes to lead runs it within GATE_RECHECK, not an interval later
+                due[j.name] = min(regular[j.name], at + GATE_RECHECK)
 
     def run(self, name: str) -> bool:
         """Run the job now, gated and counted as when it is due; whether it ran."""
@@ -177,12 +190,12 @@ class Runner:
                         type(exc).__name__, exc)  # fmt: skip
             return False
 
-    def _run(self, job: Job) -> bool:
+    def _run(self, job: Job, counted: bool = True) -> bool:
         name, st = job.name, self.state.get(job.name)
         if st is None:  # removed meanwhile
             return False
         if job.leader_only and not self._leading(job):
-            st.skipped += 1
+            st.skipped += counted  # once per time of its own passed over, not per look
             return False
         started = self.clock()
         try:

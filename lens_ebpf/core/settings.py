@@ -172,7 +172,9 @@ def describe(err: ValidationError) -> str:
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
     value = first.get("input")
-    shown = "" if first["type"] == "extra_forbidden" else f" (got {value!r})"
+    # a section's own check (a model validator) names what it needs: not the whole section
+    plain = first["type"] != "extra_forbidden" and not isinstance(value, dict)
+    shown = f" (got {value!r})" if plain else ""
     return f"{where}: {msg}{shown}{more}"
 
 

@@ -178,7 +178,13 @@ def run(args: argparse.Namespace) -> int:
     log.info("recorder: schema %s, REST on %s, collector on %s", app.revision,
              cfg.recorder.listen, cfg.recorder.collect_listen or "off")  # fmt: skip
     service.settle_heap()
-    stop.wait()  # set by SIGTERM or SIGINT
+    lost = app.leadership.lost if app.leadership is not None else threading.Event()
+    while not stop.wait(1):  # set by SIGTERM or SIGINT
+        if lost.is_set():  # as controller-runtime's managers do: a fresh start follows
+            log.error("recorder: this replica stopped leading (the Lease could not be "
+                      "renewed in time); exiting, to start afresh and campaign again")  # fmt: skip
+            app.stop(flush_timeout=2)
+            return 1
     app.stop()
     return 0
 

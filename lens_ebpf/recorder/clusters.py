@@ -226,6 +226,7 @@ class Clusters(Collector):
         self.reloads: dict[str, int] = {"ok": 0, "unchanged": 0, "error": 0}
         self.reload_error = ""
         self.released: dict[str, int] = {}  # cluster -> finalizers taken off when it went
+        self.watching = False  # the clusters' watches run here (alone, or the leader)
         home = ClusterWatch(self.home_name, Source("home"), shared, home_client)
         self.home = home
         self.watches: dict[str, ClusterWatch] = {self.home_name: home}
@@ -242,15 +243,23 @@ class Clusters(Collector):
         for w in self.all():
             w.recover()
 
-    def start(self) -> None:
-        """Start each cluster's watches; read the multi-k8s-config Secret once (its reload
-        is a job of the service's runner)."""
-        for w in self.all():
-            w.start()
+    def start(self, watch: bool = True) -> None:
+        """Read the multi-k8s-config Secret once (its reload is a job of the service's
+        runner) and, unless watch is False (a replica that does not lead), start each
+        cluster's watches."""
+        if watch:
+            self.watch()
         if self.shared.cfg.multicluster.secret:
             self.reload()
 
+    def watch(self) -> None:
+        """Start every cluster's watches (and those of clusters added later)."""
+        self.watching = True
+        for w in self.all():
+            w.start()
+
     def stop(self) -> None:
+        self.watching = False
         for w in self.all():
             w.stop()
 
@@ -296,14 +305,17 @@ class Clusters(Collector):
             if w.name in wanted:
                 log.info("recorder: cluster %s: stopped (its kubeconfig changed)", w.name)
                 continue
+            if not self.watching:  # the leader takes its finalizers off
+                continue
             freed = w.release()
             self.released[w.name] = self.released.get(w.name, 0) + freed
             log.info("recorder: cluster %s: stopped (its kubeconfig was removed), its "
                      "finalizer taken off %d workloads", w.name, freed)  # fmt: skip
         for n in sorted(added):
             w = ClusterWatch(n, Source("secret", text=wanted[n]), self.shared)
-            w.recover()
-            w.start()
+            if self.watching:
+                w.recover()
+                w.start()
             with self._lock:
                 self.watches[n] = w
             log.info("recorder: cluster %s: %s", n, f"down: {w.error}" if w.error else "watched")
@@ -328,6 +340,11 @@ class Clusters(Collector):
     def listing(self) -> list[dict[str, Any]]:
         """Each cluster, whether it is watched and up, and why not (GET /api/clusters)."""
         order = sorted(self.all(), key=lambda w: (w.name != self.home_name, w.name))
+        if not self.watching and self.shared.cfg.recorder.leader_election.enabled:
+            # a replica that does not lead: the leader watches (its /readyz says how)
+            return [{"name": w.name, "source": w.source.origin, "up": None,
+                     "error": w.error or "watched by the leading replica",
+                     "home": w.name == self.home_name} for w in order]  # fmt: skip
         return [{**w.state(), "home": w.name == self.home_name} for w in order]
 
     def describe(self) -> Iterator[Metric]:

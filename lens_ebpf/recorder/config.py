@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from lens_ebpf.core import settings
 from lens_ebpf.core.settings import Section, ServerConfig, split_listen
@@ -104,6 +104,32 @@ class ReportsConfig(Section):
         return v
 
 
+class LeaderElectionConfig(Section):
+    """Replicas: one leads (a coordination.k8s.io/v1 Lease, client-go's semantics) and does
+    what must be done once; every one serves (docs/recorder/replicas.md)."""
+
+    enabled: bool = False  # on: campaign for the Lease (needs PostgreSQL); off: one process
+    namespace: str = ""  # the Lease's; "": the service's own (its service account's)
+    name: str = Field("lens-ebpf-recorder", min_length=1)  # the Lease's name
+    identity: str = ""  # this replica's; "": $POD_NAME, else the host name
+    advertise: str = ""  # host:port the other replicas reach this one's REST at (the
+    # leader takes the logs they are sent); "": $POD_IP (else the host name) and listen's port
+    lease_duration_seconds: float = Field(15.0, gt=0)
+    renew_deadline_seconds: float = Field(10.0, gt=0)
+    retry_period_seconds: float = Field(2.0, gt=0)
+    forward_timeout_seconds: float = Field(30.0, gt=0)  # a follower's wait for the leader
+
+    @model_validator(mode="after")
+    def _order(self) -> LeaderElectionConfig:
+        if not (self.retry_period_seconds < self.renew_deadline_seconds
+                < self.lease_duration_seconds):  # fmt: skip
+            raise ValueError(
+                "retry_period_seconds < renew_deadline_seconds < lease_duration_seconds is "
+                "required: a leader must give up before another may take over"
+            )
+        return self
+
+
 class RetentionConfig(Section):
     days: float = Field(30.0, gt=0)  # allocation snapshots and the device changelog
 
@@ -185,6 +211,7 @@ class RecorderConfig(Section):
     timeline: TimelineConfig = Field(default_factory=TimelineConfig)
     remote_write: RemoteWriteConfig = Field(default_factory=RemoteWriteConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
+    leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
 
     @field_validator("listen")
     @classmethod

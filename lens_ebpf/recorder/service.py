@@ -30,19 +30,21 @@ from lens_ebpf.recorder.accounting import Keys
 from lens_ebpf.recorder.api.envelope import LensApi, Services
 from lens_ebpf.recorder.api.posts import Admitted
 from lens_ebpf.recorder.api.seed import PlainJson
-from lens_ebpf.recorder.clusters import Clusters, Shared, StorageConfigSync
+from lens_ebpf.recorder.clusters import Clusters, Shared, StorageConfigSync, own_namespace
 from lens_ebpf.recorder.config import Config
 from lens_ebpf.recorder.ingest.admission import Ingest
 from lens_ebpf.recorder.ingest.node_events import NodeEvents, last_seqs
 from lens_ebpf.recorder.jobs import FAILURES
 from lens_ebpf.recorder.jobs.allocation import Jobs
 from lens_ebpf.recorder.kubelet_service import KubeletService
+from lens_ebpf.recorder.leadership import Leadership
 from lens_ebpf.recorder.prom import Prom
 from lens_ebpf.recorder.remote_write.receiver import RemoteWrite
 from lens_ebpf.recorder.reports import weekly
 from lens_ebpf.recorder.store import queries, schema
 from lens_ebpf.recorder.store.writer import (
     DatabaseError,
+    LeaderWriter,
     Writer,
     engine_for,
     redact,
@@ -69,21 +71,33 @@ class RecorderApp:
         r, k = cfg.recorder, cfg.kubernetes
         self.cfg = cfg
         self.clock = clock
+        if r.leader_election.enabled and r.database_url.startswith("sqlite"):
+            raise DatabaseError(
+                "recorder.leader_election.enabled needs a database the replicas share "
+                f"(PostgreSQL): database_url is {redact(r.database_url)!r}, a file of one "
+                "process (leader election off for one process on SQLite)"
+            )
         self.engine = engine_for(r.database_url)
         self.revision = upgrade(self.engine, r.cluster_name)
         self.writer = Writer(self.engine, r.queue_max, r.db_retry_max_seconds)
+        # what only the leader does writes through lead_writer: with replicas, each of its
+        # writes is fenced by this replica's term (leadership.py); alone, it is the writer
+        replicas = r.leader_election.enabled
+        self.lead_writer: Writer = LeaderWriter(self.writer) if replicas else self.writer
+        self.leadership: Leadership | None = None  # made once the REST port is bound
         p = r.prometheus
         self.prom = Prom(p.url, p.timeout_seconds, p.max_points)
         # every periodic job, leader-only or not: listed in start()
-        self.runner = Runner(name="recorder")
-        self.clusters = Clusters(Shared(cfg, self.engine, self.writer, self.prom, clock,
+        self.runner = Runner(name="recorder", is_leader=self.leads)
+        self.clusters = Clusters(Shared(cfg, self.engine, self.lead_writer, self.prom, clock,
                                         self.runner),
                                  api_client)  # fmt: skip
         home = self.clusters.home
         assert home.tracker is not None and home.nodes is not None and home.storage is not None
         self.api, self.tracker, self.nodes, self.storage = (home.api, home.tracker,
                                                              home.nodes, home.storage)  # fmt: skip
-        self.clusters.recover()
+        if not replicas:  # a leader reads its state back when it comes to lead
+            self.clusters.recover()
         with self.engine.connect() as conn:
             self.node_events = NodeEvents(self.writer, last_seqs(conn), r.cluster_name)
         self.kubelet: KubeletService | None = None
@@ -97,11 +111,12 @@ class RecorderApp:
         self.registry.register(JobMetrics(self.runner, "lens_recorder_job"))
         host, port = split_listen(r.listen)
         self.ingest = Ingest(r.ingest, host, r.cluster_name)
-        self.training = Training(r.training, self.writer, self.tracker.gpu_pod,
+        self.training = Training(r.training, self.lead_writer, self.tracker.gpu_pod,
                                  self.tracker.running_workloads, clock,
                                  r.cluster_name)  # fmt: skip
-        with self.engine.connect() as conn:
-            self.training.recover(conn, clock())
+        if not replicas:
+            with self.engine.connect() as conn:
+                self.training.recover(conn, clock())
         self.registry.register(self.ingest)
         self.registry.register(self.training)
         self.loop = EventLoopThread("aio")  # REST and the reporters' streams: one loop
@@ -118,20 +133,30 @@ class RecorderApp:
         if cfg.multicluster.storage_config_sync:
             self.storage_sync = StorageConfigSync(self.clusters)
             self.registry.register(self.storage_sync)
+        if replicas:
+            le, tls = r.leader_election, cfg.server.tls
+            self.leadership = Leadership(le, le.namespace or own_namespace(), self.engine,
+                                         api_client, k.request_timeout_seconds, self.http.port,
+                                         (tls.cert, tls.key) if tls.cert else None,
+                                         self._recover, self.clusters.watch,
+                                         self._unlead)  # fmt: skip
+            self.writer.fence = self.leadership.fence.check
+            self.registry.register(self.leadership)
         parts = Services(r, self.clusters, self.remote_write, self.training, self.writer,
-                         self.readiness, clock)  # fmt: skip
+                         self.readiness, clock, self.leadership)  # fmt: skip
         api.mount(self.http, {"lens": LensApi(parts, self.engine.connect, self.clusters.scope),
                               "plain": PlainJson(parts, self.engine.connect),
                               "posts": Admitted(parts, self.ingest)})  # fmt: skip
-        self.outliers = Outliers(self.engine, self.writer, self.prom, self.tracker.running_pods,
+        self.outliers = Outliers(self.engine, self.lead_writer, self.prom,
+                                 self.tracker.running_pods,
                                  r.jobs.outliers_seconds, clock, r.cluster_name)  # fmt: skip
         self.registry.register(self.outliers)
         ag = r.aggregation
-        self.jobs = Jobs(self.engine, self.writer, self.clusters.scopes,
+        self.jobs = Jobs(self.engine, self.lead_writer, self.clusters.scopes,
                          r.jobs.allocation_seconds, r.retention.days, clock,
                          Keys(tuple(ag.label_keys), tuple(ag.annotation_keys), ag.max_values),
                          ag.backfill_days, r.reports.keep_weeks)  # fmt: skip
-        self.reports = weekly.job_for(r, self.engine, self.writer, self.clusters.scopes)
+        self.reports = weekly.job_for(r, self.engine, self.lead_writer, self.clusters.scopes)
         self.grpc: Any = None
         self.collect_port = 0
         self._stop = threading.Event()
@@ -167,17 +192,46 @@ class RecorderApp:
             jobs.append(Job("storage_config_sync", self.storage_sync.interval,
                             self.storage_sync.run_once, leader_only=True,
                             at_start=True))  # fmt: skip
-        if mc.secret:  # read once by clusters.start()
+        if mc.secret:  # read once by clusters.start(); every replica knows the clusters
+            # (?cluster= is served everywhere), the leader alone watches them
             jobs.append(Job("clusters_reload", mc.reload_seconds, self.clusters.reload,
-                            leader_only=True))  # fmt: skip
+                            leader_only=False))  # fmt: skip
         if self.kubelet is not None:
             jobs.append(Job("kubelet_service", self.kubelet.interval, self.kubelet.sync_counted,
                             leader_only=True, at_start=True))  # fmt: skip
         return jobs
 
+    def leads(self) -> bool:
+        """Whether this replica does what must be done once (the leader-only jobs' gate):
+        always when alone; with replicas, while it holds the Lease and its term."""
+        return self.leadership is None or self.leadership.leads()
+
+    def _recover(self) -> None:
+        """This replica leads (its term claimed): the trackers' and training's state from
+        the database, before the jobs run and the watches start (leadership.py)."""
+        for attempt in range(1, 1_000_000):
+            try:
+                self.clusters.recover()
+                with self.engine.connect() as conn:
+                    self.training.recover(conn, self.clock())
+                break
+            except SQLAlchemyError as exc:
+                log.warning("recorder: leading, but the state cannot be read (%s, try %d)",
+                            type(exc).__name__, attempt)  # fmt: skip
+                if self._stop.wait(1):
+                    return
+
+    def _unlead(self) -> None:
+        """Leading ended: the watches and scans stop (the jobs' gate says no already)."""
+        self.clusters.stop()
+
     def start(self) -> None:
         self.writer.start(self._stop)
-        self.clusters.start()
+        if self.leadership is None:
+            self.clusters.start()
+        else:  # the clusters are known to every replica, watched by the leader alone
+            self.clusters.start(watch=False)
+            self.leadership.start()
         for job in self.jobs_to_run():
             self.runner.add(job)
         self.runner.start()
@@ -194,13 +248,15 @@ class RecorderApp:
 
     def stop(self, flush_timeout: float = 10.0) -> None:
         """Stop the jobs, watching and serving; write what is queued (within
-        flush_timeout)."""
+        flush_timeout); a leader then gives the Lease up, so another takes over at once."""
         self.runner.stop(timeout=3)
         self.clusters.stop()
         if self.grpc is not None:
             self.grpc.stop(grace=1)
         if not self.writer.flush(flush_timeout):
             log.warning("recorder: stopping with %d writes not stored", self.writer.depth())
+        if self.leadership is not None:
+            self.leadership.stop()
         self._stop.set()
         self.writer.join(5)
         self.http.stop()
@@ -210,12 +266,17 @@ class RecorderApp:
     # -- REST ----------------------------------------------------------------------
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready while the home cluster's pods are listed and the database takes writes;
-        the other clusters' state is said, and does not make the service unready."""
+        the other clusters' state is said, and does not make the service unready. With
+        replicas, a follower is ready while the database takes writes (it serves from it),
+        and the body says which replica leads."""
         watching = self.tracker.pod_reflector.synced.is_set()
-        ok = watching and self.writer.up
+        following = self.leadership is not None and not self.leadership.leads()
+        ok = (watching or following) and self.writer.up
         body: dict[str, Any] = {"pods_synced": watching, "database_up": self.writer.up,
                                 "queued_writes": self.writer.depth(),
                                 "clusters": self.clusters.listing()}  # fmt: skip
+        if self.leadership is not None:
+            body["leader"] = self.leadership.state()
         if self.clusters.reload_error:
             body["clusters_secret_error"] = self.clusters.reload_error
         if self.storage_sync is not None:
@@ -264,6 +325,9 @@ class RecorderMetrics(Collector):
         yield self._counter("lens_recorder_queue_dropped_total", "Writes dropped by a full queue",
                             w.dropped)  # fmt: skip
         yield self._counter("lens_recorder_db_writes_total", "Writes committed", w.committed)
+        yield self._counter("lens_recorder_db_writes_fenced_total", "Leader writes dropped: "
+                            "this replica no longer led when they came to be written "
+                            "(replicas)", w.fenced)  # fmt: skip
         errs = Metric(
             "lens_recorder_db_errors",
             "Database errors: unavailable (the write "

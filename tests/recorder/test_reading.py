@@ -232,6 +232,12 @@ def test_the_command_line(api: FakeApiServer, tmp_path: Path) -> None:
         bad = run_cli(*args, env=env)
         assert bad.returncode == 2 and says in bad.stderr, (args, bad.stderr)
         assert "hunter2" not in bad.stderr
+    # replicas need a database they share: SQLite with leader election is refused, in a line
+    replicas = {**env, "LENS_RECORDER__LEADER_ELECTION__ENABLED": "true"}
+    bad = run_cli("--database", db, env=replicas)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert "leader_election.enabled needs a database the replicas share (PostgreSQL)" \
+        in bad.stderr  # fmt: skip
     noapi = {k: v for k, v in env.items() if k != "KUBECONFIG"}
     bad = run_cli("--database", db, env=noapi)
     assert bad.returncode == 2
@@ -262,13 +268,13 @@ def test_migrations_build_exactly_the_schema(db_url: str) -> None:
     from lens_ebpf.recorder.store.writer import engine_for, upgrade
 
     eng = engine_for(db_url)
-    assert upgrade(eng) == "0008"
-    assert upgrade(eng) == "0008"  # again: nothing to do
+    assert upgrade(eng) == "0009"
+    assert upgrade(eng) == "0009"  # again: nothing to do
     with eng.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), schema.metadata)
         assert diff == []
         names = set(inspect(conn).get_table_names())
-    assert names == set(schema.TABLES) | {"alembic_version"}
+    assert names == set(schema.TABLES) | set(schema.SERVICE_TABLES) | {"alembic_version"}
     eng.dispose()
 
 
@@ -304,7 +310,7 @@ def test_rows_stored_before_clusters_belong_to_the_home_cluster(db_url: str) -> 
             ),
             {"at": at},
         )
-    assert upgrade(eng, cluster="home") == "0008"
+    assert upgrade(eng, cluster="home") == "0009"
     with eng.begin() as conn:
         assert [tuple(r) for r in conn.execute(select(schema.nodes.c.cluster,
                                                       schema.nodes.c.name,

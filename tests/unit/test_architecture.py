@@ -287,6 +287,12 @@ NOT_JOBS = {
         "a stream: waits for the collector's first ack, then for events to send",
     ("lens_ebpf/agent/stream/reporter.py", "Reporter._run"): "a reconnect backoff",
     ("lens_ebpf/k8s/reflector.py", "Reflector.run"): "a watch stream and its reconnect backoff",
+    ("lens_ebpf/k8s/election.py", "LeaderElector.run"): "the Lease's campaign and renewals: "
+        "client-go's retry period and renew deadline, the gate the runner asks",
+    ("lens_ebpf/recorder/leadership.py", "Leadership._started"): "claiming the term, again "
+        "after a second while the database is down",
+    ("lens_ebpf/recorder/cli.py", "run"): "the main thread waiting for a signal or the "
+        "Lease's loss",
     ("lens_ebpf/protocol/collector_server.py", "Collector._serve"):
         "a reporter's stream: acks gathered over a short sleep",
     ("lens_ebpf/recorder/store/writer.py", "Writer.flush"): "waits, to a deadline, for the "

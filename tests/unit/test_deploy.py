@@ -179,34 +179,95 @@ def recorder_documents() -> list[dict]:
 
 
 def test_recorder_manifests_round_trip_and_run_what_the_recorder_needs(tmp_path: Path) -> None:
+    """Three replicas on the Secret's PostgreSQL, leader election on, each told its name
+    and address."""
     kubernetes = pytest.importorskip("kubernetes")
     from lens_ebpf.recorder import config
 
     api = kubernetes.client.ApiClient()
     models = {**MODELS, "Deployment": "V1Deployment",
-              "PersistentVolumeClaim": "V1PersistentVolumeClaim"}  # fmt: skip
+              "PersistentVolumeClaim": "V1PersistentVolumeClaim",
+              "PodDisruptionBudget": "V1PodDisruptionBudget"}  # fmt: skip
     docs = recorder_documents()
     for doc in docs:
         model = api.deserialize(json.dumps(doc), models[doc["kind"]], "application/json")
         assert _drop_empty(api.sanitize_for_serialization(model)) == doc, doc["kind"]
     dep = next(d for d in docs if d["kind"] == "Deployment")
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    assert dep["spec"]["replicas"] == 3 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    pdb = next(d for d in docs if d["kind"] == "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"] == dep["spec"]["selector"]
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["args"][0] == "recorder"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    env = {e["name"]: e["valueFrom"] for e in c["env"]}
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["LENS_RECORDER__DATABASE_URL"] == {"secretKeyRef": {
+        "name": "lens-ebpf-recorder-db", "key": "url"}}  # required: not optional  # fmt: skip
     # the shipped config and the Secret's variable are keys the recorder knows
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
     (tmp_path / "recorder.yaml").write_text(cm["data"]["recorder.yaml"])
-    env = {e["name"]: "postgresql+psycopg://lens:pw@db/lens" for e in c["env"]}
-    cfg = config.load(tmp_path / "recorder.yaml", env=env)
-    assert cfg.recorder.database_url == "postgresql+psycopg://lens:pw@db/lens"
-    assert config.load(tmp_path / "recorder.yaml", env={}).recorder.database_url.startswith(
-        "sqlite:////var/lib/lens-recorder/")  # on the volume  # fmt: skip
-    mounts = {m["mountPath"] for m in c["volumeMounts"]}
-    assert "/var/lib/lens-recorder" in mounts
+    url = "postgresql+psycopg://lens:pw@db/lens"
+    cfg = config.load(tmp_path / "recorder.yaml", env={"LENS_RECORDER__DATABASE_URL": url})
+    assert cfg.recorder.database_url == url
+    le = cfg.recorder.leader_election
+    assert (le.enabled, le.lease_duration_seconds, le.renew_deadline_seconds,
+            le.retry_period_seconds) == (True, 15, 10, 2)  # fmt: skip
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"http": int(cfg.recorder.listen.rsplit(":", 1)[1]),
                      "collect": int(cfg.recorder.collect_listen.rsplit(":", 1)[1])}  # fmt: skip
+
+
+def test_the_single_process_variant_runs_on_sqlite_without_an_election(tmp_path: Path) -> None:
+    """deploy/recorder-single, as kubectl 1.20's kustomize builds it: one replica,
+    Recreate, its SQLite file on the volume, leader election off."""
+    from lens_ebpf.recorder import config
+    from tests.kube import build
+
+    if not build.KUBECTL.exists():
+        pytest.skip("the cached kubectl builds the overlay (python -m tests.kube.build)")
+    out = subprocess.run([str(build.KUBECTL), "kustomize", str(DEPLOY / "recorder-single")],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    docs = {d["kind"]: d for d in yaml.safe_load_all(out)}
+    dep = docs["Deployment"]
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert "/var/lib/lens-recorder" in {m["mountPath"] for m in c["volumeMounts"]}
+    assert docs["PersistentVolumeClaim"]["metadata"]["name"] == next(
+        v["persistentVolumeClaim"]["claimName"] for v in dep["spec"]["template"]["spec"][
+            "volumes"] if "persistentVolumeClaim" in v)  # fmt: skip
+    (tmp_path / "recorder.yaml").write_text(docs["ConfigMap"]["data"]["recorder.yaml"])
+    cfg = config.load(
+        tmp_path / "recorder.yaml",
+        env={k: v for k, v in env.items() if k.startswith("LENS_") and v},
+    )
+    assert cfg.recorder.database_url == "sqlite:////var/lib/lens-recorder/recorder.db"
+    assert cfg.recorder.leader_election.enabled is False
+
+
+def test_recorder_rbac_lets_the_replicas_hold_their_lease() -> None:
+    """get and update the Lease by its configured name, create it, in the replicas' own
+    namespace, bound to their ServiceAccount."""
+    from lens_ebpf.recorder import config
+
+    name = config.load(env={}).recorder.leader_election.name
+    docs = recorder_documents()
+    sa = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]
+    role = next(d for d in docs if d["kind"] == "Role"
+                and d["metadata"]["name"] == "lens-ebpf-recorder-leader")  # fmt: skip
+    assert role["metadata"]["namespace"] == sa["namespace"]
+    by_verb: dict[str, set[str]] = {}
+    for rule in role["rules"]:
+        assert (rule["apiGroups"], rule["resources"]) == (["coordination.k8s.io"], ["leases"])
+        for verb in rule["verbs"]:
+            by_verb.setdefault(verb, set()).update(rule.get("resourceNames") or {"*"})
+    assert by_verb == {"get": {name}, "update": {name}, "create": {"*"}}
+    binding = next(d for d in docs if d["kind"] == "RoleBinding"
+                   and d["roleRef"]["name"] == "lens-ebpf-recorder-leader")  # fmt: skip
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["name"],
+                                    "namespace": sa["namespace"]}]  # fmt: skip
 
 
 def test_recorder_rbac_allows_the_finalizer_on_every_kind_it_follows() -> None:

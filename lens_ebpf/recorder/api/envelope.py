@@ -33,6 +33,7 @@ from lens_ebpf.recorder.scope import Scope
 if TYPE_CHECKING:
     from lens_ebpf.recorder.clusters import Clusters
     from lens_ebpf.recorder.config import RecorderConfig
+    from lens_ebpf.recorder.leadership import Leadership
     from lens_ebpf.recorder.remote_write.receiver import RemoteWrite
     from lens_ebpf.recorder.store.writer import Writer
     from lens_ebpf.recorder.training.progress import Training
@@ -165,6 +166,7 @@ class Services:
     writer: Writer
     readiness: Callable[[], tuple[bool, dict[str, Any]]]
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    leadership: Leadership | None = None  # with replicas: whether this one leads, the leader
 
 
 @dataclass

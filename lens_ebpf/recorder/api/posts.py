@@ -57,6 +57,10 @@ class Admitted(Surface):
 
 @routes.post("logs")
 def logs(req: Request, app: Services) -> Outcome:
+    """Taken here, or (with replicas, on one that does not lead) handed to the leader,
+    which keeps the training progress (leadership.py)."""
+    if app.leadership is not None and not app.leadership.leads():
+        return app.leadership.forward("logs", req.body, req.headers, req.query)
     return take_logs(app.training, app.writer, req.body, req.headers.get("content-encoding", ""),
                      req.query, app.cfg.logs.max_body_bytes, app.clock())  # fmt: skip
 

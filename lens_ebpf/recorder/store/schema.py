@@ -51,6 +51,9 @@ gpu_pods = Table(
     Column("deleted_at", DateTime(timezone=True), nullable=True),
     Column("updated_at", DateTime(timezone=True), nullable=False),
 )  # fmt: skip
+# a node's pods: remote write's index reads one node's again when a series names one it
+# does not know (a pod just started)
+Index("ix_gpu_pods_node", gpu_pods.c.cluster, gpu_pods.c.node)
 
 # the pod as the API served it, each time something that matters changed (env values and
 # secrets removed)
@@ -458,6 +461,31 @@ training_events = Table(
 )  # fmt: skip
 Index("ix_training_events_workload_at", training_events.c.workload_uid, training_events.c.at)
 
+# leadership among replicas (recorder.leader_election): the current term of a Lease, the
+# one row every leader write locks and checks (a write of an older term is refused), and
+# every term's holder with when it began and when it wrote first and last
+recorder_leader = Table(
+    "recorder_leader", metadata,
+    Column("name", String(NAME), primary_key=True),  # the Lease's name
+    Column("term", BigInteger, nullable=False),
+    Column("holder", String(NAME), nullable=False),
+    Column("endpoint", String(NAME), nullable=False, default=""),  # its REST, host:port
+    Column("since", DateTime(timezone=True), nullable=False),
+)  # fmt: skip
+leader_terms = Table(
+    "leader_terms", metadata,
+    Column("name", String(NAME), primary_key=True),
+    Column("term", BigInteger, primary_key=True),
+    Column("holder", String(NAME), nullable=False),
+    Column("endpoint", String(NAME), nullable=False, default=""),
+    Column("acquired_at", DateTime(timezone=True), nullable=False),
+    Column("first_write_at", DateTime(timezone=True), nullable=True),
+    Column("last_write_at", DateTime(timezone=True), nullable=True),
+    Column("writes", BigInteger, nullable=False, default=0),  # transactions of the term
+)  # fmt: skip
+
+# the service's own tables (not a cluster's: no cluster column, not scoped)
+SERVICE_TABLES = ("recorder_leader", "leader_terms")
 TABLES = ("gpu_pods", "pod_snapshots", "gpu_pods_events", "pod_resources", "gpu_workloads",
           "workload_pod_references", "node_events", "node_devices",
           "device_changelog", "nodes", "allocation_snapshots",

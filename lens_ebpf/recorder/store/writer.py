@@ -34,6 +34,7 @@ from sqlalchemy import (
     event,
     func,
     select,
+    text,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSON
@@ -81,6 +82,9 @@ def redact(url: str) -> str:
     return f"{scheme}://{user}:***@{tail}"
 
 
+MIGRATION_LOCK = 0x6C656E73  # "lens": the advisory lock migrations take on PostgreSQL
+
+
 def upgrade(engine: Engine, cluster: str = "local", target: str = "head") -> str:
     """Bring the schema to the newest migration (or target); returns its revision. Rows
     stored before the schema knew clusters belong to cluster (the home one)."""
@@ -92,6 +96,9 @@ def upgrade(engine: Engine, cluster: str = "local", target: str = "head") -> str
     cfg.set_main_option("script_location", str(resources.files("lens_ebpf.recorder.store") /
                                                "migrations"))  # fmt: skip
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            # replicas start together: one migrates, the others wait and find it done
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
         cfg.attributes["connection"] = conn
         cfg.attributes["cluster"] = cluster
         command.upgrade(cfg, target)
@@ -171,13 +178,19 @@ class Op:
     # items (multi-row statements); write() alone does the same for this op's item
     bulk: Callable[[Connection, list[Any]], None] | None = None
     item: Any = None
+    fenced: bool = False  # a leader's write: only while the writer's fence lets it (LeaderWriter)
 
 
 class Writer:
     """One thread applying queued writes in order, surviving database outages."""
 
-    def __init__(self, engine: Engine, queue_max: int, retry_max: float = 10.0) -> None:
+    def __init__(self, engine: Engine, queue_max: int, retry_max: float = 10.0,
+                 fence: Callable[[Connection], bool] | None = None) -> None:  # fmt: skip
         self.engine = engine
+        # with replicas: asked first in each transaction holding a leader's write; False
+        # drops those writes (another replica leads now), counted in fenced
+        self.fence = fence
+        self.fenced = 0
         self.queue_max = queue_max
         self.retry_max = retry_max
         self._queue: deque[Op] = deque()
@@ -261,28 +274,38 @@ class Writer:
     def _commit(self, batch: list[Op]) -> None:
         start = time.monotonic()
         with self.engine.begin() as conn:
+            todo = batch
+            if self.fence is not None and any(op.fenced for op in batch) and \
+                    not self.fence(conn):  # fmt: skip
+                todo = [op for op in batch if not op.fenced]
             i = 0
-            while i < len(batch):
-                op, j = batch[i], i + 1
+            while i < len(todo):
+                op, j = todo[i], i + 1
                 if op.bulk is None:
                     op.write(conn)
                 else:
-                    while j < len(batch) and batch[j].bulk == op.bulk:
+                    while j < len(todo) and todo[j].bulk == op.bulk:
                         j += 1
-                    op.bulk(conn, [o.item for o in batch[i:j]])
+                    op.bulk(conn, [o.item for o in todo[i:j]])
                 i = j
         self.writes.observe(time.monotonic() - start)
         if not self.up:
             log.info("recorder: database is back; writing %d queued writes", self.depth())
         self.up = True
-        self._done(batch)
+        self._done(batch, todo)
 
-    def _done(self, batch: list[Op]) -> None:
+    def _done(self, batch: list[Op], written: list[Op] | None = None) -> None:
+        written = batch if written is None else written
+        dropped = len(batch) - len(written)
         with self._cond:
             for _ in batch:
                 self._queue.popleft()
-            self.committed += len(batch)
-        for op in batch:
+            self.committed += len(written)
+            self.fenced += dropped
+        if dropped:
+            log.warning("recorder: %d leader writes dropped: this replica does not lead now",
+                        dropped)  # fmt: skip
+        for op in written:
             if op.done is not None:
                 try:
                     op.done()
@@ -318,6 +341,18 @@ class Writer:
                         (str(exc).splitlines() or [""])[0][:200], self.depth())  # fmt: skip
         self.up = False
         self.last_error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:300]
+
+
+class LeaderWriter(Writer):
+    """The writer (its queue, thread and counters: the same object's state) as the parts
+    that work only on the leader see it: each write they submit is fenced."""
+
+    def __init__(self, writer: Writer) -> None:  # noqa: not Writer.__init__: it is that writer
+        self.__dict__ = writer.__dict__
+
+    def submit(self, op: Op) -> bool:
+        op.fenced = True
+        return super().submit(op)
 
 
 def _unavailable(exc: SQLAlchemyError) -> bool:

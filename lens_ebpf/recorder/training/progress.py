@@ -125,9 +125,12 @@ class Training(Collector):
         with self._lock:
             self.malformed += n
 
-    def ingest(self, lines: list[LogLine], received: datetime) -> dict[str, int]:
+    def ingest(self, lines: list[LogLine], received: datetime,
+               stored: Callable[[], None] | None = None
+               ) -> tuple[dict[str, int], bool]:  # fmt: skip
         """Each line of a GPU pod that a format parses becomes a point; the points and
-        what they open or close are queued for the database. Counts by result."""
+        what they open or close are queued for the database (stored() runs once they are
+        committed). Counts by result, and whether anything was queued."""
         b = Batch()
         with self._lock:
             for line in lines:
@@ -135,8 +138,10 @@ class Training(Collector):
             for k, n in b.counts.items():
                 self.lines[k] += n
         if b.points or b.events or b.ends:
-            self.writer.submit(Op("training_points", lambda conn: self.write(conn, b)))
-        return b.counts
+            return b.counts, self.writer.submit(Op("training_points",
+                                                   lambda conn: self.write(conn, b),
+                                                   done=stored))  # fmt: skip
+        return b.counts, False
 
     def _line(self, line: LogLine, received: datetime, b: Batch) -> None:
         at = line.at or received
