@@ -311,21 +311,23 @@ class HourSeries:
 
 def hour_series(c: Scope, hour: datetime) -> HourSeries | None:
     """The hour's GPU samples per pod, a minute apart (the hour's own minutes), or None
-    when Prometheus is not configured or cannot answer."""
+    when Prometheus is not configured or cannot answer (within a run opened with
+    prom.missing_figures, a Prometheus that did not answer at all is not asked again: a
+    backfill of many hours waits for its timeout once, not once an hour)."""
     if not c.prom.url:
         return None
     start = int(hour.timestamp())
     end = start + 3600 - STEP
     got = []
-    try:
-        for expr in prom.ACCOUNTING:
-            one: dict[tuple[str, str], dict[int, float]] = {}
-            for s in c.prom.graph(expr, start, end, STEP):
-                key = (s["labels"].get("namespace", ""), s["labels"].get("pod", ""))
-                one[key] = {v["timestamp"]: v["value"] for v in s["values"]}
-            got.append(one)
-    except prom.PromError:
-        return None
+    for expr in prom.ACCOUNTING:
+        series = c.prom.maybe_graph(expr, start, end, STEP)
+        if series is None:
+            return None
+        one: dict[tuple[str, str], dict[int, float]] = {}
+        for s in series:
+            key = (s["labels"].get("namespace", ""), s["labels"].get("pod", ""))
+            one[key] = {v["timestamp"]: v["value"] for v in s["values"]}
+        got.append(one)
     return HourSeries(*got)
 
 
@@ -630,23 +632,21 @@ def snapshots(conn: Connection, t: Scoped, start: datetime | None,
 
 def workload_statistic(conn: Connection, c: Scope, now: datetime) -> dict[str, Any]:
     """model.WorkloadStatisticResp: running top workloads, their mean GPUs requested, their
-    mean GPU utilization over the last hour (Prometheus; 0 without it) and how many of
-    them stay under LOW_UTILIZATION."""
+    mean GPU utilization over the last hour and how many of them stay under
+    LOW_UTILIZATION (both from Prometheus: null where it cannot answer)."""
     t = c.tables
     w, p = t.gpu_workloads, t.gpu_pods
     running = list(conn.execute(select(w).where(
         w.c.parent_uid.is_(None), w.c.running.is_(True), w.c.deleted.is_(False))))  # fmt: skip
-    out = {"running_workloads_count": len(running), "avg_gpu_allocated": 0.0,
+    out: dict[str, Any] = {"running_workloads_count": len(running), "avg_gpu_allocated": 0.0,
            "avg_gpu_utilization": 0.0, "low_utilization_workloads_count": 0}  # fmt: skip
     if not running:
         return out
     out["avg_gpu_allocated"] = sum(int(r.gpu_request) for r in running) / len(running)
-    if not c.prom.url:
+    got = c.prom.maybe_instant(prom.POD_UTILIZATION_HOUR, now)
+    if got is None:  # the counts still draw
+        out["avg_gpu_utilization"] = out["low_utilization_workloads_count"] = None
         return out
-    try:
-        got = c.prom.instant(prom.POD_UTILIZATION_HOUR, now)
-    except prom.PromError:
-        return out  # the counts still draw
     by_pod = {(m.get("namespace", ""), m.get("pod", "")): v for m, v in got}
     pods: dict[str, list[float]] = {}
     for r in conn.execute(select(p.c.workload_uid, p.c.namespace, p.c.name).where(

@@ -68,7 +68,8 @@ def node_list(conn: Connection, c: Scope, now: datetime, num: int, size: int, or
               desc: bool, sub: str, gpu: str, wanted: set[str]) -> dict[str, Any]:  # fmt: skip
     """One page of the GPU nodes whose name holds sub, with that GPU name (any: "") and
     status (any: empty), ordered by a field of ORDER; each with its GPUs' mean utilization
-    now."""
+    now (None where Prometheus cannot answer: ordered by it, they are then in name
+    order)."""
     nodes = gpu_nodes(conn, c.tables)
     nodes = [n for n in nodes if sub in n["name"] and (not gpu or n["gpu_name"] == gpu)
              and (not wanted or n["status"] in wanted)]  # fmt: skip
@@ -77,14 +78,17 @@ def node_list(conn: Connection, c: Scope, now: datetime, num: int, size: int, or
         if not of:
             return
         expr = prom.utilization_by_node(None if every else [n["name"] for n in of])
-        util = {lbl.get("node", ""): v for lbl, v in c.prom.instant(expr, now)}
+        got = c.prom.maybe_instant(expr, now)
+        util = None if got is None else {lbl.get("node", ""): v for lbl, v in got}
         for n in of:
-            n["gpu_utilization"] = util.get(n["name"], 0.0)
+            n["gpu_utilization"] = None if util is None else util.get(n["name"], 0.0)
 
     by_use = order_by == "gpu_utilization"
     if by_use:  # every node's, to order them; else only the page's
         utilization(nodes, True)
-    nodes.sort(key=lambda n: (n[order_by], n["name"]), reverse=desc)
+    # one query: every utilization known, or none (None sorts as the name order)
+    nodes.sort(key=lambda n: (n[order_by] if n[order_by] is not None else 0.0, n["name"]),
+               reverse=desc)  # fmt: skip
     shown = nodes[(num - 1) * size : num * size]
     if not by_use:
         utilization(shown, False)
@@ -102,10 +106,9 @@ def node_detail(conn: Connection, c: Scope, name: str, now: datetime) -> dict[st
     drivers = sorted({str(d) for (d,) in conn.execute(select(nd.c.driver_version).where(
         nd.c.node == name, nd.c.kind == "gpu", nd.c.present.is_(True),
         nd.c.driver_version != ""))})  # fmt: skip
-    model = ""
-    if c.prom.url:  # the CPU model is the agent's hw_node_info; without Prometheus: count
-        info = c.prom.instant(f'hw_node_info{{node="{prom.escape(name)}"}}', now)
-        model = next((lbl.get("cpu_model", "") for lbl, _ in info), "")
+    # the CPU model is the agent's hw_node_info; without Prometheus: the count alone
+    info = c.prom.maybe_instant(f'hw_node_info{{node="{prom.escape(name)}"}}', now) or []
+    model = next((lbl.get("cpu_model", "") for lbl, _ in info), "")
     runtime = str(row.container_runtime)
     return {
         "name": row.name, "health": row.status,
@@ -121,24 +124,32 @@ def node_detail(conn: Connection, c: Scope, name: str, now: datetime) -> dict[st
 
 def node_gpu_devices(conn: Connection, c: Scope, name: str, now: datetime) -> dict[str, Any]:
     """NodeGPUDevicesResponse of model.GpuDeviceInfo: the node's GPUs as its agent reported
-    them, with their utilization, temperature, power and memory now."""
+    them, with their utilization, temperature, power and memory now (None where
+    Prometheus cannot answer)."""
     nd = c.tables.node_devices
     known(conn, c.tables, name)
     mine = (nd.c.node == name, nd.c.kind == "gpu", nd.c.present.is_(True))
     gpus = list(conn.execute(select(nd).where(*mine).order_by(nd.c.idx)))
-    values: dict[str, dict[tuple[str, str], float]] = {}
+    values: dict[str, dict[tuple[str, str], float] | None] = {}
     for key, expr in prom.node_gpus(name).items():
-        values[key] = {(lbl.get("vendor", ""), lbl.get("gpu_index", "")): v
-                       for lbl, v in c.prom.instant(expr, now)}  # fmt: skip
+        got = c.prom.maybe_instant(expr, now) if gpus else []
+        values[key] = None if got is None else {
+            (lbl.get("vendor", ""), lbl.get("gpu_index", "")): v for lbl, v in got}  # fmt: skip
+
+    def figure(key: str, k: tuple[str, str], default: float | None) -> float | None:
+        got = values[key]
+        return None if got is None else got.get(k, default)
+
     devices = []
     for g in gpus:
         k = (g.vendor, str(g.idx))
-        memory = values["memory"].get(k)
-        devices.append({"deviceId": int(g.idx), "model": g.model,
-                        "memory": f"{int(memory // 2**30)}GB" if memory is not None else "",
-                        "utilization": values["utilization"].get(k, 0.0),
-                        "temperature": values["temperature"].get(k, 0.0),
-                        "power": values["power"].get(k, 0.0)})  # fmt: skip
+        total = figure("memory", k, None)
+        memory = f"{int(total // 2**30)}GB" if total is not None else \
+            None if values["memory"] is None else ""  # fmt: skip
+        devices.append({"deviceId": int(g.idx), "model": g.model, "memory": memory,
+                        "utilization": figure("utilization", k, 0.0),
+                        "temperature": figure("temperature", k, 0.0),
+                        "power": figure("power", k, 0.0)})  # fmt: skip
     return {"node_name": name, "cluster_name": c.name, "devices": devices}
 
 
@@ -154,9 +165,9 @@ def node_gpu_metrics(conn: Connection, c: Scope, name: str, start: int, end: int
 
 def utilization(conn: Connection, c: Scope, now: datetime) -> dict[str, Any]:
     """model.GPUUtilization: the cluster's allocation rate (percent, from the pods and nodes
-    it keeps) and GPU utilization now (percent)."""
+    it keeps) and GPU utilization now (percent; None where Prometheus cannot answer)."""
     return {"allocationRate": allocation_percent(conn, c.tables),
-            "utilization": c.prom.scalar(prom.UTILIZATION, now)}  # fmt: skip
+            "utilization": c.prom.maybe_scalar(prom.UTILIZATION, now)}  # fmt: skip
 
 
 def utilization_history(c: Scope, start: int, end: int, step: int) -> dict[str, Any]:

@@ -15,9 +15,10 @@ from lens_ebpf.recorder.scope import Scope
 
 def overview(conn: Connection, c: Scope, now: datetime) -> dict[str, Any]:
     """model.GpuClusterOverview: GPU nodes by health (faulty: not Ready, or tainted) and by
-    idleness, allocation rate and utilization (percent), RDMA bytes/s, and the storage
-    scan's space (the volumes' capacity and what their claims use; inodes and bandwidth
-    are not measured: 0)."""
+    idleness (of their GPUs requested), allocation rate and utilization (percent), RDMA
+    bytes/s, and the storage scan's space (the volumes' capacity and what their claims
+    use; inodes and bandwidth are not measured: 0). Utilization and RDMA are None where
+    Prometheus cannot answer, the space used where the scan could not measure it."""
     n = c.tables.nodes
     rows = [r for r in conn.execute(select(n).where(n.c.deleted.is_(False)))
             if sum(int(v) for v in (r.gpu_capacity or {}).values())]  # fmt: skip
@@ -30,18 +31,19 @@ def overview(conn: Connection, c: Scope, now: datetime) -> dict[str, Any]:
         pair[1] += a["capacity"]
     idle = sum(1 for a, c in per_node.values() if a == 0)
     busy = sum(1 for a, c in per_node.values() if a >= c)
-    space = {"total_space": 0.0, "used_space": 0.0, "usage_percentage": 0.0}
+    space: dict[str, float | None] = {"total_space": 0.0, "used_space": 0.0,
+                                      "usage_percentage": 0.0}  # fmt: skip
     if c.storage is not None:
         space.update(c.storage())
     return {
         **space, "total_inodes": 0.0, "used_inodes": 0.0, "inodes_usage_percentage": 0.0,
         "read_bandwidth": 0.0, "write_bandwidth": 0.0,
-        "total_tx": c.prom.scalar(prom.RDMA_TX, now),
-        "total_rx": c.prom.scalar(prom.RDMA_RX, now),
+        "total_tx": c.prom.maybe_scalar(prom.RDMA_TX, now),
+        "total_rx": c.prom.maybe_scalar(prom.RDMA_RX, now),
         "totalNodes": len(rows), "healthyNodes": len(rows) - faulty, "faultyNodes": faulty,
         "fullyIdleNodes": idle, "partiallyIdleNodes": len(per_node) - idle - busy,
         "busyNodes": busy, "allocationRate": allocation_percent(conn, c.tables, allocation),
-        "utilization": c.prom.scalar(prom.UTILIZATION, now),
+        "utilization": c.prom.maybe_scalar(prom.UTILIZATION, now),
     }  # fmt: skip
 
 

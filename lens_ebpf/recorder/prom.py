@@ -6,15 +6,18 @@ query is time-bounded (`timeout_seconds`) and a range query that would return mo
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import re
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 # the queries, by what they answer (the series carry `node` from the agents' scrape config)
 UTILIZATION = "avg(gpu_utilization)"
@@ -194,8 +197,15 @@ class PromError(Exception):
     """Prometheus cannot answer: not configured, down, or it refused the query (503)."""
 
 
+class PromDown(PromError):
+    """Prometheus did not answer at all: refused, reset, or silent past timeout_seconds."""
+
+
 # what the current request could not get from Prometheus (see missing_figures)
 _MISSING: ContextVar[list[str] | None] = ContextVar("prometheus_missing", default=None)
+# the Prometheus URLs that did not answer at all in the current request: its later
+# maybe_* reads of them give None at once, not after timeout_seconds each
+_DOWN: ContextVar[set[str] | None] = ContextVar("prometheus_down", default=None)
 
 
 @contextlib.contextmanager
@@ -204,10 +214,11 @@ def missing_figures() -> Iterator[list[str]]:
     not answer add why to the list: the figures they gave are None, the stored facts
     beside them are answered (the surface says what is missing in meta.message)."""
     got: list[str] = []
-    token = _MISSING.set(got)
+    token, down = _MISSING.set(got), _DOWN.set(set())
     try:
         yield got
     finally:
+        _DOWN.reset(down)
         _MISSING.reset(token)
 
 
@@ -215,6 +226,13 @@ def _missed(exc: PromError) -> None:
     got = _MISSING.get()
     if got is not None and str(exc) not in got:
         got.append(str(exc))
+
+
+def missed(why: str) -> None:
+    """Say to missing_figures (where one is open) why some figures are null, for reads
+    that are not one Prom.maybe_* call: a group of queries given up together, a storage
+    scan's usage."""
+    _missed(PromError(why))
 
 
 class TooManyPoints(ValueError):
@@ -239,7 +257,10 @@ class Prom:
             self.errors += 1
             detail = exc.read()[:300].decode(errors="replace")
             raise PromError(f"prometheus at {self.url} answered {exc.code}: {detail}") from None
-        except (OSError, ValueError) as exc:
+        except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out
+            self.errors += 1
+            raise PromDown(f"prometheus at {self.url} is unavailable: {exc}") from None
+        except ValueError as exc:
             self.errors += 1
             raise PromError(f"prometheus at {self.url} is unavailable: {exc}") from None
         if body.get("status") != "success":
@@ -252,14 +273,31 @@ class Prom:
                                    "timeout": f"{int(self.timeout * 1000)}ms"})  # fmt: skip
         return [(r["metric"], float(r["value"][1])) for r in data.get("result", [])]
 
+    def _maybe(self, read: Callable[[], T]) -> T | None:
+        """read(), or None where Prometheus cannot answer (said to missing_figures). Within
+        one missing_figures, once this Prometheus did not answer at all (PromDown: down,
+        or silent past timeout_seconds) the later reads give None at once; one it refused
+        (4xx, 5xx) is no reason to skip the next."""
+        if not self.url:
+            _missed(PromError("recorder.prometheus.url is not set"))
+            return None
+        down = _DOWN.get()
+        if down is not None and self.url in down:
+            return None  # its reason is said already
+        try:
+            return read()
+        except PromDown as exc:
+            if down is not None:
+                down.add(self.url)
+            _missed(exc)
+        except PromError as exc:
+            _missed(exc)
+        return None
+
     def maybe_instant(self, query: str, at: datetime
                       ) -> list[tuple[dict[str, str], float]] | None:  # fmt: skip
         """instant(), or None where Prometheus cannot answer (said to missing_figures)."""
-        try:
-            return self.instant(query, at)
-        except PromError as exc:
-            _missed(exc)
-            return None
+        return self._maybe(lambda: self.instant(query, at))
 
     def maybe_scalar(self, query: str, at: datetime) -> float | None:
         """scalar(), or None where Prometheus cannot answer (said to missing_figures)."""
@@ -272,6 +310,11 @@ class Prom:
         """The value of a query that answers one series; 0 when it answers none."""
         got = self.instant(query, at)
         return got[0][1] if got else 0.0
+
+    def maybe_graph(self, query: str, start: int, end: int, step: int
+                    ) -> list[dict[str, Any]] | None:  # fmt: skip
+        """graph(), or None where Prometheus cannot answer (said to missing_figures)."""
+        return self._maybe(lambda: self.graph(query, start, end, step))
 
     def graph(self, query: str, start: int, end: int, step: int) -> list[dict[str, Any]]:
         """[{"labels", "values": [{"timestamp", "value"}]}] (model.MetricsSeries), one per

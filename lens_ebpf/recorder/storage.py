@@ -17,7 +17,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from prometheus_client.core import Metric
@@ -234,10 +234,20 @@ class StorageScan(Collector):
         return got
 
     # -- routes ----------------------------------------------------------------------
+    @staticmethod
+    def _measured(s: Scan) -> bool:
+        """Whether the scan has its claims' usage from Prometheus; where not, the figures
+        from it are None and meta.message says why (missing_figures)."""
+        for why in s.incomplete:
+            prom.missed(f"storage usage (scan at {s.at.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}): "
+                        f"{why}")  # fmt: skip
+        return not s.incomplete
+
     def overview(self) -> dict[str, Any]:
         """storage/overview: per backend its class, provisioner, volumes, capacity requested
         and provisioned, used, the pods using it, and whether it is healthy (and why not)."""
         s = self.newest()
+        measured = self._measured(s) if s.claims else True
         out = []
         for cls, b in sorted(s.backends.items()):
             mine = [c for c in s.claims if c.storage_class == cls]
@@ -249,8 +259,10 @@ class StorageScan(Collector):
                 "bound": sum(1 for c in mine if c.phase == "Bound"),
                 "pending": sum(1 for c in mine if c.phase == "Pending"),
                 "capacity_requested_bytes": sum(c.requested for c in mine),
-                "capacity_bytes": b.capacity, "used_bytes": sum(used) if used else None,
-                "pods": len({p for c in mine for p in c.pods}),
+                "capacity_bytes": b.capacity,
+                "used_bytes": sum(used) if used and measured else None,
+                "pods": len({p for c in mine for p in c.pods}) if measured or not mine
+                else None,
             })  # fmt: skip
         return {"scanned_at": int(s.at.timestamp()), "backends": out,
                 "incomplete": s.incomplete}  # fmt: skip
@@ -259,22 +271,28 @@ class StorageScan(Collector):
         """storage/volumes: one page of the claims, each with its capacity, usage, and the
         pods and nodes mounting it."""
         s = self.newest()
+        shown = s.claims[(num - 1) * size : num * size]
+        measured = self._measured(s) if shown else True
         rows = [{"namespace": c.namespace, "name": c.name, "storage_class": c.storage_class,
                  "phase": c.phase, "volume": c.volume, "access_modes": c.access_modes,
                  "requested_bytes": c.requested, "capacity_bytes": c.capacity,
-                 "used_bytes": c.used, "available_bytes": c.available, "pods": c.pods,
-                 "nodes": c.nodes} for c in s.claims]  # fmt: skip
-        return {"data": rows[(num - 1) * size : num * size], "total": len(rows),
-                "scanned_at": int(s.at.timestamp())}  # fmt: skip
+                 "used_bytes": c.used if measured else None,
+                 "available_bytes": c.available if measured else None,
+                 "pods": c.pods if measured else None,
+                 "nodes": c.nodes if measured else None} for c in shown]  # fmt: skip
+        return {"data": rows, "total": len(s.claims), "scanned_at": int(s.at.timestamp())}
 
-    def totals(self) -> dict[str, float]:
+    def totals(self) -> dict[str, Any]:
         """clusters/overview's storage fields from the newest scan (none yet, or the API
-        not listable: 0): the volumes' capacity, what the claims use, percent."""
+        not listable: 0): the volumes' capacity, what the claims use, percent (used and
+        percent None where the scan could not measure its claims' usage)."""
         with self._lock:
             last = self.last
         if last is None:
             return {}
         total = float(sum(b.capacity for b in last.backends.values()))
+        if last.claims and not self._measured(last):
+            return {"total_space": total, "used_space": None, "usage_percentage": None}
         used = float(sum(c.used for c in last.claims if c.used is not None))
         return {"total_space": total, "used_space": used,
                 "usage_percentage": 100 * used / total if total else 0.0}  # fmt: skip

@@ -201,7 +201,8 @@ def listing(conn: Connection, c: Scope, now: datetime, num: int, size: int, orde
 
 def utilization_stats(c: Scope, row: Any, pods: list[Any], running: bool, now: datetime
                       ) -> dict[str, Any]:  # fmt: skip
-    """From the agents' gpu_utilization of the GPUs the workload's pods held."""
+    """From the agents' gpu_utilization of the GPUs the workload's pods held (each None
+    where Prometheus cannot answer)."""
     stats: dict[str, Any] = {"instant_gpu_utilization": None, "avg_gpu_utilization": 0.0,
                              "p50_gpu_utilization": 0.0, "p90_gpu_utilization": 0.0,
                              "p95_gpu_utilization": 0.0}  # fmt: skip
@@ -213,12 +214,12 @@ def utilization_stats(c: Scope, row: Any, pods: list[Any], running: bool, now: d
     sel = prom.pods_selector(row.namespace, [p.name for p in pods])
     series = f"avg(gpu_utilization{{{sel}}})[{seconds}s:60s]"
     at = min(end, now)
-    stats["avg_gpu_utilization"] = c.prom.scalar(f"avg_over_time({series})", at)
+    stats["avg_gpu_utilization"] = c.prom.maybe_scalar(f"avg_over_time({series})", at)
     for q, field in ((0.5, "p50"), (0.9, "p90"), (0.95, "p95")):
-        stats[f"{field}_gpu_utilization"] = c.prom.scalar(
+        stats[f"{field}_gpu_utilization"] = c.prom.maybe_scalar(
             f"quantile_over_time({q}, {series})", at)  # fmt: skip
     if running:
-        stats["instant_gpu_utilization"] = c.prom.scalar(
+        stats["instant_gpu_utilization"] = c.prom.maybe_scalar(
             f"avg(gpu_utilization{{{sel}}})", now)  # fmt: skip
     return stats
 
@@ -226,7 +227,8 @@ def utilization_stats(c: Scope, row: Any, pods: list[Any], running: bool, now: d
 def consumers(conn: Connection, c: Scope, now: datetime, num: int, size: int
               ) -> dict[str, Any]:  # fmt: skip
     """ClusterConsumersResponse of model.TopLevelGpuResource: one page of the running
-    top-level workloads, their GPU request and their pods' GPU utilization now."""
+    top-level workloads, their GPU request and their pods' GPU utilization now (None where
+    Prometheus cannot answer)."""
     w = c.tables.gpu_workloads
     top = w.c.parent_uid.is_(None) | (w.c.parent_uid == "")
     rows = [r for r in conn.execute(select(w).where(top, w.c.deleted.is_(False))
@@ -235,8 +237,8 @@ def consumers(conn: Connection, c: Scope, now: datetime, num: int, size: int
     items = []
     for r in rows[(num - 1) * size : num * size]:
         pods = [p.name for p in workload_pods(conn, c.tables, r.uid) if p.running and not p.deleted]
-        util = c.prom.scalar(f"avg(gpu_utilization{{"
-                              f"{prom.pods_selector(r.namespace, pods)}}})", now) \
+        util = c.prom.maybe_scalar(f"avg(gpu_utilization{{"
+                                   f"{prom.pods_selector(r.namespace, pods)}}})", now) \
             if pods else 0.0  # fmt: skip
         items.append({"kind": r.kind, "name": r.name, "namespace": r.namespace,
                       "uid": r.uid, "stat": {"gpu_request": int(r.gpu_request),

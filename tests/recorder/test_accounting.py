@@ -314,10 +314,17 @@ def test_statistics_routes_conform_to_the_original_and_their_figures(
         assert (w["workload_name"], w["workload_type"], w["allocated_gpu_count"],
                 w["avg_utilization"], w["avg_gpu_memory_used"], w["avg_gpu_memory_total"]) == (
             "trainer", "Deployment", 2.0, 25.0, 4.0, 16.0)  # fmt: skip
-        # without Prometheus the counts still draw; the utilization is 0 as the original's
+        # without Prometheus the counts still draw; its figures are null, and it says why
         (scope,) = app.jobs.scopes()
         scope.prom.url = "http://127.0.0.1:9"
-        assert get(app, "/v1/workloads/statistic")["avg_gpu_utilization"] == 0.0
+        r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/workloads/statistic",
+                         timeout=hang_guard(5))  # fmt: skip
+        assert r.status_code == 200 and r.json()["meta"]["code"] == 2000
+        assert "Prometheus figures missing (null): prometheus at http://127.0.0.1:9" \
+            in r.json()["meta"]["message"]  # fmt: skip
+        assert r.json()["data"] == {"running_workloads_count": 1, "avg_gpu_allocated": 2.0,
+                                    "avg_gpu_utilization": None,
+                                    "low_utilization_workloads_count": None}  # fmt: skip
         for q, word in (("name=trainer", "kind"),
                         ("kind=Deployment&name=nobody&start=0&end=60", "nobody"),
                         ("kind=Deployment&name=trainer&start=x&end=60", "start")):  # fmt: skip

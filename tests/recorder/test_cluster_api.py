@@ -528,27 +528,37 @@ def test_utilization_routes_from_a_real_prometheus(api: FakeApiServer, recorder_
         assert bad["meta"]["code"] == 4001 and "start" in bad["meta"]["message"]
     finally:
         prometheus.stop()
-    # Prometheus gone: the metric routes say so (503), the rest answer
-    r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/nodes/gpuUtilization",
-                     timeout=hang_guard(15))  # fmt: skip
+    # Prometheus gone: the routes of its figures alone say so (503); those that mix them
+    # with stored facts answer those, its figures null (tests/recorder/test_degrade.py)
+    r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/nodes/gpuUtilizationHistory"
+                     f"?start={t0}&end={t0 + 240}&step=60", timeout=hang_guard(15))  # fmt: skip
     assert r.status_code == 503 and r.json()["meta"]["code"] == 5003
     assert "unavailable" in r.json()["meta"]["message"]
+    r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/nodes/gpuUtilization",
+                     timeout=hang_guard(15))  # fmt: skip
+    assert r.status_code == 200 and r.json()["meta"]["code"] == 2000
+    assert "unavailable" in r.json()["meta"]["message"]
+    assert r.json()["data"] == {"allocationRate": 25.0, "utilization": None}
     assert get(app, "/v1/nodes/gpuAllocation")[0]["allocated"] == 2
 
 
 def test_without_prometheus_the_metric_routes_say_so(api: FakeApiServer, recorder_app: Any,
                                                      tmp_path: Any) -> None:  # fmt: skip
     app = recorder_app(f"sqlite:///{tmp_path / 'r.db'}")
-    r = requests.get(f"http://127.0.0.1:{app.http.port}/api/nodes/gpuUtilization",
-                     timeout=hang_guard(5))  # fmt: skip
+    r = requests.get(f"http://127.0.0.1:{app.http.port}/api/nodes/gpuUtilizationHistory"
+                     "?start=0&end=60", timeout=hang_guard(5))  # fmt: skip
     body = r.json()
     assert r.status_code == 503 and body["meta"]["code"] == 5003
     assert "recorder.prometheus.url is not set" in body["meta"]["message"]
     assert get(app, "/v1/gpu-aggregation/clusters") == ["local"]
-    # the node detail without Prometheus: the CPU count alone (the model is the agents')
+    # the node detail without Prometheus: the CPU count alone (the model is the agents'),
+    # and the message says what is missing
     api.put("nodes", node("gpu-1", "True", {"amd.com/gpu": "8"}, "10.0.0.11"))
     eventually(lambda: get_or_none(app, "/v1/nodes/gpu-1") is not None, timeout=15)
-    assert get(app, "/v1/nodes/gpu-1")["cpu"] == "128"
+    r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/nodes/gpu-1", timeout=hang_guard(5))
+    assert r.json()["meta"] == {"code": 2000, "message": "OK; Prometheus figures missing "
+                                "(null): recorder.prometheus.url is not set"}  # fmt: skip
+    assert r.json()["data"]["cpu"] == "128"
     # the node analyses mix stored allocation with Prometheus's utilization: answered
     # without it (null), saying so; the scores from the allocation alone
     for route in ("nodes/fragmentation-analysis", "nodes/load-balance-analysis"):

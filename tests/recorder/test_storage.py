@@ -8,7 +8,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import requests
 
+from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer
 from tests.recorder.test_faults import metric
 from tests.recorder.test_training import get
@@ -146,8 +148,23 @@ def test_storage_overview_and_volumes_exact(api: FakeApiServer, recorder_app: An
         assert metric(app, 'lens_recorder_storage_scans_total{result="ok"}') >= 1
     finally:
         prometheus.stop()
-    # Prometheus gone: the objects still answer, the usage says why it is missing
+    # Prometheus gone: the objects still answer, the usage null and meta.message saying why
     app.storage.run_once(now)
-    over = get(app, "/api/storage/overview")
+    why = (f"storage usage (scan at {now:%Y-%m-%dT%H:%M:%SZ}): prometheus at "
+           f"{prometheus.base} is unavailable")  # fmt: skip
+    body = requests.get(f"http://127.0.0.1:{app.http.port}/api/storage/overview",
+                        timeout=hang_guard(5)).json()  # fmt: skip
+    assert body["meta"]["code"] == 2000 and why in body["meta"]["message"], body["meta"]
+    over = body["data"]
     assert "unavailable" in over["incomplete"][0]
-    assert {b["storage_class"]: b["used_bytes"] for b in over["backends"]}["fast-nvme"] is None
+    got = {b["storage_class"]: (b["used_bytes"], b["pods"], b["pvcs"]) for b in over["backends"]}
+    assert got["fast-nvme"] == (None, None, 3)
+    (vol,) = get(app, "/v1/storage/volumes?page_num=2&page_size=1")["data"]
+    fields = ("name", "capacity_bytes", "used_bytes", "available_bytes", "pods", "nodes")
+    assert [vol[k] for k in fields] == ["model-cache", 500 * GI, None, None, None, None]
+    body = requests.get(f"http://127.0.0.1:{app.http.port}/v1/clusters/overview",
+                        timeout=hang_guard(5)).json()  # fmt: skip
+    assert body["meta"]["code"] == 2000 and why in body["meta"]["message"], body["meta"]
+    total = TI + 500 * GI + 100 * GI
+    assert {k: body["data"][k] for k in ("total_space", "used_space", "usage_percentage")} == {
+        "total_space": total, "used_space": None, "usage_percentage": None}  # fmt: skip

@@ -184,8 +184,16 @@ def test_the_timeline_and_the_outlier_of_a_job_that_slowed_down(
         eventually(lambda: True, timeout=1)
     finally:
         prometheus.stop()
-    # Prometheus gone: the tables' entries, and what is missing, said
-    data = get(app, f"/v1/workloads/{U['bert']}/timeline?start={t0 + 30}&end={t0 + 2400}")
+    # Prometheus gone: the tables' entries, and what is missing, said (meta.message too)
+    body = __import__("requests").get(
+        f"http://127.0.0.1:{app.http.port}/v1/workloads/{U['bert']}/timeline?start={t0 + 30}"
+        f"&end={t0 + 2400}", timeout=10).json()  # fmt: skip
+    data = body["data"]
     assert "unavailable" in data["incomplete"][0]
+    assert body["meta"] == {
+        "code": 2000,
+        "message": "OK; Prometheus figures missing (null): "
+        f"timeline entries from Prometheus: {data['incomplete'][0]}",
+    }
     assert "gpu_fault" in {e["type"] for e in data["entries"]}
     assert "tcp_rtt_regression" not in {e["type"] for e in data["entries"]}

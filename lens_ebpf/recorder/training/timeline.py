@@ -122,8 +122,9 @@ class Timeline:
         if pods:
             try:
                 entries += self._from_prometheus(conn, ctx, start, end)
-            except prom.PromError as exc:
+            except prom.PromError as exc:  # all its entries or none, said in meta.message too
                 incomplete.append(str(exc))
+                prom.missed(f"timeline entries from Prometheus: {exc}")
         entries.sort(key=lambda e: (e["time"], ORDER.index(e["type"]) if e["type"] in ORDER
                                     else len(ORDER), e["pod"], e["device"]))  # fmt: skip
         return {"uid": w.uid, "kind": w.kind, "name": w.name, "namespace": w.namespace,
