@@ -389,3 +389,117 @@ def test_without_a_receiver_remote_write_says_so(api: FakeApiServer, recorder_ap
                       timeout=hang_guard(10))  # fmt: skip
     assert r.status_code == 503 and "remote_write.url is not set" in r.json()["meta"]["message"]
     assert get(app, "/pods/cache")["cache"] == {}
+
+
+def new_gpu(index: int, holder: str) -> pb.DeviceChange:
+    """Another NVIDIA GPU as its node's agent reports it once the kubelet gave it a pod."""
+    uuid = f"GPU-c2f76b33-7953-256e-8f33-1343419b1a{index:02x}"
+    slot = f"0000:{0x31 + index:02x}:00.0"
+    return pb.DeviceChange(device_kind="gpu", vendor="nvidia", change="appeared", bdf=slot,
+                           slot=slot, index=index, key=uuid, uuid=uuid, model="NVIDIA L4",
+                           holder=f"{NS}/{holder}")  # fmt: skip
+
+
+def test_a_new_pods_first_sample_is_copied(api: FakeApiServer, recorder_app: Any,
+                                           db_url: str) -> None:  # fmt: skip
+    """A pod that starts after the maps were read (an hour between full reads here) has
+    its first sample copied: the miss reads its node's entries again, at most once a
+    second per node; a node the maps do not know counts as a miss too."""
+    from tests.promserver import Prometheus, available
+    from tests.recorder.conftest import rows
+
+    if available():
+        pytest.skip(available())
+    receiver = Prometheus([], flags=["--web.enable-remote-write-receiver"])
+    try:
+        app = started(api, recorder_app, db_url,
+                      remote_write__url=f"{receiver.base}/api/v1/write")  # fmt: skip
+        ticks = [time.monotonic()]  # (after the maps' full read)
+        app.remote_write.indexer.monotonic = lambda: ticks[0]  # the second, in the test's hand
+        url = f"http://127.0.0.1:{app.http.port}/prometheus"
+        seqs = {NVIDIA: 2, "gpu-new": 1}  # each agent's next event (devices() sent NVIDIA's 1)
+
+        def pod_starts(name: str, host: str, index: int) -> None:
+            """Its rows as the tracker writes them, then its GPU as its node's agent
+            reports it."""
+            api.put("pods", state(gpu_pod(name, "bert", "nvidia.com/gpu", 1, host), "Running",
+                                  True))  # fmt: skip
+            eventually(lambda: f"uid-{name}" in {r["pod_uid"] for r in rows(
+                db_url, "workload_pod_references")}, timeout=15)  # fmt: skip
+            ev = pb.Event(seq=seqs[host], ts_unix_nano=time.time_ns(), node_name=host,
+                          device_change=new_gpu(index, name))  # fmt: skip
+            seqs[host] += 1
+            assert report(app.collect_port, host, [ev])[-1] == ev.seq
+            assert app.writer.flush(10)
+
+        def send(labels: dict[str, str], value: float) -> int:
+            req = pb1.WriteRequest()
+            ts = req.timeseries.add()
+            for k in sorted(labels):
+                ts.labels.add(name=k, value=labels[k])
+            at = int(time.time() * 1000)
+            ts.samples.add(value=value, timestamp=at)
+            r = requests.post(url, data=wire.snappy(req.SerializeToString()), headers=V1,
+                              timeout=hang_guard(10))  # fmt: skip
+            assert r.status_code == 204, r.text
+            return at
+
+        def dcgm(host: str, index: int) -> dict[str, str]:
+            return {"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": host, "gpu": str(index),
+                    "UUID": new_gpu(index, "").uuid}  # fmt: skip
+
+        def copies(pod: str) -> list[dict[str, Any]]:
+            expr = f'workload_DCGM_FI_DEV_GPU_UTIL{{pod_name="{pod}"}}'
+            return receiver.query(f"{expr}[1h]")["result"]  # type: ignore[no-any-return]
+
+        def counted(family: str, result: str) -> float | None:
+            return metric(app, f'lens_recorder_remote_write_{family}_total{{result="{result}"}}')
+
+        def copy_of(labels: dict[str, str], pod: str) -> dict[str, str]:
+            return {**labels, "__name__": "workload_DCGM_FI_DEV_GPU_UTIL",
+                    "job": "lens-ebpf-recorder", "pod_name": pod, "pod_uid": f"uid-{pod}",
+                    "workload_name": "bert", "workload_uid": U["bert"]}  # fmt: skip
+
+        # a pod starts on a GPU the maps know nothing of: its first sample is copied
+        pod_starts("bert-worker-3", NVIDIA, 1)
+        first = dcgm(NVIDIA, 1)
+        at = send(first, 61.0)
+        ((got,),) = [copies("bert-worker-3")]
+        assert got["metric"] == copy_of(first, "bert-worker-3")
+        assert got["values"] == [[at / 1000, "61"]]
+        assert counted("node_refreshes", "changed") == 1
+        assert counted("misses", "found") == 1
+
+        # another within the same second: its node is not read again, no copy yet
+        pod_starts("bert-worker-4", NVIDIA, 2)
+        second = dcgm(NVIDIA, 2)
+        send(second, 62.0)
+        assert copies("bert-worker-4") == []
+        assert (counted("node_refreshes", "changed"), counted("node_refreshes", "unchanged")) \
+            == (1, 0)  # fmt: skip
+        assert counted("misses", "throttled") == 1
+        assert metric(app, 'lens_recorder_remote_write_samples_total{result="no_pod"}') == 1
+        # a second later it is
+        ticks[0] += 1.0
+        at = send(second, 63.0)
+        ((got,),) = [copies("bert-worker-4")]
+        assert got["metric"] == copy_of(second, "bert-worker-4")
+        assert got["values"] == [[at / 1000, "63"]]
+        assert counted("node_refreshes", "changed") == 2
+        assert counted("misses", "found") == 2
+
+        # a node the maps do not know, named by its address (instance): its first pod
+        api.put("nodes", node("gpu-new", "True", {"nvidia.com/gpu": "8"}, "10.1.0.9"))
+        eventually(lambda: "gpu-new" in {r["name"] for r in rows(db_url, "nodes")}, timeout=15)
+        pod_starts("bert-worker-5", "gpu-new", 0)
+        third = {**dcgm("gpu-new", 0), "instance": "10.1.0.9:9400"}
+        del third["Hostname"]
+        at = send(third, 64.0)
+        ((got,),) = [copies("bert-worker-5")]
+        assert got["metric"] == copy_of(third, "bert-worker-5")
+        assert got["values"] == [[at / 1000, "64"]]
+        assert counted("node_refreshes", "changed") == 3
+        assert (counted("misses", "found"), counted("misses", "not_found"),
+                counted("misses", "throttled")) == (3, 0, 1)  # fmt: skip
+    finally:
+        receiver.stop()

@@ -1,21 +1,34 @@
 """Remote write without a service: which requests are taken, how a series finds its pod
 (by each default device label rule, with the exporters' real label sets; by its pod
 labels; as of its samples' time), the copies' labels and samples, proxy mode, and 2.0's
-symbols."""
+symbols; and, over a real SQLite database, a miss reading its node's rows again (once a
+second per node, beside the full reads)."""
 
 from __future__ import annotations
 
 import math
+import sys
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy import event
 
+from lens_ebpf.protocol.gen import lens_pb2 as pb
 from lens_ebpf.recorder import config
 from lens_ebpf.recorder.gen import remote_write_v1_pb2 as pb1
 from lens_ebpf.recorder.gen import remote_write_v2_pb2 as pb2
+from lens_ebpf.recorder.ingest.node_events import apply_devices, device_update
+from lens_ebpf.recorder.remote_write import index as index_module
 from lens_ebpf.recorder.remote_write import wire
-from lens_ebpf.recorder.remote_write.index import Index, Pod, bdf
+from lens_ebpf.recorder.remote_write.index import Index, Indexer, Pod, bdf
 from lens_ebpf.recorder.remote_write.relabel import Relabeler
+from lens_ebpf.recorder.store import schema
+from lens_ebpf.recorder.store.writer import engine_for, insert_rows
+from tests.conftest import wait_for
 
 FIX = Path(__file__).parent.parent / "fixtures" / "remote_write"
 BERT = (("PyTorchJob", "bert", "uid-pt-bert"),)
@@ -40,8 +53,14 @@ def exposition(name: str) -> list[dict[str, str]]:
 
 
 class Maps:
+    """The maps as an Indexer holds them, its nodes read again within the last second (a
+    miss reads nothing: the database's part is tests/recorder's)."""
+
     def __init__(self, idx: Index) -> None:
         self.index = idx
+
+    def look_again(self, node: str, uid: str = "") -> tuple[bool, Index]:
+        return False, self.index
 
 
 def index() -> Index:
@@ -298,3 +317,223 @@ def test_new_maps_keep_the_copies_of_series_whose_pod_did_not_change() -> None:
     assert [x["pod_name"] for x, _ in got] == ["bert-worker-2", "bert-worker-1"]
     same = [k for k, v in r.cache.items() if v.copies is kept[k]]
     assert len(same) == 1  # b's copies were not built again
+
+
+# -- a node's entries read again on a miss, from a real database (SQLite) ------------------
+NOW = datetime(2026, 11, 23, 6, 0, tzinfo=UTC)
+
+
+def node_row(name: str, address: str) -> dict[str, Any]:
+    """A nodes row, as the Node watch writes it."""
+    return {"cluster": "local", "name": name, "address": address, "status": "Ready",
+            "gpu_capacity": {}, "gpu_allocatable": {}, "labels": {}, "updated_at": NOW}  # fmt: skip
+
+
+def pod_row(name: str, node: str) -> dict[str, Any]:
+    """A gpu_pods row of a bert worker, as the tracker writes it."""
+    return {"cluster": "local", "uid": f"uid-{name}", "namespace": "ml", "name": name,
+            "node": node, "gpus": 1, "gpu_resources": {"nvidia.com/gpu": 1},
+            "phase": "Running", "running": True, "deleted": False,
+            "workload_uid": "uid-pt-bert", "created_at": NOW, "updated_at": NOW}  # fmt: skip
+
+
+class Cluster:
+    """A recorder database (SQLite, its tables from the schema) holding one PyTorchJob's
+    pods on node-a, written as the tracker and the node's agent write them, and an Indexer
+    over it whose second (its monotonic clock) the test moves."""
+
+    def __init__(self, path: Path) -> None:
+        self.engine = engine_for(f"sqlite:///{path}")
+        schema.metadata.create_all(self.engine)
+        self.seconds = 100.0
+        self.indexer = Indexer(self.engine, 10.0, lambda: NOW, "local",
+                               monotonic=lambda: self.seconds)  # fmt: skip
+        self.statements: list[str] = []
+        event.listen(self.engine, "before_cursor_execute", self._seen)
+        with self.engine.begin() as conn:
+            insert_rows(conn, schema.nodes, [node_row("node-a", "10.0.0.7")])
+            insert_rows(conn, schema.gpu_workloads, [{
+                "cluster": "local", "uid": "uid-pt-bert", "api_version": "kubeflow.org/v1",
+                "kind": "PyTorchJob", "namespace": "ml", "name": "bert", "gpu_resources": {},
+                "labels": {}, "updated_at": NOW}])  # fmt: skip
+        self.pod_starts("bert-worker-0", 0)
+
+    def _seen(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        self.statements.append(statement)
+
+    def pod_starts(self, name: str, index: int, tracked: bool = True) -> None:
+        """The pod's rows (tracked False: not yet), then its GPU as the agent reports
+        it: a device_change with its holder."""
+        with self.engine.begin() as conn:
+            if tracked:
+                insert_rows(conn, schema.gpu_pods, [pod_row(name, "node-a")])
+                insert_rows(conn, schema.workload_pod_references, [{
+                    "cluster": "local", "workload_uid": "uid-pt-bert", "pod_uid": f"uid-{name}",
+                    "created_at": NOW}])  # fmt: skip
+            gpu = pb.DeviceChange(device_kind="gpu", vendor="nvidia", change="appeared",
+                                  slot=f"0000:0{index}:00.0", bdf=f"0000:0{index}:00.0",
+                                  index=index, key=f"GPU-{index}", uuid=f"GPU-{index}",
+                                  holder=f"ml/{name}")  # fmt: skip
+            ev = pb.Event(seq=index + 1, ts_unix_nano=int(NOW.timestamp() * 1e9),
+                          device_change=gpu)  # fmt: skip
+            update = device_update("local", "node-a", ev, NOW)
+            assert update is not None
+            apply_devices(conn, [update])
+
+    def counted(self) -> dict[str, int]:
+        return dict(self.indexer.node_refreshes)
+
+
+def gpu_series(index: int) -> list[tuple[dict[str, str], list[tuple[float, int]]]]:
+    at = int(NOW.timestamp() * 1000) + 15_000
+    return [({"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": "node-a", "UUID": f"GPU-{index}"},
+             [(float(index), at)])]  # fmt: skip
+
+
+@pytest.fixture()
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path / "recorder.db")
+    yield c
+    c.engine.dispose()
+
+
+def test_a_miss_reads_only_its_nodes_rows_once_a_second(cluster: Cluster) -> None:
+    cfg = config.load(env={}).recorder.remote_write
+    r = Relabeler(cfg, cluster.indexer)
+    cluster.indexer.refresh()
+    cluster.pod_starts("bert-worker-1", 1)
+    cluster.statements.clear()
+    out = r.v1(request(gpu_series(1)))
+    ((labels, samples),) = written(out.body)
+    assert (labels["pod_uid"], labels["workload_uid"], samples) == (
+        "uid-bert-worker-1", "uid-pt-bert", gpu_series(1)[0][1])  # fmt: skip
+    assert out.misses == {"found": 1, "not_found": 0, "throttled": 0}
+    assert cluster.counted() == {"changed": 1, "unchanged": 0, "failed": 0}
+    # its devices, their holder changes, its RDMA opens; the pods on it (a holder was new),
+    # their workloads; each of node-a's rows only
+    tables = ["node_devices", "device_changelog", "node_events", "gpu_pods",
+              "workload_pod_references", "gpu_workloads"]  # fmt: skip
+    assert [next(t for t in tables if f"FROM {t}" in s) for s in cluster.statements] == tables
+    assert all(".node = ?" in s.split(") AS ", 1)[1] for s in cluster.statements[:4])
+    # a GPU the node does not have, within the second: not read; a second later, read (no
+    # pod read: every holder it names is known)
+    cluster.statements.clear()
+    idle = [({"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": "node-a", "UUID": "GPU-7"},
+             [(0.0, int(NOW.timestamp() * 1000))])]  # fmt: skip
+    assert r.v1(request(idle)).misses == {"found": 0, "not_found": 0, "throttled": 1}
+    assert cluster.statements == []
+    cluster.seconds += 1.0
+    assert r.v1(request(idle)).misses == {"found": 0, "not_found": 1, "throttled": 0}
+    assert cluster.counted() == {"changed": 1, "unchanged": 1, "failed": 0}
+    assert len(cluster.statements) == 3 and "FROM gpu_pods" not in "".join(cluster.statements)
+
+
+def test_a_holder_without_a_pod_row_is_sought_once_until_the_next_full_read(
+        cluster: Cluster) -> None:  # fmt: skip
+    cluster.indexer.refresh()
+    cluster.pod_starts("bert-worker-1", 1, tracked=False)  # (the tracker has not written it)
+    for i in range(3):
+        cluster.statements.clear()
+        assert cluster.indexer.look_again("node-a")[0]
+        cluster.seconds += 1.0
+        assert sum(1 for s in cluster.statements if "FROM gpu_pods" in s) == (i == 0)
+    cluster.indexer.refresh()
+    cluster.statements.clear()
+    cluster.indexer.look_again("node-a")
+    assert sum(1 for s in cluster.statements if "FROM gpu_pods" in s) == 1
+
+
+def test_a_node_read_during_a_full_read_outlives_it(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The full read began before the pod's rows were written; a miss read its node after:
+    what the node read found stays when the full read's maps replace the maps (and their
+    generation moves, so the series read against the node's entries are read again)."""
+    idx0 = cluster.indexer.refresh()
+    real_build = index_module.build
+
+    def build_then_a_miss(*args: Any) -> Index:
+        idx = real_build(*args)  # without bert-worker-1
+        cluster.pod_starts("bert-worker-1", 1)
+        cluster.seconds += 0.5
+        read, new = cluster.indexer.look_again("node-a")
+        assert read and "uid-bert-worker-1" in new.pods
+        return idx
+
+    monkeypatch.setattr(index_module, "build", build_then_a_miss)
+    cluster.seconds += 1.0
+    idx = cluster.indexer.refresh()
+    assert cluster.indexer.index is idx
+    assert idx.held("node-a", "0000:01:00.0", 0) == ["uid-bert-worker-1"]
+    assert idx.pods["uid-bert-worker-1"].workloads == BERT
+    assert idx.generation == idx0.generation + 1
+    # and the node read that began before a full read does not replace its maps
+    monkeypatch.setattr(index_module, "build", real_build)
+    real_read = index_module.read_node
+
+    def read_then_a_full_read(*args: Any) -> Any:
+        entries = real_read(*args)
+        cluster.seconds += 0.5
+        cluster.indexer.refresh()
+        return entries
+
+    monkeypatch.setattr(index_module, "read_node", read_then_a_full_read)
+    cluster.seconds += 1.0
+    cluster.pod_starts("bert-worker-2", 2)
+    read, new = cluster.indexer.look_again("node-a")
+    assert read and new is cluster.indexer.index and "uid-bert-worker-2" in new.pods
+    assert cluster.counted() == {"changed": 1, "unchanged": 1, "failed": 0}
+
+
+def test_a_node_the_maps_do_not_know_is_read_by_its_address(cluster: Cluster) -> None:
+    cluster.indexer.refresh()
+    with cluster.engine.begin() as conn:
+        insert_rows(conn, schema.nodes, [node_row("node-b", "10.0.0.8")])
+    cfg = config.load(env={}).recorder.remote_write
+    r = Relabeler(cfg, cluster.indexer)
+    series = [({"__name__": "up", "instance": "10.0.0.9:9100"}, [(1.0, 1)]),  # names nothing
+              ({"__name__": "x", "instance": "10.0.0.8:9400", "gpu": "0"}, [(1.0, 1)])]  # fmt: skip
+    out = r.v1(request(series))
+    assert out.misses == {"found": 0, "not_found": 1, "throttled": 0}  # known now, no GPU yet
+    assert "node-b" in cluster.indexer.index.nodes
+    assert cluster.indexer.index.stamps == {"node-b": 1, "10.0.0.8": 1}
+
+
+def test_a_miss_while_its_node_is_read_waits_for_that_read(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Prometheus's shards send a node's series at once: the second shard's miss takes the
+    first one's read, not a throttled miss."""
+    cluster.indexer.refresh()
+    cluster.pod_starts("bert-worker-1", 1)
+    started, go = threading.Event(), threading.Event()
+    real_read = index_module.read_node
+
+    def slow_read(*args: Any) -> Any:
+        started.set()
+        assert go.wait(10)
+        return real_read(*args)
+
+    monkeypatch.setattr(index_module, "read_node", slow_read)
+    first: list[tuple[bool, Index]] = []
+    reader = threading.Thread(target=lambda: first.append(cluster.indexer.look_again("node-a")))
+    reader.start()
+    assert started.wait(10)
+    second: list[tuple[bool, Index]] = []
+    waiter = threading.Thread(target=lambda: second.append(cluster.indexer.look_again("node-a")))
+    waiter.start()
+
+    def waiting() -> bool:  # the waiter blocked in look_again, on the read in flight
+        frame = sys._current_frames().get(waiter.ident or 0)
+        codes = []
+        while frame is not None:
+            codes.append(frame.f_code.co_name)
+            frame = frame.f_back
+        return "look_again" in codes and "wait" in codes
+
+    wait_for(waiting, "the second miss waiting for the read in flight")
+    assert second == []
+    go.set()
+    reader.join(10)
+    waiter.join(10)
+    ((read, idx),) = second
+    assert read and idx is first[0][1] and "uid-bert-worker-1" in idx.pods
+    assert cluster.counted() == {"changed": 1, "unchanged": 0, "failed": 0}

@@ -2,14 +2,20 @@
 (GPUs: the agents' device records and their holder changes; RDMA devices: the agents'
 rdma_open/rdma_close of a pod's queue pairs), and pod -> the workloads above it (every
 level). Read from the database every `remote_write.cache_seconds`; a read that finds
-nothing changed keeps the generation, so the per-series answers stay cached."""
+nothing changed keeps the generation, so the per-series answers stay cached. Between two
+reads, a series that names what the maps do not know on a node (a device, a pod, a device
+nobody held then, the node itself) has that node's entries read again, at most once a
+second per node, so a pod that just started has its first samples copied."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import threading
-from collections.abc import Callable
+import time
+from collections import ChainMap
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,10 +24,16 @@ from sqlalchemy import Connection, Engine, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from lens_ebpf.core.times import aware
+from lens_ebpf.recorder.store import schema
 from lens_ebpf.recorder.store.schema import Scoped, scoped
 
 HISTORY = timedelta(days=1)  # holder changes and RDMA opens looked back on
 ALWAYS = (-math.inf, math.inf)
+AGAIN_SECONDS = 1.0  # a node's entries are read again on a miss at most this often
+ASKED_MIN = 1024  # nodes whose last read is remembered, at least (those of the last second)
+REFRESHES = ("changed", "unchanged", "failed")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -47,21 +59,30 @@ class Index:
     pods: dict[str, Pod] = field(default_factory=dict)
     by_name: dict[tuple[str, str], str] = field(default_factory=dict)  # (ns, name) -> uid
     names: dict[str, list[str]] = field(default_factory=dict)  # name -> uids
+    # node (or the name a series gave an unknown one) -> how often its entries were read
+    # anew and changed within this generation: a series resolved at another count is
+    # resolved again
+    stamps: dict[str, int] = field(default_factory=dict)
 
     def node(self, value: str) -> str:
         """A node named by a label: its name, or host:port / an address (instance)."""
         if value in self.nodes:
             return value
-        host = value.rsplit(":", 1)[0] if value.count(":") == 1 else value
-        host = host.strip("[]")
-        if host in self.nodes:
-            return host
-        return self.addresses.get(host, "")
+        h = host(value)
+        if h in self.nodes:
+            return h
+        return self.addresses.get(h, "")
 
     def held(self, node: str, slot: str, at_ms: float) -> list[str]:
         """The pods holding that device at that time."""
         return [uid for start, end, uid in self.holders.get((node, slot), ())
                 if start <= at_ms < end]  # fmt: skip
+
+
+def host(value: str) -> str:
+    """A node label's value without its port (instance's host:port)."""
+    h = value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+    return h.strip("[]")
 
 
 def bdf(value: str) -> str:
@@ -101,15 +122,60 @@ def build(conn: Connection, now: datetime, t: Scoped) -> Index:
         idx.nodes.add(r.name)
         if r.address:
             idx.addresses[r.address] = r.name
-    # pods: those not deleted, and those deleted within HISTORY (their samples may come late)
+    _pods(conn, t, idx, since)
+    _holders(idx, _devices(conn, t, idx, since), idx.by_name)
+    return idx
+
+
+@dataclass
+class _Held:
+    """Who held devices, as the tables say it: GPUs' holders ("namespace/pod") now and
+    their changes, RDMA devices' users (pod uids) by their queue pairs."""
+
+    current: dict[tuple[str, str], str] = field(default_factory=dict)
+    changes: dict[tuple[str, str], list[tuple[float, str, str]]] = field(default_factory=dict)
+    rdma: dict[tuple[str, str], list[tuple[float, float, str]]] = field(default_factory=dict)
+
+
+def _pods(conn: Connection, t: Scoped, idx: Index, since: datetime,
+          only: tuple[str, Collection[str]] | None = None) -> set[str]:  # fmt: skip
+    """Pods not deleted, and those deleted within HISTORY (their samples may come late),
+    with the workloads above them (every level); only (node, uids): those on node (""
+    none) and those of uids. The uids of those not deleted."""
     p, refs, w = t.gpu_pods, t.workload_pod_references, t.gpu_workloads
-    kinds = {r.uid: (r.kind, r.name) for r in conn.execute(select(w.c.uid, w.c.kind, w.c.name))}
-    above: dict[str, list[str]] = {}
-    for r in conn.execute(select(refs.c.pod_uid, refs.c.workload_uid)):
-        above.setdefault(r.pod_uid, []).append(r.workload_uid)
     live = or_(p.c.deleted.is_(False), p.c.deleted_at >= since)
-    for r in conn.execute(select(p.c.uid, p.c.namespace, p.c.name, p.c.node, p.c.workload_uid,
-                                 p.c.created_at).where(live).order_by(p.c.created_at)):  # fmt: skip
+    q = select(p.c.uid, p.c.namespace, p.c.name, p.c.node, p.c.workload_uid, p.c.deleted,
+               p.c.created_at).where(live).order_by(p.c.created_at)  # fmt: skip
+    if only is not None:
+        # two reads, not one with an OR: uids by their key, the node's pods by its rows
+        node, uids = only
+        rows = list(conn.execute(q.where(p.c.node == node))) if node else []
+        if uids:
+            rows += conn.execute(q.where(p.c.uid.in_(sorted(uids))))
+        rows.sort(key=lambda r: _ms(r.created_at) if r.created_at else -math.inf)
+        # by the pod_uid index: with the cluster in the WHERE, SQLite reads the whole
+        # cluster's rows by the primary key (it covers the columns read): 10 ms at 100,000
+        every = schema.workload_pod_references
+        ref_q = select(every.c.cluster, every.c.pod_uid, every.c.workload_uid) \
+            .where(every.c.pod_uid.in_(sorted({r.uid for r in rows})))  # fmt: skip
+    else:
+        rows = list(conn.execute(q))
+        ref_q = select(refs.c.pod_uid, refs.c.workload_uid)
+    above: dict[str, list[str]] = {}
+    if rows:
+        for r in conn.execute(ref_q):
+            if only is None or r.cluster == t.cluster:
+                above.setdefault(r.pod_uid, []).append(r.workload_uid)
+    w_q = select(w.c.uid, w.c.kind, w.c.name)
+    if only is not None:
+        w_q = w_q.where(w.c.uid.in_(sorted({u for us in above.values() for u in us})))
+    kinds: dict[str, tuple[str, str]] = {}
+    if above:
+        kinds = {r.uid: (r.kind, r.name) for r in conn.execute(w_q)}
+    alive = set()
+    for r in rows:
+        if r.uid in idx.pods:
+            continue
         top = r.workload_uid
         # the top workload last (its references are the pod's whole chain)
         chain = sorted(above.get(r.uid, ()), key=lambda u, top=top: (u == top, u))
@@ -117,11 +183,19 @@ def build(conn: Connection, now: datetime, t: Scoped) -> Index:
         idx.pods[r.uid] = Pod(r.uid, r.namespace, r.name, r.node, workloads)
         idx.by_name[(r.namespace, r.name)] = r.uid  # the newest of a name reused
         idx.names.setdefault(r.name, []).append(r.uid)
-    # GPUs, and who held them when
-    nd, cl = t.node_devices, t.device_changelog
-    current: dict[tuple[str, str], str] = {}
-    for r in conn.execute(select(nd.c.node, nd.c.kind, nd.c.slot, nd.c.idx, nd.c.uuid,
-                                 nd.c.serial, nd.c.bdf, nd.c.holder)):  # fmt: skip
+        if not r.deleted:
+            alive.add(r.uid)
+    return alive
+
+
+def _devices(conn: Connection, t: Scoped, idx: Index, since: datetime,
+             node: str = "") -> _Held:  # fmt: skip
+    """GPUs and RDMA devices (every node's, or node's), and who held them when."""
+    nd, cl, ne = t.node_devices, t.device_changelog, t.node_events
+    held = _Held()
+    q = select(nd.c.node, nd.c.kind, nd.c.slot, nd.c.idx, nd.c.uuid, nd.c.serial, nd.c.bdf,
+               nd.c.holder)  # fmt: skip
+    for r in conn.execute(q.where(nd.c.node == node) if node else q):
         if r.kind != "gpu":
             if r.kind == "rdma_port":
                 idx.rdma.setdefault(r.node, set()).add(r.slot.split("/")[0])
@@ -131,22 +205,18 @@ def build(conn: Connection, now: datetime, t: Scoped) -> Index:
         for match, value in (("uuid", r.uuid), ("serial", r.serial), ("bdf", bdf(r.bdf))):
             if value:
                 gpus[(match, value)] = r.slot
-        current[(r.node, r.slot)] = r.holder
-    changes: dict[tuple[str, str], list[tuple[float, str, str]]] = {}
-    for r in conn.execute(select(cl.c.node, cl.c.slot, cl.c.at, cl.c.old_value, cl.c.new_value)
-                          .where(cl.c.field == "holder", cl.c.at >= since)
-                          .order_by(cl.c.at, cl.c.id)):  # fmt: skip
-        changes.setdefault((r.node, r.slot), []).append((_ms(r.at), r.old_value, r.new_value))
-    for key, holder in current.items():
-        spans = [(a, b, idx.by_name.get(tuple(h.split("/", 1)), ""))  # type: ignore[arg-type]
-                 for a, b, h in _spans(changes.get(key, []), holder) if "/" in h]  # fmt: skip
-        idx.holders[key] = [s for s in spans if s[2]]
+        held.current[(r.node, r.slot)] = r.holder
+    q = select(cl.c.node, cl.c.slot, cl.c.at, cl.c.old_value, cl.c.new_value) \
+        .where(cl.c.field == "holder", cl.c.at >= since).order_by(cl.c.at, cl.c.id)  # fmt: skip
+    for r in conn.execute(q.where(cl.c.node == node) if node else q):
+        held.changes.setdefault((r.node, r.slot), []).append((_ms(r.at), r.old_value,
+                                                              r.new_value))  # fmt: skip
     # RDMA devices: a pod holds one while its queue pairs are open on it
-    ne = t.node_events
     opened: dict[tuple[str, str, str], float] = {}
-    for r in conn.execute(select(ne.c.node, ne.c.at, ne.c.kind, ne.c.pod_uid, ne.c.payload)
-                          .where(ne.c.kind.in_(("rdma_open", "rdma_close")), ne.c.at >= since)
-                          .order_by(ne.c.at, ne.c.id)):  # fmt: skip
+    q = select(ne.c.node, ne.c.at, ne.c.kind, ne.c.pod_uid, ne.c.payload) \
+        .where(ne.c.kind.in_(("rdma_open", "rdma_close")), ne.c.at >= since) \
+        .order_by(ne.c.at, ne.c.id)  # fmt: skip
+    for r in conn.execute(q.where(ne.c.node == node) if node else q):
         payload = r.payload or {}
         dev = str(payload.get("device", ""))
         if not dev or not r.pod_uid:
@@ -156,11 +226,27 @@ def build(conn: Connection, now: datetime, t: Scoped) -> Index:
         if r.kind == "rdma_open" and int(payload.get("queue_pairs", 0) or 0) > 0:
             opened.setdefault(use, _ms(r.at))
         elif use in opened:
-            idx.holders.setdefault((r.node, dev), []).append((opened.pop(use), _ms(r.at),
-                                                              r.pod_uid))  # fmt: skip
-    for (node, dev, uid), start in opened.items():
-        idx.holders.setdefault((node, dev), []).append((start, math.inf, uid))
-    return idx
+            held.rdma.setdefault((r.node, dev), []).append((opened.pop(use), _ms(r.at),
+                                                            r.pod_uid))  # fmt: skip
+    for (n, dev, uid), start in opened.items():
+        held.rdma.setdefault((n, dev), []).append((start, math.inf, uid))
+    return held
+
+
+def _pod_key(holder: str) -> tuple[str, str]:
+    """A holder ("namespace/pod") as by_name's key."""
+    ns, _, name = holder.partition("/")
+    return ns, name
+
+
+def _holders(idx: Index, held: _Held, by_name: Mapping[tuple[str, str], str]) -> None:
+    """idx's holders: each GPU's holder names as pod uids (by_name), RDMA devices' users."""
+    for key, holder in held.current.items():
+        spans = [(a, b, by_name.get(_pod_key(h), ""))
+                 for a, b, h in _spans(held.changes.get(key, []), holder) if "/" in h]  # fmt: skip
+        idx.holders[key] = [s for s in spans if s[2]]
+    for key, uses in held.rdma.items():
+        idx.holders.setdefault(key, []).extend(uses)
 
 
 def fingerprint(idx: Index) -> str:
@@ -175,27 +261,137 @@ def fingerprint(idx: Index) -> str:
     return h.hexdigest()
 
 
+@dataclass
+class NodeEntries:
+    """One node's part of the maps, read on its own."""
+
+    node: str  # its name ("": no node by that name or address)
+    asked: str  # what a series named it by
+    part: Index  # its devices and who held them, the pods read
+    alive: set[str]  # of those pods, the ones not deleted
+    unfound: frozenset[tuple[str, str]]  # holders (namespace, pod) no pod was found for
+
+
+def read_node(conn: Connection, now: datetime, t: Scoped, asked: str, known: Index,
+              uids: Collection[str] = (),
+              sought: frozenset[tuple[str, str]] = frozenset()) -> NodeEntries:  # fmt: skip
+    """A node's entries (asked: its name, or the name or address a series gave a node
+    known does not know): its devices and who held them; the pods on it when a holder is
+    one known does not know (unless the same ones were sought before: sought), and the
+    pods of uids (RDMA users, a series' uid label) known does not know, by their key."""
+    part = Index(built=now)
+    since = now - HISTORY
+    node = asked if asked in known.nodes else ""
+    if not node:
+        n = t.nodes
+        for r in conn.execute(select(n.c.name, n.c.address)
+                              .where(or_(n.c.name == asked, n.c.address == asked))
+                              .order_by(n.c.name).limit(1)):  # fmt: skip
+            node = r.name
+            if r.address:
+                part.addresses[r.address] = r.name
+    if not node:
+        return NodeEntries("", asked, part, set(), frozenset())
+    part.nodes.add(node)
+    held = _devices(conn, t, part, since, node)
+    named = {h for h in held.current.values() if "/" in h}
+    named.update(h for changes in held.changes.values() for _, old, new in changes
+                 for h in (old, new) if "/" in h)  # fmt: skip
+    missing = frozenset(k for k in map(_pod_key, named) if k not in known.by_name)
+    want = {u for uses in held.rdma.values() for _, _, u in uses} | set(uids)
+    want = {u for u in want if u and u not in known.pods}
+    scan = not missing <= sought
+    alive = _pods(conn, t, part, since, (node if scan else "", want)) \
+        if scan or want else set()  # fmt: skip
+    _holders(part, held, ChainMap(part.by_name, known.by_name))
+    unfound = frozenset(k for k in missing if k not in part.by_name)
+    return NodeEntries(node, asked, part, alive, unfound)
+
+
+def merged(base: Index, e: NodeEntries) -> Index | None:
+    """base with e's node's entries in place of its own and e's pods added (copies, base
+    unchanged: a request reading it reads it whole); None when that changes nothing."""
+    n, part = e.node, e.part
+    mine = {(n, slot) for slot in base.gpus.get(n, {}).values()}
+    mine.update((n, dev) for dev in base.rdma.get(n, ()))
+    pods = {uid: p for uid, p in part.pods.items() if base.pods.get(uid) != p}
+    addresses = {a: m for a, m in part.addresses.items() if base.addresses.get(a) != m}
+    if n in base.nodes and not pods and not addresses and \
+            base.gpus.get(n, {}) == part.gpus.get(n, {}) and \
+            base.rdma.get(n, set()) == part.rdma.get(n, set()) and \
+            {k: base.holders[k] for k in mine if k in base.holders} == part.holders:  # fmt: skip
+        return None
+    idx = Index(generation=base.generation, built=base.built, nodes=base.nodes | {n},
+                addresses={**base.addresses, **addresses}, gpus=dict(base.gpus),
+                holders=dict(base.holders), rdma=dict(base.rdma),
+                pods={**base.pods, **pods}, by_name=dict(base.by_name),
+                names=dict(base.names), stamps=dict(base.stamps))  # fmt: skip
+    if n in part.gpus:
+        idx.gpus[n] = part.gpus[n]
+    else:
+        idx.gpus.pop(n, None)
+    if n in part.rdma:
+        idx.rdma[n] = part.rdma[n]
+    else:
+        idx.rdma.pop(n, None)
+    for k in mine:
+        idx.holders.pop(k, None)
+    idx.holders.update(part.holders)
+    for uid in pods:
+        p = part.pods[uid]
+        key = (p.namespace, p.name)
+        if uid in e.alive or key not in idx.by_name:  # a live pod is the newest of its name
+            idx.by_name[key] = uid
+        if uid not in idx.names.get(p.name, ()):
+            idx.names[p.name] = [*idx.names.get(p.name, ()), uid]
+    for name in {n, e.asked}:
+        idx.stamps[name] = idx.stamps.get(name, 0) + 1
+    return idx
+
+
 class Indexer:
-    """Keeps the newest Index, read again every interval."""
+    """Keeps the newest Index: read again every interval, and a node's entries on a miss
+    (at most once a second per node). Per process, from the database: every replica has
+    its own."""
 
     def __init__(self, engine: Engine, interval: float, clock: Callable[[], datetime],
-                 cluster: str = "local") -> None:  # fmt: skip
+                 cluster: str = "local",
+                 monotonic: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.engine, self.interval, self.clock = engine, interval, clock
+        self.monotonic = monotonic
         self.cluster = cluster  # the series come from this cluster's exporters
         self.index = Index()
         self._print = ""
         self.refreshes = 0
         self.errors = 0
-        self._lock = threading.Lock()
+        self.node_refreshes: dict[str, int] = dict.fromkeys(REFRESHES, 0)
+        self._lock = threading.Lock()  # held to swap the maps, never across a read
+        self._asked: dict[str, float] = {}  # node -> when its entries were last read on a miss
+        self._reading: dict[str, threading.Event] = {}  # node -> its read in flight: set when done
+        # node -> holders its last read found no pod for (not sought again until the next
+        # full read)
+        self._sought: dict[str, frozenset[tuple[str, str]]] = {}
+        # node reads since the full read began (newer than what it reads: kept over it)
+        self._parts: dict[str, tuple[float, NodeEntries]] = {}
+        self._began = -math.inf  # when the read of the maps' full tables began
+        self._patched = False  # node reads changed the maps since the last full read
+        self._held_off = -math.inf  # after a failed node read, none until then
 
     def refresh(self) -> Index:
+        began = self.monotonic()
         now = self.clock()
         with self.engine.connect() as conn:
             idx = build(conn, now, scoped(self.cluster))
         mark = fingerprint(idx)
         with self._lock:
-            idx.generation = self.index.generation + (mark != self._print)
-            self._print = mark
+            # a node read that began after this read did is newer for its node: kept
+            parts = {n: (at, e) for n, (at, e) in self._parts.items() if at > began}
+            idx.generation = self.index.generation + (mark != self._print or self._patched)
+            for _, e in parts.values():
+                idx = merged(idx, e) or idx
+            self._parts, self._patched = parts, bool(parts)
+            self._sought.clear()
+            self._print, self._began = mark, began
             self.index = idx
             self.refreshes += 1
         return idx
@@ -207,3 +403,72 @@ class Indexer:
         except SQLAlchemyError:
             self.errors += 1
             raise
+
+    def look_again(self, node: str, uid: str = "") -> tuple[bool, Index]:
+        """On a miss on node (its name, or what a series named one the maps do not know by;
+        uid: the pod uid it named): node's entries read again, unless they were within the
+        last second; a read in flight (another request's, its series sent by another shard)
+        is waited for, a second at most. Whether they were read for it, and the newest
+        maps."""
+        now = self.monotonic()
+        with self._lock:
+            reading = self._reading.get(node)
+            mine = reading is None and self._may_read(node, now)
+            if mine:
+                reading = self._reading[node] = threading.Event()
+            base, sought = self.index, self._sought.get(node, frozenset())
+        if reading is None:
+            return False, base
+        if not mine:
+            reading.wait(AGAIN_SECONDS)
+            return True, self.index
+        try:
+            return True, self._read_node(node, uid, now, base, sought)
+        finally:
+            with self._lock:
+                del self._reading[node]
+            reading.set()
+
+    def _may_read(self, node: str, now: float) -> bool:
+        """Whether node's entries may be read now (its last read a second ago or more, no
+        failure just before, not a flood of names); if so, now is its last. Under the
+        lock."""
+        if now - self._asked.get(node, -math.inf) < AGAIN_SECONDS or now < self._held_off:
+            return False
+        most = max(ASKED_MIN, 2 * len(self.index.nodes))
+        if len(self._asked) >= most:  # only the last second's matter
+            self._asked = {k: at for k, at in self._asked.items() if now - at < AGAIN_SECONDS}
+            if len(self._asked) >= most:  # that many names within a second: not read
+                return False
+        self._asked[node] = now
+        return True
+
+    def _read_node(self, node: str, uid: str, now: float, base: Index,
+                   sought: frozenset[tuple[str, str]]) -> Index:  # fmt: skip
+        """look_again's read: the newest maps after it."""
+        try:
+            with self.engine.connect() as conn:
+                e = read_node(conn, self.clock(), scoped(self.cluster), node, base,
+                              (uid,) if uid else (), sought)  # fmt: skip
+        except SQLAlchemyError as exc:
+            with self._lock:
+                self.node_refreshes["failed"] += 1
+                self._held_off = now + self.interval
+            log.warning("remote write: reading node %s's entries again failed (none read "
+                        "again for %g s): %s", node, self.interval, exc)  # fmt: skip
+            return self.index
+        with self._lock:
+            if e.unfound:
+                self._sought[e.node] = e.unfound
+            else:
+                self._sought.pop(e.node, None)
+            # (a full read that began after this one is newer than it)
+            new = merged(self.index, e) if e.node and now >= self._began else None
+            if new is None:
+                self.node_refreshes["unchanged"] += 1
+            else:
+                self.node_refreshes["changed"] += 1
+                self.index = new
+                self._parts[e.node] = (now, e)
+                self._patched = True
+            return self.index

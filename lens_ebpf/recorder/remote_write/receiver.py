@@ -23,7 +23,7 @@ from lens_ebpf.recorder.ingest.admission import Outcome
 from lens_ebpf.recorder.remote_write import wire
 from lens_ebpf.recorder.remote_write.forward import Forwarder
 from lens_ebpf.recorder.remote_write.index import Indexer
-from lens_ebpf.recorder.remote_write.relabel import RESULTS, Relabeler
+from lens_ebpf.recorder.remote_write.relabel import MISSES, RESULTS, Relabeler
 
 LAG_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
@@ -39,6 +39,7 @@ class RemoteWrite(Collector):
         self.relabeler = Relabeler(cfg, self.indexer)
         self.forwarder = Forwarder(cfg) if cfg.url else None
         self.samples: dict[str, int] = dict.fromkeys(RESULTS, 0)
+        self.misses: dict[str, int] = dict.fromkeys(MISSES, 0)
         self.written = 0  # series the receiver took (copies, and proxied series)
         self.refused: dict[str, int] = dict.fromkeys(REFUSED.values(), 0)
         self.lag = Buckets(LAG_BUCKETS)
@@ -67,6 +68,10 @@ class RemoteWrite(Collector):
             out = self.relabeler.v1(data) if version == wire.V1 else self.relabeler.v2(data)
         except wire.WireError as exc:
             return self._refuse(exc.status, str(exc))
+        if any(out.misses.values()):  # (the maps' misses, whatever the receiver says)
+            with self._lock:
+                for k, n in out.misses.items():
+                    self.misses[k] += n
         now_ms = time.time() * 1000
         took = 0.0
         if out.series:
@@ -158,10 +163,11 @@ class RemoteWrite(Collector):
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            samples, refused = dict(self.samples), dict(self.refused)
+            samples, refused, misses = dict(self.samples), dict(self.refused), dict(self.misses)
             written = self.written
             lag, down, added = (h.copy() for h in (self.lag, self.downstream, self.added))
         errors = dict(self.forwarder.errors) if self.forwarder else {}
+        refreshes = dict(self.indexer.node_refreshes)
         yield counter("lens_recorder_remote_write_samples", "Samples of remote write requests "
                       "the receiver took, by result: copied (to workload_ series), no_pod, "
                       "no_workload; rejected (the receiver refused them)", samples,
@@ -169,6 +175,17 @@ class RemoteWrite(Collector):
         yield counter("lens_recorder_remote_write_series_written", "Series the receiver took "
                       "(workload copies, and every series in proxy mode)",
                       {"": written})  # fmt: skip
+        yield counter("lens_recorder_remote_write_misses", "Series that found no pod but "
+                      "named, on a node, what the maps did not know (a device, a pod, the "
+                      "node, a device nobody held then), by what came of it: found once the "
+                      "node's entries were read again; not_found by that read; throttled "
+                      "(not read: the node's were within the last second, or a read failed "
+                      "just before)", misses, "result")  # fmt: skip
+        yield counter("lens_recorder_remote_write_node_refreshes", "A node's entries read "
+                      "again on a miss (at most once a second per node), by result: changed "
+                      "(the maps took what was new), unchanged, failed (the database did not "
+                      "answer: none read again for remote_write.cache_seconds)", refreshes,
+                      "result")  # fmt: skip
         yield counter("lens_recorder_remote_write_refused", "Remote write requests refused: "
                       "bad_body (400), too_large (413), unsupported (415), no_receiver (503)",
                       refused, "reason")  # fmt: skip

@@ -9,6 +9,11 @@ Per series the work that depends only on its labels (which node and device, whic
 its labels, the copies' label bytes for the pod that holds the device) is kept, keyed by
 the series' serialized labels, until the device and pod maps change; a request's own work
 is its samples' bytes and the join.
+
+A series that finds no pod but names what the maps do not know on its node (a device, a
+pod, a device nobody held then, or a node they do not know) has that node's entries read
+again (at most once a second per node) and is looked up again, with the rest of its
+request: a pod that just started has its first samples copied.
 """
 
 from __future__ import annotations
@@ -23,9 +28,13 @@ from lens_ebpf.recorder.config import RemoteWriteConfig
 from lens_ebpf.recorder.gen import remote_write_v1_pb2 as pb1
 from lens_ebpf.recorder.gen import remote_write_v2_pb2 as pb2
 from lens_ebpf.recorder.remote_write import wire
-from lens_ebpf.recorder.remote_write.index import Index, Indexer, Pod, bdf
+from lens_ebpf.recorder.remote_write.index import Index, Indexer, Pod, bdf, host
 
 RESULTS = ("copied", "no_pod", "no_workload", "rejected")
+# a miss (a series naming what the maps did not know): found once its node's entries were
+# read again; not_found by that read; throttled: not read (its node was within the last
+# second, or a read failed just before)
+MISSES = ("found", "not_found", "throttled")
 CACHE_MAX = 1_000_000  # series remembered; beyond, the cache starts again
 
 
@@ -39,6 +48,7 @@ class Out:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESULTS, 0))
     written: wire.Counts = field(default_factory=wire.Counts)
     oldest_ms: float = 0.0  # the request's first sample's time (ingest lag)
+    misses: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MISSES, 0))
 
 
 class Resolved:
@@ -55,14 +65,25 @@ class Resolved:
         "held_pod",
         "copies",
         "proxy",
+        "node",
+        "stamp",
+        "missing",
+        "settled",
     )
 
     def __init__(self, generation: int, device: tuple[str, str] | None, pod: str,
-                 labels: dict[str, str], static: str | None) -> None:  # fmt: skip
+                 labels: dict[str, str], static: str | None, node: str = "", stamp: int = 0,
+                 missing: str = "") -> None:  # fmt: skip
         self.generation = generation
+        # its node ("" for none; a node the maps do not know: the name or address it gave)
+        # and that node's count of reads that changed it (Index.stamps) it was read against
+        self.node, self.stamp = node, stamp
+        # what it names that the maps do not know: "device", "pod", "node" ("": nothing)
+        self.missing = missing
         self.device = device  # (node, slot or RDMA device): its holder is looked up by time
         self.pod = pod  # the pod its labels name ("" for none)
         self.static = static  # the pod whatever the time (None: it depends on the time)
+        self.settled = False  # static names a pod the maps know (no miss to look at)
         # its labels: kept only while its copies are built (memory: a cached series is its
         # key, its copies' bytes and a few names), read again from key when asked
         self.labels: dict[str, str] | None = labels
@@ -82,19 +103,24 @@ class Relabeler:
 
     # -- what a series' labels lead to ------------------------------------------------
     def resolve(self, labels: dict[str, str], idx: Index) -> Resolved:
-        node = ""
+        node, asked = "", ""
         for name in self.cfg.node_labels:
             if labels.get(name):
                 node = idx.node(labels[name])
                 if node:
                     break
+                asked = asked or host(labels[name])
         device = None
-        if node:
+        named = False  # a device label with a value
+        if not node:
+            named = any(labels.get(name) for name, _ in self.rules)
+        else:
             gpus = idx.gpus.get(node, {})
             for name, match in self.rules:
                 v = labels.get(name)
                 if not v:
                     continue
+                named = True
                 if match == "rdma":
                     if v in idx.rdma.get(node, ()):
                         device = (node, v)
@@ -106,7 +132,7 @@ class Relabeler:
                 if slot:
                     device = (node, slot)
                     break
-        pod = ""
+        pod, missing = "", ""
         name = next((labels[k] for k in self.cfg.pod_labels if labels.get(k)), "")
         if name:
             uid = labels.get("uid") or labels.get("pod_uid") or ""
@@ -117,6 +143,12 @@ class Relabeler:
                 pod = idx.by_name.get((ns, name), "")
             elif len(idx.names.get(name, ())) == 1:
                 pod = idx.names[name][0]
+            if not pod and (uid or ns or name not in idx.names):  # (not: a name several have)
+                missing = "pod"
+        if named and device is None:
+            missing = "device"
+        if not node:
+            missing = "node" if asked and (named or name) else ""
         static: str | None = pod
         if device is not None:
             spans = idx.holders.get(device, [])
@@ -124,7 +156,11 @@ class Relabeler:
                 static = spans[0][2]
             elif spans:
                 static = None
-        return Resolved(idx.generation, device, pod, labels, static)
+        node = node or asked
+        r = Resolved(idx.generation, device, pod, labels, static, node, idx.stamps.get(node, 0),
+                     missing)  # fmt: skip
+        r.settled = static is not None and static in idx.pods
+        return r
 
     def again(self, old: Resolved, idx: Index) -> Resolved:
         """A series' labels read against new maps; the copies already built are kept when
@@ -138,6 +174,37 @@ class Relabeler:
             new.held, new.held_pod, new.copies, new.proxy = (old.held, old.held_pod,
                                                              old.copies, old.proxy)  # fmt: skip
         return new
+
+    @staticmethod
+    def missing(r: Resolved, idx: Index, at_ms: float) -> bool:
+        """Whether a series that found no pod at that time names, on a node, what its
+        node's entries may hold by now: a device, a pod or the node the maps do not know, a
+        device nobody held then (or a pod they do not know, an RDMA device's)."""
+        if not r.node:
+            return False
+        if r.missing:
+            return True
+        if r.device is None:
+            return False
+        held = idx.held(*r.device, at_ms)
+        return not held or any(uid not in idx.pods for uid in held)
+
+    def look_again(self, r: Resolved, idx: Index, at_ms: float,
+                   res: Out) -> tuple[Resolved, Index] | None:  # fmt: skip
+        """A miss: the series' node's entries read again (at most once a second per node)
+        and the series resolved against the newest maps (None: they are idx); counted by
+        what came of it."""
+        labels = labels_of(r)
+        read, fresh = self.indexer.look_again(r.node, labels.get("uid") or
+                                              labels.get("pod_uid") or "")  # fmt: skip
+        new = None
+        if fresh is not idx:
+            new = self.again(r, fresh)
+            if new.key:
+                self.cache[new.key] = new
+        found = new is not None and self.pod_at(new, fresh, at_ms) in fresh.pods
+        res.misses["found" if found else "not_found" if read else "throttled"] += 1
+        return None if new is None else (new, fresh)
 
     def pod_at(self, r: Resolved, idx: Index, at_ms: float) -> str:
         """The pod a series belongs to at that time: its device's holder then, else the
@@ -198,8 +265,8 @@ class Relabeler:
                 end = start + length
                 if end > n:
                     raise ValueError("a field longer than the request")
-                if tag == 0x0A:
-                    self._series(data[start:end], idx, proxy, out, res)
+                if tag == 0x0A:  # (a miss may bring newer maps: the rest reads them)
+                    idx = self._series(data[start:end], idx, proxy, out, res)
                 elif tag == 0x1A and proxy:  # metadata: it goes on with the series
                     out.append(data[pos:end])
                 pos = end
@@ -209,7 +276,9 @@ class Relabeler:
         res.body = b"".join(out)
         return res
 
-    def _series(self, ts: bytes, idx: Index, proxy: bool, out: list[bytes], res: Out) -> None:
+    def _series(self, ts: bytes, idx: Index, proxy: bool, out: list[bytes], res: Out,
+                looked: bool = False) -> Index:  # fmt: skip
+        """One series; the maps the request goes on with (newer after a miss)."""
         p, m = 0, len(ts)
         while p < m and ts[p] == 0x0A:  # the labels (a length under 128 read inline)
             b = ts[p + 1]
@@ -229,16 +298,18 @@ class Relabeler:
             if len(self.cache) >= CACHE_MAX:
                 self.cache.clear()
             self.cache[key] = r
-        elif r.generation != idx.generation:
+        elif r.generation != idx.generation or r.stamp != idx.stamps.get(r.node, 0):
             r = self.cache[key] = self.again(r, idx)
         # the samples: only Sample fields, else the series is read through protobuf
         q, count = p, 0
-        need = r.static is None or not res.oldest_ms
+        settled = r.settled
+        need = not res.oldest_ms or not settled and (r.static is None or
+                                                     (not looked and bool(r.node)))  # fmt: skip
         times: list[int] = []
         while q < m:
             if ts[q] != 0x12:
                 return self._series_pb(pb1.TimeSeries.FromString(ts), key, r, idx, proxy, out,
-                                       res)  # fmt: skip
+                                       res, looked=looked)  # fmt: skip
             length, start = _len(ts, q + 1)
             q = start + length
             count += 1
@@ -247,14 +318,19 @@ class Relabeler:
         if q > m:
             raise ValueError("a sample longer than its series")
         if not count:
-            return None
+            return idx
+        pod_uid = r.static if r.static is not None else self.pod_at(r, idx, times[0])
+        at = times[0] if times else 0  # (none: the series names no node, or has a pod)
+        if not settled and not looked and pod_uid not in idx.pods and self.missing(r, idx, at):
+            got = self.look_again(r, idx, at, res)
+            if got is not None:
+                return self._series(ts, got[1], proxy, out, res, looked=True)
         res.written.samples += count
         if times and not res.oldest_ms:
             res.oldest_ms = float(times[0])
-        pod_uid = r.static if r.static is not None else self.pod_at(r, idx, times[0])
         if r.static is None and any(self.pod_at(r, idx, t) != pod_uid for t in times):
             return self._series_pb(pb1.TimeSeries.FromString(ts), key, r, idx, proxy, out, res,
-                                   counted=True)  # fmt: skip
+                                   counted=True, looked=True)  # fmt: skip
         if r.held != pod_uid:
             self.build(r, pod_uid, idx, key)
         res.counts[self.reason(pod_uid, idx)] += count
@@ -263,21 +339,29 @@ class Relabeler:
             out.append(wire.timeseries(lb, rest))
         if proxy:
             out.append(wire.timeseries(r.proxy, rest))
-        return None
+        return idx
 
     def _series_pb(self, ts: pb1.TimeSeries, key: bytes, r: Resolved, idx: Index, proxy: bool,
-                   out: list[bytes], res: Out, counted: bool = False) -> None:  # fmt: skip
+                   out: list[bytes], res: Out, counted: bool = False,
+                   looked: bool = False) -> Index:  # fmt: skip
         """A series read through protobuf: its samples, histograms and exemplars split by
-        the pod holding its device at each one's time."""
+        the pod holding its device at each one's time. The maps the request goes on
+        with."""
         if not counted:
             res.written.samples += len(ts.samples)
         res.written.histograms += len(ts.histograms)
         res.written.exemplars += len(ts.exemplars)
         times = [s.timestamp for s in ts.samples] or [h.timestamp for h in ts.histograms]
         if not times:
-            return
+            return idx
         if not res.oldest_ms:
             res.oldest_ms = float(times[0])
+        if not looked:  # a miss at the first sample without a pod
+            at = next((t for t in times if self.pod_at(r, idx, t) not in idx.pods), None)
+            if at is not None and self.missing(r, idx, at):
+                got = self.look_again(r, idx, at, res)
+                if got is not None:
+                    r, idx = got
         for pod_uid, part in self._split(r, idx, ts):
             if r.held != pod_uid:
                 self.build(r, pod_uid, idx, key)
@@ -288,6 +372,7 @@ class Relabeler:
                 out.append(wire.timeseries(lb, rest))
             if proxy:
                 out.append(wire.timeseries(r.proxy, rest))
+        return idx
 
     def _split(self, r: Resolved, idx: Index,
                ts: pb1.TimeSeries) -> list[tuple[str, pb1.TimeSeries]]:  # fmt: skip
@@ -353,6 +438,11 @@ class Relabeler:
                 oldest = min(oldest, times[0])
                 r = self.resolve(labels, idx)
                 pod_uid = self.pod_at(r, idx, times[0])
+                if pod_uid not in idx.pods and self.missing(r, idx, times[0]):
+                    got = self.look_again(r, idx, times[0], res)
+                    if got is not None:
+                        r, idx = got
+                        pod_uid = self.pod_at(r, idx, times[0])
                 res.counts[self.reason(pod_uid, idx)] += len(times)
                 pod = idx.pods.get(pod_uid)
                 for lbl in self.copies(labels, pod):
