@@ -29,6 +29,7 @@ from sqlalchemy import create_engine, func, select
 
 from bench import remote_write as rw
 from bench.__main__ import cpu_seconds
+from bench.cluster_api import postgres_cpu
 from lens_ebpf.recorder.store import schema
 from lens_ebpf.recorder.store.writer import engine_for, upgrade
 from tests import pglab
@@ -108,9 +109,9 @@ def run(count: int, args: argparse.Namespace, pg: pglab.Postgres, sink_url: str)
 
         # the agents' events, through the Service
         lb = Balancer([("127.0.0.1", r.collect_port) for r in replicas])
-        c0, t0 = cpu(replicas), time.monotonic()
-        got = simulate(lb.target, args.nodes, args.events, per_message=5)
-        wall, used = time.monotonic() - t0, cpu(replicas) - c0
+        c0, p0, t0 = cpu(replicas), postgres_cpu(), time.monotonic()
+        got = simulate(lb.target, args.nodes, args.events, per_message=5, own_connections=True)
+        wall, used, pg_used = time.monotonic() - t0, cpu(replicas) - c0, postgres_cpu() - p0
         lb.stop()
         sent = args.nodes * args.events
         with eng.connect() as conn:
@@ -120,8 +121,8 @@ def run(count: int, args: argparse.Namespace, pg: pglab.Postgres, sink_url: str)
         per = {r.identity: lb.connections[("127.0.0.1", r.collect_port)] for r in replicas}
         print(f"  events: {stored:,} of {sent:,} stored, {full} of {args.nodes} streams "
               f"acknowledged to the last, {sent / got.seconds:,.0f} events/s; the replicas' "
-              f"CPU {used:.1f} s over {wall:.1f} s: {sent / used:,.0f} events per CPU-second; "
-              f"streams per replica {per}")  # fmt: skip
+              f"CPU {used:.1f} s over {wall:.1f} s: {sent / used:,.0f} events per CPU-second "
+              f"(PostgreSQL {pg_used:.1f} s more); streams per replica {per}")  # fmt: skip
 
         # remote write, through the Service (every replica answers from its own maps)
         lb = Balancer([("127.0.0.1", r.port) for r in replicas])

@@ -55,9 +55,14 @@ class _Start:
             self.go.set()
 
 
+# a channel of its own connection, as each agent has (channels to one target in one
+# process otherwise share one connection)
+OWN_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
+
+
 async def _report(target: str, node: int, events: int, timeout: float,
-                  make: EventFn, per_message: int,
-                  start: _Start) -> tuple[str, int, int]:  # fmt: skip
+                  make: EventFn, per_message: int, start: _Start,
+                  own: bool = False) -> tuple[str, int, int]:  # fmt: skip
     name = f"gpu-{node}"
     done = asyncio.Event()
 
@@ -69,7 +74,8 @@ async def _report(target: str, node: int, events: int, timeout: float,
         await done.wait()  # the stream stays open until the last acknowledgement
 
     acked = acks = 0
-    async with grpc.aio.insecure_channel(target) as channel:
+    async with grpc.aio.insecure_channel(target, options=OWN_CONNECTION if own else ()) \
+            as channel:  # fmt: skip
         stub = lens_pb2_grpc.CollectorServiceStub(channel)
         rpc = stub.ReportBatch if per_message > 1 else stub.Report
         call = rpc(requests(), metadata=(("lens-node", name),), timeout=timeout)
@@ -85,10 +91,10 @@ async def _report(target: str, node: int, events: int, timeout: float,
 
 
 async def _all(target: str, nodes: int, events: int, timeout: float,
-               make: EventFn, per_message: int) -> Outcome:  # fmt: skip
+               make: EventFn, per_message: int, own: bool) -> Outcome:  # fmt: skip
     opened, start = time.monotonic(), _Start(nodes)
-    got = await asyncio.gather(*(_report(target, n, events, timeout, make, per_message, start)
-                                 for n in range(nodes)))  # fmt: skip
+    got = await asyncio.gather(*(_report(target, n, events, timeout, make, per_message, start,
+                                         own) for n in range(nodes)))  # fmt: skip
     if not start.go.is_set():  # a stream ended before every one was open
         start.at, start.cpu = opened, 0.0
     return Outcome({name: acked for name, acked, _ in got}, time.monotonic() - start.at,
@@ -97,13 +103,17 @@ async def _all(target: str, nodes: int, events: int, timeout: float,
 
 
 def simulate(target: str, nodes: int, events: int, timeout: float = 600,
-             make: EventFn = event, per_message: int = 1) -> Outcome:  # fmt: skip
+             make: EventFn = event, per_message: int = 1,
+             own_connections: bool = False) -> Outcome:  # fmt: skip
     """nodes reporters, each sending events (make(node, seq)), all at once once every
     stream is open; a stream ends at its last ack, or at timeout (a hang guard).
     per_message > 1: ReportBatch messages of that many events (as an agent's reporter
     sends what it holds); 1: Report, one event per message (as agents older than
-    ReportBatch do)."""
-    return asyncio.run(_all(target, nodes, events, timeout, make, per_message))
+    ReportBatch do). own_connections: each stream on a connection of its own, as each
+    agent has (by default the channels share one: the service's cost without the
+    connections')."""
+    return asyncio.run(_all(target, nodes, events, timeout, make, per_message,
+                            own_connections))  # fmt: skip
 
 
 async def _paced(

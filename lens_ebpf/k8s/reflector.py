@@ -36,6 +36,19 @@ def call_raw(fn: Callable[..., Any], *args: Any, timeout: float, **kwargs: Any) 
     return doc
 
 
+def describe(exc: Exception) -> str:
+    """A failure in one line: an API answer as its status, reason and the Status's message
+    (the client's text is mostly its response headers), anything else as it says."""
+    status = getattr(exc, "status", None)
+    if status is not None and hasattr(exc, "body"):
+        try:
+            message = json.loads(exc.body or "{}").get("message", "")
+        except (ValueError, TypeError, AttributeError):
+            message = ""
+        return f"{type(exc).__name__}: {status} {getattr(exc, 'reason', '')}: {message}"[:300]
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
 class Gone(Exception):
     """410: the resourceVersion asked for is too old; list again."""
 
@@ -70,6 +83,7 @@ class Reflector:
         self.last_error = ""
         self.last_heard = 0.0  # time.monotonic() of the last list, event or bookmark
         self._resp: Any = None
+        self._stopping = False  # stop() was called: a watch that opens now ends at once
 
     def run(self, stop: threading.Event) -> None:
         backoff = Backoff(self.backoff_max)
@@ -92,14 +106,16 @@ class Reflector:
                     continue
                 self.connected = False
                 self.restarts["error"] += 1
-                self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+                self.last_error = describe(exc)
                 wait = backoff.next()
                 log.warning("k8s %s: %s; retrying in %.1fs", self.resource, self.last_error, wait)
                 stop.wait(wait)
         self.connected = False
 
     def stop(self) -> None:
-        """Unblock a watch waiting on the network."""
+        """Unblock a watch waiting on the network (one that opens after this ends at once:
+        a watch whose answer had not come yet would wait for its timeout otherwise)."""
+        self._stopping = True
         resp = self._resp
         if resp is not None:
             try:
@@ -139,6 +155,8 @@ class Reflector:
         self._resp = resp
         self.connected = True
         try:
+            if self._stopping or stop.is_set():  # stop() came while it opened
+                return
             for line in iter_resp_lines(resp):
                 if stop.is_set():
                     return

@@ -29,7 +29,7 @@ class Replica:
         self.dir = Path(tempfile.mkdtemp(prefix=f"lens-{identity}-"))
         self.port, self.collect_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        recorder = {
+        recorder: dict[str, Any] = {
             "database_url": database_url,
             "listen": f"127.0.0.1:{self.port}",
             "collect_listen": f"127.0.0.1:{self.collect_port}",
@@ -39,7 +39,7 @@ class Replica:
                                 "advertise": f"127.0.0.1:{self.port}"},
         }  # fmt: skip
         for key, value in (settings or {}).items():
-            node = recorder
+            node: dict[str, Any] = recorder
             *parents, last = key.split("__")
             for p in parents:
                 node = node.setdefault(p, {})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -61,6 +62,32 @@ def raw_getter(fn: Callable[..., Any], timeout: float) -> Getter:
     return lambda namespace, name: call_raw(fn, name, namespace, timeout=timeout)
 
 
+class FirstServed:
+    """One kind read at each API version that has served it, newest first (CronJob:
+    batch/v1 from 1.21, batch/v1beta1 until 1.25; 1.20 answers batch/v1 with 404). A 404
+    asks the next version; the one that answered is asked first from then on, so an older
+    cluster costs one 404 in all."""
+
+    def __init__(self, *getters: Getter) -> None:
+        self.getters = getters
+        self.first = 0
+
+    def __call__(self, namespace: str, name: str) -> dict[str, Any]:
+        missing: Exception | None = None
+        for i in (self.first, *(i for i in range(len(self.getters)) if i != self.first)):
+            try:
+                obj = self.getters[i](namespace, name)
+            except Exception as exc:
+                if getattr(exc, "status", None) != 404:
+                    raise
+                missing = exc
+                continue
+            self.first = i
+            return obj
+        assert missing is not None
+        raise missing
+
+
 class ClusterWatch:
     """Reflectors for pods and services feeding one ClusterIndex."""
 
@@ -71,14 +98,20 @@ class ClusterWatch:
         core = client.CoreV1Api(api)
         apps = client.AppsV1Api(api)
         batch = client.BatchV1Api(api)
+        custom = client.CustomObjectsApi(api)  # any group/version: batch/v1beta1 here
         t = k.request_timeout_seconds
-        getters = {
+
+        def cron_job_v1beta1(namespace: str, name: str) -> dict[str, Any]:
+            return call_raw(custom.get_namespaced_custom_object, "batch", "v1beta1",
+                            namespace, "cronjobs", name, timeout=t)  # fmt: skip
+
+        getters: dict[str, Getter] = {
             "ReplicaSet": raw_getter(apps.read_namespaced_replica_set, t),
             "Deployment": raw_getter(apps.read_namespaced_deployment, t),
             "StatefulSet": raw_getter(apps.read_namespaced_stateful_set, t),
             "DaemonSet": raw_getter(apps.read_namespaced_daemon_set, t),
             "Job": raw_getter(batch.read_namespaced_job, t),
-            "CronJob": raw_getter(batch.read_namespaced_cron_job, t),
+            "CronJob": FirstServed(raw_getter(batch.read_namespaced_cron_job, t), cron_job_v1beta1),
         }
         self.owners = OwnerResolver(getters, ttl=k.owner_cache_seconds)
         self.index = ClusterIndex(k.max_pods, k.max_services, self.owners)
@@ -110,12 +143,17 @@ class ClusterWatch:
     def wait_synced(self, timeout: float) -> bool:
         return all(r.synced.wait(timeout) for r in self.reflectors)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 2.0) -> None:
         self._stop.set()
+        deadline = time.monotonic() + timeout
         for r in self.reflectors:
             r.stop()
-        for t in self._threads:
-            t.join(timeout=2)
+        for r, t in zip(self.reflectors, self._threads, strict=False):
+            # cut again until the thread ends: a watch whose answer came after the first
+            # cut would stay open until its timeout (and hold up an API server's shutdown)
+            while t.is_alive() and time.monotonic() < deadline:
+                t.join(0.02)
+                r.stop()
 
 
 class ClusterCollector(Collector):
