@@ -20,6 +20,9 @@ ENVELOPES = {
     "lens": 'Primus-Lens: `{"meta": {"code", "message"}, "data"}`',
     "plain": 'plain JSON; errors `{"error": ...}`',
     "posts": "bearer token (`recorder.ingest.token_file`), counted; Primus-Lens envelope",
+    "alerts": 'Primus-Lens envelope; `?cluster=` any cluster alerts name ("all" or none: '
+    "every cluster); writes take the `recorder.api` credentials",
+    "alerts-files": "the file itself; errors in the Primus-Lens envelope",
 }
 
 

@@ -3,7 +3,8 @@
 #   scripts/setup.sh run     the node agent: its packages, the venv with .[agent], kernel
 #                            headers, tracefs
 #   scripts/setup.sh test    the same plus what the test suite drives (containerd, runc,
-#                            prometheus, victoria-metrics, bpfcc-tools, dwarves (pahole,
+#                            prometheus, prometheus-alertmanager, victoria-metrics,
+#                            bpfcc-tools, dwarves (pahole,
 #                            the BTF reader's reference), gcc, QEMU, rdma-core's verbs
 #                            programs for Soft-RoCE in the guests, PostgreSQL for the
 #                            recorder's tests, chromium and poppler-utils for the weekly
@@ -29,7 +30,7 @@ case "$mode" in
   *) echo "setup: unknown mode $mode (run, test, image, recorder-image)" >&2; exit 2 ;;
 esac
 if [ "$mode" = test ]; then
-  pkgs+=(bpfcc-tools dwarves containerd runc prometheus victoria-metrics gcc libc6-dev busybox-static openssl
+  pkgs+=(bpfcc-tools dwarves containerd runc prometheus prometheus-alertmanager victoria-metrics gcc libc6-dev busybox-static openssl
          qemu-system-x86 xz-utils zstd rdma-core ibverbs-providers ibverbs-utils postgresql
          chromium poppler-utils etcd-server)
   extras="[dev]"

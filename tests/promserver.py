@@ -29,12 +29,14 @@ class Prometheus:
                  openmetrics: str | None = None, labels: dict[str, str] | None = None,
                  flags: list[str] | None = None,
                  remote_write: list[dict[str, Any]] | None = None,
-                 tsdb: Path | None = None) -> None:  # fmt: skip
+                 tsdb: Path | None = None,
+                 alertmanagers: list[str] | None = None) -> None:  # fmt: skip
         """openmetrics: series (OpenMetrics text, with timestamps) written into its TSDB
         by `promtool tsdb create-blocks-from openmetrics` before it starts, so a test
         knows every number a query returns; tsdb: a TSDB directory made so already
         (create_blocks), taken as its data. flags: more command-line flags (e.g.
-        --web.enable-remote-write-receiver); remote_write: its remote_write section."""
+        --web.enable-remote-write-receiver); remote_write: its remote_write section;
+        alertmanagers: the Alertmanagers (host:port) its alerts go to."""
         self.dir = Path(tempfile.mkdtemp(prefix="lens-prom-"))
         if tsdb is not None:
             shutil.move(str(tsdb), self.dir / "data")
@@ -55,6 +57,9 @@ class Prometheus:
         }
         if remote_write:
             cfg["remote_write"] = remote_write
+        if alertmanagers:
+            cfg["alerting"] = {"alertmanagers": [{"static_configs": [
+                {"targets": alertmanagers}]}]}  # fmt: skip
         (self.dir / "prometheus.yml").write_text(json.dumps(cfg))
         self.flags = list(flags or [])
         self.log = open(self.dir / "log", "w")  # noqa: SIM115 (open while prometheus runs)

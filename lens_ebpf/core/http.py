@@ -34,7 +34,16 @@ from prometheus_client.registry import Collector
 
 from lens_ebpf.core.exposition import CONTENT_TYPE, render
 from lens_ebpf.core.loop import EventLoopThread
-from lens_ebpf.core.routes import Answer, Mounted, Request, Response, Routes, RouteTable, Surface
+from lens_ebpf.core.routes import (
+    WRITES,
+    Answer,
+    Mounted,
+    Request,
+    Response,
+    Routes,
+    RouteTable,
+    Surface,
+)
 
 log = logging.getLogger(__name__)
 
@@ -213,17 +222,23 @@ class HttpServer:
     @staticmethod
     def _request(request: web.BaseRequest, path: str, m: Mounted, params: dict[str, str],
                  body: bytes = b"") -> Request:  # fmt: skip
+        transport = request.transport
+        cert = transport.get_extra_info("peercert") if transport is not None else None
         return Request(path[len(m.prefix) :].lstrip("/"), params, dict(request.query),
                        {k.lower(): v for k, v in request.headers.items()}, body,
-                       request.remote or "")  # fmt: skip
+                       request.remote or "", bool(cert))  # fmt: skip
 
-    async def _post(self, request: web.BaseRequest) -> Answer:
-        path = self._path(request)
-        found = self._routes.find("POST", path)
+    async def _write(self, request: web.BaseRequest) -> Answer:
+        """A POST, PUT, PATCH or DELETE: its body read within its route's bound, its
+        handler called on a worker thread."""
+        path, method = self._path(request), request.method
+        found = self._routes.find(method, path)
         if found is None:
-            gets = self._routes.find("GET", path) or self._routes.below(path)
-            allowed = "GET" if gets is not None else "nothing"
-            return json_response(405, {"error": f"POST not allowed here ({allowed} is)"})
+            allowed = [m for m in ("GET", *WRITES) if self._routes.find(m, path) is not None]
+            if not allowed and self._routes.below(path) is not None:
+                allowed = ["GET"]
+            said = ", ".join(allowed) or "nothing"
+            return json_response(405, {"error": f"{method} not allowed here ({said} is)"})
         m, params = found
         prefix, most, at_once = "/".join(m.parts), m.surface.max_body(m.route), m.route.at_once
         length = request.content_length
@@ -269,13 +284,13 @@ class HttpServer:
             conn.in_request = True
         try:
             extra: dict[str, str] = {}
-            if request.method == "POST":
+            if request.method in WRITES:
                 try:
-                    got = await self._post(request)
+                    got = await self._write(request)
                     status, ctype, body = got[0], got[1], got[2]
                     extra = got[3] if len(got) > 3 else {}
                 except Exception as exc:  # a broken route must not take the server down
-                    log.exception("POST %s failed", request.path)
+                    log.exception("%s %s failed", request.method, request.path)
                     status, ctype, body = json_response(500, {"error": str(exc)})
             elif request.method not in ("GET", "HEAD"):
                 status, ctype, body = json_response(405, {"error": f"{request.method} not allowed"})

@@ -33,15 +33,19 @@ class Request:
     headers: dict[str, str] = field(default_factory=dict)  # names in lower case
     body: bytes = b""
     peer: str = ""  # the client's address
+    certified: bool = False  # the client presented a certificate the server's CA verified
+
+
+WRITES = ("POST", "PUT", "PATCH", "DELETE")  # the methods whose body a route reads
 
 
 @dataclass(frozen=True)
 class Route:
-    method: str  # GET (HEAD too) or POST
+    method: str  # GET (HEAD too), or one of WRITES
     path: str  # segments, "{name}" for a parameter: "nodes/{name}/devices"
     handler: Callable[..., Any]
-    max_body: int = 0  # POST: bodies over it get 413
-    at_once: int = 64  # POST: beyond this many in hand, 503 before the body is read
+    max_body: int = 0  # a write: bodies over it get 413
+    at_once: int = 64  # a write: beyond this many in hand, 503 before the body is read
 
     @property
     def parts(self) -> tuple[str, ...]:
@@ -66,6 +70,18 @@ class RouteTable:
         beyond at_once requests of it in hand (bodies read, answers not yet sent) a new
         one gets 503 before its body is read, so what is held stays bounded."""
         return self._declare(Route("POST", path.strip("/"), _unset, max_body, at_once))
+
+    def put(self, path: str, max_body: int = 0, at_once: int = 64) -> Callable[[H], H]:
+        """A PUT route, bounded as post()'s."""
+        return self._declare(Route("PUT", path.strip("/"), _unset, max_body, at_once))
+
+    def patch(self, path: str, max_body: int = 0, at_once: int = 64) -> Callable[[H], H]:
+        """A PATCH route, bounded as post()'s."""
+        return self._declare(Route("PATCH", path.strip("/"), _unset, max_body, at_once))
+
+    def delete(self, path: str, max_body: int = 0, at_once: int = 64) -> Callable[[H], H]:
+        """A DELETE route, bounded as post()'s (its body, if any, read the same way)."""
+        return self._declare(Route("DELETE", path.strip("/"), _unset, max_body, at_once))
 
     def _declare(self, proto: Route) -> Callable[[H], H]:
         def declare(handler: H) -> H:

@@ -47,6 +47,32 @@ class IngestConfig(Section):
     allow_anonymous: bool = False  # without a token, take POSTs beyond loopback too
 
 
+class ApiConfig(Section):
+    """Who may change the cluster API's state (its POST, PUT, PATCH and DELETE routes:
+    rules, silences, channels): a client certificate server.tls.client_ca verified, or
+    this bearer token; without a token, writes are taken only on a loopback listen."""
+
+    token_file: str = ""  # the token, one line; empty: no token
+    allow_anonymous: bool = False  # without a token, take writes beyond loopback too
+
+
+class AlertsConfig(Section):
+    """Alerts that name the workload (docs/recorder/alerts.md)."""
+
+    alertmanager_url: str = ""  # our alerts and the silences go there; "": kept here only
+    timeout_seconds: float = Field(10.0, gt=0)  # Alertmanager's, a webhook channel's answer
+    notify_seconds: float = Field(30.0, gt=0)  # how often our alerts are sent on
+    findings_seconds: float = Field(60.0, gt=0)  # how often the service's findings are looked at
+    external_url: str = ""  # the UI's address: our alerts' generatorURL links to them
+    rules_namespace: str = ""  # the metric rules' PrometheusRules; "": the service's own
+    rule_labels: dict[str, str] = Field(default_factory=lambda: {
+        "app.kubernetes.io/name": "lens-ebpf"})  # for the operator's ruleSelector  # fmt: skip
+    rules_file: str = ""  # without the PrometheusRule CRD: the rules written here too
+    default_log_rules: bool = True  # the shipped GPU training log rules on at first start
+    log_rules_reload_seconds: float = Field(10.0, gt=0)  # rules changed elsewhere read anew
+    max_body_bytes: int = Field(4 << 20, ge=1024, le=1 << 30)  # a POST of alerts
+
+
 class LogsConfig(Section):
     max_body_bytes: int = Field(16 << 20, ge=1024, le=1 << 30)  # sent, and once decompressed
 
@@ -206,6 +232,8 @@ class RecorderConfig(Section):
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
     reports: ReportsConfig = Field(default_factory=ReportsConfig)
     ingest: IngestConfig = Field(default_factory=IngestConfig)
+    api: ApiConfig = Field(default_factory=ApiConfig)
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     logs: LogsConfig = Field(default_factory=LogsConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     timeline: TimelineConfig = Field(default_factory=TimelineConfig)

@@ -12,3 +12,11 @@ class BadRequest(ValueError):
 
 class Unavailable(RuntimeError):
     """What the answer needs is down or not there yet (a cluster not watched)."""
+
+
+class Conflict(ValueError):
+    """What a write would make exists already (a rule's or a channel's name)."""
+
+
+class Forbidden(PermissionError):
+    """A write the service does not make (a shipped template, a shipped rule)."""

@@ -27,12 +27,13 @@ from lens_ebpf.k8s.reflector import call_raw, watch_metrics
 from lens_ebpf.recorder import api
 from lens_ebpf.recorder import lifecycle as lc
 from lens_ebpf.recorder.accounting import Keys
-from lens_ebpf.recorder.api.envelope import LensApi, Services
+from lens_ebpf.recorder.alerting import Alerts
+from lens_ebpf.recorder.api.envelope import AlertsApi, LensApi, Services
 from lens_ebpf.recorder.api.posts import Admitted
 from lens_ebpf.recorder.api.seed import PlainJson
 from lens_ebpf.recorder.clusters import Clusters, Shared, StorageConfigSync, own_namespace
 from lens_ebpf.recorder.config import Config
-from lens_ebpf.recorder.ingest.admission import Ingest
+from lens_ebpf.recorder.ingest.admission import Ingest, WriteGuard
 from lens_ebpf.recorder.ingest.node_events import NodeEvents, last_seqs
 from lens_ebpf.recorder.jobs import FAILURES
 from lens_ebpf.recorder.jobs.allocation import Jobs
@@ -142,11 +143,20 @@ class RecorderApp:
                                          self._unlead)  # fmt: skip
             self.writer.fence = self.leadership.fence.check
             self.registry.register(self.leadership)
+        self.alerts = Alerts(r.alerts, self.engine, self.lead_writer, self.remote_write,
+                             api_client, own_namespace(), r.cluster_name, self.tracker.gpu_pod,
+                             self.clusters.scopes, clock)  # fmt: skip
+        self.registry.register(self.alerts)
+        self.write_guard = WriteGuard(r.api.token_file, r.api.allow_anonymous, host)
+        self.registry.register(self.write_guard)
         parts = Services(r, self.clusters, self.remote_write, self.training, self.writer,
-                         self.readiness, clock, self.leadership)  # fmt: skip
-        api.mount(self.http, {"lens": LensApi(parts, self.engine.connect, self.clusters.scope),
-                              "plain": PlainJson(parts, self.engine.connect),
-                              "posts": Admitted(parts, self.ingest)})  # fmt: skip
+                         self.readiness, clock, self.leadership, self.alerts)  # fmt: skip
+        e, guard = self.engine, self.write_guard
+        api.mount(self.http, {
+            "lens": LensApi(parts, e.connect, self.clusters.scope, e.begin, guard),
+            "alerts": AlertsApi(parts, e.connect, self.clusters.scope, e.begin, guard),
+            "plain": PlainJson(parts, e.connect),
+            "posts": Admitted(parts, self.ingest)})  # fmt: skip
         self.outliers = Outliers(self.engine, self.lead_writer, self.prom,
                                  self.tracker.running_pods,
                                  r.jobs.outliers_seconds, clock, r.cluster_name)  # fmt: skip
@@ -176,6 +186,13 @@ class RecorderApp:
             Job("training", r.training.check_seconds, lambda: self.training.check(clock()),
                 leader_only=True),
             Job("outliers", r.jobs.outliers_seconds, self.outliers.run_counted,
+                leader_only=True, quiet=FAILURES),
+            # the shipped log templates and rules and metric rules, once (idempotent)
+            Job("alerts_seed", 3600, self.alerts.seed, leader_only=True, at_start=True,
+                quiet=FAILURES),
+            Job("alerts_findings", r.alerts.findings_seconds, self.alerts.jobs.findings,
+                leader_only=True, quiet=FAILURES),
+            Job("alerts_notify", r.alerts.notify_seconds, self.alerts.jobs.notify,
                 leader_only=True, quiet=FAILURES),
             # every replica answers remote writes from its own maps
             Job("remote_write_index", self.remote_write.indexer.interval,

@@ -33,13 +33,16 @@ WORKERS = {"bert-worker-0": NVIDIA, "bert-worker-1": AMD, "bert-worker-2": OTHER
 
 
 class Exporter:
-    """Serves an exposition text on /metrics, as an exporter does."""
+    """Serves an exposition text on /metrics, as an exporter does (text: what it serves
+    now, a test may change it)."""
 
     def __init__(self, text: str) -> None:
-        body = text.encode()
+        self.text = text
+        me = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
+                body = me.text.encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))

@@ -328,3 +328,12 @@ def test_the_log_shippers_snippets_point_at_the_recorders_post_route(tmp_path: P
     c = dep["spec"]["template"]["spec"]["containers"][0]
     mount = next(m for m in c["volumeMounts"] if m["name"] == "ingest-token")
     assert cfg.recorder.ingest.token_file == f"{mount['mountPath']}/token"
+
+
+def test_the_packaged_rules_are_deploys() -> None:
+    """The recorder lists deploy/prometheusrule.yaml's groups as its built-in metric rules
+    from a copy packaged beside lens_ebpf/recorder/alerts/rules.py: the same file."""
+    packaged = ROOT / "lens_ebpf" / "recorder" / "alerts" / "prometheusrule.yaml"
+    assert (
+        packaged.read_text() == (ROOT / "deploy" / "prometheusrule.yaml").read_text()
+    ), "copy deploy/prometheusrule.yaml to lens_ebpf/recorder/alerts/prometheusrule.yaml"

@@ -12,6 +12,7 @@ from lens_ebpf.core.http import HttpServer
 from lens_ebpf.core.routes import RouteTable, Surface
 from lens_ebpf.recorder.api import (
     aggregation,
+    alerts,
     clusters,
     devices,
     nodes,
@@ -27,7 +28,8 @@ from lens_ebpf.recorder.api.envelope import PREFIXES
 
 ROOT = ("",)
 # (the table, the prefixes it is served under, its surface: "lens" the Primus-Lens API's
-# envelope, "plain" the seed's JSON, "posts" the POST routes' token check and envelope)
+# envelope, "alerts" the same with ?cluster= read by the handlers, "plain" the seed's
+# JSON, "posts" the POST routes' token check and envelope)
 ROUTES: list[tuple[RouteTable, tuple[str, ...], str]] = [
     (clusters.routes, PREFIXES, "lens"),
     (nodes.routes, PREFIXES, "lens"),
@@ -38,6 +40,8 @@ ROUTES: list[tuple[RouteTable, tuple[str, ...], str]] = [
     (training.routes, PREFIXES, "lens"),
     (reports.routes, PREFIXES, "lens"),
     (reports.files, PREFIXES, "lens-files"),  # the report's HTML, PDF and JSON files
+    (alerts.routes, PREFIXES, "alerts"),  # the Alert pages': ?cluster= any alert's cluster
+    (alerts.files, PREFIXES, "alerts-files"),  # the metric rules as one rules file
     (remote_write.routes, (*PREFIXES, *ROOT), "lens"),  # /pods/cache as the original serves it
     (seed.routes, ROOT, "plain"),
     (posts.routes, (*ROOT, "/v1", "/api"), "posts"),
@@ -46,7 +50,8 @@ ROUTES: list[tuple[RouteTable, tuple[str, ...], str]] = [
 
 def mount(http: HttpServer, surfaces: dict[str, Surface]) -> None:
     """Every table of ROUTES on http, each through its surface."""
-    surfaces = {**surfaces, "lens-files": reports.LensFiles(surfaces["lens"])}
+    surfaces = {**surfaces, "lens-files": reports.LensFiles(surfaces["lens"]),
+                "alerts-files": reports.LensFiles(surfaces["alerts"])}  # fmt: skip
     for table, prefixes, surface in ROUTES:
         for prefix in prefixes:
             http.mount(prefix, surfaces[surface], table)

@@ -5,10 +5,12 @@ Envelope `{"meta": {"code": 2000, "message": "OK"}, "data": ...}`; errors carry
 `meta.code` 4001 (a bad parameter, named), 4004 (an unknown name) or 5003 (a dependency
 that is down, named) with HTTP 400, 404 and 503: the domain's BadRequest, NotFound and
 Unavailable, a database error, a Prometheus that cannot answer where its figures are all
-the route answers. A route that mixes stored facts with Prometheus figures answers 2000
-without them (null), meta.message saying what is missing. Parameters are taken in
-snake_case (the UI's `page_num`) and camelCase (`pageNum`). Paged lists answer
-`{"data": [...], "total": N}`.
+the route answers; 409/4002 (it exists already), 403/4003 (a write the service does not
+make); a write without the API's credentials 401/4010 (none) or 403/4003 (a wrong token).
+A write (POST, PUT, PATCH, DELETE) runs in one transaction. A route that mixes stored
+facts with Prometheus figures answers 2000 without them (null), meta.message saying what
+is missing. Parameters are taken in snake_case (the UI's `page_num`) and camelCase
+(`pageNum`). Paged lists answer `{"data": [...], "total": N}`.
 """
 
 from __future__ import annotations
@@ -22,17 +24,19 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from sqlalchemy import Connection
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from lens_ebpf.core.routes import Answer, Request, Response, Route, Surface
+from lens_ebpf.core.routes import WRITES, Answer, Request, Response, Route, Surface
 from lens_ebpf.recorder import prom
-from lens_ebpf.recorder.errors import BadRequest, NotFound, Unavailable
+from lens_ebpf.recorder.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailable
 from lens_ebpf.recorder.lifecycle import parse_time
 from lens_ebpf.recorder.scope import Scope
 
 if TYPE_CHECKING:
+    from lens_ebpf.recorder.alerting import Alerts
     from lens_ebpf.recorder.clusters import Clusters
     from lens_ebpf.recorder.config import RecorderConfig
+    from lens_ebpf.recorder.ingest.admission import WriteGuard
     from lens_ebpf.recorder.leadership import Leadership
     from lens_ebpf.recorder.remote_write.receiver import RemoteWrite
     from lens_ebpf.recorder.store.writer import Writer
@@ -83,12 +87,18 @@ def failure(exc: Exception) -> ApiError | None:
     API answers, a bug)."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, Conflict):  # before BadRequest: both are ValueErrors
+        return ApiError(409, 4002, str(exc))
+    if isinstance(exc, Forbidden):
+        return ApiError(403, 4003, str(exc))
     if isinstance(exc, BadRequest | prom.TooManyPoints):
         return ApiError(400, 4001, str(exc))
     if isinstance(exc, NotFound):
         return ApiError(404, 4004, str(exc))
     if isinstance(exc, Unavailable | prom.PromError):
         return ApiError(503, 5003, str(exc))
+    if isinstance(exc, IntegrityError):  # a concurrent write made the same name first
+        return ApiError(409, 4002, f"it exists already: {type(exc.orig).__name__}")
     if isinstance(exc, SQLAlchemyError):
         return ApiError(503, 5003, f"database unavailable: {type(exc).__name__}")
     return None
@@ -167,6 +177,7 @@ class Services:
     readiness: Callable[[], tuple[bool, dict[str, Any]]]
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
     leadership: Leadership | None = None  # with replicas: whether this one leads, the leader
+    alerts: Alerts | None = None
 
 
 @dataclass
@@ -203,26 +214,54 @@ class Ask:
     def now(self) -> datetime:
         return self.app.clock()
 
+    def abort(self, exc: Exception) -> None:
+        """The handler failed: what it wrote is not kept."""
+        self._stack.__exit__(type(exc), exc, exc.__traceback__)
+        self._stack = contextlib.ExitStack()
+
     def close(self) -> None:
         self._stack.close()
 
 
 class LensApi(Surface):
-    """The Primus-Lens API: handler(ask) -> data, answered in its envelope."""
+    """The Primus-Lens API: handler(ask) -> data, answered in its envelope; a write only
+    with the API's credentials (guard), in one transaction (begin)."""
 
     def __init__(self, app: Services, connect: Connect,
-                 scopes: Callable[[str | None], Scope]) -> None:  # fmt: skip
+                 scopes: Callable[[str | None], Scope], begin: Connect | None = None,
+                 guard: WriteGuard | None = None) -> None:  # fmt: skip
         self.app, self.connect, self.scopes = app, connect, scopes
+        self.begin, self.guard = begin or connect, guard
+
+    def scope(self, req: Request) -> Scope | None:
+        return self.scopes(param(req.query, "cluster") or None)
+
+    def max_body(self, route: Route) -> int:
+        return route.max_body or (1 << 20)  # a rule, a silence, a channel: small
 
     def call(self, route: Route, req: Request) -> Answer:
+        write = route.method in WRITES
+        if write and self.guard is not None:
+            refused = self.guard.refused("/" + route.path, req.headers, req.certified)
+            if refused is not None:
+                status, why = refused
+                return error(ApiError(status, 4010 if status == 401 else 4003, why))
+        got = self._call(route, req, self.begin if write else self.connect)
+        if write and self.guard is not None:
+            self.guard.count("/" + route.path, got[0])
+        return got
+
+    def _call(self, route: Route, req: Request, connect: Connect) -> Answer:
         ask = None
         try:
-            ask = Ask(req, self.app, self.scopes(param(req.query, "cluster") or None),
-                      self.connect)  # fmt: skip
+            ask = Ask(req, self.app, self.scope(req), connect)
             with prom.missing_figures() as missing:
                 data = route.handler(ask)
+            ask.close()  # a write committed before it is answered
             return ok(data, missing)
         except Exception as exc:
+            if ask is not None:  # a write's transaction rolled back, not committed
+                ask.abort(exc)
             e = failure(exc)
             if e is None:
                 raise
@@ -237,3 +276,11 @@ class LensApi(Surface):
         except NotFound as exc:
             return error(ApiError(404, 4004, str(exc)))
         return error(ApiError(404, 4004, f"no route {req.path!r}"))
+
+
+class AlertsApi(LensApi):
+    """The Alert pages' routes: their `cluster` names the clusters alerts come from (any
+    name, "all" or none: every cluster), read by the handlers, not resolved to a scope."""
+
+    def scope(self, req: Request) -> Scope | None:
+        return None

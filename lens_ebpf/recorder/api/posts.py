@@ -1,5 +1,7 @@
-"""The POST routes, at the root and under /v1 and /api: /logs (log shippers) and
-/prometheus (remote write). Each takes the bearer token (ingest/admission.py), is counted
+"""The POST routes, at the root and under /v1 and /api: /logs (log shippers),
+/prometheus (remote write), and alerts: /alerts/metric (Alertmanager's webhook, VMAlert's
+notifier), /api/v2/alerts (Prometheus's alerting with this service as its Alertmanager),
+/alerts/webhook (any JSON alert). Each takes the bearer token (ingest/admission.py), is counted
 and timed by route, and answers in the cluster API's envelope: meta.code 2000, or 4001
 (a bad body), 4010 (no or a wrong token), 4013 (too large), 4015 (an encoding or protocol
 the route does not take), 5003 (a dependency is down, or the write queue is full: retry).
@@ -10,9 +12,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import orjson
+
 from lens_ebpf.core.routes import Answer, Request, Response, Route, RouteTable, Surface
+from lens_ebpf.recorder.alerts import ingest
+from lens_ebpf.recorder.alerts.model import OWN_LABEL
 from lens_ebpf.recorder.api.envelope import Services
 from lens_ebpf.recorder.api.envelope import answer as encoded
+from lens_ebpf.recorder.errors import BadRequest
 from lens_ebpf.recorder.ingest.admission import Ingest, Outcome
 from lens_ebpf.recorder.training.intake import take_logs
 
@@ -44,7 +51,8 @@ class Admitted(Surface):
     def max_body(self, route: Route) -> int:
         cfg = self.app.cfg
         return {"logs": cfg.logs.max_body_bytes,
-                "prometheus": cfg.remote_write.max_body_bytes}[route.path]  # fmt: skip
+                "prometheus": cfg.remote_write.max_body_bytes}.get(
+                    route.path, cfg.alerts.max_body_bytes)  # fmt: skip
 
     def call(self, route: Route, req: Request) -> Answer:
         name = "/" + route.path
@@ -61,10 +69,54 @@ def logs(req: Request, app: Services) -> Outcome:
     which keeps the training progress (leadership.py)."""
     if app.leadership is not None and not app.leadership.leads():
         return app.leadership.forward("logs", req.body, req.headers, req.query)
+    also = app.alerts.lines if app.alerts is not None else None  # the log rules
     return take_logs(app.training, app.writer, req.body, req.headers.get("content-encoding", ""),
-                     req.query, app.cfg.logs.max_body_bytes, app.clock())  # fmt: skip
+                     req.query, app.cfg.logs.max_body_bytes, app.clock(), also)  # fmt: skip
 
 
 @routes.post("prometheus")
 def prometheus(req: Request, app: Services) -> Outcome:
     return app.remote_write.post(req.headers, req.body)
+
+
+def _alerts(req: Request, app: Services, source: str) -> Outcome:
+    """A body of alerts stored (before the answer): 200 {received, new, resolved, ...}."""
+    if app.alerts is None:
+        return Outcome(503, "alerts are not set up in this service")
+    try:
+        doc = orjson.loads(req.body)
+    except orjson.JSONDecodeError as exc:
+        return Outcome(400, f"the body is not JSON: {exc}")
+    now, home = app.clock(), app.cfg.cluster_name
+    try:
+        got = ingest.parse_generic(doc, home, now) if source == "webhook" else \
+            ingest.parse_alertmanager(doc, home, now)  # fmt: skip
+    except BadRequest as exc:
+        return Outcome(400, str(exc))
+    alerts = got if isinstance(got, list) else [got]
+    # ours, sent to Alertmanager and routed back here: stored already, under their own id
+    theirs = [a for a in alerts if OWN_LABEL not in a.labels]
+    data = app.alerts.take(theirs, source)
+    data["received"], data["own"] = len(alerts), len(alerts) - len(theirs)
+    app.alerts.count(source, {"own": data["own"]})
+    if source == "webhook" and alerts:
+        data["alert_id"] = alerts[0].id
+    return Outcome(200, "OK", data)
+
+
+@routes.post("alerts/metric")
+def alerts_metric(req: Request, app: Services) -> Outcome:
+    """Alertmanager's webhook_config body (and VMAlert's notifier's)."""
+    return _alerts(req, app, "metric")
+
+
+@routes.post("api/v2/alerts")
+def alerts_v2(req: Request, app: Services) -> Outcome:
+    """A list of postable alerts, as Prometheus posts them to an Alertmanager."""
+    return _alerts(req, app, "metric")
+
+
+@routes.post("alerts/webhook")
+def alerts_webhook(req: Request, app: Services) -> Outcome:
+    """{alert_name, severity, status, labels, annotations, starts_at, ends_at, id}."""
+    return _alerts(req, app, "webhook")

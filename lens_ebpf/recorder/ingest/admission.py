@@ -149,3 +149,70 @@ class Ingest(Collector):
         for route, b in seconds:
             hist.add_metric([route], b.cumulative(), b.total)
         yield hist
+
+
+class WriteGuard(Collector):
+    """Who may change the cluster API's state (its POST, PUT, PATCH and DELETE routes:
+    alerts' rules, silences, channels): a client certificate the service's CA verified
+    (server.tls.client_ca), or the bearer token of `recorder.api.token_file`; without a
+    token file, writes are taken only while the service listens on loopback, or where
+    `api.allow_anonymous` says so. No credentials: 401; a wrong token: 403; counted by
+    route. Reads stay open."""
+
+    def __init__(self, token_file: str, allow_anonymous: bool, listen_host: str) -> None:
+        self.tokens = Ingest(IngestConfig(token_file=token_file,
+                                          allow_anonymous=allow_anonymous),
+                             listen_host)  # fmt: skip
+        self.refusals: dict[tuple[str, int], int] = {}
+        self.writes: dict[tuple[str, int], int] = {}
+        self._lock = threading.Lock()
+
+    def refused(self, route: str, headers: dict[str, str],
+                certified: bool) -> tuple[int, str] | None:  # fmt: skip
+        """(401 or 403, why) for a write it may not make; None when it may."""
+        if certified:
+            return None
+        t = self.tokens
+        scheme, _, given = headers.get("authorization", "").partition(" ")
+        bearer = scheme.lower() == "bearer" and given.strip()
+        if t.path:
+            token = t.token()
+            if token and bearer and hmac.compare_digest(given.strip().encode(), token.encode()):
+                return None
+            got = (403, "a wrong bearer token") if bearer and token else (
+                401, "no bearer token (Authorization: Bearer) or client certificate")  # fmt: skip
+            if not token:
+                got = (401, f"recorder.api.token_file {t.path} holds no token (yet)")
+        elif t.anonymous:
+            return None
+        else:
+            got = (401, "no recorder.api.token_file is set and the service listens beyond "
+                   "loopback (set a token, use client certificates, or "
+                   "api.allow_anonymous: true)")  # fmt: skip
+        with self._lock:
+            key = (route, got[0])
+            self.refusals[key] = self.refusals.get(key, 0) + 1
+        return got[0], f"{route}: {got[1]}"
+
+    def count(self, route: str, status: int) -> None:
+        with self._lock:
+            self.writes[(route, status)] = self.writes.get((route, status), 0) + 1
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            refusals, writes = sorted(self.refusals.items()), sorted(self.writes.items())
+        bad = Metric("lens_recorder_api_writes_refused", "Writes to the cluster API refused: "
+                     "401 (no credentials), 403 (a wrong token), by route", "counter")  # fmt: skip
+        for (route, code), n in refusals:
+            bad.add_sample("lens_recorder_api_writes_refused_total",
+                           {"route": route, "code": str(code)}, n)  # fmt: skip
+        yield bad
+        done = Metric("lens_recorder_api_writes", "Writes to the cluster API answered, by "
+                      "route and HTTP status", "counter")  # fmt: skip
+        for (route, code), n in writes:
+            done.add_sample("lens_recorder_api_writes_total",
+                            {"route": route, "code": str(code)}, n)  # fmt: skip
+        yield done

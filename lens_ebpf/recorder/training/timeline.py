@@ -28,6 +28,7 @@ from lens_ebpf.core.times import aware
 from lens_ebpf.recorder import prom
 from lens_ebpf.recorder.config import TimelineConfig
 from lens_ebpf.recorder.errors import BadRequest, NotFound
+from lens_ebpf.recorder.store import schema
 from lens_ebpf.recorder.store.schema import Scoped
 from lens_ebpf.recorder.workloads import workload_pods
 
@@ -35,7 +36,7 @@ MAX_RANGE = timedelta(days=31)
 # entries at the same second: causes before what they cause
 ORDER = ("device_change", "gpu_throttling", "gpu_fault", "rdma_error_regression",
          "tcp_rtt_regression", "oom_kill", "container_exit", "training_stalled",
-         "training_slowdown", "outlier")  # fmt: skip
+         "training_slowdown", "outlier", "alert")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,8 @@ class Timeline:
         ctx = _Pods(conn, self.t, pods)
         entries = [*self._training(conn, ctx, start, end), *self._faults(conn, ctx, start, end),
                    *self._devices(conn, ctx, start, end), *self._containers(conn, ctx, start, end),
-                   *self._pod_events(conn, ctx, start, end)]  # fmt: skip
+                   *self._pod_events(conn, ctx, start, end),
+                   *self._alerts(conn, ctx, uid, start, end)]  # fmt: skip
         incomplete: list[str] = []
         if pods:
             try:
@@ -208,6 +210,25 @@ class Timeline:
                 f"{what}: {r.old_value!r} -> {r.new_value!r}",
                 {"subject": r.subject, "old": r.old_value, "new": r.new_value},
             )
+
+    def _alerts(self, conn: Connection, ctx: _Pods, uid: str, start: datetime,
+                end: datetime) -> Iterable[dict[str, Any]]:  # fmt: skip
+        """The alerts that concern the workload or its pods (alert_events: docs/recorder/
+        alerts.md), where they began."""
+        ae = schema.alert_events
+        mine = or_(ae.c.workload_id.in_([uid, *ctx.tops]), ae.c.pod_id.in_(ctx.uids))
+        rows = conn.execute(select(ae).where(mine, ae.c.starts_at >= start,
+                                             ae.c.starts_at <= end)
+                            .order_by(ae.c.starts_at, ae.c.id))  # fmt: skip
+        for r in rows:
+            notes = r.annotations or {}
+            text = notes.get("summary") or notes.get("description") or ""
+            yield _entry(r.starts_at, "alert", r.pod_name, r.node_name, "",
+                         f"{r.alert_name} ({r.severity}, {r.status})" + (f": {text}" if text
+                                                                         else ""),
+                         {"alert_id": r.id, "alert_name": r.alert_name, "source": r.source,
+                          "severity": r.severity, "status": r.status,
+                          "ends_at": _ts(r.ends_at)})  # fmt: skip
 
     # -- Prometheus ------------------------------------------------------------------
     def _from_prometheus(self, conn: Connection, ctx: _Pods, start: datetime,

@@ -1,0 +1,594 @@
+"""Log rules: evaluated on the lines POST /logs receives (on the leader, which takes every
+replica's log lines), each a pattern (a regular expression searched in the line) or a
+threshold (the pattern so many times within a window), over the lines its label
+selectors pick (namespace, pod, node, workload), one alert per rule and group (the
+workload by default: the ranks of a job that all print the same line fire it once) and
+not again within the rule's repeat_interval (the suppressed counted).
+
+The pages write a rule's config in one dialect (`flags.case_insensitive`,
+`threshold.{count, window}`, selectors `{key, operator: "=", value}`), the original's
+engine in another (`ignore_case`, `threshold.{count_threshold, time_window}`,
+`{type, key, operator: "eq", values}`): both are read.
+
+The shipped templates (TEMPLATES) are what breaks GPU training: NCCL/RCCL watchdog
+timeouts and aborts, CUDA and HIP out of memory, Xid and ECC lines, NaN or inf loss,
+segmentation faults in collectives; and a few general ones. On a first start each is
+stored as a template, and the GPU training ones as enabled rules.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, func, select, update
+
+from lens_ebpf.recorder.alerts import model
+from lens_ebpf.recorder.alerts.ingest import AlertIn
+from lens_ebpf.recorder.alerts.model import new_id
+from lens_ebpf.recorder.errors import BadRequest, Conflict, NotFound
+from lens_ebpf.recorder.store import schema as t
+
+MATCH_TYPES = ("pattern", "threshold")
+GROUPS = ("workload", "pod", "node", "namespace", "cluster")
+SELECTOR_KEYS = ("namespace", "pod", "pod_name", "node", "node_name", "workload",
+                 "workload_name", "workload_kind", "cluster", "cluster_name",
+                 "container")  # fmt: skip
+OPS = {"=": "eq", "==": "eq", "eq": "eq", "!=": "ne", "ne": "ne", "=~": "regex",
+       "regex": "regex", "!~": "notregex", "in": "in", "notin": "notin",
+       "exists": "exists", "notexists": "notexists"}  # fmt: skip
+MESSAGE_MAX = 500
+
+
+@dataclass(frozen=True)
+class Line:
+    """A log line with what it concerns (the tracker's pod and workload where known)."""
+
+    at: datetime
+    text: str
+    namespace: str
+    pod: str
+    pod_uid: str
+    container: str
+    node: str = ""
+    workload_uid: str = ""
+    workload_name: str = ""
+    workload_kind: str = ""
+    cluster: str = ""
+
+    def field(self, key: str) -> str:
+        return {"namespace": self.namespace, "pod": self.pod, "pod_name": self.pod,
+                "node": self.node, "node_name": self.node, "workload": self.workload_name,
+                "workload_name": self.workload_name, "workload_kind": self.workload_kind,
+                "cluster": self.cluster, "cluster_name": self.cluster,
+                "container": self.container}.get(key, "")  # fmt: skip
+
+
+def duration_seconds(raw: Any) -> int:
+    """ "10m", "30s", "1h", or a number of seconds."""
+    if isinstance(raw, int | float):
+        return int(raw)
+    m = re.fullmatch(r"\s*(\d+)\s*([smhd]?)\s*", str(raw or ""))
+    if not m:
+        raise BadRequest(f"{raw!r}: a duration (30s, 10m, 1h) is required")
+    return int(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+@dataclass
+class Rule:
+    id: int
+    name: str
+    cluster: str
+    severity: str
+    match_type: str
+    pattern: re.Pattern[str] | None
+    count: int  # threshold: this many matches ...
+    window: int  # ... within this many seconds
+    selectors: list[tuple[str, str, list[str]]]
+    group_by: list[str]
+    repeat: int
+    template: dict[str, Any]
+    error: str = ""  # why it cannot match (a bad pattern)
+
+
+def compile_pattern(pattern: str, config: dict[str, Any]) -> re.Pattern[str]:
+    flags = config.get("flags") or {}
+    f = 0
+    if config.get("ignore_case") or flags.get("case_insensitive"):
+        f |= re.IGNORECASE
+    if flags.get("multi_line"):
+        f |= re.MULTILINE
+    try:
+        return re.compile(pattern, f)
+    except re.error as exc:
+        raise BadRequest(f"pattern {pattern!r}: {exc}") from None
+
+
+def selectors_of(raw: Any) -> list[tuple[str, str, list[str]]]:
+    """Both dialects of label_selectors as (key, op, values)."""
+    out = []
+    for s in raw or []:
+        if not isinstance(s, dict):
+            raise BadRequest(f"label_selectors: {s!r}: an object is required")
+        key = str(s.get("key") or s.get("type") or "")
+        op = OPS.get(str(s.get("operator") or "=").lower())
+        if op is None:
+            raise BadRequest(f"label_selectors: operator {s.get('operator')!r}: one of "
+                             f"{', '.join(sorted(OPS))}")  # fmt: skip
+        values = s.get("values")
+        if values is None:
+            v = s.get("value", "")
+            values = [x.strip() for x in v.split(",")] if op in ("in", "notin") and \
+                isinstance(v, str) else [v]  # fmt: skip
+        out.append((key, op, [str(x) for x in values]))
+    return out
+
+
+def rule_of(row: Any) -> Rule:
+    """A stored rule, both dialects read; a rule whose pattern does not compile never
+    matches (its error kept)."""
+    cfg = row.match_config or {}
+    th = cfg.get("threshold") or {}
+    error, pattern = "", None
+    try:
+        if cfg.get("pattern"):
+            pattern = compile_pattern(str(cfg["pattern"]), cfg)
+        selectors = selectors_of(row.label_selectors)
+        window = duration_seconds(th.get("time_window") or th.get("window") or 0)
+    except BadRequest as exc:
+        error, selectors, window = str(exc), [], 0
+    return Rule(int(row.id), str(row.name), str(row.cluster_name), str(row.severity),
+                str(row.match_type), pattern,
+                int(th.get("count_threshold") or th.get("count") or 1), window, selectors,
+                [str(g) for g in (row.group_by or ["workload"])], int(row.repeat_interval),
+                dict(row.alert_template or {}), error)  # fmt: skip
+
+
+def _holds(op: str, have: str, values: list[str]) -> bool:
+    want = values[0] if values else ""
+    if op == "eq":
+        return have == want
+    if op == "ne":
+        return have != want
+    if op == "in":
+        return have in values
+    if op == "notin":
+        return have not in values
+    if op == "exists":
+        return bool(have)
+    if op == "notexists":
+        return not have
+    return _full(want, have) == (op == "regex")
+
+
+def _selected(rule: Rule, line: Line) -> bool:
+    return all(_holds(op, line.field(key), values) for key, op, values in rule.selectors)
+
+
+def _full(pattern: str, value: str) -> bool:
+    try:
+        return re.fullmatch(pattern, value) is not None
+    except re.error:
+        return False
+
+
+def group_key(rule: Rule, line: Line) -> str:
+    """What one alert of the rule is per: its group_by fields (a line without a workload
+    falls back to its pod)."""
+    parts = []
+    for g in rule.group_by:
+        v = line.field(g if g != "workload" else "workload_name")
+        if g == "workload":
+            v = line.workload_uid or f"pod:{line.namespace}/{line.pod}"
+        parts.append(f"{g}={v}")
+    return ",".join(parts)
+
+
+def render(text: str, line: Line, rule: Rule) -> str:
+    """A template's text with {{.PodName}}, {{.WorkloadName}}, {{.NodeName}},
+    {{.Namespace}}, {{.ClusterName}}, {{.LogMessage}}, {{.RuleName}} filled in."""
+    values = {"PodName": line.pod, "WorkloadName": line.workload_name or line.pod,
+              "WorkloadID": line.workload_uid, "NodeName": line.node,
+              "Namespace": line.namespace, "ClusterName": line.cluster,
+              "LogMessage": line.text[:200], "RuleName": rule.name}  # fmt: skip
+    return re.sub(r"\{\{\s*\.(\w+)\s*\}\}", lambda m: values.get(m.group(1), m.group(0)), text)
+
+
+@dataclass
+class Counts:
+    evaluated: int = 0
+    matched: int = 0
+    fired: int = 0
+    suppressed: int = 0  # matched again within the rule's repeat_interval
+
+
+class LogRules:
+    """The leader's rules in memory (read again every reload seconds) and their state:
+    each group's recent matches (threshold) and when it last fired (repeat)."""
+
+    def __init__(self, engine: Engine, reload: float, clock: Callable[[], datetime]) -> None:
+        self.db, self.reload, self.clock = engine, reload, clock
+        self.rules: list[Rule] = []
+        self._read: datetime | None = None
+        self._lock = threading.Lock()
+        self._windows: dict[tuple[int, str], deque[datetime]] = {}
+        self._fired: dict[tuple[int, str], datetime] = {}
+        self.counts = Counts()
+        self.by_rule: dict[int, int] = {}  # fired per rule since start
+
+    def _rules(self, now: datetime) -> list[Rule]:
+        if self._read is None or (now - self._read).total_seconds() >= self.reload:
+            r = t.log_alert_rules
+            with self.db.connect() as conn:
+                rows = conn.execute(select(r).where(r.c.enabled.is_(True))
+                                    .order_by(r.c.priority.desc(), r.c.id))  # fmt: skip
+                self.rules = [rule_of(x) for x in rows]
+            self._read = now
+        return self.rules
+
+    def invalidate(self) -> None:
+        """A rule changed: read them again at the next line."""
+        with self._lock:
+            self._read = None
+
+    def evaluate(self, lines: list[Line]) -> list[AlertIn]:
+        """The alerts these lines fire (each rule and group once per repeat_interval)."""
+        now = self.clock()
+        out: list[AlertIn] = []
+        fired_rules: dict[int, datetime] = {}
+        with self._lock:
+            rules = self._rules(now)
+            for line in lines:
+                for rule in rules:
+                    if rule.error or (rule.cluster and line.cluster and
+                                      rule.cluster != line.cluster):  # fmt: skip
+                        continue
+                    self.counts.evaluated += 1
+                    if not _selected(rule, line):
+                        continue
+                    if rule.pattern is not None and rule.pattern.search(line.text) is None:
+                        continue
+                    self.counts.matched += 1
+                    key = group_key(rule, line)
+                    if rule.match_type == "threshold":
+                        w = self._windows.setdefault((rule.id, key), deque())
+                        w.append(line.at)
+                        while w and (line.at - w[0]).total_seconds() > rule.window:
+                            w.popleft()
+                        if len(w) < rule.count:
+                            continue
+                    last = self._fired.get((rule.id, key))
+                    if last is not None and (line.at - last).total_seconds() < rule.repeat:
+                        self.counts.suppressed += 1
+                        continue
+                    self._fired[(rule.id, key)] = line.at
+                    self.counts.fired += 1
+                    self.by_rule[rule.id] = self.by_rule.get(rule.id, 0) + 1
+                    fired_rules[rule.id] = line.at
+                    out.append(self._alert(rule, key, line))
+            self._forget(now)
+        if fired_rules:
+            r = t.log_alert_rules
+            with self.db.begin() as conn:
+                for rid, at in fired_rules.items():
+                    conn.execute(update(r).where(r.c.id == rid).values(
+                        last_triggered_at=at,
+                        trigger_count=r.c.trigger_count + 1))  # fmt: skip
+        return out
+
+    def _forget(self, now: datetime) -> None:
+        """Groups quiet for a day go (bounded memory)."""
+        if len(self._fired) + len(self._windows) < 10_000:
+            return
+        day = timedelta(days=1)
+        self._fired = {k: v for k, v in self._fired.items() if now - v < day}
+        self._windows = {k: w for k, w in self._windows.items() if w and now - w[-1] < day}
+
+    def _alert(self, rule: Rule, key: str, line: Line) -> AlertIn:
+        tpl = rule.template
+        labels = {"alertname": _alert_name(rule), "severity": model.severity(rule.severity),
+                  "source": "log", "rule_id": str(rule.id)}  # fmt: skip
+        for k, v in (
+            ("namespace", line.namespace),
+            ("pod", line.pod),
+            ("node", line.node),
+            ("workload", line.workload_name),
+            ("workload_uid", line.workload_uid),
+            ("workload_kind", line.workload_kind),
+            ("cluster", line.cluster),
+        ):
+            if v:
+                labels[k] = v
+        labels |= {str(k): str(v) for k, v in (tpl.get("labels") or {}).items()}
+        notes = {"summary": render(str(tpl.get("summary") or tpl.get("title") or rule.name),
+                                   line, rule),
+                 "description": render(str(tpl.get("description") or ""), line, rule),
+                 "log_message": line.text[:MESSAGE_MAX], "rule": rule.name}  # fmt: skip
+        notes |= {str(k): render(str(v), line, rule)
+                  for k, v in (tpl.get("annotations") or {}).items()}  # fmt: skip
+        aid = hashlib.sha256(f"log\0{rule.id}\0{key}\0{line.at.isoformat()}".encode()
+                             ).hexdigest()[:16]  # fmt: skip
+        return AlertIn(id=aid, source="log", alert_name=labels["alertname"],
+                       severity=labels["severity"], status="firing", starts_at=line.at,
+                       ends_at=None, labels=labels, annotations=notes,
+                       cluster=line.cluster,
+                       raw={"rule_id": rule.id, "rule_name": rule.name, "group": key,
+                            "log_time": line.at.isoformat(), "pod": line.pod,
+                            "namespace": line.namespace}, route_key=key)  # fmt: skip
+
+
+def _alert_name(rule: Rule) -> str:
+    """The alert's name: the template's alertname label, else the rule's name."""
+    return str((rule.template.get("labels") or {}).get("alertname") or rule.name)
+
+
+def test_pattern(body: dict[str, Any]) -> dict[str, Any]:
+    """POST log-alert-rules/test: {pattern, sample_log, flags} -> {matched, captures}."""
+    pattern = str(body.get("pattern") or (body.get("match_config") or {}).get("pattern") or "")
+    if not pattern:
+        raise BadRequest("pattern is required")
+    rx = compile_pattern(pattern, {"flags": body.get("flags") or {},
+                                   "ignore_case": body.get("ignore_case")})  # fmt: skip
+    sample = str(body.get("sample_log") or "\n".join(body.get("sample_logs") or []))
+    m = rx.search(sample)
+    return {"matched": m is not None, "captures": [g for g in m.groups() if g is not None]
+            if m else []}  # fmt: skip
+
+
+# -- the shipped templates ----------------------------------------------------------------
+def _tpl(name: str, category: str, description: str, pattern: str, severity: str,
+         summary: str, alertname: str, ignore_case: bool = True, training: bool = True,
+         threshold: tuple[int, int] | None = None) -> dict[str, Any]:  # fmt: skip
+    config: dict[str, Any] = {"pattern": pattern, "ignore_case": ignore_case}
+    if threshold:
+        config["threshold"] = {"count_threshold": threshold[0], "time_window": threshold[1]}
+    return {
+        "name": name, "category": category, "description": description,
+        "tags": [category, "gpu-training"] if training else [category],
+        "training": training,
+        "template_config": {
+            "match_type": "threshold" if threshold else "pattern", "match_config": config,
+            "label_selectors": [], "severity": severity, "group_by": ["workload"],
+            "repeat_interval": 3600,
+            "alert_template": {
+                "summary": summary,
+                "description": f"{description}: {{{{.Namespace}}}}/{{{{.PodName}}}} on "
+                               "{{.NodeName}} ({{.WorkloadName}}): {{.LogMessage}}",
+                "labels": {"alertname": alertname, "category": category}}}}  # fmt: skip
+
+
+TEMPLATES = [
+    _tpl(
+        "NCCL-RCCL-Watchdog-Timeout",
+        "network",
+        "A collective timed out (NCCL/RCCL watchdog)",
+        r"Watchdog caught collective operation timeout|(NCCL|RCCL|ProcessGroupNCCL)\b.*"
+        r"(timed out|timeout)",
+        "critical",
+        "{{.WorkloadName}}: a collective timed out",
+        "NCCLWatchdogTimeout",
+    ),
+    _tpl(
+        "NCCL-RCCL-Error",
+        "network",
+        "NCCL/RCCL reported an error or aborted",
+        r"\b(nccl|rccl)(InternalError|SystemError|UnhandledCudaError|InvalidUsage|"
+        r"RemoteError)\b|\b(NCCL|RCCL) (error|ERROR)\b|(NCCL|RCCL).*\babort",
+        "critical",
+        "{{.WorkloadName}}: NCCL/RCCL error",
+        "NCCLError",
+        ignore_case=False,
+    ),
+    _tpl(
+        "CUDA-Out-Of-Memory",
+        "gpu",
+        "CUDA out of memory",
+        r"CUDA out of memory|torch\.(cuda\.)?OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
+        r"cudaErrorMemoryAllocation",
+        "critical",
+        "{{.WorkloadName}}: CUDA out of memory",
+        "GPUOutOfMemory",
+    ),
+    _tpl(
+        "HIP-Out-Of-Memory",
+        "gpu",
+        "HIP (ROCm) out of memory",
+        r"HIP out of memory|hipErrorOutOfMemory|HIP error: out of memory",
+        "critical",
+        "{{.WorkloadName}}: HIP out of memory",
+        "GPUOutOfMemory",
+    ),
+    _tpl(
+        "GPU-Xid",
+        "gpu",
+        "An NVIDIA Xid error",
+        r"NVRM: Xid \(|\bXid\s*\(?\d+",
+        "critical",
+        "{{.NodeName}}: GPU Xid error",
+        "GPUXid",
+        ignore_case=False,
+    ),
+    _tpl(
+        "GPU-ECC-Error",
+        "gpu",
+        "An uncorrectable GPU memory (ECC) error",
+        r"(uncorrectable|double[- ]bit|DBE)\b.*\bECC|\bECC\b.*(uncorrectable|error)",
+        "critical",
+        "{{.NodeName}}: GPU ECC error",
+        "GPUECCError",
+    ),
+    _tpl(
+        "Training-Loss-NaN-Inf",
+        "training",
+        "The loss (or the gradient norm) went NaN or inf",
+        # the value printed right after the name ("lm loss: NAN", "'loss': nan", "loss is
+        # inf", "grad norm: nan"); not Megatron's "number of nan iterations: 0"
+        r"\bloss\b['\"]?\s*(is|:|=)?\s*[-+]?(nan|inf)\b|\bgrad(ient)?[ _]norm\b['\"]?\s*"
+        r"(is|:|=)?\s*[-+]?(nan|inf)\b",
+        "critical",
+        "{{.WorkloadName}}: loss is NaN or inf",
+        "TrainingLossNaN",
+    ),
+    _tpl(
+        "Collective-Segfault",
+        "network",
+        "A segmentation fault (in a collective or anywhere)",
+        r"Segmentation fault|SIGSEGV|signal 11\b",
+        "critical",
+        "{{.WorkloadName}}: segmentation fault",
+        "TrainingSegfault",
+        ignore_case=False,
+    ),
+    _tpl(
+        "Training-Checkpoint-Failed",
+        "training",
+        "A checkpoint failed to save or load",
+        r"checkpoint.*\b(fail|error)|(save|load).*checkpoint.*\b(fail|error)",
+        "warning",
+        "{{.WorkloadName}}: checkpoint failed",
+        "CheckpointFailed",
+    ),
+    _tpl(
+        "InfiniBand-RDMA-Error",
+        "network",
+        "An InfiniBand or RDMA error",
+        r"\b(IB|InfiniBand|RDMA|ibv_\w+)\b.*\b(error|timeout|failed)",
+        "warning",
+        "{{.NodeName}}: InfiniBand/RDMA error",
+        "RDMAError",
+        training=False,
+    ),
+    _tpl(
+        "Disk-Space",
+        "basic",
+        "A disk is full",
+        r"no space left on device|disk full",
+        "warning",
+        "{{.NodeName}}: no space left",
+        "DiskFull",
+        training=False,
+    ),
+    _tpl(
+        "Generic-Error-Burst",
+        "basic",
+        "Many error lines in a short time",
+        r"\b(ERROR|FATAL|Traceback \(most recent call last\))",
+        "warning",
+        "{{.WorkloadName}}: many errors",
+        "LogErrorBurst",
+        ignore_case=False,
+        training=False,
+        threshold=(20, 300),
+    ),
+]
+
+
+def seed(conn: Connection, now: datetime, cluster: str, rules: bool) -> int:
+    """On a first start (no built-in template stored yet): the templates stored and, with
+    rules, the GPU training ones as enabled rules of cluster ("": every cluster); the
+    rules made."""
+    tp = t.log_alert_rule_templates
+    if conn.execute(select(func.count()).select_from(tp).where(tp.c.is_builtin.is_(True))
+                    ).scalar_one():  # fmt: skip
+        return 0
+    made = 0
+    for tpl in TEMPLATES:
+        tid = new_id(conn.execute(tp.insert().values(
+            name=tpl["name"], category=tpl["category"], description=tpl["description"],
+            template_config=tpl["template_config"], tags=tpl["tags"], is_builtin=True,
+            usage_count=0, created_by="lens-ebpf", created_at=now, updated_at=now)))  # fmt: skip
+        if rules and tpl["training"]:
+            instantiate(conn, int(tid), {"name": tpl["name"], "cluster_name": cluster}, now,
+                        "lens-ebpf")  # fmt: skip
+            made += 1
+    return made
+
+
+def instantiate(conn: Connection, template_id: int, body: dict[str, Any], now: datetime,
+                who: str) -> dict[str, Any]:  # fmt: skip
+    """A rule from a template (body: name, cluster_name, and any rule field to change)."""
+    tp = t.log_alert_rule_templates
+    row = conn.execute(select(tp).where(tp.c.id == template_id)).first()
+    if row is None:
+        raise NotFound(f"no template {template_id}")
+    cfg = dict(row.template_config or {})
+    fields = {**cfg, **(body.get("overrides") or {}),
+              **{k: v for k, v in body.items() if k in RULE_FIELDS}}  # fmt: skip
+    fields.setdefault("name", row.name)
+    fields.setdefault("description", row.description)
+    rid = create_rule(conn, fields, now, who, template_id)
+    conn.execute(update(tp).where(tp.c.id == template_id).values(
+        usage_count=tp.c.usage_count + 1))  # fmt: skip
+    return {"rule_id": rid, "cluster_name": fields.get("cluster_name") or ""}
+
+
+RULE_FIELDS = ("name", "description", "cluster_name", "enabled", "priority", "label_selectors",
+               "match_type", "match_config", "severity", "alert_template", "group_by",
+               "group_wait", "repeat_interval")  # fmt: skip
+
+
+def check_rule(body: dict[str, Any], partial: bool = False) -> dict[str, Any]:
+    """The fields a rule's body sets, checked (partial: only those present)."""
+    out: dict[str, Any] = {}
+    if not partial or "name" in body:
+        out["name"] = model.need_name(body)
+    if not partial or "match_type" in body:
+        mt = str(body.get("match_type") or "pattern")
+        if mt not in MATCH_TYPES:
+            raise BadRequest(f"match_type={mt!r}: one of {', '.join(MATCH_TYPES)}")
+        out["match_type"] = mt
+    if not partial or "match_config" in body:
+        cfg = body.get("match_config") or {}
+        if not isinstance(cfg, dict) or not cfg.get("pattern"):
+            raise BadRequest("match_config.pattern is required")
+        compile_pattern(str(cfg["pattern"]), cfg)
+        th = cfg.get("threshold") or {}
+        if th:
+            duration_seconds(th.get("time_window") or th.get("window") or 0)
+        out["match_config"] = cfg
+    if not partial or "label_selectors" in body:
+        selectors_of(body.get("label_selectors"))
+        out["label_selectors"] = list(body.get("label_selectors") or [])
+    if not partial or "group_by" in body:
+        groups = body.get("group_by") or ["workload"]
+        if not isinstance(groups, list) or any(g not in GROUPS for g in groups):
+            raise BadRequest(f"group_by={groups!r}: a list of {', '.join(GROUPS)}")
+        out["group_by"] = groups
+    if not partial or "severity" in body:
+        out["severity"] = model.severity(body.get("severity"))
+    for key, default in (("priority", 50), ("group_wait", 30), ("repeat_interval", 3600)):
+        if not partial or key in body:
+            raw: Any = body.get(key)
+            try:
+                out[key] = int(raw if raw not in (None, "") else default)
+            except (TypeError, ValueError):
+                raise BadRequest(f"{key}={body.get(key)!r}: a whole number") from None
+    if not partial or "alert_template" in body:
+        out["alert_template"] = dict(body.get("alert_template") or {})
+    for key in ("description", "cluster_name"):
+        if not partial or key in body:
+            out[key] = str(body.get(key) or "")
+    if not partial or "enabled" in body:
+        out["enabled"] = bool(body.get("enabled", True))
+    return out
+
+
+def create_rule(conn: Connection, body: dict[str, Any], now: datetime, who: str,
+                template_id: int | None = None) -> int:  # fmt: skip
+    r = t.log_alert_rules
+    fields = check_rule(body)
+    taken = conn.execute(select(r.c.id).where(r.c.name == fields["name"],
+                                              r.c.cluster_name == fields["cluster_name"])
+                         ).first()  # fmt: skip
+    if taken is not None:
+        raise Conflict(f"a log rule {fields['name']!r} exists in cluster "
+                       f"{fields['cluster_name'] or '(every cluster)'!r}")  # fmt: skip
+    return new_id(conn.execute(r.insert().values(
+        **fields, template_id=template_id, created_by=who, trigger_count=0, created_at=now,
+        updated_at=now)))  # fmt: skip

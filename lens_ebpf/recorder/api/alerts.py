@@ -1,0 +1,486 @@
+"""The Alert pages' routes (the Primus-Lens API's alerts, alert-silences,
+metric-alert-rules, log-alert-rules, log-alert-rule-templates, alert-rule-advices and
+notification-channels), in the shapes its nine pages read (docs/recorder/alerts.md).
+
+Their parameters as the pages send them: offset and limit (pageNum and pageSize too),
+`cluster` (or cluster_name; "" and "all": every cluster; any name, for alerts name the
+clusters they come from), flags as true/false, times RFC 3339. A write (POST, PUT, PATCH,
+DELETE) needs the API's credentials (recorder.api; envelope.py's LensApi checks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from lens_ebpf.core.routes import RouteTable
+from lens_ebpf.recorder.alerting import Alerts
+from lens_ebpf.recorder.alerts import channels, correlate, logrules, logstore, overview
+from lens_ebpf.recorder.alerts.model import SEVERITIES, SOURCES, STATUSES, parse_time, row_dict
+from lens_ebpf.recorder.api.envelope import Ask, bad, integer, param
+from lens_ebpf.recorder.errors import NotFound, Unavailable
+from lens_ebpf.recorder.store import schema as t
+
+routes = RouteTable()
+files = RouteTable()  # the rules file: text, its errors in the envelope
+LIMIT_MAX = 1000
+HOURS_MAX = 24 * 90
+
+
+# -- parameters -----------------------------------------------------------------------------
+def hub(ask: Ask) -> Alerts:
+    if ask.app.alerts is None:
+        raise Unavailable("alerts are not set up in this service")
+    return ask.app.alerts
+
+
+def window(ask: Ask, default: int = 20) -> tuple[int, int]:
+    """(offset, limit): offset and limit as the pages send them, or pageNum and pageSize
+    as the original reads them; limit from 1 to 1,000."""
+    q = ask.query
+    if param(q, "offset") is None and (param(q, "page_num") or param(q, "page_size")):
+        size = integer(q, "page_size", default)
+        num = integer(q, "page_num", 1)
+        if num < 1:
+            raise bad(f"pageNum={num}: must be 1 or more")
+        offset, limit = (num - 1) * size, size
+    else:
+        offset, limit = integer(q, "offset", 0), integer(q, "limit", default)
+    if offset < 0 or not 1 <= limit <= LIMIT_MAX:
+        raise bad(f"offset={offset}, limit={limit}: offset 0 or more, limit from 1 to "
+                  f"{LIMIT_MAX}")  # fmt: skip
+    return offset, limit
+
+
+def flag(ask: Ask, name: str) -> bool | None:
+    raw = (param(ask.query, name) or "").strip().lower()
+    if not raw:
+        return None
+    if raw in ("true", "1", "yes"):
+        return True
+    if raw in ("false", "0", "no"):
+        return False
+    raise bad(f"{name}={raw!r}: true or false")
+
+
+def one_of(ask: Ask, name: str, allowed: tuple[str, ...]) -> str:
+    raw = param(ask.query, name) or ""
+    if raw and raw not in allowed:
+        raise bad(f"{name}={raw!r}: one of {', '.join(allowed)}")
+    return raw
+
+
+def cluster(ask: Ask) -> str:
+    """The cluster asked about; "" for every cluster (none asked, or "all")."""
+    name = param(ask.query, "cluster") or param(ask.query, "cluster_name") or ""
+    return "" if name == "all" else name
+
+
+def body(ask: Ask) -> dict[str, Any]:
+    """The request's JSON object ({} for none)."""
+    raw = ask.req.body.strip()
+    if not raw:
+        return {}
+    try:
+        got = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad(f"the body is not JSON: {exc}") from None
+    if not isinstance(got, dict):
+        raise bad("the body must be a JSON object")
+    return got
+
+
+def ident(ask: Ask, name: str = "id") -> int:
+    raw = ask.arg(name)
+    try:
+        return int(raw)
+    except ValueError:
+        raise bad(f"{name}={raw!r}: not a whole number") from None
+
+
+def who(ask: Ask) -> str:
+    """Who made a change: the proxy's user header where one is set, else "api"."""
+    h = ask.req.headers
+    return (h.get("x-forwarded-user") or h.get("x-remote-user") or "api")[:253]
+
+
+def hours(ask: Ask, default: int = 24) -> int:
+    n = integer(ask.query, "hours", default) or default
+    if not 1 <= n <= HOURS_MAX:
+        raise bad(f"hours={n}: from 1 to {HOURS_MAX}")
+    return n
+
+
+# -- alerts ---------------------------------------------------------------------------------
+@routes.get("alerts")
+def alert_list(ask: Ask) -> Any:
+    """?cluster, source, severity, status, alert_name (a search of the name, workload, pod
+    and node), workload_id, pod_name, node_name, starts_after, starts_before, offset,
+    limit: {alerts, data (the same), total, offset, limit}, newest first."""
+    q = ask.query
+    filters: dict[str, Any] = {
+        "cluster_name": cluster(ask), "source": one_of(ask, "source", SOURCES),
+        "severity": one_of(ask, "severity", SEVERITIES),
+        "status": one_of(ask, "status", STATUSES),
+        **{k: param(q, k) or "" for k in ("alert_name", "workload_id", "pod_name",
+                                          "node_name")},
+        "starts_after": parse_time(param(q, "starts_after"), "starts_after"),
+        "starts_before": parse_time(param(q, "starts_before"), "starts_before"),
+    }  # fmt: skip
+    offset, limit = window(ask)
+    return overview.events(ask.conn, filters, offset, limit)
+
+
+@routes.get("alerts/summary")
+def alert_summary(ask: Ask) -> Any:
+    """?cluster: {critical, high, warning, info: {count firing, change: of them begun within
+    the hour}}."""
+    return overview.summary(ask.conn, cluster(ask), ask.now())
+
+
+@routes.get("alerts/trend")
+def alert_trend(ask: Ask) -> Any:
+    """?hours (24), group_by=hour|day."""
+    by = one_of(ask, "group_by", ("hour", "day"))
+    return overview.trend(ask.conn, cluster(ask), ask.now(), hours(ask), by == "day")
+
+
+@routes.get("alerts/top-sources")
+def alert_top_sources(ask: Ask) -> Any:
+    """?cluster, hours (24), limit (10): [{alert_name, count}]."""
+    limit = integer(ask.query, "limit", 10) or 10
+    if not 1 <= limit <= LIMIT_MAX:
+        raise bad(f"limit={limit}: from 1 to {LIMIT_MAX}")
+    return overview.top_sources(ask.conn, cluster(ask), ask.now(), hours(ask), limit)
+
+
+@routes.get("alerts/by-cluster")
+def alert_by_cluster(ask: Ask) -> Any:
+    """?hours (24): [{cluster_name, count}] firing, every cluster followed."""
+    known = [c["name"] for c in ask.app.clusters.listing()]
+    return overview.by_cluster(ask.conn, ask.now(), hours(ask), known)
+
+
+@routes.get("alerts/{id}")
+def alert_detail(ask: Ask) -> Any:
+    """One alert with its enriched_data (workload_info, pod_info, node_info, gpu_info)."""
+    return overview.one(ask.conn, ask.arg("id"))
+
+
+@routes.get("alerts/{id}/correlations")
+def alert_correlations(ask: Ask) -> Any:
+    """{correlations: [{correlation_id, alerts: [alert], correlation_type, correlation_score,
+    reason}]}, within 30 minutes."""
+    return correlate.correlations(ask.conn, ask.arg("id"))
+
+
+# -- silences -------------------------------------------------------------------------------
+@routes.get("alert-silences")
+def silence_list(ask: Ask) -> Any:
+    """?cluster (its silences and those of every cluster), enabled, silence_type, search,
+    offset, limit."""
+    offset, limit = window(ask)
+    return hub(ask).silences.page(ask.conn, cluster(ask), flag(ask, "enabled"),
+                                  param(ask.query, "silence_type") or "",
+                                  param(ask.query, "search") or "", offset, limit)  # fmt: skip
+
+
+@routes.get("alert-silences/silenced-alerts")
+def silenced_alerts(ask: Ask) -> Any:
+    """?silence_id, alert_name, cluster, offset, limit: the alerts a silence held."""
+    from sqlalchemy import func, select
+
+    sa, q = t.silenced_alerts, ask.query
+    cond = [sa.c[k] == v for k, v in (("silence_id", param(q, "silence_id")),
+                                      ("alert_name", param(q, "alert_name")),
+                                      ("cluster_name", cluster(ask))) if v]  # fmt: skip
+    offset, limit = window(ask)
+    total = int(ask.conn.execute(select(func.count()).select_from(sa).where(*cond)).scalar_one())
+    rows = ask.conn.execute(select(sa).where(*cond).order_by(sa.c.silenced_at.desc(), sa.c.id)
+                            .offset(offset).limit(limit))  # fmt: skip
+    return {"data": [row_dict(sa, r) for r in rows], "total": total, "offset": offset,
+            "limit": limit}  # fmt: skip
+
+
+@routes.get("alert-silences/{id}")
+def silence_detail(ask: Ask) -> Any:
+    """One silence, with silenced_count."""
+    return hub(ask).silences.get(ask.conn, ask.arg("id"))
+
+
+@routes.post("alert-silences")
+def silence_create(ask: Ask) -> Any:
+    """{name, silence_type (alert_name, label, resource), alert_names, label_matchers,
+    resource_filters, cluster_name, starts_at, ends_at (none: permanent), reason}:
+    {silence_id}; made in Alertmanager too."""
+    return hub(ask).silences.create(ask.conn, body(ask), ask.now(), who(ask))
+
+
+@routes.put("alert-silences/{id}")
+def silence_update(ask: Ask) -> Any:
+    """The dialog's whole form (ends_at absent: permanent), or some fields."""
+    return hub(ask).silences.update(ask.conn, ask.arg("id"), body(ask), ask.now())
+
+
+@routes.patch("alert-silences/{id}/disable")
+def silence_disable(ask: Ask) -> Any:
+    """Ends the silence now (the page's End now); expired in Alertmanager."""
+    return hub(ask).silences.disable(ask.conn, ask.arg("id"), ask.now())
+
+
+@routes.delete("alert-silences/{id}")
+def silence_delete(ask: Ask) -> Any:
+    """The silence removed here and expired in Alertmanager."""
+    return hub(ask).silences.delete(ask.conn, ask.arg("id"), ask.now())
+
+
+# -- metric rules ---------------------------------------------------------------------------
+@routes.get("metric-alert-rules")
+def metric_rules(ask: Ask) -> Any:
+    """?cluster, enabled, sync_status, search (or name), offset, limit."""
+    offset, limit = window(ask)
+    q = ask.query
+    return hub(ask).metric_rules.page(
+        ask.conn, cluster(ask), flag(ask, "enabled"),
+        one_of(ask, "sync_status", ("pending", "synced", "failed")),
+        param(q, "search") or param(q, "name") or "", offset, limit)  # fmt: skip
+
+
+@files.get("metric-alert-rules/rules-file")
+def metric_rules_file(ask: Ask) -> Any:
+    """Every enabled rule as one Prometheus rules file (rule_files: where Prometheus runs
+    without the Prometheus Operator)."""
+    text = hub(ask).metric_rules.rules_text(ask.conn)
+    return 200, "application/yaml", text.encode(), {
+        "Content-Disposition": "inline; filename=lens-ebpf-rules.yaml"}  # fmt: skip
+
+
+@routes.get("metric-alert-rules/{id}")
+def metric_rule(ask: Ask) -> Any:
+    """One rule."""
+    return row_dict(t.metric_alert_rules, hub(ask).metric_rules.get(ask.conn, ident(ask)))
+
+
+@routes.post("metric-alert-rules")
+def metric_rule_create(ask: Ask) -> Any:
+    """{name, cluster_name, groups: [{name, interval, rules: [{alert, expr, for, labels,
+    annotations}]}], labels, description, enabled, auto_sync}: {rule_id}."""
+    b = body(ask)
+    got = hub(ask).metric_rules.create(ask.conn, b, ask.now(), who(ask))
+    if b.get("auto_sync"):
+        got["sync"] = hub(ask).metric_rules.sync(ask.conn, [got["rule_id"]], "", ask.now())
+    return got
+
+
+@routes.put("metric-alert-rules/{id}")
+def metric_rule_update(ask: Ask) -> Any:
+    """Only the fields given; sync_status back to pending. A shipped rule is 403/4003: clone
+    it."""
+    return hub(ask).metric_rules.update(ask.conn, ident(ask), body(ask), ask.now())
+
+
+@routes.delete("metric-alert-rules/{id}")
+def metric_rule_delete(ask: Ask) -> Any:
+    """The rule removed, and its PrometheusRule; a shipped one is 403/4003."""
+    return hub(ask).metric_rules.delete(ask.conn, ident(ask))
+
+
+@routes.post("metric-alert-rules/{id}/clone")
+def metric_rule_clone(ask: Ask) -> Any:
+    """{target_cluster_name, new_name}: a copy (`<name>-copy` when unnamed)."""
+    return hub(ask).metric_rules.clone(ask.conn, ident(ask), body(ask), ask.now(), who(ask))
+
+
+@routes.post("metric-alert-rules/sync")
+def metric_rules_sync(ask: Ask) -> Any:
+    """{rule_ids} or {cluster} (or ?cluster_name=); none: every rule. The pages read
+    {synced, failed}."""
+    b = body(ask)
+    ids = b.get("rule_ids") or []
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        raise bad(f"rule_ids={ids!r}: a list of whole numbers")
+    where = str(b.get("cluster_name") or b.get("cluster") or cluster(ask))
+    return hub(ask).metric_rules.sync(ask.conn, ids, "" if where == "all" else where, ask.now())
+
+
+# -- log rules ------------------------------------------------------------------------------
+@routes.get("log-alert-rules")
+def log_rules(ask: Ask) -> Any:
+    """?cluster (its rules and those of every cluster), enabled, match_type, severity,
+    search (or keyword, name), offset, limit."""
+    q = ask.query
+    offset, limit = window(ask)
+    filters = {
+        "cluster": cluster(ask),
+        "enabled": flag(ask, "enabled"),
+        "match_type": one_of(ask, "match_type", logrules.MATCH_TYPES),
+        "severity": one_of(ask, "severity", SEVERITIES),
+        "search": param(q, "search") or param(q, "keyword") or param(q, "name"),
+    }
+    return logstore.page(ask.conn, filters, offset, limit)
+
+
+@routes.get("log-alert-rules/{id}")
+def log_rule(ask: Ask) -> Any:
+    """One rule."""
+    return logstore.one(ask.conn, ident(ask))
+
+
+def _changed(ask: Ask, got: Any) -> Any:
+    hub(ask).log_rules.invalidate()
+    return got
+
+
+@routes.post("log-alert-rules")
+def log_rule_create(ask: Ask) -> Any:
+    """The rule's fields; its cluster cluster_name (else ?cluster=; "": every cluster)."""
+    b = body(ask)
+    b.setdefault("cluster_name", cluster(ask))
+    rid = logrules.create_rule(ask.conn, b, ask.now(), who(ask))
+    return _changed(ask, {"rule_id": rid, "cluster_name": b["cluster_name"] or ""})
+
+
+@routes.put("log-alert-rules/{id}")
+def log_rule_update(ask: Ask) -> Any:
+    """Only the fields given ({enabled} alone toggles it)."""
+    return _changed(ask, logstore.change(ask.conn, ident(ask), body(ask), ask.now()))
+
+
+@routes.delete("log-alert-rules/{id}")
+def log_rule_delete(ask: Ask) -> Any:
+    """The rule removed."""
+    return _changed(ask, logstore.remove(ask.conn, ident(ask)))
+
+
+@routes.post("log-alert-rules/{id}/clone")
+def log_rule_clone(ask: Ask) -> Any:
+    """{new_name or name, target_cluster_name, enabled}: a copy (`<name>_copy` when unnamed)."""
+    return _changed(ask, logstore.clone(ask.conn, ident(ask), body(ask), ask.now(), who(ask)))
+
+
+@routes.post("log-alert-rules/batch-update")
+def log_rules_batch(ask: Ask) -> Any:
+    """{rule_ids, enabled} or {rule_ids, updates: {enabled}}: {updated}."""
+    return _changed(ask, logstore.batch_enable(ask.conn, body(ask), ask.now()))
+
+
+@routes.post("log-alert-rules/test")
+def log_rule_test(ask: Ask) -> Any:
+    """{pattern, sample_log, flags}: {matched, captures}; writes nothing."""
+    return logrules.test_pattern(body(ask))
+
+
+# -- log rule templates ---------------------------------------------------------------------
+@routes.get("log-alert-rule-templates")
+def templates(ask: Ask) -> Any:
+    """?category, built_in: an array (the page groups it by category)."""
+    return logstore.templates(ask.conn, param(ask.query, "category") or "",
+                              flag(ask, "built_in"))  # fmt: skip
+
+
+@routes.get("log-alert-rule-templates/{id}")
+def template(ask: Ask) -> Any:
+    """One template, flattened as the list's."""
+    return logstore.template_json(logstore.template(ask.conn, ident(ask)))
+
+
+@routes.post("log-alert-rule-templates")
+def template_create(ask: Ask) -> Any:
+    """{name, category, description, template_config (a rule's fields), tags}: {template_id}."""
+    return logstore.create_template(ask.conn, body(ask), ask.now(), who(ask))
+
+
+@routes.post("log-alert-rule-templates/{id}/instantiate")
+def template_instantiate(ask: Ask) -> Any:
+    """{name, cluster_name, overrides}: a rule made of the template."""
+    return _changed(ask, logrules.instantiate(ask.conn, ident(ask), body(ask), ask.now(),
+                                              who(ask)))  # fmt: skip
+
+
+@routes.delete("log-alert-rule-templates/{id}")
+def template_delete(ask: Ask) -> Any:
+    """A template of one's own; a shipped one is 403/4003."""
+    return logstore.remove_template(ask.conn, ident(ask))
+
+
+# -- rule advices: none are made here; the page's calls answer its empty shapes ---------------
+NO_ADVICE = "this service makes no rule advices"
+
+
+@routes.get("alert-rule-advices")
+def advices(ask: Ask) -> Any:
+    """Rule advices: none are made here; {data: [], advices: [], total: 0, ...}."""
+    offset, limit = window(ask)
+    return {"data": [], "advices": [], "total": 0, "offset": offset, "limit": limit}
+
+
+@routes.get("alert-rule-advices/summary")
+def advices_summary(ask: Ask) -> Any:
+    """All zeros, in the keys the page and the original read."""
+    return {"pending": 0, "accepted": 0, "rejected": 0, "avg_confidence": 0, "total_count": 0,
+            "pending_count": 0, "applied_count": 0, "rejected_count": 0, "expired_count": 0,
+            "by_category": {}, "by_severity": {}}  # fmt: skip
+
+
+@routes.post("alert-rule-advices/refresh")
+def advices_refresh(ask: Ask) -> Any:
+    """{triggered: false}: this service makes no advices."""
+    return {"triggered": False, "message": NO_ADVICE}
+
+
+@routes.post("alert-rule-advices/{id}/status")
+def advice_status(ask: Ask) -> Any:
+    """404/4004: there are no advices."""
+    raise NotFound(f"no advice {ask.arg('id')!r}: {NO_ADVICE}")
+
+
+@routes.post("alert-rule-advices/{id}/apply")
+def advice_apply(ask: Ask) -> Any:
+    """404/4004: there are no advices."""
+    raise NotFound(f"no advice {ask.arg('id')!r}: {NO_ADVICE}")
+
+
+# -- notification channels ------------------------------------------------------------------
+@routes.get("notification-channels")
+def channel_list(ask: Ask) -> Any:
+    """?type, enabled, search, offset, limit: {items, channels (the same), total, ...}."""
+    offset, limit = window(ask)
+    return channels.page(ask.conn, one_of(ask, "type", tuple(channels.REQUIRED)),
+                         flag(ask, "enabled"), param(ask.query, "search") or "", offset,
+                         limit)  # fmt: skip
+
+
+@routes.get("notification-channels/types")
+def channel_types(ask: Ask) -> Any:
+    """[{type, name, description, config_schema}]."""
+    return channels.TYPES
+
+
+@routes.get("notification-channels/{id}")
+def channel(ask: Ask) -> Any:
+    """One channel."""
+    return row_dict(t.notification_channels, channels.get(ask.conn, ident(ask)))
+
+
+@routes.post("notification-channels")
+def channel_create(ask: Ask) -> Any:
+    """{name, type, enabled, description, config}: the channel."""
+    return channels.create(ask.conn, body(ask), ask.now(), who(ask))
+
+
+@routes.put("notification-channels/{id}")
+def channel_update(ask: Ask) -> Any:
+    """Only the fields given."""
+    return channels.change(ask.conn, ident(ask), body(ask), ask.now())
+
+
+@routes.delete("notification-channels/{id}")
+def channel_delete(ask: Ask) -> Any:
+    """{deleted: true}."""
+    return channels.remove(ask.conn, ident(ask))
+
+
+@routes.post("notification-channels/{id}/test")
+def channel_test(ask: Ask) -> Any:
+    """A test notification through it: {success, message}."""
+    return channels.test(ask.conn, ident(ask))
