@@ -86,6 +86,9 @@ class Reflector:
         self._stopping = False  # stop() was called: a watch that opens now ends at once
 
     def run(self, stop: threading.Event) -> None:
+        """List and watch until stop is set (a Reflector stopped may run again: its
+        resourceVersion resumes the watch)."""
+        self._stopping = False  # this run's stop is `stop` (and a stop() from now on)
         backoff = Backoff(self.backoff_max)
         while not stop.is_set():
             try:
@@ -154,6 +157,7 @@ class Reflector:
         )
         self._resp = resp
         self.connected = True
+        ended = False  # the server ended the stream: the connection can serve again
         try:
             if self._stopping or stop.is_set():  # stop() came while it opened
                 return
@@ -162,8 +166,11 @@ class Reflector:
                     return
                 if line:
                     self._handle(json.loads(line))
+            ended = True
         finally:
             self._resp = None
+            if not ended:  # a stream left unread would be the next request's answer
+                resp.close()
             resp.release_conn()
 
     def _handle(self, event: dict[str, Any]) -> None:
