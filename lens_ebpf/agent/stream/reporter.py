@@ -3,7 +3,10 @@
 Events wait in a bounded replay buffer until acknowledged. On failure the reporter
 reconnects with exponential backoff and jitter; the collector's first Ack says
 where to resume. Events that fell out of the buffer before acknowledgement are
-counted as lost and announced with a gap marker (seq 0), never dropped silently.
+announced with a gap marker, never dropped silently, and counted by what is known of
+them: lost (never sent: the bus's or the buffer's overflow while the collector was
+away), or unconfirmed (sent, but gone from the buffer before the collector's ack: it
+may hold them). The events it acknowledged are counted too.
 """
 
 from __future__ import annotations
@@ -40,8 +43,10 @@ class Reporter:
         # of those, not sent on this stream yet (rebuilt from pending on each connect)
         self.unsent: collections.deque[Event] = collections.deque()
         self.buffer = buffer
-        self.acked = 0
-        self.lost = 0
+        self.acked = 0  # the collector's last acknowledged seq
+        self.acked_events = 0  # events the collector's acks took off the buffer
+        self.lost = 0  # never sent: the bus's overflow, or the buffer's before sending
+        self.unconfirmed = 0  # sent, then gone from the buffer before an ack
         self.unreported_lost = 0
         self.last_lost_seq = 0  # the newest event lost, which a gap is numbered after
         self.sent = 0
@@ -89,8 +94,10 @@ class Reporter:
                     dropped = self.pending.popleft()
                     if self.unsent and self.unsent[0] is dropped:
                         self.unsent.popleft()
+                        self.lost += 1
+                    else:  # sent on this stream or an earlier one, not acknowledged
+                        self.unconfirmed += 1
                     self.last_lost_seq = max(self.last_lost_seq, dropped.seq)
-                    self.lost += 1
                     self.unreported_lost += 1
                 self._cond.notify_all()
 
@@ -147,6 +154,7 @@ class Reporter:
                         self.acked = ack.seq if not ready.is_set() else max(self.acked, ack.seq)
                         while self.pending and self.pending[0].seq <= self.acked:
                             self.pending.popleft()
+                            self.acked_events += 1
                     if not ready.is_set():
                         self.connected = True
                         backoff.reset()
@@ -172,7 +180,8 @@ class Reporter:
 
 
 class ReporterCollector(Collector):
-    """What the reporter sent, lost and had acknowledged, and whether it is connected."""
+    """What the reporter sent, had acknowledged, lost and cannot say, and whether it is
+    connected."""
 
     def __init__(self, reporter: Reporter) -> None:
         self._r = reporter
@@ -182,11 +191,22 @@ class ReporterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         r = self._r
-        for name, family, value in (
-            ("lens_agent_reporter_sent", CounterMetricFamily, r.sent),
-            ("lens_agent_reporter_lost", CounterMetricFamily, r.lost),
-            ("lens_agent_reporter_acked_seq", GaugeMetricFamily, r.acked),
-            ("lens_agent_reporter_connected", GaugeMetricFamily, 1 if r.connected else 0),
-            ("lens_agent_reporter_reconnects", CounterMetricFamily, r.reconnects),
-        ):
-            yield family(name, "Event reporter", value=value)
+        for name, family, value, text in (
+            ("lens_agent_reporter_sent", CounterMetricFamily, r.sent,
+             "Events sent to the collector (sent again after a reconnect: counted again)"),
+            ("lens_agent_reporter_acked", CounterMetricFamily, r.acked_events,
+             "Events the collector acknowledged (stored there)"),
+            ("lens_agent_reporter_lost", CounterMetricFamily, r.lost,
+             "Events never sent: the reporter's bus subscription or its buffer overflowed "
+             "before they could go (announced to the collector in a gap)"),
+            ("lens_agent_reporter_unconfirmed", CounterMetricFamily, r.unconfirmed,
+             "Events sent but gone from the buffer before the collector acknowledged them: "
+             "it may hold them (announced in a gap all the same)"),
+            ("lens_agent_reporter_acked_seq", GaugeMetricFamily, r.acked,
+             "The newest seq the collector acknowledged"),
+            ("lens_agent_reporter_connected", GaugeMetricFamily, 1 if r.connected else 0,
+             "1 while the reporter's stream is up"),
+            ("lens_agent_reporter_reconnects", CounterMetricFamily, r.reconnects,
+             "Streams opened again after a failure"),
+        ):  # fmt: skip
+            yield family(name, text, value=value)
