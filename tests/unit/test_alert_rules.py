@@ -24,10 +24,13 @@ HEALTHY = ("megatron-single-node.log", "primus.log", "torchtitan.log", "hf_train
 
 
 def fired_templates(text: str) -> list[str]:
+    """The templates whose pattern is in text; each template's keywords (the engine's
+    cheap test first) never turn away a line its pattern matches."""
     out = []
     for t in TEMPLATES:
         cfg = t["template_config"]["match_config"]
         if compile_pattern(cfg["pattern"], cfg).search(text):
+            assert any(k in text.lower() for k in cfg["keywords"]), (t["name"], text)
             out.append(t["name"])
     return out
 
@@ -61,6 +64,12 @@ def test_the_nccl_watchdog_lines_fire_the_watchdog_template_alone() -> None:
 ])  # fmt: skip
 def test_each_training_failure_fires_its_template(text: str, template: str) -> None:
     assert template in fired_templates(text)
+
+
+def test_every_shipped_template_has_keywords() -> None:
+    """The engine tests a rule's keywords before its pattern: the nine default patterns
+    searched in every line cost several times more (bench.log_rules, BENCHMARKS.md)."""
+    assert all(t["template_config"]["match_config"]["keywords"] for t in TEMPLATES)
 
 
 # -- the engine -------------------------------------------------------------------------------
@@ -166,6 +175,7 @@ def test_bad_rules_are_refused_with_the_field_named(engine: Any) -> None:
                            ({"label_selectors": [{"key": "pod", "operator": "~~"}]}, "operator"),
                            ({"group_by": ["rack"]}, "group_by"),
                            ({"repeat_interval": "soon"}, "repeat_interval"),
+                           ({"match_config": {"pattern": "x", "keywords": "x"}}, "keywords"),
                            ({"name": ""}, "name")):  # fmt: skip
             with pytest.raises(BadRequest, match=field):
                 rule(conn, **{"name": "x", **bad})
@@ -182,3 +192,12 @@ def test_the_pattern_tester_answers_as_the_page_reads() -> None:
     }
     with pytest.raises(BadRequest, match="pattern"):
         logrules.test_pattern({"pattern": "(", "sample_log": "y"})
+
+
+def test_keywords_are_tested_before_the_pattern(engine: Any) -> None:
+    with engine.begin() as conn:
+        rule(conn, match_config={"pattern": "caught", "keywords": ["WatchDog"]})
+    rules = LogRules(engine, 3600, Clock())
+    assert rules.evaluate([line("p", "caught it", T0)]) == []
+    assert len(rules.evaluate([line("q", "WATCHDOG caught it", T0)])) == 1
+    assert (rules.counts.evaluated, rules.counts.matched) == (2, 1)

@@ -95,6 +95,7 @@ class Rule:
     repeat: int
     template: dict[str, Any]
     error: str = ""  # why it cannot match (a bad pattern)
+    keywords: tuple[str, ...] = ()  # a line holds one of these (lower case) or cannot match
 
 
 def compile_pattern(pattern: str, config: dict[str, Any]) -> re.Pattern[str]:
@@ -147,7 +148,8 @@ def rule_of(row: Any) -> Rule:
                 str(row.match_type), pattern,
                 int(th.get("count_threshold") or th.get("count") or 1), window, selectors,
                 [str(g) for g in (row.group_by or ["workload"])], int(row.repeat_interval),
-                dict(row.alert_template or {}), error)  # fmt: skip
+                dict(row.alert_template or {}), error,
+                tuple(str(k).lower() for k in cfg.get("keywords") or () if k))  # fmt: skip
 
 
 def _holds(op: str, have: str, values: list[str]) -> bool:
@@ -245,6 +247,7 @@ class LogRules:
         with self._lock:
             rules = self._rules(now)
             for line in lines:
+                low: str | None = None  # the line in lower case, made once if a rule asks
                 for rule in rules:
                     if rule.error or (rule.cluster and line.cluster and
                                       rule.cluster != line.cluster):  # fmt: skip
@@ -252,6 +255,11 @@ class LogRules:
                     self.counts.evaluated += 1
                     if not _selected(rule, line):
                         continue
+                    if rule.keywords:  # a cheap test first: most lines hold none of them
+                        if low is None:
+                            low = line.text.lower()
+                        if not any(k in low for k in rule.keywords):
+                            continue
                     if rule.pattern is not None and rule.pattern.search(line.text) is None:
                         continue
                     self.counts.matched += 1
@@ -344,8 +352,10 @@ def test_pattern(body: dict[str, Any]) -> dict[str, Any]:
 # -- the shipped templates ----------------------------------------------------------------
 def _tpl(name: str, category: str, description: str, pattern: str, severity: str,
          summary: str, alertname: str, ignore_case: bool = True, training: bool = True,
-         threshold: tuple[int, int] | None = None) -> dict[str, Any]:  # fmt: skip
-    config: dict[str, Any] = {"pattern": pattern, "ignore_case": ignore_case}
+         threshold: tuple[int, int] | None = None,
+         keywords: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
+    config: dict[str, Any] = {"pattern": pattern, "ignore_case": ignore_case,
+                              "keywords": list(keywords)}  # fmt: skip
     if threshold:
         config["threshold"] = {"count_threshold": threshold[0], "time_window": threshold[1]}
     return {
@@ -373,6 +383,7 @@ TEMPLATES = [
         "critical",
         "{{.WorkloadName}}: a collective timed out",
         "NCCLWatchdogTimeout",
+        keywords=("watchdog", "nccl", "rccl"),
     ),
     _tpl(
         "NCCL-RCCL-Error",
@@ -383,6 +394,7 @@ TEMPLATES = [
         "critical",
         "{{.WorkloadName}}: NCCL/RCCL error",
         "NCCLError",
+        keywords=("nccl", "rccl"),
         ignore_case=False,
     ),
     _tpl(
@@ -394,6 +406,12 @@ TEMPLATES = [
         "critical",
         "{{.WorkloadName}}: CUDA out of memory",
         "GPUOutOfMemory",
+        keywords=(
+            "out of memory",
+            "outofmemoryerror",
+            "cublas_status_alloc_failed",
+            "cudaerrormemoryallocation",
+        ),
     ),
     _tpl(
         "HIP-Out-Of-Memory",
@@ -403,6 +421,7 @@ TEMPLATES = [
         "critical",
         "{{.WorkloadName}}: HIP out of memory",
         "GPUOutOfMemory",
+        keywords=("out of memory", "hiperroroutofmemory"),
     ),
     _tpl(
         "GPU-Xid",
@@ -412,6 +431,7 @@ TEMPLATES = [
         "critical",
         "{{.NodeName}}: GPU Xid error",
         "GPUXid",
+        keywords=("xid",),
         ignore_case=False,
     ),
     _tpl(
@@ -422,6 +442,7 @@ TEMPLATES = [
         "critical",
         "{{.NodeName}}: GPU ECC error",
         "GPUECCError",
+        keywords=("ecc",),
     ),
     _tpl(
         "Training-Loss-NaN-Inf",
@@ -434,6 +455,7 @@ TEMPLATES = [
         "critical",
         "{{.WorkloadName}}: loss is NaN or inf",
         "TrainingLossNaN",
+        keywords=("nan", "inf"),
     ),
     _tpl(
         "Collective-Segfault",
@@ -443,6 +465,7 @@ TEMPLATES = [
         "critical",
         "{{.WorkloadName}}: segmentation fault",
         "TrainingSegfault",
+        keywords=("segmentation fault", "sigsegv", "signal 11"),
         ignore_case=False,
     ),
     _tpl(
@@ -453,6 +476,7 @@ TEMPLATES = [
         "warning",
         "{{.WorkloadName}}: checkpoint failed",
         "CheckpointFailed",
+        keywords=("checkpoint",),
     ),
     _tpl(
         "InfiniBand-RDMA-Error",
@@ -462,6 +486,7 @@ TEMPLATES = [
         "warning",
         "{{.NodeName}}: InfiniBand/RDMA error",
         "RDMAError",
+        keywords=("error", "timeout", "failed"),
         training=False,
     ),
     _tpl(
@@ -472,6 +497,7 @@ TEMPLATES = [
         "warning",
         "{{.NodeName}}: no space left",
         "DiskFull",
+        keywords=("no space left on device", "disk full"),
         training=False,
     ),
     _tpl(
@@ -482,6 +508,7 @@ TEMPLATES = [
         "warning",
         "{{.WorkloadName}}: many errors",
         "LogErrorBurst",
+        keywords=("error", "fatal", "traceback"),
         ignore_case=False,
         training=False,
         threshold=(20, 300),
@@ -548,6 +575,10 @@ def check_rule(body: dict[str, Any], partial: bool = False) -> dict[str, Any]:
         if not isinstance(cfg, dict) or not cfg.get("pattern"):
             raise BadRequest("match_config.pattern is required")
         compile_pattern(str(cfg["pattern"]), cfg)
+        kws = cfg.get("keywords") or []
+        if not isinstance(kws, list) or not all(isinstance(k, str) and k for k in kws):
+            raise BadRequest("match_config.keywords: a list of words (a line must hold one, "
+                             "in any case, before the pattern is searched)")  # fmt: skip
         th = cfg.get("threshold") or {}
         if th:
             duration_seconds(th.get("time_window") or th.get("window") or 0)
