@@ -218,6 +218,19 @@ def test_nvidia_smi_csv() -> None:
         nvidia.parse_smi_csv("0, x, y\n")
 
 
+def test_nvidia_smi_csv_from_a_real_h100() -> None:
+    """What nvidia-smi 580.159.04 printed on an H100 (tests/gpu on a lent GPU machine):
+    the GPU read idle, the apps while that test's CUDA program held memory; NVML's BDF
+    form, sizes in MiB."""
+    (g,) = nvidia.parse_smi_csv((FIX / "h100-nvidia-smi-gpus.csv").read_text(),
+                                (FIX / "h100-nvidia-smi-apps.csv").read_text())  # fmt: skip
+    assert (g.index, g.bdf, g.name, g.driver_version) == (
+        0, "0000:00:06.0", "NVIDIA H100 80GB HBM3", "580.159.04")  # fmt: skip
+    assert (g.memory_total, g.memory_used, g.utilization) == (81559 * 2**20, 0, 0)
+    assert (g.temperature, g.power_draw, g.power_limit) == (36, 70.16, 700)
+    assert [(p.pid, p.memory_bytes) for p in g.processes] == [(585, 2884 * 2**20)]
+
+
 def test_nvml_through_real_pynvml_not_supported_is_absent(fake_nvml) -> None:
     c = GpuCollector(5, "gpu-7", {"nvidia": [nvml_source(fake_nvml)]}, dev_root=FIX / "dev",
                      identify=lambda pid: {"pod": "train-0", "namespace": "ml",
