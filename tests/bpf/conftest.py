@@ -17,7 +17,8 @@ from lens_ebpf.agent.events import EventBus, Subscription
 from lens_ebpf.agent.metrics.cache import MetricCache
 from lens_ebpf.agent.net.identity import NO_IDENTITY
 from lens_ebpf.agent.net.policy import load_policy
-from lens_ebpf.agent.tcp.tcp_flows import TcpFlows
+from lens_ebpf.agent.tcp import decode
+from lens_ebpf.agent.tcp.tcp_flows import VAL_FIELDS, TcpFlows
 from tests.conftest import hang_guard, netns_unavailable, wait_for
 from tests.netlab import Lab
 
@@ -59,6 +60,20 @@ class FlowRig:
             labels = (*labels, *NO_IDENTITY)
         v = self.cache.get(name, tuple(labels))
         return 0.0 if v is None else float(v)
+
+    def explain(self, *labels: str) -> str:
+        """For a count that is off: each flows-map key with these labels as the kernel
+        holds it (its bytes, its values) beside what the reader last took of it, and the
+        program's stats. One key with doubled values is the kernel's (or two flows that
+        share the labels: opened says), one whose reader values trail the cache is ours."""
+        assert self.flows.bpf is not None
+        rows = [
+            f"{bytes(key).hex()}: {tuple(getattr(val, f) for f in VAL_FIELDS)} "
+            f"(reader {self.flows.flows_reader.last(bytes(key))})"
+            for key, val in self.flows.bpf[b"flows"].items_lookup_batch()
+            if decode.flow_key_labels(key) == labels
+        ]
+        return f"{labels}: kernel {rows or 'none'}; stats {self.flows.kernel_stats}"
 
     def wait_value(self, name: str, *labels: str, want: float, timeout: float = 10) -> float:
         """value() once it equals want: the last transitions of a close can land in a

@@ -72,16 +72,13 @@ def test_flow_class_direction_port_and_exact_bytes(rig: FlowRig, lab, addr: str,
     finally:
         rig.bus.unsubscribe(sub)
     eg = ("egress", cls, addr, str(port))
-    assert rig.value(SENT, *eg) == send_n
-    assert rig.value(RECV, *eg) == reply_n
-    assert rig.value(OPENED, *eg) == 1
-    assert rig.value(CLOSED, *eg) == 1
+    assert [rig.value(n, *eg) for n in (SENT, RECV, OPENED, CLOSED)] == [
+        send_n, reply_n, 1, 1], rig.explain(*eg)  # fmt: skip
     # the accepted side, inside the namespace: the remote is the host end of the veth
     host = lab.host_v6 if ":" in addr else lab.host_v4
     ing = ("ingress", "internalHosts", host, str(port))
-    assert rig.value(SENT, *ing) == reply_n
-    assert rig.value(RECV, *ing) == send_n
-    assert rig.value(OPENED, *ing) == 1
+    assert [rig.value(n, *ing) for n in (SENT, RECV, OPENED)] == [reply_n, send_n, 1], (
+        rig.explain(*ing))  # fmt: skip
     # seed names: pods and services by class only, dns alone, the rest per address
     total = send_n + reply_n
     if cls in ("k8sPod", "k8sSvc"):
@@ -343,7 +340,8 @@ def test_exact_bytes_under_split_reads_peeks_and_skipped_runs(rig: FlowRig) -> N
     ing = ("ingress", "localhost", "127.0.0.77", port)
     got = {name: (rig.value(name, *eg), rig.value(name, *ing)) for name in (SENT, RECV, OPENED)}
     assert got == {SENT: (n * send, n * reply), RECV: (n * reply, n * send), OPENED: (n, n)}, (
-        rig.flows.kernel_stats, rig.flows.loader.status["tcp_flows"].paths)  # fmt: skip
+        rig.explain(*eg), rig.explain(*ing), rig.flows.loader.status["tcp_flows"].paths,
+    )  # fmt: skip
     rig.flows.reconcile()  # sockets whose CLOSE run the kernel skipped
     assert rig.wait_value(CLOSED, *eg, want=n) == n and rig.wait_value(CLOSED, *ing, want=n) == n
     # the kprobe path's return probes saw every return (none on the tracepoint path)

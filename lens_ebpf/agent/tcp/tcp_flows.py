@@ -216,7 +216,7 @@ class TcpFlows(RingProgram):
         self.cache = cache
         self.bus = bus
         self.clock = clock
-        self._flows_reader = DeltaReader(
+        self.flows_reader = DeltaReader(
             lambda v: tuple(getattr(v, f) for f in VAL_FIELDS),
             bpf.flow_key_idle_seconds,
             clock,
@@ -371,7 +371,7 @@ class TcpFlows(RingProgram):
         with self._lock:
             if self._walk is not None:
                 self._walk_open_sockets()
-            for key, grew in self._flows_reader.read(self.bpf[b"flows"]):
+            for key, grew in self.flows_reader.read(self.bpf[b"flows"]):
                 deltas = dict(zip(VAL_FIELDS, grew, strict=True))
                 apply_deltas(self.cache, *self.enrich.flow_key(decode.flow_key_labels(key)), deltas)
             if self.rtt is not None:
@@ -468,7 +468,15 @@ class TcpFlows(RingProgram):
         self._publish(decode.sock_info_event(si, keyed))
 
     def tracked_keys(self) -> int:
-        return len(self._flows_reader)
+        return len(self.flows_reader)
+
+    def keys_missed(self) -> dict[str, int]:
+        """Per map read as deltas: keys a batch read did not return though the map held
+        them (each then read alone: DeltaReader)."""
+        out = {"flows": self.flows_reader.missed}
+        if self.rtt is not None:
+            out["rtt"] = self.rtt.keys_missed()
+        return out
 
 
 class TcpFlowsCollector(Collector):
@@ -488,6 +496,15 @@ class TcpFlowsCollector(Collector):
                                ("rtt", "rtt_map_full")):  # fmt: skip
             full.add_metric((NAME, map_name), st[stat])
         yield full
+        missed = CounterMetricFamily(
+            "lens_agent_bpf_map_keys_missed",
+            "Keys a batch read of a counters map did not return though the map held them "
+            "(a kernel that passes over a busy bucket): each read alone, counted once",
+            labels=("program", "map"),
+        )
+        for map_name, n in flows.keys_missed().items():
+            missed.add_metric((NAME, map_name), n)
+        yield missed
         untracked = CounterMetricFamily(
             "lens_tcp_untracked_bytes",
             "Bytes on TCP sockets opened before the agent started (no flow key known)",

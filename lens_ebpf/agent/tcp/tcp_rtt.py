@@ -129,3 +129,6 @@ class TcpRtt:
 
     def keys(self) -> int:
         return len(self._reader)
+
+    def keys_missed(self) -> int:
+        return self._reader.missed
