@@ -24,13 +24,22 @@ def api_client(mode: str, kubeconfig: str, sa_dir: Path = SA_DIR) -> Any:
     mode auto tries in-cluster (the service account is mounted and
     KUBERNETES_SERVICE_HOST is set), then kubeconfig (the key, or $KUBECONFIG).
     """
-    from kubernetes import client, config
-
-    conf = client.Configuration()
     in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and (sa_dir / "token").exists()
     path = kubeconfig or os.environ.get("KUBECONFIG", "")
     if mode == "off":
         raise NotConfigured("kubernetes.mode is off")
+    if not (mode in ("auto", "in-cluster") and in_cluster) and not (
+        mode in ("auto", "kubeconfig") and path
+    ):
+        if mode == "in-cluster":
+            raise ValueError("kubernetes.mode is in-cluster but no service account is mounted")
+        if mode == "kubeconfig":
+            raise ValueError("kubernetes.mode is kubeconfig but no kubeconfig is set")
+        # decided before the client library is imported: standalone needs none
+        raise NotConfigured("no in-cluster account and no kubeconfig: standalone")
+    from kubernetes import client, config
+
+    conf = client.Configuration()
     if mode in ("auto", "in-cluster") and in_cluster:
         config.load_incluster_config(client_configuration=conf)
     elif mode in ("auto", "kubeconfig") and path:
@@ -38,12 +47,6 @@ def api_client(mode: str, kubeconfig: str, sa_dir: Path = SA_DIR) -> Any:
             config.load_kube_config(config_file=path, client_configuration=conf)
         except Exception as exc:  # missing file, bad YAML, no current context
             raise ValueError(f"kubeconfig {path}: {exc}") from None
-    elif mode == "in-cluster":
-        raise ValueError("kubernetes.mode is in-cluster but no service account is mounted")
-    elif mode == "kubeconfig":
-        raise ValueError("kubernetes.mode is kubeconfig but no kubeconfig is set")
-    else:
-        raise NotConfigured("no in-recorder account and no kubeconfig: standalone")
     return client.ApiClient(conf)
 
 

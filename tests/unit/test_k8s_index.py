@@ -4,6 +4,7 @@ killed connections, owner chains."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -251,3 +252,20 @@ def test_check_reports_the_api_and_its_version(
     assert not down.ok and down.detail.startswith("unreachable")
     alone = kubernetes_check("")
     assert (alone.ok, alone.value) == (False, "standalone")
+
+
+def test_standalone_is_decided_without_the_client_library(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No account and no kubeconfig: standalone (the feature off, the agent ready), also
+    where the kubernetes package is not installed (a GPU node's own Python); a configured
+    API still needs it, and says so."""
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # what import finds when absent
+    with pytest.raises(NotConfigured, match="no in-cluster account and no kubeconfig"):
+        api_client("auto", "", sa_dir=tmp_path)
+    with pytest.raises(ValueError, match="no service account is mounted"):
+        api_client("in-cluster", "", sa_dir=tmp_path)
+    with pytest.raises(ImportError):
+        api_client("auto", str(tmp_path / "kubeconfig"), sa_dir=tmp_path)

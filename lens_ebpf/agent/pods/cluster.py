@@ -1,6 +1,6 @@
 """The agent's view of the cluster: API connection, pod/service reflectors, cluster CIDRs.
 
-No API configured (no in-recorder account, no kubeconfig) is standalone mode:
+No API configured (no in-cluster account, no kubeconfig) is standalone mode:
 the agent classifies by policy.yaml alone. An API that is configured but broken is
 logged and retried; it never stops the agent.
 """
