@@ -19,7 +19,11 @@ from typing import Any
 
 from tests.conftest import hang_guard
 
-LENS = str(Path(sys.executable).with_name("lens-ebpf"))
+# the venv's entry point; where the package runs from a checkout without one (a lent GPU
+# machine's Python), the same command through the interpreter
+_SCRIPT = Path(sys.executable).with_name("lens-ebpf")
+LENS_CMD = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "lens_ebpf"]
+LENS = LENS_CMD[0]
 
 
 def free_port() -> int:
@@ -94,7 +98,7 @@ class AgentProc:
         # a file, not a pipe: a pipe nobody reads would block a chatty agent
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
-            [LENS, "run", "--listen", f"127.0.0.1:{self.port}", *args],
+            [*LENS_CMD, "run", "--listen", f"127.0.0.1:{self.port}", *args],
             env=full_env,
             stdout=self.log,
             stderr=subprocess.STDOUT,

@@ -3,7 +3,7 @@ nvidia-smi, a real CUDA program holding memory and keeping the GPU busy.
 
 Skipped where no NVIDIA GPU answers (every CI machine, this project's own); run where one
 does (a GPU node, or the device machine the tool lends some sessions):
-`python -m pytest -s -rs tests/gpu`. LENS_GPU_EVIDENCE=DIR writes what was read there
+`python -m pytest -s -rs tests/gpu`. GPU_EVIDENCE_DIR=DIR writes what was read there
 (the metrics text, nvidia-smi's CSV) for the closing note and the fixtures."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def busy(nvml: Any) -> Iterator[subprocess.Popen[str]]:
 
 
 def evidence(name: str, text: str) -> None:
-    where = os.environ.get("LENS_GPU_EVIDENCE")
+    where = os.environ.get("GPU_EVIDENCE_DIR")
     if where:
         Path(where).mkdir(parents=True, exist_ok=True)
         (Path(where) / name).write_text(text)

@@ -251,3 +251,25 @@ def test_unknown_compat_name_is_a_clear_error(tmp_path) -> None:
     assert "devices.compat" in str(err.value) and "nvidia" in str(err.value)
     cfg.write_text("devices:\n  compat: [dcgm]\n")
     assert config.load(cfg, env={}).devices.compat == ["dcgm"]
+
+
+def test_dcgm_framebuffer_figures_add_up_as_nvidia_smi_shows_them() -> None:
+    """An H200 (tests/gpu on a lent machine, driver 580.159.04) read by NVML v2 with a
+    CUDA program holding memory: reserved 644,939,776 bytes (615.06 MiB) beside used and
+    free with fractions. nvidia-smi showed the reserve as 616 MiB (tests/gpu compares);
+    the whole MiB that total, used and free leave is that, and the three add up."""
+    from lens_ebpf.agent.devices.gpu import compat_dcgm
+    from lens_ebpf.agent.devices.gpu.model import GpuReading
+
+    g = GpuReading("nvidia", "0000:00:06.0", uuid="GPU-h200", name="NVIDIA H200")
+    g.memory_total, g.memory_reserved, g.memory_used = 150754820096, 644939776, 2938961920
+    v = {(s.name, tuple(sorted(s.labels.items()))): s.value
+         for m in compat_dcgm.families([g], "n", lambda _g: {}, lambda _g: 0)
+         for s in m.samples}  # fmt: skip
+    fb = {k: one(v, f"DCGM_FI_DEV_FB_{k}") for k in ("FREE", "USED", "RESERVED")}
+    assert fb == {"FREE": 140353, "USED": 2802, "RESERVED": 616}
+    assert sum(fb.values()) == 143771  # nvidia-smi's memory.total, MiB
+    g.memory_reserved = None  # a driver before NVML v2: absent, never a guess
+    v = {s.name for m in compat_dcgm.families([g], "n", lambda _g: {}, lambda _g: 0)
+         for s in m.samples}  # fmt: skip
+    assert "DCGM_FI_DEV_FB_RESERVED" not in v

@@ -27,6 +27,17 @@ def _mib(n: int | None) -> float | None:
     return None if n is None else float(n // MIB)
 
 
+def _reserved_mib(g: GpuReading) -> float | None:
+    """What the driver keeps, in the whole MiB that total, used and free leave: the free,
+    used and reserved figures add up to the total, and the value is nvidia-smi's, which
+    rounds the reserve up (an H200: NVML's 644,939,776 bytes, 615.06 MiB, shown as 616;
+    NVML's figure taken down to the MiB said 615)."""
+    total, used, free = _mib(g.memory_total), _mib(g.memory_used), _mib(g.memory_free)
+    if g.memory_reserved is None or total is None or used is None or free is None:
+        return None
+    return total - used - free
+
+
 # name, type, help (the CSV's), value of one reading (None: absent)
 FIELDS: list[tuple[str, str, str, Callable[[GpuReading], float | None]]] = [
     ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).",
@@ -48,7 +59,7 @@ FIELDS: list[tuple[str, str, str, Callable[[GpuReading], float | None]]] = [
     ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).",
      lambda g: _mib(g.memory_used)),
     ("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).",
-     lambda g: _mib(g.memory_reserved)),
+     _reserved_mib),
     ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
      "Number of remapped rows for uncorrectable errors",
      lambda g: g.remapped_rows.get("uncorrectable")),
