@@ -275,6 +275,27 @@ static __always_inline void emit_close(struct sock_info *si, u8 reason)
     flow_events.ringbuf_submit(e, seq % WAKEUP_EVERY ? BPF_RB_NO_WAKEUP : BPF_RB_FORCE_WAKEUP);
 }
 
+#if !defined(LENS_BYTES_COUNTERS)
+/* Bytes a per-message path counted while the socket had no key (si->pre_*), into its
+ * flow, and out of pre_* (5.10 has no atomic that returns a value: XADD takes away
+ * what was read). account_bytes() on another CPU that read the flags before the key
+ * was set adds after this read: its bytes stay in pre_* for the next take, the
+ * socket's finish. So a byte reaches the flow exactly once, whichever CPU wins. */
+static __always_inline void take_pre(struct sock_info *si, struct flow_val *v)
+{
+    u64 s = *(volatile u64 *)&si->pre_sent;
+    u64 r = *(volatile u64 *)&si->pre_recv;
+    if (s) {
+        __sync_fetch_and_add(&v->sent, s);
+        __sync_fetch_and_add(&si->pre_sent, -s);
+    }
+    if (r) {
+        __sync_fetch_and_add(&v->recv, r);
+        __sync_fetch_and_add(&si->pre_recv, -r);
+    }
+}
+#endif
+
 /* Give a socket its flow key once its handshake is over. Normally that is the
  * ESTABLISHED transition; when the kernel skipped that run of this program (a
  * softirq landing while another tracing program ran on the CPU: bpf_prog_active),
@@ -291,11 +312,11 @@ static __always_inline void key_socket(u64 sk, struct sock_info *si, u16 family,
     if (!v)
         return;
     __sync_fetch_and_add(&v->opened, 1);
-    /* bytes that came before the key was known (TCP Fast Open, a skipped run) */
-    if (si->sent)
-        __sync_fetch_and_add(&v->sent, si->sent);
-    if (si->recv)
-        __sync_fetch_and_add(&v->recv, si->recv);
+#if !defined(LENS_BYTES_COUNTERS)
+    /* bytes that came before the key was known (TCP Fast Open, a skipped run); the
+     * counters path folds nothing before the key */
+    take_pre(si, v);
+#endif
 }
 
 /* Account a socket's end: a closed flow once keyed, else a failed attempt. */
@@ -303,8 +324,12 @@ static __always_inline void finish_socket(struct sock_info *si, u8 reason)
 {
     struct flow_val *v = flow_get(&si->key);
     if (si->flags & SI_KEYED) {
-        if (v)
+        if (v) {
             __sync_fetch_and_add(&v->closed, 1);
+#if !defined(LENS_BYTES_COUNTERS)
+            take_pre(si, v); /* what a racing account_bytes() left there */
+#endif
+        }
     } else {
         if (v)
             __sync_fetch_and_add(&v->failed, 1);
@@ -732,12 +757,21 @@ static __always_inline void account_bytes(u64 sk, int ret, int sending)
     }
     if (!(si->flags & SI_PID_KNOWN))
         set_owner(si); /* send/recv always run in the owner's context */
+    /* the socket's totals, for its closed-flow record */
     if (sending)
         __sync_fetch_and_add(&si->sent, ret);
     else
         __sync_fetch_and_add(&si->recv, ret);
+    /* the flow's: each byte to the flow or to pre_* (take_pre moves those), never both.
+     * Adding to si->sent and testing the key after, as before, counted a message twice
+     * when another CPU keyed the socket in between: key_socket() took si->sent, this
+     * message in it, and this call then saw the key and added it again. */
     if (si->flags & SI_KEYED)
         flow_add(sk, si, sending ? ret : 0, sending ? 0 : ret);
+    else if (sending)
+        __sync_fetch_and_add(&si->pre_sent, ret);
+    else
+        __sync_fetch_and_add(&si->pre_recv, ret);
 }
 #endif
 

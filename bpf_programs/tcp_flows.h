@@ -36,6 +36,9 @@ struct sock_info {
     u64 recv;
     u64 cgroup_id;
     u64 rtt_period; /* the sampling period of its last RTT sample (LENS_RTT_SAMPLED) */
+    /* per-message paths: bytes counted while the socket had no key, not yet in its flow */
+    u64 pre_sent;
+    u64 pre_recv;
     struct flow_key key;
     u8 laddr[16];
     u32 pid;

@@ -51,6 +51,8 @@ class SockInfo(ctypes.Structure):
         ("recv", ctypes.c_uint64),
         ("cgroup_id", ctypes.c_uint64),
         ("rtt_period", ctypes.c_uint64),
+        ("pre_sent", ctypes.c_uint64),
+        ("pre_recv", ctypes.c_uint64),
         ("key", FlowKey),
         ("laddr", ctypes.c_uint8 * 16),
         ("pid", ctypes.c_uint32),

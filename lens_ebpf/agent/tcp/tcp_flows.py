@@ -464,6 +464,8 @@ class TcpFlows(RingProgram):
         kernel map's deltas (closed, or failed when it never established)."""
         keyed = bool(si.flags & layouts.SI_KEYED)
         grew = dict.fromkeys(VAL_FIELDS, 0) | {"closed" if keyed else "failed": 1}
+        if keyed:  # what the kernel's finish would have taken into the flow (take_pre)
+            grew |= {"sent": si.pre_sent, "recv": si.pre_recv}
         apply_deltas(self.cache, *self.enrich.flow_key(decode.flow_key_labels(si.key)), grew)
         self._publish(decode.sock_info_event(si, keyed))
 
