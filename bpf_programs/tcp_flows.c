@@ -94,10 +94,6 @@ enum lens_sk_rst_reason { LENS_RST_REASON_UNSPEC };
 #define ST_RTT_MAP_FULL 9
 #define ST_COUNT 10
 
-#define SI_PID_KNOWN 1
-#define SI_KEYED 2
-#define SI_RST_SENT 4
-#define SI_RST_RECV 8
 
 #define REASON_NORMAL 0
 #define REASON_RESET_RECEIVED 1
@@ -221,7 +217,7 @@ static __always_inline void set_owner(struct sock_info *si)
     si->pid = bpf_get_current_pid_tgid() >> 32;
     si->cgroup_id = bpf_get_current_cgroup_id();
     bpf_get_current_comm(&si->comm, sizeof(si->comm));
-    si->flags |= SI_PID_KNOWN;
+    si->pid_known = 1;
 }
 
 static __always_inline int event_wanted(struct sock_info *si)
@@ -306,7 +302,7 @@ static __always_inline void key_socket(u64 sk, struct sock_info *si, u16 family,
     si->lport = sport;
     si->rport = dport;
     make_key(&si->key, si->direction, family, raddr, sport, dport);
-    si->flags |= SI_KEYED;
+    si->keyed = 1;
     index_tuple(sk, si);
     struct flow_val *v = flow_get(&si->key);
     if (!v)
@@ -323,7 +319,7 @@ static __always_inline void key_socket(u64 sk, struct sock_info *si, u16 family,
 static __always_inline void finish_socket(struct sock_info *si, u8 reason)
 {
     struct flow_val *v = flow_get(&si->key);
-    if (si->flags & SI_KEYED) {
+    if (si->keyed) {
         if (v) {
             __sync_fetch_and_add(&v->closed, 1);
 #if !defined(LENS_BYTES_COUNTERS)
@@ -380,7 +376,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
     if (opening || late_accept) {
         if (si && opening) {
             /* The address is reused while the entry lives: this run's CLOSE was skipped. */
-            if (!(si->flags & SI_KEYED)) {
+            if (!si->keyed) {
                 u8 old_raddr[16];
                 __builtin_memcpy(old_raddr, si->key.raddr, 16);
                 make_key(&si->key, si->direction, si->family, old_raddr, si->lport, si->rport);
@@ -416,7 +412,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         return 0;
     }
 
-    if (!(si->flags & SI_KEYED) && ns != S_SYN_SENT && ns != S_SYN_RECV &&
+    if (!si->keyed && ns != S_SYN_SENT && ns != S_SYN_RECV &&
         !(ns == S_CLOSE && (os == S_SYN_SENT || os == S_SYN_RECV))) {
         u8 raddr[16];
         copy_addr(raddr, family, args->daddr, args->daddr_v6);
@@ -424,18 +420,18 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         key_socket(sk, si, family, raddr, sport, dport);
     }
 
-    if (!(si->flags & SI_PID_KNOWN) && app_closes(os, ns))
+    if (!si->pid_known && app_closes(os, ns))
         set_owner(si);
 
 #ifdef LENS_BYTES_COUNTERS
-    if ((si->flags & SI_KEYED) && fold_point(os, ns))
+    if (si->keyed && fold_point(os, ns))
         fold_bytes(sk, si, os, ns == S_CLOSE, 0);
 #endif
     if (ns != S_CLOSE)
         return 0;
 
     u8 reason = REASON_NORMAL;
-    if (!(si->flags & SI_KEYED)) {
+    if (!si->keyed) {
         u8 raddr[16];
         copy_addr(raddr, family, args->daddr, args->daddr_v6);
         copy_addr(si->laddr, family, args->saddr, args->saddr_v6);
@@ -443,15 +439,15 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         si->rport = dport;
         make_key(&si->key, si->direction, family, raddr, sport, dport);
         reason = os == S_SYN_SENT ? REASON_FAILED_CONNECT : REASON_ABORTED;
-    } else if (si->flags & SI_RST_RECV) {
+    } else if (si->rst_recv) {
         reason = REASON_RESET_RECEIVED;
-    } else if (si->flags & SI_RST_SENT) {
+    } else if (si->rst_sent) {
         reason = REASON_RESET_SENT;
     } else if (os == S_ESTABLISHED || os == S_CLOSE_WAIT) {
         /* no FIN exchange: an abortive close (its reset follows) or a timeout */
         reason = REASON_ABORTED;
     }
-    if (si->flags & SI_KEYED) {
+    if (si->keyed) {
         /* an abortive close (or disconnect) sends its reset after CLOSE; a socket
          * leaving LAST_ACK has had its close() already and sends none */
         if (os != S_LAST_ACK)
@@ -730,7 +726,7 @@ int bpf_iter__tcp(struct bpf_iter__tcp *ctx)
         return 0;
     struct sock_info *si = socks.lookup(&sk);
     if (si) {
-        if (si->flags & SI_KEYED)
+        if (si->keyed)
             fold_bytes(sk, si, state, 0, 1);
         return 0;
     }
@@ -755,7 +751,7 @@ static __always_inline void account_bytes(u64 sk, int ret, int sending)
         stat_add(sending ? ST_UNTRACKED_SENT : ST_UNTRACKED_RECV, ret);
         return;
     }
-    if (!(si->flags & SI_PID_KNOWN))
+    if (!si->pid_known)
         set_owner(si); /* send/recv always run in the owner's context */
     /* the socket's totals, for its closed-flow record */
     if (sending)
@@ -766,7 +762,7 @@ static __always_inline void account_bytes(u64 sk, int ret, int sending)
      * Adding to si->sent and testing the key after, as before, counted a message twice
      * when another CPU keyed the socket in between: key_socket() took si->sent, this
      * message in it, and this call then saw the key and added it again. */
-    if (si->flags & SI_KEYED)
+    if (si->keyed)
         flow_add(sk, si, sending ? ret : 0, sending ? 0 : ret);
     else if (sending)
         __sync_fetch_and_add(&si->pre_sent, ret);
@@ -939,7 +935,7 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
     }
     si->retrans++;
     struct flow_key k;
-    if (si->flags & SI_KEYED) {
+    if (si->keyed) {
         __builtin_memcpy(&k, &si->key, sizeof(k));
     } else { /* a SYN retransmitted before the handshake finished */
         u8 raddr[16];
@@ -964,9 +960,9 @@ TRACEPOINT_PROBE(tcp, tcp_receive_reset)
     struct sock_info *si = socks.lookup(&sk);
     if (!si)
         return 0;
-    si->flags |= SI_RST_RECV;
+    si->rst_recv = 1;
     struct flow_key k;
-    if (si->flags & SI_KEYED) {
+    if (si->keyed) {
         __builtin_memcpy(&k, &si->key, sizeof(k));
     } else { /* a refused connect: the reset answers our SYN */
         u8 raddr[16];
@@ -995,8 +991,8 @@ TRACEPOINT_PROBE(tcp, tcp_send_reset)
             stat_add(ST_RESET_NO_SOCKET, 1);
         return 0;
     }
-    si->flags |= SI_RST_SENT;
-    if (!(si->flags & SI_KEYED))
+    si->rst_sent = 1;
+    if (!si->keyed)
         return 0;
     struct flow_val *v = flow_get(&si->key);
     if (v)
@@ -1051,7 +1047,7 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
     LENS_PIN(dport);
     struct sock_info *si = socket_by_tuple(args->saddr, args->daddr, sport, dport);
 #endif
-    if (!si || !(si->flags & SI_KEYED)) {
+    if (!si || !si->keyed) {
         stat_add(ST_RTT_UNTRACKED, 1);
         return 0;
     }

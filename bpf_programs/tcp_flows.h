@@ -45,7 +45,12 @@ struct sock_info {
     u32 retrans;
     u16 lport;
     u16 rport;
-    u16 flags;
+    /* one byte a flag, each written whole: a read-modify-write of shared flag bits from
+     * two CPUs at once (5.10 has no atomic OR) could lose one */
+    u8 keyed;     /* its flow key is known */
+    u8 pid_known; /* its owner (pid, cgroup, comm) is known */
+    u8 rst_sent;
+    u8 rst_recv;
     u8 direction;
     u8 family;
     char comm[16];

@@ -395,7 +395,7 @@ def _plant(rig: FlowRig, sk: int, laddr: str, lport: int, raddr: str, rport: int
     si.start_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC) - 10**9
     si.family = 2
     si.direction = 0
-    si.flags = 3
+    si.keyed = si.pid_known = 1
     si.lport, si.rport = lport, rport
     si.sent, si.recv = 11, 22
     mapped = bytes(10) + b"\xff\xff"

@@ -59,14 +59,14 @@ class SockInfo(ctypes.Structure):
         ("retrans", ctypes.c_uint32),
         ("lport", ctypes.c_uint16),
         ("rport", ctypes.c_uint16),
-        ("flags", ctypes.c_uint16),
+        ("keyed", ctypes.c_uint8),
+        ("pid_known", ctypes.c_uint8),
+        ("rst_sent", ctypes.c_uint8),
+        ("rst_recv", ctypes.c_uint8),
         ("direction", ctypes.c_uint8),
         ("family", ctypes.c_uint8),
         ("comm", ctypes.c_char * 16),
     ]
-
-
-SI_KEYED = 2
 
 
 class FlowEvent(ctypes.Structure):

@@ -462,7 +462,7 @@ class TcpFlows(RingProgram):
     def _finish(self, si: layouts.SockInfo) -> None:
         """A socket the kernel never saw close: counted through the same path as the
         kernel map's deltas (closed, or failed when it never established)."""
-        keyed = bool(si.flags & layouts.SI_KEYED)
+        keyed = bool(si.keyed)
         grew = dict.fromkeys(VAL_FIELDS, 0) | {"closed" if keyed else "failed": 1}
         if keyed:  # what the kernel's finish would have taken into the flow (take_pre)
             grew |= {"sent": si.pre_sent, "recv": si.pre_recv}
