@@ -295,7 +295,7 @@ static __always_inline void take_pre(struct sock_info *si, struct flow_val *v)
 /* Give a socket its flow key once its handshake is over. Normally that is the
  * ESTABLISHED transition; when the kernel skipped that run of this program (a
  * softirq landing while another tracing program ran on the CPU: bpf_prog_active),
- * the next transition that carries addresses does it instead. */
+ * the application's close() or shutdown(), or the CLOSE, does it instead. */
 static __always_inline void key_socket(u64 sk, struct sock_info *si, u16 family,
                                        const u8 *raddr, u16 sport, u16 dport)
 {
@@ -368,6 +368,14 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
     u16 sport = args->sport, dport = args->dport;
     LENS_PIN(sport);
     LENS_PIN(dport);
+    /* Two of a connection's ten transitions (ESTABLISHED -> CLOSE_WAIT, FIN_WAIT1 ->
+     * FIN_WAIT2; FIN_WAIT1 -> CLOSING too) neither open, key on their normal path, close
+     * by the application nor end the socket: they would only key a socket whose
+     * ESTABLISHED run the kernel skipped, which the application's close or the CLOSE
+     * does as well. No lookup for them. */
+    if (ns != S_ESTABLISHED && ns != S_CLOSE && ns != S_SYN_SENT && ns != S_SYN_RECV &&
+        os != S_SYN_RECV && !app_closes(os, ns))
+        return 0;
 
     struct sock_info *si = socks.lookup(&sk);
     int opening = (ns == S_SYN_SENT && os == S_CLOSE) || ns == S_SYN_RECV;
