@@ -23,7 +23,6 @@ from tests.conftest import hang_guard
 # machine's Python), the same command through the interpreter
 _SCRIPT = Path(sys.executable).with_name("lens-ebpf")
 LENS_CMD = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "lens_ebpf"]
-LENS = LENS_CMD[0]
 
 
 def free_port() -> int:
@@ -170,7 +169,7 @@ def run_cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 30
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [LENS, *args],
+        [*LENS_CMD, *args],
         env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,

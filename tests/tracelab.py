@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import IO
 
-from tests.agentproc import LENS
+from tests.agentproc import LENS_CMD
 from tests.conftest import hang_guard, wait_for
 
 
@@ -17,7 +17,7 @@ class Trace:
     """`lens-ebpf trace ... --json` running, its lines read as they come."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.p = subprocess.Popen([LENS, "trace", *args], stdout=subprocess.PIPE,
+        self.p = subprocess.Popen([*LENS_CMD, "trace", *args], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
         assert self.p.stderr is not None and self.p.stdout is not None
         line = self.p.stderr.readline()  # the ready line, once the programs are attached

@@ -19,7 +19,7 @@ import pytest
 from lens_ebpf.k8s.gen import podresources_v1_pb2_grpc as pr_grpc
 from lens_ebpf.protocol.gen import lens_pb2 as pb
 from lens_ebpf.protocol.gen import lens_pb2_grpc
-from tests.agentproc import LENS, AgentProc, free_port, parse_samples
+from tests.agentproc import LENS_CMD, AgentProc, free_port, parse_samples
 from tests.conftest import hang_guard, wait_for
 from tests.e2e.test_grpc import Reader, wait_subscribers
 from tests.gpulab import build_nvml, missing_gcc
@@ -128,8 +128,8 @@ def test_faults_reach_metrics_and_the_grpc_stream_with_the_pod(
 
 def test_trace_gpu_shows_a_fault_live_with_the_pod(gpu_node: dict[str, str]) -> None:
     # the duration only ends a trace that would otherwise hang the test
-    proc = subprocess.Popen([LENS, "trace", "gpu", "--json", "--duration", str(hang_guard(20))],
-                            env={**os.environ, **gpu_node}, stdout=subprocess.PIPE,
+    cmd = [*LENS_CMD, "trace", "gpu", "--json", "--duration", str(hang_guard(20))]
+    proc = subprocess.Popen(cmd, env={**os.environ, **gpu_node}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert proc.stderr is not None and proc.stdout is not None

@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lens_ebpf.protocol.gen import lens_pb2 as pb
 from lens_ebpf.protocol.gen import lens_pb2_grpc
-from tests.agentproc import LENS, AgentProc, free_port, run_cli
+from tests.agentproc import LENS_CMD, AgentProc, free_port, run_cli
 from tests.conftest import hang_guard, wait_for
 from tests.containerlab import Containerd
 from tests.containerlab import unavailable as containers_unavailable
@@ -228,7 +228,7 @@ def test_a_subscriber_that_never_reads_is_bounded_and_delays_no_one(tmp_path: Pa
 
 
 def collector(port: int, out: Path) -> subprocess.Popen:
-    p = subprocess.Popen([LENS, "collect", "--listen", f"127.0.0.1:{port}", "--out", str(out)],
+    p = subprocess.Popen([*LENS_CMD, "collect", "--listen", f"127.0.0.1:{port}", "--out", str(out)],
                          stderr=subprocess.PIPE, text=True)  # fmt: skip
     assert p.stderr is not None and "listening" in p.stderr.readline()
     return p

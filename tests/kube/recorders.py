@@ -16,7 +16,7 @@ from typing import Any
 import requests
 import yaml
 
-from tests.agentproc import LENS, free_port, parse_samples, wait_http_ok
+from tests.agentproc import LENS_CMD, free_port, parse_samples, wait_http_ok
 from tests.conftest import hang_guard
 
 NAMESPACE = "lens-ebpf"  # deploy/recorder's
@@ -56,7 +56,7 @@ class Replica:
         out = self.log.open("ab")
         env = {**os.environ, "POD_NAME": self.identity, "POD_NAMESPACE": NAMESPACE}
         env.pop("KUBECONFIG", None)
-        self.proc = subprocess.Popen([LENS, "recorder", "--config", str(self.config)],
+        self.proc = subprocess.Popen([*LENS_CMD, "recorder", "--config", str(self.config)],
                                      stdout=out, stderr=subprocess.STDOUT, env=env,
                                      stdin=subprocess.DEVNULL)  # fmt: skip
         out.close()

@@ -20,7 +20,7 @@ from lens_ebpf.agent.events import EventBus, NodeTuned
 from lens_ebpf.agent.stream.reporter import Reporter, ReporterCollector
 from lens_ebpf.protocol.gen import lens_pb2 as pb
 from lens_ebpf.protocol.gen import lens_pb2_grpc
-from tests.agentproc import LENS, free_port
+from tests.agentproc import LENS_CMD, free_port
 from tests.conftest import wait_for
 
 BUFFER = 50
@@ -84,7 +84,7 @@ def test_unconfirmed_and_lost_are_told_apart(tmp_path: Path) -> None:
         # 3. the reference collector: the gap for the 100 gone while nobody listened, then
         # the 50 the buffer held, acknowledged
         out = tmp_path / "events.jsonl"
-        col = subprocess.Popen([LENS, "collect", "--listen", f"127.0.0.1:{port}",
+        col = subprocess.Popen([*LENS_CMD, "collect", "--listen", f"127.0.0.1:{port}",
                                 "--out", str(out)], stderr=subprocess.PIPE, text=True)  # fmt: skip
         wait_for(lambda: rep.acked_events == BUFFER, "the buffer acknowledged", timeout=30)
         lines = [json.loads(x) for x in out.read_text().splitlines()]

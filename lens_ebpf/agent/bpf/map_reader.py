@@ -65,7 +65,6 @@ class DeltaReader:
                 self._changed.pop(raw, None)
                 continue
             self.missed += 1
-            seen.add(raw)
             grew = self._take(raw, self._flatten(val), now)
             if grew is not None:
                 yield key, grew
