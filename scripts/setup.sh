@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what lens-ebpf needs on a Debian 12 machine, idempotently.
-#   scripts/setup.sh run     the node agent: its packages, the venv with .[agent], kernel
-#                            headers, tracefs
+#   scripts/setup.sh run     the node agent: its packages, the venv with .[agent], the
+#                            compiled event path (gcc, python3-dev), kernel headers, tracefs
 #   scripts/setup.sh test    the same plus what the test suite drives (containerd, runc,
 #                            prometheus, prometheus-alertmanager, victoria-metrics,
 #                            bpfcc-tools, dwarves (pahole,
@@ -24,7 +24,8 @@ mode=${1:-run}
 cd "$(dirname "$0")/.."
 
 case "$mode" in
-  run|test|image) pkgs=(python3-bpfcc python3-venv python3-pip linux-headers-amd64 iproute2 kmod)
+  run|test|image) pkgs=(python3-bpfcc python3-venv python3-pip linux-headers-amd64 iproute2 kmod
+                        gcc libc6-dev python3-dev)
                   extras="[agent]" ;;
   recorder-image)  pkgs=(python3-venv python3-pip); extras="[recorder]" ;;
   *) echo "setup: unknown mode $mode (run, test, image, recorder-image)" >&2; exit 2 ;;
@@ -57,6 +58,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-cache-dir -e ".${extras}"
   touch "$stamp"
 fi
+
+# The compiled event path (lens_ebpf/agent/tcp/native: closed flows to their wire bytes in
+# C), built for this Python each time: a second or two.
+case "$mode" in run|test|image) .venv/bin/python -m lens_ebpf.agent.tcp.native ;; esac
 
 # tracefs and a kernel header tree BCC can compile against (lens_ebpf/agent/kernel_headers.py).
 case "$mode" in run|test) .venv/bin/python -m lens_ebpf.agent.kernel_headers --prepare ;; esac

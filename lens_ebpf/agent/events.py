@@ -12,7 +12,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar, TypedDict, TypeVar
+from typing import Any, ClassVar, TypedDict, TypeVar, cast
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
@@ -249,6 +249,11 @@ class EventFilter:
     comm: str = ""
     cls: str = ""
 
+    @property
+    def kinds_only(self) -> bool:
+        """Whether it asks nothing of an event but its kind."""
+        return not (self.namespace or self.pod or self.container or self.comm or self.cls)
+
     def __call__(self, ev: Event) -> bool:
         if self.kinds and ev.get("kind") not in self.kinds:
             return False
@@ -274,10 +279,17 @@ class Subscription:
 
     def __init__(
         self, name: str, maxsize: int, accept: Callable[[Event], bool] | None = None,
-        notify: Callable[[], None] | None = None,
+        notify: Callable[[], None] | None = None, raw: bool = False,
     ) -> None:  # fmt: skip
         self.name = name
         self.accept = accept
+        # raw: it takes what the bus holds as it is, a compiled event (native.Packed: its
+        # kind, seq and wire bytes) or an Event; else get and drain make each compiled
+        # one's Python event as it leaves the queue
+        self.raw = raw
+        # how the bus asks accept about a batch of compiled events (publish_batch): an
+        # EventFilter on kinds alone by their kind, any other filter event by event
+        self.kinds_only = isinstance(accept, EventFilter) and accept.kinds_only
         self.notify = notify  # told when a put finds the queue empty (a reader's wake-up)
         # the kinds it can accept (empty: any); producers skip work no one can take
         self.kinds = accept.kinds if isinstance(accept, EventFilter) else frozenset[str]()
@@ -305,11 +317,30 @@ class Subscription:
         if self.notify is not None and was_empty:
             self.notify()
 
+    def put_many(self, events: list[Event]) -> None:
+        """put() for each of events, in order, under one take of the lock."""
+        if not events:
+            return
+        with self._lock:
+            q = self._queue
+            was_empty = not q
+            q.extend(events)
+            over = len(q) - self._maxsize
+            if over > 0:
+                for _ in range(over):
+                    self.last_dropped_seq = q.popleft().seq
+                self.dropped += over
+            if was_empty:
+                self._cond.notify()
+        if self.notify is not None and was_empty:
+            self.notify()
+
     def get(self, timeout: float | None = None) -> Event | None:
         with self._cond:
             if not self._queue:
                 self._cond.wait(timeout)
-            return self._queue.popleft() if self._queue else None
+            ev = self._queue.popleft() if self._queue else None
+        return ev if self.raw or ev is None else python_event(ev)
 
     def drain(self, most: int) -> list[Event]:
         """Up to most events held now, oldest first (no wait)."""
@@ -318,14 +349,36 @@ class Subscription:
             if len(q) <= most:
                 out = list(q)
                 q.clear()
-                return out
-            return [q.popleft() for _ in range(most)]
+            else:
+                out = [q.popleft() for _ in range(most)]
+        return out if self.raw else [python_event(e) for e in out]
 
     def __len__(self) -> int:
         return len(self._queue)
 
 
 E = TypeVar("E", bound="Event")
+
+
+class _NoPacked:
+    """Stands for native.Packed where the compiled path is not built: nothing is one."""
+
+
+# the compiled path's event type (native._native.Packed), which Subscription.get and drain
+# turn into Python events for the subscribers that take those
+PACKED: type = _NoPacked
+
+
+def python_event(ev: Any) -> Event:
+    """The Python event of what the bus holds (a compiled event's made now)."""
+    return cast(Event, cast(Any, ev).event()) if type(ev) is PACKED else cast(Event, ev)
+
+
+def set_packed(cls: type) -> None:
+    global PACKED
+    PACKED = cls
+
+
 # the slot an event keeps its wire encoding in (api/convert.wire)
 WIRE = "_wire"
 
@@ -371,8 +424,12 @@ class EventBus:
     """Numbers events (seq, strictly increasing per agent), keeps a bounded history for
     resume, and publishes each to every subscriber whose filter accepts it, in order."""
 
-    def __init__(self, queue_size: int, history: int = 0) -> None:
+    def __init__(self, queue_size: int, history: int = 0,
+                 node: tuple[str, str] = ("", "")) -> None:  # fmt: skip
         self.queue_size = queue_size
+        # the node's name and IP: what the compiled path writes into each event's wire
+        # bytes (the streams and the reporter send the same node's)
+        self.node = node
         self._subs: list[Subscription] = []
         self._lock = threading.Lock()
         self.published: collections.Counter[str] = collections.Counter()
@@ -401,8 +458,9 @@ class EventBus:
         accept: Callable[[Event], bool] | None = None,
         maxsize: int | None = None,
         notify: Callable[[], None] | None = None,
+        raw: bool = False,
     ) -> Subscription:
-        sub = Subscription(name, maxsize or self.queue_size, accept, notify)
+        sub = Subscription(name, maxsize or self.queue_size, accept, notify, raw)
         with self._lock:
             self._subs.append(sub)
         self._changed()
@@ -433,6 +491,33 @@ class EventBus:
                 if sub.accept is None or sub.accept(event):
                     sub.put(event)
         return event
+
+    def publish_batch(self, make: Callable[[int, int], list[Any]]) -> list[Any]:
+        """Publish the events make(seq0, ts_unix_nano) returns, already numbered from seq0
+        on (consecutively) and stamped with that time: the compiled path's (native.flows,
+        whose wire bytes carry both, so they are made under the bus's lock). Each goes to
+        every subscriber whose filter accepts it, in order; the events."""
+        with self._lock:
+            events = make(self.seq + 1, time.time_ns())
+            if not events:
+                return events
+            self.seq = events[-1].seq
+            published = self.published
+            for ev in events:
+                published[ev.kind] += 1
+            self.history.extend(events)
+            for sub in self._subs:
+                accept = sub.accept
+                if accept is None:
+                    sub.put_many(events)
+                elif sub.kinds_only:
+                    kinds = sub.kinds
+                    sub.put_many([e for e in events if e.kind in kinds] if kinds else events)
+                elif isinstance(accept, EventFilter):  # fields through Packed.get
+                    sub.put_many([e for e in events if accept(e)])
+                else:  # a filter of the caller's own: it is given Python events
+                    sub.put_many([e for e in events if accept(python_event(e))])
+        return events
 
     def since(self, seq: int) -> tuple[list[Event], int]:
         """Events with seq >= the given one still held, and how many older ones are gone."""

@@ -52,7 +52,8 @@ class Agent:
             raise StartupError(f"policy: {exc}") from None
         enrich = Enrichment.for_node(Path(cfg.devices.procfs_root), Path(cfg.devices.sysfs_root),
                                      Path(cfg.containers.containerd_state))  # fmt: skip
-        bus = EventBus(cfg.events.queue_size, history=cfg.grpc.history)
+        bus = EventBus(cfg.events.queue_size, history=cfg.grpc.history,
+                       node=(cfg.node_name, cfg.node.ip))  # fmt: skip
         # each feature reads its own sections and these, never the whole config
         self.ctx = Context(
             node=cfg.node.model_copy(update={"name": cfg.node_name}), bpf=cfg.bpf,

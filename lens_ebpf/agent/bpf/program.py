@@ -30,14 +30,19 @@ class RingProgram:
         self.kernel_stats: dict[str, int] = dict.fromkeys(self.STATS, 0)
         self.ring: MappedRing | None = None
         self._handle: Callable[[bytes], None] = lambda _rec: None
+        self._handle_batch: Callable[[list[bytes]], None] | None = None
 
     def open_events(self, ring: bytes, handle: Callable[[bytes], None],
-                    reader: str = "mapped") -> None:  # fmt: skip
+                    reader: str = "mapped",
+                    batch: Callable[[list[bytes]], None] | None = None) -> None:  # fmt: skip
         """Deliver the ring buffer's records (their bytes) to handle; report received and
         lost. reader "mapped": a pass over the ring's own mapping each time (ringbuf.py)
-        where this machine allows it; else, or "callback", BCC's callback per record."""
+        where this machine allows it; else, or "callback", BCC's callback per record.
+        batch: takes the records of each pass at once instead of handle (which takes
+        each one the callback reader delivers); it counts what it cannot handle itself."""
         table = self.bpf[ring]
         self._handle = handle
+        self._handle_batch = batch
         why = "bpf.ring_reader: callback" if reader == "callback" else ringbuf.available()
         if not why:
             try:
@@ -46,9 +51,14 @@ class RingProgram:
                 why = f"its mapping failed: {exc}"
         if self.ring is None:
             log.info("%s: ring buffer read through BCC's callback (%s)", self.NAME, why)
-            table.open_ring_buffer(
-                lambda _ctx, data, size: self._deliver(ctypes.string_at(data, size))
-            )
+            if batch is not None:
+                table.open_ring_buffer(
+                    lambda _ctx, data, size: self._deliver_batch([ctypes.string_at(data, size)])
+                )
+            else:
+                table.open_ring_buffer(
+                    lambda _ctx, data, size: self._deliver(ctypes.string_at(data, size))
+                )
         self.loader.report_events(
             self.NAME,
             lambda: (self.events_received, {"ringbuf_full": self.kernel_stats["ringbuf_full"],
@@ -67,13 +77,29 @@ class RingProgram:
                 log.exception("%s: a record could not be handled (%d so far)", self.NAME,
                               self.handler_errors)  # fmt: skip
 
+    def _deliver_batch(self, records: list[bytes]) -> None:
+        """A pass's records to the batch handler; if it fails as a whole, all of them are
+        counted lost (handler_errors) and logged."""
+        assert self._handle_batch is not None
+        try:
+            self._handle_batch(records)
+        except Exception:
+            self.handler_errors += len(records)
+            log.exception("%s: %d records could not be handled (%d so far)", self.NAME,
+                          len(records), self.handler_errors)  # fmt: skip
+
     def poll(self, timeout_ms: int) -> None:
         """Deliver pending records (call from one thread). A program may submit without
         waking the reader (it wakes it once per batch), so what is there after the wait is
         taken whether a wakeup came or not."""
         if self.ring is not None:
             self.ring.wait(timeout_ms / 1000)
-            for rec in self.ring.take():
+            records = self.ring.take()
+            if self._handle_batch is not None:
+                if records:
+                    self._deliver_batch(records)
+                return
+            for rec in records:
                 self._deliver(rec)
         elif self.bpf is not None:
             self.bpf.ring_buffer_poll(timeout_ms)

@@ -107,7 +107,9 @@ class EventService(lens_pb2_grpc.EventServiceServicer):
         def notify() -> None:  # from the publishing thread
             loop.call_soon_threadsafe(wake.set)
 
-        sub = self.bus.subscribe("grpc", accept=accept, maxsize=self.queue, notify=notify)
+        # raw: compiled events stay their wire bytes (native.Packed), sent as they are
+        sub = self.bus.subscribe("grpc", accept=accept, maxsize=self.queue, notify=notify,
+                                 raw=True)  # fmt: skip
         self.active += 1
         try:
             last = 0

@@ -21,7 +21,7 @@ import grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from lens_ebpf.agent.events import Event, EventBus, Gap
+from lens_ebpf.agent.events import Event, EventBus, EventFilter, Gap
 from lens_ebpf.agent.stream import convert
 from lens_ebpf.core.backoff import Backoff
 from lens_ebpf.protocol.gen import lens_pb2 as pb
@@ -58,8 +58,9 @@ class Reporter:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         # gaps always pass: a reporter that leaves kinds out still says what it lost
-        accept = (lambda ev: ev.kind in kinds or ev.kind == "gap") if kinds else None
-        self._sub = bus.subscribe("reporter", accept=accept, maxsize=buffer)
+        accept = EventFilter(kinds=kinds | {"gap"}) if kinds else None
+        # raw: compiled events stay their wire bytes (native.Packed), sent as they are
+        self._sub = bus.subscribe("reporter", accept=accept, maxsize=buffer, raw=True)
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -36,7 +39,8 @@ from lens_ebpf.agent.events import EventBus, FlowClosed
 from lens_ebpf.agent.metrics.cache import COUNTER, MetricCache
 from lens_ebpf.agent.net import identity, netns, proc_tcp
 from lens_ebpf.agent.net.policy import CLASS_IDS, MAX_PREFIXES, Policy, abnormal, lpm_entries
-from lens_ebpf.agent.tcp import decode, tcp_rtt
+from lens_ebpf.agent.tcp import decode, native, tcp_rtt
+from lens_ebpf.protocol.gen import lens_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +249,10 @@ class TcpFlows(RingProgram):
         self.walks = 0  # namespaces walked
         self.walks_skipped = 0  # namespaces passed over: no TCP socket in them
         self.rtt_sample_seconds = rtt_sample_seconds
+        # the compiled event path (native), when it is built and chosen; how flows encode
+        self.native: ModuleType | None = None
+        self.encoder = ""
+        self._head = b""
         self._rtt_period = 0  # 0: every send and receive; else the kernel's current period
         self._rtt_period_at = 0.0
         if rtt_choice.path is not None:
@@ -300,7 +308,16 @@ class TcpFlows(RingProgram):
             self._walk = self.loader.iterator(NAME, "tcp").run
             # at once: sockets opened before the agent are counted from their first sight
             self._walk_open_sockets()
-        self.open_events(b"flow_events", self._on_event, self.bpf_cfg.ring_reader)
+        self.native, why = (
+            native.load()
+            if self.events_cfg.encoder == "compiled"
+            else (None, "events.encoder: python")
+        )
+        self.encoder = "compiled" if self.native is not None else f"python ({why})"
+        node_name, node_ip = self.bus.node
+        self._head = pb.Event(node_name=node_name, node_ip=node_ip).SerializeToString()
+        self.open_events(b"flow_events", self._on_event, self.bpf_cfg.ring_reader,
+                         self._on_records if self.native is not None else None)  # fmt: skip
         self.bus.on_change(self.gate_records)
         self.gate_records()
         return True
@@ -355,6 +372,30 @@ class TcpFlows(RingProgram):
     def _on_event(self, rec: bytes) -> None:
         self.events_received += 1
         self._publish(decode.flow_record(rec))
+
+    def _on_records(self, records: list[bytes]) -> None:
+        """A pass's records through the compiled path (native.flows): each closed flow
+        published as its wire bytes, numbered under the bus's lock; enrichment and the
+        policy's lists asked as _publish asks them. A record it cannot handle is counted
+        and the first error of the pass logged."""
+        self.events_received += len(records)
+        assert self.native is not None
+        lookup = self.enrich.lookup
+        enrich = None if lookup is None else functools.partial(identity.flow_fields, lookup)
+        policy = self.policy
+        check = functools.partial(abnormal, policy) if policy.black_list else None
+        flows, head = self.native.flows, self._head
+        failed: list[Any] = [0, None]
+
+        def make(seq: int, ts: int) -> list[Any]:
+            events, failed[0], failed[1] = flows(records, seq, ts, head, enrich, check)
+            return events
+
+        self.bus.publish_batch(make)
+        if failed[0]:
+            self.handler_errors += failed[0]
+            log.error("%s: %d records could not be handled (%d so far): %r", NAME, failed[0],
+                      self.handler_errors, failed[1])  # fmt: skip
 
     def _publish(self, event: FlowClosed) -> None:
         """A closed flow (made for this call: decoded, or the agent's own), and an

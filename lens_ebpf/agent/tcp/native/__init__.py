@@ -1,0 +1,151 @@
+"""The compiled event path: closed-flow ring records to the bytes every stream sends.
+
+Why compiled: each closed flow cost ~6.5 us of Python between the ring buffer and a
+SubscribeBatch client (decoded into a FlowClosed, numbered, encoded through protobuf's
+classes, BENCHMARKS.md), where the node's budget leaves ~2.5 us. `_native.c` takes a
+batch of ring records and makes, for each, the serialized lens.v1 Event (the bytes the
+Python path makes: tests/unit/test_native.py compares them for every field) held in a
+small `Packed` object with its record; the Python event is made from the record only when
+a consumer asks for one (trace, a Subscribe filter on a field other than the kind).
+
+Built by `scripts/setup.sh` (so by `make run` and `make test`) with Debian's gcc against
+the running Python's headers (python3-dev), next to this file; `python -m
+lens_ebpf.agent.tcp.native` builds it again. Where it is missing, was built from another
+source, or does not match the records' layout, the agent keeps the Python path and says
+why (`events.encoder: python` chooses that path on purpose).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import logging
+import os
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+SOURCE = HERE / "_native.c"
+CFLAGS = ("-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-fvisibility=hidden")
+
+
+def source_hash() -> str:
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+
+
+def target() -> Path:
+    return HERE / f"_native{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+
+
+def build(cc: str = "gcc") -> Path:
+    """Compile _native.c next to it for this Python; the path. Raises RuntimeError with
+    the compiler's words when it cannot (no gcc, no Python.h: python3-dev)."""
+    include = sysconfig.get_paths()["include"]
+    if not Path(include, "Python.h").exists():
+        raise RuntimeError(f"no {include}/Python.h: install python3-dev (scripts/setup.sh does)")
+    out = target()
+    # written beside, then renamed: an agent running now keeps the one it loaded
+    fd, tmp = tempfile.mkstemp(prefix="._native", suffix=".so", dir=HERE)
+    os.close(fd)
+    cmd = [cc, *CFLAGS, f"-I{include}", f'-DSOURCE_HASH="{source_hash()}"', str(SOURCE),
+           "-o", tmp]  # fmt: skip
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        os.unlink(tmp)
+        raise RuntimeError(f"no {cc}: install gcc (scripts/setup.sh does)") from None
+    if done.returncode != 0:
+        os.unlink(tmp)
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr.strip()}")
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, out)
+    return out
+
+
+def _check_layout(mod: ModuleType) -> str:
+    """Why the module's struct flow_event differs from layouts.FlowEvent; empty if not."""
+    from lens_ebpf.agent.bpf.layouts import FlowEvent
+
+    got = mod.flow_event_layout()
+    want = {"size": _sizeof(FlowEvent)} | {
+        name: getattr(FlowEvent, name).offset for name, *_ in FlowEvent._fields_
+    }
+    if got != want:
+        diff = sorted(k for k in want if got.get(k) != want[k])
+        return f"its struct flow_event differs from layouts.FlowEvent at {', '.join(diff)}"
+    return ""
+
+
+def _sizeof(t: Any) -> int:
+    import ctypes
+
+    return ctypes.sizeof(t)
+
+
+def materialize(p: Any) -> Any:
+    """A Packed event as the Python path publishes it (events.FlowClosed, numbered, its
+    wire kept): decoded from its record, enrichment's fields, its kind."""
+    from lens_ebpf.agent.tcp import decode
+
+    ev = decode.flow_record(p.record)
+    if p.extra:
+        ev = dataclasses.replace(ev, **p.extra)
+    if p.kind != ev.kind:
+        ev = dataclasses.replace(ev, kind=p.kind)
+    object.__setattr__(ev, "seq", p.seq)
+    object.__setattr__(ev, "ts_unix_nano", p.ts_unix_nano)
+    object.__setattr__(ev, "_wire", p._wire)
+    return ev
+
+
+_loaded: tuple[ModuleType | None, str] | None = None
+
+
+def load() -> tuple[ModuleType | None, str]:
+    """The compiled module, configured, or None and why not (once per process)."""
+    global _loaded
+    if _loaded is None:
+        _loaded = _load()
+        if _loaded[0] is None:
+            log.info("compiled event path unavailable (%s): events take the Python path",
+                     _loaded[1])  # fmt: skip
+    return _loaded
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    if not target().exists():
+        return None, f"{target().name} not built (scripts/setup.sh builds it)"
+    try:
+        mod = importlib.import_module("lens_ebpf.agent.tcp.native._native")
+    except ImportError as exc:
+        return None, f"cannot load {target().name}: {exc}"
+    if getattr(mod, "SOURCE_HASH", None) != source_hash():
+        return None, f"{target().name} was built from another _native.c: run scripts/setup.sh"
+    why = _check_layout(mod)
+    if why:
+        return None, why
+    from lens_ebpf.agent import events
+    from lens_ebpf.agent.tcp import decode
+
+    events.set_packed(mod.Packed)
+    mod.configure([decode.class_name(i) for i in range(256)], decode.DIRECTIONS,
+                  decode.CLOSE_REASONS, materialize)  # fmt: skip
+    return mod, ""
+
+
+def main() -> int:
+    try:
+        path = build(os.environ.get("CC", "gcc"))
+    except RuntimeError as exc:
+        print(f"native: {exc}", file=sys.stderr)
+        return 1
+    print(f"native: built {path}")
+    return 0

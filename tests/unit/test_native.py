@@ -1,0 +1,211 @@
+"""The compiled event path (lens_ebpf/agent/tcp/native) against the Python path it stands in
+for: the same ring records through both give the same wire bytes and the same events,
+record by record, for every field's range; what it cannot handle is counted; the bus
+hands its events to each kind of subscriber as the Python path's."""
+
+import ctypes
+import dataclasses
+import random
+import socket
+
+import pytest
+
+from lens_ebpf.agent.bpf.layouts import FlowEvent
+from lens_ebpf.agent.events import EventBus, EventFilter, FlowClosed
+from lens_ebpf.agent.net.policy import CLASS_NAMES
+from lens_ebpf.agent.stream import convert
+from lens_ebpf.agent.tcp import decode, native
+from lens_ebpf.protocol.gen import lens_pb2 as pb
+
+NODE = ("gpu-node-7", "10.1.2.3")
+HEAD = pb.Event(node_name=NODE[0], node_ip=NODE[1]).SerializeToString()
+
+
+@pytest.fixture(scope="module")
+def mod():
+    got, why = native.load()
+    # scripts/setup.sh builds it (make test runs it first): missing here is a broken build
+    assert got is not None, why
+    return got
+
+
+def record(rng: random.Random, **fields: object) -> bytes:
+    """A struct flow_event with every field drawn over its whole range (edges often)."""
+
+    def num(bits: int) -> int:
+        return rng.choice([0, 1, 127, 128, 16383, 16384, (1 << bits) - 1,
+                           rng.getrandbits(bits)])  # fmt: skip
+
+    ev = FlowEvent()
+    for name in ("ts_ns", "duration_ns", "sent", "recv", "cgroup_id"):
+        setattr(ev, name, num(64))
+    ev.pid, ev.retrans = num(32), num(32)
+    ev.lport, ev.rport = num(16), num(16)
+    ev.family = rng.choice([socket.AF_INET, socket.AF_INET6])
+    for name in ("laddr", "raddr"):
+        raw = rng.randbytes(16)
+        if ev.family == socket.AF_INET:
+            raw = bytes(10) + b"\xff\xff" + raw[12:]
+        getattr(ev, name)[:] = list(raw)
+    ev.direction = rng.choice([0, 1, 2, 255])
+    ev.cls = rng.choice([*CLASS_NAMES, 0, 9, 200, 255])
+    ev.reason = rng.choice([*range(len(decode.CLOSE_REASONS)), 6, 99, 255])
+    ev.comm = rng.choice([b"", b"curl", b"python3.11", b"x" * 16, b"caf\xc3\xa9",
+                          b"bad\xff\xfeutf8", b"a\x00hidden", rng.randbytes(16)])  # fmt: skip
+    for name, value in fields.items():
+        setattr(ev, name, value)
+    return bytes(ev)
+
+
+def python_path(rec: bytes, seq: int, ts: int, extra: dict | None, kind: str) -> FlowClosed:
+    """What tcp_flows publishes for the record through the Python path: decoded,
+    enriched (Enrichment.flow), its kind, numbered (EventBus.publish)."""
+    ev = decode.flow_record(rec)
+    if extra is not None:
+        ev = dataclasses.replace(ev, **extra)
+    if kind != ev.kind:
+        ev = dataclasses.replace(ev, kind=kind)
+    object.__setattr__(ev, "seq", seq)
+    object.__setattr__(ev, "ts_unix_nano", ts)
+    return ev
+
+
+def test_layout_is_the_programs(mod) -> None:
+    layout = mod.flow_event_layout()
+    assert layout["size"] == ctypes.sizeof(FlowEvent) == 104
+    for name, *_ in FlowEvent._fields_:
+        assert layout[name] == getattr(FlowEvent, name).offset, name
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_same_bytes_and_events_as_the_python_path(mod, seed: int) -> None:
+    rng = random.Random(seed)
+    records = [record(rng) for _ in range(3000)]
+    seq0, ts = rng.getrandbits(40) + 1, 1_700_000_000_000_000_000 + seed
+    events, bad, err = mod.flows(records, seq0, ts, HEAD, None, None)
+    assert (bad, err) == (0, None)
+    assert len(events) == len(records)
+    for i, (rec, got) in enumerate(zip(records, events, strict=True)):
+        want = python_path(rec, seq0 + i, ts, None, "flow_closed")
+        assert (got.kind, got.seq, got.ts_unix_nano, got.record) == (
+            "flow_closed",
+            seq0 + i,
+            ts,
+            rec,
+        )
+        # the Python path's encode, and protobuf's own serialization of the message
+        assert got._wire == convert.encode(want, *NODE), (i, want)
+        assert got._wire == convert.to_pb(want, *NODE).SerializeToString()
+        made = got.event()
+        assert made == want and made._wire == got._wire
+
+
+def test_enrichment_and_abnormal_flows(mod) -> None:
+    rng = random.Random(7)
+    records = [record(rng) for _ in range(400)]
+    asked: list[tuple[str, str, str]] = []
+
+    def enrich(cls: str, raddr: str, laddr: str) -> dict:
+        asked.append((cls, raddr, laddr))
+        n = len(asked)
+        out = {"cls": "k8sPod" if n % 2 else cls, "remote_namespace": "ns" * (n % 3),
+               "remote_pod": f"pod-{n}" if n % 5 else "", "remote_workload_kind": "Job",
+               "remote_workload": "train" * (n % 2), "remote_service": "",
+               "namespace": "é" * (n % 4), "pod": "p" * (n % 300)}  # fmt: skip
+        if n % 7 == 0:
+            out.update(workload_kind="Deployment", workload="web")
+        return out
+
+    def abnormal(raddr: str) -> bool:
+        return raddr.endswith(("1", "3", "5"))
+
+    seq0, ts = 10, 123
+    events, bad, err = mod.flows(records, seq0, ts, HEAD, enrich, abnormal)
+    assert (bad, err) == (0, None)
+    # the Python path, with the same answers (enrich is asked once a record, in order)
+    expect: list[FlowClosed] = []
+    seq = seq0
+    for rec, (cls, raddr, laddr), extra in zip(
+        records, asked, (e.extra for e in events if e.kind == "flow_closed"), strict=True
+    ):
+        base = decode.flow_record(rec)
+        assert (cls, raddr, laddr) == (base.cls, base.raddr, base.laddr)
+        expect.append(python_path(rec, seq, ts, extra, "flow_closed"))
+        seq += 1
+        if abnormal(raddr):
+            expect.append(python_path(rec, seq, ts, extra, "abnormal_flow"))
+            seq += 1
+    assert 0 < sum(e.kind == "abnormal_flow" for e in expect) < len(records)
+    assert [e.seq for e in events] == list(range(seq0, seq))
+    for got, want in zip(events, expect, strict=True):
+        assert got.kind == want.kind
+        assert got._wire == convert.encode(want, *NODE)
+        assert got.event() == want
+
+
+def test_what_it_cannot_handle_is_counted(mod) -> None:
+    rng = random.Random(3)
+    good = [record(rng) for _ in range(5)]
+    short = good[0][:50]
+    events, bad, err = mod.flows([good[0], short, good[1], b"", good[2]], 1, 5, HEAD, None, None)
+    assert bad == 2 and isinstance(err, ValueError) and "50 bytes" in str(err)
+    assert [e.seq for e in events] == [1, 2, 3]  # numbered without holes
+    assert [e.record for e in events] == good[:3]
+
+    calls = 0
+
+    def enrich(cls: str, raddr: str, laddr: str) -> object:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise KeyError("index gone")
+        return [] if calls == 4 else {}
+
+    events, bad, err = mod.flows(good, 1, 5, HEAD, enrich, None)
+    assert bad == 2 and isinstance(err, KeyError)  # the first error of the batch
+    assert len(events) == 3
+
+    def broken(raddr: str) -> bool:
+        raise RuntimeError("policy")
+
+    events, bad, err = mod.flows(good[:2], 1, 5, HEAD, None, broken)
+    # each flow published before its abnormal check failed, as _publish does
+    assert bad == 2 and isinstance(err, RuntimeError)
+    assert [e.kind for e in events] == ["flow_closed", "flow_closed"]
+    with pytest.raises(TypeError):
+        mod.flows(5, 1, 5, HEAD, None, None)
+
+
+def test_bus_hands_compiled_events_to_each_kind_of_subscriber(mod) -> None:
+    rng = random.Random(11)
+    records = [record(rng, cls=next(iter(CLASS_NAMES))) for _ in range(50)]
+    bus = EventBus(queue_size=30, history=1000, node=NODE)
+    raw_all = bus.subscribe("raw", raw=True)
+    flows_only = bus.subscribe("kinds", accept=EventFilter(kinds=frozenset({"abnormal_flow"})),
+                               raw=True)  # fmt: skip
+    python = bus.subscribe("python", maxsize=100)
+    comm = bus.subscribe("comm", accept=EventFilter(comm="curl"), maxsize=100)
+    own = bus.subscribe("own", accept=lambda ev: ev.sent_bytes > 0, maxsize=100)
+    bus.publish(FlowClosed(ts_ns=1, pid=1, comm="x", cgroup_id=1, family="ipv4", laddr="a",
+                           lport=1, raddr="b", rport=2, direction="egress", cls="c",
+                           sent_bytes=0, received_bytes=0, retransmits=0, duration_ns=0,
+                           reason="normal"))  # fmt: skip
+    made = bus.publish_batch(lambda seq, ts: mod.flows(records, seq, ts, HEAD, None, None)[0])
+    assert [e.seq for e in made] == list(range(2, 52)) and bus.seq == 51
+    assert bus.published["flow_closed"] == 51
+    # raw: the bus's own objects; 51 into a queue of 30: the oldest 21 dropped and counted
+    held = raw_all.drain(100)
+    assert held == made[-30:] and raw_all.dropped == 21 and raw_all.last_dropped_seq == 21
+    assert flows_only.drain(100) == []
+    # the others get the Python events, equal to what the Python path publishes
+    events = python.drain(100)
+    assert [type(e) for e in events] == [FlowClosed] * 51
+    assert events[1:] == [python_path(r, i + 2, made[0].ts_unix_nano, None, "flow_closed")
+                          for i, r in enumerate(records)]  # fmt: skip
+    curl = [e for e in events if e.comm == "curl"]
+    assert comm.drain(100) == curl
+    assert own.drain(100) == [e for e in events if e.sent_bytes > 0]
+    assert python.get(timeout=0) is None
+    held, gone = bus.since(40)
+    assert [e.seq for e in held] == list(range(40, 52)) and gone == 0
+    assert [convert.wire(e, *NODE) for e in held] == [e._wire for e in made[-12:]]
