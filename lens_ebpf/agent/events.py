@@ -342,6 +342,13 @@ class Subscription:
             ev = self._queue.popleft() if self._queue else None
         return ev if self.raw or ev is None else python_event(ev)
 
+    def take(self, most: int, timeout: float | None = None) -> list[Event]:
+        """drain(most), waiting up to timeout seconds for the first event."""
+        with self._cond:
+            if not self._queue:
+                self._cond.wait(timeout)
+        return self.drain(most)
+
     def drain(self, most: int) -> list[Event]:
         """Up to most events held now, oldest first (no wait)."""
         with self._lock:

@@ -29,6 +29,10 @@ from lens_ebpf.protocol.gen import lens_pb2 as pb
 log = logging.getLogger(__name__)
 
 
+# events moved from the bus's queue to the buffer at a time
+FILL_BATCH = 4096
+
+
 class Reporter:
     def __init__(self, target: str, bus: EventBus, node: tuple[str, str], buffer: int,
                  credentials: grpc.ChannelCredentials | None = None,
@@ -79,7 +83,8 @@ class Reporter:
     def _fill(self) -> None:
         """Move events from the bus into the replay buffer, counting what overflows."""
         while not self._stop.is_set():
-            ev = self._sub.get(timeout=0.5)
+            # what the bus holds, at once: a lock and a wake-up of the sender per batch
+            events = self._sub.take(FILL_BATCH, timeout=0.5)
             with self._cond:
                 bus_lost = self._sub.dropped - self._seen_bus_drops
                 if bus_lost:
@@ -87,10 +92,10 @@ class Reporter:
                     self.lost += bus_lost
                     self.unreported_lost += bus_lost
                     self.last_lost_seq = max(self.last_lost_seq, self._sub.last_dropped_seq)
-                if ev is None:
+                if not events:
                     continue
-                self.pending.append(ev)
-                self.unsent.append(ev)
+                self.pending.extend(events)
+                self.unsent.extend(events)
                 while len(self.pending) > self.buffer:
                     dropped = self.pending.popleft()
                     if self.unsent and self.unsent[0] is dropped:
