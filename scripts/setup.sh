@@ -59,9 +59,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 
-# The compiled event path (lens_ebpf/agent/tcp/native: closed flows to their wire bytes in
+# The compiled event path (lens_ebpf/agent/native: ring records to their wire bytes in
 # C), built for this Python each time: a second or two.
-case "$mode" in run|test|image) .venv/bin/python -m lens_ebpf.agent.tcp.native ;; esac
+case "$mode" in run|test|image) .venv/bin/python -m lens_ebpf.agent.native ;; esac
 
 # tracefs and a kernel header tree BCC can compile against (lens_ebpf/agent/kernel_headers.py).
 case "$mode" in run|test) .venv/bin/python -m lens_ebpf.agent.kernel_headers --prepare ;; esac

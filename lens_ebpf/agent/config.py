@@ -73,7 +73,7 @@ class EventsConfig(Section):
     queue_size: int = Field(16384, ge=1, le=10_000_000)
     flow_records: Literal["auto", "always"] = "auto"
     flow_records_linger_seconds: float = Field(60.0, ge=0, le=86400)
-    # closed-flow records to the bytes the streams send: "compiled" (lens_ebpf/agent/tcp/native,
+    # flow and process records to the bytes the streams send: "compiled" (agent/native,
     # built by scripts/setup.sh; the Python path where it is not built) or "python"
     encoder: Literal["compiled", "python"] = "compiled"
 

@@ -29,16 +29,21 @@ from tests.conftest import wait_for
 pytestmark = pytest.mark.bpf
 
 
-@pytest.fixture(params=["mapped", "callback"])
+@pytest.fixture(
+    params=[("mapped", "compiled"), ("mapped", "python"), ("callback", "compiled")], ids="-".join
+)
 def procs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ProcEvents]:
-    if request.param == "mapped" and (why := ringbuf.available()):
+    reader, encoder = request.param
+    if reader == "mapped" and (why := ringbuf.available()):
         pytest.skip(why)
-    cfg = config.load(None, env={"LENS_BPF__RING_READER": request.param})
+    cfg = config.load(None, env={"LENS_BPF__RING_READER": reader})
     loader = BpfLoader()
     resolver = ContainerResolver(CgroupIndex.for_host(), ContainerdState(tmp_path / "none"))
-    p = ProcEvents(cfg.bpf, MetricCache(3600, 1000), EventBus(10000), loader, Enrichment(resolver))
+    p = ProcEvents(cfg.bpf, MetricCache(3600, 1000), EventBus(10000), loader, Enrichment(resolver),
+                   encoder)  # fmt: skip
     assert p.start(), loader.status
-    assert (p.ring is not None) == (request.param == "mapped")
+    assert (p.ring is not None) == (reader == "mapped")
+    assert p.encoder_used.startswith(encoder), p.encoder_used
     with polling(p, loader):
         yield p
 
@@ -50,17 +55,28 @@ def test_every_record_in_order_and_a_failed_one_counted(procs: ProcEvents, tmp_p
     name = f"rb{uuid.uuid4().hex[:10]}"
     probe = tmp_path / name
     shutil.copy("/bin/true", probe)
-    handle = procs._handle
+    handle, handle_batch = procs._handle, procs._handle_batch
     failed: list[int] = []
 
-    def failing_once(rec: bytes) -> None:
+    def spoiled(rec: bytes) -> bool:
         fields = _PROC_EVENT.unpack_from(rec)
         if fields[2] == EV_EXEC and c_text(fields[9]).endswith(name) and not failed:
             failed.append(fields[3])
+            return True
+        return False
+
+    def failing_once(rec: bytes) -> None:  # the Python path's handler fails on it
+        if spoiled(rec):
             raise ValueError("a record this test makes unreadable")
         handle(rec)
 
+    def failing_once_compiled(recs: list[bytes]) -> None:  # the compiled path gets it cut
+        assert handle_batch is not None
+        handle_batch([rec[:40] if spoiled(rec) else rec for rec in recs])
+
     procs._handle = failing_once
+    if handle_batch is not None:
+        procs._handle_batch = failing_once_compiled
     sub = procs.bus.subscribe("t", accept=lambda e: e.get("comm") == name, maxsize=1000)
     try:
         for _ in range(3):
@@ -75,7 +91,7 @@ def test_every_record_in_order_and_a_failed_one_counted(procs: ProcEvents, tmp_p
         wait_for(all_came, "five records of three runs, one failed")
     finally:
         procs.bus.unsubscribe(sub)
-        procs._handle = handle
+        procs._handle, procs._handle_batch = handle, handle_batch
     assert [e["kind"] for e in got] == ["process_exit", "process_exec", "process_exit",
                                         "process_exec", "process_exit"]  # fmt: skip
     assert got[0]["pid"] == failed[0]  # the failed exec's process still ends on record

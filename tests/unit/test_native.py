@@ -1,4 +1,4 @@
-"""The compiled event path (lens_ebpf/agent/tcp/native) against the Python path it stands in
+"""The compiled event path (lens_ebpf/agent/native) against the Python path it stands in
 for: the same ring records through both give the same wire bytes and the same events,
 record by record, for every field's range; what it cannot handle is counted; the bus
 hands its events to each kind of subscriber as the Python path's."""
@@ -10,11 +10,12 @@ import socket
 
 import pytest
 
+from lens_ebpf.agent import native
 from lens_ebpf.agent.bpf.layouts import FlowEvent
 from lens_ebpf.agent.events import EventBus, EventFilter, FlowClosed
 from lens_ebpf.agent.net.policy import CLASS_NAMES
 from lens_ebpf.agent.stream import convert
-from lens_ebpf.agent.tcp import decode, native
+from lens_ebpf.agent.tcp import decode
 from lens_ebpf.protocol.gen import lens_pb2 as pb
 
 NODE = ("gpu-node-7", "10.1.2.3")
@@ -23,7 +24,7 @@ HEAD = pb.Event(node_name=NODE[0], node_ip=NODE[1]).SerializeToString()
 
 @pytest.fixture(scope="module")
 def mod():
-    got, why = native.load()
+    got, why = decode.compiled_flows()
     # scripts/setup.sh builds it (make test runs it first): missing here is a broken build
     assert got is not None, why
     return got
@@ -209,3 +210,125 @@ def test_bus_hands_compiled_events_to_each_kind_of_subscriber(mod) -> None:
     held, gone = bus.since(40)
     assert [e.seq for e in held] == list(range(40, 52)) and gone == 0
     assert [convert.wire(e, *NODE) for e in held] == [e._wire for e in made[-12:]]
+
+
+# -- process records: exec, exit, OOM kill ------------------------------------------------
+
+
+class Known(dict):
+    """proc_events.c's known_cgroups map, as the Python path writes it (by value)."""
+
+    def __setitem__(self, key: object, value: object) -> None:
+        super().__setitem__(key.value, value.value)  # type: ignore[attr-defined]
+
+
+class Cgroups:
+    """Enrichment.cgroup's answers for a few cgroups: some final, some not yet."""
+
+    def __init__(self, rng: random.Random) -> None:
+        whos = [
+            {"container_id": "", "container": "", "pod": "", "namespace": "", "pod_uid": ""},
+            {"container_id": "abc123" * 8, "container": "trainer", "pod": "llama-0",
+             "namespace": "ml", "pod_uid": "u-1", "workload_kind": "PyTorchJob",
+             "workload": "llama"},
+            {"container_id": "d" * 64, "container": "é-side", "pod": "web-7",
+             "namespace": "prod", "pod_uid": "u-2"},
+        ]  # fmt: skip
+        self.answers = {cg: (f"/kubepods/cg{cg}" if cg else "", rng.choice(whos), cg % 2 == 0)
+                        for cg in (0, 1, 2, 3, 77, 2**63 + 5)}  # fmt: skip
+        self.asked = 0
+
+    def cgroup(self, cgroup_id: int) -> tuple[str, dict, bool]:
+        self.asked += 1
+        return self.answers[cgroup_id]
+
+
+def proc_record(rng: random.Random, pids: list[int], cgroups: list[int]) -> bytes:
+    from lens_ebpf.agent.bpf.layouts import ProcEvent
+
+    ev = ProcEvent()
+    ev.ts_ns = rng.getrandbits(64)
+    ev.cgroup_id = rng.choice(cgroups)
+    ev.kind = rng.choice([1, 1, 2, 2, 3, 0, 9])
+    ev.pid, ev.ppid = rng.choice(pids), rng.choice([0, 1, rng.getrandbits(32)])
+    ev.exit_code = rng.choice([0, 1, 255, -1, -(2**31), 2**31 - 1])
+    ev.signal = rng.choice([0, 0, 9, 15, -3])
+    ev.flags = rng.choice([0, 4, 8, 12, 1])
+    ev.comm = rng.choice([b"", b"python3", b"x" * 16, b"caf\xc3\xa9", b"bad\xff", b"a\x00b"])
+    ev.filename = rng.choice([b"", b"/usr/bin/python3", b"/" + b"p" * 254, b"/bin/\xff\xfe"])
+    return bytes(ev)
+
+
+def procs_rig(rng_seed: int) -> object:
+    """A ProcEvents with its kernel side left out: a real cache and bus, the cgroups'
+    answers from Cgroups, the known_cgroups map as a dict."""
+    from lens_ebpf.agent.config import BpfConfig
+    from lens_ebpf.agent.metrics.cache import MetricCache
+    from lens_ebpf.agent.processes import proc_events
+
+    p = proc_events.ProcEvents.__new__(proc_events.ProcEvents)
+    proc_events.RingProgram.__init__(p, loader=None)  # type: ignore[arg-type]
+    p.bpf_cfg = BpfConfig(max_processes=20)
+    p.cache = MetricCache(3600, 1000)
+    for name in proc_events._METRICS:
+        extra = ("exit_class",) if name == proc_events.EXITS else ()
+        p.cache.register(name, "counter", "h", (*proc_events.IDENTITY, *extra))
+    p.bus = EventBus(100000, history=100000, node=NODE)
+    p.enrich = Cgroups(random.Random(rng_seed))
+    p.bpf = {b"known_cgroups": Known()}
+    p._comms = {}
+    p._head = HEAD
+    p.native = None
+    return p
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_process_records_same_bytes_events_counts_as_the_python_path(mod, seed: int) -> None:
+    from lens_ebpf.agent.processes import proc_events
+
+    assert native.layout_differs(mod.proc_event_layout(), proc_events.layouts.ProcEvent) == ""
+    compiled, why = proc_events.compiled_procs()
+    assert compiled is mod, why
+    rng = random.Random(seed)
+    pids = [rng.getrandbits(22) for _ in range(40)]  # comms bounded at 20: some go
+    cgroups = [0, 1, 2, 3, 77, 2**63 + 5]
+    batches = [[proc_record(rng, pids, cgroups) for _ in range(rng.choice([1, 7, 300]))]
+               for _ in range(20)]  # fmt: skip
+    py, nat = procs_rig(seed), procs_rig(seed)
+    nat.native = mod
+    for batch in batches:
+        for rec in batch:
+            py._on_event(rec)
+        nat._on_records(batch)
+    assert py.handler_errors == nat.handler_errors == 0
+    want, got = list(py.bus.history), list(nat.bus.history)
+    assert len(got) == len(want) > 500
+    assert {e.kind for e in want} == {"process_exec", "process_exit", "oom_kill"}
+    for w, g in zip(want, got, strict=True):
+        object.__setattr__(w, "ts_unix_nano", g.ts_unix_nano)  # the bus's clock, apart
+        assert g._wire == convert.encode(w, *NODE), w
+        assert g._wire == convert.to_pb(w, *NODE).SerializeToString()
+        assert g.event() == w
+
+    def counts(p: object) -> dict:  # the series and values, in any order
+        return {fam.name: sorted(series) for fam, series in p.cache.snapshot()}
+
+    assert counts(nat) == counts(py)
+    assert sum(v for _, v in counts(py)[proc_events.EXITS]) > 100
+    assert nat._comms == py._comms and len(nat._comms) <= 20
+    assert dict(nat.bpf[b"known_cgroups"]) == dict(py.bpf[b"known_cgroups"]) != {}
+    # the compiled path asks once per cgroup a batch, the Python path once a record
+    assert nat.enrich.asked < py.enrich.asked
+
+
+def test_process_records_it_cannot_handle_are_counted(mod) -> None:
+    rng = random.Random(5)
+    good = [proc_record(rng, [1, 2], [0]) for _ in range(30)]
+    good = [r for r in good if r[16] in (1, 2, 3)][:4]  # kinds it publishes
+    idents = {0: ("", {"pod": "x", "namespace": "n", "container": "c"})}
+    events, counts, bad, err = mod.procs([good[0], good[1][:40], good[2]], 1, 9, HEAD,
+                                         idents, {}, 10)  # fmt: skip
+    assert bad == 1 and isinstance(err, ValueError) and [e.seq for e in events] == [1, 2]
+    events, counts, bad, err = mod.procs(good, 1, 9, HEAD, {}, {}, 10)
+    assert bad == 4 and isinstance(err, KeyError) and events == [] and counts == {}
+    assert mod.proc_cgroups([good[0], b"short"]) == [(0, bool(good[0][36] & 8))]

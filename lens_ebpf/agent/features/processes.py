@@ -19,7 +19,8 @@ class ProcessesFeature(Feature):
 
     def start(self) -> None:
         ctx = self.ctx
-        procs = ProcEvents(ctx.bpf, ctx.cache, ctx.bus, ctx.loader, ctx.enrich)
+        procs = ProcEvents(ctx.bpf, ctx.cache, ctx.bus, ctx.loader, ctx.enrich,
+                           ctx.events.encoder)  # fmt: skip
         if procs.start():
             self.procs = procs
             ctx.spawn("ringbuf-proc", lambda: procs.poll_until(ctx.stop))

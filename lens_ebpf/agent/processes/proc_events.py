@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from types import ModuleType
+from typing import Any
 
+from lens_ebpf.agent import native
 from lens_ebpf.agent.bpf import layouts
 from lens_ebpf.agent.bpf.layouts import c_text, comm_text, record_struct
 from lens_ebpf.agent.bpf.loader import BpfLoader, plan_for
@@ -14,6 +17,7 @@ from lens_ebpf.agent.config import BpfConfig
 from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.events import EventBus, ProcessEvent, maker
 from lens_ebpf.agent.metrics.cache import COUNTER, MetricCache
+from lens_ebpf.protocol.gen import lens_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +69,54 @@ def exit_class(exit_code: int, signal: int) -> str:
 
 _PROC_EVENT = record_struct(layouts.ProcEvent)
 _KINDS = {EV_EXEC: "process_exec", EV_EXIT: "process_exit", EV_OOM: "oom_kill"}
+# native.procs's counts: metric number -> family
+_METRICS = (EXECS, EXITS, OOMS)
 # made through its slots (events.maker), once per ring record: these fields by position
 _make_process = maker(ProcessEvent, ("kind", "ts_ns", "pid", "ppid", "cgroup_id", "cgroup", "comm"))
+
+
+def process_event(kind: int, ts_ns: int, pid: int, ppid: int, exit_code: int, signal: int,
+                  flags: int, raw_file: bytes, cgroup_id: int, path: str,
+                  who: dict[str, str], comm: str) -> ProcessEvent:  # fmt: skip
+    """An exec, exit or OOM kill record's event, with its cgroup's path and identity and
+    the comm it goes by (both paths: the Python one, and materialize's)."""
+    name = _KINDS[kind]
+    if kind == EV_EXEC:
+        return _make_process(name, ts_ns, pid, ppid, cgroup_id, path, comm,
+                             filename=c_text(raw_file), **who)  # fmt: skip
+    if kind == EV_EXIT:
+        return _make_process(name, ts_ns, pid, ppid, cgroup_id, path, comm, exit_code=exit_code,
+                             signal=signal, oom_killed=bool(flags & PF_OOM_VICTIM),
+                             **who)  # fmt: skip
+    return _make_process(name, ts_ns, pid, ppid, cgroup_id, path, comm, **who)
+
+
+def materialize(p: Any) -> ProcessEvent:
+    """A compiled process event (native.Packed) as the Python path publishes it."""
+    ts_ns, cgroup_id, kind, pid, ppid, exit_code, signal, flags, _comm, raw_file = (
+        _PROC_EVENT.unpack_from(p.record)
+    )
+    path, who, comm = p.extra
+    ev = process_event(kind, ts_ns, pid, ppid, exit_code, signal, flags, raw_file, cgroup_id,
+                       path, who, comm)  # fmt: skip
+    object.__setattr__(ev, "seq", p.seq)
+    object.__setattr__(ev, "ts_unix_nano", p.ts_unix_nano)
+    object.__setattr__(ev, "_wire", p._wire)
+    return ev
+
+
+def compiled_procs() -> tuple[ModuleType | None, str]:
+    """The compiled path for process records, its layout checked against ProcEvent; or
+    None and why not."""
+    mod, why = native.load()
+    if mod is None:
+        return None, why
+    why = native.layout_differs(mod.proc_event_layout(), layouts.ProcEvent)
+    if why:
+        return None, why
+    for kind in ProcessEvent.KINDS:
+        mod.set_materializer(kind, materialize)
+    return mod, ""
 
 
 class ProcEvents(RingProgram):
@@ -77,9 +127,13 @@ class ProcEvents(RingProgram):
 
     def __init__(
         self, bpf: BpfConfig, cache: MetricCache, bus: EventBus, loader: BpfLoader,
-        enrich: Enrichment,
+        enrich: Enrichment, encoder: str = "compiled",
     ) -> None:  # fmt: skip
         super().__init__(loader)
+        self.encoder = encoder  # events.encoder: compiled or python
+        self.encoder_used = ""  # what start chose, and why not compiled
+        self.native: ModuleType | None = None
+        self._head = b""
         self.bpf_cfg = bpf
         self.cache = cache
         self.bus = bus
@@ -106,7 +160,13 @@ class ProcEvents(RingProgram):
         if self.bpf is None:
             return False
         layouts.check_layout("proc_event", layouts.ProcEvent, self.bpf[b"layout_proc_event"].Leaf)
-        self.open_events(b"proc_events", self._on_event, self.bpf_cfg.ring_reader)
+        self.native, why = (compiled_procs() if self.encoder == "compiled"
+                            else (None, "events.encoder: python"))  # fmt: skip
+        self.encoder_used = "compiled" if self.native is not None else f"python ({why})"
+        node_name, node_ip = self.bus.node
+        self._head = pb.Event(node_name=node_name, node_ip=node_ip).SerializeToString()
+        self.open_events(b"proc_events", self._on_event, self.bpf_cfg.ring_reader,
+                         self._on_records if self.native is not None else None)  # fmt: skip
         return True
 
     def _on_event(self, rec: bytes) -> None:
@@ -114,32 +174,60 @@ class ProcEvents(RingProgram):
             _PROC_EVENT.unpack_from(rec)
         )
         self.events_received += 1
-        name = _KINDS.get(kind)
-        if name is None:
+        if kind not in _KINDS:
             return
-        path, who, settled = self.enrich.cgroup(cgroup_id)
-        if flags & REC_NEW_CGROUP and settled:
-            # from now on this cgroup's records wait for the batch's wake-up
-            self.bpf[b"known_cgroups"][ctypes.c_uint64(cgroup_id)] = ctypes.c_uint8(1)
+        path, who = self._identity(cgroup_id, bool(flags & REC_NEW_CGROUP))
         labels = (who["namespace"], who["pod"], who["container"])
         comm = comm_text(raw_comm)
         if kind == EV_EXEC:
-            ev = _make_process(name, ts_ns, pid, ppid, cgroup_id, path, comm,
-                               filename=c_text(raw_file), **who)  # fmt: skip
             self.cache.inc(EXECS, labels)
             self._remember_comm(pid, comm)
         elif kind == EV_EXIT:
             self._comms.pop(pid, None)
-            ev = _make_process(name, ts_ns, pid, ppid, cgroup_id, path, comm, exit_code=exit_code,
-                               signal=signal, oom_killed=bool(flags & PF_OOM_VICTIM),
-                               **who)  # fmt: skip
             self.cache.inc(EXITS, (*labels, exit_class(exit_code, signal)))
         else:
             # a kernel whose mark_victim has no comm: the one its exec had
-            ev = _make_process(name, ts_ns, pid, ppid, cgroup_id, path,
-                               comm or self._comms.get(pid, ""), **who)  # fmt: skip
+            comm = comm or self._comms.get(pid, "")
             self.cache.inc(OOMS, labels)
+        ev = process_event(kind, ts_ns, pid, ppid, exit_code, signal, flags, raw_file,
+                           cgroup_id, path, who, comm)  # fmt: skip
         self.bus.publish(ev, owned=True)
+
+    def _identity(self, cgroup_id: int, new: bool) -> tuple[str, dict[str, str]]:
+        """A cgroup's path and identity; a new cgroup (its record woke the reader) whose
+        answer is final is marked known, so its later records wait for the batch's
+        wake-up."""
+        path, who, settled = self.enrich.cgroup(cgroup_id)
+        if new and settled:
+            self.bpf[b"known_cgroups"][ctypes.c_uint64(cgroup_id)] = ctypes.c_uint8(1)
+        return path, who
+
+    def _on_records(self, records: list[bytes]) -> None:
+        """A pass's records through the compiled path (native.procs): the cgroups they
+        name resolved first (outside the bus's lock: a new one may mean reading the
+        runtime's state), then each event published as its wire bytes, numbered under
+        the lock, and the counters added once per series."""
+        self.events_received += len(records)
+        assert self.native is not None
+        mod = self.native
+        idents = {cg: self._identity(cg, new) for cg, new in mod.proc_cgroups(records)}
+        done: list[Any] = []
+
+        def make(seq: int, ts: int) -> list[Any]:
+            events, *rest = mod.procs(records, seq, ts, self._head, idents, self._comms,
+                                      self.bpf_cfg.max_processes)  # fmt: skip
+            done.extend(rest)
+            return events
+
+        self.bus.publish_batch(make)
+        counts, bad, first_error = done
+        for (metric, namespace, pod, container, cls), n in counts.items():
+            labels = (namespace, pod, container)
+            self.cache.inc(_METRICS[metric], (*labels, cls) if metric == 1 else labels, n)
+        if bad:
+            self.handler_errors += bad
+            log.error("%s: %d records could not be handled (%d so far): %r", NAME, bad,
+                      self.handler_errors, first_error)  # fmt: skip
 
     def _remember_comm(self, pid: int, comm: str) -> None:
         """pid -> its comm at exec, bounded like the kernel's process map."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import socket
 import time
+from types import ModuleType
 from typing import Any
 
+from lens_ebpf.agent import native
 from lens_ebpf.agent.bpf.layouts import FlowEvent, comm_text, record_struct
 from lens_ebpf.agent.events import FlowClosed, maker
 from lens_ebpf.agent.net.policy import CLASS_NAMES
@@ -102,3 +105,32 @@ def _event(ts: int, duration: int, pid: int, comm: bytes, cgroup_id: int, family
                       format_addr(family, laddr), lport, format_addr(family, raddr), rport,
                       direction_name(direction), class_name(cls), sent, recv, retrans,
                       duration, reason)  # fmt: skip
+
+
+def materialize(p: Any) -> FlowClosed:
+    """A compiled closed flow (native.Packed) as the Python path publishes it: decoded
+    from its record, enrichment's fields, its kind, numbered, its wire kept."""
+    ev = flow_record(p.record)
+    if p.extra:
+        ev = dataclasses.replace(ev, **p.extra)
+    if p.kind != ev.kind:
+        ev = dataclasses.replace(ev, kind=p.kind)
+    object.__setattr__(ev, "seq", p.seq)
+    object.__setattr__(ev, "ts_unix_nano", p.ts_unix_nano)
+    object.__setattr__(ev, "_wire", p._wire)
+    return ev
+
+
+def compiled_flows() -> tuple[ModuleType | None, str]:
+    """The compiled path for closed-flow records, its names set and its layout checked
+    against FlowEvent; or None and why not."""
+    mod, why = native.load()
+    if mod is None:
+        return None, why
+    why = native.layout_differs(mod.flow_event_layout(), FlowEvent)
+    if why:
+        return None, why
+    mod.configure_flows([class_name(i) for i in range(256)], DIRECTIONS, CLOSE_REASONS)
+    for kind in FlowClosed.KINDS:
+        mod.set_materializer(kind, materialize)
+    return mod, ""

@@ -39,7 +39,7 @@ from lens_ebpf.agent.events import EventBus, FlowClosed
 from lens_ebpf.agent.metrics.cache import COUNTER, MetricCache
 from lens_ebpf.agent.net import identity, netns, proc_tcp
 from lens_ebpf.agent.net.policy import CLASS_IDS, MAX_PREFIXES, Policy, abnormal, lpm_entries
-from lens_ebpf.agent.tcp import decode, native, tcp_rtt
+from lens_ebpf.agent.tcp import decode, tcp_rtt
 from lens_ebpf.protocol.gen import lens_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -309,7 +309,7 @@ class TcpFlows(RingProgram):
             # at once: sockets opened before the agent are counted from their first sight
             self._walk_open_sockets()
         self.native, why = (
-            native.load()
+            decode.compiled_flows()
             if self.events_cfg.encoder == "compiled"
             else (None, "events.encoder: python")
         )

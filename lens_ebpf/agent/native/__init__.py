@@ -1,4 +1,5 @@
-"""The compiled event path: closed-flow ring records to the bytes every stream sends.
+"""The compiled event path: ring records (closed flows; exec, exit and OOM kill) to the
+bytes every stream sends.
 
 Why compiled: each closed flow cost ~6.5 us of Python between the ring buffer and a
 SubscribeBatch client (decoded into a FlowClosed, numbered, encoded through protobuf's
@@ -10,14 +11,14 @@ a consumer asks for one (trace, a Subscribe filter on a field other than the kin
 
 Built by `scripts/setup.sh` (so by `make run` and `make test`) with Debian's gcc against
 the running Python's headers (python3-dev), next to this file; `python -m
-lens_ebpf.agent.tcp.native` builds it again. Where it is missing, was built from another
+lens_ebpf.agent.native` builds it again. Where it is missing, was built from another
 source, or does not match the records' layout, the agent keeps the Python path and says
 why (`events.encoder: python` chooses that path on purpose).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import ctypes
 import hashlib
 import importlib
 import logging
@@ -70,47 +71,26 @@ def build(cc: str = "gcc") -> Path:
     return out
 
 
-def _check_layout(mod: ModuleType) -> str:
-    """Why the module's struct flow_event differs from layouts.FlowEvent; empty if not."""
-    from lens_ebpf.agent.bpf.layouts import FlowEvent
-
-    got = mod.flow_event_layout()
-    want = {"size": _sizeof(FlowEvent)} | {
-        name: getattr(FlowEvent, name).offset for name, *_ in FlowEvent._fields_
+def layout_differs(got: dict[str, int], mirror: Any) -> str:
+    """Why a struct's layout in the module (its size and field offsets) differs from its
+    ctypes mirror (bpf/layouts.py, itself checked against the program's BTF); empty if
+    it does not."""
+    want = {"size": ctypes.sizeof(mirror)} | {
+        name: getattr(mirror, name).offset for name, *_ in mirror._fields_
     }
     if got != want:
         diff = sorted(k for k in want if got.get(k) != want[k])
-        return f"its struct flow_event differs from layouts.FlowEvent at {', '.join(diff)}"
+        return f"its {mirror.__name__} differs from layouts.{mirror.__name__} at {', '.join(diff)}"
     return ""
-
-
-def _sizeof(t: Any) -> int:
-    import ctypes
-
-    return ctypes.sizeof(t)
-
-
-def materialize(p: Any) -> Any:
-    """A Packed event as the Python path publishes it (events.FlowClosed, numbered, its
-    wire kept): decoded from its record, enrichment's fields, its kind."""
-    from lens_ebpf.agent.tcp import decode
-
-    ev = decode.flow_record(p.record)
-    if p.extra:
-        ev = dataclasses.replace(ev, **p.extra)
-    if p.kind != ev.kind:
-        ev = dataclasses.replace(ev, kind=p.kind)
-    object.__setattr__(ev, "seq", p.seq)
-    object.__setattr__(ev, "ts_unix_nano", p.ts_unix_nano)
-    object.__setattr__(ev, "_wire", p._wire)
-    return ev
 
 
 _loaded: tuple[ModuleType | None, str] | None = None
 
 
 def load() -> tuple[ModuleType | None, str]:
-    """The compiled module, configured, or None and why not (once per process)."""
+    """The compiled module, or None and why not (once per process); each program's
+    records check their layout and name their numbers (tcp.decode.compiled_flows,
+    processes.proc_events.compiled_procs)."""
     global _loaded
     if _loaded is None:
         _loaded = _load()
@@ -124,20 +104,14 @@ def _load() -> tuple[ModuleType | None, str]:
     if not target().exists():
         return None, f"{target().name} not built (scripts/setup.sh builds it)"
     try:
-        mod = importlib.import_module("lens_ebpf.agent.tcp.native._native")
+        mod = importlib.import_module("lens_ebpf.agent.native._native")
     except ImportError as exc:
         return None, f"cannot load {target().name}: {exc}"
     if getattr(mod, "SOURCE_HASH", None) != source_hash():
         return None, f"{target().name} was built from another _native.c: run scripts/setup.sh"
-    why = _check_layout(mod)
-    if why:
-        return None, why
     from lens_ebpf.agent import events
-    from lens_ebpf.agent.tcp import decode
 
     events.set_packed(mod.Packed)
-    mod.configure([decode.class_name(i) for i in range(256)], decode.DIRECTIONS,
-                  decode.CLOSE_REASONS, materialize)  # fmt: skip
     return mod, ""
 
 

@@ -1,8 +1,0 @@
-"""python -m lens_ebpf.agent.tcp.native: build the compiled event path (_native.c)."""
-
-import sys
-
-from lens_ebpf.agent.tcp.native import main
-
-if __name__ == "__main__":
-    sys.exit(main())
