@@ -70,8 +70,11 @@ def test_every_record_in_order_and_a_failed_one_counted(procs: ProcEvents, tmp_p
             raise ValueError("a record this test makes unreadable")
         handle(rec)
 
-    def failing_once_compiled(recs: list[bytes]) -> None:  # the compiled path gets it cut
+    def failing_once_compiled(recs: bytes | list[bytes]) -> None:  # the compiled path: cut
         assert handle_batch is not None
+        if isinstance(recs, bytes):  # whole records back to back (native.ring_take)
+            size = _PROC_EVENT.size
+            recs = [recs[i : i + size] for i in range(0, len(recs), size)]
         handle_batch([rec[:40] if spoiled(rec) else rec for rec in recs])
 
     procs._handle = failing_once

@@ -86,6 +86,12 @@ def test_same_bytes_and_events_as_the_python_path(mod, seed: int) -> None:
     events, bad, err = mod.flows(records, seq0, ts, HEAD, None, None)
     assert (bad, err) == (0, None)
     assert len(events) == len(records)
+    # the same records back to back, as native.ring_take hands them over
+    blob, *_ = mod.flows(b"".join(records), seq0, ts, HEAD, None, None)
+    assert [(e.seq, e._wire, e.record) for e in blob] == [(e.seq, e._wire, e.record)
+                                                          for e in events]  # fmt: skip
+    with pytest.raises(ValueError, match="not whole"):
+        mod.flows(b"".join(records)[:-1], seq0, ts, HEAD, None, None)
     for i, (rec, got) in enumerate(zip(records, events, strict=True)):
         want = python_path(rec, seq0 + i, ts, None, "flow_closed")
         assert (got.kind, got.seq, got.ts_unix_nano, got.record) == (
@@ -296,10 +302,13 @@ def test_process_records_same_bytes_events_counts_as_the_python_path(mod, seed: 
                for _ in range(20)]  # fmt: skip
     py, nat = procs_rig(seed), procs_rig(seed)
     nat.native = mod
-    for batch in batches:
+    nat._record_size = len(batches[0][0])
+    for i, batch in enumerate(batches):
         for rec in batch:
             py._on_event(rec)
-        nat._on_records(batch)
+        # as a list, or back to back as native.ring_take hands them over
+        nat._on_records(b"".join(batch) if i % 2 else batch)
+    assert nat.events_received == py.events_received
     assert py.handler_errors == nat.handler_errors == 0
     want, got = list(py.bus.history), list(nat.bus.history)
     assert len(got) == len(want) > 500

@@ -14,6 +14,9 @@ from lens_ebpf.agent.bpf.ringbuf import MappedRing
 
 log = logging.getLogger(__name__)
 
+# a batch of ring records: one bytes each, or whole records back to back (native.ring_take)
+Records = list[bytes] | bytes
+
 
 class RingProgram:
     """A loaded BPF object whose records arrive on a ring buffer and whose losses sit in
@@ -30,20 +33,30 @@ class RingProgram:
         self.kernel_stats: dict[str, int] = dict.fromkeys(self.STATS, 0)
         self.ring: MappedRing | None = None
         self._handle: Callable[[bytes], None] = lambda _rec: None
-        self._handle_batch: Callable[[list[bytes]], None] | None = None
+        self._handle_batch: Callable[[Records], None] | None = None
+        self._take: Any = None  # native.ring_take, when the compiled path reads the ring
+        self._record_size = 0
 
     def open_events(self, ring: bytes, handle: Callable[[bytes], None],
                     reader: str = "mapped",
-                    batch: Callable[[list[bytes]], None] | None = None) -> None:  # fmt: skip
+                    batch: Callable[[Records], None] | None = None,
+                    take: Any = None, record_size: int = 0) -> None:  # fmt: skip
         """Deliver the ring buffer's records (their bytes) to handle; report received and
         lost. reader "mapped": a pass over the ring's own mapping each time (ringbuf.py)
         where this machine allows it; else, or "callback", BCC's callback per record.
         batch: takes the records of each pass at once instead of handle (which takes
-        each one the callback reader delivers); it counts what it cannot handle itself."""
+        each one the callback reader delivers); it counts what it cannot handle itself.
+        take (native.ring_take) with record_size: the compiled path reads the mapping
+        itself and hands batch the pass's records as one bytes object."""
         table = self.bpf[ring]
         self._handle = handle
         self._handle_batch = batch
-        why = "bpf.ring_reader: callback" if reader == "callback" else ringbuf.available()
+        self._take, self._record_size = (take, record_size) if batch is not None else (None, 0)
+        why = (
+            "bpf.ring_reader: callback"
+            if reader == "callback"
+            else ("" if self._take is not None else ringbuf.available())
+        )
         if not why:
             try:
                 self.ring = MappedRing(table.map_fd, table.max_entries)
@@ -77,16 +90,21 @@ class RingProgram:
                 log.exception("%s: a record could not be handled (%d so far)", self.NAME,
                               self.handler_errors)  # fmt: skip
 
-    def _deliver_batch(self, records: list[bytes]) -> None:
+    def count(self, records: Records) -> int:
+        """How many records a batch holds (a list, or whole records back to back)."""
+        return len(records) // self._record_size if isinstance(records, bytes) else len(records)
+
+    def _deliver_batch(self, records: Records) -> None:
         """A pass's records to the batch handler; if it fails as a whole, all of them are
         counted lost (handler_errors) and logged."""
         assert self._handle_batch is not None
         try:
             self._handle_batch(records)
         except Exception:
-            self.handler_errors += len(records)
-            log.exception("%s: %d records could not be handled (%d so far)", self.NAME,
-                          len(records), self.handler_errors)  # fmt: skip
+            n = self.count(records)
+            self.handler_errors += n
+            log.exception("%s: %d records could not be handled (%d so far)", self.NAME, n,
+                          self.handler_errors)  # fmt: skip
 
     def poll(self, timeout_ms: int) -> None:
         """Deliver pending records (call from one thread). A program may submit without
@@ -94,6 +112,16 @@ class RingProgram:
         taken whether a wakeup came or not."""
         if self.ring is not None:
             self.ring.wait(timeout_ms / 1000)
+            if self._take is not None:
+                whole, other = self.ring.take_whole(self._take, self._record_size)
+                if other:  # records of another size: not this program's, lost and counted
+                    self.events_received += other
+                    self.handler_errors += other
+                    log.error("%s: %d records of an unexpected size (%d lost so far)",
+                              self.NAME, other, self.handler_errors)  # fmt: skip
+                if whole:
+                    self._deliver_batch(whole)
+                return
             records = self.ring.take()
             if self._handle_batch is not None:
                 if records:

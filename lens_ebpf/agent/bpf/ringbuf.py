@@ -23,6 +23,7 @@ from __future__ import annotations
 import mmap
 import platform
 import select
+from typing import Any
 
 BUSY = 1 << 31
 DISCARD = 1 << 30
@@ -71,6 +72,14 @@ class MappedRing:
     def pending(self) -> int:
         """Bytes between the consumer and producer positions (records and their headers)."""
         return int(self._prod[0] - self._cons[0])
+
+    def take_whole(self, take: Any, size: int) -> tuple[bytes, int]:
+        """take, as the compiled reader does it (native.ring_take: with acquire loads and
+        a release store, so on any CPU): the records of size bytes back to back in one
+        bytes object, and how many of another size it passed over."""
+        got: tuple[bytes, int] = take(self._consumer, self._producer, self.mask,
+                                      mmap.PAGESIZE, size)  # fmt: skip
+        return got
 
     def take(self) -> list[bytes]:
         """Every record committed now, oldest first; their space goes back to the kernel

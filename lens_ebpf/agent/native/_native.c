@@ -367,6 +367,131 @@ static Packed *pack(PyObject *kind, uint32_t tag, long long seq, long long ts,
     return p;
 }
 
+/* ---------------------------------------------------------------- record batches */
+
+/* A batch of records: a sequence of bytes-likes (one record each), or one bytes object of
+ * records of one size back to back (what ring_take returns). */
+typedef struct {
+    PyObject *seqf; /* the sequence's items, or NULL for a blob */
+    const char *blob;
+    Py_ssize_t count, size;
+} records_t;
+
+static int records_open(records_t *r, PyObject *obj, Py_ssize_t size) {
+    r->size = size;
+    if (PyBytes_Check(obj)) {
+        r->seqf = NULL;
+        r->blob = PyBytes_AS_STRING(obj);
+        if (PyBytes_GET_SIZE(obj) % size) {
+            PyErr_Format(PyExc_ValueError, "a batch of %zd bytes is not whole %zd-byte records",
+                         PyBytes_GET_SIZE(obj), size);
+            return -1;
+        }
+        r->count = PyBytes_GET_SIZE(obj) / size;
+        return 0;
+    }
+    r->seqf = PySequence_Fast(obj, "records: a sequence, or bytes of whole records");
+    if (r->seqf == NULL)
+        return -1;
+    r->count = PySequence_Fast_GET_SIZE(r->seqf);
+    return 0;
+}
+
+static void records_close(records_t *r) { Py_CLEAR(r->seqf); }
+
+/* record i into out (size bytes); -1 with ValueError when it is shorter. what: its name */
+static int records_get(records_t *r, Py_ssize_t i, void *out, const char *what) {
+    if (r->seqf == NULL) {
+        memcpy(out, r->blob + i * r->size, (size_t)r->size);
+        return 0;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(r->seqf, i), &view, PyBUF_SIMPLE) < 0)
+        return -1;
+    int rc = 0;
+    if (view.len < r->size) {
+        PyErr_Format(PyExc_ValueError, "%s record of %zd bytes, %zd expected", what, view.len,
+                     r->size);
+        rc = -1;
+    } else {
+        memcpy(out, view.buf, (size_t)r->size);
+    }
+    PyBuffer_Release(&view);
+    return rc;
+}
+
+/* ring_take(consumer, producer, mask, page, size) -> (records, other): every record
+ * committed now in a BPF ring buffer's mapping (ringbuf.MappedRing's: the consumer page,
+ * the producer page and the data area mapped twice), those of size bytes back to back
+ * in one bytes object, oldest first, and how many of another size were passed over. Their
+ * space goes back to the kernel (the consumer position, one release store) before they
+ * are returned. The positions and headers are read with acquire loads: the kernel writes
+ * a record's data before it clears its BUSY bit. */
+#define RB_BUSY (1U << 31)
+#define RB_DISCARD (1U << 30)
+#define RB_HEADER 8
+static PyObject *ring_take(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyObject *consumer, *producer;
+    unsigned long long mask;
+    Py_ssize_t page, size;
+    if (!PyArg_ParseTuple(args, "OOKnn", &consumer, &producer, &mask, &page, &size))
+        return NULL;
+    Py_buffer cv, pv;
+    if (PyObject_GetBuffer(consumer, &cv, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(producer, &pv, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&cv);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if (cv.len < 8 || pv.len < page + 2 * (Py_ssize_t)(mask + 1) || size <= 0) {
+        PyErr_SetString(PyExc_ValueError, "not a ring buffer's mapping");
+        goto done;
+    }
+    uint64_t *cons_at = (uint64_t *)cv.buf;
+    const uint64_t *prod_at = (const uint64_t *)pv.buf;
+    const char *data = (const char *)pv.buf + page;
+    uint64_t start = __atomic_load_n(cons_at, __ATOMIC_RELAXED);
+    uint64_t prod = __atomic_load_n(prod_at, __ATOMIC_ACQUIRE);
+    /* first the headers: how far, and how many of the size */
+    Py_ssize_t whole = 0, other = 0;
+    uint64_t cons = start;
+    while (cons < prod) {
+        uint32_t hdr = __atomic_load_n((const uint32_t *)(data + (cons & mask)), __ATOMIC_ACQUIRE);
+        if (hdr & RB_BUSY)
+            break;
+        uint32_t len = hdr & ~(RB_BUSY | RB_DISCARD);
+        if (!(hdr & RB_DISCARD)) {
+            if ((Py_ssize_t)len == size)
+                whole++;
+            else
+                other++;
+        }
+        cons += (len + RB_HEADER + 7) & ~7ULL;
+    }
+    uint64_t end = cons;
+    out = PyBytes_FromStringAndSize(NULL, whole * size);
+    if (out == NULL)
+        goto done;
+    char *w = PyBytes_AS_STRING(out);
+    for (cons = start; cons < end;) {
+        uint32_t hdr = *(const uint32_t *)(data + (cons & mask));
+        uint32_t len = hdr & ~(RB_BUSY | RB_DISCARD);
+        if (!(hdr & RB_DISCARD) && (Py_ssize_t)len == size) {
+            memcpy(w, data + (cons & mask) + RB_HEADER, (size_t)size);
+            w += size;
+        }
+        cons += (len + RB_HEADER + 7) & ~7ULL;
+    }
+    if (end != start)
+        __atomic_store_n(cons_at, end, __ATOMIC_RELEASE);
+    out = Py_BuildValue("(Nn)", out, other); /* N: the tuple takes the bytes over */
+done:
+    PyBuffer_Release(&pv);
+    PyBuffer_Release(&cv);
+    return out;
+}
+
 /* flows(records, seq0, ts, head, enrich, abnormal) -> (list of Packed, bad, first error)
  *
  * records: ring records (bytes-like), each a struct flow_event. seq0: the first one's
@@ -388,10 +513,10 @@ static PyObject *flows(PyObject *Py_UNUSED(module), PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "configure_flows() first");
         return NULL;
     }
-    PyObject *seqf = PySequence_Fast(records, "records: a sequence");
-    if (seqf == NULL)
+    records_t recs;
+    if (records_open(&recs, records, sizeof(struct flow_event)) < 0)
         return NULL;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(seqf);
+    Py_ssize_t count = recs.count;
     PyObject *out = PyList_New(0);
     PyObject *first_error = NULL;
     long long bad = 0;
@@ -399,18 +524,9 @@ static PyObject *flows(PyObject *Py_UNUSED(module), PyObject *args) {
     if (out == NULL)
         goto fail;
     for (Py_ssize_t i = 0; i < count; i++) {
-        Py_buffer view;
         struct flow_event r;
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seqf, i), &view, PyBUF_SIMPLE) < 0)
+        if (records_get(&recs, i, &r, "flow") < 0)
             goto record_failed;
-        if (view.len < (Py_ssize_t)sizeof r) {
-            PyErr_Format(PyExc_ValueError, "flow record of %zd bytes, %zu expected", view.len,
-                         sizeof r);
-            PyBuffer_Release(&view);
-            goto record_failed;
-        }
-        memcpy(&r, view.buf, sizeof r);
-        PyBuffer_Release(&view);
 
         char laddr[INET6_ADDRSTRLEN], raddr[INET6_ADDRSTRLEN];
         Py_ssize_t llen = addr_text(laddr, &r, r.laddr), rlen = addr_text(raddr, &r, r.raddr);
@@ -499,13 +615,13 @@ static PyObject *flows(PyObject *Py_UNUSED(module), PyObject *args) {
         }
     }
     PyMem_Free(b.p);
-    Py_DECREF(seqf);
+    records_close(&recs);
     PyObject *result = Py_BuildValue("(NLO)", out, bad, first_error ? first_error : Py_None);
     Py_XDECREF(first_error);
     return result;
 fail:
     PyMem_Free(b.p);
-    Py_DECREF(seqf);
+    records_close(&recs);
     Py_XDECREF(out);
     Py_XDECREF(first_error);
     return NULL;
@@ -771,10 +887,10 @@ static PyObject *procs(PyObject *Py_UNUSED(module), PyObject *args) {
     if (!PyArg_ParseTuple(args, "OLLy#O!O!n", &records, &seq, &ts, &head, &head_n,
                           &PyDict_Type, &idents, &PyDict_Type, &comms, &max_comms))
         return NULL;
-    PyObject *seqf = PySequence_Fast(records, "records: a sequence");
-    if (seqf == NULL)
+    records_t recs;
+    if (records_open(&recs, records, sizeof(struct proc_event)) < 0)
         return NULL;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(seqf), nseen = 0, capseen = 0;
+    Py_ssize_t count = recs.count, nseen = 0, capseen = 0;
     seen_cgroup *seen = NULL;
     PyObject *out = PyList_New(0), *counts = PyDict_New(), *first_error = NULL;
     long long bad = 0;
@@ -782,21 +898,12 @@ static PyObject *procs(PyObject *Py_UNUSED(module), PyObject *args) {
     if (out == NULL || counts == NULL)
         goto fail;
     for (Py_ssize_t i = 0; i < count; i++) {
-        Py_buffer view;
         struct proc_event r;
         PyObject *comm_s = NULL, *extra = NULL, *kind;
         uint32_t tag;
         seen_cgroup *sc = NULL;
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seqf, i), &view, PyBUF_SIMPLE) < 0)
+        if (records_get(&recs, i, &r, "process") < 0)
             goto record_failed;
-        if (view.len < (Py_ssize_t)sizeof r) {
-            PyErr_Format(PyExc_ValueError, "process record of %zd bytes, %zu expected",
-                         view.len, sizeof r);
-            PyBuffer_Release(&view);
-            goto record_failed;
-        }
-        memcpy(&r, view.buf, sizeof r);
-        PyBuffer_Release(&view);
         switch (r.kind) {
         case EV_EXEC: kind = kind_exec; tag = 11; break;
         case EV_EXIT: kind = kind_exit; tag = 12; break;
@@ -947,14 +1054,14 @@ static PyObject *procs(PyObject *Py_UNUSED(module), PyObject *args) {
     }
     forget(seen, nseen);
     PyMem_Free(b.p);
-    Py_DECREF(seqf);
+    records_close(&recs);
     PyObject *result = Py_BuildValue("(NNLO)", out, counts, bad, first_error ? first_error : Py_None);
     Py_XDECREF(first_error);
     return result;
 fail:
     forget(seen, nseen);
     PyMem_Free(b.p);
-    Py_DECREF(seqf);
+    records_close(&recs);
     Py_XDECREF(out);
     Py_XDECREF(counts);
     Py_XDECREF(first_error);
@@ -964,23 +1071,20 @@ fail:
 /* proc_cgroups(records) -> [(cgroup id, new)]: each cgroup the exec, exit and OOM records
  * name, once, in order of first sight; new: one of its records is flagged REC_NEW_CGROUP */
 static PyObject *proc_cgroups(PyObject *Py_UNUSED(module), PyObject *records) {
-    PyObject *seqf = PySequence_Fast(records, "records: a sequence");
-    if (seqf == NULL)
+    records_t recs;
+    if (records_open(&recs, records, sizeof(struct proc_event)) < 0)
         return NULL;
     PyObject *out = PyList_New(0), *where = PyDict_New();
     if (out == NULL || where == NULL)
         goto fail;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seqf); i++) {
-        Py_buffer view;
+    for (Py_ssize_t i = 0; i < recs.count; i++) {
         struct proc_event r;
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seqf, i), &view, PyBUF_SIMPLE) < 0)
-            goto fail;
-        int whole = view.len >= (Py_ssize_t)sizeof r;
-        if (whole)
-            memcpy(&r, view.buf, sizeof r);
-        PyBuffer_Release(&view);
-        if (!whole || r.kind < EV_EXEC || r.kind > EV_OOM)
-            continue; /* procs() counts the short one */
+        if (records_get(&recs, i, &r, "process") < 0) {
+            PyErr_Clear(); /* procs() counts the short one */
+            continue;
+        }
+        if (r.kind < EV_EXEC || r.kind > EV_OOM)
+            continue;
         PyObject *key = PyLong_FromUnsignedLongLong(r.cgroup_id);
         if (key == NULL)
             goto fail;
@@ -1009,12 +1113,12 @@ static PyObject *proc_cgroups(PyObject *Py_UNUSED(module), PyObject *records) {
         }
     }
     Py_DECREF(where);
-    Py_DECREF(seqf);
+    records_close(&recs);
     return out;
 fail:
     Py_XDECREF(out);
     Py_XDECREF(where);
-    Py_DECREF(seqf);
+    records_close(&recs);
     return NULL;
 }
 
@@ -1033,6 +1137,7 @@ static PyMethodDef methods[] = {
     {"set_materializer", set_materializer, METH_VARARGS, "a kind's Python event maker"},
     {"procs", procs, METH_VARARGS, "exec, exit and OOM records to Packed events"},
     {"proc_cgroups", proc_cgroups, METH_O, "the cgroups a batch of process records name"},
+    {"ring_take", ring_take, METH_VARARGS, "a ring buffer's committed records, in one bytes"},
     {"proc_event_layout", proc_layout, METH_NOARGS, "struct proc_event's size and offsets"},
     {"flow_event_layout", layout, METH_NOARGS, "struct flow_event's size and offsets"},
     {NULL},

@@ -11,7 +11,7 @@ from lens_ebpf.agent import native
 from lens_ebpf.agent.bpf import layouts
 from lens_ebpf.agent.bpf.layouts import c_text, comm_text, record_struct
 from lens_ebpf.agent.bpf.loader import BpfLoader, plan_for
-from lens_ebpf.agent.bpf.program import RingProgram
+from lens_ebpf.agent.bpf.program import Records, RingProgram
 from lens_ebpf.agent.bpf.spec import BTF, TRACEPOINT, BtfField, Field, Need, ProbePath, ProgramSpec
 from lens_ebpf.agent.config import BpfConfig
 from lens_ebpf.agent.enrich import Enrichment
@@ -166,7 +166,9 @@ class ProcEvents(RingProgram):
         node_name, node_ip = self.bus.node
         self._head = pb.Event(node_name=node_name, node_ip=node_ip).SerializeToString()
         self.open_events(b"proc_events", self._on_event, self.bpf_cfg.ring_reader,
-                         self._on_records if self.native is not None else None)  # fmt: skip
+                         self._on_records if self.native is not None else None,
+                         getattr(self.native, "ring_take", None),
+                         ctypes.sizeof(layouts.ProcEvent))  # fmt: skip
         return True
 
     def _on_event(self, rec: bytes) -> None:
@@ -202,12 +204,12 @@ class ProcEvents(RingProgram):
             self.bpf[b"known_cgroups"][ctypes.c_uint64(cgroup_id)] = ctypes.c_uint8(1)
         return path, who
 
-    def _on_records(self, records: list[bytes]) -> None:
+    def _on_records(self, records: Records) -> None:
         """A pass's records through the compiled path (native.procs): the cgroups they
         name resolved first (outside the bus's lock: a new one may mean reading the
         runtime's state), then each event published as its wire bytes, numbered under
         the lock, and the counters added once per series."""
-        self.events_received += len(records)
+        self.events_received += self.count(records)
         assert self.native is not None
         mod = self.native
         idents = {cg: self._identity(cg, new) for cg, new in mod.proc_cgroups(records)}

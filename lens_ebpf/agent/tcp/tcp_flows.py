@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from lens_ebpf.agent.bpf import layouts
 from lens_ebpf.agent.bpf.loader import BpfLoader, plan_for
 from lens_ebpf.agent.bpf.map_reader import DeltaReader, prefill_overflow
-from lens_ebpf.agent.bpf.program import RingProgram
+from lens_ebpf.agent.bpf.program import Records, RingProgram
 from lens_ebpf.agent.bpf.spec import (
     BTF,
     ITER,
@@ -317,7 +317,9 @@ class TcpFlows(RingProgram):
         node_name, node_ip = self.bus.node
         self._head = pb.Event(node_name=node_name, node_ip=node_ip).SerializeToString()
         self.open_events(b"flow_events", self._on_event, self.bpf_cfg.ring_reader,
-                         self._on_records if self.native is not None else None)  # fmt: skip
+                         self._on_records if self.native is not None else None,
+                         getattr(self.native, "ring_take", None),
+                         ctypes.sizeof(layouts.FlowEvent))  # fmt: skip
         self.bus.on_change(self.gate_records)
         self.gate_records()
         return True
@@ -373,12 +375,12 @@ class TcpFlows(RingProgram):
         self.events_received += 1
         self._publish(decode.flow_record(rec))
 
-    def _on_records(self, records: list[bytes]) -> None:
+    def _on_records(self, records: Records) -> None:
         """A pass's records through the compiled path (native.flows): each closed flow
         published as its wire bytes, numbered under the bus's lock; enrichment and the
         policy's lists asked as _publish asks them. A record it cannot handle is counted
         and the first error of the pass logged."""
-        self.events_received += len(records)
+        self.events_received += self.count(records)
         assert self.native is not None
         lookup = self.enrich.lookup
         enrich = None if lookup is None else functools.partial(identity.flow_fields, lookup)
