@@ -341,3 +341,53 @@ def test_process_records_it_cannot_handle_are_counted(mod) -> None:
     events, counts, bad, err = mod.procs(good, 1, 9, HEAD, {}, {}, 10)
     assert bad == 4 and isinstance(err, KeyError) and events == [] and counts == {}
     assert mod.proc_cgroups([good[0], b"short"]) == [(0, bool(good[0][36] & 8))]
+
+
+def test_ring_take_reads_what_is_committed_in_order(mod) -> None:
+    """native.ring_take on a mapping laid out as the kernel lays a ring buffer out (a
+    consumer page; a producer page, then the data area twice): committed records of the
+    size back to back, oldest first; DISCARD ones skipped, other sizes counted, a BUSY
+    one stops the pass; the consumer position moves past what was taken, and a record
+    that wraps past the end reads whole."""
+    import mmap
+    import struct
+
+    page, size, rec = 4096, 4096, 24
+    consumer = mmap.mmap(-1, page)
+    producer = bytearray(page + 2 * size)
+
+    def put(at: int, length: int, flags: int, fill: bytes) -> int:
+        """A record at position at (its header, then its data, in both copies)."""
+        for base in (page, page + size):
+            off = base + at % size
+            struct.pack_into("<II", producer, off, length | flags, 0)
+            for i, byte in enumerate(fill[:length]):
+                producer[page + (at % size + 8 + i) % size] = byte
+                producer[page + size + (at % size + 8 + i) % size] = byte
+        return at + ((length + 8 + 7) & ~7)
+
+    records = [bytes([n]) * rec for n in range(1, 5)]
+    pos = put(0, rec, 0, records[0])
+    pos = put(pos, rec, 1 << 30, b"d" * rec)  # discarded
+    pos = put(pos, 10, 0, b"x" * 10)  # another size
+    pos = put(pos, rec, 0, records[1])
+    busy = pos
+    pos = put(pos, rec, 1 << 31, records[2])  # still being written
+    pos = put(pos, rec, 0, records[3])
+    struct.pack_into("<Q", producer, 0, pos)
+    got, other = mod.ring_take(consumer, bytes(producer), size - 1, page, rec)
+    assert (got, other) == (records[0] + records[1], 1)
+    assert struct.unpack_from("<Q", consumer, 0)[0] == busy
+    # committed now: the rest comes, and nothing twice
+    put(busy, rec, 0, records[2])
+    got, other = mod.ring_take(consumer, bytes(producer), size - 1, page, rec)
+    assert (got, other) == (records[2] + records[3], 0)
+    assert mod.ring_take(consumer, bytes(producer), size - 1, page, rec) == (b"", 0)
+    # a record that wraps around the end of the data area reads whole
+    start = size - 16
+    struct.pack_into("<Q", consumer, 0, start)
+    end = put(start, rec, 0, records[0])
+    struct.pack_into("<Q", producer, 0, end)
+    assert mod.ring_take(consumer, bytes(producer), size - 1, page, rec) == (records[0], 0)
+    with pytest.raises(ValueError, match="ring buffer"):
+        mod.ring_take(consumer, bytes(producer), size - 2, page, rec)  # not a power of two

@@ -97,7 +97,10 @@ static PyObject *packed_event(Packed *self, PyObject *Py_UNUSED(ignored)) {
             PyErr_Format(PyExc_RuntimeError, "no materializer for %R", self->kind);
         return NULL;
     }
-    return PyObject_CallOneArg(make, (PyObject *)self);
+    Py_INCREF(make); /* the dict's may go while it runs */
+    PyObject *ev = PyObject_CallOneArg(make, (PyObject *)self);
+    Py_DECREF(make);
+    return ev;
 }
 
 /* get(name, default=None): the event's field by its wire name, as Event.get answers;
@@ -390,10 +393,11 @@ static int records_open(records_t *r, PyObject *obj, Py_ssize_t size) {
         r->count = PyBytes_GET_SIZE(obj) / size;
         return 0;
     }
-    r->seqf = PySequence_Fast(obj, "records: a sequence, or bytes of whole records");
+    /* a tuple of its own: enrich and abnormal run Python, which could change a list */
+    r->seqf = PySequence_Tuple(obj);
     if (r->seqf == NULL)
         return -1;
-    r->count = PySequence_Fast_GET_SIZE(r->seqf);
+    r->count = PyTuple_GET_SIZE(r->seqf);
     return 0;
 }
 
@@ -406,7 +410,7 @@ static int records_get(records_t *r, Py_ssize_t i, void *out, const char *what) 
         return 0;
     }
     Py_buffer view;
-    if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(r->seqf, i), &view, PyBUF_SIMPLE) < 0)
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(r->seqf, i), &view, PyBUF_SIMPLE) < 0)
         return -1;
     int rc = 0;
     if (view.len < r->size) {
@@ -444,7 +448,9 @@ static PyObject *ring_take(PyObject *Py_UNUSED(module), PyObject *args) {
         return NULL;
     }
     PyObject *out = NULL;
-    if (cv.len < 8 || pv.len < page + 2 * (Py_ssize_t)(mask + 1) || size <= 0) {
+    if (cv.len < 8 || size <= 0 || page < 8 || page % 8 || (mask + 1) & mask ||
+        pv.len < page + 2 * (Py_ssize_t)(mask + 1) || (uintptr_t)cv.buf % 8 ||
+        (uintptr_t)pv.buf % 8) {
         PyErr_SetString(PyExc_ValueError, "not a ring buffer's mapping");
         goto done;
     }
@@ -483,9 +489,10 @@ static PyObject *ring_take(PyObject *Py_UNUSED(module), PyObject *args) {
         }
         cons += (len + RB_HEADER + 7) & ~7ULL;
     }
-    if (end != start)
-        __atomic_store_n(cons_at, end, __ATOMIC_RELEASE);
+    /* the result made before the space goes back: a failure leaves the records there */
     out = Py_BuildValue("(Nn)", out, other); /* N: the tuple takes the bytes over */
+    if (out != NULL && end != start)
+        __atomic_store_n(cons_at, end, __ATOMIC_RELEASE);
 done:
     PyBuffer_Release(&pv);
     PyBuffer_Release(&cv);
@@ -513,9 +520,13 @@ static PyObject *flows(PyObject *Py_UNUSED(module), PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "configure_flows() first");
         return NULL;
     }
+    /* the name tables point into these strings: kept while enrich and abnormal run */
+    PyObject *names = Py_NewRef(names_holder);
     records_t recs;
-    if (records_open(&recs, records, sizeof(struct flow_event)) < 0)
+    if (records_open(&recs, records, sizeof(struct flow_event)) < 0) {
+        Py_DECREF(names);
         return NULL;
+    }
     Py_ssize_t count = recs.count;
     PyObject *out = PyList_New(0);
     PyObject *first_error = NULL;
@@ -616,12 +627,14 @@ static PyObject *flows(PyObject *Py_UNUSED(module), PyObject *args) {
     }
     PyMem_Free(b.p);
     records_close(&recs);
+    Py_DECREF(names);
     PyObject *result = Py_BuildValue("(NLO)", out, bad, first_error ? first_error : Py_None);
     Py_XDECREF(first_error);
     return result;
 fail:
     PyMem_Free(b.p);
     records_close(&recs);
+    Py_DECREF(names);
     Py_XDECREF(out);
     Py_XDECREF(first_error);
     return NULL;
@@ -785,7 +798,7 @@ static int put_identity(buf *b, uint32_t field, PyObject *who) {
         PyObject *v = PyDict_GetItemWithError(who, identity_key_strs[i]);
         if (v == NULL && PyErr_Occurred())
             goto out;
-        if (v != NULL && !PyUnicode_Check(v)) {
+        if (v != NULL && !PyUnicode_Check(v) && v != Py_None) {
             PyErr_Format(PyExc_TypeError, "identity's %s is %.50s, not str", identity_keys[i],
                          Py_TYPE(v)->tp_name);
             goto out;
@@ -829,11 +842,20 @@ static int add_count(PyObject *counts, int metric, PyObject *who, PyObject *cls,
     PyObject *labels[3];
     static const char *const names[3] = {"namespace", "pod", "container"};
     for (int i = 0; i < 3; i++) {
-        labels[i] = PyDict_GetItemString(who, names[i]);
-        if (labels[i] == NULL)
-            labels[i] = PyUnicode_FromString("");
-        else
-            Py_INCREF(labels[i]);
+        PyObject *k = PyUnicode_FromString(names[i]);
+        PyObject *v = k ? PyDict_GetItemWithError(who, k) : NULL;
+        Py_XDECREF(k);
+        if (v == NULL && PyErr_Occurred()) {
+            while (i--)
+                Py_DECREF(labels[i]);
+            return -1;
+        }
+        labels[i] = v != NULL ? Py_NewRef(v) : PyUnicode_FromString("");
+        if (labels[i] == NULL) {
+            while (i--)
+                Py_DECREF(labels[i]);
+            return -1;
+        }
     }
     PyObject *key = Py_BuildValue("(iNNNO)", metric, labels[0], labels[1], labels[2], cls);
     if (key == NULL)
