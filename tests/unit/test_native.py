@@ -283,7 +283,7 @@ def procs_rig(rng_seed: int) -> object:
     p.enrich = Cgroups(random.Random(rng_seed))
     p.bpf = {b"known_cgroups": Known()}
     p._comms = {}
-    p._head = HEAD
+    p.head = HEAD
     p.native = None
     return p
 

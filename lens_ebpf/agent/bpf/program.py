@@ -11,6 +11,7 @@ from typing import Any
 from lens_ebpf.agent.bpf import ringbuf
 from lens_ebpf.agent.bpf.loader import BpfLoader
 from lens_ebpf.agent.bpf.ringbuf import MappedRing
+from lens_ebpf.protocol.gen import lens_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,8 @@ class RingProgram:
         self._handle_batch: Callable[[Records], None] | None = None
         self._take: Any = None  # native.ring_take, when the compiled path reads the ring
         self._record_size = 0
+        self.native: Any = None  # the compiled event path's module, when records take it
+        self.head = b""  # the serialized node fields its events carry (open_records)
 
     def open_events(self, ring: bytes, handle: Callable[[bytes], None],
                     reader: str = "mapped",
@@ -89,6 +92,20 @@ class RingProgram:
             if self.handler_errors == 1 or self.handler_errors % 10_000 == 0:
                 log.exception("%s: a record could not be handled (%d so far)", self.NAME,
                               self.handler_errors)  # fmt: skip
+
+    def open_records(self, ring: bytes, handle: Callable[[bytes], None], reader: str,
+                     compiled: tuple[Any, str], batch: Callable[[Records], None],
+                     record_size: int, node: tuple[str, str]) -> str:  # fmt: skip
+        """open_events through the compiled path where compiled (its module, or None and
+        why not) has one: batch takes each pass's records, read by native.ring_take, and
+        encodes them with node's name and IP (self.head: the Event's fields 3 and 4); else
+        handle, record by record. How records are encoded: "compiled", or "python (why)"."""
+        self.native, why = compiled
+        self.head = pb.Event(node_name=node[0], node_ip=node[1]).SerializeToString()
+        on = self.native is not None
+        self.open_events(ring, handle, reader, batch if on else None,
+                         getattr(self.native, "ring_take", None), record_size)  # fmt: skip
+        return "compiled" if on else f"python ({why})"
 
     def count(self, records: Records) -> int:
         """How many records a batch holds (a list, or whole records back to back)."""

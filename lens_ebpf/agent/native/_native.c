@@ -241,20 +241,20 @@ static Py_ssize_t addr_text(char *out, const struct flow_event *r, const uint8_t
     return got ? (Py_ssize_t)strlen(out) : 0;
 }
 
-/* the comm's text as UTF-8: up to its NUL; bytes that are not UTF-8 replaced as Python's
- * decode(errors="replace") does (through it) */
-static PyObject *comm_utf8(const struct flow_event *r, const char **p, Py_ssize_t *n) {
-    size_t len = strnlen(r->comm, sizeof r->comm);
+/* a char array's text up to its NUL as UTF-8 (decode(errors="replace") where it is not);
+ * owner: None, or the str whose UTF-8 *p points into */
+static PyObject *c_text(const char *raw, size_t size, const char **p, Py_ssize_t *n) {
+    size_t len = strnlen(raw, size);
     int ascii = 1;
     for (size_t i = 0; i < len; i++)
-        if ((unsigned char)r->comm[i] >= 0x80)
+        if ((unsigned char)raw[i] >= 0x80)
             ascii = 0;
     if (ascii) {
-        *p = r->comm;
+        *p = raw;
         *n = (Py_ssize_t)len;
         return Py_NewRef(Py_None);
     }
-    PyObject *s = PyUnicode_DecodeUTF8(r->comm, (Py_ssize_t)len, "replace");
+    PyObject *s = PyUnicode_DecodeUTF8(raw, (Py_ssize_t)len, "replace");
     if (s == NULL)
         return NULL;
     *p = PyUnicode_AsUTF8AndSize(s, n);
@@ -274,7 +274,7 @@ static int flow_payload(buf *b, const struct flow_event *r, const char *laddr, P
     b->n = 0;
     if (reserve(b, 256) < 0)
         return -1;
-    PyObject *comm_owner = comm_utf8(r, &comm, &comm_n);
+    PyObject *comm_owner = c_text(r->comm, sizeof r->comm, &comm, &comm_n);
     if (comm_owner == NULL)
         return -1;
     put_uint(b, 1, r->pid);
@@ -424,6 +424,29 @@ static int records_get(records_t *r, Py_ssize_t i, void *out, const char *what) 
     return rc;
 }
 
+/* p into out, the list's reference in place of the caller's */
+static int append(PyObject *out, Packed *p) {
+    int rc = PyList_Append(out, (PyObject *)p);
+    Py_DECREF(p);
+    return rc;
+}
+
+/* A record failed: the exception raised for it kept if it is the batch's first (with its
+ * traceback), else cleared */
+static void keep_first_error(PyObject **first) {
+    if (*first != NULL) {
+        PyErr_Clear();
+        return;
+    }
+    PyObject *type, *tb;
+    PyErr_Fetch(&type, first, &tb);
+    PyErr_NormalizeException(&type, first, &tb);
+    if (*first != NULL && tb != NULL)
+        PyException_SetTraceback(*first, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+}
+
 /* ring_take(consumer, producer, mask, page, size) -> (records, other): every record
  * committed now in a BPF ring buffer's mapping (ringbuf.MappedRing's: the consumer page,
  * the producer page and the data area mapped twice), those of size bytes back to back
@@ -568,62 +591,39 @@ static PyObject *flows(PyObject *Py_UNUSED(module), PyObject *args) {
             }
             Py_SETREF(extra, got);
         }
+        /* failed: this record's events (or its abnormal one) not made; fatal: the list */
+        int failed = 0, fatal = 0;
         Packed *p = NULL;
         if (flow_payload(&b, &r, laddr, llen, raddr, rlen, extra) < 0 ||
             (p = pack(kind_flow, 10, seq, ts, head, head_n, &b, &r, sizeof r, extra)) == NULL) {
-            Py_DECREF(extra);
-            Py_XDECREF(raddr_s);
-            goto record_failed;
-        }
-        int appended = PyList_Append(out, (PyObject *)p);
-        Py_DECREF(p);
-        if (appended < 0) {
-            Py_DECREF(extra);
-            Py_XDECREF(raddr_s);
-            goto fail;
-        }
-        seq++;
-        if (abnormal != Py_None) {
-            int yes = -1;
-            PyObject *got = PyObject_CallOneArg(abnormal, raddr_s);
-            if (got != NULL) {
-                yes = PyObject_IsTrue(got);
-                Py_DECREF(got);
-            }
-            p = NULL;
-            if (yes < 0 || (yes && (p = pack(kind_abnormal, 16, seq, ts, head, head_n, &b, &r,
-                                             sizeof r, extra)) == NULL)) {
-                Py_DECREF(extra);
-                Py_XDECREF(raddr_s);
-                goto record_failed;
-            }
-            if (p != NULL) {
-                appended = PyList_Append(out, (PyObject *)p);
-                Py_DECREF(p);
-                if (appended < 0) {
-                    Py_DECREF(extra);
-                    Py_XDECREF(raddr_s);
-                    goto fail;
-                }
-                seq++;
+            failed = 1;
+        } else if (append(out, p) < 0) {
+            fatal = 1;
+        } else {
+            seq++;
+            if (abnormal != Py_None) {
+                PyObject *got = PyObject_CallOneArg(abnormal, raddr_s);
+                int yes = got ? PyObject_IsTrue(got) : -1;
+                Py_XDECREF(got);
+                if (yes < 0 || (yes && (p = pack(kind_abnormal, 16, seq, ts, head, head_n, &b,
+                                                 &r, sizeof r, extra)) == NULL))
+                    failed = 1;
+                else if (yes && append(out, p) < 0)
+                    fatal = 1;
+                else if (yes)
+                    seq++;
             }
         }
         Py_DECREF(extra);
         Py_XDECREF(raddr_s);
+        if (fatal)
+            goto fail;
+        if (failed)
+            goto record_failed;
         continue;
     record_failed:
         bad++;
-        if (first_error == NULL) {
-            PyObject *type, *tb;
-            PyErr_Fetch(&type, &first_error, &tb);
-            PyErr_NormalizeException(&type, &first_error, &tb);
-            if (first_error != NULL && tb != NULL)
-                PyException_SetTraceback(first_error, tb);
-            Py_XDECREF(type);
-            Py_XDECREF(tb);
-        } else {
-            PyErr_Clear();
-        }
+        keep_first_error(&first_error);
     }
     PyMem_Free(b.p);
     records_close(&recs);
@@ -764,30 +764,6 @@ static inline void put_int(buf *b, uint32_t field, int64_t v) {
         return;
     put_varint(b, (uint64_t)field << 3);
     put_varint(b, (uint64_t)v);
-}
-
-/* a char array's text up to its NUL as UTF-8 (decode(errors="replace") where it is not);
- * owner: None, or the str whose UTF-8 *p points into */
-static PyObject *c_text(const char *raw, size_t size, const char **p, Py_ssize_t *n) {
-    size_t len = strnlen(raw, size);
-    int ascii = 1;
-    for (size_t i = 0; i < len; i++)
-        if ((unsigned char)raw[i] >= 0x80)
-            ascii = 0;
-    if (ascii) {
-        *p = raw;
-        *n = (Py_ssize_t)len;
-        return Py_NewRef(Py_None);
-    }
-    PyObject *s = PyUnicode_DecodeUTF8(raw, (Py_ssize_t)len, "replace");
-    if (s == NULL)
-        return NULL;
-    *p = PyUnicode_AsUTF8AndSize(s, n);
-    if (*p == NULL) {
-        Py_DECREF(s);
-        return NULL;
-    }
-    return s;
 }
 
 /* the nested Identity (always written, empty or not) from an identity dict */
@@ -1044,25 +1020,13 @@ static PyObject *procs(PyObject *Py_UNUSED(module), PyObject *args) {
         Py_DECREF(extra);
         if (p == NULL)
             goto record_failed;
-        int appended = PyList_Append(out, (PyObject *)p);
-        Py_DECREF(p);
-        if (appended < 0)
+        if (append(out, p) < 0)
             goto fail;
         seq++;
         continue;
     record_failed:
         bad++;
-        if (first_error == NULL) {
-            PyObject *type, *tb;
-            PyErr_Fetch(&type, &first_error, &tb);
-            PyErr_NormalizeException(&type, &first_error, &tb);
-            if (first_error != NULL && tb != NULL)
-                PyException_SetTraceback(first_error, tb);
-            Py_XDECREF(type);
-            Py_XDECREF(tb);
-        } else {
-            PyErr_Clear();
-        }
+        keep_first_error(&first_error);
     }
     for (Py_ssize_t j = 0; j < nseen; j++) {
         PyObject *none = PyUnicode_FromString("");

@@ -17,7 +17,6 @@ from lens_ebpf.agent.config import BpfConfig
 from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.events import EventBus, ProcessEvent, maker
 from lens_ebpf.agent.metrics.cache import COUNTER, MetricCache
-from lens_ebpf.protocol.gen import lens_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +131,6 @@ class ProcEvents(RingProgram):
         super().__init__(loader)
         self.encoder = encoder  # events.encoder: compiled or python
         self.encoder_used = ""  # what start chose, and why not compiled
-        self.native: ModuleType | None = None
-        self._head = b""
         self.bpf_cfg = bpf
         self.cache = cache
         self.bus = bus
@@ -160,15 +157,11 @@ class ProcEvents(RingProgram):
         if self.bpf is None:
             return False
         layouts.check_layout("proc_event", layouts.ProcEvent, self.bpf[b"layout_proc_event"].Leaf)
-        self.native, why = (compiled_procs() if self.encoder == "compiled"
-                            else (None, "events.encoder: python"))  # fmt: skip
-        self.encoder_used = "compiled" if self.native is not None else f"python ({why})"
-        node_name, node_ip = self.bus.node
-        self._head = pb.Event(node_name=node_name, node_ip=node_ip).SerializeToString()
-        self.open_events(b"proc_events", self._on_event, self.bpf_cfg.ring_reader,
-                         self._on_records if self.native is not None else None,
-                         getattr(self.native, "ring_take", None),
-                         ctypes.sizeof(layouts.ProcEvent))  # fmt: skip
+        compiled = (compiled_procs() if self.encoder == "compiled"
+                    else (None, "events.encoder: python"))  # fmt: skip
+        self.encoder_used = self.open_records(
+            b"proc_events", self._on_event, self.bpf_cfg.ring_reader, compiled,
+            self._on_records, ctypes.sizeof(layouts.ProcEvent), self.bus.node)  # fmt: skip
         return True
 
     def _on_event(self, rec: bytes) -> None:
@@ -216,7 +209,7 @@ class ProcEvents(RingProgram):
         done: list[Any] = []
 
         def make(seq: int, ts: int) -> list[Any]:
-            events, *rest = mod.procs(records, seq, ts, self._head, idents, self._comms,
+            events, *rest = mod.procs(records, seq, ts, self.head, idents, self._comms,
                                       self.bpf_cfg.max_processes)  # fmt: skip
             done.extend(rest)
             return events

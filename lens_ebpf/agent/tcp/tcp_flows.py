@@ -10,7 +10,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from types import ModuleType
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -40,7 +39,6 @@ from lens_ebpf.agent.metrics.cache import COUNTER, MetricCache
 from lens_ebpf.agent.net import identity, netns, proc_tcp
 from lens_ebpf.agent.net.policy import CLASS_IDS, MAX_PREFIXES, Policy, abnormal, lpm_entries
 from lens_ebpf.agent.tcp import decode, tcp_rtt
-from lens_ebpf.protocol.gen import lens_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -249,10 +247,7 @@ class TcpFlows(RingProgram):
         self.walks = 0  # namespaces walked
         self.walks_skipped = 0  # namespaces passed over: no TCP socket in them
         self.rtt_sample_seconds = rtt_sample_seconds
-        # the compiled event path (native), when it is built and chosen; how flows encode
-        self.native: ModuleType | None = None
-        self.encoder = ""
-        self._head = b""
+        self.encoder = ""  # how closed flows are encoded: compiled, or python (why)
         self._rtt_period = 0  # 0: every send and receive; else the kernel's current period
         self._rtt_period_at = 0.0
         if rtt_choice.path is not None:
@@ -308,18 +303,11 @@ class TcpFlows(RingProgram):
             self._walk = self.loader.iterator(NAME, "tcp").run
             # at once: sockets opened before the agent are counted from their first sight
             self._walk_open_sockets()
-        self.native, why = (
-            decode.compiled_flows()
-            if self.events_cfg.encoder == "compiled"
-            else (None, "events.encoder: python")
-        )
-        self.encoder = "compiled" if self.native is not None else f"python ({why})"
-        node_name, node_ip = self.bus.node
-        self._head = pb.Event(node_name=node_name, node_ip=node_ip).SerializeToString()
-        self.open_events(b"flow_events", self._on_event, self.bpf_cfg.ring_reader,
-                         self._on_records if self.native is not None else None,
-                         getattr(self.native, "ring_take", None),
-                         ctypes.sizeof(layouts.FlowEvent))  # fmt: skip
+        compiled = (decode.compiled_flows() if self.events_cfg.encoder == "compiled"
+                    else (None, "events.encoder: python"))  # fmt: skip
+        self.encoder = self.open_records(
+            b"flow_events", self._on_event, self.bpf_cfg.ring_reader, compiled,
+            self._on_records, ctypes.sizeof(layouts.FlowEvent), self.bus.node)  # fmt: skip
         self.bus.on_change(self.gate_records)
         self.gate_records()
         return True
@@ -386,7 +374,7 @@ class TcpFlows(RingProgram):
         enrich = None if lookup is None else functools.partial(identity.flow_fields, lookup)
         policy = self.policy
         check = functools.partial(abnormal, policy) if policy.black_list else None
-        flows, head = self.native.flows, self._head
+        flows, head = self.native.flows, self.head
         failed: list[Any] = [0, None]
 
         def make(seq: int, ts: int) -> list[Any]:
