@@ -318,6 +318,8 @@ def test_process_records_same_bytes_events_counts_as_the_python_path(mod, seed: 
         assert g._wire == convert.encode(w, *NODE), w
         assert g._wire == convert.to_pb(w, *NODE).SerializeToString()
         assert g.event() == w
+        # the record kept up to its filename's end (the history holds 100,000 of them)
+        assert len(g.record) == 56 + len(g.record[56:].split(b"\0")[0])
 
     def counts(p: object) -> dict:  # the series and values, in any order
         return {fam.name: sorted(series) for fam, series in p.cache.snapshot()}

@@ -1016,7 +1016,11 @@ static PyObject *procs(PyObject *Py_UNUSED(module), PyObject *args) {
         Py_DECREF(comm_s);
         if (extra == NULL)
             goto record_failed;
-        Packed *p = pack(kind, tag, seq, ts, head, head_n, &b, &r, sizeof r, extra);
+        /* the record kept up to its filename's end: the history holds 100,000 events, and
+         * a filename is seldom near 256 bytes (materialize pads it again) */
+        Py_ssize_t kept = offsetof(struct proc_event, filename) +
+                          strnlen(r.filename, sizeof r.filename);
+        Packed *p = pack(kind, tag, seq, ts, head, head_n, &b, &r, kept, extra);
         Py_DECREF(extra);
         if (p == NULL)
             goto record_failed;

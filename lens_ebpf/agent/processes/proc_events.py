@@ -92,8 +92,10 @@ def process_event(kind: int, ts_ns: int, pid: int, ppid: int, exit_code: int, si
 
 def materialize(p: Any) -> ProcessEvent:
     """A compiled process event (native.Packed) as the Python path publishes it."""
+    # the compiled path keeps the record up to its filename's end: the rest was its NULs
+    record = p.record.ljust(_PROC_EVENT.size, b"\0")
     ts_ns, cgroup_id, kind, pid, ppid, exit_code, signal, flags, _comm, raw_file = (
-        _PROC_EVENT.unpack_from(p.record)
+        _PROC_EVENT.unpack_from(record)
     )
     path, who, comm = p.extra
     ev = process_event(kind, ts_ns, pid, ppid, exit_code, signal, flags, raw_file, cgroup_id,
