@@ -224,13 +224,18 @@ def test_other_exporters_series_become_workload_series_in_a_real_prometheus(
         assert said["prometheus_remote_storage_samples_failed_total"] == 0, said
         assert said["prometheus_remote_storage_samples_dropped_total"] == 0, said
         assert said["prometheus_remote_storage_samples_retried_total"] > 0, said
-        # counted on both sides: what the service says it copied is what the receiver holds
+        # counted on both sides: what the service says it copied is what the receiver
+        # holds, but for a retried batch that had reached it already (delivery is at least
+        # once: a request the receiver took after the sender gave up on it, around the
+        # minute down, comes again and the receiver keeps its samples once; a run here
+        # counted 670 copied for 660 held): never fewer, and at most what the sender retried
         sender.pause()  # its last batches flushed on the way out
         assert app.writer.flush(5)
         held = sum(float(r["value"][1]) for n in names
                    for r in receiver.query(f"count_over_time({n}[1h])")["result"])  # fmt: skip
         copied_n = metric(app, 'lens_recorder_remote_write_samples_total{result="copied"}')
-        assert held == copied_n
+        retried = said["prometheus_remote_storage_samples_retried_total"]
+        assert held <= copied_n <= held + retried, (held, copied_n, retried)
         # the maps the copies were made by, as Primus-Lens serves them
         cache = get(app, f"/pods/cache?node={NVIDIA}")
         assert cache["cache"] == {NVIDIA: {
