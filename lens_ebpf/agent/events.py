@@ -509,9 +509,7 @@ class EventBus:
             if not events:
                 return events
             self.seq = events[-1].seq
-            published = self.published
-            for ev in events:
-                published[ev.kind] += 1
+            self.published.update(ev.kind for ev in events)
             self.history.extend(events)
             for sub in self._subs:
                 accept = sub.accept

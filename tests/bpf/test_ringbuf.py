@@ -43,7 +43,7 @@ def procs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ProcEvents
                    encoder)  # fmt: skip
     assert p.start(), loader.status
     assert (p.ring is not None) == (reader == "mapped")
-    assert p.encoder_used.startswith(encoder), p.encoder_used
+    assert p.encoder.startswith(encoder), p.encoder
     with polling(p, loader):
         yield p
 

@@ -39,6 +39,7 @@ class RingProgram:
         self._record_size = 0
         self.native: Any = None  # the compiled event path's module, when records take it
         self.head = b""  # the serialized node fields its events carry (open_records)
+        self.encoder = ""  # how its records are encoded: compiled, or python (why)
 
     def open_events(self, ring: bytes, handle: Callable[[bytes], None],
                     reader: str = "mapped",
@@ -67,14 +68,8 @@ class RingProgram:
                 why = f"its mapping failed: {exc}"
         if self.ring is None:
             log.info("%s: ring buffer read through BCC's callback (%s)", self.NAME, why)
-            if batch is not None:
-                table.open_ring_buffer(
-                    lambda _ctx, data, size: self._deliver_batch([ctypes.string_at(data, size)])
-                )
-            else:
-                table.open_ring_buffer(
-                    lambda _ctx, data, size: self._deliver(ctypes.string_at(data, size))
-                )
+            deliver = self._deliver if batch is None else lambda rec: self._deliver_batch([rec])
+            table.open_ring_buffer(lambda _ctx, data, size: deliver(ctypes.string_at(data, size)))
         self.loader.report_events(
             self.NAME,
             lambda: (self.events_received, {"ringbuf_full": self.kernel_stats["ringbuf_full"],
@@ -87,25 +82,34 @@ class RingProgram:
         read again)."""
         try:
             self._handle(rec)
-        except Exception:
-            self.handler_errors += 1
-            if self.handler_errors == 1 or self.handler_errors % 10_000 == 0:
-                log.exception("%s: a record could not be handled (%d so far)", self.NAME,
-                              self.handler_errors)  # fmt: skip
+        except Exception as exc:
+            self.records_lost(1, exc)
 
     def open_records(self, ring: bytes, handle: Callable[[bytes], None], reader: str,
-                     compiled: tuple[Any, str], batch: Callable[[Records], None],
-                     record_size: int, node: tuple[str, str]) -> str:  # fmt: skip
-        """open_events through the compiled path where compiled (its module, or None and
-        why not) has one: batch takes each pass's records, read by native.ring_take, and
-        encodes them with node's name and IP (self.head: the Event's fields 3 and 4); else
-        handle, record by record. How records are encoded: "compiled", or "python (why)"."""
-        self.native, why = compiled
+                     encoder: str, compiled: Callable[[], tuple[Any, str]],
+                     batch: Callable[[Records], None], record_size: int,
+                     node: tuple[str, str]) -> None:  # fmt: skip
+        """open_events through the compiled path where encoder (events.encoder) asks for it
+        and compiled() (its module, or None and why not) has one: batch takes each pass's
+        records, read by native.ring_take, and encodes them with node's name and IP
+        (self.head: the Event's fields 3 and 4); else handle, record by record.
+        self.encoder says which: "compiled", or "python (why)"."""
+        self.native, why = compiled() if encoder == "compiled" else (None, "events.encoder: python")
         self.head = pb.Event(node_name=node[0], node_ip=node[1]).SerializeToString()
         on = self.native is not None
         self.open_events(ring, handle, reader, batch if on else None,
                          getattr(self.native, "ring_take", None), record_size)  # fmt: skip
-        return "compiled" if on else f"python ({why})"
+        self.encoder = "compiled" if on else f"python ({why})"
+
+    def records_lost(self, n: int, error: BaseException | None = None, what: str = "") -> None:
+        """n records taken from the ring that could not be handled (error, when one says
+        why): counted (handler_errors: lens_agent_events_lost_total{reason="handler_error"})
+        and logged, the first time and at each 10,000 after, with error's traceback."""
+        before, self.handler_errors = self.handler_errors, self.handler_errors + n
+        if before == 0 or before // 10_000 != self.handler_errors // 10_000:
+            log.error("%s: %d records %s (%d so far)", self.NAME, n,
+                      what or "could not be handled", self.handler_errors,
+                      exc_info=error)  # fmt: skip
 
     def count(self, records: Records) -> int:
         """How many records a batch holds (a list, or whole records back to back)."""
@@ -117,11 +121,8 @@ class RingProgram:
         assert self._handle_batch is not None
         try:
             self._handle_batch(records)
-        except Exception:
-            n = self.count(records)
-            self.handler_errors += n
-            log.exception("%s: %d records could not be handled (%d so far)", self.NAME, n,
-                          self.handler_errors)  # fmt: skip
+        except Exception as exc:
+            self.records_lost(self.count(records), exc)
 
     def poll(self, timeout_ms: int) -> None:
         """Deliver pending records (call from one thread). A program may submit without
@@ -133,9 +134,7 @@ class RingProgram:
                 whole, other = self.ring.take_whole(self._take, self._record_size)
                 if other:  # records of another size: not this program's, lost and counted
                     self.events_received += other
-                    self.handler_errors += other
-                    log.error("%s: %d records of an unexpected size (%d lost so far)",
-                              self.NAME, other, self.handler_errors)  # fmt: skip
+                    self.records_lost(other, what="of an unexpected size")
                 if whole:
                     self._deliver_batch(whole)
                 return

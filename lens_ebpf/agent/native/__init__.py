@@ -29,7 +29,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,18 @@ def layout_differs(got: dict[str, int], mirror: Any) -> str:
         diff = sorted(k for k in want if got.get(k) != want[k])
         return f"its {mirror.__name__} differs from layouts.{mirror.__name__} at {', '.join(diff)}"
     return ""
+
+
+E = TypeVar("E")
+
+
+def stamped(ev: E, p: Any) -> E:
+    """A Packed's Python event (made for this call, so set in place) with the bus's
+    numbering and the wire bytes the Packed carries: what the Python path publishes."""
+    object.__setattr__(ev, "seq", p.seq)
+    object.__setattr__(ev, "ts_unix_nano", p.ts_unix_nano)
+    object.__setattr__(ev, "_wire", p._wire)
+    return ev
 
 
 _loaded: tuple[ModuleType | None, str] | None = None

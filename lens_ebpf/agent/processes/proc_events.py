@@ -98,12 +98,8 @@ def materialize(p: Any) -> ProcessEvent:
         _PROC_EVENT.unpack_from(record)
     )
     path, who, comm = p.extra
-    ev = process_event(kind, ts_ns, pid, ppid, exit_code, signal, flags, raw_file, cgroup_id,
-                       path, who, comm)  # fmt: skip
-    object.__setattr__(ev, "seq", p.seq)
-    object.__setattr__(ev, "ts_unix_nano", p.ts_unix_nano)
-    object.__setattr__(ev, "_wire", p._wire)
-    return ev
+    return native.stamped(process_event(kind, ts_ns, pid, ppid, exit_code, signal, flags,
+                                        raw_file, cgroup_id, path, who, comm), p)  # fmt: skip
 
 
 def compiled_procs() -> tuple[ModuleType | None, str]:
@@ -131,8 +127,7 @@ class ProcEvents(RingProgram):
         enrich: Enrichment, encoder: str = "compiled",
     ) -> None:  # fmt: skip
         super().__init__(loader)
-        self.encoder = encoder  # events.encoder: compiled or python
-        self.encoder_used = ""  # what start chose, and why not compiled
+        self.encoder_setting = encoder  # events.encoder: compiled or python
         self.bpf_cfg = bpf
         self.cache = cache
         self.bus = bus
@@ -159,11 +154,9 @@ class ProcEvents(RingProgram):
         if self.bpf is None:
             return False
         layouts.check_layout("proc_event", layouts.ProcEvent, self.bpf[b"layout_proc_event"].Leaf)
-        compiled = (compiled_procs() if self.encoder == "compiled"
-                    else (None, "events.encoder: python"))  # fmt: skip
-        self.encoder_used = self.open_records(
-            b"proc_events", self._on_event, self.bpf_cfg.ring_reader, compiled,
-            self._on_records, ctypes.sizeof(layouts.ProcEvent), self.bus.node)  # fmt: skip
+        self.open_records(b"proc_events", self._on_event, self.bpf_cfg.ring_reader,
+                          self.encoder_setting, compiled_procs, self._on_records,
+                          ctypes.sizeof(layouts.ProcEvent), self.bus.node)  # fmt: skip
         return True
 
     def _on_event(self, rec: bytes) -> None:
@@ -222,9 +215,7 @@ class ProcEvents(RingProgram):
             labels = (namespace, pod, container)
             self.cache.inc(_METRICS[metric], (*labels, cls) if metric == 1 else labels, n)
         if bad:
-            self.handler_errors += bad
-            log.error("%s: %d records could not be handled (%d so far): %r", NAME, bad,
-                      self.handler_errors, first_error)  # fmt: skip
+            self.records_lost(bad, first_error)
 
     def _remember_comm(self, pid: int, comm: str) -> None:
         """pid -> its comm at exec, bounded like the kernel's process map."""

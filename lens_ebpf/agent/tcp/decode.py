@@ -115,10 +115,7 @@ def materialize(p: Any) -> FlowClosed:
         ev = dataclasses.replace(ev, **p.extra)
     if p.kind != ev.kind:
         ev = dataclasses.replace(ev, kind=p.kind)
-    object.__setattr__(ev, "seq", p.seq)
-    object.__setattr__(ev, "ts_unix_nano", p.ts_unix_nano)
-    object.__setattr__(ev, "_wire", p._wire)
-    return ev
+    return native.stamped(ev, p)
 
 
 def compiled_flows() -> tuple[ModuleType | None, str]:

@@ -247,7 +247,6 @@ class TcpFlows(RingProgram):
         self.walks = 0  # namespaces walked
         self.walks_skipped = 0  # namespaces passed over: no TCP socket in them
         self.rtt_sample_seconds = rtt_sample_seconds
-        self.encoder = ""  # how closed flows are encoded: compiled, or python (why)
         self._rtt_period = 0  # 0: every send and receive; else the kernel's current period
         self._rtt_period_at = 0.0
         if rtt_choice.path is not None:
@@ -303,11 +302,9 @@ class TcpFlows(RingProgram):
             self._walk = self.loader.iterator(NAME, "tcp").run
             # at once: sockets opened before the agent are counted from their first sight
             self._walk_open_sockets()
-        compiled = (decode.compiled_flows() if self.events_cfg.encoder == "compiled"
-                    else (None, "events.encoder: python"))  # fmt: skip
-        self.encoder = self.open_records(
-            b"flow_events", self._on_event, self.bpf_cfg.ring_reader, compiled,
-            self._on_records, ctypes.sizeof(layouts.FlowEvent), self.bus.node)  # fmt: skip
+        self.open_records(b"flow_events", self._on_event, self.bpf_cfg.ring_reader,
+                          self.events_cfg.encoder, decode.compiled_flows, self._on_records,
+                          ctypes.sizeof(layouts.FlowEvent), self.bus.node)  # fmt: skip
         self.bus.on_change(self.gate_records)
         self.gate_records()
         return True
@@ -383,9 +380,7 @@ class TcpFlows(RingProgram):
 
         self.bus.publish_batch(make)
         if failed[0]:
-            self.handler_errors += failed[0]
-            log.error("%s: %d records could not be handled (%d so far): %r", NAME, failed[0],
-                      self.handler_errors, failed[1])  # fmt: skip
+            self.records_lost(failed[0], failed[1])
 
     def _publish(self, event: FlowClosed) -> None:
         """A closed flow (made for this call: decoded, or the agent's own), and an
