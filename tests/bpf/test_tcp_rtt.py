@@ -95,7 +95,10 @@ def check_bins(bins: list[float], sum_s: float, ss_rtt_us: float) -> None:
     bound[i]]: exact; ss's last srtt against the mean would be a timing bet)."""
     assert any(bins[i] for i in near(ss_rtt_us, tuple(RTT_BOUNDS_US))), (ss_rtt_us, bins)
     count = sum(bins)
-    mean_us = sum_s / count * 1e6
+    # the samples are whole microseconds (srtt_us >> 3); their sum, kept in seconds as a
+    # float, is rounded back to them: a sample of exactly a bound (100 us) read as
+    # 100.00000000000004 once on 6.1 and fell outside its own bin
+    mean_us = round(sum_s * 1e6) / count
     filled = [i for i, n in enumerate(bins) if n]
     edges = (0, *RTT_BOUNDS_US, float("inf"))
     assert edges[filled[0]] < mean_us <= edges[filled[-1] + 1]
