@@ -3,7 +3,15 @@
  * Arguments, return values, tracepoint fields and helpers only, never kernel structs
  * (DESIGN.md rule 1). Each need has its switch, set by the program's spec
  * (lens_ebpf/net/tcp_flows.py SPEC) from what the running kernel describes:
- *   sock:inet_sock_set_state   lifecycle, addresses, ports        (Linux 4.16+; always)
+ *   sock:inet_sock_set_state   lifecycle, addresses, ports, one of:
+ *     -DLENS_LIFECYCLE_BTF     attached BTF-typed (tp_btf, Linux 5.9+ with BTF): the
+ *                              kernel passes (struct sock *, oldstate, newstate) and builds
+ *                              no trace record; addresses, ports and counters are plain
+ *                              loads from the socket the verifier checks against the
+ *                              kernel's BTF (-DLENS_INET_*_OFF, -DLENS_SK_*_OFF), and the
+ *                              kernel skips a run only if this program is already running
+ *                              on the CPU, not whenever another tracing program is
+ *     (neither)                the classic tracepoint and its record (Linux 4.16+)
  *   bytes an application sent and received, one of:
  *     -DLENS_BYTES_RAW         the same two tracepoints attached raw (Linux 6.3+ with BTF):
  *                              their arguments (struct sock *, int ret, int flags) as the
@@ -169,14 +177,21 @@ static __always_inline u8 classify(const u8 *addr)
     return c ? *c : LENS_CLASS_EXTERNAL;
 }
 
-/* Tracepoint arrays are copied with a helper: the verifier refuses loads through a
- * context pointer the compiler has offset. */
-static __always_inline void copy_addr(u8 *dst, u16 family, const u8 *v4, const u8 *v6)
+/* An address as 16 bytes (IPv4 mapped). Tracepoint arrays are copied with a helper: the
+ * verifier refuses loads through a context pointer the compiler has offset. direct: v4
+ * and v6 point into a socket the program holds as a BTF pointer, read with plain loads. */
+static __always_inline void copy_addr(u8 *dst, u16 family, const u8 *v4, const u8 *v6,
+                                      int direct)
 {
     if (family == AF_INET) {
         u8 a[4] = {};
-        bpf_probe_read_kernel(a, sizeof(a), v4);
+        if (direct)
+            __builtin_memcpy(a, v4, sizeof(a));
+        else
+            bpf_probe_read_kernel(a, sizeof(a), v4);
         lens_map_v4(dst, a);
+    } else if (direct) {
+        __builtin_memcpy(dst, v6, 16);
     } else {
         bpf_probe_read_kernel(dst, 16, v6);
     }
@@ -349,23 +364,21 @@ static __always_inline int fold_point(int os, int ns)
 }
 
 /* defined with the counters below */
-static __always_inline void fold_bytes(u64 sk, struct sock_info *si, int state, int at_close,
-                                       u32 slot);
-static __always_inline void fold_untracked(u64 sk, int state, int at_close, int insert,
-                                           u32 slot);
+static __always_inline void fold_bytes(u64 sk, const void *direct, struct sock_info *si,
+                                       int state, int at_close, u32 slot);
+static __always_inline void fold_untracked(u64 sk, const void *direct, int state, int at_close,
+                                           int insert, u32 slot);
 #endif
 
-TRACEPOINT_PROBE(sock, inet_sock_set_state)
+/* One state change of a TCP socket (IPv4 or IPv6), from either attachment: sk keys the
+ * socket; direct, when not 0, is the socket as a BTF pointer (LENS_LIFECYCLE_BTF), read
+ * with plain loads; saddr..daddr_v6 point at the addresses (into the socket, or into the
+ * classic tracepoint's record). sport, dport: host order, as the tracepoint reports them. */
+static __always_inline int set_state(u64 sk, const void *direct, int os, int ns, u16 family,
+                                     u16 sport, u16 dport, const u8 *saddr,
+                                     const u8 *saddr_v6, const u8 *daddr, const u8 *daddr_v6)
 {
-    if (args->protocol != LENS_IPPROTO_TCP)
-        return 0;
-    u16 family = args->family;
-    if (family != AF_INET && family != AF_INET6)
-        return 0;
-    u64 sk = (u64)args->skaddr;
-    int os = args->oldstate;
-    int ns = args->newstate;
-    u16 sport = args->sport, dport = args->dport;
+    int dr = direct != 0;
     LENS_PIN(sport);
     LENS_PIN(dport);
     /* Two of a connection's ten transitions (ESTABLISHED -> CLOSE_WAIT, FIN_WAIT1 ->
@@ -377,25 +390,17 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         os != S_SYN_RECV && !app_closes(os, ns))
         return 0;
 
-    struct sock_info *si = socks.lookup(&sk);
     int opening = (ns == S_SYN_SENT && os == S_CLOSE) || ns == S_SYN_RECV;
+    /* an opening inserts first and looks up only when its address is taken */
+    struct sock_info *si = opening ? 0 : socks.lookup(&sk);
     /* An accepted socket whose SYN_RECV run was skipped shows up leaving SYN_RECV. */
-    int late_accept = !si && os == S_SYN_RECV && ns != S_CLOSE;
+    int late_accept = !opening && !si && os == S_SYN_RECV && ns != S_CLOSE;
     if (opening || late_accept) {
-        if (si && opening) {
-            /* The address is reused while the entry lives: this run's CLOSE was skipped. */
-            if (!si->keyed) {
-                u8 old_raddr[16];
-                __builtin_memcpy(old_raddr, si->key.raddr, 16);
-                make_key(&si->key, si->direction, si->family, old_raddr, si->lport, si->rport);
-            }
-            finish_socket(si, REASON_CLOSE_NOT_SEEN);
-        }
         struct sock_info fresh = {};
         fresh.start_ns = bpf_ktime_get_ns();
         fresh.family = family;
-        copy_addr(fresh.laddr, family, args->saddr, args->saddr_v6);
-        copy_addr(fresh.key.raddr, family, args->daddr, args->daddr_v6);
+        copy_addr(fresh.laddr, family, saddr, saddr_v6, dr);
+        copy_addr(fresh.key.raddr, family, daddr, daddr_v6, dr);
         fresh.lport = sport;
         fresh.rport = dport;
         if (ns == S_SYN_SENT) {
@@ -404,7 +409,18 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         } else {
             fresh.direction = LENS_DIR_INGRESS; /* softirq: the owner shows on first I/O */
         }
-        if (socks.update(&sk, &fresh) != 0) {
+        int rc = socks.insert(&sk, &fresh);
+        if (rc != 0 && opening && (si = socks.lookup(&sk))) {
+            /* The address is reused while the entry lives: this run's CLOSE was skipped. */
+            if (!si->keyed) {
+                u8 old_raddr[16];
+                __builtin_memcpy(old_raddr, si->key.raddr, 16);
+                make_key(&si->key, si->direction, si->family, old_raddr, si->lport, si->rport);
+            }
+            finish_socket(si, REASON_CLOSE_NOT_SEEN);
+            rc = socks.update(&sk, &fresh);
+        }
+        if (rc != 0) {
             stat_add(ST_SOCK_MAP_FULL, 1);
             return 0;
         }
@@ -415,7 +431,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
     if (!si) { /* opened before the agent, or not a connection */
 #ifdef LENS_BYTES_COUNTERS
         if (fold_point(os, ns))
-            fold_untracked(sk, os, ns == S_CLOSE, 0, 0);
+            fold_untracked(sk, direct, os, ns == S_CLOSE, 0, 0);
 #endif
         return 0;
     }
@@ -423,8 +439,8 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
     if (!si->keyed && ns != S_SYN_SENT && ns != S_SYN_RECV &&
         !(ns == S_CLOSE && (os == S_SYN_SENT || os == S_SYN_RECV))) {
         u8 raddr[16];
-        copy_addr(raddr, family, args->daddr, args->daddr_v6);
-        copy_addr(si->laddr, family, args->saddr, args->saddr_v6);
+        copy_addr(raddr, family, daddr, daddr_v6, dr);
+        copy_addr(si->laddr, family, saddr, saddr_v6, dr);
         key_socket(sk, si, family, raddr, sport, dport);
     }
 
@@ -433,7 +449,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 
 #ifdef LENS_BYTES_COUNTERS
     if (si->keyed && fold_point(os, ns))
-        fold_bytes(sk, si, os, ns == S_CLOSE, 0);
+        fold_bytes(sk, direct, si, os, ns == S_CLOSE, 0);
 #endif
     if (ns != S_CLOSE)
         return 0;
@@ -441,8 +457,8 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
     u8 reason = REASON_NORMAL;
     if (!si->keyed) {
         u8 raddr[16];
-        copy_addr(raddr, family, args->daddr, args->daddr_v6);
-        copy_addr(si->laddr, family, args->saddr, args->saddr_v6);
+        copy_addr(raddr, family, daddr, daddr_v6, dr);
+        copy_addr(si->laddr, family, saddr, saddr_v6, dr);
         si->lport = sport;
         si->rport = dport;
         make_key(&si->key, si->direction, family, raddr, sport, dport);
@@ -466,6 +482,37 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
     socks.delete(&sk);
     return 0;
 }
+
+#ifdef LENS_LIFECYCLE_BTF
+/* TP_PROTO(const struct sock *sk, const int oldstate, const int newstate); the loader
+ * attaches it BTF-typed (tp_btf) itself. bpf_skc_to_tcp_sock: NULL for any socket but a
+ * full TCP one, and a pointer whose BTF type (tcp_sock) holds every field read here. */
+int tp_btf__inet_sock_set_state(u64 *ctx)
+{
+    const void *tp = (const void *)bpf_skc_to_tcp_sock((void *)ctx[0]);
+    if (!tp)
+        return 0;
+    u16 family = *(volatile const u16 *)(tp + LENS_SK_FAMILY_OFF);
+    if (family != AF_INET && family != AF_INET6)
+        return 0;
+    u16 sport = __builtin_bswap16(*(volatile const u16 *)(tp + LENS_INET_SPORT_OFF));
+    u16 dport = __builtin_bswap16(*(volatile const u16 *)(tp + LENS_SK_DPORT_OFF));
+    return set_state((u64)tp, tp, (int)ctx[1], (int)ctx[2], family, sport, dport,
+                     tp + LENS_INET_SADDR_OFF, tp + LENS_SK_V6_RCV_SADDR_OFF,
+                     tp + LENS_SK_DADDR_OFF, tp + LENS_SK_V6_DADDR_OFF);
+}
+#else
+TRACEPOINT_PROBE(sock, inet_sock_set_state)
+{
+    if (args->protocol != LENS_IPPROTO_TCP)
+        return 0;
+    u16 family = args->family;
+    if (family != AF_INET && family != AF_INET6)
+        return 0;
+    return set_state((u64)args->skaddr, 0, args->oldstate, args->newstate, family, args->sport,
+                     args->dport, args->saddr, args->saddr_v6, args->daddr, args->daddr_v6);
+}
+#endif
 
 #if defined(LENS_RTT) || defined(LENS_RTT_SAMPLED)
 BPF_HASH(rtt, struct rtt_key, struct rtt_val, MAX_RTT_KEYS);
@@ -518,14 +565,17 @@ BPF_ARRAY(rtt_period, u64, 1);
  * tcp_sock.srtt_us (-DLENS_TCP_SRTT_OFF: microseconds << 3, the value tcp_probe's srtt
  * field and ss -ti show shifted back), when an application moves bytes on it, once per
  * period: no program runs per received segment. */
-static __always_inline void sample_rtt(u64 sk, struct sock_info *si)
+static __always_inline void sample_rtt(u64 sk, const void *direct, struct sock_info *si)
 {
     u32 zero = 0;
     u64 *period = rtt_period.lookup(&zero);
     if (!period || (*period && si->rtt_period == *period))
         return;
     u32 srtt_us = 0;
-    bpf_probe_read_kernel(&srtt_us, sizeof(srtt_us), (void *)(sk + LENS_TCP_SRTT_OFF));
+    if (direct)
+        srtt_us = *(volatile const u32 *)(direct + LENS_TCP_SRTT_OFF);
+    else
+        bpf_probe_read_kernel(&srtt_us, sizeof(srtt_us), (void *)(sk + LENS_TCP_SRTT_OFF));
     u32 srtt = srtt_us >> 3;
     if (!srtt)
         return; /* no RTT measured yet */
@@ -534,11 +584,13 @@ static __always_inline void sample_rtt(u64 sk, struct sock_info *si)
 }
 #endif
 
-/* Bytes a keyed socket moved, into its flow's counters (and the period's RTT sample). */
-static __always_inline void flow_add(u64 sk, struct sock_info *si, u64 sent, u64 recv)
+/* Bytes a keyed socket moved, into its flow's counters (and the period's RTT sample).
+ * direct: the socket as a BTF pointer, or 0 (read with a guarded copy). */
+static __always_inline void flow_add(u64 sk, const void *direct, struct sock_info *si, u64 sent,
+                                     u64 recv)
 {
 #ifdef LENS_RTT_SAMPLED
-    sample_rtt(sk, si);
+    sample_rtt(sk, direct, si);
 #endif
     struct flow_val *v = flow_get(&si->key);
     if (!v)
@@ -579,15 +631,21 @@ struct counts {
  * iterator, so lens_tcp_untracked_bytes counts what moved since. */
 BPF_TABLE("lru_hash", u64, struct counts, untracked, MAX_SOCKETS);
 
-static __always_inline u32 read_u32(u64 sk, u32 off)
+/* A field of the socket: a plain load where the program holds it as a BTF pointer
+ * (direct), else a guarded copy. */
+static __always_inline u32 read_u32(u64 sk, const void *direct, u32 off)
 {
+    if (direct)
+        return *(volatile const u32 *)(direct + off);
     u32 v = 0;
     bpf_probe_read_kernel(&v, sizeof(v), (void *)(sk + off));
     return v;
 }
 
-static __always_inline u64 read_u64(u64 sk, u32 off)
+static __always_inline u64 read_u64(u64 sk, const void *direct, u32 off)
 {
+    if (direct)
+        return *(volatile const u64 *)(direct + off);
     u64 v = 0;
     bpf_probe_read_kernel(&v, sizeof(v), (void *)(sk + off));
     return v;
@@ -635,26 +693,37 @@ static __always_inline int fin_queued(int state)
  * peer's FIN closed the socket before it read everything: it reads the rest after
  * CLOSE, which no transition sees) counts as read; close() empties the queue of what it
  * throws away before CLOSE, so that never counts. */
-static __always_inline int socket_counts(u64 sk, int state, int at_close, struct counts *c,
-                                         u32 slot)
+static __always_inline int socket_counts(u64 sk, const void *direct, int state, int at_close,
+                                         struct counts *c, u32 slot)
 {
-    struct tcp_block *blk = tcp_blocks.lookup(&slot);
-    if (!blk || bpf_probe_read_kernel(blk, sizeof(*blk), (void *)(sk + TCP_BLOCK_OFF)))
-        return -1;
-    u64 acked = BLOCK_U64(blk, LENS_TCP_BYTES_ACKED_OFF);
-    u32 write_seq = BLOCK_U32(blk, LENS_TCP_WRITE_SEQ_OFF);
-    u32 snd_una = BLOCK_U32(blk, LENS_TCP_SND_UNA_OFF);
-    u64 received = BLOCK_U64(blk, LENS_TCP_BYTES_RECEIVED_OFF);
-    u32 rcv_nxt = BLOCK_U32(blk, LENS_TCP_RCV_NXT_OFF);
-    u32 copied = BLOCK_U32(blk, LENS_TCP_COPIED_SEQ_OFF);
-    u64 sk_flags = read_u64(sk, LENS_SK_FLAGS_OFF);
+    u64 acked, received;
+    u32 write_seq, snd_una, rcv_nxt, copied;
+    if (direct) { /* a BTF pointer to the tcp_sock: six plain loads */
+        acked = read_u64(sk, direct, LENS_TCP_BYTES_ACKED_OFF);
+        write_seq = read_u32(sk, direct, LENS_TCP_WRITE_SEQ_OFF);
+        snd_una = read_u32(sk, direct, LENS_TCP_SND_UNA_OFF);
+        received = read_u64(sk, direct, LENS_TCP_BYTES_RECEIVED_OFF);
+        rcv_nxt = read_u32(sk, direct, LENS_TCP_RCV_NXT_OFF);
+        copied = read_u32(sk, direct, LENS_TCP_COPIED_SEQ_OFF);
+    } else {
+        struct tcp_block *blk = tcp_blocks.lookup(&slot);
+        if (!blk || bpf_probe_read_kernel(blk, sizeof(*blk), (void *)(sk + TCP_BLOCK_OFF)))
+            return -1;
+        acked = BLOCK_U64(blk, LENS_TCP_BYTES_ACKED_OFF);
+        write_seq = BLOCK_U32(blk, LENS_TCP_WRITE_SEQ_OFF);
+        snd_una = BLOCK_U32(blk, LENS_TCP_SND_UNA_OFF);
+        received = BLOCK_U64(blk, LENS_TCP_BYTES_RECEIVED_OFF);
+        rcv_nxt = BLOCK_U32(blk, LENS_TCP_RCV_NXT_OFF);
+        copied = BLOCK_U32(blk, LENS_TCP_COPIED_SEQ_OFF);
+    }
+    u64 sk_flags = read_u64(sk, direct, LENS_SK_FLAGS_OFF);
     c->sent = acked + (u32)(write_seq - snd_una) - fin_queued(state);
     u32 unread = rcv_nxt - copied;
     u32 fin_in = (sk_flags >> SOCK_DONE_BIT) & 1;
     c->recv = received - unread;
     if (fin_in && !unread)
         c->recv -= 1; /* the EOF the application read */
-    else if (at_close && unread > fin_in && read_u32(sk, LENS_SK_RCVQ_LEN_OFF))
+    else if (at_close && unread > fin_in && read_u32(sk, direct, LENS_SK_RCVQ_LEN_OFF))
         c->recv += unread - fin_in;
     return 0;
 }
@@ -662,11 +731,11 @@ static __always_inline int socket_counts(u64 sk, int state, int at_close, struct
 /* Add what a tracked socket moved since its last fold to its flow (si->sent, si->recv:
  * what was folded). Only ever called under the socket's lock (a state change, or the
  * iterator), so the folds of one socket never interleave. */
-static __always_inline void fold_bytes(u64 sk, struct sock_info *si, int state, int at_close,
-                                       u32 slot)
+static __always_inline void fold_bytes(u64 sk, const void *direct, struct sock_info *si,
+                                       int state, int at_close, u32 slot)
 {
     struct counts c;
-    if (socket_counts(sk, state, at_close, &c, slot))
+    if (socket_counts(sk, direct, state, at_close, &c, slot))
         return;
     /* an active open's SYN took one sequence number: bytes_acked counts its ACK */
     u64 syn = si->direction == LENS_DIR_EGRESS;
@@ -677,18 +746,18 @@ static __always_inline void fold_bytes(u64 sk, struct sock_info *si, int state, 
         return;
     si->sent += ds;
     si->recv += dr;
-    flow_add(sk, si, ds, dr);
+    flow_add(sk, direct, si, ds, dr);
 }
 
 /* A socket opened before the agent: what it moved since the iterator first saw it, into
  * the untracked counters. The iterator (insert) takes its first sight; a close forgets it. */
-static __always_inline void fold_untracked(u64 sk, int state, int at_close, int insert,
-                                           u32 slot)
+static __always_inline void fold_untracked(u64 sk, const void *direct, int state, int at_close,
+                                           int insert, u32 slot)
 {
     struct counts c;
-    if (socket_counts(sk, state, at_close, &c, slot))
+    if (socket_counts(sk, direct, state, at_close, &c, slot))
         return;
-    c.ports = read_u32(sk, LENS_SK_PORTPAIR_OFF);
+    c.ports = read_u32(sk, direct, LENS_SK_PORTPAIR_OFF);
     struct counts *was = untracked.lookup(&sk);
     if (!was || was->ports != c.ports || c.sent < was->sent || c.recv < was->recv) {
         if (insert)
@@ -735,13 +804,13 @@ int bpf_iter__tcp(struct bpf_iter__tcp *ctx)
     struct sock_info *si = socks.lookup(&sk);
     if (si) {
         if (si->keyed)
-            fold_bytes(sk, si, state, 0, 1);
+            fold_bytes(sk, 0, si, state, 0, 1);
         return 0;
     }
     u16 family = 0;
     bpf_probe_read_kernel(&family, sizeof(family), (void *)(sk + LENS_SK_FAMILY_OFF));
     if (family == AF_INET || family == AF_INET6)
-        fold_untracked(sk, state, 0, 1, 1);
+        fold_untracked(sk, 0, state, 0, 1, 1);
     return 0;
 }
 #endif
@@ -771,7 +840,7 @@ static __always_inline void account_bytes(u64 sk, int ret, int sending)
      * when another CPU keyed the socket in between: key_socket() took si->sent, this
      * message in it, and this call then saw the key and added it again. */
     if (si->keyed)
-        flow_add(sk, si, sending ? ret : 0, sending ? 0 : ret);
+        flow_add(sk, 0, si, sending ? ret : 0, sending ? 0 : ret);
     else if (sending)
         __sync_fetch_and_add(&si->pre_sent, ret);
     else
@@ -951,7 +1020,7 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
         LENS_PIN(sport);
         LENS_PIN(dport);
         /* the socket's family: 5.10's record has no family field */
-        copy_addr(raddr, si->family, args->daddr, args->daddr_v6);
+        copy_addr(raddr, si->family, args->daddr, args->daddr_v6, 0);
         make_key(&k, si->direction, si->family, raddr, sport, dport);
     }
     struct flow_val *v = flow_get(&k);
@@ -977,7 +1046,7 @@ TRACEPOINT_PROBE(tcp, tcp_receive_reset)
         u16 sport = args->sport, dport = args->dport;
         LENS_PIN(sport);
         LENS_PIN(dport);
-        copy_addr(raddr, si->family, args->daddr, args->daddr_v6);
+        copy_addr(raddr, si->family, args->daddr, args->daddr_v6, 0);
         make_key(&k, si->direction, si->family, raddr, sport, dport);
     }
     struct flow_val *v = flow_get(&k);

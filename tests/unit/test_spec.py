@@ -15,6 +15,7 @@ from lens_ebpf.agent import tracefs
 from lens_ebpf.agent.bpf import btf
 from lens_ebpf.agent.bpf.spec import (
     BTF,
+    BTF_TRACEPOINT,
     ITER,
     KPROBE,
     RAW_TRACEPOINT,
@@ -287,3 +288,37 @@ def test_btf_that_does_not_match_passes_the_path_over_saying_why() -> None:
     plan = resolve(spec, k)
     assert plan.paths() == {"n": TRACEPOINT} and "FALLBACK" in plan.defines
     assert plan.choices["n"].reason.startswith("no raw_tracepoint: sock:sock_send_length arguments")
+
+
+@needs_btf
+def test_with_btf_the_lifecycle_attaches_btf_typed_and_reads_the_socket_where_btf_says() -> None:
+    plan = resolve(tcp_flows.SPEC, Kernel(FIXTURES / "6.18" / "events", False, btf=HOST_BTF))
+    assert plan.paths()["lifecycle"] == BTF_TRACEPOINT and plan.choices["lifecycle"].reason == ""
+    assert plan.btf_tracepoints() == ("sock:inet_sock_set_state",)
+    assert "sock:inet_sock_set_state" not in plan.tracepoints()
+    assert plan.defines["LENS_LIFECYCLE_BTF"] == 1
+    assert HOST_BTF is not None
+    for define, member in (("LENS_INET_SPORT_OFF", "inet_sock.inet_sport"),
+                           ("LENS_INET_SADDR_OFF", "inet_sock.inet_saddr"),
+                           ("LENS_SK_DPORT_OFF", "sock.__sk_common.skc_dport"),
+                           ("LENS_SK_V6_DADDR_OFF", "sock.__sk_common.skc_v6_daddr")):  # fmt: skip
+        got = HOST_BTF.member(member)
+        assert got is not None and plan.defines[define] == got[0]
+    # what the loader attaches it against: the kernel's btf_trace_<event> typedef
+    assert HOST_BTF.trace_typedef("inet_sock_set_state") is not None
+    assert HOST_BTF.trace_typedef("no_such_event") is None
+
+
+@needs_btf
+def test_a_lifecycle_that_cannot_go_btf_typed_takes_the_classic_tracepoint_unreported() -> None:
+    """Passing the BTF-typed attachment over loses nothing (the same data at a little more
+    per run): neither the plan's summary nor check's reason mentions it."""
+    for k in (Kernel(FIXTURES / "6.18" / "events", False, btf=HOST_BTF, btf_tracepoints=False,
+                     no_btf_tracepoints_why="failed to load: Permission denied"),
+              Kernel(FIXTURES / "6.18" / "events", False)):  # fmt: skip
+        plan = resolve(tcp_flows.SPEC, k)
+        assert plan.paths()["lifecycle"] == TRACEPOINT
+        assert plan.choices["lifecycle"].reason == ""
+        assert plan.tracepoints()[0] == "sock:inet_sock_set_state"
+        assert plan.btf_tracepoints() == () and "LENS_LIFECYCLE_BTF" not in plan.defines
+        assert "lifecycle" not in plan.summary()

@@ -194,11 +194,16 @@ class Btf:
             return None
         return bits // 8, size
 
+    def trace_typedef(self, event: str) -> int | None:
+        """The id of the kernel's btf_trace_<event> typedef: what a BTF-typed tracepoint
+        program is loaded against (its attach_btf_id)."""
+        return self._named(TYPEDEF, f"btf_trace_{event}")
+
     def raw_tracepoint_args(self, event: str) -> tuple[str, ...] | None:
         """The C types a raw tracepoint's program gets, from the kernel's btf_trace_<event>
         typedef (a pointer to a prototype whose first parameter is the tracepoint's own
         data pointer, left out here): e.g. ("struct sock *", "int", "int")."""
-        tid = self._named(TYPEDEF, f"btf_trace_{event}")
+        tid = self.trace_typedef(event)
         if tid is None:
             return None
         ptr = self.type(self.resolve(tid))

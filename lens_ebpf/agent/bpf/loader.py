@@ -16,8 +16,15 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf.agent import tracefs
+from lens_ebpf.agent.bpf import btf as btf_mod
+from lens_ebpf.agent.bpf import syscall
 from lens_ebpf.agent.bpf.spec import Kernel, Plan, ProgramSpec, feature_path, resolve
-from lens_ebpf.agent.bpf.syscall import enable_run_stats, recursion_misses, run_stats
+from lens_ebpf.agent.bpf.syscall import (
+    enable_run_stats,
+    load_btf_tracepoint,
+    recursion_misses,
+    run_stats,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +54,34 @@ def attach_retprobe(bpf: Any, fn: str) -> str:
 
 
 ITER_PREFIX = "bpf_iter__"  # bpf_iter__<target>: the loader links it; Python runs it
+BTF_TP_PREFIX = "tp_btf__"  # tp_btf__<event>: the loader loads and attaches it BTF-typed
+
+
+def attach_btf_tracepoint(bpf: Any, tracepoint: str) -> None:
+    """Load tp_btf__<event> from BCC's compiled module as a BTF-typed tracepoint program
+    (BCC's own loader cannot: it takes the attach type from a name prefix it knows) and
+    attach it. BCC's records own both descriptors: its funcs (close() closes the
+    program's) and raw_tracepoint_fds under "tp_btf:<event>" (cleanup() closes the link,
+    which detaches it)."""
+    from bcc import BPF, lib
+
+    event = tracepoint.split(":", 1)[-1]
+    fname = f"{BTF_TP_PREFIX}{event}".encode()
+    kernel_btf = btf_mod.running()
+    type_id = kernel_btf.trace_typedef(event) if kernel_btf is not None else None
+    if type_id is None:
+        raise RuntimeError(f"no BTF type btf_trace_{event} to attach {fname.decode()} to")
+    try:
+        fd = load_btf_tracepoint(bpf.dump_func(fname), lib.bpf_module_license(bpf.module),
+                                 type_id, event)  # fmt: skip
+    except OSError as exc:
+        raise RuntimeError(f"cannot load {fname.decode()}: {exc.strerror}") from None
+    bpf.funcs[fname] = BPF.Function(bpf, fname, fd)
+    try:
+        link = syscall.attach_btf_tracepoint(fd)
+    except OSError as exc:
+        raise RuntimeError(f"cannot attach {fname.decode()}: {exc.strerror}") from None
+    bpf.raw_tracepoint_fds[f"tp_btf:{event}".encode()] = link
 
 
 class BpfIterator:
@@ -121,6 +156,7 @@ class ProgramStatus:
     detail: str = ""  # fallbacks taken and details lost (Plan.summary)
     raw_tracepoints: tuple[str, ...] = ()  # probes() names each "raw:<event>"
     iterators: tuple[str, ...] = ()  # BPF iterator targets; probes() names each "iter:<target>"
+    btf_tracepoints: tuple[str, ...] = ()  # attached tp_btf; probes() names each "tp_btf:<event>"
 
 
 def plan_for(spec: ProgramSpec, disabled: Sequence[str] = (), kernel: Kernel | None = None) -> Plan:
@@ -170,11 +206,11 @@ class BpfLoader:
         chose; None (with a status) when it can't."""
         name = plan.spec.name
         tps, raws, kps = plan.tracepoints(), plan.raw_tracepoints(), plan.kprobes()
-        iters = plan.iterators()
+        iters, btfs = plan.iterators(), plan.btf_tracepoints()
 
         def status(state: str, reason: str, seconds: float = 0.0) -> ProgramStatus:
             st = ProgramStatus(name, state, reason, seconds, tps, kps, plan.paths(),
-                               plan.summary(), raws, iters)  # fmt: skip
+                               plan.summary(), raws, iters, btfs)  # fmt: skip
             self.status[name] = st
             return st
 
@@ -198,18 +234,22 @@ class BpfLoader:
                 cflags=render_cflags({**plan.defines, **(defines or {})}),
             )
             try:
+                for tp in btfs:
+                    attach_btf_tracepoint(bpf, tp)
                 for probe in kps:
                     fn, _, where = probe.partition(":")
                     if where == "return":
                         self._retprobe_events[(name, fn)] = attach_retprobe(bpf, fn)
                 for target in iters:
                     self._iterators[(name, target)] = BpfIterator(bpf, target)
-                got = (bpf.num_open_tracepoints(), len(bpf.raw_tracepoint_fds),
-                       bpf.num_open_kprobes())  # fmt: skip
-                if got != (len(tps), len(raws), len(kps)):
+                n_btf = sum(k.startswith(b"tp_btf:") for k in bpf.raw_tracepoint_fds)
+                got = (bpf.num_open_tracepoints(), len(bpf.raw_tracepoint_fds) - n_btf,
+                       bpf.num_open_kprobes(), n_btf)  # fmt: skip
+                if got != (len(tps), len(raws), len(kps), len(btfs)):
                     raise RuntimeError(
                         f"{got[0]} of {len(tps)} tracepoints, {got[1]} of {len(raws)} raw "
-                        f"tracepoints and {got[2]} of {len(kps)} kprobes attached"
+                        f"tracepoints, {got[3]} of {len(btfs)} BTF-typed tracepoints and "
+                        f"{got[2]} of {len(kps)} kprobes attached"
                     )
             except Exception:
                 self._close_iterators(name)
@@ -225,9 +265,10 @@ class BpfLoader:
         elapsed = time.monotonic() - started
         status(ATTACHED, "", elapsed)
         self._loaded[name] = bpf
-        log.info("%s: attached %d tracepoints, %d raw tracepoints, %d kprobes and %d "
-                 "iterators in %.2fs (%s)", name, len(tps), len(raws), len(kps), len(iters),
-                 elapsed, plan.summary() or "all tracepoints")  # fmt: skip
+        log.info("%s: attached %d tracepoints (%d BTF-typed), %d raw tracepoints, %d kprobes "
+                 "and %d iterators in %.2fs (%s)", name, len(tps) + len(btfs), len(btfs),
+                 len(raws), len(kps), len(iters), elapsed,
+                 plan.summary() or "all tracepoints")  # fmt: skip
         return bpf
 
     def iterator(self, program: str, target: str) -> BpfIterator:
@@ -240,13 +281,15 @@ class BpfLoader:
 
     def probes(self) -> list[tuple[str, str, int]]:
         """(program, probe, fd) for each attached tracepoint and kprobe function; a raw
-        tracepoint is "raw:<name>"."""
+        tracepoint is "raw:<name>", a BTF-typed one "tp_btf:<name>"."""
         out = []
         for name, bpf in self._loaded.items():
             for raw, fn in bpf.funcs.items():
                 fname = raw.decode() if isinstance(raw, bytes) else raw
                 if fname.startswith("tracepoint__"):
                     out.append((name, ":".join(fname.split("__")[1:3]), fn.fd))
+                elif fname.startswith(BTF_TP_PREFIX):
+                    out.append((name, f"tp_btf:{fname[len(BTF_TP_PREFIX):]}", fn.fd))
                 elif fname.startswith("raw_tracepoint__"):
                     out.append((name, f"raw:{fname[len('raw_tracepoint__'):]}", fn.fd))
                 elif fname.startswith("kprobe__"):

@@ -23,6 +23,10 @@ TRACEPOINT, KPROBE = "tracepoint", "kprobe"
 # the kernel's BTF); fields the running kernel's BTF places, read from a tracepoint the
 # program has anyway (bpf/btf.py says why that keeps DESIGN.md rule 1's promise)
 RAW_TRACEPOINT, BTF = "raw_tracepoint", "btf"
+# a tracepoint attached BTF-typed (tp_btf): its arguments as raw_tracepoint's (checked the
+# same way), held as BTF pointers the program reads with plain loads the verifier checks
+# against the kernel's BTF; the loader loads and attaches it itself (tp_btf__<event>)
+BTF_TRACEPOINT = "tp_btf"
 # a BPF iterator over kernel objects (probes name its target: "tcp" for bpf_iter__tcp),
 # run from user space, no probe on any kernel path; its program reads fields the running
 # kernel's BTF places, and btf_types names the kernel types it relies on
@@ -49,9 +53,12 @@ class ProbePath:
     kind: str
     probes: tuple[str, ...]
     define: str = ""
-    args: tuple[str, ...] = ()  # RAW_TRACEPOINT: each probe's argument types, in C
+    args: tuple[str, ...] = ()  # RAW_/BTF_TRACEPOINT: each probe's argument types, in C
     btf: tuple[BtfField, ...] = ()
     btf_types: tuple[tuple[str, str], ...] = ()  # (struct, what it shows) BTF must have
+    # a cheaper way to what the next path gets as well: passing it over loses nothing, and
+    # neither check nor /readyz reports it
+    quiet: bool = False
 
     def functions(self) -> set[str]:
         return {p.split(":", 1)[0] for p in self.probes} if self.kind == KPROBE else set()
@@ -91,7 +98,7 @@ class ProgramSpec:
         out: list[str] = []
         for n in self.needs:
             for p in n.paths:
-                if p.kind in (TRACEPOINT, RAW_TRACEPOINT):
+                if p.kind in (TRACEPOINT, RAW_TRACEPOINT, BTF_TRACEPOINT):
                     out.extend(tp for tp in p.probes if tp not in out)
         return out
 
@@ -109,6 +116,10 @@ class Kernel:
     # paths with it; a program whose iterator failed to load is loaded again so), and why
     iterators: bool = True
     no_iterators_why: str = "turned off"
+    # False: take the kernel as one that cannot attach BTF-typed tracepoints (a program
+    # whose tp_btf attachment failed to load is loaded again so), and why
+    btf_tracepoints: bool = True
+    no_btf_tracepoints_why: str = "turned off"
 
     @classmethod
     def running(cls, specs: Iterable[ProgramSpec] = ()) -> Kernel:
@@ -136,10 +147,12 @@ class Kernel:
             return sorted(f"{fn}()" for fn in path.functions() - self.functions)
         if path.kind == ITER and not self.iterators:
             return [f"BPF iterators ({self.no_iterators_why})"]
+        if path.kind == BTF_TRACEPOINT and not self.btf_tracepoints:
+            return [f"BTF-typed tracepoints ({self.no_btf_tracepoints_why})"]
         out = [] if path.kind == ITER else [tp for tp in path.probes if not self.has_tracepoint(tp)]
         if out:
             return out
-        if path.kind not in (RAW_TRACEPOINT, ITER) and not path.btf:
+        if path.kind not in (RAW_TRACEPOINT, BTF_TRACEPOINT, ITER) and not path.btf:
             return out
         if self.btf is None:
             return [f"BTF ({btf_mod.VMLINUX} absent or unreadable)"]
@@ -148,7 +161,7 @@ class Kernel:
                 out.append(f"{what} (BTF struct {struct})")
         if out:
             return out
-        if path.kind == RAW_TRACEPOINT:
+        if path.kind in (RAW_TRACEPOINT, BTF_TRACEPOINT):
             for tp in path.probes:
                 got = self.btf.raw_tracepoint_args(tp.split(":", 1)[-1])
                 if got != path.args:
@@ -239,13 +252,17 @@ class Plan:
     def raw_tracepoints(self) -> tuple[str, ...]:
         return self._probes(RAW_TRACEPOINT)
 
+    def btf_tracepoints(self) -> tuple[str, ...]:
+        """The tracepoints attached BTF-typed (the loader attaches tp_btf__<event>)."""
+        return self._probes(BTF_TRACEPOINT)
+
     def iterators(self) -> tuple[str, ...]:
         """The BPF iterator targets the program runs from user space (bpf_iter__<target>)."""
         return self._probes(ITER)
 
     def paths(self) -> dict[str, str]:
-        """need -> "tracepoint", "raw_tracepoint", "btf", "iter", "kprobe" or "off" (for
-        /readyz and check)."""
+        """need -> "tracepoint", "tp_btf", "raw_tracepoint", "btf", "iter", "kprobe" or "off"
+        (for /readyz and check)."""
         return {name: c.label for name, c in self.choices.items()}
 
     def summary(self) -> str:
@@ -277,6 +294,8 @@ def resolve(spec: ProgramSpec, kernel: Kernel, disabled: Iterable[str] = ()) -> 
             if not missing:
                 chosen = path
                 break
+            if path.quiet:
+                continue
             what = ", ".join(missing)
             if passed_over and passed_over[-1][1] == what:  # said once for both
                 passed_over[-1][0].append(path.kind)

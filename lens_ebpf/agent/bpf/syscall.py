@@ -8,6 +8,10 @@ import platform
 
 SYS_BPF = {"x86_64": 321, "aarch64": 280}
 BPF_MAP_CREATE = 0
+BPF_PROG_LOAD = 5
+BPF_RAW_TRACEPOINT_OPEN = 17
+BPF_PROG_TYPE_TRACING = 26
+BPF_TRACE_RAW_TP = 23  # expected_attach_type of a BTF-typed tracepoint (tp_btf)
 BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_ENABLE_STATS = 32  # Linux 5.8+
 BPF_STATS_RUN_TIME = 0
@@ -83,3 +87,49 @@ def enable_run_stats() -> int:
     attr = (ctypes.c_uint32 * 2)()
     attr[0] = BPF_STATS_RUN_TIME
     return bpf(BPF_ENABLE_STATS, attr)
+
+
+def _u64(attr: ctypes.Array[ctypes.c_uint32], at: int, value: int) -> None:
+    attr[at], attr[at + 1] = value & 0xFFFFFFFF, value >> 32
+
+
+def load_btf_tracepoint(insns: bytes, license: bytes, btf_id: int, name: str) -> int:
+    """Load instructions (BCC compiled them, its map fds in place) as a BTF-typed
+    tracepoint program (BPF_PROG_TYPE_TRACING, BPF_TRACE_RAW_TP) against the kernel type
+    btf_id (its btf_trace_<event> typedef); the program's fd. OSError with the verifier's
+    last lines when the kernel refuses it."""
+    code = ctypes.create_string_buffer(insns, len(insns))
+    lic = ctypes.create_string_buffer(license)
+    log_buf = ctypes.create_string_buffer(1 << 20)
+    for log_level in (0, 1):
+        # union bpf_attr's BPF_PROG_LOAD members, by byte: prog_type 0, insn_cnt 4,
+        # insns 8, license 16, log_level 24, log_size 28, log_buf 32, prog_name 48,
+        # expected_attach_type 68, attach_btf_id 108
+        attr = (ctypes.c_uint32 * 30)()
+        attr[0], attr[1] = BPF_PROG_TYPE_TRACING, len(insns) // 8
+        _u64(attr, 2, ctypes.addressof(code))
+        _u64(attr, 4, ctypes.addressof(lic))
+        if log_level:
+            attr[6], attr[7] = log_level, len(log_buf)
+            _u64(attr, 8, ctypes.addressof(log_buf))
+        raw_name = name.encode()[:15]
+        ctypes.memmove(ctypes.addressof(attr) + 48, raw_name, len(raw_name))
+        attr[17], attr[27] = BPF_TRACE_RAW_TP, btf_id
+        try:
+            return bpf(BPF_PROG_LOAD, attr)
+        except OSError as exc:
+            if log_level:
+                lines = log_buf.value.decode(errors="replace").strip().splitlines()
+                # the refused instruction and the verifier's reason, not its statistics
+                said = [ln for ln in lines if not ln.startswith(("processed ", "verification "))]
+                tail = said[-2:]
+                raise OSError(exc.errno, f"{exc.strerror}: {' / '.join(tail)}") from None
+    raise AssertionError("unreachable")
+
+
+def attach_btf_tracepoint(prog_fd: int) -> int:
+    """Attach a loaded BTF-typed tracepoint program to its tracepoint; the link's fd (the
+    program runs until it is closed)."""
+    attr = (ctypes.c_uint32 * 4)()
+    attr[2] = prog_fd  # name 0: the tracepoint the program was loaded against
+    return bpf(BPF_RAW_TRACEPOINT_OPEN, attr)

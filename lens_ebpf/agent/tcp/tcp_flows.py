@@ -21,6 +21,7 @@ from lens_ebpf.agent.bpf.map_reader import DeltaReader, prefill_overflow
 from lens_ebpf.agent.bpf.program import Records, RingProgram
 from lens_ebpf.agent.bpf.spec import (
     BTF,
+    BTF_TRACEPOINT,
     ITER,
     KPROBE,
     RAW_TRACEPOINT,
@@ -45,6 +46,26 @@ log = logging.getLogger(__name__)
 NAME = "tcp_flows"
 RTT = "rtt"  # the need that feeds the tcp_rtt feature
 # What tcp_flows.c needs and the ways to get it, in order of preference (bpf/spec.py).
+_SET_STATE = "sock:inet_sock_set_state"
+# the lifecycle BTF-typed: no trace record built, the socket's fields read with plain
+# loads where the running kernel's BTF places them (tcp_flows.c, LENS_LIFECYCLE_BTF)
+_LIFECYCLE_BTF = ProbePath(
+    BTF_TRACEPOINT,
+    (_SET_STATE,),
+    "LENS_LIFECYCLE_BTF",
+    args=("struct sock *", "int", "int"),
+    btf=tuple(BtfField(*f) for f in (
+        ("LENS_SK_FAMILY_OFF", "sock.__sk_common.skc_family", 2),
+        ("LENS_INET_SPORT_OFF", "inet_sock.inet_sport", 2),
+        ("LENS_SK_DPORT_OFF", "sock.__sk_common.skc_dport", 2),
+        ("LENS_INET_SADDR_OFF", "inet_sock.inet_saddr", 4),
+        ("LENS_SK_DADDR_OFF", "sock.__sk_common.skc_daddr", 4),
+        ("LENS_SK_V6_RCV_SADDR_OFF", "sock.__sk_common.skc_v6_rcv_saddr", 16),
+        ("LENS_SK_V6_DADDR_OFF", "sock.__sk_common.skc_v6_daddr", 16),
+    )),
+    btf_types=(("tcp_sock", "the TCP socket's type"),),
+    quiet=True,  # the classic tracepoint gives the same, at a little more per run
+)  # fmt: skip
 _BYTES_TP = ("sock:sock_send_length", "sock:sock_recv_length")
 # the raw path's arguments, and the two fields that tell an untracked socket's protocol
 _BYTES_RAW = ProbePath(RAW_TRACEPOINT, _BYTES_TP, "LENS_BYTES_RAW",
@@ -83,7 +104,7 @@ _RESETS = ("tcp:tcp_send_reset", "tcp:tcp_receive_reset")
 SPEC = ProgramSpec(
     NAME,
     needs=(
-        Need("lifecycle", (ProbePath(TRACEPOINT, ("sock:inet_sock_set_state",)),)),
+        Need("lifecycle", (_LIFECYCLE_BTF, ProbePath(TRACEPOINT, (_SET_STATE,)))),
         Need("bytes", (_BYTES_COUNTERS, _BYTES_RAW,
                        ProbePath(TRACEPOINT, _BYTES_TP, "LENS_BYTES_TRACEPOINT"),
                        ProbePath(KPROBE, _BYTES_KP, "LENS_BYTES_KPROBE"))),
@@ -270,17 +291,27 @@ class TcpFlows(RingProgram):
 
     def start(self, policy: Policy) -> bool:
         """Load and attach; False (status recorded by the loader) when it cannot. Where
-        the counters path (a BPF iterator) fails to load (a BCC or kernel that refuses the
-        program or its link), the program loads again with a program per message, and
-        the plan says why."""
+        the BTF-typed lifecycle fails to load (a kernel whose verifier refuses it), the
+        program loads again on the classic tracepoint; where the counters path (a BPF
+        iterator) fails (a BCC or kernel that refuses the program or its link), again
+        with a program per message. The plan says why."""
         self.bpf = self.loader.load(self.plan, self.defines())
-        if self.bpf is None and self.plan.iterators():
+        for what in ("BTF-typed lifecycle", "socket-counter path"):
+            btf_tp = what.startswith("BTF")
+            if self.bpf is not None or not (
+                self.plan.btf_tracepoints() if btf_tp else self.plan.iterators()
+            ):
+                continue
             why = self.loader.status[NAME].reason
-            log.warning("%s: the socket-counter path failed to load (%s): bytes per message",
-                        NAME, why)  # fmt: skip
-            kernel = dataclasses.replace(self._kernel or Kernel.running((SPEC,)),
-                                         iterators=False,
-                                         no_iterators_why=f"failed to load: {why}")  # fmt: skip
+            log.warning("%s: the %s failed to load (%s): loading without it", NAME, what, why)
+            kernel = self._kernel or Kernel.running((SPEC,))
+            failed = f"failed to load: {why}"
+            if btf_tp:
+                kernel = dataclasses.replace(kernel, btf_tracepoints=False,
+                                             no_btf_tracepoints_why=failed)  # fmt: skip
+            else:
+                kernel = dataclasses.replace(kernel, iterators=False, no_iterators_why=failed)
+            self._kernel = kernel
             self.plan = plan_for(SPEC, self._disabled, kernel)
             self.bpf = self.loader.load(self.plan, self.defines())
         if self.bpf is None:
