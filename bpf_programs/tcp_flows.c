@@ -8,9 +8,11 @@
  *                              kernel passes (struct sock *, oldstate, newstate) and builds
  *                              no trace record; addresses, ports and counters are plain
  *                              loads from the socket the verifier checks against the
- *                              kernel's BTF (-DLENS_INET_*_OFF, -DLENS_SK_*_OFF), and the
- *                              kernel skips a run only if this program is already running
- *                              on the CPU, not whenever another tracing program is
+ *                              kernel's BTF (-DLENS_INET_*_OFF, -DLENS_SK_*_OFF). The kernel
+ *                              skips a run only while this program is already running on
+ *                              the CPU, not whenever another tracing program is (kernels
+ *                              without that check run it nested: it keeps no per-CPU
+ *                              scratch that a nested run could overwrite)
  *     (neither)                the classic tracepoint and its record (Linux 4.16+)
  *   bytes an application sent and received, one of:
  *     -DLENS_BYTES_RAW         the same two tracepoints attached raw (Linux 6.3+ with BTF):
@@ -495,8 +497,8 @@ int tp_btf__inet_sock_set_state(u64 *ctx)
     u16 family = *(volatile const u16 *)(tp + LENS_SK_FAMILY_OFF);
     if (family != AF_INET && family != AF_INET6)
         return 0;
-    u16 sport = __builtin_bswap16(*(volatile const u16 *)(tp + LENS_INET_SPORT_OFF));
-    u16 dport = __builtin_bswap16(*(volatile const u16 *)(tp + LENS_SK_DPORT_OFF));
+    u16 sport = bpf_ntohs(*(volatile const u16 *)(tp + LENS_INET_SPORT_OFF));
+    u16 dport = bpf_ntohs(*(volatile const u16 *)(tp + LENS_SK_DPORT_OFF));
     return set_state((u64)tp, tp, (int)ctx[1], (int)ctx[2], family, sport, dport,
                      tp + LENS_INET_SADDR_OFF, tp + LENS_SK_V6_RCV_SADDR_OFF,
                      tp + LENS_SK_DADDR_OFF, tp + LENS_SK_V6_DADDR_OFF);

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from lens_ebpf.agent import config
-from lens_ebpf.agent.bpf.loader import BpfLoader
+from lens_ebpf.agent.bpf.loader import BpfLoader, plan_for
 from lens_ebpf.agent.bpf.spec import BTF_TRACEPOINT, TRACEPOINT, Kernel
 from lens_ebpf.agent.events import EventBus, Subscription
 from lens_ebpf.agent.metrics.cache import MetricCache
@@ -44,8 +44,8 @@ TIMELESS = ("family", "laddr", "raddr", "lport", "rport", "direction", "cls", "r
 
 @pytest.fixture(scope="module")
 def classic(rig: FlowRig, policy_file: Path) -> Iterator[FlowRig]:
-    if rig.flows.plan.paths()["lifecycle"] != BTF_TRACEPOINT:
-        pytest.skip("the session's rig runs the classic tracepoint on this kernel already")
+    if planned_lifecycle() != BTF_TRACEPOINT:
+        pytest.skip("the classic tracepoint is this kernel's only lifecycle path: the rig runs it")
     kernel = dataclasses.replace(Kernel.running((SPEC,)), btf_tracepoints=False)
     cfg = config.load(None, env={"LENS_BPF__RECONCILE_GRACE_SECONDS": "0"})
     cache, bus, loader = MetricCache(3600, 200000), EventBus(100000), BpfLoader()
@@ -56,10 +56,15 @@ def classic(rig: FlowRig, policy_file: Path) -> Iterator[FlowRig]:
         yield FlowRig(flows, cache, bus, rig.early)
 
 
+def planned_lifecycle() -> str:
+    """The lifecycle path the running kernel's description chooses, before any load."""
+    return plan_for(SPEC, (), Kernel.running((SPEC,))).paths()["lifecycle"]
+
+
 def test_the_rig_attaches_its_lifecycle_btf_typed_where_btf_allows(rig: FlowRig) -> None:
     st = rig.flows.loader.status["tcp_flows"]
-    btf = rig.flows.plan.choices["lifecycle"].path
-    assert btf is not None
+    # what the kernel describes is what loaded: a refusal here would fail, not fall back
+    assert st.paths["lifecycle"] == planned_lifecycle()
     if st.paths["lifecycle"] == BTF_TRACEPOINT:
         assert st.btf_tracepoints == ("sock:inet_sock_set_state",)
         assert "sock:inet_sock_set_state" not in st.tracepoints
@@ -158,8 +163,8 @@ def test_a_refused_btf_typed_program_says_why_and_the_classic_tracepoint_takes_o
     from lens_ebpf.agent.bpf.syscall import load_btf_tracepoint
 
     kernel_btf = running()
-    if kernel_btf is None or kernel_btf.trace_typedef("inet_sock_set_state") is None:
-        pytest.skip("no BTF-typed tracepoints on this kernel")
+    if planned_lifecycle() != BTF_TRACEPOINT or kernel_btf is None:
+        pytest.skip("no BTF-typed lifecycle on this kernel")
     # the kernel's own refusal: a load from past the three arguments it passes, and no
     # return value (r1 = *(u64 *)(r1 + 256); exit)
     bad = bytes.fromhex("7911000100000000" "9500000000000000")
@@ -188,5 +193,34 @@ def test_a_refused_btf_typed_program_says_why_and_the_classic_tracepoint_takes_o
         assert "the BTF-typed lifecycle failed to load" in caplog.text
         assert "invalid mem access" in caplog.text
         assert st.paths["bytes"] == bytes_path  # the lifecycle alone went back
+    finally:
+        loader.close()
+
+
+def test_an_iterator_that_fails_to_load_leaves_the_btf_typed_lifecycle_alone(
+    policy_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first failure is blamed on what it names: the counters path goes, the
+    BTF-typed lifecycle stays."""
+    from lens_ebpf.agent.bpf import loader as loader_mod
+
+    if planned_lifecycle() != BTF_TRACEPOINT:
+        pytest.skip("no BTF-typed lifecycle on this kernel")
+    cfg = config.load(None)
+    loader = BpfLoader()
+    flows = TcpFlows(cfg.bpf, cfg.events, MetricCache(3600, 1000), EventBus(100), loader)
+    if not flows.plan.iterators():
+        pytest.skip("no TCP socket iterator on this kernel: bytes take a per-message path")
+
+    class Refused:
+        def __init__(self, *_: object) -> None:
+            raise RuntimeError("cannot link the tcp iterator: Operation not supported")
+
+    monkeypatch.setattr(loader_mod, "BpfIterator", Refused)
+    try:
+        assert flows.start(load_policy(policy_file))
+        st = loader.status["tcp_flows"]
+        assert st.paths["lifecycle"] == BTF_TRACEPOINT and st.paths["bytes"] != "iter"
+        assert "cannot link the tcp iterator" in flows.plan.choices["bytes"].reason
     finally:
         loader.close()

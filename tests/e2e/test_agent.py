@@ -39,6 +39,14 @@ def bytes_paths() -> tuple[str, str]:
     return "tracepoint", "raw_tracepoint" if kernel_btf is not None else "tracepoint"
 
 
+def lifecycle_path() -> str:
+    """tcp_flows' lifecycle path on this kernel: BTF-typed where BTF types the tracepoint."""
+    kernel_btf = btf.running()
+    if kernel_btf is not None and kernel_btf.trace_typedef("inet_sock_set_state") is not None:
+        return "tp_btf"
+    return "tracepoint"
+
+
 def test_serves_metrics_counts_a_flow_and_stops_cleanly(policy: Path) -> None:
     agent = AgentProc("--policy", str(policy))
     try:
@@ -51,7 +59,8 @@ def test_serves_metrics_counts_a_flow_and_stops_cleanly(policy: Path) -> None:
         path, bytes_path = bytes_paths()
         flows = ready["features"]["tcp_flows"]
         assert (flows["state"], flows["reason"], flows["path"]) == ("attached", "", path)
-        assert flows["paths"]["bytes"] == bytes_path and flows["paths"]["lifecycle"] == "tracepoint"
+        assert flows["paths"]["bytes"] == bytes_path
+        assert flows["paths"]["lifecycle"] == lifecycle_path()
         for feature in ("tcp_rtt", "processes"):
             got = ready["features"][feature]
             assert (got["state"], got["path"]) == ("attached", "tracepoint"), got

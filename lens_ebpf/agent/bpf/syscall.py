@@ -101,6 +101,7 @@ def load_btf_tracepoint(insns: bytes, license: bytes, btf_id: int, name: str) ->
     code = ctypes.create_string_buffer(insns, len(insns))
     lic = ctypes.create_string_buffer(license)
     log_buf = ctypes.create_string_buffer(1 << 20)
+    first: OSError | None = None
     for log_level in (0, 1):
         # union bpf_attr's BPF_PROG_LOAD members, by byte: prog_type 0, insn_cnt 4,
         # insns 8, license 16, log_level 24, log_size 28, log_buf 32, prog_name 48,
@@ -118,12 +119,17 @@ def load_btf_tracepoint(insns: bytes, license: bytes, btf_id: int, name: str) ->
         try:
             return bpf(BPF_PROG_LOAD, attr)
         except OSError as exc:
-            if log_level:
-                lines = log_buf.value.decode(errors="replace").strip().splitlines()
-                # the refused instruction and the verifier's reason, not its statistics
-                said = [ln for ln in lines if not ln.startswith(("processed ", "verification "))]
-                tail = said[-2:]
-                raise OSError(exc.errno, f"{exc.strerror}: {' / '.join(tail)}") from None
+            if first is None:
+                first = exc  # the kernel's own errno (a full log would make it ENOSPC)
+                continue
+            text = log_buf.value.decode(errors="replace")
+            lines = text.strip().splitlines()
+            # the refused instruction and the verifier's reason, not its statistics
+            said = [ln for ln in lines if not ln.startswith(("processed ", "verification "))]
+            tail = " / ".join(said[-2:])
+            if len(text) >= len(log_buf) - 1:
+                tail = f"{tail} (the verifier's log was cut at {len(log_buf)} bytes)"
+            raise OSError(first.errno, f"{first.strerror}: {tail}") from None
     raise AssertionError("unreachable")
 
 

@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from lens_ebpf.agent.bpf import layouts
-from lens_ebpf.agent.bpf.loader import BpfLoader, plan_for
+from lens_ebpf.agent.bpf.loader import BTF_TP_PREFIX, BpfLoader, plan_for
 from lens_ebpf.agent.bpf.map_reader import DeltaReader, prefill_overflow
 from lens_ebpf.agent.bpf.program import Records, RingProgram
 from lens_ebpf.agent.bpf.spec import (
@@ -289,31 +289,38 @@ class TcpFlows(RingProgram):
             "RINGBUF_PAGES": b.ringbuf_pages,
         }
 
+    def _load_without(self, what: str, why: str) -> None:
+        """Load again on a kernel taken as one without what failed to load."""
+        log.warning("%s: the %s failed to load (%s): loading without it", NAME, what, why)
+        kernel = self._kernel or Kernel.running((SPEC,))
+        failed = f"failed to load: {why}"
+        if what.startswith("BTF"):
+            kernel = dataclasses.replace(kernel, btf_tracepoints=False,
+                                         no_btf_tracepoints_why=failed)  # fmt: skip
+        else:
+            kernel = dataclasses.replace(kernel, iterators=False, no_iterators_why=failed)
+        self._kernel = kernel
+        self.plan = plan_for(SPEC, self._disabled, kernel)
+        self.bpf = self.loader.load(self.plan, self.defines())
+
     def start(self, policy: Policy) -> bool:
         """Load and attach; False (status recorded by the loader) when it cannot. Where
-        the BTF-typed lifecycle fails to load (a kernel whose verifier refuses it), the
-        program loads again on the classic tracepoint; where the counters path (a BPF
-        iterator) fails (a BCC or kernel that refuses the program or its link), again
-        with a program per message. The plan says why."""
+        the BTF-typed lifecycle is refused (the error names tp_btf__), the program loads
+        again on the classic tracepoint; where the counters path (a BPF iterator) fails
+        (a BCC or kernel that refuses the program or its link), again with a program per
+        message; and if it still fails, without the BTF-typed lifecycle as well. The
+        plan says why for the bytes; the log for both."""
         self.bpf = self.loader.load(self.plan, self.defines())
-        for what in ("BTF-typed lifecycle", "socket-counter path"):
-            btf_tp = what.startswith("BTF")
-            if self.bpf is not None or not (
-                self.plan.btf_tracepoints() if btf_tp else self.plan.iterators()
-            ):
-                continue
-            why = self.loader.status[NAME].reason
-            log.warning("%s: the %s failed to load (%s): loading without it", NAME, what, why)
-            kernel = self._kernel or Kernel.running((SPEC,))
-            failed = f"failed to load: {why}"
-            if btf_tp:
-                kernel = dataclasses.replace(kernel, btf_tracepoints=False,
-                                             no_btf_tracepoints_why=failed)  # fmt: skip
-            else:
-                kernel = dataclasses.replace(kernel, iterators=False, no_iterators_why=failed)
-            self._kernel = kernel
-            self.plan = plan_for(SPEC, self._disabled, kernel)
-            self.bpf = self.loader.load(self.plan, self.defines())
+
+        def why() -> str:
+            return self.loader.status[NAME].reason
+
+        if self.bpf is None and self.plan.btf_tracepoints() and BTF_TP_PREFIX in why():
+            self._load_without("BTF-typed lifecycle", why())
+        if self.bpf is None and self.plan.iterators():
+            self._load_without("socket-counter path", why())
+        if self.bpf is None and self.plan.btf_tracepoints():
+            self._load_without("BTF-typed lifecycle", why())
         if self.bpf is None:
             return False
         layouts.check_layout("flow_key", layouts.FlowKey, self.bpf[b"flows"].Key)
