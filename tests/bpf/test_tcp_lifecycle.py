@@ -30,13 +30,8 @@ from tests.conftest import hang_guard
 from tests.netlab import exchange, listener, recv_exact
 
 from .conftest import FlowRig, polling
+from .test_tcp_flows import CLOSED, FAILED, OPENED, RECV, RESETS, SENT
 
-SENT = "lens_tcp_sent_bytes_total"
-RECV = "lens_tcp_received_bytes_total"
-OPENED = "lens_tcp_connections_opened_total"
-CLOSED = "lens_tcp_connections_closed_total"
-FAILED = "lens_tcp_failed_connects_total"
-RESETS = "lens_tcp_resets_total"
 # what a closed-flow record says of its flow: everything but when and how long
 TIMELESS = ("family", "laddr", "raddr", "lport", "rport", "direction", "cls", "reason",
             "sent_bytes", "received_bytes", "retransmits", "pid", "comm", "cgroup_id")  # fmt: skip
