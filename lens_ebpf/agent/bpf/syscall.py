@@ -101,8 +101,9 @@ def load_btf_tracepoint(insns: bytes, license: bytes, btf_id: int, name: str) ->
     code = ctypes.create_string_buffer(insns, len(insns))
     lic = ctypes.create_string_buffer(license)
     log_buf = ctypes.create_string_buffer(1 << 20)
-    first: OSError | None = None
-    for log_level in (0, 1):
+    raw_name = name.encode()[:15]
+
+    def load(log_level: int) -> int:
         # union bpf_attr's BPF_PROG_LOAD members, by byte: prog_type 0, insn_cnt 4,
         # insns 8, license 16, log_level 24, log_size 28, log_buf 32, prog_name 48,
         # expected_attach_type 68, attach_btf_id 108
@@ -113,24 +114,25 @@ def load_btf_tracepoint(insns: bytes, license: bytes, btf_id: int, name: str) ->
         if log_level:
             attr[6], attr[7] = log_level, len(log_buf)
             _u64(attr, 8, ctypes.addressof(log_buf))
-        raw_name = name.encode()[:15]
         ctypes.memmove(ctypes.addressof(attr) + 48, raw_name, len(raw_name))
         attr[17], attr[27] = BPF_TRACE_RAW_TP, btf_id
-        try:
-            return bpf(BPF_PROG_LOAD, attr)
-        except OSError as exc:
-            if first is None:
-                first = exc  # the kernel's own errno (a full log would make it ENOSPC)
-                continue
-            text = log_buf.value.decode(errors="replace")
-            lines = text.strip().splitlines()
-            # the refused instruction and the verifier's reason, not its statistics
-            said = [ln for ln in lines if not ln.startswith(("processed ", "verification "))]
-            tail = " / ".join(said[-2:])
-            if len(text) >= len(log_buf) - 1:
-                tail = f"{tail} (the verifier's log was cut at {len(log_buf)} bytes)"
-            raise OSError(first.errno, f"{first.strerror}: {tail}") from None
-    raise AssertionError("unreachable")
+        return bpf(BPF_PROG_LOAD, attr)
+
+    try:
+        return load(0)
+    except OSError as exc:
+        first = exc  # the kernel's own errno (a full log would make it ENOSPC)
+    try:
+        return load(1)  # again, for the verifier's words
+    except OSError:
+        text = log_buf.value.decode(errors="replace")
+    # the refused instruction and the verifier's reason, not its statistics
+    said = [ln for ln in text.strip().splitlines()
+            if not ln.startswith(("processed ", "verification "))]  # fmt: skip
+    tail = " / ".join(said[-2:])
+    if len(text) >= len(log_buf) - 1:
+        tail = f"{tail} (the verifier's log was cut at {len(log_buf)} bytes)"
+    raise OSError(first.errno, f"{first.strerror}: {tail}") from None
 
 
 def attach_btf_tracepoint(prog_fd: int) -> int:

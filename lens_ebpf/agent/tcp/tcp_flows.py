@@ -289,12 +289,14 @@ class TcpFlows(RingProgram):
             "RINGBUF_PAGES": b.ringbuf_pages,
         }
 
-    def _load_without(self, what: str, why: str) -> None:
-        """Load again on a kernel taken as one without what failed to load."""
+    def _load_without(self, btf_tracepoints: bool, why: str) -> None:
+        """Load again on a kernel taken as one without BTF-typed tracepoints (else without
+        BPF iterators): what failed to load."""
+        what = "BTF-typed lifecycle" if btf_tracepoints else "socket-counter path"
         log.warning("%s: the %s failed to load (%s): loading without it", NAME, what, why)
         kernel = self._kernel or Kernel.running((SPEC,))
         failed = f"failed to load: {why}"
-        if what.startswith("BTF"):
+        if btf_tracepoints:
             kernel = dataclasses.replace(kernel, btf_tracepoints=False,
                                          no_btf_tracepoints_why=failed)  # fmt: skip
         else:
@@ -316,11 +318,11 @@ class TcpFlows(RingProgram):
             return self.loader.status[NAME].reason
 
         if self.bpf is None and self.plan.btf_tracepoints() and BTF_TP_PREFIX in why():
-            self._load_without("BTF-typed lifecycle", why())
+            self._load_without(True, why())
         if self.bpf is None and self.plan.iterators():
-            self._load_without("socket-counter path", why())
+            self._load_without(False, why())
         if self.bpf is None and self.plan.btf_tracepoints():
-            self._load_without("BTF-typed lifecycle", why())
+            self._load_without(True, why())
         if self.bpf is None:
             return False
         layouts.check_layout("flow_key", layouts.FlowKey, self.bpf[b"flows"].Key)
