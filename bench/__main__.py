@@ -23,6 +23,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from bench.floor import Floor
+
 ROOT = Path(__file__).resolve().parent.parent
 LENS = str(Path(sys.executable).with_name("lens-ebpf"))
 TICK = os.sysconf("SC_CLK_TCK")
@@ -316,6 +318,15 @@ def bench_connections(tools: dict[str, str], seconds: float, tmp: Path,
         ratio = round(plain["rate"] / base["rate"], 3)
         turn: dict[str, Any] = {"baseline_rate": base["rate"], "agent": plain,
                                 "agent_rate_ratio": ratio}  # fmt: skip
+        # the references the ratio is read against: the agent with no TCP program (what
+        # an agent process on CPU 0 costs CPU 1 here), and the least a lifecycle program
+        # that keeps each socket in a hash costs (bench/floor.py), with no agent
+        bare = agent_under_load(tools, "127.0.0.113", each, tmp, f"conn-bare-{i}",
+                                env={"LENS_COLLECTORS__TCP__ENABLED": "false"})  # fmt: skip
+        turn["bare_rate_ratio"] = round(bare["rate"] / base["rate"], 3)
+        with Floor():
+            floor = conn_load(tools, "127.0.0.114", each)
+        turn["floor_rate_ratio"] = round(floor["rate"] / base["rate"], 3)
         life = tcplife_load(tools, "127.0.0.102", each, tmp)
         if life is not None:
             turn.update(life, tcplife_rate_ratio=round(life["tcplife_rate"] / base["rate"], 3))
@@ -325,6 +336,9 @@ def bench_connections(tools: dict[str, str], seconds: float, tmp: Path,
                agent_rate_ratio=mid["agent_rate_ratio"], seconds_each=each,
                agent_rate_ratios=[t["agent_rate_ratio"] for t in turns],
                startup_seconds=mid["agent"]["startup_seconds"])  # fmt: skip
+    for ref in ("bare", "floor"):
+        got = [t[f"{ref}_rate_ratio"] for t in turns]
+        res[f"{ref}_rate_ratio"], res[f"{ref}_rate_ratios"] = statistics.median(got), got
     if "tcplife_rate" in turns[0]:
         life_mid = median_round(turns, "tcplife_rate_ratio")
         res.update({k: v for k, v in life_mid.items() if k.startswith("tcplife_")})
@@ -662,6 +676,20 @@ def table(r: dict[str, Any]) -> str:
          f"{c['agent_rate_ratio']:.1%} of no tracer, no flow consumer (goal >= 97%; the "
          f"median of {len(c.get('agent_rate_ratios', [])) or 1} interleaved rounds: "
          f"{', '.join(f'{x:.1%}' for x in c.get('agent_rate_ratios', []))})"),
+        *(
+            (f"  {label}", f"{c[k + '_rate_ratio']:.1%}",
+             f"of no tracer: {what} (median of the same rounds: "
+             f"{', '.join(f'{x:.1%}' for x in c[k + '_rate_ratios'])})")
+            for k, label, what in (
+                ("bare", "agent, no TCP program",
+                 "the agent (collectors.tcp.enabled: false) on CPU 0, no program on the "
+                 "connection path"),
+                ("floor", "socket-hash floor",
+                 "no agent; a lifecycle program that only keeps each socket in a hash "
+                 "(bench/floor.py), the least a per-socket design costs"),
+            )
+            if k + "_rate_ratio" in c
+        ),
         ("connections/s, + 1 subscriber", f"{c['subscribed']['rate']:.0f}",
          f"{c['subscribed_rate_ratio']:.1%}, a Subscribe client taking every closed flow"),
         ("connections/s, run stats on", f"{c['run_stats']['rate']:.0f}",
