@@ -50,14 +50,17 @@ def ringbuf_supported() -> tuple[bool, str]:
     return True, "BPF_MAP_TYPE_RINGBUF created"
 
 
+def _u64(attr: ctypes.Array[ctypes.c_uint32], at: int, value: int) -> None:
+    attr[at], attr[at + 1] = value & 0xFFFFFFFF, value >> 32
+
+
 def _prog_info_u64(prog_fd: int, offset: int) -> int | None:
     """The u64 at offset of the program's bpf_prog_info; None when the kernel's info
     is shorter (an older kernel) or the call fails."""
     info = (ctypes.c_uint8 * PROG_INFO_SIZE)()
     attr = (ctypes.c_uint32 * 4)()
     attr[0], attr[1] = prog_fd, PROG_INFO_SIZE
-    addr = ctypes.addressof(info)
-    attr[2], attr[3] = addr & 0xFFFFFFFF, addr >> 32
+    _u64(attr, 2, ctypes.addressof(info))
     try:
         bpf(BPF_OBJ_GET_INFO_BY_FD, attr)
     except OSError:
@@ -87,10 +90,6 @@ def enable_run_stats() -> int:
     attr = (ctypes.c_uint32 * 2)()
     attr[0] = BPF_STATS_RUN_TIME
     return bpf(BPF_ENABLE_STATS, attr)
-
-
-def _u64(attr: ctypes.Array[ctypes.c_uint32], at: int, value: int) -> None:
-    attr[at], attr[at + 1] = value & 0xFFFFFFFF, value >> 32
 
 
 def load_btf_tracepoint(insns: bytes, license: bytes, btf_id: int, name: str) -> int:
