@@ -70,7 +70,11 @@ class Floor:
                                           f"-DLENS_SK_FAMILY_OFF={family[0]}",
                                           f"-DMAX_SOCKETS={max_sockets}"])  # fmt: skip
         try:
-            attach_btf_tracepoint(self.bpf, "sock:inet_sock_set_state")
+            attach_btf_tracepoint(
+                self.bpf,
+                "sock:inet_sock_set_state",
+                kernel_btf.trace_typedef("inet_sock_set_state"),
+            )
         except Exception:
             self.bpf.cleanup()
             raise

@@ -304,8 +304,10 @@ def test_with_btf_the_lifecycle_attaches_btf_typed_and_reads_the_socket_where_bt
                            ("LENS_SK_V6_DADDR_OFF", "sock.__sk_common.skc_v6_daddr")):  # fmt: skip
         got = HOST_BTF.member(member)
         assert got is not None and plan.defines[define] == got[0]
-    # what the loader attaches it against: the kernel's btf_trace_<event> typedef
-    assert HOST_BTF.trace_typedef("inet_sock_set_state") is not None
+    # what the loader attaches it against: the kernel's btf_trace_<event> typedef, which
+    # the plan carries so the loader does not parse the kernel's BTF again
+    tid = HOST_BTF.trace_typedef("inet_sock_set_state")
+    assert tid is not None and plan.btf_trace_ids == {"sock:inet_sock_set_state": tid}
     assert HOST_BTF.trace_typedef("no_such_event") is None
 
 
@@ -321,4 +323,5 @@ def test_a_lifecycle_that_cannot_go_btf_typed_takes_the_classic_tracepoint_unrep
         assert plan.choices["lifecycle"].reason == ""
         assert plan.tracepoints()[0] == "sock:inet_sock_set_state"
         assert plan.btf_tracepoints() == () and "LENS_LIFECYCLE_BTF" not in plan.defines
+        assert plan.btf_trace_ids == {}
         assert "lifecycle" not in plan.summary()

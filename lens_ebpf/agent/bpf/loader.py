@@ -16,7 +16,6 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf.agent import tracefs
-from lens_ebpf.agent.bpf import btf as btf_mod
 from lens_ebpf.agent.bpf import syscall
 from lens_ebpf.agent.bpf.spec import Kernel, Plan, ProgramSpec, feature_path, resolve
 from lens_ebpf.agent.bpf.syscall import (
@@ -57,18 +56,17 @@ ITER_PREFIX = "bpf_iter__"  # bpf_iter__<target>: the loader links it; Python ru
 BTF_TP_PREFIX = "tp_btf__"  # tp_btf__<event>: the loader loads and attaches it BTF-typed
 
 
-def attach_btf_tracepoint(bpf: Any, tracepoint: str) -> None:
+def attach_btf_tracepoint(bpf: Any, tracepoint: str, type_id: int | None) -> None:
     """Load tp_btf__<event> from BCC's compiled module as a BTF-typed tracepoint program
-    (BCC's own loader cannot: it takes the attach type from a name prefix it knows) and
-    attach it. BCC's records own both descriptors: its funcs (close() closes the
-    program's) and raw_tracepoint_fds under "tp_btf:<event>" (cleanup() closes the link,
-    which detaches it)."""
+    against type_id, the kernel's btf_trace_<event> typedef (Plan.btf_trace_ids; BCC's own
+    loader cannot: it takes the attach type from a name prefix it knows), and attach it.
+    BCC's records own both descriptors: its funcs (close() closes the program's) and
+    raw_tracepoint_fds under "tp_btf:<event>" (cleanup() closes the link, which detaches
+    it)."""
     from bcc import BPF, lib
 
     event = tracepoint.split(":", 1)[-1]
     fname = f"{BTF_TP_PREFIX}{event}".encode()
-    kernel_btf = btf_mod.running()
-    type_id = kernel_btf.trace_typedef(event) if kernel_btf is not None else None
     if type_id is None:
         raise RuntimeError(f"no BTF type btf_trace_{event} to attach {fname.decode()} to")
     try:
@@ -235,7 +233,7 @@ class BpfLoader:
             )
             try:
                 for tp in btfs:
-                    attach_btf_tracepoint(bpf, tp)
+                    attach_btf_tracepoint(bpf, tp, plan.btf_trace_ids.get(tp))
                 for probe in kps:
                     fn, _, where = probe.partition(":")
                     if where == "return":

@@ -175,6 +175,19 @@ class Kernel:
                 out.append(f"BTF {f.member} of {f.size} bytes (it has {got_member[1]})")
         return out
 
+    def btf_trace_ids(self, path: ProbePath) -> dict[str, int]:
+        """tracepoint -> the id of its btf_trace_<event> typedef, for a BTF_TRACEPOINT path
+        (present: missing() checked its arguments through it): what the loader loads the
+        program against."""
+        if path.kind != BTF_TRACEPOINT or self.btf is None:
+            return {}
+        out = {}
+        for tp in path.probes:
+            tid = self.btf.trace_typedef(tp.split(":", 1)[-1])
+            if tid is not None:
+                out[tp] = tid
+        return out
+
     def btf_offsets(self, path: ProbePath) -> dict[str, int]:
         """-D flags for path's BTF fields (present: missing() said so)."""
         out = {}
@@ -208,6 +221,9 @@ class Plan:
     choices: dict[str, Choice]
     defines: dict[str, int | str] = field(default_factory=dict)
     missing_fields: list[Field] = field(default_factory=list)  # used, absent, something lost
+    # BTF-typed tracepoint -> its btf_trace_<event> type id, read while resolving (the
+    # loader needs it and would otherwise parse the kernel's BTF again)
+    btf_trace_ids: dict[str, int] = field(default_factory=dict)
 
     @property
     def degraded(self) -> list[str]:
@@ -283,6 +299,7 @@ def resolve(spec: ProgramSpec, kernel: Kernel, disabled: Iterable[str] = ()) -> 
     off = set(disabled)
     choices: dict[str, Choice] = {}
     defines: dict[str, int | str] = {}
+    trace_ids: dict[str, int] = {}
     for need in spec.needs:
         if need.name in off:
             choices[need.name] = Choice(need.name, None, "disabled by config")
@@ -307,6 +324,7 @@ def resolve(spec: ProgramSpec, kernel: Kernel, disabled: Iterable[str] = ()) -> 
             defines[chosen.define] = 1
         if chosen is not None:
             defines.update(kernel.btf_offsets(chosen))
+            trace_ids.update(kernel.btf_trace_ids(chosen))
     missing_fields = []
     for f in spec.fields:
         used = any(c.path is not None and f.tracepoint in c.path.probes for c in choices.values())
@@ -316,7 +334,7 @@ def resolve(spec: ProgramSpec, kernel: Kernel, disabled: Iterable[str] = ()) -> 
             defines[f.define] = 1
         elif f.what_is_lost:
             missing_fields.append(f)
-    return Plan(spec, choices, defines, missing_fields)
+    return Plan(spec, choices, defines, missing_fields, trace_ids)
 
 
 def feature_path(paths: Iterable[str]) -> str:
