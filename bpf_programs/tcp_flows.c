@@ -179,6 +179,26 @@ static __always_inline u8 classify(const u8 *addr)
     return c ? *c : LENS_CLASS_EXTERNAL;
 }
 
+/* A field of the socket (the counters path, the sampled RTT): a plain load where the
+ * program holds it as a BTF pointer (direct), else a guarded copy. */
+static __always_inline u32 read_u32(u64 sk, const void *direct, u32 off)
+{
+    if (direct)
+        return *(volatile const u32 *)(direct + off);
+    u32 v = 0;
+    bpf_probe_read_kernel(&v, sizeof(v), (void *)(sk + off));
+    return v;
+}
+
+static __always_inline u64 read_u64(u64 sk, const void *direct, u32 off)
+{
+    if (direct)
+        return *(volatile const u64 *)(direct + off);
+    u64 v = 0;
+    bpf_probe_read_kernel(&v, sizeof(v), (void *)(sk + off));
+    return v;
+}
+
 /* An address as 16 bytes (IPv4 mapped). Tracepoint arrays are copied with a helper: the
  * verifier refuses loads through a context pointer the compiler has offset. direct: v4
  * and v6 point into a socket the program holds as a BTF pointer, read with plain loads. */
@@ -573,12 +593,7 @@ static __always_inline void sample_rtt(u64 sk, const void *direct, struct sock_i
     u64 *period = rtt_period.lookup(&zero);
     if (!period || (*period && si->rtt_period == *period))
         return;
-    u32 srtt_us = 0;
-    if (direct)
-        srtt_us = *(volatile const u32 *)(direct + LENS_TCP_SRTT_OFF);
-    else
-        bpf_probe_read_kernel(&srtt_us, sizeof(srtt_us), (void *)(sk + LENS_TCP_SRTT_OFF));
-    u32 srtt = srtt_us >> 3;
+    u32 srtt = read_u32(sk, direct, LENS_TCP_SRTT_OFF) >> 3;
     if (!srtt)
         return; /* no RTT measured yet */
     si->rtt_period = *period;
@@ -632,26 +647,6 @@ struct counts {
 /* Sockets opened before the agent (no flow key): their counters when first seen by the
  * iterator, so lens_tcp_untracked_bytes counts what moved since. */
 BPF_TABLE("lru_hash", u64, struct counts, untracked, MAX_SOCKETS);
-
-/* A field of the socket: a plain load where the program holds it as a BTF pointer
- * (direct), else a guarded copy. */
-static __always_inline u32 read_u32(u64 sk, const void *direct, u32 off)
-{
-    if (direct)
-        return *(volatile const u32 *)(direct + off);
-    u32 v = 0;
-    bpf_probe_read_kernel(&v, sizeof(v), (void *)(sk + off));
-    return v;
-}
-
-static __always_inline u64 read_u64(u64 sk, const void *direct, u32 off)
-{
-    if (direct)
-        return *(volatile const u64 *)(direct + off);
-    u64 v = 0;
-    bpf_probe_read_kernel(&v, sizeof(v), (void *)(sk + off));
-    return v;
-}
 
 /* The six tcp_sock counters lie within a few hundred bytes of each other: one read of
  * the span that holds them costs less than six reads (each read is a guarded copy). */
