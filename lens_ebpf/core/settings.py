@@ -7,7 +7,10 @@ The models a service registers for a section of its own (the agent's features, e
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +23,41 @@ ENV_PREFIX = "LENS_"
 ENV_SEPARATOR = "__"
 ENV_NOT_KEYS = {"LENS_CONFIG"}
 M = TypeVar("M", bound=BaseModel)
+log = logging.getLogger(__name__)
+
+# The kubelet's service-link variables (a Service named lens-ebpf-recorder gives every pod
+# of its namespace LENS_EBPF_RECORDER_SERVICE_HOST, ..._PORT=tcp://..., ...), each name's
+# ending with the form of the value it carries.
+_LINK_NAME = re.compile(
+    r"[A-Z0-9_]+?_(?:(?P<host>SERVICE_HOST)|(?P<sport>SERVICE_PORT(?:_[A-Z0-9_]+)?)"
+    r"|(?P<url>PORT(?:_\d+_(?:TCP|UDP|SCTP))?)|PORT_\d+_(?:TCP|UDP|SCTP)_(?:(?P<proto>PROTO)"
+    r"|(?P<port>PORT)|(?P<addr>ADDR)))"
+)
+_LINK_URL = re.compile(r"(?:tcp|udp|sctp)://\[?[0-9A-Fa-f:.]+\]?:\d{1,5}")
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def service_link(name: str, value: str) -> bool:
+    """Whether NAME=value is one of the kubelet's service-link variables: the name of that
+    form (never with our separator, "__") and the value of that form, so that a mistyped
+    setting of ours is still refused."""
+    m = _LINK_NAME.fullmatch(name)
+    if m is None or ENV_SEPARATOR in name:
+        return False
+    if m["host"] or m["addr"]:
+        return _is_ip(value)
+    if m["sport"] or m["port"]:
+        return value.isdigit()
+    if m["proto"]:
+        return value in ("TCP", "UDP", "SCTP", "tcp", "udp", "sctp")
+    return _LINK_URL.fullmatch(value) is not None
 
 
 class ConfigError(Exception):
@@ -157,6 +195,9 @@ class _Loader:
             if not name.startswith(ENV_PREFIX) or name in ENV_NOT_KEYS:
                 continue
             key = tuple(p.lower() for p in name[len(ENV_PREFIX) :].split(ENV_SEPARATOR))
+            if key[0] not in tree and service_link(name, raw):
+                log.debug("environment %s: a Service's link variable, not a setting", name)
+                continue
             _set_path(tree, key, self.env_value(raw, key), f"environment {name}")
 
 

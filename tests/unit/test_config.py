@@ -4,6 +4,7 @@ import pytest
 
 from lens_ebpf.agent import config
 from lens_ebpf.core.settings import ConfigError
+from lens_ebpf.recorder import config as recorder_config
 
 
 def test_defaults_come_from_the_shipped_file() -> None:
@@ -68,6 +69,48 @@ def test_bad_file_names_key_and_reason(tmp_path: Path, text: str, needle: str) -
 def test_unknown_env_key_is_refused() -> None:
     with pytest.raises(ConfigError, match="environment LENS_SERVER__PROT: unknown key server.prot"):
         config.load(None, env={"LENS_SERVER__PROT": "1"})
+
+
+# What the kubelet gives every pod of a namespace with Services lens-ebpf-recorder (9480 and
+# 9472) and lens-ebpf (9470), unless the pod sets enableServiceLinks: false.
+SERVICE_LINKS = {
+    "LENS_EBPF_RECORDER_SERVICE_HOST": "10.96.0.20",
+    "LENS_EBPF_RECORDER_SERVICE_PORT": "9480",
+    "LENS_EBPF_RECORDER_SERVICE_PORT_HTTP": "9480",
+    "LENS_EBPF_RECORDER_SERVICE_PORT_COLLECTOR": "9472",
+    "LENS_EBPF_RECORDER_PORT": "tcp://10.96.0.20:9480",
+    "LENS_EBPF_RECORDER_PORT_9480_TCP": "tcp://10.96.0.20:9480",
+    "LENS_EBPF_RECORDER_PORT_9480_TCP_PROTO": "tcp",
+    "LENS_EBPF_RECORDER_PORT_9480_TCP_PORT": "9480",
+    "LENS_EBPF_RECORDER_PORT_9480_TCP_ADDR": "10.96.0.20",
+    "LENS_EBPF_RECORDER_PORT_9472_TCP": "tcp://10.96.0.20:9472",
+    "LENS_EBPF_SERVICE_HOST": "fd00::14",
+    "LENS_EBPF_PORT": "tcp://[fd00::14]:9470",
+    "LENS_EBPF_PORT_9470_TCP_ADDR": "fd00::14",
+}
+
+
+@pytest.mark.parametrize("load", [config.load, recorder_config.load], ids=["agent", "recorder"])
+def test_the_kubelets_service_links_are_not_settings(load) -> None:
+    """A pod of the recorder's namespace starts with the links its Services give it."""
+    cfg = load(None, env={**SERVICE_LINKS, "LENS_SERVER__PORT": "9555"})
+    assert cfg.server.port == 9555
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("LENS_SERVR__PORT", "tcp://10.96.0.20:9480"),  # our separator: ours, mistyped
+        ("LENS_SERVER__SERVICE_HOST", "10.96.0.20"),  # a known section's key
+        ("LENS_EBPF_RECORDER_PORT", "9480"),  # a link's name, not its value
+        ("LENS_EBPF_RECORDER_SERVICE_HOST", "recorder.local"),
+        ("LENS_EBPF_RECORDER_PORT_9480_TCP_PROTO", "http"),
+        ("LENS_LOG_LEVL", "debug"),
+    ],
+)
+def test_what_only_looks_like_a_service_link_is_still_refused(name: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=f"environment {name}: unknown key"):
+        config.load(None, env={name: value})
 
 
 def test_bad_env_value_is_refused() -> None:
