@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Regenerate the gRPC code from protos/ (make protos): lens_ebpf/protocol/gen (our event API),
-# lens_ebpf/k8s/gen (the kubelet's PodResources v1) and lens_ebpf/recorder/gen (Prometheus
-# remote write 1.0 and 2.0, messages only). Tests check for drift.
+# lens_ebpf/k8s/gen (the kubelet's PodResources v1, and its device plugin API v1beta1 that
+# the test device plugin speaks) and lens_ebpf/recorder/gen (Prometheus remote write 1.0
+# and 2.0, messages only). Tests check for drift.
 # With an argument DIR, writes DIR/api, DIR/k8s and DIR/cluster instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,7 @@ gen() {  # gen OUT PROTO_DIR NAME
 }
 gen "$api" protos/lens/v1 lens
 gen "$k8s" protos/k8s/podresources/v1 podresources_v1
+gen "$k8s" protos/k8s/deviceplugin/v1beta1 deviceplugin_v1beta1
 messages() {  # messages OUT PROTO_DIR NAME: no service, no gRPC code
   mkdir -p "$1"
   .venv/bin/python -m grpc_tools.protoc -I"$2" --python_out="$1" --pyi_out="$1" "$2/$3.proto"
