@@ -1,8 +1,11 @@
-"""A real kube-apiserver and kubectl for the tests, built once per machine and cached.
+"""The real Kubernetes binaries for the tests, built once per machine and cached:
+kube-apiserver (tests/kube/apiserver.py's lab) and the node's kubelet,
+kube-controller-manager, kube-scheduler and kube-proxy (tests/kube/node.py's), plus kubectl.
 
-No registry this machine reaches ships a kube-apiserver binary, but Debian's archive has
-the source: bookworm's `kubernetes` source package (v1.20.2, the full tree with vendor/)
-builds offline with Debian's Go 1.19. kubectl comes ready-made in bookworm's
+No registry this machine reaches ships them, but Debian's archive has the source:
+bookworm's `kubernetes` source package (v1.20.2, the full tree with vendor/) builds
+offline with Debian's Go 1.19, every binary with CGO_ENABLED=0 in one make run (about
+13 min on 2 cores). kubectl comes ready-made in bookworm's
 `kubernetes-client` .deb, unpacked into the cache (/usr/bin/kubectl may belong to another
 package, so nothing is installed system-wide). The source and the .deb come through a
 private apt state (deb-src lines on the machine's own mirrors); the machine's apt sources
@@ -13,7 +16,7 @@ One fix to the tree before it builds: the vendored modern-go/reflect2 1.0.1 pani
 decoding JSON under Go >= 1.18 (every create fails with a stream error), so Debian's
 1.0.2 replaces it. The build tree, its Go build cache (_output/local/go/cache) and Go's
 work dirs (kept under the tree's work/ dir, not /tmp), 2.9 GB at the peak, are deleted
-once the binary is in the cache (142 MB: kube-apiserver and kubectl).
+once the binaries are in the cache.
 
     python -m tests.kube.build            build and unpack what the cache lacks (a second
                                           run does nothing and returns at once)
@@ -39,6 +42,12 @@ from tests.vm import kernels
 CACHE = Path(os.environ.get("KUBE_CACHE", "/var/cache/lens-ebpf/kube"))
 APISERVER = CACHE / "bin" / "kube-apiserver"
 KUBECTL = CACHE / "bin" / "kubectl"
+# The node's binaries (tests/kube/node.py): built in the same make run as the API server.
+KUBELET = CACHE / "bin" / "kubelet"
+CONTROLLER_MANAGER = CACHE / "bin" / "kube-controller-manager"
+SCHEDULER = CACHE / "bin" / "kube-scheduler"
+PROXY = CACHE / "bin" / "kube-proxy"
+SERVERS = (APISERVER, KUBELET, CONTROLLER_MANAGER, SCHEDULER, PROXY)
 STAMP = CACHE / "build.json"  # written last: what was built, from which source, how long
 ERROR = CACHE / "build-error"  # the last failure, for the lab's skip reason
 
@@ -58,7 +67,7 @@ class BuildError(Exception):
 
 def cached() -> dict[str, str] | None:
     """What the cache holds (build.json), or None when the build has not completed."""
-    if not (APISERVER.is_file() and KUBECTL.is_file() and STAMP.is_file()):
+    if not (all(b.is_file() for b in (*SERVERS, KUBECTL)) and STAMP.is_file()):
         return None
     try:
         got: dict[str, str] = json.loads(STAMP.read_text())
@@ -206,8 +215,12 @@ def build(force: bool = False) -> str:
             _replace_reflect2(tree)
             phases["source"] = time.monotonic() - t
 
-            print(f"kube: building kube-apiserver from {SOURCE} {source_version} "
-                  f"(about 5 min on 2 cores)", flush=True)  # fmt: skip
+            print(
+                f"kube: building kube-apiserver, kubelet, kube-controller-manager, "
+                f"kube-scheduler and kube-proxy from {SOURCE} {source_version} "
+                f"(about 13 min on 2 cores)",
+                flush=True,
+            )
             t = time.monotonic()
             home, gotmp = work / "home", work / "tmp"
             home.mkdir()
@@ -220,15 +233,19 @@ def build(force: bool = False) -> str:
                    "GOPROXY": "off", "GOTOOLCHAIN": "local", "GOTMPDIR": str(gotmp),
                    "TMPDIR": str(gotmp)}  # fmt: skip
             log = CACHE / "build.log"
-            _run(["make", "WHAT=cmd/kube-apiserver"], cwd=tree, env=env, log=log)
-            built = tree / "_output" / "bin" / "kube-apiserver"
-            if not built.is_file():
-                raise BuildError(f"make gave no {built.relative_to(tree)}; see {log}")
+            what = " ".join(f"cmd/{b.name}" for b in SERVERS)
+            _run(["make", f"WHAT={what}"], cwd=tree, env=env, log=log)
             APISERVER.parent.mkdir(parents=True, exist_ok=True)
-            tmp = APISERVER.with_name("kube-apiserver.tmp")
-            shutil.copy2(built, tmp)
-            apiserver_version = _version(tmp, "--version")
-            tmp.rename(APISERVER)
+            versions = []
+            for binary in SERVERS:
+                built = tree / "_output" / "bin" / binary.name
+                if not built.is_file():
+                    raise BuildError(f"make gave no {built.relative_to(tree)}; see {log}")
+                tmp = binary.with_name(f"{binary.name}.tmp")
+                shutil.copy2(built, tmp)
+                versions.append(_version(tmp, "--version"))
+                tmp.rename(binary)
+            apiserver_version = versions[0]
             phases["build"] = time.monotonic() - t
 
             t = time.monotonic()
@@ -250,6 +267,7 @@ def build(force: bool = False) -> str:
         total = time.monotonic() - t0
         STAMP.write_text(json.dumps({
             "apiserver": apiserver_version, "kubectl": kubectl_version,
+            "node": ", ".join(versions[1:]),
             "source": f"{SOURCE} {source_version}", "client": deb[-1].name,
             "installed": installed, "seconds": round(total, 1),
             "phases": {k: round(v, 1) for k, v in phases.items()},
