@@ -1,4 +1,6 @@
-"""deploy/: manifests the kubernetes client accepts, lint-clean, and a dashboard of real names."""
+"""deploy/: manifests the kubernetes client accepts, lint-clean, and a dashboard of real names
+(tests/kube/test_manifests.py builds them with kustomize, renders the Helm chart, applies
+both)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
+AGENT = DEPLOY / "agent"  # the agent's objects (deploy/ is an overlay of it)
+OPERATOR = DEPLOY / "prometheus-operator"  # ServiceMonitor, PrometheusRule: optional
 BIN = Path(sys.executable).parent
 # kind -> the kubernetes client's model class
 MODELS = {
@@ -26,12 +30,29 @@ CRDS = {"ServiceMonitor", "PrometheusRule"}
 
 
 def documents() -> list[tuple[str, dict]]:
-    kust = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    """The agent's objects and the Prometheus Operator's, as their kustomizations list them."""
     out = []
-    for name in kust["resources"]:
-        for doc in yaml.safe_load_all((DEPLOY / name).read_text()):
-            out.append((name, doc))
+    for base in (AGENT, OPERATOR):
+        kust = yaml.safe_load((base / "kustomization.yaml").read_text())
+        for name in kust["resources"]:
+            for doc in yaml.safe_load_all((base / name).read_text()):
+                out.append((name, doc))
     return out
+
+
+def test_the_base_needs_no_crd_and_the_operator_overlay_holds_them() -> None:
+    """deploy/ applies to a plain cluster: the CRDs' kinds are in deploy/prometheus-operator
+    only, which is not part of it."""
+    base = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    assert base["bases"] == ["agent"] and "resources" not in base
+    agent = yaml.safe_load((AGENT / "kustomization.yaml").read_text())
+    kinds = {
+        d["kind"] for n in agent["resources"] for d in yaml.safe_load_all((AGENT / n).read_text())
+    }
+    assert not kinds & CRDS
+    operator = yaml.safe_load((OPERATOR / "kustomization.yaml").read_text())
+    assert {d["kind"] for n in operator["resources"]
+            for d in yaml.safe_load_all((OPERATOR / n).read_text())} == CRDS  # fmt: skip
 
 
 def _drop_empty(x):
@@ -62,6 +83,7 @@ def test_daemonset_has_what_the_node_agent_needs() -> None:
     ds = next(d for _, d in documents() if d["kind"] == "DaemonSet")
     spec = ds["spec"]["template"]["spec"]
     assert spec["hostPID"] and spec["hostNetwork"]
+    assert spec["enableServiceLinks"] is False  # no LENS_EBPF_*_PORT=tcp://... variables
     c = spec["containers"][0]
     assert c["securityContext"]["privileged"] is True
     env = {e["name"]: e for e in c["env"]}
@@ -77,9 +99,16 @@ def test_daemonset_has_what_the_node_agent_needs() -> None:
 
 
 def test_minimal_capabilities_variant() -> None:
-    k = yaml.safe_load((DEPLOY / "minimal-capabilities" / "kustomization.yaml").read_text())
-    patch = yaml.safe_load(k["patches"][0]["patch"])[0]["value"]
+    variant = DEPLOY / "minimal-capabilities"
+    k = yaml.safe_load((variant / "kustomization.yaml").read_text())
+    assert k["bases"] == ["../agent"]
+    (target,) = k["patchesJson6902"]
+    assert (target["target"]["kind"], target["target"]["name"]) == ("DaemonSet", "lens-ebpf")
+    (op,) = yaml.safe_load((variant / target["path"]).read_text())
+    assert (op["op"], op["path"]) == ("replace", "/spec/template/spec/containers/0/securityContext")
+    patch = op["value"]
     assert patch["privileged"] is False
+    assert patch["capabilities"]["drop"] == ["ALL"]
     assert set(patch["capabilities"]["add"]) == {
         "BPF",
         "PERFMON",
@@ -132,7 +161,7 @@ def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
 
 def expressions() -> list[str]:
     exprs = [r["expr"] for g in rule_groups() for r in g["rules"]]
-    dash = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    dash = json.loads((AGENT / "grafana-dashboard.json").read_text())
     exprs += [t["expr"] for p in dash["panels"] for t in p["targets"]]
     return exprs
 
@@ -162,7 +191,7 @@ def test_dashboard_and_rules_use_names_the_agent_exports() -> None:
 
 def test_dashboard_panels_cover_the_issue() -> None:
     titles = " ".join(p["title"] for p in json.loads(
-        (DEPLOY / "grafana-dashboard.json").read_text())["panels"]).lower()  # fmt: skip
+        (AGENT / "grafana-dashboard.json").read_text())["panels"]).lower()  # fmt: skip
     for word in ("class", "rtt", "heatmap", "retransmit", "exec", "oom", "gpu utilization",
                  "gpu memory", "gpu power", "rdma", "gpu faults", "throttling",
                  "ecc", "nvlink"):  # fmt: skip
@@ -199,6 +228,7 @@ def test_recorder_manifests_round_trip_and_run_what_the_recorder_needs(tmp_path:
     assert pdb["spec"]["selector"] == dep["spec"]["selector"]
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["args"][0] == "recorder"
+    assert dep["spec"]["template"]["spec"]["enableServiceLinks"] is False
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     env = {e["name"]: e["valueFrom"] for e in c["env"]}
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
@@ -331,9 +361,11 @@ def test_the_log_shippers_snippets_point_at_the_recorders_post_route(tmp_path: P
 
 
 def test_the_packaged_rules_are_deploys() -> None:
-    """The recorder lists deploy/prometheusrule.yaml's groups as its built-in metric rules
-    from a copy packaged beside lens_ebpf/recorder/alerts/rules.py: the same file."""
+    """The recorder lists deploy/prometheus-operator/prometheusrule.yaml's groups as its
+    built-in metric rules from a copy packaged beside lens_ebpf/recorder/alerts/rules.py:
+    the same file."""
     packaged = ROOT / "lens_ebpf" / "recorder" / "alerts" / "prometheusrule.yaml"
-    assert (
-        packaged.read_text() == (ROOT / "deploy" / "prometheusrule.yaml").read_text()
-    ), "copy deploy/prometheusrule.yaml to lens_ebpf/recorder/alerts/prometheusrule.yaml"
+    assert packaged.read_text() == (OPERATOR / "prometheusrule.yaml").read_text(), (
+        "copy deploy/prometheus-operator/prometheusrule.yaml to "
+        "lens_ebpf/recorder/alerts/prometheusrule.yaml"
+    )
