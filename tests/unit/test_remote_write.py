@@ -59,7 +59,8 @@ class Maps:
     def __init__(self, idx: Index) -> None:
         self.index = idx
 
-    def look_again(self, node: str, uid: str = "") -> tuple[bool, Index]:
+    def look_again(self, node: str, uid: str = "",
+                   pod: tuple[str, str] | None = None) -> tuple[bool, Index]:  # fmt: skip
         return False, self.index
 
 
@@ -380,6 +381,15 @@ class Cluster:
             assert update is not None
             apply_devices(conn, [update])
 
+    def pod_listed(self, name: str) -> None:
+        """The pod's rows as the tracker writes them, its GPU not (yet) reported by an
+        agent."""
+        with self.engine.begin() as conn:
+            insert_rows(conn, schema.gpu_pods, [pod_row(name, "node-a")])
+            insert_rows(conn, schema.workload_pod_references, [{
+                "cluster": "local", "workload_uid": "uid-pt-bert", "pod_uid": f"uid-{name}",
+                "created_at": NOW}])  # fmt: skip
+
     def counted(self) -> dict[str, int]:
         return dict(self.indexer.node_refreshes)
 
@@ -426,6 +436,38 @@ def test_a_miss_reads_only_its_nodes_rows_once_a_second(cluster: Cluster) -> Non
     assert r.v1(request(idle)).misses == {"found": 0, "not_found": 1, "throttled": 0}
     assert cluster.counted() == {"changed": 1, "unchanged": 1, "failed": 0}
     assert len(cluster.statements) == 3 and "FROM gpu_pods" not in "".join(cluster.statements)
+
+
+@pytest.mark.parametrize("uuid", ["", "GPU-99"])
+def test_a_miss_finds_a_listed_pod_its_series_names_as_the_full_read_does(
+        cluster: Cluster, uuid: str) -> None:  # fmt: skip
+    """dcgm-exporter's series naming its node (Hostname), the namespace and a GPU pod the
+    service lists (with or without a GPU UUID no agent reported): its first post reads
+    the node's entries again and finds the pod, as the next full read would; the three
+    posts a second apart after it are copied from the maps, not missed again."""
+    cfg = config.load(env={}).recorder.remote_write
+    r = Relabeler(cfg, cluster.indexer)
+    cluster.indexer.refresh()
+    cluster.pod_listed("bert-worker-5")  # after the full read
+    labels = {"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": "node-a", "gpu": "7",
+              "namespace": "ml", "pod": "bert-worker-5",
+              **({"UUID": uuid} if uuid else {})}  # fmt: skip
+    at = int(NOW.timestamp() * 1000)
+    copied = []
+    for post in range(4):
+        out = r.v1(request([(labels, [(50.0 + post, at + 1000 * post)])]))
+        copied.append([(x["pod_uid"], x["workload_uid"], s) for x, s in written(out.body)])
+        if post == 0:
+            assert out.misses == {"found": 1, "not_found": 0, "throttled": 0}
+        else:
+            assert out.misses == {"found": 0, "not_found": 0, "throttled": 0}
+        cluster.seconds += 1.0
+    assert copied == [[("uid-bert-worker-5", "uid-pt-bert", [(50.0 + i, at + 1000 * i)])]
+                      for i in range(4)]  # fmt: skip
+    assert cluster.counted() == {"changed": 1, "unchanged": 0, "failed": 0}
+    # what the full read finds, the miss found: the next full read changes nothing
+    found = cluster.indexer.index
+    assert cluster.indexer.refresh().pods == found.pods
 
 
 def test_a_holder_without_a_pod_row_is_sought_once_until_the_next_full_read(

@@ -82,7 +82,9 @@ def concern(labels: dict[str, str], at: datetime, rw: RemoteWrite | None) -> Con
         idx = rw.indexer.index
         r = rw.relabeler.resolve(labels, idx)
         if r.missing and r.node:  # a pod just started, a node just joined: read it again
-            read, idx = rw.indexer.look_again(r.node, labels.get("pod_uid", ""))
+            ns, name = rw.relabeler.named(labels)
+            read, idx = rw.indexer.look_again(r.node, labels.get("pod_uid", ""),
+                                              (ns, name) if ns else None)  # fmt: skip
             if read:
                 r = rw.relabeler.resolve(labels, idx)
         c.node = r.node if r.node in idx.nodes else ""

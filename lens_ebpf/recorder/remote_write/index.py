@@ -138,18 +138,23 @@ class _Held:
 
 
 def _pods(conn: Connection, t: Scoped, idx: Index, since: datetime,
-          only: tuple[str, Collection[str]] | None = None) -> set[str]:  # fmt: skip
+          only: tuple[str, Collection[str], Collection[tuple[str, str]]] | None = None
+          ) -> set[str]:  # fmt: skip
     """Pods not deleted, and those deleted within HISTORY (their samples may come late),
-    with the workloads above them (every level); only (node, uids): those on node (""
-    none) and those of uids. The uids of those not deleted."""
+    with the workloads above them (every level); only (node, uids, names): those on node
+    ("" none), those of uids, and those of names ((namespace, name)) not on node. The
+    uids of those not deleted."""
     p, refs, w = t.gpu_pods, t.workload_pod_references, t.gpu_workloads
     live = or_(p.c.deleted.is_(False), p.c.deleted_at >= since)
     q = select(p.c.uid, p.c.namespace, p.c.name, p.c.node, p.c.workload_uid, p.c.deleted,
                p.c.created_at).where(live).order_by(p.c.created_at)  # fmt: skip
     if only is not None:
         # two reads, not one with an OR: uids by their key, the node's pods by its rows
-        node, uids = only
+        node, uids, names = only
         rows = list(conn.execute(q.where(p.c.node == node))) if node else []
+        on_node = {(r.namespace, r.name) for r in rows}
+        for ns, name in sorted(set(names) - on_node):  # (a series' pod: a few at most)
+            rows += conn.execute(q.where(p.c.namespace == ns, p.c.name == name))
         if uids:
             rows += conn.execute(q.where(p.c.uid.in_(sorted(uids))))
         rows.sort(key=lambda r: _ms(r.created_at) if r.created_at else -math.inf)
@@ -274,11 +279,14 @@ class NodeEntries:
 
 def read_node(conn: Connection, now: datetime, t: Scoped, asked: str, known: Index,
               uids: Collection[str] = (),
-              sought: frozenset[tuple[str, str]] = frozenset()) -> NodeEntries:  # fmt: skip
+              sought: frozenset[tuple[str, str]] = frozenset(),
+              pods: Collection[tuple[str, str]] = ()) -> NodeEntries:  # fmt: skip
     """A node's entries (asked: its name, or the name or address a series gave a node
-    known does not know): its devices and who held them; the pods on it when a holder is
-    one known does not know (unless the same ones were sought before: sought), and the
-    pods of uids (RDMA users, a series' uid label) known does not know, by their key."""
+    known does not know): its devices and who held them; the pods on it when a holder or
+    a pod a series named (pods: (namespace, name)) is one known does not know (unless
+    the same ones were sought before: sought), a named one not on it by its name (as
+    the full read finds it), and the pods of uids (RDMA users, a series' uid label)
+    known does not know, by their key."""
     part = Index(built=now)
     since = now - HISTORY
     node = asked if asked in known.nodes else ""
@@ -298,10 +306,13 @@ def read_node(conn: Connection, now: datetime, t: Scoped, asked: str, known: Ind
     named.update(h for changes in held.changes.values() for _, old, new in changes
                  for h in (old, new) if "/" in h)  # fmt: skip
     missing = frozenset(k for k in map(_pod_key, named) if k not in known.by_name)
+    asked_for = frozenset(k for k in pods if k[1] and k not in known.by_name)
+    missing |= asked_for
     want = {u for uses in held.rdma.values() for _, _, u in uses} | set(uids)
     want = {u for u in want if u and u not in known.pods}
     scan = not missing <= sought
-    alive = _pods(conn, t, part, since, (node if scan else "", want)) \
+    alive = _pods(conn, t, part, since, (node if scan else "", want,
+                                         asked_for if scan else ())) \
         if scan or want else set()  # fmt: skip
     _holders(part, held, ChainMap(part.by_name, known.by_name))
     unfound = frozenset(k for k in missing if k not in part.by_name)
@@ -404,9 +415,11 @@ class Indexer:
             self.errors += 1
             raise
 
-    def look_again(self, node: str, uid: str = "") -> tuple[bool, Index]:
+    def look_again(self, node: str, uid: str = "",
+                   pod: tuple[str, str] | None = None) -> tuple[bool, Index]:  # fmt: skip
         """On a miss on node (its name, or what a series named one the maps do not know by;
-        uid: the pod uid it named): node's entries read again, unless they were within the
+        uid: the pod uid it named; pod: the (namespace, name) it named, read as the full
+        read would find it): node's entries read again, unless they were within the
         last second; a read in flight (another request's, its series sent by another shard)
         is waited for, a second at most. Whether they were read for it, and the newest
         maps."""
@@ -423,7 +436,7 @@ class Indexer:
             reading.wait(AGAIN_SECONDS)
             return True, self.index
         try:
-            return True, self._read_node(node, uid, now, base, sought)
+            return True, self._read_node(node, uid, now, base, sought, pod)
         finally:
             with self._lock:
                 del self._reading[node]
@@ -444,12 +457,14 @@ class Indexer:
         return True
 
     def _read_node(self, node: str, uid: str, now: float, base: Index,
-                   sought: frozenset[tuple[str, str]]) -> Index:  # fmt: skip
+                   sought: frozenset[tuple[str, str]],
+                   pod: tuple[str, str] | None = None) -> Index:  # fmt: skip
         """look_again's read: the newest maps after it."""
         try:
             with self.engine.connect() as conn:
                 e = read_node(conn, self.clock(), scoped(self.cluster), node, base,
-                              (uid,) if uid else (), sought)  # fmt: skip
+                              (uid,) if uid else (), sought,
+                              (pod,) if pod else ())  # fmt: skip
         except SQLAlchemyError as exc:
             with self._lock:
                 self.node_refreshes["failed"] += 1

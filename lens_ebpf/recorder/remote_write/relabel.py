@@ -133,10 +133,9 @@ class Relabeler:
                     device = (node, slot)
                     break
         pod, missing = "", ""
-        name = next((labels[k] for k in self.cfg.pod_labels if labels.get(k)), "")
+        ns, name = self.named(labels)
         if name:
             uid = labels.get("uid") or labels.get("pod_uid") or ""
-            ns = labels.get("namespace") or labels.get("exported_namespace") or ""
             if uid in idx.pods:
                 pod = uid
             elif ns:
@@ -161,6 +160,13 @@ class Relabeler:
                      missing)  # fmt: skip
         r.settled = static is not None and static in idx.pods
         return r
+
+    def named(self, labels: dict[str, str]) -> tuple[str, str]:
+        """The namespace ("" for none) and name of the pod a series' labels name ("" for
+        none)."""
+        name = next((labels[k] for k in self.cfg.pod_labels if labels.get(k)), "")
+        ns = labels.get("namespace") or labels.get("exported_namespace") or ""
+        return (ns, name) if name else ("", "")
 
     def again(self, old: Resolved, idx: Index) -> Resolved:
         """A series' labels read against new maps; the copies already built are kept when
@@ -195,8 +201,10 @@ class Relabeler:
         and the series resolved against the newest maps (None: they are idx); counted by
         what came of it."""
         labels = labels_of(r)
+        ns, name = self.named(labels)
         read, fresh = self.indexer.look_again(r.node, labels.get("uid") or
-                                              labels.get("pod_uid") or "")  # fmt: skip
+                                              labels.get("pod_uid") or "",
+                                              (ns, name) if ns else None)  # fmt: skip
         new = None
         if fresh is not idx:
             new = self.again(r, fresh)
