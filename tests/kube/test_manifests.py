@@ -278,7 +278,7 @@ def test_the_values_users_change_reach_the_objects(chart: Any) -> None:
         "recorder": {
             "mode": "single",
             "image": {"repository": "registry.example/lens-ebpf-recorder"},
-            "persistence": {"size": "20Gi", "storageClassName": "fast"},
+            "persistence": {"size": "20Gi", "storageClassName": "fast", "keep": True},
             "config": "recorder:\n  listen: 0.0.0.0:9480\n",
             "nodeSelector": {"role": "infra"},
         },
@@ -304,8 +304,10 @@ def test_the_values_users_change_reach_the_objects(chart: Any) -> None:
     assert rec["containers"][0]["image"] == "registry.example/lens-ebpf-recorder:0.1.0"
     assert "imagePullPolicy" not in rec["containers"][0]  # Kubernetes' default
     assert rec["nodeSelector"] == {"role": "infra"}
-    pvc = docs[("PersistentVolumeClaim", NS, "lens-ebpf-recorder")]["spec"]
-    assert (pvc["storageClassName"], pvc["resources"]["requests"]["storage"]) == ("fast", "20Gi")
+    pvc = docs[("PersistentVolumeClaim", NS, "lens-ebpf-recorder")]
+    assert pvc["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    spec = pvc["spec"]
+    assert (spec["storageClassName"], spec["resources"]["requests"]["storage"]) == ("fast", "20Gi")
     config = docs[("ConfigMap", NS, "lens-ebpf-recorder")]["data"]
     assert config == {"recorder.yaml": "recorder:\n  listen: 0.0.0.0:9480\n"}
     # the appVersion when no tag is given
