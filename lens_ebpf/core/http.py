@@ -234,11 +234,7 @@ class HttpServer:
         path, method = self._path(request), request.method
         found = self._routes.find(method, path)
         if found is None:
-            allowed = [m for m in ("GET", *WRITES) if self._routes.find(m, path) is not None]
-            if not allowed and self._routes.below(path) is not None:
-                allowed = ["GET"]
-            said = ", ".join(allowed) or "nothing"
-            return json_response(405, {"error": f"{method} not allowed here ({said} is)"})
+            return self._not_allowed(request, path, method)
         m, params = found
         prefix, most, at_once = "/".join(m.parts), m.surface.max_body(m.route), m.route.at_once
         length = request.content_length
@@ -262,6 +258,24 @@ class HttpServer:
                                                                     m.route, req)  # fmt: skip
         finally:
             self.in_flight[prefix] -= 1
+
+    def _not_allowed(self, request: web.BaseRequest, path: str, method: str) -> Answer:
+        """405 for a method no route of the path takes: in the envelope of the surface the
+        path is under (its not_allowed()), else plain; Allow names the methods that are."""
+        allowed = [m for m in ("GET", *WRITES) if self._routes.find(m, path) is not None]
+        below = self._routes.below(path)
+        if not allowed and below is not None:
+            allowed = ["GET"]
+        got: Answer | None = None
+        if below is not None:
+            prefix, surface = below
+            got = surface.not_allowed(Request(path[len(prefix) :].lstrip("/"), {},
+                                              dict(request.query)), method, allowed)  # fmt: skip
+        if got is None:
+            said = ", ".join(allowed) or "nothing"
+            got = json_response(405, {"error": f"{method} not allowed here ({said} is)"})
+        extra = got[3] if len(got) > 3 else {}
+        return got[0], got[1], got[2], {**extra, "Allow": ", ".join(allowed)}
 
     def _get(self, request: web.BaseRequest) -> Answer | None:
         """The GET route's answer (a surface's for a path under its prefix that no route
@@ -293,7 +307,9 @@ class HttpServer:
                     log.exception("%s %s failed", request.method, request.path)
                     status, ctype, body = json_response(500, {"error": str(exc)})
             elif request.method not in ("GET", "HEAD"):
-                status, ctype, body = json_response(405, {"error": f"{request.method} not allowed"})
+                got = self._not_allowed(request, self._path(request), request.method)
+                status, ctype, body = got[0], got[1], got[2]
+                extra = got[3] if len(got) > 3 else {}
             elif (request.path.rstrip("/") or "/") == "/metrics":
                 status, ctype, body = 200, CONTENT_TYPE, await self._metrics()
             else:

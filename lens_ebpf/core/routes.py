@@ -115,6 +115,11 @@ class Surface(abc.ABC):
         plain 404."""
         return None
 
+    def not_allowed(self, req: Request, method: str, allowed: list[str]) -> Answer | None:
+        """The answer for a method no route of the path under the prefix takes (allowed:
+        those that some route does); None: the server's plain 405."""
+        return None
+
 
 @dataclass(frozen=True)
 class Mounted:

@@ -6,7 +6,8 @@ Envelope `{"meta": {"code": 2000, "message": "OK"}, "data": ...}`; errors carry
 that is down, named) with HTTP 400, 404 and 503: the domain's BadRequest, NotFound and
 Unavailable, a database error, a Prometheus that cannot answer where its figures are all
 the route answers; 409/4002 (it exists already), 403/4003 (a write the service does not
-make); a write without the API's credentials 401/4010 (none) or 403/4003 (a wrong token).
+make); a write without the API's credentials 401/4010 (none) or 403/4003 (a wrong token);
+a method no route of the path takes 405/4016.
 A write (POST, PUT, PATCH, DELETE) runs in one transaction. A route that mixes stored
 facts with Prometheus figures answers 2000 without them (null), meta.message saying what
 is missing. Parameters are taken in snake_case (the UI's `page_num`) and camelCase
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 # base: its proxy passes the path on unchanged), and the seed's /api
 PREFIXES = ("/v1", "/lens/v1", "/api")
 PAGE_MAX = 1000
+NOT_ALLOWED = 4016  # a method no route of the path takes (the original's InvalidOperation)
 Connect = Callable[[], contextlib.AbstractContextManager[Connection]]  # a connection, closed after
 
 
@@ -276,6 +278,11 @@ class LensApi(Surface):
         except NotFound as exc:
             return error(ApiError(404, 4004, str(exc)))
         return error(ApiError(404, 4004, f"no route {req.path!r}"))
+
+    def not_allowed(self, req: Request, method: str, allowed: list[str]) -> Answer:
+        said = ", ".join(allowed) or "nothing"
+        return error(ApiError(405, NOT_ALLOWED, f"{method} /{req.path}: not served here "
+                              f"({said} is)"))  # fmt: skip
 
 
 class AlertsApi(LensApi):
