@@ -17,9 +17,11 @@ from sqlalchemy import JSON, Connection, Text, cast, func, select
 
 from lens_ebpf.core.times import aware
 from lens_ebpf.recorder import prom
+from lens_ebpf.recorder.allocation import cluster_allocation
 from lens_ebpf.recorder.errors import BadRequest, NotFound
 from lens_ebpf.recorder.scope import Scope
 from lens_ebpf.recorder.store.schema import Scoped
+from lens_ebpf.recorder.workloads import statuses
 
 HOUR = timedelta(hours=1)
 STEP = 60  # seconds between the utilization samples of an hour
@@ -98,6 +100,7 @@ def _workloads(conn: Connection, t: Scoped, pods: list[Any], keys: Keys
     tops = {str(p.workload_uid) for p in pods if p.workload_uid}
     rows = {str(r.uid): r for r in conn.execute(select(w).where(w.c.uid.in_(tops)))} \
         if tops else {}  # fmt: skip
+    state = statuses(conn, t, list(rows.values()))  # as every route gives it
     meta = _pod_meta(conn, t, [str(p.uid) for p in pods])
     out: dict[str, WorkloadHour] = {}
     for p in pods:
@@ -106,7 +109,7 @@ def _workloads(conn: Connection, t: Scoped, pods: list[Any], keys: Keys
             row = rows.get(uid)
             out[uid] = WorkloadHour(uid, str(p.namespace), str(row.name if row else p.name),
                                     str(row.kind if row else "Pod"),
-                                    str(row.status if row else p.phase) or "")  # fmt: skip
+                                    str(state[uid] if row else p.phase) or "")  # fmt: skip
         m = meta.get(str(p.uid), {})
         one = out[uid]
         for k, v in _picked(m.get("labels"), keys.labels).items():
@@ -143,9 +146,9 @@ def snapshot(conn: Connection, t: Scoped, cluster: str, keys: Keys, now: datetim
         one.max_replicas = one.min_replicas = replicas[uid]
     base = {"cluster_name": cluster, "snapshot_time": now, "created_at": now}
     groups = groups_of(works.values(), keys)
+    held, cap = cluster_allocation(conn, t)  # the cluster's figure, as every route's
     out = [{**base, "dimension_type": "cluster", "dimension_key": "", "dimension_value": "",
-            "total_gpu_capacity": capacity(conn, t),
-            "allocated_gpu_count": sum(gpus.values()),
+            "total_gpu_capacity": cap, "allocated_gpu_count": held,
             "allocation_details": {"workloads": len(works)}}]  # fmt: skip
     for (dim, key, value), members in sorted(groups.items()):
         out.append({**base, "dimension_type": dim, "dimension_key": key,
@@ -636,8 +639,10 @@ def workload_statistic(conn: Connection, c: Scope, now: datetime) -> dict[str, A
     LOW_UTILIZATION (both from Prometheus: null where it cannot answer)."""
     t = c.tables
     w, p = t.gpu_workloads, t.gpu_pods
-    running = list(conn.execute(select(w).where(
+    tops = list(conn.execute(select(w).where(
         w.c.parent_uid.is_(None), w.c.running.is_(True), w.c.deleted.is_(False))))  # fmt: skip
+    state = statuses(conn, t, tops)  # running as every route says it
+    running = [r for r in tops if state[str(r.uid)] == "Running"]
     out: dict[str, Any] = {"running_workloads_count": len(running), "avg_gpu_allocated": 0.0,
            "avg_gpu_utilization": 0.0, "low_utilization_workloads_count": 0}  # fmt: skip
     if not running:
@@ -654,8 +659,8 @@ def workload_statistic(conn: Connection, c: Scope, now: datetime) -> dict[str, A
         v = by_pod.get((str(r.namespace), str(r.name)))
         if v is not None and r.workload_uid:
             pods.setdefault(str(r.workload_uid), []).append(v)
-    tops = {str(r.uid) for r in running}
-    means = [sum(v) / len(v) for uid, v in pods.items() if uid in tops]
+    held = {str(r.uid) for r in running}
+    means = [sum(v) / len(v) for uid, v in pods.items() if uid in held]
     if means:
         out["avg_gpu_utilization"] = sum(means) / len(means)
         out["low_utilization_workloads_count"] = sum(1 for m in means if m < LOW_UTILIZATION)

@@ -1,5 +1,6 @@
-"""GPU allocation: what running pods requested of each node's GPUs, the cluster's rate,
-and the snapshots the allocation job keeps."""
+"""GPU allocation: what running pods requested of each node's GPUs, the cluster's figure
+(one for the same moment on every route: the overview, the dashboard, the node list, the
+snapshots and so the hourly statistics), and the snapshots the allocation job keeps."""
 
 from __future__ import annotations
 
@@ -17,19 +18,24 @@ VENDORS = {"amd.com/gpu": "amd", "nvidia.com/gpu": "NVIDIA"}
 POINTS_MAX = 10_000  # allocation snapshots one answer gives
 
 
-def gpu_allocation(conn: Connection, t: Scoped) -> list[dict[str, Any]]:
-    """Per node and GPU resource with a capacity (model.GpuAllocation), the GPUs running
-    pods requested; allocationRate is a ratio (0 to 1), as the original computes it."""
+def gpu_allocation(conn: Connection, t: Scoped, only: str | None = None
+                   ) -> list[dict[str, Any]]:  # fmt: skip
+    """Per node (or only that one) and GPU resource with a capacity (model.GpuAllocation),
+    the GPUs running pods requested; allocationRate is a ratio (0 to 1), as the original
+    computes it."""
     n, p = t.nodes, t.gpu_pods
     allocated: dict[tuple[str, str], int] = {}
     for row in conn.execute(select(p.c.node, p.c.gpu_resources).where(
-            p.c.running.is_(True), p.c.deleted.is_(False))):  # fmt: skip
+            p.c.running.is_(True), p.c.deleted.is_(False),
+            *([p.c.node == only] if only else []))):  # fmt: skip
         node, res = row.node, row.gpu_resources or {}
         for resource, count in res.items():
             key = (str(node), str(resource))
             allocated[key] = allocated.get(key, 0) + int(count)
     out = []
-    for row in conn.execute(select(n).where(n.c.deleted.is_(False)).order_by(n.c.name)):
+    for row in conn.execute(select(n).where(n.c.deleted.is_(False),
+                                            *([n.c.name == only] if only else []))
+                            .order_by(n.c.name)):  # fmt: skip
         for resource, capacity in sorted((row.gpu_capacity or {}).items()):
             if not capacity:
                 continue
@@ -40,18 +46,22 @@ def gpu_allocation(conn: Connection, t: Scoped) -> list[dict[str, Any]]:
     return out
 
 
+def cluster_allocation(conn: Connection, t: Scoped, per_node: list[dict[str, Any]] | None = None
+                       ) -> tuple[int, int]:  # fmt: skip
+    """(GPUs running pods requested, GPU capacity) of the cluster's GPU nodes, every one
+    of them: what the node list adds up to and the snapshots keep (per_node:
+    gpu_allocation's rows, when the caller has them). The original leaves tainted nodes
+    out of the overview's rate but not out of its statistics; a node tainted for GPU work
+    alone holds GPUs all the same."""
+    rows = gpu_allocation(conn, t) if per_node is None else per_node
+    return sum(a["allocated"] for a in rows), sum(a["capacity"] for a in rows)
+
+
 def allocation_percent(conn: Connection, t: Scoped,
                        per_node: list[dict[str, Any]] | None = None) -> float:  # fmt: skip
-    """The cluster's GPUs requested by running pods, percent of its GPU capacity, tainted
-    nodes left out as the original leaves them out (per_node: gpu_allocation's rows,
-    when the caller has them)."""
-    n = t.nodes
-    tainted = {r.name for r in conn.execute(select(n.c.name, n.c.taints).where(
-        n.c.deleted.is_(False))) if r.taints}  # fmt: skip
-    kept = [a for a in (gpu_allocation(conn, t) if per_node is None else per_node)
-            if a["node"] not in tainted]  # fmt: skip
-    capacity = sum(a["capacity"] for a in kept)
-    return 100 * sum(a["allocated"] for a in kept) / capacity if capacity else 0.0
+    """cluster_allocation's GPUs requested, percent of its capacity."""
+    allocated, capacity = cluster_allocation(conn, t, per_node)
+    return 100 * allocated / capacity if capacity else 0.0
 
 
 def allocation_points(conn: Connection, t: Scoped, start: datetime | None,

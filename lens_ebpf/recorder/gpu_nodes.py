@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Connection, select
 
 from lens_ebpf.recorder import prom
-from lens_ebpf.recorder.allocation import allocation_percent
+from lens_ebpf.recorder.allocation import allocation_percent, gpu_allocation
 from lens_ebpf.recorder.errors import NotFound
 from lens_ebpf.recorder.scope import Scope
 from lens_ebpf.recorder.store.schema import Scoped
@@ -24,12 +24,11 @@ ORDER = {"name", "ip", "gpu_name", "gpu_count", "gpu_allocation", "gpu_utilizati
 
 def gpu_nodes(conn: Connection, t: Scoped, only: str | None = None) -> list[dict[str, Any]]:
     """Every node with GPU capacity (or only that one), as model.GPUNode but the
-    utilization."""
-    n, p, nd = t.nodes, t.gpu_pods, t.node_devices
-    live = [p.c.running.is_(True), p.c.deleted.is_(False)] + ([p.c.node == only] if only else [])
+    utilization; its allocation as the cluster's figure counts it (gpu_allocation)."""
+    n, nd = t.nodes, t.node_devices
     allocated: dict[str, int] = {}
-    for r in conn.execute(select(p.c.node, p.c.gpus).where(*live)):
-        allocated[r.node] = allocated.get(r.node, 0) + int(r.gpus)
+    for a in gpu_allocation(conn, t, only):
+        allocated[a["node"]] = allocated.get(a["node"], 0) + a["allocated"]
     nodes = list(conn.execute(select(n).where(n.c.deleted.is_(False),
                                               *([n.c.name == only] if only else []))
                               .order_by(n.c.name)))  # fmt: skip

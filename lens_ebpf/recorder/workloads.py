@@ -1,5 +1,11 @@
 """The workloads: their states, hierarchy and pods, the list and one workload's detail,
-those on a node now and before, the running ones' GPUs (consumers), and their graphs."""
+those on a node now and before, the running ones' GPUs (consumers), and their graphs.
+
+A workload's status is its owner's own where that says it (Running, Done, Failed, or
+Deleted), and follows its pods where it is silent or behind (a CronJob between its
+schedule and its Job's status, a Deployment before its readyReplicas): Running while a
+pod of it runs (a Deployment's, ReplicaSet's, StatefulSet's or DaemonSet's once Ready).
+statuses() is that rule, for every route and the accounting."""
 
 from __future__ import annotations
 
@@ -22,6 +28,11 @@ WORKLOAD_STATUS = {"Running": "Running", "Active": "Running", "Available": "Runn
                    "Complete": "Done", "Succeeded": "Done", "Failed": "Failed"}  # fmt: skip
 WORKLOAD_COLORS = {"Running": "green", "Done": "blue", "Deleted": "gray", "Pending": "yellow",
                    "Failed": "red"}  # fmt: skip
+SAID = frozenset(("Running", "Done", "Failed", "Deleted"))  # an owner's status that stands
+# the kinds whose pods serve once Ready (their status counts ready replicas); any other
+# kind's (a Job's, a CronJob's, a training operator's) run once Running
+SERVING = frozenset(("Deployment", "ReplicaSet", "StatefulSet", "DaemonSet"))
+CHUNK = 500  # uids in one IN (...)
 
 
 def ts(value: Any) -> int:
@@ -29,7 +40,50 @@ def ts(value: Any) -> int:
 
 
 def workload_status(row: Any) -> str:
+    """The owner's own status, as the Primus-Lens API names it."""
     return "Deleted" if row.deleted else WORKLOAD_STATUS.get(row.status, row.status)
+
+
+def statuses(conn: Connection, t: Scoped, rows: list[Any]) -> dict[str, str]:
+    """Each gpu_workloads row's status by uid (the module's rule): its owner's own where
+    that stands (SAID), else Running while a pod of it runs (SERVING kinds': a Ready
+    one), else its owner's own."""
+    out = {str(r.uid): workload_status(r) for r in rows}
+    behind = {str(r.uid): r for r in rows if out[str(r.uid)] not in SAID}
+    if not behind:
+        return out
+    p, refs = t.gpu_pods, t.workload_pod_references
+    live: dict[str, set[str]] = {}
+    wanted = sorted(behind)
+    for i in range(0, len(wanted), CHUNK):
+        for r in conn.execute(select(refs.c.workload_uid, p.c.uid)
+                              .join(p, p.c.uid == refs.c.pod_uid)
+                              .where(refs.c.workload_uid.in_(wanted[i : i + CHUNK]),
+                                     p.c.running.is_(True), p.c.deleted.is_(False))):  # fmt: skip
+            live.setdefault(str(r.workload_uid), set()).add(str(r.uid))
+    serving = {u for uid, r in behind.items() if r.kind in SERVING for u in live.get(uid, ())}
+    ready = ready_pods(conn, t, serving) if serving else set()
+    for uid, r in behind.items():
+        pods = live.get(uid, set())
+        if pods and (r.kind not in SERVING or pods & ready):
+            out[uid] = "Running"
+    return out
+
+
+def ready_pods(conn: Connection, t: Scoped, uids: set[str]) -> set[str]:
+    """Of these pods, those whose newest snapshot holds the Ready condition True."""
+    s = t.pod_snapshots
+    wanted = sorted(uids)
+    out = set()
+    for i in range(0, len(wanted), CHUNK):
+        newest = select(func.max(s.c.id)).where(s.c.pod_uid.in_(wanted[i : i + CHUNK])) \
+            .group_by(s.c.pod_uid)  # fmt: skip
+        for r in conn.execute(select(s.c.pod_uid, s.c.status).where(s.c.id.in_(newest))):
+            conds = (r.status or {}).get("conditions") or ()
+            if any(isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
+                   for c in conds):  # fmt: skip
+                out.add(str(r.pod_uid))
+    return out
 
 
 def workload(conn: Connection, t: Scoped, uid: str) -> Any:
@@ -126,9 +180,10 @@ def on_node(conn: Connection, t: Scoped, name: str, num: int, size: int) -> dict
     live = p.c.running.is_(True) & p.c.deleted.is_(False)
     uids = {r.workload_uid for r in conn.execute(select(p.c.workload_uid).where(
         live, p.c.node == name, p.c.workload_uid.is_not(None)))}  # fmt: skip
-    rows = [r for r in conn.execute(select(w).where(w.c.uid.in_(uids))
-                                    .order_by(w.c.created_at, w.c.name))
-            if workload_status(r) == "Running"]  # fmt: skip
+    found = list(conn.execute(select(w).where(w.c.uid.in_(uids))
+                              .order_by(w.c.created_at, w.c.name)))  # fmt: skip
+    state = statuses(conn, t, found)
+    rows = [r for r in found if state[r.uid] == "Running"]
     views = []
     for r in rows[(num - 1) * size : num * size]:
         pods = [q for q in workload_pods(conn, t, r.uid) if q.running and not q.deleted]
@@ -178,15 +233,16 @@ def listing(conn: Connection, c: Scope, now: datetime, num: int, size: int, orde
         if value:
             cond.append(w.c[col] == value)
     rows = list(conn.execute(select(w).where(*cond)))
+    state_of = statuses(conn, c.tables, rows)
     if status:
-        rows = [r for r in rows if workload_status(r) == status]
+        rows = [r for r in rows if state_of[r.uid] == status]
     key = "ended_at" if order == "end_at" else "created_at"
     rows.sort(key=lambda r: (ts(getattr(r, key)), r.name), reverse=True)
     names = gpu_names(conn, c.tables)
     items = []
     for r in rows[(num - 1) * size : num * size]:
         pods = workload_pods(conn, c.tables, r.uid)
-        state = workload_status(r)
+        state = state_of[r.uid]
         item = {"kind": r.kind, "name": r.name, "namespace": r.namespace, "uid": r.uid,
                 "gpu_allocated": sum(int(p.gpus) for p in pods
                                      if p.running and not p.deleted),
@@ -231,9 +287,10 @@ def consumers(conn: Connection, c: Scope, now: datetime, num: int, size: int
     Prometheus cannot answer)."""
     w = c.tables.gpu_workloads
     top = w.c.parent_uid.is_(None) | (w.c.parent_uid == "")
-    rows = [r for r in conn.execute(select(w).where(top, w.c.deleted.is_(False))
-                                    .order_by(w.c.created_at, w.c.name))
-            if workload_status(r) == "Running"]  # fmt: skip
+    found = list(conn.execute(select(w).where(top, w.c.deleted.is_(False))
+                              .order_by(w.c.created_at, w.c.name)))  # fmt: skip
+    state = statuses(conn, c.tables, found)
+    rows = [r for r in found if state[r.uid] == "Running"]
     items = []
     for r in rows[(num - 1) * size : num * size]:
         pods = [p.name for p in workload_pods(conn, c.tables, r.uid) if p.running and not p.deleted]

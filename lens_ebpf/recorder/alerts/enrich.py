@@ -17,6 +17,8 @@ from lens_ebpf.recorder.gpu_nodes import GPU_NAME_LABELS
 from lens_ebpf.recorder.remote_write.index import Index
 from lens_ebpf.recorder.remote_write.receiver import RemoteWrite
 from lens_ebpf.recorder.store import schema as t
+from lens_ebpf.recorder.store.schema import scoped
+from lens_ebpf.recorder.workloads import statuses
 
 
 @dataclass
@@ -37,16 +39,17 @@ class Concern:
         node_info, gpu_info (those it knows)."""
         out: dict[str, Any] = {}
         if self.workload_uid:
-            w = t.gpu_workloads
-            row = conn.execute(select(w.c.gpu_request, w.c.status).where(
-                w.c.cluster == cluster, w.c.uid == self.workload_uid)).first()  # fmt: skip
+            tables = scoped(cluster)
+            w = tables.gpu_workloads
+            row = conn.execute(select(w).where(w.c.uid == self.workload_uid)).first()
             info = {"uid": self.workload_uid, "name": self.workload_name,
                     "namespace": self.namespace, "kind": self.workload_kind,
                     "gpu_request": int(row.gpu_request) if row else None}  # fmt: skip
             out["workload_info"] = info
             out |= {"workload_name": self.workload_name, "workload_namespace": self.namespace,
                     "workload_kind": self.workload_kind,
-                    "workload_status": str(row.status) if row else ""}  # fmt: skip
+                    "workload_status": statuses(conn, tables, [row])[row.uid] if row
+                    else ""}  # fmt: skip
         if self.pod:
             p = t.gpu_pods
             row = conn.execute(select(p.c.phase, p.c.gpus).where(
