@@ -670,3 +670,27 @@ def test_abnormal_flow_event_from_the_policy_lists(rig: FlowRig, policy_file: Pa
     # the blacklisted remote raises one event; the whitelisted one none
     assert [(e["raddr"], e["direction"]) for e in events] == [("127.0.0.74", "egress")]
     assert events[0]["sent_bytes"] == 3
+
+
+def test_sweep_leaves_a_dual_stack_listeners_live_ipv4_peers_alone(rig: FlowRig) -> None:
+    """The accepted socket of a listener on :: is AF_INET6 with its IPv4 peer as
+    ::ffff:a.b.c.d; /proc/net/tcp6 lists it, and the flow's key names it, as a.b.c.d."""
+    srv = listener("::")
+    port = srv.getsockname()[1]
+    cli = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    cli.bind(("127.0.0.86", 0))
+    cli.connect(("127.0.0.85", port))
+    conn, _ = srv.accept()
+    try:
+        key = ("ingress", "localhost", "127.0.0.86", str(port))
+        assert rig.wait_value(OPENED, *key, want=1) == 1, rig.explain(*key)
+        rig.flows.reconcile()
+        assert rig.value(CLOSED, *key) == 0
+        cli.sendall(b"z" * 5)
+        assert recv_exact(conn, 5) == 5
+        assert rig.value(RECV, *key) == 5
+    finally:
+        cli.close()
+        conn.close()
+        srv.close()
+    assert rig.wait_value(CLOSED, *key, want=1) == 1

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agentproc import AgentProc
+from tests.agentproc import AgentProc, parse_samples
 from tests.k8slab import FakeApiServer, eventually, owned, pod, service
 from tests.netlab import exchange, listener
 
@@ -116,6 +116,65 @@ def test_identity_cidrs_and_api_killed_mid_watch(api: FakeApiServer, tmp_path: P
                 "workload": "late"}  # fmt: skip
         assert agent.wait_sample(opened, flow_labels("127.0.0.83", lport, "k8sPod", **late), 1) == 1
         assert agent.sample("lens_k8s_index_objects", {"kind": "pods"}) == 2
+    finally:
+        rc = agent.stop()
+    assert rc == 0, agent.output()
+
+
+def test_a_pod_the_api_shows_after_its_first_connections_gets_them(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """Issue 74 as a node showed it: a Deployment's pod connects 7 times to a dual-stack
+    server on its node before the API has told the agent its IP. The ingress side spells
+    the client 127.0.5.17 (not ::ffff:127.0.5.17), and once the pod is known its 7
+    connections are its own, with no unlabelled series left counting them."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    agent = AgentProc("--policy", str(policy), env={
+        "LENS_KUBERNETES__KUBECONFIG": str(api.kubeconfig(tmp_path / "kubeconfig")),
+        "LENS_KUBERNETES__POD_RESOURCES__SOCKET": str(tmp_path / "no-kubelet.sock"),
+        "LENS_KUBERNETES__KUBELET__ENABLED": "false",
+        "LENS_COLLECTORS__PROCESSES__ENABLED": "false",
+    })  # fmt: skip
+    try:
+        agent.wait_ready()
+
+        def k8s() -> dict:
+            return agent.json("/readyz")[1]["kubernetes"] or {}
+
+        eventually(lambda: k8s().get("watches", {}).get("pods", {}).get("synced"), 10, 0.2)
+        eventually(lambda: k8s()["cluster_cidrs"]["policy_classes_filled"] == ["k8sPod", "k8sSvc"],
+                   10, 0.2)  # fmt: skip
+        srv = listener("::")  # the server pod's dual-stack listener
+        try:
+            for _ in range(7):  # the client pod, in the podSubnet, in its first instant
+                port, _ = exchange(srv, "127.0.0.88", 100, 1000, bind="127.0.5.17")
+        finally:
+            srv.close()
+        ing = {"direction": "ingress", "type": "k8sPod", "raddr": "127.0.5.17", "port": str(port)}
+        opened = "lens_tcp_connections_opened_total"
+        assert agent.wait_sample(opened, ing, 7) == 7
+        assert "::ffff:" not in agent.metrics_text()
+        api.put("deployments", owned("Deployment", "client", "shop"))
+        api.put("replicasets", owned("ReplicaSet", "client-7f", "shop",
+                                     owner=("Deployment", "client")))  # fmt: skip
+        api.put(
+            "pods", pod("client-7f-abc", "127.0.5.17", "shop", owner=("ReplicaSet", "client-7f"))
+        )
+        client = {**ing, "remote_namespace": "shop", "remote_pod": "client-7f-abc",
+                  "remote_workload_kind": "Deployment", "remote_workload": "client"}  # fmt: skip
+        assert agent.wait_sample(opened, client, 7) == 7
+        for name, want in (("lens_tcp_connections_closed_total", 7),
+                           ("lens_tcp_sent_bytes_total", 7000),
+                           ("lens_tcp_received_bytes_total", 700)):  # fmt: skip
+            assert agent.wait_sample(name, client, want) == want, name
+        text = agent.metrics_text()
+        # the lens_tcp_ families carry who the remote is (the seed ones never do)
+        unlabelled = [(name, labels) for name, labels, _ in parse_samples(text)
+                      if name.startswith("lens_tcp_") and labels.get("raddr") == "127.0.5.17"
+                      and "remote_pod" not in labels]  # fmt: skip
+        assert unlabelled == []
+        assert "::ffff:" not in text
     finally:
         rc = agent.stop()
     assert rc == 0, agent.output()

@@ -1,3 +1,4 @@
+import pytest
 from prometheus_client import CollectorRegistry
 
 from lens_ebpf.agent.config import FamilyLimits
@@ -162,3 +163,32 @@ def test_exposition_leaves_out_empty_labels_and_escapes_the_rest() -> None:
     cache.set("g", ("", "", ""), 5)
     again = render([reg]).decode()
     assert again == first.replace("\ng 2.0\n", "\ng 5.0\n")
+
+
+def test_move_takes_a_series_whole_into_another() -> None:
+    cache = MetricCache(max_series=3)
+    cache.register("c_total", COUNTER, "c", ("k",))
+    cache.register("d_total", COUNTER, "d", ())
+    cache.register("h", HISTOGRAM, "h", ("k",), buckets=(1, 2))
+    cache.inc("c_total", ("a",), 7)
+    assert cache.move("c_total", ("a",), "c_total", ("b",))  # into a new series
+    assert (cache.get("c_total", ("a",)), cache.get("c_total", ("b",))) == (None, 7)
+    cache.inc("c_total", ("a",), 2)
+    assert cache.move("c_total", ("a",), "c_total", ("b",))  # added to one there
+    assert (cache.get("c_total", ("a",)), cache.get("c_total", ("b",))) == (None, 9)
+    assert cache.move("c_total", ("b",), "d_total", ())  # into another family
+    assert (cache.get("c_total", ("b",)), cache.get("d_total", ())) == (None, 9)
+    assert not cache.move("c_total", ("b",), "d_total", ())  # gone: nothing twice
+    assert cache.get("d_total", ()) == 9
+    cache.observe("h", ("a",), [1, 0, 2], 3.5)
+    cache.observe("h", ("b",), [0, 1, 0], 1.5)
+    assert cache.move("h", ("a",), "h", ("b",))
+    assert (cache.get("h", ("a",)), cache.get("h", ("b",))) == (None, ([1, 1, 2], 5.0))
+    assert cache.samples == 1 + 5  # d_total's line, h's b
+    # a target refused at its family's cap: nothing moves
+    for k in "xyz":
+        cache.inc("c_total", (k,))
+    assert not cache.move("c_total", ("x",), "c_total", ("w",))
+    assert cache.get("c_total", ("x",)) == 1 and cache.get("c_total", ("w",)) is None
+    with pytest.raises(ValueError, match="counter"):
+        cache.move("c_total", ("x",), "h", ("x",))

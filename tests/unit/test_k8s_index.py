@@ -199,11 +199,14 @@ def test_cluster_networks_sources() -> None:
 def test_remote_identity_refines_class_for_mapped_ipv4_and_keeps_unknowns() -> None:
     from lens_ebpf.agent.net import identity
     from lens_ebpf.agent.pods.index import ClusterIndex
+    from lens_ebpf.agent.tcp import decode
 
     idx = ClusterIndex()
     idx.replace_pods([pod("p", "10.244.1.5", "ns1", owner=("StatefulSet", "db"))])
     idx.replace_services([service("s", "fd00:96::10", "ns2")])
-    assert identity.remote(idx.lookup, "internalHosts", "::ffff:10.244.1.5") == (
+    # an IPv4 peer of a dual-stack socket, as the decoder spells it for every lookup
+    mapped = decode.format_addr(decode.AF_INET6, bytes(10) + b"\xff\xff" + bytes([10, 244, 1, 5]))
+    assert identity.remote(idx.lookup, "internalHosts", mapped) == (
         "k8sPod", ("ns1", "p", "StatefulSet", "db", ""))  # fmt: skip
     assert identity.remote(idx.lookup, "internalHosts", "fd00:96::10") == (
         "k8sSvc", ("ns2", "", "", "", "s"))  # fmt: skip

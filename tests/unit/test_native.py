@@ -107,6 +107,32 @@ def test_same_bytes_and_events_as_the_python_path(mod, seed: int) -> None:
         assert made == want and made._wire == got._wire
 
 
+def test_an_ipv4_peer_of_a_dual_stack_socket_is_spelled_as_the_python_path_does(mod) -> None:
+    """An AF_INET6 socket's IPv4 peer (::ffff:a.b.c.d): a.b.c.d on the wire, in what
+    enrichment is asked and in the event, as tcp/decode.py spells it."""
+    rng = random.Random(5)
+    mapped = bytes(10) + b"\xff\xff"
+    records = [
+        record(rng, family=socket.AF_INET6, laddr=(ctypes.c_uint8 * 16)(*mapped, 10, 213, 128, 9),
+               raddr=(ctypes.c_uint8 * 16)(*mapped, 10, 213, 128, i))
+        for i in range(4)
+    ]  # fmt: skip
+    asked: list[tuple[str, str]] = []
+
+    def enrich(cls: str, raddr: str, laddr: str) -> dict:
+        asked.append((raddr, laddr))
+        return {}
+
+    events, bad, err = mod.flows(records, 1, 5, HEAD, enrich, None)
+    assert (bad, err) == (0, None)
+    assert asked == [(f"10.213.128.{i}", "10.213.128.9") for i in range(4)]
+    for i, (rec, got) in enumerate(zip(records, events, strict=True)):
+        want = python_path(rec, 1 + i, 5, {}, "flow_closed")
+        assert (want.family, want.raddr, want.laddr) == ("ipv4", f"10.213.128.{i}", "10.213.128.9")
+        assert got._wire == convert.encode(want, *NODE)
+        assert got.event() == want
+
+
 def test_enrichment_and_abnormal_flows(mod) -> None:
     rng = random.Random(7)
     records = [record(rng) for _ in range(400)]

@@ -3,6 +3,7 @@ layouts, apply_deltas and the RTT histograms into the cache, and a golden exposi
 
 import ctypes
 import dataclasses
+import functools
 import socket
 
 from prometheus_client import CollectorRegistry
@@ -13,11 +14,15 @@ from lens_ebpf.agent.events import EventBus, FlowClosed
 from lens_ebpf.agent.metrics.cache import CacheCollector, MetricCache
 from lens_ebpf.agent.net import identity
 from lens_ebpf.agent.net.policy import CLASS_IDS
-from lens_ebpf.agent.pods.index import ClusterIndex
+from lens_ebpf.agent.pods.index import ClusterIndex, OwnerResolver
 from lens_ebpf.agent.tcp import decode, tcp_flows, tcp_rtt
+from lens_ebpf.agent.tcp.attribution import Unattributed
 from lens_ebpf.core.exposition import render
 from tests.golden import check_golden
-from tests.k8slab import pod, service
+from tests.k8slab import owned, pod, service
+
+OPENED, CLOSED = "lens_tcp_connections_opened_total", "lens_tcp_connections_closed_total"
+SENT, RECV = "lens_tcp_sent_bytes_total", "lens_tcp_received_bytes_total"
 
 
 def addr16(text: str) -> bytes:
@@ -148,3 +153,131 @@ def test_network_exposition_is_golden() -> None:
     lines = [ln for ln in text.splitlines(keepends=True)
              if not ln.startswith("lens_cache_") and "lens_cache_" not in ln]  # fmt: skip
     check_golden("network.prom", "".join(lines))
+
+
+def test_an_ipv4_peer_of_a_dual_stack_socket_is_spelled_as_ipv4() -> None:
+    """A dual-stack listener's accepted socket is AF_INET6 with the client as
+    ::ffff:a.b.c.d: labels, events and index lookups spell it a.b.c.d, as an IPv4
+    socket's (the same peer's egress side) does."""
+    mapped = flow_key("::ffff:10.213.128.4", 8080, 1, "k8sPod")
+    assert mapped.family == decode.AF_INET6
+    assert decode.flow_key_labels(mapped) == ("ingress", "k8sPod", "10.213.128.4", "8080")
+    assert decode.flow_key_labels(flow_key("10.213.128.4", 8080, 0, "k8sPod")) == (
+        "egress", "k8sPod", "10.213.128.4", "8080")  # fmt: skip
+    rtt_key = layouts.RttKey((ctypes.c_uint8 * 16)(*addr16("::ffff:10.213.128.4")), 1,
+                             CLASS_IDS["k8sPod"], decode.AF_INET6, 0)  # fmt: skip
+    assert decode.remote_labels(rtt_key) == ("ingress", "k8sPod", "10.213.128.4")
+    # IPv6 proper stays IPv6, a v4-compatible (not mapped) address too
+    assert decode.format_addr(decode.AF_INET6, addr16("fd00::9")) == "fd00::9"
+    assert decode.format_addr(decode.AF_INET6, addr16("::10.0.0.1")) == "::10.0.0.1"
+
+    def record(laddr: str, raddr: str) -> bytes:
+        return bytes(layouts.FlowEvent(
+            laddr=(ctypes.c_uint8 * 16)(*addr16(laddr)),
+            raddr=(ctypes.c_uint8 * 16)(*addr16(raddr)), lport=8080, rport=51000,
+            family=decode.AF_INET6, direction=1, cls=CLASS_IDS["k8sPod"], comm=b"server",
+        ))  # fmt: skip
+
+    ev = decode.flow_record(record("::ffff:10.213.128.9", "::ffff:10.213.128.4"))
+    assert (ev.family, ev.laddr, ev.raddr) == ("ipv4", "10.213.128.9", "10.213.128.4")
+    six = decode.flow_record(record("fd00::9", "fd00::4"))
+    assert (six.family, six.laddr, six.raddr) == ("ipv6", "fd00::9", "fd00::4")
+    # the index finds both ends' pods from the one spelling
+    idx = ClusterIndex()
+    idx.replace_pods([pod("client-7f-abc", "10.213.128.4", "shop"),
+                      pod("server-0", "10.213.128.9", "shop")])  # fmt: skip
+    enrich = Enrichment()
+    enrich.index = idx
+    got = enrich.flow(ev)
+    assert (got.remote_pod, got.pod, got.cls) == ("client-7f-abc", "server-0", "k8sPod")
+    assert enrich.flow_key(decode.flow_key_labels(mapped))[1] == (
+        "shop", "client-7f-abc", "", "", "")  # fmt: skip
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_flows_counted_before_the_index_knew_their_pod_move_to_it() -> None:
+    """Issue 74: a client pod connected in its first instant, before the index had its
+    address; its 7 connections must end up under its pod, exactly, with no unlabelled
+    series left counting them."""
+    clock = Clock()
+    cache = MetricCache(3600, 1000, clock=clock)
+    tcp_flows.register_families(cache)
+    tcp_rtt.register_families(cache)
+    getters = {"ReplicaSet": lambda ns, name: owned("ReplicaSet", name, ns,
+                                                    owner=("Deployment", "client")),
+               "Deployment": lambda ns, name: owned("Deployment", name, ns)}  # fmt: skip
+    idx = ClusterIndex(owners=OwnerResolver(getters))
+    idx.replace_pods([pod("server-0", "10.213.128.9", "shop", owner=("StatefulSet", "server"))])
+    enrich = Enrichment()
+    enrich.index = idx
+    flows = Unattributed(functools.partial(tcp_flows.attribute, cache), 600, 1000, clock)
+    rtts = Unattributed(functools.partial(tcp_rtt.attribute, cache), 600, 1000, clock)
+
+    def count(key: tuple[str, ...], **grew: int) -> None:  # as TcpFlows.read counts a key
+        labels, who = enrich.flow_key(key)
+        tcp_flows.apply_deltas(cache, labels, who, zero(**grew))
+        flows.note(key, who)
+
+    ingress = ("ingress", "k8sPod", "10.213.128.4", "8080")  # the client, in the pod CIDR
+    egress = ("egress", "externalHosts", "198.51.100.7", "443")  # a pod the policy missed
+    count(ingress, opened=7, closed=7, sent=700, recv=7000, resets_sent=1)
+    count(egress, opened=2, sent=30, recv=40)
+    count(("egress", "k8sPod", "10.213.128.9", "8080"), opened=1, sent=5)  # known already
+    rtt = ("ingress", "k8sPod", "10.213.128.4")
+    bins = [0] * layouts.RTT_BINS
+    bins[tcp_rtt.RTT_BOUNDS_US.index(200)] = 2  # 70 and 110 us: the (100, 200] bin
+    labels, who = enrich.flow_key(rtt)
+    tcp_rtt.apply_rtt(cache, labels, who, (2, 180, *bins))
+    rtts.note(rtt, who)
+    none = identity.NO_IDENTITY
+    assert cache.get(OPENED, (*ingress, *none)) == 7
+    assert (flows.settle(enrich), len(flows)) == (0, 2)  # the index knows neither yet
+
+    client = ("shop", "client-7f-abc", "Deployment", "client", "")
+    idx.pod_event("ADDED", pod("client-7f-abc", "10.213.128.4", "shop",
+                               owner=("ReplicaSet", "client-7f")))  # fmt: skip
+    assert (flows.settle(enrich), rtts.settle(enrich)) == (1, 1)
+    for name, want in ((OPENED, 7), (CLOSED, 7), (SENT, 700), (RECV, 7000)):
+        assert cache.get(name, (*ingress, *client)) == want, name
+        assert cache.get(name, (*ingress, *none)) is None, name
+    assert cache.get(tcp_flows.RESETS, (*ingress, "sent", *client)) == 1
+    assert cache.get(tcp_flows.RESETS, (*ingress, "sent", *none)) is None
+    assert cache.get(tcp_flows.SEED_K8S, ("k8sPod",)) == 7700 + 5  # by class: as it was
+    assert cache.get(tcp_rtt.LENS, (*rtt, *client)) == (bins, 180 / 1e6)
+    assert cache.get(tcp_rtt.LENS, (*rtt, *none)) is None
+    assert cache.get(tcp_rtt.SEED, ("10.213.128.4", "ingress")) == (
+        [2 if b == 200 else 0 for b in (*tcp_rtt.SEED_BOUNDS_US, 0)], 180.0)  # fmt: skip
+    # later growth goes straight to the pod's series; nothing is asked again
+    count(ingress, opened=1, sent=1)
+    assert cache.get(OPENED, (*ingress, *client)) == 8
+    assert cache.get(OPENED, (*ingress, *none)) is None
+    assert (flows.settle(enrich), len(flows)) == (0, 1)
+
+    # a pod the policy missed: its class refined, its seed bytes out of the per-address
+    # series into the pods' one
+    idx.pod_event("ADDED", pod("web-0", "198.51.100.7", "shop", owner=("StatefulSet", "web")))
+    assert flows.settle(enrich) == 1
+    web = ("egress", "k8sPod", "198.51.100.7", "443", "shop", "web-0", "StatefulSet", "web", "")
+    assert cache.get(OPENED, web) == 2 and cache.get(SENT, web) == 30
+    assert cache.get(OPENED, (*egress, *none)) is None
+    assert cache.get(tcp_flows.SEED_EGRESS, ("198.51.100.7", "443", "egress",
+                                             "externalHosts")) is None  # fmt: skip
+    assert cache.get(tcp_flows.SEED_K8S, ("k8sPod",)) == 7700 + 5 + 1 + 70
+    assert len(flows) == 0
+
+    # only unknown -> known: what an address counted under a pod stays with that pod
+    # when the address passes to another
+    idx.pod_event("DELETED", pod("web-0", "198.51.100.7", "shop"))
+    idx.pod_event("ADDED", pod("web-1", "198.51.100.7", "shop", owner=("StatefulSet", "web")))
+    count(egress, opened=1)
+    assert flows.settle(enrich) == 0
+    assert cache.get(OPENED, web) == 2
+    web1 = (*web[:5], "web-1", *web[6:])
+    assert cache.get(OPENED, web1) == 1

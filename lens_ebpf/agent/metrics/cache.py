@@ -199,6 +199,35 @@ class MetricCache:
                 s.value = (merged, s.value[1] + total)
             return True
 
+    def move(self, name: str, labels: Labels, to_name: str, to_labels: Labels) -> bool:
+        """Move a series whole into another of the same kind (created if absent, else added
+        to: a counter's value, a histogram's counts and sum), the first one gone: counts
+        that were labelled before it was known whose they are. False, nothing changed, when
+        there is no such series (expired, or moved already) or the target is refused (a full
+        family or budget: counted as any new series refused)."""
+        if (name, labels) == (to_name, to_labels):
+            return False
+        with self._lock:
+            src, dst = self._families[name], self._families[to_name]
+            if src.kind != dst.kind:
+                raise ValueError(f"{name} is a {src.kind}, {to_name} a {dst.kind}")
+            s = src.series.get(labels)
+            if s is None:
+                return False
+            d = self._slot(dst, to_labels, self._clock())
+            if d is None:
+                return False
+            if src.series.pop(labels, None) is not None:  # not expired making room for d
+                self.samples -= src.samples_per_series
+            if d.value is None:
+                d.value = s.value
+            elif dst.kind == HISTOGRAM:
+                counts = [a + b for a, b in zip(d.value[0], s.value[0], strict=True)]
+                d.value = (counts, d.value[1] + s.value[1])
+            else:
+                d.value += s.value
+            return True
+
     def expire(self) -> int:
         """Remove every series past its TTL now; how many."""
         with self._lock:

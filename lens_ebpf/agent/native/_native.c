@@ -234,10 +234,13 @@ static text number_text(char *scratch, unsigned v) {
     return (text){scratch, n};
 }
 
+/* an address's text as tcp/decode.py's format_addr spells it: an IPv4 peer of a
+ * dual-stack IPv6 socket (::ffff:a.b.c.d) as a.b.c.d, as on an IPv4 socket */
 static Py_ssize_t addr_text(char *out, const struct flow_event *r, const uint8_t *addr16) {
-    const char *got = r->family == AF_INET_
-                          ? inet_ntop(AF_INET, addr16 + 12, out, INET6_ADDRSTRLEN)
-                          : inet_ntop(AF_INET6, addr16, out, INET6_ADDRSTRLEN);
+    static const uint8_t v4_mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    int v4 = r->family == AF_INET_ || memcmp(addr16, v4_mapped, sizeof v4_mapped) == 0;
+    const char *got = v4 ? inet_ntop(AF_INET, addr16 + 12, out, INET6_ADDRSTRLEN)
+                         : inet_ntop(AF_INET6, addr16, out, INET6_ADDRSTRLEN);
     return got ? (Py_ssize_t)strlen(out) : 0;
 }
 

@@ -2,7 +2,9 @@
 
 A remote address that the index knows as a pod is k8sPod, with its namespace, pod and
 owner workload; one that is a service cluster IP is k8sSvc, with the service. Others
-keep the class the kernel's policy trie gave them. Pure: the lookup is passed in.
+keep the class the kernel's policy trie gave them. Pure: the lookup is passed in. Addresses
+come as tcp/decode.py spells them (an IPv4 peer of a dual-stack socket as a.b.c.d), which
+is how the index keys them.
 """
 
 from __future__ import annotations
@@ -19,22 +21,15 @@ REMOTE_LABELS = (
     "remote_service",
 )
 NO_IDENTITY = ("",) * len(REMOTE_LABELS)
-# ip text -> an identity with kind, namespace, name, workload_kind, workload (k8s.index)
+# ip text -> an identity with kind, namespace, name, workload_kind, workload (pods/index.py)
 Lookup = Callable[[str], Any]
-
-
-def unmapped(address: str) -> str:
-    """::ffff:10.1.2.3 (an IPv4 peer of an IPv6 socket) as 10.1.2.3, as the index keys it."""
-    if address.startswith("::ffff:") and "." in address:
-        return address[7:]
-    return address
 
 
 def remote(lookup: Lookup | None, cls: str, address: str) -> tuple[str, tuple[str, ...]]:
     """(class, identity labels) of a remote address."""
     if lookup is None:
         return cls, NO_IDENTITY
-    ident = lookup(unmapped(address))
+    ident = lookup(address)
     if ident is None:
         return cls, NO_IDENTITY
     if ident.kind == "pod":
@@ -58,7 +53,7 @@ def flow_fields(lookup: Lookup | None, cls: str, raddr: str, laddr: str) -> dict
     when a pod holds it, so Subscribe's namespace/pod filters select a pod's flows."""
     refined, r = remote(lookup, cls, raddr)
     out: dict[str, Any] = {"cls": refined, **dict(zip(REMOTE_LABELS, r, strict=True))}
-    local = lookup(unmapped(laddr)) if lookup is not None else None
+    local = lookup(laddr) if lookup is not None else None
     if local is not None and local.kind == "pod":
         out.update(namespace=local.namespace, pod=local.name,
                    workload_kind=local.workload_kind, workload=local.workload)  # fmt: skip

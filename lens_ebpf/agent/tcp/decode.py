@@ -29,16 +29,29 @@ CLOSE_REASONS = (
 OTHER = "other"
 
 
+# the first 12 bytes of an IPv4-mapped IPv6 address (::ffff:a.b.c.d)
+V4_MAPPED = bytes(10) + b"\xff\xff"
+
+
 @functools.lru_cache(maxsize=8192)
 def format_addr(family: int, addr16: bytes) -> str:
     """An address as stored by the programs (IPv4 as ::ffff:a.b.c.d) in its usual text.
 
-    inet_ntop rather than ipaddress, and remembered: this runs twice per ring-buffer
-    record, mostly for addresses it has seen.
+    An IPv4 peer of a dual-stack IPv6 socket (::ffff:a.b.c.d) is spelled a.b.c.d, as on an
+    IPv4 socket: one spelling per address in labels, events and index lookups
+    (native/_native.c's addr_text spells it the same way). inet_ntop rather than
+    ipaddress, and remembered: this runs twice per ring-buffer record, mostly for
+    addresses it has seen.
     """
-    if family == AF_INET:
+    if family == AF_INET or addr16[:12] == V4_MAPPED:
         return socket.inet_ntop(socket.AF_INET, bytes(addr16[12:16]))
     return socket.inet_ntop(socket.AF_INET6, bytes(addr16))
+
+
+def family_name(addr: str) -> str:
+    """A flow's family as its addresses are spelled (format_addr): an IPv4 peer of a
+    dual-stack socket is ipv4."""
+    return "ipv6" if ":" in addr else "ipv4"
 
 
 def direction_name(direction: int) -> str:
@@ -101,8 +114,9 @@ def _event(ts: int, duration: int, pid: int, comm: bytes, cgroup_id: int, family
     """A closed flow from the programs' raw values (a ring record's, or a sock_info's),
     made through its slots (events.maker): this runs once per ring record. The values are
     every field's, as the constructor would have them (tests compare both)."""
-    return _make_flow(ts, pid, comm_text(comm), cgroup_id, "ipv4" if family == AF_INET else "ipv6",
-                      format_addr(family, laddr), lport, format_addr(family, raddr), rport,
+    remote = format_addr(family, raddr)  # always set (a failed connect's local may not be)
+    return _make_flow(ts, pid, comm_text(comm), cgroup_id, family_name(remote),
+                      format_addr(family, laddr), lport, remote, rport,
                       direction_name(direction), class_name(cls), sent, recv, retrans,
                       duration, reason)  # fmt: skip
 

@@ -38,8 +38,10 @@ from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.events import EventBus, FlowClosed
 from lens_ebpf.agent.metrics.cache import COUNTER, MetricCache
 from lens_ebpf.agent.net import identity, netns, proc_tcp
+from lens_ebpf.agent.net.identity import NO_IDENTITY
 from lens_ebpf.agent.net.policy import CLASS_IDS, MAX_PREFIXES, Policy, abnormal, lpm_entries
 from lens_ebpf.agent.tcp import decode, tcp_rtt
+from lens_ebpf.agent.tcp.attribution import Unattributed
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +184,19 @@ def register_families(cache: MetricCache) -> None:
                    (*FLOW_LABELS, "side", *identity.REMOTE_LABELS))  # fmt: skip
 
 
+def seed_series(labels: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """The seed family, and its labels, that a flow key's bytes (both ways) go to: by
+    where the flow went, pods, services and dns by class only."""
+    direction, cls, raddr, port = labels
+    if cls in ("k8sPod", "k8sSvc"):
+        return SEED_K8S, (cls,)
+    if cls == "dns":
+        return SEED_DNS, ()
+    if direction == "egress":
+        return SEED_EGRESS, (raddr, port, direction, cls)
+    return SEED_INGRESS, (port, raddr, direction, cls)
+
+
 def apply_deltas(
     cache: MetricCache, labels: tuple[str, ...], who: tuple[str, ...], d: dict[str, int]
 ) -> None:
@@ -191,7 +206,6 @@ def apply_deltas(
     cluster index when there is one (a pod IP is k8sPod whatever the policy says), and
     who the remote is, which the lens_ families carry.
     """
-    direction, cls, raddr, port = labels
     for name, (_, field) in LENS_FAMILIES.items():
         if d[field]:
             cache.inc(name, (*labels, *who), d[field])
@@ -200,16 +214,24 @@ def apply_deltas(
     if d["resets_recv"]:
         cache.inc(RESETS, (*labels, "received", *who), d["resets_recv"])
     nbytes = d["sent"] + d["recv"]
-    if not nbytes:
-        return
-    if cls in ("k8sPod", "k8sSvc"):
-        cache.inc(SEED_K8S, (cls,), nbytes)
-    elif cls == "dns":
-        cache.inc(SEED_DNS, (), nbytes)
-    elif direction == "egress":
-        cache.inc(SEED_EGRESS, (raddr, port, direction, cls), nbytes)
-    else:
-        cache.inc(SEED_INGRESS, (port, raddr, direction, cls), nbytes)
+    if nbytes:
+        cache.inc(*seed_series(labels), nbytes)
+
+
+def attribute(cache: MetricCache, key_labels: tuple[str, ...], labels: tuple[str, ...],
+              who: tuple[str, ...]) -> None:  # fmt: skip
+    """Move what a flow key counted without an identity (its series labelled as decoded)
+    to the series of the identity the index now gives it (attribution.Unattributed). The
+    seed bytes move when they change family or class, out of a series of this key's own;
+    those of pods, services and dns are by class only, many keys' bytes in one series
+    that cannot give up one key's: they stay under the class they were counted in."""
+    for name in LENS_FAMILIES:
+        cache.move(name, (*key_labels, *NO_IDENTITY), name, (*labels, *who))
+    for side in ("sent", "received"):
+        cache.move(RESETS, (*key_labels, side, *NO_IDENTITY), RESETS, (*labels, side, *who))
+    old, new = seed_series(key_labels), seed_series(labels)
+    if old != new and old[0] in (SEED_EGRESS, SEED_INGRESS):
+        cache.move(*old, *new)
 
 
 VAL_FIELDS = tuple(f[0] for f in layouts.FlowVal._fields_)
@@ -255,6 +277,10 @@ class TcpFlows(RingProgram):
         # who is behind each address (a null index standalone)
         self.enrich = enrich or Enrichment()
         register_families(cache)
+        opened = cache.family("lens_tcp_connections_opened_total")
+        # keys counted before the index knew their remote: moved to it once it does
+        self.unattributed = Unattributed(functools.partial(attribute, cache), opened.ttl,
+                                         opened.max_series, clock)  # fmt: skip
         # RTT needs BTF's srtt_us or tcp:tcp_probe; without either the flows still load
         self._disabled = () if rtt else (RTT,)
         self._kernel = kernel
@@ -438,8 +464,8 @@ class TcpFlows(RingProgram):
             if self._walk is not None:
                 self._walk_open_sockets()
             for key, grew in self.flows_reader.read(self.bpf[b"flows"]):
-                deltas = dict(zip(VAL_FIELDS, grew, strict=True))
-                apply_deltas(self.cache, *self.enrich.flow_key(decode.flow_key_labels(key)), deltas)
+                self._count(decode.flow_key_labels(key), dict(zip(VAL_FIELDS, grew, strict=True)))
+            self.unattributed.settle(self.enrich)
             if self.rtt is not None:
                 self.rtt.read(self.bpf[b"rtt"], self.enrich)
                 # periods begin on this read cycle: at least bpf.read_interval_seconds long
@@ -449,6 +475,12 @@ class TcpFlows(RingProgram):
                     self._next_rtt_period(self._rtt_period + 1)
             self.read_stats(b"stats")
         self.gate_records()
+
+    def _count(self, key_labels: tuple[str, ...], grew: dict[str, int]) -> None:
+        """One flow key's growth into the cache, labelled by the index as it is now."""
+        labels, who = self.enrich.flow_key(key_labels)
+        apply_deltas(self.cache, labels, who, grew)
+        self.unattributed.note(key_labels, who)
 
     def _walk_open_sockets(self) -> None:
         """Fold open sockets' bytes into their flows, before the flows are read: one
@@ -532,7 +564,8 @@ class TcpFlows(RingProgram):
         grew = dict.fromkeys(VAL_FIELDS, 0) | {"closed" if keyed else "failed": 1}
         if keyed:  # what the kernel's finish would have taken into the flow (take_pre)
             grew |= {"sent": si.pre_sent, "recv": si.pre_recv}
-        apply_deltas(self.cache, *self.enrich.flow_key(decode.flow_key_labels(si.key)), grew)
+        with self._lock:  # the attribution's keys are read's too
+            self._count(decode.flow_key_labels(si.key), grew)
         self._publish(decode.sock_info_event(si, keyed))
 
     def tracked_keys(self) -> int:

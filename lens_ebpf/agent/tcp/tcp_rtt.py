@@ -10,6 +10,7 @@ so both histograms are exact sums of kernel bins, never an approximation.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.metrics.cache import HISTOGRAM, MetricCache
 from lens_ebpf.agent.net import identity
 from lens_ebpf.agent.tcp import decode
+from lens_ebpf.agent.tcp.attribution import Unattributed
 
 # Kernel bin boundaries, microseconds: 10 us to 10 s (lens_tcp_rtt_seconds buckets).
 RTT_BOUNDS_US = (
@@ -103,6 +105,14 @@ def apply_rtt(
     cache.observe(SEED, (raddr, direction), seed, float(sum_us))
 
 
+def attribute(cache: MetricCache, key_labels: tuple[str, ...], labels: tuple[str, ...],
+              who: tuple[str, ...]) -> None:  # fmt: skip
+    """Move what an rtt-map key's samples made without an identity to the series of the
+    identity the index now gives it (attribution.Unattributed); the seed histogram has
+    no identity or class: it stays."""
+    cache.move(LENS, (*key_labels, *identity.NO_IDENTITY), LENS, (*labels, *who))
+
+
 class TcpRtt:
     """Reads the rtt map of a loaded tcp_flows program into the metric cache."""
 
@@ -122,10 +132,18 @@ class TcpRtt:
             pinned=lambda key: bool(key.overflow),
         )
         register_families(cache, sampled)
+        lens = cache.family(LENS)
+        # keys sampled before the index knew their remote: moved to it once it does
+        self.unattributed = Unattributed(functools.partial(attribute, cache), lens.ttl,
+                                         lens.max_series, clock)  # fmt: skip
 
     def read(self, table: Any, enrich: Enrichment) -> None:
         for key, grew in self._reader.read(table):
-            apply_rtt(self.cache, *enrich.flow_key(decode.remote_labels(key)), grew)
+            key_labels = decode.remote_labels(key)
+            labels, who = enrich.flow_key(key_labels)
+            apply_rtt(self.cache, labels, who, grew)
+            self.unattributed.note(key_labels, who)
+        self.unattributed.settle(enrich)
 
     def keys(self) -> int:
         return len(self._reader)
