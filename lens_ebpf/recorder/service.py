@@ -28,6 +28,7 @@ from lens_ebpf.recorder import api
 from lens_ebpf.recorder import lifecycle as lc
 from lens_ebpf.recorder.accounting import Keys
 from lens_ebpf.recorder.alerting import Alerts
+from lens_ebpf.recorder.alerts import late
 from lens_ebpf.recorder.api.envelope import AlertsApi, LensApi, Services
 from lens_ebpf.recorder.api.posts import Admitted
 from lens_ebpf.recorder.api.seed import PlainJson
@@ -194,6 +195,9 @@ class RecorderApp:
                 leader_only=True, quiet=FAILURES),
             Job("alerts_notify", r.alerts.notify_seconds, self.alerts.jobs.notify,
                 leader_only=True, quiet=FAILURES),
+            # alerts stored before their pod or GPU was known, enriched once it is
+            Job("alerts_enrich", late.SECONDS, self.alerts.jobs.enrich, leader_only=True,
+                quiet=FAILURES),
             # every replica answers remote writes from its own maps
             Job("remote_write_index", self.remote_write.indexer.interval,
                 self.remote_write.indexer.refresh_counted, leader_only=False, at_start=True,

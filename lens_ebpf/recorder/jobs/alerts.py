@@ -2,7 +2,8 @@
 (alerts/findings.py), our own alerts sent on to Alertmanager (recorder.alerts.
 alertmanager_url: the firing ones each run, as Prometheus does, so Alertmanager keeps
 them; an ended one once, with its end), every alert sent once per state to each enabled
-webhook channel, and log alerts ended after their rule's repeat_interval."""
+webhook channel, log alerts ended after their rule's repeat_interval, and alerts stored
+before what they concern was known enriched once it is (alerts/late.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, select, update
 
-from lens_ebpf.recorder.alerts import findings, ingest
+from lens_ebpf.core.times import aware
+from lens_ebpf.recorder.alerts import findings, ingest, late
 from lens_ebpf.recorder.alerts.model import OWN_LABEL
 from lens_ebpf.recorder.alerts.notify import Alertmanager, SendError, webhook
 from lens_ebpf.recorder.alerts.silences import Silences
@@ -41,6 +43,8 @@ class AlertJobs:
         self.silences, self.am, self.clock = silences, am, clock
         self.external_url = external_url.rstrip("/")
         self.stored: dict[str, int] = {}  # findings stored, by outcome
+        self.late = late.Retries()  # the pending alerts' looks
+        self.enriched_late = 0  # alerts enriched after they were stored
         self.sent: dict[str, int] = {"alertmanager": 0, "alertmanager_failed": 0,
                                      "webhook": 0, "webhook_failed": 0}  # fmt: skip
 
@@ -56,14 +60,43 @@ class AlertJobs:
             got.append(ingest.store(conn, alerts, now, self.concern,
                                     self.silences.active(conn, now)).as_dict())  # fmt: skip
 
+        return got[-1] if self._write(write) else {}  # the try that was committed
+
+    def _write(self, write: Callable[[Connection], None]) -> bool:
+        """write in one transaction: the leader's write, waited for; whether it was
+        committed (not: the queue full, the database down, this replica no longer
+        leading)."""
         if self.writer is None:
             with self.engine.begin() as conn:
                 write(conn)
-            return got[-1]
+            return True
         done = threading.Event()
         if self.writer.submit(Op("alert_events", write, done=done.set)):
             done.wait(STORE_WAIT)
-        return got[-1] if got and done.is_set() else {}  # the try that was committed
+        return done.is_set()
+
+    def enrich(self) -> None:
+        """The alerts stored without their workload (late.py): those due looked at again
+        through what the maps and tables know now, the ones that name it enriched."""
+        now = self.clock()
+        with self.engine.connect() as conn:
+            rows = late.pending(conn, now - late.WINDOW)
+        found: dict[str, Any] = {}
+        for r in self.late.due(rows, now):
+            c = self.concern(dict(r.labels or {}), aware(r.starts_at))
+            if c.workload_uid or (c.pod_uid and c.pod_uid != r.pod_id):
+                found[r.id] = c
+            if not c.workload_uid:
+                self.late.missed(r.id, now)
+        if not found:
+            return
+        got: list[int] = []
+
+        def write(conn: Connection) -> None:
+            got.append(late.enrich(conn, found, now, self.silences.active(conn, now)))
+
+        if self._write(write) and got:
+            self.enriched_late += got[-1]
 
     def findings(self) -> None:
         now = self.clock()
