@@ -5,7 +5,7 @@ kube-controller-manager, kube-scheduler and kube-proxy (tests/kube/node.py's), p
 No registry this machine reaches ships them, but Debian's archive has the source:
 bookworm's `kubernetes` source package (v1.20.2, the full tree with vendor/) builds
 offline with Debian's Go 1.19, every binary with CGO_ENABLED=0 in one make run (about
-13 min on 2 cores). kubectl comes ready-made in bookworm's
+9 min on 2 cores). kubectl comes ready-made in bookworm's
 `kubernetes-client` .deb, unpacked into the cache (/usr/bin/kubectl may belong to another
 package, so nothing is installed system-wide). The source and the .deb come through a
 private apt state (deb-src lines on the machine's own mirrors); the machine's apt sources
@@ -218,7 +218,7 @@ def build(force: bool = False) -> str:
             print(
                 f"kube: building kube-apiserver, kubelet, kube-controller-manager, "
                 f"kube-scheduler and kube-proxy from {SOURCE} {source_version} "
-                f"(about 13 min on 2 cores)",
+                f"(about 9 min on 2 cores)",
                 flush=True,
             )
             t = time.monotonic()
