@@ -6,10 +6,12 @@ Used by the recorder's tests (a hundred nodes) and bench.reporters (a thousand).
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import grpc
 import grpc.aio
 
 from lens_ebpf.protocol.gen import lens_pb2 as pb
@@ -185,3 +187,42 @@ def simulate_resuming(target: str, nodes: int, events: int, pace: float = 0.02,
         return {name: (acked, streams) for name, acked, streams in got}
 
     return asyncio.run(run())
+
+
+@dataclass
+class Answer:
+    acks: list[int]  # what the collector acknowledged, the resume point first
+    code: grpc.StatusCode | None  # how the stream ended; None: it took every event
+    details: str = ""
+
+
+def report_once(target: str, node: str, events: list[pb.Event], token: str = "",
+                cluster: str = "", timeout: float = 10) -> Answer:  # fmt: skip
+    """One ReportBatch stream as anyone who reaches the port can open it: node (and
+    cluster) in the metadata, a bearer token or none; it ends once the collector
+    acknowledged the newest of events, or refused the stream."""
+    meta = [("lens-node", node), *([("lens-cluster", cluster)] if cluster else []),
+            *([("authorization", f"Bearer {token}")] if token else [])]  # fmt: skip
+    newest = max((e.seq for e in events if not e.HasField("gap")), default=0)
+    done = threading.Event()
+
+    def requests():  # noqa: ANN202 (a generator of pb.EventBatch)
+        yield pb.EventBatch(events=events)
+        done.wait(timeout)
+
+    channel = grpc.insecure_channel(target)
+    call = lens_pb2_grpc.CollectorServiceStub(channel).ReportBatch(
+        requests(), metadata=meta, timeout=timeout)  # fmt: skip
+    acks: list[int] = []
+    try:
+        for ack in call:
+            acks.append(ack.seq)
+            if ack.seq >= newest:
+                break
+        return Answer(acks, None)
+    except grpc.RpcError as exc:
+        return Answer(acks, exc.code(), exc.details() or "")
+    finally:
+        done.set()
+        call.cancel()
+        channel.close()

@@ -17,6 +17,7 @@ from lens_ebpf.agent.registry import FEATURES
 from lens_ebpf.core import settings
 from lens_ebpf.core.settings import Section, Sections, ServerConfig
 from lens_ebpf.k8s.client import KubernetesClientConfig
+from lens_ebpf.protocol.stream_auth import SubscriberAuthConfig
 from lens_ebpf.protocol.tls import ClientTlsConfig, ServerTlsConfig
 
 # Names kept from the daemons lens-ebpf replaces.
@@ -97,6 +98,7 @@ class GrpcConfig(Section):
     history: int = Field(100000, ge=0, le=10_000_000)
     max_subscribers: int = Field(1000, ge=1, le=100_000)
     tls: ServerTlsConfig = Field(default_factory=ServerTlsConfig)
+    auth: SubscriberAuthConfig = Field(default_factory=SubscriberAuthConfig)  # who may call
 
 
 class ReporterConfig(Section):
@@ -104,6 +106,7 @@ class ReporterConfig(Section):
     buffer: int = Field(100000, ge=1, le=10_000_000)
     backoff_max_seconds: float = Field(30.0, gt=0)
     tls: ClientTlsConfig = Field(default_factory=ClientTlsConfig)
+    token_file: str = ""  # the bearer token it presents, read at each connect; "": none
     kinds: list[str] = Field(default_factory=list)  # event kinds it pushes; empty: all
 
     @field_validator("kinds")

@@ -77,6 +77,7 @@ class Agent:
             lambda: {k: v["state"] for k, v in self.views().items()},
             self.loop,
             on_connect=self.ctx.watch.inventory_again,
+            kubernetes=cfg.kubernetes,
         )
         self.headers: kernel_headers.HeaderTree | None = None
 

@@ -14,6 +14,15 @@ from lens_ebpf.core.settings import Section
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
+def own_namespace(sa_dir: Path = SA_DIR) -> str:
+    """The namespace this process runs in: POD_NAMESPACE, its service account's, else
+    default."""
+    ns = os.environ.get("POD_NAMESPACE", "")
+    if not ns and (sa_dir / "namespace").exists():
+        ns = (sa_dir / "namespace").read_text().strip()
+    return ns or "default"
+
+
 class NotConfigured(Exception):
     """No API to talk to: standalone mode (the message says why)."""
 

@@ -4,6 +4,12 @@ Writes one JSON object per event (and per gap) to --out (appending) or stdout,
 drops duplicates by sequence number per node, and acknowledges what it holds. On
 start it reads --out back, so after a restart it asks each reporter to resume
 exactly after the last event it wrote.
+
+Who may report (Collector.guard, protocol/stream_auth.py): a stream is admitted before its
+first message is read; a node's state moves only by its own admitted streams, and a
+sequence number more than max_seq_jump past the node's last is refused (INVALID_ARGUMENT:
+no agent numbers so far ahead, and one such event would hold every later one as a
+duplicate).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import signal
 import sys
 import threading
@@ -28,10 +35,18 @@ from lens_ebpf.core.loop import EventLoopThread
 from lens_ebpf.protocol.gen import lens_pb2 as pb
 from lens_ebpf.protocol.gen import lens_pb2_grpc
 from lens_ebpf.protocol.jsondict import to_dict
+from lens_ebpf.protocol.stream_auth import Claim, CollectorAuthConfig, Guard
 from lens_ebpf.protocol.tls import server_credentials
 
+log = logging.getLogger(__name__)
 # how long a stream waits after something became acknowledgeable before it acknowledges
 ACK_COALESCE_SECONDS = 0.1
+# the most a node's sequence number may move past its last at once (grpc.max_seq_jump)
+MAX_SEQ_JUMP = 10**12
+
+
+class SeqRefused(Exception):
+    """An event numbered beyond what its node can have sent."""
 
 
 class Collector(lens_pb2_grpc.CollectorServiceServicer):
@@ -52,6 +67,9 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None  # the streams' loop
         self._moved: set[str] = set()  # nodes whose streams are to wake
+        self.guard: Guard | None = None  # who may report; None: anyone (tests of the protocol)
+        self.max_seq_jump = MAX_SEQ_JUMP
+        self.seq_refused = 0  # streams ended for an event beyond max_seq_jump
 
     def _changed(self, node: str) -> None:
         """Wake node's streams to see whether its acknowledgement moved (from any thread);
@@ -89,12 +107,17 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
     async def _serve(self, request_iterator: AsyncIterator[Any], context: Any,
                      events: Callable[[Any], Iterable[pb.Event]],
                      ) -> AsyncIterator[pb.Ack]:  # fmt: skip
-        """One reporter's stream: its events accepted in order, acknowledged as held."""
-        node = self._source(dict(context.invocation_metadata()))
+        """One reporter's stream, once admitted: its events accepted in order,
+        acknowledged as held."""
+        meta = dict(context.invocation_metadata() or ())
+        node = self._source(meta)
+        if self.guard is not None:  # before anything of the stream is read or said
+            await self.guard.admit(context, self._claim(meta))
         with self._lock:
             sent = self._held(node)
         yield pb.Ack(seq=sent)  # where the reporter resumes
         wake, ended = asyncio.Event(), asyncio.Event()
+        refused: list[str] = []
 
         async def read() -> None:
             try:
@@ -106,6 +129,8 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
                         moved = self._held(node) > sent
                     if moved:
                         wake.set()
+            except SeqRefused as exc:
+                refused.append(str(exc))
             except Exception:  # the stream ended under us (cancelled, disconnected)
                 pass
             finally:
@@ -131,6 +156,8 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
                 if seq > sent:
                     sent = seq
                     yield pb.Ack(seq=seq)
+                if refused:  # what came before it is held and acknowledged
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refused[0])
                 if finished:
                     return
         finally:
@@ -146,12 +173,25 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
         """Whose stream this is (sequence numbers are per source): the reporter's node."""
         return meta.get("lens-node", "unknown")
 
+    def _claim(self, meta: dict[str, str]) -> Claim:
+        """The node the stream reports for, as the guard checks it."""
+        return Claim(meta.get("lens-node", "unknown"))
+
     def _accept(self, node: str, ev: pb.Event) -> None:
-        """One event of node's stream, with the lock held."""
+        """One event of node's stream, with the lock held; SeqRefused for a number no
+        agent can have reached since the node's last."""
+        last = self.last.get(node, 0)
         if ev.HasField("gap"):
             self._store(node, ev)
-        elif ev.seq <= self.last.get(node, 0):
+        elif ev.seq <= last:
             self.duplicates += 1
+        elif ev.seq - last > self.max_seq_jump:
+            self.seq_refused += 1
+            log.warning("collector: %s sent seq %d, %d past its last (%d): refused "
+                        "(grpc.max_seq_jump %d)", node, ev.seq, ev.seq - last, last,
+                        self.max_seq_jump)  # fmt: skip
+            raise SeqRefused(f"seq {ev.seq} is {ev.seq - last} past the node's last ({last}): "
+                             f"more than grpc.max_seq_jump ({self.max_seq_jump})")  # fmt: skip
         elif self._store(node, ev):  # else not held: the reporter sends it again
             self.last[node] = ev.seq
 
@@ -232,33 +272,56 @@ class CollectorServer:
 def main(argv: list[str] | None = None) -> int:
     """`lens-ebpf collect`."""
     ap = argparse.ArgumentParser(
-        prog="lens-ebpf collect", description="reference collector for the event reporter"
-    )
+        prog="lens-ebpf collect", description="reference collector for the event reporter",
+        epilog="Who may report: a reporter presents a token of --tokens-file for its node "
+               "(reporter.token_file); without one, a stream is taken only as --anonymous "
+               "says (by default while --listen is loopback). docs/security.md.",
+    )  # fmt: skip
     ap.add_argument("--listen", default="0.0.0.0:9472", help="HOST:PORT (default 0.0.0.0:9472)")
     ap.add_argument("--out", help="append JSON lines here (default: stdout)")
     ap.add_argument("--tls-cert", default="")
     ap.add_argument("--tls-key", default="")
     ap.add_argument("--tls-client-ca", default="", help="require client certificates (mTLS)")
+    ap.add_argument(
+        "--tokens-file",
+        default="",
+        help="lines '<node> <token>': the token each node's reporter presents",
+    )
+    ap.add_argument("--anonymous", choices=("loopback", "always", "never"), default="loopback",
+                    help="streams without a token: taken while --listen is loopback "
+                         "(default), always, never")  # fmt: skip
+    ap.add_argument(
+        "--max-seq-jump",
+        type=int,
+        default=MAX_SEQ_JUMP,
+        help="refuse a seq more than this past its node's last",
+    )
     args = ap.parse_args(argv)
 
     def run() -> int:
         creds = server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
+        auth = CollectorAuthConfig(tokenreview=False, tokens_file=args.tokens_file,
+                                   anonymous=args.anonymous)  # fmt: skip
+        guard = Guard(auth, args.listen, "collect", node_bound=True)
         try:
-            return serve(args.listen, args.out, creds)
+            return serve(args.listen, args.out, creds, guard, args.max_seq_jump)
         except OSError as exc:
             raise CliError(f"collect: {exc}") from None
 
     return run_command(run)
 
 
-def serve(listen: str, out_path: str | None, credentials: grpc.ServerCredentials | None) -> int:
+def serve(listen: str, out_path: str | None, credentials: grpc.ServerCredentials | None,
+          guard: Guard | None = None, max_seq_jump: int = MAX_SEQ_JUMP) -> int:  # fmt: skip
     """Serve until SIGTERM or SIGINT."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     path = Path(out_path) if out_path else None
     out = open(path, "a") if path else sys.stdout  # noqa: SIM115 (open while serving)
-    server = CollectorServer(Collector(out, recover(path) if path else {}), listen, credentials)
+    collector = Collector(out, recover(path) if path else {})
+    collector.guard, collector.max_seq_jump = guard, max_seq_jump
+    server = CollectorServer(collector, listen, credentials)
     print(f"lens-ebpf collect: listening on {listen}", file=sys.stderr, flush=True)
     stop.wait()  # set by SIGTERM or SIGINT
     server.stop(grace=1)

@@ -14,6 +14,8 @@ from pydantic import Field, field_validator, model_validator
 from lens_ebpf.core import settings
 from lens_ebpf.core.settings import Section, ServerConfig, split_listen
 from lens_ebpf.k8s.client import KubernetesClientConfig
+from lens_ebpf.protocol.collector_server import MAX_SEQ_JUMP
+from lens_ebpf.protocol.stream_auth import CollectorAuthConfig
 from lens_ebpf.protocol.tls import ServerTlsConfig
 
 CLUSTER_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"  # a DNS label: no "/" in it
@@ -270,6 +272,8 @@ class MultiClusterConfig(Section):
 
 class CollectorGrpcConfig(Section):
     tls: ServerTlsConfig = Field(default_factory=ServerTlsConfig)
+    auth: CollectorAuthConfig = Field(default_factory=CollectorAuthConfig)  # who may report
+    max_seq_jump: int = Field(MAX_SEQ_JUMP, ge=1)  # a seq further past its node's last: refused
 
 
 class ClusterServerConfig(ServerConfig):

@@ -35,6 +35,7 @@ from lens_ebpf.recorder.api.seed import PlainJson
 from lens_ebpf.recorder.clusters import Clusters, Shared, StorageConfigSync, own_namespace
 from lens_ebpf.recorder.config import Config
 from lens_ebpf.recorder.ingest.admission import Ingest, WriteGuard
+from lens_ebpf.recorder.ingest.node_auth import node_guard
 from lens_ebpf.recorder.ingest.node_events import NodeEvents, last_seqs
 from lens_ebpf.recorder.jobs import FAILURES
 from lens_ebpf.recorder.jobs.allocation import Jobs
@@ -102,6 +103,11 @@ class RecorderApp:
             self.clusters.recover()
         with self.engine.connect() as conn:
             self.node_events = NodeEvents(self.writer, last_seqs(conn), r.cluster_name)
+        self.node_events.max_seq_jump = cfg.grpc.max_seq_jump
+        if r.collect_listen:
+            self.node_events.guard = node_guard(cfg.grpc.auth, r.collect_listen,
+                                                r.cluster_name, self._client_of,
+                                                k.request_timeout_seconds)  # fmt: skip
         self.kubelet: KubeletService | None = None
         ks = r.kubelet_service
         if ks.enabled:
@@ -241,6 +247,11 @@ class RecorderApp:
                             type(exc).__name__, attempt)  # fmt: skip
                 if self._stop.wait(1):
                     return
+
+    def _client_of(self, cluster: str) -> Any:
+        """A followed cluster's API client (None: not followed, or its kubeconfig broken)."""
+        watch = self.clusters.get(cluster)
+        return watch.client if watch is not None else None
 
     def _unlead(self) -> None:
         """Leading ended: the watches and scans stop (the jobs' gate says no already)."""
@@ -387,6 +398,18 @@ class RecorderMetrics(Collector):
         yield self._counter("lens_recorder_node_events_duplicate_total",
                             "Node events received again and dropped (node, seq)",
                             app.node_events.duplicates)  # fmt: skip
+        refused = Metric("lens_recorder_collect_refused", "Collector streams refused, by gRPC "
+                         "code: unauthenticated (no or an invalid token), permission_denied "
+                         "(a token that may not report for the stream's node), unavailable "
+                         "(the API server did not answer its TokenReview), invalid_argument "
+                         "(a seq beyond grpc.max_seq_jump)", "counter")  # fmt: skip
+        guard = app.node_events.guard
+        counts = dict(guard.refused) if guard is not None else {}
+        counts["invalid_argument"] = app.node_events.seq_refused
+        for code in ("unauthenticated", "permission_denied", "unavailable", "invalid_argument"):
+            refused.add_sample("lens_recorder_collect_refused_total", {"code": code},
+                               counts.get(code, 0))  # fmt: skip
+        yield refused
         # lens_recorder_job_* (runs, errors, last success, ...): JobMetrics, the runner's
         pruned = Metric("lens_recorder_pruned_rows", "Rows older than recorder.retention.days "
                         "removed, by table", "counter")  # fmt: skip

@@ -1,4 +1,6 @@
-"""gRPC: EventService.Subscribe, NodeService.GetNode and grpc.health.v1, TLS optional."""
+"""gRPC: EventService.Subscribe, NodeService.GetNode and grpc.health.v1, TLS optional; the
+first two for callers the guard admits (grpc.auth, protocol/stream_auth.py), health for
+anyone (the kubelet's probes present no token)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from lens_ebpf.agent.stream import convert
 from lens_ebpf.core.loop import EventLoopThread
 from lens_ebpf.protocol.gen import lens_pb2 as pb
 from lens_ebpf.protocol.gen import lens_pb2_grpc
+from lens_ebpf.protocol.stream_auth import Claim, Guard
 
 log = logging.getLogger(__name__)
 # SubscribeBatch: after a batch short of convert.BATCH_EVENTS the stream lets the queue
@@ -64,11 +67,19 @@ async def decode_request(cls: Any, raw: bytes, context: Any) -> Any:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
 
 
+async def admit(guard: Guard | None, context: Any) -> None:
+    """The caller admitted, before its request is read; else the call is aborted."""
+    if guard is not None:
+        await guard.admit(context, Claim())
+
+
 class EventService(lens_pb2_grpc.EventServiceServicer):
     """Subscribe on asyncio: an idle stream holds no thread, only a waiting coroutine."""
 
-    def __init__(self, bus: EventBus, node: tuple[str, str], queue: int, limit: int) -> None:
+    def __init__(self, bus: EventBus, node: tuple[str, str], queue: int, limit: int,
+                 guard: Guard | None = None) -> None:  # fmt: skip
         self.bus, self.node, self.queue, self.limit = bus, node, queue, limit
+        self.guard = guard  # None: anyone may subscribe
         self.active = 0
         self.refused = 0
 
@@ -77,6 +88,7 @@ class EventService(lens_pb2_grpc.EventServiceServicer):
         error (INVALID_ARGUMENT), not the server's (gRPC's own decoding says INTERNAL).
         Each event goes out as its serialized pb.Event (convert.wire: made once, the
         bytes every stream and the reporter send)."""
+        await admit(self.guard, context)
         request = await decode_request(pb.SubscribeRequest, raw, context)
         async for events in self._stream(request, context, 1):
             for ev in events:
@@ -84,6 +96,7 @@ class EventService(lens_pb2_grpc.EventServiceServicer):
 
     async def subscribe_batch_raw(self, raw: bytes, context: Any) -> AsyncIterator[bytes]:
         """SubscribeBatch: serialized EventBatch messages of events serialized once."""
+        await admit(self.guard, context)
         request = await decode_request(pb.SubscribeRequest, raw, context)
         async for events in self._stream(request, context, convert.BATCH_EVENTS):
             for chunk in convert.wire_chunks(events, *self.node):
@@ -148,10 +161,12 @@ class EventService(lens_pb2_grpc.EventServiceServicer):
 
 class NodeService(lens_pb2_grpc.NodeServiceServicer):
     def __init__(self, bus: EventBus, node: tuple[str, str],
-                 features: Callable[[], dict[str, str]]) -> None:  # fmt: skip
-        self.bus, self.node, self.features = bus, node, features
+                 features: Callable[[], dict[str, str]],
+                 guard: Guard | None = None) -> None:  # fmt: skip
+        self.bus, self.node, self.features, self.guard = bus, node, features, guard
 
     async def get_node_raw(self, raw: bytes, context: Any) -> pb.NodeInfo:
+        await admit(self.guard, context)
         return await self.GetNode(await decode_request(pb.GetNodeRequest, raw, context), context)
 
     async def GetNode(self, request: pb.GetNodeRequest, context: Any) -> pb.NodeInfo:  # noqa: N802
@@ -168,9 +183,10 @@ class GrpcServer:
                  features: Callable[[], dict[str, str]], queue: int = 10000,
                  credentials: grpc.ServerCredentials | None = None,
                  max_subscribers: int = 1000,
-                 loop: EventLoopThread | None = None) -> None:  # fmt: skip
-        self.events = EventService(bus, node, queue, max_subscribers)
-        self._nodes = NodeService(bus, node, features)
+                 loop: EventLoopThread | None = None,
+                 guard: Guard | None = None) -> None:  # fmt: skip
+        self.events = EventService(bus, node, queue, max_subscribers, guard)
+        self._nodes = NodeService(bus, node, features, guard)
         self._own_loop = loop is None
         self._loop = loop or EventLoopThread("grpc")
         try:
@@ -249,3 +265,13 @@ class _GrpcCollector(Collector):
         yield CounterMetricFamily("lens_agent_grpc_streams_refused",
                                   "Subscribe calls refused: grpc.max_subscribers streams open",
                                   value=self._e.refused)  # fmt: skip
+        denied = CounterMetricFamily("lens_agent_grpc_calls_refused",
+                                     "EventService and NodeService calls refused by grpc.auth: "
+                                     "unauthenticated (no or an invalid token), "
+                                     "permission_denied (a caller not allowed), unavailable "
+                                     "(the API server did not answer its TokenReview)",
+                                     labels=["code"])  # fmt: skip
+        counts = self._e.guard.refused if self._e.guard is not None else {}
+        for code in ("unauthenticated", "permission_denied", "unavailable"):
+            denied.add_metric([code], counts.get(code, 0))
+        yield denied

@@ -7,6 +7,13 @@ announced with a gap marker, never dropped silently, and counted by what is know
 them: lost (never sent: the bus's or the buffer's overflow while the collector was
 away), or unconfirmed (sent, but gone from the buffer before the collector's ack: it
 may hold them). The events it acknowledged are counted too.
+
+The reporter presents its token (reporter.token_file: its projected ServiceAccount token,
+read again at each connect, since the kubelet rotates it) as `authorization: Bearer`. An
+acknowledgement beyond the newest seq this agent has numbered is refused: the collector
+claims events the agent never sent (a forged stream's, or another agent's of the same
+name), and taking it would drop the buffer unsent; the stream is closed, the buffer kept,
+and the reporter tries again with its backoff.
 """
 
 from __future__ import annotations
@@ -37,9 +44,14 @@ class Reporter:
     def __init__(self, target: str, bus: EventBus, node: tuple[str, str], buffer: int,
                  credentials: grpc.ChannelCredentials | None = None,
                  backoff_max: float = 30.0,
-                 kinds: frozenset[str] = frozenset(), cluster: str = "") -> None:  # fmt: skip
+                 kinds: frozenset[str] = frozenset(), cluster: str = "",
+                 token_file: str = "") -> None:  # fmt: skip
         self.target = target
         self.node = node
+        self.bus = bus
+        self.token_file = token_file  # the bearer token, read at each connect; "": none
+        self.acks_refused = 0  # acknowledgements beyond the newest seq the bus numbered
+        self._warned = ""  # the kind of problem last logged (once until a good connect)
         self.cluster = cluster  # said to the collector (lens-cluster); "": its home cluster
         self.credentials = credentials
         self.backoff_max = backoff_max
@@ -144,7 +156,8 @@ class Reporter:
                 channel = (grpc.secure_channel(self.target, self.credentials)
                            if self.credentials else grpc.insecure_channel(self.target))  # fmt: skip
                 meta = (("lens-node", self.node[0]), ("lens-node-ip", self.node[1]),
-                        *((("lens-cluster", self.cluster),) if self.cluster else ()))  # fmt: skip
+                        *((("lens-cluster", self.cluster),) if self.cluster else ()),
+                        *self._authorization())  # fmt: skip
                 chunks = self._requests(ready, done)
                 # the requests go as the bytes _requests made (an EventBatch framed from
                 # them, or each event's): nothing is serialized twice
@@ -156,6 +169,10 @@ class Reporter:
                     if self.batched else call((ev for c in chunks for ev in c),
                                               metadata=meta)  # fmt: skip
                 for ack in acks:
+                    if ack.seq > self.bus.seq:  # never numbered here: never sent
+                        self._refuse_ack(ack.seq)
+                        acks.cancel()
+                        break
                     with self._cond:
                         self.acked = ack.seq if not ready.is_set() else max(self.acked, ack.seq)
                         while self.pending and self.pending[0].seq <= self.acked:
@@ -163,19 +180,26 @@ class Reporter:
                             self.acked_events += 1
                     if not ready.is_set():
                         self.connected = True
+                        self._warned = ""
                         backoff.reset()
                         ready.set()
                         self.on_connect()  # e.g. the device inventory, sent anew
                     if self._stop.is_set():
                         break
             except grpc.RpcError as exc:
-                if self.batched and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                code = exc.code()
+                if self.batched and code == grpc.StatusCode.UNIMPLEMENTED:
                     # a collector older than ReportBatch: one event per message from now on
                     log.info("reporter: %s does not take ReportBatch; using Report",
                              self.target)  # fmt: skip
                     self.batched = False
                     continue
-                log.debug("reporter: %s", exc)
+                if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+                            grpc.StatusCode.INVALID_ARGUMENT):  # fmt: skip
+                    self._warn(code.name, f"{self.target} refused the stream: {code.name}: "
+                               f"{exc.details()}")  # fmt: skip
+                else:
+                    log.debug("reporter: %s", exc)
             finally:
                 done.set()
                 self.connected = False
@@ -183,6 +207,31 @@ class Reporter:
                 break
             self.reconnects += 1
             self._stop.wait(backoff.next())
+
+    def _authorization(self) -> tuple[tuple[str, str], ...]:
+        """The token's metadata, read now (a rotated token is the file's new content)."""
+        if not self.token_file:
+            return ()
+        try:
+            with open(self.token_file) as f:
+                token = f.read().strip()
+        except OSError as exc:
+            self._warn("token_file", f"reporter.token_file: {exc}; connecting without a token")
+            return ()
+        return (("authorization", f"Bearer {token}"),) if token else ()
+
+    def _refuse_ack(self, seq: int) -> None:
+        self.acks_refused += 1
+        self._warn("ack", f"{self.target} acknowledged seq {seq}, beyond the newest this agent "
+                   f"numbered ({self.bus.seq}): refused, the buffer kept (a forged stream's "
+                   "events, or another agent reporting as node "
+                   f"{self.node[0]!r}, are held there)")  # fmt: skip
+
+    def _warn(self, kind: str, problem: str) -> None:
+        """Log a kind of problem once until another comes or a stream is up again."""
+        if kind != self._warned:
+            log.warning("reporter: %s", problem)
+            self._warned = kind
 
 
 class ReporterCollector(Collector):
@@ -214,5 +263,8 @@ class ReporterCollector(Collector):
              "1 while the reporter's stream is up"),
             ("lens_agent_reporter_reconnects", CounterMetricFamily, r.reconnects,
              "Streams opened again after a failure"),
+            ("lens_agent_reporter_acks_refused", CounterMetricFamily, r.acks_refused,
+             "Acknowledgements refused: beyond the newest seq this agent numbered (the "
+             "collector holds events the agent never sent; the buffer is kept)"),
         ):  # fmt: skip
             yield family(name, text, value=value)

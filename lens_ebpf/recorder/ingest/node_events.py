@@ -18,6 +18,7 @@ from sqlalchemy import Connection, and_, bindparam, func, or_, select, tuple_
 from lens_ebpf.protocol.collector_server import Collector
 from lens_ebpf.protocol.gen import lens_pb2 as pb
 from lens_ebpf.protocol.jsondict import to_dict
+from lens_ebpf.protocol.stream_auth import Claim
 from lens_ebpf.recorder.store import schema as t
 from lens_ebpf.recorder.store.writer import Op, Writer, insert_rows
 
@@ -221,6 +222,9 @@ class NodeEvents(Collector):
     def _source(self, meta: dict[str, str]) -> str:
         """ "cluster/node": the cluster its reporter says (node.cluster), else the home one."""
         return source(meta.get("lens-cluster") or self.home, meta.get("lens-node", "unknown"))
+
+    def _claim(self, meta: dict[str, str]) -> Claim:
+        return Claim(meta.get("lens-node", "unknown"), meta.get("lens-cluster") or self.home)
 
     def _held(self, node: str) -> int:
         return self.committed.get(node, 0)
