@@ -145,7 +145,8 @@ class Alerts(Collector):
         got = Metric("lens_recorder_alerts_received", "Alerts received or made, by source "
                      "(metric, webhook, log, lens) and what storing them did (new, resolved, "
                      "reopened, unchanged, silenced; own: ours, routed back by Alertmanager, "
-                     "not stored again)", "counter")  # fmt: skip
+                     "not stored again; refused: not an alert, named in the answer, the rest "
+                     "of its batch stored)", "counter")  # fmt: skip
         for (source, outcome), n in sorted(received.items()):
             got.add_sample("lens_recorder_alerts_received_total",
                            {"source": source, "outcome": outcome}, n)  # fmt: skip

@@ -259,11 +259,27 @@ def test_remote_write_2_symbols_and_references() -> None:
         assert [sym[i] for i in t.exemplars[0].labels_refs] == ["trace_id", "abc"]
         assert sym[t.metadata.help_ref] == "help text"
     assert (out.written.samples, out.written.exemplars) == (1, 1)
+    # a reference past the symbols is that series' alone: left out, named (partial write)
     past = pb2.TimeSeries(labels_refs=[5, 6], samples=[pb2.Sample()])
     bad = pb2.Request(symbols=[""], timeseries=[past])
-    with pytest.raises(wire.WireError) as err:
-        relabeler().v2(bad.SerializeToString())
-    assert err.value.status == 400
+    got = relabeler().v2(bad.SerializeToString())
+    assert (got.series, got.written.samples) == (0, 0)
+    assert got.invalid == ["series 0: a label, exemplar or metadata reference past the symbols "
+                           "table"]  # fmt: skip
+
+
+def test_an_odd_series_is_its_own_not_its_requests() -> None:
+    """A device index no GPU has (a superscript two, 5,000 digits) finds no pod; a series
+    whose bytes cannot be read is left out and named; the rest of the request is as it
+    would be without them (Prometheus's partial write)."""
+    at = 1_700_000_000_000
+    gpu = [({"__name__": "gpu_utilization", "gpu_id": v, "node": "node-a"}, [(1.0, at)])
+           for v in ("3", "²", "9" * 5000, "0003")]  # fmt: skip
+    bad = wire.field(0x0A, wire.label("__name__", "up") + b"\x12\x05\x09\x00")  # cut short
+    out = relabeler().v1(request(gpu[:2]) + bad + request(gpu[2:]))
+    assert [lb["pod_name"] for lb, _ in written(out.body)] == ["bert-worker-0"] * 2
+    assert (out.counts["copied"], out.counts["no_pod"], out.written.samples) == (2, 2, 4)
+    assert out.invalid == ['series 2 {__name__="up"}: a sample longer than its series']
 
 
 def test_which_requests_are_taken() -> None:

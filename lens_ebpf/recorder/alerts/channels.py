@@ -2,7 +2,11 @@
 through webhook channels (each alert once per state: jobs/alerts.py) and alertmanager
 channels (their test); the other types the pages offer (email, DingTalk, Slack, WeChat)
 are kept and listed, and their test says this service does not send through them: the
-user's Alertmanager routes and receivers do."""
+user's Alertmanager routes and receivers do.
+
+Credentials in a config (passwords, secrets, tokens, header values, a URL's userinfo and
+query, a robot's webhook URL) are `<secret>` in every read (secrets.py), and an update
+that sends `<secret>` back keeps the stored value."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from urllib.parse import urlparse
 
 from sqlalchemy import Connection, delete, func, or_, select, update
 
+from lens_ebpf.recorder.alerts import secrets
 from lens_ebpf.recorder.alerts.model import need_name, new_id, row_dict
 from lens_ebpf.recorder.alerts.notify import Alertmanager, SendError, webhook
 from lens_ebpf.recorder.errors import BadRequest, Conflict, NotFound
@@ -90,10 +95,17 @@ def page(conn: Connection, kind: str, enabled: bool | None, search: str, offset:
         cond.append(or_(func.lower(ch.c.name).like(like),
                         func.lower(ch.c.description).like(like)))  # fmt: skip
     total = int(conn.execute(select(func.count()).select_from(ch).where(*cond)).scalar_one())
-    rows = [row_dict(ch, r) for r in conn.execute(
+    rows = [json(r) for r in conn.execute(
         select(ch).where(*cond).order_by(ch.c.created_at.desc(), ch.c.id)
         .offset(offset).limit(limit))]  # fmt: skip
     return {"items": rows, "channels": rows, "total": total, "offset": offset, "limit": limit}
+
+
+def json(row: Any) -> dict[str, Any]:
+    """A channel as every read shows it: its credentials `<secret>`."""
+    out = row_dict(t.notification_channels, row)
+    out["config"] = secrets.shown(out.get("config") or {})
+    return out
 
 
 def get(conn: Connection, cid: int) -> Any:
@@ -111,22 +123,26 @@ def _free(conn: Connection, name: str, other: int = 0) -> None:
 
 
 def create(conn: Connection, body: dict[str, Any], now: datetime, who: str) -> dict[str, Any]:
+    if "config" in body:  # (<secret> stands for a stored value: a new channel has none)
+        body = {**body, "config": secrets.kept(body["config"], {})}
     fields = _fields(body, None)
     _free(conn, fields["name"])
     ch = t.notification_channels
     cid = new_id(conn.execute(ch.insert().values(**fields, created_by=who, created_at=now,
                                                  updated_at=now)))  # fmt: skip
-    return row_dict(ch, get(conn, cid))
+    return json(get(conn, cid))
 
 
 def change(conn: Connection, cid: int, body: dict[str, Any], now: datetime) -> dict[str, Any]:
     old = get(conn, cid)
+    if "config" in body:  # what was shown as <secret> and comes back: the stored value
+        body = {**body, "config": secrets.kept(body["config"], old.config)}
     fields = _fields(body, old)
     if "name" in fields:
         _free(conn, fields["name"], cid)
     ch = t.notification_channels
     conn.execute(update(ch).where(ch.c.id == cid).values(**fields, updated_at=now))
-    return row_dict(ch, get(conn, cid))
+    return json(get(conn, cid))
 
 
 def remove(conn: Connection, cid: int) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select, update
 
+from lens_ebpf.recorder import inputs
 from lens_ebpf.recorder.alerts import model
 from lens_ebpf.recorder.alerts.enrich import Concern
 from lens_ebpf.recorder.alerts.silences import matches
@@ -23,6 +24,7 @@ from lens_ebpf.recorder.store import schema as t
 from lens_ebpf.recorder.store.writer import insert_new
 
 ZERO = "0001-01-01T00:00:00Z"  # Go's zero time: Alertmanager's "no end"
+ID_MAX = 64  # alert_events.id
 
 
 @dataclass
@@ -51,25 +53,36 @@ def _strings(v: Any, what: str) -> dict[str, str]:
         return {}
     if not isinstance(v, dict):
         raise BadRequest(f"{what}: an object is required")
-    return {str(k): str(x) for k, x in v.items()}
+    inputs.checked(v, what, nul=True)
+    return inputs.without_nul({str(k): str(x) for k, x in v.items()})
 
 
 def _one(item: Any, common_labels: dict[str, str], common_notes: dict[str, str],
          source: str, home: str, now: datetime, status: str | None) -> AlertIn:  # fmt: skip
+    """One alert, its NUL characters made U+FFFD (storable: the alert kept, not refused);
+    BadRequest naming the field (within the alert) that makes it none."""
     if not isinstance(item, dict):
-        raise BadRequest("alerts: each alert is an object")
+        raise BadRequest("an alert is an object")
+    inputs.checked(item, nul=True)
+    item = inputs.without_nul(item)
     labels = {**common_labels, **_strings(item.get("labels"), "labels")}
     notes = {**common_notes, **_strings(item.get("annotations"), "annotations")}
     name = labels.get("alertname", "")
     if not name:
-        raise BadRequest("an alert without labels.alertname")
+        raise BadRequest("labels.alertname is required")
+    for key, value in (("labels.alertname", name), ("labels.cluster", labels.get("cluster", ""))):
+        if len(value) > t.NAME:
+            raise BadRequest(f"{key}: longer than {t.NAME} characters")
     starts = model.parse_time(item.get("startsAt"), "startsAt") or now
     ends_raw = item.get("endsAt")
     ends = None if ends_raw in (None, "", ZERO) else model.parse_time(ends_raw, "endsAt")
     said = str(item.get("status") or status or "").lower()
     resolved = said == "resolved" or (not said and ends is not None and ends <= now)
+    given = str(item.get("fingerprint") or "")
+    if len(given) > ID_MAX:
+        raise BadRequest(f"fingerprint: longer than {ID_MAX} characters")
     return AlertIn(
-        id=str(item.get("fingerprint") or "") or fingerprint(name, labels), source=source,
+        id=given or fingerprint(name, labels), source=source,
         alert_name=name, severity=model.severity(labels.get("severity")),
         status="resolved" if resolved else "firing", starts_at=starts,
         ends_at=(ends or now) if resolved else None, labels=labels, annotations=notes,
@@ -77,22 +90,38 @@ def _one(item: Any, common_labels: dict[str, str], common_notes: dict[str, str],
     )  # fmt: skip
 
 
-def parse_alertmanager(body: Any, home: str, now: datetime) -> list[AlertIn]:
-    """Alertmanager's (and VMAlert's) webhook object, or a list of postable alerts."""
+def parse_alertmanager(body: Any, home: str, now: datetime) -> tuple[list[AlertIn], list[str]]:
+    """Alertmanager's (and VMAlert's) webhook object, or a list of postable alerts: the
+    alerts, and why each that is not one was left out (naming it; the others are kept:
+    Alertmanager does not send a 4xx again, so a batch refused whole would be lost)."""
     if isinstance(body, list):
-        return [_one(a, {}, {}, "metric", home, now, None) for a in body]
-    if not isinstance(body, dict) or not isinstance(body.get("alerts"), list):
+        items, common, notes, where = body, {}, {}, "alerts"
+    elif isinstance(body, dict) and isinstance(body.get("alerts"), list):
+        items, where = body["alerts"], "alerts"
+        common = _strings(body.get("commonLabels"), "commonLabels")
+        notes = _strings(body.get("commonAnnotations"), "commonAnnotations")
+    else:
         raise BadRequest("an Alertmanager webhook body ({\"alerts\": [...]}) or a list of alerts "
                          "is required")  # fmt: skip
-    common = _strings(body.get("commonLabels"), "commonLabels")
-    notes = _strings(body.get("commonAnnotations"), "commonAnnotations")
-    return [_one(a, common, notes, "metric", home, now, None) for a in body["alerts"]]
+    good, bad = [], []
+    for i, item in enumerate(items):
+        at = f"{where}[{i}]"
+        try:
+            good.append(_one(item, common, notes, "metric", home, now, None))
+        except BadRequest as exc:
+            labels = item.get("labels") if isinstance(item, dict) else None
+            name = labels.get("alertname") if isinstance(labels, dict) else None
+            said = f" (alertname={inputs.shown(str(name))})" if name else ""
+            bad.append(f"{at}{said}: {exc}")
+    return good, bad
 
 
 def parse_generic(body: Any, home: str, now: datetime) -> AlertIn:
     """{alert_name, severity, status, labels, annotations, starts_at, ends_at, id}."""
     if not isinstance(body, dict):
         raise BadRequest("a JSON object is required")
+    inputs.checked(body, nul=True)
+    body = inputs.without_nul(body)
     labels = _strings(body.get("labels"), "labels")
     name = str(body.get("alert_name") or labels.get("alertname") or "generic_webhook_alert")
     labels["alertname"] = name
@@ -149,6 +178,10 @@ def store(conn: Connection, alerts: list[AlertIn], now: datetime,
             "enriched_data": c.enriched(conn, a.cluster), "route_key": a.route_key,
             "updated_at": now,
         }  # fmt: skip
+        for k, v in fields.items():  # what a label names, cut to its column (storable)
+            most = getattr(ae.c[k].type, "length", None)
+            if isinstance(v, str) and most and len(v) > most:
+                fields[k] = v[:most]
         if a.status == "firing":
             view = {**fields, "id": a.id}
             hit = next((s for s in silences if matches(s, view, now)), None)

@@ -29,6 +29,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select, update
 
+from lens_ebpf.recorder import inputs, patterns
 from lens_ebpf.recorder.alerts import model
 from lens_ebpf.recorder.alerts.ingest import AlertIn
 from lens_ebpf.recorder.alerts.model import new_id
@@ -70,13 +71,13 @@ class Line:
                 "container": self.container}.get(key, "")  # fmt: skip
 
 
-def duration_seconds(raw: Any) -> int:
-    """ "10m", "30s", "1h", or a number of seconds."""
-    if isinstance(raw, int | float):
+def duration_seconds(raw: Any, field: str = "match_config.threshold.time_window") -> int:
+    """ "10m", "30s", "1h", or a number of seconds (at most nine digits)."""
+    if isinstance(raw, int | float) and not isinstance(raw, bool) and 0 <= raw < 1e9:
         return int(raw)
-    m = re.fullmatch(r"\s*(\d+)\s*([smhd]?)\s*", str(raw or ""))
+    m = re.fullmatch(r"\s*([0-9]{1,9})\s*([smhd]?)\s*", str(raw or ""))
     if not m:
-        raise BadRequest(f"{raw!r}: a duration (30s, 10m, 1h) is required")
+        raise BadRequest(f"{field}={raw!r}: a duration (30s, 10m, 1h) is required")
     return int(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
@@ -87,7 +88,7 @@ class Rule:
     cluster: str
     severity: str
     match_type: str
-    pattern: re.Pattern[str] | None
+    pattern: Any  # RE2's (patterns.py), None for none
     count: int  # threshold: this many matches ...
     window: int  # ... within this many seconds
     selectors: list[tuple[str, str, list[str]]]
@@ -98,23 +99,21 @@ class Rule:
     keywords: tuple[str, ...] = ()  # a line holds one of these (lower case) or cannot match
 
 
-def compile_pattern(pattern: str, config: dict[str, Any]) -> re.Pattern[str]:
+def compile_pattern(pattern: str, config: dict[str, Any],
+                    field: str = "match_config.pattern") -> Any:  # fmt: skip
+    """The pattern in RE2 (patterns.py: linear in the line); BadRequest naming field."""
     flags = config.get("flags") or {}
-    f = 0
-    if config.get("ignore_case") or flags.get("case_insensitive"):
-        f |= re.IGNORECASE
-    if flags.get("multi_line"):
-        f |= re.MULTILINE
-    try:
-        return re.compile(pattern, f)
-    except re.error as exc:
-        raise BadRequest(f"pattern {pattern!r}: {exc}") from None
+    if not isinstance(flags, dict):
+        raise BadRequest(f"{field.rpartition('.')[0] or 'flags'}.flags: an object is required")
+    return patterns.compile(pattern, field,
+                            bool(config.get("ignore_case") or flags.get("case_insensitive")),
+                            bool(flags.get("multi_line")))  # fmt: skip
 
 
 def selectors_of(raw: Any) -> list[tuple[str, str, list[str]]]:
     """Both dialects of label_selectors as (key, op, values)."""
     out = []
-    for s in raw or []:
+    for i, s in enumerate(raw or []):
         if not isinstance(s, dict):
             raise BadRequest(f"label_selectors: {s!r}: an object is required")
         key = str(s.get("key") or s.get("type") or "")
@@ -127,7 +126,10 @@ def selectors_of(raw: Any) -> list[tuple[str, str, list[str]]]:
             v = s.get("value", "")
             values = [x.strip() for x in v.split(",")] if op in ("in", "notin") and \
                 isinstance(v, str) else [v]  # fmt: skip
-        out.append((key, op, [str(x) for x in values]))
+        values = [str(x) for x in values] if isinstance(values, list) else [str(values)]
+        if op in ("regex", "notregex"):
+            patterns.check(values[0] if values else "", f"label_selectors[{i}].value")
+        out.append((key, op, values))
     return out
 
 
@@ -174,10 +176,7 @@ def _selected(rule: Rule, line: Line) -> bool:
 
 
 def _full(pattern: str, value: str) -> bool:
-    try:
-        return re.fullmatch(pattern, value) is not None
-    except re.error:
-        return False
+    return patterns.full(pattern, value)
 
 
 def group_key(rule: Rule, line: Line) -> str:
@@ -596,10 +595,9 @@ def check_rule(body: dict[str, Any], partial: bool = False) -> dict[str, Any]:
     for key, default in (("priority", 50), ("group_wait", 30), ("repeat_interval", 3600)):
         if not partial or key in body:
             raw: Any = body.get(key)
-            try:
-                out[key] = int(raw if raw not in (None, "") else default)
-            except (TypeError, ValueError):
-                raise BadRequest(f"{key}={body.get(key)!r}: a whole number") from None
+            out[key] = inputs.whole(
+                raw if raw not in (None, "") else default, key, -(1 << 31), (1 << 31) - 1
+            )  # (their columns' Integer)
     if not partial or "alert_template" in body:
         out["alert_template"] = dict(body.get("alert_template") or {})
     for key in ("description", "cluster_name"):

@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, func, or_, select, update
 
+from lens_ebpf.recorder import inputs
 from lens_ebpf.recorder.alerts.logrules import check_rule
 from lens_ebpf.recorder.alerts.model import clone_target, need_name, new_id, row_dict
 from lens_ebpf.recorder.errors import BadRequest, Conflict, Forbidden, NotFound
@@ -102,10 +103,7 @@ def batch_enable(conn: Connection, body: dict[str, Any], now: datetime) -> dict[
     said = (body.get("updates") or {}).get("enabled", body.get("enabled"))
     if not isinstance(ids, list) or not ids or said is None:
         raise BadRequest("rule_ids (a list) and enabled are required")
-    try:
-        wanted = [int(i) for i in ids]
-    except (TypeError, ValueError):
-        raise BadRequest(f"rule_ids={ids!r}: whole numbers") from None
+    wanted = [inputs.whole(i, f"rule_ids[{n}]") for n, i in enumerate(ids)]
     r = t.log_alert_rules
     n = conn.execute(
         update(r).where(r.c.id.in_(wanted)).values(enabled=bool(said), updated_at=now)

@@ -9,6 +9,8 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from lens_ebpf.recorder.alerts import secrets
+
 # Alertmanager keeps an alert this long after its last post unless told it ended; we post
 # firing ones again each notify run, well within it
 RESEND = timedelta(minutes=1)
@@ -21,17 +23,21 @@ class SendError(Exception):
 def _call(method: str, url: str, body: Any = None, timeout: float = 10.0,
           headers: dict[str, str] | None = None) -> Any:  # fmt: skip
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json",
-                                          **(headers or {})})  # fmt: skip
+    target, basic = secrets.userinfo(url)  # user:password@ sent as Basic auth
+    sent = {"Content-Type": "application/json", **(headers or {})}
+    if basic and not any(k.lower() == "authorization" for k in sent):
+        sent["Authorization"] = basic
+    req = urllib.request.Request(target, data=data, method=method, headers=sent)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             raw = r.read()
     except urllib.error.HTTPError as exc:
         detail = exc.read()[:300].decode(errors="replace")
-        raise SendError(f"{method} {url}: {exc.code} {detail}".strip()) from None
-    except (OSError, ValueError) as exc:
-        raise SendError(f"{method} {url}: {type(exc).__name__}: {exc}"[:300]) from None
+        raise SendError(f"{method} {secrets.url(url)}: {exc.code} {detail}".strip()) from None
+    except (OSError, ValueError) as exc:  # (a URL's credentials never in a message)
+        said = str(exc).replace(url, secrets.url(url))
+        raise SendError(f"{method} {secrets.url(url)}: {type(exc).__name__}: {said}"[:300]) \
+            from None  # fmt: skip
     if not raw:
         return None
     try:
@@ -75,7 +81,8 @@ class Alertmanager:
             body["id"] = silence_id
         got = _call("POST", f"{self.url}/api/v2/silences", body, self.timeout)
         if not isinstance(got, dict) or not got.get("silenceID"):
-            raise SendError(f"POST {self.url}/api/v2/silences: no silenceID in {got!r}"[:300])
+            raise SendError(f"POST {secrets.url(self.url)}/api/v2/silences: no silenceID in "
+                            f"{got!r}"[:300])  # fmt: skip
         return str(got["silenceID"])
 
     def expire_silence(self, silence_id: str) -> None:

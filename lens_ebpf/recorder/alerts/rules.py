@@ -5,7 +5,14 @@ labelled for the operator's ruleSelector (recorder.alerts.rule_labels), and remo
 of disabled or deleted rules; without the CRD, every enabled rule goes into one rules
 file (recorder.alerts.rules_file, and GET metric-alert-rules/rules-file) that Prometheus
 loads (rule_files). The rules deploy/prometheusrule.yaml ships are listed too, as such
-(built_in: read only, cloned to change)."""
+(built_in: read only, cloned to change).
+
+A rule is checked before it is stored as Prometheus checks a rules file (rulefmt): its
+expr parsed as PromQL (promql-parser, a port of Prometheus's own parser), `for`,
+`keep_firing_for` and a group's `interval` as Prometheus's durations, label and
+annotation names, templates' actions closed, group names not repeated; 400 naming the
+field with the parser's message. A rule stored before these checks that fails them is
+left out of the rules file (one bad rule would make Prometheus refuse the whole file)."""
 
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import promql_parser
 import yaml
 from sqlalchemy import Connection, delete, func, or_, select, update
 
@@ -52,30 +60,105 @@ def seed(conn: Connection, now: datetime, cluster: str) -> int:
     return made
 
 
+# Prometheus's durations (prometheus/common model.ParseDuration): units largest first, "0"
+DURATION = re.compile(r"(?:([0-9]+)y)?(?:([0-9]+)w)?(?:([0-9]+)d)?(?:([0-9]+)h)?"
+                      r"(?:([0-9]+)m)?(?:([0-9]+)s)?(?:([0-9]+)ms)?")  # fmt: skip
+DURATION_MS = (365 * 86400_000, 7 * 86400_000, 86400_000, 3600_000, 60_000, 1000, 1)
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # model.LabelName.IsValid (legacy names)
+
+
+def duration(raw: Any, field: str) -> str:
+    """A Prometheus duration ("5m", "1h30m", "0"); BadRequest naming field with
+    Prometheus's message."""
+    text = str(raw) if isinstance(raw, str | int) and not isinstance(raw, bool) else None
+    if text == "0":
+        return text
+    m = DURATION.fullmatch(text or "")
+    if text is None or not text or m is None:
+        raise BadRequest(f'{field}: not a valid duration string: "{str(raw)[:40]}"')
+    ms = sum(int(n) * unit for n, unit in zip(m.groups(), DURATION_MS, strict=True) if n)
+    if ms > (1 << 63) // 1_000_000:  # past a Go time.Duration's nanoseconds
+        raise BadRequest(f"{field}: duration out of range")
+    return text
+
+
+def expression(raw: Any, field: str) -> str:
+    """PromQL that parses; BadRequest naming field with the parser's message."""
+    text = str(raw)
+    try:
+        promql_parser.parse(text)
+    except (ValueError, RuntimeError) as exc:  # (the parser's errors are ValueErrors)
+        raise BadRequest(f"{field}: could not parse expression: {exc}") from None
+    return text
+
+
+def _texts(raw: Any, field: str, what: str) -> dict[str, str]:
+    """A rule's labels or annotations: valid names, string values, templates whose
+    actions close."""
+    if raw in (None, {}):
+        return {}
+    if not isinstance(raw, dict):
+        raise BadRequest(f"{field}: an object is required")
+    out = {}
+    for k, v in raw.items():
+        if not LABEL_NAME.fullmatch(str(k)) or (what == "label" and k == "__name__"):
+            raise BadRequest(f"{field}: invalid {what} name: {str(k)[:60]}")
+        if not isinstance(v, str | int | float) or isinstance(v, bool):
+            raise BadRequest(f"{field}.{k}: a string is required")
+        text = str(v)
+        at = text.find("{{")
+        while at >= 0:  # (Go's text/template: an action is closed before the next opens)
+            end = text.find("}}", at + 2)
+            if end < 0 or "{{" in text[at + 2 : end]:
+                raise BadRequest(f"{field}.{k}: template: unclosed action")
+            at = text.find("{{", end + 2)
+        out[str(k)] = text
+    return out
+
+
 def _check_groups(groups: Any) -> list[dict[str, Any]]:
     if not isinstance(groups, list) or not groups:
         raise BadRequest("groups: at least one rule group is required")
     out = []
-    for g in groups:
+    names: set[str] = set()
+    for i, g in enumerate(groups):
+        where = f"groups[{i}]"
         if not isinstance(g, dict) or not g.get("name") or not isinstance(g.get("rules"), list) \
                 or not g["rules"]:  # fmt: skip
-            raise BadRequest(f"groups: {str(g)[:100]}: name and rules are required")
+            raise BadRequest(f"{where}: {str(g)[:100]}: name and rules are required")
+        if str(g["name"]) in names:
+            raise BadRequest(f"{where}.name: groupname: \"{str(g['name'])[:60]}\" is repeated "
+                             "in the same file")  # fmt: skip
+        names.add(str(g["name"]))
         rules = []
-        for rule in g["rules"]:
+        for j, rule in enumerate(g["rules"]):
+            at = f"{where}.rules[{j}]"
             if not isinstance(rule, dict) or not rule.get("alert") or not rule.get("expr"):
-                raise BadRequest(f"groups.{g['name']}: {str(rule)[:100]}: alert and expr are "
-                                 "required")  # fmt: skip
-            keep = {
-                k: rule[k]
-                for k in ("alert", "expr", "for", "keep_firing_for", "labels", "annotations")
-                if rule.get(k) not in (None, "", {})
-            }
+                raise BadRequest(f"{at}: {str(rule)[:100]}: alert and expr are required")
+            keep: dict[str, Any] = {"alert": str(rule["alert"]),
+                                    "expr": expression(rule["expr"], f"{at}.expr")}  # fmt: skip
+            for key in ("for", "keep_firing_for"):
+                if rule.get(key) not in (None, ""):
+                    keep[key] = duration(rule[key], f"{at}.{key}")
+            for key, what in (("labels", "label"), ("annotations", "annotation")):
+                texts = _texts(rule.get(key), f"{at}.{key}", what)
+                if texts:
+                    keep[key] = texts
             rules.append(keep)
         one = {"name": str(g["name"]), "rules": rules}
         if g.get("interval"):
-            one["interval"] = str(g["interval"])
+            one["interval"] = duration(g["interval"], f"{where}.interval")
         out.append(one)
     return out
+
+
+def valid(groups: Any) -> str:
+    """Why stored groups would make Prometheus refuse a rules file ("" for none)."""
+    try:
+        _check_groups(groups)
+    except BadRequest as exc:
+        return str(exc)
+    return ""
 
 
 def _fields(body: dict[str, Any], partial: bool) -> dict[str, Any]:
@@ -226,14 +309,22 @@ class MetricRules:
 
     def rules_text(self, conn: Connection) -> str:
         """Every enabled rule's groups as one Prometheus rules file (group names made
-        unique by the rule's id)."""
+        unique by the rule's id); a stored rule Prometheus would refuse left out."""
+        return self._rules_file(conn)[0]
+
+    def _rules_file(self, conn: Connection) -> tuple[str, dict[int, str]]:
+        """The rules file, and why each rule left out of it was (by id)."""
         r = t.metric_alert_rules
-        groups = []
+        groups, left_out = [], {}
         for row in conn.execute(select(r).where(r.c.enabled.is_(True), r.c.built_in.is_(False))
                                 .order_by(r.c.id)):  # fmt: skip
+            why = valid(row.groups)
+            if why:
+                left_out[int(row.id)] = why
+                continue
             for g in row.groups or []:
                 groups.append({**g, "name": f"{g['name']} (rule {row.id})"})
-        return yaml.safe_dump({"groups": groups}, sort_keys=False)
+        return yaml.safe_dump({"groups": groups}, sort_keys=False), left_out
 
     def sync(self, conn: Connection, ids: list[int], cluster: str,
              now: datetime) -> dict[str, Any]:  # fmt: skip
@@ -252,7 +343,7 @@ class MetricRules:
         except Exception as exc:
             crd, how = False, f"the Kubernetes API could not be asked ({type(exc).__name__})"
         if not crd:
-            text = self.rules_text(conn)
+            text, left_out = self._rules_file(conn)
             where = "served at GET /v1/metric-alert-rules/rules-file"
             try:
                 if self.rules_file:
@@ -264,15 +355,20 @@ class MetricRules:
             if how:
                 message = f"{how}; {message}"
             for row in rows:
-                good = status == "synced"
+                said = left_out.get(int(row.id))
+                good = status == "synced" and not said
                 ok, failed = ok + good, failed + (not good)
                 conn.execute(update(r).where(r.c.id == row.id).values(
-                    sync_status=status, sync_message=message,
+                    sync_status="failed" if said else status,
+                    sync_message=f"left out of the rules file: {said}" if said else message,
                     last_sync_at=now))  # fmt: skip
             return {"total": len(rows), "synced": ok, "success": ok, "failed": failed,
                     "message": message}  # fmt: skip
         for row in rows:
             try:
+                why = valid(row.groups) if row.enabled else ""
+                if why:  # (Prometheus would refuse it: not written)
+                    raise BadRequest(why)
                 if row.enabled:
                     self._apply(row)
                     message = f"PrometheusRule {self.namespace}/{self.object_name(row)}"

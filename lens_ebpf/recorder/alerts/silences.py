@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, func, or_, select, update
 
+from lens_ebpf.recorder import patterns
 from lens_ebpf.recorder.alerts.model import need_name, parse_time, row_dict
 from lens_ebpf.recorder.alerts.notify import Alertmanager, SendError
 from lens_ebpf.recorder.errors import BadRequest, NotFound
@@ -30,11 +31,8 @@ FOREVER = timedelta(days=3650)  # Alertmanager's silences end: a permanent one's
 
 
 def _matches_value(op: str, have: str | None, want: str) -> bool:
-    if op in ("=~", "!~"):
-        try:
-            hit = have is not None and re.fullmatch(want, have) is not None
-        except re.error:
-            return False
+    if op in ("=~", "!~"):  # RE2, anchored, as Alertmanager matches (patterns.py)
+        hit = have is not None and patterns.full(want, have)
         return hit if op == "=~" else not hit
     if op == "!=":
         return have != want
@@ -129,19 +127,21 @@ def _check(body: dict[str, Any], partial: bool = False) -> dict[str, Any]:
             if not isinstance(v, list):
                 raise BadRequest(f"{key}: a list is required")
             out[key] = v
-    for m in out.get("label_matchers", []):
+    for i, m in enumerate(out.get("label_matchers", [])):
         if not isinstance(m, dict) or m.get("operator", "=") not in OPERATORS or not m.get("name"):
             raise BadRequest(f"label_matchers: {m!r}: name, operator ({', '.join(OPERATORS)}), "
                              "value")  # fmt: skip
         if m.get("operator") in ("=~", "!~"):
-            try:
-                re.compile(str(m.get("value", "")))
-            except re.error as exc:
-                raise BadRequest(f"label_matchers: {m.get('value')!r}: {exc}") from None
-    for f in out.get("resource_filters", []):
-        if not isinstance(f, dict) or f.get("resource_type") not in RESOURCES:
+            patterns.check(str(m.get("value", "")), f"label_matchers[{i}].value")
+    for i, f in enumerate(out.get("resource_filters", [])):
+        if not isinstance(f, dict) or f.get("resource_type") not in RESOURCES or \
+                f.get("operator", "=") not in OPERATORS:  # fmt: skip
             raise BadRequest(f"resource_filters: {f!r}: resource_type one of "
-                             f"{', '.join(RESOURCES)}")  # fmt: skip
+                             f"{', '.join(RESOURCES)}, operator one of "
+                             f"{', '.join(OPERATORS)}")  # fmt: skip
+        if f.get("operator") in ("=~", "!~"):
+            patterns.check(str(f.get("value") or f.get("resource_name") or ""),
+                           f"resource_filters[{i}].value")  # fmt: skip
     for key in ("description", "reason", "ticket_url", "match_expression", "cluster_name"):
         if not partial or key in body:
             out[key] = str(body.get(key) or "")

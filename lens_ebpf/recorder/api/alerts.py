@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from lens_ebpf.core.routes import RouteTable
+from lens_ebpf.recorder import inputs
 from lens_ebpf.recorder.alerting import Alerts
 from lens_ebpf.recorder.alerts import channels, correlate, logrules, logstore, overview
 from lens_ebpf.recorder.alerts.model import SEVERITIES, SOURCES, STATUSES, parse_time, row_dict
@@ -41,8 +40,8 @@ def window(ask: Ask, default: int = 20) -> tuple[int, int]:
     if param(q, "offset") is None and (param(q, "page_num") or param(q, "page_size")):
         size = integer(q, "page_size", default)
         num = integer(q, "page_num", 1)
-        if num < 1:
-            raise bad(f"pageNum={num}: must be 1 or more")
+        if not 1 <= num <= inputs.INT_MAX // LIMIT_MAX:  # (its offset within 64 bits)
+            raise bad(f"pageNum={num}: from 1 to {inputs.INT_MAX // LIMIT_MAX}")
         offset, limit = (num - 1) * size, size
     else:
         offset, limit = integer(q, "offset", 0), integer(q, "limit", default)
@@ -77,25 +76,18 @@ def cluster(ask: Ask) -> str:
 
 
 def body(ask: Ask) -> dict[str, Any]:
-    """The request's JSON object ({} for none)."""
+    """The request's JSON object ({} for none), checked as every body is (inputs.py)."""
     raw = ask.req.body.strip()
     if not raw:
         return {}
-    try:
-        got = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise bad(f"the body is not JSON: {exc}") from None
+    got = inputs.body(raw)
     if not isinstance(got, dict):
         raise bad("the body must be a JSON object")
     return got
 
 
 def ident(ask: Ask, name: str = "id") -> int:
-    raw = ask.arg(name)
-    try:
-        return int(raw)
-    except ValueError:
-        raise bad(f"{name}={raw!r}: not a whole number") from None
+    return inputs.whole(ask.arg(name), name)
 
 
 def who(ask: Ask) -> str:
@@ -459,7 +451,7 @@ def channel_types(ask: Ask) -> Any:
 @routes.get("notification-channels/{id}")
 def channel(ask: Ask) -> Any:
     """One channel."""
-    return row_dict(t.notification_channels, channels.get(ask.conn, ident(ask)))
+    return channels.json(channels.get(ask.conn, ident(ask)))
 
 
 @routes.post("notification-channels")

@@ -17,7 +17,9 @@ is missing. Parameters are taken in snake_case (the UI's `page_num`) and camelCa
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -25,10 +27,19 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from sqlalchemy import Connection
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import (
+    DataError,
+    DisconnectionError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    SQLAlchemyError,
+    StatementError,
+)
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from lens_ebpf.core.routes import WRITES, Answer, Request, Response, Route, Surface
-from lens_ebpf.recorder import prom
+from lens_ebpf.recorder import inputs, prom
 from lens_ebpf.recorder.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailable
 from lens_ebpf.recorder.lifecycle import parse_time
 from lens_ebpf.recorder.scope import Scope
@@ -45,6 +56,8 @@ if TYPE_CHECKING:
 
 # /v1 as the UI names its API, /lens/v1 as it asks it when served under /lens/ (its build's
 # base: its proxy passes the path on unchanged), and the seed's /api
+log = logging.getLogger(__name__)
+
 PREFIXES = ("/v1", "/lens/v1", "/api")
 PAGE_MAX = 1000
 NOT_ALLOWED = 4016  # a method no route of the path takes (the original's InvalidOperation)
@@ -101,9 +114,52 @@ def failure(exc: Exception) -> ApiError | None:
         return ApiError(503, 5003, str(exc))
     if isinstance(exc, IntegrityError):  # a concurrent write made the same name first
         return ApiError(409, 4002, f"it exists already: {type(exc.orig).__name__}")
+    # what a client sent that a check let through and the database or Python cannot hold
+    # (a value out of its column's range, a character its text refuses): the client's,
+    # named by kind only (the statement and the driver's words stay here)
+    if isinstance(exc, DataError) or (isinstance(exc, StatementError) and
+                                      isinstance(exc.orig, OverflowError)):  # fmt: skip
+        return ApiError(400, 4001, "a value the database cannot store (out of range, or a "
+                        "character it does not take)")  # fmt: skip
+    if isinstance(exc, OverflowError):
+        return ApiError(400, 4001, "a value out of range")
     if isinstance(exc, SQLAlchemyError):
         return ApiError(503, 5003, f"database unavailable: {type(exc).__name__}")
     return None
+
+
+def down(exc: BaseException) -> bool:
+    """Whether exc says the database cannot be reached (not what a statement asked)."""
+    return isinstance(exc, OperationalError | InterfaceError | DisconnectionError | PoolTimeout)
+
+
+class Outage:
+    """The database as requests find it: an outage logged once, when the first request
+    finds it down, and its end once, when a request that read it gets through; not once
+    per request (an outage under load is thousands)."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.requests = 0  # answered 503 in the outage now (or the last one)
+        self._lock = threading.Lock()
+
+    def failed(self, exc: BaseException) -> None:
+        with self._lock:
+            self.requests += 1
+            if self.down:
+                return
+            self.down, self.requests = True, 1
+        log.warning("recorder: the database is unavailable to requests (%s); they are "
+                    "answered 503 until it is back", type(exc).__name__)  # fmt: skip
+
+    def answered(self) -> None:
+        if not self.down:
+            return
+        with self._lock:
+            if not self.down:
+                return
+            self.down, n = False, self.requests
+        log.info("recorder: the database answers requests again (%d answered 503 meanwhile)", n)
 
 
 def param(query: dict[str, str], name: str) -> str | None:
@@ -117,11 +173,12 @@ def param(query: dict[str, str], name: str) -> str | None:
 def page(query: dict[str, str]) -> tuple[int, int]:
     """(page_num, page_size): defaults 1 and 10; a page size above 1,000 is refused."""
     out = []
-    for name, default, most in (("page_num", 1, None), ("page_size", 10, PAGE_MAX)):
+    # (a page's offset, (page_num - 1) * page_size, within 64 bits too)
+    for name, default, most in (("page_num", 1, inputs.INT_MAX // PAGE_MAX),
+                                ("page_size", 10, PAGE_MAX)):  # fmt: skip
         n = integer(query, name, default)
-        if n < 1 or (most is not None and n > most):
-            raise bad(f"{name}={n}: must be from 1 to {most}" if most else f"{name}={n}: "
-                      "must be 1 or more")  # fmt: skip
+        if not 1 <= n <= most:
+            raise bad(f"{name}={n}: must be from 1 to {most}")
         out.append(n)
     return out[0], out[1]
 
@@ -152,10 +209,7 @@ def integer(query: dict[str, str], name: str, default: int | None = None) -> int
         if default is None:
             raise bad(f"{name} is required (unix seconds)")
         return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise bad(f"{name}={raw!r}: not a whole number") from None
+    return inputs.whole(raw, name)
 
 
 def span(query: dict[str, str]) -> tuple[int, int, int]:
@@ -180,6 +234,7 @@ class Services:
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
     leadership: Leadership | None = None  # with replicas: whether this one leads, the leader
     alerts: Alerts | None = None
+    outage: Outage = field(default_factory=Outage)  # the database as requests find it
 
 
 @dataclass
@@ -217,12 +272,15 @@ class Ask:
         return self.app.clock()
 
     def abort(self, exc: Exception) -> None:
-        """The handler failed: what it wrote is not kept."""
-        self._stack.__exit__(type(exc), exc, exc.__traceback__)
-        self._stack = contextlib.ExitStack()
+        """The handler failed: what it wrote is not kept (a rollback that finds the
+        database gone has nothing to undo)."""
+        stack, self._stack = self._stack, contextlib.ExitStack()
+        with contextlib.suppress(SQLAlchemyError):
+            stack.__exit__(type(exc), exc, exc.__traceback__)
 
     def close(self) -> None:
-        self._stack.close()
+        stack, self._stack = self._stack, contextlib.ExitStack()
+        stack.close()
 
 
 class LensApi(Surface):
@@ -256,10 +314,14 @@ class LensApi(Surface):
     def _call(self, route: Route, req: Request, connect: Connect) -> Answer:
         ask = None
         try:
+            inputs.parameters(req.params, req.query)
             ask = Ask(req, self.app, self.scope(req), connect)
             with prom.missing_figures() as missing:
                 data = route.handler(ask)
+            used = ask._conn is not None
             ask.close()  # a write committed before it is answered
+            if used:
+                self.app.outage.answered()
             return ok(data, missing)
         except Exception as exc:
             if ask is not None:  # a write's transaction rolled back, not committed
@@ -267,6 +329,8 @@ class LensApi(Surface):
             e = failure(exc)
             if e is None:
                 raise
+            if down(exc):
+                self.app.outage.failed(exc)
             return error(e)
         finally:
             if ask is not None:

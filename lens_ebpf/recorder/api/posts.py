@@ -12,12 +12,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import orjson
-
 from lens_ebpf.core.routes import Answer, Request, Response, Route, RouteTable, Surface
+from lens_ebpf.recorder import inputs
 from lens_ebpf.recorder.alerts import ingest
 from lens_ebpf.recorder.alerts.model import OWN_LABEL
-from lens_ebpf.recorder.api.envelope import Services
+from lens_ebpf.recorder.api.envelope import Services, down, failure
 from lens_ebpf.recorder.api.envelope import answer as encoded
 from lens_ebpf.recorder.errors import BadRequest
 from lens_ebpf.recorder.ingest.admission import Ingest, Outcome
@@ -58,9 +57,25 @@ class Admitted(Surface):
         name = "/" + route.path
         start = time.perf_counter()
         got = self.ingest.refused(name, req.headers) or self.ingest.elsewhere(
-            name, req.query.get("cluster", "")) or route.handler(req, self.app)  # fmt: skip
+            name, req.query.get("cluster", "")) or self._handle(route, req)  # fmt: skip
         self.ingest.count(name, got.status, time.perf_counter() - start)
         return put(got)
+
+    def _handle(self, route: Route, req: Request) -> Outcome:
+        """The route's outcome; a bad parameter 400, the database down 503 (its outage
+        logged once), as the cluster API answers them: never the driver's words."""
+        try:
+            inputs.parameters(req.params, req.query)
+            got: Outcome = route.handler(req, self.app)
+            return got
+        except Exception as exc:
+            e = failure(exc)
+            if e is None:
+                raise
+            if down(exc):
+                self.app.outage.failed(exc)
+            return Outcome(e.status, e.message, headers={"Retry-After": "5"}
+                           if e.status == 503 else {})  # fmt: skip
 
 
 @routes.post("logs")
@@ -83,24 +98,28 @@ def _alerts(req: Request, app: Services, source: str) -> Outcome:
     """A body of alerts stored (before the answer): 200 {received, new, resolved, ...}."""
     if app.alerts is None:
         return Outcome(503, "alerts are not set up in this service")
-    try:
-        doc = orjson.loads(req.body)
-    except orjson.JSONDecodeError as exc:
-        return Outcome(400, f"the body is not JSON: {exc}")
     now, home = app.clock(), app.cfg.cluster_name
+    refused: list[str] = []
     try:
-        got = ingest.parse_generic(doc, home, now) if source == "webhook" else \
-            ingest.parse_alertmanager(doc, home, now)  # fmt: skip
+        doc = inputs.loads(req.body)
+        if source == "webhook":
+            alerts = [ingest.parse_generic(doc, home, now)]
+        else:
+            alerts, refused = ingest.parse_alertmanager(doc, home, now)
     except BadRequest as exc:
         return Outcome(400, str(exc))
-    alerts = got if isinstance(got, list) else [got]
     # ours, sent to Alertmanager and routed back here: stored already, under their own id
     theirs = [a for a in alerts if OWN_LABEL not in a.labels]
-    data = app.alerts.take(theirs, source)
-    data["received"], data["own"] = len(alerts), len(alerts) - len(theirs)
-    app.alerts.count(source, {"own": data["own"]})
+    data: dict[str, Any] = dict(app.alerts.take(theirs, source))
+    app.outage.answered()
+    data["received"], data["own"] = len(alerts) + len(refused), len(alerts) - len(theirs)
+    app.alerts.count(source, {"own": data["own"], "refused": len(refused)})
     if source == "webhook" and alerts:
         data["alert_id"] = alerts[0].id
+    if refused:  # the others stored: a 400 (not sent again) that names what was not
+        data["refused"] = refused
+        return Outcome(400, f"{len(refused)} of {data['received']} alerts refused, the others "
+                       f"stored: {'; '.join(refused)[:1000]}", data)  # fmt: skip
     return Outcome(200, "OK", data)
 
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from lens_ebpf.core.http import json_response
 from lens_ebpf.core.routes import Answer, Request, Route, RouteTable, Surface
-from lens_ebpf.recorder.api.envelope import Ask, Connect, Services
+from lens_ebpf.recorder import inputs
+from lens_ebpf.recorder.api.envelope import Ask, Connect, Services, down, failure
 from lens_ebpf.recorder.errors import BadRequest, NotFound
 from lens_ebpf.recorder.store import queries
 
@@ -27,13 +26,21 @@ class PlainJson(Surface):
     def call(self, route: Route, req: Request) -> Answer:
         ask = Ask(req, self.app, None, self.connect)
         try:
+            inputs.parameters(req.params, req.query)
             got = route.handler(ask)
+            if ask._conn is not None:
+                self.app.outage.answered()
         except NotFound as exc:
             return json_response(404, {"error": str(exc)})
         except (BadRequest, queries.QueryError) as exc:
             return json_response(400, {"error": str(exc)})
-        except SQLAlchemyError as exc:
-            return json_response(503, {"error": f"database unavailable: {type(exc).__name__}"})
+        except Exception as exc:  # the database's, or a value it cannot hold: as the API's
+            e = failure(exc)
+            if e is None:
+                raise
+            if down(exc):
+                self.app.outage.failed(exc)
+            return json_response(e.status, {"error": e.message})
         finally:
             ask.close()
         if isinstance(got, Status):

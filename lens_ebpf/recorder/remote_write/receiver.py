@@ -1,6 +1,10 @@
 """Remote write in (POST /prometheus, and /v1/prometheus, Primus-Lens's path), workload
 copies (and in proxy mode every series) out to `recorder.remote_write.url`; and the maps
-the copies are made by, as pods/cache and pods/workload/cache serve them."""
+the copies are made by, as pods/cache and pods/workload/cache serve them.
+
+A request with series that cannot be read is a partial write, as Prometheus takes one:
+the rest written, then 400 naming those left out (a sender does not send a 400 again,
+and what it would send again is written already); 2.0's headers say what was written."""
 
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ class RemoteWrite(Collector):
         self.samples: dict[str, int] = dict.fromkeys(RESULTS, 0)
         self.misses: dict[str, int] = dict.fromkeys(MISSES, 0)
         self.written = 0  # series the receiver took (copies, and proxied series)
+        self.invalid = 0  # series left out of a request (unreadable), the rest written
         self.refused: dict[str, int] = dict.fromkeys(REFUSED.values(), 0)
         self.lag = Buckets(LAG_BUCKETS)
         self.downstream = Buckets(SECONDS_BUCKETS)
@@ -68,10 +73,11 @@ class RemoteWrite(Collector):
             out = self.relabeler.v1(data) if version == wire.V1 else self.relabeler.v2(data)
         except wire.WireError as exc:
             return self._refuse(exc.status, str(exc))
-        if any(out.misses.values()):  # (the maps' misses, whatever the receiver says)
+        if any(out.misses.values()) or out.invalid:  # (whatever the receiver says)
             with self._lock:
                 for k, n in out.misses.items():
                     self.misses[k] += n
+                self.invalid += len(out.invalid)
         now_ms = time.time() * 1000
         took = 0.0
         if out.series:
@@ -101,6 +107,11 @@ class RemoteWrite(Collector):
             said = {"X-Prometheus-Remote-Write-Samples-Written": str(w.samples),
                        "X-Prometheus-Remote-Write-Histograms-Written": str(w.histograms),
                        "X-Prometheus-Remote-Write-Exemplars-Written": str(w.exemplars)}  # fmt: skip
+        if out.invalid:  # a partial write: the rest is written, these are named
+            named = "; ".join(out.invalid)
+            return Outcome(400, f"{len(out.invalid)} series left out, the rest written: "
+                           f"{named[:2000]}", {"invalid": out.invalid[:100]},
+                           headers=said)  # fmt: skip
         return Outcome(204, "", headers=said)
 
     # -- the maps, as Primus-Lens serves them ------------------------------------------
@@ -164,7 +175,7 @@ class RemoteWrite(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             samples, refused, misses = dict(self.samples), dict(self.refused), dict(self.misses)
-            written = self.written
+            written, invalid = self.written, self.invalid
             lag, down, added = (h.copy() for h in (self.lag, self.downstream, self.added))
         errors = dict(self.forwarder.errors) if self.forwarder else {}
         refreshes = dict(self.indexer.node_refreshes)
@@ -175,6 +186,10 @@ class RemoteWrite(Collector):
         yield counter("lens_recorder_remote_write_series_written", "Series the receiver took "
                       "(workload copies, and every series in proxy mode)",
                       {"": written})  # fmt: skip
+        yield counter("lens_recorder_remote_write_series_invalid", "Series left out of a "
+                      "request because they could not be read (labels or samples malformed, "
+                      "a 2.0 reference past its symbols), the rest of it written and the "
+                      "request answered 400 naming them", {"": invalid})  # fmt: skip
         yield counter("lens_recorder_remote_write_misses", "Series that found no pod but "
                       "named, on a node, what the maps did not know (a device, a pod, the "
                       "node, a device nobody held then), by what came of it: found once the "

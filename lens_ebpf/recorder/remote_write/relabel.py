@@ -14,6 +14,11 @@ A series that finds no pod but names what the maps do not know on its node (a de
 pod, a device nobody held then, or a node they do not know) has that node's entries read
 again (at most once a second per node) and is looked up again, with the rest of its
 request: a pod that just started has its first samples copied.
+
+A series that cannot be read (its labels or samples malformed, a 2.0 reference past the
+symbols) is left out and named (Out.invalid), and the rest of its request goes on, as
+Prometheus takes a partial write; only a request whose framing is broken is refused
+whole.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
@@ -49,6 +55,19 @@ class Out:
     written: wire.Counts = field(default_factory=wire.Counts)
     oldest_ms: float = 0.0  # the request's first sample's time (ingest lag)
     misses: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MISSES, 0))
+    invalid: list[str] = field(default_factory=list)  # series left out, each named and why
+
+    def mark(self, out: Any) -> tuple[Any, ...]:
+        """Where a series begins: what leaving it out puts back."""
+        w = self.written
+        return len(out), w.samples, w.histograms, w.exemplars, dict(self.counts), self.oldest_ms
+
+    def left_out(self, out: Any, mark: tuple[Any, ...], name: str, why: Exception) -> None:
+        """The series begun at mark left out (what it added taken back), named."""
+        del out[mark[0] :]
+        w = self.written
+        w.samples, w.histograms, w.exemplars, self.counts, self.oldest_ms = mark[1:]
+        self.invalid.append(f"{name}: {why or type(why).__name__}")
 
 
 class Resolved:
@@ -126,8 +145,7 @@ class Relabeler:
                         device = (node, v)
                         break
                     continue
-                key = bdf(v) if match == "bdf" else str(int(v)) if match == "index" and \
-                    v.isdigit() else v  # fmt: skip
+                key = bdf(v) if match == "bdf" else index_key(v) if match == "index" else v
                 slot = gpus.get((match, key))
                 if slot:
                     device = (node, slot)
@@ -264,6 +282,7 @@ class Relabeler:
         out: list[bytes] = []
         res = Out(b"")
         pos, n = 0, len(data)
+        count = 0  # series read (their place in the request names one left out)
         try:
             while pos < n:
                 tag = data[pos]
@@ -274,7 +293,13 @@ class Relabeler:
                 if end > n:
                     raise ValueError("a field longer than the request")
                 if tag == 0x0A:  # (a miss may bring newer maps: the rest reads them)
-                    idx = self._series(data[start:end], idx, proxy, out, res)
+                    mark = res.mark(out)
+                    try:
+                        idx = self._series(data[start:end], idx, proxy, out, res)
+                    except (ValueError, IndexError, DecodeError) as exc:  # it alone
+                        res.left_out(out, mark, f"series {count}"
+                                     f"{described(data[start:end])}", exc)  # fmt: skip
+                    count += 1
                 elif tag == 0x1A and proxy:  # metadata: it goes on with the series
                     out.append(data[pos:end])
                 pos = end
@@ -432,8 +457,9 @@ class Relabeler:
                 ts.metadata.unit_ref = ref(sym[src.metadata.unit_ref])
 
         oldest = float("inf")
-        try:
-            for src in req.timeseries:
+        for k, src in enumerate(req.timeseries):
+            mark = res.mark(new.timeseries)
+            try:
                 refs = src.labels_refs
                 labels = {sym[refs[i]]: sym[refs[i + 1]] for i in range(0, len(refs) - 1, 2)}
                 res.written.samples += len(src.samples)
@@ -443,7 +469,6 @@ class Relabeler:
                     [h.timestamp for h in src.histograms]  # fmt: skip
                 if not times:
                     continue
-                oldest = min(oldest, times[0])
                 r = self.resolve(labels, idx)
                 pod_uid = self.pod_at(r, idx, times[0])
                 if pod_uid not in idx.pods and self.missing(r, idx, times[0]):
@@ -457,9 +482,14 @@ class Relabeler:
                     copy(src, lbl)
                 if self.cfg.mode == "proxy":
                     copy(src, proxied(labels, pod))
-        except IndexError:
-            raise wire.WireError(400, "a label or metadata reference past the symbols "
-                                      "table") from None  # fmt: skip
+                oldest = min(oldest, times[0])
+            except IndexError:  # it alone: the rest of the request goes on
+                named = {sym[a]: sym[b] for a, b in zip(src.labels_refs[::2],
+                                                        src.labels_refs[1::2], strict=False)
+                         if a < len(sym) and b < len(sym)}  # fmt: skip
+                res.left_out(new.timeseries, mark, f"series {k}{shown(named)}",
+                             ValueError("a label, exemplar or metadata reference past the "
+                                        "symbols table"))  # fmt: skip
         res.series = len(new.timeseries)
         res.body = new.SerializeToString() if res.series else b""
         res.oldest_ms = oldest if oldest != float("inf") else 0.0
@@ -478,6 +508,47 @@ def proxied(labels: dict[str, str], pod: Pod | None) -> dict[str, str]:
         if v and not out.get(k):
             out[k] = v
     return out
+
+
+def index_key(value: str) -> str:
+    """A device index label as the maps key it: its ASCII digits without leading zeros
+    ("03" is GPU 3); anything else as it is (`gpu="²"`, 5,000 digits: a value no GPU has,
+    not an error that would refuse the request)."""
+    if value.isascii() and value.isdigit():
+        return value.lstrip("0") or "0"
+    return value
+
+
+def shown(labels: dict[str, str], most: int = 8) -> str:
+    """A series' labels as a message names it: ` {__name__="up", ...}`, values cut short
+    ("" for none)."""
+    if not labels:
+        return ""
+    cut = [(k, v if len(v) <= 40 else v[:37] + "...") for k, v in list(labels.items())[:most]]
+    more = ", ..." if len(labels) > most else ""
+    return " {" + ", ".join(f'{k[:40]}="{v}"' for k, v in cut) + more + "}"
+
+
+def described(ts: bytes) -> str:
+    """A 1.0 series' labels as a message names it, read leniently (its bytes may be what
+    is wrong with it): shown(), "" where none can be read."""
+    labels: dict[str, str] = {}
+    p = 0
+    try:
+        while p < len(ts) and ts[p] == 0x0A:
+            length, q = wire.read_uvarint(ts, p + 1)
+            lab, p = ts[q : q + length], q + length
+            name = value = ""
+            i = 0
+            while i < len(lab):
+                size, j = wire.read_uvarint(lab, i + 1)
+                text = lab[j : j + size].decode(errors="replace")
+                name, value = (text, value) if lab[i] == 0x0A else (name, text)
+                i = j + size
+            labels[name] = value
+    except (ValueError, IndexError):
+        pass
+    return shown(labels)
 
 
 def labels_of(r: Resolved) -> dict[str, str]:

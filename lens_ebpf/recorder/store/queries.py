@@ -6,12 +6,13 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Select, and_, or_, select
 
 from lens_ebpf.core.times import aware
+from lens_ebpf.recorder.inputs import unix_time
 from lens_ebpf.recorder.lifecycle import parse_time
 from lens_ebpf.recorder.store.schema import scoped
 
@@ -34,12 +35,20 @@ def parse_since(text: str, now: datetime) -> datetime:
     """An RFC 3339 time, Unix seconds, or an age: 90s, 30m, 12h, 7d."""
     text = text.strip()
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if text[:-1].isdigit() and text[-1:] in units:
-        return now - timedelta(seconds=int(text[:-1]) * units[text[-1]])
+    age = text[:-1]
+    if age.isascii() and age.isdigit() and text[-1:] in units:
+        try:
+            if len(age) > 12:  # (int() of thousands of digits is slow)
+                raise OverflowError
+            return now - timedelta(seconds=int(age) * units[text[-1]])
+        except OverflowError:
+            raise QueryError(f"since={text[:40]!r}: further back than a time goes") from None
     try:
-        return datetime.fromtimestamp(float(text), UTC)
+        seconds = float(text)
     except ValueError:
         pass
+    else:
+        return unix_time(seconds, "since", text)  # (nan, inf, 1e308: numbers, but no time)
     out = parse_time(text)
     if out is None:
         raise QueryError(f"since={text!r}: expected RFC 3339, Unix seconds, or 30m/12h/7d")

@@ -18,12 +18,13 @@ skipped; the rest are kept.
 
 from __future__ import annotations
 
-import json
 import zlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from lens_ebpf.recorder.errors import BadRequest
+from lens_ebpf.recorder.inputs import loads, shown
 from lens_ebpf.recorder.lifecycle import parse_time
 
 
@@ -86,16 +87,16 @@ def record_time(rec: dict[str, Any]) -> datetime | None:
         v = rec.get(key)
         if v is None or v == "":
             continue
-        if isinstance(v, bool):
-            raise ValueError(f"{key}={v!r}")
+        if isinstance(v, bool) or not isinstance(v, int | float | str):
+            raise ValueError(f"{key}: {type(v).__name__}, not unix seconds or ISO 8601")
         if isinstance(v, int | float):
             try:
                 return datetime.fromtimestamp(float(v), UTC)
             except (OverflowError, OSError, ValueError):
-                raise ValueError(f"{key}={v!r}") from None
-        got = parse_time(v) if isinstance(v, str) else None
+                raise ValueError(f"{key}={v!r}: not a time (out of range)") from None
+        got = parse_time(v)
         if got is None:
-            raise ValueError(f"{key}={v!r}: not unix seconds or ISO 8601")
+            raise ValueError(f"{key}={shown(v)}: not unix seconds or ISO 8601")
         return got
     return None
 
@@ -117,6 +118,10 @@ def record_lines(rec: Any) -> tuple[str, list[LogLine]]:
     pod, container = k8s.get("pod_name"), k8s.get("container_name", "")
     if not isinstance(ns, str) or not isinstance(pod, str) or not ns or not pod:
         raise ValueError("kubernetes metadata without the pod's namespace and name")
+    if not isinstance(container, str | None) or not isinstance(uid, str | None):
+        raise ValueError("kubernetes metadata whose container name or pod uid is no string")
+    if "\x00" in ns + pod + (container or "") + (uid or ""):  # (PostgreSQL's text takes none)
+        raise ValueError("a NUL character in the pod's namespace, name, container or uid")
     at = record_time(rec)
     return shipper, [LogLine(at, ns, pod, str(container or ""), str(uid or ""), t)
                      for t in text.rstrip("\n").split("\n")]  # fmt: skip
@@ -138,21 +143,23 @@ def parse_body(body: bytes, query: dict[str, str]) -> Lines:
     head = body.lstrip()[:1]
     records: list[Any] = []
     out = Lines("")
+    # (parsed as every JSON body is, inputs.loads: nesting bounded, never Python's
+    # recursion; what is read below takes only the strings and numbers it expects)
     if head == b"[":
         try:
-            got = json.loads(body)
-        except ValueError as exc:
-            raise BodyError(400, f"not a JSON array of records: {exc}") from None
+            got = loads(body, "not a JSON array of records")
+        except BadRequest as exc:
+            raise BodyError(400, str(exc)) from None
         records = got if isinstance(got, list) else []
     elif head == b"{":  # one record a line (Fluent Bit json_lines, Vector ndjson)
         for raw in body.splitlines():
             if not raw.strip():
                 continue
             try:
-                records.append(json.loads(raw))
-            except ValueError as exc:
+                records.append(loads(raw, "a line that is not JSON"))
+            except BadRequest as exc:
                 out.malformed += 1
-                out.why = out.why or f"a line that is not JSON: {exc}"
+                out.why = out.why or str(exc)
     elif head:
         raise BodyError(400, "neither JSON records nor plain lines (plain lines need "
                              "?namespace=&pod=)")  # fmt: skip
