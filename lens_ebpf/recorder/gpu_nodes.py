@@ -67,8 +67,8 @@ def node_list(conn: Connection, c: Scope, now: datetime, num: int, size: int, or
               desc: bool, sub: str, gpu: str, wanted: set[str]) -> dict[str, Any]:  # fmt: skip
     """One page of the GPU nodes whose name holds sub, with that GPU name (any: "") and
     status (any: empty), ordered by a field of ORDER; each with its GPUs' mean utilization
-    now (None where Prometheus cannot answer: ordered by it, they are then in name
-    order)."""
+    now (0 where Prometheus cannot answer, said in meta.message: ordered by it, they are
+    then in name order)."""
     nodes = gpu_nodes(conn, c.tables)
     nodes = [n for n in nodes if sub in n["name"] and (not gpu or n["gpu_name"] == gpu)
              and (not wanted or n["status"] in wanted)]  # fmt: skip
@@ -77,17 +77,16 @@ def node_list(conn: Connection, c: Scope, now: datetime, num: int, size: int, or
         if not of:
             return
         expr = prom.utilization_by_node(None if every else [n["name"] for n in of])
-        got = c.prom.maybe_instant(expr, now)
-        util = None if got is None else {lbl.get("node", ""): v for lbl, v in got}
+        got = c.prom.maybe_instant(expr, now) or []
+        util = {lbl.get("node", ""): v for lbl, v in got}
         for n in of:
-            n["gpu_utilization"] = None if util is None else util.get(n["name"], 0.0)
+            n["gpu_utilization"] = util.get(n["name"], 0.0)
 
     by_use = order_by == "gpu_utilization"
     if by_use:  # every node's, to order them; else only the page's
         utilization(nodes, True)
-    # one query: every utilization known, or none (None sorts as the name order)
-    nodes.sort(key=lambda n: (n[order_by] if n[order_by] is not None else 0.0, n["name"]),
-               reverse=desc)  # fmt: skip
+    # one query: every utilization known, or none (all 0: the name order)
+    nodes.sort(key=lambda n: (n[order_by], n["name"]), reverse=desc)
     shown = nodes[(num - 1) * size : num * size]
     if not by_use:
         utilization(shown, False)
@@ -123,8 +122,8 @@ def node_detail(conn: Connection, c: Scope, name: str, now: datetime) -> dict[st
 
 def node_gpu_devices(conn: Connection, c: Scope, name: str, now: datetime) -> dict[str, Any]:
     """NodeGPUDevicesResponse of model.GpuDeviceInfo: the node's GPUs as its agent reported
-    them, with their utilization, temperature, power and memory now (None where
-    Prometheus cannot answer)."""
+    them, with their utilization, temperature, power and memory now (0 and "" where
+    Prometheus cannot answer, said in meta.message)."""
     nd = c.tables.node_devices
     known(conn, c.tables, name)
     mine = (nd.c.node == name, nd.c.kind == "gpu", nd.c.present.is_(True))
@@ -135,20 +134,18 @@ def node_gpu_devices(conn: Connection, c: Scope, name: str, now: datetime) -> di
         values[key] = None if got is None else {
             (lbl.get("vendor", ""), lbl.get("gpu_index", "")): v for lbl, v in got}  # fmt: skip
 
-    def figure(key: str, k: tuple[str, str], default: float | None) -> float | None:
-        got = values[key]
-        return None if got is None else got.get(k, default)
+    def figure(key: str, k: tuple[str, str]) -> float | None:
+        return (values[key] or {}).get(k)
 
     devices = []
     for g in gpus:
         k = (g.vendor, str(g.idx))
-        total = figure("memory", k, None)
-        memory = f"{int(total // 2**30)}GB" if total is not None else \
-            None if values["memory"] is None else ""  # fmt: skip
-        devices.append({"deviceId": int(g.idx), "model": g.model, "memory": memory,
-                        "utilization": figure("utilization", k, 0.0),
-                        "temperature": figure("temperature", k, 0.0),
-                        "power": figure("power", k, 0.0)})  # fmt: skip
+        total = figure("memory", k)
+        devices.append({"deviceId": int(g.idx), "model": g.model,
+                        "memory": f"{int(total // 2**30)}GB" if total is not None else "",
+                        "utilization": figure("utilization", k) or 0.0,
+                        "temperature": figure("temperature", k) or 0.0,
+                        "power": figure("power", k) or 0.0})  # fmt: skip
     return {"node_name": name, "cluster_name": c.name, "devices": devices}
 
 
@@ -164,7 +161,7 @@ def node_gpu_metrics(conn: Connection, c: Scope, name: str, start: int, end: int
 
 def utilization(conn: Connection, c: Scope, now: datetime) -> dict[str, Any]:
     """model.GPUUtilization: the cluster's allocation rate (percent, from the pods and nodes
-    it keeps) and GPU utilization now (percent; None where Prometheus cannot answer)."""
+    it keeps) and GPU utilization now (percent; 0 where Prometheus cannot answer)."""
     return {"allocationRate": allocation_percent(conn, c.tables),
             "utilization": c.prom.maybe_scalar(prom.UTILIZATION, now)}  # fmt: skip
 

@@ -1,7 +1,7 @@
 """The GPU nodes' fragmentation and load balance, as the original computes them
 (Lens/modules/api/pkg/api/node_fragmentation.go): from each node's GPUs, the GPUs its
-running pods hold, and its GPUs' mean utilization now (Prometheus; None where it cannot
-answer, and then no part of a score rests on it)."""
+running pods hold, and its GPUs' mean utilization now (Prometheus; where it cannot
+answer no part of a score rests on it, and the answer gives 0, said in meta.message)."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def fragmentation(conn: Connection, c: Scope, now: datetime) -> dict[str, Any]:
         "cluster": c.name,
         "cluster_fragmentation_score": sum(f["fragmentation_score"] for f in frags) / len(frags),
         "total_nodes": len(frags),
-        "node_fragmentations": frags,
+        "node_fragmentations": [{**f, "utilization": f["utilization"] or 0.0} for f in frags],
         "recommendations": advice or ["Cluster GPU allocation is healthy. No immediate "
                                       "action needed."],
         "summary": {"healthy_nodes": by["healthy"], "fragmented_nodes": by["fragmented"],
@@ -150,7 +150,7 @@ def load_balance(conn: Connection, c: Scope, now: datetime) -> dict[str, Any]:
             {
                 "node_name": n["name"],
                 "allocation_rate": rate,
-                "utilization_rate": util,
+                "utilization_rate": util if util is not None else 0.0,
                 "load_score": rate if util is None else rate * 0.6 + util * 0.4,
             }
         )

@@ -17,8 +17,9 @@ def overview(conn: Connection, c: Scope, now: datetime) -> dict[str, Any]:
     """model.GpuClusterOverview: GPU nodes by health (faulty: not Ready, or tainted) and by
     idleness (of their GPUs requested), allocation rate and utilization (percent), RDMA
     bytes/s, and the storage scan's space (the volumes' capacity and what their claims
-    use; inodes and bandwidth are not measured: 0). Utilization and RDMA are None where
-    Prometheus cannot answer, the space used where the scan could not measure it."""
+    use; inodes and bandwidth are not measured: 0). Utilization and RDMA are 0 where
+    Prometheus cannot answer (said in meta.message), the space used where the scan could
+    not measure it."""
     n = c.tables.nodes
     rows = [r for r in conn.execute(select(n).where(n.c.deleted.is_(False)))
             if sum(int(v) for v in (r.gpu_capacity or {}).values())]  # fmt: skip

@@ -211,8 +211,10 @@ _DOWN: ContextVar[set[str] | None] = ContextVar("prometheus_down", default=None)
 @contextlib.contextmanager
 def missing_figures() -> Iterator[list[str]]:
     """Within it (one request, one thread), the Prom.maybe_* reads that Prometheus could
-    not answer add why to the list: the figures they gave are None, the stored facts
-    beside them are answered (the surface says what is missing in meta.message)."""
+    not answer add why to the list: the figures they gave are unknown (a route answers
+    0 for them, the original's type: never null where the original has a number), the
+    stored facts beside them are answered, and the surface says what is unknown and why
+    in meta.message."""
     got: list[str] = []
     token, down = _MISSING.set(got), _DOWN.set(set())
     try:
@@ -229,9 +231,9 @@ def _missed(exc: PromError) -> None:
 
 
 def missed(why: str) -> None:
-    """Say to missing_figures (where one is open) why some figures are null, for reads
+    """Say to missing_figures (where one is open) why some figures are unknown, for reads
     that are not one Prom.maybe_* call: a group of queries given up together, a storage
-    scan's usage."""
+    scan's usage, hours stored without samples."""
     _missed(PromError(why))
 
 
@@ -299,11 +301,10 @@ class Prom:
         """instant(), or None where Prometheus cannot answer (said to missing_figures)."""
         return self._maybe(lambda: self.instant(query, at))
 
-    def maybe_scalar(self, query: str, at: datetime) -> float | None:
-        """scalar(), or None where Prometheus cannot answer (said to missing_figures)."""
+    def maybe_scalar(self, query: str, at: datetime) -> float:
+        """scalar(), or 0 where Prometheus cannot answer (said to missing_figures): a
+        figure where the original has a float64."""
         got = self.maybe_instant(query, at)
-        if got is None:
-            return None
         return got[0][1] if got else 0.0
 
     def scalar(self, query: str, at: datetime) -> float:

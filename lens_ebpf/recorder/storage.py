@@ -285,14 +285,15 @@ class StorageScan(Collector):
     def totals(self) -> dict[str, Any]:
         """clusters/overview's storage fields from the newest scan (none yet, or the API
         not listable: 0): the volumes' capacity, what the claims use, percent (used and
-        percent None where the scan could not measure its claims' usage)."""
+        percent 0 where the scan could not measure its claims' usage, the original's
+        float64; meta.message says why)."""
         with self._lock:
             last = self.last
         if last is None:
             return {}
         total = float(sum(b.capacity for b in last.backends.values()))
         if last.claims and not self._measured(last):
-            return {"total_space": total, "used_space": None, "usage_percentage": None}
+            return {"total_space": total, "used_space": 0.0, "usage_percentage": 0.0}
         used = float(sum(c.used for c in last.claims if c.used is not None))
         return {"total_space": total, "used_space": used,
                 "usage_percentage": 100 * used / total if total else 0.0}  # fmt: skip

@@ -257,9 +257,9 @@ def listing(conn: Connection, c: Scope, now: datetime, num: int, size: int, orde
 
 def utilization_stats(c: Scope, row: Any, pods: list[Any], running: bool, now: datetime
                       ) -> dict[str, Any]:  # fmt: skip
-    """From the agents' gpu_utilization of the GPUs the workload's pods held (each None
-    where Prometheus cannot answer)."""
-    stats: dict[str, Any] = {"instant_gpu_utilization": None, "avg_gpu_utilization": 0.0,
+    """From the agents' gpu_utilization of the GPUs the workload's pods held (each 0 where
+    Prometheus cannot answer, and the instant one once the workload no longer runs)."""
+    stats: dict[str, Any] = {"instant_gpu_utilization": 0.0, "avg_gpu_utilization": 0.0,
                              "p50_gpu_utilization": 0.0, "p90_gpu_utilization": 0.0,
                              "p95_gpu_utilization": 0.0}  # fmt: skip
     if not pods:
@@ -283,8 +283,8 @@ def utilization_stats(c: Scope, row: Any, pods: list[Any], running: bool, now: d
 def consumers(conn: Connection, c: Scope, now: datetime, num: int, size: int
               ) -> dict[str, Any]:  # fmt: skip
     """ClusterConsumersResponse of model.TopLevelGpuResource: one page of the running
-    top-level workloads, their GPU request and their pods' GPU utilization now (None where
-    Prometheus cannot answer)."""
+    top-level workloads, their GPU request and their pods' GPU utilization now (0 where
+    Prometheus cannot answer); pods [] (the original's []GpuPod, not filled here)."""
     w = c.tables.gpu_workloads
     top = w.c.parent_uid.is_(None) | (w.c.parent_uid == "")
     found = list(conn.execute(select(w).where(top, w.c.deleted.is_(False))
@@ -300,7 +300,7 @@ def consumers(conn: Connection, c: Scope, now: datetime, num: int, size: int
         items.append({"kind": r.kind, "name": r.name, "namespace": r.namespace,
                       "uid": r.uid, "stat": {"gpu_request": int(r.gpu_request),
                                              "gpu_utilization": util},
-                      "pods": None, "source": "k8s"})  # fmt: skip
+                      "pods": [], "source": "k8s"})  # fmt: skip
     return {"data": items, "total": len(rows)}
 
 

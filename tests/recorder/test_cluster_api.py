@@ -539,7 +539,7 @@ def test_utilization_routes_from_a_real_prometheus(api: FakeApiServer, recorder_
                      timeout=hang_guard(15))  # fmt: skip
     assert r.status_code == 200 and r.json()["meta"]["code"] == 2000
     assert "unavailable" in r.json()["meta"]["message"]
-    assert r.json()["data"] == {"allocationRate": 100 * 3 / 14, "utilization": None}
+    assert r.json()["data"] == {"allocationRate": 100 * 3 / 14, "utilization": 0.0}
     assert get(app, "/v1/nodes/gpuAllocation")[0]["allocated"] == 2
 
 
@@ -557,16 +557,17 @@ def test_without_prometheus_the_metric_routes_say_so(api: FakeApiServer, recorde
     api.put("nodes", node("gpu-1", "True", {"amd.com/gpu": "8"}, "10.0.0.11"))
     eventually(lambda: get_or_none(app, "/v1/nodes/gpu-1") is not None, timeout=15)
     r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/nodes/gpu-1", timeout=hang_guard(5))
-    assert r.json()["meta"] == {"code": 2000, "message": "OK; Prometheus figures missing "
-                                "(null): recorder.prometheus.url is not set"}  # fmt: skip
+    assert r.json()["meta"] == {"code": 2000, "message": "OK; figures unknown, answered as "
+                                "0: recorder.prometheus.url is not set"}  # fmt: skip
     assert r.json()["data"]["cpu"] == "128"
     # the node analyses mix stored allocation with Prometheus's utilization: answered
-    # without it (null), saying so; the scores from the allocation alone
+    # without it (0, the original's float64), saying so; the scores from the allocation
+    # alone
     for route in ("nodes/fragmentation-analysis", "nodes/load-balance-analysis"):
         r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/{route}", timeout=hang_guard(5))
         body = r.json()
         assert r.status_code == 200 and body["meta"]["code"] == 2000, body
-        assert "Prometheus figures missing" in body["meta"]["message"]
+        assert "figures unknown, answered as 0" in body["meta"]["message"]
         assert "recorder.prometheus.url is not set" in body["meta"]["message"]
         if route == "nodes/fragmentation-analysis":
             assert body["data"]["node_fragmentations"] == [
@@ -577,12 +578,12 @@ def test_without_prometheus_the_metric_routes_say_so(api: FakeApiServer, recorde
                     "available_gpus": 8,
                     "fragmentation_score": 40.0,
                     "status": "fragmented",
-                    "utilization": None,
+                    "utilization": 0.0,
                 }
             ]
         else:
             assert body["data"]["node_load_distribution"] == [
-                {"node_name": "gpu-1", "allocation_rate": 0.0, "utilization_rate": None,
+                {"node_name": "gpu-1", "allocation_rate": 0.0, "utilization_rate": 0.0,
                  "load_score": 0.0}]  # fmt: skip
 
 
@@ -723,7 +724,7 @@ def test_workload_routes_as_the_ui_asks_them(api: FakeApiServer, recorder_app: A
         consumers = get(app, "/v1/clusters/consumers?page_num=1&page_size=10")
         assert consumers == {"total": 1, "data": [
             {"kind": "Deployment", "name": "trainer", "namespace": NS, "uid": "uid-dep-trainer",
-             "stat": {"gpu_request": stored, "gpu_utilization": 75.0}, "pods": None,
+             "stat": {"gpu_request": stored, "gpu_utilization": 75.0}, "pods": [],
              "source": "k8s"}]}  # fmt: skip
         assert get(app, "/v1/workloadMetadata") == {"namespaces": [NS], "kinds": ["Deployment"]}
         tree = get(app, "/v1/workloads/hierarchy?kind=Deployment&name=trainer")

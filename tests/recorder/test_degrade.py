@@ -1,8 +1,9 @@
 """Degrade, do not fail (issue 58): without `recorder.prometheus.url`, with a real
 Prometheus stopped, and with one that accepts and never answers (past
 `recorder.prometheus.timeout_seconds`), the routes that mix stored facts with Prometheus
-figures answer 2000 with the stored facts exact, the Prometheus figures null and
-meta.message saying why; the routes that are nothing but Prometheus figures answer 5003."""
+figures answer 2000 with the stored facts exact, the Prometheus figures 0 (the original's
+types: never null where its Go struct has a number or string; issue 70) and meta.message
+saying why; the routes that are nothing but Prometheus figures answer 5003."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from tests.recorder.objects import NS, U, gpu_pod, state
 from tests.recorder.test_cluster_api import gpu_pod as plain_gpu_pod
 from tests.recorder.test_cluster_api import node, openmetrics, put_trainer
 
-MISSING = "OK; Prometheus figures missing (null): "
+MISSING = "OK; figures unknown, answered as 0: "
 # every query a request of these routes makes reads Prometheus at this time or before
 T0 = (int(datetime.now(UTC).timestamp()) // 3600 - 3) * 3600
 
@@ -94,20 +95,22 @@ def ask(app: Any, path: str) -> tuple[int, dict[str, Any]]:
 
 
 def degraded(app: Any, path: str, why: str) -> Any:
-    """The route's data, having checked it answered 2000 saying exactly why figures are null."""
+    """The route's data, having checked it answered 2000 saying exactly why figures are 0."""
     status, body = ask(app, path)
     assert (status, body["meta"]) == (200, {"code": 2000, "message": MISSING + why}), body
     return body["data"]
 
 
+UNKNOWN_GPU = {"memory": "", "utilization": 0.0, "temperature": 0.0, "power": 0.0}
 NODE = {"gpu_name": "AMD_Instinct_MI300X_OAM", "status": "Ready",
         "status_color": "green"}  # fmt: skip
 
 
 def expected(figures: dict[str, Any] | None) -> dict[str, Any]:
     """Each mixed route's whole answer: the stored facts, and the Prometheus figures
-    (None: every one null)."""
-    f = figures or {}
+    (None: every one unknown, 0)."""
+    f = figures or {"tx": 0.0, "rx": 0.0, "util": 0.0, "gpu-1": 0.0, "gpu-2": 0.0,
+                    "trainer": 0.0, "stat": (0.0, 0)}  # fmt: skip
     return {
         "clusters/overview": {
             "total_space": 0.0, "used_space": 0.0, "usage_percentage": 0.0,
@@ -128,10 +131,8 @@ def expected(figures: dict[str, Any] | None) -> dict[str, Any]:
             "static_gpu_details": "8 X AMD_Instinct_MI300X_OAM", "kubelet_version": "v1.31.2",
             "containerd_version": "1.7.22", "cluster_name": "local"},
         "nodes/gpu-1/gpuDevices": {"node_name": "gpu-1", "cluster_name": "local", "devices": [
-            {"deviceId": 0, "model": "AMD Instinct MI300X", **f.get("gpu0", dict.fromkeys(
-                ("memory", "utilization", "temperature", "power")))},
-            {"deviceId": 1, "model": "", **f.get("gpu1", dict.fromkeys(
-                ("memory", "utilization", "temperature", "power")))}]},
+            {"deviceId": 0, "model": "AMD Instinct MI300X", **f.get("gpu0", UNKNOWN_GPU)},
+            {"deviceId": 1, "model": "", **f.get("gpu1", UNKNOWN_GPU)}]},
         "nodes/gpuUtilization": {"allocationRate": 25.0, "utilization": f.get("util")},
         "workloads/statistic": {"running_workloads_count": 1, "avg_gpu_allocated": 2.0,
                                 "avg_gpu_utilization": f.get("stat", (None, None))[0],
@@ -140,7 +141,7 @@ def expected(figures: dict[str, Any] | None) -> dict[str, Any]:
         "clusters/consumers": {"total": 1, "data": [
             {"kind": "Deployment", "name": "trainer", "namespace": NS, "uid": U["trainer"],
              "stat": {"gpu_request": 2, "gpu_utilization": f.get("trainer")},
-             "pods": None, "source": "k8s"}]},
+             "pods": [], "source": "k8s"}]},
         "workloads": {"total": 1, "data": [
             {"kind": "Deployment", "name": "trainer", "namespace": NS, "uid": U["trainer"],
              "gpu_allocated": 2, "gpu_allocation": {"AMD_Instinct_MI300X_OAM": 2.0},
@@ -192,7 +193,7 @@ def started(recorder_app: Any, api: FakeApiServer, url: str, **settings: Any) ->
 
 
 def check_degraded(app: Any, why: str, pure_why: str) -> None:
-    """Every mixed route: 2000, the stored facts exact, its Prometheus figures null, why
+    """Every mixed route: 2000, the stored facts exact, its Prometheus figures 0, why
     said; every pure route: 5003, why said."""
     want = expected(None)
     for path, data in want.items():
@@ -203,7 +204,7 @@ def check_degraded(app: Any, why: str, pure_why: str) -> None:
     assert [n["name"] for n in by_use["data"]] == ["gpu-2", "gpu-1"]
     frag = degraded(app, "nodes/fragmentation-analysis", why)
     assert [(f["node_name"], f["utilization"]) for f in frag["node_fragmentations"]] == [
-        ("gpu-1", None), ("gpu-2", None)]  # fmt: skip
+        ("gpu-1", 0.0), ("gpu-2", 0.0)]  # fmt: skip
     timeline = degraded(app, f"workloads/{U['trainer']}/timeline",
                         f"timeline entries from Prometheus: {pure_why}")  # fmt: skip
     assert timeline["incomplete"] == [pure_why]
@@ -258,7 +259,7 @@ def test_with_prometheus_stopped_then_back(api: FakeApiServer, recorder_app: Any
 
 def test_with_prometheus_hung(api: FakeApiServer, recorder_app: Any, tmp_path: Path) -> None:
     """A Prometheus that never answers costs a request timeout_seconds once: its first
-    query timed out, the request's other reads of it are null at once."""
+    query timed out, the request's other reads of it are unknown (0) at once."""
     silent = Silent()
     try:
         url = f"sqlite:///{tmp_path / 'r.db'}"

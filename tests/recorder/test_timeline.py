@@ -192,7 +192,7 @@ def test_the_timeline_and_the_outlier_of_a_job_that_slowed_down(
     assert "unavailable" in data["incomplete"][0]
     assert body["meta"] == {
         "code": 2000,
-        "message": "OK; Prometheus figures missing (null): "
+        "message": "OK; figures unknown, answered as 0: "
         f"timeline entries from Prometheus: {data['incomplete'][0]}",
     }
     assert "gpu_fault" in {e["type"] for e in data["entries"]}

@@ -74,7 +74,6 @@ def alert_json(row: Row[Any], table: Table) -> dict[str, Any]:
     out["annotations"] = dict(out.get("annotations") or {})
     out["raw_data"] = out.get("raw_data") or {}
     out["enriched_data"] = dict(out.get("enriched_data") or {})
-    out["workload_name"] = out.get("workload_name") or None
     return out
 
 

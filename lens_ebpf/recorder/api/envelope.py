@@ -9,9 +9,11 @@ the route answers; 409/4002 (it exists already), 403/4003 (a write the service d
 make); a write without the API's credentials 401/4010 (none) or 403/4003 (a wrong token);
 a method no route of the path takes 405/4016.
 A write (POST, PUT, PATCH, DELETE) runs in one transaction. A route that mixes stored
-facts with Prometheus figures answers 2000 without them (null), meta.message saying what
-is missing. Parameters are taken in snake_case (the UI's `page_num`) and camelCase
-(`pageNum`). Paged lists answer `{"data": [...], "total": N}`.
+facts with figures it cannot know now (Prometheus's) answers 2000 with them 0, the
+original's types (never null where its Go struct has a number, string, bool or list),
+meta.message saying what is unknown and why. Parameters are taken in snake_case (the
+UI's `page_num`) and camelCase (`pageNum`). Paged lists answer `{"data": [...], "total":
+N}`.
 """
 
 from __future__ import annotations
@@ -85,11 +87,14 @@ def answer(status: int, body: Any) -> Response:
     return status, "application/json", orjson.dumps(body, option=JSON_OPTIONS)
 
 
+UNKNOWN = "OK; figures unknown, answered as 0: "  # meta.message's start, then why
+
+
 def ok(data: Any, missing: list[str] | None = None) -> Response:
-    """2000 with the data; where Prometheus could not give some of its figures (null in
-    the data), meta.message says why, and the page still draws."""
-    message = "OK" if not missing else "OK; Prometheus figures missing (null): " + \
-        "; ".join(missing)  # fmt: skip
+    """2000 with the data; where some figures are unknown (Prometheus could not give
+    them, an hour had no samples) the data holds 0 for them, the original's type (a
+    page does arithmetic on them), and meta.message says which and why."""
+    message = "OK" if not missing else UNKNOWN + "; ".join(missing)
     return answer(200, {"meta": {"code": 2000, "message": message}, "data": data})
 
 
