@@ -79,6 +79,7 @@ WRITERS = {
     "core/runner.py": "both (periodic jobs)",
     "k8s/": "both (Kubernetes watches)",
     "recorder/ingest/": "recorder (ingest)",
+    "recorder/api/front.py": "recorder (HTTP server)",
     "recorder/training/": "recorder (training)",
     "recorder/remote_write/": "recorder (remote write)",
     "recorder/clusters.py": "recorder (clusters)",

@@ -28,7 +28,7 @@ from lens_ebpf.agent.net.policy import PolicyError
 from lens_ebpf.agent.net.policy_watch import PolicyCollector, PolicyWatcher
 from lens_ebpf.agent.stream.event_api import EventApi
 from lens_ebpf.core.collector import CollectorSet
-from lens_ebpf.core.http import HttpServer, Response, json_response
+from lens_ebpf.core.http import HttpServer, Response, front, json_response
 from lens_ebpf.core.loop import EventLoopThread
 from lens_ebpf.core.routes import RouteTable, Whole
 from lens_ebpf.core.runner import Job, Runner
@@ -88,8 +88,9 @@ class Agent:
         for f in self.features:
             paths.update(f.routes())
         routes = RouteTable()
+        probes = {"/healthz", "/readyz", "/health", "/ready"}  # never queued behind work
         for path, route in {**paths, "/health": self._healthz, "/ready": self._readyz}.items():
-            routes.get(path)(route)
+            routes.get(path, probe=path in probes)(route)
         return routes
 
     def views(self) -> dict[str, dict[str, Any]]:
@@ -106,7 +107,7 @@ class Agent:
         try:
             self.http = HttpServer(host, port, self.registry, srv.max_connections,
                                    srv.request_timeout_seconds, srv.max_header_bytes,
-                                   self.loop)  # fmt: skip
+                                   self.loop, **front(srv))  # fmt: skip
         except OSError as exc:
             raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         self.http.mount("", Whole(), self.rest())

@@ -8,9 +8,13 @@ previous response (aiohttp's keep-alive timer, counted when it cuts); request he
 capped at `max_header_bytes` (431 beyond); clients that hang up are not tracebacks; and
 scrapes that arrive while /metrics renders share that rendering. Routes come only
 through mount(): their surface calls them on a worker thread, so a slow one never holds
-the loop. POST routes get their body whole, read up to the route's own bound (413
-beyond, counted, before the rest is read); with a certificate the server speaks TLS
-(mutual TLS with a client CA).
+the loop; probe routes (health) on threads of their own, so they never queue behind
+slow work. A write (POST, PUT, PATCH, DELETE) is judged on its head before a byte of its
+body is read (its surface's admit(): credentials, Content-Type), then its body read
+within its route's bound (413 beyond), within `body_timeout` (408), while fewer than
+`max_writes` are in hand and their bodies fit `max_body_bytes_in_hand` (503 beyond: one
+budget for the whole service, whatever prefix a route is served under); each counted.
+With a certificate the server speaks TLS (mutual TLS with a client CA).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import resource
 import socket
 import ssl
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote
 
@@ -40,10 +46,12 @@ from lens_ebpf.core.routes import (
     Mounted,
     Request,
     Response,
+    Route,
     Routes,
     RouteTable,
     Surface,
 )
+from lens_ebpf.core.settings import ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +97,11 @@ class Counters:
         self.cut = 0  # closed for sending no whole request head in time
         self.oversized = 0
         self.bodies_too_large = 0  # POST bodies over their route's bound (413)
+        self.bodies_timed_out = 0  # bodies not whole within the body timeout (408)
+        self.bodies_abandoned = 0  # clients that hung up before their body was whole
+        self.busy = 0  # writes refused (503): too many in hand, or their bodies' bytes
+        self.writes = 0  # writes in hand now (body being read, or handler running)
+        self.body_bytes = 0  # their bodies' bytes held now
         self.scrapes = 0
         self.renders = 0
 
@@ -170,18 +183,24 @@ class HttpServer:
                  max_connections: int = 10000, request_timeout: float = 10.0,
                  max_header_bytes: int = 65536,
                  loop: EventLoopThread | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:  # fmt: skip
+                 tls: ssl.SSLContext | None = None, *, backlog: int = 4096,
+                 body_timeout: float = 30.0, max_writes: int = 64,
+                 max_body_bytes_in_hand: int = 64 << 20) -> None:  # fmt: skip
         self.registry = registry
         self._routes = Routes()
-        self.in_flight: dict[str, int] = {}  # POSTs in hand, by route
-        self.busy: dict[str, int] = {}  # POSTs refused for too many at once (503), by route
         self.tls = tls
         self.counters = Counters()
         self.max_connections = max_connections
         self.request_timeout = request_timeout
         self.max_header_bytes = max_header_bytes
+        self.backlog = backlog
+        self.body_timeout = body_timeout
+        self.max_writes = max_writes
+        self.max_body_bytes_in_hand = max_body_bytes_in_hand
         self._own_loop = loop is None
         self._loop = loop or EventLoopThread("http")
+        # health apart from request work: a pool every slow handler may fill is not theirs
+        self._probes = ThreadPoolExecutor(2, thread_name_prefix="http-probe")
         self._rendering: asyncio.Future[bytes] | None = None
         self._server: asyncio.AbstractServer | None = None
         raise_open_files(max_connections + 256)
@@ -191,7 +210,7 @@ class HttpServer:
         try:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self._sock.bind((host, port))
-            self._sock.listen(1024)
+            self._sock.listen(backlog)  # the kernel caps it at net.core.somaxconn
             self._sock.setblocking(False)
         except OSError:
             self._sock.close()
@@ -224,40 +243,103 @@ class HttpServer:
                  body: bytes = b"") -> Request:  # fmt: skip
         transport = request.transport
         cert = transport.get_extra_info("peercert") if transport is not None else None
+        subject = ""
+        if cert:
+            names = dict(pair for rdn in cert.get("subject", ()) for pair in rdn)
+            subject = str(names.get("commonName", ""))
         return Request(path[len(m.prefix) :].lstrip("/"), params, dict(request.query),
                        {k.lower(): v for k, v in request.headers.items()}, body,
-                       request.remote or "", bool(cert))  # fmt: skip
+                       request.remote or "", bool(cert), subject)  # fmt: skip
 
     async def _write(self, request: web.BaseRequest) -> Answer:
-        """A POST, PUT, PATCH or DELETE: its body read within its route's bound, its
-        handler called on a worker thread."""
+        """A POST, PUT, PATCH or DELETE: judged on its head (its surface's admit), its
+        body read within its route's bound, the body timeout and the service's budget of
+        writes and bytes in hand, its handler called on a worker thread."""
         path, method = self._path(request), request.method
         found = self._routes.find(method, path)
         if found is None:
             return self._not_allowed(request, path, method)
         m, params = found
-        prefix, most, at_once = "/".join(m.parts), m.surface.max_body(m.route), m.route.at_once
-        length = request.content_length
+        route, surface, c = m.route, m.surface, self.counters
+        head = self._request(request, path, m, params)
+        refused = surface.admit(route, head)  # before a byte of the body is read
+        if refused is not None:
+            return refused
+        most, length = surface.max_body(route), request.content_length
         if length is not None and length > most:
-            self.counters.bodies_too_large += 1
-            return json_response(413, {"error": f"body of {length} bytes: over {most}"})
-        if self.in_flight.get(prefix, 0) >= at_once:
-            self.busy[prefix] = self.busy.get(prefix, 0) + 1
-            return (*json_response(503, {"error": f"{at_once} requests in hand: retry"}),
-                    {"Retry-After": "1", "Connection": "close"})  # fmt: skip
-        self.in_flight[prefix] = self.in_flight.get(prefix, 0) + 1
+            c.bodies_too_large += 1
+            return surface.refuse(route, 413, f"body of {length} bytes: over {most}")
+        if c.writes >= self.max_writes:
+            c.busy += 1
+            return self._retry(surface.refuse(route, 503, f"{self.max_writes} writes in "
+                                              "hand: retry"))  # fmt: skip
+        c.writes += 1
+        held = [0]  # body bytes this request holds of the service's budget
         try:
-            body = bytearray()
-            async for chunk in request.content.iter_chunked(65536):
-                body += chunk
-                if len(body) > most:
-                    self.counters.bodies_too_large += 1
-                    return json_response(413, {"error": f"body over {most} bytes"})
-            req = self._request(request, path, m, params, bytes(body))
-            return await asyncio.get_running_loop().run_in_executor(None, m.surface.call,
-                                                                    m.route, req)  # fmt: skip
+            try:
+                async with asyncio.timeout(self.body_timeout):
+                    body = await self._body(request, route, surface, most, held)
+            except TimeoutError:
+                c.bodies_timed_out += 1
+                return surface.refuse(route, 408, "the body was not whole within "
+                                      f"{self.body_timeout:g} s")  # fmt: skip
+            except ConnectionError:  # the client hung up mid-body: this answer goes nowhere
+                c.bodies_abandoned += 1
+                log.debug("%s %s: the client hung up before its body was whole", method, path)
+                return surface.refuse(route, 400, "the client hung up mid-body")
+            if not isinstance(body, bytes):
+                return body
+            req = replace(head, body=body)
+            del body
+            return await asyncio.get_running_loop().run_in_executor(None, surface.call,
+                                                                    route, req)  # fmt: skip
         finally:
-            self.in_flight[prefix] -= 1
+            c.writes -= 1
+            c.body_bytes -= held[0]
+
+    async def _body(self, request: web.BaseRequest, route: Route, surface: Surface, most: int,
+                    held: list[int]) -> bytes | Answer:  # fmt: skip
+        """The body whole, or the answer refusing it (413 over most; 503 where the
+        service's bodies in hand would pass max_body_bytes_in_hand). What Content-Length
+        says is taken from the budget before a byte is read, a chunked body's bytes as
+        they come; held says how many were taken."""
+
+        def busy() -> Answer:
+            return self._retry(surface.refuse(route, 503, "as many body bytes in hand as "
+                                              "the service holds: retry"))  # fmt: skip
+
+        length = request.content_length or 0
+        if length and not self._take(length, held):
+            return busy()
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.content.iter_chunked(65536):
+            size += len(chunk)
+            if size > most:
+                self.counters.bodies_too_large += 1
+                return surface.refuse(route, 413, f"body over {most} bytes")
+            if size > held[0] and not self._take(size - held[0], held):
+                return busy()
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _take(self, n: int, held: list[int]) -> bool:
+        """n more body bytes from the service's budget (one body alone is always taken,
+        whatever its size within its route's bound); False, counted, where they do not
+        fit."""
+        c = self.counters
+        if c.body_bytes and c.body_bytes + n > self.max_body_bytes_in_hand:
+            c.busy += 1
+            return False
+        c.body_bytes += n
+        held[0] += n
+        return True
+
+    @staticmethod
+    def _retry(got: Answer) -> Answer:
+        """A 503 that says when to come back."""
+        extra = got[3] if len(got) > 3 else {}
+        return got[0], got[1], got[2], {**extra, "Retry-After": "1"}
 
     def _not_allowed(self, request: web.BaseRequest, path: str, method: str) -> Answer:
         """405 for a method no route of the path takes: in the envelope of the surface the
@@ -277,11 +359,10 @@ class HttpServer:
         extra = got[3] if len(got) > 3 else {}
         return got[0], got[1], got[2], {**extra, "Allow": ", ".join(allowed)}
 
-    def _get(self, request: web.BaseRequest) -> Answer | None:
+    def _get(self, request: web.BaseRequest, path: str,
+             found: tuple[Mounted, dict[str, str]] | None) -> Answer | None:  # fmt: skip
         """The GET route's answer (a surface's for a path under its prefix that no route
         holds); None: no route."""
-        path = self._path(request)
-        found = self._routes.find("GET", path)
         if found is not None:
             m, params = found
             return m.surface.call(m.route, self._request(request, path, m, params))
@@ -314,20 +395,25 @@ class HttpServer:
                 status, ctype, body = 200, CONTENT_TYPE, await self._metrics()
             else:
                 try:
-                    found = await asyncio.get_running_loop().run_in_executor(
-                        None, self._get, request)  # fmt: skip
-                    got = found or json_response(404, {"error": f"no route {request.path}"})
+                    path = self._path(request)
+                    found = self._routes.find("GET", path)
+                    pool = self._probes if found is not None and found[0].route.probe else None
+                    answered: Answer | None = await asyncio.get_running_loop(
+                        ).run_in_executor(pool, self._get, request, path, found)  # fmt: skip
+                    got = answered or json_response(404, {"error": f"no route {request.path}"})
                     status, ctype, body = got[0], got[1], got[2]
                     extra = got[3] if len(got) > 3 else {}
                 except Exception as exc:  # a broken route must not take the server down
                     log.exception("route %s failed", request.path)
                     status, ctype, body = json_response(500, {"error": str(exc)})
-            headers = {"Content-Type": ctype, **extra}
-            if status == 413:  # the rest of the body is not read: the connection cannot go on
-                headers["Connection"] = "close"
-            return web.Response(status=status, body=body, headers=headers)
+            resp = web.Response(status=status, body=body, headers={"Content-Type": ctype, **extra})
+            if not request.content.is_eof() or extra.get("Connection") == "close":
+                resp.force_close()  # a body not read: the connection cannot go on
+            return resp
         finally:
-            if isinstance(conn, _Connection):
+            # the rest of an unread body is not the next request's head (the connection
+            # closes once aiohttp has drained what comes within its lingering time)
+            if isinstance(conn, _Connection) and request.content.is_eof():
                 conn.next_head()
 
     async def _metrics(self) -> bytes:
@@ -356,8 +442,9 @@ class HttpServer:
             auto_decompress=False,
             loop=asyncio.get_running_loop(),
         )  # fmt: skip
-        self._server = await asyncio.get_running_loop().create_server(manager, sock=self._sock,
-                                                                      ssl=self.tls)  # fmt: skip
+        # asyncio listens again on a given socket, with its own backlog (100) unless told
+        self._server = await asyncio.get_running_loop().create_server(
+            manager, sock=self._sock, ssl=self.tls, backlog=self.backlog)  # fmt: skip
         self._manager = manager
 
     def start(self) -> None:
@@ -367,12 +454,14 @@ class HttpServer:
         if self._server is not None:
             self._server.close()
             self._manager.pre_shutdown()
+            await self._manager.shutdown(1.0)  # what still lingers on a connection ends
             await self._server.wait_closed()
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
             self._loop.call(self._stop(), timeout=10)
         self._sock.close()
+        self._probes.shutdown(wait=False)
         if self._own_loop:
             self._loop.close()
 
@@ -403,11 +492,33 @@ class _HttpCollector(Collector):
         yield CounterMetricFamily("lens_agent_http_request_bodies_too_large",
                                   "POST bodies refused (413): over their route's bound",
                                   value=c.bodies_too_large)  # fmt: skip
+        yield CounterMetricFamily("lens_agent_http_request_bodies_timed_out",
+                                  "Request bodies not whole within server.body_timeout_seconds "
+                                  "(408)", value=c.bodies_timed_out)  # fmt: skip
+        yield CounterMetricFamily("lens_agent_http_request_bodies_abandoned",
+                                  "Requests whose client hung up before its body was whole",
+                                  value=c.bodies_abandoned)  # fmt: skip
+        yield CounterMetricFamily("lens_agent_http_writes_busy",
+                                  "Writes refused (503): server.max_writes_in_hand in hand, or "
+                                  "server.max_body_bytes_in_hand held", value=c.busy)  # fmt: skip
+        yield GaugeMetricFamily("lens_agent_http_writes_in_hand",
+                                "Writes whose body is being read or handled now",
+                                value=c.writes)  # fmt: skip
+        yield GaugeMetricFamily("lens_agent_http_request_body_bytes_in_hand",
+                                "Request body bytes held now (being read or handled)",
+                                value=c.body_bytes)  # fmt: skip
         yield CounterMetricFamily("lens_agent_metrics_scrapes", "/metrics requests",
                                   value=c.scrapes)  # fmt: skip
         yield CounterMetricFamily("lens_agent_metrics_renders",
                                   "/metrics renderings (concurrent scrapes share one)",
                                   value=c.renders)  # fmt: skip
+
+
+def front(srv: ServerConfig) -> dict[str, Any]:
+    """HttpServer's bounds on writes and its listen backlog, from a service's server:."""
+    return {"backlog": srv.listen_backlog, "body_timeout": srv.body_timeout_seconds,
+            "max_writes": srv.max_writes_in_hand,
+            "max_body_bytes_in_hand": srv.max_body_bytes_in_hand}  # fmt: skip
 
 
 def tls_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext | None:

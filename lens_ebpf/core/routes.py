@@ -3,7 +3,8 @@
 A module of routes makes a `RouteTable` and declares each handler on it
 (`@routes.get("nodes/{name}/devices")`, `@routes.post("logs", max_body=...)`);
 `HttpServer.mount(prefix, surface, *tables)` serves tables under a prefix through a
-`Surface`: how that API calls its handlers and wraps their answers (its envelope). A path
+`Surface`: how that API calls its handlers and wraps their answers (its envelope), and
+what it asks of a write's head before a byte of its body is read (`admit`). A path
 matches a route with as many segments whose literal segments are equal; where several
 match, the one whose first differing segment is literal wins (`nodes/gpuAllocation`
 over `nodes/{name}`, `workloads/statistics` over `workloads/{uid}`).
@@ -12,7 +13,8 @@ over `nodes/{name}`, `workloads/statistics` over `workloads/{uid}`).
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -34,9 +36,12 @@ class Request:
     body: bytes = b""
     peer: str = ""  # the client's address
     certified: bool = False  # the client presented a certificate the server's CA verified
+    subject: str = ""  # that certificate's subject (its commonName)
+    user: str = ""  # who a write is made by, as its surface's credentials say
 
 
 WRITES = ("POST", "PUT", "PATCH", "DELETE")  # the methods whose body a route reads
+JSON = ("application/json",)  # what a write takes unless it says otherwise (+json too)
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,8 @@ class Route:
     path: str  # segments, "{name}" for a parameter: "nodes/{name}/devices"
     handler: Callable[..., Any]
     max_body: int = 0  # a write: bodies over it get 413
-    at_once: int = 64  # a write: beyond this many in hand, 503 before the body is read
+    takes: tuple[str, ...] = JSON  # a write: the media types its body may declare
+    probe: bool = False  # a GET answered apart from request work (health)
 
     @property
     def parts(self) -> tuple[str, ...]:
@@ -62,36 +68,67 @@ class RouteTable:
     def __init__(self) -> None:
         self.routes: list[Route] = []
 
-    def get(self, path: str) -> Callable[[H], H]:
-        return self._declare(Route("GET", path.strip("/"), _unset))
+    def get(self, path: str, probe: bool = False) -> Callable[[H], H]:
+        """A GET route (HEAD too); probe: a health check, answered on threads of its own,
+        never queued behind other requests' work."""
+        return self._declare(Route("GET", path.strip("/"), _unset, probe=probe))
 
-    def post(self, path: str, max_body: int = 0, at_once: int = 64) -> Callable[[H], H]:
-        """A POST route: bodies over max_body (0: the bound its surface sets) get 413;
-        beyond at_once requests of it in hand (bodies read, answers not yet sent) a new
-        one gets 503 before its body is read, so what is held stays bounded."""
-        return self._declare(Route("POST", path.strip("/"), _unset, max_body, at_once))
+    def post(self, path: str, max_body: int = 0, takes: tuple[str, ...] = JSON
+             ) -> Callable[[H], H]:  # fmt: skip
+        """A POST route: bodies over max_body (0: the bound its surface sets) get 413; a
+        body must declare a Content-Type of takes (415 otherwise, before it is read)."""
+        return self._declare(Route("POST", path.strip("/"), _unset, max_body, takes))
 
-    def put(self, path: str, max_body: int = 0, at_once: int = 64) -> Callable[[H], H]:
+    def put(self, path: str, max_body: int = 0, takes: tuple[str, ...] = JSON
+            ) -> Callable[[H], H]:  # fmt: skip
         """A PUT route, bounded as post()'s."""
-        return self._declare(Route("PUT", path.strip("/"), _unset, max_body, at_once))
+        return self._declare(Route("PUT", path.strip("/"), _unset, max_body, takes))
 
-    def patch(self, path: str, max_body: int = 0, at_once: int = 64) -> Callable[[H], H]:
+    def patch(self, path: str, max_body: int = 0, takes: tuple[str, ...] = JSON
+              ) -> Callable[[H], H]:  # fmt: skip
         """A PATCH route, bounded as post()'s."""
-        return self._declare(Route("PATCH", path.strip("/"), _unset, max_body, at_once))
+        return self._declare(Route("PATCH", path.strip("/"), _unset, max_body, takes))
 
-    def delete(self, path: str, max_body: int = 0, at_once: int = 64) -> Callable[[H], H]:
+    def delete(self, path: str, max_body: int = 0, takes: tuple[str, ...] = JSON
+               ) -> Callable[[H], H]:  # fmt: skip
         """A DELETE route, bounded as post()'s (its body, if any, read the same way)."""
-        return self._declare(Route("DELETE", path.strip("/"), _unset, max_body, at_once))
+        return self._declare(Route("DELETE", path.strip("/"), _unset, max_body, takes))
 
     def _declare(self, proto: Route) -> Callable[[H], H]:
         def declare(handler: H) -> H:
             if any(r.method == proto.method and r.parts == proto.parts for r in self.routes):
                 raise ValueError(f"{proto.method} {proto.path}: declared twice")
             self.routes.append(Route(proto.method, proto.path, handler, proto.max_body,
-                                     proto.at_once))  # fmt: skip
+                                     proto.takes, proto.probe))  # fmt: skip
             return handler
 
         return declare
+
+
+def media_type(headers: Mapping[str, str]) -> str:
+    """A request's Content-Type without its parameters, in lower case ("" when none)."""
+    return headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+def has_body(headers: Mapping[str, str]) -> bool:
+    """Whether a request's head announces a body (a length above 0, or chunks)."""
+    length = headers.get("content-length", "").strip()
+    return (length not in ("", "0")) or "chunked" in headers.get("transfer-encoding", "").lower()
+
+
+def unwanted_type(route: Route, headers: Mapping[str, str]) -> str | None:
+    """Why a write's body is not one route takes (its declared Content-Type, the only
+    guard a browser's cross-site form or text/plain POST cannot pass without asking
+    first); None when it is, or when there is no body."""
+    if not has_body(headers):
+        return None
+    got = media_type(headers)
+    plus_json = "application/json" in route.takes and got.startswith("application/") \
+        and got.endswith("+json")  # fmt: skip
+    if got in route.takes or plus_json:
+        return None
+    said = f"Content-Type {got}" if got else "no Content-Type"
+    return f"{said}: this route takes {', '.join(route.takes)}"
 
 
 def _unset() -> None:
@@ -99,8 +136,8 @@ def _unset() -> None:
 
 
 class Surface(abc.ABC):
-    """An API as its clients see it: how its handlers are called, and the envelope of
-    their answers."""
+    """An API as its clients see it: how its handlers are called, the envelope of their
+    answers, and what it asks of a write before its body is read."""
 
     @abc.abstractmethod
     def call(self, route: Route, req: Request) -> Answer:
@@ -109,6 +146,18 @@ class Surface(abc.ABC):
     def max_body(self, route: Route) -> int:
         """The most body bytes a POST route takes: its own bound, or one the API sets."""
         return route.max_body
+
+    def admit(self, route: Route, head: Request) -> Answer | None:
+        """A write's head (its body not read yet, head.body empty): the answer refusing
+        it (credentials, its Content-Type), or None to read its body and call it."""
+        why = unwanted_type(route, head.headers)
+        return None if why is None else self.refuse(route, 415, why)
+
+    def refuse(self, route: Route, status: int, message: str) -> Answer:
+        """A request refused before its handler ran (413, 415, 408, 503), in this API's
+        envelope."""
+        body = (json.dumps({"error": message}, sort_keys=True) + "\n").encode()
+        return status, "application/json", body
 
     def missing(self, req: Request) -> Answer | None:
         """The answer for a path under the prefix that no route holds; None: the server's

@@ -93,6 +93,10 @@ class ServerConfig(Section):
     max_connections: int = Field(10000, ge=1, le=100_000)
     request_timeout_seconds: float = Field(10.0, gt=0, le=3600)
     max_header_bytes: int = Field(65536, ge=1024, le=16 << 20)
+    listen_backlog: int = Field(4096, ge=1, le=65535)  # capped by net.core.somaxconn
+    body_timeout_seconds: float = Field(30.0, gt=0, le=3600)  # a write's body, whole
+    max_writes_in_hand: int = Field(64, ge=1, le=10000)  # writes read or handled at once
+    max_body_bytes_in_hand: int = Field(64 << 20, ge=1 << 20, le=1 << 36)  # their bodies
 
 
 class Sections(BaseModel):

@@ -3,15 +3,21 @@ settings that choose it (the `kubernetes:` section both services share)."""
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import warnings
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
 from lens_ebpf.core.settings import Section
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+log = logging.getLogger(__name__)
+_unverified: set[str] = set()  # APIs said once to be reached without TLS verification
 
 
 def own_namespace(sa_dir: Path = SA_DIR) -> str:
@@ -56,7 +62,24 @@ def api_client(mode: str, kubeconfig: str, sa_dir: Path = SA_DIR) -> Any:
             config.load_kube_config(config_file=path, client_configuration=conf)
         except Exception as exc:  # missing file, bad YAML, no current context
             raise ValueError(f"kubeconfig {path}: {exc}") from None
+    if not conf.verify_ssl:
+        unverified(conf.host)
     return client.ApiClient(conf)
+
+
+def unverified(url: str) -> None:
+    """An API reached without TLS verification (a kubeconfig's insecure-skip-tls-verify):
+    said once here, not by urllib3 on every request (it warns each time: its
+    SecurityWarnings are "always")."""
+    host = urlsplit(url).hostname or url
+    from urllib3.exceptions import InsecureRequestWarning
+
+    warnings.filterwarnings("ignore", f"Unverified HTTPS request is being made to host "
+                            f"'{re.escape(host)}'", InsecureRequestWarning)  # fmt: skip
+    if url not in _unverified:
+        _unverified.add(url)
+        log.warning("kubernetes API %s: its certificate is not verified "
+                    "(insecure-skip-tls-verify)", url)  # fmt: skip
 
 
 class KubernetesClientConfig(Section):

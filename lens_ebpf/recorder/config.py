@@ -47,6 +47,9 @@ class IngestConfig(Section):
 
     token_file: str = ""  # the token, one line; empty: no token
     allow_anonymous: bool = False  # without a token, take POSTs beyond loopback too
+    # without a token: Host names a POST may be sent to (and Origins it may come from)
+    # besides addresses and localhost
+    anonymous_hosts: list[str] = Field(default_factory=list)
 
 
 class ApiConfig(Section):
@@ -56,6 +59,14 @@ class ApiConfig(Section):
 
     token_file: str = ""  # the token, one line; empty: no token
     allow_anonymous: bool = False  # without a token, take writes beyond loopback too
+    # without a token: Host names a write may be sent to (and Origins it may come from)
+    # besides addresses and localhost
+    anonymous_hosts: list[str] = Field(default_factory=list)
+    # whose X-Forwarded-User names who made a change: "token" (writes with token_file's
+    # token, as the UI's proxy presents it), "cert:<subject>" (a client certificate's
+    # commonName), "": nobody's (the change records its credentials: the certificate's
+    # subject, "token" or "anonymous")
+    forwarded_user_from: str = ""
 
 
 class AlertsConfig(Section):

@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
-from lens_ebpf.core.http import HttpServer, tls_context
+from lens_ebpf.core.http import HttpServer, front, tls_context
 from lens_ebpf.core.loop import EventLoopThread
 from lens_ebpf.core.runner import Job, JobMetrics, Runner
 from lens_ebpf.core.settings import split_listen
@@ -30,6 +30,7 @@ from lens_ebpf.recorder.accounting import Keys
 from lens_ebpf.recorder.alerting import Alerts
 from lens_ebpf.recorder.alerts import late
 from lens_ebpf.recorder.api.envelope import AlertsApi, LensApi, Services
+from lens_ebpf.recorder.api.front import FrontMetrics
 from lens_ebpf.recorder.api.posts import Admitted
 from lens_ebpf.recorder.api.seed import PlainJson
 from lens_ebpf.recorder.clusters import Clusters, Shared, StorageConfigSync, own_namespace
@@ -131,8 +132,9 @@ class RecorderApp:
         srv = cfg.server
         self.http = HttpServer(host, port, self.registry, srv.max_connections,
                                srv.request_timeout_seconds, srv.max_header_bytes, self.loop,
-                               tls_context(srv.tls.cert, srv.tls.key,
-                                           srv.tls.client_ca))  # fmt: skip
+                               tls_context(srv.tls.cert, srv.tls.key, srv.tls.client_ca),
+                               **front(srv))  # fmt: skip
+        self.registry.register(FrontMetrics(self.http.counters))
         self.remote_write = RemoteWrite(r.remote_write, self.engine, clock, r.cluster_name)
         self.registry.register(self.remote_write)
         self.registry.register(self.storage)  # the home cluster's scans
@@ -154,7 +156,7 @@ class RecorderApp:
                              api_client, own_namespace(), r.cluster_name, self.tracker.gpu_pod,
                              self.clusters.scopes, clock)  # fmt: skip
         self.registry.register(self.alerts)
-        self.write_guard = WriteGuard(r.api.token_file, r.api.allow_anonymous, host)
+        self.write_guard = WriteGuard(r.api, host)
         self.registry.register(self.write_guard)
         parts = Services(r, self.clusters, self.remote_write, self.training, self.writer,
                          self.readiness, clock, self.leadership, self.alerts)  # fmt: skip

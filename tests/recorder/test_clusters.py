@@ -198,11 +198,11 @@ def test_clusters_from_the_config_and_a_bad_secret(api: FakeApiServer, api_b: Fa
     # the POST routes read the home cluster's pods: another cluster's body is refused, counted
     base = f"http://127.0.0.1:{app.http.port}"
     r = requests.post(f"{base}/logs?cluster=b&namespace=ml&pod=p&container=c", data=b"x\n",
-                      timeout=hang_guard(5))  # fmt: skip
+                      headers={"Content-Type": "text/plain"}, timeout=hang_guard(5))  # fmt: skip
     assert r.status_code == 404 and "cluster 'local''s only, not 'b'" in r.json()["meta"]["message"]
     assert metric(app, 'lens_recorder_post_requests_total{route="/logs",code="404"}') == 1
     r = requests.post(f"{base}/logs?cluster=local&namespace=ml&pod=p&container=c", data=b"x\n",
-                      timeout=hang_guard(5))  # fmt: skip
+                      headers={"Content-Type": "text/plain"}, timeout=hang_guard(5))  # fmt: skip
     assert r.status_code == 200 and r.json()["data"]["not_gpu_pod"] == 1
 
 

@@ -45,6 +45,7 @@ def started(api: FakeApiServer, recorder_app: Any, url: str, **settings: Any) ->
 def post(app: Any, body: bytes | str | list[Any], path: str = "/logs",
          **kw: Any) -> requests.Response:  # fmt: skip
     data = json.dumps(body).encode() if isinstance(body, list) else body
+    kw["headers"] = {"Content-Type": "application/json", **kw.get("headers", {})}
     return requests.post(f"http://127.0.0.1:{app.http.port}{path}", data=data,
                          timeout=hang_guard(10), **kw)  # fmt: skip
 

@@ -78,10 +78,15 @@ def test_a_route_declared_or_mounted_twice_is_an_error() -> None:
         r.mount("v1/", Echo(), t)
 
 
-def get(port: int, path: str, data: bytes | None = None) -> tuple[int, object]:
+def get(port: int, path: str, data: bytes | None = None,
+        ctype: str = "application/json") -> tuple[int, object]:  # fmt: skip
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=data,
+        headers={"Content-Type": ctype} if data is not None else {},
+    )
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", data=data,
-                                    timeout=10) as r:  # fmt: skip
+        with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
@@ -100,6 +105,14 @@ def test_the_server_serves_mounted_tables_through_their_surface() -> None:
         assert get(port, "/elsewhere") == (404, {"error": "no route /elsewhere"})
         assert get(port, "/v1/logs", b"12345") == (200, {"data": 5})
         assert get(port, "/v1/logs", b"x" * 11) == (413, {"error": "body of 11 bytes: over 10"})
+        # a body of a type the route does not take (a browser's form): 415, before it is read
+        for ctype in ("application/x-www-form-urlencoded", "text/plain", ""):
+            said = f"Content-Type {ctype}" if ctype else "no Content-Type"
+            assert get(port, "/v1/logs", b"12345", ctype) == (
+                415,
+                {"error": f"{said}: this route takes application/json"},
+            )
+        assert get(port, "/v1/logs", b"12345", "application/merge-patch+json")[0] == 200
         assert get(port, "/v1/nodes/a", b"x") == (405, {"error": "POST not allowed here (GET is)"})
         assert get(port, "/x", b"x") == (405, {"error": "POST not allowed here (nothing is)"})
     finally:

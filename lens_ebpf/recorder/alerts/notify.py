@@ -14,6 +14,9 @@ from lens_ebpf.recorder.alerts import secrets
 # Alertmanager keeps an alert this long after its last post unless told it ended; we post
 # firing ones again each notify run, well within it
 RESEND = timedelta(minutes=1)
+# the longest a receiver is waited for, whatever a channel's own timeout says: the wait
+# holds one of the service's worker threads
+MOST_SECONDS = 30.0
 
 
 class SendError(Exception):
@@ -23,6 +26,7 @@ class SendError(Exception):
 def _call(method: str, url: str, body: Any = None, timeout: float = 10.0,
           headers: dict[str, str] | None = None) -> Any:  # fmt: skip
     data = json.dumps(body).encode() if body is not None else None
+    timeout = min(timeout, MOST_SECONDS)
     target, basic = secrets.userinfo(url)  # user:password@ sent as Basic auth
     sent = {"Content-Type": "application/json", **(headers or {})}
     if basic and not any(k.lower() == "authorization" for k in sent):

@@ -91,9 +91,9 @@ def ident(ask: Ask, name: str = "id") -> int:
 
 
 def who(ask: Ask) -> str:
-    """Who made a change: the proxy's user header where one is set, else "api"."""
-    h = ask.req.headers
-    return (h.get("x-forwarded-user") or h.get("x-remote-user") or "api")[:253]
+    """Who made a change, as its credentials say (WriteGuard.user: a proxy's user header
+    only from recorder.api.forwarded_user_from's credentials)."""
+    return ask.req.user or "api"
 
 
 def hours(ask: Ask, default: int = 24) -> int:

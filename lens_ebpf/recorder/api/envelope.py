@@ -23,7 +23,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +40,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from lens_ebpf.core.routes import WRITES, Answer, Request, Response, Route, Surface
+from lens_ebpf.core.routes import WRITES, Answer, Request, Response, Route, Surface, unwanted_type
 from lens_ebpf.recorder import inputs, prom
 from lens_ebpf.recorder.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailable
 from lens_ebpf.recorder.lifecycle import parse_time
@@ -63,6 +63,8 @@ log = logging.getLogger(__name__)
 PREFIXES = ("/v1", "/lens/v1", "/api")
 PAGE_MAX = 1000
 NOT_ALLOWED = 4016  # a method no route of the path takes (the original's InvalidOperation)
+# a request refused on its head or while its body came (core/http.py), by HTTP status
+REFUSED = {401: 4010, 403: 4003, 408: 4008, 413: 4013, 415: 4015, 503: 5003, 400: 4001}
 Connect = Callable[[], contextlib.AbstractContextManager[Connection]]  # a connection, closed after
 
 
@@ -304,13 +306,23 @@ class LensApi(Surface):
     def max_body(self, route: Route) -> int:
         return route.max_body or (1 << 20)  # a rule, a silence, a channel: small
 
+    def admit(self, route: Route, head: Request) -> Answer | None:
+        """A write's credentials and Content-Type, on its head (the guard's)."""
+        if self.guard is None:
+            return super().admit(route, head)
+        name = "/" + route.path
+        refused = self.guard.refused(name, head.headers, head.certified)
+        if refused is None and (why := unwanted_type(route, head.headers)) is not None:
+            refused = self.guard.refuse(name, 415, why)  # what a browser's form sends
+        return None if refused is None else self.refuse(route, *refused)
+
+    def refuse(self, route: Route, status: int, message: str) -> Answer:
+        return error(ApiError(status, REFUSED.get(status, 4000), message))
+
     def call(self, route: Route, req: Request) -> Answer:
         write = route.method in WRITES
-        if write and self.guard is not None:
-            refused = self.guard.refused("/" + route.path, req.headers, req.certified)
-            if refused is not None:
-                status, why = refused
-                return error(ApiError(status, 4010 if status == 401 else 4003, why))
+        if write and self.guard is not None:  # admitted on its head (admit)
+            req = replace(req, user=self.guard.user(req.headers, req.certified, req.subject))
         got = self._call(route, req, self.begin if write else self.connect)
         if write and self.guard is not None:
             self.guard.count("/" + route.path, got[0])

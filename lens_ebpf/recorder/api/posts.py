@@ -3,8 +3,11 @@
 notifier), /api/v2/alerts (Prometheus's alerting with this service as its Alertmanager),
 /alerts/webhook (any JSON alert). Each takes the bearer token (ingest/admission.py), is counted
 and timed by route, and answers in the cluster API's envelope: meta.code 2000, or 4001
-(a bad body), 4010 (no or a wrong token), 4013 (too large), 4015 (an encoding or protocol
-the route does not take), 5003 (a dependency is down, or the write queue is full: retry).
+(a bad body), 4010 (no or a wrong token), 4003 (no token, from another site), 4008 (a
+body not whole in time), 4013 (too large), 4015 (a Content-Type, encoding or protocol
+the route does not take), 5003 (a dependency is down, the write queue is full, or the
+service holds as many bodies as it takes: retry). The token, the site and the
+Content-Type are judged on the head, before a byte of the body is read.
 """
 
 from __future__ import annotations
@@ -12,7 +15,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from lens_ebpf.core.routes import Answer, Request, Response, Route, RouteTable, Surface
+from lens_ebpf.core.routes import (
+    Answer,
+    Request,
+    Response,
+    Route,
+    RouteTable,
+    Surface,
+    unwanted_type,
+)
 from lens_ebpf.recorder import inputs
 from lens_ebpf.recorder.alerts import ingest
 from lens_ebpf.recorder.alerts.model import OWN_LABEL
@@ -22,7 +33,13 @@ from lens_ebpf.recorder.errors import BadRequest
 from lens_ebpf.recorder.ingest.admission import Ingest, Outcome
 from lens_ebpf.recorder.training.intake import take_logs
 
-CODES = {400: 4001, 401: 4010, 404: 4004, 413: 4013, 415: 4015, 429: 4029, 503: 5003}
+CODES = {400: 4001, 401: 4010, 403: 4003, 404: 4004, 408: 4008, 413: 4013, 415: 4015,
+         429: 4029, 503: 5003}  # fmt: skip
+# what each route's body may declare: log shippers' JSON, JSON lines and plain lines; remote
+# write's protobuf; alerts' JSON
+LOGS = ("application/json", "application/x-ndjson", "application/jsonlines",
+        "application/json-lines", "text/plain")  # fmt: skip
+PROTOBUF = ("application/x-protobuf",)
 
 routes = RouteTable()
 
@@ -53,11 +70,26 @@ class Admitted(Surface):
                 "prometheus": cfg.remote_write.max_body_bytes}.get(
                     route.path, cfg.alerts.max_body_bytes)  # fmt: skip
 
-    def call(self, route: Route, req: Request) -> Answer:
+    def admit(self, route: Route, head: Request) -> Answer | None:
+        """The token and the site (Ingest.refused), then the Content-Type, on the head."""
         name = "/" + route.path
+        got = self.ingest.refused(name, head.headers)
+        if got is None and (why := unwanted_type(route, head.headers)) is not None:
+            got = Outcome(415, f"{name}: {why}")
+        if got is None:
+            return None
+        self.ingest.count(name, got.status, 0.0)
+        return put(got)
+
+    def refuse(self, route: Route, status: int, message: str) -> Answer:
+        self.ingest.count("/" + route.path, status, 0.0)
+        return put(Outcome(status, f"/{route.path}: {message}"))
+
+    def call(self, route: Route, req: Request) -> Answer:
+        name = "/" + route.path  # admitted on its head (admit)
         start = time.perf_counter()
-        got = self.ingest.refused(name, req.headers) or self.ingest.elsewhere(
-            name, req.query.get("cluster", "")) or self._handle(route, req)  # fmt: skip
+        got = self.ingest.elsewhere(name, req.query.get("cluster", "")) or self._handle(
+            route, req)  # fmt: skip
         self.ingest.count(name, got.status, time.perf_counter() - start)
         return put(got)
 
@@ -78,7 +110,7 @@ class Admitted(Surface):
                            if e.status == 503 else {})  # fmt: skip
 
 
-@routes.post("logs")
+@routes.post("logs", takes=LOGS)
 def logs(req: Request, app: Services) -> Outcome:
     """Taken here, or (with replicas, on one that does not lead) handed to the leader,
     which keeps the training progress (leadership.py)."""
@@ -89,7 +121,7 @@ def logs(req: Request, app: Services) -> Outcome:
                      req.query, app.cfg.logs.max_body_bytes, app.clock(), also)  # fmt: skip
 
 
-@routes.post("prometheus")
+@routes.post("prometheus", takes=PROTOBUF)
 def prometheus(req: Request, app: Services) -> Outcome:
     return app.remote_write.post(req.headers, req.body)
 

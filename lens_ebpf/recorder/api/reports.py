@@ -73,5 +73,11 @@ class LensFiles(Surface):
         answer = self.lens.call(dataclasses.replace(route, handler=keep), req)
         return got[0] if got else answer
 
+    def admit(self, route: Route, head: Request) -> Answer | None:
+        return self.lens.admit(route, head)  # a write's credentials: the API's
+
+    def refuse(self, route: Route, status: int, message: str) -> Answer:
+        return self.lens.refuse(route, status, message)
+
     def missing(self, req: Request) -> Answer | None:
         return self.lens.missing(req)

@@ -61,12 +61,12 @@ def cluster(ask: Ask) -> str:
     return ask.query.get("cluster") or ask.app.cfg.cluster_name
 
 
-@routes.get("healthz")
+@routes.get("healthz", probe=True)
 def healthz(ask: Ask) -> Any:
     return {"status": "ok"}
 
 
-@routes.get("readyz")
+@routes.get("readyz", probe=True)
 def readyz(ask: Ask) -> Any:
     """Ready while the home cluster's pods are listed and the database takes writes."""
     ready, body = ask.app.readiness()

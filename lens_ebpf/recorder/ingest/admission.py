@@ -4,9 +4,12 @@ POST routes' counts.
 Every POST route takes a bearer token, read from `recorder.ingest.token_file` (read again
 when the file changes, as a mounted Secret does; while it holds none, every POST gets 401
 saying so, and the rest of the service runs). Without a token file, POSTs are taken
-only while the service listens on loopback, or where `ingest.allow_anonymous` says so.
-A wrong or missing token gets 401, counted per route. The HTTP surface
-(recorder/api/posts.py) puts each Outcome in the cluster API's envelope.
+only while the service listens on loopback, or where `ingest.allow_anonymous` says so,
+and then only from this service's own site: a browser's page elsewhere (its Origin) or
+a name rebound to this address (its Host) gets 403. A wrong or missing token gets 401,
+a body of a type the route does not take 415, each counted per route; all of it judged
+on the request's head, before its body is read. The HTTP surface (recorder/api/posts.py)
+puts each Outcome in the cluster API's envelope.
 """
 
 from __future__ import annotations
@@ -16,15 +19,16 @@ import ipaddress
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf.core.exposition import Buckets
-from lens_ebpf.recorder.config import IngestConfig
+from lens_ebpf.recorder.config import ApiConfig, IngestConfig
 
 log = logging.getLogger(__name__)
 
@@ -51,16 +55,55 @@ def loopback(host: str) -> bool:
         return False
 
 
+def _name(host: str) -> str:
+    """A Host header's (or an Origin's netloc's) name, without its port or brackets."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _literal(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return False
+
+
+def cross_site(headers: Mapping[str, str], hosts: tuple[str, ...] = ()) -> str | None:
+    """Why a write that carries no credentials may be a browser's on another site's
+    behalf (None when it is not): its Host names neither an address, localhost nor one
+    of hosts (a name an attacker's DNS points here: rebinding), or its Origin is not
+    the Host it was sent to (a page elsewhere: cross-site). Clients that are no browser
+    send no Origin; what a browser sends it cannot forge."""
+    host = headers.get("host", "")
+    name, allowed = _name(host), {h.lower() for h in hosts}
+    if not (_literal(name) or name == "localhost" or name in allowed or host.lower() in allowed):
+        return (f"Host {host!r} is not this service's: a write without credentials is taken "
+                "only for an address, localhost or a name of its anonymous_hosts")  # fmt: skip
+    origin = headers.get("origin")
+    if origin is None:
+        return None
+    netloc = urlsplit(origin).netloc.lower() if origin.lower() != "null" else ""
+    if netloc and (netloc == host.lower() or netloc in allowed or _name(netloc) in allowed):
+        return None
+    return (f"Origin {origin!r} is not this service's ({host}): a write without credentials "
+            "is taken only from the service's own pages")  # fmt: skip
+
+
 class Ingest(Collector):
     def __init__(self, cfg: IngestConfig, listen_host: str, home: str = "local") -> None:
         self.path = cfg.token_file
         self.home = home  # the cluster whose pods the POST routes read
         self.anonymous = cfg.allow_anonymous or loopback(listen_host)
+        self.hosts = tuple(cfg.anonymous_hosts)  # names anonymous writes may be sent to
         self._token = ""
         self._stamp: tuple[float, int] | None = None
         self._warned = False
         self._lock = threading.Lock()
         self.unauthorized: dict[str, int] = {}
+        self.cross_site: dict[str, int] = {}  # anonymous POSTs refused for their Origin/Host
         self.requests: dict[tuple[str, int], int] = {}
         self.seconds: dict[str, Buckets] = {}
         if self.path:
@@ -102,7 +145,12 @@ class Ingest(Collector):
             if not token:
                 why = f"recorder.ingest.token_file {self.path} holds no token (yet)"
         elif self.anonymous:
-            return None
+            foreign = cross_site(headers, self.hosts)
+            if foreign is None:
+                return None
+            with self._lock:
+                self.cross_site[route] = self.cross_site.get(route, 0) + 1
+            return Outcome(403, f"{route}: {foreign}")
         else:
             why = ("no recorder.ingest.token_file is set and the service listens beyond "
                    "loopback (set a token, or ingest.allow_anonymous: true)")  # fmt: skip
@@ -132,6 +180,7 @@ class Ingest(Collector):
         with self._lock:
             requests = sorted(self.requests.items())
             unauthorized = sorted(self.unauthorized.items())
+            foreign_routes = sorted(self.cross_site.items())
             seconds = sorted((k, b.copy()) for k, b in self.seconds.items())
         fam = Metric("lens_recorder_post_requests", "POST requests, by route and HTTP status",
                      "counter")  # fmt: skip
@@ -144,6 +193,12 @@ class Ingest(Collector):
         for route, n in unauthorized:
             bad.add_sample("lens_recorder_post_unauthorized_total", {"route": route}, n)
         yield bad
+        foreign = Metric("lens_recorder_post_cross_site", "POST requests without credentials "
+                         "refused (403): another site's Origin, or a Host not this "
+                         "service's", "counter")  # fmt: skip
+        for route, n in foreign_routes:
+            foreign.add_sample("lens_recorder_post_cross_site_total", {"route": route}, n)
+        yield foreign
         hist = HistogramMetricFamily("lens_recorder_post_request_seconds",
                                      "Time to answer a POST", labels=["route"])  # fmt: skip
         for route, b in seconds:
@@ -156,13 +211,16 @@ class WriteGuard(Collector):
     alerts' rules, silences, channels): a client certificate the service's CA verified
     (server.tls.client_ca), or the bearer token of `recorder.api.token_file`; without a
     token file, writes are taken only while the service listens on loopback, or where
-    `api.allow_anonymous` says so. No credentials: 401; a wrong token: 403; counted by
-    route. Reads stay open."""
+    `api.allow_anonymous` says so, and then only from its own site (cross_site). No
+    credentials: 401; a wrong token or another site: 403; a body not JSON: 415; counted
+    by route. Reads stay open. Who made a change is who the credentials say (user())."""
 
-    def __init__(self, token_file: str, allow_anonymous: bool, listen_host: str) -> None:
-        self.tokens = Ingest(IngestConfig(token_file=token_file,
-                                          allow_anonymous=allow_anonymous),
+    def __init__(self, cfg: ApiConfig, listen_host: str) -> None:
+        self.tokens = Ingest(IngestConfig(token_file=cfg.token_file,
+                                          allow_anonymous=cfg.allow_anonymous,
+                                          anonymous_hosts=cfg.anonymous_hosts),
                              listen_host)  # fmt: skip
+        self.proxy = cfg.forwarded_user_from  # whose X-Forwarded-User is believed
         self.refusals: dict[tuple[str, int], int] = {}
         self.writes: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
@@ -184,15 +242,38 @@ class WriteGuard(Collector):
             if not token:
                 got = (401, f"recorder.api.token_file {t.path} holds no token (yet)")
         elif t.anonymous:
-            return None
+            foreign = cross_site(headers, t.hosts)
+            if foreign is None:
+                return None
+            got = (403, foreign)
         else:
             got = (401, "no recorder.api.token_file is set and the service listens beyond "
                    "loopback (set a token, use client certificates, or "
                    "api.allow_anonymous: true)")  # fmt: skip
+        return self.refuse(route, *got)
+
+    def refuse(self, route: str, status: int, why: str) -> tuple[int, str]:
+        """A write refused (counted by route and status): (status, the message)."""
         with self._lock:
-            key = (route, got[0])
+            key = (route, status)
             self.refusals[key] = self.refusals.get(key, 0) + 1
-        return got[0], f"{route}: {got[1]}"
+        return status, f"{route}: {why}"
+
+    def user(self, headers: Mapping[str, str], certified: bool, subject: str) -> str:
+        """Who a write is made by: its client certificate's subject, "token" (the API's
+        bearer token) or "anonymous"; the user a proxy names (X-Forwarded-User,
+        X-Remote-User) only where the write comes with recorder.api.forwarded_user_from's
+        credentials ("token", or "cert:<subject>"), as the UI's proxy presents them."""
+        if certified:
+            who, said = subject or "certificate", f"cert:{subject}"
+        elif self.tokens.path:
+            who = said = "token"
+        else:
+            who, said = "anonymous", ""
+        named = headers.get("x-forwarded-user") or headers.get("x-remote-user") or ""
+        if named and self.proxy and said == self.proxy:
+            return named[:253]
+        return who[:253]
 
     def count(self, route: str, status: int) -> None:
         with self._lock:
@@ -205,7 +286,8 @@ class WriteGuard(Collector):
         with self._lock:
             refusals, writes = sorted(self.refusals.items()), sorted(self.writes.items())
         bad = Metric("lens_recorder_api_writes_refused", "Writes to the cluster API refused: "
-                     "401 (no credentials), 403 (a wrong token), by route", "counter")  # fmt: skip
+                     "401 (no credentials), 403 (a wrong token, or another site's without "
+                     "credentials), 415 (a body not JSON), by route", "counter")  # fmt: skip
         for (route, code), n in refusals:
             bad.add_sample("lens_recorder_api_writes_refused_total",
                            {"route": route, "code": str(code)}, n)  # fmt: skip
