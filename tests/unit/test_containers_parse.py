@@ -11,8 +11,8 @@ from lens_ebpf.agent.containers.cgroups import (
     cgroup_path,
     parse_cgroup,
 )
-from lens_ebpf.agent.containers.pods import pods_view
-from lens_ebpf.agent.containers.resolver import ContainerResolver, systemd_cgroup_path
+from lens_ebpf.agent.containers.pods import container_event, pods_view
+from lens_ebpf.agent.containers.resolver import ContainerResolver, identity, systemd_cgroup_path
 from lens_ebpf.agent.containers.runtime import ContainerdState, device_group, parse_spec
 from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.events import EventBus, ProcessEvent
@@ -41,6 +41,9 @@ UID = "6d0c3f2e-8a41-4b7e-9c55-0e1f2a3b4c5d"
      CID, "cri-o", UID, "guaranteed"),
     (f"/kubepods/besteffort/pod{UID}/{CID}", CID, "", UID, "besteffort"),
     (f"/kubepods/pod{UID}/{CID}", CID, "", UID, "guaranteed"),
+    # a kubelet with cgroupRoot (the real node lab's /lens-node)
+    (f"/lens-node/kubepods/pod{UID}/{CID}", CID, "", UID, "guaranteed"),
+    (f"/lens-node/kubepods/burstable/pod{UID}/{CID}", CID, "", UID, "burstable"),
     (f"/docker/{CID}", CID, "docker", "", ""),
     (f"/system.slice/docker-{CID}.scope", CID, "docker", "", ""),
     ("/default/test1", "test1", "", "", ""),
@@ -129,6 +132,22 @@ def test_sandbox_containers_are_not_listed(tmp_path) -> None:
     spec = json.loads(json.dumps(SPEC))
     spec["annotations"]["io.kubernetes.cri.container-type"] = "sandbox"
     assert pods_view({CID: parse_spec(spec, CID, "k8s.io", sysfs=tmp_path)}) == []
+
+
+def test_a_sandbox_is_the_kubelets_pod_container_in_labels_and_events(tmp_path) -> None:
+    """The pause container's processes (its exec, its exit) count under container="POD",
+    as the kubelet names a sandbox, never under its 64-digit id (seen on the real node)."""
+    spec = json.loads(json.dumps(SPEC))
+    spec["annotations"]["io.kubernetes.cri.container-type"] = "sandbox"
+    del spec["annotations"]["io.kubernetes.cri.container-name"]
+    info = parse_spec(spec, CID, "k8s.io", sysfs=tmp_path)
+    assert info.label == "POD"
+    ref = parse_cgroup(f"/lens-node/kubepods/besteffort/pod{UID}/{CID}")
+    assert identity(ref, info)["container"] == "POD"
+    assert container_event("container_start", info).container == "POD"
+    plain = json.loads(json.dumps(SPEC))
+    del plain["annotations"]["io.kubernetes.cri.container-name"]
+    assert parse_spec(plain, CID, "k8s.io", sysfs=tmp_path).label == CID  # no name known
 
 
 def test_host_device_path_from_sysfs(tmp_path) -> None:

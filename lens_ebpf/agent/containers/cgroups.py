@@ -5,6 +5,7 @@ Layouts recognised (cgroup v1 and v2):
       kubepods-burstable-pod<uid_with_underscores>.slice/cri-containerd-<id>.scope
       (crio-<id>.scope for CRI-O, docker-<id>.scope for dockershim)
   kubepods, cgroupfs driver: /kubepods/burstable/pod<uid>/<id>, /kubepods/pod<uid>/<id>
+      (under the kubelet's cgroupRoot, if it has one: /<root>/kubepods/...)
   Docker: /docker/<id>, /system.slice/docker-<id>.scope
   containerd without Kubernetes (ctr): /<containerd namespace>/<id>
 """
@@ -65,7 +66,7 @@ def parse_cgroup(path: str) -> CgroupRef:
             # cgroupfs driver: /kubepods/burstable/...; systemd: kubepods-burstable.slice
             if p == word or p.startswith(f"kubepods-{word}"):
                 qos = cls
-    if parts[0].startswith("kubepods") and not qos:
+    if not qos and any(p.startswith("kubepods") for p in parts):  # below a cgroupRoot too
         qos = "guaranteed" if pod_uid else ""
     last = parts[-1]
     if _CONMON.match(last):

@@ -23,7 +23,7 @@ UVERBS = re.compile(r"^/dev/infiniband/uverbs\d+$")
 def container_event(kind: str, c: ContainerInfo) -> ContainerChange:
     return ContainerChange(
         kind=kind, ts_ns=time.clock_gettime_ns(time.CLOCK_MONOTONIC), container_id=c.id,
-        container=c.name or c.id, pod=c.pod_name, namespace=c.pod_namespace, pod_uid=c.pod_uid,
+        container=c.label, pod=c.pod_name, namespace=c.pod_namespace, pod_uid=c.pod_uid,
         devices=tuple(d.host_path or d.path for d in c.devices),
     )  # fmt: skip
 

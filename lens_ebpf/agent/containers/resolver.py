@@ -127,7 +127,7 @@ def identity(ref: CgroupRef, info: ContainerInfo | None) -> dict[str, str]:
                 "pod": "", "namespace": "", "pod_uid": ref.pod_uid}  # fmt: skip
     return {
         "container_id": info.id,
-        "container": info.name or info.id,
+        "container": info.label,
         "pod": info.pod_name,
         "namespace": info.pod_namespace,
         "pod_uid": info.pod_uid or ref.pod_uid,

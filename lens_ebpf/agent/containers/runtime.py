@@ -23,6 +23,8 @@ POD_NAMESPACE = ("io.kubernetes.cri.sandbox-namespace", "io.kubernetes.pod.names
 POD_UID = ("io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid")
 CONTAINER_NAME = ("io.kubernetes.cri.container-name", "io.kubernetes.container.name")
 CONTAINER_TYPE = "io.kubernetes.cri.container-type"
+# a pod sandbox's (pause) container has no name of its own: the kubelet calls it "POD"
+SANDBOX_NAME = "POD"
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,11 @@ class ContainerInfo:
     cgroup_path: str = ""
     pid: int = 0
     devices: list[Device] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        """The container label: its name; a sandbox's SANDBOX_NAME; else its id."""
+        return self.name or (SANDBOX_NAME if self.sandbox else self.id)
 
 
 def device_group(path: str) -> str:
