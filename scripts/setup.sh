@@ -9,9 +9,12 @@
 #                            programs for Soft-RoCE in the guests, PostgreSQL for the
 #                            recorder's tests, chromium and poppler-utils for the weekly
 #                            report's PDF and its tests, etcd-server for the real API
-#                            server lab), the venv with .[dev] (both services and the test
-#                            tools), Debian's 5.10, 6.1 and 6.12 kernels for the kernel
-#                            matrix and a kube-apiserver built from Debian's source (cached)
+#                            server lab, buildah, debootstrap, containernetworking-plugins,
+#                            iptables, conntrack and socat for the real node lab), the
+#                            venv with .[dev] (both services and the test tools), Debian's
+#                            5.10, 6.1 and 6.12 kernels for the kernel matrix, a
+#                            kube-apiserver built from Debian's source and the node lab's
+#                            container images (both cached)
 #   scripts/setup.sh image   the agent image's install step (Dockerfile, target agent):
 #                            packages and venv only; the agent mounts tracefs and finds
 #                            headers itself at start-up
@@ -33,7 +36,8 @@ esac
 if [ "$mode" = test ]; then
   pkgs+=(bpfcc-tools dwarves containerd runc prometheus prometheus-alertmanager victoria-metrics gcc libc6-dev busybox-static openssl
          qemu-system-x86 xz-utils zstd rdma-core ibverbs-providers ibverbs-utils postgresql
-         chromium poppler-utils etcd-server)
+         chromium poppler-utils etcd-server
+         buildah debootstrap containernetworking-plugins iptables conntrack socat)
   extras="[dev]"
 fi
 
@@ -79,5 +83,15 @@ fi
 if [ "$mode" = test ]; then
   if ! .venv/bin/python -m tests.kube.build; then
     echo "setup: kube-apiserver not built; the real API server tests will skip" >&2
+  fi
+fi
+
+# The real node lab's container images, made without a registry (tests/kube/images.py):
+# pause, busybox and a debootstrap Debian base once (about 1 min), the Dockerfile's two
+# images again when what it copies changed (4-7 min on 2 cores). Without them the node's
+# tests skip.
+if [ "$mode" = test ]; then
+  if ! .venv/bin/python -m tests.kube.images; then
+    echo "setup: the node lab's images not built; the real node tests will skip" >&2
   fi
 fi
