@@ -29,6 +29,7 @@ from typing import Any, TextIO
 import grpc
 import grpc.aio
 from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import DecodeError
 
 from lens_ebpf.core.commandline import CliError, run_command
 from lens_ebpf.core.loop import EventLoopThread
@@ -95,20 +96,22 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
     async def Report(  # noqa: N802
         self, request_iterator: AsyncIterator[pb.Event], context: Any
     ) -> AsyncIterator[pb.Ack]:
-        async for ack in self._serve(request_iterator, context, lambda ev: (ev,)):
+        async for ack in self._serve(request_iterator, context, lambda ev: (ev,), "lens.v1.Event"):
             yield ack
 
     async def ReportBatch(  # noqa: N802
         self, request_iterator: AsyncIterator[pb.EventBatch], context: Any
     ) -> AsyncIterator[pb.Ack]:
-        async for ack in self._serve(request_iterator, context, lambda batch: batch.events):
+        async for ack in self._serve(request_iterator, context, lambda batch: batch.events,
+                                     "lens.v1.EventBatch"):  # fmt: skip
             yield ack
 
     async def _serve(self, request_iterator: AsyncIterator[Any], context: Any,
-                     events: Callable[[Any], Iterable[pb.Event]],
+                     events: Callable[[Any], Iterable[pb.Event]], kind: str,
                      ) -> AsyncIterator[pb.Ack]:  # fmt: skip
         """One reporter's stream, once admitted: its events accepted in order,
-        acknowledged as held."""
+        acknowledged as held; a message that does not decode as kind ends it with
+        INVALID_ARGUMENT (not silently, with what followed it dropped)."""
         meta = dict(context.invocation_metadata() or ())
         node = self._source(meta)
         if self.guard is not None:  # before anything of the stream is read or said
@@ -131,6 +134,8 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
                         wake.set()
             except SeqRefused as exc:
                 refused.append(str(exc))
+            except DecodeError:  # what came before it is held; the reporter hears why
+                refused.append(f"a message that is not a {kind}: the stream ends here")
             except Exception:  # the stream ended under us (cancelled, disconnected)
                 pass
             finally:

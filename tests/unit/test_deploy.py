@@ -216,7 +216,8 @@ def test_recorder_manifests_round_trip_and_run_what_the_recorder_needs(tmp_path:
     api = kubernetes.client.ApiClient()
     models = {**MODELS, "Deployment": "V1Deployment",
               "PersistentVolumeClaim": "V1PersistentVolumeClaim",
-              "PodDisruptionBudget": "V1PodDisruptionBudget"}  # fmt: skip
+              "PodDisruptionBudget": "V1PodDisruptionBudget",
+              "NetworkPolicy": "V1NetworkPolicy"}  # fmt: skip
     docs = recorder_documents()
     for doc in docs:
         model = api.deserialize(json.dumps(doc), models[doc["kind"]], "application/json")
@@ -247,6 +248,29 @@ def test_recorder_manifests_round_trip_and_run_what_the_recorder_needs(tmp_path:
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"http": int(cfg.recorder.listen.rsplit(":", 1)[1]),
                      "collect": int(cfg.recorder.collect_listen.rsplit(":", 1)[1])}  # fmt: skip
+
+
+def test_only_the_agents_pods_reach_the_collector_port() -> None:
+    """The NetworkPolicy (issue 69): the recorder's pods, their API port open to all, their
+    collector port only to the DaemonSet's pods (in the namespace both are in)."""
+    docs = recorder_documents()
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    agent = next(d for d in yaml.safe_load_all((AGENT / "daemonset.yaml").read_text())
+                 if d and d["kind"] == "DaemonSet")  # fmt: skip
+    assert policy["metadata"]["namespace"] == dep["metadata"]["namespace"] == \
+        agent["metadata"]["namespace"]  # fmt: skip
+    assert policy["spec"]["podSelector"] == dep["spec"]["selector"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    ports = {p["name"]: p["containerPort"]
+             for p in dep["spec"]["template"]["spec"]["containers"][0]["ports"]}  # fmt: skip
+    rules = {r["ports"][0]["port"]: r.get("from") for r in policy["spec"]["ingress"]}
+    assert rules == {
+        ports["http"]: None,
+        ports["collect"]: [
+            {"podSelector": {"matchLabels": agent["spec"]["template"]["metadata"]["labels"]}}
+        ],
+    }
 
 
 def test_the_single_process_variant_runs_on_sqlite_without_an_election(tmp_path: Path) -> None:
