@@ -69,6 +69,7 @@ WRITERS = {
     "agent/bpf/": "agent (BPF loader)",
     "agent/events.py": "agent (event bus)",
     "agent/stream/": "agent (gRPC, reporter)",
+    "agent/otlp/": "otlp",
     "agent/metrics/": "agent (metric cache)",
     "agent/feature.py": "agent (features)",
     "agent/": "agent",
@@ -801,7 +802,40 @@ def render(fams: dict[str, Family]) -> str:
             out.append(f"| `{exported(f)}` | {f.kind} | {f.unit} | {labels} | {f.writer} | "
                        f"{cell(f.help)} |")  # fmt: skip
         out.append("")
-    return "\n".join(out)
+    return "\n".join(out + otlp_section(agent))
+
+
+def otlp_section(agent: dict[str, Family]) -> list[str]:
+    """How the agent's families go out over OTLP (collectors.otlp): their metric names,
+    types, units, and whether a pod's labels name their resource (agent/otlp/metrics.py's
+    own functions)."""
+    from lens_ebpf.agent.otlp.metrics import otlp_name, pod_labels, unit
+
+    types = {"counter": "Sum (cumulative, monotonic)", "gauge": "Gauge",
+             "histogram": "Histogram (cumulative)", "summary": "Summary"}  # fmt: skip
+    out = ["## Over OTLP", "",
+           "With `collectors.otlp` ([OTLP out](../agent/otlp.md)) every agent family goes out "
+           "as an OTLP metric: a counter a cumulative monotonic Sum named without `_total`, a "
+           "gauge (an info, a state set, an untyped family) a Gauge, a histogram a cumulative "
+           "Histogram with the same bounds, a summary a Summary; the unit (UCUM) from the "
+           "name's base-unit suffix. Labels are the data points' attributes under the same "
+           "names, but where a series' `namespace` and `pod` are set: then they, and "
+           "`container`, `container_id`, `pod_uid`, a `workload_kind` with its `workload`, "
+           "name the pod's resource (`k8s.namespace.name`, `k8s.pod.name`, "
+           "`k8s.container.name`, `container.id`, `k8s.pod.uid`, `k8s.<kind>.name`). The "
+           "node's resource has `host.name`, `k8s.node.name`, `service.name`.",
+           "",
+           "| exposition | OTLP metric | OTLP type, unit | to a pod's resource |",
+           "| --- | --- | --- | --- |"]  # fmt: skip
+    for name in sorted(agent, key=str.lower):
+        f = agent[name]
+        kind = f.kind if f.kind in types else "gauge"
+        moved = ", ".join(f"`{x}`" for x in pod_labels(f.labels))
+        u = unit(exported(f))
+        out.append(f"| `{exported(f)}` | `{otlp_name(exported(f), kind)}` | "
+                   f"{types[kind]}{', `' + u + '`' if u else ''} | {moved} |")  # fmt: skip
+    out.append("")
+    return out
 
 
 def main(argv: list[str]) -> int:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 from pydantic import BaseModel
 
 from lens_ebpf.agent.bpf.loader import ATTACHED
@@ -96,6 +96,7 @@ class Context:
     stop: threading.Event
     spawn: Callable[[str, Callable[[], None]], None]
     watch: DeviceWatch  # the device collectors' records: device_change and device_inventory
+    registry: CollectorRegistry  # what /metrics serves (the OTLP exporter reads it)
     offers: Offers = field(default_factory=Offers)
     sections: Mapping[str, BaseModel] = field(default_factory=dict)  # collectors.<key>: its own
 

@@ -54,6 +54,7 @@ class Agent:
                                      Path(cfg.containers.containerd_state))  # fmt: skip
         bus = EventBus(cfg.events.queue_size, history=cfg.grpc.history,
                        node=(cfg.node_name, cfg.node.ip))  # fmt: skip
+        self.registry = CollectorRegistry(auto_describe=False)
         # each feature reads its own sections and these, never the whole config
         self.ctx = Context(
             node=cfg.node.model_copy(update={"name": cfg.node_name}), bpf=cfg.bpf,
@@ -64,9 +65,9 @@ class Agent:
             bus=bus, loader=BpfLoader(), enrich=enrich, policy=policy,
             periodic=CollectorSet(runner=self.runner),
             stop=self.stop_event, spawn=self._spawn, watch=DeviceWatch(bus.publish),
+            registry=self.registry,
         )  # fmt: skip
         self.features: list[Feature] = build_features(self.ctx, cfg.collectors)
-        self.registry = CollectorRegistry(auto_describe=False)
         self.http: HttpServer | None = None
         self.loop = EventLoopThread("aio")  # HTTP and gRPC: one loop, no thread per client
         self.events = EventApi(

@@ -286,6 +286,8 @@ NOT_JOBS = {
     ("lens_ebpf/agent/stream/reporter.py", "Reporter._requests"):
         "a stream: waits for the collector's first ack, then for events to send",
     ("lens_ebpf/agent/stream/reporter.py", "Reporter._run"): "a reconnect backoff",
+    ("lens_ebpf/agent/otlp/exporter.py", "Sender.deliver"): "a request sent again after a "
+        "backoff while the OTLP endpoint fails",
     ("lens_ebpf/k8s/reflector.py", "Reflector.run"): "a watch stream and its reconnect backoff",
     ("lens_ebpf/k8s/election.py", "LeaderElector.run"): "the Lease's campaign and renewals: "
         "client-go's retry period and renew deadline, the gate the runner asks",
