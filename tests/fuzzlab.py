@@ -888,7 +888,9 @@ class Stream:
     __repr__ = __str__
 
 
-METADATA_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40)
+# (gRPC carries a metadata value without its edges' spaces: none are drawn)
+METADATA_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E),
+                        max_size=40).map(str.strip)  # fmt: skip
 
 
 @st.composite
@@ -906,7 +908,8 @@ def streams(draw: st.DrawFn) -> Stream:
         token = {"own": f"tok-{i}", "other": f"tok-{(i + 1) % NODES}"}.get(auth, "nope")
         meta.append(("authorization", draw(st.sampled_from(["Bearer ", "bearer ", "Bearer  "]))
                      + token))  # fmt: skip
-    if node != f"fz-{i}" or any(k == "lens-cluster" and v != "local" for k, v in meta):
+    # (no lens-cluster, or an empty one: the recorder's home cluster)
+    if node != f"fz-{i}" or any(k == "lens-cluster" and v not in ("", "local") for k, v in meta):
         auth = "other" if auth == "own" else auth  # the token is not this claim's
     method = draw(st.sampled_from(["Report", "ReportBatch"]))
     cls = pb.Event if method == "Report" else pb.EventBatch

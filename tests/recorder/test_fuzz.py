@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -101,3 +102,28 @@ def test_a_message_that_does_not_decode_ends_the_stream_saying_so() -> None:
     assert "not a lens.v1.Event" in (got.value.details() or "")
     assert acks == [0, 1]
     assert [int(json.loads(line)["seq"]) for line in out.getvalue().splitlines()] == [1]
+
+
+def test_a_nul_in_an_agents_string_is_stored(recorder_app: Any, db_url: str) -> None:
+    """An event whose strings held a NUL (a pod name, a device's model) was refused by
+    PostgreSQL's text and jsonb: the write dropped, an error logged, the node's
+    acknowledgement held back. Now stored with U+FFFD, on both databases."""
+    from lens_ebpf.protocol.gen import lens_pb2 as pb
+    from tests.recorder.conftest import rows
+    from tests.recorder.test_node_events import report
+
+    app = recorder_app(db_url)
+    ident = pb.Identity(namespace="ml", pod="bert\x00-0", pod_uid="uid-\x00", container="c")
+    gpu = pb.DeviceChange(device_kind="gpu", vendor="amd", slot="0000:15:00.0",
+                          key="k\x00", model="MI300X\x00")  # fmt: skip
+    events = [pb.Event(seq=1, ts_unix_nano=1_795_000_000_000_000_000, oom_kill=pb.OomKill(
+                  pid=1, comm="py\x00thon", identity=ident)),
+              pb.Event(seq=2, ts_unix_nano=1_795_000_000_000_000_001,
+                       device_inventory=pb.DeviceInventory(devices=[gpu]))]  # fmt: skip
+    assert report(app.collect_port, "gpu-1", events)[-1] == 2  # both held
+    got = rows(db_url, "node_events")
+    assert [(r["seq"], r["pod"], r["pod_uid"]) for r in got] == [
+        (1, "bert\ufffd-0", "uid-\ufffd"), (2, "", "")]  # fmt: skip
+    assert got[0]["payload"]["comm"] == "py\ufffdthon"
+    assert [(d["key"], d["model"]) for d in rows(db_url, "node_devices")] == [
+        ("k\ufffd", "MI300X\ufffd")]  # fmt: skip

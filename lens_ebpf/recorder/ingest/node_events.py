@@ -19,6 +19,7 @@ from lens_ebpf.protocol.collector_server import Collector
 from lens_ebpf.protocol.gen import lens_pb2 as pb
 from lens_ebpf.protocol.jsondict import to_dict
 from lens_ebpf.protocol.stream_auth import Claim
+from lens_ebpf.recorder.inputs import without_nul
 from lens_ebpf.recorder.store import schema as t
 from lens_ebpf.recorder.store.writer import Op, Writer, insert_rows
 
@@ -232,9 +233,14 @@ class NodeEvents(Collector):
     def _store(self, node: str, ev: pb.Event) -> bool:
         key = node
         cluster, _, node = key.partition("/")
-        row = event_row(cluster, node, ev)
-        item = (row, agent_resources(cluster, ev, row["at"]),
-                device_update(cluster, node, ev, row["at"]))  # fmt: skip
+        # a NUL in any of the agent's strings made U+FFFD: PostgreSQL's text and jsonb hold
+        # none, and the refused write would hold the node's acknowledgement back for good
+        row = without_nul(event_row(cluster, node, ev))
+        update = device_update(cluster, node, ev, row["at"])
+        if update is not None:
+            update.records = without_nul(update.records)
+            update.gone = {without_nul(slot) for slot in update.gone}
+        item = (row, without_nul(agent_resources(cluster, ev, row["at"])), update)
 
         def done() -> None:  # on the writer's thread, once committed
             with self._lock:
