@@ -1,7 +1,9 @@
 """Routes by resource: the one way to add one, for both services.
 
 A module of routes makes a `RouteTable` and declares each handler on it
-(`@routes.get("nodes/{name}/devices")`, `@routes.post("logs", max_body=...)`);
+(`@routes.get("nodes/{name}/devices")`, `@routes.post("logs", max_body=...)`), with the
+parameters it takes (`Param`: name, type, required, default): what its surface checks a
+request against before the handler runs, and what an MCP tool made of the route takes;
 `HttpServer.mount(prefix, surface, *tables)` serves tables under a prefix through a
 `Surface`: how that API calls its handlers and wraps their answers (its envelope), and
 what it asks of a write's head before a byte of its body is read (`admit`). A path
@@ -14,8 +16,9 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 Response = tuple[int, str, bytes]
@@ -44,6 +47,81 @@ WRITES = ("POST", "PUT", "PATCH", "DELETE")  # the methods whose body a route re
 JSON = ("application/json",)  # what a write takes unless it says otherwise (+json too)
 
 
+# a parameter's types: its JSON Schema, and what a query's text must read as
+KINDS: dict[str, dict[str, Any]] = {
+    "string": {"type": "string"},
+    "integer": {"type": "integer"},
+    "number": {"type": "number"},
+    "boolean": {"type": "boolean"},  # true or false (1, 0, yes, no as the query's text)
+    "time": {"type": ["integer", "string"]},  # unix seconds or milliseconds, or RFC 3339
+    "date-time": {"type": "string", "format": "date-time"},  # RFC 3339
+    "list": {"type": "array", "items": {"type": "string"}},  # the query's a,b,c
+    "array": {"type": "array"},  # a write's body field
+    "object": {"type": "object"},  # a write's body field
+}
+
+
+@dataclass(frozen=True)
+class Param:
+    """A parameter a route takes: in its path ({name}), its query (snake_case, the
+    camelCase spelling too), or a field of a write's JSON body (body=True)."""
+
+    name: str
+    kind: str = "string"  # one of KINDS
+    doc: str = ""
+    required: bool = False
+    default: Any = None  # what the handler takes when it is absent (said, not filled in)
+    choices: tuple[str, ...] = ()
+    minimum: int | None = None
+    maximum: int | None = None
+    also: tuple[str, ...] = ()  # other names it is taken under (cluster_name for cluster)
+    body: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"{self.name}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
+
+    @property
+    def spellings(self) -> tuple[str, ...]:
+        """Its names as a query may give them: snake_case, then camelCase, of its name
+        and then of the others."""
+        return tuple(dict.fromkeys(spelled for name in (self.name, *self.also)
+                                   for spelled in (name, camel(name))))  # fmt: skip
+
+    def schema(self) -> dict[str, Any]:
+        """Its JSON Schema (an MCP tool's input schema holds one per parameter)."""
+        out: dict[str, Any] = dict(KINDS[self.kind])
+        if self.doc:
+            out["description"] = self.doc
+        if self.choices:
+            out["enum"] = list(self.choices)
+        if self.minimum is not None:
+            out["minimum"] = self.minimum
+        if self.maximum is not None:
+            out["maximum"] = self.maximum
+        if self.default is not None:
+            out["default"] = self.default
+        return out
+
+
+def camel(name: str) -> str:
+    """snake_case as camelCase (page_num: pageNum)."""
+    return re.sub(r"_([a-z])", lambda m: m.group(1).upper(), name)
+
+
+Params = Param | Iterable[Param]  # one, or a group several routes take (paging, a span)
+
+
+def flat(params: Iterable[Params]) -> tuple[Param, ...]:
+    out: list[Param] = []
+    for p in params:
+        out.extend([p] if isinstance(p, Param) else p)
+    names = [p.name for p in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"a parameter declared twice: {sorted(names)}")
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Route:
     method: str  # GET (HEAD too), or one of WRITES
@@ -52,10 +130,30 @@ class Route:
     max_body: int = 0  # a write: bodies over it get 413
     takes: tuple[str, ...] = JSON  # a write: the media types its body may declare
     probe: bool = False  # a GET answered apart from request work (health)
+    params: tuple[Param, ...] = ()  # what it takes beyond its path's, and how to read it
+    tool: bool | str | None = None  # an MCP tool: None, a GET is (a write not); its name
 
     @property
     def parts(self) -> tuple[str, ...]:
         return split(self.path)
+
+    @property
+    def path_params(self) -> tuple[Param, ...]:
+        """Its path's parameters, in order: declared (an id's type), or strings."""
+        declared = {p.name: p for p in self.params}
+        names = [p[1:-1] for p in self.parts if p.startswith("{")]
+        return tuple(replace(declared.get(n, Param(n)), required=True,
+                             doc=declared[n].doc if n in declared and declared[n].doc
+                             else f"{{{n}}} in {self.path}") for n in names)  # fmt: skip
+
+    @property
+    def query_params(self) -> tuple[Param, ...]:
+        inpath = {p[1:-1] for p in self.parts if p.startswith("{")}
+        return tuple(p for p in self.params if not p.body and p.name not in inpath)
+
+    @property
+    def body_params(self) -> tuple[Param, ...]:
+        return tuple(p for p in self.params if p.body)
 
 
 def split(path: str) -> tuple[str, ...]:
@@ -68,38 +166,48 @@ class RouteTable:
     def __init__(self) -> None:
         self.routes: list[Route] = []
 
-    def get(self, path: str, probe: bool = False) -> Callable[[H], H]:
-        """A GET route (HEAD too); probe: a health check, answered on threads of its own,
-        never queued behind other requests' work."""
-        return self._declare(Route("GET", path.strip("/"), _unset, probe=probe))
+    def get(self, path: str, *params: Params, probe: bool = False,
+            tool: bool | str | None = None) -> Callable[[H], H]:  # fmt: skip
+        """A GET route (HEAD too) taking params; probe: a health check, answered on threads
+        of its own, never queued behind other requests' work; tool: False for no MCP tool
+        (a file's download), or the tool's name."""
+        return self._declare(Route("GET", path.strip("/"), _unset, probe=probe,
+                                   params=flat(params), tool=tool))  # fmt: skip
 
-    def post(self, path: str, max_body: int = 0, takes: tuple[str, ...] = JSON
-             ) -> Callable[[H], H]:  # fmt: skip
+    def post(self, path: str, *params: Params, max_body: int = 0, takes: tuple[str, ...] = JSON,
+             tool: bool | str | None = None) -> Callable[[H], H]:  # fmt: skip
         """A POST route: bodies over max_body (0: the bound its surface sets) get 413; a
-        body must declare a Content-Type of takes (415 otherwise, before it is read)."""
-        return self._declare(Route("POST", path.strip("/"), _unset, max_body, takes))
+        body must declare a Content-Type of takes (415 otherwise, before it is read); an MCP
+        tool only where tool says (True, or its name)."""
+        return self._write("POST", path, params, max_body, takes, tool)
 
-    def put(self, path: str, max_body: int = 0, takes: tuple[str, ...] = JSON
-            ) -> Callable[[H], H]:  # fmt: skip
+    def put(self, path: str, *params: Params, max_body: int = 0, takes: tuple[str, ...] = JSON,
+            tool: bool | str | None = None) -> Callable[[H], H]:  # fmt: skip
         """A PUT route, bounded as post()'s."""
-        return self._declare(Route("PUT", path.strip("/"), _unset, max_body, takes))
+        return self._write("PUT", path, params, max_body, takes, tool)
 
-    def patch(self, path: str, max_body: int = 0, takes: tuple[str, ...] = JSON
+    def patch(self, path: str, *params: Params, max_body: int = 0,
+              takes: tuple[str, ...] = JSON, tool: bool | str | None = None
               ) -> Callable[[H], H]:  # fmt: skip
         """A PATCH route, bounded as post()'s."""
-        return self._declare(Route("PATCH", path.strip("/"), _unset, max_body, takes))
+        return self._write("PATCH", path, params, max_body, takes, tool)
 
-    def delete(self, path: str, max_body: int = 0, takes: tuple[str, ...] = JSON
+    def delete(self, path: str, *params: Params, max_body: int = 0,
+               takes: tuple[str, ...] = JSON, tool: bool | str | None = None
                ) -> Callable[[H], H]:  # fmt: skip
         """A DELETE route, bounded as post()'s (its body, if any, read the same way)."""
-        return self._declare(Route("DELETE", path.strip("/"), _unset, max_body, takes))
+        return self._write("DELETE", path, params, max_body, takes, tool)
+
+    def _write(self, method: str, path: str, params: tuple[Params, ...], max_body: int,
+               takes: tuple[str, ...], tool: bool | str | None) -> Callable[[H], H]:  # fmt: skip
+        return self._declare(Route(method, path.strip("/"), _unset, max_body, takes,
+                                   params=flat(params), tool=tool))  # fmt: skip
 
     def _declare(self, proto: Route) -> Callable[[H], H]:
         def declare(handler: H) -> H:
             if any(r.method == proto.method and r.parts == proto.parts for r in self.routes):
                 raise ValueError(f"{proto.method} {proto.path}: declared twice")
-            self.routes.append(Route(proto.method, proto.path, handler, proto.max_body,
-                                     proto.takes, proto.probe))  # fmt: skip
+            self.routes.append(replace(proto, handler=handler))
             return handler
 
         return declare
@@ -137,7 +245,17 @@ def _unset() -> None:
 
 class Surface(abc.ABC):
     """An API as its clients see it: how its handlers are called, the envelope of their
-    answers, and what it asks of a write before its body is read."""
+    answers, what it asks of a write before its body is read, and the parameters every
+    route of it takes (params: the Primus-Lens API's ?cluster=)."""
+
+    params: tuple[Param, ...] = ()
+
+    def declared(self, route: Route) -> tuple[Param, ...]:
+        """Every parameter route takes here: its path's, its query's, the surface's (where
+        the route does not declare one of that name), its body's fields."""
+        own = {p.name for p in route.params}
+        return (*route.path_params, *route.query_params,
+                *(p for p in self.params if p.name not in own), *route.body_params)  # fmt: skip
 
     @abc.abstractmethod
     def call(self, route: Route, req: Request) -> Answer:

@@ -161,7 +161,7 @@ class RecorderApp:
         parts = Services(r, self.clusters, self.remote_write, self.training, self.writer,
                          self.readiness, clock, self.leadership, self.alerts)  # fmt: skip
         e, guard = self.engine, self.write_guard
-        api.mount(self.http, {
+        self.assistants = api.mount(self.http, {
             "lens": LensApi(parts, e.connect, self.clusters.scope, e.begin, guard),
             "alerts": AlertsApi(parts, e.connect, self.clusters.scope, e.begin, guard),
             "plain": PlainJson(parts, e.connect),
@@ -294,6 +294,7 @@ class RecorderApp:
         self._stop.set()
         self.writer.join(5)
         self.http.stop()
+        self.assistants.close()
         self.loop.close()
         self.engine.dispose()
 

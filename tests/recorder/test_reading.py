@@ -129,9 +129,9 @@ def test_rest_pages_filters_and_errors(api: FakeApiServer, recorder_app: Any, db
     for path, code, says in (
         ("/workloads?limit=0", 400, "limit=0: must be from 1 to 50"),
         ("/workloads?limit=51", 400, "limit=51"),
-        ("/workloads?limit=x", 400, "not a number"),
+        ("/workloads?limit=x", 400, "limit='x': not a"),
         ("/workloads?continue=garbage", 400, "continue: not a token"),
-        ("/workloads?running=maybe", 400, "expected true or false"),
+        ("/workloads?running=maybe", 400, "running='maybe': true or false"),
         ("/pods?since=yesterday", 400, "since='yesterday'"),
         ("/workloads/no-such-uid", 404, "no workload no-such-uid"),
         ("/pods/x", 404, "no route"),

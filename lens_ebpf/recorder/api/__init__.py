@@ -3,7 +3,9 @@
 A route goes in the module of its resource (`nodes.py`: `@routes.get("nodes/{name}")`),
 its handler thin: parameters parsed and checked (envelope.py), a domain function of
 `lens_ebpf.recorder` called, its data returned; the surface puts it in its envelope.
-A new resource's module adds its table to ROUTES.
+A new resource's module adds its table to ROUTES. Each route declares its parameters
+(core/routes.py's Param), checked by its surface; the same declaration makes it an MCP
+tool at /mcp (tools.py, assistants.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from lens_ebpf.core.routes import RouteTable, Surface
 from lens_ebpf.recorder.api import (
     aggregation,
     alerts,
+    assistants,
     clusters,
     devices,
     nodes,
@@ -25,11 +28,12 @@ from lens_ebpf.recorder.api import (
     workloads,
 )
 from lens_ebpf.recorder.api.envelope import PREFIXES
+from lens_ebpf.recorder.api.tools import tools
 
 ROOT = ("",)
 # (the table, the prefixes it is served under, its surface: "lens" the Primus-Lens API's
 # envelope, "alerts" the same with ?cluster= read by the handlers, "plain" the seed's
-# JSON, "posts" the POST routes' token check and envelope)
+# JSON, "posts" the POST routes' token check and envelope, "mcp" the routes as MCP tools)
 ROUTES: list[tuple[RouteTable, tuple[str, ...], str]] = [
     (clusters.routes, PREFIXES, "lens"),
     (nodes.routes, PREFIXES, "lens"),
@@ -45,13 +49,19 @@ ROUTES: list[tuple[RouteTable, tuple[str, ...], str]] = [
     (remote_write.routes, (*PREFIXES, *ROOT), "lens"),  # /pods/cache as the original serves it
     (seed.routes, ROOT, "plain"),
     (posts.routes, (*ROOT, "/v1", "/api"), "posts"),
+    (assistants.routes, ROOT, "mcp"),  # /mcp: the tables above as MCP tools
 ]
 
 
-def mount(http: HttpServer, surfaces: dict[str, Surface]) -> None:
-    """Every table of ROUTES on http, each through its surface."""
+def mount(http: HttpServer, surfaces: dict[str, Surface]) -> assistants.Assistants:
+    """Every table of ROUTES on http, each through its surface; the MCP tools' surface
+    (its close() stops the SDK's session manager)."""
     surfaces = {**surfaces, "lens-files": reports.LensFiles(surfaces["lens"]),
                 "alerts-files": reports.LensFiles(surfaces["alerts"])}  # fmt: skip
+    mcp = assistants.Assistants(tools([(t.routes, p, s) for t, p, s in ROUTES if s != "mcp"],
+                                      surfaces))  # fmt: skip
+    surfaces["mcp"] = mcp
     for table, prefixes, surface in ROUTES:
         for prefix in prefixes:
             http.mount(prefix, surfaces[surface], table)
+    return mcp

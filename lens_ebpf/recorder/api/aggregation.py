@@ -6,22 +6,40 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from lens_ebpf.core.routes import RouteTable
+from lens_ebpf.core.routes import Param, RouteTable
 from lens_ebpf.recorder import accounting
 from lens_ebpf.recorder.api.envelope import PAGE_MAX, Ask, bad, integer, param
 from lens_ebpf.recorder.lifecycle import parse_time
 
 routes = RouteTable()
+SPAN = (Param("start_time", "date-time", "RFC 3339", required=True),
+        Param("end_time", "date-time", "RFC 3339", required=True))  # fmt: skip
+ORDERS = ("time", "utilization", "allocated_gpu_count")
+
+
+def paging(*orders: str) -> tuple[Param, ...]:
+    """_order()'s parameters, ordered by one of orders."""
+    return (Param("page", "integer", "the page, from 1", default=1, minimum=1),
+            Param("page_size", "integer", "rows a page", default=20, minimum=1,
+                  maximum=PAGE_MAX),
+            Param("order_by", default="time", choices=orders),
+            Param("order_direction", default="desc", choices=("asc", "desc")))  # fmt: skip
+
+
+DIMENSION = (Param("dimension_type", required=True, choices=accounting.DIMENSIONS),
+             Param("dimension_key", doc="the label or annotation key", required=True))  # fmt: skip
 
 
 @routes.get("gpu-aggregation/clusters")
 def clusters(ask: Ask) -> Any:
+    """The names of the clusters this service follows."""
     return ask.app.clusters.names()
 
 
-@routes.get("gpu-aggregation/cluster/hourly-stats")
+@routes.get("gpu-aggregation/cluster/hourly-stats", SPAN, paging(*ORDERS[:2]))
 def hourly(ask: Ask) -> Any:
-    """?start_time=&end_time=&page=&page_size=&order_by=&order_direction= (RFC 3339)."""
+    """The cluster's hourly GPU statistics (allocation, utilization) from start_time to
+    end_time, one page."""
     start, end = _span_of(ask.query)
     num, size, order, desc = _order(ask.query, ("time", "utilization"))
     return accounting.cluster_stats(ask.conn, ask.c.tables, start, end, num, size, order, desc)
@@ -67,22 +85,24 @@ def _dimension(q: dict[str, str]) -> str:
     return dim
 
 
-@routes.get("gpu-aggregation/namespaces")
+@routes.get("gpu-aggregation/namespaces", SPAN)
 def namespaces(ask: Ask) -> Any:
-    """?start_time=&end_time=: the namespaces with statistics then."""
+    """The namespaces with hourly GPU statistics from start_time to end_time."""
     return accounting.namespaces(ask.conn, ask.c.tables, *_span_of(ask.query))
 
 
-@routes.get("gpu-aggregation/dimension-keys")
+@routes.get("gpu-aggregation/dimension-keys", DIMENSION[0], SPAN)
 def dimension_keys(ask: Ask) -> Any:
-    """?dimension_type=label|annotation&start_time=&end_time="""
+    """The label (or annotation) keys with hourly GPU statistics from start_time to
+    end_time."""
     dim = _dimension(ask.query)
     return accounting.dimension_keys(ask.conn, ask.c.tables, dim, *_span_of(ask.query))
 
 
-@routes.get("gpu-aggregation/dimension-values")
+@routes.get("gpu-aggregation/dimension-values", DIMENSION, SPAN)
 def dimension_values(ask: Ask) -> Any:
-    """?dimension_type=&dimension_key=&start_time=&end_time="""
+    """A label's (or annotation's) values with hourly GPU statistics from start_time to
+    end_time."""
     q = ask.query
     dim, key = _dimension(q), param(q, "dimension_key")
     if not key:
@@ -90,9 +110,11 @@ def dimension_values(ask: Ask) -> Any:
     return accounting.dimension_values(ask.conn, ask.c.tables, dim, key, *_span_of(q))
 
 
-@routes.get("gpu-aggregation/namespaces/hourly-stats")
+@routes.get("gpu-aggregation/namespaces/hourly-stats", Param("namespace"), SPAN,
+            paging(*ORDERS[:2]))  # fmt: skip
 def namespace_hourly(ask: Ask) -> Any:
-    """?namespace=&start_time=&end_time=&page=&order_by=time|utilization&order_direction="""
+    """Hourly GPU statistics per namespace (or of one) from start_time to end_time, one
+    page."""
     q = ask.query
     start, end = _span_of(q)
     num, _, order, desc = _order(q, ("time", "utilization"))
@@ -100,10 +122,11 @@ def namespace_hourly(ask: Ask) -> Any:
                                       end, num, order, desc)  # fmt: skip
 
 
-@routes.get("gpu-aggregation/labels/hourly-stats")
+@routes.get("gpu-aggregation/labels/hourly-stats", DIMENSION, Param("dimension_value"), SPAN,
+            paging(*ORDERS))  # fmt: skip
 def label_hourly(ask: Ask) -> Any:
-    """?dimension_type=&dimension_key=&dimension_value=&start_time=&end_time=&page=
-    &order_by=time|utilization|allocated_gpu_count&order_direction="""
+    """Hourly GPU statistics per value of a label (or annotation) key, or of one value,
+    from start_time to end_time, one page."""
     q = ask.query
     dim, key = _dimension(q), param(q, "dimension_key")
     if not key:
@@ -115,10 +138,12 @@ def label_hourly(ask: Ask) -> Any:
                                   desc)  # fmt: skip
 
 
-@routes.get("gpu-aggregation/workloads/hourly-stats")
+@routes.get("gpu-aggregation/workloads/hourly-stats", Param("namespace"),
+            Param("workload_name"), Param("workload_type", doc="its kind"), SPAN,
+            paging(*ORDERS))  # fmt: skip
 def workload_hourly(ask: Ask) -> Any:
-    """?namespace=&workload_name=&workload_type=&start_time=&end_time=&page=&order_by=
-    &order_direction="""
+    """Hourly GPU statistics per workload (or of those named) from start_time to end_time,
+    one page."""
     q = ask.query
     start, end = _span_of(q)
     num, _, order, desc = _order(q, ("time", "utilization", "allocated_gpu_count"))
@@ -129,10 +154,13 @@ def workload_hourly(ask: Ask) -> Any:
 
 @routes.get("gpu-aggregation/snapshots/latest")
 def latest_snapshot(ask: Ask) -> Any:
+    """The cluster's newest GPU allocation snapshot."""
     return accounting.latest_snapshot(ask.conn, ask.c.tables)
 
 
-@routes.get("gpu-aggregation/snapshots")
+@routes.get("gpu-aggregation/snapshots", Param("start_time", "date-time", "RFC 3339"),
+            Param("end_time", "date-time", "RFC 3339"))  # fmt: skip
 def snapshots(ask: Ask) -> Any:
-    """?start_time=&end_time= (both optional)."""
+    """The cluster's GPU allocation snapshots from start_time to end_time (either may be
+    left out), newest first."""
     return accounting.snapshots(ask.conn, ask.c.tables, *_span(ask.query, required=False))

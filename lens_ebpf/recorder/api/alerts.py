@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from lens_ebpf.core.routes import RouteTable
+from lens_ebpf.core.routes import Param, RouteTable
 from lens_ebpf.recorder import inputs
 from lens_ebpf.recorder.alerting import Alerts
-from lens_ebpf.recorder.alerts import channels, correlate, logrules, logstore, overview
+from lens_ebpf.recorder.alerts import channels, correlate, logrules, logstore, overview, silences
 from lens_ebpf.recorder.alerts.model import SEVERITIES, SOURCES, STATUSES, parse_time, row_dict
 from lens_ebpf.recorder.api.envelope import Ask, bad, integer, param
 from lens_ebpf.recorder.errors import NotFound, Unavailable
@@ -24,6 +24,18 @@ routes = RouteTable()
 files = RouteTable()  # the rules file: text, its errors in the envelope
 LIMIT_MAX = 1000
 HOURS_MAX = 24 * 90
+CLUSTER = Param("cluster", doc='the cluster alerts come from (any name); "all" or none: every '
+                "cluster", also=("cluster_name",))  # fmt: skip
+WINDOW = (  # window()'s: offset and limit, or page_num and page_size
+    Param("offset", "integer", "rows skipped", default=0, minimum=0),
+    Param("limit", "integer", "rows", default=20, minimum=1, maximum=LIMIT_MAX),
+    Param("page_num", "integer", "the page, from 1 (with page_size, for offset and limit)",
+          minimum=1, maximum=inputs.INT_MAX // LIMIT_MAX),
+    Param("page_size", "integer", "rows a page (with page_num)", minimum=1, maximum=LIMIT_MAX),
+)  # fmt: skip
+HOURS = Param("hours", "integer", "the last hours (0: 24)", default=24, maximum=HOURS_MAX)
+ENABLED = Param("enabled", "boolean", "enabled ones (true) or not (false); none: both")
+ID = Param("id", "integer", "its id")  # a rule's, a template's, a channel's
 
 
 # -- parameters -----------------------------------------------------------------------------
@@ -104,11 +116,15 @@ def hours(ask: Ask, default: int = 24) -> int:
 
 
 # -- alerts ---------------------------------------------------------------------------------
-@routes.get("alerts")
+@routes.get("alerts", CLUSTER, Param("source", choices=SOURCES),
+            Param("severity", choices=SEVERITIES), Param("status", choices=STATUSES),
+            Param("alert_name", doc="a search of the name, workload, pod and node"),
+            Param("workload_id", doc="a workload's uid"), Param("pod_name"), Param("node_name"),
+            Param("starts_after", "date-time", "RFC 3339"),
+            Param("starts_before", "date-time", "RFC 3339"), WINDOW)  # fmt: skip
 def alert_list(ask: Ask) -> Any:
-    """?cluster, source, severity, status, alert_name (a search of the name, workload, pod
-    and node), workload_id, pod_name, node_name, starts_after, starts_before, offset,
-    limit: {alerts, data (the same), total, offset, limit}, newest first."""
+    """The alerts, newest first, filtered: {alerts, data (the same), total, offset,
+    limit}."""
     q = ask.query
     filters: dict[str, Any] = {
         "cluster_name": cluster(ask), "source": one_of(ask, "source", SOURCES),
@@ -123,32 +139,34 @@ def alert_list(ask: Ask) -> Any:
     return overview.events(ask.conn, filters, offset, limit)
 
 
-@routes.get("alerts/summary")
+@routes.get("alerts/summary", CLUSTER)
 def alert_summary(ask: Ask) -> Any:
-    """?cluster: {critical, high, warning, info: {count firing, change: of them begun within
-    the hour}}."""
+    """The alerts firing by severity: {critical, high, warning, info: {count, change: of
+    them begun within the hour}}."""
     return overview.summary(ask.conn, cluster(ask), ask.now())
 
 
-@routes.get("alerts/trend")
+@routes.get("alerts/trend", CLUSTER, HOURS,
+            Param("group_by", default="hour", choices=("hour", "day")))  # fmt: skip
 def alert_trend(ask: Ask) -> Any:
-    """?hours (24), group_by=hour|day."""
+    """How many alerts began each hour (or day) of the last hours, by severity."""
     by = one_of(ask, "group_by", ("hour", "day"))
     return overview.trend(ask.conn, cluster(ask), ask.now(), hours(ask), by == "day")
 
 
-@routes.get("alerts/top-sources")
+@routes.get("alerts/top-sources", CLUSTER, HOURS,
+            Param("limit", "integer", "names (0: 10)", default=10, maximum=LIMIT_MAX))  # fmt: skip
 def alert_top_sources(ask: Ask) -> Any:
-    """?cluster, hours (24), limit (10): [{alert_name, count}]."""
+    """The alert names that fired most in the last hours: [{alert_name, count}]."""
     limit = integer(ask.query, "limit", 10) or 10
     if not 1 <= limit <= LIMIT_MAX:
         raise bad(f"limit={limit}: from 1 to {LIMIT_MAX}")
     return overview.top_sources(ask.conn, cluster(ask), ask.now(), hours(ask), limit)
 
 
-@routes.get("alerts/by-cluster")
+@routes.get("alerts/by-cluster", HOURS)
 def alert_by_cluster(ask: Ask) -> Any:
-    """?hours (24): [{cluster_name, count}] firing, every cluster followed."""
+    """The alerts firing in each cluster followed: [{cluster_name, count}]."""
     known = [c["name"] for c in ask.app.clusters.listing()]
     return overview.by_cluster(ask.conn, ask.now(), hours(ask), known)
 
@@ -167,19 +185,21 @@ def alert_correlations(ask: Ask) -> Any:
 
 
 # -- silences -------------------------------------------------------------------------------
-@routes.get("alert-silences")
+@routes.get("alert-silences", CLUSTER, ENABLED,
+            Param("silence_type", doc=", ".join(silences.TYPES)), Param("search"),
+            WINDOW)  # fmt: skip
 def silence_list(ask: Ask) -> Any:
-    """?cluster (its silences and those of every cluster), enabled, silence_type, search,
-    offset, limit."""
+    """The alert silences (a cluster's, and those of every cluster), filtered, one page."""
     offset, limit = window(ask)
     return hub(ask).silences.page(ask.conn, cluster(ask), flag(ask, "enabled"),
                                   param(ask.query, "silence_type") or "",
                                   param(ask.query, "search") or "", offset, limit)  # fmt: skip
 
 
-@routes.get("alert-silences/silenced-alerts")
+@routes.get("alert-silences/silenced-alerts", Param("silence_id"), Param("alert_name"),
+            CLUSTER, WINDOW)  # fmt: skip
 def silenced_alerts(ask: Ask) -> Any:
-    """?silence_id, alert_name, cluster, offset, limit: the alerts a silence held."""
+    """The alerts silences held, newest first: {data, total, offset, limit}."""
     from sqlalchemy import func, select
 
     sa, q = t.silenced_alerts, ask.query
@@ -200,11 +220,26 @@ def silence_detail(ask: Ask) -> Any:
     return hub(ask).silences.get(ask.conn, ask.arg("id"))
 
 
-@routes.post("alert-silences")
+@routes.post("alert-silences",
+             Param("name", doc="what the silence is called", required=True, body=True),
+             Param("silence_type", doc="what it matches alerts by", required=True,
+                   choices=silences.TYPES, body=True),
+             Param("alert_names", "list", "the alert names it holds (silence_type alert_name)",
+                   body=True),
+             Param("label_matchers", "array", "[{name, operator (=, !=, =~, !~), value}] "
+                   "(silence_type label)", body=True),
+             Param("resource_filters", "array", "[{resource_type (cluster, node, namespace, "
+                   "workload, pod), operator, value}] (silence_type resource)", body=True),
+             Param("cluster_name", doc="the cluster whose alerts it holds; none: every "
+                   "cluster", body=True),
+             Param("starts_at", "date-time", "RFC 3339; none: now", body=True),
+             Param("ends_at", "date-time", "RFC 3339; none: until it is ended", body=True),
+             Param("reason", doc="why", body=True),
+             Param("description", body=True),
+             tool="lens_alert_silence_create")  # fmt: skip
 def silence_create(ask: Ask) -> Any:
-    """{name, silence_type (alert_name, label, resource), alert_names, label_matchers,
-    resource_filters, cluster_name, starts_at, ends_at (none: permanent), reason}:
-    {silence_id}; made in Alertmanager too."""
+    """Silences alerts (by name, labels or resource) from starts_at to ends_at (none:
+    until ended): {silence_id}; made in Alertmanager too. Needs the API's credentials."""
     return hub(ask).silences.create(ask.conn, body(ask), ask.now(), who(ask))
 
 
@@ -214,9 +249,10 @@ def silence_update(ask: Ask) -> Any:
     return hub(ask).silences.update(ask.conn, ask.arg("id"), body(ask), ask.now())
 
 
-@routes.patch("alert-silences/{id}/disable")
+@routes.patch("alert-silences/{id}/disable", tool="lens_alert_silence_end")
 def silence_disable(ask: Ask) -> Any:
-    """Ends the silence now (the page's End now); expired in Alertmanager."""
+    """Ends a silence now (the page's End now); expired in Alertmanager. Needs the API's
+    credentials."""
     return hub(ask).silences.disable(ask.conn, ask.arg("id"), ask.now())
 
 
@@ -227,9 +263,11 @@ def silence_delete(ask: Ask) -> Any:
 
 
 # -- metric rules ---------------------------------------------------------------------------
-@routes.get("metric-alert-rules")
+@routes.get("metric-alert-rules", CLUSTER, ENABLED,
+            Param("sync_status", choices=("pending", "synced", "failed")),
+            Param("search", doc="a part of the name", also=("name",)), WINDOW)  # fmt: skip
 def metric_rules(ask: Ask) -> Any:
-    """?cluster, enabled, sync_status, search (or name), offset, limit."""
+    """The metric (PromQL) alert rules, filtered, one page."""
     offset, limit = window(ask)
     q = ask.query
     return hub(ask).metric_rules.page(
@@ -238,7 +276,7 @@ def metric_rules(ask: Ask) -> Any:
         param(q, "search") or param(q, "name") or "", offset, limit)  # fmt: skip
 
 
-@files.get("metric-alert-rules/rules-file")
+@files.get("metric-alert-rules/rules-file", tool=False)  # a file for Prometheus
 def metric_rules_file(ask: Ask) -> Any:
     """Every enabled rule as one Prometheus rules file (rule_files: where Prometheus runs
     without the Prometheus Operator)."""
@@ -247,9 +285,9 @@ def metric_rules_file(ask: Ask) -> Any:
         "Content-Disposition": "inline; filename=lens-ebpf-rules.yaml"}  # fmt: skip
 
 
-@routes.get("metric-alert-rules/{id}")
+@routes.get("metric-alert-rules/{id}", ID)
 def metric_rule(ask: Ask) -> Any:
-    """One rule."""
+    """One metric alert rule: its groups of PromQL rules, labels, sync status."""
     return row_dict(t.metric_alert_rules, hub(ask).metric_rules.get(ask.conn, ident(ask)))
 
 
@@ -264,26 +302,26 @@ def metric_rule_create(ask: Ask) -> Any:
     return got
 
 
-@routes.put("metric-alert-rules/{id}")
+@routes.put("metric-alert-rules/{id}", ID)
 def metric_rule_update(ask: Ask) -> Any:
     """Only the fields given; sync_status back to pending. A shipped rule is 403/4003: clone
     it."""
     return hub(ask).metric_rules.update(ask.conn, ident(ask), body(ask), ask.now())
 
 
-@routes.delete("metric-alert-rules/{id}")
+@routes.delete("metric-alert-rules/{id}", ID)
 def metric_rule_delete(ask: Ask) -> Any:
     """The rule removed, and its PrometheusRule; a shipped one is 403/4003."""
     return hub(ask).metric_rules.delete(ask.conn, ident(ask))
 
 
-@routes.post("metric-alert-rules/{id}/clone")
+@routes.post("metric-alert-rules/{id}/clone", ID)
 def metric_rule_clone(ask: Ask) -> Any:
     """{target_cluster_name, new_name}: a copy (`<name>-copy` when unnamed)."""
     return hub(ask).metric_rules.clone(ask.conn, ident(ask), body(ask), ask.now(), who(ask))
 
 
-@routes.post("metric-alert-rules/sync")
+@routes.post("metric-alert-rules/sync", CLUSTER)
 def metric_rules_sync(ask: Ask) -> Any:
     """{rule_ids} or {cluster} (or ?cluster_name=); none: every rule. The pages read
     {synced, failed}."""
@@ -296,10 +334,13 @@ def metric_rules_sync(ask: Ask) -> Any:
 
 
 # -- log rules ------------------------------------------------------------------------------
-@routes.get("log-alert-rules")
+@routes.get("log-alert-rules", CLUSTER, ENABLED, Param("match_type", choices=logrules.MATCH_TYPES),
+            Param("severity", choices=SEVERITIES),
+            Param("search", doc="a part of the name", also=("keyword", "name")),
+            WINDOW)  # fmt: skip
 def log_rules(ask: Ask) -> Any:
-    """?cluster (its rules and those of every cluster), enabled, match_type, severity,
-    search (or keyword, name), offset, limit."""
+    """The log alert rules (a cluster's, and those of every cluster), filtered, one
+    page."""
     q = ask.query
     offset, limit = window(ask)
     filters = {
@@ -312,9 +353,9 @@ def log_rules(ask: Ask) -> Any:
     return logstore.page(ask.conn, filters, offset, limit)
 
 
-@routes.get("log-alert-rules/{id}")
+@routes.get("log-alert-rules/{id}", ID)
 def log_rule(ask: Ask) -> Any:
-    """One rule."""
+    """One log alert rule: what it matches in which pods' logs, and the alert it makes."""
     return logstore.one(ask.conn, ident(ask))
 
 
@@ -323,7 +364,7 @@ def _changed(ask: Ask, got: Any) -> Any:
     return got
 
 
-@routes.post("log-alert-rules")
+@routes.post("log-alert-rules", CLUSTER)
 def log_rule_create(ask: Ask) -> Any:
     """The rule's fields; its cluster cluster_name (else ?cluster=; "": every cluster)."""
     b = body(ask)
@@ -332,19 +373,19 @@ def log_rule_create(ask: Ask) -> Any:
     return _changed(ask, {"rule_id": rid, "cluster_name": b["cluster_name"] or ""})
 
 
-@routes.put("log-alert-rules/{id}")
+@routes.put("log-alert-rules/{id}", ID)
 def log_rule_update(ask: Ask) -> Any:
     """Only the fields given ({enabled} alone toggles it)."""
     return _changed(ask, logstore.change(ask.conn, ident(ask), body(ask), ask.now()))
 
 
-@routes.delete("log-alert-rules/{id}")
+@routes.delete("log-alert-rules/{id}", ID)
 def log_rule_delete(ask: Ask) -> Any:
     """The rule removed."""
     return _changed(ask, logstore.remove(ask.conn, ident(ask)))
 
 
-@routes.post("log-alert-rules/{id}/clone")
+@routes.post("log-alert-rules/{id}/clone", ID)
 def log_rule_clone(ask: Ask) -> Any:
     """{new_name or name, target_cluster_name, enabled}: a copy (`<name>_copy` when unnamed)."""
     return _changed(ask, logstore.clone(ask.conn, ident(ask), body(ask), ask.now(), who(ask)))
@@ -363,16 +404,17 @@ def log_rule_test(ask: Ask) -> Any:
 
 
 # -- log rule templates ---------------------------------------------------------------------
-@routes.get("log-alert-rule-templates")
+@routes.get("log-alert-rule-templates", Param("category"),
+            Param("built_in", "boolean", "shipped ones (true) or one's own (false)"))  # fmt: skip
 def templates(ask: Ask) -> Any:
-    """?category, built_in: an array (the page groups it by category)."""
+    """The log alert rule templates, an array (the page groups it by category)."""
     return logstore.templates(ask.conn, param(ask.query, "category") or "",
                               flag(ask, "built_in"))  # fmt: skip
 
 
-@routes.get("log-alert-rule-templates/{id}")
+@routes.get("log-alert-rule-templates/{id}", ID)
 def template(ask: Ask) -> Any:
-    """One template, flattened as the list's."""
+    """One log alert rule template, flattened as the list's."""
     return logstore.template_json(logstore.template(ask.conn, ident(ask)))
 
 
@@ -382,14 +424,14 @@ def template_create(ask: Ask) -> Any:
     return logstore.create_template(ask.conn, body(ask), ask.now(), who(ask))
 
 
-@routes.post("log-alert-rule-templates/{id}/instantiate")
+@routes.post("log-alert-rule-templates/{id}/instantiate", ID)
 def template_instantiate(ask: Ask) -> Any:
     """{name, cluster_name, overrides}: a rule made of the template."""
     return _changed(ask, logrules.instantiate(ask.conn, ident(ask), body(ask), ask.now(),
                                               who(ask)))  # fmt: skip
 
 
-@routes.delete("log-alert-rule-templates/{id}")
+@routes.delete("log-alert-rule-templates/{id}", ID)
 def template_delete(ask: Ask) -> Any:
     """A template of one's own; a shipped one is 403/4003."""
     return logstore.remove_template(ask.conn, ident(ask))
@@ -399,7 +441,7 @@ def template_delete(ask: Ask) -> Any:
 NO_ADVICE = "this service makes no rule advices"
 
 
-@routes.get("alert-rule-advices")
+@routes.get("alert-rule-advices", WINDOW)
 def advices(ask: Ask) -> Any:
     """Rule advices: none are made here; {data: [], advices: [], total: 0, ...}."""
     offset, limit = window(ask)
@@ -408,7 +450,7 @@ def advices(ask: Ask) -> Any:
 
 @routes.get("alert-rule-advices/summary")
 def advices_summary(ask: Ask) -> Any:
-    """All zeros, in the keys the page and the original read."""
+    """Rule advices' summary: all zeros (none are made here), in the keys the page reads."""
     return {"pending": 0, "accepted": 0, "rejected": 0, "avg_confidence": 0, "total_count": 0,
             "pending_count": 0, "applied_count": 0, "rejected_count": 0, "expired_count": 0,
             "by_category": {}, "by_severity": {}}  # fmt: skip
@@ -433,9 +475,11 @@ def advice_apply(ask: Ask) -> Any:
 
 
 # -- notification channels ------------------------------------------------------------------
-@routes.get("notification-channels")
+@routes.get("notification-channels", Param("type", choices=tuple(channels.REQUIRED)), ENABLED,
+            Param("search"), WINDOW)  # fmt: skip
 def channel_list(ask: Ask) -> Any:
-    """?type, enabled, search, offset, limit: {items, channels (the same), total, ...}."""
+    """The notification channels (their secrets shown as <secret>), filtered: {items,
+    channels (the same), total, ...}."""
     offset, limit = window(ask)
     return channels.page(ask.conn, one_of(ask, "type", tuple(channels.REQUIRED)),
                          flag(ask, "enabled"), param(ask.query, "search") or "", offset,
@@ -444,13 +488,13 @@ def channel_list(ask: Ask) -> Any:
 
 @routes.get("notification-channels/types")
 def channel_types(ask: Ask) -> Any:
-    """[{type, name, description, config_schema}]."""
+    """The kinds of notification channel: [{type, name, description, config_schema}]."""
     return channels.TYPES
 
 
-@routes.get("notification-channels/{id}")
+@routes.get("notification-channels/{id}", ID)
 def channel(ask: Ask) -> Any:
-    """One channel."""
+    """One notification channel (its secrets shown as <secret>)."""
     return channels.json(channels.get(ask.conn, ident(ask)))
 
 
@@ -460,19 +504,19 @@ def channel_create(ask: Ask) -> Any:
     return channels.create(ask.conn, body(ask), ask.now(), who(ask))
 
 
-@routes.put("notification-channels/{id}")
+@routes.put("notification-channels/{id}", ID)
 def channel_update(ask: Ask) -> Any:
     """Only the fields given."""
     return channels.change(ask.conn, ident(ask), body(ask), ask.now())
 
 
-@routes.delete("notification-channels/{id}")
+@routes.delete("notification-channels/{id}", ID)
 def channel_delete(ask: Ask) -> Any:
     """{deleted: true}."""
     return channels.remove(ask.conn, ident(ask))
 
 
-@routes.post("notification-channels/{id}/test")
+@routes.post("notification-channels/{id}/test", ID)
 def channel_test(ask: Ask) -> Any:
     """A test notification through it: {success, message}."""
     return channels.test(ask.conn, ident(ask))

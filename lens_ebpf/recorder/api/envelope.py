@@ -12,14 +12,16 @@ A write (POST, PUT, PATCH, DELETE) runs in one transaction. A route that mixes s
 facts with figures it cannot know now (Prometheus's) answers 2000 with them 0, the
 original's types (never null where its Go struct has a number, string, bool or list),
 meta.message saying what is unknown and why. Parameters are taken in snake_case (the
-UI's `page_num`) and camelCase (`pageNum`). Paged lists answer `{"data": [...], "total":
-N}`.
+UI's `page_num`) and camelCase (`pageNum`), each checked against its route's declaration
+(`Param`: its type, whether required, its bounds and choices; check()) before the handler
+runs, a bad one 400/4001 naming it. Paged lists answer `{"data": [...], "total": N}`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import re
 import threading
 from collections.abc import Callable
@@ -40,7 +42,16 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from lens_ebpf.core.routes import WRITES, Answer, Request, Response, Route, Surface, unwanted_type
+from lens_ebpf.core.routes import (
+    WRITES,
+    Answer,
+    Param,
+    Request,
+    Response,
+    Route,
+    Surface,
+    unwanted_type,
+)
 from lens_ebpf.recorder import inputs, prom
 from lens_ebpf.recorder.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailable
 from lens_ebpf.recorder.lifecycle import parse_time
@@ -228,6 +239,111 @@ def span(query: dict[str, str]) -> tuple[int, int, int]:
     return start, end, step
 
 
+PAGE = (  # page(): the Primus-Lens pages' paging
+    Param("page_num", "integer", "the page, from 1", default=1, minimum=1,
+          maximum=inputs.INT_MAX // PAGE_MAX),
+    Param("page_size", "integer", "rows a page", default=10, minimum=1, maximum=PAGE_MAX),
+)  # fmt: skip
+SPAN = (  # span(): a graph's span
+    Param("start", "integer", "unix seconds", required=True),
+    Param("end", "integer", "unix seconds", required=True),
+    Param("step", "integer", "seconds between points", default=60, minimum=1),
+)
+CLUSTER = Param("cluster", doc="the cluster asked about (a followed cluster's name); none: "
+                "the home cluster")  # fmt: skip
+TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no")  # a boolean as a query may say it
+BODY_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "string": ((str,), "a string"), "integer": ((int,), "a whole number"),
+    "number": ((int, float), "a number"), "boolean": ((bool,), "true or false"),
+    "list": ((list,), "a list"), "array": ((list,), "a list"), "object": ((dict,), "an object"),
+    "date-time": ((str,), "an RFC 3339 time"), "time": ((int, str), "unix seconds or RFC 3339"),
+}  # fmt: skip
+
+
+def given(p: Param, values: dict[str, str]) -> tuple[str, str] | None:
+    """(the name it came under, its text); None when absent ("" is absent, as the
+    handlers read it)."""
+    for name in p.spellings:
+        if values.get(name):
+            return name, values[name]
+    return None
+
+
+def check(params: tuple[Param, ...], req: Request) -> None:
+    """A request against what its route declares (core/routes.py's Param): each path and
+    query parameter given reads as its type, within its bounds and choices; each body
+    field declared is of its JSON type; none required is missing. BadRequest names the
+    first that is not (by the name it came under)."""
+    fields: dict[str, Any] | None = None
+    for p in params:
+        if p.body:
+            if fields is None:
+                doc = inputs.body(req.body) if req.body.strip() else {}
+                fields = doc if isinstance(doc, dict) else {}
+            field_value(p, fields)
+            continue
+        got = given(p, req.params if p.name in req.params else req.query)
+        if got is None:
+            if p.required:
+                raise bad(f"{p.name} is required")
+            continue
+        text_value(p, *got)
+
+
+def text_value(p: Param, name: str, raw: str) -> None:
+    """A path or query parameter's text, read as its kind (BadRequest otherwise, naming
+    it as the client spelled it, and as declared where that differs: `pageNum=0: ...
+    (page_num)`)."""
+    try:
+        read_as(p, name, raw)
+    except BadRequest as exc:
+        if name == p.name:
+            raise
+        raise bad(f"{exc} ({p.name})") from None
+
+
+def read_as(p: Param, name: str, raw: str) -> None:
+    if p.kind == "integer":
+        n = inputs.whole(raw, name)
+        lo, hi = p.minimum, p.maximum
+        if (lo is not None and n < lo) or (hi is not None and n > hi):
+            said = f"from {lo} to {hi}" if lo is not None and hi is not None else \
+                f"{lo} or more" if lo is not None else f"{hi} or less"  # fmt: skip
+            raise bad(f"{name}={n}: must be {said}")
+    elif p.kind == "number":
+        try:
+            if not math.isfinite(float(raw)):
+                raise ValueError
+        except ValueError:
+            raise bad(f"{name}={inputs.shown(raw)}: not a finite number") from None
+    elif p.kind == "boolean" and raw.strip().lower() not in TRUE + FALSE:
+        raise bad(f"{name}={inputs.shown(raw)}: true or false")
+    elif p.kind == "time":
+        when({name: raw}, name)
+    elif p.kind == "date-time" and parse_time(raw) is None:
+        raise bad(f"{name}={inputs.shown(raw)}: an RFC 3339 time is required")
+    if p.choices:
+        for v in raw.split(",") if p.kind == "list" else [raw]:
+            if v not in p.choices and v.lower() not in p.choices:
+                raise bad(f"{name}={inputs.shown(v)}: one of {', '.join(p.choices)}")
+
+
+def field_value(p: Param, fields: dict[str, Any]) -> None:
+    """A write's body field, of its declared JSON type (BadRequest otherwise)."""
+    v = fields.get(p.name)
+    if v is None:
+        if p.required:
+            raise bad(f"{p.name} is required")
+        return
+    kind, said = BODY_TYPES[p.kind]
+    if not isinstance(v, kind) or (isinstance(v, bool) and p.kind in ("integer", "number")):
+        raise bad(f"{p.name}: {said} is required")
+    if p.kind == "date-time" and v and parse_time(v) is None:
+        raise bad(f"{p.name}={inputs.shown(str(v))}: an RFC 3339 time is required")
+    if p.choices and v not in p.choices:
+        raise bad(f"{p.name}={inputs.shown(str(v))}: one of {', '.join(p.choices)}")
+
+
 @dataclass
 class Services:
     """The service's parts the handlers call into."""
@@ -294,6 +410,8 @@ class LensApi(Surface):
     """The Primus-Lens API: handler(ask) -> data, answered in its envelope; a write only
     with the API's credentials (guard), in one transaction (begin)."""
 
+    params: tuple[Param, ...] = (CLUSTER,)
+
     def __init__(self, app: Services, connect: Connect,
                  scopes: Callable[[str | None], Scope], begin: Connect | None = None,
                  guard: WriteGuard | None = None) -> None:  # fmt: skip
@@ -332,6 +450,7 @@ class LensApi(Surface):
         ask = None
         try:
             inputs.parameters(req.params, req.query)
+            check(self.declared(route), req)
             ask = Ask(req, self.app, self.scope(req), connect)
             with prom.missing_figures() as missing:
                 data = route.handler(ask)
@@ -368,7 +487,10 @@ class LensApi(Surface):
 
 class AlertsApi(LensApi):
     """The Alert pages' routes: their `cluster` names the clusters alerts come from (any
-    name, "all" or none: every cluster), read by the handlers, not resolved to a scope."""
+    name, "all" or none: every cluster), read by the handlers, not resolved to a scope;
+    declared by the routes that read it."""
+
+    params: tuple[Param, ...] = ()
 
     def scope(self, req: Request) -> Scope | None:
         return None

@@ -17,6 +17,7 @@ from typing import Any
 
 from lens_ebpf.core.routes import (
     Answer,
+    Param,
     Request,
     Response,
     Route,
@@ -27,7 +28,7 @@ from lens_ebpf.core.routes import (
 from lens_ebpf.recorder import inputs
 from lens_ebpf.recorder.alerts import ingest
 from lens_ebpf.recorder.alerts.model import OWN_LABEL
-from lens_ebpf.recorder.api.envelope import Services, down, failure
+from lens_ebpf.recorder.api.envelope import Services, check, down, failure
 from lens_ebpf.recorder.api.envelope import answer as encoded
 from lens_ebpf.recorder.errors import BadRequest
 from lens_ebpf.recorder.ingest.admission import Ingest, Outcome
@@ -60,6 +61,9 @@ def put(got: Outcome) -> Answer:
 class Admitted(Surface):
     """handler(req, app) -> Outcome, behind the token check, counted and timed by route;
     each route's body bound is its setting (recorder.logs, recorder.remote_write)."""
+
+    params = (Param("cluster", doc="the cluster the body is of: this service's home one "
+                    "only"),)  # fmt: skip
 
     def __init__(self, app: Services, ingest: Ingest) -> None:
         self.app, self.ingest = app, ingest
@@ -98,6 +102,7 @@ class Admitted(Surface):
         logged once), as the cluster API answers them: never the driver's words."""
         try:
             inputs.parameters(req.params, req.query)
+            check(self.declared(route), req)
             got: Outcome = route.handler(req, self.app)
             return got
         except Exception as exc:
@@ -110,9 +115,12 @@ class Admitted(Surface):
                            if e.status == 503 else {})  # fmt: skip
 
 
-@routes.post("logs", takes=LOGS)
+@routes.post("logs", Param("namespace", doc="plain lines' pod's namespace"),
+             Param("pod", doc="plain lines' pod"), Param("container", doc="plain lines' container"),
+             Param("pod_uid", doc="plain lines' pod's uid"), takes=LOGS)  # fmt: skip
 def logs(req: Request, app: Services) -> Outcome:
-    """Taken here, or (with replicas, on one that does not lead) handed to the leader,
+    """Log shippers' lines (JSON, JSON lines, plain lines): training progress and the log
+    alert rules. Taken here, or (with replicas, on one that does not lead) handed to the leader,
     which keeps the training progress (leadership.py)."""
     if app.leadership is not None and not app.leadership.leads():
         return app.leadership.forward("logs", req.body, req.headers, req.query)
@@ -123,6 +131,8 @@ def logs(req: Request, app: Services) -> Outcome:
 
 @routes.post("prometheus", takes=PROTOBUF)
 def prometheus(req: Request, app: Services) -> Outcome:
+    """Prometheus remote write (1.0 and 2.0) in: copies of the workloads' series, with
+    their pods and workloads, written on to recorder.remote_write.url."""
     return app.remote_write.post(req.headers, req.body)
 
 

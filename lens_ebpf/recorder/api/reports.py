@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from lens_ebpf.core.routes import Answer, Request, Route, RouteTable, Surface
+from lens_ebpf.core.routes import Answer, Param, Request, Route, RouteTable, Surface
 from lens_ebpf.recorder.api.envelope import PAGE_MAX, Ask, bad, integer, param
 from lens_ebpf.recorder.reports import weekly
 
@@ -20,9 +20,13 @@ TYPES = {"html": "text/html; charset=utf-8", "pdf": "application/pdf",
 SIZE_MAX = 100  # the original's page size bound
 
 
-@routes.get(BASE)
+@routes.get(BASE, Param("cluster_name", doc="the reports of this cluster (cluster= too)"),
+            Param("status", doc="generated or failed"),
+            Param("page", "integer", "the page, from 1", default=1, minimum=1),
+            Param("page_size", "integer", f"reports a page (at most {SIZE_MAX})", default=20),
+            Param("size", "integer", "as page_size"))  # fmt: skip
 def listing(ask: Ask) -> Any:
-    """?cluster_name= (or cluster=), status=, page=, page_size= (or size=; default 20)."""
+    """The weekly GPU utilization reports, newest period first, one page."""
     q = ask.query
     num = integer(q, "page", 1)
     size = integer(q, "size", 0) or integer(q, "page_size", 20)
@@ -35,17 +39,20 @@ def listing(ask: Ask) -> Any:
 
 @routes.get(f"{BASE}/latest")
 def latest(ask: Ask) -> Any:
-    """?cluster= (default the home cluster)."""
+    """The newest weekly GPU utilization report of the cluster asked about (its summary,
+    workloads and figures)."""
     return weekly.latest(ask.conn, ask.c.name)
 
 
 @routes.get(f"{BASE}/{{id}}")
 def detail(ask: Ask) -> Any:
+    """One weekly GPU utilization report by id (its summary, workloads and figures)."""
     return weekly.detail(ask.conn, ask.arg("id"))
 
 
 def _download(fmt: str) -> Any:
     def handler(ask: Ask) -> Answer:
+        """The report as a file to download."""
         name, body = weekly.download(ask.conn, ask.arg("id"), fmt)
         how = "inline" if fmt == "html" else "attachment"
         return 200, TYPES[fmt], body, {"Content-Disposition": f"{how}; filename={name}"}
@@ -53,8 +60,8 @@ def _download(fmt: str) -> Any:
     return handler
 
 
-for _fmt in weekly.FORMATS:
-    files.get(f"{BASE}/{{id}}/{_fmt}")(_download(_fmt))
+for _fmt in weekly.FORMATS:  # a download, not a tool: the report's detail is its JSON
+    files.get(f"{BASE}/{{id}}/{_fmt}", tool=False)(_download(_fmt))
 
 
 class LensFiles(Surface):

@@ -7,13 +7,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from lens_ebpf.core.http import json_response
-from lens_ebpf.core.routes import Answer, Request, Route, RouteTable, Surface
+from lens_ebpf.core.routes import Answer, Param, Request, Route, RouteTable, Surface
 from lens_ebpf.recorder import inputs
-from lens_ebpf.recorder.api.envelope import Ask, Connect, Services, down, failure
+from lens_ebpf.recorder.api.envelope import Ask, Connect, Services, check, down, failure
 from lens_ebpf.recorder.errors import BadRequest, NotFound
 from lens_ebpf.recorder.store import queries
 
 routes = RouteTable()
+CLUSTER = Param("cluster", doc="a followed cluster's name; none: the home cluster")
+PAGE = (Param("limit", "integer", "rows a page (1 to recorder.page_max; default 100 or it)"),
+        Param("continue", doc="the token of the previous page's answer"))  # fmt: skip
 
 
 class PlainJson(Surface):
@@ -27,6 +30,7 @@ class PlainJson(Surface):
         ask = Ask(req, self.app, None, self.connect)
         try:
             inputs.parameters(req.params, req.query)
+            check(self.declared(route), req)
             got = route.handler(ask)
             if ask._conn is not None:
                 self.app.outage.answered()
@@ -63,6 +67,7 @@ def cluster(ask: Ask) -> str:
 
 @routes.get("healthz", probe=True)
 def healthz(ask: Ask) -> Any:
+    """The service is up: {status: ok}."""
     return {"status": "ok"}
 
 
@@ -73,14 +78,20 @@ def readyz(ask: Ask) -> Any:
     return Status(200 if ready else 503, body)
 
 
-@routes.get("workloads")
+@routes.get("workloads", CLUSTER, PAGE, Param("namespace"), Param("kind"),
+            Param("running", "boolean", "running ones (true) or not (false)"),
+            Param("deleted", "boolean", "deleted ones (true) or not (false)"),
+            Param("top", "boolean", "true: only workloads without a parent"))  # fmt: skip
 def workloads(ask: Ask) -> Any:
+    """A cluster's workloads as stored, oldest first, one page: {items, continue}."""
     page = queries.page_of(ask.query, ask.app.cfg.page_max)
     return queries.workloads(ask.conn, ask.query, page, cluster=cluster(ask))
 
 
-@routes.get("workloads/{uid}")
+@routes.get("workloads/{uid}", CLUSTER)
 def workload(ask: Ask) -> Any:
+    """One workload as stored, with its children, its pods (with their GPUs) and their
+    events."""
     uid, name = ask.arg("uid"), cluster(ask)
     found = queries.workload(ask.conn, uid, name)
     if found is None:
@@ -88,7 +99,10 @@ def workload(ask: Ask) -> Any:
     return found
 
 
-@routes.get("pods")
+@routes.get("pods", CLUSTER, PAGE, Param("node"), Param("namespace"),
+            Param("since", doc="alive at any time since: RFC 3339, unix seconds, or an age "
+                  "(90s, 30m, 12h, 7d)"))  # fmt: skip
 def pods(ask: Ask) -> Any:
+    """A cluster's GPU pods as stored, oldest first, one page: {items, continue}."""
     page = queries.page_of(ask.query, ask.app.cfg.page_max)
     return queries.pods(ask.conn, ask.query, page, now=ask.now(), cluster=cluster(ask))

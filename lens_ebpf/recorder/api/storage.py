@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from lens_ebpf.core.routes import RouteTable
-from lens_ebpf.recorder.api.envelope import Ask, page
+from lens_ebpf.recorder.api.envelope import PAGE, Ask, page
 from lens_ebpf.recorder.errors import Unavailable
 from lens_ebpf.recorder.storage import StorageScan
 
@@ -21,11 +21,13 @@ def scan(ask: Ask) -> StorageScan:
 
 @routes.get("storage/overview")
 def overview(ask: Ask) -> Any:
+    """Per storage backend: its class, volumes, capacity requested and used, the pods using
+    it, whether it is healthy."""
     return scan(ask).overview()
 
 
-@routes.get("storage/volumes")
+@routes.get("storage/volumes", PAGE)
 def volumes(ask: Ask) -> Any:
-    """?page_num=&page_size="""
+    """One page of the volume claims: capacity, usage, the pods and nodes mounting each."""
     num, size = page(ask.query)
     return scan(ask).volumes(num, size)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lens_ebpf.core.routes import RouteTable
+from lens_ebpf.core.routes import Param, RouteTable
 from lens_ebpf.recorder.api.envelope import Ask, when
 from lens_ebpf.recorder.training.performance import training_performance
 from lens_ebpf.recorder.training.timeline import Timeline
@@ -12,16 +12,23 @@ from lens_ebpf.recorder.training.timeline import Timeline
 routes = RouteTable()
 
 
-@routes.get("workloads/{uid}/trainingPerformance")
+@routes.get("workloads/{uid}/trainingPerformance",
+            Param("start", "time", "unix seconds, milliseconds or RFC 3339"),
+            Param("end", "time", "unix seconds, milliseconds or RFC 3339"))  # fmt: skip
 def performance(ask: Ask) -> Any:
-    """?start=&end= (unix seconds, milliseconds or RFC 3339)."""
+    """A training workload's performance points as its pods' logs give them (oldest
+    first), and their summary."""
     return training_performance(ask.conn, ask.c.tables, ask.arg("uid"),
                                 when(ask.query, "start"), when(ask.query, "end"))  # fmt: skip
 
 
-@routes.get("workloads/{uid}/timeline")
+@routes.get("workloads/{uid}/timeline",
+            Param("start", "time", "unix seconds or RFC 3339; none: the workload's start"),
+            Param("end", "time", "unix seconds or RFC 3339; none: now"))  # fmt: skip
 def timeline(ask: Ask) -> Any:
-    """?start=&end= (unix seconds or RFC 3339; default the workload's life up to now)."""
+    """A workload's timeline, oldest first: training slowdowns, stalls and outliers, GPU
+    faults and throttling, device changes, OOM kills and exits, pod events, network
+    regressions; each naming its pod, node and device."""
     c = ask.c
     return Timeline(c.prom, ask.app.cfg.timeline, c.tables)(
         ask.conn, ask.arg("uid"), when(ask.query, "start"), when(ask.query, "end"),
