@@ -66,8 +66,8 @@ class Alerts(Collector):
     # -- the shipped rules -----------------------------------------------------------------
     def seed(self) -> None:
         """The shipped templates (and, with default_log_rules, the GPU training ones as
-        rules of every cluster) and deploy/prometheusrule.yaml's groups as built-in metric
-        rules, once; a replica that finds another did it first leaves it."""
+        rules of every cluster) and deploy/prometheus-operator/prometheusrule.yaml's groups as
+        built-in metric rules, once; a replica that finds another did it first leaves it."""
         now = self.clock()
         try:
             with self.engine.begin() as conn:

@@ -5,8 +5,9 @@
 - the chart, rendered and linted by Helm's own library (helm-python-sdk: Helm v4's Go SDK
   in its wheel, offline, no helm binary), renders for each form (the agent, without
   privileged, the recorder replicated and single, on 1.20 and on current clusters, the
-  Prometheus Operator's objects) exactly the objects kustomize builds for that form: same
-  kinds, names, namespaces and content, labels included;
+  Prometheus Operator's objects, the recorder's opt-in NetworkPolicy with and without the
+  nodes' CIDRs) exactly the objects kustomize builds for that form: same kinds, names,
+  namespaces and content, labels included;
 - the files the chart carries from deploy/ (files/deploy/...) are byte copies;
 - on a real kube-apiserver 1.20.2 (tests/kube/apiserver.py), `kubectl apply -k` of each
   overlay that serves 1.20 and `kubectl apply -f` of the chart rendered with 1.20's
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -63,7 +65,13 @@ FORMS: dict[str, tuple[dict[str, Any], str]] = {
     "deploy/kube-1.20/recorder": (chart_values(recorder={"mode": "replicated"}), KUBE_1_20),
     "deploy/kube-1.20/recorder-single": (chart_values(recorder={"mode": "single"}), KUBE_1_20),
     "deploy/prometheus-operator": (chart_values(operator=True), KUBE_CURRENT),
+    "deploy/network-policy": (
+        chart_values(recorder={"mode": "single", "networkPolicy": {"enabled": True}}),
+        KUBE_CURRENT),
 }  # fmt: skip
+# an overlay applied beside another: the chart's values for it render both
+BESIDE = {"deploy/network-policy": "deploy/recorder-single"}
+NO_PODS = {"deploy/prometheus-operator", "deploy/network-policy"}
 # what Kubernetes 1.20 takes: everything but the policy/v1 PodDisruptionBudgets
 ON_1_20 = [o for o, (_, kube) in FORMS.items() if kube == KUBE_1_20 or "recorder" not in o]
 
@@ -124,8 +132,10 @@ def test_every_overlay_builds_with_kustomize_5(
     kinds = {d["kind"] for d in docs}
     # the Prometheus Operator's kinds only where asked for: deploy/ applies to a plain cluster
     assert bool(kinds & CRD_KINDS) == (overlay == "deploy/prometheus-operator"), kinds
+    # the recorder's NetworkPolicy is opt in (most plugins see the agents as their nodes)
+    assert ("NetworkPolicy" in kinds) == (overlay == "deploy/network-policy"), kinds
     assert all(s["enableServiceLinks"] is False for s in pod_specs(docs))
-    assert len(pod_specs(docs)) == (0 if overlay == "deploy/prometheus-operator" else 1)
+    assert len(pod_specs(docs)) == (0 if overlay in NO_PODS else 1)
     pdbs = [d["apiVersion"] for d in docs if d["kind"] == "PodDisruptionBudget"]
     if "recorder" in overlay:
         assert pdbs == ["policy/v1beta1" if "kube-1.20" in overlay else "policy/v1"]
@@ -180,7 +190,7 @@ def test_the_chart_renders_what_kustomize_builds(
     release's (helm install -n lens-ebpf --create-namespace)."""
     values, kube = FORMS[overlay]
     ours = by_key(render(chart, values, kube_version=kube))
-    theirs = by_key(built[overlay])
+    theirs = by_key(built[overlay] + (built[BESIDE[overlay]] if overlay in BESIDE else []))
     namespaces = {k for k in theirs if k[0] == "Namespace"}
     assert namespaces == ({("Namespace", None, NS)} if overlay in ("deploy",
                           "deploy/minimal-capabilities") else set())  # fmt: skip
@@ -189,6 +199,40 @@ def test_the_chart_renders_what_kustomize_builds(
     assert sorted(ours) == sorted(theirs)
     for k, doc in theirs.items():
         assert ours[k] == doc, k
+
+
+def with_nodes(tmp_path: Path, cidrs: list[str]) -> Path:
+    """deploy/network-policy as its kustomization says to open it to the nodes: cidrs in
+    nodes.yaml (one `add` each, as the shipped one), the patchesJson6902 uncommented."""
+    out = tmp_path / "network-policy"
+    shutil.copytree(DEPLOY / "network-policy", out)
+    (shipped,) = yaml.safe_load((out / "nodes.yaml").read_text())
+    ops = [{**shipped, "value": {"ipBlock": {"cidr": c}}} for c in cidrs]
+    (out / "nodes.yaml").write_text(yaml.safe_dump(ops))
+    kust = out / "kustomization.yaml"
+    head, mark, tail = kust.read_text().partition("# patchesJson6902:")
+    assert mark, f"{kust}: no commented patchesJson6902"
+    kust.write_text(head + re.sub(r"(?m)^# ?", "", mark + tail))
+    return out
+
+
+@pytest.mark.parametrize("cidrs", [["10.0.0.0/16"], ["10.0.0.0/16", "192.168.10.0/24"]])
+def test_the_chart_s_node_cidrs_are_the_overlay_s_documented_patch(
+    chart: Any, tmp_path: Path, cidrs: list[str]
+) -> None:
+    """recorder.networkPolicy.nodeCIDRs: the collector port's rule lets the agents' pods
+    and those addresses in, as deploy/network-policy with nodes.yaml's patch does (built
+    alike by both kustomizes)."""
+    overlay = str(with_nodes(tmp_path, cidrs))
+    theirs = by_key(kustomize(kubectl_current(), overlay))
+    assert by_key(kustomize(kubectl_1_20(), overlay)) == theirs
+    values = chart_values(
+        recorder={"mode": "single", "networkPolicy": {"enabled": True, "nodeCIDRs": cidrs}}
+    )
+    ours = {k: d for k, d in by_key(render(chart, values)).items() if k[0] == "NetworkPolicy"}
+    assert ours == theirs
+    (policy,) = theirs.values()
+    assert policy["spec"]["ingress"][1]["from"][1:] == [{"ipBlock": {"cidr": c}} for c in cidrs]
 
 
 def test_default_values_are_the_agent_and_the_single_recorder(
@@ -244,8 +288,10 @@ def test_helm_lint_is_clean(form: str, kube: str) -> None:
 def test_the_chart_follows_its_release_namespace(chart: Any) -> None:
     """Installed elsewhere, every namespaced object and every reference to the namespace
     follow, but the kube-system Roles the agent and the recorder need."""
-    values = {"recorder": {"mode": "replicated"}, "prometheusOperator": {"enabled": True}}
+    values = {"recorder": {"mode": "replicated", "networkPolicy": {"enabled": True}},
+              "prometheusOperator": {"enabled": True}}  # fmt: skip
     docs = render(chart, values, namespace="gpu-watch")
+    assert "NetworkPolicy" in {d["kind"] for d in docs}
     spaces = {d["metadata"].get("namespace") for d in docs}
     assert spaces == {"gpu-watch", "kube-system", None}
     in_kube_system = {d["kind"] for d in docs if d["metadata"].get("namespace") == "kube-system"}
@@ -408,8 +454,9 @@ def applied(lab: KubeApiServer, expected: list[dict[str, Any]], *source: str) ->
 INSTALLS = {
     "agent, replicated recorder, operator objects": ["deploy", "deploy/kube-1.20/recorder",
                                                      "deploy/prometheus-operator"],
-    "agent without privileged, single recorder": ["deploy/minimal-capabilities",
-                                                  "deploy/kube-1.20/recorder-single"],
+    "agent without privileged, single recorder, network policy": [
+        "deploy/minimal-capabilities", "deploy/kube-1.20/recorder-single",
+        "deploy/network-policy"],
 }  # fmt: skip
 
 
@@ -432,8 +479,10 @@ def test_kubectl_1_20_applies_the_overlays(lab: KubeApiServer, install: str) -> 
 
 CHART_INSTALLS = {
     "defaults": {},
-    "replicated, not privileged, operator objects": {
-        "agent": {"privileged": False}, "recorder": {"mode": "replicated"},
+    "replicated, not privileged, operator objects, network policy": {
+        "agent": {"privileged": False},
+        "recorder": {"mode": "replicated",
+                     "networkPolicy": {"enabled": True, "nodeCIDRs": ["10.0.0.0/16"]}},
         "prometheusOperator": {"enabled": "auto"}},
 }  # fmt: skip
 

@@ -4,7 +4,7 @@ RBAC as shipped: without the PrometheusRule CRD a sync says so and writes the ru
 with it (a CRD of the operator's group and kind, its schema open) each enabled rule is a
 PrometheusRule in the service's namespace, labelled for the operator's ruleSelector, its
 groups the rule's; a disabled or deleted rule's object goes; a shipped rule is not
-written (deploy/prometheusrule.yaml ships it)."""
+written (deploy/prometheus-operator/prometheusrule.yaml ships it)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_rules_become_prometheusrules_as_the_recorders_account(
     upgrade(eng)
     mr = MetricRules(client, NAMESPACE, LABELS, str(tmp_path / "rules.yml"), "lab")
     with eng.begin() as conn:
-        assert rules.seed(conn, T0, "lab") == 2  # deploy/prometheusrule.yaml's groups
+        assert rules.seed(conn, T0, "lab") == 2  # rules.SHIPPED's groups
         rid = mr.create(conn, RULE, T0, "test")["rule_id"]
         got = mr.sync(conn, [], "lab", T0)
     assert (got["total"], got["synced"]) == (1, 1) and "no PrometheusRule CRD" in got["message"]

@@ -216,8 +216,7 @@ def test_recorder_manifests_round_trip_and_run_what_the_recorder_needs(tmp_path:
     api = kubernetes.client.ApiClient()
     models = {**MODELS, "Deployment": "V1Deployment",
               "PersistentVolumeClaim": "V1PersistentVolumeClaim",
-              "PodDisruptionBudget": "V1PodDisruptionBudget",
-              "NetworkPolicy": "V1NetworkPolicy"}  # fmt: skip
+              "PodDisruptionBudget": "V1PodDisruptionBudget"}  # fmt: skip
     docs = recorder_documents()
     for doc in docs:
         model = api.deserialize(json.dumps(doc), models[doc["kind"]], "application/json")
@@ -250,12 +249,22 @@ def test_recorder_manifests_round_trip_and_run_what_the_recorder_needs(tmp_path:
                      "collect": int(cfg.recorder.collect_listen.rsplit(":", 1)[1])}  # fmt: skip
 
 
+NETWORK_POLICY = DEPLOY / "network-policy"
+
+
 def test_only_the_agents_pods_reach_the_collector_port() -> None:
-    """The NetworkPolicy (issue 69): the recorder's pods, their API port open to all, their
-    collector port only to the DaemonSet's pods (in the namespace both are in)."""
-    docs = recorder_documents()
-    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
-    dep = next(d for d in docs if d["kind"] == "Deployment")
+    """The NetworkPolicy (issue 69), opt in (deploy/network-policy, not in deploy/recorder):
+    the recorder's pods, their API port open to all, their collector port only to the
+    DaemonSet's pods (in the namespace both are in); a type the API knows."""
+    kubernetes = pytest.importorskip("kubernetes")
+    assert "NetworkPolicy" not in {d["kind"] for d in recorder_documents()}
+    kust = yaml.safe_load((NETWORK_POLICY / "kustomization.yaml").read_text())
+    assert kust["resources"] == ["networkpolicy.yaml"] and "patchesJson6902" not in kust
+    (policy,) = yaml.safe_load_all((NETWORK_POLICY / "networkpolicy.yaml").read_text())
+    api = kubernetes.client.ApiClient()
+    model = api.deserialize(json.dumps(policy), "V1NetworkPolicy", "application/json")
+    assert _drop_empty(api.sanitize_for_serialization(model)) == policy
+    dep = next(d for d in recorder_documents() if d["kind"] == "Deployment")
     agent = next(d for d in yaml.safe_load_all((AGENT / "daemonset.yaml").read_text())
                  if d and d["kind"] == "DaemonSet")  # fmt: skip
     assert policy["metadata"]["namespace"] == dep["metadata"]["namespace"] == \
@@ -271,6 +280,25 @@ def test_only_the_agents_pods_reach_the_collector_port() -> None:
             {"podSelector": {"matchLabels": agent["spec"]["template"]["metadata"]["labels"]}}
         ],
     }
+
+
+def test_the_nodes_patch_adds_cidrs_to_the_collector_rule() -> None:
+    """nodes.yaml (the documented patch, commented out in the kustomization) appends an
+    ipBlock to the collector port's rule of the policy it targets."""
+    policy = yaml.safe_load((NETWORK_POLICY / "networkpolicy.yaml").read_text())
+    text = (NETWORK_POLICY / "kustomization.yaml").read_text()
+    commented = "# patchesJson6902:" + text.partition("# patchesJson6902:")[2]
+    patches = yaml.safe_load(re.sub(r"(?m)^# ?", "", commented))["patchesJson6902"]
+    (patch,) = patches
+    meta = policy["metadata"]
+    assert patch["target"] == {"group": "networking.k8s.io", "version": "v1",
+                               "kind": policy["kind"], "name": meta["name"]}  # fmt: skip
+    ops = yaml.safe_load((NETWORK_POLICY / patch["path"]).read_text())
+    rule = ops[0]["path"].split("/")[3]
+    assert policy["spec"]["ingress"][int(rule)]["ports"][0]["port"] == 9472
+    assert [(op["op"], op["path"], list(op["value"])) for op in ops] == [
+        ("add", f"/spec/ingress/{rule}/from/-", ["ipBlock"])
+    ]
 
 
 def test_the_single_process_variant_runs_on_sqlite_without_an_election(tmp_path: Path) -> None:
@@ -388,8 +416,11 @@ def test_the_packaged_rules_are_deploys() -> None:
     """The recorder lists deploy/prometheus-operator/prometheusrule.yaml's groups as its
     built-in metric rules from a copy packaged beside lens_ebpf/recorder/alerts/rules.py:
     the same file."""
+    from lens_ebpf.recorder.alerts import rules
+
+    assert ROOT / rules.SHIPPED == OPERATOR / "prometheusrule.yaml"  # as its messages say
     packaged = ROOT / "lens_ebpf" / "recorder" / "alerts" / "prometheusrule.yaml"
-    assert packaged.read_text() == (OPERATOR / "prometheusrule.yaml").read_text(), (
+    assert packaged.read_text() == (ROOT / rules.SHIPPED).read_text(), (
         "copy deploy/prometheus-operator/prometheusrule.yaml to "
         "lens_ebpf/recorder/alerts/prometheusrule.yaml"
     )

@@ -4,8 +4,8 @@ where the Prometheus Operator's CRD is installed) in recorder.alerts.rules_names
 labelled for the operator's ruleSelector (recorder.alerts.rule_labels), and removes those
 of disabled or deleted rules; without the CRD, every enabled rule goes into one rules
 file (recorder.alerts.rules_file, and GET metric-alert-rules/rules-file) that Prometheus
-loads (rule_files). The rules deploy/prometheusrule.yaml ships are listed too, as such
-(built_in: read only, cloned to change).
+loads (rule_files). The rules deploy/prometheus-operator/prometheusrule.yaml ships are listed
+too, as such (built_in: read only, cloned to change).
 
 A rule is checked before it is stored as Prometheus checks a rules file (rulefmt): its
 expr parsed as PromQL (promql-parser, a port of Prometheus's own parser), `for`,
@@ -33,10 +33,12 @@ from lens_ebpf.recorder.store import schema as t
 GROUP = ("monitoring.coreos.com", "v1", "prometheusrules")
 MANAGED = "app.kubernetes.io/managed-by"
 RULE_ID = "lens-ebpf.io/rule-id"
+# the built-in rules' file in the repository (the copy packaged here: shipped())
+SHIPPED = "deploy/prometheus-operator/prometheusrule.yaml"
 
 
 def shipped() -> list[dict[str, Any]]:
-    """The rule groups of deploy/prometheusrule.yaml (packaged beside this module)."""
+    """The rule groups of SHIPPED (packaged beside this module)."""
     text = resources.files("lens_ebpf.recorder.alerts").joinpath("prometheusrule.yaml")
     doc = yaml.safe_load(text.read_text())
     return list(doc["spec"]["groups"])
@@ -52,8 +54,8 @@ def seed(conn: Connection, now: datetime, cluster: str) -> int:
             continue
         conn.execute(r.insert().values(
             name=g["name"], cluster_name=cluster, enabled=True, groups=[g],
-            description="shipped in deploy/prometheusrule.yaml", labels={}, built_in=True,
-            sync_status="synced", sync_message="shipped in deploy/prometheusrule.yaml",
+            description=f"shipped in {SHIPPED}", labels={}, built_in=True,
+            sync_status="synced", sync_message=f"shipped in {SHIPPED}",
             last_sync_at=None, alert_routing=None, created_by="lens-ebpf", created_at=now,
             updated_at=now))  # fmt: skip
         made += 1
@@ -240,7 +242,7 @@ class MetricRules:
         r = t.metric_alert_rules
         old = self.get(conn, rid)
         if old.built_in:
-            raise Forbidden(f"rule {old.name!r} is shipped in deploy/prometheusrule.yaml: "
+            raise Forbidden(f"rule {old.name!r} is shipped in {SHIPPED}: "
                             "clone it to change it")  # fmt: skip
         fields = _fields(body, partial=True)
         if "name" in fields and fields["name"] != old.name:
@@ -253,7 +255,7 @@ class MetricRules:
         r = t.metric_alert_rules
         old = self.get(conn, rid)
         if old.built_in:
-            raise Forbidden(f"rule {old.name!r} is shipped in deploy/prometheusrule.yaml")
+            raise Forbidden(f"rule {old.name!r} is shipped in {SHIPPED}")
         conn.execute(delete(r).where(r.c.id == rid))
         warning = self._remove_object(rid)
         return {"message": "metric alert rule deleted successfully", "warning": warning}

@@ -563,7 +563,8 @@ metric_alert_rules = Table(
     Column("groups", JSON, nullable=False),  # Prometheus rule groups: [{name, interval, rules}]
     Column("description", Text, nullable=False, default=""),
     Column("labels", JSON, nullable=False),
-    Column("built_in", Boolean, nullable=False, default=False),  # deploy/prometheusrule.yaml's
+    # built_in: a group deploy/prometheus-operator/prometheusrule.yaml ships (read only)
+    Column("built_in", Boolean, nullable=False, default=False),
     Column("sync_status", String(20), nullable=False, default="pending"),  # synced, failed
     Column("sync_message", Text, nullable=False, default=""),
     Column("last_sync_at", DateTime(timezone=True), nullable=True),
