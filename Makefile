@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 LISTEN ?= 0.0.0.0:9470
 
-.PHONY: run test setup setup-test lint docs unit bpf e2e bench protos
+.PHONY: run test setup setup-test lint docs unit bpf e2e bench protos try
 
 setup:
 	@scripts/setup.sh run
@@ -31,6 +31,10 @@ test: lint
 
 protos: setup-test
 	scripts/gen_protos.sh
+
+# A real Kubernetes node on this machine with lens-ebpf installed (docs/install/try-it.md).
+try: setup-test
+	$(PY) -m tests.kube.node
 
 bench: setup-test
 	$(PY) -m bench

@@ -13,8 +13,9 @@
 #                            iptables, conntrack and socat for the real node lab), the
 #                            venv with .[dev] (both services and the test tools), Debian's
 #                            5.10, 6.1 and 6.12 kernels for the kernel matrix, a
-#                            kube-apiserver built from Debian's source and the node lab's
-#                            container images (both cached)
+#                            kube-apiserver, kubelet, kube-controller-manager,
+#                            kube-scheduler and kube-proxy built from Debian's source and
+#                            the node lab's container images (both cached)
 #   scripts/setup.sh image   the agent image's install step (Dockerfile, target agent):
 #                            packages and venv only; the agent mounts tracefs and finds
 #                            headers itself at start-up
@@ -78,11 +79,13 @@ if [ "$mode" = test ]; then
   fi
 fi
 
-# The real API server lab's kube-apiserver (built from Debian's kubernetes source, about
-# 5 min on 2 cores the first time, then cached) and kubectl. Without them tests/kube skips.
+# The real API server lab's kube-apiserver and the real node's kubelet,
+# kube-controller-manager, kube-scheduler and kube-proxy (built from Debian's kubernetes
+# source, about 9 min on 2 cores the first time, then cached) and kubectl. Without them
+# tests/kube skips.
 if [ "$mode" = test ]; then
   if ! .venv/bin/python -m tests.kube.build; then
-    echo "setup: kube-apiserver not built; the real API server tests will skip" >&2
+    echo "setup: Kubernetes not built; the real API server and node tests will skip" >&2
   fi
 fi
 

@@ -1,0 +1,569 @@
+"""lens-ebpf installed as users install it, on a real node (tests/kube/node.py): both
+images built from the Dockerfile (tests/kube/images.py), `kubectl apply -k` of deploy/
+through the lab's overlay (tests/kube/lab/), the kubelet starting the pods, the
+controllers writing the owners' status; then what the agent and the recorder show, each
+against what the kubelet, the controllers and the runtime really did."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import wait_for
+from tests.kube import images
+from tests.kube import node as lab
+from tests.kube.node import KubeNode, running_and_ready
+
+pytestmark = pytest.mark.timeout(900)
+OVERLAY = Path(__file__).with_name("lab")
+NS = "lens-ebpf"
+APP = "lens-node-apps"  # the workloads' namespace
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[KubeNode]:
+    if images.cached() is None and not images.cannot_build():
+        images.build()  # what changed since scripts/setup.sh built them
+    why = lab.unavailable() or images.unavailable()
+    if why:
+        pytest.skip(why)
+    n = KubeNode().start()
+    try:
+        n.import_images()
+        yield n
+    finally:
+        n.stop()
+
+
+@pytest.fixture(scope="module")
+def lens(node: KubeNode) -> KubeNode:
+    """lens-ebpf applied with kubectl 1.20's kustomize; both pods Ready by their probes."""
+    node.kubectl("apply", "-k", str(OVERLAY), timeout=120)
+    node.wait_pods(NS, "app.kubernetes.io/name=lens-ebpf", running_and_ready, timeout=240)
+    node.wait_pods(NS, "app.kubernetes.io/name=lens-ebpf-recorder", running_and_ready, timeout=240)
+    return node
+
+
+def http_get(url: str, timeout: float = 10) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(errors="replace")
+
+
+def samples(text: str, family: str) -> list[tuple[dict[str, str], float]]:
+    """The samples of one family in exposition text, with their labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = []
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == family:
+                out.append((dict(s.labels), s.value))
+    return out
+
+
+def apply(node: KubeNode, *objects: dict[str, Any]) -> None:
+    node.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}),
+    )
+
+
+def test_the_node_runs_a_pod_and_a_job_to_completion(node: KubeNode) -> None:
+    """The lab itself: the scheduler places, the kubelet starts, the Job controller
+    completes."""
+    apply(node, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": APP}})
+    apply(
+        node,
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "hello", "namespace": APP},
+            "spec": {
+                "backoffLimit": 0,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "enableServiceLinks": False,
+                        "containers": [
+                            {
+                                "name": "hello",
+                                "image": images.BUSYBOX,
+                                "command": ["sh", "-c", "echo hello from the node"],
+                            }
+                        ],
+                    }
+                },
+            },
+        },
+    )
+
+    def complete() -> bool:
+        job = node.get(f"/apis/batch/v1/namespaces/{APP}/jobs/hello")
+        return bool(job.get("status", {}).get("succeeded") == 1)
+
+    wait_for(
+        complete,
+        lambda: "Job hello Complete: " + node._pod_story(APP, "job-name=hello"),
+        timeout=120,
+    )
+    logs = node.kubectl("logs", "-n", APP, "job/hello").stdout
+    assert logs == "hello from the node\n"
+
+
+def test_lens_ebpf_comes_up_ready_from_kubectl_apply_k(lens: KubeNode) -> None:
+    """Both pods Ready through their own probes, on the node's addresses."""
+    [agent] = lens.pods(NS, "app.kubernetes.io/name=lens-ebpf")
+    assert agent["spec"]["nodeName"] == lab.NODE_NAME
+    assert agent["status"]["podIP"] == lab.NODE_IP  # hostNetwork
+    status, body = http_get(f"http://{lab.NODE_IP}:9470/readyz")
+    assert status == 200, body
+    status, body = http_get(f"http://{lab.RECORDER_IP}:9480/readyz")
+    assert status == 200, body
+
+
+GPU_FIX = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
+WEB_PORT = 8080
+CONNECTIONS = 7  # the client's, in its first instant
+
+
+def deployment(name: str, command: list[str], gpus: int = 0, **pod: Any) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": name, "image": images.BUSYBOX, "command": command}
+    if gpus:
+        container["resources"] = {"limits": {"amd.com/gpu": gpus}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": APP},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [container],
+                    **pod,
+                },
+            },
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def gpu_plugin(lens: KubeNode) -> Iterator[Any]:
+    """The project's test device plugin (tests/kube/deviceplugin.py) registered with the
+    node's kubelet: amd.com/gpu, the fixtures' two GPUs; their DRM nodes made on the host."""
+    from tests.containerlab import make_char_device
+    from tests.kube.deviceplugin import AmdGpuPlugin, sysfs_gpus
+
+    plugin = AmdGpuPlugin(sysfs_gpus(GPU_FIX / "sys", GPU_FIX / "dev"), kfd=None)
+    made = [
+        Path(p)
+        for p, major, minor in plugin.host_nodes()
+        if make_char_device(Path(p), major, minor)
+    ]
+    plugin.start(lab.KUBELET_ROOT)
+    try:
+        plugin.wait_registered(timeout=30)
+
+        def offered() -> bool:
+            got = lens.get(f"/api/v1/nodes/{lab.NODE_NAME}")["status"]
+            return bool(got.get("allocatable", {}).get("amd.com/gpu") == str(len(plugin.gpus)))
+
+        wait_for(offered, lambda: "the node's allocatable amd.com/gpu", timeout=30)
+        yield plugin
+    finally:
+        plugin.stop()
+        for p in made:
+            p.unlink(missing_ok=True)
+
+
+def test_flows_and_execs_of_a_pods_first_instant_are_attributed(lens: KubeNode) -> None:
+    """A client Deployment connects to a server pod the moment it starts, before the agent
+    can know its address; each side's flows carry the other's pod and the Deployment the
+    real controllers made, exact, with no unlabelled leftover and one spelling."""
+    apply(lens, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": APP}})
+    apply(
+        lens,
+        deployment(
+            "web",
+            [
+                "sh",
+                "-c",
+                f"mkdir -p /www && echo hi > /www/index.html"
+                f" && exec httpd -f -p {WEB_PORT} -h /www",
+            ],
+        ),
+    )
+    [web] = lens.wait_pods(APP, "app=web", lambda p: running_and_ready(p))
+    web_ip = web["status"]["podIP"]
+    fetches = "; ".join([f"wget -q -O /dev/null http://{web_ip}:{WEB_PORT}/"] * CONNECTIONS)
+    apply(lens, deployment("client", ["sh", "-c", f"{fetches}; exec sleep 3600"]))
+    [client] = lens.wait_pods(APP, "app=client", lambda p: running_and_ready(p))
+    client_ip = client["status"]["podIP"]
+    rs = client["metadata"]["ownerReferences"][0]
+    assert rs["kind"] == "ReplicaSet"  # written by the Deployment controller
+
+    def flows() -> tuple[list, list]:
+        text = http_get(f"http://{lab.NODE_IP}:9470/metrics")[1]
+        opened = samples(text, "lens_tcp_connections_opened_total")
+        egress = [(lb, v) for lb, v in opened if lb.get("raddr") == web_ip]
+        ingress = [(lb, v) for lb, v in opened if lb.get("raddr") == client_ip]
+        return egress, ingress
+
+    def counted() -> bool:
+        egress, ingress = flows()
+        total = sum(v for _, v in egress) + sum(v for _, v in ingress)
+        return total >= 2 * CONNECTIONS and all(lb.get("remote_pod") for lb, _ in egress + ingress)
+
+    wait_for(counted, lambda: f"{CONNECTIONS} flows each way, attributed: {flows()}", timeout=90)
+    egress, ingress = flows()
+    who = (
+        "direction",
+        "type",
+        "port",
+        "remote_namespace",
+        "remote_pod",
+        "remote_workload_kind",
+        "remote_workload",
+    )
+    web_pod, client_pod = web["metadata"]["name"], client["metadata"]["name"]
+    assert [(tuple(lb[k] for k in who), v) for lb, v in egress] == [
+        (("egress", "k8sPod", str(WEB_PORT), APP, web_pod, "Deployment", "web"), CONNECTIONS)
+    ]
+    assert [(tuple(lb[k] for k in who), v) for lb, v in ingress] == [
+        (("ingress", "k8sPod", str(WEB_PORT), APP, client_pod, "Deployment", "client"), CONNECTIONS)
+    ]
+    text = http_get(f"http://{lab.NODE_IP}:9470/metrics")[1]
+    assert "::ffff:" not in text
+
+
+def metrics() -> str:
+    status, text = http_get(f"http://{lab.NODE_IP}:9470/metrics")
+    assert status == 200, text[:300]
+    return text
+
+
+def agent_events(node: KubeNode, pod: str, until: Callable[[list[Any]], bool]) -> list[Any]:
+    """The agent's process_exec events of one pod of APP, replayed from the agent's buffer
+    over its gRPC port (9471) as the recorder reads it: with a token of the recorder's
+    ServiceAccount for the port's audience (lens-ebpf-agent), checked by TokenReview."""
+    import grpc
+
+    from lens_ebpf.protocol.gen import lens_pb2 as pb
+    from lens_ebpf.protocol.gen import lens_pb2_grpc
+
+    sa = f"/api/v1/namespaces/{NS}/serviceaccounts/lens-ebpf-recorder/token"
+    status, got = node.request(
+        "POST",
+        sa,
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"audiences": ["lens-ebpf-agent"], "expirationSeconds": 600},
+        },
+    )
+    assert status == 201, got
+    auth = (("authorization", f"Bearer {got['status']['token']}"),)
+    events: list[Any] = []
+
+    def read() -> bool:
+        events.clear()
+        req = pb.SubscribeRequest(kinds=["process_exec"], namespace=APP, pod=pod, from_seq=1)
+        with grpc.insecure_channel(f"{lab.NODE_IP}:9471") as channel:
+            stream = lens_pb2_grpc.EventServiceStub(channel).Subscribe(req, metadata=auth)
+            try:
+                for ev in stream:
+                    events.append(ev.process_exec)
+                    if until(events):
+                        return True
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise
+            finally:
+                stream.cancel()
+        return False
+
+    def replayed() -> bool:
+        import threading
+
+        done: list[bool] = []
+        t = threading.Thread(target=lambda: done.append(read()), daemon=True)
+        t.start()
+        t.join(10)
+        return bool(done and done[0])
+
+    wait_for(replayed, lambda: f"{pod}'s execs from the agent: {events}", timeout=60, every=1)
+    return events
+
+
+def test_execs_and_an_oom_kill_are_the_containers_the_kubelet_ran(lens: KubeNode) -> None:
+    """Each exec an event under its pod and container (five: sh, three /bin/busybox true,
+    the exec of sleep), the same count on /metrics (runc's re-exec of itself from a memfd
+    counts too when it falls in the container's cgroup: the events say which), the
+    sandbox's under "POD";
+    the OOM kill the kubelet reports as OOMKilled counted once under its pod."""
+    apply(lens, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": APP}})
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"namespace": APP},
+        "spec": {
+            "restartPolicy": "Never",
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 1,
+        },
+    }
+    execs = "/bin/busybox true; /bin/busybox true; /bin/busybox true; exec /bin/busybox sleep 3600"
+    hog = "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo survived"
+    apply(
+        lens,
+        {
+            **pod,
+            "metadata": {"name": "execs", "namespace": APP},
+            "spec": {
+                **pod["spec"],
+                "containers": [
+                    {
+                        "name": "execs",
+                        "image": images.BUSYBOX,
+                        "command": ["/bin/busybox", "sh", "-c", execs],
+                    }
+                ],
+            },
+        },
+        {
+            **pod,
+            "metadata": {"name": "hog", "namespace": APP},
+            "spec": {
+                **pod["spec"],
+                "containers": [
+                    {
+                        "name": "hog",
+                        "image": images.BUSYBOX,
+                        "command": ["sh", "-c", hog],
+                        "resources": {"limits": {"memory": "32Mi"}},
+                    }
+                ],
+            },
+        },
+    )
+    lens.wait_pods(APP, "", lambda p: p["metadata"]["name"] == "execs" and running_and_ready(p))
+
+    def oom_killed() -> bool:
+        st = lens.pod(APP, "hog")["status"].get("containerStatuses") or [{}]
+        return bool(st[0].get("state", {}).get("terminated", {}).get("reason") == "OOMKilled")
+
+    wait_for(oom_killed, lambda: "hog OOMKilled: " + lens._pod_story(APP, ""), timeout=60)
+
+    def ours(events: list[Any]) -> list[Any]:  # runc's re-exec from a memfd set apart
+        return [
+            e
+            for e in events
+            if e.identity.container == "execs"
+            and not e.filename.startswith(("/dev/fd/", "/proc/self/fd/"))
+        ]
+
+    events = agent_events(lens, "execs", lambda events: len(ours(events)) >= 5)
+    # sh, three /bin/busybox true, the exec of sleep
+    assert [(e.filename, e.comm) for e in ours(events)] == [("/bin/busybox", "busybox")] * 5
+    assert {(e.identity.namespace, e.identity.pod) for e in events} == {(APP, "execs")}
+    mine = {c: sum(1 for e in events if e.identity.container == c) for c in ("execs", "POD")}
+
+    def counted() -> dict[tuple[str, str, str], float]:
+        got: dict[tuple[str, str, str], float] = {}
+        text = metrics()
+        for kind, family in (
+            ("exec", "lens_container_process_execs_total"),
+            ("oom", "lens_container_oom_kills_total"),
+        ):
+            for lb, v in samples(text, family):
+                if lb.get("namespace") == APP and lb.get("pod") in ("execs", "hog"):
+                    got[(kind, lb["pod"], lb["container"])] = v
+        return got
+
+    def settled() -> bool:
+        got = counted()
+        return got.get(("exec", "execs", "execs")) == mine["execs"] and ("oom", "hog", "hog") in got
+
+    wait_for(settled, lambda: f"the execs {mine} and the OOM kill: {counted()}", timeout=60)
+    got = counted()
+    assert got[("exec", "execs", "POD")] == mine["POD"] == 1  # the pause container's exec
+    assert got[("oom", "hog", "hog")] == 1
+    assert all(len(container) < 64 for _, _, container in got), got
+
+
+def test_the_kubelets_stats_are_the_agents_ephemeral_storage(lens: KubeNode) -> None:
+    """node_ephemeral_storage_* and pod_ephemeral_storage_usage_bytes from the kubelet's
+    /stats/summary (through the agent's own ServiceAccount token and RBAC): the node's
+    capacity, and one series for each pod the summary measures (a new pod's first
+    measure comes with the kubelet's next housekeeping)."""
+    agent = lens.pods(NS, "app.kubernetes.io/name=lens-ebpf")[0]["metadata"]["name"]
+    seen: list[Any] = []
+
+    def same() -> bool:
+        summary = lens.get(f"/api/v1/nodes/{lab.NODE_NAME}/proxy/stats/summary")
+        text = metrics()
+        theirs = {
+            (p["podRef"]["namespace"], p["podRef"]["name"])
+            for p in summary["pods"]
+            if "ephemeral-storage" in p
+        }
+        ours = {
+            (lb["namespace"], lb["pod"])
+            for lb, _ in samples(text, "pod_ephemeral_storage_usage_bytes")
+        }
+        capacity = samples(text, "node_ephemeral_storage_capacity_bytes")
+        seen[:] = [theirs, ours, capacity, summary["node"]["fs"]["capacityBytes"]]
+        return (
+            ours == theirs
+            and (NS, agent) in ours
+            and capacity == [({"node": lab.NODE_NAME}, summary["node"]["fs"]["capacityBytes"])]
+        )
+
+    wait_for(
+        same, lambda: f"the summary's pods and capacity on /metrics: {seen}", timeout=90, every=2
+    )
+
+
+def pod_resources() -> dict[str, tuple[str, str, str]]:
+    """device id -> (namespace, pod, container): the kubelet's own PodResources List."""
+    import grpc
+
+    from lens_ebpf.k8s.gen import podresources_v1_pb2 as pb
+    from lens_ebpf.k8s.gen import podresources_v1_pb2_grpc as pb_grpc
+
+    sock = lab.KUBELET_ROOT / "pod-resources" / "kubelet.sock"
+    with grpc.insecure_channel(f"unix://{sock}") as channel:
+        resp = pb_grpc.PodResourcesListerStub(channel).List(
+            pb.ListPodResourcesRequest(), timeout=10
+        )
+    return {
+        dev: (p.namespace, p.name, c.name)
+        for p in resp.pod_resources
+        for c in p.containers
+        for d in c.devices
+        if d.resource_name == "amd.com/gpu"
+        for dev in d.device_ids
+    }
+
+
+def recorder_workloads() -> dict[str, dict[str, Any]]:
+    status, body = http_get(f"http://{lab.RECORDER_IP}:9480/v1/workloads?namespace={APP}")
+    assert status == 200, body
+    return {w["name"]: w for w in json.loads(body)["data"]["data"]}
+
+
+def test_gpu_workloads_from_the_device_plugin_to_the_agent_and_the_recorder(
+    lens: KubeNode, gpu_plugin: Any
+) -> None:
+    """A Job and a Deployment ask for amd.com/gpu; the scheduler places them, the kubelet
+    allocates through the plugin; the agent's lens_k8s_device_allocated is the kubelet's
+    PodResources; the recorder follows the Job from creation to completion with its
+    finalizer and to deletion, and the Deployment as Running while its pod runs."""
+    apply(lens, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": APP}})
+    train = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "train", "namespace": APP},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "enableServiceLinks": False,
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": images.BUSYBOX,
+                            "command": ["sh", "-c", "sleep 20"],
+                            "resources": {"limits": {"amd.com/gpu": 1}},
+                        }
+                    ],
+                }
+            },
+        },
+    }
+    apply(lens, train, deployment("serve", ["sleep", "3600"], gpus=1))
+    lens.wait_pods(APP, "job-name=train", lambda p: p["status"].get("phase") == "Running")
+    lens.wait_pods(APP, "app=serve", running_and_ready)
+
+    def allocated() -> set[tuple[str, str, str, str]]:
+        return {
+            (lb["device_id"], lb["namespace"], lb["pod"], lb["container"])
+            for lb, v in samples(metrics(), "lens_k8s_device_allocated")
+            if lb["resource"] == "amd.com/gpu" and v == 1
+        }
+
+    kubelet = pod_resources()
+    assert sorted(kubelet) == sorted(gpu_plugin.gpus)  # both GPUs, one each
+    assert sorted(gpu_plugin.allocated) == sorted([d] for d in gpu_plugin.gpus)
+    want = {(dev, *who) for dev, who in kubelet.items()}
+    wait_for(lambda: allocated() == want, lambda: f"{want} on /metrics: {allocated()}", timeout=30)
+
+    job = lens.get(f"/apis/batch/v1/namespaces/{APP}/jobs/train")
+    assert "lens-ebpf.io/recorder" in job["metadata"].get("finalizers", [])
+
+    def status(name: str) -> str:
+        return str(recorder_workloads().get(name, {}).get("status", ""))
+
+    wait_for(
+        lambda: status("train") == "Running" and status("serve") == "Running",
+        lambda: f"Running workloads: {recorder_workloads()}",
+        timeout=30,
+    )
+    assert recorder_workloads()["train"]["gpu_allocated"] == 1
+    wait_for(
+        lambda: status("train") == "Done", lambda: f"train Done: {recorder_workloads()}", timeout=90
+    )
+    done = recorder_workloads()["train"]
+    assert done["end_at"] > done["start_at"] and done["uid"] == job["metadata"]["uid"]
+    lens.kubectl("delete", "job", "train", "-n", APP, "--wait=false")
+
+    def gone() -> bool:
+        return lens.request("GET", f"/apis/batch/v1/namespaces/{APP}/jobs/train")[0] == 404
+
+    wait_for(gone, "the Job deleted (the recorder's finalizer taken off)", timeout=60)
+    assert status("train") == "Deleted" and status("serve") == "Running"
+
+
+def test_the_helm_chart_brings_lens_ebpf_up_on_the_node(lens: KubeNode) -> None:
+    """The kubectl install taken down (kubectl delete -k), then the chart's default values
+    (the agent and the single recorder) rendered by Helm's own library for this cluster's
+    version and applied: both pods Ready by their probes, the agents' reporter connected
+    to the recorder through its Service and TokenReview. The lab's two additions as with
+    kubectl: the recorder's Service address (here a post-render edit: the chart has no
+    value for it) and the PersistentVolume."""
+    helm = pytest.importorskip("helm_python", reason="helm-python-sdk is not installed")
+    from tests.kube.test_manifests import KUBE_1_20, render
+
+    lens.kubectl("delete", "-k", str(OVERLAY), "--wait=true", timeout=180)
+    with helm.Chart.load(Path(__file__).resolve().parents[2] / "charts" / "lens-ebpf") as chart:
+        values = {"agent": {"reporterTarget": f"{lab.RECORDER_IP}:9472"}}
+        docs = render(chart, values, kube_version=KUBE_1_20)
+    for doc in docs:
+        if (doc["kind"], doc["metadata"]["name"]) == ("Service", "lens-ebpf-recorder"):
+            doc["spec"]["clusterIP"] = lab.RECORDER_IP
+    volume = yaml.safe_load((OVERLAY / "volume.yaml").read_text())
+    apply(lens, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    apply(lens, volume, *docs)
+    lens.wait_pods(NS, "app.kubernetes.io/name=lens-ebpf", running_and_ready, timeout=240)
+    lens.wait_pods(NS, "app.kubernetes.io/name=lens-ebpf-recorder", running_and_ready, timeout=240)
+
+    def reporting() -> bool:
+        return [v for _, v in samples(metrics(), "lens_agent_reporter_connected")] == [1.0]
+
+    wait_for(reporting, "the agents' reporter connected to the chart's recorder", timeout=60)
+    assert http_get(f"http://{lab.RECORDER_IP}:9480/readyz")[0] == 200
