@@ -53,6 +53,7 @@ from typing import Any
 
 from tests.conftest import hang_guard, wait_for
 from tests.kube import build, images
+from tests.kube.apiserver import KubectlError, _tail
 
 NETNS = "lens-node"
 NODE_NAME = "lens-node"
@@ -138,17 +139,6 @@ def _run(
     if check and r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}: {r.stderr.strip()[-600:]}")
     return r
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-class KubectlError(AssertionError):
-    """kubectl exited non-zero; the message carries its stderr."""
 
 
 class KubeNode:
