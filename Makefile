@@ -27,7 +27,7 @@ docs: setup-test
 	$(VENV)/bin/mkdocs build --strict -d site
 
 test: lint
-	$(PY) -m pytest -q -rs tests
+	$(PY) -m pytest -q -rs --durations=25 tests
 
 protos: setup-test
 	scripts/gen_protos.sh
