@@ -8,7 +8,8 @@ a failure, and asks again every GATE_RECHECK seconds (uncounted) until it runs: 
 that comes to lead runs its jobs at once, not an interval later. An exception in a job is
 logged and counted and never stops the runner or the other jobs. Jobs in one lane share a
 thread and run in the order given (their first runs too); each job has a lane of its own
-unless it names one.
+unless it names one. Observers (observe()) are told of each run, in the job's thread, once
+it ended: the recorder keeps every run of its jobs that way (job history).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import logging
 import random
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -57,6 +59,20 @@ class JobState:
     last_error: str = ""
 
 
+@dataclass(frozen=True)
+class Run:
+    """One run of a job as observers are told of it: wall-clock times (unix seconds), its
+    error ("" when it did not fail) with its traceback, and what its function returned."""
+
+    job: Job
+    started: float
+    ended: float
+    duration: float  # the monotonic clock's
+    error: str = ""
+    stack: str = ""
+    result: object = None
+
+
 @dataclass
 class _Lane:
     jobs: list[Job]
@@ -88,8 +104,14 @@ class Runner:
         self._lock = threading.Lock()
         self._running = False
         self._stopped = False
+        self.observers: list[Callable[[Run], None]] = []
         for job in jobs:
             self.add(job)
+
+    def observe(self, observer: Callable[[Run], None]) -> None:
+        """observer(run) after each run of each job, in that job's thread (a run passed
+        over, not run, is not one); its failure is logged, the job's run stands."""
+        self.observers.append(observer)
 
     def add(self, job: Job) -> None:
         """Register a job; while running, its lane starts now (a lane that runs already
@@ -197,15 +219,16 @@ class Runner:
         if job.leader_only and not self._leading(job):
             st.skipped += counted  # once per time of its own passed over, not per look
             return False
-        started = self.clock()
+        started, began, result, stack = self.clock(), self.wall(), None, ""
         try:
-            job.fn()
+            result = job.fn()
         except Exception as exc:  # a failing job must not stop the runner or the others
             error = f"{type(exc).__name__}: {exc}"[:300]
             if isinstance(exc, job.quiet):
                 log.warning("%s job %s: %s", self.name, name, error)
             else:
                 log.exception("%s job %s failed", self.name, name)
+            stack = "".join(traceback.format_exception(exc))[-4000:]
             st.failures += 1
         else:
             error = ""
@@ -213,6 +236,13 @@ class Runner:
         st.last_duration = self.clock() - started
         st.last_error = error
         st.runs += 1
+        if self.observers:
+            run = Run(job, began, self.wall(), st.last_duration, error, stack, result)
+            for observer in list(self.observers):
+                try:
+                    observer(run)
+                except Exception:  # the observer's own failure; the run stands
+                    log.exception("%s job %s: an observer of its run failed", self.name, name)
         return True
 
 

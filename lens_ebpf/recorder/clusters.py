@@ -227,6 +227,7 @@ class Clusters(Collector):
         self.reload_error = ""
         self.released: dict[str, int] = {}  # cluster -> finalizers taken off when it went
         self.watching = False  # the clusters' watches run here (alone, or the leader)
+        self.default = ""  # the cluster a question naming none is about; "": the home one
         home = ClusterWatch(self.home_name, Source("home"), shared, home_client)
         self.home = home
         self.watches: dict[str, ClusterWatch] = {self.home_name: home}
@@ -324,8 +325,10 @@ class Clusters(Collector):
 
     # -- what the API and metrics see --------------------------------------------------
     def scope(self, asked: str | None) -> Scope:
-        """The cluster `?cluster=` names; the home one when none is named."""
-        w = self.get(asked or self.home_name)
+        """The cluster `?cluster=` names; the default one (the Management page's, else the
+        home one) when none is named."""
+        w = self.get(asked) if asked else (self.get(self.default) if self.default else None) \
+            or self.get(self.home_name)  # fmt: skip
         if w is None:
             known = ", ".join(sorted(w.name for w in self.all()))
             raise NotFound(f"no cluster {asked!r}; known: {known}")

@@ -173,6 +173,29 @@ class RetentionConfig(Section):
     days: float = Field(30.0, gt=0)  # allocation snapshots and the device changelog
 
 
+class JobHistoryConfig(Section):
+    """Every run of a recorder job the leader ran (docs/recorder/management.md)."""
+
+    enabled: bool = True  # the leader records each run of each job
+    retention_days: float = Field(7.0, gt=0)  # runs that began longer ago are pruned
+
+
+class DetectionConfig(Section):
+    """Workloads' training and inference frameworks from their evidence."""
+
+    interval_seconds: float = Field(10.0, gt=0)  # how often new evidence is looked for
+    max_attempts: int = Field(10, ge=1, le=1000)  # runs with no evidence before it rests
+    batch: int = Field(500, ge=1, le=100_000)  # workloads detected again per run, at most
+
+
+class ManagementConfig(Section):
+    """The Management pages' cluster work: the agent installed into a cluster."""
+
+    agent_image: str = ""  # the image initialize installs; "": the manifest's (deploy/agent)
+    task_seconds: float = Field(2.0, gt=0)  # how often the leader looks for tasks to run
+    release_scan_seconds: float = Field(60.0, gt=0)  # each cluster's agent version read anew
+
+
 class StorageConfig(Section):
     scan_seconds: float = Field(60.0, gt=0)  # StorageClasses, volumes, claims, their usage
     pending_seconds: float = Field(300.0, gt=0)  # a claim Pending longer: unhealthy
@@ -253,6 +276,9 @@ class RecorderConfig(Section):
     remote_write: RemoteWriteConfig = Field(default_factory=RemoteWriteConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
+    job_history: JobHistoryConfig = Field(default_factory=JobHistoryConfig)
+    detection: DetectionConfig = Field(default_factory=DetectionConfig)
+    management: ManagementConfig = Field(default_factory=ManagementConfig)
 
     @field_validator("listen")
     @classmethod

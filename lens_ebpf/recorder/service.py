@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +35,20 @@ from lens_ebpf.recorder.api.posts import Admitted
 from lens_ebpf.recorder.api.seed import PlainJson
 from lens_ebpf.recorder.clusters import Clusters, Shared, StorageConfigSync, own_namespace
 from lens_ebpf.recorder.config import Config
+from lens_ebpf.recorder.detection import Detection
 from lens_ebpf.recorder.ingest.admission import Ingest, WriteGuard
 from lens_ebpf.recorder.ingest.node_auth import node_guard
 from lens_ebpf.recorder.ingest.node_events import NodeEvents, last_seqs
+from lens_ebpf.recorder.job_history import JobHistory
 from lens_ebpf.recorder.jobs import FAILURES
 from lens_ebpf.recorder.jobs.allocation import Jobs
 from lens_ebpf.recorder.kubelet_service import KubeletService
-from lens_ebpf.recorder.leadership import Leadership
+from lens_ebpf.recorder.leadership import Leadership, identity_of
+from lens_ebpf.recorder.management.clusters import ClusterAdmin
+from lens_ebpf.recorder.management.hub import Management
+from lens_ebpf.recorder.management.releases import Releases
+from lens_ebpf.recorder.management.settings import Settings
+from lens_ebpf.recorder.management.tasks import Tasks
 from lens_ebpf.recorder.prom import Prom
 from lens_ebpf.recorder.remote_write.receiver import RemoteWrite
 from lens_ebpf.recorder.reports import weekly
@@ -158,8 +165,17 @@ class RecorderApp:
         self.registry.register(self.alerts)
         self.write_guard = WriteGuard(r.api, host)
         self.registry.register(self.write_guard)
+        self.management = self._management(cfg, clock)
+        self.detection = Detection(self.engine, self.lead_writer, self.clusters.scopes,
+                                   r.detection, clock)  # fmt: skip
+        # every run of every job, recorded by the leader (the Job Execution History page)
+        self.job_history = JobHistory(self.engine, self.writer, r.cluster_name, self.leads,
+                                      lambda: r.job_history.enabled,
+                                      identity_of(r.leader_election))  # fmt: skip
+        self.runner.observe(self.job_history.observe)
         parts = Services(r, self.clusters, self.remote_write, self.training, self.writer,
-                         self.readiness, clock, self.leadership, self.alerts)  # fmt: skip
+                         self.readiness, clock, self.leadership, self.alerts,
+                         management=self.management)  # fmt: skip
         e, guard = self.engine, self.write_guard
         self.assistants = api.mount(self.http, {
             "lens": LensApi(parts, e.connect, self.clusters.scope, e.begin, guard),
@@ -179,6 +195,35 @@ class RecorderApp:
         self.grpc: Any = None
         self.collect_port = 0
         self._stop = threading.Event()
+
+    def _management(self, cfg: Config, clock: Callable[[], datetime]) -> Management:
+        """The Management pages' parts: the settings that change at run time (told to the
+        parts that hold a copy), cluster tasks, releases, the clusters' admin."""
+        timeout = cfg.kubernetes.request_timeout_seconds
+
+        def prom_timeout(v: float) -> None:
+            for p in {id(p): p for p in [self.prom, *(w.prom for w in self.clusters.all())]
+                      }.values():  # fmt: skip
+                p.timeout = v
+
+        settings = Settings(cfg, hooks={
+            "recorder.retention.days": lambda v: setattr(self.jobs, "retention",
+                                                         timedelta(days=v)),
+            "recorder.prometheus.timeout_seconds": prom_timeout})  # fmt: skip
+        tasks = Tasks(self.engine, self.lead_writer, self.clusters, timeout,
+                      settings.agent_image, clock,
+                      lambda cluster: releases.scan_one(cluster))  # fmt: skip
+        releases = Releases(self.engine, self.lead_writer, self.clusters, tasks, timeout, clock)
+        admin = ClusterAdmin(self.clusters, timeout, cfg.recorder.database_url,
+                             releases.scanned)  # fmt: skip
+        return Management(admin, tasks, releases, settings)
+
+    def apply_stored(self) -> None:
+        """The settings changed at run time and the default cluster, as the database holds
+        them now (every replica)."""
+        with self.engine.connect() as conn:
+            self.management.settings.apply_stored(conn)
+            self.management.admin.load_default(conn)
 
     def jobs_to_run(self) -> list[Job]:
         """The periodic jobs; leader-only ones write or act on the cluster, and one replica
@@ -205,6 +250,22 @@ class RecorderApp:
                 leader_only=True, quiet=FAILURES),
             # alerts stored before their pod or GPU was known, enriched once it is
             Job("alerts_enrich", late.SECONDS, self.alerts.jobs.enrich, leader_only=True,
+                quiet=FAILURES),
+            # the Management pages': settings changed at run time and the default cluster
+            # (every replica), runs recorded, frameworks detected, tasks run on clusters,
+            # each cluster's agent version read
+            Job("settings", 10, self.apply_stored, leader_only=False, at_start=True,
+                quiet=FAILURES),
+            Job("job_history", 5, self.job_history.flush, leader_only=False, quiet=FAILURES),
+            Job("job_history_prune", 3600, lambda: self.job_history.prune(
+                clock(), r.job_history.retention_days), leader_only=True, at_start=True,
+                quiet=FAILURES),
+            Job("detection", r.detection.interval_seconds, self.detection.run,
+                leader_only=True, quiet=FAILURES),
+            Job("cluster_tasks", r.management.task_seconds, self.management.tasks.run,
+                leader_only=True, quiet=FAILURES),
+            Job("release_scan", r.management.release_scan_seconds,
+                self.management.releases.scan, leader_only=True, at_start=True,
                 quiet=FAILURES),
             # every replica answers remote writes from its own maps
             Job("remote_write_index", self.remote_write.indexer.interval,
@@ -284,6 +345,11 @@ class RecorderApp:
         """Stop the jobs, watching and serving; write what is queued (within
         flush_timeout); a leader then gives the Lease up, so another takes over at once."""
         self.runner.stop(timeout=3)
+        try:
+            self.job_history.flush()  # the last runs' records
+        except SQLAlchemyError as exc:
+            log.warning("recorder: %d job runs not recorded (%s)", self.job_history.held(),
+                        type(exc).__name__)  # fmt: skip
         self.clusters.stop()
         if self.grpc is not None:
             self.grpc.stop(grace=1)

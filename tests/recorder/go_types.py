@@ -655,3 +655,247 @@ CONTRACT["GET nodes/{name}/fragmentation"] = CONTRACT.pop("GET nodes/gpu-1/fragm
 CONTRACT["GET nodes"] = CONTRACT.pop(
     "GET nodes?page_num=1&page_size=10&status=&name=&gpu_name=&order_by=&desc=false"
 )
+
+# -- the Management pages (api/pkg/api/unified_job_history.go, detection_status.go,
+# sysconfig/, registry/, release/handler.go, cluster/handler.go, cpconfig/) -------------------
+JOB_RUN = {
+    "id": INT, "job_name": STR, "job_type": STR, "schedule": STR, "status": STR,
+    "started_at": TIME, "ended_at": TIME, "duration_seconds": NUM, "error_message": STR,
+    "error_stack": STR, "cluster_name": STR, "hostname": STR, "metadata": MAP,
+    "execution_stats": MAP, "created_at": TIME,
+}  # fmt: skip  # dbmodel.JobExecutionHistory
+JOB_STATS = {
+    "job_name": STR, "total_runs": INT, "success_count": INT, "failure_count": INT,
+    "cancelled_count": INT, "timeout_count": INT, "avg_duration": NUM, "min_duration": NUM,
+    "max_duration": NUM, "last_run_time": TIME, "last_status": STR,
+}  # fmt: skip  # database.JobStatistics
+COVERAGE = {"source": STR, "status": STR, "attempt_count": INT, "evidence_count": INT}
+DETECTION_TASK = {"task_type": STR, "status": STR, "created_at": TIME, "updated_at": TIME}
+DETECTION = {
+    "workload_uid": STR, "status": STR, "detection_state": STR, "confidence": NUM,
+    "evidence_count": INT, "evidence_sources": [STR], "attempt_count": INT,
+    "max_attempts": INT, "created_at": TIME, "updated_at": TIME, "coverage": [COVERAGE],
+    "tasks": [DETECTION_TASK], "has_conflicts": BOOL,
+}  # fmt: skip  # DetectionStatusResponse
+EVIDENCE = {
+    "id": INT, "workload_uid": STR, "source": STR, "source_type": STR, "framework": STR,
+    "workload_type": STR, "confidence": NUM, "framework_layer": STR, "evidence": MAP,
+    "detected_at": TIME, "created_at": TIME,
+}  # fmt: skip  # DetectionEvidenceItem
+SYSCONFIG = {
+    "id": INT, "key": STR, "value": ANY, "description": STR, "category": STR,
+    "is_encrypted": BOOL, "version": INT, "is_readonly": BOOL, "created_at": TIME,
+    "updated_at": TIME, "created_by": STR, "updated_by": STR,
+}  # fmt: skip  # dbmodel.SystemConfig (its value the setting's own type: ANY)
+REGISTRY = {"registry": STR, "namespace": STR}
+VERSION = {
+    "id": INT, "version_name": STR, "channel": STR, "chart_repo": STR, "chart_version": STR,
+    "image_registry": STR, "image_tag": STR, "default_values": MAP, "values_schema": MAP,
+    "status": STR, "release_notes": STR, "created_by": STR, "created_at": TIME,
+    "updated_at": TIME,
+}  # fmt: skip  # model.ReleaseVersion
+RELEASE_CONFIG = {
+    "id": INT, "cluster_name": STR, "release_version_id": "integer?", "values_override": MAP,
+    "deployed_version_id": "integer?", "deployed_values": MAP, "deployed_at": TIME,
+    "sync_status": STR, "last_sync_at": TIME, "last_sync_error": STR, "auto_upgrade": BOOL,
+    "upgrade_channel": STR, "created_at": TIME, "updated_at": TIME,
+}  # fmt: skip  # model.ClusterReleaseConfig
+RELEASE_HISTORY = {
+    "id": INT, "cluster_name": STR, "release_version_id": INT, "action": STR,
+    "triggered_by": STR, "values_snapshot": MAP, "previous_version_id": "integer?",
+    "status": STR, "error_message": STR, "stages_completed": [STR], "task_id": "integer?",
+    "created_at": TIME, "started_at": TIME, "completed_at": TIME,
+}  # fmt: skip  # model.ReleaseHistory
+MESSAGE_KEY = {"message": STR, "key": STR}
+RDS = "release/handler.go"
+CONTRACT |= {
+    "GET job-execution-histories": (
+        "JobHistoriesListResponse",
+        {"data": [JOB_RUN], "total": INT, "pageNum": INT, "pageSize": INT},
+    ),
+    "GET job-execution-histories/{id}": ("dbmodel.JobExecutionHistory", JOB_RUN),
+    "GET job-execution-histories/recent-failures": ("[]*dbmodel.JobExecutionHistory", [JOB_RUN]),
+    "GET job-execution-histories/statistics/{job_name}": ("database.JobStatistics", JOB_STATS),
+    "GET job-execution-histories/statistics/{job_type}/{cluster}": (
+        "database.JobStatistics (a job name holding a /)",
+        JOB_STATS,
+    ),
+    "GET detection-status/summary": (
+        "DetectionSummaryResponse",
+        {
+            "total_workloads": INT,
+            "status_counts": {"*": INT},
+            "detection_state_counts": {"*": INT},
+            "recent_detections": [DETECTION],
+        },
+    ),  # fmt: skip
+    "GET detection-status": (
+        "DetectionStatusesListResponse",
+        {"data": [DETECTION], "total": INT, "page": INT, "page_size": INT},
+    ),
+    "GET detection-status/{workload_uid}": ("DetectionStatusResponse", DETECTION),
+    "GET detection-status/{workload_uid}/coverage": (
+        "DetectionCoverageResponse",
+        {"workload_uid": STR, "coverage": [COVERAGE], "total": INT},
+    ),
+    "GET detection-status/{workload_uid}/coverage/log-gap": (
+        "DetectionLogGapResponse",
+        {"workload_uid": STR, "has_gap": BOOL},
+    ),
+    "GET detection-status/{workload_uid}/tasks": (
+        "DetectionTasksResponse",
+        {"workload_uid": STR, "tasks": [DETECTION_TASK], "total": INT},
+    ),
+    "GET detection-status/{workload_uid}/evidence": (
+        "DetectionEvidenceResponse",
+        {"workload_uid": STR, "evidence": [EVIDENCE], "total": INT},
+    ),
+    "POST detection-status/{workload_uid}/coverage/initialize": (
+        "{message, coverage, count}",
+        {"message": STR, "count": INT},
+    ),
+    "POST detection-status/{workload_uid}/trigger": (
+        "{message, workload_uid, task_type, status}",
+        {"message": STR, "workload_uid": STR, "task_type": STR, "status": STR},
+    ),
+    "GET system-config": ("[]dbmodel.SystemConfig", [SYSCONFIG]),
+    "GET system-config/{key}": ("dbmodel.SystemConfig", SYSCONFIG),
+    "PUT system-config/{key}": ("{message, key}", MESSAGE_KEY),
+    "DELETE system-config/{key}": ("{message, key}", MESSAGE_KEY),
+    "GET system-config/{key}/history": (
+        "[]dbmodel.SystemConfigHistory",
+        [
+            {
+                "id": INT,
+                "config_id": INT,
+                "key": STR,
+                "old_value": ANY,
+                "new_value": ANY,
+                "version": INT,
+                "change_reason": STR,
+                "changed_at": TIME,
+                "changed_by": STR,
+            }
+        ],
+    ),  # fmt: skip
+    "GET registry/config": (
+        "{config, defaults, image_names}",
+        {"config": REGISTRY, "defaults": REGISTRY, "image_names": {"*": STR}},
+    ),
+    "PUT registry/config": ("{message, config}", {"message": STR, "config": REGISTRY}),
+    "POST registry/sync-from-harbor": ("{message, config}", {"message": STR, "config": REGISTRY}),
+    "GET registry/image-url": (
+        "{image_name, tag, image_url}",
+        {"image_name": STR, "tag": STR, "image_url": STR},
+    ),
+    "GET releases/versions": (RDS, [VERSION]),
+    "POST releases/versions": (RDS, VERSION),
+    "GET releases/versions/{id}": (RDS, VERSION),
+    "PUT releases/versions/{id}": (RDS, VERSION),
+    "DELETE releases/versions/{id}": (RDS, {"status": STR}),
+    "PATCH releases/versions/{id}/status": (RDS, {"status": STR}),
+    "GET releases/clusters": (RDS, [RELEASE_CONFIG]),
+    "GET releases/clusters/default": (RDS, {"default_cluster": "string?", "cluster_id": INT}),
+    "PUT releases/clusters/default": (RDS, {"message": STR, "default_cluster": STR}),
+    "DELETE releases/clusters/default": (RDS, {"message": STR}),
+    "GET releases/clusters/{cluster_name}": (RDS, RELEASE_CONFIG),
+    "PUT releases/clusters/{cluster_name}/version": (RDS, {"status": STR}),
+    "PUT releases/clusters/{cluster_name}/values": (RDS, RELEASE_CONFIG),
+    "GET releases/clusters/{cluster_name}/history": (RDS, [RELEASE_HISTORY]),
+    "POST releases/clusters/{cluster_name}/deploy": (
+        RDS,
+        {"message": STR, "history_id": INT, "task_id": INT},
+    ),
+    "POST releases/clusters/{cluster_name}/rollback": (
+        RDS,
+        {"message": STR, "history_id": INT, "rollback_to_version": INT},
+    ),
+    "GET releases/history/{id}": (RDS, RELEASE_HISTORY),
+}
+# the management surface (no envelope, as the original's cluster/ and cpconfig/ answer):
+# not the typed surfaces' CONTRACT, checked by tests/recorder/test_management.py
+CLUSTER_CONFIG = {
+    "id": INT, "cluster_name": STR, "display_name": STR, "description": STR, "source": STR,
+    "k8s_endpoint": STR, "k8s_configured": BOOL, "k8s_insecure_skip_verify": BOOL,
+    "k8s_manual_mode": BOOL, "postgres_host": STR, "postgres_port": INT,
+    "postgres_configured": BOOL, "opensearch_host": STR, "opensearch_port": INT,
+    "opensearch_scheme": STR, "opensearch_configured": BOOL, "prometheus_read_host": STR,
+    "prometheus_read_port": INT, "prometheus_write_host": STR, "prometheus_write_port": INT,
+    "prometheus_configured": BOOL, "storage_manual_mode": BOOL, "storage_mode": STR,
+    "infrastructure_status": STR, "infrastructure_message": STR, "dataplane_status": STR,
+    "dataplane_version": STR, "dataplane_message": STR, "last_deploy_time": STR,
+    "status": STR, "is_default": BOOL, "labels": {"*": STR}, "created_at": STR,
+    "updated_at": STR,
+}  # fmt: skip  # ClusterConfigResponse
+INSTALL_TASK = {
+    "id": INT, "cluster_name": STR, "task_type": STR, "install_scope": STR,
+    "current_stage": STR, "storage_mode": STR, "status": STR, "error_message": STR,
+    "retry_count": INT, "max_retries": INT, "job_name": STR, "job_namespace": STR,
+    "created_at": STR, "updated_at": STR,
+}  # fmt: skip  # TaskResponse
+CP_CONFIG = {
+    "id": INT, "key": STR, "value": MAP, "description": STR, "category": STR, "version": INT,
+    "updated_at": STR, "updated_by": STR,
+}  # fmt: skip  # cpconfig.ConfigResponse
+ONE_CLUSTER = "management/clusters/{cluster_name}"
+MANAGEMENT: dict[str, tuple[str, Any]] = {
+    "GET management/clusters": ("[]ClusterConfigResponse", [CLUSTER_CONFIG]),
+    "POST management/clusters": ("ClusterConfigResponse", CLUSTER_CONFIG),
+    f"GET {ONE_CLUSTER}": ("ClusterConfigResponse", CLUSTER_CONFIG),
+    f"PUT {ONE_CLUSTER}": ("ClusterConfigResponse", CLUSTER_CONFIG),
+    f"DELETE {ONE_CLUSTER}": ("204", ANY),
+    f"PUT {ONE_CLUSTER}/default": (
+        "{message, cluster_name}",
+        {"message": STR, "cluster_name": STR},
+    ),
+    f"POST {ONE_CLUSTER}/test": (
+        "{cluster_name, k8s_connected, storage_connected, k8s_version|k8s_error}",
+        {"cluster_name": STR, "k8s_connected": BOOL, "storage_connected": BOOL},
+    ),
+    f"POST {ONE_CLUSTER}/initialize": (
+        "{task_id, status, message}",
+        {"task_id": INT, "status": STR, "message": STR},
+    ),
+    f"GET {ONE_CLUSTER}/infrastructure/status": (
+        "GetInfrastructureStatus",
+        {
+            "cluster_name": STR,
+            "initialized": BOOL,
+            "storage_mode": STR,
+            "status": STR,
+            "message": STR,
+        },
+    ),  # fmt: skip
+    f"GET {ONE_CLUSTER}/tasks": ("{data: []TaskResponse}", {"data": [INSTALL_TASK]}),
+    f"GET {ONE_CLUSTER}/tasks/active": ("TaskResponse", INSTALL_TASK),
+    f"GET {ONE_CLUSTER}/tasks/{{task_id}}": ("TaskResponse", INSTALL_TASK),
+    f"GET {ONE_CLUSTER}/tasks/{{task_id}}/logs": (
+        "GetTaskLogs",
+        {"task_id": INT, "job_name": STR, "pod_name": STR, "logs": STR, "log_lines": INT},
+    ),
+    "GET management/config": ("[]ConfigResponse", [CP_CONFIG]),
+    "GET management/config/installer": (
+        "GetInstallerConfig",
+        {"repository": STR, "tag": STR, "full_image": STR},
+    ),
+    "GET management/config/{key}": ("ConfigResponse", CP_CONFIG),
+    "PUT management/config/{key}": ("{message, key}", MESSAGE_KEY),
+    "DELETE management/config/{key}": ("204", ANY),
+}
+CONTRACT |= {  # the Alert pages' routes served since (issue 70)
+    "GET metric-alert-rules/{id}/status": ("MetricRuleStatusResponse", {"status": STR}),
+    "GET log-alert-rules/multi-cluster": (
+        "LogRulesMultiClusterResponse",
+        {"clusters": [{"cluster_name": STR, "rules": [LOG_RULE], "total": INT}]},
+    ),
+    "GET log-alert-rules/{id}/statistics": (
+        "LogRuleStatisticsResponse (interface{} both)",
+        {"summary": ANY, "statistics": ANY},
+    ),
+    "GET log-alert-rules/{id}/versions": (
+        "LogRuleVersionsResponse",
+        {"versions": ANY, "total": INT},
+    ),
+    "POST log-alert-rules/{id}/rollback/{version}": ("{message}", {"message": STR}),
+    "GET alert-rule-advices/{id}": ("404 only: there are no advices", ANY),
+}

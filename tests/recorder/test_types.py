@@ -20,6 +20,12 @@ from tests.recorder.objects import U, gpu_pod, state
 from tests.recorder.test_alert_pages import post_alerts
 from tests.recorder.test_cluster_api import gpu_pod as plain_gpu_pod
 from tests.recorder.test_cluster_api import node, openmetrics, put_trainer
+from tests.recorder.test_management import (
+    MANAGEMENT_ASKS,
+    MANAGEMENT_FILLS,
+    management_ids,
+    management_writes,
+)
 
 
 @pytest.mark.parametrize("method, path", [
@@ -151,14 +157,17 @@ def asks(ids: dict[str, str]) -> list[tuple[str, str]]:
         ("log-alert-rules/{id}", ""), ("metric-alert-rules", "search=&offset=0&limit=20"),
         ("metric-alert-rules/{id}", ""), ("notification-channels", "offset=0&limit=20"),
         ("notification-channels/types", ""), ("notification-channels/{id}", ""),
+        *MANAGEMENT_ASKS,
     ]  # fmt: skip
-    fills = {"{name}": name, "{uid}": uid, "{serial}": ids.get("serial", "none")}
+    fills = {"{name}": name, "{uid}": uid, "{serial}": ids.get("serial", "none"),
+             "{workload_uid}": uid, **MANAGEMENT_FILLS}  # fmt: skip
     by_route = {"alerts/{id}": alert, "alerts/{id}/correlations": alert,
                 "alert-silences/{id}": silence,
                 "weekly-reports/gpu_utilization/{id}": ids.get("report", "none"),
                 "log-alert-rule-templates/{id}": "1", "log-alert-rules/{id}": "1",
                 "metric-alert-rules/{id}": "1",
-                "notification-channels/{id}": ids.get("channel", "1")}  # fmt: skip
+                "notification-channels/{id}": ids.get("channel", "1"),
+                **management_ids(ids)}  # fmt: skip
     got = []
     for route, query in out:
         path = route.replace("{id}", by_route.get(route, "none"))
@@ -258,7 +267,8 @@ def writes(app: Any, a: Answers, now: datetime) -> dict[str, str]:
         "name": "chat", "type": "slack", "enabled": False,
         "config": {"webhook_url": "https://hooks.slack.example/x"}})  # fmt: skip
     w("DELETE", "notification-channels/{id}", f"notification-channels/{gone['id']}")
-    return {"silence": quick["silence_id"], "channel": str(hook["id"]), "log_rule": str(lid)}
+    return {"silence": quick["silence_id"], "channel": str(hook["id"]), "log_rule": str(lid),
+            **management_writes(app, w, lid)}  # fmt: skip
 
 
 # the surfaces whose routes are the Primus-Lens API's JSON; the others: the report's and

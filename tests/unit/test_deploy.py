@@ -369,7 +369,8 @@ def test_recorder_rbac_allows_the_finalizer_on_every_kind_it_follows() -> None:
 
 
 def test_recorder_rbac_reads_and_writes_the_multicluster_secrets() -> None:
-    """The Secrets multicluster names, by their shipped names, in the service's namespace."""
+    """The Secrets multicluster names, by their shipped names, in the service's namespace
+    (multi-k8s-config updated too: a cluster added or removed on the Management page)."""
     from lens_ebpf.recorder import config
 
     mc = config.load(env={}).multicluster
@@ -383,7 +384,8 @@ def test_recorder_rbac_reads_and_writes_the_multicluster_secrets() -> None:
         for verb in rule["verbs"]:
             by_verb.setdefault(verb, set()).update(rule.get("resourceNames") or {"*"})
     assert by_verb == {"get": {"multi-k8s-config", mc.source_secret, mc.merged_secret},
-                       "update": {mc.merged_secret}, "create": {"*"}}  # fmt: skip
+                       "update": {mc.merged_secret, "multi-k8s-config"},
+                       "create": {"*"}}  # fmt: skip
     deployment = next(d for d in recorder_documents() if d["kind"] == "Deployment")
     env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {

@@ -17,13 +17,18 @@ from lens_ebpf.recorder.api import (
     alerts,
     assistants,
     clusters,
+    detection,
     devices,
+    job_history,
+    management,
     nodes,
     posts,
+    releases,
     remote_write,
     reports,
     seed,
     storage,
+    system_config,
     training,
     workloads,
 )
@@ -46,6 +51,11 @@ ROUTES: list[tuple[RouteTable, tuple[str, ...], str]] = [
     (reports.files, PREFIXES, "lens-files"),  # the report's HTML, PDF and JSON files
     (alerts.routes, PREFIXES, "alerts"),  # the Alert pages': ?cluster= any alert's cluster
     (alerts.files, PREFIXES, "alerts-files"),  # the metric rules as one rules file
+    (job_history.routes, PREFIXES, "lens"),  # the Management pages'
+    (detection.routes, PREFIXES, "lens"),
+    (system_config.routes, PREFIXES, "lens"),
+    (releases.routes, PREFIXES, "lens"),
+    (management.routes, PREFIXES, "management"),  # the original's: no envelope
     (remote_write.routes, (*PREFIXES, *ROOT), "lens"),  # /pods/cache as the original serves it
     (seed.routes, ROOT, "plain"),
     (posts.routes, (*ROOT, "/v1", "/api"), "posts"),
@@ -57,7 +67,8 @@ def mount(http: HttpServer, surfaces: dict[str, Surface]) -> assistants.Assistan
     """Every table of ROUTES on http, each through its surface; the MCP tools' surface
     (its close() stops the SDK's session manager)."""
     surfaces = {**surfaces, "lens-files": reports.LensFiles(surfaces["lens"]),
-                "alerts-files": reports.LensFiles(surfaces["alerts"])}  # fmt: skip
+                "alerts-files": reports.LensFiles(surfaces["alerts"]),
+                "management": management.ManagementApi(surfaces["lens"])}  # fmt: skip
     mcp = assistants.Assistants(tools([(t.routes, p, s) for t, p, s in ROUTES if s != "mcp"],
                                       surfaces))  # fmt: skip
     surfaces["mcp"] = mcp

@@ -15,6 +15,7 @@ from lens_ebpf.core.routes import Param, RouteTable
 from lens_ebpf.recorder import inputs
 from lens_ebpf.recorder.alerting import Alerts
 from lens_ebpf.recorder.alerts import channels, correlate, logrules, logstore, overview, silences
+from lens_ebpf.recorder.alerts import rule_history as rule_history
 from lens_ebpf.recorder.alerts.model import SEVERITIES, SOURCES, STATUSES, parse_time, row_dict
 from lens_ebpf.recorder.api.envelope import Ask, bad, integer, param
 from lens_ebpf.recorder.errors import NotFound, Unavailable
@@ -361,6 +362,8 @@ def log_rule(ask: Ask) -> Any:
 
 def _changed(ask: Ask, got: Any) -> Any:
     hub(ask).log_rules.invalidate()
+    if isinstance(got, dict) and isinstance(got.get("rule_id"), int):  # made or changed
+        rule_history.record(ask.conn, got["rule_id"], ask.now(), who(ask))
     return got
 
 
@@ -520,3 +523,57 @@ def channel_delete(ask: Ask) -> Any:
 def channel_test(ask: Ask) -> Any:
     """A test notification through it: {success, message}."""
     return channels.test(ask.conn, ident(ask))
+
+
+# -- the rules' status, versions and statistics (issue 70: served inside served sections) ------
+@routes.get("metric-alert-rules/{id}/status", ID)
+def metric_rule_status(ask: Ask) -> Any:
+    """{status, last_sync_time, error}: whether the rule is in the cluster as written."""
+    rid = ident(ask)
+    row = hub(ask).metric_rules.get(ask.conn, rid)
+    return rule_history.metric_status(ask.conn, rid, hub(ask).metric_rules.object_name(row))
+
+
+@routes.get("log-alert-rules/multi-cluster", WINDOW, ENABLED,
+            Param("severity", choices=SEVERITIES), Param("name", doc="a part of the name"),
+            Param("search", doc="a part of the name or description"))  # fmt: skip
+def log_rules_multi_cluster(ask: Ask) -> Any:
+    """?name, enabled, severity, pageNum, pageSize: {clusters: [{cluster_name, rules,
+    total}]}, each followed cluster's rules (its own and those of every cluster)."""
+    offset, limit = window(ask)
+    filters = {"enabled": flag(ask, "enabled"), "severity": one_of(ask, "severity", SEVERITIES),
+               "search": param(ask.query, "name") or param(ask.query, "search")}  # fmt: skip
+    return rule_history.multi_cluster(ask.conn, ask.app.clusters.names(), filters, offset, limit)
+
+
+@routes.get("log-alert-rules/{id}/statistics", ID,
+            Param("date_from", doc="YYYY-MM-DD; none: 7 days ago"),
+            Param("date_to", doc="YYYY-MM-DD; none: today"))  # fmt: skip
+def log_rule_statistics(ask: Ask) -> Any:
+    """?date_from, date_to (YYYY-MM-DD; the last 7 days): {summary, statistics}, the alerts
+    it raised per day, hour and cluster."""
+    q = ask.query
+    return rule_history.statistics(ask.conn, ident(ask), param(q, "date_from") or "",
+                                   param(q, "date_to") or "", ask.now())  # fmt: skip
+
+
+@routes.get("log-alert-rules/{id}/versions", ID)
+def log_rule_versions(ask: Ask) -> Any:
+    """{versions, total}: the rule's fields after each change, newest first."""
+    return rule_history.versions(ask.conn, ident(ask))
+
+
+@routes.post("log-alert-rules/{id}/rollback/{version}", ID,
+             Param("version", "integer", "the version to restore"))  # fmt: skip
+def log_rule_rollback(ask: Ask) -> Any:
+    """An older version's fields applied again (a new version of its own)."""
+    got = rule_history.rollback(ask.conn, ident(ask), ident(ask, "version"), ask.now(),
+                                who(ask))  # fmt: skip
+    hub(ask).log_rules.invalidate()
+    return got
+
+
+@routes.get("alert-rule-advices/{id}")
+def advice(ask: Ask) -> Any:
+    """404/4004: there are no advices."""
+    raise NotFound(f"no advice {ask.arg('id')!r}: {NO_ADVICE}")

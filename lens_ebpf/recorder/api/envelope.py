@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from lens_ebpf.recorder.config import RecorderConfig
     from lens_ebpf.recorder.ingest.admission import WriteGuard
     from lens_ebpf.recorder.leadership import Leadership
+    from lens_ebpf.recorder.management.hub import Management
     from lens_ebpf.recorder.remote_write.receiver import RemoteWrite
     from lens_ebpf.recorder.store.writer import Writer
     from lens_ebpf.recorder.training.progress import Training
@@ -358,6 +359,7 @@ class Services:
     leadership: Leadership | None = None  # with replicas: whether this one leads, the leader
     alerts: Alerts | None = None
     outage: Outage = field(default_factory=Outage)  # the database as requests find it
+    management: Management | None = None  # the Management pages' clusters, settings, releases
 
 
 @dataclass

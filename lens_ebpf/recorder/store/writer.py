@@ -203,6 +203,7 @@ class Writer:
         self.last_error = ""
         self.writes = Buckets(WRITE_BUCKETS)  # commit durations (this thread observes)
         self._thread: threading.Thread | None = None
+        self._submitted = threading.local()  # writes queued by each thread (a job's run)
 
     def submit(self, op: Op) -> bool:
         with self._cond:
@@ -213,7 +214,12 @@ class Writer:
                 return False
             self._queue.append(op)
             self._cond.notify_all()
+        self._submitted.n = self.submitted_here() + 1
         return True
+
+    def submitted_here(self) -> int:
+        """Writes the calling thread has queued so far (a job's run: the difference)."""
+        return int(getattr(self._submitted, "n", 0))
 
     def depth(self) -> int:
         with self._cond:

@@ -1,0 +1,512 @@
+"""Framework detection (the Management pages' Detection Status): the leader looks, every
+recorder.detection.interval_seconds, for workloads with new evidence (training progress
+lines, pod snapshots, programs the agents saw start) or none looked at yet, gathers each
+one's evidence (frameworks.py) and stores its verdict and the evidence; a workload's
+detection runs again whenever new evidence of it arrives, and when the page asks
+(trigger). The queries answer the page in the original's shapes
+(DetectionStatusResponse, DetectionCoverageItem, DetectionTaskItem, DetectionEvidenceItem).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, and_, func, select
+
+from lens_ebpf.recorder import frameworks as fw
+from lens_ebpf.recorder.alerts.model import when
+from lens_ebpf.recorder.errors import BadRequest, NotFound
+from lens_ebpf.recorder.lifecycle import parse_time
+from lens_ebpf.recorder.scope import Scope
+from lens_ebpf.recorder.store import schema as t
+from lens_ebpf.recorder.store.writer import Op, Writer, insert_rows
+
+log = logging.getLogger(__name__)
+
+STATUSES = ("unknown", "suspected", "confirmed", "verified", "conflict")
+STATES = ("pending", "in_progress", "completed", "failed")
+TASK = "detection_coordinator"
+PODS_MAX = 200  # a workload's pods looked at
+EXECS_MAX = 500  # the newest programs seen starting in them
+DETECTION = t.workload_detections
+EVIDENCE = t.workload_detection_evidence
+
+
+@dataclass
+class Marks:
+    """The newest row of each evidence table a run has looked at, per cluster."""
+
+    points: int = 0
+    snapshots: int = 0
+    execs: int = 0
+
+
+@dataclass
+class Gathered:
+    """What one workload shows, read from the database."""
+
+    evidence: list[fw.Evidence] = field(default_factory=list)
+    pods: int = 0
+    snapshots: int = 0
+    log_lines: int = 0
+    log_from: datetime | None = None
+    log_to: datetime | None = None
+    labelled: bool = False
+
+
+def gather(conn: Connection, cluster: str, uid: str) -> Gathered:
+    """Every piece of evidence of one workload (its pods', its own)."""
+    g = Gathered()
+    gp, ps, tp, ne, wl = t.gpu_pods, t.pod_snapshots, t.training_points, t.node_events, \
+        t.gpu_workloads  # fmt: skip
+    pods = [r.uid for r in conn.execute(
+        select(gp.c.uid).where(gp.c.cluster == cluster, gp.c.workload_uid == uid)
+        .order_by(gp.c.updated_at.desc()).limit(PODS_MAX))]  # fmt: skip
+    g.pods = len(pods)
+    if pods:
+        newest = (
+            select(func.max(ps.c.id))
+            .where(ps.c.cluster == cluster, ps.c.pod_uid.in_(pods))
+            .group_by(ps.c.pod_uid)
+        )
+        for r in conn.execute(select(ps.c.spec, ps.c.pod_metadata).where(ps.c.id.in_(newest))):
+            g.snapshots += 1
+            spec = r.spec if isinstance(r.spec, dict) else {}
+            for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+                if not isinstance(c, dict):
+                    continue
+                name = str(c.get("name") or "")
+                g.evidence += fw.from_image(str(c.get("image") or ""), name)
+                argv = [*(c.get("command") or []), *(c.get("args") or [])]
+                g.evidence += fw.from_command([str(a) for a in argv], name)
+                g.evidence += fw.from_env([str(e.get("name") or "") for e in c.get("env") or []
+                                           if isinstance(e, dict)], name)  # fmt: skip
+            meta = r.pod_metadata if isinstance(r.pod_metadata, dict) else {}
+            g.evidence += fw.from_labels(meta.get("labels") or {}, "pod")
+        q = select(ne.c.payload).where(ne.c.cluster == cluster, ne.c.kind == "process_exec",
+                                       ne.c.pod_uid.in_(pods)) \
+            .order_by(ne.c.id.desc()).limit(EXECS_MAX)  # fmt: skip
+        for (payload,) in conn.execute(q):
+            p = payload if isinstance(payload, dict) else {}
+            g.evidence += fw.from_exec(str(p.get("comm") or ""), str(p.get("filename") or ""))
+    q = select(tp.c.format, func.count(), func.min(tp.c.at), func.max(tp.c.at),
+               func.max(tp.c.id)).where(tp.c.cluster == cluster, tp.c.workload_uid == uid) \
+        .group_by(tp.c.format)  # fmt: skip
+    for fmt, n, first, last, newest_id in conn.execute(q):
+        line = conn.execute(select(tp).where(tp.c.id == newest_id)).first()
+        sample = {k: getattr(line, k) for k in ("iteration", "target_iterations", "loss",
+                                                "iteration_seconds", "tflops_per_gpu")
+                  if line is not None and getattr(line, k) is not None}  # fmt: skip
+        detail = {"first_line_at": when(first), "last_line_at": when(last), "last_line": sample,
+                  "pod": line.pod if line is not None else ""}  # fmt: skip
+        n = int(str(n))
+        got = fw.from_log_format(str(fmt), n, detail)
+        if got is not None:
+            g.evidence.append(got)
+        g.log_lines += n
+        first, last = parse_time(when(first)), parse_time(when(last))
+        g.log_from = min(x for x in (g.log_from, first) if x is not None) if first else g.log_from
+        g.log_to = max(x for x in (g.log_to, last) if x is not None) if last else g.log_to
+    row = conn.execute(select(wl.c.labels, wl.c.kind).where(wl.c.cluster == cluster,
+                                                            wl.c.uid == uid)).first()  # fmt: skip
+    if row is not None:
+        g.labelled = True
+        g.evidence += fw.from_labels(row.labels or {}, "workload")
+    seen: dict[str, fw.Evidence] = {}
+    for e in g.evidence:  # one per key (the same image in two pods: once)
+        seen.setdefault(e.key, e)
+    g.evidence = list(seen.values())
+    return g
+
+
+def coverage(g: Gathered, now: datetime, old: list[dict[str, Any]], attempt: int
+             ) -> list[dict[str, Any]]:  # fmt: skip
+    """DetectionCoverageItem per source: whether its input exists yet, its evidence."""
+    before = {c.get("source"): c for c in old if isinstance(c, dict)}
+    have = {"process": g.snapshots > 0, "image": g.snapshots > 0, "log": g.log_lines > 0,
+            "label": g.labelled}  # fmt: skip
+    out = []
+    for source in fw.SOURCES:
+        prev = before.get(source, {})
+        n = sum(1 for e in g.evidence if e.source == source)
+        item: dict[str, Any] = {
+            "source": source,
+            "status": "collected" if have[source] else "pending",
+            "attempt_count": attempt,
+            "last_attempt_at": when(now),
+            "last_success_at": when(now) if have[source] else prev.get("last_success_at"),
+            "last_error": "",
+            "evidence_count": n,
+        }
+        if source == "log":
+            item |= {"covered_from": when(g.log_from), "covered_to": when(g.log_to),
+                     "log_available_from": when(g.log_from),
+                     "log_available_to": when(g.log_to), "has_gap": False}  # fmt: skip
+        out.append(item)
+    return out
+
+
+def evidence_rows(cluster: str, uid: str, evidence: list[fw.Evidence], now: datetime,
+                  made: dict[str, datetime]) -> list[dict[str, Any]]:  # fmt: skip
+    out = []
+    for e in evidence:
+        f = e.info
+        out.append({
+            "cluster": cluster, "workload_uid": uid, "key": e.key, "source": e.source,
+            "source_type": "passive", "framework": e.framework,
+            "workload_type": f.workload_type, "confidence": e.confidence,
+            "framework_layer": f.layer,
+            "wrapper_framework": e.framework if f.layer == "wrapper" else "",
+            "base_framework": e.framework if f.layer in ("orchestration", "inference") else "",
+            "evidence": {**e.detail, "framework_name": f.title}, "detected_at": now,
+            "created_at": made.get(e.key, now),
+        })  # fmt: skip
+    return out
+
+
+class Detection:
+    """The leader's job: every cluster's workloads with new evidence detected again."""
+
+    def __init__(self, engine: Any, writer: Writer, scopes: Callable[[], list[Scope]],
+                 cfg: Any, clock: Callable[[], datetime]) -> None:  # fmt: skip
+        self.engine, self.writer, self.scopes, self.cfg, self.clock = \
+            engine, writer, scopes, cfg, clock  # fmt: skip
+        self.marks: dict[str, Marks] = {}
+        self.detected = 0  # workloads detected (again)
+
+    def run(self) -> int:
+        """One run over every cluster; the workloads detected."""
+        now, n = self.clock(), 0
+        for scope in self.scopes():
+            with self.engine.connect() as conn:
+                n += self.run_cluster(conn, scope.name, now)
+        return n
+
+    def due(self, conn: Connection, cluster: str, now: datetime) -> list[str]:
+        """The workloads to detect now: new evidence since the last run, none detected yet,
+        asked for (trigger) or due again."""
+        m = self.marks.setdefault(cluster, Marks())
+        gp, ps, tp, ne, wl = t.gpu_pods, t.pod_snapshots, t.training_points, t.node_events, \
+            t.gpu_workloads  # fmt: skip
+        wanted: dict[str, None] = {}
+
+        def add(rows: Any) -> None:
+            for (uid,) in rows:
+                if uid:
+                    wanted.setdefault(str(uid), None)
+
+        top = {
+            "points": conn.execute(select(func.max(tp.c.id)).where(tp.c.cluster == cluster)),
+            "snapshots": conn.execute(select(func.max(ps.c.id)).where(ps.c.cluster == cluster)),
+            "execs": conn.execute(select(func.max(ne.c.id)).where(ne.c.cluster == cluster)),
+        }
+        newest = {k: int(v.scalar() or 0) for k, v in top.items()}
+        add(conn.execute(select(tp.c.workload_uid).distinct().where(
+            tp.c.cluster == cluster, tp.c.id > m.points)))  # fmt: skip
+        on_pod = and_(gp.c.cluster == cluster, gp.c.uid == ps.c.pod_uid)
+        add(conn.execute(select(gp.c.workload_uid).distinct().select_from(ps.join(gp, on_pod))
+                         .where(ps.c.cluster == cluster, ps.c.id > m.snapshots)))  # fmt: skip
+        on_exec = and_(gp.c.cluster == cluster, gp.c.uid == ne.c.pod_uid)
+        add(conn.execute(select(gp.c.workload_uid).distinct().select_from(ne.join(gp, on_exec))
+                         .where(ne.c.cluster == cluster, ne.c.kind == "process_exec",
+                                ne.c.id > m.execs)))  # fmt: skip
+        known = select(DETECTION.c.workload_uid).where(DETECTION.c.cluster == cluster)
+        add(conn.execute(select(wl.c.uid).where(wl.c.cluster == cluster, wl.c.parent_uid.is_(None),
+                                                wl.c.uid.not_in(known))))  # fmt: skip
+        add(
+            conn.execute(
+                select(DETECTION.c.workload_uid).where(
+                    DETECTION.c.cluster == cluster,
+                    DETECTION.c.detection_state == "pending",
+                    (DETECTION.c.next_attempt_at.is_(None)) | (DETECTION.c.next_attempt_at <= now),
+                )
+            )
+        )
+        m.points, m.snapshots, m.execs = newest["points"], newest["snapshots"], newest["execs"]
+        return list(wanted)[: self.cfg.batch]
+
+    def run_cluster(self, conn: Connection, cluster: str, now: datetime) -> int:
+        uids = self.due(conn, cluster, now)
+        if not uids:
+            return 0
+        old = {r.workload_uid: r for r in conn.execute(
+            select(DETECTION).where(DETECTION.c.cluster == cluster,
+                                    DETECTION.c.workload_uid.in_(uids)))}  # fmt: skip
+        rows, evidence = [], []
+        for uid in uids:
+            g = gather(conn, cluster, uid)
+            made = {r.key: r.created_at for r in conn.execute(
+                select(EVIDENCE.c.key, EVIDENCE.c.created_at).where(
+                    EVIDENCE.c.cluster == cluster, EVIDENCE.c.workload_uid == uid))}  # fmt: skip
+            evidence += evidence_rows(cluster, uid, g.evidence, now, made)
+            rows.append(
+                self.detection_row(
+                    cluster, uid, g, old.get(uid), now, len(made | {e.key: now for e in g.evidence})
+                )
+            )
+        self.writer.submit(Op("workload_detections", lambda c: self._write(c, rows, evidence)))
+        self.detected += len(rows)
+        return len(rows)
+
+    def detection_row(self, cluster: str, uid: str, g: Gathered, old: Any, now: datetime,
+                      stored: int) -> dict[str, Any]:  # fmt: skip
+        v = fw.verdict(g.evidence)
+        attempt = (int(old.attempt_count) if old is not None else 0) + 1
+        most = self.cfg.max_attempts
+        found = v.status != "unknown"
+        state = "completed" if found else ("failed" if attempt >= most else "pending")
+        confirmed = old.confirmed_at if old is not None else None
+        if confirmed is None and v.status in ("confirmed", "verified"):
+            confirmed = now
+        task = dict(old.task) if old is not None and isinstance(old.task, dict) else {}
+        task |= {"task_type": TASK, "status": state, "updated_at": when(now),
+                 "attempt_count": attempt, "coordinator_state": state}  # fmt: skip
+        task.setdefault("created_at", when(now))
+        nxt = now + timedelta(seconds=self.cfg.interval_seconds * 2 ** min(attempt, 6)) \
+            if state == "pending" else None  # fmt: skip
+        return {
+            "cluster": cluster, "workload_uid": uid, "status": v.status,
+            "detection_state": state, "framework": v.framework, "frameworks": v.frameworks,
+            "workload_type": v.workload_type, "confidence": v.confidence,
+            "framework_layer": v.framework_layer, "wrapper_framework": v.wrapper_framework,
+            "base_framework": v.base_framework, "evidence_count": stored,
+            "evidence_sources": v.sources, "attempt_count": attempt, "max_attempts": most,
+            "last_attempt_at": now, "next_attempt_at": nxt, "confirmed_at": confirmed,
+            "conflicts": v.conflicts,
+            "coverage": coverage(g, now, list(old.coverage or []) if old is not None else [],
+                                 attempt),
+            "task": task, "created_at": old.created_at if old is not None else now,
+            "updated_at": now,
+        }  # fmt: skip
+
+    @staticmethod
+    def _write(conn: Connection, rows: list[dict[str, Any]],
+               evidence: list[dict[str, Any]]) -> None:  # fmt: skip
+        insert_rows(conn, DETECTION, rows, keys=["cluster", "workload_uid"], update=True)
+        if evidence:
+            insert_rows(conn, EVIDENCE, evidence, keys=["cluster", "workload_uid", "key"],
+                        update=True)  # fmt: skip
+
+
+# -- the page's questions -----------------------------------------------------------------------
+def _times(item: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """Optional times (the original's *time.Time, omitempty): left out when none."""
+    return {k: v for k, v in item.items() if k not in names or v is not None}
+
+
+def status_json(r: Any, full: bool = False) -> dict[str, Any]:
+    """DetectionStatusResponse; coverage and tasks only in full (the list has them empty)."""
+    base = r.base_framework or ""
+    out: dict[str, Any] = {
+        "workload_uid": r.workload_uid, "status": r.status,
+        "detection_state": r.detection_state, "framework": r.framework,
+        "frameworks": list(r.frameworks or []), "workload_type": r.workload_type,
+        "confidence": float(r.confidence), "framework_layer": r.framework_layer,
+        "wrapper_framework": r.wrapper_framework,
+        "orchestration_framework": base if fw.FRAMEWORKS.get(base, None) is not None
+        and fw.FRAMEWORKS[base].layer == "orchestration" else "",
+        "runtime_framework": "pytorch" if "pytorch" in (r.frameworks or []) else "",
+        "base_framework": base, "evidence_count": int(r.evidence_count),
+        "evidence_sources": list(r.evidence_sources or []),
+        "attempt_count": int(r.attempt_count), "max_attempts": int(r.max_attempts),
+        "last_attempt_at": when(r.last_attempt_at), "next_attempt_at": when(r.next_attempt_at),
+        "confirmed_at": when(r.confirmed_at), "created_at": when(r.created_at),
+        "updated_at": when(r.updated_at),
+        "coverage": [coverage_json(c) for c in r.coverage or []] if full else [],
+        "tasks": tasks_json(r) if full else [],
+        "has_conflicts": bool(r.conflicts), "conflicts": list(r.conflicts or []),
+        "cluster_name": r.cluster,
+    }  # fmt: skip
+    return _times(out, ("last_attempt_at", "next_attempt_at", "confirmed_at"))
+
+
+def coverage_json(c: dict[str, Any]) -> dict[str, Any]:
+    item = {"source": c.get("source", ""), "status": c.get("status", "pending"),
+            "attempt_count": int(c.get("attempt_count") or 0),
+            "last_attempt_at": c.get("last_attempt_at"),
+            "last_success_at": c.get("last_success_at"), "last_error": c.get("last_error", ""),
+            "evidence_count": int(c.get("evidence_count") or 0)}  # fmt: skip
+    if item["source"] == "log":
+        item |= {k: c.get(k) for k in ("covered_from", "covered_to", "log_available_from",
+                                       "log_available_to")}  # fmt: skip
+        item["has_gap"] = bool(c.get("has_gap"))
+    return _times(item, ("last_attempt_at", "last_success_at", "covered_from", "covered_to",
+                         "log_available_from", "log_available_to"))  # fmt: skip
+
+
+def tasks_json(r: Any) -> list[dict[str, Any]]:
+    task = r.task if isinstance(r.task, dict) else {}
+    if not task:
+        return []
+    item = {"task_type": task.get("task_type", TASK), "status": task.get("status", ""),
+            "lock_owner": "", "created_at": task.get("created_at") or when(r.created_at),
+            "updated_at": task.get("updated_at") or when(r.updated_at),
+            "attempt_count": int(task.get("attempt_count") or r.attempt_count),
+            "next_attempt_at": when(r.next_attempt_at),
+            "coordinator_state": task.get("coordinator_state", r.detection_state),
+            "ext": {k: v for k, v in task.items() if k.startswith("triggered")}}  # fmt: skip
+    return [_times(item, ("next_attempt_at",))]
+
+
+def _row(conn: Connection, cluster: str, uid: str) -> Any:
+    r = conn.execute(select(DETECTION).where(DETECTION.c.cluster == cluster,
+                                             DETECTION.c.workload_uid == uid)).first()  # fmt: skip
+    if r is None:
+        raise NotFound(f"detection not found: workload {uid!r} has none in cluster {cluster!r}")
+    return r
+
+
+def one(conn: Connection, cluster: str, uid: str) -> dict[str, Any]:
+    return status_json(_row(conn, cluster, uid), full=True)
+
+
+def listing(conn: Connection, cluster: str, status: str, state: str, num: int,
+            size: int) -> dict[str, Any]:  # fmt: skip
+    """{data, total, page, page_size}: newest first."""
+    if status and status not in STATUSES:
+        raise BadRequest(f"status={status!r}: one of {', '.join(STATUSES)}")
+    if state and state not in STATES:
+        raise BadRequest(f"state={state!r}: one of {', '.join(STATES)}")
+    d = DETECTION
+    where = [d.c.cluster == cluster]
+    if status:
+        where.append(d.c.status == status)
+    if state:
+        where.append(d.c.detection_state == state)
+    total = conn.execute(select(func.count()).select_from(d).where(*where)).scalar_one()
+    q = select(d).where(*where).order_by(d.c.updated_at.desc(), d.c.workload_uid) \
+        .offset((num - 1) * size).limit(size)  # fmt: skip
+    return {"data": [status_json(r) for r in conn.execute(q)], "total": int(total),
+            "page": num, "page_size": size}  # fmt: skip
+
+
+def summary(conn: Connection, cluster: str) -> dict[str, Any]:
+    d = DETECTION
+    where = d.c.cluster == cluster
+    total = conn.execute(select(func.count()).select_from(d).where(where)).scalar_one()
+    by_status = dict.fromkeys(STATUSES, 0) | {
+        str(s): int(str(n)) for s, n in conn.execute(select(d.c.status, func.count())
+                                                .where(where).group_by(d.c.status))}  # fmt: skip
+    by_state = dict.fromkeys(STATES, 0) | {
+        str(s): int(str(n))
+        for s, n in conn.execute(
+            select(d.c.detection_state, func.count()).where(where).group_by(d.c.detection_state)
+        )
+    }
+    recent = conn.execute(select(d).where(where).order_by(d.c.updated_at.desc()).limit(10))
+    return {"total_workloads": int(total), "status_counts": by_status,
+            "detection_state_counts": by_state,
+            "recent_detections": [status_json(r) for r in recent]}  # fmt: skip
+
+
+def coverage_of(conn: Connection, cluster: str, uid: str) -> dict[str, Any]:
+    items = [coverage_json(c) for c in _row(conn, cluster, uid).coverage or []]
+    return {"workload_uid": uid, "coverage": items, "total": len(items)}
+
+
+def log_gap(conn: Connection, cluster: str, uid: str) -> dict[str, Any]:
+    """The log window received but not read: none here (lines are read as they come)."""
+    log_item = next((c for c in _row(conn, cluster, uid).coverage or []
+                     if isinstance(c, dict) and c.get("source") == "log"), {})  # fmt: skip
+    have, read = parse_time(log_item.get("log_available_to")), \
+        parse_time(log_item.get("covered_to"))  # fmt: skip
+    out: dict[str, Any] = {"workload_uid": uid, "has_gap": False}
+    if have is not None and (read is None or have > read):
+        start = read or parse_time(log_item.get("log_available_from")) or have
+        out |= {"has_gap": True, "gap_from": when(start), "gap_to": when(have),
+                "gap_duration_seconds": (have - start).total_seconds()}  # fmt: skip
+    return out
+
+
+def tasks_of(conn: Connection, cluster: str, uid: str) -> dict[str, Any]:
+    items = tasks_json(_row(conn, cluster, uid))
+    return {"workload_uid": uid, "tasks": items, "total": len(items)}
+
+
+def evidence_of(conn: Connection, cluster: str, uid: str, source: str) -> dict[str, Any]:
+    e = EVIDENCE
+    if source and source not in fw.SOURCES:
+        raise BadRequest(f"source={source!r}: one of {', '.join(fw.SOURCES)}")
+    where = [e.c.cluster == cluster, e.c.workload_uid == uid]
+    if source:
+        where.append(e.c.source == source)
+    items = []
+    for r in conn.execute(select(e).where(*where).order_by(e.c.detected_at.desc(), e.c.id)):
+        info = fw.FRAMEWORKS.get(r.framework)
+        items.append({
+            "id": int(r.id), "workload_uid": r.workload_uid, "source": r.source,
+            "source_type": r.source_type, "framework": r.framework,
+            "workload_type": r.workload_type, "confidence": float(r.confidence),
+            "framework_layer": r.framework_layer, "wrapper_framework": r.wrapper_framework,
+            "orchestration_framework": r.base_framework
+            if info is not None and info.layer == "orchestration" else "",
+            "runtime_framework": r.framework if r.framework_layer == "runtime" else "",
+            "base_framework": r.base_framework, "evidence": r.evidence or {},
+            "detected_at": when(r.detected_at), "created_at": when(r.created_at),
+        })  # fmt: skip
+    return {"workload_uid": uid, "evidence": items, "total": len(items)}
+
+
+def _known(conn: Connection, cluster: str, uid: str) -> Any:
+    wl = t.gpu_workloads
+    return conn.execute(select(wl.c.uid).where(wl.c.cluster == cluster, wl.c.uid == uid)).first()
+
+
+def _pending(cluster: str, uid: str, now: datetime, who: str) -> dict[str, Any]:
+    task = {"task_type": TASK, "status": "pending", "created_at": when(now),
+            "updated_at": when(now), "attempt_count": 0, "coordinator_state": "pending",
+            "triggered_by": who, "triggered_at": when(now)}  # fmt: skip
+    return {"cluster": cluster, "workload_uid": uid, "status": "unknown",
+            "detection_state": "pending", "framework": "", "frameworks": [],
+            "workload_type": "", "confidence": 0.0, "framework_layer": "",
+            "wrapper_framework": "", "base_framework": "", "evidence_count": 0,
+            "evidence_sources": [], "attempt_count": 0, "max_attempts": 0,
+            "last_attempt_at": None, "next_attempt_at": now, "confirmed_at": None,
+            "conflicts": [], "task": task, "created_at": now, "updated_at": now,
+            "coverage": [{"source": s, "status": "pending", "attempt_count": 0,
+                          "evidence_count": 0, "last_error": ""} for s in fw.SOURCES]}  # fmt: skip
+
+
+def trigger(conn: Connection, cluster: str, uid: str, now: datetime, who: str) -> dict[str, Any]:
+    """The page's Trigger: the workload's detection runs at the leader's next look (its
+    attempts counted anew)."""
+    d = DETECTION
+    r = conn.execute(select(d).where(d.c.cluster == cluster, d.c.workload_uid == uid)).first()
+    if r is None:
+        if _known(conn, cluster, uid) is None:
+            raise NotFound(f"no workload {uid!r} in cluster {cluster!r}")
+        conn.execute(d.insert(), _pending(cluster, uid, now, who))
+    else:
+        task = dict(r.task or {}) | {"status": "pending", "updated_at": when(now),
+                                      "coordinator_state": "pending", "triggered_by": who,
+                                      "triggered_at": when(now)}  # fmt: skip
+        conn.execute(d.update().where(d.c.cluster == cluster, d.c.workload_uid == uid).values(
+            detection_state="pending", next_attempt_at=now, attempt_count=0, task=task,
+            updated_at=now))  # fmt: skip
+    return {"message": f"detection triggered for workload {uid}", "workload_uid": uid,
+            "task_type": TASK, "status": "pending"}  # fmt: skip
+
+
+def initialize(conn: Connection, cluster: str, uid: str, now: datetime, who: str
+               ) -> dict[str, Any]:  # fmt: skip
+    """Coverage for a workload not looked at yet (pending for each source); what it has
+    when it has some."""
+    d = DETECTION
+    r = conn.execute(select(d).where(d.c.cluster == cluster, d.c.workload_uid == uid)).first()
+    if r is not None and r.coverage:
+        return {"message": "coverage already initialized", "count": len(r.coverage),
+                "coverage": [coverage_json(c) for c in r.coverage]}  # fmt: skip
+    if _known(conn, cluster, uid) is None:
+        raise NotFound(f"no workload {uid!r} in cluster {cluster!r}")
+    row = _pending(cluster, uid, now, who)
+    if r is None:
+        conn.execute(d.insert(), row)
+    else:
+        conn.execute(d.update().where(d.c.cluster == cluster, d.c.workload_uid == uid)
+                     .values(coverage=row["coverage"], updated_at=now))  # fmt: skip
+    items = [coverage_json(c) for c in row["coverage"]]
+    return {"message": "coverage initialized", "coverage": items, "count": len(items)}
