@@ -265,6 +265,8 @@ class CollectorServer:
         if not port:
             raise OSError(f"cannot listen on {listen}")
         await self.server.start()
+        if self.collector.guard is not None:
+            self.collector.guard.announce()
         return int(port)
 
     def stop(self, grace: float = 1.0) -> None:

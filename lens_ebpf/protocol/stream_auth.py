@@ -227,11 +227,17 @@ class Guard:
         self._logged: set[str] = set()
         self._lock = threading.Lock()
         self._reviews: asyncio.Semaphore | None = None  # made on the serving loop
-        if not (self.anonymous or cfg.tokens_file or verify):
+        self.listen = listen
+        self.refuses_all = not (self.anonymous or cfg.tokens_file or verify)
+
+    def announce(self) -> None:
+        """Once its port serves: a warning where every call will be refused (not at bind,
+        which may still fail on another port, the service's one error line)."""
+        if self.refuses_all:
             log.warning("%s: calls without a token are refused (%s listens beyond loopback) "
                         "and none can be checked (no TokenReview: grpc.auth.tokenreview off "
                         "or no Kubernetes API; no grpc.auth.tokens_file): every call is "
-                        "refused", what, listen)  # fmt: skip
+                        "refused", self.what, self.listen)  # fmt: skip
 
     async def admit(self, context: Any, claim: Claim) -> str:
         """Who the caller is ("anonymous" where it may be); else the call is aborted with

@@ -333,10 +333,14 @@ def test_the_recorders_settings_have_safe_defaults() -> None:
 
 
 def test_a_guard_with_no_way_to_check_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """Once its port serves (announce()), not when it is made: binding may still fail on
+    another port, and that failure is the service's one line (e2e test_port_in_use)."""
     with caplog.at_level(logging.WARNING):
-        Guard(CollectorAuthConfig(tokenreview=False), "0.0.0.0:9472", "collector")
+        guard = Guard(CollectorAuthConfig(tokenreview=False), "0.0.0.0:9472", "collector")
+        assert caplog.text == ""
+        guard.announce()
     assert "every call is refused" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        Guard(CollectorAuthConfig(tokenreview=False), "127.0.0.1:9472", "collector")
+        Guard(CollectorAuthConfig(tokenreview=False), "127.0.0.1:9472", "collector").announce()
     assert caplog.text == ""

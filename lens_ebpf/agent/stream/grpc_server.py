@@ -185,6 +185,7 @@ class GrpcServer:
                  max_subscribers: int = 1000,
                  loop: EventLoopThread | None = None,
                  guard: Guard | None = None) -> None:  # fmt: skip
+        self.guard = guard
         self.events = EventService(bus, node, queue, max_subscribers, guard)
         self._nodes = NodeService(bus, node, features, guard)
         self._own_loop = loop is None
@@ -234,6 +235,8 @@ class GrpcServer:
 
     def start(self) -> None:
         self._call(self.server.start())
+        if self.guard is not None:
+            self.guard.announce()
 
     async def _stop(self) -> None:
         await self.health.enter_graceful_shutdown()
