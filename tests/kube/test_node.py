@@ -540,30 +540,41 @@ def test_gpu_workloads_from_the_device_plugin_to_the_agent_and_the_recorder(
 
 
 def test_the_helm_chart_brings_lens_ebpf_up_on_the_node(lens: KubeNode) -> None:
-    """The kubectl install taken down (kubectl delete -k), then the chart's default values
-    (the agent and the single recorder) rendered by Helm's own library for this cluster's
-    version and applied: both pods Ready by their probes, the agents' reporter connected
-    to the recorder through its Service and TokenReview. The lab's two additions as with
-    kubectl: the recorder's Service address (here a post-render edit: the chart has no
-    value for it) and the PersistentVolume."""
+    """The kubectl install taken down (kubectl delete -k; its namespace ends in the
+    background), then the chart's default values (the agent and the single recorder)
+    rendered by Helm's own library for this cluster's version into a release namespace of
+    its own and applied: both pods Ready by their probes, the agents' reporter connected
+    to the chart's recorder through its Service and TokenReview. The lab's two additions
+    as with kubectl: the recorder's Service address (a post-render edit: the chart has no
+    value for it) and a PersistentVolume."""
     helm = pytest.importorskip("helm_python", reason="helm-python-sdk is not installed")
     from tests.kube.test_manifests import KUBE_1_20, render
 
-    lens.kubectl("delete", "-k", str(OVERLAY), "--wait=true", timeout=180)
+    lens.kubectl("delete", "-k", str(OVERLAY), "--wait=false", "--grace-period=1", timeout=120)
+    # the agent's hostNetwork ports are free once its pod is gone
+    wait_for(
+        lambda: not lens.pods(NS, "app.kubernetes.io/name=lens-ebpf"),
+        "the kubectl install's agent gone",
+        timeout=120,
+    )
+    release, address = "lens-helm", "10.213.192.73"
     with helm.Chart.load(Path(__file__).resolve().parents[2] / "charts" / "lens-ebpf") as chart:
-        values = {"agent": {"reporterTarget": f"{lab.RECORDER_IP}:9472"}}
-        docs = render(chart, values, kube_version=KUBE_1_20)
+        values = {"agent": {"reporterTarget": f"{address}:9472"}}
+        docs = render(chart, values, namespace=release, kube_version=KUBE_1_20)
     for doc in docs:
         if (doc["kind"], doc["metadata"]["name"]) == ("Service", "lens-ebpf-recorder"):
-            doc["spec"]["clusterIP"] = lab.RECORDER_IP
+            doc["spec"]["clusterIP"] = address
     volume = yaml.safe_load((OVERLAY / "volume.yaml").read_text())
-    apply(lens, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    volume["metadata"]["name"] = "lens-node-recorder-helm"
+    apply(lens, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": release}})
     apply(lens, volume, *docs)
-    lens.wait_pods(NS, "app.kubernetes.io/name=lens-ebpf", running_and_ready, timeout=240)
-    lens.wait_pods(NS, "app.kubernetes.io/name=lens-ebpf-recorder", running_and_ready, timeout=240)
+    lens.wait_pods(release, "app.kubernetes.io/name=lens-ebpf", running_and_ready, timeout=240)
+    lens.wait_pods(
+        release, "app.kubernetes.io/name=lens-ebpf-recorder", running_and_ready, timeout=240
+    )
 
     def reporting() -> bool:
         return [v for _, v in samples(metrics(), "lens_agent_reporter_connected")] == [1.0]
 
     wait_for(reporting, "the agents' reporter connected to the chart's recorder", timeout=60)
-    assert http_get(f"http://{lab.RECORDER_IP}:9480/readyz")[0] == 200
+    assert http_get(f"http://{address}:9480/readyz")[0] == 200
