@@ -83,6 +83,27 @@ def _tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
+def api_request(url: str, context: ssl.SSLContext | None, token: str, method: str, path: str,
+                body: Any = None, timeout: float = 10) -> tuple[int, Any]:  # fmt: skip
+    """One request to an API server with a bearer token: (status, the decoded JSON body,
+    or its text when not JSON). Error statuses are returned, not raised."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url + path, data=data, method=method)
+    req.add_header("Authorization", f"Bearer {token}")
+    req.add_header("Accept", "application/json")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, context=context, timeout=timeout) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as err:
+        status, raw = err.code, err.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
 class KubectlError(AssertionError):
     """kubectl exited non-zero; the message carries its stderr."""
 
@@ -306,23 +327,9 @@ class KubeApiServer:
 
     def request(self, method: str, path: str, body: Any = None, token: str | None = None,
                 timeout: float = 10) -> tuple[int, Any]:  # fmt: skip
-        """One API request (the admin's unless `token`): (status, the decoded JSON body,
-        or its text when not JSON). Error statuses are returned, not raised."""
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method)
-        req.add_header("Authorization", f"Bearer {token or self.admin_token}")
-        req.add_header("Accept", "application/json")
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, context=self._ssl, timeout=timeout) as r:
-                status, raw = r.status, r.read()
-        except urllib.error.HTTPError as err:
-            status, raw = err.code, err.read()
-        try:
-            return status, json.loads(raw)
-        except ValueError:
-            return status, raw.decode(errors="replace")
+        """One API request (the admin's unless `token`): api_request()'s answer."""
+        return api_request(self.url, self._ssl, token or self.admin_token, method, path, body,
+                           timeout)  # fmt: skip
 
     def _ensure(self, path: str, body: dict[str, Any]) -> None:
         status, got = self.request("POST", path, body)

@@ -36,7 +36,6 @@ import base64
 import contextlib
 import json
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -45,15 +44,13 @@ import ssl
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from tests.conftest import hang_guard, wait_for
 from tests.kube import build, images
-from tests.kube.apiserver import KubectlError, _tail
+from tests.kube.apiserver import KubectlError, _tail, api_request
 
 NETNS = "lens-node"
 NODE_NAME = "lens-node"
@@ -720,24 +717,11 @@ oom_score = 0
         body: Any = None,
         token: str | None = None,
         timeout: float = 10,
-        content_type: str = "application/json",
     ) -> tuple[int, Any]:
         """One API request as the admin (or `token`): (status, decoded JSON or text)."""
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method)
-        req.add_header("Authorization", f"Bearer {token or self.admin_token}")
-        req.add_header("Accept", "application/json")
-        if data is not None:
-            req.add_header("Content-Type", content_type)
-        try:
-            with urllib.request.urlopen(req, context=self._ssl, timeout=timeout) as r:
-                status, raw = r.status, r.read()
-        except urllib.error.HTTPError as err:
-            status, raw = err.code, err.read()
-        try:
-            return status, json.loads(raw)
-        except ValueError:
-            return status, raw.decode(errors="replace")
+        return api_request(
+            self.url, self._ssl, token or self.admin_token, method, path, body, timeout
+        )
 
     def get(self, path: str) -> Any:
         status, got = self.request("GET", path)
@@ -890,69 +874,3 @@ def running_and_ready(pod: dict[str, Any]) -> bool:
     st = pod.get("status", {})
     statuses = st.get("containerStatuses") or []
     return st.get("phase") == "Running" and bool(statuses) and all(s["ready"] for s in statuses)
-
-
-def container_id(pod: dict[str, Any], container: str) -> str:
-    """A container's id as containerd names it (without the `containerd://`)."""
-    for s in pod["status"].get("containerStatuses", []):
-        if s["name"] == container:
-            return re.sub(r"^\w+://", "", s.get("containerID", ""))
-    return ""
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m tests.kube.node`: the lab as a command (`make try`)."""
-    import argparse
-    import sys
-
-    ap = argparse.ArgumentParser(
-        prog="python -m tests.kube.node",
-        description="A real Kubernetes node on this machine with lens-ebpf installed from "
-        "deploy/ (kubectl apply -k tests/kube/lab), until Ctrl-C.",
-    )
-    ap.add_argument("--no-install", action="store_true", help="the node only")
-    args = ap.parse_args(argv)
-    for step in (build.build, images.build):
-        print(step(), flush=True)
-    if why := unavailable():
-        print(f"node: {why}", file=sys.stderr)
-        return 1
-    node = KubeNode()
-    stop = False
-
-    def ask_stop(*_: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, ask_stop)
-    try:
-        node.start()
-        print(
-            f"node: {NODE_NAME} Ready in {node.started_in:.0f} s; kubectl: "
-            f"{build.KUBECTL} --kubeconfig={node.admin_kubeconfig}",
-            flush=True,
-        )
-        node.import_images()
-        if not args.no_install:
-            node.kubectl("apply", "-k", str(Path(__file__).with_name("lab")), timeout=120)
-            for app in ("lens-ebpf", "lens-ebpf-recorder"):
-                node.wait_pods(
-                    "lens-ebpf", f"app.kubernetes.io/name={app}", running_and_ready, timeout=300
-                )
-            print(
-                f"node: lens-ebpf Ready. The agent: http://{NODE_IP}:9470/metrics; "
-                f"the recorder (the web UI's API): http://{RECORDER_IP}:9480/workloads",
-                flush=True,
-            )
-        print("node: Ctrl-C stops it and removes everything it made", flush=True)
-        while not stop:
-            time.sleep(1)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        node.stop()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

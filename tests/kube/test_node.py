@@ -85,32 +85,12 @@ def test_the_node_runs_a_pod_and_a_job_to_completion(node: KubeNode) -> None:
     apply(node, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": APP}})
     apply(
         node,
-        {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": "hello", "namespace": APP},
-            "spec": {
-                "backoffLimit": 0,
-                "template": {
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "enableServiceLinks": False,
-                        "containers": [
-                            {
-                                "name": "hello",
-                                "image": images.BUSYBOX,
-                                "command": ["sh", "-c", "echo hello from the node"],
-                            }
-                        ],
-                    }
-                },
-            },
-        },
+        job("hello", ["sh", "-c", "echo hello from the node"]),
     )
 
     def complete() -> bool:
-        job = node.get(f"/apis/batch/v1/namespaces/{APP}/jobs/hello")
-        return bool(job.get("status", {}).get("succeeded") == 1)
+        got = node.get(f"/apis/batch/v1/namespaces/{APP}/jobs/hello")
+        return bool(got.get("status", {}).get("succeeded") == 1)
 
     wait_for(
         complete,
@@ -137,10 +117,34 @@ WEB_PORT = 8080
 CONNECTIONS = 7  # the client's, in its first instant
 
 
-def deployment(name: str, command: list[str], gpus: int = 0, **pod: Any) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": name, "image": images.BUSYBOX, "command": command}
+def container(name: str, command: list[str], gpus: int = 0) -> dict[str, Any]:
+    """A busybox container, with `gpus` amd.com/gpu where asked."""
+    got: dict[str, Any] = {"name": name, "image": images.BUSYBOX, "command": command}
     if gpus:
-        container["resources"] = {"limits": {"amd.com/gpu": gpus}}
+        got["resources"] = {"limits": {"amd.com/gpu": gpus}}
+    return got
+
+
+def job(name: str, command: list[str], gpus: int = 0) -> dict[str, Any]:
+    """A Job of one pod that runs once (no retry)."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": APP},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "enableServiceLinks": False,
+                    "containers": [container(name, command, gpus)],
+                }
+            },
+        },
+    }
+
+
+def deployment(name: str, command: list[str], gpus: int = 0, **pod: Any) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -153,7 +157,7 @@ def deployment(name: str, command: list[str], gpus: int = 0, **pod: Any) -> dict
                 "spec": {
                     "enableServiceLinks": False,
                     "terminationGracePeriodSeconds": 1,
-                    "containers": [container],
+                    "containers": [container(name, command, gpus)],
                     **pod,
                 },
             },
@@ -474,28 +478,7 @@ def test_gpu_workloads_from_the_device_plugin_to_the_agent_and_the_recorder(
     PodResources; the recorder follows the Job from creation to completion with its
     finalizer and to deletion, and the Deployment as Running while its pod runs."""
     apply(lens, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": APP}})
-    train = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "train", "namespace": APP},
-        "spec": {
-            "backoffLimit": 0,
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "enableServiceLinks": False,
-                    "containers": [
-                        {
-                            "name": "train",
-                            "image": images.BUSYBOX,
-                            "command": ["sh", "-c", "sleep 20"],
-                            "resources": {"limits": {"amd.com/gpu": 1}},
-                        }
-                    ],
-                }
-            },
-        },
-    }
+    train = job("train", ["sh", "-c", "sleep 20"], gpus=1)
     apply(lens, train, deployment("serve", ["sleep", "3600"], gpus=1))
     lens.wait_pods(APP, "job-name=train", lambda p: p["status"].get("phase") == "Running")
     lens.wait_pods(APP, "app=serve", running_and_ready)
@@ -513,8 +496,8 @@ def test_gpu_workloads_from_the_device_plugin_to_the_agent_and_the_recorder(
     want = {(dev, *who) for dev, who in kubelet.items()}
     wait_for(lambda: allocated() == want, lambda: f"{want} on /metrics: {allocated()}", timeout=30)
 
-    job = lens.get(f"/apis/batch/v1/namespaces/{APP}/jobs/train")
-    assert "lens-ebpf.io/recorder" in job["metadata"].get("finalizers", [])
+    made = lens.get(f"/apis/batch/v1/namespaces/{APP}/jobs/train")
+    assert "lens-ebpf.io/recorder" in made["metadata"].get("finalizers", [])
 
     def status(name: str) -> str:
         return str(recorder_workloads().get(name, {}).get("status", ""))
@@ -529,7 +512,7 @@ def test_gpu_workloads_from_the_device_plugin_to_the_agent_and_the_recorder(
         lambda: status("train") == "Done", lambda: f"train Done: {recorder_workloads()}", timeout=90
     )
     done = recorder_workloads()["train"]
-    assert done["end_at"] > done["start_at"] and done["uid"] == job["metadata"]["uid"]
+    assert done["end_at"] > done["start_at"] and done["uid"] == made["metadata"]["uid"]
     lens.kubectl("delete", "job", "train", "-n", APP, "--wait=false")
 
     def gone() -> bool:
