@@ -20,6 +20,7 @@ gen() {  # gen OUT PROTO_DIR NAME
   sed -i "s/^import $3_pb2 as /from . import $3_pb2 as /" "$1/$3_pb2_grpc.py"
 }
 gen "$api" protos/lens/v1 lens
+gen "$api" protos/lens/v1 deepdive  # the deep-dive calls (agent/deepdive)
 gen "$k8s" protos/k8s/podresources/v1 podresources_v1
 gen "$k8s" protos/k8s/deviceplugin/v1beta1 deviceplugin_v1beta1
 messages() {  # messages OUT PROTO_DIR NAME: no service, no gRPC code
