@@ -1,6 +1,6 @@
 """Cluster index figures: list+sync time (the API stand-in runs in this process and
 shares its CPU and GIL, so this is an upper bound), memory per pod, lookups per second, and how
-fast a watch event reaches the index, against the local API stand-in (tests/k8slab).
+fast a watch event reaches the index, against the local API stand-in (tests/k8slab.py).
 
     .venv/bin/python -m bench.k8s_index [--pods 50000]
 """

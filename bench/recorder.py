@@ -1,7 +1,7 @@
 """Recorder figures: how fast a cluster's GPU pods and their workloads land in the database
 at start (the first list), and how fast a stream of pod changes is stored afterwards, on
 SQLite and (with --postgres, root) a PostgreSQL from Debian's package, against the local API
-stand-in (tests/k8slab), which runs in this process and shares its CPU and GIL.
+stand-in (tests/k8slab.py), which runs in this process and shares its CPU and GIL.
 
     .venv/bin/python -m bench.recorder [--deployments 200] [--pods 4] [--updates 2000] [--postgres]
 """

@@ -1,5 +1,5 @@
 /* Shared layouts for lens-ebpf programs. Mirrored once in Python
- * (lens_ebpf/bpf/layouts.py), which checks each size at load time. */
+ * (lens_ebpf/agent/bpf/layouts.py), which checks each size at load time. */
 #ifndef LENS_COMMON_H
 #define LENS_COMMON_H
 
@@ -7,7 +7,7 @@
 #define LENS_DIR_INGRESS 1
 
 /* Remote classes; a lower id wins when several policy prefixes match
- * (DESIGN.md, Classification). 0 is "no match". */
+ * (docs/design.md, Classification). 0 is "no match". */
 #define LENS_CLASS_EXTERNAL 0
 #define LENS_CLASS_K8S_POD 1
 #define LENS_CLASS_K8S_SVC 2

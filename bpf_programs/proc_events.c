@@ -1,7 +1,7 @@
 /* proc_events.c: process exec, whole-process exit (exit code or fatal signal), OOM kills.
  *
- * Tracepoints (arguments and helpers only; DESIGN.md rule 1). Each optional need has
- * its switch, set by the program's spec (lens_ebpf/containers/proc_events.py SPEC):
+ * Tracepoints (arguments and helpers only; docs/design.md rule 1). Each optional need has
+ * its switch, set by the program's spec (lens_ebpf/agent/processes/proc_events.py SPEC):
  *   sched:sched_process_fork     parent of each new task            (Linux 2.6.28+)
  *   sched:sched_process_exec     filename, pid                      (Linux 3.4+)
  *   sched:sched_process_exit     one thread ends; its group_dead field says the whole
@@ -45,7 +45,7 @@
 /* A record flag, not a process's: its cgroup is not in known_cgroups. */
 #define REC_NEW_CGROUP 8
 
-/* Index of the pstats array; mirrored in lens_ebpf/containers/proc_events.py. */
+/* Index of the pstats array; mirrored in lens_ebpf/agent/processes/proc_events.py. */
 #define PS_RINGBUF_FULL 0
 #define PS_EVENTS 1
 #define PS_COUNT 2

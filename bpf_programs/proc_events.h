@@ -1,5 +1,5 @@
 /* proc_events.h: the record proc_events.c shares with user space. Mirrored once in
- * lens_ebpf/bpf/layouts.py, checked field by field (names, offsets, sizes) at load. */
+ * lens_ebpf/agent/bpf/layouts.py, checked field by field (names, offsets, sizes) at load. */
 #ifndef LENS_PROC_EVENTS_H
 #define LENS_PROC_EVENTS_H
 

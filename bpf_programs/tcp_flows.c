@@ -1,8 +1,8 @@
 /* tcp_flows.c: TCP connection lifecycle, bytes each way, retransmits, resets and RTT.
  *
  * Arguments, return values, tracepoint fields and helpers only, never kernel structs
- * (DESIGN.md rule 1). Each need has its switch, set by the program's spec
- * (lens_ebpf/net/tcp_flows.py SPEC) from what the running kernel describes:
+ * (docs/design.md rule 1). Each need has its switch, set by the program's spec
+ * (lens_ebpf/agent/tcp/tcp_flows.py SPEC) from what the running kernel describes:
  *   sock:inet_sock_set_state   lifecycle, addresses, ports, one of:
  *     -DLENS_LIFECYCLE_BTF     attached BTF-typed (tp_btf, Linux 5.9+ with BTF): the
  *                              kernel passes (struct sock *, oldstate, newstate) and builds
@@ -66,7 +66,8 @@
 #define sk_rst_reason lens_sk_rst_reason
 enum lens_sk_rst_reason { LENS_RST_REASON_UNSPEC };
 
-/* Map sizes come from the agent's config (bpf.* in lens_ebpf/config.py), never from here. */
+/* Map sizes come from the agent's config (bpf.* in lens_ebpf/agent/config.py), never from
+ * here. */
 #if !defined(MAX_SOCKETS) || !defined(MAX_FLOW_KEYS) || !defined(MAX_POLICY_PREFIXES) || \
     !defined(RINGBUF_PAGES)
 #error "MAX_SOCKETS, MAX_FLOW_KEYS, MAX_POLICY_PREFIXES and RINGBUF_PAGES come as -D flags"
@@ -91,7 +92,7 @@ enum lens_sk_rst_reason { LENS_RST_REASON_UNSPEC };
 
 #define MSG_PEEK_FLAG 2
 
-/* Index of the stats array; mirrored in lens_ebpf/net/tcp_flows.py. */
+/* Index of the stats array; mirrored in lens_ebpf/agent/tcp/tcp_flows.py. */
 #define ST_RINGBUF_FULL 0
 #define ST_SOCK_MAP_FULL 1
 #define ST_FLOW_MAP_FULL 2
@@ -271,7 +272,7 @@ static __always_inline int event_wanted(struct sock_info *si)
 }
 
 /* Wake the reader once per this many records on a CPU; it also polls on a timer, so a
- * record waits at most one poll interval (lens_ebpf/bpf/program.py) */
+ * record waits at most one poll interval (lens_ebpf/agent/bpf/program.py) */
 #define WAKEUP_EVERY 64
 
 static __always_inline void emit_close(struct sock_info *si, u8 reason)

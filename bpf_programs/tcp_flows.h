@@ -1,5 +1,5 @@
 /* tcp_flows.h: the records tcp_flows.c shares with user space. Mirrored once in
- * lens_ebpf/bpf/layouts.py, checked field by field (names, offsets, sizes) at load. */
+ * lens_ebpf/agent/bpf/layouts.py, checked field by field (names, offsets, sizes) at load. */
 #ifndef LENS_TCP_FLOWS_H
 #define LENS_TCP_FLOWS_H
 

@@ -1,6 +1,6 @@
 """Find (or make) a kernel header tree that BCC can compile tracepoint programs against.
 
-Search order (DESIGN.md, "Kernel headers"): /lib/modules/$(uname -r)/build, then
+Search order (docs/agent/kernels.md, "Kernel headers"): /lib/modules/$(uname -r)/build, then
 /sys/kernel/kheaders.tar.xz (BCC unpacks it itself), then a fallback tree such as
 Debian's linux-headers-amd64, linked in as build/ and source/. A mismatched tree is
 safe because the programs read only tracepoint arguments and helpers (rule 1).

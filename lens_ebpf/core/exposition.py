@@ -1,4 +1,5 @@
-"""Prometheus text format (0.0.4) that keeps counter names exactly as METRICS.md lists them.
+"""Prometheus text format (0.0.4) that keeps counter names exactly as they are listed in
+docs/reference/metric-conventions.md.
 
 prometheus_client's writer always names a counter's TYPE line `<name>_total`; the seed
 counters (`primus_lens_network_tcp_flow_egress`, ...) have no such suffix, and their

@@ -1,6 +1,6 @@
 """HTTP front on aiohttp: /metrics, and the route tables (core/routes.py) mounted on it.
 
-One asyncio loop (api/loop.py, shared with the gRPC servers) holds every connection, so
+One asyncio loop (core/loop.py, shared with the gRPC servers) holds every connection, so
 an idle or slow client costs a coroutine, not a thread. Bounded against abusive clients:
 beyond `max_connections` open at once a new connection gets 503 and is closed (counted);
 a request head must arrive whole within `request_timeout` of connecting or of the

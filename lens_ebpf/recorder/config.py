@@ -1,4 +1,4 @@
-"""The recorder's settings: shipped defaults (cluster/defaults.yaml), a YAML file,
+"""The recorder's settings: shipped defaults (recorder/defaults.yaml), a YAML file,
 the environment, flags, in that order (core/settings.py)."""
 
 from __future__ import annotations
@@ -343,7 +343,7 @@ class Config(Section):
 
 
 def shipped() -> str:
-    """cluster/defaults.yaml: every key with its default, documented."""
+    """recorder/defaults.yaml: every key with its default, documented."""
     return resources.files("lens_ebpf.recorder").joinpath("defaults.yaml").read_text()
 
 

@@ -171,13 +171,10 @@ KNOWN_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
 def exported_names() -> set[str]:
-    """Every metric name lens-ebpf can expose: METRICS.md, the package's sources, and the
-    golden expositions (real collector output, names built at run time included)."""
+    """Every metric name lens-ebpf can expose: the package's sources and the golden
+    expositions (real collector output, names built at run time included)."""
     text = "".join(p.read_text() for p in (ROOT / "lens_ebpf").rglob("*.py"))
     text += "".join(p.read_text() for p in (ROOT / "tests" / "golden").glob("*.prom"))
-    metrics_md = ROOT.parent / "shared" / "METRICS.md"
-    if metrics_md.exists():
-        text += metrics_md.read_text()
     return set(re.findall(r"[a-z][a-z0-9_]+", text))
 
 

@@ -222,7 +222,8 @@ def test_golden_mixed_node_with_both_compat_lists(fake_nvml) -> None:
 
 def test_mixed_vendors_no_duplicate_series(fake_nvml) -> None:
     """Two GPUs 0 (one AMD, one NVIDIA): every series of the exposition is unique, as a
-    scraper parses it, and promtool finds nothing but the names METRICS.md fixes."""
+    scraper parses it, and promtool finds nothing but the names
+    docs/reference/metric-conventions.md fixes."""
     text = render_metrics(mixed(fake_nvml, ("amd", "dcgm")).snapshot())
     seen: set[tuple[str, frozenset]] = set()
     for fam in text_string_to_metric_families(text):
@@ -235,7 +236,7 @@ def test_mixed_vendors_no_duplicate_series(fake_nvml) -> None:
     if available():
         pytest.skip(available())
     _, problems = promtool_check_metrics(text)
-    fixed = {"hw_gpu_count", "hw_gpu_type_count", "hw_gpu_used_count"}  # METRICS.md's names
+    fixed = {"hw_gpu_count", "hw_gpu_type_count", "hw_gpu_used_count"}  # the seed's names
     # the other exporters' names and labels (AMD's gauges named *_total and *_count,
     # dcgm's camelCase labels and counters without _total), kept exactly for their
     # dashboards

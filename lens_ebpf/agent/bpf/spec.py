@@ -5,7 +5,7 @@ the running kernel (tracefs formats, kprobe support, kernel functions), so what 
 calls supported is what the loader attaches. A need lists its paths in order of
 preference; the first whose probe points all exist is chosen and its -D flag set.
 A tracepoint field that some kernels lack sets its own flag when present, and the C
-side degrades that one detail when it is not (DESIGN.md, rule 1 and Kernels).
+side degrades that one detail when it is not (docs/design.md, rule 1 and Kernels).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from lens_ebpf.agent.bpf.btf import Btf
 TRACEPOINT, KPROBE = "tracepoint", "kprobe"
 # a tracepoint's arguments as the kernel passes them, no record built (checked against
 # the kernel's BTF); fields the running kernel's BTF places, read from a tracepoint the
-# program has anyway (bpf/btf.py says why that keeps DESIGN.md rule 1's promise)
+# program has anyway (bpf/btf.py says why that keeps docs/design.md rule 1's promise)
 RAW_TRACEPOINT, BTF = "raw_tracepoint", "btf"
 # a tracepoint attached BTF-typed (tp_btf): its arguments as raw_tracepoint's (checked the
 # same way), held as BTF pointers the program reads with plain loads the verifier checks

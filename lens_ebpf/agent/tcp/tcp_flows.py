@@ -163,7 +163,7 @@ RESETS = "lens_tcp_resets_total"
 
 
 def register_families(cache: MetricCache) -> None:
-    """The seed network families (shared/METRICS.md) and our lens_tcp_* families."""
+    """The seed network families (docs/reference/metric-conventions.md), lens_tcp_* ones."""
     cache.register(
         SEED_EGRESS,
         COUNTER,

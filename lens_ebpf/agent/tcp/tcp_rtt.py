@@ -32,7 +32,7 @@ RTT_BOUNDS_US = (
     10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
     1_000_000, 2_500_000, 5_000_000, 10_000_000,
 )  # fmt: skip
-# primus_lens_network_tcp_flow_rtt buckets (shared/METRICS.md), microseconds.
+# primus_lens_network_tcp_flow_rtt buckets (docs/reference/metric-conventions.md), in µs.
 SEED_BOUNDS_US = (50, 100, 200, 300, 500, 700, 1000, 1300, 1600, 2000, 2500, 3000, 4000, 5000,
                   7000, 10000)  # fmt: skip
 SEED = "primus_lens_network_tcp_flow_rtt"

@@ -1,9 +1,9 @@
 """The node agent's objects as deploy/agent's kustomization builds them (its resources, its
 ConfigMap generator with the generator options), from the byte copy of deploy/agent
-packaged beside this module (agent/; tests/unit/test_management.py keeps it equal), and
-their installation into a cluster through its API: each object created, or replaced with
-what the manifest says where it exists (its resourceVersion kept), in the order kustomize
-writes them (namespaces and accounts before what uses them)."""
+packaged beside this module (agent/; tests/unit/test_management_parts.py keeps it equal),
+and their installation into a cluster through its API: each object created, or replaced
+with what the manifest says where it exists (its resourceVersion kept), in the order
+kustomize writes them (namespaces and accounts before what uses them)."""
 
 from __future__ import annotations
 

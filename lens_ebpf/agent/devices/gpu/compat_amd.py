@@ -1,7 +1,8 @@
 """AMD device-metrics-exporter's families, from the readings the GPU collector already has
 (`devices.compat: [amd]`): the names, units and labels of ROCm/device-metrics-exporter
-(`docs/configuration/metricslist.md`; its labels from `pkg/amdgpu/gpuagent`), so its
-Grafana dashboards and Primus-Lens's node dashboards work on lens-ebpf alone.
+(`ROCm/device-metrics-exporter/docs/configuration/metricslist.md`; its labels from
+`pkg/amdgpu/gpuagent`), so its Grafana dashboards and Primus-Lens's node dashboards work
+on lens-ebpf alone.
 
 Every family is a gauge, as that exporter writes them. A value the GPU does not give is
 absent, never zero. Labels: the exporter's default set (gpu_id, serial_number,
