@@ -899,3 +899,26 @@ CONTRACT |= {  # the Alert pages' routes served since (issue 70)
     "POST log-alert-rules/{id}/rollback/{version}": ("{message}", {"message": STR}),
     "GET alert-rule-advices/{id}": ("404 only: there are no advices", ANY),
 }
+
+# -- the workload page's remaining calls (issue 71, item 7): not in the original at dd69b3c
+# (the UI's services/dashboard calls them; no page reads them yet) ---------------------------
+WORKLOAD_STATS = {
+    "uid": STR, "name": STR, "namespace": STR, "kind": STR, "start": INT, "end": INT,
+    "instant_gpu_utilization": NUM, "avg_gpu_utilization": NUM, "p50_gpu_utilization": NUM,
+    "p90_gpu_utilization": NUM, "p95_gpu_utilization": NUM, "max_gpu_utilization": NUM,
+}  # fmt: skip
+CONTRACT |= {
+    "GET workloads/{uid}/events": (
+        f"{OURS}: the timeline's entries (docs/recorder/training.md)",
+        CONTRACT["GET workloads/{uid}/timeline"][1],
+    ),
+    "GET workloads/{uid}/gpuMetrics": (
+        f"{OURS}: as workloads/{{uid}}/metrics",
+        CONTRACT["GET workloads/{uid}/metrics"][1],
+    ),
+    "GET workloads/{uid}/stats": (f"{OURS} (docs/recorder/api.md)", WORKLOAD_STATS),
+    "POST workloads/batchStats": (
+        f"{OURS} (docs/recorder/api.md)",
+        {"stats": {"*": WORKLOAD_STATS}, "missing": [STR]},
+    ),
+}

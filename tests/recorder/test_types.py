@@ -131,6 +131,8 @@ def asks(ids: dict[str, str]) -> list[tuple[str, str]]:
         ("workloads/hierarchy", "kind=Deployment&name=trainer"),
         ("workloads/statistic", ""), ("workloads/statistics", ""), ("workloads/{uid}", ""),
         ("workloads/{uid}/hierarchy", ""), ("workloads/{uid}/metrics", g),
+        ("workloads/{uid}/events", ""), ("workloads/{uid}/gpuMetrics", g),
+        ("workloads/{uid}/stats", ""),
         ("devices/{serial}/history", ""), ("nodes/{name}/devices", ""),
         ("nodes/{name}/devices/changelog", ""),
         ("storage/overview", ""), ("storage/volumes", "page_num=1&page_size=10"),
@@ -267,6 +269,7 @@ def writes(app: Any, a: Answers, now: datetime) -> dict[str, str]:
         "name": "chat", "type": "slack", "enabled": False,
         "config": {"webhook_url": "https://hooks.slack.example/x"}})  # fmt: skip
     w("DELETE", "notification-channels/{id}", f"notification-channels/{gone['id']}")
+    w("POST", "workloads/batchStats", "workloads/batchStats", {"uids": [U["trainer"], "none"]})
     return {"silence": quick["silence_id"], "channel": str(hook["id"]), "log_rule": str(lid),
             **management_writes(app, w, lid)}  # fmt: skip
 

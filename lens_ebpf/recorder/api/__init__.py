@@ -30,6 +30,7 @@ from lens_ebpf.recorder.api import (
     storage,
     system_config,
     training,
+    workload_page,
     workloads,
 )
 from lens_ebpf.recorder.api.envelope import PREFIXES
@@ -43,6 +44,7 @@ ROUTES: list[tuple[RouteTable, tuple[str, ...], str]] = [
     (clusters.routes, PREFIXES, "lens"),
     (nodes.routes, PREFIXES, "lens"),
     (workloads.routes, PREFIXES, "lens"),
+    (workload_page.routes, PREFIXES, "lens"),  # events, gpuMetrics, stats, batchStats
     (devices.routes, PREFIXES, "lens"),
     (storage.routes, PREFIXES, "lens"),
     (aggregation.routes, PREFIXES, "lens"),
