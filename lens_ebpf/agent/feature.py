@@ -32,6 +32,8 @@ from lens_ebpf.core.registry import Registered
 from lens_ebpf.core.settings import Section, Sections
 
 if TYPE_CHECKING:
+    import grpc
+
     from lens_ebpf.agent.bpf.loader import BpfLoader
     from lens_ebpf.agent.bpf.spec import Kernel, Plan, ProgramSpec
     from lens_ebpf.agent.config import (
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     from lens_ebpf.agent.metrics.cache import MetricCache
     from lens_ebpf.agent.net.policy_watch import PolicyWatcher
     from lens_ebpf.core.collector import CollectorSet
+    from lens_ebpf.protocol.stream_auth import Guard
 
 RUNNING, OFF, ERROR = "running", "off", "error"  # a BPF feature's running state: ATTACHED
 S = TypeVar("S", bound=BaseModel)
@@ -73,6 +76,8 @@ class Offers:
     gpu_devices: Callable[[], dict[str, Any]] = _none  # GPU index -> its device record
     gpu_assignments: Callable[[], dict[str, Any]] = _none  # GPU -> pod (kubelet's view)
     rdma_devices: Callable[[], dict[str, Any]] = _none  # RDMA device -> its record
+    # pid -> the GPU indexes the vendor library lists it on (deepdive's process tree)
+    gpu_processes: Callable[[], dict[int, list[int]]] = dict
 
 
 @dataclass
@@ -145,6 +150,11 @@ class Feature:
         core.http.envelope); Agent.rest() mounts them in one RouteTable, served whether or
         not the feature runs (empty data when off)."""
         return {}
+
+    def grpc_handlers(self, guard: Guard | None) -> list[grpc.GenericRpcHandler]:
+        """gRPC services it serves on the agent's port beside EventService, behind guard
+        (grpc.auth); asked once, when the port is bound (before start)."""
+        return []
 
     def read(self) -> None:
         """Each read cycle of the agent (BPF maps into the cache)."""

@@ -79,6 +79,7 @@ class Agent:
             self.loop,
             on_connect=self.ctx.watch.inventory_again,
             kubernetes=cfg.kubernetes,
+            services=lambda guard: [h for f in self.features for h in f.grpc_handlers(guard)],
         )
         self.headers: kernel_headers.HeaderTree | None = None
 

@@ -29,8 +29,11 @@ class EventApi:
                  bus: EventBus, features: Callable[[], dict[str, str]],
                  loop: EventLoopThread | None = None,
                  on_connect: Callable[[], object] = lambda: None,
-                 kubernetes: KubernetesConfig | None = None) -> None:  # fmt: skip
+                 kubernetes: KubernetesConfig | None = None,
+                 services: Callable[[Guard | None], list[Any]] = lambda guard: []
+                 ) -> None:  # fmt: skip
         self.node, self.grpc_cfg, self.reporter_cfg = node, grpc, reporter
+        self.services = services  # the features' gRPC services, behind the port's guard
         self.kubernetes = kubernetes or KubernetesConfig()
         self.bus, self.features, self.loop = bus, features, loop
         self.on_connect = on_connect  # the reporter (re)connected
@@ -46,7 +49,8 @@ class EventApi:
             self.grpc = GrpcServer(g.listen, self.bus, (self.node.name, self.node.ip),
                                    self.features, g.subscriber_queue,
                                    server_credentials(t.cert, t.key, t.client_ca),
-                                   g.max_subscribers, self.loop, self._guard())  # fmt: skip
+                                   g.max_subscribers, self.loop, self._guard(),
+                                   self.services)  # fmt: skip
 
     def _guard(self) -> Guard:
         """Who may subscribe (grpc.auth): TokenReview through the agent's Kubernetes API

@@ -184,8 +184,11 @@ class GrpcServer:
                  credentials: grpc.ServerCredentials | None = None,
                  max_subscribers: int = 1000,
                  loop: EventLoopThread | None = None,
-                 guard: Guard | None = None) -> None:  # fmt: skip
+                 guard: Guard | None = None,
+                 services: Callable[[Guard | None], list[Any]] = lambda guard: []
+                 ) -> None:  # fmt: skip
         self.guard = guard
+        self.services = services  # more services behind the guard (a feature's: deepdive)
         self.events = EventService(bus, node, queue, max_subscribers, guard)
         self._nodes = NodeService(bus, node, features, guard)
         self._own_loop = loop is None
@@ -218,6 +221,7 @@ class GrpcServer:
                     response_serializer=pb.NodeInfo.SerializeToString),
             }),
         ))  # fmt: skip
+        self.server.add_generic_rpc_handlers(tuple(self.services(self.guard)))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         for name in ("", "lens.v1.EventService", "lens.v1.NodeService"):

@@ -354,6 +354,15 @@ class GpuCollector(PeriodicCollector):
         return out
 
 
+def processes_by_pid(readings: list[GpuReading]) -> dict[int, list[int]]:
+    """pid -> the indexes of the GPUs whose process list names it (the deep dive's)."""
+    out: dict[int, list[int]] = {}
+    for g in readings:
+        for p in g.processes:
+            out.setdefault(p.pid, []).append(g.index)
+    return out
+
+
 def uncorrectable_counts(g: GpuReading) -> dict[tuple[str, str], tuple[int, str]]:
     """(fault kind, code) -> (count now, message template) for the counters whose rise is
     a fault: NVIDIA's uncorrected ECC errors (volatile, else aggregate), AMD's
@@ -537,4 +546,5 @@ class GpuFeature(CollectorFeature):
             self.ctx.spawn("gpu-xid-events", lambda: xids.run(self.ctx.stop))
         self.ctx.offers.gpu_count = lambda: len(gpu.readings())
         self.ctx.offers.gpu_devices = lambda: gpu.views.get("devices", {})
+        self.ctx.offers.gpu_processes = lambda: processes_by_pid(gpu.readings())
         return gpu
