@@ -1,4 +1,5 @@
-"""GPU metrics for AMD and NVIDIA: one reading per GPU feeds every name in METRICS.md.
+"""GPU metrics for AMD and NVIDIA: one reading per GPU feeds every name in
+docs/reference/metric-conventions.md.
 
 Sources, first that works: AMD amdsmi -> amd-smi --json -> sysfs; NVIDIA NVML ->
 nvidia-smi. A source that is absent is skipped quietly (CPU-only nodes export no GPU
@@ -324,7 +325,7 @@ class GpuCollector(PeriodicCollector):
                 add("lens_gpu_temperature_celsius", "GPU temperature by sensor",
                     {**lbl, "sensor": sensor}, value)  # fmt: skip
             _health_metrics(add, lbl, g)
-            # vendor tells two GPUs 0 apart on a node with GPUs of both (METRICS.md)
+            # vendor tells two GPUs 0 apart on a node with GPUs of both (the metric conventions)
             idx = {"gpu_index": str(g.index), "vendor": g.vendor, **owners[id(g)]}
             gid = {"gpu_id": str(g.index), "vendor": g.vendor, **owners[id(g)]}
             add("gpu_utilization", "GPU utilization percent", gid, g.utilization)
