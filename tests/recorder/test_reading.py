@@ -268,8 +268,8 @@ def test_migrations_build_exactly_the_schema(db_url: str) -> None:
     from lens_ebpf.recorder.store.writer import engine_for, upgrade
 
     eng = engine_for(db_url)
-    assert upgrade(eng) == "0011"
-    assert upgrade(eng) == "0011"  # again: nothing to do
+    assert upgrade(eng) == "0012"
+    assert upgrade(eng) == "0012"  # again: nothing to do
     with eng.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), schema.metadata)
         assert diff == []
@@ -310,7 +310,7 @@ def test_rows_stored_before_clusters_belong_to_the_home_cluster(db_url: str) -> 
             ),
             {"at": at},
         )
-    assert upgrade(eng, cluster="home") == "0011"
+    assert upgrade(eng, cluster="home") == "0012"
     with eng.begin() as conn:
         assert [tuple(r) for r in conn.execute(select(schema.nodes.c.cluster,
                                                       schema.nodes.c.name,

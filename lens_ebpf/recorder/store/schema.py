@@ -826,6 +826,32 @@ log_alert_rule_versions = Table(
     UniqueConstraint("rule_id", "version", name="uq_log_alert_rule_versions"),
 )  # fmt: skip
 
+# py-spy runs the API asked for (pyspy/sample) or a stall took (the rank's stack): the
+# task's lifecycle (pending, running, completed, failed, cancelled) and py-spy's output
+pyspy_tasks = Table(
+    "pyspy_tasks", metadata,
+    Column("cluster", String(NAME), nullable=False),
+    Column("task_id", String(UID), primary_key=True),
+    Column("status", String(16), nullable=False),
+    Column("workload_uid", String(UID), nullable=False, default="", index=True),
+    Column("pod_uid", String(UID), nullable=False),
+    Column("pod_name", String(NAME), nullable=False, default=""),
+    Column("pod_namespace", String(NAME), nullable=False, default=""),
+    Column("node_name", String(NAME), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("action", String(8), nullable=False),  # record, dump
+    Column("options", JSON, nullable=False),  # duration, rate, format, native, subprocesses, locals
+    Column("reason", String(32), nullable=False, default="requested"),  # requested, stall
+    Column("output_file", String(NAME), nullable=False, default=""),
+    Column("file_size", BigInteger, nullable=False, default=0),
+    Column("content", LargeBinary, nullable=True),
+    Column("error", Text, nullable=False, default=""),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=True),
+    Column("completed_at", DateTime(timezone=True), nullable=True),
+)  # fmt: skip
+Index("ix_pyspy_tasks_created", pyspy_tasks.c.cluster, pyspy_tasks.c.created_at)
+
 # the service's own tables (not scoped by cluster: a leader's, or the alerts', whose rows
 # name their cluster_name themselves)
 SERVICE_TABLES = ("recorder_leader", "leader_terms", "alert_events", "alert_silences",
@@ -840,7 +866,7 @@ TABLES = ("gpu_pods", "pod_snapshots", "gpu_pods_events", "pod_resources", "gpu_
           "cluster_gpu_hourly_stats", "training_points", "training_events",
           "gpu_allocation_snapshots", "namespace_gpu_hourly_stats", "label_gpu_hourly_stats",
           "workload_gpu_hourly_stats", "gpu_usage_weekly_reports", "workload_detections",
-          "workload_detection_evidence")  # fmt: skip
+          "workload_detection_evidence", "pyspy_tasks")  # fmt: skip
 
 
 class Scoped:
@@ -870,6 +896,7 @@ class Scoped:
     gpu_usage_weekly_reports: Subquery
     workload_detections: Subquery
     workload_detection_evidence: Subquery
+    pyspy_tasks: Subquery
 
     def __init__(self, cluster: str) -> None:
         self.cluster = cluster
