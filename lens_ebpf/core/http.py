@@ -348,6 +348,7 @@ class HttpServer:
         below = self._routes.below(path)
         if not allowed and below is not None:
             allowed = ["GET"]
+        below = below or self._routes.owner(path)  # a route at the root: its surface's
         got: Answer | None = None
         if below is not None:
             prefix, surface = below
@@ -362,10 +363,12 @@ class HttpServer:
     def _get(self, request: web.BaseRequest, path: str,
              found: tuple[Mounted, dict[str, str]] | None) -> Answer | None:  # fmt: skip
         """The GET route's answer (a surface's for a path under its prefix that no route
-        holds); None: no route."""
+        holds, 405 for one only other methods' routes hold); None: no route."""
         if found is not None:
             m, params = found
             return m.surface.call(m.route, self._request(request, path, m, params))
+        if self._routes.owner(path) is not None:  # a path some other method's route takes
+            return self._not_allowed(request, path, request.method)
         below = self._routes.below(path)
         if below is None:
             return None

@@ -332,6 +332,15 @@ class Routes:
         params = {p[1:-1]: q for p, q in zip(m.parts, parts, strict=True) if p.startswith("{")}
         return m, params
 
+    def owner(self, path: str) -> tuple[str, Surface] | None:
+        """The prefix and surface of a route of path under any method (a path at the root,
+        under no prefix: whose envelope a method it does not take is answered in)."""
+        for method in ("GET", *WRITES):
+            found = self.find(method, path)
+            if found is not None:
+                return found[0].prefix, found[0].surface
+        return None
+
     def below(self, path: str) -> tuple[str, Surface] | None:
         """The longest mounted prefix path is under, and its surface."""
         for prefix, surface in self.prefixes:

@@ -85,3 +85,19 @@ def test_events_graphs_and_figures_as_the_page_asks_them(
             assert (r.status_code, r.json()["meta"]["code"]) == (400, 4001), r.text
     finally:
         prometheus.stop()
+
+
+@pytest.mark.parametrize("method, path, allow", [
+    ("PUT", "/pods/cache", "GET"), ("DELETE", "/pods/workload/cache", "GET"),
+    ("GET", "/logs", "POST"), ("GET", "/alerts/webhook", "POST"),
+    ("PATCH", "/v1/alerts/webhook", "POST"), ("PUT", "/v1/workloads/batchStats", "POST")])  # fmt: skip
+def test_a_root_route_answers_an_unserved_method_in_the_envelope(
+        recorder_app: Any, tmp_path: Any, method: str, path: str, allow: str) -> None:  # fmt: skip
+    """The Primus-Lens routes served at the root too (no prefix) answer 405 in the envelope
+    (4016), as those under /v1 do, not the server's plain {"error"}."""
+    app = recorder_app(f"sqlite:///{tmp_path / 'r.db'}")
+    r = requests.request(method, f"http://127.0.0.1:{app.http.port}{path}", json={},
+                         timeout=hang_guard(5))  # fmt: skip
+    body = r.json()
+    assert (r.status_code, set(body), body["meta"]["code"]) == (405, {"meta", "data"}, 4016)
+    assert allow in r.headers["Allow"] and f"{method} /" in body["meta"]["message"]

@@ -28,14 +28,14 @@ from lens_ebpf.core.routes import (
 from lens_ebpf.recorder import inputs
 from lens_ebpf.recorder.alerts import ingest
 from lens_ebpf.recorder.alerts.model import OWN_LABEL
-from lens_ebpf.recorder.api.envelope import Services, check, down, failure
+from lens_ebpf.recorder.api.envelope import NOT_ALLOWED, Services, check, down, failure
 from lens_ebpf.recorder.api.envelope import answer as encoded
 from lens_ebpf.recorder.errors import BadRequest
 from lens_ebpf.recorder.ingest.admission import Ingest, Outcome
 from lens_ebpf.recorder.training.intake import take_logs
 
-CODES = {400: 4001, 401: 4010, 403: 4003, 404: 4004, 408: 4008, 413: 4013, 415: 4015,
-         429: 4029, 503: 5003}  # fmt: skip
+CODES = {400: 4001, 401: 4010, 403: 4003, 404: 4004, 405: NOT_ALLOWED, 408: 4008, 413: 4013,
+         415: 4015, 429: 4029, 503: 5003}  # fmt: skip
 # what each route's body may declare: log shippers' JSON, JSON lines and plain lines; remote
 # write's protobuf; alerts' JSON
 LOGS = ("application/json", "application/x-ndjson", "application/jsonlines",
@@ -88,6 +88,10 @@ class Admitted(Surface):
     def refuse(self, route: Route, status: int, message: str) -> Answer:
         self.ingest.count("/" + route.path, status, 0.0)
         return put(Outcome(status, f"/{route.path}: {message}"))
+
+    def not_allowed(self, req: Request, method: str, allowed: list[str]) -> Answer:
+        said = ", ".join(allowed) or "nothing"
+        return put(Outcome(405, f"{method} /{req.path}: not served here ({said} is)"))
 
     def call(self, route: Route, req: Request) -> Answer:
         name = "/" + route.path  # admitted on its head (admit)
