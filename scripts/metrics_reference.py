@@ -61,6 +61,7 @@ WRITERS = {
     "agent/features/tuner.py": "tuner",
     "agent/tcp/": "tcp",
     "agent/processes/": "processes",
+    "agent/drops/": "drops",
     "agent/containers/": "container_runtime",
     "agent/pods/kubelet.py": "kubelet",
     "agent/pods/podresources.py": "pod_resources",

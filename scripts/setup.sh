@@ -10,7 +10,8 @@
 #                            recorder's tests, chromium and poppler-utils for the weekly
 #                            report's PDF and its tests, etcd-server for the real API
 #                            server lab, buildah, debootstrap, containernetworking-plugins,
-#                            iptables, conntrack and socat for the real node lab), the
+#                            iptables, conntrack and socat for the real node lab, bpftool
+#                            for the drop reasons' reference), the
 #                            venv with .[dev] (both services and the test tools), Debian's
 #                            5.10, 6.1 and 6.12 kernels for the kernel matrix, a
 #                            kube-apiserver, kubelet, kube-controller-manager,
@@ -38,7 +39,7 @@ if [ "$mode" = test ]; then
   pkgs+=(bpfcc-tools dwarves containerd runc prometheus prometheus-alertmanager victoria-metrics gcc libc6-dev busybox-static openssl
          qemu-system-x86 xz-utils zstd rdma-core ibverbs-providers ibverbs-utils postgresql
          chromium poppler-utils etcd-server
-         buildah debootstrap containernetworking-plugins iptables conntrack socat)
+         buildah debootstrap containernetworking-plugins iptables conntrack socat bpftool)
   extras="[dev]"
 fi
 

@@ -176,7 +176,7 @@ def test_real_kernel_suite(matrix: Matrix, series: str, headers: str) -> None:
         return
     check = json.loads((res.out / "check.json").read_text())
     # every eBPF feature is attached on every kernel of the matrix, and check agrees
-    for feature in ("tcp_flows", "tcp_rtt", "processes"):
+    for feature in ("tcp_flows", "tcp_rtt", "processes", "drops"):
         assert check["features"][feature]["supported"] is True, (feature, check["features"])
     bytes_path = check["features"]["tcp_flows"]["paths"]["bytes"]
     # Debian's kernels have BTF: the socket's counters where the TCP iterator locks each
@@ -184,6 +184,8 @@ def test_real_kernel_suite(matrix: Matrix, series: str, headers: str) -> None:
     assert bytes_path == ("kprobe" if series == "5.10" else "iter")
     # and exit codes come from the task's BTF-placed field, no syscall tracepoint on any
     assert check["features"]["processes"]["paths"]["exit_codes"] == "btf"
+    # and drops are attributed through the sk_buff fields BTF places, on every kernel
+    assert check["features"]["drops"]["paths"]["addresses"] == "btf"
 
 
 def summary_lines() -> list[str]:

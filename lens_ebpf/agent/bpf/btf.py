@@ -83,7 +83,7 @@ class Btf:
         if self._str_end > len(data) or base + type_off + type_len > len(data):
             raise BtfError("sections run past the end of the file")
         extra, per_item = _EXTRA, _PER_ITEM
-        indexed = (STRUCT, UNION, TYPEDEF)
+        indexed = (STRUCT, UNION, TYPEDEF, ENUM, ENUM64)
         head = struct.Struct("<III").unpack_from
         starts = array("I", [0])  # id 0 is void
         by_name_off: dict[int, int] = {}  # kind << 32 | name offset -> id
@@ -95,8 +95,14 @@ class Btf:
             if step < 0:
                 raise BtfError(f"type {len(starts)}: unknown kind {kind}")
             starts.append(pos)
-            # a struct's full definition wins over a forward one of size 0
-            if name_off and kind in indexed and (kind == TYPEDEF or size_or_type):
+            # a struct's full definition wins over a forward one of size 0 (an enum's
+            # forward declaration has no values: vlen 0)
+            if (
+                name_off
+                and kind in indexed
+                and (kind == TYPEDEF or size_or_type)
+                and (kind not in (ENUM, ENUM64) or info & 0xFFFF)
+            ):
                 by_name_off.setdefault(kind << 32 | name_off, len(starts) - 1)
             pos += 12 + extra[kind] + step * (info & 0xFFFF)
         if pos != end:
@@ -142,6 +148,31 @@ class Btf:
 
     def struct_id(self, name: str) -> int | None:
         return self._named(STRUCT, name)
+
+    def enum_values(self, name: str) -> dict[int, str] | None:
+        """value -> name of each member of enum name, as the running kernel defines it
+        (ENUM, or ENUM64 where it needs 64 bits); None when BTF has no such enum."""
+        for kind in (ENUM, ENUM64):
+            type_id = self._named(kind, name)
+            if type_id is None:
+                continue
+            pos = self._starts[type_id]
+            info = struct.unpack_from("<I", self._data, pos + 4)[0]
+            vlen, signed = info & 0xFFFF, info >> 31
+            out: dict[int, str] = {}
+            if kind == ENUM:
+                fmt = "<Ii" if signed else "<II"
+                for n_off, val in struct.iter_unpack(
+                    fmt, self._data[pos + 12 : pos + 12 + 8 * vlen]
+                ):
+                    out[val] = self._name(n_off)
+            else:
+                for n_off, lo, hi in struct.iter_unpack(
+                    "<III", self._data[pos + 12 : pos + 12 + 12 * vlen]
+                ):
+                    out[hi << 32 | lo] = self._name(n_off)
+            return out
+        return None
 
     def resolve(self, type_id: int) -> int:
         """type_id with typedefs and qualifiers taken off."""

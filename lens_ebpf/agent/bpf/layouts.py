@@ -126,6 +126,42 @@ class ProcEvent(ctypes.Structure):
     ]
 
 
+class DropKey(ctypes.Structure):
+    """struct drop_key (bpf_programs/drops.h)."""
+
+    _fields_ = [
+        ("addr", ctypes.c_uint8 * 16),
+        ("location", ctypes.c_uint64),
+        ("reason", ctypes.c_uint32),
+        ("direction", ctypes.c_uint8),
+        ("cls", ctypes.c_uint8),
+        ("family", ctypes.c_uint8),
+        ("l4proto", ctypes.c_uint8),
+        ("overflow", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8 * 7),
+    ]
+
+
+class DropEvent(ctypes.Structure):
+    """struct drop_event (bpf_programs/drops.h): one drop, while a trace asks."""
+
+    _fields_ = [
+        ("ts_ns", ctypes.c_uint64),
+        ("location", ctypes.c_uint64),
+        ("saddr", ctypes.c_uint8 * 16),
+        ("daddr", ctypes.c_uint8 * 16),
+        ("reason", ctypes.c_uint32),
+        ("pid", ctypes.c_uint32),
+        ("sport", ctypes.c_uint16),
+        ("dport", ctypes.c_uint16),
+        ("direction", ctypes.c_uint8),
+        ("cls", ctypes.c_uint8),
+        ("family", ctypes.c_uint8),
+        ("l4proto", ctypes.c_uint8),
+        ("comm", ctypes.c_char * 16),
+    ]
+
+
 class TraceFilter(ctypes.Structure):
     _fields_ = [("pid", ctypes.c_uint32), ("port", ctypes.c_uint16), ("enabled", ctypes.c_uint16)]
 

@@ -1,0 +1,214 @@
+"""Loads bpf_programs/drops.c and turns its drops map into lens_packet_drops_total."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from lens_ebpf.agent.bpf import btf as btf_mod
+from lens_ebpf.agent.bpf import layouts
+from lens_ebpf.agent.bpf.loader import BpfLoader, plan_for
+from lens_ebpf.agent.bpf.map_reader import DeltaReader, prefill_overflow
+from lens_ebpf.agent.bpf.program import RingProgram
+from lens_ebpf.agent.bpf.spec import (
+    BTF,
+    TRACEPOINT,
+    BtfField,
+    Field,
+    Kernel,
+    Need,
+    ProbePath,
+    ProgramSpec,
+)
+from lens_ebpf.agent.config import BpfConfig
+from lens_ebpf.agent.drops import reasons
+from lens_ebpf.agent.enrich import Enrichment
+from lens_ebpf.agent.metrics.cache import COUNTER, MetricCache
+from lens_ebpf.agent.net.policy import CLASS_IDS, CLASS_NAMES, MAX_PREFIXES, Policy, lpm_entries
+from lens_ebpf.agent.tcp.decode import direction_name, format_addr
+
+log = logging.getLogger(__name__)
+
+NAME = "drops"
+TRACEPOINT_NAME = "skb:kfree_skb"
+ADDRESSES = "addresses"  # the need that attributes drops to pods
+SPEC = ProgramSpec(
+    NAME,
+    needs=(
+        Need("drops", (ProbePath(TRACEPOINT, (TRACEPOINT_NAME,)),)),
+        # the IP header's addresses, where the running kernel's BTF places the sk_buff
+        # fields that find it (drops.c, LENS_DROP_ADDRESSES)
+        Need(ADDRESSES, (ProbePath(BTF, (), "LENS_DROP_ADDRESSES", btf=tuple(
+            BtfField(*f) for f in (
+                ("LENS_SKB_HEAD_OFF", "sk_buff.head", 8),
+                ("LENS_SKB_NETWORK_HEADER_OFF", "sk_buff.network_header", 2),
+                ("LENS_SKB_TRANSPORT_HEADER_OFF", "sk_buff.transport_header", 2),
+                ("LENS_SKB_IIF_OFF", "sk_buff.skb_iif", 4),
+            ))),), optional=True, what_is_lost="drops are not attributed to pods"),
+    ),
+    fields=(
+        Field(TRACEPOINT_NAME, "reason", "LENS_TP_KFREE_SKB_REASON",
+              "no drop reasons (before Linux 5.17): the location names each drop"),
+    ),
+)  # fmt: skip
+MAX_POLICY_PREFIXES = MAX_PREFIXES + 64
+# Index of the program's stats array (ST_* in drops.c).
+STATS = ("ringbuf_full", "map_full", "events", "no_header")
+DROPS = "lens_packet_drops_total"
+IDENTITY = ("namespace", "pod", "workload_kind", "workload")
+LABELS = ("namespace", "pod", "workload_kind", "workload", "direction", "type", "protocol",
+          "reason", "code", "location")  # fmt: skip
+assert LABELS[: len(IDENTITY)] == IDENTITY
+PROTOCOLS = {1: "icmp", 6: "tcp", 17: "udp", 58: "icmpv6", 132: "sctp"}
+
+
+def protocol_name(family: int, l4proto: int) -> str:
+    """The IP protocol of a drop's packet; "" for a packet that is not IP (or whose
+    header the program could not read)."""
+    if not family:
+        return ""
+    return PROTOCOLS.get(l4proto, str(l4proto))
+
+
+class DropLabels:
+    """A drops-map key to its labels: who holds the address (the cluster index, as the
+    flows' local pod), the kernel's name for the reason, the location's function."""
+
+    def __init__(self, names: dict[int, str] | None, has_reasons: bool,
+                 locations: reasons.Locations) -> None:  # fmt: skip
+        self.names, self.has_reasons, self.locations = names, has_reasons, locations
+
+    def __call__(self, key: Any, enrich: Enrichment) -> tuple[str, ...]:
+        who = ("",) * len(IDENTITY)
+        lookup = enrich.lookup
+        if key.family and lookup is not None:
+            ident = lookup(format_addr(key.family, bytes(key.addr)))
+            if ident is not None and ident.kind == "pod":
+                who = (ident.namespace, ident.name, ident.workload_kind, ident.workload)
+        code = str(key.reason) if self.has_reasons else ""
+        if key.overflow:
+            reason, code, location = "other", "", ""
+        else:
+            reason = reasons.reason_label(key.reason, self.names, self.has_reasons)
+            location = self.locations.name(key.location)
+            if not self.has_reasons:
+                reason = location  # 5.10: where it was dropped is all the kernel says
+        return (*who, direction_name(key.direction), CLASS_NAMES.get(key.cls, str(key.cls)),
+                protocol_name(key.family, key.l4proto), reason, code, location)  # fmt: skip
+
+
+class Drops(RingProgram):
+    """The drops program: policy trie in, per-(address, class, protocol, reason) drop
+    counts out; per-drop records only while a trace asks."""
+
+    NAME = NAME
+    STATS = STATS
+
+    def __init__(self, bpf: BpfConfig, cache: MetricCache, loader: BpfLoader,
+                 enrich: Enrichment | None = None, max_keys: int = 4096,
+                 clock: Callable[[], float] = time.monotonic, kernel: Kernel | None = None,
+                 locations: reasons.Locations | None = None) -> None:  # fmt: skip
+        super().__init__(loader)
+        self.bpf_cfg, self.cache, self.max_keys = bpf, cache, max_keys
+        self.enrich = enrich or Enrichment()
+        self.reader = DeltaReader(lambda v: (int(getattr(v, "value", v)),),
+                                  bpf.flow_key_idle_seconds, clock,
+                                  pinned=lambda key: bool(key.overflow))  # fmt: skip
+        kernel = kernel or Kernel.running((SPEC,))
+        self.plan = plan_for(SPEC, (), kernel)
+        self.has_reasons = "LENS_TP_KFREE_SKB_REASON" in self.plan.defines
+        # the running kernel's names, read from its BTF now: never a table of ours
+        self.names = reasons.reason_names(
+            kernel.btf if kernel.btf is not None else btf_mod.running()
+        )
+        self.labels = DropLabels(self.names, self.has_reasons, locations or reasons.Locations())
+        self._policy_keys: set[tuple[int, bytes]] = set()
+        self._lock = threading.Lock()
+        cache.register(DROPS, COUNTER,
+                       "Packets the kernel dropped (skb:kfree_skb), by the pod holding the "
+                       "address on this node, the other end's class, protocol and the "
+                       "kernel's reason (its location where it names none)",
+                       ("namespace", "pod", "workload_kind", "workload", "direction", "type",
+                        "protocol", "reason", "code", "location"))  # fmt: skip
+        assert cache.family(DROPS).labelnames == LABELS  # DropLabels' order
+
+    def defines(self) -> dict[str, int | str]:
+        return self.static_defines(self.bpf_cfg, self.max_keys, self.names)
+
+    @staticmethod
+    def static_defines(b: BpfConfig, max_keys: int,
+                       names: dict[int, str] | None) -> dict[str, int | str]:  # fmt: skip
+        return reasons.defines(names) | {
+            "MAX_DROP_KEYS": max_keys + 2 * len(CLASS_IDS),  # plus the overflow slots
+            "MAX_POLICY_PREFIXES": MAX_POLICY_PREFIXES,
+            "RINGBUF_PAGES": b.ringbuf_pages,
+        }
+
+    def start(self, policy: Policy) -> bool:
+        self.bpf = self.loader.load(self.plan, self.defines())
+        if self.bpf is None:
+            return False
+        layouts.check_layout("drop_key", layouts.DropKey, self.bpf[b"drops"].Key)
+        layouts.check_layout("drop_event", layouts.DropEvent, self.bpf[b"layout_drop_event"].Leaf)
+        prefill_overflow(self.bpf[b"drops"], len(CLASS_IDS))
+        self.set_policy(policy)
+        return True
+
+    def set_policy(self, policy: Policy) -> None:
+        """Make the kernel's trie hold exactly this policy's entries (as tcp_flows')."""
+        entries = lpm_entries(policy)
+        if len(entries) > MAX_POLICY_PREFIXES:
+            raise ValueError(f"policy has {len(entries)} prefixes; at most {MAX_POLICY_PREFIXES}")
+        trie = self.bpf[b"policy"]
+        for (plen, addr), cls in entries.items():
+            trie[trie.Key(plen, (ctypes.c_uint8 * 16)(*addr))] = ctypes.c_uint8(cls)
+        for plen, addr in self._policy_keys - set(entries):
+            with contextlib.suppress(KeyError):
+                del trie[trie.Key(plen, (ctypes.c_uint8 * 16)(*addr))]
+        self._policy_keys = set(entries)
+
+    def set_records(self, on: bool) -> None:
+        """Let each drop into the ring buffer (a trace), or none (the agent)."""
+        self.bpf[b"records_on"][ctypes.c_int(0)] = ctypes.c_uint32(int(on))
+
+    def read(self) -> None:
+        """The kernel's counts into the metric cache, labelled by the index as it is now."""
+        if self.bpf is None:
+            return
+        with self._lock:
+            for key, (grew,) in self.reader.read(self.bpf[b"drops"]):
+                if grew:  # an overflow slot seen for the first time, still empty
+                    self.cache.inc(DROPS, self.labels(key, self.enrich), grew)
+            self.read_stats(b"stats")
+
+    def keys(self) -> int:
+        return len(self.reader)
+
+
+class DropsCollector(Collector):
+    """The program's own counts: a full map, records lost, headers it could not read."""
+
+    def __init__(self, drops: Drops) -> None:
+        self._drops = drops
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        st = self._drops.kernel_stats
+        yield CounterMetricFamily(
+            "lens_agent_drops_map_full",
+            "Drops counted in an overflow slot (no reason, no address): the drops map was full",
+            value=st["map_full"])  # fmt: skip
+        yield CounterMetricFamily(
+            "lens_packet_drops_unread_headers",
+            "Dropped IP packets whose header the program could not read (counted under no "
+            "address)", value=st["no_header"])  # fmt: skip

@@ -1,0 +1,190 @@
+"""Drops on the real kernel: packets the test makes the kernel drop, counted exactly,
+attributed to the pod holding the address, named as the running kernel names them."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import struct
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lens_ebpf.agent import config, kernel_headers
+from lens_ebpf.agent.bpf import btf
+from lens_ebpf.agent.bpf.loader import BpfLoader
+from lens_ebpf.agent.drops import reasons
+from lens_ebpf.agent.drops.drops import DROPS, Drops
+from lens_ebpf.agent.enrich import Enrichment
+from lens_ebpf.agent.metrics.cache import MetricCache
+from lens_ebpf.agent.net.policy import load_policy
+from lens_ebpf.agent.pods.index import ClusterIndex, OwnerResolver
+from tests.conftest import netns_unavailable, wait_for
+from tests.k8slab import owned, pod
+from tests.netlab import Lab
+
+pytestmark = pytest.mark.bpf
+
+POD_IP = "198.51.100.79"  # the drop lab's address; a pod by the index
+WHO = ("shop", "web-5d-x7k", "Deployment", "web")
+PEER = "internalHosts"  # the host's end of the lab (192.168.79.1), by the test policy
+
+
+class DropRig:
+    def __init__(self, drops: Drops, cache: MetricCache, lab: Lab) -> None:
+        self.drops, self.cache, self.lab = drops, cache, lab
+
+    def count(self, protocol: str, reason: str, location: str = "") -> int:
+        """What lens_packet_drops_total holds for the pod's received drops of this kind
+        (reason: the kernel's name; where it names none, the location's function)."""
+        self.drops.read()
+        total = 0
+        for labels, value in self.cache.family(DROPS).series.items():
+            ns, name, _wk, _w, direction, cls, proto, why, _code, where = labels
+            if (ns, name, direction, cls, proto) != (*WHO[:2], "ingress", PEER, protocol):
+                continue
+            if why == reason and (not location or where == location):
+                total += int(value.value)
+        return total
+
+    def named(self, name: str, location: str) -> str:
+        """The reason label a drop gets on this kernel: its name, or (5.10) its location."""
+        return name if self.drops.has_reasons else location
+
+
+@pytest.fixture(scope="module")
+def drop_lab() -> Iterator[Lab]:
+    """A lab of its own (the flows' tests count everything to theirs)."""
+    reason = netns_unavailable()
+    if reason:
+        pytest.skip(reason)
+    lab = Lab(f"{os.getpid()}", host_v4="192.168.79.1", peer_v4="192.168.79.2",
+              host_v6="fd00:79::1", peer_v6="fd00:79::2", extra=[POD_IP])  # fmt: skip
+    lab.ns += "-drops"
+    lab.host_if, lab.peer_if = f"ld{os.getpid()}a", f"ld{os.getpid()}b"
+    lab.up()
+    yield lab
+    lab.down()
+
+
+@pytest.fixture(scope="module")
+def drop_rig(policy_file: Path, drop_lab: Lab) -> Iterator[DropRig]:
+    kernel_headers.resolve(link=True)
+    lab = drop_lab
+    cfg = config.load(None, env={})
+    cache = MetricCache(ttl_seconds=3600, max_series=100000)
+    idx = ClusterIndex(owners=OwnerResolver({
+        "ReplicaSet": lambda ns, name: owned("ReplicaSet", name, ns, owner=("Deployment", "web")),
+        "Deployment": lambda ns, name: owned("Deployment", name, ns)}))  # fmt: skip
+    idx.replace_pods([pod("web-5d-x7k", POD_IP, "shop", owner=("ReplicaSet", "web-5d"))])
+    enrich = Enrichment()
+    enrich.index = idx
+    loader = BpfLoader()
+    drops = Drops(cfg.bpf, cache, loader, enrich)
+    assert drops.start(load_policy(policy_file)), loader.status
+    try:
+        yield DropRig(drops, cache, lab)
+    finally:
+        loader.close()
+
+
+def settle(rig: DropRig, protocol: str, reason: str, want: int, location: str = "") -> None:
+    """Wait until the count reaches want (the drop can land in a softirq after the call
+    that caused it returned), then hold it equal: no more than want either."""
+    wait_for(
+        lambda: rig.count(protocol, reason, location) >= want,
+        lambda: f"{protocol} {reason}: {rig.count(protocol, reason, location)} of {want}",
+    )
+    assert rig.count(protocol, reason, location) == want
+
+
+def test_tcp_to_a_closed_port(drop_rig: DropRig) -> None:
+    """Each SYN to a port nobody listens on: one NO_SOCKET drop (5.10: in tcp_v4_rcv)."""
+    reason = drop_rig.named("NO_SOCKET", "tcp_v4_rcv")
+    before = drop_rig.count("tcp", reason)
+    for _ in range(5):
+        with socket.socket() as s, pytest.raises(ConnectionRefusedError):
+            s.connect((POD_IP, 9))
+    settle(drop_rig, "tcp", reason, before + 5)
+
+
+def test_udp_to_a_closed_port(drop_rig: DropRig) -> None:
+    reason = drop_rig.named("NO_SOCKET", "__udp4_lib_rcv")
+    before = drop_rig.count("udp", reason)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _ in range(7):
+            s.sendto(b"x", (POD_IP, 9))
+    settle(drop_rig, "udp", reason, before + 7)
+
+
+@pytest.mark.skipif(shutil.which("iptables") is None, reason="iptables is not installed")
+def test_netfilter_drop_in_the_pods_namespace(drop_rig: DropRig) -> None:
+    """A DROP rule in the pod's own namespace: each datagram it matches, one drop."""
+    port = 40999
+    rule = ["INPUT", "-p", "udp", "--dport", str(port), "-j", "DROP"]
+    nsx = ["ip", "netns", "exec", drop_rig.lab.ns, "iptables"]
+    subprocess.run([*nsx, "-A", *rule], check=True, capture_output=True)
+    try:
+        reason = drop_rig.named("NETFILTER_DROP", "nf_hook_slow")
+        before = drop_rig.count("udp", reason)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for _ in range(4):
+                s.sendto(b"x", (POD_IP, port))
+        settle(drop_rig, "udp", reason, before + 4)
+    finally:
+        subprocess.run([*nsx, "-D", *rule], capture_output=True)
+
+
+def _syn(src: str, dst: str, sport: int, dport: int, good: bool) -> bytes:
+    """A TCP SYN header; its checksum right, or off by one."""
+    hdr = struct.pack("!HHIIBBHHH", sport, dport, 1, 0, 5 << 4, 0x02, 65535, 0, 0)
+    pseudo = socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack("!BBH", 0, 6, len(hdr))
+    data = pseudo + hdr
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    csum = ~total & 0xFFFF
+    return hdr[:16] + struct.pack("!H", csum if good else csum ^ 1) + hdr[18:]
+
+
+def test_tcp_with_a_bad_checksum(drop_rig: DropRig) -> None:
+    """Segments whose checksum is wrong: TCP_CSUM where the kernel names it (5.10: in
+    tcp_v4_rcv, the location a closed port's SYN shares)."""
+    reason = drop_rig.named("TCP_CSUM", "tcp_v4_rcv")
+    before = drop_rig.count("tcp", reason)
+    src = drop_rig.lab.host_v4
+    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP) as s:
+        for i in range(3):
+            s.sendto(_syn(src, POD_IP, 40000 + i, 80, good=False), (POD_IP, 0))
+    settle(drop_rig, "tcp", reason, before + 3)
+
+
+def _bpftool_enum(name: str) -> dict[int, str] | None:
+    """The enum's members as bpftool reads the kernel's BTF."""
+    out = subprocess.run(["bpftool", "btf", "dump", "file", str(btf.VMLINUX), "format", "raw"],
+                         check=True, capture_output=True, text=True).stdout  # fmt: skip
+    m = re.search(rf"^\[\d+\] ENUM(?:64)? '{name}' .*\n((?:\t.*\n)*)", out, re.M)
+    if m is None:
+        return None
+    return {int(v): n for n, v in re.findall(r"'(\w+)' val=(-?\d+)", m.group(1))}
+
+
+@pytest.mark.skipif(shutil.which("bpftool") is None, reason="bpftool is not installed")
+def test_reason_names_are_the_kernels_own(drop_rig: DropRig) -> None:
+    """Every name the agent gives a reason is the running kernel's (bpftool's reading of
+    its BTF), and none of them is written in our code: they can only have come from BTF."""
+    theirs = _bpftool_enum(reasons.ENUM)
+    if theirs is None:
+        assert drop_rig.drops.names is None
+        pytest.skip("this kernel's BTF has no enum skb_drop_reason (before 5.17)")
+    assert drop_rig.drops.names == {v: reasons.short_name(n) for v, n in theirs.items()}
+    ours = "\n".join(p.read_text() for d in ("lens_ebpf", "bpf_programs")
+                     for p in Path(__file__).parents[2].joinpath(d).rglob("*.[ch]*")
+                     if p.suffix in (".py", ".c", ".h"))  # fmt: skip
+    written = {n for n in theirs.values() if re.search(rf"\b{reasons.short_name(n)}\b", ours)}
+    # the three the program must find by name, to pass over normal frees
+    assert written <= {"SKB_CONSUMED", "SKB_NOT_DROPPED_YET", "SKB_DROP_REASON_NOT_SPECIFIED"}
