@@ -268,8 +268,8 @@ def test_migrations_build_exactly_the_schema(db_url: str) -> None:
     from lens_ebpf.recorder.store.writer import engine_for, upgrade
 
     eng = engine_for(db_url)
-    assert upgrade(eng) == "0012"
-    assert upgrade(eng) == "0012"  # again: nothing to do
+    assert upgrade(eng) == "0013"
+    assert upgrade(eng) == "0013"  # again: nothing to do
     with eng.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), schema.metadata)
         assert diff == []

@@ -852,6 +852,61 @@ pyspy_tasks = Table(
 )  # fmt: skip
 Index("ix_pyspy_tasks_created", pyspy_tasks.c.cluster, pyspy_tasks.c.created_at)
 
+# PyTorch profiler traces the agents found in a workload's containers (issue 71): listed as
+# found, their bytes fetched from the agent on request, kept in chunks until the retention
+profiler_files = Table(
+    "profiler_files", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("cluster", String(NAME), nullable=False),
+    Column("workload_uid", String(UID), nullable=False, index=True),
+    Column("pod_uid", String(UID), nullable=False),
+    Column("pod_name", String(NAME), nullable=False),
+    Column("pod_namespace", String(NAME), nullable=False),
+    Column("node_name", String(NAME), nullable=False),
+    Column("container_id", String(UID), nullable=False),
+    Column("container", String(NAME), nullable=False),
+    Column("path", Text, nullable=False),
+    Column("file_name", String(NAME), nullable=False),
+    Column("file_type", String(32), nullable=False),
+    Column("file_size", BigInteger, nullable=False),
+    Column("mtime", DateTime(timezone=True), nullable=False),
+    Column("rank", Integer, nullable=False),  # -1: not known
+    Column("found_by", String(16), nullable=False),
+    Column("status", String(16), nullable=False),  # listed, fetched, failed
+    Column("error", Text, nullable=False, default=""),
+    Column("stored_bytes", BigInteger, nullable=False, default=0),
+    Column("sha256", String(64), nullable=False, default=""),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("fetched_at", DateTime(timezone=True), nullable=True),
+)  # fmt: skip
+Index("ix_profiler_files_place", profiler_files.c.cluster, profiler_files.c.pod_uid,
+      profiler_files.c.container_id, profiler_files.c.path, profiler_files.c.mtime,
+      unique=True)  # fmt: skip
+profiler_file_chunks = Table(
+    "profiler_file_chunks", metadata,
+    Column("file_id", Integer, primary_key=True),
+    Column("chunk_index", Integer, primary_key=True),
+    Column("content", LargeBinary, nullable=False),
+)  # fmt: skip
+# a TraceLens analysis or a trace viewer over fetched traces (the pages' sessions)
+profiler_sessions = Table(
+    "profiler_sessions", metadata,
+    Column("cluster", String(NAME), nullable=False),
+    Column("session_id", String(UID), primary_key=True),
+    Column("kind", String(16), nullable=False),  # tracelens, perfetto
+    Column("workload_uid", String(UID), nullable=False, index=True),
+    Column("profiler_file_id", Integer, nullable=False),
+    Column("file_ids", JSON, nullable=False),  # every rank analysed together
+    Column("status", String(16), nullable=False),
+    Column("status_message", Text, nullable=False, default=""),
+    Column("resource_profile", String(16), nullable=False, default=""),
+    Column("result", JSON, nullable=True),  # the analysis
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("ready_at", DateTime(timezone=True), nullable=True),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("last_accessed_at", DateTime(timezone=True), nullable=True),
+)  # fmt: skip
+
 # the service's own tables (not scoped by cluster: a leader's, or the alerts', whose rows
 # name their cluster_name themselves)
 SERVICE_TABLES = ("recorder_leader", "leader_terms", "alert_events", "alert_silences",
@@ -859,14 +914,16 @@ SERVICE_TABLES = ("recorder_leader", "leader_terms", "alert_events", "alert_sile
                   "log_alert_rule_templates", "notification_channels",
                   "alert_notifications", "job_execution_history", "managed_clusters",
                   "cluster_tasks", "system_config", "system_config_history",
-                  "release_versions", "log_alert_rule_versions")  # fmt: skip
+                  "release_versions", "log_alert_rule_versions",
+                  "profiler_file_chunks")  # fmt: skip (chunks: their file's cluster)
 TABLES = ("gpu_pods", "pod_snapshots", "gpu_pods_events", "pod_resources", "gpu_workloads",
           "workload_pod_references", "node_events", "node_devices",
           "device_changelog", "nodes", "allocation_snapshots",
           "cluster_gpu_hourly_stats", "training_points", "training_events",
           "gpu_allocation_snapshots", "namespace_gpu_hourly_stats", "label_gpu_hourly_stats",
           "workload_gpu_hourly_stats", "gpu_usage_weekly_reports", "workload_detections",
-          "workload_detection_evidence", "pyspy_tasks")  # fmt: skip
+          "workload_detection_evidence", "pyspy_tasks", "profiler_files",
+          "profiler_sessions")  # fmt: skip
 
 
 class Scoped:
@@ -897,6 +954,8 @@ class Scoped:
     workload_detections: Subquery
     workload_detection_evidence: Subquery
     pyspy_tasks: Subquery
+    profiler_files: Subquery
+    profiler_sessions: Subquery
 
     def __init__(self, cluster: str) -> None:
         self.cluster = cluster
