@@ -915,7 +915,7 @@ SERVICE_TABLES = ("recorder_leader", "leader_terms", "alert_events", "alert_sile
                   "alert_notifications", "job_execution_history", "managed_clusters",
                   "cluster_tasks", "system_config", "system_config_history",
                   "release_versions", "log_alert_rule_versions",
-                  "profiler_file_chunks")  # fmt: skip (chunks: their file's cluster)
+                  "profiler_file_chunks")  # fmt: skip
 TABLES = ("gpu_pods", "pod_snapshots", "gpu_pods_events", "pod_resources", "gpu_workloads",
           "workload_pod_references", "node_events", "node_devices",
           "device_changelog", "nodes", "allocation_snapshots",
