@@ -6,22 +6,32 @@ front of the replicas as a Kubernetes Service puts one (tests/tcplb.py). Prints 
 figure with the replicas' CPU (every process), and the per-core rates a larger cluster's
 sizing is worked out from (BENCHMARKS.md).
 
+--failover N: three replicas against the real kube-apiserver (tests/kube/apiserver.py,
+deploy/recorder's RBAC applied) when this machine has one, else the stand-in; the leader
+killed -9 N times (restarted after, as its pod would be): the seconds from the kill to
+another replica answering /readyz as the leader. tests/kube/test_replicas.py checks that
+the failover happens and loses nothing; how long it takes is this figure.
+
 The API is the stand-in (tests/k8slab.py: it serves the replicas' Lease; the nodes, the
 jobs and their GPU pods the leader follows), so the figures are the service's and its
 database's, not an API server's.
 
     .venv/bin/python -m bench.replicas [--replicas 1 3] [--nodes 1000] [--events 20]
-        [--cycles 3]
+        [--cycles 3] [--failover N]
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import multiprocessing as mp
+import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +43,7 @@ from bench.cluster_api import postgres_cpu
 from lens_ebpf.recorder.store import schema
 from lens_ebpf.recorder.store.writer import engine_for, upgrade
 from tests import pglab
+from tests.conftest import wait_for
 from tests.k8slab import FakeApiServer, eventually, pod
 from tests.kube.recorders import Replica
 from tests.reportersim import simulate
@@ -149,6 +160,77 @@ def run(count: int, args: argparse.Namespace, pg: pglab.Postgres, sink_url: str)
         api.kill()
 
 
+@contextlib.contextmanager
+def api_for_replicas(tmp: Path) -> Iterator[tuple[str, Path]]:
+    """(which API, a kubeconfig for the replicas): the real kube-apiserver acting as
+    deploy/recorder's ServiceAccount when this machine has one, else the stand-in."""
+    from tests.kube import apiserver
+    from tests.kube.recorders import NAMESPACE, apply
+
+    if apiserver.unavailable():
+        api = FakeApiServer().start()
+        try:
+            yield "the stand-in API (tests/k8slab.py)", api.kubeconfig(tmp / "kubeconfig")
+        finally:
+            api.kill()
+        return
+    with apiserver.KubeApiServer() as server:
+        deploy = Path(__file__).resolve().parents[1] / "deploy"
+        apply(
+            server,
+            deploy / "namespace.yaml",
+            deploy / "recorder" / "serviceaccount.yaml",
+            deploy / "recorder" / "rbac.yaml",
+        )
+        config = server.kubeconfig_for(NAMESPACE, "lens-ebpf-recorder", tmp / "sa.kubeconfig")
+        yield "the real kube-apiserver (tests/kube/apiserver.py)", config
+
+
+def failover(rounds: int, pg: pglab.Postgres) -> list[float]:
+    """Three replicas; the leader killed -9 `rounds` times, restarted after: the seconds
+    from each kill to another replica leading."""
+    url = pg.create_database("failover")
+    tmp = Path(tempfile.mkdtemp(prefix="lens-bench-failover-"))
+    took: list[float] = []
+    with api_for_replicas(tmp) as (which, kubeconfig):
+        replicas = [Replica(f"recorder-{i}", url, kubeconfig) for i in range(3)]
+        try:
+            for r in replicas:
+                r.start()
+
+            def leader() -> Replica | None:
+                got = [r for r in replicas if r.alive and r.leads()]
+                return got[0] if len(got) == 1 else None
+
+            def another(than: Replica) -> Replica | None:
+                now = leader()
+                return now if now is not than else None
+
+            for _ in range(rounds):
+                eventually(leader, timeout=60, every=0.05)
+                first = leader()
+                assert first is not None
+                killed_at = time.monotonic()
+                first.kill()
+                second = wait_for(partial(another, first), "another leading", 120, 0.05)
+                assert second is not None
+                took.append(time.monotonic() - killed_at)
+                print(
+                    f"  the leader {first.identity} killed -9: {second.identity} leads "
+                    f"{took[-1]:.2f} s later"
+                )
+                first.start()
+        finally:
+            for r in replicas:
+                r.stop()
+    print(
+        f"failover, 3 replicas, {which}, lease 15 s, retry 2 s: {len(took)} kills, "
+        f"min {min(took):.2f} s, median {statistics.median(took):.2f} s, "
+        f"max {max(took):.2f} s"
+    )
+    return took
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.replicas", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -156,10 +238,24 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--events", type=int, default=20)
     ap.add_argument("--cycles", type=int, default=3)
+    ap.add_argument(
+        "--failover",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only the failover figure: the leader killed N times",
+    )
     args = ap.parse_args()
     why = pglab.unavailable()
     if why:
         raise SystemExit(f"bench.replicas: {why}")
+    if args.failover:
+        pg = pglab.Postgres().init()
+        try:
+            failover(args.failover, pg)
+        finally:
+            pg.destroy()
+        return
     from bench.service import allow_streams
 
     allow_streams(args.nodes)

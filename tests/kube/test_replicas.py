@@ -3,12 +3,13 @@ PostgreSQL), against a real kube-apiserver with RBAC on, each acting as the
 ServiceAccount its manifest names with the manifest's RBAC applied (a verb missing there
 fails here). The test plays the controllers and the kubelet (pod status by PUT).
 
-What it shows: exactly one replica leads; the leader killed -9, another leads within the
-lease duration and a retry, and the writes of the two terms never overlap; a workload
-deleted in the gap keeps its final state (its finalizer waits for the new leader), stored
-once; a hundred reporters spread over the replicas, one replica killed, every event
-stored once; one training job's log lines spread over the replicas give the points,
-median and slowdown one replica gives."""
+What it shows: exactly one replica leads; the leader killed -9, another leads, the Lease
+handed over once, after the dead leader's last renewal (how long that takes is
+bench.replicas' figure, not asserted here); the writes of the two terms never overlap; a
+workload deleted in the gap keeps its final state (its finalizer waits for the new
+leader), stored once; a hundred reporters spread over the replicas, one replica killed,
+every event stored once; one training job's log lines spread over the replicas give the
+points, median and slowdown one replica gives."""
 
 from __future__ import annotations
 
@@ -133,6 +134,16 @@ def one_leader(replicas: list[Replica], timeout: float = 30) -> Replica:
         timeout=timeout, every=0.2)  # fmt: skip
 
 
+def lease_spec(lab: KubeApiServer) -> dict[str, Any]:
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/lens-ebpf-recorder"
+    return dict(ok(lab.request("GET", path))["spec"])
+
+
+def micro_time(text: str) -> datetime:
+    """A Lease's MicroTime (RFC 3339, microseconds)."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
 def fluent_bit(pod: dict[str, Any], text: str, at: float) -> dict[str, Any]:
     return {"date": at, "log": text + "\n", "stream": "stdout",
             "kubernetes": {"pod_name": pod["metadata"]["name"], "namespace_name": NS,
@@ -190,6 +201,8 @@ def test_three_replicas_one_leader_failover_loses_nothing(lab: KubeApiServer, da
         # -- the leader killed; the job deleted in the gap --------------------------
         killed_at = time.monotonic()
         first.kill()
+        dead = lease_spec(lab)
+        assert dead["holderIdentity"] == first.identity  # its last renewal, final now
         ok(lab.request("DELETE", f"/apis/batch/v1/namespaces/{NS}/jobs/train",
                        {"kind": "DeleteOptions", "apiVersion": "v1",
                         "propagationPolicy": "Background"}))  # fmt: skip
@@ -210,9 +223,13 @@ def test_three_replicas_one_leader_failover_loses_nothing(lab: KubeApiServer, da
         second = one_leader(replicas, timeout=LEASE + RETRY + 10)
         took = time.monotonic() - killed_at
         assert second is not first
-        # within the lease duration and a retry (a little more on a loaded machine:
-        # the hang guard's factor only on what the machine adds)
-        assert took <= LEASE + RETRY + hang_guard(2) - 2, took
+        # the Lease handed over once, after the dead holder's last renewal (the times the
+        # replicas wrote, on one clock: an order, not a bound; how long the handover
+        # takes is bench.replicas' figure, in BENCHMARKS.md)
+        handed = lease_spec(lab)
+        assert handed["holderIdentity"] == second.identity
+        assert handed["leaseTransitions"] == dead["leaseTransitions"] + 1, (dead, handed)
+        assert micro_time(handed["acquireTime"]) > micro_time(dead["renewTime"]), (dead, handed)
         print(f"the leader killed -9: {second.identity} leads {took:.1f} s later")
 
         def finalized() -> bool:
