@@ -21,6 +21,7 @@ gen() {  # gen OUT PROTO_DIR NAME
 }
 gen "$api" protos/lens/v1 lens
 gen "$api" protos/lens/v1 deepdive  # the deep-dive calls (agent/deepdive)
+gen "$api" protos/lens/v1 profiler  # the profiler-file calls (agent/profiler)
 gen "$k8s" protos/k8s/podresources/v1 podresources_v1
 gen "$k8s" protos/k8s/deviceplugin/v1beta1 deviceplugin_v1beta1
 messages() {  # messages OUT PROTO_DIR NAME: no service, no gRPC code
