@@ -251,6 +251,29 @@ class RemoteWriteConfig(Section):
     pod_labels: list[str] = Field(default_factory=lambda: ["pod", "pod_name", "exported_pod"])
 
 
+class DeepDiveConfig(Section):
+    enabled: bool = True
+    agent_port: int = Field(9471, ge=1, le=65535)  # the agents' gRPC port (hostNetwork)
+    token_file: str = ""  # the bearer token the recorder presents (its projected token)
+    ca_file: str = ""  # the agents' gRPC TLS: the CA to trust; "": plaintext
+    timeout_seconds: float = Field(15.0, gt=0)  # a process tree's or a dump's answer
+    max_duration_seconds: int = Field(300, ge=1, le=3600)  # a sample's longest
+    stall_stacks: bool = True  # a stall or a hang's log line: a py-spy dump of each rank
+
+
+class ProfilerConfig(Section):
+    enabled: bool = True
+    agent_port: int = Field(9471, ge=1, le=65535)  # the agents' gRPC port (ProfilerService)
+    token_file: str = ""  # the bearer token the recorder presents (its projected token)
+    ca_file: str = ""  # the agents' gRPC TLS: the CA to trust; "": plaintext
+    timeout_seconds: float = Field(15.0, gt=0)  # a listing's answer
+    fetch_timeout_seconds: float = Field(600.0, gt=0)  # a trace's bytes, whole
+    max_file_bytes: int = Field(512 << 20, ge=1 << 16)  # a trace fetched, at most
+    retention_hours: int = Field(168, ge=1)  # fetched bytes kept this long
+    max_ranks: int = Field(64, ge=1, le=1024)  # traces one analysis reads together
+    analysis_workers: int = Field(1, ge=1, le=16)  # analyses at once
+
+
 class RecorderConfig(Section):
     database_url: str = "sqlite:///lens-recorder.db"
     listen: str = "0.0.0.0:9480"  # REST (/workloads, /pods) and /metrics
@@ -279,6 +302,8 @@ class RecorderConfig(Section):
     job_history: JobHistoryConfig = Field(default_factory=JobHistoryConfig)
     detection: DetectionConfig = Field(default_factory=DetectionConfig)
     management: ManagementConfig = Field(default_factory=ManagementConfig)
+    profiler: ProfilerConfig = Field(default_factory=ProfilerConfig)  # traces, analysis
+    deepdive: DeepDiveConfig = Field(default_factory=DeepDiveConfig)  # process trees, py-spy
 
     @field_validator("listen")
     @classmethod

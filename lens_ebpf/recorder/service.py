@@ -35,6 +35,7 @@ from lens_ebpf.recorder.api.posts import Admitted
 from lens_ebpf.recorder.api.seed import PlainJson
 from lens_ebpf.recorder.clusters import Clusters, Shared, StorageConfigSync, own_namespace
 from lens_ebpf.recorder.config import Config
+from lens_ebpf.recorder.deepdive import DeepDive
 from lens_ebpf.recorder.detection import Detection
 from lens_ebpf.recorder.ingest.admission import Ingest, WriteGuard
 from lens_ebpf.recorder.ingest.node_auth import node_guard
@@ -173,9 +174,10 @@ class RecorderApp:
                                       lambda: r.job_history.enabled,
                                       identity_of(r.leader_election))  # fmt: skip
         self.runner.observe(self.job_history.observe)
+        self.deepdive = DeepDive(r.deepdive, self.engine, r.cluster_name, clock)
         parts = Services(r, self.clusters, self.remote_write, self.training, self.writer,
                          self.readiness, clock, self.leadership, self.alerts,
-                         management=self.management)  # fmt: skip
+                         management=self.management, deepdive=self.deepdive)  # fmt: skip
         e, guard = self.engine, self.write_guard
         self.assistants = api.mount(self.http, {
             "lens": LensApi(parts, e.connect, self.clusters.scope, e.begin, guard),
@@ -351,6 +353,7 @@ class RecorderApp:
             log.warning("recorder: %d job runs not recorded (%s)", self.job_history.held(),
                         type(exc).__name__)  # fmt: skip
         self.clusters.stop()
+        self.deepdive.stop()
         if self.grpc is not None:
             self.grpc.stop(grace=1)
         if not self.writer.flush(flush_timeout):

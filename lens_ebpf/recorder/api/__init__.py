@@ -23,6 +23,7 @@ from lens_ebpf.recorder.api import (
     management,
     nodes,
     posts,
+    pyspy,
     releases,
     remote_write,
     reports,
@@ -60,6 +61,8 @@ ROUTES: list[tuple[RouteTable, tuple[str, ...], str]] = [
     (management.routes, PREFIXES, "management"),  # the original's: no envelope
     (remote_write.routes, (*PREFIXES, *ROOT), "lens"),  # /pods/cache as the original serves it
     (seed.routes, ROOT, "plain"),
+    (pyspy.routes, PREFIXES, "lens"),  # the Py-Spy Profiler tab: process trees, py-spy
+    (pyspy.files, PREFIXES, "lens-files"),  # a py-spy task's file
     (posts.routes, (*ROOT, "/v1", "/api"), "posts"),
     (assistants.routes, ROOT, "mcp"),  # /mcp: the tables above as MCP tools
 ]

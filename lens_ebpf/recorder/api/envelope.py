@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from lens_ebpf.recorder.alerting import Alerts
     from lens_ebpf.recorder.clusters import Clusters
     from lens_ebpf.recorder.config import RecorderConfig
+    from lens_ebpf.recorder.deepdive import DeepDive
     from lens_ebpf.recorder.ingest.admission import WriteGuard
     from lens_ebpf.recorder.leadership import Leadership
     from lens_ebpf.recorder.management.hub import Management
@@ -360,6 +361,7 @@ class Services:
     alerts: Alerts | None = None
     outage: Outage = field(default_factory=Outage)  # the database as requests find it
     management: Management | None = None  # the Management pages' clusters, settings, releases
+    deepdive: DeepDive | None = None  # process trees and py-spy tasks through the agents
 
 
 @dataclass

@@ -1,0 +1,402 @@
+"""The deep dive into a workload's pods through their nodes' agents (lens.v1.DeepDiveService
+on each agent's gRPC port, agent/deepdive): a pod's process tree, and py-spy tasks with the
+web UI's lifecycle (pending -> running -> completed / failed / cancelled), their output
+kept in pyspy_tasks and served as a file.
+
+The recorder calls the agent on the pod's node (nodes.address, recorder.deepdive.agent_port)
+with its own bearer token (recorder.deepdive.token_file: its ServiceAccount's token for
+the agents' audience). What the agent refuses comes back as the domain's errors: NotFound
+(the pod or the pid is not there), BadRequest (a non-Python pid, a process that exited
+mid-sample, bounds), Unavailable (the agent down, or refusing the recorder)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.engine import Connection, Engine
+
+from lens_ebpf.recorder.config import DeepDiveConfig
+from lens_ebpf.recorder.errors import BadRequest, Conflict, NotFound, Unavailable
+from lens_ebpf.recorder.store import schema
+
+log = logging.getLogger(__name__)
+FORMATS = ("flamegraph", "speedscope", "raw", "dump")  # dump: py-spy dump, each thread's stack
+EXT = {"flamegraph": "svg", "speedscope": "json", "raw": "txt", "dump": "dump.json"}
+TYPES = {"flamegraph": "image/svg+xml", "speedscope": "application/json", "raw": "text/plain",
+         "dump": "application/json"}  # fmt: skip
+ENDED = ("completed", "failed", "cancelled")
+STATUSES = ("pending", "running", *ENDED)
+
+
+CODES = {"NOT_FOUND": NotFound, "INVALID_ARGUMENT": BadRequest,
+         "FAILED_PRECONDITION": BadRequest, "ABORTED": BadRequest,
+         "RESOURCE_EXHAUSTED": Conflict, "DEADLINE_EXCEEDED": Unavailable}  # fmt: skip
+
+
+class Agents:
+    """DeepDiveService calls to the agents, one channel per address."""
+
+    def __init__(self, cfg: DeepDiveConfig) -> None:
+        self.cfg = cfg
+        self._channels: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def _stub(self, address: str) -> Any:
+        import grpc
+
+        from lens_ebpf.protocol.gen import deepdive_pb2_grpc
+
+        with self._lock:
+            ch = self._channels.get(address)
+            if ch is None:
+                target = f"{address}:{self.cfg.agent_port}"
+                if self.cfg.ca_file:
+                    creds = grpc.ssl_channel_credentials(Path(self.cfg.ca_file).read_bytes())
+                    ch = grpc.secure_channel(target, creds)
+                else:
+                    ch = grpc.insecure_channel(target)
+                self._channels[address] = ch
+        return deepdive_pb2_grpc.DeepDiveServiceStub(ch)
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        if not self.cfg.token_file:
+            return ()
+        try:
+            token = Path(self.cfg.token_file).read_text().strip()
+        except OSError as exc:
+            raise Unavailable(f"recorder.deepdive.token_file: {exc}") from None
+        return (("authorization", f"Bearer {token}"),)
+
+    def call(self, node: str, address: str, method: str, request: Any,
+             timeout: float) -> Any:  # fmt: skip
+        """The agent's answer; the domain's error for its refusal."""
+        fut = self.start(node, address, method, request, timeout)
+        return self.result(node, fut)
+
+    def start(self, node: str, address: str, method: str, request: Any, timeout: float) -> Any:
+        if not address:
+            raise Unavailable(f"node {node} has no address known (its Node's InternalIP)")
+        return getattr(self._stub(address), method).future(request, timeout=timeout,
+                                                            metadata=self._metadata())  # fmt: skip
+
+    @staticmethod
+    def result(node: str, fut: Any, wait: float | None = None) -> Any:
+        import grpc
+
+        try:
+            return fut.result(timeout=wait)
+        except grpc.FutureTimeoutError:
+            raise
+        except grpc.RpcError as exc:
+            code, why = exc.code(), exc.details() or ""
+            cls = CODES.get(code.name)
+            if cls is not None:
+                raise cls(why) from None
+            raise Unavailable(f"the agent on node {node}: {code.name}: {why}") from None
+
+    def close(self) -> None:
+        with self._lock:
+            for ch in self._channels.values():
+                ch.close()
+            self._channels.clear()
+
+
+@dataclass(frozen=True)
+class PodPlace:
+    uid: str
+    name: str
+    namespace: str
+    node: str
+    address: str
+    workload_uid: str
+
+
+def pod_place(conn: Connection, tables: Any, pod_uid: str) -> PodPlace:
+    """Where a pod runs (its node and the node's address); NotFound for a pod not known."""
+    p, n = tables.gpu_pods, tables.nodes
+    row = conn.execute(select(p.c.name, p.c.namespace, p.c.node, p.c.workload_uid, p.c.deleted)
+                       .where(p.c.uid == pod_uid)).first()  # fmt: skip
+    if row is None:
+        raise NotFound(f"pod {pod_uid} is not known")
+    if row.deleted or not row.node:
+        raise BadRequest(f"pod {row.namespace}/{row.name} is not running on a node")
+    address = conn.execute(select(n.c.address).where(n.c.name == row.node)).scalar()
+    return PodPlace(pod_uid, row.name, row.namespace, row.node, address or "",
+                    row.workload_uid or "")  # fmt: skip
+
+
+def workload_pods(conn: Connection, tables: Any, workload_uid: str) -> list[PodPlace]:
+    """The workload's running pods, each with its node's address."""
+    p = tables.gpu_pods
+    rows = conn.execute(select(p.c.uid).where(p.c.workload_uid == workload_uid,
+                                               p.c.running.is_(True), p.c.deleted.is_(False))
+                        .order_by(p.c.name))  # fmt: skip
+    return [pod_place(conn, tables, r.uid) for r in rows]
+
+
+def _process(p: Any) -> dict[str, Any]:
+    """One process in the original's ProcessInfo shape (no env: never read)."""
+    gpus = sorted({d.index for d in p.devices if d.index >= 0} | set(p.gpu_indexes))
+    return {"host_pid": p.host_pid, "host_ppid": p.host_ppid,
+            "container_pid": p.container_pid, "container_ppid": p.container_ppid,
+            "cmdline": p.cmdline, "comm": p.comm, "exe": p.exe, "args": p.cmdline.split(),
+            "env": [], "cwd": "", "state": p.state, "threads": p.threads,
+            "cpu_time": int(p.cpu_seconds), "memory_rss": p.rss_bytes,
+            "memory_virtual": p.vsize_bytes, "is_python": p.is_python, "is_java": False,
+            "gpu_devices": [{"device_index": i, "device_uuid": "", "device_name": ""}
+                            for i in gpus],
+            "devices": [d.path for d in p.devices], "has_gpu": bool(gpus or p.devices),
+            "start_time": int(p.start_time), "children": []}  # fmt: skip
+
+
+def tree_of(processes: list[Any], container: Any, pod: PodPlace) -> dict[str, Any]:
+    """A container's processes as one tree from its root (its init); processes whose parent
+    is outside the container hang under the root too."""
+    nodes = {p.host_pid: {**_process(p), "container_id": container.id,
+                          "container_name": container.name, "pod_uid": pod.uid,
+                          "pod_name": pod.name, "pod_namespace": pod.namespace}
+             for p in processes}  # fmt: skip
+    root = next((n for n in nodes.values() if n["container_pid"] == 1), None)
+    if root is None and nodes:
+        root = nodes[min(nodes)]
+    for _, n in sorted(nodes.items()):
+        if n is root:
+            continue
+        parent = nodes.get(n["host_ppid"]) or root
+        if parent is not None:
+            parent["children"].append(n)
+    return {"container_id": container.id, "container_name": container.name,
+            "image_name": "", "root_process": root, "process_count": len(processes),
+            "python_count": sum(1 for p in processes if p.is_python)}  # fmt: skip
+
+
+def stamp(t: datetime | None) -> str | None:
+    if t is None:
+        return None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+class DeepDive:
+    """The process tree and the py-spy tasks of one recorder; each task runs on a thread
+    of its own, its row the truth (a cancel written by any replica is seen while it runs)."""
+
+    def __init__(self, cfg: DeepDiveConfig, engine: Engine, cluster: str,
+                 clock: Callable[[], datetime]) -> None:  # fmt: skip
+        self.cfg, self.engine, self.cluster, self.clock = cfg, engine, cluster, clock
+        self.agents = Agents(cfg)
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+
+    # -- the process tree ------------------------------------------------------------
+    def process_tree(self, conn: Connection, tables: Any, pod_uid: str) -> dict[str, Any]:
+        from lens_ebpf.protocol.gen import deepdive_pb2 as pb
+
+        self._on()
+        pod = pod_place(conn, tables, pod_uid)
+        got = self.agents.call(
+            pod.node,
+            pod.address,
+            "ProcessTree",
+            pb.ProcessTreeRequest(pod_uid=pod_uid),
+            self.cfg.timeout_seconds,
+        )
+        containers = [tree_of(list(c.processes), c, pod) for c in got.containers]
+        return {"pod_name": got.pod_name or pod.name,
+                "pod_namespace": got.pod_namespace or pod.namespace, "pod_uid": pod_uid,
+                "node_name": pod.node, "containers": containers,
+                "total_processes": sum(c["process_count"] for c in containers),
+                "total_python": sum(c["python_count"] for c in containers),
+                "collected_at": stamp(self.clock())}  # fmt: skip
+
+    def _on(self) -> None:
+        if not self.cfg.enabled:
+            raise Unavailable("the deep dive is off (recorder.deepdive.enabled)")
+
+    # -- py-spy tasks --------------------------------------------------------------------
+    def create(self, conn: Connection, tables: Any, pod_uid: str, pid: int, node: str,
+               fmt: str, duration: int, rate: int, native: bool = False,
+               subprocesses: bool = False, locals_: bool = False, workload_uid: str = "",
+               reason: str = "requested") -> dict[str, Any]:  # fmt: skip
+        """A pending task, started at once on a thread; its row as the API answers it."""
+        self._on()
+        if fmt not in FORMATS:
+            raise BadRequest(f"format {fmt!r}: one of {', '.join(FORMATS)}")
+        if not 1 <= duration <= self.cfg.max_duration_seconds:
+            raise BadRequest(f"duration {duration}: 1 to {self.cfg.max_duration_seconds} s "
+                             "(recorder.deepdive.max_duration_seconds)")  # fmt: skip
+        if not 1 <= rate <= 1000:
+            raise BadRequest(f"rate {rate}: 1 to 1000 samples a second")
+        if pid <= 0:
+            raise BadRequest("pid: a host pid is required")
+        pod = pod_place(conn, tables, pod_uid)
+        if node and node != pod.node:
+            raise BadRequest(f"pod {pod.namespace}/{pod.name} runs on node {pod.node}, not "
+                             f"{node}")  # fmt: skip
+        task = f"pyspy-{uuid.uuid4().hex[:8]}"
+        row = {"cluster": self.cluster, "task_id": task, "status": "pending",
+               "workload_uid": workload_uid or pod.workload_uid, "pod_uid": pod_uid,
+               "pod_name": pod.name, "pod_namespace": pod.namespace, "node_name": pod.node,
+               "pid": pid, "action": "dump" if fmt == "dump" else "record",
+               "options": {"duration": duration, "rate": rate, "format": fmt,
+                           "native": native, "subprocesses": subprocesses,
+                           "locals": locals_},
+               "reason": reason, "output_file": "", "file_size": 0, "content": None,
+               "error": "", "created_at": self.clock()}  # fmt: skip
+        conn.execute(insert(schema.pyspy_tasks).values(row))
+        self.start(task, pod)
+        return task_view(row)
+
+    def start(self, task: str, pod: PodPlace) -> threading.Thread:
+        """Run a created task (once its row is committed)."""
+        t = threading.Thread(target=self._run, args=(task, pod), name=f"pyspy-{task}",
+                             daemon=True)  # fmt: skip
+        t.start()
+        self._threads = [x for x in self._threads if x.is_alive()] + [t]
+        return t
+
+    def _row(self, task: str) -> Any:
+        t = schema.pyspy_tasks
+        with self.engine.connect() as conn:
+            return conn.execute(select(t).where(t.c.task_id == task)).first()
+
+    def _set(self, task: str, only_from: tuple[str, ...], **values: Any) -> bool:
+        """Update the task's row while its status is one of only_from; whether it was."""
+        t = schema.pyspy_tasks
+        with self.engine.begin() as conn:
+            got = conn.execute(update(t).where(t.c.task_id == task, t.c.status.in_(only_from))
+                               .values(**values))  # fmt: skip
+        return bool(got.rowcount)
+
+    def _run(self, task: str, pod: PodPlace) -> None:
+        import grpc
+
+        from lens_ebpf.protocol.gen import deepdive_pb2 as pb
+
+        row = self._row(task)
+        for _ in range(100):  # the request that made it commits it as it answers
+            if row is not None or self._stop.wait(0.05):
+                break
+            row = self._row(task)
+        if row is None or not self._set(task, ("pending",), status="running",
+                                        started_at=self.clock()):  # fmt: skip
+            return  # cancelled before it started
+        o = row.options
+        req = pb.PySpyRequest(pod_uid=row.pod_uid, pid=row.pid, action=row.action,
+                              duration_seconds=o["duration"], rate=o["rate"],
+                              format="speedscope" if o["format"] == "dump" else o["format"],
+                              native=o["native"], subprocesses=o["subprocesses"],
+                              locals=o["locals"], task_id=task)  # fmt: skip
+        limit = (o["duration"] if row.action == "record" else 0) + self.cfg.timeout_seconds + 10
+        try:
+            fut = self.agents.start(pod.node, pod.address, "PySpy", req, limit)
+            while True:
+                try:
+                    got = self.agents.result(pod.node, fut, 0.5)
+                    break
+                except grpc.FutureTimeoutError:
+                    if self._stop.is_set() or self._status(task) == "cancelled":
+                        fut.cancel()  # the agent kills py-spy
+                        return
+        except Exception as exc:  # the agent's refusal, or none reached
+            self._set(task, ("running",), status="failed", error=str(exc)[:2000],
+                      completed_at=self.clock())  # fmt: skip
+            log.info("py-spy task %s failed: %s", task, exc)
+            return
+        name = f"{task}.{EXT[o['format']]}"
+        data = bytes(got.output)
+        self._set(task, ("running",), status="completed", content=data, file_size=len(data),
+                  output_file=name, completed_at=self.clock())  # fmt: skip
+
+    def _status(self, task: str) -> str:
+        row = self._row(task)
+        return row.status if row is not None else "cancelled"
+
+    def cancel(self, conn: Connection, task: str, reason: str) -> dict[str, Any]:
+        t = schema.pyspy_tasks
+        mine = (t.c.task_id == task, t.c.cluster == self.cluster)
+        row = conn.execute(select(t.c.status).where(*mine)).first()
+        if row is None:
+            raise NotFound(f"task {task} not found")
+        if row.status in ENDED:
+            raise BadRequest(f"cannot cancel task in status: {row.status}")
+        conn.execute(update(t).where(t.c.task_id == task).values(
+            status="cancelled", completed_at=self.clock(),
+            error=f"cancelled: {reason}" if reason else "cancelled"))  # fmt: skip
+        return {"task_id": task, "status": "cancelled", "message": "task cancelled"}
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        self.agents.close()
+
+
+def task_view(row: Any) -> dict[str, Any]:
+    """A task in the original's TaskResponse shape (omitempty fields left out when empty)."""
+    r = row if isinstance(row, dict) else row._mapping
+    o = r["options"]
+    out: dict[str, Any] = {"task_id": r["task_id"], "status": r["status"],
+                           "pod_uid": r["pod_uid"], "pod_name": r["pod_name"],
+                           "pod_namespace": r["pod_namespace"], "node_name": r["node_name"],
+                           "pid": r["pid"], "duration": o["duration"], "format": o["format"],
+                           "created_at": stamp(r["created_at"])}  # fmt: skip
+    if r["output_file"]:
+        out["output_file"] = r["output_file"]
+    if r["file_size"]:
+        out["file_size"] = r["file_size"]
+    if r["error"]:
+        out["error"] = r["error"]
+    for k in ("started_at", "completed_at"):
+        if r.get(k) is not None:
+            out[k] = stamp(r[k])
+    if r["status"] == "completed" and r["output_file"]:
+        out["file_path"] = f"/v1/pyspy/file/{r['task_id']}/{r['output_file']}"
+    return out
+
+
+LIST = [c for c in schema.pyspy_tasks.c if c.name != "content"]
+
+
+def get_task(conn: Connection, tables: Any, task: str) -> dict[str, Any]:
+    t = tables.pyspy_tasks
+    row = conn.execute(select(*[t.c[c.name] for c in LIST]).where(t.c.task_id == task)).first()
+    if row is None:
+        raise NotFound(f"task {task} not found")
+    return task_view(row)
+
+
+def list_tasks(conn: Connection, tables: Any, filters: dict[str, str], limit: int,
+               offset: int) -> dict[str, Any]:  # fmt: skip
+    """{tasks, total, limit, offset}, newest first."""
+    t = tables.pyspy_tasks
+    cond = [t.c[k] == v for k, v in filters.items() if v]
+    total = conn.execute(select(func.count()).select_from(t).where(*cond)).scalar_one()
+    rows = conn.execute(select(*[t.c[c.name] for c in LIST]).where(*cond)
+                        .order_by(t.c.created_at.desc(), t.c.task_id)
+                        .offset(offset).limit(limit))  # fmt: skip
+    return {"tasks": [task_view(r) for r in rows], "total": int(total), "limit": limit,
+            "offset": offset}  # fmt: skip
+
+
+def task_file(conn: Connection, tables: Any, task: str, name: str) -> tuple[str, bytes]:
+    """(its media type, its bytes); NotFound while there is no such file."""
+    t = tables.pyspy_tasks
+    row = conn.execute(select(t.c.output_file, t.c.options, t.c.content, t.c.status)
+                       .where(t.c.task_id == task)).first()  # fmt: skip
+    if row is None:
+        raise NotFound(f"task {task} not found")
+    if row.status != "completed" or row.content is None:
+        raise NotFound(f"task {task} has no file ({row.status})")
+    if name and name != row.output_file:
+        raise NotFound(f"task {task} has no file {name!r} (it has {row.output_file})")
+    return TYPES[row.options["format"]], bytes(row.content)

@@ -1,0 +1,163 @@
+"""The Py-Spy Profiler tab end to end: the recorder asks the agent on the pod's node (a real
+agent, its gRPC port taking the recorder's token) about a Python rank in a real containerd
+container; the process tree with its exact pids, py-spy tasks through their lifecycle to a
+speedscope file and a dump naming the rank's functions, a cancel, and bad input, each a
+clear error in the Primus-Lens envelope."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lens_ebpf.agent.deepdive.pyspy import find_pyspy
+from tests.conftest import wait_for
+from tests.containerlab import Containerd
+from tests.deepdivelab import (
+    RECORDER_TOKEN,
+    agent_for,
+    children,
+    containerd_with_python,
+    start_rank,
+)
+from tests.k8slab import FakeApiServer
+from tests.recorder.objects import NS, U, gpu_pod, state, workload
+from tests.recorder.test_cluster_api import node
+from tests.recorder.test_management import Client, token_file
+
+pytestmark = pytest.mark.skipif(not find_pyspy(""), reason="py-spy is not installed")
+AMD = "amd.com/gpu"
+
+
+@pytest.fixture(scope="module")
+def ctd() -> Iterator[Containerd]:
+    yield from containerd_with_python("ddr-")
+
+
+def rank_pod(api: FakeApiServer, name: str, uid: str, node_name: str = "node-a") -> None:
+    p = state(gpu_pod(name, "bert", AMD, 1, node_name), "Running", ready=True)
+    p["metadata"]["uid"] = uid
+    api.put("pods", p)
+
+
+def recorder_token(tmp: Path) -> str:
+    f = tmp / "recorder-agent-token"
+    f.write_text(RECORDER_TOKEN + "\n")
+    return str(f)
+
+
+def test_the_profiler_tab_through_the_agent(ctd: Containerd, api: FakeApiServer,
+                                            recorder_app: Any, tmp_path: Path) -> None:  # fmt: skip
+    rank = start_rank(ctd, "bert-worker-0", "spin", namespace=NS)
+    agent, address = agent_for(ctd, tmp_path)
+    try:
+        api.put("pytorchjobs", workload("bert", {}, {}))
+        api.put("nodes", node("node-a", "True", {AMD: "8"}, "127.0.0.1"))
+        api.put("nodes", node("node-b", "True", {AMD: "8"}, "127.0.0.2"))
+        rank_pod(api, "bert-worker-0", rank.pod_uid)
+        rank_pod(api, "bert-worker-9", "uid-elsewhere", "node-b")  # no agent answers there
+        app = recorder_app(f"sqlite:///{tmp_path / 'r.db'}", api__token_file=token_file(tmp_path),
+                           deepdive__agent_port=int(address.rpartition(":")[2]),
+                           deepdive__token_file=recorder_token(tmp_path))  # fmt: skip
+        c = Client(app)
+        wait_for(lambda: c.call("POST", f"workloads/{U['bert']}/process-tree",
+                                {"pod_uid": rank.pod_uid})[0] == 200,
+                 "the pod and its node known to the recorder", every=0.2)  # fmt: skip
+        tree = c.data("POST", f"workloads/{U['bert']}/process-tree", {"pod_uid": rank.pod_uid})
+        assert (tree["pod_name"], tree["pod_namespace"], tree["node_name"]) == (
+            "bert-worker-0", NS, "node-a")  # fmt: skip
+        [ct] = tree["containers"]
+        root = ct["root_process"]
+        sleep, helper = children(rank.pid)
+        assert (root["host_pid"], root["container_pid"], root["is_python"]) == (rank.pid, 1, True)
+        kids = {k["host_pid"]: k for k in root["children"]}
+        assert sorted(kids) == [sleep, helper]
+        assert (kids[sleep]["is_python"], kids[helper]["is_python"]) == (False, True)
+        assert (ct["process_count"], ct["python_count"], tree["total_python"]) == (3, 2, 2)
+        assert root["env"] == [] and isinstance(root["memory_rss"], int)
+
+        # a speedscope record and a dump, each through its lifecycle to a file
+        def finished(task: str) -> dict[str, Any]:
+            return wait_for(lambda: (t := c.data("GET", f"pyspy/task/{task}"))["status"]
+                            in ("completed", "failed", "cancelled") and t,
+                            f"task {task} ended", every=0.2)  # fmt: skip
+
+        made = c.data("POST", "pyspy/sample", {"pod_uid": rank.pod_uid, "node_name": "node-a",
+                                               "pid": rank.pid, "duration": 1,
+                                               "format": "speedscope"})  # fmt: skip
+        assert made["status"] in ("pending", "running") and made["task_id"].startswith("pyspy-")
+        done = finished(made["task_id"])
+        assert done["status"] == "completed", done
+        assert done["file_path"] == f"/v1/pyspy/file/{done['task_id']}/{done['output_file']}"
+        r = app_get(app, done["file_path"])
+        assert r.headers["Content-Type"].startswith("application/json")
+        doc = r.json()
+        assert {"spin_in_train_step", "main"} <= {f["name"] for f in doc["shared"]["frames"]}
+        assert done["file_size"] == len(r.content)
+
+        asked = {"pod_uid": rank.pod_uid, "pid": rank.pid, "format": "dump"}
+        dump = finished(c.data("POST", "pyspy/sample", asked)["task_id"])
+        threads = app_get(app, dump["file_path"]).json()
+        assert [f["name"] for f in threads[0]["frames"]][:2] == ["spin_in_train_step", "main"]
+
+        listed = c.data("POST", "pyspy/tasks", {"workload_uid": U["bert"]})
+        assert [t["task_id"] for t in listed["tasks"]] == [dump["task_id"], done["task_id"]]
+        assert (listed["total"], listed["limit"], listed["offset"]) == (2, 50, 0)
+        assert c.data("GET", "pyspy/tasks?status=completed&limit=1")["total"] == 2
+
+        # a cancel kills the run on the node; a task ended cannot be cancelled
+        long = c.data("POST", "pyspy/sample", {"pod_uid": rank.pod_uid, "pid": rank.pid,
+                                               "duration": 60})  # fmt: skip
+        agent.wait_sample("lens_agent_pyspy_running", {}, 1)
+        got = c.data("POST", f"pyspy/task/{long['task_id']}/cancel", {"reason": "enough"})
+        assert got == {"task_id": long["task_id"], "status": "cancelled",
+                       "message": "task cancelled"}  # fmt: skip
+        agent.wait_sample("lens_agent_pyspy_running", {}, 0)
+        assert finished(long["task_id"])["status"] == "cancelled"
+        status, body = c.call("POST", f"pyspy/task/{done['task_id']}/cancel", {})
+        assert (status, body["meta"]["code"]) == (400, 4001)
+        assert "cannot cancel task in status: completed" in body["meta"]["message"]
+
+        # bad input: each a clear error in the envelope
+        def failed(pid: int, pod: str = rank.pod_uid, **more: Any) -> str:
+            asked = {"pod_uid": pod, "pid": pid, "format": "dump", **more}
+            t = finished(c.data("POST", "pyspy/sample", asked)["task_id"])
+            assert t["status"] == "failed"
+            return str(t["error"])
+
+        assert "is not a Python process" in failed(sleep)
+        assert "is not a process of pod" in failed(1)
+        for body_, code, says in [
+            ({"pod_uid": rank.pod_uid, "pid": rank.pid, "node_name": "node-b"}, 4001,
+             "runs on node node-a, not node-b"),
+            ({"pod_uid": "no-such-pod", "pid": 1}, 4004, "pod no-such-pod is not known"),
+            ({"pod_uid": rank.pod_uid}, 4001, "pid is required"),
+            ({"pod_uid": rank.pod_uid, "pid": 1, "format": "png"}, 4001, "format 'png'"),
+            ({"pod_uid": rank.pod_uid, "pid": 1, "duration": 100000}, 4001, "max_duration"),
+        ]:  # fmt: skip
+            status, body = c.call("POST", "pyspy/sample", body_)
+            assert body["meta"]["code"] == code and says in body["meta"]["message"], body
+        status, body = c.call("POST", f"workloads/{U['bert']}/process-tree",
+                              {"pod_uid": "uid-elsewhere"})  # fmt: skip
+        assert (status, body["meta"]["code"]) == (503, 5003), body  # node-b's agent: none
+        assert "node-b" in body["meta"]["message"]
+        status, body = c.call("GET", "pyspy/task/pyspy-nothere")
+        assert (status, body["meta"]["code"]) == (404, 4004)
+        r = app_get(app, f"/v1/pyspy/file/{long['task_id']}/x.json", ok=False)
+        assert r.status_code == 404 and "has no file (cancelled)" in r.json()["meta"]["message"]
+    finally:
+        ctd.remove(rank.cid)
+        agent.stop()
+
+
+def app_get(app: Any, path: str, ok: bool = True) -> Any:
+    import requests
+
+    from tests.conftest import hang_guard
+
+    r = requests.get(f"http://127.0.0.1:{app.http.port}{path}", timeout=hang_guard(30))
+    if ok:
+        assert r.status_code == 200, (path, r.status_code, r.text[:300])
+    return r
