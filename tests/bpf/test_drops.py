@@ -3,6 +3,7 @@ attributed to the pod holding the address, named as the running kernel names the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -18,14 +19,14 @@ from lens_ebpf.agent import config, kernel_headers
 from lens_ebpf.agent.bpf import btf
 from lens_ebpf.agent.bpf.loader import BpfLoader
 from lens_ebpf.agent.drops import reasons
-from lens_ebpf.agent.drops.drops import DROPS, Drops
+from lens_ebpf.agent.drops.drops import DROPS, LISTEN_DROPS, OVERFLOWS, Drops
 from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.metrics.cache import MetricCache
 from lens_ebpf.agent.net.policy import load_policy
 from lens_ebpf.agent.pods.index import ClusterIndex, OwnerResolver
 from tests.conftest import netns_unavailable, wait_for
 from tests.k8slab import owned, pod
-from tests.netlab import Lab
+from tests.netlab import Lab, listener
 
 pytestmark = pytest.mark.bpf
 
@@ -161,6 +162,51 @@ def test_tcp_with_a_bad_checksum(drop_rig: DropRig) -> None:
         for i in range(3):
             s.sendto(_syn(src, POD_IP, 40000 + i, 80, good=False), (POD_IP, 0))
     settle(drop_rig, "tcp", reason, before + 3)
+
+
+def nstat(ns: str) -> tuple[int, int]:
+    """(ListenOverflows, ListenDrops) of the namespace, as nstat reports them."""
+    out = subprocess.run(["ip", "netns", "exec", ns, "nstat", "-asz", "TcpExtListenOverflows",
+                          "TcpExtListenDrops"], check=True, capture_output=True,
+                         text=True).stdout  # fmt: skip
+    got = dict(re.findall(r"^TcpExt(\w+)\s+(\d+)", out, re.M))
+    return int(got["ListenOverflows"]), int(got["ListenDrops"])
+
+
+@pytest.mark.skipif(shutil.which("nstat") is None, reason="nstat (iproute2) is not installed")
+def test_listen_queue_overflows_per_pod_and_port(drop_rig: DropRig) -> None:
+    """A listener whose accept queue is full: the namespace's ListenOverflows and the
+    listener's drops, as nstat counts them, on the pod and its port."""
+    ns, cache = drop_rig.lab.ns, drop_rig.cache
+    srv = listener(POD_IP, ns=ns, backlog=0)  # one connection fits; the next overflow
+    port = srv.getsockname()[1]
+
+    def ours() -> tuple[int, int]:
+        drop_rig.drops.read()
+        return (int(cache.get(OVERFLOWS, WHO) or 0),
+                int(cache.get(LISTEN_DROPS, (*WHO, str(port))) or 0))  # fmt: skip
+
+    start, seen = nstat(ns), ours()  # the listener's first sight: its baseline
+    clients = []
+    try:
+        for _ in range(4):
+            c = socket.socket()
+            c.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                c.connect((POD_IP, port))
+            clients.append(c)
+        wait_for(lambda: nstat(ns)[0] - start[0] >= 3, "3 SYNs refused by the full queue")
+        for c in clients:
+            c.close()  # no more retransmitted SYNs
+        now = nstat(ns)
+        got = ours()  # while the listener lives: its drops go with it
+    finally:
+        for c in clients:
+            c.close()
+        srv.close()
+    grew = (now[0] - start[0], now[1] - start[1])
+    assert grew[0] >= 3 and grew[1] >= grew[0]
+    assert (got[0] - seen[0], got[1] - seen[1]) == grew, (got, seen, now, start)
 
 
 def _bpftool_enum(name: str) -> dict[int, str] | None:

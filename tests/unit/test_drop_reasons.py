@@ -6,7 +6,7 @@ import struct
 
 from lens_ebpf.agent.bpf.btf import ENUM, Btf
 from lens_ebpf.agent.bpf.spec import Kernel, resolve
-from lens_ebpf.agent.drops import reasons
+from lens_ebpf.agent.drops import listeners, reasons
 from lens_ebpf.agent.drops.drops import ADDRESSES, SPEC
 
 
@@ -61,3 +61,42 @@ def test_locations_resolve_to_the_function_they_lie_in() -> None:
     assert locs.name(0xFFFFFFFFC0100020) == "nft_do_chain"
     assert locs.name(0) == ""
     assert locs.name(0x1000) == "0x1000"  # below every symbol: kallsyms hides them
+
+
+def test_listener_counters_parse_as_the_kernel_writes_them() -> None:
+    netstat = ("TcpExt: SyncookiesSent ListenOverflows ListenDrops\nTcpExt: 0 6 7\n"
+               "IpExt: InNoRoutes\nIpExt: 0\n")  # fmt: skip
+    assert listeners.parse_netstat(netstat) == {"SyncookiesSent": 0, "ListenOverflows": 6,
+                                                "ListenDrops": 7}  # fmt: skip
+    fib = ("Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 0.0.0.0\n        /0 universe UNICAST\n"
+           "Local:\n     |-- 127.0.0.1\n        /32 host LOCAL\n"
+           "     |-- 198.51.100.79\n        /32 host LOCAL\n"
+           "     |-- 198.51.100.255\n        /32 link BROADCAST\n")  # fmt: skip
+    inet6 = ("00000000000000000000000000000001 01 80 10 80       lo\n"
+             "fd000079000000000000000000000002 02 40 00 80     eth0\n"
+             "fe800000000000000000000000000002 02 40 20 80     eth0\n")  # fmt: skip
+    assert listeners.parse_local_addresses(fib, inet6) == ["198.51.100.79", "fd00:79::2"]
+
+
+def test_a_sock_diag_answer_gives_each_listener() -> None:
+    """One inet_diag message as the kernel sends it for a listener on ::ffff:10.0.0.1:8080
+    with 2 waiting of 128 and 5 drops, then NLMSG_DONE."""
+    sockid = struct.pack("!HH", 8080, 0) + bytes(10) + b"\xff\xff" + bytes([10, 0, 0, 1])
+    sockid += bytes(16) + struct.pack("=IQ", 0, 0)
+    msg = struct.pack("=BBBB", 10, 10, 0, 0) + sockid + struct.pack("=IIIII", 0, 2, 128, 0, 9)
+    mem = struct.pack("=9I", *([0] * 8), 5)
+    msg += struct.pack("=HH", 4 + len(mem), listeners.INET_DIAG_SKMEMINFO) + mem
+    data = struct.pack("=IHHII", 16 + len(msg), listeners.SOCK_DIAG_BY_FAMILY, 2, 1, 0) + msg
+    data += struct.pack("=IHHII", 20, listeners.NLMSG_DONE, 2, 1, 0) + bytes(4)
+    got, done = listeners.parse_diag(data, 10)
+    assert done and got == [listeners.Listener(10, "10.0.0.1", 8080, 2, 128, 5)]
+
+
+def test_counts_start_at_first_sight_and_survive_a_new_socket() -> None:
+    d = listeners.Deltas()
+    assert d.take("k", 10) == 0  # first sight: the baseline
+    assert d.take("k", 13) == 3
+    assert d.take("k", 2) == 2  # a new socket at the same key starts from zero
+    d.end_round()
+    d.end_round()  # not seen in a round: forgotten
+    assert d.take("k", 5) == 0

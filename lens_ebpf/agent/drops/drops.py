@@ -7,7 +7,7 @@ import ctypes
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -29,9 +29,10 @@ from lens_ebpf.agent.bpf.spec import (
     ProgramSpec,
 )
 from lens_ebpf.agent.config import BpfConfig
-from lens_ebpf.agent.drops import reasons
+from lens_ebpf.agent.drops import listeners, reasons
 from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.metrics.cache import COUNTER, MetricCache
+from lens_ebpf.agent.net import netns
 from lens_ebpf.agent.net.policy import CLASS_IDS, CLASS_NAMES, MAX_PREFIXES, Policy, lpm_entries
 from lens_ebpf.agent.tcp.decode import direction_name, format_addr
 
@@ -63,6 +64,8 @@ MAX_POLICY_PREFIXES = MAX_PREFIXES + 64
 # Index of the program's stats array (ST_* in drops.c).
 STATS = ("ringbuf_full", "map_full", "events", "no_header")
 DROPS = "lens_packet_drops_total"
+OVERFLOWS = "lens_tcp_listen_overflows_total"
+LISTEN_DROPS = "lens_tcp_listen_drops_total"
 IDENTITY = ("namespace", "pod", "workload_kind", "workload")
 LABELS = ("namespace", "pod", "workload_kind", "workload", "direction", "type", "protocol",
           "reason", "code", "location")  # fmt: skip
@@ -115,7 +118,8 @@ class Drops(RingProgram):
     def __init__(self, bpf: BpfConfig, cache: MetricCache, loader: BpfLoader,
                  enrich: Enrichment | None = None, max_keys: int = 4096,
                  clock: Callable[[], float] = time.monotonic, kernel: Kernel | None = None,
-                 locations: reasons.Locations | None = None) -> None:  # fmt: skip
+                 locations: reasons.Locations | None = None,
+                 listen: bool = True) -> None:  # fmt: skip
         super().__init__(loader)
         self.bpf_cfg, self.cache, self.max_keys = bpf, cache, max_keys
         self.enrich = enrich or Enrichment()
@@ -139,6 +143,17 @@ class Drops(RingProgram):
                        ("namespace", "pod", "workload_kind", "workload", "direction", "type",
                         "protocol", "reason", "code", "location"))  # fmt: skip
         assert cache.family(DROPS).labelnames == LABELS  # DropLabels' order
+        # listen-queue overflows and SYN drops: the kernel's counters, per namespace
+        self.listen = listeners.ListenCounts(self._pod_of) if listen else None
+        self.listen_walks_failed = 0
+        cache.register(OVERFLOWS, COUNTER,
+                       "Connections a full accept queue refused: the network namespace's "
+                       "TcpExt ListenOverflows (as nstat reports it), by its pod",
+                       ("namespace", "pod", "workload_kind", "workload"))  # fmt: skip
+        cache.register(LISTEN_DROPS, COUNTER,
+                       "SYNs and handshakes a listener dropped (its sk_drops, which each "
+                       "TcpExt ListenDrops raises), by the listening pod and port",
+                       ("namespace", "pod", "workload_kind", "workload", "port"))  # fmt: skip
 
     def defines(self) -> dict[str, int | str]:
         return self.static_defines(self.bpf_cfg, self.max_keys, self.names)
@@ -188,6 +203,41 @@ class Drops(RingProgram):
                 if grew:  # an overflow slot seen for the first time, still empty
                     self.cache.inc(DROPS, self.labels(key, self.enrich), grew)
             self.read_stats(b"stats")
+        if self.listen is not None:
+            self.read_listeners()
+
+    def _pod_of(self, addresses: Iterable[str]) -> listeners.Who:
+        """The pod that holds one of these addresses, by the cluster index."""
+        lookup = self.enrich.lookup
+        if lookup is not None:
+            for addr in addresses:
+                ident = lookup(addr)
+                if ident is not None and ident.kind == "pod":
+                    return (ident.namespace, ident.name, ident.workload_kind, ident.workload)
+        return listeners.NOBODY
+
+    def read_listeners(self) -> None:
+        """Walk every network namespace: its ListenOverflows and its listeners' drops."""
+        assert self.listen is not None
+
+        def look() -> listeners.Namespace | None:
+            try:
+                return listeners.look()
+            except OSError as exc:
+                log.debug("%s: a namespace's listeners could not be read: %s", NAME, exc)
+                return None
+
+        for ino, ns in netns.in_each(netns.namespaces(), look):
+            if ns is None:
+                self.listen_walks_failed += 1
+                continue
+            pod, overflows, _drops, ports = self.listen.take(ino, ns)
+            if overflows:
+                self.cache.inc(OVERFLOWS, pod, overflows)
+            for port, grew in ports.items():
+                if grew:
+                    self.cache.inc(LISTEN_DROPS, (*pod, str(port)), grew)
+        self.listen.end_round()
 
     def keys(self) -> int:
         return len(self.reader)

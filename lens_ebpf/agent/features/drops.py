@@ -16,6 +16,8 @@ class DropsSettings(Settings):
     reason) keys; past it drops are counted per direction and class only."""
 
     max_keys: int = Field(4096, ge=16, le=1 << 20)
+    # listen-queue overflows and listeners' SYN drops, each read cycle, per namespace
+    listeners: bool = True
 
 
 @register(NAME, order=12, settings={"drops": DropsSettings})
@@ -29,7 +31,8 @@ class DropsFeature(Feature):
     def start(self) -> None:
         ctx = self.ctx
         s = ctx.settings("drops", DropsSettings)
-        drops = Drops(ctx.bpf, ctx.cache, ctx.loader, ctx.enrich, s.max_keys)
+        drops = Drops(ctx.bpf, ctx.cache, ctx.loader, ctx.enrich, s.max_keys,
+                      listen=s.listeners)  # fmt: skip
         if drops.start(ctx.policy.effective()):
             self.drops = drops
             ctx.policy.subscribe(drops.set_policy)
