@@ -26,8 +26,9 @@ docs: setup-test
 	$(PY) scripts/routes_reference.py
 	$(VENV)/bin/mkdocs build --strict -d site
 
+# Two xdist workers, one per group (tests/conftest.py says which tests go together).
 test: lint
-	$(PY) -m pytest -q -rs --durations=25 tests
+	$(PY) -m pytest -q -rs --durations=25 -n 2 --dist loadgroup tests
 
 protos: setup-test
 	scripts/gen_protos.sh

@@ -70,7 +70,23 @@ def netns_unavailable() -> str | None:
     return None
 
 
+# `make test` runs two pytest-xdist workers (`-n 2 --dist loadgroup`), one per group:
+# what loads BPF programs or starts agents on this host (their exact counts see the
+# host's traffic, and the kernel matrix's wait is theirs) in one, the recorder's suite
+# and the Kubernetes labs (a node, API servers: their own network namespace, ports
+# and directories) in the other. Each group runs in order, as a plain run does.
+SECOND_GROUP = ("tests/kube/", "tests/recorder/")
+MATRIX = "tests/vm/test_kernel_matrix.py"
+
+
+def _group(nodeid: str) -> str:
+    return "services" if nodeid.startswith(SECOND_GROUP) else "host"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist names the groups in the test ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item.nodeid)))
     reason = bpf_unavailable()
     if reason is None:
         return
@@ -80,10 +96,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def _worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, the controller names the kernel matrix's directory to the workers
+    (they start after this) and starts the guests itself: once, not once per worker."""
+    if config.pluginmanager.hasplugin("dsession") and not _worker(config):
+        from tests.vm import test_kernel_matrix
+
+        out = tempfile.mkdtemp(prefix="lens-kmatrix-")
+        os.environ[test_kernel_matrix.OUT_ENV] = out
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
+    """xdist's controller: a worker collected the kernel matrix, so boot its guests now,
+    beside the host's tests (every worker collects the same tests; start() runs once)."""
+    if any(i.startswith(MATRIX) for i in ids):
+        from tests.vm import test_kernel_matrix
+
+        test_kernel_matrix.start(Path(os.environ[test_kernel_matrix.OUT_ENV]))
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Boot the kernel matrix's guests as soon as they are collected, so they run beside
-    the host's tests instead of after them (tests/vm/test_kernel_matrix.py)."""
-    if any(i.nodeid.startswith("tests/vm/test_kernel_matrix.py") for i in session.items):
+    the host's tests instead of after them (tests/vm/test_kernel_matrix.py); under xdist
+    the controller does (above)."""
+    if _worker(session.config):
+        return
+    if any(i.nodeid.startswith(MATRIX) for i in session.items):
         from tests.vm import test_kernel_matrix
 
         test_kernel_matrix.start(Path(tempfile.mkdtemp(prefix="lens-kmatrix-")))

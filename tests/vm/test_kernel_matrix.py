@@ -12,7 +12,10 @@ tree (another kernel's). The host kernel runs the same suite as the rest of
 
 The guests start as soon as pytest has collected this file (tests/conftest.py), two at a
 time (TCG is one host thread per guest CPU), and run while the host's tests run; the
-tests here wait for them. A guest that is
+tests here wait for them. Under pytest-xdist (`make test` runs two workers) the
+controller starts them once, when a worker reports it collected this file, and the
+worker that runs these tests reads each guest's result from the share it wrote
+(`result.json` beside its junit files). A guest that is
 merely slow passes; one that stops making progress is stopped and fails with its
 console's tail (qemu.boot). The end of `make test` prints one line per guest.
 """
@@ -23,6 +26,7 @@ import json
 import os
 import shutil
 import threading
+import time
 import xml.etree.ElementTree as ET
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from lens_ebpf.agent import kernel_headers
-from tests.conftest import bpf_unavailable
+from tests.conftest import bpf_unavailable, wait_for
 from tests.vm import kernels, qemu
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,6 +75,13 @@ def why_not() -> str | None:
     return bpf_unavailable()
 
 
+# The directory the guests write into, named to xdist's workers by the controller that
+# starts them (tests/conftest.py sets it before the workers start).
+OUT_ENV = "LENS_KMATRIX_OUT"
+PLAN = "plan.json"  # in that directory: {"covers": {series: [headers]}, "skip": reason}
+RESULT = "result.json"  # in each guest's directory once it has stopped
+
+
 @dataclass
 class Matrix:
     """Every guest run: one boot per kernel, which headers runs it covers."""
@@ -78,6 +89,41 @@ class Matrix:
     runs: dict[str, Future] = field(default_factory=dict)  # series -> qemu.Result
     covers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # series -> headers
     skip: str = ""
+    root: Path | None = None
+
+    def result(self, series: str) -> qemu.Result:
+        """The guest's result: from its future here, or from the share when another
+        process (xdist's controller) started it."""
+        future = self.runs.get(series)
+        if future is not None:
+            res: qemu.Result = future.result()
+            return res
+        assert self.root is not None
+        out = self.root / f"vm-{series}"
+        done = out / RESULT
+        # qemu.boot stops a guest that stops making progress, and the controller writes
+        # this file either way; the test's own timeout is the last guard
+        while not done.exists():
+            time.sleep(2)
+        got = json.loads(done.read_text())
+        return qemu.Result(got["rc"], _read(out / "console.log"), _read(out / "serial.log"),
+                           got["seconds"], out, got["hung"])  # fmt: skip
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _record(out: Path, future: Future) -> None:
+    """A guest's result into its share, for a worker that did not start it."""
+    try:
+        res: qemu.Result = future.result()
+        got = {"rc": res.rc, "seconds": res.seconds, "hung": res.hung}
+    except Exception as e:  # the boot itself failed: the worker's test says so
+        got = {"rc": -1, "seconds": 0.0, "hung": f"the guest did not run: {e!r}"}
+    tmp = out / (RESULT + ".tmp")
+    tmp.write_text(json.dumps(got))
+    tmp.replace(out / RESULT)
 
 
 _started: Matrix | None = None
@@ -92,10 +138,11 @@ def start(out_root: Path) -> Matrix:
             return _started
         reason = why_not()
         if reason:
-            _started = Matrix(skip=reason)
+            _started = Matrix(skip=reason, root=out_root)
+            _plan(out_root, _started)
             return _started
         pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kmatrix")
-        matrix = Matrix()
+        matrix = Matrix(root=out_root)
         fallback = kernel_headers.find_fallback()
         # the slowest kernel first, so the two workers finish about together
         for k in sorted(kernels.cached(), key=lambda k: k.series != "5.10"):
@@ -107,9 +154,27 @@ def start(out_root: Path) -> Matrix:
             matrix.runs[k.series] = pool.submit(
                 qemu.boot, k, _guest_command(not own), workdir=ROOT, out=out
             )  # fmt: skip
+            matrix.runs[k.series].add_done_callback(lambda f, out=out: _record(out, f))
         pool.shutdown(wait=False)
+        _plan(out_root, matrix)
         _started = matrix
         return matrix
+
+
+def _plan(root: Path, matrix: Matrix) -> None:
+    plan = {"covers": {s: list(h) for s, h in matrix.covers.items()}, "skip": matrix.skip}
+    (root / (PLAN + ".tmp")).write_text(json.dumps(plan))
+    (root / (PLAN + ".tmp")).replace(root / PLAN)
+
+
+def _planned(root: Path) -> Matrix:
+    """The matrix another process started into root, as its plan says."""
+    plan = root / PLAN
+    wait_for(plan.exists, f"the kernel matrix's plan in {root} (the controller starts it "
+             "when a worker has collected tests/vm)", 60)  # fmt: skip
+    got = json.loads(plan.read_text())
+    covers = {s: tuple(h) for s, h in got["covers"].items()}
+    return Matrix(covers=covers, skip=got["skip"], root=root)
 
 
 def started() -> Matrix | None:
@@ -118,7 +183,11 @@ def started() -> Matrix | None:
 
 @pytest.fixture(scope="session")
 def matrix(tmp_path_factory: pytest.TempPathFactory) -> Matrix:
-    m = start(tmp_path_factory.mktemp("kmatrix"))
+    shared = os.environ.get(OUT_ENV)
+    if _started is None and shared:  # an xdist worker: the controller started it
+        m = _planned(Path(shared))
+    else:
+        m = start(tmp_path_factory.mktemp("kmatrix"))
     if m.skip:
         pytest.skip(m.skip)
     return m
@@ -153,13 +222,12 @@ def _series() -> list[str]:
 @pytest.mark.parametrize("headers", HEADERS)
 @pytest.mark.parametrize("series", _series())
 def test_real_kernel_suite(matrix: Matrix, series: str, headers: str) -> None:
-    future = matrix.runs.get(series)
-    if future is None:
+    if series not in matrix.covers:
         pytest.skip(f"kernel {series} not fetched")
     if headers not in matrix.covers[series]:
         pytest.skip(f"the fallback tree ({kernel_headers.find_fallback()}) is {series}'s "
                     "own headers")  # fmt: skip
-    res: qemu.Result = future.result()
+    res = matrix.result(series)
     totals, bad, _ = report(res, headers)
     rc_file = res.out / f"rc-{headers}"
     rc = int(rc_file.read_text().strip()) if rc_file.exists() else -1
