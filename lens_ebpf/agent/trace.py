@@ -1,4 +1,4 @@
-"""`lens-ebpf trace tcp|rtt|exec|all|gpu`: live events from the agent's own programs.
+"""`lens-ebpf trace tcp|rtt|exec|all|gpu|drop`: live events from the agent's own programs.
 
 Runs standalone as root, with no agent and no Kubernetes. The programs, decoders and
 attribution are the agent's; pid and port filters are applied in the kernel (the
@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from lens_ebpf.agent import config, kernel_headers, tracefs
-from lens_ebpf.agent.bpf import layouts
+from lens_ebpf.agent.bpf import btf, layouts
 from lens_ebpf.agent.bpf.loader import BpfLoader, plan_for, program_source, render_cflags
+from lens_ebpf.agent.drops import drops, reasons
 from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.events import Event, EventBus, EventFilter
 from lens_ebpf.agent.metrics.cache import MetricCache
@@ -39,6 +40,7 @@ examples:
   lens-ebpf trace exec --pod web-0         # execs and exits in one pod's containers
   lens-ebpf trace all --duration 10        # everything, for 10 seconds
   lens-ebpf trace gpu --wide               # GPU faults and the pods on the GPU
+  lens-ebpf trace drop --port 8080         # each packet the kernel drops, and why
 """
 TCP_HEADER = (
     f"{'TIME':<8} {'PID':>6} {'COMM':<9} {'DIR':<3} {'CLASS':<8} {'REMOTE':<21} "
@@ -60,7 +62,7 @@ class TraceError(Exception):
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("trace", help="live events from this node's kernel", epilog=EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("what", choices=("tcp", "rtt", "exec", "all", "gpu"))
+    p.add_argument("what", choices=("tcp", "rtt", "exec", "all", "gpu", "drop"))
     p.add_argument("interval", nargs="?", type=float, default=5.0,
                    help="rtt: seconds between histograms (default 5)")  # fmt: skip
     p.add_argument("count", nargs="?", type=int, default=0, help="rtt: how many (default: ever)")
@@ -209,7 +211,7 @@ def rtt_by_class(cache: MetricCache) -> dict[tuple[str, str], tuple[list[int], f
 def print_ebpf(what: str, cfg: config.Config, out: TextIO) -> None:
     """The C source and cflags trace would load (hidden --ebpf)."""
     names = {"tcp": ["tcp_flows"], "rtt": ["tcp_flows"], "exec": ["proc_events"],
-             "all": ["tcp_flows", "proc_events"]}[what]  # fmt: skip
+             "all": ["tcp_flows", "proc_events"], "drop": ["drops"]}[what]  # fmt: skip
     for name in names:
         # the switches this kernel's spec resolution sets, then the settings
         if name == "tcp_flows":
@@ -217,6 +219,10 @@ def print_ebpf(what: str, cfg: config.Config, out: TextIO) -> None:
             plan = plan_for(tcp_flows.SPEC, () if rtt else (tcp_flows.RTT,))
             rtt = rtt and plan.uses(tcp_flows.RTT)
             settings = tcp_flows.TcpFlows.static_defines(cfg.bpf, rtt=rtt)
+        elif name == "drops":
+            plan = plan_for(drops.SPEC)
+            kernel_btf = btf.running()
+            settings = drops.Drops.static_defines(cfg.bpf, 4096, reasons.reason_names(kernel_btf))
         else:
             plan = plan_for(proc_events.SPEC)
             settings = proc_events.ProcEvents.static_defines(cfg.bpf)
@@ -231,6 +237,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     cfg = config.load(args.config, overrides={("log_level",): "error"})
     if args.what == "gpu":
         return run_gpu(args, cfg, out, err)
+    if args.what == "drop" and not args.ebpf:
+        return run_drop(args, cfg, out, err)
     if args.ebpf:
         print_ebpf(args.what, cfg, out)
         return 0
@@ -422,4 +430,84 @@ def run_gpu(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: Text
         for t in threads:
             t.join(timeout=2)
     err.write(f"lens-ebpf trace: {shown} GPU faults shown\n")
+    return 0
+
+
+DROP_HEADER = f"{'TIME':<8} {'DIR':<3} {'PROTO':<5} {'LOCAL':<21} {'REMOTE':<21} REASON"
+
+
+def format_drop(ev: dict[str, Any], boot_offset: float) -> str:
+    """One drop as an 80-column line: the local end (the destination of a packet that
+    came in, the source of one sent), the other, and the kernel's reason."""
+    ingress = ev["direction"] == "ingress"
+
+    def end(addr: str, port: int) -> str:
+        if not addr:
+            return "-"
+        host = f"[{addr}]" if ":" in addr else addr
+        return _fit(f"{host}:{port}" if port else host, 21)
+
+    local = end(ev["daddr"], ev["dport"]) if ingress else end(ev["saddr"], ev["sport"])
+    remote = end(ev["saddr"], ev["sport"]) if ingress else end(ev["daddr"], ev["dport"])
+    return (f"{clock_text(ev['ts_ns'], boot_offset):<8} {'in' if ingress else 'out':<3} "
+            f"{ev['protocol'] or '-':<5} {local:<21} {remote:<21} {ev['reason']}")[:80]  # fmt: skip
+
+
+def run_drop(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: TextIO) -> int:
+    """Each packet the kernel drops, while the trace runs (the drops program's records_on):
+    pid and port filtered in the kernel, class and comm here. Standalone there is no
+    cluster index, so drops name addresses, not pods."""
+    if os.geteuid() != 0:
+        raise TraceError("needs root: loading BPF programs takes CAP_BPF and CAP_PERFMON")
+    if tracefs.ensure_mounted() is None:
+        raise TraceError("tracefs is not mounted and cannot be (mount -t tracefs ...)")
+    if not (plan := plan_for(drops.SPEC)).loadable:
+        raise TraceError(f"drops: {plan.off_reason}")
+    kernel_headers.for_config(cfg.kernel)
+    try:
+        policy = PolicyWatcher(Path(args.policy) if args.policy else config.policy_path(cfg))
+    except PolicyError as exc:
+        raise TraceError(f"policy: {exc}") from None
+    loader = BpfLoader()
+    prog = drops.Drops(cfg.bpf, MetricCache(ttl_seconds=3600, max_series=10**5), loader,
+                       listen=False)  # fmt: skip
+    if not prog.start(policy.effective()):
+        raise TraceError(f"drops: {loader.status['drops'].reason}")
+    shown: list[int] = [0]
+    boot_offset = time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
+
+    def show(rec: bytes) -> None:
+        prog.events_received += 1
+        ev = drops.drop_record(rec, prog.names, prog.has_reasons, prog.labels.locations)
+        if (args.cls and ev["class"] != args.cls) or (args.comm and ev["comm"] != args.comm):
+            return
+        if not args.json and not shown[0]:
+            out.write(DROP_HEADER + "\n")
+        out.write((json.dumps(ev, sort_keys=True) if args.json
+                   else format_drop(ev, boot_offset)) + "\n")  # fmt: skip
+        out.flush()
+        shown[0] += 1
+
+    prog.open_events(b"drop_events", show, cfg.bpf.ring_reader)
+    layouts.set_trace_filter(prog.bpf, args.pid, args.port)
+    prog.set_records(True)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    err.write("lens-ebpf trace: tracing drop (Ctrl-C to stop)\n")
+    err.flush()
+    started = time.monotonic()
+    try:
+        while not stop.is_set():
+            if args.duration and time.monotonic() - started >= args.duration:
+                break
+            prog.poll(100)
+    finally:
+        prog.set_records(False)
+        prog.poll(0)
+        prog.read_stats(b"stats")
+        lost = prog.kernel_stats["ringbuf_full"]
+        loader.close()
+    err.write(f"lens-ebpf trace: {shown[0]} events shown, {prog.events_received} received, "
+              f"{lost} lost\n")  # fmt: skip
     return 0

@@ -92,3 +92,27 @@ def test_trace_exec_sees_a_command_in_a_real_container(ctd: Containerd, tmp_path
 def test_sigint_ends_trace_cleanly_with_a_summary() -> None:
     _, err = Trace("all").finish()
     assert "events shown" in err and "lost" in err
+
+
+def test_trace_drop_shows_each_drop_with_the_kernels_reason() -> None:
+    """Datagrams to two closed ports, the trace filtered to one in the kernel: exactly
+    that port's drops come out, each named as this kernel names it."""
+    import socket
+
+    from lens_ebpf.agent.bpf import btf
+
+    kept, other = 40871, 40872
+    trace = Trace("drop", "--json", "--port", str(kept))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for port in (other, kept, other, kept, kept):
+            s.sendto(b"x", ("127.0.0.93", port))
+    trace.until(lambda ev: len(ev) >= 3, "the kept port's three drops")
+    events, err = trace.finish()
+    assert len(events) == 3, events
+    has_reasons = btf.running() is not None and btf.running().enum_values("skb_drop_reason")
+    for e in events:
+        assert (e["daddr"], e["dport"], e["protocol"], e["direction"]) == (
+            "127.0.0.93", kept, "udp", "ingress")  # fmt: skip
+        assert e["reason"] == ("NO_SOCKET" if has_reasons else "__udp4_lib_rcv")
+    # filtered in the kernel: the other port's drops never reached user space
+    assert int(err.split(" received")[0].split()[-1]) == 3

@@ -108,6 +108,31 @@ class DropLabels:
                 protocol_name(key.family, key.l4proto), reason, code, location)  # fmt: skip
 
 
+def drop_record(rec: bytes, names: dict[int, str] | None, has_reasons: bool,
+                locations: reasons.Locations) -> dict[str, Any]:  # fmt: skip
+    """One drop_event record (trace mode) as trace prints it, named as the metric is."""
+    e = layouts.DropEvent.from_buffer_copy(rec)
+    location = locations.name(e.location)
+    reason = reasons.reason_label(e.reason, names, has_reasons) if has_reasons else location
+    family = e.family
+    return {
+        "kind": "packet_drop",
+        "ts_ns": e.ts_ns,
+        "pid": e.pid,
+        "comm": layouts.comm_text(bytes(e.comm)),
+        "direction": direction_name(e.direction),
+        "class": CLASS_NAMES.get(e.cls, str(e.cls)),
+        "protocol": protocol_name(family, e.l4proto),
+        "saddr": format_addr(family, bytes(e.saddr)) if family else "",
+        "daddr": format_addr(family, bytes(e.daddr)) if family else "",
+        "sport": e.sport,
+        "dport": e.dport,
+        "reason": reason,
+        "code": e.reason if has_reasons else None,
+        "location": location,
+    }
+
+
 class Drops(RingProgram):
     """The drops program: policy trie in, per-(address, class, protocol, reason) drop
     counts out; per-drop records only while a trace asks."""
