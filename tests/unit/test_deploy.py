@@ -155,6 +155,7 @@ def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
                       "LensGpuXidCritical", "LensGpuUncorrectableErrors",
                       "LensGpuRowRemapFailure", "LensGpuResetPending",
                       "LensGpuThermalThrottling", "LensGpuXgmiErrors",
+                      "LensPodPacketDrops", "LensListenQueueOverflows",
                       "LensRecorderDatabaseDown", "LensRecorderWritesDropped",
                       "LensRecorderNotWatching"}  # fmt: skip
 
@@ -191,7 +192,7 @@ def test_dashboard_panels_cover_the_issue() -> None:
         (AGENT / "grafana-dashboard.json").read_text())["panels"]).lower()  # fmt: skip
     for word in ("class", "rtt", "heatmap", "retransmit", "exec", "oom", "gpu utilization",
                  "gpu memory", "gpu power", "rdma", "gpu faults", "throttling",
-                 "ecc", "nvlink"):  # fmt: skip
+                 "ecc", "nvlink", "packet drops", "listen queue"):  # fmt: skip
         assert word in titles, word
 
 
