@@ -1,7 +1,7 @@
 """The running kernel's own type description (BTF, /sys/kernel/btf/vmlinux): where a
 struct member lies, and the prototype a raw tracepoint passes its program.
 
-DESIGN.md rule 1 forbids reading kernel structs through a header tree, because the tree
+docs/design.md rule 1 forbids reading kernel structs through a header tree, because the tree
 on disk may belong to another kernel. BTF is not a header tree: the running kernel
 describes itself, as it does its tracepoint formats, so an offset taken from it is that
 kernel's offset. The programs use it where a tracepoint record would cost more than the

@@ -2,7 +2,7 @@
 proc_events.h).
 
 Each mirror is checked field by field (name, offset, size) against the type BCC
-derived from the C at load time; a mismatch is an error, never a guess (STYLE.md).
+derived from the C at load time; a mismatch is an error, never a guess (docs/contributing/style.md).
 """
 
 from __future__ import annotations
