@@ -188,10 +188,16 @@ def test_closed_flow_record_names_the_process_and_cgroup(rig: FlowRig) -> None:
 
 
 def test_ipv6_loopback_is_localhost(rig: FlowRig) -> None:
-    srv = listener("::1")
+    # ::1 is every process's loopback (the rig's counters live for the session and see
+    # the whole host): a port no earlier flow to ::1 had, so the counts are this flow's
+    for _ in range(20):
+        srv = listener("::1")
+        key = ("egress", "localhost", "::1", str(srv.getsockname()[1]))
+        if rig.value(SENT, *key) == rig.value(OPENED, *key) == 0:
+            break
+        srv.close()
     port, _ = exchange(srv, "::1", 4000, 1000)
     srv.close()
-    key = ("egress", "localhost", "::1", str(port))
     assert rig.wait_value(SENT, *key, want=4000) == 4000
     assert rig.value(RECV, *key) == 1000
     assert (
@@ -207,16 +213,19 @@ def test_long_lived_flow_bytes_grow_before_close(rig: FlowRig, request, where: s
     nothing: on the host, and with both ends in another network namespace (a pod's;
     where bytes come from the socket's counters the agent walks every namespace)."""
     ns = request.getfixturevalue("lab").ns if where == "pod" else None
+    # the client's own source address: the accepted side's key names it, where 127.0.0.1
+    # is also every other process's clients' (a server of theirs may have this port)
+    source = addr.replace("127.0.0.", "127.0.9.")
 
     def connect() -> tuple[socket.socket, socket.socket, socket.socket]:
         srv = listener(addr)
-        cli = socket.create_connection(srv.getsockname())
+        cli = socket.create_connection(srv.getsockname(), source_address=(source, 0))
         return srv, cli, srv.accept()[0]
 
     srv, cli, conn = in_netns(ns, connect)
     port = srv.getsockname()[1]
     key = ("egress", "localhost", addr, str(port))
-    ing = ("ingress", "localhost", "127.0.0.1", str(port))
+    ing = ("ingress", "localhost", source, str(port))
     try:
         cli.sendall(b"a" * 1000)
         assert recv_exact(conn, 1000) == 1000
@@ -246,8 +255,9 @@ def test_sockets_opened_before_the_agent_count_as_untracked_bytes_tcp_only(rig: 
     """A connection older than the program has no flow; its bytes go to the untracked
     counters, and only TCP's: the raw tracepoints see every socket, so a Unix or UDP
     socket's bytes moving in the same window must not count. The counters are the whole
-    node's: another process's old connection can add to a window, so a window is tried
-    again (up to 3), and one must be exact."""
+    node's: another process's old connection can add to a window (make test's other
+    worker keeps loopback connections it opened before the rig busy), so a window is
+    tried again (up to 10), and one must be exact."""
     cli, srv = rig.early
 
     def counts() -> tuple[int, int]:  # lens_tcp_untracked_bytes_total{way=sent|received}
@@ -278,7 +288,7 @@ def test_sockets_opened_before_the_agent_count_as_untracked_bytes_tcp_only(rig: 
 
     want = (3 * 1111 + 222, 3 * 1111 + 222)  # each byte sent once and received once
     got = [window()]
-    while got[-1] != want and len(got) < 3:
+    while got[-1] != want and len(got) < 10:
         got.append(window())
     assert got[-1] == want, got
 
@@ -458,7 +468,10 @@ def test_sweep_finishes_a_socket_whose_close_went_unseen(rig: FlowRig) -> None:
     assert rig.value(CLOSED, *key) == 1
     assert events[0]["reason"] == "close_not_seen"
     assert (events[0]["sent_bytes"], events[0]["received_bytes"]) == (11, 22)
-    assert rig.flows.reconcile() == 0  # finished once only
+    # finished once only: another sweep leaves it (it may finish another process's
+    # socket whose namespace it could not read: those are not this test's)
+    rig.flows.reconcile()
+    assert rig.value(CLOSED, *key) == 1
 
 
 def test_sweep_leaves_live_sockets_alone(rig: FlowRig) -> None:
@@ -484,9 +497,10 @@ def test_sweep_leaves_live_sockets_alone(rig: FlowRig) -> None:
 def test_reset_on_close_with_unread_data(rig: FlowRig) -> None:
     srv = listener("127.0.0.73")
     port = srv.getsockname()[1]
-    sub = rig.bus.subscribe("t-rst", accept=lambda e: port in (e.get("rport"), e.get("lport")))
+    source = "127.0.9.73"  # the accepted side's remote: this test's alone, not 127.0.0.1
+    sub = rig.bus.subscribe("t-rst", accept=lambda e: source in (e.get("raddr"), e.get("laddr")))
     try:
-        cli = socket.create_connection(("127.0.0.73", port))
+        cli = socket.create_connection(("127.0.0.73", port), source_address=(source, 0))
         cli.settimeout(hang_guard(10))
         conn, _ = srv.accept()
         cli.sendall(b"q" * 100)
@@ -500,7 +514,7 @@ def test_reset_on_close_with_unread_data(rig: FlowRig) -> None:
         rig.bus.unsubscribe(sub)
         srv.close()
     eg = ("egress", "localhost", "127.0.0.73", str(port))
-    ing = ("ingress", "localhost", "127.0.0.1", str(port))
+    ing = ("ingress", "localhost", source, str(port))
     assert rig.value(RESETS, *eg, "received") == 1
     assert rig.value(RESETS, *ing, "sent") == 1
     assert rig.value(RECV, *ing) == 0
@@ -515,34 +529,48 @@ def test_data_read_after_the_peer_closed_the_socket_is_not_lost(rig: FlowRig) ->
     before it reads: its socket goes to CLOSE with 3,000 bytes queued, and it reads them
     after. Where bytes come from the socket's counters they count as read at CLOSE;
     where a program runs per message the late reads find no flow and count as untracked.
-    Either way every byte is counted once."""
-    srv = listener("127.0.0.78")
-    port = srv.getsockname()[1]
-    eg = ("egress", "localhost", "127.0.0.78", str(port))
-    rig.flows.read()
-    untracked0 = rig.flows.kernel_stats["untracked_recv_bytes"]
-    cli = socket.create_connection(("127.0.0.78", port))
-    cli.settimeout(hang_guard(10))
-    conn, _ = srv.accept()
-    try:
-        cli.sendall(b"w" * 500)
-        cli.shutdown(socket.SHUT_WR)
-        assert recv_exact(conn, 1000) == 500  # and the client's FIN
-        conn.sendall(b"x" * 3000)
-        conn.close()
-        # the FIN arrived in FIN_WAIT2: the client's socket is closed, the data waits
-        assert rig.wait_value(CLOSED, *eg, want=1) == 1
-        assert unread(cli) == 3000
-        assert recv_exact(cli, 4000) == 3000
-    finally:
-        cli.close()
-        srv.close()
-    assert rig.value(SENT, *eg) == 500
-    late = rig.flows.kernel_stats["untracked_recv_bytes"] - untracked0
-    if rig.flows.plan.paths()["bytes"] == ITER:
-        assert (rig.value(RECV, *eg), late) == (3000, 0)
-    else:  # the node's other old connections may add to the untracked counter
-        assert rig.value(RECV, *eg) + late >= 3000 and rig.value(RECV, *eg) <= 3000
+    Either way every byte is counted once. The untracked counter is the whole node's
+    (another process's connection older than the rig adds to it, as make test's other
+    worker's do): where none of ours may land there, a run is tried again (up to 5),
+    and one must find it unchanged."""
+
+    def run() -> int:  # this flow's counts checked; what the untracked counter grew
+        srv = listener("127.0.0.78")
+        port = srv.getsockname()[1]
+        eg = ("egress", "localhost", "127.0.0.78", str(port))
+        rig.flows.read()
+        untracked0 = rig.flows.kernel_stats["untracked_recv_bytes"]
+        cli = socket.create_connection(("127.0.0.78", port))
+        cli.settimeout(hang_guard(10))
+        conn, _ = srv.accept()
+        try:
+            cli.sendall(b"w" * 500)
+            cli.shutdown(socket.SHUT_WR)
+            assert recv_exact(conn, 1000) == 500  # and the client's FIN
+            conn.sendall(b"x" * 3000)
+            conn.close()
+            # the FIN arrived in FIN_WAIT2: the client's socket is closed, the data waits
+            assert rig.wait_value(CLOSED, *eg, want=1) == 1
+            assert unread(cli) == 3000
+            assert recv_exact(cli, 4000) == 3000
+        finally:
+            cli.close()
+            srv.close()
+        assert rig.value(SENT, *eg) == 500
+        late = rig.flows.kernel_stats["untracked_recv_bytes"] - untracked0
+        if rig.flows.plan.paths()["bytes"] == ITER:
+            assert rig.value(RECV, *eg) == 3000
+        else:  # the late reads count as untracked, with the node's other old connections'
+            assert rig.value(RECV, *eg) + late >= 3000 and rig.value(RECV, *eg) <= 3000
+        return late
+
+    if rig.flows.plan.paths()["bytes"] != ITER:
+        run()
+        return
+    lates = [run()]
+    while lates[-1] != 0 and len(lates) < 5:
+        lates.append(run())
+    assert lates[-1] == 0, lates  # none of the 3,000 bytes read late counted again
 
 
 def test_an_abortive_close_counts_what_send_accepted(rig: FlowRig) -> None:
@@ -576,6 +604,9 @@ def test_fast_open_data_in_the_syn_counts_once(rig: FlowRig, lab) -> None:
     before the handshake ends. Every byte once, each way, on every path."""
     sh("ip", "netns", "exec", lab.ns, "sysctl", "-q", "-w", "net.ipv4.tcp_fastopen=1027")
     send_n, reply_n, conns = 700, 300, 3
+    # the clients' own source address: the accepted sides' key names it (the rig counts
+    # every namespace's flows, and 127.0.0.1 is every other process's clients' too)
+    source = "127.0.9.5"
 
     def run() -> int:
         srv = socket.socket()
@@ -585,6 +616,7 @@ def test_fast_open_data_in_the_syn_counts_once(rig: FlowRig, lab) -> None:
         with srv:
             for _ in range(conns):
                 c = socket.socket()
+                c.bind((source, 0))
                 c.sendto(b"t" * send_n, socket.MSG_FASTOPEN, srv.getsockname())
                 conn, _ = srv.accept()
                 assert recv_exact(conn, send_n) == send_n
@@ -600,7 +632,7 @@ def test_fast_open_data_in_the_syn_counts_once(rig: FlowRig, lab) -> None:
     fast = subprocess.run(nstat, capture_output=True, text=True).stdout
     assert re.search(r"TcpExtTCPFastOpenPassive\s+[1-9]", fast), fast  # data rode a SYN
     eg = ("egress", "localhost", "127.0.0.5", str(port))
-    ing = ("ingress", "localhost", "127.0.0.1", str(port))
+    ing = ("ingress", "localhost", source, str(port))
     assert rig.wait_value(CLOSED, *eg, want=conns) == conns
     assert rig.wait_value(CLOSED, *ing, want=conns) == conns
     assert (rig.value(SENT, *eg), rig.value(RECV, *eg)) == (conns * send_n, conns * reply_n)
