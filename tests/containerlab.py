@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -120,15 +122,53 @@ def make_char_device(path: Path, major: int, minor: int) -> bool:
     return True
 
 
+# Stand-in device nodes are the host's, and both of make test's workers make the same
+# ones at once (/dev/dri/renderD128: the host's containers here, the Kubernetes lab's
+# device plugin there): whoever uses them holds DEVNODES/lock shared, a node a test made
+# is marked in DEVNODES/made, and the last to let go removes every marked one.
+DEVNODES = Path("/run/lens-test-devnodes")
+
+
+def _marker(path: Path) -> Path:
+    return DEVNODES / "made" / str(path).strip("/").replace("/", "%")
+
+
+@contextlib.contextmanager
+def shared_char_devices(nodes: Iterable[tuple[Path, int, int]]) -> Iterator[None]:
+    """The nodes, (path, major, minor), made where missing while the block runs; removed
+    after it by the last process of the tests using any (a node the tests did not make,
+    a real GPU's, stays)."""
+    nodes = list(nodes)
+    (DEVNODES / "made").mkdir(parents=True, exist_ok=True)
+    with open(DEVNODES / "lock", "a") as lock:  # its descriptor is the lock
+        while True:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            for path, major, minor in nodes:
+                if make_char_device(path, major, minor):
+                    _marker(path).write_text(str(path))
+            # shared from here; the change lets the lock go for an instant, in which the
+            # last other user may have removed them: then again
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            if all(path.exists() for path, _, _ in nodes):
+                break
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            with contextlib.suppress(BlockingIOError):
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # no one else holds it
+                for mark in (DEVNODES / "made").iterdir():
+                    path = Path(mark.read_text())
+                    path.unlink(missing_ok=True)
+                    mark.unlink()
+                    with contextlib.suppress(OSError):  # not empty: others' nodes
+                        path.parent.rmdir()
+
+
 def gpu_and_rdma_nodes() -> Iterator[tuple[str, str]]:
     """A fixture's body: /dev/dri/renderD128 (an AMD GPU's render node, 226:128) and
     /dev/infiniband/uverbs0 (an RDMA device's, 231:192) for containers to be given, made
-    where missing and removed afterwards."""
+    where missing and removed afterwards (shared_char_devices)."""
     render, uverbs = Path("/dev/dri/renderD128"), Path("/dev/infiniband/uverbs0")
-    made = [p for p, mm in ((render, (226, 128)), (uverbs, (231, 192)))
-            if make_char_device(p, *mm)]  # fmt: skip
-    yield str(render), str(uverbs)
-    for p in made:
-        p.unlink()
-        if not any(p.parent.iterdir()):
-            p.parent.rmdir()
+    with shared_char_devices([(render, 226, 128), (uverbs, 231, 192)]):
+        yield str(render), str(uverbs)

@@ -169,29 +169,25 @@ def deployment(name: str, command: list[str], gpus: int = 0, **pod: Any) -> dict
 def gpu_plugin(lens: KubeNode) -> Iterator[Any]:
     """The project's test device plugin (tests/kube/deviceplugin.py) registered with the
     node's kubelet: amd.com/gpu, the fixtures' two GPUs; their DRM nodes made on the host."""
-    from tests.containerlab import make_char_device
+    from tests.containerlab import shared_char_devices
     from tests.kube.deviceplugin import AmdGpuPlugin, sysfs_gpus
 
     plugin = AmdGpuPlugin(sysfs_gpus(GPU_FIX / "sys", GPU_FIX / "dev"), kfd=None)
-    made = [
-        Path(p)
-        for p, major, minor in plugin.host_nodes()
-        if make_char_device(Path(p), major, minor)
-    ]
-    plugin.start(lab.KUBELET_ROOT)
-    try:
-        plugin.wait_registered(timeout=30)
+    # shared: make test's other worker gives its containers /dev/dri/renderD128 meanwhile
+    nodes = [(Path(p), major, minor) for p, major, minor in plugin.host_nodes()]
+    with shared_char_devices(nodes):
+        plugin.start(lab.KUBELET_ROOT)
+        try:
+            plugin.wait_registered(timeout=30)
 
-        def offered() -> bool:
-            got = lens.get(f"/api/v1/nodes/{lab.NODE_NAME}")["status"]
-            return bool(got.get("allocatable", {}).get("amd.com/gpu") == str(len(plugin.gpus)))
+            def offered() -> bool:
+                got = lens.get(f"/api/v1/nodes/{lab.NODE_NAME}")["status"]
+                return bool(got.get("allocatable", {}).get("amd.com/gpu") == str(len(plugin.gpus)))
 
-        wait_for(offered, lambda: "the node's allocatable amd.com/gpu", timeout=30)
-        yield plugin
-    finally:
-        plugin.stop()
-        for p in made:
-            p.unlink(missing_ok=True)
+            wait_for(offered, lambda: "the node's allocatable amd.com/gpu", timeout=30)
+            yield plugin
+        finally:
+            plugin.stop()
 
 
 def test_flows_and_execs_of_a_pods_first_instant_are_attributed(lens: KubeNode) -> None:
