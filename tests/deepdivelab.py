@@ -16,20 +16,23 @@ from tests.conftest import wait_for
 from tests.containerlab import Containerd, private_containerd
 
 RECORDER_TOKEN, OTHER_TOKEN = "recorder-" + uuid.uuid4().hex, "other-" + uuid.uuid4().hex
-# a rank: its main function spins (so a sample sees it) or blocks in a function of its
-# own; it starts a non-Python child (sleep) and a Python one (a spinning helper)
+# a rank: its main function spins (so a sample sees it), waits in the collective as ranks
+# of a stalled job do (barrier), or is stuck elsewhere (stuck); it starts a non-Python
+# child (sleep) and a Python one (a spinning helper)
 RANK = """\
 import subprocess, sys, time
 def wait_in_barrier():
     time.sleep(3600)
+def load_next_batch():
+    time.sleep(3600)
 def spin_in_train_step():
     while True:
         sum(range(1000))
+MODES = {"spin": spin_in_train_step, "barrier": wait_in_barrier, "stuck": load_next_batch}
 def main(mode):
     subprocess.Popen(["/bin/sleep", "3600"])
     subprocess.Popen(["/usr/bin/python3", "-c", "while True: sum(range(100))"])
-    print("rank up", flush=True)
-    wait_in_barrier() if mode == "blocked" else spin_in_train_step()
+    MODES[mode]()
 main(sys.argv[1])
 """
 
@@ -56,7 +59,8 @@ class Rank:
 
 
 def start_rank(ctd: Containerd, pod: str, mode: str, namespace: str = "team-a") -> Rank:
-    """A container running rank.py (mode spin or blocked) as pod's; its processes up."""
+    """A container running rank.py (mode spin, barrier or stuck) as pod's; its processes
+    up."""
     cid, uid = "rank-" + uuid.uuid4().hex[:12], str(uuid.uuid4())
     labels = {"io.kubernetes.pod.name": pod, "io.kubernetes.pod.namespace": namespace,
               "io.kubernetes.pod.uid": uid, "io.kubernetes.container.name": "trainer"}  # fmt: skip

@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from lens_ebpf.recorder.training.logs import LogLine
 
 log = logging.getLogger(__name__)
+# log alerts that mean the job hangs: the shipped NCCL/RCCL watchdog template's (a
+# collective that timed out; alerts/logrules.py TEMPLATES)
+HANGS = frozenset({"NCCLWatchdogTimeout"})
 
 OUTCOMES = ("new", "resolved", "reopened", "unchanged", "silenced")
 
@@ -58,6 +61,9 @@ class Alerts(Collector):
         self._lock = threading.Lock()
         self.received: dict[tuple[str, str], int] = {}  # (source, outcome) -> alerts
         self.log_errors = 0  # log rule evaluations that failed (the lines were still taken)
+        # a hang's log alert fired for a workload: (its uid, the alert's id, its name); the
+        # deep dive's stacks (HANGS: the alert names that mean a hang)
+        self.on_hang: Callable[[str, str, str], object] = lambda uid, aid, name: None
         self.log_dropped = 0  # log alerts the write queue refused
 
     def concern(self, labels: dict[str, str], at: datetime) -> enrich.Concern:
@@ -108,6 +114,9 @@ class Alerts(Collector):
             return
         if not fired:
             return
+        for a in fired:
+            if a.alert_name in HANGS and a.labels.get("workload_uid"):
+                self.on_hang(a.labels["workload_uid"], a.id, a.alert_name)
 
         got: list[dict[str, int]] = []
 

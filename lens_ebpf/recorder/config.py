@@ -259,6 +259,7 @@ class DeepDiveConfig(Section):
     timeout_seconds: float = Field(15.0, gt=0)  # a process tree's or a dump's answer
     max_duration_seconds: int = Field(300, ge=1, le=3600)  # a sample's longest
     stall_stacks: bool = True  # a stall or a hang's log line: a py-spy dump of each rank
+    stall_repeat_seconds: float = Field(600.0, gt=0)  # one capture per workload this long
 
 
 class ProfilerConfig(Section):

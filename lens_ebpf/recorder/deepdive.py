@@ -11,6 +11,7 @@ mid-sample, bounds), Unavailable (the agent down, or refusing the recorder)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import uuid
@@ -33,6 +34,7 @@ EXT = {"flamegraph": "svg", "speedscope": "json", "raw": "txt", "dump": "dump.js
 TYPES = {"flamegraph": "image/svg+xml", "speedscope": "application/json", "raw": "text/plain",
          "dump": "application/json"}  # fmt: skip
 ENDED = ("completed", "failed", "cancelled")
+KEEP_TRIES = 50  # an alert's row looked for this many times, 0.2 s apart
 STATUSES = ("pending", "running", *ENDED)
 
 
@@ -178,6 +180,57 @@ def tree_of(processes: list[Any], container: Any, pod: PodPlace) -> dict[str, An
             "python_count": sum(1 for p in processes if p.is_python)}  # fmt: skip
 
 
+@dataclass
+class Capture:
+    """One stall's stacks: what asked first, when, the alerts still to be given them."""
+
+    workload_uid: str
+    why: str
+    started: datetime
+    alerts: list[str]
+    stall_at: datetime | None = None
+    summary: dict[str, Any] | None = None
+    kept: bool = False
+
+
+def main_stack(dump: bytes) -> list[str]:
+    """py-spy dump's JSON: the main thread's frames (the first thread; MainThread where
+    named), innermost first, as 'function (file:line)'."""
+    try:
+        threads = json.loads(dump)
+    except ValueError:
+        return []
+    if not isinstance(threads, list) or not threads:
+        return []
+    main = next((t for t in threads if t.get("thread_name") == "MainThread"), threads[0])
+    return [f"{f.get('name')} ({f.get('short_filename') or f.get('filename')}:{f.get('line')})"
+            for f in main.get("frames") or []]  # fmt: skip
+
+
+def signature(stack: list[str]) -> tuple[str, ...]:
+    """A stack without line numbers (ranks at another line of the same function agree)."""
+    return tuple(f.rsplit(":", 1)[0] for f in stack)
+
+
+def compare(ranks: list[dict[str, Any]], why: str, at: str) -> dict[str, Any]:
+    """The ranks side by side, and those whose stack differs from the others: the
+    stack most ranks share, where there is a tie the first rank's (by pod name)."""
+    got = [r for r in ranks if r["stack"]]
+    counts: dict[tuple[str, ...], int] = {}
+    for r in got:
+        counts[signature(r["stack"])] = counts.get(signature(r["stack"]), 0) + 1
+    common: tuple[str, ...] | None = None
+    if got:
+        most = max(counts.values())
+        common = next(signature(r["stack"]) for r in got if counts[signature(r["stack"])] == most)
+    for r in ranks:
+        r.pop("_pod", None)
+        r["differs"] = bool(r["stack"]) and signature(r["stack"]) != common
+    return {"reason": why, "captured_at": at, "ranks": ranks,
+            "different": [r["pod"] for r in ranks if r["differs"]],
+            "unread": [r["pod"] for r in ranks if not r["stack"]]}  # fmt: skip
+
+
 def stamp(t: datetime | None) -> str | None:
     if t is None:
         return None
@@ -196,6 +249,9 @@ class DeepDive:
         self.agents = Agents(cfg)
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.captures: dict[str, Capture] = {}  # workload uid -> its last stall's stacks
+        self.stalls_captured = 0
 
     # -- the process tree ------------------------------------------------------------
     def process_tree(self, conn: Connection, tables: Any, pod_uid: str) -> dict[str, Any]:
@@ -333,6 +389,188 @@ class DeepDive:
             status="cancelled", completed_at=self.clock(),
             error=f"cancelled: {reason}" if reason else "cancelled"))  # fmt: skip
         return {"task_id": task, "status": "cancelled", "message": "task cancelled"}
+
+    # -- the stacks at a stall -----------------------------------------------------------
+    def stall(self, workload_uid: str, at: datetime, why: str) -> None:
+        """A training stall opened: each rank's stack (recorder.deepdive.stall_stacks)."""
+        self._capture(workload_uid, why, "", at)
+
+    def hang(self, workload_uid: str, alert_id: str, name: str) -> None:
+        """A hang's log alert fired: each rank's stack, kept with that alert."""
+        self._capture(workload_uid, name, alert_id, None)
+
+    def _capture(self, uid: str, why: str, alert_id: str, stall_at: datetime | None) -> None:
+        """Once per stall: a workload's capture serves every trigger within
+        stall_repeat_seconds (the stall, and each rank's watchdog line); a later trigger
+        of the same workload takes its alert along."""
+        if not (self.cfg.enabled and self.cfg.stall_stacks):
+            return
+        now = self.clock()
+        with self._lock:
+            held = self.captures.get(uid)
+            fresh = held is not None and \
+                (now - held.started).total_seconds() < self.cfg.stall_repeat_seconds  # fmt: skip
+            if fresh:
+                assert held is not None
+                if alert_id:
+                    held.alerts.append(alert_id)
+                if stall_at is not None:
+                    held.stall_at = stall_at
+                done = held.summary is not None
+            else:
+                held = Capture(uid, why, now, [alert_id] if alert_id else [], stall_at)
+                self.captures[uid] = held
+                self.stalls_captured += 1
+        if not fresh:
+            t = threading.Thread(target=self._take, args=(held,), name=f"stall-{uid[:8]}",
+                                 daemon=True)  # fmt: skip
+            t.start()
+            self._threads = [x for x in self._threads if x.is_alive()] + [t]
+        elif done:
+            self._keep_soon(held)  # the capture made already goes with this alert too
+
+    def _take(self, cap: Capture) -> None:
+        """A py-spy dump of each running pod's main Python process, at once; kept as tasks
+        (reason stall), compared, and put with the alert and on the timeline."""
+        try:
+            with self.engine.connect() as conn:
+                pods = workload_pods(conn, schema.scoped(self.cluster), cap.workload_uid)
+            ranks = [self._rank(p) for p in pods]
+            started = [(r, self._dump(r)) for r in ranks]
+            for r, fut in started:
+                self._finish(r, fut, cap)
+        except Exception as exc:  # noqa: BLE001 (a capture that fails is said, not raised)
+            log.warning("stall stacks of workload %s: %s", cap.workload_uid, exc)
+            ranks = []
+        cap.summary = compare(ranks, cap.why, stamp(self.clock()) or "")
+        if not any(r["stack"] for r in ranks):  # no agent reached, no Python: nothing to keep
+            why = "; ".join(f"{r['pod']}: {r['error']}" for r in ranks) or "no pods"
+            log.info("stall stacks of workload %s: none read (%s)", cap.workload_uid, why)
+            return
+        self._keep(cap)
+        self._keep_soon(cap)
+
+    def _keep_soon(self, cap: Capture) -> None:
+        """The capture with the alerts not stored yet (their write is queued behind the
+        trigger), looked for a few times over KEEP_TRIES x 0.2 s."""
+
+        def again() -> None:
+            for _ in range(KEEP_TRIES):
+                with self._lock:
+                    waiting = bool(cap.alerts)
+                if not waiting or self._stop.wait(0.2):
+                    return
+                self._keep(cap)
+
+        t = threading.Thread(target=again, name="stall-keep", daemon=True)
+        t.start()
+        self._threads = [x for x in self._threads if x.is_alive()] + [t]
+
+    def _rank(self, pod: PodPlace) -> dict[str, Any]:
+        """The pod's main Python process (the Python one nearest its container's init)."""
+        from lens_ebpf.protocol.gen import deepdive_pb2 as pb
+
+        r: dict[str, Any] = {"pod": pod.name, "pod_uid": pod.uid, "node": pod.node, "pid": 0,
+                             "task_id": "", "status": "failed", "error": "", "stack": [],
+                             "_pod": pod}  # fmt: skip
+        try:
+            tree = self.agents.call(pod.node, pod.address, "ProcessTree",
+                                    pb.ProcessTreeRequest(pod_uid=pod.uid),
+                                    self.cfg.timeout_seconds)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001
+            r["error"] = str(exc)
+            return r
+        pythons = [p for c in tree.containers for p in c.processes if p.is_python]
+        if not pythons:
+            r["error"] = "no Python process in the pod"
+            return r
+        main = min(pythons, key=lambda p: (p.container_pid or 1 << 30, p.host_pid))
+        r["pid"] = main.host_pid
+        return r
+
+    def _dump(self, r: dict[str, Any]) -> Any:
+        from lens_ebpf.protocol.gen import deepdive_pb2 as pb
+
+        if not r["pid"]:
+            return None
+        pod: PodPlace = r["_pod"]
+        req = pb.PySpyRequest(pod_uid=pod.uid, pid=r["pid"], action="dump")
+        try:
+            return self.agents.start(pod.node, pod.address, "PySpy", req,
+                                     self.cfg.timeout_seconds)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001
+            r["error"] = str(exc)
+            return None
+
+    def _finish(self, r: dict[str, Any], fut: Any, cap: Capture) -> None:
+        """The dump's answer into r (stack: the main thread's frames, innermost first) and
+        its task row."""
+        pod: PodPlace = r.pop("_pod")
+        data = b""
+        if fut is not None:
+            try:
+                data = bytes(self.agents.result(pod.node, fut).output)
+                r["stack"] = main_stack(data)
+                r["status"] = "completed"
+            except Exception as exc:  # noqa: BLE001
+                r["error"] = str(exc)
+        if not r["pid"]:
+            return
+        task = f"pyspy-{uuid.uuid4().hex[:8]}"
+        now = self.clock()
+        row = {"cluster": self.cluster, "task_id": task, "status": r["status"],
+               "workload_uid": cap.workload_uid, "pod_uid": pod.uid, "pod_name": pod.name,
+               "pod_namespace": pod.namespace, "node_name": pod.node, "pid": r["pid"],
+               "action": "dump", "options": {"duration": 0, "rate": 0, "format": "dump",
+                                             "native": False, "subprocesses": False,
+                                             "locals": False},
+               "reason": "stall", "output_file": f"{task}.dump.json" if data else "",
+               "file_size": len(data), "content": data or None, "error": r["error"][:2000],
+               "created_at": now, "started_at": now, "completed_at": now}  # fmt: skip
+        with self.engine.begin() as conn:
+            conn.execute(insert(schema.pyspy_tasks).values(row))
+        r["task_id"] = task
+
+    def _keep(self, cap: Capture) -> None:
+        """The capture with its alerts (raw_data.stacks), on the stall's training event
+        (detail.stacks: the alert made from it later carries it) and on the workload's
+        timeline (a stall_stacks event)."""
+        if cap.summary is None or not any(r["stack"] for r in cap.summary["ranks"]):
+            return
+        ae, ev = schema.alert_events, schema.training_events
+        with self._lock:
+            alerts, cap.alerts = list(cap.alerts), []
+            first = not cap.kept
+            cap.kept = True
+        with self.engine.begin() as conn:
+            stalled = conn.execute(
+                select(ev.c.id, ev.c.detail).where(
+                    ev.c.cluster == self.cluster, ev.c.workload_uid == cap.workload_uid,
+                    ev.c.kind == "training_stalled", ev.c.ended_at.is_(None))
+                .order_by(ev.c.at.desc())).first()  # fmt: skip
+            if stalled is not None:
+                conn.execute(update(ev).where(ev.c.id == stalled.id).values(
+                    detail={**(stalled.detail or {}), "stacks": cap.summary}))  # fmt: skip
+                alerts.append(f"lens-te-{self.cluster}-{stalled.id}")
+            for aid in dict.fromkeys(alerts):
+                got = conn.execute(select(ae.c.raw_data).where(ae.c.id == aid)).first()
+                if got is not None:
+                    conn.execute(update(ae).where(ae.c.id == aid).values(
+                        raw_data={**(got.raw_data or {}), "stacks": cap.summary}))  # fmt: skip
+                else:
+                    with self._lock:  # not stored yet: looked for again (_keep_soon)
+                        if aid not in cap.alerts:
+                            cap.alerts.append(aid)
+            if first:
+                row = conn.execute(select(ev.c.namespace, ev.c.workload).where(
+                    ev.c.cluster == self.cluster, ev.c.workload_uid == cap.workload_uid)
+                    .limit(1)).first()  # fmt: skip
+                conn.execute(insert(ev).values(
+                    cluster=self.cluster, workload_uid=cap.workload_uid,
+                    namespace=row.namespace if row else "", workload=row.workload if row else "",
+                    pod_uid="", pod="", node="", kind="stall_stacks", signal="",
+                    at=self.clock(), ended_at=None, iteration=None, value=None, baseline=None,
+                    detail=cap.summary))  # fmt: skip
 
     def stop(self) -> None:
         self._stop.set()

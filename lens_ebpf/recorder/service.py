@@ -175,6 +175,8 @@ class RecorderApp:
                                       identity_of(r.leader_election))  # fmt: skip
         self.runner.observe(self.job_history.observe)
         self.deepdive = DeepDive(r.deepdive, self.engine, r.cluster_name, clock)
+        self.training.on_stall = self.deepdive.stall  # each rank's stack at a stall
+        self.alerts.on_hang = self.deepdive.hang  # and at a hang's log alert
         parts = Services(r, self.clusters, self.remote_write, self.training, self.writer,
                          self.readiness, clock, self.leadership, self.alerts,
                          management=self.management, deepdive=self.deepdive)  # fmt: skip

@@ -22,7 +22,7 @@ from tests.deepdivelab import (
     containerd_with_python,
     start_rank,
 )
-from tests.k8slab import FakeApiServer
+from tests.k8slab import FakeApiServer, eventually
 from tests.recorder.objects import NS, U, gpu_pod, state, workload
 from tests.recorder.test_cluster_api import node
 from tests.recorder.test_management import Client, token_file
@@ -161,3 +161,94 @@ def app_get(app: Any, path: str, ok: bool = True) -> Any:
     if ok:
         assert r.status_code == 200, (path, r.status_code, r.text[:300])
     return r
+
+
+def shipped(pod: str, uid: str, texts: list[str], times: list[float]) -> list[dict[str, Any]]:
+    """Fluent Bit's records of one rank's lines."""
+    return [{"date": ts, "log": text + "\n", "kubernetes": {
+        "pod_name": pod, "namespace_name": NS, "pod_id": uid, "container_name": "pytorch"}}
+        for text, ts in zip(texts, times, strict=True)]  # fmt: skip
+
+
+def test_a_stall_takes_each_ranks_stack_and_names_the_one_apart(
+        ctd: Containerd, api: FakeApiServer, recorder_app: Any, tmp_path: Path
+) -> None:  # fmt: skip
+    """Two ranks log iterations and stop: rank 0 waits in the collective, rank 1 is stuck
+    loading a batch. The stall's alert carries both stacks and names rank 1; the NCCL
+    watchdog lines that follow take the same capture (once per stall)."""
+    from datetime import UTC, datetime
+
+    import requests
+
+    from tests.conftest import hang_guard
+    from tests.recorder.conftest import rows
+    from tests.recorder.test_training import megatron
+
+    ranks = [start_rank(ctd, "bert-worker-0", "barrier", namespace=NS),
+             start_rank(ctd, "bert-worker-1", "stuck", namespace=NS)]  # fmt: skip
+    agent, address = agent_for(ctd, tmp_path)
+    try:
+        api.put("pytorchjobs", workload("bert", {}, {}))
+        api.put("nodes", node("node-a", "True", {AMD: "8"}, "127.0.0.1"))
+        for r in ranks:
+            rank_pod(api, r.pod_name, r.pod_uid)
+        t0 = float(int(datetime.now(UTC).timestamp()) - 600)
+        clock = [datetime.fromtimestamp(t0, UTC)]
+        url = f"sqlite:///{tmp_path / 'r.db'}"
+        app = recorder_app(url, clock=lambda: clock[0], training__check_seconds=3600,
+                           deepdive__agent_port=int(address.rpartition(":")[2]),
+                           deepdive__token_file=recorder_token(tmp_path))  # fmt: skip
+        eventually(lambda: all(app.tracker.gpu_pod(NS, r.pod_name) for r in ranks))
+        base = f"http://127.0.0.1:{app.http.port}/logs"
+
+        def post(body: list[dict[str, Any]]) -> None:
+            got = requests.post(base, json=body, timeout=hang_guard(10))
+            assert got.status_code == 200, got.text
+
+        for i in range(1, 11):  # iterations of 1 s, then nothing
+            for r in ranks:
+                post(shipped(r.pod_name, r.pod_uid, [megatron(i, 1000.0)], [t0 + i]))
+        assert app.writer.flush(10)
+        clock[0] = datetime.fromtimestamp(t0 + 10 + 6, UTC)  # five medians without progress
+        assert app.training.check(clock[0]) == 1
+
+        def captured() -> Any:
+            got = [e for e in rows(url, "training_events") if e["kind"] == "stall_stacks"]
+            return got[0]["detail"] if got else None
+
+        stacks = wait_for(captured, "each rank's stack on the timeline", every=0.2)
+        assert stacks["reason"] == "training_stalled"
+        assert stacks["different"] == ["bert-worker-1"]
+        by_pod = {r["pod"]: r for r in stacks["ranks"]}
+        assert [by_pod[r.pod_name]["pid"] for r in ranks] == [r.pid for r in ranks]
+        assert by_pod["bert-worker-0"]["stack"][0].startswith("wait_in_barrier (rank.py:")
+        assert by_pod["bert-worker-1"]["stack"][0].startswith("load_next_batch (rank.py:")
+        assert [by_pod[p]["differs"] for p in ("bert-worker-0", "bert-worker-1")] == [False, True]
+        # the alert made from the stall carries them
+        app.alerts.jobs.findings()
+        assert app.writer.flush(10)
+        [alert] = [a for a in rows(url, "alert_events") if a["alert_name"] == "TrainingStalled"]
+        assert alert["raw_data"]["detail"]["stacks"]["different"] == ["bert-worker-1"]
+        kept = [t for t in rows(url, "pyspy_tasks") if t["reason"] == "stall"]
+        assert sorted(t["pod_name"] for t in kept) == ["bert-worker-0", "bert-worker-1"]
+        assert all(t["status"] == "completed" and t["content"] for t in kept)
+
+        # the ranks' watchdog lines: the NCCL alert fires and takes the same stacks
+        line = ("[Rank {}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=11, "
+                "OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600031 milliseconds before "
+                "timing out.")  # fmt: skip
+        for n, r in enumerate(ranks):
+            post(shipped(r.pod_name, r.pod_uid, [line.format(n)], [t0 + 620]))
+
+        def watchdog() -> Any:
+            got = [a for a in rows(url, "alert_events")
+                   if a["alert_name"] == "NCCLWatchdogTimeout"]  # fmt: skip
+            return got and (got[0]["raw_data"] or {}).get("stacks")
+
+        assert wait_for(watchdog, "the watchdog alert with the stacks", every=0.2) == stacks
+        assert app.deepdive.stalls_captured == 1
+        assert len([t for t in rows(url, "pyspy_tasks") if t["reason"] == "stall"]) == 2
+    finally:
+        for r in ranks:
+            ctd.remove(r.cid)
+        agent.stop()

@@ -119,6 +119,8 @@ class Training(Collector):
         self.lines: dict[str, int] = dict.fromkeys(RESULTS, 0)
         self.lag = Buckets(LAG_BUCKETS)
         self.malformed = 0  # shippers' records skipped (no line, no pod, a bad time)
+        # a stall opened: (workload uid, the stall's time, why); the deep dive's stacks
+        self.on_stall: Callable[[str, datetime, str], object] = lambda uid, at, why: None
 
     # -- ingest ----------------------------------------------------------------------
     def count_malformed(self, n: int) -> None:
@@ -272,6 +274,8 @@ class Training(Collector):
                     del self.runs[uid]
         if b.events:
             self.writer.submit(Op("training_events", lambda conn: self.write(conn, b)))
+        for ev in b.events:
+            self.on_stall(ev["workload_uid"], ev["at"], "training_stalled")
         return len(b.events)
 
     # -- the database ----------------------------------------------------------------

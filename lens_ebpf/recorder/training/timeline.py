@@ -36,7 +36,7 @@ MAX_RANGE = timedelta(days=31)
 # entries at the same second: causes before what they cause
 ORDER = ("device_change", "gpu_throttling", "gpu_fault", "rdma_error_regression",
          "tcp_rtt_regression", "oom_kill", "container_exit", "training_stalled",
-         "training_slowdown", "outlier", "alert")  # fmt: skip
+         "stall_stacks", "training_slowdown", "outlier", "alert")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,9 @@ class Timeline:
                 d.update(last_iteration=r.iteration, median_seconds=r.baseline,
                          seconds_without_progress=r.value)  # fmt: skip
                 msg = f"no progress after iteration {r.iteration} (median {r.baseline:g} s)"
+            elif r.kind == "stall_stacks":  # each rank's stack (recorder/deepdive.py)
+                odd = ", ".join(d.get("different") or []) or "none"
+                msg = f"each rank's stack at the stall ({d.get('reason')}); differing: {odd}"
             else:
                 d.update(signal=r.signal, value=r.value, median=r.baseline)
                 msg = f"{r.pod} apart from the others on {r.signal}: {r.value:g} (median " \
