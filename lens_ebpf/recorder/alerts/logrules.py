@@ -10,10 +10,10 @@ The pages write a rule's config in one dialect (`flags.case_insensitive`,
 engine in another (`ignore_case`, `threshold.{count_threshold, time_window}`,
 `{type, key, operator: "eq", values}`): both are read.
 
-The shipped templates (TEMPLATES) are what breaks GPU training: NCCL/RCCL watchdog
-timeouts and aborts, CUDA and HIP out of memory, Xid and ECC lines, NaN or inf loss,
-segmentation faults in collectives; and a few general ones. On a first start each is
-stored as a template, and the GPU training ones as enabled rules.
+The shipped templates (TEMPLATES, read from log_templates.yaml beside this module) are what
+breaks GPU training: NCCL/RCCL watchdog timeouts and aborts, CUDA and HIP out of memory, Xid
+and ECC lines, NaN or inf loss, segmentation faults in collectives; and a few general ones.
+On a first start each is stored as a template, and the GPU training ones as enabled rules.
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from importlib import resources
 from typing import Any
 
+import yaml
 from sqlalchemy import Connection, Engine, func, select, update
 
 from lens_ebpf.recorder import inputs, patterns
@@ -372,147 +374,24 @@ def _tpl(name: str, category: str, description: str, pattern: str, severity: str
                 "labels": {"alertname": alertname, "category": category}}}}  # fmt: skip
 
 
-TEMPLATES = [
-    _tpl(
-        "NCCL-RCCL-Watchdog-Timeout",
-        "network",
-        "A collective timed out (NCCL/RCCL watchdog)",
-        r"Watchdog caught collective operation timeout|(NCCL|RCCL|ProcessGroupNCCL)\b.*"
-        r"(timed out|timeout)",
-        "critical",
-        "{{.WorkloadName}}: a collective timed out",
-        "NCCLWatchdogTimeout",
-        keywords=("watchdog", "nccl", "rccl"),
-    ),
-    _tpl(
-        "NCCL-RCCL-Error",
-        "network",
-        "NCCL/RCCL reported an error or aborted",
-        r"\b(nccl|rccl)(InternalError|SystemError|UnhandledCudaError|InvalidUsage|"
-        r"RemoteError)\b|\b(NCCL|RCCL) (error|ERROR)\b|(NCCL|RCCL).*\babort",
-        "critical",
-        "{{.WorkloadName}}: NCCL/RCCL error",
-        "NCCLError",
-        keywords=("nccl", "rccl"),
-        ignore_case=False,
-    ),
-    _tpl(
-        "CUDA-Out-Of-Memory",
-        "gpu",
-        "CUDA out of memory",
-        r"CUDA out of memory|torch\.(cuda\.)?OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
-        r"cudaErrorMemoryAllocation",
-        "critical",
-        "{{.WorkloadName}}: CUDA out of memory",
-        "GPUOutOfMemory",
-        keywords=(
-            "out of memory",
-            "outofmemoryerror",
-            "cublas_status_alloc_failed",
-            "cudaerrormemoryallocation",
-        ),
-    ),
-    _tpl(
-        "HIP-Out-Of-Memory",
-        "gpu",
-        "HIP (ROCm) out of memory",
-        r"HIP out of memory|hipErrorOutOfMemory|HIP error: out of memory",
-        "critical",
-        "{{.WorkloadName}}: HIP out of memory",
-        "GPUOutOfMemory",
-        keywords=("out of memory", "hiperroroutofmemory"),
-    ),
-    _tpl(
-        "GPU-Xid",
-        "gpu",
-        "An NVIDIA Xid error",
-        r"NVRM: Xid \(|\bXid\s*\(?\d+",
-        "critical",
-        "{{.NodeName}}: GPU Xid error",
-        "GPUXid",
-        keywords=("xid",),
-        ignore_case=False,
-    ),
-    _tpl(
-        "GPU-ECC-Error",
-        "gpu",
-        "An uncorrectable GPU memory (ECC) error",
-        r"(uncorrectable|double[- ]bit|DBE)\b.*\bECC|\bECC\b.*(uncorrectable|error)",
-        "critical",
-        "{{.NodeName}}: GPU ECC error",
-        "GPUECCError",
-        keywords=("ecc",),
-    ),
-    _tpl(
-        "Training-Loss-NaN-Inf",
-        "training",
-        "The loss (or the gradient norm) went NaN or inf",
-        # the value printed right after the name ("lm loss: NAN", "'loss': nan", "loss is
-        # inf", "grad norm: nan"); not Megatron's "number of nan iterations: 0"
-        r"\bloss\b['\"]?\s*(is|:|=)?\s*[-+]?(nan|inf)\b|\bgrad(ient)?[ _]norm\b['\"]?\s*"
-        r"(is|:|=)?\s*[-+]?(nan|inf)\b",
-        "critical",
-        "{{.WorkloadName}}: loss is NaN or inf",
-        "TrainingLossNaN",
-        keywords=("nan", "inf"),
-    ),
-    _tpl(
-        "Collective-Segfault",
-        "network",
-        "A segmentation fault (in a collective or anywhere)",
-        r"Segmentation fault|SIGSEGV|signal 11\b",
-        "critical",
-        "{{.WorkloadName}}: segmentation fault",
-        "TrainingSegfault",
-        keywords=("segmentation fault", "sigsegv", "signal 11"),
-        ignore_case=False,
-    ),
-    _tpl(
-        "Training-Checkpoint-Failed",
-        "training",
-        "A checkpoint failed to save or load",
-        r"checkpoint.*\b(fail|error)|(save|load).*checkpoint.*\b(fail|error)",
-        "warning",
-        "{{.WorkloadName}}: checkpoint failed",
-        "CheckpointFailed",
-        keywords=("checkpoint",),
-    ),
-    _tpl(
-        "InfiniBand-RDMA-Error",
-        "network",
-        "An InfiniBand or RDMA error",
-        r"\b(IB|InfiniBand|RDMA|ibv_\w+)\b.*\b(error|timeout|failed)",
-        "warning",
-        "{{.NodeName}}: InfiniBand/RDMA error",
-        "RDMAError",
-        keywords=("error", "timeout", "failed"),
-        training=False,
-    ),
-    _tpl(
-        "Disk-Space",
-        "basic",
-        "A disk is full",
-        r"no space left on device|disk full",
-        "warning",
-        "{{.NodeName}}: no space left",
-        "DiskFull",
-        keywords=("no space left on device", "disk full"),
-        training=False,
-    ),
-    _tpl(
-        "Generic-Error-Burst",
-        "basic",
-        "Many error lines in a short time",
-        r"\b(ERROR|FATAL|Traceback \(most recent call last\))",
-        "warning",
-        "{{.WorkloadName}}: many errors",
-        "LogErrorBurst",
-        keywords=("error", "fatal", "traceback"),
-        ignore_case=False,
-        training=False,
-        threshold=(20, 300),
-    ),
-]
+def _templates() -> list[dict[str, Any]]:
+    """log_templates.yaml, packaged beside this module, each entry made a template."""
+    text = resources.files("lens_ebpf.recorder.alerts").joinpath("log_templates.yaml")
+    out = []
+    for entry in yaml.safe_load(text.read_text()):
+        pattern, threshold = entry.pop("pattern"), entry.pop("threshold", None)
+        out.append(
+            _tpl(
+                pattern="".join(pattern) if isinstance(pattern, list) else pattern,
+                threshold=(threshold["count"], threshold["window_seconds"]) if threshold else None,
+                keywords=tuple(entry.pop("keywords", ())),
+                **entry,
+            )
+        )
+    return out
+
+
+TEMPLATES = _templates()
 
 
 def seed(conn: Connection, now: datetime, cluster: str, rules: bool) -> int:
