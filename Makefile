@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 LISTEN ?= 0.0.0.0:9470
 
-.PHONY: run test setup setup-test lint docs unit bpf e2e bench protos try
+.PHONY: run test setup setup-test lint fmt docs unit bpf e2e bench protos try
 
 setup:
 	@scripts/setup.sh run
@@ -19,6 +19,23 @@ lint: setup-test
 	$(VENV)/bin/ruff format --check lens_ebpf tests bench
 	$(VENV)/bin/mypy lens_ebpf
 	$(VENV)/bin/mkdocs build --strict -q -d site
+
+# The formatter owns the layout: ruff format, then ruff check's fixes (imports, the easy ones).
+fmt:
+	$(VENV)/bin/ruff format lens_ebpf tests bench
+	$(VENV)/bin/ruff check --fix lens_ebpf tests bench
+
+# tests/unit alone: no root, no BCC, under a minute of CPU; the venv from `make setup-test`.
+unit:
+	@test -x $(PY) || { echo "make unit: no $(PY); run make setup-test once" >&2; exit 2; }
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+
+# The real programs on this kernel (root), and the agent as a process (root).
+bpf: setup-test
+	$(PY) -m pytest -q -rs tests/bpf
+
+e2e: setup-test
+	$(PY) -m pytest -q -rs tests/e2e
 
 # The docs site (docs/, mkdocs.yml) into site/, its generated reference fresh first.
 docs: setup-test

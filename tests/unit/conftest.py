@@ -58,3 +58,15 @@ def fake_amdsmi(tmp_path_factory) -> Iterator[object]:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture
+def tracefs_readable() -> None:
+    """For a test that starts the agent or plans a program on the running kernel: both look
+    at tracefs, which only root may read; as another user the test skips and says so."""
+    from lens_ebpf.agent import tracefs
+
+    try:
+        tracefs.events_dir()
+    except PermissionError as e:
+        pytest.skip(f"reads tracefs ({e.filename}), which only root may (make test runs it)")

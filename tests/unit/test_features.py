@@ -130,6 +130,7 @@ def get(port: int, path: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+@pytest.mark.usefixtures("tracefs_readable")
 def test_the_agent_runs_a_new_feature_end_to_end(toy) -> None:
     off = {(f"collectors.{k}.enabled"): False for k in ("tcp", "rtt", "processes", "gpu",
                                                           "rdma", "system")}  # fmt: skip
@@ -164,6 +165,7 @@ class BrokenFeature(Feature):
         raise RuntimeError("cannot load: the compile failed")
 
 
+@pytest.mark.usefixtures("tracefs_readable")
 def test_a_feature_that_fails_to_start_makes_the_agent_not_ready() -> None:
     feature.registered()
     register("broken", order=40)(BrokenFeature)

@@ -371,6 +371,7 @@ def test_events_leave_in_batches_and_the_subscription_is_the_queue() -> None:
     assert stats.made == 2
 
 
+@pytest.mark.usefixtures("tracefs_readable")
 def test_the_agent_exports_its_metrics_and_a_gpu_fault(receiver: OtlpReceiver) -> None:
     from lens_ebpf.agent.service import Agent
 

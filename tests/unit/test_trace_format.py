@@ -57,6 +57,7 @@ def test_user_space_filters() -> None:
     assert not event_filter(ns(namespace="team-b"))(ev)
 
 
+@pytest.mark.usefixtures("tracefs_readable")
 def test_missing_tracepoint_is_one_line_and_exit_2(monkeypatch, capsys) -> None:
     monkeypatch.setattr("os.geteuid", lambda: 0)
     monkeypatch.setattr(tracefs, "ensure_mounted", lambda *a: "/sys/kernel/tracing")
@@ -71,6 +72,7 @@ def test_missing_tracepoint_is_one_line_and_exit_2(monkeypatch, capsys) -> None:
     ]
 
 
+@pytest.mark.usefixtures("tracefs_readable")
 def test_no_byte_probe_point_is_one_line_and_exit_2(monkeypatch, capsys) -> None:
     monkeypatch.setattr("os.geteuid", lambda: 0)
     monkeypatch.setattr(tracefs, "ensure_mounted", lambda *a: "/sys/kernel/tracing")
@@ -95,6 +97,7 @@ def test_non_root_is_one_line_and_exit_2(monkeypatch, capsys, what: str) -> None
     assert len(err) == 1 and "needs root" in err[0]
 
 
+@pytest.mark.usefixtures("tracefs_readable")
 def test_ebpf_prints_source_and_cflags(capsys) -> None:
     assert cli.main(["trace", "all", "--ebpf"]) == 0
     out = capsys.readouterr().out
