@@ -922,3 +922,86 @@ CONTRACT |= {
         {"stats": {"*": WORKLOAD_STATS}, "missing": [STR]},
     ),
 }
+# -- the Py-Spy Profiler tab (api/pkg/api/pyspy/types.go at dd69b3c; omitempty fields left
+# out where empty, so not required here) ------------------------------------------------------
+PYSPY = f"{GO}/api/pkg/api/pyspy/types.go"
+PYSPY_TASK = {
+    "task_id": STR, "status": STR, "pod_uid": STR, "pod_name": STR, "pod_namespace": STR,
+    "node_name": STR, "pid": INT, "duration": INT, "format": STR, "created_at": TIME,
+}  # fmt: skip
+CONTRACT |= {
+    "POST workloads/{uid}/process-tree": (
+        f"{PYSPY} PodProcessTree",
+        {
+            "pod_name": STR,
+            "pod_namespace": STR,
+            "pod_uid": STR,
+            "node_name": STR,
+            "containers": [
+                {
+                    "container_id": STR,
+                    "container_name": STR,
+                    "root_process": MAP,
+                    "process_count": INT,
+                    "python_count": INT,
+                }
+            ],
+            "total_processes": INT,
+            "total_python": INT,
+            "collected_at": TIME,
+        },
+    ),  # fmt: skip
+    "POST pyspy/sample": (f"{PYSPY} TaskResponse", PYSPY_TASK),
+    "GET pyspy/task/{id}": (f"{PYSPY} TaskResponse", PYSPY_TASK),
+    "GET pyspy/tasks": (
+        f"{PYSPY} ListTasksResponse",
+        {"tasks": [PYSPY_TASK], "total": INT, "limit": INT, "offset": INT},
+    ),
+    "POST pyspy/tasks": (
+        f"{PYSPY} ListTasksResponse",
+        {"tasks": [PYSPY_TASK], "total": INT, "limit": INT, "offset": INT},
+    ),
+    "POST pyspy/task/{id}/cancel": (
+        f"{PYSPY} TaskStatusResponse",
+        {"task_id": STR, "status": STR, "message": STR},
+    ),
+}
+
+# -- the Profiler Files tab, the TraceLens and trace-viewer pages (issue 71, items 4-6):
+# api/pkg/api/tracelens/profiler_file.go, tracelens/types.go, perfetto/types.go -------------
+PROFILER_FILE = {
+    "id": INT, "file_name": STR, "file_type": STR, "file_size": INT, "workload_uid": STR,
+    "created_at": STR, "rank": INT, "pod_name": STR, "pod_namespace": STR, "node_name": STR,
+    "container": STR, "path": STR, "modified_at": STR, "status": STR, "error": STR,
+    "fetched_at": STR,
+}  # fmt: skip  # ProfilerFileListItem, and ours beyond it
+TRACE_SESSION = {
+    "session_id": STR, "cluster_name": STR, "workload_uid": STR, "profiler_file_id": INT,
+    "profiler_file_ids": [INT], "status": STR, "status_message": STR, "ui_path": STR,
+    "pod_name": STR, "pod_ip": STR, "created_at": TIME, "ready_at": TIME, "expires_at": TIME,
+    "last_accessed_at": TIME, "estimated_ready_seconds": INT,
+}  # fmt: skip  # SessionResponse (both), and ours beyond it
+TRACELENS_SESSION = {**TRACE_SESSION, "resource_profile": STR, "analysis": ANY}
+PERFETTO_SESSION = {**TRACE_SESSION, "viewer_type": STR}
+NO_TRACE = ("404 only here (no trace in this database); tests/recorder/"
+            "test_profiler_files.py checks the shape")  # fmt: skip
+CONTRACT |= {
+    "GET workloads/{uid}/profiler-files": ("tracelens/profiler_file.go []ProfilerFileListItem",
+                                           [PROFILER_FILE]),
+    "GET tracelens/resource-profiles": ("tracelens/types.go ResourceProfilesResponse", {
+        "profiles": [{"value": STR, "label": STR, "description": STR, "memory": STR,
+                      "memory_bytes": INT, "cpu": INT, "is_default": BOOL}]}),
+    "GET tracelens/sessions": ("tracelens/types.go ListSessionsResponse",
+                               {"sessions": [TRACELENS_SESSION], "total": INT}),
+    "GET tracelens/workloads/{workload_uid}/sessions": (
+        "tracelens/types.go ListSessionsResponse",
+        {"sessions": [TRACELENS_SESSION], "total": INT}),
+    "POST tracelens/sessions": (NO_TRACE, TRACELENS_SESSION),
+    "GET tracelens/sessions/{session_id}": (NO_TRACE, TRACELENS_SESSION),
+    "PATCH tracelens/sessions/{session_id}": (NO_TRACE, TRACELENS_SESSION),
+    "DELETE tracelens/sessions/{session_id}": (NO_TRACE, ANY),
+    "POST perfetto/sessions": (NO_TRACE, PERFETTO_SESSION),
+    "GET perfetto/sessions/{session_id}": (NO_TRACE, PERFETTO_SESSION),
+    "PATCH perfetto/sessions/{session_id}": (NO_TRACE, PERFETTO_SESSION),
+    "DELETE perfetto/sessions/{session_id}": (NO_TRACE, ANY),
+}  # fmt: skip

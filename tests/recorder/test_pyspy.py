@@ -65,7 +65,12 @@ def test_the_profiler_tab_through_the_agent(ctd: Containerd, api: FakeApiServer,
         wait_for(lambda: c.call("POST", f"workloads/{U['bert']}/process-tree",
                                 {"pod_uid": rank.pod_uid})[0] == 200,
                  "the pod and its node known to the recorder", every=0.2)  # fmt: skip
-        tree = c.data("POST", f"workloads/{U['bert']}/process-tree", {"pod_uid": rank.pod_uid})
+        tree = c.data(
+            "POST",
+            f"workloads/{U['bert']}/process-tree",
+            {"pod_uid": rank.pod_uid},
+            route="workloads/{uid}/process-tree",
+        )
         assert (tree["pod_name"], tree["pod_namespace"], tree["node_name"]) == (
             "bert-worker-0", NS, "node-a")  # fmt: skip
         [ct] = tree["containers"]
@@ -80,13 +85,15 @@ def test_the_profiler_tab_through_the_agent(ctd: Containerd, api: FakeApiServer,
 
         # a speedscope record and a dump, each through its lifecycle to a file
         def finished(task: str) -> dict[str, Any]:
-            return wait_for(lambda: (t := c.data("GET", f"pyspy/task/{task}"))["status"]
+            return wait_for(lambda: (t := c.data("GET", f"pyspy/task/{task}",
+                                                 route="pyspy/task/{id}"))["status"]
                             in ("completed", "failed", "cancelled") and t,
                             f"task {task} ended", every=0.2)  # fmt: skip
 
         made = c.data("POST", "pyspy/sample", {"pod_uid": rank.pod_uid, "node_name": "node-a",
                                                "pid": rank.pid, "duration": 1,
-                                               "format": "speedscope"})  # fmt: skip
+                                               "format": "speedscope"},
+                      route="pyspy/sample")  # fmt: skip
         assert made["status"] in ("pending", "running") and made["task_id"].startswith("pyspy-")
         done = finished(made["task_id"])
         assert done["status"] == "completed", done
@@ -102,16 +109,22 @@ def test_the_profiler_tab_through_the_agent(ctd: Containerd, api: FakeApiServer,
         threads = app_get(app, dump["file_path"]).json()
         assert [f["name"] for f in threads[0]["frames"]][:2] == ["spin_in_train_step", "main"]
 
-        listed = c.data("POST", "pyspy/tasks", {"workload_uid": U["bert"]})
+        listed = c.data("POST", "pyspy/tasks", {"workload_uid": U["bert"]}, route="pyspy/tasks")
         assert [t["task_id"] for t in listed["tasks"]] == [dump["task_id"], done["task_id"]]
         assert (listed["total"], listed["limit"], listed["offset"]) == (2, 50, 0)
-        assert c.data("GET", "pyspy/tasks?status=completed&limit=1")["total"] == 2
+        assert c.data("GET", "pyspy/tasks?status=completed&limit=1", route="pyspy/tasks")[
+            "total"] == 2  # fmt: skip
 
         # a cancel kills the run on the node; a task ended cannot be cancelled
         long = c.data("POST", "pyspy/sample", {"pod_uid": rank.pod_uid, "pid": rank.pid,
                                                "duration": 60})  # fmt: skip
         agent.wait_sample("lens_agent_pyspy_running", {}, 1)
-        got = c.data("POST", f"pyspy/task/{long['task_id']}/cancel", {"reason": "enough"})
+        got = c.data(
+            "POST",
+            f"pyspy/task/{long['task_id']}/cancel",
+            {"reason": "enough"},
+            route="pyspy/task/{id}/cancel",
+        )
         assert got == {"task_id": long["task_id"], "status": "cancelled",
                        "message": "task cancelled"}  # fmt: skip
         agent.wait_sample("lens_agent_pyspy_running", {}, 0)
