@@ -53,6 +53,10 @@
  * flow also goes to the ring buffer as one record. Direction comes from the socket's
  * role: an active open (SYN_SENT) is egress, an accepted socket (SYN_RECV) ingress.
  *
+ * Connect latency: an active open's time from its SYN_SENT transition (connect(), just
+ * before the SYN leaves) to ESTABLISHED, binned in the kernel into the RTT's bounds per
+ * (direction, class, remote) in the connects map, whichever paths the needs took.
+ *
  * With either RTT path the program also bins each RTT sample in the kernel into fixed
  * bucket boundaries (-DLENS_RTT_BOUNDS, microseconds) per (direction, class, remote).
  * It lives here because it needs each socket's direction and class from socks.
@@ -72,8 +76,8 @@ enum lens_sk_rst_reason { LENS_RST_REASON_UNSPEC };
     !defined(RINGBUF_PAGES)
 #error "MAX_SOCKETS, MAX_FLOW_KEYS, MAX_POLICY_PREFIXES and RINGBUF_PAGES come as -D flags"
 #endif
-#if (defined(LENS_RTT) || defined(LENS_RTT_SAMPLED)) && !defined(MAX_RTT_KEYS)
-#error "MAX_RTT_KEYS comes as a -D flag (bpf.max_rtt_keys)"
+#if !defined(MAX_RTT_KEYS) || !defined(LENS_RTT_BOUNDS)
+#error "MAX_RTT_KEYS and LENS_RTT_BOUNDS come as -D flags (bpf.max_rtt_keys, tcp_rtt.py)"
 #endif
 
 /* TCP states as the tracepoint reports them. */
@@ -103,7 +107,8 @@ enum lens_sk_rst_reason { LENS_RST_REASON_UNSPEC };
 #define ST_EVENTS 7
 #define ST_RTT_UNTRACKED 8
 #define ST_RTT_MAP_FULL 9
-#define ST_COUNT 10
+#define ST_CONNECT_MAP_FULL 10
+#define ST_COUNT 11
 
 
 #define REASON_NORMAL 0
@@ -126,6 +131,8 @@ BPF_ARRAY(trace_filter, struct lens_trace_filter, 1);
 /* 1 while some consumer wants closed-flow records (Python sets it as subscribers come and
  * go); at 0 no record enters the ring buffer and the aggregates alone carry the counts. */
 BPF_ARRAY(records_on, u32, 1);
+/* connect latency: SYN_SENT to ESTABLISHED of active opens, binned as the RTT is */
+BPF_HASH(connects, struct rtt_key, struct rtt_val, MAX_RTT_KEYS);
 
 #if defined(LENS_RTT) && !defined(LENS_TP_TCP_PROBE_SKADDR)
 /* A keyed socket by its 4-tuple, for a tcp_probe record that names no socket. */
@@ -353,6 +360,55 @@ static __always_inline void key_socket(u64 sk, struct sock_info *si, u16 family,
 #endif
 }
 
+/* One sample (microseconds) into the bins of v (an RTT or connect-latency histogram). */
+static __always_inline void hist_bin(struct rtt_val *v, u32 us)
+{
+    u32 bounds[LENS_RTT_NBOUNDS] = {LENS_RTT_BOUNDS};
+    u32 bin = LENS_RTT_NBOUNDS;
+#pragma unroll
+    for (int i = LENS_RTT_NBOUNDS - 1; i >= 0; i--) {
+        if (us <= bounds[i])
+            bin = i;
+    }
+    __sync_fetch_and_add(&v->count, 1);
+    __sync_fetch_and_add(&v->sum_us, us);
+    if (bin <= LENS_RTT_NBOUNDS)
+        __sync_fetch_and_add(&v->bins[bin], 1);
+}
+
+static __always_inline void hist_key(struct rtt_key *k, struct sock_info *si)
+{
+    __builtin_memset(k, 0, sizeof(*k));
+    __builtin_memcpy(k->raddr, si->key.raddr, 16);
+    k->direction = si->direction;
+    k->cls = si->key.cls;
+    k->family = si->family;
+}
+
+/* An active open's connect latency (microseconds) into its (class, remote) bins. */
+static __always_inline void connect_add(struct sock_info *si, u64 us)
+{
+    struct rtt_key k;
+    hist_key(&k, si);
+    struct rtt_val *v = connects.lookup(&k);
+    if (!v) {
+        struct rtt_val zero = {};
+        connects.insert(&k, &zero);
+        v = connects.lookup(&k);
+        if (!v) {
+            stat_add(ST_CONNECT_MAP_FULL, 1);
+            struct rtt_key o = {};
+            o.direction = k.direction;
+            o.cls = k.cls;
+            o.overflow = 1;
+            v = connects.lookup(&o);
+            if (!v)
+                return;
+        }
+    }
+    hist_bin(v, us > 0xffffffff ? 0xffffffff : (u32)us);
+}
+
 /* Account a socket's end: a closed flow once keyed, else a failed attempt. */
 static __always_inline void finish_socket(struct sock_info *si, u8 reason)
 {
@@ -467,6 +523,9 @@ static __always_inline int set_state(u64 sk, const void *direct, int os, int ns,
         key_socket(sk, si, family, raddr, sport, dport);
     }
 
+    if (ns == S_ESTABLISHED && os == S_SYN_SENT && si->keyed)
+        connect_add(si, (bpf_ktime_get_ns() - si->start_ns) / 1000);
+
     if (!si->pid_known && app_closes(os, ns))
         set_owner(si);
 
@@ -564,17 +623,7 @@ static __always_inline void rtt_add(struct sock_info *si, u32 srtt)
                 return;
         }
     }
-    u32 bounds[LENS_RTT_NBOUNDS] = {LENS_RTT_BOUNDS};
-    u32 bin = LENS_RTT_NBOUNDS;
-#pragma unroll
-    for (int i = LENS_RTT_NBOUNDS - 1; i >= 0; i--) {
-        if (srtt <= bounds[i])
-            bin = i;
-    }
-    __sync_fetch_and_add(&v->count, 1);
-    __sync_fetch_and_add(&v->sum_us, srtt);
-    if (bin <= LENS_RTT_NBOUNDS)
-        __sync_fetch_and_add(&v->bins[bin], 1);
+    hist_bin(v, srtt);
 }
 #endif
 

@@ -223,6 +223,8 @@ def _bpftool_enum(name: str) -> dict[int, str] | None:
 def test_reason_names_are_the_kernels_own(drop_rig: DropRig) -> None:
     """Every name the agent gives a reason is the running kernel's (bpftool's reading of
     its BTF), and none of them is written in our code: they can only have come from BTF."""
+    if not drop_rig.drops.has_reasons:  # 5.10: no reason field, so no names to check
+        pytest.skip("skb:kfree_skb has no reason on this kernel (before 5.17)")
     theirs = _bpftool_enum(reasons.ENUM)
     if theirs is None:
         assert drop_rig.drops.names is None

@@ -40,7 +40,7 @@ from lens_ebpf.agent.metrics.cache import COUNTER, MetricCache
 from lens_ebpf.agent.net import identity, netns, proc_tcp
 from lens_ebpf.agent.net.identity import NO_IDENTITY
 from lens_ebpf.agent.net.policy import CLASS_IDS, MAX_PREFIXES, Policy, abnormal, lpm_entries
-from lens_ebpf.agent.tcp import decode, tcp_rtt
+from lens_ebpf.agent.tcp import connect_latency, decode, tcp_rtt
 from lens_ebpf.agent.tcp.attribution import Unattributed
 
 log = logging.getLogger(__name__)
@@ -140,6 +140,7 @@ STATS = (
     "events",
     "rtt_untracked",
     "rtt_map_full",
+    "connect_map_full",
 )
 
 SEED_EGRESS = "primus_lens_network_tcp_flow_egress"
@@ -299,15 +300,17 @@ class TcpFlows(RingProgram):
         if rtt_choice.path is not None:
             sampled = rtt_choice.path.kind == BTF
             self.rtt = tcp_rtt.TcpRtt(bpf, cache, clock, sampled=sampled)
+        # connect latency: every kernel, whatever paths the needs took
+        self.connects = connect_latency.ConnectLatency(bpf, cache, clock)
 
     def defines(self) -> dict[str, int | str]:
         return self.static_defines(self.bpf_cfg, self.rtt is not None)
 
     @staticmethod
     def static_defines(b: BpfConfig, rtt: bool) -> dict[str, int | str]:
-        """The cflags tcp_flows.c is compiled with."""
-        extra = tcp_rtt.defines(b) if rtt else {}
-        return extra | {
+        """The cflags tcp_flows.c is compiled with (the RTT's bounds and key count, which
+        the connect-latency histograms use too, whether RTT is on or not)."""
+        return tcp_rtt.defines(b) | {
             "MAX_SOCKETS": b.max_sockets,
             # room for the 14 overflow slots on top of the configured keys
             "MAX_FLOW_KEYS": b.max_flow_keys + 2 * len(CLASS_IDS),
@@ -357,6 +360,9 @@ class TcpFlows(RingProgram):
         layouts.check_layout("flow_event", layouts.FlowEvent, self.bpf[b"layout_flow_event"].Leaf)
         layouts.check_layout("sock_info", layouts.SockInfo, self.bpf[b"socks"].Leaf)
         prefill_overflow(self.bpf[b"flows"], len(CLASS_IDS))
+        layouts.check_layout("connects key", layouts.RttKey, self.bpf[b"connects"].Key)
+        layouts.check_layout("connects val", layouts.RttVal, self.bpf[b"connects"].Leaf)
+        prefill_overflow(self.bpf[b"connects"], len(CLASS_IDS))
         if self.rtt is not None:
             layouts.check_layout("rtt_key", layouts.RttKey, self.bpf[b"rtt"].Key)
             layouts.check_layout("rtt_val", layouts.RttVal, self.bpf[b"rtt"].Leaf)
@@ -466,6 +472,7 @@ class TcpFlows(RingProgram):
             for key, grew in self.flows_reader.read(self.bpf[b"flows"]):
                 self._count(decode.flow_key_labels(key), dict(zip(VAL_FIELDS, grew, strict=True)))
             self.unattributed.settle(self.enrich)
+            self.connects.read(self.bpf[b"connects"], self.enrich)
             if self.rtt is not None:
                 self.rtt.read(self.bpf[b"rtt"], self.enrich)
                 # periods begin on this read cycle: at least bpf.read_interval_seconds long
@@ -574,7 +581,7 @@ class TcpFlows(RingProgram):
     def keys_missed(self) -> dict[str, int]:
         """Per map read as deltas: keys a batch read did not return though the map held
         them (each then read alone: DeltaReader)."""
-        out = {"flows": self.flows_reader.missed}
+        out = {"flows": self.flows_reader.missed, "connects": self.connects.keys_missed()}
         if self.rtt is not None:
             out["rtt"] = self.rtt.keys_missed()
         return out
@@ -594,7 +601,8 @@ class TcpFlowsCollector(Collector):
         full = CounterMetricFamily("lens_agent_bpf_map_full", "Updates refused by a full BPF map",
                                    labels=("program", "map"))  # fmt: skip
         for map_name, stat in (("socks", "sock_map_full"), ("flows", "flow_map_full"),
-                               ("rtt", "rtt_map_full")):  # fmt: skip
+                               ("rtt", "rtt_map_full"),
+                               ("connects", "connect_map_full")):  # fmt: skip
             full.add_metric((NAME, map_name), st[stat])
         yield full
         missed = CounterMetricFamily(
