@@ -133,7 +133,7 @@ def get(port: int, path: str) -> tuple[int, str]:
 @pytest.mark.usefixtures("tracefs_readable")
 def test_the_agent_runs_a_new_feature_end_to_end(toy) -> None:
     off = {(f"collectors.{k}.enabled"): False for k in ("tcp", "rtt", "processes", "gpu",
-                                                          "rdma", "system")}  # fmt: skip
+                                                          "rdma", "system", "drops")}  # fmt: skip
     overrides = {tuple(k.split(".")): v for k, v in off.items()}
     overrides |= {("server", "host"): "127.0.0.1", ("server", "port"): 0,
                   ("grpc", "listen"): "127.0.0.1:0", ("kubernetes", "mode"): "off",
@@ -172,7 +172,8 @@ def test_a_feature_that_fails_to_start_makes_the_agent_not_ready() -> None:
     overrides = {("server", "host"): "127.0.0.1", ("server", "port"): 0,
                  ("grpc", "listen"): "127.0.0.1:0", ("kubernetes", "mode"): "off",
                  ("collectors", "tcp", "enabled"): False,
-                 ("collectors", "processes", "enabled"): False}  # fmt: skip
+                 ("collectors", "processes", "enabled"): False,
+                 ("collectors", "drops", "enabled"): False}  # fmt: skip
     agent = Agent(config.load(None, env={}, overrides=overrides))
     try:
         agent.start()  # the others start; the agent serves

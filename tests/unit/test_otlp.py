@@ -376,7 +376,7 @@ def test_the_agent_exports_its_metrics_and_a_gpu_fault(receiver: OtlpReceiver) -
     from lens_ebpf.agent.service import Agent
 
     off = {("collectors", k, "enabled"): False for k in ("tcp", "rtt", "processes", "gpu",
-                                                         "rdma", "system")}  # fmt: skip
+                                                         "rdma", "system", "drops")}  # fmt: skip
     agent = Agent(config.load(None, env={}, overrides={
         **off, ("server", "host"): "127.0.0.1", ("server", "port"): 0,
         ("grpc", "listen"): "127.0.0.1:0", ("kubernetes", "mode"): "off",
