@@ -25,6 +25,9 @@ _SCRIPT = Path(sys.executable).with_name("lens-ebpf")
 LENS_CMD = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "lens_ebpf"]
 
 
+NO_KUBELET = "/nonexistent/lens-test/kubelet.sock"  # a PodResources socket that is never there
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -88,6 +91,11 @@ class AgentProc:
             **os.environ,
             "LENS_BPF__READ_INTERVAL_SECONDS": "0.3",
             "LENS_POLICY__WATCH_INTERVAL_SECONDS": "0.3",
+            # the host's kubelet is not the test's: make test's other worker runs a real
+            # node (tests/kube/node.py) whose PodResources socket is at the default path,
+            # and its device plugin offers the GPU fixtures' devices, which an agent
+            # reading it would label with that node's pods
+            "LENS_KUBERNETES__POD_RESOURCES__SOCKET": NO_KUBELET,
             **(env or {}),
         }
         if "--config" not in args and "LENS_GRPC__LISTEN" not in full_env:
