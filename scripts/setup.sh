@@ -32,13 +32,13 @@ case "$mode" in
   run|test|image) pkgs=(python3-bpfcc python3-venv python3-pip linux-headers-amd64 iproute2 kmod
                         gcc libc6-dev python3-dev)
                   extras="[agent]" ;;
-  recorder-image)  pkgs=(python3-venv python3-pip); extras="[recorder]" ;;
+  recorder-image)  pkgs=(python3-venv python3-pip npm); extras="[recorder]" ;;
   *) echo "setup: unknown mode $mode (run, test, image, recorder-image)" >&2; exit 2 ;;
 esac
 if [ "$mode" = test ]; then
   pkgs+=(bpfcc-tools dwarves containerd runc prometheus prometheus-alertmanager victoria-metrics gcc libc6-dev busybox-static openssl
          qemu-system-x86 xz-utils zstd rdma-core ibverbs-providers ibverbs-utils postgresql
-         chromium poppler-utils etcd-server
+         chromium poppler-utils etcd-server npm
          buildah debootstrap containernetworking-plugins iptables conntrack socat bpftool)
   extras="[dev]"
 fi
@@ -64,6 +64,22 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-cache-dir -e ".${extras}"
   touch "$stamp"
 fi
+
+# The trace viewer the recorder serves at a viewer session's ui_path (speedscope, from the
+# npm registry, pinned): its built files under the venv (.venv/share/speedscope), never in
+# the repository; recorder.profiler.viewer_dir names another place.
+viewer=speedscope@1.25.0
+case "$mode" in test|recorder-image)
+  if [ "$(cat .venv/share/speedscope/.version 2>/dev/null)" != "$viewer" ]; then
+    tmp=$(mktemp -d)
+    (cd "$tmp" && npm pack --silent "$viewer" >/dev/null && tar xzf speedscope-*.tgz)
+    rm -rf .venv/share/speedscope && mkdir -p .venv/share
+    mv "$tmp/package/dist/release" .venv/share/speedscope
+    cp "$tmp/package/LICENSE" .venv/share/speedscope/LICENSE
+    echo "$viewer" > .venv/share/speedscope/.version
+    rm -rf "$tmp"
+  fi ;;
+esac
 
 # The compiled event path (lens_ebpf/agent/native: ring records to their wire bytes in
 # C), built for this Python each time: a second or two.

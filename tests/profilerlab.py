@@ -32,11 +32,11 @@ LAYOUT = {
     # a configured glob (/out/*.json.gz): the two NCCL 2.17 ranks in one file
     "/out/nccl_data.json.gz": "nccl_parser_config_nccl_data.json.gz",
 }  # fmt: skip
-MALFORMED = "/prof/broken.pt.trace.json"
-HUGE = "/prof/huge.pt.trace.json"  # 2 GiB, sparse
+MALFORMED = "/bad/broken.pt.trace.json"  # alone: an analysis of it reads it alone
+HUGE = "/prof/huge.pt.trace.json"  # 2 GiB, sparse; beside step5/, not in it
 HUGE_BYTES = 2 << 30
 LINK = "/prof/escape.pt.trace.json"  # -> /etc/hostname: must not be listed nor sent
-GLOBS = '["/out/*.json.gz"]'
+GLOBS = '["/out/*.json.gz", "/bad/*.pt.trace.json"]'
 
 
 def fixture_bytes(name: str) -> bytes:
@@ -54,6 +54,7 @@ def lay_out(rootfs: Path) -> dict[str, bytes]:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
         want[path] = data
+    (rootfs / "bad").mkdir(exist_ok=True)
     (rootfs / MALFORMED.lstrip("/")).write_bytes(b'{"schemaVersion": 1, "traceEvents": [{"ph": ')
     with open(rootfs / HUGE.lstrip("/"), "wb") as f:
         f.truncate(HUGE_BYTES)
@@ -97,5 +98,5 @@ def start_trainer(ctd: Containerd, pod: str = "train-0", namespace: str = "team-
 
 
 def clear(rootfs: Path) -> None:
-    for top in ("prof", "work", "torchprof", "out"):
+    for top in ("prof", "work", "torchprof", "out", "bad"):
         shutil.rmtree(rootfs / top, ignore_errors=True)

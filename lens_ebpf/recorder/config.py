@@ -273,6 +273,7 @@ class ProfilerConfig(Section):
     retention_hours: int = Field(168, ge=1)  # fetched bytes kept this long
     max_ranks: int = Field(64, ge=1, le=1024)  # traces one analysis reads together
     analysis_workers: int = Field(1, ge=1, le=16)  # analyses at once
+    viewer_dir: str = ""  # speedscope's built files; "": <venv>/share/speedscope (setup.sh)
 
 
 class RecorderConfig(Section):

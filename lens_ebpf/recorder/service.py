@@ -50,6 +50,7 @@ from lens_ebpf.recorder.management.hub import Management
 from lens_ebpf.recorder.management.releases import Releases
 from lens_ebpf.recorder.management.settings import Settings
 from lens_ebpf.recorder.management.tasks import Tasks
+from lens_ebpf.recorder.profiler import Profiler
 from lens_ebpf.recorder.prom import Prom
 from lens_ebpf.recorder.remote_write.receiver import RemoteWrite
 from lens_ebpf.recorder.reports import weekly
@@ -177,9 +178,11 @@ class RecorderApp:
         self.deepdive = DeepDive(r.deepdive, self.engine, r.cluster_name, clock)
         self.training.on_stall = self.deepdive.stall  # each rank's stack at a stall
         self.alerts.on_hang = self.deepdive.hang  # and at a hang's log alert
+        self.profiler = Profiler(r.profiler, self.engine, r.cluster_name, clock)  # traces
         parts = Services(r, self.clusters, self.remote_write, self.training, self.writer,
                          self.readiness, clock, self.leadership, self.alerts,
-                         management=self.management, deepdive=self.deepdive)  # fmt: skip
+                         management=self.management, deepdive=self.deepdive,
+                         profiler=self.profiler)  # fmt: skip
         e, guard = self.engine, self.write_guard
         self.assistants = api.mount(self.http, {
             "lens": LensApi(parts, e.connect, self.clusters.scope, e.begin, guard),
@@ -261,6 +264,9 @@ class RecorderApp:
             Job("settings", 10, self.apply_stored, leader_only=False, at_start=True,
                 quiet=FAILURES),
             Job("job_history", 5, self.job_history.flush, leader_only=False, quiet=FAILURES),
+            # fetched profiler traces past recorder.profiler.retention_hours
+            Job("profiler_prune", 3600, lambda: self.profiler.prune(clock()), leader_only=True,
+                at_start=True, quiet=FAILURES),
             Job("job_history_prune", 3600, lambda: self.job_history.prune(
                 clock(), r.job_history.retention_days), leader_only=True, at_start=True,
                 quiet=FAILURES),
@@ -356,6 +362,7 @@ class RecorderApp:
                         type(exc).__name__)  # fmt: skip
         self.clusters.stop()
         self.deepdive.stop()
+        self.profiler.close()
         if self.grpc is not None:
             self.grpc.stop(grace=1)
         if not self.writer.flush(flush_timeout):

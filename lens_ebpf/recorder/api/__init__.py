@@ -23,6 +23,7 @@ from lens_ebpf.recorder.api import (
     management,
     nodes,
     posts,
+    profiler,
     pyspy,
     releases,
     remote_write,
@@ -63,6 +64,8 @@ ROUTES: list[tuple[RouteTable, tuple[str, ...], str]] = [
     (seed.routes, ROOT, "plain"),
     (pyspy.routes, PREFIXES, "lens"),  # the Py-Spy Profiler tab: process trees, py-spy
     (pyspy.files, PREFIXES, "lens-files"),  # a py-spy task's file
+    (profiler.routes, PREFIXES, "lens"),  # profiler traces, TraceLens and viewer sessions
+    (profiler.files, PREFIXES, "lens-files"),  # a trace's bytes, the analysis, the viewer
     (posts.routes, (*ROOT, "/v1", "/api"), "posts"),
     (assistants.routes, ROOT, "mcp"),  # /mcp: the tables above as MCP tools
 ]

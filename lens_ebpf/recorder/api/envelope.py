@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from lens_ebpf.recorder.ingest.admission import WriteGuard
     from lens_ebpf.recorder.leadership import Leadership
     from lens_ebpf.recorder.management.hub import Management
+    from lens_ebpf.recorder.profiler import Profiler
     from lens_ebpf.recorder.remote_write.receiver import RemoteWrite
     from lens_ebpf.recorder.store.writer import Writer
     from lens_ebpf.recorder.training.progress import Training
@@ -362,6 +363,7 @@ class Services:
     outage: Outage = field(default_factory=Outage)  # the database as requests find it
     management: Management | None = None  # the Management pages' clusters, settings, releases
     deepdive: DeepDive | None = None  # process trees and py-spy tasks through the agents
+    profiler: Profiler | None = None  # profiler traces through the agents, their sessions
 
 
 @dataclass
