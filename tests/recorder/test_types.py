@@ -312,8 +312,10 @@ def test_the_schema_catches_a_null_number_and_allows_a_pointer() -> None:
 
 # answered through a real agent: tests/recorder/test_pyspy.py checks their answers against
 # CONTRACT (its Client's route=)
-AGENT_ROUTES = {"POST workloads/{uid}/process-tree", "POST pyspy/sample", "GET pyspy/tasks",
-                "POST pyspy/tasks", "GET pyspy/task/{id}", "POST pyspy/task/{id}/cancel"}  # fmt: skip
+AGENT_ROUTES = {
+    "POST workloads/{uid}/process-tree", "POST pyspy/sample", "GET pyspy/tasks",
+    "POST pyspy/tasks", "GET pyspy/task/{id}", "POST pyspy/task/{id}/cancel",
+}  # fmt: skip
 
 
 def test_every_routes_answers_have_the_originals_types(
