@@ -461,6 +461,11 @@ def run_drop(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: Tex
         raise TraceError("needs root: loading BPF programs takes CAP_BPF and CAP_PERFMON")
     if tracefs.ensure_mounted() is None:
         raise TraceError("tracefs is not mounted and cannot be (mount -t tracefs ...)")
+    if args.namespace or args.pod or args.container:
+        # a drop happens in a softirq as often as in its process: its pod is known from
+        # the cluster index (the agent's metrics), not from the process trace sees
+        raise TraceError("drop: --namespace, --pod and --container need the agent's cluster "
+                         "index; filter by --port, --pid or --class")  # fmt: skip
     if not (plan := plan_for(drops.SPEC)).loadable:
         raise TraceError(f"drops: {plan.off_reason}")
     kernel_headers.for_config(cfg.kernel)
