@@ -253,6 +253,25 @@ class DeepDive:
         self.captures: dict[str, Capture] = {}  # workload uid -> its last stall's stacks
         self.stalls_captured = 0
 
+    def expire(self) -> int:
+        """Tasks left pending or running past their deadline (the replica running them
+        stopped) ended failed; how many. At start: a task runs on one replica's thread."""
+        t = schema.pyspy_tasks
+        now = self.clock()
+        ended = 0
+        with self.engine.begin() as conn:
+            rows = conn.execute(select(t.c.task_id, t.c.options, t.c.created_at).where(
+                t.c.cluster == self.cluster, t.c.status.in_(("pending", "running"))))  # fmt: skip
+            for r in rows.all():
+                created = r.created_at if r.created_at.tzinfo else r.created_at.replace(tzinfo=UTC)
+                late = int(r.options.get("duration") or 0) + self.cfg.timeout_seconds + 60
+                if (now - created).total_seconds() > late:
+                    conn.execute(update(t).where(t.c.task_id == r.task_id).values(
+                        status="failed", completed_at=now,
+                        error="the recorder running it stopped before it ended"))  # fmt: skip
+                    ended += 1
+        return ended
+
     # -- the process tree ------------------------------------------------------------
     def process_tree(self, conn: Connection, tables: Any, pod_uid: str) -> dict[str, Any]:
         from lens_ebpf.protocol.gen import deepdive_pb2 as pb

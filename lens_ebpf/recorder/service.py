@@ -264,6 +264,9 @@ class RecorderApp:
             Job("settings", 10, self.apply_stored, leader_only=False, at_start=True,
                 quiet=FAILURES),
             Job("job_history", 5, self.job_history.flush, leader_only=False, quiet=FAILURES),
+            # py-spy tasks whose replica stopped while they ran: failed, saying so
+            Job("pyspy_expire", 60, self.deepdive.expire, leader_only=False, at_start=True,
+                quiet=FAILURES),
             # fetched profiler traces past recorder.profiler.retention_hours
             Job("profiler_prune", 3600, lambda: self.profiler.prune(clock()), leader_only=True,
                 at_start=True, quiet=FAILURES),

@@ -160,6 +160,25 @@ def test_the_profiler_tab_through_the_agent(ctd: Containerd, api: FakeApiServer,
         assert (status, body["meta"]["code"]) == (404, 4004)
         r = app_get(app, f"/v1/pyspy/file/{long['task_id']}/x.json", ok=False)
         assert r.status_code == 404 and "has no file (cancelled)" in r.json()["meta"]["message"]
+
+        # a task its replica left running (it stopped): failed once past its deadline
+        from datetime import UTC, datetime, timedelta
+
+        from lens_ebpf.recorder.store import schema
+
+        with app.engine.begin() as conn:
+            conn.execute(schema.pyspy_tasks.insert().values(
+                cluster="local", task_id="pyspy-orphan", status="running", workload_uid="",
+                pod_uid=rank.pod_uid, pod_name="bert-worker-0", pod_namespace=NS,
+                node_name="node-a", pid=rank.pid, action="record", reason="requested",
+                options={"duration": 30, "rate": 100, "format": "speedscope", "native": False,
+                         "subprocesses": False, "locals": False}, output_file="",
+                file_size=0, error="",
+                created_at=datetime.now(UTC) - timedelta(hours=1)))  # fmt: skip
+        assert app.deepdive.expire() == 1
+        orphan = c.data("GET", "pyspy/task/pyspy-orphan", route="pyspy/task/{id}")
+        assert (orphan["status"], orphan["error"]) == (
+            "failed", "the recorder running it stopped before it ended")  # fmt: skip
     finally:
         ctd.remove(rank.cid)
         agent.stop()
