@@ -11,6 +11,7 @@ page's iframe)."""
 
 from __future__ import annotations
 
+import gzip
 import html as markup
 import json
 import math
@@ -18,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -86,9 +88,35 @@ def analyse(directory: str) -> dict[str, Any]:
                                 "the rank the others wait on in a collective"}  # fmt: skip
 
 
+def precheck(name: str, data: bytes) -> None:
+    """BadRequest for a trace HTA cannot break down, said without starting it: not JSON,
+    no traceEvents, no GPU kernel (a CPU-only rank)."""
+    import orjson
+
+    text = data
+    if data[:2] == b"\x1f\x8b":
+        try:
+            text = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise BadRequest(f"the traces could not be analysed: {name}: not gzip: {exc}"
+                             ) from None  # fmt: skip
+    try:
+        doc = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"the traces could not be analysed: {name}: not JSON: {exc}"
+                         ) from None  # fmt: skip
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise BadRequest(f"the traces could not be analysed: {name}: no traceEvents list")
+    if not any(isinstance(e, dict) and e.get("cat") == "kernel" for e in doc["traceEvents"]):
+        raise BadRequest(f"{name}: no GPU kernels to break down (a CPU-only trace?)")
+
+
 def run(traces: list[tuple[str, bytes]], timeout: float) -> dict[str, Any]:
     """HTA over traces (a file name and its bytes, one a rank) in a child process; its
-    result, or BadRequest saying why the traces could not be analysed."""
+    result, or BadRequest saying why the traces could not be analysed (checked first
+    here: a malformed or CPU-only trace never starts HTA)."""
+    for name, data in traces:
+        precheck(name, data)
     with tempfile.TemporaryDirectory(prefix="lens-hta-") as tmp:
         for i, (_, data) in enumerate(traces):
             gz = data[:2] == b"\x1f\x8b"

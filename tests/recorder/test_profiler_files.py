@@ -68,20 +68,18 @@ def rank_pod(api: FakeApiServer, name: str, uid: str, node_name: str, owner: str
     api.put("pods", p)
 
 
-def chromium(url: str, png: Path, *more: str) -> str:
-    """The page's DOM once its scripts ran (headless Chromium), and its screenshot."""
-    base = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--virtual-time-budget=15000", "--window-size=1400,900",
-            "--hide-scrollbars"]  # fmt: skip
+def chromium(url: str, png: Path) -> str:
+    """The page's DOM once its scripts ran (headless Chromium), its screenshot in png."""
     with tempfile.TemporaryDirectory() as profile:
-        shot = subprocess.run([*base, f"--user-data-dir={profile}", f"--screenshot={png}", url],
-                              capture_output=True, text=True, timeout=hang_guard(60))  # fmt: skip
-        assert png.exists(), shot.stderr[-500:]
-    with tempfile.TemporaryDirectory() as profile:
-        dom = subprocess.run([*base, f"--user-data-dir={profile}", "--dump-dom", *more, url],
+        got = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                              "--no-first-run", "--disable-background-networking",
+                              "--disable-component-update", "--disable-sync",
+                              f"--user-data-dir={profile}", "--virtual-time-budget=10000",
+                              "--window-size=1400,900", "--hide-scrollbars",
+                              f"--screenshot={png}", "--dump-dom", url],
                              capture_output=True, text=True, timeout=hang_guard(60))  # fmt: skip
-    return dom.stdout
+    assert png.exists(), got.stderr[-500:]
+    return got.stdout
 
 
 def test_traces_listed_downloaded_analysed_and_viewed(
