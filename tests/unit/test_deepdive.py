@@ -3,9 +3,12 @@ who may call DeepDiveService, and which rank's stack is apart at a stall."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 
 from lens_ebpf.agent.deepdive import procs
+from lens_ebpf.agent.deepdive.pyspy import PySpy, Refusal
 from lens_ebpf.agent.deepdive.service import allowed
 from lens_ebpf.recorder.deepdive import compare, main_stack
 
@@ -72,3 +75,27 @@ def test_the_main_threads_stack() -> None:
                 {"name": "<module>", "short_filename": "x.py", "line": 20}]}]  # fmt: skip
     assert main_stack(json.dumps(dump).encode()) == ["wait (x.py:9)", "<module> (x.py:20)"]
     assert main_stack(b"not json") == [] and main_stack(b"[]") == []
+
+
+def test_a_dump_waits_for_a_free_run_a_record_is_refused(tmp_path: Path) -> None:
+    """max_running runs at once: a stall's dumps of every rank of a node wait for one
+    (dump_timeout); a record asked while they run is refused, saying why. py-spy here is
+    echo: its output is its arguments."""
+    spy = PySpy("/bin/echo", tmp_path, 300, 1 << 20, 1, 30.0)
+
+    async def go() -> tuple[bytes, str]:
+        spy.busy.add(1)
+        dump = asyncio.ensure_future(spy.run(2, "dump"))
+        await asyncio.sleep(0)
+        try:
+            await spy.run(3, "record", duration=1)
+        except Refusal as r:
+            refused = f"{r.code}: {r.why}"
+        assert not dump.done()
+        spy.busy.discard(1)  # the run before it ends
+        return (await dump).output, refused
+
+    out, refused = asyncio.run(go())
+    assert out == b"dump --pid 2 --json\n"
+    assert refused == ("RESOURCE_EXHAUSTED: 1 py-spy runs on this node already "
+                       "(collectors.deepdive.max_running)")  # fmt: skip

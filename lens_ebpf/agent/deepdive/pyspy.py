@@ -100,7 +100,13 @@ class PySpy:
     async def run(self, pid: int, action: str, duration: int = 10, rate: int = 100,
                   fmt: str = "speedscope", native: bool = False, subprocesses: bool = False,
                   locals_: bool = False) -> Result:  # fmt: skip
-        """py-spy's output; Refusal with the reason it could not be had."""
+        """py-spy's output; Refusal with the reason it could not be had. A dump waits up
+        to dump_timeout for a free run (a stall dumps every rank of the node at once)."""
+        if action == "dump":
+            deadline = time.monotonic() + self.dump_timeout
+            while len(self.busy) >= self.max_running and pid not in self.busy \
+                    and time.monotonic() < deadline:  # fmt: skip
+                await asyncio.sleep(0.05)
         self.check(pid, action, duration, rate, fmt)
         self.busy.add(pid)
         try:
