@@ -161,6 +161,17 @@ def test_the_profiler_tab_through_the_agent(ctd: Containerd, api: FakeApiServer,
         r = app_get(app, f"/v1/pyspy/file/{long['task_id']}/x.json", ok=False)
         assert r.status_code == 404 and "has no file (cancelled)" in r.json()["meta"]["message"]
 
+        # the process sampled exits mid-sample: the task fails saying so
+        import os
+        import signal
+
+        asked = {"pod_uid": rank.pod_uid, "pid": helper, "duration": 30, "format": "raw"}
+        dying = c.data("POST", "pyspy/sample", asked)
+        agent.wait_sample("lens_agent_pyspy_running", {}, 1)
+        os.kill(helper, signal.SIGKILL)
+        gone = finished(dying["task_id"])
+        assert gone["status"] == "failed" and f"process {helper} exited" in gone["error"]
+
         # a task its replica left running (it stopped): failed once past its deadline
         from datetime import UTC, datetime, timedelta
 
