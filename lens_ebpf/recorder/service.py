@@ -50,7 +50,7 @@ from lens_ebpf.recorder.management.hub import Management
 from lens_ebpf.recorder.management.releases import Releases
 from lens_ebpf.recorder.management.settings import Settings
 from lens_ebpf.recorder.management.tasks import Tasks
-from lens_ebpf.recorder.profiler import Profiler
+from lens_ebpf.recorder.profiler.files import Profiler
 from lens_ebpf.recorder.prom import Prom
 from lens_ebpf.recorder.remote_write.receiver import RemoteWrite
 from lens_ebpf.recorder.reports import weekly

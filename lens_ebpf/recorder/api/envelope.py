@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from lens_ebpf.recorder.ingest.admission import WriteGuard
     from lens_ebpf.recorder.leadership import Leadership
     from lens_ebpf.recorder.management.hub import Management
-    from lens_ebpf.recorder.profiler import Profiler
+    from lens_ebpf.recorder.profiler.files import Profiler
     from lens_ebpf.recorder.remote_write.receiver import RemoteWrite
     from lens_ebpf.recorder.store.writer import Writer
     from lens_ebpf.recorder.training.progress import Training

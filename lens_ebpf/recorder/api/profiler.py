@@ -1,6 +1,6 @@
 """The workload page's "Profiler Files" tab and the pages it opens: the PyTorch profiler
-traces the agents find in a workload's containers (recorder/profiler.py), the TraceLens
-analysis sessions over them and the trace-viewer sessions (recorder/profiler_sessions.py),
+traces the agents find in a workload's containers (recorder/profiler/files.py), the TraceLens
+analysis sessions over them and the trace-viewer sessions (recorder/profiler/sessions.py),
 in the original's shapes (Lens/modules/api/pkg/api/tracelens and perfetto at dd69b3c)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from lens_ebpf.core.routes import Answer, Param, RouteTable
 from lens_ebpf.recorder import inputs
 from lens_ebpf.recorder.api.envelope import Ask, bad, integer
 from lens_ebpf.recorder.errors import NotFound, Unavailable
-from lens_ebpf.recorder.profiler import Profiler
-from lens_ebpf.recorder.profiler_sessions import PROFILES, Sessions
+from lens_ebpf.recorder.profiler.files import Profiler
+from lens_ebpf.recorder.profiler.sessions import PROFILES, Sessions
 
 routes = RouteTable()
 files = RouteTable()  # a trace's bytes, the analysis page, the viewer: not the envelope

@@ -133,7 +133,7 @@ class Profiler:
         self.agents = Agents(cfg)
         self._fetching: dict[int, threading.Lock] = {}
         self._lock = threading.Lock()
-        from lens_ebpf.recorder.profiler_sessions import Sessions
+        from lens_ebpf.recorder.profiler.sessions import Sessions
 
         self.sessions = Sessions(cfg, engine, self, clock)
 

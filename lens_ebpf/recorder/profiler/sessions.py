@@ -4,7 +4,7 @@ their time, deleted when asked.
 
 A TraceLens session analyses its trace and its sibling ranks (the workload's other traces
 in the same directory of the same container, as torch.profiler writes one a rank) with
-HolisticTraceAnalysis (trace_analysis.py) and is served as a page at its ui_path and as
+HolisticTraceAnalysis (analysis.py) and is served as a page at its ui_path and as
 JSON; a viewer session serves its trace to the viewer (speedscope) at its ui_path."""
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Engine
 
 from lens_ebpf.core.times import aware
-from lens_ebpf.recorder import trace_analysis
 from lens_ebpf.recorder.config import ProfilerConfig
 from lens_ebpf.recorder.errors import BadRequest, NotFound
-from lens_ebpf.recorder.profiler import Profiler, stamp
+from lens_ebpf.recorder.profiler import analysis as trace_analysis
+from lens_ebpf.recorder.profiler.files import Profiler, stamp
 from lens_ebpf.recorder.store import schema
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ breakdown of the GPU's time into computation, non-computation (communication and
 kernels) and idle; the communication-computation overlap; the kernel types' and the
 longest kernels' time; and the busiest rank (the one the others wait on in a collective).
 
-HTA and pandas run in a child process (`python -m lens_ebpf.recorder.trace_analysis DIR`,
+HTA and pandas run in a child process (`python -m lens_ebpf.recorder.profiler.analysis DIR`,
 its JSON on stdout): their memory goes with it, a trace that breaks them breaks only it,
 and a timeout ends it. html() draws a result as one self-contained page (the TraceLens
 page's iframe)."""
@@ -123,7 +123,7 @@ def run(traces: list[tuple[str, bytes]], timeout: float) -> dict[str, Any]:
             (Path(tmp) / f"trace-{i}.json{'.gz' if gz else ''}").write_bytes(data)
         env = {**os.environ, "PYTHONWARNINGS": "ignore"}
         try:
-            got = subprocess.run([sys.executable, "-m", "lens_ebpf.recorder.trace_analysis",
+            got = subprocess.run([sys.executable, "-m", "lens_ebpf.recorder.profiler.analysis",
                                   tmp], capture_output=True, timeout=timeout, env=env)  # fmt: skip
         except subprocess.TimeoutExpired:
             raise Unavailable(f"the analysis took over {timeout:g} s") from None
