@@ -657,3 +657,15 @@ def task_file(conn: Connection, tables: Any, task: str, name: str) -> tuple[str,
     if name and name != row.output_file:
         raise NotFound(f"task {task} has no file {name!r} (it has {row.output_file})")
     return TYPES[row.options["format"]], bytes(row.content)
+
+
+def task_files(conn: Connection, tables: Any, task: str, cluster: str) -> dict[str, Any]:
+    """The original's GET pyspy/file/{task_id}: the task's file, where it has one."""
+    got = get_task(conn, tables, task)
+    files = []
+    if got.get("file_path"):
+        files.append({"task_id": task, "file_name": got["output_file"],
+                      "format": got["format"], "file_size": got.get("file_size", 0),
+                      "storage_type": "database", "storage_path": f"pyspy_tasks/{task}",
+                      "download_url": f"{got['file_path']}?cluster={cluster}"})  # fmt: skip
+    return {"task_id": task, "files": files}

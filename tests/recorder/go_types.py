@@ -961,6 +961,12 @@ CONTRACT |= {
         f"{PYSPY} ListTasksResponse",
         {"tasks": [PYSPY_TASK], "total": INT, "limit": INT, "offset": INT},
     ),
+    "GET pyspy/file/{id}": (
+        f"{GO}/api/pkg/api/unified_pyspy.go PySpyTaskFilesResponse",
+        {"task_id": STR, "files": [{"task_id": STR, "file_name": STR, "format": STR,
+                                    "file_size": INT, "storage_type": STR,
+                                    "storage_path": STR, "download_url": STR}]},
+    ),  # fmt: skip
     "POST pyspy/task/{id}/cancel": (
         f"{PYSPY} TaskStatusResponse",
         {"task_id": STR, "status": STR, "message": STR},

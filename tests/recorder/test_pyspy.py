@@ -103,6 +103,10 @@ def test_the_profiler_tab_through_the_agent(ctd: Containerd, api: FakeApiServer,
         doc = r.json()
         assert {"spin_in_train_step", "main"} <= {f["name"] for f in doc["shared"]["frames"]}
         assert done["file_size"] == len(r.content)
+        listed = c.data("GET", f"pyspy/file/{done['task_id']}", route="pyspy/file/{id}")
+        assert [(f["file_name"], f["file_size"]) for f in listed["files"]] == [
+            (done["output_file"], len(r.content))]  # fmt: skip
+        assert listed["files"][0]["download_url"] == done["file_path"] + "?cluster=local"
 
         asked = {"pod_uid": rank.pod_uid, "pid": rank.pid, "format": "dump"}
         dump = finished(c.data("POST", "pyspy/sample", asked)["task_id"])

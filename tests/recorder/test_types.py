@@ -315,6 +315,7 @@ def test_the_schema_catches_a_null_number_and_allows_a_pointer() -> None:
 AGENT_ROUTES = {
     "POST workloads/{uid}/process-tree", "POST pyspy/sample", "GET pyspy/tasks",
     "POST pyspy/tasks", "GET pyspy/task/{id}", "POST pyspy/task/{id}/cancel",
+    "GET pyspy/file/{id}",
 }  # fmt: skip
 
 

@@ -126,6 +126,13 @@ def cancel(ask: Ask) -> Any:
     return dd(ask).cancel(ask.conn, ask.arg("id"), str(body(ask).get("reason") or ""))
 
 
+@routes.get("pyspy/file/{id}", Param("id", doc="the task's id", required=True))
+def task_files(ask: Ask) -> Any:
+    """A task's files (one, once it completed): {task_id, files: [{file_name, format,
+    file_size, download_url}]}."""
+    return deepdive.task_files(ask.conn, ask.c.tables, ask.arg("id"), ask.c.name)
+
+
 @files.get("pyspy/file/{id}/{name}", Param("id", required=True),
            Param("name", required=True), tool=False)  # fmt: skip
 def task_file(ask: Ask) -> Any:
