@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +218,12 @@ def run(api: FakeApiServer, recorder_app: Any, tmp_path: Path, t: Any, address: 
     streams = {str(e["tid"]) for e in wrote["traceEvents"] if isinstance(e.get("tid"), str)}
     assert streams and streams <= {e["args"]["name"] for e in served
                                    if e.get("name") == "thread_name"}  # fmt: skip
+    # the retention: fetched bytes dropped (the rows listed again), fetched anew when asked
+    assert app.profiler.prune(datetime.now(UTC) + timedelta(hours=169)) >= 5
+    again = {f["path"]: f["status"] for f in c.data("GET", f"workloads/{bert}/profiler-files")}
+    assert again[RANK0] == "listed" and again[HUGE] == "failed"
+    r = requests.get(f"{base}/profiler-files/{files[RANK0]['id']}/download", timeout=hang_guard(30))
+    assert r.content == t.files[RANK0]
     assert c.data("DELETE", f"tracelens/sessions/{mi250['session_id']}")["status"] == "deleted"
     status, got = c.call("GET", f"tracelens/sessions/{mi250['session_id']}/ui")
     assert got["meta"]["code"] == 4001 and "deleted" in got["meta"]["message"]
