@@ -32,16 +32,19 @@ case "$mode" in
   run|test|image) pkgs=(python3-bpfcc python3-venv python3-pip linux-headers-amd64 iproute2 kmod
                         gcc libc6-dev python3-dev)
                   extras="[agent]" ;;
-  recorder-image)  pkgs=(python3-venv python3-pip npm); extras="[recorder]" ;;
+  recorder-image)  pkgs=(python3-venv python3-pip); extras="[recorder]" ;;
   *) echo "setup: unknown mode $mode (run, test, image, recorder-image)" >&2; exit 2 ;;
 esac
 if [ "$mode" = test ]; then
   pkgs+=(bpfcc-tools dwarves containerd runc prometheus prometheus-alertmanager victoria-metrics gcc libc6-dev busybox-static openssl
          qemu-system-x86 xz-utils zstd rdma-core ibverbs-providers ibverbs-utils postgresql
-         chromium poppler-utils etcd-server npm
+         chromium poppler-utils etcd-server
          buildah debootstrap containernetworking-plugins iptables conntrack socat bpftool)
   extras="[dev]"
 fi
+
+# npm for the trace viewer below: Debian's, unless one is there (a nodejs that ships it)
+case "$mode" in test|recorder-image) command -v npm >/dev/null || pkgs+=(npm) ;; esac
 
 missing=()
 for p in "${pkgs[@]}"; do
