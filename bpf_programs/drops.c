@@ -71,16 +71,19 @@ static __always_inline u8 classify(const u8 *addr)
 }
 
 #ifdef LENS_DROP_ADDRESSES
-/* sk_buff's four fields lie within a few dozen bytes: one read of their span */
+/* sk_buff's four fields lie within a few dozen bytes: one read of their span, from an
+ * 8-aligned offset into an 8-aligned buffer, so each field keeps its natural alignment on
+ * the stack (the verifier refuses a misaligned stack load: 6.12's span starts at 148) */
 #define LENS_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define LENS_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define SKB_BLOCK_OFF                                                                          \
-    LENS_MIN(LENS_MIN(LENS_SKB_HEAD_OFF, LENS_SKB_NETWORK_HEADER_OFF),                        \
-             LENS_MIN(LENS_SKB_TRANSPORT_HEADER_OFF, LENS_SKB_IIF_OFF))
+    (LENS_MIN(LENS_MIN(LENS_SKB_HEAD_OFF, LENS_SKB_NETWORK_HEADER_OFF),                       \
+              LENS_MIN(LENS_SKB_TRANSPORT_HEADER_OFF, LENS_SKB_IIF_OFF)) & ~7)
 #define SKB_BLOCK_END                                                                          \
     LENS_MAX(LENS_MAX(LENS_SKB_HEAD_OFF + 8, LENS_SKB_NETWORK_HEADER_OFF + 2),                \
              LENS_MAX(LENS_SKB_TRANSPORT_HEADER_OFF + 2, LENS_SKB_IIF_OFF + 4))
-#define SKB_BLOCK_LEN (SKB_BLOCK_END - SKB_BLOCK_OFF)
+#define SKB_BLOCK_WORDS ((SKB_BLOCK_END - SKB_BLOCK_OFF + 7) / 8)
+#define SKB_BLOCK_LEN (SKB_BLOCK_WORDS * 8)
 #if SKB_BLOCK_LEN > 256
 #error "sk_buff's head, headers and skb_iif span more than 256 bytes on this kernel"
 #endif
@@ -99,8 +102,9 @@ struct packet {
 /* The packet's addresses, protocol and ports from its headers; 0 when it has none. */
 static __always_inline int read_packet(u64 skb, struct packet *p)
 {
-    u8 blk[SKB_BLOCK_LEN];
-    if (bpf_probe_read_kernel(blk, sizeof(blk), (void *)(skb + SKB_BLOCK_OFF)))
+    u64 words[SKB_BLOCK_WORDS];
+    u8 *blk = (u8 *)words;
+    if (bpf_probe_read_kernel(words, sizeof(words), (void *)(skb + SKB_BLOCK_OFF)))
         return 0;
     u64 head = BLOCK(u64, LENS_SKB_HEAD_OFF);
     u16 nh = BLOCK(u16, LENS_SKB_NETWORK_HEADER_OFF);

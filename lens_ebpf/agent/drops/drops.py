@@ -284,6 +284,11 @@ class DropsCollector(Collector):
             "Drops counted in an overflow slot (no reason, no address): the drops map was full",
             value=st["map_full"])  # fmt: skip
         yield CounterMetricFamily(
+            "lens_agent_drops_listener_walks_failed",
+            "Network namespaces whose listeners and counters could not be read (not entered, "
+            "or sock_diag refused): their overflows show at a later walk",
+            value=self._drops.listen_walks_failed)  # fmt: skip
+        yield CounterMetricFamily(
             "lens_packet_drops_unread_headers",
             "Dropped IP packets whose header the program could not read (counted under no "
             "address)", value=st["no_header"])  # fmt: skip
