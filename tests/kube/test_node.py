@@ -6,6 +6,7 @@ against what the kubelet, the controllers and the runtime really did."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import wait_for
+from tests.conftest import hang_guard, wait_for
 from tests.kube import images
 from tests.kube import node as lab
 from tests.kube.node import KubeNode, running_and_ready
@@ -256,60 +257,72 @@ def metrics() -> str:
     return text
 
 
-def agent_events(node: KubeNode, pod: str, until: Callable[[list[Any]], bool]) -> list[Any]:
-    """The agent's process_exec events of one pod of APP, replayed from the agent's buffer
-    over its gRPC port (9471) as the recorder reads it: with a token of the recorder's
-    ServiceAccount for the port's audience (lens-ebpf-agent), checked by TokenReview."""
-    import grpc
+class AgentExecs:
+    """The agent's process_exec events of one pod of APP over its gRPC port (9471), as the
+    recorder reads them: with a token of the recorder's ServiceAccount for the port's
+    audience (lens-ebpf-agent), checked by TokenReview. Subscribed from the agent's
+    newest event before the pod starts: the agent records the whole host, and make
+    test's other worker's bursts (a million connects, ten thousand execs) can push the
+    pod's events out of its history (100,000) before a replay from the first would come."""
 
-    from lens_ebpf.protocol.gen import lens_pb2 as pb
-    from lens_ebpf.protocol.gen import lens_pb2_grpc
-
-    sa = f"/api/v1/namespaces/{NS}/serviceaccounts/lens-ebpf-recorder/token"
-    status, got = node.request(
-        "POST",
-        sa,
-        {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"audiences": ["lens-ebpf-agent"], "expirationSeconds": 600},
-        },
-    )
-    assert status == 201, got
-    auth = (("authorization", f"Bearer {got['status']['token']}"),)
-    events: list[Any] = []
-
-    def read() -> bool:
-        events.clear()
-        req = pb.SubscribeRequest(kinds=["process_exec"], namespace=APP, pod=pod, from_seq=1)
-        with grpc.insecure_channel(f"{lab.NODE_IP}:9471") as channel:
-            stream = lens_pb2_grpc.EventServiceStub(channel).Subscribe(req, metadata=auth)
-            try:
-                for ev in stream:
-                    events.append(ev.process_exec)
-                    if until(events):
-                        return True
-            except grpc.RpcError as err:
-                if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise
-            finally:
-                stream.cancel()
-        return False
-
-    def replayed() -> bool:
+    def __init__(self, node: KubeNode, pod: str) -> None:
         import threading
 
-        done: list[bool] = []
-        t = threading.Thread(target=lambda: done.append(read()), daemon=True)
-        t.start()
-        t.join(10)
-        return bool(done and done[0])
+        import grpc
 
-    wait_for(replayed, lambda: f"{pod}'s execs from the agent: {events}", timeout=60, every=1)
-    return events
+        from lens_ebpf.protocol.gen import lens_pb2 as pb
+        from lens_ebpf.protocol.gen import lens_pb2_grpc
+
+        sa = f"/api/v1/namespaces/{NS}/serviceaccounts/lens-ebpf-recorder/token"
+        status, got = node.request(
+            "POST",
+            sa,
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"audiences": ["lens-ebpf-agent"], "expirationSeconds": 600},
+            },
+        )
+        assert status == 201, got
+        auth = (("authorization", f"Bearer {got['status']['token']}"),)
+        self.channel = grpc.insecure_channel(f"{lab.NODE_IP}:9471")
+        newest = (
+            lens_pb2_grpc.NodeServiceStub(self.channel)
+            .GetNode(pb.GetNodeRequest(), metadata=auth, timeout=hang_guard(10))
+            .last_seq
+        )
+        req = pb.SubscribeRequest(
+            kinds=["process_exec"], namespace=APP, pod=pod, from_seq=newest + 1
+        )
+        self.stream = lens_pb2_grpc.EventServiceStub(self.channel).Subscribe(req, metadata=auth)
+        self.events: list[Any] = []  # process_exec payloads
+        self.gaps: list[Any] = []  # what the agent said it could not send
+        self.thread = threading.Thread(target=self._read, args=(grpc.RpcError,), daemon=True)
+        self.thread.start()
+
+    def _read(self, rpc_error: type[Exception]) -> None:
+        with contextlib.suppress(rpc_error):  # cancelled by close()
+            for ev in self.stream:
+                if ev.HasField("process_exec"):
+                    self.events.append(ev.process_exec)
+                else:
+                    self.gaps.append(ev.gap)
+
+    def wait(self, until: Callable[[list[Any]], bool], what: str) -> list[Any]:
+        wait_for(lambda: until(list(self.events)),
+                 lambda: f"{what} from the agent: {self.events} (gaps {self.gaps})",
+                 timeout=60)  # fmt: skip
+        return list(self.events)
+
+    def close(self) -> None:
+        self.stream.cancel()
+        self.channel.close()
+        self.thread.join(5)
 
 
-def test_execs_and_an_oom_kill_are_the_containers_the_kubelet_ran(lens: KubeNode) -> None:
+def test_execs_and_an_oom_kill_are_the_containers_the_kubelet_ran(
+    lens: KubeNode, request: pytest.FixtureRequest
+) -> None:
     """Each exec an event under its pod and container (five: sh, three /bin/busybox true,
     the exec of sleep), the same count on /metrics (runc's re-exec of itself from a memfd
     counts too when it falls in the container's cgroup: the events say which), the
@@ -328,6 +341,8 @@ def test_execs_and_an_oom_kill_are_the_containers_the_kubelet_ran(lens: KubeNode
     }
     execs = "/bin/busybox true; /bin/busybox true; /bin/busybox true; exec /bin/busybox sleep 3600"
     hog = "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo survived"
+    reader = AgentExecs(lens, "execs")
+    request.addfinalizer(reader.close)
     apply(
         lens,
         {
@@ -376,7 +391,8 @@ def test_execs_and_an_oom_kill_are_the_containers_the_kubelet_ran(lens: KubeNode
             and not e.filename.startswith(("/dev/fd/", "/proc/self/fd/"))
         ]
 
-    events = agent_events(lens, "execs", lambda events: len(ours(events)) >= 5)
+    events = reader.wait(lambda events: len(ours(events)) >= 5, "the execs pod's execs")
+    assert reader.gaps == []
     # sh, three /bin/busybox true, the exec of sleep
     assert [(e.filename, e.comm) for e in ours(events)] == [("/bin/busybox", "busybox")] * 5
     assert {(e.identity.namespace, e.identity.pod) for e in events} == {(APP, "execs")}
