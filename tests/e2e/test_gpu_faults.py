@@ -87,7 +87,7 @@ def test_faults_reach_metrics_and_the_grpc_stream_with_the_pod(
     gpu_node: dict[str, str], tmp_path: Path
 ) -> None:
     port = free_port()
-    agent = AgentProc("--no-collector.tcp", "--no-collector.processes",
+    agent = AgentProc("--no-collector.tcp", "--no-collector.processes", "--no-collector.drops",
                       env={**gpu_node, "LENS_GRPC__LISTEN": f"127.0.0.1:{port}"})  # fmt: skip
     state = Path(gpu_node["FAKE_NVML_STATE"])
     try:

@@ -62,6 +62,7 @@ def test_identity_cidrs_and_api_killed_mid_watch(api: FakeApiServer, tmp_path: P
         "LENS_KUBERNETES__POD_RESOURCES__SOCKET": str(tmp_path / "no-kubelet.sock"),
         "LENS_KUBERNETES__KUBELET__ENABLED": "false",
         "LENS_COLLECTORS__PROCESSES__ENABLED": "false",
+        "LENS_COLLECTORS__DROPS__ENABLED": "false",
     })  # fmt: skip
     try:
         agent.wait_ready()
@@ -135,6 +136,7 @@ def test_a_pod_the_api_shows_after_its_first_connections_gets_them(
         "LENS_KUBERNETES__POD_RESOURCES__SOCKET": str(tmp_path / "no-kubelet.sock"),
         "LENS_KUBERNETES__KUBELET__ENABLED": "false",
         "LENS_COLLECTORS__PROCESSES__ENABLED": "false",
+        "LENS_COLLECTORS__DROPS__ENABLED": "false",
     })  # fmt: skip
     try:
         agent.wait_ready()
@@ -187,6 +189,7 @@ def test_standalone_without_an_api(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     policy.write_text(POLICY)
     agent = AgentProc("--policy", str(policy), env={
         "LENS_COLLECTORS__PROCESSES__ENABLED": "false",
+        "LENS_COLLECTORS__DROPS__ENABLED": "false",
         "LENS_KUBERNETES__KUBECONFIG": "",
     })  # fmt: skip
     try:

@@ -37,7 +37,7 @@ collectors:
       vm.no_such_setting: 1
 """)
     agent = AgentProc("--config", str(cfg), "--tuner", "--no-collector.tcp",
-                      "--no-collector.processes")  # fmt: skip
+                      "--no-collector.processes", "--no-collector.drops")  # fmt: skip
     try:
         agent.wait_ready()
         raised = {"setting": "vm.max_map_count"}
@@ -74,7 +74,7 @@ collectors:
 
 def test_tuner_is_absent_when_off() -> None:
     orig = MAP_COUNT.read_text()
-    agent = AgentProc("--no-collector.tcp", "--no-collector.processes")
+    agent = AgentProc("--no-collector.tcp", "--no-collector.processes", "--no-collector.drops")
     try:
         agent.wait_ready()
         status, ready = agent.json("/readyz")

@@ -39,7 +39,9 @@ def test_dcgm_families_equal_nvidia_smi_on_a_real_gpu() -> None:
         pytest.skip("no NVIDIA GPU with a working nvidia-smi on this machine "
                     "(run on a GPU node: docs/agent/compat.md)")  # fmt: skip
     env = {"LENS_DEVICES__COMPAT": "[dcgm]", "LENS_COLLECTORS__GPU__INTERVAL_SECONDS": "1"}
-    agent = AgentProc("--no-collector.tcp", "--no-collector.processes", env=env)
+    agent = AgentProc(
+        "--no-collector.tcp", "--no-collector.processes", "--no-collector.drops", env=env
+    )
     try:
         agent.wait_ready()
 
