@@ -190,8 +190,7 @@ def perfetto_file(ask: Ask) -> Answer:
     if name == "trace.json":
         data = sessions(ask).trace(ask.c.name, sid)
         return 200, "application/json", data
-    sessions(ask).ready("perfetto", ask.c.name, sid)
-    d = viewer_dir(ask)
+    d = viewer_dir(ask)  # the viewer's own files: static, asked without ?cluster=
     f = d / name
     if "/" in name or name.startswith(".") or not f.is_file():
         raise NotFound(f"no viewer file {name!r}")
