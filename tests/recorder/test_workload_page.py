@@ -90,7 +90,8 @@ def test_events_graphs_and_figures_as_the_page_asks_them(
 @pytest.mark.parametrize("method, path, allow", [
     ("PUT", "/pods/cache", "GET"), ("DELETE", "/pods/workload/cache", "GET"),
     ("GET", "/logs", "POST"), ("GET", "/alerts/webhook", "POST"),
-    ("PATCH", "/v1/alerts/webhook", "POST"), ("PUT", "/v1/workloads/batchStats", "POST")])  # fmt: skip
+    ("PATCH", "/v1/alerts/webhook", "POST"),
+    ("PUT", "/v1/workloads/batchStats", "POST")])  # fmt: skip
 def test_a_root_route_answers_an_unserved_method_in_the_envelope(
         recorder_app: Any, tmp_path: Any, method: str, path: str, allow: str) -> None:  # fmt: skip
     """The Primus-Lens routes served at the root too (no prefix) answer 405 in the envelope
