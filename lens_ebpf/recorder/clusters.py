@@ -36,6 +36,7 @@ from sqlalchemy import Engine
 from lens_ebpf.core.exposition import counter
 from lens_ebpf.core.runner import Job, Runner
 from lens_ebpf.k8s.client import SA_DIR
+from lens_ebpf.k8s.dynamic import DynamicApi
 from lens_ebpf.k8s.reflector import call_raw
 from lens_ebpf.recorder.config import CLUSTER_NAME, Config
 from lens_ebpf.recorder.errors import NotFound
@@ -44,7 +45,7 @@ from lens_ebpf.recorder.prom import Prom
 from lens_ebpf.recorder.scope import Scope
 from lens_ebpf.recorder.storage import StorageScan
 from lens_ebpf.recorder.store.writer import Writer
-from lens_ebpf.recorder.tracker import Api, WorkloadTracker
+from lens_ebpf.recorder.tracker import WorkloadTracker
 
 log = logging.getLogger(__name__)
 SA_NAMESPACE = SA_DIR / "namespace"
@@ -74,7 +75,7 @@ def client_from_kubeconfig(text: str) -> Any:
     return client.ApiClient(conf)
 
 
-def read_clusters_secret(home: Api, cfg: Config, namespace: str = "") -> dict[str, str]:
+def read_clusters_secret(home: DynamicApi, cfg: Config, namespace: str = "") -> dict[str, str]:
     """cluster name -> its kubeconfig, from multicluster.secret's keys (a key that is not
     a cluster name or not base64 is an error naming it)."""
     name, ns = cfg.multicluster.secret, namespace or cfg.multicluster.namespace or own_namespace()
@@ -149,7 +150,7 @@ class ClusterWatch:
             self.client = None
             log.warning("recorder: cluster %s: %s", name, self.error)
             return
-        self.api = Api(self.client, k.request_timeout_seconds)
+        self.api = DynamicApi(self.client, k.request_timeout_seconds)
         opts = {"request_timeout": k.request_timeout_seconds,
                 "watch_timeout": k.watch_timeout_seconds,
                 "backoff_max": k.backoff_max_seconds}  # fmt: skip

@@ -187,9 +187,3 @@ def owner_ref(obj: dict[str, Any]) -> dict[str, str] | None:
     if ref is None or not ref.get("apiVersion"):
         return None
     return {k: str(ref.get(k, "")) for k in ("apiVersion", "kind", "name", "uid")}
-
-
-def split_api_version(api_version: str) -> tuple[str, str]:
-    """("apps", "v1") from "apps/v1"; ("", "v1") for the core group."""
-    group, _, version = api_version.rpartition("/")
-    return group, version

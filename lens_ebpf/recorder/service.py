@@ -23,6 +23,7 @@ from lens_ebpf.core.http import HttpServer, front, tls_context
 from lens_ebpf.core.loop import EventLoopThread
 from lens_ebpf.core.runner import Job, JobMetrics, Runner
 from lens_ebpf.core.settings import split_listen
+from lens_ebpf.k8s.dynamic import DynamicApi, Kind
 from lens_ebpf.k8s.reflector import call_raw, watch_metrics
 from lens_ebpf.recorder import api
 from lens_ebpf.recorder import lifecycle as lc
@@ -63,7 +64,7 @@ from lens_ebpf.recorder.store.writer import (
     redact,
     upgrade,
 )
-from lens_ebpf.recorder.tracker import Api, Kind, change_finalizer
+from lens_ebpf.recorder.tracker import change_finalizer
 from lens_ebpf.recorder.training.outliers import Outliers
 from lens_ebpf.recorder.training.progress import Training
 
@@ -579,7 +580,7 @@ def remove_finalizers(cfg: Config, api_client: Any) -> dict[str, int]:
                     type(exc).__name__)  # fmt: skip
     out: dict[str, int] = {}
     for cluster, client in _clients(cfg, api_client).items():
-        api = Api(client, cfg.kubernetes.request_timeout_seconds)
+        api = DynamicApi(client, cfg.kubernetes.request_timeout_seconds)
         prefix = "" if cluster == cfg.recorder.cluster_name else f"{cluster}: "
         try:
             for api_version, kind_name in sorted(kinds):
@@ -600,7 +601,7 @@ def _clients(cfg: Config, home: Any) -> dict[str, Any]:
     sources = {name: Source("config", e.kubeconfig) for name, e in sorted(cfg.clusters.items())}
     if cfg.multicluster.secret:
         try:
-            home_api = Api(home, cfg.kubernetes.request_timeout_seconds)
+            home_api = DynamicApi(home, cfg.kubernetes.request_timeout_seconds)
             for name, text in read_clusters_secret(home_api, cfg).items():
                 sources.setdefault(name, Source("secret", text=text))
         except Exception as exc:
@@ -614,7 +615,7 @@ def _clients(cfg: Config, home: Any) -> dict[str, Any]:
     return out
 
 
-def _strip_kind(api: Api, kind: Kind) -> int:
+def _strip_kind(api: DynamicApi, kind: Kind) -> int:
     removed = 0
     doc = call_raw(api.lister(kind), timeout=api.timeout)
     for obj in doc.get("items") or ():

@@ -1,7 +1,7 @@
 """What tests/k8slab.py's stand-in claims to do as the API server does, checked by the same
 test code against the stand-in and against a real kube-apiserver 1.20.2 (tests/kube/
 apiserver.py), through the project's own clients: the Reflector lists (paged) and
-watches, LeaseApi writes Leases, the recorder's Api and change_finalizer put its
+watches, LeaseApi writes Leases, the recorder's DynamicApi and change_finalizer put its
 finalizer on a Job and take it off, and the kubernetes client that api_client() builds
 does the rest.
 
@@ -29,10 +29,11 @@ import pytest
 
 from lens_ebpf.k8s import reflector
 from lens_ebpf.k8s.client import api_client
+from lens_ebpf.k8s.dynamic import DynamicApi, Kind
 from lens_ebpf.k8s.election import LeaseApi
 from lens_ebpf.k8s.reflector import Reflector, call_raw
 from lens_ebpf.recorder import lifecycle as lc
-from lens_ebpf.recorder.tracker import Api, Kind, change_finalizer
+from lens_ebpf.recorder.tracker import change_finalizer
 from tests.conftest import hang_guard, wait_for
 from tests.k8slab import FakeApiServer
 from tests.kube import apiserver
@@ -468,7 +469,7 @@ def test_a_finalizer_holds_a_deleted_job_until_the_recorder_takes_it_off(
     from kubernetes import client
 
     batch = client.BatchV1Api(backend.client)
-    api = Api(backend.client, TIMEOUT)
+    api = DynamicApi(backend.client, TIMEOUT)
     kind = api.kind("batch/v1", "Job")
     assert kind == Kind("batch", "v1", "jobs")
     uid = raw(batch.create_namespaced_job, ns, job("train"))["metadata"]["uid"]

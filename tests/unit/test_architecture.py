@@ -300,7 +300,7 @@ NOT_JOBS = {
     ("lens_ebpf/recorder/store/writer.py", "Writer.flush"): "waits, to a deadline, for the "
         "write queue to empty",
     ("lens_ebpf/recorder/store/writer.py", "Writer.run"): "the write queue's consumer",
-    ("lens_ebpf/recorder/tracker.py", "WorkloadTracker._finalizer_loop"):
+    ("lens_ebpf/recorder/tracker/finalizers.py", "Finalizers._finalizer_loop"):
         "the finalizer queue's consumer, with a backoff after a failure",
 }  # fmt: skip
 
