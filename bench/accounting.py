@@ -10,7 +10,7 @@ workloads, their pods (lifetimes over two weeks: the report compares the week be
 one snapshot per pod (its labels and annotations, as the aggregation reads them), the
 cluster's allocation snapshots every `--snapshot-seconds` over two weeks, the dimension
 snapshots of the measured hour (the snapshot run's rows, at each of its times), and the
-other hours' statistics (made by accounting.hour_rows from the same lifetimes).
+other hours' statistics (made by accounting/hours.py's hour_rows from the same lifetimes).
 
 Without --prometheus, utilization is NULL. With it, a real Prometheus (Debian's) holds
 every pod GPU's series, written by promtool before it starts: gpu_utilization,
@@ -44,7 +44,7 @@ from sqlalchemy import create_engine, delete, func, select
 
 from bench import service
 from bench.cluster_api import GPUS, node_object, postgres_cpu
-from lens_ebpf.recorder import accounting as acc
+from lens_ebpf.recorder.accounting import hours as acc
 from lens_ebpf.recorder.jobs.allocation import HOURLY
 from lens_ebpf.recorder.reports import weekly
 from lens_ebpf.recorder.reports.week import due
@@ -185,7 +185,7 @@ def fill(url: str, works: list[Work], since: datetime, now: datetime, every: int
 
 def hour_rows(works: list[Work], hour: datetime, cap: int, keys: acc.Keys,
               now: datetime) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
-    """The hour's statistics rows as the recorder makes them (accounting.hour_rows), from
+    """The hour's statistics rows as the recorder makes them (accounting/hours.py's hour_rows), from
     the lifetimes."""
     got: dict[str, acc.WorkloadHour] = {}
     for w in works:

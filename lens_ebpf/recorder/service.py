@@ -27,7 +27,7 @@ from lens_ebpf.k8s.dynamic import DynamicApi, Kind
 from lens_ebpf.k8s.reflector import call_raw, watch_metrics
 from lens_ebpf.recorder import api
 from lens_ebpf.recorder import lifecycle as lc
-from lens_ebpf.recorder.accounting import Keys
+from lens_ebpf.recorder.accounting.hours import Keys
 from lens_ebpf.recorder.alerting import Alerts
 from lens_ebpf.recorder.alerts import late
 from lens_ebpf.recorder.api.envelope import AlertsApi, LensApi, Services

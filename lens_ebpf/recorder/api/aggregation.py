@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from lens_ebpf.core.routes import Param, RouteTable
-from lens_ebpf.recorder import accounting
+from lens_ebpf.recorder.accounting import hours, reads
 from lens_ebpf.recorder.api.envelope import PAGE_MAX, Ask, bad, integer, param
 from lens_ebpf.recorder.lifecycle import parse_time
 
@@ -26,7 +26,7 @@ def paging(*orders: str) -> tuple[Param, ...]:
             Param("order_direction", default="desc", choices=("asc", "desc")))  # fmt: skip
 
 
-DIMENSION = (Param("dimension_type", required=True, choices=accounting.DIMENSIONS),
+DIMENSION = (Param("dimension_type", required=True, choices=hours.DIMENSIONS),
              Param("dimension_key", doc="the label or annotation key", required=True))  # fmt: skip
 
 
@@ -42,7 +42,7 @@ def hourly(ask: Ask) -> Any:
     end_time, one page."""
     start, end = _span_of(ask.query)
     num, size, order, desc = _order(ask.query, ("time", "utilization"))
-    return accounting.cluster_stats(ask.conn, ask.c.tables, start, end, num, size, order, desc)
+    return reads.cluster_stats(ask.conn, ask.c.tables, start, end, num, size, order, desc)
 
 
 def _span(q: dict[str, str], required: bool = True) -> tuple[datetime | None, datetime | None]:
@@ -80,7 +80,7 @@ def _order(q: dict[str, str], allowed: tuple[str, ...]) -> tuple[int, int, str, 
 
 def _dimension(q: dict[str, str]) -> str:
     dim = param(q, "dimension_type") or ""
-    if dim not in accounting.DIMENSIONS:
+    if dim not in hours.DIMENSIONS:
         raise bad(f"dimension_type={dim!r}: label or annotation")
     return dim
 
@@ -88,7 +88,7 @@ def _dimension(q: dict[str, str]) -> str:
 @routes.get("gpu-aggregation/namespaces", SPAN)
 def namespaces(ask: Ask) -> Any:
     """The namespaces with hourly GPU statistics from start_time to end_time."""
-    return accounting.namespaces(ask.conn, ask.c.tables, *_span_of(ask.query))
+    return reads.namespaces(ask.conn, ask.c.tables, *_span_of(ask.query))
 
 
 @routes.get("gpu-aggregation/dimension-keys", DIMENSION[0], SPAN)
@@ -96,7 +96,7 @@ def dimension_keys(ask: Ask) -> Any:
     """The label (or annotation) keys with hourly GPU statistics from start_time to
     end_time."""
     dim = _dimension(ask.query)
-    return accounting.dimension_keys(ask.conn, ask.c.tables, dim, *_span_of(ask.query))
+    return reads.dimension_keys(ask.conn, ask.c.tables, dim, *_span_of(ask.query))
 
 
 @routes.get("gpu-aggregation/dimension-values", DIMENSION, SPAN)
@@ -107,7 +107,7 @@ def dimension_values(ask: Ask) -> Any:
     dim, key = _dimension(q), param(q, "dimension_key")
     if not key:
         raise bad("dimension_key is required")
-    return accounting.dimension_values(ask.conn, ask.c.tables, dim, key, *_span_of(q))
+    return reads.dimension_values(ask.conn, ask.c.tables, dim, key, *_span_of(q))
 
 
 @routes.get("gpu-aggregation/namespaces/hourly-stats", Param("namespace"), SPAN,
@@ -118,7 +118,7 @@ def namespace_hourly(ask: Ask) -> Any:
     q = ask.query
     start, end = _span_of(q)
     num, _, order, desc = _order(q, ("time", "utilization"))
-    return accounting.namespace_stats(ask.conn, ask.c.tables, param(q, "namespace"), start,
+    return reads.namespace_stats(ask.conn, ask.c.tables, param(q, "namespace"), start,
                                       end, num, order, desc)  # fmt: skip
 
 
@@ -133,7 +133,7 @@ def label_hourly(ask: Ask) -> Any:
         raise bad("dimension_key is required")
     start, end = _span_of(q)
     num, _, order, desc = _order(q, ("time", "utilization", "allocated_gpu_count"))
-    return accounting.label_stats(ask.conn, ask.c.tables, dim, key,
+    return reads.label_stats(ask.conn, ask.c.tables, dim, key,
                                   param(q, "dimension_value"), start, end, num, order,
                                   desc)  # fmt: skip
 
@@ -147,7 +147,7 @@ def workload_hourly(ask: Ask) -> Any:
     q = ask.query
     start, end = _span_of(q)
     num, _, order, desc = _order(q, ("time", "utilization", "allocated_gpu_count"))
-    return accounting.workload_stats(ask.conn, ask.c.tables, param(q, "namespace"),
+    return reads.workload_stats(ask.conn, ask.c.tables, param(q, "namespace"),
                                      param(q, "workload_name"), param(q, "workload_type"),
                                      start, end, num, order, desc)  # fmt: skip
 
@@ -155,7 +155,7 @@ def workload_hourly(ask: Ask) -> Any:
 @routes.get("gpu-aggregation/snapshots/latest")
 def latest_snapshot(ask: Ask) -> Any:
     """The cluster's newest GPU allocation snapshot."""
-    return accounting.latest_snapshot(ask.conn, ask.c.tables)
+    return reads.latest_snapshot(ask.conn, ask.c.tables)
 
 
 @routes.get("gpu-aggregation/snapshots", Param("start_time", "date-time", "RFC 3339"),
@@ -163,4 +163,4 @@ def latest_snapshot(ask: Ask) -> Any:
 def snapshots(ask: Ask) -> Any:
     """The cluster's GPU allocation snapshots from start_time to end_time (either may be
     left out), newest first."""
-    return accounting.snapshots(ask.conn, ask.c.tables, *_span(ask.query, required=False))
+    return reads.snapshots(ask.conn, ask.c.tables, *_span(ask.query, required=False))

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from lens_ebpf.core.routes import Param, RouteTable
-from lens_ebpf.recorder import accounting, workloads
+from lens_ebpf.recorder import workloads
+from lens_ebpf.recorder.accounting import reads
 from lens_ebpf.recorder.api.envelope import PAGE, SPAN, Ask, bad, page, param, span
 
 routes = RouteTable()
@@ -52,14 +53,14 @@ def hierarchy_query(ask: Ask) -> Any:
 def statistic(ask: Ask) -> Any:
     """The running top-level workloads: how many, their mean GPUs requested and GPU
     utilization over the last hour, how many stay under 30% (WorkloadStatisticResp)."""
-    return accounting.workload_statistic(ask.conn, ask.c, ask.now())
+    return reads.workload_statistic(ask.conn, ask.c, ask.now())
 
 
 @routes.get("workloads/statistics")
 def statistics(ask: Ask) -> Any:
     """As workloads/statistic (the path the web UI calls): the running workloads' count,
     GPUs and utilization over the last hour."""
-    return accounting.workload_statistic(ask.conn, ask.c, ask.now())
+    return reads.workload_statistic(ask.conn, ask.c, ask.now())
 
 
 @routes.get("workloads/gpuUtilizationHistory", KIND, NAME, NAMESPACE, SPAN)
@@ -69,7 +70,7 @@ def utilization_history(ask: Ask) -> Any:
     kind, name = param(q, "kind"), param(q, "name")
     if not kind or not name:
         raise bad("kind and name are required")
-    return accounting.utilization_history(ask.conn, ask.c, kind, name, param(q, "namespace"),
+    return reads.utilization_history(ask.conn, ask.c, kind, name, param(q, "namespace"),
                                           *span(q))  # fmt: skip
 
 

@@ -1,7 +1,7 @@
 """The recorder's periodic jobs: GPU allocation snapshots (every
 `recorder.jobs.allocation_seconds`; per node, and per namespace, label, annotation and
 workload), the hourly GPU statistics (each completed hour, from the snapshots or the pods'
-lifetimes, and Prometheus: see accounting.py), and pruning what is older than
+lifetimes, and Prometheus: see accounting/hours.py), and pruning what is older than
 `recorder.retention.days` (counted)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 from sqlalchemy import Connection, Engine, delete, select, update
 
 from lens_ebpf.core.times import aware
-from lens_ebpf.recorder import accounting as acc
 from lens_ebpf.recorder import prom
+from lens_ebpf.recorder.accounting import hours as acc
 from lens_ebpf.recorder.allocation import gpu_allocation
 from lens_ebpf.recorder.scope import Scope
 from lens_ebpf.recorder.store import schema as t
