@@ -77,7 +77,7 @@ def why_not() -> str | None:
 
 # The directory the guests write into, named to xdist's workers by the controller that
 # starts them (tests/conftest.py sets it before the workers start).
-OUT_ENV = "LENS_KMATRIX_OUT"
+OUT_ENV = "PYTEST_KMATRIX_DIR"  # not LENS_*: the agents a test starts refuse those they do not know
 PLAN = "plan.json"  # in that directory: {"covers": {series: [headers]}, "skip": reason}
 RESULT = "result.json"  # in each guest's directory once it has stopped
 
