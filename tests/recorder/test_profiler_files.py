@@ -50,16 +50,21 @@ CPU = "/torchprof/cpu_only_rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"
 
 @functools.cache
 def hta(*names: str) -> dict[int, dict[str, float]]:
-    """HolisticTraceAnalysis's own temporal breakdown of these fixtures, by rank."""
+    """HolisticTraceAnalysis's own temporal breakdown of these fixtures by rank, and each
+    rank's communication kernels' time from its kernel breakdown."""
     from hta.trace_analysis import TraceAnalysis
 
     with tempfile.TemporaryDirectory() as d:
         for n in names:
             shutil.copy(FIXTURES / n, Path(d) / n)
-        tb = TraceAnalysis(trace_dir=d).get_temporal_breakdown(visualize=False)
+        a = TraceAnalysis(trace_dir=d)
+        tb = a.get_temporal_breakdown(visualize=False)
+        _, kd = a.get_gpu_kernel_breakdown(visualize=False, num_kernels=10)
+    comm = kd[kd["kernel_type"] == "COMMUNICATION"].groupby("rank")["sum (us)"].sum()
     return {int(r["rank"]): {"compute_time_us": r["compute_time(us)"],
                              "non_compute_time_us": r["non_compute_time(us)"],
-                             "idle_time_us": r["idle_time(us)"]}
+                             "idle_time_us": r["idle_time(us)"],
+                             "communication_time_us": float(comm.get(r["rank"], 0.0))}
             for r in tb.to_dict("records")}  # fmt: skip
 
 
@@ -152,7 +157,7 @@ def run(api: FakeApiServer, recorder_app: Any, tmp_path: Path, t: Any, address: 
         made = c.data("POST", f"{kind}/sessions", {"workload_uid": bert,
                                                    "profiler_file_id": files[path]["id"]},
                       route=f"POST {kind}/sessions")  # fmt: skip
-        assert made["status"] in ("pending", "initializing", "ready"), made
+        assert made["status"] in ("pending", "initializing", "ready", "failed"), made
         sid = made["session_id"]
         return wait_for(lambda: (s := c.data("GET", f"{kind}/sessions/{sid}"))["status"]
                         in ("ready", "failed") and s, f"{kind} session {sid}",
@@ -163,7 +168,7 @@ def run(api: FakeApiServer, recorder_app: Any, tmp_path: Path, t: Any, address: 
     assert nccl["profiler_file_ids"] == [files[RANK0]["id"], files[RANK1]["id"]]
     want = hta("trace_filter_sampled_rank-0.json.gz", "trace_filter_sampled_rank-1.json.gz")
     got_ranks = {r["rank"]: {k: r[k] for k in ("compute_time_us", "non_compute_time_us",
-                                               "idle_time_us")}
+                                               "idle_time_us", "communication_time_us")}
                  for r in nccl["analysis"]["ranks"]}  # fmt: skip
     assert got_ranks == want
     assert nccl["analysis"]["slowest_rank"] in (0, 1)
@@ -174,8 +179,8 @@ def run(api: FakeApiServer, recorder_app: Any, tmp_path: Path, t: Any, address: 
     mi250 = session("tracelens", MI250)
     want = hta("amd_trace_mi250_minitoy_train_ROCm6_2_kineto.json.gz")
     assert [{k: r[k] for k in ("rank", "compute_time_us", "non_compute_time_us",
-                               "idle_time_us")} for r in mi250["analysis"]["ranks"]] == [
-        {"rank": 0, **want[0]}]  # fmt: skip
+                               "idle_time_us", "communication_time_us")}
+            for r in mi250["analysis"]["ranks"]] == [{"rank": 0, **want[0]}]  # fmt: skip
     listed_sessions = c.data("GET", f"tracelens/workloads/{bert}/sessions")
     assert {s["session_id"] for s in listed_sessions["sessions"]} == {
         nccl["session_id"], mi250["session_id"]} and listed_sessions["total"] == 2  # fmt: skip

@@ -1,8 +1,10 @@
 """One analysis of PyTorch profiler traces by HolisticTraceAnalysis (PyPI
 `holistictraceanalysis`, which reads exactly these Kineto traces): per rank, the temporal
 breakdown of the GPU's time into computation, non-computation (communication and memory
-kernels) and idle; the communication-computation overlap; the kernel types' and the
-longest kernels' time; and the busiest rank (the one the others wait on in a collective).
+kernels) and idle, and the communication kernels' own time (HTA's kernel breakdown, its
+top kernels and the others of each type); the communication-computation overlap; the
+kernel types' and the longest kernels' time; and the busiest rank (the one the others
+wait on in a collective).
 
 HTA and pandas run in a child process (`python -m lens_ebpf.recorder.profiler.analysis DIR`,
 its JSON on stdout): their memory goes with it, a trace that breaks them breaks only it,
@@ -80,6 +82,12 @@ def analyse(directory: str) -> dict[str, Any]:
                     "count": 0} for k in kd.to_dict("records")]  # fmt: skip
     except Exception:  # noqa: BLE001  (the breakdown above is the analysis; this adds to it)
         pass
+    for r in ranks:  # each kernel type's own time on the rank (its top kernels and others)
+        mine = [k for k in kernels if k["rank"] == r["rank"]]
+        for field, kind in (("communication_time_us", "COMMUNICATION"),
+                            ("memory_time_us", "MEMORY"),
+                            ("computation_kernel_time_us", "COMPUTATION")):  # fmt: skip
+            r[field] = sum(k["time_us"] for k in mine if k["kernel_type"] == kind)
     busiest = max(ranks, key=lambda r: (r["compute_time_us"] + r["non_compute_time_us"],
                                         -r["rank"]))  # fmt: skip
     return {"ranks": sorted(ranks, key=lambda r: r["rank"]), "kernel_types": kinds,
@@ -152,6 +160,7 @@ def html(result: dict[str, Any], title: str) -> str:
     rows = "".join(
         f"<tr{' class=slow' if r['rank'] == result['slowest_rank'] else ''}><td>{r['rank']}</td>"
         f"<td>{r['compute_time_us'] / 1000:.1f}</td><td>{r['non_compute_time_us'] / 1000:.1f}</td>"
+        f"<td>{r.get('communication_time_us', 0.0) / 1000:.1f}</td>"
         f"<td>{r['idle_time_us'] / 1000:.1f}</td><td>{r['comm_comp_overlap_pct']:.1f}%</td>"
         f"<td class=bar>{_bar(r)}</td></tr>" for r in result["ranks"])  # fmt: skip
     kinds = "".join(f"<tr><td>{esc(k['kernel_type'])}</td><td>{k['time_us'] / 1000:.1f}</td>"
@@ -177,7 +186,8 @@ tr.slow{{background:#fef3c7}}
 <p class=key><span style="background:#3b82f6"></span>compute
 <span style="background:#f59e0b"></span>non-compute (communication, memory)
 <span style="background:#d1d5db"></span>idle</p>
-<table><tr><th>rank</th><th>compute ms</th><th>non-compute ms</th><th>idle ms</th>
+<table><tr><th>rank</th><th>compute ms</th><th>non-compute ms</th><th>communication ms</th>
+<th>idle ms</th>
 <th>comm/comp overlap</th><th>share of GPU time</th></tr>{rows}</table>
 <h2>Kernel types</h2>
 <table><tr><th>type</th><th>time ms</th><th>share</th></tr>{kinds}</table>
