@@ -176,6 +176,16 @@ def run(api: FakeApiServer, recorder_app: Any, tmp_path: Path, t: Any, address: 
         "COMMUNICATION",
         "COMPUTATION",
     }
+    # the ranks named in the request (the same pair, from rank 1's trace), and a bad list
+    pair = c.data("POST", "tracelens/sessions", {
+        "workload_uid": bert, "profiler_file_id": files[RANK1]["id"],
+        "profiler_file_ids": [files[RANK0]["id"], files[RANK1]["id"]]})  # fmt: skip
+    assert pair["profiler_file_ids"] == [files[RANK1]["id"], files[RANK0]["id"]]
+    status, got = c.call("POST", "tracelens/sessions", {
+        "workload_uid": bert, "profiler_file_id": files[RANK1]["id"],
+        "profiler_file_ids": ["x"]})  # fmt: skip
+    assert got["meta"]["code"] == 4001 and "profiler_file_ids" in got["meta"]["message"]
+    c.data("DELETE", f"tracelens/sessions/{pair['session_id']}")
     mi250 = session("tracelens", MI250)
     want = hta("amd_trace_mi250_minitoy_train_ROCm6_2_kineto.json.gz")
     assert [{k: r[k] for k in ("rank", "compute_time_us", "non_compute_time_us",

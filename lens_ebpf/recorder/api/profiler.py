@@ -89,7 +89,9 @@ def resource_profiles(ask: Ask) -> Any:
 
 
 @routes.post("tracelens/sessions", *CREATE,
-             Param("resource_profile", doc="small, medium or large", body=True))  # fmt: skip
+             Param("resource_profile", doc="small, medium or large", body=True),
+             Param("profiler_file_ids", "array", "the other ranks' traces to analyse with it "
+                   "(none: those beside it, in its directory)", body=True))  # fmt: skip
 def tracelens_create(ask: Ask) -> Any:
     """Starts a TraceLens session over a trace and its sibling ranks: pending, then
     initializing (fetched and analysed by HolisticTraceAnalysis), ready with its ui_path

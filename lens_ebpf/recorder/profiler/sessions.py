@@ -185,7 +185,8 @@ class Sessions:
         f = self.profiler.row(cluster, file_id)
         if f.workload_uid != uid:
             raise BadRequest(f"profiler file {file_id} is not workload {uid}'s")
-        ids = [file_id] + (self._siblings(cluster, f) if kind == "tracelens" else [])
+        ids = [file_id] + (self._ranks(cluster, f, body.get("profiler_file_ids"))
+                           if kind == "tracelens" else [])  # fmt: skip
         now = self.clock()
         sid = uuid.uuid4().hex
         t = schema.profiler_sessions
@@ -200,6 +201,22 @@ class Sessions:
         self._threads = [x for x in self._threads if x.is_alive()] + [th]
         th.start()
         return self.answer(self._row(kind, cluster, sid))
+
+    def _ranks(self, cluster: str, f: Any, asked: Any) -> list[int]:
+        """The other traces analysed with f: those asked (profiler_file_ids, the
+        workload's), else its siblings."""
+        if asked is None:
+            return self._siblings(cluster, f)
+        if not isinstance(asked, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in asked):  # fmt: skip
+            raise BadRequest(f"profiler_file_ids={asked!r}: a list of file ids")
+        more = [i for i in dict.fromkeys(asked) if i != f.id]
+        if len(more) >= self.cfg.max_ranks:
+            raise BadRequest(f"profiler_file_ids: at most {self.cfg.max_ranks} traces a session")
+        for i in more:
+            if self.profiler.row(cluster, i).workload_uid != f.workload_uid:
+                raise BadRequest(f"profiler file {i} is not workload {f.workload_uid}'s")
+        return more
 
     def _siblings(self, cluster: str, f: Any) -> list[int]:
         """The workload's other traces beside f (its directory, its container): its ranks."""
