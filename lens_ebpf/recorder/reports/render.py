@@ -59,7 +59,20 @@ def _table(head: list[str], rows: list[list[str]], numeric: set[int]) -> str:
 
 def html(c: dict[str, Any]) -> str:
     """The report as one HTML document."""
-    s, ch, prev = c["summary"], c["change"], c["previous_week"]["summary"]
+    e = escape
+    parts = [*_head(c), *_usage(c), *_events(c), *_compared(c)]
+    if c["notes"]:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in c["notes"])
+                     + "</ul>")  # fmt: skip
+    parts.append("<p class='sub'>Made by the lens-ebpf recorder from its own records and "
+                 "Prometheus; GPU-hours are GPUs allocated times the hours their pods ran.</p>"
+                 "</body></html>")  # fmt: skip
+    return "\n".join(parts)
+
+
+def _head(c: dict[str, Any]) -> list[str]:
+    """The title, the week and the summary's cards."""
+    s = c["summary"]
     e = escape
     cards = [("GPUs", _n(s["total_gpus"])), ("GPU-hours allocated", _n(s["total_gpu_hours"])),
              ("GPU-hours used", _n(s["used_gpu_hours"])),
@@ -68,21 +81,7 @@ def html(c: dict[str, Any]) -> str:
              ("Utilization", _n(s["avg_utilization"], unit="%")),
              ("GPU faults", _n(c["gpu_faults"]["count"])),
              ("Device changes", _n(c["device_changes"]["count"]))]  # fmt: skip
-    daily = c["daily"]
-    day_chart = charts.daily_bars(
-        [d["date"] for d in daily],
-        [("Allocation %", charts.BLUE, [d["allocation"] for d in daily]),
-         ("Utilization %", charts.GREEN, [d["utilization"] for d in daily])])  # fmt: skip
-    ns_chart = charts.hour_bars([(n["namespace"], n["gpu_hours"], n["used_gpu_hours"]
-                                  if n["utilization"] is not None else None)
-                                 for n in c["namespaces"][:15]])  # fmt: skip
-    compared = [("GPU-hours allocated", "total_gpu_hours", ""),
-                ("GPU-hours used", "used_gpu_hours", ""),
-                ("Idle GPU-hours", "idle_gpu_hours", ""),
-                ("Allocation", "avg_allocation", "%"), ("Utilization", "avg_utilization", "%"),
-                ("Workloads", "workloads", ""),
-                ("Low-utilization workloads", "low_util_count", "")]  # fmt: skip
-    parts = [
+    return [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>GPU utilization report {e(c['cluster_name'])} {e(c['week'])}</title>",
         f"<style>{CSS}</style></head><body>",
@@ -92,6 +91,21 @@ def html(c: dict[str, Any]) -> str:
         "<div class='cards'>"
         + "".join(f"<div class='card'><b>{v}</b><span>{e(k)}</span></div>" for k, v in cards)
         + "</div>",  # fmt: skip
+    ]
+
+
+def _usage(c: dict[str, Any]) -> list[str]:
+    """Allocation and utilization by day, GPU-hours by namespace and by label."""
+    e = escape
+    daily = c["daily"]
+    day_chart = charts.daily_bars(
+        [d["date"] for d in daily],
+        [("Allocation %", charts.BLUE, [d["allocation"] for d in daily]),
+         ("Utilization %", charts.GREEN, [d["utilization"] for d in daily])])  # fmt: skip
+    ns_chart = charts.hour_bars([(n["namespace"], n["gpu_hours"], n["used_gpu_hours"]
+                                  if n["utilization"] is not None else None)
+                                 for n in c["namespaces"][:15]])  # fmt: skip
+    parts = [
         "<h2>Allocation and utilization by day</h2>",
         day_chart,
         _table(
@@ -132,7 +146,13 @@ def html(c: dict[str, Any]) -> str:
                          [[e(x["key"]), e(x["value"]), _n(x["gpu_hours"]),
                            _n(x["used_gpu_hours"]), _n(x["utilization"], unit="%")]
                           for x in c["labels"]], {2, 3, 4})]  # fmt: skip
-    parts += [
+    return parts
+
+
+def _events(c: dict[str, Any]) -> list[str]:
+    """The idlest workloads, GPU faults, device changes, training slowdowns and stalls."""
+    e = escape
+    return [
         "<h2>Workloads with the most idle GPU-hours</h2>",
         _table(
             ["Workload", "Kind", "GPUs", "GPU-hours", "idle", "utilization"],
@@ -202,6 +222,20 @@ def html(c: dict[str, Any]) -> str:
             ],
             {4, 5, 6},
         ),  # fmt: skip
+    ]
+
+
+def _compared(c: dict[str, Any]) -> list[str]:
+    """The week's figures against the week before."""
+    s, ch, prev = c["summary"], c["change"], c["previous_week"]["summary"]
+    e = escape
+    compared = [("GPU-hours allocated", "total_gpu_hours", ""),
+                ("GPU-hours used", "used_gpu_hours", ""),
+                ("Idle GPU-hours", "idle_gpu_hours", ""),
+                ("Allocation", "avg_allocation", "%"), ("Utilization", "avg_utilization", "%"),
+                ("Workloads", "workloads", ""),
+                ("Low-utilization workloads", "low_util_count", "")]  # fmt: skip
+    return [
         "<h2>Against the week before</h2>",
         _table(
             ["Figure", "This week", "Week before", "Change"],
@@ -212,13 +246,6 @@ def html(c: dict[str, Any]) -> str:
             {1, 2, 3},
         ),  # fmt: skip
     ]
-    if c["notes"]:
-        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in c["notes"])
-                     + "</ul>")  # fmt: skip
-    parts.append("<p class='sub'>Made by the lens-ebpf recorder from its own records and "
-                 "Prometheus; GPU-hours are GPUs allocated times the hours their pods ran.</p>"
-                 "</body></html>")  # fmt: skip
-    return "\n".join(parts)
 
 
 class ChromiumMissing(Unavailable):
