@@ -24,19 +24,19 @@ from lens_ebpf.agent.otlp import semconv
 from lens_ebpf.agent.otlp.exporter import compress
 from lens_ebpf.agent.otlp.logs import LogsEncoder
 from lens_ebpf.agent.otlp.metrics import MetricsEncoder, from_cache, from_prometheus
-from lens_ebpf.agent.tcp import tcp_flows, tcp_rtt
+from lens_ebpf.agent.tcp import flow_families, tcp_rtt
 
 
 def filled(series: int) -> MetricCache:
     """A cache of about `series` series: 7 per flow key (6 counters, 1 histogram)."""
     cache = MetricCache(max_series=10_000_000)
-    tcp_flows.register_families(cache)
+    flow_families.register_families(cache)
     tcp_rtt.register_families(cache)
     bins = len(cache.family(tcp_rtt.LENS).buckets)
     for i in range(max(1, series // 7)):
         key = ("egress", "k8sPod", f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}", "8080")
         who = ("shop", f"web-{i}", "Deployment", "web", "")
-        for name in tcp_flows.LENS_FAMILIES:
+        for name in flow_families.LENS_FAMILIES:
             cache.inc(name, (*key, *who), float(i + 1))
         cache.observe(tcp_rtt.LENS, (*key[:3], *who), [1] * bins, 0.001 * i)
     return cache

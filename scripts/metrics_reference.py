@@ -186,16 +186,16 @@ def golden_families() -> Iterator[Family]:
 # -- 2. the TCP feature's cache families ---------------------------------------------------
 def cache_families() -> Iterator[Family]:
     from lens_ebpf.agent.metrics.cache import MetricCache
-    from lens_ebpf.agent.tcp import connect_latency, tcp_flows, tcp_rtt
+    from lens_ebpf.agent.tcp import connect_latency, flow_families, tcp_rtt
 
     cache = MetricCache(60, 10)
-    tcp_flows.register_families(cache)
+    flow_families.register_families(cache)
     connect_latency.register_families(cache)
     tcp_rtt.register_families(cache)  # the BTF path's help (a sample per period)
     for fam, _ in cache.snapshot():
         name = fam.name.removesuffix("_total") if fam.kind == "counter" else fam.name
         yield Family(name, fam.kind, fam.help, set(fam.labelnames), "tcp",
-                     "tcp_flows/tcp_rtt/connect_latency.register_families")  # fmt: skip
+                     "flow_families/tcp_rtt/connect_latency.register_families")  # fmt: skip
 
 
 # -- 3. the code that builds the others ----------------------------------------------------

@@ -15,7 +15,7 @@ from lens_ebpf.agent.metrics.cache import CacheCollector, MetricCache
 from lens_ebpf.agent.net import identity
 from lens_ebpf.agent.net.policy import CLASS_IDS
 from lens_ebpf.agent.pods.index import ClusterIndex, OwnerResolver
-from lens_ebpf.agent.tcp import decode, tcp_flows, tcp_rtt
+from lens_ebpf.agent.tcp import decode, flow_families, tcp_flows, tcp_rtt
 from lens_ebpf.agent.tcp.attribution import Unattributed
 from lens_ebpf.core.exposition import render
 from tests.golden import check_golden
@@ -95,7 +95,7 @@ def test_ring_record_decodes_to_a_typed_event() -> None:
 
 def network_cache(lookup=None) -> MetricCache:
     cache = MetricCache(3600, 1000)
-    tcp_flows.register_families(cache)
+    flow_families.register_families(cache)
     tcp_rtt.register_families(cache)
     for key, grew in (
         (("egress", "externalHosts", "93.184.216.34", "443"),
@@ -106,7 +106,7 @@ def network_cache(lookup=None) -> MetricCache:
         (("egress", "k8sSvc", "10.96.0.10", "80"), zero(failed=2, resets_recv=2)),
         (("egress", "dns", "10.53.0.53", "53"), zero(opened=1, closed=1, sent=40, recv=80)),
     ):  # fmt: skip
-        tcp_flows.apply_deltas(cache, *identity.refine(lookup, key), grew)
+        flow_families.apply_deltas(cache, *identity.refine(lookup, key), grew)
     # one RTT key: 3 samples of 120, 180 and 4500 us
     rtt_key = layouts.RttKey((ctypes.c_uint8 * 16)(*addr16("10.0.0.7")), 0,
                              CLASS_IDS["internalHosts"], decode.AF_INET, 0)  # fmt: skip
@@ -127,12 +127,12 @@ def test_apply_deltas_feeds_every_family_exactly() -> None:
     assert cache.get("lens_tcp_resets_total", (*internal, "sent", *none)) == 1
     # the seed families carry bytes both ways, by where the flow went
     seed_ext = ("93.184.216.34", "443", "egress", "externalHosts")
-    assert cache.get(tcp_flows.SEED_EGRESS, seed_ext) == 517 + 1_398_101
+    assert cache.get(flow_families.SEED_EGRESS, seed_ext) == 517 + 1_398_101
     seed_in = ("8080", "10.0.0.7", "ingress", "internalHosts")
-    assert cache.get(tcp_flows.SEED_INGRESS, seed_in) == 2048 + 310
-    assert cache.get(tcp_flows.SEED_K8S, ("k8sPod",)) == 150
-    assert cache.get(tcp_flows.SEED_K8S, ("k8sSvc",)) is None  # no bytes, no series
-    assert cache.get(tcp_flows.SEED_DNS, ()) == 120
+    assert cache.get(flow_families.SEED_INGRESS, seed_in) == 2048 + 310
+    assert cache.get(flow_families.SEED_K8S, ("k8sPod",)) == 150
+    assert cache.get(flow_families.SEED_K8S, ("k8sSvc",)) is None  # no bytes, no series
+    assert cache.get(flow_families.SEED_DNS, ()) == 120
 
 
 def test_a_pod_address_is_k8sPod_whatever_the_policy_said() -> None:
@@ -142,8 +142,8 @@ def test_a_pod_address_is_k8sPod_whatever_the_policy_said() -> None:
     cache = network_cache(idx.lookup)
     assert cache.get("lens_tcp_received_bytes_total", ("ingress", "k8sPod", "10.0.0.7", "8080",
                      "data", "db-0", "StatefulSet", "db", "")) == 310  # fmt: skip
-    assert cache.get(tcp_flows.SEED_K8S, ("k8sPod",)) == 2048 + 310 + 150
-    assert cache.get(tcp_flows.SEED_K8S, ("k8sSvc",)) == 517 + 1_398_101
+    assert cache.get(flow_families.SEED_K8S, ("k8sPod",)) == 2048 + 310 + 150
+    assert cache.get(flow_families.SEED_K8S, ("k8sSvc",)) == 517 + 1_398_101
 
 
 def test_network_exposition_is_golden() -> None:
@@ -208,7 +208,7 @@ def test_flows_counted_before_the_index_knew_their_pod_move_to_it() -> None:
     series left counting them."""
     clock = Clock()
     cache = MetricCache(3600, 1000, clock=clock)
-    tcp_flows.register_families(cache)
+    flow_families.register_families(cache)
     tcp_rtt.register_families(cache)
     getters = {"ReplicaSet": lambda ns, name: owned("ReplicaSet", name, ns,
                                                     owner=("Deployment", "client")),
@@ -217,12 +217,12 @@ def test_flows_counted_before_the_index_knew_their_pod_move_to_it() -> None:
     idx.replace_pods([pod("server-0", "10.213.128.9", "shop", owner=("StatefulSet", "server"))])
     enrich = Enrichment()
     enrich.index = idx
-    flows = Unattributed(functools.partial(tcp_flows.attribute, cache), 600, 1000, clock)
+    flows = Unattributed(functools.partial(flow_families.attribute, cache), 600, 1000, clock)
     rtts = Unattributed(functools.partial(tcp_rtt.attribute, cache), 600, 1000, clock)
 
     def count(key: tuple[str, ...], **grew: int) -> None:  # as TcpFlows.read counts a key
         labels, who = enrich.flow_key(key)
-        tcp_flows.apply_deltas(cache, labels, who, zero(**grew))
+        flow_families.apply_deltas(cache, labels, who, zero(**grew))
         flows.note(key, who)
 
     ingress = ("ingress", "k8sPod", "10.213.128.4", "8080")  # the client, in the pod CIDR
@@ -247,9 +247,9 @@ def test_flows_counted_before_the_index_knew_their_pod_move_to_it() -> None:
     for name, want in ((OPENED, 7), (CLOSED, 7), (SENT, 700), (RECV, 7000)):
         assert cache.get(name, (*ingress, *client)) == want, name
         assert cache.get(name, (*ingress, *none)) is None, name
-    assert cache.get(tcp_flows.RESETS, (*ingress, "sent", *client)) == 1
-    assert cache.get(tcp_flows.RESETS, (*ingress, "sent", *none)) is None
-    assert cache.get(tcp_flows.SEED_K8S, ("k8sPod",)) == 7700 + 5  # by class: as it was
+    assert cache.get(flow_families.RESETS, (*ingress, "sent", *client)) == 1
+    assert cache.get(flow_families.RESETS, (*ingress, "sent", *none)) is None
+    assert cache.get(flow_families.SEED_K8S, ("k8sPod",)) == 7700 + 5  # by class: as it was
     assert cache.get(tcp_rtt.LENS, (*rtt, *client)) == (bins, 180 / 1e6)
     assert cache.get(tcp_rtt.LENS, (*rtt, *none)) is None
     assert cache.get(tcp_rtt.SEED, ("10.213.128.4", "ingress")) == (
@@ -267,9 +267,9 @@ def test_flows_counted_before_the_index_knew_their_pod_move_to_it() -> None:
     web = ("egress", "k8sPod", "198.51.100.7", "443", "shop", "web-0", "StatefulSet", "web", "")
     assert cache.get(OPENED, web) == 2 and cache.get(SENT, web) == 30
     assert cache.get(OPENED, (*egress, *none)) is None
-    assert cache.get(tcp_flows.SEED_EGRESS, ("198.51.100.7", "443", "egress",
+    assert cache.get(flow_families.SEED_EGRESS, ("198.51.100.7", "443", "egress",
                                              "externalHosts")) is None  # fmt: skip
-    assert cache.get(tcp_flows.SEED_K8S, ("k8sPod",)) == 7700 + 5 + 1 + 70
+    assert cache.get(flow_families.SEED_K8S, ("k8sPod",)) == 7700 + 5 + 1 + 70
     assert len(flows) == 0
 
     # only unknown -> known: what an address counted under a pod stays with that pod
