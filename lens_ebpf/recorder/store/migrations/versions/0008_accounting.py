@@ -23,6 +23,13 @@ UTILIZATION = ("avg_utilization", "max_utilization", "min_utilization", "p50_uti
 
 
 def upgrade() -> None:
+    _snapshots()
+    _namespace_and_label_hours()
+    _workload_hours_and_reports()
+
+
+def _snapshots() -> None:
+    """Utilization unknown allowed in the cluster's hours; allocation snapshots."""
     with op.batch_alter_table("cluster_gpu_hourly_stats") as batch:
         for name in UTILIZATION:
             batch.alter_column(name, existing_type=sa.Float, nullable=True)
@@ -44,6 +51,10 @@ def upgrade() -> None:
         "gpu_allocation_snapshots",
         ["cluster_name", "dimension_type", "snapshot_time"],
     )
+
+
+def _namespace_and_label_hours() -> None:
+    """The hourly statistics per namespace and per label or annotation value."""
     op.create_table(
         "namespace_gpu_hourly_stats",
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
@@ -92,6 +103,10 @@ def upgrade() -> None:
             name="uq_label_gpu_hourly_stats_hour",
         ),
     )
+
+
+def _workload_hours_and_reports() -> None:
+    """The hourly statistics per workload; the weekly reports."""
     op.create_table(
         "workload_gpu_hourly_stats",
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),

@@ -21,6 +21,13 @@ ID = sa.BigInteger().with_variant(sa.Integer, "sqlite")
 
 
 def upgrade() -> None:
+    _events_and_silences()
+    _rules()
+    _notifications()
+
+
+def _events_and_silences() -> None:
+    """Alert events, silences and the alerts they silenced."""
     op.create_table(
         "alert_events",
         sa.Column("id", sa.String(64), primary_key=True),
@@ -85,6 +92,10 @@ def upgrade() -> None:
     )
     op.create_index("ix_silenced_alerts_alert_id", "silenced_alerts", ["alert_id"])
     op.create_index("ix_silenced_alerts_silence_id", "silenced_alerts", ["silence_id"])
+
+
+def _rules() -> None:
+    """Metric and log rules, the log rules' templates."""
     op.create_table(
         "metric_alert_rules",
         sa.Column("id", ID, primary_key=True, autoincrement=True),
@@ -142,6 +153,10 @@ def upgrade() -> None:
         sa.Column("created_at", TS, nullable=False),
         sa.Column("updated_at", TS, nullable=False),
     )
+
+
+def _notifications() -> None:
+    """Notification channels and what was sent through them."""
     op.create_table(
         "notification_channels",
         sa.Column("id", ID, primary_key=True, autoincrement=True),

@@ -22,6 +22,13 @@ NAME = sa.String(253)
 
 
 def upgrade() -> None:
+    _job_history_and_detections()
+    _clusters()
+    _settings_and_releases()
+
+
+def _job_history_and_detections() -> None:
+    """Job runs; workloads' frameworks."""
     op.create_table(
         "job_execution_history",
         sa.Column("id", ID, primary_key=True, autoincrement=True),
@@ -72,6 +79,10 @@ def upgrade() -> None:
         sa.Column("created_at", TS, nullable=False),
         sa.Column("updated_at", TS, nullable=False),
     )
+
+
+def _clusters() -> None:
+    """Frameworks' evidence, managed clusters and their tasks."""
     op.create_table(
         "workload_detection_evidence",
         sa.Column("cluster", NAME, nullable=False),
@@ -132,6 +143,10 @@ def upgrade() -> None:
         sa.Column("completed_at", TS, nullable=True),
     )
     op.create_index("ix_cluster_tasks_cluster_name", "cluster_tasks", ["cluster_name"])
+
+
+def _settings_and_releases() -> None:
+    """Run-time settings and their audit, releases, log rules' versions."""
     op.create_table(
         "system_config",
         sa.Column("id", ID, primary_key=True, autoincrement=True),
