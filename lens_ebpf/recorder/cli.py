@@ -8,10 +8,13 @@ import logging
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lens_ebpf.core.commandline import CliError, parse_listen, run_command
 from lens_ebpf.recorder import config
+
+if TYPE_CHECKING:
+    from lens_ebpf.k8s.dynamic import DynamicApi, Kind
 
 log = logging.getLogger("lens_ebpf.recorder")
 
@@ -129,6 +132,124 @@ def overrides(args: argparse.Namespace) -> dict[tuple[str, ...], Any]:
     return out
 
 
+# -- one-shot commands ---------------------------------------------------------------
+# kinds whose finalizers --remove-finalizers clears even when the database never saw them
+BUILTIN_KINDS = (
+    ("apps/v1", "ReplicaSet"), ("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"),
+    ("apps/v1", "DaemonSet"), ("batch/v1", "Job"), ("batch/v1", "CronJob"),
+)  # fmt: skip
+
+
+def run_report(cfg: config.Config, since: str, node: str, as_json: bool, cluster: str = "") -> str:
+    """`recorder --report`: the GPU pods of a span, from the database."""
+    import json
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from lens_ebpf.recorder.store import queries
+    from lens_ebpf.recorder.store.writer import DatabaseError, engine_for, redact
+
+    now = datetime.now(UTC)
+    start = queries.parse_since(since, now)
+    url = cfg.recorder.database_url
+    path = url.removeprefix("sqlite:///")
+    if url.startswith("sqlite:///") and path != ":memory:" and not Path(path).exists():
+        raise DatabaseError(f"no recorder database at {path}")
+    engine = engine_for(url)
+    try:
+        with engine.connect() as conn:
+            lines = queries.report(conn, start, now, node, cluster or cfg.recorder.cluster_name)
+    except SQLAlchemyError as exc:
+        msg = str(exc).splitlines()[0][:200]
+        raise DatabaseError(f"database {redact(url)}: {type(exc).__name__}: {msg}") from None
+    finally:
+        engine.dispose()
+    if as_json:
+        return "\n".join(json.dumps({k: queries.json_value(v) for k, v in vars(x).items()},
+                                    sort_keys=True) for x in lines)  # fmt: skip
+    return queries.format_report(lines)
+
+
+def remove_finalizers(cfg: config.Config, api_client: Any) -> dict[str, int]:
+    """Take the recorder's finalizer off every object that holds it (uninstall), in every
+    cluster it follows (the home one, clusters:, the multi-k8s-config Secret's): the kinds
+    the database knows and the built-in workload kinds. Returns removals per kind ("Kind"
+    in the home cluster, "cluster: Kind" in the others); a cluster it cannot reach is
+    said in the log and left."""
+    from sqlalchemy import select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from lens_ebpf.k8s.dynamic import DynamicApi
+    from lens_ebpf.recorder.store import schema
+    from lens_ebpf.recorder.store.writer import engine_for
+
+    kinds: set[tuple[str, str]] = set(BUILTIN_KINDS)
+    try:
+        engine = engine_for(cfg.recorder.database_url)
+        with engine.connect() as conn:
+            wl = schema.gpu_workloads
+            q = select(wl.c.api_version, wl.c.kind).distinct()
+            kinds |= {(str(a), str(k)) for a, k in conn.execute(q)}
+        engine.dispose()
+    except SQLAlchemyError as exc:
+        log.warning("recorder: database unreadable (%s); clearing the built-in kinds only",
+                    type(exc).__name__)  # fmt: skip
+    out: dict[str, int] = {}
+    for cluster, client in _clients(cfg, api_client).items():
+        api = DynamicApi(client, cfg.kubernetes.request_timeout_seconds)
+        prefix = "" if cluster == cfg.recorder.cluster_name else f"{cluster}: "
+        try:
+            for api_version, kind_name in sorted(kinds):
+                kind = api.kind(api_version, kind_name)
+                if kind is not None:
+                    out[prefix + kind_name] = _strip_kind(api, kind)
+        except Exception as exc:  # that cluster's API is down: the others still
+            if not prefix:
+                raise
+            log.warning("recorder: cluster %s: %s", cluster, f"{type(exc).__name__}: {exc}"[:300])
+    return out
+
+
+def _clients(cfg: config.Config, home: Any) -> dict[str, Any]:
+    """Every cluster's API client: the home one first, then those a client can be made for."""
+    from lens_ebpf.k8s.dynamic import DynamicApi
+    from lens_ebpf.recorder.clusters import Source, read_clusters_secret
+
+    sources = {name: Source("config", e.kubeconfig) for name, e in sorted(cfg.clusters.items())}
+    if cfg.multicluster.secret:
+        try:
+            home_api = DynamicApi(home, cfg.kubernetes.request_timeout_seconds)
+            for name, text in read_clusters_secret(home_api, cfg).items():
+                sources.setdefault(name, Source("secret", text=text))
+        except Exception as exc:
+            log.warning("recorder: multi-cluster secret: %s", f"{type(exc).__name__}: {exc}"[:300])
+    out = {cfg.recorder.cluster_name: home}
+    for name, src in sources.items():
+        try:
+            out.setdefault(name, src.client())
+        except Exception as exc:
+            log.warning("recorder: cluster %s: %s", name, f"{type(exc).__name__}: {exc}"[:300])
+    return out
+
+
+def _strip_kind(api: DynamicApi, kind: Kind) -> int:
+    from lens_ebpf.k8s.reflector import call_raw
+    from lens_ebpf.recorder import lifecycle as lc
+    from lens_ebpf.recorder.tracker import change_finalizer
+
+    removed = 0
+    doc = call_raw(api.lister(kind), timeout=api.timeout)
+    for obj in doc.get("items") or ():
+        m = obj.get("metadata") or {}
+        if lc.FINALIZER in (m.get("finalizers") or ()):
+            result = change_finalizer(api, kind, m.get("namespace", ""), m["name"],
+                                      str(m.get("uid", "")), add=False)  # fmt: skip
+            removed += result == "ok"
+    return removed
+
+
 def run(args: argparse.Namespace) -> int:
     from lens_ebpf.k8s.client import NotConfigured, api_client
     from lens_ebpf.recorder import service
@@ -148,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
                     out.write(body)
             return 0
         if args.report:
-            print(service.run_report(cfg, args.since, args.node, args.json, args.cluster))
+            print(run_report(cfg, args.since, args.node, args.json, args.cluster))
             return 0
         try:
             client = api_client(cfg.kubernetes.mode, cfg.kubernetes.kubeconfig)
@@ -157,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CliError(f"recorder: {exc}") from None
         if args.remove_finalizers:
-            for kind, n in sorted(service.remove_finalizers(cfg, client).items()):
+            for kind, n in sorted(remove_finalizers(cfg, client).items()):
                 print(f"{kind}: {n} finalizers removed")
             return 0
         app = service.RecorderApp(cfg, client)

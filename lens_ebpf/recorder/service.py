@@ -1,35 +1,32 @@
 """`lens-ebpf recorder`: the database, the watches, the collector protocol, REST and
-metrics, wired together; and the one-shot commands (--report, --remove-finalizers)."""
+metrics, wired together (its one-shot commands, --report and --remove-finalizers, are in
+cli.py)."""
 
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
 from lens_ebpf.core.http import HttpServer, front, tls_context
 from lens_ebpf.core.loop import EventLoopThread
 from lens_ebpf.core.runner import Job, JobMetrics, Runner
 from lens_ebpf.core.settings import split_listen
-from lens_ebpf.k8s.dynamic import DynamicApi, Kind
-from lens_ebpf.k8s.reflector import call_raw, watch_metrics
+from lens_ebpf.k8s.reflector import watch_metrics
 from lens_ebpf.recorder import api
-from lens_ebpf.recorder import lifecycle as lc
 from lens_ebpf.recorder.accounting.hours import Keys
 from lens_ebpf.recorder.alerting import Alerts
 from lens_ebpf.recorder.alerts import late
+from lens_ebpf.recorder.api.assistants import Assistants
 from lens_ebpf.recorder.api.envelope import AlertsApi, LensApi, Services
 from lens_ebpf.recorder.api.front import FrontMetrics
 from lens_ebpf.recorder.api.posts import Admitted
@@ -55,7 +52,6 @@ from lens_ebpf.recorder.profiler.files import Profiler
 from lens_ebpf.recorder.prom import Prom
 from lens_ebpf.recorder.remote_write.receiver import RemoteWrite
 from lens_ebpf.recorder.reports import weekly
-from lens_ebpf.recorder.store import queries, schema
 from lens_ebpf.recorder.store.writer import (
     DatabaseError,
     LeaderWriter,
@@ -64,17 +60,10 @@ from lens_ebpf.recorder.store.writer import (
     redact,
     upgrade,
 )
-from lens_ebpf.recorder.tracker import change_finalizer
 from lens_ebpf.recorder.training.outliers import Outliers
 from lens_ebpf.recorder.training.progress import Training
 
 log = logging.getLogger(__name__)
-
-# kinds whose finalizers --remove-finalizers clears even when the database never saw them
-BUILTIN_KINDS = (
-    ("apps/v1", "ReplicaSet"), ("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"),
-    ("apps/v1", "DaemonSet"), ("batch/v1", "Job"), ("batch/v1", "CronJob"),
-)  # fmt: skip
 
 
 class RecorderApp:
@@ -180,16 +169,7 @@ class RecorderApp:
         self.training.on_stall = self.deepdive.stall  # each rank's stack at a stall
         self.alerts.on_hang = self.deepdive.hang  # and at a hang's log alert
         self.profiler = Profiler(r.profiler, self.engine, r.cluster_name, clock)  # traces
-        parts = Services(r, self.clusters, self.remote_write, self.training, self.writer,
-                         self.readiness, clock, self.leadership, self.alerts,
-                         management=self.management, deepdive=self.deepdive,
-                         profiler=self.profiler)  # fmt: skip
-        e, guard = self.engine, self.write_guard
-        self.assistants = api.mount(self.http, {
-            "lens": LensApi(parts, e.connect, self.clusters.scope, e.begin, guard),
-            "alerts": AlertsApi(parts, e.connect, self.clusters.scope, e.begin, guard),
-            "plain": PlainJson(parts, e.connect),
-            "posts": Admitted(parts, self.ingest)})  # fmt: skip
+        self.assistants = self._mount(cfg, clock)
         self.outliers = Outliers(self.engine, self.lead_writer, self.prom,
                                  self.tracker.running_pods,
                                  r.jobs.outliers_seconds, clock, r.cluster_name)  # fmt: skip
@@ -203,6 +183,21 @@ class RecorderApp:
         self.grpc: Any = None
         self.collect_port = 0
         self._stop = threading.Event()
+
+    def _mount(self, cfg: Config, clock: Callable[[], datetime]) -> Assistants:
+        """The REST surfaces on the HTTP server, over the parts made before; the assistants'
+        (MCP) handle that api.mount returns."""
+        r = cfg.recorder
+        parts = Services(r, self.clusters, self.remote_write, self.training, self.writer,
+                         self.readiness, clock, self.leadership, self.alerts,
+                         management=self.management, deepdive=self.deepdive,
+                         profiler=self.profiler)  # fmt: skip
+        e, guard = self.engine, self.write_guard
+        return api.mount(self.http, {
+            "lens": LensApi(parts, e.connect, self.clusters.scope, e.begin, guard),
+            "alerts": AlertsApi(parts, e.connect, self.clusters.scope, e.begin, guard),
+            "plain": PlainJson(parts, e.connect),
+            "posts": Admitted(parts, self.ingest)})  # fmt: skip
 
     def _management(self, cfg: Config, clock: Callable[[], datetime]) -> Management:
         """The Management pages' parts: the settings that change at run time (told to the
@@ -536,92 +531,3 @@ def settle_heap() -> None:
     the service's own process (what is frozen is never collected)."""
     gc.collect()
     gc.freeze()
-
-
-# -- one-shot commands ---------------------------------------------------------------
-def run_report(cfg: Config, since: str, node: str, as_json: bool, cluster: str = "") -> str:
-    now = datetime.now(UTC)
-    start = queries.parse_since(since, now)
-    url = cfg.recorder.database_url
-    path = url.removeprefix("sqlite:///")
-    if url.startswith("sqlite:///") and path != ":memory:" and not Path(path).exists():
-        raise DatabaseError(f"no recorder database at {path}")
-    engine = engine_for(url)
-    try:
-        with engine.connect() as conn:
-            lines = queries.report(conn, start, now, node, cluster or cfg.recorder.cluster_name)
-    except SQLAlchemyError as exc:
-        msg = str(exc).splitlines()[0][:200]
-        raise DatabaseError(f"database {redact(url)}: {type(exc).__name__}: {msg}") from None
-    finally:
-        engine.dispose()
-    if as_json:
-        return "\n".join(json.dumps({k: queries.json_value(v) for k, v in vars(x).items()},
-                                    sort_keys=True) for x in lines)  # fmt: skip
-    return queries.format_report(lines)
-
-
-def remove_finalizers(cfg: Config, api_client: Any) -> dict[str, int]:
-    """Take the recorder's finalizer off every object that holds it (uninstall), in every
-    cluster it follows (the home one, clusters:, the multi-k8s-config Secret's): the kinds
-    the database knows and the built-in workload kinds. Returns removals per kind ("Kind"
-    in the home cluster, "cluster: Kind" in the others); a cluster it cannot reach is
-    said in the log and left."""
-    kinds: set[tuple[str, str]] = set(BUILTIN_KINDS)
-    try:
-        engine = engine_for(cfg.recorder.database_url)
-        with engine.connect() as conn:
-            wl = schema.gpu_workloads
-            q = select(wl.c.api_version, wl.c.kind).distinct()
-            kinds |= {(str(a), str(k)) for a, k in conn.execute(q)}
-        engine.dispose()
-    except SQLAlchemyError as exc:
-        log.warning("recorder: database unreadable (%s); clearing the built-in kinds only",
-                    type(exc).__name__)  # fmt: skip
-    out: dict[str, int] = {}
-    for cluster, client in _clients(cfg, api_client).items():
-        api = DynamicApi(client, cfg.kubernetes.request_timeout_seconds)
-        prefix = "" if cluster == cfg.recorder.cluster_name else f"{cluster}: "
-        try:
-            for api_version, kind_name in sorted(kinds):
-                kind = api.kind(api_version, kind_name)
-                if kind is not None:
-                    out[prefix + kind_name] = _strip_kind(api, kind)
-        except Exception as exc:  # that cluster's API is down: the others still
-            if not prefix:
-                raise
-            log.warning("recorder: cluster %s: %s", cluster, f"{type(exc).__name__}: {exc}"[:300])
-    return out
-
-
-def _clients(cfg: Config, home: Any) -> dict[str, Any]:
-    """Every cluster's API client: the home one first, then those a client can be made for."""
-    from lens_ebpf.recorder.clusters import Source, read_clusters_secret
-
-    sources = {name: Source("config", e.kubeconfig) for name, e in sorted(cfg.clusters.items())}
-    if cfg.multicluster.secret:
-        try:
-            home_api = DynamicApi(home, cfg.kubernetes.request_timeout_seconds)
-            for name, text in read_clusters_secret(home_api, cfg).items():
-                sources.setdefault(name, Source("secret", text=text))
-        except Exception as exc:
-            log.warning("recorder: multi-cluster secret: %s", f"{type(exc).__name__}: {exc}"[:300])
-    out = {cfg.recorder.cluster_name: home}
-    for name, src in sources.items():
-        try:
-            out.setdefault(name, src.client())
-        except Exception as exc:
-            log.warning("recorder: cluster %s: %s", name, f"{type(exc).__name__}: {exc}"[:300])
-    return out
-
-
-def _strip_kind(api: DynamicApi, kind: Kind) -> int:
-    removed = 0
-    doc = call_raw(api.lister(kind), timeout=api.timeout)
-    for obj in doc.get("items") or ():
-        m = obj.get("metadata") or {}
-        if lc.FINALIZER in (m.get("finalizers") or ()):
-            result = change_finalizer(api, kind, m.get("namespace", ""), m["name"],
-                                      str(m.get("uid", "")), add=False)  # fmt: skip
-            removed += result == "ok"
-    return removed

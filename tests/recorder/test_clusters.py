@@ -264,7 +264,7 @@ def test_uninstall_takes_the_finalizers_off_in_every_cluster(
     api: FakeApiServer, api_b: FakeApiServer, recorder_app: Any, tmp_path: Path
 ) -> None:
     from lens_ebpf.k8s.client import api_client
-    from lens_ebpf.recorder import config, service
+    from lens_ebpf.recorder import cli, config
 
     bert(api, "gpu-0")
     bert(api_b, "gpu-1")
@@ -276,6 +276,6 @@ def test_uninstall_takes_the_finalizers_off_in_every_cluster(
     cfg = config.load(env={}, overrides={("recorder", "database_url"): url,
                                          ("clusters",): clusters})  # fmt: skip
     home = api_client("kubeconfig", str(api.kubeconfig(tmp_path / "home.kubeconfig")))
-    got = service.remove_finalizers(cfg, home)
+    got = cli.remove_finalizers(cfg, home)
     assert (got["PyTorchJob"], got["b: PyTorchJob"]) == (1, 1)
     assert not has_finalizer(api, "bert") and not has_finalizer(api_b, "bert")
