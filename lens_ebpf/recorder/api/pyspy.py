@@ -1,5 +1,5 @@
 """The workload page's "Py-Spy Profiler" tab: a pod's process tree, py-spy tasks and their
-files, through the agent on the pod's node (recorder/deepdive.py), in the original's
+files, through the agent on the pod's node (recorder/deepdive/), in the original's
 shapes (Lens/modules/api/pkg/api/pyspy at dd69b3c)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from lens_ebpf.core.routes import Param, RouteTable
-from lens_ebpf.recorder import deepdive
 from lens_ebpf.recorder.api.envelope import Ask, bad, integer, param
 from lens_ebpf.recorder.deepdive import DeepDive
+from lens_ebpf.recorder.deepdive import tasks as stored
 from lens_ebpf.recorder.errors import Unavailable
 
 routes = RouteTable()
@@ -72,8 +72,8 @@ def sample(ask: Ask) -> Any:
     if not isinstance(pid, int) or isinstance(pid, bool):
         raise bad("pid: a host pid (a number) is required")
     fmt = str(b.get("format") or "flamegraph")
-    if fmt not in deepdive.FORMATS:
-        raise bad(f"format {fmt!r}: one of {', '.join(deepdive.FORMATS)}")
+    if fmt not in stored.FORMATS:
+        raise bad(f"format {fmt!r}: one of {', '.join(stored.FORMATS)}")
     return dd(ask).create(ask.conn, ask.c.tables, str(b["pod_uid"]), pid,
                           str(b.get("node_name") or ""), fmt, int(b.get("duration") or 30),
                           int(b.get("rate") or 100), bool(b.get("native")),
@@ -83,7 +83,7 @@ def sample(ask: Ask) -> Any:
 
 FILTERS = ("workload_uid", "pod_uid", "pod_namespace", "node_name", "status")
 LIST_QUERY = (*(Param(f) for f in FILTERS[:-1]),
-              Param("status", choices=deepdive.STATUSES),
+              Param("status", choices=stored.STATUSES),
               Param("limit", "integer", "tasks a page (default 50, at most 100)", minimum=1,
                     maximum=100),
               Param("offset", "integer", "tasks skipped", minimum=0))  # fmt: skip
@@ -93,8 +93,8 @@ LIST_QUERY = (*(Param(f) for f in FILTERS[:-1]),
 def tasks(ask: Ask) -> Any:
     """The py-spy tasks, newest first, filtered: {tasks, total, limit, offset}."""
     q = ask.query
-    return deepdive.list_tasks(ask.conn, ask.c.tables, {f: param(q, f) or "" for f in FILTERS},
-                               integer(q, "limit", 50), integer(q, "offset", 0))  # fmt: skip
+    return stored.list_tasks(ask.conn, ask.c.tables, {f: param(q, f) or "" for f in FILTERS},
+                             integer(q, "limit", 50), integer(q, "offset", 0))  # fmt: skip
 
 
 @routes.post("pyspy/tasks", *(Param(p.name, p.kind, p.doc, choices=p.choices, body=True)
@@ -103,20 +103,20 @@ def tasks_post(ask: Ask) -> Any:
     """The same list, its filters in the body (as the web UI asks)."""
     b = body(ask)
     status = str(b.get("status") or "")
-    if status and status not in deepdive.STATUSES:
-        raise bad(f"status {status!r}: one of {', '.join(deepdive.STATUSES)}")
+    if status and status not in stored.STATUSES:
+        raise bad(f"status {status!r}: one of {', '.join(stored.STATUSES)}")
     limit, offset = b.get("limit") or 50, b.get("offset") or 0
     if not isinstance(limit, int) or not isinstance(offset, int) or offset < 0:
         raise bad("limit and offset: whole numbers")
-    return deepdive.list_tasks(ask.conn, ask.c.tables,
-                               {f: str(b.get(f) or "") for f in FILTERS},
-                               min(max(limit, 1), 100), offset)  # fmt: skip
+    return stored.list_tasks(ask.conn, ask.c.tables,
+                             {f: str(b.get(f) or "") for f in FILTERS},
+                             min(max(limit, 1), 100), offset)  # fmt: skip
 
 
 @routes.get("pyspy/task/{id}", Param("id", doc="the task's id", required=True))
 def task(ask: Ask) -> Any:
     """One py-spy task: its status, times, error, file."""
-    return deepdive.get_task(ask.conn, ask.c.tables, ask.arg("id"))
+    return stored.get_task(ask.conn, ask.c.tables, ask.arg("id"))
 
 
 @routes.post("pyspy/task/{id}/cancel", Param("id", required=True),
@@ -130,7 +130,7 @@ def cancel(ask: Ask) -> Any:
 def task_files(ask: Ask) -> Any:
     """A task's files (one, once it completed): {task_id, files: [{file_name, format,
     file_size, download_url}]}."""
-    return deepdive.task_files(ask.conn, ask.c.tables, ask.arg("id"), ask.c.name)
+    return stored.task_files(ask.conn, ask.c.tables, ask.arg("id"), ask.c.name)
 
 
 @files.get("pyspy/file/{id}/{name}", Param("id", required=True),
@@ -138,5 +138,5 @@ def task_files(ask: Ask) -> Any:
 def task_file(ask: Ask) -> Any:
     """A completed task's file: flamegraph SVG, speedscope JSON, raw text or the dump's
     JSON."""
-    ctype, data = deepdive.task_file(ask.conn, ask.c.tables, ask.arg("id"), ask.arg("name"))
+    ctype, data = stored.task_file(ask.conn, ask.c.tables, ask.arg("id"), ask.arg("name"))
     return 200, ctype, data, {"Content-Disposition": f"attachment; filename={ask.arg('name')}"}

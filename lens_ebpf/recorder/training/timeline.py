@@ -152,7 +152,7 @@ class Timeline:
                 d.update(last_iteration=r.iteration, median_seconds=r.baseline,
                          seconds_without_progress=r.value)  # fmt: skip
                 msg = f"no progress after iteration {r.iteration} (median {r.baseline:g} s)"
-            elif r.kind == "stall_stacks":  # each rank's stack (recorder/deepdive.py)
+            elif r.kind == "stall_stacks":  # each rank's stack (recorder/deepdive/)
                 odd = ", ".join(d.get("different") or []) or "none"
                 msg = f"each rank's stack at the stall ({d.get('reason')}); differing: {odd}"
             else:
