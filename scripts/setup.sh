@@ -75,12 +75,17 @@ viewer=speedscope@1.25.0
 case "$mode" in test|recorder-image)
   if [ "$(cat .venv/share/speedscope/.version 2>/dev/null)" != "$viewer" ]; then
     tmp=$(mktemp -d)
-    (cd "$tmp" && npm pack --silent "$viewer" >/dev/null && tar xzf speedscope-*.tgz)
+    (cd "$tmp" && npm pack --loglevel=error "$viewer" >/dev/null && tar xzf speedscope-*.tgz)
     rm -rf .venv/share/speedscope && mkdir -p .venv/share
     mv "$tmp/package/dist/release" .venv/share/speedscope
     cp "$tmp/package/LICENSE" .venv/share/speedscope/LICENSE
     echo "$viewer" > .venv/share/speedscope/.version
     rm -rf "$tmp"
+  fi
+  # the image serves the files; node and npm were only the way to fetch them
+  if [ "$mode" = recorder-image ] && [[ " ${missing[*]} " == *" npm "* ]]; then
+    apt-get purge -y -q --auto-remove npm >/dev/null
+    rm -rf /root/.npm /var/lib/apt/lists/*
   fi ;;
 esac
 
