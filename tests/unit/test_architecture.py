@@ -287,6 +287,8 @@ NOT_JOBS = {
     ("lens_ebpf/agent/stream/reporter.py", "Reporter._requests"):
         "a stream: waits for the collector's first ack, then for events to send",
     ("lens_ebpf/agent/stream/reporter.py", "Reporter._run"): "a reconnect backoff",
+    ("lens_ebpf/agent/deepdive/pyspy.py", "PySpy.run"): "a dump waiting, up to "
+        "dump_timeout_seconds, for one of the node's max_running py-spy runs to end",
     ("lens_ebpf/agent/otlp/exporter.py", "Sender.deliver"): "a request sent again after a "
         "backoff while the OTLP endpoint fails",
     ("lens_ebpf/k8s/reflector.py", "Reflector.run"): "a watch stream and its reconnect backoff",
