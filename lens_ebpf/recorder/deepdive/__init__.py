@@ -18,12 +18,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection, Engine
 
+from lens_ebpf.recorder.agent_channels import AgentChannels
 from lens_ebpf.recorder.config import DeepDiveConfig
 from lens_ebpf.recorder.deepdive.tasks import ENDED, EXT, FORMATS, stamp, task_view
 from lens_ebpf.recorder.errors import BadRequest, Conflict, NotFound, Unavailable
@@ -39,38 +39,19 @@ CODES = {"NOT_FOUND": NotFound, "INVALID_ARGUMENT": BadRequest,
 
 
 class Agents:
-    """DeepDiveService calls to the agents, one channel per address."""
+    """DeepDiveService calls to the agents."""
 
     def __init__(self, cfg: DeepDiveConfig) -> None:
         self.cfg = cfg
-        self._channels: dict[str, Any] = {}
-        self._lock = threading.Lock()
+        self.channels = AgentChannels(cfg, "recorder.deepdive")
 
     def _stub(self, address: str) -> Any:
-        import grpc
-
         from lens_ebpf.protocol.gen import deepdive_pb2_grpc
 
-        with self._lock:
-            ch = self._channels.get(address)
-            if ch is None:
-                target = f"{address}:{self.cfg.agent_port}"
-                if self.cfg.ca_file:
-                    creds = grpc.ssl_channel_credentials(Path(self.cfg.ca_file).read_bytes())
-                    ch = grpc.secure_channel(target, creds)
-                else:
-                    ch = grpc.insecure_channel(target)
-                self._channels[address] = ch
-        return deepdive_pb2_grpc.DeepDiveServiceStub(ch)
+        return deepdive_pb2_grpc.DeepDiveServiceStub(self.channels.channel(address))
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
-        if not self.cfg.token_file:
-            return ()
-        try:
-            token = Path(self.cfg.token_file).read_text().strip()
-        except OSError as exc:
-            raise Unavailable(f"recorder.deepdive.token_file: {exc}") from None
-        return (("authorization", f"Bearer {token}"),)
+        return self.channels.metadata()
 
     def call(self, node: str, address: str, method: str, request: Any,
              timeout: float) -> Any:  # fmt: skip
@@ -100,10 +81,7 @@ class Agents:
             raise Unavailable(f"the agent on node {node}: {code.name}: {why}") from None
 
     def close(self) -> None:
-        with self._lock:
-            for ch in self._channels.values():
-                ch.close()
-            self._channels.clear()
+        self.channels.close()
 
 
 @dataclass(frozen=True)

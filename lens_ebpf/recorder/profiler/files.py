@@ -16,13 +16,14 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from lens_ebpf.core.times import aware
+from lens_ebpf.recorder.agent_channels import AgentChannels
 from lens_ebpf.recorder.config import ProfilerConfig
 from lens_ebpf.recorder.errors import BadRequest, NotFound, Unavailable
 from lens_ebpf.recorder.store import schema
@@ -40,38 +41,19 @@ def stamp(t: datetime | None) -> str:
 
 
 class Agents:
-    """ProfilerService calls to the agents, one channel per address."""
+    """ProfilerService calls to the agents."""
 
     def __init__(self, cfg: ProfilerConfig) -> None:
         self.cfg = cfg
-        self._channels: dict[str, Any] = {}
-        self._lock = threading.Lock()
+        self.channels = AgentChannels(cfg, "recorder.profiler")
 
     def stub(self, address: str) -> Any:
-        import grpc
-
         from lens_ebpf.protocol.gen import profiler_pb2_grpc
 
-        with self._lock:
-            ch = self._channels.get(address)
-            if ch is None:
-                target = f"{address}:{self.cfg.agent_port}"
-                if self.cfg.ca_file:
-                    creds = grpc.ssl_channel_credentials(Path(self.cfg.ca_file).read_bytes())
-                    ch = grpc.secure_channel(target, creds)
-                else:
-                    ch = grpc.insecure_channel(target)
-                self._channels[address] = ch
-        return profiler_pb2_grpc.ProfilerServiceStub(ch)
+        return profiler_pb2_grpc.ProfilerServiceStub(self.channels.channel(address))
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
-        if not self.cfg.token_file:
-            return ()
-        try:
-            token = Path(self.cfg.token_file).read_text().strip()
-        except OSError as exc:
-            raise Unavailable(f"recorder.profiler.token_file: {exc}") from None
-        return (("authorization", f"Bearer {token}"),)
+        return self.channels.metadata()
 
     @staticmethod
     def error(node: str, exc: Any) -> Exception:
@@ -83,10 +65,7 @@ class Agents:
         return Unavailable(f"the agent on node {node}: {code.name}: {why}")
 
     def close(self) -> None:
-        with self._lock:
-            for ch in self._channels.values():
-                ch.close()
-            self._channels.clear()
+        self.channels.close()
 
 
 @dataclass(frozen=True)
