@@ -58,6 +58,15 @@ def ended(procfs: Path, pid: int) -> bool:
     return stat[stat.rindex(")") + 2 :][:1] in ("Z", "X")
 
 
+async def _ended_soon(procfs: Path, pid: int, within: float = 2.0) -> bool:
+    """ended(), given an exit under way up to `within` seconds to finish."""
+    for _ in range(int(within / 0.02)):
+        if ended(procfs, pid):
+            return True
+        await asyncio.sleep(0.02)
+    return ended(procfs, pid)
+
+
 class PySpy:
     def __init__(self, binary: str, procfs: Path, max_duration: int, max_output: int,
                  max_running: int, dump_timeout: float) -> None:  # fmt: skip
@@ -153,6 +162,10 @@ class PySpy:
                     await proc.wait()
             seconds = round(time.monotonic() - start, 3)
             gone = ended(self.procfs, pid)
+            if action == "record" and not gone and seconds < duration:
+                # a record stops early only when its process ends, and py-spy can see that
+                # before the kernel has finished the exit (the state is not Z yet)
+                gone = await _ended_soon(self.procfs, pid)
             text = (stderr or stdout).decode(errors="replace").strip()
             if proc.returncode != 0:
                 raise self._failure(pid, action, text, gone)
