@@ -39,6 +39,44 @@ def allowed(identity: str, callers: list[str]) -> bool:
     return any(c == identity or ("/" not in c and c == name) for c in callers)
 
 
+async def admit(context: Any, method: str, guard: Guard | None, callers: list[str],
+                refused: collections.Counter[str], service: str, setting: str) -> None:  # fmt: skip
+    """Let the call through when grpc.auth admits its caller and `setting` (a feature's
+    callers list) names it; else abort it, counting why in refused. A port without auth
+    (tests of the protocol) is refused too: these services answer the recorder only."""
+    if guard is None:
+        who = "anonymous"
+    else:
+        try:
+            who = await guard.admit(context, Claim())
+        except BaseException:
+            refused["unauthenticated"] += 1
+            raise
+    if not allowed(who, callers):
+        refused["permission_denied"] += 1
+        named = ", ".join(callers) or "none"
+        why = (
+            f"no bearer token: {service} answers the recorder only"
+            if who == "anonymous"
+            else f"{who} may not call {service} ({setting}: {named})"
+        )
+        log.warning("%s: refused %s from %s: %s", service, method, context.peer(), why)
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+
+
+def pod_containers(
+    containers: dict[str, ContainerInfo], uid: str, node: str
+) -> list[ContainerInfo]:
+    """The pod's running containers on this node (its sandbox left out); Refusal when it
+    has none here."""
+    if not uid:
+        raise Refusal("INVALID_ARGUMENT", "pod_uid is required")
+    mine = [c for c in containers.values() if c.pod_uid == uid and not c.sandbox]
+    if not mine:
+        raise Refusal("NOT_FOUND", f"pod {uid} has no running container on node {node}")
+    return sorted(mine, key=lambda c: (c.name, c.id))
+
+
 def process_message(p: procs.Proc) -> pb.Process:
     return pb.Process(host_pid=p.host_pid, host_ppid=p.host_ppid,
                       container_pid=p.container_pid, container_ppid=p.container_ppid,
@@ -73,37 +111,15 @@ class DeepDive:
         })  # fmt: skip
 
     async def _admit(self, context: Any, method: str) -> None:
-        if self.guard is None:  # a port without auth (tests of the protocol): refused too
-            who = "anonymous"
-        else:
-            try:
-                who = await self.guard.admit(context, Claim())
-            except BaseException:
-                self.refused["unauthenticated"] += 1
-                raise
-        if not allowed(who, self.callers):
-            self.refused["permission_denied"] += 1
-            why = ("no bearer token: DeepDiveService answers the recorder only"
-                   if who == "anonymous" else
-                   f"{who} may not call DeepDiveService (collectors.deepdive.callers: "
-                   f"{', '.join(self.callers) or 'none'})")  # fmt: skip
-            log.warning("deepdive: refused %s from %s: %s", method, context.peer(), why)
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+        await admit(context, method, self.guard, self.callers, self.refused, "DeepDiveService",
+                    "collectors.deepdive.callers")  # fmt: skip
         self.calls[method] += 1
 
     async def _fail(self, context: Any, r: Refusal) -> None:
         await context.abort(getattr(grpc.StatusCode, r.code, grpc.StatusCode.UNKNOWN), r.why)
 
     def _pod(self, uid: str) -> list[ContainerInfo]:
-        """The pod's running containers on this node (its sandbox left out); Refusal when
-        it has none here."""
-        if not uid:
-            raise Refusal("INVALID_ARGUMENT", "pod_uid is required")
-        mine = [c for c in self.containers().values() if c.pod_uid == uid and not c.sandbox]
-        if not mine:
-            raise Refusal("NOT_FOUND", f"pod {uid} has no running container on node "
-                          f"{self.node}")  # fmt: skip
-        return sorted(mine, key=lambda c: (c.name, c.id))
+        return pod_containers(self.containers(), uid, self.node)
 
     def tree(self, uid: str) -> pb.ProcessTreeReply:
         containers = self._pod(uid)

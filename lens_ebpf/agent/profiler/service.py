@@ -19,20 +19,15 @@ from prometheus_client.registry import Collector
 
 from lens_ebpf.agent.containers.runtime import ContainerInfo
 from lens_ebpf.agent.deepdive import procs
-from lens_ebpf.agent.deepdive.service import allowed
+from lens_ebpf.agent.deepdive.pyspy import Refusal
+from lens_ebpf.agent.deepdive.service import admit, pod_containers
 from lens_ebpf.agent.profiler import discovery
 from lens_ebpf.protocol.gen import profiler_pb2 as pb
-from lens_ebpf.protocol.stream_auth import Claim, Guard
+from lens_ebpf.protocol.stream_auth import Guard
 
 log = logging.getLogger(__name__)
 SERVICE = "lens.v1.ProfilerService"
 CHUNK = 1 << 20
-
-
-class Refusal(Exception):
-    def __init__(self, code: str, why: str) -> None:
-        super().__init__(why)
-        self.code, self.why = code, why
 
 
 class Profiler:
@@ -60,32 +55,12 @@ class Profiler:
         })  # fmt: skip
 
     async def _admit(self, context: Any, method: str) -> None:
-        if self.guard is None:
-            who = "anonymous"
-        else:
-            try:
-                who = await self.guard.admit(context, Claim())
-            except BaseException:
-                self.refused["unauthenticated"] += 1
-                raise
-        if not allowed(who, self.callers):
-            self.refused["permission_denied"] += 1
-            why = ("no bearer token: ProfilerService answers the recorder only"
-                   if who == "anonymous" else
-                   f"{who} may not call ProfilerService (collectors.profiler.callers: "
-                   f"{', '.join(self.callers) or 'none'})")  # fmt: skip
-            log.warning("profiler: refused %s from %s: %s", method, context.peer(), why)
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+        await admit(context, method, self.guard, self.callers, self.refused, "ProfilerService",
+                    "collectors.profiler.callers")  # fmt: skip
         self.calls[method] += 1
 
     def _pod(self, uid: str) -> list[ContainerInfo]:
-        if not uid:
-            raise Refusal("INVALID_ARGUMENT", "pod_uid is required")
-        mine = [c for c in self.containers().values() if c.pod_uid == uid and not c.sandbox]
-        if not mine:
-            raise Refusal("NOT_FOUND", f"pod {uid} has no running container on node "
-                          f"{self.node}")  # fmt: skip
-        return sorted(mine, key=lambda c: (c.name, c.id))
+        return pod_containers(self.containers(), uid, self.node)
 
     def _found(self, c: ContainerInfo) -> list[discovery.Found]:
         """The traces of the container's processes (its init first)."""
