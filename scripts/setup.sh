@@ -43,9 +43,6 @@ if [ "$mode" = test ]; then
   extras="[dev]"
 fi
 
-# npm for the trace viewer below: Debian's, unless one is there (a nodejs that ships it)
-case "$mode" in test|recorder-image) command -v npm >/dev/null || pkgs+=(npm) ;; esac
-
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -68,24 +65,44 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 
-# The trace viewer the recorder serves at a viewer session's ui_path (speedscope, from the
-# npm registry, pinned): its built files under the venv (.venv/share/speedscope), never in
-# the repository; recorder.profiler.viewer_dir names another place.
+# The trace viewer the recorder serves at a viewer session's ui_path (speedscope, pinned):
+# its built files from the npm registry's tarball, checked against the registry's sha512,
+# under the venv (.venv/share/speedscope), never in the repository;
+# recorder.profiler.viewer_dir names another place. No node or npm: Python fetches it,
+# trusting pip's CA file where pip has one (the same network pip's installs took).
 viewer=speedscope@1.25.0
+viewer_sha512=cpf9HWTZf1ijLXBJrk87Ve/54tnYx6rlf0gUThvn3ook6h63hLXVOQiMf44PT+XoV503cPfvfiT5gP5vojp6Ag==
 case "$mode" in test|recorder-image)
   if [ "$(cat .venv/share/speedscope/.version 2>/dev/null)" != "$viewer" ]; then
-    tmp=$(mktemp -d)
-    (cd "$tmp" && npm pack --loglevel=error "$viewer" >/dev/null && tar xzf speedscope-*.tgz)
-    rm -rf .venv/share/speedscope && mkdir -p .venv/share
-    mv "$tmp/package/dist/release" .venv/share/speedscope
-    cp "$tmp/package/LICENSE" .venv/share/speedscope/LICENSE
-    echo "$viewer" > .venv/share/speedscope/.version
-    rm -rf "$tmp"
-  fi
-  # the image serves the files; node and npm were only the way to fetch them
-  if [ "$mode" = recorder-image ] && [[ " ${missing[*]} " == *" npm "* ]]; then
-    apt-get purge -y -q --auto-remove npm >/dev/null
-    rm -rf /root/.npm /var/lib/apt/lists/*
+    cafile=$(.venv/bin/python -m pip config get global.cert 2>/dev/null || true)
+    .venv/bin/python - "$viewer" "$viewer_sha512" "$cafile" <<'PY'
+import base64, hashlib, io, shutil, ssl, sys, tarfile, urllib.request
+from pathlib import Path
+spec, want, cafile = sys.argv[1:4]
+name, version = spec.split("@")
+url = f"https://registry.npmjs.org/{name}/-/{name}-{version}.tgz"
+ctx = ssl.create_default_context(cafile=cafile or None)
+data = urllib.request.urlopen(url, context=ctx, timeout=120).read()
+got = base64.b64encode(hashlib.sha512(data).digest()).decode()
+if got != want:
+    sys.exit(f"setup: {url}: sha512 {got}, not the pinned {want}")
+dest, tmp = Path(".venv/share/speedscope"), Path(".venv/share/.speedscope.new")
+shutil.rmtree(tmp, ignore_errors=True)
+with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+    for m in tar.getmembers():
+        rel = Path(m.name)
+        if m.isfile() and rel.parts[:3] == ("package", "dist", "release"):
+            out = tmp / Path(*rel.parts[3:])
+        elif m.isfile() and m.name == "package/LICENSE":
+            out = tmp / "LICENSE"
+        else:
+            continue
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(tar.extractfile(m).read())
+(tmp / ".version").write_text(spec + "\n")
+shutil.rmtree(dest, ignore_errors=True)
+tmp.rename(dest)
+PY
   fi ;;
 esac
 

@@ -218,36 +218,6 @@ def pip_config() -> tuple[str, list[tuple[Path, str]]]:
     return "\n".join(lines) + "\n", sorted(mounts.items())
 
 
-# Debian's npm reads its global configuration here (the recorder's build fetches the trace
-# viewer with it: scripts/setup.sh recorder-image)
-NPM_GLOBAL = "/etc/npmrc"
-NPM_CA = "/etc/lens-build-npm-ca.crt"
-
-
-def npm_mounts(work: Path) -> list[str]:
-    """buildah -v options giving the build's npm this machine's registry and CA file (its
-    `npm config`), as pip_config() does for pip; none where this machine has no npm."""
-    if shutil.which("npm") is None:
-        return []
-
-    def get(key: str) -> str:
-        r = subprocess.run(["npm", "config", "get", key], capture_output=True, text=True)
-        value = r.stdout.strip()
-        return "" if r.returncode or value in ("null", "undefined") else value
-
-    lines = ["# Made by tests/kube/images.py from this machine's npm configuration."]
-    mounts: list[str] = []
-    if registry := get("registry"):
-        lines.append(f"registry={registry}")
-    cafile = get("cafile")
-    if cafile and Path(cafile).is_file():
-        lines.append(f"cafile={NPM_CA}")
-        mounts += ["-v", f"{cafile}:{NPM_CA}:ro"]
-    conf = work / "npmrc"
-    conf.write_text("\n".join(lines) + "\n")
-    return ["-v", f"{conf}:{NPM_GLOBAL}:ro", *mounts]
-
-
 def _keys(stamp: dict[str, Any]) -> dict[str, str]:
     """The key each image is built from now; an image whose stamped key differs is built
     again. The project's images hang on the base image that was built (its id)."""
@@ -523,7 +493,6 @@ def _make_project(ref: str, work: Path) -> str:
         stub.parent.mkdir(parents=True, exist_ok=True)
         stub.mkdir() if host.is_dir() else stub.touch()
         volumes += ["-v", f"{host}:{inside}:ro"]
-    volumes += npm_mounts(work)
     log = CACHE / f"{TARGETS[ref]}.log"
     _run(buildah_cmd("bud", *_policy(), "--pull-never", "--network", "host",
                      "--format", "docker", "--layers=false", "-f", str(DOCKERFILE),
