@@ -963,9 +963,20 @@ CONTRACT |= {
     ),
     "GET pyspy/file/{id}": (
         f"{GO}/api/pkg/api/unified_pyspy.go PySpyTaskFilesResponse",
-        {"task_id": STR, "files": [{"task_id": STR, "file_name": STR, "format": STR,
-                                    "file_size": INT, "storage_type": STR,
-                                    "storage_path": STR, "download_url": STR}]},
+        {
+            "task_id": STR,
+            "files": [
+                {
+                    "task_id": STR,
+                    "file_name": STR,
+                    "format": STR,
+                    "file_size": INT,
+                    "storage_type": STR,
+                    "storage_path": STR,
+                    "download_url": STR,
+                }
+            ],
+        },
     ),  # fmt: skip
     "POST pyspy/task/{id}/cancel": (
         f"{PYSPY} TaskStatusResponse",
