@@ -74,11 +74,15 @@ viewer=speedscope@1.25.0
 viewer_sha512=cpf9HWTZf1ijLXBJrk87Ve/54tnYx6rlf0gUThvn3ook6h63hLXVOQiMf44PT+XoV503cPfvfiT5gP5vojp6Ag==
 case "$mode" in test|recorder-image)
   if [ "$(cat .venv/share/speedscope/.version 2>/dev/null)" != "$viewer" ]; then
-    cafile=$(.venv/bin/python -m pip config get global.cert 2>/dev/null || true)
-    .venv/bin/python - "$viewer" "$viewer_sha512" "$cafile" <<'PY'
-import base64, hashlib, io, shutil, ssl, sys, tarfile, urllib.request
+    .venv/bin/python - "$viewer" "$viewer_sha512" <<'PY'
+import base64, hashlib, io, re, shutil, ssl, subprocess, sys, tarfile, urllib.request
 from pathlib import Path
-spec, want, cafile = sys.argv[1:4]
+spec, want = sys.argv[1:3]
+# pip's CA file, as pip merges its configuration (files and PIP_CERT), where it has one
+listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"],
+                        capture_output=True, text=True).stdout
+certs = re.findall(r"^(?::env:|global|install)\.cert='(.*)'$", listed, re.M)
+cafile = certs[0] if certs else ""
 name, version = spec.split("@")
 url = f"https://registry.npmjs.org/{name}/-/{name}-{version}.tgz"
 ctx = ssl.create_default_context(cafile=cafile or None)
