@@ -174,6 +174,11 @@ def viewer_dir(ask: Ask) -> Path:
     return d
 
 
+def viewer_names(d: Path) -> frozenset[str]:
+    """The viewer's files (a flat directory), without its dot files."""
+    return frozenset(p.name for p in d.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
 @files.get("perfetto/sessions/{session_id}/ui", SESSION, tool=False)
 def perfetto_page(ask: Ask) -> Answer:
     """The viewer (speedscope) for a ready session, opening its trace: Perfetto's
@@ -193,9 +198,11 @@ def perfetto_file(ask: Ask) -> Answer:
         data = sessions(ask).trace(ask.c.name, sid)
         return 200, "application/json", data
     d = viewer_dir(ask)  # the viewer's own files: static, asked without ?cluster=
+    # its files are the names in the directory: nothing else reaches the file system (a
+    # name too long for it, a NUL, a path were a 500 where they are simply not there)
+    if name not in viewer_names(d):
+        raise NotFound(f"no viewer file {name[:80]!r}")
     f = d / name
-    if "/" in name or name.startswith(".") or not f.is_file():
-        raise NotFound(f"no viewer file {name!r}")
     ctype = mimetypes.guess_type(name)[0] or "application/octet-stream"
     if name.endswith(".wasm"):
         ctype = "application/wasm"
