@@ -23,6 +23,8 @@ class Trace:
         line = self.p.stderr.readline()  # the ready line, once the programs are attached
         assert "tracing" in line, line + self.p.stderr.read()
         self.events: list[dict] = []
+        self.lines: list[str] = []  # without --json: the lines as a person reads them
+        self._json = "--json" in args
         self.err: list[str] = []
         self._readers = [
             threading.Thread(target=self._read, args=(self.p.stdout, self._event), daemon=True),
@@ -32,8 +34,12 @@ class Trace:
             t.start()
 
     def _event(self, line: str) -> None:
-        if line.strip():
+        if not line.strip():
+            return
+        if self._json:
             self.events.append(json.loads(line))
+        else:
+            self.lines.append(line)
 
     @staticmethod
     def _read(stream: IO[str], take: Callable[[str], None]) -> None:

@@ -24,6 +24,7 @@ from tests.kube.node import KubeNode, running_and_ready
 pytestmark = pytest.mark.timeout(900)
 OVERLAY = Path(__file__).with_name("lab")
 NS = "lens-ebpf"
+APP_LABEL = "app.kubernetes.io/name"
 APP = "lens-node-apps"  # the workloads' namespace
 
 
@@ -571,5 +572,17 @@ def test_the_helm_chart_brings_lens_ebpf_up_on_the_node(lens: KubeNode) -> None:
     def reporting() -> bool:
         return [v for _, v in samples(metrics(), "lens_agent_reporter_connected")] == [1.0]
 
-    wait_for(reporting, "the agents' reporter connected to the chart's recorder", timeout=60)
+    def story() -> str:
+        """The reporter's metrics and both pods' last log lines, for the failure."""
+        text = metrics()
+        said = [ln for ln in text.splitlines() if ln.startswith("lens_agent_reporter_")]
+        logs = [
+            lens.kubectl(
+                "logs", "-n", release, "--tail=15", "-l", f"{APP_LABEL}={app}", check=False
+            ).stdout  # fmt: skip
+            for app in ("lens-ebpf", "lens-ebpf-recorder")
+        ]
+        return "the agents' reporter connected to the chart's recorder:\n" + "\n".join(said + logs)
+
+    wait_for(reporting, story, timeout=60)
     assert http_get(f"http://{address}:9480/readyz")[0] == 200
