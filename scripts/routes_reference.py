@@ -33,7 +33,8 @@ ENVELOPES = {
     "([connecting an assistant](../recorder/assistants.md))",
 }
 # what every route of a surface takes beside its own parameters
-TAKES = {"lens": "every route takes `cluster` (a followed cluster; none: the home one)",
+TAKES = {"lens": "every route takes `cluster` (a followed cluster, as `?cluster=` or in a "
+                 "write's JSON body; none: the home one)",
          "lens-files": "every route takes `cluster`",
          "posts": "every route takes `cluster` (the home cluster's only)"}  # fmt: skip
 

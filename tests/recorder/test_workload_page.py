@@ -79,10 +79,18 @@ def test_events_graphs_and_figures_as_the_page_asks_them(
                 ("workloads/uid-none/events", "", 4004)):  # fmt: skip
             r = requests.get(f"{base}/v1/{path}?{query}", timeout=hang_guard(5))
             assert r.json()["meta"]["code"] == code, (path, r.text)
-        for bad in ({"uids": "x"}, {"uids": [uid], "cluster": "elsewhere"}):
-            r = requests.post(base + "/v1/workloads/batchStats", json=bad,
+        # the body's cluster is the cluster asked about, as the UI's POSTs name it
+        for query, bad, code in (
+                ("", {"uids": "x"}, 4001),
+                ("", {"uids": [uid], "cluster": "elsewhere"}, 4004),  # followed: none such
+                ("?cluster=local", {"uids": [uid], "cluster": "elsewhere"}, 4001),  # which?
+                ("?cluster=elsewhere", {"uids": [uid], "cluster": "local"}, 4004)):  # fmt: skip
+            r = requests.post(base + "/v1/workloads/batchStats" + query, json=bad,
                               timeout=hang_guard(5))  # fmt: skip
-            assert (r.status_code, r.json()["meta"]["code"]) == (400, 4001), r.text
+            assert (r.status_code // 100, r.json()["meta"]["code"]) == (4, code), r.text
+        r = requests.post(base + "/v1/workloads/batchStats", json={
+            "uids": [uid], "cluster": "local"}, timeout=hang_guard(5))  # fmt: skip
+        assert r.json()["data"]["stats"][uid]["avg_gpu_utilization"] == 52.5, r.text
     finally:
         prometheus.stop()
 

@@ -191,6 +191,22 @@ def param(query: dict[str, str], name: str) -> str | None:
     return query.get(camel)
 
 
+def asked_cluster(req: Request) -> str | None:
+    """The cluster a request asks about: its `?cluster=`, else a write's JSON body field
+    `cluster` (the web UI's POSTs name it there: process-tree, pyspy/sample, pyspy/tasks,
+    as the original's handlers read it); none: the home cluster. A body that does not
+    parse names none here: its route's own reading says what is wrong with it."""
+    named = param(req.query, "cluster")
+    if named or not req.body.strip():
+        return named or None
+    try:
+        doc = inputs.body(req.body)
+    except BadRequest:
+        return None
+    got = doc.get("cluster") if isinstance(doc, dict) else None
+    return got if isinstance(got, str) and got else None
+
+
 def page(query: dict[str, str]) -> tuple[int, int]:
     """(page_num, page_size): defaults 1 and 10; a page size above 1,000 is refused."""
     out = []
@@ -252,8 +268,8 @@ SPAN = (  # span(): a graph's span
     Param("end", "integer", "unix seconds", required=True),
     Param("step", "integer", "seconds between points", default=60, minimum=1),
 )
-CLUSTER = Param("cluster", doc="the cluster asked about (a followed cluster's name); none: "
-                "the home cluster")  # fmt: skip
+CLUSTER = Param("cluster", doc="the cluster asked about (a followed cluster's name; a write "
+                "may name it in its JSON body instead); none: the home cluster")  # fmt: skip
 TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no")  # a boolean as a query may say it
 BODY_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "string": ((str,), "a string"), "integer": ((int,), "a whole number"),
@@ -425,7 +441,7 @@ class LensApi(Surface):
         self.begin, self.guard = begin or connect, guard
 
     def scope(self, req: Request) -> Scope | None:
-        return self.scopes(param(req.query, "cluster") or None)
+        return self.scopes(asked_cluster(req))
 
     def max_body(self, route: Route) -> int:
         return route.max_body or (1 << 20)  # a rule, a silence, a channel: small

@@ -58,8 +58,8 @@ def stats(ask: Ask) -> Any:
 @routes.post("workloads/batchStats",
              Param("uids", "list", "the workloads' uids", required=True, body=True),
              Param("metrics", "list", METRICS.doc, body=True),
-             Param("cluster", doc="the cluster asked about, as ?cluster= (refused where they "
-                   "differ)", body=True),
+             Param("cluster", doc="the cluster asked about, as ?cluster= may name it "
+                   "(refused where they differ)", body=True),
              tool="lens_workloads_batch_stats")  # fmt: skip
 def batch_stats(ask: Ask) -> Any:
     """{uids, metrics}: each workload's figures over its life as workloads/{uid}/stats
@@ -72,6 +72,6 @@ def batch_stats(ask: Ask) -> Any:
     if not isinstance(uids, list) or not all(isinstance(u, str) and u for u in uids):
         raise bad(f"uids={uids!r}: a list of workload uids")
     named = b.get("cluster")
-    if named and not param(ask.query, "cluster") and named != ask.c.name:
-        raise bad(f"cluster={named!r}: ask it as ?cluster={named} (the body's is not read)")
+    if named and named != ask.c.name:  # the query named another
+        raise bad(f"cluster={named!r} in the body, ?cluster={ask.c.name} in the query: which?")
     return workload_stats.batch(ask.conn, ask.c, uids, ask.now(), figures(b.get("metrics")))
