@@ -197,11 +197,12 @@ class Answer:
 
 
 def report_once(target: str, node: str, events: list[pb.Event], token: str = "",
-                cluster: str = "", timeout: float = 10) -> Answer:  # fmt: skip
+                cluster: str = "", timeout: float = 10, instance: str = "") -> Answer:  # fmt: skip
     """One ReportBatch stream as anyone who reaches the port can open it: node (and
-    cluster) in the metadata, a bearer token or none; it ends once the collector
-    acknowledged the newest of events, or refused the stream."""
+    cluster, and agent instance) in the metadata, a bearer token or none; it ends once
+    the collector acknowledged the newest of events, or refused the stream."""
     meta = [("lens-node", node), *([("lens-cluster", cluster)] if cluster else []),
+            *([("lens-agent-instance", instance)] if instance else []),
             *([("authorization", f"Bearer {token}")] if token else [])]  # fmt: skip
     newest = max((e.seq for e in events if not e.HasField("gap")), default=0)
     done = threading.Event()

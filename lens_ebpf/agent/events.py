@@ -11,6 +11,7 @@ import collections
 import dataclasses
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, TypedDict, TypeVar, cast
 
@@ -428,8 +429,11 @@ def numbered(event: E, seq: int, ts_unix_nano: int) -> E:
 
 
 class EventBus:
-    """Numbers events (seq, strictly increasing per agent), keeps a bounded history for
-    resume, and publishes each to every subscriber whose filter accepts it, in order."""
+    """Numbers events (seq, strictly increasing per agent process, from 1), keeps a bounded
+    history for resume, and publishes each to every subscriber whose filter accepts it, in
+    order. instance names this numbering: made once per bus (one per agent process), so
+    whoever holds its seqs (the reporter's collector) tells a restarted agent's seq 1 from
+    the one before it."""
 
     def __init__(self, queue_size: int, history: int = 0,
                  node: tuple[str, str] = ("", "")) -> None:  # fmt: skip
@@ -441,6 +445,7 @@ class EventBus:
         self._lock = threading.Lock()
         self.published: collections.Counter[str] = collections.Counter()
         self.seq = 0
+        self.instance = uuid.uuid4().hex  # whose seqs these are (a restart: another)
         # maxlen 0 keeps nothing: no history without a flag to say so
         self.history: collections.deque[Event] = collections.deque(maxlen=history)
         self._dropped_gone: collections.Counter[str] = collections.Counter()

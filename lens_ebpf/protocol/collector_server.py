@@ -1,15 +1,27 @@
 """`lens-ebpf collect`: a reference collector that receives reporters' events.
 
 Writes one JSON object per event (and per gap) to --out (appending) or stdout,
-drops duplicates by sequence number per node, and acknowledges what it holds. On
-start it reads --out back, so after a restart it asks each reporter to resume
-exactly after the last event it wrote.
+drops duplicates by sequence number per node and agent instance, and acknowledges what
+it holds. On start it reads --out back, so after a restart it asks each reporter to
+resume exactly after the last event it wrote.
+
+Sequence numbers are an agent process's own (agent/events.py EventBus: from 1 in each
+process), so they are kept per (node, instance): the reporter says its instance in the
+`lens-agent-instance` metadata (EventBus.instance, made once per process), and a stream's
+first Ack is the last seq held for that instance (0 for one never seen: a restarted agent
+sends its whole buffer). A stream without it (an agent older than the instance) is
+instance "" and is taken as before. Memory: a node keeps its INSTANCES_KEPT (4) instances
+whose events were accepted last; an older one is forgotten, and should it report again it
+is resumed from 0 (it sends its buffer again; a store keyed by the seq, as the recorder's
+table, holds each event once all the same).
 
 Who may report (Collector.guard, protocol/stream_auth.py): a stream is admitted before its
 first message is read; a node's state moves only by its own admitted streams, and a
-sequence number more than max_seq_jump past the node's last is refused (INVALID_ARGUMENT:
-no agent numbers so far ahead, and one such event would hold every later one as a
-duplicate).
+sequence number more than max_seq_jump past its instance's last is refused
+(INVALID_ARGUMENT: no agent numbers so far ahead, and one such event would hold every later
+one as a duplicate), and so is an instance that is not 1 to 64 letters, digits, '.', '_' or
+'-'. A stream under another instance moves only that instance's state: it cannot hold the
+real agent's events as duplicates.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import signal
 import sys
 import threading
@@ -44,6 +57,32 @@ log = logging.getLogger(__name__)
 ACK_COALESCE_SECONDS = 0.1
 # the most a node's sequence number may move past its last at once (grpc.max_seq_jump)
 MAX_SEQ_JUMP = 10**12
+# the reporter's metadata naming its agent process (EventBus.instance), and what one may be
+INSTANCE_KEY = "lens-agent-instance"
+INSTANCE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# a node's instances kept (those whose events were accepted last)
+INSTANCES_KEPT = 4
+
+# node -> instance -> the newest seq, the instances in the order their events last came
+Seqs = dict[str, dict[str, int]]
+
+
+def keep(seqs: Seqs, node: str, instance: str, seq: int) -> None:
+    """seqs[node][instance] = seq, that instance the node's newest; the node's oldest
+    forgotten beyond INSTANCES_KEPT."""
+    held = seqs.setdefault(node, {})
+    if held and next(reversed(held)) != instance:
+        held.pop(instance, None)  # to the end: the newest
+    held[instance] = seq
+    while len(held) > INSTANCES_KEPT:
+        del held[next(iter(held))]
+
+
+def bounded(seqs: Seqs | None) -> Seqs:
+    """A copy of seqs (each node's instances oldest first) with each node's newest
+    INSTANCES_KEPT."""
+    return {node: dict(list(held.items())[-INSTANCES_KEPT:])
+            for node, held in (seqs or {}).items()}  # fmt: skip
 
 
 class SeqRefused(Exception):
@@ -58,37 +97,38 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
     thousand agents cost a thousand waiting coroutines. The state is under a lock:
     a subclass's commits arrive from its writer's thread."""
 
-    def __init__(self, out: TextIO | None, last: dict[str, int] | None = None) -> None:
+    def __init__(self, out: TextIO | None, last: Seqs | None = None) -> None:
         self.out = out
-        self.last = dict(last or {})  # the newest seq accepted per node
+        self.last = bounded(last)  # the newest seq accepted per node and instance
         self.duplicates = 0
         self.streams = 0
         self._lock = threading.Lock()
-        # node -> its streams' wake-ups (a node has one reporter; a reconnect may overlap)
-        self._waiters: dict[str, set[asyncio.Event]] = {}
+        # (node, instance) -> its streams' wake-ups (one reporter; a reconnect may overlap)
+        self._waiters: dict[tuple[str, str], set[asyncio.Event]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None  # the streams' loop
-        self._moved: set[str] = set()  # nodes whose streams are to wake
+        self._moved: set[tuple[str, str]] = set()  # whose streams are to wake
         self.guard: Guard | None = None  # who may report; None: anyone (tests of the protocol)
         self.max_seq_jump = MAX_SEQ_JUMP
         self.seq_refused = 0  # streams ended for an event beyond max_seq_jump
+        self.instance_refused = 0  # streams refused for their lens-agent-instance
 
-    def _changed(self, node: str) -> None:
-        """Wake node's streams to see whether its acknowledgement moved (from any thread);
-        only that node's: a thousand streams must not all wake for each commit. Calls
-        before the loop runs the wake-up join it (one hop to the loop per batch of
-        commits, not per event)."""
+    def _changed(self, node: str, instance: str) -> None:
+        """Wake the streams of node's instance to see whether their acknowledgement moved
+        (from any thread); only those: a thousand streams must not all wake for each
+        commit. Calls before the loop runs the wake-up join it (one hop to the loop per
+        batch of commits, not per event)."""
         with self._lock:
             first = not self._moved
-            self._moved.add(node)
+            self._moved.add((node, instance))
             loop = self._loop
         if first and loop is not None:
             loop.call_soon_threadsafe(self._wake_moved)
 
     def _wake_moved(self) -> None:
-        """On the loop: wake the streams of the nodes _changed named."""
+        """On the loop: wake the streams _changed named."""
         with self._lock:
-            nodes, self._moved = self._moved, set()
-            wakes = [w for n in nodes for w in self._waiters.get(n, ())]
+            moved, self._moved = self._moved, set()
+            wakes = [w for key in moved for w in self._waiters.get(key, ())]
         for wake in wakes:
             wake.set()
 
@@ -116,8 +156,15 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
         node = self._source(meta)
         if self.guard is not None:  # before anything of the stream is read or said
             await self.guard.admit(context, self._claim(meta))
+        instance = meta.get(INSTANCE_KEY, "")
+        if instance and not INSTANCE.fullmatch(instance):
+            self.instance_refused += 1
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"{INSTANCE_KEY} is not 1 to 64 letters, digits, '.', '_' "
+                                "or '-'")  # fmt: skip
+        key = (node, instance)
         with self._lock:
-            sent = self._held(node)
+            sent = self._held(node, instance)
         yield pb.Ack(seq=sent)  # where the reporter resumes
         wake, ended = asyncio.Event(), asyncio.Event()
         refused: list[str] = []
@@ -127,9 +174,9 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
                 async for msg in request_iterator:
                     with self._lock:
                         for ev in events(msg):
-                            self._accept(node, ev)
+                            self._accept(node, instance, ev)
                         # held already (this class), else its commit calls _changed
-                        moved = self._held(node) > sent
+                        moved = self._held(node, instance) > sent
                     if moved:
                         wake.set()
             except SeqRefused as exc:
@@ -144,7 +191,7 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
 
         with self._lock:
             self._loop = asyncio.get_running_loop()
-            self._waiters.setdefault(node, set()).add(wake)
+            self._waiters.setdefault(key, set()).add(wake)
         self.streams += 1
         reader = asyncio.create_task(read())
         try:
@@ -156,8 +203,8 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
                     await asyncio.sleep(ACK_COALESCE_SECONDS)
                 wake.clear()
                 with self._lock:
-                    seq = self._held(node)
-                    finished = ended.is_set() and seq >= self.last.get(node, 0)
+                    seq = self._held(node, instance)
+                    finished = ended.is_set() and seq >= self._last(node, instance)
                 if seq > sent:
                     sent = seq
                     yield pb.Ack(seq=seq)
@@ -168,10 +215,10 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
         finally:
             self.streams -= 1
             with self._lock:
-                mine = self._waiters.get(node, set())
+                mine = self._waiters.get(key, set())
                 mine.discard(wake)
                 if not mine:
-                    self._waiters.pop(node, None)
+                    self._waiters.pop(key, None)
             reader.cancel()
 
     def _source(self, meta: dict[str, str]) -> str:
@@ -182,48 +229,54 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
         """The node the stream reports for, as the guard checks it."""
         return Claim(meta.get("lens-node", "unknown"))
 
-    def _accept(self, node: str, ev: pb.Event) -> None:
-        """One event of node's stream, with the lock held; SeqRefused for a number no
-        agent can have reached since the node's last."""
-        last = self.last.get(node, 0)
+    def _last(self, node: str, instance: str) -> int:
+        """The newest seq accepted of node's instance (0: none, or forgotten)."""
+        return self.last.get(node, {}).get(instance, 0)
+
+    def _accept(self, node: str, instance: str, ev: pb.Event) -> None:
+        """One event of the stream of node's instance, with the lock held; SeqRefused for
+        a number no agent can have reached since that instance's last."""
+        last = self._last(node, instance)
         if ev.HasField("gap"):
-            self._store(node, ev)
+            self._store(node, instance, ev)
         elif ev.seq <= last:
             self.duplicates += 1
         elif ev.seq - last > self.max_seq_jump:
             self.seq_refused += 1
-            log.warning("collector: %s sent seq %d, %d past its last (%d): refused "
-                        "(grpc.max_seq_jump %d)", node, ev.seq, ev.seq - last, last,
-                        self.max_seq_jump)  # fmt: skip
-            raise SeqRefused(f"seq {ev.seq} is {ev.seq - last} past the node's last ({last}): "
-                             f"more than grpc.max_seq_jump ({self.max_seq_jump})")  # fmt: skip
-        elif self._store(node, ev):  # else not held: the reporter sends it again
-            self.last[node] = ev.seq
+            log.warning("collector: %s (instance %r) sent seq %d, %d past its last (%d): "
+                        "refused (grpc.max_seq_jump %d)", node, instance, ev.seq,
+                        ev.seq - last, last, self.max_seq_jump)  # fmt: skip
+            raise SeqRefused(f"seq {ev.seq} is {ev.seq - last} past the last of the node's "
+                             f"instance ({last}): more than grpc.max_seq_jump "
+                             f"({self.max_seq_jump})")  # fmt: skip
+        elif self._store(node, instance, ev):  # else not held: the reporter sends it again
+            keep(self.last, node, instance, ev.seq)
 
-    def ack_seq(self, node: str) -> int:
-        """The highest sequence number of node's events held for good."""
+    def ack_seq(self, node: str, instance: str = "") -> int:
+        """The highest sequence number of the events of node's instance held for good."""
         with self._lock:
-            return self._held(node)
+            return self._held(node, instance)
 
-    def _held(self, node: str) -> int:
+    def _held(self, node: str, instance: str) -> int:
         """ack_seq with the lock held."""
-        return self.last.get(node, 0)
+        return self._last(node, instance)
 
-    def _store(self, node: str, ev: pb.Event) -> bool:
+    def _store(self, node: str, instance: str, ev: pb.Event) -> bool:
         """Hold one event (a gap too); False when it could not be held."""
         if ev.HasField("gap"):
-            record = {"node": node, "gap": MessageToDict(ev.gap)}
+            record = {"node": node, "instance": instance, "gap": MessageToDict(ev.gap)}
         else:
-            record = {"node": node, **to_dict(ev)}
+            record = {"node": node, "instance": instance, **to_dict(ev)}
         assert self.out is not None
         self.out.write(json.dumps(record, sort_keys=True) + "\n")
         self.out.flush()
         return True
 
 
-def recover(path: Path) -> dict[str, int]:
-    """Highest sequence number per node already written to path."""
-    last: dict[str, int] = {}
+def recover(path: Path) -> Seqs:
+    """The highest sequence number per node and instance already written to path (a line
+    without an instance: ""), each node's instances in the order they last wrote."""
+    last: Seqs = {}
     if not path.exists():
         return last
     for line in path.read_text().splitlines():
@@ -232,8 +285,10 @@ def recover(path: Path) -> dict[str, int]:
         except ValueError:
             continue
         if "seq" in rec:
-            node = rec.get("node", "unknown")
-            last[node] = max(last.get(node, 0), int(rec["seq"]))
+            node, instance = rec.get("node", "unknown"), rec.get("instance", "")
+            held = last.setdefault(node, {})
+            seq = max(held.pop(instance, 0), int(rec["seq"]))
+            held[instance] = seq  # the node's newest
     return last
 
 

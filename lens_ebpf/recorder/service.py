@@ -476,16 +476,18 @@ class RecorderMetrics(Collector):
             ne.add_sample("lens_recorder_node_events_total", {"kind": kind}, n)
         yield ne
         yield self._counter("lens_recorder_node_events_duplicate_total",
-                            "Node events received again and dropped (node, seq)",
+                            "Node events received again and dropped (node, agent instance, seq)",
                             app.node_events.duplicates)  # fmt: skip
         refused = Metric("lens_recorder_collect_refused", "Collector streams refused, by gRPC "
                          "code: unauthenticated (no or an invalid token), permission_denied "
                          "(a token that may not report for the stream's node), unavailable "
                          "(the API server did not answer its TokenReview), invalid_argument "
-                         "(a seq beyond grpc.max_seq_jump)", "counter")  # fmt: skip
+                         "(a seq beyond grpc.max_seq_jump, or a lens-agent-instance that is "
+                         "not one)", "counter")  # fmt: skip
         guard = app.node_events.guard
         counts = dict(guard.refused) if guard is not None else {}
-        counts["invalid_argument"] = app.node_events.seq_refused
+        counts["invalid_argument"] = app.node_events.seq_refused + \
+            app.node_events.instance_refused  # fmt: skip
         for code in ("unauthenticated", "permission_denied", "unavailable", "invalid_argument"):
             refused.add_sample("lens_recorder_collect_refused_total", {"code": code},
                                counts.get(code, 0))  # fmt: skip

@@ -374,6 +374,13 @@ def test_collector_dedups_and_recovers_from_its_file(tmp_path: Path) -> None:
     from lens_ebpf.protocol.collector_server import recover
 
     out = tmp_path / "e.jsonl"
+    # lines of a collector older than the agent instance (instance ""), then of two
+    # instances of n1 (a restarted agent numbers from 1 again)
     out.write_text('{"node": "n1", "seq": "7"}\n{"node": "n1", "seq": "9"}\n{"node": "n2", '
-                   '"seq": "3"}\nnot json\n')  # fmt: skip
-    assert recover(out) == {"n1": 9, "n2": 3}
+                   '"seq": "3"}\nnot json\n'
+                   '{"node": "n1", "instance": "b", "seq": "2"}\n'
+                   '{"node": "n1", "instance": "a", "seq": "4"}\n'
+                   '{"node": "n1", "instance": "b", "seq": "3"}\n')  # fmt: skip
+    got = recover(out)
+    assert got == {"n1": {"": 9, "a": 4, "b": 3}, "n2": {"": 3}}
+    assert list(got["n1"]) == ["", "a", "b"]  # in the order they last wrote

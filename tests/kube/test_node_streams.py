@@ -12,10 +12,11 @@ What it shows: forged streams (no token, another ServiceAccount's token, the tok
 agent on another node, a token for another audience, one bound to no pod, another
 cluster's name, and the node's own token with seq 2^62) are refused with
 UNAUTHENTICATED, PERMISSION_DENIED or INVALID_ARGUMENT, before any acknowledgement; the
-real agent's buffer, acknowledgements and stored events are as if they had never come,
-across a recorder restart (its resume point read back from the database); the refusals
-are counted by code. The agent's port refuses a subscriber without a token, with another
-ServiceAccount's, or for another audience, and serves the recorder's."""
+node's own token under an agent instance of its own moves that instance's numbering only;
+the real agent's buffer, acknowledgements and stored events are as if they had never come,
+across a recorder restart (its resume point, per instance, read back from the database);
+the refusals are counted by code. The agent's port refuses a subscriber without a token,
+with another ServiceAccount's, or for another audience, and serves the recorder's."""
 
 from __future__ import annotations
 
@@ -144,13 +145,16 @@ class Recorders:
         return got
 
 
-def stored(url: str, node: str) -> list[tuple[int | None, str]]:
-    """node's events in the database: (seq, kind); a gap has no seq."""
+def stored(url: str, node: str, instance: str | None = None) -> list[tuple[int | None, str]]:
+    """node's events in the database (of one agent instance, or all): (seq, kind); a gap
+    has no seq."""
     eng = create_engine(url)
     try:
         with eng.connect() as conn:
             ne = t.node_events
-            rows = conn.execute(select(ne.c.seq, ne.c.kind).where(ne.c.node == node)
+            which = [ne.c.node == node, *([ne.c.instance == instance] if instance is not None
+                                          else [])]  # fmt: skip
+            rows = conn.execute(select(ne.c.seq, ne.c.kind).where(*which)
                                 .order_by(ne.c.id))  # fmt: skip
             return [(r.seq, r.kind) for r in rows]
     finally:
@@ -195,9 +199,9 @@ def test_forged_streams_are_refused_and_the_real_agent_is_untouched(
                                             (3, "node_tuned")]  # fmt: skip
 
         # -- anyone on the cluster network ----------------------------------------
-        def forge(node: str, token: str, cluster: str = "") -> Answer:
+        def forge(node: str, token: str, cluster: str = "", instance: str = "") -> Answer:
             return report_once(target, node, [fault(FORGED, node)], token, cluster,
-                               timeout=hang_guard(20))  # fmt: skip
+                               timeout=hang_guard(20), instance=instance)  # fmt: skip
 
         with caplog.at_level(logging.WARNING):
             tries = {
@@ -219,10 +223,16 @@ def test_forged_streams_are_refused_and_the_real_agent_is_untouched(
             for what, (got, code) in tries.items():
                 # refused before the stream says anything (not even where it resumes)
                 assert (got.code, got.acks) == (code, []), (what, got)
-            # the node's own token, stolen: numbered beyond anything it sent
-            stolen = forge("gpu-1", token1)
+            # the node's own token, stolen (and its agent's instance): numbered beyond
+            # anything it sent
+            stolen = forge("gpu-1", token1, instance=bus.instance)
         assert (stolen.code, stolen.acks) == (INVALID, [3]), stolen
         assert "grpc.max_seq_jump" in stolen.details
+        # stolen, under an agent instance of its own: its events are that instance's, the
+        # real agent's numbering is not moved (nothing of its is taken as a duplicate)
+        other = report_once(target, "gpu-1", [fault(n, "gpu-1") for n in range(1, 8)], token1,
+                            timeout=hang_guard(20), instance="stolen")  # fmt: skip
+        assert (other.code, other.acks[0], other.acks[-1]) == (None, 0, 7), other
         why = {what: got.details for what, (got, _) in tries.items()}
         assert "runs on node 'gpu-2', not 'gpu-1'" in why["the agent's on gpu-2"]
         assert "ml:trainer is not one of the allowed" in why["another ServiceAccount's"]
@@ -239,9 +249,11 @@ def test_forged_streams_are_refused_and_the_real_agent_is_untouched(
         assert (reporter.acked_events, reporter.lost, reporter.unconfirmed,
                 reporter.acks_refused) == (6, 0, 0, 0)  # fmt: skip
         want = [(seq, "node_tuned") for seq in range(1, 7)]
-        assert stored(rec.url, "gpu-1") == want  # no gap, no fault
+        assert stored(rec.url, "gpu-1", bus.instance) == want  # no gap, no fault
+        assert stored(rec.url, "gpu-1", "") == []
         assert stored(rec.url, "gpu-2") == []
-        assert app.node_events.ack_seq("local/gpu-1") == 6
+        assert app.node_events.ack_seq("local/gpu-1", bus.instance) == 6
+        assert app.node_events.duplicates == 0
 
         # -- across a restart: the resume point read back is the agent's ---------
         rec.stop()
@@ -249,16 +261,18 @@ def test_forged_streams_are_refused_and_the_real_agent_is_untouched(
         for i in range(6, 9):
             bus.publish(tuned(i))
         app = rec.start()
-        assert app.node_events.ack_seq("local/gpu-1") == 6
+        assert app.node_events.ack_seq("local/gpu-1", bus.instance) == 6
+        assert app.node_events.ack_seq("local/gpu-1", "stolen") == 7
         wait_for(lambda: reporter.acked == 9, "the events of the outage acknowledged", 30)
-        assert stored(rec.url, "gpu-1") == [(seq, "node_tuned") for seq in range(1, 10)]
+        assert stored(rec.url, "gpu-1", bus.instance) == [(seq, "node_tuned")
+                                                          for seq in range(1, 10)]  # fmt: skip
         assert (reporter.acked_events, reporter.lost, reporter.unconfirmed,
                 reporter.acks_refused) == (9, 0, 0, 0)  # fmt: skip
         # and after it, the same forgery is refused the same way
         assert forge("gpu-1", "").code == UNAUTH
         assert forge("gpu-1", bound_token(lab, pods["agent-2"], AGENT_SA, COLLECTOR)).code \
             == DENIED  # fmt: skip
-        assert stored(rec.url, "gpu-1")[-1] == (9, "node_tuned")
+        assert stored(rec.url, "gpu-1", bus.instance)[-1] == (9, "node_tuned")
     finally:
         reporter.stop()
         rec.stop()

@@ -1,6 +1,6 @@
 """The recorder serves the reporters' collector protocol: the agent's own Reporter pushes a
-node's events into node_events, once per (node, seq), acknowledged only once stored; a
-container_start's GPU devices land in pod_resources."""
+node's events into node_events, once per (node, agent instance, seq), acknowledged only once
+stored; a container_start's GPU devices land in pod_resources."""
 
 from __future__ import annotations
 
@@ -37,9 +37,10 @@ AMD = ("/dev/kfd", "/dev/dri/card1", "/dev/dri/renderD129")
 
 
 @contextlib.contextmanager
-def reporting(app: Any) -> Iterator[tuple[EventBus, Reporter]]:
-    """The agent's own Reporter, pushing a bus's events to the recorder."""
-    bus = EventBus(1000)
+def reporting(app: Any, bus: EventBus | None = None) -> Iterator[tuple[EventBus, Reporter]]:
+    """The agent's own Reporter, pushing a bus's events (a new bus's: an agent process's)
+    to the recorder."""
+    bus = bus or EventBus(1000)
     reporter = Reporter(f"127.0.0.1:{app.collect_port}", bus, ("gpu-1", "192.0.2.11"), 1000)
     reporter.start()
     try:
@@ -48,11 +49,13 @@ def reporting(app: Any) -> Iterator[tuple[EventBus, Reporter]]:
         reporter.stop()
 
 
-def report(port: int, node: str, events: list[pb.Event]) -> list[int]:
-    """One Report stream: the acks received while sending events."""
+def report(port: int, node: str, events: list[pb.Event], instance: str = "") -> list[int]:
+    """One Report stream (of an agent instance, or of an agent that says none): the acks
+    received while sending events."""
+    meta = (("lens-node", node), *((("lens-agent-instance", instance),) if instance else ()))
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
         stub = lens_pb2_grpc.CollectorServiceStub(ch)
-        return [a.seq for a in stub.Report(iter(events), metadata=(("lens-node", node),))]
+        return [a.seq for a in stub.Report(iter(events), metadata=meta)]
 
 
 def raw(seq: int) -> pb.Event:
@@ -97,6 +100,58 @@ def test_duplicates_are_dropped_and_a_restart_resumes_after_the_last_stored(
     app = recorder_app(db_url)  # the resume point comes back from the database
     assert report(app.collect_port, "gpu-9", [])[0] == 7
     assert report(app.collect_port, "gpu-8", [])[0] == 0
+
+
+def test_a_restarted_agent_is_stored_beside_its_predecessor(
+        api: FakeApiServer, recorder_app: Any, db_url: str) -> None:  # fmt: skip
+    """A node's agent restarts (a DaemonSet upgrade, a crash; the recorder's database kept):
+    the new process numbers from 1 while the table holds the old one's events up to 5. It
+    is connected at once, no ack refused, its events stored beside the old ones, none a
+    duplicate; after the recorder's restart each instance resumes after its own last (read
+    back from the database), and two instances' faults of the same seq are two alerts."""
+    from datetime import UTC, datetime
+
+    from lens_ebpf.recorder.alerts.findings import faults
+
+    app = recorder_app(db_url)
+    old, new = EventBus(1000), EventBus(1000)
+    a, b = old.instance, new.instance
+    with reporting(app, old) as (bus, reporter):
+        for n in range(1, 6):
+            bus.publish(container_start(n, NV))
+        eventually(lambda: reporter.acked == 5, timeout=hang_guard(15))
+    with reporting(app, new) as (bus, reporter):
+        for n in (6, 7):
+            bus.publish(container_start(n, NV))
+        eventually(lambda: reporter.acked == 2, timeout=hang_guard(15))
+        assert (reporter.reconnects, reporter.acks_refused, reporter.acked_events) == (0, 0, 2)
+    assert app.node_events.duplicates == 0
+    got = [(r["instance"], r["seq"], r["pod"]) for r in rows(db_url, "node_events")]
+    assert got == [(a, n, f"bert-{n}") for n in range(1, 6)] + [(b, 1, "bert-6"),
+                                                                (b, 2, "bert-7")]  # fmt: skip
+    assert len(rows(db_url, "pod_resources")) == 7  # each event's effects too
+    app.stop()
+
+    app = recorder_app(db_url)  # the resume points come back from the database
+    ne = app.node_events
+    assert (ne.ack_seq("local/gpu-1", a), ne.ack_seq("local/gpu-1", b),
+            ne.ack_seq("local/gpu-1")) == (5, 2, 0)  # fmt: skip
+
+    def fault(seq: int) -> pb.Event:
+        bad = pb.GpuFault(gpu_index=0, vendor="nvidia", fault="xid", code="79", message="off")
+        return pb.Event(seq=seq, ts_unix_nano=time.time_ns(), node_name="gpu-1", gpu_fault=bad)
+
+    assert report(app.collect_port, "gpu-1", [fault(6)], instance=a)[0] == 5
+    assert report(app.collect_port, "gpu-1", [fault(n) for n in range(3, 7)],
+                  instance=b)[0] == 2  # fmt: skip
+    assert report(app.collect_port, "gpu-1", [fault(6)], instance=b)[0] == 6  # once
+    assert app.writer.flush(10)
+    assert ne.duplicates == 1
+    got = [(r["instance"], r["seq"]) for r in rows(db_url, "node_events")]
+    assert got[7:] == [(a, 6), (b, 3), (b, 4), (b, 5), (b, 6)]
+    with app.engine.connect() as conn:  # a's seq 6 and b's: two faults, two alerts
+        ids = {x.id for x in faults(conn, "local", datetime.now(UTC))}
+    assert len(ids) == 5, ids
 
 
 def test_events_are_acknowledged_only_once_stored(api: FakeApiServer, recorder_app: Any,

@@ -268,8 +268,8 @@ def test_migrations_build_exactly_the_schema(db_url: str) -> None:
     from lens_ebpf.recorder.store.writer import engine_for, upgrade
 
     eng = engine_for(db_url)
-    assert upgrade(eng) == "0013"
-    assert upgrade(eng) == "0013"  # again: nothing to do
+    assert upgrade(eng) == "0014"
+    assert upgrade(eng) == "0014"  # again: nothing to do
     with eng.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), schema.metadata)
         assert diff == []
@@ -280,10 +280,13 @@ def test_migrations_build_exactly_the_schema(db_url: str) -> None:
 
 def test_rows_stored_before_clusters_belong_to_the_home_cluster(db_url: str) -> None:
     """0007 on a database of 0006 with rows: each row keeps its values and gains the
-    home cluster; a second cluster may then hold the same node name and pod UID."""
+    home cluster; a second cluster may then hold the same node name and pod UID. 0014:
+    an agent event stored before is instance "", and another agent instance of the node
+    may hold the same seq (each agent process numbers from 1)."""
     from datetime import UTC, datetime
 
     from sqlalchemy import text
+    from sqlalchemy.exc import IntegrityError
 
     from lens_ebpf.recorder.store import schema
     from lens_ebpf.recorder.store.writer import engine_for, upgrade
@@ -320,10 +323,15 @@ def test_rows_stored_before_clusters_belong_to_the_home_cluster(db_url: str) -> 
                                                       schema.nodes.c.address))] == [
             ("home", "gpu-0", "10.0.0.1")]  # fmt: skip
         ne = schema.node_events
-        assert [tuple(r) for r in conn.execute(select(ne.c.cluster, ne.c.node, ne.c.seq))] \
-            == [("home", "gpu-0", 7)]  # fmt: skip
+        assert [tuple(r) for r in conn.execute(select(ne.c.cluster, ne.c.node, ne.c.instance,
+                                                      ne.c.seq))] \
+            == [("home", "gpu-0", "", 7)]  # fmt: skip
         row = {"node": "gpu-0", "seq": 7, "at": at, "kind": "oom_kill", "payload": {}}
         conn.execute(ne.insert().values(cluster="b", **row))  # the same (node, seq) in b
+        conn.execute(ne.insert().values(cluster="home", instance="a1", **row))  # a restart's
+    with pytest.raises(IntegrityError), eng.begin() as conn:  # the same instance's seq: once
+        conn.execute(ne.insert().values(cluster="home", instance="a1", **row))
+    with eng.begin() as conn:
         conn.execute(schema.nodes.insert().values(
             cluster="b", name="gpu-0", gpu_capacity={}, gpu_allocatable={}, labels={},
             updated_at=at))  # fmt: skip

@@ -25,7 +25,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lens_ebpf.agent.events import EventBus, NodeTuned
 from lens_ebpf.agent.stream.grpc_server import GrpcServer
 from lens_ebpf.agent.stream.reporter import Reporter, ReporterCollector
-from lens_ebpf.protocol.collector_server import Collector, CollectorServer
+from lens_ebpf.protocol.collector_server import (
+    INSTANCES_KEPT,
+    Collector,
+    CollectorServer,
+    recover,
+)
 from lens_ebpf.protocol.gen import lens_pb2 as pb
 from lens_ebpf.protocol.gen import lens_pb2_grpc
 from lens_ebpf.protocol.stream_auth import (
@@ -41,6 +46,7 @@ from tests.reportersim import report_once
 
 FORGED = 2**62
 UNAUTH, DENIED = grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 
 def fault(seq: int, node: str) -> pb.Event:
@@ -93,7 +99,7 @@ def test_forged_streams_are_refused_and_move_no_nodes_state(
     # a node's own token, but a number no agent reaches: refused, what came before kept
     got = report_once(addr, "gpu-1", [fault(3, "gpu-1"), fault(FORGED, "gpu-1")], "t-one")
     assert got.code == grpc.StatusCode.INVALID_ARGUMENT and "grpc.max_seq_jump" in got.details
-    assert col.last == {"gpu-1": 3} and col.seq_refused == 1
+    assert col.last == {"gpu-1": {"": 3}} and col.seq_refused == 1
     assert [r["seq"] for r in stored(out)] == ["1", "2", "3"]
     assert col.guard is not None and dict(col.guard.refused) == {
         "unauthenticated": 2, "permission_denied": 2}  # fmt: skip
@@ -102,6 +108,24 @@ def test_forged_streams_are_refused_and_move_no_nodes_state(
     assert len(refusals) == 1 and "ipv" in refusals[0].getMessage()
     # the real node goes on from where it was
     assert report_once(addr, "gpu-1", [fault(4, "gpu-1")], "t-one").acks == [3, 4]
+
+    # the node's own token under agent instances of its own: each its own numbering (the
+    # seq bound too), none holds the real agent's ("" here) events as duplicates, even
+    # once enough of them have made the collector forget the real one's last
+    jump = report_once(addr, "gpu-1", [fault(FORGED, "gpu-1")], "t-one", instance="f0")
+    assert (jump.code, jump.acks) == (INVALID, [0]) and col.seq_refused == 2
+    for i in range(INSTANCES_KEPT):
+        got = report_once(addr, "gpu-1", [fault(n, "gpu-1") for n in range(1, 10)], "t-one",
+                          instance=f"f{i}")  # fmt: skip
+        assert (got.code, got.acks) == (None, [0, 9]), got
+    assert list(col.last["gpu-1"]) == [f"f{i}" for i in range(INSTANCES_KEPT)]  # bounded
+    assert report_once(addr, "gpu-1", [fault(5, "gpu-1")], "t-one").acks[-1] == 5
+    assert [r["seq"] for r in stored(out) if r["instance"] == ""] == ["1", "2", "3", "4", "5"]
+    assert col.duplicates == 0
+    # an instance that is not one: refused before anything is said
+    bad = report_once(addr, "gpu-1", [fault(6, "gpu-1")], "t-one", instance="a b")
+    assert (bad.code, bad.acks) == (INVALID, []) and "lens-agent-instance" in bad.details
+    assert col.instance_refused == 1
 
 
 def test_a_reporter_presents_its_token_read_again_at_each_connect(
@@ -175,6 +199,65 @@ def test_the_reporter_refuses_an_ack_beyond_what_it_numbered(tmp_path: Path) -> 
     finally:
         rep.stop()
         liar.stop()
+
+
+def test_a_restarted_agent_resumes_under_its_own_instance(tmp_path: Path) -> None:
+    """A node's agent restarts (a DaemonSet upgrade, a crash): its new process numbers from
+    1 again while the collector holds the old one's events up to 5. The new one is
+    connected at once, every event of its stored, none taken as a duplicate, no ack
+    refused; after the collector's own restart (its state read back from --out) each
+    instance resumes after its own last."""
+    port, path = free_port(), tmp_path / "events.jsonl"
+    target = f"127.0.0.1:{port}"
+
+    def serve() -> tuple[Collector, CollectorServer]:
+        col = Collector(open(path, "a"), recover(path))  # noqa: SIM115 (closed below)
+        return col, CollectorServer(col, target, None)
+
+    def lines() -> list[tuple[str, int]]:
+        return [(r["instance"], int(r["seq"])) for r in map(json.loads, path.open())]
+
+    col, srv = serve()
+    old, new = EventBus(100), EventBus(100)
+    a, b = old.instance, new.instance
+    first = Reporter(target, old, ("gpu-1", ""), 100, backoff_max=0.2)
+    second = Reporter(target, new, ("gpu-1", ""), 100, backoff_max=0.2)
+    try:
+        first.start()
+        for i in range(5):
+            old.publish(tuned(i))
+        wait_for(lambda: first.acked == 5, "the first agent's events acknowledged")
+        first.stop()  # the agent restarts: a new bus, numbering from 1
+        for i in range(2):
+            new.publish(tuned(i))
+        second.start()
+        wait_for(lambda: second.acked == 2, "the new agent's events acknowledged")
+        assert (second.reconnects, second.acks_refused, second.acked_events, col.duplicates) \
+            == (0, 0, 2, 0)  # fmt: skip
+        assert col.last == {"gpu-1": {a: 5, b: 2}}
+        assert lines() == [(a, 1), (a, 2), (a, 3), (a, 4), (a, 5), (b, 1), (b, 2)]
+
+        srv.stop()  # the collector restarts
+        assert col.out is not None
+        col.out.close()
+        wait_for(lambda: not second.connected, "the reporter down")
+        new.publish(tuned(2))
+        assert recover(path) == {"gpu-1": {a: 5, b: 2}}
+        col, srv = serve()
+        assert (col.ack_seq("gpu-1", a), col.ack_seq("gpu-1", b), col.ack_seq("gpu-1")) == \
+            (5, 2, 0)  # fmt: skip
+        wait_for(lambda: second.acked == 3, "the outage's event acknowledged")
+        # the old instance's stream resumes at its own last too
+        assert report_once(target, "gpu-1", [], instance=a).acks == [5]
+        assert (second.acks_refused, second.lost, second.unconfirmed, col.duplicates) == \
+            (0, 0, 0, 0)  # fmt: skip
+        assert lines()[7:] == [(b, 3)]
+    finally:
+        first.stop()
+        second.stop()
+        srv.stop()
+        if col.out is not None:
+            col.out.close()
 
 
 @pytest.fixture()

@@ -9,11 +9,15 @@ away), or unconfirmed (sent, but gone from the buffer before the collector's ack
 may hold them). The events it acknowledged are counted too.
 
 The reporter presents its token (reporter.token_file: its projected ServiceAccount token,
-read again at each connect, since the kubelet rotates it) as `authorization: Bearer`. An
-acknowledgement beyond the newest seq this agent has numbered is refused: the collector
-claims events the agent never sent (a forged stream's, or another agent's of the same
-name), and taking it would drop the buffer unsent; the stream is closed, the buffer kept,
-and the reporter tries again with its backoff.
+read again at each connect, since the kubelet rotates it) as `authorization: Bearer`.
+Its seqs are its agent process's (EventBus.seq, from 1 in each process): it says whose in
+the `lens-agent-instance` metadata (EventBus.instance, the same on each reconnect), and
+the collector resumes it after the last seq held for that instance (0 for an instance it
+has never seen: a restarted agent sends its whole buffer). An acknowledgement beyond the
+newest seq this agent has numbered is refused: the collector claims events the agent never
+sent (a forged stream's, or another agent's of the same name and instance), and taking it
+would drop the buffer unsent; the stream is closed, the buffer kept, and the reporter tries
+again with its backoff.
 """
 
 from __future__ import annotations
@@ -156,6 +160,7 @@ class Reporter:
                 channel = (grpc.secure_channel(self.target, self.credentials)
                            if self.credentials else grpc.insecure_channel(self.target))  # fmt: skip
                 meta = (("lens-node", self.node[0]), ("lens-node-ip", self.node[1]),
+                        ("lens-agent-instance", self.bus.instance),
                         *((("lens-cluster", self.cluster),) if self.cluster else ()),
                         *self._authorization())  # fmt: skip
                 chunks = self._requests(ready, done)

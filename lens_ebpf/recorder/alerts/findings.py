@@ -91,7 +91,10 @@ def faults(conn: Connection, cluster: str, now: datetime) -> list[AlertIn]:
                  "description": str(pay.get("message", ""))[:500]}  # fmt: skip
         end = at + timedelta(seconds=FAULT_SECONDS)
         over = end <= now
-        out.append(AlertIn(id=f"lens-fault-{cluster}-{r.node}-{r.seq or r.id}", source="lens",
+        # an agent's seq is its process's own (two instances both have a seq 5): the row's
+        # id once an agent says its instance; a row of one that does not, its seq as before
+        which = f"r{r.id}" if r.instance else r.seq or r.id
+        out.append(AlertIn(id=f"lens-fault-{cluster}-{r.node}-{which}", source="lens",
                            alert_name="GPUFault", severity=labels["severity"],
                            status="resolved" if over else "firing", starts_at=at,
                            ends_at=end if over else None, labels=labels, annotations=notes,

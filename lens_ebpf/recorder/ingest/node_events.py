@@ -1,5 +1,8 @@
 """The reporters' collector protocol, stored: every node's events in node_events, once per
-(node, seq), and the GPUs a container_start names in pod_resources (source "agent").
+(node, agent instance, seq), and the GPUs a container_start names in pod_resources (source
+"agent"). Each agent process numbers its events from 1 (its instance: the stream's
+lens-agent-instance, protocol/collector_server.py), so a restarted agent's events are rows
+beside its predecessor's, and a reporter resumes after the last of its own instance.
 
 An event is acknowledged to its reporter only once its row is committed, so while the
 database is down the reporter keeps it in its replay buffer (and the recorder's queue
@@ -15,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, bindparam, func, or_, select, tuple_
 
-from lens_ebpf.protocol.collector_server import Collector
+from lens_ebpf.protocol.collector_server import Collector, Seqs, bounded, keep
 from lens_ebpf.protocol.gen import lens_pb2 as pb
 from lens_ebpf.protocol.jsondict import to_dict
 from lens_ebpf.protocol.stream_auth import Claim
@@ -30,7 +33,7 @@ GPU_DEVICES = (
 )
 
 
-def event_row(cluster: str, node: str, ev: pb.Event) -> dict[str, Any]:
+def event_row(cluster: str, node: str, ev: pb.Event, instance: str = "") -> dict[str, Any]:
     """The node_events row of one reporter event (a gap has no seq)."""
     kind = ev.WhichOneof("payload") or "unknown"
     payload = to_dict(getattr(ev, kind)) \
@@ -39,7 +42,8 @@ def event_row(cluster: str, node: str, ev: pb.Event) -> dict[str, Any]:
     at = datetime.fromtimestamp(ev.ts_unix_nano / 1e9, UTC) if ev.ts_unix_nano else \
         datetime.now(UTC)  # fmt: skip
     return {
-        "cluster": cluster, "node": node, "seq": None if kind == "gap" else ev.seq, "at": at,
+        "cluster": cluster, "node": node, "instance": instance,
+        "seq": None if kind == "gap" else ev.seq, "at": at,
         "kind": kind,
         "namespace": ident.get("namespace", ""), "pod": ident.get("pod", ""),
         "pod_uid": ident.get("pod_uid", ""), "container": ident.get("container", ""),
@@ -196,13 +200,20 @@ def _apply_devices(conn: Connection, cluster: str, updates: list[DeviceUpdate]) 
     return len(log)
 
 
-def last_seqs(conn: Connection) -> dict[str, int]:
-    """The highest stored sequence number per "cluster/node": where each reporter
-    resumes."""
+def last_seqs(conn: Connection) -> Seqs:
+    """The highest stored sequence number per "cluster/node" and agent instance: where each
+    reporter resumes; a node's instances in the order they last stored (their newest row),
+    its newest INSTANCES_KEPT (the collector keeps no more)."""
     ne = t.node_events
-    rows = conn.execute(select(ne.c.cluster, ne.c.node, func.max(ne.c.seq))
-                        .group_by(ne.c.cluster, ne.c.node))  # fmt: skip
-    return {source(str(c), str(node)): int(str(seq)) for c, node, seq in rows if seq is not None}
+    newest = func.max(ne.c.id)
+    rows = conn.execute(select(ne.c.cluster, ne.c.node, ne.c.instance, func.max(ne.c.seq))
+                        .where(ne.c.seq.is_not(None))
+                        .group_by(ne.c.cluster, ne.c.node, ne.c.instance)
+                        .order_by(newest))  # fmt: skip
+    out: Seqs = {}
+    for c, node, instance, seq in rows:
+        out.setdefault(source(str(c), str(node)), {})[str(instance)] = int(str(seq))
+    return bounded(out)
 
 
 def source(cluster: str, node: str) -> str:
@@ -213,11 +224,11 @@ def source(cluster: str, node: str) -> str:
 class NodeEvents(Collector):
     """A collector whose events go through the recorder's writer."""
 
-    def __init__(self, writer: Writer, last: dict[str, int], home: str = "local") -> None:
+    def __init__(self, writer: Writer, last: Seqs, home: str = "local") -> None:
         super().__init__(None, last)
         self.writer = writer
         self.home = home  # the cluster of a reporter that does not say its own
-        self.committed = dict(last)
+        self.committed = bounded(last)  # as last, once committed
         self.stored: dict[str, int] = {}  # kind -> events committed
 
     def _source(self, meta: dict[str, str]) -> str:
@@ -227,15 +238,15 @@ class NodeEvents(Collector):
     def _claim(self, meta: dict[str, str]) -> Claim:
         return Claim(meta.get("lens-node", "unknown"), meta.get("lens-cluster") or self.home)
 
-    def _held(self, node: str) -> int:
-        return self.committed.get(node, 0)
+    def _held(self, node: str, instance: str) -> int:
+        return self.committed.get(node, {}).get(instance, 0)
 
-    def _store(self, node: str, ev: pb.Event) -> bool:
+    def _store(self, node: str, instance: str, ev: pb.Event) -> bool:
         key = node
         cluster, _, node = key.partition("/")
         # a NUL in any of the agent's strings made U+FFFD: PostgreSQL's text and jsonb hold
         # none, and the refused write would hold the node's acknowledgement back for good
-        row = without_nul(event_row(cluster, node, ev))
+        row = without_nul(event_row(cluster, node, ev, instance))
         update = device_update(cluster, node, ev, row["at"])
         if update is not None:
             update.records = without_nul(update.records)
@@ -244,10 +255,11 @@ class NodeEvents(Collector):
 
         def done() -> None:  # on the writer's thread, once committed
             with self._lock:
-                if row["seq"] is not None:
-                    self.committed[key] = max(self.committed.get(key, 0), row["seq"])
+                seq = row["seq"]
+                if seq is not None and seq > self._held(key, instance):
+                    keep(self.committed, key, instance, seq)
                 self.stored[row["kind"]] = self.stored.get(row["kind"], 0) + 1
-            self._changed(key)
+            self._changed(key, instance)
 
         return self.writer.submit(
             Op(
@@ -260,21 +272,22 @@ class NodeEvents(Collector):
         )
 
     def write_many(self, conn: Connection, items: list[Any]) -> None:
-        """Events in one multi-row insert (a replayed (node, seq) skipped); then, for those
-        new, their GPU resources (one multi-row upsert) and device changes, in order."""
+        """Events in one multi-row insert (a replayed (node, instance, seq) skipped); then,
+        for those new, their GPU resources (one multi-row upsert) and device changes, in
+        order."""
         ne = t.node_events
         rows = [row for row, _, _ in items if row["seq"] is not None]
-        new: set[tuple[str, str, int]] = set()
+        new: set[tuple[str, str, str, int]] = set()
         if rows:
-            new = {(r.cluster, r.node, r.seq) for r in insert_rows(
-                conn, ne, rows, keys=["cluster", "node", "seq"],
-                returning=("cluster", "node", "seq"))}  # fmt: skip
+            key = ("cluster", "node", "instance", "seq")
+            new = {(r.cluster, r.node, r.instance, r.seq) for r in insert_rows(
+                conn, ne, rows, keys=list(key), returning=key)}  # fmt: skip
         resources: dict[tuple[str, str, str, str], dict[str, Any]] = {}
         devices: list[DeviceUpdate] = []
         for row, res, update in items:
             if row["seq"] is None:
                 conn.execute(ne.insert().values(**row))
-            elif (row["cluster"], row["node"], row["seq"]) not in new:
+            elif (row["cluster"], row["node"], row["instance"], row["seq"]) not in new:
                 continue  # a replay of a stored event: its effects are stored too
             for r in res:  # the last for a container wins, as one by one
                 resources[(r["cluster"], r["pod_uid"], r["container"], r["source"])] = r

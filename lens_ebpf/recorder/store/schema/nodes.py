@@ -18,13 +18,16 @@ from sqlalchemy import (
 
 from lens_ebpf.recorder.store.schema.meta import NAME, UID, metadata
 
-# the node agents' events, as the reporters deliver them; (node, seq) once
+# the node agents' events, as the reporters deliver them; (node, instance, seq) once: seq is
+# numbered by each agent process (instance: its EventBus.instance; "" from an agent older
+# than that), so a node's events are in order by at, then id, not by seq
 node_events = Table(
     "node_events", metadata,
     Column("cluster", String(NAME), nullable=False),
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
            autoincrement=True),
     Column("node", String(NAME), nullable=False),
+    Column("instance", String(64), nullable=False, default=""),
     Column("seq", BigInteger, nullable=True),  # none for a gap
     Column("at", DateTime(timezone=True), nullable=False),
     Column("kind", String(32), nullable=False),
@@ -33,7 +36,7 @@ node_events = Table(
     Column("pod_uid", String(UID), nullable=False, default="", index=True),
     Column("container", String(NAME), nullable=False, default=""),
     Column("payload", JSON, nullable=False),
-    UniqueConstraint("cluster", "node", "seq", name="uq_node_events_seq"),
+    UniqueConstraint("cluster", "node", "instance", "seq", name="uq_node_events_seq"),
 )  # fmt: skip
 
 # every node's GPUs and RDMA ports as its agent last reported them (device_change,
