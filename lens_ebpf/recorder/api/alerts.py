@@ -88,17 +88,6 @@ def cluster(ask: Ask) -> str:
     return "" if name == "all" else name
 
 
-def body(ask: Ask) -> dict[str, Any]:
-    """The request's JSON object ({} for none), checked as every body is (inputs.py)."""
-    raw = ask.req.body.strip()
-    if not raw:
-        return {}
-    got = inputs.body(raw)
-    if not isinstance(got, dict):
-        raise bad("the body must be a JSON object")
-    return got
-
-
 def ident(ask: Ask, name: str = "id") -> int:
     return inputs.whole(ask.arg(name), name)
 
@@ -241,13 +230,13 @@ def silence_detail(ask: Ask) -> Any:
 def silence_create(ask: Ask) -> Any:
     """Silences alerts (by name, labels or resource) from starts_at to ends_at (none:
     until ended): {silence_id}; made in Alertmanager too. Needs the API's credentials."""
-    return hub(ask).silences.create(ask.conn, body(ask), ask.now(), who(ask))
+    return hub(ask).silences.create(ask.conn, ask.body(), ask.now(), who(ask))
 
 
 @routes.put("alert-silences/{id}")
 def silence_update(ask: Ask) -> Any:
     """The dialog's whole form (ends_at absent: permanent), or some fields."""
-    return hub(ask).silences.update(ask.conn, ask.arg("id"), body(ask), ask.now())
+    return hub(ask).silences.update(ask.conn, ask.arg("id"), ask.body(), ask.now())
 
 
 @routes.patch("alert-silences/{id}/disable", tool="lens_alert_silence_end")
@@ -296,7 +285,7 @@ def metric_rule(ask: Ask) -> Any:
 def metric_rule_create(ask: Ask) -> Any:
     """{name, cluster_name, groups: [{name, interval, rules: [{alert, expr, for, labels,
     annotations}]}], labels, description, enabled, auto_sync}: {rule_id}."""
-    b = body(ask)
+    b = ask.body()
     got = hub(ask).metric_rules.create(ask.conn, b, ask.now(), who(ask))
     if b.get("auto_sync"):
         got["sync"] = hub(ask).metric_rules.sync(ask.conn, [got["rule_id"]], "", ask.now())
@@ -307,7 +296,7 @@ def metric_rule_create(ask: Ask) -> Any:
 def metric_rule_update(ask: Ask) -> Any:
     """Only the fields given; sync_status back to pending. A shipped rule is 403/4003: clone
     it."""
-    return hub(ask).metric_rules.update(ask.conn, ident(ask), body(ask), ask.now())
+    return hub(ask).metric_rules.update(ask.conn, ident(ask), ask.body(), ask.now())
 
 
 @routes.delete("metric-alert-rules/{id}", ID)
@@ -319,14 +308,14 @@ def metric_rule_delete(ask: Ask) -> Any:
 @routes.post("metric-alert-rules/{id}/clone", ID)
 def metric_rule_clone(ask: Ask) -> Any:
     """{target_cluster_name, new_name}: a copy (`<name>-copy` when unnamed)."""
-    return hub(ask).metric_rules.clone(ask.conn, ident(ask), body(ask), ask.now(), who(ask))
+    return hub(ask).metric_rules.clone(ask.conn, ident(ask), ask.body(), ask.now(), who(ask))
 
 
 @routes.post("metric-alert-rules/sync", CLUSTER)
 def metric_rules_sync(ask: Ask) -> Any:
     """{rule_ids} or {cluster} (or ?cluster_name=); none: every rule. The pages read
     {synced, failed}."""
-    b = body(ask)
+    b = ask.body()
     ids = b.get("rule_ids") or []
     if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
         raise bad(f"rule_ids={ids!r}: a list of whole numbers")
@@ -370,7 +359,7 @@ def _changed(ask: Ask, got: Any) -> Any:
 @routes.post("log-alert-rules", CLUSTER)
 def log_rule_create(ask: Ask) -> Any:
     """The rule's fields; its cluster cluster_name (else ?cluster=; "": every cluster)."""
-    b = body(ask)
+    b = ask.body()
     b.setdefault("cluster_name", cluster(ask))
     rid = logrules.create_rule(ask.conn, b, ask.now(), who(ask))
     return _changed(ask, {"rule_id": rid, "cluster_name": b["cluster_name"] or ""})
@@ -379,7 +368,7 @@ def log_rule_create(ask: Ask) -> Any:
 @routes.put("log-alert-rules/{id}", ID)
 def log_rule_update(ask: Ask) -> Any:
     """Only the fields given ({enabled} alone toggles it)."""
-    return _changed(ask, logstore.change(ask.conn, ident(ask), body(ask), ask.now()))
+    return _changed(ask, logstore.change(ask.conn, ident(ask), ask.body(), ask.now()))
 
 
 @routes.delete("log-alert-rules/{id}", ID)
@@ -391,19 +380,19 @@ def log_rule_delete(ask: Ask) -> Any:
 @routes.post("log-alert-rules/{id}/clone", ID)
 def log_rule_clone(ask: Ask) -> Any:
     """{new_name or name, target_cluster_name, enabled}: a copy (`<name>_copy` when unnamed)."""
-    return _changed(ask, logstore.clone(ask.conn, ident(ask), body(ask), ask.now(), who(ask)))
+    return _changed(ask, logstore.clone(ask.conn, ident(ask), ask.body(), ask.now(), who(ask)))
 
 
 @routes.post("log-alert-rules/batch-update")
 def log_rules_batch(ask: Ask) -> Any:
     """{rule_ids, enabled} or {rule_ids, updates: {enabled}}: {updated}."""
-    return _changed(ask, logstore.batch_enable(ask.conn, body(ask), ask.now()))
+    return _changed(ask, logstore.batch_enable(ask.conn, ask.body(), ask.now()))
 
 
 @routes.post("log-alert-rules/test")
 def log_rule_test(ask: Ask) -> Any:
     """{pattern, sample_log, flags}: {matched, captures}; writes nothing."""
-    return logrules.test_pattern(body(ask))
+    return logrules.test_pattern(ask.body())
 
 
 # -- log rule templates ---------------------------------------------------------------------
@@ -424,13 +413,13 @@ def template(ask: Ask) -> Any:
 @routes.post("log-alert-rule-templates")
 def template_create(ask: Ask) -> Any:
     """{name, category, description, template_config (a rule's fields), tags}: {template_id}."""
-    return logstore.create_template(ask.conn, body(ask), ask.now(), who(ask))
+    return logstore.create_template(ask.conn, ask.body(), ask.now(), who(ask))
 
 
 @routes.post("log-alert-rule-templates/{id}/instantiate", ID)
 def template_instantiate(ask: Ask) -> Any:
     """{name, cluster_name, overrides}: a rule made of the template."""
-    return _changed(ask, logrules.instantiate(ask.conn, ident(ask), body(ask), ask.now(),
+    return _changed(ask, logrules.instantiate(ask.conn, ident(ask), ask.body(), ask.now(),
                                               who(ask)))  # fmt: skip
 
 
@@ -504,13 +493,13 @@ def channel(ask: Ask) -> Any:
 @routes.post("notification-channels")
 def channel_create(ask: Ask) -> Any:
     """{name, type, enabled, description, config}: the channel."""
-    return channels.create(ask.conn, body(ask), ask.now(), who(ask))
+    return channels.create(ask.conn, ask.body(), ask.now(), who(ask))
 
 
 @routes.put("notification-channels/{id}", ID)
 def channel_update(ask: Ask) -> Any:
     """Only the fields given."""
-    return channels.change(ask.conn, ident(ask), body(ask), ask.now())
+    return channels.change(ask.conn, ident(ask), ask.body(), ask.now())
 
 
 @routes.delete("notification-channels/{id}", ID)

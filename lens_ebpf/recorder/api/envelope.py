@@ -413,6 +413,15 @@ class Ask:
         """A path parameter ({name} in the route's path)."""
         return self.req.params[name]
 
+    def body(self) -> dict[str, Any]:
+        """The request's JSON object ({} for none), checked as every body is (inputs.py);
+        any other JSON is a 400."""
+        raw = self.req.body.strip()
+        got = inputs.body(raw) if raw else {}
+        if not isinstance(got, dict):
+            raise bad("the body must be a JSON object")
+        return got
+
     def now(self) -> datetime:
         return self.app.clock()
 

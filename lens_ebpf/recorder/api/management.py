@@ -41,16 +41,6 @@ def hub(ask: Ask) -> Management:
     return got
 
 
-def body(ask: Ask) -> dict[str, Any]:
-    raw = ask.req.body.strip()
-    if not raw:
-        return {}
-    got = inputs.body(raw)
-    if not isinstance(got, dict):
-        raise bad("the body must be a JSON object")
-    return got
-
-
 def who(ask: Ask) -> str:
     return ask.req.user or "api"
 
@@ -68,7 +58,7 @@ def cluster_add(ask: Ask) -> Any:
     k8s_endpoint with k8s_ca_data and k8s_token or k8s_cert_data + k8s_key_data}: checked
     (a client, an API that answers), kept in the multi-cluster Secret, followed at once;
     201 with the cluster."""
-    return Status(201, hub(ask).admin.add(ask.conn, body(ask), ask.now(), who(ask)))
+    return Status(201, hub(ask).admin.add(ask.conn, ask.body(), ask.now(), who(ask)))
 
 
 @routes.get(ONE)
@@ -81,7 +71,7 @@ def cluster(ask: Ask) -> Any:
 @routes.put(ONE)
 def cluster_change(ask: Ask) -> Any:
     """Its display name, description, labels; a new kubeconfig (a Secret's cluster)."""
-    return hub(ask).admin.change(ask.conn, ask.arg("cluster_name"), body(ask), ask.now())
+    return hub(ask).admin.change(ask.conn, ask.arg("cluster_name"), ask.body(), ask.now())
 
 
 @routes.delete(ONE)
@@ -108,7 +98,7 @@ def cluster_initialize(ask: Ask) -> Any:
     """The agent's DaemonSet, its RBAC and the rest of deploy/agent installed in the
     cluster, as a task the leader runs: {task_id, status, message}."""
     m = hub(ask)
-    body(ask)  # checked: storage_mode and the rest are the original's, unused here
+    ask.body()  # checked: storage_mode and the rest are the original's, unused here
     return m.tasks.create(ask.conn, ask.arg("cluster_name"), "infrastructure", "initialize",
                           ask.now(), who(ask), m.settings.agent_image())  # fmt: skip
 
@@ -220,7 +210,7 @@ def config(ask: Ask) -> Any:
 def config_set(ask: Ask) -> Any:
     """{value, description, category}; installer.image's value {repository, tag} sets the
     agent image (recorder.management.agent_image), audited as any setting."""
-    key, b = ask.arg("key"), body(ask)
+    key, b = ask.arg("key"), ask.body()
     if key == INSTALLER:
         v = b.get("value")
         if not isinstance(v, dict) or not isinstance(v.get("repository"), str) or \

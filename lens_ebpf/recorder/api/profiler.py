@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lens_ebpf.core.routes import Answer, Param, RouteTable
-from lens_ebpf.recorder import inputs
-from lens_ebpf.recorder.api.envelope import Ask, bad, integer
+from lens_ebpf.recorder.api.envelope import Ask, integer
 from lens_ebpf.recorder.errors import NotFound, Unavailable
 from lens_ebpf.recorder.profiler.files import Profiler
 from lens_ebpf.recorder.profiler.sessions import PROFILES, Sessions
@@ -36,14 +35,6 @@ if(!m){return;}var u=decodeURIComponent(m[1]).replace(/^\\/+/,'');
 var at=new URL(u,location.href.split('#')[0].split('?')[0]);at.search=location.search;
 history.replaceState(null,'',location.pathname+location.search+'#profileURL='+
 encodeURIComponent(at.href)+'&title=trace.json');})();</script>"""
-
-
-def body(ask: Ask) -> dict[str, Any]:
-    raw = ask.req.body.strip()
-    got = inputs.body(raw) if raw else {}
-    if not isinstance(got, dict):
-        raise bad("the body must be a JSON object")
-    return got
 
 
 def profiler(ask: Ask) -> Profiler:
@@ -96,7 +87,7 @@ def tracelens_create(ask: Ask) -> Any:
     """Starts a TraceLens session over a trace and its sibling ranks: pending, then
     initializing (fetched and analysed by HolisticTraceAnalysis), ready with its ui_path
     and its analysis, or failed saying why."""
-    return sessions(ask).create("tracelens", ask.c.name, body(ask))
+    return sessions(ask).create("tracelens", ask.c.name, ask.body())
 
 
 @routes.get("tracelens/sessions")
@@ -116,7 +107,7 @@ def tracelens_get(ask: Ask) -> Any:
 @routes.patch("tracelens/sessions/{session_id}", SESSION, EXTEND)
 def tracelens_extend(ask: Ask) -> Any:
     """A TraceLens session's life extended (1..120 minutes)."""
-    return sessions(ask).extend("tracelens", ask.c.name, ask.arg("session_id"), body(ask))
+    return sessions(ask).extend("tracelens", ask.c.name, ask.arg("session_id"), ask.body())
 
 
 @routes.delete("tracelens/sessions/{session_id}", SESSION)
@@ -143,7 +134,7 @@ def tracelens_page(ask: Ask) -> Answer:
 def perfetto_create(ask: Ask) -> Any:
     """Starts a trace-viewer session over a trace: ready once its bytes are fetched, its
     ui_path then a viewer (speedscope) opening it."""
-    return sessions(ask).create("perfetto", ask.c.name, body(ask))
+    return sessions(ask).create("perfetto", ask.c.name, ask.body())
 
 
 @routes.get("perfetto/sessions/{session_id}", SESSION)
@@ -155,7 +146,7 @@ def perfetto_get(ask: Ask) -> Any:
 @routes.patch("perfetto/sessions/{session_id}", SESSION, EXTEND)
 def perfetto_extend(ask: Ask) -> Any:
     """A trace-viewer session's life extended (1..60 minutes)."""
-    return sessions(ask).extend("perfetto", ask.c.name, ask.arg("session_id"), body(ask))
+    return sessions(ask).extend("perfetto", ask.c.name, ask.arg("session_id"), ask.body())
 
 
 @routes.delete("perfetto/sessions/{session_id}", SESSION)

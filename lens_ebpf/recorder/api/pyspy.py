@@ -16,16 +16,6 @@ routes = RouteTable()
 files = RouteTable()  # the task's file: its own bytes, not the envelope
 
 
-def body(ask: Ask) -> dict[str, Any]:
-    from lens_ebpf.recorder import inputs
-
-    raw = ask.req.body.strip()
-    got = inputs.body(raw) if raw else {}
-    if not isinstance(got, dict):
-        raise bad("the body must be a JSON object")
-    return got
-
-
 def dd(ask: Ask) -> DeepDive:
     if ask.app.deepdive is None:
         raise Unavailable("the deep dive is not part of this service")
@@ -47,7 +37,7 @@ def process_tree(ask: Ask) -> Any:
     """A pod's processes, per container as a tree from its init, from the agent on its
     node: host and container pids, command line, state, threads, CPU, RSS, Python or not,
     GPUs held; never the environment."""
-    b = body(ask)
+    b = ask.body()
     return dd(ask).process_tree(ask.conn, ask.c.tables, str(b["pod_uid"]))
 
 
@@ -67,7 +57,7 @@ def process_tree(ask: Ask) -> Any:
 def sample(ask: Ask) -> Any:
     """A py-spy task: pending at once, then running on the pod's node, then completed
     (its file at file_path), failed (error says why) or cancelled."""
-    b = body(ask)
+    b = ask.body()
     pid = b.get("pid")
     if not isinstance(pid, int) or isinstance(pid, bool):
         raise bad("pid: a host pid (a number) is required")
@@ -101,7 +91,7 @@ def tasks(ask: Ask) -> Any:
                               for p in LIST_QUERY))  # fmt: skip
 def tasks_post(ask: Ask) -> Any:
     """The same list, its filters in the body (as the web UI asks)."""
-    b = body(ask)
+    b = ask.body()
     status = str(b.get("status") or "")
     if status and status not in stored.STATUSES:
         raise bad(f"status {status!r}: one of {', '.join(stored.STATUSES)}")
@@ -123,7 +113,7 @@ def task(ask: Ask) -> Any:
              Param("reason", doc="why", body=True))  # fmt: skip
 def cancel(ask: Ask) -> Any:
     """Cancels a pending or running task (its py-spy is killed on the node)."""
-    return dd(ask).cancel(ask.conn, ask.arg("id"), str(body(ask).get("reason") or ""))
+    return dd(ask).cancel(ask.conn, ask.arg("id"), str(ask.body().get("reason") or ""))
 
 
 @routes.get("pyspy/file/{id}", Param("id", doc="the task's id", required=True))

@@ -9,7 +9,7 @@ from typing import Any
 from lens_ebpf.core.routes import Param, RouteTable
 from lens_ebpf.recorder import inputs
 from lens_ebpf.recorder.api.envelope import Ask, bad, integer, param
-from lens_ebpf.recorder.api.management import body, hub, who
+from lens_ebpf.recorder.api.management import hub, who
 
 routes = RouteTable()
 VERSIONS = "releases/versions"
@@ -36,7 +36,7 @@ def versions(ask: Ask) -> Any:
 def version_create(ask: Ask) -> Any:
     """{version_name, image_tag, image_registry, channel, chart_repo, chart_version,
     default_values, release_notes}: a draft version."""
-    return hub(ask).releases.create_version(ask.conn, body(ask), ask.now())
+    return hub(ask).releases.create_version(ask.conn, ask.body(), ask.now())
 
 
 @routes.get(f"{VERSIONS}/{{id}}")
@@ -48,7 +48,7 @@ def version(ask: Ask) -> Any:
 @routes.put(f"{VERSIONS}/{{id}}")
 def version_update(ask: Ask) -> Any:
     """Only the fields given."""
-    return hub(ask).releases.update_version(ask.conn, ident(ask), body(ask), ask.now())
+    return hub(ask).releases.update_version(ask.conn, ident(ask), ask.body(), ask.now())
 
 
 @routes.delete(f"{VERSIONS}/{{id}}")
@@ -60,7 +60,7 @@ def version_delete(ask: Ask) -> Any:
 @routes.patch(f"{VERSIONS}/{{id}}/status")
 def version_status(ask: Ask) -> Any:
     """{status: draft, active or deprecated}."""
-    return hub(ask).releases.set_status(ask.conn, ident(ask), str(body(ask).get("status") or ""),
+    return hub(ask).releases.set_status(ask.conn, ident(ask), str(ask.body().get("status") or ""),
                                         ask.now())  # fmt: skip
 
 
@@ -85,7 +85,7 @@ def default(ask: Ask) -> Any:
 @routes.put("releases/clusters/default")
 def default_set(ask: Ask) -> Any:
     """{cluster_name}."""
-    name = body(ask).get("cluster_name")
+    name = ask.body().get("cluster_name")
     if not isinstance(name, str) or not name:
         raise bad("cluster_name is required")
     got = hub(ask).admin.set_default(ask.conn, name, ask.now())
@@ -108,13 +108,13 @@ def cluster(ask: Ask) -> Any:
 @routes.put(f"{CLUSTER}/version")
 def cluster_version(ask: Ask) -> Any:
     """{release_version_id, values_override}: the version it should run."""
-    return hub(ask).releases.set_version(ask.conn, ask.arg("cluster_name"), body(ask), ask.now())
+    return hub(ask).releases.set_version(ask.conn, ask.arg("cluster_name"), ask.body(), ask.now())
 
 
 @routes.put(f"{CLUSTER}/values")
 def cluster_values(ask: Ask) -> Any:
     """{values_override}."""
-    return hub(ask).releases.set_values(ask.conn, ask.arg("cluster_name"), body(ask), ask.now())
+    return hub(ask).releases.set_values(ask.conn, ask.arg("cluster_name"), ask.body(), ask.now())
 
 
 @routes.get(f"{CLUSTER}/history",
@@ -130,7 +130,7 @@ def cluster_history(ask: Ask) -> Any:
 @routes.post(f"{CLUSTER}/deploy")
 def cluster_deploy(ask: Ask) -> Any:
     """{action}: its version installed (the agent's objects with its image), as a task."""
-    return hub(ask).releases.deploy(ask.conn, ask.arg("cluster_name"), body(ask), ask.now(),
+    return hub(ask).releases.deploy(ask.conn, ask.arg("cluster_name"), ask.body(), ask.now(),
                                     who(ask))  # fmt: skip
 
 

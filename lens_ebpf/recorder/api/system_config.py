@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from lens_ebpf.core.routes import Param, RouteTable
 from lens_ebpf.recorder.api.envelope import Ask, bad, param
-from lens_ebpf.recorder.api.management import body, hub, who
+from lens_ebpf.recorder.api.management import hub, who
 from lens_ebpf.recorder.management import manifest
 from lens_ebpf.recorder.management.settings import AGENT_IMAGE
 
@@ -36,7 +36,7 @@ def config_set(ask: Ask) -> Any:
     """{value, description, category, change_reason}: a setting that changes at run time
     set (400 naming it when the value is not of its type; 403 for one that needs a
     restart), audited, applied without a restart."""
-    return hub(ask).settings.set(ask.conn, ask.arg("key"), body(ask), ask.now(), who(ask))
+    return hub(ask).settings.set(ask.conn, ask.arg("key"), ask.body(), ask.now(), who(ask))
 
 
 @routes.delete("system-config/{key}")
@@ -69,7 +69,7 @@ def _text(b: dict[str, Any], name: str) -> str:
 def registry_set(ask: Ask) -> Any:
     """{registry, namespace, image_versions: {lens-ebpf: tag}}: the agent image set to
     <registry>/<namespace>/lens-ebpf:<tag> (recorder.management.agent_image, audited)."""
-    s, b = hub(ask).settings, body(ask)
+    s, b = hub(ask).settings, ask.body()
     registry_, namespace = _text(b, "registry"), _text(b, "namespace")
     if not registry_:
         raise bad("registry is required")
@@ -89,7 +89,7 @@ def registry_set(ask: Ask) -> Any:
 def registry_from_harbor(ask: Ask) -> Any:
     """{harbor_external_url}: the registry a Harbor's address names (not stored: the page
     saves it)."""
-    url = str(body(ask).get("harbor_external_url") or "").strip()
+    url = str(ask.body().get("harbor_external_url") or "").strip()
     parts = urlsplit(url if "://" in url else f"https://{url}")
     if not url or not parts.hostname:
         raise bad("harbor_external_url: a Harbor address (https://harbor.example.com) is "

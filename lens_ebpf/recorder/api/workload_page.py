@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from lens_ebpf.core.routes import Param, RouteTable
-from lens_ebpf.recorder import inputs, workload_stats, workloads
+from lens_ebpf.recorder import workload_stats, workloads
 from lens_ebpf.recorder.api.envelope import SPAN, Ask, bad, param, span, when
 from lens_ebpf.recorder.training.timeline import Timeline
 
@@ -64,10 +64,7 @@ def stats(ask: Ask) -> Any:
 def batch_stats(ask: Ask) -> Any:
     """{uids, metrics}: each workload's figures over its life as workloads/{uid}/stats
     answers them, by uid ({stats: {uid: ...}, missing: [uids not known]})."""
-    raw = ask.req.body.strip()
-    b = inputs.body(raw) if raw else {}
-    if not isinstance(b, dict):
-        raise bad("the body must be a JSON object")
+    b = ask.body()
     uids = b.get("uids")
     if not isinstance(uids, list) or not all(isinstance(u, str) and u for u in uids):
         raise bad(f"uids={uids!r}: a list of workload uids")
