@@ -337,7 +337,7 @@ class MultiClusterConfig(Section):
 class CollectorGrpcConfig(Section):
     tls: ServerTlsConfig = Field(default_factory=ServerTlsConfig)
     auth: CollectorAuthConfig = Field(default_factory=CollectorAuthConfig)  # who may report
-    max_seq_jump: int = Field(MAX_SEQ_JUMP, ge=1)  # a seq further past its node's last: refused
+    max_seq_jump: int = Field(MAX_SEQ_JUMP, ge=1)  # further past its agent instance's last: refused
 
 
 class ClusterServerConfig(ServerConfig):
