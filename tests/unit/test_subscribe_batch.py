@@ -83,6 +83,8 @@ def test_a_batch_stream_says_what_the_history_no_longer_holds(served: Served) ->
         bus.publish(dataclasses.replace(FLOW, pid=i))
     stream = stub.SubscribeBatch(pb.SubscribeRequest(from_seq=1))
     got, _ = take(stream, 51)
+    # the numbering's process: a client resuming across an agent restart sees another
+    assert ("lens-agent-instance", bus.instance) in stream.initial_metadata()
     stream.cancel()
     assert (got[0].WhichOneof("payload"), got[0].gap.lost, got[0].gap.reason, got[0].seq) == (
         "gap", 50, "history", 50)  # fmt: skip

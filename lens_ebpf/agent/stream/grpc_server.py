@@ -113,6 +113,9 @@ class EventService(lens_pb2_grpc.EventServiceServicer):
             self.refused += 1
             why = f"{self.limit} subscribers already (grpc.max_subscribers)"
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
+        # which numbering the seqs are of: each agent process numbers from 1, so a client
+        # resuming with from_seq across a restart sees another instance here
+        await context.send_initial_metadata((("lens-agent-instance", self.bus.instance),))
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
         accept = convert.matcher(request)
