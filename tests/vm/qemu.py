@@ -15,6 +15,7 @@ import argparse
 import gzip
 import io
 import lzma
+import os
 import shlex
 import shutil
 import subprocess
@@ -158,6 +159,7 @@ class Result:
     seconds: float
     out: Path  # the share the command wrote into
     hung: str = ""  # why the guest was stopped, when it was: it stopped making progress
+    cpu_seconds: float = 0.0  # the QEMU process's CPU time (user and system), as last seen
 
 
 # A guest is as slow as the emulated CPU and the machine's load make it; what makes it
@@ -166,6 +168,15 @@ STALL_SECONDS = 600.0
 # and, as a last resort, a guest still busy after this long is stopped too
 CAP_SECONDS = 3 * 3600.0
 POLL_SECONDS = 2.0
+
+
+def _cpu(pid: int) -> float:
+    """A live process's CPU seconds (user and system); 0.0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _size(path: Path) -> int:
@@ -226,9 +237,10 @@ def boot(
         with serial.open("wb") as console_file:
             proc = subprocess.Popen(cmd, stdout=console_file, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL)  # fmt: skip
-            progress, last = (-1, -1), started
+            progress, last, cpu = (-1, -1), started, 0.0
             while proc.poll() is None:
                 time.sleep(POLL_SECONDS)
+                cpu = _cpu(proc.pid) or cpu
                 now = time.monotonic()
                 seen = (_size(out / "console.log"), _size(serial))
                 if seen != progress:
@@ -249,7 +261,7 @@ def boot(
     rc = int(rc_file.read_text().strip() or -1) if rc_file.exists() else -1
     log = out / "console.log"
     output = log.read_text(errors="replace") if log.exists() else ""
-    return Result(rc, output, console, elapsed, out, hung)
+    return Result(rc, output, console, elapsed, out, hung, cpu)
 
 
 def by_series(series: str) -> kernels.Kernel:

@@ -107,7 +107,8 @@ class Matrix:
             time.sleep(2)
         got = json.loads(done.read_text())
         return qemu.Result(got["rc"], _read(out / "console.log"), _read(out / "serial.log"),
-                           got["seconds"], out, got["hung"])  # fmt: skip
+                           got["seconds"], out, got["hung"],
+                           got.get("cpu_seconds", 0.0))  # fmt: skip
 
 
 def _read(path: Path) -> str:
@@ -118,7 +119,8 @@ def _record(out: Path, future: Future) -> None:
     """A guest's result into its share, for a worker that did not start it."""
     try:
         res: qemu.Result = future.result()
-        got = {"rc": res.rc, "seconds": res.seconds, "hung": res.hung}
+        got = {"rc": res.rc, "seconds": res.seconds, "hung": res.hung,
+               "cpu_seconds": res.cpu_seconds}  # fmt: skip
     except Exception as e:  # the boot itself failed: the worker's test says so
         got = {"rc": -1, "seconds": 0.0, "hung": f"the guest did not run: {e!r}"}
     tmp = out / (RESULT + ".tmp")
@@ -279,5 +281,6 @@ def summary_lines() -> list[str]:
                 f"kernel matrix: {abi} ({headers} headers): {passed} passed, "
                 f"{len(bad)} failed, {totals['skipped']} skipped in {secs:.0f} s"
             )
-        lines.append(f"kernel matrix: {abi}: guest ran {res.seconds:.0f} s")
+        lines.append(f"kernel matrix: {abi}: guest ran {res.seconds:.0f} s "
+                     f"({res.cpu_seconds:.0f} s of CPU)")  # fmt: skip
     return lines
