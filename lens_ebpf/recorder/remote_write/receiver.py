@@ -27,7 +27,8 @@ from lens_ebpf.recorder.ingest.admission import Outcome
 from lens_ebpf.recorder.remote_write import wire
 from lens_ebpf.recorder.remote_write.forward import Forwarder
 from lens_ebpf.recorder.remote_write.index import Indexer
-from lens_ebpf.recorder.remote_write.relabel import MISSES, RESULTS, Relabeler
+from lens_ebpf.recorder.remote_write.relabel import Relabeler
+from lens_ebpf.recorder.remote_write.series import MISSES, RESULTS
 
 LAG_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
