@@ -171,7 +171,8 @@ def suffixed(name: str) -> tuple[str, ...]:
 
 def golden_families() -> Iterator[Family]:
     features = feature_modules()
-    gpu_source = (PACKAGE / "agent/devices/gpu/collector.py").read_text()
+    gpu = PACKAGE / "agent/devices/gpu"  # the GPU's own names: its collector and families
+    gpu_source = (gpu / "collector.py").read_text() + (gpu / "families.py").read_text()
     plain = set(parse_exposition((GOLDEN / "gpu.prom").read_text()))
     for path in sorted(GOLDEN.glob("*.prom")):
         for fam in parse_exposition(path.read_text()).values():

@@ -30,9 +30,9 @@ from pydantic import Field
 
 from lens_ebpf.agent.config import DevicesConfig
 from lens_ebpf.agent.devices import inventory
-from lens_ebpf.agent.devices.gpu import amd, compat_amd, compat_dcgm, faults, nvidia, rest
+from lens_ebpf.agent.devices.gpu import amd, compat_amd, compat_dcgm, families, faults, nvidia, rest
 from lens_ebpf.agent.devices.gpu.faults import Fault
-from lens_ebpf.agent.devices.gpu.model import GpuReading, flag
+from lens_ebpf.agent.devices.gpu.model import GpuReading
 from lens_ebpf.agent.events import GpuFault, owner_fields
 from lens_ebpf.agent.feature import CollectorFeature, Settings, register
 from lens_ebpf.core.collector import PeriodicCollector
@@ -297,53 +297,7 @@ class GpuCollector(PeriodicCollector):
                 {"vendor": vendor, "source": self.state[vendor].source}, 1)  # fmt: skip
         if not gpus:
             return list(fams.values())
-        add("hw_gpu_count", "GPUs on the node", n, len(gpus))
-        add("hw_gpu_used_count", "GPUs with utilization or memory in use", n,
-            sum(1 for g in gpus if g.used))  # fmt: skip
-        types: dict[str, int] = {}
-        for g in gpus:
-            types[g.name or g.device_id] = types.get(g.name or g.device_id, 0) + 1
-        for t, c in sorted(types.items()):
-            add("hw_gpu_type_count", "GPUs per model", {**n, "gpu_type": t}, c)
-        for g in gpus:
-            lbl = {
-                **n,
-                "gpu_index": str(g.index),
-                "gpu_name": g.name,
-                "gpu_uuid": g.uuid or g.unique_id or g.serial or g.bdf,
-                "vendor": g.vendor,
-                **owners[id(g)],
-            }
-            add("hw_gpu_memory_total_bytes", "GPU memory", lbl, g.memory_total)
-            add("hw_gpu_memory_used_bytes", "GPU memory used", lbl, g.memory_used)
-            add("hw_gpu_memory_free_bytes", "GPU memory free", lbl, g.memory_free)
-            add("hw_gpu_utilization_percent", "GPU busy", lbl, g.utilization)
-            add("hw_gpu_temperature_celsius", "GPU temperature", lbl, g.temperature)
-            add("hw_gpu_power_draw_watts", "GPU power draw", lbl, g.power_draw)
-            add("hw_gpu_power_limit_watts", "GPU power limit", lbl, g.power_limit)
-            for sensor, value in sorted(g.temperatures.items()):
-                add("lens_gpu_temperature_celsius", "GPU temperature by sensor",
-                    {**lbl, "sensor": sensor}, value)  # fmt: skip
-            _health_metrics(add, lbl, g)
-            # vendor tells two GPUs 0 apart on a node with GPUs of both (the metric conventions)
-            idx = {"gpu_index": str(g.index), "vendor": g.vendor, **owners[id(g)]}
-            gid = {"gpu_id": str(g.index), "vendor": g.vendor, **owners[id(g)]}
-            add("gpu_utilization", "GPU utilization percent", gid, g.utilization)
-            add("gpu_socket_power_watts", "GPU socket power (amdsmi's socket_power), watts",
-                gid, g.power_socket)  # fmt: skip
-            add("gpu_pcie_bandwidth_mbs", "PCIe bandwidth in use (amdsmi's), Mb/s", gid,
-                g.pcie_bandwidth_mbs)  # fmt: skip
-            add("gpu_utilization_percent", "GPU busy", idx, g.utilization)
-            add("gpu_memory_used_bytes", "GPU memory used", idx, g.memory_used)
-            add("gpu_memory_total_bytes", "GPU memory", idx, g.memory_total)
-            add("gpu_temperature_celsius", "GPU temperature", idx, g.temperature)
-            add("gpu_power_draw_watts", "GPU power draw", idx, g.power_draw)
-            for p in g.processes:
-                who = self.identify(p.pid)
-                add("gpu_process_memory_bytes", "GPU memory per process (host pid)",
-                    {**idx, "pid": str(p.pid), "namespace": who.get("namespace", ""),
-                     "pod": who.get("pod", ""), "container": who.get("container", "")},
-                    p.memory_bytes)  # fmt: skip
+        families.gpu_families(add, n, gpus, owners, self.identify)
         out = list(fams.values())
         if "amd" in self.compat:
             out += compat_amd.families(gpus, self.node, lambda g: owners[id(g)])
@@ -385,57 +339,6 @@ def uncorrectable_counts(g: GpuReading) -> dict[tuple[str, str], tuple[int, str]
                 f"{{}} uncorrectable RAS errors in {block} (count now {{}})",
             )
     return out
-
-
-def _health_metrics(add: Callable[..., None], lbl: dict[str, str], g: GpuReading) -> None:
-    """The faults operators alert on, each only where the GPU reports it."""
-    for (etype, counter), n in sorted(g.ecc_errors.items()):
-        add("lens_gpu_ecc_errors_total", "Memory ECC errors: corrected or uncorrected, since "
-            "the driver loaded (volatile) or over the GPU's life (aggregate)",
-            {**lbl, "type": etype, "counter": counter}, n, "counter")  # fmt: skip
-    for cause, n in sorted(g.retired_pages.items()):
-        add("lens_gpu_retired_pages", "Memory pages retired, by cause",
-            {**lbl, "cause": cause}, n)  # fmt: skip
-    add("lens_gpu_retired_pages_pending", "1 while a page retirement waits for a reset",
-        lbl, flag(g.retired_pages_pending))  # fmt: skip
-    for kind, n in sorted(g.remapped_rows.items()):
-        add("lens_gpu_remapped_rows", "Memory rows remapped, by the error that caused it",
-            {**lbl, "type": kind}, n)  # fmt: skip
-    add("lens_gpu_row_remap_pending", "1 while a row remapping waits for a reset", lbl,
-        flag(g.row_remap_pending))  # fmt: skip
-    add("lens_gpu_row_remap_failure", "1 when a row remapping has failed", lbl,
-        flag(g.row_remap_failure))  # fmt: skip
-    if g.recovery_action is not None:
-        add("lens_gpu_reset_pending", "1 while the driver asks for a GPU reset (or more: "
-            "a node reboot, a drain) before the GPU is usable again, as after an Xid 79 or "
-            "95; the action is in the device inventory", lbl,
-            float(g.recovery_action != "none"))  # fmt: skip
-    for reason, active in sorted(g.clock_events.items()):
-        add("lens_gpu_clock_event_active", "1 while this reason holds the clocks down "
-            "(throttling)", {**lbl, "reason": reason}, float(active))  # fmt: skip
-    for clock, mhz in sorted(g.clocks_mhz.items()):
-        add("lens_gpu_clock_mhz", "Current clock", {**lbl, "clock": clock}, mhz)
-    add("lens_gpu_pcie_replays_total", "PCIe replays", lbl, g.pcie_replays, "counter")
-    for (block, kind), n in sorted(g.ras_errors.items()):
-        add("lens_gpu_ras_errors_total", "RAS errors by block (umc, gfx, sdma, ...) and type",
-            {**lbl, "block": block, "type": kind}, n, "counter")  # fmt: skip
-    add("lens_gpu_energy_joules_total", "Energy the GPU used since the driver loaded", lbl,
-        g.energy_joules, "counter")  # fmt: skip
-    for direction, bps in sorted(g.pcie_bytes_per_second.items()):
-        add("lens_gpu_pcie_throughput_bytes_per_second", "PCIe throughput (NVML's 20 ms "
-            "sample)", {**lbl, "direction": direction}, bps)  # fmt: skip
-    for link, up in sorted(g.nvlink_up.items()):
-        add("lens_gpu_nvlink_up", "1 while the NVLink is active", {**lbl, "link": str(link)},
-            float(up))  # fmt: skip
-    totals: dict[str, int] = {}
-    for (_, counter), n in g.nvlink_errors.items():  # per GPU, as dcgm-exporter's totals
-        totals[counter] = totals.get(counter, 0) + n
-    for counter, n in sorted(totals.items()):
-        add("lens_gpu_nvlink_errors_total", "NVLink data-link errors summed over the GPU's "
-            "links, by counter (replay, recovery, crc_flit, crc_data, ecc_data)",
-            {**lbl, "counter": counter}, n, "counter")  # fmt: skip
-    add("lens_gpu_xgmi_error_status", "AMD XGMI link errors: 0 none, 1 one, 2 several",
-        lbl, g.xgmi_error_status)  # fmt: skip
 
 
 def nvml_source(nvml: Any) -> Source:
