@@ -15,7 +15,8 @@ from lens_ebpf.agent.metrics.cache import MetricCache
 from lens_ebpf.agent.net import proc_tcp
 from lens_ebpf.agent.net.identity import NO_IDENTITY
 from lens_ebpf.agent.net.policy import parse_policy
-from lens_ebpf.agent.tcp.tcp_flows import TcpFlows, TcpFlowsCollector
+from lens_ebpf.agent.tcp.tcp_flows import TcpFlows
+from lens_ebpf.agent.tcp.tcp_flows_stats import TcpFlowsCollector
 from tests.conftest import wait_for
 from tests.netlab import in_netns, sh
 

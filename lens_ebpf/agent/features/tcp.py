@@ -12,7 +12,8 @@ from lens_ebpf.agent.bpf.loader import OFF, feature_view
 from lens_ebpf.agent.bpf.spec import Kernel, Plan, resolve
 from lens_ebpf.agent.feature import Context, Feature, Settings, register
 from lens_ebpf.agent.tcp import tcp_rtt
-from lens_ebpf.agent.tcp.tcp_flows import NAME, RTT, SPEC, TcpFlows, TcpFlowsCollector
+from lens_ebpf.agent.tcp.tcp_flows import NAME, RTT, SPEC, TcpFlows
+from lens_ebpf.agent.tcp.tcp_flows_stats import TcpFlowsCollector
 
 RTT_FEATURE = "tcp_rtt"
 

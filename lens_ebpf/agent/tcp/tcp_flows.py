@@ -1,4 +1,5 @@
-"""Loads bpf_programs/tcp_flows.c and turns its maps and records into metrics and events."""
+"""Loads bpf_programs/tcp_flows.c and turns its maps and records into metrics and events
+(the program's own counts: lens_ebpf/agent/tcp/tcp_flows_stats.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,8 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from lens_ebpf.agent.bpf import layouts
 from lens_ebpf.agent.bpf.loader import BTF_TP_PREFIX, BpfLoader, plan_for
@@ -493,61 +491,3 @@ class TcpFlows(RingProgram):
         if self.rtt is not None:
             out["rtt"] = self.rtt.keys_missed()
         return out
-
-
-class TcpFlowsCollector(Collector):
-    """The program's own counts: losses, full maps, bytes of sockets it never saw open."""
-
-    def __init__(self, flows: TcpFlows) -> None:
-        self._flows = flows
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(())
-
-    def collect(self) -> Iterator[Metric]:
-        st, flows = self._flows.kernel_stats, self._flows
-        full = CounterMetricFamily("lens_agent_bpf_map_full", "Updates refused by a full BPF map",
-                                   labels=("program", "map"))  # fmt: skip
-        for map_name, stat in (("socks", "sock_map_full"), ("flows", "flow_map_full"),
-                               ("rtt", "rtt_map_full"),
-                               ("connects", "connect_map_full")):  # fmt: skip
-            full.add_metric((NAME, map_name), st[stat])
-        yield full
-        missed = CounterMetricFamily(
-            "lens_agent_bpf_map_keys_missed",
-            "Keys a batch read of a counters map did not return though the map held them "
-            "(a kernel that passes over a busy bucket): each read alone, counted once",
-            labels=("program", "map"),
-        )
-        for map_name, n in flows.keys_missed().items():
-            missed.add_metric((NAME, map_name), n)
-        yield missed
-        untracked = CounterMetricFamily(
-            "lens_tcp_untracked_bytes",
-            "Bytes on TCP sockets opened before the agent started (no flow key known)",
-            labels=("way",),
-        )
-        untracked.add_metric(("sent",), st["untracked_sent_bytes"])
-        untracked.add_metric(("received",), st["untracked_recv_bytes"])
-        yield untracked
-        for name, help_text, value in (
-            ("lens_tcp_resets_without_socket",
-             "Resets sent with no socket (a SYN to a closed port)", st["reset_no_socket"]),
-            ("lens_tcp_untracked_retransmits",
-             "Retransmits on sockets opened before the agent started", st["untracked_retransmits"]),
-            ("lens_agent_tcp_closes_repaired",
-             "Sockets finished by the agent's sweep because the kernel skipped their CLOSE",
-             flows.repaired),
-            ("lens_agent_tcp_walks",
-             "Walks of a network namespace's open TCP sockets (bpf_iter__tcp, one per "
-             "namespace that has TCP sockets, per read cycle)", flows.walks),
-            ("lens_agent_tcp_walks_skipped",
-             "Network namespaces a read cycle did not walk: they held no TCP socket",
-             flows.walks_skipped),
-            ("lens_agent_tcp_walks_failed",
-             "Walks that failed, or namespaces that could not be entered: their sockets' "
-             "bytes show at a later walk or at close", flows.walks_failed),
-        ):  # fmt: skip
-            yield CounterMetricFamily(name, help_text, value=value)
-        yield GaugeMetricFamily("lens_agent_tcp_flow_keys", "Flow keys held in the kernel map",
-                                value=flows.tracked_keys())  # fmt: skip
