@@ -16,7 +16,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from lens_ebpf.recorder.alerts import logrules
+from lens_ebpf.recorder.alerts import logtemplates
 from lens_ebpf.recorder.alerts.logrules import Line, LogRules
 from lens_ebpf.recorder.store.writer import engine_for, upgrade
 
@@ -40,7 +40,7 @@ def main() -> None:
         upgrade(eng)
         now = datetime.now(UTC)
         with eng.begin() as conn:
-            made = logrules.seed(conn, now, "", True)
+            made = logtemplates.seed(conn, now, "", True)
         text = [x for x in (FIX / "megatron-single-node.log").read_text().splitlines() if x]
         lines = [Line(now, text[i % len(text)], "ml", f"bert-worker-{i % 64}", f"u{i % 64}",
                       "pytorch", f"gpu-{i % 8}", "uid-bert", "bert", "PyTorchJob", "local")

@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 
-from lens_ebpf.recorder.alerts import enrich, ingest, logrules, rules
+from lens_ebpf.recorder.alerts import enrich, ingest, logtemplates, rules
 from lens_ebpf.recorder.alerts.logrules import Line, LogRules
 from lens_ebpf.recorder.alerts.notify import Alertmanager
 from lens_ebpf.recorder.alerts.rules import MetricRules
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 # log alerts that mean the job hangs: the shipped NCCL/RCCL watchdog template's (a
-# collective that timed out; alerts/logrules.py TEMPLATES)
+# collective that timed out; alerts/logtemplates.py TEMPLATES)
 HANGS = frozenset({"NCCLWatchdogTimeout"})
 
 OUTCOMES = ("new", "resolved", "reopened", "unchanged", "silenced")
@@ -77,7 +77,7 @@ class Alerts(Collector):
         now = self.clock()
         try:
             with self.engine.begin() as conn:
-                logrules.seed(conn, now, "", self.cfg.default_log_rules)
+                logtemplates.seed(conn, now, "", self.cfg.default_log_rules)
             with self.engine.begin() as conn:
                 rules.seed(conn, now, self.home)
         except IntegrityError:

@@ -17,7 +17,7 @@ from typing import Any
 import requests
 import yaml
 
-from lens_ebpf.recorder.alerts.logrules import TEMPLATES
+from lens_ebpf.recorder.alerts.logtemplates import TEMPLATES
 from lens_ebpf.recorder.alerts.rules import shipped
 from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer

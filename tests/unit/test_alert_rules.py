@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from lens_ebpf.recorder.alerts import logrules
-from lens_ebpf.recorder.alerts.logrules import TEMPLATES, Line, LogRules, compile_pattern
+from lens_ebpf.recorder.alerts.logrules import Line, LogRules, compile_pattern
+from lens_ebpf.recorder.alerts.logtemplates import TEMPLATES
 from lens_ebpf.recorder.errors import BadRequest, Conflict
 from lens_ebpf.recorder.store.writer import engine_for, upgrade
 

@@ -10,10 +10,7 @@ The pages write a rule's config in one dialect (`flags.case_insensitive`,
 engine in another (`ignore_case`, `threshold.{count_threshold, time_window}`,
 `{type, key, operator: "eq", values}`): both are read.
 
-The shipped templates (TEMPLATES, read from log_templates.yaml beside this module) are what
-breaks GPU training: NCCL/RCCL watchdog timeouts and aborts, CUDA and HIP out of memory, Xid
-and ECC lines, NaN or inf loss, segmentation faults in collectives; and a few general ones.
-On a first start each is stored as a template, and the GPU training ones as enabled rules.
+The shipped templates, stored on a first start, are logtemplates.py's.
 """
 
 from __future__ import annotations
@@ -25,17 +22,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from importlib import resources
 from typing import Any
 
-import yaml
-from sqlalchemy import Connection, Engine, func, select, update
+from sqlalchemy import Connection, Engine, select, update
 
 from lens_ebpf.recorder import inputs, patterns
 from lens_ebpf.recorder.alerts import model
 from lens_ebpf.recorder.alerts.ingest import AlertIn
 from lens_ebpf.recorder.alerts.model import new_id
-from lens_ebpf.recorder.errors import BadRequest, Conflict, NotFound
+from lens_ebpf.recorder.errors import BadRequest, Conflict
 from lens_ebpf.recorder.store import schema as t
 
 MATCH_TYPES = ("pattern", "threshold")
@@ -348,89 +343,6 @@ def test_pattern(body: dict[str, Any]) -> dict[str, Any]:
     m = rx.search(sample)
     return {"matched": m is not None, "captures": [g for g in m.groups() if g is not None]
             if m else []}  # fmt: skip
-
-
-# -- the shipped templates ----------------------------------------------------------------
-def _tpl(name: str, category: str, description: str, pattern: str, severity: str,
-         summary: str, alertname: str, ignore_case: bool = True, training: bool = True,
-         threshold: tuple[int, int] | None = None,
-         keywords: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
-    config: dict[str, Any] = {"pattern": pattern, "ignore_case": ignore_case,
-                              "keywords": list(keywords)}  # fmt: skip
-    if threshold:
-        config["threshold"] = {"count_threshold": threshold[0], "time_window": threshold[1]}
-    return {
-        "name": name, "category": category, "description": description,
-        "tags": [category, "gpu-training"] if training else [category],
-        "training": training,
-        "template_config": {
-            "match_type": "threshold" if threshold else "pattern", "match_config": config,
-            "label_selectors": [], "severity": severity, "group_by": ["workload"],
-            "repeat_interval": 3600,
-            "alert_template": {
-                "summary": summary,
-                "description": f"{description}: {{{{.Namespace}}}}/{{{{.PodName}}}} on "
-                               "{{.NodeName}} ({{.WorkloadName}}): {{.LogMessage}}",
-                "labels": {"alertname": alertname, "category": category}}}}  # fmt: skip
-
-
-def _templates() -> list[dict[str, Any]]:
-    """log_templates.yaml, packaged beside this module, each entry made a template."""
-    text = resources.files("lens_ebpf.recorder.alerts").joinpath("log_templates.yaml")
-    out = []
-    for entry in yaml.safe_load(text.read_text()):
-        pattern, threshold = entry.pop("pattern"), entry.pop("threshold", None)
-        out.append(
-            _tpl(
-                pattern="".join(pattern) if isinstance(pattern, list) else pattern,
-                threshold=(threshold["count"], threshold["window_seconds"]) if threshold else None,
-                keywords=tuple(entry.pop("keywords", ())),
-                **entry,
-            )
-        )
-    return out
-
-
-TEMPLATES = _templates()
-
-
-def seed(conn: Connection, now: datetime, cluster: str, rules: bool) -> int:
-    """On a first start (no built-in template stored yet): the templates stored and, with
-    rules, the GPU training ones as enabled rules of cluster ("": every cluster); the
-    rules made."""
-    tp = t.log_alert_rule_templates
-    if conn.execute(select(func.count()).select_from(tp).where(tp.c.is_builtin.is_(True))
-                    ).scalar_one():  # fmt: skip
-        return 0
-    made = 0
-    for tpl in TEMPLATES:
-        tid = new_id(conn.execute(tp.insert().values(
-            name=tpl["name"], category=tpl["category"], description=tpl["description"],
-            template_config=tpl["template_config"], tags=tpl["tags"], is_builtin=True,
-            usage_count=0, created_by="lens-ebpf", created_at=now, updated_at=now)))  # fmt: skip
-        if rules and tpl["training"]:
-            instantiate(conn, int(tid), {"name": tpl["name"], "cluster_name": cluster}, now,
-                        "lens-ebpf")  # fmt: skip
-            made += 1
-    return made
-
-
-def instantiate(conn: Connection, template_id: int, body: dict[str, Any], now: datetime,
-                who: str) -> dict[str, Any]:  # fmt: skip
-    """A rule from a template (body: name, cluster_name, and any rule field to change)."""
-    tp = t.log_alert_rule_templates
-    row = conn.execute(select(tp).where(tp.c.id == template_id)).first()
-    if row is None:
-        raise NotFound(f"no template {template_id}")
-    cfg = dict(row.template_config or {})
-    fields = {**cfg, **(body.get("overrides") or {}),
-              **{k: v for k, v in body.items() if k in RULE_FIELDS}}  # fmt: skip
-    fields.setdefault("name", row.name)
-    fields.setdefault("description", row.description)
-    rid = create_rule(conn, fields, now, who, template_id)
-    conn.execute(update(tp).where(tp.c.id == template_id).values(
-        usage_count=tp.c.usage_count + 1))  # fmt: skip
-    return {"rule_id": rid, "cluster_name": fields.get("cluster_name") or ""}
 
 
 RULE_FIELDS = ("name", "description", "cluster_name", "enabled", "priority", "label_selectors",

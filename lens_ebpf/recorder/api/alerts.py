@@ -14,7 +14,15 @@ from typing import Any
 from lens_ebpf.core.routes import Param, RouteTable
 from lens_ebpf.recorder import inputs
 from lens_ebpf.recorder.alerting import Alerts
-from lens_ebpf.recorder.alerts import channels, correlate, logrules, logstore, overview, silences
+from lens_ebpf.recorder.alerts import (
+    channels,
+    correlate,
+    logrules,
+    logstore,
+    logtemplates,
+    overview,
+    silences,
+)
 from lens_ebpf.recorder.alerts import rule_history as rule_history
 from lens_ebpf.recorder.alerts.model import SEVERITIES, SOURCES, STATUSES, parse_time, row_dict
 from lens_ebpf.recorder.api.envelope import Ask, bad, integer, param
@@ -419,8 +427,8 @@ def template_create(ask: Ask) -> Any:
 @routes.post("log-alert-rule-templates/{id}/instantiate", ID)
 def template_instantiate(ask: Ask) -> Any:
     """{name, cluster_name, overrides}: a rule made of the template."""
-    return _changed(ask, logrules.instantiate(ask.conn, ident(ask), ask.body(), ask.now(),
-                                              who(ask)))  # fmt: skip
+    return _changed(ask, logtemplates.instantiate(ask.conn, ident(ask), ask.body(), ask.now(),
+                                                  who(ask)))  # fmt: skip
 
 
 @routes.delete("log-alert-rule-templates/{id}", ID)
