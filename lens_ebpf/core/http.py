@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import resource
 import socket
 import ssl
 from collections.abc import Iterator
@@ -33,12 +32,12 @@ from typing import Any
 from urllib.parse import unquote
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf.core.exposition import CONTENT_TYPE, render
+from lens_ebpf.core.http_connections import Connection, Counters, Server, raise_open_files
 from lens_ebpf.core.loop import EventLoopThread
 from lens_ebpf.core.routes import (
     WRITES,
@@ -57,10 +56,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Answer", "HttpServer", "Response", "envelope", "json_response", "tls_context"]
 
-REFUSED = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
-             b"Connection: close\r\n\r\n")  # fmt: skip
-
 
 def json_response(status: int, body: Any) -> Response:
     return status, "application/json", (json.dumps(body, sort_keys=True) + "\n").encode()
@@ -69,111 +64,6 @@ def json_response(status: int, body: Any) -> Response:
 def envelope(data: Any) -> Response:
     """The node exporter's REST envelope."""
     return json_response(200, {"code": 0, "data": data, "message": "success"})
-
-
-def raise_open_files(needed: int) -> int:
-    """Raise this process's open-file limit toward needed (up to the hard limit); the
-    soft limit in force. Each connection is a descriptor."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft >= needed:
-        return soft
-    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-    if target > soft:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-    if soft < needed:
-        log.warning("open files limited to %d (hard limit %s): fewer than the %d that "
-                    "server.max_connections asks for", soft, hard, needed)  # fmt: skip
-    else:
-        log.info("open-file limit raised to %d for server.max_connections", soft)
-    return soft
-
-
-class Counters:
-    def __init__(self) -> None:
-        self.open = 0
-        self.refused = 0
-        self.cut = 0  # closed for sending no whole request head in time
-        self.oversized = 0
-        self.bodies_too_large = 0  # POST bodies over their route's bound (413)
-        self.bodies_timed_out = 0  # bodies not whole within the body timeout (408)
-        self.bodies_abandoned = 0  # clients that hung up before their body was whole
-        self.busy = 0  # writes refused (503): too many in hand, or their bodies' bytes
-        self.writes = 0  # writes in hand now (body being read, or handler running)
-        self.body_bytes = 0  # their bodies' bytes held now
-        self.scrapes = 0
-        self.renders = 0
-
-
-class _Connection(RequestHandler):
-    """aiohttp's protocol, counting what its keep-alive timer cuts (no whole request
-    head within the timeout) and holding a connection's head bytes to a budget."""
-
-    def __init__(self, manager: web.Server, counters: Counters, head_budget: int,
-                 **kwargs: Any) -> None:  # fmt: skip
-        super().__init__(manager, **kwargs)
-        self.counters = counters
-        self.head_budget = head_budget
-        self.head_bytes = 0
-        self.head_done = False  # the head's blank line came: what follows is its body
-        self.tail = b""  # the head's last bytes (its end may span two reads)
-        self.in_request = False
-
-    def data_received(self, data: bytes) -> None:
-        if not self.in_request and not self.head_done:  # bytes of a head not yet whole
-            seen = self.tail + data
-            end = seen.find(b"\r\n\r\n")
-            if end >= 0:
-                self.head_done = True  # a body after it is its route's to bound
-                self.head_bytes += max(0, end + 4 - len(self.tail))
-            else:
-                self.head_bytes += len(data)
-                self.tail = seen[-3:]
-            transport = self.transport
-            if self.head_bytes > self.head_budget and transport is not None:
-                self.counters.oversized += 1
-                transport.write(TOO_LARGE)
-                self.force_close()
-                transport.close()
-                return
-        super().data_received(data)
-
-    def next_head(self) -> None:
-        """A response went: the next bytes are the next request's head."""
-        self.in_request, self.head_bytes, self.head_done, self.tail = False, 0, False, b""
-
-    def _process_keepalive(self) -> None:
-        open_before = not self._force_close
-        super()._process_keepalive()
-        if open_before and self._force_close:
-            self.counters.cut += 1
-
-
-class _Server(web.Server):
-    """Makes _Connection protocols; refuses connections beyond the cap."""
-
-    def __init__(self, handler: Any, counters: Counters, max_connections: int,
-                 head_budget: int, **kwargs: Any) -> None:  # fmt: skip
-        super().__init__(handler, **kwargs)
-        self.counters, self.max_connections = counters, max_connections
-        self.head_budget = head_budget
-
-    def __call__(self) -> RequestHandler:
-        return _Connection(self, self.counters, self.head_budget, loop=self._loop, **self._kwargs)
-
-    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
-        super().connection_made(handler, transport)
-        self.counters.open += 1
-        if self.counters.open > self.max_connections:
-            self.counters.refused += 1
-            transport.write(REFUSED)
-            handler.force_close()
-            transport.close()
-
-    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
-        self.counters.open -= 1
-        super().connection_lost(handler, exc)
 
 
 class HttpServer:
@@ -378,7 +268,7 @@ class HttpServer:
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         conn = request.protocol
-        if isinstance(conn, _Connection):
+        if isinstance(conn, Connection):
             conn.in_request = True
         try:
             extra: dict[str, str] = {}
@@ -416,7 +306,7 @@ class HttpServer:
         finally:
             # the rest of an unread body is not the next request's head (the connection
             # closes once aiohttp has drained what comes within its lingering time)
-            if isinstance(conn, _Connection) and request.content.is_eof():
+            if isinstance(conn, Connection) and request.content.is_eof():
                 conn.next_head()
 
     async def _metrics(self) -> bytes:
@@ -436,7 +326,7 @@ class HttpServer:
         return body
 
     async def _start(self) -> None:
-        manager = _Server(
+        manager = Server(
             self._handle, self.counters, self.max_connections, self.max_header_bytes,
             keepalive_timeout=self.request_timeout, max_line_size=self.max_header_bytes,
             max_field_size=self.max_header_bytes, access_log=None,
