@@ -24,12 +24,25 @@ from lens_ebpf.agent.bpf import btf, layouts
 from lens_ebpf.agent.bpf.loader import BpfLoader, plan_for, program_source, render_cflags
 from lens_ebpf.agent.drops import drops, reasons
 from lens_ebpf.agent.enrich import Enrichment
-from lens_ebpf.agent.events import Event, EventBus, EventFilter
+from lens_ebpf.agent.events import Event, EventBus, EventFilter, Subscription
 from lens_ebpf.agent.metrics.cache import MetricCache
 from lens_ebpf.agent.net.policy import PolicyError
 from lens_ebpf.agent.net.policy_watch import PolicyWatcher
 from lens_ebpf.agent.processes import proc_events
 from lens_ebpf.agent.tcp import tcp_flows, tcp_rtt
+from lens_ebpf.agent.trace_format import (
+    ALL_HEADER,
+    DROP_HEADER,
+    EXEC_HEADER,
+    GPU_HEADER,
+    TCP_HEADER,
+    format_any,
+    format_drop,
+    format_flow,
+    format_gpu,
+    format_proc,
+    rtt_lines,
+)
 from lens_ebpf.core.runner import Job, Runner
 
 EXAMPLES = """\
@@ -42,17 +55,6 @@ examples:
   lens-ebpf trace gpu --wide               # GPU faults and the pods on the GPU
   lens-ebpf trace drop --port 8080         # each packet the kernel drops, and why
 """
-TCP_HEADER = (
-    f"{'TIME':<8} {'PID':>6} {'COMM':<9} {'DIR':<3} {'CLASS':<8} {'REMOTE':<21} "
-    f"{'TX':>6} {'RX':>6} {'MS':>5}"
-)
-GPU_HEADER = f"{'TIME':<8} {'GPU':>3} {'BDF':<12} {'FAULT':<18} {'CODE':<6} {'PID':>7} MESSAGE"
-EXEC_HEADER = f"{'TIME':<8} {'EVENT':<5} {'PID':>7} {'PPID':>7} {'COMM':<12} {'RET':>5} FILENAME"
-# trace all: one table, each line led by its event kind
-ALL_HEADER = f"{'TIME':<8} {'EVENT':<5} {'PID':>7} {'COMM':<12} DETAIL"
-SHORT_KIND = {"flow_closed": "flow", "process_exec": "exec", "process_exit": "exit",
-              "oom_kill": "oom"}  # fmt: skip
-CLASS_SHORT = {"externalHosts": "external", "internalHosts": "internal", "localhost": "local"}
 
 
 class TraceError(Exception):
@@ -81,122 +83,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--ebpf", action="store_true", help=argparse.SUPPRESS)
 
 
-def human_bytes(n: int) -> str:
-    for unit in ("", "K", "M", "G"):
-        if n < 1024 or unit == "G":
-            return f"{n:.0f}{unit}" if unit == "" else f"{n:.1f}{unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
-
-
-def clock_text(ts_ns: int, boot_offset: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(boot_offset + ts_ns / 1e9))
-
-
-def _fit(text: str, width: int) -> str:
-    return text if len(text) <= width else "…" + text[-(width - 1) :]
-
-
-def _remote(ev: Event) -> str:
-    """The remote address with the service port (the remote's for egress, ours else)."""
-    port = ev["rport"] if ev["direction"] == "egress" else ev["lport"]
-    return f"[{ev['raddr']}]:{port}" if ":" in ev["raddr"] else f"{ev['raddr']}:{port}"
-
-
-def format_flow(ev: Event, boot_offset: float, wide: bool = False) -> str:
-    """One closed flow as an 80-column line (--wide appends pod and container)."""
-    remote = _remote(ev)
-    line = (
-        f"{clock_text(ev['ts_ns'], boot_offset):<8} {ev['pid']:>6} {ev['comm'][:9]:<9} "
-        f"{'out' if ev['direction'] == 'egress' else 'in':<3} "
-        f"{CLASS_SHORT.get(ev['class'], ev['class'])[:8]:<8} {_fit(remote, 21):<21} "
-        f"{human_bytes(ev['sent_bytes']):>6} {human_bytes(ev['received_bytes']):>6} "
-        f"{min(ev['duration_ns'] / 1e6, 99999):>5.0f}"
-    )
-    return line + _wide(ev) if wide else line
-
-
-def format_proc(ev: Event, boot_offset: float, wide: bool = False) -> str:
-    kind = SHORT_KIND[ev["kind"]]
-    ret = _exit_text(ev) if kind == "exit" else ""
-    line = (
-        f"{clock_text(ev['ts_ns'], boot_offset):<8} {kind:<5} {ev['pid']:>7} {ev['ppid']:>7} "
-        f"{ev['comm'][:12]:<12} {ret:>5} {ev.get('filename', '')}"
-    )[:80]
-    return line + _wide(ev) if wide else line
-
-
-def _exit_text(ev: Event) -> str:
-    if ev["signal"]:
-        return f"sig{ev['signal']}"
-    return "?" if ev["exit_code"] < 0 else str(ev["exit_code"])
-
-
-def format_any(ev: Event, boot_offset: float, wide: bool = False) -> str:
-    """One line of `trace all`'s table: time, kind, pid, comm, then what that kind says."""
-    kind = SHORT_KIND[ev["kind"]]
-    if kind == "flow":
-        detail = (f"{'out' if ev['direction'] == 'egress' else 'in'} "
-                  f"{CLASS_SHORT.get(ev['class'], ev['class'])} {_fit(_remote(ev), 21)} "
-                  f"{human_bytes(ev['sent_bytes'])}/{human_bytes(ev['received_bytes'])} "
-                  f"{min(ev['duration_ns'] / 1e6, 99999):.0f}ms")  # fmt: skip
-    elif kind == "exec":
-        detail = f"ppid {ev['ppid']} {ev.get('filename', '')}"
-    elif kind == "exit":
-        detail = f"ppid {ev['ppid']} ret {_exit_text(ev)}"
-    else:
-        detail = f"ppid {ev['ppid']} chosen by the OOM killer"
-    line = (f"{clock_text(ev['ts_ns'], boot_offset):<8} {kind:<5} {ev['pid']:>7} "
-            f"{ev['comm'][:12]:<12} {detail}")[:80]  # fmt: skip
-    return line + _wide(ev) if wide else line
-
-
-def _wide(ev: Event) -> str:
-    if not ev.get("container_id"):
-        return ""
-    pod = f"{ev['namespace']}/{ev['pod']}" if ev.get("pod") else "-"
-    return f"  pod={pod} container={ev.get('container') or ev['container_id'][:12]}"
-
-
 def event_filter(args: argparse.Namespace, kinds: frozenset[str] = frozenset()) -> EventFilter:
     """The filters the kernel did not apply (the one filter gRPC Subscribe uses too)."""
     return EventFilter(kinds=kinds, namespace=args.namespace or "", pod=args.pod or "",
                        container=args.container or "", comm=args.comm or "",
                        cls=args.cls or "")  # fmt: skip
-
-
-def rtt_lines(
-    prev: dict[tuple[str, str], list[int]], now: dict[tuple[str, str], tuple[list[int], float]],
-    stamp: str, as_json: bool,
-) -> list[str]:  # fmt: skip
-    """Histograms of the samples since the last interval, per (direction, class)."""
-    out = []
-    for key, (bins, _total) in sorted(now.items()):
-        old = prev.get(key, [0] * len(bins))
-        delta = [a - b for a, b in zip(bins, old, strict=True)]
-        count = sum(delta)
-        if not count:
-            continue
-        bounds = [*tcp_rtt.RTT_BOUNDS_US, None]
-        if as_json:
-            out.append(json.dumps({
-                "kind": "rtt_histogram", "time": stamp, "direction": key[0], "class": key[1],
-                "count": count,
-                "buckets": [{"le_us": b, "count": n} for b, n in zip(bounds, delta, strict=True)
-                            if n],
-            }))  # fmt: skip
-            continue
-        out.append(f"{stamp} direction={key[0]} class={key[1]} samples={count}")
-        out.append(f"{'usecs':>21} : {'count':<8} distribution")
-        peak = max(delta)
-        low = 0
-        for b, n in zip(bounds, delta, strict=True):
-            if n:
-                label = f"{low} -> {b}" if b is not None else f"{low} -> inf"
-                bar = "*" * max(1, round(40 * n / peak))
-                out.append(f"{label:>21} : {n:<8} |{bar:<40}|")
-            low = b if b is not None else low
-    return out
 
 
 def rtt_by_class(cache: MetricCache) -> dict[tuple[str, str], tuple[list[int], float]]:
@@ -290,7 +181,6 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         layouts.set_trace_filter(procs.bpf, args.pid)
         programs.append(procs)
 
-    boot_offset = time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
     kinds = set()
     if args.what in ("tcp", "all"):
         kinds.add("flow_closed")
@@ -306,36 +196,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         t.start()
     err.write(f"lens-ebpf trace: tracing {args.what} (Ctrl-C to stop)\n")
     err.flush()
-    shown = 0
-    header_done = False
-    started = time.monotonic()
-    next_rtt = started + args.interval
-    rtt_prev: dict[tuple[str, str], list[int]] = {}
-    rtt_rounds = 0
     try:
-        while not stop.is_set():
-            if args.duration and time.monotonic() - started >= args.duration:
-                break
-            ev = sub.get(timeout=0.1)
-            if ev is not None:
-                if not args.json and not header_done:
-                    out.write({"tcp": TCP_HEADER, "exec": EXEC_HEADER}.get(args.what, ALL_HEADER)
-                              + "\n")  # fmt: skip
-                    header_done = True
-                out.write(_render(ev, args, boot_offset) + "\n")
-                out.flush()
-                shown += 1
-            if args.what in ("rtt", "all") and tcp is not None and time.monotonic() >= next_rtt:
-                tcp.read()
-                now = rtt_by_class(cache)
-                for line in rtt_lines(rtt_prev, now, time.strftime("%H:%M:%S"), args.json):
-                    out.write(line + "\n")
-                out.flush()
-                rtt_prev = {k: v[0] for k, v in now.items()}
-                next_rtt += args.interval
-                rtt_rounds += 1
-                if args.count and rtt_rounds >= args.count:
-                    break
+        shown = _show(args, sub, tcp, cache, stop, out)
     finally:
         stop.set()
         for t in threads:
@@ -349,6 +211,49 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     return 0
 
 
+def _show(
+    args: argparse.Namespace,
+    sub: Subscription,
+    tcp: tcp_flows.TcpFlows | None,
+    cache: MetricCache,
+    stop: threading.Event,
+    out: TextIO,
+) -> int:
+    """Each event as it comes, and rtt's histograms every interval, until stopped, the
+    duration is over or count histograms were shown; how many events were shown."""
+    boot_offset = time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
+    shown = 0
+    header_done = False
+    started = time.monotonic()
+    next_rtt = started + args.interval
+    rtt_prev: dict[tuple[str, str], list[int]] = {}
+    rtt_rounds = 0
+    while not stop.is_set():
+        if args.duration and time.monotonic() - started >= args.duration:
+            break
+        ev = sub.get(timeout=0.1)
+        if ev is not None:
+            if not args.json and not header_done:
+                out.write({"tcp": TCP_HEADER, "exec": EXEC_HEADER}.get(args.what, ALL_HEADER)
+                          + "\n")  # fmt: skip
+                header_done = True
+            out.write(_render(ev, args, boot_offset) + "\n")
+            out.flush()
+            shown += 1
+        if args.what in ("rtt", "all") and tcp is not None and time.monotonic() >= next_rtt:
+            tcp.read()
+            now = rtt_by_class(cache)
+            for line in rtt_lines(rtt_prev, now, time.strftime("%H:%M:%S"), args.json):
+                out.write(line + "\n")
+            out.flush()
+            rtt_prev = {k: v[0] for k, v in now.items()}
+            next_rtt += args.interval
+            rtt_rounds += 1
+            if args.count and rtt_rounds >= args.count:
+                break
+    return shown
+
+
 def _render(ev: Event, args: argparse.Namespace, boot_offset: float) -> str:
     if args.json:
         return json.dumps(ev.to_dict(), sort_keys=True, default=str)
@@ -357,14 +262,6 @@ def _render(ev: Event, args: argparse.Namespace, boot_offset: float) -> str:
     if ev["kind"] == "flow_closed":
         return format_flow(ev, boot_offset, args.wide)
     return format_proc(ev, boot_offset, args.wide)
-
-
-def format_gpu(ev: Event, wide: bool = False) -> str:
-    line = (
-        f"{time.strftime('%H:%M:%S'):<8} {ev['gpu_index']:>3} {ev['bdf']:<12} "
-        f"{ev['fault']:<18} {ev['code']:<6} {ev['pid'] or '-':>7} {ev['message']}"
-    )[:120]
-    return line + _wide(ev) if wide else line
 
 
 def run_gpu(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: TextIO) -> int:
@@ -431,26 +328,6 @@ def run_gpu(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: Text
             t.join(timeout=2)
     err.write(f"lens-ebpf trace: {shown} GPU faults shown\n")
     return 0
-
-
-DROP_HEADER = f"{'TIME':<8} {'DIR':<3} {'PROTO':<5} {'LOCAL':<21} {'REMOTE':<21} REASON"
-
-
-def format_drop(ev: dict[str, Any], boot_offset: float) -> str:
-    """One drop as an 80-column line: the local end (the destination of a packet that
-    came in, the source of one sent), the other, and the kernel's reason."""
-    ingress = ev["direction"] == "ingress"
-
-    def end(addr: str, port: int) -> str:
-        if not addr:
-            return "-"
-        host = f"[{addr}]" if ":" in addr else addr
-        return _fit(f"{host}:{port}" if port else host, 21)
-
-    local = end(ev["daddr"], ev["dport"]) if ingress else end(ev["saddr"], ev["sport"])
-    remote = end(ev["saddr"], ev["sport"]) if ingress else end(ev["daddr"], ev["dport"])
-    return (f"{clock_text(ev['ts_ns'], boot_offset):<8} {'in' if ingress else 'out':<3} "
-            f"{ev['protocol'] or '-':<5} {local:<21} {remote:<21} {ev['reason']}")[:80]  # fmt: skip
 
 
 def run_drop(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: TextIO) -> int:

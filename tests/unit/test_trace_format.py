@@ -6,7 +6,8 @@ import pytest
 from lens_ebpf import cli
 from lens_ebpf.agent import tracefs
 from lens_ebpf.agent.bpf import btf
-from lens_ebpf.agent.trace import event_filter, format_flow, format_proc
+from lens_ebpf.agent.trace import event_filter
+from lens_ebpf.agent.trace_format import format_flow, format_proc
 from tests.golden import check_golden
 
 FLOWS = [
@@ -25,7 +26,7 @@ FLOWS = [
 
 
 def test_human_table_layout_is_golden_and_fits_80_columns() -> None:
-    from lens_ebpf.agent.trace import TCP_HEADER
+    from lens_ebpf.agent.trace_format import TCP_HEADER
 
     lines = [TCP_HEADER] + [format_flow(e, boot_offset=0.0) for e in FLOWS]
     assert all(len(line) <= 80 for line in lines)
@@ -107,7 +108,7 @@ def test_ebpf_prints_source_and_cflags(capsys) -> None:
 
 
 def test_trace_all_is_one_table_with_a_kind_column() -> None:
-    from lens_ebpf.agent.trace import ALL_HEADER, format_any
+    from lens_ebpf.agent.trace_format import ALL_HEADER, format_any
 
     proc = {"kind": "process_exit", "ts_ns": 0, "pid": 31, "ppid": 1, "comm": "sh",
             "exit_code": 3, "signal": 0}  # fmt: skip
