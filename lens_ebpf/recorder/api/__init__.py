@@ -14,13 +14,16 @@ from lens_ebpf.core.http import HttpServer
 from lens_ebpf.core.routes import RouteTable, Surface
 from lens_ebpf.recorder.api import (
     aggregation,
+    alert_silences,
     alerts,
     assistants,
     clusters,
     detection,
     devices,
     job_history,
+    log_rules,
     management,
+    metric_rules,
     nodes,
     posts,
     profiler,
@@ -54,7 +57,10 @@ ROUTES: list[tuple[RouteTable, tuple[str, ...], str]] = [
     (reports.routes, PREFIXES, "lens"),
     (reports.files, PREFIXES, "lens-files"),  # the report's HTML, PDF and JSON files
     (alerts.routes, PREFIXES, "alerts"),  # the Alert pages': ?cluster= any alert's cluster
-    (alerts.files, PREFIXES, "alerts-files"),  # the metric rules as one rules file
+    (alert_silences.routes, PREFIXES, "alerts"),
+    (metric_rules.routes, PREFIXES, "alerts"),
+    (metric_rules.files, PREFIXES, "alerts-files"),  # the metric rules as one rules file
+    (log_rules.routes, PREFIXES, "alerts"),  # log rules and their templates
     (job_history.routes, PREFIXES, "lens"),  # the Management pages'
     (detection.routes, PREFIXES, "lens"),
     (system_config.routes, PREFIXES, "lens"),
