@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from lens_ebpf.core.routes import Param, RouteTable
-from lens_ebpf.recorder import detection, frameworks, inputs
+from lens_ebpf.recorder import detection_status, frameworks, inputs
 from lens_ebpf.recorder.api.envelope import Ask, bad, integer, param
 
 routes = RouteTable()
@@ -20,13 +20,13 @@ def who(ask: Ask) -> str:
 @routes.get("detection-status/summary")
 def summary(ask: Ask) -> Any:
     """Workloads counted by status and by detection state, the ten latest."""
-    return detection.summary(ask.conn, ask.c.name)
+    return detection_status.summary(ask.conn, ask.c.name)
 
 
 @routes.get(
     "detection-status",
-    Param("status", choices=detection.STATUSES),
-    Param("state", choices=detection.STATES, doc="the detection's state"),
+    Param("status", choices=detection_status.STATUSES),
+    Param("state", choices=detection_status.STATES, doc="the detection's state"),
     Param("page", "integer", "the page, from 1", default=1, minimum=1,
           maximum=inputs.INT_MAX // PAGE_MAX),
     Param("page_size", "integer", "workloads a page", default=20, minimum=1, maximum=PAGE_MAX),
@@ -38,54 +38,54 @@ def statuses(ask: Ask) -> Any:
     if not 1 <= num <= inputs.INT_MAX // PAGE_MAX or not 1 <= size <= PAGE_MAX:
         raise bad(f"page={num}, page_size={size}: page 1 or more, page_size from 1 to "
                   f"{PAGE_MAX}")  # fmt: skip
-    return detection.listing(ask.conn, ask.c.name, param(q, "status") or "",
-                             param(q, "state") or "", num, size)  # fmt: skip
+    return detection_status.listing(ask.conn, ask.c.name, param(q, "status") or "",
+                                    param(q, "state") or "", num, size)  # fmt: skip
 
 
 @routes.get("detection-status/{workload_uid}")
 def status(ask: Ask) -> Any:
     """One workload's framework detection: its status, framework stack, confidence,
     evidence sources, coverage per source and detection task."""
-    return detection.one(ask.conn, ask.c.name, ask.arg("workload_uid"))
+    return detection_status.one(ask.conn, ask.c.name, ask.arg("workload_uid"))
 
 
 @routes.get("detection-status/{workload_uid}/coverage")
 def coverage(ask: Ask) -> Any:
     """Per evidence source (process, log, image, label): collected or pending, attempts,
     evidence found."""
-    return detection.coverage_of(ask.conn, ask.c.name, ask.arg("workload_uid"))
+    return detection_status.coverage_of(ask.conn, ask.c.name, ask.arg("workload_uid"))
 
 
 @routes.get("detection-status/{workload_uid}/coverage/log-gap")
 def log_gap(ask: Ask) -> Any:
     """The log window received but not read for detection (none: lines are read as they
     come)."""
-    return detection.log_gap(ask.conn, ask.c.name, ask.arg("workload_uid"))
+    return detection_status.log_gap(ask.conn, ask.c.name, ask.arg("workload_uid"))
 
 
 @routes.get("detection-status/{workload_uid}/tasks")
 def tasks(ask: Ask) -> Any:
     """The workload's detection task: its state, attempts, next attempt, who asked."""
-    return detection.tasks_of(ask.conn, ask.c.name, ask.arg("workload_uid"))
+    return detection_status.tasks_of(ask.conn, ask.c.name, ask.arg("workload_uid"))
 
 
 @routes.get("detection-status/{workload_uid}/evidence",
             Param("source", choices=frameworks.SOURCES))  # fmt: skip
 def evidence(ask: Ask) -> Any:
     """?source (process, log, image, label): its evidence, newest first."""
-    return detection.evidence_of(ask.conn, ask.c.name, ask.arg("workload_uid"),
-                                 param(ask.query, "source") or "")  # fmt: skip
+    return detection_status.evidence_of(ask.conn, ask.c.name, ask.arg("workload_uid"),
+                                        param(ask.query, "source") or "")  # fmt: skip
 
 
 @routes.post("detection-status/{workload_uid}/coverage/initialize")
 def coverage_initialize(ask: Ask) -> Any:
     """Coverage for a workload not looked at yet; a write (the API's credentials)."""
-    return detection.initialize(ask.conn, ask.c.name, ask.arg("workload_uid"), ask.now(),
-                                who(ask))  # fmt: skip
+    return detection_status.initialize(ask.conn, ask.c.name, ask.arg("workload_uid"), ask.now(),
+                                       who(ask))  # fmt: skip
 
 
 @routes.post("detection-status/{workload_uid}/trigger")
 def trigger(ask: Ask) -> Any:
     """Detect the workload again at the leader's next look; a write."""
-    return detection.trigger(ask.conn, ask.c.name, ask.arg("workload_uid"), ask.now(),
-                             who(ask))  # fmt: skip
+    return detection_status.trigger(ask.conn, ask.c.name, ask.arg("workload_uid"), ask.now(),
+                                    who(ask))  # fmt: skip
