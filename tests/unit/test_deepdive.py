@@ -10,7 +10,7 @@ from pathlib import Path
 from lens_ebpf.agent.deepdive import procs
 from lens_ebpf.agent.deepdive.pyspy import PySpy, Refusal
 from lens_ebpf.agent.deepdive.service import allowed
-from lens_ebpf.recorder.deepdive import compare, main_stack
+from lens_ebpf.recorder.deepdive.stacks import compare, main_stack
 
 # a comm with a space and a parenthesis: the fields start after the last ')'
 STAT = ("4242 (py thon) x) S 4200 4242 4200 0 -1 4194560 1 0 0 0 150 50 0 0 20 0 7 0 "
