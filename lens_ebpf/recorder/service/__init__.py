@@ -1,31 +1,26 @@
 """`lens-ebpf recorder`: the database, the watches, the collector protocol, REST and
 metrics, wired together (its one-shot commands, --report and --remove-finalizers, are in
-cli.py)."""
+cli.py); its periodic jobs are listed in schedule.py, its own metrics are metrics.py's."""
 
 from __future__ import annotations
 
 import gc
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
 from sqlalchemy.exc import SQLAlchemyError
 
 from lens_ebpf.core.http import HttpServer, front, tls_context
 from lens_ebpf.core.loop import EventLoopThread
 from lens_ebpf.core.runner import Job, JobMetrics, Runner
 from lens_ebpf.core.settings import split_listen
-from lens_ebpf.k8s.reflector import watch_metrics
 from lens_ebpf.recorder import api
 from lens_ebpf.recorder.accounting.hours import Keys
 from lens_ebpf.recorder.alerting import Alerts
-from lens_ebpf.recorder.alerts import late
 from lens_ebpf.recorder.api.assistants import Assistants
 from lens_ebpf.recorder.api.envelope import AlertsApi, LensApi, Services
 from lens_ebpf.recorder.api.front import FrontMetrics
@@ -39,7 +34,6 @@ from lens_ebpf.recorder.ingest.admission import Ingest, WriteGuard
 from lens_ebpf.recorder.ingest.node_auth import node_guard
 from lens_ebpf.recorder.ingest.node_events import NodeEvents, last_seqs
 from lens_ebpf.recorder.job_history import JobHistory
-from lens_ebpf.recorder.jobs import FAILURES
 from lens_ebpf.recorder.jobs.allocation import Jobs
 from lens_ebpf.recorder.kubelet_service import KubeletService
 from lens_ebpf.recorder.leadership import Leadership, identity_of
@@ -52,6 +46,8 @@ from lens_ebpf.recorder.profiler.files import Profiler
 from lens_ebpf.recorder.prom import Prom
 from lens_ebpf.recorder.remote_write.receiver import RemoteWrite
 from lens_ebpf.recorder.reports import weekly
+from lens_ebpf.recorder.service import schedule
+from lens_ebpf.recorder.service.metrics import RecorderMetrics
 from lens_ebpf.recorder.store.writer import (
     DatabaseError,
     LeaderWriter,
@@ -71,9 +67,19 @@ class RecorderApp:
 
     def __init__(self, cfg: Config, api_client: Any,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:  # fmt: skip
-        r, k = cfg.recorder, cfg.kubernetes
         self.cfg = cfg
         self.clock = clock
+        self._store(cfg, api_client, clock)
+        self._serving(cfg, api_client, clock)
+        self._domains(cfg, api_client, clock)
+        self.grpc: Any = None
+        self.collect_port = 0
+        self._stop = threading.Event()
+
+    def _store(self, cfg: Config, api_client: Any, clock: Callable[[], datetime]) -> None:
+        """The database, its writers, Prometheus, the runner, the clusters followed, the
+        node agents' events, the kubelet Service."""
+        r, k = cfg.recorder, cfg.kubernetes
         if r.leader_election.enabled and r.database_url.startswith("sqlite"):
             raise DatabaseError(
                 "recorder.leader_election.enabled needs a database the replicas share "
@@ -114,6 +120,12 @@ class RecorderApp:
             self.kubelet = KubeletService(self.api.core, ks.namespace, ks.name, ks.ports,
                                           ks.interval_seconds,
                                           k.request_timeout_seconds)  # fmt: skip
+
+    def _serving(self, cfg: Config, api_client: Any, clock: Callable[[], datetime]) -> None:
+        """The metrics registry, ingest, training, the HTTP server, remote write, the
+        storage config sync, leader election."""
+        r, k = cfg.recorder, cfg.kubernetes
+        replicas = r.leader_election.enabled
         self.registry = CollectorRegistry()
         self.registry.register(RecorderMetrics(self))
         self.registry.register(JobMetrics(self.runner, "lens_recorder_job"))
@@ -151,6 +163,12 @@ class RecorderApp:
                                          self._unlead)  # fmt: skip
             self.writer.fence = self.leadership.fence.check
             self.registry.register(self.leadership)
+
+    def _domains(self, cfg: Config, api_client: Any, clock: Callable[[], datetime]) -> None:
+        """Alerts, the Management pages' parts, detection, the job history, the deep dive,
+        the profiler, the REST surfaces, outliers, the allocation jobs, the weekly report."""
+        r = cfg.recorder
+        host, _ = split_listen(r.listen)
         self.alerts = Alerts(r.alerts, self.engine, self.lead_writer, self.remote_write,
                              api_client, own_namespace(), r.cluster_name, self.tracker.gpu_pod,
                              self.clusters.scopes, clock)  # fmt: skip
@@ -180,9 +198,6 @@ class RecorderApp:
                          Keys(tuple(ag.label_keys), tuple(ag.annotation_keys), ag.max_values),
                          ag.backfill_days, r.reports.keep_weeks)  # fmt: skip
         self.reports = weekly.job_for(r, self.engine, self.lead_writer, self.clusters.scopes)
-        self.grpc: Any = None
-        self.collect_port = 0
-        self._stop = threading.Event()
 
     def _mount(self, cfg: Config, clock: Callable[[], datetime]) -> Assistants:
         """The REST surfaces on the HTTP server, over the parts made before; the assistants'
@@ -229,76 +244,9 @@ class RecorderApp:
             self.management.admin.load_default(conn)
 
     def jobs_to_run(self) -> list[Job]:
-        """The periodic jobs; leader-only ones write or act on the cluster, and one replica
-        does that (each cluster's storage scan is added by its ClusterWatch, leader-only)."""
-        r, mc, clock, alloc = self.cfg.recorder, self.cfg.multicluster, self.clock, self.jobs
-        every = r.jobs.allocation_seconds
-        jobs = [  # snapshot, hourly and prune share a thread: their first runs in this order
-            Job("snapshot", every, lambda: alloc.snapshot(clock()), leader_only=True,
-                at_start=True, lane="allocation", quiet=FAILURES),
-            Job("hourly", every, lambda: alloc.hourly(clock()), leader_only=True,
-                at_start=True, lane="allocation", quiet=FAILURES),
-            Job("prune", 3600, lambda: alloc.prune(clock()), leader_only=True, at_start=True,
-                lane="allocation", quiet=FAILURES),
-            Job("training", r.training.check_seconds, lambda: self.training.check(clock()),
-                leader_only=True),
-            Job("outliers", r.jobs.outliers_seconds, self.outliers.run_counted,
-                leader_only=True, quiet=FAILURES),
-            # the shipped log templates and rules and metric rules, once (idempotent)
-            Job("alerts_seed", 3600, self.alerts.seed, leader_only=True, at_start=True,
-                quiet=FAILURES),
-            Job("alerts_findings", r.alerts.findings_seconds, self.alerts.jobs.findings,
-                leader_only=True, quiet=FAILURES),
-            Job("alerts_notify", r.alerts.notify_seconds, self.alerts.jobs.notify,
-                leader_only=True, quiet=FAILURES),
-            # alerts stored before their pod or GPU was known, enriched once it is
-            Job("alerts_enrich", late.SECONDS, self.alerts.jobs.enrich, leader_only=True,
-                quiet=FAILURES),
-            # the Management pages': settings changed at run time and the default cluster
-            # (every replica), runs recorded, frameworks detected, tasks run on clusters,
-            # each cluster's agent version read
-            Job("settings", 10, self.apply_stored, leader_only=False, at_start=True,
-                quiet=FAILURES),
-            Job("job_history", 5, self.job_history.flush, leader_only=False, quiet=FAILURES),
-            # py-spy tasks whose replica stopped while they ran: failed, saying so
-            Job("pyspy_expire", 60, self.deepdive.expire, leader_only=False, at_start=True,
-                quiet=FAILURES),
-            # fetched profiler traces past recorder.profiler.retention_hours
-            Job("profiler_prune", 3600, lambda: self.profiler.prune(clock()), leader_only=True,
-                at_start=True, quiet=FAILURES),
-            Job("job_history_prune", 3600, lambda: self.job_history.prune(
-                clock(), r.job_history.retention_days), leader_only=True, at_start=True,
-                quiet=FAILURES),
-            Job("detection", r.detection.interval_seconds, self.detection.run,
-                leader_only=True, quiet=FAILURES),
-            Job("cluster_tasks", r.management.task_seconds, self.management.tasks.run,
-                leader_only=True, quiet=FAILURES),
-            Job("release_scan", r.management.release_scan_seconds,
-                self.management.releases.scan, leader_only=True, at_start=True,
-                quiet=FAILURES),
-            # every replica answers remote writes from its own maps
-            Job("remote_write_index", self.remote_write.indexer.interval,
-                self.remote_write.indexer.refresh_counted, leader_only=False, at_start=True,
-                quiet=FAILURES),
-        ]  # fmt: skip
-        # the last completed week's report, once, when due; first looked for one check after
-        # start, not at it: a start (every replica's, every test's) does not wait on Chromium
-        if r.reports.weekly:
-            jobs.append(Job("weekly_report", r.reports.check_seconds,
-                            lambda: self.reports.run(clock()), leader_only=True,
-                            quiet=FAILURES))  # fmt: skip
-        if self.storage_sync is not None:
-            jobs.append(Job("storage_config_sync", self.storage_sync.interval,
-                            self.storage_sync.run_once, leader_only=True,
-                            at_start=True))  # fmt: skip
-        if mc.secret:  # read once by clusters.start(); every replica knows the clusters
-            # (?cluster= is served everywhere), the leader alone watches them
-            jobs.append(Job("clusters_reload", mc.reload_seconds, self.clusters.reload,
-                            leader_only=False))  # fmt: skip
-        if self.kubelet is not None:
-            jobs.append(Job("kubelet_service", self.kubelet.interval, self.kubelet.sync_counted,
-                            leader_only=True, at_start=True))  # fmt: skip
-        return jobs
+        """The periodic jobs (service/schedule.py's lists, one by domain)."""
+        return [*schedule.allocation(self), *schedule.alerts(self), *schedule.management(self),
+                *schedule.added(self)]  # fmt: skip
 
     def leads(self) -> bool:
         """Whether this replica does what must be done once (the leader-only jobs' gate):
@@ -394,135 +342,6 @@ class RecorderApp:
         if self.storage_sync is not None:
             body["storage_config_sync"] = self.storage_sync.state()
         return ok, body
-
-
-class RecorderMetrics(Collector):
-    """The recorder's own health: watches, database writes, queue, errors."""
-
-    def __init__(self, app: RecorderApp) -> None:
-        self.app = app
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(())
-
-    def collect(self) -> Iterator[Metric]:
-        app, rec, w = self.app, self.app.tracker, self.app.writer
-
-        reflectors = rec.reflectors()
-        yield from watch_metrics(
-            reflectors,
-            "lens_recorder_watch_connected",
-            "lens_recorder_watch_restarts",
-            "lens_recorder_watch_events",
-        )
-        lag = Metric("lens_recorder_watch_lag_seconds",
-                     "Seconds since the watch last heard from the API (events, bookmarks, "
-                     "lists)", "gauge")  # fmt: skip
-        now = time.monotonic()
-        for r in reflectors:
-            if r.last_heard:
-                lag.add_sample("lens_recorder_watch_lag_seconds", {"resource": r.resource},
-                               now - r.last_heard)  # fmt: skip
-        yield lag
-        yield self._gauge("lens_recorder_db_up", "1 while the database takes writes",
-                          1 if w.up else 0)  # fmt: skip
-        hist = HistogramMetricFamily("lens_recorder_db_write_seconds",
-                                     "Time to commit one batch of writes")  # fmt: skip
-        writes = w.writes.copy()
-        hist.add_metric([], writes.cumulative(), writes.total)
-        yield hist
-        yield self._gauge("lens_recorder_queue_depth", "Writes waiting for the database",
-                          w.depth())  # fmt: skip
-        yield self._gauge("lens_recorder_queue_capacity", "The write queue's bound", w.queue_max)
-        yield self._counter("lens_recorder_queue_dropped_total", "Writes dropped by a full queue",
-                            w.dropped)  # fmt: skip
-        yield self._counter("lens_recorder_db_writes_total", "Writes committed", w.committed)
-        yield self._counter("lens_recorder_db_writes_fenced_total", "Leader writes dropped: "
-                            "this replica no longer led when they came to be written "
-                            "(replicas)", w.fenced)  # fmt: skip
-        errs = Metric(
-            "lens_recorder_db_errors",
-            "Database errors: unavailable (the write "
-            "waits and is retried), rejected (the write is dropped)",
-            "counter",
-        )
-        for why, n in w.errors.items():
-            errs.add_sample("lens_recorder_db_errors_total", {"reason": why}, n)
-        yield errs
-        bad = Metric("lens_recorder_malformed_objects", "API objects skipped as malformed",
-                     "counter")  # fmt: skip
-        for what, n in rec.malformed.items():
-            bad.add_sample("lens_recorder_malformed_objects_total", {"resource": what}, n)
-        yield bad
-        yield self._gauge("lens_recorder_pods_tracked", "GPU pods followed now", len(rec.pods))
-        yield self._gauge("lens_recorder_workloads_watched", "Workloads watched now",
-                          len(rec.workloads))  # fmt: skip
-        yield self._counter("lens_recorder_watchers_collected_total",
-                            "Workload watchers ended (workload deleted and stored)",
-                            rec.watchers_collected)  # fmt: skip
-        owners = Metric("lens_recorder_owner_lookups", "Owner reference lookups", "counter")
-        for result, n in rec.lookups.items():
-            owners.add_sample("lens_recorder_owner_lookups_total", {"result": result}, n)
-        yield owners
-        fin = Metric("lens_recorder_finalizer_operations", "Finalizer adds and removals",
-                     "counter")  # fmt: skip
-        for (op, result), n in sorted(rec.finalizer_ops.items()):
-            fin.add_sample("lens_recorder_finalizer_operations_total",
-                           {"operation": op, "result": result}, n)  # fmt: skip
-        yield fin
-        ne = Metric("lens_recorder_node_events", "Node agents' events stored, by kind",
-                    "counter")  # fmt: skip
-        for kind, n in sorted(app.node_events.stored.items()):
-            ne.add_sample("lens_recorder_node_events_total", {"kind": kind}, n)
-        yield ne
-        yield self._counter("lens_recorder_node_events_duplicate_total",
-                            "Node events received again and dropped (node, agent instance, seq)",
-                            app.node_events.duplicates)  # fmt: skip
-        refused = Metric("lens_recorder_collect_refused", "Collector streams refused, by gRPC "
-                         "code: unauthenticated (no or an invalid token), permission_denied "
-                         "(a token that may not report for the stream's node), unavailable "
-                         "(the API server did not answer its TokenReview), invalid_argument "
-                         "(a seq beyond grpc.max_seq_jump, or a lens-agent-instance that is "
-                         "not one)", "counter")  # fmt: skip
-        guard = app.node_events.guard
-        counts = dict(guard.refused) if guard is not None else {}
-        counts["invalid_argument"] = app.node_events.seq_refused + \
-            app.node_events.instance_refused  # fmt: skip
-        for code in ("unauthenticated", "permission_denied", "unavailable", "invalid_argument"):
-            refused.add_sample("lens_recorder_collect_refused_total", {"code": code},
-                               counts.get(code, 0))  # fmt: skip
-        yield refused
-        # lens_recorder_job_* (runs, errors, last success, ...): JobMetrics, the runner's
-        pruned = Metric("lens_recorder_pruned_rows", "Rows older than recorder.retention.days "
-                        "removed, by table", "counter")  # fmt: skip
-        for table, n in sorted(app.jobs.pruned.items()):
-            pruned.add_sample("lens_recorder_pruned_rows_total", {"table": table}, n)
-        yield pruned
-        yield self._counter(
-            "lens_recorder_aggregation_folded_values_total",
-            "Label and annotation values beyond recorder.aggregation.max_values "
-            "folded into __other__, each hour's statistics",
-            app.jobs.folded,
-        )
-        if app.kubelet is not None:
-            ks = Metric("lens_recorder_kubelet_service_syncs",
-                        "kubelet Service/Endpoints syncs, by result", "counter")  # fmt: skip
-            for result, n in app.kubelet.syncs.items():
-                ks.add_sample("lens_recorder_kubelet_service_syncs_total", {"result": result}, n)
-            yield ks
-
-    @staticmethod
-    def _gauge(name: str, help_text: str, value: float) -> Metric:
-        m = Metric(name, help_text, "gauge")
-        m.add_sample(name, {}, value)
-        return m
-
-    @staticmethod
-    def _counter(sample: str, help_text: str, value: float) -> Metric:
-        """A counter family with one sample, named as it is exported (..._total)."""
-        m = Metric(sample.removesuffix("_total"), help_text, "counter")
-        m.add_sample(sample, {}, value)
-        return m
 
 
 def settle_heap() -> None:
