@@ -27,7 +27,7 @@ node_events = Table(
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
            autoincrement=True),
     Column("node", String(NAME), nullable=False),
-    Column("instance", String(64), nullable=False, default=""),
+    Column("instance", String(64), nullable=False, default="", server_default=""),
     Column("seq", BigInteger, nullable=True),  # none for a gap
     Column("at", DateTime(timezone=True), nullable=False),
     Column("kind", String(32), nullable=False),

@@ -22,9 +22,9 @@ def upgrade() -> None:
     with op.batch_alter_table("node_events") as batch:
         batch.add_column(sa.Column("instance", sa.String(64), nullable=False,
                                    server_default=""))  # fmt: skip
+    # the default stays: a replica not yet upgraded (a rolling update) writes rows
+    # without the column, as an agent that does not say its instance
     with op.batch_alter_table("node_events") as batch:
-        batch.alter_column("instance", server_default=None, existing_type=sa.String(64),
-                           existing_nullable=False)  # fmt: skip
         batch.drop_constraint("uq_node_events_seq", type_="unique")
         batch.create_unique_constraint("uq_node_events_seq",
                                        ["cluster", "node", "instance", "seq"])  # fmt: skip
