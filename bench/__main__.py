@@ -77,10 +77,15 @@ class Agent:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             ["taskset", "-c", "0", LENS, "run", "--listen", f"127.0.0.1:{self.port}"],
-            env={**os.environ, "LENS_BPF__READ_INTERVAL_SECONDS": "1",
-                 "LENS_GRPC__LISTEN": self.grpc, **env},
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            env={
+                **os.environ,
+                "LENS_BPF__READ_INTERVAL_SECONDS": "1",
+                "LENS_GRPC__LISTEN": self.grpc,
+                **env,
+            },
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         self.ready_s = self._wait_ready()
 
     def _wait_ready(self) -> float:
@@ -106,8 +111,7 @@ class Agent:
             if not line.startswith(name + "{") and not line.startswith(name + " "):
                 continue
             # an empty label is left out of the exposition (no label to Prometheus)
-            if all(f'{k}="{v}"' in line if v else f'{k}="' not in line
-                   for k, v in labels.items()):  # fmt: skip
+            if all(f'{k}="{v}"' in line if v else f'{k}="' not in line for k, v in labels.items()):
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
@@ -117,11 +121,22 @@ class Agent:
         self.log.close()
 
 
-def conn_load(tools: dict[str, str], addr: str, seconds: float,
-              rate: float = 0) -> dict[str, float]:  # fmt: skip
+def conn_load(
+    tools: dict[str, str], addr: str, seconds: float, rate: float = 0
+) -> dict[str, float]:
     """conngen on CPU 1: as fast as it goes, or rate connections per second."""
-    out = sh("taskset", "-c", "1", tools["conngen"], addr, str(seconds), "2", str(PAYLOAD),
-             "-", str(rate))  # fmt: skip
+    out = sh(
+        "taskset",
+        "-c",
+        "1",
+        tools["conngen"],
+        addr,
+        str(seconds),
+        "2",
+        str(PAYLOAD),
+        "-",
+        str(rate),
+    )
     return parse_kv(out)
 
 
@@ -129,8 +144,12 @@ def probe_costs(agent: Agent) -> dict[str, tuple[float, float]]:
     """(run seconds, runs) per program/probe from the agent's own metrics."""
     body, _ = agent.metrics()
     got: dict[str, list[float]] = {}
-    for m in re.finditer(r'^lens_agent_bpf_program_(run_seconds|runs)_total\{program="([^"]+)",'
-                         r'probe="([^"]+)"\} (\S+)$', body, re.M):  # fmt: skip
+    for m in re.finditer(
+        r'^lens_agent_bpf_program_(run_seconds|runs)_total\{program="([^"]+)",'
+        r'probe="([^"]+)"\} (\S+)$',
+        body,
+        re.M,
+    ):
         got.setdefault(f"{m[2]}/{m[3]}", [0.0, 0.0])[m[1] == "runs"] = float(m[4])
     return {k: (v[0], v[1]) for k, v in got.items()}
 
@@ -153,9 +172,20 @@ def agent_under_load(
     collector, out = None, tmp / f"collected-{name}.jsonl"
     if report:
         cport = free_port()
-        collector = subprocess.Popen(["taskset", "-c", "0", LENS, "collect", "--listen",
-                                      f"127.0.0.1:{cport}", "--out", str(out)],
-                                     stderr=subprocess.DEVNULL)  # fmt: skip
+        collector = subprocess.Popen(
+            [
+                "taskset",
+                "-c",
+                "0",
+                LENS,
+                "collect",
+                "--listen",
+                f"127.0.0.1:{cport}",
+                "--out",
+                str(out),
+            ],
+            stderr=subprocess.DEVNULL,
+        )
         env = {**(env or {}), "LENS_REPORTER__TARGET": f"127.0.0.1:{cport}"}
     agent = Agent(env or {}, tmp / f"agent-{name}.log")
     res: dict[str, Any] = {"startup_seconds": round(agent.ready_s, 2)}
@@ -164,10 +194,22 @@ def agent_under_load(
     try:
         if subscribe:
             sub = subprocess.Popen(
-                ["taskset", "-c", "0", sys.executable, "-m", "bench.subscriber",
-                 *(["--batch"] if batch else []), agent.grpc, addr, "flow_closed"],
-                cwd=ROOT, stdout=subprocess.PIPE, text=True,
-            )  # fmt: skip
+                [
+                    "taskset",
+                    "-c",
+                    "0",
+                    sys.executable,
+                    "-m",
+                    "bench.subscriber",
+                    *(["--batch"] if batch else []),
+                    agent.grpc,
+                    addr,
+                    "flow_closed",
+                ],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             deadline = time.monotonic() + 30
             while agent.sample("lens_agent_grpc_streams") < 1 and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -178,13 +220,15 @@ def agent_under_load(
         cpu = cpu_seconds(agent.proc.pid) - cpu0
         # what the events published under the load hold (the bus's history among them)
         res["rss_mb_after"] = round(rss_mb(agent.proc.pid), 1)
-        costs = {k: (v[0] - costs0.get(k, (0, 0))[0], v[1] - costs0.get(k, (0, 0))[1])
-                 for k, v in probe_costs(agent).items()}  # fmt: skip
+        costs = {
+            k: (v[0] - costs0.get(k, (0, 0))[0], v[1] - costs0.get(k, (0, 0))[1])
+            for k, v in probe_costs(agent).items()
+        }
         port = str(int(run["port"]))
-        opened = agent.sample("lens_tcp_connections_opened_total", direction="egress",
-                              raddr=addr, port=port)  # fmt: skip
-        sent = agent.sample("lens_tcp_sent_bytes_total", direction="egress", raddr=addr,
-                            port=port)  # fmt: skip
+        opened = agent.sample(
+            "lens_tcp_connections_opened_total", direction="egress", raddr=addr, port=port
+        )
+        sent = agent.sample("lens_tcp_sent_bytes_total", direction="egress", raddr=addr, port=port)
         res.update(
             published=agent.sample("lens_agent_events_published_total", kind="flow_closed"),
             subscriber_dropped=agent.sample("lens_agent_subscriber_events_dropped_total"),
@@ -197,10 +241,12 @@ def agent_under_load(
             got = sub.communicate(timeout=30)[0]
             res["subscriber_flows"] = parse_kv(got).get("flows", 0.0)
         if collector is not None:
-            res.update(reporter_drained_seconds=drain_reporter(agent),
-                       reporter_flows=collected_flows(out, addr),
-                       reporter_lost=agent.sample("lens_agent_reporter_lost_total"),
-                       reporter_sent=agent.sample("lens_agent_reporter_sent_total"))  # fmt: skip
+            res.update(
+                reporter_drained_seconds=drain_reporter(agent),
+                reporter_flows=collected_flows(out, addr),
+                reporter_lost=agent.sample("lens_agent_reporter_lost_total"),
+                reporter_sent=agent.sample("lens_agent_reporter_sent_total"),
+            )
     finally:
         if sub is not None and sub.poll() is None:
             sub.kill()
@@ -215,30 +261,56 @@ def agent_under_load(
         cpu_pct_at_rate=round(100 * cpu / run["seconds"], 1),
         completeness=round(opened / run["connections"], 5),
         bytes_error=round(sent / (opened * PAYLOAD) - 1, 5) if opened else None,
-        probes={k: {"runs": n, "ns_per_run": round(t / n * 1e9)} for k, (t, n) in costs.items()
-                if n},
-    )  # fmt: skip
+        probes={
+            k: {"runs": n, "ns_per_run": round(t / n * 1e9)} for k, (t, n) in costs.items() if n
+        },
+    )
     return res
 
 
-def bench_encoders(tools: dict[str, str], seconds: float, tmp: Path,
-                   rounds: int = 2) -> dict[str, Any]:  # fmt: skip
+def bench_encoders(
+    tools: dict[str, str], seconds: float, tmp: Path, rounds: int = 2
+) -> dict[str, Any]:
     """events.encoder python against compiled, interleaved, at 20,000 conn/s: one
     SubscribeBatch client, then that client and the reporter at once (the agent's CPU per
     10k connections, what each consumer got, RSS after)."""
-    keep = ("rate", "connections", "cpu_s_per_10k", "subscriber_flows", "subscriber_dropped",
-            "reporter_flows", "reporter_lost", "lost", "rss_mb_after")  # fmt: skip
+    keep = (
+        "rate",
+        "connections",
+        "cpu_s_per_10k",
+        "subscriber_flows",
+        "subscriber_dropped",
+        "reporter_flows",
+        "reporter_lost",
+        "lost",
+        "rss_mb_after",
+    )
     out: dict[str, Any] = {"rounds": []}
     n = 0
     for i in range(rounds):
         for report in (False, True):
             for enc in ("python", "compiled"):
                 n += 1
-                r = agent_under_load(tools, f"127.0.{40 + n}.1", seconds, tmp, f"enc-{n}",
-                                     env={"LENS_EVENTS__ENCODER": enc}, subscribe=True,
-                                     batch=True, report=report, rate=20000)  # fmt: skip
-                out["rounds"].append({"round": i, "encoder": enc, "reporter": report,
-                                      **{k: r[k] for k in keep if k in r}})  # fmt: skip
+                r = agent_under_load(
+                    tools,
+                    f"127.0.{40 + n}.1",
+                    seconds,
+                    tmp,
+                    f"enc-{n}",
+                    env={"LENS_EVENTS__ENCODER": enc},
+                    subscribe=True,
+                    batch=True,
+                    report=report,
+                    rate=20000,
+                )
+                out["rounds"].append(
+                    {
+                        "round": i,
+                        "encoder": enc,
+                        "reporter": report,
+                        **{k: r[k] for k in keep if k in r},
+                    }
+                )
     return out
 
 
@@ -266,8 +338,9 @@ def collected_flows(out: Path, raddr: str) -> int:
     return n
 
 
-def tcplife_load(tools: dict[str, str], addr: str, seconds: float,
-                 tmp: Path) -> dict[str, Any] | None:  # fmt: skip
+def tcplife_load(
+    tools: dict[str, str], addr: str, seconds: float, tmp: Path
+) -> dict[str, Any] | None:
     """conngen to addr with BCC's tcplife attached: its rate, CPU and completeness."""
     tcplife = shutil.which("tcplife-bpfcc")
     if tcplife is None:
@@ -291,8 +364,9 @@ def tcplife_load(tools: dict[str, str], addr: str, seconds: float,
         "tcplife_completeness": round(len(client) / run["connections"], 5),
         "tcplife_tx_kb_median": statistics.median(tx_kb) if tx_kb else None,
         "tcplife_bytes_error": round(statistics.median(tx_kb) * 1024 / PAYLOAD - 1, 3)
-        if tx_kb else None,
-    }  # fmt: skip
+        if tx_kb
+        else None,
+    }
 
 
 def median_round(turns: list[dict[str, Any]], key: str) -> dict[str, Any]:
@@ -302,8 +376,9 @@ def median_round(turns: list[dict[str, Any]], key: str) -> dict[str, Any]:
     return ordered[(len(ordered) - 1) // 2]
 
 
-def bench_connections(tools: dict[str, str], seconds: float, tmp: Path,
-                      rounds: int = 3) -> dict[str, Any]:  # fmt: skip
+def bench_connections(
+    tools: dict[str, str], seconds: float, tmp: Path, rounds: int = 3
+) -> dict[str, Any]:
     """Connection rates untraced, with the agent (no flow consumer) and with tcplife
     taking turns for `rounds` rounds of seconds/rounds each, each ratio against its own
     round's untraced rate and the median round's figures kept (this machine's speed
@@ -316,13 +391,22 @@ def bench_connections(tools: dict[str, str], seconds: float, tmp: Path,
         base = conn_load(tools, "127.0.0.100", each)
         plain = agent_under_load(tools, "127.0.0.101", each, tmp, f"conn-{i}")
         ratio = round(plain["rate"] / base["rate"], 3)
-        turn: dict[str, Any] = {"baseline_rate": base["rate"], "agent": plain,
-                                "agent_rate_ratio": ratio}  # fmt: skip
+        turn: dict[str, Any] = {
+            "baseline_rate": base["rate"],
+            "agent": plain,
+            "agent_rate_ratio": ratio,
+        }
         # the references the ratio is read against: the agent with no TCP program (what
         # an agent process on CPU 0 costs CPU 1 here), and the least a lifecycle program
         # that keeps each socket in a hash costs (bench/floor.py), with no agent
-        bare = agent_under_load(tools, "127.0.0.113", each, tmp, f"conn-bare-{i}",
-                                env={"LENS_COLLECTORS__TCP__ENABLED": "false"})  # fmt: skip
+        bare = agent_under_load(
+            tools,
+            "127.0.0.113",
+            each,
+            tmp,
+            f"conn-bare-{i}",
+            env={"LENS_COLLECTORS__TCP__ENABLED": "false"},
+        )
         turn["bare_rate_ratio"] = round(bare["rate"] / base["rate"], 3)
         with Floor():
             floor = conn_load(tools, "127.0.0.114", each)
@@ -332,10 +416,14 @@ def bench_connections(tools: dict[str, str], seconds: float, tmp: Path,
             turn.update(life, tcplife_rate_ratio=round(life["tcplife_rate"] / base["rate"], 3))
         turns.append(turn)
     mid = median_round(turns, "agent_rate_ratio")
-    res.update(baseline_rate=mid["baseline_rate"], agent=mid["agent"],
-               agent_rate_ratio=mid["agent_rate_ratio"], seconds_each=each,
-               agent_rate_ratios=[t["agent_rate_ratio"] for t in turns],
-               startup_seconds=mid["agent"]["startup_seconds"])  # fmt: skip
+    res.update(
+        baseline_rate=mid["baseline_rate"],
+        agent=mid["agent"],
+        agent_rate_ratio=mid["agent_rate_ratio"],
+        seconds_each=each,
+        agent_rate_ratios=[t["agent_rate_ratio"] for t in turns],
+        startup_seconds=mid["agent"]["startup_seconds"],
+    )
     for ref in ("bare", "floor"):
         got = [t[f"{ref}_rate_ratio"] for t in turns]
         res[f"{ref}_rate_ratio"], res[f"{ref}_rate_ratios"] = statistics.median(got), got
@@ -352,29 +440,43 @@ def bench_connections(tools: dict[str, str], seconds: float, tmp: Path,
     res["subscribed_rate_ratio"] = round(sub["rate"] / base_rate, 3)
     # the same through SubscribeBatch: as fast as conngen goes, and at the dev machines'
     # 20,000 conn/s
-    for key, addr, rate in (("subscribed_batch", "127.0.0.110", 0),
-                            ("subscribed_20k", "127.0.0.111", 20_000)):  # fmt: skip
-        res[key] = agent_under_load(tools, addr, seconds, tmp, f"conn-{key}", subscribe=True,
-                                    batch=True, rate=rate)  # fmt: skip
+    for key, addr, rate in (
+        ("subscribed_batch", "127.0.0.110", 0),
+        ("subscribed_20k", "127.0.0.111", 20_000),
+    ):
+        res[key] = agent_under_load(
+            tools, addr, seconds, tmp, f"conn-{key}", subscribe=True, batch=True, rate=rate
+        )
     # one SubscribeBatch client and the reporter at once, at the rate the goal names
     # (20,000 conn/s): every flow to each
-    both = agent_under_load(tools, "127.0.0.112", seconds, tmp, "conn-both", subscribe=True,
-                            batch=True, report=True, rate=20_000)  # fmt: skip
+    both = agent_under_load(
+        tools,
+        "127.0.0.112",
+        seconds,
+        tmp,
+        "conn-both",
+        subscribe=True,
+        batch=True,
+        report=True,
+        rate=20_000,
+    )
     res["subscribed_reported"] = both
     # the reporter pushing every event to a collector (what feeds the recorder)
     rep = agent_under_load(tools, "127.0.0.109", seconds, tmp, "conn-report", report=True)
     res["reported"] = rep
     res["reported_rate_ratio"] = round(rep["rate"] / base_rate, 3)
     # the kernel's run-time statistics on: what each probe costs (they cost too)
-    stats = agent_under_load(tools, "127.0.0.105", seconds, tmp, "conn-stats",
-                             env={"LENS_BPF__RUN_STATS": "true"})  # fmt: skip
+    stats = agent_under_load(
+        tools, "127.0.0.105", seconds, tmp, "conn-stats", env={"LENS_BPF__RUN_STATS": "true"}
+    )
     res["run_stats"] = stats
     res["run_stats_rate_ratio"] = round(stats["rate"] / base_rate, 3)
     return res
 
 
-def bench_persistent(tools: dict[str, str], seconds: float, tmp: Path,
-                     rounds: int = 3) -> dict[str, Any]:  # fmt: skip
+def bench_persistent(
+    tools: dict[str, str], seconds: float, tmp: Path, rounds: int = 3
+) -> dict[str, Any]:
     """Few connections, many messages: 64-byte request/response and a stream of 256-byte
     writes on two persistent connections, untraced, with the agent and with tcplife. The
     three take turns for `rounds` rounds of seconds/rounds each, and each ratio is taken
@@ -386,9 +488,12 @@ def bench_persistent(tools: dict[str, str], seconds: float, tmp: Path,
     each = max(10.0, seconds / rounds)
 
     def run(addr: str) -> dict[str, float]:
-        return {name: parse_kv(sh("taskset", "-c", "1", tools["rrgen"], mode, addr,
-                                  str(each), conns, size))["rate"]
-                for name, (mode, conns, size) in loads.items()}  # fmt: skip
+        return {
+            name: parse_kv(
+                sh("taskset", "-c", "1", tools["rrgen"], mode, addr, str(each), conns, size)
+            )["rate"]
+            for name, (mode, conns, size) in loads.items()
+        }
 
     tcplife = shutil.which("tcplife-bpfcc")
     turns: list[dict[str, dict[str, float]]] = []
@@ -404,8 +509,11 @@ def bench_persistent(tools: dict[str, str], seconds: float, tmp: Path,
         finally:
             agent.stop()
         if tcplife:
-            tl = subprocess.Popen(["taskset", "-c", "0", tcplife], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)  # fmt: skip
+            tl = subprocess.Popen(
+                ["taskset", "-c", "0", tcplife],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             time.sleep(6)
             try:
                 turn["tcplife"] = run("127.0.0.108")
@@ -426,8 +534,9 @@ def bench_persistent(tools: dict[str, str], seconds: float, tmp: Path,
     return res
 
 
-def bench_execs(tools: dict[str, str], seconds: float, tmp: Path,
-                rounds: int = 3) -> dict[str, Any]:  # fmt: skip
+def bench_execs(
+    tools: dict[str, str], seconds: float, tmp: Path, rounds: int = 3
+) -> dict[str, Any]:
     """execgen untraced and with the agent, interleaved rounds (a single pair spread by
     several points from one run to the next): the median rates and ratio, and the agent's
     CPU and completeness over all its rounds."""
@@ -442,8 +551,9 @@ def bench_execs(tools: dict[str, str], seconds: float, tmp: Path,
             run = parse_kv(sh("taskset", "-c", "1", tools["execgen"], str(seconds)))
             time.sleep(3)
             cpu += cpu_seconds(agent.proc.pid) - cpu0
-            counted += agent.sample("lens_container_process_execs_total", namespace="",
-                                    pod="") - before  # fmt: skip
+            counted += (
+                agent.sample("lens_container_process_execs_total", namespace="", pod="") - before
+            )
             lost += agent.sample("lens_agent_events_lost_total", program="proc_events")
             execs += run["execs"]
         finally:
@@ -451,14 +561,18 @@ def bench_execs(tools: dict[str, str], seconds: float, tmp: Path,
         turns.append((base["rate"], run["rate"]))
     # each probe's cost under this load (run stats cost too: a run of its own); the
     # connections phase runs a handful of execs, the cold first runs
-    agent = Agent({"LENS_COLLECTORS__TCP__ENABLED": "false", "LENS_BPF__RUN_STATS": "true"},
-                  tmp / "agent-exec-stats.log")  # fmt: skip
+    agent = Agent(
+        {"LENS_COLLECTORS__TCP__ENABLED": "false", "LENS_BPF__RUN_STATS": "true"},
+        tmp / "agent-exec-stats.log",
+    )
     try:
         costs0 = probe_costs(agent)
         sh("taskset", "-c", "1", tools["execgen"], str(seconds))
         time.sleep(3)
-        costs = {k: (v[0] - costs0.get(k, (0, 0))[0], v[1] - costs0.get(k, (0, 0))[1])
-                 for k, v in probe_costs(agent).items()}  # fmt: skip
+        costs = {
+            k: (v[0] - costs0.get(k, (0, 0))[0], v[1] - costs0.get(k, (0, 0))[1])
+            for k, v in probe_costs(agent).items()
+        }
     finally:
         agent.stop()
     res: dict[str, Any] = {
@@ -521,8 +635,9 @@ def bench_scrape(tmp: Path) -> dict[str, Any]:
     }
     cfg = tmp / "scrape.yaml"
     # one family capped low, to show what the cache does at its cap
-    cfg.write_text("cache:\n  families:\n    primus_lens_network_tcp_flow_egress:\n"
-                   "      max_series: 1000\n")  # fmt: skip
+    cfg.write_text(
+        "cache:\n  families:\n    primus_lens_network_tcp_flow_egress:\n" "      max_series: 1000\n"
+    )
     agent = Agent({**env, "LENS_CONFIG": str(cfg)}, tmp / "agent-scrape.log")
     levels = []
     done = 0
@@ -537,19 +652,33 @@ def bench_scrape(tmp: Path) -> dict[str, Any]:
                 body, took = agent.metrics()
                 times.append(took)
             series = sum(1 for ln in body.splitlines() if ln and not ln.startswith("#"))
-            levels.append({"target": level, "flows": flows, "series": series,
-                           "scrape_ms": round(statistics.median(times) * 1000, 1),
-                           "rss_mb": round(rss_mb(agent.proc.pid), 1),
-                           "bytes": len(body)})  # fmt: skip
-        refused = agent.sample("lens_agent_cache_refused_total",
-                               family="primus_lens_network_tcp_flow_egress")  # fmt: skip
-        capped = agent.sample("lens_agent_cache_series",
-                              family="primus_lens_network_tcp_flow_egress")  # fmt: skip
+            levels.append(
+                {
+                    "target": level,
+                    "flows": flows,
+                    "series": series,
+                    "scrape_ms": round(statistics.median(times) * 1000, 1),
+                    "rss_mb": round(rss_mb(agent.proc.pid), 1),
+                    "bytes": len(body),
+                }
+            )
+        refused = agent.sample(
+            "lens_agent_cache_refused_total", family="primus_lens_network_tcp_flow_egress"
+        )
+        capped = agent.sample(
+            "lens_agent_cache_series", family="primus_lens_network_tcp_flow_egress"
+        )
     finally:
         agent.stop()
-    return {"levels": levels, "cap": {"family": "primus_lens_network_tcp_flow_egress",
-                                      "max_series": 1000, "series": capped,
-                                      "refused": refused}}  # fmt: skip
+    return {
+        "levels": levels,
+        "cap": {
+            "family": "primus_lens_network_tcp_flow_egress",
+            "max_series": 1000,
+            "series": capped,
+            "refused": refused,
+        },
+    }
 
 
 NVIDIA_SMI = """#!/bin/sh
@@ -568,12 +697,14 @@ def bench_hung_collector(tmp: Path, scrapes: int = 50) -> dict[str, Any]:
     mode.write_text("ok")
     tool.write_text(NVIDIA_SMI.format(mode=mode, fixtures=ROOT / "tests" / "fixtures" / "gpu"))
     tool.chmod(0o755)
-    env = {"LENS_COLLECTORS__GPU__NVIDIA_SMI": str(tool),
-           "LENS_COLLECTORS__GPU__INTERVAL_SECONDS": "1",
-           "LENS_COLLECTORS__GPU__TIMEOUT_SECONDS": "1",
-           "LENS_DEVICES__SYSFS_ROOT": str(tmp),  # no amdgpu cards
-           "LENS_COLLECTORS__TCP__ENABLED": "false",
-           "LENS_COLLECTORS__PROCESSES__ENABLED": "false"}  # fmt: skip
+    env = {
+        "LENS_COLLECTORS__GPU__NVIDIA_SMI": str(tool),
+        "LENS_COLLECTORS__GPU__INTERVAL_SECONDS": "1",
+        "LENS_COLLECTORS__GPU__TIMEOUT_SECONDS": "1",
+        "LENS_DEVICES__SYSFS_ROOT": str(tmp),  # no amdgpu cards
+        "LENS_COLLECTORS__TCP__ENABLED": "false",
+        "LENS_COLLECTORS__PROCESSES__ENABLED": "false",
+    }
     agent = Agent(env, tmp / "agent-hung.log")
     try:
         idle = [agent.metrics()[1] for _ in range(scrapes)]
@@ -587,8 +718,12 @@ def bench_hung_collector(tmp: Path, scrapes: int = 50) -> dict[str, Any]:
     finally:
         agent.stop()
     ms = lambda xs: round(statistics.median(xs) * 1000, 1)  # noqa: E731
-    return {"scrapes": scrapes, "idle_ms": ms(idle), "hung_ms": ms(hung),
-            "hung_max_ms": round(max(hung) * 1000, 1)}  # fmt: skip
+    return {
+        "scrapes": scrapes,
+        "idle_ms": ms(idle),
+        "hung_ms": ms(hung),
+        "hung_max_ms": round(max(hung) * 1000, 1),
+    }
 
 
 def bench_storm(tmp: Path, ttl: float = 30) -> dict[str, Any]:
@@ -599,8 +734,11 @@ def bench_storm(tmp: Path, ttl: float = 30) -> dict[str, Any]:
     sh("gcc", "-O2", "-pthread", "-o", str(gen), str(ROOT / "tests" / "stormgen.c"))
     policy = tmp / "storm-policy.yaml"
     policy.write_text("docker: [127.77.0.0/16, 127.78.0.0/16]\nlocalhost: [127.0.0.0/8]\n")
-    env = {"LENS_POLICY__PATH": str(policy), "LENS_CACHE__TTL_SECONDS": str(ttl),
-           "LENS_COLLECTORS__PROCESSES__ENABLED": "false"}  # fmt: skip
+    env = {
+        "LENS_POLICY__PATH": str(policy),
+        "LENS_CACHE__TTL_SECONDS": str(ttl),
+        "LENS_COLLECTORS__PROCESSES__ENABLED": "false",
+    }
     agent = Agent(env, tmp / "agent-storm.log")
     try:
         before = rss_mb(agent.proc.pid)
@@ -619,11 +757,17 @@ def bench_storm(tmp: Path, ttl: float = 30) -> dict[str, Any]:
         after = rss_mb(agent.proc.pid)
     finally:
         agent.stop()
-    return {"flows": 1_020_000, "storm_seconds": round(storm_s, 1),
-            "scrape_ms": round(statistics.median(times) * 1000, 1), "bytes": len(body),
-            "lines": sum(1 for ln in body.splitlines() if ln and not ln.startswith("#")),
-            "rss_mb_before": round(before, 1), "rss_mb_peak": round(peak, 1),
-            "rss_mb_after_ttl": round(after, 1), "ttl_seconds": ttl}  # fmt: skip
+    return {
+        "flows": 1_020_000,
+        "storm_seconds": round(storm_s, 1),
+        "scrape_ms": round(statistics.median(times) * 1000, 1),
+        "bytes": len(body),
+        "lines": sum(1 for ln in body.splitlines() if ln and not ln.startswith("#")),
+        "rss_mb_before": round(before, 1),
+        "rss_mb_peak": round(peak, 1),
+        "rss_mb_after_ttl": round(after, 1),
+        "ttl_seconds": ttl,
+    }
 
 
 def bench_soak(tools: dict[str, str], seconds: float, tmp: Path) -> dict[str, Any]:
@@ -654,13 +798,22 @@ def bench_soak(tools: dict[str, str], seconds: float, tmp: Path) -> dict[str, An
     slope = statistics.linear_regression(xs, ys).slope if len(xs) > 2 else 0.0
     half = ys[len(ys) // 2 :]
     after_ttl = [y for x, y in samples if x >= ttl]
-    return {"seconds": seconds, "ttl_seconds": ttl, "rss_mb_first": ys[0], "rss_mb_last": ys[-1],
-            "rss_mb_after_ttl_min": min(after_ttl, default=None),
-            "rss_mb_after_ttl_max": max(after_ttl, default=None),
-            "rss_mb_max": max(ys), "slope_mb_per_hour": round(slope * 3600, 2),
-            "second_half_slope_mb_per_hour": round(
-                statistics.linear_regression(xs[len(xs) // 2:], half).slope * 3600, 2)
-            if len(half) > 2 else None, "samples": samples}  # fmt: skip
+    return {
+        "seconds": seconds,
+        "ttl_seconds": ttl,
+        "rss_mb_first": ys[0],
+        "rss_mb_last": ys[-1],
+        "rss_mb_after_ttl_min": min(after_ttl, default=None),
+        "rss_mb_after_ttl_max": max(after_ttl, default=None),
+        "rss_mb_max": max(ys),
+        "slope_mb_per_hour": round(slope * 3600, 2),
+        "second_half_slope_mb_per_hour": round(
+            statistics.linear_regression(xs[len(xs) // 2 :], half).slope * 3600, 2
+        )
+        if len(half) > 2
+        else None,
+        "samples": samples,
+    }
 
 
 def round_ratios(p: dict[str, Any], load: str) -> str:
@@ -672,106 +825,174 @@ def table(r: dict[str, Any]) -> str:
     c, e, s, p = r["connections"], r["execs"], r["scrape"], r["persistent"]
     rows = [
         ("connections/s, no tracer", f"{c['baseline_rate']:.0f}", ""),
-        ("connections/s, lens-ebpf", f"{c['agent']['rate']:.0f}",
-         f"{c['agent_rate_ratio']:.1%} of no tracer, no flow consumer (goal >= 97%; the "
-         f"median of {len(c.get('agent_rate_ratios', [])) or 1} interleaved rounds: "
-         f"{', '.join(f'{x:.1%}' for x in c.get('agent_rate_ratios', []))})"),
+        (
+            "connections/s, lens-ebpf",
+            f"{c['agent']['rate']:.0f}",
+            f"{c['agent_rate_ratio']:.1%} of no tracer, no flow consumer (goal >= 97%; the "
+            f"median of {len(c.get('agent_rate_ratios', [])) or 1} interleaved rounds: "
+            f"{', '.join(f'{x:.1%}' for x in c.get('agent_rate_ratios', []))})",
+        ),
         *(
-            (f"  {label}", f"{c[k + '_rate_ratio']:.1%}",
-             f"of no tracer: {what} (median of the same rounds: "
-             f"{', '.join(f'{x:.1%}' for x in c[k + '_rate_ratios'])})")
+            (
+                f"  {label}",
+                f"{c[k + '_rate_ratio']:.1%}",
+                f"of no tracer: {what} (median of the same rounds: "
+                f"{', '.join(f'{x:.1%}' for x in c[k + '_rate_ratios'])})",
+            )
             for k, label, what in (
-                ("bare", "agent, no TCP program",
-                 "the agent (collectors.tcp.enabled: false) on CPU 0, no program on the "
-                 "connection path"),
-                ("floor", "socket-hash floor",
-                 "no agent; a lifecycle program that only keeps each socket in a hash "
-                 "(bench/floor.py), the least a per-socket design costs"),
+                (
+                    "bare",
+                    "agent, no TCP program",
+                    "the agent (collectors.tcp.enabled: false) on CPU 0, no program on the "
+                    "connection path",
+                ),
+                (
+                    "floor",
+                    "socket-hash floor",
+                    "no agent; a lifecycle program that only keeps each socket in a hash "
+                    "(bench/floor.py), the least a per-socket design costs",
+                ),
             )
             if k + "_rate_ratio" in c
         ),
-        ("connections/s, + 1 subscriber", f"{c['subscribed']['rate']:.0f}",
-         f"{c['subscribed_rate_ratio']:.1%}, a Subscribe client taking every closed flow"),
-        ("connections/s, run stats on", f"{c['run_stats']['rate']:.0f}",
-         f"{c['run_stats_rate_ratio']:.1%} (bpf.run_stats: true)"),
-        ("connections/s, tcplife", f"{c.get('tcplife_rate', 0):.0f}",
-         f"{c.get('tcplife_rate_ratio', 0):.1%} of no tracer (median round; rounds "
-         f"{', '.join(f'{x:.1%}' for x in c.get('tcplife_rate_ratios', []))})"),
-        ("lens-ebpf CPU s / 10k conns", f"{c['agent']['cpu_s_per_10k']}",
-         f"{c['agent']['cpu_pct_at_rate']}% of a core; no flow consumer (target <= 0.03)"),
-        ("  with 1 subscriber", f"{c['subscribed']['cpu_s_per_10k']}",
-         f"{c['subscribed']['cpu_pct_at_rate']}% of a core (goal <= 0.10); it got "
-         f"{c['subscribed'].get('subscriber_flows', 0):.0f} of "
-         f"{c['subscribed']['connections']:.0f} client-side closed flows (Subscribe, an "
-         "event a message)"),
+        (
+            "connections/s, + 1 subscriber",
+            f"{c['subscribed']['rate']:.0f}",
+            f"{c['subscribed_rate_ratio']:.1%}, a Subscribe client taking every closed flow",
+        ),
+        (
+            "connections/s, run stats on",
+            f"{c['run_stats']['rate']:.0f}",
+            f"{c['run_stats_rate_ratio']:.1%} (bpf.run_stats: true)",
+        ),
+        (
+            "connections/s, tcplife",
+            f"{c.get('tcplife_rate', 0):.0f}",
+            f"{c.get('tcplife_rate_ratio', 0):.1%} of no tracer (median round; rounds "
+            f"{', '.join(f'{x:.1%}' for x in c.get('tcplife_rate_ratios', []))})",
+        ),
+        (
+            "lens-ebpf CPU s / 10k conns",
+            f"{c['agent']['cpu_s_per_10k']}",
+            f"{c['agent']['cpu_pct_at_rate']}% of a core; no flow consumer (target <= 0.03)",
+        ),
+        (
+            "  with 1 subscriber",
+            f"{c['subscribed']['cpu_s_per_10k']}",
+            f"{c['subscribed']['cpu_pct_at_rate']}% of a core (goal <= 0.10); it got "
+            f"{c['subscribed'].get('subscriber_flows', 0):.0f} of "
+            f"{c['subscribed']['connections']:.0f} client-side closed flows (Subscribe, an "
+            "event a message)",
+        ),
         *(
-            (f"  SubscribeBatch{label}", f"{c[k]['cpu_s_per_10k']}",
-             f"CPU s / 10k conns at {c[k]['rate']:.0f} conn/s ({c[k]['cpu_pct_at_rate']}% of a "
-             f"core; goal <= 0.10); delivered {c[k].get('subscriber_flows', 0):.0f} of "
-             f"{c[k]['connections']:.0f} client-side closed flows "
-             f"({c[k].get('subscriber_flows', 0) / max(1, c[k]['connections']):.2%}; goal "
-             f"100% up to 20,000 conn/s): ring lost {c[k]['lost']:.0f} of both sides' "
-             f"{c[k]['published'] + c[k]['lost']:.0f}, queue dropped "
-             f"{c[k].get('subscriber_dropped', 0):.0f}; RSS after "
-             f"{c[k].get('rss_mb_after', 0):.0f} MB")
+            (
+                f"  SubscribeBatch{label}",
+                f"{c[k]['cpu_s_per_10k']}",
+                f"CPU s / 10k conns at {c[k]['rate']:.0f} conn/s ({c[k]['cpu_pct_at_rate']}% of a "
+                f"core; goal <= 0.10); delivered {c[k].get('subscriber_flows', 0):.0f} of "
+                f"{c[k]['connections']:.0f} client-side closed flows "
+                f"({c[k].get('subscriber_flows', 0) / max(1, c[k]['connections']):.2%}; goal "
+                f"100% up to 20,000 conn/s): ring lost {c[k]['lost']:.0f} of both sides' "
+                f"{c[k]['published'] + c[k]['lost']:.0f}, queue dropped "
+                f"{c[k].get('subscriber_dropped', 0):.0f}; RSS after "
+                f"{c[k].get('rss_mb_after', 0):.0f} MB",
+            )
             for k, label in (("subscribed_batch", ""), ("subscribed_20k", ", 20k conn/s"))
             if k in c
         ),
-        ("connections/s, + reporter", f"{c['reported']['rate']:.0f}",
-         f"{c['reported_rate_ratio']:.1%}, the reporter pushing every event to lens-ebpf "
-         "collect"),
-        ("  with the reporter", f"{c['reported']['cpu_s_per_10k']}",
-         f"{c['reported']['cpu_pct_at_rate']}% of a core; the collector got "
-         f"{c['reported'].get('reporter_flows', 0):.0f} of {c['reported']['connections']:.0f}"
-         f" client-side closed flows ({c['reported'].get('reporter_sent', 0):.0f} events sent, "
-         f"{c['reported'].get('reporter_lost', 0):.0f} lost, drained "
-         f"{c['reported'].get('reporter_drained_seconds')} s after the load)"),
+        (
+            "connections/s, + reporter",
+            f"{c['reported']['rate']:.0f}",
+            f"{c['reported_rate_ratio']:.1%}, the reporter pushing every event to lens-ebpf "
+            "collect",
+        ),
+        (
+            "  with the reporter",
+            f"{c['reported']['cpu_s_per_10k']}",
+            f"{c['reported']['cpu_pct_at_rate']}% of a core; the collector got "
+            f"{c['reported'].get('reporter_flows', 0):.0f} of {c['reported']['connections']:.0f}"
+            f" client-side closed flows ({c['reported'].get('reporter_sent', 0):.0f} events sent, "
+            f"{c['reported'].get('reporter_lost', 0):.0f} lost, drained "
+            f"{c['reported'].get('reporter_drained_seconds')} s after the load)",
+        ),
         *(
-            (("  SubscribeBatch + reporter", f"{b['cpu_s_per_10k']}",
-              f"at {b['rate']:.0f} conn/s: subscriber {b.get('subscriber_flows', 0):.0f}, "
-              f"collector {b.get('reporter_flows', 0):.0f} of {b['connections']:.0f} "
-              f"client-side closed flows (ring lost {b['lost']:.0f}, reporter lost "
-              f"{b.get('reporter_lost', 0):.0f}); CPU s per 10k events (both sides' flows) "
-              f"{b['cpu_s_per_10k'] / 2:.3f}"),)
-            if (b := c.get("subscribed_reported")) else ()
+            (
+                (
+                    "  SubscribeBatch + reporter",
+                    f"{b['cpu_s_per_10k']}",
+                    f"at {b['rate']:.0f} conn/s: subscriber {b.get('subscriber_flows', 0):.0f}, "
+                    f"collector {b.get('reporter_flows', 0):.0f} of {b['connections']:.0f} "
+                    f"client-side closed flows (ring lost {b['lost']:.0f}, reporter lost "
+                    f"{b.get('reporter_lost', 0):.0f}); CPU s per 10k events (both sides' flows) "
+                    f"{b['cpu_s_per_10k'] / 2:.3f}",
+                ),
+            )
+            if (b := c.get("subscribed_reported"))
+            else ()
         ),
         ("tcplife CPU s / 10k conns", f"{c.get('tcplife_cpu_s_per_10k')}", ""),
-        ("lens-ebpf completeness", f"{c['agent']['completeness']:.4%}",
-         f"lost {c['subscribed']['lost']:.0f}, bytes error {c['agent']['bytes_error']}"),
-        ("tcplife completeness", f"{c.get('tcplife_completeness', 0):.4%}",
-         f"TX_KB median {c.get('tcplife_tx_kb_median')} for {PAYLOAD // 1024} KB sent"),
+        (
+            "lens-ebpf completeness",
+            f"{c['agent']['completeness']:.4%}",
+            f"lost {c['subscribed']['lost']:.0f}, bytes error {c['agent']['bytes_error']}",
+        ),
+        (
+            "tcplife completeness",
+            f"{c.get('tcplife_completeness', 0):.4%}",
+            f"TX_KB median {c.get('tcplife_tx_kb_median')} for {PAYLOAD // 1024} KB sent",
+        ),
         *(
-            (f"{label}, lens-ebpf", f"{p['agent'][k]:.0f}/s",
-             f"{p['agent_ratio'][k]:.1%} of {p['baseline'][k]:.0f}/s untraced (goal >= 97%); "
-             f"tcplife {p.get('tcplife_ratio', {}).get(k, 0):.1%} (medians of "
-             f"{len(p.get('rounds', [])) or 1} interleaved rounds; each round's ratio "
-             f"{round_ratios(p, k)})")
+            (
+                f"{label}, lens-ebpf",
+                f"{p['agent'][k]:.0f}/s",
+                f"{p['agent_ratio'][k]:.1%} of {p['baseline'][k]:.0f}/s untraced (goal >= 97%); "
+                f"tcplife {p.get('tcplife_ratio', {}).get(k, 0):.1%} (medians of "
+                f"{len(p.get('rounds', [])) or 1} interleaved rounds; each round's ratio "
+                f"{round_ratios(p, k)})",
+            )
             for k, label in (("rr", "64 B request/response"), ("stream", "256 B stream writes"))
         ),
         ("execs/s, no tracer", f"{e['baseline_rate']:.0f}", ""),
-        ("execs/s, lens-ebpf", f"{e['agent_rate']:.0f}",
-         f"{e['agent_rate_ratio']:.1%} (goal >= 97%; the median of "
-         f"{len(e.get('agent_rate_ratios', [])) or 1} interleaved rounds: "
-         f"{', '.join(f'{x:.1%}' for x in e.get('agent_rate_ratios', []))})"),
-        ("lens-ebpf exec completeness", f"{e['agent_completeness']:.2%}",
-         f"CPU s / 10k execs {e['agent_cpu_s_per_10k']} (goal <= 0.10)"),
+        (
+            "execs/s, lens-ebpf",
+            f"{e['agent_rate']:.0f}",
+            f"{e['agent_rate_ratio']:.1%} (goal >= 97%; the median of "
+            f"{len(e.get('agent_rate_ratios', [])) or 1} interleaved rounds: "
+            f"{', '.join(f'{x:.1%}' for x in e.get('agent_rate_ratios', []))})",
+        ),
+        (
+            "lens-ebpf exec completeness",
+            f"{e['agent_completeness']:.2%}",
+            f"CPU s / 10k execs {e['agent_cpu_s_per_10k']} (goal <= 0.10)",
+        ),
         ("execsnoop-bpfcc", "-", str(e.get("execsnoop", ""))[:50]),
         ("start-up to attached", f"{c['startup_seconds']} s", "target < 5 s"),
-    ]  # fmt: skip
+    ]
     # proc_events' probes as the exec phase measured them (thousands of runs), where it has
     probes = {**c["run_stats"]["probes"], **e.get("probes", {})}
     for probe, p in sorted(probes.items()):
         if "/iter:" in probe:  # a run per socket walked, once a read cycle: not per message
-            rows.append((f"ns/run {probe.split('/', 1)[1]}", f"{p['ns_per_run']}",
-                         f"{probe.split('/')[0]}, {p['runs']} runs: one per open socket "
-                         "per read cycle, no goal per run"))  # fmt: skip
+            rows.append(
+                (
+                    f"ns/run {probe.split('/', 1)[1]}",
+                    f"{p['ns_per_run']}",
+                    f"{probe.split('/')[0]}, {p['runs']} runs: one per open socket "
+                    "per read cycle, no goal per run",
+                )
+            )
             continue
         program = probe.split("/")[0]
         # issue 60's goals: sched_process_exec's and _exit's, inet_sock_set_state's; the
         # other TCP probes keep issue 41's; none for fork or signals
-        goal = ("goal <= 3000" if "sched_process_exec" in probe or "sched_process_exit" in probe
-                else "goal <= 250" if "inet_sock_set_state" in probe
-                else "goal <= 150" if program == "tcp_flows" else "no goal per run")  # fmt: skip
+        goal = (
+            "goal <= 3000"
+            if "sched_process_exec" in probe or "sched_process_exit" in probe
+            else "goal <= 250"
+            if "inet_sock_set_state" in probe
+            else "goal <= 150"
+            if program == "tcp_flows"
+            else "no goal per run"
+        )
         what = f"{program}, {p['runs']} runs ({goal}; ebpf_exporter +35..96 ns)"
         rows.append((f"ns/run {probe.split('/', 1)[1]}", f"{p['ns_per_run']}", what))
     for lv in s["levels"]:
@@ -783,9 +1004,14 @@ def table(r: dict[str, Any]) -> str:
             )
         )
     h = r["hung"]
-    rows.append(("/metrics, nvidia-smi hung", f"{h['hung_ms']} ms",
-                 f"median of {h['scrapes']} (max {h['hung_max_ms']} ms; {h['idle_ms']} ms "
-                 "before it hung): scrapes do not wait for a collector"))  # fmt: skip
+    rows.append(
+        (
+            "/metrics, nvidia-smi hung",
+            f"{h['hung_ms']} ms",
+            f"median of {h['scrapes']} (max {h['hung_max_ms']} ms; {h['idle_ms']} ms "
+            "before it hung): scrapes do not wait for a collector",
+        )
+    )
     rows.append(
         (
             "cache at its cap",
@@ -794,17 +1020,27 @@ def table(r: dict[str, Any]) -> str:
         )
     )
     st = r["storm"]
-    rows.append((f"/metrics after {st['flows']} flows", f"{st['scrape_ms']} ms",
-                 f"{st['bytes'] / 1e6:.2f} MB, {st['lines']} lines (targets 250 ms, 5 MB); RSS "
-                 f"{st['rss_mb_before']:.0f} -> {st['rss_mb_peak']:.0f} MB, "
-                 f"{st['rss_mb_after_ttl']:.0f} MB one TTL ({st['ttl_seconds']:.0f} s) "
-                 "later"))  # fmt: skip
+    rows.append(
+        (
+            f"/metrics after {st['flows']} flows",
+            f"{st['scrape_ms']} ms",
+            f"{st['bytes'] / 1e6:.2f} MB, {st['lines']} lines (targets 250 ms, 5 MB); RSS "
+            f"{st['rss_mb_before']:.0f} -> {st['rss_mb_peak']:.0f} MB, "
+            f"{st['rss_mb_after_ttl']:.0f} MB one TTL ({st['ttl_seconds']:.0f} s) "
+            "later",
+        )
+    )
     if "soak" in r:
         so = r["soak"]
-        rows.append((f"soak {so['seconds']:.0f} s RSS", f"{so['rss_mb_first']:.0f}->"
-                     f"{so['rss_mb_last']:.0f} MB", f"after the first TTL ({so['ttl_seconds']:.0f}"
-                     f" s): {so['rss_mb_after_ttl_min']:.0f}..{so['rss_mb_after_ttl_max']:.0f} MB;"
-                     f" 2nd half slope {so['second_half_slope_mb_per_hour']} MB/h"))  # fmt: skip
+        rows.append(
+            (
+                f"soak {so['seconds']:.0f} s RSS",
+                f"{so['rss_mb_first']:.0f}->" f"{so['rss_mb_last']:.0f} MB",
+                f"after the first TTL ({so['ttl_seconds']:.0f}"
+                f" s): {so['rss_mb_after_ttl_min']:.0f}..{so['rss_mb_after_ttl_max']:.0f} MB;"
+                f" 2nd half slope {so['second_half_slope_mb_per_hour']} MB/h",
+            )
+        )
     width = max(len(a) for a, _, _ in rows)
     return "\n".join(f"| {a:<{width}} | {b:>12} | {c} |" for a, b, c in rows)
 
@@ -814,26 +1050,43 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10, help="each load phase")
     ap.add_argument("--soak", type=float, default=600, help="soak seconds (0: skip)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
-    ap.add_argument("--only", choices=("connections", "persistent", "execs", "scrape", "storm",
-                                       "hung", "reporter", "encoders"),
-                    help="run one phase, print its figures as JSON, write nothing")  # fmt: skip
+    ap.add_argument(
+        "--only",
+        choices=(
+            "connections",
+            "persistent",
+            "execs",
+            "scrape",
+            "storm",
+            "hung",
+            "reporter",
+            "encoders",
+        ),
+        help="run one phase, print its figures as JSON, write nothing",
+    )
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench: needs root", file=sys.stderr)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="lens-bench-"))
     tools = build(tmp)
-    results: dict[str, Any] = {"host": {"kernel": os.uname().release, "cpus": os.cpu_count()},
-                               "payload_bytes": PAYLOAD}  # fmt: skip
+    results: dict[str, Any] = {
+        "host": {"kernel": os.uname().release, "cpus": os.cpu_count()},
+        "payload_bytes": PAYLOAD,
+    }
     if args.only:
-        phase = {"connections": bench_connections, "persistent": bench_persistent,
-                 "execs": bench_execs,
-                 "scrape": lambda _t, _s, tmp: bench_scrape(tmp),
-                 "storm": lambda _t, _s, tmp: bench_storm(tmp),
-                 "hung": lambda _t, _s, tmp: bench_hung_collector(tmp),
-                 "reporter": lambda tools, s, tmp: agent_under_load(
-                     tools, "127.0.0.109", s, tmp, "report", report=True),
-                 "encoders": bench_encoders}[args.only]  # fmt: skip
+        phase = {
+            "connections": bench_connections,
+            "persistent": bench_persistent,
+            "execs": bench_execs,
+            "scrape": lambda _t, _s, tmp: bench_scrape(tmp),
+            "storm": lambda _t, _s, tmp: bench_storm(tmp),
+            "hung": lambda _t, _s, tmp: bench_hung_collector(tmp),
+            "reporter": lambda tools, s, tmp: agent_under_load(
+                tools, "127.0.0.109", s, tmp, "report", report=True
+            ),
+            "encoders": bench_encoders,
+        }[args.only]
         print(json.dumps(phase(tools, args.seconds, tmp), indent=1))
         return 0
     results["connections"] = bench_connections(tools, args.seconds, tmp)
@@ -852,11 +1105,14 @@ def main() -> int:
     old = (ROOT / "BENCHMARKS.md").read_text() if (ROOT / "BENCHMARKS.md").exists() else ""
     others = old[old.index("\n## ") :] if "\n## " in old else ""
     (ROOT / "BENCHMARKS.md").write_text(
-        "# Benchmarks\n\nMade by `" + cmd + "` on " + time.strftime("%Y-%m-%d") +
-        f", kernel {os.uname().release}, {os.cpu_count()} CPUs; load on CPU 1, tracers on CPU 0;"
+        "# Benchmarks\n\nMade by `"
+        + cmd
+        + "` on "
+        + time.strftime("%Y-%m-%d")
+        + f", kernel {os.uname().release}, {os.cpu_count()} CPUs; load on CPU 1, tracers on CPU 0;"
         f" {PAYLOAD}-byte request and reply per connection. Raw figures: `bench/results.json`."
         "\n\n| figure | value | note |\n| --- | ---: | --- |\n" + text + "\n" + others
-    )  # fmt: skip
+    )
     return 0
 
 

@@ -82,8 +82,9 @@ class Work:
         return max(0.0, (hi - lo) / (b - a))
 
 
-def workloads(n: int, namespaces: int, values: int, since: datetime, now: datetime,
-              seed: int = 57) -> list[Work]:  # fmt: skip
+def workloads(
+    n: int, namespaces: int, values: int, since: datetime, now: datetime, seed: int = 57
+) -> list[Work]:
     """n workloads starting over [since, now), each running 1 hour to 8 days."""
     rng = random.Random(seed)
     span = (now - since).total_seconds()
@@ -94,9 +95,20 @@ def workloads(n: int, namespaces: int, values: int, since: datetime, now: dateti
         labels = {k: f"{k.rsplit('/', 1)[-1]}-{rng.randrange(values)}" for k in LABELS}
         notes = {k: f"{k}-{rng.randrange(values)}" for k in ANNOTATIONS}
         kind = rng.choice(("PyTorchJob", "Deployment", "Job"))
-        out.append(Work(f"uid-w{i}", f"ns-{i % namespaces}", f"work-{i}", kind, start,
-                        end if end < now else None, rng.choice((1, 1, 1, 2, 2, 4)),
-                        rng.choice((1, 1, 1, 2, 2, 4, 8)), labels, notes))  # fmt: skip
+        out.append(
+            Work(
+                f"uid-w{i}",
+                f"ns-{i % namespaces}",
+                f"work-{i}",
+                kind,
+                start,
+                end if end < now else None,
+                rng.choice((1, 1, 1, 2, 2, 4)),
+                rng.choice((1, 1, 1, 2, 2, 4, 8)),
+                labels,
+                notes,
+            )
+        )
     return out
 
 
@@ -105,8 +117,15 @@ def insert(conn: Any, table: Any, rows: list[dict[str, Any]]) -> None:
         conn.execute(table.insert(), rows[i : i + CHUNK])
 
 
-def fill(url: str, works: list[Work], since: datetime, now: datetime, every: int,
-         hours: list[datetime], nodes: int) -> dict[str, int]:  # fmt: skip
+def fill(
+    url: str,
+    works: list[Work],
+    since: datetime,
+    now: datetime,
+    every: int,
+    hours: list[datetime],
+    nodes: int,
+) -> dict[str, int]:
     """The workloads, pods, pod snapshots, cluster allocation snapshots and the given
     hours' statistics; the rows written per table."""
     eng = create_engine(url)
@@ -115,28 +134,69 @@ def fill(url: str, works: list[Work], since: datetime, now: datetime, every: int
     k = 0
     for w in works:
         ended = w.end is not None
-        wrows.append({"cluster": CLUSTER, "uid": w.uid, "api_version": "v1", "kind": w.kind,
-                      "namespace": w.namespace, "name": w.name, "parent_uid": None,
-                      "gpu_request": w.gpus * w.replicas,
-                      "gpu_resources": {"amd.com/gpu": w.gpus * w.replicas},
-                      "status": "Completed" if ended else "Running", "running": not ended,
-                      "deleted": ended, "finalizer": False, "labels": w.labels,
-                      "resource_version": "1", "created_at": w.start, "ended_at": w.end,
-                      "deleted_at": w.end, "updated_at": w.end or w.start})  # fmt: skip
+        wrows.append(
+            {
+                "cluster": CLUSTER,
+                "uid": w.uid,
+                "api_version": "v1",
+                "kind": w.kind,
+                "namespace": w.namespace,
+                "name": w.name,
+                "parent_uid": None,
+                "gpu_request": w.gpus * w.replicas,
+                "gpu_resources": {"amd.com/gpu": w.gpus * w.replicas},
+                "status": "Completed" if ended else "Running",
+                "running": not ended,
+                "deleted": ended,
+                "finalizer": False,
+                "labels": w.labels,
+                "resource_version": "1",
+                "created_at": w.start,
+                "ended_at": w.end,
+                "deleted_at": w.end,
+                "updated_at": w.end or w.start,
+            }
+        )
         for name in w.pods():
             uid = f"uid-{name}"
-            prows.append({"cluster": CLUSTER, "uid": uid, "namespace": w.namespace,
-                          "name": name, "node": f"gpu-{k % nodes}", "gpus": w.gpus,
-                          "gpu_resources": {**res, "amd.com/gpu": w.gpus},
-                          "phase": "Succeeded" if ended else "Running", "running": not ended,
-                          "deleted": ended, "workload_uid": w.uid, "resource_version": "1",
-                          "created_at": w.start, "started_at": w.start, "ended_at": w.end,
-                          "deleted_at": w.end, "updated_at": w.end or w.start})  # fmt: skip
-            srows.append({"cluster": CLUSTER, "pod_uid": uid, "resource_version": "1",
-                          "taken_at": w.start, "spec": {}, "status": {},
-                          "pod_metadata": {"name": name, "namespace": w.namespace,
-                                           "uid": uid, "labels": w.labels,
-                                           "annotations": w.annotations}})  # fmt: skip
+            prows.append(
+                {
+                    "cluster": CLUSTER,
+                    "uid": uid,
+                    "namespace": w.namespace,
+                    "name": name,
+                    "node": f"gpu-{k % nodes}",
+                    "gpus": w.gpus,
+                    "gpu_resources": {**res, "amd.com/gpu": w.gpus},
+                    "phase": "Succeeded" if ended else "Running",
+                    "running": not ended,
+                    "deleted": ended,
+                    "workload_uid": w.uid,
+                    "resource_version": "1",
+                    "created_at": w.start,
+                    "started_at": w.start,
+                    "ended_at": w.end,
+                    "deleted_at": w.end,
+                    "updated_at": w.end or w.start,
+                }
+            )
+            srows.append(
+                {
+                    "cluster": CLUSTER,
+                    "pod_uid": uid,
+                    "resource_version": "1",
+                    "taken_at": w.start,
+                    "spec": {},
+                    "status": {},
+                    "pod_metadata": {
+                        "name": name,
+                        "namespace": w.namespace,
+                        "uid": uid,
+                        "labels": w.labels,
+                        "annotations": w.annotations,
+                    },
+                }
+            )
             k += 1
     # the cluster's allocation (node "") every `every` seconds: GPUs held at each time
     times = []
@@ -153,13 +213,32 @@ def fill(url: str, works: list[Work], since: datetime, now: datetime, every: int
     cap, run, arows = nodes * GPUS, 0, []
     for i, at in enumerate(times):
         run += held[i]
-        arows.append({"cluster": CLUSTER, "at": at, "node": "", "allocatable": cap,
-                      "requested": run, "rate": 100 * run / cap})  # fmt: skip
+        arows.append(
+            {
+                "cluster": CLUSTER,
+                "at": at,
+                "node": "",
+                "allocatable": cap,
+                "requested": run,
+                "rate": 100 * run / cap,
+            }
+        )
     # the cluster's dimension snapshots over the period (the snapshots route reads these)
-    crows = [{"cluster_name": CLUSTER, "snapshot_time": a["at"], "dimension_type": "cluster",
-              "dimension_key": "", "dimension_value": "", "total_gpu_capacity": cap,
-              "allocated_gpu_count": a["requested"], "allocation_details": {"workloads": 0},
-              "created_at": a["at"]} for a in arows if a["at"] < hours[-1] + HOUR]  # fmt: skip
+    crows = [
+        {
+            "cluster_name": CLUSTER,
+            "snapshot_time": a["at"],
+            "dimension_type": "cluster",
+            "dimension_key": "",
+            "dimension_value": "",
+            "total_gpu_capacity": cap,
+            "allocated_gpu_count": a["requested"],
+            "allocation_details": {"workloads": 0},
+            "created_at": a["at"],
+        }
+        for a in arows
+        if a["at"] < hours[-1] + HOUR
+    ]
     counts = {
         "gpu_workloads": len(wrows),
         "gpu_pods": len(prows),
@@ -168,9 +247,13 @@ def fill(url: str, works: list[Work], since: datetime, now: datetime, every: int
         "gpu_allocation_snapshots": len(crows),
     }
     with eng.begin() as conn:
-        for table, rows in ((t.gpu_workloads, wrows), (t.gpu_pods, prows),
-                            (t.pod_snapshots, srows), (t.allocation_snapshots, arows),
-                            (t.gpu_allocation_snapshots, crows)):  # fmt: skip
+        for table, rows in (
+            (t.gpu_workloads, wrows),
+            (t.gpu_pods, prows),
+            (t.pod_snapshots, srows),
+            (t.allocation_snapshots, arows),
+            (t.gpu_allocation_snapshots, crows),
+        ):
             insert(conn, table, rows)
     keys = acc.Keys(LABELS, ANNOTATIONS, 50)
     for hour in hours:
@@ -183,8 +266,9 @@ def fill(url: str, works: list[Work], since: datetime, now: datetime, every: int
     return counts
 
 
-def hour_rows(works: list[Work], hour: datetime, cap: int, keys: acc.Keys,
-              now: datetime) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+def hour_rows(
+    works: list[Work], hour: datetime, cap: int, keys: acc.Keys, now: datetime
+) -> dict[str, list[dict[str, Any]]]:
     """The hour's statistics rows as the recorder makes them (accounting/hours.py's hour_rows), from
     the lifetimes."""
     got: dict[str, acc.WorkloadHour] = {}
@@ -194,9 +278,19 @@ def hour_rows(works: list[Work], hour: datetime, cap: int, keys: acc.Keys,
             continue
         whole = part >= 1
         got[w.uid] = acc.WorkloadHour(
-            w.uid, w.namespace, w.name, w.kind, "Running", dict(w.labels),
-            dict(w.annotations), set(w.pods()), w.gpus * w.replicas * part, w.replicas * part,
-            w.replicas, w.replicas if whole else 0)  # fmt: skip
+            w.uid,
+            w.namespace,
+            w.name,
+            w.kind,
+            "Running",
+            dict(w.labels),
+            dict(w.annotations),
+            set(w.pods()),
+            w.gpus * w.replicas * part,
+            w.replicas * part,
+            w.replicas,
+            w.replicas if whole else 0,
+        )
     allocated = sum(x.allocated for x in got.values())
     return acc.hour_rows(CLUSTER, hour, cap, allocated, got, None, keys, now)
 
@@ -223,8 +317,15 @@ def value_of(metric: str, pod: str) -> float:
     return float(192 * GIB if metric == "gpu_memory_total_bytes" else use * 192 * GIB // 100)
 
 
-def write_series(path: Path, pods: list[tuple[Work, str, str]], a: datetime, b: datetime,
-                 step: int, metrics: tuple[str, ...], now: datetime) -> int:  # fmt: skip
+def write_series(
+    path: Path,
+    pods: list[tuple[Work, str, str]],
+    a: datetime,
+    b: datetime,
+    step: int,
+    metrics: tuple[str, ...],
+    now: datetime,
+) -> int:
     """OpenMetrics of each pod GPU's series, every step seconds (whole multiples) in [a, b)
     while its pod ran; the samples written."""
     n = 0
@@ -238,29 +339,39 @@ def write_series(path: Path, pods: list[tuple[Work, str, str]], a: datetime, b: 
                 times = range(-(-int(lo.timestamp()) // step) * step, int(hi.timestamp()), step)
                 v = value_of(metric, pod)
                 for g in range(w.gpus):
-                    head = (f'{metric}{{namespace="{w.namespace}",pod="{pod}",node="{node}",'
-                            f'gpu_id="{g}"}} {v} ')  # fmt: skip
+                    head = (
+                        f'{metric}{{namespace="{w.namespace}",pod="{pod}",node="{node}",'
+                        f'gpu_id="{g}"}} {v} '
+                    )
                     f.write("".join(f"{head}{t}\n" for t in times))
                     n += len(times)
         f.write("# EOF\n")
     return n
 
 
-def prometheus_for(tmp: Path, works: list[Work], nodes: int, weeks: tuple[datetime, datetime],
-                   hours: tuple[datetime, datetime], step: int,
-                   now: datetime) -> Prometheus:  # fmt: skip
+def prometheus_for(
+    tmp: Path,
+    works: list[Work],
+    nodes: int,
+    weeks: tuple[datetime, datetime],
+    hours: tuple[datetime, datetime],
+    step: int,
+    now: datetime,
+) -> Prometheus:
     """A Prometheus holding the pods' GPU series: gpu_utilization over the weeks (a day a
     file, every step seconds) and the three HOUR_METRICS over the hours a minute apart."""
     start = time.perf_counter()
     pods, tsdb, om, samples = pod_nodes(works, nodes), tmp / "tsdb", tmp / "part.om", 0
     day = weeks[0]
     while day < weeks[1]:
-        samples += write_series(om, pods, day, day + timedelta(days=1), step,
-                                ("gpu_utilization",), now)  # fmt: skip
+        samples += write_series(
+            om, pods, day, day + timedelta(days=1), step, ("gpu_utilization",), now
+        )
         create_blocks(om, tsdb)
         day += timedelta(days=1)
-    samples += write_series(om, pods, hours[0] - timedelta(minutes=5), hours[1], 60,
-                            HOUR_METRICS, now)  # fmt: skip
+    samples += write_series(
+        om, pods, hours[0] - timedelta(minutes=5), hours[1], 60, HOUR_METRICS, now
+    )
     create_blocks(om, tsdb)
     om.unlink()
     prom = Prometheus([], tsdb=tsdb, flags=["--storage.tsdb.retention.time=90d"])
@@ -299,8 +410,11 @@ class Clock:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.accounting", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.accounting",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--workloads", type=int, default=5000)
     ap.add_argument("--namespaces", type=int, default=200)
@@ -329,8 +443,9 @@ def main() -> None:
     args = ap.parse_args()
 
     real = datetime.now(UTC)
-    monday = (real - timedelta(days=real.weekday())).replace(hour=10, minute=5, second=0,
-                                                             microsecond=0)  # fmt: skip
+    monday = (real - timedelta(days=real.weekday())).replace(
+        hour=10, minute=5, second=0, microsecond=0
+    )
     now = monday if monday <= real else monday - timedelta(days=7)
     since = now - timedelta(days=15)  # the report's week and the one before it, and a day
     last = acc.floor_hour(now) - HOUR  # the measured hour
@@ -340,18 +455,27 @@ def main() -> None:
     week = due(now, "monday", 9)
     prometheus = None
     if args.prometheus:  # the report's two weeks, and the measured hour with the one before
-        prometheus = prometheus_for(tmp, works, args.nodes, (week.before().start, week.end),
-                                    (hours[-1], last + HOUR), args.report_step, now)  # fmt: skip
+        prometheus = prometheus_for(
+            tmp,
+            works,
+            args.nodes,
+            (week.before().start, week.end),
+            (hours[-1], last + HOUR),
+            args.report_step,
+            now,
+        )
     url, pg = service.database(args.postgres, tmp, "accounting")
     api = FakeApiServer().start()
     for n in range(args.nodes):
         api.put("nodes", node_object(n))
-    over = {("recorder", "reports", "weekly"): False,
-            # the jobs run at start only (on the empty database): the bench runs them
-            ("recorder", "jobs", "allocation_seconds"): 10**6,
-            ("recorder", "aggregation", "label_keys"): list(LABELS),
-            ("recorder", "aggregation", "annotation_keys"): list(ANNOTATIONS),
-            ("recorder", "reports", "pdf"): not args.no_pdf}  # fmt: skip
+    over = {
+        ("recorder", "reports", "weekly"): False,
+        # the jobs run at start only (on the empty database): the bench runs them
+        ("recorder", "jobs", "allocation_seconds"): 10**6,
+        ("recorder", "aggregation", "label_keys"): list(LABELS),
+        ("recorder", "aggregation", "annotation_keys"): list(ANNOTATIONS),
+        ("recorder", "reports", "pdf"): not args.no_pdf,
+    }
     if prometheus is not None:
         over[("recorder", "prometheus", "url")] = prometheus.base
         over[("recorder", "prometheus", "timeout_seconds")] = 60
@@ -362,21 +486,25 @@ def main() -> None:
         def count(name: str, *cond: Any) -> int:
             tab = t.metadata.tables[name]
             with eng.connect() as conn:
-                return int(conn.execute(select(func.count()).select_from(tab)
-                                        .where(*cond)).scalar_one())  # fmt: skip
+                return int(
+                    conn.execute(select(func.count()).select_from(tab).where(*cond)).scalar_one()
+                )
 
-        eventually(lambda: count("nodes") == args.nodes and app.jobs.runs["hourly"] >= 1,
-                   timeout=300)  # fmt: skip
+        eventually(
+            lambda: count("nodes") == args.nodes and app.jobs.runs["hourly"] >= 1, timeout=300
+        )
         assert app.writer.flush(60)
         start = time.perf_counter()
         rows = fill(url, works, since, now, args.snapshot_seconds, hours, args.nodes)
         running = [w for w in works if w.end is None]
-        print(f"{'PostgreSQL' if args.postgres else 'SQLite'}: {args.nodes} nodes x {GPUS} "
-              f"GPUs, {len(works)} workloads in {args.namespaces} namespaces "
-              f"({len(running)} running now, {sum(w.gpus * w.replicas for w in running)} "
-              f"GPUs), {len(LABELS)} label and {len(ANNOTATIONS)} annotation keys of "
-              f"{args.values} values; filled in {time.perf_counter() - start:.0f} s: "
-              + ", ".join(f"{k} {v:,}" for k, v in rows.items()))  # fmt: skip
+        print(
+            f"{'PostgreSQL' if args.postgres else 'SQLite'}: {args.nodes} nodes x {GPUS} "
+            f"GPUs, {len(works)} workloads in {args.namespaces} namespaces "
+            f"({len(running)} running now, {sum(w.gpus * w.replicas for w in running)} "
+            f"GPUs), {len(LABELS)} label and {len(ANNOTATIONS)} annotation keys of "
+            f"{args.values} values; filled in {time.perf_counter() - start:.0f} s: "
+            + ", ".join(f"{k} {v:,}" for k, v in rows.items())
+        )
 
         # the snapshot run at now (per node and cluster, and per dimension), then its
         # dimension rows at each snapshot time of the measured hour
@@ -386,9 +514,10 @@ def main() -> None:
         print(f"snapshot run (Jobs.snapshot and its write): {clock.read()}")
         s = t.gpu_allocation_snapshots
         with eng.begin() as conn:
-            one = [{k: v for k, v in r._mapping.items() if k != "id"}
-                   for r in conn.execute(select(s).where(
-                       s.c.snapshot_time == now))]  # fmt: skip
+            one = [
+                {k: v for k, v in r._mapping.items() if k != "id"}
+                for r in conn.execute(select(s).where(s.c.snapshot_time == now))
+            ]
             n = 3600 // args.snapshot_seconds
             for i in range(n):
                 at = last + timedelta(seconds=i * args.snapshot_seconds)
@@ -406,27 +535,36 @@ def main() -> None:
         assert app.jobs.hourly(now) == 1
         assert app.writer.flush(600)
         made_rows = {n: count(n, t.metadata.tables[n].c.stat_hour == last) for n in HOURLY}
-        print(f"one hour from its snapshots (Jobs.hourly, the write included): {clock.read()}"
-              " (goal <= 10 s): rows " + ", ".join(f"{k} {v}" for k, v in made_rows.items())
-              )  # fmt: skip
+        print(
+            f"one hour from its snapshots (Jobs.hourly, the write included): {clock.read()}"
+            " (goal <= 10 s): rows " + ", ".join(f"{k} {v}" for k, v in made_rows.items())
+        )
         cl = t.cluster_gpu_hourly_stats
         with eng.connect() as conn:
-            util = conn.execute(select(cl.c.avg_utilization, cl.c.sample_count).where(
-                cl.c.stat_hour == last)).one()  # fmt: skip
-        print(f"  the hour's utilization: {util[0]} % mean, {util[1]} samples "
-              f"({app.prom.queries} Prometheus queries so far)")  # fmt: skip
+            util = conn.execute(
+                select(cl.c.avg_utilization, cl.c.sample_count).where(cl.c.stat_hour == last)
+            ).one()
+        print(
+            f"  the hour's utilization: {util[0]} % mean, {util[1]} samples "
+            f"({app.prom.queries} Prometheus queries so far)"
+        )
         # an hour without snapshots (the service was down): from the pods' lifetimes
         with eng.begin() as conn:
-            conn.execute(delete(s).where(s.c.snapshot_time >= hours[-1],
-                                         s.c.snapshot_time < hours[-1] + HOUR))  # fmt: skip
+            conn.execute(
+                delete(s).where(
+                    s.c.snapshot_time >= hours[-1], s.c.snapshot_time < hours[-1] + HOUR
+                )
+            )
             for name in HOURLY:
                 tab = t.metadata.tables[name]
                 conn.execute(delete(tab).where(tab.c.stat_hour == hours[-1]))
         clock = Clock(args.postgres)
         assert app.jobs.hourly(now) == 1
         assert app.writer.flush(600)
-        print(f"one hour from the pods' lifetimes (Jobs.hourly, the write included): "
-              f"{clock.read()} (goal <= 10 s)")  # fmt: skip
+        print(
+            f"one hour from the pods' lifetimes (Jobs.hourly, the write included): "
+            f"{clock.read()} (goal <= 10 s)"
+        )
 
         c = app.clusters.scopes()[0]
         opts = weekly.options(app.cfg.recorder)
@@ -434,10 +572,12 @@ def main() -> None:
         with eng.connect() as conn:
             made = weekly.make(conn, c, week, now, opts, None)
         summary = made.content["summary"]
-        print(f"week {week.name}'s report, content and HTML (weekly.make): {clock.read()} "
-              f"(goal <= 30 s): {summary['pods']} pods, {summary['total_gpu_hours']:,} "
-              f"GPU-hours ({summary.get('used_gpu_hours')} used), {len(made.html):,} bytes "
-              f"of HTML")  # fmt: skip
+        print(
+            f"week {week.name}'s report, content and HTML (weekly.make): {clock.read()} "
+            f"(goal <= 30 s): {summary['pods']} pods, {summary['total_gpu_hours']:,} "
+            f"GPU-hours ({summary.get('used_gpu_hours')} used), {len(made.html):,} bytes "
+            f"of HTML"
+        )
         clock = Clock(args.postgres)
         assert app.reports.run(now) == [weekly.report_id(c.name, week)]
         assert app.writer.flush(600)
@@ -446,32 +586,42 @@ def main() -> None:
 
         base = f"http://127.0.0.1:{app.http.port}/v1/"
         day = f"start_time={(now - timedelta(days=1)).strftime(RFC)}&end_time={now.strftime(RFC)}"
-        wk = (f"start_time={(now - timedelta(days=args.days)).strftime(RFC)}"
-              f"&end_time={now.strftime(RFC)}")  # fmt: skip
+        wk = (
+            f"start_time={(now - timedelta(days=args.days)).strftime(RFC)}"
+            f"&end_time={now.strftime(RFC)}"
+        )
         rid = weekly.report_id(c.name, week)
-        ui = [f"gpu-aggregation/namespaces?{wk}",
-              f"gpu-aggregation/dimension-keys?dimension_type=label&{wk}",
-              f"gpu-aggregation/dimension-keys?dimension_type=annotation&{wk}",
-              f"gpu-aggregation/dimension-values?dimension_type=label&dimension_key=team&{wk}",
-              f"gpu-aggregation/cluster/hourly-stats?{wk}&page=1&page_size=200",
-              f"gpu-aggregation/namespaces/hourly-stats?{day}&page=1&page_size=100",
-              f"gpu-aggregation/namespaces/hourly-stats?{wk}&page=1&page_size=100",
-              f"gpu-aggregation/namespaces/hourly-stats?{wk}&namespace=ns-7",
-              f"gpu-aggregation/labels/hourly-stats?dimension_type=label&dimension_key=team"
-              f"&{wk}&page=1&page_size=100",
-              f"gpu-aggregation/workloads/hourly-stats?{day}&page=1&page_size=100",
-              f"gpu-aggregation/workloads/hourly-stats?{wk}&page=1&page_size=100",
-              f"gpu-aggregation/workloads/hourly-stats?{wk}&namespace=ns-7",
-              f"gpu-aggregation/snapshots?{day}", "gpu-aggregation/snapshots/latest",
-              "workloads/statistics", "workloads/statistic",
-              "nodes/fragmentation-analysis", "nodes/load-balance-analysis",
-              "weekly-reports/gpu_utilization", "weekly-reports/gpu_utilization/latest",
-              f"weekly-reports/gpu_utilization/{rid}",
-              f"weekly-reports/gpu_utilization/{rid}/html",
-              f"weekly-reports/gpu_utilization/{rid}/json",
-              *([] if args.no_pdf else [f"weekly-reports/gpu_utilization/{rid}/pdf"])]  # fmt: skip
-        print(f"routes, {args.requests} GETs each (day: the last 24 h, week: the last "
-              f"{args.days} days; goal <= 100 ms):")  # fmt: skip
+        ui = [
+            f"gpu-aggregation/namespaces?{wk}",
+            f"gpu-aggregation/dimension-keys?dimension_type=label&{wk}",
+            f"gpu-aggregation/dimension-keys?dimension_type=annotation&{wk}",
+            f"gpu-aggregation/dimension-values?dimension_type=label&dimension_key=team&{wk}",
+            f"gpu-aggregation/cluster/hourly-stats?{wk}&page=1&page_size=200",
+            f"gpu-aggregation/namespaces/hourly-stats?{day}&page=1&page_size=100",
+            f"gpu-aggregation/namespaces/hourly-stats?{wk}&page=1&page_size=100",
+            f"gpu-aggregation/namespaces/hourly-stats?{wk}&namespace=ns-7",
+            f"gpu-aggregation/labels/hourly-stats?dimension_type=label&dimension_key=team"
+            f"&{wk}&page=1&page_size=100",
+            f"gpu-aggregation/workloads/hourly-stats?{day}&page=1&page_size=100",
+            f"gpu-aggregation/workloads/hourly-stats?{wk}&page=1&page_size=100",
+            f"gpu-aggregation/workloads/hourly-stats?{wk}&namespace=ns-7",
+            f"gpu-aggregation/snapshots?{day}",
+            "gpu-aggregation/snapshots/latest",
+            "workloads/statistics",
+            "workloads/statistic",
+            "nodes/fragmentation-analysis",
+            "nodes/load-balance-analysis",
+            "weekly-reports/gpu_utilization",
+            "weekly-reports/gpu_utilization/latest",
+            f"weekly-reports/gpu_utilization/{rid}",
+            f"weekly-reports/gpu_utilization/{rid}/html",
+            f"weekly-reports/gpu_utilization/{rid}/json",
+            *([] if args.no_pdf else [f"weekly-reports/gpu_utilization/{rid}/pdf"]),
+        ]
+        print(
+            f"routes, {args.requests} GETs each (day: the last 24 h, week: the last "
+            f"{args.days} days; goal <= 100 ms):"
+        )
         for path in ui:
             med, p95, size = timed_get(base + path, args.requests)
             shown = path.replace(wk, "{week}").replace(day, "{day}")

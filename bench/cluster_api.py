@@ -38,9 +38,18 @@ GPUS = 8
 
 def gpu(node: int, i: int, serial: str) -> pb.DeviceChange:
     bdf = f"0000:{0x10 + i * 0x10:02x}:00.0"
-    return pb.DeviceChange(device_kind="gpu", vendor="amd", bdf=bdf, slot=bdf, index=i,
-                           key=f"uid-{node}-{i}", model="AMD Instinct MI300X", serial=serial,
-                           driver_version="6.10.5", vbios_version="113-M3000100-102")  # fmt: skip
+    return pb.DeviceChange(
+        device_kind="gpu",
+        vendor="amd",
+        bdf=bdf,
+        slot=bdf,
+        index=i,
+        key=f"uid-{node}-{i}",
+        model="AMD Instinct MI300X",
+        serial=serial,
+        driver_version="6.10.5",
+        vbios_version="113-M3000100-102",
+    )
 
 
 def make_event(node: int, seq: int) -> pb.Event:
@@ -58,16 +67,25 @@ def make_event(node: int, seq: int) -> pb.Event:
 
 
 def node_object(n: int) -> dict:
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": f"gpu-{n}", "labels": {
-                "amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM"}},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}],
-                       "addresses": [{"type": "InternalIP",
-                                      "address": f"10.1.{n // 250}.{n % 250}"}],
-                       "capacity": {"cpu": "192", "memory": "2113474560Ki", "amd.com/gpu": "8"},
-                       "allocatable": {"amd.com/gpu": "8"},
-                       "nodeInfo": {"kubeletVersion": "v1.31.2", "osImage": "Ubuntu 22.04",
-                                    "containerRuntimeVersion": "containerd://1.7.22"}}}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": f"gpu-{n}",
+            "labels": {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM"},
+        },
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "addresses": [{"type": "InternalIP", "address": f"10.1.{n // 250}.{n % 250}"}],
+            "capacity": {"cpu": "192", "memory": "2113474560Ki", "amd.com/gpu": "8"},
+            "allocatable": {"amd.com/gpu": "8"},
+            "nodeInfo": {
+                "kubeletVersion": "v1.31.2",
+                "osImage": "Ubuntu 22.04",
+                "containerRuntimeVersion": "containerd://1.7.22",
+            },
+        },
+    }
 
 
 def postgres_cpu() -> float:
@@ -93,15 +111,22 @@ def timed(url: str, n: int = 30) -> tuple[float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.cluster_api", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.cluster_api",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--events", type=int, default=20)
     ap.add_argument("--sqlite", action="store_true")
-    ap.add_argument("--per-message", type=int, default=5,
-                    help="events per ReportBatch message, as an agent's reporter sends what "
-                         "it holds (default 5); 1: Report, one event per message, as agents "
-                         "older than ReportBatch send")  # fmt: skip
+    ap.add_argument(
+        "--per-message",
+        type=int,
+        default=5,
+        help="events per ReportBatch message, as an agent's reporter sends what "
+        "it holds (default 5); 1: Report, one event per message, as agents "
+        "older than ReportBatch send",
+    )
     args = ap.parse_args()
     from tests.reportersim import simulate
 
@@ -112,15 +137,19 @@ def main() -> None:
     lines = ["# TYPE gpu_utilization gauge\n"]
     for n in range(args.nodes):
         for i in range(GPUS):
-            lines += [f'gpu_utilization{{node="gpu-{n}",gpu_id="{i}"}} {(n + i) % 100} '
-                      f"{now - 600 + 60 * m}\n" for m in range(10)]  # fmt: skip
+            lines += [
+                f'gpu_utilization{{node="gpu-{n}",gpu_id="{i}"}} {(n + i) % 100} '
+                f"{now - 600 + 60 * m}\n"
+                for m in range(10)
+            ]
     prometheus = Prometheus([], openmetrics="".join(lines) + "# EOF\n")
     api = FakeApiServer().start()
     for n in range(args.nodes):
         api.put("nodes", node_object(n))
     at = datetime.fromtimestamp(now - 60, UTC)
-    app = service.start(url, tmp, api, {("recorder", "prometheus", "url"): prometheus.base},
-                        lambda: at)  # fmt: skip
+    app = service.start(
+        url, tmp, api, {("recorder", "prometheus", "url"): prometheus.base}, lambda: at
+    )
     try:
         eng = create_engine(url)
 
@@ -136,30 +165,44 @@ def main() -> None:
             ex.submit(int).result()  # the process started before the clock does
             cpu = {"service": cpu_seconds(os.getpid()), "PostgreSQL": postgres_cpu()}
             writes = app.writer.writes.copy()
-            got = ex.submit(simulate, f"127.0.0.1:{app.collect_port}", args.nodes,
-                            args.events, 600, make_event, args.per_message).result()  # fmt: skip
+            got = ex.submit(
+                simulate,
+                f"127.0.0.1:{app.collect_port}",
+                args.nodes,
+                args.events,
+                600,
+                make_event,
+                args.per_message,
+            ).result()
         cpu = {
             "service": cpu_seconds(os.getpid()) - cpu["service"],
             "PostgreSQL": postgres_cpu() - cpu["PostgreSQL"],
             "reporters": got.cpu_seconds,
         }
         sent = args.nodes * args.events
-        stored, devices, changes = count("node_events"), count("node_devices"), count(
-            "device_changelog")  # fmt: skip
+        stored, devices, changes = (
+            count("node_events"),
+            count("node_devices"),
+            count("device_changelog"),
+        )
         full = sum(1 for n in got.acked.values() if n == args.events)
-        print(f"{args.nodes} nodes x {GPUS} GPUs, {args.events} events each "
-              f"({args.per_message} per message) into "
-              f"{'SQLite' if args.sqlite else 'PostgreSQL'}: {stored} of {sent} events stored "
-              f"({full} of {args.nodes} streams acknowledged to their last), {devices} devices, "
-              f"{changes} changelog rows, {got.acks} acknowledgements, in {got.seconds:.1f} s "
-              f"(once the {args.nodes} streams were open, which took {got.connect_seconds:.1f} s): "
-              f"{sent / got.seconds:.0f} events/s (goal >= 5000)")  # fmt: skip
+        print(
+            f"{args.nodes} nodes x {GPUS} GPUs, {args.events} events each "
+            f"({args.per_message} per message) into "
+            f"{'SQLite' if args.sqlite else 'PostgreSQL'}: {stored} of {sent} events stored "
+            f"({full} of {args.nodes} streams acknowledged to their last), {devices} devices, "
+            f"{changes} changelog rows, {got.acks} acknowledgements, in {got.seconds:.1f} s "
+            f"(once the {args.nodes} streams were open, which took {got.connect_seconds:.1f} s): "
+            f"{sent / got.seconds:.0f} events/s (goal >= 5000)"
+        )
         print(
             f"the database writer: {sum(app.writer.writes.counts) - sum(writes.counts)} commits "
             f"taking {app.writer.writes.total - writes.total:.1f} s"
         )
-        print("CPU meanwhile (2 cores: %.1f s): " % (2 * got.seconds) +
-              ", ".join(f"{k} {v:.1f} s" for k, v in cpu.items()))  # fmt: skip
+        print(
+            "CPU meanwhile (2 cores: %.1f s): " % (2 * got.seconds)
+            + ", ".join(f"{k} {v:.1f} s" for k, v in cpu.items())
+        )
         base = f"http://127.0.0.1:{app.http.port}/v1"
         for label, path, goal in (
             ("clusters/overview", "/clusters/overview", 100),
@@ -167,10 +210,12 @@ def main() -> None:
             ("nodes/{name}", "/nodes/gpu-7", 50),
             ("nodes/{name}/devices", "/nodes/gpu-7/devices", 50),
             ("nodes/{name}/devices/changelog", "/nodes/gpu-7/devices/changelog", 50),
-        ):  # fmt: skip
+        ):
             med, worst = timed(base + path)
-            print(f"{label} at {args.nodes} nodes: median {med:.1f} ms, max {worst:.1f} ms "
-                  f"(goal <= {goal} ms)")  # fmt: skip
+            print(
+                f"{label} at {args.nodes} nodes: median {med:.1f} ms, max {worst:.1f} ms "
+                f"(goal <= {goal} ms)"
+            )
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(f"peak RSS of this process (service and clients): {rss:.0f} MB")
         eng.dispose()

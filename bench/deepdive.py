@@ -53,12 +53,14 @@ def main() -> None:
                 r0 = ranks[0]
 
                 def tree() -> Any:
-                    return stub.ProcessTree(pb.ProcessTreeRequest(pod_uid=r0.pod_uid),
-                                            metadata=AUTH)  # fmt: skip
+                    return stub.ProcessTree(
+                        pb.ProcessTreeRequest(pod_uid=r0.pod_uid), metadata=AUTH
+                    )
 
                 def dump(r: Any = r0) -> Any:
-                    return stub.PySpy(pb.PySpyRequest(pod_uid=r.pod_uid, pid=r.pid,
-                                                      action="dump"), metadata=AUTH)  # fmt: skip
+                    return stub.PySpy(
+                        pb.PySpyRequest(pod_uid=r.pod_uid, pid=r.pid, action="dump"), metadata=AUTH
+                    )
 
                 def all_dumps() -> None:
                     with concurrent.futures.ThreadPoolExecutor(len(ranks)) as ex:
@@ -71,8 +73,10 @@ def main() -> None:
                     (f"PySpy dump, {len(ranks)} ranks at once", all_dumps),
                 ):
                     med, worst = timed(call, a.repeat)
-                    print(f"{name}: median {med * 1000:.0f} ms, slowest {worst * 1000:.0f} ms "
-                          f"({a.repeat} times)")  # fmt: skip
+                    print(
+                        f"{name}: median {med * 1000:.0f} ms, slowest {worst * 1000:.0f} ms "
+                        f"({a.repeat} times)"
+                    )
         finally:
             agent.stop()
             for r in ranks:

@@ -48,8 +48,9 @@ def storm(tools: dict[str, str], tmp: Path, seconds: float, rate: float) -> dict
         costs0 = probe_costs(agent)
         before = agent.sample("lens_packet_drops_total", protocol="udp", type="localhost")
         cpu0 = cpu_seconds(agent.proc.pid)
-        run = parse_kv(sh("taskset", "-c", "1", tools["dropgen"], ADDR, str(PORT),
-                          str(seconds), str(rate)))  # fmt: skip
+        run = parse_kv(
+            sh("taskset", "-c", "1", tools["dropgen"], ADDR, str(PORT), str(seconds), str(rate))
+        )
         load = cpu_seconds(agent.proc.pid) - cpu0
         time.sleep(3)  # two read cycles: the kernel's counts reach /metrics
         counted = agent.sample("lens_packet_drops_total", protocol="udp", type="localhost")
@@ -57,8 +58,11 @@ def storm(tools: dict[str, str], tmp: Path, seconds: float, rate: float) -> dict
         reasons = {}
         body, _ = agent.metrics()
         for line in body.splitlines():
-            if line.startswith("lens_packet_drops_total{") and 'type="localhost"' in line \
-                    and 'protocol="udp"' in line:  # fmt: skip
+            if (
+                line.startswith("lens_packet_drops_total{")
+                and 'type="localhost"' in line
+                and 'protocol="udp"' in line
+            ):
                 why = line.split('reason="', 1)[1].split('"', 1)[0]
                 reasons[why] = reasons.get(why, 0) + float(line.rsplit(" ", 1)[1])
     finally:
@@ -103,8 +107,11 @@ def main() -> int:
     ap.add_argument("--conn-seconds", type=float, default=5, help="each conngen round")
     ap.add_argument("--rounds", type=int, default=2, help="conngen rounds per mode")
     ap.add_argument("--no-write", action="store_true", help="print only")
-    ap.add_argument("--rewrite", action="store_true",
-                    help="BENCHMARKS.md's section again from bench/drops.json, no run")  # fmt: skip
+    ap.add_argument(
+        "--rewrite",
+        action="store_true",
+        help="BENCHMARKS.md's section again from bench/drops.json, no run",
+    )
     args = ap.parse_args()
     if args.rewrite:
         write_section(json.loads((ROOT / "bench" / "drops.json").read_text()), args)
@@ -116,10 +123,14 @@ def main() -> int:
     tools = build(tmp)
     sh("gcc", "-O2", "-o", str(tmp / "dropgen"), str(ROOT / "bench" / "dropgen.c"))
     tools["dropgen"] = str(tmp / "dropgen")
-    res = {"kernel": os.uname().release, "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
-           "load_average": os.getloadavg()[0],
-           "storm": storm(tools, tmp, args.seconds, args.rate),
-           "connections": connections(tools, tmp, args.conn_seconds, args.rounds)}  # fmt: skip
+    res = {
+        "kernel": os.uname().release,
+        "cpus": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d"),
+        "load_average": os.getloadavg()[0],
+        "storm": storm(tools, tmp, args.seconds, args.rate),
+        "connections": connections(tools, tmp, args.conn_seconds, args.rounds),
+    }
     print(json.dumps(res, indent=1))
     if args.no_write:
         return 0

@@ -66,9 +66,14 @@ class Floor:
         family = kernel_btf.member("sock.__sk_common.skc_family") if kernel_btf else None
         if family is None:
             raise RuntimeError("no kernel BTF: the floor program reads the socket through it")
-        self.bpf = BPF(text=TEXT, cflags=[f"-I{ROOT / 'bpf_programs'}",
-                                          f"-DLENS_SK_FAMILY_OFF={family[0]}",
-                                          f"-DMAX_SOCKETS={max_sockets}"])  # fmt: skip
+        self.bpf = BPF(
+            text=TEXT,
+            cflags=[
+                f"-I{ROOT / 'bpf_programs'}",
+                f"-DLENS_SK_FAMILY_OFF={family[0]}",
+                f"-DMAX_SOCKETS={max_sockets}",
+            ],
+        )
         try:
             attach_btf_tracepoint(
                 self.bpf,

@@ -33,8 +33,11 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     started = time.monotonic()
     pg = pglab.Postgres().init() if args.postgres else None
     url = pg.create_database("lens_fuzz") if pg else f"sqlite:///{tmp / 'recorder.db'}"
-    out: dict[str, Any] = {"database": "postgresql" if pg else "sqlite", "routes": 0,
-                           "findings": []}  # fmt: skip
+    out: dict[str, Any] = {
+        "database": "postgresql" if pg else "sqlite",
+        "routes": 0,
+        "findings": [],
+    }
     with fuzzlab.Logged() as logged:
         rec = fuzzlab.RecorderUnderFuzz(url, tmp, logged)
         try:
@@ -54,15 +57,19 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     rec.fuzz_collector(args.streams)
                 except AssertionError as exc:
                     out["findings"].append(f"collector port: {str(exc)[:2000]}")
-            out["http"] = {"requests": rec.tally.sent - sum(
-                v for k, v in rec.tally.by_status.items() if not k.isdigit()),
-                "by_status": {k: v for k, v in sorted(rec.tally.by_status.items())
-                              if k.isdigit()}, "seconds": round(http_time, 1)}  # fmt: skip
-            out["collector"] = {"streams": sum(v for k, v in rec.tally.by_status.items()
-                                               if not k.isdigit()),
-                                "by_code": {k: v for k, v in sorted(rec.tally.by_status.items())
-                                            if not k.isdigit()},
-                                "seconds": round(time.monotonic() - streams, 1)}  # fmt: skip
+            out["http"] = {
+                "requests": rec.tally.sent
+                - sum(v for k, v in rec.tally.by_status.items() if not k.isdigit()),
+                "by_status": {k: v for k, v in sorted(rec.tally.by_status.items()) if k.isdigit()},
+                "seconds": round(http_time, 1),
+            }
+            out["collector"] = {
+                "streams": sum(v for k, v in rec.tally.by_status.items() if not k.isdigit()),
+                "by_code": {
+                    k: v for k, v in sorted(rec.tally.by_status.items()) if not k.isdigit()
+                },
+                "seconds": round(time.monotonic() - streams, 1),
+            }
         finally:
             rec.close()
             if pg is not None:
@@ -108,12 +115,16 @@ def main() -> int:
             f"{got['database']}: {got['routes']} routes, {h['requests']:,} requests in "
             f"{h['seconds']:.0f} s ({', '.join(f'{k}: {v}' for k, v in h['by_status'].items())})"
         )
-        print(f"collector port: {c['streams']:,} streams in {c['seconds']:.0f} s "
-              f"({', '.join(f'{k}: {v}' for k, v in c['by_code'].items())})")  # fmt: skip
+        print(
+            f"collector port: {c['streams']:,} streams in {c['seconds']:.0f} s "
+            f"({', '.join(f'{k}: {v}' for k, v in c['by_code'].items())})"
+        )
         if "agent" in got:
             a = got["agent"]
-            print(f"agent port: {a['calls']:,} calls in {a['seconds']:.0f} s "
-                  f"({', '.join(f'{k}: {v}' for k, v in a['by_code'].items())})")  # fmt: skip
+            print(
+                f"agent port: {a['calls']:,} calls in {a['seconds']:.0f} s "
+                f"({', '.join(f'{k}: {v}' for k, v in a['by_code'].items())})"
+            )
         print(f"{len(got['findings'])} findings" if got["findings"] else "no finding")
         for f in got["findings"]:
             print(f"- {f}")

@@ -19,8 +19,11 @@ from tests.agentproc import AgentProc, free_port
 
 def main(n: int) -> None:
     port = free_port()
-    agent = AgentProc("--no-collector.tcp", "--no-collector.processes",
-                      env={"LENS_GRPC__LISTEN": f"127.0.0.1:{port}"})  # fmt: skip
+    agent = AgentProc(
+        "--no-collector.tcp",
+        "--no-collector.processes",
+        env={"LENS_GRPC__LISTEN": f"127.0.0.1:{port}"},
+    )
     try:
         agent.wait_ready()
         addr = f"127.0.0.1:{port}"
@@ -40,8 +43,10 @@ def main(n: int) -> None:
                 t0 = time.perf_counter()
                 call()
                 ms.append((time.perf_counter() - t0) * 1000)
-            print(f"{name} with {agent.sample('lens_agent_grpc_streams'):.0f} idle streams: "
-                  f"median {statistics.median(ms):.1f} ms, max {max(ms):.1f} ms")  # fmt: skip
+            print(
+                f"{name} with {agent.sample('lens_agent_grpc_streams'):.0f} idle streams: "
+                f"median {statistics.median(ms):.1f} ms, max {max(ms):.1f} ms"
+            )
         for st in streams:
             st.cancel()
     finally:

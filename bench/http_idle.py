@@ -50,13 +50,17 @@ def main(n: int) -> None:
         while http.counters.open < n:
             time.sleep(0.01)
         med, worst = scrape_ms(http.port)
-        print(f"/metrics with {n} idle connections held: median {med:.1f} ms, "
-              f"max {worst:.1f} ms (goal < 100 ms)")  # fmt: skip
+        print(
+            f"/metrics with {n} idle connections held: median {med:.1f} ms, "
+            f"max {worst:.1f} ms (goal < 100 ms)"
+        )
         for s in idle:
             s.settimeout(3 * TIMEOUT)
             s.recv(1)
-        print(f"all {n} closed by the server {time.monotonic() - t0:.1f} s after they opened "
-              f"(request_timeout {TIMEOUT:g} s); counted as cut: {http.counters.cut}")  # fmt: skip
+        print(
+            f"all {n} closed by the server {time.monotonic() - t0:.1f} s after they opened "
+            f"(request_timeout {TIMEOUT:g} s); counted as cut: {http.counters.cut}"
+        )
         for s in idle:
             s.close()
     finally:

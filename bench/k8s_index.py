@@ -68,15 +68,25 @@ def main() -> None:
     w.stop()
     api.kill()
     lags.sort()
-    print(json.dumps({
-        "pods": args.pods, "services": args.pods // 10, "deployments": args.deployments,
-        "list_and_sync_seconds": round(sync, 2),
-        "owner_lookups": w.owners.lookups,
-        "index_mb": round(held / 2**20, 1),
-        "index_bytes_per_pod": int(held / args.pods),
-        "lookup_us": round(per_lookup * 1e6, 2),
-        "watch_event_to_index_ms_p50_p99": [round(lags[25] * 1e3, 1), round(lags[49] * 1e3, 1)],
-    }, indent=1))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "pods": args.pods,
+                "services": args.pods // 10,
+                "deployments": args.deployments,
+                "list_and_sync_seconds": round(sync, 2),
+                "owner_lookups": w.owners.lookups,
+                "index_mb": round(held / 2**20, 1),
+                "index_bytes_per_pod": int(held / args.pods),
+                "lookup_us": round(per_lookup * 1e6, 2),
+                "watch_event_to_index_ms_p50_p99": [
+                    round(lags[25] * 1e3, 1),
+                    round(lags[49] * 1e3, 1),
+                ],
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

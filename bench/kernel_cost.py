@@ -88,13 +88,21 @@ def measure(connections: int, execs: int) -> dict:
     finally:
         STATS.write_text(old)
         loader.close()
-    return {"kernel": platform.release(), "connections": connections, "execs": execs,
-            "paths": paths, "probes": probes}  # fmt: skip
+    return {
+        "kernel": platform.release(),
+        "connections": connections,
+        "execs": execs,
+        "paths": paths,
+        "probes": probes,
+    }
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.kernel_cost", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.kernel_cost",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--connections", type=int, default=200)
     ap.add_argument("--execs", type=int, default=100)
     ap.add_argument("--json", type=Path)

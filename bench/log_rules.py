@@ -42,18 +42,33 @@ def main() -> None:
         with eng.begin() as conn:
             made = logtemplates.seed(conn, now, "", True)
         text = [x for x in (FIX / "megatron-single-node.log").read_text().splitlines() if x]
-        lines = [Line(now, text[i % len(text)], "ml", f"bert-worker-{i % 64}", f"u{i % 64}",
-                      "pytorch", f"gpu-{i % 8}", "uid-bert", "bert", "PyTorchJob", "local")
-                 for i in range(args.lines)]  # fmt: skip
+        lines = [
+            Line(
+                now,
+                text[i % len(text)],
+                "ml",
+                f"bert-worker-{i % 64}",
+                f"u{i % 64}",
+                "pytorch",
+                f"gpu-{i % 8}",
+                "uid-bert",
+                "bert",
+                "PyTorchJob",
+                "local",
+            )
+            for i in range(args.lines)
+        ]
         rules = LogRules(eng, 3600, lambda: now)
         with_keywords = run(rules, lines)
         rules.rules = [dataclasses.replace(r, keywords=()) for r in rules.rules]
         without = run(rules, lines)
         eng.dispose()
-    print(f"{made} rules, {args.lines:,} Megatron-LM lines (mean "
-          f"{sum(len(x.text) for x in lines) / len(lines):.0f} characters): "
-          f"{with_keywords:.1f} us of CPU a line with keywords first, {without:.1f} us "
-          "searching every pattern")  # fmt: skip
+    print(
+        f"{made} rules, {args.lines:,} Megatron-LM lines (mean "
+        f"{sum(len(x.text) for x in lines) / len(lines):.0f} characters): "
+        f"{with_keywords:.1f} us of CPU a line with keywords first, {without:.1f} us "
+        "searching every pattern"
+    )
 
 
 if __name__ == "__main__":

@@ -55,37 +55,66 @@ def cpu(fn: Callable[[], Any], rounds: int = 5) -> tuple[float, Any]:
 
 def main(sizes: list[int]) -> None:
     node = semconv.node_attributes("node-a", "bench")
-    print(f"{'series':>8} {'snapshot ms':>12} {'gzip ms':>8} {'bytes':>10} {'gzipped':>9} "
-          f"{'/metrics ms':>12} {'registry ms':>13}")  # fmt: skip
+    print(
+        f"{'series':>8} {'snapshot ms':>12} {'gzip ms':>8} {'bytes':>10} {'gzipped':>9} "
+        f"{'/metrics ms':>12} {'registry ms':>13}"
+    )
     for n in sizes:
         cache = filled(n)
         enc = MetricsEncoder(node, "bench", time.time_ns())
-        t_snap, snap = cpu(lambda c=cache, e=enc: e.encode(from_cache(c.snapshot()),
-                                                             time.time_ns()))  # fmt: skip
+        t_snap, snap = cpu(
+            lambda c=cache, e=enc: e.encode(from_cache(c.snapshot()), time.time_ns())
+        )
         t_gz, body = cpu(lambda s=snap: compress(s.body, True))
         t_render, _ = cpu(lambda c=cache: c.render())
         registry = CollectorRegistry(auto_describe=False)
         registry.register(CacheCollector(cache))
         # what a snapshot pays for the registry's other families: the cache rendered there
         t_reg, _ = cpu(lambda r=registry: list(from_prometheus(r.collect())))
-        print(f"{snap.points:>8} {t_snap * 1e3:>12.1f} {t_gz * 1e3:>8.1f} {len(snap.body):>10} "
-              f"{len(body):>9} {t_render * 1e3:>12.1f} {t_reg * 1e3:>13.1f}")  # fmt: skip
-    flows = [FlowClosed(kind="flow_closed", seq=i, ts_unix_nano=time.time_ns(), ts_ns=i, pid=100,
-                        comm="python3", cgroup_id=1, family="ipv4", laddr="10.0.0.1",
-                        lport=40000 + i % 20000, raddr="10.0.1.2", rport=8080,
-                        direction="egress", cls="k8sPod", sent_bytes=4096,
-                        received_bytes=100, retransmits=0, duration_ns=1000, reason="close",
-                        remote_namespace="shop", remote_pod="web-0",
-                        remote_workload_kind="Deployment", remote_workload="web",
-                        namespace="team", pod="client-0", workload_kind="Job",
-                        workload="train")
-             for i in range(10000)]  # fmt: skip
+        print(
+            f"{snap.points:>8} {t_snap * 1e3:>12.1f} {t_gz * 1e3:>8.1f} {len(snap.body):>10} "
+            f"{len(body):>9} {t_render * 1e3:>12.1f} {t_reg * 1e3:>13.1f}"
+        )
+    flows = [
+        FlowClosed(
+            kind="flow_closed",
+            seq=i,
+            ts_unix_nano=time.time_ns(),
+            ts_ns=i,
+            pid=100,
+            comm="python3",
+            cgroup_id=1,
+            family="ipv4",
+            laddr="10.0.0.1",
+            lport=40000 + i % 20000,
+            raddr="10.0.1.2",
+            rport=8080,
+            direction="egress",
+            cls="k8sPod",
+            sent_bytes=4096,
+            received_bytes=100,
+            retransmits=0,
+            duration_ns=1000,
+            reason="close",
+            remote_namespace="shop",
+            remote_pod="web-0",
+            remote_workload_kind="Deployment",
+            remote_workload="web",
+            namespace="team",
+            pod="client-0",
+            workload_kind="Job",
+            workload="train",
+        )
+        for i in range(10000)
+    ]
     logs = LogsEncoder(node, "bench")
     t_logs, snap = cpu(lambda: logs.encode(flows), rounds=3)
     t_gz, body = cpu(lambda: compress(snap.body, True), rounds=3)
-    print(f"\nflow_closed log records: {t_logs / len(flows) * 1e6:.1f} us each, gzip "
-          f"{t_gz / len(flows) * 1e6:.1f} us; {len(snap.body) / len(flows):.0f} bytes each, "
-          f"{len(body) / len(flows):.0f} gzipped")  # fmt: skip
+    print(
+        f"\nflow_closed log records: {t_logs / len(flows) * 1e6:.1f} us each, gzip "
+        f"{t_gz / len(flows) * 1e6:.1f} us; {len(snap.body) / len(flows):.0f} bytes each, "
+        f"{len(body) / len(flows):.0f} gzipped"
+    )
 
 
 if __name__ == "__main__":

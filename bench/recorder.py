@@ -58,9 +58,20 @@ def run(url: str, deployments: int, pods: int, updates: int) -> dict[str, Any]:
                 "status": {"replicas": pods, "readyReplicas": pods},
             },
         )
-        rs = {"name": f"app-{d}-5d", "namespace": "ml", "uid": f"uid-r{d}", "ownerReferences": [
-            {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"app-{d}", "uid": f"uid-d{d}",
-             "controller": True}]}  # fmt: skip
+        rs = {
+            "name": f"app-{d}-5d",
+            "namespace": "ml",
+            "uid": f"uid-r{d}",
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "name": f"app-{d}",
+                    "uid": f"uid-d{d}",
+                    "controller": True,
+                }
+            ],
+        }
         api.put(
             "replicasets",
             {
@@ -104,18 +115,22 @@ def run(url: str, deployments: int, pods: int, updates: int) -> dict[str, Any]:
         w = app.writer
         batches = sum(w.writes.counts)  # every commit
         out = {
-            "pods": total, "workloads": 2 * deployments,
+            "pods": total,
+            "workloads": 2 * deployments,
             "first_list_seconds": round(listed, 2),
             "first_list_stored_seconds": round(stored, 2),
             "pods_per_second_at_start": round(total / stored, 1),
-            "updates": updates, "updates_stored_seconds": round(streamed, 2),
+            "updates": updates,
+            "updates_stored_seconds": round(streamed, 2),
             "updates_per_second": round(updates / streamed, 1),
-            "commits": batches, "mean_commit_ms": round(1000 * w.writes.total / max(1, batches), 2),
+            "commits": batches,
+            "mean_commit_ms": round(1000 * w.writes.total / max(1, batches), 2),
             # what the recorder keeps per pod to derive the next change: its last snapshot
-            "snapshot_json_bytes_per_pod": round(sum(
-                len(json.dumps(p.snap, default=str)) for p in app.tracker.pods.values())
-                / max(1, len(app.tracker.pods))),
-        }  # fmt: skip
+            "snapshot_json_bytes_per_pod": round(
+                sum(len(json.dumps(p.snap, default=str)) for p in app.tracker.pods.values())
+                / max(1, len(app.tracker.pods))
+            ),
+        }
         app.stop()
     api.kill()
     return out
@@ -129,15 +144,15 @@ def main() -> None:
     ap.add_argument("--postgres", action="store_true", help="also on PostgreSQL (root)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
-        res = {"sqlite": run(f"sqlite:///{d}/bench.db", args.deployments, args.pods,
-                             args.updates)}  # fmt: skip
+        res = {"sqlite": run(f"sqlite:///{d}/bench.db", args.deployments, args.pods, args.updates)}
     if args.postgres:
         from tests import pglab
 
         pg = pglab.Postgres().init()
         try:
-            res["postgresql"] = run(pg.create_database("bench"), args.deployments, args.pods,
-                                    args.updates)  # fmt: skip
+            res["postgresql"] = run(
+                pg.create_database("bench"), args.deployments, args.pods, args.updates
+            )
         finally:
             pg.destroy()
     print(json.dumps(res, indent=2))

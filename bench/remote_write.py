@@ -40,13 +40,27 @@ def uuid(n: int, i: int) -> str:
 
 def gpu_rows(nodes: int, now: Any) -> list[dict[str, Any]]:
     """Each node's GPUs as its agent reported them, each held by its job's pod."""
-    return [{"cluster": "local", "node": f"gpu-{n}", "kind": "gpu",
-             "slot": f"0000:{0x10 + i * 0x10:02x}:00.0",
-             "key": uuid(n, i), "idx": i, "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3",
-             "uuid": uuid(n, i), "serial": "", "bdf": f"0000:{0x10 + i * 0x10:02x}:00.0",
-             "holder": f"ml/job-{n // 8}-worker-{n % 8}", "present": True,
-             "first_seen": now, "last_seen": now}
-            for n in range(nodes) for i in range(GPUS)]  # fmt: skip
+    return [
+        {
+            "cluster": "local",
+            "node": f"gpu-{n}",
+            "kind": "gpu",
+            "slot": f"0000:{0x10 + i * 0x10:02x}:00.0",
+            "key": uuid(n, i),
+            "idx": i,
+            "vendor": "nvidia",
+            "model": "NVIDIA H100 80GB HBM3",
+            "uuid": uuid(n, i),
+            "serial": "",
+            "bdf": f"0000:{0x10 + i * 0x10:02x}:00.0",
+            "holder": f"ml/job-{n // 8}-worker-{n % 8}",
+            "present": True,
+            "first_seen": now,
+            "last_seen": now,
+        }
+        for n in range(nodes)
+        for i in range(GPUS)
+    ]
 
 
 def series_labels(nodes: int) -> list[bytes]:
@@ -102,8 +116,11 @@ def send(target: str, nodes: int, cycles: int, shards: int, flat_out: bool) -> d
 
     labels = series_labels(nodes)
     pool = urllib3.PoolManager(maxsize=shards, retries=False, timeout=60)
-    headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy",
-               "X-Prometheus-Remote-Write-Version": "0.1.0"}  # fmt: skip
+    headers = {
+        "Content-Type": "application/x-protobuf",
+        "Content-Encoding": "snappy",
+        "X-Prometheus-Remote-Write-Version": "0.1.0",
+    }
     lat: list[float] = []
     cycle_lat: list[float] = []
     per_cycle: list[float] = []  # each cycle's p99
@@ -129,23 +146,34 @@ def send(target: str, nodes: int, cycles: int, shards: int, flat_out: bool) -> d
             bodies = []
             for b in range(0, len(labels), BATCH):
                 # a Sample (TimeSeries field 2): value (double), timestamp (varint, ms)
-                rest = wire.field(0x12, b"\x09" + struct.pack("<d", float(b % 100)) + b"\x10"
-                                  + wire.uvarint(ms))  # fmt: skip
-                bodies.append(wire.snappy(b"".join(wire.timeseries(lb, rest)
-                                                   for lb in labels[b : b + BATCH])))  # fmt: skip
+                rest = wire.field(
+                    0x12, b"\x09" + struct.pack("<d", float(b % 100)) + b"\x10" + wire.uvarint(ms)
+                )
+                bodies.append(
+                    wire.snappy(b"".join(wire.timeseries(lb, rest) for lb in labels[b : b + BATCH]))
+                )
             build += time.perf_counter() - t0
             cycle_lat.clear()
             list(ex.map(post, bodies))
             per_cycle.append(sorted(cycle_lat)[int(0.99 * len(cycle_lat))])
             sent += len(labels)
-    return {"latency": lat, "statuses": statuses, "samples": sent, "per_cycle": per_cycle,
-            "seconds": time.monotonic() - start, "cpu": time.process_time() - cpu0,
-            "build": build}  # fmt: skip
+    return {
+        "latency": lat,
+        "statuses": statuses,
+        "samples": sent,
+        "per_cycle": per_cycle,
+        "seconds": time.monotonic() - start,
+        "cpu": time.process_time() - cpu0,
+        "build": build,
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.remote_write", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.remote_write",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument("--shards", type=int, default=4, help="requests at once (default 4)")
@@ -168,17 +196,30 @@ def main() -> None:
     api = FakeApiServer().start()
     jobs = (args.nodes + 7) // 8
     for j in range(jobs):
-        api.put("pytorchjobs", {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-                                "metadata": {"name": f"job-{j}", "namespace": "ml",
-                                             "uid": f"uid-job-{j}"},
-                                "spec": {}, "status": {}})  # fmt: skip
+        api.put(
+            "pytorchjobs",
+            {
+                "apiVersion": "kubeflow.org/v1",
+                "kind": "PyTorchJob",
+                "metadata": {"name": f"job-{j}", "namespace": "ml", "uid": f"uid-job-{j}"},
+                "spec": {},
+                "status": {},
+            },
+        )
     for n in range(args.nodes):
-        api.put("nodes", {"apiVersion": "v1", "kind": "Node",
-                          "metadata": {"name": f"gpu-{n}", "uid": f"uid-node-{n}"},
-                          "status": {"addresses": [{"type": "InternalIP",
-                                                    "address": f"10.1.{n // 250}.{n % 250}"}],
-                                     "capacity": {"nvidia.com/gpu": "8"},
-                                     "allocatable": {"nvidia.com/gpu": "8"}}})  # fmt: skip
+        api.put(
+            "nodes",
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": f"gpu-{n}", "uid": f"uid-node-{n}"},
+                "status": {
+                    "addresses": [{"type": "InternalIP", "address": f"10.1.{n // 250}.{n % 250}"}],
+                    "capacity": {"nvidia.com/gpu": "8"},
+                    "allocatable": {"nvidia.com/gpu": "8"},
+                },
+            },
+        )
         p = pod(
             f"job-{n // 8}-worker-{n % 8}",
             "",
@@ -203,10 +244,16 @@ def main() -> None:
     receiver = ctx.Process(target=sink, args=(port_q,), daemon=True)
     receiver.start()
     port = port_q.get(timeout=60)
-    app = service.start(url, tmp, api, {
-        ("recorder", "remote_write", "url"): f"http://127.0.0.1:{port}/api/v1/write",
-        ("recorder", "remote_write", "cache_seconds"): 3600,
-        ("recorder", "jobs", "allocation_seconds"): 3600})  # fmt: skip
+    app = service.start(
+        url,
+        tmp,
+        api,
+        {
+            ("recorder", "remote_write", "url"): f"http://127.0.0.1:{port}/api/v1/write",
+            ("recorder", "remote_write", "cache_seconds"): 3600,
+            ("recorder", "jobs", "allocation_seconds"): 3600,
+        },
+    )
     try:
 
         def tracked() -> bool:
@@ -216,14 +263,17 @@ def main() -> None:
         eventually(tracked, timeout=300)
         assert app.writer.flush(120)
         idx = app.remote_write.indexer.refresh()
-        print(f"maps: {len(idx.pods)} pods, {sum(len(g) for g in idx.gpus.values())} GPU "
-              f"identities, {len(idx.holders)} held devices")  # fmt: skip
+        print(
+            f"maps: {len(idx.pods)} pods, {sum(len(g) for g in idx.gpus.values())} GPU "
+            f"identities, {len(idx.holders)} held devices"
+        )
         target = f"http://127.0.0.1:{app.http.port}/prometheus"
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as ex:
             ex.submit(int).result()
             cpu0 = cpu_seconds(os.getpid())
-            got = ex.submit(send, target, args.nodes, args.cycles, args.shards,
-                            args.flat_out).result()  # fmt: skip
+            got = ex.submit(
+                send, target, args.nodes, args.cycles, args.shards, args.flat_out
+            ).result()
             cpu = cpu_seconds(os.getpid()) - cpu0
         samples = got["samples"]
         copied = app.remote_write.samples["copied"]
@@ -241,19 +291,27 @@ def main() -> None:
             f"{BATCH} series a request: {samples} samples sent in {got['seconds']:.1f} s "
             f"({samples / got['seconds']:.0f}/s), answers {got['statuses']}, {copied} copied"
         )
-        print(f"the service's CPU: {cpu:.1f} s: {samples / cpu:.0f} samples/s per core "
-              f"(goal >= 50000)")  # fmt: skip
-        print(f"latency it adds (its time less the receiver's), after the first cycle, "
-              f"{len(added)} requests: p50 {pct(added, 0.5):.1f} ms, p99 {pct(added, 0.99):.1f} "
-              f"ms (goal p99 < 50 ms); the first cycle (every series new to the service): "
-              f"p50 {pct(cold, 0.5):.1f} ms, p99 {pct(cold, 0.99):.1f} ms")  # fmt: skip
-        print(f"the sender's whole request: p50 {pct(lat, 0.5):.1f} ms, p99 "
-              f"{pct(lat, 0.99):.1f} ms, mean {statistics.mean(lat) * 1000:.1f} ms; p99 per "
-              f"cycle: {', '.join(f'{x * 1000:.0f} ms' for x in got['per_cycle'])}")  # fmt: skip
+        print(
+            f"the service's CPU: {cpu:.1f} s: {samples / cpu:.0f} samples/s per core "
+            f"(goal >= 50000)"
+        )
+        print(
+            f"latency it adds (its time less the receiver's), after the first cycle, "
+            f"{len(added)} requests: p50 {pct(added, 0.5):.1f} ms, p99 {pct(added, 0.99):.1f} "
+            f"ms (goal p99 < 50 ms); the first cycle (every series new to the service): "
+            f"p50 {pct(cold, 0.5):.1f} ms, p99 {pct(cold, 0.99):.1f} ms"
+        )
+        print(
+            f"the sender's whole request: p50 {pct(lat, 0.5):.1f} ms, p99 "
+            f"{pct(lat, 0.99):.1f} ms, mean {statistics.mean(lat) * 1000:.1f} ms; p99 per "
+            f"cycle: {', '.join(f'{x * 1000:.0f} ms' for x in got['per_cycle'])}"
+        )
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(f"the sender's own CPU {got['cpu']:.1f} s (building bodies {got['build']:.1f} s); "
-              f"series remembered {len(app.remote_write.relabeler.cache)}; peak RSS of the "
-              f"service's process {rss:.0f} MB")  # fmt: skip
+        print(
+            f"the sender's own CPU {got['cpu']:.1f} s (building bodies {got['build']:.1f} s); "
+            f"series remembered {len(app.remote_write.relabeler.cache)}; peak RSS of the "
+            f"service's process {rss:.0f} MB"
+        )
     finally:
         app.stop()
         api.kill()

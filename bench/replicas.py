@@ -53,17 +53,30 @@ from tests.tcplb import Balancer
 def cluster(api: FakeApiServer, nodes: int) -> None:
     """nodes GPU nodes, each running one 8-GPU pod of a PyTorchJob of eight."""
     for j in range((nodes + 7) // 8):
-        api.put("pytorchjobs", {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-                                "metadata": {"name": f"job-{j}", "namespace": "ml",
-                                             "uid": f"uid-job-{j}"},
-                                "spec": {}, "status": {}})  # fmt: skip
+        api.put(
+            "pytorchjobs",
+            {
+                "apiVersion": "kubeflow.org/v1",
+                "kind": "PyTorchJob",
+                "metadata": {"name": f"job-{j}", "namespace": "ml", "uid": f"uid-job-{j}"},
+                "spec": {},
+                "status": {},
+            },
+        )
     for n in range(nodes):
-        api.put("nodes", {"apiVersion": "v1", "kind": "Node",
-                          "metadata": {"name": f"gpu-{n}", "uid": f"uid-node-{n}"},
-                          "status": {"addresses": [{"type": "InternalIP",
-                                                    "address": f"10.1.{n // 250}.{n % 250}"}],
-                                     "capacity": {"nvidia.com/gpu": "8"},
-                                     "allocatable": {"nvidia.com/gpu": "8"}}})  # fmt: skip
+        api.put(
+            "nodes",
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": f"gpu-{n}", "uid": f"uid-node-{n}"},
+                "status": {
+                    "addresses": [{"type": "InternalIP", "address": f"10.1.{n // 250}.{n % 250}"}],
+                    "capacity": {"nvidia.com/gpu": "8"},
+                    "allocatable": {"nvidia.com/gpu": "8"},
+                },
+            },
+        )
         p = pod(
             f"job-{n // 8}-worker-{n % 8}",
             "",
@@ -99,10 +112,16 @@ def run(count: int, args: argparse.Namespace, pg: pglab.Postgres, sink_url: str)
     api = FakeApiServer().start()
     cluster(api, args.nodes)
     tmp = Path(tempfile.mkdtemp(prefix="lens-bench-replicas-"))
-    settings = {"remote_write__url": sink_url, "remote_write__cache_seconds": 3600,
-                "jobs__allocation_seconds": 3600, "queue_max": 1_000_000}  # fmt: skip
-    replicas = [Replica(f"recorder-{i}", url, api.kubeconfig(tmp / "kubeconfig"), settings)
-                for i in range(count)]  # fmt: skip
+    settings = {
+        "remote_write__url": sink_url,
+        "remote_write__cache_seconds": 3600,
+        "jobs__allocation_seconds": 3600,
+        "queue_max": 1_000_000,
+    }
+    replicas = [
+        Replica(f"recorder-{i}", url, api.kubeconfig(tmp / "kubeconfig"), settings)
+        for i in range(count)
+    ]
     try:
         for r in replicas:
             r.start()
@@ -111,9 +130,13 @@ def run(count: int, args: argparse.Namespace, pg: pglab.Postgres, sink_url: str)
 
         def running() -> int:
             with eng.connect() as conn:
-                return int(conn.execute(select(func.count()).select_from(schema.gpu_pods)
-                                        .where(schema.gpu_pods.c.running.is_(True)))
-                           .scalar_one())  # fmt: skip
+                return int(
+                    conn.execute(
+                        select(func.count())
+                        .select_from(schema.gpu_pods)
+                        .where(schema.gpu_pods.c.running.is_(True))
+                    ).scalar_one()
+                )
 
         eventually(lambda: running() == args.nodes, timeout=600)
         print(f"{count} replica(s), PostgreSQL: {args.nodes} GPU pods followed by the leader")
@@ -126,14 +149,17 @@ def run(count: int, args: argparse.Namespace, pg: pglab.Postgres, sink_url: str)
         lb.stop()
         sent = args.nodes * args.events
         with eng.connect() as conn:
-            stored = int(conn.execute(select(func.count()).select_from(schema.node_events))
-                         .scalar_one())  # fmt: skip
+            stored = int(
+                conn.execute(select(func.count()).select_from(schema.node_events)).scalar_one()
+            )
         full = sum(1 for n in got.acked.values() if n == args.events)
         per = {r.identity: lb.connections[("127.0.0.1", r.collect_port)] for r in replicas}
-        print(f"  events: {stored:,} of {sent:,} stored, {full} of {args.nodes} streams "
-              f"acknowledged to the last, {sent / got.seconds:,.0f} events/s; the replicas' "
-              f"CPU {used:.1f} s over {wall:.1f} s: {sent / used:,.0f} events per CPU-second "
-              f"(PostgreSQL {pg_used:.1f} s more); streams per replica {per}")  # fmt: skip
+        print(
+            f"  events: {stored:,} of {sent:,} stored, {full} of {args.nodes} streams "
+            f"acknowledged to the last, {sent / got.seconds:,.0f} events/s; the replicas' "
+            f"CPU {used:.1f} s over {wall:.1f} s: {sent / used:,.0f} events per CPU-second "
+            f"(PostgreSQL {pg_used:.1f} s more); streams per replica {per}"
+        )
 
         # remote write, through the Service (every replica answers from its own maps)
         lb = Balancer([("127.0.0.1", r.port) for r in replicas])
@@ -141,18 +167,21 @@ def run(count: int, args: argparse.Namespace, pg: pglab.Postgres, sink_url: str)
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as ex:
             ex.submit(int).result()
             c0 = cpu(replicas)
-            sent_rw = ex.submit(rw.send, f"http://{lb.target}/prometheus", args.nodes,
-                                args.cycles, 4 * count, True).result()  # fmt: skip
+            sent_rw = ex.submit(
+                rw.send, f"http://{lb.target}/prometheus", args.nodes, args.cycles, 4 * count, True
+            ).result()
             used = cpu(replicas) - c0
         lb.stop()
         samples = sent_rw["samples"]
         lat = sorted(sent_rw["latency"])
-        print(f"  remote write, {args.cycles} cycles back to back, {4 * count} shards: "
-              f"{samples:,} samples in {sent_rw['seconds']:.1f} s "
-              f"({samples / sent_rw['seconds']:,.0f}/s), answers {sent_rw['statuses']}; the "
-              f"replicas' CPU {used:.1f} s: {samples / used:,.0f} samples per CPU-second; "
-              f"request p50 {lat[len(lat) // 2] * 1000:.0f} ms, p99 "
-              f"{lat[int(0.99 * len(lat))] * 1000:.0f} ms")  # fmt: skip
+        print(
+            f"  remote write, {args.cycles} cycles back to back, {4 * count} shards: "
+            f"{samples:,} samples in {sent_rw['seconds']:.1f} s "
+            f"({samples / sent_rw['seconds']:,.0f}/s), answers {sent_rw['statuses']}; the "
+            f"replicas' CPU {used:.1f} s: {samples / used:,.0f} samples per CPU-second; "
+            f"request p50 {lat[len(lat) // 2] * 1000:.0f} ms, p99 "
+            f"{lat[int(0.99 * len(lat))] * 1000:.0f} ms"
+        )
         eng.dispose()
     finally:
         for r in replicas:
@@ -232,8 +261,11 @@ def failover(rounds: int, pg: pglab.Postgres) -> list[float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.replicas", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.replicas",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--replicas", type=int, nargs="+", default=[1, 3])
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--events", type=int, default=20)

@@ -21,8 +21,11 @@ from tests.reportersim import simulate
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.reporters", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.reporters",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--events", type=int, default=20)
     ap.add_argument("--postgres", action="store_true")
@@ -41,11 +44,13 @@ def main() -> None:
         sent = args.nodes * args.events
         full = sum(1 for n in got.acked.values() if n == args.events)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(f"{args.nodes} reporters x {args.events} events into "
-              f"{'PostgreSQL' if pg else 'SQLite'}: {stored} of {sent} written, "
-              f"{full} of {args.nodes} streams acknowledged to their last event, in "
-              f"{got.seconds:.1f} s ({sent / got.seconds:.0f} events/s); peak RSS of this "
-              f"process (service and clients) {rss:.0f} MB")  # fmt: skip
+        print(
+            f"{args.nodes} reporters x {args.events} events into "
+            f"{'PostgreSQL' if pg else 'SQLite'}: {stored} of {sent} written, "
+            f"{full} of {args.nodes} streams acknowledged to their last event, in "
+            f"{got.seconds:.1f} s ({sent / got.seconds:.0f} events/s); peak RSS of this "
+            f"process (service and clients) {rss:.0f} MB"
+        )
     finally:
         app.stop()
         api.kill()

@@ -27,11 +27,19 @@ def database(postgres: bool, tmp: Path, name: str) -> tuple[str, pglab.Postgres 
     return (pg.create_database(name) if pg else f"sqlite:///{tmp / 'recorder.db'}"), pg
 
 
-def start(url: str, tmp: Path, api: FakeApiServer,
-          overrides: dict[tuple[str, ...], Any] | None = None,
-          clock: Callable[[], datetime] | None = None) -> service.RecorderApp:  # fmt: skip
-    over = {("recorder", "database_url"): url, ("recorder", "listen"): "127.0.0.1:0",
-            ("recorder", "collect_listen"): "127.0.0.1:0", **(overrides or {})}  # fmt: skip
+def start(
+    url: str,
+    tmp: Path,
+    api: FakeApiServer,
+    overrides: dict[tuple[str, ...], Any] | None = None,
+    clock: Callable[[], datetime] | None = None,
+) -> service.RecorderApp:
+    over = {
+        ("recorder", "database_url"): url,
+        ("recorder", "listen"): "127.0.0.1:0",
+        ("recorder", "collect_listen"): "127.0.0.1:0",
+        **(overrides or {}),
+    }
     client = api_client("kubeconfig", str(api.kubeconfig(tmp / "kc")))
     cfg = config.load(env={}, overrides=over)
     app = service.RecorderApp(cfg, client, clock) if clock else service.RecorderApp(cfg, client)

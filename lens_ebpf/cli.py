@@ -46,8 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, end="")
         return 0
     print(USAGE, end="", file=sys.stderr)
-    print(f"lens-ebpf: error: {'unknown command ' + repr(command) if command else 'no command'}",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"lens-ebpf: error: {'unknown command ' + repr(command) if command else 'no command'}",
+        file=sys.stderr,
+    )
     return 2
 
 

@@ -24,16 +24,35 @@ PAGE = Path(__file__).resolve().parents[1] / "docs" / "recorder" / "api-examples
 START, END = "<!-- api-examples -->", "<!-- /api-examples -->"
 # the routes, in the API page's order ({name}: a node, {uid}: a workload, {serial}: a device)
 ROUTES = [
-    "gpu-aggregation/clusters", "gpu-aggregation/cluster/hourly-stats", "clusters/overview",
-    "clusters/consumers", "clusters/gpuHeatmap", "clusters/allocation", "nodes",
-    "nodes/gpuAllocation", "nodes/gpuUtilization", "nodes/gpuUtilizationHistory",
-    "nodes/{name}", "nodes/{name}/gpuDevices", "nodes/{name}/gpuMetrics",
-    "nodes/{name}/workloads", "nodes/{name}/workloadsHistory", "nodes/{name}/devices",
-    "nodes/{name}/devices/changelog", "devices/{serial}/history", "workloads",
-    "workloadMetadata", "workloads/hierarchy", "workloads/{uid}", "workloads/{uid}/hierarchy",
-    "workloads/{uid}/metrics", "workloads/{uid}/trainingPerformance", "workloads/{uid}/timeline",
-    "storage/overview", "storage/volumes",
-]  # fmt: skip
+    "gpu-aggregation/clusters",
+    "gpu-aggregation/cluster/hourly-stats",
+    "clusters/overview",
+    "clusters/consumers",
+    "clusters/gpuHeatmap",
+    "clusters/allocation",
+    "nodes",
+    "nodes/gpuAllocation",
+    "nodes/gpuUtilization",
+    "nodes/gpuUtilizationHistory",
+    "nodes/{name}",
+    "nodes/{name}/gpuDevices",
+    "nodes/{name}/gpuMetrics",
+    "nodes/{name}/workloads",
+    "nodes/{name}/workloadsHistory",
+    "nodes/{name}/devices",
+    "nodes/{name}/devices/changelog",
+    "devices/{serial}/history",
+    "workloads",
+    "workloadMetadata",
+    "workloads/hierarchy",
+    "workloads/{uid}",
+    "workloads/{uid}/hierarchy",
+    "workloads/{uid}/metrics",
+    "workloads/{uid}/trainingPerformance",
+    "workloads/{uid}/timeline",
+    "storage/overview",
+    "storage/volumes",
+]
 FIXED = {"gpuAllocation", "gpuUtilization", "gpuUtilizationHistory", "hierarchy"}
 
 
@@ -57,8 +76,9 @@ def compact(value: Any, indent: int = 0, width: int = 92) -> str:
     if indent + len(flat) <= width or not isinstance(value, dict | list) or not value:
         return flat
     pad = " " * (indent + 2)
-    if isinstance(value, dict) and not any(isinstance(v, dict | list) and v
-                                           for v in value.values()):  # fmt: skip
+    if isinstance(value, dict) and not any(
+        isinstance(v, dict | list) and v for v in value.values()
+    ):
         # scalars: as many "key": value pairs on a line as fit
         lines, line = [], pad
         for k, v in value.items():
@@ -70,8 +90,7 @@ def compact(value: Any, indent: int = 0, width: int = 92) -> str:
         lines.append(line.rstrip().rstrip(","))
         return "{\n" + "\n".join(lines) + "\n" + " " * indent + "}"
     if isinstance(value, dict):
-        items = [f"{pad}{json.dumps(k)}: {compact(v, indent + 2, width)}"
-                 for k, v in value.items()]  # fmt: skip
+        items = [f"{pad}{json.dumps(k)}: {compact(v, indent + 2, width)}" for k, v in value.items()]
         return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
     items = [pad + compact(v, indent + 2, width) for v in value]
     return "[\n" + ",\n".join(items) + "\n" + " " * indent + "]"
@@ -85,8 +104,14 @@ def render(examples: dict[str, Any]) -> str:
         if not got:
             raise SystemExit(f"api_examples: no example answer of {route}")
         best = max(got, key=lambda v: len(json.dumps(v["body"])))  # the fullest
-        out += [f"`GET {best['request']}` →", "", "```json",
-                compact(cut(best["body"]["data"])), "```", ""]  # fmt: skip
+        out += [
+            f"`GET {best['request']}` →",
+            "",
+            "```json",
+            compact(cut(best["body"]["data"])),
+            "```",
+            "",
+        ]
     return "\n".join(out + [END])
 
 

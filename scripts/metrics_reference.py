@@ -40,13 +40,26 @@ GOLDEN = ROOT / "tests" / "golden"
 PACKAGE = ROOT / "lens_ebpf"
 NAME = re.compile(r"^[a-zA-Z][a-zA-Z0-9_]*_[a-zA-Z0-9]+$")
 KINDS = {"COUNTER": "counter", "GAUGE": "gauge", "HISTOGRAM": "histogram"}
-CLASSES = {"CounterMetricFamily": "counter", "GaugeMetricFamily": "gauge",
-           "HistogramMetricFamily": "histogram", "SummaryMetricFamily": "summary",
-           "InfoMetricFamily": "info"}  # fmt: skip
+CLASSES = {
+    "CounterMetricFamily": "counter",
+    "GaugeMetricFamily": "gauge",
+    "HistogramMetricFamily": "histogram",
+    "SummaryMetricFamily": "summary",
+    "InfoMetricFamily": "info",
+}
 # base-unit suffixes (docs/reference/metric-conventions.md), longest first
-UNITS = (("_bytes_per_second", "bytes/s"), ("_seconds", "seconds"), ("_bytes", "bytes"),
-         ("_joules", "joules"), ("_watts", "watts"), ("_celsius", "°C"), ("_ratio", "ratio"),
-         ("_percent", "percent"), ("_mhz", "MHz"), ("_mbs", "Mb/s"))  # fmt: skip
+UNITS = (
+    ("_bytes_per_second", "bytes/s"),
+    ("_seconds", "seconds"),
+    ("_bytes", "bytes"),
+    ("_joules", "joules"),
+    ("_watts", "watts"),
+    ("_celsius", "°C"),
+    ("_ratio", "ratio"),
+    ("_percent", "percent"),
+    ("_mhz", "MHz"),
+    ("_mbs", "Mb/s"),
+)
 
 # Which part writes a family, by the module that builds it: a module that registers an
 # agent feature (lens_ebpf/agent/registry.py) writes as that feature, with no entry here;
@@ -88,9 +101,14 @@ WRITERS = {
     "recorder/storage.py": "recorder (storage)",
     "recorder/": "recorder",
 }
-GOLDEN_WRITERS = {"system.prom": "system", "gpu.prom": "gpu", "gpu_compat.prom": "gpu",
-                  "gpu_compat_amdsmi.prom": "gpu", "rdma.prom": "rdma",
-                  "network.prom": "tcp"}  # fmt: skip
+GOLDEN_WRITERS = {
+    "system.prom": "system",
+    "gpu.prom": "gpu",
+    "gpu_compat.prom": "gpu",
+    "gpu_compat_amdsmi.prom": "gpu",
+    "rdma.prom": "rdma",
+    "network.prom": "tcp",
+}
 
 
 @dataclass
@@ -136,8 +154,10 @@ def golden_writer(name: str, features: dict[str, str]) -> str:
         return GOLDEN_WRITERS[name]
     stem = name.removesuffix(".prom")
     known = set(features.values())
-    return next((f for f in sorted(known, key=len, reverse=True)
-                 if stem == f or stem.startswith(f + "_")), stem)  # fmt: skip
+    return next(
+        (f for f in sorted(known, key=len, reverse=True) if stem == f or stem.startswith(f + "_")),
+        stem,
+    )
 
 
 # -- 1. the golden expositions -------------------------------------------------------------
@@ -195,8 +215,14 @@ def cache_families() -> Iterator[Family]:
     tcp_rtt.register_families(cache)  # the BTF path's help (a sample per period)
     for fam, _ in cache.snapshot():
         name = fam.name.removesuffix("_total") if fam.kind == "counter" else fam.name
-        yield Family(name, fam.kind, fam.help, set(fam.labelnames), "tcp",
-                     "flow_families/tcp_rtt/connect_latency.register_families")  # fmt: skip
+        yield Family(
+            name,
+            fam.kind,
+            fam.help,
+            set(fam.labelnames),
+            "tcp",
+            "flow_families/tcp_rtt/connect_latency.register_families",
+        )
 
 
 # -- 3. the code that builds the others ----------------------------------------------------
@@ -222,8 +248,11 @@ class Constants:
                     self.values[target.id] = got
 
     def eval(self, node: ast.AST | None) -> object:
-        if isinstance(node, ast.Constant) and isinstance(node.value, str | int | float) \
-                and not isinstance(node.value, bool):  # fmt: skip
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str | int | float)
+            and not isinstance(node.value, bool)
+        ):
             return node.value
         if isinstance(node, ast.Name):
             if node.id in CLASSES:
@@ -241,10 +270,17 @@ class Constants:
                     out.append(self.eval(elt))
             return tuple(out)
         if isinstance(node, ast.Dict) and all(isinstance(k, ast.Constant) for k in node.keys):
-            return {k.value: self.eval(v) for k, v in zip(node.keys, node.values, strict=True)
-                    if isinstance(k, ast.Constant)}  # fmt: skip
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and node.func.attr == "items" and not node.args:  # fmt: skip
+            return {
+                k.value: self.eval(v)
+                for k, v in zip(node.keys, node.values, strict=True)
+                if isinstance(k, ast.Constant)
+            }
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "items"
+            and not node.args
+        ):
             table = self.eval(node.func.value)
             return tuple(table.items()) if isinstance(table, dict) else None
         if isinstance(node, ast.JoinedStr | ast.BinOp):
@@ -261,9 +297,14 @@ def join(node: ast.JoinedStr | ast.BinOp, value: Callable[[ast.AST], object]) ->
         if not all(isinstance(x, str) for x in parts):
             return None
     else:
-        parts = [v.value if isinstance(v, ast.Constant) else
-                 value(v.value) if isinstance(v, ast.FormattedValue) else None
-                 for v in node.values]  # fmt: skip
+        parts = [
+            v.value
+            if isinstance(v, ast.Constant)
+            else value(v.value)
+            if isinstance(v, ast.FormattedValue)
+            else None
+            for v in node.values
+        ]
         parts = [str(x) if isinstance(x, int | float) else x for x in parts]
     text = "".join(x for x in parts if isinstance(x, str))
     whole = all(isinstance(x, str) and not isinstance(x, Partial) for x in parts)
@@ -414,8 +455,12 @@ def value(node: ast.AST | None, ctx: Ctx, depth: int = 0) -> object:
         got = value(node.body, ctx, depth + 1)
         return got if got is not None else value(node.orelse, ctx, depth + 1)
     affixes = ("removesuffix", "removeprefix")
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-            and node.func.attr in affixes and len(node.args) == 1:  # fmt: skip
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in affixes
+        and len(node.args) == 1
+    ):
         text, affix = value(node.func.value, ctx, depth + 1), value(node.args[0], ctx, depth + 1)
         if isinstance(text, str) and not isinstance(text, Partial) and isinstance(affix, str):
             return getattr(text, node.func.attr)(affix)
@@ -494,16 +539,23 @@ def updated_keys(name: str, ctx: Ctx, depth: int) -> set[str]:
     """Keys name's dict gains in the function: name.update(k=...), name["k"] = ..."""
     out: set[str] = set()
     for node in ast.walk(ctx.fn):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and node.func.attr == "update" and isinstance(node.func.value, ast.Name) \
-                and node.func.value.id == name:  # fmt: skip
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "update"
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == name
+        ):
             out |= {k.arg for k in node.keywords if k.arg}
             for arg in node.args:
                 out |= label_keys(arg, ctx, depth + 1)
         elif isinstance(node, ast.Assign):
             for t in node.targets:
-                if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) \
-                        and t.value.id == name:  # fmt: skip
+                if (
+                    isinstance(t, ast.Subscript)
+                    and isinstance(t.value, ast.Name)
+                    and t.value.id == name
+                ):
                     key = value(t.slice, ctx)
                     if isinstance(key, str):
                         out.add(key)
@@ -566,8 +618,11 @@ def table_rows(
 def destructure(target: ast.AST, values: object) -> dict[str, object] | None:
     if isinstance(target, ast.Name):
         return {target.id: values}
-    if isinstance(target, ast.Tuple) and isinstance(values, tuple) \
-            and len(values) == len(target.elts):  # fmt: skip
+    if (
+        isinstance(target, ast.Tuple)
+        and isinstance(values, tuple)
+        and len(values) == len(target.elts)
+    ):
         out: dict[str, object] = {}
         for t, v in zip(target.elts, values, strict=True):
             got = destructure(t, v)
@@ -589,9 +644,12 @@ def build(call: ast.Call, ctx: Ctx) -> Family | None:
     labels: ast.AST | None = None
     kind: object
     if fname in CLASSES:
-        name, help_node, kind, labels = args[0] if args else kw.get("name"), \
-            args[1] if len(args) > 1 else kw.get("documentation"), CLASSES[fname], \
-            kw.get("labels")  # fmt: skip
+        name, help_node, kind, labels = (
+            args[0] if args else kw.get("name"),
+            args[1] if len(args) > 1 else kw.get("documentation"),
+            CLASSES[fname],
+            kw.get("labels"),
+        )
     elif fname == "Metric" and len(args) >= 3:
         name, help_node, kind = args[0], args[1], value(args[2], ctx)
     elif fname == "register" and len(args) >= 3:  # MetricCache.register
@@ -602,8 +660,12 @@ def build(call: ast.Call, ctx: Ctx) -> Family | None:
     else:
         return None
     got, help_text = value(name, ctx), value(help_node, ctx)
-    if isinstance(got, Partial) or not isinstance(got, str) or not NAME.match(got) \
-            or kind not in KINDS.values():  # fmt: skip
+    if (
+        isinstance(got, Partial)
+        or not isinstance(got, str)
+        or not NAME.match(got)
+        or kind not in KINDS.values()
+    ):
         return None
     if kind == "counter":
         got = got.removesuffix("_total")
@@ -618,8 +680,12 @@ def helper_families(call: ast.Call, ctx: Ctx) -> Iterator[Family]:
     for fn, mod in defs_called(call, ctx):
         inner = Ctx(mod, fn, {}, bind(call, fn, ctx, mod))
         for node in ast.walk(fn):
-            if isinstance(node, ast.Call) and call_name(node) in BUILDERS and node.args \
-                    and not isinstance(node.args[0], ast.Constant):  # fmt: skip
+            if (
+                isinstance(node, ast.Call)
+                and call_name(node) in BUILDERS
+                and node.args
+                and not isinstance(node.args[0], ast.Constant)
+            ):
                 fam = build(node, inner)
                 if fam is not None:
                     fam.labels |= samples_labels(fn, None, inner)
@@ -638,8 +704,11 @@ def families_in(fn: ast.AST, mod: Module) -> Iterator[tuple[Family, str | None]]
     around = bindings(fn, mod.consts)
     targets: dict[int, str] = {}
     for node in ast.walk(fn):  # x = Metric(...), x = {k: Metric(...) for ...}
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
-                and isinstance(node.targets[0], ast.Name):  # fmt: skip
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
             for inner in ast.walk(node.value):
                 if isinstance(inner, ast.Call):
                     targets.setdefault(id(inner), node.targets[0].id)
@@ -655,8 +724,13 @@ def families_in(fn: ast.AST, mod: Module) -> Iterator[tuple[Family, str | None]]
         for row in rows or [{}]:
             ctx = Ctx(mod, fn, row)
             fam = build(node, ctx)
-            fams = [fam] if fam is not None else [] if fname in BUILDERS else \
-                list(helper_families(node, ctx))  # fmt: skip
+            fams = (
+                [fam]
+                if fam is not None
+                else []
+                if fname in BUILDERS
+                else list(helper_families(node, ctx))
+            )
             for fam in fams:
                 yield fam, targets.get(id(node))
 
@@ -670,8 +744,9 @@ def watch_families(call: ast.Call, consts: Constants) -> Iterator[tuple[Family, 
     names = [consts.eval(a) for a in call.args[1:4]]
     if not all(isinstance(n, str) for n in names):
         return
-    watch = SimpleNamespace(resource="pods", connected=True, restarts={"gone": 1},
-                            events={"ADDED": 1})  # fmt: skip
+    watch = SimpleNamespace(
+        resource="pods", connected=True, restarts={"gone": 1}, events={"ADDED": 1}
+    )
     for m in watch_metrics([watch], *names):  # type: ignore[list-item,arg-type]
         yield (
             Family(m.name, m.type, m.documentation, {k for s in m.samples for k in s.labels}),
@@ -707,8 +782,12 @@ def samples_labels(fn: ast.AST, var: str | None, ctx: Ctx) -> set[str]:
     names = {var} | aliases(fn, var) if var else set()
     out: set[str] = set()
     for node in ast.walk(fn):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and node.func.attr == "add_sample" and len(node.args) >= 2:  # fmt: skip
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_sample"
+            and len(node.args) >= 2
+        ):
             on = node.func.value
             on = on.value if isinstance(on, ast.Subscript) else on
             if var is None or isinstance(on, ast.Name) and on.id in names:
@@ -720,8 +799,11 @@ def aliases(fn: ast.AST, var: str) -> set[str]:
     """Loop names bound to var: `for a, b in ((x, var), ...)` makes b var in that row."""
     out: set[str] = set()
     for loop in ast.walk(fn):
-        if isinstance(loop, ast.For) and isinstance(loop.target, ast.Tuple) \
-                and isinstance(loop.iter, ast.Tuple | ast.List):  # fmt: skip
+        if (
+            isinstance(loop, ast.For)
+            and isinstance(loop.target, ast.Tuple)
+            and isinstance(loop.iter, ast.Tuple | ast.List)
+        ):
             for row in loop.iter.elts:
                 if isinstance(row, ast.Tuple) and len(row.elts) == len(loop.target.elts):
                     for t, v in zip(loop.target.elts, row.elts, strict=True):
@@ -797,13 +879,19 @@ def render(fams: dict[str, Family]) -> str:
         "",
     ]
     for title, part in (("The agent", agent), ("The recorder", recorder)):
-        out += [f"## {title}", "", "| name | type | unit | labels | written by | help |",
-                "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        out += [
+            f"## {title}",
+            "",
+            "| name | type | unit | labels | written by | help |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for name in sorted(part, key=str.lower):
             f = part[name]
             labels = ", ".join(f"`{x}`" for x in sorted(f.labels))
-            out.append(f"| `{exported(f)}` | {f.kind} | {f.unit} | {labels} | {f.writer} | "
-                       f"{cell(f.help)} |")  # fmt: skip
+            out.append(
+                f"| `{exported(f)}` | {f.kind} | {f.unit} | {labels} | {f.writer} | "
+                f"{cell(f.help)} |"
+            )
         out.append("")
     return "\n".join(out + otlp_section(agent))
 
@@ -814,29 +902,38 @@ def otlp_section(agent: dict[str, Family]) -> list[str]:
     own functions)."""
     from lens_ebpf.agent.otlp.metrics import otlp_name, pod_labels, unit
 
-    types = {"counter": "Sum (cumulative, monotonic)", "gauge": "Gauge",
-             "histogram": "Histogram (cumulative)", "summary": "Summary"}  # fmt: skip
-    out = ["## Over OTLP", "",
-           "With `collectors.otlp` ([OTLP out](../agent/otlp.md)) every agent family goes out "
-           "as an OTLP metric: a counter a cumulative monotonic Sum named without `_total`, a "
-           "gauge (an info, a state set, an untyped family) a Gauge, a histogram a cumulative "
-           "Histogram with the same bounds, a summary a Summary; the unit (UCUM) from the "
-           "name's base-unit suffix. Labels are the data points' attributes under the same "
-           "names, but where a series' `namespace` and `pod` are set: then they, and "
-           "`container`, `container_id`, `pod_uid`, a `workload_kind` with its `workload`, "
-           "name the pod's resource (`k8s.namespace.name`, `k8s.pod.name`, "
-           "`k8s.container.name`, `container.id`, `k8s.pod.uid`, `k8s.<kind>.name`). The "
-           "node's resource has `host.name`, `k8s.node.name`, `service.name`.",
-           "",
-           "| exposition | OTLP metric | OTLP type, unit | to a pod's resource |",
-           "| --- | --- | --- | --- |"]  # fmt: skip
+    types = {
+        "counter": "Sum (cumulative, monotonic)",
+        "gauge": "Gauge",
+        "histogram": "Histogram (cumulative)",
+        "summary": "Summary",
+    }
+    out = [
+        "## Over OTLP",
+        "",
+        "With `collectors.otlp` ([OTLP out](../agent/otlp.md)) every agent family goes out "
+        "as an OTLP metric: a counter a cumulative monotonic Sum named without `_total`, a "
+        "gauge (an info, a state set, an untyped family) a Gauge, a histogram a cumulative "
+        "Histogram with the same bounds, a summary a Summary; the unit (UCUM) from the "
+        "name's base-unit suffix. Labels are the data points' attributes under the same "
+        "names, but where a series' `namespace` and `pod` are set: then they, and "
+        "`container`, `container_id`, `pod_uid`, a `workload_kind` with its `workload`, "
+        "name the pod's resource (`k8s.namespace.name`, `k8s.pod.name`, "
+        "`k8s.container.name`, `container.id`, `k8s.pod.uid`, `k8s.<kind>.name`). The "
+        "node's resource has `host.name`, `k8s.node.name`, `service.name`.",
+        "",
+        "| exposition | OTLP metric | OTLP type, unit | to a pod's resource |",
+        "| --- | --- | --- | --- |",
+    ]
     for name in sorted(agent, key=str.lower):
         f = agent[name]
         kind = f.kind if f.kind in types else "gauge"
         moved = ", ".join(f"`{x}`" for x in pod_labels(f.labels))
         u = unit(exported(f))
-        out.append(f"| `{exported(f)}` | `{otlp_name(exported(f), kind)}` | "
-                   f"{types[kind]}{', `' + u + '`' if u else ''} | {moved} |")  # fmt: skip
+        out.append(
+            f"| `{exported(f)}` | `{otlp_name(exported(f), kind)}` | "
+            f"{types[kind]}{', `' + u + '`' if u else ''} | {moved} |"
+        )
     out.append("")
     return out
 

@@ -42,8 +42,9 @@ def get(url: str, timeout: float = hang_guard(5)) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-def wait_http_ok(url: str, proc: subprocess.Popen, what: str, log: Callable[[], str],
-                 timeout: float = 30) -> None:  # fmt: skip
+def wait_http_ok(
+    url: str, proc: subprocess.Popen, what: str, log: Callable[[], str], timeout: float = 30
+) -> None:
     """Until url answers 200; a hang-guard failure (with the log's tail) when it does not
     within the guard, and at once when the process exits."""
     guard = hang_guard(timeout)
@@ -128,8 +129,10 @@ class AgentProc:
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float | None:
         for sname, slabels, value in parse_samples(self.metrics_text()):
             # an empty label is no label to Prometheus (the remote_* ones when standalone)
-            if sname == name and (labels is None or {k: v for k, v in slabels.items() if v}
-                                  == {k: v for k, v in labels.items() if v}):  # fmt: skip
+            if sname == name and (
+                labels is None
+                or {k: v for k, v in slabels.items() if v} == {k: v for k, v in labels.items() if v}
+            ):
                 return value
         return None
 
@@ -145,8 +148,9 @@ class AgentProc:
             if got == want:
                 return got
             time.sleep(0.2)
-        raise AssertionError(f"hang guard: {name}{labels} was {got}, not {want}, "
-                             f"after {guard:.0f} s")  # fmt: skip
+        raise AssertionError(
+            f"hang guard: {name}{labels} was {got}, not {want}, " f"after {guard:.0f} s"
+        )
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
         if self.proc.poll() is None:

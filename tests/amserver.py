@@ -21,8 +21,10 @@ ALERTMANAGER = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-a
 def available() -> str | None:
     """Why a real Alertmanager cannot run here, or None."""
     if not Path(ALERTMANAGER).exists():
-        return ("Debian's prometheus-alertmanager is not installed (scripts/setup.sh test "
-                "installs it)")  # fmt: skip
+        return (
+            "Debian's prometheus-alertmanager is not installed (scripts/setup.sh test "
+            "installs it)"
+        )
     return None
 
 
@@ -33,20 +35,31 @@ class Alertmanager:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cfg = {
-            "route": {"receiver": "hooks", "group_by": ["..."], "group_wait": "1s",
-                      "group_interval": "1s", "repeat_interval": "1h"},
+            "route": {
+                "receiver": "hooks",
+                "group_by": ["..."],
+                "group_wait": "1s",
+                "group_interval": "1s",
+                "repeat_interval": "1h",
+            },
             "receivers": [{"name": "hooks", "webhook_configs": webhooks}],
-        }  # fmt: skip
+        }
         (self.dir / "alertmanager.yml").write_text(json.dumps(cfg))
         self.log = open(self.dir / "log", "w")  # noqa: SIM115 (open while it runs)
         self.proc = subprocess.Popen(
-            [ALERTMANAGER, f"--config.file={self.dir / 'alertmanager.yml'}",
-             f"--storage.path={self.dir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        wait_http_ok(self.url + "/-/ready", self.proc, "alertmanager",
-                     lambda: (self.dir / "log").read_text())  # fmt: skip
+            [
+                ALERTMANAGER,
+                f"--config.file={self.dir / 'alertmanager.yml'}",
+                f"--storage.path={self.dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--cluster.listen-address=",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_http_ok(
+            self.url + "/-/ready", self.proc, "alertmanager", lambda: (self.dir / "log").read_text()
+        )
 
     def alerts(self) -> list[dict[str, Any]]:
         """Its alerts as its API v2 lists them (status.state: active, suppressed)."""

@@ -38,17 +38,24 @@ class Containerd:
         self._make_rootfs()
         self.log = open(base / "log", "w")  # noqa: SIM115 (open while containerd runs)
         self.proc = subprocess.Popen(
-            ["containerd", "--root", str(base / "root"), "--state", str(self.state),
-             "--address", str(self.sock)],
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                "containerd",
+                "--root",
+                str(base / "root"),
+                "--state",
+                str(self.state),
+                "--address",
+                str(self.sock),
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + hang_guard(20)
         while time.monotonic() < deadline:
             if self.ctr("version", check=False).returncode == 0:
                 return
             time.sleep(0.2)
-        raise AssertionError("hang guard: containerd did not start: "
-                             + (base / "log").read_text())  # fmt: skip
+        raise AssertionError("hang guard: containerd did not start: " + (base / "log").read_text())
 
     def _make_rootfs(self) -> None:
         for d in ("bin", "proc", "sys", "dev", "tmp", "etc"):
@@ -62,14 +69,28 @@ class Containerd:
     def ctr(
         self, *args: str, check: bool = True, timeout: float = 15
     ) -> subprocess.CompletedProcess:
-        return subprocess.run(["ctr", "--address", str(self.sock), *args], capture_output=True,
-                              text=True, check=check, timeout=hang_guard(timeout))  # fmt: skip
+        return subprocess.run(
+            ["ctr", "--address", str(self.sock), *args],
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=hang_guard(timeout),
+        )
 
-    def run(self, cid: str, *cmd: str, labels: dict[str, str] | None = None,
-            devices: tuple[str, ...] = (), cgroup: str | None = None, memory: int = 0,
-            env: dict[str, str] | None = None, detach: bool = False,
-            check: bool = False, rootfs: Path | None = None,
-            net_host: bool = False) -> subprocess.CompletedProcess:  # fmt: skip
+    def run(
+        self,
+        cid: str,
+        *cmd: str,
+        labels: dict[str, str] | None = None,
+        devices: tuple[str, ...] = (),
+        cgroup: str | None = None,
+        memory: int = 0,
+        env: dict[str, str] | None = None,
+        detach: bool = False,
+        check: bool = False,
+        rootfs: Path | None = None,
+        net_host: bool = False,
+    ) -> subprocess.CompletedProcess:
         args = ["run", "-d" if detach else "--rm"]
         if net_host:
             args.append("--net-host")

@@ -62,13 +62,25 @@ def start_rank(ctd: Containerd, pod: str, mode: str, namespace: str = "team-a") 
     """A container running rank.py (mode spin, barrier or stuck) as pod's; its processes
     up."""
     cid, uid = "rank-" + uuid.uuid4().hex[:12], str(uuid.uuid4())
-    labels = {"io.kubernetes.pod.name": pod, "io.kubernetes.pod.namespace": namespace,
-              "io.kubernetes.pod.uid": uid, "io.kubernetes.container.name": "trainer"}  # fmt: skip
+    labels = {
+        "io.kubernetes.pod.name": pod,
+        "io.kubernetes.pod.namespace": namespace,
+        "io.kubernetes.pod.uid": uid,
+        "io.kubernetes.container.name": "trainer",
+    }
     args = ["run", "-d", "--mount", "type=bind,src=/usr,dst=/usr,options=rbind:ro"]
     for k, v in labels.items():
         args += ["--label", f"{k}={v}"]
-    res = ctd.ctr(*args, "--rootfs", str(ctd.rootfs), cid, "/usr/bin/python3", "/app/rank.py",
-                  mode, check=False)  # fmt: skip
+    res = ctd.ctr(
+        *args,
+        "--rootfs",
+        str(ctd.rootfs),
+        cid,
+        "/usr/bin/python3",
+        "/app/rank.py",
+        mode,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr
     pid_file = ctd.state / "io.containerd.runtime.v2.task" / "default" / cid / "init.pid"
     pid = wait_for(lambda: pid_file.exists() and int(pid_file.read_text()), f"{cid}'s init pid")
@@ -84,16 +96,26 @@ def children(pid: int) -> list[int]:
     return sorted(int(x) for x in text.split())
 
 
-def agent_for(ctd: Containerd, tmp: Path, *args: str, env: dict[str, str] | None = None,
-              node: str = "node-a") -> tuple[AgentProc, str]:  # fmt: skip
+def agent_for(
+    ctd: Containerd, tmp: Path, *args: str, env: dict[str, str] | None = None, node: str = "node-a"
+) -> tuple[AgentProc, str]:
     """An agent without BPF reading ctd's containers; (it, its gRPC address)."""
     tokens = tmp / "agent-tokens"
     tokens.write_text(f"lens-ebpf-recorder {RECORDER_TOKEN}\nsomeone-else {OTHER_TOKEN}\n")
     os.chmod(tokens, 0o600)
     address = f"127.0.0.1:{free_port()}"
-    agent = AgentProc("--no-collector.tcp", "--no-collector.processes", *args, env={
-        "LENS_CONTAINERS__CONTAINERD_STATE": str(ctd.state), "LENS_GRPC__LISTEN": address,
-        "LENS_GRPC__AUTH__TOKENREVIEW": "false", "LENS_GRPC__AUTH__TOKENS_FILE": str(tokens),
-        "LENS_NODE__NAME": node, **(env or {})})  # fmt: skip
+    agent = AgentProc(
+        "--no-collector.tcp",
+        "--no-collector.processes",
+        *args,
+        env={
+            "LENS_CONTAINERS__CONTAINERD_STATE": str(ctd.state),
+            "LENS_GRPC__LISTEN": address,
+            "LENS_GRPC__AUTH__TOKENREVIEW": "false",
+            "LENS_GRPC__AUTH__TOKENS_FILE": str(tokens),
+            "LENS_NODE__NAME": node,
+            **(env or {}),
+        },
+    )
     agent.wait_ready()
     return agent, address

@@ -39,31 +39,146 @@ from lens_ebpf.protocol.collector_server import MAX_SEQ_JUMP
 from lens_ebpf.protocol.gen import lens_pb2 as pb
 
 # what no answer may hold: a statement, a traceback, the driver's or SQLAlchemy's words
-LEAKS = ("SELECT ", "INSERT ", "Traceback", "psycopg", "sqlalchemy", "sqlite3", "Background on",
-         "connection to server", 'File "')  # fmt: skip
+LEAKS = (
+    "SELECT ",
+    "INSERT ",
+    "Traceback",
+    "psycopg",
+    "sqlalchemy",
+    "sqlite3",
+    "Background on",
+    "connection to server",
+    'File "',
+)
 TOKEN = "fuzz-token"  # the API's, the POST routes' and the agent's subscribers' bearer token
 HEAD_MOST = 60_000  # a request line longer: past server.max_header_bytes (64 KiB)
 NODES = 1000  # collector tokens: fz-<i> reports as node fz-<i>
 
 # -- values ---------------------------------------------------------------------------------
-INTS = [0, -1, 1, 7, 2**31 - 1, 2**31, -(2**31) - 1, 2**32, 2**53 + 1, 2**63 - 1, 2**63,
-        -(2**63), -(2**63) - 1, 2**64, 10**19, -(10**19), 10**30, 10**400]  # fmt: skip
-FLOATS = [1e308, -1e308, 1.7976931348623157e308, 5e-324, math.nan, math.inf, -math.inf, -0.0,
-          0.5, 1e19, 9.3e18, 1e15, 1.5e9]  # fmt: skip
+INTS = [
+    0,
+    -1,
+    1,
+    7,
+    2**31 - 1,
+    2**31,
+    -(2**31) - 1,
+    2**32,
+    2**53 + 1,
+    2**63 - 1,
+    2**63,
+    -(2**63),
+    -(2**63) - 1,
+    2**64,
+    10**19,
+    -(10**19),
+    10**30,
+    10**400,
+]
+FLOATS = [
+    1e308,
+    -1e308,
+    1.7976931348623157e308,
+    5e-324,
+    math.nan,
+    math.inf,
+    -math.inf,
+    -0.0,
+    0.5,
+    1e19,
+    9.3e18,
+    1e15,
+    1.5e9,
+]
 TEXTS = [
-    "", " ", "\x00", "a\x00b", "%00", "\x00" * 3, "9223372036854775807", "9223372036854775808",
-    "-9223372036854775809", "18446744073709551616", "1" * 30, "-1", "0", "+0", "0x10", "1_000",
-    "１２", "٣", "²", "1e308", "1e309", "-1e308", "1e-400", "nan", "NaN", "inf", "-inf",
-    "Infinity", "1.5", "true", "false", "null", "[]", "{}", "(a+)+$", "(x+x+)+y", "((((", "[",
-    "\\", "a{1000}{1000}", "(?i)(a|aa)*b", "\\1", "(?=a)", "*", "' OR 1=1 --", '"; DROP TABLE x',
-    "%s%s%n", "{0}", "${jndi:x}", "../../etc/passwd", "..", ".", "/", "a/b", "\u202e\u2066",
-    "\ufeff", "\ufffd", "\U0001f600", "\u0301", "\r\n", "\t", "\x7f", "\x1b[31m", "🏳️‍🌈",
-    "2026-11-23T06:00:00Z", "2026-13-45T25:61:61Z", "0001-01-01T00:00:00Z",
-    "9999-12-31T23:59:59Z", "10000-01-01T00:00:00Z", "-0001-01-01T00:00:00Z",
-    "1999-12-31T23:59:59+25:00", "1700000000000", "99999999999999999999", "all", "local",
-    "gpu-1", "ml", "bert-worker-0", "uid-pt-bert", "=~", "!~", "!=", "=", "critical", "firing",
-    "a" * 300, "é" * 1000,
-]  # fmt: skip
+    "",
+    " ",
+    "\x00",
+    "a\x00b",
+    "%00",
+    "\x00" * 3,
+    "9223372036854775807",
+    "9223372036854775808",
+    "-9223372036854775809",
+    "18446744073709551616",
+    "1" * 30,
+    "-1",
+    "0",
+    "+0",
+    "0x10",
+    "1_000",
+    "１２",
+    "٣",
+    "²",
+    "1e308",
+    "1e309",
+    "-1e308",
+    "1e-400",
+    "nan",
+    "NaN",
+    "inf",
+    "-inf",
+    "Infinity",
+    "1.5",
+    "true",
+    "false",
+    "null",
+    "[]",
+    "{}",
+    "(a+)+$",
+    "(x+x+)+y",
+    "((((",
+    "[",
+    "\\",
+    "a{1000}{1000}",
+    "(?i)(a|aa)*b",
+    "\\1",
+    "(?=a)",
+    "*",
+    "' OR 1=1 --",
+    '"; DROP TABLE x',
+    "%s%s%n",
+    "{0}",
+    "${jndi:x}",
+    "../../etc/passwd",
+    "..",
+    ".",
+    "/",
+    "a/b",
+    "\u202e\u2066",
+    "\ufeff",
+    "\ufffd",
+    "\U0001f600",
+    "\u0301",
+    "\r\n",
+    "\t",
+    "\x7f",
+    "\x1b[31m",
+    "🏳️‍🌈",
+    "2026-11-23T06:00:00Z",
+    "2026-13-45T25:61:61Z",
+    "0001-01-01T00:00:00Z",
+    "9999-12-31T23:59:59Z",
+    "10000-01-01T00:00:00Z",
+    "-0001-01-01T00:00:00Z",
+    "1999-12-31T23:59:59+25:00",
+    "1700000000000",
+    "99999999999999999999",
+    "all",
+    "local",
+    "gpu-1",
+    "ml",
+    "bert-worker-0",
+    "uid-pt-bert",
+    "=~",
+    "!~",
+    "!=",
+    "=",
+    "critical",
+    "firing",
+    "a" * 300,
+    "é" * 1000,
+]
 LONG = [2_000, 70_000]  # a long text's lengths (past server.max_header_bytes in a query)
 
 
@@ -80,17 +195,33 @@ def texts(surrogates: bool = True, longest: int = 70_000) -> st.SearchStrategy[s
         st.text(alphabet, max_size=24),
         st.integers().map(str),
         st.floats().map(repr),
-        st.builds(lambda c, n: c * n, st.sampled_from("a\x00(é"),
-                  st.sampled_from([n for n in (300, 2_000, 70_000) if n <= longest])),
-    )  # fmt: skip
+        st.builds(
+            lambda c, n: c * n,
+            st.sampled_from("a\x00(é"),
+            st.sampled_from([n for n in (300, 2_000, 70_000) if n <= longest]),
+        ),
+    )
 
 
 def plausible(name: str) -> st.SearchStrategy[str]:
     """A value a parameter of this name takes when it is right (a time, a count, a flag,
     a name the stand-in cluster has), so that a request gets past its first check."""
     low = name.lower()
-    if any(w in low for w in ("start", "end", "since", "until", "time", "_at", "after",
-                              "before", "from", "date")):  # fmt: skip
+    if any(
+        w in low
+        for w in (
+            "start",
+            "end",
+            "since",
+            "until",
+            "time",
+            "_at",
+            "after",
+            "before",
+            "from",
+            "date",
+        )
+    ):
         return st.sampled_from(
             [
                 "1795000000",
@@ -101,12 +232,45 @@ def plausible(name: str) -> st.SearchStrategy[str]:
                 "2026-11-23T07:00:00+01:00",
             ]
         )
-    if any(w in low for w in ("page", "size", "limit", "offset", "step", "hours", "num", "days",
-                              "top", "id", "count", "window")):  # fmt: skip
+    if any(
+        w in low
+        for w in (
+            "page",
+            "size",
+            "limit",
+            "offset",
+            "step",
+            "hours",
+            "num",
+            "days",
+            "top",
+            "id",
+            "count",
+            "window",
+        )
+    ):
         return st.sampled_from(["0", "1", "2", "10", "60", "1000", "1001", "3600"])
-    return st.sampled_from(["", "true", "false", "gpu-1", "ml", "bert", "local", "all",
-                            "uid-pt-bert", "bert-worker-0", "critical", "firing", "pending",
-                            "nvidia.com/gpu", "name", "team", "desc"])  # fmt: skip
+    return st.sampled_from(
+        [
+            "",
+            "true",
+            "false",
+            "gpu-1",
+            "ml",
+            "bert",
+            "local",
+            "all",
+            "uid-pt-bert",
+            "bert-worker-0",
+            "critical",
+            "firing",
+            "pending",
+            "nvidia.com/gpu",
+            "name",
+            "team",
+            "desc",
+        ]
+    )
 
 
 def integers() -> st.SearchStrategy[int]:
@@ -114,8 +278,9 @@ def integers() -> st.SearchStrategy[int]:
 
 
 def scalars() -> st.SearchStrategy[Any]:
-    return st.one_of(st.none(), st.booleans(), integers(), st.sampled_from(FLOATS), st.floats(),
-                     texts())  # fmt: skip
+    return st.one_of(
+        st.none(), st.booleans(), integers(), st.sampled_from(FLOATS), st.floats(), texts()
+    )
 
 
 def deep(leaf: Any, depth: int, as_list: bool) -> Any:
@@ -128,9 +293,13 @@ def deep(leaf: Any, depth: int, as_list: bool) -> Any:
 def json_values(keys: st.SearchStrategy[str]) -> st.SearchStrategy[Any]:
     """JSON values of any shape, with the keys a route reads among the random ones, and
     nesting past inputs.MAX_DEPTH (past orjson's 1,024: the bodies of bytes)."""
-    tree = st.recursive(scalars(), lambda kids: st.one_of(
-        st.lists(kids, max_size=4), st.dictionaries(st.one_of(keys, texts()), kids, max_size=5)),
-        max_leaves=12)  # fmt: skip
+    tree = st.recursive(
+        scalars(),
+        lambda kids: st.one_of(
+            st.lists(kids, max_size=4), st.dictionaries(st.one_of(keys, texts()), kids, max_size=5)
+        ),
+        max_leaves=12,
+    )
     nested = st.builds(deep, scalars(), st.sampled_from([31, 33, 200, 900]), st.booleans())
     return st.one_of(tree, nested)
 
@@ -168,13 +337,30 @@ def targets() -> list[Target]:
     """Every route of the recorder's route tables."""
     from lens_ebpf.recorder.api import ROUTES
 
-    return [Target(r, prefixes, surface) for table, prefixes, surface in ROUTES
-            for r in table.routes]  # fmt: skip
+    return [
+        Target(r, prefixes, surface) for table, prefixes, surface in ROUTES for r in table.routes
+    ]
 
 
 WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,40}$")
-SHARED = ("cluster", "page_num", "page_size", "pageNum", "pageSize", "offset", "limit", "start",
-          "end", "step", "since", "until", "hours", "search", "name", "status")  # fmt: skip
+SHARED = (
+    "cluster",
+    "page_num",
+    "page_size",
+    "pageNum",
+    "pageSize",
+    "offset",
+    "limit",
+    "start",
+    "end",
+    "step",
+    "since",
+    "until",
+    "hours",
+    "search",
+    "name",
+    "status",
+)
 
 
 def words(fn: Callable[..., Any], depth: int = 2) -> set[str]:
@@ -196,12 +382,16 @@ def words(fn: Callable[..., Any], depth: int = 2) -> set[str]:
         if left <= 0:
             return
         for name in code.co_names:
-            for obj in (g.get(name), *(getattr(m, name, None) for m in g.values()
-                                       if isinstance(m, types.ModuleType)
-                                       and m.__name__.startswith("lens_ebpf"))):  # fmt: skip
+            for obj in (
+                g.get(name),
+                *(
+                    getattr(m, name, None)
+                    for m in g.values()
+                    if isinstance(m, types.ModuleType) and m.__name__.startswith("lens_ebpf")
+                ),
+            ):
                 fn_ = inspect.unwrap(obj) if callable(obj) else None
-                if isinstance(fn_, types.FunctionType) and \
-                        fn_.__module__.startswith("lens_ebpf"):  # fmt: skip
+                if isinstance(fn_, types.FunctionType) and fn_.__module__.startswith("lens_ebpf"):
                     code_words(fn_.__code__, fn_.__globals__, left - 1)
 
     fn = inspect.unwrap(fn)
@@ -217,63 +407,142 @@ def camel(name: str) -> str:
 # bodies the routes take, so that a mutation gets past the first check and into the work
 # (a route without one is fuzzed with generated bodies only)
 NOW = "2026-11-23T06:00:00Z"
-SILENCE = {"name": "maintenance", "description": "", "cluster_name": "", "enabled": True,
-           "silence_type": "resource", "resource_filters": [
-               {"resource_type": "node", "operator": "=", "value": "gpu-3"}],
-           "label_matchers": [{"name": "x", "operator": "=~", "value": "a.*"}],
-           "alert_names": ["GPUXid"], "starts_at": NOW, "ends_at": "2026-11-24T06:00:00Z",
-           "reason": "reboot"}  # fmt: skip
-METRIC_RULE = {"name": "gpu-hot", "cluster_name": "local", "enabled": True, "description": "hot",
-               "groups": [{"name": "group_1", "interval": "30s", "rules": [
-                   {"alert": "GPUHot", "expr": "DCGM_FI_DEV_GPU_TEMP > 90", "for": "5m",
+SILENCE = {
+    "name": "maintenance",
+    "description": "",
+    "cluster_name": "",
+    "enabled": True,
+    "silence_type": "resource",
+    "resource_filters": [{"resource_type": "node", "operator": "=", "value": "gpu-3"}],
+    "label_matchers": [{"name": "x", "operator": "=~", "value": "a.*"}],
+    "alert_names": ["GPUXid"],
+    "starts_at": NOW,
+    "ends_at": "2026-11-24T06:00:00Z",
+    "reason": "reboot",
+}
+METRIC_RULE = {
+    "name": "gpu-hot",
+    "cluster_name": "local",
+    "enabled": True,
+    "description": "hot",
+    "groups": [
+        {
+            "name": "group_1",
+            "interval": "30s",
+            "rules": [
+                {
+                    "alert": "GPUHot",
+                    "expr": "DCGM_FI_DEV_GPU_TEMP > 90",
+                    "for": "5m",
                     "labels": {"severity": "critical"},
-                    "annotations": {"summary": "hot", "description": "GPU is hot"}}]}],
-               "labels": {}}  # fmt: skip
-LOG_RULE = {"name": "oom", "description": "", "cluster_name": "", "enabled": True, "priority": 50,
-            "match_type": "pattern",
-            "match_config": {"pattern": "out of memory", "flags": {"case_insensitive": True}},
-            "label_selectors": [{"key": "pod", "operator": "=~", "value": "bert.*"}],
-            "severity": "critical", "group_wait": 30, "repeat_interval": 3600,
-            "alert_template": {"title": "OOM", "summary": "OOM"}}  # fmt: skip
-CHANNEL = {"name": "oncall", "type": "webhook", "enabled": True, "description": "",
-           "config": {"url": "http://127.0.0.1:9/hook", "method": "POST", "timeout": 1,
-                      "headers": {"Authorization": "Bearer x"}}}  # fmt: skip
-AM_ALERT = {"status": "firing", "labels": {"alertname": "GPUHot", "node": "gpu-1",
-                                           "namespace": "ml", "pod": "bert-worker-0",
-                                           "severity": "critical"},
-            "annotations": {"summary": "hot"}, "startsAt": NOW,
-            "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "http://p/graph",
-            "fingerprint": "0123456789abcdef"}  # fmt: skip
-LOG_LINE = {"date": 1795000000.5, "log": "iteration 10/100 | elapsed time per iteration (ms): "
-            "512.0\n", "stream": "stdout", "time": "",
-            "kubernetes": {"pod_name": "bert-worker-0", "namespace_name": "ml",
-                           "pod_id": "uid-bert-worker-0", "container_name": "pytorch",
-                           "host": "gpu-1"}}  # fmt: skip
+                    "annotations": {"summary": "hot", "description": "GPU is hot"},
+                }
+            ],
+        }
+    ],
+    "labels": {},
+}
+LOG_RULE = {
+    "name": "oom",
+    "description": "",
+    "cluster_name": "",
+    "enabled": True,
+    "priority": 50,
+    "match_type": "pattern",
+    "match_config": {"pattern": "out of memory", "flags": {"case_insensitive": True}},
+    "label_selectors": [{"key": "pod", "operator": "=~", "value": "bert.*"}],
+    "severity": "critical",
+    "group_wait": 30,
+    "repeat_interval": 3600,
+    "alert_template": {"title": "OOM", "summary": "OOM"},
+}
+CHANNEL = {
+    "name": "oncall",
+    "type": "webhook",
+    "enabled": True,
+    "description": "",
+    "config": {
+        "url": "http://127.0.0.1:9/hook",
+        "method": "POST",
+        "timeout": 1,
+        "headers": {"Authorization": "Bearer x"},
+    },
+}
+AM_ALERT = {
+    "status": "firing",
+    "labels": {
+        "alertname": "GPUHot",
+        "node": "gpu-1",
+        "namespace": "ml",
+        "pod": "bert-worker-0",
+        "severity": "critical",
+    },
+    "annotations": {"summary": "hot"},
+    "startsAt": NOW,
+    "endsAt": "0001-01-01T00:00:00Z",
+    "generatorURL": "http://p/graph",
+    "fingerprint": "0123456789abcdef",
+}
+LOG_LINE = {
+    "date": 1795000000.5,
+    "log": "iteration 10/100 | elapsed time per iteration (ms): " "512.0\n",
+    "stream": "stdout",
+    "time": "",
+    "kubernetes": {
+        "pod_name": "bert-worker-0",
+        "namespace_name": "ml",
+        "pod_id": "uid-bert-worker-0",
+        "container_name": "pytorch",
+        "host": "gpu-1",
+    },
+}
 SEEDS: dict[str, Any] = {
-    "alert-silences": SILENCE, "alert-silences/{id}": SILENCE,
-    "metric-alert-rules": METRIC_RULE, "metric-alert-rules/{id}": METRIC_RULE,
+    "alert-silences": SILENCE,
+    "alert-silences/{id}": SILENCE,
+    "metric-alert-rules": METRIC_RULE,
+    "metric-alert-rules/{id}": METRIC_RULE,
     "metric-alert-rules/sync": {"cluster": "local"},
-    "log-alert-rules": LOG_RULE, "log-alert-rules/{id}": LOG_RULE,
+    "log-alert-rules": LOG_RULE,
+    "log-alert-rules/{id}": LOG_RULE,
     "log-alert-rules/{id}/clone": {"name": "copy"},
     "log-alert-rules/batch-update": {"rule_ids": [1, 2], "enabled": False},
-    "log-alert-rules/test": {"pattern": "out of (memory)", "sample_log": "CUDA Out Of Memory",
-                             "flags": {"case_insensitive": True, "multi_line": False}},
-    "log-alert-rule-templates": {"name": "t", "category": "network", "description": "",
-                                 "template_config": {k: LOG_RULE[k] for k in (
-                                     "match_type", "match_config", "label_selectors",
-                                     "severity", "alert_template")}},
-    "log-alert-rule-templates/{id}/instantiate": {"name": "from-template",
-                                                  "cluster_name": "local"},
+    "log-alert-rules/test": {
+        "pattern": "out of (memory)",
+        "sample_log": "CUDA Out Of Memory",
+        "flags": {"case_insensitive": True, "multi_line": False},
+    },
+    "log-alert-rule-templates": {
+        "name": "t",
+        "category": "network",
+        "description": "",
+        "template_config": {
+            k: LOG_RULE[k]
+            for k in ("match_type", "match_config", "label_selectors", "severity", "alert_template")
+        },
+    },
+    "log-alert-rule-templates/{id}/instantiate": {"name": "from-template", "cluster_name": "local"},
     "alert-rule-advices/{id}/status": {"status": "rejected"},
-    "notification-channels": CHANNEL, "notification-channels/{id}": CHANNEL,
-    "alerts/metric": {"version": "4", "status": "firing", "receiver": "lens",
-                      "groupLabels": {}, "commonLabels": {}, "alerts": [AM_ALERT]},
+    "notification-channels": CHANNEL,
+    "notification-channels/{id}": CHANNEL,
+    "alerts/metric": {
+        "version": "4",
+        "status": "firing",
+        "receiver": "lens",
+        "groupLabels": {},
+        "commonLabels": {},
+        "alerts": [AM_ALERT],
+    },
     "api/v2/alerts": [AM_ALERT],
-    "alerts/webhook": {"alert_name": "GPUXid", "severity": "critical", "status": "firing",
-                       "labels": {"node": "gpu-1"}, "annotations": {"summary": "xid"},
-                       "starts_at": NOW},
+    "alerts/webhook": {
+        "alert_name": "GPUXid",
+        "severity": "critical",
+        "status": "firing",
+        "labels": {"node": "gpu-1"},
+        "annotations": {"summary": "xid"},
+        "starts_at": NOW,
+    },
     "logs": [LOG_LINE, {**LOG_LINE, "log": "CUDA out of memory\n"}],
-}  # fmt: skip
+}
 
 
 @st.composite
@@ -325,9 +594,15 @@ class Sent:
     __repr__ = __str__  # (Hypothesis shows a failing example by its repr)
 
 
-CONTENT_TYPES = ["text/plain", "application/x-www-form-urlencoded", "",
-                 "application/json; charset=latin-1", "application/merge-patch+json",
-                 "multipart/form-data; boundary=x", "application/x-protobuf"]  # fmt: skip
+CONTENT_TYPES = [
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "",
+    "application/json; charset=latin-1",
+    "application/merge-patch+json",
+    "multipart/form-data; boundary=x",
+    "application/x-protobuf",
+]
 
 
 def quote(text: str) -> str:
@@ -335,10 +610,16 @@ def quote(text: str) -> str:
 
 
 def path_values(name: str) -> st.SearchStrategy[str]:
-    known = {"id": ["1", "2", "3", "0", "-1"], "name": ["gpu-1", "i-030791dc5a37cd257", "tw038"],
-             "uid": ["uid-pt-bert", "uid-dep-trainer"]}  # fmt: skip
-    return st.one_of(st.sampled_from(known.get(name, ["1", "gpu-1", "uid-pt-bert"])),
-                     texts(longest=300), integers().map(str))  # fmt: skip
+    known = {
+        "id": ["1", "2", "3", "0", "-1"],
+        "name": ["gpu-1", "i-030791dc5a37cd257", "tw038"],
+        "uid": ["uid-pt-bert", "uid-dep-trainer"],
+    }
+    return st.one_of(
+        st.sampled_from(known.get(name, ["1", "gpu-1", "uid-pt-bert"])),
+        texts(longest=300),
+        integers().map(str),
+    )
 
 
 @st.composite
@@ -347,8 +628,22 @@ def queries(draw: st.DrawFn, names: list[str], shown: list[str]) -> str:
     may read (names), right or not, then any names with any values; or bytes no form
     encodes (bad escapes, invalid UTF-8, repeated and empty keys)."""
     if draw(st.integers(0, 9)) == 0:
-        return draw(st.sampled_from(["%zz", "a=%ff%fe", "&&=&", "a=1&a=2", "=x", "a", "a=%00",
-                                     "page_num=1&page_num=%00", "%E2%82", "a=b=c"]))  # fmt: skip
+        return draw(
+            st.sampled_from(
+                [
+                    "%zz",
+                    "a=%ff%fe",
+                    "&&=&",
+                    "a=1&a=2",
+                    "=x",
+                    "a",
+                    "a=%00",
+                    "page_num=1&page_num=%00",
+                    "%E2%82",
+                    "a=b=c",
+                ]
+            )
+        )
     pairs = [(n, draw(plausible(n))) for n in shown if draw(st.integers(0, 3))]
     pairs += [
         (n, draw(plausible(n)))
@@ -358,8 +653,12 @@ def queries(draw: st.DrawFn, names: list[str], shown: list[str]) -> str:
         if i < len(pairs):
             pairs[i] = (pairs[i][0], draw(texts(longest=300)))
         else:
-            pairs.append((draw(st.one_of(st.sampled_from(names), texts(longest=300))),
-                          draw(texts(longest=300))))  # fmt: skip
+            pairs.append(
+                (
+                    draw(st.one_of(st.sampled_from(names), texts(longest=300))),
+                    draw(texts(longest=300)),
+                )
+            )
     if draw(st.integers(0, 29)) == 0:  # past server.max_header_bytes: 431
         pairs.append(("x", "a" * 70_000))
     draw(st.randoms()).shuffle(pairs)
@@ -374,19 +673,33 @@ def remote_write_bodies() -> st.SearchStrategy[tuple[bytes, dict[str, str]]]:
 
     def framed(raw: bytes, version: str, proto: str, enc: str) -> tuple[bytes, dict[str, str]]:
         body = bytes(cramjam.snappy.compress_raw(raw)) if enc == "snappy" else raw
-        headers = {"Content-Type": "application/x-protobuf" + proto,
-                   "X-Prometheus-Remote-Write-Version": version}  # fmt: skip
+        headers = {
+            "Content-Type": "application/x-protobuf" + proto,
+            "X-Prometheus-Remote-Write-Version": version,
+        }
         if enc:
             headers["Content-Encoding"] = enc
         return body, headers
 
-    raw = st.one_of(messages(v1.WriteRequest.DESCRIPTOR).map(lambda m: m.SerializeToString()),
-                    messages(v2.Request.DESCRIPTOR).map(lambda m: m.SerializeToString()),
-                    st.binary(max_size=64))  # fmt: skip
-    return st.builds(framed, raw, st.sampled_from(["0.1.0", "2.0.0", "", "9"]),
-                     st.sampled_from(["", ";proto=io.prometheus.write.v2.Request",
-                                      ";proto=prometheus.WriteRequest", ";proto=x"]),
-                     st.sampled_from(["snappy", "snappy", "", "gzip", "zstd"]))  # fmt: skip
+    raw = st.one_of(
+        messages(v1.WriteRequest.DESCRIPTOR).map(lambda m: m.SerializeToString()),
+        messages(v2.Request.DESCRIPTOR).map(lambda m: m.SerializeToString()),
+        st.binary(max_size=64),
+    )
+    return st.builds(
+        framed,
+        raw,
+        st.sampled_from(["0.1.0", "2.0.0", "", "9"]),
+        st.sampled_from(
+            [
+                "",
+                ";proto=io.prometheus.write.v2.Request",
+                ";proto=prometheus.WriteRequest",
+                ";proto=x",
+            ]
+        ),
+        st.sampled_from(["snappy", "snappy", "", "gzip", "zstd"]),
+    )
 
 
 @st.composite
@@ -394,15 +707,20 @@ def requests_for(draw: st.DrawFn, t: Target, names: list[str], shown: list[str])
     """One request to route t: a prefix it is served under, its path's parameters, a
     query, the credentials (mostly right), and for a write a body."""
     prefix = draw(st.sampled_from(t.prefixes))
-    parts = [quote(draw(path_values(p[1:-1]))) if p.startswith("{") else p
-             for p in t.path.split("/")]  # fmt: skip
+    parts = [
+        quote(draw(path_values(p[1:-1]))) if p.startswith("{") else p for p in t.path.split("/")
+    ]
     query = draw(queries(names, shown))
     target = f"{prefix}/{'/'.join(parts)}" + (f"?{query}" if query else "")
     auth = draw(st.sampled_from(["right"] * 6 + ["none", "wrong"]))
-    headers = {"Authorization": f"Bearer {TOKEN}" if auth == "right" else "Bearer nope"} \
-        if auth != "none" else {}  # fmt: skip
-    accept = draw(st.sampled_from(["", "", "application/json, text/event-stream", "*/*",
-                                   "text/html"]))  # fmt: skip
+    headers = (
+        {"Authorization": f"Bearer {TOKEN}" if auth == "right" else "Bearer nope"}
+        if auth != "none"
+        else {}
+    )
+    accept = draw(
+        st.sampled_from(["", "", "application/json, text/event-stream", "*/*", "text/html"])
+    )
     if accept:
         headers["Accept"] = accept
     body = b""
@@ -430,12 +748,29 @@ def requests_for(draw: st.DrawFn, t: Target, names: list[str], shown: list[str])
             elif how == "json":
                 body = dumps(draw(json_values(keys)), draw(st.booleans()))
             elif how == "bytes":
-                body = draw(st.one_of(st.binary(max_size=64), st.sampled_from([
-                    b"{", b"[" * 100_000, b"[" * 1100 + b"]" * 1100, b'{"a":' * 2000,
-                    b"\xff\xfe", b"null", b"1e999",
-                    b'{"a": 1e999}', b'{"a": -}', b"\n".join([b"{}"] * 3), b"\x00"])))  # fmt: skip
-            ctype = draw(st.sampled_from([t.route.takes[0]] * 20 + list(t.route.takes)
-                                         + CONTENT_TYPES))  # fmt: skip
+                body = draw(
+                    st.one_of(
+                        st.binary(max_size=64),
+                        st.sampled_from(
+                            [
+                                b"{",
+                                b"[" * 100_000,
+                                b"[" * 1100 + b"]" * 1100,
+                                b'{"a":' * 2000,
+                                b"\xff\xfe",
+                                b"null",
+                                b"1e999",
+                                b'{"a": 1e999}',
+                                b'{"a": -}',
+                                b"\n".join([b"{}"] * 3),
+                                b"\x00",
+                            ]
+                        ),
+                    )
+                )
+            ctype = draw(
+                st.sampled_from([t.route.takes[0]] * 20 + list(t.route.takes) + CONTENT_TYPES)
+            )
             if ctype:
                 headers["Content-Type"] = ctype
             if t.path == "logs" and draw(st.integers(0, 4)) == 0:
@@ -449,11 +784,18 @@ def requests_for(draw: st.DrawFn, t: Target, names: list[str], shown: list[str])
 
 # -- protobuf messages, field by field --------------------------------------------------------
 F = FieldDescriptor
-INT_RANGES = {F.TYPE_INT32: (-(2**31), 2**31 - 1), F.TYPE_SINT32: (-(2**31), 2**31 - 1),
-              F.TYPE_SFIXED32: (-(2**31), 2**31 - 1), F.TYPE_UINT32: (0, 2**32 - 1),
-              F.TYPE_FIXED32: (0, 2**32 - 1), F.TYPE_INT64: (-(2**63), 2**63 - 1),
-              F.TYPE_SINT64: (-(2**63), 2**63 - 1), F.TYPE_SFIXED64: (-(2**63), 2**63 - 1),
-              F.TYPE_UINT64: (0, 2**64 - 1), F.TYPE_FIXED64: (0, 2**64 - 1)}  # fmt: skip
+INT_RANGES = {
+    F.TYPE_INT32: (-(2**31), 2**31 - 1),
+    F.TYPE_SINT32: (-(2**31), 2**31 - 1),
+    F.TYPE_SFIXED32: (-(2**31), 2**31 - 1),
+    F.TYPE_UINT32: (0, 2**32 - 1),
+    F.TYPE_FIXED32: (0, 2**32 - 1),
+    F.TYPE_INT64: (-(2**63), 2**63 - 1),
+    F.TYPE_SINT64: (-(2**63), 2**63 - 1),
+    F.TYPE_SFIXED64: (-(2**63), 2**63 - 1),
+    F.TYPE_UINT64: (0, 2**64 - 1),
+    F.TYPE_FIXED64: (0, 2**64 - 1),
+}
 
 
 def field_values(f: FieldDescriptor, depth: int) -> st.SearchStrategy[Any]:
@@ -482,8 +824,9 @@ def field_values(f: FieldDescriptor, depth: int) -> st.SearchStrategy[Any]:
         )
         return st.one_of(st.sampled_from(edges), st.integers(lo, hi), st.integers(0, 100))
     if f.type in (F.TYPE_DOUBLE, F.TYPE_FLOAT):
-        return st.one_of(st.sampled_from(FLOATS), st.floats(width=64 if f.type == F.TYPE_DOUBLE
-                                                            else 32))  # fmt: skip
+        return st.one_of(
+            st.sampled_from(FLOATS), st.floats(width=64 if f.type == F.TYPE_DOUBLE else 32)
+        )
     if f.type == F.TYPE_BOOL:
         return st.booleans()
     if f.type == F.TYPE_STRING:
@@ -491,8 +834,10 @@ def field_values(f: FieldDescriptor, depth: int) -> st.SearchStrategy[Any]:
     if f.type == F.TYPE_BYTES:
         return st.binary(max_size=32)
     if f.type == F.TYPE_ENUM:
-        return st.one_of(st.sampled_from([v.number for v in f.enum_type.values]),
-                         st.integers(-(2**31), 2**31 - 1))  # fmt: skip
+        return st.one_of(
+            st.sampled_from([v.number for v in f.enum_type.values]),
+            st.integers(-(2**31), 2**31 - 1),
+        )
     return messages(f.message_type, depth + 1)
 
 
@@ -515,8 +860,10 @@ def messages(d: Descriptor, depth: int = 0) -> st.SearchStrategy[Message]:
             if f.message_type is not None and depth >= 3:
                 continue
             if f.message_type is not None and f.message_type.GetOptions().map_entry:
-                key_f, val_f = f.message_type.fields_by_name["key"], \
-                    f.message_type.fields_by_name["value"]  # fmt: skip
+                key_f, val_f = (
+                    f.message_type.fields_by_name["key"],
+                    f.message_type.fields_by_name["value"],
+                )
                 m = getattr(msg, f.name)
                 for k, v in draw(
                     st.lists(
@@ -558,8 +905,10 @@ class Logged(logging.Handler):
             self.bad.append(f"{record.name} {record.levelname}: {self.format(record)}")
 
     def thread_died(self, args: threading.ExceptHookArgs) -> None:
-        self.bad.append(f"thread {args.thread.name if args.thread else '?'}: "
-                        f"{args.exc_type.__name__}: {args.exc_value}")  # fmt: skip
+        self.bad.append(
+            f"thread {args.thread.name if args.thread else '?'}: "
+            f"{args.exc_type.__name__}: {args.exc_value}"
+        )
 
     def __enter__(self) -> Logged:
         logging.getLogger().addHandler(self)
@@ -592,9 +941,15 @@ class Tally:
 def fuzz_settings(examples: int) -> settings:
     """Seeded (derandomize: the same examples each run, no example database), no deadline
     (a busy machine is slow, not wrong), generation and shrinking only."""
-    return settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-                    phases=(Phase.explicit, Phase.generate, Phase.shrink),
-                    suppress_health_check=list(HealthCheck), print_blob=False)  # fmt: skip
+    return settings(
+        max_examples=examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=(Phase.explicit, Phase.generate, Phase.shrink),
+        suppress_health_check=list(HealthCheck),
+        print_blob=False,
+    )
 
 
 # -- the stand-ins ---------------------------------------------------------------------------
@@ -678,9 +1033,15 @@ class Sink:
 
 
 # -- the recorder under fuzz -----------------------------------------------------------------
-OK_CODES = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED,
-            grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.RESOURCE_EXHAUSTED,
-            grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE}  # fmt: skip
+OK_CODES = {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.OUT_OF_RANGE,
+}
 
 
 class RecorderUnderFuzz:
@@ -748,11 +1109,13 @@ class RecorderUnderFuzz:
     def send(self, sent: Sent, timeout: float = 30) -> tuple[int, str]:
         for attempt in (1, 2):
             if self._conn is None:
-                self._conn = http.client.HTTPConnection("127.0.0.1", self.app.http.port,
-                                                        timeout=timeout)  # fmt: skip
+                self._conn = http.client.HTTPConnection(
+                    "127.0.0.1", self.app.http.port, timeout=timeout
+                )
             try:
-                self._conn.request(sent.method, sent.target, body=sent.body or None,
-                                   headers=sent.headers)  # fmt: skip
+                self._conn.request(
+                    sent.method, sent.target, body=sent.body or None, headers=sent.headers
+                )
                 r = self._conn.getresponse()
                 text = r.read().decode(errors="replace")
                 if r.getheader("Connection", "").lower() == "close":
@@ -808,9 +1171,11 @@ class RecorderUnderFuzz:
         """One Report or ReportBatch stream of frames (serialized messages, or not): its
         final code, the acks it got, the code's details."""
         with grpc.insecure_channel(f"127.0.0.1:{self.app.collect_port}") as ch:
-            call = ch.stream_stream(f"/lens.v1.CollectorService/{method}",
-                                    request_serializer=None,
-                                    response_deserializer=pb.Ack.FromString)  # fmt: skip
+            call = ch.stream_stream(
+                f"/lens.v1.CollectorService/{method}",
+                request_serializer=None,
+                response_deserializer=pb.Ack.FromString,
+            )
             acks: list[int] = []
             try:
                 for ack in call(iter(frames), metadata=meta, timeout=timeout):
@@ -889,8 +1254,9 @@ class Stream:
 
 
 # (gRPC carries a metadata value without its edges' spaces: none are drawn)
-METADATA_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E),
-                        max_size=40).map(str.strip)  # fmt: skip
+METADATA_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40).map(
+    str.strip
+)
 
 
 @st.composite
@@ -898,16 +1264,18 @@ def streams(draw: st.DrawFn) -> Stream:
     """A Report or ReportBatch stream: the node's token, another's, a wrong one or none;
     events (or batches) field by field, or bytes that may be no message."""
     i = draw(st.integers(0, NODES - 1))
-    node = draw(st.one_of(st.just(f"fz-{i}"), st.just(f"fz-{i}"), st.just(f"fz-{i}"),
-                          METADATA_TEXT))  # fmt: skip
+    node = draw(
+        st.one_of(st.just(f"fz-{i}"), st.just(f"fz-{i}"), st.just(f"fz-{i}"), METADATA_TEXT)
+    )
     auth = draw(st.sampled_from(["own", "own", "own", "other", "wrong", "none"]))
     meta = [("lens-node", node)]
     if draw(st.integers(0, 4)) == 0:
         meta.append(("lens-cluster", draw(st.one_of(st.just("local"), METADATA_TEXT))))
     if auth != "none":
         token = {"own": f"tok-{i}", "other": f"tok-{(i + 1) % NODES}"}.get(auth, "nope")
-        meta.append(("authorization", draw(st.sampled_from(["Bearer ", "bearer ", "Bearer  "]))
-                     + token))  # fmt: skip
+        meta.append(
+            ("authorization", draw(st.sampled_from(["Bearer ", "bearer ", "Bearer  "])) + token)
+        )
     # (no lens-cluster, or an empty one: the recorder's home cluster)
     if node != f"fz-{i}" or any(k == "lens-cluster" and v not in ("", "local") for k, v in meta):
         auth = "other" if auth == "own" else auth  # the token is not this claim's
@@ -951,14 +1319,19 @@ class AgentUnderFuzz:
         self.logged, self.tally = logged, Tally()
         tokens = tmp / "subscribers"
         tokens.write_text(f"recorder {TOKEN}\n")
-        auth = SubscriberAuthConfig(tokenreview=False, tokens_file=str(tokens),
-                                    anonymous="never")  # fmt: skip
+        auth = SubscriberAuthConfig(tokenreview=False, tokens_file=str(tokens), anonymous="never")
         self.bus = EventBus(queue_size=1000, history=50)
         for ev in (EXEC, FLOW) * 10:
             self.bus.publish(ev)
         listen = "127.0.0.1:0"
-        self.server = GrpcServer(listen, self.bus, ("gpu-1", "10.0.0.1"), lambda: {"tcp": "on"},
-                                 max_subscribers=50, guard=Guard(auth, listen, "gRPC"))  # fmt: skip
+        self.server = GrpcServer(
+            listen,
+            self.bus,
+            ("gpu-1", "10.0.0.1"),
+            lambda: {"tcp": "on"},
+            max_subscribers=50,
+            guard=Guard(auth, listen, "gRPC"),
+        )
         self.server.start()
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.server.port}")
 
@@ -971,18 +1344,17 @@ class AgentUnderFuzz:
         messages it got, the code's details."""
         got = 0
         if c.method == "GetNode":
-            fn = self.channel.unary_unary("/lens.v1.NodeService/GetNode",
-                                          request_serializer=None,
-                                          response_deserializer=None)  # fmt: skip
+            fn = self.channel.unary_unary(
+                "/lens.v1.NodeService/GetNode", request_serializer=None, response_deserializer=None
+            )
             try:
                 fn(c.request, metadata=c.meta, timeout=5)
                 return grpc.StatusCode.OK, 1, ""
             except grpc.RpcError as exc:
                 return exc.code(), 0, exc.details() or ""
-        stream = self.channel.unary_stream(f"/lens.v1.EventService/{c.method}",
-                                           request_serializer=None,
-                                           response_deserializer=None)(
-            c.request, metadata=c.meta, timeout=0.3)  # fmt: skip
+        stream = self.channel.unary_stream(
+            f"/lens.v1.EventService/{c.method}", request_serializer=None, response_deserializer=None
+        )(c.request, metadata=c.meta, timeout=0.3)
         try:
             for _ in stream:
                 got += 1
@@ -991,8 +1363,11 @@ class AgentUnderFuzz:
                     return grpc.StatusCode.OK, got, ""
         except grpc.RpcError as exc:
             code = exc.code()
-            return (grpc.StatusCode.OK if code == grpc.StatusCode.CANCELLED else code), got, \
-                exc.details() or ""  # fmt: skip
+            return (
+                (grpc.StatusCode.OK if code == grpc.StatusCode.CANCELLED else code),
+                got,
+                exc.details() or "",
+            )
         return grpc.StatusCode.OK, got, ""
 
     def check(self, c: AgentCall) -> None:
@@ -1012,8 +1387,9 @@ class AgentUnderFuzz:
         """The health service says SERVING (the port answering after the fuzz)."""
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-        got = health_pb2_grpc.HealthStub(self.channel).Check(health_pb2.HealthCheckRequest(),
-                                                             timeout=10)  # fmt: skip
+        got = health_pb2_grpc.HealthStub(self.channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=10
+        )
         assert got.status == health_pb2.HealthCheckResponse.SERVING
 
     def fuzz(self, examples: int) -> None:
@@ -1045,10 +1421,17 @@ def agent_calls(draw: st.DrawFn) -> AgentCall:
     are none), with the subscribers' token, a wrong one, or none."""
     method = draw(st.sampled_from(["Subscribe", "SubscribeBatch", "GetNode"]))
     auth = draw(st.sampled_from(["right", "right", "right", "wrong", "none"]))
-    meta = [("authorization", f"Bearer {TOKEN if auth == 'right' else 'nope'}")] \
-        if auth != "none" else []  # fmt: skip
+    meta = (
+        [("authorization", f"Bearer {TOKEN if auth == 'right' else 'nope'}")]
+        if auth != "none"
+        else []
+    )
     cls = pb.GetNodeRequest if method == "GetNode" else pb.SubscribeRequest
-    request = draw(st.one_of(messages(cls.DESCRIPTOR).map(lambda m: m.SerializeToString()),
-                             messages(cls.DESCRIPTOR).map(lambda m: m.SerializeToString()),
-                             st.binary(max_size=40)))  # fmt: skip
+    request = draw(
+        st.one_of(
+            messages(cls.DESCRIPTOR).map(lambda m: m.SerializeToString()),
+            messages(cls.DESCRIPTOR).map(lambda m: m.SerializeToString()),
+            st.binary(max_size=40),
+        )
+    )
     return AgentCall(method, auth, meta, request)

@@ -21,8 +21,10 @@ def build_nvml(lib_dir: Path) -> Path:
     """libnvidia-ml.so.1 in lib_dir; LD_LIBRARY_PATH=lib_dir makes pynvml load it."""
     lib_dir.mkdir(parents=True, exist_ok=True)
     out = lib_dir / "libnvidia-ml.so.1"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-pthread", "-o", str(out),
-                    str(FIX / "nvml" / "fake_nvml.c")], check=True)  # fmt: skip
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-pthread", "-o", str(out), str(FIX / "nvml" / "fake_nvml.c")],
+        check=True,
+    )
     return out
 
 
@@ -42,9 +44,20 @@ def build_amdsmi(root: Path, symbols: list[str]) -> Path:
     ROCM_PATH=root (and no ROCM_HOME) makes the binding load it."""
     (root / "lib").mkdir(parents=True, exist_ok=True)
     stubs = root / "stubs.c"
-    stubs.write_text("".join(f"__attribute__((weak)) int {name}(void) {{ return 2; }}\n"
-                             for name in symbols))  # fmt: skip
+    stubs.write_text(
+        "".join(f"__attribute__((weak)) int {name}(void) {{ return 2; }}\n" for name in symbols)
+    )
     out = root / "lib" / "libamd_smi.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out),
-                    str(FIX / "amdsmi" / "fake_amdsmi.c"), str(stubs)], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(out),
+            str(FIX / "amdsmi" / "fake_amdsmi.c"),
+            str(stubs),
+        ],
+        check=True,
+    )
     return out

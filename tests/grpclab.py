@@ -26,16 +26,53 @@ def make_certs(d: Path) -> dict[str, Path]:
     def run(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
 
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=lens-test-ca",
-        "-keyout", "ca.key", "-out", "ca.crt")  # fmt: skip
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=lens-test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+    )
     for name, ext in (
         ("server", "subjectAltName=IP:127.0.0.1"),
         ("client", "extendedKeyUsage=clientAuth"),
     ):
-        run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN=lens-{name}",
-            "-keyout", f"{name}.key", "-out", f"{name}.csr")  # fmt: skip
+        run(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            f"/CN=lens-{name}",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+        )
         (d / f"{name}.ext").write_text(ext + "\n")
-        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-            "-CAcreateserial", "-days", "2", "-out", f"{name}.crt",
-            "-extfile", f"{name}.ext")  # fmt: skip
+        run(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            f"{name}.crt",
+            "-extfile",
+            f"{name}.ext",
+        )
     return {k: d / k for k in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key")}

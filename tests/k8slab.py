@@ -84,10 +84,17 @@ def eventually(check: Callable[[], Any], timeout: float = 2.0, every: float = 0.
     wait_for(check, f"truth of the check{where}", timeout, every)
 
 
-def status(code: int, reason: str, message: str,
-           details: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
-    out: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                           "status": "Failure", "message": message, "reason": reason}  # fmt: skip
+def status(
+    code: int, reason: str, message: str, details: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+    }
     if details is not None:
         out["details"] = details
     out["code"] = code
@@ -121,14 +128,20 @@ def not_found(coll: str, name: str) -> dict[str, Any]:
 
 
 def conflict(coll: str, name: str) -> dict[str, Any]:
-    return status(409, "Conflict", f'Operation cannot be fulfilled on {resource(coll)} "{name}": '
-                  "the object has been modified; please apply your changes to the latest "
-                  "version and try again", details(coll, name))  # fmt: skip
+    return status(
+        409,
+        "Conflict",
+        f'Operation cannot be fulfilled on {resource(coll)} "{name}": '
+        "the object has been modified; please apply your changes to the latest "
+        "version and try again",
+        details(coll, name),
+    )
 
 
 def already_exists(coll: str, name: str) -> dict[str, Any]:
-    return status(409, "AlreadyExists", f'{resource(coll)} "{name}" already exists',
-                  details(coll, name))  # fmt: skip
+    return status(
+        409, "AlreadyExists", f'{resource(coll)} "{name}" already exists', details(coll, name)
+    )
 
 
 def no_new_finalizers(coll: str, name: str, new: set[str]) -> dict[str, Any]:
@@ -137,19 +150,28 @@ def no_new_finalizers(coll: str, name: str, new: set[str]) -> dict[str, Any]:
     kind, gv = KINDS[coll][1], group_version(coll)
     qualified = f"{kind}.{gv.split('/')[0]}" if "/" in gv else kind  # "Job.batch"
     quoted = ", ".join(json.dumps(f) for f in sorted(new))  # Go's %#v of a []string
-    why = ("Forbidden: no new finalizers can be added if the object is being deleted, found "
-           f"new finalizers []string{{{quoted}}}")  # fmt: skip
+    why = (
+        "Forbidden: no new finalizers can be added if the object is being deleted, found "
+        f"new finalizers []string{{{quoted}}}"
+    )
     cause = {"reason": "FieldValueForbidden", "message": why, "field": "metadata.finalizers"}
-    return status(422, "Invalid", f'{qualified} "{name}" is invalid: metadata.finalizers: {why}',
-                  details(coll, name, kind, causes=[cause, dict(cause)]))  # fmt: skip
+    return status(
+        422,
+        "Invalid",
+        f'{qualified} "{name}" is invalid: metadata.finalizers: {why}',
+        details(coll, name, kind, causes=[cause, dict(cause)]),
+    )
 
 
 def resource_version_required(coll: str, name: str) -> dict[str, Any]:
     why = "Invalid value: 0x0: must be specified for an update"
     cause = {"reason": "FieldValueInvalid", "message": why, "field": "metadata.resourceVersion"}
-    return status(422, "Invalid",
-                  f'{resource(coll)} "{name}" is invalid: metadata.resourceVersion: {why}',
-                  details(coll, name, causes=[cause]))  # fmt: skip
+    return status(
+        422,
+        "Invalid",
+        f'{resource(coll)} "{name}" is invalid: metadata.resourceVersion: {why}',
+        details(coll, name, causes=[cause]),
+    )
 
 
 def micro_time(value: str) -> str:
@@ -233,8 +255,11 @@ class FakeApiServer:
                 self._remove(coll, key, old if old is not None else obj)
                 return obj
             self.rv += 1
-            obj = {"kind": KINDS[coll][1], "apiVersion": group_version(coll),
-                   **{k: v for k, v in obj.items() if k not in ("kind", "apiVersion")}}  # fmt: skip
+            obj = {
+                "kind": KINDS[coll][1],
+                "apiVersion": group_version(coll),
+                **{k: v for k, v in obj.items() if k not in ("kind", "apiVersion")},
+            }
             meta = obj["metadata"]
             meta["resourceVersion"] = str(self.rv)
             meta.setdefault("uid", f"uid-{coll}-{key[0]}-{key[1]}")
@@ -338,12 +363,18 @@ class FakeApiServer:
         return f"http://127.0.0.1:{self.port}"
 
     def kubeconfig(self, path: Path) -> Path:
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "lab",
-            "clusters": [{"name": "lab", "cluster": {"server": self.url}}],
-            "users": [{"name": "lab", "user": {"token": "lab-token"}}],
-            "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "lab"}}],
-        }))  # fmt: skip
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "lab",
+                    "clusters": [{"name": "lab", "cluster": {"server": self.url}}],
+                    "users": [{"name": "lab", "user": {"token": "lab-token"}}],
+                    "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "lab"}}],
+                }
+            )
+        )
         return path
 
 
@@ -366,8 +397,11 @@ def _merge_patch(target: Any, patch: Any) -> Any:
 
 def discovery(path: str) -> dict[str, Any] | None:
     """The APIResourceList of /api/v1 or /apis/<group>/<version>, from KINDS."""
-    found = [(coll, kind, namespaced) for coll, (prefix, kind, namespaced) in KINDS.items()
-             if prefix == path]  # fmt: skip
+    found = [
+        (coll, kind, namespaced)
+        for coll, (prefix, kind, namespaced) in KINDS.items()
+        if prefix == path
+    ]
     if not found:
         return None
     group_version = path.removeprefix("/apis/").removeprefix("/api/")
@@ -425,11 +459,20 @@ class _Handler(BaseHTTPRequestHandler):
         query = dict(urllib.parse.parse_qsl(url.query))
         self.api.requests.append(self.path)
         if url.path.rstrip("/") == "/version":
-            self._json(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.2",
-                             "gitCommit": "5864a4677267e6adeae276ad85882a8714d69d9d",
-                             "gitTreeState": "clean", "buildDate": "2024-10-22T20:28:14Z",
-                             "goVersion": "go1.22.8", "compiler": "gc",
-                             "platform": "linux/amd64"})  # fmt: skip
+            self._json(
+                200,
+                {
+                    "major": "1",
+                    "minor": "31",
+                    "gitVersion": "v1.31.2",
+                    "gitCommit": "5864a4677267e6adeae276ad85882a8714d69d9d",
+                    "gitTreeState": "clean",
+                    "buildDate": "2024-10-22T20:28:14Z",
+                    "goVersion": "go1.22.8",
+                    "compiler": "gc",
+                    "platform": "linux/amd64",
+                },
+            )
             return
         route = _route(url.path)
         if route is None:
@@ -490,10 +533,19 @@ class _Handler(BaseHTTPRequestHandler):
                 meta["continue"] = continue_token(rv, list_key(items[limit - 1], bool(ns)) + "\0")
                 meta["remainingItemCount"] = len(items) - limit
             # a list's items carry no kind or apiVersion: the list's own say it
-            page = [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")}
-                    for o in items[:limit]]  # fmt: skip
-        self._json(200, {"kind": f"{KINDS[coll][1]}List", "apiVersion": group_version(coll),
-                         "metadata": meta, "items": page})  # fmt: skip
+            page = [
+                {k: v for k, v in o.items() if k not in ("kind", "apiVersion")}
+                for o in items[:limit]
+            ]
+        self._json(
+            200,
+            {
+                "kind": f"{KINDS[coll][1]}List",
+                "apiVersion": group_version(coll),
+                "metadata": meta,
+                "items": page,
+            },
+        )
 
     def _items(self, coll: str, ns: str) -> list[dict[str, Any]]:
         """The collection (or one namespace of it) in etcd's key order. Holding the lock."""
@@ -549,13 +601,20 @@ class _Handler(BaseHTTPRequestHandler):
                 spec[field] = micro_time(str(spec[field]))
             except ValueError as exc:
                 kind, version = KINDS[coll][1], group_version(coll).split("/")[-1]
-                self._json(400, status(400, "BadRequest", f'{kind} in version "{version}" '
-                                       f"cannot be handled as a {kind}: {exc}"))  # fmt: skip
+                self._json(
+                    400,
+                    status(
+                        400,
+                        "BadRequest",
+                        f'{kind} in version "{version}" ' f"cannot be handled as a {kind}: {exc}",
+                    ),
+                )
                 return False
         return True
 
-    def _adds_finalizers(self, coll: str, name: str, old: dict[str, Any],
-                         new: dict[str, Any]) -> bool:  # fmt: skip
+    def _adds_finalizers(
+        self, coll: str, name: str, old: dict[str, Any], new: dict[str, Any]
+    ) -> bool:
         """Answers 422 when an update adds finalizers to an object being deleted."""
         if not old["metadata"].get("deletionTimestamp"):
             return False
@@ -632,8 +691,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(200, held or obj)  # held by finalizers: the object, being deleted
             return
         uid = obj["metadata"].get("uid", "")
-        self._json(200, {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                         "status": "Success", "details": details(coll, name, uid=uid)})  # fmt: skip
+        self._json(
+            200,
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "details": details(coll, name, uid=uid),
+            },
+        )
 
     def _chunk(self, event: dict[str, Any]) -> None:
         data = json.dumps(event).encode() + b"\n"
@@ -688,45 +755,96 @@ class _Handler(BaseHTTPRequestHandler):
                     self._chunk({"type": kind, "object": obj})
             if not pending and bookmarks:
                 since = max(since, rv)
-                self._chunk({"type": "BOOKMARK", "object": {
-                    "kind": KINDS[coll][1], "apiVersion": group_version(coll),
-                    "metadata": {"resourceVersion": str(since),
-                                 "creationTimestamp": None}}})  # fmt: skip
+                self._chunk(
+                    {
+                        "type": "BOOKMARK",
+                        "object": {
+                            "kind": KINDS[coll][1],
+                            "apiVersion": group_version(coll),
+                            "metadata": {"resourceVersion": str(since), "creationTimestamp": None},
+                        },
+                    }
+                )
 
 
-def pod(name: str, ip: str, namespace: str = "default", *, node: str = "node-a",
-        owner: tuple[str, str] | None = None, host_network: bool = False,
-        phase: str = "Running", containers: list[dict[str, Any]] | None = None,
-        init_containers: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
+def pod(
+    name: str,
+    ip: str,
+    namespace: str = "default",
+    *,
+    node: str = "node-a",
+    owner: tuple[str, str] | None = None,
+    host_network: bool = False,
+    phase: str = "Running",
+    containers: list[dict[str, Any]] | None = None,
+    init_containers: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """A Pod as the API serves it (the fields the agent reads, and a few it does not)."""
-    meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": f"uid-{name}",
-                            "labels": {"app": name}}  # fmt: skip
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "uid": f"uid-{name}",
+        "labels": {"app": name},
+    }
     if owner:
-        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner[0], "name": owner[1],
-                                    "uid": f"uid-{owner[1]}", "controller": True}]  # fmt: skip
-    spec: dict[str, Any] = {"nodeName": node, "containers": containers or [
-        {"name": "main", "image": "busybox", "resources": {}}]}  # fmt: skip
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": "apps/v1",
+                "kind": owner[0],
+                "name": owner[1],
+                "uid": f"uid-{owner[1]}",
+                "controller": True,
+            }
+        ]
+    spec: dict[str, Any] = {
+        "nodeName": node,
+        "containers": containers or [{"name": "main", "image": "busybox", "resources": {}}],
+    }
     if init_containers:
         spec["initContainers"] = init_containers
     if host_network:
         spec["hostNetwork"] = True
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec,
-            "status": {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}] if ip else [],
-                       "hostIP": "192.0.2.10"}}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": spec,
+        "status": {
+            "phase": phase,
+            "podIP": ip,
+            "podIPs": [{"ip": ip}] if ip else [],
+            "hostIP": "192.0.2.10",
+        },
+    }
 
 
 def service(name: str, cluster_ip: str, namespace: str = "default") -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"type": "ClusterIP", "clusterIP": cluster_ip, "clusterIPs": [cluster_ip],
-                     "ports": [{"port": 80, "protocol": "TCP"}]}}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": cluster_ip,
+            "clusterIPs": [cluster_ip],
+            "ports": [{"port": 80, "protocol": "TCP"}],
+        },
+    }
 
 
-def owned(kind: str, name: str, namespace: str = "default",
-          owner: tuple[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+def owned(
+    kind: str, name: str, namespace: str = "default", owner: tuple[str, str] | None = None
+) -> dict[str, Any]:
     """A workload object (ReplicaSet, Deployment, Job, ...) with an optional controller."""
     meta: dict[str, Any] = {"name": name, "namespace": namespace}
     if owner:
-        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner[0], "name": owner[1],
-                                    "uid": f"uid-{owner[1]}", "controller": True}]  # fmt: skip
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": "apps/v1",
+                "kind": owner[0],
+                "name": owner[1],
+                "uid": f"uid-{owner[1]}",
+                "controller": True,
+            }
+        ]
     return {"kind": kind, "metadata": meta}

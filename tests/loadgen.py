@@ -111,8 +111,11 @@ def split(server: str, client: str, n: int, send: int, reply: int, threads: int)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m tests.loadgen", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m tests.loadgen",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("server")
     ap.add_argument("client")
     ap.add_argument("n", type=int)

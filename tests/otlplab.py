@@ -25,8 +25,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from prometheus_client.utils import floatToGoString
 
-REQUESTS = {"/v1/metrics": (ExportMetricsServiceRequest, ExportMetricsServiceResponse),
-            "/v1/logs": (ExportLogsServiceRequest, ExportLogsServiceResponse)}  # fmt: skip
+REQUESTS = {
+    "/v1/metrics": (ExportMetricsServiceRequest, ExportMetricsServiceResponse),
+    "/v1/logs": (ExportLogsServiceRequest, ExportLogsServiceResponse),
+}
 
 
 class _Server(ThreadingHTTPServer):
@@ -108,8 +110,9 @@ class OtlpReceiver:
                     rejected = rx.partial.get(self.path, 0)
                 resp = kinds[1]()
                 if rejected:
-                    field = "rejected_data_points" if "metrics" in self.path \
-                        else "rejected_log_records"  # fmt: skip
+                    field = (
+                        "rejected_data_points" if "metrics" in self.path else "rejected_log_records"
+                    )
                     setattr(resp.partial_success, field, rejected)
                 self._answer(200, resp.SerializeToString())
 
@@ -169,9 +172,13 @@ def samples(req: Any) -> dict[Sample, float]:
     point's attributes, and those of its resource that came from labels: namespace, pod,
     container ...) -> value; a histogram as its cumulative _bucket, _count and _sum. A
     counter is named as OTLP names it (without _total)."""
-    back = {"k8s.namespace.name": "namespace", "k8s.pod.name": "pod",
-            "k8s.container.name": "container", "container.id": "container_id",
-            "k8s.pod.uid": "pod_uid"}  # fmt: skip
+    back = {
+        "k8s.namespace.name": "namespace",
+        "k8s.pod.name": "pod",
+        "k8s.container.name": "container",
+        "container.id": "container_id",
+        "k8s.pod.uid": "pod_uid",
+    }
     out: dict[Sample, float] = {}
     for rm in req.resource_metrics:
         res = {back[k]: v for k, v in attrs(rm.resource.attributes).items() if k in back}
@@ -186,8 +193,9 @@ def samples(req: Any) -> dict[Sample, float]:
                     for p in m.histogram.data_points:
                         labels = {**res, **attrs(p.attributes)}
                         acc = 0
-                        for b, n in zip([*p.explicit_bounds, float("inf")], p.bucket_counts,
-                                        strict=True):  # fmt: skip
+                        for b, n in zip(
+                            [*p.explicit_bounds, float("inf")], p.bucket_counts, strict=True
+                        ):
                             acc += n
                             le = frozenset({**labels, "le": floatToGoString(b)}.items())
                             out[(m.name + "_bucket", le)] = acc

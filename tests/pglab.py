@@ -20,8 +20,10 @@ WAIT = str(int(hang_guard(60)))  # pg_ctl -w: seconds to wait for the server (a 
 def pg_bin() -> Path | None:
     """The newest installed server's bin directory."""
     root = Path("/usr/lib/postgresql")
-    found = sorted((p for p in root.glob("*/bin") if (p / "initdb").exists()),
-                   key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)  # fmt: skip
+    found = sorted(
+        (p for p in root.glob("*/bin") if (p / "initdb").exists()),
+        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+    )
     return found[-1] if found else None
 
 
@@ -52,33 +54,71 @@ class Postgres:
         shutil.chown(self.base, "postgres", "postgres")
 
     def _as_postgres(self, *args: str) -> None:
-        subprocess.run(["runuser", "-u", "postgres", "--", *args], check=True, cwd="/",
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                       timeout=hang_guard(90))  # fmt: skip
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", *args],
+            check=True,
+            cwd="/",
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=hang_guard(90),
+        )
 
     def init(self) -> Postgres:
-        self._as_postgres(str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust",
-                          "-U", "postgres", "--no-sync", "-E", "UTF8")  # fmt: skip
+        self._as_postgres(
+            str(self.bin / "initdb"),
+            "-D",
+            str(self.data),
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+            "-E",
+            "UTF8",
+        )
         self.start()
         return self
 
     def start(self) -> None:
-        opts = (f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off "
-                "-c full_page_writes=off")  # fmt: skip
-        self._as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", opts, "-w",
-                          "-t", WAIT, "-l", str(self.base / "log"), "start")  # fmt: skip
+        opts = (
+            f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off "
+            "-c full_page_writes=off"
+        )
+        self._as_postgres(
+            str(self.bin / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            opts,
+            "-w",
+            "-t",
+            WAIT,
+            "-l",
+            str(self.base / "log"),
+            "start",
+        )
 
     def stop(self) -> None:
-        self._as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate",
-                          "-w", "-t", WAIT, "stop")  # fmt: skip
+        self._as_postgres(
+            str(self.bin / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-m",
+            "immediate",
+            "-w",
+            "-t",
+            WAIT,
+            "stop",
+        )
 
     def create_database(self, name: str, timezone: str = "") -> str:
         """A new empty database (its sessions in timezone, where one is given: a server
         set up in a local zone); its SQLAlchemy URL."""
         import psycopg
 
-        with psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres",
-                             autocommit=True) as conn:  # fmt: skip
+        with psycopg.connect(
+            f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres", autocommit=True
+        ) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
             if timezone:  # the sessions' TimeZone: times come back in it
                 conn.execute(f"ALTER DATABASE \"{name}\" SET timezone = '{timezone}'")

@@ -27,11 +27,12 @@ LAYOUT = {
     # the cwd (/work): the MI250 rank, decompressed (a .pt.trace.json)
     "/work/mi250.pt.trace.json": "amd_trace_mi250_minitoy_train_ROCm6_2_kineto.json.gz",
     # TORCH_PROFILER_DIR=/torchprof: the CPU-only rank 34 (its name says so)
-    "/torchprof/cpu_only_rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz":
-        "cpu_only_rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz",
+    "/torchprof/cpu_only_rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz": (
+        "cpu_only_rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"
+    ),
     # a configured glob (/out/*.json.gz): the two NCCL 2.17 ranks in one file
     "/out/nccl_data.json.gz": "nccl_parser_config_nccl_data.json.gz",
-}  # fmt: skip
+}
 MALFORMED = "/bad/broken.pt.trace.json"  # alone: an analysis of it reads it alone
 HUGE = "/prof/huge.pt.trace.json"  # 2 GiB, sparse; beside step5/, not in it
 HUGE_BYTES = 2 << 30
@@ -75,21 +76,43 @@ class Trainer:
     files: dict[str, bytes]
 
 
-def start_trainer(ctd: Containerd, pod: str = "train-0", namespace: str = "team-a",
-                  uid: str = "") -> Trainer:  # fmt: skip
+def start_trainer(
+    ctd: Containerd, pod: str = "train-0", namespace: str = "team-a", uid: str = ""
+) -> Trainer:
     """A container whose Python process sleeps with --profile-dir /prof, cwd /work and
     TORCH_PROFILER_DIR=/torchprof, as pod's; its traces laid out first."""
     files = lay_out(ctd.rootfs)
     cid, uid = "trainer-" + uuid.uuid4().hex[:12], uid or str(uuid.uuid4())
-    labels = {"io.kubernetes.pod.name": pod, "io.kubernetes.pod.namespace": namespace,
-              "io.kubernetes.pod.uid": uid, "io.kubernetes.container.name": "trainer"}  # fmt: skip
-    args = ["run", "-d", "--cwd", "/work", "--env", "TORCH_PROFILER_DIR=/torchprof",
-            "--mount", "type=bind,src=/usr,dst=/usr,options=rbind:ro"]  # fmt: skip
+    labels = {
+        "io.kubernetes.pod.name": pod,
+        "io.kubernetes.pod.namespace": namespace,
+        "io.kubernetes.pod.uid": uid,
+        "io.kubernetes.container.name": "trainer",
+    }
+    args = [
+        "run",
+        "-d",
+        "--cwd",
+        "/work",
+        "--env",
+        "TORCH_PROFILER_DIR=/torchprof",
+        "--mount",
+        "type=bind,src=/usr,dst=/usr,options=rbind:ro",
+    ]
     for k, v in labels.items():
         args += ["--label", f"{k}={v}"]
-    res = ctd.ctr(*args, "--rootfs", str(ctd.rootfs), cid, "/usr/bin/python3", "-c",
-                  "import time; time.sleep(3600)", "--profile-dir", "/prof",
-                  check=False)  # fmt: skip
+    res = ctd.ctr(
+        *args,
+        "--rootfs",
+        str(ctd.rootfs),
+        cid,
+        "/usr/bin/python3",
+        "-c",
+        "import time; time.sleep(3600)",
+        "--profile-dir",
+        "/prof",
+        check=False,
+    )
     assert res.returncode == 0, res.stderr
     pid_file = ctd.state / "io.containerd.runtime.v2.task" / "default" / cid / "init.pid"
     pid = wait_for(lambda: pid_file.exists() and int(pid_file.read_text()), f"{cid}'s pid")

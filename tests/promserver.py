@@ -25,12 +25,17 @@ def available() -> str | None:
 
 
 class Prometheus:
-    def __init__(self, targets: list[str], rule_files: list[str] | None = None,
-                 openmetrics: str | None = None, labels: dict[str, str] | None = None,
-                 flags: list[str] | None = None,
-                 remote_write: list[dict[str, Any]] | None = None,
-                 tsdb: Path | None = None,
-                 alertmanagers: list[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        targets: list[str],
+        rule_files: list[str] | None = None,
+        openmetrics: str | None = None,
+        labels: dict[str, str] | None = None,
+        flags: list[str] | None = None,
+        remote_write: list[dict[str, Any]] | None = None,
+        tsdb: Path | None = None,
+        alertmanagers: list[str] | None = None,
+    ) -> None:
         """openmetrics: series (OpenMetrics text, with timestamps) written into its TSDB
         by `promtool tsdb create-blocks-from openmetrics` before it starts, so a test
         knows every number a query returns; tsdb: a TSDB directory made so already
@@ -58,8 +63,7 @@ class Prometheus:
         if remote_write:
             cfg["remote_write"] = remote_write
         if alertmanagers:
-            cfg["alerting"] = {"alertmanagers": [{"static_configs": [
-                {"targets": alertmanagers}]}]}  # fmt: skip
+            cfg["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": alertmanagers}]}]}
         (self.dir / "prometheus.yml").write_text(json.dumps(cfg))
         self.flags = list(flags or [])
         self.log = open(self.dir / "log", "w")  # noqa: SIM115 (open while prometheus runs)
@@ -67,13 +71,19 @@ class Prometheus:
 
     def _run(self) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={self.dir / 'prometheus.yml'}",
-             f"--storage.tsdb.path={self.dir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", *self.flags],
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        wait_http_ok(self.base + "/-/ready", proc, "prometheus",
-                     lambda: (self.dir / "log").read_text())  # fmt: skip
+            [
+                PROMETHEUS,
+                f"--config.file={self.dir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={self.dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                *self.flags,
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_http_ok(
+            self.base + "/-/ready", proc, "prometheus", lambda: (self.dir / "log").read_text()
+        )
         return proc
 
     def pause(self) -> None:
@@ -108,13 +118,15 @@ class Prometheus:
 def create_blocks(openmetrics: Path, tsdb: Path) -> None:
     """Write an OpenMetrics file's samples into blocks of a TSDB directory (more files,
     more blocks: a large data set goes in a file at a time)."""
-    res = subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics",
-                          str(openmetrics), str(tsdb)], capture_output=True, text=True)  # fmt: skip
+    res = subprocess.run(
+        [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(openmetrics), str(tsdb)],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, f"promtool: {res.stdout[-2000:]}{res.stderr[-2000:]}"
 
 
 def promtool_check_metrics(text: str) -> tuple[int, list[str]]:
-    res = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True,
-                         text=True)  # fmt: skip
+    res = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True)
     problems = [line for line in (res.stdout + res.stderr).splitlines() if line.strip()]
     return res.returncode, problems

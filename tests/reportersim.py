@@ -20,11 +20,20 @@ from lens_ebpf.protocol.gen import lens_pb2_grpc
 
 def event(node: int, seq: int) -> pb.Event:
     """A container_start on node with one GPU, as an agent sends it."""
-    ident = pb.Identity(namespace="ml", pod=f"job-{node}-{seq}", pod_uid=f"uid-{node}-{seq}",
-                        container="worker", container_id=f"c{node}x{seq}")  # fmt: skip
+    ident = pb.Identity(
+        namespace="ml",
+        pod=f"job-{node}-{seq}",
+        pod_uid=f"uid-{node}-{seq}",
+        container="worker",
+        container_id=f"c{node}x{seq}",
+    )
     start = pb.ContainerChange(identity=ident, devices=[f"/dev/nvidia{seq % 8}"])
-    return pb.Event(seq=seq, ts_unix_nano=1_795_000_000_000_000_000 + seq,
-                    node_name=f"gpu-{node}", container_start=start)  # fmt: skip
+    return pb.Event(
+        seq=seq,
+        ts_unix_nano=1_795_000_000_000_000_000 + seq,
+        node_name=f"gpu-{node}",
+        container_start=start,
+    )
 
 
 @dataclass
@@ -62,9 +71,16 @@ class _Start:
 OWN_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
 
 
-async def _report(target: str, node: int, events: int, timeout: float,
-                  make: EventFn, per_message: int, start: _Start,
-                  own: bool = False) -> tuple[str, int, int]:  # fmt: skip
+async def _report(
+    target: str,
+    node: int,
+    events: int,
+    timeout: float,
+    make: EventFn,
+    per_message: int,
+    start: _Start,
+    own: bool = False,
+) -> tuple[str, int, int]:
     name = f"gpu-{node}"
     done = asyncio.Event()
 
@@ -76,8 +92,7 @@ async def _report(target: str, node: int, events: int, timeout: float,
         await done.wait()  # the stream stays open until the last acknowledgement
 
     acked = acks = 0
-    async with grpc.aio.insecure_channel(target, options=OWN_CONNECTION if own else ()) \
-            as channel:  # fmt: skip
+    async with grpc.aio.insecure_channel(target, options=OWN_CONNECTION if own else ()) as channel:
         stub = lens_pb2_grpc.CollectorServiceStub(channel)
         rpc = stub.ReportBatch if per_message > 1 else stub.Report
         call = rpc(requests(), metadata=(("lens-node", name),), timeout=timeout)
@@ -92,21 +107,33 @@ async def _report(target: str, node: int, events: int, timeout: float,
     return name, acked, acks
 
 
-async def _all(target: str, nodes: int, events: int, timeout: float,
-               make: EventFn, per_message: int, own: bool) -> Outcome:  # fmt: skip
+async def _all(
+    target: str, nodes: int, events: int, timeout: float, make: EventFn, per_message: int, own: bool
+) -> Outcome:
     opened, start = time.monotonic(), _Start(nodes)
-    got = await asyncio.gather(*(_report(target, n, events, timeout, make, per_message, start,
-                                         own) for n in range(nodes)))  # fmt: skip
+    got = await asyncio.gather(
+        *(_report(target, n, events, timeout, make, per_message, start, own) for n in range(nodes))
+    )
     if not start.go.is_set():  # a stream ended before every one was open
         start.at, start.cpu = opened, 0.0
-    return Outcome({name: acked for name, acked, _ in got}, time.monotonic() - start.at,
-                   time.process_time() - start.cpu, sum(n for _, _, n in got),
-                   start.at - opened)  # fmt: skip
+    return Outcome(
+        {name: acked for name, acked, _ in got},
+        time.monotonic() - start.at,
+        time.process_time() - start.cpu,
+        sum(n for _, _, n in got),
+        start.at - opened,
+    )
 
 
-def simulate(target: str, nodes: int, events: int, timeout: float = 600,
-             make: EventFn = event, per_message: int = 1,
-             own_connections: bool = False) -> Outcome:  # fmt: skip
+def simulate(
+    target: str,
+    nodes: int,
+    events: int,
+    timeout: float = 600,
+    make: EventFn = event,
+    per_message: int = 1,
+    own_connections: bool = False,
+) -> Outcome:
     """nodes reporters, each sending events (make(node, seq)), all at once once every
     stream is open; a stream ends at its last ack, or at timeout (a hang guard).
     per_message > 1: ReportBatch messages of that many events (as an agent's reporter
@@ -114,8 +141,7 @@ def simulate(target: str, nodes: int, events: int, timeout: float = 600,
     ReportBatch do). own_connections: each stream on a connection of its own, as each
     agent has (by default the channels share one: the service's cost without the
     connections')."""
-    return asyncio.run(_all(target, nodes, events, timeout, make, per_message,
-                            own_connections))  # fmt: skip
+    return asyncio.run(_all(target, nodes, events, timeout, make, per_message, own_connections))
 
 
 async def _paced(
@@ -136,8 +162,9 @@ async def _paced(
     await done.wait()
 
 
-async def _resuming(target: str, node: int, events: int, pace: float,
-                    deadline: float) -> tuple[str, int, int]:  # fmt: skip
+async def _resuming(
+    target: str, node: int, events: int, pace: float, deadline: float
+) -> tuple[str, int, int]:
     """One node's reporter as an agent's behaves across a collector's failure: each stream
     resumes after what was acknowledged (the collector's first Ack, or what an earlier
     stream had acknowledged, whichever is more), sends the rest one event every `pace`
@@ -175,15 +202,17 @@ async def _resuming(target: str, node: int, events: int, pace: float,
     return name, acked, streams
 
 
-def simulate_resuming(target: str, nodes: int, events: int, pace: float = 0.02,
-                      timeout: float = 120) -> dict[str, tuple[int, int]]:  # fmt: skip
+def simulate_resuming(
+    target: str, nodes: int, events: int, pace: float = 0.02, timeout: float = 120
+) -> dict[str, tuple[int, int]]:
     """nodes reporters that survive their collector's failure (simulate()'s, resuming as
     an agent's reporter does); node -> (the last seq acknowledged, streams opened)."""
 
     async def run() -> dict[str, tuple[int, int]]:
         deadline = asyncio.get_running_loop().time() + timeout
-        got = await asyncio.gather(*(_resuming(target, n, events, pace, deadline)
-                                     for n in range(nodes)))  # fmt: skip
+        got = await asyncio.gather(
+            *(_resuming(target, n, events, pace, deadline) for n in range(nodes))
+        )
         return {name: (acked, streams) for name, acked, streams in got}
 
     return asyncio.run(run())
@@ -196,14 +225,24 @@ class Answer:
     details: str = ""
 
 
-def report_once(target: str, node: str, events: list[pb.Event], token: str = "",
-                cluster: str = "", timeout: float = 10, instance: str = "") -> Answer:  # fmt: skip
+def report_once(
+    target: str,
+    node: str,
+    events: list[pb.Event],
+    token: str = "",
+    cluster: str = "",
+    timeout: float = 10,
+    instance: str = "",
+) -> Answer:
     """One ReportBatch stream as anyone who reaches the port can open it: node (and
     cluster, and agent instance) in the metadata, a bearer token or none; it ends once
     the collector acknowledged the newest of events, or refused the stream."""
-    meta = [("lens-node", node), *([("lens-cluster", cluster)] if cluster else []),
-            *([("lens-agent-instance", instance)] if instance else []),
-            *([("authorization", f"Bearer {token}")] if token else [])]  # fmt: skip
+    meta = [
+        ("lens-node", node),
+        *([("lens-cluster", cluster)] if cluster else []),
+        *([("lens-agent-instance", instance)] if instance else []),
+        *([("authorization", f"Bearer {token}")] if token else []),
+    ]
     newest = max((e.seq for e in events if not e.HasField("gap")), default=0)
     done = threading.Event()
 
@@ -213,7 +252,8 @@ def report_once(target: str, node: str, events: list[pb.Event], token: str = "",
 
     channel = grpc.insecure_channel(target)
     call = lens_pb2_grpc.CollectorServiceStub(channel).ReportBatch(
-        requests(), metadata=meta, timeout=timeout)  # fmt: skip
+        requests(), metadata=meta, timeout=timeout
+    )
     acks: list[int] = []
     try:
         for ack in call:

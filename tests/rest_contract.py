@@ -20,13 +20,31 @@ GPU = {
 }
 CARD = {"gpu": int, "gpu_use_percent": float, "memory_use_percent": float}
 DRI = {"card": str, "render": str, "pci_addr": str, "card_id": int}
-RDMA = {"if_index": int, "if_name": str, "node_guid": str, "sys_image_guid": str,
-        "port_guid": str, "link_layer": str}  # fmt: skip
-POD_GPU = {"name": str, "id": int, "path": str, "kind": str, "uuid": str, "serial": str,
-           "slot": str}  # fmt: skip
+RDMA = {
+    "if_index": int,
+    "if_name": str,
+    "node_guid": str,
+    "sys_image_guid": str,
+    "port_guid": str,
+    "link_layer": str,
+}
+POD_GPU = {
+    "name": str,
+    "id": int,
+    "path": str,
+    "kind": str,
+    "uuid": str,
+    "serial": str,
+    "slot": str,
+}
 POD_IB = {"name": str, "id": int, "path": str, "kind": str, "uuid": str}
-POD = {"id": str, "pod_name": str, "pod_namespace": str, "pod_uuid": str,
-       "devices": {"gpu": [POD_GPU], "infiniband": [POD_IB]}}  # fmt: skip
+POD = {
+    "id": str,
+    "pod_name": str,
+    "pod_namespace": str,
+    "pod_uuid": str,
+    "devices": {"gpu": [POD_GPU], "infiniband": [POD_IB]},
+}
 # route -> (shape of data, wrapped in {code, data, message})
 ROUTES: dict[str, tuple[Any, bool]] = {
     "/gpus": ([GPU], True),

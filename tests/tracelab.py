@@ -17,8 +17,13 @@ class Trace:
     """`lens-ebpf trace ... --json` running, its lines read as they come."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.p = subprocess.Popen([*LENS_CMD, "trace", *args], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+        self.p = subprocess.Popen(
+            [*LENS_CMD, "trace", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         assert self.p.stderr is not None and self.p.stdout is not None
         line = self.p.stderr.readline()  # the ready line, once the programs are attached
         assert "tracing" in line, line + self.p.stderr.read()

@@ -28,24 +28,41 @@ class VictoriaMetrics:
         self.dir = Path(tempfile.mkdtemp(prefix="lens-vm-"))
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        cfg = {"global": {"scrape_interval": "1s"},
-               "scrape_configs": [{"job_name": "lens-ebpf", "static_configs": [
-                   {"targets": targets, "labels": labels}]}]}  # fmt: skip
+        cfg = {
+            "global": {"scrape_interval": "1s"},
+            "scrape_configs": [
+                {
+                    "job_name": "lens-ebpf",
+                    "static_configs": [{"targets": targets, "labels": labels}],
+                }
+            ],
+        }
         (self.dir / "scrape.yml").write_text(json.dumps(cfg))
         self.log = open(self.dir / "log", "w")  # noqa: SIM115 (open while it runs)
         self.proc = subprocess.Popen(
-            [VICTORIA, f"-storageDataPath={self.dir / 'data'}",
-             f"-httpListenAddr=127.0.0.1:{self.port}",
-             f"-promscrape.config={self.dir / 'scrape.yml'}",
-             "-search.latencyOffset=0s", "-search.disableCache", "-retentionPeriod=1d"],
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        wait_http_ok(self.base + "/health", self.proc, "victoria-metrics",
-                     lambda: (self.dir / "log").read_text())  # fmt: skip
+            [
+                VICTORIA,
+                f"-storageDataPath={self.dir / 'data'}",
+                f"-httpListenAddr=127.0.0.1:{self.port}",
+                f"-promscrape.config={self.dir / 'scrape.yml'}",
+                "-search.latencyOffset=0s",
+                "-search.disableCache",
+                "-retentionPeriod=1d",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_http_ok(
+            self.base + "/health",
+            self.proc,
+            "victoria-metrics",
+            lambda: (self.dir / "log").read_text(),
+        )
 
     def api(self, path: str, **params: str | list[str]) -> Any:
-        status, body = get(f"{self.base}/api/v1/{path}?"
-                           + urllib.parse.urlencode(params, doseq=True))  # fmt: skip
+        status, body = get(
+            f"{self.base}/api/v1/{path}?" + urllib.parse.urlencode(params, doseq=True)
+        )
         out = json.loads(body)
         assert status == 200 and out["status"] == "success", (path, params, body)
         return out["data"]

@@ -51,9 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--policy", help="policy.yaml (default: the shipped policy)")
     run.add_argument("--listen", help="HOST:PORT for HTTP (default 0.0.0.0:9470)")
     run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
-    run.add_argument("--tuner", action="store_true",
-                     help="turn the system tuner on (collectors.tuner.enabled): it raises "
-                     "kernel settings that are lower than collectors.tuner asks")  # fmt: skip
+    run.add_argument(
+        "--tuner",
+        action="store_true",
+        help="turn the system tuner on (collectors.tuner.enabled): it raises "
+        "kernel settings that are lower than collectors.tuner asks",
+    )
     for name in collectors():
         run.add_argument(
             f"--no-collector.{name}",
@@ -66,8 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_parser(sub)
     check = sub.add_parser("check", help="report what this kernel and node support")
     check.add_argument("--json", action="store_true", help="one JSON object")
-    check.add_argument("--config", help="YAML config file (also LENS_CONFIG): the tuner's "
-                       "settings to compare with this node's")  # fmt: skip
+    check.add_argument(
+        "--config",
+        help="YAML config file (also LENS_CONFIG): the tuner's "
+        "settings to compare with this node's",
+    )
     sub.add_parser("version", help="print the version")
     return parser
 

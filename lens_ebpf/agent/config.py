@@ -203,8 +203,9 @@ def load(
     overrides: Mapping[tuple[str, ...], Any] | None = None,
 ) -> Config:
     """The agent's effective settings; ConfigError naming the key and the reason."""
-    return settings.load(Config, [shipped()], path, env, overrides,
-                         sections=FEATURES.settings(), aliases=ENV_ALIASES)  # fmt: skip
+    return settings.load(
+        Config, [shipped()], path, env, overrides, sections=FEATURES.settings(), aliases=ENV_ALIASES
+    )
 
 
 def defaults() -> dict[str, Any]:

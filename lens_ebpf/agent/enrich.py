@@ -26,8 +26,9 @@ SETTLED = 4096
 class Enrichment:
     """Who is behind an address, a process or a cgroup, as far as this node knows."""
 
-    def __init__(self, containers: ContainerResolver | None = None,
-                 procfs_root: Path = Path("/proc")) -> None:  # fmt: skip
+    def __init__(
+        self, containers: ContainerResolver | None = None, procfs_root: Path = Path("/proc")
+    ) -> None:
         self.containers = containers
         self.procfs_root = procfs_root
         self.index: Any = None  # k8s.index.ClusterIndex once the API answers; None standalone

@@ -49,8 +49,11 @@ class Event:
 
     def to_dict(self) -> dict[str, Any]:
         """The event by its wire names (trace --json, the reference collector)."""
-        return {_WIRE.get(f.name, f.name): getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.init}  # fmt: skip
+        return {
+            _WIRE.get(f.name, f.name): getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.init
+        }
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,10 +83,15 @@ def owner_fields(who: dict[str, str]) -> OwnerFields:
     """An Owner's fields from an identity (Enrichment.pid, PodResources labels) that may
     name only some of them; the rest empty."""
     g = who.get
-    return OwnerFields(container_id=g("container_id", ""), container=g("container", ""),
-                       pod=g("pod", ""), namespace=g("namespace", ""),
-                       pod_uid=g("pod_uid", ""), workload_kind=g("workload_kind", ""),
-                       workload=g("workload", ""))  # fmt: skip
+    return OwnerFields(
+        container_id=g("container_id", ""),
+        container=g("container", ""),
+        pod=g("pod", ""),
+        namespace=g("namespace", ""),
+        pod_uid=g("pod_uid", ""),
+        workload_kind=g("workload_kind", ""),
+        workload=g("workload", ""),
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -232,9 +240,17 @@ class Gap(Event):
     reason: str
 
 
-EVENT_TYPES: tuple[type[Event], ...] = (FlowClosed, ProcessEvent, ContainerChange, DeviceChange,
-                                        DeviceInventory, GpuFault, NodeTuned, RdmaUse,
-                                        Gap)  # fmt: skip
+EVENT_TYPES: tuple[type[Event], ...] = (
+    FlowClosed,
+    ProcessEvent,
+    ContainerChange,
+    DeviceChange,
+    DeviceInventory,
+    GpuFault,
+    NodeTuned,
+    RdmaUse,
+    Gap,
+)
 KINDS: dict[str, type[Event]] = {k: t for t in EVENT_TYPES for k in t.KINDS}
 
 
@@ -279,9 +295,13 @@ class Subscription:
     """A bounded queue; when full the oldest event goes and the loss is counted."""
 
     def __init__(
-        self, name: str, maxsize: int, accept: Callable[[Event], bool] | None = None,
-        notify: Callable[[], None] | None = None, raw: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        name: str,
+        maxsize: int,
+        accept: Callable[[Event], bool] | None = None,
+        notify: Callable[[], None] | None = None,
+        raw: bool = False,
+    ) -> None:
         self.name = name
         self.accept = accept
         # raw: it takes what the bus holds as it is, a compiled event (native.Packed: its
@@ -435,8 +455,7 @@ class EventBus:
     whoever holds its seqs (the reporter's collector) tells a restarted agent's seq 1 from
     the one before it."""
 
-    def __init__(self, queue_size: int, history: int = 0,
-                 node: tuple[str, str] = ("", "")) -> None:  # fmt: skip
+    def __init__(self, queue_size: int, history: int = 0, node: tuple[str, str] = ("", "")) -> None:
         self.queue_size = queue_size
         # the node's name and IP: what the compiled path writes into each event's wire
         # bytes (the streams and the reporter send the same node's)

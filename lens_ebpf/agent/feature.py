@@ -183,8 +183,9 @@ def feature_classes() -> list[type[Feature]]:
 
 def build_features(ctx: Context, collectors: Sections) -> list[Feature]:
     """Every feature, in start order, each built with ctx holding its own sections."""
-    return [cast(type[Feature], info.cls)(ctx.own(info.settings, collectors))
-            for info in registered()]  # fmt: skip
+    return [
+        cast(type[Feature], info.cls)(ctx.own(info.settings, collectors)) for info in registered()
+    ]
 
 
 def collector_settings() -> dict[str, type[BaseModel]]:
@@ -243,8 +244,9 @@ class FeatureCollector(Collector):
         info = GaugeMetricFamily("lens_agent_build_info", "Agent version", labels=("version",))
         info.add_metric((__version__,), 1)
         yield info
-        up = GaugeMetricFamily("lens_agent_feature_up", "1 when a feature is running",
-                               labels=("feature", "path"))  # fmt: skip
+        up = GaugeMetricFamily(
+            "lens_agent_feature_up", "1 when a feature is running", labels=("feature", "path")
+        )
         for name, f in self._views().items():
             # path: tracepoint or kprobe for BPF features; "" for the others
             up.add_metric((name, f.get("path", "")), 1 if f["state"] in (ATTACHED, RUNNING) else 0)

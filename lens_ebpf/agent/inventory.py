@@ -52,8 +52,9 @@ class DeviceWatch:
                     out.append(dataclasses.replace(records[slot], change="appeared"))
                 for slot in sorted(records.keys() & old.keys()):
                     if fields := differing(old[slot], records[slot]):
-                        out.append(dataclasses.replace(records[slot], change="changed",
-                                                       fields=fields))  # fmt: skip
+                        out.append(
+                            dataclasses.replace(records[slot], change="changed", fields=fields)
+                        )
             self.changes += len(out)
             if not self._announced and self._expected <= self._records.keys():
                 self._announced = True
@@ -62,8 +63,9 @@ class DeviceWatch:
             self.publish(ev)
 
     def _inventory(self) -> DeviceInventory:
-        devices = [r for scope in sorted(self._records)
-                   for _, r in sorted(self._records[scope].items())]  # fmt: skip
+        devices = [
+            r for scope in sorted(self._records) for _, r in sorted(self._records[scope].items())
+        ]
         return DeviceInventory(devices=tuple(devices))
 
     def inventory_again(self) -> None:

@@ -170,7 +170,10 @@ if __name__ == "__main__":
 
 def for_config(k: Any) -> HeaderTree:
     """resolve() with the agent's kernel.* settings; logs which tree it found."""
-    tree = resolve(fallback_glob=k.headers_fallback_glob, link=k.link_headers,
-                   host_root=Path(k.host_root) if k.host_root else None)  # fmt: skip
+    tree = resolve(
+        fallback_glob=k.headers_fallback_glob,
+        link=k.link_headers,
+        host_root=Path(k.host_root) if k.host_root else None,
+    )
     log.info("kernel headers: %s %s (%s)", tree.source, tree.path, tree.detail)
     return tree

@@ -44,8 +44,12 @@ def clean_compiler_mappings(smaps: str) -> list[tuple[int, int, int]]:
     fields: dict[str, int] = {}
 
     def close() -> None:
-        if cur is not None and fields.get("Anonymous", 1) == 0 and \
-                fields.get("Private_Dirty", 1) == 0 and fields.get("Rss", 0) > 0:  # fmt: skip
+        if (
+            cur is not None
+            and fields.get("Anonymous", 1) == 0
+            and fields.get("Private_Dirty", 1) == 0
+            and fields.get("Rss", 0) > 0
+        ):
             out.append((cur[0], cur[1], fields["Rss"] * 1024))
 
     for line in smaps.splitlines():

@@ -50,23 +50,39 @@ class Agent:
             policy = PolicyWatcher(policy_path(cfg))
         except PolicyError as exc:
             raise StartupError(f"policy: {exc}") from None
-        enrich = Enrichment.for_node(Path(cfg.devices.procfs_root), Path(cfg.devices.sysfs_root),
-                                     Path(cfg.containers.containerd_state))  # fmt: skip
-        bus = EventBus(cfg.events.queue_size, history=cfg.grpc.history,
-                       node=(cfg.node_name, cfg.node.ip))  # fmt: skip
+        enrich = Enrichment.for_node(
+            Path(cfg.devices.procfs_root),
+            Path(cfg.devices.sysfs_root),
+            Path(cfg.containers.containerd_state),
+        )
+        bus = EventBus(
+            cfg.events.queue_size, history=cfg.grpc.history, node=(cfg.node_name, cfg.node.ip)
+        )
         self.registry = CollectorRegistry(auto_describe=False)
         # each feature reads its own sections and these, never the whole config
         self.ctx = Context(
-            node=cfg.node.model_copy(update={"name": cfg.node_name}), bpf=cfg.bpf,
-            events=cfg.events, devices=cfg.devices, containers=cfg.containers,
+            node=cfg.node.model_copy(update={"name": cfg.node_name}),
+            bpf=cfg.bpf,
+            events=cfg.events,
+            devices=cfg.devices,
+            containers=cfg.containers,
             kubernetes=cfg.kubernetes,
-            cache=MetricCache(cfg.cache.ttl_seconds, cfg.cache.max_series, cfg.cache.families,
-                              max_samples=cfg.cache.max_samples),
-            bus=bus, loader=BpfLoader(), enrich=enrich, policy=policy,
+            cache=MetricCache(
+                cfg.cache.ttl_seconds,
+                cfg.cache.max_series,
+                cfg.cache.families,
+                max_samples=cfg.cache.max_samples,
+            ),
+            bus=bus,
+            loader=BpfLoader(),
+            enrich=enrich,
+            policy=policy,
             periodic=CollectorSet(runner=self.runner),
-            stop=self.stop_event, spawn=self._spawn, watch=DeviceWatch(bus.publish),
+            stop=self.stop_event,
+            spawn=self._spawn,
+            watch=DeviceWatch(bus.publish),
             registry=self.registry,
-        )  # fmt: skip
+        )
         self.features: list[Feature] = build_features(self.ctx, cfg.collectors)
         self.http: HttpServer | None = None
         self.loop = EventLoopThread("aio")  # HTTP and gRPC: one loop, no thread per client
@@ -107,15 +123,28 @@ class Agent:
         except (OSError, RuntimeError) as exc:
             raise StartupError(f"gRPC: {exc}") from None
         try:
-            self.http = HttpServer(host, port, self.registry, srv.max_connections,
-                                   srv.request_timeout_seconds, srv.max_header_bytes,
-                                   self.loop, **front(srv))  # fmt: skip
+            self.http = HttpServer(
+                host,
+                port,
+                self.registry,
+                srv.max_connections,
+                srv.request_timeout_seconds,
+                srv.max_header_bytes,
+                self.loop,
+                **front(srv),
+            )
         except OSError as exc:
             raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         self.http.mount("", Whole(), self.rest())
-        for c in (CacheCollector(ctx.cache), LoaderCollector(ctx.loader), ctx.periodic,
-                  EventBusCollector(ctx.bus), PolicyCollector(ctx.policy),
-                  FeatureCollector(self.views), self.http.collector()):  # fmt: skip
+        for c in (
+            CacheCollector(ctx.cache),
+            LoaderCollector(ctx.loader),
+            ctx.periodic,
+            EventBusCollector(ctx.bus),
+            PolicyCollector(ctx.policy),
+            FeatureCollector(self.views),
+            self.http.collector(),
+        ):
             self.registry.register(c)
         self.http.start()
         log.info("lens-ebpf %s serving on %s:%d", __version__, host, self.http.port)
@@ -140,10 +169,24 @@ class Agent:
         if freed:
             log.info("gave back %.0f MB of the BPF compiler's pages", freed / 2**20)
         self.events.start(self.registry)
-        self.runner.add(Job("reader", self.cfg.bpf.read_interval_seconds, self._read_once,
-                            leader_only=False, at_start=True))  # fmt: skip
-        self.runner.add(Job("policy", self.cfg.policy.watch_interval_seconds, ctx.policy.check,
-                            leader_only=False, at_start=True))  # fmt: skip
+        self.runner.add(
+            Job(
+                "reader",
+                self.cfg.bpf.read_interval_seconds,
+                self._read_once,
+                leader_only=False,
+                at_start=True,
+            )
+        )
+        self.runner.add(
+            Job(
+                "policy",
+                self.cfg.policy.watch_interval_seconds,
+                ctx.policy.check,
+                leader_only=False,
+                at_start=True,
+            )
+        )
         self.ready = True
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
@@ -176,9 +219,14 @@ class Agent:
         h, views = self.headers, self.views()
         failed = {k: v["reason"] for k, v in views.items() if v["state"] == ERROR}
         ready = self.ready and not failed
-        body = {"ready": ready, "failed": failed, "version": __version__, "features": views,
-                "policy": self.ctx.policy.status(),
-                "kernel_headers": {"source": h.source, "path": h.path} if h else None}  # fmt: skip
+        body = {
+            "ready": ready,
+            "failed": failed,
+            "version": __version__,
+            "features": views,
+            "policy": self.ctx.policy.status(),
+            "kernel_headers": {"source": h.source, "path": h.path} if h else None,
+        }
         for f in self.features:
             body.update(f.report())
         return json_response(200 if ready else 503, body)

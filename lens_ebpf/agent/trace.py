@@ -62,11 +62,20 @@ class TraceError(Exception):
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("trace", help="live events from this node's kernel", epilog=EXAMPLES,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = sub.add_parser(
+        "trace",
+        help="live events from this node's kernel",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("what", choices=("tcp", "rtt", "exec", "all", "gpu", "drop"))
-    p.add_argument("interval", nargs="?", type=float, default=5.0,
-                   help="rtt: seconds between histograms (default 5)")  # fmt: skip
+    p.add_argument(
+        "interval",
+        nargs="?",
+        type=float,
+        default=5.0,
+        help="rtt: seconds between histograms (default 5)",
+    )
     p.add_argument("count", nargs="?", type=int, default=0, help="rtt: how many (default: ever)")
     p.add_argument("--pid", type=int, default=0, help="this process (exec: or its children)")
     p.add_argument("--comm", help="process name")
@@ -85,9 +94,14 @@ def add_parser(sub: Any) -> None:
 
 def event_filter(args: argparse.Namespace, kinds: frozenset[str] = frozenset()) -> EventFilter:
     """The filters the kernel did not apply (the one filter gRPC Subscribe uses too)."""
-    return EventFilter(kinds=kinds, namespace=args.namespace or "", pod=args.pod or "",
-                       container=args.container or "", comm=args.comm or "",
-                       cls=args.cls or "")  # fmt: skip
+    return EventFilter(
+        kinds=kinds,
+        namespace=args.namespace or "",
+        pod=args.pod or "",
+        container=args.container or "",
+        comm=args.comm or "",
+        cls=args.cls or "",
+    )
 
 
 def rtt_by_class(cache: MetricCache) -> dict[tuple[str, str], tuple[list[int], float]]:
@@ -101,8 +115,13 @@ def rtt_by_class(cache: MetricCache) -> dict[tuple[str, str], tuple[list[int], f
 
 def print_ebpf(what: str, cfg: config.Config, out: TextIO) -> None:
     """The C source and cflags trace would load (hidden --ebpf)."""
-    names = {"tcp": ["tcp_flows"], "rtt": ["tcp_flows"], "exec": ["proc_events"],
-             "all": ["tcp_flows", "proc_events"], "drop": ["drops"]}[what]  # fmt: skip
+    names = {
+        "tcp": ["tcp_flows"],
+        "rtt": ["tcp_flows"],
+        "exec": ["proc_events"],
+        "all": ["tcp_flows", "proc_events"],
+        "drop": ["drops"],
+    }[what]
     for name in names:
         # the switches this kernel's spec resolution sets, then the settings
         if name == "tcp_flows":
@@ -162,11 +181,17 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     programs: list[Any] = []
     tcp = procs = None
     if want_tcp:
-        rtt_every = getattr(cfg.collectors.section("rtt"), "sample_seconds",
-                            tcp_rtt.SAMPLE_SECONDS)  # fmt: skip
-        tcp = tcp_flows.TcpFlows(cfg.bpf, cfg.events, cache, bus, loader,
-                                 rtt=args.what in ("rtt", "all"), enrich=enrich,
-                                 rtt_sample_seconds=rtt_every)  # fmt: skip
+        rtt_every = getattr(cfg.collectors.section("rtt"), "sample_seconds", tcp_rtt.SAMPLE_SECONDS)
+        tcp = tcp_flows.TcpFlows(
+            cfg.bpf,
+            cfg.events,
+            cache,
+            bus,
+            loader,
+            rtt=args.what in ("rtt", "all"),
+            enrich=enrich,
+            rtt_sample_seconds=rtt_every,
+        )
         if args.what == "rtt" and tcp.rtt is None:
             raise TraceError(f"rtt: {tcp.rtt_off_reason}")
         if not tcp.start(policy.effective()):
@@ -190,8 +215,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    threads = [threading.Thread(target=p.poll_until, args=(stop, 100), daemon=True)
-               for p in programs]  # fmt: skip
+    threads = [
+        threading.Thread(target=p.poll_until, args=(stop, 100), daemon=True) for p in programs
+    ]
     for t in threads:
         t.start()
     err.write(f"lens-ebpf trace: tracing {args.what} (Ctrl-C to stop)\n")
@@ -234,8 +260,9 @@ def _show(
         ev = sub.get(timeout=0.1)
         if ev is not None:
             if not args.json and not header_done:
-                out.write({"tcp": TCP_HEADER, "exec": EXEC_HEADER}.get(args.what, ALL_HEADER)
-                          + "\n")  # fmt: skip
+                out.write(
+                    {"tcp": TCP_HEADER, "exec": EXEC_HEADER}.get(args.what, ALL_HEADER) + "\n"
+                )
                 header_done = True
             out.write(_render(ev, args, boot_offset) + "\n")
             out.flush()
@@ -275,8 +302,9 @@ def run_gpu(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: Text
     enrich = Enrichment.for_node(Path("/proc"), sysfs, Path(cfg.containers.containerd_state))
     k = cfg.kubernetes
     pods = PodResourcesCollector.from_config(k)
-    gpus = gpu_collector.make_collector(cfg.devices, cfg.node_name, g, enrich.pid,
-                                        lambda: pods.assigned)  # fmt: skip
+    gpus = gpu_collector.make_collector(
+        cfg.devices, cfg.node_name, g, enrich.pid, lambda: pods.assigned
+    )
     bus = EventBus(cfg.events.queue_size)
     gpus.publish = bus.publish
     sub = bus.subscribe("trace", accept=event_filter(args, frozenset({"gpu_fault"})))
@@ -288,8 +316,9 @@ def run_gpu(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: Text
     gpus.run_once()
 
     # the error counters: a rise between readings is a fault
-    runner = Runner([Job("gpu", g.interval_seconds, gpus.run_once, leader_only=False)],
-                    name="trace")  # fmt: skip
+    runner = Runner(
+        [Job("gpu", g.interval_seconds, gpus.run_once, leader_only=False)], name="trace"
+    )
     threads = []
     kmsg, xids = gpu_collector.fault_watchers(g, gpus)
     if kmsg is not None:
@@ -317,8 +346,14 @@ def run_gpu(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: Text
                 continue
             if not args.json and not shown:
                 out.write(GPU_HEADER + "\n")
-            out.write((json.dumps(ev.to_dict(), sort_keys=True, default=str) if args.json
-                       else format_gpu(ev, args.wide)) + "\n")  # fmt: skip
+            out.write(
+                (
+                    json.dumps(ev.to_dict(), sort_keys=True, default=str)
+                    if args.json
+                    else format_gpu(ev, args.wide)
+                )
+                + "\n"
+            )
             out.flush()
             shown += 1
     finally:
@@ -341,8 +376,10 @@ def run_drop(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: Tex
     if args.namespace or args.pod or args.container:
         # a drop happens in a softirq as often as in its process: its pod is known from
         # the cluster index (the agent's metrics), not from the process trace sees
-        raise TraceError("drop: --namespace, --pod and --container need the agent's cluster "
-                         "index; filter by --port, --pid or --class")  # fmt: skip
+        raise TraceError(
+            "drop: --namespace, --pod and --container need the agent's cluster "
+            "index; filter by --port, --pid or --class"
+        )
     if not (plan := plan_for(drops.SPEC)).loadable:
         raise TraceError(f"drops: {plan.off_reason}")
     kernel_headers.for_config(cfg.kernel)
@@ -351,8 +388,9 @@ def run_drop(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: Tex
     except PolicyError as exc:
         raise TraceError(f"policy: {exc}") from None
     loader = BpfLoader()
-    prog = drops.Drops(cfg.bpf, MetricCache(ttl_seconds=3600, max_series=10**5), loader,
-                       listen=False)  # fmt: skip
+    prog = drops.Drops(
+        cfg.bpf, MetricCache(ttl_seconds=3600, max_series=10**5), loader, listen=False
+    )
     if not prog.start(policy.effective()):
         raise TraceError(f"drops: {loader.status['drops'].reason}")
     shown: list[int] = [0]
@@ -365,8 +403,9 @@ def run_drop(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: Tex
             return
         if not args.json and not shown[0]:
             out.write(DROP_HEADER + "\n")
-        out.write((json.dumps(ev, sort_keys=True) if args.json
-                   else format_drop(ev, boot_offset)) + "\n")  # fmt: skip
+        out.write(
+            (json.dumps(ev, sort_keys=True) if args.json else format_drop(ev, boot_offset)) + "\n"
+        )
         out.flush()
         shown[0] += 1
 
@@ -390,6 +429,8 @@ def run_drop(args: argparse.Namespace, cfg: config.Config, out: TextIO, err: Tex
         prog.read_stats(b"stats")
         lost = prog.kernel_stats["ringbuf_full"]
         loader.close()
-    err.write(f"lens-ebpf trace: {shown[0]} events shown, {prog.events_received} received, "
-              f"{lost} lost\n")  # fmt: skip
+    err.write(
+        f"lens-ebpf trace: {shown[0]} events shown, {prog.events_received} received, "
+        f"{lost} lost\n"
+    )
     return 0

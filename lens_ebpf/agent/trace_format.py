@@ -22,8 +22,12 @@ EXEC_HEADER = f"{'TIME':<8} {'EVENT':<5} {'PID':>7} {'PPID':>7} {'COMM':<12} {'R
 # trace all: one table, each line led by its event kind
 ALL_HEADER = f"{'TIME':<8} {'EVENT':<5} {'PID':>7} {'COMM':<12} DETAIL"
 DROP_HEADER = f"{'TIME':<8} {'DIR':<3} {'PROTO':<5} {'LOCAL':<21} {'REMOTE':<21} REASON"
-SHORT_KIND = {"flow_closed": "flow", "process_exec": "exec", "process_exit": "exit",
-              "oom_kill": "oom"}  # fmt: skip
+SHORT_KIND = {
+    "flow_closed": "flow",
+    "process_exec": "exec",
+    "process_exit": "exit",
+    "oom_kill": "oom",
+}
 CLASS_SHORT = {"externalHosts": "external", "internalHosts": "internal", "localhost": "local"}
 
 
@@ -82,18 +86,22 @@ def format_any(ev: Event, boot_offset: float, wide: bool = False) -> str:
     """One line of `trace all`'s table: time, kind, pid, comm, then what that kind says."""
     kind = SHORT_KIND[ev["kind"]]
     if kind == "flow":
-        detail = (f"{'out' if ev['direction'] == 'egress' else 'in'} "
-                  f"{CLASS_SHORT.get(ev['class'], ev['class'])} {_fit(_remote(ev), 21)} "
-                  f"{human_bytes(ev['sent_bytes'])}/{human_bytes(ev['received_bytes'])} "
-                  f"{min(ev['duration_ns'] / 1e6, 99999):.0f}ms")  # fmt: skip
+        detail = (
+            f"{'out' if ev['direction'] == 'egress' else 'in'} "
+            f"{CLASS_SHORT.get(ev['class'], ev['class'])} {_fit(_remote(ev), 21)} "
+            f"{human_bytes(ev['sent_bytes'])}/{human_bytes(ev['received_bytes'])} "
+            f"{min(ev['duration_ns'] / 1e6, 99999):.0f}ms"
+        )
     elif kind == "exec":
         detail = f"ppid {ev['ppid']} {ev.get('filename', '')}"
     elif kind == "exit":
         detail = f"ppid {ev['ppid']} ret {_exit_text(ev)}"
     else:
         detail = f"ppid {ev['ppid']} chosen by the OOM killer"
-    line = (f"{clock_text(ev['ts_ns'], boot_offset):<8} {kind:<5} {ev['pid']:>7} "
-            f"{ev['comm'][:12]:<12} {detail}")[:80]  # fmt: skip
+    line = (
+        f"{clock_text(ev['ts_ns'], boot_offset):<8} {kind:<5} {ev['pid']:>7} "
+        f"{ev['comm'][:12]:<12} {detail}"
+    )[:80]
     return line + _wide(ev) if wide else line
 
 
@@ -105,9 +113,11 @@ def _wide(ev: Event) -> str:
 
 
 def rtt_lines(
-    prev: dict[tuple[str, str], list[int]], now: dict[tuple[str, str], tuple[list[int], float]],
-    stamp: str, as_json: bool,
-) -> list[str]:  # fmt: skip
+    prev: dict[tuple[str, str], list[int]],
+    now: dict[tuple[str, str], tuple[list[int], float]],
+    stamp: str,
+    as_json: bool,
+) -> list[str]:
     """Histograms of the samples since the last interval, per (direction, class)."""
     out = []
     for key, (bins, _total) in sorted(now.items()):
@@ -118,12 +128,22 @@ def rtt_lines(
             continue
         bounds = [*tcp_rtt.RTT_BOUNDS_US, None]
         if as_json:
-            out.append(json.dumps({
-                "kind": "rtt_histogram", "time": stamp, "direction": key[0], "class": key[1],
-                "count": count,
-                "buckets": [{"le_us": b, "count": n} for b, n in zip(bounds, delta, strict=True)
-                            if n],
-            }))  # fmt: skip
+            out.append(
+                json.dumps(
+                    {
+                        "kind": "rtt_histogram",
+                        "time": stamp,
+                        "direction": key[0],
+                        "class": key[1],
+                        "count": count,
+                        "buckets": [
+                            {"le_us": b, "count": n}
+                            for b, n in zip(bounds, delta, strict=True)
+                            if n
+                        ],
+                    }
+                )
+            )
             continue
         out.append(f"{stamp} direction={key[0]} class={key[1]} samples={count}")
         out.append(f"{'usecs':>21} : {'count':<8} distribution")
@@ -159,5 +179,7 @@ def format_drop(ev: dict[str, Any], boot_offset: float) -> str:
 
     local = end(ev["daddr"], ev["dport"]) if ingress else end(ev["saddr"], ev["sport"])
     remote = end(ev["saddr"], ev["sport"]) if ingress else end(ev["daddr"], ev["dport"])
-    return (f"{clock_text(ev['ts_ns'], boot_offset):<8} {'in' if ingress else 'out':<3} "
-            f"{ev['protocol'] or '-':<5} {local:<21} {remote:<21} {ev['reason']}")[:80]  # fmt: skip
+    return (
+        f"{clock_text(ev['ts_ns'], boot_offset):<8} {'in' if ingress else 'out':<3} "
+        f"{ev['protocol'] or '-':<5} {local:<21} {remote:<21} {ev['reason']}"
+    )[:80]

@@ -9,8 +9,9 @@ class Backoff:
     """Waits of first, 2*first, 4*first ... up to cap, each scaled by a random factor in
     jitter so that many agents do not retry in step; reset() after a success."""
 
-    def __init__(self, cap: float, first: float = 0.5,
-                 jitter: tuple[float, float] = (0.5, 1.0)) -> None:  # fmt: skip
+    def __init__(
+        self, cap: float, first: float = 0.5, jitter: tuple[float, float] = (0.5, 1.0)
+    ) -> None:
         self.cap, self.first, self.jitter = cap, first, jitter
         self.delay = 0.0
 

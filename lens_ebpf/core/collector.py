@@ -89,8 +89,9 @@ class CollectorSet(Collector):
     """Runs collectors on their intervals (jobs of a runner, lens_ebpf/core/runner.py) and
     exposes their metrics and their own health."""
 
-    def __init__(self, collectors: list[PeriodicCollector] | None = None,
-                 runner: Runner | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, collectors: list[PeriodicCollector] | None = None, runner: Runner | None = None
+    ) -> None:
         self.collectors = {c.name: c for c in collectors or []}
         self.runner = runner if runner is not None else Runner(name="collectors")
 

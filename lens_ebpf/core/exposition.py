@@ -75,8 +75,15 @@ class RenderedFamily(Metric):
     """A family whose sample lines are already text (the metric cache's); its samples
     are built only when something other than this writer asks for them."""
 
-    def __init__(self, name: str, sample_name: str, documentation: str, typ: str, text: str,
-                 samples: Callable[[], list[Any]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        sample_name: str,
+        documentation: str,
+        typ: str,
+        text: str,
+        samples: Callable[[], list[Any]],
+    ) -> None:
         self._make_samples = samples
         super().__init__(name, documentation, typ)
         self.sample_name = sample_name  # what the TYPE line names: the samples' own name

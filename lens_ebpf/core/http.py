@@ -69,13 +69,22 @@ def envelope(data: Any) -> Response:
 class HttpServer:
     """aiohttp on the given loop (or one of its own), serving the route tables mounted."""
 
-    def __init__(self, host: str, port: int, registry: CollectorRegistry,
-                 max_connections: int = 10000, request_timeout: float = 10.0,
-                 max_header_bytes: int = 65536,
-                 loop: EventLoopThread | None = None,
-                 tls: ssl.SSLContext | None = None, *, backlog: int = 4096,
-                 body_timeout: float = 30.0, max_writes: int = 64,
-                 max_body_bytes_in_hand: int = 64 << 20) -> None:  # fmt: skip
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        registry: CollectorRegistry,
+        max_connections: int = 10000,
+        request_timeout: float = 10.0,
+        max_header_bytes: int = 65536,
+        loop: EventLoopThread | None = None,
+        tls: ssl.SSLContext | None = None,
+        *,
+        backlog: int = 4096,
+        body_timeout: float = 30.0,
+        max_writes: int = 64,
+        max_body_bytes_in_hand: int = 64 << 20,
+    ) -> None:
         self.registry = registry
         self._routes = Routes()
         self.tls = tls
@@ -129,17 +138,25 @@ class HttpServer:
         return unquote(request.path.rstrip("/") or "/")
 
     @staticmethod
-    def _request(request: web.BaseRequest, path: str, m: Mounted, params: dict[str, str],
-                 body: bytes = b"") -> Request:  # fmt: skip
+    def _request(
+        request: web.BaseRequest, path: str, m: Mounted, params: dict[str, str], body: bytes = b""
+    ) -> Request:
         transport = request.transport
         cert = transport.get_extra_info("peercert") if transport is not None else None
         subject = ""
         if cert:
             names = dict(pair for rdn in cert.get("subject", ()) for pair in rdn)
             subject = str(names.get("commonName", ""))
-        return Request(path[len(m.prefix) :].lstrip("/"), params, dict(request.query),
-                       {k.lower(): v for k, v in request.headers.items()}, body,
-                       request.remote or "", bool(cert), subject)  # fmt: skip
+        return Request(
+            path[len(m.prefix) :].lstrip("/"),
+            params,
+            dict(request.query),
+            {k.lower(): v for k, v in request.headers.items()},
+            body,
+            request.remote or "",
+            bool(cert),
+            subject,
+        )
 
     async def _write(self, request: web.BaseRequest) -> Answer:
         """A POST, PUT, PATCH or DELETE: judged on its head (its surface's admit), its
@@ -161,8 +178,9 @@ class HttpServer:
             return surface.refuse(route, 413, f"body of {length} bytes: over {most}")
         if c.writes >= self.max_writes:
             c.busy += 1
-            return self._retry(surface.refuse(route, 503, f"{self.max_writes} writes in "
-                                              "hand: retry"))  # fmt: skip
+            return self._retry(
+                surface.refuse(route, 503, f"{self.max_writes} writes in " "hand: retry")
+            )
         c.writes += 1
         held = [0]  # body bytes this request holds of the service's budget
         try:
@@ -171,8 +189,9 @@ class HttpServer:
                     body = await self._body(request, route, surface, most, held)
             except TimeoutError:
                 c.bodies_timed_out += 1
-                return surface.refuse(route, 408, "the body was not whole within "
-                                      f"{self.body_timeout:g} s")  # fmt: skip
+                return surface.refuse(
+                    route, 408, "the body was not whole within " f"{self.body_timeout:g} s"
+                )
             except ConnectionError:  # the client hung up mid-body: this answer goes nowhere
                 c.bodies_abandoned += 1
                 log.debug("%s %s: the client hung up before its body was whole", method, path)
@@ -181,22 +200,25 @@ class HttpServer:
                 return body
             req = replace(head, body=body)
             del body
-            return await asyncio.get_running_loop().run_in_executor(None, surface.call,
-                                                                    route, req)  # fmt: skip
+            return await asyncio.get_running_loop().run_in_executor(None, surface.call, route, req)
         finally:
             c.writes -= 1
             c.body_bytes -= held[0]
 
-    async def _body(self, request: web.BaseRequest, route: Route, surface: Surface, most: int,
-                    held: list[int]) -> bytes | Answer:  # fmt: skip
+    async def _body(
+        self, request: web.BaseRequest, route: Route, surface: Surface, most: int, held: list[int]
+    ) -> bytes | Answer:
         """The body whole, or the answer refusing it (413 over most; 503 where the
         service's bodies in hand would pass max_body_bytes_in_hand). What Content-Length
         says is taken from the budget before a byte is read, a chunked body's bytes as
         they come; held says how many were taken."""
 
         def busy() -> Answer:
-            return self._retry(surface.refuse(route, 503, "as many body bytes in hand as "
-                                              "the service holds: retry"))  # fmt: skip
+            return self._retry(
+                surface.refuse(
+                    route, 503, "as many body bytes in hand as " "the service holds: retry"
+                )
+            )
 
         length = request.content_length or 0
         if length and not self._take(length, held):
@@ -242,16 +264,18 @@ class HttpServer:
         got: Answer | None = None
         if below is not None:
             prefix, surface = below
-            got = surface.not_allowed(Request(path[len(prefix) :].lstrip("/"), {},
-                                              dict(request.query)), method, allowed)  # fmt: skip
+            got = surface.not_allowed(
+                Request(path[len(prefix) :].lstrip("/"), {}, dict(request.query)), method, allowed
+            )
         if got is None:
             said = ", ".join(allowed) or "nothing"
             got = json_response(405, {"error": f"{method} not allowed here ({said} is)"})
         extra = got[3] if len(got) > 3 else {}
         return got[0], got[1], got[2], {**extra, "Allow": ", ".join(allowed)}
 
-    def _get(self, request: web.BaseRequest, path: str,
-             found: tuple[Mounted, dict[str, str]] | None) -> Answer | None:  # fmt: skip
+    def _get(
+        self, request: web.BaseRequest, path: str, found: tuple[Mounted, dict[str, str]] | None
+    ) -> Answer | None:
         """The GET route's answer (a surface's for a path under its prefix that no route
         holds, 405 for one only other methods' routes hold); None: no route."""
         if found is not None:
@@ -263,8 +287,7 @@ class HttpServer:
         if below is None:
             return None
         prefix, surface = below
-        return surface.missing(Request(path[len(prefix) :].lstrip("/"), {},
-                                       dict(request.query)))  # fmt: skip
+        return surface.missing(Request(path[len(prefix) :].lstrip("/"), {}, dict(request.query)))
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         conn = request.protocol
@@ -291,8 +314,9 @@ class HttpServer:
                     path = self._path(request)
                     found = self._routes.find("GET", path)
                     pool = self._probes if found is not None and found[0].route.probe else None
-                    answered: Answer | None = await asyncio.get_running_loop(
-                        ).run_in_executor(pool, self._get, request, path, found)  # fmt: skip
+                    answered: Answer | None = await asyncio.get_running_loop().run_in_executor(
+                        pool, self._get, request, path, found
+                    )
                     got = answered or json_response(404, {"error": f"no route {request.path}"})
                     status, ctype, body = got[0], got[1], got[2]
                     extra = got[3] if len(got) > 3 else {}
@@ -327,17 +351,23 @@ class HttpServer:
 
     async def _start(self) -> None:
         manager = Server(
-            self._handle, self.counters, self.max_connections, self.max_header_bytes,
-            keepalive_timeout=self.request_timeout, max_line_size=self.max_header_bytes,
-            max_field_size=self.max_header_bytes, access_log=None,
+            self._handle,
+            self.counters,
+            self.max_connections,
+            self.max_header_bytes,
+            keepalive_timeout=self.request_timeout,
+            max_line_size=self.max_header_bytes,
+            max_field_size=self.max_header_bytes,
+            access_log=None,
             # a body comes as sent: a route unpacks it within its own bound (aiohttp's
             # unpacking knows none: a small gzip'd body can unpack to gigabytes)
             auto_decompress=False,
             loop=asyncio.get_running_loop(),
-        )  # fmt: skip
+        )
         # asyncio listens again on a given socket, with its own backlog (100) unless told
         self._server = await asyncio.get_running_loop().create_server(
-            manager, sock=self._sock, ssl=self.tls, backlog=self.backlog)  # fmt: skip
+            manager, sock=self._sock, ssl=self.tls, backlog=self.backlog
+        )
         self._manager = manager
 
     def start(self) -> None:
@@ -371,47 +401,73 @@ class _HttpCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         c = self._c
-        yield GaugeMetricFamily("lens_agent_http_connections", "HTTP connections open",
-                                value=c.open)  # fmt: skip
-        yield CounterMetricFamily("lens_agent_http_connections_refused",
-                                  "HTTP connections refused (server.max_connections open)",
-                                  value=c.refused)  # fmt: skip
-        yield CounterMetricFamily("lens_agent_http_connections_timed_out",
-                                  "HTTP connections closed: no whole request head in time",
-                                  value=c.cut)  # fmt: skip
-        yield CounterMetricFamily("lens_agent_http_request_heads_too_large",
-                                  "HTTP request heads refused (431): over server.max_header_bytes",
-                                  value=c.oversized)  # fmt: skip
-        yield CounterMetricFamily("lens_agent_http_request_bodies_too_large",
-                                  "POST bodies refused (413): over their route's bound",
-                                  value=c.bodies_too_large)  # fmt: skip
-        yield CounterMetricFamily("lens_agent_http_request_bodies_timed_out",
-                                  "Request bodies not whole within server.body_timeout_seconds "
-                                  "(408)", value=c.bodies_timed_out)  # fmt: skip
-        yield CounterMetricFamily("lens_agent_http_request_bodies_abandoned",
-                                  "Requests whose client hung up before its body was whole",
-                                  value=c.bodies_abandoned)  # fmt: skip
-        yield CounterMetricFamily("lens_agent_http_writes_busy",
-                                  "Writes refused (503): server.max_writes_in_hand in hand, or "
-                                  "server.max_body_bytes_in_hand held", value=c.busy)  # fmt: skip
-        yield GaugeMetricFamily("lens_agent_http_writes_in_hand",
-                                "Writes whose body is being read or handled now",
-                                value=c.writes)  # fmt: skip
-        yield GaugeMetricFamily("lens_agent_http_request_body_bytes_in_hand",
-                                "Request body bytes held now (being read or handled)",
-                                value=c.body_bytes)  # fmt: skip
-        yield CounterMetricFamily("lens_agent_metrics_scrapes", "/metrics requests",
-                                  value=c.scrapes)  # fmt: skip
-        yield CounterMetricFamily("lens_agent_metrics_renders",
-                                  "/metrics renderings (concurrent scrapes share one)",
-                                  value=c.renders)  # fmt: skip
+        yield GaugeMetricFamily(
+            "lens_agent_http_connections", "HTTP connections open", value=c.open
+        )
+        yield CounterMetricFamily(
+            "lens_agent_http_connections_refused",
+            "HTTP connections refused (server.max_connections open)",
+            value=c.refused,
+        )
+        yield CounterMetricFamily(
+            "lens_agent_http_connections_timed_out",
+            "HTTP connections closed: no whole request head in time",
+            value=c.cut,
+        )
+        yield CounterMetricFamily(
+            "lens_agent_http_request_heads_too_large",
+            "HTTP request heads refused (431): over server.max_header_bytes",
+            value=c.oversized,
+        )
+        yield CounterMetricFamily(
+            "lens_agent_http_request_bodies_too_large",
+            "POST bodies refused (413): over their route's bound",
+            value=c.bodies_too_large,
+        )
+        yield CounterMetricFamily(
+            "lens_agent_http_request_bodies_timed_out",
+            "Request bodies not whole within server.body_timeout_seconds " "(408)",
+            value=c.bodies_timed_out,
+        )
+        yield CounterMetricFamily(
+            "lens_agent_http_request_bodies_abandoned",
+            "Requests whose client hung up before its body was whole",
+            value=c.bodies_abandoned,
+        )
+        yield CounterMetricFamily(
+            "lens_agent_http_writes_busy",
+            "Writes refused (503): server.max_writes_in_hand in hand, or "
+            "server.max_body_bytes_in_hand held",
+            value=c.busy,
+        )
+        yield GaugeMetricFamily(
+            "lens_agent_http_writes_in_hand",
+            "Writes whose body is being read or handled now",
+            value=c.writes,
+        )
+        yield GaugeMetricFamily(
+            "lens_agent_http_request_body_bytes_in_hand",
+            "Request body bytes held now (being read or handled)",
+            value=c.body_bytes,
+        )
+        yield CounterMetricFamily(
+            "lens_agent_metrics_scrapes", "/metrics requests", value=c.scrapes
+        )
+        yield CounterMetricFamily(
+            "lens_agent_metrics_renders",
+            "/metrics renderings (concurrent scrapes share one)",
+            value=c.renders,
+        )
 
 
 def front(srv: ServerConfig) -> dict[str, Any]:
     """HttpServer's bounds on writes and its listen backlog, from a service's server:."""
-    return {"backlog": srv.listen_backlog, "body_timeout": srv.body_timeout_seconds,
-            "max_writes": srv.max_writes_in_hand,
-            "max_body_bytes_in_hand": srv.max_body_bytes_in_hand}  # fmt: skip
+    return {
+        "backlog": srv.listen_backlog,
+        "body_timeout": srv.body_timeout_seconds,
+        "max_writes": srv.max_writes_in_hand,
+        "max_body_bytes_in_hand": srv.max_body_bytes_in_hand,
+    }
 
 
 def tls_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext | None:

@@ -19,8 +19,10 @@ from aiohttp.web_protocol import RequestHandler
 log = logging.getLogger(__name__)
 
 REFUSED = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
-             b"Connection: close\r\n\r\n")  # fmt: skip
+TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
+    b"Connection: close\r\n\r\n"
+)
 
 
 def raise_open_files(needed: int) -> int:
@@ -35,8 +37,13 @@ def raise_open_files(needed: int) -> int:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
             soft = target
     if soft < needed:
-        log.warning("open files limited to %d (hard limit %s): fewer than the %d that "
-                    "server.max_connections asks for", soft, hard, needed)  # fmt: skip
+        log.warning(
+            "open files limited to %d (hard limit %s): fewer than the %d that "
+            "server.max_connections asks for",
+            soft,
+            hard,
+            needed,
+        )
     else:
         log.info("open-file limit raised to %d for server.max_connections", soft)
     return soft
@@ -62,8 +69,9 @@ class Connection(RequestHandler):
     """aiohttp's protocol, counting what its keep-alive timer cuts (no whole request
     head within the timeout) and holding a connection's head bytes to a budget."""
 
-    def __init__(self, manager: web.Server, counters: Counters, head_budget: int,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self, manager: web.Server, counters: Counters, head_budget: int, **kwargs: Any
+    ) -> None:
         super().__init__(manager, **kwargs)
         self.counters = counters
         self.head_budget = head_budget
@@ -105,8 +113,14 @@ class Connection(RequestHandler):
 class Server(web.Server):
     """Makes _Connection protocols; refuses connections beyond the cap."""
 
-    def __init__(self, handler: Any, counters: Counters, max_connections: int,
-                 head_budget: int, **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        handler: Any,
+        counters: Counters,
+        max_connections: int,
+        head_budget: int,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(handler, **kwargs)
         self.counters, self.max_connections = counters, max_connections
         self.head_budget = head_budget

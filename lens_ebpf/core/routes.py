@@ -85,8 +85,11 @@ class Param:
     def spellings(self) -> tuple[str, ...]:
         """Its names as a query may give them: snake_case, then camelCase, of its name
         and then of the others."""
-        return tuple(dict.fromkeys(spelled for name in (self.name, *self.also)
-                                   for spelled in (name, camel(name))))  # fmt: skip
+        return tuple(
+            dict.fromkeys(
+                spelled for name in (self.name, *self.also) for spelled in (name, camel(name))
+            )
+        )
 
     def schema(self) -> dict[str, Any]:
         """Its JSON Schema (an MCP tool's input schema holds one per parameter)."""
@@ -142,9 +145,16 @@ class Route:
         """Its path's parameters, in order: declared (an id's type), or strings."""
         declared = {p.name: p for p in self.params}
         names = [p[1:-1] for p in self.parts if p.startswith("{")]
-        return tuple(replace(declared.get(n, Param(n)), required=True,
-                             doc=declared[n].doc if n in declared and declared[n].doc
-                             else f"{{{n}}} in {self.path}") for n in names)  # fmt: skip
+        return tuple(
+            replace(
+                declared.get(n, Param(n)),
+                required=True,
+                doc=declared[n].doc
+                if n in declared and declared[n].doc
+                else f"{{{n}}} in {self.path}",
+            )
+            for n in names
+        )
 
     @property
     def query_params(self) -> tuple[Param, ...]:
@@ -166,42 +176,74 @@ class RouteTable:
     def __init__(self) -> None:
         self.routes: list[Route] = []
 
-    def get(self, path: str, *params: Params, probe: bool = False,
-            tool: bool | str | None = None) -> Callable[[H], H]:  # fmt: skip
+    def get(
+        self, path: str, *params: Params, probe: bool = False, tool: bool | str | None = None
+    ) -> Callable[[H], H]:
         """A GET route (HEAD too) taking params; probe: a health check, answered on threads
         of its own, never queued behind other requests' work; tool: False for no MCP tool
         (a file's download), or the tool's name."""
-        return self._declare(Route("GET", path.strip("/"), _unset, probe=probe,
-                                   params=flat(params), tool=tool))  # fmt: skip
+        return self._declare(
+            Route("GET", path.strip("/"), _unset, probe=probe, params=flat(params), tool=tool)
+        )
 
-    def post(self, path: str, *params: Params, max_body: int = 0, takes: tuple[str, ...] = JSON,
-             tool: bool | str | None = None) -> Callable[[H], H]:  # fmt: skip
+    def post(
+        self,
+        path: str,
+        *params: Params,
+        max_body: int = 0,
+        takes: tuple[str, ...] = JSON,
+        tool: bool | str | None = None,
+    ) -> Callable[[H], H]:
         """A POST route: bodies over max_body (0: the bound its surface sets) get 413; a
         body must declare a Content-Type of takes (415 otherwise, before it is read); an MCP
         tool only where tool says (True, or its name)."""
         return self._write("POST", path, params, max_body, takes, tool)
 
-    def put(self, path: str, *params: Params, max_body: int = 0, takes: tuple[str, ...] = JSON,
-            tool: bool | str | None = None) -> Callable[[H], H]:  # fmt: skip
+    def put(
+        self,
+        path: str,
+        *params: Params,
+        max_body: int = 0,
+        takes: tuple[str, ...] = JSON,
+        tool: bool | str | None = None,
+    ) -> Callable[[H], H]:
         """A PUT route, bounded as post()'s."""
         return self._write("PUT", path, params, max_body, takes, tool)
 
-    def patch(self, path: str, *params: Params, max_body: int = 0,
-              takes: tuple[str, ...] = JSON, tool: bool | str | None = None
-              ) -> Callable[[H], H]:  # fmt: skip
+    def patch(
+        self,
+        path: str,
+        *params: Params,
+        max_body: int = 0,
+        takes: tuple[str, ...] = JSON,
+        tool: bool | str | None = None,
+    ) -> Callable[[H], H]:
         """A PATCH route, bounded as post()'s."""
         return self._write("PATCH", path, params, max_body, takes, tool)
 
-    def delete(self, path: str, *params: Params, max_body: int = 0,
-               takes: tuple[str, ...] = JSON, tool: bool | str | None = None
-               ) -> Callable[[H], H]:  # fmt: skip
+    def delete(
+        self,
+        path: str,
+        *params: Params,
+        max_body: int = 0,
+        takes: tuple[str, ...] = JSON,
+        tool: bool | str | None = None,
+    ) -> Callable[[H], H]:
         """A DELETE route, bounded as post()'s (its body, if any, read the same way)."""
         return self._write("DELETE", path, params, max_body, takes, tool)
 
-    def _write(self, method: str, path: str, params: tuple[Params, ...], max_body: int,
-               takes: tuple[str, ...], tool: bool | str | None) -> Callable[[H], H]:  # fmt: skip
-        return self._declare(Route(method, path.strip("/"), _unset, max_body, takes,
-                                   params=flat(params), tool=tool))  # fmt: skip
+    def _write(
+        self,
+        method: str,
+        path: str,
+        params: tuple[Params, ...],
+        max_body: int,
+        takes: tuple[str, ...],
+        tool: bool | str | None,
+    ) -> Callable[[H], H]:
+        return self._declare(
+            Route(method, path.strip("/"), _unset, max_body, takes, params=flat(params), tool=tool)
+        )
 
     def _declare(self, proto: Route) -> Callable[[H], H]:
         def declare(handler: H) -> H:
@@ -231,8 +273,11 @@ def unwanted_type(route: Route, headers: Mapping[str, str]) -> str | None:
     if not has_body(headers):
         return None
     got = media_type(headers)
-    plus_json = "application/json" in route.takes and got.startswith("application/") \
-        and got.endswith("+json")  # fmt: skip
+    plus_json = (
+        "application/json" in route.takes
+        and got.startswith("application/")
+        and got.endswith("+json")
+    )
     if got in route.takes or plus_json:
         return None
     said = f"Content-Type {got}" if got else "no Content-Type"
@@ -254,8 +299,12 @@ class Surface(abc.ABC):
         """Every parameter route takes here: its path's, its query's, the surface's (where
         the route does not declare one of that name), its body's fields."""
         own = {p.name for p in route.params}
-        return (*route.path_params, *route.query_params,
-                *(p for p in self.params if p.name not in own), *route.body_params)  # fmt: skip
+        return (
+            *route.path_params,
+            *route.query_params,
+            *(p for p in self.params if p.name not in own),
+            *route.body_params,
+        )
 
     @abc.abstractmethod
     def call(self, route: Route, req: Request) -> Answer:

@@ -91,11 +91,16 @@ class Runner:
     event is set, and rand() in [0, 1) are the runner's only ways to time, so a test passes
     a clock that its wait advances and runs without sleeping."""
 
-    def __init__(self, jobs: Iterable[Job] = (), is_leader: Callable[[], bool] = lambda: True,
-                 name: str = "jobs", clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time,
-                 wait: Callable[[threading.Event, float], bool] = _wait,
-                 rand: Callable[[], float] = random.random) -> None:  # fmt: skip
+    def __init__(
+        self,
+        jobs: Iterable[Job] = (),
+        is_leader: Callable[[], bool] = lambda: True,
+        name: str = "jobs",
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        wait: Callable[[threading.Event, float], bool] = _wait,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
         self.is_leader, self.name = is_leader, name
         self.clock, self.wall, self.wait, self.rand = clock, wall, wait, rand
         self.jobs: dict[str, Job] = {}
@@ -156,8 +161,9 @@ class Runner:
                 self._start(key, lane)
 
     def _start(self, key: str, lane: _Lane) -> None:
-        lane.thread = threading.Thread(target=self._serve, args=(lane,), daemon=True,
-                                       name=f"{self.name}-{key}")  # fmt: skip
+        lane.thread = threading.Thread(
+            target=self._serve, args=(lane,), daemon=True, name=f"{self.name}-{key}"
+        )
         lane.thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -208,8 +214,13 @@ class Runner:
         try:
             return bool(self.is_leader())
         except Exception as exc:
-            log.warning("%s job %s: leader gate failed (%s: %s); not run", self.name, job.name,
-                        type(exc).__name__, exc)  # fmt: skip
+            log.warning(
+                "%s job %s: leader gate failed (%s: %s); not run",
+                self.name,
+                job.name,
+                type(exc).__name__,
+                exc,
+            )
             return False
 
     def _run(self, job: Job, counted: bool = True) -> bool:
@@ -262,15 +273,28 @@ class JobMetrics(Collector):
         p = self.prefix
         families = [
             (Metric(f"{p}_runs", "Periodic job runs, by job", "counter"), "runs"),
-            (Metric(f"{p}_errors", "Periodic job runs that failed, by job", "counter"),
-             "failures"),
-            (Metric(f"{p}_skipped", "Periodic job runs passed over: this replica did not "
-                    "lead", "counter"), "skipped"),
-            (Metric(f"{p}_last_success_timestamp_seconds", "When the job last ran without "
-                    "failing (0: never)", "gauge"), "last_success"),
-            (Metric(f"{p}_duration_seconds", "How long the job's last run took", "gauge"),
-             "last_duration"),
-        ]  # fmt: skip
+            (Metric(f"{p}_errors", "Periodic job runs that failed, by job", "counter"), "failures"),
+            (
+                Metric(
+                    f"{p}_skipped",
+                    "Periodic job runs passed over: this replica did not " "lead",
+                    "counter",
+                ),
+                "skipped",
+            ),
+            (
+                Metric(
+                    f"{p}_last_success_timestamp_seconds",
+                    "When the job last ran without " "failing (0: never)",
+                    "gauge",
+                ),
+                "last_success",
+            ),
+            (
+                Metric(f"{p}_duration_seconds", "How long the job's last run took", "gauge"),
+                "last_duration",
+            ),
+        ]
         leader = Metric(f"{p}_leader_only", "1 when the job runs on the leader only", "gauge")
         for name, st in sorted(self.runner.state.copy().items()):
             lbl = {"job": name}

@@ -115,8 +115,9 @@ class Sections(BaseModel):
             raise ValueError("must be a mapping of section names")
         unknown = sorted(set(data) - set(models))
         if unknown:
-            raise PydanticCustomError("nested", "{where}: {msg}",
-                                      {"where": unknown[0], "msg": "unknown key"})  # fmt: skip
+            raise PydanticCustomError(
+                "nested", "{where}: {msg}", {"where": unknown[0], "msg": "unknown key"}
+            )
         out: dict[str, BaseModel] = {}
         for key, model in models.items():
             value = data.get(key)
@@ -176,8 +177,12 @@ def _field_type(model: Any, path: tuple[str, ...], sections: Mapping[str, type[B
 
 
 class _Loader:
-    def __init__(self, model: type[BaseModel], sections: Mapping[str, type[BaseModel]],
-                 aliases: Mapping[str, tuple[str, ...]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: type[BaseModel],
+        sections: Mapping[str, type[BaseModel]],
+        aliases: Mapping[str, tuple[str, ...]],
+    ) -> None:
         self.model, self.sections, self.aliases = model, sections, aliases
 
     def env_value(self, raw: str, path: tuple[str, ...]) -> Any:
@@ -223,8 +228,9 @@ def describe(err: ValidationError) -> str:
     return f"{where}: {msg}{shown}{more}"
 
 
-def defaults(model: type[M], shipped: Sequence[str],
-             sections: Mapping[str, type[BaseModel]] | None = None) -> dict[str, Any]:  # fmt: skip
+def defaults(
+    model: type[M], shipped: Sequence[str], sections: Mapping[str, type[BaseModel]] | None = None
+) -> dict[str, Any]:
     """Every key with its default: the model's (each registered section's too), with the
     shipped defaults files (YAML texts that document them) on top."""
     tree = model.model_validate({}, context={"sections": sections or {}}).model_dump()

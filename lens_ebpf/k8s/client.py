@@ -74,12 +74,16 @@ def unverified(url: str) -> None:
     host = urlsplit(url).hostname or url
     from urllib3.exceptions import InsecureRequestWarning
 
-    warnings.filterwarnings("ignore", f"Unverified HTTPS request is being made to host "
-                            f"'{re.escape(host)}'", InsecureRequestWarning)  # fmt: skip
+    warnings.filterwarnings(
+        "ignore",
+        f"Unverified HTTPS request is being made to host " f"'{re.escape(host)}'",
+        InsecureRequestWarning,
+    )
     if url not in _unverified:
         _unverified.add(url)
-        log.warning("kubernetes API %s: its certificate is not verified "
-                    "(insecure-skip-tls-verify)", url)  # fmt: skip
+        log.warning(
+            "kubernetes API %s: its certificate is not verified " "(insecure-skip-tls-verify)", url
+        )
 
 
 class KubernetesClientConfig(Section):

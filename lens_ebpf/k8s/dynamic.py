@@ -67,21 +67,41 @@ class DynamicApi:
         found = self._plurals.get((group, version))
         if found is None or kind not in found:
             doc = call_raw(self.custom.get_api_resources, group, version, timeout=self.timeout)
-            found = {str(r["kind"]): str(r["name"]) for r in doc.get("resources") or ()
-                     if isinstance(r, dict) and r.get("kind") and "/" not in str(r.get("name"))
-                     and r.get("namespaced")}  # fmt: skip
+            found = {
+                str(r["kind"]): str(r["name"])
+                for r in doc.get("resources") or ()
+                if isinstance(r, dict)
+                and r.get("kind")
+                and "/" not in str(r.get("name"))
+                and r.get("namespaced")
+            }
             self._plurals[(group, version)] = found
         plural = found.get(kind)
         return Kind(group, version, plural) if plural else None
 
     def get(self, k: Kind, namespace: str, name: str) -> dict[str, Any]:
-        return call_raw(self.custom.get_namespaced_custom_object, k.group, k.version,
-                        namespace, k.plural, name, timeout=self.timeout)  # fmt: skip
+        return call_raw(
+            self.custom.get_namespaced_custom_object,
+            k.group,
+            k.version,
+            namespace,
+            k.plural,
+            name,
+            timeout=self.timeout,
+        )
 
     def patch(self, k: Kind, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return call_raw(self.custom.patch_namespaced_custom_object, k.group, k.version,
-                        namespace, k.plural, name, body, timeout=self.timeout,
-                        _content_type=MERGE_PATCH)  # fmt: skip
+        return call_raw(
+            self.custom.patch_namespaced_custom_object,
+            k.group,
+            k.version,
+            namespace,
+            k.plural,
+            name,
+            body,
+            timeout=self.timeout,
+            _content_type=MERGE_PATCH,
+        )
 
     def lister(self, k: Kind) -> Callable[..., Any]:
         return partial(self.custom.list_cluster_custom_object, k.group, k.version, k.plural)
@@ -92,8 +112,12 @@ class DynamicApi:
         hit = self._nodes.get(node)
         if hit is None or time.monotonic() > hit[0]:
             try:
-                labels = (call_raw(self.core.read_node, node, timeout=self.timeout)
-                          .get("metadata", {}).get("labels") or {})  # fmt: skip
+                labels = (
+                    call_raw(self.core.read_node, node, timeout=self.timeout)
+                    .get("metadata", {})
+                    .get("labels")
+                    or {}
+                )
             except Exception as exc:  # 404, 403: no model, not an error
                 log.debug("node %s: %s", node, exc)
                 labels = {}

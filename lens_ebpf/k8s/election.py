@@ -62,24 +62,39 @@ class LeaseApi:
         self.client = api_client
         self.timeout = timeout
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None
-              ) -> dict[str, Any]:  # fmt: skip
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         from kubernetes.client.exceptions import ApiException
 
         c = self.client
         headers = {"Accept": "application/json", "Content-Type": "application/json"}
         if hasattr(c, "param_serialize"):  # kubernetes >= 31 (its generated calls validate)
             m, url, hdrs, sent, post = c.param_serialize(
-                method=method, resource_path=path, header_params=headers, body=body,
-                auth_settings=["BearerToken"])  # fmt: skip
-            resp = c.call_api(m, url, header_params=hdrs, body=sent, post_params=post,
-                              _request_timeout=self.timeout)  # fmt: skip
+                method=method,
+                resource_path=path,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            resp = c.call_api(
+                m,
+                url,
+                header_params=hdrs,
+                body=sent,
+                post_params=post,
+                _request_timeout=self.timeout,
+            )
             resp.read()
         else:  # older clients send the dict as given
-            resp = c.call_api(path, method, header_params=headers, body=body,
-                              auth_settings=["BearerToken"], _preload_content=False,
-                              _request_timeout=self.timeout,
-                              _return_http_data_only=True)  # fmt: skip
+            resp = c.call_api(
+                path,
+                method,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=self.timeout,
+                _return_http_data_only=True,
+            )
         if not 200 <= resp.status < 300:
             raise ApiException(http_resp=resp)
         doc = json.loads(resp.data)
@@ -116,11 +131,15 @@ class LeaderElector:
     on_started_leading() when it leads (in a new thread: the renewals go on meanwhile) and
     on_stopped_leading() when it stops (a renewal missed its deadline, or stop())."""
 
-    def __init__(self, settings: ElectionSettings, api: Any,
-                 on_started_leading: Callable[[], None] = lambda: None,
-                 on_stopped_leading: Callable[[], None] = lambda: None,
-                 clock: Callable[[], float] = time.monotonic,
-                 once: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: ElectionSettings,
+        api: Any,
+        on_started_leading: Callable[[], None] = lambda: None,
+        on_stopped_leading: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+        once: bool = False,
+    ) -> None:
         """once: after leading ends, campaign no more (what leading started is not made to
         start twice: the service's process ends and starts afresh)."""
         self.s, self.api, self.clock, self.once = settings, api, clock, once
@@ -169,16 +188,25 @@ class LeaderElector:
                 if not self._leading:
                     self._set_leading(True)
                     self.events["acquired"] += 1
-                    log.info("leader election: %s leads (Lease %s/%s)", self.s.identity,
-                             self.s.namespace, self.s.name)  # fmt: skip
+                    log.info(
+                        "leader election: %s leads (Lease %s/%s)",
+                        self.s.identity,
+                        self.s.namespace,
+                        self.s.name,
+                    )
                     # in a thread of its own, as client-go runs it: the renewals go on
-                    threading.Thread(target=self.on_started_leading, name="leader-start",
-                                     daemon=True).start()  # fmt: skip
+                    threading.Thread(
+                        target=self.on_started_leading, name="leader-start", daemon=True
+                    ).start()
             elif self._leading and self.clock() - self._renewed >= self.s.renew_deadline:
                 self._set_leading(False)
                 self.events["lost"] += 1
-                log.error("leader election: %s could not renew the Lease within %.0f s; "
-                          "stopped leading", self.s.identity, self.s.renew_deadline)  # fmt: skip
+                log.error(
+                    "leader election: %s could not renew the Lease within %.0f s; "
+                    "stopped leading",
+                    self.s.identity,
+                    self.s.renew_deadline,
+                )
                 self.on_stopped_leading()
                 if self.once:
                     return
@@ -205,12 +233,18 @@ class LeaderElector:
         try:
             lease = self.api.get(s.namespace, s.name)
             if lease is None:
-                body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                        "metadata": {"name": s.name, "namespace": s.namespace},
-                        "spec": {"holderIdentity": s.identity,
-                                 "leaseDurationSeconds": int(round(s.lease_duration)),
-                                 "acquireTime": now_text, "renewTime": now_text,
-                                 "leaseTransitions": 0}}  # fmt: skip
+                body = {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": s.name, "namespace": s.namespace},
+                    "spec": {
+                        "holderIdentity": s.identity,
+                        "leaseDurationSeconds": int(round(s.lease_duration)),
+                        "acquireTime": now_text,
+                        "renewTime": now_text,
+                        "leaseTransitions": 0,
+                    },
+                }
                 created = self.api.create(s.namespace, body)
                 self._saw(self._record(created), now)
                 self._renewed = now
@@ -264,8 +298,14 @@ class LeaderElector:
                 return
             spec = dict(lease.get("spec") or {})
             now_text = _now_text()
-            spec.update({"holderIdentity": "", "leaseDurationSeconds": 1,
-                         "renewTime": now_text, "acquireTime": now_text})  # fmt: skip
+            spec.update(
+                {
+                    "holderIdentity": "",
+                    "leaseDurationSeconds": 1,
+                    "renewTime": now_text,
+                    "acquireTime": now_text,
+                }
+            )
             self.api.replace(s.namespace, s.name, {**lease, "spec": spec})
             self.events["released"] += 1
             self.holder = ""

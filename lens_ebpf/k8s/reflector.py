@@ -103,8 +103,11 @@ class Reflector:
                 if isinstance(exc, Gone) or getattr(exc, "status", None) == 410:
                     # the version was compacted away (an ERROR event or an HTTP 410)
                     self.restarts["gone"] += 1
-                    log.info("k8s %s: resourceVersion %s expired; listing again",
-                             self.resource, self.resource_version)  # fmt: skip
+                    log.info(
+                        "k8s %s: resourceVersion %s expired; listing again",
+                        self.resource,
+                        self.resource_version,
+                    )
                     self.resource_version = ""
                     continue
                 self.connected = False
@@ -130,8 +133,7 @@ class Reflector:
         items: list[dict[str, Any]] = []
         token = None
         while True:
-            doc = call_raw(self.list_fn, limit=PAGE, _continue=token,
-                           timeout=self.request_timeout)  # fmt: skip
+            doc = call_raw(self.list_fn, limit=PAGE, _continue=token, timeout=self.request_timeout)
             items.extend(i for i in doc.get("items") or () if isinstance(i, dict))
             meta = doc.get("metadata") or {}
             token = meta.get("continue")
@@ -191,8 +193,9 @@ class Reflector:
             self.resource_version = str(rv)
 
 
-def watch_metrics(reflectors: Iterable[Reflector], connected: str, restarts: str,
-                  events: str) -> list[Metric]:  # fmt: skip
+def watch_metrics(
+    reflectors: Iterable[Reflector], connected: str, restarts: str, events: str
+) -> list[Metric]:
     """Each watch's health by resource, in the families named (written out by each caller,
     so that a metric's name finds its source): connected, restarts{reason}, events{type}."""
     up = Metric(connected, "1 while the watch is connected", "gauge")

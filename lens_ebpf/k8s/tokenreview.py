@@ -16,8 +16,12 @@ POD_NAME = "authentication.kubernetes.io/pod-name"
 POD_UID = "authentication.kubernetes.io/pod-uid"
 SA_PREFIX = "system:serviceaccount:"
 
-OK, UNAUTHENTICATED, DENIED, UNAVAILABLE = "ok", "unauthenticated", "permission_denied", \
-    "unavailable"  # fmt: skip
+OK, UNAUTHENTICATED, DENIED, UNAVAILABLE = (
+    "ok",
+    "unauthenticated",
+    "permission_denied",
+    "unavailable",
+)
 
 
 @dataclass(frozen=True)
@@ -78,8 +82,11 @@ class TokenReviewer:
         name = str(user.get("username", ""))
         sa = service_account(name)
         if sa not in allowed:
-            return Verdict(DENIED, f"{name} is not one of the allowed ServiceAccounts "
-                           f"({', '.join(allowed) or 'none'})"), {}  # fmt: skip
+            return Verdict(
+                DENIED,
+                f"{name} is not one of the allowed ServiceAccounts "
+                f"({', '.join(allowed) or 'none'})",
+            ), {}
         return Verdict(OK, identity=sa), user
 
     def node_pod(self, token: str, node: str, allowed: list[str]) -> Verdict:
@@ -90,8 +97,10 @@ class TokenReviewer:
         extra = user.get("extra") or {}
         pod, uid = (str(next(iter(extra.get(k) or [""]))) for k in (POD_NAME, POD_UID))
         if not pod:
-            return Verdict(DENIED, f"{got.identity}'s token is bound to no pod (use the "
-                           "pod's projected token)")  # fmt: skip
+            return Verdict(
+                DENIED,
+                f"{got.identity}'s token is bound to no pod (use the " "pod's projected token)",
+            )
         ns = got.identity.partition("/")[0]
         try:
             doc = call_raw(self.core.read_namespaced_pod, pod, ns, timeout=self.timeout)
@@ -104,6 +113,7 @@ class TokenReviewer:
             return Verdict(DENIED, f"pod {ns}/{pod} of the token is gone (another has its name)")
         on = str(spec.get("nodeName") or "")
         if on != node:
-            return Verdict(DENIED, f"pod {ns}/{pod} runs on node {on or '(none)'!r}, "
-                           f"not {node!r}")  # fmt: skip
+            return Verdict(
+                DENIED, f"pod {ns}/{pod} runs on node {on or '(none)'!r}, " f"not {node!r}"
+            )
         return Verdict(OK, identity=f"{got.identity} (pod {ns}/{pod} on {node})")

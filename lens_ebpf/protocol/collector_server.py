@@ -81,8 +81,7 @@ def keep(seqs: Seqs, node: str, instance: str, seq: int) -> None:
 def bounded(seqs: Seqs | None) -> Seqs:
     """A copy of seqs (each node's instances oldest first) with each node's newest
     INSTANCES_KEPT."""
-    return {node: dict(list(held.items())[-INSTANCES_KEPT:])
-            for node, held in (seqs or {}).items()}  # fmt: skip
+    return {node: dict(list(held.items())[-INSTANCES_KEPT:]) for node, held in (seqs or {}).items()}
 
 
 class SeqRefused(Exception):
@@ -142,13 +141,18 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
     async def ReportBatch(  # noqa: N802
         self, request_iterator: AsyncIterator[pb.EventBatch], context: Any
     ) -> AsyncIterator[pb.Ack]:
-        async for ack in self._serve(request_iterator, context, lambda batch: batch.events,
-                                     "lens.v1.EventBatch"):  # fmt: skip
+        async for ack in self._serve(
+            request_iterator, context, lambda batch: batch.events, "lens.v1.EventBatch"
+        ):
             yield ack
 
-    async def _serve(self, request_iterator: AsyncIterator[Any], context: Any,
-                     events: Callable[[Any], Iterable[pb.Event]], kind: str,
-                     ) -> AsyncIterator[pb.Ack]:  # fmt: skip
+    async def _serve(
+        self,
+        request_iterator: AsyncIterator[Any],
+        context: Any,
+        events: Callable[[Any], Iterable[pb.Event]],
+        kind: str,
+    ) -> AsyncIterator[pb.Ack]:
         """One reporter's stream, once admitted: its events accepted in order,
         acknowledged as held; a message that does not decode as kind ends it with
         INVALID_ARGUMENT (not silently, with what followed it dropped)."""
@@ -159,9 +163,10 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
         instance = meta.get(INSTANCE_KEY, "")
         if instance and not INSTANCE.fullmatch(instance):
             self.instance_refused += 1
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"{INSTANCE_KEY} is not 1 to 64 letters, digits, '.', '_' "
-                                "or '-'")  # fmt: skip
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{INSTANCE_KEY} is not 1 to 64 letters, digits, '.', '_' " "or '-'",
+            )
         key = (node, instance)
         with self._lock:
             sent = self._held(node, instance)
@@ -243,12 +248,21 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
             self.duplicates += 1
         elif ev.seq - last > self.max_seq_jump:
             self.seq_refused += 1
-            log.warning("collector: %s (instance %r) sent seq %d, %d past its last (%d): "
-                        "refused (grpc.max_seq_jump %d)", node, instance, ev.seq,
-                        ev.seq - last, last, self.max_seq_jump)  # fmt: skip
-            raise SeqRefused(f"seq {ev.seq} is {ev.seq - last} past the last of the node's "
-                             f"instance ({last}): more than grpc.max_seq_jump "
-                             f"({self.max_seq_jump})")  # fmt: skip
+            log.warning(
+                "collector: %s (instance %r) sent seq %d, %d past its last (%d): "
+                "refused (grpc.max_seq_jump %d)",
+                node,
+                instance,
+                ev.seq,
+                ev.seq - last,
+                last,
+                self.max_seq_jump,
+            )
+            raise SeqRefused(
+                f"seq {ev.seq} is {ev.seq - last} past the last of the node's "
+                f"instance ({last}): more than grpc.max_seq_jump "
+                f"({self.max_seq_jump})"
+            )
         elif self._store(node, instance, ev):  # else not held: the reporter sends it again
             keep(self.last, node, instance, ev.seq)
 
@@ -295,9 +309,13 @@ def recover(path: Path) -> Seqs:
 class CollectorServer:
     """The collector behind a grpc.aio server on loop (or one of its own)."""
 
-    def __init__(self, collector: Collector, listen: str,
-                 credentials: grpc.ServerCredentials | None,
-                 loop: EventLoopThread | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        collector: Collector,
+        listen: str,
+        credentials: grpc.ServerCredentials | None,
+        loop: EventLoopThread | None = None,
+    ) -> None:
         self.collector = collector
         self._own_loop = loop is None
         self._loop = loop or EventLoopThread("collect")
@@ -313,8 +331,11 @@ class CollectorServer:
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         lens_pb2_grpc.add_CollectorServiceServicer_to_server(self.collector, self.server)
         try:
-            port = self.server.add_secure_port(listen, credentials) if credentials else \
-                self.server.add_insecure_port(listen)  # fmt: skip
+            port = (
+                self.server.add_secure_port(listen, credentials)
+                if credentials
+                else self.server.add_insecure_port(listen)
+            )
         except RuntimeError:  # grpc.aio raises where the sync server answered 0
             port = 0
         if not port:
@@ -334,11 +355,12 @@ class CollectorServer:
 def main(argv: list[str] | None = None) -> int:
     """`lens-ebpf collect`."""
     ap = argparse.ArgumentParser(
-        prog="lens-ebpf collect", description="reference collector for the event reporter",
+        prog="lens-ebpf collect",
+        description="reference collector for the event reporter",
         epilog="Who may report: a reporter presents a token of --tokens-file for its node "
-               "(reporter.token_file); without one, a stream is taken only as --anonymous "
-               "says (by default while --listen is loopback). docs/security.md.",
-    )  # fmt: skip
+        "(reporter.token_file); without one, a stream is taken only as --anonymous "
+        "says (by default while --listen is loopback). docs/security.md.",
+    )
     ap.add_argument("--listen", default="0.0.0.0:9472", help="HOST:PORT (default 0.0.0.0:9472)")
     ap.add_argument("--out", help="append JSON lines here (default: stdout)")
     ap.add_argument("--tls-cert", default="")
@@ -349,9 +371,13 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="lines '<node> <token>': the token each node's reporter presents",
     )
-    ap.add_argument("--anonymous", choices=("loopback", "always", "never"), default="loopback",
-                    help="streams without a token: taken while --listen is loopback "
-                         "(default), always, never")  # fmt: skip
+    ap.add_argument(
+        "--anonymous",
+        choices=("loopback", "always", "never"),
+        default="loopback",
+        help="streams without a token: taken while --listen is loopback "
+        "(default), always, never",
+    )
     ap.add_argument(
         "--max-seq-jump",
         type=int,
@@ -362,8 +388,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def run() -> int:
         creds = server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
-        auth = CollectorAuthConfig(tokenreview=False, tokens_file=args.tokens_file,
-                                   anonymous=args.anonymous)  # fmt: skip
+        auth = CollectorAuthConfig(
+            tokenreview=False, tokens_file=args.tokens_file, anonymous=args.anonymous
+        )
         guard = Guard(auth, args.listen, "collect", node_bound=True)
         try:
             return serve(args.listen, args.out, creds, guard, args.max_seq_jump)
@@ -373,8 +400,13 @@ def main(argv: list[str] | None = None) -> int:
     return run_command(run)
 
 
-def serve(listen: str, out_path: str | None, credentials: grpc.ServerCredentials | None,
-          guard: Guard | None = None, max_seq_jump: int = MAX_SEQ_JUMP) -> int:  # fmt: skip
+def serve(
+    listen: str,
+    out_path: str | None,
+    credentials: grpc.ServerCredentials | None,
+    guard: Guard | None = None,
+    max_seq_jump: int = MAX_SEQ_JUMP,
+) -> int:
     """Serve until SIGTERM or SIGINT."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -17,8 +17,13 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.internal.type_checkers import ToShortestFloat
 from google.protobuf.message import Message
 
-_INT64 = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
-          FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64}  # fmt: skip
+_INT64 = {
+    FieldDescriptor.TYPE_INT64,
+    FieldDescriptor.TYPE_UINT64,
+    FieldDescriptor.TYPE_SINT64,
+    FieldDescriptor.TYPE_FIXED64,
+    FieldDescriptor.TYPE_SFIXED64,
+}
 _SPECIAL = {math.inf: "Infinity", -math.inf: "-Infinity"}
 _plain: dict[str, bool] = {}  # message full name -> holds no well-known type, at any depth
 
@@ -31,8 +36,9 @@ def _is_plain(desc: Any, seen: frozenset[str] = frozenset()) -> bool:
         return False
     if name in seen:
         return True  # recursion: decided by the other fields
-    ok = all(f.message_type is None or _is_plain(f.message_type, seen | {name})
-             for f in desc.fields)  # fmt: skip
+    ok = all(
+        f.message_type is None or _is_plain(f.message_type, seen | {name}) for f in desc.fields
+    )
     _plain[name] = ok
     return ok
 
@@ -74,8 +80,10 @@ def _dict(msg: Message) -> dict[str, Any]:
         mt = fd.message_type
         if mt is not None and mt.GetOptions().map_entry:
             vf = mt.fields_by_name["value"]
-            out[fd.name] = {(str(k).lower() if isinstance(k, bool) else str(k)): _value(vf, x)
-                            for k, x in v.items()}  # fmt: skip
+            out[fd.name] = {
+                (str(k).lower() if isinstance(k, bool) else str(k)): _value(vf, x)
+                for k, x in v.items()
+            }
         elif _repeated(fd):
             out[fd.name] = [_value(fd, x) for x in v]
         else:

@@ -121,9 +121,11 @@ class Checked(Protocol):
 
 
 Verify = Callable[[str, Claim], Checked]  # (token, claim) -> verdict; blocking
-CODES = {"unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
-         "permission_denied": grpc.StatusCode.PERMISSION_DENIED,
-         "unavailable": grpc.StatusCode.UNAVAILABLE}  # fmt: skip
+CODES = {
+    "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
+    "permission_denied": grpc.StatusCode.PERMISSION_DENIED,
+    "unavailable": grpc.StatusCode.UNAVAILABLE,
+}
 
 
 def loopback(host: str) -> bool:
@@ -193,8 +195,7 @@ class TokensFile:
             if not fields or fields[0].startswith("#"):
                 continue
             if len(fields) != 2:
-                log.warning("grpc.auth.tokens_file %s line %d: want '<name> <token>'",
-                            self.path, n)  # fmt: skip
+                log.warning("grpc.auth.tokens_file %s line %d: want '<name> <token>'", self.path, n)
                 continue
             out.append((fields[0], fields[1].encode()))
         return out
@@ -212,9 +213,16 @@ class Guard:
     node_bound: a token must be its claim's node's (the collector port); home: the cluster
     a tokens-file name without a cluster is (the recorder's home one)."""
 
-    def __init__(self, cfg: StreamAuthConfig, listen: str, what: str,
-                 verify: Verify | None = None, node_bound: bool = False,
-                 home: str = "", clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: StreamAuthConfig,
+        listen: str,
+        what: str,
+        verify: Verify | None = None,
+        node_bound: bool = False,
+        home: str = "",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.cfg, self.what, self.verify = cfg, what, verify
         self.node_bound, self.home, self.clock = node_bound, home, clock
         self.anonymous = cfg.anonymous == "always" or (
@@ -222,8 +230,9 @@ class Guard:
         )
         self.tokens = TokensFile(cfg.tokens_file)
         self.refused: collections.Counter[str] = collections.Counter()
-        self._cache: collections.OrderedDict[tuple[bytes, Claim], tuple[float, Checked]] = \
-            collections.OrderedDict()  # fmt: skip
+        self._cache: collections.OrderedDict[tuple[bytes, Claim], tuple[float, Checked]] = (
+            collections.OrderedDict()
+        )
         self._logged: set[str] = set()
         self._lock = threading.Lock()
         self._reviews: asyncio.Semaphore | None = None  # made on the serving loop
@@ -234,10 +243,14 @@ class Guard:
         """Once its port serves: a warning where every call will be refused (not at bind,
         which may still fail on another port, the service's one error line)."""
         if self.refuses_all:
-            log.warning("%s: calls without a token are refused (%s listens beyond loopback) "
-                        "and none can be checked (no TokenReview: grpc.auth.tokenreview off "
-                        "or no Kubernetes API; no grpc.auth.tokens_file): every call is "
-                        "refused", self.what, self.listen)  # fmt: skip
+            log.warning(
+                "%s: calls without a token are refused (%s listens beyond loopback) "
+                "and none can be checked (no TokenReview: grpc.auth.tokenreview off "
+                "or no Kubernetes API; no grpc.auth.tokens_file): every call is "
+                "refused",
+                self.what,
+                self.listen,
+            )
 
     async def admit(self, context: Any, claim: Claim) -> str:
         """Who the caller is ("anonymous" where it may be); else the call is aborted with
@@ -255,21 +268,27 @@ class Guard:
         if not token:
             if self.anonymous:
                 return "anonymous"
-            raise Refused(grpc.StatusCode.UNAUTHENTICATED,
-                          f"{self.what}: no bearer token (metadata 'authorization: Bearer "
-                          "<token>'); see docs/security.md")  # fmt: skip
+            raise Refused(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"{self.what}: no bearer token (metadata 'authorization: Bearer "
+                "<token>'); see docs/security.md",
+            )
         names = self.tokens.holder(token) if self.cfg.tokens_file else []
         if names:
             return self._static(names, claim)
         if self.verify is None:
-            raise Refused(grpc.StatusCode.UNAUTHENTICATED,
-                          f"{self.what}: the token is none of grpc.auth.tokens_file's and no "
-                          "TokenReview checks ServiceAccount tokens here")  # fmt: skip
+            raise Refused(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"{self.what}: the token is none of grpc.auth.tokens_file's and no "
+                "TokenReview checks ServiceAccount tokens here",
+            )
         verdict = await self._verified(token, claim)
         if verdict.result == "ok":
             return verdict.identity
-        raise Refused(CODES.get(verdict.result, grpc.StatusCode.UNAUTHENTICATED),
-                      f"{self.what}: {verdict.why}")  # fmt: skip
+        raise Refused(
+            CODES.get(verdict.result, grpc.StatusCode.UNAUTHENTICATED),
+            f"{self.what}: {verdict.why}",
+        )
 
     def _static(self, names: list[str], claim: Claim) -> str:
         if not self.node_bound:
@@ -280,9 +299,11 @@ class Guard:
         for name in names:
             if name in mine:
                 return name
-        raise Refused(grpc.StatusCode.PERMISSION_DENIED,
-                      f"{self.what}: the token is {names[0]}'s (grpc.auth.tokens_file), not "
-                      f"node {claim.node!r}'s")  # fmt: skip
+        raise Refused(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"{self.what}: the token is {names[0]}'s (grpc.auth.tokens_file), not "
+            f"node {claim.node!r}'s",
+        )
 
     async def _verified(self, token: str, claim: Claim) -> Checked:
         assert self.verify is not None
@@ -296,8 +317,11 @@ class Guard:
             self._reviews = asyncio.Semaphore(REVIEWS_IN_FLIGHT)
         async with self._reviews:
             verdict = await asyncio.to_thread(self.verify, token, claim)
-        keep = self.cfg.cache_seconds if verdict.result == "ok" else \
-            min(self.cfg.cache_seconds, REFUSAL_CACHE_SECONDS)  # fmt: skip
+        keep = (
+            self.cfg.cache_seconds
+            if verdict.result == "ok"
+            else min(self.cfg.cache_seconds, REFUSAL_CACHE_SECONDS)
+        )
         left = expires_in(token)
         if left is not None:
             keep = min(keep, left)
@@ -319,6 +343,12 @@ class Guard:
                 self._logged.add(addr)
         if first:
             node = f" for node {claim.node!r}" if claim.node else ""
-            log.warning("%s refused a call from %s%s: %s: %s (its further refusals are "
-                        "counted, not logged)", self.what, addr or "?", node, r.code.name,
-                        r.why)  # fmt: skip
+            log.warning(
+                "%s refused a call from %s%s: %s: %s (its further refusals are "
+                "counted, not logged)",
+                self.what,
+                addr or "?",
+                node,
+                r.code.name,
+                r.why,
+            )

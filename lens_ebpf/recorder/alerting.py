@@ -44,20 +44,37 @@ OUTCOMES = ("new", "resolved", "reopened", "unchanged", "silenced")
 
 
 class Alerts(Collector):
-    def __init__(self, cfg: AlertsConfig, engine: Engine, lead_writer: Writer,
-                 remote_write: RemoteWrite | None, api_client: Any, namespace: str, home: str,
-                 pods: Callable[[str, str, str], TrackedPod | None],
-                 scopes: Callable[[], list[Scope]],
-                 clock: Callable[[], datetime]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: AlertsConfig,
+        engine: Engine,
+        lead_writer: Writer,
+        remote_write: RemoteWrite | None,
+        api_client: Any,
+        namespace: str,
+        home: str,
+        pods: Callable[[str, str, str], TrackedPod | None],
+        scopes: Callable[[], list[Scope]],
+        clock: Callable[[], datetime],
+    ) -> None:
         self.cfg, self.engine, self.writer, self.home = cfg, engine, lead_writer, home
         self.remote_write, self.pods, self.clock = remote_write, pods, clock
         self.am = Alertmanager(cfg.alertmanager_url, cfg.timeout_seconds)
         self.silences = Silences(self.am)
-        self.metric_rules = MetricRules(api_client, cfg.rules_namespace or namespace,
-                                        cfg.rule_labels, cfg.rules_file, home)  # fmt: skip
+        self.metric_rules = MetricRules(
+            api_client, cfg.rules_namespace or namespace, cfg.rule_labels, cfg.rules_file, home
+        )
         self.log_rules = LogRules(engine, cfg.log_rules_reload_seconds, clock)
-        self.jobs = AlertJobs(engine, scopes, self.concern, self.silences, self.am, clock,
-                              cfg.external_url, lead_writer)  # fmt: skip
+        self.jobs = AlertJobs(
+            engine,
+            scopes,
+            self.concern,
+            self.silences,
+            self.am,
+            clock,
+            cfg.external_url,
+            lead_writer,
+        )
         self._lock = threading.Lock()
         self.received: dict[tuple[str, str], int] = {}  # (source, outcome) -> alerts
         self.log_errors = 0  # log rule evaluations that failed (the lines were still taken)
@@ -96,8 +113,9 @@ class Alerts(Collector):
         route answers: {received, new, resolved, ...}."""
         now = self.clock()
         with self.engine.begin() as conn:
-            got = ingest.store(conn, alerts, now, self.concern,
-                               self.silences.active(conn, now)).as_dict()  # fmt: skip
+            got = ingest.store(
+                conn, alerts, now, self.concern, self.silences.active(conn, now)
+            ).as_dict()
         self.count(source, got)
         return {"received": len(alerts), **got}
 
@@ -122,8 +140,11 @@ class Alerts(Collector):
 
         def write(conn: Any) -> None:  # (a batch the database refused is tried again)
             now = self.clock()
-            got.append(ingest.store(conn, fired, now, self.concern,
-                                    self.silences.active(conn, now)).as_dict())  # fmt: skip
+            got.append(
+                ingest.store(
+                    conn, fired, now, self.concern, self.silences.active(conn, now)
+                ).as_dict()
+            )
 
         if not self.writer.submit(
             Op("alert_events", write, done=lambda: self.count("log", got[-1]))
@@ -135,11 +156,20 @@ class Alerts(Collector):
         pod = self.pods(x.namespace, x.pod, x.pod_uid)
         at = x.at or received
         if pod is None:
-            return Line(at, x.text, x.namespace, x.pod, x.pod_uid, x.container,
-                        cluster=self.home)  # fmt: skip
-        return Line(at, x.text, x.namespace, x.pod, pod.uid, x.container, pod.node,
-                    pod.workload_uid, pod.workload_name, pod.workload_kind,
-                    self.home)  # fmt: skip
+            return Line(at, x.text, x.namespace, x.pod, x.pod_uid, x.container, cluster=self.home)
+        return Line(
+            at,
+            x.text,
+            x.namespace,
+            x.pod,
+            pod.uid,
+            x.container,
+            pod.node,
+            pod.workload_uid,
+            pod.workload_name,
+            pod.workload_kind,
+            self.home,
+        )
 
     # -- metrics -------------------------------------------------------------------------------
     def describe(self) -> Iterator[Metric]:
@@ -151,34 +181,55 @@ class Alerts(Collector):
             errors, dropped = self.log_errors, self.log_dropped
         for outcome, n in self.jobs.stored.items():  # the findings job's
             received[("lens", outcome)] = received.get(("lens", outcome), 0) + n
-        got = Metric("lens_recorder_alerts_received", "Alerts received or made, by source "
-                     "(metric, webhook, log, lens) and what storing them did (new, resolved, "
-                     "reopened, unchanged, silenced; own: ours, routed back by Alertmanager, "
-                     "not stored again; refused: not an alert, named in the answer, the rest "
-                     "of its batch stored)", "counter")  # fmt: skip
+        got = Metric(
+            "lens_recorder_alerts_received",
+            "Alerts received or made, by source "
+            "(metric, webhook, log, lens) and what storing them did (new, resolved, "
+            "reopened, unchanged, silenced; own: ours, routed back by Alertmanager, "
+            "not stored again; refused: not an alert, named in the answer, the rest "
+            "of its batch stored)",
+            "counter",
+        )
         for (source, outcome), n in sorted(received.items()):
-            got.add_sample("lens_recorder_alerts_received_total",
-                           {"source": source, "outcome": outcome}, n)  # fmt: skip
+            got.add_sample(
+                "lens_recorder_alerts_received_total", {"source": source, "outcome": outcome}, n
+            )
         yield got
         c = self.log_rules.counts
-        lines = Metric("lens_recorder_log_rule_lines", "Log lines against the log rules: "
-                       "evaluated (line x rule), matched, fired (an alert), suppressed "
-                       "(matched within the rule's repeat_interval)", "counter")  # fmt: skip
+        lines = Metric(
+            "lens_recorder_log_rule_lines",
+            "Log lines against the log rules: "
+            "evaluated (line x rule), matched, fired (an alert), suppressed "
+            "(matched within the rule's repeat_interval)",
+            "counter",
+        )
         for what in ("evaluated", "matched", "fired", "suppressed"):
-            lines.add_sample("lens_recorder_log_rule_lines_total", {"result": what},
-                             getattr(c, what))  # fmt: skip
+            lines.add_sample(
+                "lens_recorder_log_rule_lines_total", {"result": what}, getattr(c, what)
+            )
         yield lines
-        yield self._counter("lens_recorder_log_rule_errors_total", "Log rule evaluations that "
-                            "failed (the lines were taken all the same)", errors)  # fmt: skip
-        yield self._counter("lens_recorder_log_alerts_dropped_total", "Log alerts not stored: "
-                            "the write queue was full", dropped)  # fmt: skip
-        sent = Metric("lens_recorder_alert_notifications", "Alerts sent on, by receiver "
-                      "(alertmanager, webhook) and result", "counter")  # fmt: skip
+        yield self._counter(
+            "lens_recorder_log_rule_errors_total",
+            "Log rule evaluations that " "failed (the lines were taken all the same)",
+            errors,
+        )
+        yield self._counter(
+            "lens_recorder_log_alerts_dropped_total",
+            "Log alerts not stored: " "the write queue was full",
+            dropped,
+        )
+        sent = Metric(
+            "lens_recorder_alert_notifications",
+            "Alerts sent on, by receiver " "(alertmanager, webhook) and result",
+            "counter",
+        )
         for key, n in sorted(self.jobs.sent.items()):
             receiver, _, failed = key.partition("_")
-            sent.add_sample("lens_recorder_alert_notifications_total",
-                            {"receiver": receiver, "result": "failed" if failed else "ok"},
-                            n)  # fmt: skip
+            sent.add_sample(
+                "lens_recorder_alert_notifications_total",
+                {"receiver": receiver, "result": "failed" if failed else "ok"},
+                n,
+            )
         yield sent
 
     @staticmethod

@@ -49,32 +49,50 @@ def build_parser(prog: str = "lens-ebpf recorder") -> argparse.ArgumentParser:
     rec.add_argument("--listen", help="HOST:PORT for REST and /metrics (default 0.0.0.0:9480)")
     rec.add_argument("--collect-listen", help="HOST:PORT for reporters (default 0.0.0.0:9472)")
     rec.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
-    rec.add_argument("--report", action="store_true",
-                     help="print the workloads that used GPUs since --since and exit")  # fmt: skip
+    rec.add_argument(
+        "--report",
+        action="store_true",
+        help="print the workloads that used GPUs since --since and exit",
+    )
     rec.add_argument("--since", default="7d", help="with --report: RFC 3339, or an age (12h, 7d)")
     rec.add_argument("--node", default="", help="with --report: only GPU pods on this node")
-    rec.add_argument("--cluster", default="",
-                     help="with --report: this cluster (not the home one)")  # fmt: skip
+    rec.add_argument("--cluster", default="", help="with --report: this cluster (not the home one)")
     rec.add_argument("--json", action="store_true", help="with --report: one object per line")
-    rec.add_argument("--remove-finalizers", action="store_true",
-                     help="take the recorder's finalizer off every object and exit "
-                     "(run before uninstalling)")  # fmt: skip
-    sub = rec.add_subparsers(dest="command", metavar="{report}",
-                             help="report: the weekly GPU utilization report of a week; "
-                             "none: run the service")  # fmt: skip
-    rep = sub.add_parser("report", help="the weekly GPU utilization report of a week",
-                         epilog=REPORT_EXAMPLES,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    rep.add_argument("--week", default="",
-                     help="an ISO week, 2026-W47 (default: the last completed one; the "
-                     "current one: up to now)")  # fmt: skip
+    rec.add_argument(
+        "--remove-finalizers",
+        action="store_true",
+        help="take the recorder's finalizer off every object and exit " "(run before uninstalling)",
+    )
+    sub = rec.add_subparsers(
+        dest="command",
+        metavar="{report}",
+        help="report: the weekly GPU utilization report of a week; " "none: run the service",
+    )
+    rep = sub.add_parser(
+        "report",
+        help="the weekly GPU utilization report of a week",
+        epilog=REPORT_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rep.add_argument(
+        "--week",
+        default="",
+        help="an ISO week, 2026-W47 (default: the last completed one; the "
+        "current one: up to now)",
+    )
     rep.add_argument("--format", choices=("html", "pdf", "json"), default="html")
     rep.add_argument("-o", "--output", default="-", help="the file to write (default stdout)")
-    rep.add_argument("--cluster", dest="report_cluster", default="",
-                     help="this cluster (default recorder.cluster_name)")  # fmt: skip
+    rep.add_argument(
+        "--cluster",
+        dest="report_cluster",
+        default="",
+        help="this cluster (default recorder.cluster_name)",
+    )
     # also after the subcommand; absent there, the recorder's own flags stand
-    for flag, text in (("--config", "YAML config file (also LENS_CONFIG)"),
-                       ("--database", "SQLAlchemy URL (recorder.database_url)")):  # fmt: skip
+    for flag, text in (
+        ("--config", "YAML config file (also LENS_CONFIG)"),
+        ("--database", "SQLAlchemy URL (recorder.database_url)"),
+    ):
         rep.add_argument(flag, default=argparse.SUPPRESS, help=text)
     return rec
 
@@ -101,8 +119,11 @@ def weekly_report(cfg: config.Config, args: argparse.Namespace) -> bytes:
     p = r.prometheus
     scope = Scope(cluster, Prom(prom_url or p.url, p.timeout_seconds, p.max_points))
     try:
-        wk = (week.parse(args.week, r.reports.timezone) if args.week
-              else week.containing(now, r.reports.timezone).before())  # fmt: skip
+        wk = (
+            week.parse(args.week, r.reports.timezone)
+            if args.week
+            else week.containing(now, r.reports.timezone).before()
+        )
         engine = engine_for(url)
         try:
             chromium = r.reports.chromium if args.format == "pdf" else None
@@ -135,9 +156,13 @@ def overrides(args: argparse.Namespace) -> dict[tuple[str, ...], Any]:
 # -- one-shot commands ---------------------------------------------------------------
 # kinds whose finalizers --remove-finalizers clears even when the database never saw them
 BUILTIN_KINDS = (
-    ("apps/v1", "ReplicaSet"), ("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"),
-    ("apps/v1", "DaemonSet"), ("batch/v1", "Job"), ("batch/v1", "CronJob"),
-)  # fmt: skip
+    ("apps/v1", "ReplicaSet"),
+    ("apps/v1", "Deployment"),
+    ("apps/v1", "StatefulSet"),
+    ("apps/v1", "DaemonSet"),
+    ("batch/v1", "Job"),
+    ("batch/v1", "CronJob"),
+)
 
 
 def run_report(cfg: config.Config, since: str, node: str, as_json: bool, cluster: str = "") -> str:
@@ -167,8 +192,10 @@ def run_report(cfg: config.Config, since: str, node: str, as_json: bool, cluster
     finally:
         engine.dispose()
     if as_json:
-        return "\n".join(json.dumps({k: queries.json_value(v) for k, v in vars(x).items()},
-                                    sort_keys=True) for x in lines)  # fmt: skip
+        return "\n".join(
+            json.dumps({k: queries.json_value(v) for k, v in vars(x).items()}, sort_keys=True)
+            for x in lines
+        )
     return queries.format_report(lines)
 
 
@@ -194,8 +221,10 @@ def remove_finalizers(cfg: config.Config, api_client: Any) -> dict[str, int]:
             kinds |= {(str(a), str(k)) for a, k in conn.execute(q)}
         engine.dispose()
     except SQLAlchemyError as exc:
-        log.warning("recorder: database unreadable (%s); clearing the built-in kinds only",
-                    type(exc).__name__)  # fmt: skip
+        log.warning(
+            "recorder: database unreadable (%s); clearing the built-in kinds only",
+            type(exc).__name__,
+        )
     out: dict[str, int] = {}
     for cluster, client in _clients(cfg, api_client).items():
         api = DynamicApi(client, cfg.kubernetes.request_timeout_seconds)
@@ -244,8 +273,9 @@ def _strip_kind(api: DynamicApi, kind: Kind) -> int:
     for obj in doc.get("items") or ():
         m = obj.get("metadata") or {}
         if lc.FINALIZER in (m.get("finalizers") or ()):
-            result = change_finalizer(api, kind, m.get("namespace", ""), m["name"],
-                                      str(m.get("uid", "")), add=False)  # fmt: skip
+            result = change_finalizer(
+                api, kind, m.get("namespace", ""), m["name"], str(m.get("uid", "")), add=False
+            )
             removed += result == "ok"
     return removed
 
@@ -257,8 +287,9 @@ def run(args: argparse.Namespace) -> int:
     from lens_ebpf.recorder.store.writer import DatabaseError
 
     cfg = config.load(args.config, overrides=overrides(args))
-    logging.basicConfig(level=cfg.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         if args.command == "report":
             body = weekly_report(cfg, args)
@@ -296,14 +327,20 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         app.stop(flush_timeout=1)
         raise CliError(f"recorder: {exc}") from None
-    log.info("recorder: schema %s, REST on %s, collector on %s", app.revision,
-             cfg.recorder.listen, cfg.recorder.collect_listen or "off")  # fmt: skip
+    log.info(
+        "recorder: schema %s, REST on %s, collector on %s",
+        app.revision,
+        cfg.recorder.listen,
+        cfg.recorder.collect_listen or "off",
+    )
     service.settle_heap()
     lost = app.leadership.lost if app.leadership is not None else threading.Event()
     while not stop.wait(1):  # set by SIGTERM or SIGINT
         if lost.is_set():  # as controller-runtime's managers do: a fresh start follows
-            log.error("recorder: this replica stopped leading (the Lease could not be "
-                      "renewed in time); exiting, to start afresh and campaign again")  # fmt: skip
+            log.error(
+                "recorder: this replica stopped leading (the Lease could not be "
+                "renewed in time); exiting, to start afresh and campaign again"
+            )
             app.stop(flush_timeout=2)
             return 1
     app.stop()

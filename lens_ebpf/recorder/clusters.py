@@ -79,18 +79,21 @@ def read_clusters_secret(home: DynamicApi, cfg: Config, namespace: str = "") -> 
     """cluster name -> its kubeconfig, from multicluster.secret's keys (a key that is not
     a cluster name or not base64 is an error naming it)."""
     name, ns = cfg.multicluster.secret, namespace or cfg.multicluster.namespace or own_namespace()
-    doc = call_raw(home.core.read_namespaced_secret, name, ns,
-                   timeout=cfg.kubernetes.request_timeout_seconds)  # fmt: skip
+    doc = call_raw(
+        home.core.read_namespaced_secret, name, ns, timeout=cfg.kubernetes.request_timeout_seconds
+    )
     out = {}
     for key, value in sorted((doc.get("data") or {}).items()):
         if not re.match(CLUSTER_NAME, key):
-            raise ValueError(f"secret {ns}/{name}: key {key!r} is not a cluster name "
-                             "(a DNS label)")  # fmt: skip
+            raise ValueError(
+                f"secret {ns}/{name}: key {key!r} is not a cluster name " "(a DNS label)"
+            )
         try:
             out[key] = base64.b64decode(str(value), validate=True).decode()
         except (binascii.Error, UnicodeDecodeError):
-            raise ValueError(f"secret {ns}/{name}: key {key!r} is not base64 of a "
-                             "kubeconfig") from None  # fmt: skip
+            raise ValueError(
+                f"secret {ns}/{name}: key {key!r} is not base64 of a " "kubeconfig"
+            ) from None
     return out
 
 
@@ -151,16 +154,31 @@ class ClusterWatch:
             log.warning("recorder: cluster %s: %s", name, self.error)
             return
         self.api = DynamicApi(self.client, k.request_timeout_seconds)
-        opts = {"request_timeout": k.request_timeout_seconds,
-                "watch_timeout": k.watch_timeout_seconds,
-                "backoff_max": k.backoff_max_seconds}  # fmt: skip
-        self.tracker = WorkloadTracker(self.api, shared.writer, r.gpu_resources,
-                                 finalizers=r.finalizers, reflector_opts=opts,
-                                 clock=shared.clock, cluster=name)  # fmt: skip
-        self.nodes = NodeTracker(self.api.core.list_node, shared.writer, r.gpu_resources,
-                                 shared.clock, cluster=name, **opts)  # fmt: skip
-        self.storage = StorageScan(self.client, k.request_timeout_seconds, self.prom, r.storage,
-                                   shared.clock)  # fmt: skip
+        opts = {
+            "request_timeout": k.request_timeout_seconds,
+            "watch_timeout": k.watch_timeout_seconds,
+            "backoff_max": k.backoff_max_seconds,
+        }
+        self.tracker = WorkloadTracker(
+            self.api,
+            shared.writer,
+            r.gpu_resources,
+            finalizers=r.finalizers,
+            reflector_opts=opts,
+            clock=shared.clock,
+            cluster=name,
+        )
+        self.nodes = NodeTracker(
+            self.api.core.list_node,
+            shared.writer,
+            r.gpu_resources,
+            shared.clock,
+            cluster=name,
+            **opts,
+        )
+        self.storage = StorageScan(
+            self.client, k.request_timeout_seconds, self.prom, r.storage, shared.clock
+        )
 
     def recover(self) -> None:
         if self.tracker is not None:
@@ -171,14 +189,24 @@ class ClusterWatch:
         if self.tracker is None or self.nodes is None or self.storage is None:
             return
         self.tracker.start()
-        th = threading.Thread(target=self.nodes.reflector.run, args=(self._stop,), daemon=True,
-                              name=f"recorder-{self.name}-nodes")  # fmt: skip
+        th = threading.Thread(
+            target=self.nodes.reflector.run,
+            args=(self._stop,),
+            daemon=True,
+            name=f"recorder-{self.name}-nodes",
+        )
         th.start()
         self._threads.append(th)
         scan = self.storage
-        self.shared.runner.add(Job(self.scan_job, scan.cfg.scan_seconds,
-                                   lambda: scan.run_once(scan.clock()), leader_only=True,
-                                   at_start=True))  # fmt: skip
+        self.shared.runner.add(
+            Job(
+                self.scan_job,
+                scan.cfg.scan_seconds,
+                lambda: scan.run_once(scan.clock()),
+                leader_only=True,
+                at_start=True,
+            )
+        )
 
     @property
     def scan_job(self) -> str:
@@ -234,11 +262,15 @@ class Clusters(Collector):
         self.watches: dict[str, ClusterWatch] = {self.home_name: home}
         for name, entry in sorted(cfg.clusters.items()):
             if name == self.home_name:
-                raise ValueError(f"clusters.{name}: the home cluster (recorder.cluster_name) "
-                                 "is reached through kubernetes.*, not listed here")  # fmt: skip
-            self.watches[name] = ClusterWatch(name, Source("config", entry.kubeconfig,
-                                                           prometheus_url=entry.prometheus_url),
-                                              shared)  # fmt: skip
+                raise ValueError(
+                    f"clusters.{name}: the home cluster (recorder.cluster_name) "
+                    "is reached through kubernetes.*, not listed here"
+                )
+            self.watches[name] = ClusterWatch(
+                name,
+                Source("config", entry.kubeconfig, prometheus_url=entry.prometheus_url),
+                shared,
+            )
 
     # -- lifecycle -------------------------------------------------------------------
     def recover(self) -> None:
@@ -292,11 +324,15 @@ class Clusters(Collector):
             current = {n: w for n, w in self.watches.items() if w.source.origin == "secret"}
             fixed = {n for n, w in self.watches.items() if w.source.origin != "secret"}
         gone = [w for n, w in current.items() if wanted.get(n) != w.source.text]
-        added = [n for n, text in wanted.items() if n not in fixed
-                 and (n not in current or current[n].source.text != text)]  # fmt: skip
+        added = [
+            n
+            for n, text in wanted.items()
+            if n not in fixed and (n not in current or current[n].source.text != text)
+        ]
         for n in sorted(set(wanted) & fixed):
-            log.warning("recorder: multi-cluster secret: %s is configured already; its key "
-                        "is ignored", n)  # fmt: skip
+            log.warning(
+                "recorder: multi-cluster secret: %s is configured already; its key " "is ignored", n
+            )
         if not gone and not added:
             self.reloads["unchanged"] += 1
             return True
@@ -311,8 +347,12 @@ class Clusters(Collector):
                 continue
             freed = w.release()
             self.released[w.name] = self.released.get(w.name, 0) + freed
-            log.info("recorder: cluster %s: stopped (its kubeconfig was removed), its "
-                     "finalizer taken off %d workloads", w.name, freed)  # fmt: skip
+            log.info(
+                "recorder: cluster %s: stopped (its kubeconfig was removed), its "
+                "finalizer taken off %d workloads",
+                w.name,
+                freed,
+            )
         for n in sorted(added):
             w = ClusterWatch(n, Source("secret", text=wanted[n]), self.shared)
             if self.watching:
@@ -328,8 +368,11 @@ class Clusters(Collector):
     def scope(self, asked: str | None) -> Scope:
         """The cluster `?cluster=` names; the default one (the Management page's, else the
         home one) when none is named."""
-        w = self.get(asked) if asked else (self.get(self.default) if self.default else None) \
-            or self.get(self.home_name)  # fmt: skip
+        w = (
+            self.get(asked)
+            if asked
+            else (self.get(self.default) if self.default else None) or self.get(self.home_name)
+        )
         if w is None:
             known = ", ".join(sorted(w.name for w in self.all()))
             raise NotFound(f"no cluster {asked!r}; known: {known}")
@@ -346,25 +389,42 @@ class Clusters(Collector):
         order = sorted(self.all(), key=lambda w: (w.name != self.home_name, w.name))
         if not self.watching and self.shared.cfg.recorder.leader_election.enabled:
             # a replica that does not lead: the leader watches (its /readyz says how)
-            return [{"name": w.name, "source": w.source.origin, "up": None,
-                     "error": w.error or "watched by the leading replica",
-                     "home": w.name == self.home_name} for w in order]  # fmt: skip
+            return [
+                {
+                    "name": w.name,
+                    "source": w.source.origin,
+                    "up": None,
+                    "error": w.error or "watched by the leading replica",
+                    "home": w.name == self.home_name,
+                }
+                for w in order
+            ]
         return [{**w.state(), "home": w.name == self.home_name} for w in order]
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        up = Metric("lens_recorder_cluster_up", "1 while the cluster's API is watched and "
-                    "answering", "gauge")  # fmt: skip
+        up = Metric(
+            "lens_recorder_cluster_up",
+            "1 while the cluster's API is watched and " "answering",
+            "gauge",
+        )
         for w in sorted(self.all(), key=lambda w: w.name):
             up.add_sample("lens_recorder_cluster_up", {"cluster": w.name}, 1 if w.up else 0)
         yield up
-        yield counter("lens_recorder_cluster_reloads", "Reads of the multi-cluster Secret, "
-                      "by result", self.reloads, "result")  # fmt: skip
-        yield counter("lens_recorder_cluster_finalizers_released",
-                      "Finalizers taken off a cluster's workloads as it left the multi-cluster "
-                      "Secret", dict(self.released), "cluster")  # fmt: skip
+        yield counter(
+            "lens_recorder_cluster_reloads",
+            "Reads of the multi-cluster Secret, " "by result",
+            self.reloads,
+            "result",
+        )
+        yield counter(
+            "lens_recorder_cluster_finalizers_released",
+            "Finalizers taken off a cluster's workloads as it left the multi-cluster " "Secret",
+            dict(self.released),
+            "cluster",
+        )
 
 
 class StorageConfigSync(Collector):
@@ -398,8 +458,9 @@ class StorageConfigSync(Collector):
                 bad[w.name] = w.error or "no API client"
                 continue
             try:
-                doc = call_raw(w.api.core.read_namespaced_secret, self.source, ns,
-                               timeout=self.timeout)  # fmt: skip
+                doc = call_raw(
+                    w.api.core.read_namespaced_secret, self.source, ns, timeout=self.timeout
+                )
             except Exception as exc:
                 if getattr(exc, "status", None) == 404:
                     missing.append(w.name)
@@ -431,9 +492,13 @@ class StorageConfigSync(Collector):
             except Exception as exc:
                 if getattr(exc, "status", None) != 404:
                     raise
-                body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                        "metadata": {"name": self.merged, "namespace": ns},
-                        "data": data}  # fmt: skip
+                body = {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "type": "Opaque",
+                    "metadata": {"name": self.merged, "namespace": ns},
+                    "data": data,
+                }
                 call_raw(core.create_namespaced_secret, ns, body, timeout=self.timeout)
                 return self._count("written")
             if (cur.get("data") or {}) == data:
@@ -443,8 +508,9 @@ class StorageConfigSync(Collector):
             return self._count("written")
         except Exception as exc:
             if getattr(exc, "status", None) == 409:
-                log.info("recorder: storage config sync: %s changed meanwhile; next run",
-                         self.merged)  # fmt: skip
+                log.info(
+                    "recorder: storage config sync: %s changed meanwhile; next run", self.merged
+                )
                 return self._count("conflict")
             log.warning("recorder: storage config sync: %s", f"{type(exc).__name__}: {exc}"[:300])
             return self._count("error")
@@ -454,12 +520,20 @@ class StorageConfigSync(Collector):
         return result
 
     def state(self) -> dict[str, Any]:
-        return {"secret": self.merged, "runs": dict(self.runs), "unreadable": self.unreadable,
-                "missing": self.missing}  # fmt: skip
+        return {
+            "secret": self.merged,
+            "runs": dict(self.runs),
+            "unreadable": self.unreadable,
+            "missing": self.missing,
+        }
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        yield counter("lens_recorder_storage_config_syncs", "Storage config exporter runs, by "
-                      "result", self.runs, "result")  # fmt: skip
+        yield counter(
+            "lens_recorder_storage_config_syncs",
+            "Storage config exporter runs, by " "result",
+            self.runs,
+            "result",
+        )

@@ -78,8 +78,9 @@ class AlertsConfig(Section):
     findings_seconds: float = Field(60.0, gt=0)  # how often the service's findings are looked at
     external_url: str = ""  # the UI's address: our alerts' generatorURL links to them
     rules_namespace: str = ""  # the metric rules' PrometheusRules; "": the service's own
-    rule_labels: dict[str, str] = Field(default_factory=lambda: {
-        "app.kubernetes.io/name": "lens-ebpf"})  # for the operator's ruleSelector  # fmt: skip
+    rule_labels: dict[str, str] = Field(
+        default_factory=lambda: {"app.kubernetes.io/name": "lens-ebpf"}
+    )  # for the operator's ruleSelector
     rules_file: str = ""  # without the PrometheusRule CRD: the rules written here too
     default_log_rules: bool = True  # the shipped GPU training log rules on at first start
     log_rules_reload_seconds: float = Field(10.0, gt=0)  # rules changed elsewhere read anew
@@ -110,7 +111,8 @@ class AggregationConfig(Section):
 
     # the pods' label and annotation keys the statistics group by (their values)
     label_keys: list[str] = Field(
-        default_factory=lambda: ["app.kubernetes.io/name", "team", "project"])  # fmt: skip
+        default_factory=lambda: ["app.kubernetes.io/name", "team", "project"]
+    )
     annotation_keys: list[str] = Field(default_factory=lambda: ["team", "project"])
     max_values: int = Field(50, ge=1, le=10_000)  # per key; the rest fold into "__other__"
     backfill_days: float = Field(7.0, ge=0, le=366)  # hours without snapshots, from lifetimes
@@ -120,8 +122,9 @@ class ReportsConfig(Section):
     """The weekly GPU utilization report (docs/recorder/reports.md)."""
 
     weekly: bool = True  # made by the leader for each cluster's last completed week
-    weekday: Literal["monday", "tuesday", "wednesday", "thursday", "friday", "saturday",
-                     "sunday"] = "monday"  # fmt: skip
+    weekday: Literal[
+        "monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"
+    ] = "monday"
     hour: int = Field(9, ge=0, le=23)  # a week's report is due this hour of weekday after it
     timezone: str = "UTC"  # the weeks' and days' calendar (an IANA zone)
     check_seconds: float = Field(600.0, gt=0)  # how often the job looks for a due report
@@ -160,8 +163,9 @@ class LeaderElectionConfig(Section):
 
     @model_validator(mode="after")
     def _order(self) -> LeaderElectionConfig:
-        if not (self.retry_period_seconds < self.renew_deadline_seconds
-                < self.lease_duration_seconds):  # fmt: skip
+        if not (
+            self.retry_period_seconds < self.renew_deadline_seconds < self.lease_duration_seconds
+        ):
             raise ValueError(
                 "retry_period_seconds < renew_deadline_seconds < lease_duration_seconds is "
                 "required: a leader must give up before another may take over"
@@ -210,17 +214,20 @@ class DeviceLabelRule(Section):
 
 
 def _device_rules() -> list[DeviceLabelRule]:
-    return [DeviceLabelRule(label=label, match=match) for label, match in (
-        ("UUID", "uuid"),  # dcgm-exporter
-        ("gpu_uuid", "uuid"),  # AMD device-metrics-exporter, lens-ebpf's hw_gpu_*
-        ("serial_number", "serial"),  # AMD device-metrics-exporter
-        ("pci_bus_id", "bdf"),  # dcgm-exporter (eight-digit domain)
-        ("gpu_id", "index"),  # AMD device-metrics-exporter, lens-ebpf
-        ("gpu", "index"),  # dcgm-exporter
-        ("gpu_index", "index"),  # lens-ebpf
-        ("asic", "index"),
-        ("device", "rdma"),  # lens-ebpf's and node_exporter's RDMA ports
-    )]  # fmt: skip
+    return [
+        DeviceLabelRule(label=label, match=match)
+        for label, match in (
+            ("UUID", "uuid"),  # dcgm-exporter
+            ("gpu_uuid", "uuid"),  # AMD device-metrics-exporter, lens-ebpf's hw_gpu_*
+            ("serial_number", "serial"),  # AMD device-metrics-exporter
+            ("pci_bus_id", "bdf"),  # dcgm-exporter (eight-digit domain)
+            ("gpu_id", "index"),  # AMD device-metrics-exporter, lens-ebpf
+            ("gpu", "index"),  # dcgm-exporter
+            ("gpu_index", "index"),  # lens-ebpf
+            ("asic", "index"),
+            ("device", "rdma"),  # lens-ebpf's and node_exporter's RDMA ports
+        )
+    ]
 
 
 class BasicAuthConfig(Section):
@@ -245,8 +252,15 @@ class RemoteWriteConfig(Section):
     basic_auth: BasicAuthConfig = Field(default_factory=BasicAuthConfig)
     tls: ClientTlsFiles = Field(default_factory=ClientTlsFiles)
     cache_seconds: float = Field(10.0, gt=0)  # the device -> pod -> workload maps are read anew
-    node_labels: list[str] = Field(default_factory=lambda: [
-        "primus_lens_node_name", "Hostname", "hostname", "node", "instance"])  # fmt: skip
+    node_labels: list[str] = Field(
+        default_factory=lambda: [
+            "primus_lens_node_name",
+            "Hostname",
+            "hostname",
+            "node",
+            "instance",
+        ]
+    )
     device_labels: list[DeviceLabelRule] = Field(default_factory=_device_rules)
     pod_labels: list[str] = Field(default_factory=lambda: ["pod", "pod_name", "exported_pod"])
 
@@ -359,8 +373,9 @@ class Config(Section):
     def _names(cls, v: dict[str, ClusterEntry]) -> dict[str, ClusterEntry]:
         for name in v:
             if not re.match(CLUSTER_NAME, name):
-                raise ValueError(f"cluster name {name!r}: lowercase letters, digits and '-' "
-                                 "(a DNS label)")  # fmt: skip
+                raise ValueError(
+                    f"cluster name {name!r}: lowercase letters, digits and '-' " "(a DNS label)"
+                )
         return v
 
     @field_validator("log_level")

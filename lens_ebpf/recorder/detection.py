@@ -57,11 +57,22 @@ class Gathered:
 def gather(conn: Connection, cluster: str, uid: str) -> Gathered:
     """Every piece of evidence of one workload (its pods', its own)."""
     g = Gathered()
-    gp, ps, tp, ne, wl = t.gpu_pods, t.pod_snapshots, t.training_points, t.node_events, \
-        t.gpu_workloads  # fmt: skip
-    pods = [r.uid for r in conn.execute(
-        select(gp.c.uid).where(gp.c.cluster == cluster, gp.c.workload_uid == uid)
-        .order_by(gp.c.updated_at.desc()).limit(PODS_MAX))]  # fmt: skip
+    gp, ps, tp, ne, wl = (
+        t.gpu_pods,
+        t.pod_snapshots,
+        t.training_points,
+        t.node_events,
+        t.gpu_workloads,
+    )
+    pods = [
+        r.uid
+        for r in conn.execute(
+            select(gp.c.uid)
+            .where(gp.c.cluster == cluster, gp.c.workload_uid == uid)
+            .order_by(gp.c.updated_at.desc())
+            .limit(PODS_MAX)
+        )
+    ]
     g.pods = len(pods)
     if pods:
         newest = (
@@ -79,26 +90,45 @@ def gather(conn: Connection, cluster: str, uid: str) -> Gathered:
                 g.evidence += fw.from_image(str(c.get("image") or ""), name)
                 argv = [*(c.get("command") or []), *(c.get("args") or [])]
                 g.evidence += fw.from_command([str(a) for a in argv], name)
-                g.evidence += fw.from_env([str(e.get("name") or "") for e in c.get("env") or []
-                                           if isinstance(e, dict)], name)  # fmt: skip
+                g.evidence += fw.from_env(
+                    [str(e.get("name") or "") for e in c.get("env") or [] if isinstance(e, dict)],
+                    name,
+                )
             meta = r.pod_metadata if isinstance(r.pod_metadata, dict) else {}
             g.evidence += fw.from_labels(meta.get("labels") or {}, "pod")
-        q = select(ne.c.payload).where(ne.c.cluster == cluster, ne.c.kind == "process_exec",
-                                       ne.c.pod_uid.in_(pods)) \
-            .order_by(ne.c.id.desc()).limit(EXECS_MAX)  # fmt: skip
+        q = (
+            select(ne.c.payload)
+            .where(ne.c.cluster == cluster, ne.c.kind == "process_exec", ne.c.pod_uid.in_(pods))
+            .order_by(ne.c.id.desc())
+            .limit(EXECS_MAX)
+        )
         for (payload,) in conn.execute(q):
             p = payload if isinstance(payload, dict) else {}
             g.evidence += fw.from_exec(str(p.get("comm") or ""), str(p.get("filename") or ""))
-    q = select(tp.c.format, func.count(), func.min(tp.c.at), func.max(tp.c.at),
-               func.max(tp.c.id)).where(tp.c.cluster == cluster, tp.c.workload_uid == uid) \
-        .group_by(tp.c.format)  # fmt: skip
+    q = (
+        select(tp.c.format, func.count(), func.min(tp.c.at), func.max(tp.c.at), func.max(tp.c.id))
+        .where(tp.c.cluster == cluster, tp.c.workload_uid == uid)
+        .group_by(tp.c.format)
+    )
     for fmt, n, first, last, newest_id in conn.execute(q):
         line = conn.execute(select(tp).where(tp.c.id == newest_id)).first()
-        sample = {k: getattr(line, k) for k in ("iteration", "target_iterations", "loss",
-                                                "iteration_seconds", "tflops_per_gpu")
-                  if line is not None and getattr(line, k) is not None}  # fmt: skip
-        detail = {"first_line_at": when(first), "last_line_at": when(last), "last_line": sample,
-                  "pod": line.pod if line is not None else ""}  # fmt: skip
+        sample = {
+            k: getattr(line, k)
+            for k in (
+                "iteration",
+                "target_iterations",
+                "loss",
+                "iteration_seconds",
+                "tflops_per_gpu",
+            )
+            if line is not None and getattr(line, k) is not None
+        }
+        detail = {
+            "first_line_at": when(first),
+            "last_line_at": when(last),
+            "last_line": sample,
+            "pod": line.pod if line is not None else "",
+        }
         n = int(str(n))
         got = fw.from_log_format(str(fmt), n, detail)
         if got is not None:
@@ -107,8 +137,9 @@ def gather(conn: Connection, cluster: str, uid: str) -> Gathered:
         first, last = parse_time(when(first)), parse_time(when(last))
         g.log_from = min(x for x in (g.log_from, first) if x is not None) if first else g.log_from
         g.log_to = max(x for x in (g.log_to, last) if x is not None) if last else g.log_to
-    row = conn.execute(select(wl.c.labels, wl.c.kind).where(wl.c.cluster == cluster,
-                                                            wl.c.uid == uid)).first()  # fmt: skip
+    row = conn.execute(
+        select(wl.c.labels, wl.c.kind).where(wl.c.cluster == cluster, wl.c.uid == uid)
+    ).first()
     if row is not None:
         g.labelled = True
         g.evidence += fw.from_labels(row.labels or {}, "workload")
@@ -119,12 +150,17 @@ def gather(conn: Connection, cluster: str, uid: str) -> Gathered:
     return g
 
 
-def coverage(g: Gathered, now: datetime, old: list[dict[str, Any]], attempt: int
-             ) -> list[dict[str, Any]]:  # fmt: skip
+def coverage(
+    g: Gathered, now: datetime, old: list[dict[str, Any]], attempt: int
+) -> list[dict[str, Any]]:
     """DetectionCoverageItem per source: whether its input exists yet, its evidence."""
     before = {c.get("source"): c for c in old if isinstance(c, dict)}
-    have = {"process": g.snapshots > 0, "image": g.snapshots > 0, "log": g.log_lines > 0,
-            "label": g.labelled}  # fmt: skip
+    have = {
+        "process": g.snapshots > 0,
+        "image": g.snapshots > 0,
+        "log": g.log_lines > 0,
+        "label": g.labelled,
+    }
     out = []
     for source in fw.SOURCES:
         prev = before.get(source, {})
@@ -139,38 +175,62 @@ def coverage(g: Gathered, now: datetime, old: list[dict[str, Any]], attempt: int
             "evidence_count": n,
         }
         if source == "log":
-            item |= {"covered_from": when(g.log_from), "covered_to": when(g.log_to),
-                     "log_available_from": when(g.log_from),
-                     "log_available_to": when(g.log_to), "has_gap": False}  # fmt: skip
+            item |= {
+                "covered_from": when(g.log_from),
+                "covered_to": when(g.log_to),
+                "log_available_from": when(g.log_from),
+                "log_available_to": when(g.log_to),
+                "has_gap": False,
+            }
         out.append(item)
     return out
 
 
-def evidence_rows(cluster: str, uid: str, evidence: list[fw.Evidence], now: datetime,
-                  made: dict[str, datetime]) -> list[dict[str, Any]]:  # fmt: skip
+def evidence_rows(
+    cluster: str, uid: str, evidence: list[fw.Evidence], now: datetime, made: dict[str, datetime]
+) -> list[dict[str, Any]]:
     out = []
     for e in evidence:
         f = e.info
-        out.append({
-            "cluster": cluster, "workload_uid": uid, "key": e.key, "source": e.source,
-            "source_type": "passive", "framework": e.framework,
-            "workload_type": f.workload_type, "confidence": e.confidence,
-            "framework_layer": f.layer,
-            "wrapper_framework": e.framework if f.layer == "wrapper" else "",
-            "base_framework": e.framework if f.layer in ("orchestration", "inference") else "",
-            "evidence": {**e.detail, "framework_name": f.title}, "detected_at": now,
-            "created_at": made.get(e.key, now),
-        })  # fmt: skip
+        out.append(
+            {
+                "cluster": cluster,
+                "workload_uid": uid,
+                "key": e.key,
+                "source": e.source,
+                "source_type": "passive",
+                "framework": e.framework,
+                "workload_type": f.workload_type,
+                "confidence": e.confidence,
+                "framework_layer": f.layer,
+                "wrapper_framework": e.framework if f.layer == "wrapper" else "",
+                "base_framework": e.framework if f.layer in ("orchestration", "inference") else "",
+                "evidence": {**e.detail, "framework_name": f.title},
+                "detected_at": now,
+                "created_at": made.get(e.key, now),
+            }
+        )
     return out
 
 
 class Detection:
     """The leader's job: every cluster's workloads with new evidence detected again."""
 
-    def __init__(self, engine: Any, writer: Writer, scopes: Callable[[], list[Scope]],
-                 cfg: Any, clock: Callable[[], datetime]) -> None:  # fmt: skip
-        self.engine, self.writer, self.scopes, self.cfg, self.clock = \
-            engine, writer, scopes, cfg, clock  # fmt: skip
+    def __init__(
+        self,
+        engine: Any,
+        writer: Writer,
+        scopes: Callable[[], list[Scope]],
+        cfg: Any,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.engine, self.writer, self.scopes, self.cfg, self.clock = (
+            engine,
+            writer,
+            scopes,
+            cfg,
+            clock,
+        )
         self.marks: dict[str, Marks] = {}
         self.detected = 0  # workloads detected (again)
 
@@ -186,8 +246,13 @@ class Detection:
         """The workloads to detect now: new evidence since the last run, none detected yet,
         asked for (trigger) or due again."""
         m = self.marks.setdefault(cluster, Marks())
-        gp, ps, tp, ne, wl = t.gpu_pods, t.pod_snapshots, t.training_points, t.node_events, \
-            t.gpu_workloads  # fmt: skip
+        gp, ps, tp, ne, wl = (
+            t.gpu_pods,
+            t.pod_snapshots,
+            t.training_points,
+            t.node_events,
+            t.gpu_workloads,
+        )
         wanted: dict[str, None] = {}
 
         def add(rows: Any) -> None:
@@ -201,18 +266,39 @@ class Detection:
             "execs": conn.execute(select(func.max(ne.c.id)).where(ne.c.cluster == cluster)),
         }
         newest = {k: int(v.scalar() or 0) for k, v in top.items()}
-        add(conn.execute(select(tp.c.workload_uid).distinct().where(
-            tp.c.cluster == cluster, tp.c.id > m.points)))  # fmt: skip
+        add(
+            conn.execute(
+                select(tp.c.workload_uid)
+                .distinct()
+                .where(tp.c.cluster == cluster, tp.c.id > m.points)
+            )
+        )
         on_pod = and_(gp.c.cluster == cluster, gp.c.uid == ps.c.pod_uid)
-        add(conn.execute(select(gp.c.workload_uid).distinct().select_from(ps.join(gp, on_pod))
-                         .where(ps.c.cluster == cluster, ps.c.id > m.snapshots)))  # fmt: skip
+        add(
+            conn.execute(
+                select(gp.c.workload_uid)
+                .distinct()
+                .select_from(ps.join(gp, on_pod))
+                .where(ps.c.cluster == cluster, ps.c.id > m.snapshots)
+            )
+        )
         on_exec = and_(gp.c.cluster == cluster, gp.c.uid == ne.c.pod_uid)
-        add(conn.execute(select(gp.c.workload_uid).distinct().select_from(ne.join(gp, on_exec))
-                         .where(ne.c.cluster == cluster, ne.c.kind == "process_exec",
-                                ne.c.id > m.execs)))  # fmt: skip
+        add(
+            conn.execute(
+                select(gp.c.workload_uid)
+                .distinct()
+                .select_from(ne.join(gp, on_exec))
+                .where(ne.c.cluster == cluster, ne.c.kind == "process_exec", ne.c.id > m.execs)
+            )
+        )
         known = select(DETECTION.c.workload_uid).where(DETECTION.c.cluster == cluster)
-        add(conn.execute(select(wl.c.uid).where(wl.c.cluster == cluster, wl.c.parent_uid.is_(None),
-                                                wl.c.uid.not_in(known))))  # fmt: skip
+        add(
+            conn.execute(
+                select(wl.c.uid).where(
+                    wl.c.cluster == cluster, wl.c.parent_uid.is_(None), wl.c.uid.not_in(known)
+                )
+            )
+        )
         add(
             conn.execute(
                 select(DETECTION.c.workload_uid).where(
@@ -229,15 +315,25 @@ class Detection:
         uids = self.due(conn, cluster, now)
         if not uids:
             return 0
-        old = {r.workload_uid: r for r in conn.execute(
-            select(DETECTION).where(DETECTION.c.cluster == cluster,
-                                    DETECTION.c.workload_uid.in_(uids)))}  # fmt: skip
+        old = {
+            r.workload_uid: r
+            for r in conn.execute(
+                select(DETECTION).where(
+                    DETECTION.c.cluster == cluster, DETECTION.c.workload_uid.in_(uids)
+                )
+            )
+        }
         rows, evidence = [], []
         for uid in uids:
             g = gather(conn, cluster, uid)
-            made = {r.key: r.created_at for r in conn.execute(
-                select(EVIDENCE.c.key, EVIDENCE.c.created_at).where(
-                    EVIDENCE.c.cluster == cluster, EVIDENCE.c.workload_uid == uid))}  # fmt: skip
+            made = {
+                r.key: r.created_at
+                for r in conn.execute(
+                    select(EVIDENCE.c.key, EVIDENCE.c.created_at).where(
+                        EVIDENCE.c.cluster == cluster, EVIDENCE.c.workload_uid == uid
+                    )
+                )
+            }
             evidence += evidence_rows(cluster, uid, g.evidence, now, made)
             rows.append(
                 self.detection_row(
@@ -248,8 +344,9 @@ class Detection:
         self.detected += len(rows)
         return len(rows)
 
-    def detection_row(self, cluster: str, uid: str, g: Gathered, old: Any, now: datetime,
-                      stored: int) -> dict[str, Any]:  # fmt: skip
+    def detection_row(
+        self, cluster: str, uid: str, g: Gathered, old: Any, now: datetime, stored: int
+    ) -> dict[str, Any]:
         v = fw.verdict(g.evidence)
         attempt = (int(old.attempt_count) if old is not None else 0) + 1
         most = self.cfg.max_attempts
@@ -259,30 +356,53 @@ class Detection:
         if confirmed is None and v.status in ("confirmed", "verified"):
             confirmed = now
         task = dict(old.task) if old is not None and isinstance(old.task, dict) else {}
-        task |= {"task_type": TASK, "status": state, "updated_at": when(now),
-                 "attempt_count": attempt, "coordinator_state": state}  # fmt: skip
+        task |= {
+            "task_type": TASK,
+            "status": state,
+            "updated_at": when(now),
+            "attempt_count": attempt,
+            "coordinator_state": state,
+        }
         task.setdefault("created_at", when(now))
-        nxt = now + timedelta(seconds=self.cfg.interval_seconds * 2 ** min(attempt, 6)) \
-            if state == "pending" else None  # fmt: skip
+        nxt = (
+            now + timedelta(seconds=self.cfg.interval_seconds * 2 ** min(attempt, 6))
+            if state == "pending"
+            else None
+        )
         return {
-            "cluster": cluster, "workload_uid": uid, "status": v.status,
-            "detection_state": state, "framework": v.framework, "frameworks": v.frameworks,
-            "workload_type": v.workload_type, "confidence": v.confidence,
-            "framework_layer": v.framework_layer, "wrapper_framework": v.wrapper_framework,
-            "base_framework": v.base_framework, "evidence_count": stored,
-            "evidence_sources": v.sources, "attempt_count": attempt, "max_attempts": most,
-            "last_attempt_at": now, "next_attempt_at": nxt, "confirmed_at": confirmed,
+            "cluster": cluster,
+            "workload_uid": uid,
+            "status": v.status,
+            "detection_state": state,
+            "framework": v.framework,
+            "frameworks": v.frameworks,
+            "workload_type": v.workload_type,
+            "confidence": v.confidence,
+            "framework_layer": v.framework_layer,
+            "wrapper_framework": v.wrapper_framework,
+            "base_framework": v.base_framework,
+            "evidence_count": stored,
+            "evidence_sources": v.sources,
+            "attempt_count": attempt,
+            "max_attempts": most,
+            "last_attempt_at": now,
+            "next_attempt_at": nxt,
+            "confirmed_at": confirmed,
             "conflicts": v.conflicts,
-            "coverage": coverage(g, now, list(old.coverage or []) if old is not None else [],
-                                 attempt),
-            "task": task, "created_at": old.created_at if old is not None else now,
+            "coverage": coverage(
+                g, now, list(old.coverage or []) if old is not None else [], attempt
+            ),
+            "task": task,
+            "created_at": old.created_at if old is not None else now,
             "updated_at": now,
-        }  # fmt: skip
+        }
 
     @staticmethod
-    def _write(conn: Connection, rows: list[dict[str, Any]],
-               evidence: list[dict[str, Any]]) -> None:  # fmt: skip
+    def _write(
+        conn: Connection, rows: list[dict[str, Any]], evidence: list[dict[str, Any]]
+    ) -> None:
         insert_rows(conn, DETECTION, rows, keys=["cluster", "workload_uid"], update=True)
         if evidence:
-            insert_rows(conn, EVIDENCE, evidence, keys=["cluster", "workload_uid", "key"],
-                        update=True)  # fmt: skip
+            insert_rows(
+                conn, EVIDENCE, evidence, keys=["cluster", "workload_uid", "key"], update=True
+            )

@@ -17,42 +17,58 @@ from lens_ebpf.recorder.store.schema import Scoped
 def _device(row: Any) -> dict[str, Any]:
     """A node_devices row as the device routes answer it: the agent's record under its
     proto field names (kind for device_kind), where and when it was seen."""
-    rec = {("kind" if name == "device_kind" else name): getattr(row, col)
-           for name, col in DEVICE_COLUMNS.items()}  # fmt: skip
-    return {**rec, "present": row.present,
-            "first_seen": int(aware(row.first_seen).timestamp()),  # type: ignore[union-attr]
-            "last_seen": int(aware(row.last_seen).timestamp())}  # type: ignore[union-attr]  # fmt: skip
+    rec = {
+        ("kind" if name == "device_kind" else name): getattr(row, col)
+        for name, col in DEVICE_COLUMNS.items()
+    }
+    return {
+        **rec,
+        "present": row.present,
+        "first_seen": int(aware(row.first_seen).timestamp()),  # type: ignore[union-attr]
+        "last_seen": int(aware(row.last_seen).timestamp()),  # type: ignore[union-attr]
+    }
 
 
 def _change(row: Any) -> dict[str, Any]:
-    return {"time": int(aware(row.at).timestamp()), "node": row.node,  # type: ignore[union-attr]
-            "kind": row.kind, "slot": row.slot, "device_key": row.device_key,
-            "field": row.field, "old": row.old_value, "new": row.new_value}  # fmt: skip
+    return {
+        "time": int(aware(row.at).timestamp()),  # type: ignore[union-attr]
+        "node": row.node,
+        "kind": row.kind,
+        "slot": row.slot,
+        "device_key": row.device_key,
+        "field": row.field,
+        "old": row.old_value,
+        "new": row.new_value,
+    }
 
 
 def node_devices(conn: Connection, t: Scoped, name: str) -> dict[str, Any]:
     """The node's GPUs and RDMA ports as its agent last reported them (`present` false for
     one that went)."""
     nd = t.node_devices
-    rows = list(conn.execute(select(nd).where(nd.c.node == name)
-                             .order_by(nd.c.kind, nd.c.idx, nd.c.slot)))  # fmt: skip
+    rows = list(
+        conn.execute(select(nd).where(nd.c.node == name).order_by(nd.c.kind, nd.c.idx, nd.c.slot))
+    )
     if not rows:
         raise NotFound(f"no devices known for node {name!r}")
     return {"node_name": name, "devices": [_device(r) for r in rows]}
 
 
-def changelog(conn: Connection, t: Scoped, name: str, since: datetime | None, num: int,
-              size: int) -> dict[str, Any]:  # fmt: skip
+def changelog(
+    conn: Connection, t: Scoped, name: str, since: datetime | None, num: int, size: int
+) -> dict[str, Any]:
     """One row per field that changed on the node (since a time), oldest first, one page."""
     cl = t.device_changelog
     cond = [cl.c.node == name] + ([cl.c.at >= since] if since is not None else [])
-    known = conn.execute(select(func.count()).select_from(t.node_devices)
-                         .where(t.node_devices.c.node == name)).scalar_one()  # fmt: skip
+    known = conn.execute(
+        select(func.count()).select_from(t.node_devices).where(t.node_devices.c.node == name)
+    ).scalar_one()
     if not known:
         raise NotFound(f"no devices known for node {name!r}")
     total = conn.execute(select(func.count()).select_from(cl).where(*cond)).scalar_one()
-    rows = conn.execute(select(cl).where(*cond).order_by(cl.c.at, cl.c.id)
-                        .offset((num - 1) * size).limit(size))  # fmt: skip
+    rows = conn.execute(
+        select(cl).where(*cond).order_by(cl.c.at, cl.c.id).offset((num - 1) * size).limit(size)
+    )
     return {"data": [_change(r) for r in rows], "total": int(total)}
 
 
@@ -63,9 +79,14 @@ def _arrived(conn: Connection, t: Scoped, place: Any, serial: str) -> datetime:
     """Since when this device sits in this place: its serial's arrival in the slot, or
     the slot's first report."""
     cl = t.device_changelog
-    arrived = conn.execute(select(func.max(cl.c.at)).where(
-        cl.c.node == place.node, cl.c.slot == place.slot, cl.c.field == "serial",
-        cl.c.new_value == serial)).scalar_one_or_none()  # fmt: skip
+    arrived = conn.execute(
+        select(func.max(cl.c.at)).where(
+            cl.c.node == place.node,
+            cl.c.slot == place.slot,
+            cl.c.field == "serial",
+            cl.c.new_value == serial,
+        )
+    ).scalar_one_or_none()
     first = aware(place.first_seen)
     return max(first, aware(arrived)) if arrived else first  # type: ignore[type-var,return-value]
 
@@ -77,9 +98,18 @@ def _holders(conn: Connection, t: Scoped, place: Any, serial: str) -> list[dict[
     holder changes its agent reported in the slot, and the holder now."""
     cl = t.device_changelog
     since = _arrived(conn, t, place, serial)
-    changes = list(conn.execute(select(cl.c.at, cl.c.old_value, cl.c.new_value).where(
-        cl.c.node == place.node, cl.c.slot == place.slot, cl.c.field == "holder",
-        cl.c.at >= since).order_by(cl.c.at, cl.c.id)))  # fmt: skip
+    changes = list(
+        conn.execute(
+            select(cl.c.at, cl.c.old_value, cl.c.new_value)
+            .where(
+                cl.c.node == place.node,
+                cl.c.slot == place.slot,
+                cl.c.field == "holder",
+                cl.c.at >= since,
+            )
+            .order_by(cl.c.at, cl.c.id)
+        )
+    )
     spans: list[tuple[str, datetime, datetime | None]] = []
     holder, start = (changes[0].old_value if changes else place.holder), since
     for c in changes:
@@ -94,20 +124,30 @@ def _holders(conn: Connection, t: Scoped, place: Any, serial: str) -> list[dict[
     owners: dict[tuple[str, str], list[tuple[datetime, str]]] = {}
     if names:
         held = tuple_(p.c.namespace, p.c.name).in_(sorted(names))
-        for r in conn.execute(select(p.c.namespace, p.c.name, p.c.created_at, w.c.kind,
-                                     w.c.name.label("workload"))
-                              .join(w, w.c.uid == p.c.workload_uid).where(held)):  # fmt: skip
+        for r in conn.execute(
+            select(p.c.namespace, p.c.name, p.c.created_at, w.c.kind, w.c.name.label("workload"))
+            .join(w, w.c.uid == p.c.workload_uid)
+            .where(held)
+        ):
             owners.setdefault((r.namespace, r.name), []).append(
-                (aware(r.created_at) or since, f"{r.kind}/{r.workload}"))  # fmt: skip
+                (aware(r.created_at) or since, f"{r.kind}/{r.workload}")
+            )
     out = []
     for h, begin, end in spans:
         ns, _, pod = h.partition("/")
         # a name used again (a StatefulSet's pod): the pod made before this span began
-        made = sorted(o for o in owners.get((ns, pod), []) if o[0] <= begin) or \
-            sorted(owners.get((ns, pod), []))  # fmt: skip
-        out.append({"namespace": ns, "pod": pod, "workload": made[-1][1] if made else "",
-                    "from": int(begin.timestamp()),
-                    "to": int(end.timestamp()) if end else None})  # fmt: skip
+        made = sorted(o for o in owners.get((ns, pod), []) if o[0] <= begin) or sorted(
+            owners.get((ns, pod), [])
+        )
+        out.append(
+            {
+                "namespace": ns,
+                "pod": pod,
+                "workload": made[-1][1] if made else "",
+                "from": int(begin.timestamp()),
+                "to": int(end.timestamp()) if end else None,
+            }
+        )
     return out
 
 
@@ -117,18 +157,29 @@ def _faults(conn: Connection, t: Scoped, place: Any, serial: str) -> list[dict[s
     then (the newest FAULTS_MAX, oldest first)."""
     since = _arrived(conn, t, place, serial)
     ne = t.node_events
-    rows = conn.execute(select(ne).where(ne.c.node == place.node, ne.c.kind == "gpu_fault",
-                                         ne.c.at >= since)
-                        .order_by(ne.c.at.desc(), ne.c.id.desc()))  # fmt: skip
+    rows = conn.execute(
+        select(ne)
+        .where(ne.c.node == place.node, ne.c.kind == "gpu_fault", ne.c.at >= since)
+        .order_by(ne.c.at.desc(), ne.c.id.desc())
+    )
     out = []
     for r in rows:
         p = r.payload or {}
         if p.get("bdf") != place.slot:
             continue
-        out.append({"time": int(aware(r.at).timestamp()), "node": r.node,  # type: ignore[union-attr]
-                    "slot": place.slot, "fault": p.get("fault", ""), "code": p.get("code", ""),
-                    "message": p.get("message", ""), "namespace": r.namespace, "pod": r.pod,
-                    "workload": (p.get("identity") or {}).get("workload", "")})  # fmt: skip
+        out.append(
+            {
+                "time": int(aware(r.at).timestamp()),  # type: ignore[union-attr]
+                "node": r.node,
+                "slot": place.slot,
+                "fault": p.get("fault", ""),
+                "code": p.get("code", ""),
+                "message": p.get("message", ""),
+                "namespace": r.namespace,
+                "pod": r.pod,
+                "workload": (p.get("identity") or {}).get("workload", ""),
+            }
+        )
         if len(out) >= FAULTS_MAX:
             break
     return out[::-1]
@@ -145,13 +196,21 @@ def device_history(conn: Connection, t: Scoped, name: str) -> dict[str, Any]:
         raise NotFound(f"no device with serial, UUID or key {name!r}")
     keys = sorted({p.key for p in places})
     # changes recorded under its key, and the change that brought its serial into a slot
-    rows = conn.execute(select(cl).where(or_(cl.c.device_key.in_(keys),
-                                             (cl.c.field == "serial") & (cl.c.new_value == name)))
-                        .order_by(cl.c.at, cl.c.id))  # fmt: skip
-    faults = sorted((f for p in places for f in _faults(conn, t, p, p.serial)),
-                    key=lambda f: f["time"])  # fmt: skip
-    holders = sorted((h for p in places for h in _holders(conn, t, p, p.serial)),
-                     key=lambda h: h["from"])  # fmt: skip
-    return {"serial": name, "places": [_device(p) for p in places],
-            "changes": [_change(r) for r in rows], "holders": holders,
-            "faults": faults}  # fmt: skip
+    rows = conn.execute(
+        select(cl)
+        .where(or_(cl.c.device_key.in_(keys), (cl.c.field == "serial") & (cl.c.new_value == name)))
+        .order_by(cl.c.at, cl.c.id)
+    )
+    faults = sorted(
+        (f for p in places for f in _faults(conn, t, p, p.serial)), key=lambda f: f["time"]
+    )
+    holders = sorted(
+        (h for p in places for h in _holders(conn, t, p, p.serial)), key=lambda h: h["from"]
+    )
+    return {
+        "serial": name,
+        "places": [_device(p) for p in places],
+        "changes": [_change(r) for r in rows],
+        "holders": holders,
+        "faults": faults,
+    }

@@ -30,21 +30,28 @@ class Framework:
     workload_type: str  # training, inference
 
 
-FRAMEWORKS = {f.name: f for f in (
-    Framework("primus", "Primus", "wrapper", "training"),
-    Framework("lightning", "PyTorch Lightning", "wrapper", "training"),
-    Framework("transformers", "Hugging Face Transformers", "wrapper", "training"),
-    Framework("megatron", "Megatron-LM", "orchestration", "training"),
-    Framework("deepspeed", "DeepSpeed", "orchestration", "training"),
-    Framework("torchtitan", "torchtitan", "orchestration", "training"),
-    Framework("pytorch", "PyTorch", "runtime", "training"),
-    Framework("vllm", "vLLM", "inference", "inference"),
-    Framework("sglang", "SGLang", "inference", "inference"),
-)}  # fmt: skip
+FRAMEWORKS = {
+    f.name: f
+    for f in (
+        Framework("primus", "Primus", "wrapper", "training"),
+        Framework("lightning", "PyTorch Lightning", "wrapper", "training"),
+        Framework("transformers", "Hugging Face Transformers", "wrapper", "training"),
+        Framework("megatron", "Megatron-LM", "orchestration", "training"),
+        Framework("deepspeed", "DeepSpeed", "orchestration", "training"),
+        Framework("torchtitan", "torchtitan", "orchestration", "training"),
+        Framework("pytorch", "PyTorch", "runtime", "training"),
+        Framework("vllm", "vLLM", "inference", "inference"),
+        Framework("sglang", "SGLang", "inference", "inference"),
+    )
+}
 LAYERS = ("wrapper", "orchestration", "inference", "runtime")  # a stack's order, top first
 # frameworks of one layer that run together (Megatron-DeepSpeed): not a conflict
-STACKS = {frozenset({"megatron", "deepspeed"}), frozenset({"transformers", "deepspeed"}),
-          frozenset({"lightning", "deepspeed"}), frozenset({"primus", "megatron"})}  # fmt: skip
+STACKS = {
+    frozenset({"megatron", "deepspeed"}),
+    frozenset({"transformers", "deepspeed"}),
+    frozenset({"lightning", "deepspeed"}),
+    frozenset({"primus", "megatron"}),
+}
 SOURCES = ("process", "log", "image", "label")
 CONFIRMED = 0.7  # a framework this likely is confirmed; below, suspected
 LIKELY = 0.5  # two frameworks this likely that do not stack: a conflict
@@ -68,8 +75,12 @@ class Evidence:
 
 
 # -- log lines: the training module's formats (training/formats.py) ----------------------
-LOG_FORMATS = {"megatron": ("megatron", 0.9), "deepspeed": ("deepspeed", 0.9),
-               "torchtitan": ("torchtitan", 0.9), "hf_trainer": ("transformers", 0.85)}  # fmt: skip
+LOG_FORMATS = {
+    "megatron": ("megatron", 0.9),
+    "deepspeed": ("deepspeed", 0.9),
+    "torchtitan": ("torchtitan", 0.9),
+    "hf_trainer": ("transformers", 0.85),
+}
 
 
 def from_log_format(fmt: str, lines: int, detail: dict[str, Any]) -> Evidence | None:
@@ -78,18 +89,34 @@ def from_log_format(fmt: str, lines: int, detail: dict[str, Any]) -> Evidence | 
     if got is None or lines <= 0:
         return None
     name, confidence = got
-    return Evidence(f"log:{fmt}", "log", name, confidence,
-                    {"format": fmt, "lines": lines, **detail,
-                     "matched": f"{FRAMEWORKS[name].title} progress lines"})  # fmt: skip
+    return Evidence(
+        f"log:{fmt}",
+        "log",
+        name,
+        confidence,
+        {
+            "format": fmt,
+            "lines": lines,
+            **detail,
+            "matched": f"{FRAMEWORKS[name].title} progress lines",
+        },
+    )
 
 
 # -- images ------------------------------------------------------------------------------------
 IMAGE_WORDS = (  # a word of the image's repository or tag -> the framework, how sure
-    ("megatron", "megatron", 0.6), ("primus", "primus", 0.6), ("deepspeed", "deepspeed", 0.6),
-    ("torchtitan", "torchtitan", 0.6), ("vllm", "vllm", 0.7), ("sglang", "sglang", 0.7),
-    ("lightning", "lightning", 0.5), ("transformers", "transformers", 0.5),
-    ("huggingface", "transformers", 0.4), ("pytorch", "pytorch", 0.4), ("torch", "pytorch", 0.3),
-)  # fmt: skip
+    ("megatron", "megatron", 0.6),
+    ("primus", "primus", 0.6),
+    ("deepspeed", "deepspeed", 0.6),
+    ("torchtitan", "torchtitan", 0.6),
+    ("vllm", "vllm", 0.7),
+    ("sglang", "sglang", 0.7),
+    ("lightning", "lightning", 0.5),
+    ("transformers", "transformers", 0.5),
+    ("huggingface", "transformers", 0.4),
+    ("pytorch", "pytorch", 0.4),
+    ("torch", "pytorch", 0.3),
+)
 
 
 def words(text: str) -> set[str]:
@@ -128,10 +155,15 @@ def _argv_rules(argv: list[str]) -> Iterable[tuple[str, float, str]]:
     text = " ".join(low)
     base = [a.rsplit("/", 1)[-1] for a in low]
     if any(re.match(r"pretrain_\w+\.py$", b) for b in base) or "megatron" in text:
-        yield "megatron", 0.8, next((a for a in argv if "megatron" in a.lower()
-                                     or "pretrain_" in a.lower()), "pretrain_*.py")  # fmt: skip
-    if "deepspeed" in base or any(a.startswith("--deepspeed") for a in low) or \
-            "deepspeed" in text:  # fmt: skip
+        yield (
+            "megatron",
+            0.8,
+            next(
+                (a for a in argv if "megatron" in a.lower() or "pretrain_" in a.lower()),
+                "pretrain_*.py",
+            ),
+        )
+    if "deepspeed" in base or any(a.startswith("--deepspeed") for a in low) or "deepspeed" in text:
         yield "deepspeed", 0.8, next((a for a in argv if "deepspeed" in a.lower()), "deepspeed")
     if "torchtitan" in text:
         yield "torchtitan", 0.8, next(a for a in argv if "torchtitan" in a.lower())
@@ -144,8 +176,14 @@ def _argv_rules(argv: list[str]) -> Iterable[tuple[str, float, str]]:
     if "lightning" in text:
         yield "lightning", 0.7, next(a for a in argv if "lightning" in a.lower())
     if "accelerate" in base or "transformers" in text:
-        yield "transformers", 0.5, next((a for a in argv if "accelerate" in a.lower()
-                                         or "transformers" in a.lower()), "accelerate")  # fmt: skip
+        yield (
+            "transformers",
+            0.5,
+            next(
+                (a for a in argv if "accelerate" in a.lower() or "transformers" in a.lower()),
+                "accelerate",
+            ),
+        )
     if "torchrun" in base or "torch.distributed.run" in text or "torch.distributed.launch" in text:
         yield "pytorch", 0.5, next((a for a in argv if "torch" in a.lower()), "torchrun")
 
@@ -156,9 +194,16 @@ def from_command(argv: list[str], container: str) -> list[Evidence]:
     if not argv:
         return []
     line = " ".join(argv)[:1000]
-    return [Evidence(f"process:cmd:{container}:{fw}"[:253], "process", fw, c,
-                     {"container": container, "command_line": line, "matched": what})
-            for fw, c, what in _argv_rules(argv)]  # fmt: skip
+    return [
+        Evidence(
+            f"process:cmd:{container}:{fw}"[:253],
+            "process",
+            fw,
+            c,
+            {"container": container, "command_line": line, "matched": what},
+        )
+        for fw, c, what in _argv_rules(argv)
+    ]
 
 
 ENV_PREFIXES = (
@@ -185,10 +230,16 @@ def from_env(names: Iterable[str], container: str) -> list[Evidence]:
             if name.upper().startswith(prefix):
                 found.setdefault(fw, []).append(name)
                 confidence[fw] = max(confidence.get(fw, 0.0), c)
-    return [Evidence(f"process:env:{container}:{fw}"[:253], "process", fw, confidence[fw],
-                     {"container": container, "environment": names_[:20],
-                      "matched": names_[0]})
-            for fw, names_ in sorted(found.items())]  # fmt: skip
+    return [
+        Evidence(
+            f"process:env:{container}:{fw}"[:253],
+            "process",
+            fw,
+            confidence[fw],
+            {"container": container, "environment": names_[:20], "matched": names_[0]},
+        )
+        for fw, names_ in sorted(found.items())
+    ]
 
 
 def from_exec(comm: str, filename: str) -> list[Evidence]:
@@ -218,8 +269,15 @@ def from_exec(comm: str, filename: str) -> list[Evidence]:
 
 
 # -- labels ------------------------------------------------------------------------------------
-LABEL_WORDS = {"megatron": 0.5, "deepspeed": 0.5, "torchtitan": 0.5, "vllm": 0.6, "sglang": 0.6,
-               "lightning": 0.4, "primus": 0.5}  # fmt: skip
+LABEL_WORDS = {
+    "megatron": 0.5,
+    "deepspeed": 0.5,
+    "torchtitan": 0.5,
+    "vllm": 0.6,
+    "sglang": 0.6,
+    "lightning": 0.4,
+    "primus": 0.5,
+}
 
 
 def from_labels(labels: dict[str, Any], where: str) -> list[Evidence]:
@@ -231,9 +289,15 @@ def from_labels(labels: dict[str, Any], where: str) -> list[Evidence]:
         for word, c in LABEL_WORDS.items():
             if word in have and word not in seen:
                 seen.add(word)
-                out.append(Evidence(f"label:{where}:{word}"[:253], "label", word, c,
-                                    {"label": key, "value": str(value), "on": where,
-                                     "matched": word}))  # fmt: skip
+                out.append(
+                    Evidence(
+                        f"label:{where}:{word}"[:253],
+                        "label",
+                        word,
+                        c,
+                        {"label": key, "value": str(value), "on": where, "matched": word},
+                    )
+                )
     return out
 
 
@@ -277,16 +341,25 @@ def verdict(evidence: list[Evidence]) -> Verdict:
             same_layer = layer_of[a] == layer_of[b]
             kinds = {FRAMEWORKS[a].workload_type, FRAMEWORKS[b].workload_type}
             if (same_layer or len(kinds) > 1) and frozenset({a, b}) not in STACKS:
-                conflicts.append({"frameworks": [a, b], "confidence": [kept[a], kept[b]],
-                                  "reason": "two inference servers" if kinds == {"inference"}
-                                  else "training and inference" if len(kinds) > 1
-                                  else f"two {layer_of[a]} frameworks"})  # fmt: skip
+                conflicts.append(
+                    {
+                        "frameworks": [a, b],
+                        "confidence": [kept[a], kept[b]],
+                        "reason": "two inference servers"
+                        if kinds == {"inference"}
+                        else "training and inference"
+                        if len(kinds) > 1
+                        else f"two {layer_of[a]} frameworks",
+                    }
+                )
     top = stack[0]
     base = next((fw for fw in stack if layer_of[fw] in ("orchestration", "inference")), "")
     wrapper = next((fw for fw in stack if layer_of[fw] == "wrapper"), "")
     confidence = max(kept[top], kept.get(base, 0.0))
-    used = sorted({e.source for fw in kept for e in by_fw[fw]},
-                  key=lambda s: SOURCES.index(s) if s in SOURCES else 99)  # fmt: skip
+    used = sorted(
+        {e.source for fw in kept for e in by_fw[fw]},
+        key=lambda s: SOURCES.index(s) if s in SOURCES else 99,
+    )
     lead = base or top
     if conflicts:
         status = "conflict"
@@ -296,8 +369,16 @@ def verdict(evidence: list[Evidence]) -> Verdict:
         status = "confirmed"
     else:
         status = "suspected"
-    return Verdict(status=status, framework=top, frameworks=stack,
-                   workload_type=FRAMEWORKS[lead].workload_type, confidence=confidence,
-                   framework_layer=layer_of[top], wrapper_framework=wrapper,
-                   base_framework=base, sources=used, conflicts=conflicts,
-                   scores=scores)  # fmt: skip
+    return Verdict(
+        status=status,
+        framework=top,
+        frameworks=stack,
+        workload_type=FRAMEWORKS[lead].workload_type,
+        confidence=confidence,
+        framework_layer=layer_of[top],
+        wrapper_framework=wrapper,
+        base_framework=base,
+        sources=used,
+        conflicts=conflicts,
+        scores=scores,
+    )

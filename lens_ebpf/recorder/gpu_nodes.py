@@ -17,8 +17,11 @@ from lens_ebpf.recorder.store.schema import Scoped
 STATUS_COLORS = {"Ready": "green", "NotReady": "red", "Unknown": "yellow"}  # the original's
 # the node label that names its GPUs, as the original reads it (AMD's labeller, NVIDIA's),
 # then GPU feature discovery's product label
-GPU_NAME_LABELS = ("amd.com/gpu.product-name", "nvidia.com/gpu.device-name",
-                   "nvidia.com/gpu.product")  # fmt: skip
+GPU_NAME_LABELS = (
+    "amd.com/gpu.product-name",
+    "nvidia.com/gpu.device-name",
+    "nvidia.com/gpu.product",
+)
 ORDER = {"name", "ip", "gpu_name", "gpu_count", "gpu_allocation", "gpu_utilization", "status"}
 
 
@@ -29,26 +32,50 @@ def gpu_nodes(conn: Connection, t: Scoped, only: str | None = None) -> list[dict
     allocated: dict[str, int] = {}
     for a in gpu_allocation(conn, t, only):
         allocated[a["node"]] = allocated.get(a["node"], 0) + a["allocated"]
-    nodes = list(conn.execute(select(n).where(n.c.deleted.is_(False),
-                                              *([n.c.name == only] if only else []))
-                              .order_by(n.c.name)))  # fmt: skip
+    nodes = list(
+        conn.execute(
+            select(n)
+            .where(n.c.deleted.is_(False), *([n.c.name == only] if only else []))
+            .order_by(n.c.name)
+        )
+    )
     unnamed = [r.name for r in nodes if not any((r.labels or {}).get(k) for k in GPU_NAME_LABELS)]
-    models = {str(r.node): str(r.model) for r in conn.execute(
-        select(nd.c.node, nd.c.model).where(nd.c.kind == "gpu", nd.c.present.is_(True),
-                                            nd.c.model != "", nd.c.node.in_(unnamed)))
-    } if unnamed else {}  # fmt: skip
+    models = (
+        {
+            str(r.node): str(r.model)
+            for r in conn.execute(
+                select(nd.c.node, nd.c.model).where(
+                    nd.c.kind == "gpu",
+                    nd.c.present.is_(True),
+                    nd.c.model != "",
+                    nd.c.node.in_(unnamed),
+                )
+            )
+        }
+        if unnamed
+        else {}
+    )
     out = []
     for row in nodes:
         count = sum(int(v) for v in (row.gpu_capacity or {}).values())
         if not count:
             continue
         labels = row.labels or {}
-        name = next((labels[k] for k in GPU_NAME_LABELS if labels.get(k)), "") or \
-            models.get(row.name, "")  # fmt: skip
-        out.append({"name": row.name, "ip": row.address, "gpu_name": name, "gpu_count": count,
-                    "gpu_allocation": allocated.get(row.name, 0), "gpu_utilization": 0.0,
-                    "status": row.status,
-                    "status_color": STATUS_COLORS.get(row.status, "")})  # fmt: skip
+        name = next((labels[k] for k in GPU_NAME_LABELS if labels.get(k)), "") or models.get(
+            row.name, ""
+        )
+        out.append(
+            {
+                "name": row.name,
+                "ip": row.address,
+                "gpu_name": name,
+                "gpu_count": count,
+                "gpu_allocation": allocated.get(row.name, 0),
+                "gpu_utilization": 0.0,
+                "status": row.status,
+                "status_color": STATUS_COLORS.get(row.status, ""),
+            }
+        )
     return out
 
 
@@ -63,15 +90,30 @@ def known(conn: Connection, t: Scoped, name: str) -> None:
         raise NotFound(f"node not found: {name!r}")
 
 
-def node_list(conn: Connection, c: Scope, now: datetime, num: int, size: int, order_by: str,
-              desc: bool, sub: str, gpu: str, wanted: set[str]) -> dict[str, Any]:  # fmt: skip
+def node_list(
+    conn: Connection,
+    c: Scope,
+    now: datetime,
+    num: int,
+    size: int,
+    order_by: str,
+    desc: bool,
+    sub: str,
+    gpu: str,
+    wanted: set[str],
+) -> dict[str, Any]:
     """One page of the GPU nodes whose name holds sub, with that GPU name (any: "") and
     status (any: empty), ordered by a field of ORDER; each with its GPUs' mean utilization
     now (0 where Prometheus cannot answer, said in meta.message: ordered by it, they are
     then in name order)."""
     nodes = gpu_nodes(conn, c.tables)
-    nodes = [n for n in nodes if sub in n["name"] and (not gpu or n["gpu_name"] == gpu)
-             and (not wanted or n["status"] in wanted)]  # fmt: skip
+    nodes = [
+        n
+        for n in nodes
+        if sub in n["name"]
+        and (not gpu or n["gpu_name"] == gpu)
+        and (not wanted or n["status"] in wanted)
+    ]
 
     def utilization(of: list[dict[str, Any]], every: bool) -> None:
         if not of:
@@ -101,23 +143,35 @@ def node_detail(conn: Connection, c: Scope, name: str, now: datetime) -> dict[st
         raise NotFound(f"node not found: {name!r}")
     listed = next(iter(gpu_nodes(conn, c.tables, name)), None)
     nd = c.tables.node_devices
-    drivers = sorted({str(d) for (d,) in conn.execute(select(nd.c.driver_version).where(
-        nd.c.node == name, nd.c.kind == "gpu", nd.c.present.is_(True),
-        nd.c.driver_version != ""))})  # fmt: skip
+    drivers = sorted(
+        {
+            str(d)
+            for (d,) in conn.execute(
+                select(nd.c.driver_version).where(
+                    nd.c.node == name,
+                    nd.c.kind == "gpu",
+                    nd.c.present.is_(True),
+                    nd.c.driver_version != "",
+                )
+            )
+        }
+    )
     # the CPU model is the agent's hw_node_info; without Prometheus: the count alone
     info = c.prom.maybe_instant(f'hw_node_info{{node="{prom.escape(name)}"}}', now) or []
     model = next((lbl.get("cpu_model", "") for lbl, _ in info), "")
     runtime = str(row.container_runtime)
     return {
-        "name": row.name, "health": row.status,
+        "name": row.name,
+        "health": row.status,
         "cpu": f"{row.cpu_count} X {model}" if model else str(row.cpu_count),
-        "memory": row.memory, "os": row.os_image, "gpu_driver_version": ",".join(drivers),
-        "static_gpu_details": f"{listed['gpu_count']} X {listed['gpu_name']}" if listed
-        else "",
+        "memory": row.memory,
+        "os": row.os_image,
+        "gpu_driver_version": ",".join(drivers),
+        "static_gpu_details": f"{listed['gpu_count']} X {listed['gpu_name']}" if listed else "",
         "kubelet_version": row.kubelet_version,
         "containerd_version": runtime.removeprefix("containerd://"),
         "cluster_name": c.name,
-    }  # fmt: skip
+    }
 
 
 def node_gpu_devices(conn: Connection, c: Scope, name: str, now: datetime) -> dict[str, Any]:
@@ -131,8 +185,11 @@ def node_gpu_devices(conn: Connection, c: Scope, name: str, now: datetime) -> di
     values: dict[str, dict[tuple[str, str], float] | None] = {}
     for key, expr in prom.node_gpus(name).items():
         got = c.prom.maybe_instant(expr, now) if gpus else []
-        values[key] = None if got is None else {
-            (lbl.get("vendor", ""), lbl.get("gpu_index", "")): v for lbl, v in got}  # fmt: skip
+        values[key] = (
+            None
+            if got is None
+            else {(lbl.get("vendor", ""), lbl.get("gpu_index", "")): v for lbl, v in got}
+        )
 
     def figure(key: str, k: tuple[str, str]) -> float | None:
         return (values[key] or {}).get(k)
@@ -141,33 +198,51 @@ def node_gpu_devices(conn: Connection, c: Scope, name: str, now: datetime) -> di
     for g in gpus:
         k = (g.vendor, str(g.idx))
         total = figure("memory", k)
-        devices.append({"deviceId": int(g.idx), "model": g.model,
-                        "memory": f"{int(total // 2**30)}GB" if total is not None else "",
-                        "utilization": figure("utilization", k) or 0.0,
-                        "temperature": figure("temperature", k) or 0.0,
-                        "power": figure("power", k) or 0.0})  # fmt: skip
+        devices.append(
+            {
+                "deviceId": int(g.idx),
+                "model": g.model,
+                "memory": f"{int(total // 2**30)}GB" if total is not None else "",
+                "utilization": figure("utilization", k) or 0.0,
+                "temperature": figure("temperature", k) or 0.0,
+                "power": figure("power", k) or 0.0,
+            }
+        )
     return {"node_name": name, "cluster_name": c.name, "devices": devices}
 
 
-def node_gpu_metrics(conn: Connection, c: Scope, name: str, start: int, end: int,
-                     step: int) -> dict[str, Any]:  # fmt: skip
+def node_gpu_metrics(
+    conn: Connection, c: Scope, name: str, start: int, end: int, step: int
+) -> dict[str, Any]:
     """NodeGPUMetricsResponse: the node's GPUs' utilization (one series per GPU) and its
     allocation rate, percent (prom.TooManyPoints beyond max_points)."""
     known(conn, c.tables, name)
-    return {key: {"serial": 0, "series": c.prom.graph(expr, start, end, step),
-                  "config": {"y_axis_unit": "%"}}
-            for key, expr in prom.node_history(name).items()}  # fmt: skip
+    return {
+        key: {
+            "serial": 0,
+            "series": c.prom.graph(expr, start, end, step),
+            "config": {"y_axis_unit": "%"},
+        }
+        for key, expr in prom.node_history(name).items()
+    }
 
 
 def utilization(conn: Connection, c: Scope, now: datetime) -> dict[str, Any]:
     """model.GPUUtilization: the cluster's allocation rate (percent, from the pods and nodes
     it keeps) and GPU utilization now (percent; 0 where Prometheus cannot answer)."""
-    return {"allocationRate": allocation_percent(conn, c.tables),
-            "utilization": c.prom.maybe_scalar(prom.UTILIZATION, now)}  # fmt: skip
+    return {
+        "allocationRate": allocation_percent(conn, c.tables),
+        "utilization": c.prom.maybe_scalar(prom.UTILIZATION, now),
+    }
 
 
 def utilization_history(c: Scope, start: int, end: int, step: int) -> dict[str, Any]:
     """model.GpuUtilizationHistory: allocation rate, utilization, VRAM use over time."""
-    return {key: c.prom.series(q, start, end, step) for key, q in (
-        ("allocationRate", prom.ALLOCATION_RATE), ("utilization", prom.UTILIZATION),
-        ("vramUtilization", prom.VRAM_RATIO))}  # fmt: skip
+    return {
+        key: c.prom.series(q, start, end, step)
+        for key, q in (
+            ("allocationRate", prom.ALLOCATION_RATE),
+            ("utilization", prom.UTILIZATION),
+            ("vramUtilization", prom.VRAM_RATIO),
+        )
+    }

@@ -33,8 +33,9 @@ def parameters(params: dict[str, str], query: dict[str, str]) -> None:
     for got in (params, query):
         for name, value in got.items():
             if NUL in name or NUL in value:
-                raise BadRequest(f"{shown(name)}={shown(value)}: a NUL character (\\u0000) is "
-                                 "not taken")  # fmt: skip
+                raise BadRequest(
+                    f"{shown(name)}={shown(value)}: a NUL character (\\u0000) is " "not taken"
+                )
 
 
 def whole(raw: Any, name: str, lowest: int = INT_MIN, highest: int = INT_MAX) -> int:
@@ -63,8 +64,9 @@ def unix_time(seconds: float, name: str, raw: str = "") -> datetime:
             raise ValueError
         return datetime.fromtimestamp(seconds, UTC)
     except (ValueError, OverflowError, OSError):
-        raise BadRequest(f"{name}={shown(raw or str(seconds))}: not a time (out of range)") \
-            from None  # fmt: skip
+        raise BadRequest(
+            f"{name}={shown(raw or str(seconds))}: not a time (out of range)"
+        ) from None
 
 
 def checked(value: Any, where: str = "", nul: bool = False) -> None:

@@ -24,12 +24,14 @@ from lens_ebpf.recorder.store import schema as t
 from lens_ebpf.recorder.store.writer import Op, Writer
 
 STATUSES = ("running", "success", "failed", "cancelled", "timeout")
-ORDER = {"started_at": t.job_execution_history.c.started_at,
-         "ended_at": t.job_execution_history.c.ended_at,
-         "duration_seconds": t.job_execution_history.c.duration_seconds,
-         "job_name": t.job_execution_history.c.job_name,
-         "status": t.job_execution_history.c.status,
-         "id": t.job_execution_history.c.id}  # fmt: skip
+ORDER = {
+    "started_at": t.job_execution_history.c.started_at,
+    "ended_at": t.job_execution_history.c.ended_at,
+    "duration_seconds": t.job_execution_history.c.duration_seconds,
+    "job_name": t.job_execution_history.c.job_name,
+    "status": t.job_execution_history.c.status,
+    "id": t.job_execution_history.c.id,
+}
 STATS_RUNS = 10_000  # a job's statistics are of its last this many runs
 
 
@@ -52,8 +54,11 @@ def rows_of(result: object, queued: int) -> int:
         return queued
     if isinstance(result, int):
         return max(result, 0)
-    if isinstance(result, dict) and result and all(isinstance(v, int) and not isinstance(v, bool)
-                                                   for v in result.values()):  # fmt: skip
+    if (
+        isinstance(result, dict)
+        and result
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in result.values())
+    ):
         return sum(max(int(v), 0) for v in result.values())
     return queued
 
@@ -68,8 +73,15 @@ class JobHistory:
 
     HELD_MAX = 10_000
 
-    def __init__(self, engine: Engine, writer: Writer, home: str, leads: Callable[[], bool],
-                 enabled: Callable[[], bool], hostname: str = "") -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: Engine,
+        writer: Writer,
+        home: str,
+        leads: Callable[[], bool],
+        enabled: Callable[[], bool],
+        hostname: str = "",
+    ) -> None:
         self.engine, self.writer, self.home = engine, writer, home
         self.leads, self.enabled = leads, enabled
         self.hostname = hostname or socket.gethostname()
@@ -132,19 +144,26 @@ class JobHistory:
         ended = datetime.fromtimestamp(max(run.ended, run.started), UTC)
         rows = rows_of(run.result, queued)
         return {
-            "job_name": job.name, "job_type": job_type(job.name),
+            "job_name": job.name,
+            "job_type": job_type(job.name),
             "schedule": f"@every {job.interval:g}s",
             "status": "failed" if run.error else "success",
-            "started_at": started, "ended_at": ended,
+            "started_at": started,
+            "ended_at": ended,
             "duration_seconds": round(max(run.duration, 0.0), 6),
-            "error_message": run.error, "error_stack": run.stack,
-            "cluster_name": cluster_of(job.name, self.home), "hostname": self.hostname,
+            "error_message": run.error,
+            "error_stack": run.stack,
+            "cluster_name": cluster_of(job.name, self.home),
+            "hostname": self.hostname,
             "rows_touched": rows,
-            "metadata": {"leader_only": job.leader_only, "lane": job.lane or job.name,
-                         "interval_seconds": job.interval},
+            "metadata": {
+                "leader_only": job.leader_only,
+                "lane": job.lane or job.name,
+                "interval_seconds": job.interval,
+            },
             "execution_stats": {"rows_touched": rows, "writes_queued": queued},
             "created_at": ended,
-        }  # fmt: skip
+        }
 
 
 def prune(conn: Connection, now: datetime, days: float) -> int:
@@ -160,20 +179,31 @@ def run_json(r: Any) -> dict[str, Any]:
     finished_at, exit_code: what JobExecutionHistory.vue reads)."""
     ended = when(r.ended_at)
     return {
-        "id": int(r.id), "job_name": r.job_name, "job_type": r.job_type,
-        "schedule": r.schedule, "status": r.status, "started_at": when(r.started_at),
-        "ended_at": ended, "duration_seconds": float(r.duration_seconds),
-        "error_message": r.error_message, "error_stack": r.error_stack,
-        "cluster_name": r.cluster_name, "hostname": r.hostname,
-        "metadata": r.metadata or {}, "execution_stats": r.execution_stats or {},
+        "id": int(r.id),
+        "job_name": r.job_name,
+        "job_type": r.job_type,
+        "schedule": r.schedule,
+        "status": r.status,
+        "started_at": when(r.started_at),
+        "ended_at": ended,
+        "duration_seconds": float(r.duration_seconds),
+        "error_message": r.error_message,
+        "error_stack": r.error_stack,
+        "cluster_name": r.cluster_name,
+        "hostname": r.hostname,
+        "metadata": r.metadata or {},
+        "execution_stats": r.execution_stats or {},
         "created_at": when(r.created_at),
-        "rows_touched": int(r.rows_touched), "duration": float(r.duration_seconds),
-        "finished_at": ended, "exit_code": 0 if r.status == "success" else 1,
-    }  # fmt: skip
+        "rows_touched": int(r.rows_touched),
+        "duration": float(r.duration_seconds),
+        "finished_at": ended,
+        "exit_code": 0 if r.status == "success" else 1,
+    }
 
 
-def listing(conn: Connection, filters: dict[str, Any], order_by: str, num: int,
-            size: int) -> dict[str, Any]:  # fmt: skip
+def listing(
+    conn: Connection, filters: dict[str, Any], order_by: str, num: int, size: int
+) -> dict[str, Any]:
     """The page's list: {data, total, pageNum, pageSize}; filters: job_name and job_type
     (a part of it), status, cluster_name, hostname (exactly), start_time_from/to,
     min/max_duration."""
@@ -197,8 +227,9 @@ def listing(conn: Connection, filters: dict[str, Any], order_by: str, num: int,
     field, _, direction = order_by.strip().partition(" ")
     col = ORDER.get(field or "started_at")
     if col is None or direction.strip().upper() not in ("", "ASC", "DESC"):
-        raise BadRequest(f"order_by={order_by!r}: a field of {', '.join(ORDER)}, then ASC or "
-                         "DESC")  # fmt: skip
+        raise BadRequest(
+            f"order_by={order_by!r}: a field of {', '.join(ORDER)}, then ASC or " "DESC"
+        )
     ordered = col.asc() if direction.strip().upper() == "ASC" else col.desc()
     q = select(h).where(*where).order_by(ordered, h.c.id.desc()).offset((num - 1) * size)
     data = [run_json(r) for r in conn.execute(q.limit(size))]
@@ -215,8 +246,12 @@ def one(conn: Connection, run_id: int) -> dict[str, Any]:
 
 def recent_failures(conn: Connection, limit: int) -> list[dict[str, Any]]:
     h = t.job_execution_history
-    q = select(h).where(h.c.status.in_(("failed", "timeout"))) \
-        .order_by(h.c.started_at.desc(), h.c.id.desc()).limit(limit)  # fmt: skip
+    q = (
+        select(h)
+        .where(h.c.status.in_(("failed", "timeout")))
+        .order_by(h.c.started_at.desc(), h.c.id.desc())
+        .limit(limit)
+    )
     return [run_json(r) for r in conn.execute(q)]
 
 
@@ -224,8 +259,12 @@ def job_statistics(conn: Connection, name: str) -> dict[str, Any]:
     """database.JobStatistics of the job's runs (its last STATS_RUNS), and the page's
     JobStatistics names beside them (success rate, median, common errors)."""
     h = t.job_execution_history
-    q = select(h.c.status, h.c.duration_seconds, h.c.started_at, h.c.error_message) \
-        .where(h.c.job_name == name).order_by(h.c.started_at.desc()).limit(STATS_RUNS)  # fmt: skip
+    q = (
+        select(h.c.status, h.c.duration_seconds, h.c.started_at, h.c.error_message)
+        .where(h.c.job_name == name)
+        .order_by(h.c.started_at.desc())
+        .limit(STATS_RUNS)
+    )
     runs = list(conn.execute(q))
     counts = Counter(r.status for r in runs)
     durations = [float(r.duration_seconds) for r in runs]
@@ -238,21 +277,29 @@ def job_statistics(conn: Connection, name: str) -> dict[str, Any]:
     total = len(runs)
     mean = statistics.fmean(durations) if durations else 0.0
     return {
-        "job_name": name, "total_runs": total, "success_count": counts["success"],
-        "failure_count": counts["failed"], "cancelled_count": counts["cancelled"],
-        "timeout_count": counts["timeout"], "avg_duration": mean,
-        "min_duration": min(durations, default=0.0), "max_duration": max(durations, default=0.0),
+        "job_name": name,
+        "total_runs": total,
+        "success_count": counts["success"],
+        "failure_count": counts["failed"],
+        "cancelled_count": counts["cancelled"],
+        "timeout_count": counts["timeout"],
+        "avg_duration": mean,
+        "min_duration": min(durations, default=0.0),
+        "max_duration": max(durations, default=0.0),
         "last_run_time": when(last.started_at) if last else None,
         "last_status": last.status if last else "",
         # the page's JobStatistics (services/job-execution-history)
-        "total_executions": total, "successful_executions": counts["success"],
-        "failed_executions": counts["failed"], "cancelled_executions": counts["cancelled"],
+        "total_executions": total,
+        "successful_executions": counts["success"],
+        "failed_executions": counts["failed"],
+        "cancelled_executions": counts["cancelled"],
         "timeout_executions": counts["timeout"],
         "success_rate": round(100.0 * counts["success"] / total, 2) if total else 0.0,
-        "average_duration": mean, "median_duration": statistics.median(durations)
-        if durations else 0.0,
+        "average_duration": mean,
+        "median_duration": statistics.median(durations) if durations else 0.0,
         "std_duration": statistics.pstdev(durations) if len(durations) > 1 else 0.0,
         "last_execution_at": when(last.started_at) if last else None,
-        "last_success_at": last_of("success"), "last_failure_at": last_of("failed", "timeout"),
+        "last_success_at": last_of("success"),
+        "last_failure_at": last_of("failed", "timeout"),
         "common_errors": [{"error_message": e, "count": n} for e, n in errors.most_common(5)],
-    }  # fmt: skip
+    }

@@ -56,10 +56,19 @@ def endpoint_of(cfg: LeaderElectionConfig, port: int) -> str:
 
 
 class Leadership(Collector):
-    def __init__(self, cfg: LeaderElectionConfig, namespace: str, engine: Engine,
-                 api_client: Any, request_timeout: float, port: int,
-                 tls: tuple[str, str] | None, recover: Callable[[], None],
-                 lead: Callable[[], None], unlead: Callable[[], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: LeaderElectionConfig,
+        namespace: str,
+        engine: Engine,
+        api_client: Any,
+        request_timeout: float,
+        port: int,
+        tls: tuple[str, str] | None,
+        recover: Callable[[], None],
+        lead: Callable[[], None],
+        unlead: Callable[[], None],
+    ) -> None:
         """Once this replica's term is claimed: recover() reads the leader's state back,
         then the leader-only jobs may run, and lead() starts the watches; unlead() ends
         them (the Lease lost or given up)."""
@@ -68,14 +77,24 @@ class Leadership(Collector):
         self.endpoint = endpoint_of(cfg, port)
         self.tls = tls  # (cert, key) of the service's HTTPS: how the leader is reached
         self._recover, self._lead, self._unlead = recover, lead, unlead
-        self.fence = LeaderFence(engine, cfg.name, self.identity, self.endpoint,
-                                 lambda: self.elector.is_leader())  # fmt: skip
+        self.fence = LeaderFence(
+            engine, cfg.name, self.identity, self.endpoint, lambda: self.elector.is_leader()
+        )
         self.elector = LeaderElector(
-            ElectionSettings(namespace, cfg.name, self.identity, cfg.lease_duration_seconds,
-                             cfg.renew_deadline_seconds, cfg.retry_period_seconds,
-                             min(request_timeout, cfg.renew_deadline_seconds / 2)),
-            LeaseApi(api_client, request_timeout), self._started, self._stopped, once=True,
-        )  # fmt: skip
+            ElectionSettings(
+                namespace,
+                cfg.name,
+                self.identity,
+                cfg.lease_duration_seconds,
+                cfg.renew_deadline_seconds,
+                cfg.retry_period_seconds,
+                min(request_timeout, cfg.renew_deadline_seconds / 2),
+            ),
+            LeaseApi(api_client, request_timeout),
+            self._started,
+            self._stopped,
+            once=True,
+        )
         self.working = False  # the leader's parts run (its term claimed)
         self.lost = threading.Event()  # leading ended: a replica leads once (then restarts)
         self._stop = threading.Event()
@@ -100,8 +119,10 @@ class Leadership(Collector):
                 self.fence.claim()
                 break
             except SQLAlchemyError as exc:  # the database is down: no leader write before
-                log.warning("recorder: leading, but the term cannot be claimed (%s); again "
-                            "in a second", type(exc).__name__)  # fmt: skip
+                log.warning(
+                    "recorder: leading, but the term cannot be claimed (%s); again " "in a second",
+                    type(exc).__name__,
+                )
                 time.sleep(1)
         else:
             return
@@ -116,9 +137,14 @@ class Leadership(Collector):
 
     def state(self) -> dict[str, Any]:
         holder, endpoint = self.leader()
-        return {"identity": self.identity, "leading": self.leads(), "term": self.fence.term,
-                "lease_holder": self.elector.holder, "leader": holder,
-                "leader_endpoint": endpoint}  # fmt: skip
+        return {
+            "identity": self.identity,
+            "leading": self.leads(),
+            "term": self.fence.term,
+            "lease_holder": self.elector.holder,
+            "leader": holder,
+            "leader_endpoint": endpoint,
+        }
 
     def leader(self) -> tuple[str, str]:
         """(identity, endpoint) of the current term's leader, as the database says."""
@@ -128,19 +154,26 @@ class Leadership(Collector):
             return "", ""
 
     # -- POST /logs handed to the leader --------------------------------------------------
-    def forward(self, route: str, body: bytes, headers: dict[str, str],
-                query: dict[str, str]) -> Outcome:  # fmt: skip
+    def forward(
+        self, route: str, body: bytes, headers: dict[str, str], query: dict[str, str]
+    ) -> Outcome:
         """The request as the leader answers it; 503 (retry) while none can."""
         if headers.get(FORWARDED):
             self.forwards["refused"] += 1
-            return Outcome(503, f"{route}: handed here by {headers[FORWARDED]}, but "
-                           f"{self.identity} does not lead now: retry", headers={
-                               "Retry-After": "1"})  # fmt: skip
+            return Outcome(
+                503,
+                f"{route}: handed here by {headers[FORWARDED]}, but "
+                f"{self.identity} does not lead now: retry",
+                headers={"Retry-After": "1"},
+            )
         holder, endpoint = self.leader()
         if not endpoint or holder == self.identity:
             self.forwards["unavailable"] += 1
-            return Outcome(503, f"{route}: no replica leads now (an election is under way): "
-                           "retry", headers={"Retry-After": "2"})  # fmt: skip
+            return Outcome(
+                503,
+                f"{route}: no replica leads now (an election is under way): " "retry",
+                headers={"Retry-After": "2"},
+            )
         scheme = "https" if self.tls else "http"
         url = f"{scheme}://{endpoint}/{route.lstrip('/')}"
         if query:
@@ -149,8 +182,9 @@ class Leadership(Collector):
         sent[FORWARDED] = self.identity
         req = urllib.request.Request(url, data=body, headers=sent, method="POST")
         try:
-            with urllib.request.urlopen(req, timeout=self.cfg.forward_timeout_seconds,
-                                        context=self._context()) as r:  # fmt: skip
+            with urllib.request.urlopen(
+                req, timeout=self.cfg.forward_timeout_seconds, context=self._context()
+            ) as r:
                 status, raw = r.status, r.read()
         except urllib.error.HTTPError as exc:
             status, raw = exc.code, exc.read()
@@ -188,22 +222,40 @@ class Leadership(Collector):
 
     def collect(self) -> Iterator[Metric]:
         e = self.elector
-        lead = Metric("lens_recorder_leader", "1 while this replica leads (its Lease held and "
-                      "its term claimed)", "gauge")  # fmt: skip
-        lead.add_sample("lens_recorder_leader", {"identity": self.identity},
-                        1.0 if self.leads() else 0.0)  # fmt: skip
+        lead = Metric(
+            "lens_recorder_leader",
+            "1 while this replica leads (its Lease held and " "its term claimed)",
+            "gauge",
+        )
+        lead.add_sample(
+            "lens_recorder_leader", {"identity": self.identity}, 1.0 if self.leads() else 0.0
+        )
         yield lead
-        yield counter("lens_recorder_leader_transitions", "This replica's leadership changes: "
-                      "acquired (it began to lead), lost (a renewal missed its deadline), "
-                      "released (it stopped and gave the Lease up)", e.events,
-                      "event")  # fmt: skip
-        yield counter("lens_recorder_lease_errors", "Lease reads and writes that failed: "
-                      "conflict (another replica wrote first), failure (the API)",
-                      {"conflict": e.conflicts, "failure": e.failures}, "reason")  # fmt: skip
-        yield counter("lens_recorder_leader_writes_refused", "Leader transactions the term "
-                      "check refused (this replica no longer led)",
-                      {"": self.fence.refused})  # fmt: skip
-        yield counter("lens_recorder_logs_forwarded", "POST /logs a follower handed to the "
-                      "leader, by result: ok (the leader answered), refused (handed here "
-                      "though this replica does not lead), unavailable (no leader answered)",
-                      self.forwards, "result")  # fmt: skip
+        yield counter(
+            "lens_recorder_leader_transitions",
+            "This replica's leadership changes: "
+            "acquired (it began to lead), lost (a renewal missed its deadline), "
+            "released (it stopped and gave the Lease up)",
+            e.events,
+            "event",
+        )
+        yield counter(
+            "lens_recorder_lease_errors",
+            "Lease reads and writes that failed: "
+            "conflict (another replica wrote first), failure (the API)",
+            {"conflict": e.conflicts, "failure": e.failures},
+            "reason",
+        )
+        yield counter(
+            "lens_recorder_leader_writes_refused",
+            "Leader transactions the term " "check refused (this replica no longer led)",
+            {"": self.fence.refused},
+        )
+        yield counter(
+            "lens_recorder_logs_forwarded",
+            "POST /logs a follower handed to the "
+            "leader, by result: ok (the leader answered), refused (handed here "
+            "though this replica does not lead), unavailable (no leader answered)",
+            self.forwards,
+            "result",
+        )

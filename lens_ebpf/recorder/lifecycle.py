@@ -57,8 +57,9 @@ def _redact_containers(spec: dict[str, Any]) -> None:
             if not isinstance(c, dict):
                 continue
             if "env" in c:  # names stay (what was set), values and references go
-                c["env"] = [{"name": e.get("name", "")} for e in c["env"] or ()
-                            if isinstance(e, dict)]  # fmt: skip
+                c["env"] = [
+                    {"name": e.get("name", "")} for e in c["env"] or () if isinstance(e, dict)
+                ]
             c.pop("envFrom", None)
 
 
@@ -92,8 +93,11 @@ class Change:
 
 
 def _conditions(status: dict[str, Any]) -> dict[str, str]:
-    return {str(c.get("type")): str(c.get("status", "")) for c in status.get("conditions") or ()
-            if isinstance(c, dict) and c.get("type")}  # fmt: skip
+    return {
+        str(c.get("type")): str(c.get("status", ""))
+        for c in status.get("conditions") or ()
+        if isinstance(c, dict) and c.get("type")
+    }
 
 
 def _restarts(status: dict[str, Any]) -> dict[str, int]:
@@ -135,8 +139,11 @@ def _templates(node: Any, multiplier: int, out: list[tuple[dict[str, Any], int]]
     count = node.get("parallelism", node.get("replicas", 1))
     count = count if isinstance(count, int) and count >= 0 else 1
     tmpl = node.get("template")
-    if isinstance(tmpl, dict) and isinstance(tmpl.get("spec"), dict) and \
-            "containers" in tmpl["spec"]:  # fmt: skip
+    if (
+        isinstance(tmpl, dict)
+        and isinstance(tmpl.get("spec"), dict)
+        and "containers" in tmpl["spec"]
+    ):
         out.append((tmpl, multiplier * count))
     for key, value in node.items():
         if key != "template":

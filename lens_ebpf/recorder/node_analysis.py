@@ -19,8 +19,9 @@ from lens_ebpf.recorder.scope import Scope
 LOW_UTILIZATION = 30.0  # percent
 
 
-def _nodes(conn: Connection, c: Scope, now: datetime, only: str | None = None
-           ) -> list[dict[str, Any]]:  # fmt: skip
+def _nodes(
+    conn: Connection, c: Scope, now: datetime, only: str | None = None
+) -> list[dict[str, Any]]:
     """The GPU nodes with their utilization now (None: Prometheus could not say)."""
     nodes = gpu_nodes(conn, c.tables, only)
     if not nodes:
@@ -37,8 +38,11 @@ def _pods(conn: Connection, c: Scope, node: str | None = None) -> dict[str, list
     p = c.tables.gpu_pods
     cond = [p.c.running.is_(True), p.c.deleted.is_(False)] + ([p.c.node == node] if node else [])
     out: dict[str, list[Any]] = {}
-    for r in conn.execute(select(p.c.node, p.c.namespace, p.c.name, p.c.gpus).where(*cond)
-                          .order_by(p.c.namespace, p.c.name)):  # fmt: skip
+    for r in conn.execute(
+        select(p.c.node, p.c.namespace, p.c.name, p.c.gpus)
+        .where(*cond)
+        .order_by(p.c.namespace, p.c.name)
+    ):
         out.setdefault(str(r.node), []).append(r)
     return out
 
@@ -63,43 +67,62 @@ def node_fragmentation(node: dict[str, Any], gpus: list[int]) -> dict[str, Any]:
     util = node["gpu_utilization"]
     gap = (rate * 100 - util) / 100 if util is not None and util < rate * 100 else 0.0
     score = min((1 - rate) * 40 + gap * 40 + _partial_penalty(gpus, total) * 20, 100.0)
-    return {"node_name": node["name"], "total_gpus": total, "allocated_gpus": allocated,
-            "available_gpus": total - allocated, "fragmentation_score": score,
-            "status": status_of(score), "utilization": util}  # fmt: skip
+    return {
+        "node_name": node["name"],
+        "total_gpus": total,
+        "allocated_gpus": allocated,
+        "available_gpus": total - allocated,
+        "fragmentation_score": score,
+        "status": status_of(score),
+        "utilization": util,
+    }
 
 
 def fragmentation(conn: Connection, c: Scope, now: datetime) -> dict[str, Any]:
     """FragmentationAnalysisResponse."""
     nodes = _nodes(conn, c, now)
     pods = _pods(conn, c)
-    frags = [node_fragmentation(n, [int(p.gpus) for p in pods.get(n["name"], [])])
-             for n in nodes]  # fmt: skip
-    by = {s: sum(1 for f in frags if f["status"] == s)
-          for s in ("healthy", "fragmented", "critical")}  # fmt: skip
+    frags = [node_fragmentation(n, [int(p.gpus) for p in pods.get(n["name"], [])]) for n in nodes]
+    by = {
+        s: sum(1 for f in frags if f["status"] == s) for s in ("healthy", "fragmented", "critical")
+    }
     total = sum(f["total_gpus"] for f in frags)
     wasted = sum(f["available_gpus"] for f in frags if f["status"] != "healthy")
     advice = []
     if by["critical"]:
-        advice.append("Critical fragmentation detected on some nodes. Consider pod "
-                      "consolidation or rebalancing.")  # fmt: skip
-    if any(f["allocated_gpus"] > 0 and f["utilization"] is not None
-           and f["utilization"] < LOW_UTILIZATION for f in frags):  # fmt: skip
-        advice.append("Some nodes have allocated GPUs with low utilization. Check if pods "
-                      "are idle.")  # fmt: skip
+        advice.append(
+            "Critical fragmentation detected on some nodes. Consider pod "
+            "consolidation or rebalancing."
+        )
+    if any(
+        f["allocated_gpus"] > 0
+        and f["utilization"] is not None
+        and f["utilization"] < LOW_UTILIZATION
+        for f in frags
+    ):
+        advice.append(
+            "Some nodes have allocated GPUs with low utilization. Check if pods " "are idle."
+        )
     if any(f["status"] == "fragmented" and f["available_gpus"] > 0 for f in frags):
-        advice.append("Some nodes have fragmented GPU allocation. Consider using pod "
-                      "affinity/anti-affinity rules.")  # fmt: skip
+        advice.append(
+            "Some nodes have fragmented GPU allocation. Consider using pod "
+            "affinity/anti-affinity rules."
+        )
     return {
         "cluster": c.name,
         "cluster_fragmentation_score": sum(f["fragmentation_score"] for f in frags) / len(frags),
         "total_nodes": len(frags),
         "node_fragmentations": [{**f, "utilization": f["utilization"] or 0.0} for f in frags],
-        "recommendations": advice or ["Cluster GPU allocation is healthy. No immediate "
-                                      "action needed."],
-        "summary": {"healthy_nodes": by["healthy"], "fragmented_nodes": by["fragmented"],
-                    "critical_nodes": by["critical"], "total_wasted_gpus": wasted,
-                    "waste_percentage": 100 * wasted / total if total else 0.0},
-    }  # fmt: skip
+        "recommendations": advice
+        or ["Cluster GPU allocation is healthy. No immediate " "action needed."],
+        "summary": {
+            "healthy_nodes": by["healthy"],
+            "fragmented_nodes": by["fragmented"],
+            "critical_nodes": by["critical"],
+            "total_wasted_gpus": wasted,
+            "waste_percentage": 100 * wasted / total if total else 0.0,
+        },
+    }
 
 
 def node_detail(conn: Connection, c: Scope, name: str, now: datetime) -> dict[str, Any]:
@@ -108,10 +131,12 @@ def node_detail(conn: Connection, c: Scope, name: str, now: datetime) -> dict[st
     pods = _pods(conn, c, name).get(name, [])
     frag = node_fragmentation(node, [int(p.gpus) for p in pods])
     held = sum(int(p.gpus) for p in pods)
-    pattern = {"fully_allocated_pods": sum(1 for p in pods if p.gpus >= 4),
-               "partially_allocated_pods": sum(1 for p in pods if 0 < p.gpus < 4),
-               "gpu_sharing_enabled": False,
-               "largest_contiguous_gpu": frag["total_gpus"] - held}  # fmt: skip
+    pattern = {
+        "fully_allocated_pods": sum(1 for p in pods if p.gpus >= 4),
+        "partially_allocated_pods": sum(1 for p in pods if 0 < p.gpus < 4),
+        "gpu_sharing_enabled": False,
+        "largest_contiguous_gpu": frag["total_gpus"] - held,
+    }
     advice = []
     if frag["status"] == "critical":
         advice.append("Critical fragmentation: Consider migrating some pods to other nodes")
@@ -121,14 +146,28 @@ def node_detail(conn: Connection, c: Scope, name: str, now: datetime) -> dict[st
         advice.append("Limited contiguous GPU blocks. Difficult to schedule larger jobs")
     util = frag["utilization"]
     if util is not None and util < LOW_UTILIZATION and frag["allocated_gpus"] > 0:
-        advice.append("Low GPU utilization despite allocation. Check if pods are idle or "
-                      "waiting")  # fmt: skip
-    return {**{k: frag[k] for k in ("node_name", "total_gpus", "allocated_gpus",
-                                    "available_gpus", "fragmentation_score", "status")},
-            "allocation_pattern": pattern,
-            "running_pods": [{"pod_name": p.name, "namespace": p.namespace,
-                              "allocated_gpus": int(p.gpus)} for p in pods],
-            "recommendations": advice or ["Node GPU allocation is healthy"]}  # fmt: skip
+        advice.append(
+            "Low GPU utilization despite allocation. Check if pods are idle or " "waiting"
+        )
+    return {
+        **{
+            k: frag[k]
+            for k in (
+                "node_name",
+                "total_gpus",
+                "allocated_gpus",
+                "available_gpus",
+                "fragmentation_score",
+                "status",
+            )
+        },
+        "allocation_pattern": pattern,
+        "running_pods": [
+            {"pod_name": p.name, "namespace": p.namespace, "allocated_gpus": int(p.gpus)}
+            for p in pods
+        ],
+        "recommendations": advice or ["Node GPU allocation is healthy"],
+    }
 
 
 def _spread(rates: list[float]) -> tuple[float, float]:
@@ -163,21 +202,35 @@ def load_balance(conn: Connection, c: Scope, now: datetime) -> dict[str, Any]:
     idle = [x["node_name"] for x in loads if x["load_score"] < mean_load - 20]
     advice = []
     if hot:
-        advice.append("Hotspot nodes detected with high GPU load. Consider rebalancing "
-                      "workloads.")  # fmt: skip
+        advice.append(
+            "Hotspot nodes detected with high GPU load. Consider rebalancing " "workloads."
+        )
     if idle:
-        advice.append("Idle nodes detected with low GPU utilization. Consider consolidating "
-                      "workloads or draining nodes.")  # fmt: skip
+        advice.append(
+            "Idle nodes detected with low GPU utilization. Consider consolidating "
+            "workloads or draining nodes."
+        )
     if stddev > 20:
-        advice.append("High variance in node allocation. Consider implementing pod "
-                      "scheduling strategies.")  # fmt: skip
+        advice.append(
+            "High variance in node allocation. Consider implementing pod " "scheduling strategies."
+        )
     if mean < 40:
-        advice.append("Overall cluster GPU allocation is low. Consider optimizing resource "
-                      "requests.")  # fmt: skip
-    return {"cluster": c.name, "load_balance_score": 100 * (1 - min(cv, 1.0)),
-            "node_load_distribution": loads, "hotspot_nodes": hot, "idle_nodes": idle,
-            "recommendations": advice or ["Cluster load is well balanced. No immediate action "
-                                              "needed."],
-            "statistics": {"avg_allocation_rate": mean, "stddev_allocation": stddev,
-                           "max_allocation": max(rates), "min_allocation": min(rates),
-                           "variance": variance}}  # fmt: skip
+        advice.append(
+            "Overall cluster GPU allocation is low. Consider optimizing resource " "requests."
+        )
+    return {
+        "cluster": c.name,
+        "load_balance_score": 100 * (1 - min(cv, 1.0)),
+        "node_load_distribution": loads,
+        "hotspot_nodes": hot,
+        "idle_nodes": idle,
+        "recommendations": advice
+        or ["Cluster load is well balanced. No immediate action " "needed."],
+        "statistics": {
+            "avg_allocation_rate": mean,
+            "stddev_allocation": stddev,
+            "max_allocation": max(rates),
+            "min_allocation": min(rates),
+            "variance": variance,
+        },
+    }

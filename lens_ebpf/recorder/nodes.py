@@ -21,10 +21,12 @@ log = logging.getLogger(__name__)
 
 # labels kept: the GPU product (GPU feature discovery, AMD's labeller), the instance type
 # and the zone
-KEPT_LABELS = re.compile(r"^(nvidia\.com/gpu\.(product|count|memory|device-name)|amd\.com/gpu\.("
-                         r"product-name|family|vram|device-id)|beta\.amd\.com/gpu\.(product-"
-                         r"name|family)|node\.kubernetes\.io/instance-type|topology\.kubernetes"
-                         r"\.io/(zone|region))$")  # fmt: skip
+KEPT_LABELS = re.compile(
+    r"^(nvidia\.com/gpu\.(product|count|memory|device-name)|amd\.com/gpu\.("
+    r"product-name|family|vram|device-id)|beta\.amd\.com/gpu\.(product-"
+    r"name|family)|node\.kubernetes\.io/instance-type|topology\.kubernetes"
+    r"\.io/(zone|region))$"
+)
 
 
 def node_status(node: dict[str, Any]) -> str:
@@ -39,39 +41,55 @@ def node_row(node: dict[str, Any], resources: list[str], at: datetime) -> dict[s
     meta, status = node.get("metadata") or {}, node.get("status") or {}
     info = status.get("nodeInfo") or {}
     capacity, allocatable = status.get("capacity") or {}, status.get("allocatable") or {}
-    address = next((a.get("address", "") for a in status.get("addresses") or ()
-                    if isinstance(a, dict) and a.get("type") == "InternalIP"), "")  # fmt: skip
+    address = next(
+        (
+            a.get("address", "")
+            for a in status.get("addresses") or ()
+            if isinstance(a, dict) and a.get("type") == "InternalIP"
+        ),
+        "",
+    )
     return {
-        "name": meta["name"], "address": address, "status": node_status(node),
+        "name": meta["name"],
+        "address": address,
+        "status": node_status(node),
         "gpu_capacity": {r: whole(capacity[r]) for r in resources if r in capacity},
         "gpu_allocatable": {r: whole(allocatable[r]) for r in resources if r in allocatable},
-        "labels": {k: str(v) for k, v in (meta.get("labels") or {}).items()
-                   if KEPT_LABELS.match(k)},
+        "labels": {
+            k: str(v) for k, v in (meta.get("labels") or {}).items() if KEPT_LABELS.match(k)
+        },
         "cpu_count": whole(capacity.get("cpu")),
         "memory_bytes": whole(capacity.get("memory")),
         "memory": str(capacity.get("memory", "")),
-        "kernel": str(info.get("kernelVersion", "")), "os_image": str(info.get("osImage", "")),
+        "kernel": str(info.get("kernelVersion", "")),
+        "os_image": str(info.get("osImage", "")),
         "kubelet_version": str(info.get("kubeletVersion", "")),
         "container_runtime": str(info.get("containerRuntimeVersion", "")),
         "taints": len((node.get("spec") or {}).get("taints") or ()),
-        "deleted": False, "updated_at": at,
-    }  # fmt: skip
+        "deleted": False,
+        "updated_at": at,
+    }
 
 
 class NodeTracker:
     """Nodes listed and watched into the `nodes` table through the writer; a node that
     goes is kept, marked deleted."""
 
-    def __init__(self, list_nodes: Callable[..., Any], writer: Writer, resources: list[str],
-                 clock: Callable[[], datetime], cluster: str = "local",
-                 **reflector_opts: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        list_nodes: Callable[..., Any],
+        writer: Writer,
+        resources: list[str],
+        clock: Callable[[], datetime],
+        cluster: str = "local",
+        **reflector_opts: Any,
+    ) -> None:
         self.writer, self.resources, self.clock = writer, list(resources), clock
         self.cluster = cluster
         self.malformed = 0
         self.known: dict[str, dict[str, Any]] = {}  # name -> the row last written
         self.listed = False  # the first list writes even when empty (marks the gone)
-        self.reflector = Reflector("nodes", list_nodes, self.replace, self.event,
-                                   **reflector_opts)  # fmt: skip
+        self.reflector = Reflector("nodes", list_nodes, self.replace, self.event, **reflector_opts)
 
     def _row(self, node: dict[str, Any]) -> dict[str, Any] | None:
         try:
@@ -107,8 +125,9 @@ class NodeTracker:
                 upsert(conn, t.nodes, row, ["cluster", "name"])
             # every node the list does not have is gone (those the service knew before a
             # restart too)
-            stale = t.nodes.update().where(t.nodes.c.cluster == self.cluster,
-                                           t.nodes.c.deleted.is_(False))  # fmt: skip
+            stale = t.nodes.update().where(
+                t.nodes.c.cluster == self.cluster, t.nodes.c.deleted.is_(False)
+            )
             if names:
                 stale = stale.where(t.nodes.c.name.not_in(names))
             conn.execute(stale.values(deleted=True, updated_at=at))
@@ -124,9 +143,11 @@ class NodeTracker:
             self.known.pop(name, None)
 
             def gone(conn: Connection) -> None:
-                conn.execute(t.nodes.update().where(t.nodes.c.cluster == self.cluster,
-                                                    t.nodes.c.name == name)
-                             .values(deleted=True, updated_at=at))  # fmt: skip
+                conn.execute(
+                    t.nodes.update()
+                    .where(t.nodes.c.cluster == self.cluster, t.nodes.c.name == name)
+                    .values(deleted=True, updated_at=at)
+                )
 
             self.writer.submit(Op("nodes", gone))
             return

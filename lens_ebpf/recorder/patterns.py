@@ -43,14 +43,14 @@ def _compiled(pattern: str, ignore_case: bool, multi_line: bool) -> tuple[Any, s
         return None, _reason(exc)
 
 
-def compile(pattern: str, field: str, ignore_case: bool = False,
-            multi_line: bool = False) -> Any:  # fmt: skip
+def compile(pattern: str, field: str, ignore_case: bool = False, multi_line: bool = False) -> Any:
     """pattern compiled (search, fullmatch, match as re's); BadRequest naming field where
     RE2 refuses it."""
     got, why = _compiled(pattern, ignore_case, multi_line)
     if got is None:
-        raise BadRequest(f"{field}={pattern!r}: {why} (RE2 syntax: no backreferences or "
-                         "look-around)")  # fmt: skip
+        raise BadRequest(
+            f"{field}={pattern!r}: {why} (RE2 syntax: no backreferences or " "look-around)"
+        )
     return got
 
 

@@ -54,15 +54,18 @@ def node_gpus(node: str) -> dict[str, str]:
     """A node's GPUs, by what a device page shows: utilization (%), temperature (C),
     power (W), memory (bytes); each series carries gpu_index (and gpu_id renamed)."""
     sel = f'node="{escape(node)}"'
-    return {"utilization": f'label_replace(gpu_utilization{{{sel}}}, "gpu_index", "$1", '
-                           '"gpu_id", "(.*)")',
-            "temperature": f"gpu_temperature_celsius{{{sel}}}",
-            "power": f"gpu_power_draw_watts{{{sel}}}",
-            "memory": f"gpu_memory_total_bytes{{{sel}}}"}  # fmt: skip
+    return {
+        "utilization": f'label_replace(gpu_utilization{{{sel}}}, "gpu_index", "$1", '
+        '"gpu_id", "(.*)")',
+        "temperature": f"gpu_temperature_celsius{{{sel}}}",
+        "power": f"gpu_power_draw_watts{{{sel}}}",
+        "memory": f"gpu_memory_total_bytes{{{sel}}}",
+    }
 
 
-def workload_graphs(namespace: str, name: str, pods: list[str], nodes: list[str], step: int
-                    ) -> dict[str, tuple[int, str, str]]:  # fmt: skip
+def workload_graphs(
+    namespace: str, name: str, pods: list[str], nodes: list[str], step: int
+) -> dict[str, tuple[int, str, str]]:
     """A workload's metric graphs: title -> (serial, unit, PromQL). GPU series by the pods
     the agents label them with; TCP from its pods' nodes to its own pods (the agents'
     remote_* labels)."""
@@ -74,30 +77,50 @@ def workload_graphs(namespace: str, name: str, pods: list[str], nodes: list[str]
     window = f"{max(step, 60)}s"
     return {
         "GPU Utilization": (1, "%", f"avg by (node) (gpu_utilization{{{sel}}})"),
-        "GPU Memory Utilization": (2, "%", f"avg by (node) (gpu_memory_used_bytes{{{sel}}} "
-                                           f"/ gpu_memory_total_bytes{{{sel}}}) * 100"),
+        "GPU Memory Utilization": (
+            2,
+            "%",
+            f"avg by (node) (gpu_memory_used_bytes{{{sel}}} "
+            f"/ gpu_memory_total_bytes{{{sel}}}) * 100",
+        ),
         "GPU Power": (3, "W", f"avg by (node) (gpu_power_draw_watts{{{sel}}})"),
         "GPU Memory Used per Pod": (5, "B", f"sum by (pod) (gpu_memory_used_bytes{{{sel}}})"),
         "GPU Memory Used": (6, "B", f"sum(gpu_memory_used_bytes{{{sel}}})"),
         "GPU Power per Pod": (7, "W", f"sum by (pod) (gpu_power_draw_watts{{{sel}}})"),
-        "TCP Bytes to Own Pods": (8, "B/s", f"sum by (node) (rate(lens_tcp_sent_bytes_total"
-                                            f"{{{to_own}}}[{window}]) + rate("
-                                            f"lens_tcp_received_bytes_total{{{to_own}}}"
-                                            f"[{window}]))"),
-        "TCP RTT to Own Pods": (9, "s", f"histogram_quantile(0.5, sum by (node, le) (rate("
-                                        f"lens_tcp_rtt_seconds_bucket{{{to_own}}}[{window}])))"),
-    }  # fmt: skip
+        "TCP Bytes to Own Pods": (
+            8,
+            "B/s",
+            f"sum by (node) (rate(lens_tcp_sent_bytes_total"
+            f"{{{to_own}}}[{window}]) + rate("
+            f"lens_tcp_received_bytes_total{{{to_own}}}"
+            f"[{window}]))",
+        ),
+        "TCP RTT to Own Pods": (
+            9,
+            "s",
+            f"histogram_quantile(0.5, sum by (node, le) (rate("
+            f"lens_tcp_rtt_seconds_bucket{{{to_own}}}[{window}])))",
+        ),
+    }
 
 
 # the agents' RDMA port error counters (lens_rdma_port_<family>_total)
-RDMA_ERRORS = ("receive_errors", "transmit_discards", "receive_discards",
-               "transmit_constraint_errors", "receive_constraint_errors", "symbol_errors",
-               "link_downed", "link_error_recovery", "local_link_integrity_errors",
-               "excessive_buffer_overrun_errors", "receive_remote_physical_errors",
-               "receive_switch_relay_errors")  # fmt: skip
+RDMA_ERRORS = (
+    "receive_errors",
+    "transmit_discards",
+    "receive_discards",
+    "transmit_constraint_errors",
+    "receive_constraint_errors",
+    "symbol_errors",
+    "link_downed",
+    "link_error_recovery",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "receive_remote_physical_errors",
+    "receive_switch_relay_errors",
+)
 # NVIDIA's clock events that hold no clock down for a fault (idle, a setting, a boost)
-NOT_THROTTLING = ("gpu_idle", "applications_clocks_setting", "sync_boost",
-                  "display_clock_setting")  # fmt: skip
+NOT_THROTTLING = ("gpu_idle", "applications_clocks_setting", "sync_boost", "display_clock_setting")
 
 
 # the agents' measure of each pod's claims (kubelet summary): a claim mounted by several
@@ -112,15 +135,19 @@ VOLUME_MOUNTS = (
 def to_own_pods(namespace: str, workload: str, nodes: list[str]) -> str:
     """Matchers for the agents' TCP series from these nodes to the workload's own pods (the
     remote's identity labels name its top workload)."""
-    return (f'remote_namespace="{escape(namespace)}",remote_workload="{escape(workload)}",'
-            f'node=~"{any_of(nodes)}"')  # fmt: skip
+    return (
+        f'remote_namespace="{escape(namespace)}",remote_workload="{escape(workload)}",'
+        f'node=~"{any_of(nodes)}"'
+    )
 
 
 def rtt_p50_by_node(namespace: str, workload: str, nodes: list[str], window: int) -> str:
     """Each node's median TCP RTT (seconds) to the workload's own pods."""
     sel = to_own_pods(namespace, workload, nodes)
-    return (f"histogram_quantile(0.5, sum by (node, le) (rate(lens_tcp_rtt_seconds_bucket"
-            f"{{{sel}}}[{window}s])))")  # fmt: skip
+    return (
+        f"histogram_quantile(0.5, sum by (node, le) (rate(lens_tcp_rtt_seconds_bucket"
+        f"{{{sel}}}[{window}s])))"
+    )
 
 
 def retransmits_by_node(namespace: str, workload: str, nodes: list[str], window: int) -> str:
@@ -138,8 +165,7 @@ def rdma_errors(nodes: list[str], devices: list[str], window: int, by: str) -> s
     """RDMA port errors per second on these nodes (these devices: the ones the pods'
     queue pairs use, when known), summed by `by`."""
     names = any_of([f"lens_rdma_port_{f}_total" for f in RDMA_ERRORS])
-    return (f'sum by ({by}) (rate({{__name__=~"{names}",{_ports(nodes, devices)}}}'
-            f"[{window}s]))")  # fmt: skip
+    return f'sum by ({by}) (rate({{__name__=~"{names}",{_ports(nodes, devices)}}}' f"[{window}s]))"
 
 
 def rdma_bytes_by_node(nodes: list[str], devices: list[str], window: int) -> str:
@@ -175,15 +201,19 @@ def throttling(namespace: str, pods: list[str]) -> str:
     """1 while a clock event that is a slowdown holds a GPU of these pods (by node, GPU
     index, pod and reason)."""
     sel = pods_selector(namespace, pods)
-    return (f'max by (node, gpu_index, pod, reason) (lens_gpu_clock_event_active{{{sel},'
-            f'reason!~"{any_of(list(NOT_THROTTLING))}"}})')  # fmt: skip
+    return (
+        f"max by (node, gpu_index, pod, reason) (lens_gpu_clock_event_active{{{sel},"
+        f'reason!~"{any_of(list(NOT_THROTTLING))}"}})'
+    )
 
 
 def node_history(node: str) -> dict[str, str]:
     """A node's GPU utilization per GPU and its allocation rate (the agents' own)."""
     sel = f'node="{escape(node)}"'
-    return {"gpu_utilization": f"max by (gpu_id) (gpu_utilization{{{sel}}})",
-            "gpu_allocation_rate": f"max(node_k8s_gpu_allocation_rate{{{sel}}})"}  # fmt: skip
+    return {
+        "gpu_utilization": f"max by (gpu_id) (gpu_utilization{{{sel}}})",
+        "gpu_allocation_rate": f"max(node_k8s_gpu_allocation_rate{{{sel}}})",
+    }
 
 
 def utilization_by_node(nodes: list[str] | None = None) -> str:
@@ -271,8 +301,14 @@ class Prom:
         return body["data"]
 
     def instant(self, query: str, at: datetime) -> list[tuple[dict[str, str], float]]:
-        data = self._get("query", {"query": query, "time": f"{at.timestamp():.3f}",
-                                   "timeout": f"{int(self.timeout * 1000)}ms"})  # fmt: skip
+        data = self._get(
+            "query",
+            {
+                "query": query,
+                "time": f"{at.timestamp():.3f}",
+                "timeout": f"{int(self.timeout * 1000)}ms",
+            },
+        )
         return [(r["metric"], float(r["value"][1])) for r in data.get("result", [])]
 
     def _maybe(self, read: Callable[[], T]) -> T | None:
@@ -296,8 +332,7 @@ class Prom:
             _missed(exc)
         return None
 
-    def maybe_instant(self, query: str, at: datetime
-                      ) -> list[tuple[dict[str, str], float]] | None:  # fmt: skip
+    def maybe_instant(self, query: str, at: datetime) -> list[tuple[dict[str, str], float]] | None:
         """instant(), or None where Prometheus cannot answer (said to missing_figures)."""
         return self._maybe(lambda: self.instant(query, at))
 
@@ -312,8 +347,9 @@ class Prom:
         got = self.instant(query, at)
         return got[0][1] if got else 0.0
 
-    def maybe_graph(self, query: str, start: int, end: int, step: int
-                    ) -> list[dict[str, Any]] | None:  # fmt: skip
+    def maybe_graph(
+        self, query: str, start: int, end: int, step: int
+    ) -> list[dict[str, Any]] | None:
         """graph(), or None where Prometheus cannot answer (said to missing_figures)."""
         return self._maybe(lambda: self.graph(query, start, end, step))
 
@@ -321,9 +357,15 @@ class Prom:
         """[{"labels", "values": [{"timestamp", "value"}]}] (model.MetricsSeries), one per
         series the query answers."""
         data = self._range(query, start, end, step)
-        return [{"labels": {k: v for k, v in r["metric"].items() if k != "__name__"},
-                 "values": [{"timestamp": int(float(ts)), "value": float(v)}
-                            for ts, v in r["values"]]} for r in data.get("result", [])]  # fmt: skip
+        return [
+            {
+                "labels": {k: v for k, v in r["metric"].items() if k != "__name__"},
+                "values": [
+                    {"timestamp": int(float(ts)), "value": float(v)} for ts, v in r["values"]
+                ],
+            }
+            for r in data.get("result", [])
+        ]
 
     def _range(self, query: str, start: int, end: int, step: int) -> Any:
         if end < start:

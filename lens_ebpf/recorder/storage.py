@@ -79,8 +79,14 @@ def _names(items: list[str]) -> str:
 
 
 class StorageScan(Collector):
-    def __init__(self, api_client: Any, timeout: float, metrics: prom.Prom, cfg: StorageConfig,
-                 clock: Callable[[], datetime]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        api_client: Any,
+        timeout: float,
+        metrics: prom.Prom,
+        cfg: StorageConfig,
+        clock: Callable[[], datetime],
+    ) -> None:
         from kubernetes import client
 
         self.core = client.CoreV1Api(api_client)
@@ -91,42 +97,56 @@ class StorageScan(Collector):
         self._lock = threading.Lock()
 
     def _list(self, fn: Callable[..., Any]) -> list[dict[str, Any]]:
-        return [o for o in call_raw(fn, timeout=self.timeout).get("items") or ()
-                if isinstance(o, dict)]  # fmt: skip
+        return [
+            o for o in call_raw(fn, timeout=self.timeout).get("items") or () if isinstance(o, dict)
+        ]
 
     def scan(self, now: datetime) -> Scan:
         backends: dict[str, Backend] = {}
         for sc in self._list(self.storage.list_storage_class):
             m = sc.get("metadata") or {}
             name = str(m.get("name", ""))
-            backends[name] = Backend(name, str(sc.get("provisioner", "")),
-                                     default=(m.get("annotations") or {}).get(DEFAULT_CLASS)
-                                     == "true")  # fmt: skip
-        drivers = {str((d.get("metadata") or {}).get("name", ""))
-                   for d in self._list(self.storage.list_csi_driver)}  # fmt: skip
+            backends[name] = Backend(
+                name,
+                str(sc.get("provisioner", "")),
+                default=(m.get("annotations") or {}).get(DEFAULT_CLASS) == "true",
+            )
+        drivers = {
+            str((d.get("metadata") or {}).get("name", ""))
+            for d in self._list(self.storage.list_csi_driver)
+        }
         for b in backends.values():
             b.csi_driver = b.provisioner if b.provisioner in drivers else ""
         failed: dict[str, list[str]] = {}
         for pv in self._list(self.core.list_persistent_volume):
             spec, st = pv.get("spec") or {}, pv.get("status") or {}
-            b = backends.setdefault(str(spec.get("storageClassName") or ""),
-                                    Backend(str(spec.get("storageClassName") or "")))  # fmt: skip
+            b = backends.setdefault(
+                str(spec.get("storageClassName") or ""),
+                Backend(str(spec.get("storageClassName") or "")),
+            )
             b.pvs += 1
             b.capacity += whole((spec.get("capacity") or {}).get("storage"))
             if st.get("phase") == "Failed":
                 failed.setdefault(b.storage_class, []).append(
-                    str((pv.get("metadata") or {}).get("name", "")))  # fmt: skip
+                    str((pv.get("metadata") or {}).get("name", ""))
+                )
         claims = []
         for pvc in self._list(self.core.list_persistent_volume_claim_for_all_namespaces):
             m, spec, st = pvc.get("metadata") or {}, pvc.get("spec") or {}, pvc.get("status") or {}
             cls = str(spec.get("storageClassName") or "")
-            claims.append(Claim(
-                str(m.get("namespace", "")), str(m.get("name", "")), cls,
-                str(st.get("phase", "")), str(spec.get("volumeName") or ""),
-                list(spec.get("accessModes") or []),
-                whole(((spec.get("resources") or {}).get("requests") or {}).get("storage")),
-                whole((st.get("capacity") or {}).get("storage")),
-                parse_time(m.get("creationTimestamp"))))  # fmt: skip
+            claims.append(
+                Claim(
+                    str(m.get("namespace", "")),
+                    str(m.get("name", "")),
+                    cls,
+                    str(st.get("phase", "")),
+                    str(spec.get("volumeName") or ""),
+                    list(spec.get("accessModes") or []),
+                    whole(((spec.get("resources") or {}).get("requests") or {}).get("storage")),
+                    whole((st.get("capacity") or {}).get("storage")),
+                    parse_time(m.get("creationTimestamp")),
+                )
+            )
             backends.setdefault(cls, Backend(cls))
         by_claim = {(c.namespace, c.name): c for c in claims}
         pending = timedelta(seconds=self.cfg.pending_seconds)
@@ -153,18 +173,19 @@ class StorageScan(Collector):
             self._usage(by_claim, now)
         except prom.PromError as exc:
             incomplete.append(str(exc))
-        return Scan(now, backends, sorted(claims, key=lambda c: (c.namespace, c.name)),
-                    incomplete)  # fmt: skip
+        return Scan(now, backends, sorted(claims, key=lambda c: (c.namespace, c.name)), incomplete)
 
-    def _warnings(self, claims: dict[tuple[str, str], Claim], since: datetime,
-                  now: datetime) -> Iterator[tuple[str, str]]:  # fmt: skip
+    def _warnings(
+        self, claims: dict[tuple[str, str], Claim], since: datetime, now: datetime
+    ) -> Iterator[tuple[str, str]]:
         """(class, reason) for each storage Warning since the last scan."""
         pods: dict[tuple[str, str], list[str]] = {}  # a pod's claims, read once a scan
         for ev in self._list(self.core.list_event_for_all_namespaces):
             if ev.get("type") != "Warning" or ev.get("reason") not in WARNINGS:
                 continue
-            at = parse_time(ev.get("lastTimestamp") or ev.get("eventTime")
-                            or ev.get("firstTimestamp"))  # fmt: skip
+            at = parse_time(
+                ev.get("lastTimestamp") or ev.get("eventTime") or ev.get("firstTimestamp")
+            )
             if at is None or not since <= at <= now:
                 continue
             obj = ev.get("involvedObject") or {}
@@ -178,21 +199,32 @@ class StorageScan(Collector):
             elif kind == "Pod":
                 if (ns, name) not in pods:
                     try:
-                        spec = call_raw(self.core.read_namespaced_pod, name, ns,
-                                        timeout=self.timeout).get("spec") or {}  # fmt: skip
+                        spec = (
+                            call_raw(
+                                self.core.read_namespaced_pod, name, ns, timeout=self.timeout
+                            ).get("spec")
+                            or {}
+                        )
                     except Exception:  # gone, or not ours to read: its claims unknown
                         spec = {}
-                    pods[(ns, name)] = [str((v.get("persistentVolumeClaim") or {})
-                                            .get("claimName", "")) for v in spec.get("volumes")
-                                        or () if v.get("persistentVolumeClaim")]  # fmt: skip
+                    pods[(ns, name)] = [
+                        str((v.get("persistentVolumeClaim") or {}).get("claimName", ""))
+                        for v in spec.get("volumes") or ()
+                        if v.get("persistentVolumeClaim")
+                    ]
                 names = pods[(ns, name)]
             else:
                 continue
             for claim in names:
                 c = claims.get((ns, claim))
                 if c is not None:
-                    yield c.storage_class, (f"{ev['reason']} on {kind} {ns}/{name}: "
-                                            f"{str(ev.get('message', ''))[:200]}")  # fmt: skip
+                    yield (
+                        c.storage_class,
+                        (
+                            f"{ev['reason']} on {kind} {ns}/{name}: "
+                            f"{str(ev.get('message', ''))[:200]}"
+                        ),
+                    )
 
     def _usage(self, claims: dict[tuple[str, str], Claim], now: datetime) -> None:
         """Each claim's used and available bytes (the most any pod's kubelet measured),
@@ -239,8 +271,9 @@ class StorageScan(Collector):
         """Whether the scan has its claims' usage from Prometheus; where not, the figures
         from it are None and meta.message says why (missing_figures)."""
         for why in s.incomplete:
-            prom.missed(f"storage usage (scan at {s.at.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}): "
-                        f"{why}")  # fmt: skip
+            prom.missed(
+                f"storage usage (scan at {s.at.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}): " f"{why}"
+            )
         return not s.incomplete
 
     def overview(self) -> dict[str, Any]:
@@ -252,20 +285,27 @@ class StorageScan(Collector):
         for cls, b in sorted(s.backends.items()):
             mine = [c for c in s.claims if c.storage_class == cls]
             used = [c.used for c in mine if c.used is not None]
-            out.append({
-                "storage_class": cls, "provisioner": b.provisioner, "csi_driver": b.csi_driver,
-                "default": b.default, "healthy": not b.reasons, "reasons": b.reasons,
-                "pvs": b.pvs, "pvcs": len(mine),
-                "bound": sum(1 for c in mine if c.phase == "Bound"),
-                "pending": sum(1 for c in mine if c.phase == "Pending"),
-                "capacity_requested_bytes": sum(c.requested for c in mine),
-                "capacity_bytes": b.capacity,
-                "used_bytes": sum(used) if used and measured else None,
-                "pods": len({p for c in mine for p in c.pods}) if measured or not mine
-                else None,
-            })  # fmt: skip
-        return {"scanned_at": int(s.at.timestamp()), "backends": out,
-                "incomplete": s.incomplete}  # fmt: skip
+            out.append(
+                {
+                    "storage_class": cls,
+                    "provisioner": b.provisioner,
+                    "csi_driver": b.csi_driver,
+                    "default": b.default,
+                    "healthy": not b.reasons,
+                    "reasons": b.reasons,
+                    "pvs": b.pvs,
+                    "pvcs": len(mine),
+                    "bound": sum(1 for c in mine if c.phase == "Bound"),
+                    "pending": sum(1 for c in mine if c.phase == "Pending"),
+                    "capacity_requested_bytes": sum(c.requested for c in mine),
+                    "capacity_bytes": b.capacity,
+                    "used_bytes": sum(used) if used and measured else None,
+                    "pods": len({p for c in mine for p in c.pods})
+                    if measured or not mine
+                    else None,
+                }
+            )
+        return {"scanned_at": int(s.at.timestamp()), "backends": out, "incomplete": s.incomplete}
 
     def volumes(self, num: int, size: int) -> dict[str, Any]:
         """storage/volumes: one page of the claims, each with its capacity, usage, and the
@@ -273,13 +313,23 @@ class StorageScan(Collector):
         s = self.newest()
         shown = s.claims[(num - 1) * size : num * size]
         measured = self._measured(s) if shown else True
-        rows = [{"namespace": c.namespace, "name": c.name, "storage_class": c.storage_class,
-                 "phase": c.phase, "volume": c.volume, "access_modes": c.access_modes,
-                 "requested_bytes": c.requested, "capacity_bytes": c.capacity,
-                 "used_bytes": c.used if measured else None,
-                 "available_bytes": c.available if measured else None,
-                 "pods": c.pods if measured else None,
-                 "nodes": c.nodes if measured else None} for c in shown]  # fmt: skip
+        rows = [
+            {
+                "namespace": c.namespace,
+                "name": c.name,
+                "storage_class": c.storage_class,
+                "phase": c.phase,
+                "volume": c.volume,
+                "access_modes": c.access_modes,
+                "requested_bytes": c.requested,
+                "capacity_bytes": c.capacity,
+                "used_bytes": c.used if measured else None,
+                "available_bytes": c.available if measured else None,
+                "pods": c.pods if measured else None,
+                "nodes": c.nodes if measured else None,
+            }
+            for c in shown
+        ]
         return {"data": rows, "total": len(s.claims), "scanned_at": int(s.at.timestamp())}
 
     def totals(self) -> dict[str, Any]:
@@ -295,8 +345,11 @@ class StorageScan(Collector):
         if last.claims and not self._measured(last):
             return {"total_space": total, "used_space": 0.0, "usage_percentage": 0.0}
         used = float(sum(c.used for c in last.claims if c.used is not None))
-        return {"total_space": total, "used_space": used,
-                "usage_percentage": 100 * used / total if total else 0.0}  # fmt: skip
+        return {
+            "total_space": total,
+            "used_space": used,
+            "usage_percentage": 100 * used / total if total else 0.0,
+        }
 
     # -- metrics ---------------------------------------------------------------------
     def describe(self) -> Iterator[Metric]:
@@ -305,11 +358,18 @@ class StorageScan(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             last = self.last
-        yield counter("lens_recorder_storage_scans", "Storage scans, by result", self.runs,
-                      "result")  # fmt: skip
-        healthy = Metric("lens_recorder_storage_backend_healthy", "1 while a storage backend "
-                         "(a StorageClass) has no reason to be unhealthy", "gauge")  # fmt: skip
+        yield counter(
+            "lens_recorder_storage_scans", "Storage scans, by result", self.runs, "result"
+        )
+        healthy = Metric(
+            "lens_recorder_storage_backend_healthy",
+            "1 while a storage backend " "(a StorageClass) has no reason to be unhealthy",
+            "gauge",
+        )
         for cls, b in sorted((last.backends if last else {}).items()):
-            healthy.add_sample("lens_recorder_storage_backend_healthy",
-                               {"storage_class": cls}, 0 if b.reasons else 1)  # fmt: skip
+            healthy.add_sample(
+                "lens_recorder_storage_backend_healthy",
+                {"storage_class": cls},
+                0 if b.reasons else 1,
+            )
         yield healthy

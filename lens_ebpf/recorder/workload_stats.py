@@ -15,13 +15,25 @@ from lens_ebpf.recorder.scope import Scope
 from lens_ebpf.recorder.workloads import workload, workload_pods
 
 MAX_BATCH = 200  # uids one batchStats request may ask about
-FIGURES = ("instant_gpu_utilization", "avg_gpu_utilization", "p50_gpu_utilization",
-           "p90_gpu_utilization", "p95_gpu_utilization", "max_gpu_utilization")  # fmt: skip
+FIGURES = (
+    "instant_gpu_utilization",
+    "avg_gpu_utilization",
+    "p50_gpu_utilization",
+    "p90_gpu_utilization",
+    "p95_gpu_utilization",
+    "max_gpu_utilization",
+)
 
 
-def stats(conn: Connection, c: Scope, uid: str, now: datetime, start: datetime | None = None,
-          end: datetime | None = None, metrics: list[str] | None = None
-          ) -> dict[str, Any]:  # fmt: skip
+def stats(
+    conn: Connection,
+    c: Scope,
+    uid: str,
+    now: datetime,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    metrics: list[str] | None = None,
+) -> dict[str, Any]:
     """The workload's pods' mean GPU utilization from start (default: its creation) to end
     (default: its end or now): instant (while it runs), average, p50, p90, p95 and max; 0
     where Prometheus cannot answer (said in meta.message); metrics: only these figures."""
@@ -34,31 +46,42 @@ def stats(conn: Connection, c: Scope, uid: str, now: datetime, start: datetime |
     finish = min(end or aware(row.ended_at) or now, now)
     if finish < begin:
         raise BadRequest("end is before start")
-    out: dict[str, Any] = {"uid": row.uid, "name": row.name, "namespace": row.namespace,
-                           "kind": row.kind, "start": int(begin.timestamp()),
-                           "end": int(finish.timestamp())}  # fmt: skip
+    out: dict[str, Any] = {
+        "uid": row.uid,
+        "name": row.name,
+        "namespace": row.namespace,
+        "kind": row.kind,
+        "start": int(begin.timestamp()),
+        "end": int(finish.timestamp()),
+    }
     figures = dict.fromkeys(FIGURES, 0.0)
     if pods:
         seconds = max(60, int((finish - begin).total_seconds()))
         sel = prom.pods_selector(row.namespace, [p.name for p in pods])
         series = f"avg(gpu_utilization{{{sel}}})[{seconds}s:60s]"
         want = set(metrics or FIGURES)
-        asks = {"avg_gpu_utilization": f"avg_over_time({series})",
-                "max_gpu_utilization": f"max_over_time({series})",
-                **{f"p{int(q * 100)}_gpu_utilization": f"quantile_over_time({q}, {series})"
-                   for q in (0.5, 0.9, 0.95)}}  # fmt: skip
+        asks = {
+            "avg_gpu_utilization": f"avg_over_time({series})",
+            "max_gpu_utilization": f"max_over_time({series})",
+            **{
+                f"p{int(q * 100)}_gpu_utilization": f"quantile_over_time({q}, {series})"
+                for q in (0.5, 0.9, 0.95)
+            },
+        }
         for name, expr in asks.items():
             if name in want:
                 figures[name] = c.prom.maybe_scalar(expr, finish)
         if "instant_gpu_utilization" in want and row.ended_at is None and end is None:
             figures["instant_gpu_utilization"] = c.prom.maybe_scalar(
-                f"avg(gpu_utilization{{{sel}}})", now)  # fmt: skip
+                f"avg(gpu_utilization{{{sel}}})", now
+            )
     out.update({k: v for k, v in figures.items() if not metrics or k in metrics})
     return out
 
 
-def batch(conn: Connection, c: Scope, uids: list[str], now: datetime,
-          metrics: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+def batch(
+    conn: Connection, c: Scope, uids: list[str], now: datetime, metrics: list[str] | None = None
+) -> dict[str, Any]:
     """stats() of each uid over its life, by uid; a uid not known is left out and named in
     missing."""
     if len(uids) > MAX_BATCH:

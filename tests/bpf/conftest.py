@@ -50,8 +50,13 @@ class FlowRig:
     """The tcp_flows program loaded with the test policy, its ring buffer polled; early is
     a connected TCP pair (client, server side) opened before the program attached."""
 
-    def __init__(self, flows: TcpFlows, cache: MetricCache, bus: EventBus,
-                 early: tuple[socket.socket, socket.socket]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        flows: TcpFlows,
+        cache: MetricCache,
+        bus: EventBus,
+        early: tuple[socket.socket, socket.socket],
+    ) -> None:
         self.flows, self.cache, self.bus, self.early = flows, cache, bus, early
 
     def value(self, name: str, *labels: str) -> float:
@@ -125,8 +130,9 @@ def rig(policy_file: Path) -> Iterator[FlowRig]:
     # the ring holds a whole burst (test_ten_thousand_short_connections_none_lost's 20,000
     # records, 2.4 MB): the kernel matrix's guests, booting beside these tests, starve the
     # reader for seconds, and a 1 MB ring overflowed (counted, 2,111 lost) on a fresh machine
-    cfg = config.load(None, env={"LENS_BPF__RECONCILE_GRACE_SECONDS": "0",
-                                 "LENS_BPF__RINGBUF_PAGES": "2048"})  # fmt: skip
+    cfg = config.load(
+        None, env={"LENS_BPF__RECONCILE_GRACE_SECONDS": "0", "LENS_BPF__RINGBUF_PAGES": "2048"}
+    )
     cache = MetricCache(ttl_seconds=3600, max_series=200000)
     bus = EventBus(queue_size=100000)
     loader = BpfLoader()

@@ -92,8 +92,12 @@ def prig(ctd: Containerd) -> Iterator[ProcRig]:
 
 
 def pod_labels(name: str, uid: str, container: str) -> dict[str, str]:
-    return {"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": "team-a",
-            "io.kubernetes.pod.uid": uid, "io.kubernetes.container.name": container}  # fmt: skip
+    return {
+        "io.kubernetes.pod.name": name,
+        "io.kubernetes.pod.namespace": "team-a",
+        "io.kubernetes.pod.uid": uid,
+        "io.kubernetes.container.name": container,
+    }
 
 
 def test_exec_and_exit_in_a_pod_container(prig: ProcRig, ctd: Containerd, devices) -> None:
@@ -203,8 +207,13 @@ def test_ten_thousand_execs_all_counted_or_the_drop_says_how_many(prig: ProcRig)
 
     sub = prig.bus.subscribe("t-burst", accept=count)
     try:
-        out = subprocess.run([sys.executable, "-c", SPAWNER, str(n)], capture_output=True,
-                             text=True, check=True, timeout=hang_guard(300))  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", SPAWNER, str(n)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=hang_guard(300),
+        )
         spawner = int(out.stdout)
 
         def accounted() -> bool:  # each exec delivered, or its drop counted
@@ -238,10 +247,14 @@ def test_exit_status_is_what_wait_reports_signals_and_threads_too(prig: ProcRig)
         "plain": ("raise SystemExit(42)", 42, 0),
         # a signal leaves no exit code: -1, as on every path
         "term": ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -1, 15),
-        "thread": ("import os, threading, time\n"
-                   "threading.Thread(target=lambda: os._exit(7)).start()\n"
-                   "time.sleep(30)", 7, 0),
-    }  # fmt: skip
+        "thread": (
+            "import os, threading, time\n"
+            "threading.Thread(target=lambda: os._exit(7)).start()\n"
+            "time.sleep(30)",
+            7,
+            0,
+        ),
+    }
     path = prig.procs.loader.status["proc_events"].paths["exit_codes"]
     for name, (code, want_code, want_signal) in cases.items():
         sub = prig.collect(lambda e: e.get("kind") == "process_exit")

@@ -77,8 +77,14 @@ def drop_lab() -> Iterator[Lab]:
     reason = netns_unavailable()
     if reason:
         pytest.skip(reason)
-    lab = Lab(f"{os.getpid()}", host_v4="192.168.79.1", peer_v4="192.168.79.2",
-              host_v6="fd00:79::1", peer_v6="fd00:79::2", extra=[POD_IP])  # fmt: skip
+    lab = Lab(
+        f"{os.getpid()}",
+        host_v4="192.168.79.1",
+        peer_v4="192.168.79.2",
+        host_v6="fd00:79::1",
+        peer_v6="fd00:79::2",
+        extra=[POD_IP],
+    )
     lab.ns += "-drops"
     lab.host_if, lab.peer_if = f"ld{os.getpid()}a", f"ld{os.getpid()}b"
     reap_stale_drop_labs()
@@ -93,9 +99,16 @@ def drop_rig(policy_file: Path, drop_lab: Lab) -> Iterator[DropRig]:
     lab = drop_lab
     cfg = config.load(None, env={})
     cache = MetricCache(ttl_seconds=3600, max_series=100000)
-    idx = ClusterIndex(owners=OwnerResolver({
-        "ReplicaSet": lambda ns, name: owned("ReplicaSet", name, ns, owner=("Deployment", "web")),
-        "Deployment": lambda ns, name: owned("Deployment", name, ns)}))  # fmt: skip
+    idx = ClusterIndex(
+        owners=OwnerResolver(
+            {
+                "ReplicaSet": lambda ns, name: owned(
+                    "ReplicaSet", name, ns, owner=("Deployment", "web")
+                ),
+                "Deployment": lambda ns, name: owned("Deployment", name, ns),
+            }
+        )
+    )
     idx.replace_pods([pod("web-5d-x7k", POD_IP, "shop", owner=("ReplicaSet", "web-5d"))])
     enrich = Enrichment()
     enrich.index = idx
@@ -213,8 +226,9 @@ def test_tcp_outside_the_window(drop_rig: DropRig) -> None:
         pytest.skip("this kernel names no TCP_INVALID_SEQUENCE drop")
     ns = drop_rig.lab.ns
     # no timestamps on the pod's side: a segment without them is judged by its sequence
-    subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_timestamps=0"],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        ["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_timestamps=0"], check=True
+    )
     srv = listener(POD_IP, ns=ns)
     try:
         cli = socket.create_connection((POD_IP, srv.getsockname()[1]))
@@ -237,9 +251,12 @@ def test_tcp_outside_the_window(drop_rig: DropRig) -> None:
 
 def nstat(ns: str) -> tuple[int, int]:
     """(ListenOverflows, ListenDrops) of the namespace, as nstat reports them."""
-    out = subprocess.run(["ip", "netns", "exec", ns, "nstat", "-asz", "TcpExtListenOverflows",
-                          "TcpExtListenDrops"], check=True, capture_output=True,
-                         text=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["ip", "netns", "exec", ns, "nstat", "-asz", "TcpExtListenOverflows", "TcpExtListenDrops"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     got = dict(re.findall(r"^TcpExt(\w+)\s+(\d+)", out, re.M))
     return int(got["ListenOverflows"]), int(got["ListenDrops"])
 
@@ -254,8 +271,10 @@ def test_listen_queue_overflows_per_pod_and_port(drop_rig: DropRig) -> None:
 
     def ours() -> tuple[int, int]:
         drop_rig.drops.read()
-        return (int(cache.get(OVERFLOWS, WHO) or 0),
-                int(cache.get(LISTEN_DROPS, (*WHO, str(port))) or 0))  # fmt: skip
+        return (
+            int(cache.get(OVERFLOWS, WHO) or 0),
+            int(cache.get(LISTEN_DROPS, (*WHO, str(port))) or 0),
+        )
 
     start, seen = nstat(ns), ours()  # the listener's first sight: its baseline
     clients = []
@@ -282,8 +301,12 @@ def test_listen_queue_overflows_per_pod_and_port(drop_rig: DropRig) -> None:
 
 def _bpftool_enum(name: str) -> dict[int, str] | None:
     """The enum's members as bpftool reads the kernel's BTF."""
-    out = subprocess.run(["bpftool", "btf", "dump", "file", str(btf.VMLINUX), "format", "raw"],
-                         check=True, capture_output=True, text=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["bpftool", "btf", "dump", "file", str(btf.VMLINUX), "format", "raw"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     m = re.search(rf"^\[\d+\] ENUM(?:64)? '{name}' .*\n((?:\t.*\n)*)", out, re.M)
     if m is None:
         return None
@@ -301,9 +324,12 @@ def test_reason_names_are_the_kernels_own(drop_rig: DropRig) -> None:
         assert drop_rig.drops.names is None
         pytest.skip("this kernel's BTF has no enum skb_drop_reason (before 5.17)")
     assert drop_rig.drops.names == {v: reasons.short_name(n) for v, n in theirs.items()}
-    ours = "\n".join(p.read_text() for d in ("lens_ebpf", "bpf_programs")
-                     for p in Path(__file__).parents[2].joinpath(d).rglob("*.[ch]*")
-                     if p.suffix in (".py", ".c", ".h"))  # fmt: skip
+    ours = "\n".join(
+        p.read_text()
+        for d in ("lens_ebpf", "bpf_programs")
+        for p in Path(__file__).parents[2].joinpath(d).rglob("*.[ch]*")
+        if p.suffix in (".py", ".c", ".h")
+    )
     written = {n for n in theirs.values() if re.search(rf"\b{reasons.short_name(n)}\b", ours)}
     # the three the program must find by name, to pass over normal frees
     assert written <= {"SKB_CONSUMED", "SKB_NOT_DROPPED_YET", "SKB_DROP_REASON_NOT_SPECIFIED"}

@@ -61,8 +61,13 @@ print(json.dumps({"before": before, "after": after, "freed": freed, "mappings": 
 def test_the_compilers_pages_go_back_and_a_later_compile_still_works(
     policy_file: Path,
 ) -> None:
-    out = subprocess.run([sys.executable, "-c", SCRIPT, str(policy_file)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=hang_guard(240))  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(policy_file)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=hang_guard(240),
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["mappings"] > 0 and got["freed"] > 20 << 20, got  # LLVM, clang: tens of MB

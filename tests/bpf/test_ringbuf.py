@@ -52,8 +52,9 @@ def procs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ProcEvents
     cfg = config.load(None, env={"LENS_BPF__RING_READER": reader})
     loader = BpfLoader()
     resolver = ContainerResolver(CgroupIndex.for_host(), ContainerdState(tmp_path / "none"))
-    p = ProcEvents(cfg.bpf, MetricCache(3600, 1000), EventBus(10000), loader, Enrichment(resolver),
-                   encoder)  # fmt: skip
+    p = ProcEvents(
+        cfg.bpf, MetricCache(3600, 1000), EventBus(10000), loader, Enrichment(resolver), encoder
+    )
     assert p.start(), loader.status
     assert (p.ring is not None) == (reader == "mapped")
     assert p.encoder.startswith(encoder), p.encoder
@@ -108,11 +109,20 @@ def test_every_record_in_order_and_a_failed_one_counted(procs: ProcEvents, tmp_p
     finally:
         procs.bus.unsubscribe(sub)
         procs._handle, procs._handle_batch = handle, handle_batch
-    assert [e["kind"] for e in got] == ["process_exit", "process_exec", "process_exit",
-                                        "process_exec", "process_exit"]  # fmt: skip
+    assert [e["kind"] for e in got] == [
+        "process_exit",
+        "process_exec",
+        "process_exit",
+        "process_exec",
+        "process_exit",
+    ]
     assert got[0]["pid"] == failed[0]  # the failed exec's process still ends on record
-    assert [e["pid"] for e in got[1:]] == [got[1]["pid"], got[1]["pid"], got[3]["pid"],
-                                           got[3]["pid"]]  # fmt: skip
+    assert [e["pid"] for e in got[1:]] == [
+        got[1]["pid"],
+        got[1]["pid"],
+        got[3]["pid"],
+        got[3]["pid"],
+    ]
     assert procs.handler_errors == 1
     assert procs.loader.event_counts()["proc_events"][1]["handler_error"] == 1
     if procs.ring is not None:  # the reader leaves nothing behind what it delivered (a busy

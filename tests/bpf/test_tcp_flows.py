@@ -58,8 +58,9 @@ def test_program_attached_and_reported(rig: FlowRig) -> None:
 def test_compiled_events_are_the_python_paths_bytes(rig: FlowRig) -> None:
     """Real records, both ways: what a stream sends (the compiled path's bytes, taken raw
     from the bus) is what the Python path makes of the same record."""
-    sub = rig.bus.subscribe("t-wire", accept=EventFilter(kinds=frozenset({"flow_closed"})),
-                            raw=True)  # fmt: skip
+    sub = rig.bus.subscribe(
+        "t-wire", accept=EventFilter(kinds=frozenset({"flow_closed"})), raw=True
+    )
     try:
         srv = listener("127.0.0.62")
         for sent, received in ((1, 2), (70_000, 3), (0, 0)):
@@ -119,9 +120,14 @@ def test_flow_class_direction_port_and_exact_bytes(rig: FlowRig, lab, addr: str,
     finally:
         rig.bus.unsubscribe(sub)
     assert [rig.value(n, *eg) for n in (SENT, RECV, OPENED, CLOSED)] == [
-        send_n, reply_n, 1, 1], rig.explain(*eg)  # fmt: skip
-    assert [rig.value(n, *ing) for n in (SENT, RECV, OPENED)] == [reply_n, send_n, 1], (
-        rig.explain(*ing))  # fmt: skip
+        send_n,
+        reply_n,
+        1,
+        1,
+    ], rig.explain(*eg)
+    assert [rig.value(n, *ing) for n in (SENT, RECV, OPENED)] == [reply_n, send_n, 1], rig.explain(
+        *ing
+    )
     # seed names: pods and services by class only, dns alone, the rest per address
     total = send_n + reply_n
     if cls in ("k8sPod", "k8sSvc"):
@@ -207,8 +213,9 @@ def test_ipv6_loopback_is_localhost(rig: FlowRig) -> None:
 
 
 @pytest.mark.parametrize(("where", "addr"), [("host", "127.0.0.62"), ("pod", "127.0.0.93")])
-def test_long_lived_flow_bytes_grow_before_close(rig: FlowRig, request, where: str,
-                                                 addr: str) -> None:  # fmt: skip
+def test_long_lived_flow_bytes_grow_before_close(
+    rig: FlowRig, request, where: str, addr: str
+) -> None:
     """An open connection's bytes show before it closes, each way, a peek counting
     nothing: on the host, and with both ends in another network namespace (a pod's;
     where bytes come from the socket's counters the agent walks every namespace)."""
@@ -384,17 +391,31 @@ def test_exact_bytes_under_split_reads_peeks_and_skipped_runs(rig: FlowRig) -> N
     send, reply = 700, 1300
     with competing_tracer():
         out = subprocess.run(
-            [sys.executable, "-m", "tests.loadgen", "--split", str(send), str(reply),
-             "127.0.0.76", "127.0.0.77", str(n)],
-            capture_output=True, text=True, timeout=hang_guard(300), check=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "tests.loadgen",
+                "--split",
+                str(send),
+                str(reply),
+                "127.0.0.76",
+                "127.0.0.77",
+                str(n),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=hang_guard(300),
+            check=True,
+        )
     port = out.stdout.strip()
     eg = ("egress", "localhost", "127.0.0.76", port)
     ing = ("ingress", "localhost", "127.0.0.77", port)
     got = {name: (rig.value(name, *eg), rig.value(name, *ing)) for name in (SENT, RECV, OPENED)}
     assert got == {SENT: (n * send, n * reply), RECV: (n * reply, n * send), OPENED: (n, n)}, (
-        rig.explain(*eg), rig.explain(*ing), rig.flows.loader.status["tcp_flows"].paths,
-    )  # fmt: skip
+        rig.explain(*eg),
+        rig.explain(*ing),
+        rig.flows.loader.status["tcp_flows"].paths,
+    )
     rig.flows.reconcile()  # sockets whose CLOSE run the kernel skipped
     assert rig.wait_value(CLOSED, *eg, want=n) == n and rig.wait_value(CLOSED, *ing, want=n) == n
     # the kprobe path's return probes saw every return (none on the tracepoint path)

@@ -27,10 +27,13 @@ SENT, RECV = "lens_tcp_sent_bytes_total", "lens_tcp_received_bytes_total"
 
 @pytest.fixture
 def indexed(rig: FlowRig):
-    objects = {("ReplicaSet", "web-5d"): owned("ReplicaSet", "web-5d", "shop",
-                                               owner=("Deployment", "web"))}  # fmt: skip
-    getters = {"ReplicaSet": lambda ns, name: objects[("ReplicaSet", name)],
-               "Deployment": lambda ns, name: owned("Deployment", name, ns)}  # fmt: skip
+    objects = {
+        ("ReplicaSet", "web-5d"): owned("ReplicaSet", "web-5d", "shop", owner=("Deployment", "web"))
+    }
+    getters = {
+        "ReplicaSet": lambda ns, name: objects[("ReplicaSet", name)],
+        "Deployment": lambda ns, name: owned("Deployment", name, ns),
+    }
     idx = ClusterIndex(owners=OwnerResolver(getters))
     idx.replace_pods([pod("web-5d-x7k", POD_IP, "shop", owner=("ReplicaSet", "web-5d"))])
     idx.replace_services([service("kube-dns", SVC_IP, "kube-system")])
@@ -42,9 +45,12 @@ def indexed(rig: FlowRig):
 @pytest.fixture
 def index(rig: FlowRig):
     """An index the test fills, owners followed (a ReplicaSet's pods to their Deployment)."""
-    getters = {"ReplicaSet": lambda ns, name: owned("ReplicaSet", name, ns,
-                                                    owner=("Deployment", name.rsplit("-", 1)[0])),
-               "Deployment": lambda ns, name: owned("Deployment", name, ns)}  # fmt: skip
+    getters = {
+        "ReplicaSet": lambda ns, name: owned(
+            "ReplicaSet", name, ns, owner=("Deployment", name.rsplit("-", 1)[0])
+        ),
+        "Deployment": lambda ns, name: owned("Deployment", name, ns),
+    }
     idx = ClusterIndex(owners=OwnerResolver(getters))
     rig.flows.enrich.index = idx
     yield idx
@@ -55,8 +61,9 @@ def test_pod_and_service_remotes_get_identity(rig: FlowRig, lab, indexed: Cluste
     rig.flows.read()
     k8s_before = {c: rig.cache.get(K8S, (c,)) or 0 for c in ("k8sPod", "k8sSvc")}
     ours = (POD_IP, SVC_IP)  # the host may have flows of its own meanwhile
-    sub = rig.bus.subscribe("identity", accept=lambda e: e.get("raddr") in ours
-                            or e.get("laddr") in ours)  # fmt: skip
+    sub = rig.bus.subscribe(
+        "identity", accept=lambda e: e.get("raddr") in ours or e.get("laddr") in ours
+    )
     try:
         srv = listener(POD_IP, ns=lab.ns)
         port, _ = exchange(srv, POD_IP, 5000, 700)
@@ -74,18 +81,26 @@ def test_pod_and_service_remotes_get_identity(rig: FlowRig, lab, indexed: Cluste
     assert rig.cache.get("lens_tcp_received_bytes_total", key) == 700
     assert rig.cache.get("lens_tcp_connections_opened_total", key) == 1
     dns = ("kube-system", "", "", "", "kube-dns")
-    assert rig.cache.get("lens_tcp_sent_bytes_total", ("egress", "k8sSvc", SVC_IP, str(sport),
-                                                       *dns)) == 300  # fmt: skip
+    assert (
+        rig.cache.get("lens_tcp_sent_bytes_total", ("egress", "k8sSvc", SVC_IP, str(sport), *dns))
+        == 300
+    )
     # the seed families follow the refined class: pod and service bytes by class only
     assert (rig.cache.get(K8S, ("k8sPod",)) or 0) - k8s_before["k8sPod"] == 5700
     assert (rig.cache.get(K8S, ("k8sSvc",)) or 0) - k8s_before["k8sSvc"] == 340
-    assert rig.cache.get("primus_lens_network_tcp_flow_egress",
-                         (POD_IP, str(port), "egress", "externalHosts")) is None  # fmt: skip
+    assert (
+        rig.cache.get(
+            "primus_lens_network_tcp_flow_egress", (POD_IP, str(port), "egress", "externalHosts")
+        )
+        is None
+    )
     rtt = rig.cache.get(LENS, ("egress", "k8sPod", POD_IP, *web))
     assert rtt is not None and sum(rtt[0]) > 0
     # events: the remote's identity on the client side; the local pod on the server side
-    by = {(e["raddr"] if e["direction"] == "egress" else e["laddr"], e["direction"]): e
-          for e in events}  # fmt: skip
+    by = {
+        (e["raddr"] if e["direction"] == "egress" else e["laddr"], e["direction"]): e
+        for e in events
+    }
     eg = by[(POD_IP, "egress")]
     assert (eg["class"], eg["remote_namespace"], eg["remote_pod"], eg["remote_workload"]) == (
         "k8sPod",
@@ -94,8 +109,11 @@ def test_pod_and_service_remotes_get_identity(rig: FlowRig, lab, indexed: Cluste
         "web",
     )
     ing = by[(POD_IP, "ingress")]
-    assert (ing["namespace"], ing["pod"], ing["workload_kind"]) == ("shop", "web-5d-x7k",
-                                                                    "Deployment")  # fmt: skip
+    assert (ing["namespace"], ing["pod"], ing["workload_kind"]) == (
+        "shop",
+        "web-5d-x7k",
+        "Deployment",
+    )
     assert by[(SVC_IP, "egress")]["remote_service"] == "kube-dns"
     assert by[(SVC_IP, "egress")]["class"] == "k8sSvc"
 
@@ -133,8 +151,9 @@ def test_a_pod_indexed_after_its_first_connections_gets_them(
         conn, _ = srv.accept()
         assert rig.wait_value(OPENED, *ing, want=8) == 8, rig.explain(*ing)
         assert rig.value(RECV, *ing) == 700
-        index.pod_event("ADDED", pod("client-7f-abc", POD_CIDR_IP, "shop",
-                                     owner=("ReplicaSet", "client-7f")))  # fmt: skip
+        index.pod_event(
+            "ADDED", pod("client-7f-abc", POD_CIDR_IP, "shop", owner=("ReplicaSet", "client-7f"))
+        )
         rig.flows.read()
         cli.sendall(b"x" * 5)
         assert recv_exact(conn, 5) == 5
@@ -151,8 +170,10 @@ def test_a_pod_indexed_after_its_first_connections_gets_them(
         return rig.cache.get(CLOSED, (*ing, *client))
 
     wait_for(lambda: closed() == 8, lambda: f"{CLOSED} of the pod: {closed()}, not 8")
-    got = {name: (rig.cache.get(name, (*ing, *client)), rig.cache.get(name, (*ing, *NO_IDENTITY)))
-           for name in (OPENED, CLOSED, SENT, RECV)}  # fmt: skip
+    got = {
+        name: (rig.cache.get(name, (*ing, *client)), rig.cache.get(name, (*ing, *NO_IDENTITY)))
+        for name in (OPENED, CLOSED, SENT, RECV)
+    }
     assert got == {OPENED: (8, None), CLOSED: (8, None), SENT: (7000, None), RECV: (705, None)}
     rtt = rig.cache.get(LENS, ("ingress", "k8sPod", POD_CIDR_IP, *client))
     assert rtt is not None and sum(rtt[0]) > 0
@@ -161,7 +182,9 @@ def test_a_pod_indexed_after_its_first_connections_gets_them(
     assert {e["remote_pod"] for e in early if e["direction"] == "ingress"} == {""}
     by = {e["direction"]: e for e in late}
     assert (by["ingress"]["remote_pod"], by["ingress"]["remote_workload"]) == (
-        "client-7f-abc", "client")  # fmt: skip
+        "client-7f-abc",
+        "client",
+    )
     assert (by["egress"]["pod"], by["egress"]["workload_kind"]) == ("client-7f-abc", "Deployment")
 
 
@@ -183,16 +206,32 @@ def test_a_dual_stack_listener_spells_its_ipv4_peers_as_ipv4(
         srv.close()
     ing = ("ingress", "internalHosts", lab.host_v4, str(port))
     assert [rig.value(n, *ing) for n in (OPENED, SENT, RECV)] == [1, 400, 3000], rig.explain(*ing)
-    assert rig.value("primus_lens_network_tcp_flow_ingress", str(port), lab.host_v4, "ingress",
-                     "internalHosts") == 3400  # fmt: skip
+    assert (
+        rig.value(
+            "primus_lens_network_tcp_flow_ingress",
+            str(port),
+            lab.host_v4,
+            "ingress",
+            "internalHosts",
+        )
+        == 3400
+    )
     server = ("shop", "server-0", "StatefulSet", "server", "")
     assert rig.cache.get(OPENED, ("egress", "k8sPod", POD_CIDR_IP, str(port), *server)) == 1
-    mapped = [(fam.name, labels) for fam, series in rig.cache.snapshot() for labels, _ in series
-              if any(v.startswith("::ffff:") for v in labels)]  # fmt: skip
+    mapped = [
+        (fam.name, labels)
+        for fam, series in rig.cache.snapshot()
+        for labels, _ in series
+        if any(v.startswith("::ffff:") for v in labels)
+    ]
     assert mapped == []
     by = {e["direction"]: e for e in events}
     ingress = by["ingress"]
     assert (ingress["family"], ingress["raddr"], ingress["laddr"], ingress["lport"]) == (
-        "ipv4", lab.host_v4, POD_CIDR_IP, port)  # fmt: skip
+        "ipv4",
+        lab.host_v4,
+        POD_CIDR_IP,
+        port,
+    )
     assert (ingress["namespace"], ingress["pod"]) == ("shop", "server-0")
     assert (by["egress"]["raddr"], by["egress"]["remote_pod"]) == (POD_CIDR_IP, "server-0")

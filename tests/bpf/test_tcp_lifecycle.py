@@ -33,8 +33,22 @@ from .conftest import FlowRig, polling
 from .test_tcp_flows import CLOSED, FAILED, OPENED, RECV, RESETS, SENT
 
 # what a closed-flow record says of its flow: everything but when and how long
-TIMELESS = ("family", "laddr", "raddr", "lport", "rport", "direction", "cls", "reason",
-            "sent_bytes", "received_bytes", "retransmits", "pid", "comm", "cgroup_id")  # fmt: skip
+TIMELESS = (
+    "family",
+    "laddr",
+    "raddr",
+    "lport",
+    "rport",
+    "direction",
+    "cls",
+    "reason",
+    "sent_bytes",
+    "received_bytes",
+    "retransmits",
+    "pid",
+    "comm",
+    "cgroup_id",
+)
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +114,10 @@ def test_both_attachments_count_the_same_connections_exactly(
         for _ in range(20):
             srv6 = listener("::1")
             ports["v6"] = srv6.getsockname()[1]
-            if all(rig.value(OPENED, d, "localhost", "::1", str(ports["v6"])) == 0
-                   for d in ("egress", "ingress")):  # fmt: skip
+            if all(
+                rig.value(OPENED, d, "localhost", "::1", str(ports["v6"])) == 0
+                for d in ("egress", "ingress")
+            ):
                 break
             srv6.close()
         mine.update({("127.0.0.95", ports["v4"]), ("::1", ports["v6"])})
@@ -122,8 +138,12 @@ def test_both_attachments_count_the_same_connections_exactly(
         srv = listener("127.0.0.97")
         ports["abort"] = srv.getsockname()[1]
         mine.add(("127.0.0.97", ports["abort"]))
-        with srv, socket.create_connection(("127.0.0.97", ports["abort"]),
-                                           source_address=("127.0.9.97", 0)) as cli:  # fmt: skip
+        with (
+            srv,
+            socket.create_connection(
+                ("127.0.0.97", ports["abort"]), source_address=("127.0.9.97", 0)
+            ) as cli,
+        ):
             conn, _ = srv.accept()
             with conn:
                 conn.settimeout(hang_guard(10))
@@ -144,11 +164,19 @@ def test_both_attachments_count_the_same_connections_exactly(
     refused = ("egress", "localhost", "127.0.0.96", str(ports["refused"]))
     abort = ("egress", "localhost", "127.0.0.97", str(ports["abort"]))
     want = {
-        (SENT, v4): 7000, (RECV, v4): 5000, (OPENED, v4): 1, (CLOSED, v4): 1,
-        (SENT, v6): 3000, (RECV, v6): 1000, (OPENED, v6): 1, (CLOSED, v6): 1,
-        (FAILED, refused): 1, (OPENED, refused): 0,
-        (SENT, abort): 2000, (CLOSED, abort): 1,
-    }  # fmt: skip
+        (SENT, v4): 7000,
+        (RECV, v4): 5000,
+        (OPENED, v4): 1,
+        (CLOSED, v4): 1,
+        (SENT, v6): 3000,
+        (RECV, v6): 1000,
+        (OPENED, v6): 1,
+        (CLOSED, v6): 1,
+        (FAILED, refused): 1,
+        (OPENED, refused): 0,
+        (SENT, abort): 2000,
+        (CLOSED, abort): 1,
+    }
     for r in rigs:
         for (name, key), n in want.items():
             assert r.wait_value(name, *key, want=n) == n, r.explain(*key)

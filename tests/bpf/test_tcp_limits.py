@@ -204,8 +204,11 @@ def test_a_failed_walk_is_counted_and_the_read_goes_on(tiny: TcpFlows, monkeypat
     def opened() -> float:  # the map may be full (the other test): any key, "other" too,
         # of the class this module's tests alone reach (localhost is every process's)
         tiny.read()
-        return sum(v for labels, v in tiny.cache.snapshot_family(OPENED)
-                   if labels[:2] == ("egress", "docker"))  # fmt: skip
+        return sum(
+            v
+            for labels, v in tiny.cache.snapshot_family(OPENED)
+            if labels[:2] == ("egress", "docker")
+        )
 
     base = opened()
     monkeypatch.setattr(tiny, "_walk", refused)

@@ -64,17 +64,23 @@ def rtt_state(rig_cache: MetricCache, addr: str, cls: str) -> tuple[list[float],
     return (list(got[0]), got[1]) if got else ([0] * (len(RTT_BOUNDS_US) + 1), 0.0)
 
 
-def grew(flows: TcpFlows, cache: MetricCache, addr: str, cls: str,
-         before: tuple[list[float], float]) -> tuple[list[float], float]:  # fmt: skip
+def grew(
+    flows: TcpFlows, cache: MetricCache, addr: str, cls: str, before: tuple[list[float], float]
+) -> tuple[list[float], float]:
     """Bins and sum added since before."""
     flows.read()
     now = rtt_state(cache, addr, cls)
     return [a - b for a, b in zip(now[0], before[0], strict=True)], now[1] - before[1]
 
 
-def settled(flows: TcpFlows, cache: MetricCache, addr: str, port: int, cls: str,
-            before: tuple[list[float], float],
-            ) -> tuple[list[float], float, dict[str, float]]:  # fmt: skip
+def settled(
+    flows: TcpFlows,
+    cache: MetricCache,
+    addr: str,
+    port: int,
+    cls: str,
+    before: tuple[list[float], float],
+) -> tuple[list[float], float, dict[str, float]]:
     """grew() and ss_info() for a read that no segment crossed: the segments the socket
     received stay the same from before the map's read to after it (on a busy machine a
     late ACK or a retransmission can land between the two reads, as counted by one and
@@ -105,8 +111,11 @@ def check_bins(bins: list[float], sum_s: float, ss_rtt_us: float) -> None:
 
 
 @contextlib.contextmanager
-def connected(flows: TcpFlows, ns: str | None, addr: str,
-              ) -> Iterator[tuple[socket.socket, socket.socket, socket.socket]]:  # fmt: skip
+def connected(
+    flows: TcpFlows,
+    ns: str | None,
+    addr: str,
+) -> Iterator[tuple[socket.socket, socket.socket, socket.socket]]:
     """A listener on addr (in ns) and one connection to it (listener, client, accepted),
     the flows read first (the series may hold earlier tests' flows: a test measures the
     increase) and RTT sampled at every chance."""
@@ -122,10 +131,14 @@ def connected(flows: TcpFlows, ns: str | None, addr: str,
         srv.close()
 
 
-def one_per_socket_per_period(flows: TcpFlows, cache: MetricCache, addr: str, cls: str,
-                              one: tuple[socket.socket, socket.socket],
-                              two: tuple[socket.socket, socket.socket],
-                              ) -> tuple[list[float], float]:  # fmt: skip
+def one_per_socket_per_period(
+    flows: TcpFlows,
+    cache: MetricCache,
+    addr: str,
+    cls: str,
+    one: tuple[socket.socket, socket.socket],
+    two: tuple[socket.socket, socket.socket],
+) -> tuple[list[float], float]:
     """Periods of an hour, the first starting now: each of two connections takes one
     sample in a period however much it moves, and a period no sample has read adds none
     (a read starts no period); the histograms as they were before, for more checks."""
@@ -153,11 +166,14 @@ def per_message(policy_file) -> Iterator[TcpFlows]:
     loader = BpfLoader()
     no_iter = dataclasses.replace(Kernel.running((SPEC,)), iterators=False)
     cfg = config.load(None)
-    flows = TcpFlows(cfg.bpf, cfg.events, MetricCache(3600, 100000), EventBus(1000), loader,
-                     kernel=no_iter)  # fmt: skip
+    flows = TcpFlows(
+        cfg.bpf, cfg.events, MetricCache(3600, 100000), EventBus(1000), loader, kernel=no_iter
+    )
     if flows.rtt is None or not flows.rtt.sampled:
-        pytest.skip("no BTF tcp_sock.srtt_us on this kernel: RTT comes from tcp_probe "
-                    "(test_rtt_per_segment_matches_the_kernels_srtt)")  # fmt: skip
+        pytest.skip(
+            "no BTF tcp_sock.srtt_us on this kernel: RTT comes from tcp_probe "
+            "(test_rtt_per_segment_matches_the_kernels_srtt)"
+        )
     assert flows.plan.paths()["bytes"] != ITER
     assert flows.start(load_policy(policy_file))
     configured = flows.rtt_sample_seconds
@@ -166,10 +182,13 @@ def per_message(policy_file) -> Iterator[TcpFlows]:
     loader.close()
 
 
-@pytest.mark.parametrize(("where", "addr", "cls"), [
-    ("loopback", "127.0.0.81", "localhost"),
-    ("veth", "192.168.77.2", "internalHosts"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("where", "addr", "cls"),
+    [
+        ("loopback", "127.0.0.81", "localhost"),
+        ("veth", "192.168.77.2", "internalHosts"),
+    ],
+)
 def test_rtt_sampled_per_message_is_the_kernels_srtt(
     per_message: TcpFlows, lab, where: str, addr: str, cls: str
 ) -> None:
@@ -213,9 +232,11 @@ def folded(rig: FlowRig) -> Iterator[TcpFlows]:
     message): RTT is sampled at each fold; its interval set back afterwards."""
     flows = rig.flows
     if flows.plan.paths()["bytes"] != ITER:
-        pytest.skip(f"bytes take the {flows.plan.paths()['bytes']} path on this kernel "
-                    f"({flows.plan.choices['bytes'].reason}): "
-                    "test_rtt_sampled_per_message_is_the_kernels_srtt covers it")  # fmt: skip
+        pytest.skip(
+            f"bytes take the {flows.plan.paths()['bytes']} path on this kernel "
+            f"({flows.plan.choices['bytes'].reason}): "
+            "test_rtt_sampled_per_message_is_the_kernels_srtt covers it"
+        )
     if flows.rtt is None or not flows.rtt.sampled:
         pytest.skip("no BTF tcp_sock.srtt_us on this kernel")
     configured = flows.rtt_sample_seconds
@@ -223,10 +244,13 @@ def folded(rig: FlowRig) -> Iterator[TcpFlows]:
     flows.set_rtt_sampling(configured)
 
 
-@pytest.mark.parametrize(("where", "addr", "cls"), [
-    ("loopback", "127.0.0.82", "localhost"),
-    ("veth", "192.168.77.2", "internalHosts"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("where", "addr", "cls"),
+    [
+        ("loopback", "127.0.0.82", "localhost"),
+        ("veth", "192.168.77.2", "internalHosts"),
+    ],
+)
 def test_rtt_sampled_at_each_fold_is_the_kernels_srtt(
     rig: FlowRig, folded: TcpFlows, lab, where: str, addr: str, cls: str
 ) -> None:
@@ -254,8 +278,9 @@ def test_rtt_sampled_at_each_fold_is_the_kernels_srtt(
         cli2 = socket.create_connection((addr, port))
         conn2, _ = srv.accept()
         with cli2, conn2:
-            before = one_per_socket_per_period(folded, rig.cache, addr, cls, (cli, conn),
-                                               (cli2, conn2))  # fmt: skip
+            before = one_per_socket_per_period(
+                folded, rig.cache, addr, cls, (cli, conn), (cli2, conn2)
+            )
             # a close folds what moved since the last walk, and samples it
             folded.set_rtt_sampling(0)
             ping_pong(cli2, conn2, 3)
@@ -274,8 +299,9 @@ def per_segment() -> Iterator[TcpFlows]:
     cfg = config.load(None, env={"LENS_BPF__MAX_RTT_KEYS": "64"})
     loader = BpfLoader()
     no_btf = dataclasses.replace(Kernel.running((SPEC,)), btf=None)
-    flows = TcpFlows(cfg.bpf, cfg.events, MetricCache(3600, 100000), EventBus(1000), loader,
-                     kernel=no_btf)  # fmt: skip
+    flows = TcpFlows(
+        cfg.bpf, cfg.events, MetricCache(3600, 100000), EventBus(1000), loader, kernel=no_btf
+    )
     assert flows.plan.paths()["rtt"] == TRACEPOINT and flows.rtt is not None
     assert not flows.rtt.sampled
     assert flows.start(parse_policy("docker: [127.0.0.0/16]\nlocalhost: [127.0.0.0/8]\n"))

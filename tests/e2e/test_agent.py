@@ -82,8 +82,12 @@ def test_serves_metrics_counts_a_flow_and_stops_cleanly(policy: Path) -> None:
         # each value waits for its own read cycle: one can land between connect and send
         assert agent.wait_sample("lens_tcp_connections_opened_total", labels, 1) == 1
         assert agent.wait_sample("lens_tcp_sent_bytes_total", labels, 300) == 300
-        seed = {"raddr": "127.0.0.71", "rport": str(port), "direction": "egress",
-                "type": "localhost"}  # fmt: skip
+        seed = {
+            "raddr": "127.0.0.71",
+            "rport": str(port),
+            "direction": "egress",
+            "type": "localhost",
+        }
         assert agent.wait_sample("primus_lens_network_tcp_flow_egress", seed, 1000) == 1000
     finally:
         rc = agent.stop()
@@ -177,13 +181,19 @@ def test_bad_cidr_at_start_names_file_key_value(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.parametrize(("text", "needle"), [
-    ("", "empty; write {} for a policy with no classes"),
-    ("internalHosts:\n" + "".join(f"  - 10.{i >> 8}.{i & 255}.0/24\n" for i in range(5000)),
-     "5000 class prefixes; at most 4096"),
-])  # fmt: skip
-def test_empty_or_oversized_policy_at_start_is_one_line(tmp_path: Path, text: str,
-                                                        needle: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("", "empty; write {} for a policy with no classes"),
+        (
+            "internalHosts:\n" + "".join(f"  - 10.{i >> 8}.{i & 255}.0/24\n" for i in range(5000)),
+            "5000 class prefixes; at most 4096",
+        ),
+    ],
+)
+def test_empty_or_oversized_policy_at_start_is_one_line(
+    tmp_path: Path, text: str, needle: str
+) -> None:
     bad = tmp_path / "policy.yaml"
     bad.write_text(text)
     res = run_cli("run", "--policy", str(bad), "--listen", f"127.0.0.1:{free_port()}")

@@ -33,34 +33,55 @@ def devices() -> Iterator[tuple[str, str]]:
 
 def test_pods_and_container_events_without_bpf(ctd: Containerd, devices) -> None:
     grpc_port = free_port()
-    env = {"LENS_CONTAINERS__CONTAINERD_STATE": str(ctd.state),
-           "LENS_GRPC__LISTEN": f"127.0.0.1:{grpc_port}"}  # fmt: skip
+    env = {
+        "LENS_CONTAINERS__CONTAINERD_STATE": str(ctd.state),
+        "LENS_GRPC__LISTEN": f"127.0.0.1:{grpc_port}",
+    }
     agent = AgentProc("--no-collector.tcp", "--no-collector.processes", env=env)
     cid = uuid.uuid4().hex + uuid.uuid4().hex
     uid = str(uuid.uuid4())
-    labels = {"io.kubernetes.pod.name": "train-0", "io.kubernetes.pod.namespace": "team-a",
-              "io.kubernetes.pod.uid": uid,
-              "io.kubernetes.container.name": "trainer"}  # fmt: skip
+    labels = {
+        "io.kubernetes.pod.name": "train-0",
+        "io.kubernetes.pod.namespace": "team-a",
+        "io.kubernetes.pod.uid": uid,
+        "io.kubernetes.container.name": "trainer",
+    }
     try:
         agent.wait_ready()
         ready = agent.json("/readyz")[1]["features"]
         assert ready["processes"]["state"] == "off"
         assert ready["container_runtime"] == {"state": "running", "reason": ""}
         stub = lens_pb2_grpc.EventServiceStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
-        reader = Reader(stub, pb.SubscribeRequest(kinds=["container_start", "container_exit"],
-                                                  container=cid))  # fmt: skip
+        reader = Reader(
+            stub, pb.SubscribeRequest(kinds=["container_start", "container_exit"], container=cid)
+        )
         wait_subscribers(agent, 1)
-        res = ctd.run(cid, "/bin/sleep", "60", labels=labels, devices=devices,
-                      env={"SECRET_TOKEN": "hunter2"}, detach=True,
-                      cgroup=f"/kubepods/pod{uid}/{cid}")  # fmt: skip
+        res = ctd.run(
+            cid,
+            "/bin/sleep",
+            "60",
+            labels=labels,
+            devices=devices,
+            env={"SECRET_TOKEN": "hunter2"},
+            detach=True,
+            cgroup=f"/kubepods/pod{uid}/{cid}",
+        )
         assert res.returncode == 0, res.stderr
-        pods = wait_for(lambda: [p for p in agent.json("/pods")[1] if p["id"] == cid],
-                        f"container {cid} on /pods", every=0.3)  # fmt: skip
+        pods = wait_for(
+            lambda: [p for p in agent.json("/pods")[1] if p["id"] == cid],
+            f"container {cid} on /pods",
+            every=0.3,
+        )
         row = pods[0]
         assert (row["pod_name"], row["pod_namespace"], row["pod_uuid"], row["container_name"]) == (
-            "train-0", "team-a", uid, "trainer")  # fmt: skip
+            "train-0",
+            "team-a",
+            uid,
+            "trainer",
+        )
         assert [(d["path"], d["major"], d["minor"]) for d in row["devices"]["gpu"]] == [
-            ("/dev/dri/renderD128", 226, 128)]  # fmt: skip
+            ("/dev/dri/renderD128", 226, 128)
+        ]
         assert [d["path"] for d in row["devices"]["infiniband"]] == ["/dev/infiniband/uverbs0"]
         text = json.dumps(agent.json("/pods")[1])
         assert "hunter2" not in text and "SECRET_TOKEN" not in text

@@ -27,23 +27,41 @@ DASH = Path(__file__).parent.parent / "fixtures" / "dashboards"
 NODE = "gpu-node-7"
 INTERVAL = "30s"  # Grafana's $__interval
 
-RDMA = ("rdma_stat_* come from `rdma statistic show` on the node's NICs; this node has no "
-        "RDMA device (tests/unit/test_rdma*.py check those names)")  # fmt: skip
+RDMA = (
+    "rdma_stat_* come from `rdma statistic show` on the node's NICs; this node has no "
+    "RDMA device (tests/unit/test_rdma*.py check those names)"
+)
 MI300 = "an MI300 value (current socket power, per-XCC busy); the AMD stand-ins are MI200s"
 LACKING: dict[str, str] = {
     "rdma_stat_": RDMA,
     "sgpu_ecc_correct_total": "a typo in Primus-Lens's NodeHistory.json (no such metric anywhere)",
     "gpu_package_power": MI300 + ", which answer N/A for it (gpu_average_package_power is there)",
     "gpu_gfx_busy_instantaneous": MI300,
-    "gpu_junction_temperature{gpu_uuid=\"$g_gpu_uuid\", card_model=~\"102-G302":
-        "the panel shows junction temperature for MI300 boards only; GPU 0 is an MI200 board",
+    'gpu_junction_temperature{gpu_uuid="$g_gpu_uuid", card_model=~"102-G302': (
+        "the panel shows junction temperature for MI300 boards only; GPU 0 is an MI200 board"
+    ),
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "a DCGM profiling counter: NVML has no equivalent",
     "node_k8s_gpu_allocation_rate": "the kubelet's pods and their GPU requests: this node runs "
-        "without Kubernetes (tests/unit/test_kubelet.py checks it)",
-}  # fmt: skip
+    "without Kubernetes (tests/unit/test_kubelet.py checks it)",
+}
 # RAS blocks whose ECC counters the AMD stand-in has no RAS feature for
-for block in ("athub", "bif", "df", "fuse", "hdp", "ih", "jpeg", "mca", "mmhub", "mp0", "mp1",
-              "mpio", "sem", "smn", "vcn"):  # fmt: skip
+for block in (
+    "athub",
+    "bif",
+    "df",
+    "fuse",
+    "hdp",
+    "ih",
+    "jpeg",
+    "mca",
+    "mmhub",
+    "mp0",
+    "mp1",
+    "mpio",
+    "sem",
+    "smn",
+    "vcn",
+):
     for word in ("correct", "uncorrect"):
         LACKING[f"gpu_ecc_{word}_{block}{{"] = f"the stand-in GPUs have no RAS on {block}"
 
@@ -152,9 +170,12 @@ def scraped(tmp_path: Path) -> Iterator[tuple[AgentProc, VictoriaMetrics]]:
         agent.wait_ready()
         vm = VictoriaMetrics([agent.base.removeprefix("http://")], {"node": NODE})
         # enough scrapes that rate/delta/increase over $__interval have two points
-        wait_for(lambda: vm.query(f'count_over_time(gpu_health{{node="{NODE}"}}[{INTERVAL}]) >= 5')
-                 and vm.query(f"count_over_time(DCGM_FI_DEV_GPU_TEMP[{INTERVAL}]) >= 5"),
-                 "five scrapes of both vendors' GPUs", timeout=60)  # fmt: skip
+        wait_for(
+            lambda: vm.query(f'count_over_time(gpu_health{{node="{NODE}"}}[{INTERVAL}]) >= 5')
+            and vm.query(f"count_over_time(DCGM_FI_DEV_GPU_TEMP[{INTERVAL}]) >= 5"),
+            "five scrapes of both vendors' GPUs",
+            timeout=60,
+        )
         yield agent, vm
     finally:
         if vm is not None:
@@ -190,9 +211,12 @@ def test_the_dashboards_people_have_answer_from_lens_ebpf(scraped) -> None:
     _, vm = scraped
     empty: list[str] = []
     resolved = {}
-    for name in ("primus-lens-NodeStat.json", "primus-lens-NodeHistory.json",
-                 "amd-device-metrics-exporter-gpu.json",
-                 "dcgm-exporter-dashboard.json"):  # fmt: skip
+    for name in (
+        "primus-lens-NodeStat.json",
+        "primus-lens-NodeHistory.json",
+        "amd-device-metrics-exporter-gpu.json",
+        "dcgm-exporter-dashboard.json",
+    ):
         values = resolve(vm, DASH / name)
         resolved[name] = values
         empty += evaluate(vm, DASH / name, values)
@@ -200,7 +224,10 @@ def test_the_dashboards_people_have_answer_from_lens_ebpf(scraped) -> None:
     assert resolved["primus-lens-NodeStat.json"]["node"] == NODE
     amd = resolved["amd-device-metrics-exporter-gpu.json"]
     assert (amd["g_hostname"], amd["g_gpu_id"], amd["g_gpu_uuid"]) == (
-        NODE, "0", "0x5F1A2B3C4D5E6F70")  # fmt: skip
+        NODE,
+        "0",
+        "0x5F1A2B3C4D5E6F70",
+    )
     assert amd["g_card_model"] == "102-D65209-0C" and amd["g_gpu_vbios"] == "113-D65209-073"
     assert resolved["dcgm-exporter-dashboard.json"]["gpu"] == "0"
     assert empty == [], "\n".join(empty)

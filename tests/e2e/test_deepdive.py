@@ -55,8 +55,7 @@ def lab(ctd: Containerd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[A
 def test_the_pods_process_tree_has_its_exact_pids(lab: Any) -> None:
     rank, agent, stub = lab
     tree = stub.ProcessTree(pb.ProcessTreeRequest(pod_uid=rank.pod_uid), metadata=AS_RECORDER)
-    assert (tree.pod_name, tree.pod_namespace, tree.node_name) == ("train-0", "team-a",
-                                                                    "node-a")  # fmt: skip
+    assert (tree.pod_name, tree.pod_namespace, tree.node_name) == ("train-0", "team-a", "node-a")
     [c] = tree.containers
     assert (c.id, c.name) == (rank.cid, "trainer")
     sleep, helper = children(rank.pid)
@@ -74,21 +73,37 @@ def test_the_pods_process_tree_has_its_exact_pids(lab: Any) -> None:
 
 def test_pyspy_dump_and_record_name_the_ranks_functions(lab: Any) -> None:
     rank, agent, stub = lab
-    got = stub.PySpy(pb.PySpyRequest(pod_uid=rank.pod_uid, pid=rank.pid, action="dump"),
-                     metadata=AS_RECORDER)  # fmt: skip
+    got = stub.PySpy(
+        pb.PySpyRequest(pod_uid=rank.pod_uid, pid=rank.pid, action="dump"), metadata=AS_RECORDER
+    )
     threads = json.loads(got.output)
     names = [f["name"] for t in threads for f in t["frames"]]
     assert names[:2] == ["spin_in_train_step", "main"], names
-    rec = stub.PySpy(pb.PySpyRequest(pod_uid=rank.pod_uid, pid=rank.pid, action="record",
-                                     duration_seconds=1, rate=50, format="speedscope"),
-                     metadata=AS_RECORDER)  # fmt: skip
+    rec = stub.PySpy(
+        pb.PySpyRequest(
+            pod_uid=rank.pod_uid,
+            pid=rank.pid,
+            action="record",
+            duration_seconds=1,
+            rate=50,
+            format="speedscope",
+        ),
+        metadata=AS_RECORDER,
+    )
     doc = json.loads(rec.output)
     assert rec.format == "speedscope" and doc["profiles"][0]["samples"]
     frames = {f["name"] for f in doc["shared"]["frames"]}
     assert {"spin_in_train_step", "main"} <= frames
-    svg = stub.PySpy(pb.PySpyRequest(pod_uid=rank.pod_uid, pid=rank.pid, action="record",
-                                     duration_seconds=1, format="flamegraph"),
-                     metadata=AS_RECORDER)  # fmt: skip
+    svg = stub.PySpy(
+        pb.PySpyRequest(
+            pod_uid=rank.pod_uid,
+            pid=rank.pid,
+            action="record",
+            duration_seconds=1,
+            format="flamegraph",
+        ),
+        metadata=AS_RECORDER,
+    )
     assert svg.output.startswith(b"<?xml") and b"spin_in_train_step" in svg.output
     assert agent.sample("lens_agent_pyspy_runs_total", {"outcome": "ok"}) == 3
 
@@ -126,15 +141,17 @@ def test_bad_requests_are_refused_with_their_reason(lab: Any) -> None:
     def spy(**kw: Any) -> Any:
         return lambda: stub.PySpy(pb.PySpyRequest(**kw), metadata=AS_RECORDER)
 
-    code, why = code_of(lambda: stub.ProcessTree(pb.ProcessTreeRequest(pod_uid="not-here"),
-                                                 metadata=AS_RECORDER))  # fmt: skip
+    code, why = code_of(
+        lambda: stub.ProcessTree(pb.ProcessTreeRequest(pod_uid="not-here"), metadata=AS_RECORDER)
+    )
     assert code == grpc.StatusCode.NOT_FOUND and "no running container on node node-a" in why
     code, why = code_of(spy(pod_uid=rank.pod_uid, pid=os.getpid(), action="dump"))
     assert code == grpc.StatusCode.NOT_FOUND and "not a process of pod" in why
     code, why = code_of(spy(pod_uid=rank.pod_uid, pid=sleep, action="dump"))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "not a Python process" in why
-    code, why = code_of(spy(pod_uid=rank.pod_uid, pid=rank.pid, action="record",
-                            duration_seconds=100000))  # fmt: skip
+    code, why = code_of(
+        spy(pod_uid=rank.pod_uid, pid=rank.pid, action="record", duration_seconds=100000)
+    )
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "max_duration_seconds" in why
     # the helper is killed while a 30 s record samples it
     out: dict[str, Any] = {}
@@ -156,14 +173,18 @@ def test_bad_requests_are_refused_with_their_reason(lab: Any) -> None:
 
 def test_pyspy_missing_is_said(ctd: Containerd, lab: Any, tmp_path: Path) -> None:
     rank = lab[0]
-    agent, address = agent_for(ctd, tmp_path, env={
-        "LENS_COLLECTORS__DEEPDIVE__PYSPY": str(tmp_path / "no-py-spy")})  # fmt: skip
+    agent, address = agent_for(
+        ctd, tmp_path, env={"LENS_COLLECTORS__DEEPDIVE__PYSPY": str(tmp_path / "no-py-spy")}
+    )
     try:
         with grpc.insecure_channel(address) as ch:
             stub = deepdive_pb2_grpc.DeepDiveServiceStub(ch)
-            code, why = code_of(lambda: stub.PySpy(
-                pb.PySpyRequest(pod_uid=rank.pod_uid, pid=rank.pid, action="dump"),
-                metadata=AS_RECORDER))  # fmt: skip
+            code, why = code_of(
+                lambda: stub.PySpy(
+                    pb.PySpyRequest(pod_uid=rank.pod_uid, pid=rank.pid, action="dump"),
+                    metadata=AS_RECORDER,
+                )
+            )
         assert code == grpc.StatusCode.FAILED_PRECONDITION and "py-spy is not installed" in why
         assert agent.json("/readyz")[1]["features"]["deepdive"]["reason"] == "py-spy not found"
     finally:

@@ -70,8 +70,10 @@ def parse(text: str):
 
 
 def test_rdma_rest_and_metrics_from_a_fixture_sysfs() -> None:
-    env = {"LENS_DEVICES__SYSFS_ROOT": str(FIX / "rdma" / "sys"),
-           "LENS_COLLECTORS__RDMA__TOOL": "lens-no-such-rdma-tool"}  # fmt: skip
+    env = {
+        "LENS_DEVICES__SYSFS_ROOT": str(FIX / "rdma" / "sys"),
+        "LENS_COLLECTORS__RDMA__TOOL": "lens-no-such-rdma-tool",
+    }
     agent = AgentProc("--no-collector.tcp", env=env)
     try:
         agent.wait_ready()

@@ -26,8 +26,11 @@ def test_hanging_nvidia_smi_times_out_serves_stale_and_metrics_go_on(tmp_path: P
     mode = tmp_path / "mode"
     mode.write_text("ok")
     tool = tmp_path / "nvidia-smi"
-    tool.write_text(STAND_IN.format(mode=mode, gpus=FIX / "nvidia-smi-gpus.csv",
-                                    apps=FIX / "nvidia-smi-apps.csv"))  # fmt: skip
+    tool.write_text(
+        STAND_IN.format(
+            mode=mode, gpus=FIX / "nvidia-smi-gpus.csv", apps=FIX / "nvidia-smi-apps.csv"
+        )
+    )
     tool.chmod(0o755)
     env = {
         "LENS_COLLECTORS__GPU__NVIDIA_SMI": str(tool),
@@ -49,8 +52,12 @@ def test_hanging_nvidia_smi_times_out_serves_stale_and_metrics_go_on(tmp_path: P
         wait_for(stale, "a stale reading")
         labels = {"gpu_index": "0", "vendor": "nvidia"}
         assert agent.sample("gpu_utilization_percent", labels) == 87  # last good reading
-        assert agent.sample("lens_agent_collector_errors_total",
-                            {"collector": "gpu", "reason": "timeout"}) >= 1  # fmt: skip
+        assert (
+            agent.sample(
+                "lens_agent_collector_errors_total", {"collector": "gpu", "reason": "timeout"}
+            )
+            >= 1
+        )
         status, cards = agent.json("/cardMetrics")
         assert cards["data"][0]["stale"] is True
     finally:
@@ -63,8 +70,11 @@ def agent_node(agent: AgentProc) -> str:
 
 
 def test_gpu_rest_routes_from_fixture_sysfs_and_dev() -> None:
-    env = {"LENS_DEVICES__SYSFS_ROOT": str(FIX / "sys"), "LENS_DEVICES__DEV_ROOT": str(FIX / "dev"),
-           "LENS_COLLECTORS__GPU__NVIDIA_SMI": "lens-no-such-tool"}  # fmt: skip
+    env = {
+        "LENS_DEVICES__SYSFS_ROOT": str(FIX / "sys"),
+        "LENS_DEVICES__DEV_ROOT": str(FIX / "dev"),
+        "LENS_COLLECTORS__GPU__NVIDIA_SMI": "lens-no-such-tool",
+    }
     agent = AgentProc("--no-collector.tcp", "--no-collector.processes", env=env)
     try:
         agent.wait_ready()
@@ -77,14 +87,26 @@ def test_gpu_rest_routes_from_fixture_sysfs_and_dev() -> None:
         assert rows["0001:03:00.0"]["dri_device"]["render"] == "/dev/dri/renderD129"
         _, dri = agent.json("/driMapping")
         by_card = {k: (d["card_id"], d["pci_addr"]) for k, d in dri["data"].items()}
-        assert by_card == {"/dev/dri/card1": (1, "0000:c1:00.0"),
-                           "/dev/dri/card2": (2, "0001:03:00.0")}  # fmt: skip
+        assert by_card == {
+            "/dev/dri/card1": (1, "0000:c1:00.0"),
+            "/dev/dri/card2": (2, "0001:03:00.0"),
+        }
         _, cards = agent.json("/cardMetrics")
         assert cards["data"][1]["power_draw_watts"] == 125.0
         _, drv = agent.json("/gpuDriverVersion")  # the amdgpu module's version in sysfs
         assert drv == {"code": 0, "data": "6.7.0", "message": "success"}
-        assert agent.sample("hw_gpu_power_draw_watts", {
-            "node": agent_node(agent), "gpu_index": "0", "gpu_name": "AMD Instinct MI300X",
-            "gpu_uuid": "0x18a96c02d4e1c0a3", "vendor": "amd"}) == 301.0  # fmt: skip
+        assert (
+            agent.sample(
+                "hw_gpu_power_draw_watts",
+                {
+                    "node": agent_node(agent),
+                    "gpu_index": "0",
+                    "gpu_name": "AMD Instinct MI300X",
+                    "gpu_uuid": "0x18a96c02d4e1c0a3",
+                    "vendor": "amd",
+                },
+            )
+            == 301.0
+        )
     finally:
         assert agent.stop() == 0

@@ -62,8 +62,9 @@ def gpu_node(tmp_path: Path) -> Iterator[dict[str, str]]:
     server.stop(0)
 
 
-def wait_labelled(agent: AgentProc, name: str, labels: dict[str, str],
-                  timeout: float = 20) -> float | None:  # fmt: skip
+def wait_labelled(
+    agent: AgentProc, name: str, labels: dict[str, str], timeout: float = 20
+) -> float | None:
     """The first sample of name whose labels include these."""
 
     def find() -> tuple[float] | None:
@@ -76,8 +77,10 @@ def wait_labelled(agent: AgentProc, name: str, labels: dict[str, str],
 
 
 def write_kmsg(xid: int, note: str) -> str:
-    line = (f"NVRM: Xid (PCI:0000:18:00): {xid}, pid='<unknown>', name=<unknown>, {note}, "
-            "written by the lens-ebpf test suite, not a driver")  # fmt: skip
+    line = (
+        f"NVRM: Xid (PCI:0000:18:00): {xid}, pid='<unknown>', name=<unknown>, {note}, "
+        "written by the lens-ebpf test suite, not a driver"
+    )
     with open("/dev/kmsg", "w") as kmsg:
         kmsg.write(line + "\n")
     return line
@@ -87,8 +90,12 @@ def test_faults_reach_metrics_and_the_grpc_stream_with_the_pod(
     gpu_node: dict[str, str], tmp_path: Path
 ) -> None:
     port = free_port()
-    agent = AgentProc("--no-collector.tcp", "--no-collector.processes", "--no-collector.drops",
-                      env={**gpu_node, "LENS_GRPC__LISTEN": f"127.0.0.1:{port}"})  # fmt: skip
+    agent = AgentProc(
+        "--no-collector.tcp",
+        "--no-collector.processes",
+        "--no-collector.drops",
+        env={**gpu_node, "LENS_GRPC__LISTEN": f"127.0.0.1:{port}"},
+    )
     state = Path(gpu_node["FAKE_NVML_STATE"])
     try:
         agent.wait_ready()
@@ -116,8 +123,10 @@ def test_faults_reach_metrics_and_the_grpc_stream_with_the_pod(
         got = reader.close()
     finally:
         assert agent.stop() == 0
-    faults = sorted((f.fault, f.code, f.bdf, f.uuid, f.identity.namespace, f.identity.pod)
-                    for f in (e.gpu_fault for e in got))  # fmt: skip
+    faults = sorted(
+        (f.fault, f.code, f.bdf, f.uuid, f.identity.namespace, f.identity.pod)
+        for f in (e.gpu_fault for e in got)
+    )
     assert faults == [
         ("ecc_uncorrectable", "memory", "0000:18:00.0", UUID0, "default", "cuda-check"),
         ("xid", "79", "0000:18:00.0", UUID0, "default", "cuda-check"),
@@ -129,8 +138,13 @@ def test_faults_reach_metrics_and_the_grpc_stream_with_the_pod(
 def test_trace_gpu_shows_a_fault_live_with_the_pod(gpu_node: dict[str, str]) -> None:
     # the duration only ends a trace that would otherwise hang the test
     cmd = [*LENS_CMD, "trace", "gpu", "--json", "--duration", str(hang_guard(20))]
-    proc = subprocess.Popen(cmd, env={**os.environ, **gpu_node}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        env={**os.environ, **gpu_node},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stderr is not None and proc.stdout is not None
         started = proc.stderr.readline()
@@ -141,5 +155,10 @@ def test_trace_gpu_shows_a_fault_live_with_the_pod(gpu_node: dict[str, str]) -> 
         proc.terminate()
         proc.wait(hang_guard(10))
     assert (got["kind"], got["fault"], got["code"], got["gpu_index"], got["bdf"]) == (
-        "gpu_fault", "xid", "48", 0, "0000:18:00.0")  # fmt: skip
+        "gpu_fault",
+        "xid",
+        "48",
+        0,
+        "0000:18:00.0",
+    )
     assert (got["namespace"], got["pod"], got["message"]) == ("default", "cuda-check", line)

@@ -39,8 +39,11 @@ def start_agent(tmp: Path, extra: str = "", *args: str) -> tuple[AgentProc, str]
 
 
 def wait_subscribers(agent: AgentProc, n: int, timeout: float = 10) -> None:
-    wait_for(lambda: agent.sample("lens_agent_subscribers", {"subscriber": "grpc"}) == n,
-             f"{n} subscriptions", timeout)  # fmt: skip
+    wait_for(
+        lambda: agent.sample("lens_agent_subscribers", {"subscriber": "grpc"}) == n,
+        f"{n} subscriptions",
+        timeout,
+    )
 
 
 class Reader:
@@ -89,8 +92,9 @@ def test_filtered_subscriber_gets_exactly_its_containers_execs(tmp_path: Path) -
         wait_for(lambda: echoed(everything, two) and echoed(filtered, one), "both echoes")
         got, allev = filtered.close(), everything.close()
         assert {e.process_exec.identity.container_id for e in got} == {one}
-        assert [e.process_exec.filename for e in got if e.process_exec.filename.startswith(
-            "/bin/")] == ["/bin/sh", "/bin/echo"]  # fmt: skip
+        assert [
+            e.process_exec.filename for e in got if e.process_exec.filename.startswith("/bin/")
+        ] == ["/bin/sh", "/bin/echo"]
         mine = [e for e in allev if e.process_exec.identity.container_id == one]
         assert [e.seq for e in mine] == [e.seq for e in got]  # the same events, same numbers
         assert any(e.process_exec.identity.container_id == two for e in allev)
@@ -105,16 +109,20 @@ def test_malformed_requests_are_invalid_argument(tmp_path: Path) -> None:
     agent, addr = start_agent(tmp_path)
     try:
         stub = lens_pb2_grpc.EventServiceStub(grpc.insecure_channel(addr))
-        for req, needle in ((pb.SubscribeRequest(kinds=["tcp_dance"]), "unknown kind"),
-                            (pb.SubscribeRequest(from_seq=-5), "from_seq")):  # fmt: skip
+        for req, needle in (
+            (pb.SubscribeRequest(kinds=["tcp_dance"]), "unknown kind"),
+            (pb.SubscribeRequest(from_seq=-5), "from_seq"),
+        ):
             with pytest.raises(grpc.RpcError) as err:
                 next(iter(stub.Subscribe(req)))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert needle in err.value.details()
         # bytes that are no protobuf at all: the caller's error too, not INTERNAL
         channel = grpc.insecure_channel(addr)
-        for method, call in (("/lens.v1.EventService/Subscribe", channel.unary_stream),
-                             ("/lens.v1.NodeService/GetNode", channel.unary_unary)):  # fmt: skip
+        for method, call in (
+            ("/lens.v1.EventService/Subscribe", channel.unary_stream),
+            ("/lens.v1.NodeService/GetNode", channel.unary_unary),
+        ):
             rpc = call(method, request_serializer=lambda b: b, response_deserializer=bytes)
             with pytest.raises(grpc.RpcError) as err:
                 got = rpc(b"\xff" * 5000, timeout=hang_guard(5))
@@ -126,7 +134,8 @@ def test_malformed_requests_are_invalid_argument(tmp_path: Path) -> None:
         resp = health.Check(health_pb2.HealthCheckRequest(service="lens.v1.EventService"))
         assert resp.status == health_pb2.HealthCheckResponse.SERVING
         node = lens_pb2_grpc.NodeServiceStub(grpc.insecure_channel(addr)).GetNode(
-            pb.GetNodeRequest())  # fmt: skip
+            pb.GetNodeRequest()
+        )
         assert node.features["processes"] == "attached" and node.version
     finally:
         agent.stop()
@@ -145,7 +154,8 @@ def test_500_idle_subscribers_starve_no_one_and_the_limit_is_counted(tmp_path: P
         resp = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=hang_guard(5))
         assert resp.status == health_pb2.HealthCheckResponse.SERVING
         node = lens_pb2_grpc.NodeServiceStub(grpc.insecure_channel(addr)).GetNode(
-            pb.GetNodeRequest(), timeout=hang_guard(5))  # fmt: skip
+            pb.GetNodeRequest(), timeout=hang_guard(5)
+        )
         assert node.version
         with pytest.raises(grpc.RpcError) as err:
             next(iter(stub.Subscribe(pb.SubscribeRequest(), timeout=hang_guard(5))))
@@ -164,8 +174,16 @@ def test_a_second_agent_on_the_same_grpc_port_exits_2(tmp_path: Path) -> None:
     try:
         cfg = tmp_path / "second.yaml"
         cfg.write_text(f"grpc:\n  listen: {addr}\n")
-        res = run_cli("run", "--config", str(cfg), "--listen", f"127.0.0.1:{free_port()}",
-                      "--no-collector.tcp", "--no-collector.processes", timeout=60)  # fmt: skip
+        res = run_cli(
+            "run",
+            "--config",
+            str(cfg),
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            "--no-collector.tcp",
+            "--no-collector.processes",
+            timeout=60,
+        )
         assert res.returncode == 2, (res.returncode, res.stderr)
         lines = res.stderr.strip().splitlines()
         want = f"gRPC: cannot listen on {addr}: Address already in use"
@@ -228,8 +246,11 @@ def test_a_subscriber_that_never_reads_is_bounded_and_delays_no_one(tmp_path: Pa
 
 
 def collector(port: int, out: Path) -> subprocess.Popen:
-    p = subprocess.Popen([*LENS_CMD, "collect", "--listen", f"127.0.0.1:{port}", "--out", str(out)],
-                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+    p = subprocess.Popen(
+        [*LENS_CMD, "collect", "--listen", f"127.0.0.1:{port}", "--out", str(out)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert p.stderr is not None and "listening" in p.stderr.readline()
     return p
 
@@ -240,8 +261,12 @@ def records(out: Path) -> tuple[list[int], list[dict]]:
 
 
 def wait_acked(agent: AgentProc, want: float, timeout: float = 20) -> None:
-    wait_for(lambda: (agent.sample("lens_agent_reporter_acked_seq") or 0) >= want,
-             f"the reporter's events acked up to {want}", timeout, every=0.3)  # fmt: skip
+    wait_for(
+        lambda: (agent.sample("lens_agent_reporter_acked_seq") or 0) >= want,
+        f"the reporter's events acked up to {want}",
+        timeout,
+        every=0.3,
+    )
 
 
 def last_seq(addr: str) -> int:
@@ -256,8 +281,11 @@ def run_execs(agent: AgentProc, n: int) -> None:
     exits = {"kind": "process_exit"}
     before = agent.sample("lens_agent_events_published_total", exits) or 0
     spawn_execs(n).wait(hang_guard(60))
-    wait_for(lambda: (agent.sample("lens_agent_events_published_total", exits) or 0)
-             >= before + n, f"{n} exits published", every=0.1)  # fmt: skip
+    wait_for(
+        lambda: (agent.sample("lens_agent_events_published_total", exits) or 0) >= before + n,
+        f"{n} exits published",
+        every=0.1,
+    )
 
 
 def test_reporter_replays_every_event_after_a_collector_outage(tmp_path: Path) -> None:
@@ -277,7 +305,8 @@ def test_reporter_replays_every_event_after_a_collector_outage(tmp_path: Path) -
         col = collector(cport, out)
         run_execs(agent, 200)
         node = lens_pb2_grpc.NodeServiceStub(grpc.insecure_channel(addr)).GetNode(
-            pb.GetNodeRequest())  # fmt: skip
+            pb.GetNodeRequest()
+        )
         wait_acked(agent, node.last_seq)
         seqs, gaps = records(out)
         assert gaps == []
@@ -350,8 +379,9 @@ def test_tls_and_mutual_tls(tmp_path: Path, certs: dict[str, Path]) -> None:
     try:
         with pytest.raises(grpc.RpcError):  # mTLS: a client without a certificate is refused
             get_node(addr, grpc.ssl_channel_credentials(ca))
-        creds = grpc.ssl_channel_credentials(ca, certs["client.key"].read_bytes(),
-                                             certs["client.crt"].read_bytes())  # fmt: skip
+        creds = grpc.ssl_channel_credentials(
+            ca, certs["client.key"].read_bytes(), certs["client.crt"].read_bytes()
+        )
         assert get_node(addr, creds).node_name
     finally:
         agent.stop()
@@ -359,10 +389,12 @@ def test_tls_and_mutual_tls(tmp_path: Path, certs: dict[str, Path]) -> None:
 
 def test_generated_code_matches_the_proto(tmp_path: Path) -> None:
     subprocess.run([str(ROOT / "scripts" / "gen_protos.sh"), str(tmp_path)], check=True)
-    for sub, gen, stem in (("api", "lens_ebpf/protocol/gen", "lens"),
-                           ("k8s", "lens_ebpf/k8s/gen", "podresources_v1"),
-                           ("cluster", "lens_ebpf/recorder/gen", "remote_write_v1"),
-                           ("cluster", "lens_ebpf/recorder/gen", "remote_write_v2")):  # fmt: skip
+    for sub, gen, stem in (
+        ("api", "lens_ebpf/protocol/gen", "lens"),
+        ("k8s", "lens_ebpf/k8s/gen", "podresources_v1"),
+        ("cluster", "lens_ebpf/recorder/gen", "remote_write_v1"),
+        ("cluster", "lens_ebpf/recorder/gen", "remote_write_v2"),
+    ):
         grpc_code = () if sub == "cluster" else (f"{stem}_pb2_grpc.py",)
         for name in (f"{stem}_pb2.py", f"{stem}_pb2.pyi", *grpc_code):
             assert filecmp.cmp(
@@ -376,11 +408,13 @@ def test_collector_dedups_and_recovers_from_its_file(tmp_path: Path) -> None:
     out = tmp_path / "e.jsonl"
     # lines of a collector older than the agent instance (instance ""), then of two
     # instances of n1 (a restarted agent numbers from 1 again)
-    out.write_text('{"node": "n1", "seq": "7"}\n{"node": "n1", "seq": "9"}\n{"node": "n2", '
-                   '"seq": "3"}\nnot json\n'
-                   '{"node": "n1", "instance": "b", "seq": "2"}\n'
-                   '{"node": "n1", "instance": "a", "seq": "4"}\n'
-                   '{"node": "n1", "instance": "b", "seq": "3"}\n')  # fmt: skip
+    out.write_text(
+        '{"node": "n1", "seq": "7"}\n{"node": "n1", "seq": "9"}\n{"node": "n2", '
+        '"seq": "3"}\nnot json\n'
+        '{"node": "n1", "instance": "b", "seq": "2"}\n'
+        '{"node": "n1", "instance": "a", "seq": "4"}\n'
+        '{"node": "n1", "instance": "b", "seq": "3"}\n'
+    )
     got = recover(out)
     assert got == {"n1": {"": 9, "a": 4, "b": 3}, "n2": {"": 3}}
     assert list(got["n1"]) == ["", "a", "b"]  # in the order they last wrote

@@ -18,10 +18,15 @@ pytestmark = pytest.mark.e2e
 
 # k8sPod is left empty on purpose: the cluster's podSubnet fills it
 POLICY = "localhost: [127.0.0.0/8]\ninternalHosts: [10.0.0.0/8]\n"
-KUBEADM = {"kind": "ConfigMap", "metadata": {"name": "kubeadm-config", "namespace": "kube-system"},
-           "data": {"ClusterConfiguration": "apiVersion: kubeadm.k8s.io/v1beta3\n"
-                    "kind: ClusterConfiguration\nnetworking:\n  podSubnet: 127.0.5.0/24\n"
-                    "  serviceSubnet: 127.0.6.0/24\n"}}  # fmt: skip
+KUBEADM = {
+    "kind": "ConfigMap",
+    "metadata": {"name": "kubeadm-config", "namespace": "kube-system"},
+    "data": {
+        "ClusterConfiguration": "apiVersion: kubeadm.k8s.io/v1beta3\n"
+        "kind: ClusterConfiguration\nnetworking:\n  podSubnet: 127.0.5.0/24\n"
+        "  serviceSubnet: 127.0.6.0/24\n"
+    },
+}
 
 
 @pytest.fixture
@@ -37,12 +42,16 @@ def api() -> Iterator[FakeApiServer]:
 
 
 def flow_labels(addr: str, port: int, cls: str, **who: str) -> dict[str, str]:
-    return {"direction": "egress", "type": cls, "raddr": addr, "port": str(port),
-            **{f"remote_{k}": v for k, v in who.items()}}  # fmt: skip
+    return {
+        "direction": "egress",
+        "type": cls,
+        "raddr": addr,
+        "port": str(port),
+        **{f"remote_{k}": v for k, v in who.items()},
+    }
 
 
-WEB = {"namespace": "shop", "pod": "web-5d-x7k", "workload_kind": "Deployment",
-       "workload": "web"}  # fmt: skip
+WEB = {"namespace": "shop", "pod": "web-5d-x7k", "workload_kind": "Deployment", "workload": "web"}
 
 
 def connect(addr: str, n: int = 100) -> int:
@@ -55,15 +64,19 @@ def connect(addr: str, n: int = 100) -> int:
 def test_identity_cidrs_and_api_killed_mid_watch(api: FakeApiServer, tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
-    agent = AgentProc("--policy", str(policy), env={
-        "LENS_KUBERNETES__KUBECONFIG": str(api.kubeconfig(tmp_path / "kubeconfig")),
-        "LENS_KUBERNETES__BACKOFF_MAX_SECONDS": "1",
-        "LENS_KUBERNETES__REQUEST_TIMEOUT_SECONDS": "2",
-        "LENS_KUBERNETES__POD_RESOURCES__SOCKET": str(tmp_path / "no-kubelet.sock"),
-        "LENS_KUBERNETES__KUBELET__ENABLED": "false",
-        "LENS_COLLECTORS__PROCESSES__ENABLED": "false",
-        "LENS_COLLECTORS__DROPS__ENABLED": "false",
-    })  # fmt: skip
+    agent = AgentProc(
+        "--policy",
+        str(policy),
+        env={
+            "LENS_KUBERNETES__KUBECONFIG": str(api.kubeconfig(tmp_path / "kubeconfig")),
+            "LENS_KUBERNETES__BACKOFF_MAX_SECONDS": "1",
+            "LENS_KUBERNETES__REQUEST_TIMEOUT_SECONDS": "2",
+            "LENS_KUBERNETES__POD_RESOURCES__SOCKET": str(tmp_path / "no-kubelet.sock"),
+            "LENS_KUBERNETES__KUBELET__ENABLED": "false",
+            "LENS_COLLECTORS__PROCESSES__ENABLED": "false",
+            "LENS_COLLECTORS__DROPS__ENABLED": "false",
+        },
+    )
     try:
         agent.wait_ready()
 
@@ -71,16 +84,21 @@ def test_identity_cidrs_and_api_killed_mid_watch(api: FakeApiServer, tmp_path: P
             return agent.json("/readyz")[1]["kubernetes"] or {}
 
         eventually(lambda: k8s().get("watches", {}).get("pods", {}).get("synced"), 10, 0.2)
-        eventually(lambda: k8s()["cluster_cidrs"]["policy_classes_filled"] == ["k8sPod", "k8sSvc"],
-                   10, 0.2)  # fmt: skip
+        eventually(
+            lambda: k8s()["cluster_cidrs"]["policy_classes_filled"] == ["k8sPod", "k8sSvc"], 10, 0.2
+        )
         assert k8s()["cluster_cidrs"]["source"] == "kubeadm-config"
         assert agent.json("/readyz")[1]["features"]["kubernetes"]["state"] == "running"
 
         port = connect("127.0.0.81", 300)
         opened = "lens_tcp_connections_opened_total"
         assert agent.wait_sample(opened, flow_labels("127.0.0.81", port, "k8sPod", **WEB), 1) == 1
-        assert agent.sample("lens_tcp_sent_bytes_total",
-                            flow_labels("127.0.0.81", port, "k8sPod", **WEB)) == 300  # fmt: skip
+        assert (
+            agent.sample(
+                "lens_tcp_sent_bytes_total", flow_labels("127.0.0.81", port, "k8sPod", **WEB)
+            )
+            == 300
+        )
         sport = connect("127.0.0.82")
         assert (
             agent.wait_sample(
@@ -107,14 +125,20 @@ def test_identity_cidrs_and_api_killed_mid_watch(api: FakeApiServer, tmp_path: P
         api.put("pods", pod("late-0", "127.0.0.83", "shop", owner=("StatefulSet", "late")))
         api.put("statefulsets", owned("StatefulSet", "late", "shop"))
         # reconnects fail meanwhile, with backoff
-        eventually(lambda: (agent.sample("lens_k8s_watch_restarts_total",
-                                         {**up, "reason": "error"}) or 0) >= 1)  # fmt: skip
+        eventually(
+            lambda: (agent.sample("lens_k8s_watch_restarts_total", {**up, "reason": "error"}) or 0)
+            >= 1
+        )
         api.start()  # same port, same objects, and the pod created while it was down
         assert agent.wait_sample("lens_k8s_watch_connected", up, 1, timeout=15) == 1
         eventually(lambda: k8s()["index"]["pods"] == 2, 10, 0.2)
         lport = connect("127.0.0.83")
-        late = {"namespace": "shop", "pod": "late-0", "workload_kind": "StatefulSet",
-                "workload": "late"}  # fmt: skip
+        late = {
+            "namespace": "shop",
+            "pod": "late-0",
+            "workload_kind": "StatefulSet",
+            "workload": "late",
+        }
         assert agent.wait_sample(opened, flow_labels("127.0.0.83", lport, "k8sPod", **late), 1) == 1
         assert agent.sample("lens_k8s_index_objects", {"kind": "pods"}) == 2
     finally:
@@ -131,13 +155,17 @@ def test_a_pod_the_api_shows_after_its_first_connections_gets_them(
     connections are its own, with no unlabelled series left counting them."""
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
-    agent = AgentProc("--policy", str(policy), env={
-        "LENS_KUBERNETES__KUBECONFIG": str(api.kubeconfig(tmp_path / "kubeconfig")),
-        "LENS_KUBERNETES__POD_RESOURCES__SOCKET": str(tmp_path / "no-kubelet.sock"),
-        "LENS_KUBERNETES__KUBELET__ENABLED": "false",
-        "LENS_COLLECTORS__PROCESSES__ENABLED": "false",
-        "LENS_COLLECTORS__DROPS__ENABLED": "false",
-    })  # fmt: skip
+    agent = AgentProc(
+        "--policy",
+        str(policy),
+        env={
+            "LENS_KUBERNETES__KUBECONFIG": str(api.kubeconfig(tmp_path / "kubeconfig")),
+            "LENS_KUBERNETES__POD_RESOURCES__SOCKET": str(tmp_path / "no-kubelet.sock"),
+            "LENS_KUBERNETES__KUBELET__ENABLED": "false",
+            "LENS_COLLECTORS__PROCESSES__ENABLED": "false",
+            "LENS_COLLECTORS__DROPS__ENABLED": "false",
+        },
+    )
     try:
         agent.wait_ready()
 
@@ -145,8 +173,9 @@ def test_a_pod_the_api_shows_after_its_first_connections_gets_them(
             return agent.json("/readyz")[1]["kubernetes"] or {}
 
         eventually(lambda: k8s().get("watches", {}).get("pods", {}).get("synced"), 10, 0.2)
-        eventually(lambda: k8s()["cluster_cidrs"]["policy_classes_filled"] == ["k8sPod", "k8sSvc"],
-                   10, 0.2)  # fmt: skip
+        eventually(
+            lambda: k8s()["cluster_cidrs"]["policy_classes_filled"] == ["k8sPod", "k8sSvc"], 10, 0.2
+        )
         srv = listener("::")  # the server pod's dual-stack listener
         try:
             for _ in range(7):  # the client pod, in the podSubnet, in its first instant
@@ -158,23 +187,35 @@ def test_a_pod_the_api_shows_after_its_first_connections_gets_them(
         assert agent.wait_sample(opened, ing, 7) == 7
         assert "::ffff:" not in agent.metrics_text()
         api.put("deployments", owned("Deployment", "client", "shop"))
-        api.put("replicasets", owned("ReplicaSet", "client-7f", "shop",
-                                     owner=("Deployment", "client")))  # fmt: skip
+        api.put(
+            "replicasets", owned("ReplicaSet", "client-7f", "shop", owner=("Deployment", "client"))
+        )
         api.put(
             "pods", pod("client-7f-abc", "127.0.5.17", "shop", owner=("ReplicaSet", "client-7f"))
         )
-        client = {**ing, "remote_namespace": "shop", "remote_pod": "client-7f-abc",
-                  "remote_workload_kind": "Deployment", "remote_workload": "client"}  # fmt: skip
+        client = {
+            **ing,
+            "remote_namespace": "shop",
+            "remote_pod": "client-7f-abc",
+            "remote_workload_kind": "Deployment",
+            "remote_workload": "client",
+        }
         assert agent.wait_sample(opened, client, 7) == 7
-        for name, want in (("lens_tcp_connections_closed_total", 7),
-                           ("lens_tcp_sent_bytes_total", 7000),
-                           ("lens_tcp_received_bytes_total", 700)):  # fmt: skip
+        for name, want in (
+            ("lens_tcp_connections_closed_total", 7),
+            ("lens_tcp_sent_bytes_total", 7000),
+            ("lens_tcp_received_bytes_total", 700),
+        ):
             assert agent.wait_sample(name, client, want) == want, name
         text = agent.metrics_text()
         # the lens_tcp_ families carry who the remote is (the seed ones never do)
-        unlabelled = [(name, labels) for name, labels, _ in parse_samples(text)
-                      if name.startswith("lens_tcp_") and labels.get("raddr") == "127.0.5.17"
-                      and "remote_pod" not in labels]  # fmt: skip
+        unlabelled = [
+            (name, labels)
+            for name, labels, _ in parse_samples(text)
+            if name.startswith("lens_tcp_")
+            and labels.get("raddr") == "127.0.5.17"
+            and "remote_pod" not in labels
+        ]
         assert unlabelled == []
         assert "::ffff:" not in text
     finally:
@@ -187,11 +228,15 @@ def test_standalone_without_an_api(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
-    agent = AgentProc("--policy", str(policy), env={
-        "LENS_COLLECTORS__PROCESSES__ENABLED": "false",
-        "LENS_COLLECTORS__DROPS__ENABLED": "false",
-        "LENS_KUBERNETES__KUBECONFIG": "",
-    })  # fmt: skip
+    agent = AgentProc(
+        "--policy",
+        str(policy),
+        env={
+            "LENS_COLLECTORS__PROCESSES__ENABLED": "false",
+            "LENS_COLLECTORS__DROPS__ENABLED": "false",
+            "LENS_KUBERNETES__KUBECONFIG": "",
+        },
+    )
     try:
         agent.wait_ready()
         ready = agent.json("/readyz")[1]

@@ -27,10 +27,15 @@ from tests.otlplab import OtlpReceiver, Sample, attrs, samples
 pytestmark = pytest.mark.e2e
 
 POLICY = "localhost: [127.0.0.0/8]\n"
-KUBEADM = {"kind": "ConfigMap", "metadata": {"name": "kubeadm-config", "namespace": "kube-system"},
-           "data": {"ClusterConfiguration": "apiVersion: kubeadm.k8s.io/v1beta3\n"
-                    "kind: ClusterConfiguration\nnetworking:\n  podSubnet: 127.0.5.0/24\n"
-                    "  serviceSubnet: 127.0.6.0/24\n"}}  # fmt: skip
+KUBEADM = {
+    "kind": "ConfigMap",
+    "metadata": {"name": "kubeadm-config", "namespace": "kube-system"},
+    "data": {
+        "ClusterConfiguration": "apiVersion: kubeadm.k8s.io/v1beta3\n"
+        "kind: ClusterConfiguration\nnetworking:\n  podSubnet: 127.0.5.0/24\n"
+        "  serviceSubnet: 127.0.6.0/24\n"
+    },
+}
 SERVER, CLIENT = "127.0.0.81", "127.0.5.17"  # the web pod's address, the client pod's
 OURS = {SERVER, CLIENT}
 
@@ -60,11 +65,13 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 
 def otlp_env(rx: OtlpReceiver, **more: str) -> dict[str, str]:
-    return {"LENS_COLLECTORS__OTLP__ENABLED": "true",
-            "LENS_COLLECTORS__OTLP__ENDPOINT": rx.endpoint,
-            "LENS_COLLECTORS__OTLP__METRICS__INTERVAL_SECONDS": "1",
-            "LENS_COLLECTORS__OTLP__LOGS__LINGER_SECONDS": "0.2",
-            **{f"LENS_COLLECTORS__OTLP__{k.upper()}": v for k, v in more.items()}}  # fmt: skip
+    return {
+        "LENS_COLLECTORS__OTLP__ENABLED": "true",
+        "LENS_COLLECTORS__OTLP__ENDPOINT": rx.endpoint,
+        "LENS_COLLECTORS__OTLP__METRICS__INTERVAL_SECONDS": "1",
+        "LENS_COLLECTORS__OTLP__LOGS__LINGER_SECONDS": "0.2",
+        **{f"LENS_COLLECTORS__OTLP__{k.upper()}": v for k, v in more.items()},
+    }
 
 
 def ping_pong(seconds: float) -> None:
@@ -103,8 +110,9 @@ def flow_series(got: dict[Sample, float]) -> dict[Sample, float]:
 
 
 def scraped(agent: AgentProc) -> dict[Sample, float]:
-    return flow_series({(n, frozenset(lbl.items())): v
-                        for n, lbl, v in parse_samples(agent.metrics_text())})  # fmt: skip
+    return flow_series(
+        {(n, frozenset(lbl.items())): v for n, lbl, v in parse_samples(agent.metrics_text())}
+    )
 
 
 def test_the_export_equals_metrics_for_the_same_flows_and_names_the_pods(
@@ -112,13 +120,17 @@ def test_the_export_equals_metrics_for_the_same_flows_and_names_the_pods(
 ) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
-    agent = AgentProc("--policy", str(policy), env={
-        **otlp_env(receiver),
-        "LENS_KUBERNETES__KUBECONFIG": str(api.kubeconfig(tmp_path / "kubeconfig")),
-        "LENS_KUBERNETES__POD_RESOURCES__SOCKET": str(tmp_path / "no-kubelet.sock"),
-        "LENS_KUBERNETES__KUBELET__ENABLED": "false",
-        "LENS_CONTAINERS__CONTAINERD_STATE": str(ctd.state),
-    })  # fmt: skip
+    agent = AgentProc(
+        "--policy",
+        str(policy),
+        env={
+            **otlp_env(receiver),
+            "LENS_KUBERNETES__KUBECONFIG": str(api.kubeconfig(tmp_path / "kubeconfig")),
+            "LENS_KUBERNETES__POD_RESOURCES__SOCKET": str(tmp_path / "no-kubelet.sock"),
+            "LENS_KUBERNETES__KUBELET__ENABLED": "false",
+            "LENS_CONTAINERS__CONTAINERD_STATE": str(ctd.state),
+        },
+    )
     try:
         agent.wait_ready()
 
@@ -130,23 +142,35 @@ def test_the_export_equals_metrics_for_the_same_flows_and_names_the_pods(
         srv = listener(SERVER)
         sport = srv.getsockname()[1]
         sent = [300, 1000, 4096]
-        ports = [exchange(srv, SERVER, n, 10 * (i + 1), bind=CLIENT)[1]
-                 for i, n in enumerate(sent)]  # fmt: skip
+        ports = [exchange(srv, SERVER, n, 10 * (i + 1), bind=CLIENT)[1] for i, n in enumerate(sent)]
         srv.close()
         ping_pong(3.0)
         cid = "otlp" + uuid.uuid4().hex[:8]
-        res = ctd.run(cid, "/bin/sh", "-c", "/bin/echo hi",
-                      labels={"io.kubernetes.pod.name": "p-0",
-                              "io.kubernetes.pod.namespace": "team-p",
-                              "io.kubernetes.container.name": "c"})  # fmt: skip
+        res = ctd.run(
+            cid,
+            "/bin/sh",
+            "-c",
+            "/bin/echo hi",
+            labels={
+                "io.kubernetes.pod.name": "p-0",
+                "io.kubernetes.pod.namespace": "team-p",
+                "io.kubernetes.container.name": "c",
+            },
+        )
         assert res.returncode == 0, res.stderr
 
         # /metrics once it holds all of it and stands still (two reads a second apart)
         def settled() -> dict[Sample, float] | None:
             first = scraped(agent)
             names = {n for n, _ in first}
-            if not {"lens_tcp_rtt_seconds_count", "lens_tcp_sent_bytes",
-                    "lens_container_process_execs"} <= names:  # fmt: skip
+            if (
+                not {
+                    "lens_tcp_rtt_seconds_count",
+                    "lens_tcp_sent_bytes",
+                    "lens_container_process_execs",
+                }
+                <= names
+            ):
                 return None
             time.sleep(1.0)
             return first if scraped(agent) == first else None
@@ -156,9 +180,14 @@ def test_the_export_equals_metrics_for_the_same_flows_and_names_the_pods(
 
         def exported() -> dict[Sample, float] | None:
             for r in receiver.metrics():
-                points = [p for rm in r.message.resource_metrics for sm in rm.scope_metrics
-                          for m in sm.metrics if m.name == "lens_tcp_sent_bytes"
-                          for p in m.sum.data_points]  # fmt: skip
+                points = [
+                    p
+                    for rm in r.message.resource_metrics
+                    for sm in rm.scope_metrics
+                    for m in sm.metrics
+                    if m.name == "lens_tcp_sent_bytes"
+                    for p in m.sum.data_points
+                ]
                 if points and points[0].time_unix_nano > mark:
                     return flow_series(samples(r.message))
             return None
@@ -173,8 +202,11 @@ def test_the_export_equals_metrics_for_the_same_flows_and_names_the_pods(
             if n == "lens_tcp_sent_bytes" and dict(lbl)["port"] == str(sport)
         }
         assert sent_bytes == {"egress": sum(sent), "ingress": 60}
-        rtt = {dict(lbl)["direction"]: v for (n, lbl), v in got.items()
-               if n == "lens_tcp_rtt_seconds_count"}  # fmt: skip
+        rtt = {
+            dict(lbl)["direction"]: v
+            for (n, lbl), v in got.items()
+            if n == "lens_tcp_rtt_seconds_count"
+        }
         assert set(rtt) == {"egress", "ingress"} and min(rtt.values()) > 0
         assert sum(1 for n, _ in got if n == "primus_lens_network_tcp_flow_rtt_bucket") > 0
         # the resources: the node, and the container's pod
@@ -183,11 +215,20 @@ def test_the_export_equals_metrics_for_the_same_flows_and_names_the_pods(
         node = resources[0]
         assert node["host.name"] == node["k8s.node.name"] == socket.gethostname()
         assert node["service.name"] == "lens-ebpf-agent"
-        assert {**node, "k8s.namespace.name": "team-p", "k8s.pod.name": "p-0",
-                "k8s.container.name": "c"} in resources  # fmt: skip
-        opened = [attrs(p.attributes) for rm in last.resource_metrics for sm in rm.scope_metrics
-                  for m in sm.metrics if m.name == "lens_tcp_connections_opened"
-                  for p in m.sum.data_points]  # fmt: skip
+        assert {
+            **node,
+            "k8s.namespace.name": "team-p",
+            "k8s.pod.name": "p-0",
+            "k8s.container.name": "c",
+        } in resources
+        opened = [
+            attrs(p.attributes)
+            for rm in last.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == "lens_tcp_connections_opened"
+            for p in m.sum.data_points
+        ]
         assert {
             "direction": "egress",
             "type": "k8sPod",
@@ -201,13 +242,21 @@ def test_the_export_equals_metrics_for_the_same_flows_and_names_the_pods(
 
         # the events: each flow under its local pod's resource, the exec under its pod's
         def records() -> list[tuple[dict[str, Any], dict[str, Any], Any]]:
-            return [(attrs(rl.resource.attributes), attrs(rec.attributes), rec)
-                    for r in receiver.logs() for rl in r.message.resource_logs
-                    for sl in rl.scope_logs for rec in sl.log_records]  # fmt: skip
+            return [
+                (attrs(rl.resource.attributes), attrs(rec.attributes), rec)
+                for r in receiver.logs()
+                for rl in r.message.resource_logs
+                for sl in rl.scope_logs
+                for rec in sl.log_records
+            ]
 
         def flows() -> list[tuple[dict[str, Any], dict[str, Any], Any]] | None:
-            got = [x for x in records() if x[2].event_name == "flow_closed"
-                   and (x[1].get("lport") in ports or x[1].get("rport") in ports)]  # fmt: skip
+            got = [
+                x
+                for x in records()
+                if x[2].event_name == "flow_closed"
+                and (x[1].get("lport") in ports or x[1].get("rport") in ports)
+            ]
             return got if len(got) >= 2 * len(ports) else None
 
         closed = wait_for(flows, "both ends of the test's flows as log records", 15)
@@ -230,8 +279,11 @@ def test_the_export_equals_metrics_for_the_same_flows_and_names_the_pods(
             ],
             "the exec records",
         )
-        assert {"k8s.namespace.name": "team-p", "k8s.container.name": "c",
-                "container.id": cid}.items() <= execs[0][0].items()  # fmt: skip
+        assert {
+            "k8s.namespace.name": "team-p",
+            "k8s.container.name": "c",
+            "container.id": cid,
+        }.items() <= execs[0][0].items()
         assert "/bin/echo" in [x[1].get("filename") for x in execs]
         assert agent.sample("lens_agent_otlp_exported_total", {"signal": "logs"}) >= 8
         assert agent.sample("lens_agent_feature_up", {"feature": "otlp"}) == 1
@@ -242,9 +294,13 @@ def test_the_export_equals_metrics_for_the_same_flows_and_names_the_pods(
 
 def seqs(rx: OtlpReceiver) -> dict[int, float]:
     """Each log record's event seq -> when its request arrived."""
-    return {int(attrs(rec.attributes)["seq"]): r.at for r in rx.logs()
-            for rl in r.message.resource_logs for sl in rl.scope_logs
-            for rec in sl.log_records}  # fmt: skip
+    return {
+        int(attrs(rec.attributes)["seq"]): r.at
+        for r in rx.logs()
+        for rl in r.message.resource_logs
+        for sl in rl.scope_logs
+        for rec in sl.log_records
+    }
 
 
 def test_a_receiver_down_for_30_s_loses_nothing_the_queues_held(
@@ -254,11 +310,22 @@ def test_a_receiver_down_for_30_s_loses_nothing_the_queues_held(
     policy.write_text(POLICY)
     # every kind, so the bus's seq numbers each event this exporter is given: what did not
     # arrive is exactly what the queue dropped
-    agent = AgentProc("--policy", str(policy), env={
-        **otlp_env(receiver, logs__kinds="[]", logs__queue="20", logs__batch="5",
-                   metrics__queue="3", backoff_max_seconds="0.5"),
-        "LENS_KUBERNETES__MODE": "off", "LENS_COLLECTORS__PROCESSES__ENABLED": "false",
-    })  # fmt: skip
+    agent = AgentProc(
+        "--policy",
+        str(policy),
+        env={
+            **otlp_env(
+                receiver,
+                logs__kinds="[]",
+                logs__queue="20",
+                logs__batch="5",
+                metrics__queue="3",
+                backoff_max_seconds="0.5",
+            ),
+            "LENS_KUBERNETES__MODE": "off",
+            "LENS_COLLECTORS__PROCESSES__ENABLED": "false",
+        },
+    )
     try:
         agent.wait_ready()
         srv = listener("127.0.0.91")
@@ -285,17 +352,20 @@ def test_a_receiver_down_for_30_s_loses_nothing_the_queues_held(
         srv.close()
 
         def accounted() -> tuple[dict[int, float], int] | None:
-            dropped = agent.sample("lens_agent_otlp_dropped_total",
-                                   {"signal": "logs", "reason": "queue_full"})  # fmt: skip
+            dropped = agent.sample(
+                "lens_agent_otlp_dropped_total", {"signal": "logs", "reason": "queue_full"}
+            )
             got = seqs(receiver)
-            again = agent.sample("lens_agent_otlp_dropped_total",
-                                 {"signal": "logs", "reason": "queue_full"})  # fmt: skip
+            again = agent.sample(
+                "lens_agent_otlp_dropped_total", {"signal": "logs", "reason": "queue_full"}
+            )
             first, last = min(before), max(got)
             missing = [s for s in range(first, last + 1) if s not in got]
             return (got, int(dropped)) if dropped == again and len(missing) == dropped else None
 
-        got, dropped = wait_for(accounted, lambda: f"missing seqs to equal the drops: "
-                                f"{agent.output()[-2000:]}", 20)  # fmt: skip
+        got, dropped = wait_for(
+            accounted, lambda: f"missing seqs to equal the drops: " f"{agent.output()[-2000:]}", 20
+        )
         # the outage's drops: the oldest beyond the queue, one run of them after the batch
         # that was in hand when the receiver went (a tiny queue drops in bursts at other
         # times too: counted all the same)
@@ -312,8 +382,10 @@ def test_a_receiver_down_for_30_s_loses_nothing_the_queues_held(
         # (counted), is waiting or is in hand
         def snapshots() -> dict[str, float] | None:
             m = {"signal": "metrics"}
-            n = {r: agent.sample("lens_agent_otlp_batches_total", {**m, "result": r}) or 0.0
-                 for r in ("exported", "dropped")}  # fmt: skip
+            n = {
+                r: agent.sample("lens_agent_otlp_batches_total", {**m, "result": r}) or 0.0
+                for r in ("exported", "dropped")
+            }
             made = agent.sample("lens_agent_otlp_batches_made_total", m) or 0.0
             waiting = agent.sample("lens_agent_otlp_queue", m) or 0.0
             unsent = made - n["exported"] - n["dropped"] - waiting
@@ -322,13 +394,19 @@ def test_a_receiver_down_for_30_s_loses_nothing_the_queues_held(
 
         counts = wait_for(snapshots, "the metric snapshots accounted for", 10)
         assert counts["dropped"] >= 15  # about 30 made while it was down
-        assert agent.sample("lens_agent_otlp_dropped_total",
-                            {"signal": "metrics", "reason": "queue_full"}) > 0  # fmt: skip
+        assert (
+            agent.sample(
+                "lens_agent_otlp_dropped_total", {"signal": "metrics", "reason": "queue_full"}
+            )
+            > 0
+        )
         held = [r for r in receiver.metrics(since=up) if _time(r) < up * 1e9]
         assert 3 <= len(held) <= 4  # the one in hand, the queue's (a new one may push one)
         assert all(down * 1e9 - 2e9 < _time(r) for r in held)
-        assert agent.sample("lens_agent_otlp_requests_total",
-                            {"signal": "logs", "result": "retry"}) > 0  # fmt: skip
+        assert (
+            agent.sample("lens_agent_otlp_requests_total", {"signal": "logs", "result": "retry"})
+            > 0
+        )
     finally:
         rc = agent.stop()
     assert rc == 0, agent.output()

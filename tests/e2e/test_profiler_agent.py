@@ -26,8 +26,7 @@ from tests.profilerlab import (
     start_trainer,
 )
 
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"no {FIXTURES}")]  # fmt: skip
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"no {FIXTURES}")]
 AS_RECORDER = (("authorization", f"Bearer {RECORDER_TOKEN}"),)
 
 
@@ -35,8 +34,9 @@ AS_RECORDER = (("authorization", f"Bearer {RECORDER_TOKEN}"),)
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     for ctd in containerd_with_python("pf-"):
         t = start_trainer(ctd)
-        agent, address = agent_for(ctd, tmp_path_factory.mktemp("pf"), env={
-            "LENS_COLLECTORS__PROFILER__GLOBS": GLOBS})  # fmt: skip
+        agent, address = agent_for(
+            ctd, tmp_path_factory.mktemp("pf"), env={"LENS_COLLECTORS__PROFILER__GLOBS": GLOBS}
+        )
         channel = grpc.insecure_channel(address)
         try:
             yield t, agent, profiler_pb2_grpc.ProfilerServiceStub(channel), ctd
@@ -48,16 +48,21 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def fetch(stub: Any, t: Any, path: str, **kw: Any) -> bytes:
-    chunks = list(stub.FetchProfilerFile(pb.FetchProfilerFileRequest(
-        pod_uid=t.pod_uid, container_id=t.cid, path=path, **kw), metadata=AS_RECORDER))  # fmt: skip
+    chunks = list(
+        stub.FetchProfilerFile(
+            pb.FetchProfilerFileRequest(pod_uid=t.pod_uid, container_id=t.cid, path=path, **kw),
+            metadata=AS_RECORDER,
+        )
+    )
     assert [c.offset for c in chunks] == sorted(c.offset for c in chunks)
     return b"".join(c.data for c in chunks)
 
 
 def test_the_traces_are_found_with_their_ranks_and_sent_byte_for_byte(lab: Any) -> None:
     t, agent, stub, ctd = lab
-    got = stub.ListProfilerFiles(pb.ListProfilerFilesRequest(pod_uid=t.pod_uid),
-                                 metadata=AS_RECORDER)  # fmt: skip
+    got = stub.ListProfilerFiles(
+        pb.ListProfilerFilesRequest(pod_uid=t.pod_uid), metadata=AS_RECORDER
+    )
     assert (got.pod_name, got.pod_namespace, got.node_name) == ("train-0", "team-a", "node-a")
     files = {f.path: f for f in got.files}
     assert set(files) == {*t.files, MALFORMED, HUGE}  # the link out is not one
@@ -69,17 +74,22 @@ def test_the_traces_are_found_with_their_ranks_and_sent_byte_for_byte(lab: Any) 
         "/work/mi250.pt.trace.json": -1,
         "/torchprof/cpu_only_rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz": 34,
         "/out/nccl_data.json.gz": 0,  # its distributedInfo's
-    }  # fmt: skip
+    }
     assert {p: files[p].found_by for p in t.files} == {
         "/prof/step5/node-a_4037.1682725898236.pt.trace.json.gz": "argument",
         "/prof/step5/node-a_4045.1682725898079.pt.trace.json.gz": "argument",
-        "/work/mi250.pt.trace.json": "cwd", "/out/nccl_data.json.gz": "glob",
+        "/work/mi250.pt.trace.json": "cwd",
+        "/out/nccl_data.json.gz": "glob",
         "/torchprof/cpu_only_rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz": "environment",
-    }  # fmt: skip
+    }
     for p, data in t.files.items():
         f = files[p]
         assert (f.size_bytes, f.container_id, f.container, f.host_pid) == (
-            len(data), t.cid, "trainer", t.pid)  # fmt: skip
+            len(data),
+            t.cid,
+            "trainer",
+            t.pid,
+        )
         assert fetch(stub, t, p) == data, p
     assert files[HUGE].size_bytes == HUGE_BYTES
 
@@ -98,16 +108,18 @@ def test_what_is_refused(lab: Any) -> None:
             fetch(stub, t, path)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND, path
     with pytest.raises(grpc.RpcError) as err:  # a pod not on this node
-        stub.ListProfilerFiles(pb.ListProfilerFilesRequest(pod_uid="not-here"),
-                               metadata=AS_RECORDER)  # fmt: skip
+        stub.ListProfilerFiles(
+            pb.ListProfilerFilesRequest(pod_uid="not-here"), metadata=AS_RECORDER
+        )
     assert err.value.code() == grpc.StatusCode.NOT_FOUND and "node-a" in err.value.details()
     for meta in ((), (("authorization", f"Bearer {OTHER_TOKEN}"),)):
         with pytest.raises(grpc.RpcError) as err:
             stub.ListProfilerFiles(pb.ListProfilerFilesRequest(pod_uid=t.pod_uid), metadata=meta)
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     # the agent kept serving, and counted each refusal
-    assert stub.ListProfilerFiles(pb.ListProfilerFilesRequest(pod_uid=t.pod_uid),
-                                  metadata=AS_RECORDER).files  # fmt: skip
+    assert stub.ListProfilerFiles(
+        pb.ListProfilerFilesRequest(pod_uid=t.pod_uid), metadata=AS_RECORDER
+    ).files
     text = agent.metrics_text()
     for code, n in (("resource_exhausted", 2), ("not_found", 3), ("permission_denied", 2)):
         assert f'lens_agent_profiler_calls_refused_total{{code="{code}"}} {n}.0' in text, code

@@ -159,35 +159,52 @@ def test_prometheus_sees_the_flows_rtt_and_execs_the_test_caused(
             # An independent observer: runc's own init may re-exec itself inside the new
             # cgroup (a race with its parent moving it there); that exec is real too.
             observer = Trace("exec", "--json", "--config", str(cfg), "--pod", "p-0")
-            res = ctd.run(cid, "/bin/sh", "-c", "/bin/echo hi",
-                          labels={"io.kubernetes.pod.name": "p-0",
-                                  "io.kubernetes.pod.namespace": "team-p",
-                                  "io.kubernetes.container.name": "c"})  # fmt: skip
+            res = ctd.run(
+                cid,
+                "/bin/sh",
+                "-c",
+                "/bin/echo hi",
+                labels={
+                    "io.kubernetes.pod.name": "p-0",
+                    "io.kubernetes.pod.namespace": "team-p",
+                    "io.kubernetes.container.name": "c",
+                },
+            )
             assert res.returncode == 0, res.stderr
             # sh execs echo in place: the last exec of the container
-            observer.until(lambda ev: any(e.get("filename") == "/bin/echo" for e in ev),
-                           "/bin/echo's exec")  # fmt: skip
+            observer.until(
+                lambda ev: any(e.get("filename") == "/bin/echo" for e in ev), "/bin/echo's exec"
+            )
             seen, _ = observer.finish()
 
             def value(expr: str, want: float) -> float:
                 got = prom.wait_value(expr, lambda r: r and float(r[0]["value"][1]) == want)
                 return float(got[0]["value"][1])
 
-            egress = (f'primus_lens_network_tcp_flow_egress{{raddr="127.0.0.98",rport="{port}",'
-                      'direction="egress",type="localhost"}')  # fmt: skip
+            egress = (
+                f'primus_lens_network_tcp_flow_egress{{raddr="127.0.0.98",rport="{port}",'
+                'direction="egress",type="localhost"}'
+            )
             assert value(egress, 7000) == 7000
-            opened = (f'lens_tcp_connections_opened_total{{raddr="127.0.0.98",port="{port}",'
-                      'direction="egress"}')  # fmt: skip
+            opened = (
+                f'lens_tcp_connections_opened_total{{raddr="127.0.0.98",port="{port}",'
+                'direction="egress"}'
+            )
             assert value(opened, 1) == 1
             execs = 'lens_container_process_execs_total{namespace="team-p",pod="p-0",container="c"}'
             files = [e["filename"] for e in seen if e["kind"] == "process_exec"]
             ours = [f for f in files if f in ("/bin/sh", "/bin/echo")]
             assert ours == ["/bin/sh", "/bin/echo"]
-            assert all("runc" in f or f.startswith(("/proc/self/", "/memfd:")) for f in files
-                       if f not in ours), files  # fmt: skip
+            assert all(
+                "runc" in f or f.startswith(("/proc/self/", "/memfd:"))
+                for f in files
+                if f not in ours
+            ), files
             assert value(execs, len(files)) == len(files)
-            q = ("histogram_quantile(0.9, sum by (le) "
-                 "(rate(primus_lens_network_tcp_flow_rtt_bucket[1m])))")  # fmt: skip
+            q = (
+                "histogram_quantile(0.9, sum by (le) "
+                "(rate(primus_lens_network_tcp_flow_rtt_bucket[1m])))"
+            )
             got = prom.wait_value(q, lambda r: r and math.isfinite(float(r[0]["value"][1])))
             assert 0 < float(got[0]["value"][1]) <= 10000
     finally:

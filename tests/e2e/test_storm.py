@@ -32,24 +32,32 @@ def rss_kb(pid: int, field: str) -> int:
 
 def storm_total(text: str, name: str) -> float:
     want = (name, "docker", "egress")
-    return sum(v for n, labels, v in parse_samples(text)
-               if (n, labels.get("type"), labels.get("direction")) == want)  # fmt: skip
+    return sum(
+        v
+        for n, labels, v in parse_samples(text)
+        if (n, labels.get("type"), labels.get("direction")) == want
+    )
 
 
 @pytest.mark.skipif(EMULATED, reason="a million connects take minutes under emulation")
 def test_million_flow_storm_keeps_metrics_bounded_and_counts_exact(tmp_path: Path) -> None:
     gen = tmp_path / "stormgen"
-    subprocess.run(["gcc", "-O2", "-pthread", "-o", str(gen), str(ROOT / "tests" / "stormgen.c")],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        ["gcc", "-O2", "-pthread", "-o", str(gen), str(ROOT / "tests" / "stormgen.c")], check=True
+    )
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
     agent = AgentProc("--policy", str(policy), "--no-collector.processes")
     try:
         agent.wait_ready()
         before = rss_kb(agent.proc.pid, "VmRSS")
-        out = subprocess.run([str(gen), "refused", "127.77.0", str(ADDRS), str(PORT_LO),
-                              str(PORT_HI)], capture_output=True, text=True, check=True,
-                             timeout=hang_guard(600)).stdout  # fmt: skip
+        out = subprocess.run(
+            [str(gen), "refused", "127.77.0", str(ADDRS), str(PORT_LO), str(PORT_HI)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=hang_guard(600),
+        ).stdout
         refused, connected = (int(x) for x in re.findall(r"=(\d+)", out))
         assert refused + connected == ADDRS * (PORT_HI - PORT_LO + 1) == 1_000_000
         out = subprocess.run(
@@ -66,18 +74,26 @@ def test_million_flow_storm_keeps_metrics_bounded_and_counts_exact(tmp_path: Pat
 
         def counted() -> tuple[float, float]:
             texts[:] = [agent.metrics_text()]
-            return (storm_total(texts[0], "lens_tcp_failed_connects_total"),
-                    storm_total(texts[0], "lens_tcp_connections_opened_total"))  # fmt: skip
+            return (
+                storm_total(texts[0], "lens_tcp_failed_connects_total"),
+                storm_total(texts[0], "lens_tcp_connections_opened_total"),
+            )
 
         want = (refused, connected + CONNECTIONS)
         wait_for(lambda: counted() == want, lambda: f"{want} counted (now {counted()})", 60, 1)
         text = texts[0]
         samples = parse_samples(text)
-        other = [v for n, labels, v in samples if n == "lens_tcp_failed_connects_total"
-                 and labels.get("type") == "docker" and labels.get("raddr") == "other"]  # fmt: skip
+        other = [
+            v
+            for n, labels, v in samples
+            if n == "lens_tcp_failed_connects_total"
+            and labels.get("type") == "docker"
+            and labels.get("raddr") == "other"
+        ]
         assert other and other[0] > 0  # the kernel map overflowed, and said so
-        full = {labels.get("map"): v for n, labels, v in samples
-                if n == "lens_agent_bpf_map_full_total"}  # fmt: skip
+        full = {
+            labels.get("map"): v for n, labels, v in samples if n == "lens_agent_bpf_map_full_total"
+        }
         assert full.get("flows", 0) > 0 and full.get("rtt", 0) > 0
         # bounded: the exposition within its budget and well under 5 MB
         lines = sum(1 for ln in text.splitlines() if ln and not ln.startswith("#"))
@@ -86,7 +102,9 @@ def test_million_flow_storm_keeps_metrics_bounded_and_counts_exact(tmp_path: Pat
         assert cached is not None and cached <= 48_000
         peak = rss_kb(agent.proc.pid, "VmHWM")
         assert peak <= 300 * 1024, f"peak RSS {peak // 1024} MB (from {before // 1024} MB)"
-        print(f"storm: /metrics {len(text.encode())} bytes, {lines} lines; RSS "
-              f"{before // 1024} -> peak {peak // 1024} MB")  # fmt: skip
+        print(
+            f"storm: /metrics {len(text.encode())} bytes, {lines} lines; RSS "
+            f"{before // 1024} -> peak {peak // 1024} MB"
+        )
     finally:
         agent.stop()

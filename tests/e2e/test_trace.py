@@ -19,8 +19,9 @@ pytestmark = pytest.mark.e2e
 def test_trace_tcp_json_reports_known_flows_exactly() -> None:
     trace = Trace("tcp", "--json")
     servers = {addr: listener(addr) for addr in ("127.0.0.94", "127.0.0.95")}
-    ports = {a: exchange(s, a, 1111 * (i + 1), 222 * (i + 1))
-             for i, (a, s) in enumerate(servers.items())}  # fmt: skip
+    ports = {
+        a: exchange(s, a, 1111 * (i + 1), 222 * (i + 1)) for i, (a, s) in enumerate(servers.items())
+    }
     for s in servers.values():
         s.close()
     sports = {port for port, _ in ports.values()}
@@ -83,13 +84,19 @@ def test_trace_exec_sees_a_command_in_a_real_container(ctd: Containerd, tmp_path
     cfg.write_text(f"containers:\n  containerd_state: {ctd.state}\n")
     cid = "trace" + uuid.uuid4().hex[:8]
     trace = Trace("exec", "--json", "--config", str(cfg), "--container", cid)
-    res = ctd.run(cid, "/bin/sh", "-c", "/bin/echo traced; exit 5",
-                  labels={"io.kubernetes.pod.name": "tr-0",
-                          "io.kubernetes.pod.namespace": "team-t"})  # fmt: skip
+    res = ctd.run(
+        cid,
+        "/bin/sh",
+        "-c",
+        "/bin/echo traced; exit 5",
+        labels={"io.kubernetes.pod.name": "tr-0", "io.kubernetes.pod.namespace": "team-t"},
+    )
     assert res.returncode == 5
     # the shell's exit comes after its child's
-    trace.until(lambda ev: any(e["kind"] == "process_exit" and e["comm"] == "sh" for e in ev),
-                "the shell's exit")  # fmt: skip
+    trace.until(
+        lambda ev: any(e["kind"] == "process_exit" and e["comm"] == "sh" for e in ev),
+        "the shell's exit",
+    )
     events, _ = trace.finish()
     assert events and all(e["container_id"] == cid for e in events)
     execs = [e["filename"] for e in events if e["kind"] == "process_exec"]
@@ -126,7 +133,11 @@ def test_trace_drop_shows_each_drop_with_the_kernels_reason() -> None:
     has_reasons = btf.running() is not None and btf.running().enum_values("skb_drop_reason")
     for e in mine:
         assert (e["daddr"], e["dport"], e["protocol"], e["direction"]) == (
-            "127.0.0.93", kept, "udp", "ingress")  # fmt: skip
+            "127.0.0.93",
+            kept,
+            "udp",
+            "ingress",
+        )
         assert e["reason"] == ("NO_SOCKET" if has_reasons else "__udp4_lib_rcv")
     # filtered in the kernel: the other port's drops never reached user space
     assert int(err.split(" received")[0].split()[-1]) == len(events)

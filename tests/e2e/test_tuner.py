@@ -36,8 +36,14 @@ collectors:
       kernel.pid_max: {min(pid_max, 4096) - 1}
       vm.no_such_setting: 1
 """)
-    agent = AgentProc("--config", str(cfg), "--tuner", "--no-collector.tcp",
-                      "--no-collector.processes", "--no-collector.drops")  # fmt: skip
+    agent = AgentProc(
+        "--config",
+        str(cfg),
+        "--tuner",
+        "--no-collector.tcp",
+        "--no-collector.processes",
+        "--no-collector.drops",
+    )
     try:
         agent.wait_ready()
         raised = {"setting": "vm.max_map_count"}
@@ -51,8 +57,10 @@ collectors:
         assert agent.sample("lens_tuner_changes_total", {"setting": "kernel.pid_max"}) == 0
         # a failure is named and counted, and the agent keeps serving
         unknown = {"setting": "vm.no_such_setting", "reason": "unknown"}
-        wait_for(lambda: (agent.sample("lens_tuner_errors_total", unknown) or 0) >= 2,
-                 "two failed runs counted")  # fmt: skip
+        wait_for(
+            lambda: (agent.sample("lens_tuner_errors_total", unknown) or 0) >= 2,
+            "two failed runs counted",
+        )
         status, ready = agent.json("/readyz")
         assert status == 200 and ready["features"]["tuner"]["state"] == "running"
         rows = {r["setting"]: r for r in agent.json("/tuner")[1]["data"]}
@@ -60,13 +68,17 @@ collectors:
         assert "no such sysctl" in rows["vm.no_such_setting"]["error"]
         # the change went out on the stream (it came before anyone subscribed: resume)
         stub = lens_pb2_grpc.EventServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
-        stream = stub.Subscribe(pb.SubscribeRequest(kinds=["node_tuned"], from_seq=1),
-                                timeout=hang_guard(10))  # fmt: skip
+        stream = stub.Subscribe(
+            pb.SubscribeRequest(kinds=["node_tuned"], from_seq=1), timeout=hang_guard(10)
+        )
         ev = next(iter(stream))
         stream.cancel()
         assert ev.WhichOneof("payload") == "node_tuned"
         assert (ev.node_tuned.setting, ev.node_tuned.old_value, ev.node_tuned.new_value) == (
-            "vm.max_map_count", orig, orig + 1)  # fmt: skip
+            "vm.max_map_count",
+            orig,
+            orig + 1,
+        )
     finally:
         agent.stop()
         MAP_COUNT.write_text(f"{orig}\n")

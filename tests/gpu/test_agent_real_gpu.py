@@ -26,8 +26,12 @@ def nvidia_smi() -> list[dict[str, str]] | None:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
-    res = subprocess.run([smi, f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    res = subprocess.run(
+        [smi, f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if res.returncode != 0 or not res.stdout.strip():
         return None
     rows = csv.reader(io.StringIO(res.stdout), skipinitialspace=True)
@@ -36,8 +40,10 @@ def nvidia_smi() -> list[dict[str, str]] | None:
 
 def test_dcgm_families_equal_nvidia_smi_on_a_real_gpu() -> None:
     if nvidia_smi() is None:
-        pytest.skip("no NVIDIA GPU with a working nvidia-smi on this machine "
-                    "(run on a GPU node: docs/agent/compat.md)")  # fmt: skip
+        pytest.skip(
+            "no NVIDIA GPU with a working nvidia-smi on this machine "
+            "(run on a GPU node: docs/agent/compat.md)"
+        )
     env = {"LENS_DEVICES__COMPAT": "[dcgm]", "LENS_COLLECTORS__GPU__INTERVAL_SECONDS": "1"}
     agent = AgentProc(
         "--no-collector.tcp", "--no-collector.processes", "--no-collector.drops", env=env
@@ -59,7 +65,10 @@ def test_dcgm_families_equal_nvidia_smi_on_a_real_gpu() -> None:
             fams = got[row["index"]]
             labels, used = fams["DCGM_FI_DEV_FB_USED"]
             assert (labels["UUID"], labels["modelName"], labels["DCGM_FI_DRIVER_VERSION"]) == (
-                row["uuid"], row["name"], row["driver_version"])  # fmt: skip
+                row["uuid"],
+                row["name"],
+                row["driver_version"],
+            )
             assert labels["pci_bus_id"] == row["pci.bus_id"]
             assert used == float(row["memory.used"])  # MiB, without the driver's reserve
             if row["memory.reserved"].isdigit():

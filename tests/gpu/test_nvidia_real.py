@@ -74,8 +74,9 @@ def busy(nvml: Any) -> Iterator[subprocess.Popen[str]]:
         import torch  # noqa: F401
     except ImportError:
         pytest.skip("a CUDA program is needed: PyTorch is not installed")
-    p = subprocess.Popen([sys.executable, "-c", BUSY], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True)  # fmt: skip
+    p = subprocess.Popen(
+        [sys.executable, "-c", BUSY], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     yield p
     assert p.stdin is not None
@@ -106,14 +107,20 @@ def test_nvml_and_nvidia_smi_name_the_same_gpus(nvml: Any) -> None:
     by_smi = nvidia.parse_smi_csv(gpus, apps)
     assert [g.bdf for g in by_smi] == [g.bdf for g in by_nvml]
     for a, b in zip(by_nvml, by_smi, strict=True):
-        print(f"\n{a.index} {a.bdf} {a.name} {a.uuid} driver {a.driver_version}: total "
-              f"{a.memory_total} reserved {a.memory_reserved} used {a.memory_used}, "
-              f"power limit {a.power_limit} W, {a.temperature} C, clocks {a.clocks_mhz}, "
-              f"energy {a.energy_joules} J, ECC {a.ecc_errors}, remapped {a.remapped_rows}, "
-              f"recovery {a.recovery_action}, NVLinks up "
-              f"{sum(a.nvlink_up.values())}/{len(a.nvlink_up)}")  # fmt: skip
-        assert (a.index, a.uuid, a.name, a.driver_version) == \
-            (b.index, b.uuid, b.name, b.driver_version)  # fmt: skip
+        print(
+            f"\n{a.index} {a.bdf} {a.name} {a.uuid} driver {a.driver_version}: total "
+            f"{a.memory_total} reserved {a.memory_reserved} used {a.memory_used}, "
+            f"power limit {a.power_limit} W, {a.temperature} C, clocks {a.clocks_mhz}, "
+            f"energy {a.energy_joules} J, ECC {a.ecc_errors}, remapped {a.remapped_rows}, "
+            f"recovery {a.recovery_action}, NVLinks up "
+            f"{sum(a.nvlink_up.values())}/{len(a.nvlink_up)}"
+        )
+        assert (a.index, a.uuid, a.name, a.driver_version) == (
+            b.index,
+            b.uuid,
+            b.name,
+            b.driver_version,
+        )
         assert a.uuid.startswith("GPU-") and a.name.startswith("NVIDIA")
         # nvidia-smi gives MiB: NVML's bytes within one
         assert a.memory_total is not None and b.memory_total is not None
@@ -153,13 +160,18 @@ def test_a_cuda_program_is_seen_with_its_memory_and_its_pod(nvml: Any, busy: Any
     _, apps = nvidia.run_nvidia_smi(smi(), 30)
     evidence("nvidia-smi-apps.csv", apps)
     rows = [line.split(", ") for line in apps.splitlines()]
-    assert any(r[0] == g.uuid and int(r[1]) == busy.pid and int(r[2]) * MIB >= HELD
-               for r in rows), apps  # fmt: skip
+    assert any(
+        r[0] == g.uuid and int(r[1]) == busy.pid and int(r[2]) * MIB >= HELD for r in rows
+    ), apps
 
     pod = {"namespace": "ml", "pod": "train-0", "container": "trainer"}
-    c = GpuCollector(5, "gpu-node", {"nvidia": [nvml_source(nvml)]},
-                     identify=lambda pid: pod if pid == busy.pid else {},
-                     compat=("dcgm",))  # fmt: skip
+    c = GpuCollector(
+        5,
+        "gpu-node",
+        {"nvidia": [nvml_source(nvml)]},
+        identify=lambda pid: pod if pid == busy.pid else {},
+        compat=("dcgm",),
+    )
     c.run_once()
     assert c.success and c.errors == {}
     samples = [s for m in c.snapshot() for s in m.samples]

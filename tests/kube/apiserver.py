@@ -72,8 +72,9 @@ def _free_port() -> int:
 
 
 def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True,
-                   timeout=hang_guard(30))  # fmt: skip
+    subprocess.run(
+        ["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=hang_guard(30)
+    )
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -83,8 +84,15 @@ def _tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
-def api_request(url: str, context: ssl.SSLContext | None, token: str, method: str, path: str,
-                body: Any = None, timeout: float = 10) -> tuple[int, Any]:  # fmt: skip
+def api_request(
+    url: str,
+    context: ssl.SSLContext | None,
+    token: str,
+    method: str,
+    path: str,
+    body: Any = None,
+    timeout: float = 10,
+) -> tuple[int, Any]:
     """One request to an API server with a bearer token: (status, the decoded JSON body,
     or its text when not JSON). Error statuses are returned, not raised."""
     data = json.dumps(body).encode() if body is not None else None
@@ -136,18 +144,59 @@ class KubeApiServer:
         """A CA, the serving certificate (SANs 127.0.0.1 and localhost: Go 1.19 checks no
         CN), the ServiceAccount signing key pair and the static admin token."""
         d = self.base
-        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
-                 "-out", "ca.crt", "-days", "30", "-subj", "/CN=lens-lab-ca", cwd=d)  # fmt: skip
+        _openssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "30",
+            "-subj",
+            "/CN=lens-lab-ca",
+            cwd=d,
+        )
         (d / "serving.ext").write_text(
             "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
             "DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
             "extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n"
         )
-        _openssl("req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", "serving.key",
-                 "-out", "serving.csr", "-subj", "/CN=kube-apiserver", cwd=d)  # fmt: skip
-        _openssl("x509", "-req", "-in", "serving.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-days", "30", "-extfile", "serving.ext",
-                 "-out", "serving.crt", cwd=d)  # fmt: skip
+        _openssl(
+            "req",
+            "-new",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "serving.key",
+            "-out",
+            "serving.csr",
+            "-subj",
+            "/CN=kube-apiserver",
+            cwd=d,
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            "serving.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "30",
+            "-extfile",
+            "serving.ext",
+            "-out",
+            "serving.crt",
+            cwd=d,
+        )
         _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
         _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
         # 1.20 still reads a static token file: token,user,uid,"groups"
@@ -160,18 +209,36 @@ class KubeApiServer:
         peer = f"http://127.0.0.1:{self.etcd_peer_port}"
         log = (self.base / "etcd.log").open("ab")
         self.etcd = subprocess.Popen(
-            ["etcd", "--name", "lab", "--data-dir", str(self.base / "etcd"),
-             "--listen-client-urls", client, "--advertise-client-urls", client,
-             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"lab={peer}", "--initial-cluster-state", "new"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                "etcd",
+                "--name",
+                "lab",
+                "--data-dir",
+                str(self.base / "etcd"),
+                "--listen-client-urls",
+                client,
+                "--advertise-client-urls",
+                client,
+                "--listen-peer-urls",
+                peer,
+                "--initial-advertise-peer-urls",
+                peer,
+                "--initial-cluster",
+                f"lab={peer}",
+                "--initial-cluster-state",
+                "new",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         log.close()
 
         def healthy() -> bool:
             if self.etcd is not None and self.etcd.poll() is not None:
-                raise RuntimeError(f"etcd exited {self.etcd.returncode}:\n"
-                                   f"{_tail(self.base / 'etcd.log')}")  # fmt: skip
+                raise RuntimeError(
+                    f"etcd exited {self.etcd.returncode}:\n" f"{_tail(self.base / 'etcd.log')}"
+                )
             try:
                 with urllib.request.urlopen(f"{client}/health", timeout=2) as r:
                     return bool(json.loads(r.read()).get("health") == "true")
@@ -225,15 +292,22 @@ class KubeApiServer:
 
         def ready() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"kube-apiserver exited {self.proc.returncode}:\n"
-                                   f"{_tail(self.base / 'apiserver.log')}")  # fmt: skip
+                raise RuntimeError(
+                    f"kube-apiserver exited {self.proc.returncode}:\n"
+                    f"{_tail(self.base / 'apiserver.log')}"
+                )
             try:
                 return self.request("GET", "/readyz", timeout=2)[0] == 200
             except OSError:
                 return False
 
-        wait_for(ready, lambda: f"ready kube-apiserver on {self.url}:\n"
-                 f"{_tail(self.base / 'apiserver.log')}", timeout=30, every=0.2)  # fmt: skip
+        wait_for(
+            ready,
+            lambda: f"ready kube-apiserver on {self.url}:\n"
+            f"{_tail(self.base / 'apiserver.log')}",
+            timeout=30,
+            every=0.2,
+        )
         self.started_in = time.monotonic() - t0
         return self
 
@@ -271,8 +345,9 @@ class KubeApiServer:
         etcd = f"http://127.0.0.1:{self.etcd_port}/v3/kv"
 
         def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
-            req = urllib.request.Request(f"{etcd}/{path}", data=json.dumps(body).encode(),
-                                         method="POST")  # fmt: skip
+            req = urllib.request.Request(
+                f"{etcd}/{path}", data=json.dumps(body).encode(), method="POST"
+            )
             with urllib.request.urlopen(req, timeout=hang_guard(10)) as r:
                 got: dict[str, Any] = json.loads(r.read())
                 return got
@@ -294,50 +369,74 @@ class KubeApiServer:
 
     # -- clients -----------------------------------------------------------------------
 
-    def write_kubeconfig(self, path: Path, user: str, token: str,
-                         namespace: str = "default") -> Path:  # fmt: skip
+    def write_kubeconfig(
+        self, path: Path, user: str, token: str, namespace: str = "default"
+    ) -> Path:
         """A self-contained kubeconfig (the CA inline, a bearer token) for this server."""
         ca = base64.b64encode(self.ca.read_bytes()).decode()
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "lab", "cluster": {"server": self.url,
-                                                     "certificate-authority-data": ca}}],
+            "clusters": [
+                {"name": "lab", "cluster": {"server": self.url, "certificate-authority-data": ca}}
+            ],
             "users": [{"name": user, "user": {"token": token}}],
-            "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": user,
-                                                     "namespace": namespace}}],
+            "contexts": [
+                {"name": "lab", "context": {"cluster": "lab", "user": user, "namespace": namespace}}
+            ],
             "current-context": "lab",
-        }  # fmt: skip
+        }
         path.write_text(json.dumps(config, indent=1) + "\n")  # JSON is YAML to kubectl
         path.chmod(0o600)
         return path
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
-                kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        kubeconfig: Path | None = None,
+    ) -> subprocess.CompletedProcess[str]:
         """The cached kubectl 1.20.2 as the admin (or with `kubeconfig`); KubectlError
         with its stderr when it fails and `check`."""
-        cmd = [str(build.KUBECTL), f"--kubeconfig={kubeconfig or self.admin_kubeconfig}",
-               f"--cache-dir={self.base / 'kubectl-cache'}", *args]  # fmt: skip
-        r = subprocess.run(cmd, input=input, capture_output=True, text=True,
-                           timeout=hang_guard(30))  # fmt: skip
+        cmd = [
+            str(build.KUBECTL),
+            f"--kubeconfig={kubeconfig or self.admin_kubeconfig}",
+            f"--cache-dir={self.base / 'kubectl-cache'}",
+            *args,
+        ]
+        r = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=hang_guard(30))
         if check and r.returncode != 0:
-            raise KubectlError(f"kubectl {' '.join(args)} exited {r.returncode}: "
-                               f"{r.stderr.strip()}")  # fmt: skip
+            raise KubectlError(
+                f"kubectl {' '.join(args)} exited {r.returncode}: " f"{r.stderr.strip()}"
+            )
         return r
 
-    def request(self, method: str, path: str, body: Any = None, token: str | None = None,
-                timeout: float = 10) -> tuple[int, Any]:  # fmt: skip
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        token: str | None = None,
+        timeout: float = 10,
+    ) -> tuple[int, Any]:
         """One API request (the admin's unless `token`): api_request()'s answer."""
-        return api_request(self.url, self._ssl, token or self.admin_token, method, path, body,
-                           timeout)  # fmt: skip
+        return api_request(
+            self.url, self._ssl, token or self.admin_token, method, path, body, timeout
+        )
 
     def _ensure(self, path: str, body: dict[str, Any]) -> None:
         status, got = self.request("POST", path, body)
         if status not in (201, 409):  # 409: it exists
             raise RuntimeError(f"POST {path}: {status} {got}")
 
-    def token_for(self, namespace: str, serviceaccount: str, audiences: list[str] | None = None,
-                  seconds: int = 3600) -> str:  # fmt: skip
+    def token_for(
+        self,
+        namespace: str,
+        serviceaccount: str,
+        audiences: list[str] | None = None,
+        seconds: int = 3600,
+    ) -> str:
         """A bound ServiceAccount token from the TokenRequest API (the namespace and the
         ServiceAccount are created when missing). It carries the SA's groups only:
         system:serviceaccounts[:<namespace>] and system:authenticated."""
@@ -345,9 +444,11 @@ class KubeApiServer:
         sas = f"/api/v1/namespaces/{namespace}/serviceaccounts"
         self._ensure(sas, {"metadata": {"name": serviceaccount}})
         spec = {"audiences": audiences or [ISSUER], "expirationSeconds": seconds}
-        status, got = self.request("POST", f"{sas}/{serviceaccount}/token",
-                                   {"apiVersion": "authentication.k8s.io/v1",
-                                    "kind": "TokenRequest", "spec": spec})  # fmt: skip
+        status, got = self.request(
+            "POST",
+            f"{sas}/{serviceaccount}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+        )
         if status != 201:
             raise RuntimeError(f"TokenRequest for {namespace}/{serviceaccount}: {status} {got}")
         return str(got["status"]["token"])

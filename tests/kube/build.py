@@ -56,8 +56,15 @@ SOURCE = "kubernetes"
 CLIENT = "kubernetes-client"
 # Installed from the machine's own sources only when a build runs; etcd-server and
 # openssl are what the lab needs at run time (scripts/setup.sh test installs those too).
-BUILD_PACKAGES = ("golang-go", "golang-github-modern-go-reflect2-dev", "dpkg-dev", "make",
-                  "rsync", "etcd-server", "openssl")  # fmt: skip
+BUILD_PACKAGES = (
+    "golang-go",
+    "golang-github-modern-go-reflect2-dev",
+    "dpkg-dev",
+    "make",
+    "rsync",
+    "etcd-server",
+    "openssl",
+)
 REFLECT2 = Path("/usr/share/gocode/src/github.com/modern-go/reflect2")
 
 
@@ -76,16 +83,19 @@ def cached() -> dict[str, str] | None:
     return got
 
 
-def _run(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None,
-         log: Path | None = None) -> str:  # fmt: skip
+def _run(
+    cmd: list[str],
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    log: Path | None = None,
+) -> str:
     """stdout; a BuildError with the end of stderr (or of the log) when it fails."""
     if log is None:
         r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
         out, err = r.stdout, r.stderr
     else:
         with log.open("w") as f:
-            r = subprocess.run(cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT,
-                               text=True)  # fmt: skip
+            r = subprocess.run(cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT, text=True)
         out, err = "", log.read_text(errors="replace")
     if r.returncode != 0:
         tail = " | ".join(err.strip().splitlines()[-6:])[-800:]
@@ -98,8 +108,7 @@ def _install(packages: tuple[str, ...]) -> list[str]:
     """Install what of `packages` is missing, from the machine's own apt sources."""
     missing = []
     for p in packages:
-        r = subprocess.run(["dpkg-query", "-W", "-f=${Status}", p], capture_output=True,
-                           text=True)  # fmt: skip
+        r = subprocess.run(["dpkg-query", "-W", "-f=${Status}", p], capture_output=True, text=True)
         if "install ok installed" not in r.stdout:
             missing.append(p)
     if not missing:
@@ -229,9 +238,16 @@ def build(force: bool = False) -> str:
             # work dirs (over 1 GB at the peak, /tmp/go-build* otherwise) and HOME go
             # under work/ too: the rmtree below takes all of it (the next run's, after a
             # kill -9). GOPROXY=off keeps the build offline.
-            env = {**os.environ, "CGO_ENABLED": "0", "HOME": str(home), "GOFLAGS": "",
-                   "GOPROXY": "off", "GOTOOLCHAIN": "local", "GOTMPDIR": str(gotmp),
-                   "TMPDIR": str(gotmp)}  # fmt: skip
+            env = {
+                **os.environ,
+                "CGO_ENABLED": "0",
+                "HOME": str(home),
+                "GOFLAGS": "",
+                "GOPROXY": "off",
+                "GOTOOLCHAIN": "local",
+                "GOTMPDIR": str(gotmp),
+                "TMPDIR": str(gotmp),
+            }
             log = CACHE / "build.log"
             what = " ".join(f"cmd/{b.name}" for b in SERVERS)
             _run(["make", f"WHAT={what}"], cwd=tree, env=env, log=log)
@@ -265,23 +281,37 @@ def build(force: bool = False) -> str:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         total = time.monotonic() - t0
-        STAMP.write_text(json.dumps({
-            "apiserver": apiserver_version, "kubectl": kubectl_version,
-            "node": ", ".join(versions[1:]),
-            "source": f"{SOURCE} {source_version}", "client": deb[-1].name,
-            "installed": installed, "seconds": round(total, 1),
-            "phases": {k: round(v, 1) for k, v in phases.items()},
-        }, indent=1) + "\n")  # fmt: skip
+        STAMP.write_text(
+            json.dumps(
+                {
+                    "apiserver": apiserver_version,
+                    "kubectl": kubectl_version,
+                    "node": ", ".join(versions[1:]),
+                    "source": f"{SOURCE} {source_version}",
+                    "client": deb[-1].name,
+                    "installed": installed,
+                    "seconds": round(total, 1),
+                    "phases": {k: round(v, 1) for k, v in phases.items()},
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         ERROR.unlink(missing_ok=True)
     said = ", ".join(f"{k} {v:.0f} s" for k, v in phases.items())
     extra = f"; installed {' '.join(installed)}" if installed else ""
-    return (f"kube: built {apiserver_version} from {SOURCE} {source_version} and unpacked "
-            f"{kubectl_version} into {CACHE} in {total:.0f} s ({said}){extra}")  # fmt: skip
+    return (
+        f"kube: built {apiserver_version} from {SOURCE} {source_version} and unpacked "
+        f"{kubectl_version} into {CACHE} in {total:.0f} s ({said}){extra}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.kube.build", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m tests.kube.build",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--force", action="store_true", help="build again even when cached")
     args = ap.parse_args(argv)
     try:

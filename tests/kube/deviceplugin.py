@@ -71,9 +71,14 @@ class AmdGpuPlugin(pb_grpc.DevicePluginServicer):
     kubelet there; again whenever kubelet.sock is re-created (a starting kubelet empties the
     directory, so the plugin's own socket is served anew first)."""
 
-    def __init__(self, gpus: Iterable[AmdGpu], resource: str = "amd.com/gpu",
-                 socket_name: str = "lens-amdgpu.sock", kfd: str | None = "/dev/kfd",
-                 poll_seconds: float = 0.2) -> None:  # fmt: skip
+    def __init__(
+        self,
+        gpus: Iterable[AmdGpu],
+        resource: str = "amd.com/gpu",
+        socket_name: str = "lens-amdgpu.sock",
+        kfd: str | None = "/dev/kfd",
+        poll_seconds: float = 0.2,
+    ) -> None:
         self.gpus = {g.bdf: g for g in gpus}
         self.resource, self.socket_name, self.kfd = resource, socket_name, kfd
         self.poll_seconds = poll_seconds
@@ -153,8 +158,12 @@ class AmdGpuPlugin(pb_grpc.DevicePluginServicer):
         if (st.st_ino, st.st_ctime_ns) == self._registered_with:
             return
         options = pb.DevicePluginOptions(get_preferred_allocation_available=True)
-        req = pb.RegisterRequest(version=API_VERSION, endpoint=self.socket_name,
-                                 resource_name=self.resource, options=options)  # fmt: skip
+        req = pb.RegisterRequest(
+            version=API_VERSION,
+            endpoint=self.socket_name,
+            resource_name=self.resource,
+            options=options,
+        )
         try:
             with grpc.insecure_channel(f"unix://{self.dir / KUBELET_SOCKET}") as ch:
                 pb_grpc.RegistrationStub(ch).Register(req, timeout=5)

@@ -65,8 +65,16 @@ BUSYBOX_BINARY = Path("/bin/busybox")  # busybox-static's
 RUNTIME_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # What the Dockerfile's COPY lines take from the build context (and the files that
 # decide how: the Dockerfile itself and .dockerignore).
-CONTEXT = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "scripts/setup.sh",
-           "lens_ebpf", "bpf_programs", "policies")  # fmt: skip
+CONTEXT = (
+    "Dockerfile",
+    ".dockerignore",
+    "pyproject.toml",
+    "README.md",
+    "scripts/setup.sh",
+    "lens_ebpf",
+    "bpf_programs",
+    "policies",
+)
 # In the build, pip's site-wide configuration directory is a read-only mount holding the
 # pip.conf made from this machine's, and under host/ the host's files it names (never
 # over a path the image's packages write, such as /etc/ssl/certs/ca-certificates.crt).
@@ -138,8 +146,11 @@ def read_stamp() -> dict[str, Any]:
 def _context_files() -> list[str]:
     """The files of the build context the Dockerfile copies: the checkout's tracked and
     untracked-but-not-ignored ones (no __pycache__, no build output)."""
-    r = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard",
-                        "--", *CONTEXT], cwd=REPO, capture_output=True)  # fmt: skip
+    r = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *CONTEXT],
+        cwd=REPO,
+        capture_output=True,
+    )
     if r.returncode == 0:
         names = {n for n in r.stdout.decode().split("\0") if n}
     else:  # not a git checkout: every file but Python's caches
@@ -165,8 +176,9 @@ def source_key() -> str:
 def _pip_settings() -> dict[str, dict[str, str]]:
     """This machine's pip configuration as pip itself merges it (its files and PIP_*
     variables, the variables winning), by section."""
-    r = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
-                       text=True)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True
+    )
     sections: dict[str, dict[str, str]] = {}
     env: dict[str, str] = {}
     for line in r.stdout.splitlines():
@@ -207,8 +219,10 @@ def pip_config() -> tuple[str, list[tuple[Path, str]]]:
         mounts[top] = f"{PIP_MOUNTS}{top}"
         return f"file://{PIP_MOUNTS}{path}" if url else f"{PIP_MOUNTS}{path}"
 
-    lines = ["# Made by tests/kube/images.py from this machine's pip configuration;",
-             f"# mounted at {PIP_DIR}/pip.conf for the image build only."]  # fmt: skip
+    lines = [
+        "# Made by tests/kube/images.py from this machine's pip configuration;",
+        f"# mounted at {PIP_DIR}/pip.conf for the image build only.",
+    ]
     for section, settings in sorted(_pip_settings().items()):
         lines.append(f"[{section}]")
         for key, value in sorted(settings.items()):
@@ -224,8 +238,11 @@ def _keys(stamp: dict[str, Any]) -> dict[str, str]:
     base_id = stamp.get("images", {}).get(BASE, {}).get("id", "")
     pip_text, _ = pip_config()
     project = hashlib.sha256(f"{source_key()} {base_id} {pip_text}".encode()).hexdigest()
-    busybox = hashlib.sha256(BUSYBOX_BINARY.read_bytes()).hexdigest() if (
-        BUSYBOX_BINARY.is_file()) else ""  # fmt: skip
+    busybox = (
+        hashlib.sha256(BUSYBOX_BINARY.read_bytes()).hexdigest()
+        if (BUSYBOX_BINARY.is_file())
+        else ""
+    )
     return {
         BASE: f"debootstrap --variant=minbase {SUITE} as {BASE}, "
         + hashlib.sha256((SLIM_DPKG + APT_CLEAN).encode()).hexdigest(),
@@ -261,8 +278,13 @@ def cannot_build() -> str:
     """Why the images cannot be built here; empty when they can."""
     if os.geteuid() != 0:
         return "the lab's images are built as root (buildah, debootstrap)"
-    for tool, package in (("buildah", "buildah"), ("debootstrap", "debootstrap"),
-                          ("runc", "runc"), ("gcc", "gcc"), ("ctr", "containerd")):  # fmt: skip
+    for tool, package in (
+        ("buildah", "buildah"),
+        ("debootstrap", "debootstrap"),
+        ("runc", "runc"),
+        ("gcc", "gcc"),
+        ("ctr", "containerd"),
+    ):
         if shutil.which(tool) is None:
             return f"{tool} is not installed (scripts/setup.sh test installs {package})"
     if not BUSYBOX_BINARY.is_file():
@@ -286,10 +308,12 @@ def unavailable() -> str:
 
 def _environ() -> dict[str, str]:
     """buildah's environment: registries, storage and policy files of the cache's own."""
-    return {**os.environ,
-            "CONTAINERS_REGISTRIES_CONF": str(CACHE / "registries.conf"),
-            "CONTAINERS_STORAGE_CONF": str(CACHE / "storage.conf"),
-            "BUILDAH_ISOLATION": "oci"}  # fmt: skip
+    return {
+        **os.environ,
+        "CONTAINERS_REGISTRIES_CONF": str(CACHE / "registries.conf"),
+        "CONTAINERS_STORAGE_CONF": str(CACHE / "storage.conf"),
+        "BUILDAH_ISOLATION": "oci",
+    }
 
 
 def _write_configs() -> None:
@@ -303,8 +327,16 @@ def _write_configs() -> None:
 
 def buildah_cmd(*args: str) -> list[str]:
     """A buildah command line on the cache's private store."""
-    return ["buildah", "--root", str(STORAGE), "--runroot", str(RUNROOT),
-            "--storage-driver", "vfs", *args]  # fmt: skip
+    return [
+        "buildah",
+        "--root",
+        str(STORAGE),
+        "--runroot",
+        str(RUNROOT),
+        "--storage-driver",
+        "vfs",
+        *args,
+    ]
 
 
 def _policy() -> list[str]:
@@ -319,8 +351,9 @@ def _run(cmd: list[str], log: Path | None = None, timeout: float = 1800) -> str:
         out, err = r.stdout, r.stderr
     else:
         with log.open("w") as f:
-            r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, env=env,
-                               timeout=timeout)  # fmt: skip
+            r = subprocess.run(
+                cmd, stdout=f, stderr=subprocess.STDOUT, text=True, env=env, timeout=timeout
+            )
         out, err = "", log.read_text(errors="replace")
     if r.returncode != 0:
         tail = " | ".join(err.strip().splitlines()[-8:])[-900:]
@@ -346,9 +379,13 @@ def run_in(ref: str, *cmd: str, timeout: float = 120) -> subprocess.CompletedPro
     """Run `cmd` in a working container of the image (as the image's user), then remove it."""
     name = buildah("from", "--pull=never", *_policy(), ref).strip()
     try:
-        return subprocess.run(buildah_cmd("run", "--network", "host", name, "--", *cmd),
-                              capture_output=True, text=True, env=_environ(),
-                              timeout=timeout)  # fmt: skip
+        return subprocess.run(
+            buildah_cmd("run", "--network", "host", name, "--", *cmd),
+            capture_output=True,
+            text=True,
+            env=_environ(),
+            timeout=timeout,
+        )
     finally:
         subprocess.run(buildah_cmd("rm", name), capture_output=True, env=_environ())
 
@@ -368,20 +405,19 @@ def _scratch() -> Iterator[tuple[str, Path]]:
 
 def _commit(name: str, ref: str) -> str:
     """Commit the working container as `ref` (the name containerd will know); its id."""
-    return buildah("commit", *_policy(), "--format", "docker", "--rm", "-q", name,
-                   containerd_name(ref)).strip()  # fmt: skip
+    return buildah(
+        "commit", *_policy(), "--format", "docker", "--rm", "-q", name, containerd_name(ref)
+    ).strip()
 
 
 def _make_pause(work: Path) -> str:
     binary = work / "pause"
-    _run(["gcc", "-static", "-O2", "-s", "-Wall", "-Werror", "-o", str(binary),
-          str(PAUSE_SOURCE)])  # fmt: skip
+    _run(["gcc", "-static", "-O2", "-s", "-Wall", "-Werror", "-o", str(binary), str(PAUSE_SOURCE)])
     if _run([str(binary), "-v"]).strip() != "lens-lab pause 1":
         raise BuildError(f"{binary} -v did not say what it is")
     with _scratch() as (name, root):
         shutil.copy2(binary, root / "pause")
-        buildah("config", "--entrypoint", '["/pause"]', "--os", "linux", "--arch", "amd64",
-                name)  # fmt: skip
+        buildah("config", "--entrypoint", '["/pause"]', "--os", "linux", "--arch", "amd64", name)
         return _commit(name, PAUSE)
 
 
@@ -400,8 +436,18 @@ def _make_busybox() -> str:
             "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"
         )
         (root / "etc" / "group").write_text("root:x:0:\nnogroup:x:65534:\n")
-        buildah("config", "--env", f"PATH={RUNTIME_PATH}", "--cmd", "sh", "--os", "linux",
-                "--arch", "amd64", name)  # fmt: skip
+        buildah(
+            "config",
+            "--env",
+            f"PATH={RUNTIME_PATH}",
+            "--cmd",
+            "sh",
+            "--os",
+            "linux",
+            "--arch",
+            "amd64",
+            name,
+        )
         return _commit(name, BUSYBOX)
 
 
@@ -460,8 +506,10 @@ def _make_base(work: Path, phases: dict[str, float]) -> str:
         raise BuildError(str(exc)) from exc
     with _scratch() as (name, root):
         t = time.monotonic()
-        _run(["debootstrap", "--variant=minbase", SUITE, str(root), main],
-             log=work / "debootstrap.log")  # fmt: skip
+        _run(
+            ["debootstrap", "--variant=minbase", SUITE, str(root), main],
+            log=work / "debootstrap.log",
+        )
         phases["debootstrap"] = time.monotonic() - t
         # The official image's sources (main, updates, security), on this machine's mirrors.
         (root / "etc" / "apt" / "sources.list").unlink(missing_ok=True)
@@ -472,8 +520,18 @@ def _make_base(work: Path, phases: dict[str, float]) -> str:
             "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
         )
         _slim(root)
-        buildah("config", "--env", f"PATH={RUNTIME_PATH}", "--cmd", "bash", "--os", "linux",
-                "--arch", "amd64", name)  # fmt: skip
+        buildah(
+            "config",
+            "--env",
+            f"PATH={RUNTIME_PATH}",
+            "--cmd",
+            "bash",
+            "--os",
+            "linux",
+            "--arch",
+            "amd64",
+            name,
+        )
         t = time.monotonic()
         got = _commit(name, BASE)
         phases["commit"] = time.monotonic() - t
@@ -494,21 +552,42 @@ def _make_project(ref: str, work: Path) -> str:
         stub.mkdir() if host.is_dir() else stub.touch()
         volumes += ["-v", f"{host}:{inside}:ro"]
     log = CACHE / f"{TARGETS[ref]}.log"
-    _run(buildah_cmd("bud", *_policy(), "--pull-never", "--network", "host",
-                     "--format", "docker", "--layers=false", "-f", str(DOCKERFILE),
-                     "--target", TARGETS[ref], "-t", containerd_name(ref), *volumes,
-                     str(REPO)), log=log)  # fmt: skip
+    _run(
+        buildah_cmd(
+            "bud",
+            *_policy(),
+            "--pull-never",
+            "--network",
+            "host",
+            "--format",
+            "docker",
+            "--layers=false",
+            "-f",
+            str(DOCKERFILE),
+            "--target",
+            TARGETS[ref],
+            "-t",
+            containerd_name(ref),
+            *volumes,
+            str(REPO),
+        ),
+        log=log,
+    )
     return _image_id(ref)
 
 
 def _image_id(ref: str) -> str:
-    return buildah("inspect", "--type", "image", "--format", "{{.FromImageID}}",
-                   containerd_name(ref)).strip()  # fmt: skip
+    return buildah(
+        "inspect", "--type", "image", "--format", "{{.FromImageID}}", containerd_name(ref)
+    ).strip()
 
 
 def _present(ref: str) -> bool:
-    r = subprocess.run(buildah_cmd("inspect", "--type", "image", containerd_name(ref)),
-                       capture_output=True, env=_environ())  # fmt: skip
+    r = subprocess.run(
+        buildah_cmd("inspect", "--type", "image", containerd_name(ref)),
+        capture_output=True,
+        env=_environ(),
+    )
     return r.returncode == 0
 
 
@@ -529,12 +608,14 @@ def _clean_up() -> None:
     with contextlib.suppress(OSError):
         points = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
         for point in sorted(points, reverse=True):  # the deepest first
-            if point.startswith(f"{STORAGE}/") and "/vfs/dir/" in point and (
-                    point.endswith(("/proc", "/sys"))):  # fmt: skip
+            if (
+                point.startswith(f"{STORAGE}/")
+                and "/vfs/dir/" in point
+                and (point.endswith(("/proc", "/sys")))
+            ):
                 subprocess.run(["umount", "-l", point], capture_output=True)
     subprocess.run(buildah_cmd("rm", "--all"), capture_output=True, env=_environ())
-    subprocess.run(buildah_cmd("rmi", "--prune", "--force"), capture_output=True,
-                   env=_environ())  # fmt: skip
+    subprocess.run(buildah_cmd("rmi", "--prune", "--force"), capture_output=True, env=_environ())
     for work in CACHE.glob("work-*"):
         shutil.rmtree(work, ignore_errors=True)
 
@@ -585,17 +666,24 @@ def build(force: bool = False) -> str:
             t = time.monotonic()
             size = _push(ref)
             phases["archive"] = time.monotonic() - t
-            built[ref] = {"key": key, "id": image_id, "archive": archive(ref).name,
-                          "bytes": size, "seconds": round(phases["build"] + phases["archive"], 1),
-                          "phases": {k: round(v, 1) for k, v in phases.items()},
-                          "built": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
+            built[ref] = {
+                "key": key,
+                "id": image_id,
+                "archive": archive(ref).name,
+                "bytes": size,
+                "seconds": round(phases["build"] + phases["archive"], 1),
+                "phases": {k: round(v, 1) for k, v in phases.items()},
+                "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
             STAMP.write_text(json.dumps(stamp, indent=1) + "\n")
             done.append(f"{ref} {built[ref]['seconds']:.0f} s")
         _clean_up()
         ERROR.unlink(missing_ok=True)
     total = time.monotonic() - t0
-    return (f"images: built {', '.join(done) or 'nothing'} in {total:.0f} s into {CACHE} "
-            f"({_sizes(stamp)})")  # fmt: skip
+    return (
+        f"images: built {', '.join(done) or 'nothing'} in {total:.0f} s into {CACHE} "
+        f"({_sizes(stamp)})"
+    )
 
 
 def _sizes(stamp: dict[str, Any]) -> str:
@@ -603,8 +691,9 @@ def _sizes(stamp: dict[str, Any]) -> str:
     return ", ".join(f"{ref} {got[ref]['bytes'] / 1e6:.0f} MB" for ref in IMAGES if ref in got)
 
 
-def import_into(address: str, namespace: str = "k8s.io",
-                refs: tuple[str, ...] = POD_IMAGES) -> list[str]:  # fmt: skip
+def import_into(
+    address: str, namespace: str = "k8s.io", refs: tuple[str, ...] = POD_IMAGES
+) -> list[str]:
     """Import the archives into the containerd at `address`; the names containerd lists,
     each the one the kubelet asks for given the image's name in a pod spec."""
     ctr = ["ctr", "--address", address, "--namespace", namespace]
@@ -623,8 +712,11 @@ def import_into(address: str, namespace: str = "k8s.io",
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.kube.images", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m tests.kube.images",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--force", action="store_true", help="build everything again")
     args = ap.parse_args(argv)
     try:

@@ -23,8 +23,13 @@ NAMESPACE = "lens-ebpf"  # deploy/recorder's
 
 
 class Replica:
-    def __init__(self, identity: str, database_url: str, kubeconfig: Path,
-                 settings: dict[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        identity: str,
+        database_url: str,
+        kubeconfig: Path,
+        settings: dict[str, Any] | None = None,
+    ) -> None:
         self.identity = identity
         self.dir = Path(tempfile.mkdtemp(prefix=f"lens-{identity}-"))
         self.port, self.collect_port = free_port(), free_port()
@@ -35,18 +40,28 @@ class Replica:
             "collect_listen": f"127.0.0.1:{self.collect_port}",
             "db_retry_max_seconds": 0.5,
             "reports": {"weekly": False},
-            "leader_election": {"enabled": True, "namespace": NAMESPACE, "identity": identity,
-                                "advertise": f"127.0.0.1:{self.port}"},
-        }  # fmt: skip
+            "leader_election": {
+                "enabled": True,
+                "namespace": NAMESPACE,
+                "identity": identity,
+                "advertise": f"127.0.0.1:{self.port}",
+            },
+        }
         for key, value in (settings or {}).items():
             node: dict[str, Any] = recorder
             *parents, last = key.split("__")
             for p in parents:
                 node = node.setdefault(p, {})
             node[last] = value
-        cfg = {"log_level": "info", "recorder": recorder,
-               "kubernetes": {"mode": "kubeconfig", "kubeconfig": str(kubeconfig),
-                              "backoff_max_seconds": 1}}  # fmt: skip
+        cfg = {
+            "log_level": "info",
+            "recorder": recorder,
+            "kubernetes": {
+                "mode": "kubeconfig",
+                "kubeconfig": str(kubeconfig),
+                "backoff_max_seconds": 1,
+            },
+        }
         self.config = self.dir / "recorder.yaml"
         self.config.write_text(yaml.safe_dump(cfg))
         self.log = self.dir / "log"
@@ -56,9 +71,13 @@ class Replica:
         out = self.log.open("ab")
         env = {**os.environ, "POD_NAME": self.identity, "POD_NAMESPACE": NAMESPACE}
         env.pop("KUBECONFIG", None)
-        self.proc = subprocess.Popen([*LENS_CMD, "recorder", "--config", str(self.config)],
-                                     stdout=out, stderr=subprocess.STDOUT, env=env,
-                                     stdin=subprocess.DEVNULL)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [*LENS_CMD, "recorder", "--config", str(self.config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
         out.close()
         wait_http_ok(f"{self.url}/healthz", self.proc, self.identity, self.output, timeout=30)
         return self
@@ -109,8 +128,11 @@ class Replica:
         return parse_samples(r.text)
 
     def metric(self, name: str, **labels: str) -> float:
-        got = [v for n, lbl, v in self.metrics() if n == name
-               and all(lbl.get(k) == w for k, w in labels.items())]  # fmt: skip
+        got = [
+            v
+            for n, lbl, v in self.metrics()
+            if n == name and all(lbl.get(k) == w for k, w in labels.items())
+        ]
         return sum(got)
 
 
@@ -122,8 +144,7 @@ def apply(lab: Any, *manifests: Path) -> None:
 
 def errors_in(log: str) -> list[str]:
     """Tracebacks and ERROR lines of a replica's log."""
-    return [line for line in log.splitlines()
-            if re.search(r"Traceback|\bERROR\b", line)]  # fmt: skip
+    return [line for line in log.splitlines() if re.search(r"Traceback|\bERROR\b", line)]
 
 
 def dump(obj: Any) -> str:

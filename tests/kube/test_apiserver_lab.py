@@ -26,27 +26,49 @@ def lab() -> Iterator[KubeApiServer]:
 
 def pod(name: str, namespace: str) -> str:
     """A pod manifest; nothing schedules or runs it here (no scheduler, no kubelet)."""
-    return json.dumps({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"app": "lab"}},
-        "spec": {"containers": [{"name": "main", "image": "busybox:1.36",
-                                 "command": ["sleep", "3600"]}]},
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"app": "lab"}},
+            "spec": {
+                "containers": [
+                    {"name": "main", "image": "busybox:1.36", "command": ["sleep", "3600"]}
+                ]
+            },
+        }
+    )
 
 
 def reader_role(namespace: str, serviceaccount: str) -> str:
     """get and list on pods in `namespace`, bound to the ServiceAccount; nothing else."""
-    return json.dumps({"apiVersion": "v1", "kind": "List", "items": [
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": {"name": "pod-reader", "namespace": namespace},
-         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": "pod-reader", "namespace": namespace},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                     "name": "pod-reader"},
-         "subjects": [{"kind": "ServiceAccount", "name": serviceaccount,
-                       "namespace": namespace}]},
-    ]})  # fmt: skip
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": [
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "Role",
+                    "metadata": {"name": "pod-reader", "namespace": namespace},
+                    "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}],
+                },
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "RoleBinding",
+                    "metadata": {"name": "pod-reader", "namespace": namespace},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "Role",
+                        "name": "pod-reader",
+                    },
+                    "subjects": [
+                        {"kind": "ServiceAccount", "name": serviceaccount, "namespace": namespace}
+                    ],
+                },
+            ],
+        }
+    )
 
 
 def test_kubectl_creates_a_namespace_and_a_pod(lab: KubeApiServer) -> None:
@@ -61,8 +83,9 @@ def test_kubectl_creates_a_namespace_and_a_pod(lab: KubeApiServer) -> None:
     status, body = lab.request("GET", "/api/v1/namespaces/made/pods/sleeper")
     assert status == 200 and body["metadata"]["uid"] == got["metadata"]["uid"]
     # Real validation: an invalid name is refused by the server, not by a fake.
-    status, body = lab.request("POST", "/api/v1/namespaces/made/pods",
-                               json.loads(pod("Not_A_Name", "made")))  # fmt: skip
+    status, body = lab.request(
+        "POST", "/api/v1/namespaces/made/pods", json.loads(pod("Not_A_Name", "made"))
+    )
     assert status == 422 and body["reason"] == "Invalid"
 
 
@@ -82,8 +105,11 @@ def test_a_serviceaccount_token_is_forbidden_until_a_role_binds_it(
 
     lab.kubectl("apply", "-f", "-", input=reader_role("rbac", "reader"))
     # RBAC reads its bindings from a watch: allowed as soon as the binding is seen.
-    wait_for(lambda: lab.request("GET", pods, token=token)[0] == 200,
-             "200 for the ServiceAccount after its RoleBinding", timeout=10)  # fmt: skip
+    wait_for(
+        lambda: lab.request("GET", pods, token=token)[0] == 200,
+        "200 for the ServiceAccount after its RoleBinding",
+        timeout=10,
+    )
     status, body = lab.request("GET", pods, token=token)
     assert status == 200
     assert [p["metadata"]["name"] for p in body["items"]] == ["target"]

@@ -65,24 +65,34 @@ def test_names_come_from_the_dockerfile_and_deploy() -> None:
     assert (images.AGENT, images.RECORDER) == ("lens-ebpf:0.1.0", "lens-ebpf-recorder:0.1.0")
 
 
-def test_pip_config_mounts_what_it_names(tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_pip_config_mounts_what_it_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Local paths move under PIP_MOUNTS (a local index with the directory above simple/,
     where its pages link to), remote URLs stay, missing paths are dropped."""
     (tmp_path / "pypi" / "simple").mkdir(parents=True)
     (tmp_path / "ca.crt").write_text("")
-    monkeypatch.setattr(images, "_pip_settings", lambda: {"global": {
-        "cert": f"{tmp_path}/ca.crt",
-        "extra-index-url": f"file://{tmp_path}/pypi/simple https://mirror.example/simple",
-        "find-links": "/nonexistent/wheels", "timeout": "60"}})  # fmt: skip
+    monkeypatch.setattr(
+        images,
+        "_pip_settings",
+        lambda: {
+            "global": {
+                "cert": f"{tmp_path}/ca.crt",
+                "extra-index-url": f"file://{tmp_path}/pypi/simple https://mirror.example/simple",
+                "find-links": "/nonexistent/wheels",
+                "timeout": "60",
+            }
+        },
+    )
     text, mounts = images.pip_config()
     m = images.PIP_MOUNTS
     assert f"cert = {m}{tmp_path}/ca.crt" in text
-    assert (f"extra-index-url = file://{m}{tmp_path}/pypi/simple "
-            "https://mirror.example/simple") in text  # fmt: skip
+    assert (
+        f"extra-index-url = file://{m}{tmp_path}/pypi/simple " "https://mirror.example/simple"
+    ) in text
     assert "find-links" not in text and "timeout = 60" in text
-    assert mounts == [(tmp_path / "ca.crt", f"{m}{tmp_path}/ca.crt"),
-                      (tmp_path / "pypi", f"{m}{tmp_path}/pypi")]  # fmt: skip
+    assert mounts == [
+        (tmp_path / "ca.crt", f"{m}{tmp_path}/ca.crt"),
+        (tmp_path / "pypi", f"{m}{tmp_path}/pypi"),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +148,9 @@ def test_import_names_what_a_pod_spec_asks_for(
 
 def test_lens_ebpf_help_runs_in_the_agent_image(containerd: tuple[Containerd, list[str]]) -> None:
     c, _ = containerd
-    r = k8s(c, "run", "--rm", images.containerd_name(images.AGENT), "help-agent",
-            "lens-ebpf", "--help")  # fmt: skip
+    r = k8s(
+        c, "run", "--rm", images.containerd_name(images.AGENT), "help-agent", "lens-ebpf", "--help"
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("usage: lens-ebpf COMMAND")
     assert re.search(r"^  run\s", r.stdout, re.MULTILINE)
@@ -148,25 +159,54 @@ def test_lens_ebpf_help_runs_in_the_agent_image(containerd: tuple[Containerd, li
 
 def test_recorder_image_process_is_user_65534(containerd: tuple[Containerd, list[str]]) -> None:
     c, _ = containerd
-    r = k8s(c, "run", "--rm", images.containerd_name(images.RECORDER), "uid-recorder",
-            "sh", "-c", "id -u; lens-ebpf recorder --help >/dev/null && echo help-ok")  # fmt: skip
+    r = k8s(
+        c,
+        "run",
+        "--rm",
+        images.containerd_name(images.RECORDER),
+        "uid-recorder",
+        "sh",
+        "-c",
+        "id -u; lens-ebpf recorder --help >/dev/null && echo help-ok",
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["65534", "help-ok"]
 
 
 def test_busybox_image_runs_client_tools(containerd: tuple[Containerd, list[str]]) -> None:
     c, _ = containerd
-    r = k8s(c, "run", "--rm", images.BUSYBOX, "bb", "sh", "-c",
-            "echo $((6 * 7)); readlink /usr/bin/wget; readlink /usr/bin/nc")  # fmt: skip
+    r = k8s(
+        c,
+        "run",
+        "--rm",
+        images.BUSYBOX,
+        "bb",
+        "sh",
+        "-c",
+        "echo $((6 * 7)); readlink /usr/bin/wget; readlink /usr/bin/nc",
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["42", "/bin/busybox", "/bin/busybox"]
 
 
 def test_pause_holds_until_sigterm_then_exits_0(containerd: tuple[Containerd, list[str]]) -> None:
     c, _ = containerd
-    run = subprocess.Popen(["ctr", "--address", str(c.sock), "--namespace", "k8s.io", "run",
-                            "--rm", images.PAUSE, "pause-1"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    run = subprocess.Popen(
+        [
+            "ctr",
+            "--address",
+            str(c.sock),
+            "--namespace",
+            "k8s.io",
+            "run",
+            "--rm",
+            images.PAUSE,
+            "pause-1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: "RUNNING" in k8s(c, "task", "ls").stdout, "pause running")
         time.sleep(0.5)

@@ -44,8 +44,12 @@ POD_OWNERS = {"DaemonSet", "Deployment"}
 Key = tuple[str, str | None, str]  # kind, namespace, name
 
 
-def chart_values(agent: dict[str, Any] | None = None, recorder: dict[str, Any] | None = None,
-                 dashboard: bool = False, operator: bool = False) -> dict[str, Any]:  # fmt: skip
+def chart_values(
+    agent: dict[str, Any] | None = None,
+    recorder: dict[str, Any] | None = None,
+    dashboard: bool = False,
+    operator: bool = False,
+) -> dict[str, Any]:
     """Values that render one form: each part off unless given."""
     return {
         "agent": {"enabled": False} if agent is None else {"enabled": True, **agent},
@@ -59,7 +63,9 @@ def chart_values(agent: dict[str, Any] | None = None, recorder: dict[str, Any] |
 FORMS: dict[str, tuple[dict[str, Any], str]] = {
     "deploy": (chart_values(agent={}, dashboard=True), KUBE_CURRENT),
     "deploy/minimal-capabilities": (
-        chart_values(agent={"privileged": False}, dashboard=True), KUBE_CURRENT),
+        chart_values(agent={"privileged": False}, dashboard=True),
+        KUBE_CURRENT,
+    ),
     "deploy/recorder": (chart_values(recorder={"mode": "replicated"}), KUBE_CURRENT),
     "deploy/recorder-single": (chart_values(recorder={"mode": "single"}), KUBE_CURRENT),
     "deploy/kube-1.20/recorder": (chart_values(recorder={"mode": "replicated"}), KUBE_1_20),
@@ -67,8 +73,9 @@ FORMS: dict[str, tuple[dict[str, Any], str]] = {
     "deploy/prometheus-operator": (chart_values(operator=True), KUBE_CURRENT),
     "deploy/network-policy": (
         chart_values(recorder={"mode": "single", "networkPolicy": {"enabled": True}}),
-        KUBE_CURRENT),
-}  # fmt: skip
+        KUBE_CURRENT,
+    ),
+}
 # an overlay applied beside another: the chart's values for it render both
 BESIDE = {"deploy/network-policy": "deploy/recorder-single"}
 NO_PODS = {"deploy/prometheus-operator", "deploy/network-policy"}
@@ -92,8 +99,12 @@ def kubectl_current() -> str:
     path = shutil.which("kubectl")
     if path is None:
         pytest.skip("no kubectl on PATH (kubectl 1.32, kustomize 5, builds the overlays)")
-    got = subprocess.run([path, "version", "--client", "-o", "json"], capture_output=True,
-                         text=True, timeout=hang_guard(30))  # fmt: skip
+    got = subprocess.run(
+        [path, "version", "--client", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=hang_guard(30),
+    )
     version = json.loads(got.stdout or "{}").get("kustomizeVersion", "")
     if not version.startswith("v5."):
         pytest.skip(f"{path} has kustomize {version or '?'}, not 5")
@@ -107,8 +118,12 @@ def kubectl_1_20() -> str:
 
 
 def kustomize(kubectl: str, overlay: str) -> list[dict[str, Any]]:
-    got = subprocess.run([kubectl, "kustomize", str(ROOT / overlay)], capture_output=True,
-                         text=True, timeout=hang_guard(30))  # fmt: skip
+    got = subprocess.run(
+        [kubectl, "kustomize", str(ROOT / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=hang_guard(30),
+    )
     assert got.returncode == 0, f"{kubectl} kustomize {overlay}: {got.stderr}"
     return [d for d in yaml.safe_load_all(got.stdout) if d]
 
@@ -161,9 +176,13 @@ def chart() -> Iterator[Any]:
         yield loaded
 
 
-def render(chart: Any, values: dict[str, Any], namespace: str = NS,
-           kube_version: str | None = None, api_versions: tuple[str, ...] = ()
-           ) -> list[dict[str, Any]]:  # fmt: skip
+def render(
+    chart: Any,
+    values: dict[str, Any],
+    namespace: str = NS,
+    kube_version: str | None = None,
+    api_versions: tuple[str, ...] = (),
+) -> list[dict[str, Any]]:
     """The chart's objects as `helm template --kube-version --api-versions` renders them.
     Chart.render() takes no capabilities; the library's render call does (the options
     kube_version and api_versions), hence the call one level down (the version is pinned
@@ -175,10 +194,16 @@ def render(chart: Any, values: dict[str, Any], namespace: str = NS,
         opts["kube_version"] = kube_version
     if api_versions:
         opts["api_versions"] = list(api_versions)
-    out = json.loads(_native.call_string("helm_render", chart._raw(), json.dumps(values),
-                                         json.dumps(opts)))  # fmt: skip
-    return [d for name, text in sorted(out.items()) if not name.endswith("/NOTES.txt")
-            for d in yaml.safe_load_all(text) if d]  # fmt: skip
+    out = json.loads(
+        _native.call_string("helm_render", chart._raw(), json.dumps(values), json.dumps(opts))
+    )
+    return [
+        d
+        for name, text in sorted(out.items())
+        if not name.endswith("/NOTES.txt")
+        for d in yaml.safe_load_all(text)
+        if d
+    ]
 
 
 @pytest.mark.parametrize("overlay", list(FORMS))
@@ -192,8 +217,9 @@ def test_the_chart_renders_what_kustomize_builds(
     ours = by_key(render(chart, values, kube_version=kube))
     theirs = by_key(built[overlay] + (built[BESIDE[overlay]] if overlay in BESIDE else []))
     namespaces = {k for k in theirs if k[0] == "Namespace"}
-    assert namespaces == ({("Namespace", None, NS)} if overlay in ("deploy",
-                          "deploy/minimal-capabilities") else set())  # fmt: skip
+    assert namespaces == (
+        {("Namespace", None, NS)} if overlay in ("deploy", "deploy/minimal-capabilities") else set()
+    )
     for k in namespaces:
         del theirs[k]
     assert sorted(ours) == sorted(theirs)
@@ -261,13 +287,13 @@ def test_the_cluster_s_capabilities_choose_the_pdb_and_the_operator_objects(
 ) -> None:
     """prometheusOperator.enabled: auto (the default) renders them where the cluster serves
     monitoring.coreos.com/v1; true and false whatever it serves."""
-    docs = render(chart, {"recorder": {"mode": "replicated"}}, kube_version=kube,
-                  api_versions=apis)  # fmt: skip
+    docs = render(chart, {"recorder": {"mode": "replicated"}}, kube_version=kube, api_versions=apis)
     assert [d["apiVersion"] for d in docs if d["kind"] == "PodDisruptionBudget"] == [pdb]
     assert {d["kind"] for d in docs} & CRD_KINDS == (CRD_KINDS if operator else set())
     for forced in (True, False):
-        docs = render(chart, {"prometheusOperator": {"enabled": forced}}, kube_version=kube,
-                      api_versions=apis)  # fmt: skip
+        docs = render(
+            chart, {"prometheusOperator": {"enabled": forced}}, kube_version=kube, api_versions=apis
+        )
         assert {d["kind"] for d in docs} & CRD_KINDS == (CRD_KINDS if forced else set())
 
 
@@ -288,8 +314,10 @@ def test_helm_lint_is_clean(form: str, kube: str) -> None:
 def test_the_chart_follows_its_release_namespace(chart: Any) -> None:
     """Installed elsewhere, every namespaced object and every reference to the namespace
     follow, but the kube-system Roles the agent and the recorder need."""
-    values = {"recorder": {"mode": "replicated", "networkPolicy": {"enabled": True}},
-              "prometheusOperator": {"enabled": True}}  # fmt: skip
+    values = {
+        "recorder": {"mode": "replicated", "networkPolicy": {"enabled": True}},
+        "prometheusOperator": {"enabled": True},
+    }
     docs = render(chart, values, namespace="gpu-watch")
     assert "NetworkPolicy" in {d["kind"] for d in docs}
     spaces = {d["metadata"].get("namespace") for d in docs}
@@ -309,8 +337,11 @@ def test_the_chart_follows_its_release_namespace(chart: Any) -> None:
 def test_the_values_users_change_reach_the_objects(chart: Any) -> None:
     values = {
         "agent": {
-            "image": {"repository": "registry.example/lens-ebpf", "tag": "0.2.0",
-                      "pullPolicy": "Always"},
+            "image": {
+                "repository": "registry.example/lens-ebpf",
+                "tag": "0.2.0",
+                "pullPolicy": "Always",
+            },
             "imagePullSecrets": [{"name": "regcred"}],
             "reporterTarget": "",
             "devicesCompat": ["dcgm"],
@@ -328,7 +359,7 @@ def test_the_values_users_change_reach_the_objects(chart: Any) -> None:
             "config": "recorder:\n  listen: 0.0.0.0:9480\n",
             "nodeSelector": {"role": "infra"},
         },
-    }  # fmt: skip
+    }
     docs = by_key(render(chart, values))
     agent = docs[("DaemonSet", NS, "lens-ebpf")]["spec"]["template"]["spec"]
     c = agent["containers"][0]
@@ -340,8 +371,10 @@ def test_the_values_users_change_reach_the_objects(chart: Any) -> None:
     assert env["LENS_COLLECTORS__TUNER__ENABLED"] == "true"
     assert env["LENS_CACHE__MAX_SERIES"] == "500000"
     # Helm merges maps into the defaults (a key set to null drops one)
-    assert c["resources"] == {"requests": {"cpu": "50m", "memory": "200Mi"},
-                              "limits": {"memory": "1Gi"}}  # fmt: skip
+    assert c["resources"] == {
+        "requests": {"cpu": "50m", "memory": "200Mi"},
+        "limits": {"memory": "1Gi"},
+    }
     assert agent["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
     assert agent["nodeSelector"] == {"gpu": "true"}
     policy = docs[("ConfigMap", NS, "lens-ebpf-policy")]["data"]
@@ -365,10 +398,12 @@ def test_the_values_users_change_reach_the_objects(chart: Any) -> None:
     ("values", "said"),
     [
         ({"recorder": {"mode": "sharded"}}, 'recorder.mode is "sharded": replicated or single'),
-        ({"prometheusOperator": {"enabled": "yes"}},
-         'prometheusOperator.enabled is "yes": true, false or auto'),
+        (
+            {"prometheusOperator": {"enabled": "yes"}},
+            'prometheusOperator.enabled is "yes": true, false or auto',
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_value_out_of_its_choices_fails_the_render(
     chart: Any, values: dict[str, Any], said: str
 ) -> None:
@@ -382,8 +417,11 @@ def test_the_chart_s_files_are_deploy_s() -> None:
     """The chart cannot read outside its directory (a packaged or pulled chart has only
     itself), so it carries what it takes from deploy/ under files/deploy/, at the same
     paths: each a byte copy, and each one a template reads."""
-    copies = sorted(p.relative_to(CHART / "files" / "deploy")
-                    for p in (CHART / "files" / "deploy").rglob("*") if p.is_file())  # fmt: skip
+    copies = sorted(
+        p.relative_to(CHART / "files" / "deploy")
+        for p in (CHART / "files" / "deploy").rglob("*")
+        if p.is_file()
+    )
     assert [str(p) for p in copies] == [
         "agent/configmap.yaml",
         "agent/grafana-dashboard.json",
@@ -401,17 +439,39 @@ def test_the_chart_s_files_are_deploy_s() -> None:
 # -- a real kube-apiserver 1.20.2 ---------------------------------------------------------
 # the Prometheus Operator's CRDs as far as the API server needs them, the schema left open
 CRDS = [
-    {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-     "metadata": {"name": f"{plural}.monitoring.coreos.com"},
-     "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
-              "names": {"plural": plural, "singular": kind.lower(), "kind": kind,
-                        "listKind": f"{kind}List"},
-              "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
-                  "openAPIV3Schema": {"type": "object",
-                                      "x-kubernetes-preserve-unknown-fields": True}}}]}}
-    for plural, kind in (("servicemonitors", "ServiceMonitor"),
-                         ("prometheusrules", "PrometheusRule"))
-]  # fmt: skip
+    {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "scope": "Namespaced",
+            "names": {
+                "plural": plural,
+                "singular": kind.lower(),
+                "kind": kind,
+                "listKind": f"{kind}List",
+            },
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+    for plural, kind in (
+        ("servicemonitors", "ServiceMonitor"),
+        ("prometheusrules", "PrometheusRule"),
+    )
+]
 
 
 @pytest.fixture
@@ -425,11 +485,13 @@ def lab() -> Iterator[KubeApiServer]:
 
 
 def install_crds(lab: KubeApiServer) -> None:
-    lab.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                      "items": CRDS}))  # fmt: skip
+    lab.kubectl(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": CRDS})
+    )
     for crd in CRDS:
-        lab.kubectl("wait", "--for=condition=established", "--timeout=30s",
-                    f"crd/{crd['metadata']['name']}")  # fmt: skip
+        lab.kubectl(
+            "wait", "--for=condition=established", "--timeout=30s", f"crd/{crd['metadata']['name']}"
+        )
 
 
 def on_the_server(lab: KubeApiServer, *source: str) -> dict[Key, dict[str, Any]]:
@@ -452,12 +514,17 @@ def applied(lab: KubeApiServer, expected: list[dict[str, Any]], *source: str) ->
 
 # each install in its own API server: overlays that can stand beside each other together
 INSTALLS = {
-    "agent, replicated recorder, operator objects": ["deploy", "deploy/kube-1.20/recorder",
-                                                     "deploy/prometheus-operator"],
+    "agent, replicated recorder, operator objects": [
+        "deploy",
+        "deploy/kube-1.20/recorder",
+        "deploy/prometheus-operator",
+    ],
     "agent without privileged, single recorder, network policy": [
-        "deploy/minimal-capabilities", "deploy/kube-1.20/recorder-single",
-        "deploy/network-policy"],
-}  # fmt: skip
+        "deploy/minimal-capabilities",
+        "deploy/kube-1.20/recorder-single",
+        "deploy/network-policy",
+    ],
+}
 
 
 def test_the_installs_cover_every_overlay_that_serves_1_20() -> None:
@@ -481,10 +548,13 @@ CHART_INSTALLS = {
     "defaults": {},
     "replicated, not privileged, operator objects, network policy": {
         "agent": {"privileged": False},
-        "recorder": {"mode": "replicated",
-                     "networkPolicy": {"enabled": True, "nodeCIDRs": ["10.0.0.0/16"]}},
-        "prometheusOperator": {"enabled": "auto"}},
-}  # fmt: skip
+        "recorder": {
+            "mode": "replicated",
+            "networkPolicy": {"enabled": True, "nodeCIDRs": ["10.0.0.0/16"]},
+        },
+        "prometheusOperator": {"enabled": "auto"},
+    },
+}
 
 
 @pytest.mark.parametrize("install", list(CHART_INSTALLS))

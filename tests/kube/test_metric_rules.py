@@ -30,19 +30,53 @@ LABELS = {"release": "kube-prometheus-stack"}  # a ruleSelector's
 # the operator's CRD as far as the API server needs it: its group, kind and names, the
 # schema left open (the operator's own validates the rules)
 CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
     "metadata": {"name": "prometheusrules.monitoring.coreos.com"},
-    "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
-             "names": {"plural": "prometheusrules", "singular": "prometheusrule",
-                       "kind": "PrometheusRule", "listKind": "PrometheusRuleList"},
-             "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
-                 "openAPIV3Schema": {"type": "object",
-                                     "x-kubernetes-preserve-unknown-fields": True}}}]},
-}  # fmt: skip
-RULE = {"name": "GPU hot", "cluster_name": "lab", "enabled": True, "groups": [
-    {"name": "gpu", "interval": "30s", "rules": [
-        {"alert": "GPUHot", "expr": "DCGM_FI_DEV_GPU_TEMP > 90", "for": "5m",
-         "labels": {"severity": "critical"}, "annotations": {"summary": "hot"}}]}]}  # fmt: skip
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "scope": "Namespaced",
+        "names": {
+            "plural": "prometheusrules",
+            "singular": "prometheusrule",
+            "kind": "PrometheusRule",
+            "listKind": "PrometheusRuleList",
+        },
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
+RULE = {
+    "name": "GPU hot",
+    "cluster_name": "lab",
+    "enabled": True,
+    "groups": [
+        {
+            "name": "gpu",
+            "interval": "30s",
+            "rules": [
+                {
+                    "alert": "GPUHot",
+                    "expr": "DCGM_FI_DEV_GPU_TEMP > 90",
+                    "for": "5m",
+                    "labels": {"severity": "critical"},
+                    "annotations": {"summary": "hot"},
+                }
+            ],
+        }
+    ],
+}
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +85,11 @@ def lab() -> Iterator[KubeApiServer]:
     if why:
         pytest.skip(why)
     with KubeApiServer() as server:
-        apply(server, DEPLOY / "namespace.yaml", *(DEPLOY / "recorder" / f for f in (
-            "serviceaccount.yaml", "rbac.yaml")))  # fmt: skip
+        apply(
+            server,
+            DEPLOY / "namespace.yaml",
+            *(DEPLOY / "recorder" / f for f in ("serviceaccount.yaml", "rbac.yaml")),
+        )
         yield server
 
 
@@ -64,8 +101,10 @@ def objects(lab: KubeApiServer) -> dict[str, Any]:
 def test_rules_become_prometheusrules_as_the_recorders_account(
     lab: KubeApiServer, tmp_path: Path
 ) -> None:
-    client = api_client("kubeconfig", str(lab.kubeconfig_for(
-        NAMESPACE, "lens-ebpf-recorder", tmp_path / "kubeconfig")))  # fmt: skip
+    client = api_client(
+        "kubeconfig",
+        str(lab.kubeconfig_for(NAMESPACE, "lens-ebpf-recorder", tmp_path / "kubeconfig")),
+    )
     eng = engine_for(f"sqlite:///{tmp_path / 'r.db'}")
     upgrade(eng)
     mr = MetricRules(client, NAMESPACE, LABELS, str(tmp_path / "rules.yml"), "lab")
@@ -77,8 +116,12 @@ def test_rules_become_prometheusrules_as_the_recorders_account(
     assert "GPUHot" in (tmp_path / "rules.yml").read_text()
 
     lab.kubectl("apply", "-f", "-", input=json.dumps(CRD))
-    lab.kubectl("wait", "--for=condition=established", "--timeout=30s",
-                "crd/prometheusrules.monitoring.coreos.com")  # fmt: skip
+    lab.kubectl(
+        "wait",
+        "--for=condition=established",
+        "--timeout=30s",
+        "crd/prometheusrules.monitoring.coreos.com",
+    )
     with eng.begin() as conn:
         got = mr.sync(conn, [], "lab", T0)
         row = mr.get(conn, rid)
@@ -86,8 +129,11 @@ def test_rules_become_prometheusrules_as_the_recorders_account(
     name = f"lens-gpu-hot-{rid}"
     assert (row.sync_status, row.sync_message) == ("synced", f"PrometheusRule {NAMESPACE}/{name}")
     obj = objects(lab)[name]
-    assert obj["metadata"]["labels"] == {**LABELS, "app.kubernetes.io/managed-by": "lens-ebpf",
-                                         "lens-ebpf.io/rule-id": str(rid)}  # fmt: skip
+    assert obj["metadata"]["labels"] == {
+        **LABELS,
+        "app.kubernetes.io/managed-by": "lens-ebpf",
+        "lens-ebpf.io/rule-id": str(rid),
+    }
     assert obj["spec"]["groups"] == RULE["groups"]
     # changed: the object follows (an update, its resourceVersion read first)
     with eng.begin() as conn:

@@ -310,9 +310,11 @@ class AgentExecs:
                     self.gaps.append(ev.gap)
 
     def wait(self, until: Callable[[list[Any]], bool], what: str) -> list[Any]:
-        wait_for(lambda: until(list(self.events)),
-                 lambda: f"{what} from the agent: {self.events} (gaps {self.gaps})",
-                 timeout=60)  # fmt: skip
+        wait_for(
+            lambda: until(list(self.events)),
+            lambda: f"{what} from the agent: {self.events} (gaps {self.gaps})",
+            timeout=60,
+        )
         return list(self.events)
 
     def close(self) -> None:
@@ -579,7 +581,7 @@ def test_the_helm_chart_brings_lens_ebpf_up_on_the_node(lens: KubeNode) -> None:
         logs = [
             lens.kubectl(
                 "logs", "-n", release, "--tail=15", "-l", f"{APP_LABEL}={app}", check=False
-            ).stdout  # fmt: skip
+            ).stdout
             for app in ("lens-ebpf", "lens-ebpf-recorder")
         ]
         return "the agents' reporter connected to the chart's recorder:\n" + "\n".join(said + logs)

@@ -60,9 +60,14 @@ def ok(got: tuple[int, Any]) -> Any:
 
 def pod_on(lab: KubeApiServer, ns: str, name: str, sa: str, node: str) -> dict[str, Any]:
     """A pod the scheduler put on node (spec.nodeName), running as sa."""
-    body = {"metadata": {"name": name},
-            "spec": {"nodeName": node, "serviceAccountName": sa,
-                     "containers": [{"name": "main", "image": "lens-ebpf:0.1.0"}]}}  # fmt: skip
+    body = {
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": sa,
+            "containers": [{"name": "main", "image": "lens-ebpf:0.1.0"}],
+        },
+    }
     made: dict[str, Any] = ok(lab.request("POST", f"/api/v1/namespaces/{ns}/pods", body))
     return made
 
@@ -71,9 +76,16 @@ def bound_token(lab: KubeApiServer, pod: dict[str, Any], sa: str, audience: str)
     """The token the kubelet mounts for pod's projected serviceAccountToken volume: sa's,
     bound to the pod, for audience."""
     meta = pod["metadata"]
-    spec = {"audiences": [audience], "expirationSeconds": 3600,
-            "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": meta["name"],
-                               "uid": meta["uid"]}}  # fmt: skip
+    spec = {
+        "audiences": [audience],
+        "expirationSeconds": 3600,
+        "boundObjectRef": {
+            "kind": "Pod",
+            "apiVersion": "v1",
+            "name": meta["name"],
+            "uid": meta["uid"],
+        },
+    }
     path = f"/api/v1/namespaces/{meta['namespace']}/serviceaccounts/{sa}/token"
     body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
     got = ok(lab.request("POST", path, body))
@@ -86,10 +98,11 @@ def lab() -> Iterator[KubeApiServer]:
     if why:
         pytest.skip(why)
     with KubeApiServer() as server:
-        apply(server, *(ROOT / "deploy" / f for f in ("namespace.yaml", "serviceaccount.yaml",
-                                                       "rbac.yaml")),
-              *(ROOT / "deploy" / "recorder" / f for f in ("serviceaccount.yaml",
-                                                            "rbac.yaml")))  # fmt: skip
+        apply(
+            server,
+            *(ROOT / "deploy" / f for f in ("namespace.yaml", "serviceaccount.yaml", "rbac.yaml")),
+            *(ROOT / "deploy" / "recorder" / f for f in ("serviceaccount.yaml", "rbac.yaml")),
+        )
         for node in ("gpu-1", "gpu-2"):
             ok(server.request("POST", "/api/v1/nodes", {"metadata": {"name": node}}))
         yield server
@@ -98,12 +111,17 @@ def lab() -> Iterator[KubeApiServer]:
 @pytest.fixture(scope="module")
 def pods(lab: KubeApiServer) -> dict[str, dict[str, Any]]:
     ok(lab.request("POST", "/api/v1/namespaces", {"metadata": {"name": "ml"}}))
-    ok(lab.request("POST", "/api/v1/namespaces/ml/serviceaccounts",
-                   {"metadata": {"name": "trainer"}}))  # fmt: skip
-    return {"agent-1": pod_on(lab, NS, "lens-ebpf-a1", AGENT_SA, "gpu-1"),
-            "agent-2": pod_on(lab, NS, "lens-ebpf-a2", AGENT_SA, "gpu-2"),
-            "trainer": pod_on(lab, "ml", "trainer-0", "trainer", "gpu-1"),
-            "recorder": pod_on(lab, NS, "lens-ebpf-recorder-0", RECORDER_SA, "gpu-2")}  # fmt: skip
+    ok(
+        lab.request(
+            "POST", "/api/v1/namespaces/ml/serviceaccounts", {"metadata": {"name": "trainer"}}
+        )
+    )
+    return {
+        "agent-1": pod_on(lab, NS, "lens-ebpf-a1", AGENT_SA, "gpu-1"),
+        "agent-2": pod_on(lab, NS, "lens-ebpf-a2", AGENT_SA, "gpu-2"),
+        "trainer": pod_on(lab, "ml", "trainer-0", "trainer", "gpu-1"),
+        "recorder": pod_on(lab, NS, "lens-ebpf-recorder-0", RECORDER_SA, "gpu-2"),
+    }
 
 
 class Recorders:
@@ -122,14 +140,17 @@ class Recorders:
         from lens_ebpf.recorder import config
         from lens_ebpf.recorder.service import RecorderApp
 
-        cfg = config.load(env={}, overrides={
-            ("recorder", "database_url"): self.url,
-            ("recorder", "listen"): "127.0.0.1:0",
-            ("recorder", "collect_listen"): f"127.0.0.1:{self.port}",
-            ("recorder", "jobs", "allocation_seconds"): 3600,
-            ("recorder", "reports", "weekly"): False,
-            ("grpc", "auth", "anonymous"): "never",
-        })  # fmt: skip
+        cfg = config.load(
+            env={},
+            overrides={
+                ("recorder", "database_url"): self.url,
+                ("recorder", "listen"): "127.0.0.1:0",
+                ("recorder", "collect_listen"): f"127.0.0.1:{self.port}",
+                ("recorder", "jobs", "allocation_seconds"): 3600,
+                ("recorder", "reports", "weekly"): False,
+                ("grpc", "auth", "anonymous"): "never",
+            },
+        )
         self.app = RecorderApp(cfg, api_client("kubeconfig", str(self.kubeconfig)))
         self.app.start()
         wait_for(self.app.tracker.pod_reflector.synced.is_set, "the recorder's pod list")
@@ -141,7 +162,8 @@ class Recorders:
 
     def refused(self, code: str) -> float | None:
         got: float | None = self.app.registry.get_sample_value(
-            "lens_recorder_collect_refused_total", {"code": code})  # fmt: skip
+            "lens_recorder_collect_refused_total", {"code": code}
+        )
         return got
 
 
@@ -152,10 +174,11 @@ def stored(url: str, node: str, instance: str | None = None) -> list[tuple[int |
     try:
         with eng.connect() as conn:
             ne = t.node_events
-            which = [ne.c.node == node, *([ne.c.instance == instance] if instance is not None
-                                          else [])]  # fmt: skip
-            rows = conn.execute(select(ne.c.seq, ne.c.kind).where(*which)
-                                .order_by(ne.c.id))  # fmt: skip
+            which = [
+                ne.c.node == node,
+                *([ne.c.instance == instance] if instance is not None else []),
+            ]
+            rows = conn.execute(select(ne.c.seq, ne.c.kind).where(*which).order_by(ne.c.id))
             return [(r.seq, r.kind) for r in rows]
     finally:
         eng.dispose()
@@ -178,9 +201,11 @@ def namespace(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_forged_streams_are_refused_and_the_real_agent_is_untouched(
-    lab: KubeApiServer, pods: dict[str, dict[str, Any]], tmp_path: Path,
+    lab: KubeApiServer,
+    pods: dict[str, dict[str, Any]],
+    tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     rec = Recorders(lab, tmp_path)
     app = rec.start()
     target = f"127.0.0.1:{rec.port}"
@@ -188,38 +213,57 @@ def test_forged_streams_are_refused_and_the_real_agent_is_untouched(
     token_file = tmp_path / "token"  # the agent's projected volume
     token_file.write_text(token1 + "\n")
     bus = EventBus(1000)
-    reporter = Reporter(target, bus, ("gpu-1", "10.0.0.1"), 1000, backoff_max=0.5,
-                        token_file=str(token_file))  # fmt: skip
+    reporter = Reporter(
+        target, bus, ("gpu-1", "10.0.0.1"), 1000, backoff_max=0.5, token_file=str(token_file)
+    )
     reporter.start()
     try:
         for i in range(3):
             bus.publish(tuned(i))
         wait_for(lambda: reporter.acked == 3, "the agent's first events acknowledged", 30)
-        assert stored(rec.url, "gpu-1") == [(1, "node_tuned"), (2, "node_tuned"),
-                                            (3, "node_tuned")]  # fmt: skip
+        assert stored(rec.url, "gpu-1") == [(1, "node_tuned"), (2, "node_tuned"), (3, "node_tuned")]
 
         # -- anyone on the cluster network ----------------------------------------
         def forge(node: str, token: str, cluster: str = "", instance: str = "") -> Answer:
-            return report_once(target, node, [fault(FORGED, node)], token, cluster,
-                               timeout=hang_guard(20), instance=instance)  # fmt: skip
+            return report_once(
+                target,
+                node,
+                [fault(FORGED, node)],
+                token,
+                cluster,
+                timeout=hang_guard(20),
+                instance=instance,
+            )
 
         with caplog.at_level(logging.WARNING):
             tries = {
                 "no token": (forge("gpu-1", ""), UNAUTH),
                 "another ServiceAccount's": (
                     forge("gpu-1", bound_token(lab, pods["trainer"], "trainer", COLLECTOR)),
-                    DENIED),
+                    DENIED,
+                ),
                 "the agent's on gpu-2": (
                     forge("gpu-1", bound_token(lab, pods["agent-2"], AGENT_SA, COLLECTOR)),
-                    DENIED),
+                    DENIED,
+                ),
                 "the API's audience": (
-                    forge("gpu-1", bound_token(lab, pods["agent-1"], AGENT_SA,
-                                               "https://kubernetes.default.svc.cluster.local")),
-                    UNAUTH),
+                    forge(
+                        "gpu-1",
+                        bound_token(
+                            lab,
+                            pods["agent-1"],
+                            AGENT_SA,
+                            "https://kubernetes.default.svc.cluster.local",
+                        ),
+                    ),
+                    UNAUTH,
+                ),
                 "bound to no pod": (
-                    forge("gpu-1", lab.token_for(NS, AGENT_SA, [COLLECTOR])), DENIED),
+                    forge("gpu-1", lab.token_for(NS, AGENT_SA, [COLLECTOR])),
+                    DENIED,
+                ),
                 "another cluster's node": (forge("gpu-1", token1, cluster="b"), UNAUTH),
-            }  # fmt: skip
+            }
             for what, (got, code) in tries.items():
                 # refused before the stream says anything (not even where it resumes)
                 assert (got.code, got.acks) == (code, []), (what, got)
@@ -230,8 +274,14 @@ def test_forged_streams_are_refused_and_the_real_agent_is_untouched(
         assert "grpc.max_seq_jump" in stolen.details
         # stolen, under an agent instance of its own: its events are that instance's, the
         # real agent's numbering is not moved (nothing of its is taken as a duplicate)
-        other = report_once(target, "gpu-1", [fault(n, "gpu-1") for n in range(1, 8)], token1,
-                            timeout=hang_guard(20), instance="stolen")  # fmt: skip
+        other = report_once(
+            target,
+            "gpu-1",
+            [fault(n, "gpu-1") for n in range(1, 8)],
+            token1,
+            timeout=hang_guard(20),
+            instance="stolen",
+        )
         assert (other.code, other.acks[0], other.acks[-1]) == (None, 0, 7), other
         why = {what: got.details for what, (got, _) in tries.items()}
         assert "runs on node 'gpu-2', not 'gpu-1'" in why["the agent's on gpu-2"]
@@ -239,15 +289,22 @@ def test_forged_streams_are_refused_and_the_real_agent_is_untouched(
         assert "bound to no pod" in why["bound to no pod"]
         # logged once for the peer, counted each time
         assert sum("refused a call from" in r.getMessage() for r in caplog.records) == 1
-        assert (rec.refused("unauthenticated"), rec.refused("permission_denied"),
-                rec.refused("invalid_argument")) == (3, 3, 1)  # fmt: skip
+        assert (
+            rec.refused("unauthenticated"),
+            rec.refused("permission_denied"),
+            rec.refused("invalid_argument"),
+        ) == (3, 3, 1)
 
         # -- the real agent: nothing of that reached it --------------------------
         for i in range(3, 6):
             bus.publish(tuned(i))
         wait_for(lambda: reporter.acked == 6, "the agent's later events acknowledged", 30)
-        assert (reporter.acked_events, reporter.lost, reporter.unconfirmed,
-                reporter.acks_refused) == (6, 0, 0, 0)  # fmt: skip
+        assert (
+            reporter.acked_events,
+            reporter.lost,
+            reporter.unconfirmed,
+            reporter.acks_refused,
+        ) == (6, 0, 0, 0)
         want = [(seq, "node_tuned") for seq in range(1, 7)]
         assert stored(rec.url, "gpu-1", bus.instance) == want  # no gap, no fault
         assert stored(rec.url, "gpu-1", "") == []
@@ -264,14 +321,18 @@ def test_forged_streams_are_refused_and_the_real_agent_is_untouched(
         assert app.node_events.ack_seq("local/gpu-1", bus.instance) == 6
         assert app.node_events.ack_seq("local/gpu-1", "stolen") == 7
         wait_for(lambda: reporter.acked == 9, "the events of the outage acknowledged", 30)
-        assert stored(rec.url, "gpu-1", bus.instance) == [(seq, "node_tuned")
-                                                          for seq in range(1, 10)]  # fmt: skip
-        assert (reporter.acked_events, reporter.lost, reporter.unconfirmed,
-                reporter.acks_refused) == (9, 0, 0, 0)  # fmt: skip
+        assert stored(rec.url, "gpu-1", bus.instance) == [
+            (seq, "node_tuned") for seq in range(1, 10)
+        ]
+        assert (
+            reporter.acked_events,
+            reporter.lost,
+            reporter.unconfirmed,
+            reporter.acks_refused,
+        ) == (9, 0, 0, 0)
         # and after it, the same forgery is refused the same way
         assert forge("gpu-1", "").code == UNAUTH
-        assert forge("gpu-1", bound_token(lab, pods["agent-2"], AGENT_SA, COLLECTOR)).code \
-            == DENIED  # fmt: skip
+        assert forge("gpu-1", bound_token(lab, pods["agent-2"], AGENT_SA, COLLECTOR)).code == DENIED
         assert stored(rec.url, "gpu-1", bus.instance)[-1] == (9, "node_tuned")
     finally:
         reporter.stop()
@@ -286,9 +347,14 @@ def test_the_agents_port_takes_only_the_recorders_token(
     kubeconfig = lab.kubeconfig_for(NS, AGENT_SA, tmp_path / "agent.kubeconfig")
     bus = EventBus(1000, history=100)
     grpc_cfg = GrpcConfig(listen="127.0.0.1:0", auth=SubscriberAuthConfig(anonymous="never"))
-    api = EventApi(NodeConfig(name="gpu-1", ip="10.0.0.1"), grpc_cfg, ReporterConfig(), bus,
-                   lambda: {}, kubernetes=KubernetesConfig(mode="kubeconfig",
-                                                           kubeconfig=str(kubeconfig)))  # fmt: skip
+    api = EventApi(
+        NodeConfig(name="gpu-1", ip="10.0.0.1"),
+        grpc_cfg,
+        ReporterConfig(),
+        bus,
+        lambda: {},
+        kubernetes=KubernetesConfig(mode="kubeconfig", kubeconfig=str(kubeconfig)),
+    )
     api.bind()
     from prometheus_client import CollectorRegistry
 
@@ -304,8 +370,13 @@ def test_the_agents_port_takes_only_the_recorders_token(
         def first(token: str) -> pb.Event | grpc.StatusCode:
             meta = (("authorization", f"Bearer {token}"),) if token else ()
             try:
-                return next(iter(stub.Subscribe(pb.SubscribeRequest(from_seq=1), metadata=meta,
-                                                timeout=hang_guard(20))))  # fmt: skip
+                return next(
+                    iter(
+                        stub.Subscribe(
+                            pb.SubscribeRequest(from_seq=1), metadata=meta, timeout=hang_guard(20)
+                        )
+                    )
+                )
             except grpc.RpcError as exc:
                 return exc.code()
 
@@ -318,8 +389,10 @@ def test_the_agents_port_takes_only_the_recorders_token(
         got = first(bound_token(lab, recorder, RECORDER_SA, AGENT_PORT))
         assert isinstance(got, pb.Event) and got.seq == 1 and got.node_name == "gpu-1"
         for code, n in (("unauthenticated", 2), ("permission_denied", 1)):
-            assert registry.get_sample_value("lens_agent_grpc_calls_refused_total",
-                                             {"code": code}) == n  # fmt: skip
+            assert (
+                registry.get_sample_value("lens_agent_grpc_calls_refused_total", {"code": code})
+                == n
+            )
     finally:
         channel.close()
         api.stop()

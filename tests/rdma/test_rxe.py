@@ -39,8 +39,7 @@ PINGPONG = ["ibv_rc_pingpong", "-d", DEV, "-g", "1", "-s", "4096"]
 
 
 def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, check=check,
-                          timeout=hang_guard(15))  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=hang_guard(15))
 
 
 def _why_not() -> str | None:
@@ -52,8 +51,10 @@ def _why_not() -> str | None:
     _sh("modprobe", "crc32_generic", check=False)  # rxe fails to init crc32 without it
     res = _sh("modprobe", "rdma_rxe", check=False)
     if res.returncode != 0:
-        return (f"rdma_rxe does not load on {os.uname().release} ({res.stderr.strip()[:80]}); "
-                "the kernel matrix's guests run this")  # fmt: skip
+        return (
+            f"rdma_rxe does not load on {os.uname().release} ({res.stderr.strip()[:80]}); "
+            "the kernel matrix's guests run this"
+        )
     return None
 
 
@@ -70,15 +71,18 @@ def rxe() -> Iterator[RdmaCollector]:
         rdma = shutil.which("rdma")
         assert rdma is not None
         yield RdmaCollector(
-            1, Path("/sys"),
+            1,
+            Path("/sys"),
             runner=lambda: resources.run_rdma(rdma, hang_guard(5), "statistic", "show"),
-            rdma=lambda *args: resources.run_rdma(rdma, hang_guard(5), *args))  # fmt: skip
+            rdma=lambda *args: resources.run_rdma(rdma, hang_guard(5), *args),
+        )
     finally:
         # a device still open is not deleted until its users close it (5.10 waits for ever)
         pattern = f"ibv_rc_pingpong -d {DEV}"
         _sh("pkill", "-KILL", "-f", pattern, check=False)
-        wait_for(lambda: _sh("pgrep", "-f", pattern, check=False).returncode == 1,
-                 "the pingpongs gone")  # fmt: skip
+        wait_for(
+            lambda: _sh("pgrep", "-f", pattern, check=False).returncode == 1, "the pingpongs gone"
+        )
         _sh("rdma", "link", "delete", DEV, check=False)
         _sh("ip", "link", "del", NETDEV, check=False)
 
@@ -86,8 +90,9 @@ def rxe() -> Iterator[RdmaCollector]:
 def values(c: RdmaCollector) -> dict[tuple[str, tuple], float]:
     c.run_once()
     assert c.success and c.errors == {}, c.errors
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for m in c.snapshot() for s in m.samples}  # fmt: skip
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value for m in c.snapshot() for s in m.samples
+    }
 
 
 def counters(c: RdmaCollector) -> dict[str, float]:
@@ -117,17 +122,27 @@ def pingpong(
 ) -> tuple[subprocess.Popen, subprocess.Popen]:
     """A server (PINGPONG, or the given command), then, once it listens, a client
     connecting to the veth's own address (rxe serves both ends)."""
-    srv = subprocess.Popen(server or [*PINGPONG, "-n", str(iters)], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    srv = subprocess.Popen(
+        server or [*PINGPONG, "-n", str(iters)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + hang_guard(15)
     while not listening():
         if srv.poll() is not None or time.monotonic() > deadline:
             srv.kill()
-            raise AssertionError(f"hang guard: the server did not listen (exit {srv.poll()}): "
-                                 + (srv.stdout.read() if srv.stdout else ""))  # fmt: skip
+            raise AssertionError(
+                f"hang guard: the server did not listen (exit {srv.poll()}): "
+                + (srv.stdout.read() if srv.stdout else "")
+            )
         time.sleep(0.2)
-    cli = subprocess.Popen([*PINGPONG, "-n", str(iters), ADDR], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    cli = subprocess.Popen(
+        [*PINGPONG, "-n", str(iters), ADDR],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     return srv, cli
 
 
@@ -152,8 +167,11 @@ def test_300_round_trips_are_600_sends_and_receives_in_both_families(
     (row,) = (r for r in rxe.views["rdma"] if r["if_name"] == DEV)
     assert (row["netdev"], row["port"], row["state"]) == (NETDEV, 1, "ACTIVE")
     assert [q["type"] for q in row["queue_pairs"]] == ["GSI"]  # the kernel's, nothing else
-    info = next(dict(lbl) for (n, lbl) in values(rxe) if n == "lens_rdma_device_info"
-                and dict(lbl)["device"] == DEV)  # fmt: skip
+    info = next(
+        dict(lbl)
+        for (n, lbl) in values(rxe)
+        if n == "lens_rdma_device_info" and dict(lbl)["device"] == DEV
+    )
     assert (info["netdev"], info["node_type"]) == (NETDEV, "CA")
 
 
@@ -173,8 +191,12 @@ def wait_qps(c: RdmaCollector, want: float, **labels: str) -> dict:
         got[0] = values(c)
         return qps(got[0], **labels) == want
 
-    wait_for(check, lambda: f"{want} queue pairs of {labels} ({qps(got[0], **labels)})",
-             timeout=15, every=0.5)  # fmt: skip
+    wait_for(
+        check,
+        lambda: f"{want} queue pairs of {labels} ({qps(got[0], **labels)})",
+        timeout=15,
+        every=0.5,
+    )
     return got[0]
 
 
@@ -192,8 +214,13 @@ def test_a_long_pingpong_holds_two_rc_queue_pairs_then_none(rxe: RdmaCollector) 
         v = wait_qps(rxe, 2, device=DEV, type="RC", comm="ibv_rc_pingpong")
         assert qps(v, device=DEV, type="RC", comm="ibv_rc_pingpong", pod="") == 2
         assert qps(v, device=DEV, type="GSI", comm="ib_core") == 1
-        pids = sorted(q["pid"] for r in rxe.views["rdma"] if r["if_name"] == DEV
-                      for q in r["queue_pairs"] if q["type"] == "RC")  # fmt: skip
+        pids = sorted(
+            q["pid"]
+            for r in rxe.views["rdma"]
+            if r["if_name"] == DEV
+            for q in r["queue_pairs"]
+            if q["type"] == "RC"
+        )
         assert pids == sorted([srv.pid, cli.pid])
     finally:
         stop(srv, cli)
@@ -209,8 +236,11 @@ def ctd() -> Iterator[Containerd]:
 def test_a_containers_queue_pairs_are_its_pods(rxe: RdmaCollector, ctd: Containerd) -> None:
     """ibv_rc_pingpong's server in a containerd container given /dev/infiniband/uverbs0
     (host network: rxe's GIDs are the veth's); the client on the host."""
-    uverbs = next(f"/dev/infiniband/{p.name}" for p in Path("/dev/infiniband").iterdir()
-                  if p.name.startswith("uverbs"))  # fmt: skip
+    uverbs = next(
+        f"/dev/infiniband/{p.name}"
+        for p in Path("/dev/infiniband").iterdir()
+        if p.name.startswith("uverbs")
+    )
     root = ctd.base / "hostroot"
     root.mkdir()
     _sh("mount", "--bind", "/", str(root))
@@ -224,10 +254,24 @@ def test_a_containers_queue_pairs_are_its_pods(rxe: RdmaCollector, ctd: Containe
     rxe.identify = enrich.pid
     events: list = []
     rxe.publish = events.append
-    labels = {"io.kubernetes.pod.name": "rdma-0", "io.kubernetes.pod.namespace": "ml",
-              "io.kubernetes.pod.uid": uid, "io.kubernetes.container.name": "trainer"}  # fmt: skip
-    server = ["ctr", "--address", str(ctd.sock), "run", "--rm", "--net-host", "--device", uverbs,
-              "--cgroup", f"/kubepods/besteffort/pod{uid}/{cid}"]  # fmt: skip
+    labels = {
+        "io.kubernetes.pod.name": "rdma-0",
+        "io.kubernetes.pod.namespace": "ml",
+        "io.kubernetes.pod.uid": uid,
+        "io.kubernetes.container.name": "trainer",
+    }
+    server = [
+        "ctr",
+        "--address",
+        str(ctd.sock),
+        "run",
+        "--rm",
+        "--net-host",
+        "--device",
+        uverbs,
+        "--cgroup",
+        f"/kubepods/besteffort/pod{uid}/{cid}",
+    ]
     for k, v in labels.items():
         server += ["--label", f"{k}={v}"]
     verbs = shutil.which(PINGPONG[0]) or PINGPONG[0]  # the container has no PATH
@@ -239,15 +283,17 @@ def test_a_containers_queue_pairs_are_its_pods(rxe: RdmaCollector, ctd: Containe
         who = {"device": DEV, "type": "RC", "comm": "ibv_rc_pingpong"}
         v = wait_qps(rxe, 1, **who, namespace="ml", pod="rdma-0")
         got = [dict(lbl) for (n, lbl) in v if n == "lens_rdma_queue_pairs"]
-        assert qps(v, **who, namespace="ml", pod="rdma-0", container="trainer",
-                   workload="train") == 1, (got, rxe.views["rdma"])  # fmt: skip
+        assert (
+            qps(v, **who, namespace="ml", pod="rdma-0", container="trainer", workload="train") == 1
+        ), (got, rxe.views["rdma"])
         assert qps(v, **who, pod="") == 1  # the client, a host process
         assert [
             (e.kind, e.device, e.queue_pairs, e.pod, e.container, e.workload) for e in events
         ] == [("rdma_open", DEV, 1, "rdma-0", "trainer", "train")]
         # /pods: the container, and the RDMA device behind its uverbs node
-        (entry,) = (p for p in pods_view(resolver.containers, {}, rxe.views["devices"])
-                    if p["id"] == cid)  # fmt: skip
+        (entry,) = (
+            p for p in pods_view(resolver.containers, {}, rxe.views["devices"]) if p["id"] == cid
+        )
         assert [(d["name"], d["path"]) for d in entry["devices"]["infiniband"]] == [(DEV, uverbs)]
     finally:
         stop(*[p for p in (cli, srv) if p is not None])

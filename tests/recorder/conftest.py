@@ -33,8 +33,7 @@ def example(path: str, body: Any) -> None:
     file = Path(EXAMPLES)
     got = json.loads(file.read_text()) if file.exists() else {}
     if len(json.dumps(body)) > len(json.dumps(got.get(route, {}).get("body", {}))):
-        got[route] = {"request": "/v1/" + re.sub(r"^/?(v1|api|lens/v1)/", "", path),
-                      "body": body}  # fmt: skip
+        got[route] = {"request": "/v1/" + re.sub(r"^/?(v1|api|lens/v1)/", "", path), "body": body}
         file.write_text(json.dumps(got, indent=1))
 
 
@@ -82,8 +81,9 @@ def recorder_app(api: FakeApiServer, tmp_path: Path) -> Iterator[Factory]:
     kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
     apps: list[Any] = []
 
-    def make(url: str, clock: Any = None, top: dict[tuple[str, ...], Any] | None = None,
-             **settings: Any) -> Any:  # fmt: skip
+    def make(
+        url: str, clock: Any = None, top: dict[tuple[str, ...], Any] | None = None, **settings: Any
+    ) -> Any:
         """settings: recorder.* keys (a__b for a.b); top: other keys, by their path."""
         over: dict[tuple[str, ...], Any] = {
             ("recorder", "database_url"): url,
@@ -133,7 +133,9 @@ def rows(url: str, table: str) -> list[dict[str, Any]]:
     try:
         with eng.connect() as conn:
             order = [tab.c.id] if "id" in tab.c else list(tab.primary_key.columns)
-            return [{k: _utc(v) for k, v in r.items()}
-                    for r in conn.execute(select(tab).order_by(*order)).mappings()]  # fmt: skip
+            return [
+                {k: _utc(v) for k, v in r.items()}
+                for r in conn.execute(select(tab).order_by(*order)).mappings()
+            ]
     finally:
         eng.dispose()

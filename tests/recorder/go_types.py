@@ -659,53 +659,128 @@ CONTRACT["GET nodes"] = CONTRACT.pop(
 # -- the Management pages (api/pkg/api/unified_job_history.go, detection_status.go,
 # sysconfig/, registry/, release/handler.go, cluster/handler.go, cpconfig/) -------------------
 JOB_RUN = {
-    "id": INT, "job_name": STR, "job_type": STR, "schedule": STR, "status": STR,
-    "started_at": TIME, "ended_at": TIME, "duration_seconds": NUM, "error_message": STR,
-    "error_stack": STR, "cluster_name": STR, "hostname": STR, "metadata": MAP,
-    "execution_stats": MAP, "created_at": TIME,
-}  # fmt: skip  # dbmodel.JobExecutionHistory
+    "id": INT,
+    "job_name": STR,
+    "job_type": STR,
+    "schedule": STR,
+    "status": STR,
+    "started_at": TIME,
+    "ended_at": TIME,
+    "duration_seconds": NUM,
+    "error_message": STR,
+    "error_stack": STR,
+    "cluster_name": STR,
+    "hostname": STR,
+    "metadata": MAP,
+    "execution_stats": MAP,
+    "created_at": TIME,
+}  # dbmodel.JobExecutionHistory
 JOB_STATS = {
-    "job_name": STR, "total_runs": INT, "success_count": INT, "failure_count": INT,
-    "cancelled_count": INT, "timeout_count": INT, "avg_duration": NUM, "min_duration": NUM,
-    "max_duration": NUM, "last_run_time": TIME, "last_status": STR,
-}  # fmt: skip  # database.JobStatistics
+    "job_name": STR,
+    "total_runs": INT,
+    "success_count": INT,
+    "failure_count": INT,
+    "cancelled_count": INT,
+    "timeout_count": INT,
+    "avg_duration": NUM,
+    "min_duration": NUM,
+    "max_duration": NUM,
+    "last_run_time": TIME,
+    "last_status": STR,
+}  # database.JobStatistics
 COVERAGE = {"source": STR, "status": STR, "attempt_count": INT, "evidence_count": INT}
 DETECTION_TASK = {"task_type": STR, "status": STR, "created_at": TIME, "updated_at": TIME}
 DETECTION = {
-    "workload_uid": STR, "status": STR, "detection_state": STR, "confidence": NUM,
-    "evidence_count": INT, "evidence_sources": [STR], "attempt_count": INT,
-    "max_attempts": INT, "created_at": TIME, "updated_at": TIME, "coverage": [COVERAGE],
-    "tasks": [DETECTION_TASK], "has_conflicts": BOOL,
-}  # fmt: skip  # DetectionStatusResponse
+    "workload_uid": STR,
+    "status": STR,
+    "detection_state": STR,
+    "confidence": NUM,
+    "evidence_count": INT,
+    "evidence_sources": [STR],
+    "attempt_count": INT,
+    "max_attempts": INT,
+    "created_at": TIME,
+    "updated_at": TIME,
+    "coverage": [COVERAGE],
+    "tasks": [DETECTION_TASK],
+    "has_conflicts": BOOL,
+}  # DetectionStatusResponse
 EVIDENCE = {
-    "id": INT, "workload_uid": STR, "source": STR, "source_type": STR, "framework": STR,
-    "workload_type": STR, "confidence": NUM, "framework_layer": STR, "evidence": MAP,
-    "detected_at": TIME, "created_at": TIME,
-}  # fmt: skip  # DetectionEvidenceItem
+    "id": INT,
+    "workload_uid": STR,
+    "source": STR,
+    "source_type": STR,
+    "framework": STR,
+    "workload_type": STR,
+    "confidence": NUM,
+    "framework_layer": STR,
+    "evidence": MAP,
+    "detected_at": TIME,
+    "created_at": TIME,
+}  # DetectionEvidenceItem
 SYSCONFIG = {
-    "id": INT, "key": STR, "value": ANY, "description": STR, "category": STR,
-    "is_encrypted": BOOL, "version": INT, "is_readonly": BOOL, "created_at": TIME,
-    "updated_at": TIME, "created_by": STR, "updated_by": STR,
-}  # fmt: skip  # dbmodel.SystemConfig (its value the setting's own type: ANY)
+    "id": INT,
+    "key": STR,
+    "value": ANY,
+    "description": STR,
+    "category": STR,
+    "is_encrypted": BOOL,
+    "version": INT,
+    "is_readonly": BOOL,
+    "created_at": TIME,
+    "updated_at": TIME,
+    "created_by": STR,
+    "updated_by": STR,
+}  # dbmodel.SystemConfig (its value the setting's own type: ANY)
 REGISTRY = {"registry": STR, "namespace": STR}
 VERSION = {
-    "id": INT, "version_name": STR, "channel": STR, "chart_repo": STR, "chart_version": STR,
-    "image_registry": STR, "image_tag": STR, "default_values": MAP, "values_schema": MAP,
-    "status": STR, "release_notes": STR, "created_by": STR, "created_at": TIME,
+    "id": INT,
+    "version_name": STR,
+    "channel": STR,
+    "chart_repo": STR,
+    "chart_version": STR,
+    "image_registry": STR,
+    "image_tag": STR,
+    "default_values": MAP,
+    "values_schema": MAP,
+    "status": STR,
+    "release_notes": STR,
+    "created_by": STR,
+    "created_at": TIME,
     "updated_at": TIME,
-}  # fmt: skip  # model.ReleaseVersion
+}  # model.ReleaseVersion
 RELEASE_CONFIG = {
-    "id": INT, "cluster_name": STR, "release_version_id": "integer?", "values_override": MAP,
-    "deployed_version_id": "integer?", "deployed_values": MAP, "deployed_at": TIME,
-    "sync_status": STR, "last_sync_at": TIME, "last_sync_error": STR, "auto_upgrade": BOOL,
-    "upgrade_channel": STR, "created_at": TIME, "updated_at": TIME,
-}  # fmt: skip  # model.ClusterReleaseConfig
+    "id": INT,
+    "cluster_name": STR,
+    "release_version_id": "integer?",
+    "values_override": MAP,
+    "deployed_version_id": "integer?",
+    "deployed_values": MAP,
+    "deployed_at": TIME,
+    "sync_status": STR,
+    "last_sync_at": TIME,
+    "last_sync_error": STR,
+    "auto_upgrade": BOOL,
+    "upgrade_channel": STR,
+    "created_at": TIME,
+    "updated_at": TIME,
+}  # model.ClusterReleaseConfig
 RELEASE_HISTORY = {
-    "id": INT, "cluster_name": STR, "release_version_id": INT, "action": STR,
-    "triggered_by": STR, "values_snapshot": MAP, "previous_version_id": "integer?",
-    "status": STR, "error_message": STR, "stages_completed": [STR], "task_id": "integer?",
-    "created_at": TIME, "started_at": TIME, "completed_at": TIME,
-}  # fmt: skip  # model.ReleaseHistory
+    "id": INT,
+    "cluster_name": STR,
+    "release_version_id": INT,
+    "action": STR,
+    "triggered_by": STR,
+    "values_snapshot": MAP,
+    "previous_version_id": "integer?",
+    "status": STR,
+    "error_message": STR,
+    "stages_completed": [STR],
+    "task_id": "integer?",
+    "created_at": TIME,
+    "started_at": TIME,
+    "completed_at": TIME,
+}  # model.ReleaseHistory
 MESSAGE_KEY = {"message": STR, "key": STR}
 RDS = "release/handler.go"
 CONTRACT |= {
@@ -728,7 +803,7 @@ CONTRACT |= {
             "detection_state_counts": {"*": INT},
             "recent_detections": [DETECTION],
         },
-    ),  # fmt: skip
+    ),
     "GET detection-status": (
         "DetectionStatusesListResponse",
         {"data": [DETECTION], "total": INT, "page": INT, "page_size": INT},
@@ -777,7 +852,7 @@ CONTRACT |= {
                 "changed_by": STR,
             }
         ],
-    ),  # fmt: skip
+    ),
     "GET registry/config": (
         "{config, defaults, image_names}",
         {"config": REGISTRY, "defaults": REGISTRY, "image_names": {"*": STR}},
@@ -815,28 +890,67 @@ CONTRACT |= {
 # the management surface (no envelope, as the original's cluster/ and cpconfig/ answer):
 # not the typed surfaces' CONTRACT, checked by tests/recorder/test_management.py
 CLUSTER_CONFIG = {
-    "id": INT, "cluster_name": STR, "display_name": STR, "description": STR, "source": STR,
-    "k8s_endpoint": STR, "k8s_configured": BOOL, "k8s_insecure_skip_verify": BOOL,
-    "k8s_manual_mode": BOOL, "postgres_host": STR, "postgres_port": INT,
-    "postgres_configured": BOOL, "opensearch_host": STR, "opensearch_port": INT,
-    "opensearch_scheme": STR, "opensearch_configured": BOOL, "prometheus_read_host": STR,
-    "prometheus_read_port": INT, "prometheus_write_host": STR, "prometheus_write_port": INT,
-    "prometheus_configured": BOOL, "storage_manual_mode": BOOL, "storage_mode": STR,
-    "infrastructure_status": STR, "infrastructure_message": STR, "dataplane_status": STR,
-    "dataplane_version": STR, "dataplane_message": STR, "last_deploy_time": STR,
-    "status": STR, "is_default": BOOL, "labels": {"*": STR}, "created_at": STR,
+    "id": INT,
+    "cluster_name": STR,
+    "display_name": STR,
+    "description": STR,
+    "source": STR,
+    "k8s_endpoint": STR,
+    "k8s_configured": BOOL,
+    "k8s_insecure_skip_verify": BOOL,
+    "k8s_manual_mode": BOOL,
+    "postgres_host": STR,
+    "postgres_port": INT,
+    "postgres_configured": BOOL,
+    "opensearch_host": STR,
+    "opensearch_port": INT,
+    "opensearch_scheme": STR,
+    "opensearch_configured": BOOL,
+    "prometheus_read_host": STR,
+    "prometheus_read_port": INT,
+    "prometheus_write_host": STR,
+    "prometheus_write_port": INT,
+    "prometheus_configured": BOOL,
+    "storage_manual_mode": BOOL,
+    "storage_mode": STR,
+    "infrastructure_status": STR,
+    "infrastructure_message": STR,
+    "dataplane_status": STR,
+    "dataplane_version": STR,
+    "dataplane_message": STR,
+    "last_deploy_time": STR,
+    "status": STR,
+    "is_default": BOOL,
+    "labels": {"*": STR},
+    "created_at": STR,
     "updated_at": STR,
-}  # fmt: skip  # ClusterConfigResponse
+}  # ClusterConfigResponse
 INSTALL_TASK = {
-    "id": INT, "cluster_name": STR, "task_type": STR, "install_scope": STR,
-    "current_stage": STR, "storage_mode": STR, "status": STR, "error_message": STR,
-    "retry_count": INT, "max_retries": INT, "job_name": STR, "job_namespace": STR,
-    "created_at": STR, "updated_at": STR,
-}  # fmt: skip  # TaskResponse
+    "id": INT,
+    "cluster_name": STR,
+    "task_type": STR,
+    "install_scope": STR,
+    "current_stage": STR,
+    "storage_mode": STR,
+    "status": STR,
+    "error_message": STR,
+    "retry_count": INT,
+    "max_retries": INT,
+    "job_name": STR,
+    "job_namespace": STR,
+    "created_at": STR,
+    "updated_at": STR,
+}  # TaskResponse
 CP_CONFIG = {
-    "id": INT, "key": STR, "value": MAP, "description": STR, "category": STR, "version": INT,
-    "updated_at": STR, "updated_by": STR,
-}  # fmt: skip  # cpconfig.ConfigResponse
+    "id": INT,
+    "key": STR,
+    "value": MAP,
+    "description": STR,
+    "category": STR,
+    "version": INT,
+    "updated_at": STR,
+    "updated_by": STR,
+}  # cpconfig.ConfigResponse
 ONE_CLUSTER = "management/clusters/{cluster_name}"
 MANAGEMENT: dict[str, tuple[str, Any]] = {
     "GET management/clusters": ("[]ClusterConfigResponse", [CLUSTER_CONFIG]),
@@ -865,7 +979,7 @@ MANAGEMENT: dict[str, tuple[str, Any]] = {
             "status": STR,
             "message": STR,
         },
-    ),  # fmt: skip
+    ),
     f"GET {ONE_CLUSTER}/tasks": ("{data: []TaskResponse}", {"data": [INSTALL_TASK]}),
     f"GET {ONE_CLUSTER}/tasks/active": ("TaskResponse", INSTALL_TASK),
     f"GET {ONE_CLUSTER}/tasks/{{task_id}}": ("TaskResponse", INSTALL_TASK),
@@ -903,10 +1017,19 @@ CONTRACT |= {  # the Alert pages' routes served since (issue 70)
 # -- the workload page's remaining calls (issue 71, item 7): not in the original at dd69b3c
 # (the UI's services/dashboard calls them; no page reads them yet) ---------------------------
 WORKLOAD_STATS = {
-    "uid": STR, "name": STR, "namespace": STR, "kind": STR, "start": INT, "end": INT,
-    "instant_gpu_utilization": NUM, "avg_gpu_utilization": NUM, "p50_gpu_utilization": NUM,
-    "p90_gpu_utilization": NUM, "p95_gpu_utilization": NUM, "max_gpu_utilization": NUM,
-}  # fmt: skip
+    "uid": STR,
+    "name": STR,
+    "namespace": STR,
+    "kind": STR,
+    "start": INT,
+    "end": INT,
+    "instant_gpu_utilization": NUM,
+    "avg_gpu_utilization": NUM,
+    "p50_gpu_utilization": NUM,
+    "p90_gpu_utilization": NUM,
+    "p95_gpu_utilization": NUM,
+    "max_gpu_utilization": NUM,
+}
 CONTRACT |= {
     "GET workloads/{uid}/events": (
         f"{OURS}: the timeline's entries (docs/recorder/training.md)",
@@ -926,9 +1049,17 @@ CONTRACT |= {
 # out where empty, so not required here) ------------------------------------------------------
 PYSPY = f"{GO}/api/pkg/api/pyspy/types.go"
 PYSPY_TASK = {
-    "task_id": STR, "status": STR, "pod_uid": STR, "pod_name": STR, "pod_namespace": STR,
-    "node_name": STR, "pid": INT, "duration": INT, "format": STR, "created_at": TIME,
-}  # fmt: skip
+    "task_id": STR,
+    "status": STR,
+    "pod_uid": STR,
+    "pod_name": STR,
+    "pod_namespace": STR,
+    "node_name": STR,
+    "pid": INT,
+    "duration": INT,
+    "format": STR,
+    "created_at": TIME,
+}
 CONTRACT |= {
     "POST workloads/{uid}/process-tree": (
         f"{PYSPY} PodProcessTree",
@@ -950,7 +1081,7 @@ CONTRACT |= {
             "total_python": INT,
             "collected_at": TIME,
         },
-    ),  # fmt: skip
+    ),
     "POST pyspy/sample": (f"{PYSPY} TaskResponse", PYSPY_TASK),
     "GET pyspy/task/{id}": (f"{PYSPY} TaskResponse", PYSPY_TASK),
     "GET pyspy/tasks": (
@@ -977,7 +1108,7 @@ CONTRACT |= {
                 }
             ],
         },
-    ),  # fmt: skip
+    ),
     "POST pyspy/task/{id}/cancel": (
         f"{PYSPY} TaskStatusResponse",
         {"task_id": STR, "status": STR, "message": STR},
@@ -987,32 +1118,75 @@ CONTRACT |= {
 # -- the Profiler Files tab, the TraceLens and trace-viewer pages (issue 71, items 4-6):
 # api/pkg/api/tracelens/profiler_file.go, tracelens/types.go, perfetto/types.go -------------
 PROFILER_FILE = {
-    "id": INT, "file_name": STR, "file_type": STR, "file_size": INT, "workload_uid": STR,
-    "created_at": STR, "rank": INT, "pod_name": STR, "pod_namespace": STR, "node_name": STR,
-    "container": STR, "path": STR, "modified_at": STR, "status": STR, "error": STR,
+    "id": INT,
+    "file_name": STR,
+    "file_type": STR,
+    "file_size": INT,
+    "workload_uid": STR,
+    "created_at": STR,
+    "rank": INT,
+    "pod_name": STR,
+    "pod_namespace": STR,
+    "node_name": STR,
+    "container": STR,
+    "path": STR,
+    "modified_at": STR,
+    "status": STR,
+    "error": STR,
     "fetched_at": STR,
-}  # fmt: skip  # ProfilerFileListItem, and ours beyond it
+}  # ProfilerFileListItem, and ours beyond it
 TRACE_SESSION = {
-    "session_id": STR, "cluster_name": STR, "workload_uid": STR, "profiler_file_id": INT,
-    "profiler_file_ids": [INT], "status": STR, "status_message": STR, "ui_path": STR,
-    "pod_name": STR, "pod_ip": STR, "created_at": TIME, "ready_at": TIME, "expires_at": TIME,
-    "last_accessed_at": TIME, "estimated_ready_seconds": INT,
-}  # fmt: skip  # SessionResponse (both), and ours beyond it
+    "session_id": STR,
+    "cluster_name": STR,
+    "workload_uid": STR,
+    "profiler_file_id": INT,
+    "profiler_file_ids": [INT],
+    "status": STR,
+    "status_message": STR,
+    "ui_path": STR,
+    "pod_name": STR,
+    "pod_ip": STR,
+    "created_at": TIME,
+    "ready_at": TIME,
+    "expires_at": TIME,
+    "last_accessed_at": TIME,
+    "estimated_ready_seconds": INT,
+}  # SessionResponse (both), and ours beyond it
 TRACELENS_SESSION = {**TRACE_SESSION, "resource_profile": STR, "analysis": ANY}
 PERFETTO_SESSION = {**TRACE_SESSION, "viewer_type": STR}
-NO_TRACE = ("404 only here (no trace in this database); tests/recorder/"
-            "test_profiler_files.py checks the shape")  # fmt: skip
+NO_TRACE = (
+    "404 only here (no trace in this database); tests/recorder/"
+    "test_profiler_files.py checks the shape"
+)
 CONTRACT |= {
-    "GET workloads/{uid}/profiler-files": ("tracelens/profiler_file.go []ProfilerFileListItem",
-                                           [PROFILER_FILE]),
-    "GET tracelens/resource-profiles": ("tracelens/types.go ResourceProfilesResponse", {
-        "profiles": [{"value": STR, "label": STR, "description": STR, "memory": STR,
-                      "memory_bytes": INT, "cpu": INT, "is_default": BOOL}]}),
-    "GET tracelens/sessions": ("tracelens/types.go ListSessionsResponse",
-                               {"sessions": [TRACELENS_SESSION], "total": INT}),
+    "GET workloads/{uid}/profiler-files": (
+        "tracelens/profiler_file.go []ProfilerFileListItem",
+        [PROFILER_FILE],
+    ),
+    "GET tracelens/resource-profiles": (
+        "tracelens/types.go ResourceProfilesResponse",
+        {
+            "profiles": [
+                {
+                    "value": STR,
+                    "label": STR,
+                    "description": STR,
+                    "memory": STR,
+                    "memory_bytes": INT,
+                    "cpu": INT,
+                    "is_default": BOOL,
+                }
+            ]
+        },
+    ),
+    "GET tracelens/sessions": (
+        "tracelens/types.go ListSessionsResponse",
+        {"sessions": [TRACELENS_SESSION], "total": INT},
+    ),
     "GET tracelens/workloads/{workload_uid}/sessions": (
         "tracelens/types.go ListSessionsResponse",
-        {"sessions": [TRACELENS_SESSION], "total": INT}),
+        {"sessions": [TRACELENS_SESSION], "total": INT},
+    ),
     "POST tracelens/sessions": (NO_TRACE, TRACELENS_SESSION),
     "GET tracelens/sessions/{session_id}": (NO_TRACE, TRACELENS_SESSION),
     "PATCH tracelens/sessions/{session_id}": (NO_TRACE, TRACELENS_SESSION),
@@ -1021,4 +1195,4 @@ CONTRACT |= {
     "GET perfetto/sessions/{session_id}": (NO_TRACE, PERFETTO_SESSION),
     "PATCH perfetto/sessions/{session_id}": (NO_TRACE, PERFETTO_SESSION),
     "DELETE perfetto/sessions/{session_id}": (NO_TRACE, ANY),
-}  # fmt: skip
+}

@@ -25,15 +25,22 @@ def data(app: Any, path: str) -> Any:
 
 
 def test_an_alert_before_its_pod_is_enriched_once_the_pod_is_known(
-        api: FakeApiServer, recorder_app: Any, db_url: str) -> None:  # fmt: skip
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     api.put("nodes", node("gpu-1", "True", {"amd.com/gpu": "8"}, "10.0.0.11"))
     app = recorder_app(db_url)
     eventually(lambda: len(rows(db_url, "nodes")) == 1, timeout=15)
     # the alert comes first: the pod it names is not known yet
-    r = requests.post(f"http://127.0.0.1:{app.http.port}/v1/alerts/webhook", json={
-        "alert_name": "GPUXid", "severity": "critical",
-        "labels": {"namespace": NS, "pod": "trainer-5d9f-a", "node": "gpu-1"},
-        "annotations": {"summary": "Xid 79 on gpu-1"}}, timeout=hang_guard(10))  # fmt: skip
+    r = requests.post(
+        f"http://127.0.0.1:{app.http.port}/v1/alerts/webhook",
+        json={
+            "alert_name": "GPUXid",
+            "severity": "critical",
+            "labels": {"namespace": NS, "pod": "trainer-5d9f-a", "node": "gpu-1"},
+            "annotations": {"summary": "Xid 79 on gpu-1"},
+        },
+        timeout=hang_guard(10),
+    )
     assert r.status_code == 200 and r.json()["data"]["new"] == 1, r.text
     (stored,) = rows(db_url, "alert_events")
     assert (stored["workload_id"], stored["pod_id"]) == ("", "")
@@ -42,15 +49,21 @@ def test_an_alert_before_its_pod_is_enriched_once_the_pod_is_known(
     p = gpu_pod("trainer-5d9f-a", "trainer-5d9f", "amd.com/gpu", 1, "gpu-1")
     api.put("pods", p)
     api.put("pods", state(p, "Running", True))
-    eventually(lambda: any(r["pod_uid"] == "uid-trainer-5d9f-a"
-                           for r in rows(db_url, "workload_pod_references")),
-               timeout=15)  # fmt: skip
+    eventually(
+        lambda: any(
+            r["pod_uid"] == "uid-trainer-5d9f-a" for r in rows(db_url, "workload_pod_references")
+        ),
+        timeout=15,
+    )
     # the leader's job (every few seconds) finds it
-    eventually(lambda: rows(db_url, "alert_events")[0]["workload_id"] == U["trainer"],
-               timeout=30)  # fmt: skip
+    eventually(lambda: rows(db_url, "alert_events")[0]["workload_id"] == U["trainer"], timeout=30)
     got = data(app, f"alerts/{stored['id']}")
     assert (got["workload_id"], got["workload_name"], got["pod_name"], got["node_name"]) == (
-        U["trainer"], "trainer", "trainer-5d9f-a", "gpu-1")  # fmt: skip
+        U["trainer"],
+        "trainer",
+        "trainer-5d9f-a",
+        "gpu-1",
+    )
     assert got["enriched_data"]["workload_info"]["uid"] == U["trainer"]
     assert got["enriched_data"]["pod_info"]["name"] == "trainer-5d9f-a"
     assert app.alerts.jobs.enriched_late == 1
@@ -58,7 +71,8 @@ def test_an_alert_before_its_pod_is_enriched_once_the_pod_is_known(
     timeline = data(app, f"workloads/{U['trainer']}/timeline")
     alerts = [e for e in timeline["entries"] if e["type"] == "alert"]
     assert [(e["pod"], e["node"], e["detail"]["alert_id"]) for e in alerts] == [
-        ("trainer-5d9f-a", "gpu-1", stored["id"])]  # fmt: skip
+        ("trainer-5d9f-a", "gpu-1", stored["id"])
+    ]
 
 
 def test_an_alert_is_looked_at_a_bounded_number_of_times() -> None:

@@ -35,19 +35,40 @@ from tests.recorder.test_remote_write import NVIDIA, V1, Receiver, started
 from tests.recorder.test_training import fluent_bit
 
 # what no answer may hold: a statement, a traceback, the driver's or SQLAlchemy's words
-LEAKS = ("SELECT", "INSERT", "Traceback", "psycopg", "sqlalchemy", "sqlite3", "Background on",
-         "connection to server", "File \"")  # fmt: skip
+LEAKS = (
+    "SELECT",
+    "INSERT",
+    "Traceback",
+    "psycopg",
+    "sqlalchemy",
+    "sqlite3",
+    "Background on",
+    "connection to server",
+    'File "',
+)
 # (a+)+$ on a's then one other character: Python's re tries every split of the a's (27 took
 # 6 s and each more doubles it); RE2 answers in microseconds
 PATHOLOGICAL = "(a+)+$"
 SLOW = "a" * 30 + "!"
 
 
-def call(app: Any, method: str, path: str, body: Any = None, data: bytes | None = None,
-         headers: dict[str, str] | None = None) -> tuple[int, Any, str]:  # fmt: skip
+def call(
+    app: Any,
+    method: str,
+    path: str,
+    body: Any = None,
+    data: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any, str]:
     """(status, the JSON answer, its text): the text checked for what must not leak."""
-    r = requests.request(method, f"http://127.0.0.1:{app.http.port}{path}", json=body,
-                         data=data, headers=headers, timeout=hang_guard(15))  # fmt: skip
+    r = requests.request(
+        method,
+        f"http://127.0.0.1:{app.http.port}{path}",
+        json=body,
+        data=data,
+        headers=headers,
+        timeout=hang_guard(15),
+    )
     assert not any(leak in r.text for leak in LEAKS), (path, r.text)
     try:
         got = r.json()
@@ -62,8 +83,9 @@ def ok(app: Any, method: str, path: str, body: Any = None) -> Any:
     return got["data"]
 
 
-def refused(app: Any, method: str, path: str, body: Any, *said: str,
-            data: bytes | None = None) -> str:  # fmt: skip
+def refused(
+    app: Any, method: str, path: str, body: Any, *said: str, data: bytes | None = None
+) -> str:
     """400/4001 (or the seed's 400 {"error"}), its message holding each of said."""
     headers = {"Content-Type": "application/json"} if data is not None else None
     status, got, text = call(app, method, path, body, data, headers)
@@ -74,75 +96,150 @@ def refused(app: Any, method: str, path: str, body: Any, *said: str,
     return str(message)
 
 
-LOG_RULE = {"name": "r", "cluster_name": "", "enabled": True, "match_type": "pattern",
-            "match_config": {"pattern": "oom"}, "label_selectors": [], "severity": "warning",
-            "alert_template": {"summary": "s"}}  # fmt: skip
+LOG_RULE = {
+    "name": "r",
+    "cluster_name": "",
+    "enabled": True,
+    "match_type": "pattern",
+    "match_config": {"pattern": "oom"},
+    "label_selectors": [],
+    "severity": "warning",
+    "alert_template": {"summary": "s"},
+}
 
 
 # -- (3) one regular expression cannot freeze the service ------------------------------------
-def test_a_pathological_pattern_cannot_hold_the_service(api: FakeApiServer, recorder_app: Any,
-                                                       db_url: str) -> None:  # fmt: skip
+def test_a_pathological_pattern_cannot_hold_the_service(
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     app = recorder_app(db_url)
     # the rule tester (each call bounded by the hang guard: Python's re would take minutes)
     assert ok(
         app, "POST", "log-alert-rules/test", {"pattern": PATHOLOGICAL, "sample_log": SLOW}
     ) == {"matched": False, "captures": []}
-    assert ok(app, "POST", "log-alert-rules/test", {
-        "pattern": "(a+)+!$", "sample_log": SLOW, "flags": {"case_insensitive": True}}) == {
-        "matched": True, "captures": ["a" * 30]}  # fmt: skip
+    assert ok(
+        app,
+        "POST",
+        "log-alert-rules/test",
+        {"pattern": "(a+)+!$", "sample_log": SLOW, "flags": {"case_insensitive": True}},
+    ) == {"matched": True, "captures": ["a" * 30]}
     # saved as a log rule (and as a label selector's regex): every line goes through it
-    ok(app, "POST", "log-alert-rules", {**LOG_RULE, "name": "slow",
-                                        "match_config": {"pattern": PATHOLOGICAL}})  # fmt: skip
-    ok(app, "POST", "log-alert-rules", {**LOG_RULE, "name": "slow-selector", "label_selectors": [
-        {"key": "pod", "operator": "=~", "value": PATHOLOGICAL}]})  # fmt: skip
+    ok(
+        app,
+        "POST",
+        "log-alert-rules",
+        {**LOG_RULE, "name": "slow", "match_config": {"pattern": PATHOLOGICAL}},
+    )
+    ok(
+        app,
+        "POST",
+        "log-alert-rules",
+        {
+            **LOG_RULE,
+            "name": "slow-selector",
+            "label_selectors": [{"key": "pod", "operator": "=~", "value": PATHOLOGICAL}],
+        },
+    )
     app.alerts.log_rules.invalidate()
     line = fluent_bit(SLOW, [SLOW, "a" * 30], [time.time(), time.time()])
     for rec in line:
         rec["kubernetes"]["namespace_name"] = NS
-    status, got, text = call(app, "POST", "/logs", data=json.dumps(line).encode(),
-                             headers={"Content-Type": "application/json"})  # fmt: skip
+    status, got, text = call(
+        app,
+        "POST",
+        "/logs",
+        data=json.dumps(line).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     assert status == 200 and got["data"]["lines"] == 2, text
     assert app.alerts.log_rules.counts.matched == 1  # "aaa...a" matches (a+)+$, SLOW not
     # a silence's regex matcher, tried on every alert that comes in
-    ok(app, "POST", "alert-silences", {"name": "slow", "silence_type": "label",
-                                       "label_matchers": [{"name": "x", "operator": "=~",
-                                                           "value": PATHOLOGICAL}]})  # fmt: skip
-    status, got, text = call(app, "POST", "/v1/alerts/webhook", {
-        "alert_name": "Slow", "labels": {"x": SLOW}})  # fmt: skip
+    ok(
+        app,
+        "POST",
+        "alert-silences",
+        {
+            "name": "slow",
+            "silence_type": "label",
+            "label_matchers": [{"name": "x", "operator": "=~", "value": PATHOLOGICAL}],
+        },
+    )
+    status, got, text = call(
+        app, "POST", "/v1/alerts/webhook", {"alert_name": "Slow", "labels": {"x": SLOW}}
+    )
     assert status == 200 and got["data"]["silenced"] == 0, text
-    status, got, text = call(app, "POST", "/v1/alerts/webhook", {
-        "alert_name": "Slow", "labels": {"x": "a" * 30, "y": "1"}})  # fmt: skip
+    status, got, text = call(
+        app,
+        "POST",
+        "/v1/alerts/webhook",
+        {"alert_name": "Slow", "labels": {"x": "a" * 30, "y": "1"}},
+    )
     assert status == 200 and got["data"]["silenced"] == 1, text
 
 
-@pytest.mark.parametrize(("pattern", "reason"), [
-    (r"(a)\1", r"invalid escape sequence: \1"),  # a backreference
-    ("a(?=b)", "invalid perl operator: (?="),  # look-ahead
-    ("(?<!a)b", "invalid perl operator: (?<"),  # look-behind
-])  # fmt: skip
-def test_syntax_re2_refuses_is_400_naming_the_field(api: FakeApiServer, recorder_app: Any,
-                                                   tmp_path: Path, pattern: str,
-                                                   reason: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("pattern", "reason"),
+    [
+        (r"(a)\1", r"invalid escape sequence: \1"),  # a backreference
+        ("a(?=b)", "invalid perl operator: (?="),  # look-ahead
+        ("(?<!a)b", "invalid perl operator: (?<"),  # look-behind
+    ],
+)
+def test_syntax_re2_refuses_is_400_naming_the_field(
+    api: FakeApiServer, recorder_app: Any, tmp_path: Path, pattern: str, reason: str
+) -> None:
     app = recorder_app(f"sqlite:///{tmp_path / 'r.db'}")
-    refused(app, "POST", "/v1/log-alert-rules/test", {"pattern": pattern, "sample_log": "ab"},
-            "pattern=", reason)  # fmt: skip
-    refused(app, "POST", "/v1/log-alert-rules",
-            {**LOG_RULE, "match_config": {"pattern": pattern}}, "match_config.pattern=",
-            reason)  # fmt: skip
-    refused(app, "POST", "/v1/log-alert-rules", {**LOG_RULE, "label_selectors": [
-        {"key": "pod", "operator": "=~", "value": pattern}]}, "label_selectors[0].value=",
-        reason)  # fmt: skip
-    refused(app, "POST", "/v1/alert-silences", {"name": "s", "silence_type": "label",
-                                                "label_matchers": [
-                                                    {"name": "x", "operator": "=", "value": "y"},
-                                                    {"name": "x", "operator": "!~",
-                                                     "value": pattern}]},
-            "label_matchers[1].value=", reason)  # fmt: skip
-    refused(app, "POST", "/v1/alert-silences", {"name": "s", "silence_type": "resource",
-                                                "resource_filters": [{
-                                                    "resource_type": "pod", "operator": "=~",
-                                                    "value": pattern}]},
-            "resource_filters[0].value=", reason)  # fmt: skip
+    refused(
+        app,
+        "POST",
+        "/v1/log-alert-rules/test",
+        {"pattern": pattern, "sample_log": "ab"},
+        "pattern=",
+        reason,
+    )
+    refused(
+        app,
+        "POST",
+        "/v1/log-alert-rules",
+        {**LOG_RULE, "match_config": {"pattern": pattern}},
+        "match_config.pattern=",
+        reason,
+    )
+    refused(
+        app,
+        "POST",
+        "/v1/log-alert-rules",
+        {**LOG_RULE, "label_selectors": [{"key": "pod", "operator": "=~", "value": pattern}]},
+        "label_selectors[0].value=",
+        reason,
+    )
+    refused(
+        app,
+        "POST",
+        "/v1/alert-silences",
+        {
+            "name": "s",
+            "silence_type": "label",
+            "label_matchers": [
+                {"name": "x", "operator": "=", "value": "y"},
+                {"name": "x", "operator": "!~", "value": pattern},
+            ],
+        },
+        "label_matchers[1].value=",
+        reason,
+    )
+    refused(
+        app,
+        "POST",
+        "/v1/alert-silences",
+        {
+            "name": "s",
+            "silence_type": "resource",
+            "resource_filters": [{"resource_type": "pod", "operator": "=~", "value": pattern}],
+        },
+        "resource_filters[0].value=",
+        reason,
+    )
     assert rows(f"sqlite:///{tmp_path / 'r.db'}", "alert_silences") == []
 
 
@@ -174,8 +271,15 @@ class Hook:
         self.server.server_close()
 
 
-SECRETS = ("hunter2", "ding-secret", "ding-token", "wechat-secret", "tok-123", "pw-in-url",
-           "url-tok")  # fmt: skip
+SECRETS = (
+    "hunter2",
+    "ding-secret",
+    "ding-token",
+    "wechat-secret",
+    "tok-123",
+    "pw-in-url",
+    "url-tok",
+)
 
 
 def test_channel_secrets_never_leave(api: FakeApiServer, recorder_app: Any, db_url: str) -> None:
@@ -183,30 +287,46 @@ def test_channel_secrets_never_leave(api: FakeApiServer, recorder_app: Any, db_u
     hook = Hook()
     try:
         configs = {
-            "email": {"smtp_host": "smtp.example", "smtp_port": 587, "from": "a@example",
-                      "username": "alerts", "password": "hunter2"},
-            "dingtalk": {"webhook_url": "https://oapi.dingtalk.com/robot/send?"
-                                        "access_token=ding-token", "secret": "ding-secret"},
+            "email": {
+                "smtp_host": "smtp.example",
+                "smtp_port": 587,
+                "from": "a@example",
+                "username": "alerts",
+                "password": "hunter2",
+            },
+            "dingtalk": {
+                "webhook_url": "https://oapi.dingtalk.com/robot/send?" "access_token=ding-token",
+                "secret": "ding-secret",
+            },
             "wechat": {"corp_id": "ww1", "agent_id": 1000002, "secret": "wechat-secret"},
-            "webhook": {"url": f"http://bob:pw-in-url@127.0.0.1:{hook.port}/hook?token=url-tok",
-                        "headers": {"Authorization": "Bearer tok-123",
-                                    "Content-Type": "application/json"}, "timeout": 5},
-        }  # fmt: skip
+            "webhook": {
+                "url": f"http://bob:pw-in-url@127.0.0.1:{hook.port}/hook?token=url-tok",
+                "headers": {"Authorization": "Bearer tok-123", "Content-Type": "application/json"},
+                "timeout": 5,
+            },
+        }
         made = {}
         for kind, cfg in configs.items():
-            status, got, text = call(app, "POST", "/v1/notification-channels",
-                                     {"name": kind, "type": kind, "config": cfg})  # fmt: skip
+            status, got, text = call(
+                app,
+                "POST",
+                "/v1/notification-channels",
+                {"name": kind, "type": kind, "config": cfg},
+            )
             assert status == 200 and not any(s in text for s in SECRETS), text
             made[kind] = got["data"]
         shown = made["webhook"]["config"]
-        assert shown == {"url": f"http://<secret>@127.0.0.1:{hook.port}/hook?token=<secret>",
-                         "headers": {"Authorization": "<secret>",
-                                     "Content-Type": "application/json"},
-                         "timeout": 5}  # fmt: skip
+        assert shown == {
+            "url": f"http://<secret>@127.0.0.1:{hook.port}/hook?token=<secret>",
+            "headers": {"Authorization": "<secret>", "Content-Type": "application/json"},
+            "timeout": 5,
+        }
         assert made["email"]["config"]["password"] == "<secret>"
         assert made["email"]["config"]["username"] == "alerts"
-        assert made["dingtalk"]["config"] == {"webhook_url": "https://oapi.dingtalk.com/<secret>",
-                                              "secret": "<secret>"}  # fmt: skip
+        assert made["dingtalk"]["config"] == {
+            "webhook_url": "https://oapi.dingtalk.com/<secret>",
+            "secret": "<secret>",
+        }
         # every read: the list, each channel, the answer to an update
         reads = [
             "/v1/notification-channels?limit=100",
@@ -218,9 +338,12 @@ def test_channel_secrets_never_leave(api: FakeApiServer, recorder_app: Any, db_u
             assert status == 200 and not any(s in text for s in SECRETS), text
         # the edit form sends back what it was shown: the stored values are kept
         for kind, c in made.items():
-            status, _, text = call(app, "PUT", f"/v1/notification-channels/{c['id']}",
-                                   {"name": kind, "type": kind, "description": "edited",
-                                    "config": c["config"]})  # fmt: skip
+            status, _, text = call(
+                app,
+                "PUT",
+                f"/v1/notification-channels/{c['id']}",
+                {"name": kind, "type": kind, "description": "edited", "config": c["config"]},
+            )
             assert status == 200 and not any(s in text for s in SECRETS), text
         stored = {r["type"]: r for r in rows(db_url, "notification_channels")}
         assert {k: stored[k]["config"] for k in configs} == configs
@@ -229,12 +352,22 @@ def test_channel_secrets_never_leave(api: FakeApiServer, recorder_app: Any, db_u
         # is refused, not stored
         email = {**made["email"]["config"], "password": "new-pw"}
         ok(app, "PUT", f"notification-channels/{made['email']['id']}", {"config": email})
-        refused(app, "PUT", f"/v1/notification-channels/{made['webhook']['id']}",
-                {"config": {**shown, "url": "http://<secret>@elsewhere/hook"}},
-                "config.url", "<secret>")  # fmt: skip
-        refused(app, "POST", "/v1/notification-channels", {
-            "name": "new", "type": "dingtalk", "config": made["dingtalk"]["config"]},
-            "config.webhook_url", "<secret>")  # fmt: skip
+        refused(
+            app,
+            "PUT",
+            f"/v1/notification-channels/{made['webhook']['id']}",
+            {"config": {**shown, "url": "http://<secret>@elsewhere/hook"}},
+            "config.url",
+            "<secret>",
+        )
+        refused(
+            app,
+            "POST",
+            "/v1/notification-channels",
+            {"name": "new", "type": "dingtalk", "config": made["dingtalk"]["config"]},
+            "config.webhook_url",
+            "<secret>",
+        )
         stored = {r["type"]: r for r in rows(db_url, "notification_channels")}
         assert stored["email"]["config"]["password"] == "new-pw"
         assert stored["webhook"]["config"] == configs["webhook"]
@@ -252,8 +385,9 @@ def test_channel_secrets_never_leave(api: FakeApiServer, recorder_app: Any, db_u
 
 
 # -- (7) bad input is a 4xx, never a 5xx ------------------------------------------------------
-def test_bad_parameters_are_400_naming_them(api: FakeApiServer, recorder_app: Any,
-                                           db_url: str) -> None:  # fmt: skip
+def test_bad_parameters_are_400_naming_them(
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     app = recorder_app(db_url)
     big = "9223372036854775808"  # one past a BIGINT
     cases = [
@@ -293,37 +427,81 @@ def deep(body: Any, depth: int) -> bytes:
     return json.dumps(body).encode().replace(b'"<deep>"', b"[" * depth + b'"x"' + b"]" * depth)
 
 
-def test_bad_bodies_are_400_naming_the_field(api: FakeApiServer, recorder_app: Any,
-                                            db_url: str) -> None:  # fmt: skip
+def test_bad_bodies_are_400_naming_the_field(
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     app = recorder_app(db_url)
     silence = {"name": "s", "silence_type": "alert_name", "alert_names": ["A"]}
-    refused(app, "POST", "/v1/alert-silences", None, "reason", "nested deeper than",
-            data=deep({**silence, "reason": "<deep>"}, 1000))  # fmt: skip
-    refused(app, "POST", "/v1/alert-silences", {**silence, "name": "a\x00b"}, "name",
-            "NUL")  # fmt: skip
-    refused(app, "POST", "/v1/alert-silences", {**silence, "alert_names": ["A", "B\x00"]},
-            "alert_names[1]", "NUL")  # fmt: skip
-    refused(app, "POST", "/v1/log-alert-rules", {**LOG_RULE, "priority": 2**63}, "priority=",
-            "out of range")  # fmt: skip
-    refused(app, "POST", "/v1/log-alert-rules", {**LOG_RULE, "priority": "99999999999"},
-            "priority=", "out of range")  # fmt: skip
-    refused(app, "POST", "/v1/log-alert-rules", {**LOG_RULE, "match_config": {
-        "pattern": "x", "threshold": {"count": 2, "time_window": "9" * 5000}}},
-        "match_config.threshold.time_window", "a duration")  # fmt: skip
-    refused(app, "POST", "/v1/log-alert-rules/batch-update",
-            {"rule_ids": [1, "99999999999999999999999"], "enabled": True}, "rule_ids[1]",
-            "out of range")  # fmt: skip
+    refused(
+        app,
+        "POST",
+        "/v1/alert-silences",
+        None,
+        "reason",
+        "nested deeper than",
+        data=deep({**silence, "reason": "<deep>"}, 1000),
+    )
+    refused(app, "POST", "/v1/alert-silences", {**silence, "name": "a\x00b"}, "name", "NUL")
+    refused(
+        app,
+        "POST",
+        "/v1/alert-silences",
+        {**silence, "alert_names": ["A", "B\x00"]},
+        "alert_names[1]",
+        "NUL",
+    )
+    refused(
+        app,
+        "POST",
+        "/v1/log-alert-rules",
+        {**LOG_RULE, "priority": 2**63},
+        "priority=",
+        "out of range",
+    )
+    refused(
+        app,
+        "POST",
+        "/v1/log-alert-rules",
+        {**LOG_RULE, "priority": "99999999999"},
+        "priority=",
+        "out of range",
+    )
+    refused(
+        app,
+        "POST",
+        "/v1/log-alert-rules",
+        {
+            **LOG_RULE,
+            "match_config": {"pattern": "x", "threshold": {"count": 2, "time_window": "9" * 5000}},
+        },
+        "match_config.threshold.time_window",
+        "a duration",
+    )
+    refused(
+        app,
+        "POST",
+        "/v1/log-alert-rules/batch-update",
+        {"rule_ids": [1, "99999999999999999999999"], "enabled": True},
+        "rule_ids[1]",
+        "out of range",
+    )
     # JSON has no infinity: a number past a double's range is not taken
-    status, got, text = call(app, "POST", "/v1/notification-channels", data=b'{"name": 1e400}',
-                             headers={"Content-Type": "application/json"})  # fmt: skip
+    status, got, text = call(
+        app,
+        "POST",
+        "/v1/notification-channels",
+        data=b'{"name": 1e400}',
+        headers={"Content-Type": "application/json"},
+    )
     assert status == 400 and "not JSON" in got["meta"]["message"], text
     assert rows(db_url, "alert_silences") == []
     assert not [r for r in rows(db_url, "log_alert_rules") if r["name"] == LOG_RULE["name"]]
     # POST /logs: a body nested past any parser's depth, a record nested past Python's
     # recursion where it is read (its time), a NUL in its pod: the rest of it taken
     too_deep = b"[" * 5000 + b"]" * 5000
-    status, got, text = call(app, "POST", "/logs", data=too_deep,
-                             headers={"Content-Type": "application/json"})  # fmt: skip
+    status, got, text = call(
+        app, "POST", "/logs", data=too_deep, headers={"Content-Type": "application/json"}
+    )
     assert status == 400 and "not a JSON array of records" in got["meta"]["message"], text
     good = fluent_bit("bert-worker-0", ["a line"], [time.time()])[0]
     records = [
@@ -331,25 +509,37 @@ def test_bad_bodies_are_400_naming_the_field(api: FakeApiServer, recorder_app: A
         {**good, "date": "<deep>"},
         {**good, "kubernetes": {**good["kubernetes"], "pod_name": "p\x00"}},
     ]
-    status, got, text = call(app, "POST", "/logs", data=deep(records, 900),
-                             headers={"Content-Type": "application/json"})  # fmt: skip
+    status, got, text = call(
+        app, "POST", "/logs", data=deep(records, 900), headers={"Content-Type": "application/json"}
+    )
     assert status == 200 and (got["data"]["lines"], got["data"]["malformed"]) == (1, 2), text
-    lines = b"\n".join([json.dumps(good).encode(), b"[" * 3000 + b"]" * 3000,
-                        deep({**good, "date": "<deep>"}, 900)])  # fmt: skip
-    status, got, text = call(app, "POST", "/logs", data=b"{}\n" + lines,
-                             headers={"Content-Type": "application/json"})  # fmt: skip
+    lines = b"\n".join(
+        [
+            json.dumps(good).encode(),
+            b"[" * 3000 + b"]" * 3000,
+            deep({**good, "date": "<deep>"}, 900),
+        ]
+    )
+    status, got, text = call(
+        app, "POST", "/logs", data=b"{}\n" + lines, headers={"Content-Type": "application/json"}
+    )
     assert status == 200 and got["data"]["lines"] == 1, text
 
 
 def alert(name: str, **over: Any) -> dict[str, Any]:
-    return {"status": "firing", "labels": {"alertname": name, "severity": "warning",
-                                           "node": "gpu-1"},
-            "annotations": {"summary": name}, "startsAt": "2026-01-01T00:00:00Z",
-            "endsAt": "0001-01-01T00:00:00Z", **over}  # fmt: skip
+    return {
+        "status": "firing",
+        "labels": {"alertname": name, "severity": "warning", "node": "gpu-1"},
+        "annotations": {"summary": name},
+        "startsAt": "2026-01-01T00:00:00Z",
+        "endsAt": "0001-01-01T00:00:00Z",
+        **over,
+    }
 
 
-def test_an_alertmanager_batch_keeps_its_good_alerts(api: FakeApiServer, recorder_app: Any,
-                                                    db_url: str) -> None:  # fmt: skip
+def test_an_alertmanager_batch_keeps_its_good_alerts(
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     app = recorder_app(db_url)
     body = {
         "version": "4",
@@ -374,18 +564,19 @@ def test_an_alertmanager_batch_keeps_its_good_alerts(api: FakeApiServer, recorde
     assert message.startswith("4 of 7 alerts refused, the others stored: "), message
     assert got["data"]["refused"] == [
         "alerts[2] (alertname='BadTime'): startsAt='yesterday': an RFC 3339 time is required",
-        f"alerts[3] (alertname='{'x' * 55}...'): "
-        "labels.alertname: longer than 253 characters",
+        f"alerts[3] (alertname='{'x' * 55}...'): " "labels.alertname: longer than 253 characters",
         "alerts[4] (alertname='GoodTwo'): fingerprint: longer than 64 characters",
         "alerts[5] (alertname='Deep'): annotations.more" + "[0]" * 30 + ": nested deeper "
-        "than 32 levels"]  # fmt: skip
+        "than 32 levels",
+    ]
     assert (got["data"]["received"], got["data"]["new"]) == (7, 3)
     stored = {r["alert_name"]: r for r in rows(db_url, "alert_events")}
     assert sorted(stored) == ["Disk\ufffdFull", "GoodOne", "GoodThree"]
     assert stored["Disk\ufffdFull"]["annotations"] == {"summary": "a\ufffdb"}
     assert stored["GoodThree"]["pod_name"] == "p" * 253  # cut to its column: stored
-    assert metric(app, 'lens_recorder_alerts_received_total{source="metric",outcome="refused"}') \
-        == 4  # fmt: skip
+    assert (
+        metric(app, 'lens_recorder_alerts_received_total{source="metric",outcome="refused"}') == 4
+    )
     # sent again (Alertmanager's next group_interval): the stored ones unchanged
     status, got, _ = call(app, "POST", "/v1/alerts/metric", body)
     assert status == 400 and (got["data"]["new"], got["data"]["unchanged"]) == (0, 3)
@@ -402,8 +593,9 @@ def pg(postgres: pglab.Postgres) -> pglab.Postgres:
     return postgres
 
 
-def test_an_outage_is_503_logged_once(api: FakeApiServer, recorder_app: Any, pg: pglab.Postgres,
-                                      caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_an_outage_is_503_logged_once(
+    api: FakeApiServer, recorder_app: Any, pg: pglab.Postgres, caplog: pytest.LogCaptureFixture
+) -> None:
     url = pg.create_database("bad_input_outage")
     app = recorder_app(url)
     assert ok(app, "GET", "alerts")["total"] == 0
@@ -422,17 +614,21 @@ def test_an_outage_is_503_logged_once(api: FakeApiServer, recorder_app: Any, pg:
                 status, got, text = call(app, method, path, body)
                 assert status == 503, (path, text)
                 assert got.get("error", "").startswith("database unavailable") or (
-                    got["meta"]["code"], got["meta"]["message"]) == (
-                    5003, "database unavailable: OperationalError"), (path, text)  # fmt: skip
+                    got["meta"]["code"],
+                    got["meta"]["message"],
+                ) == (5003, "database unavailable: OperationalError"), (path, text)
     finally:
         pg.start()
     assert ok(app, "GET", "alerts")["total"] == 0
     said = [r for r in caplog.records if r.name.startswith("lens_ebpf.recorder.api")]
     assert [(r.levelname, r.getMessage()) for r in said] == [
-        ("WARNING", "recorder: the database is unavailable to requests (OperationalError); "
-                    "they are answered 503 until it is back"),
-        ("INFO", "recorder: the database answers requests again (18 answered 503 "
-                 "meanwhile)")]  # fmt: skip
+        (
+            "WARNING",
+            "recorder: the database is unavailable to requests (OperationalError); "
+            "they are answered 503 until it is back",
+        ),
+        ("INFO", "recorder: the database answers requests again (18 answered 503 " "meanwhile)"),
+    ]
     assert not [
         r
         for r in caplog.records
@@ -441,11 +637,25 @@ def test_an_outage_is_503_logged_once(api: FakeApiServer, recorder_app: Any, pg:
 
 
 # -- (8) metric rules Prometheus would refuse are refused ------------------------------------
-RULE = {"name": "gpu-hot", "enabled": True,
-        "groups": [{"name": "g", "interval": "30s", "rules": [
-            {"alert": "GPUHot", "expr": "DCGM_FI_DEV_GPU_TEMP > 90", "for": "5m",
-             "labels": {"severity": "critical"},
-             "annotations": {"summary": "{{ $labels.gpu }} is hot"}}]}]}  # fmt: skip
+RULE = {
+    "name": "gpu-hot",
+    "enabled": True,
+    "groups": [
+        {
+            "name": "g",
+            "interval": "30s",
+            "rules": [
+                {
+                    "alert": "GPUHot",
+                    "expr": "DCGM_FI_DEV_GPU_TEMP > 90",
+                    "for": "5m",
+                    "labels": {"severity": "critical"},
+                    "annotations": {"summary": "{{ $labels.gpu }} is hot"},
+                }
+            ],
+        }
+    ],
+}
 
 
 def with_rule(**over: Any) -> dict[str, Any]:
@@ -453,45 +663,75 @@ def with_rule(**over: Any) -> dict[str, Any]:
     return {**RULE, "groups": [{**g, "rules": [{**g["rules"][0], **over}]}]}
 
 
-def test_metric_rules_are_checked_before_they_are_stored(api: FakeApiServer, recorder_app: Any,
-                                                        db_url: str,
-                                                        tmp_path: Path) -> None:  # fmt: skip
+def test_metric_rules_are_checked_before_they_are_stored(
+    api: FakeApiServer, recorder_app: Any, db_url: str, tmp_path: Path
+) -> None:
     rules_file = tmp_path / "lens-rules.yml"
     app = recorder_app(db_url, alerts__rules_file=str(rules_file))
     at = "groups[0].rules[0]"
     for over, said in (
-        ({"expr": "up == (("}, f"{at}.expr: could not parse expression: unclosed left "
-                               "parenthesis"),
-        ({"expr": "rate(up[5m]) > bogus(up)"}, f"{at}.expr: could not parse expression: "
-                                               "unknown function with name 'bogus'"),
+        (
+            {"expr": "up == (("},
+            f"{at}.expr: could not parse expression: unclosed left " "parenthesis",
+        ),
+        (
+            {"expr": "rate(up[5m]) > bogus(up)"},
+            f"{at}.expr: could not parse expression: " "unknown function with name 'bogus'",
+        ),
         ({"for": "soon"}, f'{at}.for: not a valid duration string: "soon"'),
         ({"for": "5"}, f'{at}.for: not a valid duration string: "5"'),
-        ({"keep_firing_for": "1.5h"}, f'{at}.keep_firing_for: not a valid duration string'),
+        ({"keep_firing_for": "1.5h"}, f"{at}.keep_firing_for: not a valid duration string"),
         ({"labels": {"gpu-model": "x"}}, f"{at}.labels: invalid label name: gpu-model"),
-        ({"annotations": {"summary": "{{ $labels.gpu "}}, f"{at}.annotations.summary: "
-                                                          "template: unclosed action"),
-    ):  # fmt: skip
+        (
+            {"annotations": {"summary": "{{ $labels.gpu "}},
+            f"{at}.annotations.summary: " "template: unclosed action",
+        ),
+    ):
         refused(app, "POST", "/v1/metric-alert-rules", with_rule(**over), said)
-    refused(app, "POST", "/v1/metric-alert-rules",
-            {**RULE, "groups": [{**RULE["groups"][0], "interval": "soon"}]},
-            'groups[0].interval: not a valid duration string: "soon"')  # fmt: skip
-    refused(app, "POST", "/v1/metric-alert-rules",
-            {**RULE, "groups": RULE["groups"] * 2}, 'groups[1].name: groupname: "g" is '
-            "repeated in the same file")  # fmt: skip
+    refused(
+        app,
+        "POST",
+        "/v1/metric-alert-rules",
+        {**RULE, "groups": [{**RULE["groups"][0], "interval": "soon"}]},
+        'groups[0].interval: not a valid duration string: "soon"',
+    )
+    refused(
+        app,
+        "POST",
+        "/v1/metric-alert-rules",
+        {**RULE, "groups": RULE["groups"] * 2},
+        'groups[1].name: groupname: "g" is ' "repeated in the same file",
+    )
     rid = ok(app, "POST", "metric-alert-rules", RULE)["rule_id"]
-    refused(app, "PUT", f"/v1/metric-alert-rules/{rid}", with_rule(expr="up == (("),
-            "could not parse expression")  # fmt: skip
+    refused(
+        app,
+        "PUT",
+        f"/v1/metric-alert-rules/{rid}",
+        with_rule(expr="up == (("),
+        "could not parse expression",
+    )
     assert ok(app, "GET", f"metric-alert-rules/{rid}")["groups"] == RULE["groups"]
     # a rule stored before these checks: left out of the file, its sync failed, saying why
     eng = create_engine(db_url)
     try:
         with eng.begin() as conn:
             now = datetime.now(UTC)
-            conn.execute(schema.metric_alert_rules.insert().values(
-                name="legacy", cluster_name=app.cfg.recorder.cluster_name, enabled=True,
-                groups=with_rule(expr="up == ((", **{"for": "soon"})["groups"],
-                description="", labels={}, built_in=False, sync_status="pending",
-                sync_message="", created_by="old", created_at=now, updated_at=now))  # fmt: skip
+            conn.execute(
+                schema.metric_alert_rules.insert().values(
+                    name="legacy",
+                    cluster_name=app.cfg.recorder.cluster_name,
+                    enabled=True,
+                    groups=with_rule(expr="up == ((", **{"for": "soon"})["groups"],
+                    description="",
+                    labels={},
+                    built_in=False,
+                    sync_status="pending",
+                    sync_message="",
+                    created_by="old",
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
     finally:
         eng.dispose()
     synced = ok(app, "POST", "metric-alert-rules/sync", {})
@@ -507,8 +747,12 @@ def test_metric_rules_are_checked_before_they_are_stored(api: FakeApiServer, rec
 def promtool_checks(path: Path) -> None:
     """Prometheus's own check of a rules file (Debian's promtool: scripts/setup.sh test)."""
     try:
-        check = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True,
-                               text=True, timeout=hang_guard(30))  # fmt: skip
+        check = subprocess.run(
+            ["promtool", "check", "rules", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=hang_guard(30),
+        )
     except FileNotFoundError:
         pytest.skip("promtool is not installed (scripts/setup.sh test installs prometheus)")
     assert check.returncode == 0, check.stdout + check.stderr
@@ -523,32 +767,46 @@ def series(labels: dict[str, str], value: float = 1.0) -> bytes:
     return wire.field(0x0A, ts.SerializeToString())
 
 
-GOOD = {"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": NVIDIA,
-        "UUID": "GPU-c2f76b33-7953-256e-8f33-1343419b1a1c"}  # fmt: skip
+GOOD = {
+    "__name__": "DCGM_FI_DEV_GPU_UTIL",
+    "Hostname": NVIDIA,
+    "UUID": "GPU-c2f76b33-7953-256e-8f33-1343419b1a1c",
+}
 
 
-def test_remote_write_keeps_the_good_samples_of_a_batch(api: FakeApiServer, recorder_app: Any,
-                                                       db_url: str) -> None:  # fmt: skip
+def test_remote_write_keeps_the_good_samples_of_a_batch(
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     receiver = Receiver()
     try:
         app = started(api, recorder_app, db_url, remote_write__url=receiver.url)
         # a label value no GPU index is (a superscript two, 5,000 digits): no pod, not an
         # error; the good series beside them copied, the request 204
-        odd = [series({"__name__": "DCGM_FI_DEV_GPU_TEMP", "Hostname": NVIDIA, "gpu": v})
-               for v in ("²", "9" * 5000, "٣")]  # fmt: skip
-        status, _, text = call(app, "POST", "/prometheus", data=wire.snappy(
-            b"".join([*odd, series(GOOD)])), headers=V1)  # fmt: skip
+        odd = [
+            series({"__name__": "DCGM_FI_DEV_GPU_TEMP", "Hostname": NVIDIA, "gpu": v})
+            for v in ("²", "9" * 5000, "٣")
+        ]
+        status, _, text = call(
+            app, "POST", "/prometheus", data=wire.snappy(b"".join([*odd, series(GOOD)])), headers=V1
+        )
         assert status == 204, text
         ((_, body),) = receiver.got
         (copy,) = pb1.WriteRequest.FromString(wire.unsnappy(body, 1 << 20)).timeseries
         assert {lb.name: lb.value for lb in copy.labels}["workload_uid"] == U["bert"]
         # a series that cannot be read (a label's bytes not UTF-8): left out and named,
         # the rest written, the request 400 (not sent again: what it would send is written)
-        bad = wire.field(0x0A, wire.field(0x0A, wire.field(0x0A, b"__name__") +
-                                          wire.field(0x12, b"up\xff")) +
-                         wire.field(0x12, b"\x09" + b"\x00" * 8))  # fmt: skip
-        status, got, text = call(app, "POST", "/prometheus", data=wire.snappy(
-            series(GOOD, 2.0) + bad + series(GOOD, 3.0)), headers=V1)  # fmt: skip
+        bad = wire.field(
+            0x0A,
+            wire.field(0x0A, wire.field(0x0A, b"__name__") + wire.field(0x12, b"up\xff"))
+            + wire.field(0x12, b"\x09" + b"\x00" * 8),
+        )
+        status, got, text = call(
+            app,
+            "POST",
+            "/prometheus",
+            data=wire.snappy(series(GOOD, 2.0) + bad + series(GOOD, 3.0)),
+            headers=V1,
+        )
         assert status == 400, text
         assert got["meta"]["message"] == (
             "1 series left out, the rest written: series 1 "
@@ -565,8 +823,11 @@ def test_remote_write_keeps_the_good_samples_of_a_batch(api: FakeApiServer, reco
             req.timeseries.add(labels_refs=refs).samples.add(
                 value=5.0, timestamp=int(time.time() * 1000)
             )
-        v2 = {**V1, "Content-Type": "application/x-protobuf;proto=io.prometheus.write.v2.Request",
-              "X-Prometheus-Remote-Write-Version": "2.0.0"}  # fmt: skip
+        v2 = {
+            **V1,
+            "Content-Type": "application/x-protobuf;proto=io.prometheus.write.v2.Request",
+            "X-Prometheus-Remote-Write-Version": "2.0.0",
+        }
         r = requests.post(
             f"http://127.0.0.1:{app.http.port}/prometheus",
             headers=v2,
@@ -574,8 +835,10 @@ def test_remote_write_keeps_the_good_samples_of_a_batch(api: FakeApiServer, reco
             timeout=hang_guard(10),
         )
         assert r.status_code == 400, r.text
-        assert "series 1 {__name__=\"DCGM_FI_DEV_GPU_UTIL\"}: a label, exemplar or metadata " \
-            "reference past the symbols table" in r.json()["meta"]["message"]  # fmt: skip
+        assert (
+            'series 1 {__name__="DCGM_FI_DEV_GPU_UTIL"}: a label, exemplar or metadata '
+            "reference past the symbols table" in r.json()["meta"]["message"]
+        )
         assert r.headers["X-Prometheus-Remote-Write-Samples-Written"] == "2"
         got2 = pb2.Request.FromString(wire.unsnappy(receiver.got[-1][1], 1 << 20))
         assert len(got2.timeseries) == 2

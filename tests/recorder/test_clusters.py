@@ -53,16 +53,25 @@ def b64(text: str) -> str:
 
 
 def secret(name: str, data: dict[str, str]) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": {"name": name, "namespace": LENS}, "data": data}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {"name": name, "namespace": LENS},
+        "data": data,
+    }
 
 
 def bert(api: FakeApiServer, on: str) -> None:
     """The PyTorchJob bert (the same UID in every cluster) with one pod, 2 GPUs, running."""
-    api.put(KIND["bert"][2], workload("bert", {}, {"conditions": [
-        {"type": "Running", "status": "True"}]}))  # fmt: skip
-    api.put("pods", state(gpu_pod("bert-worker-0", "bert", "nvidia.com/gpu", 2, on), "Running",
-                          ready=True))  # fmt: skip
+    api.put(
+        KIND["bert"][2],
+        workload("bert", {}, {"conditions": [{"type": "Running", "status": "True"}]}),
+    )
+    api.put(
+        "pods",
+        state(gpu_pod("bert-worker-0", "bert", "nvidia.com/gpu", 2, on), "Running", ready=True),
+    )
 
 
 def answer(app: Any, path: str) -> tuple[int, Any]:
@@ -78,16 +87,31 @@ def report(port: int, cluster: str, node_name: str, events: list[pb.Event]) -> l
 
 
 def inventory(seq: int, serial: str) -> pb.Event:
-    gpu = pb.DeviceChange(device_kind="gpu", slot="0000:11:00.0", bdf="0000:11:00.0",
-                          key=f"GPU-{serial}", uuid=f"GPU-{serial}", serial=serial,
-                          vendor="nvidia", model="NVIDIA H100 80GB HBM3")  # fmt: skip
-    return pb.Event(seq=seq, ts_unix_nano=1_795_000_000_000_000_000 + seq,
-                    device_inventory=pb.DeviceInventory(devices=[gpu]))  # fmt: skip
+    gpu = pb.DeviceChange(
+        device_kind="gpu",
+        slot="0000:11:00.0",
+        bdf="0000:11:00.0",
+        key=f"GPU-{serial}",
+        uuid=f"GPU-{serial}",
+        serial=serial,
+        vendor="nvidia",
+        model="NVIDIA H100 80GB HBM3",
+    )
+    return pb.Event(
+        seq=seq,
+        ts_unix_nano=1_795_000_000_000_000_000 + seq,
+        device_inventory=pb.DeviceInventory(devices=[gpu]),
+    )
 
 
-def test_two_clusters_one_service(api: FakeApiServer, api_b: FakeApiServer, recorder_app: Any,
-                                  db_url: str, tmp_path: Path,
-                                  prometheus: Any) -> None:  # fmt: skip
+def test_two_clusters_one_service(
+    api: FakeApiServer,
+    api_b: FakeApiServer,
+    recorder_app: Any,
+    db_url: str,
+    tmp_path: Path,
+    prometheus: Any,
+) -> None:
     api.put("nodes", node("gpu-0", "True", {"nvidia.com/gpu": "8"}, "10.0.0.10"))
     bert(api, "gpu-0")
     api_b.put("nodes", node("gpu-0", "True", {"nvidia.com/gpu": "8"}, "10.1.0.10"))
@@ -95,16 +119,23 @@ def test_two_clusters_one_service(api: FakeApiServer, api_b: FakeApiServer, reco
     bert(api_b, "gpu-1")
     kubeconfig_b = api_b.kubeconfig(tmp_path / "b.kubeconfig").read_text()
     api.put("secrets", secret("multi-k8s-config", {"b": b64(kubeconfig_b)}))
-    app = recorder_app(db_url, prometheus__url=prometheus.base,
-                       top={("multicluster", "secret"): "multi-k8s-config",
-                                    ("multicluster", "namespace"): LENS,
-                                    ("multicluster", "reload_seconds"): 0.3})  # fmt: skip
+    app = recorder_app(
+        db_url,
+        prometheus__url=prometheus.base,
+        top={
+            ("multicluster", "secret"): "multi-k8s-config",
+            ("multicluster", "namespace"): LENS,
+            ("multicluster", "reload_seconds"): 0.3,
+        },
+    )
 
     def clusters() -> list[tuple[str, str, bool, bool]]:
         return [(c["name"], c["source"], c["up"], c["home"]) for c in get(app, "/api/clusters")]
 
-    eventually(lambda: clusters() == [("local", "home", True, True), ("b", "secret", True, False)],
-               timeout=15)  # fmt: skip
+    eventually(
+        lambda: clusters() == [("local", "home", True, True), ("b", "secret", True, False)],
+        timeout=15,
+    )
     assert get(app, "/api/gpu-aggregation/clusters") == ["b", "local"]
     assert metric(app, 'lens_recorder_cluster_up{cluster="b"}') == 1
 
@@ -126,7 +157,8 @@ def test_two_clusters_one_service(api: FakeApiServer, api_b: FakeApiServer, reco
     assert pods_of_bert("") == [("bert-worker-0", "gpu-0")]
     assert sorted((r["cluster"], r["uid"], r["node"]) for r in rows(db_url, "gpu_pods")) == [
         ("b", "uid-bert-worker-0", "gpu-1"),
-        ("local", "uid-bert-worker-0", "gpu-0")]  # fmt: skip
+        ("local", "uid-bert-worker-0", "gpu-0"),
+    ]
     # finalizers per cluster, each on its own API
     eventually(lambda: has_finalizer(api, "bert") and has_finalizer(api_b, "bert"), timeout=15)
 
@@ -141,17 +173,22 @@ def test_two_clusters_one_service(api: FakeApiServer, api_b: FakeApiServer, reco
     assert serials("?cluster=b") == ["SB1"]
     assert serials("") == ["SH1"]
     assert sorted((r["cluster"], r["node"], r["seq"]) for r in rows(db_url, "node_events")) == [
-        ("b", "gpu-0", 1), ("local", "gpu-0", 1)]  # fmt: skip
+        ("b", "gpu-0", 1),
+        ("local", "gpu-0", 1),
+    ]
 
     status, body = answer(app, "/api/nodes?cluster=nowhere")
     assert (status, body["meta"]["code"]) == (404, 4004)
     assert "known: b, local" in body["meta"]["message"]
 
     # a broken kubeconfig: said, counted as down, the others go on, the service ready
-    api.put("secrets", secret("multi-k8s-config", {"b": b64(kubeconfig_b),
-                                                   "c": b64("clusters: [unclosed")}))  # fmt: skip
-    eventually(lambda: [c["name"] for c in get(app, "/api/clusters")] == ["local", "b", "c"],
-               timeout=15)  # fmt: skip
+    api.put(
+        "secrets",
+        secret("multi-k8s-config", {"b": b64(kubeconfig_b), "c": b64("clusters: [unclosed")}),
+    )
+    eventually(
+        lambda: [c["name"] for c in get(app, "/api/clusters")] == ["local", "b", "c"], timeout=15
+    )
     c = get(app, "/api/clusters")[2]
     assert (c["up"], c["source"]) == (False, "secret") and "kubeconfig" in c["error"]
     assert metric(app, 'lens_recorder_cluster_up{cluster="c"}') == 0
@@ -176,33 +213,50 @@ def test_two_clusters_one_service(api: FakeApiServer, api_b: FakeApiServer, reco
     assert metric(app, 'lens_recorder_cluster_reloads_total{result="ok"}') >= 3
 
 
-def test_clusters_from_the_config_and_a_bad_secret(api: FakeApiServer, api_b: FakeApiServer,
-                                                   recorder_app: Any, tmp_path: Path,
-                                                   prometheus: Any) -> None:  # fmt: skip
+def test_clusters_from_the_config_and_a_bad_secret(
+    api: FakeApiServer, api_b: FakeApiServer, recorder_app: Any, tmp_path: Path, prometheus: Any
+) -> None:
     """clusters: names a kubeconfig file; a Secret key that is not a cluster name keeps the
     clusters as they are, said in /readyz."""
     path = api_b.kubeconfig(tmp_path / "b.kubeconfig")
     api_b.put("nodes", node("gpu-7", "True", {"amd.com/gpu": "8"}, "10.1.0.17"))
     api.put("secrets", secret("multi-k8s-config", {"Not_A_Name": b64("x")}))
-    app = recorder_app(f"sqlite:///{tmp_path / 'r.db'}", prometheus__url=prometheus.base,
-                       top={("clusters",): {"b": {"kubeconfig": str(path)}},
-                            ("multicluster", "secret"): "multi-k8s-config",
-                            ("multicluster", "namespace"): LENS})  # fmt: skip
-    eventually(lambda: [n["name"] for n in get(app, "/api/nodes?cluster=b")["data"]] == ["gpu-7"],
-               timeout=15)  # fmt: skip
+    app = recorder_app(
+        f"sqlite:///{tmp_path / 'r.db'}",
+        prometheus__url=prometheus.base,
+        top={
+            ("clusters",): {"b": {"kubeconfig": str(path)}},
+            ("multicluster", "secret"): "multi-k8s-config",
+            ("multicluster", "namespace"): LENS,
+        },
+    )
+    eventually(
+        lambda: [n["name"] for n in get(app, "/api/nodes?cluster=b")["data"]] == ["gpu-7"],
+        timeout=15,
+    )
     assert [(c["name"], c["source"]) for c in get(app, "/api/clusters")] == [
-        ("local", "home"), ("b", "config")]  # fmt: skip
+        ("local", "home"),
+        ("b", "config"),
+    ]
     _, ready = answer(app, "/readyz")
     assert "'Not_A_Name' is not a cluster name" in ready["clusters_secret_error"]
     assert metric(app, 'lens_recorder_cluster_reloads_total{result="error"}') == 1
     # the POST routes read the home cluster's pods: another cluster's body is refused, counted
     base = f"http://127.0.0.1:{app.http.port}"
-    r = requests.post(f"{base}/logs?cluster=b&namespace=ml&pod=p&container=c", data=b"x\n",
-                      headers={"Content-Type": "text/plain"}, timeout=hang_guard(5))  # fmt: skip
+    r = requests.post(
+        f"{base}/logs?cluster=b&namespace=ml&pod=p&container=c",
+        data=b"x\n",
+        headers={"Content-Type": "text/plain"},
+        timeout=hang_guard(5),
+    )
     assert r.status_code == 404 and "cluster 'local''s only, not 'b'" in r.json()["meta"]["message"]
     assert metric(app, 'lens_recorder_post_requests_total{route="/logs",code="404"}') == 1
-    r = requests.post(f"{base}/logs?cluster=local&namespace=ml&pod=p&container=c", data=b"x\n",
-                      headers={"Content-Type": "text/plain"}, timeout=hang_guard(5))  # fmt: skip
+    r = requests.post(
+        f"{base}/logs?cluster=local&namespace=ml&pod=p&container=c",
+        data=b"x\n",
+        headers={"Content-Type": "text/plain"},
+        timeout=hang_guard(5),
+    )
     assert r.status_code == 200 and r.json()["data"]["not_gpu_pod"] == 1
 
 
@@ -210,16 +264,20 @@ def storage_config(text: str) -> dict[str, str]:
     return {"config.yaml": b64(text), "postgres-password": b64("pw-" + text[:4])}
 
 
-def test_the_storage_config_exporter(api: FakeApiServer, api_b: FakeApiServer,
-                                     recorder_app: Any, tmp_path: Path) -> None:  # fmt: skip
+def test_the_storage_config_exporter(
+    api: FakeApiServer, api_b: FakeApiServer, recorder_app: Any, tmp_path: Path
+) -> None:
     api.put("secrets", secret("storage-config", storage_config("postgres: {host: db-a}\n")))
     api_b.put("secrets", secret("storage-config", storage_config("postgres: {host: db-b}\n")))
-    app = recorder_app(f"sqlite:///{tmp_path / 'r.db'}",
-                       top={("clusters",): {"b": {"kubeconfig": str(
-                           api_b.kubeconfig(tmp_path / "b.kubeconfig"))}},
-                            ("multicluster", "namespace"): LENS,
-                            ("multicluster", "storage_config_sync"): True,
-                            ("multicluster", "sync_seconds"): 0.2})  # fmt: skip
+    app = recorder_app(
+        f"sqlite:///{tmp_path / 'r.db'}",
+        top={
+            ("clusters",): {"b": {"kubeconfig": str(api_b.kubeconfig(tmp_path / "b.kubeconfig"))}},
+            ("multicluster", "namespace"): LENS,
+            ("multicluster", "storage_config_sync"): True,
+            ("multicluster", "sync_seconds"): 0.2,
+        },
+    )
 
     def merged() -> dict[str, dict[str, str]] | None:
         got = api.get("secrets", LENS, "multi-storage-config")
@@ -229,8 +287,10 @@ def test_the_storage_config_exporter(api: FakeApiServer, api_b: FakeApiServer,
 
     eventually(lambda: merged() is not None, timeout=15)
     # each cluster's key: its storage-config's data, every value byte for byte
-    assert merged() == {"b": api_b.get("secrets", LENS, "storage-config")["data"],
-                        "local": api.get("secrets", LENS, "storage-config")["data"]}  # fmt: skip
+    assert merged() == {
+        "b": api_b.get("secrets", LENS, "storage-config")["data"],
+        "local": api.get("secrets", LENS, "storage-config")["data"],
+    }
     raw = api.get("secrets", LENS, "multi-storage-config")["data"]["b"]
     assert (
         base64.b64decode(raw)
@@ -246,8 +306,9 @@ def test_the_storage_config_exporter(api: FakeApiServer, api_b: FakeApiServer,
     assert writes() == 1 and app.storage_sync.runs["written"] == 1  # not rewritten
 
     api_b.put("secrets", secret("storage-config", storage_config("postgres: {host: db-b2}\n")))
-    eventually(lambda: (merged() or {}).get("b") == storage_config("postgres: {host: db-b2}\n"),
-               timeout=15)  # fmt: skip
+    eventually(
+        lambda: (merged() or {}).get("b") == storage_config("postgres: {host: db-b2}\n"), timeout=15
+    )
     assert writes() == 2
 
     # b cannot be read: counted and shown, the merged Secret left as it is
@@ -273,8 +334,9 @@ def test_uninstall_takes_the_finalizers_off_in_every_cluster(
     app = recorder_app(url, top={("clusters",): clusters})
     eventually(lambda: has_finalizer(api, "bert") and has_finalizer(api_b, "bert"), timeout=15)
     app.stop()
-    cfg = config.load(env={}, overrides={("recorder", "database_url"): url,
-                                         ("clusters",): clusters})  # fmt: skip
+    cfg = config.load(
+        env={}, overrides={("recorder", "database_url"): url, ("clusters",): clusters}
+    )
     home = api_client("kubeconfig", str(api.kubeconfig(tmp_path / "home.kubeconfig")))
     got = cli.remove_finalizers(cfg, home)
     assert (got["PyTorchJob"], got["b: PyTorchJob"]) == (1, 1)

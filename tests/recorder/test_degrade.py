@@ -102,67 +102,142 @@ def degraded(app: Any, path: str, why: str) -> Any:
 
 
 UNKNOWN_GPU = {"memory": "", "utilization": 0.0, "temperature": 0.0, "power": 0.0}
-NODE = {"gpu_name": "AMD_Instinct_MI300X_OAM", "status": "Ready",
-        "status_color": "green"}  # fmt: skip
+NODE = {"gpu_name": "AMD_Instinct_MI300X_OAM", "status": "Ready", "status_color": "green"}
 
 
 def expected(figures: dict[str, Any] | None) -> dict[str, Any]:
     """Each mixed route's whole answer: the stored facts, and the Prometheus figures
     (None: every one unknown, 0)."""
-    f = figures or {"tx": 0.0, "rx": 0.0, "util": 0.0, "gpu-1": 0.0, "gpu-2": 0.0,
-                    "trainer": 0.0, "stat": (0.0, 0)}  # fmt: skip
+    f = figures or {
+        "tx": 0.0,
+        "rx": 0.0,
+        "util": 0.0,
+        "gpu-1": 0.0,
+        "gpu-2": 0.0,
+        "trainer": 0.0,
+        "stat": (0.0, 0),
+    }
     return {
         "clusters/overview": {
-            "total_space": 0.0, "used_space": 0.0, "usage_percentage": 0.0,
-            "total_inodes": 0.0, "used_inodes": 0.0, "inodes_usage_percentage": 0.0,
-            "read_bandwidth": 0.0, "write_bandwidth": 0.0,
-            "total_tx": f.get("tx"), "total_rx": f.get("rx"), "totalNodes": 2,
-            "healthyNodes": 2, "faultyNodes": 0, "fullyIdleNodes": 0, "partiallyIdleNodes": 2,
-            "busyNodes": 0, "allocationRate": 25.0, "utilization": f.get("util")},
-        "nodes": {"total": 2, "cluster_name": "local", "data": [
-            {"name": "gpu-1", **NODE, "ip": "10.0.0.11", "gpu_count": 8, "gpu_allocation": 2,
-             "gpu_utilization": f.get("gpu-1")},
-            {"name": "gpu-2", **NODE, "ip": "10.0.0.12", "gpu_count": 4, "gpu_allocation": 1,
-             "gpu_utilization": f.get("gpu-2")}]},
+            "total_space": 0.0,
+            "used_space": 0.0,
+            "usage_percentage": 0.0,
+            "total_inodes": 0.0,
+            "used_inodes": 0.0,
+            "inodes_usage_percentage": 0.0,
+            "read_bandwidth": 0.0,
+            "write_bandwidth": 0.0,
+            "total_tx": f.get("tx"),
+            "total_rx": f.get("rx"),
+            "totalNodes": 2,
+            "healthyNodes": 2,
+            "faultyNodes": 0,
+            "fullyIdleNodes": 0,
+            "partiallyIdleNodes": 2,
+            "busyNodes": 0,
+            "allocationRate": 25.0,
+            "utilization": f.get("util"),
+        },
+        "nodes": {
+            "total": 2,
+            "cluster_name": "local",
+            "data": [
+                {
+                    "name": "gpu-1",
+                    **NODE,
+                    "ip": "10.0.0.11",
+                    "gpu_count": 8,
+                    "gpu_allocation": 2,
+                    "gpu_utilization": f.get("gpu-1"),
+                },
+                {
+                    "name": "gpu-2",
+                    **NODE,
+                    "ip": "10.0.0.12",
+                    "gpu_count": 4,
+                    "gpu_allocation": 1,
+                    "gpu_utilization": f.get("gpu-2"),
+                },
+            ],
+        },
         "nodes/gpu-1": {
-            "name": "gpu-1", "health": "Ready",
-            "cpu": f"128 X {f['cpu']}" if "cpu" in f else "128", "memory": "2113474560Ki",
-            "os": "Ubuntu 22.04.5 LTS", "gpu_driver_version": "6.7.0",
-            "static_gpu_details": "8 X AMD_Instinct_MI300X_OAM", "kubelet_version": "v1.31.2",
-            "containerd_version": "1.7.22", "cluster_name": "local"},
-        "nodes/gpu-1/gpuDevices": {"node_name": "gpu-1", "cluster_name": "local", "devices": [
-            {"deviceId": 0, "model": "AMD Instinct MI300X", **f.get("gpu0", UNKNOWN_GPU)},
-            {"deviceId": 1, "model": "", **f.get("gpu1", UNKNOWN_GPU)}]},
+            "name": "gpu-1",
+            "health": "Ready",
+            "cpu": f"128 X {f['cpu']}" if "cpu" in f else "128",
+            "memory": "2113474560Ki",
+            "os": "Ubuntu 22.04.5 LTS",
+            "gpu_driver_version": "6.7.0",
+            "static_gpu_details": "8 X AMD_Instinct_MI300X_OAM",
+            "kubelet_version": "v1.31.2",
+            "containerd_version": "1.7.22",
+            "cluster_name": "local",
+        },
+        "nodes/gpu-1/gpuDevices": {
+            "node_name": "gpu-1",
+            "cluster_name": "local",
+            "devices": [
+                {"deviceId": 0, "model": "AMD Instinct MI300X", **f.get("gpu0", UNKNOWN_GPU)},
+                {"deviceId": 1, "model": "", **f.get("gpu1", UNKNOWN_GPU)},
+            ],
+        },
         "nodes/gpuUtilization": {"allocationRate": 25.0, "utilization": f.get("util")},
-        "workloads/statistic": {"running_workloads_count": 1, "avg_gpu_allocated": 2.0,
-                                "avg_gpu_utilization": f.get("stat", (None, None))[0],
-                                "low_utilization_workloads_count": f.get("stat",
-                                                                         (None, None))[1]},
-        "clusters/consumers": {"total": 1, "data": [
-            {"kind": "Deployment", "name": "trainer", "namespace": NS, "uid": U["trainer"],
-             "stat": {"gpu_request": 2, "gpu_utilization": f.get("trainer")},
-             "pods": [], "source": "k8s"}]},
-        "workloads": {"total": 1, "data": [
-            {"kind": "Deployment", "name": "trainer", "namespace": NS, "uid": U["trainer"],
-             "gpu_allocated": 2, "gpu_allocation": {"AMD_Instinct_MI300X_OAM": 2.0},
-             "status": "Running", "status_color": "green", "start_at": T0, "source": "k8s",
-             **{f"{k}_gpu_utilization": f.get("trainer")
-                for k in ("instant", "avg", "p50", "p90", "p95")}}]},
-    }  # fmt: skip
+        "workloads/statistic": {
+            "running_workloads_count": 1,
+            "avg_gpu_allocated": 2.0,
+            "avg_gpu_utilization": f.get("stat", (None, None))[0],
+            "low_utilization_workloads_count": f.get("stat", (None, None))[1],
+        },
+        "clusters/consumers": {
+            "total": 1,
+            "data": [
+                {
+                    "kind": "Deployment",
+                    "name": "trainer",
+                    "namespace": NS,
+                    "uid": U["trainer"],
+                    "stat": {"gpu_request": 2, "gpu_utilization": f.get("trainer")},
+                    "pods": [],
+                    "source": "k8s",
+                }
+            ],
+        },
+        "workloads": {
+            "total": 1,
+            "data": [
+                {
+                    "kind": "Deployment",
+                    "name": "trainer",
+                    "namespace": NS,
+                    "uid": U["trainer"],
+                    "gpu_allocated": 2,
+                    "gpu_allocation": {"AMD_Instinct_MI300X_OAM": 2.0},
+                    "status": "Running",
+                    "status_color": "green",
+                    "start_at": T0,
+                    "source": "k8s",
+                    **{
+                        f"{k}_gpu_utilization": f.get("trainer")
+                        for k in ("instant", "avg", "p50", "p90", "p95")
+                    },
+                }
+            ],
+        },
+    }
 
 
 # the routes that are nothing but Prometheus figures: 503, 5003
-PURE = ("clusters/gpuHeatmap", f"nodes/gpuUtilizationHistory?start={T0}&end={T0 + 240}",
-        f"nodes/gpu-1/gpuMetrics?start={T0}&end={T0 + 240}",
-        f"workloads/{U['trainer']}/metrics?start={T0}&end={T0 + 240}",
-        f"workloads/gpuUtilizationHistory?kind=Deployment&name=trainer&start={T0}"
-        f"&end={T0 + 240}")  # fmt: skip
+PURE = (
+    "clusters/gpuHeatmap",
+    f"nodes/gpuUtilizationHistory?start={T0}&end={T0 + 240}",
+    f"nodes/gpu-1/gpuMetrics?start={T0}&end={T0 + 240}",
+    f"workloads/{U['trainer']}/metrics?start={T0}&end={T0 + 240}",
+    f"workloads/gpuUtilizationHistory?kind=Deployment&name=trainer&start={T0}" f"&end={T0 + 240}",
+)
 
 
 def without_end(data: Any) -> Any:
     """The workload list without end_at (its last update's time, the watch's)."""
-    return {**data, "data": [{k: v for k, v in w.items() if k != "end_at"}
-                             for w in data["data"]]}  # fmt: skip
+    return {**data, "data": [{k: v for k, v in w.items() if k != "end_at"} for w in data["data"]]}
 
 
 def report_gpus(app: Any) -> None:
@@ -185,9 +260,12 @@ def report_gpus(app: Any) -> None:
 def started(recorder_app: Any, api: FakeApiServer, url: str, **settings: Any) -> Any:
     cluster(api)
     app = recorder_app(url, clock=lambda: datetime.fromtimestamp(T0 + 300, UTC), **settings)
-    eventually(lambda: sum(r["running"] for r in rows(url, "gpu_pods")) == 3
-               and len(rows(url, "gpu_workloads")) == 2 and len(rows(url, "nodes")) == 2,
-               timeout=15)  # fmt: skip
+    eventually(
+        lambda: sum(r["running"] for r in rows(url, "gpu_pods")) == 3
+        and len(rows(url, "gpu_workloads")) == 2
+        and len(rows(url, "nodes")) == 2,
+        timeout=15,
+    )
     report_gpus(app)
     return app
 
@@ -204,9 +282,12 @@ def check_degraded(app: Any, why: str, pure_why: str) -> None:
     assert [n["name"] for n in by_use["data"]] == ["gpu-2", "gpu-1"]
     frag = degraded(app, "nodes/fragmentation-analysis", why)
     assert [(f["node_name"], f["utilization"]) for f in frag["node_fragmentations"]] == [
-        ("gpu-1", 0.0), ("gpu-2", 0.0)]  # fmt: skip
-    timeline = degraded(app, f"workloads/{U['trainer']}/timeline",
-                        f"timeline entries from Prometheus: {pure_why}")  # fmt: skip
+        ("gpu-1", 0.0),
+        ("gpu-2", 0.0),
+    ]
+    timeline = degraded(
+        app, f"workloads/{U['trainer']}/timeline", f"timeline entries from Prometheus: {pure_why}"
+    )
     assert timeline["incomplete"] == [pure_why]
     for path in PURE:
         status, body = ask(app, path)
@@ -219,8 +300,11 @@ def check_degraded(app: Any, why: str, pure_why: str) -> None:
 def test_without_prometheus_url(api: FakeApiServer, recorder_app: Any, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'r.db'}"
     app = started(recorder_app, api, url)
-    check_degraded(app, "recorder.prometheus.url is not set",
-                   "recorder.prometheus.url is not set: this route needs Prometheus")  # fmt: skip
+    check_degraded(
+        app,
+        "recorder.prometheus.url is not set",
+        "recorder.prometheus.url is not set: this route needs Prometheus",
+    )
 
 
 @pytest.fixture()
@@ -234,22 +318,30 @@ def prometheus() -> Iterator[Any]:
     p.stop()
 
 
-def test_with_prometheus_stopped_then_back(api: FakeApiServer, recorder_app: Any,
-                                          prometheus: Any, db_url: str) -> None:  # fmt: skip
+def test_with_prometheus_stopped_then_back(
+    api: FakeApiServer, recorder_app: Any, prometheus: Any, db_url: str
+) -> None:
     app = started(recorder_app, api, db_url, prometheus__url=prometheus.base)
     prometheus.pause()
-    why = (f"prometheus at {prometheus.base} is unavailable: <urlopen error [Errno 111] "
-           "Connection refused>")  # fmt: skip
+    why = (
+        f"prometheus at {prometheus.base} is unavailable: <urlopen error [Errno 111] "
+        "Connection refused>"
+    )
     check_degraded(app, why, why)
     prometheus.start()
     # back: the same answers, with its figures (the series of openmetrics(T0)), and "OK"
-    figures = {"tx": 100.0, "rx": 200.0, "util": 50.0, "gpu-1": 60.0, "gpu-2": 30.0,
-               "cpu": "AMD EPYC 9654 96-Core Processor", "trainer": 0.0,
-               "stat": (0.0, 0),  # the fixture's series name no pod: no workload's mean
-               "gpu0": {"memory": "0GB", "utilization": 80.0, "temperature": 61.0,
-                        "power": 700.0},
-               "gpu1": {"memory": "", "utilization": 40.0, "temperature": 55.0,
-                        "power": 0.0}}  # fmt: skip
+    figures = {
+        "tx": 100.0,
+        "rx": 200.0,
+        "util": 50.0,
+        "gpu-1": 60.0,
+        "gpu-2": 30.0,
+        "cpu": "AMD EPYC 9654 96-Core Processor",
+        "trainer": 0.0,
+        "stat": (0.0, 0),  # the fixture's series name no pod: no workload's mean
+        "gpu0": {"memory": "0GB", "utilization": 80.0, "temperature": 61.0, "power": 700.0},
+        "gpu1": {"memory": "", "utilization": 40.0, "temperature": 55.0, "power": 0.0},
+    }
     for path, data in expected(figures).items():
         status, body = ask(app, path)
         assert (status, body["meta"]["message"]) == (200, "OK"), body
@@ -265,8 +357,9 @@ def test_with_prometheus_hung(api: FakeApiServer, recorder_app: Any, tmp_path: P
         url = f"sqlite:///{tmp_path / 'r.db'}"
         # the hourly job backfills a week at start: its run waits for the timeout once
         # (the first hour's query), not once an hour
-        app = started(recorder_app, api, url, prometheus__url=silent.url,
-                      prometheus__timeout_seconds=1)  # fmt: skip
+        app = started(
+            recorder_app, api, url, prometheus__url=silent.url, prometheus__timeout_seconds=1
+        )
         why = f"prometheus at {silent.url} is unavailable: timed out"
         check_degraded(app, why, why)
         # the overview reads three figures: only its first query went out
@@ -277,8 +370,7 @@ def test_with_prometheus_hung(api: FakeApiServer, recorder_app: Any, tmp_path: P
         degraded(app, "clusters/overview", why)
         assert [q for q in silent.read_all() if q in mine][len(before) :] == [prom.RDMA_TX]
         # the workload list: five figures, one query
-        stats = ("avg_over_time(avg(gpu_utilization", "quantile_over_time(",
-                 "avg(gpu_utilization{")  # fmt: skip
+        stats = ("avg_over_time(avg(gpu_utilization", "quantile_over_time(", "avg(gpu_utilization{")
         asked = len([q for q in silent.read_all() if q.startswith(stats)])
         degraded(app, "workloads", why)
         got = [q for q in silent.read_all() if q.startswith(stats)][asked:]

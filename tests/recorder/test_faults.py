@@ -33,8 +33,10 @@ SPEC = {"replicas": 1, "template": template(NV, 1)}
 def deployment(api: FakeApiServer) -> dict[str, Any]:
     """A Deployment, its ReplicaSet and one running GPU pod."""
     api.put("deployments", workload("trainer", SPEC, {"replicas": 1, "readyReplicas": 1}))
-    api.put("replicasets", workload("trainer-5d9f", SPEC, {"replicas": 1, "readyReplicas": 1},
-                                    "trainer"))  # fmt: skip
+    api.put(
+        "replicasets",
+        workload("trainer-5d9f", SPEC, {"replicas": 1, "readyReplicas": 1}, "trainer"),
+    )
     p = gpu_pod("trainer-5d9f-a", "trainer-5d9f", NV, 1, GPU1)
     api.put("pods", p)
     api.put("pods", state(p, "Running", True))
@@ -58,9 +60,9 @@ def pg(postgres: pglab.Postgres) -> pglab.Postgres:
     return postgres
 
 
-def test_a_database_outage_loses_nothing_within_the_bound(api: FakeApiServer,
-                                                          recorder_app: Any,
-                                                          pg: pglab.Postgres) -> None:  # fmt: skip
+def test_a_database_outage_loses_nothing_within_the_bound(
+    api: FakeApiServer, recorder_app: Any, pg: pglab.Postgres
+) -> None:
     url = pg.create_database("outage")
     p = deployment(api)
     app = recorder_app(url, queue_max=30)
@@ -84,13 +86,15 @@ def test_a_database_outage_loses_nothing_within_the_bound(api: FakeApiServer,
     assert app.writer.flush(30)
     assert restarts(url) == [str(n) for n in range(1, 21)]
     assert Counter(r["pod_uid"] for r in rows(url, "pod_snapshots")) == {
-        "uid-trainer-5d9f-a": 21}  # as first listed (Running), and each restart  # fmt: skip
+        "uid-trainer-5d9f-a": 21
+    }  # as first listed (Running), and each restart
     assert metric(app, "lens_recorder_queue_dropped_total") == 0
     assert metric(app, "lens_recorder_db_up") == 1
 
 
-def test_beyond_the_bound_writes_are_dropped_and_counted(api: FakeApiServer, recorder_app: Any,
-                                                         pg: pglab.Postgres) -> None:  # fmt: skip
+def test_beyond_the_bound_writes_are_dropped_and_counted(
+    api: FakeApiServer, recorder_app: Any, pg: pglab.Postgres
+) -> None:
     url = pg.create_database("overflow")
     p = deployment(api)
     app = recorder_app(url, queue_max=5, finalizers=False)  # only the pod's writes queue
@@ -110,27 +114,30 @@ def test_beyond_the_bound_writes_are_dropped_and_counted(api: FakeApiServer, rec
     assert metric(app, "lens_recorder_queue_dropped_total") == before + 3
 
 
-def test_the_api_server_dies_and_comes_back(api: FakeApiServer, recorder_app: Any,
-                                            db_url: str) -> None:  # fmt: skip
+def test_the_api_server_dies_and_comes_back(
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     p = deployment(api)
     app = recorder_app(db_url)
-    eventually(lambda: has_finalizer(api, "trainer") and has_finalizer(api, "trainer-5d9f"),
-               timeout=10)  # fmt: skip
+    eventually(
+        lambda: has_finalizer(api, "trainer") and has_finalizer(api, "trainer-5d9f"), timeout=10
+    )
     api.kill()
-    eventually(lambda: metric(app, 'lens_recorder_watch_connected{resource="pods"}') == 0,
-               timeout=15)  # fmt: skip
+    eventually(
+        lambda: metric(app, 'lens_recorder_watch_connected{resource="pods"}') == 0, timeout=15
+    )
     # what happens while it is away is stored once it is back (etcd kept it)
     api.put("pods", state(p, "Running", True, restarts=1))
     api.put("pods", state(p, "Succeeded", False, restarts=1))
     api.start()
-    eventually(lambda: [r["phase"] for r in rows(db_url, "gpu_pods")] == ["Succeeded"],
-               timeout=20)  # fmt: skip
+    eventually(lambda: [r["phase"] for r in rows(db_url, "gpu_pods")] == ["Succeeded"], timeout=20)
     assert restarts(db_url) == ["1"]
     assert metric(app, 'lens_recorder_watch_restarts_total{resource="pods",reason="error"}') >= 1
 
 
 def test_a_finalizer_left_on_by_a_crash_comes_off_at_the_next_start(
-        api: FakeApiServer, recorder_app: Any, db_url: str) -> None:  # fmt: skip
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     deployment(api)
     app = recorder_app(db_url)
     eventually(lambda: has_finalizer(api, "trainer"), timeout=10)
@@ -146,12 +153,17 @@ def test_a_finalizer_left_on_by_a_crash_comes_off_at_the_next_start(
     api.fail_writes.clear()
     recorder_app(db_url)
     eventually(lambda: gone(api, "trainer"), timeout=15)
-    eventually(lambda: not [r for r in rows(db_url, "gpu_workloads")
-                            if r["name"] == "trainer" and r["finalizer"]], timeout=10)  # fmt: skip
+    eventually(
+        lambda: not [
+            r for r in rows(db_url, "gpu_workloads") if r["name"] == "trainer" and r["finalizer"]
+        ],
+        timeout=10,
+    )
 
 
 def test_without_finalizers_a_workload_deleted_while_down_is_still_recorded(
-        api: FakeApiServer, recorder_app: Any, db_url: str) -> None:  # fmt: skip
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     p = deployment(api)
     app = recorder_app(db_url, finalizers=False)
     eventually(lambda: len(rows(db_url, "gpu_workloads")) == 2, timeout=10)
@@ -162,8 +174,10 @@ def test_without_finalizers_a_workload_deleted_while_down_is_still_recorded(
     api.request_delete("replicasets", NS, "trainer-5d9f")
     api.delete("pods", NS, p["metadata"]["name"])
     app = recorder_app(db_url, finalizers=False)
-    eventually(lambda: all(r["deleted"] for r in rows(db_url, "gpu_workloads") +
-                           rows(db_url, "gpu_pods")), timeout=10)  # fmt: skip
+    eventually(
+        lambda: all(r["deleted"] for r in rows(db_url, "gpu_workloads") + rows(db_url, "gpu_pods")),
+        timeout=10,
+    )
     events = [(e["type"], e["old_value"]) for e in rows(db_url, "gpu_pods_events")]
     assert events[-1] == ("deleted", "Running")
     assert app.tracker.workloads == {} and app.tracker.kinds == {}
@@ -171,10 +185,12 @@ def test_without_finalizers_a_workload_deleted_while_down_is_still_recorded(
 
 
 def test_a_workload_with_an_unreadable_gpu_request_is_recorded_and_counted(
-        api: FakeApiServer, recorder_app: Any, db_url: str) -> None:  # fmt: skip
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     bad = {"pytorchReplicaSpecs": {"Worker": {"replicas": 2, "template": template(NV, 1)}}}
     bad["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["resources"] = {
-        "limits": {NV: "lots"}}  # fmt: skip
+        "limits": {NV: "lots"}
+    }
     api.put("pytorchjobs", workload("bert", bad, {}))
     p = gpu_pod("bert-worker-0", "bert", NV, 1, GPU1)
     api.put("pods", state(p, "Running", True))
@@ -189,7 +205,8 @@ def test_a_workload_with_an_unreadable_gpu_request_is_recorded_and_counted(
 
 
 def test_an_owner_the_api_could_not_tell_about_is_looked_up_again(
-        api: FakeApiServer, recorder_app: Any, db_url: str) -> None:  # fmt: skip
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     api.fail_gets.add("replicasets")  # 500 on GET: the ReplicaSet is unknown for now
     p = deployment(api)
     app = recorder_app(db_url)

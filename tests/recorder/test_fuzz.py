@@ -33,8 +33,9 @@ def logged() -> Iterator[fuzzlab.Logged]:
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def recorder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-             logged: fuzzlab.Logged) -> Iterator[fuzzlab.RecorderUnderFuzz]:  # fmt: skip
+def recorder(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, logged: fuzzlab.Logged
+) -> Iterator[fuzzlab.RecorderUnderFuzz]:
     tmp = tmp_path_factory.mktemp("fuzz")
     pg = None
     if request.param == "sqlite":
@@ -54,8 +55,9 @@ def recorder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=str)
-def test_no_input_answers_5xx_or_logs_a_traceback(recorder: fuzzlab.RecorderUnderFuzz,
-                                                  target: fuzzlab.Target) -> None:  # fmt: skip
+def test_no_input_answers_5xx_or_logs_a_traceback(
+    recorder: fuzzlab.RecorderUnderFuzz, target: fuzzlab.Target
+) -> None:
     recorder.fuzz_route(target, recorder.examples)
 
 
@@ -63,8 +65,9 @@ def test_the_collector_port_takes_any_stream(recorder: fuzzlab.RecorderUnderFuzz
     recorder.fuzz_collector(SCALE or 15 * recorder.examples)
 
 
-def test_the_agents_port_takes_any_call(tmp_path_factory: pytest.TempPathFactory,
-                                        logged: fuzzlab.Logged) -> None:  # fmt: skip
+def test_the_agents_port_takes_any_call(
+    tmp_path_factory: pytest.TempPathFactory, logged: fuzzlab.Logged
+) -> None:
     agent = fuzzlab.AgentUnderFuzz(tmp_path_factory.mktemp("agent"), logged)
     try:
         agent.fuzz(SCALE or 40)
@@ -86,13 +89,19 @@ def test_a_message_that_does_not_decode_ends_the_stream_saying_so() -> None:
 
     out = io.StringIO()
     server = CollectorServer(Collector(out), "127.0.0.1:0", None)
-    frames = [pb.Event(seq=1, oom_kill=pb.OomKill(pid=1)).SerializeToString(), b"\xff" * 10,
-              pb.Event(seq=2, oom_kill=pb.OomKill(pid=2)).SerializeToString()]  # fmt: skip
+    frames = [
+        pb.Event(seq=1, oom_kill=pb.OomKill(pid=1)).SerializeToString(),
+        b"\xff" * 10,
+        pb.Event(seq=2, oom_kill=pb.OomKill(pid=2)).SerializeToString(),
+    ]
     acks = []
     try:
         with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-            call = ch.stream_stream("/lens.v1.CollectorService/Report", request_serializer=None,
-                                    response_deserializer=pb.Ack.FromString)  # fmt: skip
+            call = ch.stream_stream(
+                "/lens.v1.CollectorService/Report",
+                request_serializer=None,
+                response_deserializer=pb.Ack.FromString,
+            )
             with pytest.raises(grpc.RpcError) as got:
                 for ack in call(iter(frames), metadata=[("lens-node", "gpu-1")], timeout=10):
                     acks.append(ack.seq)
@@ -114,16 +123,28 @@ def test_a_nul_in_an_agents_string_is_stored(recorder_app: Any, db_url: str) -> 
 
     app = recorder_app(db_url)
     ident = pb.Identity(namespace="ml", pod="bert\x00-0", pod_uid="uid-\x00", container="c")
-    gpu = pb.DeviceChange(device_kind="gpu", vendor="amd", slot="0000:15:00.0",
-                          key="k\x00", model="MI300X\x00")  # fmt: skip
-    events = [pb.Event(seq=1, ts_unix_nano=1_795_000_000_000_000_000, oom_kill=pb.OomKill(
-                  pid=1, comm="py\x00thon", identity=ident)),
-              pb.Event(seq=2, ts_unix_nano=1_795_000_000_000_000_001,
-                       device_inventory=pb.DeviceInventory(devices=[gpu]))]  # fmt: skip
+    gpu = pb.DeviceChange(
+        device_kind="gpu", vendor="amd", slot="0000:15:00.0", key="k\x00", model="MI300X\x00"
+    )
+    events = [
+        pb.Event(
+            seq=1,
+            ts_unix_nano=1_795_000_000_000_000_000,
+            oom_kill=pb.OomKill(pid=1, comm="py\x00thon", identity=ident),
+        ),
+        pb.Event(
+            seq=2,
+            ts_unix_nano=1_795_000_000_000_000_001,
+            device_inventory=pb.DeviceInventory(devices=[gpu]),
+        ),
+    ]
     assert report(app.collect_port, "gpu-1", events)[-1] == 2  # both held
     got = rows(db_url, "node_events")
     assert [(r["seq"], r["pod"], r["pod_uid"]) for r in got] == [
-        (1, "bert\ufffd-0", "uid-\ufffd"), (2, "", "")]  # fmt: skip
+        (1, "bert\ufffd-0", "uid-\ufffd"),
+        (2, "", ""),
+    ]
     assert got[0]["payload"]["comm"] == "py\ufffdthon"
     assert [(d["key"], d["model"]) for d in rows(db_url, "node_devices")] == [
-        ("k\ufffd", "MI300X\ufffd")]  # fmt: skip
+        ("k\ufffd", "MI300X\ufffd")
+    ]

@@ -57,8 +57,10 @@ class Silent:
 
 def head(port: int, path: str, length: int, headers: dict[str, str]) -> bytes:
     lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {length}\r\n"
-            f"{lines}\r\n").encode()  # fmt: skip
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {length}\r\n"
+        f"{lines}\r\n"
+    ).encode()
 
 
 def status_of(s: socket.socket, timeout: float = 5) -> int:
@@ -74,7 +76,8 @@ def status_of(s: socket.socket, timeout: float = 5) -> int:
 
 
 def test_tokenless_drips_hold_nothing_from_authorised_posts(
-        api: FakeApiServer, recorder_app: Any, tmp_path: Path) -> None:  # fmt: skip
+    api: FakeApiServer, recorder_app: Any, tmp_path: Path
+) -> None:
     """64 tokenless POST /logs sending one byte each (and 32 more over /v1 and /api):
     each 401 at once, on its head; an authorised POST /logs is taken beside them."""
     (tmp_path / "token").write_text(TOKEN + "\n")
@@ -86,12 +89,14 @@ def test_tokenless_drips_hold_nothing_from_authorised_posts(
         for s, path in zip(drips, paths, strict=True):
             s.sendall(head(port, path, 15 << 20, {"Content-Type": "application/json"}) + b"[")
         assert [status_of(s) for s in drips] == [401] * len(paths)
-        r = requests.post(f"http://127.0.0.1:{port}/logs", data=b"[]", headers=AUTH,
-                          timeout=hang_guard(10))  # fmt: skip
+        r = requests.post(
+            f"http://127.0.0.1:{port}/logs", data=b"[]", headers=AUTH, timeout=hang_guard(10)
+        )
         assert r.status_code == 200, r.text
         for route, n in (("/logs", 64), ("/v1/logs", 0)):  # one route, whatever its prefix
-            assert metric(app, f'lens_recorder_post_unauthorized_total{{route="{route}"}}') \
-                == (n + 32 if n else None)  # fmt: skip
+            assert metric(app, f'lens_recorder_post_unauthorized_total{{route="{route}"}}') == (
+                n + 32 if n else None
+            )
         assert metric(app, "lens_recorder_http_writes_in_hand") == 0
         assert metric(app, "lens_recorder_http_request_body_bytes_in_hand") == 0
         assert metric(app, "lens_recorder_http_connections") >= len(paths)  # type: ignore[operator]
@@ -101,10 +106,11 @@ def test_tokenless_drips_hold_nothing_from_authorised_posts(
 
 
 def test_a_client_gone_mid_body_and_a_body_too_slow(
-        api: FakeApiServer, recorder_app: Any, tmp_path: Path,
-        caplog: Any) -> None:  # fmt: skip
-    app = recorder_app(f"sqlite:///{tmp_path / 'r.db'}",
-                       top={("server", "body_timeout_seconds"): 1})  # fmt: skip
+    api: FakeApiServer, recorder_app: Any, tmp_path: Path, caplog: Any
+) -> None:
+    app = recorder_app(
+        f"sqlite:///{tmp_path / 'r.db'}", top={("server", "body_timeout_seconds"): 1}
+    )
     port = app.http.port
     with caplog.at_level(logging.DEBUG):
         gone = socket.create_connection(("127.0.0.1", port))
@@ -127,19 +133,36 @@ def recorder_process(api: FakeApiServer, tmp_path: Path) -> Iterator[tuple[int, 
     """`lens-ebpf recorder` as deployed (a token for the POST routes), its port and pid."""
     (tmp_path / "token").write_text(TOKEN + "\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LENS_")}
-    env.update(KUBECONFIG=str(api.kubeconfig(tmp_path / "kubeconfig")),
-               LENS_RECORDER__INGEST__TOKEN_FILE=str(tmp_path / "token"))  # fmt: skip
+    env.update(
+        KUBECONFIG=str(api.kubeconfig(tmp_path / "kubeconfig")),
+        LENS_RECORDER__INGEST__TOKEN_FILE=str(tmp_path / "token"),
+    )
     with socket_pair() as (port, collect):
-        proc = subprocess.Popen([str(BIN / "lens-ebpf"), "recorder", "--database",
-                                 f"sqlite:///{tmp_path / 'r.db'}", "--listen",
-                                 f"127.0.0.1:{port}", "--collect-listen", f"127.0.0.1:{collect}"],
-                                env=env, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [
+                str(BIN / "lens-ebpf"),
+                "recorder",
+                "--database",
+                f"sqlite:///{tmp_path / 'r.db'}",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--collect-listen",
+                f"127.0.0.1:{collect}",
+            ],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     try:
 
         def ready() -> bool:
             try:
-                return requests.get(f"http://127.0.0.1:{port}/readyz",
-                                    timeout=hang_guard(1)).status_code == 200  # fmt: skip
+                return (
+                    requests.get(
+                        f"http://127.0.0.1:{port}/readyz", timeout=hang_guard(1)
+                    ).status_code
+                    == 200
+                )
             except requests.ConnectionError:
                 return False
 
@@ -173,7 +196,8 @@ def send(port: int, path: str, body_size: int, headers: dict[str, str]) -> int:
 
 
 def test_abuse_holds_the_recorders_memory_under_the_deploys_limit(
-        api: FakeApiServer, tmp_path: Path) -> None:  # fmt: skip
+    api: FakeApiServer, tmp_path: Path
+) -> None:
     """96 tokenless 15 MiB bodies over /logs, /v1/logs and /api/logs at once took the
     recorder from 138 to 1,583 MB; now each is refused on its head, and 24 authorised
     ones at once take what the service's budget of bodies in hand (64 MiB) lets them."""
@@ -194,11 +218,18 @@ def test_abuse_holds_the_recorders_memory_under_the_deploys_limit(
         def abuse(kind: str, path: str, headers: dict[str, str]) -> None:
             got[kind].append(send(port, path, big, headers))
 
-        threads = [threading.Thread(target=abuse, args=("tokenless", p, {
-            "Content-Type": "application/json"})) for p in ("/logs", "/v1/logs", "/api/logs")
-            for _ in range(32)]  # fmt: skip
-        threads += [threading.Thread(target=abuse, args=("authorised", p, AUTH))
-                    for p in ("/logs", "/v1/logs", "/api/logs") for _ in range(8)]  # fmt: skip
+        threads = [
+            threading.Thread(
+                target=abuse, args=("tokenless", p, {"Content-Type": "application/json"})
+            )
+            for p in ("/logs", "/v1/logs", "/api/logs")
+            for _ in range(32)
+        ]
+        threads += [
+            threading.Thread(target=abuse, args=("authorised", p, AUTH))
+            for p in ("/logs", "/v1/logs", "/api/logs")
+            for _ in range(8)
+        ]
         try:
             for t in threads:
                 t.start()
@@ -209,16 +240,19 @@ def test_abuse_holds_the_recorders_memory_under_the_deploys_limit(
             watcher.join()
         high = kib(pid, "VmHWM")
         after = kib(pid, "VmRSS")
-        print(f"recorder RSS: {before >> 20} MiB before, {max(peak) >> 20} MiB at most "
-              f"(VmHWM {high >> 20} MiB), {after >> 20} MiB after")  # fmt: skip
+        print(
+            f"recorder RSS: {before >> 20} MiB before, {max(peak) >> 20} MiB at most "
+            f"(VmHWM {high >> 20} MiB), {after >> 20} MiB after"
+        )
         assert set(got["tokenless"]) <= {401, 0} and got["tokenless"].count(401) >= 90
         # taken, or 503 where the bodies in hand would pass the budget (the sender retries)
         assert set(got["authorised"]) <= {200, 503} and 200 in got["authorised"]
         assert high < DEPLOY_LIMIT
         assert high - before < 400 << 20, (before, high)
         # and it serves on
-        r = requests.post(f"http://127.0.0.1:{port}/logs", data=b"[]", headers=AUTH,
-                          timeout=hang_guard(10))  # fmt: skip
+        r = requests.post(
+            f"http://127.0.0.1:{port}/logs", data=b"[]", headers=AUTH, timeout=hang_guard(10)
+        )
         assert r.status_code == 200, r.text
 
 
@@ -229,7 +263,8 @@ def timed(url: str) -> tuple[int, float]:
 
 
 def test_health_answers_while_requests_wait_on_silent_peers(
-        api: FakeApiServer, recorder_app: Any, tmp_path: Path) -> None:  # fmt: skip
+    api: FakeApiServer, recorder_app: Any, tmp_path: Path
+) -> None:
     """24 requests waiting on a Prometheus that accepts and never answers, then 24 channel
     tests to such a webhook: /readyz and /healthz answer while every one of them still
     waits (they took 9 and 14 s, queued behind them); each slow request ends at its 5 s
@@ -237,24 +272,44 @@ def test_health_answers_while_requests_wait_on_silent_peers(
     prom = Silent()
     hook = Silent()
     try:
-        app = recorder_app(f"sqlite:///{tmp_path / 'r.db'}", prometheus__url=prom.url,
-                           prometheus__timeout_seconds=5)  # fmt: skip
+        app = recorder_app(
+            f"sqlite:///{tmp_path / 'r.db'}",
+            prometheus__url=prom.url,
+            prometheus__timeout_seconds=5,
+        )
         base = f"http://127.0.0.1:{app.http.port}"
-        channel = requests.post(f"{base}/v1/notification-channels", json={
-            "name": "silent", "type": "webhook", "enabled": True,
-            "config": {"url": hook.url, "timeout": 5}}, timeout=hang_guard(10))  # fmt: skip
+        channel = requests.post(
+            f"{base}/v1/notification-channels",
+            json={
+                "name": "silent",
+                "type": "webhook",
+                "enabled": True,
+                "config": {"url": hook.url, "timeout": 5},
+            },
+            timeout=hang_guard(10),
+        )
         assert channel.status_code == 200, channel.text
         cid = channel.json()["data"]["id"]
         worst: dict[str, float] = {}
         for what, peer, ask in (
-                ("prometheus", prom, lambda: requests.get(f"{base}/v1/nodes/gpuUtilization",
-                                                          timeout=hang_guard(60))),
-                ("webhook", hook, lambda: requests.post(
-                    f"{base}/v1/notification-channels/{cid}/test",
-                    timeout=hang_guard(60)))):  # fmt: skip
+            (
+                "prometheus",
+                prom,
+                lambda: requests.get(f"{base}/v1/nodes/gpuUtilization", timeout=hang_guard(60)),
+            ),
+            (
+                "webhook",
+                hook,
+                lambda: requests.post(
+                    f"{base}/v1/notification-channels/{cid}/test", timeout=hang_guard(60)
+                ),
+            ),
+        ):
             answers: list[requests.Response] = []
-            slow = [threading.Thread(target=lambda ask=ask, got=answers: got.append(ask()))
-                    for _ in range(24)]  # fmt: skip
+            slow = [
+                threading.Thread(target=lambda ask=ask, got=answers: got.append(ask()))
+                for _ in range(24)
+            ]
             for t in slow:
                 t.start()
             wait_for(lambda peer=peer: len(peer.held) >= 4, f"requests waiting on {what}")
@@ -273,8 +328,10 @@ def test_health_answers_while_requests_wait_on_silent_peers(
                 t.join(hang_guard(120))
             assert len(answers) == 24
             if what == "prometheus":  # without its figures, saying why: the route answers
-                assert all(r.status_code == 200 and "prometheus" in r.json()["meta"]["message"]
-                           for r in answers), answers[0].text  # fmt: skip
+                assert all(
+                    r.status_code == 200 and "prometheus" in r.json()["meta"]["message"]
+                    for r in answers
+                ), answers[0].text
             else:
                 assert all(
                     r.json()["data"]["success"] is False
@@ -287,8 +344,9 @@ def test_health_answers_while_requests_wait_on_silent_peers(
         hook.stop()
 
 
-def write(port: int, path: str, body: bytes, headers: dict[str, str],
-          host: str | None = None) -> requests.Response:  # fmt: skip
+def write(
+    port: int, path: str, body: bytes, headers: dict[str, str], host: str | None = None
+) -> requests.Response:
     """A POST as a browser's page would send it: Host and Origin as given."""
     return requests.post(
         f"http://127.0.0.1:{port}{path}",
@@ -299,7 +357,8 @@ def write(port: int, path: str, body: bytes, headers: dict[str, str],
 
 
 def test_cross_site_and_rebinding_writes_are_refused_without_credentials(
-        api: FakeApiServer, recorder_app: Any, tmp_path: Path) -> None:  # fmt: skip
+    api: FakeApiServer, recorder_app: Any, tmp_path: Path
+) -> None:
     """On loopback without a token (writes taken anonymously): a text/plain POST with a
     foreign Origin and Host created a channel, and a form-encoded silence alertname=~.*
     silenced everything. Each of those is refused on its head now, counted."""
@@ -308,41 +367,94 @@ def test_cross_site_and_rebinding_writes_are_refused_without_credentials(
     channel = json.dumps({"name": "evil", "type": "webhook", "config": {"url": "http://x/"}})
     plain = {"Content-Type": "text/plain"}
     cases = [  # (path, body, headers, Host, status, meta.code, what the message says)
-        ("/v1/notification-channels", channel, {**plain, "Origin": "http://evil.example"},
-         "evil.example:80", 403, 4003, "Host 'evil.example:80' is not this service's"),
-        ("/v1/notification-channels", channel, {**plain, "Origin": "http://evil.example"},
-         None, 403, 4003, "Origin 'http://evil.example' is not this service's"),
-        ("/v1/notification-channels", channel, {"Content-Type": "application/json",
-                                                "Origin": "null"},
-         None, 403, 4003, "Origin 'null'"),
-        ("/v1/notification-channels", channel, plain, None, 415, 4015,
-         "Content-Type text/plain: this route takes application/json"),
-        ("/v1/alert-silences", "matchers=alertname%3D~.*", {
-            "Content-Type": "application/x-www-form-urlencoded", "Origin": mine}, None, 415,
-         4015, "Content-Type application/x-www-form-urlencoded"),
-        ("/v1/alert-silences", json.dumps({"matchers": [{"name": "alertname", "value": ".*",
-                                                         "isRegex": True}]}),
-         {"Content-Type": "application/json"}, "rebound.example:" + str(port), 403, 4003,
-         "is not this service's"),
-        ("/logs", "[]", {**plain, "Origin": "http://evil.example"}, None, 403, 4003,
-         "Origin 'http://evil.example'"),
-        ("/alerts/webhook", '{"alert_name": "x"}', plain, None, 415, 4015,
-         "this route takes application/json"),
-    ]  # fmt: skip
+        (
+            "/v1/notification-channels",
+            channel,
+            {**plain, "Origin": "http://evil.example"},
+            "evil.example:80",
+            403,
+            4003,
+            "Host 'evil.example:80' is not this service's",
+        ),
+        (
+            "/v1/notification-channels",
+            channel,
+            {**plain, "Origin": "http://evil.example"},
+            None,
+            403,
+            4003,
+            "Origin 'http://evil.example' is not this service's",
+        ),
+        (
+            "/v1/notification-channels",
+            channel,
+            {"Content-Type": "application/json", "Origin": "null"},
+            None,
+            403,
+            4003,
+            "Origin 'null'",
+        ),
+        (
+            "/v1/notification-channels",
+            channel,
+            plain,
+            None,
+            415,
+            4015,
+            "Content-Type text/plain: this route takes application/json",
+        ),
+        (
+            "/v1/alert-silences",
+            "matchers=alertname%3D~.*",
+            {"Content-Type": "application/x-www-form-urlencoded", "Origin": mine},
+            None,
+            415,
+            4015,
+            "Content-Type application/x-www-form-urlencoded",
+        ),
+        (
+            "/v1/alert-silences",
+            json.dumps({"matchers": [{"name": "alertname", "value": ".*", "isRegex": True}]}),
+            {"Content-Type": "application/json"},
+            "rebound.example:" + str(port),
+            403,
+            4003,
+            "is not this service's",
+        ),
+        (
+            "/logs",
+            "[]",
+            {**plain, "Origin": "http://evil.example"},
+            None,
+            403,
+            4003,
+            "Origin 'http://evil.example'",
+        ),
+        (
+            "/alerts/webhook",
+            '{"alert_name": "x"}',
+            plain,
+            None,
+            415,
+            4015,
+            "this route takes application/json",
+        ),
+    ]
     for path, body, headers, host, status, code, says in cases:
         r = write(port, path, body.encode(), headers, host)
         meta = r.json()["meta"]
         assert (r.status_code, meta["code"]) == (status, code), (path, headers, r.text)
         assert says in meta["message"], (says, meta)
     listed = requests.get(f"{mine}/v1/notification-channels", timeout=hang_guard(5)).json()
-    assert listed["data"]["total"] == 0 if isinstance(listed["data"], dict) else not \
-        listed["data"]  # fmt: skip
+    assert listed["data"]["total"] == 0 if isinstance(listed["data"], dict) else not listed["data"]
     silences = requests.get(f"{mine}/v1/alert-silences", timeout=hang_guard(5)).json()["data"]
     assert (silences.get("total", 0) if isinstance(silences, dict) else len(silences)) == 0
-    for labels, n in (('route="/notification-channels",code="403"', 3),
-                      ('route="/notification-channels",code="415"', 1),
-                      ('route="/alert-silences",code="415"', 1),
-                      ('route="/alert-silences",code="403"', 1)):  # fmt: skip
+    for labels, n in (
+        ('route="/notification-channels",code="403"', 3),
+        ('route="/notification-channels",code="415"', 1),
+        ('route="/alert-silences",code="415"', 1),
+        ('route="/alert-silences",code="403"', 1),
+    ):
         assert metric(app, f"lens_recorder_api_writes_refused_total{{{labels}}}") == n, labels
     assert metric(app, 'lens_recorder_post_cross_site_total{route="/logs"}') == 1
     # the service's own page (its Origin), and a client that is no browser: taken
@@ -357,7 +469,8 @@ def test_cross_site_and_rebinding_writes_are_refused_without_credentials(
 
 
 def test_a_proxys_user_is_believed_only_from_the_proxys_credentials(
-        api: FakeApiServer, recorder_app: Any, tmp_path: Path) -> None:  # fmt: skip
+    api: FakeApiServer, recorder_app: Any, tmp_path: Path
+) -> None:
     """X-Forwarded-User from any client was recorded as a change's author; now only with
     recorder.api.forwarded_user_from's credentials, else who the credentials say."""
     (tmp_path / "api").write_text(TOKEN + "\n")
@@ -365,17 +478,23 @@ def test_a_proxys_user_is_believed_only_from_the_proxys_credentials(
     base = f"http://127.0.0.1:{app.http.port}/v1/notification-channels"
 
     def author(name: str, **kw: Any) -> str:
-        r = requests.post(base, json={"name": name, "type": "webhook",
-                                      "config": {"url": "http://x/"}},
-                          timeout=hang_guard(10), **kw)  # fmt: skip
+        r = requests.post(
+            base,
+            json={"name": name, "type": "webhook", "config": {"url": "http://x/"}},
+            timeout=hang_guard(10),
+            **kw,
+        )
         assert r.status_code == 200, r.text
         return str(r.json()["data"]["created_by"])
 
     said = {"Authorization": f"Bearer {TOKEN}", "X-Forwarded-User": "mallory"}
     assert author("one", headers=said) == "token"
     app.stop()
-    proxied = recorder_app(f"sqlite:///{tmp_path / 'r.db'}", api__token_file=str(tmp_path / "api"),
-                           api__forwarded_user_from="token")  # fmt: skip
+    proxied = recorder_app(
+        f"sqlite:///{tmp_path / 'r.db'}",
+        api__token_file=str(tmp_path / "api"),
+        api__forwarded_user_from="token",
+    )
     base = f"http://127.0.0.1:{proxied.http.port}/v1/notification-channels"
     assert author("two", headers={**said, "X-Forwarded-User": "alice"}) == "alice"
     assert author("three", headers={"Authorization": f"Bearer {TOKEN}"}) == "token"

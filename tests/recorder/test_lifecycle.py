@@ -31,8 +31,9 @@ from tests.recorder.objects import (
 )
 
 
-def test_three_workloads_from_creation_to_deletion(api: FakeApiServer, recorder_app: Any,
-                                                  db_url: str) -> None:  # fmt: skip
+def test_three_workloads_from_creation_to_deletion(
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     api.put("nodes", {"metadata": {"name": GPU1, "labels": {"nvidia.com/gpu.product": H100}}})
     api.put("nodes", {"metadata": {"name": GPU2, "labels": {"amd.com/gpu.product-name": MI300}}})
     api.put("pods", pod("web", "10.244.0.9", NS))  # no GPUs: not recorded
@@ -45,8 +46,10 @@ def test_three_workloads_from_creation_to_deletion(api: FakeApiServer, recorder_
     nv = "nvidia.com/gpu"
     dep_spec = {"replicas": 2, "template": template(nv, 1)}
     api.put("deployments", workload("trainer", dep_spec, {"replicas": 2, "readyReplicas": 0}))
-    api.put("replicasets", workload("trainer-5d9f", dep_spec, {"replicas": 2, "readyReplicas": 0},
-                                    "trainer"))  # fmt: skip
+    api.put(
+        "replicasets",
+        workload("trainer-5d9f", dep_spec, {"replicas": 2, "readyReplicas": 0}, "trainer"),
+    )
     a = gpu_pod("trainer-5d9f-a", "trainer-5d9f", nv, 1, GPU1)
     b = gpu_pod("trainer-5d9f-b", "trainer-5d9f", nv, 1, GPU1)
     for p in (a, b):
@@ -55,8 +58,10 @@ def test_three_workloads_from_creation_to_deletion(api: FakeApiServer, recorder_
     api.put("pods", state(a, "Running", False, restarts=1))
     api.put("pods", state(a, "Running", True, restarts=1))
     api.put("deployments", workload("trainer", dep_spec, {"replicas": 2, "readyReplicas": 2}))
-    api.put("replicasets", workload("trainer-5d9f", dep_spec, {"replicas": 2, "readyReplicas": 2},
-                                    "trainer"))  # fmt: skip
+    api.put(
+        "replicasets",
+        workload("trainer-5d9f", dep_spec, {"replicas": 2, "readyReplicas": 2}, "trainer"),
+    )
 
     # -- a CronJob's Job: the first pod fails, the retry runs -----------------------------
     amd = "amd.com/gpu"
@@ -80,8 +85,9 @@ def test_three_workloads_from_creation_to_deletion(api: FakeApiServer, recorder_
         }
     }
     api.put("pytorchjobs", workload("bert", pt_spec, conds("Created")))
-    bert = [gpu_pod(n, "bert", nv, 1, GPU1) for n in ("bert-master-0", "bert-worker-0",
-                                                       "bert-worker-1")]  # fmt: skip
+    bert = [
+        gpu_pod(n, "bert", nv, 1, GPU1) for n in ("bert-master-0", "bert-worker-0", "bert-worker-1")
+    ]
     for p in bert:
         api.put("pods", p)
         api.put("pods", state(p, "Running", True))
@@ -101,8 +107,9 @@ def test_three_workloads_from_creation_to_deletion(api: FakeApiServer, recorder_
     #    Deployment is deleted (its finalizer holds it) ------------------------------------
     app.stop()
     api.put("pods", state(bert[2], "Running", True, restarts=1))
-    api.put("pytorchjobs", workload("bert", pt_spec, conds("Created", "Restarting",
-                                                           false=("Running",))))  # fmt: skip
+    api.put(
+        "pytorchjobs", workload("bert", pt_spec, conds("Created", "Restarting", false=("Running",)))
+    )
     api.put("pods", state(y, "Succeeded", False))
     api.put(
         "jobs",
@@ -123,8 +130,9 @@ def test_three_workloads_from_creation_to_deletion(api: FakeApiServer, recorder_
     api.put("pytorchjobs", workload("bert", pt_spec, conds("Created", "Running")))
     for p in bert:
         api.put("pods", state(p, "Succeeded", False, restarts=1 if p is bert[2] else 0))
-    api.put("pytorchjobs", workload("bert", pt_spec, conds("Created", "Succeeded",
-                                                           false=("Running",))))  # fmt: skip
+    api.put(
+        "pytorchjobs", workload("bert", pt_spec, conds("Created", "Succeeded", false=("Running",)))
+    )
     delete_workload(api, "bert")
     for p in bert:
         api.delete("pods", NS, p["metadata"]["name"])
@@ -133,8 +141,7 @@ def test_three_workloads_from_creation_to_deletion(api: FakeApiServer, recorder_
         api.delete("pods", NS, p["metadata"]["name"])
     delete_workload(api, "nightly")
     eventually(lambda: all(r["deleted"] for r in rows(db_url, "gpu_pods")), timeout=15)
-    eventually(lambda: not any(r["finalizer"] for r in rows(db_url, "gpu_workloads")),
-               timeout=10)  # fmt: skip
+    eventually(lambda: not any(r["finalizer"] for r in rows(db_url, "gpu_workloads")), timeout=10)
     assert app.writer.flush(10)
 
     # -- gpu_workloads ---------------------------------------------------------------------
@@ -159,8 +166,12 @@ def test_three_workloads_from_creation_to_deletion(api: FakeApiServer, recorder_
             r["gpu_request"],
             r["status"],
         ) == (U[name], kind, api_version, NS, parent, gpus, sum(gpus.values()), status), name
-        assert (r["running"], r["deleted"], r["finalizer"], r["labels"]) == \
-            (False, True, False, {"app": name}), name  # fmt: skip
+        assert (r["running"], r["deleted"], r["finalizer"], r["labels"]) == (
+            False,
+            True,
+            False,
+            {"app": name},
+        ), name
         assert r["created_at"] is not None and r["deleted_at"] is not None
         assert r["ended_at"] is not None, name
 
@@ -193,57 +204,97 @@ def test_three_workloads_from_creation_to_deletion(api: FakeApiServer, recorder_
 
     # -- workload_pod_references: every level of the chain --------------------------------
     refs = {(r["workload_uid"], r["pod_uid"]) for r in rows(db_url, "workload_pod_references")}
-    chains = {"trainer-5d9f": ("trainer-5d9f", "trainer"), "nightly-29000": ("nightly-29000",
-              "nightly"), "bert": ("bert",)}  # fmt: skip
-    want_refs = {(U[w], f"uid-{p}") for p in want_pods
-                 for w in chains[next(c for c in chains if p.startswith(c))]}  # fmt: skip
+    chains = {
+        "trainer-5d9f": ("trainer-5d9f", "trainer"),
+        "nightly-29000": ("nightly-29000", "nightly"),
+        "bert": ("bert",),
+    }
+    want_refs = {
+        (U[w], f"uid-{p}")
+        for p in want_pods
+        for w in chains[next(c for c in chains if p.startswith(c))]
+    }
     assert refs == want_refs and len(rows(db_url, "workload_pod_references")) == 11
 
     # -- gpu_pods_events: derived from consecutive snapshots ------------------------------
     def ev(*e: str) -> tuple[str, ...]:
         return e
 
-    start = [ev("created", "", "", "Pending"), ev("phase", "", "Pending", "Running"),
-             ev("condition", "Ready", "", "True")]  # fmt: skip
+    start = [
+        ev("created", "", "", "Pending"),
+        ev("phase", "", "Pending", "Running"),
+        ev("condition", "Ready", "", "True"),
+    ]
     finish = [ev("phase", "", "Running", "Succeeded"), ev("condition", "Ready", "True", "False")]
     want_events = {
-        "trainer-5d9f-a": start + [ev("condition", "Ready", "True", "False"),
-                                   ev("restart", "main", "0", "1"),
-                                   ev("condition", "Ready", "False", "True"),
-                                   ev("deleted", "", "Running", "")],
+        "trainer-5d9f-a": start
+        + [
+            ev("condition", "Ready", "True", "False"),
+            ev("restart", "main", "0", "1"),
+            ev("condition", "Ready", "False", "True"),
+            ev("deleted", "", "Running", ""),
+        ],
         "trainer-5d9f-b": start + [ev("deleted", "", "Running", "")],
-        "nightly-29000-x": start + [ev("phase", "", "Running", "Failed"),
-                                    ev("condition", "Ready", "True", "False"),
-                                    ev("deleted", "", "Failed", "")],
+        "nightly-29000-x": start
+        + [
+            ev("phase", "", "Running", "Failed"),
+            ev("condition", "Ready", "True", "False"),
+            ev("deleted", "", "Failed", ""),
+        ],
         "nightly-29000-y": start + finish + [ev("deleted", "", "Succeeded", "")],
         "bert-master-0": start + finish + [ev("deleted", "", "Succeeded", "")],
         "bert-worker-0": start + finish + [ev("deleted", "", "Succeeded", "")],
-        "bert-worker-1": start + [ev("restart", "main", "0", "1")] + finish +
-        [ev("deleted", "", "Succeeded", "")],
-    }  # fmt: skip
+        "bert-worker-1": start
+        + [ev("restart", "main", "0", "1")]
+        + finish
+        + [ev("deleted", "", "Succeeded", "")],
+    }
     events = rows(db_url, "gpu_pods_events")
     for name, want_list in want_events.items():
-        got_list = [(e["type"], e["subject"], e["old_value"], e["new_value"]) for e in events
-                    if e["pod_uid"] == f"uid-{name}"]  # fmt: skip
+        got_list = [
+            (e["type"], e["subject"], e["old_value"], e["new_value"])
+            for e in events
+            if e["pod_uid"] == f"uid-{name}"
+        ]
         # a restart and its condition change in one snapshot are ordered by type
         assert sorted(got_list) == sorted(want_list), name
     assert len(events) == sum(len(v) for v in want_events.values()) == 42
 
     # -- pod_snapshots: one per state that mattered, secrets gone -------------------------
     snaps = Counter(r["pod_uid"] for r in rows(db_url, "pod_snapshots"))
-    assert snaps == {"uid-trainer-5d9f-a": 4, "uid-trainer-5d9f-b": 2, "uid-nightly-29000-x": 3,
-                     "uid-nightly-29000-y": 3, "uid-bert-master-0": 3, "uid-bert-worker-0": 3,
-                     "uid-bert-worker-1": 4}  # fmt: skip
-    text = json.dumps([{k: r[k] for k in ("pod_metadata", "spec", "status")}
-                       for r in rows(db_url, "pod_snapshots")])  # fmt: skip
+    assert snaps == {
+        "uid-trainer-5d9f-a": 4,
+        "uid-trainer-5d9f-b": 2,
+        "uid-nightly-29000-x": 3,
+        "uid-nightly-29000-y": 3,
+        "uid-bert-master-0": 3,
+        "uid-bert-worker-0": 3,
+        "uid-bert-worker-1": 4,
+    }
+    text = json.dumps(
+        [
+            {k: r[k] for k in ("pod_metadata", "spec", "status")}
+            for r in rows(db_url, "pod_snapshots")
+        ]
+    )
     assert "s3cret" not in text and "secretKeyRef" not in text and "HF_TOKEN" in text
 
     # -- pod_resources: the spec's GPUs, with the node's GPU model ------------------------
-    res = {(r["pod_uid"], r["container"], r["source"], r["resource"], r["count"], r["model"])
-           for r in rows(db_url, "pod_resources")}  # fmt: skip
-    assert res == {(f"uid-{n}", "main", "spec", next(iter(g)), sum(g.values()),
-                    H100 if node == GPU1 else MI300)
-                   for n, (node, g, _, _) in want_pods.items()}  # fmt: skip
+    res = {
+        (r["pod_uid"], r["container"], r["source"], r["resource"], r["count"], r["model"])
+        for r in rows(db_url, "pod_resources")
+    }
+    assert res == {
+        (
+            f"uid-{n}",
+            "main",
+            "spec",
+            next(iter(g)),
+            sum(g.values()),
+            H100 if node == GPU1 else MI300,
+        )
+        for n, (node, g, _, _) in want_pods.items()
+    }
 
     # the recorder let go of everything: no watchers, no finalizers left anywhere
     eventually(lambda: not app.tracker.workloads and not app.tracker.kinds, timeout=5)

@@ -27,9 +27,16 @@ from tests.reportersim import simulate
 
 
 def container_start(n: int, devices: tuple[str, ...]) -> ContainerChange:
-    return ContainerChange(kind="container_start", ts_ns=time.monotonic_ns(),
-                           container_id=f"c{n}", container=f"worker-{n}", pod=f"bert-{n}",
-                           namespace="ml", pod_uid=f"uid-bert-{n}", devices=devices)  # fmt: skip
+    return ContainerChange(
+        kind="container_start",
+        ts_ns=time.monotonic_ns(),
+        container_id=f"c{n}",
+        container=f"worker-{n}",
+        pod=f"bert-{n}",
+        namespace="ml",
+        pod_uid=f"uid-bert-{n}",
+        devices=devices,
+    )
 
 
 NV = ("/dev/nvidia0", "/dev/nvidia3", "/dev/nvidiactl", "/dev/nvidia-uvm")
@@ -59,12 +66,17 @@ def report(port: int, node: str, events: list[pb.Event], instance: str = "") -> 
 
 
 def raw(seq: int) -> pb.Event:
-    return pb.Event(seq=seq, ts_unix_nano=1_795_000_000_000_000_000 + seq, node_name="gpu-9",
-                    oom_kill=pb.OomKill(pid=seq, comm="python"))  # fmt: skip
+    return pb.Event(
+        seq=seq,
+        ts_unix_nano=1_795_000_000_000_000_000 + seq,
+        node_name="gpu-9",
+        oom_kill=pb.OomKill(pid=seq, comm="python"),
+    )
 
 
-def test_a_reporter_pushes_a_nodes_events_exactly_once(api: FakeApiServer, recorder_app: Any,
-                                                       db_url: str) -> None:  # fmt: skip
+def test_a_reporter_pushes_a_nodes_events_exactly_once(
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     app = recorder_app(db_url)
     with reporting(app) as (bus, reporter):
         bus.publish(container_start(1, NV))
@@ -72,21 +84,28 @@ def test_a_reporter_pushes_a_nodes_events_exactly_once(api: FakeApiServer, recor
         bus.publish(container_start(3, ("/dev/null",)))  # no GPU: an event, no resources
         eventually(lambda: reporter.acked == 3, timeout=15)
         assert reporter.batched  # ReportBatch: the recorder takes it
-    got = [(r["node"], r["seq"], r["kind"], r["namespace"], r["pod"], r["pod_uid"], r["container"])
-           for r in rows(db_url, "node_events")]  # fmt: skip
-    assert got == [("gpu-1", n, "container_start", "ml", f"bert-{n}", f"uid-bert-{n}",
-                    f"worker-{n}") for n in (1, 2, 3)]  # fmt: skip
+    got = [
+        (r["node"], r["seq"], r["kind"], r["namespace"], r["pod"], r["pod_uid"], r["container"])
+        for r in rows(db_url, "node_events")
+    ]
+    assert got == [
+        ("gpu-1", n, "container_start", "ml", f"bert-{n}", f"uid-bert-{n}", f"worker-{n}")
+        for n in (1, 2, 3)
+    ]
     assert rows(db_url, "node_events")[0]["payload"]["devices"] == list(NV)
-    res = {(r["pod_uid"], r["container"], r["source"], r["resource"], r["count"],
-            tuple(r["devices"])) for r in rows(db_url, "pod_resources")}  # fmt: skip
-    assert res == {("uid-bert-1", "worker-1", "agent", "nvidia.com/gpu", 2,
-                    ("/dev/nvidia0", "/dev/nvidia3")),
-                   ("uid-bert-2", "worker-2", "agent", "amd.com/gpu", 1,
-                    ("/dev/dri/renderD129",))}  # fmt: skip
+    res = {
+        (r["pod_uid"], r["container"], r["source"], r["resource"], r["count"], tuple(r["devices"]))
+        for r in rows(db_url, "pod_resources")
+    }
+    assert res == {
+        ("uid-bert-1", "worker-1", "agent", "nvidia.com/gpu", 2, ("/dev/nvidia0", "/dev/nvidia3")),
+        ("uid-bert-2", "worker-2", "agent", "amd.com/gpu", 1, ("/dev/dri/renderD129",)),
+    }
 
 
 def test_duplicates_are_dropped_and_a_restart_resumes_after_the_last_stored(
-        api: FakeApiServer, recorder_app: Any, db_url: str) -> None:  # fmt: skip
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     app = recorder_app(db_url)
     acks = report(app.collect_port, "gpu-9", [raw(n) for n in range(1, 6)])
     assert acks[0] == 0  # where to resume: nothing stored yet
@@ -103,7 +122,8 @@ def test_duplicates_are_dropped_and_a_restart_resumes_after_the_last_stored(
 
 
 def test_a_restarted_agent_is_stored_beside_its_predecessor(
-        api: FakeApiServer, recorder_app: Any, db_url: str) -> None:  # fmt: skip
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     """A node's agent restarts (a DaemonSet upgrade, a crash; the recorder's database kept):
     the new process numbers from 1 while the table holds the old one's events up to 5. It
     is connected at once, no ack refused, its events stored beside the old ones, none a
@@ -127,23 +147,24 @@ def test_a_restarted_agent_is_stored_beside_its_predecessor(
         assert (reporter.reconnects, reporter.acks_refused, reporter.acked_events) == (0, 0, 2)
     assert app.node_events.duplicates == 0
     got = [(r["instance"], r["seq"], r["pod"]) for r in rows(db_url, "node_events")]
-    assert got == [(a, n, f"bert-{n}") for n in range(1, 6)] + [(b, 1, "bert-6"),
-                                                                (b, 2, "bert-7")]  # fmt: skip
+    assert got == [(a, n, f"bert-{n}") for n in range(1, 6)] + [(b, 1, "bert-6"), (b, 2, "bert-7")]
     assert len(rows(db_url, "pod_resources")) == 7  # each event's effects too
     app.stop()
 
     app = recorder_app(db_url)  # the resume points come back from the database
     ne = app.node_events
-    assert (ne.ack_seq("local/gpu-1", a), ne.ack_seq("local/gpu-1", b),
-            ne.ack_seq("local/gpu-1")) == (5, 2, 0)  # fmt: skip
+    assert (
+        ne.ack_seq("local/gpu-1", a),
+        ne.ack_seq("local/gpu-1", b),
+        ne.ack_seq("local/gpu-1"),
+    ) == (5, 2, 0)
 
     def fault(seq: int) -> pb.Event:
         bad = pb.GpuFault(gpu_index=0, vendor="nvidia", fault="xid", code="79", message="off")
         return pb.Event(seq=seq, ts_unix_nano=time.time_ns(), node_name="gpu-1", gpu_fault=bad)
 
     assert report(app.collect_port, "gpu-1", [fault(6)], instance=a)[0] == 5
-    assert report(app.collect_port, "gpu-1", [fault(n) for n in range(3, 7)],
-                  instance=b)[0] == 2  # fmt: skip
+    assert report(app.collect_port, "gpu-1", [fault(n) for n in range(3, 7)], instance=b)[0] == 2
     assert report(app.collect_port, "gpu-1", [fault(6)], instance=b)[0] == 6  # once
     assert app.writer.flush(10)
     assert ne.duplicates == 1
@@ -154,8 +175,9 @@ def test_a_restarted_agent_is_stored_beside_its_predecessor(
     assert len(ids) == 5, ids
 
 
-def test_events_are_acknowledged_only_once_stored(api: FakeApiServer, recorder_app: Any,
-                                                  postgres: pglab.Postgres) -> None:  # fmt: skip
+def test_events_are_acknowledged_only_once_stored(
+    api: FakeApiServer, recorder_app: Any, postgres: pglab.Postgres
+) -> None:
     url = postgres.create_database("acks")
     app = recorder_app(url)
     with reporting(app) as (bus, reporter):
@@ -175,16 +197,21 @@ def test_events_are_acknowledged_only_once_stored(api: FakeApiServer, recorder_a
 
 
 @pytest.mark.parametrize("per_message", [1, 7], ids=["Report", "ReportBatch"])
-def test_a_hundred_reporters_at_once_every_event_written(api: FakeApiServer, recorder_app: Any,
-                                                          db_url: str,
-                                                          per_message: int) -> None:  # fmt: skip
+def test_a_hundred_reporters_at_once_every_event_written(
+    api: FakeApiServer, recorder_app: Any, db_url: str, per_message: int
+) -> None:
     """Streams on the collector's event loop, none holding a thread: each node's events
     written once and acknowledged to the last (bench.reporters runs a thousand), one per
     message or in batches (20 = 7 + 7 + 6)."""
     nodes, events = 100, 20
     app = recorder_app(db_url)
-    got = simulate(f"127.0.0.1:{app.collect_port}", nodes, events, timeout=hang_guard(120),
-                   per_message=per_message)  # fmt: skip
+    got = simulate(
+        f"127.0.0.1:{app.collect_port}",
+        nodes,
+        events,
+        timeout=hang_guard(120),
+        per_message=per_message,
+    )
     assert got.acked == {f"gpu-{n}": events for n in range(nodes)}
     stored = rows(db_url, "node_events")
     assert len(stored) == nodes * events
@@ -192,7 +219,8 @@ def test_a_hundred_reporters_at_once_every_event_written(api: FakeApiServer, rec
     for r in stored:
         per_node.setdefault(r["node"], []).append(r["seq"])
     assert {n: sorted(s) for n, s in per_node.items()} == {
-        f"gpu-{n}": list(range(1, events + 1)) for n in range(nodes)}  # fmt: skip
+        f"gpu-{n}": list(range(1, events + 1)) for n in range(nodes)
+    }
     # every stream ends: the server's side of a stream closes after the client has its
     # last acknowledgement (a fresh machine saw 4 of 100 still closing)
     eventually(lambda: app.node_events.streams == 0, timeout=15)
@@ -211,10 +239,17 @@ def test_a_collector_without_report_batch_gets_report(tmp_path: Any) -> None:
     async def serve() -> tuple[grpc.aio.Server, int]:
         server = grpc.aio.server()
         only_report = grpc.stream_stream_rpc_method_handler(
-            collector.Report, request_deserializer=pb.Event.FromString,
-            response_serializer=pb.Ack.SerializeToString)  # fmt: skip
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-            "lens.v1.CollectorService", {"Report": only_report}),))  # fmt: skip
+            collector.Report,
+            request_deserializer=pb.Event.FromString,
+            response_serializer=pb.Ack.SerializeToString,
+        )
+        server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    "lens.v1.CollectorService", {"Report": only_report}
+                ),
+            )
+        )
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         return server, port
@@ -235,4 +270,5 @@ def test_a_collector_without_report_batch_gets_report(tmp_path: Any) -> None:
         loop.close()
     got = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [(r["node"], r["seq"], r["container_start"]["identity"]["pod"]) for r in got] == [
-        ("gpu-1", str(n), f"bert-{n}") for n in (1, 2, 3)]  # fmt: skip
+        ("gpu-1", str(n), f"bert-{n}") for n in (1, 2, 3)
+    ]

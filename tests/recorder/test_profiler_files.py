@@ -61,11 +61,15 @@ def hta(*names: str) -> dict[int, dict[str, float]]:
         tb = a.get_temporal_breakdown(visualize=False)
         _, kd = a.get_gpu_kernel_breakdown(visualize=False, num_kernels=10)
     comm = kd[kd["kernel_type"] == "COMMUNICATION"].groupby("rank")["sum (us)"].sum()
-    return {int(r["rank"]): {"compute_time_us": r["compute_time(us)"],
-                             "non_compute_time_us": r["non_compute_time(us)"],
-                             "idle_time_us": r["idle_time(us)"],
-                             "communication_time_us": float(comm.get(r["rank"], 0.0))}
-            for r in tb.to_dict("records")}  # fmt: skip
+    return {
+        int(r["rank"]): {
+            "compute_time_us": r["compute_time(us)"],
+            "non_compute_time_us": r["non_compute_time(us)"],
+            "idle_time_us": r["idle_time(us)"],
+            "communication_time_us": float(comm.get(r["rank"], 0.0)),
+        }
+        for r in tb.to_dict("records")
+    }
 
 
 def rank_pod(api: FakeApiServer, name: str, uid: str, node_name: str, owner: str) -> None:
@@ -77,19 +81,35 @@ def rank_pod(api: FakeApiServer, name: str, uid: str, node_name: str, owner: str
 def chromium(url: str, png: Path) -> str:
     """The page's DOM once its scripts ran (headless Chromium), its screenshot in png."""
     with tempfile.TemporaryDirectory() as profile:
-        got = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu",
-                              "--no-first-run", "--disable-background-networking",
-                              "--disable-component-update", "--disable-sync",
-                              f"--user-data-dir={profile}", "--virtual-time-budget=10000",
-                              "--window-size=1400,900", "--hide-scrollbars",
-                              f"--screenshot={png}", "--dump-dom", url],
-                             capture_output=True, text=True, timeout=hang_guard(60))  # fmt: skip
+        got = subprocess.run(
+            [
+                "chromium",
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={profile}",
+                "--virtual-time-budget=10000",
+                "--window-size=1400,900",
+                "--hide-scrollbars",
+                f"--screenshot={png}",
+                "--dump-dom",
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=hang_guard(60),
+        )
     assert png.exists(), got.stderr[-500:]
     return got.stdout
 
 
 def test_traces_listed_downloaded_analysed_and_viewed(
-        api: FakeApiServer, recorder_app: Any, tmp_path: Path) -> None:  # fmt: skip
+    api: FakeApiServer, recorder_app: Any, tmp_path: Path
+) -> None:
     for ctd in containerd_with_python("pfr-"):
         t = start_trainer(ctd, "bert-worker-0", NS)
         agent, address = agent_for(ctd, tmp_path, env={"LENS_COLLECTORS__PROFILER__GLOBS": GLOBS})
@@ -110,33 +130,47 @@ def run(api: FakeApiServer, recorder_app: Any, tmp_path: Path, t: Any, address: 
     rank_pod(api, "nightly-29000-x", "uid-not-on-node-a", "node-a", "nightly-29000")
     secret = tmp_path / "recorder-agent-token"
     secret.write_text(RECORDER_TOKEN + "\n")
-    app = recorder_app(f"sqlite:///{tmp_path / 'r.db'}", api__token_file=token_file(tmp_path),
-                       profiler__agent_port=int(address.rpartition(":")[2]),
-                       profiler__token_file=str(secret), profiler__viewer_dir=str(VIEWER.parent),
-                       profiler__max_file_bytes=64 << 20)  # fmt: skip
+    app = recorder_app(
+        f"sqlite:///{tmp_path / 'r.db'}",
+        api__token_file=token_file(tmp_path),
+        profiler__agent_port=int(address.rpartition(":")[2]),
+        profiler__token_file=str(secret),
+        profiler__viewer_dir=str(VIEWER.parent),
+        profiler__max_file_bytes=64 << 20,
+    )
     c = Client(app)
     bert = U["bert"]
-    listed = wait_for(lambda: (got := c.call("GET", f"workloads/{bert}/profiler-files"))[0]
-                      == 200 and got[1]["data"], "bert's traces listed", every=0.2)  # fmt: skip
+    listed = wait_for(
+        lambda: (got := c.call("GET", f"workloads/{bert}/profiler-files"))[0] == 200
+        and got[1]["data"],
+        "bert's traces listed",
+        every=0.2,
+    )
     files = {f["path"]: f for f in listed}
     assert set(files) == {*LAYOUT, MALFORMED, HUGE}
     assert {files[p]["rank"] for p in (RANK0, RANK1, CPU)} == {0, 1, 34}
     for f in listed:
         assert (f["workload_uid"], f["pod_name"], f["node_name"], f["file_type"]) == (
-            bert, "bert-worker-0", "node-a", "pytorch_trace")  # fmt: skip
+            bert,
+            "bert-worker-0",
+            "node-a",
+            "pytorch_trace",
+        )
         assert f["status"] == "listed" and isinstance(f["id"], int)
     assert files[HUGE]["file_size"] == HUGE_BYTES
     # listed again: the same rows, not new ones
     assert sorted(f["id"] for f in c.data("GET", f"workloads/{bert}/profiler-files")) == sorted(
-        f["id"] for f in listed)  # fmt: skip
+        f["id"] for f in listed
+    )
 
     # downloads: each byte for byte; the 2 GiB one refused by the cap, nothing else touched
     base = f"http://127.0.0.1:{app.http.port}/v1"
     import requests
 
     for path, data in t.files.items():
-        r = requests.get(f"{base}/profiler-files/{files[path]['id']}/download",
-                         timeout=hang_guard(30))  # fmt: skip
+        r = requests.get(
+            f"{base}/profiler-files/{files[path]['id']}/download", timeout=hang_guard(30)
+        )
         assert r.status_code == 200 and r.content == data, path
         assert Path(path).name in r.headers["Content-Disposition"]
     r = requests.get(f"{base}/profiler-files/{files[HUGE]['id']}/download", timeout=hang_guard(30))
@@ -154,22 +188,37 @@ def run(api: FakeApiServer, recorder_app: Any, tmp_path: Path, t: Any, address: 
 
     # TraceLens: the two NCCL ranks together, the MI250 rank alone; each figure HTA's
     def session(kind: str, path: str) -> dict[str, Any]:
-        made = c.data("POST", f"{kind}/sessions", {"workload_uid": bert,
-                                                   "profiler_file_id": files[path]["id"]},
-                      route=f"POST {kind}/sessions")  # fmt: skip
+        made = c.data(
+            "POST",
+            f"{kind}/sessions",
+            {"workload_uid": bert, "profiler_file_id": files[path]["id"]},
+            route=f"POST {kind}/sessions",
+        )
         assert made["status"] in ("pending", "initializing", "ready", "failed"), made
         sid = made["session_id"]
-        return wait_for(lambda: (s := c.data("GET", f"{kind}/sessions/{sid}"))["status"]
-                        in ("ready", "failed") and s, f"{kind} session {sid}",
-                        every=0.2)  # fmt: skip
+        return wait_for(
+            lambda: (s := c.data("GET", f"{kind}/sessions/{sid}"))["status"] in ("ready", "failed")
+            and s,
+            f"{kind} session {sid}",
+            every=0.2,
+        )
 
     nccl = session("tracelens", RANK0)
     assert nccl["status"] == "ready", nccl
     assert nccl["profiler_file_ids"] == [files[RANK0]["id"], files[RANK1]["id"]]
     want = hta("trace_filter_sampled_rank-0.json.gz", "trace_filter_sampled_rank-1.json.gz")
-    got_ranks = {r["rank"]: {k: r[k] for k in ("compute_time_us", "non_compute_time_us",
-                                               "idle_time_us", "communication_time_us")}
-                 for r in nccl["analysis"]["ranks"]}  # fmt: skip
+    got_ranks = {
+        r["rank"]: {
+            k: r[k]
+            for k in (
+                "compute_time_us",
+                "non_compute_time_us",
+                "idle_time_us",
+                "communication_time_us",
+            )
+        }
+        for r in nccl["analysis"]["ranks"]
+    }
     assert got_ranks == want
     assert nccl["analysis"]["slowest_rank"] in (0, 1)
     assert {k["kernel_type"] for k in nccl["analysis"]["kernel_types"]} >= {
@@ -177,43 +226,74 @@ def run(api: FakeApiServer, recorder_app: Any, tmp_path: Path, t: Any, address: 
         "COMPUTATION",
     }
     # the ranks named in the request (the same pair, from rank 1's trace), and a bad list
-    pair = c.data("POST", "tracelens/sessions", {
-        "workload_uid": bert, "profiler_file_id": files[RANK1]["id"],
-        "profiler_file_ids": [files[RANK0]["id"], files[RANK1]["id"]]})  # fmt: skip
+    pair = c.data(
+        "POST",
+        "tracelens/sessions",
+        {
+            "workload_uid": bert,
+            "profiler_file_id": files[RANK1]["id"],
+            "profiler_file_ids": [files[RANK0]["id"], files[RANK1]["id"]],
+        },
+    )
     assert pair["profiler_file_ids"] == [files[RANK1]["id"], files[RANK0]["id"]]
-    status, got = c.call("POST", "tracelens/sessions", {
-        "workload_uid": bert, "profiler_file_id": files[RANK1]["id"],
-        "profiler_file_ids": ["x"]})  # fmt: skip
+    status, got = c.call(
+        "POST",
+        "tracelens/sessions",
+        {"workload_uid": bert, "profiler_file_id": files[RANK1]["id"], "profiler_file_ids": ["x"]},
+    )
     assert got["meta"]["code"] == 4001 and "profiler_file_ids" in got["meta"]["message"]
     c.data("DELETE", f"tracelens/sessions/{pair['session_id']}")
     mi250 = session("tracelens", MI250)
     want = hta("amd_trace_mi250_minitoy_train_ROCm6_2_kineto.json.gz")
-    assert [{k: r[k] for k in ("rank", "compute_time_us", "non_compute_time_us",
-                               "idle_time_us", "communication_time_us")}
-            for r in mi250["analysis"]["ranks"]] == [{"rank": 0, **want[0]}]  # fmt: skip
+    assert [
+        {
+            k: r[k]
+            for k in (
+                "rank",
+                "compute_time_us",
+                "non_compute_time_us",
+                "idle_time_us",
+                "communication_time_us",
+            )
+        }
+        for r in mi250["analysis"]["ranks"]
+    ] == [{"rank": 0, **want[0]}]
     listed_sessions = c.data("GET", f"tracelens/workloads/{bert}/sessions")
     assert {s["session_id"] for s in listed_sessions["sessions"]} == {
-        nccl["session_id"], mi250["session_id"]} and listed_sessions["total"] == 2  # fmt: skip
-    page = requests.get(f"http://127.0.0.1:{app.http.port}{nccl['ui_path']}",
-                        timeout=hang_guard(10))  # fmt: skip
+        nccl["session_id"],
+        mi250["session_id"],
+    } and listed_sessions["total"] == 2
+    page = requests.get(
+        f"http://127.0.0.1:{app.http.port}{nccl['ui_path']}", timeout=hang_guard(10)
+    )
     assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
     assert "Slowest rank" in page.text and "<script" not in page.text
-    extended = c.data("PATCH", f"tracelens/sessions/{nccl['session_id']}",
-                      {"extend_minutes": 30})  # fmt: skip
+    extended = c.data("PATCH", f"tracelens/sessions/{nccl['session_id']}", {"extend_minutes": 30})
     assert extended["expires_at"] > nccl["expires_at"]
 
     # bad traces: each session fails saying why, and the service goes on
-    for path, why in ((CPU, "no GPU kernels"), (MALFORMED, "could not be analysed"),
-                      (HUGE, "over")):  # fmt: skip
+    for path, why in (
+        (CPU, "no GPU kernels"),
+        (MALFORMED, "could not be analysed"),
+        (HUGE, "over"),
+    ):
         failed = session("tracelens", path)
         assert failed["status"] == "failed" and why in failed["status_message"], failed
         assert failed["ui_path"] == "" and failed["analysis"] is None
     job = U["nightly-29000"]
-    for body, code in (({"workload_uid": bert}, 4001),
-                       ({"workload_uid": bert, "profiler_file_id": 999999}, 4004),
-                       ({"workload_uid": job, "profiler_file_id": files[MI250]["id"]}, 4001),
-                       ({"workload_uid": bert, "profiler_file_id": files[MI250]["id"],
-                         "resource_profile": "huge"}, 4001)):  # fmt: skip
+    for body, code in (
+        ({"workload_uid": bert}, 4001),
+        ({"workload_uid": bert, "profiler_file_id": 999999}, 4004),
+        ({"workload_uid": job, "profiler_file_id": files[MI250]["id"]}, 4001),
+        (
+            {
+                "workload_uid": bert,
+                "profiler_file_id": files[MI250]["id"],
+                "resource_profile": "huge",
+            },
+            4001,
+        ),
+    ):
         status, got = c.call("POST", "tracelens/sessions", body)
         assert got["meta"]["code"] == code, (body, got)
     profiles = c.data("GET", "tracelens/resource-profiles")["profiles"]
@@ -222,17 +302,20 @@ def run(api: FakeApiServer, recorder_app: Any, tmp_path: Path, t: Any, address: 
     # the viewer: speedscope opening the MI250 rank's trace, as the page's iframe asks
     view = session("perfetto", MI250)
     assert view["status"] == "ready" and view["viewer_type"] == "speedscope"
-    trace = requests.get(f"http://127.0.0.1:{app.http.port}{view['ui_path']}trace.json",
-                         timeout=hang_guard(10))  # fmt: skip
+    trace = requests.get(
+        f"http://127.0.0.1:{app.http.port}{view['ui_path']}trace.json", timeout=hang_guard(10)
+    )
     # the trace's own events, its string pids and tids numbered (speedscope keys threads by
     # number), each keeping its name in a thread_name event
     wrote = json.loads(gzip.decompress((FIXTURES / LAYOUT[MI250]).read_bytes()))
     served = trace.json()["traceEvents"]
-    assert [(e["name"], e.get("ts"), e.get("dur")) for e in served[: len(wrote["traceEvents"])]
-            ] == [(e["name"], e.get("ts"), e.get("dur")) for e in wrote["traceEvents"]]  # fmt: skip
+    assert [
+        (e["name"], e.get("ts"), e.get("dur")) for e in served[: len(wrote["traceEvents"])]
+    ] == [(e["name"], e.get("ts"), e.get("dur")) for e in wrote["traceEvents"]]
     streams = {str(e["tid"]) for e in wrote["traceEvents"] if isinstance(e.get("tid"), str)}
-    assert streams and streams <= {e["args"]["name"] for e in served
-                                   if e.get("name") == "thread_name"}  # fmt: skip
+    assert streams and streams <= {
+        e["args"]["name"] for e in served if e.get("name") == "thread_name"
+    }
     # the retention: fetched bytes dropped (the rows listed again), fetched anew when asked
     assert app.profiler.prune(datetime.now(UTC) + timedelta(hours=169)) >= 5
     again = {f["path"]: f["status"] for f in c.data("GET", f"workloads/{bert}/profiler-files")}
@@ -244,8 +327,10 @@ def run(api: FakeApiServer, recorder_app: Any, tmp_path: Path, t: Any, address: 
     assert got["meta"]["code"] == 4001 and "deleted" in got["meta"]["message"]
     if shutil.which("chromium") is None or not VIEWER.is_file():
         pytest.skip("chromium or speedscope not installed (scripts/setup.sh test installs both)")
-    url = (f"http://127.0.0.1:{app.http.port}{view['ui_path']}?cluster=local"
-           "#!/viewer?url=/trace.json")  # fmt: skip
+    url = (
+        f"http://127.0.0.1:{app.http.port}{view['ui_path']}?cluster=local"
+        "#!/viewer?url=/trace.json"
+    )
     out = tmp_path  # the screenshots: printed with -s, kept with pytest's tmp directories
     dom = chromium(url, out / "profiler-viewer.png")
     print(f"the viewer as Chromium draws it: {out / 'profiler-viewer.png'}")

@@ -48,8 +48,9 @@ def recorder_token(tmp: Path) -> str:
     return str(f)
 
 
-def test_the_profiler_tab_through_the_agent(ctd: Containerd, api: FakeApiServer,
-                                            recorder_app: Any, tmp_path: Path) -> None:  # fmt: skip
+def test_the_profiler_tab_through_the_agent(
+    ctd: Containerd, api: FakeApiServer, recorder_app: Any, tmp_path: Path
+) -> None:
     rank = start_rank(ctd, "bert-worker-0", "spin", namespace=NS)
     agent, address = agent_for(ctd, tmp_path)
     try:
@@ -58,13 +59,21 @@ def test_the_profiler_tab_through_the_agent(ctd: Containerd, api: FakeApiServer,
         api.put("nodes", node("node-b", "True", {AMD: "8"}, "127.0.0.2"))
         rank_pod(api, "bert-worker-0", rank.pod_uid)
         rank_pod(api, "bert-worker-9", "uid-elsewhere", "node-b")  # no agent answers there
-        app = recorder_app(f"sqlite:///{tmp_path / 'r.db'}", api__token_file=token_file(tmp_path),
-                           deepdive__agent_port=int(address.rpartition(":")[2]),
-                           deepdive__token_file=recorder_token(tmp_path))  # fmt: skip
+        app = recorder_app(
+            f"sqlite:///{tmp_path / 'r.db'}",
+            api__token_file=token_file(tmp_path),
+            deepdive__agent_port=int(address.rpartition(":")[2]),
+            deepdive__token_file=recorder_token(tmp_path),
+        )
         c = Client(app)
-        wait_for(lambda: c.call("POST", f"workloads/{U['bert']}/process-tree",
-                                {"pod_uid": rank.pod_uid})[0] == 200,
-                 "the pod and its node known to the recorder", every=0.2)  # fmt: skip
+        wait_for(
+            lambda: c.call(
+                "POST", f"workloads/{U['bert']}/process-tree", {"pod_uid": rank.pod_uid}
+            )[0]
+            == 200,
+            "the pod and its node known to the recorder",
+            every=0.2,
+        )
         tree = c.data(
             "POST",
             f"workloads/{U['bert']}/process-tree",
@@ -72,7 +81,10 @@ def test_the_profiler_tab_through_the_agent(ctd: Containerd, api: FakeApiServer,
             route="workloads/{uid}/process-tree",
         )
         assert (tree["pod_name"], tree["pod_namespace"], tree["node_name"]) == (
-            "bert-worker-0", NS, "node-a")  # fmt: skip
+            "bert-worker-0",
+            NS,
+            "node-a",
+        )
         [ct] = tree["containers"]
         root = ct["root_process"]
         sleep, helper = children(rank.pid)
@@ -85,15 +97,28 @@ def test_the_profiler_tab_through_the_agent(ctd: Containerd, api: FakeApiServer,
 
         # a speedscope record and a dump, each through its lifecycle to a file
         def finished(task: str) -> dict[str, Any]:
-            return wait_for(lambda: (t := c.data("GET", f"pyspy/task/{task}",
-                                                 route="pyspy/task/{id}"))["status"]
-                            in ("completed", "failed", "cancelled") and t,
-                            f"task {task} ended", every=0.2)  # fmt: skip
+            return wait_for(
+                lambda: (t := c.data("GET", f"pyspy/task/{task}", route="pyspy/task/{id}"))[
+                    "status"
+                ]
+                in ("completed", "failed", "cancelled")
+                and t,
+                f"task {task} ended",
+                every=0.2,
+            )
 
-        made = c.data("POST", "pyspy/sample", {"pod_uid": rank.pod_uid, "node_name": "node-a",
-                                               "pid": rank.pid, "duration": 1,
-                                               "format": "speedscope"},
-                      route="pyspy/sample")  # fmt: skip
+        made = c.data(
+            "POST",
+            "pyspy/sample",
+            {
+                "pod_uid": rank.pod_uid,
+                "node_name": "node-a",
+                "pid": rank.pid,
+                "duration": 1,
+                "format": "speedscope",
+            },
+            route="pyspy/sample",
+        )
         assert made["status"] in ("pending", "running") and made["task_id"].startswith("pyspy-")
         done = finished(made["task_id"])
         assert done["status"] == "completed", done
@@ -105,7 +130,8 @@ def test_the_profiler_tab_through_the_agent(ctd: Containerd, api: FakeApiServer,
         assert done["file_size"] == len(r.content)
         listed = c.data("GET", f"pyspy/file/{done['task_id']}", route="pyspy/file/{id}")
         assert [(f["file_name"], f["file_size"]) for f in listed["files"]] == [
-            (done["output_file"], len(r.content))]  # fmt: skip
+            (done["output_file"], len(r.content))
+        ]
         assert listed["files"][0]["download_url"] == done["file_path"] + "?cluster=local"
 
         asked = {"pod_uid": rank.pod_uid, "pid": rank.pid, "format": "dump"}
@@ -116,12 +142,14 @@ def test_the_profiler_tab_through_the_agent(ctd: Containerd, api: FakeApiServer,
         listed = c.data("POST", "pyspy/tasks", {"workload_uid": U["bert"]}, route="pyspy/tasks")
         assert [t["task_id"] for t in listed["tasks"]] == [dump["task_id"], done["task_id"]]
         assert (listed["total"], listed["limit"], listed["offset"]) == (2, 50, 0)
-        assert c.data("GET", "pyspy/tasks?status=completed&limit=1", route="pyspy/tasks")[
-            "total"] == 2  # fmt: skip
+        assert (
+            c.data("GET", "pyspy/tasks?status=completed&limit=1", route="pyspy/tasks")["total"] == 2
+        )
 
         # a cancel kills the run on the node; a task ended cannot be cancelled
-        long = c.data("POST", "pyspy/sample", {"pod_uid": rank.pod_uid, "pid": rank.pid,
-                                               "duration": 60})  # fmt: skip
+        long = c.data(
+            "POST", "pyspy/sample", {"pod_uid": rank.pod_uid, "pid": rank.pid, "duration": 60}
+        )
         agent.wait_sample("lens_agent_pyspy_running", {}, 1)
         got = c.data(
             "POST",
@@ -129,8 +157,11 @@ def test_the_profiler_tab_through_the_agent(ctd: Containerd, api: FakeApiServer,
             {"reason": "enough"},
             route="pyspy/task/{id}/cancel",
         )
-        assert got == {"task_id": long["task_id"], "status": "cancelled",
-                       "message": "task cancelled"}  # fmt: skip
+        assert got == {
+            "task_id": long["task_id"],
+            "status": "cancelled",
+            "message": "task cancelled",
+        }
         agent.wait_sample("lens_agent_pyspy_running", {}, 0)
         assert finished(long["task_id"])["status"] == "cancelled"
         status, body = c.call("POST", f"pyspy/task/{done['task_id']}/cancel", {})
@@ -147,17 +178,21 @@ def test_the_profiler_tab_through_the_agent(ctd: Containerd, api: FakeApiServer,
         assert "is not a Python process" in failed(sleep)
         assert "is not a process of pod" in failed(1)
         for body_, code, says in [
-            ({"pod_uid": rank.pod_uid, "pid": rank.pid, "node_name": "node-b"}, 4001,
-             "runs on node node-a, not node-b"),
+            (
+                {"pod_uid": rank.pod_uid, "pid": rank.pid, "node_name": "node-b"},
+                4001,
+                "runs on node node-a, not node-b",
+            ),
             ({"pod_uid": "no-such-pod", "pid": 1}, 4004, "pod no-such-pod is not known"),
             ({"pod_uid": rank.pod_uid}, 4001, "pid is required"),
             ({"pod_uid": rank.pod_uid, "pid": 1, "format": "png"}, 4001, "format 'png'"),
             ({"pod_uid": rank.pod_uid, "pid": 1, "duration": 100000}, 4001, "max_duration"),
-        ]:  # fmt: skip
+        ]:
             status, body = c.call("POST", "pyspy/sample", body_)
             assert body["meta"]["code"] == code and says in body["meta"]["message"], body
-        status, body = c.call("POST", f"workloads/{U['bert']}/process-tree",
-                              {"pod_uid": "uid-elsewhere"})  # fmt: skip
+        status, body = c.call(
+            "POST", f"workloads/{U['bert']}/process-tree", {"pod_uid": "uid-elsewhere"}
+        )
         assert (status, body["meta"]["code"]) == (503, 5003), body  # node-b's agent: none
         assert "node-b" in body["meta"]["message"]
         status, body = c.call("GET", "pyspy/task/pyspy-nothere")
@@ -182,18 +217,39 @@ def test_the_profiler_tab_through_the_agent(ctd: Containerd, api: FakeApiServer,
         from lens_ebpf.recorder.store import schema
 
         with app.engine.begin() as conn:
-            conn.execute(schema.pyspy_tasks.insert().values(
-                cluster="local", task_id="pyspy-orphan", status="running", workload_uid="",
-                pod_uid=rank.pod_uid, pod_name="bert-worker-0", pod_namespace=NS,
-                node_name="node-a", pid=rank.pid, action="record", reason="requested",
-                options={"duration": 30, "rate": 100, "format": "speedscope", "native": False,
-                         "subprocesses": False, "locals": False}, output_file="",
-                file_size=0, error="",
-                created_at=datetime.now(UTC) - timedelta(hours=1)))  # fmt: skip
+            conn.execute(
+                schema.pyspy_tasks.insert().values(
+                    cluster="local",
+                    task_id="pyspy-orphan",
+                    status="running",
+                    workload_uid="",
+                    pod_uid=rank.pod_uid,
+                    pod_name="bert-worker-0",
+                    pod_namespace=NS,
+                    node_name="node-a",
+                    pid=rank.pid,
+                    action="record",
+                    reason="requested",
+                    options={
+                        "duration": 30,
+                        "rate": 100,
+                        "format": "speedscope",
+                        "native": False,
+                        "subprocesses": False,
+                        "locals": False,
+                    },
+                    output_file="",
+                    file_size=0,
+                    error="",
+                    created_at=datetime.now(UTC) - timedelta(hours=1),
+                )
+            )
         assert app.deepdive.expire() == 1
         orphan = c.data("GET", "pyspy/task/pyspy-orphan", route="pyspy/task/{id}")
         assert (orphan["status"], orphan["error"]) == (
-            "failed", "the recorder running it stopped before it ended")  # fmt: skip
+            "failed",
+            "the recorder running it stopped before it ended",
+        )
     finally:
         ctd.remove(rank.cid)
         agent.stop()
@@ -212,14 +268,24 @@ def app_get(app: Any, path: str, ok: bool = True) -> Any:
 
 def shipped(pod: str, uid: str, texts: list[str], times: list[float]) -> list[dict[str, Any]]:
     """Fluent Bit's records of one rank's lines."""
-    return [{"date": ts, "log": text + "\n", "kubernetes": {
-        "pod_name": pod, "namespace_name": NS, "pod_id": uid, "container_name": "pytorch"}}
-        for text, ts in zip(texts, times, strict=True)]  # fmt: skip
+    return [
+        {
+            "date": ts,
+            "log": text + "\n",
+            "kubernetes": {
+                "pod_name": pod,
+                "namespace_name": NS,
+                "pod_id": uid,
+                "container_name": "pytorch",
+            },
+        }
+        for text, ts in zip(texts, times, strict=True)
+    ]
 
 
 def test_a_stall_takes_each_ranks_stack_and_names_the_one_apart(
-        ctd: Containerd, api: FakeApiServer, recorder_app: Any, tmp_path: Path
-) -> None:  # fmt: skip
+    ctd: Containerd, api: FakeApiServer, recorder_app: Any, tmp_path: Path
+) -> None:
     """Two ranks log iterations and stop: rank 0 waits in the collective, rank 1 is stuck
     loading a batch. The stall's alert carries both stacks and names rank 1; the NCCL
     watchdog lines that follow take the same capture (once per stall)."""
@@ -231,8 +297,10 @@ def test_a_stall_takes_each_ranks_stack_and_names_the_one_apart(
     from tests.recorder.conftest import rows
     from tests.recorder.test_training import megatron
 
-    ranks = [start_rank(ctd, "bert-worker-0", "barrier", namespace=NS),
-             start_rank(ctd, "bert-worker-1", "stuck", namespace=NS)]  # fmt: skip
+    ranks = [
+        start_rank(ctd, "bert-worker-0", "barrier", namespace=NS),
+        start_rank(ctd, "bert-worker-1", "stuck", namespace=NS),
+    ]
     agent, address = agent_for(ctd, tmp_path)
     try:
         api.put("pytorchjobs", workload("bert", {}, {}))
@@ -242,9 +310,13 @@ def test_a_stall_takes_each_ranks_stack_and_names_the_one_apart(
         t0 = float(int(datetime.now(UTC).timestamp()) - 600)
         clock = [datetime.fromtimestamp(t0, UTC)]
         url = f"sqlite:///{tmp_path / 'r.db'}"
-        app = recorder_app(url, clock=lambda: clock[0], training__check_seconds=3600,
-                           deepdive__agent_port=int(address.rpartition(":")[2]),
-                           deepdive__token_file=recorder_token(tmp_path))  # fmt: skip
+        app = recorder_app(
+            url,
+            clock=lambda: clock[0],
+            training__check_seconds=3600,
+            deepdive__agent_port=int(address.rpartition(":")[2]),
+            deepdive__token_file=recorder_token(tmp_path),
+        )
         eventually(lambda: all(app.tracker.gpu_pod(NS, r.pod_name) for r in ranks))
         base = f"http://127.0.0.1:{app.http.port}/logs"
 
@@ -281,15 +353,16 @@ def test_a_stall_takes_each_ranks_stack_and_names_the_one_apart(
         assert all(t["status"] == "completed" and t["content"] for t in kept)
 
         # the ranks' watchdog lines: the NCCL alert fires and takes the same stacks
-        line = ("[Rank {}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=11, "
-                "OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600031 milliseconds before "
-                "timing out.")  # fmt: skip
+        line = (
+            "[Rank {}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=11, "
+            "OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600031 milliseconds before "
+            "timing out."
+        )
         for n, r in enumerate(ranks):
             post(shipped(r.pod_name, r.pod_uid, [line.format(n)], [t0 + 620]))
 
         def watchdog() -> Any:
-            got = [a for a in rows(url, "alert_events")
-                   if a["alert_name"] == "NCCLWatchdogTimeout"]  # fmt: skip
+            got = [a for a in rows(url, "alert_events") if a["alert_name"] == "NCCLWatchdogTimeout"]
             return got and (got[0]["raw_data"] or {}).get("stacks")
 
         assert wait_for(watchdog, "the watchdog alert with the stacks", every=0.2) == stacks

@@ -44,11 +44,14 @@ def populate(api: FakeApiServer) -> None:
     finished), a PyTorchJob (3 pods, running)."""
     dep = {"replicas": 2, "template": template(NV, 1)}
     api.put("deployments", workload("trainer", dep, {"replicas": 2, "readyReplicas": 2}))
-    api.put("replicasets", workload("trainer-5d9f", dep, {"replicas": 2, "readyReplicas": 2},
-                                    "trainer"))  # fmt: skip
+    api.put(
+        "replicasets", workload("trainer-5d9f", dep, {"replicas": 2, "readyReplicas": 2}, "trainer")
+    )
     for n in ("a", "b"):
-        api.put("pods", state(gpu_pod(f"trainer-5d9f-{n}", "trainer-5d9f", NV, 1, GPU1),
-                              "Running", True))  # fmt: skip
+        api.put(
+            "pods",
+            state(gpu_pod(f"trainer-5d9f-{n}", "trainer-5d9f", NV, 1, GPU1), "Running", True),
+        )
     job = {"parallelism": 1, "template": template(AMD, 2)}
     api.put("cronjobs", workload("nightly", {"jobTemplate": {"spec": job}}, {"active": []}))
     api.put("jobs", workload("nightly-29000", job, conds("Complete"), "nightly"))
@@ -84,8 +87,9 @@ def test_rest_pages_filters_and_errors(api: FakeApiServer, recorder_app: Any, db
     assert app.writer.flush(10)
 
     top = get(app, "/workloads?top=true").json()
-    assert [w["name"] for w in top["items"]] == ["bert", "nightly", "trainer"] or \
-        sorted(w["name"] for w in top["items"]) == ["bert", "nightly", "trainer"]  # fmt: skip
+    assert [w["name"] for w in top["items"]] == ["bert", "nightly", "trainer"] or sorted(
+        w["name"] for w in top["items"]
+    ) == ["bert", "nightly", "trainer"]
     assert "continue" not in top
     # pages of two: three pages for five workloads, each row once, even when a workload
     # that sorts first is recorded between two pages (an offset would serve a row twice)
@@ -109,21 +113,34 @@ def test_rest_pages_filters_and_errors(api: FakeApiServer, recorder_app: Any, db
     one = get(app, f"/workloads/{U['bert']}").json()
     assert (one["kind"], one["gpu_request"], one["status"]) == ("PyTorchJob", 3, "Running")
     assert [p["name"] for p in one["pods"]] == [f"bert-worker-{n}" for n in range(3)]
-    assert one["pods"][0]["resources"] == [{"container": "main", "source": "spec",
-                                            "resource": NV, "count": 1, "model": "",
-                                            "devices": []}]  # fmt: skip
+    assert one["pods"][0]["resources"] == [
+        {
+            "container": "main",
+            "source": "spec",
+            "resource": NV,
+            "count": 1,
+            "model": "",
+            "devices": [],
+        }
+    ]
     assert [e["type"] for e in one["pods"][0]["events"]] == ["created", "condition"]
     cj = get(app, f"/workloads/{U['nightly']}").json()
     assert [c["name"] for c in cj["children"]] == ["nightly-29000"]
 
     on2 = get(app, f"/pods?node={GPU2}").json()["items"]
-    assert [(p["name"], p["phase"], p["gpus"]) for p in on2] == [("nightly-29000-x", "Succeeded",
-                                                                  2)]  # fmt: skip
+    assert [(p["name"], p["phase"], p["gpus"]) for p in on2] == [
+        ("nightly-29000-x", "Succeeded", 2)
+    ]
     # the finished pod ended at 08:00 (the recorder's clock): not alive since 08:30
     alive = get(app, "/pods?since=2026-11-23T08:30:00Z").json()["items"]
-    assert sorted(p["name"] for p in alive) == ["bert-worker-0", "bert-worker-1",
-                                                 "bert-worker-2", "early-x", "trainer-5d9f-a",
-                                                 "trainer-5d9f-b"]  # fmt: skip
+    assert sorted(p["name"] for p in alive) == [
+        "bert-worker-0",
+        "bert-worker-1",
+        "bert-worker-2",
+        "early-x",
+        "trainer-5d9f-a",
+        "trainer-5d9f-b",
+    ]
     assert len(get(app, "/pods?since=1800000000").json()["items"]) == 6  # Unix seconds
 
     for path, code, says in (
@@ -140,8 +157,9 @@ def test_rest_pages_filters_and_errors(api: FakeApiServer, recorder_app: Any, db
         assert r.status_code == code and says in r.json()["error"], path
 
 
-def test_report_counts_gpu_hours_exactly(api: FakeApiServer, recorder_app: Any,
-                                         db_url: str) -> None:  # fmt: skip
+def test_report_counts_gpu_hours_exactly(
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     populate(api)
     app = recorder_app(db_url, clock=lambda: NOW)
     eventually(lambda: len(rows(db_url, "gpu_pods")) == 6, timeout=10)
@@ -156,22 +174,34 @@ def test_report_counts_gpu_hours_exactly(api: FakeApiServer, recorder_app: Any,
             "trainer": ("Deployment", 2, 2, 2 * 4.0),
             "nightly": ("CronJob", 1, 2, 2 * 2.0),
             "bert": ("PyTorchJob", 3, 3, 3 * 4.0),
-        }  # fmt: skip
+        }
         # counted from since, and only pods on the node asked for
         on2 = queries.report(conn, datetime(2026, 11, 23, 7, 0, tzinfo=UTC), later, GPU2)
         assert [(x.name, x.gpu_seconds / 3600) for x in on2] == [("nightly", 2 * 1.0)]
         assert queries.report(conn, datetime(2026, 11, 23, 9, 0, tzinfo=UTC), later, GPU2) == []
         text = queries.format_report(list(lines.values()))
     eng.dispose()
-    assert text.splitlines()[0].split() == ["WORKLOAD", "STATUS", "GPUS", "PODS", "CREATED",
-                                            "ENDED", "GPU-H"]  # fmt: skip
+    assert text.splitlines()[0].split() == [
+        "WORKLOAD",
+        "STATUS",
+        "GPUS",
+        "PODS",
+        "CREATED",
+        "ENDED",
+        "GPU-H",
+    ]
     assert all(len(line) <= 80 for line in text.splitlines())
     assert "PyTorchJob/ml/bert" in text and "12.00" in text
 
 
 def run_cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "lens-ebpf"), "recorder", *args], env=env, timeout=timeout,
-                          capture_output=True, text=True)  # fmt: skip
+    return subprocess.run(
+        [str(BIN / "lens-ebpf"), "recorder", *args],
+        env=env,
+        timeout=timeout,
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_the_command_line(api: FakeApiServer, tmp_path: Path) -> None:
@@ -180,10 +210,21 @@ def test_the_command_line(api: FakeApiServer, tmp_path: Path) -> None:
     env["KUBECONFIG"] = str(api.kubeconfig(tmp_path / "kubeconfig"))
     db = f"sqlite:///{tmp_path / 'rec.db'}"
     with socket_pair() as (http_port, collect_port):
-        proc = subprocess.Popen([str(BIN / "lens-ebpf"), "recorder", "--database", db,
-                                 "--listen", f"127.0.0.1:{http_port}",
-                                 "--collect-listen", f"127.0.0.1:{collect_port}"],
-                                env=env, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [
+                str(BIN / "lens-ebpf"),
+                "recorder",
+                "--database",
+                db,
+                "--listen",
+                f"127.0.0.1:{http_port}",
+                "--collect-listen",
+                f"127.0.0.1:{collect_port}",
+            ],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     try:
         url = f"http://127.0.0.1:{http_port}"
 
@@ -194,8 +235,10 @@ def test_the_command_line(api: FakeApiServer, tmp_path: Path) -> None:
                 return False
 
         eventually(ready, timeout=30)
-        eventually(lambda: len(requests.get(url + "/pods", timeout=hang_guard(2))
-                               .json()["items"]) == 6, timeout=15)  # fmt: skip
+        eventually(
+            lambda: len(requests.get(url + "/pods", timeout=hang_guard(2)).json()["items"]) == 6,
+            timeout=15,
+        )
         eventually(lambda: all(has_finalizer(api, n) for n in U), timeout=15)
         assert "lens_recorder_db_write_seconds_bucket" in requests.get(url + "/metrics").text
     finally:
@@ -236,8 +279,7 @@ def test_the_command_line(api: FakeApiServer, tmp_path: Path) -> None:
     replicas = {**env, "LENS_RECORDER__LEADER_ELECTION__ENABLED": "true"}
     bad = run_cli("--database", db, env=replicas)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
-    assert "leader_election.enabled needs a database the replicas share (PostgreSQL)" \
-        in bad.stderr  # fmt: skip
+    assert "leader_election.enabled needs a database the replicas share (PostgreSQL)" in bad.stderr
     noapi = {k: v for k, v in env.items() if k != "KUBECONFIG"}
     bad = run_cli("--database", db, env=noapi)
     assert bad.returncode == 2
@@ -318,39 +360,59 @@ def test_rows_stored_before_clusters_belong_to_the_home_cluster(db_url: str) -> 
     head = max(p.name[:4] for p in versions.glob("[0-9][0-9][0-9][0-9]_*.py"))
     assert upgrade(eng, cluster="home") == head
     with eng.begin() as conn:
-        assert [tuple(r) for r in conn.execute(select(schema.nodes.c.cluster,
-                                                      schema.nodes.c.name,
-                                                      schema.nodes.c.address))] == [
-            ("home", "gpu-0", "10.0.0.1")]  # fmt: skip
+        assert [
+            tuple(r)
+            for r in conn.execute(
+                select(schema.nodes.c.cluster, schema.nodes.c.name, schema.nodes.c.address)
+            )
+        ] == [("home", "gpu-0", "10.0.0.1")]
         ne = schema.node_events
-        assert [tuple(r) for r in conn.execute(select(ne.c.cluster, ne.c.node, ne.c.instance,
-                                                      ne.c.seq))] \
-            == [("home", "gpu-0", "", 7)]  # fmt: skip
+        assert [
+            tuple(r) for r in conn.execute(select(ne.c.cluster, ne.c.node, ne.c.instance, ne.c.seq))
+        ] == [("home", "gpu-0", "", 7)]
         row = {"node": "gpu-0", "seq": 7, "at": at, "kind": "oom_kill", "payload": {}}
         conn.execute(ne.insert().values(cluster="b", **row))  # the same (node, seq) in b
         conn.execute(ne.insert().values(cluster="home", instance="a1", **row))  # a restart's
     with pytest.raises(IntegrityError), eng.begin() as conn:  # the same instance's seq: once
         conn.execute(ne.insert().values(cluster="home", instance="a1", **row))
     with eng.begin() as conn:
-        conn.execute(schema.nodes.insert().values(
-            cluster="b", name="gpu-0", gpu_capacity={}, gpu_allocatable={}, labels={},
-            updated_at=at))  # fmt: skip
-        assert conn.execute(select(schema.nodes.c.cluster).order_by(schema.nodes.c.cluster)
-                            ).scalars().all() == ["b", "home"]  # fmt: skip
+        conn.execute(
+            schema.nodes.insert().values(
+                cluster="b",
+                name="gpu-0",
+                gpu_capacity={},
+                gpu_allocatable={},
+                labels={},
+                updated_at=at,
+            )
+        )
+        assert conn.execute(
+            select(schema.nodes.c.cluster).order_by(schema.nodes.c.cluster)
+        ).scalars().all() == ["b", "home"]
     eng.dispose()
 
 
-def test_the_kubelet_service_follows_the_nodes(api: FakeApiServer, recorder_app: Any,
-                                               tmp_path: Path) -> None:  # fmt: skip
+def test_the_kubelet_service_follows_the_nodes(
+    api: FakeApiServer, recorder_app: Any, tmp_path: Path
+) -> None:
     def node(name: str, ip: str) -> dict[str, Any]:
-        return {"metadata": {"name": name, "uid": f"uid-{name}"},
-                "status": {"addresses": [{"type": "Hostname", "address": name},
-                                         {"type": "InternalIP", "address": ip}]}}  # fmt: skip
+        return {
+            "metadata": {"name": name, "uid": f"uid-{name}"},
+            "status": {
+                "addresses": [
+                    {"type": "Hostname", "address": name},
+                    {"type": "InternalIP", "address": ip},
+                ]
+            },
+        }
 
     api.put("nodes", node("gpu-2", "192.0.2.12"))
     api.put("nodes", node("gpu-1", "192.0.2.11"))
-    app = recorder_app(f"sqlite:///{tmp_path / 'k.db'}", kubelet_service__enabled=True,
-                       kubelet_service__interval_seconds=0.2)  # fmt: skip
+    app = recorder_app(
+        f"sqlite:///{tmp_path / 'k.db'}",
+        kubelet_service__enabled=True,
+        kubelet_service__interval_seconds=0.2,
+    )
 
     def ips() -> list[str]:
         ep = api.get("endpoints", "kube-system", "kubelet")
@@ -360,10 +422,16 @@ def test_the_kubelet_service_follows_the_nodes(api: FakeApiServer, recorder_app:
     svc = api.get("services", "kube-system", "kubelet")
     assert svc["spec"]["clusterIP"] == "None"
     assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [
-        ("cadvisor", 4194), ("http-metrics", 10255), ("https-metrics", 10250)]  # fmt: skip
+        ("cadvisor", 4194),
+        ("http-metrics", 10255),
+        ("https-metrics", 10250),
+    ]
     ep = api.get("endpoints", "kube-system", "kubelet")
-    assert ep["subsets"][0]["addresses"][0]["targetRef"] == {"kind": "Node", "name": "gpu-1",
-                                                             "uid": "uid-gpu-1"}  # fmt: skip
+    assert ep["subsets"][0]["addresses"][0]["targetRef"] == {
+        "kind": "Node",
+        "name": "gpu-1",
+        "uid": "uid-gpu-1",
+    }
     api.put("nodes", node("gpu-3", "192.0.2.13"))
     eventually(lambda: ips() == ["192.0.2.11", "192.0.2.12", "192.0.2.13"], timeout=10)
     api.delete("nodes", "", "gpu-1")

@@ -20,8 +20,10 @@ from tests.recorder.test_node_events import report
 from tests.recorder.test_training import WORKERS, fluent_bit, get, megatron, metric, post, started
 
 SLOW = 3  # bert-worker-3, on gpu-4
-XID = ("NVRM: Xid (PCI:0000:c1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
-       "the bus.")  # fmt: skip
+XID = (
+    "NVRM: Xid (PCI:0000:c1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
+    "the bus."
+)
 BDF = "0000:c1:00.0"
 
 
@@ -34,9 +36,11 @@ def series(t0: int) -> str:
     for n in range(4):
         node = f"gpu-{n + 1}"
         for peer in (p for i, p in enumerate(WORKERS) if i != n):
-            lbl = (f'node="{node}",direction="egress",type="k8sPod",raddr="10.1.0.{n}",'
-                   f'remote_namespace="{NS}",remote_pod="{peer}",remote_workload_kind='
-                   f'"PyTorchJob",remote_workload="bert",remote_service=""')  # fmt: skip
+            lbl = (
+                f'node="{node}",direction="egress",type="k8sPod",raddr="10.1.0.{n}",'
+                f'remote_namespace="{NS}",remote_pod="{peer}",remote_workload_kind='
+                f'"PyTorchJob",remote_workload="bert",remote_service=""'
+            )
             fast = slow = 0
             for m in range(51):
                 if m:
@@ -45,8 +49,13 @@ def series(t0: int) -> str:
                     else:
                         fast += 60
                 ts = t0 + 60 * m
-                for le, count in (("0.0005", 0), ("0.001", fast), ("0.005", fast),
-                                  ("0.01", fast + slow), ("+Inf", fast + slow)):  # fmt: skip
+                for le, count in (
+                    ("0.0005", 0),
+                    ("0.001", fast),
+                    ("0.005", fast),
+                    ("0.01", fast + slow),
+                    ("+Inf", fast + slow),
+                ):
                     out.append(f'lens_tcp_rtt_seconds_bucket{{{lbl},le="{le}"}} {count} {ts}\n')
                 out.append(f"lens_tcp_rtt_seconds_count{{{lbl}}} {fast + slow} {ts}\n")
                 out.append(f"lens_tcp_rtt_seconds_sum{{{lbl}}} {0.00075 * fast} {ts}\n")
@@ -56,26 +65,43 @@ def series(t0: int) -> str:
         out += [f"gpu_utilization{{{lbl}}} 90 {t0 + 60 * m}\n" for m in range(51)]
     out.append("# TYPE lens_gpu_clock_event_active gauge\n")
     for reason, start in (("hw_thermal_slowdown", 33), ("gpu_idle", 0)):  # idle: not one
-        lbl = (f'node="gpu-4",gpu_index="0",vendor="nvidia",namespace="{NS}",'
-               f'pod="{WORKERS[SLOW]}",reason="{reason}"')  # fmt: skip
-        out += [f"lens_gpu_clock_event_active{{{lbl}}} {int(m >= start)} {t0 + 60 * m}\n"
-                for m in range(51)]  # fmt: skip
+        lbl = (
+            f'node="gpu-4",gpu_index="0",vendor="nvidia",namespace="{NS}",'
+            f'pod="{WORKERS[SLOW]}",reason="{reason}"'
+        )
+        out += [
+            f"lens_gpu_clock_event_active{{{lbl}}} {int(m >= start)} {t0 + 60 * m}\n"
+            for m in range(51)
+        ]
     out.append("# TYPE lens_rdma_port_receive_errors counter\n")
     port = 'node="gpu-4",device="mlx5_0",port="1"'
-    out += [f"lens_rdma_port_receive_errors_total{{{port}}} {30 * max(0, m - 34)} {t0 + 60 * m}\n"
-            for m in range(51)]  # fmt: skip
+    out += [
+        f"lens_rdma_port_receive_errors_total{{{port}}} {30 * max(0, m - 34)} {t0 + 60 * m}\n"
+        for m in range(51)
+    ]
     return "".join(out) + "# EOF\n"
 
 
 def gpu(change: str, **fields: Any) -> pb.DeviceChange:
-    return pb.DeviceChange(device_kind="gpu", vendor="nvidia", bdf=BDF, slot=BDF, index=0,
-                           key="GPU-4f1e", uuid="GPU-4f1e", model="NVIDIA H100 80GB HBM3",
-                           serial="1652923005678", holder=f"{NS}/{WORKERS[SLOW]}",
-                           change=change, **fields)  # fmt: skip
+    return pb.DeviceChange(
+        device_kind="gpu",
+        vendor="nvidia",
+        bdf=BDF,
+        slot=BDF,
+        index=0,
+        key="GPU-4f1e",
+        uuid="GPU-4f1e",
+        model="NVIDIA H100 80GB HBM3",
+        serial="1652923005678",
+        holder=f"{NS}/{WORKERS[SLOW]}",
+        change=change,
+        **fields,
+    )
 
 
 def test_the_timeline_and_the_outlier_of_a_job_that_slowed_down(
-        api: FakeApiServer, recorder_app: Any, db_url: str) -> None:  # fmt: skip
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     from tests.promserver import Prometheus, available
 
     if available():
@@ -84,9 +110,15 @@ def test_the_timeline_and_the_outlier_of_a_job_that_slowed_down(
     prometheus = Prometheus([], openmetrics=series(t0))
     now = datetime.fromtimestamp(t0 + 2400, UTC)  # minute 40
     try:
-        app = started(api, recorder_app, db_url, clock=lambda: now,
-                      prometheus__url=prometheus.base, training__check_seconds=3600,
-                      jobs__outliers_seconds=3600)  # fmt: skip
+        app = started(
+            api,
+            recorder_app,
+            db_url,
+            clock=lambda: now,
+            prometheus__url=prometheus.base,
+            training__check_seconds=3600,
+            jobs__outliers_seconds=3600,
+        )
         # every rank prints every iteration: 60 of 1.0 s from minute 28, then 2.0 s (the
         # first slow one, iteration 61, ends at 29:02) up to minute 40
         times, secs = [], [1.0] * 60 + [2.0] * 330
@@ -110,42 +142,78 @@ def test_the_timeline_and_the_outlier_of_a_job_that_slowed_down(
         )
         ns = 1_000_000_000
         events = [
-            pb.Event(seq=1, ts_unix_nano=(t0 + 1800) * ns, node_name="gpu-4",
-                     device_inventory=pb.DeviceInventory(devices=[gpu("appeared")])),
-            pb.Event(seq=2, ts_unix_nano=(t0 + 1830) * ns, node_name="gpu-4",
-                     gpu_fault=pb.GpuFault(gpu_index=0, bdf=BDF, uuid="GPU-4f1e", vendor="nvidia",
-                                           fault="xid", code="79",
-                                           message=XID,
-                                           identity=who)),
-            pb.Event(seq=3, ts_unix_nano=(t0 + 1845) * ns, node_name="gpu-4",
-                     device_change=gpu("changed", recovery_action="gpu_reset",
-                                       fields=["recovery_action"])),
-            pb.Event(seq=4, ts_unix_nano=(t0 + 1700) * ns, node_name="gpu-4",
-                     rdma_open=pb.RdmaUse(device="mlx5_0", queue_pairs=4, identity=who)),
-        ]  # fmt: skip
+            pb.Event(
+                seq=1,
+                ts_unix_nano=(t0 + 1800) * ns,
+                node_name="gpu-4",
+                device_inventory=pb.DeviceInventory(devices=[gpu("appeared")]),
+            ),
+            pb.Event(
+                seq=2,
+                ts_unix_nano=(t0 + 1830) * ns,
+                node_name="gpu-4",
+                gpu_fault=pb.GpuFault(
+                    gpu_index=0,
+                    bdf=BDF,
+                    uuid="GPU-4f1e",
+                    vendor="nvidia",
+                    fault="xid",
+                    code="79",
+                    message=XID,
+                    identity=who,
+                ),
+            ),
+            pb.Event(
+                seq=3,
+                ts_unix_nano=(t0 + 1845) * ns,
+                node_name="gpu-4",
+                device_change=gpu(
+                    "changed", recovery_action="gpu_reset", fields=["recovery_action"]
+                ),
+            ),
+            pb.Event(
+                seq=4,
+                ts_unix_nano=(t0 + 1700) * ns,
+                node_name="gpu-4",
+                rdma_open=pb.RdmaUse(device="mlx5_0", queue_pairs=4, identity=who),
+            ),
+        ]
         assert report(app.collect_port, "gpu-4", events)[-1] == 4
         assert app.writer.flush(10)
 
         # the rank that holds the others back, as the job at minute 40 sees it
         assert app.outliers.run_once(now) == 1
         assert app.outliers.run_once(now) == 0  # still the one, not found again
-        lbl = (f'namespace="{NS}",workload="bert",pod="{WORKERS[SLOW]}",node="gpu-4",'
-               f'signal="tcp_rtt"')  # fmt: skip
+        lbl = (
+            f'namespace="{NS}",workload="bert",pod="{WORKERS[SLOW]}",node="gpu-4",'
+            f'signal="tcp_rtt"'
+        )
         assert metric(app, f"lens_workload_outlier{{{lbl}}}") == 1
         assert app.writer.flush(10)
         (outlier,) = (e for e in rows(db_url, "training_events") if e["kind"] == "outlier")
-        assert (outlier["pod"], outlier["node"], outlier["signal"]) == (WORKERS[SLOW], "gpu-4",
-                                                                       "tcp_rtt")  # fmt: skip
-        assert outlier["value"] == pytest.approx(0.0075) and outlier["baseline"] == \
-            pytest.approx(0.00075)  # fmt: skip
+        assert (outlier["pod"], outlier["node"], outlier["signal"]) == (
+            WORKERS[SLOW],
+            "gpu-4",
+            "tcp_rtt",
+        )
+        assert outlier["value"] == pytest.approx(0.0075) and outlier["baseline"] == pytest.approx(
+            0.00075
+        )
         assert outlier["detail"] == {"score": None, "direction": "high", "window_seconds": 300}
 
         data = get(app, f"/v1/workloads/{U['bert']}/timeline?start={t0 + 30}&end={t0 + 2400}")
         assert data["incomplete"] == [] and data["pods"] == WORKERS
         assert (data["kind"], data["name"], data["start"], data["end"]) == (
-            "PyTorchJob", "bert", t0 + 30, t0 + 2400)  # fmt: skip
-        got = [(e["time"] - t0, e["type"], e["pod"], e["node"], e["device"])
-               for e in data["entries"] if not e["type"].startswith("pod_")]  # fmt: skip
+            "PyTorchJob",
+            "bert",
+            t0 + 30,
+            t0 + 2400,
+        )
+        got = [
+            (e["time"] - t0, e["type"], e["pod"], e["node"], e["device"])
+            for e in data["entries"]
+            if not e["type"].startswith("pod_")
+        ]
         assert got == [
             (29 * 60 + 2.0, "training_slowdown", WORKERS[0], "gpu-1", ""),
             (30 * 60, "device_change", WORKERS[SLOW], "gpu-4", BDF),  # it appeared
@@ -155,16 +223,26 @@ def test_the_timeline_and_the_outlier_of_a_job_that_slowed_down(
             (33 * 60 + 30, "gpu_throttling", WORKERS[SLOW], "gpu-4", "gpu0"),
             (35 * 60 + 30, "rdma_error_regression", WORKERS[SLOW], "gpu-4", "mlx5_0/1"),
             (40 * 60, "outlier", WORKERS[SLOW], "gpu-4", ""),
-        ]  # fmt: skip
+        ]
         by_type = {e["type"]: e for e in data["entries"]}
         assert by_type["training_slowdown"]["detail"] == {
-            "iteration": 61, "iteration_seconds": 2.0, "median_seconds": 1.0, "ratio": 2.0,
-            "factor": 1.5, "window": 50, "ended_at": None}  # fmt: skip
+            "iteration": 61,
+            "iteration_seconds": 2.0,
+            "median_seconds": 1.0,
+            "ratio": 2.0,
+            "factor": 1.5,
+            "window": 50,
+            "ended_at": None,
+        }
         assert by_type["gpu_fault"]["detail"]["code"] == "79"
         assert "fallen off the bus" in by_type["gpu_fault"]["message"]
         assert by_type["device_change"]["detail"] == {
-            "kind": "gpu", "device_key": "GPU-4f1e", "field": "recovery_action", "old": "",
-            "new": "gpu_reset"}  # fmt: skip
+            "kind": "gpu",
+            "device_key": "GPU-4f1e",
+            "field": "recovery_action",
+            "old": "",
+            "new": "gpu_reset",
+        }
         rtt = by_type["tcp_rtt_regression"]["detail"]
         assert (rtt["value"], rtt["baseline"]) == (pytest.approx(0.0075), pytest.approx(0.00075))
         assert rtt["ratio"] == pytest.approx(10.0) and rtt["until"] == t0 + 2400 - 30
@@ -174,20 +252,33 @@ def test_the_timeline_and_the_outlier_of_a_job_that_slowed_down(
         # the pods' own events are there too (the API stand-in's Running pods)
         assert {e["type"] for e in data["entries"]} >= {"pod_created"}
         # a child of the job's hierarchy has no child here; an unknown uid is a 404
-        r = __import__("requests").get(f"http://127.0.0.1:{app.http.port}/v1/workloads/nope/"
-                                       "timeline", timeout=10)  # fmt: skip
+        r = __import__("requests").get(
+            f"http://127.0.0.1:{app.http.port}/v1/workloads/nope/" "timeline", timeout=10
+        )
         assert r.status_code == 404 and r.json()["meta"]["code"] == 4004
-        bad = __import__("requests").get(f"http://127.0.0.1:{app.http.port}/v1/workloads/"
-                                         f"{U['bert']}/timeline?start={t0}&end={t0 - 60}",
-                                         timeout=10).json()  # fmt: skip
+        bad = (
+            __import__("requests")
+            .get(
+                f"http://127.0.0.1:{app.http.port}/v1/workloads/"
+                f"{U['bert']}/timeline?start={t0}&end={t0 - 60}",
+                timeout=10,
+            )
+            .json()
+        )
         assert bad["meta"]["code"] == 4001 and "before" in bad["meta"]["message"]
         eventually(lambda: True, timeout=1)
     finally:
         prometheus.stop()
     # Prometheus gone: the tables' entries, and what is missing, said (meta.message too)
-    body = __import__("requests").get(
-        f"http://127.0.0.1:{app.http.port}/v1/workloads/{U['bert']}/timeline?start={t0 + 30}"
-        f"&end={t0 + 2400}", timeout=10).json()  # fmt: skip
+    body = (
+        __import__("requests")
+        .get(
+            f"http://127.0.0.1:{app.http.port}/v1/workloads/{U['bert']}/timeline?start={t0 + 30}"
+            f"&end={t0 + 2400}",
+            timeout=10,
+        )
+        .json()
+    )
     data = body["data"]
     assert "unavailable" in data["incomplete"][0]
     assert body["meta"] == {

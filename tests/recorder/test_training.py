@@ -37,35 +37,61 @@ def bert(api: FakeApiServer) -> None:
 def started(api: FakeApiServer, recorder_app: Any, url: str, **settings: Any) -> Any:
     bert(api)
     app = recorder_app(url, **settings)
-    eventually(lambda: sum(r["running"] for r in rows(url, "gpu_pods")) == 4
-               and app.tracker.gpu_pod(NS, WORKERS[3]) is not None, timeout=15)  # fmt: skip
+    eventually(
+        lambda: sum(r["running"] for r in rows(url, "gpu_pods")) == 4
+        and app.tracker.gpu_pod(NS, WORKERS[3]) is not None,
+        timeout=15,
+    )
     return app
 
 
-def post(app: Any, body: bytes | str | list[Any], path: str = "/logs",
-         **kw: Any) -> requests.Response:  # fmt: skip
+def post(
+    app: Any, body: bytes | str | list[Any], path: str = "/logs", **kw: Any
+) -> requests.Response:
     data = json.dumps(body).encode() if isinstance(body, list) else body
     kw["headers"] = {"Content-Type": "application/json", **kw.get("headers", {})}
-    return requests.post(f"http://127.0.0.1:{app.http.port}{path}", data=data,
-                         timeout=hang_guard(10), **kw)  # fmt: skip
+    return requests.post(
+        f"http://127.0.0.1:{app.http.port}{path}", data=data, timeout=hang_guard(10), **kw
+    )
 
 
 def fluent_bit(pod: str, texts: list[str], times: list[float]) -> list[dict[str, Any]]:
     """Fluent Bit's http output (format json): date in unix seconds, the kubernetes
     filter's fields."""
-    return [{"date": ts, "log": text + "\n", "stream": "stdout", "time": "",
-             "kubernetes": {"pod_name": pod, "namespace_name": NS, "pod_id": f"uid-{pod}",
-                            "container_name": "pytorch", "host": "gpu-1"}}
-            for text, ts in zip(texts, times, strict=True)]  # fmt: skip
+    return [
+        {
+            "date": ts,
+            "log": text + "\n",
+            "stream": "stdout",
+            "time": "",
+            "kubernetes": {
+                "pod_name": pod,
+                "namespace_name": NS,
+                "pod_id": f"uid-{pod}",
+                "container_name": "pytorch",
+                "host": "gpu-1",
+            },
+        }
+        for text, ts in zip(texts, times, strict=True)
+    ]
 
 
 def vector(pod: str, texts: list[str], times: list[float]) -> list[dict[str, Any]]:
     """Vector's http sink (codec json) of kubernetes_logs events."""
-    return [{"message": text, "source_type": "kubernetes_logs",
-             "timestamp": datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z"),
-             "kubernetes": {"pod_name": pod, "pod_namespace": NS, "pod_uid": f"uid-{pod}",
-                            "container_name": "pytorch"}}
-            for text, ts in zip(texts, times, strict=True)]  # fmt: skip
+    return [
+        {
+            "message": text,
+            "source_type": "kubernetes_logs",
+            "timestamp": datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z"),
+            "kubernetes": {
+                "pod_name": pod,
+                "pod_namespace": NS,
+                "pod_uid": f"uid-{pod}",
+                "container_name": "pytorch",
+            },
+        }
+        for text, ts in zip(texts, times, strict=True)
+    ]
 
 
 def lines(name: str) -> list[str]:
@@ -81,46 +107,84 @@ def get(app: Any, path: str) -> Any:
 
 
 def points(url: str, pod: str) -> list[tuple[Any, ...]]:
-    return [(r["format"], r["iteration"], r["iteration_seconds"], r["tokens_per_second"],
-             r["tflops_per_gpu"], r["loss"], r["skipped_iterations"], r["samples_per_second"])
-            for r in rows(url, "training_points") if r["pod"] == pod]  # fmt: skip
+    return [
+        (
+            r["format"],
+            r["iteration"],
+            r["iteration_seconds"],
+            r["tokens_per_second"],
+            r["tflops_per_gpu"],
+            r["loss"],
+            r["skipped_iterations"],
+            r["samples_per_second"],
+        )
+        for r in rows(url, "training_points")
+        if r["pod"] == pod
+    ]
 
 
-def test_each_shippers_body_of_each_formats_real_lines(api: FakeApiServer, recorder_app: Any,
-                                                      db_url: str) -> None:  # fmt: skip
+def test_each_shippers_body_of_each_formats_real_lines(
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     t0 = float(int(datetime.now(UTC).timestamp()) // 60 * 60 - 7200)
     now = datetime.fromtimestamp(t0 + 3000, UTC)
     app = started(api, recorder_app, db_url, clock=lambda: now)
     # Megatron's run through Fluent Bit (format json), one line every 13 s, for worker 0
     mega = lines("megatron-single-node.log")
     times = [t0 + 13 * i for i in range(len(mega))]
-    r = post(app, fluent_bit(WORKERS[0], mega, times),
-             headers={"Content-Type": "application/json"})  # fmt: skip
+    r = post(app, fluent_bit(WORKERS[0], mega, times), headers={"Content-Type": "application/json"})
     assert r.status_code == 200, r.text
-    assert r.json() == {"meta": {"code": 2000, "message": "OK"}, "data": {
-        "shipper": "fluent-bit", "lines": 20, "malformed": 0, "parsed": 10, "not_progress": 10,
-        "not_gpu_pod": 0, "no_workload": 0, "duplicate": 0}}  # fmt: skip
+    assert r.json() == {
+        "meta": {"code": 2000, "message": "OK"},
+        "data": {
+            "shipper": "fluent-bit",
+            "lines": 20,
+            "malformed": 0,
+            "parsed": 10,
+            "not_progress": 10,
+            "not_gpu_pod": 0,
+            "no_workload": 0,
+            "duplicate": 0,
+        },
+    }
     # torchtitan through Vector for worker 1: steps 1, 10, 530, two seconds a step
     titan = lines("torchtitan.log")
     r = post(app, vector(WORKERS[1], titan, [t0 + 1000, t0 + 1018, t0 + 2058]))
     assert r.json()["data"]["shipper"] == "vector" and r.json()["data"]["parsed"] == 3
     # DeepSpeed as plain lines (its time: when it arrived), gzip'd, for worker 2
-    r = post(app, gzip.compress("\n".join(lines("deepspeed.log")).encode()),
-             params={"namespace": NS, "pod": WORKERS[2], "container": "main"},
-             headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"})  # fmt: skip
+    r = post(
+        app,
+        gzip.compress("\n".join(lines("deepspeed.log")).encode()),
+        params={"namespace": NS, "pod": WORKERS[2], "container": "main"},
+        headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"},
+    )
     assert r.status_code == 200, r.text
-    assert r.json()["data"] == {"shipper": "plain", "lines": 4, "malformed": 0, "parsed": 4,
-                                "not_progress": 0, "not_gpu_pod": 0, "no_workload": 0,
-                                "duplicate": 0}  # fmt: skip
+    assert r.json()["data"] == {
+        "shipper": "plain",
+        "lines": 4,
+        "malformed": 0,
+        "parsed": 4,
+        "not_progress": 0,
+        "not_gpu_pod": 0,
+        "no_workload": 0,
+        "duplicate": 0,
+    }
     # Hugging Face's Trainer through Fluent Bit's json_lines, under /v1/logs, for worker 3;
     # and a pod the service does not follow (not a GPU pod)
     hf = lines("hf_trainer.log")
     recs = fluent_bit(WORKERS[3], hf, [t0 + 2500 + i for i in range(len(hf))])
     recs += fluent_bit("web-0", ["{'loss': 1.0, 'epoch': 1.0}"], [t0 + 2600])
     r = post(app, "\n".join(json.dumps(x) for x in recs), path="/v1/logs")
-    assert r.json()["data"] == {"shipper": "fluent-bit", "lines": 7, "malformed": 0,
-                                "parsed": 5, "not_progress": 1, "not_gpu_pod": 1,
-                                "no_workload": 0, "duplicate": 0}  # fmt: skip
+    assert r.json()["data"] == {
+        "shipper": "fluent-bit",
+        "lines": 7,
+        "malformed": 0,
+        "parsed": 5,
+        "not_progress": 1,
+        "not_gpu_pod": 1,
+        "no_workload": 0,
+        "duplicate": 0,
+    }
     assert app.writer.flush(10)
 
     assert points(db_url, WORKERS[0])[0] == ("megatron", 1, 19.1388, None, 80.2, 10.43863, 0, None)
@@ -129,36 +193,61 @@ def test_each_shippers_body_of_each_formats_real_lines(api: FakeApiServer, recor
     assert points(db_url, WORKERS[1]) == [
         ("torchtitan", 1, None, 375.0, 21.73, 12.2254, None, None),
         ("torchtitan", 10, 2.0, 7034.0, 407.35, 10.7069, None, None),
-        ("torchtitan", 530, 2.0, 829.0, 23.15, 5.9866, None, None)]  # fmt: skip
+        ("torchtitan", 530, 2.0, 829.0, 23.15, 5.9866, None, None),
+    ]
     assert points(db_url, WORKERS[2]) == [
         ("deepspeed", 30, None, None, None, None, 20, None),
         ("deepspeed", 30, 0.283, None, None, 10.7133, None, 226.457),
         ("deepspeed", 100, 0.186, None, None, 0.0585, None, 53.694),
-        ("deepspeed", 200, 0.936, None, None, 5.5508, None, 136.706)]  # fmt: skip
-    assert {r["at"].timestamp() if r["at"].tzinfo else r["at"].replace(tzinfo=UTC).timestamp()
-            for r in rows(db_url, "training_points") if r["pod"] == WORKERS[2]} == {
-        now.timestamp()}  # fmt: skip
+        ("deepspeed", 200, 0.936, None, None, 5.5508, None, 136.706),
+    ]
+    assert {
+        r["at"].timestamp() if r["at"].tzinfo else r["at"].replace(tzinfo=UTC).timestamp()
+        for r in rows(db_url, "training_points")
+        if r["pod"] == WORKERS[2]
+    } == {now.timestamp()}
     assert points(db_url, WORKERS[3]) == [
         ("hf_trainer", None, None, None, None, v, None, None) for v in (0.1841, 0.1784, 0.1846)
-    ] + [("hf_trainer", None, 1 / 1.226, None, None, 0.3935928952693939, None, 4.903),
-         ("hf_trainer", None, None, None, None, 2.205, None, None)]  # fmt: skip
+    ] + [
+        ("hf_trainer", None, 1 / 1.226, None, None, 0.3935928952693939, None, 4.903),
+        ("hf_trainer", None, None, None, None, 2.205, None, None),
+    ]
 
     # the Megatron minutes: ten iterations, exactly
-    perf = get(app, f"/v1/workloads/{U['bert']}/trainingPerformance?start={int(t0)}"
-                    f"&end={int(t0) + 300}")  # fmt: skip
-    assert perf["summary"] == {"iterations": 10, "mean_iteration_seconds": 13.65049,
-                               "p50_iteration_seconds": 13.06995,
-                               "p95_iteration_seconds": 16.41315, "tokens_per_second": None,
-                               "tflops_per_gpu": 114.02, "last_loss": 9.947481}  # fmt: skip
+    perf = get(
+        app,
+        f"/v1/workloads/{U['bert']}/trainingPerformance?start={int(t0)}" f"&end={int(t0) + 300}",
+    )
+    assert perf["summary"] == {
+        "iterations": 10,
+        "mean_iteration_seconds": 13.65049,
+        "p50_iteration_seconds": 13.06995,
+        "p95_iteration_seconds": 16.41315,
+        "tokens_per_second": None,
+        "tflops_per_gpu": 114.02,
+        "last_loss": 9.947481,
+    }
     assert perf["points"][0] == {
         "time": t0 + 13 * mega.index(next(x for x in mega if "iteration        1/" in x)),
-        "pod": WORKERS[0], "node": "gpu-1", "format": "megatron", "iteration": 1,
-        "target_iterations": 5000, "iteration_seconds": 19.1388, "tokens_per_second": None,
-        "tflops_per_gpu": 80.2, "loss": 10.43863, "skipped_iterations": 0,
-        "nan_iterations": 0, "samples_per_second": None}  # fmt: skip
+        "pod": WORKERS[0],
+        "node": "gpu-1",
+        "format": "megatron",
+        "iteration": 1,
+        "target_iterations": 5000,
+        "iteration_seconds": 19.1388,
+        "tokens_per_second": None,
+        "tflops_per_gpu": 80.2,
+        "loss": 10.43863,
+        "skipped_iterations": 0,
+        "nan_iterations": 0,
+        "samples_per_second": None,
+    }
     # the same range in milliseconds, as the original and Grafana send it
-    ms = get(app, f"/api/workloads/{U['bert']}/trainingPerformance?start={int(t0) * 1000}"
-                  f"&end={(int(t0) + 300) * 1000}")  # fmt: skip
+    ms = get(
+        app,
+        f"/api/workloads/{U['bert']}/trainingPerformance?start={int(t0) * 1000}"
+        f"&end={(int(t0) + 300) * 1000}",
+    )
     assert ms == perf
     whole = get(app, f"/v1/workloads/{U['bert']}/trainingPerformance")
     assert len(whole["points"]) == 22
@@ -166,7 +255,8 @@ def test_each_shippers_body_of_each_formats_real_lines(api: FakeApiServer, recor
     lbl = f'namespace="{NS}",workload="bert"'
     assert metric(app, f"lens_training_iteration_seconds_count{{{lbl}}}") == 15
     assert metric(app, f"lens_training_iteration_seconds_sum{{{lbl}}}") == pytest.approx(
-        136.5049 + 4.0 + 0.283 + 0.186 + 0.936)  # fmt: skip
+        136.5049 + 4.0 + 0.283 + 0.186 + 0.936
+    )
     assert metric(app, f"lens_training_loss{{{lbl}}}") == 2.205  # the last line's
     assert metric(app, f"lens_training_tflops_per_gpu{{{lbl}}}") == 23.15
     assert metric(app, 'lens_recorder_log_lines_total{result="parsed"}') == 22
@@ -176,24 +266,34 @@ def test_each_shippers_body_of_each_formats_real_lines(api: FakeApiServer, recor
 
     # a shipper's retry: every line again, nothing twice
     r = post(app, fluent_bit(WORKERS[0], mega, times))
-    assert r.json()["data"] | {"shipper": ""} == {"shipper": "", "lines": 20, "malformed": 0,
-                                                  "parsed": 0, "not_progress": 10,
-                                                  "not_gpu_pod": 0, "no_workload": 0,
-                                                  "duplicate": 10}  # fmt: skip
+    assert r.json()["data"] | {"shipper": ""} == {
+        "shipper": "",
+        "lines": 20,
+        "malformed": 0,
+        "parsed": 0,
+        "not_progress": 10,
+        "not_gpu_pod": 0,
+        "no_workload": 0,
+        "duplicate": 10,
+    }
     assert app.writer.flush(10)
     assert len(rows(db_url, "training_points")) == 22
-    r = requests.get(f"http://127.0.0.1:{app.http.port}/v1/workloads/nope/trainingPerformance",
-                     timeout=hang_guard(5))  # fmt: skip
+    r = requests.get(
+        f"http://127.0.0.1:{app.http.port}/v1/workloads/nope/trainingPerformance",
+        timeout=hang_guard(5),
+    )
     assert r.status_code == 404 and r.json()["meta"]["code"] == 4004
 
 
 def megatron(i: int, ms: float) -> str:
     """A Megatron-LM iteration line, as its training_log prints it."""
-    return (f" [2026-11-25 14:02:{i % 60:02d}] iteration {i:8d}/{1000:8d} | consumed samples: "
-            f"{128 * i:12d} | elapsed time per iteration (ms): {ms:.1f} | throughput per GPU "
-            f"(TFLOP/s/GPU): 117.5 | learning rate: 6.976744E-07 | global batch size:   128 | "
-            f"lm loss: 9.947481E+00 | loss scale: 1.0 | grad norm: 23.632 | number of skipped "
-            f"iterations:   0 | number of nan iterations:   0 |")  # fmt: skip
+    return (
+        f" [2026-11-25 14:02:{i % 60:02d}] iteration {i:8d}/{1000:8d} | consumed samples: "
+        f"{128 * i:12d} | elapsed time per iteration (ms): {ms:.1f} | throughput per GPU "
+        f"(TFLOP/s/GPU): 117.5 | learning rate: 6.976744E-07 | global batch size:   128 | "
+        f"lm loss: 9.947481E+00 | loss scale: 1.0 | grad norm: 23.632 | number of skipped "
+        f"iterations:   0 | number of nan iterations:   0 |"
+    )
 
 
 def run(app: Any, first: int, seconds: list[float], start: float) -> float:
@@ -208,8 +308,9 @@ def run(app: Any, first: int, seconds: list[float], start: float) -> float:
     return at
 
 
-def test_a_slowdown_and_a_stall_and_a_restart(api: FakeApiServer, recorder_app: Any,
-                                             db_url: str) -> None:  # fmt: skip
+def test_a_slowdown_and_a_stall_and_a_restart(
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     t0 = float(int(datetime.now(UTC).timestamp()) // 60 * 60 - 7200)
     clock = [datetime.fromtimestamp(t0, UTC)]
     app = started(
@@ -222,9 +323,15 @@ def test_a_slowdown_and_a_stall_and_a_restart(api: FakeApiServer, recorder_app: 
     last = run(app, 81, [1.0] * 10, last)  # 81..90
     assert app.writer.flush(10)
     (slow,) = rows(db_url, "training_events")
-    assert (slow["kind"], slow["pod"], slow["node"], slow["iteration"], slow["value"],
-            slow["baseline"], slow["workload"]) == ("training_slowdown", WORKERS[0], "gpu-1",
-                                                    61, 2.0, 1.0, "bert")  # fmt: skip
+    assert (
+        slow["kind"],
+        slow["pod"],
+        slow["node"],
+        slow["iteration"],
+        slow["value"],
+        slow["baseline"],
+        slow["workload"],
+    ) == ("training_slowdown", WORKERS[0], "gpu-1", 61, 2.0, 1.0, "bert")
     assert slow["at"].replace(tzinfo=UTC).timestamp() == slow_at
     assert slow["ended_at"].replace(tzinfo=UTC).timestamp() == back_at
     assert slow["detail"] == {"ratio": 2.0, "factor": 1.5, "window": 50}
@@ -244,12 +351,21 @@ def test_a_slowdown_and_a_stall_and_a_restart(api: FakeApiServer, recorder_app: 
     run(app, 91, [7.0], last)  # progress again: the stall ends (and 7 s is slow: a slowdown)
     assert app.writer.flush(10)
     slow1, stall, slow2 = rows(db_url, "training_events")
-    assert (stall["kind"], stall["pod"], stall["iteration"], stall["value"], stall["baseline"]) \
-        == ("training_stalled", "", 90, 6.0, 1.0)  # fmt: skip
+    assert (stall["kind"], stall["pod"], stall["iteration"], stall["value"], stall["baseline"]) == (
+        "training_stalled",
+        "",
+        90,
+        6.0,
+        1.0,
+    )
     assert stall["at"].replace(tzinfo=UTC).timestamp() == last
     assert stall["ended_at"].replace(tzinfo=UTC).timestamp() == last + 7.0
     assert (slow2["kind"], slow2["iteration"], slow2["value"], slow2["ended_at"]) == (
-        "training_slowdown", 91, 7.0, None)  # fmt: skip
+        "training_slowdown",
+        91,
+        7.0,
+        None,
+    )
     assert metric(app, f"lens_training_stalls_total{{{lbl}}}") == 1
     assert metric(app, f"lens_training_stalled{{{lbl}}}") == 0
 
@@ -271,26 +387,35 @@ def test_a_slowdown_and_a_stall_and_a_restart(api: FakeApiServer, recorder_app: 
     assert rows(db_url, "training_events")[2]["ended_at"].replace(tzinfo=UTC).timestamp() == end
     assert len(rows(db_url, "training_points")) == 4 * 93
     timeline = get(again, f"/v1/workloads/{uid}/timeline?start={int(t0)}&end={int(end) + 60}")
-    assert [(e["type"], e["pod"], e["detail"].get("iteration", e["detail"].get(
-        "last_iteration"))) for e in timeline["entries"] if e["type"].startswith("training")] == [
-        ("training_slowdown", WORKERS[0], 61), ("training_stalled", "", 90),
-        ("training_slowdown", WORKERS[0], 91)]  # fmt: skip
+    assert [
+        (e["type"], e["pod"], e["detail"].get("iteration", e["detail"].get("last_iteration")))
+        for e in timeline["entries"]
+        if e["type"].startswith("training")
+    ] == [
+        ("training_slowdown", WORKERS[0], 61),
+        ("training_stalled", "", 90),
+        ("training_slowdown", WORKERS[0], 91),
+    ]
     # without Prometheus the timeline has the tables' entries and says what it lacks
-    assert timeline["incomplete"] == ["recorder.prometheus.url is not set: this route needs "
-                                      "Prometheus"]  # fmt: skip
+    assert timeline["incomplete"] == [
+        "recorder.prometheus.url is not set: this route needs " "Prometheus"
+    ]
 
 
-def test_bad_bodies_and_tokens_get_their_answers(api: FakeApiServer, recorder_app: Any,
-                                                 tmp_path: Path) -> None:  # fmt: skip
+def test_bad_bodies_and_tokens_get_their_answers(
+    api: FakeApiServer, recorder_app: Any, tmp_path: Path
+) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    app = started(api, recorder_app, url, ingest__token_file=str(token),
-                  logs__max_body_bytes=4096)  # fmt: skip
+    app = started(api, recorder_app, url, ingest__token_file=str(token), logs__max_body_bytes=4096)
     good = fluent_bit(WORKERS[0], [megatron(1, 1000.0)], [1_700_000_000.0])
     auth = {"Authorization": "Bearer s3cret"}
-    for headers, why in (({}, "no bearer token"), ({"Authorization": "Bearer nope"}, "wrong"),
-                         ({"Authorization": "Basic czNjcmV0"}, "no bearer token")):  # fmt: skip
+    for headers, why in (
+        ({}, "no bearer token"),
+        ({"Authorization": "Bearer nope"}, "wrong"),
+        ({"Authorization": "Basic czNjcmV0"}, "no bearer token"),
+    ):
         r = post(app, good, headers=headers)
         assert r.status_code == 401 and r.json()["meta"]["code"] == 4010, r.text
         assert why in r.json()["meta"]["message"]
@@ -304,10 +429,15 @@ def test_bad_bodies_and_tokens_get_their_answers(api: FakeApiServer, recorder_ap
         (b"plain words", {}, 400, 4001, "plain lines need"),
         (b"\x1f\x8bnot gzip", {"Content-Encoding": "gzip"}, 400, 4001, "not gzip"),
         (json.dumps(good).encode(), {"Content-Encoding": "br"}, 415, 4015, "Content-Encoding"),
-        (gzip.compress(b"[" + b" " * 100_000 + b"]"), {"Content-Encoding": "gzip"}, 413, 4013,
-         "once gunzipped"),
+        (
+            gzip.compress(b"[" + b" " * 100_000 + b"]"),
+            {"Content-Encoding": "gzip"},
+            413,
+            4013,
+            "once gunzipped",
+        ),
         (json.dumps([{"log": "x"}, 5]).encode(), {}, 400, 4001, "no record taken"),
-    ]  # fmt: skip
+    ]
     for body, headers, status, code, why in cases:
         r = post(app, body, headers={**auth, **headers})
         assert (r.status_code, r.json()["meta"]["code"]) == (status, code), (why, r.text)
@@ -315,8 +445,9 @@ def test_bad_bodies_and_tokens_get_their_answers(api: FakeApiServer, recorder_ap
     r = post(app, b"x" * 5000, headers=auth)  # over logs.max_body_bytes as sent
     assert r.status_code == 413
     # a malformed record among good ones: skipped and counted, the rest kept
-    r = post(app, [{"log": "x"}, *fluent_bit(WORKERS[1], [megatron(1, 1000.0)], [1.7e9])],
-             headers=auth)  # fmt: skip
+    r = post(
+        app, [{"log": "x"}, *fluent_bit(WORKERS[1], [megatron(1, 1000.0)], [1.7e9])], headers=auth
+    )
     assert r.status_code == 200 and r.json()["data"]["malformed"] == 1
     assert "no kubernetes object" in r.json()["meta"]["message"]
     assert metric(app, "lens_recorder_log_records_malformed_total") == 3
@@ -329,8 +460,9 @@ def test_bad_bodies_and_tokens_get_their_answers(api: FakeApiServer, recorder_ap
     assert get(app, "/v1/gpu-aggregation/clusters") == ["local"]
 
 
-def test_beyond_loopback_without_a_token_no_post_is_taken(api: FakeApiServer, recorder_app: Any,
-                                                          tmp_path: Path) -> None:  # fmt: skip
+def test_beyond_loopback_without_a_token_no_post_is_taken(
+    api: FakeApiServer, recorder_app: Any, tmp_path: Path
+) -> None:
     url = f"sqlite:///{tmp_path / 'r.db'}"
     app = started(api, recorder_app, url, listen="0.0.0.0:0")
     r = post(app, fluent_bit(WORKERS[0], [megatron(1, 1000.0)], [1.7e9]))
@@ -342,32 +474,60 @@ def test_beyond_loopback_without_a_token_no_post_is_taken(api: FakeApiServer, re
     assert r.status_code == 200 and r.json()["data"]["parsed"] == 1
 
 
-def test_over_https_with_its_certificate(api: FakeApiServer, recorder_app: Any,
-                                         tmp_path: Path) -> None:  # fmt: skip
+def test_over_https_with_its_certificate(
+    api: FakeApiServer, recorder_app: Any, tmp_path: Path
+) -> None:
     import subprocess
 
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
     from lens_ebpf.k8s.client import api_client
     from lens_ebpf.recorder import config
     from lens_ebpf.recorder.service import RecorderApp
 
     bert(api)
-    cfg = config.load(env={}, overrides={
-        ("recorder", "database_url"): f"sqlite:///{tmp_path / 'r.db'}",
-        ("recorder", "listen"): "127.0.0.1:0", ("recorder", "collect_listen"): "",
-        ("server", "tls", "cert"): str(cert), ("server", "tls", "key"): str(key)})  # fmt: skip
+    cfg = config.load(
+        env={},
+        overrides={
+            ("recorder", "database_url"): f"sqlite:///{tmp_path / 'r.db'}",
+            ("recorder", "listen"): "127.0.0.1:0",
+            ("recorder", "collect_listen"): "",
+            ("server", "tls", "cert"): str(cert),
+            ("server", "tls", "key"): str(key),
+        },
+    )
     app = RecorderApp(cfg, api_client("kubeconfig", str(api.kubeconfig(tmp_path / "kc"))))
     app.start()
     try:
         eventually(lambda: app.tracker.gpu_pod(NS, WORKERS[0]) is not None, timeout=15)
         base = f"https://127.0.0.1:{app.http.port}"
-        r = requests.post(base + "/logs", json=fluent_bit(WORKERS[0], [megatron(1, 1000.0)],
-                                                         [1.7e9]),
-                          verify=str(cert), timeout=hang_guard(10))  # fmt: skip
+        r = requests.post(
+            base + "/logs",
+            json=fluent_bit(WORKERS[0], [megatron(1, 1000.0)], [1.7e9]),
+            verify=str(cert),
+            timeout=hang_guard(10),
+        )
         assert r.status_code == 200 and r.json()["data"]["parsed"] == 1
         with pytest.raises(requests.exceptions.ConnectionError):
             requests.get(f"http://127.0.0.1:{app.http.port}/healthz", timeout=hang_guard(5))
@@ -375,11 +535,13 @@ def test_over_https_with_its_certificate(api: FakeApiServer, recorder_app: Any,
         app.stop(flush_timeout=2)
 
 
-def test_a_token_file_that_appears_later(api: FakeApiServer, recorder_app: Any,
-                                         tmp_path: Path) -> None:  # fmt: skip
+def test_a_token_file_that_appears_later(
+    api: FakeApiServer, recorder_app: Any, tmp_path: Path
+) -> None:
     token = tmp_path / "secret" / "token"  # the Secret is not there yet
-    app = started(api, recorder_app, f"sqlite:///{tmp_path / 'r.db'}",
-                  ingest__token_file=str(token))  # fmt: skip
+    app = started(
+        api, recorder_app, f"sqlite:///{tmp_path / 'r.db'}", ingest__token_file=str(token)
+    )
     good = fluent_bit(WORKERS[0], [megatron(1, 1000.0)], [1.7e9])
     r = post(app, good, headers={"Authorization": "Bearer abc"})
     assert r.status_code == 401 and "holds no token" in r.json()["meta"]["message"]
@@ -392,23 +554,31 @@ def test_a_token_file_that_appears_later(api: FakeApiServer, recorder_app: Any,
 
 @pytest.mark.parametrize("shipper", ["fluent-bit", "fluent-bit-json-lines", "vector", "plain"])
 def test_every_formats_lines_through_every_shipper(
-        api: FakeApiServer, recorder_app: Any, tmp_path: Path, shipper: str) -> None:  # fmt: skip
+    api: FakeApiServer, recorder_app: Any, tmp_path: Path, shipper: str
+) -> None:
     url = f"sqlite:///{tmp_path / 'r.db'}"
     app = started(api, recorder_app, url)
-    files = ("megatron-single-node.log", "primus.log", "torchtitan.log", "hf_trainer.log",
-             "deepspeed.log")  # fmt: skip
+    files = (
+        "megatron-single-node.log",
+        "primus.log",
+        "torchtitan.log",
+        "hf_trainer.log",
+        "deepspeed.log",
+    )
     texts = [x for f in files for x in lines(f)]
     times = [1.7e9 + 13 * i for i in range(len(texts))]
     if shipper == "plain":
-        r = post(app, gzip.compress("\n".join(texts).encode()),
-                 params={"namespace": NS, "pod": WORKERS[0]},
-                 headers={"Content-Encoding": "gzip"})  # fmt: skip
+        r = post(
+            app,
+            gzip.compress("\n".join(texts).encode()),
+            params={"namespace": NS, "pod": WORKERS[0]},
+            headers={"Content-Encoding": "gzip"},
+        )
     elif shipper == "vector":
         r = post(app, vector(WORKERS[0], texts, times))
     else:
         recs = fluent_bit(WORKERS[0], texts, times)
-        r = post(app, recs if shipper == "fluent-bit" else
-                 "\n".join(json.dumps(x) for x in recs))  # fmt: skip
+        r = post(app, recs if shipper == "fluent-bit" else "\n".join(json.dumps(x) for x in recs))
     assert r.status_code == 200, r.text
     assert r.json()["data"]["parsed"] == 23 and r.json()["data"]["malformed"] == 0
     assert app.writer.flush(10)

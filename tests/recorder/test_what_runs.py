@@ -38,9 +38,14 @@ def cluster(api: FakeApiServer) -> dict[str, dict[str, Any]]:
     api.put("nodes", dedicated)
     api.put("nodes", node("gpu-2", "True", {AMD: "4"}, "10.0.0.12"))
     job_spec = {"parallelism": 1, "template": template(AMD, 4)}
-    api.put("cronjobs", workload("nightly", {"schedule": "0 2 * * *",
-                                             "jobTemplate": {"spec": job_spec}},
-                                 {"lastScheduleTime": "2026-11-23T02:00:00Z"}))  # fmt: skip
+    api.put(
+        "cronjobs",
+        workload(
+            "nightly",
+            {"schedule": "0 2 * * *", "jobTemplate": {"spec": job_spec}},
+            {"lastScheduleTime": "2026-11-23T02:00:00Z"},
+        ),
+    )
     api.put("jobs", workload("nightly-29000", job_spec, {}, "nightly"))
     dep_spec = {"replicas": 1, "template": template(AMD, 2)}
     api.put("deployments", workload("trainer", dep_spec, {"replicas": 1}))
@@ -55,8 +60,9 @@ def cluster(api: FakeApiServer) -> dict[str, dict[str, Any]]:
     return pods
 
 
-def started(api: FakeApiServer, recorder_app: Any, db_url: str
-            ) -> tuple[Any, dict[str, dict[str, Any]], datetime, datetime]:  # fmt: skip
+def started(
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> tuple[Any, dict[str, dict[str, Any]], datetime, datetime]:
     """The cluster, the service on it (its clock two hours past hour h): the app, the
     pods, h and the service's now."""
     hour = (int(datetime.now(UTC).timestamp()) // 3600 - 3) * 3600
@@ -64,8 +70,11 @@ def started(api: FakeApiServer, recorder_app: Any, db_url: str
     later = h + timedelta(hours=2)
     pods = cluster(api)
     app = recorder_app(db_url, clock=lambda: later)
-    eventually(lambda: sum(r["running"] for r in rows(db_url, "gpu_pods")) == 2
-               and len(rows(db_url, "gpu_workloads")) == 4, timeout=15)  # fmt: skip
+    eventually(
+        lambda: sum(r["running"] for r in rows(db_url, "gpu_pods")) == 2
+        and len(rows(db_url, "gpu_workloads")) == 4,
+        timeout=15,
+    )
     return app, pods, h, later
 
 
@@ -81,37 +90,58 @@ def accounted(app: Any, h: datetime, later: datetime) -> str:
 
 
 def test_a_workload_runs_when_its_pods_do_on_every_route(
-        api: FakeApiServer, recorder_app: Any, db_url: str) -> None:  # fmt: skip
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     app, pods, h, later = started(api, recorder_app, db_url)
     assert {r["name"]: r["status"] for r in rows(db_url, "gpu_workloads")} == {
-        "nightly": "Pending", "nightly-29000": "Pending", "trainer": "Pending",
-        "trainer-5d9f": "Pending"}  # the owners' own: silent or behind  # fmt: skip
+        "nightly": "Pending",
+        "nightly-29000": "Pending",
+        "trainer": "Pending",
+        "trainer-5d9f": "Pending",
+    }  # the owners' own: silent or behind
 
     on_1 = get(app, "/v1/nodes/gpu-1/workloads?page_num=1&page_size=10")
-    assert on_1 == {"total": 1, "data": [
-        {"kind": "CronJob", "name": "nightly", "namespace": NS, "uid": U["nightly"],
-         "gpu_allocated": 4, "gpu_allocated_node": 4, "node_name": "gpu-1",
-         "status": "Running"}]}  # fmt: skip
+    assert on_1 == {
+        "total": 1,
+        "data": [
+            {
+                "kind": "CronJob",
+                "name": "nightly",
+                "namespace": NS,
+                "uid": U["nightly"],
+                "gpu_allocated": 4,
+                "gpu_allocated_node": 4,
+                "node_name": "gpu-1",
+                "status": "Running",
+            }
+        ],
+    }
     assert [w["name"] for w in get(app, "/v1/nodes/gpu-2/workloads")["data"]] == ["trainer"]
     consumers = get(app, "/v1/clusters/consumers?page_num=1&page_size=10")
     assert consumers["total"] == 2
     assert sorted((w["name"], w["stat"]["gpu_request"]) for w in consumers["data"]) == [
-        ("nightly", 4), ("trainer", 2)]  # fmt: skip
+        ("nightly", 4),
+        ("trainer", 2),
+    ]
     listed = get(app, "/v1/workloads?page_num=1&page_size=10")
-    assert sorted((w["name"], w["status"], w["status_color"], w["gpu_allocated"])
-                  for w in listed["data"]) == [("nightly", "Running", "green", 4),
-                                               ("trainer", "Running", "green", 2)]  # fmt: skip
+    assert sorted(
+        (w["name"], w["status"], w["status_color"], w["gpu_allocated"]) for w in listed["data"]
+    ) == [("nightly", "Running", "green", 4), ("trainer", "Running", "green", 2)]
     assert get(app, "/v1/workloads?status=Running")["total"] == 2
     assert get(app, "/v1/workloads/statistic")["running_workloads_count"] == 2
     # the accounting: the snapshots' workloads and the hour's rows, Running
     span = accounted(app, h, later)
-    details = {r["dimension_value"]: r["allocation_details"]["status"]
-               for r in rows(db_url, "gpu_allocation_snapshots")
-               if r["dimension_type"] == "workload"}  # fmt: skip
+    details = {
+        r["dimension_value"]: r["allocation_details"]["status"]
+        for r in rows(db_url, "gpu_allocation_snapshots")
+        if r["dimension_type"] == "workload"
+    }
     assert details == {"nightly": "Running", "trainer": "Running"}
     works = get(app, f"/v1/gpu-aggregation/workloads/hourly-stats?{span}")["data"]
     assert sorted((w["workload_name"], w["workload_status"]) for w in works) == [
-        ("nightly", "Running"), ("trainer", "Running")]  # fmt: skip
+        ("nightly", "Running"),
+        ("trainer", "Running"),
+    ]
 
     # the Deployment's pod runs but is not Ready: its owner's Pending stands, everywhere
     api.put("pods", state(pods["trainer-5d9f-a"], "Running", False))
@@ -119,7 +149,9 @@ def test_a_workload_runs_when_its_pods_do_on_every_route(
     assert [w["name"] for w in get(app, "/v1/clusters/consumers")["data"]] == ["nightly"]
     assert get(app, "/v1/nodes/gpu-2/workloads")["data"] == []
     assert {w["name"]: w["status"] for w in get(app, "/v1/workloads")["data"]} == {
-        "nightly": "Running", "trainer": "Pending"}  # fmt: skip
+        "nightly": "Running",
+        "trainer": "Pending",
+    }
     assert get(app, "/v1/workloads/statistic")["running_workloads_count"] == 1
     # its owner catches up: Running by its own word
     spec = {"replicas": 1, "template": template(AMD, 2)}
@@ -128,7 +160,8 @@ def test_a_workload_runs_when_its_pods_do_on_every_route(
 
 
 def test_one_allocation_figure_for_the_moment_on_every_route(
-        api: FakeApiServer, recorder_app: Any, db_url: str) -> None:  # fmt: skip
+    api: FakeApiServer, recorder_app: Any, db_url: str
+) -> None:
     """6 of 8 GPUs held, 4 of them on the node tainted for GPU work: 75 % on the overview
     and the dashboard as in the node list, the snapshots and the hour's statistics."""
     app, _, h, later = started(api, recorder_app, db_url)
@@ -136,7 +169,9 @@ def test_one_allocation_figure_for_the_moment_on_every_route(
     assert get(app, "/v1/nodes/gpuUtilization")["allocationRate"] == 75.0
     nodes = get(app, "/v1/nodes")["data"]
     assert [(n["name"], n["gpu_allocation"], n["gpu_count"]) for n in nodes] == [
-        ("gpu-1", 4, 4), ("gpu-2", 2, 4)]  # fmt: skip
+        ("gpu-1", 4, 4),
+        ("gpu-2", 2, 4),
+    ]
     assert [
         (a["node"], a["allocated"], a["capacity"]) for a in get(app, "/v1/nodes/gpuAllocation")
     ] == [("gpu-1", 4, 4), ("gpu-2", 2, 4)]
@@ -147,5 +182,8 @@ def test_one_allocation_figure_for_the_moment_on_every_route(
     points = get(app, f"/v1/clusters/allocation?start={hour}&end={hour + 3600}")["points"]
     assert [(p["requested"], p["allocatable"], p["rate"]) for p in points] == [(6, 8, 75.0)]
     (hourly,) = get(app, f"/v1/gpu-aggregation/cluster/hourly-stats?{span}")["data"]
-    assert (hourly["allocated_gpu_count"], hourly["total_gpu_capacity"],
-            hourly["allocation_rate"]) == (6.0, 8, 75.0)  # fmt: skip
+    assert (
+        hourly["allocated_gpu_count"],
+        hourly["total_gpu_capacity"],
+        hourly["allocation_rate"],
+    ) == (6.0, 8, 75.0)

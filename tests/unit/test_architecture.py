@@ -131,18 +131,25 @@ def http_imports(name: str, path: Path, known: set[str]) -> set[str]:
 
 def test_the_recorders_domain_never_imports_the_http_layer() -> None:
     mods = modules()
-    wrong = [f"{name} imports {sorted(got)}" for name, path in sorted(mods.items())
-             if under(name, ("lens_ebpf.recorder",)) and not under(name, HTTP_MODULES)
-             and (got := http_imports(name, path, set(mods)))]  # fmt: skip
+    wrong = [
+        f"{name} imports {sorted(got)}"
+        for name, path in sorted(mods.items())
+        if under(name, ("lens_ebpf.recorder",))
+        and not under(name, HTTP_MODULES)
+        and (got := http_imports(name, path, set(mods)))
+    ]
     assert wrong == []
 
 
 def test_the_http_check_sees_a_domain_module_that_imports_it(tmp_path: Path) -> None:
     src = tmp_path / "x.py"
-    src.write_text("from lens_ebpf.recorder.api.envelope import ok\n"
-                   "def f():\n    from aiohttp import web\n")  # fmt: skip
+    src.write_text(
+        "from lens_ebpf.recorder.api.envelope import ok\n" "def f():\n    from aiohttp import web\n"
+    )
     assert http_imports("lens_ebpf.recorder.x", src, set(modules())) == {
-        "lens_ebpf.recorder.api.envelope", "aiohttp"}  # fmt: skip
+        "lens_ebpf.recorder.api.envelope",
+        "aiohttp",
+    }
 
 
 # where route tables may be made: the recorder's resource modules, the agent's REST
@@ -162,13 +169,16 @@ def route_breaches(name: str, tree: ast.AST) -> list[str]:
         called = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
         on = f.value if isinstance(f, ast.Attribute) else None  # what it is called on
         server = getattr(on, "attr", getattr(on, "id", "")) in ("http", "_routes")
-        if server and called in ("add", "add_query", "add_post", "mount") \
-                and name not in ROUTE_MACHINERY and (called != "mount" or name not in (
-                    "lens_ebpf.recorder.api", TABLE_MAKERS[1])):  # fmt: skip
+        if (
+            server
+            and called in ("add", "add_query", "add_post", "mount")
+            and name not in ROUTE_MACHINERY
+            and (called != "mount" or name not in ("lens_ebpf.recorder.api", TABLE_MAKERS[1]))
+        ):
             out.append(f"{name}: {called}() on the server")
         if called == "RouteTable" and not (
-                name.startswith(TABLE_MAKERS[0]) and name.count(".") == 3
-                or name == TABLE_MAKERS[1]):  # fmt: skip
+            name.startswith(TABLE_MAKERS[0]) and name.count(".") == 3 or name == TABLE_MAKERS[1]
+        ):
             out.append(f"{name}: makes a RouteTable")
     return out
 
@@ -176,40 +186,56 @@ def route_breaches(name: str, tree: ast.AST) -> list[str]:
 def listed_tables(api: Path = PKG / "recorder" / "api") -> tuple[set[str], set[str]]:
     """The recorder.api modules that make a table, and those recorder/api/__init__.py's
     ROUTES list."""
-    made = {p.stem for p in api.glob("*.py")
-            if any(isinstance(n, ast.Call) and getattr(n.func, "id", "") == "RouteTable"
-                   for n in ast.walk(ast.parse(p.read_text())))}  # fmt: skip
+    made = {
+        p.stem
+        for p in api.glob("*.py")
+        if any(
+            isinstance(n, ast.Call) and getattr(n.func, "id", "") == "RouteTable"
+            for n in ast.walk(ast.parse(p.read_text()))
+        )
+    }
     listed: set[str] = set()
     for node in ast.walk(ast.parse((api / "__init__.py").read_text())):
         if isinstance(node, ast.AnnAssign | ast.Assign):
             target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
             if getattr(target, "id", "") == "ROUTES" and node.value is not None:
-                listed |= {n.value.id for n in ast.walk(node.value)
-                           if isinstance(n, ast.Attribute) and n.attr == "routes"
-                           and isinstance(n.value, ast.Name)}  # fmt: skip
+                listed |= {
+                    n.value.id
+                    for n in ast.walk(node.value)
+                    if isinstance(n, ast.Attribute)
+                    and n.attr == "routes"
+                    and isinstance(n.value, ast.Name)
+                }
     return made, listed
 
 
 def test_routes_are_added_one_way_and_listed_in_one_place() -> None:
-    wrong = [b for name, path in sorted(modules().items())
-             for b in route_breaches(name, ast.parse(path.read_text()))]  # fmt: skip
+    wrong = [
+        b
+        for name, path in sorted(modules().items())
+        for b in route_breaches(name, ast.parse(path.read_text()))
+    ]
     assert wrong == []
     made, listed = listed_tables()
     assert made and made == listed
 
 
 def test_the_route_check_sees_a_route_added_another_way() -> None:
-    src = ("from lens_ebpf.core.routes import RouteTable\n"
-           "def wire(self):\n    self.http.add_query('/x', f)\n    t = RouteTable()\n"
-           "    self.http.mount('', s, t)\n")  # fmt: skip
+    src = (
+        "from lens_ebpf.core.routes import RouteTable\n"
+        "def wire(self):\n    self.http.add_query('/x', f)\n    t = RouteTable()\n"
+        "    self.http.mount('', s, t)\n"
+    )
     assert route_breaches("lens_ebpf.recorder.jobs.x", ast.parse(src)) == [
         "lens_ebpf.recorder.jobs.x: add_query() on the server",
         "lens_ebpf.recorder.jobs.x: makes a RouteTable",
-        "lens_ebpf.recorder.jobs.x: mount() on the server"]  # fmt: skip
+        "lens_ebpf.recorder.jobs.x: mount() on the server",
+    ]
     # a resource module makes its table, and leaves mounting it to the list
     assert route_breaches("lens_ebpf.recorder.api.nodes", ast.parse(src)) == [
         "lens_ebpf.recorder.api.nodes: add_query() on the server",
-        "lens_ebpf.recorder.api.nodes: mount() on the server"]  # fmt: skip
+        "lens_ebpf.recorder.api.nodes: mount() on the server",
+    ]
 
 
 def test_the_list_check_sees_a_table_left_out(tmp_path: Path) -> None:
@@ -228,15 +254,18 @@ def test_the_checker_sees_imports_in_functions_and_type_checking(tmp_path: Path)
     )
     known = set(modules())
     assert imports("lens_ebpf.core.x", src, known) == {
-        "lens_ebpf.recorder.store.writer", "lens_ebpf.agent.trace"}  # fmt: skip
+        "lens_ebpf.recorder.store.writer",
+        "lens_ebpf.agent.trace",
+    }
 
 
 def test_each_extra_brings_its_own_service_only() -> None:
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
     def names(reqs: list[str]) -> set[str]:
-        return {r.split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip().lower()
-                for r in reqs}  # fmt: skip
+        return {
+            r.split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip().lower() for r in reqs
+        }
 
     base = names(meta["dependencies"])
     extras = {k: names(v) for k, v in meta["optional-dependencies"].items()}
@@ -264,8 +293,7 @@ print("imported")
 
 def imports_without(package: str, blocked: set[str]) -> subprocess.CompletedProcess[str]:
     code = BLOCK.format(package=package, blocked=sorted(blocked))
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=ROOT)  # fmt: skip
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
 
 
 def test_the_recorder_needs_nothing_of_the_agents() -> None:
@@ -282,30 +310,38 @@ def test_the_agent_needs_nothing_of_the_recorder() -> None:
 RUNNER = "lens_ebpf/core/runner.py"
 # loops that wait with a timeout and are not periodic jobs: (module, function) -> why
 NOT_JOBS = {
-    ("lens_ebpf/agent/stream/grpc_server.py", "EventService._stream"):
-        "a subscriber's stream: a short linger gathers a batch of the bus's events",
-    ("lens_ebpf/agent/stream/reporter.py", "Reporter._requests"):
-        "a stream: waits for the collector's first ack, then for events to send",
+    (
+        "lens_ebpf/agent/stream/grpc_server.py",
+        "EventService._stream",
+    ): "a subscriber's stream: a short linger gathers a batch of the bus's events",
+    (
+        "lens_ebpf/agent/stream/reporter.py",
+        "Reporter._requests",
+    ): "a stream: waits for the collector's first ack, then for events to send",
     ("lens_ebpf/agent/stream/reporter.py", "Reporter._run"): "a reconnect backoff",
     ("lens_ebpf/agent/deepdive/pyspy.py", "PySpy.run"): "a dump waiting, up to "
-        "dump_timeout_seconds, for one of the node's max_running py-spy runs to end",
+    "dump_timeout_seconds, for one of the node's max_running py-spy runs to end",
     ("lens_ebpf/agent/otlp/exporter.py", "Sender.deliver"): "a request sent again after a "
-        "backoff while the OTLP endpoint fails",
+    "backoff while the OTLP endpoint fails",
     ("lens_ebpf/k8s/reflector.py", "Reflector.run"): "a watch stream and its reconnect backoff",
     ("lens_ebpf/k8s/election.py", "LeaderElector.run"): "the Lease's campaign and renewals: "
-        "client-go's retry period and renew deadline, the gate the runner asks",
+    "client-go's retry period and renew deadline, the gate the runner asks",
     ("lens_ebpf/recorder/leadership.py", "Leadership._started"): "claiming the term, again "
-        "after a second while the database is down",
+    "after a second while the database is down",
     ("lens_ebpf/recorder/cli.py", "run"): "the main thread waiting for a signal or the "
-        "Lease's loss",
-    ("lens_ebpf/protocol/collector_server.py", "Collector._serve"):
-        "a reporter's stream: acks gathered over a short sleep",
+    "Lease's loss",
+    (
+        "lens_ebpf/protocol/collector_server.py",
+        "Collector._serve",
+    ): "a reporter's stream: acks gathered over a short sleep",
     ("lens_ebpf/recorder/store/writer.py", "Writer.flush"): "waits, to a deadline, for the "
-        "write queue to empty",
+    "write queue to empty",
     ("lens_ebpf/recorder/store/writer.py", "Writer.run"): "the write queue's consumer",
-    ("lens_ebpf/recorder/tracker/finalizers.py", "Finalizers._finalizer_loop"):
-        "the finalizer queue's consumer, with a backoff after a failure",
-}  # fmt: skip
+    (
+        "lens_ebpf/recorder/tracker/finalizers.py",
+        "Finalizers._finalizer_loop",
+    ): "the finalizer queue's consumer, with a backoff after a failure",
+}
 
 
 def _timed_wait(call: ast.Call) -> bool:
@@ -351,8 +387,12 @@ def timed_loops(path: Path) -> set[str]:
 def test_periodic_loops_run_in_the_runner() -> None:
     """A loop that waits with a timeout is a job for core/runner (intervals, jitter, stop,
     the leader gate, its metrics) unless NOT_JOBS says what else it is."""
-    found = {(str(p.relative_to(ROOT)), f) for p in sorted(PKG.rglob("*.py"))
-             if str(p.relative_to(ROOT)) != RUNNER for f in timed_loops(p)}  # fmt: skip
+    found = {
+        (str(p.relative_to(ROOT)), f)
+        for p in sorted(PKG.rglob("*.py"))
+        if str(p.relative_to(ROOT)) != RUNNER
+        for f in timed_loops(p)
+    }
     assert found - NOT_JOBS.keys() == set(), "periodic loops outside lens_ebpf/core/runner.py"
     assert NOT_JOBS.keys() - found == set(), "NOT_JOBS names loops that are gone"
 
@@ -417,8 +457,7 @@ def sizes() -> dict[str, int]:
         lines = len(path.read_text().splitlines())
         if lines > MAX_MODULE_LINES:
             out[rel] = lines
-        out |= {f"{rel}:{f}": n for f, n in function_sizes(path).items()
-                if n > MAX_FUNCTION_LINES}  # fmt: skip
+        out |= {f"{rel}:{f}": n for f, n in function_sizes(path).items() if n > MAX_FUNCTION_LINES}
     return out
 
 
@@ -428,11 +467,27 @@ def test_no_module_over_600_lines_nor_function_over_120() -> None:
     assert OVER.keys() - over.keys() == set(), "OVER names what is within the limits now"
 
 
+def test_the_formatter_owns_the_layout() -> None:
+    """No line opts out of ruff format: the layout is the formatter's (make fmt)."""
+    marker = "fmt: " + "skip"  # spelled apart, or this file would hold one
+    held = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for top in ("lens_ebpf", "tests", "bench", "scripts")
+        for p in sorted((ROOT / top).rglob("*.py"))
+        if "/gen/" not in str(p)
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if marker in line or "fmt: " + "off" in line
+    ]
+    assert held == [], held[:20]
+
+
 def test_the_size_check_sees_long_functions_and_skips_generated_code(tmp_path: Path) -> None:
     src = tmp_path / "x.py"
     body = "".join(f"    x{i} = {i}\n" for i in range(130))
-    src.write_text(f"class A:\n    @staticmethod\n    def f():\n{body.replace('    ', '        ')}"
-                   f"def g():\n    def h():\n{body.replace('    ', '        ')}")  # fmt: skip
+    src.write_text(
+        f"class A:\n    @staticmethod\n    def f():\n{body.replace('    ', '        ')}"
+        f"def g():\n    def h():\n{body.replace('    ', '        ')}"
+    )
     assert function_sizes(src) == {"A.f": 132, "g": 132, "g.h": 131}
     assert generated(PKG / "protocol" / "gen" / "lens_pb2.py")
     assert generated(PKG / "k8s" / "x_pb2_grpc.py")

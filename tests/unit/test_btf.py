@@ -20,8 +20,9 @@ PAHOLE_MEMBER = re.compile(r"\s\**(\w+)(?:\[\d+\])*;\s+/\*\s+(\d+)\s+(\d+)\s+\*/
 def pahole_members(struct: str) -> dict[str, tuple[int, int]]:
     """name -> (byte offset, size) of each whole-byte member pahole prints for struct,
     anonymous members expanded (their offsets are the struct's); names seen twice left out."""
-    out = subprocess.run(["pahole", "-C", struct, str(btf.VMLINUX)], capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["pahole", "-C", struct, str(btf.VMLINUX)], capture_output=True, text=True, check=True
+    ).stdout
     seen: dict[str, list[tuple[int, int]]] = {}
     for line in out.splitlines():
         m = PAHOLE_MEMBER.search(line)

@@ -125,9 +125,13 @@ def test_missing_file(tmp_path: Path) -> None:
 
 def test_string_settings_take_the_environment_as_written(tmp_path) -> None:
     """off, on, yes are strings where the setting is a string (YAML would make them bools)."""
-    env = {"LENS_KUBERNETES__MODE": "off", "NODE_NAME": "on",
-           "LENS_COLLECTORS__GPU__AMD_SMI": "yes", "LENS_COLLECTORS__GPU__ENABLED": "false",
-           "LENS_KUBERNETES__KUBELET__GPU_RESOURCES": "[amd.com/gpu]"}  # fmt: skip
+    env = {
+        "LENS_KUBERNETES__MODE": "off",
+        "NODE_NAME": "on",
+        "LENS_COLLECTORS__GPU__AMD_SMI": "yes",
+        "LENS_COLLECTORS__GPU__ENABLED": "false",
+        "LENS_KUBERNETES__KUBELET__GPU_RESOURCES": "[amd.com/gpu]",
+    }
     cfg = config.load(None, env=env)
     assert (cfg.kubernetes.mode, cfg.node.name) == ("off", "on")
     assert cfg.collectors.gpu.amd_smi == "yes" and cfg.collectors.gpu.enabled is False

@@ -34,24 +34,46 @@ CID = "3b2f" + "a" * 60
 UID = "6d0c3f2e-8a41-4b7e-9c55-0e1f2a3b4c5d"
 
 
-@pytest.mark.parametrize(("path", "cid", "runtime", "uid", "qos"), [
-    (f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}"
-     f".slice/cri-containerd-{CID}.scope", CID, "containerd", UID, "burstable"),
-    (f"/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/crio-{CID}.scope",
-     CID, "cri-o", UID, "guaranteed"),
-    (f"/kubepods/besteffort/pod{UID}/{CID}", CID, "", UID, "besteffort"),
-    (f"/kubepods/pod{UID}/{CID}", CID, "", UID, "guaranteed"),
-    # a kubelet with cgroupRoot (the real node lab's /lens-node)
-    (f"/lens-node/kubepods/pod{UID}/{CID}", CID, "", UID, "guaranteed"),
-    (f"/lens-node/kubepods/burstable/pod{UID}/{CID}", CID, "", UID, "burstable"),
-    (f"/docker/{CID}", CID, "docker", "", ""),
-    (f"/system.slice/docker-{CID}.scope", CID, "docker", "", ""),
-    ("/default/test1", "test1", "", "", ""),
-    ("/user.slice/user-0.slice/session-3.scope", "", "", "", ""),
-    ("/", "", "", "", ""),
-    (f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}"
-     f".slice/crio-conmon-{CID}.scope", "", "", UID, "burstable"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("path", "cid", "runtime", "uid", "qos"),
+    [
+        (
+            "/kubepods.slice/kubepods-burstable.slice/"
+            f"kubepods-burstable-pod{UID.replace('-', '_')}"
+            f".slice/cri-containerd-{CID}.scope",
+            CID,
+            "containerd",
+            UID,
+            "burstable",
+        ),
+        (
+            f"/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/crio-{CID}.scope",
+            CID,
+            "cri-o",
+            UID,
+            "guaranteed",
+        ),
+        (f"/kubepods/besteffort/pod{UID}/{CID}", CID, "", UID, "besteffort"),
+        (f"/kubepods/pod{UID}/{CID}", CID, "", UID, "guaranteed"),
+        # a kubelet with cgroupRoot (the real node lab's /lens-node)
+        (f"/lens-node/kubepods/pod{UID}/{CID}", CID, "", UID, "guaranteed"),
+        (f"/lens-node/kubepods/burstable/pod{UID}/{CID}", CID, "", UID, "burstable"),
+        (f"/docker/{CID}", CID, "docker", "", ""),
+        (f"/system.slice/docker-{CID}.scope", CID, "docker", "", ""),
+        ("/default/test1", "test1", "", "", ""),
+        ("/user.slice/user-0.slice/session-3.scope", "", "", "", ""),
+        ("/", "", "", "", ""),
+        (
+            "/kubepods.slice/kubepods-burstable.slice/"
+            f"kubepods-burstable-pod{UID.replace('-', '_')}"
+            f".slice/crio-conmon-{CID}.scope",
+            "",
+            "",
+            UID,
+            "burstable",
+        ),
+    ],
+)
 def test_cgroup_layouts(path: str, cid: str, runtime: str, uid: str, qos: str) -> None:
     ref = parse_cgroup(path)
     assert (ref.container_id, ref.runtime, ref.pod_uid, ref.qos) == (cid, runtime, uid, qos)
@@ -70,8 +92,10 @@ def test_proc_cgroup_v2_first_then_v1() -> None:
 
 
 def test_cgroup2_mount_from_mountinfo() -> None:
-    text = ("35 25 0:30 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
-            "36 25 0:31 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n")  # fmt: skip
+    text = (
+        "35 25 0:30 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+        "36 25 0:31 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n"
+    )
     assert cgroup2_root(text) == "/sys/fs/cgroup/unified"
     assert cgroup2_root("1 2 0:3 / /proc rw - proc proc rw\n") is None
 
@@ -90,8 +114,13 @@ def test_systemd_cgroups_path() -> None:
 SPEC = {
     "ociVersion": "1.1.0",
     "process": {"env": ["PATH=/bin", "SECRET_TOKEN=hunter2"], "args": ["/bin/sleep", "30"]},
-    "mounts": [{"destination": "/var/run/secrets/kubernetes.io/serviceaccount",
-                "source": "/var/lib/kubelet/pods/x/volumes/token", "type": "bind"}],
+    "mounts": [
+        {
+            "destination": "/var/run/secrets/kubernetes.io/serviceaccount",
+            "source": "/var/lib/kubelet/pods/x/volumes/token",
+            "type": "bind",
+        }
+    ],
     "annotations": {
         "io.kubernetes.cri.container-type": "container",
         "io.kubernetes.cri.sandbox-name": "train-0",
@@ -110,13 +139,17 @@ SPEC = {
             {"path": "/dev/broken", "type": "c"},
         ],
     },
-}  # fmt: skip
+}
 
 
 def test_spec_identity_and_devices_but_never_env_or_mounts(tmp_path) -> None:
     info = parse_spec(SPEC, CID, "k8s.io", sysfs=tmp_path)
     assert (info.pod_name, info.pod_namespace, info.pod_uid, info.name) == (
-        "train-0", "ml", UID, "trainer")  # fmt: skip
+        "train-0",
+        "ml",
+        UID,
+        "trainer",
+    )
     assert [d.group for d in info.devices] == ["gpu", "gpu", "gpu", "infiniband", "other"]
     view = json.dumps(pods_view({CID: info}))
     for secret in ("hunter2", "SECRET_TOKEN", "serviceaccount", "/var/lib/kubelet"):
@@ -124,7 +157,9 @@ def test_spec_identity_and_devices_but_never_env_or_mounts(tmp_path) -> None:
     row = pods_view({CID: info})[0]
     # GPU device nodes no GPU reading explains keep id -1; /dev/kfd is a shared node
     assert [(d["path"], d["id"]) for d in row["devices"]["gpu"]] == [
-        ("/dev/dri/card1", -1), ("/dev/dri/renderD129", -1)]  # fmt: skip
+        ("/dev/dri/card1", -1),
+        ("/dev/dri/renderD129", -1),
+    ]
     assert row["control_devices"] == ["/dev/kfd"]
 
 
@@ -158,17 +193,27 @@ def test_host_device_path_from_sysfs(tmp_path) -> None:
     assert info.devices[0].host_path == "/dev/dri/card1"
 
 
-@pytest.mark.parametrize(("path", "group"), [
-    ("/dev/nvidia0", "gpu"), ("/dev/nvidiactl", "gpu"), ("/dev/nvidia-uvm", "gpu"),
-    ("/dev/nvidia-caps", "other"), ("/dev/infiniband/rdma_cm", "infiniband"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("path", "group"),
+    [
+        ("/dev/nvidia0", "gpu"),
+        ("/dev/nvidiactl", "gpu"),
+        ("/dev/nvidia-uvm", "gpu"),
+        ("/dev/nvidia-caps", "other"),
+        ("/dev/infiniband/rdma_cm", "infiniband"),
+    ],
+)
 def test_device_groups(path: str, group: str) -> None:
     assert device_group(path) == group
 
 
 def test_exit_classes() -> None:
     assert [exit_class(0, 0), exit_class(3, 0), exit_class(-1, 9), exit_class(-1, 0)] == [
-        "success", "error", "signal", "unknown"]  # fmt: skip
+        "success",
+        "error",
+        "signal",
+        "unknown",
+    ]
 
 
 def pod_container(tmp_path: Path) -> tuple[Path, str, Path]:
@@ -191,8 +236,9 @@ def test_an_exited_container_names_its_late_records_for_a_while(tmp_path) -> Non
     cgroups, path, task = pod_container(tmp_path)
     now = [100.0]
     index = CgroupIndex(cgroups, min_rescan=0)
-    resolver = ContainerResolver(index, ContainerdState(tmp_path / "state", tmp_path),
-                                 clock=lambda: now[0], keep_exited=60)  # fmt: skip
+    resolver = ContainerResolver(
+        index, ContainerdState(tmp_path / "state", tmp_path), clock=lambda: now[0], keep_exited=60
+    )
     cgroup_id = (cgroups / path.lstrip("/")).stat().st_ino
     ref, info = resolver.resolve(cgroup_id)
     assert info is not None and info.name == "trainer"
@@ -228,8 +274,9 @@ def test_process_records_become_the_events_the_constructor_makes(tmp_path) -> No
     their slots equal to ProcessEvent's own; a cgroup's settled identity is kept and
     the owner workload joined from the index as it is at each record."""
     cgroups, path, _task = pod_container(tmp_path)
-    resolver = ContainerResolver(CgroupIndex(cgroups, min_rescan=0),
-                                 ContainerdState(tmp_path / "state", tmp_path))  # fmt: skip
+    resolver = ContainerResolver(
+        CgroupIndex(cgroups, min_rescan=0), ContainerdState(tmp_path / "state", tmp_path)
+    )
     enrich = Enrichment(resolver)
     cache, bus = MetricCache(3600, 1000), EventBus(100)
     procs = ProcEvents(config.load(None, env={}).bpf, cache, bus, BpfLoader(), enrich)
@@ -238,11 +285,15 @@ def test_process_records_become_the_events_the_constructor_makes(tmp_path) -> No
     index = ClusterIndex()
     index.replace_pods([pod("train-0", "", "ml", owner=("Job", "train"))])
     enrich.index = index
-    procs._on_event(_PROC_EVENT.pack(10, cgroup_id, EV_EXEC, 42, 1, -1, 0, 0, b"python\0x",
-                                     b"/usr/bin/python3\0"))  # fmt: skip
+    procs._on_event(
+        _PROC_EVENT.pack(
+            10, cgroup_id, EV_EXEC, 42, 1, -1, 0, 0, b"python\0x", b"/usr/bin/python3\0"
+        )
+    )
     enrich.index = None
-    procs._on_event(_PROC_EVENT.pack(20, cgroup_id, EV_EXIT, 42, 1, 0, 9, PF_OOM_VICTIM,
-                                     b"python", b""))  # fmt: skip
+    procs._on_event(
+        _PROC_EVENT.pack(20, cgroup_id, EV_EXIT, 42, 1, 0, 9, PF_OOM_VICTIM, b"python", b"")
+    )
     procs._on_event(_PROC_EVENT.pack(30, cgroup_id, 77, 42, 1, 0, 0, 0, b"x", b""))  # no kind
     got = [sub.get(0), sub.get(0), sub.get(0)]
     who = dict(
@@ -258,15 +309,33 @@ def test_process_records_become_the_events_the_constructor_makes(tmp_path) -> No
         comm="python",
     )
     assert got == [
-        ProcessEvent(kind="process_exec", seq=1, ts_unix_nano=got[0].ts_unix_nano, ts_ns=10,
-                     filename="/usr/bin/python3", workload_kind="Job", workload="train",
-                     **who),
-        ProcessEvent(kind="process_exit", seq=2, ts_unix_nano=got[1].ts_unix_nano, ts_ns=20,
-                     exit_code=0, signal=9, oom_killed=True, **who),
+        ProcessEvent(
+            kind="process_exec",
+            seq=1,
+            ts_unix_nano=got[0].ts_unix_nano,
+            ts_ns=10,
+            filename="/usr/bin/python3",
+            workload_kind="Job",
+            workload="train",
+            **who,
+        ),
+        ProcessEvent(
+            kind="process_exit",
+            seq=2,
+            ts_unix_nano=got[1].ts_unix_nano,
+            ts_ns=20,
+            exit_code=0,
+            signal=9,
+            oom_killed=True,
+            **who,
+        ),
         None,
-    ]  # fmt: skip
+    ]
     assert procs.events_received == 3
     assert cache.get(EXECS, ("ml", "train-0", "trainer")) == 1
     assert cache.get(EXITS, ("ml", "train-0", "trainer", "signal")) == 1
-    assert enrich.cgroup(cgroup_id) == (path, {k: who[k] for k in (
-        "container_id", "container", "pod", "namespace", "pod_uid")}, True)  # fmt: skip
+    assert enrich.cgroup(cgroup_id) == (
+        path,
+        {k: who[k] for k in ("container_id", "container", "pod", "namespace", "pod_uid")},
+        True,
+    )

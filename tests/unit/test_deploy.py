@@ -21,11 +21,16 @@ OPERATOR = DEPLOY / "prometheus-operator"  # ServiceMonitor, PrometheusRule: opt
 BIN = Path(sys.executable).parent
 # kind -> the kubernetes client's model class
 MODELS = {
-    "Namespace": "V1Namespace", "ServiceAccount": "V1ServiceAccount",
-    "ClusterRole": "V1ClusterRole", "ClusterRoleBinding": "V1ClusterRoleBinding",
-    "Role": "V1Role", "RoleBinding": "V1RoleBinding", "ConfigMap": "V1ConfigMap",
-    "DaemonSet": "V1DaemonSet", "Service": "V1Service",
-}  # fmt: skip
+    "Namespace": "V1Namespace",
+    "ServiceAccount": "V1ServiceAccount",
+    "ClusterRole": "V1ClusterRole",
+    "ClusterRoleBinding": "V1ClusterRoleBinding",
+    "Role": "V1Role",
+    "RoleBinding": "V1RoleBinding",
+    "ConfigMap": "V1ConfigMap",
+    "DaemonSet": "V1DaemonSet",
+    "Service": "V1Service",
+}
 CRDS = {"ServiceMonitor", "PrometheusRule"}
 
 
@@ -51,8 +56,11 @@ def test_the_base_needs_no_crd_and_the_operator_overlay_holds_them() -> None:
     }
     assert not kinds & CRDS
     operator = yaml.safe_load((OPERATOR / "kustomization.yaml").read_text())
-    assert {d["kind"] for n in operator["resources"]
-            for d in yaml.safe_load_all((OPERATOR / n).read_text())} == CRDS  # fmt: skip
+    assert {
+        d["kind"]
+        for n in operator["resources"]
+        for d in yaml.safe_load_all((OPERATOR / n).read_text())
+    } == CRDS
 
 
 def _drop_empty(x):
@@ -90,8 +98,14 @@ def test_daemonset_has_what_the_node_agent_needs() -> None:
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
     paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert paths >= {"/sys", "/lib/modules", "/usr/src", "/run/containerd", "/dev",
-                     "/var/lib/kubelet/pod-resources"}  # fmt: skip
+    assert paths >= {
+        "/sys",
+        "/lib/modules",
+        "/usr/src",
+        "/run/containerd",
+        "/dev",
+        "/var/lib/kubelet/pod-resources",
+    }
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert {t.get("key") for t in spec["tolerations"]} >= {"nvidia.com/gpu", "amd.com/gpu"}
@@ -123,8 +137,9 @@ def test_yamllint_is_clean() -> None:
     tool = BIN / "yamllint"
     if not tool.exists():
         pytest.skip("yamllint is not installed (pip install -e .[dev])")
-    res = subprocess.run([str(tool), "-c", str(DEPLOY / ".yamllint"), str(DEPLOY)],
-                         capture_output=True, text=True)  # fmt: skip
+    res = subprocess.run(
+        [str(tool), "-c", str(DEPLOY / ".yamllint"), str(DEPLOY)], capture_output=True, text=True
+    )
     assert res.returncode == 0, res.stdout
 
 
@@ -150,14 +165,25 @@ def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
     res = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
     alerts = {r["alert"] for g in rule_groups() for r in g["rules"]}
-    assert alerts == {"LensAgentDown", "LensBpfProgramNotAttached", "LensEventsLost",
-                      "LensGpuHot", "LensRdmaPortDown", "LensSeriesCapReached",
-                      "LensGpuXidCritical", "LensGpuUncorrectableErrors",
-                      "LensGpuRowRemapFailure", "LensGpuResetPending",
-                      "LensGpuThermalThrottling", "LensGpuXgmiErrors",
-                      "LensPodPacketDrops", "LensListenQueueOverflows",
-                      "LensRecorderDatabaseDown", "LensRecorderWritesDropped",
-                      "LensRecorderNotWatching"}  # fmt: skip
+    assert alerts == {
+        "LensAgentDown",
+        "LensBpfProgramNotAttached",
+        "LensEventsLost",
+        "LensGpuHot",
+        "LensRdmaPortDown",
+        "LensSeriesCapReached",
+        "LensGpuXidCritical",
+        "LensGpuUncorrectableErrors",
+        "LensGpuRowRemapFailure",
+        "LensGpuResetPending",
+        "LensGpuThermalThrottling",
+        "LensGpuXgmiErrors",
+        "LensPodPacketDrops",
+        "LensListenQueueOverflows",
+        "LensRecorderDatabaseDown",
+        "LensRecorderWritesDropped",
+        "LensRecorderNotWatching",
+    }
 
 
 def expressions() -> list[str]:
@@ -188,11 +214,27 @@ def test_dashboard_and_rules_use_names_the_agent_exports() -> None:
 
 
 def test_dashboard_panels_cover_the_issue() -> None:
-    titles = " ".join(p["title"] for p in json.loads(
-        (AGENT / "grafana-dashboard.json").read_text())["panels"]).lower()  # fmt: skip
-    for word in ("class", "rtt", "heatmap", "retransmit", "exec", "oom", "gpu utilization",
-                 "gpu memory", "gpu power", "rdma", "gpu faults", "throttling",
-                 "ecc", "nvlink", "packet drops", "listen queue"):  # fmt: skip
+    titles = " ".join(
+        p["title"] for p in json.loads((AGENT / "grafana-dashboard.json").read_text())["panels"]
+    ).lower()
+    for word in (
+        "class",
+        "rtt",
+        "heatmap",
+        "retransmit",
+        "exec",
+        "oom",
+        "gpu utilization",
+        "gpu memory",
+        "gpu power",
+        "rdma",
+        "gpu faults",
+        "throttling",
+        "ecc",
+        "nvlink",
+        "packet drops",
+        "listen queue",
+    ):
         assert word in titles, word
 
 
@@ -201,8 +243,11 @@ RECORDER = DEPLOY / "recorder"
 
 def recorder_documents() -> list[dict]:
     kust = yaml.safe_load((RECORDER / "kustomization.yaml").read_text())
-    return [doc for name in kust["resources"]
-            for doc in yaml.safe_load_all((RECORDER / name).read_text())]  # fmt: skip
+    return [
+        doc
+        for name in kust["resources"]
+        for doc in yaml.safe_load_all((RECORDER / name).read_text())
+    ]
 
 
 def test_recorder_manifests_round_trip_and_run_what_the_recorder_needs(tmp_path: Path) -> None:
@@ -212,9 +257,12 @@ def test_recorder_manifests_round_trip_and_run_what_the_recorder_needs(tmp_path:
     from lens_ebpf.recorder import config
 
     api = kubernetes.client.ApiClient()
-    models = {**MODELS, "Deployment": "V1Deployment",
-              "PersistentVolumeClaim": "V1PersistentVolumeClaim",
-              "PodDisruptionBudget": "V1PodDisruptionBudget"}  # fmt: skip
+    models = {
+        **MODELS,
+        "Deployment": "V1Deployment",
+        "PersistentVolumeClaim": "V1PersistentVolumeClaim",
+        "PodDisruptionBudget": "V1PodDisruptionBudget",
+    }
     docs = recorder_documents()
     for doc in docs:
         model = api.deserialize(json.dumps(doc), models[doc["kind"]], "application/json")
@@ -231,8 +279,9 @@ def test_recorder_manifests_round_trip_and_run_what_the_recorder_needs(tmp_path:
     env = {e["name"]: e["valueFrom"] for e in c["env"]}
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
-    assert env["LENS_RECORDER__DATABASE_URL"] == {"secretKeyRef": {
-        "name": "lens-ebpf-recorder-db", "key": "url"}}  # required: not optional  # fmt: skip
+    assert env["LENS_RECORDER__DATABASE_URL"] == {
+        "secretKeyRef": {"name": "lens-ebpf-recorder-db", "key": "url"}
+    }  # required: not optional
     # the shipped config and the Secret's variable are keys the recorder knows
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
     (tmp_path / "recorder.yaml").write_text(cm["data"]["recorder.yaml"])
@@ -240,11 +289,17 @@ def test_recorder_manifests_round_trip_and_run_what_the_recorder_needs(tmp_path:
     cfg = config.load(tmp_path / "recorder.yaml", env={"LENS_RECORDER__DATABASE_URL": url})
     assert cfg.recorder.database_url == url
     le = cfg.recorder.leader_election
-    assert (le.enabled, le.lease_duration_seconds, le.renew_deadline_seconds,
-            le.retry_period_seconds) == (True, 15, 10, 2)  # fmt: skip
+    assert (
+        le.enabled,
+        le.lease_duration_seconds,
+        le.renew_deadline_seconds,
+        le.retry_period_seconds,
+    ) == (True, 15, 10, 2)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"http": int(cfg.recorder.listen.rsplit(":", 1)[1]),
-                     "collect": int(cfg.recorder.collect_listen.rsplit(":", 1)[1])}  # fmt: skip
+    assert ports == {
+        "http": int(cfg.recorder.listen.rsplit(":", 1)[1]),
+        "collect": int(cfg.recorder.collect_listen.rsplit(":", 1)[1]),
+    }
 
 
 NETWORK_POLICY = DEPLOY / "network-policy"
@@ -263,14 +318,22 @@ def test_only_the_agents_pods_reach_the_collector_port() -> None:
     model = api.deserialize(json.dumps(policy), "V1NetworkPolicy", "application/json")
     assert _drop_empty(api.sanitize_for_serialization(model)) == policy
     dep = next(d for d in recorder_documents() if d["kind"] == "Deployment")
-    agent = next(d for d in yaml.safe_load_all((AGENT / "daemonset.yaml").read_text())
-                 if d and d["kind"] == "DaemonSet")  # fmt: skip
-    assert policy["metadata"]["namespace"] == dep["metadata"]["namespace"] == \
-        agent["metadata"]["namespace"]  # fmt: skip
+    agent = next(
+        d
+        for d in yaml.safe_load_all((AGENT / "daemonset.yaml").read_text())
+        if d and d["kind"] == "DaemonSet"
+    )
+    assert (
+        policy["metadata"]["namespace"]
+        == dep["metadata"]["namespace"]
+        == agent["metadata"]["namespace"]
+    )
     assert policy["spec"]["podSelector"] == dep["spec"]["selector"]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
-    ports = {p["name"]: p["containerPort"]
-             for p in dep["spec"]["template"]["spec"]["containers"][0]["ports"]}  # fmt: skip
+    ports = {
+        p["name"]: p["containerPort"]
+        for p in dep["spec"]["template"]["spec"]["containers"][0]["ports"]
+    }
     rules = {r["ports"][0]["port"]: r.get("from") for r in policy["spec"]["ingress"]}
     assert rules == {
         ports["http"]: None,
@@ -289,8 +352,12 @@ def test_the_nodes_patch_adds_cidrs_to_the_collector_rule() -> None:
     patches = yaml.safe_load(re.sub(r"(?m)^# ?", "", commented))["patchesJson6902"]
     (patch,) = patches
     meta = policy["metadata"]
-    assert patch["target"] == {"group": "networking.k8s.io", "version": "v1",
-                               "kind": policy["kind"], "name": meta["name"]}  # fmt: skip
+    assert patch["target"] == {
+        "group": "networking.k8s.io",
+        "version": "v1",
+        "kind": policy["kind"],
+        "name": meta["name"],
+    }
     ops = yaml.safe_load((NETWORK_POLICY / patch["path"]).read_text())
     rule = ops[0]["path"].split("/")[3]
     assert policy["spec"]["ingress"][int(rule)]["ports"][0]["port"] == 9472
@@ -307,8 +374,12 @@ def test_the_single_process_variant_runs_on_sqlite_without_an_election(tmp_path:
 
     if not build.KUBECTL.exists():
         pytest.skip("the cached kubectl builds the overlay (python -m tests.kube.build)")
-    out = subprocess.run([str(build.KUBECTL), "kustomize", str(DEPLOY / "recorder-single")],
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [str(build.KUBECTL), "kustomize", str(DEPLOY / "recorder-single")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     docs = {d["kind"]: d for d in yaml.safe_load_all(out)}
     dep = docs["Deployment"]
     assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
@@ -316,8 +387,10 @@ def test_the_single_process_variant_runs_on_sqlite_without_an_election(tmp_path:
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert "/var/lib/lens-recorder" in {m["mountPath"] for m in c["volumeMounts"]}
     assert docs["PersistentVolumeClaim"]["metadata"]["name"] == next(
-        v["persistentVolumeClaim"]["claimName"] for v in dep["spec"]["template"]["spec"][
-            "volumes"] if "persistentVolumeClaim" in v)  # fmt: skip
+        v["persistentVolumeClaim"]["claimName"]
+        for v in dep["spec"]["template"]["spec"]["volumes"]
+        if "persistentVolumeClaim" in v
+    )
     (tmp_path / "recorder.yaml").write_text(docs["ConfigMap"]["data"]["recorder.yaml"])
     cfg = config.load(
         tmp_path / "recorder.yaml",
@@ -335,8 +408,11 @@ def test_recorder_rbac_lets_the_replicas_hold_their_lease() -> None:
     name = config.load(env={}).recorder.leader_election.name
     docs = recorder_documents()
     sa = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]
-    role = next(d for d in docs if d["kind"] == "Role"
-                and d["metadata"]["name"] == "lens-ebpf-recorder-leader")  # fmt: skip
+    role = next(
+        d
+        for d in docs
+        if d["kind"] == "Role" and d["metadata"]["name"] == "lens-ebpf-recorder-leader"
+    )
     assert role["metadata"]["namespace"] == sa["namespace"]
     by_verb: dict[str, set[str]] = {}
     for rule in role["rules"]:
@@ -344,19 +420,32 @@ def test_recorder_rbac_lets_the_replicas_hold_their_lease() -> None:
         for verb in rule["verbs"]:
             by_verb.setdefault(verb, set()).update(rule.get("resourceNames") or {"*"})
     assert by_verb == {"get": {name}, "update": {name}, "create": {"*"}}
-    binding = next(d for d in docs if d["kind"] == "RoleBinding"
-                   and d["roleRef"]["name"] == "lens-ebpf-recorder-leader")  # fmt: skip
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["name"],
-                                    "namespace": sa["namespace"]}]  # fmt: skip
+    binding = next(
+        d
+        for d in docs
+        if d["kind"] == "RoleBinding" and d["roleRef"]["name"] == "lens-ebpf-recorder-leader"
+    )
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}
+    ]
 
 
 def test_recorder_rbac_allows_the_finalizer_on_every_kind_it_follows() -> None:
     role = next(d for d in recorder_documents() if d["kind"] == "ClusterRole")
-    allowed = {(g, r): set(rule["verbs"]) for rule in role["rules"]
-               for g in rule["apiGroups"] for r in rule["resources"]}  # fmt: skip
-    for group, res in (("apps", "deployments"), ("apps", "replicasets"), ("batch", "jobs"),
-                       ("batch", "cronjobs"), ("kubeflow.org", "pytorchjobs"),
-                       ("ray.io", "rayjobs")):  # fmt: skip
+    allowed = {
+        (g, r): set(rule["verbs"])
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+    }
+    for group, res in (
+        ("apps", "deployments"),
+        ("apps", "replicasets"),
+        ("batch", "jobs"),
+        ("batch", "cronjobs"),
+        ("kubeflow.org", "pytorchjobs"),
+        ("ray.io", "rayjobs"),
+    ):
         assert {"get", "list", "watch", "patch"} <= allowed[(group, res)], res
     assert {"get", "list", "watch"} <= allowed[("", "pods")]
     # the storage scan's reads
@@ -372,8 +461,11 @@ def test_recorder_rbac_reads_and_writes_the_multicluster_secrets() -> None:
     from lens_ebpf.recorder import config
 
     mc = config.load(env={}).multicluster
-    role = next(d for d in recorder_documents() if d["kind"] == "Role"
-                and d["metadata"]["name"] == "lens-ebpf-recorder-secrets")  # fmt: skip
+    role = next(
+        d
+        for d in recorder_documents()
+        if d["kind"] == "Role" and d["metadata"]["name"] == "lens-ebpf-recorder-secrets"
+    )
     sa = next(d for d in recorder_documents() if d["kind"] == "ServiceAccount")
     assert role["metadata"]["namespace"] == sa["metadata"]["namespace"]
     by_verb: dict[str, set[str]] = {}
@@ -381,13 +473,17 @@ def test_recorder_rbac_reads_and_writes_the_multicluster_secrets() -> None:
         assert rule["resources"] == ["secrets"]
         for verb in rule["verbs"]:
             by_verb.setdefault(verb, set()).update(rule.get("resourceNames") or {"*"})
-    assert by_verb == {"get": {"multi-k8s-config", mc.source_secret, mc.merged_secret},
-                       "update": {mc.merged_secret, "multi-k8s-config"},
-                       "create": {"*"}}  # fmt: skip
+    assert by_verb == {
+        "get": {"multi-k8s-config", mc.source_secret, mc.merged_secret},
+        "update": {mc.merged_secret, "multi-k8s-config"},
+        "create": {"*"},
+    }
     deployment = next(d for d in recorder_documents() if d["kind"] == "Deployment")
     env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {
-        "fieldPath": "metadata.namespace"}}} in env  # fmt: skip
+    assert {
+        "name": "POD_NAMESPACE",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+    } in env
 
 
 def test_the_log_shippers_snippets_point_at_the_recorders_post_route(tmp_path: Path) -> None:
@@ -397,9 +493,11 @@ def test_the_log_shippers_snippets_point_at_the_recorders_post_route(tmp_path: P
     (tmp_path / "recorder.yaml").write_text(cm["data"]["recorder.yaml"])
     cfg = config.load(tmp_path / "recorder.yaml", env={})
     port = cfg.recorder.listen.rsplit(":", 1)[1]
-    fb = dict(line.split(None, 1) for line in
-              (DEPLOY / "log-shippers" / "fluent-bit-output.conf").read_text().splitlines()
-              if line.startswith("    ") and not line.strip().startswith("#"))  # fmt: skip
+    fb = dict(
+        line.split(None, 1)
+        for line in (DEPLOY / "log-shippers" / "fluent-bit-output.conf").read_text().splitlines()
+        if line.startswith("    ") and not line.strip().startswith("#")
+    )
     assert (fb["Name"], fb["Port"], fb["URI"], fb["Format"]) == ("http", port, "/logs", "json")
     assert fb["Header"].startswith("Authorization Bearer ")
     sink = yaml.safe_load((DEPLOY / "log-shippers" / "vector-sink.yaml").read_text())["sinks"]

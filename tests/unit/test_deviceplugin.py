@@ -20,8 +20,10 @@ from tests.kube.deviceplugin import AmdGpu, AmdGpuPlugin, sysfs_gpus
 
 ROOT = Path(__file__).parent.parent.parent
 GPU_FIX = ROOT / "tests" / "fixtures" / "gpu"
-GPUS = [AmdGpu("0000:c1:00.0", "/dev/dri/card1", "/dev/dri/renderD128"),
-        AmdGpu("0001:03:00.0", "/dev/dri/card2", "/dev/dri/renderD129")]  # fmt: skip
+GPUS = [
+    AmdGpu("0000:c1:00.0", "/dev/dri/card1", "/dev/dri/renderD128"),
+    AmdGpu("0001:03:00.0", "/dev/dri/card2", "/dev/dri/renderD129"),
+]
 
 
 def spec(path: str) -> pb.DeviceSpec:
@@ -51,8 +53,11 @@ def test_devices_are_the_fixture_gpus_keyed_as_the_agent_keys_them() -> None:
 
 def test_host_nodes_are_drm_char_devices() -> None:
     assert AmdGpuPlugin(GPUS).host_nodes() == [
-        ("/dev/dri/card1", 226, 1), ("/dev/dri/renderD128", 226, 128),
-        ("/dev/dri/card2", 226, 2), ("/dev/dri/renderD129", 226, 129)]  # fmt: skip
+        ("/dev/dri/card1", 226, 1),
+        ("/dev/dri/renderD128", 226, 128),
+        ("/dev/dri/card2", 226, 2),
+        ("/dev/dri/renderD129", 226, 129),
+    ]
 
 
 def test_serves_without_a_kubelet_and_offers_preferred_allocation(
@@ -63,11 +68,15 @@ def test_serves_without_a_kubelet_and_offers_preferred_allocation(
     assert opts == pb.DevicePluginOptions(get_preferred_allocation_available=True)
     req = pb.ContainerPreferredAllocationRequest(
         available_deviceIDs=["0001:03:00.0", "0000:c1:00.0"],
-        must_include_deviceIDs=["0001:03:00.0"], allocation_size=1)  # fmt: skip
+        must_include_deviceIDs=["0001:03:00.0"],
+        allocation_size=1,
+    )
     resp = stub.GetPreferredAllocation(pb.PreferredAllocationRequest(container_requests=[req]))
     assert [list(r.deviceIDs) for r in resp.container_responses] == [["0001:03:00.0"]]
-    assert stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=["0000:c1:00.0"]),
-                                  timeout=5) == pb.PreStartContainerResponse()  # fmt: skip
+    assert (
+        stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=["0000:c1:00.0"]), timeout=5)
+        == pb.PreStartContainerResponse()
+    )
 
 
 def test_list_and_watch_lists_the_gpus_and_sends_health_changes(
@@ -85,16 +94,26 @@ def test_list_and_watch_lists_the_gpus_and_sends_health_changes(
 def test_allocate_gives_kfd_and_each_gpus_card_and_render_node(
     plugin: AmdGpuPlugin, stub: pb_grpc.DevicePluginStub
 ) -> None:
-    req = pb.AllocateRequest(container_requests=[
-        pb.ContainerAllocateRequest(devices_ids=["0001:03:00.0"]),
-        pb.ContainerAllocateRequest(devices_ids=["0000:c1:00.0", "0001:03:00.0"])])  # fmt: skip
+    req = pb.AllocateRequest(
+        container_requests=[
+            pb.ContainerAllocateRequest(devices_ids=["0001:03:00.0"]),
+            pb.ContainerAllocateRequest(devices_ids=["0000:c1:00.0", "0001:03:00.0"]),
+        ]
+    )
     resp = stub.Allocate(req, timeout=5)
     first, second = resp.container_responses
-    assert list(first.devices) == [spec("/dev/kfd"), spec("/dev/dri/card2"),
-                                   spec("/dev/dri/renderD129")]  # fmt: skip
-    assert list(second.devices) == [spec("/dev/kfd"), spec("/dev/dri/card1"),
-                                    spec("/dev/dri/renderD128"), spec("/dev/dri/card2"),
-                                    spec("/dev/dri/renderD129")]  # fmt: skip
+    assert list(first.devices) == [
+        spec("/dev/kfd"),
+        spec("/dev/dri/card2"),
+        spec("/dev/dri/renderD129"),
+    ]
+    assert list(second.devices) == [
+        spec("/dev/kfd"),
+        spec("/dev/dri/card1"),
+        spec("/dev/dri/renderD128"),
+        spec("/dev/dri/card2"),
+        spec("/dev/dri/renderD129"),
+    ]
     assert dict(first.envs) == {} and not first.mounts and dict(first.annotations) == {}
     assert plugin.allocate_calls == 1
     assert plugin.allocated == [["0001:03:00.0"], ["0000:c1:00.0", "0001:03:00.0"]]
@@ -107,19 +126,25 @@ def test_allocate_without_kfd(tmp_path_factory: pytest.TempPathFactory) -> None:
         with grpc.insecure_channel(f"unix://{plugin.socket}") as ch:
             req = pb.ContainerAllocateRequest(devices_ids=["0000:c1:00.0"])
             resp = pb_grpc.DevicePluginStub(ch).Allocate(
-                pb.AllocateRequest(container_requests=[req]), timeout=5)  # fmt: skip
+                pb.AllocateRequest(container_requests=[req]), timeout=5
+            )
     finally:
         plugin.stop()
-    assert list(resp.container_responses[0].devices) == [spec("/dev/dri/card1"),
-                                                         spec("/dev/dri/renderD128")]  # fmt: skip
+    assert list(resp.container_responses[0].devices) == [
+        spec("/dev/dri/card1"),
+        spec("/dev/dri/renderD128"),
+    ]
     assert not plugin.socket.exists()
 
 
 def test_allocate_of_an_unknown_id_is_not_found(
     plugin: AmdGpuPlugin, stub: pb_grpc.DevicePluginStub
 ) -> None:
-    req = pb.AllocateRequest(container_requests=[
-        pb.ContainerAllocateRequest(devices_ids=["0000:c1:00.0", "0000:99:00.0"])])  # fmt: skip
+    req = pb.AllocateRequest(
+        container_requests=[
+            pb.ContainerAllocateRequest(devices_ids=["0000:c1:00.0", "0000:99:00.0"])
+        ]
+    )
     with pytest.raises(grpc.RpcError) as exc:
         stub.Allocate(req, timeout=5)
     assert exc.value.code() == grpc.StatusCode.NOT_FOUND
@@ -142,5 +167,6 @@ def test_generated_code_matches_the_proto(tmp_path: Path) -> None:
     subprocess.run([str(ROOT / "scripts" / "gen_protos.sh"), str(tmp_path)], check=True)
     for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py"):
         name = f"deviceplugin_v1beta1{suffix}"
-        assert filecmp.cmp(tmp_path / "k8s" / name, ROOT / "lens_ebpf" / "k8s" / "gen" / name,
-                           shallow=False), f"{name} is stale: run make protos"  # fmt: skip
+        assert filecmp.cmp(
+            tmp_path / "k8s" / name, ROOT / "lens_ebpf" / "k8s" / "gen" / name, shallow=False
+        ), f"{name} is stale: run make protos"

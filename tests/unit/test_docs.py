@@ -49,25 +49,41 @@ def named_in_code() -> dict[str, str]:
     for path, tree in trees.items():
         module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
         helpers[module] = {
-            fn.name for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef) and any(
+            fn.name
+            for fn in ast.walk(tree)
+            if isinstance(fn, ast.FunctionDef)
+            and any(
                 builds(c) and c.args and not isinstance(c.args[0], ast.Constant)  # type: ignore[attr-defined]
-                for c in ast.walk(fn))
-        }  # fmt: skip
+                for c in ast.walk(fn)
+            )
+        }
     out = {}
     for path, tree in trees.items():
         where = path.relative_to(ROOT).as_posix()
         mine = set(helpers[".".join(path.relative_to(ROOT).with_suffix("").parts)])
         for imp in ast.walk(tree):
             if isinstance(imp, ast.ImportFrom):
-                mine |= {a.asname or a.name for a in imp.names
-                         if a.name in helpers.get(imp.module or "", ())}  # fmt: skip
+                mine |= {
+                    a.asname or a.name
+                    for a in imp.names
+                    if a.name in helpers.get(imp.module or "", ())
+                }
 
         def building(node: ast.AST, mine: set[str] = mine) -> bool:
-            return builds(node) or isinstance(node, ast.Call) and bool(node.args) \
-                and metrics_reference.call_name(node) in mine  # fmt: skip
+            return (
+                builds(node)
+                or isinstance(node, ast.Call)
+                and bool(node.args)
+                and metrics_reference.call_name(node) in mine
+            )
 
-        looped = {n.iter.id for n in ast.walk(tree) if isinstance(n, ast.For)
-                  and isinstance(n.iter, ast.Name) and any(map(building, ast.walk(n)))}  # fmt: skip
+        looped = {
+            n.iter.id
+            for n in ast.walk(tree)
+            if isinstance(n, ast.For)
+            and isinstance(n.iter, ast.Name)
+            and any(map(building, ast.walk(n)))
+        }
         for node in ast.walk(tree):
             if building(node):
                 first = node.args[0]  # type: ignore[attr-defined]
@@ -78,8 +94,11 @@ def named_in_code() -> dict[str, str]:
             target = (
                 node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
             )
-            if isinstance(value, ast.List | ast.Tuple) and isinstance(target, ast.Name) \
-                    and target.id in looped:  # fmt: skip
+            if (
+                isinstance(value, ast.List | ast.Tuple)
+                and isinstance(target, ast.Name)
+                and target.id in looped
+            ):
                 for row in value.elts:
                     if isinstance(row, ast.Tuple) and isinstance(row.elts[0], ast.Constant):
                         out[str(row.elts[0].value)] = f"{where}:{row.lineno} ({target.id})"
@@ -111,9 +130,16 @@ def test_every_golden_family_is_in_the_reference() -> None:
 def test_the_reference_reads_the_code_not_only_the_golden_files() -> None:
     """Families no golden file holds are found in the code: the recorder's, the agent's own."""
     have = documented()
-    for name in ("lens_recorder_db_up", "lens_recorder_job_runs_total", "lens_training_loss",
-                 "lens_agent_feature_up", "lens_tcp_rtt_seconds", "lens_k8s_watch_connected",
-                 "lens_container_process_exits_total", "lens_gpu_faults_total"):  # fmt: skip
+    for name in (
+        "lens_recorder_db_up",
+        "lens_recorder_job_runs_total",
+        "lens_training_loss",
+        "lens_agent_feature_up",
+        "lens_tcp_rtt_seconds",
+        "lens_k8s_watch_connected",
+        "lens_container_process_exits_total",
+        "lens_gpu_faults_total",
+    ):
         assert name in have, name
 
 
@@ -125,12 +151,18 @@ def test_every_family_the_code_names_is_in_the_reference() -> None:
     have = documented()
     have |= {n.removesuffix("_total") for n in have}
     named = named_in_code()
-    for name in ("lens_rdma_port_counter_total", "lens_rdma_port_legacy_counter_total",
-                 "gpu_package_power", "DCGM_FI_PROF_PCIE_TX_BYTES", "lens_pod_volume_used_bytes",
-                 "lens_recorder_log_lines"):  # fmt: skip
+    for name in (
+        "lens_rdma_port_counter_total",
+        "lens_rdma_port_legacy_counter_total",
+        "gpu_package_power",
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "lens_pod_volume_used_bytes",
+        "lens_recorder_log_lines",
+    ):
         assert name in named, f"the test no longer sees {name}"
-    missing = {n: at for n, at in named.items() if n not in have and n.removesuffix("_total")
-               not in have}  # fmt: skip
+    missing = {
+        n: at for n, at in named.items() if n not in have and n.removesuffix("_total") not in have
+    }
     assert not missing, f"not in docs/reference/metrics.md: {missing}"
 
 
@@ -142,8 +174,13 @@ def test_the_reference_has_the_labels_the_code_builds_at_run_time() -> None:
         "lens_training_loss": {"namespace", "workload"},
         "lens_training_slowdowns_total": {"namespace", "workload"},
         "lens_training_stalled": {"namespace", "workload"},
-        "lens_pod_volume_used_bytes": {"namespace", "pod", "persistentvolumeclaim", "volume",
-                                       "node"},
+        "lens_pod_volume_used_bytes": {
+            "namespace",
+            "pod",
+            "persistentvolumeclaim",
+            "volume",
+            "node",
+        },
         "node_ephemeral_storage_usage_bytes": {"node"},
         "lens_rdma_port_counter_total": {"device", "port", "counter"},
         "lens_rdma_port_legacy_counter_total": {"device", "port", "counter"},
@@ -153,13 +190,16 @@ def test_the_reference_has_the_labels_the_code_builds_at_run_time() -> None:
         "lens_recorder_remote_write_refused_total": {"reason"},
         "lens_recorder_cluster_finalizers_released_total": {"cluster"},
         "gpu_package_power": {"gpu_id", "gpu_uuid", "hostname", "pod", "namespace", "container"},
-        "DCGM_FI_PROF_PCIE_TX_BYTES": {"gpu", "UUID", "Hostname", "namespace", "pod",
-                                       "container"},
-    }  # fmt: skip
+        "DCGM_FI_PROF_PCIE_TX_BYTES": {"gpu", "UUID", "Hostname", "namespace", "pod", "container"},
+    }
     for name, labels in expect.items():
         assert labels <= have[name][0], (name, have[name][0])
-    for name in ("lens_training_loss", "lens_pod_volume_used_bytes",
-                 "lens_rdma_port_counter_total", "lens_gpu_faults_total"):  # fmt: skip
+    for name in (
+        "lens_training_loss",
+        "lens_pod_volume_used_bytes",
+        "lens_rdma_port_counter_total",
+        "lens_gpu_faults_total",
+    ):
         assert have[name][0] == expect[name], name  # and no others
     for name in ("cpu_load_1m", "lens_recorder_queue_depth", "lens_agent_http_connections"):
         assert have[name][0] == set(), name  # one series, no labels

@@ -25,15 +25,24 @@ def enum_btf(name: str, members: dict[str, int]) -> Btf:
 def test_names_are_whatever_the_kernels_btf_says() -> None:
     """A made-up kernel that numbers its reasons its own way gets its own names: no
     table of ours stands between the number and the name."""
-    blob = enum_btf("skb_drop_reason", {"SKB_NOT_DROPPED_YET": 0, "SKB_CONSUMED": 1,
-                                        "SKB_DROP_REASON_NOT_SPECIFIED": 2,
-                                        "SKB_DROP_REASON_MADE_UP_HERE": 7})  # fmt: skip
+    blob = enum_btf(
+        "skb_drop_reason",
+        {
+            "SKB_NOT_DROPPED_YET": 0,
+            "SKB_CONSUMED": 1,
+            "SKB_DROP_REASON_NOT_SPECIFIED": 2,
+            "SKB_DROP_REASON_MADE_UP_HERE": 7,
+        },
+    )
     names = reasons.reason_names(blob)
     assert names == {0: "NOT_DROPPED_YET", 1: "CONSUMED", 2: "NOT_SPECIFIED", 7: "MADE_UP_HERE"}
     assert reasons.reason_label(7, names, True) == "MADE_UP_HERE"
     assert reasons.reason_label(8, names, True) == reasons.UNKNOWN
-    assert reasons.defines(names) == {"LENS_REASON_CONSUMED": 1, "LENS_REASON_NOT_DROPPED": 0,
-                                      "LENS_REASON_NOT_SPECIFIED": 2}  # fmt: skip
+    assert reasons.defines(names) == {
+        "LENS_REASON_CONSUMED": 1,
+        "LENS_REASON_NOT_DROPPED": 0,
+        "LENS_REASON_NOT_SPECIFIED": 2,
+    }
 
 
 def test_a_kernel_without_btf_counts_numbers_as_unknown() -> None:
@@ -46,9 +55,11 @@ def test_a_kernel_without_btf_counts_numbers_as_unknown() -> None:
 
 
 def test_locations_resolve_to_the_function_they_lie_in() -> None:
-    text = ("ffffffff81000000 T _stext\nffffffff81a00000 T tcp_v4_rcv\n"
-            "ffffffff81a01000 t __udp4_lib_rcv\nffffffff81a02000 D some_data\n"
-            "ffffffffc0100000 t nft_do_chain\t[nf_tables]\n")  # fmt: skip
+    text = (
+        "ffffffff81000000 T _stext\nffffffff81a00000 T tcp_v4_rcv\n"
+        "ffffffff81a01000 t __udp4_lib_rcv\nffffffff81a02000 D some_data\n"
+        "ffffffffc0100000 t nft_do_chain\t[nf_tables]\n"
+    )
     reads = []
 
     def read() -> str:
@@ -64,17 +75,26 @@ def test_locations_resolve_to_the_function_they_lie_in() -> None:
 
 
 def test_listener_counters_parse_as_the_kernel_writes_them() -> None:
-    netstat = ("TcpExt: SyncookiesSent ListenOverflows ListenDrops\nTcpExt: 0 6 7\n"
-               "IpExt: InNoRoutes\nIpExt: 0\n")  # fmt: skip
-    assert listeners.parse_netstat(netstat) == {"SyncookiesSent": 0, "ListenOverflows": 6,
-                                                "ListenDrops": 7}  # fmt: skip
-    fib = ("Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 0.0.0.0\n        /0 universe UNICAST\n"
-           "Local:\n     |-- 127.0.0.1\n        /32 host LOCAL\n"
-           "     |-- 198.51.100.79\n        /32 host LOCAL\n"
-           "     |-- 198.51.100.255\n        /32 link BROADCAST\n")  # fmt: skip
-    inet6 = ("00000000000000000000000000000001 01 80 10 80       lo\n"
-             "fd000079000000000000000000000002 02 40 00 80     eth0\n"
-             "fe800000000000000000000000000002 02 40 20 80     eth0\n")  # fmt: skip
+    netstat = (
+        "TcpExt: SyncookiesSent ListenOverflows ListenDrops\nTcpExt: 0 6 7\n"
+        "IpExt: InNoRoutes\nIpExt: 0\n"
+    )
+    assert listeners.parse_netstat(netstat) == {
+        "SyncookiesSent": 0,
+        "ListenOverflows": 6,
+        "ListenDrops": 7,
+    }
+    fib = (
+        "Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 0.0.0.0\n        /0 universe UNICAST\n"
+        "Local:\n     |-- 127.0.0.1\n        /32 host LOCAL\n"
+        "     |-- 198.51.100.79\n        /32 host LOCAL\n"
+        "     |-- 198.51.100.255\n        /32 link BROADCAST\n"
+    )
+    inet6 = (
+        "00000000000000000000000000000001 01 80 10 80       lo\n"
+        "fd000079000000000000000000000002 02 40 00 80     eth0\n"
+        "fe800000000000000000000000000002 02 40 20 80     eth0\n"
+    )
     assert listeners.parse_local_addresses(fib, inet6) == ["198.51.100.79", "fd00:79::2"]
 
 

@@ -22,24 +22,73 @@ from lens_ebpf.agent.events import (
 from lens_ebpf.agent.stream import convert
 from lens_ebpf.protocol.gen import lens_pb2 as pb
 
-FLOW = FlowClosed(ts_ns=1, pid=7, comm="curl", cgroup_id=3, family="ipv4", laddr="10.0.0.1",
-                  lport=40000, raddr="10.0.0.7", rport=443, direction="egress",
-                  cls="internalHosts", sent_bytes=10, received_bytes=20, retransmits=1,
-                  duration_ns=99, reason="normal", remote_service="web", pod="cli",
-                  namespace="apps")  # fmt: skip
-EXEC = ProcessEvent(kind="process_exec", ts_ns=2, pid=8, ppid=1, comm="sh", cgroup_id=4,
-                    cgroup="/kubepods/x", filename="/bin/sh", container_id="abc123",
-                    container="app", pod="web-0", namespace="team-a", pod_uid="u",
-                    workload_kind="StatefulSet", workload="web")  # fmt: skip
-GPU_CHANGE = DeviceChange(vendor="amd", bdf="0000:03:00.0", change="changed", device_kind="gpu",
-                          key="5F1A2B3C", index=1, model="AMD Instinct MI300X",
-                          serial="5F1A2B3C", driver_version="6.10.5", vbios_version="113-M30",
-                          firmware_version="", retired_pages_pending=True,
-                          fields=("serial", "vbios_version"), slot="0000:03:00.0")  # fmt: skip
-RDMA_PORT = DeviceChange(vendor="mlx5", bdf="0000:41:00.0", change="", device_kind="rdma_port",
-                         key="mlx5_0/1", model="MT4129", firmware_version="28.39.1002",
-                         port_state="ACTIVE", link_layer="InfiniBand",
-                         rate="400 Gb/sec (4X NDR)", slot="mlx5_0/1")  # fmt: skip
+FLOW = FlowClosed(
+    ts_ns=1,
+    pid=7,
+    comm="curl",
+    cgroup_id=3,
+    family="ipv4",
+    laddr="10.0.0.1",
+    lport=40000,
+    raddr="10.0.0.7",
+    rport=443,
+    direction="egress",
+    cls="internalHosts",
+    sent_bytes=10,
+    received_bytes=20,
+    retransmits=1,
+    duration_ns=99,
+    reason="normal",
+    remote_service="web",
+    pod="cli",
+    namespace="apps",
+)
+EXEC = ProcessEvent(
+    kind="process_exec",
+    ts_ns=2,
+    pid=8,
+    ppid=1,
+    comm="sh",
+    cgroup_id=4,
+    cgroup="/kubepods/x",
+    filename="/bin/sh",
+    container_id="abc123",
+    container="app",
+    pod="web-0",
+    namespace="team-a",
+    pod_uid="u",
+    workload_kind="StatefulSet",
+    workload="web",
+)
+GPU_CHANGE = DeviceChange(
+    vendor="amd",
+    bdf="0000:03:00.0",
+    change="changed",
+    device_kind="gpu",
+    key="5F1A2B3C",
+    index=1,
+    model="AMD Instinct MI300X",
+    serial="5F1A2B3C",
+    driver_version="6.10.5",
+    vbios_version="113-M30",
+    firmware_version="",
+    retired_pages_pending=True,
+    fields=("serial", "vbios_version"),
+    slot="0000:03:00.0",
+)
+RDMA_PORT = DeviceChange(
+    vendor="mlx5",
+    bdf="0000:41:00.0",
+    change="",
+    device_kind="rdma_port",
+    key="mlx5_0/1",
+    model="MT4129",
+    firmware_version="28.39.1002",
+    port_state="ACTIVE",
+    link_layer="InfiniBand",
+    rate="400 Gb/sec (4X NDR)",
+    slot="mlx5_0/1",
+)
 EXAMPLES = {
     "flow_closed": FLOW,
     "abnormal_flow": dataclasses.replace(FLOW, kind="abnormal_flow"),
@@ -52,7 +101,7 @@ EXAMPLES = {
         container_id="abc123",
         pod="web-0",
         devices=("/dev/dri/renderD128",),
-    ),  # fmt: skip
+    ),
     "container_exit": ContainerChange(kind="container_exit", ts_ns=4, container_id="abc123"),
     "device_change": GPU_CHANGE,
     "device_inventory": DeviceInventory(devices=(GPU_CHANGE, RDMA_PORT)),
@@ -141,8 +190,9 @@ def test_one_filter_for_subscribe_and_trace() -> None:
         dataclasses.replace(FLOW, comm="curl-with-a-lon")
     )
     req = pb.SubscribeRequest(kinds=["process_exec"], namespace="team-a", container="abc")
-    assert convert.matcher(req) == EventFilter(kinds=frozenset({"process_exec"}),
-                                               namespace="team-a", container="abc")  # fmt: skip
+    assert convert.matcher(req) == EventFilter(
+        kinds=frozenset({"process_exec"}), namespace="team-a", container="abc"
+    )
     assert "unknown kind(s) 'nope'" in (convert.validate(pb.SubscribeRequest(kinds=["nope"])) or "")
 
 
@@ -189,15 +239,22 @@ def test_owner_fields_names_every_owner_field() -> None:
 def test_zero_fields_left_out_make_the_same_bytes() -> None:
     """message() passes only the fields that are not at their zero value: the bytes are
     those of the message with every field set."""
-    for ev in (dataclasses.replace(FLOW, seq=3, ts_unix_nano=5, retransmits=0, pod=""),
-               dataclasses.replace(EXEC, seq=4, ts_unix_nano=6)):  # fmt: skip
+    for ev in (
+        dataclasses.replace(FLOW, seq=3, ts_unix_nano=5, retransmits=0, pod=""),
+        dataclasses.replace(EXEC, seq=4, ts_unix_nano=6),
+    ):
         cls = convert.PAYLOADS[ev.kind]
         fields, identity = convert._PLANS[cls]
         full = {name: getattr(ev, attr) for name, attr in fields}
         if identity:
             full["identity"] = pb.Identity(**{n: getattr(ev, a) for n, a in convert._IDENTITY})
-        every = pb.Event(seq=ev.seq, ts_unix_nano=ev.ts_unix_nano, node_name="n",
-                         node_ip="", **{ev.kind: cls(**full)})  # fmt: skip
+        every = pb.Event(
+            seq=ev.seq,
+            ts_unix_nano=ev.ts_unix_nano,
+            node_name="n",
+            node_ip="",
+            **{ev.kind: cls(**full)},
+        )
         assert convert.to_pb(ev, "n", "").SerializeToString() == every.SerializeToString()
 
 
@@ -206,8 +263,11 @@ def test_encode_writes_protobufs_own_bytes(kind: str) -> None:
     """convert.encode (what every stream and the reporter send) builds the payload and the
     Event's fields apart: the bytes are those of to_pb's message, for every kind, with and
     without a sequence number, a timestamp before 1970 and an empty node."""
-    for seq, ts, node in ((0, 0, ("", "")), (7, 1_764_000_000_123_456_789, ("node-a", "10.1.1.1")),
-                          (2**40, -5, ("nœud", "fd00::1"))):  # fmt: skip
+    for seq, ts, node in (
+        (0, 0, ("", "")),
+        (7, 1_764_000_000_123_456_789, ("node-a", "10.1.1.1")),
+        (2**40, -5, ("nœud", "fd00::1")),
+    ):
         ev = dataclasses.replace(EXAMPLES[kind], seq=seq, ts_unix_nano=ts)
         assert convert.encode(ev, *node) == convert.to_pb(ev, *node).SerializeToString()
         assert pb.Event.FromString(convert.encode(ev, *node)) == convert.to_pb(ev, *node)
@@ -241,7 +301,8 @@ def test_maker_takes_named_fields_by_position() -> None:
 
     make = maker(ProcessEvent, ("kind", "pid", "comm"))
     ev = make("process_exit", 7, "sh", ts_ns=1, ppid=1, cgroup_id=2, cgroup="/", exit_code=3)
-    assert ev == ProcessEvent(kind="process_exit", pid=7, comm="sh", ts_ns=1, ppid=1,
-                              cgroup_id=2, cgroup="/", exit_code=3)  # fmt: skip
+    assert ev == ProcessEvent(
+        kind="process_exit", pid=7, comm="sh", ts_ns=1, ppid=1, cgroup_id=2, cgroup="/", exit_code=3
+    )
     with pytest.raises(TypeError, match="no_such"):
         maker(ProcessEvent, ("pid", "no_such"))

@@ -30,9 +30,11 @@ WIRING = {
 SECTIONS = frozenset(
     name
     for name, obj in vars(config).items()
-    if isinstance(obj, type) and issubclass(obj, BaseModel)
-    and obj.__module__ == CONFIG and obj is not config.Config
-)  # fmt: skip
+    if isinstance(obj, type)
+    and issubclass(obj, BaseModel)
+    and obj.__module__ == CONFIG
+    and obj is not config.Config
+)
 
 
 def whole_config_uses(source: str, package: str) -> list[tuple[int, str]]:
@@ -52,8 +54,11 @@ def whole_config_uses(source: str, package: str) -> list[tuple[int, str]]:
         elif isinstance(node, ast.Import):
             modules |= {a.asname or a.name for a in node.names if a.name == CONFIG}
     for node in ast.walk(ast.parse(source)):
-        if (isinstance(node, ast.Attribute) and ast.unparse(node.value) in modules
-                and node.attr not in SECTIONS):  # fmt: skip
+        if (
+            isinstance(node, ast.Attribute)
+            and ast.unparse(node.value) in modules
+            and node.attr not in SECTIONS
+        ):
             found.append((node.lineno, node.attr))
     return sorted(found)
 
@@ -86,7 +91,11 @@ def f():
 def test_the_checker_sees_the_whole_config_however_imported() -> None:
     assert {"BpfConfig", "DevicesConfig", "NodeConfig"} <= SECTIONS and "Config" not in SECTIONS
     assert whole_config_uses(BAD, "lens_ebpf.agent.tcp") == [
-        (7, "Config"), (9, "load"), (10, "Config"), (10, "defaults")]  # fmt: skip
+        (7, "Config"),
+        (9, "load"),
+        (10, "Config"),
+        (10, "defaults"),
+    ]
     fine = "from lens_ebpf.agent.config import BpfConfig, EventsConfig\nfrom .. import events\n"
     assert whole_config_uses(fine, "lens_ebpf.agent.tcp") == []
 
@@ -122,8 +131,11 @@ def test_the_contributing_pages_feature_runs(tmp_path: Path) -> None:
     example: dict[str, object] = {"__name__": "lens_ebpf.agent.devices.hwmon"}
     exec(compile(block.group(1), "docs/contributing/feature.md", "exec"), example)
     try:
-        cfg = config.load(None, env={"LENS_DEVICES__SYSFS_ROOT": str(tmp_path)},
-                          overrides={("kubernetes", "mode"): "off"})  # fmt: skip
+        cfg = config.load(
+            None,
+            env={"LENS_DEVICES__SYSFS_ROOT": str(tmp_path)},
+            overrides={("kubernetes", "mode"): "off"},
+        )
         assert cfg.collectors.section("hwmon") == example["HwmonSettings"]()  # type: ignore[operator]
         agent = Agent(cfg)
         try:
@@ -133,7 +145,8 @@ def test_the_contributing_pages_feature_runs(tmp_path: Path) -> None:
             collector.run_once()
             [family] = collector.families
             assert [(s.labels, s.value) for s in family.samples] == [
-                ({"chip": "hwmon0", "sensor": "temp1"}, 45.5)]  # fmt: skip
+                ({"chip": "hwmon0", "sensor": "temp1"}, 45.5)
+            ]
         finally:
             agent.stop()
     finally:

@@ -28,9 +28,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def declared() -> int:
     """How many features the modules of the registry's packages declare (their source)."""
-    return sum(len(re.findall(r"^@register\(", path.read_text(), re.M))
-               for pkg in FEATURES.packages
-               for path in (ROOT / pkg.replace(".", "/")).rglob("*.py"))  # fmt: skip
+    return sum(
+        len(re.findall(r"^@register\(", path.read_text(), re.M))
+        for pkg in FEATURES.packages
+        for path in (ROOT / pkg.replace(".", "/")).rglob("*.py")
+    )
 
 
 def test_every_declared_feature_is_found_with_its_sections() -> None:
@@ -132,20 +134,28 @@ def get(port: int, path: str) -> tuple[int, str]:
 
 @pytest.mark.usefixtures("tracefs_readable")
 def test_the_agent_runs_a_new_feature_end_to_end(toy) -> None:
-    off = {(f"collectors.{k}.enabled"): False for k in ("tcp", "rtt", "processes", "gpu",
-                                                          "rdma", "system", "drops")}  # fmt: skip
+    off = {
+        (f"collectors.{k}.enabled"): False
+        for k in ("tcp", "rtt", "processes", "gpu", "rdma", "system", "drops")
+    }
     overrides = {tuple(k.split(".")): v for k, v in off.items()}
-    overrides |= {("server", "host"): "127.0.0.1", ("server", "port"): 0,
-                  ("grpc", "listen"): "127.0.0.1:0", ("kubernetes", "mode"): "off",
-                  ("kubernetes", "pod_resources", "enabled"): False,
-                  ("bpf", "read_interval_seconds"): 0.05}  # fmt: skip
+    overrides |= {
+        ("server", "host"): "127.0.0.1",
+        ("server", "port"): 0,
+        ("grpc", "listen"): "127.0.0.1:0",
+        ("kubernetes", "mode"): "off",
+        ("kubernetes", "pod_resources", "enabled"): False,
+        ("bpf", "read_interval_seconds"): 0.05,
+    }
     agent = Agent(config.load(None, env={}, overrides=overrides))
     agent.start()
     try:
         assert agent.http is not None
         port = agent.http.port
-        assert get(port, "/toy") == (200, json.dumps(
-            {"code": 0, "data": "hello", "message": "success"}, sort_keys=True) + "\n")  # fmt: skip
+        assert get(port, "/toy") == (
+            200,
+            json.dumps({"code": 0, "data": "hello", "message": "success"}, sort_keys=True) + "\n",
+        )
         ready = json.loads(get(port, "/readyz")[1])
         assert ready["features"]["toy"] == {"state": "running", "reason": ""}
         assert ready["features"]["gpu"] == {"state": "off", "reason": "disabled by config"}
@@ -169,11 +179,15 @@ class BrokenFeature(Feature):
 def test_a_feature_that_fails_to_start_makes_the_agent_not_ready() -> None:
     feature.registered()
     register("broken", order=40)(BrokenFeature)
-    overrides = {("server", "host"): "127.0.0.1", ("server", "port"): 0,
-                 ("grpc", "listen"): "127.0.0.1:0", ("kubernetes", "mode"): "off",
-                 ("collectors", "tcp", "enabled"): False,
-                 ("collectors", "processes", "enabled"): False,
-                 ("collectors", "drops", "enabled"): False}  # fmt: skip
+    overrides = {
+        ("server", "host"): "127.0.0.1",
+        ("server", "port"): 0,
+        ("grpc", "listen"): "127.0.0.1:0",
+        ("kubernetes", "mode"): "off",
+        ("collectors", "tcp", "enabled"): False,
+        ("collectors", "processes", "enabled"): False,
+        ("collectors", "drops", "enabled"): False,
+    }
     agent = Agent(config.load(None, env={}, overrides=overrides))
     try:
         agent.start()  # the others start; the agent serves

@@ -15,8 +15,9 @@ GiB = 1024**3
 
 
 def values(c: GpuCollector) -> dict[tuple[str, tuple], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for m in c.snapshot() for s in m.samples}  # fmt: skip
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value for m in c.snapshot() for s in m.samples
+    }
 
 
 def by(name: str, v: dict, **labels: str) -> float | None:
@@ -46,10 +47,16 @@ def test_amd_ras_counts_and_pcie_replays_from_sysfs_whatever_the_source() -> Non
     """amdgpu's ras/<block>_err_count (`ue: N`, `ce: N`, `de: N` on newer kernels) and
     pcie_replay_count, added to readings from amd-smi as from sysfs; a card without them
     has none (absent, never zero)."""
-    static, metric, process = ((FIX / f"amd-smi-{k}.json").read_text()
-                               for k in ("static", "metric", "process"))  # fmt: skip
-    c = GpuCollector(5, "gpu-7", {"amd": [("amd-smi", lambda: amd.parse_amd_smi(
-        static, metric, process))]}, dev_root=FIX / "dev", sysfs=FIX / "sys")  # fmt: skip
+    static, metric, process = (
+        (FIX / f"amd-smi-{k}.json").read_text() for k in ("static", "metric", "process")
+    )
+    c = GpuCollector(
+        5,
+        "gpu-7",
+        {"amd": [("amd-smi", lambda: amd.parse_amd_smi(static, metric, process))]},
+        dev_root=FIX / "dev",
+        sysfs=FIX / "sys",
+    )
     c.run_once()
     assert c.success and c.errors == {}
     v = values(c)
@@ -94,9 +101,14 @@ def test_amd_smi_garbage_is_a_source_error(garbage: str) -> None:
 def test_amdsmi_through_the_real_binding(fake_amdsmi) -> None:
     """PyPI's amdsmi loading a stand-in libamd_smi.so: every value exact, "N/A" and
     not-supported answers absent, never zero."""
-    c = GpuCollector(5, "gpu-7", {"amd": [("amdsmi", lambda: amd.read_amdsmi(fake_amdsmi))]},
-                     identify=lambda pid: {"pod": "llm-0", "namespace": "ml",
-                                           "container": "c"} if pid == 5151 else {})  # fmt: skip
+    c = GpuCollector(
+        5,
+        "gpu-7",
+        {"amd": [("amdsmi", lambda: amd.read_amdsmi(fake_amdsmi))]},
+        identify=lambda pid: {"pod": "llm-0", "namespace": "ml", "container": "c"}
+        if pid == 5151
+        else {},
+    )
     c.run_once()
     assert c.success and c.errors == {}
     v = values(c)
@@ -114,27 +126,43 @@ def test_amdsmi_through_the_real_binding(fake_amdsmi) -> None:
     assert by("gpu_process_memory_bytes", v, pid="5151", pod="llm-0") == 20 * GiB
     assert by("gpu_process_memory_bytes", v, pid="5252", pod="") == 6 * GiB
     ras = "lens_gpu_ras_errors_total"
-    assert {(dict(lbl)["block"], dict(lbl)["type"]): n for (name, lbl), n in v.items()
-            if name == ras} == {  # fmt: skip
-        ("umc", "correctable"): 17, ("umc", "uncorrectable"): 2, ("umc", "deferred"): 0,
-        ("gfx", "correctable"): 4, ("gfx", "uncorrectable"): 0, ("gfx", "deferred"): 0,
-        ("sdma", "correctable"): 0, ("sdma", "uncorrectable"): 0, ("sdma", "deferred"): 0,
-        ("xgmi_wafl", "correctable"): 6, ("xgmi_wafl", "uncorrectable"): 0,
+    assert {
+        (dict(lbl)["block"], dict(lbl)["type"]): n for (name, lbl), n in v.items() if name == ras
+    } == {
+        ("umc", "correctable"): 17,
+        ("umc", "uncorrectable"): 2,
+        ("umc", "deferred"): 0,
+        ("gfx", "correctable"): 4,
+        ("gfx", "uncorrectable"): 0,
+        ("gfx", "deferred"): 0,
+        ("sdma", "correctable"): 0,
+        ("sdma", "uncorrectable"): 0,
+        ("sdma", "deferred"): 0,
+        ("xgmi_wafl", "correctable"): 6,
+        ("xgmi_wafl", "uncorrectable"): 0,
         ("xgmi_wafl", "deferred"): 1,
-    }  # fmt: skip
+    }
     assert by("lens_gpu_pcie_replays_total", v, gpu_index="0") == 13
     assert by("lens_gpu_energy_joules_total", v, gpu_index="0") == 1000.0
     assert by("lens_gpu_xgmi_error_status", v, gpu_index="0") == 1
     # clocks from the library's gpu_metrics (a v1.5 table here): gfx is the XCCs' mean
-    clocks = {dict(lbl)["clock"]: mhz for (name, lbl), mhz in v.items()
-              if name == "lens_gpu_clock_mhz" and dict(lbl)["gpu_index"] == "0"}  # fmt: skip
+    clocks = {
+        dict(lbl)["clock"]: mhz
+        for (name, lbl), mhz in v.items()
+        if name == "lens_gpu_clock_mhz" and dict(lbl)["gpu_index"] == "0"
+    }
     assert clocks == {"gfx": 2087.5, "soc": 1143, "memory": 1300}
     # GPU 1: no edge sensor, activity "N/A", no RAS, replays, energy or XGMI state
     assert (b.bdf, b.utilization, b.temperature, b.processes) == ("0001:2f:00.0", None, 39.0, [])
     assert b.temperatures == {"junction": 39.0, "mem": 36.0}
-    for name in (ras, "lens_gpu_pcie_replays_total", "lens_gpu_energy_joules_total",
-                 "lens_gpu_xgmi_error_status", "hw_gpu_utilization_percent",
-                 "lens_gpu_clock_mhz"):  # fmt: skip
+    for name in (
+        ras,
+        "lens_gpu_pcie_replays_total",
+        "lens_gpu_energy_joules_total",
+        "lens_gpu_xgmi_error_status",
+        "hw_gpu_utilization_percent",
+        "lens_gpu_clock_mhz",
+    ):
         assert by(name, v, gpu_index="1") is None, name
     assert by("hw_gpu_memory_used_bytes", v, gpu_index="1") == 0
 
@@ -168,17 +196,20 @@ def sysfs_with_metrics(tmp_path: Path) -> Path:
 
 def test_amd_gpu_metrics_table_clocks_and_throttling(tmp_path: Path) -> None:
     sys_root = sysfs_with_metrics(tmp_path)
-    c = GpuCollector(5, "gpu-7", {"amd": [("sysfs", lambda: amd.read_sysfs(sys_root))]},
-                     sysfs=sys_root)  # fmt: skip
+    c = GpuCollector(
+        5, "gpu-7", {"amd": [("sysfs", lambda: amd.read_sysfs(sys_root))]}, sysfs=sys_root
+    )
     c.run_once()
     c.run_once()
     v = values(c)
     assert by("lens_gpu_clock_mhz", v, gpu_index="1", clock="gfx") == 1650
     assert by("lens_gpu_clock_mhz", v, gpu_index="1", clock="soc") == 1090
     assert by("lens_gpu_clock_mhz", v, gpu_index="1", clock="memory") == 1600
-    active = {dict(lbl)["reason"] for (name, lbl), val in v.items()
-              if name == "lens_gpu_clock_event_active" and dict(lbl)["gpu_index"] == "1"
-              and val}  # fmt: skip
+    active = {
+        dict(lbl)["reason"]
+        for (name, lbl), val in v.items()
+        if name == "lens_gpu_clock_event_active" and dict(lbl)["gpu_index"] == "1" and val
+    }
     assert active == {"ppt0", "temp_hotspot"}
     assert by("lens_gpu_clock_event_active", v, gpu_index="1", reason="temp_edge") == 0
     # card 1's v1.5 table is skipped, counted once per reading, and adds nothing
@@ -207,11 +238,16 @@ def test_gpu_metrics_garbage_is_skipped_not_misread(data: bytes, revision: str) 
 
 
 def test_nvidia_smi_csv() -> None:
-    got = nvidia.parse_smi_csv((FIX / "nvidia-smi-gpus.csv").read_text(),
-                               (FIX / "nvidia-smi-apps.csv").read_text())  # fmt: skip
+    got = nvidia.parse_smi_csv(
+        (FIX / "nvidia-smi-gpus.csv").read_text(), (FIX / "nvidia-smi-apps.csv").read_text()
+    )
     a, b = got
     assert (a.bdf, a.memory_total, a.utilization, a.power_draw) == (
-        "0000:18:00.0", 81559 * 2**20, 87, 312.5)  # fmt: skip
+        "0000:18:00.0",
+        81559 * 2**20,
+        87,
+        312.5,
+    )
     assert [(p.pid, p.memory_bytes) for p in a.processes] == [(4242, 32 * GiB), (4343, 8 * GiB)]
     assert (b.bdf, b.power_draw, b.power_limit) == ("0001:3b:00.0", None, None)
     with pytest.raises(amd.SourceError):
@@ -222,19 +258,31 @@ def test_nvidia_smi_csv_from_a_real_h100() -> None:
     """What nvidia-smi 580.159.04 printed on an H100 (tests/gpu on a lent GPU machine):
     the GPU read idle, the apps while that test's CUDA program held memory; NVML's BDF
     form, sizes in MiB."""
-    (g,) = nvidia.parse_smi_csv((FIX / "h100-nvidia-smi-gpus.csv").read_text(),
-                                (FIX / "h100-nvidia-smi-apps.csv").read_text())  # fmt: skip
+    (g,) = nvidia.parse_smi_csv(
+        (FIX / "h100-nvidia-smi-gpus.csv").read_text(),
+        (FIX / "h100-nvidia-smi-apps.csv").read_text(),
+    )
     assert (g.index, g.bdf, g.name, g.driver_version) == (
-        0, "0000:00:06.0", "NVIDIA H100 80GB HBM3", "580.159.04")  # fmt: skip
+        0,
+        "0000:00:06.0",
+        "NVIDIA H100 80GB HBM3",
+        "580.159.04",
+    )
     assert (g.memory_total, g.memory_used, g.utilization) == (81559 * 2**20, 0, 0)
     assert (g.temperature, g.power_draw, g.power_limit) == (36, 70.16, 700)
     assert [(p.pid, p.memory_bytes) for p in g.processes] == [(585, 2884 * 2**20)]
 
 
 def test_nvml_through_real_pynvml_not_supported_is_absent(fake_nvml) -> None:
-    c = GpuCollector(5, "gpu-7", {"nvidia": [nvml_source(fake_nvml)]}, dev_root=FIX / "dev",
-                     identify=lambda pid: {"pod": "train-0", "namespace": "ml",
-                                           "container": "t"} if pid == 4242 else {})  # fmt: skip
+    c = GpuCollector(
+        5,
+        "gpu-7",
+        {"nvidia": [nvml_source(fake_nvml)]},
+        dev_root=FIX / "dev",
+        identify=lambda pid: {"pod": "train-0", "namespace": "ml", "container": "t"}
+        if pid == 4242
+        else {},
+    )
     c.run_once()
     assert c.success and c.errors == {}
     v = values(c)
@@ -274,15 +322,21 @@ def test_nvml_health_where_the_gpu_reports_it(fake_nvml) -> None:
     assert by("lens_gpu_retired_pages_pending", v, gpu_index="0") == 1
     assert by("lens_gpu_remapped_rows", v, gpu_index="0", type="correctable") == 5
     assert by("lens_gpu_remapped_rows", v, gpu_index="0", type="uncorrectable") == 1
-    assert (by("lens_gpu_row_remap_pending", v, gpu_index="0"),
-            by("lens_gpu_row_remap_failure", v, gpu_index="0")) == (1, 0)  # fmt: skip
+    assert (
+        by("lens_gpu_row_remap_pending", v, gpu_index="0"),
+        by("lens_gpu_row_remap_failure", v, gpu_index="0"),
+    ) == (1, 0)
     # NVML's recovery action (field 230): GPU 0 asks for a reset, GPU 1 for nothing
-    assert (by("lens_gpu_reset_pending", v, gpu_index="0"),
-            by("lens_gpu_reset_pending", v, gpu_index="1")) == (1, 0)  # fmt: skip
+    assert (
+        by("lens_gpu_reset_pending", v, gpu_index="0"),
+        by("lens_gpu_reset_pending", v, gpu_index="1"),
+    ) == (1, 0)
     assert [g.recovery_action for g in read] == ["gpu_reset", "none"]
-    active = {dict(lbl)["reason"] for (name, lbl), val in v.items()
-              if name == "lens_gpu_clock_event_active" and dict(lbl)["gpu_index"] == "0"
-              and val}  # fmt: skip
+    active = {
+        dict(lbl)["reason"]
+        for (name, lbl), val in v.items()
+        if name == "lens_gpu_clock_event_active" and dict(lbl)["gpu_index"] == "0" and val
+    }
     assert active == {"sw_power_cap", "hw_thermal_slowdown"}
     assert by("lens_gpu_clock_event_active", v, gpu_index="1", reason="gpu_idle") == 1
     assert by("lens_gpu_clock_mhz", v, gpu_index="0", clock="sm") == 1755
@@ -290,9 +344,14 @@ def test_nvml_health_where_the_gpu_reports_it(fake_nvml) -> None:
     assert by("lens_gpu_pcie_replays_total", v, gpu_index="0") == 7
     assert by("lens_gpu_energy_joules_total", v, gpu_index="0") == 123456.789
     # GPU 1 has no ECC, retirement, remapping or energy: absent, never zero
-    for name in (ecc, "lens_gpu_retired_pages", "lens_gpu_retired_pages_pending",
-                 "lens_gpu_remapped_rows", "lens_gpu_row_remap_pending",
-                 "lens_gpu_energy_joules_total"):  # fmt: skip
+    for name in (
+        ecc,
+        "lens_gpu_retired_pages",
+        "lens_gpu_retired_pages_pending",
+        "lens_gpu_remapped_rows",
+        "lens_gpu_row_remap_pending",
+        "lens_gpu_energy_joules_total",
+    ):
         assert by(name, v, gpu_index="1") is None, name
     assert by("lens_gpu_pcie_replays_total", v, gpu_index="1") == 0
     # PCIe throughput (KB/s from NVML) in bytes; NVLink: 18 links, link 3 down, the
@@ -300,12 +359,20 @@ def test_nvml_health_where_the_gpu_reports_it(fake_nvml) -> None:
     pcie = "lens_gpu_pcie_throughput_bytes_per_second"
     assert by(pcie, v, gpu_index="0", direction="tx") == 1200 * 1024
     assert by(pcie, v, gpu_index="0", direction="rx") == 3400 * 1024
-    links = {dict(lbl)["link"]: val for (name, lbl), val in v.items()
-             if name == "lens_gpu_nvlink_up" and dict(lbl)["gpu_index"] == "0"}  # fmt: skip
+    links = {
+        dict(lbl)["link"]: val
+        for (name, lbl), val in v.items()
+        if name == "lens_gpu_nvlink_up" and dict(lbl)["gpu_index"] == "0"
+    }
     assert len(links) == 18 and [k for k, up in links.items() if not up] == ["3"]
     nvl = "lens_gpu_nvlink_errors_total"
     assert {c: by(nvl, v, gpu_index="0", counter=c) for c in nvidia.NVLINK_ERRORS} == {
-        "replay": 4, "recovery": 1, "crc_flit": 9, "crc_data": 0, "ecc_data": 0}  # fmt: skip
+        "replay": 4,
+        "recovery": 1,
+        "crc_flit": 9,
+        "crc_data": 0,
+        "ecc_data": 0,
+    }
     for name in (pcie, "lens_gpu_nvlink_up", nvl):
         assert by(name, v, gpu_index="1") is None, name
 
@@ -313,8 +380,7 @@ def test_nvml_health_where_the_gpu_reports_it(fake_nvml) -> None:
 def test_older_nvml_reads_the_throttle_reasons(fake_nvml, monkeypatch) -> None:
     """A binding older than R535's rename: the throttle reasons call, same bits."""
     monkeypatch.delattr(fake_nvml, "nvmlDeviceGetCurrentClocksEventReasons")
-    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetCurrentClocksThrottleReasons",
-                        lambda h: 0x8)  # fmt: skip
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", lambda h: 0x8)
     (g0, _) = nvidia.read_nvml(fake_nvml)
     assert {k for k, on in g0.clock_events.items() if on} == {"hw_slowdown"}
 
@@ -326,15 +392,27 @@ def test_golden_exposition_amd_sysfs_and_nvml(fake_nvml) -> None:
         def __call__(self) -> float:
             return self.now
 
-    c = GpuCollector(5, "gpu-7", {"amd": [("sysfs", lambda: amd.read_sysfs(FIX / "sys"))],
-                                  "nvidia": [nvml_source(fake_nvml)]},
-                     dev_root=FIX / "dev", clock=Clock())  # fmt: skip
+    c = GpuCollector(
+        5,
+        "gpu-7",
+        {
+            "amd": [("sysfs", lambda: amd.read_sysfs(FIX / "sys"))],
+            "nvidia": [nvml_source(fake_nvml)],
+        },
+        dev_root=FIX / "dev",
+        clock=Clock(),
+    )
     c.run_once()
     check_golden("gpu.prom", render_metrics(c.snapshot()))
     # the host's names for the nodes, whatever root /dev was read from
     assert c.views["dri"]["/dev/dri/card1"] == {
-        "card": "/dev/dri/card1", "render": "/dev/dri/renderD128", "pci_addr": "0000:c1:00.0",
-        "card_id": 1, "gpu": 0, "vendor": "amd"}  # fmt: skip
+        "card": "/dev/dri/card1",
+        "render": "/dev/dri/renderD128",
+        "pci_addr": "0000:c1:00.0",
+        "card_id": 1,
+        "gpu": 0,
+        "vendor": "amd",
+    }
 
 
 def test_dri_mapping_any_domain() -> None:
@@ -352,8 +430,9 @@ def test_failing_source_serves_last_good_reading_marked_stale_then_drops_it() ->
             return nvidia.parse_smi_csv((FIX / "nvidia-smi-gpus.csv").read_text())
         raise subprocess.TimeoutExpired(["nvidia-smi"], 10)
 
-    c = GpuCollector(5, "n", {"nvidia": [("nvidia-smi", flaky)]}, stale_seconds=300,
-                     clock=lambda: now[0])  # fmt: skip
+    c = GpuCollector(
+        5, "n", {"nvidia": [("nvidia-smi", flaky)]}, stale_seconds=300, clock=lambda: now[0]
+    )
     c.run_once()
     now[0] = 60
     c.run_once()
@@ -369,8 +448,14 @@ def test_failing_source_serves_last_good_reading_marked_stale_then_drops_it() ->
 
 
 def test_cpu_only_node_exports_nothing_and_no_errors(tmp_path: Path) -> None:
-    c = GpuCollector(5, "n", {"amd": [("sysfs", lambda: amd.read_sysfs(tmp_path) or None)],
-                              "nvidia": [("nvidia-smi", lambda: None)]})  # fmt: skip
+    c = GpuCollector(
+        5,
+        "n",
+        {
+            "amd": [("sysfs", lambda: amd.read_sysfs(tmp_path) or None)],
+            "nvidia": [("nvidia-smi", lambda: None)],
+        },
+    )
     c.run_once()
     assert c.snapshot() == [] and c.errors == {} and c.success
     assert c.views["gpus"] == []

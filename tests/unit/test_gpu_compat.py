@@ -29,10 +29,18 @@ class Clock:
 
 def mixed(fake_nvml, compat: tuple[str, ...]) -> GpuCollector:
     """Two AMD GPUs (sysfs fixture) and two NVIDIA (the NVML stand-in) on one node."""
-    c = GpuCollector(5, "gpu-7", {"amd": [("sysfs", lambda: amd.read_sysfs(FIX / "sys"))],
-                                  "nvidia": [nvml_source(fake_nvml)]},
-                     dev_root=FIX / "dev", clock=Clock(), sysfs=FIX / "sys",
-                     compat=compat)  # fmt: skip
+    c = GpuCollector(
+        5,
+        "gpu-7",
+        {
+            "amd": [("sysfs", lambda: amd.read_sysfs(FIX / "sys"))],
+            "nvidia": [nvml_source(fake_nvml)],
+        },
+        dev_root=FIX / "dev",
+        clock=Clock(),
+        sysfs=FIX / "sys",
+        compat=compat,
+    )
     c.run_once()
     assert c.success and c.errors == {}
     return c
@@ -55,15 +63,20 @@ def one(v: dict, name: str, **labels: str) -> float | None:
 
 
 def labels_of(v: dict, name: str, **labels: str) -> dict[str, str]:
-    (lbl,) = (dict(lbl) for (n, lbl), _ in v.items()
-              if n == name and labels.items() <= dict(lbl).items())  # fmt: skip
+    (lbl,) = (
+        dict(lbl) for (n, lbl), _ in v.items() if n == name and labels.items() <= dict(lbl).items()
+    )
     return lbl
 
 
 COMPAT_PREFIXES = ("DCGM_FI_",)
-AMD_NAMES = {n for n, _, _ in compat_amd.GAUGES} | {"gpu_health", "gpu_nodes_total",
-                                                     "gpu_clock", "gpu_xgmi_link_rx",
-                                                     "gpu_xgmi_link_tx"}  # fmt: skip
+AMD_NAMES = {n for n, _, _ in compat_amd.GAUGES} | {
+    "gpu_health",
+    "gpu_nodes_total",
+    "gpu_clock",
+    "gpu_xgmi_link_rx",
+    "gpu_xgmi_link_tx",
+}
 
 
 def compat_family(name: str) -> bool:
@@ -83,13 +96,21 @@ def test_amd_families_from_sysfs_exact(fake_nvml) -> None:
     v = samples(mixed(fake_nvml, ("amd", "dcgm")))
     lbl = labels_of(v, "gpu_total_vram", gpu_id="0")
     assert lbl == {
-        "gpu_id": "0", "gpu_uuid": "0x18a96c02d4e1c0a3", "serial_number": "",
-        "card_model": "102-G30211-00", "card_series": "AMD Instinct MI300X",
-        "card_vendor": "Advanced Micro Devices, Inc. [AMD/ATI]", "driver_version": "6.7.0",
-        "vbios_version": "113-M3000100-102", "gpu_partition_id": "0",
-        "deployment_mode": "baremetal", "hostname": "gpu-7", "pod": "", "namespace": "",
+        "gpu_id": "0",
+        "gpu_uuid": "0x18a96c02d4e1c0a3",
+        "serial_number": "",
+        "card_model": "102-G30211-00",
+        "card_series": "AMD Instinct MI300X",
+        "card_vendor": "Advanced Micro Devices, Inc. [AMD/ATI]",
+        "driver_version": "6.7.0",
+        "vbios_version": "113-M3000100-102",
+        "gpu_partition_id": "0",
+        "deployment_mode": "baremetal",
+        "hostname": "gpu-7",
+        "pod": "",
+        "namespace": "",
         "container": "",
-    }  # fmt: skip
+    }
     assert one(v, "gpu_total_vram", gpu_id="0") == 206141652992 / MiB  # MB, as AMD's
     assert one(v, "gpu_used_vram", gpu_id="0") == 1024
     assert one(v, "gpu_free_vram", gpu_id="0") == 206141652992 / MiB - 1024
@@ -103,7 +124,9 @@ def test_amd_families_from_sysfs_exact(fake_nvml) -> None:
     assert one(v, "gpu_total_visible_vram", gpu_id="0") == 206141652992 / MiB
     assert one(v, "gpu_used_visible_vram", gpu_id="0") == 1024
     assert (one(v, "gpu_total_gtt", gpu_id="0"), one(v, "gpu_free_gtt", gpu_id="0")) == (
-        1547406, 1547406 - 52)  # fmt: skip
+        1547406,
+        1547406 - 52,
+    )
     assert one(v, "gpu_total_gtt", gpu_id="1") is None  # no mem_info_gtt_*: absent
     # RAS counts per block, the exporter's names; totals are the blocks' sums
     assert one(v, "gpu_ecc_uncorrect_umc", gpu_id="0") == 2
@@ -123,8 +146,13 @@ def test_amd_families_from_sysfs_exact(fake_nvml) -> None:
 
 
 def test_amd_families_from_amdsmi_exact(fake_amdsmi) -> None:
-    c = GpuCollector(5, "gpu-7", {"amd": [("amdsmi", lambda: amd.read_amdsmi(fake_amdsmi))]},
-                     clock=Clock(), compat=("amd",))  # fmt: skip
+    c = GpuCollector(
+        5,
+        "gpu-7",
+        {"amd": [("amdsmi", lambda: amd.read_amdsmi(fake_amdsmi))]},
+        clock=Clock(),
+        compat=("amd",),
+    )
     c.run_once()
     v = samples(c)
     lbl = labels_of(v, "gpu_gfx_activity", gpu_id="0")
@@ -148,28 +176,41 @@ def test_amd_families_from_amdsmi_exact(fake_amdsmi) -> None:
     assert one(v, "pcie_bandwidth", gpu_id="0") == 4821  # Mb/s
     assert one(v, "pcie_speed", gpu_id="0") == 16  # 16000 MT/s
     assert one(v, "pcie_max_speed", gpu_id="0") == 32
-    assert {n: one(v, n, gpu_id="0") for n in ("pcie_replay_count", "pcie_recovery_count",
-            "pcie_replay_rollover_count", "pcie_nack_sent_count",
-            "pcie_nack_received_count")} == {  # fmt: skip
-        "pcie_replay_count": 13, "pcie_recovery_count": 2, "pcie_replay_rollover_count": 0,
-        "pcie_nack_sent_count": 3, "pcie_nack_received_count": 1}  # fmt: skip
+    assert {
+        n: one(v, n, gpu_id="0")
+        for n in (
+            "pcie_replay_count",
+            "pcie_recovery_count",
+            "pcie_replay_rollover_count",
+            "pcie_nack_sent_count",
+            "pcie_nack_received_count",
+        )
+    } == {
+        "pcie_replay_count": 13,
+        "pcie_recovery_count": 2,
+        "pcie_replay_rollover_count": 0,
+        "pcie_nack_sent_count": 3,
+        "pcie_nack_received_count": 1,
+    }
     # XGMI: KB accumulated per link, links the table reports only
-    assert {dict(lbl)["link_index"]: val for (n, lbl), val in v.items()
-            if n == "gpu_xgmi_link_rx" and dict(lbl)["gpu_id"] == "0"} == {
-        "0": 1048576, "1": 2097152}  # fmt: skip
+    assert {
+        dict(lbl)["link_index"]: val
+        for (n, lbl), val in v.items()
+        if n == "gpu_xgmi_link_rx" and dict(lbl)["gpu_id"] == "0"
+    } == {"0": 1048576, "1": 2097152}
     assert one(v, "gpu_xgmi_link_tx", gpu_id="0", link_index="1") == 262144
     assert one(v, "gpu_clock", gpu_id="0", clock_type="SYSTEM") == 2087.5
     assert one(v, "gpu_clock", gpu_id="0", clock_type="MEMORY") == 1300
     assert one(v, "gpu_min_clock", gpu_id="0", clock_type="SYSTEM", clock_index="0") == 500
     assert one(v, "gpu_max_clock", gpu_id="0", clock_type="MEMORY", clock_index="2") == 1600
     assert one(v, "gpu_max_clock", gpu_id="0", clock_type="SOC") == 1090
-    assert {dict(lbl)["hbm_index"]: val for (n, lbl), val in v.items()
-            if n == "gpu_hbm_temperature"} == {"0": 51, "1": 52, "2": 50, "3": 53}  # fmt: skip
+    assert {
+        dict(lbl)["hbm_index"]: val for (n, lbl), val in v.items() if n == "gpu_hbm_temperature"
+    } == {"0": 51, "1": 52, "2": 50, "3": 53}
     assert one(v, "gpu_total_visible_vram", gpu_id="0") == 65520
     assert one(v, "gpu_used_visible_vram", gpu_id="0") == 31337
     assert one(v, "gpu_free_visible_vram", gpu_id="0") == 65520 - 31337
-    assert (one(v, "gpu_total_gtt", gpu_id="0"), one(v, "gpu_used_gtt", gpu_id="0")) == (
-        258048, 16)  # fmt: skip
+    assert (one(v, "gpu_total_gtt", gpu_id="0"), one(v, "gpu_used_gtt", gpu_id="0")) == (258048, 16)
     assert one(v, "gpu_ecc_correct_xgmi_wafl", gpu_id="0") == 6
     assert one(v, "gpu_ecc_deferred_xgmi_wafl", gpu_id="0") == 1
     assert one(v, "gpu_ecc_uncorrect_total", gpu_id="0") == 2
@@ -177,8 +218,13 @@ def test_amd_families_from_amdsmi_exact(fake_amdsmi) -> None:
     assert one(v, "gpu_socket_power_watts", gpu_id="0") == 377
     assert one(v, "gpu_pcie_bandwidth_mbs", gpu_id="0") == 4821
     # GPU 1 answers not-supported for PCIe info, VBIOS, XGMI, RAS: absent
-    for name in ("pcie_bandwidth", "gpu_xgmi_link_rx", "gpu_ecc_correct_total",
-                 "gpu_gfx_activity", "gpu_pcie_bandwidth_mbs"):  # fmt: skip
+    for name in (
+        "pcie_bandwidth",
+        "gpu_xgmi_link_rx",
+        "gpu_ecc_correct_total",
+        "gpu_gfx_activity",
+        "gpu_pcie_bandwidth_mbs",
+    ):
         assert one(v, name, gpu_id="1") is None, name
     assert labels_of(v, "gpu_total_vram", gpu_id="1")["vbios_version"] == ""
     check_golden("gpu_compat_amdsmi.prom", render_metrics(c.snapshot()))
@@ -188,10 +234,14 @@ def test_dcgm_families_from_nvml_exact(fake_nvml) -> None:
     c = mixed(fake_nvml, ("dcgm",))
     v = samples(c)
     assert labels_of(v, "DCGM_FI_DEV_GPU_UTIL", gpu="1") == {
-        "gpu": "1", "UUID": "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", "device": "nvidia5",
-        "modelName": "NVIDIA A100-SXM4-40GB", "Hostname": "gpu-7",
-        "pci_bus_id": "00000001:3B:00.0", "DCGM_FI_DRIVER_VERSION": "550.54.15",
-    }  # fmt: skip
+        "gpu": "1",
+        "UUID": "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+        "device": "nvidia5",
+        "modelName": "NVIDIA A100-SXM4-40GB",
+        "Hostname": "gpu-7",
+        "pci_bus_id": "00000001:3B:00.0",
+        "DCGM_FI_DRIVER_VERSION": "550.54.15",
+    }
     assert one(v, "DCGM_FI_DEV_GPU_UTIL", gpu="0") == 87
     assert one(v, "DCGM_FI_DEV_MEM_COPY_UTIL", gpu="0") == 40
     assert one(v, "DCGM_FI_DEV_GPU_TEMP", gpu="0") == 61
@@ -240,8 +290,9 @@ def test_mixed_vendors_no_duplicate_series(fake_nvml) -> None:
     # the other exporters' names and labels (AMD's gauges named *_total and *_count,
     # dcgm's camelCase labels and counters without _total), kept exactly for their
     # dashboards
-    assert [p for p in problems
-            if p.split()[0] not in fixed and not compat_family(p.split()[0])] == []  # fmt: skip
+    assert [
+        p for p in problems if p.split()[0] not in fixed and not compat_family(p.split()[0])
+    ] == []
 
 
 def test_unknown_compat_name_is_a_clear_error(tmp_path) -> None:
@@ -264,13 +315,18 @@ def test_dcgm_framebuffer_figures_add_up_as_nvidia_smi_shows_them() -> None:
 
     g = GpuReading("nvidia", "0000:00:06.0", uuid="GPU-h200", name="NVIDIA H200")
     g.memory_total, g.memory_reserved, g.memory_used = 150754820096, 644939776, 2938961920
-    v = {(s.name, tuple(sorted(s.labels.items()))): s.value
-         for m in compat_dcgm.families([g], "n", lambda _g: {}, lambda _g: 0)
-         for s in m.samples}  # fmt: skip
+    v = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for m in compat_dcgm.families([g], "n", lambda _g: {}, lambda _g: 0)
+        for s in m.samples
+    }
     fb = {k: one(v, f"DCGM_FI_DEV_FB_{k}") for k in ("FREE", "USED", "RESERVED")}
     assert fb == {"FREE": 140353, "USED": 2802, "RESERVED": 616}
     assert sum(fb.values()) == 143771  # nvidia-smi's memory.total, MiB
     g.memory_reserved = None  # a driver before NVML v2: absent, never a guess
-    v = {s.name for m in compat_dcgm.families([g], "n", lambda _g: {}, lambda _g: 0)
-         for s in m.samples}  # fmt: skip
+    v = {
+        s.name
+        for m in compat_dcgm.families([g], "n", lambda _g: {}, lambda _g: 0)
+        for s in m.samples
+    }
     assert "DCGM_FI_DEV_FB_RESERVED" not in v

@@ -18,11 +18,12 @@ from tests.conftest import hang_guard
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 
 # as the drivers print them (NVIDIA's Xid catalogue; amdgpu_ras.c)
-XID_79 = ("NVRM: Xid (PCI:0000:18:00): 79, pid=4242, name=python3, GPU has fallen off the "
-          "bus.")  # fmt: skip
-XID_48 = ("NVRM: Xid (PCI:0000:18:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable "
-          "double bit error (DBE) has been detected on GPU in the framebuffer at partition 0, "
-          "subpartition 0.")  # fmt: skip
+XID_79 = "NVRM: Xid (PCI:0000:18:00): 79, pid=4242, name=python3, GPU has fallen off the " "bus."
+XID_48 = (
+    "NVRM: Xid (PCI:0000:18:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable "
+    "double bit error (DBE) has been detected on GPU in the framebuffer at partition 0, "
+    "subpartition 0."
+)
 AMD_UE = "amdgpu 0000:c1:00.0: amdgpu: 2 uncorrectable hardware errors detected in umc block"
 AMD_CE = "amdgpu 0000:c1:00.0: amdgpu: 1 correctable hardware errors detected in gfx block"
 
@@ -34,7 +35,12 @@ def test_kernel_log_lines_parse_to_faults() -> None:
     assert (f.bdf, f.code, f.pid) == ("0000:18:00.0", "48", 0) if f else False
     f = faults.parse_fault(AMD_UE)
     assert f is not None and (f.vendor, f.bdf, f.kind, f.code, f.count) == (
-        "amd", "0000:c1:00.0", "ras_uncorrectable", "umc", 2)  # fmt: skip
+        "amd",
+        "0000:c1:00.0",
+        "ras_uncorrectable",
+        "umc",
+        2,
+    )
     f = faults.parse_fault(AMD_CE)
     assert f is not None and (f.kind, f.code, f.count) == ("ras_correctable", "gfx", 1)
     for other in (
@@ -45,16 +51,25 @@ def test_kernel_log_lines_parse_to_faults() -> None:
     ):
         assert faults.parse_fault(other) is None, other
     assert faults.parse_record(b"4,1234,5678901,-;" + XID_79.encode() + b"\n SUBSYSTEM=pci\n") == (
-        1234, XID_79)  # fmt: skip
+        1234,
+        XID_79,
+    )
     assert faults.parse_record(b"garbage") is None
 
 
 def collector(fake_nvml, allocated=None) -> tuple[GpuCollector, list[GpuFault]]:
-    pods = {4242: {"pod": "train-0", "namespace": "ml", "container": "t", "workload": "train"},
-            4343: {"pod": "eval-0", "namespace": "ml", "container": "e"}}  # fmt: skip
-    c = GpuCollector(5, "gpu-7", {"nvidia": [nvml_source(fake_nvml)]}, dev_root=FIX / "dev",
-                     identify=lambda pid: pods.get(pid, {}),
-                     allocated=allocated)  # fmt: skip
+    pods = {
+        4242: {"pod": "train-0", "namespace": "ml", "container": "t", "workload": "train"},
+        4343: {"pod": "eval-0", "namespace": "ml", "container": "e"},
+    }
+    c = GpuCollector(
+        5,
+        "gpu-7",
+        {"nvidia": [nvml_source(fake_nvml)]},
+        dev_root=FIX / "dev",
+        identify=lambda pid: pods.get(pid, {}),
+        allocated=allocated,
+    )
     c.run_once()
     events: list[GpuFault] = []
     c.publish = events.append
@@ -63,8 +78,9 @@ def collector(fake_nvml, allocated=None) -> tuple[GpuCollector, list[GpuFault]]:
 
 def samples(c: GpuCollector) -> dict:
     c.run_once()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for m in c.snapshot() for s in m.samples}  # fmt: skip
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value for m in c.snapshot() for s in m.samples
+    }
 
 
 def test_a_fault_names_the_pod_that_held_the_gpu(fake_nvml) -> None:
@@ -78,17 +94,33 @@ def test_a_fault_names_the_pod_that_held_the_gpu(fake_nvml) -> None:
     c.fault(faults.parse_fault(XID_48))  # type: ignore[arg-type]
     assert sorted(e.pod for e in events[1:]) == ["eval-0", "train-0"]
     got = samples(c)
-    key = ("lens_gpu_faults_total", (("code", "79"), ("gpu", "0"), ("kind", "xid"),
-                                     ("namespace", "ml"), ("pod", "train-0"),
-                                     ("workload", "train")))  # fmt: skip
+    key = (
+        "lens_gpu_faults_total",
+        (
+            ("code", "79"),
+            ("gpu", "0"),
+            ("kind", "xid"),
+            ("namespace", "ml"),
+            ("pod", "train-0"),
+            ("workload", "train"),
+        ),
+    )
     assert got[key] == 1
     # an AMD GPU this node does not have: counted under its BDF, nobody held it
     c.fault(faults.parse_fault(AMD_UE))  # type: ignore[arg-type]
     assert (events[-1].bdf, events[-1].pod, events[-1].gpu_index) == ("0000:c1:00.0", "", 0)
     got = samples(c)
-    key = ("lens_gpu_faults_total", (("code", "umc"), ("gpu", "0000:c1:00.0"),
-                                     ("kind", "ras_uncorrectable"), ("namespace", ""),
-                                     ("pod", ""), ("workload", "")))  # fmt: skip
+    key = (
+        "lens_gpu_faults_total",
+        (
+            ("code", "umc"),
+            ("gpu", "0000:c1:00.0"),
+            ("kind", "ras_uncorrectable"),
+            ("namespace", ""),
+            ("pod", ""),
+            ("workload", ""),
+        ),
+    )
     assert got[key] == 2  # the report said two errors
 
 
@@ -97,8 +129,9 @@ def test_the_kubelets_allocation_wins_over_processes(fake_nvml) -> None:
         def labels(self) -> dict[str, str]:
             return {"namespace": "ml", "pod": "owner-0", "container": "main"}
 
-    c, events = collector(fake_nvml, allocated=lambda: {
-        "gpu-11111111-2222-3333-4444-555555555555": Owner()})  # fmt: skip
+    c, events = collector(
+        fake_nvml, allocated=lambda: {"gpu-11111111-2222-3333-4444-555555555555": Owner()}
+    )
     c.fault(faults.parse_fault(XID_48))  # type: ignore[arg-type]
     assert [e.pod for e in events] == ["owner-0"]
 
@@ -125,8 +158,10 @@ def test_a_line_written_to_the_real_kernel_log_is_parsed_and_attributed(fake_nvm
     stop = threading.Event()
     t = threading.Thread(target=w.run, args=(stop, fd))
     t.start()
-    line = ("NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=lens-ebpf-test, written by the "
-            "lens-ebpf test suite, not a driver")  # fmt: skip
+    line = (
+        "NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=lens-ebpf-test, written by the "
+        "lens-ebpf test suite, not a driver"
+    )
     try:
         with open("/dev/kmsg", "w") as kmsg:
             kmsg.write(line + "\n")
@@ -134,15 +169,23 @@ def test_a_line_written_to_the_real_kernel_log_is_parsed_and_attributed(fake_nvm
     finally:
         stop.set()
         t.join(5)
-    assert [(e.gpu_index, e.bdf, e.fault, e.code, e.pid, e.namespace, e.pod, e.workload)
-            for e in events] == [(0, "0000:18:00.0", "xid", "13", 4242, "ml", "train-0",
-                                  "train")]  # fmt: skip
+    assert [
+        (e.gpu_index, e.bdf, e.fault, e.code, e.pid, e.namespace, e.pod, e.workload) for e in events
+    ] == [(0, "0000:18:00.0", "xid", "13", 4242, "ml", "train-0", "train")]
     assert events[0].message == line
     assert w.records >= 1 and w.faults == 1
     got = samples(c)
-    key = ("lens_gpu_faults_total", (("code", "13"), ("gpu", "0"), ("kind", "xid"),
-                                     ("namespace", "ml"), ("pod", "train-0"),
-                                     ("workload", "train")))  # fmt: skip
+    key = (
+        "lens_gpu_faults_total",
+        (
+            ("code", "13"),
+            ("gpu", "0"),
+            ("kind", "xid"),
+            ("namespace", "ml"),
+            ("pod", "train-0"),
+            ("workload", "train"),
+        ),
+    )
     assert got[key] == 1
 
 
@@ -210,9 +253,17 @@ def test_a_rise_in_uncorrectable_ecc_is_a_fault(fake_nvml, tmp_path, monkeypatch
     }
     assert events[0].message == "3 uncorrectable ECC errors (NVML volatile count now 3)"
     got = samples(c)
-    key = ("lens_gpu_faults_total", (("code", "memory"), ("gpu", "0"),
-                                     ("kind", "ecc_uncorrectable"), ("namespace", "ml"),
-                                     ("pod", "train-0"), ("workload", "train")))  # fmt: skip
+    key = (
+        "lens_gpu_faults_total",
+        (
+            ("code", "memory"),
+            ("gpu", "0"),
+            ("kind", "ecc_uncorrectable"),
+            ("namespace", "ml"),
+            ("pod", "train-0"),
+            ("workload", "train"),
+        ),
+    )
     assert got[key] == 3
     (tmp_path / "ecc_uncorrected").write_text("0")  # the driver reloaded: a new baseline
     c.run_once()
@@ -239,8 +290,17 @@ def test_amd_ras_in_the_kernel_log_and_the_counters_count_once() -> None:
     ue["n"] = 7
     got = samples(c)
     assert [(e.fault, e.code) for e in events] == [("ras_uncorrectable", "umc")]
-    key = ("lens_gpu_faults_total", (("code", "umc"), ("gpu", "0"), ("kind", "ras_uncorrectable"),
-                                     ("namespace", ""), ("pod", ""), ("workload", "")))  # fmt: skip
+    key = (
+        "lens_gpu_faults_total",
+        (
+            ("code", "umc"),
+            ("gpu", "0"),
+            ("kind", "ras_uncorrectable"),
+            ("namespace", ""),
+            ("pod", ""),
+            ("workload", ""),
+        ),
+    )
     assert got[key] == 2
     assert got[("lens_gpu_faults_duplicate_total", (("node", "gpu-7"),))] == 1
     ue["n"] = 8  # a rise nobody logged: a fault of its own

@@ -157,8 +157,11 @@ def test_a_keep_alive_connection_serves_request_after_request(roomy: HttpServer)
 
 def test_oversized_request_heads_are_refused(roomy: HttpServer) -> None:
     s = socket.create_connection(("127.0.0.1", roomy.port))
-    head = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"".join(
-        b"X-Pad-%d: %s\r\n" % (i, b"p" * 1000) for i in range(80)) + b"\r\n"  # fmt: skip
+    head = (
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
+        + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"p" * 1000) for i in range(80))
+        + b"\r\n"
+    )
     s.sendall(head)  # 80 KB of headers: each line is short, the head is not
     s.settimeout(hang_guard(5))
     assert s.recv(64).startswith(b"HTTP/1.1 431")
@@ -186,8 +189,9 @@ def test_concurrent_scrapes_share_one_rendering() -> None:
     http, slow = serve()
     try:
         got: list[bytes] = []
-        threads = [threading.Thread(target=lambda: got.append(get(http.port)[1]))
-                   for _ in range(10)]  # fmt: skip
+        threads = [
+            threading.Thread(target=lambda: got.append(get(http.port)[1])) for _ in range(10)
+        ]
         slow.gate.clear()
         threads[0].start()
         wait_for(lambda: slow.calls == 1, "the first scrape rendering")
@@ -251,8 +255,12 @@ def guarded(**kw) -> tuple[HttpServer, Guarded]:
 
 def head(path: str, length: int, token: bool = True, ctype: str = "application/json") -> bytes:
     auth = b"Authorization: Bearer t\r\n" if token else b""
-    return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n"
-            % (path.encode(), ctype.encode(), length, auth))  # fmt: skip
+    return b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n" % (
+        path.encode(),
+        ctype.encode(),
+        length,
+        auth,
+    )
 
 
 def answer(s: socket.socket, timeout: float = 5) -> bytes:
@@ -304,8 +312,10 @@ def test_writes_in_hand_are_one_budget_for_the_service_not_one_per_prefix() -> N
     http, surface = guarded(max_writes=3)
     surface.gate.clear()
     got: list[tuple[int, bytes]] = []
-    threads = [threading.Thread(target=lambda p=p: got.append(post(http.port, p, b"[]")))
-               for p in ("/logs", "/v1/logs", "/api/logs")]  # fmt: skip
+    threads = [
+        threading.Thread(target=lambda p=p: got.append(post(http.port, p, b"[]")))
+        for p in ("/logs", "/v1/logs", "/api/logs")
+    ]
     try:
         for t in threads:
             t.start()
@@ -363,7 +373,8 @@ def test_a_body_not_whole_in_time_gets_408() -> None:
 
 
 def test_a_client_gone_mid_body_is_counted_not_a_traceback(
-        caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     http, _ = guarded(request_timeout=hang_guard(30))
     try:
         with caplog.at_level(logging.DEBUG):
@@ -384,8 +395,7 @@ def test_the_listen_backlog_is_the_one_asked_for() -> None:
     connections not yet taken (TCP_INFO's tcpi_sacked on a listener) says which held."""
     somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
     for backlog in (1000, 4096):
-        http = HttpServer("127.0.0.1", 0, CollectorRegistry(auto_describe=False),
-                          backlog=backlog)  # fmt: skip
+        http = HttpServer("127.0.0.1", 0, CollectorRegistry(auto_describe=False), backlog=backlog)
         http.start()
         try:
             info = http._sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)

@@ -17,17 +17,25 @@ FIX = Path(__file__).parent.parent / "fixtures"
 CARD1 = "devices/pci0000:c0/0000:c0:01.1/0000:c1:00.0"
 
 
-def gpu_node(tmp_path: Path, allocated: dict | None = None,
-             ) -> tuple[GpuCollector, DeviceWatch, list]:  # fmt: skip
+def gpu_node(
+    tmp_path: Path,
+    allocated: dict | None = None,
+) -> tuple[GpuCollector, DeviceWatch, list]:
     sys = tmp_path / "sys"
     shutil.copytree(FIX / "gpu" / "sys", sys, symlinks=True)
     got: list = []
     watch = DeviceWatch(got.append)
     watch.expect("gpu")
-    c = GpuCollector(5, "gpu-7", {"amd": [("sysfs", lambda: amd.read_sysfs(sys))]},
-                     sysfs=sys, allocated=lambda: allocated or {})  # fmt: skip
+    c = GpuCollector(
+        5,
+        "gpu-7",
+        {"amd": [("sysfs", lambda: amd.read_sysfs(sys))]},
+        sysfs=sys,
+        allocated=lambda: allocated or {},
+    )
     c.on_readings = lambda gpus, holders: watch.update(
-        "gpu", records.gpu_records(gpus, "gpu-7", holders))  # fmt: skip
+        "gpu", records.gpu_records(gpus, "gpu-7", holders)
+    )
     return c, watch, got
 
 
@@ -39,7 +47,7 @@ def test_inventory_at_start_then_only_changes(tmp_path: Path) -> None:
     assert [(d.bdf, d.key, d.serial, d.model, d.vbios_version) for d in inv.devices] == [
         ("0000:c1:00.0", "0x18a96c02d4e1c0a3", "", "AMD Instinct MI300X", "113-M3000100-102"),
         ("0001:03:00.0", "gpu-7/0001:03:00.0", "", "", ""),
-    ]  # fmt: skip
+    ]
     c.run_once()
     c.run_once()
     assert len(got) == 1  # nothing changed: nothing sent
@@ -52,7 +60,10 @@ def test_inventory_at_start_then_only_changes(tmp_path: Path) -> None:
     assert isinstance(change, DeviceChange) and change.change == "changed"
     assert change.fields == ("serial", "vbios_version")  # the key is the unique_id: same
     assert (change.bdf, change.serial, change.vbios_version) == (
-        "0000:c1:00.0", "692251001234", "113-M3000100-103")  # fmt: skip
+        "0000:c1:00.0",
+        "692251001234",
+        "113-M3000100-103",
+    )
     assert watch.changes == 1
 
 
@@ -71,7 +82,9 @@ def test_the_pod_the_kubelet_gave_a_gpu_is_its_holder(tmp_path: Path) -> None:
     allocated.clear()
     c.run_once()
     assert [(e.bdf, e.fields, e.holder) for e in got[1:]] == [
-        ("0000:c1:00.0", ("holder",), "ml/llm-0"), ("0000:c1:00.0", ("holder",), "")]  # fmt: skip
+        ("0000:c1:00.0", ("holder",), "ml/llm-0"),
+        ("0000:c1:00.0", ("holder",), ""),
+    ]
 
 
 def test_appeared_and_disappeared_with_the_full_record(tmp_path: Path) -> None:
@@ -82,7 +95,8 @@ def test_appeared_and_disappeared_with_the_full_record(tmp_path: Path) -> None:
     card.rename(moved)  # the driver let go of the second GPU
     c.run_once()
     assert [(e.change, e.bdf, e.key) for e in got[1:]] == [
-        ("disappeared", "0001:03:00.0", "gpu-7/0001:03:00.0")]  # fmt: skip
+        ("disappeared", "0001:03:00.0", "gpu-7/0001:03:00.0")
+    ]
     moved.rename(card)
     c.run_once()
     assert [(e.change, e.bdf) for e in got[2:]] == [("appeared", "0001:03:00.0")]
@@ -99,20 +113,52 @@ def test_inventory_waits_for_every_collector_and_comes_again_on_reconnect(tmp_pa
     ports = records.rdma_records(rdma_sysfs.read_devices(FIX / "rdma" / "sys"), "n1")
     watch.update("rdma", ports)
     (inv,) = got
-    assert [(d.key, d.model, d.firmware_version, d.port_state, d.link_layer, d.rate)
-            for d in inv.devices] == [
+    assert [
+        (d.key, d.model, d.firmware_version, d.port_state, d.link_layer, d.rate)
+        for d in inv.devices
+    ] == [
         ("3cfd:fe9f:0033:0000/1", "", "1.57", "ACTIVE", "Ethernet", "25 Gb/sec (1X EDR)"),
-        ("0002:c903:0042:9e10/1", "MT4099", "2.42.5000", "ACTIVE", "InfiniBand",
-         "40 Gb/sec (4X QDR)"),
-        ("0002:c903:0042:9e10/2", "MT4099", "2.42.5000", "ACTIVE", "InfiniBand",
-         "56 Gb/sec (4X FDR)"),
-        ("0c42:a103:0065:2a3c/1", "MT4123", "20.31.1014", "ACTIVE", "InfiniBand",
-         "200 Gb/sec (4X HDR)"),
-        ("0c42:a103:0065:2a3d/1", "MT4123", "20.31.1014", "DOWN", "InfiniBand",
-         "10 Gb/sec (4X SDR)"),
-        ("b859:9f03:00d4:e2f0/1", "MT4125", "22.36.1010", "ACTIVE", "Ethernet",
-         "100 Gb/sec (4X EDR)"),
-    ]  # fmt: skip
+        (
+            "0002:c903:0042:9e10/1",
+            "MT4099",
+            "2.42.5000",
+            "ACTIVE",
+            "InfiniBand",
+            "40 Gb/sec (4X QDR)",
+        ),
+        (
+            "0002:c903:0042:9e10/2",
+            "MT4099",
+            "2.42.5000",
+            "ACTIVE",
+            "InfiniBand",
+            "56 Gb/sec (4X FDR)",
+        ),
+        (
+            "0c42:a103:0065:2a3c/1",
+            "MT4123",
+            "20.31.1014",
+            "ACTIVE",
+            "InfiniBand",
+            "200 Gb/sec (4X HDR)",
+        ),
+        (
+            "0c42:a103:0065:2a3d/1",
+            "MT4123",
+            "20.31.1014",
+            "DOWN",
+            "InfiniBand",
+            "10 Gb/sec (4X SDR)",
+        ),
+        (
+            "b859:9f03:00d4:e2f0/1",
+            "MT4125",
+            "22.36.1010",
+            "ACTIVE",
+            "Ethernet",
+            "100 Gb/sec (4X EDR)",
+        ),
+    ]
     watch.inventory_again()
     assert len(got) == 2 and got[1].devices == inv.devices
     # a port goes down: one change naming the state
@@ -120,7 +166,8 @@ def test_inventory_waits_for_every_collector_and_comes_again_on_reconnect(tmp_pa
     down = {**ports, slot: dataclasses.replace(ports[slot], port_state="DOWN")}
     watch.update("rdma", down)
     assert [(e.change, e.fields, e.port_state) for e in got[2:]] == [
-        ("changed", ("port_state",), "DOWN")]  # fmt: skip
+        ("changed", ("port_state",), "DOWN")
+    ]
 
 
 def test_reporter_kinds_chooses_what_it_pushes(tmp_path: Path) -> None:
@@ -134,8 +181,14 @@ def test_reporter_kinds_chooses_what_it_pushes(tmp_path: Path) -> None:
     from tests.conftest import wait_for
 
     bus = EventBus(100)
-    rep = Reporter(f"127.0.0.1:{free_port()}", bus, ("n1", ""), 100, backoff_max=60,
-                   kinds=frozenset({"device_change", "device_inventory"}))  # fmt: skip
+    rep = Reporter(
+        f"127.0.0.1:{free_port()}",
+        bus,
+        ("n1", ""),
+        100,
+        backoff_max=60,
+        kinds=frozenset({"device_change", "device_inventory"}),
+    )
     rep.start()
     try:
         watch = DeviceWatch(bus.publish)

@@ -16,11 +16,18 @@ from lens_ebpf.protocol.gen import lens_pb2 as pb
 from lens_ebpf.protocol.jsondict import to_dict
 
 F = FieldDescriptor
-INTS = {F.TYPE_INT32: (-(2**31), 2**31 - 1), F.TYPE_SINT32: (-(2**31), 2**31 - 1),
-        F.TYPE_SFIXED32: (-(2**31), 2**31 - 1), F.TYPE_UINT32: (0, 2**32 - 1),
-        F.TYPE_FIXED32: (0, 2**32 - 1), F.TYPE_INT64: (-(2**63), 2**63 - 1),
-        F.TYPE_SINT64: (-(2**63), 2**63 - 1), F.TYPE_SFIXED64: (-(2**63), 2**63 - 1),
-        F.TYPE_UINT64: (0, 2**64 - 1), F.TYPE_FIXED64: (0, 2**64 - 1)}  # fmt: skip
+INTS = {
+    F.TYPE_INT32: (-(2**31), 2**31 - 1),
+    F.TYPE_SINT32: (-(2**31), 2**31 - 1),
+    F.TYPE_SFIXED32: (-(2**31), 2**31 - 1),
+    F.TYPE_UINT32: (0, 2**32 - 1),
+    F.TYPE_FIXED32: (0, 2**32 - 1),
+    F.TYPE_INT64: (-(2**63), 2**63 - 1),
+    F.TYPE_SINT64: (-(2**63), 2**63 - 1),
+    F.TYPE_SFIXED64: (-(2**63), 2**63 - 1),
+    F.TYPE_UINT64: (0, 2**64 - 1),
+    F.TYPE_FIXED64: (0, 2**64 - 1),
+}
 FLOATS = [0.1, -2.5, 1e-7, 3.4e38, float("nan"), float("inf"), float("-inf"), 0.0]
 
 

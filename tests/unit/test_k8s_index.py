@@ -26,8 +26,16 @@ def api() -> Iterator[FakeApiServer]:
     server.put("jobs", owned("Job", "nightly-2911", "batch", owner=("CronJob", "nightly")))
     server.put("statefulsets", owned("StatefulSet", "db"))
     server.put("pods", pod("web-7d9f-abc", "10.244.1.5", owner=("ReplicaSet", "web-7d9f")))
-    server.put("pods", pod("host-agent", "192.0.2.10", "kube-system", host_network=True,
-                           owner=("DaemonSet", "agent")))  # fmt: skip
+    server.put(
+        "pods",
+        pod(
+            "host-agent",
+            "192.0.2.10",
+            "kube-system",
+            host_network=True,
+            owner=("DaemonSet", "agent"),
+        ),
+    )
     server.put("services", service("web", "10.96.0.20"))
     yield server
     server.kill()
@@ -35,8 +43,9 @@ def api() -> Iterator[FakeApiServer]:
 
 @pytest.fixture
 def watch(api: FakeApiServer, tmp_path: Path) -> Iterator[ClusterWatch]:
-    k = KubernetesConfig(watch_timeout_seconds=30, backoff_max_seconds=0.5,
-                         request_timeout_seconds=2)  # fmt: skip
+    k = KubernetesConfig(
+        watch_timeout_seconds=30, backoff_max_seconds=0.5, request_timeout_seconds=2
+    )
     client = api_client("kubeconfig", str(api.kubeconfig(tmp_path / "kubeconfig")))
     w = ClusterWatch(client, k)
     w.start()
@@ -71,8 +80,10 @@ def test_add_modify_delete_within_two_seconds(api: FakeApiServer, watch: Cluster
     api.put("pods", pod("db-0", "10.244.3.9", owner=("StatefulSet", "db")))
     eventually(lambda: idx.lookup("10.244.3.9") is not None and idx.lookup("10.244.3.3") is None)
     # a pod that finished has released its IP
-    api.put("pods", pod("job-pod", "10.244.2.7", "batch", owner=("Job", "nightly-2911"),
-                        phase="Succeeded"))  # fmt: skip
+    api.put(
+        "pods",
+        pod("job-pod", "10.244.2.7", "batch", owner=("Job", "nightly-2911"), phase="Succeeded"),
+    )
     eventually(lambda: idx.lookup("10.244.2.7") is None)
     api.delete("pods", "default", "db-0")
     eventually(lambda: idx.lookup("10.244.3.9") is None)
@@ -169,14 +180,21 @@ def test_standalone_and_bad_kubeconfig(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_cluster_networks_sources() -> None:
-    kubeadm = {"data": {"ClusterConfiguration": (
-        "apiVersion: kubeadm.k8s.io/v1beta3\nkind: ClusterConfiguration\nnetworking:\n"
-        "  dnsDomain: cluster.local\n  podSubnet: 10.32.0.0/12,fd00:10:32::/56\n"
-        "  serviceSubnet: 10.112.0.0/12\n")}}  # fmt: skip
-    nodes = {"items": [
-        {"metadata": {"name": "a"}, "spec": {"podCIDRs": ["10.1.0.0/24"]}},
-        {"metadata": {"name": "b"}, "spec": {"podCIDR": "10.1.1.0/24"}},
-    ]}  # fmt: skip
+    kubeadm = {
+        "data": {
+            "ClusterConfiguration": (
+                "apiVersion: kubeadm.k8s.io/v1beta3\nkind: ClusterConfiguration\nnetworking:\n"
+                "  dnsDomain: cluster.local\n  podSubnet: 10.32.0.0/12,fd00:10:32::/56\n"
+                "  serviceSubnet: 10.112.0.0/12\n"
+            )
+        }
+    }
+    nodes = {
+        "items": [
+            {"metadata": {"name": "a"}, "spec": {"podCIDRs": ["10.1.0.0/24"]}},
+            {"metadata": {"name": "b"}, "spec": {"podCIDR": "10.1.1.0/24"}},
+        ]
+    }
     got = read_cluster_networks(lambda: kubeadm, lambda: nodes)
     assert [str(n) for n in got.pods] == ["10.32.0.0/12", "fd00:10:32::/56"]
     assert [str(n) for n in got.services] == ["10.112.0.0/12"]
@@ -207,11 +225,17 @@ def test_remote_identity_refines_class_for_mapped_ipv4_and_keeps_unknowns() -> N
     # an IPv4 peer of a dual-stack socket, as the decoder spells it for every lookup
     mapped = decode.format_addr(decode.AF_INET6, bytes(10) + b"\xff\xff" + bytes([10, 244, 1, 5]))
     assert identity.remote(idx.lookup, "internalHosts", mapped) == (
-        "k8sPod", ("ns1", "p", "StatefulSet", "db", ""))  # fmt: skip
+        "k8sPod",
+        ("ns1", "p", "StatefulSet", "db", ""),
+    )
     assert identity.remote(idx.lookup, "internalHosts", "fd00:96::10") == (
-        "k8sSvc", ("ns2", "", "", "", "s"))  # fmt: skip
+        "k8sSvc",
+        ("ns2", "", "", "", "s"),
+    )
     assert identity.remote(idx.lookup, "externalHosts", "8.8.8.8") == (
-        "externalHosts", identity.NO_IDENTITY)  # fmt: skip
+        "externalHosts",
+        identity.NO_IDENTITY,
+    )
     assert identity.remote(None, "k8sPod", "10.244.1.5") == ("k8sPod", identity.NO_IDENTITY)
     got = identity.flow_fields(idx.lookup, "internalHosts", "fd00:96::10", "10.244.1.5")
     assert got["cls"] == "k8sSvc" and got["remote_service"] == "s"
@@ -223,19 +247,51 @@ def test_identity_fields_reach_the_grpc_messages() -> None:
     from lens_ebpf.agent.stream.convert import to_pb
 
     flow = FlowClosed(
-        seq=3, ts_ns=1, pid=1, comm="curl", cgroup_id=0, family="ipv4", laddr="10.244.1.5",
-        lport=40000, raddr="10.96.0.20", rport=80, direction="egress", cls="k8sSvc",
-        sent_bytes=0, received_bytes=0, retransmits=0, duration_ns=0, reason="normal",
-        remote_namespace="default", remote_service="web", namespace="ns1", pod="p",
-        workload_kind="StatefulSet", workload="db",
-    )  # fmt: skip
+        seq=3,
+        ts_ns=1,
+        pid=1,
+        comm="curl",
+        cgroup_id=0,
+        family="ipv4",
+        laddr="10.244.1.5",
+        lport=40000,
+        raddr="10.96.0.20",
+        rport=80,
+        direction="egress",
+        cls="k8sSvc",
+        sent_bytes=0,
+        received_bytes=0,
+        retransmits=0,
+        duration_ns=0,
+        reason="normal",
+        remote_namespace="default",
+        remote_service="web",
+        namespace="ns1",
+        pod="p",
+        workload_kind="StatefulSet",
+        workload="db",
+    )
     fc = to_pb(flow, "n", "1.2.3.4").flow_closed
     assert (fc.remote_service, fc.remote_namespace, fc.pod, fc.workload) == (
-        "web", "default", "p", "db")  # fmt: skip
+        "web",
+        "default",
+        "p",
+        "db",
+    )
     ex = ProcessEvent(
-        kind="process_exec", ts_ns=1, pid=2, ppid=1, comm="sh", cgroup_id=0, cgroup="/",
-        namespace="ns1", pod="p", container="c", workload_kind="StatefulSet", workload="db",
-    )  # fmt: skip
+        kind="process_exec",
+        ts_ns=1,
+        pid=2,
+        ppid=1,
+        comm="sh",
+        cgroup_id=0,
+        cgroup="/",
+        namespace="ns1",
+        pod="p",
+        container="c",
+        workload_kind="StatefulSet",
+        workload="db",
+    )
     ident = to_pb(ex, "n", "").process_exec.identity
     assert (ident.pod, ident.workload_kind, ident.workload) == ("p", "StatefulSet", "db")
 

@@ -16,15 +16,20 @@ from lens_ebpf.k8s.client import api_client
 from tests import k8slab
 from tests.k8slab import FakeApiServer, owned, pod
 
-ASKED_V1 = ["/apis/batch/v1/namespaces/batch/cronjobs/hourly",
-            "/apis/batch/v1/namespaces/batch/cronjobs/nightly"]  # fmt: skip
-ASKED_V1BETA1 = ["/apis/batch/v1/namespaces/batch/cronjobs/hourly",  # 404: not served
-                 "/apis/batch/v1beta1/namespaces/batch/cronjobs/hourly",
-                 "/apis/batch/v1beta1/namespaces/batch/cronjobs/nightly"]  # fmt: skip
+ASKED_V1 = [
+    "/apis/batch/v1/namespaces/batch/cronjobs/hourly",
+    "/apis/batch/v1/namespaces/batch/cronjobs/nightly",
+]
+ASKED_V1BETA1 = [
+    "/apis/batch/v1/namespaces/batch/cronjobs/hourly",  # 404: not served
+    "/apis/batch/v1beta1/namespaces/batch/cronjobs/hourly",
+    "/apis/batch/v1beta1/namespaces/batch/cronjobs/nightly",
+]
 
 
-@pytest.mark.parametrize(("served_at", "asked"), [("batch/v1", ASKED_V1),
-                                                  ("batch/v1beta1", ASKED_V1BETA1)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("served_at", "asked"), [("batch/v1", ASKED_V1), ("batch/v1beta1", ASKED_V1BETA1)]
+)
 def test_a_cronjob_is_read_where_the_cluster_serves_it(
     served_at: str, asked: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -43,7 +48,9 @@ def test_a_cronjob_is_read_where_the_cluster_serves_it(
         assert w.wait_synced(5)
         got = [w.index.lookup(ip) for ip in ("10.244.2.7", "10.244.2.8")]
         assert [(i.workload_kind, i.workload) for i in got if i] == [
-            ("CronJob", "nightly"), ("CronJob", "hourly")]  # fmt: skip
+            ("CronJob", "nightly"),
+            ("CronJob", "hourly"),
+        ]
         assert w.owners.lookups == {"hit": 0, "fetched": 4, "error": 0}
         assert [r for r in api.requests if "/cronjobs/" in r] == asked
     finally:

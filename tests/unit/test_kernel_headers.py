@@ -59,8 +59,9 @@ def test_host_tree_under_a_host_root_is_linked_first(tmp_path: Path) -> None:
     (mod / "build").symlink_to("/usr/src/linux-headers-6.8.0-45-generic")  # a host path
     fallback = make_tree(tmp_path, "linux-headers-6.1.0-9-amd64", kconfig=True)
     mods = tmp_path / "lib/modules"
-    got = resolve("6.8.0-45-generic", mods, tmp_path / "none", str(fallback), link=True,
-                  host_root=host)  # fmt: skip
+    got = resolve(
+        "6.8.0-45-generic", mods, tmp_path / "none", str(fallback), link=True, host_root=host
+    )
     assert got.source == "host" and got.path == str(tree)
     assert (mods / "6.8.0-45-generic/build").resolve() == tree
     # a host without headers falls back to the image's tree

@@ -105,8 +105,10 @@ def test_allocation_and_storage_equal_hand_computed(
     assert got[(pod, (("namespace", "ml"), ("node", "gpu-node-1"), ("pod", "train-0")))] == (
         21474885632
     )
-    assert got[(pod, (("namespace", "ml"), ("node", "gpu-node-1"),
-                      ("pod", "serve-6f7b9-x2k4q")))] == 45056  # fmt: skip
+    assert (
+        got[(pod, (("namespace", "ml"), ("node", "gpu-node-1"), ("pod", "serve-6f7b9-x2k4q")))]
+        == 45056
+    )
     assert sum(1 for name, _ in got if name == pod) == 2  # kube-proxy reports none
     # each pod's PersistentVolumeClaims, as the summary measures them (the projected
     # service account token is no claim: none for it, as kubelet_volume_stats_* has none)
@@ -151,8 +153,9 @@ def test_wrong_ca_fails_closed_and_says_why(kubelet: Kubelet, tmp_path: Path, to
     assert len(insecure.get("/pods")["items"]) == 6
 
 
-def test_token_and_reachability_errors(kubelet: Kubelet, certs: dict[str, Path],
-                                       tmp_path: Path) -> None:  # fmt: skip
+def test_token_and_reachability_errors(
+    kubelet: Kubelet, certs: dict[str, Path], tmp_path: Path
+) -> None:
     client = KubeletClient(kubelet.url, str(certs["ca.crt"]), str(tmp_path / "none"), False, 5)
     with pytest.raises(CollectorError, match="HTTP 401 unauthorized"):
         client.get("/pods")
@@ -188,10 +191,14 @@ def test_effective_request_rule_and_bad_pods() -> None:
             c["restartPolicy"] = restart
         return c
 
-    def pod(containers: list, init: list | None = None, uid: str = "u",
-            phase: str = "Running") -> dict[str, Any]:  # fmt: skip
-        return {"metadata": {"name": uid, "uid": uid}, "status": {"phase": phase},
-                "spec": {"containers": containers, "initContainers": init or []}}  # fmt: skip
+    def pod(
+        containers: list, init: list | None = None, uid: str = "u", phase: str = "Running"
+    ) -> dict[str, Any]:
+        return {
+            "metadata": {"name": uid, "uid": uid},
+            "status": {"phase": phase},
+            "spec": {"containers": containers, "initContainers": init or []},
+        }
 
     assert effective_request(pod([ctr(1), ctr(1)]), "amd.com/gpu") == 2
     assert effective_request(pod([ctr(1)], [ctr(4)]), "amd.com/gpu") == 4
@@ -200,8 +207,9 @@ def test_effective_request_rule_and_bad_pods() -> None:
     )
     assert effective_request(pod([ctr(None)]), "amd.com/gpu") == 0
     dup = pod([ctr(2)], uid="same")
-    alloc = gpu_allocation({"items": [dup, dup, pod([ctr("1.5")], uid="bad"), "junk"]},
-                           ["amd.com/gpu"])  # fmt: skip
+    alloc = gpu_allocation(
+        {"items": [dup, dup, pod([ctr("1.5")], uid="bad"), "junk"]}, ["amd.com/gpu"]
+    )
     assert alloc.requested == {"amd.com/gpu": 2} and alloc.pods == 1 and alloc.bad_pods == 2
     with pytest.raises(ObjectError):
         gpu_allocation({"kind": "Status"}, ["amd.com/gpu"])

@@ -34,8 +34,7 @@ def record(rng: random.Random, **fields: object) -> bytes:
     """A struct flow_event with every field drawn over its whole range (edges often)."""
 
     def num(bits: int) -> int:
-        return rng.choice([0, 1, 127, 128, 16383, 16384, (1 << bits) - 1,
-                           rng.getrandbits(bits)])  # fmt: skip
+        return rng.choice([0, 1, 127, 128, 16383, 16384, (1 << bits) - 1, rng.getrandbits(bits)])
 
     ev = FlowEvent()
     for name in ("ts_ns", "duration_ns", "sent", "recv", "cgroup_id"):
@@ -51,8 +50,18 @@ def record(rng: random.Random, **fields: object) -> bytes:
     ev.direction = rng.choice([0, 1, 2, 255])
     ev.cls = rng.choice([*CLASS_NAMES, 0, 9, 200, 255])
     ev.reason = rng.choice([*range(len(decode.CLOSE_REASONS)), 6, 99, 255])
-    ev.comm = rng.choice([b"", b"curl", b"python3.11", b"x" * 16, b"caf\xc3\xa9",
-                          b"bad\xff\xfeutf8", b"a\x00hidden", rng.randbytes(16)])  # fmt: skip
+    ev.comm = rng.choice(
+        [
+            b"",
+            b"curl",
+            b"python3.11",
+            b"x" * 16,
+            b"caf\xc3\xa9",
+            b"bad\xff\xfeutf8",
+            b"a\x00hidden",
+            rng.randbytes(16),
+        ]
+    )
     for name, value in fields.items():
         setattr(ev, name, value)
     return bytes(ev)
@@ -88,8 +97,9 @@ def test_same_bytes_and_events_as_the_python_path(mod, seed: int) -> None:
     assert len(events) == len(records)
     # the same records back to back, as native.ring_take hands them over
     blob, *_ = mod.flows(b"".join(records), seq0, ts, HEAD, None, None)
-    assert [(e.seq, e._wire, e.record) for e in blob] == [(e.seq, e._wire, e.record)
-                                                          for e in events]  # fmt: skip
+    assert [(e.seq, e._wire, e.record) for e in blob] == [
+        (e.seq, e._wire, e.record) for e in events
+    ]
     with pytest.raises(ValueError, match="not whole"):
         mod.flows(b"".join(records)[:-1], seq0, ts, HEAD, None, None)
     for i, (rec, got) in enumerate(zip(records, events, strict=True)):
@@ -113,10 +123,14 @@ def test_an_ipv4_peer_of_a_dual_stack_socket_is_spelled_as_the_python_path_does(
     rng = random.Random(5)
     mapped = bytes(10) + b"\xff\xff"
     records = [
-        record(rng, family=socket.AF_INET6, laddr=(ctypes.c_uint8 * 16)(*mapped, 10, 213, 128, 9),
-               raddr=(ctypes.c_uint8 * 16)(*mapped, 10, 213, 128, i))
+        record(
+            rng,
+            family=socket.AF_INET6,
+            laddr=(ctypes.c_uint8 * 16)(*mapped, 10, 213, 128, 9),
+            raddr=(ctypes.c_uint8 * 16)(*mapped, 10, 213, 128, i),
+        )
         for i in range(4)
-    ]  # fmt: skip
+    ]
     asked: list[tuple[str, str]] = []
 
     def enrich(cls: str, raddr: str, laddr: str) -> dict:
@@ -141,10 +155,16 @@ def test_enrichment_and_abnormal_flows(mod) -> None:
     def enrich(cls: str, raddr: str, laddr: str) -> dict:
         asked.append((cls, raddr, laddr))
         n = len(asked)
-        out = {"cls": "k8sPod" if n % 2 else cls, "remote_namespace": "ns" * (n % 3),
-               "remote_pod": f"pod-{n}" if n % 5 else "", "remote_workload_kind": "Job",
-               "remote_workload": "train" * (n % 2), "remote_service": "",
-               "namespace": "é" * (n % 4), "pod": "p" * (n % 300)}  # fmt: skip
+        out = {
+            "cls": "k8sPod" if n % 2 else cls,
+            "remote_namespace": "ns" * (n % 3),
+            "remote_pod": f"pod-{n}" if n % 5 else "",
+            "remote_workload_kind": "Job",
+            "remote_workload": "train" * (n % 2),
+            "remote_service": "",
+            "namespace": "é" * (n % 4),
+            "pod": "p" * (n % 300),
+        }
         if n % 7 == 0:
             out.update(workload_kind="Deployment", workload="web")
         return out
@@ -214,15 +234,32 @@ def test_bus_hands_compiled_events_to_each_kind_of_subscriber(mod) -> None:
     records = [record(rng, cls=next(iter(CLASS_NAMES))) for _ in range(50)]
     bus = EventBus(queue_size=30, history=1000, node=NODE)
     raw_all = bus.subscribe("raw", raw=True)
-    flows_only = bus.subscribe("kinds", accept=EventFilter(kinds=frozenset({"abnormal_flow"})),
-                               raw=True)  # fmt: skip
+    flows_only = bus.subscribe(
+        "kinds", accept=EventFilter(kinds=frozenset({"abnormal_flow"})), raw=True
+    )
     python = bus.subscribe("python", maxsize=100)
     comm = bus.subscribe("comm", accept=EventFilter(comm="curl"), maxsize=100)
     own = bus.subscribe("own", accept=lambda ev: ev.sent_bytes > 0, maxsize=100)
-    bus.publish(FlowClosed(ts_ns=1, pid=1, comm="x", cgroup_id=1, family="ipv4", laddr="a",
-                           lport=1, raddr="b", rport=2, direction="egress", cls="c",
-                           sent_bytes=0, received_bytes=0, retransmits=0, duration_ns=0,
-                           reason="normal"))  # fmt: skip
+    bus.publish(
+        FlowClosed(
+            ts_ns=1,
+            pid=1,
+            comm="x",
+            cgroup_id=1,
+            family="ipv4",
+            laddr="a",
+            lport=1,
+            raddr="b",
+            rport=2,
+            direction="egress",
+            cls="c",
+            sent_bytes=0,
+            received_bytes=0,
+            retransmits=0,
+            duration_ns=0,
+            reason="normal",
+        )
+    )
     made = bus.publish_batch(lambda seq, ts: mod.flows(records, seq, ts, HEAD, None, None)[0])
     assert [e.seq for e in made] == list(range(2, 52)) and bus.seq == 51
     assert bus.published["flow_closed"] == 51
@@ -233,8 +270,10 @@ def test_bus_hands_compiled_events_to_each_kind_of_subscriber(mod) -> None:
     # the others get the Python events, equal to what the Python path publishes
     events = python.drain(100)
     assert [type(e) for e in events] == [FlowClosed] * 51
-    assert events[1:] == [python_path(r, i + 2, made[0].ts_unix_nano, None, "flow_closed")
-                          for i, r in enumerate(records)]  # fmt: skip
+    assert events[1:] == [
+        python_path(r, i + 2, made[0].ts_unix_nano, None, "flow_closed")
+        for i, r in enumerate(records)
+    ]
     curl = [e for e in events if e.comm == "curl"]
     assert comm.drain(100) == curl
     assert own.drain(100) == [e for e in events if e.sent_bytes > 0]
@@ -260,14 +299,27 @@ class Cgroups:
     def __init__(self, rng: random.Random) -> None:
         whos = [
             {"container_id": "", "container": "", "pod": "", "namespace": "", "pod_uid": ""},
-            {"container_id": "abc123" * 8, "container": "trainer", "pod": "llama-0",
-             "namespace": "ml", "pod_uid": "u-1", "workload_kind": "PyTorchJob",
-             "workload": "llama"},
-            {"container_id": "d" * 64, "container": "é-side", "pod": "web-7",
-             "namespace": "prod", "pod_uid": "u-2"},
-        ]  # fmt: skip
-        self.answers = {cg: (f"/kubepods/cg{cg}" if cg else "", rng.choice(whos), cg % 2 == 0)
-                        for cg in (0, 1, 2, 3, 77, 2**63 + 5)}  # fmt: skip
+            {
+                "container_id": "abc123" * 8,
+                "container": "trainer",
+                "pod": "llama-0",
+                "namespace": "ml",
+                "pod_uid": "u-1",
+                "workload_kind": "PyTorchJob",
+                "workload": "llama",
+            },
+            {
+                "container_id": "d" * 64,
+                "container": "é-side",
+                "pod": "web-7",
+                "namespace": "prod",
+                "pod_uid": "u-2",
+            },
+        ]
+        self.answers = {
+            cg: (f"/kubepods/cg{cg}" if cg else "", rng.choice(whos), cg % 2 == 0)
+            for cg in (0, 1, 2, 3, 77, 2**63 + 5)
+        }
         self.asked = 0
 
     def cgroup(self, cgroup_id: int) -> tuple[str, dict, bool]:
@@ -324,8 +376,9 @@ def test_process_records_same_bytes_events_counts_as_the_python_path(mod, seed: 
     rng = random.Random(seed)
     pids = [rng.getrandbits(22) for _ in range(40)]  # comms bounded at 20: some go
     cgroups = [0, 1, 2, 3, 77, 2**63 + 5]
-    batches = [[proc_record(rng, pids, cgroups) for _ in range(rng.choice([1, 7, 300]))]
-               for _ in range(20)]  # fmt: skip
+    batches = [
+        [proc_record(rng, pids, cgroups) for _ in range(rng.choice([1, 7, 300]))] for _ in range(20)
+    ]
     py, nat = procs_rig(seed), procs_rig(seed)
     nat.native = mod
     nat._record_size = len(batches[0][0])
@@ -363,8 +416,9 @@ def test_process_records_it_cannot_handle_are_counted(mod) -> None:
     good = [proc_record(rng, [1, 2], [0]) for _ in range(30)]
     good = [r for r in good if r[16] in (1, 2, 3)][:4]  # kinds it publishes
     idents = {0: ("", {"pod": "x", "namespace": "n", "container": "c"})}
-    events, counts, bad, err = mod.procs([good[0], good[1][:40], good[2]], 1, 9, HEAD,
-                                         idents, {}, 10)  # fmt: skip
+    events, counts, bad, err = mod.procs(
+        [good[0], good[1][:40], good[2]], 1, 9, HEAD, idents, {}, 10
+    )
     assert bad == 1 and isinstance(err, ValueError) and [e.seq for e in events] == [1, 2]
     events, counts, bad, err = mod.procs(good, 1, 9, HEAD, {}, {}, 10)
     assert bad == 4 and isinstance(err, KeyError) and events == [] and counts == {}

@@ -34,8 +34,9 @@ def addr16(text: str) -> bytes:
 
 def flow_key(raddr: str, port: int, direction: int, cls: str, overflow: int = 0):
     family = decode.AF_INET6 if ":" in raddr else decode.AF_INET
-    return layouts.FlowKey((ctypes.c_uint8 * 16)(*addr16(raddr)), port, direction,
-                           CLASS_IDS[cls], family, overflow)  # fmt: skip
+    return layouts.FlowKey(
+        (ctypes.c_uint8 * 16)(*addr16(raddr)), port, direction, CLASS_IDS[cls], family, overflow
+    )
 
 
 def zero(**grew: int) -> dict[str, int]:
@@ -44,35 +45,80 @@ def zero(**grew: int) -> dict[str, int]:
 
 def test_map_keys_decode_to_labels() -> None:
     assert decode.flow_key_labels(flow_key("10.0.0.7", 443, 0, "internalHosts")) == (
-        "egress", "internalHosts", "10.0.0.7", "443")  # fmt: skip
+        "egress",
+        "internalHosts",
+        "10.0.0.7",
+        "443",
+    )
     assert decode.flow_key_labels(flow_key("fd00::9", 8080, 1, "k8sPod")) == (
-        "ingress", "k8sPod", "fd00::9", "8080")  # fmt: skip
+        "ingress",
+        "k8sPod",
+        "fd00::9",
+        "8080",
+    )
     # an overflow slot stands for every key the map had no room for, per direction and class
     assert decode.flow_key_labels(flow_key("0.0.0.0", 0, 0, "dns", overflow=1)) == (
-        "egress", "dns", "other", "other")  # fmt: skip
+        "egress",
+        "dns",
+        "other",
+        "other",
+    )
 
 
 def test_ring_record_decodes_to_a_typed_event() -> None:
     rec = layouts.FlowEvent(
-        ts_ns=5, duration_ns=7, sent=123_457, recv=7_777, cgroup_id=9,
+        ts_ns=5,
+        duration_ns=7,
+        sent=123_457,
+        recv=7_777,
+        cgroup_id=9,
         laddr=(ctypes.c_uint8 * 16)(*addr16("10.0.0.1")),
-        raddr=(ctypes.c_uint8 * 16)(*addr16("10.0.0.7")), pid=42, retrans=2, lport=40000,
-        rport=443, family=decode.AF_INET, direction=0, cls=CLASS_IDS["internalHosts"],
-        reason=1, comm=b"curl",
-    )  # fmt: skip
+        raddr=(ctypes.c_uint8 * 16)(*addr16("10.0.0.7")),
+        pid=42,
+        retrans=2,
+        lport=40000,
+        rport=443,
+        family=decode.AF_INET,
+        direction=0,
+        cls=CLASS_IDS["internalHosts"],
+        reason=1,
+        comm=b"curl",
+    )
     ev = decode.flow_record(bytes(rec))  # as the ring buffer hands it over
     assert ev.duration_ns == 7 and ev.ts_ns == 5 and ev.cgroup_id == 9 and ev.pid == 42
     assert (ev.kind, ev.laddr, ev.raddr, ev.lport, ev.rport) == (
-        "flow_closed", "10.0.0.1", "10.0.0.7", 40000, 443)  # fmt: skip
+        "flow_closed",
+        "10.0.0.1",
+        "10.0.0.7",
+        40000,
+        443,
+    )
     assert (ev.sent_bytes, ev.received_bytes, ev.retransmits) == (123_457, 7_777, 2)
     assert (ev.cls, ev["class"], ev.reason, ev.comm) == (
-        "internalHosts", "internalHosts", "reset_received", "curl")  # fmt: skip
+        "internalHosts",
+        "internalHosts",
+        "reset_received",
+        "curl",
+    )
     # made through its slots: the event the constructor makes, field for field
-    made = FlowClosed(ts_ns=5, pid=42, comm="curl", cgroup_id=9, family="ipv4",
-                      laddr="10.0.0.1", lport=40000, raddr="10.0.0.7", rport=443,
-                      direction="egress", cls="internalHosts", sent_bytes=123_457,
-                      received_bytes=7_777, retransmits=2, duration_ns=7,
-                      reason="reset_received")  # fmt: skip
+    made = FlowClosed(
+        ts_ns=5,
+        pid=42,
+        comm="curl",
+        cgroup_id=9,
+        family="ipv4",
+        laddr="10.0.0.1",
+        lport=40000,
+        raddr="10.0.0.7",
+        rport=443,
+        direction="egress",
+        cls="internalHosts",
+        sent_bytes=123_457,
+        received_bytes=7_777,
+        retransmits=2,
+        duration_ns=7,
+        reason="reset_received",
+    )
     slots = [f.name for f in dataclasses.fields(FlowClosed)]
     assert ev == made and hash(ev) == hash(made)
     assert [getattr(ev, n) for n in slots] == [getattr(made, n) for n in slots]
@@ -82,14 +128,23 @@ def test_ring_record_decodes_to_a_typed_event() -> None:
     assert (got.seq, ev.seq) == (1, 0) and got.ts_unix_nano > 0 and type(got) is FlowClosed
     # enrichment: the index names both ends; standalone leaves the event as it was
     idx = ClusterIndex()
-    idx.replace_pods([pod("db-0", "10.0.0.7", "data", owner=("StatefulSet", "db")),
-                      pod("cli", "10.0.0.1", "apps")])  # fmt: skip
+    idx.replace_pods(
+        [
+            pod("db-0", "10.0.0.7", "data", owner=("StatefulSet", "db")),
+            pod("cli", "10.0.0.1", "apps"),
+        ]
+    )
     assert Enrichment().flow(ev) is ev
     enrich = Enrichment()
     enrich.index = idx
     got = enrich.flow(ev)
     assert (got.cls, got.remote_pod, got.remote_workload, got.pod, got.namespace) == (
-        "k8sPod", "db-0", "db", "cli", "apps")  # fmt: skip
+        "k8sPod",
+        "db-0",
+        "db",
+        "cli",
+        "apps",
+    )
     assert (got.sent_bytes, got.received_bytes) == (123_457, 7_777)
 
 
@@ -98,23 +153,29 @@ def network_cache(lookup=None) -> MetricCache:
     flow_families.register_families(cache)
     tcp_rtt.register_families(cache)
     for key, grew in (
-        (("egress", "externalHosts", "93.184.216.34", "443"),
-         zero(opened=3, closed=2, sent=517, recv=1_398_101, retrans=4)),
-        (("ingress", "internalHosts", "10.0.0.7", "8080"),
-         zero(opened=1, closed=1, sent=2048, recv=310, resets_sent=1)),
+        (
+            ("egress", "externalHosts", "93.184.216.34", "443"),
+            zero(opened=3, closed=2, sent=517, recv=1_398_101, retrans=4),
+        ),
+        (
+            ("ingress", "internalHosts", "10.0.0.7", "8080"),
+            zero(opened=1, closed=1, sent=2048, recv=310, resets_sent=1),
+        ),
         (("egress", "k8sPod", "10.244.1.5", "5432"), zero(opened=1, sent=100, recv=50)),
         (("egress", "k8sSvc", "10.96.0.10", "80"), zero(failed=2, resets_recv=2)),
         (("egress", "dns", "10.53.0.53", "53"), zero(opened=1, closed=1, sent=40, recv=80)),
-    ):  # fmt: skip
+    ):
         flow_families.apply_deltas(cache, *identity.refine(lookup, key), grew)
     # one RTT key: 3 samples of 120, 180 and 4500 us
-    rtt_key = layouts.RttKey((ctypes.c_uint8 * 16)(*addr16("10.0.0.7")), 0,
-                             CLASS_IDS["internalHosts"], decode.AF_INET, 0)  # fmt: skip
+    rtt_key = layouts.RttKey(
+        (ctypes.c_uint8 * 16)(*addr16("10.0.0.7")), 0, CLASS_IDS["internalHosts"], decode.AF_INET, 0
+    )
     bins = [0] * layouts.RTT_BINS
     bins[tcp_rtt.RTT_BOUNDS_US.index(200)] = 2  # 120 and 180 us: the (100, 200] bin
     bins[tcp_rtt.RTT_BOUNDS_US.index(5000)] = 1
-    tcp_rtt.apply_rtt(cache, *identity.refine(lookup, decode.remote_labels(rtt_key)),
-                      (3, 4800, *bins))  # fmt: skip
+    tcp_rtt.apply_rtt(
+        cache, *identity.refine(lookup, decode.remote_labels(rtt_key)), (3, 4800, *bins)
+    )
     return cache
 
 
@@ -140,8 +201,13 @@ def test_a_pod_address_is_k8sPod_whatever_the_policy_said() -> None:
     idx.replace_pods([pod("db-0", "10.0.0.7", "data", owner=("StatefulSet", "db"))])
     idx.replace_services([service("web", "93.184.216.34", "shop")])
     cache = network_cache(idx.lookup)
-    assert cache.get("lens_tcp_received_bytes_total", ("ingress", "k8sPod", "10.0.0.7", "8080",
-                     "data", "db-0", "StatefulSet", "db", "")) == 310  # fmt: skip
+    assert (
+        cache.get(
+            "lens_tcp_received_bytes_total",
+            ("ingress", "k8sPod", "10.0.0.7", "8080", "data", "db-0", "StatefulSet", "db", ""),
+        )
+        == 310
+    )
     assert cache.get(flow_families.SEED_K8S, ("k8sPod",)) == 2048 + 310 + 150
     assert cache.get(flow_families.SEED_K8S, ("k8sSvc",)) == 517 + 1_398_101
 
@@ -150,8 +216,11 @@ def test_network_exposition_is_golden() -> None:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(CacheCollector(network_cache()))
     text = render([reg]).decode()
-    lines = [ln for ln in text.splitlines(keepends=True)
-             if not ln.startswith("lens_cache_") and "lens_cache_" not in ln]  # fmt: skip
+    lines = [
+        ln
+        for ln in text.splitlines(keepends=True)
+        if not ln.startswith("lens_cache_") and "lens_cache_" not in ln
+    ]
     check_golden("network.prom", "".join(lines))
 
 
@@ -163,20 +232,36 @@ def test_an_ipv4_peer_of_a_dual_stack_socket_is_spelled_as_ipv4() -> None:
     assert mapped.family == decode.AF_INET6
     assert decode.flow_key_labels(mapped) == ("ingress", "k8sPod", "10.213.128.4", "8080")
     assert decode.flow_key_labels(flow_key("10.213.128.4", 8080, 0, "k8sPod")) == (
-        "egress", "k8sPod", "10.213.128.4", "8080")  # fmt: skip
-    rtt_key = layouts.RttKey((ctypes.c_uint8 * 16)(*addr16("::ffff:10.213.128.4")), 1,
-                             CLASS_IDS["k8sPod"], decode.AF_INET6, 0)  # fmt: skip
+        "egress",
+        "k8sPod",
+        "10.213.128.4",
+        "8080",
+    )
+    rtt_key = layouts.RttKey(
+        (ctypes.c_uint8 * 16)(*addr16("::ffff:10.213.128.4")),
+        1,
+        CLASS_IDS["k8sPod"],
+        decode.AF_INET6,
+        0,
+    )
     assert decode.remote_labels(rtt_key) == ("ingress", "k8sPod", "10.213.128.4")
     # IPv6 proper stays IPv6, a v4-compatible (not mapped) address too
     assert decode.format_addr(decode.AF_INET6, addr16("fd00::9")) == "fd00::9"
     assert decode.format_addr(decode.AF_INET6, addr16("::10.0.0.1")) == "::10.0.0.1"
 
     def record(laddr: str, raddr: str) -> bytes:
-        return bytes(layouts.FlowEvent(
-            laddr=(ctypes.c_uint8 * 16)(*addr16(laddr)),
-            raddr=(ctypes.c_uint8 * 16)(*addr16(raddr)), lport=8080, rport=51000,
-            family=decode.AF_INET6, direction=1, cls=CLASS_IDS["k8sPod"], comm=b"server",
-        ))  # fmt: skip
+        return bytes(
+            layouts.FlowEvent(
+                laddr=(ctypes.c_uint8 * 16)(*addr16(laddr)),
+                raddr=(ctypes.c_uint8 * 16)(*addr16(raddr)),
+                lport=8080,
+                rport=51000,
+                family=decode.AF_INET6,
+                direction=1,
+                cls=CLASS_IDS["k8sPod"],
+                comm=b"server",
+            )
+        )
 
     ev = decode.flow_record(record("::ffff:10.213.128.9", "::ffff:10.213.128.4"))
     assert (ev.family, ev.laddr, ev.raddr) == ("ipv4", "10.213.128.9", "10.213.128.4")
@@ -184,14 +269,20 @@ def test_an_ipv4_peer_of_a_dual_stack_socket_is_spelled_as_ipv4() -> None:
     assert (six.family, six.laddr, six.raddr) == ("ipv6", "fd00::9", "fd00::4")
     # the index finds both ends' pods from the one spelling
     idx = ClusterIndex()
-    idx.replace_pods([pod("client-7f-abc", "10.213.128.4", "shop"),
-                      pod("server-0", "10.213.128.9", "shop")])  # fmt: skip
+    idx.replace_pods(
+        [pod("client-7f-abc", "10.213.128.4", "shop"), pod("server-0", "10.213.128.9", "shop")]
+    )
     enrich = Enrichment()
     enrich.index = idx
     got = enrich.flow(ev)
     assert (got.remote_pod, got.pod, got.cls) == ("client-7f-abc", "server-0", "k8sPod")
     assert enrich.flow_key(decode.flow_key_labels(mapped))[1] == (
-        "shop", "client-7f-abc", "", "", "")  # fmt: skip
+        "shop",
+        "client-7f-abc",
+        "",
+        "",
+        "",
+    )
 
 
 class Clock:
@@ -210,9 +301,12 @@ def test_flows_counted_before_the_index_knew_their_pod_move_to_it() -> None:
     cache = MetricCache(3600, 1000, clock=clock)
     flow_families.register_families(cache)
     tcp_rtt.register_families(cache)
-    getters = {"ReplicaSet": lambda ns, name: owned("ReplicaSet", name, ns,
-                                                    owner=("Deployment", "client")),
-               "Deployment": lambda ns, name: owned("Deployment", name, ns)}  # fmt: skip
+    getters = {
+        "ReplicaSet": lambda ns, name: owned(
+            "ReplicaSet", name, ns, owner=("Deployment", "client")
+        ),
+        "Deployment": lambda ns, name: owned("Deployment", name, ns),
+    }
     idx = ClusterIndex(owners=OwnerResolver(getters))
     idx.replace_pods([pod("server-0", "10.213.128.9", "shop", owner=("StatefulSet", "server"))])
     enrich = Enrichment()
@@ -241,8 +335,9 @@ def test_flows_counted_before_the_index_knew_their_pod_move_to_it() -> None:
     assert (flows.settle(enrich), len(flows)) == (0, 2)  # the index knows neither yet
 
     client = ("shop", "client-7f-abc", "Deployment", "client", "")
-    idx.pod_event("ADDED", pod("client-7f-abc", "10.213.128.4", "shop",
-                               owner=("ReplicaSet", "client-7f")))  # fmt: skip
+    idx.pod_event(
+        "ADDED", pod("client-7f-abc", "10.213.128.4", "shop", owner=("ReplicaSet", "client-7f"))
+    )
     assert (flows.settle(enrich), rtts.settle(enrich)) == (1, 1)
     for name, want in ((OPENED, 7), (CLOSED, 7), (SENT, 700), (RECV, 7000)):
         assert cache.get(name, (*ingress, *client)) == want, name
@@ -253,7 +348,9 @@ def test_flows_counted_before_the_index_knew_their_pod_move_to_it() -> None:
     assert cache.get(tcp_rtt.LENS, (*rtt, *client)) == (bins, 180 / 1e6)
     assert cache.get(tcp_rtt.LENS, (*rtt, *none)) is None
     assert cache.get(tcp_rtt.SEED, ("10.213.128.4", "ingress")) == (
-        [2 if b == 200 else 0 for b in (*tcp_rtt.SEED_BOUNDS_US, 0)], 180.0)  # fmt: skip
+        [2 if b == 200 else 0 for b in (*tcp_rtt.SEED_BOUNDS_US, 0)],
+        180.0,
+    )
     # later growth goes straight to the pod's series; nothing is asked again
     count(ingress, opened=1, sent=1)
     assert cache.get(OPENED, (*ingress, *client)) == 8
@@ -267,8 +364,10 @@ def test_flows_counted_before_the_index_knew_their_pod_move_to_it() -> None:
     web = ("egress", "k8sPod", "198.51.100.7", "443", "shop", "web-0", "StatefulSet", "web", "")
     assert cache.get(OPENED, web) == 2 and cache.get(SENT, web) == 30
     assert cache.get(OPENED, (*egress, *none)) is None
-    assert cache.get(flow_families.SEED_EGRESS, ("198.51.100.7", "443", "egress",
-                                             "externalHosts")) is None  # fmt: skip
+    assert (
+        cache.get(flow_families.SEED_EGRESS, ("198.51.100.7", "443", "egress", "externalHosts"))
+        is None
+    )
     assert cache.get(flow_families.SEED_K8S, ("k8sPod",)) == 7700 + 5 + 1 + 70
     assert len(flows) == 0
 

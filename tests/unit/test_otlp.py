@@ -91,8 +91,9 @@ POD = (("k8s.namespace.name", "team"), ("k8s.pod.name", "p-0"))
 def families() -> tuple[MetricCache, list[Metric]]:
     cache = MetricCache()
     cache.register("lens_x_sent_bytes_total", COUNTER, "Sent", ("direction", "raddr", "remote_pod"))
-    cache.register("lens_container_process_execs_total", COUNTER, "Execs",
-                   ("namespace", "pod", "container"))  # fmt: skip
+    cache.register(
+        "lens_container_process_execs_total", COUNTER, "Execs", ("namespace", "pod", "container")
+    )
     cache.register("lens_x_rtt_seconds", HISTOGRAM, "RTT", ("raddr",), buckets=(0.001, 0.01))
     cache.register("lens_x_empty_total", COUNTER, "No series", ())
     cache.inc("lens_x_sent_bytes_total", ("egress", "10.0.0.7", ""), 300)
@@ -101,8 +102,9 @@ def families() -> tuple[MetricCache, list[Metric]]:
     cache.observe("lens_x_rtt_seconds", ("10.0.0.7",), [1, 0, 2], 0.5)
     temp = GaugeMetricFamily("hw_gpu_temperature_celsius", "Temp", labels=["gpu_index"])
     temp.add_metric(["0"], 41.5)
-    faults = CounterMetricFamily("lens_gpu_faults", "Faults",
-                                 labels=["namespace", "pod", "workload", "kind"])  # fmt: skip
+    faults = CounterMetricFamily(
+        "lens_gpu_faults", "Faults", labels=["namespace", "pod", "workload", "kind"]
+    )
     faults.add_metric(["team", "p-0", "train", "xid"], 1)
     hist = HistogramMetricFamily("lens_h_seconds", "H", labels=["op"])
     hist.add_metric(["read"], [("0.1", 1), ("+Inf", 3)], 2.0)
@@ -110,41 +112,80 @@ def families() -> tuple[MetricCache, list[Metric]]:
 
 
 def number(t: int, v: float, start: int = 0, **labels: str) -> mp.NumberDataPoint:
-    return mp.NumberDataPoint(start_time_unix_nano=start, time_unix_nano=t, as_double=v,
-                              attributes=kvs(labels.items()))  # fmt: skip
+    return mp.NumberDataPoint(
+        start_time_unix_nano=start, time_unix_nano=t, as_double=v, attributes=kvs(labels.items())
+    )
 
 
 def counter(name: str, help_text: str, unit: str, *points: mp.NumberDataPoint) -> mp.Metric:
-    return mp.Metric(name=name, description=help_text, unit=unit, sum=mp.Sum(
-        data_points=points, aggregation_temporality=2, is_monotonic=True))  # fmt: skip
+    return mp.Metric(
+        name=name,
+        description=help_text,
+        unit=unit,
+        sum=mp.Sum(data_points=points, aggregation_temporality=2, is_monotonic=True),
+    )
 
 
 def expected_metrics(start: int, t: int) -> ExportMetricsServiceRequest:
     """The request for families(), written with opentelemetry-proto's classes."""
-    rtt = mp.HistogramDataPoint(start_time_unix_nano=start, time_unix_nano=t, count=3, sum=0.5,
-                                bucket_counts=[1, 0, 2], explicit_bounds=[0.001, 0.01],
-                                attributes=kvs([("raddr", "10.0.0.7")]))  # fmt: skip
-    h = mp.HistogramDataPoint(start_time_unix_nano=start, time_unix_nano=t, count=3, sum=2.0,
-                              bucket_counts=[1, 2], explicit_bounds=[0.1],
-                              attributes=kvs([("op", "read")]))  # fmt: skip
+    rtt = mp.HistogramDataPoint(
+        start_time_unix_nano=start,
+        time_unix_nano=t,
+        count=3,
+        sum=0.5,
+        bucket_counts=[1, 0, 2],
+        explicit_bounds=[0.001, 0.01],
+        attributes=kvs([("raddr", "10.0.0.7")]),
+    )
+    h = mp.HistogramDataPoint(
+        start_time_unix_nano=start,
+        time_unix_nano=t,
+        count=3,
+        sum=2.0,
+        bucket_counts=[1, 2],
+        explicit_bounds=[0.1],
+        attributes=kvs([("op", "read")]),
+    )
     node = [
-        counter("lens_x_sent_bytes", "Sent", "By",
-                number(t, 300.0, start, direction="egress", raddr="10.0.0.7")),
+        counter(
+            "lens_x_sent_bytes",
+            "Sent",
+            "By",
+            number(t, 300.0, start, direction="egress", raddr="10.0.0.7"),
+        ),
         counter("lens_container_process_execs", "Execs", "", number(t, 1.0, start)),
-        mp.Metric(name="lens_x_rtt_seconds", description="RTT", unit="s",
-                  histogram=mp.Histogram(data_points=[rtt], aggregation_temporality=2)),
-        mp.Metric(name="hw_gpu_temperature_celsius", description="Temp", unit="Cel",
-                  gauge=mp.Gauge(data_points=[number(t, 41.5, gpu_index="0")])),
-        mp.Metric(name="lens_h_seconds", description="H", unit="s",
-                  histogram=mp.Histogram(data_points=[h], aggregation_temporality=2)),
-    ]  # fmt: skip
+        mp.Metric(
+            name="lens_x_rtt_seconds",
+            description="RTT",
+            unit="s",
+            histogram=mp.Histogram(data_points=[rtt], aggregation_temporality=2),
+        ),
+        mp.Metric(
+            name="hw_gpu_temperature_celsius",
+            description="Temp",
+            unit="Cel",
+            gauge=mp.Gauge(data_points=[number(t, 41.5, gpu_index="0")]),
+        ),
+        mp.Metric(
+            name="lens_h_seconds",
+            description="H",
+            unit="s",
+            histogram=mp.Histogram(data_points=[h], aggregation_temporality=2),
+        ),
+    ]
     pod_c = [counter("lens_container_process_execs", "Execs", "", number(t, 2.0, start))]
-    pod = [counter("lens_gpu_faults", "Faults", "",
-                   number(t, 1.0, start, workload="train", kind="xid"))]  # fmt: skip
+    pod = [
+        counter(
+            "lens_gpu_faults", "Faults", "", number(t, 1.0, start, workload="train", kind="xid")
+        )
+    ]
     groups = ((resource(), node), (resource(*POD_C), pod_c), (resource(*POD), pod))
-    return ExportMetricsServiceRequest(resource_metrics=[
-        mp.ResourceMetrics(resource=r, scope_metrics=[mp.ScopeMetrics(scope=SCOPE, metrics=ms)])
-        for r, ms in groups])  # fmt: skip
+    return ExportMetricsServiceRequest(
+        resource_metrics=[
+            mp.ResourceMetrics(resource=r, scope_metrics=[mp.ScopeMetrics(scope=SCOPE, metrics=ms)])
+            for r, ms in groups
+        ]
+    )
 
 
 def test_a_snapshot_is_the_bytes_opentelemetry_proto_writes() -> None:
@@ -165,7 +206,8 @@ def test_a_series_starts_when_first_seen_and_again_after_a_reset() -> None:
 
     def starts(now: int) -> dict[str, tuple[int, float]]:
         req = ExportMetricsServiceRequest.FromString(
-            enc.encode(from_cache(cache.snapshot()), now).body)  # fmt: skip
+            enc.encode(from_cache(cache.snapshot()), now).body
+        )
         pts = req.resource_metrics[0].scope_metrics[0].metrics[0].sum.data_points
         return {attrs(p.attributes)["k"]: (p.start_time_unix_nano, p.as_double) for p in pts}
 
@@ -207,51 +249,110 @@ def flow(**more: Any) -> FlowClosed:
 
 def expected_record(ev: Event, severity: int, text: str, moved: set[str]) -> lp.LogRecord:
     wire_name = {v: k for k, v in WIRE_ATTRS.items()}
-    fields = [(wire_name.get(f.name, f.name), getattr(ev, f.name))
-              for f in dataclasses.fields(ev) if f.init and f.name not in moved
-              and f.name != "ts_unix_nano" and getattr(ev, f.name) not in ("", ())]  # fmt: skip
-    return lp.LogRecord(time_unix_nano=ev.ts_unix_nano, observed_time_unix_nano=ev.ts_unix_nano,
-                        severity_number=severity, severity_text=text,
-                        body=AnyValue(string_value=ev.kind), attributes=kvs(fields),
-                        event_name=ev.kind)  # fmt: skip
+    fields = [
+        (wire_name.get(f.name, f.name), getattr(ev, f.name))
+        for f in dataclasses.fields(ev)
+        if f.init
+        and f.name not in moved
+        and f.name != "ts_unix_nano"
+        and getattr(ev, f.name) not in ("", ())
+    ]
+    return lp.LogRecord(
+        time_unix_nano=ev.ts_unix_nano,
+        observed_time_unix_nano=ev.ts_unix_nano,
+        severity_number=severity,
+        severity_text=text,
+        body=AnyValue(string_value=ev.kind),
+        attributes=kvs(fields),
+        event_name=ev.kind,
+    )
 
 
 OWNER = set(semconv.OWNER_FIELDS)
 
 
 def test_events_are_log_records_under_their_pods() -> None:
-    pod_flow = flow(namespace="shop", pod="client-0", workload_kind="Deployment",
-                    workload="client")  # fmt: skip
+    pod_flow = flow(namespace="shop", pod="client-0", workload_kind="Deployment", workload="client")
     host_flow = flow()
-    proc = ProcessEvent(kind="process_exec", seq=8, ts_unix_nano=200, ts_ns=1, pid=5, ppid=1,
-                        comm="python", cgroup_id=9, cgroup="/k/p", filename="/usr/bin/python",
-                        container_id="abc123", container="trainer", pod="job-0",
-                        namespace="ml", pod_uid="u-1", workload_kind="PyTorchJob",
-                        workload="llm")  # fmt: skip
-    fault = GpuFault(seq=9, ts_unix_nano=300, gpu_index=0, bdf="0000:01:00.0", uuid="GPU-1",
-                     vendor="nvidia", fault="xid", code="79", message="fell off the bus",
-                     namespace="ml", pod="job-0", container="trainer", pid=-1)  # fmt: skip
-    gpu = DeviceChange(vendor="amd", bdf="0000:02:00.0", change="", device_kind="gpu",
-                       key="GPU-2", index=1, retired_pages_pending=True)  # fmt: skip
+    proc = ProcessEvent(
+        kind="process_exec",
+        seq=8,
+        ts_unix_nano=200,
+        ts_ns=1,
+        pid=5,
+        ppid=1,
+        comm="python",
+        cgroup_id=9,
+        cgroup="/k/p",
+        filename="/usr/bin/python",
+        container_id="abc123",
+        container="trainer",
+        pod="job-0",
+        namespace="ml",
+        pod_uid="u-1",
+        workload_kind="PyTorchJob",
+        workload="llm",
+    )
+    fault = GpuFault(
+        seq=9,
+        ts_unix_nano=300,
+        gpu_index=0,
+        bdf="0000:01:00.0",
+        uuid="GPU-1",
+        vendor="nvidia",
+        fault="xid",
+        code="79",
+        message="fell off the bus",
+        namespace="ml",
+        pod="job-0",
+        container="trainer",
+        pid=-1,
+    )
+    gpu = DeviceChange(
+        vendor="amd",
+        bdf="0000:02:00.0",
+        change="",
+        device_kind="gpu",
+        key="GPU-2",
+        index=1,
+        retired_pages_pending=True,
+    )
     inv = DeviceInventory(seq=10, ts_unix_nano=400, devices=(gpu,))
     got = LogsEncoder(NODE, "9.9").encode([pod_flow, host_flow, proc, fault, inv])
-    shop = (("k8s.namespace.name", "shop"), ("k8s.pod.name", "client-0"),
-            ("k8s.deployment.name", "client"))  # fmt: skip
-    ml = (("k8s.namespace.name", "ml"), ("k8s.pod.name", "job-0"), ("k8s.pod.uid", "u-1"),
-          ("k8s.container.name", "trainer"), ("container.id", "abc123"),
-          ("workload_kind", "PyTorchJob"), ("workload", "llm"))  # fmt: skip
-    ml_fault = (("k8s.namespace.name", "ml"), ("k8s.pod.name", "job-0"),
-                ("k8s.container.name", "trainer"))  # fmt: skip
+    shop = (
+        ("k8s.namespace.name", "shop"),
+        ("k8s.pod.name", "client-0"),
+        ("k8s.deployment.name", "client"),
+    )
+    ml = (
+        ("k8s.namespace.name", "ml"),
+        ("k8s.pod.name", "job-0"),
+        ("k8s.pod.uid", "u-1"),
+        ("k8s.container.name", "trainer"),
+        ("container.id", "abc123"),
+        ("workload_kind", "PyTorchJob"),
+        ("workload", "llm"),
+    )
+    ml_fault = (
+        ("k8s.namespace.name", "ml"),
+        ("k8s.pod.name", "job-0"),
+        ("k8s.container.name", "trainer"),
+    )
     groups = [
         (resource(*shop), [expected_record(pod_flow, 9, "INFO", OWNER)]),
-        (resource(), [expected_record(host_flow, 9, "INFO", OWNER),
-                      expected_record(inv, 9, "INFO", OWNER)]),
+        (
+            resource(),
+            [expected_record(host_flow, 9, "INFO", OWNER), expected_record(inv, 9, "INFO", OWNER)],
+        ),
         (resource(*ml), [expected_record(proc, 9, "INFO", OWNER)]),
         (resource(*ml_fault), [expected_record(fault, 17, "ERROR", OWNER)]),
-    ]  # fmt: skip
-    want = ExportLogsServiceRequest(resource_logs=[
-        lp.ResourceLogs(resource=r, scope_logs=[lp.ScopeLogs(scope=SCOPE, log_records=recs)])
-        for r, recs in groups])  # fmt: skip
+    ]
+    want = ExportLogsServiceRequest(
+        resource_logs=[
+            lp.ResourceLogs(resource=r, scope_logs=[lp.ScopeLogs(scope=SCOPE, log_records=recs)])
+            for r, recs in groups
+        ]
+    )
     assert ExportLogsServiceRequest.FromString(got.body) == want
     assert got.body == want.SerializeToString()
     assert got.points == 5
@@ -284,18 +385,31 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 def metrics_body(value: float) -> bytes:
     """A request with one gauge point, its value telling requests apart."""
-    return ExportMetricsServiceRequest(resource_metrics=[mp.ResourceMetrics(scope_metrics=[
-        mp.ScopeMetrics(metrics=[mp.Metric(name="g", gauge=mp.Gauge(data_points=[
-            number(1, value)]))])])]).SerializeToString()  # fmt: skip
+    return ExportMetricsServiceRequest(
+        resource_metrics=[
+            mp.ResourceMetrics(
+                scope_metrics=[
+                    mp.ScopeMetrics(
+                        metrics=[
+                            mp.Metric(name="g", gauge=mp.Gauge(data_points=[number(1, value)]))
+                        ]
+                    )
+                ]
+            )
+        ]
+    ).SerializeToString()
 
 
 def values(rx: OtlpReceiver) -> list[float]:
-    return [r.message.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0]
-            .as_double for r in rx.metrics()]  # fmt: skip
+    return [
+        r.message.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0].as_double
+        for r in rx.metrics()
+    ]
 
 
-def sender(rx: OtlpReceiver, stats: exporter.SignalStats, take: Any,
-           stop: threading.Event) -> exporter.Sender:  # fmt: skip
+def sender(
+    rx: OtlpReceiver, stats: exporter.SignalStats, take: Any, stop: threading.Event
+) -> exporter.Sender:
     client = exporter.HttpClient(rx.endpoint, {"x-tenant": "a"}, 2.0, gzip_body=False)
     snd = exporter.Sender(exporter.METRICS, client, take, stats, 0.05, stop)
     snd.thread.start()
@@ -311,8 +425,10 @@ def test_an_outage_keeps_the_batch_in_hand_and_the_newest_of_the_queue(
     snd = sender(receiver, stats, queue.take, stop)
     try:
         queue.put(exporter.Batch(metrics_body(0), 10))
-        wait_for(lambda: snd.held is not None and stats.requests["retry"] >= 2,
-                 "the first batch in hand, sent again")  # fmt: skip
+        wait_for(
+            lambda: snd.held is not None and stats.requests["retry"] >= 2,
+            "the first batch in hand, sent again",
+        )
         for i in range(1, 10):
             queue.put(exporter.Batch(metrics_body(i), 10))
         assert len(queue) == 3 and queue.dropped == 60 and stats.batches["dropped"] == 6
@@ -321,8 +437,10 @@ def test_an_outage_keeps_the_batch_in_hand_and_the_newest_of_the_queue(
         assert values(receiver) == [0.0, 7.0, 8.0, 9.0]  # in order
         assert stats.exported == 40 and stats.batches["exported"] == 4
         assert receiver.metrics()[0].headers["x-tenant"] == "a"
-        col = {m.name: m for m in exporter.OtlpCollector({"metrics": stats},
-                                                         {"metrics": queue}).collect()}  # fmt: skip
+        col = {
+            m.name: m
+            for m in exporter.OtlpCollector({"metrics": stats}, {"metrics": queue}).collect()
+        }
         dropped = {
             tuple(s.labels.values()): s.value for s in col["lens_agent_otlp_dropped"].samples
         }
@@ -375,22 +493,44 @@ def test_events_leave_in_batches_and_the_subscription_is_the_queue() -> None:
 def test_the_agent_exports_its_metrics_and_a_gpu_fault(receiver: OtlpReceiver) -> None:
     from lens_ebpf.agent.service import Agent
 
-    off = {("collectors", k, "enabled"): False for k in ("tcp", "rtt", "processes", "gpu",
-                                                         "rdma", "system", "drops")}  # fmt: skip
-    agent = Agent(config.load(None, env={}, overrides={
-        **off, ("server", "host"): "127.0.0.1", ("server", "port"): 0,
-        ("grpc", "listen"): "127.0.0.1:0", ("kubernetes", "mode"): "off",
-        ("kubernetes", "pod_resources", "enabled"): False, ("node", "name"): "node-a",
-        ("collectors", "otlp", "enabled"): True,
-        ("collectors", "otlp", "endpoint"): receiver.endpoint + "/base/",
-        ("collectors", "otlp", "metrics", "interval_seconds"): 0.2,
-        ("collectors", "otlp", "logs", "linger_seconds"): 0.0,
-    }))  # fmt: skip
+    off = {
+        ("collectors", k, "enabled"): False
+        for k in ("tcp", "rtt", "processes", "gpu", "rdma", "system", "drops")
+    }
+    agent = Agent(
+        config.load(
+            None,
+            env={},
+            overrides={
+                **off,
+                ("server", "host"): "127.0.0.1",
+                ("server", "port"): 0,
+                ("grpc", "listen"): "127.0.0.1:0",
+                ("kubernetes", "mode"): "off",
+                ("kubernetes", "pod_resources", "enabled"): False,
+                ("node", "name"): "node-a",
+                ("collectors", "otlp", "enabled"): True,
+                ("collectors", "otlp", "endpoint"): receiver.endpoint + "/base/",
+                ("collectors", "otlp", "metrics", "interval_seconds"): 0.2,
+                ("collectors", "otlp", "logs", "linger_seconds"): 0.0,
+            },
+        )
+    )
     agent.start()
     try:
-        agent.ctx.bus.publish(GpuFault(gpu_index=3, bdf="0000:03:00.0", uuid="GPU-3",
-                                       vendor="amd", fault="ras", code="umc", message="ECC",
-                                       namespace="ml", pod="job-0"))  # fmt: skip
+        agent.ctx.bus.publish(
+            GpuFault(
+                gpu_index=3,
+                bdf="0000:03:00.0",
+                uuid="GPU-3",
+                vendor="amd",
+                fault="ras",
+                code="umc",
+                message="ECC",
+                namespace="ml",
+                pod="job-0",
+            )
+        )
         wait_for(lambda: receiver.of("/base/v1/logs"), "the fault's record")
         rl = receiver.of("/base/v1/logs")[0].message.resource_logs[0]
         res = attrs(rl.resource.attributes)

@@ -24,19 +24,49 @@ def answer() -> pb.ListPodResourcesResponse:
     """What a kubelet with the AMD and NVIDIA device plugins answers."""
     dev = pb.ContainerDevices
     numa = pb.TopologyInfo(nodes=[pb.NUMANode(ID=0)])
-    return pb.ListPodResourcesResponse(pod_resources=[
-        pb.PodResources(name="train-0", namespace="ml", containers=[
-            pb.ContainerResources(name="trainer", cpu_ids=[4, 5], devices=[
-                dev(resource_name="amd.com/gpu", device_ids=["0000:c1:00.0"], topology=numa),
-                dev(resource_name="rdma/hca", device_ids=["mlx5_0"])]),
-            pb.ContainerResources(name="sidecar")]),
-        pb.PodResources(name="cuda-check", namespace="default", containers=[
-            pb.ContainerResources(name="check", devices=[
-                dev(resource_name="nvidia.com/gpu",
-                    device_ids=["GPU-11111111-2222-3333-4444-555555555555::1"])])]),
-        pb.PodResources(name="cpu-only", namespace="default",
-                        containers=[pb.ContainerResources(name="c", cpu_ids=[1])]),
-    ])  # fmt: skip
+    return pb.ListPodResourcesResponse(
+        pod_resources=[
+            pb.PodResources(
+                name="train-0",
+                namespace="ml",
+                containers=[
+                    pb.ContainerResources(
+                        name="trainer",
+                        cpu_ids=[4, 5],
+                        devices=[
+                            dev(
+                                resource_name="amd.com/gpu",
+                                device_ids=["0000:c1:00.0"],
+                                topology=numa,
+                            ),
+                            dev(resource_name="rdma/hca", device_ids=["mlx5_0"]),
+                        ],
+                    ),
+                    pb.ContainerResources(name="sidecar"),
+                ],
+            ),
+            pb.PodResources(
+                name="cuda-check",
+                namespace="default",
+                containers=[
+                    pb.ContainerResources(
+                        name="check",
+                        devices=[
+                            dev(
+                                resource_name="nvidia.com/gpu",
+                                device_ids=["GPU-11111111-2222-3333-4444-555555555555::1"],
+                            )
+                        ],
+                    )
+                ],
+            ),
+            pb.PodResources(
+                name="cpu-only",
+                namespace="default",
+                containers=[pb.ContainerResources(name="c", cpu_ids=[1])],
+            ),
+        ]
+    )
 
 
 class Lister(pb_grpc.PodResourcesListerServicer):
@@ -71,22 +101,39 @@ def test_two_gpus_map_to_two_pods(kubelet_sock: tuple[str, Lister]) -> None:
     assert prc.assigned == {
         "0000:c1:00.0": DeviceOwner("amd.com/gpu", "ml", "train-0", "trainer"),
         "gpu-11111111-2222-3333-4444-555555555555": DeviceOwner(
-            "nvidia.com/gpu", "default", "cuda-check", "check"),
-    }  # fmt: skip
-    allocated = {(s.labels["device_id"], s.labels["pod"]) for m in prc.snapshot()
-                 for s in m.samples}  # fmt: skip
-    assert allocated == {("0000:c1:00.0", "train-0"),
-                         ("gpu-11111111-2222-3333-4444-555555555555", "cuda-check")}  # fmt: skip
+            "nvidia.com/gpu", "default", "cuda-check", "check"
+        ),
+    }
+    allocated = {
+        (s.labels["device_id"], s.labels["pod"]) for m in prc.snapshot() for s in m.samples
+    }
+    assert allocated == {
+        ("0000:c1:00.0", "train-0"),
+        ("gpu-11111111-2222-3333-4444-555555555555", "cuda-check"),
+    }
 
-    gpus = GpuCollector(5, "gpu-7", {
-        "amd": [("sysfs", lambda: amd.read_sysfs(GPU_FIX / "sys"))],
-        "nvidia": [("nvidia-smi", lambda: nvidia.parse_smi_csv(
-            (GPU_FIX / "nvidia-smi-gpus.csv").read_text()))],
-    }, allocated=lambda: prc.assigned)  # fmt: skip
+    gpus = GpuCollector(
+        5,
+        "gpu-7",
+        {
+            "amd": [("sysfs", lambda: amd.read_sysfs(GPU_FIX / "sys"))],
+            "nvidia": [
+                (
+                    "nvidia-smi",
+                    lambda: nvidia.parse_smi_csv((GPU_FIX / "nvidia-smi-gpus.csv").read_text()),
+                )
+            ],
+        },
+        allocated=lambda: prc.assigned,
+    )
     gpus.run_once()
     assert gpus.success
-    util = {(s.labels.get("vendor"), s.labels.get("gpu_index")): s.labels for m in gpus.snapshot()
-            if m.name == "hw_gpu_utilization_percent" for s in m.samples}  # fmt: skip
+    util = {
+        (s.labels.get("vendor"), s.labels.get("gpu_index")): s.labels
+        for m in gpus.snapshot()
+        if m.name == "hw_gpu_utilization_percent"
+        for s in m.samples
+    }
     assert util[("amd", "0")]["pod"] == "train-0" and util[("amd", "0")]["namespace"] == "ml"
     assert util[("amd", "0")]["container"] == "trainer"
     assert util[("nvidia", "0")]["pod"] == "cuda-check"

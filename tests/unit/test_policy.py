@@ -129,8 +129,9 @@ def test_an_empty_file_is_refused(text: str) -> None:
 
 
 def test_a_policy_over_the_trie_is_refused_before_any_work() -> None:
-    text = "internalHosts:\n" + "".join(f"  - 10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}\n"
-                                         for i in range(100_000))  # fmt: skip
+    text = "internalHosts:\n" + "".join(
+        f"  - 10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}\n" for i in range(100_000)
+    )
     with pytest.raises(PolicyError, match="big.yaml: 100000 class prefixes; at most 4096"):
         parse_policy(text, "big.yaml")
 
@@ -148,8 +149,10 @@ def test_trie_entries_match_first_match_classification_at_the_limit() -> None:
     p = parse_policy(text, "big.yaml")
     entries = lpm_entries(p)
     names = {v: k for k, v in CLASS_IDS.items()}
-    nets = [(ipaddress.ip_network((int.from_bytes(raw, "big") & 0xFFFFFFFF, plen - 96)), cls)
-            for (plen, raw), cls in entries.items()]  # fmt: skip
+    nets = [
+        (ipaddress.ip_network((int.from_bytes(raw, "big") & 0xFFFFFFFF, plen - 96)), cls)
+        for (plen, raw), cls in entries.items()
+    ]
     for _ in range(2000):  # what one LPM lookup answers is what first-match classification says
         ip = ipaddress.ip_address(
             f"10.{rng.randrange(4)}.{rng.randrange(256)}.{rng.randrange(256)}"

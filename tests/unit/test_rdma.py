@@ -70,9 +70,14 @@ def test_uverbs_index_to_device() -> None:
     assert sysfs.uverbs_map(SYS) == {0: "mlx5_0", 1: "mlx5_1", 2: "rocep8s0f0", 3: "iwp1s0f0"}
 
 
-@pytest.mark.parametrize(("text", "want"), [
-    ("200 Gb/sec (4X HDR)", 25e9), ("2.5 Gb/sec (1X SDR)", 312.5e6), ("garbage", None),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("200 Gb/sec (4X HDR)", 25e9),
+        ("2.5 Gb/sec (1X SDR)", 312.5e6),
+        ("garbage", None),
+    ],
+)
 def test_rate(text: str, want: float | None) -> None:
     assert sysfs.parse_rate(text) == want
 
@@ -89,10 +94,15 @@ def test_statistic_text_and_json_agree() -> None:
     assert [s.ifindex for s in js] == [0, 1, 2]
 
 
-@pytest.mark.parametrize("garbage", [
-    "Segmentation fault\n", "link mlx5_0/1 rx_write_requests\n", "link mlx5_0/x a 1\n",
-    "link mlx5_0/1 rx_write_requests lots\n",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        "Segmentation fault\n",
+        "link mlx5_0/1 rx_write_requests\n",
+        "link mlx5_0/x a 1\n",
+        "link mlx5_0/1 rx_write_requests lots\n",
+    ],
+)
 def test_statistic_garbage_is_refused(garbage: str) -> None:
     with pytest.raises(statistic.StatParseError):
         statistic.parse_text(garbage)
@@ -178,9 +188,16 @@ def rdma_tool(qp: str | None = None, link: str | None = None):
     return run
 
 
-PODS = {4242: {"namespace": "ml", "pod": "llm-0", "container": "trainer",
-               "container_id": "a" * 64, "workload": "llm"},
-        4343: {}}  # fmt: skip
+PODS = {
+    4242: {
+        "namespace": "ml",
+        "pod": "llm-0",
+        "container": "trainer",
+        "container_id": "a" * 64,
+        "workload": "llm",
+    },
+    4343: {},
+}
 
 
 def test_queue_pairs_attributed_to_pods_and_the_kernels_own_kept() -> None:
@@ -190,22 +207,31 @@ def test_queue_pairs_attributed_to_pods_and_the_kernels_own_kept() -> None:
     c.run_once()
     assert c.success and c.errors == {}
     v = samples(c)
-    qps = {tuple(dict(lbl)[k] for k in ("device", "port", "type", "comm", "pod")): n
-           for (name, lbl), n in v.items() if name == "lens_rdma_queue_pairs"}  # fmt: skip
+    qps = {
+        tuple(dict(lbl)[k] for k in ("device", "port", "type", "comm", "pod")): n
+        for (name, lbl), n in v.items()
+        if name == "lens_rdma_queue_pairs"
+    }
     assert qps == {
-        ("mlx5_0", "1", "SMI", "ib_core", ""): 1, ("mlx5_0", "1", "GSI", "ib_core", ""): 1,
-        ("mlx5_0", "1", "RC", "python3", "llm-0"): 2, ("mlx5_0", "1", "UD", "ib_write_bw", ""): 1,
-        ("mlx5_1", "1", "GSI", "ib_core", ""): 1, ("mlx5_1", "1", "RC", "python3", "llm-0"): 1,
-    }  # fmt: skip
+        ("mlx5_0", "1", "SMI", "ib_core", ""): 1,
+        ("mlx5_0", "1", "GSI", "ib_core", ""): 1,
+        ("mlx5_0", "1", "RC", "python3", "llm-0"): 2,
+        ("mlx5_0", "1", "UD", "ib_write_bw", ""): 1,
+        ("mlx5_1", "1", "GSI", "ib_core", ""): 1,
+        ("mlx5_1", "1", "RC", "python3", "llm-0"): 1,
+    }
     assert v[("lens_rdma_queue_pairs_unlabelled", ())] == 0
     # /rdma: each port lists its QPs with pid, comm and identity; the netdev `rdma link`
     # names where sysfs has none; the device index `rdma link` reports
     rows = {(r["if_name"], r["port"]): r for r in c.views["rdma"]}
     mlx5 = rows[("mlx5_0", 1)]
     assert [(q["lqpn"], q["type"], q["pid"], q["comm"], q["pod"]) for q in mlx5["queue_pairs"]] == [
-        (0, "SMI", None, "ib_core", ""), (1, "GSI", None, "ib_core", ""),
-        (1057, "RC", 4242, "python3", "llm-0"), (1058, "RC", 4242, "python3", "llm-0"),
-        (1060, "UD", 4343, "ib_write_bw", "")]  # fmt: skip
+        (0, "SMI", None, "ib_core", ""),
+        (1, "GSI", None, "ib_core", ""),
+        (1057, "RC", 4242, "python3", "llm-0"),
+        (1058, "RC", 4242, "python3", "llm-0"),
+        (1060, "UD", 4343, "ib_write_bw", ""),
+    ]
     assert rows[("mlx5_1", 1)]["if_index"] == 3 and rows[("mlx4_0", 2)]["queue_pairs"] == []
     assert rows[("mlx5_0", 1)]["netdev"] == "ib0"  # sysfs's, kept
     # one event: the container opened QPs on two devices
@@ -245,19 +271,32 @@ def test_rxe_netdev_index_and_node_type(tmp_path: Path) -> None:
     }.items():
         (port / name).write_text(text)
     (port / "hw_counters/rdma_sends").write_text("600\n")
-    link = '[{"ifindex":0,"ifname":"rxe0","port":1,"state":"ACTIVE","physical_state":' \
-           '"LINK_UP","netdev":"veth0","netdev_index":3}]'  # fmt: skip
+    link = (
+        '[{"ifindex":0,"ifname":"rxe0","port":1,"state":"ACTIVE","physical_state":'
+        '"LINK_UP","netdev":"veth0","netdev_index":3}]'
+    )
     c = RdmaCollector(5, tmp_path, rdma=rdma_tool(qp="[]", link=link))
     c.run_once()
     assert c.errors == {}
     (row,) = c.views["rdma"]
     assert (row["if_name"], row["if_index"], row["netdev"], row["queue_pairs"]) == (
-        "rxe0", 0, "veth0", [])  # fmt: skip
+        "rxe0",
+        0,
+        "veth0",
+        [],
+    )
     v = samples(c)
     info = next(dict(lbl) for (n, lbl) in v if n == "lens_rdma_device_info")
     assert (info["netdev"], info["node_type"]) == ("veth0", "CA")
-    assert v[("lens_rdma_port_hw_counter_total",
-              (("counter", "rdma_sends"), ("device", "rxe0"), ("port", "1")))] == 600  # fmt: skip
+    assert (
+        v[
+            (
+                "lens_rdma_port_hw_counter_total",
+                (("counter", "rdma_sends"), ("device", "rxe0"), ("port", "1")),
+            )
+        ]
+        == 600
+    )
 
 
 @pytest.mark.parametrize("garbage", ["not json", "{}", '[{"ifname": "x"}]', '["x"]'])
@@ -290,19 +329,43 @@ def test_per_qp_counters_when_asked_summed_per_pod() -> None:
     c.run_once()
     c.run_once()
     assert c.errors == {}
-    assert sorted(asked) == sorted({(d.name, p.number) for d in sysfs.read_devices(SYS)
-                                    for p in d.ports})  # fmt: skip
+    assert sorted(asked) == sorted(
+        {(d.name, p.number) for d in sysfs.read_devices(SYS) for p in d.ports}
+    )
     v = samples(c)
-    key = ("lens_rdma_qp_counter_total", (("comm", "python3"), ("container", "trainer"),
-           ("counter", "rx_write_requests"), ("device", "mlx5_2"), ("namespace", "ml"),
-           ("pod", "llm-0"), ("port", "1"), ("workload", "")))  # fmt: skip
+    key = (
+        "lens_rdma_qp_counter_total",
+        (
+            ("comm", "python3"),
+            ("container", "trainer"),
+            ("counter", "rx_write_requests"),
+            ("device", "mlx5_2"),
+            ("namespace", "ml"),
+            ("pod", "llm-0"),
+            ("port", "1"),
+            ("workload", ""),
+        ),
+    )
     assert v[key] == 41
-    host = ("lens_rdma_qp_counter_total", (("comm", "ib_send_bw"), ("container", ""),
-            ("counter", "out_of_sequence"), ("device", "mlx5_2"), ("namespace", ""),
-            ("pod", ""), ("port", "1"), ("workload", "")))  # fmt: skip
+    host = (
+        "lens_rdma_qp_counter_total",
+        (
+            ("comm", "ib_send_bw"),
+            ("container", ""),
+            ("counter", "out_of_sequence"),
+            ("device", "mlx5_2"),
+            ("namespace", ""),
+            ("pod", ""),
+            ("port", "1"),
+            ("workload", ""),
+        ),
+    )
     assert v[host] == 7
-    bound = {dict(lbl)["device"]: n for (name, lbl), n in v.items()
-             if name == "lens_rdma_qp_counters_bound"}  # fmt: skip
+    bound = {
+        dict(lbl)["device"]: n
+        for (name, lbl), n in v.items()
+        if name == "lens_rdma_qp_counters_bound"
+    }
     assert bound["mlx5_0"] == 1 and bound["mlx4_0"] == 0
 
 

@@ -21,7 +21,7 @@ SYS = Path(__file__).parent.parent / "fixtures" / "rdma" / "sys"
 SATURATED = 4294967295
 
 # node_infiniband_<name>: (directory, file, multiplier), as node_exporter reads them
-NODE_EXPORTER = {  # fmt: skip
+NODE_EXPORTER = {
     "port_data_transmitted_bytes_total": ("counters", "port_xmit_data", 4),
     "port_data_received_bytes_total": ("counters", "port_rcv_data", 4),
     "port_packets_transmitted_total": ("counters", "port_xmit_packets", 1),
@@ -81,19 +81,25 @@ LENS = {
     "vl15_dropped_total": "vl15_dropped_total",
     "port_receive_remote_physical_errors_total": "receive_remote_physical_errors_total",
     "port_receive_switch_relay_errors_total": "receive_switch_relay_errors_total",
-    **{f"legacy_{k}": f"legacy_{v}" for k, v in {
-        "data_transmitted_bytes_total": "transmit_bytes_total",
-        "data_received_bytes_total": "receive_bytes_total",
-        "packets_transmitted_total": "transmit_packets_total",
-        "packets_received_total": "receive_packets_total",
-        "unicast_packets_transmitted_total": "transmit_unicast_packets_total",
-        "unicast_packets_received_total": "receive_unicast_packets_total",
-        "multicast_packets_transmitted_total": "transmit_multicast_packets_total",
-        "multicast_packets_received_total": "receive_multicast_packets_total",
-    }.items()},
-}  # fmt: skip
-GAUGES = {"state_id": "state", "physical_state_id": "physical_state",
-          "rate_bytes_per_second": "rate_bytes_per_second"}  # fmt: skip
+    **{
+        f"legacy_{k}": f"legacy_{v}"
+        for k, v in {
+            "data_transmitted_bytes_total": "transmit_bytes_total",
+            "data_received_bytes_total": "receive_bytes_total",
+            "packets_transmitted_total": "transmit_packets_total",
+            "packets_received_total": "receive_packets_total",
+            "unicast_packets_transmitted_total": "transmit_unicast_packets_total",
+            "unicast_packets_received_total": "receive_unicast_packets_total",
+            "multicast_packets_transmitted_total": "transmit_multicast_packets_total",
+            "multicast_packets_received_total": "receive_multicast_packets_total",
+        }.items()
+    },
+}
+GAUGES = {
+    "state_id": "state",
+    "physical_state_id": "physical_state",
+    "rate_bytes_per_second": "rate_bytes_per_second",
+}
 
 
 def node_exporter_values(sys: Path) -> dict[tuple[str, str, str], float]:
@@ -164,23 +170,26 @@ def test_every_node_exporter_value_is_the_same_under_its_lens_name() -> None:
     assert compared >= 66 and withheld == 4
 
 
-@pytest.mark.parametrize(("ne_name", "device", "port", "want"), [
-    ("port_packets_received_total", "mlx4_0", "1", 6_825_908_347),  # counters/, not ext's 0
-    ("legacy_packets_received_total", "mlx4_0", "1", 0),
-    ("port_packets_received_total", "mlx4_0", "2", 0),  # counters/, not ext's 70
-    ("legacy_packets_received_total", "mlx4_0", "2", 70),
-    ("port_data_received_bytes_total", "mlx4_0", "1", 9_876_543_210 * 4),
-    ("legacy_data_received_bytes_total", "rocep8s0f0", "1", 20_000_000_000 * 4),
-    ("port_discards_received_total", "mlx4_0", "1", 17),
-    ("port_constraint_errors_transmitted_total", "mlx4_0", "1", 4),
-    ("port_constraint_errors_received_total", "mlx4_0", "1", 2),
-    ("port_transmit_wait_total", "mlx4_0", "1", 123456),
-    ("vl15_dropped_total", "mlx4_0", "1", 8),
-    ("symbol_error_total", "mlx4_0", "1", 5),
-    ("local_link_integrity_errors_total", "mlx4_0", "1", 6),
-    ("excessive_buffer_overrun_errors_total", "mlx4_0", "1", 7),
-    ("rate_bytes_per_second", "mlx4_0", "2", 7_000_000_000),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("ne_name", "device", "port", "want"),
+    [
+        ("port_packets_received_total", "mlx4_0", "1", 6_825_908_347),  # counters/, not ext's 0
+        ("legacy_packets_received_total", "mlx4_0", "1", 0),
+        ("port_packets_received_total", "mlx4_0", "2", 0),  # counters/, not ext's 70
+        ("legacy_packets_received_total", "mlx4_0", "2", 70),
+        ("port_data_received_bytes_total", "mlx4_0", "1", 9_876_543_210 * 4),
+        ("legacy_data_received_bytes_total", "rocep8s0f0", "1", 20_000_000_000 * 4),
+        ("port_discards_received_total", "mlx4_0", "1", 17),
+        ("port_constraint_errors_transmitted_total", "mlx4_0", "1", 4),
+        ("port_constraint_errors_received_total", "mlx4_0", "1", 2),
+        ("port_transmit_wait_total", "mlx4_0", "1", 123456),
+        ("vl15_dropped_total", "mlx4_0", "1", 8),
+        ("symbol_error_total", "mlx4_0", "1", 5),
+        ("local_link_integrity_errors_total", "mlx4_0", "1", 6),
+        ("excessive_buffer_overrun_errors_total", "mlx4_0", "1", 7),
+        ("rate_bytes_per_second", "mlx4_0", "2", 7_000_000_000),
+    ],
+)
 def test_hand_checked_values(ne_name: str, device: str, port: str, want: int) -> None:
     assert node_exporter_values(SYS)[(ne_name, device, port)] == want
     assert lens_values(SYS)[(lens_name(ne_name), device, port)] == want

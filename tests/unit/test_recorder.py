@@ -54,16 +54,28 @@ def test_gpu_requests_use_the_effective_request_rule() -> None:
 
 def test_a_snapshot_keeps_what_matters_and_no_secret() -> None:
     pod = {
-        "metadata": {"name": "p", "uid": "u", "resourceVersion": "9", "managedFields": [{}],
-                     "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{..}",
-                                     "team": "nlp"}},
-        "spec": {"containers": [{"name": "m", "env": [{"name": "K", "value": "secret"},
-                                                      {"name": "P", "valueFrom": {}}],
-                                 "envFrom": [{"secretRef": {"name": "s"}}]}],
-                 "volumes": [{"name": "v",
-                              "secret": {"secretName": "s", "items": [{"key": "k"}]}}]},
+        "metadata": {
+            "name": "p",
+            "uid": "u",
+            "resourceVersion": "9",
+            "managedFields": [{}],
+            "annotations": {
+                "kubectl.kubernetes.io/last-applied-configuration": "{..}",
+                "team": "nlp",
+            },
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "m",
+                    "env": [{"name": "K", "value": "secret"}, {"name": "P", "valueFrom": {}}],
+                    "envFrom": [{"secretRef": {"name": "s"}}],
+                }
+            ],
+            "volumes": [{"name": "v", "secret": {"secretName": "s", "items": [{"key": "k"}]}}],
+        },
         "status": {"conditions": [{"type": "Ready", "status": "True", "lastProbeTime": "t"}]},
-    }  # fmt: skip
+    }
     snap = lc.snapshot(pod)
     assert snap["metadata"] == {"name": "p", "uid": "u", "annotations": {"team": "nlp"}}
     assert snap["spec"]["containers"] == [{"name": "m", "env": [{"name": "K"}, {"name": "P"}]}]
@@ -98,8 +110,11 @@ def test_workload_requests_walk_every_pod_template() -> None:
     one = tmpl(c("m", **{nv: "1"}))
     assert lc.workload_request({"spec": {"replicas": 3, "template": one}}, GPUS) == {nv: 3}
     assert lc.workload_request({"spec": {"parallelism": 2, "template": one}}, GPUS) == {nv: 2}
-    cron = {"spec": {"jobTemplate": {"spec": {"parallelism": 4, "template": tmpl(
-        c("m", **{amd: "2"}))}}}}  # fmt: skip
+    cron = {
+        "spec": {
+            "jobTemplate": {"spec": {"parallelism": 4, "template": tmpl(c("m", **{amd: "2"}))}}
+        }
+    }
     assert lc.workload_request(cron, GPUS) == {amd: 8}
     pt = {
         "spec": {
@@ -121,25 +136,58 @@ def test_workload_requests_walk_every_pod_template() -> None:
             }
         }
     }
-    assert lc.workload_request(ray, GPUS) == {nv: 2, amd: 8}  # fmt: skip
+    assert lc.workload_request(ray, GPUS) == {nv: 2, amd: 8}
     assert lc.workload_request({"spec": {"replicas": 0, "template": one}}, GPUS) == {}
 
 
-@pytest.mark.parametrize(("obj", "status", "ended"), [
-    ({"kind": "Job", "status": {"conditions": [
-        {"type": "Complete", "status": "True", "lastTransitionTime": "2026-11-23T07:00:00Z"}]}},
-     "Complete", True),
-    ({"kind": "Job", "status": {"active": 1}}, "Running", False),
-    ({"kind": "Job", "status": {}}, "Pending", False),
-    ({"kind": "Deployment", "status": {"replicas": 2, "readyReplicas": 1}}, "Running", False),
-    ({"kind": "StatefulSet", "status": {"replicas": 2}}, "Pending", False),
-    ({"kind": "CronJob", "status": {"active": [{"name": "j"}]}}, "Active", False),
-    ({"kind": "PyTorchJob", "status": {"conditions": [
-        {"type": "Created", "status": "True"}, {"type": "Running", "status": "False"},
-        {"type": "Restarting", "status": "True"}]}}, "Restarting", False),
-    ({"kind": "PyTorchJob", "status": {"conditions": [
-        {"type": "Failed", "status": "True"}]}}, "Failed", True),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("obj", "status", "ended"),
+    [
+        (
+            {
+                "kind": "Job",
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "Complete",
+                            "status": "True",
+                            "lastTransitionTime": "2026-11-23T07:00:00Z",
+                        }
+                    ]
+                },
+            },
+            "Complete",
+            True,
+        ),
+        ({"kind": "Job", "status": {"active": 1}}, "Running", False),
+        ({"kind": "Job", "status": {}}, "Pending", False),
+        ({"kind": "Deployment", "status": {"replicas": 2, "readyReplicas": 1}}, "Running", False),
+        ({"kind": "StatefulSet", "status": {"replicas": 2}}, "Pending", False),
+        ({"kind": "CronJob", "status": {"active": [{"name": "j"}]}}, "Active", False),
+        (
+            {
+                "kind": "PyTorchJob",
+                "status": {
+                    "conditions": [
+                        {"type": "Created", "status": "True"},
+                        {"type": "Running", "status": "False"},
+                        {"type": "Restarting", "status": "True"},
+                    ]
+                },
+            },
+            "Restarting",
+            False,
+        ),
+        (
+            {
+                "kind": "PyTorchJob",
+                "status": {"conditions": [{"type": "Failed", "status": "True"}]},
+            },
+            "Failed",
+            True,
+        ),
+    ],
+)
 def test_workload_status(obj: dict[str, Any], status: str, ended: bool) -> None:
     got, when = lc.workload_status(obj)
     assert (got, when is not None) == (status, ended)
@@ -164,13 +212,20 @@ def test_node_event_rows_and_the_gpus_a_container_got() -> None:
         ),
     )
     row = event_row("local", "gpu-1", ev)
-    assert (row["node"], row["seq"], row["kind"], row["pod_uid"], row["container"]) == \
-        ("gpu-1", 7, "container_start", "u", "m")  # fmt: skip
+    assert (row["node"], row["seq"], row["kind"], row["pod_uid"], row["container"]) == (
+        "gpu-1",
+        7,
+        "container_start",
+        "u",
+        "m",
+    )
     assert row["at"].timestamp() == 1_795_000_000
     res = agent_resources("local", ev, row["at"])
     got = [(r["resource"], r["count"], r["devices"]) for r in res]
-    assert got == [("amd.com/gpu", 1, ["/dev/dri/renderD128"]),
-                   ("nvidia.com/gpu", 1, ["/dev/nvidia1"])]  # fmt: skip
+    assert got == [
+        ("amd.com/gpu", 1, ["/dev/dri/renderD128"]),
+        ("nvidia.com/gpu", 1, ["/dev/nvidia1"]),
+    ]
     gap = event_row("local", "gpu-1", pb.Event(seq=9, gap=pb.Gap(lost=3, reason="reporter_buffer")))
     assert (gap["seq"], gap["kind"], gap["payload"]) == (
         None,
@@ -180,15 +235,25 @@ def test_node_event_rows_and_the_gpus_a_container_got() -> None:
 
 
 def test_kubelet_endpoints_take_each_nodes_internal_ip() -> None:
-    nodes = {"items": [
-        {"metadata": {"name": "b", "uid": "ub"}, "status": {"addresses": [
-            {"type": "Hostname", "address": "b"},
-            {"type": "ExternalIP", "address": "203.0.113.2"}]}},
-        {"metadata": {"name": "a", "uid": "ua"}, "status": {"addresses": [
-            {"type": "InternalIP", "address": "10.0.0.1"}]}},
-        {"metadata": {"name": "c"}, "status": {}},  # no address yet: left out
-        "garbage",
-    ]}  # fmt: skip
+    nodes = {
+        "items": [
+            {
+                "metadata": {"name": "b", "uid": "ub"},
+                "status": {
+                    "addresses": [
+                        {"type": "Hostname", "address": "b"},
+                        {"type": "ExternalIP", "address": "203.0.113.2"},
+                    ]
+                },
+            },
+            {
+                "metadata": {"name": "a", "uid": "ua"},
+                "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.1"}]},
+            },
+            {"metadata": {"name": "c"}, "status": {}},  # no address yet: left out
+            "garbage",
+        ]
+    }
     assert [(a["nodeName"], a["ip"]) for a in node_addresses(nodes)] == [
         ("a", "10.0.0.1"),
         ("b", "203.0.113.2"),
@@ -196,8 +261,10 @@ def test_kubelet_endpoints_take_each_nodes_internal_ip() -> None:
 
 
 def test_urls_are_redacted_in_messages() -> None:
-    assert redact("postgresql+psycopg://lens:hunter2@db:5432/lens") == \
-        "postgresql+psycopg://lens:***@db:5432/lens"  # fmt: skip
+    assert (
+        redact("postgresql+psycopg://lens:hunter2@db:5432/lens")
+        == "postgresql+psycopg://lens:***@db:5432/lens"
+    )
     assert redact("sqlite:///x.db") == "sqlite:///x.db"
 
 
@@ -207,9 +274,11 @@ def test_a_refused_or_failing_write_is_dropped_counted_and_the_rest_go_on(tmp_pa
     w = Writer(eng, queue_max=10)
     stop = threading.Event()
 
-    insert = ("INSERT INTO node_events (cluster, node, seq, at, kind, namespace, pod, "
-              "pod_uid, container, payload) VALUES ('local', 'n', {}, '2026-11-23 07:00:00', "
-              "'x', '', '', '', '', '{{}}')")  # fmt: skip
+    insert = (
+        "INSERT INTO node_events (cluster, node, seq, at, kind, namespace, pod, "
+        "pod_uid, container, payload) VALUES ('local', 'n', {}, '2026-11-23 07:00:00', "
+        "'x', '', '', '', '', '{{}}')"
+    )
 
     def good(n: int) -> Op:
         return Op("node_events", lambda conn: conn.execute(text(insert.format(n))) and None)

@@ -59,8 +59,9 @@ class Maps:
     def __init__(self, idx: Index) -> None:
         self.index = idx
 
-    def look_again(self, node: str, uid: str = "",
-                   pod: tuple[str, str] | None = None) -> tuple[bool, Index]:  # fmt: skip
+    def look_again(
+        self, node: str, uid: str = "", pod: tuple[str, str] | None = None
+    ) -> tuple[bool, Index]:
         return False, self.index
 
 
@@ -69,22 +70,25 @@ def index() -> Index:
     idx.nodes = {"i-030791dc5a37cd257", "tw038", "node-a"}
     idx.addresses = {"10.0.0.7": "node-a"}
     idx.gpus = {
-        "i-030791dc5a37cd257": {("index", "0"): "0000:31:00.0",
-                                ("uuid", "GPU-c2f76b33-7953-256e-8f33-1343419b1a1c"):
-                                    "0000:31:00.0",
-                                ("bdf", "0000:31:00.0"): "0000:31:00.0"},
-        "tw038": {("index", "2"): "0000:15:00.0", ("serial", "692409005408"): "0000:15:00.0",
-                  ("uuid", "ccff74a1-0000-1000-80e0-c6d49f5b0d86"): "0000:15:00.0"},
+        "i-030791dc5a37cd257": {
+            ("index", "0"): "0000:31:00.0",
+            ("uuid", "GPU-c2f76b33-7953-256e-8f33-1343419b1a1c"): "0000:31:00.0",
+            ("bdf", "0000:31:00.0"): "0000:31:00.0",
+        },
+        "tw038": {
+            ("index", "2"): "0000:15:00.0",
+            ("serial", "692409005408"): "0000:15:00.0",
+            ("uuid", "ccff74a1-0000-1000-80e0-c6d49f5b0d86"): "0000:15:00.0",
+        },
         "node-a": {("index", "3"): "0000:c1:00.0", ("index", "0"): "0000:01:00.0"},
-    }  # fmt: skip
+    }
     idx.holders = {
         ("i-030791dc5a37cd257", "0000:31:00.0"): [(-math.inf, math.inf, "uid-w0")],
         ("tw038", "0000:15:00.0"): [(-math.inf, math.inf, "uid-w1")],
-        ("node-a", "0000:c1:00.0"): [(-math.inf, CHANGED, "uid-w0"),
-                                     (CHANGED, math.inf, "uid-w1")],
+        ("node-a", "0000:c1:00.0"): [(-math.inf, CHANGED, "uid-w0"), (CHANGED, math.inf, "uid-w1")],
         ("node-a", "mlx5_0"): [(0.0, math.inf, "uid-w2")],
         ("node-a", "mlx5_1"): [(0.0, math.inf, "uid-w2"), (0.0, math.inf, "uid-w3")],
-    }  # fmt: skip
+    }
     idx.rdma = {"node-a": {"mlx5_0", "mlx5_1"}}
     for i in range(4):
         idx.pods[f"uid-w{i}"] = Pod(f"uid-w{i}", "ml", f"bert-worker-{i}", "node-a", BERT)
@@ -119,8 +123,9 @@ def written(body: bytes) -> list[tuple[dict[str, str], list[tuple[float, int]]]]
     for ts in req.timeseries:
         names = [lb.name for lb in ts.labels]
         assert names == sorted(names), "labels sorted, as the protocol asks"
-        out.append(({lb.name: lb.value for lb in ts.labels},
-                    [(s.value, s.timestamp) for s in ts.samples]))  # fmt: skip
+        out.append(
+            ({lb.name: lb.value for lb in ts.labels}, [(s.value, s.timestamp) for s in ts.samples])
+        )
     return out
 
 
@@ -128,21 +133,36 @@ def test_every_default_rule_finds_the_pod_on_the_exporters_real_series() -> None
     r = relabeler()
     dcgm = exposition("dcgm-exporter.prom")
     amd = exposition("amd-device-metrics-exporter.prom")
-    lens = [{"__name__": "gpu_utilization", "gpu_id": "3", "vendor": "amd", "node": "node-a"},
-            {"__name__": "hw_gpu_utilization_percent", "gpu_index": "0", "node": "10.0.0.7:9470",
-             "gpu_uuid": "not-known"},  # instance-style node (an address), index 0: nobody
-            {"__name__": "lens_rdma_port_transmit_bytes_total", "device": "mlx5_0", "port": "1",
-             "node": "node-a"}]  # fmt: skip
+    lens = [
+        {"__name__": "gpu_utilization", "gpu_id": "3", "vendor": "amd", "node": "node-a"},
+        {
+            "__name__": "hw_gpu_utilization_percent",
+            "gpu_index": "0",
+            "node": "10.0.0.7:9470",
+            "gpu_uuid": "not-known",
+        },  # instance-style node (an address), index 0: nobody
+        {
+            "__name__": "lens_rdma_port_transmit_bytes_total",
+            "device": "mlx5_0",
+            "port": "1",
+            "node": "node-a",
+        },
+    ]
     series = [(lb, [(7.0, 1_700_000_000_000)]) for lb in dcgm + amd + lens]
     out = r.v1(request(series))
     got = written(out.body)
     # dcgm's seven (UUID), AMD's one (gpu_uuid), lens-ebpf's GPU 3 and RDMA port: each a copy
     assert len(got) == len(dcgm) + 1 + 2
     first = got[0][0]
-    assert first == {**dcgm[0], "__name__": "workload_DCGM_FI_DEV_SM_CLOCK",
-                     "job": "lens-ebpf-recorder", "pod_name": "bert-worker-0",
-                     "pod_uid": "uid-w0", "workload_name": "bert",
-                     "workload_uid": "uid-pt-bert"}  # fmt: skip
+    assert first == {
+        **dcgm[0],
+        "__name__": "workload_DCGM_FI_DEV_SM_CLOCK",
+        "job": "lens-ebpf-recorder",
+        "pod_name": "bert-worker-0",
+        "pod_uid": "uid-w0",
+        "workload_name": "bert",
+        "workload_uid": "uid-pt-bert",
+    }
     amd_copy = next(lb for lb, _ in got if lb["__name__"] == "workload_gpu_gfx_activity")
     assert (amd_copy["pod_name"], amd_copy["pod"]) == ("bert-worker-1", "")  # theirs kept
     assert {lb["pod_name"] for lb, _ in got[-2:]} == {"bert-worker-0", "bert-worker-2"}
@@ -174,15 +194,23 @@ def test_pod_labels_when_no_device_names_the_pod() -> None:
     got = written(relabeler().v1(request([(lb, [(139.0, 9)])])).body)
     # one copy per workload above the pod: its ReplicaSet and its Deployment
     assert [(x["workload_name"], x["workload_uid"], x["pod_uid"]) for x, _ in got] == [
-        ("web-7d9f", "uid-rs", "uid-web"), ("web", "uid-dep", "uid-web")]  # fmt: skip
+        ("web-7d9f", "uid-rs", "uid-web"),
+        ("web", "uid-dep", "uid-web"),
+    ]
     # uid beside the name (kube-state-metrics), and a name no other namespace has
     r = relabeler()
     for extra in ({"pod_name": "web-7d9f-x", "uid": "uid-web"}, {"exported_pod": "web-7d9f-x"}):
         got = written(r.v1(request([({"__name__": "kube_pod_info", **extra}, [(1, 1)])])).body)
         assert {x["pod_uid"] for x, _ in got} == {"uid-web"}, extra
-    out = r.v1(request([({"__name__": "x", "pod": "bare", "namespace": "ml"}, [(1, 1)]),
-                        ({"__name__": "x", "pod": "nobody", "namespace": "ml"}, [(1, 1)]),
-                        ({"__name__": "up", "job": "node"}, [(1, 1), (1, 2)])]))  # fmt: skip
+    out = r.v1(
+        request(
+            [
+                ({"__name__": "x", "pod": "bare", "namespace": "ml"}, [(1, 1)]),
+                ({"__name__": "x", "pod": "nobody", "namespace": "ml"}, [(1, 1)]),
+                ({"__name__": "up", "job": "node"}, [(1, 1), (1, 2)]),
+            ]
+        )
+    )
     assert out.body == b"" and out.series == 0
     assert out.counts == {"copied": 0, "no_pod": 3, "no_workload": 1, "rejected": 0}
 
@@ -192,10 +220,13 @@ def test_a_gpu_that_changed_holders_copies_each_sample_to_its_holder_then() -> N
     samples = [(10.0, int(CHANGED) - 15000), (20.0, int(CHANGED)), (30.0, int(CHANGED) + 15000)]
     got = written(relabeler().v1(request([(lb, samples)])).body)
     assert [(x["pod_name"], s) for x, s in got] == [
-        ("bert-worker-0", samples[:1]), ("bert-worker-1", samples[1:])]  # fmt: skip
+        ("bert-worker-0", samples[:1]),
+        ("bert-worker-1", samples[1:]),
+    ]
     # a shared RDMA device (two pods' queue pairs): no one pod, counted
-    out = relabeler().v1(request([({"__name__": "x", "device": "mlx5_1", "node": "node-a"},
-                                   [(1.0, 5)])]))  # fmt: skip
+    out = relabeler().v1(
+        request([({"__name__": "x", "device": "mlx5_1", "node": "node-a"}, [(1.0, 5)])])
+    )
     assert out.counts["no_pod"] == 1
 
 
@@ -213,8 +244,13 @@ def test_proxy_mode_forwards_every_series_with_its_pod_added_never_overwritten()
     got = written(out.body)
     assert len(got) == 2 + 1 + 2  # copy + original, original, copy + original
     originals = [x for x, _ in got if not x["__name__"].startswith("workload_")]
-    assert originals[0] == {**dcgm, "namespace": "ml", "pod": "bert-worker-0",
-                            "workload_kind": "PyTorchJob", "workload": "bert"}  # fmt: skip
+    assert originals[0] == {
+        **dcgm,
+        "namespace": "ml",
+        "pod": "bert-worker-0",
+        "workload_kind": "PyTorchJob",
+        "workload": "bert",
+    }
     assert originals[1] == series[1][0]  # no pod: as it came
     assert originals[2]["namespace"] == "mine"  # never overwritten
     assert [m.metric_family_name for m in pb1.WriteRequest.FromString(out.body).metadata] == ["up"]
@@ -245,14 +281,22 @@ def test_remote_write_2_symbols_and_references() -> None:
     sym = list(got.symbols)
 
     def labels(t: pb2.TimeSeries) -> dict[str, str]:
-        return {sym[t.labels_refs[i]]: sym[t.labels_refs[i + 1]]
-                for i in range(0, len(t.labels_refs), 2)}  # fmt: skip
+        return {
+            sym[t.labels_refs[i]]: sym[t.labels_refs[i + 1]]
+            for i in range(0, len(t.labels_refs), 2)
+        }
 
     copy, proxied = got.timeseries
-    assert labels(copy) == {"__name__": "workload_DCGM_FI_DEV_GPU_UTIL", "Hostname":
-                            "i-030791dc5a37cd257", "gpu": "0", "job": "lens-ebpf-recorder",
-                            "pod_name": "bert-worker-0", "pod_uid": "uid-w0",
-                            "workload_name": "bert", "workload_uid": "uid-pt-bert"}  # fmt: skip
+    assert labels(copy) == {
+        "__name__": "workload_DCGM_FI_DEV_GPU_UTIL",
+        "Hostname": "i-030791dc5a37cd257",
+        "gpu": "0",
+        "job": "lens-ebpf-recorder",
+        "pod_name": "bert-worker-0",
+        "pod_uid": "uid-w0",
+        "workload_name": "bert",
+        "workload_uid": "uid-pt-bert",
+    }
     assert labels(proxied)["pod"] == "bert-worker-0"
     for t in (copy, proxied):
         assert [(s.value, s.timestamp) for s in t.samples] == [(42.0, 1000)]
@@ -264,8 +308,9 @@ def test_remote_write_2_symbols_and_references() -> None:
     bad = pb2.Request(symbols=[""], timeseries=[past])
     got = relabeler().v2(bad.SerializeToString())
     assert (got.series, got.written.samples) == (0, 0)
-    assert got.invalid == ["series 0: a label, exemplar or metadata reference past the symbols "
-                           "table"]  # fmt: skip
+    assert got.invalid == [
+        "series 0: a label, exemplar or metadata reference past the symbols " "table"
+    ]
 
 
 def test_an_odd_series_is_its_own_not_its_requests() -> None:
@@ -273,8 +318,10 @@ def test_an_odd_series_is_its_own_not_its_requests() -> None:
     whose bytes cannot be read is left out and named; the rest of the request is as it
     would be without them (Prometheus's partial write)."""
     at = 1_700_000_000_000
-    gpu = [({"__name__": "gpu_utilization", "gpu_id": v, "node": "node-a"}, [(1.0, at)])
-           for v in ("3", "²", "9" * 5000, "0003")]  # fmt: skip
+    gpu = [
+        ({"__name__": "gpu_utilization", "gpu_id": v, "node": "node-a"}, [(1.0, at)])
+        for v in ("3", "²", "9" * 5000, "0003")
+    ]
     bad = wire.field(0x0A, wire.label("__name__", "up") + b"\x12\x05\x09\x00")  # cut short
     out = relabeler().v1(request(gpu[:2]) + bad + request(gpu[2:]))
     assert [lb["pod_name"] for lb, _ in written(out.body)] == ["bert-worker-0"] * 2
@@ -283,8 +330,11 @@ def test_an_odd_series_is_its_own_not_its_requests() -> None:
 
 
 def test_which_requests_are_taken() -> None:
-    v1 = {"content-type": "application/x-protobuf", "content-encoding": "snappy",
-          "x-prometheus-remote-write-version": "0.1.0"}  # fmt: skip
+    v1 = {
+        "content-type": "application/x-protobuf",
+        "content-encoding": "snappy",
+        "x-prometheus-remote-write-version": "0.1.0",
+    }
     assert wire.version(v1) == wire.V1
     assert wire.version({**v1, "x-prometheus-remote-write-version": ""}) == wire.V1
     v2 = {
@@ -293,10 +343,12 @@ def test_which_requests_are_taken() -> None:
         "x-prometheus-remote-write-version": "2.0.0",
     }
     assert wire.version(v2) == wire.V2
-    for bad, why in (({**v1, "content-type": "application/json"}, "Content-Type"),
-                     ({**v1, "content-type": "application/x-protobuf;proto=x.Y"}, "proto=x.Y"),
-                     ({**v1, "content-encoding": "gzip"}, "snappy"),
-                     ({**v1, "x-prometheus-remote-write-version": "9.9.9"}, "9.9.9")):  # fmt: skip
+    for bad, why in (
+        ({**v1, "content-type": "application/json"}, "Content-Type"),
+        ({**v1, "content-type": "application/x-protobuf;proto=x.Y"}, "proto=x.Y"),
+        ({**v1, "content-encoding": "gzip"}, "snappy"),
+        ({**v1, "x-prometheus-remote-write-version": "9.9.9"}, "9.9.9"),
+    ):
         with pytest.raises(wire.WireError) as err:
             wire.version(bad)
         assert err.value.status == 415 and why in str(err.value)
@@ -342,16 +394,35 @@ NOW = datetime(2026, 11, 23, 6, 0, tzinfo=UTC)
 
 def node_row(name: str, address: str) -> dict[str, Any]:
     """A nodes row, as the Node watch writes it."""
-    return {"cluster": "local", "name": name, "address": address, "status": "Ready",
-            "gpu_capacity": {}, "gpu_allocatable": {}, "labels": {}, "updated_at": NOW}  # fmt: skip
+    return {
+        "cluster": "local",
+        "name": name,
+        "address": address,
+        "status": "Ready",
+        "gpu_capacity": {},
+        "gpu_allocatable": {},
+        "labels": {},
+        "updated_at": NOW,
+    }
 
 
 def pod_row(name: str, node: str) -> dict[str, Any]:
     """A gpu_pods row of a bert worker, as the tracker writes it."""
-    return {"cluster": "local", "uid": f"uid-{name}", "namespace": "ml", "name": name,
-            "node": node, "gpus": 1, "gpu_resources": {"nvidia.com/gpu": 1},
-            "phase": "Running", "running": True, "deleted": False,
-            "workload_uid": "uid-pt-bert", "created_at": NOW, "updated_at": NOW}  # fmt: skip
+    return {
+        "cluster": "local",
+        "uid": f"uid-{name}",
+        "namespace": "ml",
+        "name": name,
+        "node": node,
+        "gpus": 1,
+        "gpu_resources": {"nvidia.com/gpu": 1},
+        "phase": "Running",
+        "running": True,
+        "deleted": False,
+        "workload_uid": "uid-pt-bert",
+        "created_at": NOW,
+        "updated_at": NOW,
+    }
 
 
 class Cluster:
@@ -363,16 +434,30 @@ class Cluster:
         self.engine = engine_for(f"sqlite:///{path}")
         schema.metadata.create_all(self.engine)
         self.seconds = 100.0
-        self.indexer = Indexer(self.engine, 10.0, lambda: NOW, "local",
-                               monotonic=lambda: self.seconds)  # fmt: skip
+        self.indexer = Indexer(
+            self.engine, 10.0, lambda: NOW, "local", monotonic=lambda: self.seconds
+        )
         self.statements: list[str] = []
         event.listen(self.engine, "before_cursor_execute", self._seen)
         with self.engine.begin() as conn:
             insert_rows(conn, schema.nodes, [node_row("node-a", "10.0.0.7")])
-            insert_rows(conn, schema.gpu_workloads, [{
-                "cluster": "local", "uid": "uid-pt-bert", "api_version": "kubeflow.org/v1",
-                "kind": "PyTorchJob", "namespace": "ml", "name": "bert", "gpu_resources": {},
-                "labels": {}, "updated_at": NOW}])  # fmt: skip
+            insert_rows(
+                conn,
+                schema.gpu_workloads,
+                [
+                    {
+                        "cluster": "local",
+                        "uid": "uid-pt-bert",
+                        "api_version": "kubeflow.org/v1",
+                        "kind": "PyTorchJob",
+                        "namespace": "ml",
+                        "name": "bert",
+                        "gpu_resources": {},
+                        "labels": {},
+                        "updated_at": NOW,
+                    }
+                ],
+            )
         self.pod_starts("bert-worker-0", 0)
 
     def _seen(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
@@ -384,15 +469,30 @@ class Cluster:
         with self.engine.begin() as conn:
             if tracked:
                 insert_rows(conn, schema.gpu_pods, [pod_row(name, "node-a")])
-                insert_rows(conn, schema.workload_pod_references, [{
-                    "cluster": "local", "workload_uid": "uid-pt-bert", "pod_uid": f"uid-{name}",
-                    "created_at": NOW}])  # fmt: skip
-            gpu = pb.DeviceChange(device_kind="gpu", vendor="nvidia", change="appeared",
-                                  slot=f"0000:0{index}:00.0", bdf=f"0000:0{index}:00.0",
-                                  index=index, key=f"GPU-{index}", uuid=f"GPU-{index}",
-                                  holder=f"ml/{name}")  # fmt: skip
-            ev = pb.Event(seq=index + 1, ts_unix_nano=int(NOW.timestamp() * 1e9),
-                          device_change=gpu)  # fmt: skip
+                insert_rows(
+                    conn,
+                    schema.workload_pod_references,
+                    [
+                        {
+                            "cluster": "local",
+                            "workload_uid": "uid-pt-bert",
+                            "pod_uid": f"uid-{name}",
+                            "created_at": NOW,
+                        }
+                    ],
+                )
+            gpu = pb.DeviceChange(
+                device_kind="gpu",
+                vendor="nvidia",
+                change="appeared",
+                slot=f"0000:0{index}:00.0",
+                bdf=f"0000:0{index}:00.0",
+                index=index,
+                key=f"GPU-{index}",
+                uuid=f"GPU-{index}",
+                holder=f"ml/{name}",
+            )
+            ev = pb.Event(seq=index + 1, ts_unix_nano=int(NOW.timestamp() * 1e9), device_change=gpu)
             update = device_update("local", "node-a", ev, NOW)
             assert update is not None
             apply_devices(conn, [update])
@@ -402,9 +502,18 @@ class Cluster:
         agent."""
         with self.engine.begin() as conn:
             insert_rows(conn, schema.gpu_pods, [pod_row(name, "node-a")])
-            insert_rows(conn, schema.workload_pod_references, [{
-                "cluster": "local", "workload_uid": "uid-pt-bert", "pod_uid": f"uid-{name}",
-                "created_at": NOW}])  # fmt: skip
+            insert_rows(
+                conn,
+                schema.workload_pod_references,
+                [
+                    {
+                        "cluster": "local",
+                        "workload_uid": "uid-pt-bert",
+                        "pod_uid": f"uid-{name}",
+                        "created_at": NOW,
+                    }
+                ],
+            )
 
     def counted(self) -> dict[str, int]:
         return dict(self.indexer.node_refreshes)
@@ -412,8 +521,12 @@ class Cluster:
 
 def gpu_series(index: int) -> list[tuple[dict[str, str], list[tuple[float, int]]]]:
     at = int(NOW.timestamp() * 1000) + 15_000
-    return [({"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": "node-a", "UUID": f"GPU-{index}"},
-             [(float(index), at)])]  # fmt: skip
+    return [
+        (
+            {"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": "node-a", "UUID": f"GPU-{index}"},
+            [(float(index), at)],
+        )
+    ]
 
 
 @pytest.fixture()
@@ -432,20 +545,33 @@ def test_a_miss_reads_only_its_nodes_rows_once_a_second(cluster: Cluster) -> Non
     out = r.v1(request(gpu_series(1)))
     ((labels, samples),) = written(out.body)
     assert (labels["pod_uid"], labels["workload_uid"], samples) == (
-        "uid-bert-worker-1", "uid-pt-bert", gpu_series(1)[0][1])  # fmt: skip
+        "uid-bert-worker-1",
+        "uid-pt-bert",
+        gpu_series(1)[0][1],
+    )
     assert out.misses == {"found": 1, "not_found": 0, "throttled": 0}
     assert cluster.counted() == {"changed": 1, "unchanged": 0, "failed": 0}
     # its devices, their holder changes, its RDMA opens; the pods on it (a holder was new),
     # their workloads; each of node-a's rows only
-    tables = ["node_devices", "device_changelog", "node_events", "gpu_pods",
-              "workload_pod_references", "gpu_workloads"]  # fmt: skip
+    tables = [
+        "node_devices",
+        "device_changelog",
+        "node_events",
+        "gpu_pods",
+        "workload_pod_references",
+        "gpu_workloads",
+    ]
     assert [next(t for t in tables if f"FROM {t}" in s) for s in cluster.statements] == tables
     assert all(".node = ?" in s.split(") AS ", 1)[1] for s in cluster.statements[:4])
     # a GPU the node does not have, within the second: not read; a second later, read (no
     # pod read: every holder it names is known)
     cluster.statements.clear()
-    idle = [({"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": "node-a", "UUID": "GPU-7"},
-             [(0.0, int(NOW.timestamp() * 1000))])]  # fmt: skip
+    idle = [
+        (
+            {"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": "node-a", "UUID": "GPU-7"},
+            [(0.0, int(NOW.timestamp() * 1000))],
+        )
+    ]
     assert r.v1(request(idle)).misses == {"found": 0, "not_found": 0, "throttled": 1}
     assert cluster.statements == []
     cluster.seconds += 1.0
@@ -456,7 +582,8 @@ def test_a_miss_reads_only_its_nodes_rows_once_a_second(cluster: Cluster) -> Non
 
 @pytest.mark.parametrize("uuid", ["", "GPU-99"])
 def test_a_miss_finds_a_listed_pod_its_series_names_as_the_full_read_does(
-        cluster: Cluster, uuid: str) -> None:  # fmt: skip
+    cluster: Cluster, uuid: str
+) -> None:
     """dcgm-exporter's series naming its node (Hostname), the namespace and a GPU pod the
     service lists (with or without a GPU UUID no agent reported): its first post reads
     the node's entries again and finds the pod, as the next full read would; the three
@@ -465,9 +592,14 @@ def test_a_miss_finds_a_listed_pod_its_series_names_as_the_full_read_does(
     r = Relabeler(cfg, cluster.indexer)
     cluster.indexer.refresh()
     cluster.pod_listed("bert-worker-5")  # after the full read
-    labels = {"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": "node-a", "gpu": "7",
-              "namespace": "ml", "pod": "bert-worker-5",
-              **({"UUID": uuid} if uuid else {})}  # fmt: skip
+    labels = {
+        "__name__": "DCGM_FI_DEV_GPU_UTIL",
+        "Hostname": "node-a",
+        "gpu": "7",
+        "namespace": "ml",
+        "pod": "bert-worker-5",
+        **({"UUID": uuid} if uuid else {}),
+    }
     at = int(NOW.timestamp() * 1000)
     copied = []
     for post in range(4):
@@ -478,8 +610,9 @@ def test_a_miss_finds_a_listed_pod_its_series_names_as_the_full_read_does(
         else:
             assert out.misses == {"found": 0, "not_found": 0, "throttled": 0}
         cluster.seconds += 1.0
-    assert copied == [[("uid-bert-worker-5", "uid-pt-bert", [(50.0 + i, at + 1000 * i)])]
-                      for i in range(4)]  # fmt: skip
+    assert copied == [
+        [("uid-bert-worker-5", "uid-pt-bert", [(50.0 + i, at + 1000 * i)])] for i in range(4)
+    ]
     assert cluster.counted() == {"changed": 1, "unchanged": 0, "failed": 0}
     # what the full read finds, the miss found: the next full read changes nothing
     found = cluster.indexer.index
@@ -487,7 +620,8 @@ def test_a_miss_finds_a_listed_pod_its_series_names_as_the_full_read_does(
 
 
 def test_a_holder_without_a_pod_row_is_sought_once_until_the_next_full_read(
-        cluster: Cluster) -> None:  # fmt: skip
+    cluster: Cluster,
+) -> None:
     cluster.indexer.refresh()
     cluster.pod_starts("bert-worker-1", 1, tracked=False)  # (the tracker has not written it)
     for i in range(3):
@@ -502,7 +636,8 @@ def test_a_holder_without_a_pod_row_is_sought_once_until_the_next_full_read(
 
 
 def test_a_node_read_during_a_full_read_outlives_it(
-        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The full read began before the pod's rows were written; a miss read its node after:
     what the node read found stays when the full read's maps replace the maps (and their
     generation moves, so the series read against the node's entries are read again)."""
@@ -548,8 +683,10 @@ def test_a_node_the_maps_do_not_know_is_read_by_its_address(cluster: Cluster) ->
         insert_rows(conn, schema.nodes, [node_row("node-b", "10.0.0.8")])
     cfg = config.load(env={}).recorder.remote_write
     r = Relabeler(cfg, cluster.indexer)
-    series = [({"__name__": "up", "instance": "10.0.0.9:9100"}, [(1.0, 1)]),  # names nothing
-              ({"__name__": "x", "instance": "10.0.0.8:9400", "gpu": "0"}, [(1.0, 1)])]  # fmt: skip
+    series = [
+        ({"__name__": "up", "instance": "10.0.0.9:9100"}, [(1.0, 1)]),  # names nothing
+        ({"__name__": "x", "instance": "10.0.0.8:9400", "gpu": "0"}, [(1.0, 1)]),
+    ]
     out = r.v1(request(series))
     assert out.misses == {"found": 0, "not_found": 1, "throttled": 0}  # known now, no GPU yet
     assert "node-b" in cluster.indexer.index.nodes
@@ -557,7 +694,8 @@ def test_a_node_the_maps_do_not_know_is_read_by_its_address(cluster: Cluster) ->
 
 
 def test_a_miss_while_its_node_is_read_waits_for_that_read(
-        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Prometheus's shards send a node's series at once: the second shard's miss takes the
     first one's read, not a throttled miss."""
     cluster.indexer.refresh()

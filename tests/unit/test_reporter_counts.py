@@ -84,16 +84,22 @@ def test_unconfirmed_and_lost_are_told_apart(tmp_path: Path) -> None:
         # 3. the reference collector: the gap for the 100 gone while nobody listened, then
         # the 50 the buffer held, acknowledged
         out = tmp_path / "events.jsonl"
-        col = subprocess.Popen([*LENS_CMD, "collect", "--listen", f"127.0.0.1:{port}",
-                                "--out", str(out)], stderr=subprocess.PIPE, text=True)  # fmt: skip
+        col = subprocess.Popen(
+            [*LENS_CMD, "collect", "--listen", f"127.0.0.1:{port}", "--out", str(out)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         wait_for(lambda: rep.acked_events == BUFFER, "the buffer acknowledged", timeout=30)
         lines = [json.loads(x) for x in out.read_text().splitlines()]
         gaps = [r["gap"] for r in lines if "gap" in r]
         assert [int(g["lost"]) for g in gaps] == [100]
         assert len([r for r in lines if "node_tuned" in r]) == BUFFER
         got = metrics(rep)
-        assert (got["lens_agent_reporter_lost"], got["lens_agent_reporter_unconfirmed"],
-                got["lens_agent_reporter_acked"]) == (50, 200, BUFFER)  # fmt: skip
+        assert (
+            got["lens_agent_reporter_lost"],
+            got["lens_agent_reporter_unconfirmed"],
+            got["lens_agent_reporter_acked"],
+        ) == (50, 200, BUFFER)
     finally:
         rep.stop()
         hung.stop()

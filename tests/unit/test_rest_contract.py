@@ -19,19 +19,41 @@ from tests.golden import check_golden
 FIX = Path(__file__).parent.parent / "fixtures"
 EXAMPLES = json.loads((FIX / "rest" / "node_exporter_examples.json").read_text())
 EXTRAS = {
-    "/gpus": {"[].vendor", "[].uuid", "[].unique_id", "[].driver_version",
-              "[].memory_total_bytes", "[].source", "[].allocated_to"},
-    "/cardMetrics": {"[].vendor", "[].bdf", "[].memory_used_bytes", "[].memory_total_bytes",
-                     "[].temperature_celsius", "[].temperatures", "[].power_draw_watts",
-                     "[].power_limit_watts", "[].stale"},
+    "/gpus": {
+        "[].vendor",
+        "[].uuid",
+        "[].unique_id",
+        "[].driver_version",
+        "[].memory_total_bytes",
+        "[].source",
+        "[].allocated_to",
+    },
+    "/cardMetrics": {
+        "[].vendor",
+        "[].bdf",
+        "[].memory_used_bytes",
+        "[].memory_total_bytes",
+        "[].temperature_celsius",
+        "[].temperatures",
+        "[].power_draw_watts",
+        "[].power_limit_watts",
+        "[].stale",
+    },
     "/driMapping": {"{}.gpu", "{}.vendor"},
     "/rdma": {"[].port", "[].state", "[].netdev"},
-    "/pods": {"[].container_name", "[].control_devices", "[].devices.gpu[].vendor",
-              "[].devices.gpu[].host_path", "[].devices.gpu[].major", "[].devices.gpu[].minor",
-              "[].devices.infiniband[].host_path", "[].devices.infiniband[].major",
-              "[].devices.infiniband[].minor"},
+    "/pods": {
+        "[].container_name",
+        "[].control_devices",
+        "[].devices.gpu[].vendor",
+        "[].devices.gpu[].host_path",
+        "[].devices.gpu[].major",
+        "[].devices.gpu[].minor",
+        "[].devices.infiniband[].host_path",
+        "[].devices.infiniband[].major",
+        "[].devices.infiniband[].minor",
+    },
     "/gpuDriverVersion": set(),
-}  # fmt: skip
+}
 
 
 def envelope(data) -> dict:
@@ -61,20 +83,33 @@ def routes(fake_nvml) -> dict:
     container holding a GPU's render node, its card node and an RDMA device."""
     gfix = FIX / "gpu"
     smi = [(gfix / f"amd-smi-{k}.json").read_text() for k in ("static", "metric", "process")]
-    gpu = GpuCollector(5, "gpu-7", {"amd": [("amd-smi", lambda: amd.parse_amd_smi(*smi))],
-                                    "nvidia": [nvml_source(fake_nvml)]},
-                       dev_root=gfix / "dev")  # fmt: skip
+    gpu = GpuCollector(
+        5,
+        "gpu-7",
+        {"amd": [("amd-smi", lambda: amd.parse_amd_smi(*smi))], "nvidia": [nvml_source(fake_nvml)]},
+        dev_root=gfix / "dev",
+    )
     gpu.run_once()
-    rdma = RdmaCollector(5, FIX / "rdma" / "sys",
-                         runner=lambda: (FIX / "rdma" / "statistic.json").read_text())  # fmt: skip
+    rdma = RdmaCollector(
+        5, FIX / "rdma" / "sys", runner=lambda: (FIX / "rdma" / "statistic.json").read_text()
+    )
     rdma.run_once()
     assert gpu.success and rdma.success
-    devices = [Device("/dev/dri/renderD128", "c", 226, 128, "/dev/dri/renderD128", "gpu"),
-               Device("/dev/dri/card1", "c", 226, 1, "/dev/dri/card1", "gpu"),
-               Device("/dev/kfd", "c", 511, 0, "/dev/kfd", "gpu"),
-               Device("/dev/infiniband/uverbs0", "c", 231, 192, "", "infiniband")]  # fmt: skip
-    pod = ContainerInfo("4f" * 32, "k8s.io", "train-0", "ml", "0b5e9a4e-5f7c-4c1e-9d4a-6f2b",
-                        "trainer", devices=devices)  # fmt: skip
+    devices = [
+        Device("/dev/dri/renderD128", "c", 226, 128, "/dev/dri/renderD128", "gpu"),
+        Device("/dev/dri/card1", "c", 226, 1, "/dev/dri/card1", "gpu"),
+        Device("/dev/kfd", "c", 511, 0, "/dev/kfd", "gpu"),
+        Device("/dev/infiniband/uverbs0", "c", 231, 192, "", "infiniband"),
+    ]
+    pod = ContainerInfo(
+        "4f" * 32,
+        "k8s.io",
+        "train-0",
+        "ml",
+        "0b5e9a4e-5f7c-4c1e-9d4a-6f2b",
+        "trainer",
+        devices=devices,
+    )
     return {
         "/gpus": envelope(gpu.views["gpus"]),
         "/gpuDriverVersion": envelope(gpu.views["driver"]),
@@ -98,10 +133,16 @@ def test_every_route_in_the_node_exporters_shape(routes: dict, path: str) -> Non
 def test_values_as_the_node_exporter_reports_them(routes: dict) -> None:
     gpus = {(g["vendor"], g["gpu"]): g for g in routes["/gpus"]["data"]}
     mi300 = gpus[("amd", 0)]
-    assert mi300["asic"] == {"market_name": "AMD Instinct MI300X", "device_id": "0x74a1",
-                             "asic_serial": "0x18A96C02D4E1C0A3"}  # fmt: skip
-    assert mi300["dri_device"] == {"card": "/dev/dri/card1", "render": "/dev/dri/renderD128",
-                                   "pci_addr": "0000:c1:00.0"}  # fmt: skip
+    assert mi300["asic"] == {
+        "market_name": "AMD Instinct MI300X",
+        "device_id": "0x74a1",
+        "asic_serial": "0x18A96C02D4E1C0A3",
+    }
+    assert mi300["dri_device"] == {
+        "card": "/dev/dri/card1",
+        "render": "/dev/dri/renderD128",
+        "pci_addr": "0000:c1:00.0",
+    }
     # NVIDIA GPUs in the same shape: NVML's name, PCI device id and serial
     h100 = {
         "market_name": "NVIDIA H100 80GB HBM3",
@@ -118,10 +159,21 @@ def test_values_as_the_node_exporter_reports_them(routes: dict) -> None:
     assert rdma["mlx5_0"]["node_guid"] == "0c:42:a1:03:00:65:2a:3c"
     pod = routes["/pods"][0]
     # one entry per GPU: the card node's path, the GPU's index, device id, serial and slot
-    assert pod["devices"]["gpu"] == [{
-        "name": "AMD Instinct MI300X", "id": 0, "path": "/dev/dri/card1", "kind": "GPU",
-        "uuid": "0x74a1", "serial": "0x18A96C02D4E1C0A3", "slot": "0000:c1:00.0",
-        "vendor": "amd", "host_path": "/dev/dri/card1", "major": 226, "minor": 1}]  # fmt: skip
+    assert pod["devices"]["gpu"] == [
+        {
+            "name": "AMD Instinct MI300X",
+            "id": 0,
+            "path": "/dev/dri/card1",
+            "kind": "GPU",
+            "uuid": "0x74a1",
+            "serial": "0x18A96C02D4E1C0A3",
+            "slot": "0000:c1:00.0",
+            "vendor": "amd",
+            "host_path": "/dev/dri/card1",
+            "major": 226,
+            "minor": 1,
+        }
+    ]
     assert pod["devices"]["infiniband"][0]["uuid"] == rdma["mlx5_0"]["node_guid"]
     assert pod["devices"]["infiniband"][0]["id"] == rdma["mlx5_0"]["if_index"]
     assert pod["control_devices"] == ["/dev/kfd"]

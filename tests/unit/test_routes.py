@@ -78,8 +78,9 @@ def test_a_route_declared_or_mounted_twice_is_an_error() -> None:
         r.mount("v1/", Echo(), t)
 
 
-def get(port: int, path: str, data: bytes | None = None,
-        ctype: str = "application/json") -> tuple[int, object]:  # fmt: skip
+def get(
+    port: int, path: str, data: bytes | None = None, ctype: str = "application/json"
+) -> tuple[int, object]:
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}{path}",
         data=data,

@@ -42,8 +42,14 @@ class FakeTime:
 
 def ran(fake: FakeTime, jobs: list[Job], **kw) -> Runner:
     """Start a runner on fake time and return it once its lanes have ended."""
-    runner = Runner(jobs, clock=fake.clock, wall=lambda: 1_700_000_000.0 + fake.now,
-                    wait=fake.wait, rand=kw.pop("rand", lambda: 0.0), **kw)  # fmt: skip
+    runner = Runner(
+        jobs,
+        clock=fake.clock,
+        wall=lambda: 1_700_000_000.0 + fake.now,
+        wait=fake.wait,
+        rand=kw.pop("rand", lambda: 0.0),
+        **kw,
+    )
     runner.start()
     assert fake.done.wait(5)
     runner.stop(timeout=5)
@@ -52,16 +58,38 @@ def ran(fake: FakeTime, jobs: list[Job], **kw) -> Runner:
 
 def test_interval_first_run_and_the_order_within_a_lane() -> None:
     fake, seen = FakeTime(waits=3), []
-    jobs = [Job("a", 10, lambda: seen.append(("a", fake.now)), leader_only=False,
-                at_start=True, jitter=0, lane="one"),
-            Job("b", 10, lambda: seen.append(("b", fake.now)), leader_only=False,
-                at_start=True, jitter=0, lane="one"),
-            Job("c", 20, lambda: seen.append(("c", fake.now)), leader_only=False,
-                jitter=0, lane="one")]  # fmt: skip
+    jobs = [
+        Job(
+            "a",
+            10,
+            lambda: seen.append(("a", fake.now)),
+            leader_only=False,
+            at_start=True,
+            jitter=0,
+            lane="one",
+        ),
+        Job(
+            "b",
+            10,
+            lambda: seen.append(("b", fake.now)),
+            leader_only=False,
+            at_start=True,
+            jitter=0,
+            lane="one",
+        ),
+        Job("c", 20, lambda: seen.append(("c", fake.now)), leader_only=False, jitter=0, lane="one"),
+    ]
     r = ran(fake, jobs)
     # a and b at once, in order; c first after its interval; then each every interval
-    assert seen == [("a", 1000), ("b", 1000), ("a", 1010), ("b", 1010), ("a", 1020),
-                    ("b", 1020), ("c", 1020)]  # fmt: skip
+    assert seen == [
+        ("a", 1000),
+        ("b", 1000),
+        ("a", 1010),
+        ("b", 1010),
+        ("a", 1020),
+        ("b", 1020),
+        ("c", 1020),
+    ]
     assert fake.waited == [0.0, 10.0, 10.0]
     assert (r.state["a"].runs, r.state["c"].runs) == (3, 1)
 
@@ -88,11 +116,28 @@ def test_a_failing_job_is_counted_and_logged_and_the_others_run(caplog) -> None:
         raise ConnectionError("database down")
 
     fake, good = FakeTime(waits=3), []
-    jobs = [Job("broken", 5, broken, leader_only=False, at_start=True, jitter=0, lane="l"),
-            Job("down", 5, down, leader_only=False, at_start=True, jitter=0, lane="l",
-                quiet=(ConnectionError,)),
-            Job("good", 5, lambda: good.append(fake.now), leader_only=False, at_start=True,
-                jitter=0, lane="l")]  # fmt: skip
+    jobs = [
+        Job("broken", 5, broken, leader_only=False, at_start=True, jitter=0, lane="l"),
+        Job(
+            "down",
+            5,
+            down,
+            leader_only=False,
+            at_start=True,
+            jitter=0,
+            lane="l",
+            quiet=(ConnectionError,),
+        ),
+        Job(
+            "good",
+            5,
+            lambda: good.append(fake.now),
+            leader_only=False,
+            at_start=True,
+            jitter=0,
+            lane="l",
+        ),
+    ]
     with caplog.at_level(logging.WARNING, logger="lens_ebpf.core.runner"):
         r = ran(fake, jobs)
     assert good == [1000, 1005, 1010]
@@ -113,10 +158,26 @@ def test_leader_only_jobs_wait_for_the_lead() -> None:
     its next own time; then every interval from there."""
     fake, leading, seen = FakeTime(waits=40), [False], []
     fake.on_wait.append(lambda: leading.__setitem__(0, fake.now >= 1023.5))
-    jobs = [Job("write", 10, lambda: seen.append(("write", fake.now)), leader_only=True,
-                at_start=True, jitter=0, lane="l"),
-            Job("read", 10, lambda: seen.append(("read", fake.now)), leader_only=False,
-                at_start=True, jitter=0, lane="l")]  # fmt: skip
+    jobs = [
+        Job(
+            "write",
+            10,
+            lambda: seen.append(("write", fake.now)),
+            leader_only=True,
+            at_start=True,
+            jitter=0,
+            lane="l",
+        ),
+        Job(
+            "read",
+            10,
+            lambda: seen.append(("read", fake.now)),
+            leader_only=False,
+            at_start=True,
+            jitter=0,
+            lane="l",
+        ),
+    ]
     r = ran(fake, jobs, is_leader=lambda: leading[0])
     assert [t for what, t in seen if what == "write"][:3] == [1024, 1034, 1044]
     assert [t for what, t in seen if what == "read"][:5] == [1000, 1010, 1020, 1030, 1040]
@@ -129,10 +190,26 @@ def test_a_leader_gate_that_fails_skips_the_leader_only_job(caplog) -> None:
         raise ConnectionError("API server unreachable")
 
     fake, seen = FakeTime(waits=20), []
-    jobs = [Job("write", 10, lambda: seen.append("write"), leader_only=True, at_start=True,
-                jitter=0, lane="l"),
-            Job("read", 10, lambda: seen.append("read"), leader_only=False, at_start=True,
-                jitter=0, lane="l")]  # fmt: skip
+    jobs = [
+        Job(
+            "write",
+            10,
+            lambda: seen.append("write"),
+            leader_only=True,
+            at_start=True,
+            jitter=0,
+            lane="l",
+        ),
+        Job(
+            "read",
+            10,
+            lambda: seen.append("read"),
+            leader_only=False,
+            at_start=True,
+            jitter=0,
+            lane="l",
+        ),
+    ]
     with caplog.at_level(logging.WARNING):
         r = ran(fake, jobs, is_leader=gate)
     assert seen == ["read"] * 2  # the lane lives on; the leader-only job never ran
@@ -141,8 +218,12 @@ def test_a_leader_gate_that_fails_skips_the_leader_only_job(caplog) -> None:
 
 
 def test_stop_joins_promptly_and_remove_ends_a_lane() -> None:
-    runner = Runner([Job("hourly", 3600, lambda: None, leader_only=False, at_start=True),
-                     Job("daily", 86400, lambda: None, leader_only=True)])  # fmt: skip
+    runner = Runner(
+        [
+            Job("hourly", 3600, lambda: None, leader_only=False, at_start=True),
+            Job("daily", 86400, lambda: None, leader_only=True),
+        ]
+    )
     runner.start()
     runner.add(Job("late", 3600, lambda: None, leader_only=False))  # starts at once
     threads = [t for t in threading.enumerate() if t.name.startswith("jobs-")]
@@ -168,10 +249,15 @@ def test_job_metrics_exact() -> None:
             raise ValueError("bad row")
 
     leading = [True]
-    r = Runner([Job("snapshot", 30, slow, leader_only=True),
-                Job("index", 10, lambda: None, leader_only=False)],
-               is_leader=lambda: leading[0], clock=fake.clock,
-               wall=lambda: 1_700_000_000.0 + fake.now)  # fmt: skip
+    r = Runner(
+        [
+            Job("snapshot", 30, slow, leader_only=True),
+            Job("index", 10, lambda: None, leader_only=False),
+        ],
+        is_leader=lambda: leading[0],
+        clock=fake.clock,
+        wall=lambda: 1_700_000_000.0 + fake.now,
+    )
     assert r.run("snapshot")  # succeeds at 1002.5
     assert r.run("snapshot")  # fails
     leading[0] = False

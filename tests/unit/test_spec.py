@@ -52,15 +52,27 @@ def only(tmp_path: Path, *tracepoints: str) -> Path:
 
 # kernel -> (bytes path, defines that must be set, defines that must not be)
 EXPECT = {
-    "5.10": (KPROBE, {"LENS_BYTES_KPROBE", "LENS_RTT", "LENS_RETRANS", "LENS_RESETS"},
-             {"LENS_TP_TCP_PROBE_SKADDR", "LENS_TP_RETRANSMIT_ERR", "LENS_BYTES_TRACEPOINT"}),
-    "6.1": (KPROBE, {"LENS_BYTES_KPROBE", "LENS_RTT"},
-            {"LENS_TP_TCP_PROBE_SKADDR", "LENS_TP_RETRANSMIT_ERR"}),
-    "6.12": (TRACEPOINT, {"LENS_BYTES_TRACEPOINT", "LENS_TP_TCP_PROBE_SKADDR"},
-             {"LENS_TP_RETRANSMIT_ERR", "LENS_BYTES_KPROBE"}),
-    "6.18": (TRACEPOINT, {"LENS_BYTES_TRACEPOINT", "LENS_TP_TCP_PROBE_SKADDR",
-                          "LENS_TP_RETRANSMIT_ERR"}, {"LENS_BYTES_KPROBE"}),
-}  # fmt: skip
+    "5.10": (
+        KPROBE,
+        {"LENS_BYTES_KPROBE", "LENS_RTT", "LENS_RETRANS", "LENS_RESETS"},
+        {"LENS_TP_TCP_PROBE_SKADDR", "LENS_TP_RETRANSMIT_ERR", "LENS_BYTES_TRACEPOINT"},
+    ),
+    "6.1": (
+        KPROBE,
+        {"LENS_BYTES_KPROBE", "LENS_RTT"},
+        {"LENS_TP_TCP_PROBE_SKADDR", "LENS_TP_RETRANSMIT_ERR"},
+    ),
+    "6.12": (
+        TRACEPOINT,
+        {"LENS_BYTES_TRACEPOINT", "LENS_TP_TCP_PROBE_SKADDR"},
+        {"LENS_TP_RETRANSMIT_ERR", "LENS_BYTES_KPROBE"},
+    ),
+    "6.18": (
+        TRACEPOINT,
+        {"LENS_BYTES_TRACEPOINT", "LENS_TP_TCP_PROBE_SKADDR", "LENS_TP_RETRANSMIT_ERR"},
+        {"LENS_BYTES_KPROBE"},
+    ),
+}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECT))
@@ -68,15 +80,24 @@ def test_tcp_flows_paths_and_fields_per_kernel(name: str) -> None:
     path, on, off = EXPECT[name]
     plan = resolve(tcp_flows.SPEC, kernel(name))
     assert plan.loadable
-    assert plan.paths() == {"lifecycle": TRACEPOINT, "bytes": path, "retransmits": TRACEPOINT,
-                            "resets": TRACEPOINT, "rtt": TRACEPOINT}  # fmt: skip
+    assert plan.paths() == {
+        "lifecycle": TRACEPOINT,
+        "bytes": path,
+        "retransmits": TRACEPOINT,
+        "resets": TRACEPOINT,
+        "rtt": TRACEPOINT,
+    }
     assert on <= set(plan.defines), plan.defines
     assert not off & set(plan.defines), plan.defines
     if path == KPROBE:
         assert plan.kprobes() == (
-            "tcp_sendmsg", "tcp_sendmsg:return", "tcp_recvmsg", "tcp_recvmsg:return",
-            "inet_recvmsg", "inet6_recvmsg",
-        )  # fmt: skip
+            "tcp_sendmsg",
+            "tcp_sendmsg:return",
+            "tcp_recvmsg",
+            "tcp_recvmsg:return",
+            "inet_recvmsg",
+            "inet6_recvmsg",
+        )
         assert "sock:sock_send_length" not in plan.tracepoints()
         assert plan.choices["bytes"].reason == (
             "no iter: BTF (/sys/kernel/btf/vmlinux absent or unreadable) missing; "
@@ -141,12 +162,18 @@ def test_disabled_need_and_missing_optional_tracepoint(tmp_path: Path) -> None:
     assert plan.paths()["rtt"] == "off" and "LENS_RTT" not in plan.defines
     assert plan.choices["rtt"].reason == "disabled by config"
     # a kernel without tcp_probe: the flows still load, RTT is off with the reason
-    events = only(tmp_path, "sock:inet_sock_set_state", "sock:sock_send_length",
-                  "sock:sock_recv_length")  # fmt: skip
+    events = only(
+        tmp_path, "sock:inet_sock_set_state", "sock:sock_send_length", "sock:sock_recv_length"
+    )
     plan = resolve(tcp_flows.SPEC, Kernel(events, False))
     assert plan.loadable
-    assert plan.paths() == {"lifecycle": TRACEPOINT, "bytes": TRACEPOINT, "retransmits": "off",
-                            "resets": "off", "rtt": "off"}  # fmt: skip
+    assert plan.paths() == {
+        "lifecycle": TRACEPOINT,
+        "bytes": TRACEPOINT,
+        "retransmits": "off",
+        "resets": "off",
+        "rtt": "off",
+    }
     assert plan.choices["rtt"].reason == (
         "no btf: BTF (/sys/kernel/btf/vmlinux absent or unreadable) missing; "
         "no tracepoint: tcp:tcp_probe missing"
@@ -163,8 +190,9 @@ def test_format_fields_as_bcc_names_them() -> None:
 
 
 def test_summary_says_what_an_absent_optional_need_costs(tmp_path: Path) -> None:
-    events = only(tmp_path, "sched:sched_process_fork", "sched:sched_process_exec",
-                  "sched:sched_process_exit")  # fmt: skip
+    events = only(
+        tmp_path, "sched:sched_process_fork", "sched:sched_process_exec", "sched:sched_process_exit"
+    )
     plan = resolve(proc_events.SPEC, Kernel(events, False))
     assert plan.loadable
     assert plan.summary() == (
@@ -205,9 +233,11 @@ def test_with_btf_bytes_come_from_the_socket_counters_through_the_tcp_iterator()
     assert plan.raw_tracepoints() == () and plan.kprobes() == ()
     assert "sock:sock_send_length" not in plan.tracepoints()
     assert HOST_BTF is not None
-    for define, member in (("LENS_TCP_BYTES_ACKED_OFF", "tcp_sock.bytes_acked"),
-                           ("LENS_TCP_COPIED_SEQ_OFF", "tcp_sock.copied_seq"),
-                           ("LENS_SK_FLAGS_OFF", "sock.__sk_common.skc_flags")):  # fmt: skip
+    for define, member in (
+        ("LENS_TCP_BYTES_ACKED_OFF", "tcp_sock.bytes_acked"),
+        ("LENS_TCP_COPIED_SEQ_OFF", "tcp_sock.copied_seq"),
+        ("LENS_SK_FLAGS_OFF", "sock.__sk_common.skc_flags"),
+    ):
         got = HOST_BTF.member(member)
         assert got is not None and plan.defines[define] == got[0]
     assert plan.defines["LENS_BYTES_COUNTERS"] == 1
@@ -298,10 +328,12 @@ def test_with_btf_the_lifecycle_attaches_btf_typed_and_reads_the_socket_where_bt
     assert "sock:inet_sock_set_state" not in plan.tracepoints()
     assert plan.defines["LENS_LIFECYCLE_BTF"] == 1
     assert HOST_BTF is not None
-    for define, member in (("LENS_INET_SPORT_OFF", "inet_sock.inet_sport"),
-                           ("LENS_INET_SADDR_OFF", "inet_sock.inet_saddr"),
-                           ("LENS_SK_DPORT_OFF", "sock.__sk_common.skc_dport"),
-                           ("LENS_SK_V6_DADDR_OFF", "sock.__sk_common.skc_v6_daddr")):  # fmt: skip
+    for define, member in (
+        ("LENS_INET_SPORT_OFF", "inet_sock.inet_sport"),
+        ("LENS_INET_SADDR_OFF", "inet_sock.inet_saddr"),
+        ("LENS_SK_DPORT_OFF", "sock.__sk_common.skc_dport"),
+        ("LENS_SK_V6_DADDR_OFF", "sock.__sk_common.skc_v6_daddr"),
+    ):
         got = HOST_BTF.member(member)
         assert got is not None and plan.defines[define] == got[0]
     # what the loader attaches it against: the kernel's btf_trace_<event> typedef, which
@@ -315,9 +347,16 @@ def test_with_btf_the_lifecycle_attaches_btf_typed_and_reads_the_socket_where_bt
 def test_a_lifecycle_that_cannot_go_btf_typed_takes_the_classic_tracepoint_unreported() -> None:
     """Passing the BTF-typed attachment over loses nothing (the same data at a little more
     per run): neither the plan's summary nor check's reason mentions it."""
-    for k in (Kernel(FIXTURES / "6.18" / "events", False, btf=HOST_BTF, btf_tracepoints=False,
-                     no_btf_tracepoints_why="failed to load: Permission denied"),
-              Kernel(FIXTURES / "6.18" / "events", False)):  # fmt: skip
+    for k in (
+        Kernel(
+            FIXTURES / "6.18" / "events",
+            False,
+            btf=HOST_BTF,
+            btf_tracepoints=False,
+            no_btf_tracepoints_why="failed to load: Permission denied",
+        ),
+        Kernel(FIXTURES / "6.18" / "events", False),
+    ):
         plan = resolve(tcp_flows.SPEC, k)
         assert plan.paths()["lifecycle"] == TRACEPOINT
         assert plan.choices["lifecycle"].reason == ""

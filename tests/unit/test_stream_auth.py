@@ -71,9 +71,12 @@ def collector(tokens: Path) -> Iterator[tuple[Collector, io.StringIO, str]]:
     never), each node's token from the file."""
     out = io.StringIO()
     col = Collector(out)
-    col.guard = Guard(CollectorAuthConfig(tokenreview=False, tokens_file=str(tokens),
-                                          anonymous="never"), "127.0.0.1:0", "collect",
-                      node_bound=True)  # fmt: skip
+    col.guard = Guard(
+        CollectorAuthConfig(tokenreview=False, tokens_file=str(tokens), anonymous="never"),
+        "127.0.0.1:0",
+        "collect",
+        node_bound=True,
+    )
     srv = CollectorServer(col, "127.0.0.1:0", None)
     yield col, out, f"127.0.0.1:{srv.port}"
     srv.stop()
@@ -87,13 +90,14 @@ def test_forged_streams_are_refused_and_move_no_nodes_state(
     collector: tuple[Collector, io.StringIO, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     col, out, addr = collector
-    assert report_once(addr, "gpu-1", [fault(1, "gpu-1"), fault(2, "gpu-1")], "t-one") \
-        .acks[-1] == 2  # fmt: skip
+    assert report_once(addr, "gpu-1", [fault(1, "gpu-1"), fault(2, "gpu-1")], "t-one").acks[-1] == 2
     with caplog.at_level(logging.WARNING):
-        for token, node, code in (("", "gpu-1", UNAUTH),  # no token
-                                  ("t-nobody", "gpu-1", UNAUTH),  # none of the file's
-                                  ("t-two", "gpu-1", DENIED),  # gpu-2's token, for gpu-1
-                                  ("t-b-one", "gpu-1", DENIED)):  # cluster b's gpu-1  # fmt: skip
+        for token, node, code in (
+            ("", "gpu-1", UNAUTH),  # no token
+            ("t-nobody", "gpu-1", UNAUTH),  # none of the file's
+            ("t-two", "gpu-1", DENIED),  # gpu-2's token, for gpu-1
+            ("t-b-one", "gpu-1", DENIED),
+        ):  # cluster b's gpu-1
             got = report_once(addr, node, [fault(FORGED, node)], token)
             assert (got.code, got.acks) == (code, []), (token, got)
     # a node's own token, but a number no agent reaches: refused, what came before kept
@@ -102,7 +106,9 @@ def test_forged_streams_are_refused_and_move_no_nodes_state(
     assert col.last == {"gpu-1": {"": 3}} and col.seq_refused == 1
     assert [r["seq"] for r in stored(out)] == ["1", "2", "3"]
     assert col.guard is not None and dict(col.guard.refused) == {
-        "unauthenticated": 2, "permission_denied": 2}  # fmt: skip
+        "unauthenticated": 2,
+        "permission_denied": 2,
+    }
     # one line for the peer, whatever it tried after
     refusals = [r for r in caplog.records if "refused a call from" in r.getMessage()]
     assert len(refusals) == 1 and "ipv" in refusals[0].getMessage()
@@ -115,8 +121,9 @@ def test_forged_streams_are_refused_and_move_no_nodes_state(
     jump = report_once(addr, "gpu-1", [fault(FORGED, "gpu-1")], "t-one", instance="f0")
     assert (jump.code, jump.acks) == (INVALID, [0]) and col.seq_refused == 2
     for i in range(INSTANCES_KEPT):
-        got = report_once(addr, "gpu-1", [fault(n, "gpu-1") for n in range(1, 10)], "t-one",
-                          instance=f"f{i}")  # fmt: skip
+        got = report_once(
+            addr, "gpu-1", [fault(n, "gpu-1") for n in range(1, 10)], "t-one", instance=f"f{i}"
+        )
         assert (got.code, got.acks) == (None, [0, 9]), got
     assert list(col.last["gpu-1"]) == [f"f{i}" for i in range(INSTANCES_KEPT)]  # bounded
     assert report_once(addr, "gpu-1", [fault(5, "gpu-1")], "t-one").acks[-1] == 5
@@ -140,8 +147,10 @@ def test_a_reporter_presents_its_token_read_again_at_each_connect(
     try:
         for i in range(3):
             bus.publish(tuned(i))
-        wait_for(lambda: col.guard and col.guard.refused["permission_denied"] >= 2,
-                 "the reporter refused, twice")  # fmt: skip
+        wait_for(
+            lambda: col.guard and col.guard.refused["permission_denied"] >= 2,
+            "the reporter refused, twice",
+        )
         assert rep.acked == 0 and len(rep.pending) == 3 and not rep.connected
         token.write_text("t-one\n")  # rotated: the next connect presents it
         wait_for(lambda: rep.acked == 3, "the buffer acknowledged")
@@ -192,8 +201,13 @@ def test_the_reporter_refuses_an_ack_beyond_what_it_numbered(tmp_path: Path) -> 
         srv = CollectorServer(Collector(out), f"127.0.0.1:{port}", None)
         try:
             wait_for(lambda: rep.acked == 5, "the buffer acknowledged")
-            assert [json.loads(x)["seq"] for x in out.getvalue().splitlines()] == \
-                ["1", "2", "3", "4", "5"]  # fmt: skip
+            assert [json.loads(x)["seq"] for x in out.getvalue().splitlines()] == [
+                "1",
+                "2",
+                "3",
+                "4",
+                "5",
+            ]
         finally:
             srv.stop()
     finally:
@@ -232,8 +246,12 @@ def test_a_restarted_agent_resumes_under_its_own_instance(tmp_path: Path) -> Non
             new.publish(tuned(i))
         second.start()
         wait_for(lambda: second.acked == 2, "the new agent's events acknowledged")
-        assert (second.reconnects, second.acks_refused, second.acked_events, col.duplicates) \
-            == (0, 0, 2, 0)  # fmt: skip
+        assert (second.reconnects, second.acks_refused, second.acked_events, col.duplicates) == (
+            0,
+            0,
+            2,
+            0,
+        )
         assert col.last == {"gpu-1": {a: 5, b: 2}}
         assert lines() == [(a, 1), (a, 2), (a, 3), (a, 4), (a, 5), (b, 1), (b, 2)]
 
@@ -244,13 +262,16 @@ def test_a_restarted_agent_resumes_under_its_own_instance(tmp_path: Path) -> Non
         new.publish(tuned(2))
         assert recover(path) == {"gpu-1": {a: 5, b: 2}}
         col, srv = serve()
-        assert (col.ack_seq("gpu-1", a), col.ack_seq("gpu-1", b), col.ack_seq("gpu-1")) == \
-            (5, 2, 0)  # fmt: skip
+        assert (col.ack_seq("gpu-1", a), col.ack_seq("gpu-1", b), col.ack_seq("gpu-1")) == (5, 2, 0)
         wait_for(lambda: second.acked == 3, "the outage's event acknowledged")
         # the old instance's stream resumes at its own last too
         assert report_once(target, "gpu-1", [], instance=a).acks == [5]
-        assert (second.acks_refused, second.lost, second.unconfirmed, col.duplicates) == \
-            (0, 0, 0, 0)  # fmt: skip
+        assert (second.acks_refused, second.lost, second.unconfirmed, col.duplicates) == (
+            0,
+            0,
+            0,
+            0,
+        )
         assert lines()[7:] == [(b, 3)]
     finally:
         first.stop()
@@ -264,8 +285,11 @@ def test_a_restarted_agent_resumes_under_its_own_instance(tmp_path: Path) -> Non
 def agent_port(tmp_path: Path) -> Iterator[tuple[EventBus, str, GrpcServer]]:
     f = tmp_path / "subscribers"
     f.write_text("dashboard s-dash\n")
-    guard = Guard(SubscriberAuthConfig(tokenreview=False, tokens_file=str(f),
-                                       anonymous="never"), "127.0.0.1:0", "gRPC")  # fmt: skip
+    guard = Guard(
+        SubscriberAuthConfig(tokenreview=False, tokens_file=str(f), anonymous="never"),
+        "127.0.0.1:0",
+        "gRPC",
+    )
     bus = EventBus(queue_size=1000, history=50)
     srv = GrpcServer("127.0.0.1:0", bus, ("gpu-1", "10.0.0.1"), lambda: {}, guard=guard)
     srv.start()
@@ -282,11 +306,19 @@ def test_the_agents_port_refuses_a_subscriber_without_the_right_token(
     channel = grpc.insecure_channel(addr)
     events = lens_pb2_grpc.EventServiceStub(channel)
     nodes = lens_pb2_grpc.NodeServiceStub(channel)
-    for meta, code in (((), UNAUTH), ((("authorization", "Bearer s-wrong"),), UNAUTH),
-                       ((("authorization", "Basic s-dash"),), UNAUTH)):  # fmt: skip
+    for meta, code in (
+        ((), UNAUTH),
+        ((("authorization", "Bearer s-wrong"),), UNAUTH),
+        ((("authorization", "Basic s-dash"),), UNAUTH),
+    ):
         with pytest.raises(grpc.RpcError) as err:
-            next(iter(events.Subscribe(pb.SubscribeRequest(from_seq=1), metadata=meta,
-                                       timeout=hang_guard(5))))  # fmt: skip
+            next(
+                iter(
+                    events.Subscribe(
+                        pb.SubscribeRequest(from_seq=1), metadata=meta, timeout=hang_guard(5)
+                    )
+                )
+            )
         assert err.value.code() == code
         with pytest.raises(grpc.RpcError) as err:
             nodes.GetNode(pb.GetNodeRequest(), metadata=meta, timeout=hang_guard(5))
@@ -307,25 +339,36 @@ def test_the_agents_port_refuses_a_subscriber_without_the_right_token(
         == health_pb2.HealthCheckResponse.SERVING
     )
     ok = (("authorization", "Bearer s-dash"),)
-    first = next(iter(events.Subscribe(pb.SubscribeRequest(from_seq=1), metadata=ok,
-                                       timeout=hang_guard(5))))  # fmt: skip
+    first = next(
+        iter(events.Subscribe(pb.SubscribeRequest(from_seq=1), metadata=ok, timeout=hang_guard(5)))
+    )
     assert first.seq == 1 and first.node_tuned.setting == "vm.max_map_count"
     assert nodes.GetNode(pb.GetNodeRequest(), metadata=ok, timeout=hang_guard(5)).node_name
-    got = {(s.name, s.labels.get("code")): s.value for m in srv.collector().collect()
-           for s in m.samples}  # fmt: skip
+    got = {
+        (s.name, s.labels.get("code")): s.value
+        for m in srv.collector().collect()
+        for s in m.samples
+    }
     assert got[("lens_agent_grpc_calls_refused_total", "unauthenticated")] == 7
     assert got[("lens_agent_grpc_calls_refused_total", "permission_denied")] == 0
     channel.close()
 
 
-@pytest.mark.parametrize(("listen", "anonymous", "taken"), [
-    ("127.0.0.1:9471", "loopback", True), ("[::1]:9471", "loopback", True),
-    ("localhost:9471", "loopback", True), ("0.0.0.0:9471", "loopback", False),
-    (":9471", "loopback", False), ("10.0.0.1:9471", "always", True),
-    ("127.0.0.1:9471", "never", False),
-])  # fmt: skip
-def test_a_call_without_a_token_is_taken_only_as_anonymous_says(listen: str, anonymous: str,
-                                                                 taken: bool) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("listen", "anonymous", "taken"),
+    [
+        ("127.0.0.1:9471", "loopback", True),
+        ("[::1]:9471", "loopback", True),
+        ("localhost:9471", "loopback", True),
+        ("0.0.0.0:9471", "loopback", False),
+        (":9471", "loopback", False),
+        ("10.0.0.1:9471", "always", True),
+        ("127.0.0.1:9471", "never", False),
+    ],
+)
+def test_a_call_without_a_token_is_taken_only_as_anonymous_says(
+    listen: str, anonymous: str, taken: bool
+) -> None:
     guard = Guard(SubscriberAuthConfig(tokenreview=False, anonymous=anonymous), listen, "gRPC")
     if taken:
         assert asyncio.run(guard.check("", Claim())) == "anonymous"
@@ -350,16 +393,24 @@ def jwt(exp: float) -> str:
 def test_verdicts_are_cached_briefly_and_never_past_the_tokens_expiry() -> None:
     now = [1000.0]
     calls: list[tuple[str, Claim]] = []
-    answers = {"good": Said("ok", identity="lens-ebpf/lens-ebpf"),
-               "bad": Said("permission_denied", "pod runs on gpu-2"),
-               "down": Said("unavailable", "TokenReview: connection refused")}  # fmt: skip
+    answers = {
+        "good": Said("ok", identity="lens-ebpf/lens-ebpf"),
+        "bad": Said("permission_denied", "pod runs on gpu-2"),
+        "down": Said("unavailable", "TokenReview: connection refused"),
+    }
 
     def verify(token: str, claim: Claim) -> Said:
         calls.append((token, claim))
         return answers.get(token.split("#")[0], Said("unauthenticated", "not valid"))
 
-    guard = Guard(CollectorAuthConfig(cache_seconds=60), "0.0.0.0:9472", "collector", verify,
-                  node_bound=True, clock=lambda: now[0])  # fmt: skip
+    guard = Guard(
+        CollectorAuthConfig(cache_seconds=60),
+        "0.0.0.0:9472",
+        "collector",
+        verify,
+        node_bound=True,
+        clock=lambda: now[0],
+    )
 
     def check(token: str, node: str = "gpu-1") -> str:
         try:
@@ -386,8 +437,12 @@ def test_verdicts_are_cached_briefly_and_never_past_the_tokens_expiry() -> None:
 def test_tokens_file_changes_are_read_again(tmp_path: Path) -> None:
     f = tmp_path / "tokens"
     f.write_text("gpu-1 first\n")
-    guard = Guard(CollectorAuthConfig(tokenreview=False, tokens_file=str(f)), "0.0.0.0:1",
-                  "collector", node_bound=True)  # fmt: skip
+    guard = Guard(
+        CollectorAuthConfig(tokenreview=False, tokens_file=str(f)),
+        "0.0.0.0:1",
+        "collector",
+        node_bound=True,
+    )
     assert asyncio.run(guard.check("first", Claim("gpu-1"))) == "gpu-1"
     f.write_text("gpu-1 second-token\n")
     with pytest.raises(Refused):
@@ -401,7 +456,10 @@ def test_the_recorders_settings_have_safe_defaults() -> None:
 
     rec = recorder_config.load(env={}).grpc
     assert (rec.auth.tokenreview, rec.auth.audience, rec.auth.anonymous) == (
-        True, "lens-ebpf-collector", "loopback")  # fmt: skip
+        True,
+        "lens-ebpf-collector",
+        "loopback",
+    )
     # the agents' account in the recorder's own namespace (the release's, deploy/'s)
     assert rec.auth.accounts("gpu-watch") == ["gpu-watch/lens-ebpf"]
     assert rec.max_seq_jump == 10**12

@@ -71,9 +71,12 @@ def test_a_batch_stream_delivers_every_event_in_order(served: Served) -> None:
     assert [e.seq for e in got] == [ev.seq for ev in published]
     # the bytes Subscribe sends for the same event: encoded once, kept on the event
     assert [e.SerializeToString() for e in got] == [
-        convert.to_pb(ev, *NODE).SerializeToString() for ev in published]  # fmt: skip
-    assert all(convert.wire(ev, *NODE) == e.SerializeToString()
-               for ev, e in zip(published, got, strict=True))  # fmt: skip
+        convert.to_pb(ev, *NODE).SerializeToString() for ev in published
+    ]
+    assert all(
+        convert.wire(ev, *NODE) == e.SerializeToString()
+        for ev, e in zip(published, got, strict=True)
+    )
     assert 1_200 / BATCH_EVENTS <= messages < 1_200  # several to a message
 
 
@@ -87,7 +90,11 @@ def test_a_batch_stream_says_what_the_history_no_longer_holds(served: Served) ->
     assert ("lens-agent-instance", bus.instance) in stream.initial_metadata()
     stream.cancel()
     assert (got[0].WhichOneof("payload"), got[0].gap.lost, got[0].gap.reason, got[0].seq) == (
-        "gap", 50, "history", 50)  # fmt: skip
+        "gap",
+        50,
+        "history",
+        50,
+    )
     assert [e.flow_closed.pid for e in got[1:]] == list(range(50, 100))
     with pytest.raises(grpc.RpcError) as err:
         next(iter(stub.SubscribeBatch(pb.SubscribeRequest(kinds=["nope"]))))

@@ -11,19 +11,28 @@ FIX = Path(__file__).parent.parent / "fixtures"
 class Procs:
     def __init__(self) -> None:
         self.rounds = [
-            [ProcSample(1, "init", 10.0, 5_000), ProcSample(200, "trainer", 100.0, 900_000),
-             ProcSample(300, "sshd", 1.0, 7_000), ProcSample(400, "busy", 50.0, 1_000)],
-            [ProcSample(1, "init", 10.0, 5_000), ProcSample(200, "trainer", 101.0, 900_000),
-             ProcSample(300, "sshd", 1.0, 7_000), ProcSample(400, "busy", 58.0, 1_000)],
-        ]  # fmt: skip
+            [
+                ProcSample(1, "init", 10.0, 5_000),
+                ProcSample(200, "trainer", 100.0, 900_000),
+                ProcSample(300, "sshd", 1.0, 7_000),
+                ProcSample(400, "busy", 50.0, 1_000),
+            ],
+            [
+                ProcSample(1, "init", 10.0, 5_000),
+                ProcSample(200, "trainer", 101.0, 900_000),
+                ProcSample(300, "sshd", 1.0, 7_000),
+                ProcSample(400, "busy", 58.0, 1_000),
+            ],
+        ]
 
     def __call__(self) -> list[ProcSample]:
         return self.rounds.pop(0)
 
 
 def values(c: SystemCollector) -> dict[tuple[str, tuple], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for m in c.snapshot() for s in m.samples}  # fmt: skip
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value for m in c.snapshot() for s in m.samples
+    }
 
 
 def make(procfs: Path = FIX / "proc") -> SystemCollector:

@@ -11,18 +11,49 @@ from lens_ebpf.agent.trace_format import format_flow, format_proc
 from tests.golden import check_golden
 
 FLOWS = [
-    {"kind": "flow_closed", "ts_ns": 5_000_000_000, "pid": 4242, "comm": "curl",
-     "direction": "egress", "class": "externalHosts", "raddr": "93.184.216.34", "rport": 443,
-     "lport": 51234, "sent_bytes": 517, "received_bytes": 1_398_101,
-     "duration_ns": 45_300_000},
-    {"kind": "flow_closed", "ts_ns": 6_000_000_000, "pid": 77, "comm": "nginx-worker-long",
-     "direction": "ingress", "class": "k8sPod", "raddr": "10.244.3.17", "rport": 40112,
-     "lport": 8080, "sent_bytes": 2048, "received_bytes": 310, "duration_ns": 1_200_000},
-    {"kind": "flow_closed", "ts_ns": 7_000_000_000, "pid": 9, "comm": "python3",
-     "direction": "egress", "class": "internalHosts",
-     "raddr": "fd00:1234:5678:9abc:def0:1234:5678:9abc", "rport": 5432, "lport": 40000,
-     "sent_bytes": 12, "received_bytes": 0, "duration_ns": 2_000_000_000_000},
-]  # fmt: skip
+    {
+        "kind": "flow_closed",
+        "ts_ns": 5_000_000_000,
+        "pid": 4242,
+        "comm": "curl",
+        "direction": "egress",
+        "class": "externalHosts",
+        "raddr": "93.184.216.34",
+        "rport": 443,
+        "lport": 51234,
+        "sent_bytes": 517,
+        "received_bytes": 1_398_101,
+        "duration_ns": 45_300_000,
+    },
+    {
+        "kind": "flow_closed",
+        "ts_ns": 6_000_000_000,
+        "pid": 77,
+        "comm": "nginx-worker-long",
+        "direction": "ingress",
+        "class": "k8sPod",
+        "raddr": "10.244.3.17",
+        "rport": 40112,
+        "lport": 8080,
+        "sent_bytes": 2048,
+        "received_bytes": 310,
+        "duration_ns": 1_200_000,
+    },
+    {
+        "kind": "flow_closed",
+        "ts_ns": 7_000_000_000,
+        "pid": 9,
+        "comm": "python3",
+        "direction": "egress",
+        "class": "internalHosts",
+        "raddr": "fd00:1234:5678:9abc:def0:1234:5678:9abc",
+        "rport": 5432,
+        "lport": 40000,
+        "sent_bytes": 12,
+        "received_bytes": 0,
+        "duration_ns": 2_000_000_000_000,
+    },
+]
 
 
 def test_human_table_layout_is_golden_and_fits_80_columns() -> None:
@@ -39,8 +70,16 @@ def test_human_table_layout_is_golden_and_fits_80_columns() -> None:
 
 
 def test_exec_lines_fit() -> None:
-    ev = {"kind": "process_exit", "ts_ns": 0, "pid": 1, "ppid": 0, "comm": "sh",
-          "exit_code": -1, "signal": 9, "filename": "x" * 200}  # fmt: skip
+    ev = {
+        "kind": "process_exit",
+        "ts_ns": 0,
+        "pid": 1,
+        "ppid": 0,
+        "comm": "sh",
+        "exit_code": -1,
+        "signal": 9,
+        "filename": "x" * 200,
+    }
     line = format_proc(ev, 0.0)
     assert len(line) <= 80 and " sig9 " in line
 
@@ -51,8 +90,14 @@ def ns(**kw) -> argparse.Namespace:
 
 
 def test_user_space_filters() -> None:
-    ev = {"comm": "curl", "class": "k8sPod", "container": "app", "container_id": "abc123",
-          "namespace": "team-a", "pod": "web-0"}  # fmt: skip
+    ev = {
+        "comm": "curl",
+        "class": "k8sPod",
+        "container": "app",
+        "container_id": "abc123",
+        "namespace": "team-a",
+        "pod": "web-0",
+    }
     assert event_filter(ns(comm="curl", pod="web-0", container="abc"))(ev)
     assert not event_filter(ns(cls="dns"))(ev)
     assert not event_filter(ns(namespace="team-b"))(ev)
@@ -110,8 +155,15 @@ def test_ebpf_prints_source_and_cflags(capsys) -> None:
 def test_trace_all_is_one_table_with_a_kind_column() -> None:
     from lens_ebpf.agent.trace_format import ALL_HEADER, format_any
 
-    proc = {"kind": "process_exit", "ts_ns": 0, "pid": 31, "ppid": 1, "comm": "sh",
-            "exit_code": 3, "signal": 0}  # fmt: skip
+    proc = {
+        "kind": "process_exit",
+        "ts_ns": 0,
+        "pid": 31,
+        "ppid": 1,
+        "comm": "sh",
+        "exit_code": 3,
+        "signal": 0,
+    }
     lines = [ALL_HEADER, *(format_any(e, 0.0) for e in [*FLOWS, proc])]
     assert all(len(line) <= 80 for line in lines)
     assert [line.split()[1] for line in lines] == ["EVENT", "flow", "flow", "flow", "exit"]

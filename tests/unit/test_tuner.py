@@ -29,13 +29,22 @@ def proc_sys(root: Path, values: dict[str, str]) -> Path:
 
 
 def samples(tuner: Tuner) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for m in tuner.refresh() for s in m.samples}  # fmt: skip
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for m in tuner.refresh()
+        for s in m.samples
+    }
 
 
 def test_raises_what_is_low_and_leaves_what_is_higher(tmp_path: Path) -> None:
-    root = proc_sys(tmp_path, {"vm.max_map_count": "65530", "fs.nr_open": "1048576",
-                               "fs.file-max": "9223372036854775807"})  # fmt: skip
+    root = proc_sys(
+        tmp_path,
+        {
+            "vm.max_map_count": "65530",
+            "fs.nr_open": "1048576",
+            "fs.file-max": "9223372036854775807",
+        },
+    )
     events: list[NodeTuned] = []
     desired = desired_settings(TunerSettings())  # the shipped defaults
     assert desired == {"vm.max_map_count": 262144, "fs.nr_open": 131072, "fs.file-max": 131072}
@@ -51,7 +60,8 @@ def test_raises_what_is_low_and_leaves_what_is_higher(tmp_path: Path) -> None:
     assert got[("lens_tuner_setting_current", (("setting", "fs.nr_open"),))] == 1048576
     assert got[("lens_tuner_changes_total", (("setting", "fs.nr_open"),))] == 0
     assert [(e.kind, e.setting, e.old_value, e.new_value) for e in events] == [
-        ("node_tuned", "vm.max_map_count", 65530, 262144)]  # fmt: skip
+        ("node_tuned", "vm.max_map_count", 65530, 262144)
+    ]
     # the next round finds it high enough: nothing more to do
     assert samples(tuner)[("lens_tuner_changes_total", setting)] == 1
     assert len(events) == 1
@@ -62,11 +72,22 @@ def test_raises_what_is_low_and_leaves_what_is_higher(tmp_path: Path) -> None:
 
 
 def test_what_it_cannot_do_is_named_and_counted(tmp_path: Path) -> None:
-    root = proc_sys(tmp_path, {"vm.max_map_count": "65530", "kernel.core_pattern": "core",
-                               "vm.dirty_ratio": "garbage 12"})  # fmt: skip
+    root = proc_sys(
+        tmp_path,
+        {
+            "vm.max_map_count": "65530",
+            "kernel.core_pattern": "core",
+            "vm.dirty_ratio": "garbage 12",
+        },
+    )
     (root / "vm/swappiness").mkdir()  # a write that fails
-    desired = {"vm.no_such_setting": 1, "kernel.core_pattern": 5, "vm.dirty_ratio": 20,
-               "vm.swappiness": 10, "vm.max_map_count": 262144}  # fmt: skip
+    desired = {
+        "vm.no_such_setting": 1,
+        "kernel.core_pattern": 5,
+        "vm.dirty_ratio": 20,
+        "vm.swappiness": 10,
+        "vm.max_map_count": 262144,
+    }
     tuner = Tuner(30, root, desired)
     for _ in range(2):
         got = samples(tuner)
@@ -100,10 +121,12 @@ def test_a_read_only_proc_sys_is_counted(tmp_path: Path) -> None:
 
 
 def test_settings_refuse_namespaced_and_malformed_sysctls() -> None:
-    for bad, why in (({"net.core.somaxconn": 4096}, "belongs to a namespace"),
-                     ({"kernel.shmmax": 1}, "belongs to a namespace"),
-                     ({"vm/max_map_count": 1}, "not a sysctl name"),
-                     ({"vm.max_map_count": -1}, "non-negative")):  # fmt: skip
+    for bad, why in (
+        ({"net.core.somaxconn": 4096}, "belongs to a namespace"),
+        ({"kernel.shmmax": 1}, "belongs to a namespace"),
+        ({"vm/max_map_count": 1}, "not a sysctl name"),
+        ({"vm.max_map_count": -1}, "non-negative"),
+    ):
         with pytest.raises(ConfigError, match=why):
             config.load(None, env={}, overrides={("collectors", "tuner", "sysctls"): bad})
     cfg = config.load(None, env={"LENS_COLLECTORS__TUNER__OPEN_FILES": "0"})
@@ -114,9 +137,10 @@ def test_settings_refuse_namespaced_and_malformed_sysctls() -> None:
 
 def test_check_reads_and_changes_nothing(tmp_path: Path) -> None:
     root = proc_sys(tmp_path, {"vm.max_map_count": "65530", "fs.nr_open": "1048576"})
-    rows = list(check_rows(root, {"vm.max_map_count": 262144, "fs.nr_open": 131072,
-                                  "vm.gone": 1}))  # fmt: skip
+    rows = list(check_rows(root, {"vm.max_map_count": 262144, "fs.nr_open": 131072, "vm.gone": 1}))
     assert [(r["setting"], r["current"], r["action"]) for r in rows] == [
-        ("vm.max_map_count", 65530, "would raise"), ("fs.nr_open", 1048576, "ok"),
-        ("vm.gone", None, f"vm.gone: no such sysctl ({root}/vm/gone)")]  # fmt: skip
+        ("vm.max_map_count", 65530, "would raise"),
+        ("fs.nr_open", 1048576, "ok"),
+        ("vm.gone", None, f"vm.gone: no such sysctl ({root}/vm/gone)"),
+    ]
     assert (root / "vm/max_map_count").read_text() == "65530\n"

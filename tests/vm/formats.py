@@ -48,8 +48,9 @@ def main() -> int:
         series = ".".join(platform.release().split(".")[:2])
         print(f"{series}: {copy_formats(host, FIXTURES / series / 'events')} formats")
     for k in kernels.cached():
-        res = qemu.boot(k, ".venv/bin/python -m tests.vm.formats --guest", workdir=ROOT,
-                        headers="fallback")  # fmt: skip
+        res = qemu.boot(
+            k, ".venv/bin/python -m tests.vm.formats --guest", workdir=ROOT, headers="fallback"
+        )
         if res.rc != 0:
             print(f"{k.series}: rc={res.rc}\n{res.output}", file=sys.stderr)
             return 1

@@ -224,19 +224,35 @@ def boot(
         build_initramfs(kernel, guest, initrd)
         cmd = [
             "qemu-system-x86_64",
-            "-machine", "accel=tcg", "-cpu", "max", "-smp", str(cpus), "-m", str(memory_mb),
-            "-kernel", str(kernel.vmlinuz), "-initrd", str(initrd),
-            "-append", "console=ttyS0 panic=-1 quiet loglevel=3 rdinit=/init",
-            "-nographic", "-no-reboot", "-nic", "none",
-            "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,"
-                       "multidevs=remap",
-            "-virtfs", f"local,path={out},mount_tag=out,security_model=none,multidevs=remap",
-        ]  # fmt: skip
+            "-machine",
+            "accel=tcg",
+            "-cpu",
+            "max",
+            "-smp",
+            str(cpus),
+            "-m",
+            str(memory_mb),
+            "-kernel",
+            str(kernel.vmlinuz),
+            "-initrd",
+            str(initrd),
+            "-append",
+            "console=ttyS0 panic=-1 quiet loglevel=3 rdinit=/init",
+            "-nographic",
+            "-no-reboot",
+            "-nic",
+            "none",
+            "-virtfs",
+            "local,path=/,mount_tag=hostroot,security_model=none,readonly=on," "multidevs=remap",
+            "-virtfs",
+            f"local,path={out},mount_tag=out,security_model=none,multidevs=remap",
+        ]
         started = time.monotonic()
         serial = out / "serial.log"
         with serial.open("wb") as console_file:
-            proc = subprocess.Popen(cmd, stdout=console_file, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)  # fmt: skip
+            proc = subprocess.Popen(
+                cmd, stdout=console_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
             progress, last, cpu = (-1, -1), started, 0.0
             while proc.poll() is None:
                 time.sleep(POLL_SECONDS)
@@ -272,8 +288,11 @@ def by_series(series: str) -> kernels.Kernel:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.vm.qemu", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m tests.vm.qemu",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("series", help="5.10, 6.1 or 6.12")
     ap.add_argument("--headers", choices=("matching", "fallback"), default="matching")
     ap.add_argument("--out", type=Path)
@@ -281,13 +300,16 @@ def main(argv: list[str] | None = None) -> int:
     cut = argv.index("--") if "--" in argv else len(argv)
     args = ap.parse_args(argv[:cut])
     command = " ".join(argv[cut + 1 :])
-    res = boot(by_series(args.series), command, workdir=Path.cwd(), headers=args.headers,
-               out=args.out)  # fmt: skip
+    res = boot(
+        by_series(args.series), command, workdir=Path.cwd(), headers=args.headers, out=args.out
+    )
     print(res.output, end="")
     if res.rc < 0:
         print(res.console[-3000:], file=sys.stderr)
-    print(f"lens-vm: {args.series} rc={res.rc} in {res.seconds:.1f}s, files in {res.out}",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"lens-vm: {args.series} rc={res.rc} in {res.seconds:.1f}s, files in {res.out}",
+        file=sys.stderr,
+    )
     return res.rc if res.rc >= 0 else 125
 
 

@@ -54,12 +54,16 @@ HEADERS = ("matching", "fallback")
 def _guest_command(fallback: bool) -> str:
     """The suite with the kernel's own headers, then (fallback) the agent again with the
     build and source links gone, so it finds its fallback tree itself."""
-    steps = [f"{PY} --junitxml=$KMATRIX_OUT/junit-matching.xml {SUITE}; "
-             "echo $? > $KMATRIX_OUT/rc-matching"]  # fmt: skip
+    steps = [
+        f"{PY} --junitxml=$KMATRIX_OUT/junit-matching.xml {SUITE}; "
+        "echo $? > $KMATRIX_OUT/rc-matching"
+    ]
     if fallback:
         steps.append("rm -f /lib/modules/$KMATRIX_KERNEL/build /lib/modules/$KMATRIX_KERNEL/source")
-        steps.append(f"{PY} --junitxml=$KMATRIX_OUT/junit-fallback.xml {FALLBACK}; "
-                     "echo $? > $KMATRIX_OUT/rc-fallback")  # fmt: skip
+        steps.append(
+            f"{PY} --junitxml=$KMATRIX_OUT/junit-fallback.xml {FALLBACK}; "
+            "echo $? > $KMATRIX_OUT/rc-fallback"
+        )
     return "; ".join(steps)
 
 
@@ -106,9 +110,15 @@ class Matrix:
         while not done.exists():
             time.sleep(2)
         got = json.loads(done.read_text())
-        return qemu.Result(got["rc"], _read(out / "console.log"), _read(out / "serial.log"),
-                           got["seconds"], out, got["hung"],
-                           got.get("cpu_seconds", 0.0))  # fmt: skip
+        return qemu.Result(
+            got["rc"],
+            _read(out / "console.log"),
+            _read(out / "serial.log"),
+            got["seconds"],
+            out,
+            got["hung"],
+            got.get("cpu_seconds", 0.0),
+        )
 
 
 def _read(path: Path) -> str:
@@ -119,8 +129,12 @@ def _record(out: Path, future: Future) -> None:
     """A guest's result into its share, for a worker that did not start it."""
     try:
         res: qemu.Result = future.result()
-        got = {"rc": res.rc, "seconds": res.seconds, "hung": res.hung,
-               "cpu_seconds": res.cpu_seconds}  # fmt: skip
+        got = {
+            "rc": res.rc,
+            "seconds": res.seconds,
+            "hung": res.hung,
+            "cpu_seconds": res.cpu_seconds,
+        }
     except Exception as e:  # the boot itself failed: the worker's test says so
         got = {"rc": -1, "seconds": 0.0, "hung": f"the guest did not run: {e!r}"}
     tmp = out / (RESULT + ".tmp")
@@ -155,7 +169,7 @@ def start(out_root: Path) -> Matrix:
             out.mkdir(parents=True, exist_ok=True)
             matrix.runs[k.series] = pool.submit(
                 qemu.boot, k, _guest_command(not own), workdir=ROOT, out=out
-            )  # fmt: skip
+            )
             matrix.runs[k.series].add_done_callback(lambda f, out=out: _record(out, f))
         pool.shutdown(wait=False)
         _plan(out_root, matrix)
@@ -172,8 +186,12 @@ def _plan(root: Path, matrix: Matrix) -> None:
 def _planned(root: Path) -> Matrix:
     """The matrix another process started into root, as its plan says."""
     plan = root / PLAN
-    wait_for(plan.exists, f"the kernel matrix's plan in {root} (the controller starts it "
-             "when a worker has collected tests/vm)", 60)  # fmt: skip
+    wait_for(
+        plan.exists,
+        f"the kernel matrix's plan in {root} (the controller starts it "
+        "when a worker has collected tests/vm)",
+        60,
+    )
     got = json.loads(plan.read_text())
     covers = {s: tuple(h) for s, h in got["covers"].items()}
     return Matrix(covers=covers, skip=got["skip"], root=root)
@@ -227,8 +245,9 @@ def test_real_kernel_suite(matrix: Matrix, series: str, headers: str) -> None:
     if series not in matrix.covers:
         pytest.skip(f"kernel {series} not fetched")
     if headers not in matrix.covers[series]:
-        pytest.skip(f"the fallback tree ({kernel_headers.find_fallback()}) is {series}'s "
-                    "own headers")  # fmt: skip
+        pytest.skip(
+            f"the fallback tree ({kernel_headers.find_fallback()}) is {series}'s " "own headers"
+        )
     res = matrix.result(series)
     totals, bad, _ = report(res, headers)
     rc_file = res.out / f"rc-{headers}"
@@ -273,14 +292,18 @@ def summary_lines() -> list[str]:
         for headers in m.covers[series]:
             totals, bad, secs = report(res, headers)
             if not totals:
-                lines.append(f"kernel matrix: {abi} ({headers} headers): no report "
-                             f"({res.hung or 'see the test failure'})")  # fmt: skip
+                lines.append(
+                    f"kernel matrix: {abi} ({headers} headers): no report "
+                    f"({res.hung or 'see the test failure'})"
+                )
                 continue
             passed = totals["tests"] - totals["failures"] - totals["errors"] - totals["skipped"]
             lines.append(
                 f"kernel matrix: {abi} ({headers} headers): {passed} passed, "
                 f"{len(bad)} failed, {totals['skipped']} skipped in {secs:.0f} s"
             )
-        lines.append(f"kernel matrix: {abi}: guest ran {res.seconds:.0f} s "
-                     f"({res.cpu_seconds:.0f} s of CPU)")  # fmt: skip
+        lines.append(
+            f"kernel matrix: {abi}: guest ran {res.seconds:.0f} s "
+            f"({res.cpu_seconds:.0f} s of CPU)"
+        )
     return lines

@@ -238,8 +238,14 @@ def record_struct(t: type[ctypes.Structure]) -> struct.Struct:
     """A struct.Struct that unpacks a ctypes mirror's bytes into its fields in order
     (arrays of bytes and chars as bytes), padding skipped; checked against the mirror's
     offsets and size."""
-    codes: dict[Any, str] = {ctypes.c_uint64: "Q", ctypes.c_int64: "q", ctypes.c_uint32: "I",
-             ctypes.c_int32: "i", ctypes.c_uint16: "H", ctypes.c_uint8: "B"}  # fmt: skip
+    codes: dict[Any, str] = {
+        ctypes.c_uint64: "Q",
+        ctypes.c_int64: "q",
+        ctypes.c_uint32: "I",
+        ctypes.c_int32: "i",
+        ctypes.c_uint16: "H",
+        ctypes.c_uint8: "B",
+    }
     fmt, at = "<", 0
     for name, ftype in t._fields_:  # type: ignore[misc]
         ftype = cast(Any, ftype)

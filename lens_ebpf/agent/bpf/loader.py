@@ -70,8 +70,9 @@ def attach_btf_tracepoint(bpf: Any, tracepoint: str, type_id: int | None) -> Non
     if type_id is None:
         raise RuntimeError(f"no BTF type btf_trace_{event} to attach {fname.decode()} to")
     try:
-        fd = load_btf_tracepoint(bpf.dump_func(fname), lib.bpf_module_license(bpf.module),
-                                 type_id, event)  # fmt: skip
+        fd = load_btf_tracepoint(
+            bpf.dump_func(fname), lib.bpf_module_license(bpf.module), type_id, event
+        )
     except OSError as exc:
         raise RuntimeError(f"cannot load {fname.decode()}: {exc.strerror}") from None
     bpf.funcs[fname] = BPF.Function(bpf, fname, fd)
@@ -166,8 +167,13 @@ def feature_view(st: ProgramStatus, needs: Iterable[str] | None = None) -> dict[
     """A program's status as /readyz and check show a feature: state, why, and the path
     (tracepoint, or kprobe where any need fell back to one) of the needs it covers."""
     paths = {n: p for n, p in st.paths.items() if needs is None or n in needs}
-    return {"state": st.state, "reason": st.reason, "path": feature_path(paths.values()),
-            "paths": paths, "detail": st.detail}  # fmt: skip
+    return {
+        "state": st.state,
+        "reason": st.reason,
+        "path": feature_path(paths.values()),
+        "paths": paths,
+        "detail": st.detail,
+    }
 
 
 class BpfLoader:
@@ -207,8 +213,19 @@ class BpfLoader:
         iters, btfs = plan.iterators(), plan.btf_tracepoints()
 
         def status(state: str, reason: str, seconds: float = 0.0) -> ProgramStatus:
-            st = ProgramStatus(name, state, reason, seconds, tps, kps, plan.paths(),
-                               plan.summary(), raws, iters, btfs)  # fmt: skip
+            st = ProgramStatus(
+                name,
+                state,
+                reason,
+                seconds,
+                tps,
+                kps,
+                plan.paths(),
+                plan.summary(),
+                raws,
+                iters,
+                btfs,
+            )
             self.status[name] = st
             return st
 
@@ -241,8 +258,12 @@ class BpfLoader:
                 for target in iters:
                     self._iterators[(name, target)] = BpfIterator(bpf, target)
                 n_btf = sum(k.startswith(b"tp_btf:") for k in bpf.raw_tracepoint_fds)
-                got = (bpf.num_open_tracepoints(), len(bpf.raw_tracepoint_fds) - n_btf,
-                       bpf.num_open_kprobes(), n_btf)  # fmt: skip
+                got = (
+                    bpf.num_open_tracepoints(),
+                    len(bpf.raw_tracepoint_fds) - n_btf,
+                    bpf.num_open_kprobes(),
+                    n_btf,
+                )
                 if got != (len(tps), len(raws), len(kps), len(btfs)):
                     raise RuntimeError(
                         f"{got[0]} of {len(tps)} tracepoints, {got[1]} of {len(raws)} raw "
@@ -263,10 +284,18 @@ class BpfLoader:
         elapsed = time.monotonic() - started
         status(ATTACHED, "", elapsed)
         self._loaded[name] = bpf
-        log.info("%s: attached %d tracepoints (%d BTF-typed), %d raw tracepoints, %d kprobes "
-                 "and %d iterators in %.2fs (%s)", name, len(tps) + len(btfs), len(btfs),
-                 len(raws), len(kps), len(iters), elapsed,
-                 plan.summary() or "all tracepoints")  # fmt: skip
+        log.info(
+            "%s: attached %d tracepoints (%d BTF-typed), %d raw tracepoints, %d kprobes "
+            "and %d iterators in %.2fs (%s)",
+            name,
+            len(tps) + len(btfs),
+            len(btfs),
+            len(raws),
+            len(kps),
+            len(iters),
+            elapsed,
+            plan.summary() or "all tracepoints",
+        )
         return bpf
 
     def iterator(self, program: str, target: str) -> BpfIterator:

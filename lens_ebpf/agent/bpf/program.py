@@ -41,10 +41,15 @@ class RingProgram:
         self.head = b""  # the serialized node fields its events carry (open_records)
         self.encoder = ""  # how its records are encoded: compiled, or python (why)
 
-    def open_events(self, ring: bytes, handle: Callable[[bytes], None],
-                    reader: str = "mapped",
-                    batch: Callable[[Records], None] | None = None,
-                    take: Any = None, record_size: int = 0) -> None:  # fmt: skip
+    def open_events(
+        self,
+        ring: bytes,
+        handle: Callable[[bytes], None],
+        reader: str = "mapped",
+        batch: Callable[[Records], None] | None = None,
+        take: Any = None,
+        record_size: int = 0,
+    ) -> None:
         """Deliver the ring buffer's records (their bytes) to handle; report received and
         lost. reader "mapped": a pass over the ring's own mapping each time (ringbuf.py)
         where this machine allows it; else, or "callback", BCC's callback per record.
@@ -72,9 +77,14 @@ class RingProgram:
             table.open_ring_buffer(lambda _ctx, data, size: deliver(ctypes.string_at(data, size)))
         self.loader.report_events(
             self.NAME,
-            lambda: (self.events_received, {"ringbuf_full": self.kernel_stats["ringbuf_full"],
-                                            "handler_error": self.handler_errors}),
-        )  # fmt: skip
+            lambda: (
+                self.events_received,
+                {
+                    "ringbuf_full": self.kernel_stats["ringbuf_full"],
+                    "handler_error": self.handler_errors,
+                },
+            ),
+        )
 
     def _deliver(self, rec: bytes) -> None:
         """One record to the handler, whichever reader took it; one the handler fails on is
@@ -85,10 +95,17 @@ class RingProgram:
         except Exception as exc:
             self.records_lost(1, exc)
 
-    def open_records(self, ring: bytes, handle: Callable[[bytes], None], reader: str,
-                     encoder: str, compiled: Callable[[], tuple[Any, str]],
-                     batch: Callable[[Records], None], record_size: int,
-                     node: tuple[str, str]) -> None:  # fmt: skip
+    def open_records(
+        self,
+        ring: bytes,
+        handle: Callable[[bytes], None],
+        reader: str,
+        encoder: str,
+        compiled: Callable[[], tuple[Any, str]],
+        batch: Callable[[Records], None],
+        record_size: int,
+        node: tuple[str, str],
+    ) -> None:
         """open_events through the compiled path where encoder (events.encoder) asks for it
         and compiled() (its module, or None and why not) has one: batch takes each pass's
         records, read by native.ring_take, and encodes them with node's name and IP
@@ -97,8 +114,14 @@ class RingProgram:
         self.native, why = compiled() if encoder == "compiled" else (None, "events.encoder: python")
         self.head = pb.Event(node_name=node[0], node_ip=node[1]).SerializeToString()
         on = self.native is not None
-        self.open_events(ring, handle, reader, batch if on else None,
-                         getattr(self.native, "ring_take", None), record_size)  # fmt: skip
+        self.open_events(
+            ring,
+            handle,
+            reader,
+            batch if on else None,
+            getattr(self.native, "ring_take", None),
+            record_size,
+        )
         self.encoder = "compiled" if on else f"python ({why})"
 
     def records_lost(self, n: int, error: BaseException | None = None, what: str = "") -> None:
@@ -107,9 +130,14 @@ class RingProgram:
         and logged, the first time and at each 10,000 after, with error's traceback."""
         before, self.handler_errors = self.handler_errors, self.handler_errors + n
         if before == 0 or before // 10_000 != self.handler_errors // 10_000:
-            log.error("%s: %d records %s (%d so far)", self.NAME, n,
-                      what or "could not be handled", self.handler_errors,
-                      exc_info=error)  # fmt: skip
+            log.error(
+                "%s: %d records %s (%d so far)",
+                self.NAME,
+                n,
+                what or "could not be handled",
+                self.handler_errors,
+                exc_info=error,
+            )
 
     def count(self, records: Records) -> int:
         """How many records a batch holds (a list, or whole records back to back)."""

@@ -45,11 +45,13 @@ class MappedRing:
             raise ValueError(f"ring buffer size {size}: not a power of two")
         page = mmap.PAGESIZE
         self.mask = size - 1
-        self._consumer = mmap.mmap(map_fd, page, mmap.MAP_SHARED,
-                                   mmap.PROT_READ | mmap.PROT_WRITE, offset=0)  # fmt: skip
+        self._consumer = mmap.mmap(
+            map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0
+        )
         try:
-            self._producer = mmap.mmap(map_fd, page + 2 * size, mmap.MAP_SHARED,
-                                       mmap.PROT_READ, offset=page)  # fmt: skip
+            self._producer = mmap.mmap(
+                map_fd, page + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page
+            )
         except BaseException:
             self._consumer.close()
             raise
@@ -77,8 +79,9 @@ class MappedRing:
         """take, as the compiled reader does it (native.ring_take: with acquire loads and
         a release store, so on any CPU): the records of size bytes back to back in one
         bytes object, and how many of another size it passed over."""
-        got: tuple[bytes, int] = take(self._consumer, self._producer, self.mask,
-                                      mmap.PAGESIZE, size)  # fmt: skip
+        got: tuple[bytes, int] = take(
+            self._consumer, self._producer, self.mask, mmap.PAGESIZE, size
+        )
         return got
 
     def take(self) -> list[bytes]:

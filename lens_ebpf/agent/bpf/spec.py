@@ -165,8 +165,10 @@ class Kernel:
             for tp in path.probes:
                 got = self.btf.raw_tracepoint_args(tp.split(":", 1)[-1])
                 if got != path.args:
-                    out.append(f"{tp} arguments ({', '.join(got) if got else 'none in BTF'}; "
-                               f"expected {', '.join(path.args)})")  # fmt: skip
+                    out.append(
+                        f"{tp} arguments ({', '.join(got) if got else 'none in BTF'}; "
+                        f"expected {', '.join(path.args)})"
+                    )
         for f in path.btf:
             got_member = self.btf.member(f.member)
             if got_member is None:
@@ -233,8 +235,11 @@ class Plan:
     def degraded_for(self, needs: Iterable[str]) -> list[str]:
         """The degradations that touch the tracepoints these needs attach."""
         tps = {tp for n in needs if (p := self.choices[n].path) is not None for tp in p.probes}
-        return [d for f, d in zip(self.missing_fields, self.degraded, strict=True)
-                if f.tracepoint in tps]  # fmt: skip
+        return [
+            d
+            for f, d in zip(self.missing_fields, self.degraded, strict=True)
+            if f.tracepoint in tps
+        ]
 
     @property
     def loadable(self) -> bool:

@@ -126,8 +126,9 @@ def load_btf_tracepoint(insns: bytes, license: bytes, btf_id: int, name: str) ->
     except OSError:
         text = log_buf.value.decode(errors="replace")
     # the refused instruction and the verifier's reason, not its statistics
-    said = [ln for ln in text.strip().splitlines()
-            if not ln.startswith(("processed ", "verification "))]  # fmt: skip
+    said = [
+        ln for ln in text.strip().splitlines() if not ln.startswith(("processed ", "verification "))
+    ]
     tail = " / ".join(said[-2:])
     if len(text) >= len(log_buf) - 1:
         tail = f"{tail} (the verifier's log was cut at {len(log_buf)} bytes)"

@@ -22,14 +22,22 @@ UVERBS = re.compile(r"^/dev/infiniband/uverbs\d+$")
 
 def container_event(kind: str, c: ContainerInfo) -> ContainerChange:
     return ContainerChange(
-        kind=kind, ts_ns=time.clock_gettime_ns(time.CLOCK_MONOTONIC), container_id=c.id,
-        container=c.label, pod=c.pod_name, namespace=c.pod_namespace, pod_uid=c.pod_uid,
+        kind=kind,
+        ts_ns=time.clock_gettime_ns(time.CLOCK_MONOTONIC),
+        container_id=c.id,
+        container=c.label,
+        pod=c.pod_name,
+        namespace=c.pod_namespace,
+        pod_uid=c.pod_uid,
         devices=tuple(d.host_path or d.path for d in c.devices),
-    )  # fmt: skip
+    )
 
 
-def pods_view(containers: dict[str, ContainerInfo], gpus: dict[str, dict] | None = None,
-              rdma: dict[str, dict] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def pods_view(
+    containers: dict[str, ContainerInfo],
+    gpus: dict[str, dict] | None = None,
+    rdma: dict[str, dict] | None = None,
+) -> list[dict[str, Any]]:
     """/pods in the node exporter's shape: each container with the GPUs and RDMA devices
     it was given. gpus and rdma map a host device path to the device behind it (the GPU
     and RDMA collectors' views); a node neither knows keeps id -1. Shared control nodes
@@ -44,18 +52,29 @@ def pods_view(containers: dict[str, ContainerInfo], gpus: dict[str, dict] | None
                 gpu_nodes.append(d)
             elif d.group == "infiniband" and UVERBS.match(d.host_path or d.path):
                 known = (rdma or {}).get(d.host_path or d.path)
-                ib.append({**(known or {"name": "", "id": -1, "kind": "RDMA", "uuid": ""}),
-                           "path": d.path, "host_path": d.host_path, "major": d.major,
-                           "minor": d.minor})  # fmt: skip
+                ib.append(
+                    {
+                        **(known or {"name": "", "id": -1, "kind": "RDMA", "uuid": ""}),
+                        "path": d.path,
+                        "host_path": d.host_path,
+                        "major": d.major,
+                        "minor": d.minor,
+                    }
+                )
             elif d.group in ("gpu", "infiniband"):
                 control.append(d.path)
-        out.append({
-            "id": c.id, "pod_name": c.pod_name, "pod_namespace": c.pod_namespace,
-            "pod_uuid": c.pod_uid,
-            "devices": {"gpu": pod_gpus(gpu_nodes, gpus or {}), "infiniband": ib},
-            # lens-ebpf's additions
-            "container_name": c.name, "control_devices": control,
-        })  # fmt: skip
+        out.append(
+            {
+                "id": c.id,
+                "pod_name": c.pod_name,
+                "pod_namespace": c.pod_namespace,
+                "pod_uuid": c.pod_uid,
+                "devices": {"gpu": pod_gpus(gpu_nodes, gpus or {}), "infiniband": ib},
+                # lens-ebpf's additions
+                "container_name": c.name,
+                "control_devices": control,
+            }
+        )
     return out
 
 
@@ -69,8 +88,19 @@ def pod_gpus(devices: list[Any], nodes: dict[str, dict]) -> list[dict]:
         known = nodes.get(host)
         extra = {"host_path": d.host_path, "major": d.major, "minor": d.minor}
         if known is None:
-            out.append({"name": "", "id": -1, "path": d.path, "kind": "GPU", "uuid": "",
-                        "serial": "", "slot": "", "vendor": "", **extra})  # fmt: skip
+            out.append(
+                {
+                    "name": "",
+                    "id": -1,
+                    "path": d.path,
+                    "kind": "GPU",
+                    "uuid": "",
+                    "serial": "",
+                    "slot": "",
+                    "vendor": "",
+                    **extra,
+                }
+            )
             continue
         key = (known["vendor"], known["id"])
         entry = by_gpu.get(key)

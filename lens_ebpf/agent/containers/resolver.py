@@ -34,9 +34,13 @@ class ContainerResolver:
     """cgroup id -> cgroup path -> container id -> container and pod identity."""
 
     def __init__(
-        self, index: CgroupIndex, state: ContainerdState, min_rescan: float = 0.05,
-        clock: Callable[[], float] = time.monotonic, keep_exited: float = KEEP_EXITED_SECONDS,
-    ) -> None:  # fmt: skip
+        self,
+        index: CgroupIndex,
+        state: ContainerdState,
+        min_rescan: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
+        keep_exited: float = KEEP_EXITED_SECONDS,
+    ) -> None:
         self.index = index
         self.state = state
         self.containers: dict[str, ContainerInfo] = {}
@@ -123,8 +127,13 @@ def identity(ref: CgroupRef, info: ContainerInfo | None) -> dict[str, str]:
     """Event fields naming the container and pod; empty strings for the host."""
     if info is None:
         # a kubepods cgroup we have no runtime record of still names its container
-        return {"container_id": ref.container_id if ref.runtime else "", "container": "",
-                "pod": "", "namespace": "", "pod_uid": ref.pod_uid}  # fmt: skip
+        return {
+            "container_id": ref.container_id if ref.runtime else "",
+            "container": "",
+            "pod": "",
+            "namespace": "",
+            "pod_uid": ref.pod_uid,
+        }
     return {
         "container_id": info.id,
         "container": info.label,

@@ -89,8 +89,9 @@ def _first(annotations: dict[str, Any], keys: tuple[str, str]) -> str:
     return ""
 
 
-def parse_spec(spec: dict[str, Any], cid: str, namespace: str,
-               sysfs: Path = Path("/sys")) -> ContainerInfo:  # fmt: skip
+def parse_spec(
+    spec: dict[str, Any], cid: str, namespace: str, sysfs: Path = Path("/sys")
+) -> ContainerInfo:
     """Identity and devices from an OCI spec; nothing else of it is kept."""
     ann = spec.get("annotations") or {}
     if not isinstance(ann, dict):

@@ -67,9 +67,16 @@ def parse_stat(text: str) -> dict[str, int | str]:
     may hold spaces and parentheses: the fields start after its last ')'."""
     rest = text[text.rindex(")") + 2 :].split()
     # rest[0] is field 3 (state); field n is rest[n - 3]
-    return {"state": rest[0], "ppid": int(rest[1]), "utime": int(rest[11]),
-            "stime": int(rest[12]), "num_threads": int(rest[17]), "starttime": int(rest[19]),
-            "vsize": int(rest[20]), "rss": int(rest[21])}  # fmt: skip
+    return {
+        "state": rest[0],
+        "ppid": int(rest[1]),
+        "utime": int(rest[11]),
+        "stime": int(rest[12]),
+        "num_threads": int(rest[17]),
+        "starttime": int(rest[19]),
+        "vsize": int(rest[20]),
+        "rss": int(rest[21]),
+    }
 
 
 def boot_time(stat_text: str) -> float:
@@ -113,13 +120,20 @@ def read_process(procfs: Path, pid: int, btime: float) -> Proc | None:
         exe = ""  # a kernel thread, or not ours to read
     nspid = [int(x) for x in status.get("NSpid", "").split() if x.isdigit()]
     comm = status.get("Name", "")
-    p = Proc(host_pid=pid, host_ppid=int(stat["ppid"]),
-             container_pid=nspid[-1] if len(nspid) > 1 else 0, comm=comm,
-             cmdline=" ".join(a.decode(errors="replace") for a in raw.split(b"\0") if a),
-             exe=exe, state=str(stat["state"]), threads=int(stat["num_threads"]),
-             cpu_seconds=(int(stat["utime"]) + int(stat["stime"])) / CLK_TCK,
-             rss_bytes=int(stat["rss"]) * PAGE, vsize_bytes=int(stat["vsize"]),
-             start_time=round(btime + int(stat["starttime"]) / CLK_TCK, 2))  # fmt: skip
+    p = Proc(
+        host_pid=pid,
+        host_ppid=int(stat["ppid"]),
+        container_pid=nspid[-1] if len(nspid) > 1 else 0,
+        comm=comm,
+        cmdline=" ".join(a.decode(errors="replace") for a in raw.split(b"\0") if a),
+        exe=exe,
+        state=str(stat["state"]),
+        threads=int(stat["num_threads"]),
+        cpu_seconds=(int(stat["utime"]) + int(stat["stime"])) / CLK_TCK,
+        rss_bytes=int(stat["rss"]) * PAGE,
+        vsize_bytes=int(stat["vsize"]),
+        start_time=round(btime + int(stat["starttime"]) / CLK_TCK, 2),
+    )
     maps = ""
     if not p.comm.startswith(("python", "pypy")):
         with contextlib.suppress(OSError):  # an interpreter embedded (libpython linked)

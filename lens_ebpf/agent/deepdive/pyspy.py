@@ -68,8 +68,15 @@ async def _ended_soon(procfs: Path, pid: int, within: float = 2.0) -> bool:
 
 
 class PySpy:
-    def __init__(self, binary: str, procfs: Path, max_duration: int, max_output: int,
-                 max_running: int, dump_timeout: float) -> None:  # fmt: skip
+    def __init__(
+        self,
+        binary: str,
+        procfs: Path,
+        max_duration: int,
+        max_output: int,
+        max_running: int,
+        dump_timeout: float,
+    ) -> None:
         self.binary, self.procfs = binary, procfs
         self.max_duration, self.max_output = max_duration, max_output
         self.max_running, self.dump_timeout = max_running, dump_timeout
@@ -100,27 +107,42 @@ class PySpy:
                 "(pip install py-spy; collectors.deepdive.pyspy names its path)",
             )
         if pid in self.busy:
-            raise Refusal("RESOURCE_EXHAUSTED", f"py-spy already runs against pid {pid}: one "
-                          "run per process at a time")  # fmt: skip
+            raise Refusal(
+                "RESOURCE_EXHAUSTED",
+                f"py-spy already runs against pid {pid}: one " "run per process at a time",
+            )
         if len(self.busy) >= self.max_running:
-            raise Refusal("RESOURCE_EXHAUSTED", f"{len(self.busy)} py-spy runs on this node "
-                          "already (collectors.deepdive.max_running)")  # fmt: skip
+            raise Refusal(
+                "RESOURCE_EXHAUSTED",
+                f"{len(self.busy)} py-spy runs on this node "
+                "already (collectors.deepdive.max_running)",
+            )
 
-    async def run(self, pid: int, action: str, duration: int = 10, rate: int = 100,
-                  fmt: str = "speedscope", native: bool = False, subprocesses: bool = False,
-                  locals_: bool = False) -> Result:  # fmt: skip
+    async def run(
+        self,
+        pid: int,
+        action: str,
+        duration: int = 10,
+        rate: int = 100,
+        fmt: str = "speedscope",
+        native: bool = False,
+        subprocesses: bool = False,
+        locals_: bool = False,
+    ) -> Result:
         """py-spy's output; Refusal with the reason it could not be had. A dump waits up
         to dump_timeout for a free run (a stall dumps every rank of the node at once)."""
         if action == "dump":
             deadline = time.monotonic() + self.dump_timeout
-            while len(self.busy) >= self.max_running and pid not in self.busy \
-                    and time.monotonic() < deadline:  # fmt: skip
+            while (
+                len(self.busy) >= self.max_running
+                and pid not in self.busy
+                and time.monotonic() < deadline
+            ):
                 await asyncio.sleep(0.05)
         self.check(pid, action, duration, rate, fmt)
         self.busy.add(pid)
         try:
-            got = await self._run(pid, action, duration, rate, fmt, native, subprocesses,
-                                  locals_)  # fmt: skip
+            got = await self._run(pid, action, duration, rate, fmt, native, subprocesses, locals_)
         except Refusal as r:
             self._count(r.code.lower())
             raise
@@ -132,29 +154,57 @@ class PySpy:
         self._count("ok")
         return got
 
-    async def _run(self, pid: int, action: str, duration: int, rate: int, fmt: str,
-                   native: bool, subprocesses: bool, locals_: bool) -> Result:  # fmt: skip
+    async def _run(
+        self,
+        pid: int,
+        action: str,
+        duration: int,
+        rate: int,
+        fmt: str,
+        native: bool,
+        subprocesses: bool,
+        locals_: bool,
+    ) -> Result:
         extra = (["--native"] if native else []) + (["--subprocesses"] if subprocesses else [])
         with tempfile.TemporaryDirectory(prefix="lens-pyspy-") as tmp:
             out = Path(tmp) / ("profile" + SUFFIX[fmt if action == "record" else "dump"])
             if action == "dump":
-                args = ["dump", "--pid", str(pid), "--json", *extra] + (["--locals"] if locals_
-                                                                        else [])  # fmt: skip
+                args = ["dump", "--pid", str(pid), "--json", *extra] + (
+                    ["--locals"] if locals_ else []
+                )
                 limit = self.dump_timeout
             else:
-                args = ["record", "--pid", str(pid), "--duration", str(duration), "--rate",
-                        str(rate), "--format", fmt, "--output", str(out), "--nonblocking",
-                        *extra]  # fmt: skip
+                args = [
+                    "record",
+                    "--pid",
+                    str(pid),
+                    "--duration",
+                    str(duration),
+                    "--rate",
+                    str(rate),
+                    "--format",
+                    fmt,
+                    "--output",
+                    str(out),
+                    "--nonblocking",
+                    *extra,
+                ]
                 limit = duration + self.dump_timeout + 10  # its start and its write
             start = time.monotonic()
             proc = await asyncio.create_subprocess_exec(
-                self.binary, *args, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)  # fmt: skip
+                self.binary,
+                *args,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
             try:
                 stdout, stderr = await asyncio.wait_for(self._bounded(proc), limit)
             except TimeoutError:
-                raise Refusal("DEADLINE_EXCEEDED", f"py-spy {action} of pid {pid} did not "
-                              f"end within {limit:.0f} s") from None  # fmt: skip
+                raise Refusal(
+                    "DEADLINE_EXCEEDED",
+                    f"py-spy {action} of pid {pid} did not " f"end within {limit:.0f} s",
+                ) from None
             finally:
                 if proc.returncode is None:
                     with contextlib.suppress(ProcessLookupError):
@@ -184,8 +234,11 @@ class PySpy:
                 data = out.read_bytes()
             exited = gone and action == "record"
             if exited:
-                raise Refusal("ABORTED", f"process {pid} exited during the {duration} s "
-                              f"sample (after {seconds:.1f} s)")  # fmt: skip
+                raise Refusal(
+                    "ABORTED",
+                    f"process {pid} exited during the {duration} s "
+                    f"sample (after {seconds:.1f} s)",
+                )
             return Result(data, fmt if action == "record" else "dump", seconds)
 
     async def _bounded(self, proc: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
@@ -213,9 +266,13 @@ class PySpy:
             return Refusal("ABORTED", f"process {pid} exited during py-spy {action}: {last}")
         lower = text.lower()
         if "python" in lower and ("not" in lower or "failed to find" in lower):
-            return Refusal("FAILED_PRECONDITION", f"pid {pid} is not a Python process py-spy "
-                           f"can read: {last}")  # fmt: skip
+            return Refusal(
+                "FAILED_PRECONDITION",
+                f"pid {pid} is not a Python process py-spy " f"can read: {last}",
+            )
         if "permission" in lower or "ptrace" in lower:
-            return Refusal("FAILED_PRECONDITION", f"py-spy may not read pid {pid} (it needs "
-                           f"CAP_SYS_PTRACE): {last}")  # fmt: skip
+            return Refusal(
+                "FAILED_PRECONDITION",
+                f"py-spy may not read pid {pid} (it needs " f"CAP_SYS_PTRACE): {last}",
+            )
         return Refusal("INTERNAL", f"py-spy {action} of pid {pid} failed: {last}")

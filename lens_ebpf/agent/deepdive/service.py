@@ -39,8 +39,15 @@ def allowed(identity: str, callers: list[str]) -> bool:
     return any(c == identity or ("/" not in c and c == name) for c in callers)
 
 
-async def admit(context: Any, method: str, guard: Guard | None, callers: list[str],
-                refused: collections.Counter[str], service: str, setting: str) -> None:  # fmt: skip
+async def admit(
+    context: Any,
+    method: str,
+    guard: Guard | None,
+    callers: list[str],
+    refused: collections.Counter[str],
+    service: str,
+    setting: str,
+) -> None:
     """Let the call through when grpc.auth admits its caller and `setting` (a feature's
     callers list) names it; else abort it, counting why in refused. A port without auth
     (tests of the protocol) is refused too: these services answer the recorder only."""
@@ -78,24 +85,40 @@ def pod_containers(
 
 
 def process_message(p: procs.Proc) -> pb.Process:
-    return pb.Process(host_pid=p.host_pid, host_ppid=p.host_ppid,
-                      container_pid=p.container_pid, container_ppid=p.container_ppid,
-                      comm=p.comm, cmdline=p.cmdline, exe=p.exe, state=p.state,
-                      threads=p.threads, cpu_seconds=p.cpu_seconds, rss_bytes=p.rss_bytes,
-                      vsize_bytes=p.vsize_bytes, start_time=p.start_time,
-                      is_python=p.is_python,
-                      devices=[pb.HeldDevice(path=d.path, index=d.index, vendor=d.vendor)
-                               for d in p.devices],
-                      gpu_indexes=p.gpu_indexes)  # fmt: skip
+    return pb.Process(
+        host_pid=p.host_pid,
+        host_ppid=p.host_ppid,
+        container_pid=p.container_pid,
+        container_ppid=p.container_ppid,
+        comm=p.comm,
+        cmdline=p.cmdline,
+        exe=p.exe,
+        state=p.state,
+        threads=p.threads,
+        cpu_seconds=p.cpu_seconds,
+        rss_bytes=p.rss_bytes,
+        vsize_bytes=p.vsize_bytes,
+        start_time=p.start_time,
+        is_python=p.is_python,
+        devices=[pb.HeldDevice(path=d.path, index=d.index, vendor=d.vendor) for d in p.devices],
+        gpu_indexes=p.gpu_indexes,
+    )
 
 
 class DeepDive:
     """The service's handlers (generic: the request's bytes in, decoded here after the
     caller is admitted)."""
 
-    def __init__(self, node: str, procfs: Path, containers: Callable[[], dict[str, ContainerInfo]],
-                 gpu_pids: Callable[[], dict[int, list[int]]], pyspy: PySpy,
-                 callers: list[str], guard: Guard | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        node: str,
+        procfs: Path,
+        containers: Callable[[], dict[str, ContainerInfo]],
+        gpu_pids: Callable[[], dict[int, list[int]]],
+        pyspy: PySpy,
+        callers: list[str],
+        guard: Guard | None = None,
+    ) -> None:
         self.node, self.procfs, self.containers = node, procfs, containers
         self.gpu_pids, self.pyspy, self.callers = gpu_pids, pyspy, callers
         self.guard = guard
@@ -103,16 +126,28 @@ class DeepDive:
         self.calls: collections.Counter[str] = collections.Counter()
 
     def handlers(self) -> grpc.GenericRpcHandler:
-        return grpc.method_handlers_generic_handler(SERVICE, {
-            "ProcessTree": grpc.unary_unary_rpc_method_handler(
-                self.process_tree_raw, response_serializer=pb.ProcessTreeReply.SerializeToString),
-            "PySpy": grpc.unary_unary_rpc_method_handler(
-                self.pyspy_raw, response_serializer=pb.PySpyReply.SerializeToString),
-        })  # fmt: skip
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "ProcessTree": grpc.unary_unary_rpc_method_handler(
+                    self.process_tree_raw, response_serializer=pb.ProcessTreeReply.SerializeToString
+                ),
+                "PySpy": grpc.unary_unary_rpc_method_handler(
+                    self.pyspy_raw, response_serializer=pb.PySpyReply.SerializeToString
+                ),
+            },
+        )
 
     async def _admit(self, context: Any, method: str) -> None:
-        await admit(context, method, self.guard, self.callers, self.refused, "DeepDiveService",
-                    "collectors.deepdive.callers")  # fmt: skip
+        await admit(
+            context,
+            method,
+            self.guard,
+            self.callers,
+            self.refused,
+            "DeepDiveService",
+            "collectors.deepdive.callers",
+        )
         self.calls[method] += 1
 
     async def _fail(self, context: Any, r: Refusal) -> None:
@@ -123,15 +158,24 @@ class DeepDive:
 
     def tree(self, uid: str) -> pb.ProcessTreeReply:
         containers = self._pod(uid)
-        found = procs.container_processes(self.procfs, [c.pid for c in containers if c.pid],
-                                          self.gpu_pids())  # fmt: skip
+        found = procs.container_processes(
+            self.procfs, [c.pid for c in containers if c.pid], self.gpu_pids()
+        )
         first = containers[0]
-        reply = pb.ProcessTreeReply(pod_uid=uid, pod_name=first.pod_name, node_name=self.node,
-                                    pod_namespace=first.pod_namespace)  # fmt: skip
+        reply = pb.ProcessTreeReply(
+            pod_uid=uid,
+            pod_name=first.pod_name,
+            node_name=self.node,
+            pod_namespace=first.pod_namespace,
+        )
         for c in containers:
-            reply.containers.append(pb.ContainerProcesses(
-                id=c.id, name=c.label,
-                processes=[process_message(p) for p in found.get(c.pid, [])]))  # fmt: skip
+            reply.containers.append(
+                pb.ContainerProcesses(
+                    id=c.id,
+                    name=c.label,
+                    processes=[process_message(p) for p in found.get(c.pid, [])],
+                )
+            )
         return reply
 
     async def process_tree_raw(self, raw: bytes, context: Any) -> pb.ProcessTreeReply:
@@ -148,16 +192,33 @@ class DeepDive:
         req = pb.PySpyRequest.FromString(raw)
         try:
             self._of_pod(req.pod_uid, req.pid)
-            log.info("deepdive: py-spy %s of pid %d (pod %s, task %s)", req.action, req.pid,
-                     req.pod_uid, req.task_id or "-")  # fmt: skip
-            got = await self.pyspy.run(req.pid, req.action, req.duration_seconds or 10,
-                                       req.rate or 100, req.format or "speedscope",
-                                       req.native, req.subprocesses, req.locals)  # fmt: skip
+            log.info(
+                "deepdive: py-spy %s of pid %d (pod %s, task %s)",
+                req.action,
+                req.pid,
+                req.pod_uid,
+                req.task_id or "-",
+            )
+            got = await self.pyspy.run(
+                req.pid,
+                req.action,
+                req.duration_seconds or 10,
+                req.rate or 100,
+                req.format or "speedscope",
+                req.native,
+                req.subprocesses,
+                req.locals,
+            )
         except Refusal as r:
             await self._fail(context, r)
             raise
-        return pb.PySpyReply(output=got.output, format=got.format, pid=req.pid,
-                             seconds=got.seconds, exited=got.exited)  # fmt: skip
+        return pb.PySpyReply(
+            output=got.output,
+            format=got.format,
+            pid=req.pid,
+            seconds=got.seconds,
+            exited=got.exited,
+        )
 
     def _of_pod(self, uid: str, pid: int) -> None:
         """Refusal unless pid is one of the pod's processes here."""
@@ -167,12 +228,16 @@ class DeepDive:
         inits = [c.pid for c in containers if c.pid]
         mine = {procs.pid_namespace(self.procfs, i) for i in inits} - {""}
         if procs.pid_namespace(self.procfs, pid) not in mine:
-            raise Refusal("NOT_FOUND", f"pid {pid} is not a process of pod {uid} on node "
-                          f"{self.node}")  # fmt: skip
+            raise Refusal(
+                "NOT_FOUND", f"pid {pid} is not a process of pod {uid} on node " f"{self.node}"
+            )
         p = procs.read_process(self.procfs, pid, 0.0)
         if p is not None and not p.is_python:
-            raise Refusal("FAILED_PRECONDITION", f"pid {pid} ({p.comm}) is not a Python "
-                          "process: py-spy reads Python interpreters only")  # fmt: skip
+            raise Refusal(
+                "FAILED_PRECONDITION",
+                f"pid {pid} ({p.comm}) is not a Python "
+                "process: py-spy reads Python interpreters only",
+            )
 
 
 class DeepDiveCollector(Collector):
@@ -184,22 +249,31 @@ class DeepDiveCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         refused = CounterMetricFamily(
-            "lens_agent_deepdive_calls_refused", "DeepDiveService calls refused: "
+            "lens_agent_deepdive_calls_refused",
+            "DeepDiveService calls refused: "
             "unauthenticated (grpc.auth refused the token), permission_denied (no token, or "
-            "a caller not in collectors.deepdive.callers)", labels=["code"])  # fmt: skip
+            "a caller not in collectors.deepdive.callers)",
+            labels=["code"],
+        )
         for code in ("unauthenticated", "permission_denied"):
             refused.add_metric([code], self.dd.refused.get(code, 0))
         yield refused
-        calls = CounterMetricFamily("lens_agent_deepdive_calls", "DeepDiveService calls "
-                                    "admitted, by method", labels=["method"])  # fmt: skip
+        calls = CounterMetricFamily(
+            "lens_agent_deepdive_calls",
+            "DeepDiveService calls " "admitted, by method",
+            labels=["method"],
+        )
         for m in ("ProcessTree", "PySpy"):
             calls.add_metric([m], self.dd.calls.get(m, 0))
         yield calls
-        runs = CounterMetricFamily("lens_agent_pyspy_runs", "py-spy runs ended, by outcome "
-                                   "(ok, cancelled, or the refusal's code in lower case)",
-                                   labels=["outcome"])  # fmt: skip
+        runs = CounterMetricFamily(
+            "lens_agent_pyspy_runs",
+            "py-spy runs ended, by outcome " "(ok, cancelled, or the refusal's code in lower case)",
+            labels=["outcome"],
+        )
         for outcome, n in sorted(self.dd.pyspy.runs.items()):
             runs.add_metric([outcome], n)
         yield runs
-        yield GaugeMetricFamily("lens_agent_pyspy_running", "py-spy runs now",
-                                value=len(self.dd.pyspy.busy))  # fmt: skip
+        yield GaugeMetricFamily(
+            "lens_agent_pyspy_running", "py-spy runs now", value=len(self.dd.pyspy.busy)
+        )

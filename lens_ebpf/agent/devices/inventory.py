@@ -16,17 +16,28 @@ from lens_ebpf.agent.devices.rdma.sysfs import RdmaDevice
 from lens_ebpf.agent.events import DeviceChange
 
 
-def gpu_records(gpus: Iterable[GpuReading], node: str,
-                holders: dict[str, dict[str, str]] | None = None,
-                ) -> dict[str, DeviceChange]:  # fmt: skip
+def gpu_records(
+    gpus: Iterable[GpuReading],
+    node: str,
+    holders: dict[str, dict[str, str]] | None = None,
+) -> dict[str, DeviceChange]:
     """slot (BDF) -> the GPU's record; holders: BDF -> the labels (namespace, pod) of the
     pod the kubelet gave the GPU, which the record names as namespace/pod."""
     holders = holders or {}
     return {
         g.bdf: DeviceChange(
-            change="", device_kind="gpu", vendor=g.vendor, bdf=g.bdf, slot=g.bdf, index=g.index,
-            key=g.uuid or g.unique_id or g.serial or f"{node}/{g.bdf}", model=g.name, uuid=g.uuid,
-            serial=g.serial, driver_version=g.driver_version, vbios_version=g.vbios_version,
+            change="",
+            device_kind="gpu",
+            vendor=g.vendor,
+            bdf=g.bdf,
+            slot=g.bdf,
+            index=g.index,
+            key=g.uuid or g.unique_id or g.serial or f"{node}/{g.bdf}",
+            model=g.name,
+            uuid=g.uuid,
+            serial=g.serial,
+            driver_version=g.driver_version,
+            vbios_version=g.vbios_version,
             retired_pages_pending=bool(g.retired_pages_pending),
             row_remap_pending=bool(g.row_remap_pending),
             row_remap_failure=bool(g.row_remap_failure),
@@ -34,7 +45,7 @@ def gpu_records(gpus: Iterable[GpuReading], node: str,
             holder=_holder(holders.get(g.bdf, {})),
         )
         for g in gpus
-    }  # fmt: skip
+    }
 
 
 def _holder(labels: dict[str, str]) -> str:
@@ -45,10 +56,19 @@ def rdma_records(devices: Iterable[RdmaDevice], node: str) -> dict[str, DeviceCh
     """slot (device/port) -> the port's record."""
     return {
         f"{d.name}/{p.number}": DeviceChange(
-            change="", device_kind="rdma_port", vendor="", bdf="", slot=f"{d.name}/{p.number}",
-            index=p.number, key=f"{d.node_guid or node + '/' + d.name}/{p.number}",
-            model=d.hca_type or d.board_id, firmware_version=d.fw_ver,
-            port_state=p.state_name, link_layer=p.link_layer, rate=p.rate_text,
+            change="",
+            device_kind="rdma_port",
+            vendor="",
+            bdf="",
+            slot=f"{d.name}/{p.number}",
+            index=p.number,
+            key=f"{d.node_guid or node + '/' + d.name}/{p.number}",
+            model=d.hca_type or d.board_id,
+            firmware_version=d.fw_ver,
+            port_state=p.state_name,
+            link_layer=p.link_layer,
+            rate=p.rate_text,
         )
-        for d in devices for p in d.ports
-    }  # fmt: skip
+        for d in devices
+        for p in d.ports
+    }

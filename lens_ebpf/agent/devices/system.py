@@ -117,8 +117,9 @@ def list_processes() -> list[ProcSample]:
         if info.get("cpu_times") is None or info.get("memory_info") is None:
             continue  # exited, or not ours to read
         t = info["cpu_times"]
-        out.append(ProcSample(info["pid"], info["name"] or "", t.user + t.system,
-                              info["memory_info"].rss))  # fmt: skip
+        out.append(
+            ProcSample(info["pid"], info["name"] or "", t.user + t.system, info["memory_info"].rss)
+        )
     return out
 
 
@@ -172,8 +173,10 @@ class SystemCollector(PeriodicCollector):
         total, avail = mem.get("MemTotal", 0), mem.get("MemAvailable", mem.get("MemFree", 0))
         cpu = self._cpu_ratio()
         mem_ratio = 1 - avail / total if total else 0.0
-        psi = {k: parse_psi(t) if (t := self._read(f"pressure/{k}")) else None
-               for k in ("cpu", "memory")}  # fmt: skip
+        psi = {
+            k: parse_psi(t) if (t := self._read(f"pressure/{k}")) else None
+            for k in ("cpu", "memory")
+        }
         osr = parse_os_release(read_text(self.etc / "os-release") or "")
         kernel = (self._read("sys/kernel/osrelease") or platform.release()).strip()
         cpuinfo = self._read("cpuinfo") or ""
@@ -193,8 +196,12 @@ class SystemCollector(PeriodicCollector):
             m.add_sample(name, labels, value)
             fams.append(m)
 
-        info = {"os": osr.get("NAME", platform.system()), "os_version": osr.get("VERSION_ID", ""),
-                "kernel": kernel, "cpu_model": cpu_model}  # fmt: skip
+        info = {
+            "os": osr.get("NAME", platform.system()),
+            "os_version": osr.get("VERSION_ID", ""),
+            "kernel": kernel,
+            "cpu_model": cpu_model,
+        }
         gauge("hw_node_info", "Node identity (value 1)", 1, {**n, **info})
         up = Metric("hw_node_uptime_seconds", "Seconds since boot", "counter")
         up.add_sample("hw_node_uptime_seconds", n, uptime)
@@ -224,20 +231,35 @@ class SystemCollector(PeriodicCollector):
             rss_m.add_sample("cpu_process_rss_bytes", lbl, p.rss)
         fams += [cpu_m, rss_m]
         self.views["node"] = {
-            "node_name": self.node, **info, "cpu_cores": cores, "cpu_threads": threads,
-            "memory_total_bytes": total, "uptime_seconds": uptime,
-        }  # fmt: skip
+            "node_name": self.node,
+            **info,
+            "cpu_cores": cores,
+            "cpu_threads": threads,
+            "memory_total_bytes": total,
+            "uptime_seconds": uptime,
+        }
         self.views["system"] = {
             "timestamp": time.time(),
             "cpu": {"usage_percent": cpu * 100, "load_1m": load1, "pressure_avg10": psi["cpu"]},
-            "memory": {"total_bytes": total, "available_bytes": avail,
-                       "used_bytes": total - avail, "usage_percent": mem_ratio * 100,
-                       "pressure_avg10": psi["memory"]},
+            "memory": {
+                "total_bytes": total,
+                "available_bytes": avail,
+                "used_bytes": total - avail,
+                "usage_percent": mem_ratio * 100,
+                "pressure_avg10": psi["memory"],
+            },
             "health_score": score,
-            "top_processes": [{"pid": p.pid, "name": p.name, "cpu_seconds": p.cpu_seconds,
-                               "cpu_seconds_since_last": round(g, 3), "rss_bytes": p.rss}
-                              for p, g in top],
-        }  # fmt: skip
+            "top_processes": [
+                {
+                    "pid": p.pid,
+                    "name": p.name,
+                    "cpu_seconds": p.cpu_seconds,
+                    "cpu_seconds_since_last": round(g, 3),
+                    "rss_bytes": p.rss,
+                }
+                for p, g in top
+            ],
+        }
         return fams
 
 
@@ -254,10 +276,17 @@ class SystemFeature(CollectorFeature):
 
     def make(self) -> SystemCollector:
         d, c = self.ctx.devices, self.ctx.settings("system", SystemSettings)
-        return SystemCollector(c.interval_seconds, self.ctx.node.name, Path(d.procfs_root),
-                               Path(d.etc_root), c.top_processes)  # fmt: skip
+        return SystemCollector(
+            c.interval_seconds,
+            self.ctx.node.name,
+            Path(d.procfs_root),
+            Path(d.etc_root),
+            c.top_processes,
+        )
 
     def routes(self) -> dict[str, Callable[[], Response]]:
         # the system info exporter's JSON, without the REST envelope
-        return {**super().routes(),
-                "/metrics/json": lambda: json_response(200, self.view("system"))}  # fmt: skip
+        return {
+            **super().routes(),
+            "/metrics/json": lambda: json_response(200, self.view("system")),
+        }

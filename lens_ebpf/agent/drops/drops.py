@@ -47,19 +47,37 @@ SPEC = ProgramSpec(
         Need("drops", (ProbePath(TRACEPOINT, (TRACEPOINT_NAME,)),)),
         # the IP header's addresses, where the running kernel's BTF places the sk_buff
         # fields that find it (drops.c, LENS_DROP_ADDRESSES)
-        Need(ADDRESSES, (ProbePath(BTF, (), "LENS_DROP_ADDRESSES", btf=tuple(
-            BtfField(*f) for f in (
-                ("LENS_SKB_HEAD_OFF", "sk_buff.head", 8),
-                ("LENS_SKB_NETWORK_HEADER_OFF", "sk_buff.network_header", 2),
-                ("LENS_SKB_TRANSPORT_HEADER_OFF", "sk_buff.transport_header", 2),
-                ("LENS_SKB_IIF_OFF", "sk_buff.skb_iif", 4),
-            ))),), optional=True, what_is_lost="drops are not attributed to pods"),
+        Need(
+            ADDRESSES,
+            (
+                ProbePath(
+                    BTF,
+                    (),
+                    "LENS_DROP_ADDRESSES",
+                    btf=tuple(
+                        BtfField(*f)
+                        for f in (
+                            ("LENS_SKB_HEAD_OFF", "sk_buff.head", 8),
+                            ("LENS_SKB_NETWORK_HEADER_OFF", "sk_buff.network_header", 2),
+                            ("LENS_SKB_TRANSPORT_HEADER_OFF", "sk_buff.transport_header", 2),
+                            ("LENS_SKB_IIF_OFF", "sk_buff.skb_iif", 4),
+                        )
+                    ),
+                ),
+            ),
+            optional=True,
+            what_is_lost="drops are not attributed to pods",
+        ),
     ),
     fields=(
-        Field(TRACEPOINT_NAME, "reason", "LENS_TP_KFREE_SKB_REASON",
-              "no drop reasons (before Linux 5.17): the location names each drop"),
+        Field(
+            TRACEPOINT_NAME,
+            "reason",
+            "LENS_TP_KFREE_SKB_REASON",
+            "no drop reasons (before Linux 5.17): the location names each drop",
+        ),
     ),
-)  # fmt: skip
+)
 MAX_POLICY_PREFIXES = MAX_PREFIXES + 64
 # Index of the program's stats array (ST_* in drops.c).
 STATS = ("ringbuf_full", "map_full", "events", "no_header")
@@ -67,8 +85,18 @@ DROPS = "lens_packet_drops_total"
 OVERFLOWS = "lens_tcp_listen_overflows_total"
 LISTEN_DROPS = "lens_tcp_listen_drops_total"
 IDENTITY = ("namespace", "pod", "workload_kind", "workload")
-LABELS = ("namespace", "pod", "workload_kind", "workload", "direction", "type", "protocol",
-          "reason", "code", "location")  # fmt: skip
+LABELS = (
+    "namespace",
+    "pod",
+    "workload_kind",
+    "workload",
+    "direction",
+    "type",
+    "protocol",
+    "reason",
+    "code",
+    "location",
+)
 assert LABELS[: len(IDENTITY)] == IDENTITY
 PROTOCOLS = {1: "icmp", 6: "tcp", 17: "udp", 58: "icmpv6", 132: "sctp"}
 
@@ -85,8 +113,9 @@ class DropLabels:
     """A drops-map key to its labels: who holds the address (the cluster index, as the
     flows' local pod), the kernel's name for the reason, the location's function."""
 
-    def __init__(self, names: dict[int, str] | None, has_reasons: bool,
-                 locations: reasons.Locations) -> None:  # fmt: skip
+    def __init__(
+        self, names: dict[int, str] | None, has_reasons: bool, locations: reasons.Locations
+    ) -> None:
         self.names, self.has_reasons, self.locations = names, has_reasons, locations
 
     def __call__(self, key: Any, enrich: Enrichment) -> tuple[str, ...]:
@@ -104,12 +133,20 @@ class DropLabels:
             location = self.locations.name(key.location)
             if not self.has_reasons:
                 reason = location  # 5.10: where it was dropped is all the kernel says
-        return (*who, direction_name(key.direction), CLASS_NAMES.get(key.cls, str(key.cls)),
-                protocol_name(key.family, key.l4proto), reason, code, location)  # fmt: skip
+        return (
+            *who,
+            direction_name(key.direction),
+            CLASS_NAMES.get(key.cls, str(key.cls)),
+            protocol_name(key.family, key.l4proto),
+            reason,
+            code,
+            location,
+        )
 
 
-def drop_record(rec: bytes, names: dict[int, str] | None, has_reasons: bool,
-                locations: reasons.Locations) -> dict[str, Any]:  # fmt: skip
+def drop_record(
+    rec: bytes, names: dict[int, str] | None, has_reasons: bool, locations: reasons.Locations
+) -> dict[str, Any]:
     """One drop_event record (trace mode) as trace prints it, named as the metric is."""
     e = layouts.DropEvent.from_buffer_copy(rec)
     location = locations.name(e.location)
@@ -140,17 +177,27 @@ class Drops(RingProgram):
     NAME = NAME
     STATS = STATS
 
-    def __init__(self, bpf: BpfConfig, cache: MetricCache, loader: BpfLoader,
-                 enrich: Enrichment | None = None, max_keys: int = 4096,
-                 clock: Callable[[], float] = time.monotonic, kernel: Kernel | None = None,
-                 locations: reasons.Locations | None = None,
-                 listen: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        bpf: BpfConfig,
+        cache: MetricCache,
+        loader: BpfLoader,
+        enrich: Enrichment | None = None,
+        max_keys: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+        kernel: Kernel | None = None,
+        locations: reasons.Locations | None = None,
+        listen: bool = True,
+    ) -> None:
         super().__init__(loader)
         self.bpf_cfg, self.cache, self.max_keys = bpf, cache, max_keys
         self.enrich = enrich or Enrichment()
-        self.reader = DeltaReader(lambda v: (int(getattr(v, "value", v)),),
-                                  bpf.flow_key_idle_seconds, clock,
-                                  pinned=lambda key: bool(key.overflow))  # fmt: skip
+        self.reader = DeltaReader(
+            lambda v: (int(getattr(v, "value", v)),),
+            bpf.flow_key_idle_seconds,
+            clock,
+            pinned=lambda key: bool(key.overflow),
+        )
         kernel = kernel or Kernel.running((SPEC,))
         self.plan = plan_for(SPEC, (), kernel)
         self.has_reasons = "LENS_TP_KFREE_SKB_REASON" in self.plan.defines
@@ -161,31 +208,51 @@ class Drops(RingProgram):
         self.labels = DropLabels(self.names, self.has_reasons, locations or reasons.Locations())
         self._policy_keys: set[tuple[int, bytes]] = set()
         self._lock = threading.Lock()
-        cache.register(DROPS, COUNTER,
-                       "Packets the kernel dropped (skb:kfree_skb), by the pod holding the "
-                       "address on this node, the other end's class, protocol and the "
-                       "kernel's reason (its location where it names none)",
-                       ("namespace", "pod", "workload_kind", "workload", "direction", "type",
-                        "protocol", "reason", "code", "location"))  # fmt: skip
+        cache.register(
+            DROPS,
+            COUNTER,
+            "Packets the kernel dropped (skb:kfree_skb), by the pod holding the "
+            "address on this node, the other end's class, protocol and the "
+            "kernel's reason (its location where it names none)",
+            (
+                "namespace",
+                "pod",
+                "workload_kind",
+                "workload",
+                "direction",
+                "type",
+                "protocol",
+                "reason",
+                "code",
+                "location",
+            ),
+        )
         assert cache.family(DROPS).labelnames == LABELS  # DropLabels' order
         # listen-queue overflows and SYN drops: the kernel's counters, per namespace
         self.listen = listeners.ListenCounts(self._pod_of) if listen else None
         self.listen_walks_failed = 0
-        cache.register(OVERFLOWS, COUNTER,
-                       "Connections a full accept queue refused: the network namespace's "
-                       "TcpExt ListenOverflows (as nstat reports it), by its pod",
-                       ("namespace", "pod", "workload_kind", "workload"))  # fmt: skip
-        cache.register(LISTEN_DROPS, COUNTER,
-                       "SYNs and handshakes a listener dropped (its sk_drops, which each "
-                       "TcpExt ListenDrops raises), by the listening pod and port",
-                       ("namespace", "pod", "workload_kind", "workload", "port"))  # fmt: skip
+        cache.register(
+            OVERFLOWS,
+            COUNTER,
+            "Connections a full accept queue refused: the network namespace's "
+            "TcpExt ListenOverflows (as nstat reports it), by its pod",
+            ("namespace", "pod", "workload_kind", "workload"),
+        )
+        cache.register(
+            LISTEN_DROPS,
+            COUNTER,
+            "SYNs and handshakes a listener dropped (its sk_drops, which each "
+            "TcpExt ListenDrops raises), by the listening pod and port",
+            ("namespace", "pod", "workload_kind", "workload", "port"),
+        )
 
     def defines(self) -> dict[str, int | str]:
         return self.static_defines(self.bpf_cfg, self.max_keys, self.names)
 
     @staticmethod
-    def static_defines(b: BpfConfig, max_keys: int,
-                       names: dict[int, str] | None) -> dict[str, int | str]:  # fmt: skip
+    def static_defines(
+        b: BpfConfig, max_keys: int, names: dict[int, str] | None
+    ) -> dict[str, int | str]:
         return reasons.defines(names) | {
             "MAX_DROP_KEYS": max_keys + 2 * len(CLASS_IDS),  # plus the overflow slots
             "MAX_POLICY_PREFIXES": MAX_POLICY_PREFIXES,
@@ -282,13 +349,17 @@ class DropsCollector(Collector):
         yield CounterMetricFamily(
             "lens_agent_drops_map_full",
             "Drops counted in an overflow slot (no reason, no address): the drops map was full",
-            value=st["map_full"])  # fmt: skip
+            value=st["map_full"],
+        )
         yield CounterMetricFamily(
             "lens_agent_drops_listener_walks_failed",
             "Network namespaces whose listeners and counters could not be read (not entered, "
             "or sock_diag refused): their overflows show at a later walk",
-            value=self._drops.listen_walks_failed)  # fmt: skip
+            value=self._drops.listen_walks_failed,
+        )
         yield CounterMetricFamily(
             "lens_packet_drops_unread_headers",
             "Dropped IP packets whose header the program could not read (counted under no "
-            "address)", value=st["no_header"])  # fmt: skip
+            "address)",
+            value=st["no_header"],
+        )

@@ -96,10 +96,19 @@ def listeners() -> list[Listener]:
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_INET_DIAG) as s:
         s.settimeout(2.0)
         for seq, family in enumerate((socket.AF_INET, socket.AF_INET6), 1):
-            req = _REQ.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_SKMEMINFO - 1),
-                            1 << TCP_LISTEN, bytes(48))  # fmt: skip
-            s.send(_NLMSG.pack(_NLMSG.size + len(req), SOCK_DIAG_BY_FAMILY,
-                               NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + req)  # fmt: skip
+            req = _REQ.pack(
+                family,
+                socket.IPPROTO_TCP,
+                1 << (INET_DIAG_SKMEMINFO - 1),
+                1 << TCP_LISTEN,
+                bytes(48),
+            )
+            s.send(
+                _NLMSG.pack(
+                    _NLMSG.size + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0
+                )
+                + req
+            )
             done = False
             while not done:
                 got, done = parse_diag(s.recv(65536), family)
@@ -157,8 +166,11 @@ def look(net: Path = Path("/proc/thread-self/net")) -> Namespace:
         except OSError:
             return ""
 
-    return Namespace(parse_local_addresses(text("fib_trie"), text("if_inet6")),
-                     parse_netstat(text("netstat")), listeners())  # fmt: skip
+    return Namespace(
+        parse_local_addresses(text("fib_trie"), text("if_inet6")),
+        parse_netstat(text("netstat")),
+        listeners(),
+    )
 
 
 class Deltas:

@@ -92,8 +92,9 @@ class Locations:
     again when an address lies past what was read: a module loaded since); names as the
     kernel's own %pS would print them, without the offset."""
 
-    def __init__(self, read: Callable[[], str] | None = None,
-                 kallsyms: Path = Path("/proc/kallsyms")) -> None:  # fmt: skip
+    def __init__(
+        self, read: Callable[[], str] | None = None, kallsyms: Path = Path("/proc/kallsyms")
+    ) -> None:
         self._read = read or kallsyms.read_text
         self._addrs: list[int] = []
         self._names: list[str] = []

@@ -38,8 +38,9 @@ class ContainerRuntimeFeature(Feature):
         resolver.on_change = self._changed
         resolver.refresh()
         try:
-            self.watcher = RuntimeWatcher(Path(self.ctx.containers.containerd_state),
-                                          resolver.refresh)  # fmt: skip
+            self.watcher = RuntimeWatcher(
+                Path(self.ctx.containers.containerd_state), resolver.refresh
+            )
             self.watcher.start()
         except OSError as exc:  # read cycles still find containers, a little later
             log.warning("no inotify on the containerd state: %s", exc)

@@ -50,10 +50,17 @@ class DeepDiveFeature(Feature):
             resolver.refresh()  # a pod started a moment ago is found
             return dict(resolver.containers)
 
-        spy = PySpy(find_pyspy(s.pyspy), procfs, s.max_duration_seconds, s.max_output_bytes,
-                    s.max_running, s.dump_timeout_seconds)  # fmt: skip
-        self.dd = DeepDive(self.ctx.node.name, procfs, containers, self._gpu_pids, spy,
-                           s.callers, guard)  # fmt: skip
+        spy = PySpy(
+            find_pyspy(s.pyspy),
+            procfs,
+            s.max_duration_seconds,
+            s.max_output_bytes,
+            s.max_running,
+            s.dump_timeout_seconds,
+        )
+        self.dd = DeepDive(
+            self.ctx.node.name, procfs, containers, self._gpu_pids, spy, s.callers, guard
+        )
         return [self.dd.handlers()]
 
     def _gpu_pids(self) -> dict[int, list[int]]:

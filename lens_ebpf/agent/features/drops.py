@@ -31,8 +31,7 @@ class DropsFeature(Feature):
     def start(self) -> None:
         ctx = self.ctx
         s = ctx.settings("drops", DropsSettings)
-        drops = Drops(ctx.bpf, ctx.cache, ctx.loader, ctx.enrich, s.max_keys,
-                      listen=s.listeners)  # fmt: skip
+        drops = Drops(ctx.bpf, ctx.cache, ctx.loader, ctx.enrich, s.max_keys, listen=s.listeners)
         if drops.start(ctx.policy.effective()):
             self.drops = drops
             ctx.policy.subscribe(drops.set_policy)

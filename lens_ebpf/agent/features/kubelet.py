@@ -20,7 +20,13 @@ class KubeletFeature(CollectorFeature):
     def make(self) -> PeriodicCollector:
         kl, node = self.ctx.kubernetes.kubelet, self.ctx.node
         url = kl.url or f"https://{node.ip or node.name}:10250"
-        client = KubeletClient(url, kl.ca_file or SA_CA, kl.token_file, kl.insecure_skip_verify,
-                               kl.timeout_seconds)  # fmt: skip
-        return KubeletCollector(kl.interval_seconds, client, node.name, kl.gpu_resources,
-                                lambda: self.ctx.offers.gpu_count())  # fmt: skip
+        client = KubeletClient(
+            url, kl.ca_file or SA_CA, kl.token_file, kl.insecure_skip_verify, kl.timeout_seconds
+        )
+        return KubeletCollector(
+            kl.interval_seconds,
+            client,
+            node.name,
+            kl.gpu_resources,
+            lambda: self.ctx.offers.gpu_count(),
+        )

@@ -37,9 +37,15 @@ class KubernetesFeature(Feature):
         self.ctx.enrich.index = self.cluster.index
         self.state = {"state": RUNNING, "reason": ""}
         if k.cluster_cidrs:
-            self.ctx.periodic.runner.add(Job("k8s-cidrs", k.cidr_refresh_seconds,
-                                             self._refresh_cidrs, leader_only=False,
-                                             at_start=True))  # fmt: skip
+            self.ctx.periodic.runner.add(
+                Job(
+                    "k8s-cidrs",
+                    k.cidr_refresh_seconds,
+                    self._refresh_cidrs,
+                    leader_only=False,
+                    at_start=True,
+                )
+            )
 
     def _refresh_cidrs(self) -> None:
         assert self.cluster is not None
@@ -52,16 +58,26 @@ class KubernetesFeature(Feature):
         if self.cluster is None:
             return {"kubernetes": None}
         nets = self.ctx.policy.cluster
-        return {"kubernetes": {
-            "watches": {r.resource: {"connected": r.connected, "synced": r.synced.is_set(),
-                                     "resource_version": r.resource_version,
-                                     "last_error": r.last_error}
-                        for r in self.cluster.reflectors},
-            "index": self.cluster.index.counts(),
-            "cluster_cidrs": {"source": nets.source, "pods": [str(n) for n in nets.pods],
-                              "services": [str(n) for n in nets.services],
-                              "policy_classes_filled": self.ctx.policy.filled()},
-        }}  # fmt: skip
+        return {
+            "kubernetes": {
+                "watches": {
+                    r.resource: {
+                        "connected": r.connected,
+                        "synced": r.synced.is_set(),
+                        "resource_version": r.resource_version,
+                        "last_error": r.last_error,
+                    }
+                    for r in self.cluster.reflectors
+                },
+                "index": self.cluster.index.counts(),
+                "cluster_cidrs": {
+                    "source": nets.source,
+                    "pods": [str(n) for n in nets.pods],
+                    "services": [str(n) for n in nets.services],
+                    "policy_classes_filled": self.ctx.policy.filled(),
+                },
+            }
+        }
 
     def stop(self) -> None:
         if self.cluster is not None:

@@ -21,8 +21,15 @@ from lens_ebpf.core.settings import Section
 from lens_ebpf.protocol.tls import ClientTlsConfig
 
 # the flow, process and GPU events
-DEFAULT_KINDS = ["flow_closed", "abnormal_flow", "process_exec", "process_exit", "oom_kill",
-                 "gpu_fault", "device_change"]  # fmt: skip
+DEFAULT_KINDS = [
+    "flow_closed",
+    "abnormal_flow",
+    "process_exec",
+    "process_exit",
+    "oom_kill",
+    "gpu_fault",
+    "device_change",
+]
 
 
 class OtlpMetricsSettings(Section):
@@ -108,15 +115,22 @@ class OtlpFeature(Feature):
         ctx, s = self.ctx, self.ctx.settings("otlp", OtlpSettings)
         gz = s.compression == "gzip"
         node = semconv.node_attributes(ctx.node.name, __version__, ctx.node.cluster, s.resource)
-        stats = {sig: exporter.SignalStats() for sig in (exporter.METRICS, exporter.LOGS)
-                 if getattr(s, sig).enabled}  # fmt: skip
+        stats = {
+            sig: exporter.SignalStats()
+            for sig in (exporter.METRICS, exporter.LOGS)
+            if getattr(s, sig).enabled
+        }
         queues: dict[str, Any] = {}
 
         def sender(signal: str, take: Any) -> None:
-            client = exporter.HttpClient(s.endpoint, s.headers, s.timeout_seconds,
-                                         tls_context(s.tls), gz)  # fmt: skip
-            self._senders.append(exporter.Sender(signal, client, take, stats[signal],
-                                                 s.backoff_max_seconds, self._stop))  # fmt: skip
+            client = exporter.HttpClient(
+                s.endpoint, s.headers, s.timeout_seconds, tls_context(s.tls), gz
+            )
+            self._senders.append(
+                exporter.Sender(
+                    signal, client, take, stats[signal], s.backoff_max_seconds, self._stop
+                )
+            )
 
         if s.metrics.enabled:
             mq = queues[exporter.METRICS] = exporter.SnapshotQueue(
@@ -126,16 +140,18 @@ class OtlpFeature(Feature):
 
             def snapshot() -> None:
                 t0 = time.thread_time()
-                families = chain(from_cache(ctx.cache.snapshot()),
-                                 from_prometheus(ctx.registry.collect()))  # fmt: skip
+                families = chain(
+                    from_cache(ctx.cache.snapshot()), from_prometheus(ctx.registry.collect())
+                )
                 batch = exporter.snapshot_batch(encoder.encode(families, time.time_ns()), gz)
                 stats[exporter.METRICS].encode_seconds += time.thread_time() - t0
                 stats[exporter.METRICS].made += 1
                 mq.put(batch)
 
             sender(exporter.METRICS, mq.take)
-            ctx.periodic.runner.add(Job("otlp-metrics", s.metrics.interval_seconds, snapshot,
-                                        leader_only=False))  # fmt: skip
+            ctx.periodic.runner.add(
+                Job("otlp-metrics", s.metrics.interval_seconds, snapshot, leader_only=False)
+            )
         if s.logs.enabled:
             accept = EventFilter(kinds=frozenset(s.logs.kinds)) if s.logs.kinds else None
             self._sub = ctx.bus.subscribe("otlp", accept=accept, maxsize=s.logs.queue)

@@ -19,8 +19,7 @@ class ProcessesFeature(Feature):
 
     def start(self) -> None:
         ctx = self.ctx
-        procs = ProcEvents(ctx.bpf, ctx.cache, ctx.bus, ctx.loader, ctx.enrich,
-                           ctx.events.encoder)  # fmt: skip
+        procs = ProcEvents(ctx.bpf, ctx.cache, ctx.bus, ctx.loader, ctx.enrich, ctx.events.encoder)
         if procs.start():
             self.procs = procs
             ctx.spawn("ringbuf-proc", lambda: procs.poll_until(ctx.stop))

@@ -48,9 +48,18 @@ class ProfilerFeature(Feature):
             resolver.refresh()
             return dict(resolver.containers)
 
-        self.p = Profiler(self.ctx.node.name, Path(self.ctx.devices.procfs_root), containers,
-                          s.callers, s.patterns, s.globs, s.depth, s.max_files,
-                          s.max_file_bytes, guard)  # fmt: skip
+        self.p = Profiler(
+            self.ctx.node.name,
+            Path(self.ctx.devices.procfs_root),
+            containers,
+            s.callers,
+            s.patterns,
+            s.globs,
+            s.depth,
+            s.max_files,
+            s.max_file_bytes,
+            guard,
+        )
         return [self.p.handlers()]
 
     def start(self) -> None:

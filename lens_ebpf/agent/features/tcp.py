@@ -45,8 +45,16 @@ class TcpFeature(Feature):
     def start(self) -> None:
         ctx = self.ctx
         rtt_cfg = ctx.settings("rtt", RttSettings)
-        tcp = TcpFlows(ctx.bpf, ctx.events, ctx.cache, ctx.bus, ctx.loader, enrich=ctx.enrich,
-                       rtt=rtt_cfg.enabled, rtt_sample_seconds=rtt_cfg.sample_seconds)  # fmt: skip
+        tcp = TcpFlows(
+            ctx.bpf,
+            ctx.events,
+            ctx.cache,
+            ctx.bus,
+            ctx.loader,
+            enrich=ctx.enrich,
+            rtt=rtt_cfg.enabled,
+            rtt_sample_seconds=rtt_cfg.sample_seconds,
+        )
         if tcp.start(ctx.policy.effective()):
             self.flows = tcp
             ctx.policy.subscribe(tcp.set_policy)  # again: it may have changed while compiling
@@ -80,5 +88,7 @@ class TcpFeature(Feature):
     @classmethod
     def plans(cls, kernel: Kernel) -> dict[str, tuple[Plan, list[str]]]:
         flows = resolve(SPEC, kernel)
-        return {NAME: (flows, [n.name for n in SPEC.needs if n.name != RTT]),
-                RTT_FEATURE: (flows, [RTT])}  # fmt: skip
+        return {
+            NAME: (flows, [n.name for n in SPEC.needs if n.name != RTT]),
+            RTT_FEATURE: (flows, [RTT]),
+        }

@@ -50,8 +50,10 @@ class TunerSettings(Settings):
             if not NAME.match(name):
                 raise ValueError(f"{name!r} is not a sysctl name (dotted, like vm.max_map_count)")
             if NAMESPACED.match(name):
-                raise ValueError(f"{name} belongs to a namespace: setting it from the agent "
-                                 "would not change what the workloads see")  # fmt: skip
+                raise ValueError(
+                    f"{name} belongs to a namespace: setting it from the agent "
+                    "would not change what the workloads see"
+                )
             if value < 0:
                 raise ValueError(f"{name}: the tuner only raises to non-negative values")
         return v
@@ -94,10 +96,14 @@ def write_setting(root: Path, name: str, value: int) -> None:
     try:
         path.write_text(f"{value}\n")
     except OSError as exc:
-        reason = "read_only" if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else (
-            "write_failed")  # fmt: skip
-        raise SettingError(reason, f"{name}: cannot write {value} to {path}: "
-                                   f"{exc.strerror or exc}") from None  # fmt: skip
+        reason = (
+            "read_only"
+            if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+            else ("write_failed")
+        )
+        raise SettingError(
+            reason, f"{name}: cannot write {value} to {path}: " f"{exc.strerror or exc}"
+        ) from None
 
 
 class Tuner(PeriodicCollector):
@@ -105,8 +111,13 @@ class Tuner(PeriodicCollector):
 
     name = "tuner"
 
-    def __init__(self, interval: float, root: Path, desired: dict[str, int],
-                 publish: Callable[[NodeTuned], object] = lambda _ev: None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        interval: float,
+        root: Path,
+        desired: dict[str, int],
+        publish: Callable[[NodeTuned], object] = lambda _ev: None,
+    ) -> None:
         super().__init__(interval)
         self.root = root
         self.desired = desired
@@ -140,15 +151,22 @@ class Tuner(PeriodicCollector):
 
     def refresh(self) -> list[Metric]:
         self.tune_once()
-        desired = GaugeMetricFamily("lens_tuner_setting_desired", "The value the tuner keeps a "
-                                    "setting at, at least", labels=["setting"])  # fmt: skip
-        current = GaugeMetricFamily("lens_tuner_setting_current", "The setting's value as last "
-                                    "read", labels=["setting"])  # fmt: skip
-        changes = CounterMetricFamily("lens_tuner_changes", "Times the tuner raised the setting",
-                                      labels=["setting"])  # fmt: skip
-        errors = CounterMetricFamily("lens_tuner_errors",
-                                     "Settings the tuner could not read or raise, by reason",
-                                     labels=["setting", "reason"])  # fmt: skip
+        desired = GaugeMetricFamily(
+            "lens_tuner_setting_desired",
+            "The value the tuner keeps a " "setting at, at least",
+            labels=["setting"],
+        )
+        current = GaugeMetricFamily(
+            "lens_tuner_setting_current", "The setting's value as last " "read", labels=["setting"]
+        )
+        changes = CounterMetricFamily(
+            "lens_tuner_changes", "Times the tuner raised the setting", labels=["setting"]
+        )
+        errors = CounterMetricFamily(
+            "lens_tuner_errors",
+            "Settings the tuner could not read or raise, by reason",
+            labels=["setting", "reason"],
+        )
         for name, want in self.desired.items():
             desired.add_metric([name], want)
             if name in self.current:
@@ -160,9 +178,16 @@ class Tuner(PeriodicCollector):
         return [desired, current, changes, errors]
 
     def report(self) -> list[dict[str, Any]]:
-        return [{"setting": name, "desired": want, "current": self.current.get(name),
-                 "changes": self.changes[name], "error": self.last.get(name, "")}
-                for name, want in self.desired.items()]  # fmt: skip
+        return [
+            {
+                "setting": name,
+                "desired": want,
+                "current": self.current.get(name),
+                "changes": self.changes[name],
+                "error": self.last.get(name, ""),
+            }
+            for name, want in self.desired.items()
+        ]
 
 
 def check_rows(root: Path, desired: dict[str, int]) -> Iterator[dict[str, Any]]:
@@ -185,5 +210,9 @@ class TunerFeature(CollectorFeature):
     def make(self) -> Tuner:
         s = self.ctx.settings("tuner", TunerSettings)
         bus: EventBus = self.ctx.bus
-        return Tuner(s.interval_seconds, Path(self.ctx.devices.procfs_root) / "sys",
-                     desired_settings(s), bus.publish)  # fmt: skip
+        return Tuner(
+            s.interval_seconds,
+            Path(self.ctx.devices.procfs_root) / "sys",
+            desired_settings(s),
+            bus.publish,
+        )

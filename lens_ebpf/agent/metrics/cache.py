@@ -284,7 +284,7 @@ def _render_family(fam: Family) -> str:
                     [f"{name}_bucket{_label_text(names, labels, le)} " for le in les],
                     f"{name}_count{_label_text(names, labels)} ",
                     f"{name}_sum{_label_text(names, labels)} ",
-                )  # fmt: skip
+                )
             counts, total = s.value
             acc = 0
             for prefix, n in zip(lines[0], counts, strict=True):
@@ -356,20 +356,30 @@ class CacheCollector(Collector):
         cap = Metric("lens_agent_cache_max_series", "Series cap per metric family", GAUGE)
         for fam, n, text in self._cache.render():
             if n:
-                yield RenderedFamily(_base_name(fam), fam.name, fam.help, fam.kind, text,
-                                     functools.partial(_samples, fam))  # fmt: skip
+                yield RenderedFamily(
+                    _base_name(fam),
+                    fam.name,
+                    fam.help,
+                    fam.kind,
+                    text,
+                    functools.partial(_samples, fam),
+                )
             lbl = {"family": fam.name}
             size.add_sample("lens_agent_cache_series", lbl, n)
             evicted.add_sample("lens_agent_cache_evictions_total", lbl, fam.evicted)
             refused.add_sample("lens_agent_cache_refused_total", lbl, fam.refused)
             over.add_sample("lens_agent_cache_budget_refused_total", lbl, fam.refused_budget)
             cap.add_sample("lens_agent_cache_max_series", lbl, fam.max_series)
-        samples = Metric("lens_agent_cache_samples", "Exposition lines the cached series take",
-                         GAUGE)  # fmt: skip
+        samples = Metric(
+            "lens_agent_cache_samples", "Exposition lines the cached series take", GAUGE
+        )
         samples.add_sample("lens_agent_cache_samples", {}, self._cache.samples)
         yield from (size, evicted, refused, over, cap, samples)
         if self._cache.max_samples:
-            budget = Metric("lens_agent_cache_max_samples",
-                            "Budget of exposition lines for all cached series", GAUGE)  # fmt: skip
+            budget = Metric(
+                "lens_agent_cache_max_samples",
+                "Budget of exposition lines for all cached series",
+                GAUGE,
+            )
             budget.add_sample("lens_agent_cache_max_samples", {}, self._cache.max_samples)
             yield budget

@@ -56,8 +56,7 @@ def build(cc: str = "gcc") -> Path:
     # written beside, then renamed: an agent running now keeps the one it loaded
     fd, tmp = tempfile.mkstemp(prefix="._native", suffix=".so", dir=HERE)
     os.close(fd)
-    cmd = [cc, *CFLAGS, f"-I{include}", f'-DSOURCE_HASH="{source_hash()}"', str(SOURCE),
-           "-o", tmp]  # fmt: skip
+    cmd = [cc, *CFLAGS, f"-I{include}", f'-DSOURCE_HASH="{source_hash()}"', str(SOURCE), "-o", tmp]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     except FileNotFoundError:
@@ -107,8 +106,9 @@ def load() -> tuple[ModuleType | None, str]:
     if _loaded is None:
         _loaded = _load()
         if _loaded[0] is None:
-            log.info("compiled event path unavailable (%s): events take the Python path",
-                     _loaded[1])  # fmt: skip
+            log.info(
+                "compiled event path unavailable (%s): events take the Python path", _loaded[1]
+            )
     return _loaded
 
 

@@ -55,6 +55,10 @@ def flow_fields(lookup: Lookup | None, cls: str, raddr: str, laddr: str) -> dict
     out: dict[str, Any] = {"cls": refined, **dict(zip(REMOTE_LABELS, r, strict=True))}
     local = lookup(laddr) if lookup is not None else None
     if local is not None and local.kind == "pod":
-        out.update(namespace=local.namespace, pod=local.name,
-                   workload_kind=local.workload_kind, workload=local.workload)  # fmt: skip
+        out.update(
+            namespace=local.namespace,
+            pod=local.name,
+            workload_kind=local.workload_kind,
+            workload=local.workload,
+        )
     return out

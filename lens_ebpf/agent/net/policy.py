@@ -69,11 +69,15 @@ def parse_policy(text: str, source: str = "policy.yaml") -> Policy:
         raise PolicyError(f"{source}: empty; write {{}} for a policy with no classes")
     if not isinstance(doc, dict):
         raise PolicyError(f"{source}: top level must be a mapping of class to CIDR list")
-    size = sum(len(v) if isinstance(v, list) else 1 for k, v in doc.items()
-               if ALIASES.get(str(k), str(k)) in CLASS_IDS)  # fmt: skip
+    size = sum(
+        len(v) if isinstance(v, list) else 1
+        for k, v in doc.items()
+        if ALIASES.get(str(k), str(k)) in CLASS_IDS
+    )
     if size > MAX_PREFIXES:
-        raise PolicyError(f"{source}: {size} class prefixes; at most {MAX_PREFIXES} fit the "
-                          "kernel's trie")  # fmt: skip
+        raise PolicyError(
+            f"{source}: {size} class prefixes; at most {MAX_PREFIXES} fit the " "kernel's trie"
+        )
     classes: dict[str, list[Network]] = {}
     lists: dict[str, tuple[Network, ...]] = {}
     for raw_key, values in doc.items():

@@ -86,8 +86,12 @@ class PolicyWatcher:
         if (cidrs.pods, cidrs.services) == (self.cluster.pods, self.cluster.services):
             return
         self.cluster = cidrs
-        log.info("cluster CIDRs from %s: pods %s, services %s", cidrs.source or "nowhere",
-                 [str(n) for n in cidrs.pods], [str(n) for n in cidrs.services])  # fmt: skip
+        log.info(
+            "cluster CIDRs from %s: pods %s, services %s",
+            cidrs.source or "nowhere",
+            [str(n) for n in cidrs.pods],
+            [str(n) for n in cidrs.services],
+        )
         try:
             self._publish(self.policy)
         except ValueError as exc:
@@ -132,11 +136,14 @@ class PolicyCollector(Collector):
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        reloads = CounterMetricFamily("lens_agent_policy_reloads", "Policy reloads by result",
-                                      labels=("result",))  # fmt: skip
+        reloads = CounterMetricFamily(
+            "lens_agent_policy_reloads", "Policy reloads by result", labels=("result",)
+        )
         for result, n in self._w.reloads.items():
             reloads.add_metric((result,), n)
         yield reloads
-        yield GaugeMetricFamily("lens_agent_policy_error",
-                                "1 while the last policy reload failed",
-                                value=1 if self._w.last_error else 0)  # fmt: skip
+        yield GaugeMetricFamily(
+            "lens_agent_policy_error",
+            "1 while the last policy reload failed",
+            value=1 if self._w.last_error else 0,
+        )

@@ -44,10 +44,18 @@ ITEMS = {METRICS: "data points", LOGS: "log records"}
 RETRYABLE = frozenset({429, 502, 503, 504})
 OK, RETRY, REJECTED = "ok", "retry", "rejected"
 # the answer's message, by signal: partial_success's rejected count field
-_RESPONSES = {METRICS: ("opentelemetry.proto.collector.metrics.v1.metrics_service_pb2",
-                        "ExportMetricsServiceResponse", "rejected_data_points"),
-              LOGS: ("opentelemetry.proto.collector.logs.v1.logs_service_pb2",
-                     "ExportLogsServiceResponse", "rejected_log_records")}  # fmt: skip
+_RESPONSES = {
+    METRICS: (
+        "opentelemetry.proto.collector.metrics.v1.metrics_service_pb2",
+        "ExportMetricsServiceResponse",
+        "rejected_data_points",
+    ),
+    LOGS: (
+        "opentelemetry.proto.collector.logs.v1.logs_service_pb2",
+        "ExportLogsServiceResponse",
+        "rejected_log_records",
+    ),
+}
 
 
 @dataclass
@@ -86,8 +94,14 @@ class Answer:
 class HttpClient:
     """One keep-alive connection to the endpoint, opened again after any failure."""
 
-    def __init__(self, endpoint: str, headers: dict[str, str], timeout: float,
-                 tls: ssl.SSLContext | None = None, gzip_body: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        endpoint: str,
+        headers: dict[str, str],
+        timeout: float,
+        tls: ssl.SSLContext | None = None,
+        gzip_body: bool = True,
+    ) -> None:
         url = urllib.parse.urlsplit(endpoint)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"collectors.otlp.endpoint: {endpoint!r} is not an http(s) URL")
@@ -95,8 +109,9 @@ class HttpClient:
         self.host, self.port = url.hostname, url.port or (443 if self.https else 80)
         self.base = url.path.rstrip("/")
         self.timeout = timeout
-        self.tls = tls if tls is not None else (ssl.create_default_context()
-                                                if self.https else None)  # fmt: skip
+        self.tls = (
+            tls if tls is not None else (ssl.create_default_context() if self.https else None)
+        )
         self.headers = {"Content-Type": "application/x-protobuf", **headers}
         if gzip_body:
             self.headers["Content-Encoding"] = "gzip"
@@ -125,14 +140,19 @@ class HttpClient:
         if 200 <= status < 300:
             return Answer(OK, status, rejected=_rejected(signal, data))
         if status in RETRYABLE:
-            return Answer(RETRY, status, retry_after=_retry_after(resp.getheader("Retry-After")),
-                          message=_message(data))  # fmt: skip
+            return Answer(
+                RETRY,
+                status,
+                retry_after=_retry_after(resp.getheader("Retry-After")),
+                message=_message(data),
+            )
         return Answer(REJECTED, status, message=_message(data))
 
     def _connect(self) -> http.client.HTTPConnection:
         if self.https:
-            return http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout,
-                                               context=self.tls)  # fmt: skip
+            return http.client.HTTPSConnection(
+                self.host, self.port, timeout=self.timeout, context=self.tls
+            )
         return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
 
     def close(self) -> None:
@@ -179,9 +199,15 @@ class Sender:
     """One signal's sending thread: takes a batch, POSTs it until the endpoint takes or
     rejects it, then the next."""
 
-    def __init__(self, signal: str, client: HttpClient,
-                 take: Callable[[float], Batch | None], stats: SignalStats, backoff_max: float,
-                 stop: threading.Event) -> None:  # fmt: skip
+    def __init__(
+        self,
+        signal: str,
+        client: HttpClient,
+        take: Callable[[float], Batch | None],
+        stats: SignalStats,
+        backoff_max: float,
+        stop: threading.Event,
+    ) -> None:
         self.signal, self.client, self.take, self.stats = signal, client, take, stats
         self.backoff_max, self.stop = backoff_max, stop
         self.held: Batch | None = None  # the batch being sent
@@ -220,12 +246,18 @@ class Sender:
             if answer.result == REJECTED:
                 st.dropped["rejected"] += batch.items
                 st.batches["rejected"] += 1
-                self._warn(answer.status, f"{self.client.url(self.signal)} rejected "
-                           f"{batch.items} {ITEMS[self.signal]}: {answer.status} "
-                           f"{answer.message}")  # fmt: skip
+                self._warn(
+                    answer.status,
+                    f"{self.client.url(self.signal)} rejected "
+                    f"{batch.items} {ITEMS[self.signal]}: {answer.status} "
+                    f"{answer.message}",
+                )
                 return False
-            self._warn(RETRY, f"{self.client.url(self.signal)}: {answer.status or ''} "
-                       f"{answer.message}; sending again with backoff")  # fmt: skip
+            self._warn(
+                RETRY,
+                f"{self.client.url(self.signal)}: {answer.status or ''} "
+                f"{answer.message}; sending again with backoff",
+            )
             if self.stop.wait(max(backoff.next(), answer.retry_after)):
                 st.dropped["stopped"] += batch.items
                 st.batches["stopped"] += 1
@@ -276,9 +308,17 @@ class EventBatches:
     bound, counted by it) as batches of records: up to batch, or what arrived within
     linger seconds of the first."""
 
-    def __init__(self, sub: Subscription, size: int, encoder: LogsEncoder, batch: int,
-                 linger: float, gzip_body: bool, stats: SignalStats,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        sub: Subscription,
+        size: int,
+        encoder: LogsEncoder,
+        batch: int,
+        linger: float,
+        gzip_body: bool,
+        stats: SignalStats,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.sub, self.size, self.encoder = sub, size, encoder  # size: the subscription's
         self.batch, self.linger = batch, linger
         self.gzip, self.stats, self.clock = gzip_body, stats, clock
@@ -312,46 +352,67 @@ def snapshot_batch(snap: Snapshot, gzip_body: bool) -> Batch:
 class OtlpCollector(Collector):
     """The exporter's own figures, per signal."""
 
-    def __init__(self, stats: dict[str, SignalStats],
-                 queues: dict[str, SnapshotQueue | EventBatches]) -> None:  # fmt: skip
+    def __init__(
+        self, stats: dict[str, SignalStats], queues: dict[str, SnapshotQueue | EventBatches]
+    ) -> None:
         self._stats, self._queues = stats, queues
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        exported = CounterMetricFamily("lens_agent_otlp_exported", "Items the OTLP endpoint "
-                                       "took: log records, metric data points",
-                                       labels=["signal"])  # fmt: skip
-        dropped = CounterMetricFamily("lens_agent_otlp_dropped",
-                                      "Items lost, by reason: queue_full (the oldest, beyond "
-                                      "the queue's bound), rejected (the endpoint refused "
-                                      "them), stopped (held when the agent stopped)",
-                                      labels=["signal", "reason"])  # fmt: skip
-        batches = CounterMetricFamily("lens_agent_otlp_batches", "Requests' worth of items "
-                                      "(a metric snapshot, a batch of log records), by what "
-                                      "came of them: exported, dropped, rejected, stopped",
-                                      labels=["signal", "result"])  # fmt: skip
-        made = CounterMetricFamily("lens_agent_otlp_batches_made", "Requests' worth of items "
-                                   "made: metric snapshots, batches of log records",
-                                   labels=["signal"])  # fmt: skip
-        requests = CounterMetricFamily("lens_agent_otlp_requests", "POSTs to the endpoint, "
-                                       "by result: ok, retry (failed, sent again), rejected",
-                                       labels=["signal", "result"])  # fmt: skip
-        cpu = CounterMetricFamily("lens_agent_otlp_encode_cpu_seconds", "CPU time making "
-                                  "requests: reading, encoding, compressing",
-                                  labels=["signal"])  # fmt: skip
-        sent = CounterMetricFamily("lens_agent_otlp_sent_bytes", "Request bytes POSTed, "
-                                   "each try", labels=["signal"])  # fmt: skip
+        exported = CounterMetricFamily(
+            "lens_agent_otlp_exported",
+            "Items the OTLP endpoint " "took: log records, metric data points",
+            labels=["signal"],
+        )
+        dropped = CounterMetricFamily(
+            "lens_agent_otlp_dropped",
+            "Items lost, by reason: queue_full (the oldest, beyond "
+            "the queue's bound), rejected (the endpoint refused "
+            "them), stopped (held when the agent stopped)",
+            labels=["signal", "reason"],
+        )
+        batches = CounterMetricFamily(
+            "lens_agent_otlp_batches",
+            "Requests' worth of items "
+            "(a metric snapshot, a batch of log records), by what "
+            "came of them: exported, dropped, rejected, stopped",
+            labels=["signal", "result"],
+        )
+        made = CounterMetricFamily(
+            "lens_agent_otlp_batches_made",
+            "Requests' worth of items " "made: metric snapshots, batches of log records",
+            labels=["signal"],
+        )
+        requests = CounterMetricFamily(
+            "lens_agent_otlp_requests",
+            "POSTs to the endpoint, " "by result: ok, retry (failed, sent again), rejected",
+            labels=["signal", "result"],
+        )
+        cpu = CounterMetricFamily(
+            "lens_agent_otlp_encode_cpu_seconds",
+            "CPU time making " "requests: reading, encoding, compressing",
+            labels=["signal"],
+        )
+        sent = CounterMetricFamily(
+            "lens_agent_otlp_sent_bytes", "Request bytes POSTed, " "each try", labels=["signal"]
+        )
         last = GaugeMetricFamily(
             "lens_agent_otlp_last_success_timestamp_seconds",
             "When the endpoint last took a request",
             labels=["signal"],
         )
-        queue = GaugeMetricFamily("lens_agent_otlp_queue", "Waiting to be sent: log "
-                                  "records, metric snapshots", labels=["signal"])  # fmt: skip
-        cap = GaugeMetricFamily("lens_agent_otlp_queue_capacity", "The queue's bound: log "
-                                "records, metric snapshots", labels=["signal"])  # fmt: skip
+        queue = GaugeMetricFamily(
+            "lens_agent_otlp_queue",
+            "Waiting to be sent: log " "records, metric snapshots",
+            labels=["signal"],
+        )
+        cap = GaugeMetricFamily(
+            "lens_agent_otlp_queue_capacity",
+            "The queue's bound: log " "records, metric snapshots",
+            labels=["signal"],
+        )
         for signal, st in self._stats.items():
             exported.add_metric([signal], st.exported)
             q = self._queues.get(signal)

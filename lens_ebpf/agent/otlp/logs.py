@@ -44,9 +44,11 @@ def _plan(cls: type[Event]) -> _Plan:
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     owner = tuple(f if f in names else "" for f in OWNER_FIELDS)
     wire_name = {v: k for k, v in WIRE_ATTRS.items()}
-    fields = tuple((f.name, wire.ld(1, wire_name.get(f.name, f.name).encode()) + b"\x12")
-                   for f in dataclasses.fields(cls)
-                   if f.init and f.name != "ts_unix_nano" and f.name not in owner)  # fmt: skip
+    fields = tuple(
+        (f.name, wire.ld(1, wire_name.get(f.name, f.name).encode()) + b"\x12")
+        for f in dataclasses.fields(cls)
+        if f.init and f.name != "ts_unix_nano" and f.name not in owner
+    )
     return _Plan(fields, owner)
 
 
@@ -60,8 +62,10 @@ def _heads() -> dict[str, tuple[bytes, bytes]]:
     for kind in KINDS:
         sev = SEVERITY.get(kind, INFO)
         body = wire.ld(1, kind.encode())  # AnyValue.string_value
-        out[kind] = (wire.uint(2, sev) + wire.ld(3, _TEXT[sev].encode()) + wire.ld(5, body),
-                     wire.ld(12, kind.encode()))  # fmt: skip
+        out[kind] = (
+            wire.uint(2, sev) + wire.ld(3, _TEXT[sev].encode()) + wire.ld(5, body),
+            wire.ld(12, kind.encode()),
+        )
     return out
 
 
@@ -101,8 +105,10 @@ class LogsEncoder:
     _resources: dict[Owner, bytes] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._scope = wire.ld(1, InstrumentationScope(
-            name="lens-ebpf", version=self.scope_version).SerializeToString())  # fmt: skip
+        self._scope = wire.ld(
+            1,
+            InstrumentationScope(name="lens-ebpf", version=self.scope_version).SerializeToString(),
+        )
 
     def record(self, ev: Event) -> tuple[Owner, bytes]:
         """One event's LogRecord bytes, and whose resource it goes under."""
@@ -114,8 +120,7 @@ class LogsEncoder:
                 owner = got
         head, tail = HEADS[ev.kind]
         ts = _Q.pack(ev.ts_unix_nano)
-        return owner, b"".join((b"\x09", ts, head, record_attributes(ev, plan), b"\x59", ts,
-                                tail))  # fmt: skip
+        return owner, b"".join((b"\x09", ts, head, record_attributes(ev, plan), b"\x59", ts, tail))
 
     def encode(self, events: Iterable[Event]) -> Snapshot:
         """One ExportLogsServiceRequest of these events, in their order within a
@@ -126,9 +131,13 @@ class LogsEncoder:
             owner, rec = self.record(ev)
             by_owner.setdefault(owner, []).append(rec)
             n += 1
-        body = wire.ld_many(1, (wire.ld(1, self._resource(owner))
-                                + wire.ld(2, self._scope + wire.ld_many(2, recs))
-                                for owner, recs in by_owner.items()))  # fmt: skip
+        body = wire.ld_many(
+            1,
+            (
+                wire.ld(1, self._resource(owner)) + wire.ld(2, self._scope + wire.ld_many(2, recs))
+                for owner, recs in by_owner.items()
+            ),
+        )
         return Snapshot(body, n)
 
     def _resource(self, owner: Owner) -> bytes:

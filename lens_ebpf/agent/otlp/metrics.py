@@ -34,9 +34,17 @@ from lens_ebpf.core.exposition import RenderedFamily
 
 COUNTER, GAUGE, HISTOGRAM, SUMMARY = "counter", "gauge", "histogram", "summary"
 # base-unit suffixes (docs/reference/metric-conventions.md) -> UCUM, longest first
-UNITS = (("_bytes_per_second", "By/s"), ("_seconds", "s"), ("_bytes", "By"),
-         ("_joules", "J"), ("_watts", "W"), ("_celsius", "Cel"), ("_ratio", "1"),
-         ("_percent", "%"), ("_mhz", "MHz"))  # fmt: skip
+UNITS = (
+    ("_bytes_per_second", "By/s"),
+    ("_seconds", "s"),
+    ("_bytes", "By"),
+    ("_joules", "J"),
+    ("_watts", "W"),
+    ("_celsius", "Cel"),
+    ("_ratio", "1"),
+    ("_percent", "%"),
+    ("_mhz", "MHz"),
+)
 # Metric's data field, and its data points' attributes field, by kind
 _DATA_FIELD = {GAUGE: 5, COUNTER: 7, HISTOGRAM: 9, SUMMARY: 11}
 _ATTR_FIELD = {GAUGE: 7, COUNTER: 7, HISTOGRAM: 9, SUMMARY: 7}
@@ -130,8 +138,10 @@ class MetricsEncoder:
     _last_ns: int = 0
 
     def __post_init__(self) -> None:
-        self._scope = wire.ld(1, InstrumentationScope(
-            name="lens-ebpf", version=self.scope_version).SerializeToString())  # fmt: skip
+        self._scope = wire.ld(
+            1,
+            InstrumentationScope(name="lens-ebpf", version=self.scope_version).SerializeToString(),
+        )
 
     def encode(self, families: Iterable[FamilyView], now_ns: int) -> Snapshot:
         """One ExportMetricsServiceRequest of these families at now_ns."""
@@ -168,22 +178,31 @@ class MetricsEncoder:
                 by_owner.setdefault(owner, []).append(plan.header + wire.ld(dfield, data))
         self._series = seen
         self._last_ns = now_ns
-        body = wire.ld_many(1, (wire.ld(1, self._resource(owner))
-                                + wire.ld(2, self._scope + wire.ld_many(2, metrics))
-                                for owner, metrics in by_owner.items()))  # fmt: skip
+        body = wire.ld_many(
+            1,
+            (
+                wire.ld(1, self._resource(owner))
+                + wire.ld(2, self._scope + wire.ld_many(2, metrics))
+                for owner, metrics in by_owner.items()
+            ),
+        )
         return Snapshot(body, points, nfam)
 
     def _plan(self, fam: FamilyView) -> _Plan:
         k = (fam.name, fam.kind, fam.labelnames)
         plan = self._plans.get(k)
         if plan is None:
-            header = PbMetric(name=otlp_name(fam.name, fam.kind), description=fam.help,
-                              unit=unit(fam.name)).SerializeToString()  # fmt: skip
+            header = PbMetric(
+                name=otlp_name(fam.name, fam.kind), description=fam.help, unit=unit(fam.name)
+            ).SerializeToString()
             movable = pod_labels(fam.labelnames)
             at = tuple(fam.labelnames.index(f) if f in movable else -1 for f in OWNER_FIELDS)
-            plan = _Plan(header, wire.StringAttributes(_ATTR_FIELD[fam.kind], fam.labelnames),
-                         at if movable else (-1,) * len(OWNER_FIELDS),
-                         frozenset(i for i in at if i >= 0))  # fmt: skip
+            plan = _Plan(
+                header,
+                wire.StringAttributes(_ATTR_FIELD[fam.kind], fam.labelnames),
+                at if movable else (-1,) * len(OWNER_FIELDS),
+                frozenset(i for i in at if i >= 0),
+            )
             if fam.kind == HISTOGRAM:
                 plan.bounds = wire.packed_double(7, fam.bounds)
             self._plans[k] = plan
@@ -201,8 +220,9 @@ class MetricsEncoder:
 
 def resource(attrs: Iterable[tuple[str, str]]) -> bytes:
     """A Resource message of string attributes, by opentelemetry-proto."""
-    return Resource(attributes=[KeyValue(key=k, value=PbAnyValue(string_value=v))
-                                for k, v in attrs]).SerializeToString()  # fmt: skip
+    return Resource(
+        attributes=[KeyValue(key=k, value=PbAnyValue(string_value=v)) for k, v in attrs]
+    ).SerializeToString()
 
 
 def _counter(s: _Series, value: float, now: int, begun: int, plan: _Plan) -> bytes:
@@ -251,13 +271,18 @@ def _summary(s: _Series, value: Any, now: int, begun: int, plan: _Plan) -> bytes
 
 
 _WRITERS: dict[str, Callable[[_Series, Any, int, int, _Plan], bytes]] = {
-    COUNTER: _counter, GAUGE: _gauge, HISTOGRAM: _histogram, SUMMARY: _summary}  # fmt: skip
+    COUNTER: _counter,
+    GAUGE: _gauge,
+    HISTOGRAM: _histogram,
+    SUMMARY: _summary,
+}
 _TRAILERS = {COUNTER: _SUM_TRAILER, GAUGE: b"", HISTOGRAM: _HIST_TRAILER, SUMMARY: b""}
 
 
 # -- the agent's families as FamilyViews ----------------------------------------------
-def from_cache(snapshot: Iterable[tuple[Any, list[tuple[tuple[str, ...], Any]]]],
-               ) -> Iterator[FamilyView]:  # fmt: skip
+def from_cache(
+    snapshot: Iterable[tuple[Any, list[tuple[tuple[str, ...], Any]]]],
+) -> Iterator[FamilyView]:
     """The metric cache's families (MetricCache.snapshot()): a histogram's counts are kept
     per bucket there already, its last bucket +Inf."""
     for fam, series in snapshot:
@@ -279,8 +304,9 @@ def from_prometheus(metrics: Iterable[Metric]) -> Iterator[FamilyView]:
         if m.type == COUNTER:  # its samples: name_total, or the name (dcgm-exporter's)
             for name in dict.fromkeys(s.name for s in m.samples):
                 if name in (m.name, m.name + "_total"):
-                    yield from _grouped(name, COUNTER, m.documentation,
-                                        (s for s in m.samples if s.name == name))  # fmt: skip
+                    yield from _grouped(
+                        name, COUNTER, m.documentation, (s for s in m.samples if s.name == name)
+                    )
         elif m.type == HISTOGRAM:
             yield from _histograms(m)
         elif m.type == SUMMARY:
@@ -288,8 +314,9 @@ def from_prometheus(metrics: Iterable[Metric]) -> Iterator[FamilyView]:
         else:
             names = dict.fromkeys(s.name for s in m.samples)
             for name in names:
-                yield from _grouped(name, GAUGE, m.documentation,
-                                    (s for s in m.samples if s.name == name))  # fmt: skip
+                yield from _grouped(
+                    name, GAUGE, m.documentation, (s for s in m.samples if s.name == name)
+                )
 
 
 def _grouped(name: str, kind: str, help_text: str, samples: Iterable[Any]) -> Iterator[FamilyView]:
@@ -326,8 +353,9 @@ def _histograms(m: Metric) -> Iterator[FamilyView]:
         names = tuple(k for k, _ in lbl)
         v = views.get((names, bounds))
         if v is None:
-            v = views[(names, bounds)] = FamilyView(m.name, HISTOGRAM, m.documentation, names,
-                                                    [], bounds)  # fmt: skip
+            v = views[(names, bounds)] = FamilyView(
+                m.name, HISTOGRAM, m.documentation, names, [], bounds
+            )
         v.series.append((tuple(x for _, x in lbl), (counts, sums.get(lbl, 0.0))))
     yield from views.values()
 

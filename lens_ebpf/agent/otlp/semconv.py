@@ -31,19 +31,31 @@ WORKLOAD_KINDS = {
     "CronJob": "k8s.cronjob.name",
 }
 # what names a pod's resource, in the order its attributes are written
-OWNER_FIELDS = ("namespace", "pod", "pod_uid", "container", "container_id", "workload_kind",
-                "workload")  # fmt: skip
+OWNER_FIELDS = (
+    "namespace",
+    "pod",
+    "pod_uid",
+    "container",
+    "container_id",
+    "workload_kind",
+    "workload",
+)
 
 Owner = tuple[str, ...]  # values of OWNER_FIELDS; all empty: the node itself
 NODE: Owner = ("",) * len(OWNER_FIELDS)
 
 
-def node_attributes(node: str, version: str, cluster: str = "",
-                    extra: Mapping[str, str] | None = None) -> list[tuple[str, str]]:  # fmt: skip
+def node_attributes(
+    node: str, version: str, cluster: str = "", extra: Mapping[str, str] | None = None
+) -> list[tuple[str, str]]:
     """The node's resource: the service, the host and the Kubernetes node; extra
     (collectors.otlp.resource) adds to them or replaces them by key."""
-    attrs = {"service.name": SERVICE_NAME, "service.version": version, "host.name": node,
-             "k8s.node.name": node}  # fmt: skip
+    attrs = {
+        "service.name": SERVICE_NAME,
+        "service.version": version,
+        "host.name": node,
+        "k8s.node.name": node,
+    }
     if cluster:
         attrs["k8s.cluster.name"] = cluster
     attrs.update(extra or {})

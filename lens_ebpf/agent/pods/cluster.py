@@ -39,8 +39,10 @@ def read_cluster_networks(
     except ObjectError as exc:
         log.warning("cluster CIDRs: %s; trying the nodes' podCIDRs", exc)
     except Exception as exc:  # 404 on non-kubeadm clusters, 403, API down
-        log.info("cluster CIDRs: no kubeadm-config (%s); trying the nodes' podCIDRs",
-                 getattr(exc, "reason", None) or type(exc).__name__)  # fmt: skip
+        log.info(
+            "cluster CIDRs: no kubeadm-config (%s); trying the nodes' podCIDRs",
+            getattr(exc, "reason", None) or type(exc).__name__,
+        )
     if not out.pods:
         nets: list[Network] = []
         try:
@@ -102,8 +104,15 @@ class ClusterWatch:
         t = k.request_timeout_seconds
 
         def cron_job_v1beta1(namespace: str, name: str) -> dict[str, Any]:
-            return call_raw(custom.get_namespaced_custom_object, "batch", "v1beta1",
-                            namespace, "cronjobs", name, timeout=t)  # fmt: skip
+            return call_raw(
+                custom.get_namespaced_custom_object,
+                "batch",
+                "v1beta1",
+                namespace,
+                "cronjobs",
+                name,
+                timeout=t,
+            )
 
         getters: dict[str, Getter] = {
             "ReplicaSet": raw_getter(apps.read_namespaced_replica_set, t),
@@ -115,14 +124,27 @@ class ClusterWatch:
         }
         self.owners = OwnerResolver(getters, ttl=k.owner_cache_seconds)
         self.index = ClusterIndex(k.max_pods, k.max_services, self.owners)
-        opts = {"request_timeout": t, "watch_timeout": k.watch_timeout_seconds,
-                "backoff_max": k.backoff_max_seconds}  # fmt: skip
+        opts = {
+            "request_timeout": t,
+            "watch_timeout": k.watch_timeout_seconds,
+            "backoff_max": k.backoff_max_seconds,
+        }
         self.reflectors = [
-            Reflector("pods", core.list_pod_for_all_namespaces, self.index.replace_pods,
-                      self.index.pod_event, **opts),
-            Reflector("services", core.list_service_for_all_namespaces,
-                      self.index.replace_services, self.index.service_event, **opts),
-        ]  # fmt: skip
+            Reflector(
+                "pods",
+                core.list_pod_for_all_namespaces,
+                self.index.replace_pods,
+                self.index.pod_event,
+                **opts,
+            ),
+            Reflector(
+                "services",
+                core.list_service_for_all_namespaces,
+                self.index.replace_services,
+                self.index.service_event,
+                **opts,
+            ),
+        ]
         self._kubeadm = lambda: call_raw(
             core.read_namespaced_config_map, "kubeadm-config", "kube-system", timeout=t
         )
@@ -132,8 +154,9 @@ class ClusterWatch:
 
     def start(self) -> None:
         for r in self.reflectors:
-            t = threading.Thread(target=r.run, args=(self._stop,), name=f"k8s-{r.resource}",
-                                 daemon=True)  # fmt: skip
+            t = threading.Thread(
+                target=r.run, args=(self._stop,), name=f"k8s-{r.resource}", daemon=True
+            )
             t.start()
             self._threads.append(t)
 
@@ -180,6 +203,10 @@ class ClusterCollector(Collector):
         owners = Metric("lens_k8s_owner_lookups", "Owner reference lookups", "counter")
         for result, n in self._w.owners.lookups.items():
             owners.add_sample("lens_k8s_owner_lookups_total", {"result": result}, n)
-        watches = watch_metrics(self._w.reflectors, "lens_k8s_watch_connected",
-                                "lens_k8s_watch_restarts", "lens_k8s_watch_events")  # fmt: skip
+        watches = watch_metrics(
+            self._w.reflectors,
+            "lens_k8s_watch_connected",
+            "lens_k8s_watch_restarts",
+            "lens_k8s_watch_events",
+        )
         yield from (objs, refused, bad, *watches, lists, owners)

@@ -174,8 +174,13 @@ class ClusterIndex:
             log.warning("k8s: skipping an object: %s", exc)
             return None
 
-    def _replace(self, table: _Table, parse: Parse, entry: Callable[[Any], _Entry],
-                 objs: Iterable[dict[str, Any]]) -> None:  # fmt: skip
+    def _replace(
+        self,
+        table: _Table,
+        parse: Parse,
+        entry: Callable[[Any], _Entry],
+        objs: Iterable[dict[str, Any]],
+    ) -> None:
         """A full list: the table becomes exactly these objects (within its bound)."""
         new: dict[tuple[str, str], _Entry] = {}
         for obj in objs:
@@ -191,8 +196,14 @@ class ClusterIndex:
             table.entries, table.by_ip = new, by_ip
             self.changes += 1
 
-    def _event(self, table: _Table, parse: Parse, entry: Callable[[Any], _Entry], kind: str,
-               obj: dict[str, Any]) -> None:  # fmt: skip
+    def _event(
+        self,
+        table: _Table,
+        parse: Parse,
+        entry: Callable[[Any], _Entry],
+        kind: str,
+        obj: dict[str, Any],
+    ) -> None:
         """One watch event: ADDED and MODIFIED replace the entry, DELETED removes it."""
         rec = self._parse(parse, obj)
         if rec is None:

@@ -116,8 +116,10 @@ def ephemeral_storage(summary: dict[str, Any]) -> Storage:
             pvc = v.get("pvcRef") if isinstance(v, dict) else None
             if not isinstance(pvc, dict) or not pvc.get("name"):
                 continue  # not a claim (a projected token, an emptyDir): the kubelet's too
-            sizes = (_int(v.get(k)) for k in ("usedBytes", "capacityBytes", "availableBytes",
-                                              "inodesUsed"))  # fmt: skip
+            sizes = (
+                _int(v.get(k))
+                for k in ("usedBytes", "capacityBytes", "availableBytes", "inodesUsed")
+            )
             volumes.append(
                 Volume(
                     str(ref.get("namespace", "")),
@@ -127,9 +129,14 @@ def ephemeral_storage(summary: dict[str, Any]) -> Storage:
                     *sizes,
                 )
             )
-    return Storage(str(node.get("nodeName", "")), _int(fs.get("usedBytes")),
-                   _int(fs.get("availableBytes")), _int(fs.get("capacityBytes")),
-                   pods, volumes)  # fmt: skip
+    return Storage(
+        str(node.get("nodeName", "")),
+        _int(fs.get("usedBytes")),
+        _int(fs.get("availableBytes")),
+        _int(fs.get("capacityBytes")),
+        pods,
+        volumes,
+    )
 
 
 # -- HTTPS ----------------------------------------------------------------------
@@ -146,8 +153,9 @@ def tls_context(ca_file: str, insecure: bool) -> ssl.SSLContext:
 
 
 class KubeletClient:
-    def __init__(self, url: str, ca_file: str, token_file: str, insecure: bool,
-                 timeout: float) -> None:  # fmt: skip
+    def __init__(
+        self, url: str, ca_file: str, token_file: str, insecure: bool, timeout: float
+    ) -> None:
         self.url = url.rstrip("/")
         self.ca_file = ca_file
         self.token_file = token_file
@@ -193,8 +201,14 @@ class KubeletCollector(PeriodicCollector):
 
     name = "kubelet"
 
-    def __init__(self, interval: float, client: KubeletClient, node: str,
-                 resources: list[str], gpu_count: Callable[[], int]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        interval: float,
+        client: KubeletClient,
+        node: str,
+        resources: list[str],
+        gpu_count: Callable[[], int],
+    ) -> None:
         super().__init__(interval)
         self.client = client
         self.node = node
@@ -234,8 +248,9 @@ class KubeletCollector(PeriodicCollector):
                 "Percent of the node's GPUs requested by running pods",
                 "gauge",
             )
-            rate.add_sample("node_k8s_gpu_allocation_rate", {},
-                            sum(alloc.requested.values()) / gpus * 100)  # fmt: skip
+            rate.add_sample(
+                "node_k8s_gpu_allocation_rate", {}, sum(alloc.requested.values()) / gpus * 100
+            )
             out.append(rate)
         return out
 
@@ -253,19 +268,24 @@ class KubeletCollector(PeriodicCollector):
                 m.add_sample(name, node, value)
                 out.append(m)
 
-        gauge("node_ephemeral_storage_usage_bytes", "Node filesystem used (kubelet nodefs)",
-              st.used)  # fmt: skip
-        gauge("node_ephemeral_storage_available_bytes", "Node filesystem available",
-              st.available)  # fmt: skip
+        gauge(
+            "node_ephemeral_storage_usage_bytes", "Node filesystem used (kubelet nodefs)", st.used
+        )
+        gauge("node_ephemeral_storage_available_bytes", "Node filesystem available", st.available)
         gauge("node_ephemeral_storage_capacity_bytes", "Node filesystem capacity", st.capacity)
         if st.used is not None and st.capacity:
-            gauge("node_ephemeral_storage_usage_percent", "Node filesystem used, percent",
-                  st.used / st.capacity * 100)  # fmt: skip
-        pods = Metric("pod_ephemeral_storage_usage_bytes", "Ephemeral storage used by a pod",
-                      "gauge")  # fmt: skip
+            gauge(
+                "node_ephemeral_storage_usage_percent",
+                "Node filesystem used, percent",
+                st.used / st.capacity * 100,
+            )
+        pods = Metric(
+            "pod_ephemeral_storage_usage_bytes", "Ephemeral storage used by a pod", "gauge"
+        )
         for ns, pod, used in sorted(st.pods):
-            pods.add_sample("pod_ephemeral_storage_usage_bytes",
-                            {"namespace": ns, "pod": pod, **node}, used)  # fmt: skip
+            pods.add_sample(
+                "pod_ephemeral_storage_usage_bytes", {"namespace": ns, "pod": pod, **node}, used
+            )
         out.append(pods)
         out.extend(volume_families(st.volumes, node))
         return out
@@ -275,10 +295,13 @@ class KubeletCollector(PeriodicCollector):
 VOLUME_FAMILIES = (
     ("lens_pod_volume_used_bytes", "used", "Bytes used on a pod's PersistentVolumeClaim"),
     ("lens_pod_volume_capacity_bytes", "capacity", "Capacity of a pod's PersistentVolumeClaim"),
-    ("lens_pod_volume_available_bytes", "available",
-     "Bytes available on a pod's PersistentVolumeClaim"),
+    (
+        "lens_pod_volume_available_bytes",
+        "available",
+        "Bytes available on a pod's PersistentVolumeClaim",
+    ),
     ("lens_pod_volume_inodes_used", "inodes_used", "Inodes used on a pod's PersistentVolumeClaim"),
-)  # fmt: skip
+)
 
 
 def volume_families(volumes: list[Volume], node: dict[str, str]) -> list[Metric]:
@@ -290,8 +313,16 @@ def volume_families(volumes: list[Volume], node: dict[str, str]) -> list[Metric]
         for v in sorted(volumes, key=lambda v: (v.namespace, v.pod, v.volume)):
             value = getattr(v, attr)
             if value is not None:
-                m.add_sample(name, {"namespace": v.namespace, "pod": v.pod,
-                                    "persistentvolumeclaim": v.claim, "volume": v.volume,
-                                    **node}, value)  # fmt: skip
+                m.add_sample(
+                    name,
+                    {
+                        "namespace": v.namespace,
+                        "pod": v.pod,
+                        "persistentvolumeclaim": v.claim,
+                        "volume": v.volume,
+                        **node,
+                    },
+                    value,
+                )
         fams.append(m)
     return fams

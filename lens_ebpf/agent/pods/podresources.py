@@ -50,8 +50,7 @@ def device_owners(resp: Any, resources: Iterable[str]) -> dict[str, DeviceOwner]
                 if d.resource_name not in wanted:
                     continue
                 for dev in d.device_ids:
-                    out[device_key(dev)] = DeviceOwner(d.resource_name, p.namespace, p.name,
-                                                       c.name)  # fmt: skip
+                    out[device_key(dev)] = DeviceOwner(d.resource_name, p.namespace, p.name, c.name)
     return out
 
 
@@ -60,8 +59,9 @@ class PodResourcesCollector(PeriodicCollector):
 
     name = "pod_resources"
 
-    def __init__(self, interval: float, socket: str, timeout: float,
-                 resources: Iterable[str]) -> None:  # fmt: skip
+    def __init__(
+        self, interval: float, socket: str, timeout: float, resources: Iterable[str]
+    ) -> None:
         super().__init__(interval)
         self.socket = socket
         self.timeout = timeout
@@ -102,8 +102,11 @@ class PodResourcesCollector(PeriodicCollector):
             name = code.name.lower() if code is not None else "rpc"
             raise CollectorError(name, f"PodResources List on {self.socket}: {name}") from None
         self.assigned = device_owners(resp, self.resources)
-        m = Metric("lens_k8s_device_allocated",
-                   "Devices the kubelet allocated to a container (value 1)", "gauge")  # fmt: skip
+        m = Metric(
+            "lens_k8s_device_allocated",
+            "Devices the kubelet allocated to a container (value 1)",
+            "gauge",
+        )
         for dev, owner in sorted(self.assigned.items()):
             labels = {"resource": owner.resource, "device_id": dev, **owner.labels()}
             m.add_sample("lens_k8s_device_allocated", labels, 1)

@@ -30,24 +30,52 @@ SPEC = ProgramSpec(
         Need("exit", (ProbePath(TRACEPOINT, ("sched:sched_process_exit",)),)),
         # the task's own exit_code where the kernel's BTF places it: the syscall
         # tracepoints, the fallback, tax every syscall on the node while enabled
-        Need("exit_codes", (ProbePath(BTF, (), "LENS_EXIT_CODE_BTF",
-                                      btf=(BtfField("LENS_TASK_EXIT_CODE_OFF",
-                                                    "task_struct.exit_code", 4),)),
-                            ProbePath(TRACEPOINT, ("syscalls:sys_enter_exit_group",
-                                                   "syscalls:sys_enter_exit"), "LENS_EXIT_CODES")),
-             optional=True, what_is_lost="exits carry no exit code"),
-        Need("signals", (ProbePath(TRACEPOINT, ("signal:signal_deliver",), "LENS_SIGNALS"),),
-             optional=True, what_is_lost="exits carry no killing signal"),
-        Need("oom", (ProbePath(TRACEPOINT, ("oom:mark_victim",), "LENS_OOM"),), optional=True,
-             what_is_lost="no OOM kill events"),
+        Need(
+            "exit_codes",
+            (
+                ProbePath(
+                    BTF,
+                    (),
+                    "LENS_EXIT_CODE_BTF",
+                    btf=(BtfField("LENS_TASK_EXIT_CODE_OFF", "task_struct.exit_code", 4),),
+                ),
+                ProbePath(
+                    TRACEPOINT,
+                    ("syscalls:sys_enter_exit_group", "syscalls:sys_enter_exit"),
+                    "LENS_EXIT_CODES",
+                ),
+            ),
+            optional=True,
+            what_is_lost="exits carry no exit code",
+        ),
+        Need(
+            "signals",
+            (ProbePath(TRACEPOINT, ("signal:signal_deliver",), "LENS_SIGNALS"),),
+            optional=True,
+            what_is_lost="exits carry no killing signal",
+        ),
+        Need(
+            "oom",
+            (ProbePath(TRACEPOINT, ("oom:mark_victim",), "LENS_OOM"),),
+            optional=True,
+            what_is_lost="no OOM kill events",
+        ),
     ),
     fields=(
-        Field("sched:sched_process_exit", "group_dead", "LENS_TP_EXIT_GROUP_DEAD",
-              "the thread-group leader's exit stands for the process's"),
-        Field("oom:mark_victim", "data_loc_comm", "LENS_TP_OOM_COMM",
-              "OOM events name the process from its exec"),
+        Field(
+            "sched:sched_process_exit",
+            "group_dead",
+            "LENS_TP_EXIT_GROUP_DEAD",
+            "the thread-group leader's exit stands for the process's",
+        ),
+        Field(
+            "oom:mark_victim",
+            "data_loc_comm",
+            "LENS_TP_OOM_COMM",
+            "OOM events name the process from its exec",
+        ),
     ),
-)  # fmt: skip
+)
 EV_EXEC, EV_EXIT, EV_OOM = 1, 2, 3
 PF_OOM_VICTIM = 4
 REC_NEW_CGROUP = 8  # the record's cgroup is not in known_cgroups: it woke the reader
@@ -74,19 +102,41 @@ _METRICS = (EXECS, EXITS, OOMS)
 _make_process = maker(ProcessEvent, ("kind", "ts_ns", "pid", "ppid", "cgroup_id", "cgroup", "comm"))
 
 
-def process_event(kind: int, ts_ns: int, pid: int, ppid: int, exit_code: int, signal: int,
-                  flags: int, raw_file: bytes, cgroup_id: int, path: str,
-                  who: dict[str, str], comm: str) -> ProcessEvent:  # fmt: skip
+def process_event(
+    kind: int,
+    ts_ns: int,
+    pid: int,
+    ppid: int,
+    exit_code: int,
+    signal: int,
+    flags: int,
+    raw_file: bytes,
+    cgroup_id: int,
+    path: str,
+    who: dict[str, str],
+    comm: str,
+) -> ProcessEvent:
     """An exec, exit or OOM kill record's event, with its cgroup's path and identity and
     the comm it goes by (both paths: the Python one, and materialize's)."""
     name = _KINDS[kind]
     if kind == EV_EXEC:
-        return _make_process(name, ts_ns, pid, ppid, cgroup_id, path, comm,
-                             filename=c_text(raw_file), **who)  # fmt: skip
+        return _make_process(
+            name, ts_ns, pid, ppid, cgroup_id, path, comm, filename=c_text(raw_file), **who
+        )
     if kind == EV_EXIT:
-        return _make_process(name, ts_ns, pid, ppid, cgroup_id, path, comm, exit_code=exit_code,
-                             signal=signal, oom_killed=bool(flags & PF_OOM_VICTIM),
-                             **who)  # fmt: skip
+        return _make_process(
+            name,
+            ts_ns,
+            pid,
+            ppid,
+            cgroup_id,
+            path,
+            comm,
+            exit_code=exit_code,
+            signal=signal,
+            oom_killed=bool(flags & PF_OOM_VICTIM),
+            **who,
+        )
     return _make_process(name, ts_ns, pid, ppid, cgroup_id, path, comm, **who)
 
 
@@ -98,8 +148,12 @@ def materialize(p: Any) -> ProcessEvent:
         _PROC_EVENT.unpack_from(record)
     )
     path, who, comm = p.extra
-    return native.stamped(process_event(kind, ts_ns, pid, ppid, exit_code, signal, flags,
-                                        raw_file, cgroup_id, path, who, comm), p)  # fmt: skip
+    return native.stamped(
+        process_event(
+            kind, ts_ns, pid, ppid, exit_code, signal, flags, raw_file, cgroup_id, path, who, comm
+        ),
+        p,
+    )
 
 
 def compiled_procs() -> tuple[ModuleType | None, str]:
@@ -123,9 +177,14 @@ class ProcEvents(RingProgram):
     STATS = PSTATS
 
     def __init__(
-        self, bpf: BpfConfig, cache: MetricCache, bus: EventBus, loader: BpfLoader,
-        enrich: Enrichment, encoder: str = "compiled",
-    ) -> None:  # fmt: skip
+        self,
+        bpf: BpfConfig,
+        cache: MetricCache,
+        bus: EventBus,
+        loader: BpfLoader,
+        enrich: Enrichment,
+        encoder: str = "compiled",
+    ) -> None:
         super().__init__(loader)
         self.encoder_setting = encoder  # events.encoder: compiled or python
         self.bpf_cfg = bpf
@@ -137,26 +196,39 @@ class ProcEvents(RingProgram):
         self._comms: dict[int, str] = {}
         for name, help_text, extra in (
             (EXECS, "Processes started (exec) in containers", ()),
-            (EXITS, "Processes ended, by exit class: success, error, signal, unknown",
-             ("exit_class",)),
+            (
+                EXITS,
+                "Processes ended, by exit class: success, error, signal, unknown",
+                ("exit_class",),
+            ),
             (OOMS, "Processes the OOM killer chose", ()),
-        ):  # fmt: skip
+        ):
             cache.register(name, COUNTER, help_text, (*IDENTITY, *extra))
 
     @staticmethod
     def static_defines(b: BpfConfig) -> dict[str, int | str]:
         """The cflags proc_events.c is compiled with."""
-        return {"MAX_PROCS": b.max_processes, "RINGBUF_PAGES": b.ringbuf_pages,
-                "KNOWN_CGROUPS": b.max_known_cgroups}  # fmt: skip
+        return {
+            "MAX_PROCS": b.max_processes,
+            "RINGBUF_PAGES": b.ringbuf_pages,
+            "KNOWN_CGROUPS": b.max_known_cgroups,
+        }
 
     def start(self) -> bool:
         self.bpf = self.loader.load(plan_for(SPEC), self.static_defines(self.bpf_cfg))
         if self.bpf is None:
             return False
         layouts.check_layout("proc_event", layouts.ProcEvent, self.bpf[b"layout_proc_event"].Leaf)
-        self.open_records(b"proc_events", self._on_event, self.bpf_cfg.ring_reader,
-                          self.encoder_setting, compiled_procs, self._on_records,
-                          ctypes.sizeof(layouts.ProcEvent), self.bus.node)  # fmt: skip
+        self.open_records(
+            b"proc_events",
+            self._on_event,
+            self.bpf_cfg.ring_reader,
+            self.encoder_setting,
+            compiled_procs,
+            self._on_records,
+            ctypes.sizeof(layouts.ProcEvent),
+            self.bus.node,
+        )
         return True
 
     def _on_event(self, rec: bytes) -> None:
@@ -179,8 +251,9 @@ class ProcEvents(RingProgram):
             # a kernel whose mark_victim has no comm: the one its exec had
             comm = comm or self._comms.get(pid, "")
             self.cache.inc(OOMS, labels)
-        ev = process_event(kind, ts_ns, pid, ppid, exit_code, signal, flags, raw_file,
-                           cgroup_id, path, who, comm)  # fmt: skip
+        ev = process_event(
+            kind, ts_ns, pid, ppid, exit_code, signal, flags, raw_file, cgroup_id, path, who, comm
+        )
         self.bus.publish(ev, owned=True)
 
     def _identity(self, cgroup_id: int, new: bool) -> tuple[str, dict[str, str]]:
@@ -204,8 +277,9 @@ class ProcEvents(RingProgram):
         done: list[Any] = []
 
         def make(seq: int, ts: int) -> list[Any]:
-            events, *rest = mod.procs(records, seq, ts, self.head, idents, self._comms,
-                                      self.bpf_cfg.max_processes)  # fmt: skip
+            events, *rest = mod.procs(
+                records, seq, ts, self.head, idents, self._comms, self.bpf_cfg.max_processes
+            )
             done.extend(rest)
             return events
 

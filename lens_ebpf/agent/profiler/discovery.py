@@ -115,8 +115,9 @@ def head_of(path: Path) -> bytes:
     return raw
 
 
-def walk(root: Path, start: str, patterns: Iterable[str], depth: int, budget: list[int]
-         ) -> Iterator[tuple[str, os.stat_result]]:  # fmt: skip
+def walk(
+    root: Path, start: str, patterns: Iterable[str], depth: int, budget: list[int]
+) -> Iterator[tuple[str, os.stat_result]]:
     """(path in the container, its lstat) of each regular file under start whose name
     matches, depth levels down, no link followed; budget[0]: entries left to look at."""
     try:
@@ -145,8 +146,9 @@ def walk(root: Path, start: str, patterns: Iterable[str], depth: int, budget: li
                 yield str(rel / e.name), st
 
 
-def glob_files(root: Path, globs: Iterable[str], budget: list[int]
-               ) -> Iterator[tuple[str, os.stat_result]]:  # fmt: skip
+def glob_files(
+    root: Path, globs: Iterable[str], budget: list[int]
+) -> Iterator[tuple[str, os.stat_result]]:
     """The regular files the configured globs (absolute, in the container) match."""
     for g in globs:
         if not g.startswith("/"):
@@ -197,9 +199,14 @@ def process_dirs(procfs: Path, pid: int) -> tuple[str, list[tuple[str, str]]]:
     return cwd, dirs
 
 
-def find(procfs: Path, pids: Iterable[int], patterns: Iterable[str] = NAMES,
-         globs: Iterable[str] = (), depth: int = 3, max_entries: int = 20000
-         ) -> list[Found]:  # fmt: skip
+def find(
+    procfs: Path,
+    pids: Iterable[int],
+    patterns: Iterable[str] = NAMES,
+    globs: Iterable[str] = (),
+    depth: int = 3,
+    max_entries: int = 20000,
+) -> list[Found]:
     """The profiler traces of these processes (one container's: one root), newest first,
     each once (the first process that led to it)."""
     pats = tuple(patterns) or NAMES

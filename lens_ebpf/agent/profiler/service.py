@@ -34,10 +34,19 @@ class Profiler:
     """The service's handlers (generic: the request's bytes in, decoded once the caller is
     admitted)."""
 
-    def __init__(self, node: str, procfs: Path, containers: Callable[[], dict[str, ContainerInfo]],
-                 callers: list[str], patterns: list[str], globs: list[str], depth: int,
-                 max_files: int, max_file_bytes: int, guard: Guard | None = None
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self,
+        node: str,
+        procfs: Path,
+        containers: Callable[[], dict[str, ContainerInfo]],
+        callers: list[str],
+        patterns: list[str],
+        globs: list[str],
+        depth: int,
+        max_files: int,
+        max_file_bytes: int,
+        guard: Guard | None = None,
+    ) -> None:
         self.node, self.procfs, self.containers = node, procfs, containers
         self.callers, self.patterns, self.globs = callers, patterns, globs
         self.depth, self.max_files, self.max_file_bytes = depth, max_files, max_file_bytes
@@ -47,16 +56,28 @@ class Profiler:
         self.sent_bytes = 0
 
     def handlers(self) -> grpc.GenericRpcHandler:
-        return grpc.method_handlers_generic_handler(SERVICE, {
-            "ListProfilerFiles": grpc.unary_unary_rpc_method_handler(
-                self.list_raw, response_serializer=pb.ListProfilerFilesReply.SerializeToString),
-            "FetchProfilerFile": grpc.unary_stream_rpc_method_handler(
-                self.fetch_raw, response_serializer=pb.FileChunk.SerializeToString),
-        })  # fmt: skip
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "ListProfilerFiles": grpc.unary_unary_rpc_method_handler(
+                    self.list_raw, response_serializer=pb.ListProfilerFilesReply.SerializeToString
+                ),
+                "FetchProfilerFile": grpc.unary_stream_rpc_method_handler(
+                    self.fetch_raw, response_serializer=pb.FileChunk.SerializeToString
+                ),
+            },
+        )
 
     async def _admit(self, context: Any, method: str) -> None:
-        await admit(context, method, self.guard, self.callers, self.refused, "ProfilerService",
-                    "collectors.profiler.callers")  # fmt: skip
+        await admit(
+            context,
+            method,
+            self.guard,
+            self.callers,
+            self.refused,
+            "ProfilerService",
+            "collectors.profiler.callers",
+        )
         self.calls[method] += 1
 
     def _pod(self, uid: str) -> list[ContainerInfo]:
@@ -73,15 +94,27 @@ class Profiler:
     def listing(self, uid: str) -> pb.ListProfilerFilesReply:
         containers = self._pod(uid)
         first = containers[0]
-        reply = pb.ListProfilerFilesReply(pod_uid=uid, pod_name=first.pod_name,
-                                          pod_namespace=first.pod_namespace,
-                                          node_name=self.node)  # fmt: skip
+        reply = pb.ListProfilerFilesReply(
+            pod_uid=uid,
+            pod_name=first.pod_name,
+            pod_namespace=first.pod_namespace,
+            node_name=self.node,
+        )
         files: list[pb.ProfilerFile] = []
         for c in containers:
-            files += [pb.ProfilerFile(path=f.path, container_id=c.id, container=c.label,
-                                      size_bytes=f.size, mtime=f.mtime, rank=f.rank,
-                                      host_pid=f.pid, found_by=f.found_by)
-                      for f in self._found(c)]  # fmt: skip
+            files += [
+                pb.ProfilerFile(
+                    path=f.path,
+                    container_id=c.id,
+                    container=c.label,
+                    size_bytes=f.size,
+                    mtime=f.mtime,
+                    rank=f.rank,
+                    host_pid=f.pid,
+                    found_by=f.found_by,
+                )
+                for f in self._found(c)
+            ]
         files.sort(key=lambda f: (-f.mtime, f.container_id, f.path))
         reply.files.extend(files[: self.max_files])
         reply.skipped = max(0, len(files) - self.max_files)
@@ -100,12 +133,17 @@ class Profiler:
         """The asked trace open, once the listing holds it and it is within the cap."""
         c = next((c for c in self._pod(req.pod_uid) if c.id == req.container_id), None)
         if c is None:
-            raise Refusal("NOT_FOUND", f"container {req.container_id} is not pod "
-                          f"{req.pod_uid}'s on node {self.node}")  # fmt: skip
+            raise Refusal(
+                "NOT_FOUND",
+                f"container {req.container_id} is not pod " f"{req.pod_uid}'s on node {self.node}",
+            )
         known = {f.path: f for f in self._found(c)}
         if req.path not in known:
-            raise Refusal("NOT_FOUND", f"{req.path}: not a profiler trace of pod "
-                          f"{req.pod_uid} (ListProfilerFiles names them)")  # fmt: skip
+            raise Refusal(
+                "NOT_FOUND",
+                f"{req.path}: not a profiler trace of pod "
+                f"{req.pod_uid} (ListProfilerFiles names them)",
+            )
         cap = min(req.max_bytes or self.max_file_bytes, self.max_file_bytes)
         root = self.procfs / str(known[req.path].pid) / "root"
         try:
@@ -114,8 +152,9 @@ class Profiler:
             raise Refusal("NOT_FOUND", f"{req.path}: {exc}") from None
         if st.st_size > cap:
             os.close(fd)
-            raise Refusal("RESOURCE_EXHAUSTED", f"{req.path}: {st.st_size} bytes, over the "
-                          f"cap of {cap}")  # fmt: skip
+            raise Refusal(
+                "RESOURCE_EXHAUSTED", f"{req.path}: {st.st_size} bytes, over the " f"cap of {cap}"
+            )
         return fd, st
 
     async def fetch_raw(self, raw: bytes, context: Any) -> AsyncIterator[pb.FileChunk]:
@@ -131,14 +170,18 @@ class Profiler:
         try:
             offset = 0
             while offset < st.st_size:
-                data = await asyncio.to_thread(os.pread, fd, min(CHUNK, st.st_size - offset),
-                                               offset)  # fmt: skip
+                data = await asyncio.to_thread(
+                    os.pread, fd, min(CHUNK, st.st_size - offset), offset
+                )
                 if not data:
                     break
                 first = offset == 0
-                yield pb.FileChunk(data=data, offset=offset,
-                                   size_bytes=st.st_size if first else 0,
-                                   mtime=st.st_mtime if first else 0.0)  # fmt: skip
+                yield pb.FileChunk(
+                    data=data,
+                    offset=offset,
+                    size_bytes=st.st_size if first else 0,
+                    mtime=st.st_mtime if first else 0.0,
+                )
                 offset += len(data)
                 self.sent_bytes += len(data)
             if offset == 0:  # an empty file: one chunk says its size
@@ -156,17 +199,26 @@ class ProfilerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         refused = CounterMetricFamily(
-            "lens_agent_profiler_calls_refused", "ProfilerService calls refused: "
+            "lens_agent_profiler_calls_refused",
+            "ProfilerService calls refused: "
             "unauthenticated, permission_denied (no token, a caller not in "
             "collectors.profiler.callers), not_found, resource_exhausted (a trace over the "
-            "cap)", labels=["code"])  # fmt: skip
+            "cap)",
+            labels=["code"],
+        )
         for code in ("unauthenticated", "permission_denied", "not_found", "resource_exhausted"):
             refused.add_metric([code], self.p.refused.get(code, 0))
         yield refused
-        calls = CounterMetricFamily("lens_agent_profiler_calls", "ProfilerService calls "
-                                    "admitted, by method", labels=["method"])  # fmt: skip
+        calls = CounterMetricFamily(
+            "lens_agent_profiler_calls",
+            "ProfilerService calls " "admitted, by method",
+            labels=["method"],
+        )
         for m in ("ListProfilerFiles", "FetchProfilerFile"):
             calls.add_metric([m], self.p.calls.get(m, 0))
         yield calls
-        yield CounterMetricFamily("lens_agent_profiler_sent_bytes", "Trace bytes sent to the "
-                                  "recorder", value=self.p.sent_bytes)  # fmt: skip
+        yield CounterMetricFamily(
+            "lens_agent_profiler_sent_bytes",
+            "Trace bytes sent to the " "recorder",
+            value=self.p.sent_bytes,
+        )

@@ -16,14 +16,19 @@ from lens_ebpf.protocol.gen import lens_pb2 as pb
 
 _ONEOF = pb.Event.DESCRIPTOR.oneofs_by_name["payload"]
 # event kind -> payload message class (the oneof field is named after the kind)
-PAYLOADS: dict[str, Any] = {f.name: getattr(pb, f.message_type.name)  # type: ignore[union-attr]
-                            for f in _ONEOF.fields}  # fmt: skip
+PAYLOADS: dict[str, Any] = {
+    f.name: getattr(pb, f.message_type.name)  # type: ignore[union-attr]
+    for f in _ONEOF.fields
+}
 
 
 def _plan(cls: Any) -> tuple[tuple[str, str], ...]:
     """(proto field, event attribute) for each field of a message but identity."""
-    return tuple((f.name, WIRE_ATTRS.get(f.name, f.name)) for f in cls.DESCRIPTOR.fields
-                 if f.name != "identity")  # fmt: skip
+    return tuple(
+        (f.name, WIRE_ATTRS.get(f.name, f.name))
+        for f in cls.DESCRIPTOR.fields
+        if f.name != "identity"
+    )
 
 
 # message fields that hold events themselves (a device_inventory's devices): the class of
@@ -55,16 +60,22 @@ def message(cls: Any, ev: Event) -> Any:
         if (sub := _NESTED.get((cls, name))) is not None:
             values[name] = [message(sub, e) for e in values[name]]
     if identity:
-        values["identity"] = pb.Identity(**{name: v for name, attr in _IDENTITY
-                                            if (v := getattr(ev, attr))})  # fmt: skip
+        values["identity"] = pb.Identity(
+            **{name: v for name, attr in _IDENTITY if (v := getattr(ev, attr))}
+        )
     return cls(**values)
 
 
 def to_pb(ev: Event, node_name: str, node_ip: str) -> pb.Event:
     """The event as a pb.Event message, field by field: the reference encode's bytes are
     compared with (the streams and the reporter send encode's)."""
-    return pb.Event(seq=ev.seq, ts_unix_nano=ev.ts_unix_nano, node_name=node_name,
-                    node_ip=node_ip, **{ev.kind: message(PAYLOADS[ev.kind], ev)})  # fmt: skip
+    return pb.Event(
+        seq=ev.seq,
+        ts_unix_nano=ev.ts_unix_nano,
+        node_name=node_name,
+        node_ip=node_ip,
+        **{ev.kind: message(PAYLOADS[ev.kind], ev)},
+    )
 
 
 def wire(ev: Event, node_name: str, node_ip: str) -> bytes:
@@ -127,16 +138,19 @@ def _builder(cls: Any) -> Callable[[Any], Any]:
 
 
 # event kind -> (the Event's tag for that payload, the payload's builder)
-_PAYLOAD_WIRE = {kind: (_varint(_ONEOF.fields[i].number << 3 | 2), _builder(cls))
-                 for i, (kind, cls) in enumerate(PAYLOADS.items())}  # fmt: skip
+_PAYLOAD_WIRE = {
+    kind: (_varint(_ONEOF.fields[i].number << 3 | 2), _builder(cls))
+    for i, (kind, cls) in enumerate(PAYLOADS.items())
+}
 
 
 def encode(ev: Event, node_name: str, node_ip: str) -> bytes:
     """to_pb(ev, node_name, node_ip).SerializeToString(), in half the time."""
     tag, build = _PAYLOAD_WIRE[ev.kind]
     payload = build(ev).SerializeToString()
-    head = pb.Event(seq=ev.seq, ts_unix_nano=ev.ts_unix_nano, node_name=node_name,
-                    node_ip=node_ip).SerializeToString()  # fmt: skip
+    head = pb.Event(
+        seq=ev.seq, ts_unix_nano=ev.ts_unix_nano, node_name=node_name, node_ip=node_ip
+    ).SerializeToString()
     return b"".join((head, tag, _varint(len(payload)), payload))
 
 
@@ -146,8 +160,7 @@ BATCH_EVENTS = 500
 BATCH_BYTES = 1 << 20
 
 
-def wire_chunks(events: Iterable[Event], node_name: str, node_ip: str
-                ) -> Iterator[list[bytes]]:  # fmt: skip
+def wire_chunks(events: Iterable[Event], node_name: str, node_ip: str) -> Iterator[list[bytes]]:
     """The events' encodings (wire), in order, in lists of at most BATCH_EVENTS events
     and about BATCH_BYTES bytes (a list ends at the event that reaches it)."""
     chunk: list[bytes] = []
@@ -182,5 +195,6 @@ def validate(req: pb.SubscribeRequest) -> str | None:
 
 
 def matcher(req: pb.SubscribeRequest) -> EventFilter:
-    return EventFilter(kinds=frozenset(req.kinds), namespace=req.namespace, pod=req.pod,
-                       container=req.container)  # fmt: skip
+    return EventFilter(
+        kinds=frozenset(req.kinds), namespace=req.namespace, pod=req.pod, container=req.container
+    )

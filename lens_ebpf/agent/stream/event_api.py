@@ -25,13 +25,18 @@ log = logging.getLogger(__name__)
 class EventApi:
     """node: its name resolved (the agent's Context.node)."""
 
-    def __init__(self, node: NodeConfig, grpc: GrpcConfig, reporter: ReporterConfig,
-                 bus: EventBus, features: Callable[[], dict[str, str]],
-                 loop: EventLoopThread | None = None,
-                 on_connect: Callable[[], object] = lambda: None,
-                 kubernetes: KubernetesConfig | None = None,
-                 services: Callable[[Guard | None], list[Any]] = lambda guard: []
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self,
+        node: NodeConfig,
+        grpc: GrpcConfig,
+        reporter: ReporterConfig,
+        bus: EventBus,
+        features: Callable[[], dict[str, str]],
+        loop: EventLoopThread | None = None,
+        on_connect: Callable[[], object] = lambda: None,
+        kubernetes: KubernetesConfig | None = None,
+        services: Callable[[Guard | None], list[Any]] = lambda guard: [],
+    ) -> None:
         self.node, self.grpc_cfg, self.reporter_cfg = node, grpc, reporter
         self.services = services  # the features' gRPC services, behind the port's guard
         self.kubernetes = kubernetes or KubernetesConfig()
@@ -46,11 +51,18 @@ class EventApi:
         g = self.grpc_cfg
         if g.enabled:
             t = g.tls
-            self.grpc = GrpcServer(g.listen, self.bus, (self.node.name, self.node.ip),
-                                   self.features, g.subscriber_queue,
-                                   server_credentials(t.cert, t.key, t.client_ca),
-                                   g.max_subscribers, self.loop, self._guard(),
-                                   self.services)  # fmt: skip
+            self.grpc = GrpcServer(
+                g.listen,
+                self.bus,
+                (self.node.name, self.node.ip),
+                self.features,
+                g.subscriber_queue,
+                server_credentials(t.cert, t.key, t.client_ca),
+                g.max_subscribers,
+                self.loop,
+                self._guard(),
+                self.services,
+            )
 
     def _guard(self) -> Guard:
         """Who may subscribe (grpc.auth): TokenReview through the agent's Kubernetes API
@@ -91,9 +103,17 @@ class EventApi:
         r, node = self.reporter_cfg, self.node
         if r.target:
             creds = channel_credentials(r.tls.ca, r.tls.cert, r.tls.key)
-            self.reporter = Reporter(r.target, self.bus, (node.name, node.ip), r.buffer, creds,
-                                     r.backoff_max_seconds, frozenset(r.kinds),
-                                     node.cluster, r.token_file)  # fmt: skip
+            self.reporter = Reporter(
+                r.target,
+                self.bus,
+                (node.name, node.ip),
+                r.buffer,
+                creds,
+                r.backoff_max_seconds,
+                frozenset(r.kinds),
+                node.cluster,
+                r.token_file,
+            )
             self.reporter.on_connect = self.on_connect
             self.reporter.start()
             registry.register(ReporterCollector(self.reporter))

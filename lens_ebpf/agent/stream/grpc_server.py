@@ -76,8 +76,14 @@ async def admit(guard: Guard | None, context: Any) -> None:
 class EventService(lens_pb2_grpc.EventServiceServicer):
     """Subscribe on asyncio: an idle stream holds no thread, only a waiting coroutine."""
 
-    def __init__(self, bus: EventBus, node: tuple[str, str], queue: int, limit: int,
-                 guard: Guard | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        bus: EventBus,
+        node: tuple[str, str],
+        queue: int,
+        limit: int,
+        guard: Guard | None = None,
+    ) -> None:
         self.bus, self.node, self.queue, self.limit = bus, node, queue, limit
         self.guard = guard  # None: anyone may subscribe
         self.active = 0
@@ -102,8 +108,9 @@ class EventService(lens_pb2_grpc.EventServiceServicer):
             for chunk in convert.wire_chunks(events, *self.node):
                 yield convert.batch_wire(chunk)
 
-    async def _stream(self, request: pb.SubscribeRequest, context: Any,
-                      most: int) -> AsyncIterator[list[Event]]:  # fmt: skip
+    async def _stream(
+        self, request: pb.SubscribeRequest, context: Any, most: int
+    ) -> AsyncIterator[list[Event]]:
         """A subscriber's events in order, up to most at a time (gaps where its queue
         overflowed or the history no longer held what it asked for)."""
         problem = convert.validate(request)
@@ -124,8 +131,7 @@ class EventService(lens_pb2_grpc.EventServiceServicer):
             loop.call_soon_threadsafe(wake.set)
 
         # raw: compiled events stay their wire bytes (native.Packed), sent as they are
-        sub = self.bus.subscribe("grpc", accept=accept, maxsize=self.queue, notify=notify,
-                                 raw=True)  # fmt: skip
+        sub = self.bus.subscribe("grpc", accept=accept, maxsize=self.queue, notify=notify, raw=True)
         self.active += 1
         try:
             last = 0
@@ -142,8 +148,9 @@ class EventService(lens_pb2_grpc.EventServiceServicer):
                 wake.clear()
                 live = sub.drain(most)
                 if sub.dropped > seen_drops:  # this subscriber was too slow
-                    yield [self._gap(sub.dropped - seen_drops, "slow_subscriber",
-                                     sub.last_dropped_seq)]  # fmt: skip
+                    yield [
+                        self._gap(sub.dropped - seen_drops, "slow_subscriber", sub.last_dropped_seq)
+                    ]
                     seen_drops = sub.dropped
                 live = [ev for ev in live if ev.seq > last]
                 if not live:
@@ -163,9 +170,13 @@ class EventService(lens_pb2_grpc.EventServiceServicer):
 
 
 class NodeService(lens_pb2_grpc.NodeServiceServicer):
-    def __init__(self, bus: EventBus, node: tuple[str, str],
-                 features: Callable[[], dict[str, str]],
-                 guard: Guard | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        bus: EventBus,
+        node: tuple[str, str],
+        features: Callable[[], dict[str, str]],
+        guard: Guard | None = None,
+    ) -> None:
         self.bus, self.node, self.features, self.guard = bus, node, features, guard
 
     async def get_node_raw(self, raw: bytes, context: Any) -> pb.NodeInfo:
@@ -173,8 +184,13 @@ class NodeService(lens_pb2_grpc.NodeServiceServicer):
         return await self.GetNode(await decode_request(pb.GetNodeRequest, raw, context), context)
 
     async def GetNode(self, request: pb.GetNodeRequest, context: Any) -> pb.NodeInfo:  # noqa: N802
-        return pb.NodeInfo(node_name=self.node[0], node_ip=self.node[1], version=__version__,
-                           features=self.features(), last_seq=self.bus.seq)  # fmt: skip
+        return pb.NodeInfo(
+            node_name=self.node[0],
+            node_ip=self.node[1],
+            version=__version__,
+            features=self.features(),
+            last_seq=self.bus.seq,
+        )
 
 
 class GrpcServer:
@@ -182,14 +198,19 @@ class GrpcServer:
     is bound without SO_REUSEPORT: a second agent on the same port fails to start instead
     of sharing it silently."""
 
-    def __init__(self, listen: str, bus: EventBus, node: tuple[str, str],
-                 features: Callable[[], dict[str, str]], queue: int = 10000,
-                 credentials: grpc.ServerCredentials | None = None,
-                 max_subscribers: int = 1000,
-                 loop: EventLoopThread | None = None,
-                 guard: Guard | None = None,
-                 services: Callable[[Guard | None], list[Any]] = lambda guard: []
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self,
+        listen: str,
+        bus: EventBus,
+        node: tuple[str, str],
+        features: Callable[[], dict[str, str]],
+        queue: int = 10000,
+        credentials: grpc.ServerCredentials | None = None,
+        max_subscribers: int = 1000,
+        loop: EventLoopThread | None = None,
+        guard: Guard | None = None,
+        services: Callable[[Guard | None], list[Any]] = lambda guard: [],
+    ) -> None:
         self.guard = guard
         self.services = services  # more services behind the guard (a feature's: deepdive)
         self.events = EventService(bus, node, queue, max_subscribers, guard)
@@ -209,21 +230,30 @@ class GrpcServer:
         port_free(listen)
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         # requests arrive as bytes and are decoded by the handlers (decode_request)
-        self.server.add_generic_rpc_handlers((
-            grpc.method_handlers_generic_handler("lens.v1.EventService", {
-                "Subscribe": grpc.unary_stream_rpc_method_handler(
-                    self.events.subscribe_raw,
-                    response_serializer=bytes),  # serialized already
-                "SubscribeBatch": grpc.unary_stream_rpc_method_handler(
-                    self.events.subscribe_batch_raw,
-                    response_serializer=bytes),  # serialized already
-            }),
-            grpc.method_handlers_generic_handler("lens.v1.NodeService", {
-                "GetNode": grpc.unary_unary_rpc_method_handler(
-                    self._nodes.get_node_raw,
-                    response_serializer=pb.NodeInfo.SerializeToString),
-            }),
-        ))  # fmt: skip
+        self.server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    "lens.v1.EventService",
+                    {
+                        "Subscribe": grpc.unary_stream_rpc_method_handler(
+                            self.events.subscribe_raw, response_serializer=bytes
+                        ),  # serialized already
+                        "SubscribeBatch": grpc.unary_stream_rpc_method_handler(
+                            self.events.subscribe_batch_raw, response_serializer=bytes
+                        ),  # serialized already
+                    },
+                ),
+                grpc.method_handlers_generic_handler(
+                    "lens.v1.NodeService",
+                    {
+                        "GetNode": grpc.unary_unary_rpc_method_handler(
+                            self._nodes.get_node_raw,
+                            response_serializer=pb.NodeInfo.SerializeToString,
+                        ),
+                    },
+                ),
+            )
+        )
         self.server.add_generic_rpc_handlers(tuple(self.services(self.guard)))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -270,17 +300,22 @@ class _GrpcCollector(Collector):
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily("lens_agent_grpc_streams", "Subscribe streams open",
-                                value=self._e.active)  # fmt: skip
-        yield CounterMetricFamily("lens_agent_grpc_streams_refused",
-                                  "Subscribe calls refused: grpc.max_subscribers streams open",
-                                  value=self._e.refused)  # fmt: skip
-        denied = CounterMetricFamily("lens_agent_grpc_calls_refused",
-                                     "EventService and NodeService calls refused by grpc.auth: "
-                                     "unauthenticated (no or an invalid token), "
-                                     "permission_denied (a caller not allowed), unavailable "
-                                     "(the API server did not answer its TokenReview)",
-                                     labels=["code"])  # fmt: skip
+        yield GaugeMetricFamily(
+            "lens_agent_grpc_streams", "Subscribe streams open", value=self._e.active
+        )
+        yield CounterMetricFamily(
+            "lens_agent_grpc_streams_refused",
+            "Subscribe calls refused: grpc.max_subscribers streams open",
+            value=self._e.refused,
+        )
+        denied = CounterMetricFamily(
+            "lens_agent_grpc_calls_refused",
+            "EventService and NodeService calls refused by grpc.auth: "
+            "unauthenticated (no or an invalid token), "
+            "permission_denied (a caller not allowed), unavailable "
+            "(the API server did not answer its TokenReview)",
+            labels=["code"],
+        )
         counts = self._e.guard.refused if self._e.guard is not None else {}
         for code in ("unauthenticated", "permission_denied", "unavailable"):
             denied.add_metric([code], counts.get(code, 0))

@@ -45,11 +45,18 @@ FILL_BATCH = 4096
 
 
 class Reporter:
-    def __init__(self, target: str, bus: EventBus, node: tuple[str, str], buffer: int,
-                 credentials: grpc.ChannelCredentials | None = None,
-                 backoff_max: float = 30.0,
-                 kinds: frozenset[str] = frozenset(), cluster: str = "",
-                 token_file: str = "") -> None:  # fmt: skip
+    def __init__(
+        self,
+        target: str,
+        bus: EventBus,
+        node: tuple[str, str],
+        buffer: int,
+        credentials: grpc.ChannelCredentials | None = None,
+        backoff_max: float = 30.0,
+        kinds: frozenset[str] = frozenset(),
+        cluster: str = "",
+        token_file: str = "",
+    ) -> None:
         self.target = target
         self.node = node
         self.bus = bus
@@ -123,8 +130,11 @@ class Reporter:
                     self.unreported_lost += 1
                 self._cond.notify_all()
 
-    def _requests(self, ready: threading.Event, done: threading.Event,
-                  ) -> Iterator[list[bytes]]:  # fmt: skip
+    def _requests(
+        self,
+        ready: threading.Event,
+        done: threading.Event,
+    ) -> Iterator[list[bytes]]:
         """The events to send, serialized (convert.wire: the bytes the event's subscribers
         send too, made once), in order, each once after what the collector holds: what is
         ready at once in lists of convert.wire_chunks' bounds."""
@@ -157,22 +167,32 @@ class Reporter:
         while not self._stop.is_set():
             ready, done = threading.Event(), threading.Event()
             try:
-                channel = (grpc.secure_channel(self.target, self.credentials)
-                           if self.credentials else grpc.insecure_channel(self.target))  # fmt: skip
-                meta = (("lens-node", self.node[0]), ("lens-node-ip", self.node[1]),
-                        ("lens-agent-instance", self.bus.instance),
-                        *((("lens-cluster", self.cluster),) if self.cluster else ()),
-                        *self._authorization())  # fmt: skip
+                channel = (
+                    grpc.secure_channel(self.target, self.credentials)
+                    if self.credentials
+                    else grpc.insecure_channel(self.target)
+                )
+                meta = (
+                    ("lens-node", self.node[0]),
+                    ("lens-node-ip", self.node[1]),
+                    ("lens-agent-instance", self.bus.instance),
+                    *((("lens-cluster", self.cluster),) if self.cluster else ()),
+                    *self._authorization(),
+                )
                 chunks = self._requests(ready, done)
                 # the requests go as the bytes _requests made (an EventBatch framed from
                 # them, or each event's): nothing is serialized twice
                 method = "ReportBatch" if self.batched else "Report"
-                call = channel.stream_stream(f"/lens.v1.CollectorService/{method}",
-                                             request_serializer=bytes,
-                                             response_deserializer=pb.Ack.FromString)  # fmt: skip
-                acks = call((convert.batch_wire(c) for c in chunks), metadata=meta) \
-                    if self.batched else call((ev for c in chunks for ev in c),
-                                              metadata=meta)  # fmt: skip
+                call = channel.stream_stream(
+                    f"/lens.v1.CollectorService/{method}",
+                    request_serializer=bytes,
+                    response_deserializer=pb.Ack.FromString,
+                )
+                acks = (
+                    call((convert.batch_wire(c) for c in chunks), metadata=meta)
+                    if self.batched
+                    else call((ev for c in chunks for ev in c), metadata=meta)
+                )
                 for ack in acks:
                     if ack.seq > self.bus.seq:  # never numbered here: never sent
                         self._refuse_ack(ack.seq)
@@ -195,14 +215,18 @@ class Reporter:
                 code = exc.code()
                 if self.batched and code == grpc.StatusCode.UNIMPLEMENTED:
                     # a collector older than ReportBatch: one event per message from now on
-                    log.info("reporter: %s does not take ReportBatch; using Report",
-                             self.target)  # fmt: skip
+                    log.info("reporter: %s does not take ReportBatch; using Report", self.target)
                     self.batched = False
                     continue
-                if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
-                            grpc.StatusCode.INVALID_ARGUMENT):  # fmt: skip
-                    self._warn(code.name, f"{self.target} refused the stream: {code.name}: "
-                               f"{exc.details()}")  # fmt: skip
+                if code in (
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                ):
+                    self._warn(
+                        code.name,
+                        f"{self.target} refused the stream: {code.name}: " f"{exc.details()}",
+                    )
                 else:
                     log.debug("reporter: %s", exc)
             finally:
@@ -227,10 +251,13 @@ class Reporter:
 
     def _refuse_ack(self, seq: int) -> None:
         self.acks_refused += 1
-        self._warn("ack", f"{self.target} acknowledged seq {seq}, beyond the newest this agent "
-                   f"numbered ({self.bus.seq}): refused, the buffer kept (a forged stream's "
-                   "events, or another agent reporting as node "
-                   f"{self.node[0]!r}, are held there)")  # fmt: skip
+        self._warn(
+            "ack",
+            f"{self.target} acknowledged seq {seq}, beyond the newest this agent "
+            f"numbered ({self.bus.seq}): refused, the buffer kept (a forged stream's "
+            "events, or another agent reporting as node "
+            f"{self.node[0]!r}, are held there)",
+        )
 
     def _warn(self, kind: str, problem: str) -> None:
         """Log a kind of problem once until another comes or a stream is up again."""
@@ -252,24 +279,56 @@ class ReporterCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         r = self._r
         for name, family, value, text in (
-            ("lens_agent_reporter_sent", CounterMetricFamily, r.sent,
-             "Events sent to the collector (sent again after a reconnect: counted again)"),
-            ("lens_agent_reporter_acked", CounterMetricFamily, r.acked_events,
-             "Events the collector acknowledged (stored there)"),
-            ("lens_agent_reporter_lost", CounterMetricFamily, r.lost,
-             "Events never sent: the reporter's bus subscription or its buffer overflowed "
-             "before they could go (announced to the collector in a gap)"),
-            ("lens_agent_reporter_unconfirmed", CounterMetricFamily, r.unconfirmed,
-             "Events sent but gone from the buffer before the collector acknowledged them: "
-             "it may hold them (announced in a gap all the same)"),
-            ("lens_agent_reporter_acked_seq", GaugeMetricFamily, r.acked,
-             "The newest seq the collector acknowledged"),
-            ("lens_agent_reporter_connected", GaugeMetricFamily, 1 if r.connected else 0,
-             "1 while the reporter's stream is up"),
-            ("lens_agent_reporter_reconnects", CounterMetricFamily, r.reconnects,
-             "Streams opened again after a failure"),
-            ("lens_agent_reporter_acks_refused", CounterMetricFamily, r.acks_refused,
-             "Acknowledgements refused: beyond the newest seq this agent numbered (the "
-             "collector holds events the agent never sent; the buffer is kept)"),
-        ):  # fmt: skip
+            (
+                "lens_agent_reporter_sent",
+                CounterMetricFamily,
+                r.sent,
+                "Events sent to the collector (sent again after a reconnect: counted again)",
+            ),
+            (
+                "lens_agent_reporter_acked",
+                CounterMetricFamily,
+                r.acked_events,
+                "Events the collector acknowledged (stored there)",
+            ),
+            (
+                "lens_agent_reporter_lost",
+                CounterMetricFamily,
+                r.lost,
+                "Events never sent: the reporter's bus subscription or its buffer overflowed "
+                "before they could go (announced to the collector in a gap)",
+            ),
+            (
+                "lens_agent_reporter_unconfirmed",
+                CounterMetricFamily,
+                r.unconfirmed,
+                "Events sent but gone from the buffer before the collector acknowledged them: "
+                "it may hold them (announced in a gap all the same)",
+            ),
+            (
+                "lens_agent_reporter_acked_seq",
+                GaugeMetricFamily,
+                r.acked,
+                "The newest seq the collector acknowledged",
+            ),
+            (
+                "lens_agent_reporter_connected",
+                GaugeMetricFamily,
+                1 if r.connected else 0,
+                "1 while the reporter's stream is up",
+            ),
+            (
+                "lens_agent_reporter_reconnects",
+                CounterMetricFamily,
+                r.reconnects,
+                "Streams opened again after a failure",
+            ),
+            (
+                "lens_agent_reporter_acks_refused",
+                CounterMetricFamily,
+                r.acks_refused,
+                "Acknowledgements refused: beyond the newest seq this agent numbered (the "
+                "collector holds events the agent never sent; the buffer is kept)",
+            ),
+        ):
             yield family(name, text, value=value)

@@ -32,8 +32,9 @@ class Unattributed:
     """Keys whose counts went to series without an identity, the least recently counted
     first; as many as the families' series cap, for as long as their series live (TTL)."""
 
-    def __init__(self, relabel: Relabel, ttl: float, bound: int,
-                 clock: Callable[[], float]) -> None:  # fmt: skip
+    def __init__(
+        self, relabel: Relabel, ttl: float, bound: int, clock: Callable[[], float]
+    ) -> None:
         self._relabel = relabel
         self._ttl, self._bound, self._clock = ttl, bound, clock
         self._keys: OrderedDict[Labels, float] = OrderedDict()  # key labels -> last counted

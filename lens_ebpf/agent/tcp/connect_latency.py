@@ -35,8 +35,9 @@ def register_families(cache: MetricCache) -> None:
     )
 
 
-def attribute(cache: MetricCache, key_labels: tuple[str, ...], labels: tuple[str, ...],
-              who: tuple[str, ...]) -> None:  # fmt: skip
+def attribute(
+    cache: MetricCache, key_labels: tuple[str, ...], labels: tuple[str, ...], who: tuple[str, ...]
+) -> None:
     """Move a key's samples counted without an identity to the identity the index now
     gives it (attribution.Unattributed)."""
     cache.move(LENS, (*key_labels, *identity.NO_IDENTITY), LENS, (*labels, *who))
@@ -45,16 +46,21 @@ def attribute(cache: MetricCache, key_labels: tuple[str, ...], labels: tuple[str
 class ConnectLatency:
     """Reads the connects map of a loaded tcp_flows program into the metric cache."""
 
-    def __init__(self, bpf: BpfConfig, cache: MetricCache,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self, bpf: BpfConfig, cache: MetricCache, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.cache = cache
-        self._reader = DeltaReader(lambda v: (v.count, v.sum_us, *v.bins),
-                                   bpf.flow_key_idle_seconds, clock,
-                                   pinned=lambda key: bool(key.overflow))  # fmt: skip
+        self._reader = DeltaReader(
+            lambda v: (v.count, v.sum_us, *v.bins),
+            bpf.flow_key_idle_seconds,
+            clock,
+            pinned=lambda key: bool(key.overflow),
+        )
         register_families(cache)
         fam = cache.family(LENS)
-        self.unattributed = Unattributed(functools.partial(attribute, cache), fam.ttl,
-                                         fam.max_series, clock)  # fmt: skip
+        self.unattributed = Unattributed(
+            functools.partial(attribute, cache), fam.ttl, fam.max_series, clock
+        )
 
     def read(self, table: Any, enrich: Enrichment) -> None:
         for key, grew in self._reader.read(table):

@@ -84,41 +84,119 @@ _FLOW_EVENT = record_struct(FlowEvent)
 
 def flow_record(buf: bytes) -> FlowClosed:
     """A closed-flow ring-buffer record (struct flow_event's bytes) as an event."""
-    (ts, duration, sent, recv, cgroup_id, laddr, raddr, pid, retrans, lport, rport, family,
-     direction, cls, reason, comm) = _FLOW_EVENT.unpack_from(buf)  # fmt: skip
+    (
+        ts,
+        duration,
+        sent,
+        recv,
+        cgroup_id,
+        laddr,
+        raddr,
+        pid,
+        retrans,
+        lport,
+        rport,
+        family,
+        direction,
+        cls,
+        reason,
+        comm,
+    ) = _FLOW_EVENT.unpack_from(buf)
     # by position: the arguments bind in half the time keywords take, once per record
-    return _event(ts, duration, pid, comm, cgroup_id, family, laddr, raddr, lport, rport,
-                  direction, cls, sent, recv, retrans, reason_name(reason))  # fmt: skip
+    return _event(
+        ts,
+        duration,
+        pid,
+        comm,
+        cgroup_id,
+        family,
+        laddr,
+        raddr,
+        lport,
+        rport,
+        direction,
+        cls,
+        sent,
+        recv,
+        retrans,
+        reason_name(reason),
+    )
 
 
 def sock_info_event(si: Any, keyed: bool) -> FlowClosed:
     """A socket the agent finished itself (its CLOSE went unseen) as an event."""
     now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
     reason = "close_not_seen" if keyed else "failed_connect"
-    return _event(ts=now, duration=now - si.start_ns, pid=si.pid, comm=si.comm,
-                  cgroup_id=si.cgroup_id, family=si.family, laddr=bytes(si.laddr),
-                  raddr=bytes(si.key.raddr), lport=si.lport, rport=si.rport,
-                  direction=si.direction, cls=si.key.cls, sent=si.sent, recv=si.recv,
-                  retrans=si.retrans, reason=reason)  # fmt: skip
+    return _event(
+        ts=now,
+        duration=now - si.start_ns,
+        pid=si.pid,
+        comm=si.comm,
+        cgroup_id=si.cgroup_id,
+        family=si.family,
+        laddr=bytes(si.laddr),
+        raddr=bytes(si.key.raddr),
+        lport=si.lport,
+        rport=si.rport,
+        direction=si.direction,
+        cls=si.key.cls,
+        sent=si.sent,
+        recv=si.recv,
+        retrans=si.retrans,
+        reason=reason,
+    )
 
 
 # the fields _event passes, in its order (positional arguments bind in half the time)
-_make_flow = maker(FlowClosed, tuple(
-    "ts_ns pid comm cgroup_id family laddr lport raddr rport direction cls sent_bytes"
-    " received_bytes retransmits duration_ns reason".split()))  # fmt: skip
+_make_flow = maker(
+    FlowClosed,
+    tuple(
+        "ts_ns pid comm cgroup_id family laddr lport raddr rport direction cls sent_bytes"
+        " received_bytes retransmits duration_ns reason".split()
+    ),
+)
 
 
-def _event(ts: int, duration: int, pid: int, comm: bytes, cgroup_id: int, family: int,
-           laddr: bytes, raddr: bytes, lport: int, rport: int, direction: int, cls: int,
-           sent: int, recv: int, retrans: int, reason: str) -> FlowClosed:  # fmt: skip
+def _event(
+    ts: int,
+    duration: int,
+    pid: int,
+    comm: bytes,
+    cgroup_id: int,
+    family: int,
+    laddr: bytes,
+    raddr: bytes,
+    lport: int,
+    rport: int,
+    direction: int,
+    cls: int,
+    sent: int,
+    recv: int,
+    retrans: int,
+    reason: str,
+) -> FlowClosed:
     """A closed flow from the programs' raw values (a ring record's, or a sock_info's),
     made through its slots (events.maker): this runs once per ring record. The values are
     every field's, as the constructor would have them (tests compare both)."""
     remote = format_addr(family, raddr)  # always set (a failed connect's local may not be)
-    return _make_flow(ts, pid, comm_text(comm), cgroup_id, family_name(remote),
-                      format_addr(family, laddr), lport, remote, rport,
-                      direction_name(direction), class_name(cls), sent, recv, retrans,
-                      duration, reason)  # fmt: skip
+    return _make_flow(
+        ts,
+        pid,
+        comm_text(comm),
+        cgroup_id,
+        family_name(remote),
+        format_addr(family, laddr),
+        lport,
+        remote,
+        rport,
+        direction_name(direction),
+        class_name(cls),
+        sent,
+        recv,
+        retrans,
+        duration,
+        reason,
+    )
 
 
 def materialize(p: Any) -> FlowClosed:

@@ -46,8 +46,12 @@ def register_families(cache: MetricCache) -> None:
     cache.register(SEED_DNS, COUNTER, "Bytes of flows to DNS servers", ())
     for name, (help_text, _) in LENS_FAMILIES.items():
         cache.register(name, COUNTER, help_text, (*FLOW_LABELS, *identity.REMOTE_LABELS))
-    cache.register(RESETS, COUNTER, "TCP resets sent or received",
-                   (*FLOW_LABELS, "side", *identity.REMOTE_LABELS))  # fmt: skip
+    cache.register(
+        RESETS,
+        COUNTER,
+        "TCP resets sent or received",
+        (*FLOW_LABELS, "side", *identity.REMOTE_LABELS),
+    )
 
 
 def seed_series(labels: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
@@ -84,8 +88,9 @@ def apply_deltas(
         cache.inc(*seed_series(labels), nbytes)
 
 
-def attribute(cache: MetricCache, key_labels: tuple[str, ...], labels: tuple[str, ...],
-              who: tuple[str, ...]) -> None:  # fmt: skip
+def attribute(
+    cache: MetricCache, key_labels: tuple[str, ...], labels: tuple[str, ...], who: tuple[str, ...]
+) -> None:
     """Move what a flow key counted without an identity (its series labelled as decoded)
     to the series of the identity the index now gives it (attribution.Unattributed). The
     seed bytes move when they change family or class, out of a series of this key's own;

@@ -54,24 +54,33 @@ _LIFECYCLE_BTF = ProbePath(
     (_SET_STATE,),
     "LENS_LIFECYCLE_BTF",
     args=("struct sock *", "int", "int"),
-    btf=tuple(BtfField(*f) for f in (
-        ("LENS_SK_FAMILY_OFF", "sock.__sk_common.skc_family", 2),
-        ("LENS_INET_SPORT_OFF", "inet_sock.inet_sport", 2),
-        ("LENS_SK_DPORT_OFF", "sock.__sk_common.skc_dport", 2),
-        ("LENS_INET_SADDR_OFF", "inet_sock.inet_saddr", 4),
-        ("LENS_SK_DADDR_OFF", "sock.__sk_common.skc_daddr", 4),
-        ("LENS_SK_V6_RCV_SADDR_OFF", "sock.__sk_common.skc_v6_rcv_saddr", 16),
-        ("LENS_SK_V6_DADDR_OFF", "sock.__sk_common.skc_v6_daddr", 16),
-    )),
+    btf=tuple(
+        BtfField(*f)
+        for f in (
+            ("LENS_SK_FAMILY_OFF", "sock.__sk_common.skc_family", 2),
+            ("LENS_INET_SPORT_OFF", "inet_sock.inet_sport", 2),
+            ("LENS_SK_DPORT_OFF", "sock.__sk_common.skc_dport", 2),
+            ("LENS_INET_SADDR_OFF", "inet_sock.inet_saddr", 4),
+            ("LENS_SK_DADDR_OFF", "sock.__sk_common.skc_daddr", 4),
+            ("LENS_SK_V6_RCV_SADDR_OFF", "sock.__sk_common.skc_v6_rcv_saddr", 16),
+            ("LENS_SK_V6_DADDR_OFF", "sock.__sk_common.skc_v6_daddr", 16),
+        )
+    ),
     btf_types=(("tcp_sock", "the TCP socket's type"),),
     quiet=True,  # the classic tracepoint gives the same, at a little more per run
-)  # fmt: skip
+)
 _BYTES_TP = ("sock:sock_send_length", "sock:sock_recv_length")
 # the raw path's arguments, and the two fields that tell an untracked socket's protocol
-_BYTES_RAW = ProbePath(RAW_TRACEPOINT, _BYTES_TP, "LENS_BYTES_RAW",
-                       args=("struct sock *", "int", "int"),
-                       btf=(BtfField("LENS_SK_FAMILY_OFF", "sock.__sk_common.skc_family", 2),
-                            BtfField("LENS_SK_PROTOCOL_OFF", "sock.sk_protocol", 2)))  # fmt: skip
+_BYTES_RAW = ProbePath(
+    RAW_TRACEPOINT,
+    _BYTES_TP,
+    "LENS_BYTES_RAW",
+    args=("struct sock *", "int", "int"),
+    btf=(
+        BtfField("LENS_SK_FAMILY_OFF", "sock.__sk_common.skc_family", 2),
+        BtfField("LENS_SK_PROTOCOL_OFF", "sock.sk_protocol", 2),
+    ),
+)
 # no program per message: the socket's own counters, folded at close transitions and by
 # the TCP socket iterator each read cycle (tcp_flows.c, LENS_BYTES_COUNTERS)
 _COUNTER_FIELDS = (
@@ -98,33 +107,63 @@ _BYTES_COUNTERS = ProbePath(
     btf=tuple(BtfField(*f) for f in _COUNTER_FIELDS),
     btf_types=_ITER_TYPES,
 )
-_BYTES_KP = ("tcp_sendmsg", "tcp_sendmsg:return", "tcp_recvmsg", "tcp_recvmsg:return",
-             "inet_recvmsg", "inet6_recvmsg")  # fmt: skip
+_BYTES_KP = (
+    "tcp_sendmsg",
+    "tcp_sendmsg:return",
+    "tcp_recvmsg",
+    "tcp_recvmsg:return",
+    "inet_recvmsg",
+    "inet6_recvmsg",
+)
 _RESETS = ("tcp:tcp_send_reset", "tcp:tcp_receive_reset")
 SPEC = ProgramSpec(
     NAME,
     needs=(
         Need("lifecycle", (_LIFECYCLE_BTF, ProbePath(TRACEPOINT, (_SET_STATE,)))),
-        Need("bytes", (_BYTES_COUNTERS, _BYTES_RAW,
-                       ProbePath(TRACEPOINT, _BYTES_TP, "LENS_BYTES_TRACEPOINT"),
-                       ProbePath(KPROBE, _BYTES_KP, "LENS_BYTES_KPROBE"))),
-        Need("retransmits", (ProbePath(TRACEPOINT, ("tcp:tcp_retransmit_skb",), "LENS_RETRANS"),),
-             optional=True, what_is_lost="no retransmit counts"),
-        Need("resets", (ProbePath(TRACEPOINT, _RESETS, "LENS_RESETS"),), optional=True,
-             what_is_lost="no reset counts"),
+        Need(
+            "bytes",
+            (
+                _BYTES_COUNTERS,
+                _BYTES_RAW,
+                ProbePath(TRACEPOINT, _BYTES_TP, "LENS_BYTES_TRACEPOINT"),
+                ProbePath(KPROBE, _BYTES_KP, "LENS_BYTES_KPROBE"),
+            ),
+        ),
+        Need(
+            "retransmits",
+            (ProbePath(TRACEPOINT, ("tcp:tcp_retransmit_skb",), "LENS_RETRANS"),),
+            optional=True,
+            what_is_lost="no retransmit counts",
+        ),
+        Need(
+            "resets",
+            (ProbePath(TRACEPOINT, _RESETS, "LENS_RESETS"),),
+            optional=True,
+            what_is_lost="no reset counts",
+        ),
         # sampled where the bytes path runs (every path has the socket) where BTF places
         # srtt_us, else tcp_probe on every received segment
-        Need(RTT, (ProbePath(BTF, (), tcp_rtt.SAMPLED, btf=(tcp_rtt.SRTT_FIELD,)),
-                   ProbePath(TRACEPOINT, (tcp_rtt.TRACEPOINT,), "LENS_RTT")), optional=True,
-             what_is_lost="no RTT histograms"),
+        Need(
+            RTT,
+            (
+                ProbePath(BTF, (), tcp_rtt.SAMPLED, btf=(tcp_rtt.SRTT_FIELD,)),
+                ProbePath(TRACEPOINT, (tcp_rtt.TRACEPOINT,), "LENS_RTT"),
+            ),
+            optional=True,
+            what_is_lost="no RTT histograms",
+        ),
     ),
     fields=(
         # older kernels trace only retransmits that were sent: nothing to skip there
         Field("tcp:tcp_retransmit_skb", "err", "LENS_TP_RETRANSMIT_ERR", ""),
-        Field(tcp_rtt.TRACEPOINT, "skaddr", "LENS_TP_TCP_PROBE_SKADDR",
-              "RTT samples find their socket by 4-tuple"),
+        Field(
+            tcp_rtt.TRACEPOINT,
+            "skaddr",
+            "LENS_TP_TCP_PROBE_SKADDR",
+            "RTT samples find their socket by 4-tuple",
+        ),
     ),
-)  # fmt: skip
+)
 MAX_POLICY_PREFIXES = MAX_PREFIXES + 64  # room for the cluster's pod and service CIDRs
 # Index of the program's stats array (ST_* in tcp_flows.c).
 STATS = (
@@ -186,8 +225,9 @@ class TcpFlows(RingProgram):
         register_families(cache)
         opened = cache.family("lens_tcp_connections_opened_total")
         # keys counted before the index knew their remote: moved to it once it does
-        self.unattributed = Unattributed(functools.partial(attribute, cache), opened.ttl,
-                                         opened.max_series, clock)  # fmt: skip
+        self.unattributed = Unattributed(
+            functools.partial(attribute, cache), opened.ttl, opened.max_series, clock
+        )
         # RTT needs BTF's srtt_us or tcp:tcp_probe; without either the flows still load
         self._disabled = () if rtt else (RTT,)
         self._kernel = kernel
@@ -232,8 +272,9 @@ class TcpFlows(RingProgram):
         kernel = self._kernel or Kernel.running((SPEC,))
         failed = f"failed to load: {why}"
         if btf_tracepoints:
-            kernel = dataclasses.replace(kernel, btf_tracepoints=False,
-                                         no_btf_tracepoints_why=failed)  # fmt: skip
+            kernel = dataclasses.replace(
+                kernel, btf_tracepoints=False, no_btf_tracepoints_why=failed
+            )
         else:
             kernel = dataclasses.replace(kernel, iterators=False, no_iterators_why=failed)
         self._kernel = kernel
@@ -280,9 +321,16 @@ class TcpFlows(RingProgram):
             self._walk = self.loader.iterator(NAME, "tcp").run
             # at once: sockets opened before the agent are counted from their first sight
             self._walk_open_sockets()
-        self.open_records(b"flow_events", self._on_event, self.bpf_cfg.ring_reader,
-                          self.events_cfg.encoder, decode.compiled_flows, self._on_records,
-                          ctypes.sizeof(layouts.FlowEvent), self.bus.node)  # fmt: skip
+        self.open_records(
+            b"flow_events",
+            self._on_event,
+            self.bpf_cfg.ring_reader,
+            self.events_cfg.encoder,
+            decode.compiled_flows,
+            self._on_records,
+            ctypes.sizeof(layouts.FlowEvent),
+            self.bus.node,
+        )
         self.bus.on_change(self.gate_records)
         self.gate_records()
         return True
@@ -408,8 +456,11 @@ class TcpFlows(RingProgram):
             if not ok:
                 self.walks_failed += 1
                 if self.walks_failed == 1 or self.walks_failed % 1000 == 0:
-                    log.warning("%s: a walk of a namespace's TCP sockets failed (%d so far)",
-                                NAME, self.walks_failed)  # fmt: skip
+                    log.warning(
+                        "%s: a walk of a namespace's TCP sockets failed (%d so far)",
+                        NAME,
+                        self.walks_failed,
+                    )
 
     def _walk_one(self) -> bool:
         """Walk the calling thread's namespace, unless it holds no TCP socket; False when

@@ -23,11 +23,17 @@ class TcpFlowsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         st, flows = self._flows.kernel_stats, self._flows
-        full = CounterMetricFamily("lens_agent_bpf_map_full", "Updates refused by a full BPF map",
-                                   labels=("program", "map"))  # fmt: skip
-        for map_name, stat in (("socks", "sock_map_full"), ("flows", "flow_map_full"),
-                               ("rtt", "rtt_map_full"),
-                               ("connects", "connect_map_full")):  # fmt: skip
+        full = CounterMetricFamily(
+            "lens_agent_bpf_map_full",
+            "Updates refused by a full BPF map",
+            labels=("program", "map"),
+        )
+        for map_name, stat in (
+            ("socks", "sock_map_full"),
+            ("flows", "flow_map_full"),
+            ("rtt", "rtt_map_full"),
+            ("connects", "connect_map_full"),
+        ):
             full.add_metric((NAME, map_name), st[stat])
         yield full
         missed = CounterMetricFamily(
@@ -48,23 +54,42 @@ class TcpFlowsCollector(Collector):
         untracked.add_metric(("received",), st["untracked_recv_bytes"])
         yield untracked
         for name, help_text, value in (
-            ("lens_tcp_resets_without_socket",
-             "Resets sent with no socket (a SYN to a closed port)", st["reset_no_socket"]),
-            ("lens_tcp_untracked_retransmits",
-             "Retransmits on sockets opened before the agent started", st["untracked_retransmits"]),
-            ("lens_agent_tcp_closes_repaired",
-             "Sockets finished by the agent's sweep because the kernel skipped their CLOSE",
-             flows.repaired),
-            ("lens_agent_tcp_walks",
-             "Walks of a network namespace's open TCP sockets (bpf_iter__tcp, one per "
-             "namespace that has TCP sockets, per read cycle)", flows.walks),
-            ("lens_agent_tcp_walks_skipped",
-             "Network namespaces a read cycle did not walk: they held no TCP socket",
-             flows.walks_skipped),
-            ("lens_agent_tcp_walks_failed",
-             "Walks that failed, or namespaces that could not be entered: their sockets' "
-             "bytes show at a later walk or at close", flows.walks_failed),
-        ):  # fmt: skip
+            (
+                "lens_tcp_resets_without_socket",
+                "Resets sent with no socket (a SYN to a closed port)",
+                st["reset_no_socket"],
+            ),
+            (
+                "lens_tcp_untracked_retransmits",
+                "Retransmits on sockets opened before the agent started",
+                st["untracked_retransmits"],
+            ),
+            (
+                "lens_agent_tcp_closes_repaired",
+                "Sockets finished by the agent's sweep because the kernel skipped their CLOSE",
+                flows.repaired,
+            ),
+            (
+                "lens_agent_tcp_walks",
+                "Walks of a network namespace's open TCP sockets (bpf_iter__tcp, one per "
+                "namespace that has TCP sockets, per read cycle)",
+                flows.walks,
+            ),
+            (
+                "lens_agent_tcp_walks_skipped",
+                "Network namespaces a read cycle did not walk: they held no TCP socket",
+                flows.walks_skipped,
+            ),
+            (
+                "lens_agent_tcp_walks_failed",
+                "Walks that failed, or namespaces that could not be entered: their sockets' "
+                "bytes show at a later walk or at close",
+                flows.walks_failed,
+            ),
+        ):
             yield CounterMetricFamily(name, help_text, value=value)
-        yield GaugeMetricFamily("lens_agent_tcp_flow_keys", "Flow keys held in the kernel map",
-                                value=flows.tracked_keys())  # fmt: skip
+        yield GaugeMetricFamily(
+            "lens_agent_tcp_flow_keys",
+            "Flow keys held in the kernel map",
+            value=flows.tracked_keys(),
+        )

@@ -27,14 +27,53 @@ from lens_ebpf.agent.tcp.attribution import Unattributed
 
 # Kernel bin boundaries, microseconds: 10 us to 10 s (lens_tcp_rtt_seconds buckets).
 RTT_BOUNDS_US = (
-    10, 25, 50, 100, 200, 300, 500, 700,
-    1000, 1300, 1600, 2000, 2500, 3000, 4000, 5000, 7000,
-    10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
-    1_000_000, 2_500_000, 5_000_000, 10_000_000,
-)  # fmt: skip
+    10,
+    25,
+    50,
+    100,
+    200,
+    300,
+    500,
+    700,
+    1000,
+    1300,
+    1600,
+    2000,
+    2500,
+    3000,
+    4000,
+    5000,
+    7000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+)
 # primus_lens_network_tcp_flow_rtt buckets (docs/reference/metric-conventions.md), in µs.
-SEED_BOUNDS_US = (50, 100, 200, 300, 500, 700, 1000, 1300, 1600, 2000, 2500, 3000, 4000, 5000,
-                  7000, 10000)  # fmt: skip
+SEED_BOUNDS_US = (
+    50,
+    100,
+    200,
+    300,
+    500,
+    700,
+    1000,
+    1300,
+    1600,
+    2000,
+    2500,
+    3000,
+    4000,
+    5000,
+    7000,
+    10000,
+)
 SEED = "primus_lens_network_tcp_flow_rtt"
 LENS = "lens_tcp_rtt_seconds"
 TRACEPOINT = "tcp:tcp_probe"
@@ -105,8 +144,9 @@ def apply_rtt(
     cache.observe(SEED, (raddr, direction), seed, float(sum_us))
 
 
-def attribute(cache: MetricCache, key_labels: tuple[str, ...], labels: tuple[str, ...],
-              who: tuple[str, ...]) -> None:  # fmt: skip
+def attribute(
+    cache: MetricCache, key_labels: tuple[str, ...], labels: tuple[str, ...], who: tuple[str, ...]
+) -> None:
     """Move what an rtt-map key's samples made without an identity to the series of the
     identity the index now gives it (attribution.Unattributed); the seed histogram has
     no identity or class: it stays."""
@@ -134,8 +174,9 @@ class TcpRtt:
         register_families(cache, sampled)
         lens = cache.family(LENS)
         # keys sampled before the index knew their remote: moved to it once it does
-        self.unattributed = Unattributed(functools.partial(attribute, cache), lens.ttl,
-                                         lens.max_series, clock)  # fmt: skip
+        self.unattributed = Unattributed(
+            functools.partial(attribute, cache), lens.ttl, lens.max_series, clock
+        )
 
     def read(self, table: Any, enrich: Enrichment) -> None:
         for key, grew in self._reader.read(table):

@@ -82,14 +82,12 @@ def _picked(values: dict[str, Any] | None, keys: tuple[str, ...]) -> dict[str, s
     return {k: str(got[k]) for k in keys if k in got}
 
 
-def _workloads(conn: Connection, t: Scoped, pods: list[Any], keys: Keys
-               ) -> dict[str, WorkloadHour]:  # fmt: skip
+def _workloads(conn: Connection, t: Scoped, pods: list[Any], keys: Keys) -> dict[str, WorkloadHour]:
     """The top workloads of these gpu_pods rows (a pod with none is its own workload),
     without figures; labels and annotations from their pods' newest snapshots."""
     w = t.gpu_workloads
     tops = {str(p.workload_uid) for p in pods if p.workload_uid}
-    rows = {str(r.uid): r for r in conn.execute(select(w).where(w.c.uid.in_(tops)))} \
-        if tops else {}  # fmt: skip
+    rows = {str(r.uid): r for r in conn.execute(select(w).where(w.c.uid.in_(tops)))} if tops else {}
     state = statuses(conn, t, list(rows.values()))  # as every route gives it
     meta = _pod_meta(conn, t, [str(p.uid) for p in pods])
     out: dict[str, WorkloadHour] = {}
@@ -97,9 +95,13 @@ def _workloads(conn: Connection, t: Scoped, pods: list[Any], keys: Keys
         uid = str(p.workload_uid or p.uid)
         if uid not in out:
             row = rows.get(uid)
-            out[uid] = WorkloadHour(uid, str(p.namespace), str(row.name if row else p.name),
-                                    str(row.kind if row else "Pod"),
-                                    str(state[uid] if row else p.phase) or "")  # fmt: skip
+            out[uid] = WorkloadHour(
+                uid,
+                str(p.namespace),
+                str(row.name if row else p.name),
+                str(row.kind if row else "Pod"),
+                str(state[uid] if row else p.phase) or "",
+            )
         m = meta.get(str(p.uid), {})
         one = out[uid]
         for k, v in _picked(m.get("labels"), keys.labels).items():
@@ -113,12 +115,16 @@ def _workloads(conn: Connection, t: Scoped, pods: list[Any], keys: Keys
 def capacity(conn: Connection, t: Scoped) -> int:
     """The GPUs of the cluster's nodes (every configured resource)."""
     n = t.nodes
-    return sum(int(v or 0) for r in conn.execute(select(n.c.gpu_capacity).where(
-        n.c.deleted.is_(False))) for v in (r.gpu_capacity or {}).values())  # fmt: skip
+    return sum(
+        int(v or 0)
+        for r in conn.execute(select(n.c.gpu_capacity).where(n.c.deleted.is_(False)))
+        for v in (r.gpu_capacity or {}).values()
+    )
 
 
-def snapshot(conn: Connection, t: Scoped, cluster: str, keys: Keys, now: datetime
-             ) -> list[dict[str, Any]]:  # fmt: skip
+def snapshot(
+    conn: Connection, t: Scoped, cluster: str, keys: Keys, now: datetime
+) -> list[dict[str, Any]]:
     """gpu_allocation_snapshots rows for now: the cluster, each namespace, each label and
     annotation value (the configured keys, beyond max_values folded into OTHER), and each
     top workload (its key its UID, its details what the hour's statistics need)."""
@@ -137,27 +143,55 @@ def snapshot(conn: Connection, t: Scoped, cluster: str, keys: Keys, now: datetim
     base = {"cluster_name": cluster, "snapshot_time": now, "created_at": now}
     groups = groups_of(works.values(), keys)
     held, cap = cluster_allocation(conn, t)  # the cluster's figure, as every route's
-    out = [{**base, "dimension_type": "cluster", "dimension_key": "", "dimension_value": "",
-            "total_gpu_capacity": cap, "allocated_gpu_count": held,
-            "allocation_details": {"workloads": len(works)}}]  # fmt: skip
+    out = [
+        {
+            **base,
+            "dimension_type": "cluster",
+            "dimension_key": "",
+            "dimension_value": "",
+            "total_gpu_capacity": cap,
+            "allocated_gpu_count": held,
+            "allocation_details": {"workloads": len(works)},
+        }
+    ]
     for (dim, key, value), members in sorted(groups.items()):
-        out.append({**base, "dimension_type": dim, "dimension_key": key,
-                    "dimension_value": value, "total_gpu_capacity": 0,
-                    "allocated_gpu_count": int(sum(m.allocated for m in members)),
-                    "allocation_details": {"workloads": len(members)}})  # fmt: skip
+        out.append(
+            {
+                **base,
+                "dimension_type": dim,
+                "dimension_key": key,
+                "dimension_value": value,
+                "total_gpu_capacity": 0,
+                "allocated_gpu_count": int(sum(m.allocated for m in members)),
+                "allocation_details": {"workloads": len(members)},
+            }
+        )
     for uid, one in sorted(works.items()):
-        out.append({**base, "dimension_type": "workload", "dimension_key": uid,
-                    "dimension_value": one.name, "total_gpu_capacity": 0,
-                    "allocated_gpu_count": gpus[uid],
-                    "allocation_details": {
-                        "namespace": one.namespace, "kind": one.kind, "status": one.status,
-                        "replicas": replicas[uid], "pods": sorted(one.pods),
-                        "labels": one.labels, "annotations": one.annotations}})  # fmt: skip
+        out.append(
+            {
+                **base,
+                "dimension_type": "workload",
+                "dimension_key": uid,
+                "dimension_value": one.name,
+                "total_gpu_capacity": 0,
+                "allocated_gpu_count": gpus[uid],
+                "allocation_details": {
+                    "namespace": one.namespace,
+                    "kind": one.kind,
+                    "status": one.status,
+                    "replicas": replicas[uid],
+                    "pods": sorted(one.pods),
+                    "labels": one.labels,
+                    "annotations": one.annotations,
+                },
+            }
+        )
     return out
 
 
-def groups_of(works: Iterable[WorkloadHour], keys: Keys
-              ) -> dict[tuple[str, str, str], list[WorkloadHour]]:  # fmt: skip
+def groups_of(
+    works: Iterable[WorkloadHour], keys: Keys
+) -> dict[tuple[str, str, str], list[WorkloadHour]]:
     """(namespace|label|annotation, key, value) -> its workloads with GPUs allocated; a key
     with more than max_values values keeps the ones with most GPUs and folds the rest
     into OTHER."""
@@ -194,28 +228,40 @@ def folded(works: Iterable[WorkloadHour], keys: Keys) -> int:
 # --- one completed hour --------------------------------------------------------------------
 
 
-def hour_from_snapshots(conn: Connection, t: Scoped, hour: datetime
-                        ) -> tuple[int, float, dict[str, WorkloadHour]] | None:  # fmt: skip
+def hour_from_snapshots(
+    conn: Connection, t: Scoped, hour: datetime
+) -> tuple[int, float, dict[str, WorkloadHour]] | None:
     """(capacity, GPUs allocated, workloads) averaged over the hour's snapshots; None when
     it has none (the service was not running)."""
     s = t.gpu_allocation_snapshots
     within = [s.c.snapshot_time >= hour, s.c.snapshot_time < hour + HOUR]
-    clusters = list(conn.execute(select(s.c.total_gpu_capacity, s.c.allocated_gpu_count)
-                                 .where(s.c.dimension_type == "cluster", *within)))  # fmt: skip
+    clusters = list(
+        conn.execute(
+            select(s.c.total_gpu_capacity, s.c.allocated_gpu_count).where(
+                s.c.dimension_type == "cluster", *within
+            )
+        )
+    )
     if not clusters:
         return None
     n = len(clusters)
     works: dict[str, WorkloadHour] = {}
     seen: dict[str, int] = {}
-    for r in conn.execute(select(s).where(s.c.dimension_type == "workload", *within)
-                          .order_by(s.c.snapshot_time)):  # fmt: skip
+    for r in conn.execute(
+        select(s).where(s.c.dimension_type == "workload", *within).order_by(s.c.snapshot_time)
+    ):
         d = r.allocation_details or {}
         uid = str(r.dimension_key)
         one = works.get(uid)
         if one is None:
-            one = works[uid] = WorkloadHour(uid, str(d.get("namespace", "")),
-                                            str(r.dimension_value), str(d.get("kind", "")),
-                                            max_replicas=0, min_replicas=1 << 30)  # fmt: skip
+            one = works[uid] = WorkloadHour(
+                uid,
+                str(d.get("namespace", "")),
+                str(r.dimension_value),
+                str(d.get("kind", "")),
+                max_replicas=0,
+                min_replicas=1 << 30,
+            )
         one.status = str(d.get("status", one.status))  # the hour's last
         one.labels.update(d.get("labels") or {})
         one.annotations.update(d.get("annotations") or {})
@@ -240,8 +286,9 @@ def first_start(conn: Connection, t: Scoped) -> datetime | None:
     return aware(got)
 
 
-def hour_from_lifetimes(conn: Connection, t: Scoped, hour: datetime, keys: Keys,
-                        now: datetime) -> tuple[int, float, dict[str, WorkloadHour]]:  # fmt: skip
+def hour_from_lifetimes(
+    conn: Connection, t: Scoped, hour: datetime, keys: Keys, now: datetime
+) -> tuple[int, float, dict[str, WorkloadHour]]:
     """(capacity, GPUs allocated, workloads) of an hour without snapshots, from the pods'
     lifetimes: each pod holds its GPUs from started_at to ended_at (or deleted_at, or
     now), weighted by the part of the hour that covers; capacity is the nodes' now."""
@@ -276,8 +323,11 @@ def hour_from_lifetimes(conn: Connection, t: Scoped, hour: datetime, keys: Keys,
 def _most_least(spans: list[tuple[float, float]]) -> tuple[int, int]:
     """The most and the least of these spans (seconds into the hour) that overlap at once."""
     edges = sorted({0.0, 3600.0, *(x for s in spans for x in s)})
-    counts = [sum(1 for a, b in spans if a <= lo and b >= hi)
-              for lo, hi in zip(edges, edges[1:], strict=False) if hi > lo]  # fmt: skip
+    counts = [
+        sum(1 for a, b in spans if a <= lo and b >= hi)
+        for lo, hi in zip(edges, edges[1:], strict=False)
+        if hi > lo
+    ]
     return max(counts), min(counts)
 
 
@@ -324,8 +374,9 @@ def hour_series(c: Scope, hour: datetime) -> HourSeries | None:
     return HourSeries(*got)
 
 
-def _per_step(series: dict[tuple[str, str], dict[int, float]], members: set[tuple[str, str]]
-              ) -> dict[int, float]:  # fmt: skip
+def _per_step(
+    series: dict[tuple[str, str], dict[int, float]], members: set[tuple[str, str]]
+) -> dict[int, float]:
     out: dict[int, float] = {}
     for key in members & series.keys():
         for ts, v in series[key].items():
@@ -343,9 +394,14 @@ def utilization(hs: HourSeries | None, members: set[tuple[str, str]]) -> dict[st
     values = [sums[ts] / counts[ts] for ts in sorted(sums) if counts.get(ts)]
     if not values:
         return {**none, "count": 0}
-    return {"avg": sum(values) / len(values), "max": max(values), "min": min(values),
-            "p50": quantile(values, 0.5), "p95": quantile(values, 0.95),
-            "count": len(values)}  # fmt: skip
+    return {
+        "avg": sum(values) / len(values),
+        "max": max(values),
+        "min": min(values),
+        "p50": quantile(values, 0.5),
+        "p95": quantile(values, 0.95),
+        "count": len(values),
+    }
 
 
 def memory(hs: HourSeries | None, members: set[tuple[str, str]]) -> dict[str, float | None]:
@@ -354,9 +410,11 @@ def memory(hs: HourSeries | None, members: set[tuple[str, str]]) -> dict[str, fl
         return {"used": None, "max": None, "total": None}
     used = list(_per_step(hs.mem_used, members).values())
     total = list(_per_step(hs.mem_total, members).values())
-    return {"used": sum(used) / len(used) / GIB if used else None,
-            "max": max(used) / GIB if used else None,
-            "total": sum(total) / len(total) / GIB if total else None}  # fmt: skip
+    return {
+        "used": sum(used) / len(used) / GIB if used else None,
+        "max": max(used) / GIB if used else None,
+        "total": sum(total) / len(total) / GIB if total else None,
+    }
 
 
 def _members(works: Iterable[WorkloadHour]) -> set[tuple[str, str]]:
@@ -371,55 +429,96 @@ def namespace_members(hs: HourSeries | None, namespace: str) -> set[tuple[str, s
 # --- the rows of an hour -------------------------------------------------------------------
 
 
-def hour_rows(cluster: str, hour: datetime, cap: int, allocated: float,
-              works: dict[str, WorkloadHour], hs: HourSeries | None, keys: Keys,
-              now: datetime) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+def hour_rows(
+    cluster: str,
+    hour: datetime,
+    cap: int,
+    allocated: float,
+    works: dict[str, WorkloadHour],
+    hs: HourSeries | None,
+    keys: Keys,
+    now: datetime,
+) -> dict[str, list[dict[str, Any]]]:
     """Table name -> the hour's rows: cluster, namespaces, labels and annotations,
     workloads."""
     stamp = {"cluster_name": cluster, "stat_hour": hour, "created_at": now, "updated_at": now}
     u = utilization(hs, set(hs.util_sum) if hs else set())  # every GPU series
     out: dict[str, list[dict[str, Any]]] = {
-        "cluster_gpu_hourly_stats": [{
-            **stamp, "total_gpu_capacity": cap, "allocated_gpu_count": allocated,
-            "allocation_rate": 100 * allocated / cap if cap else 0.0,
-            **_util_columns(u, p=True), "sample_count": u["count"]}],
-        "namespace_gpu_hourly_stats": [], "label_gpu_hourly_stats": [],
-        "workload_gpu_hourly_stats": []}  # fmt: skip
+        "cluster_gpu_hourly_stats": [
+            {
+                **stamp,
+                "total_gpu_capacity": cap,
+                "allocated_gpu_count": allocated,
+                "allocation_rate": 100 * allocated / cap if cap else 0.0,
+                **_util_columns(u, p=True),
+                "sample_count": u["count"],
+            }
+        ],
+        "namespace_gpu_hourly_stats": [],
+        "label_gpu_hourly_stats": [],
+        "workload_gpu_hourly_stats": [],
+    }
     for (dim, key, value), members in sorted(groups_of(works.values(), keys).items()):
         held = sum(m.allocated for m in members)
         if dim == "namespace":
             u = utilization(hs, namespace_members(hs, value))
-            out["namespace_gpu_hourly_stats"].append({
-                **stamp, "namespace": value, "total_gpu_capacity": 0,
-                "allocated_gpu_count": held, "allocation_rate": 0.0,
-                **_util_columns(u, p=False), "active_workload_count": len(members)})  # fmt: skip
+            out["namespace_gpu_hourly_stats"].append(
+                {
+                    **stamp,
+                    "namespace": value,
+                    "total_gpu_capacity": 0,
+                    "allocated_gpu_count": held,
+                    "allocation_rate": 0.0,
+                    **_util_columns(u, p=False),
+                    "active_workload_count": len(members),
+                }
+            )
         else:
             u = utilization(hs, _members(members))
-            out["label_gpu_hourly_stats"].append({
-                **stamp, "dimension_type": dim, "dimension_key": key,
-                "dimension_value": value, "allocated_gpu_count": held,
-                **_util_columns(u, p=False), "active_workload_count": len(members)})  # fmt: skip
+            out["label_gpu_hourly_stats"].append(
+                {
+                    **stamp,
+                    "dimension_type": dim,
+                    "dimension_key": key,
+                    "dimension_value": value,
+                    "allocated_gpu_count": held,
+                    **_util_columns(u, p=False),
+                    "active_workload_count": len(members),
+                }
+            )
     for uid, one in sorted(works.items()):
         if one.allocated <= 0:
             continue
         pods = _members([one])
         u, mem = utilization(hs, pods), memory(hs, pods)
-        out["workload_gpu_hourly_stats"].append({
-            **stamp, "namespace": one.namespace, "workload_name": one.name,
-            "workload_type": one.kind, "allocated_gpu_count": one.allocated,
-            "requested_gpu_count": one.allocated, **_util_columns(u, p=True),
-            "avg_gpu_memory_used": mem["used"], "max_gpu_memory_used": mem["max"],
-            "avg_gpu_memory_total": mem["total"], "avg_replica_count": one.replicas,
-            "max_replica_count": one.max_replicas, "min_replica_count": one.min_replicas,
-            "workload_status": one.status, "sample_count": u["count"], "owner_uid": uid,
-            "owner_name": one.name, "labels": one.labels,
-            "annotations": one.annotations})  # fmt: skip
+        out["workload_gpu_hourly_stats"].append(
+            {
+                **stamp,
+                "namespace": one.namespace,
+                "workload_name": one.name,
+                "workload_type": one.kind,
+                "allocated_gpu_count": one.allocated,
+                "requested_gpu_count": one.allocated,
+                **_util_columns(u, p=True),
+                "avg_gpu_memory_used": mem["used"],
+                "max_gpu_memory_used": mem["max"],
+                "avg_gpu_memory_total": mem["total"],
+                "avg_replica_count": one.replicas,
+                "max_replica_count": one.max_replicas,
+                "min_replica_count": one.min_replicas,
+                "workload_status": one.status,
+                "sample_count": u["count"],
+                "owner_uid": uid,
+                "owner_name": one.name,
+                "labels": one.labels,
+                "annotations": one.annotations,
+            }
+        )
     return out
 
 
 def _util_columns(u: dict[str, Any], p: bool) -> dict[str, Any]:
-    cols = {"avg_utilization": u["avg"], "max_utilization": u["max"],
-            "min_utilization": u["min"]}  # fmt: skip
+    cols = {"avg_utilization": u["avg"], "max_utilization": u["max"], "min_utilization": u["min"]}
     if p:
         cols |= {"p50_utilization": u["p50"], "p95_utilization": u["p95"]}
     return cols

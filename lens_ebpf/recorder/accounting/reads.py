@@ -48,8 +48,7 @@ def _wide(table: Any, names: Sequence[str]) -> list[Any]:
     return out
 
 
-def _rows(rows: Iterable[Any], columns: Sequence[str], table: Any = None
-          ) -> list[dict[str, Any]]:  # fmt: skip
+def _rows(rows: Iterable[Any], columns: Sequence[str], table: Any = None) -> list[dict[str, Any]]:
     """Rows (their values in the order of columns, selected by _wide(table, columns) when
     table is given) as dicts, keys in that order, times in RFC 3339 (each distinct time
     formatted once: a page of 10,000 rows holds a few dozen), JSON text wrapped as it is,
@@ -58,10 +57,18 @@ def _rows(rows: Iterable[Any], columns: Sequence[str], table: Any = None
     About 1.4 us a row of 27 columns: a 10,000-row page's Python time is mostly here."""
     names = [str(n) for n in columns]
     times = [i for i, n in enumerate(names) if n in TIMES]
-    js = [] if table is None else [i for i, n in enumerate(names)
-                                   if isinstance(table.c[n].type, JSON)]  # fmt: skip
-    figures = [] if table is None else [i for i, n in enumerate(names) if table.c[n].nullable
-                                        and i not in js and n not in TIMES]  # fmt: skip
+    js = (
+        []
+        if table is None
+        else [i for i, n in enumerate(names) if isinstance(table.c[n].type, JSON)]
+    )
+    figures = (
+        []
+        if table is None
+        else [
+            i for i, n in enumerate(names) if table.c[n].nullable and i not in js and n not in TIMES
+        ]
+    )
     unknown = 0
     fmt = _time_text if table is not None else rfc3339
     memo: dict[Any, str] = {}
@@ -85,26 +92,43 @@ def _rows(rows: Iterable[Any], columns: Sequence[str], table: Any = None
                 v[i] = fragment(v[i])
         out.append(dict(zip(names, v)))  # noqa: B905 (as long by construction)
     if unknown:
-        prom.missed(f"{unknown} of these hours' rows have no GPU samples (Prometheus had "
-                    "none, or could not answer when the hour was written): their "
-                    "utilization and memory are 0")  # fmt: skip
+        prom.missed(
+            f"{unknown} of these hours' rows have no GPU samples (Prometheus had "
+            "none, or could not answer when the hour was written): their "
+            "utilization and memory are 0"
+        )
     return out
 
 
-def _page(conn: Connection, table: Any, cond: list[Any], order: Any, descending: bool,
-          num: int, size: int = PAGE_ALL) -> dict[str, Any]:  # fmt: skip
+def _page(
+    conn: Connection,
+    table: Any,
+    cond: list[Any],
+    order: Any,
+    descending: bool,
+    num: int,
+    size: int = PAGE_ALL,
+) -> dict[str, Any]:
     """PaginatedResponse of the table's rows (every column), ordered by order then id
     (both the same way: a descending page reads the time index backwards, no sort)."""
     counting = _counter().submit(_count, conn.engine, table, cond)
     names = sorted(c.name for c in table.c)  # each row's keys in name order
-    rows = conn.execute(select(*_wide(table, names)).where(*cond)
-                        .order_by(*(c.desc() if descending else c.asc()
-                                    for c in (order, table.c.id)))
-                        .offset((num - 1) * size).limit(size)).all()  # fmt: skip
+    rows = conn.execute(
+        select(*_wide(table, names))
+        .where(*cond)
+        .order_by(*(c.desc() if descending else c.asc() for c in (order, table.c.id)))
+        .offset((num - 1) * size)
+        .limit(size)
+    ).all()
     data = _rows(rows, names, table)
     total = counting.result()
-    return {"data": data, "total": total, "page": num, "page_size": size,
-            "total_pages": -(-total // size)}  # fmt: skip
+    return {
+        "data": data,
+        "total": total,
+        "page": num,
+        "page_size": size,
+        "total_pages": -(-total // size),
+    }
 
 
 _COUNTER: list[ThreadPoolExecutor] = []
@@ -120,16 +144,26 @@ def _counter() -> ThreadPoolExecutor:
 
 def _count(engine: Any, table: Any, cond: list[Any]) -> int:
     with engine.connect() as conn:
-        return int(conn.execute(select(func.count()).select_from(table).where(*cond))
-                   .scalar_one())  # fmt: skip
+        return int(conn.execute(select(func.count()).select_from(table).where(*cond)).scalar_one())
 
 
-ORDERS = {"time": "stat_hour", "utilization": "avg_utilization",
-          "allocated_gpu_count": "allocated_gpu_count"}  # fmt: skip
+ORDERS = {
+    "time": "stat_hour",
+    "utilization": "avg_utilization",
+    "allocated_gpu_count": "allocated_gpu_count",
+}
 
 
-def cluster_stats(conn: Connection, t: Scoped, start: datetime, end: datetime, num: int,
-                  size: int, order: str, descending: bool) -> dict[str, Any]:  # fmt: skip
+def cluster_stats(
+    conn: Connection,
+    t: Scoped,
+    start: datetime,
+    end: datetime,
+    num: int,
+    size: int,
+    order: str,
+    descending: bool,
+) -> dict[str, Any]:
     """PaginatedResponse of dbmodel.ClusterGpuHourlyStats: the hours from start to end, by
     hour or mean utilization, page_size a page (this one route honours it, as the
     original does)."""
@@ -138,9 +172,16 @@ def cluster_stats(conn: Connection, t: Scoped, start: datetime, end: datetime, n
     return _page(conn, hs, cond, hs.c[ORDERS[order]], descending, num, size)
 
 
-def namespace_stats(conn: Connection, t: Scoped, namespace: str | None, start: datetime,
-                    end: datetime, num: int, order: str, descending: bool
-                    ) -> dict[str, Any]:  # fmt: skip
+def namespace_stats(
+    conn: Connection,
+    t: Scoped,
+    namespace: str | None,
+    start: datetime,
+    end: datetime,
+    num: int,
+    order: str,
+    descending: bool,
+) -> dict[str, Any]:
     """PaginatedResponse of dbmodel.NamespaceGpuHourlyStats."""
     hs = t.namespace_gpu_hourly_stats
     cond = [hs.c.stat_hour >= start, hs.c.stat_hour <= end]
@@ -149,26 +190,47 @@ def namespace_stats(conn: Connection, t: Scoped, namespace: str | None, start: d
     return _page(conn, hs, cond, hs.c[ORDERS[order]], descending, num)
 
 
-def label_stats(conn: Connection, t: Scoped, dimension: str, key: str, value: str | None,
-                start: datetime, end: datetime, num: int, order: str, descending: bool
-                ) -> dict[str, Any]:  # fmt: skip
+def label_stats(
+    conn: Connection,
+    t: Scoped,
+    dimension: str,
+    key: str,
+    value: str | None,
+    start: datetime,
+    end: datetime,
+    num: int,
+    order: str,
+    descending: bool,
+) -> dict[str, Any]:
     """PaginatedResponse of dbmodel.LabelGpuHourlyStats."""
     hs = t.label_gpu_hourly_stats
-    cond = [hs.c.dimension_type == dimension, hs.c.dimension_key == key,
-            hs.c.stat_hour >= start, hs.c.stat_hour <= end]  # fmt: skip
+    cond = [
+        hs.c.dimension_type == dimension,
+        hs.c.dimension_key == key,
+        hs.c.stat_hour >= start,
+        hs.c.stat_hour <= end,
+    ]
     if value:
         cond.append(hs.c.dimension_value == value)
     return _page(conn, hs, cond, hs.c[ORDERS[order]], descending, num)
 
 
-def workload_stats(conn: Connection, t: Scoped, namespace: str | None, name: str | None,
-                   kind: str | None, start: datetime, end: datetime, num: int, order: str,
-                   descending: bool) -> dict[str, Any]:  # fmt: skip
+def workload_stats(
+    conn: Connection,
+    t: Scoped,
+    namespace: str | None,
+    name: str | None,
+    kind: str | None,
+    start: datetime,
+    end: datetime,
+    num: int,
+    order: str,
+    descending: bool,
+) -> dict[str, Any]:
     """PaginatedResponse of dbmodel.WorkloadGpuHourlyStats."""
     hs = t.workload_gpu_hourly_stats
     cond = [hs.c.stat_hour >= start, hs.c.stat_hour <= end]
-    for col, want in (("namespace", namespace), ("workload_name", name),
-                      ("workload_type", kind)):  # fmt: skip
+    for col, want in (("namespace", namespace), ("workload_name", name), ("workload_type", kind)):
         if want:
             cond.append(hs.c[col] == want)
     return _page(conn, hs, cond, hs.c[ORDERS[order]], descending, num)
@@ -177,32 +239,66 @@ def workload_stats(conn: Connection, t: Scoped, namespace: str | None, name: str
 def namespaces(conn: Connection, t: Scoped, start: datetime, end: datetime) -> list[str]:
     """The namespaces with hourly statistics between start and end."""
     hs = t.namespace_gpu_hourly_stats
-    return [str(r[0]) for r in conn.execute(select(hs.c.namespace).distinct().where(
-        hs.c.stat_hour >= start, hs.c.stat_hour <= end).order_by(hs.c.namespace))]  # fmt: skip
+    return [
+        str(r[0])
+        for r in conn.execute(
+            select(hs.c.namespace)
+            .distinct()
+            .where(hs.c.stat_hour >= start, hs.c.stat_hour <= end)
+            .order_by(hs.c.namespace)
+        )
+    ]
 
 
-def dimension_keys(conn: Connection, t: Scoped, dimension: str, start: datetime,
-                   end: datetime) -> list[str]:  # fmt: skip
+def dimension_keys(
+    conn: Connection, t: Scoped, dimension: str, start: datetime, end: datetime
+) -> list[str]:
     """The label (or annotation) keys with hourly statistics between start and end."""
     hs = t.label_gpu_hourly_stats
-    return [str(r[0]) for r in conn.execute(select(hs.c.dimension_key).distinct().where(
-        hs.c.dimension_type == dimension, hs.c.stat_hour >= start,
-        hs.c.stat_hour <= end).order_by(hs.c.dimension_key))]  # fmt: skip
+    return [
+        str(r[0])
+        for r in conn.execute(
+            select(hs.c.dimension_key)
+            .distinct()
+            .where(hs.c.dimension_type == dimension, hs.c.stat_hour >= start, hs.c.stat_hour <= end)
+            .order_by(hs.c.dimension_key)
+        )
+    ]
 
 
-def dimension_values(conn: Connection, t: Scoped, dimension: str, key: str, start: datetime,
-                     end: datetime) -> list[str]:  # fmt: skip
+def dimension_values(
+    conn: Connection, t: Scoped, dimension: str, key: str, start: datetime, end: datetime
+) -> list[str]:
     """A key's values with hourly statistics between start and end."""
     hs = t.label_gpu_hourly_stats
-    return [str(r[0]) for r in conn.execute(select(hs.c.dimension_value).distinct().where(
-        hs.c.dimension_type == dimension, hs.c.dimension_key == key,
-        hs.c.stat_hour >= start, hs.c.stat_hour <= end)
-        .order_by(hs.c.dimension_value))]  # fmt: skip
+    return [
+        str(r[0])
+        for r in conn.execute(
+            select(hs.c.dimension_value)
+            .distinct()
+            .where(
+                hs.c.dimension_type == dimension,
+                hs.c.dimension_key == key,
+                hs.c.stat_hour >= start,
+                hs.c.stat_hour <= end,
+            )
+            .order_by(hs.c.dimension_value)
+        )
+    ]
 
 
-SNAPSHOT_COLUMNS = ("id", "cluster_name", "snapshot_time", "dimension_type", "dimension_key",
-                    "dimension_value", "total_gpu_capacity", "allocated_gpu_count",
-                    "allocation_details", "created_at")  # fmt: skip
+SNAPSHOT_COLUMNS = (
+    "id",
+    "cluster_name",
+    "snapshot_time",
+    "dimension_type",
+    "dimension_key",
+    "dimension_value",
+    "total_gpu_capacity",
+    "allocated_gpu_count",
+    "allocation_details",
+    "created_at",
+)
 SNAPSHOTS_MAX = 10_000
 
 
@@ -210,16 +306,21 @@ def latest_snapshot(conn: Connection, t: Scoped) -> dict[str, Any]:
     """dbmodel.GpuAllocationSnapshots: the cluster's newest (NotFound before the first)."""
     s = t.gpu_allocation_snapshots
     cols = [s.c[n] for n in SNAPSHOT_COLUMNS]
-    newest = select(*cols).where(s.c.dimension_type == "cluster") \
-        .order_by(s.c.snapshot_time.desc(), s.c.id.desc()).limit(1)  # fmt: skip
+    newest = (
+        select(*cols)
+        .where(s.c.dimension_type == "cluster")
+        .order_by(s.c.snapshot_time.desc(), s.c.id.desc())
+        .limit(1)
+    )
     r = conn.execute(newest).first()
     if r is None:
         raise NotFound("no allocation snapshot yet")
     return _rows([r], SNAPSHOT_COLUMNS)[0]
 
 
-def snapshots(conn: Connection, t: Scoped, start: datetime | None,
-              end: datetime | None) -> list[dict[str, Any]]:  # fmt: skip
+def snapshots(
+    conn: Connection, t: Scoped, start: datetime | None, end: datetime | None
+) -> list[dict[str, Any]]:
     """[]dbmodel.GpuAllocationSnapshots: the cluster's between start and end, newest first
     (more than SNAPSHOTS_MAX refused)."""
     s = t.gpu_allocation_snapshots
@@ -231,8 +332,11 @@ def snapshots(conn: Connection, t: Scoped, start: datetime | None,
     n = int(conn.execute(select(func.count()).select_from(s).where(*cond)).scalar_one())
     if n > SNAPSHOTS_MAX:
         raise BadRequest(f"start_time, end_time: {n} snapshots; at most {SNAPSHOTS_MAX}")
-    rows = conn.execute(select(*(s.c[n] for n in SNAPSHOT_COLUMNS)).where(*cond)
-                        .order_by(s.c.snapshot_time.desc(), s.c.id))  # fmt: skip
+    rows = conn.execute(
+        select(*(s.c[n] for n in SNAPSHOT_COLUMNS))
+        .where(*cond)
+        .order_by(s.c.snapshot_time.desc(), s.c.id)
+    )
     return _rows(rows, SNAPSHOT_COLUMNS)
 
 
@@ -242,12 +346,19 @@ def workload_statistic(conn: Connection, c: Scope, now: datetime) -> dict[str, A
     LOW_UTILIZATION (both from Prometheus: 0 where it cannot answer)."""
     t = c.tables
     w, p = t.gpu_workloads, t.gpu_pods
-    tops = list(conn.execute(select(w).where(
-        w.c.parent_uid.is_(None), w.c.running.is_(True), w.c.deleted.is_(False))))  # fmt: skip
+    tops = list(
+        conn.execute(
+            select(w).where(w.c.parent_uid.is_(None), w.c.running.is_(True), w.c.deleted.is_(False))
+        )
+    )
     state = statuses(conn, t, tops)  # running as every route says it
     running = [r for r in tops if state[str(r.uid)] == "Running"]
-    out: dict[str, Any] = {"running_workloads_count": len(running), "avg_gpu_allocated": 0.0,
-           "avg_gpu_utilization": 0.0, "low_utilization_workloads_count": 0}  # fmt: skip
+    out: dict[str, Any] = {
+        "running_workloads_count": len(running),
+        "avg_gpu_allocated": 0.0,
+        "avg_gpu_utilization": 0.0,
+        "low_utilization_workloads_count": 0,
+    }
     if not running:
         return out
     out["avg_gpu_allocated"] = sum(int(r.gpu_request) for r in running) / len(running)
@@ -256,8 +367,11 @@ def workload_statistic(conn: Connection, c: Scope, now: datetime) -> dict[str, A
         return out
     by_pod = {(m.get("namespace", ""), m.get("pod", "")): v for m, v in got}
     pods: dict[str, list[float]] = {}
-    for r in conn.execute(select(p.c.workload_uid, p.c.namespace, p.c.name).where(
-            p.c.running.is_(True), p.c.deleted.is_(False))):  # fmt: skip
+    for r in conn.execute(
+        select(p.c.workload_uid, p.c.namespace, p.c.name).where(
+            p.c.running.is_(True), p.c.deleted.is_(False)
+        )
+    ):
         v = by_pod.get((str(r.namespace), str(r.name)))
         if v is not None and r.workload_uid:
             pods.setdefault(str(r.workload_uid), []).append(v)
@@ -269,9 +383,16 @@ def workload_statistic(conn: Connection, c: Scope, now: datetime) -> dict[str, A
     return out
 
 
-def utilization_history(conn: Connection, c: Scope, kind: str, name: str,
-                        namespace: str | None, start: int, end: int,
-                        step: int) -> dict[str, Any]:  # fmt: skip
+def utilization_history(
+    conn: Connection,
+    c: Scope,
+    kind: str,
+    name: str,
+    namespace: str | None,
+    start: int,
+    end: int,
+    step: int,
+) -> dict[str, Any]:
     """model.MetricsGraph of a workload (by kind and name): its pods' mean GPU utilization."""
     w, p = c.tables.gpu_workloads, c.tables.gpu_pods
     cond = [w.c.kind == kind, w.c.name == name]
@@ -280,8 +401,12 @@ def utilization_history(conn: Connection, c: Scope, kind: str, name: str,
     row = conn.execute(select(w).where(*cond).order_by(w.c.created_at.desc())).first()
     if row is None:
         raise NotFound(f"workload {kind}/{name} not found")
-    names = sorted({str(r.name) for r in conn.execute(select(p.c.name).where(
-        p.c.workload_uid == row.uid))})  # fmt: skip
-    series = c.prom.graph(prom.workload_utilization(str(row.namespace), names),
-                          start, end, step) if names else []  # fmt: skip
+    names = sorted(
+        {str(r.name) for r in conn.execute(select(p.c.name).where(p.c.workload_uid == row.uid))}
+    )
+    series = (
+        c.prom.graph(prom.workload_utilization(str(row.namespace), names), start, end, step)
+        if names
+        else []
+    )
     return {"serial": 1, "series": series, "config": {"y_axis_unit": "%"}}

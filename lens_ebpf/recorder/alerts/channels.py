@@ -23,29 +23,72 @@ from lens_ebpf.recorder.errors import BadRequest, Conflict, NotFound
 from lens_ebpf.recorder.store import schema as t
 
 TYPES = [
-    {"type": "webhook", "name": "Webhook", "description": "Send notifications to a webhook URL",
-     "config_schema": {"url": "string", "method": "string", "headers": "object",
-                       "timeout": "number"}},
-    {"type": "alertmanager", "name": "AlertManager",
-     "description": "Forward alerts to AlertManager",
-     "config_schema": {"url": "string", "timeout": "number", "api_path": "string"}},
-    {"type": "email", "name": "Email", "description": "Send notifications via email using SMTP",
-     "config_schema": {"smtp_host": "string", "smtp_port": "number", "username": "string",
-                       "password": "string", "from": "string", "from_name": "string",
-                       "use_starttls": "boolean", "skip_verify": "boolean"}},
-    {"type": "dingtalk", "name": "DingTalk",
-     "description": "Send notifications to DingTalk robot",
-     "config_schema": {"webhook_url": "string", "secret": "string"}},
-    {"type": "wechat", "name": "WeChat Work", "description": "Send notifications via WeChat Work",
-     "config_schema": {"corp_id": "string", "agent_id": "number", "secret": "string",
-                       "to_user": "string", "to_party": "string", "to_tag": "string"}},
-    {"type": "slack", "name": "Slack", "description": "Send notifications to Slack channel",
-     "config_schema": {"webhook_url": "string", "channel": "string", "username": "string"}},
-]  # fmt: skip
-REQUIRED = {"webhook": ("url",), "alertmanager": ("url",), "email": ("smtp_host", "smtp_port",
-                                                                    "from"),
-            "dingtalk": ("webhook_url",), "slack": ("webhook_url",),
-            "wechat": ("corp_id", "agent_id", "secret")}  # fmt: skip
+    {
+        "type": "webhook",
+        "name": "Webhook",
+        "description": "Send notifications to a webhook URL",
+        "config_schema": {
+            "url": "string",
+            "method": "string",
+            "headers": "object",
+            "timeout": "number",
+        },
+    },
+    {
+        "type": "alertmanager",
+        "name": "AlertManager",
+        "description": "Forward alerts to AlertManager",
+        "config_schema": {"url": "string", "timeout": "number", "api_path": "string"},
+    },
+    {
+        "type": "email",
+        "name": "Email",
+        "description": "Send notifications via email using SMTP",
+        "config_schema": {
+            "smtp_host": "string",
+            "smtp_port": "number",
+            "username": "string",
+            "password": "string",
+            "from": "string",
+            "from_name": "string",
+            "use_starttls": "boolean",
+            "skip_verify": "boolean",
+        },
+    },
+    {
+        "type": "dingtalk",
+        "name": "DingTalk",
+        "description": "Send notifications to DingTalk robot",
+        "config_schema": {"webhook_url": "string", "secret": "string"},
+    },
+    {
+        "type": "wechat",
+        "name": "WeChat Work",
+        "description": "Send notifications via WeChat Work",
+        "config_schema": {
+            "corp_id": "string",
+            "agent_id": "number",
+            "secret": "string",
+            "to_user": "string",
+            "to_party": "string",
+            "to_tag": "string",
+        },
+    },
+    {
+        "type": "slack",
+        "name": "Slack",
+        "description": "Send notifications to Slack channel",
+        "config_schema": {"webhook_url": "string", "channel": "string", "username": "string"},
+    },
+]
+REQUIRED = {
+    "webhook": ("url",),
+    "alertmanager": ("url",),
+    "email": ("smtp_host", "smtp_port", "from"),
+    "dingtalk": ("webhook_url",),
+    "slack": ("webhook_url",),
+    "wechat": ("corp_id", "agent_id", "secret"),
+}
 SENT_HERE = ("webhook", "alertmanager")
 
 
@@ -73,8 +116,7 @@ def _fields(body: dict[str, Any], old: Any | None) -> dict[str, Any]:
     if old is None or "type" in body:
         out["type"] = kind
     if old is None or "config" in body or "type" in body:
-        out["config"] = _config(kind, body.get("config", old.config if old is not None
-                                               else None))  # fmt: skip
+        out["config"] = _config(kind, body.get("config", old.config if old is not None else None))
     if old is None or "description" in body:
         out["description"] = str(body.get("description") or "")
     if old is None or "enabled" in body:
@@ -82,8 +124,9 @@ def _fields(body: dict[str, Any], old: Any | None) -> dict[str, Any]:
     return out
 
 
-def page(conn: Connection, kind: str, enabled: bool | None, search: str, offset: int,
-         limit: int) -> dict[str, Any]:  # fmt: skip
+def page(
+    conn: Connection, kind: str, enabled: bool | None, search: str, offset: int, limit: int
+) -> dict[str, Any]:
     ch = t.notification_channels
     cond: list[Any] = []
     if kind:
@@ -92,12 +135,18 @@ def page(conn: Connection, kind: str, enabled: bool | None, search: str, offset:
         cond.append(ch.c.enabled.is_(enabled))
     if search:
         like = f"%{search.lower()}%"
-        cond.append(or_(func.lower(ch.c.name).like(like),
-                        func.lower(ch.c.description).like(like)))  # fmt: skip
+        cond.append(or_(func.lower(ch.c.name).like(like), func.lower(ch.c.description).like(like)))
     total = int(conn.execute(select(func.count()).select_from(ch).where(*cond)).scalar_one())
-    rows = [json(r) for r in conn.execute(
-        select(ch).where(*cond).order_by(ch.c.created_at.desc(), ch.c.id)
-        .offset(offset).limit(limit))]  # fmt: skip
+    rows = [
+        json(r)
+        for r in conn.execute(
+            select(ch)
+            .where(*cond)
+            .order_by(ch.c.created_at.desc(), ch.c.id)
+            .offset(offset)
+            .limit(limit)
+        )
+    ]
     return {"items": rows, "channels": rows, "total": total, "offset": offset, "limit": limit}
 
 
@@ -128,8 +177,9 @@ def create(conn: Connection, body: dict[str, Any], now: datetime, who: str) -> d
     fields = _fields(body, None)
     _free(conn, fields["name"])
     ch = t.notification_channels
-    cid = new_id(conn.execute(ch.insert().values(**fields, created_by=who, created_at=now,
-                                                 updated_at=now)))  # fmt: skip
+    cid = new_id(
+        conn.execute(ch.insert().values(**fields, created_by=who, created_at=now, updated_at=now))
+    )
     return json(get(conn, cid))
 
 
@@ -157,21 +207,37 @@ def test(conn: Connection, cid: int) -> dict[str, Any]:
     cfg = row.config or {}
     now = datetime.now(UTC)
     if row.type not in SENT_HERE:
-        return {"success": False, "message": f"this service does not send {row.type} "
-                "notifications: route alerts to it in Alertmanager"}  # fmt: skip
+        return {
+            "success": False,
+            "message": f"this service does not send {row.type} "
+            "notifications: route alerts to it in Alertmanager",
+        }
     try:
         if row.type == "webhook":
-            webhook(str(cfg["url"]), {"alert_name": "LensTestNotification", "status": "firing",
-                                      "severity": "info", "test": True,
-                                      "starts_at": now.isoformat()},
-                    str(cfg.get("method") or "POST"),
-                    {str(k): str(v) for k, v in (cfg.get("headers") or {}).items()},
-                    float(cfg.get("timeout") or 10))  # fmt: skip
+            webhook(
+                str(cfg["url"]),
+                {
+                    "alert_name": "LensTestNotification",
+                    "status": "firing",
+                    "severity": "info",
+                    "test": True,
+                    "starts_at": now.isoformat(),
+                },
+                str(cfg.get("method") or "POST"),
+                {str(k): str(v) for k, v in (cfg.get("headers") or {}).items()},
+                float(cfg.get("timeout") or 10),
+            )
         else:
-            Alertmanager(str(cfg["url"]), float(cfg.get("timeout") or 10)).post_alerts([{
-                "labels": {"alertname": "LensTestNotification", "severity": "info"},
-                "annotations": {"summary": f"a test notification from channel {row.name}"},
-                "starts_at": now, "ends_at": None}])  # fmt: skip
+            Alertmanager(str(cfg["url"]), float(cfg.get("timeout") or 10)).post_alerts(
+                [
+                    {
+                        "labels": {"alertname": "LensTestNotification", "severity": "info"},
+                        "annotations": {"summary": f"a test notification from channel {row.name}"},
+                        "starts_at": now,
+                        "ends_at": None,
+                    }
+                ]
+            )
     except SendError as exc:
         return {"success": False, "message": str(exc)}
     return {"success": True, "message": "Test notification sent successfully"}

@@ -21,15 +21,23 @@ WINDOW = timedelta(minutes=30)
 MIN_SCORE = 0.3
 # (cause, effect) alert names -> score: either order counts
 CAUSAL = {
-    ("GPUFault", "TrainingStalled"): 0.8, ("GPUFault", "TrainingSlowdown"): 0.7,
-    ("GPUXid", "TrainingStalled"): 0.8, ("GPUECCError", "TrainingStalled"): 0.8,
-    ("GPUFault", "NCCLWatchdogTimeout"): 0.7, ("GPUXid", "NCCLWatchdogTimeout"): 0.7,
-    ("NCCLWatchdogTimeout", "TrainingStalled"): 0.8, ("NCCLError", "TrainingStalled"): 0.7,
-    ("GPUOutOfMemory", "TrainingStalled"): 0.6, ("RDMAError", "NCCLWatchdogTimeout"): 0.7,
-    ("RDMAError", "TrainingSlowdown"): 0.6, ("TrainingOutlierRank", "TrainingSlowdown"): 0.6,
-    ("GPUMemoryHigh", "GPUOutOfMemory"): 0.8, ("NodeDown", "PodRestart"): 0.9,
-    ("HighTemperature", "GPUThrottling"): 0.8, ("DiskFull", "CheckpointFailed"): 0.8,
-}  # fmt: skip
+    ("GPUFault", "TrainingStalled"): 0.8,
+    ("GPUFault", "TrainingSlowdown"): 0.7,
+    ("GPUXid", "TrainingStalled"): 0.8,
+    ("GPUECCError", "TrainingStalled"): 0.8,
+    ("GPUFault", "NCCLWatchdogTimeout"): 0.7,
+    ("GPUXid", "NCCLWatchdogTimeout"): 0.7,
+    ("NCCLWatchdogTimeout", "TrainingStalled"): 0.8,
+    ("NCCLError", "TrainingStalled"): 0.7,
+    ("GPUOutOfMemory", "TrainingStalled"): 0.6,
+    ("RDMAError", "NCCLWatchdogTimeout"): 0.7,
+    ("RDMAError", "TrainingSlowdown"): 0.6,
+    ("TrainingOutlierRank", "TrainingSlowdown"): 0.6,
+    ("GPUMemoryHigh", "GPUOutOfMemory"): 0.8,
+    ("NodeDown", "PodRestart"): 0.9,
+    ("HighTemperature", "GPUThrottling"): 0.8,
+    ("DiskFull", "CheckpointFailed"): 0.8,
+}
 
 
 def _score(a: Any, b: Any) -> tuple[float, str, list[str]]:
@@ -58,8 +66,10 @@ def _score(a: Any, b: Any) -> tuple[float, str, list[str]]:
     if cause:
         first, then = (a, b) if aware(a.starts_at) <= aware(b.starts_at) else (b, a)  # type: ignore[operator]
         score, kind = score + cause, "causal"
-        why.append(f"{first.alert_name} on {first.node_name or first.pod_name or '?'} "
-                   f"can cause {then.alert_name}")  # fmt: skip
+        why.append(
+            f"{first.alert_name} on {first.node_name or first.pod_name or '?'} "
+            f"can cause {then.alert_name}"
+        )
     return round(min(score, 1.0), 4), kind or "time", why
 
 
@@ -69,23 +79,42 @@ def correlations(conn: Connection, alert_id: str) -> dict[str, Any]:
     if me is None:
         raise NotFound(f"no alert {alert_id!r}")
     starts: datetime = aware(me.starts_at)  # type: ignore[assignment]
-    same = [c == v for c, v in ((ae.c.workload_id, me.workload_id),
-                                (ae.c.pod_name, me.pod_name),
-                                (ae.c.node_name, me.node_name)) if v]  # fmt: skip
+    same = [
+        c == v
+        for c, v in (
+            (ae.c.workload_id, me.workload_id),
+            (ae.c.pod_name, me.pod_name),
+            (ae.c.node_name, me.node_name),
+        )
+        if v
+    ]
     if not same:
         return {"correlations": []}
     cond = or_(*same)
-    rows = conn.execute(select(ae).where(cond, ae.c.id != me.id,
-                                         ae.c.starts_at >= starts - WINDOW,
-                                         ae.c.starts_at <= starts + WINDOW)
-                        .order_by(ae.c.starts_at).limit(200))  # fmt: skip
+    rows = conn.execute(
+        select(ae)
+        .where(
+            cond,
+            ae.c.id != me.id,
+            ae.c.starts_at >= starts - WINDOW,
+            ae.c.starts_at <= starts + WINDOW,
+        )
+        .order_by(ae.c.starts_at)
+        .limit(200)
+    )
     out: list[dict[str, Any]] = []
     for r in rows:
         score, kind, why = _score(me, r)
         if score < MIN_SCORE:
             continue
-        out.append({"correlation_id": f"{me.id}:{r.id}", "alerts": [alert_json(r, ae)],
-                    "correlation_type": kind, "correlation_score": score,
-                    "reason": "; ".join(why)})  # fmt: skip
+        out.append(
+            {
+                "correlation_id": f"{me.id}:{r.id}",
+                "alerts": [alert_json(r, ae)],
+                "correlation_type": kind,
+                "correlation_score": score,
+                "reason": "; ".join(why),
+            }
+        )
     out.sort(key=lambda g: (-g["correlation_score"], g["correlation_id"]))
     return {"correlations": out}

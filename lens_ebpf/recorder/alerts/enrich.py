@@ -42,33 +42,48 @@ class Concern:
             tables = scoped(cluster)
             w = tables.gpu_workloads
             row = conn.execute(select(w).where(w.c.uid == self.workload_uid)).first()
-            info = {"uid": self.workload_uid, "name": self.workload_name,
-                    "namespace": self.namespace, "kind": self.workload_kind,
-                    "gpu_request": int(row.gpu_request) if row else None}  # fmt: skip
+            info = {
+                "uid": self.workload_uid,
+                "name": self.workload_name,
+                "namespace": self.namespace,
+                "kind": self.workload_kind,
+                "gpu_request": int(row.gpu_request) if row else None,
+            }
             out["workload_info"] = info
-            out |= {"workload_name": self.workload_name, "workload_namespace": self.namespace,
-                    "workload_kind": self.workload_kind,
-                    "workload_status": statuses(conn, tables, [row])[row.uid] if row
-                    else ""}  # fmt: skip
+            out |= {
+                "workload_name": self.workload_name,
+                "workload_namespace": self.namespace,
+                "workload_kind": self.workload_kind,
+                "workload_status": statuses(conn, tables, [row])[row.uid] if row else "",
+            }
         if self.pod:
             p = t.gpu_pods
-            row = conn.execute(select(p.c.phase, p.c.gpus).where(
-                p.c.cluster == cluster, p.c.uid == self.pod_uid)).first()  # fmt: skip
-            out["pod_info"] = {"name": self.pod, "namespace": self.namespace,
-                               "phase": str(row.phase) if row else "",
-                               "gpus": int(row.gpus) if row else None}  # fmt: skip
+            row = conn.execute(
+                select(p.c.phase, p.c.gpus).where(p.c.cluster == cluster, p.c.uid == self.pod_uid)
+            ).first()
+            out["pod_info"] = {
+                "name": self.pod,
+                "namespace": self.namespace,
+                "phase": str(row.phase) if row else "",
+                "gpus": int(row.gpus) if row else None,
+            }
             out |= {"pod_name": self.pod, "pod_phase": out["pod_info"]["phase"]}
         if self.node:
             n = t.nodes
-            row = conn.execute(select(n.c.gpu_capacity, n.c.labels, n.c.status).where(
-                n.c.cluster == cluster, n.c.name == self.node)).first()  # fmt: skip
+            row = conn.execute(
+                select(n.c.gpu_capacity, n.c.labels, n.c.status).where(
+                    n.c.cluster == cluster, n.c.name == self.node
+                )
+            ).first()
             if row is not None:
                 labels = row.labels or {}
                 model = next((labels[k] for k in GPU_NAME_LABELS if labels.get(k)), "")
-                out["node_info"] = {"name": self.node, "status": str(row.status),
-                                    "gpu_count": sum(int(v) for v in
-                                                     (row.gpu_capacity or {}).values()),
-                                    "gpu_model": model}  # fmt: skip
+                out["node_info"] = {
+                    "name": self.node,
+                    "status": str(row.status),
+                    "gpu_count": sum(int(v) for v in (row.gpu_capacity or {}).values()),
+                    "gpu_model": model,
+                }
                 out["node_status"] = str(row.status)
         if self.gpu:
             out["gpu_info"] = dict(self.gpu)
@@ -86,8 +101,9 @@ def concern(labels: dict[str, str], at: datetime, rw: RemoteWrite | None) -> Con
         r = rw.relabeler.resolve(labels, idx)
         if r.missing and r.node:  # a pod just started, a node just joined: read it again
             ns, name = rw.relabeler.named(labels)
-            read, idx = rw.indexer.look_again(r.node, labels.get("pod_uid", ""),
-                                              (ns, name) if ns else None)  # fmt: skip
+            read, idx = rw.indexer.look_again(
+                r.node, labels.get("pod_uid", ""), (ns, name) if ns else None
+            )
             if read:
                 r = rw.relabeler.resolve(labels, idx)
         c.node = r.node if r.node in idx.nodes else ""
@@ -96,8 +112,7 @@ def concern(labels: dict[str, str], at: datetime, rw: RemoteWrite | None) -> Con
             held = idx.held(r.device[0], r.device[1], at.timestamp() * 1000)
             uid = held[0] if held else ""
         if r.device is not None:
-            c.gpu = {"node": r.device[0], "slot": r.device[1],
-                     "index": _index_of(idx, *r.device)}  # fmt: skip
+            c.gpu = {"node": r.device[0], "slot": r.device[1], "index": _index_of(idx, *r.device)}
         pod = idx.pods.get(uid)
         if pod is not None:
             c.pod, c.pod_uid, c.namespace = pod.name, pod.uid, pod.namespace

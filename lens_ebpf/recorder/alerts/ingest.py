@@ -57,8 +57,15 @@ def _strings(v: Any, what: str) -> dict[str, str]:
     return inputs.without_nul({str(k): str(x) for k, x in v.items()})
 
 
-def _one(item: Any, common_labels: dict[str, str], common_notes: dict[str, str],
-         source: str, home: str, now: datetime, status: str | None) -> AlertIn:  # fmt: skip
+def _one(
+    item: Any,
+    common_labels: dict[str, str],
+    common_notes: dict[str, str],
+    source: str,
+    home: str,
+    now: datetime,
+    status: str | None,
+) -> AlertIn:
     """One alert, its NUL characters made U+FFFD (storable: the alert kept, not refused);
     BadRequest naming the field (within the alert) that makes it none."""
     if not isinstance(item, dict):
@@ -82,12 +89,18 @@ def _one(item: Any, common_labels: dict[str, str], common_notes: dict[str, str],
     if len(given) > ID_MAX:
         raise BadRequest(f"fingerprint: longer than {ID_MAX} characters")
     return AlertIn(
-        id=given or fingerprint(name, labels), source=source,
-        alert_name=name, severity=model.severity(labels.get("severity")),
-        status="resolved" if resolved else "firing", starts_at=starts,
-        ends_at=(ends or now) if resolved else None, labels=labels, annotations=notes,
-        cluster=labels.get("cluster", "") or home, raw=item,
-    )  # fmt: skip
+        id=given or fingerprint(name, labels),
+        source=source,
+        alert_name=name,
+        severity=model.severity(labels.get("severity")),
+        status="resolved" if resolved else "firing",
+        starts_at=starts,
+        ends_at=(ends or now) if resolved else None,
+        labels=labels,
+        annotations=notes,
+        cluster=labels.get("cluster", "") or home,
+        raw=item,
+    )
 
 
 def parse_alertmanager(body: Any, home: str, now: datetime) -> tuple[list[AlertIn], list[str]]:
@@ -101,8 +114,9 @@ def parse_alertmanager(body: Any, home: str, now: datetime) -> tuple[list[AlertI
         common = _strings(body.get("commonLabels"), "commonLabels")
         notes = _strings(body.get("commonAnnotations"), "commonAnnotations")
     else:
-        raise BadRequest("an Alertmanager webhook body ({\"alerts\": [...]}) or a list of alerts "
-                         "is required")  # fmt: skip
+        raise BadRequest(
+            'an Alertmanager webhook body ({"alerts": [...]}) or a list of alerts ' "is required"
+        )
     good, bad = [], []
     for i, item in enumerate(items):
         at = f"{where}[{i}]"
@@ -127,9 +141,14 @@ def parse_generic(body: Any, home: str, now: datetime) -> AlertIn:
     labels["alertname"] = name
     if body.get("severity"):
         labels.setdefault("severity", str(body["severity"]))
-    item = {"labels": labels, "annotations": body.get("annotations") or {},
-            "startsAt": body.get("starts_at"), "endsAt": body.get("ends_at"),
-            "status": body.get("status"), "fingerprint": body.get("id")}  # fmt: skip
+    item = {
+        "labels": labels,
+        "annotations": body.get("annotations") or {},
+        "startsAt": body.get("starts_at"),
+        "endsAt": body.get("ends_at"),
+        "status": body.get("status"),
+        "fingerprint": body.get("id"),
+    }
     got = _one(item, {}, {}, "webhook", home, now, None)
     got.raw = body
     return got
@@ -140,12 +159,22 @@ class Outcome:
         self.new, self.resolved, self.reopened, self.unchanged, self.silenced = 0, 0, 0, 0, 0
 
     def as_dict(self) -> dict[str, int]:
-        return {"new": self.new, "resolved": self.resolved, "reopened": self.reopened,
-                "unchanged": self.unchanged, "silenced": self.silenced}  # fmt: skip
+        return {
+            "new": self.new,
+            "resolved": self.resolved,
+            "reopened": self.reopened,
+            "unchanged": self.unchanged,
+            "silenced": self.silenced,
+        }
 
 
-def store(conn: Connection, alerts: list[AlertIn], now: datetime,
-          concern: Any, silences: list[dict[str, Any]]) -> Outcome:  # fmt: skip
+def store(
+    conn: Connection,
+    alerts: list[AlertIn],
+    now: datetime,
+    concern: Any,
+    silences: list[dict[str, Any]],
+) -> Outcome:
     """Each alert stored once (a row per id, its status moved), in conn's transaction;
     concern(labels, at) -> Concern for a new or reopened one."""
     ae = t.alert_events
@@ -159,8 +188,11 @@ def store(conn: Connection, alerts: list[AlertIn], now: datetime,
             if old.status == "resolved":
                 out.unchanged += 1
                 continue
-            conn.execute(update(ae).where(ae.c.id == a.id).values(
-                status="resolved", ends_at=a.ends_at or now, updated_at=now))  # fmt: skip
+            conn.execute(
+                update(ae)
+                .where(ae.c.id == a.id)
+                .values(status="resolved", ends_at=a.ends_at or now, updated_at=now)
+            )
             out.resolved += 1
             continue
         if old is not None and old.status != "resolved":  # firing (or silenced) again: same
@@ -169,15 +201,25 @@ def store(conn: Connection, alerts: list[AlertIn], now: datetime,
             continue
         c: Concern = concern(a.labels, a.starts_at)
         fields = {
-            "source": a.source, "alert_name": a.alert_name, "severity": a.severity,
-            "status": a.status, "starts_at": a.starts_at, "ends_at": a.ends_at,
-            "labels": a.labels, "annotations": a.annotations, "workload_id": c.workload_uid,
-            "workload_name": c.workload_name, "pod_name": c.pod, "pod_id": c.pod_uid,
-            "node_name": c.node, "cluster_name": a.cluster,
+            "source": a.source,
+            "alert_name": a.alert_name,
+            "severity": a.severity,
+            "status": a.status,
+            "starts_at": a.starts_at,
+            "ends_at": a.ends_at,
+            "labels": a.labels,
+            "annotations": a.annotations,
+            "workload_id": c.workload_uid,
+            "workload_name": c.workload_name,
+            "pod_name": c.pod,
+            "pod_id": c.pod_uid,
+            "node_name": c.node,
+            "cluster_name": a.cluster,
             "raw_data": json.loads(json.dumps(a.raw, default=str)),
-            "enriched_data": c.enriched(conn, a.cluster), "route_key": a.route_key,
+            "enriched_data": c.enriched(conn, a.cluster),
+            "route_key": a.route_key,
             "updated_at": now,
-        }  # fmt: skip
+        }
         for k, v in fields.items():  # what a label names, cut to its column (storable)
             most = getattr(ae.c[k].type, "length", None)
             if isinstance(v, str) and most and len(v) > most:
@@ -188,17 +230,30 @@ def store(conn: Connection, alerts: list[AlertIn], now: datetime,
             if hit is not None:
                 fields["status"] = "silenced"
                 out.silenced += 1
-                insert_new(conn, t.silenced_alerts, {
-                    "silence_id": hit["id"], "alert_id": a.id, "alert_name": a.alert_name,
-                    "cluster_name": a.cluster, "silenced_at": now},
-                    ["silence_id", "alert_id"])  # fmt: skip
+                insert_new(
+                    conn,
+                    t.silenced_alerts,
+                    {
+                        "silence_id": hit["id"],
+                        "alert_id": a.id,
+                        "alert_name": a.alert_name,
+                        "cluster_name": a.cluster,
+                        "silenced_at": now,
+                    },
+                    ["silence_id", "alert_id"],
+                )
         if old is None:
-            conn.execute(ae.insert().values(id=a.id, created_at=now, fired=1,
-                                            notification_status="", **fields))  # fmt: skip
+            conn.execute(
+                ae.insert().values(
+                    id=a.id, created_at=now, fired=1, notification_status="", **fields
+                )
+            )
             out.new += 1
         else:  # resolved before, firing again: open again
-            conn.execute(update(ae).where(ae.c.id == a.id).values(
-                fired=ae.c.fired + 1, notified_at=None, notification_status="",
-                **fields))  # fmt: skip
+            conn.execute(
+                update(ae)
+                .where(ae.c.id == a.id)
+                .values(fired=ae.c.fired + 1, notified_at=None, notification_status="", **fields)
+            )
             out.reopened += 1
     return out

@@ -35,12 +35,33 @@ from lens_ebpf.recorder.store import schema as t
 
 MATCH_TYPES = ("pattern", "threshold")
 GROUPS = ("workload", "pod", "node", "namespace", "cluster")
-SELECTOR_KEYS = ("namespace", "pod", "pod_name", "node", "node_name", "workload",
-                 "workload_name", "workload_kind", "cluster", "cluster_name",
-                 "container")  # fmt: skip
-OPS = {"=": "eq", "==": "eq", "eq": "eq", "!=": "ne", "ne": "ne", "=~": "regex",
-       "regex": "regex", "!~": "notregex", "in": "in", "notin": "notin",
-       "exists": "exists", "notexists": "notexists"}  # fmt: skip
+SELECTOR_KEYS = (
+    "namespace",
+    "pod",
+    "pod_name",
+    "node",
+    "node_name",
+    "workload",
+    "workload_name",
+    "workload_kind",
+    "cluster",
+    "cluster_name",
+    "container",
+)
+OPS = {
+    "=": "eq",
+    "==": "eq",
+    "eq": "eq",
+    "!=": "ne",
+    "ne": "ne",
+    "=~": "regex",
+    "regex": "regex",
+    "!~": "notregex",
+    "in": "in",
+    "notin": "notin",
+    "exists": "exists",
+    "notexists": "notexists",
+}
 MESSAGE_MAX = 500
 
 
@@ -61,11 +82,19 @@ class Line:
     cluster: str = ""
 
     def field(self, key: str) -> str:
-        return {"namespace": self.namespace, "pod": self.pod, "pod_name": self.pod,
-                "node": self.node, "node_name": self.node, "workload": self.workload_name,
-                "workload_name": self.workload_name, "workload_kind": self.workload_kind,
-                "cluster": self.cluster, "cluster_name": self.cluster,
-                "container": self.container}.get(key, "")  # fmt: skip
+        return {
+            "namespace": self.namespace,
+            "pod": self.pod,
+            "pod_name": self.pod,
+            "node": self.node,
+            "node_name": self.node,
+            "workload": self.workload_name,
+            "workload_name": self.workload_name,
+            "workload_kind": self.workload_kind,
+            "cluster": self.cluster,
+            "cluster_name": self.cluster,
+            "container": self.container,
+        }.get(key, "")
 
 
 def duration_seconds(raw: Any, field: str = "match_config.threshold.time_window") -> int:
@@ -96,15 +125,19 @@ class Rule:
     keywords: tuple[str, ...] = ()  # a line holds one of these (lower case) or cannot match
 
 
-def compile_pattern(pattern: str, config: dict[str, Any],
-                    field: str = "match_config.pattern") -> Any:  # fmt: skip
+def compile_pattern(
+    pattern: str, config: dict[str, Any], field: str = "match_config.pattern"
+) -> Any:
     """The pattern in RE2 (patterns.py: linear in the line); BadRequest naming field."""
     flags = config.get("flags") or {}
     if not isinstance(flags, dict):
         raise BadRequest(f"{field.rpartition('.')[0] or 'flags'}.flags: an object is required")
-    return patterns.compile(pattern, field,
-                            bool(config.get("ignore_case") or flags.get("case_insensitive")),
-                            bool(flags.get("multi_line")))  # fmt: skip
+    return patterns.compile(
+        pattern,
+        field,
+        bool(config.get("ignore_case") or flags.get("case_insensitive")),
+        bool(flags.get("multi_line")),
+    )
 
 
 def selectors_of(raw: Any) -> list[tuple[str, str, list[str]]]:
@@ -116,13 +149,18 @@ def selectors_of(raw: Any) -> list[tuple[str, str, list[str]]]:
         key = str(s.get("key") or s.get("type") or "")
         op = OPS.get(str(s.get("operator") or "=").lower())
         if op is None:
-            raise BadRequest(f"label_selectors: operator {s.get('operator')!r}: one of "
-                             f"{', '.join(sorted(OPS))}")  # fmt: skip
+            raise BadRequest(
+                f"label_selectors: operator {s.get('operator')!r}: one of "
+                f"{', '.join(sorted(OPS))}"
+            )
         values = s.get("values")
         if values is None:
             v = s.get("value", "")
-            values = [x.strip() for x in v.split(",")] if op in ("in", "notin") and \
-                isinstance(v, str) else [v]  # fmt: skip
+            values = (
+                [x.strip() for x in v.split(",")]
+                if op in ("in", "notin") and isinstance(v, str)
+                else [v]
+            )
         values = [str(x) for x in values] if isinstance(values, list) else [str(values)]
         if op in ("regex", "notregex"):
             patterns.check(values[0] if values else "", f"label_selectors[{i}].value")
@@ -143,12 +181,22 @@ def rule_of(row: Any) -> Rule:
         window = duration_seconds(th.get("time_window") or th.get("window") or 0)
     except BadRequest as exc:
         error, selectors, window = str(exc), [], 0
-    return Rule(int(row.id), str(row.name), str(row.cluster_name), str(row.severity),
-                str(row.match_type), pattern,
-                int(th.get("count_threshold") or th.get("count") or 1), window, selectors,
-                [str(g) for g in (row.group_by or ["workload"])], int(row.repeat_interval),
-                dict(row.alert_template or {}), error,
-                tuple(str(k).lower() for k in cfg.get("keywords") or () if k))  # fmt: skip
+    return Rule(
+        int(row.id),
+        str(row.name),
+        str(row.cluster_name),
+        str(row.severity),
+        str(row.match_type),
+        pattern,
+        int(th.get("count_threshold") or th.get("count") or 1),
+        window,
+        selectors,
+        [str(g) for g in (row.group_by or ["workload"])],
+        int(row.repeat_interval),
+        dict(row.alert_template or {}),
+        error,
+        tuple(str(k).lower() for k in cfg.get("keywords") or () if k),
+    )
 
 
 def _holds(op: str, have: str, values: list[str]) -> bool:
@@ -191,10 +239,16 @@ def group_key(rule: Rule, line: Line) -> str:
 def render(text: str, line: Line, rule: Rule) -> str:
     """A template's text with {{.PodName}}, {{.WorkloadName}}, {{.NodeName}},
     {{.Namespace}}, {{.ClusterName}}, {{.LogMessage}}, {{.RuleName}} filled in."""
-    values = {"PodName": line.pod, "WorkloadName": line.workload_name or line.pod,
-              "WorkloadID": line.workload_uid, "NodeName": line.node,
-              "Namespace": line.namespace, "ClusterName": line.cluster,
-              "LogMessage": line.text[:200], "RuleName": rule.name}  # fmt: skip
+    values = {
+        "PodName": line.pod,
+        "WorkloadName": line.workload_name or line.pod,
+        "WorkloadID": line.workload_uid,
+        "NodeName": line.node,
+        "Namespace": line.namespace,
+        "ClusterName": line.cluster,
+        "LogMessage": line.text[:200],
+        "RuleName": rule.name,
+    }
     return re.sub(r"\{\{\s*\.(\w+)\s*\}\}", lambda m: values.get(m.group(1), m.group(0)), text)
 
 
@@ -224,8 +278,9 @@ class LogRules:
         if self._read is None or (now - self._read).total_seconds() >= self.reload:
             r = t.log_alert_rules
             with self.db.connect() as conn:
-                rows = conn.execute(select(r).where(r.c.enabled.is_(True))
-                                    .order_by(r.c.priority.desc(), r.c.id))  # fmt: skip
+                rows = conn.execute(
+                    select(r).where(r.c.enabled.is_(True)).order_by(r.c.priority.desc(), r.c.id)
+                )
                 self.rules = [rule_of(x) for x in rows]
             self._read = now
         return self.rules
@@ -245,8 +300,9 @@ class LogRules:
             for line in lines:
                 low: str | None = None  # the line in lower case, made once if a rule asks
                 for rule in rules:
-                    if rule.error or (rule.cluster and line.cluster and
-                                      rule.cluster != line.cluster):  # fmt: skip
+                    if rule.error or (
+                        rule.cluster and line.cluster and rule.cluster != line.cluster
+                    ):
                         continue
                     self.counts.evaluated += 1
                     if not _selected(rule, line):
@@ -281,9 +337,11 @@ class LogRules:
             r = t.log_alert_rules
             with self.db.begin() as conn:
                 for rid, at in fired_rules.items():
-                    conn.execute(update(r).where(r.c.id == rid).values(
-                        last_triggered_at=at,
-                        trigger_count=r.c.trigger_count + 1))  # fmt: skip
+                    conn.execute(
+                        update(r)
+                        .where(r.c.id == rid)
+                        .values(last_triggered_at=at, trigger_count=r.c.trigger_count + 1)
+                    )
         return out
 
     def _forget(self, now: datetime) -> None:
@@ -296,8 +354,12 @@ class LogRules:
 
     def _alert(self, rule: Rule, key: str, line: Line) -> AlertIn:
         tpl = rule.template
-        labels = {"alertname": _alert_name(rule), "severity": model.severity(rule.severity),
-                  "source": "log", "rule_id": str(rule.id)}  # fmt: skip
+        labels = {
+            "alertname": _alert_name(rule),
+            "severity": model.severity(rule.severity),
+            "source": "log",
+            "rule_id": str(rule.id),
+        }
         for k, v in (
             ("namespace", line.namespace),
             ("pod", line.pod),
@@ -310,21 +372,39 @@ class LogRules:
             if v:
                 labels[k] = v
         labels |= {str(k): str(v) for k, v in (tpl.get("labels") or {}).items()}
-        notes = {"summary": render(str(tpl.get("summary") or tpl.get("title") or rule.name),
-                                   line, rule),
-                 "description": render(str(tpl.get("description") or ""), line, rule),
-                 "log_message": line.text[:MESSAGE_MAX], "rule": rule.name}  # fmt: skip
-        notes |= {str(k): render(str(v), line, rule)
-                  for k, v in (tpl.get("annotations") or {}).items()}  # fmt: skip
-        aid = hashlib.sha256(f"log\0{rule.id}\0{key}\0{line.at.isoformat()}".encode()
-                             ).hexdigest()[:16]  # fmt: skip
-        return AlertIn(id=aid, source="log", alert_name=labels["alertname"],
-                       severity=labels["severity"], status="firing", starts_at=line.at,
-                       ends_at=None, labels=labels, annotations=notes,
-                       cluster=line.cluster,
-                       raw={"rule_id": rule.id, "rule_name": rule.name, "group": key,
-                            "log_time": line.at.isoformat(), "pod": line.pod,
-                            "namespace": line.namespace}, route_key=key)  # fmt: skip
+        notes = {
+            "summary": render(str(tpl.get("summary") or tpl.get("title") or rule.name), line, rule),
+            "description": render(str(tpl.get("description") or ""), line, rule),
+            "log_message": line.text[:MESSAGE_MAX],
+            "rule": rule.name,
+        }
+        notes |= {
+            str(k): render(str(v), line, rule) for k, v in (tpl.get("annotations") or {}).items()
+        }
+        aid = hashlib.sha256(f"log\0{rule.id}\0{key}\0{line.at.isoformat()}".encode()).hexdigest()[
+            :16
+        ]
+        return AlertIn(
+            id=aid,
+            source="log",
+            alert_name=labels["alertname"],
+            severity=labels["severity"],
+            status="firing",
+            starts_at=line.at,
+            ends_at=None,
+            labels=labels,
+            annotations=notes,
+            cluster=line.cluster,
+            raw={
+                "rule_id": rule.id,
+                "rule_name": rule.name,
+                "group": key,
+                "log_time": line.at.isoformat(),
+                "pod": line.pod,
+                "namespace": line.namespace,
+            },
+            route_key=key,
+        )
 
 
 def _alert_name(rule: Rule) -> str:
@@ -337,17 +417,32 @@ def test_pattern(body: dict[str, Any]) -> dict[str, Any]:
     pattern = str(body.get("pattern") or (body.get("match_config") or {}).get("pattern") or "")
     if not pattern:
         raise BadRequest("pattern is required")
-    rx = compile_pattern(pattern, {"flags": body.get("flags") or {},
-                                   "ignore_case": body.get("ignore_case")})  # fmt: skip
+    rx = compile_pattern(
+        pattern, {"flags": body.get("flags") or {}, "ignore_case": body.get("ignore_case")}
+    )
     sample = str(body.get("sample_log") or "\n".join(body.get("sample_logs") or []))
     m = rx.search(sample)
-    return {"matched": m is not None, "captures": [g for g in m.groups() if g is not None]
-            if m else []}  # fmt: skip
+    return {
+        "matched": m is not None,
+        "captures": [g for g in m.groups() if g is not None] if m else [],
+    }
 
 
-RULE_FIELDS = ("name", "description", "cluster_name", "enabled", "priority", "label_selectors",
-               "match_type", "match_config", "severity", "alert_template", "group_by",
-               "group_wait", "repeat_interval")  # fmt: skip
+RULE_FIELDS = (
+    "name",
+    "description",
+    "cluster_name",
+    "enabled",
+    "priority",
+    "label_selectors",
+    "match_type",
+    "match_config",
+    "severity",
+    "alert_template",
+    "group_by",
+    "group_wait",
+    "repeat_interval",
+)
 
 
 def check_rule(body: dict[str, Any], partial: bool = False) -> dict[str, Any]:
@@ -367,8 +462,10 @@ def check_rule(body: dict[str, Any], partial: bool = False) -> dict[str, Any]:
         compile_pattern(str(cfg["pattern"]), cfg)
         kws = cfg.get("keywords") or []
         if not isinstance(kws, list) or not all(isinstance(k, str) and k for k in kws):
-            raise BadRequest("match_config.keywords: a list of words (a line must hold one, "
-                             "in any case, before the pattern is searched)")  # fmt: skip
+            raise BadRequest(
+                "match_config.keywords: a list of words (a line must hold one, "
+                "in any case, before the pattern is searched)"
+            )
         th = cfg.get("threshold") or {}
         if th:
             duration_seconds(th.get("time_window") or th.get("window") or 0)
@@ -399,16 +496,28 @@ def check_rule(body: dict[str, Any], partial: bool = False) -> dict[str, Any]:
     return out
 
 
-def create_rule(conn: Connection, body: dict[str, Any], now: datetime, who: str,
-                template_id: int | None = None) -> int:  # fmt: skip
+def create_rule(
+    conn: Connection, body: dict[str, Any], now: datetime, who: str, template_id: int | None = None
+) -> int:
     r = t.log_alert_rules
     fields = check_rule(body)
-    taken = conn.execute(select(r.c.id).where(r.c.name == fields["name"],
-                                              r.c.cluster_name == fields["cluster_name"])
-                         ).first()  # fmt: skip
+    taken = conn.execute(
+        select(r.c.id).where(r.c.name == fields["name"], r.c.cluster_name == fields["cluster_name"])
+    ).first()
     if taken is not None:
-        raise Conflict(f"a log rule {fields['name']!r} exists in cluster "
-                       f"{fields['cluster_name'] or '(every cluster)'!r}")  # fmt: skip
-    return new_id(conn.execute(r.insert().values(
-        **fields, template_id=template_id, created_by=who, trigger_count=0, created_at=now,
-        updated_at=now)))  # fmt: skip
+        raise Conflict(
+            f"a log rule {fields['name']!r} exists in cluster "
+            f"{fields['cluster_name'] or '(every cluster)'!r}"
+        )
+    return new_id(
+        conn.execute(
+            r.insert().values(
+                **fields,
+                template_id=template_id,
+                created_by=who,
+                trigger_count=0,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+    )

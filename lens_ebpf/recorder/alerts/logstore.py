@@ -33,11 +33,24 @@ def page(conn: Connection, filters: dict[str, Any], offset: int, limit: int) -> 
         like = f"%{str(filters['search']).lower()}%"
         cond.append(or_(func.lower(r.c.name).like(like), func.lower(r.c.description).like(like)))
     total = int(conn.execute(select(func.count()).select_from(r).where(*cond)).scalar_one())
-    rows = [row_dict(r, x) for x in conn.execute(
-        select(r).where(*cond).order_by(r.c.priority.desc(), r.c.created_at.desc(), r.c.id)
-        .offset(offset).limit(limit))]  # fmt: skip
-    return {"data": rows, "rules": rows, "total": total, "offset": offset, "limit": limit,
-            "cluster_name": filters.get("cluster") or ""}  # fmt: skip
+    rows = [
+        row_dict(r, x)
+        for x in conn.execute(
+            select(r)
+            .where(*cond)
+            .order_by(r.c.priority.desc(), r.c.created_at.desc(), r.c.id)
+            .offset(offset)
+            .limit(limit)
+        )
+    ]
+    return {
+        "data": rows,
+        "rules": rows,
+        "total": total,
+        "offset": offset,
+        "limit": limit,
+        "cluster_name": filters.get("cluster") or "",
+    }
 
 
 def get(conn: Connection, rid: int) -> Any:
@@ -54,8 +67,9 @@ def one(conn: Connection, rid: int) -> dict[str, Any]:
 
 def _free(conn: Connection, name: str, cluster: str, other: int = 0) -> None:
     r = t.log_alert_rules
-    if conn.execute(select(r.c.id).where(r.c.name == name, r.c.cluster_name == cluster,
-                                         r.c.id != other)).first():  # fmt: skip
+    if conn.execute(
+        select(r.c.id).where(r.c.name == name, r.c.cluster_name == cluster, r.c.id != other)
+    ).first():
         raise Conflict(f"a log rule {name!r} exists in cluster {cluster or '(every cluster)'!r}")
 
 
@@ -67,8 +81,11 @@ def change(conn: Connection, rid: int, body: dict[str, Any], now: datetime) -> d
     cluster = fields.get("cluster_name", old.cluster_name)
     if (name, cluster) != (old.name, old.cluster_name):
         _free(conn, name, cluster, rid)
-    conn.execute(update(t.log_alert_rules).where(t.log_alert_rules.c.id == rid).values(
-        **fields, updated_at=now))  # fmt: skip
+    conn.execute(
+        update(t.log_alert_rules)
+        .where(t.log_alert_rules.c.id == rid)
+        .values(**fields, updated_at=now)
+    )
     return {"rule_id": rid, "message": "rule updated successfully"}
 
 
@@ -78,22 +95,46 @@ def remove(conn: Connection, rid: int) -> dict[str, Any]:
     return {"message": "rule deleted successfully"}
 
 
-def clone(conn: Connection, rid: int, body: dict[str, Any], now: datetime,
-          who: str) -> dict[str, Any]:  # fmt: skip
+def clone(
+    conn: Connection, rid: int, body: dict[str, Any], now: datetime, who: str
+) -> dict[str, Any]:
     """A copy: named new_name or name (else `<name>_copy`, `_copy_2`, ...), in
     target_cluster_name (else the rule's cluster), enabled as said (else as the rule)."""
     r = t.log_alert_rules
     old = get(conn, rid)
     name, cluster = clone_target(conn, r, old, body, "_")
     _free(conn, name, cluster)
-    fields = {k: v for k, v in row_dict(r, old).items()
-              if k not in ("id", "created_at", "updated_at", "last_triggered_at",
-                           "trigger_count", "created_by", "name", "cluster_name",
-                           "enabled")}  # fmt: skip
+    fields = {
+        k: v
+        for k, v in row_dict(r, old).items()
+        if k
+        not in (
+            "id",
+            "created_at",
+            "updated_at",
+            "last_triggered_at",
+            "trigger_count",
+            "created_by",
+            "name",
+            "cluster_name",
+            "enabled",
+        )
+    }
     enabled = bool(body["enabled"]) if "enabled" in body else bool(old.enabled)
-    new = new_id(conn.execute(r.insert().values(
-        **fields, name=name, cluster_name=cluster, enabled=enabled, created_by=who,
-        trigger_count=0, created_at=now, updated_at=now)))  # fmt: skip
+    new = new_id(
+        conn.execute(
+            r.insert().values(
+                **fields,
+                name=name,
+                cluster_name=cluster,
+                enabled=enabled,
+                created_by=who,
+                trigger_count=0,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+    )
     return {"rule_id": new, "cluster_name": cluster}
 
 
@@ -117,13 +158,15 @@ def template_json(row: Any) -> dict[str, Any]:
     template_config kept too."""
     cfg = dict(row.template_config or {})
     out = row_dict(t.log_alert_rule_templates, row)
-    out |= {"match_type": cfg.get("match_type", "pattern"),
-            "match_config": cfg.get("match_config") or {},
-            "severity": cfg.get("severity", "warning"),
-            "alert_template": cfg.get("alert_template") or {},
-            "label_selectors": cfg.get("label_selectors") or [],
-            "group_by": cfg.get("group_by") or ["workload"],
-            "built_in": bool(row.is_builtin)}  # fmt: skip
+    out |= {
+        "match_type": cfg.get("match_type", "pattern"),
+        "match_config": cfg.get("match_config") or {},
+        "severity": cfg.get("severity", "warning"),
+        "alert_template": cfg.get("alert_template") or {},
+        "label_selectors": cfg.get("label_selectors") or [],
+        "group_by": cfg.get("group_by") or ["workload"],
+        "built_in": bool(row.is_builtin),
+    }
     return out
 
 
@@ -147,8 +190,9 @@ def template(conn: Connection, tid: int) -> Any:
     return row
 
 
-def create_template(conn: Connection, body: dict[str, Any], now: datetime,
-                    who: str) -> dict[str, Any]:  # fmt: skip
+def create_template(
+    conn: Connection, body: dict[str, Any], now: datetime, who: str
+) -> dict[str, Any]:
     """{name, category, description, template_config (a rule's fields), tags}."""
     name = need_name(body)
     category = str(body.get("category") or "")
@@ -162,11 +206,22 @@ def create_template(conn: Connection, body: dict[str, Any], now: datetime,
     if conn.execute(select(tp.c.id).where(tp.c.name == name)).first():
         raise Conflict(f"a template {name!r} exists")
     tags = body.get("tags") or []
-    tid = new_id(conn.execute(tp.insert().values(
-        name=name, category=category, description=str(body.get("description") or ""),
-        template_config=cfg, tags=[str(x) for x in tags] if isinstance(tags, list) else [],
-        is_builtin=False, usage_count=0, created_by=who, created_at=now,
-        updated_at=now)))  # fmt: skip
+    tid = new_id(
+        conn.execute(
+            tp.insert().values(
+                name=name,
+                category=category,
+                description=str(body.get("description") or ""),
+                template_config=cfg,
+                tags=[str(x) for x in tags] if isinstance(tags, list) else [],
+                is_builtin=False,
+                usage_count=0,
+                created_by=who,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+    )
     return {"template_id": tid}
 
 

@@ -20,27 +20,47 @@ from lens_ebpf.recorder.errors import NotFound
 from lens_ebpf.recorder.store import schema as t
 
 
-def _tpl(name: str, category: str, description: str, pattern: str, severity: str,
-         summary: str, alertname: str, ignore_case: bool = True, training: bool = True,
-         threshold: tuple[int, int] | None = None,
-         keywords: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
-    config: dict[str, Any] = {"pattern": pattern, "ignore_case": ignore_case,
-                              "keywords": list(keywords)}  # fmt: skip
+def _tpl(
+    name: str,
+    category: str,
+    description: str,
+    pattern: str,
+    severity: str,
+    summary: str,
+    alertname: str,
+    ignore_case: bool = True,
+    training: bool = True,
+    threshold: tuple[int, int] | None = None,
+    keywords: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "pattern": pattern,
+        "ignore_case": ignore_case,
+        "keywords": list(keywords),
+    }
     if threshold:
         config["threshold"] = {"count_threshold": threshold[0], "time_window": threshold[1]}
     return {
-        "name": name, "category": category, "description": description,
+        "name": name,
+        "category": category,
+        "description": description,
         "tags": [category, "gpu-training"] if training else [category],
         "training": training,
         "template_config": {
-            "match_type": "threshold" if threshold else "pattern", "match_config": config,
-            "label_selectors": [], "severity": severity, "group_by": ["workload"],
+            "match_type": "threshold" if threshold else "pattern",
+            "match_config": config,
+            "label_selectors": [],
+            "severity": severity,
+            "group_by": ["workload"],
             "repeat_interval": 3600,
             "alert_template": {
                 "summary": summary,
                 "description": f"{description}: {{{{.Namespace}}}}/{{{{.PodName}}}} on "
-                               "{{.NodeName}} ({{.WorkloadName}}): {{.LogMessage}}",
-                "labels": {"alertname": alertname, "category": category}}}}  # fmt: skip
+                "{{.NodeName}} ({{.WorkloadName}}): {{.LogMessage}}",
+                "labels": {"alertname": alertname, "category": category},
+            },
+        },
+    }
 
 
 def _templates() -> list[dict[str, Any]]:
@@ -68,35 +88,52 @@ def seed(conn: Connection, now: datetime, cluster: str, rules: bool) -> int:
     rules, the GPU training ones as enabled rules of cluster ("": every cluster); the
     rules made."""
     tp = t.log_alert_rule_templates
-    if conn.execute(select(func.count()).select_from(tp).where(tp.c.is_builtin.is_(True))
-                    ).scalar_one():  # fmt: skip
+    if conn.execute(
+        select(func.count()).select_from(tp).where(tp.c.is_builtin.is_(True))
+    ).scalar_one():
         return 0
     made = 0
     for tpl in TEMPLATES:
-        tid = new_id(conn.execute(tp.insert().values(
-            name=tpl["name"], category=tpl["category"], description=tpl["description"],
-            template_config=tpl["template_config"], tags=tpl["tags"], is_builtin=True,
-            usage_count=0, created_by="lens-ebpf", created_at=now, updated_at=now)))  # fmt: skip
+        tid = new_id(
+            conn.execute(
+                tp.insert().values(
+                    name=tpl["name"],
+                    category=tpl["category"],
+                    description=tpl["description"],
+                    template_config=tpl["template_config"],
+                    tags=tpl["tags"],
+                    is_builtin=True,
+                    usage_count=0,
+                    created_by="lens-ebpf",
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+        )
         if rules and tpl["training"]:
-            instantiate(conn, int(tid), {"name": tpl["name"], "cluster_name": cluster}, now,
-                        "lens-ebpf")  # fmt: skip
+            instantiate(
+                conn, int(tid), {"name": tpl["name"], "cluster_name": cluster}, now, "lens-ebpf"
+            )
             made += 1
     return made
 
 
-def instantiate(conn: Connection, template_id: int, body: dict[str, Any], now: datetime,
-                who: str) -> dict[str, Any]:  # fmt: skip
+def instantiate(
+    conn: Connection, template_id: int, body: dict[str, Any], now: datetime, who: str
+) -> dict[str, Any]:
     """A rule from a template (body: name, cluster_name, and any rule field to change)."""
     tp = t.log_alert_rule_templates
     row = conn.execute(select(tp).where(tp.c.id == template_id)).first()
     if row is None:
         raise NotFound(f"no template {template_id}")
     cfg = dict(row.template_config or {})
-    fields = {**cfg, **(body.get("overrides") or {}),
-              **{k: v for k, v in body.items() if k in RULE_FIELDS}}  # fmt: skip
+    fields = {
+        **cfg,
+        **(body.get("overrides") or {}),
+        **{k: v for k, v in body.items() if k in RULE_FIELDS},
+    }
     fields.setdefault("name", row.name)
     fields.setdefault("description", row.description)
     rid = create_rule(conn, fields, now, who, template_id)
-    conn.execute(update(tp).where(tp.c.id == template_id).values(
-        usage_count=tp.c.usage_count + 1))  # fmt: skip
+    conn.execute(update(tp).where(tp.c.id == template_id).values(usage_count=tp.c.usage_count + 1))
     return {"rule_id": rid, "cluster_name": fields.get("cluster_name") or ""}

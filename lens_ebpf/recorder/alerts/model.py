@@ -14,9 +14,16 @@ from lens_ebpf.recorder.errors import BadRequest
 
 SEVERITIES = ("critical", "high", "warning", "info")
 # what other alerting stacks call their levels, as the pages know them
-SEVERITY_ALIASES = {"error": "high", "page": "critical", "major": "high", "minor": "warning",
-                    "warn": "warning", "notice": "info", "none": "info",
-                    "informational": "info"}  # fmt: skip
+SEVERITY_ALIASES = {
+    "error": "high",
+    "page": "critical",
+    "major": "high",
+    "minor": "warning",
+    "warn": "warning",
+    "notice": "info",
+    "none": "info",
+    "informational": "info",
+}
 STATUSES = ("firing", "resolved", "silenced")
 SOURCES = ("metric", "log", "lens", "webhook")
 OWN_LABEL = "lens_alert_id"  # on the alerts we send Alertmanager: the id they have here
@@ -95,13 +102,13 @@ def new_id(result: Any) -> int:
     return int(key[0])
 
 
-def clone_target(conn: Connection, table: Table, old: Any, body: dict[str, Any],
-                 sep: str) -> tuple[str, str]:  # fmt: skip
+def clone_target(
+    conn: Connection, table: Table, old: Any, body: dict[str, Any], sep: str
+) -> tuple[str, str]:
     """(name, cluster) of a rule's copy: body's target_cluster_name (or target_cluster;
     else the rule's cluster) and new_name (or name; else `<name><sep>copy`, then
     `<sep>copy<sep>2`, ... the first free in that cluster)."""
-    cluster = str(body.get("target_cluster_name") or body.get("target_cluster")
-                  or old.cluster_name)  # fmt: skip
+    cluster = str(body.get("target_cluster_name") or body.get("target_cluster") or old.cluster_name)
     name = str(body.get("new_name") or body.get("name") or "")
     if not name:
         name, n = f"{old.name}{sep}copy", 2

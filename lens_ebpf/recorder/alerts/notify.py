@@ -23,8 +23,13 @@ class SendError(Exception):
     """The receiver refused or did not answer (the message says which and why)."""
 
 
-def _call(method: str, url: str, body: Any = None, timeout: float = 10.0,
-          headers: dict[str, str] | None = None) -> Any:  # fmt: skip
+def _call(
+    method: str,
+    url: str,
+    body: Any = None,
+    timeout: float = 10.0,
+    headers: dict[str, str] | None = None,
+) -> Any:
     data = json.dumps(body).encode() if body is not None else None
     timeout = min(timeout, MOST_SECONDS)
     target, basic = secrets.userinfo(url)  # user:password@ sent as Basic auth
@@ -40,8 +45,9 @@ def _call(method: str, url: str, body: Any = None, timeout: float = 10.0,
         raise SendError(f"{method} {secrets.url(url)}: {exc.code} {detail}".strip()) from None
     except (OSError, ValueError) as exc:  # (a URL's credentials never in a message)
         said = str(exc).replace(url, secrets.url(url))
-        raise SendError(f"{method} {secrets.url(url)}: {type(exc).__name__}: {said}"[:300]) \
-            from None  # fmt: skip
+        raise SendError(
+            f"{method} {secrets.url(url)}: {type(exc).__name__}: {said}"[:300]
+        ) from None
     if not raw:
         return None
     try:
@@ -65,9 +71,11 @@ class Alertmanager:
         Alertmanager's postable alerts (an alert that ended carries its end)."""
         body = []
         for a in alerts:
-            one = {"labels": {k: str(v) for k, v in a["labels"].items()},
-                   "annotations": {k: str(v) for k, v in a["annotations"].items()},
-                   "startsAt": _rfc3339(a["starts_at"])}  # fmt: skip
+            one = {
+                "labels": {k: str(v) for k, v in a["labels"].items()},
+                "annotations": {k: str(v) for k, v in a["annotations"].items()},
+                "startsAt": _rfc3339(a["starts_at"]),
+            }
             if a.get("ends_at") is not None:
                 one["endsAt"] = _rfc3339(a["ends_at"])
             if a.get("generator_url"):
@@ -75,18 +83,30 @@ class Alertmanager:
             body.append(one)
         _call("POST", f"{self.url}/api/v2/alerts", body, self.timeout)
 
-    def create_silence(self, matchers: list[dict[str, Any]], starts: datetime, ends: datetime,
-                       created_by: str, comment: str, silence_id: str = "") -> str:  # fmt: skip
+    def create_silence(
+        self,
+        matchers: list[dict[str, Any]],
+        starts: datetime,
+        ends: datetime,
+        created_by: str,
+        comment: str,
+        silence_id: str = "",
+    ) -> str:
         """A silence (updated when silence_id names one of its); its id there."""
-        body: dict[str, Any] = {"matchers": matchers, "startsAt": _rfc3339(starts),
-                                "endsAt": _rfc3339(ends), "createdBy": created_by or "lens-ebpf",
-                                "comment": comment or "created through lens-ebpf"}  # fmt: skip
+        body: dict[str, Any] = {
+            "matchers": matchers,
+            "startsAt": _rfc3339(starts),
+            "endsAt": _rfc3339(ends),
+            "createdBy": created_by or "lens-ebpf",
+            "comment": comment or "created through lens-ebpf",
+        }
         if silence_id:
             body["id"] = silence_id
         got = _call("POST", f"{self.url}/api/v2/silences", body, self.timeout)
         if not isinstance(got, dict) or not got.get("silenceID"):
-            raise SendError(f"POST {secrets.url(self.url)}/api/v2/silences: no silenceID in "
-                            f"{got!r}"[:300])  # fmt: skip
+            raise SendError(
+                f"POST {secrets.url(self.url)}/api/v2/silences: no silenceID in " f"{got!r}"[:300]
+            )
         return str(got["silenceID"])
 
     def expire_silence(self, silence_id: str) -> None:

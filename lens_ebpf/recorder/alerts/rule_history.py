@@ -18,8 +18,19 @@ from lens_ebpf.recorder.store import schema as t
 
 V = t.log_alert_rule_versions
 # a version holds what a change may set (not its name, cluster, counters or times)
-CONFIG = ("description", "enabled", "priority", "label_selectors", "match_type", "match_config",
-          "severity", "alert_template", "group_by", "group_wait", "repeat_interval")  # fmt: skip
+CONFIG = (
+    "description",
+    "enabled",
+    "priority",
+    "label_selectors",
+    "match_type",
+    "match_config",
+    "severity",
+    "alert_template",
+    "group_by",
+    "group_wait",
+    "repeat_interval",
+)
 STATS_DAYS = 7
 
 
@@ -33,11 +44,19 @@ def record(conn: Connection, rid: int, now: datetime, who: str, change_log: str 
     rule = logstore.get(conn, rid)
     last = conn.execute(select(func.max(V.c.version)).where(V.c.rule_id == rid)).scalar()
     n = int(last or 0) + 1
-    conn.execute(update(V).where(V.c.rule_id == rid, V.c.status == "active")
-                 .values(status="superseded"))  # fmt: skip
+    conn.execute(
+        update(V).where(V.c.rule_id == rid, V.c.status == "active").values(status="superseded")
+    )
     cfg = config_of(rule) | ({"change_log": change_log} if change_log else {})
-    row = {"rule_id": rid, "version": n, "config": cfg, "status": "active", "deployed_at": now,
-           "created_by": who, "created_at": now}  # fmt: skip
+    row = {
+        "rule_id": rid,
+        "version": n,
+        "config": cfg,
+        "status": "active",
+        "deployed_at": now,
+        "created_by": who,
+        "created_at": now,
+    }
     conn.execute(V.insert(), row)
     return n
 
@@ -45,28 +64,45 @@ def record(conn: Connection, rid: int, now: datetime, who: str, change_log: str 
 def version_json(r: Any) -> dict[str, Any]:
     """dbmodel.LogAlertRuleVersions."""
     cfg = dict(r.config or {})
-    return {"id": int(r.id), "rule_id": int(r.rule_id), "version": int(r.version),
-            "config": {k: v for k, v in cfg.items() if k != "change_log"}, "status": r.status,
-            "deployed_at": when(r.deployed_at), "created_by": r.created_by,
-            "created_at": when(r.created_at), "change_log": cfg.get("change_log", "")}  # fmt: skip
+    return {
+        "id": int(r.id),
+        "rule_id": int(r.rule_id),
+        "version": int(r.version),
+        "config": {k: v for k, v in cfg.items() if k != "change_log"},
+        "status": r.status,
+        "deployed_at": when(r.deployed_at),
+        "created_by": r.created_by,
+        "created_at": when(r.created_at),
+        "change_log": cfg.get("change_log", ""),
+    }
 
 
 def versions(conn: Connection, rid: int) -> dict[str, Any]:
     """{versions, total}, newest first; a rule never changed since versions were kept has
     one: what it is now (not stored until it changes)."""
     row = logstore.get(conn, rid)
-    got = [version_json(r) for r in conn.execute(
-        select(V).where(V.c.rule_id == rid).order_by(V.c.version.desc()))]  # fmt: skip
+    got = [
+        version_json(r)
+        for r in conn.execute(select(V).where(V.c.rule_id == rid).order_by(V.c.version.desc()))
+    ]
     if not got:
-        got = [{"id": 0, "rule_id": rid, "version": 1, "config": config_of(row),
-                "status": "active", "deployed_at": when(row.updated_at),
-                "created_by": row.created_by, "created_at": when(row.created_at),
-                "change_log": "as it is (no change since versions are kept)"}]  # fmt: skip
+        got = [
+            {
+                "id": 0,
+                "rule_id": rid,
+                "version": 1,
+                "config": config_of(row),
+                "status": "active",
+                "deployed_at": when(row.updated_at),
+                "created_by": row.created_by,
+                "created_at": when(row.created_at),
+                "change_log": "as it is (no change since versions are kept)",
+            }
+        ]
     return {"versions": got, "total": len(got)}
 
 
-def rollback(conn: Connection, rid: int, version: int, now: datetime, who: str
-             ) -> dict[str, Any]:  # fmt: skip
+def rollback(conn: Connection, rid: int, version: int, now: datetime, who: str) -> dict[str, Any]:
     """The version's fields applied (checked as any change is), a new version of its own."""
     logstore.get(conn, rid)
     r = conn.execute(select(V).where(V.c.rule_id == rid, V.c.version == version)).first()
@@ -75,8 +111,12 @@ def rollback(conn: Connection, rid: int, version: int, now: datetime, who: str
     cfg = {k: v for k, v in dict(r.config or {}).items() if k in CONFIG}
     logstore.change(conn, rid, cfg, now)
     n = record(conn, rid, now, who, f"rollback to version {version}")
-    return {"message": "rule rolled back successfully", "rule_id": rid, "version": n,
-            "restored_version": version}  # fmt: skip
+    return {
+        "message": "rule rolled back successfully",
+        "rule_id": rid,
+        "version": n,
+        "restored_version": version,
+    }
 
 
 def _day(raw: str, name: str) -> datetime | None:
@@ -88,8 +128,9 @@ def _day(raw: str, name: str) -> datetime | None:
         raise BadRequest(f"{name}={raw!r}: a date, YYYY-MM-DD") from None
 
 
-def statistics(conn: Connection, rid: int, date_from: str, date_to: str, now: datetime
-               ) -> dict[str, Any]:  # fmt: skip
+def statistics(
+    conn: Connection, rid: int, date_from: str, date_to: str, now: datetime
+) -> dict[str, Any]:
     """{summary, statistics}: the alerts the rule raised from date_from to date_to (the
     last 7 days), per day and hour and cluster (dbmodel.LogAlertRuleStatistics' fields)."""
     rule = logstore.get(conn, rid)
@@ -97,7 +138,8 @@ def statistics(conn: Connection, rid: int, date_from: str, date_to: str, now: da
     end = (_day(date_to, "date_to") or now) + (timedelta(days=1) if date_to else timedelta())
     a = t.alert_events
     q = select(a.c.starts_at, a.c.cluster_name, a.c.fired, a.c.labels).where(
-        a.c.source == "log", a.c.starts_at >= start, a.c.starts_at < end)  # fmt: skip
+        a.c.source == "log", a.c.starts_at >= start, a.c.starts_at < end
+    )
     alerts, fired = Counter(), Counter()  # type: ignore[var-annotated]
     for r in conn.execute(q):
         if str((r.labels or {}).get("rule_id", "")) != str(rid):
@@ -107,16 +149,35 @@ def statistics(conn: Connection, rid: int, date_from: str, date_to: str, now: da
         key = (at.strftime("%Y-%m-%d"), at.hour, r.cluster_name)
         alerts[key] += 1
         fired[key] += int(r.fired or 1)
-    rows = [{"id": 0, "rule_id": rid, "date": f"{day}T00:00:00Z", "hour": hour,
-             "cluster_name": cluster, "evaluated_count": 0, "matched_count": fired[k],
-             "fired_count": alerts[k], "avg_eval_time_ms": 0.0, "max_eval_time_ms": 0.0,
-             "error_count": 0, "created_at": f"{day}T{hour:02d}:00:00Z",
-             "updated_at": f"{day}T{hour:02d}:00:00Z"}
-            for k in sorted(alerts, reverse=True) for day, hour, cluster in [k]][:100]  # fmt: skip
-    summary = {"rule_id": rid, "rule_name": rule.name, "date_from": when(start),
-               "date_to": when(end), "total_fired": sum(alerts.values()),
-               "total_matched": sum(fired.values()), "trigger_count": int(rule.trigger_count),
-               "last_triggered_at": when(rule.last_triggered_at)}  # fmt: skip
+    rows = [
+        {
+            "id": 0,
+            "rule_id": rid,
+            "date": f"{day}T00:00:00Z",
+            "hour": hour,
+            "cluster_name": cluster,
+            "evaluated_count": 0,
+            "matched_count": fired[k],
+            "fired_count": alerts[k],
+            "avg_eval_time_ms": 0.0,
+            "max_eval_time_ms": 0.0,
+            "error_count": 0,
+            "created_at": f"{day}T{hour:02d}:00:00Z",
+            "updated_at": f"{day}T{hour:02d}:00:00Z",
+        }
+        for k in sorted(alerts, reverse=True)
+        for day, hour, cluster in [k]
+    ][:100]
+    summary = {
+        "rule_id": rid,
+        "rule_name": rule.name,
+        "date_from": when(start),
+        "date_to": when(end),
+        "total_fired": sum(alerts.values()),
+        "total_matched": sum(fired.values()),
+        "trigger_count": int(rule.trigger_count),
+        "last_triggered_at": when(rule.last_triggered_at),
+    }
     return {"summary": summary, "statistics": rows}
 
 
@@ -127,8 +188,12 @@ def metric_status(conn: Connection, rid: int, object_name: str) -> dict[str, Any
     row = conn.execute(select(r).where(r.c.id == rid)).first()
     if row is None:
         raise NotFound(f"no metric alert rule {rid}")
-    out: dict[str, Any] = {"status": row.sync_status, "rule_id": rid,
-                           "object_name": object_name, "message": row.sync_message}  # fmt: skip
+    out: dict[str, Any] = {
+        "status": row.sync_status,
+        "rule_id": rid,
+        "object_name": object_name,
+        "message": row.sync_message,
+    }
     if row.last_sync_at is not None:
         out["last_sync_time"] = when(row.last_sync_at)
     if row.sync_status == "failed":
@@ -136,8 +201,9 @@ def metric_status(conn: Connection, rid: int, object_name: str) -> dict[str, Any
     return out
 
 
-def multi_cluster(conn: Connection, clusters: list[str], filters: dict[str, Any], offset: int,
-                  limit: int) -> dict[str, Any]:  # fmt: skip
+def multi_cluster(
+    conn: Connection, clusters: list[str], filters: dict[str, Any], offset: int, limit: int
+) -> dict[str, Any]:
     """{clusters: [{cluster_name, rules, total}]}: each cluster's rules (its own and those
     of every cluster)."""
     out = []

@@ -49,22 +49,37 @@ def seed(conn: Connection, now: datetime, cluster: str) -> int:
     r = t.metric_alert_rules
     made = 0
     for g in shipped():
-        if conn.execute(select(r.c.id).where(r.c.name == g["name"],
-                                             r.c.cluster_name == cluster)).first():  # fmt: skip
+        if conn.execute(
+            select(r.c.id).where(r.c.name == g["name"], r.c.cluster_name == cluster)
+        ).first():
             continue
-        conn.execute(r.insert().values(
-            name=g["name"], cluster_name=cluster, enabled=True, groups=[g],
-            description=f"shipped in {SHIPPED}", labels={}, built_in=True,
-            sync_status="synced", sync_message=f"shipped in {SHIPPED}",
-            last_sync_at=None, alert_routing=None, created_by="lens-ebpf", created_at=now,
-            updated_at=now))  # fmt: skip
+        conn.execute(
+            r.insert().values(
+                name=g["name"],
+                cluster_name=cluster,
+                enabled=True,
+                groups=[g],
+                description=f"shipped in {SHIPPED}",
+                labels={},
+                built_in=True,
+                sync_status="synced",
+                sync_message=f"shipped in {SHIPPED}",
+                last_sync_at=None,
+                alert_routing=None,
+                created_by="lens-ebpf",
+                created_at=now,
+                updated_at=now,
+            )
+        )
         made += 1
     return made
 
 
 # Prometheus's durations (prometheus/common model.ParseDuration): units largest first, "0"
-DURATION = re.compile(r"(?:([0-9]+)y)?(?:([0-9]+)w)?(?:([0-9]+)d)?(?:([0-9]+)h)?"
-                      r"(?:([0-9]+)m)?(?:([0-9]+)s)?(?:([0-9]+)ms)?")  # fmt: skip
+DURATION = re.compile(
+    r"(?:([0-9]+)y)?(?:([0-9]+)w)?(?:([0-9]+)d)?(?:([0-9]+)h)?"
+    r"(?:([0-9]+)m)?(?:([0-9]+)s)?(?:([0-9]+)ms)?"
+)
 DURATION_MS = (365 * 86400_000, 7 * 86400_000, 86400_000, 3600_000, 60_000, 1000, 1)
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # model.LabelName.IsValid (legacy names)
 
@@ -125,20 +140,28 @@ def _check_groups(groups: Any) -> list[dict[str, Any]]:
     names: set[str] = set()
     for i, g in enumerate(groups):
         where = f"groups[{i}]"
-        if not isinstance(g, dict) or not g.get("name") or not isinstance(g.get("rules"), list) \
-                or not g["rules"]:  # fmt: skip
+        if (
+            not isinstance(g, dict)
+            or not g.get("name")
+            or not isinstance(g.get("rules"), list)
+            or not g["rules"]
+        ):
             raise BadRequest(f"{where}: {str(g)[:100]}: name and rules are required")
         if str(g["name"]) in names:
-            raise BadRequest(f"{where}.name: groupname: \"{str(g['name'])[:60]}\" is repeated "
-                             "in the same file")  # fmt: skip
+            raise BadRequest(
+                f"{where}.name: groupname: \"{str(g['name'])[:60]}\" is repeated "
+                "in the same file"
+            )
         names.add(str(g["name"]))
         rules = []
         for j, rule in enumerate(g["rules"]):
             at = f"{where}.rules[{j}]"
             if not isinstance(rule, dict) or not rule.get("alert") or not rule.get("expr"):
                 raise BadRequest(f"{at}: {str(rule)[:100]}: alert and expr are required")
-            keep: dict[str, Any] = {"alert": str(rule["alert"]),
-                                    "expr": expression(rule["expr"], f"{at}.expr")}  # fmt: skip
+            keep: dict[str, Any] = {
+                "alert": str(rule["alert"]),
+                "expr": expression(rule["expr"], f"{at}.expr"),
+            }
             for key in ("for", "keep_firing_for"):
                 if rule.get(key) not in (None, ""):
                     keep[key] = duration(rule[key], f"{at}.{key}")
@@ -182,14 +205,28 @@ def _fields(body: dict[str, Any], partial: bool) -> dict[str, Any]:
 
 
 class MetricRules:
-    def __init__(self, api_client: Any, namespace: str, rule_labels: dict[str, str],
-                 rules_file: str, home: str) -> None:  # fmt: skip
+    def __init__(
+        self,
+        api_client: Any,
+        namespace: str,
+        rule_labels: dict[str, str],
+        rules_file: str,
+        home: str,
+    ) -> None:
         self.client, self.namespace, self.home = api_client, namespace, home
         self.rule_labels, self.rules_file = dict(rule_labels), rules_file
 
     # -- the table -------------------------------------------------------------------------
-    def page(self, conn: Connection, cluster: str, enabled: bool | None, status: str,
-             search: str, offset: int, limit: int) -> dict[str, Any]:  # fmt: skip
+    def page(
+        self,
+        conn: Connection,
+        cluster: str,
+        enabled: bool | None,
+        status: str,
+        search: str,
+        offset: int,
+        limit: int,
+    ) -> dict[str, Any]:
         r = t.metric_alert_rules
         cond: list[Any] = []
         if cluster:
@@ -200,8 +237,9 @@ class MetricRules:
             cond.append(r.c.sync_status == status)
         if search:
             like = f"%{search.lower()}%"
-            cond.append(or_(func.lower(r.c.name).like(like),
-                            func.lower(r.c.description).like(like)))  # fmt: skip
+            cond.append(
+                or_(func.lower(r.c.name).like(like), func.lower(r.c.description).like(like))
+            )
         total = int(conn.execute(select(func.count()).select_from(r).where(*cond)).scalar_one())
         rows = conn.execute(
             select(r)
@@ -210,8 +248,12 @@ class MetricRules:
             .offset(offset)
             .limit(limit)
         )
-        return {"data": [row_dict(r, x) for x in rows], "total": total, "offset": offset,
-                "limit": limit}  # fmt: skip
+        return {
+            "data": [row_dict(r, x) for x in rows],
+            "total": total,
+            "offset": offset,
+            "limit": limit,
+        }
 
     def get(self, conn: Connection, rid: int) -> Any:
         r = t.metric_alert_rules
@@ -220,35 +262,49 @@ class MetricRules:
             raise NotFound(f"no metric alert rule {rid}")
         return row
 
-    def create(self, conn: Connection, body: dict[str, Any], now: datetime,
-               who: str) -> dict[str, Any]:  # fmt: skip
+    def create(
+        self, conn: Connection, body: dict[str, Any], now: datetime, who: str
+    ) -> dict[str, Any]:
         r = t.metric_alert_rules
         fields = _fields(body, partial=False)
         cluster = str(body.get("cluster_name") or body.get("cluster") or self.home)
         self._free(conn, fields["name"], cluster)
-        rid = new_id(conn.execute(r.insert().values(
-            **fields, cluster_name=cluster, built_in=False, sync_status="pending",
-            sync_message="", created_by=who, created_at=now, updated_at=now)))  # fmt: skip
+        rid = new_id(
+            conn.execute(
+                r.insert().values(
+                    **fields,
+                    cluster_name=cluster,
+                    built_in=False,
+                    sync_status="pending",
+                    sync_message="",
+                    created_by=who,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+        )
         return {"rule_id": rid, "message": "metric alert rule created successfully"}
 
     def _free(self, conn: Connection, name: str, cluster: str) -> None:
         r = t.metric_alert_rules
-        if conn.execute(select(r.c.id).where(r.c.name == name,
-                                             r.c.cluster_name == cluster)).first():  # fmt: skip
+        if conn.execute(
+            select(r.c.id).where(r.c.name == name, r.c.cluster_name == cluster)
+        ).first():
             raise Conflict(f"a metric alert rule {name!r} exists in cluster {cluster!r}")
 
-    def update(self, conn: Connection, rid: int, body: dict[str, Any],
-               now: datetime) -> dict[str, Any]:  # fmt: skip
+    def update(
+        self, conn: Connection, rid: int, body: dict[str, Any], now: datetime
+    ) -> dict[str, Any]:
         r = t.metric_alert_rules
         old = self.get(conn, rid)
         if old.built_in:
-            raise Forbidden(f"rule {old.name!r} is shipped in {SHIPPED}: "
-                            "clone it to change it")  # fmt: skip
+            raise Forbidden(f"rule {old.name!r} is shipped in {SHIPPED}: " "clone it to change it")
         fields = _fields(body, partial=True)
         if "name" in fields and fields["name"] != old.name:
             self._free(conn, fields["name"], old.cluster_name)
-        conn.execute(update(r).where(r.c.id == rid).values(
-            **fields, sync_status="pending", updated_at=now))  # fmt: skip
+        conn.execute(
+            update(r).where(r.c.id == rid).values(**fields, sync_status="pending", updated_at=now)
+        )
         return {"rule_id": rid, "message": "metric alert rule updated successfully"}
 
     def delete(self, conn: Connection, rid: int) -> dict[str, Any]:
@@ -260,18 +316,32 @@ class MetricRules:
         warning = self._remove_object(rid)
         return {"message": "metric alert rule deleted successfully", "warning": warning}
 
-    def clone(self, conn: Connection, rid: int, body: dict[str, Any], now: datetime,
-              who: str) -> dict[str, Any]:  # fmt: skip
+    def clone(
+        self, conn: Connection, rid: int, body: dict[str, Any], now: datetime, who: str
+    ) -> dict[str, Any]:
         r = t.metric_alert_rules
         old = self.get(conn, rid)
         name, cluster = clone_target(conn, r, old, body, "-")
         self._free(conn, name, cluster)
-        new = new_id(conn.execute(r.insert().values(
-            name=name, cluster_name=cluster, enabled=old.enabled, groups=old.groups,
-            description=f"Cloned from {old.name} in cluster {old.cluster_name}",
-            labels=old.labels or {}, built_in=False, sync_status="pending", sync_message="",
-            alert_routing=old.alert_routing, created_by=who, created_at=now,
-            updated_at=now)))  # fmt: skip
+        new = new_id(
+            conn.execute(
+                r.insert().values(
+                    name=name,
+                    cluster_name=cluster,
+                    enabled=old.enabled,
+                    groups=old.groups,
+                    description=f"Cloned from {old.name} in cluster {old.cluster_name}",
+                    labels=old.labels or {},
+                    built_in=False,
+                    sync_status="pending",
+                    sync_message="",
+                    alert_routing=old.alert_routing,
+                    created_by=who,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+        )
         return {"rule_id": new, "message": "metric alert rule cloned successfully"}
 
     # -- where Prometheus reads them -------------------------------------------------------
@@ -301,13 +371,23 @@ class MetricRules:
 
     def body(self, row: Any) -> dict[str, Any]:
         """The PrometheusRule a rule is written as."""
-        labels = {**(row.labels or {}), **self.rule_labels, MANAGED: "lens-ebpf",
-                  RULE_ID: str(row.id)}  # fmt: skip
-        return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-                "metadata": {"name": self.object_name(row), "namespace": self.namespace,
-                             "labels": labels,
-                             "annotations": {"lens-ebpf.io/description": row.description or ""}},
-                "spec": {"groups": list(row.groups or [])}}  # fmt: skip
+        labels = {
+            **(row.labels or {}),
+            **self.rule_labels,
+            MANAGED: "lens-ebpf",
+            RULE_ID: str(row.id),
+        }
+        return {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "PrometheusRule",
+            "metadata": {
+                "name": self.object_name(row),
+                "namespace": self.namespace,
+                "labels": labels,
+                "annotations": {"lens-ebpf.io/description": row.description or ""},
+            },
+            "spec": {"groups": list(row.groups or [])},
+        }
 
     def rules_text(self, conn: Connection) -> str:
         """Every enabled rule's groups as one Prometheus rules file (group names made
@@ -318,8 +398,9 @@ class MetricRules:
         """The rules file, and why each rule left out of it was (by id)."""
         r = t.metric_alert_rules
         groups, left_out = [], {}
-        for row in conn.execute(select(r).where(r.c.enabled.is_(True), r.c.built_in.is_(False))
-                                .order_by(r.c.id)):  # fmt: skip
+        for row in conn.execute(
+            select(r).where(r.c.enabled.is_(True), r.c.built_in.is_(False)).order_by(r.c.id)
+        ):
             why = valid(row.groups)
             if why:
                 left_out[int(row.id)] = why
@@ -328,8 +409,7 @@ class MetricRules:
                 groups.append({**g, "name": f"{g['name']} (rule {row.id})"})
         return yaml.safe_dump({"groups": groups}, sort_keys=False), left_out
 
-    def sync(self, conn: Connection, ids: list[int], cluster: str,
-             now: datetime) -> dict[str, Any]:  # fmt: skip
+    def sync(self, conn: Connection, ids: list[int], cluster: str, now: datetime) -> dict[str, Any]:
         """The rules asked for (ids; else every rule of cluster; else every rule) written
         where Prometheus reads them; each row's sync state set."""
         r = t.metric_alert_rules
@@ -360,12 +440,22 @@ class MetricRules:
                 said = left_out.get(int(row.id))
                 good = status == "synced" and not said
                 ok, failed = ok + good, failed + (not good)
-                conn.execute(update(r).where(r.c.id == row.id).values(
-                    sync_status="failed" if said else status,
-                    sync_message=f"left out of the rules file: {said}" if said else message,
-                    last_sync_at=now))  # fmt: skip
-            return {"total": len(rows), "synced": ok, "success": ok, "failed": failed,
-                    "message": message}  # fmt: skip
+                conn.execute(
+                    update(r)
+                    .where(r.c.id == row.id)
+                    .values(
+                        sync_status="failed" if said else status,
+                        sync_message=f"left out of the rules file: {said}" if said else message,
+                        last_sync_at=now,
+                    )
+                )
+            return {
+                "total": len(rows),
+                "synced": ok,
+                "success": ok,
+                "failed": failed,
+                "message": message,
+            }
         for row in rows:
             try:
                 why = valid(row.groups) if row.enabled else ""
@@ -382,10 +472,18 @@ class MetricRules:
             except Exception as exc:
                 status, message = "failed", f"{type(exc).__name__}: {exc}"[:300]
                 failed += 1
-            conn.execute(update(r).where(r.c.id == row.id).values(
-                sync_status=status, sync_message=message, last_sync_at=now))  # fmt: skip
-        return {"total": len(rows), "synced": ok, "success": ok, "failed": failed,
-                "message": f"synced {ok} rules successfully, {failed} failed"}  # fmt: skip
+            conn.execute(
+                update(r)
+                .where(r.c.id == row.id)
+                .values(sync_status=status, sync_message=message, last_sync_at=now)
+            )
+        return {
+            "total": len(rows),
+            "synced": ok,
+            "success": ok,
+            "failed": failed,
+            "message": f"synced {ok} rules successfully, {failed} failed",
+        }
 
     def _apply(self, row: Any) -> None:
         from lens_ebpf.k8s.reflector import call_raw
@@ -393,17 +491,33 @@ class MetricRules:
         api, body = self._custom(), self.body(row)
         g, v, plural = GROUP
         try:
-            old = call_raw(api.get_namespaced_custom_object, g, v, self.namespace, plural,
-                           body["metadata"]["name"], timeout=10)  # fmt: skip
+            old = call_raw(
+                api.get_namespaced_custom_object,
+                g,
+                v,
+                self.namespace,
+                plural,
+                body["metadata"]["name"],
+                timeout=10,
+            )
         except Exception as exc:
             if getattr(exc, "status", None) != 404:
                 raise
-            call_raw(api.create_namespaced_custom_object, g, v, self.namespace, plural, body,
-                     timeout=10)  # fmt: skip
+            call_raw(
+                api.create_namespaced_custom_object, g, v, self.namespace, plural, body, timeout=10
+            )
             return
         body["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-        call_raw(api.replace_namespaced_custom_object, g, v, self.namespace, plural,
-                 body["metadata"]["name"], body, timeout=10)  # fmt: skip
+        call_raw(
+            api.replace_namespaced_custom_object,
+            g,
+            v,
+            self.namespace,
+            plural,
+            body["metadata"]["name"],
+            body,
+            timeout=10,
+        )
 
     def _remove_object(self, rid: int) -> str:
         """The PrometheusRule of rule rid deleted, if there is one; a warning, or ""."""
@@ -413,12 +527,25 @@ class MetricRules:
 
         g, v, plural = GROUP
         try:
-            listed = call_raw(self._custom().list_namespaced_custom_object, g, v,
-                              self.namespace, plural, label_selector=f"{RULE_ID}={rid}",
-                              timeout=10)  # fmt: skip
+            listed = call_raw(
+                self._custom().list_namespaced_custom_object,
+                g,
+                v,
+                self.namespace,
+                plural,
+                label_selector=f"{RULE_ID}={rid}",
+                timeout=10,
+            )
             for item in listed.get("items") or ():
-                call_raw(self._custom().delete_namespaced_custom_object, g, v, self.namespace,
-                         plural, item["metadata"]["name"], timeout=10)  # fmt: skip
+                call_raw(
+                    self._custom().delete_namespaced_custom_object,
+                    g,
+                    v,
+                    self.namespace,
+                    plural,
+                    item["metadata"]["name"],
+                    timeout=10,
+                )
         except Exception as exc:
             if getattr(exc, "status", None) == 404:
                 return ""

@@ -36,13 +36,15 @@ def url(text: str, whole_path: bool = False) -> str:
         return SECRET
     if not u.scheme or not u.netloc:
         return text if "@" not in text and "?" not in text else SECRET
-    netloc = (f"{SECRET}@" if "@" in u.netloc else "") + (f"[{host}]" if ":" in host
-                                                           else host) + port  # fmt: skip
+    netloc = (
+        (f"{SECRET}@" if "@" in u.netloc else "") + (f"[{host}]" if ":" in host else host) + port
+    )
     if whole_path:
         rest = "/" + SECRET if u.path.strip("/") or u.query else u.path
         return urlunsplit((u.scheme, netloc, rest, "", ""))
-    query = urlencode([(k, SECRET) for k, _ in parse_qsl(u.query, keep_blank_values=True)],
-                      safe="<>")  # fmt: skip
+    query = urlencode(
+        [(k, SECRET) for k, _ in parse_qsl(u.query, keep_blank_values=True)], safe="<>"
+    )
     return urlunsplit((u.scheme, netloc, u.path, query, u.fragment))
 
 
@@ -98,13 +100,16 @@ def kept(new: Any, old: Any, where: str = "config") -> Any:
         if isinstance(v, dict):
             if k in HEADERS:
                 was = was if isinstance(was, dict) else {}
-                out[k] = {h: _restored(x, was.get(h), _header(h, was.get(h)),
-                                       f"{where}.{k}.{h}") for h, x in v.items()}  # fmt: skip
+                out[k] = {
+                    h: _restored(x, was.get(h), _header(h, was.get(h)), f"{where}.{k}.{h}")
+                    for h, x in v.items()
+                }
             else:
                 out[k] = kept(v, was, f"{where}.{k}")
             continue
-        showing = url(was, k in WHOLE_PATH) if isinstance(was, str) and str(k).endswith("url") \
-            else SECRET  # fmt: skip
+        showing = (
+            url(was, k in WHOLE_PATH) if isinstance(was, str) and str(k).endswith("url") else SECRET
+        )
         out[k] = _restored(v, was, showing, f"{where}.{k}")
     return out
 
@@ -114,5 +119,7 @@ def _restored(value: Any, was: Any, showing: Any, field: str) -> Any:
         return value
     if was is not None and value == showing:
         return was
-    raise BadRequest(f"{field}: {SECRET} stands for the stored value, and {value!r} is not "
-                     "what was shown of one: send the whole value")  # fmt: skip
+    raise BadRequest(
+        f"{field}: {SECRET} stands for the stored value, and {value!r} is not "
+        "what was shown of one: send the whole value"
+    )

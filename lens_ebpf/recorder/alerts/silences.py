@@ -56,14 +56,20 @@ def matches(s: dict[str, Any], alert: dict[str, Any], now: datetime) -> bool:
         matchers = s.get("label_matchers") or []
         labels = alert.get("labels") or {}
         return bool(matchers) and all(
-            _matches_value(m.get("operator", "="), labels.get(m.get("name", "")),
-                           str(m.get("value", ""))) for m in matchers)  # fmt: skip
+            _matches_value(
+                m.get("operator", "="), labels.get(m.get("name", "")), str(m.get("value", ""))
+            )
+            for m in matchers
+        )
     if kind == "resource":
         labels = alert.get("labels") or {}
-        have = {"cluster": alert.get("cluster_name", ""), "node": alert.get("node_name", ""),
-                "namespace": labels.get("namespace") or (alert.get("enriched_data") or {}).get(
-                    "workload_namespace", ""),
-                "pod": alert.get("pod_name", "")}  # fmt: skip
+        have = {
+            "cluster": alert.get("cluster_name", ""),
+            "node": alert.get("node_name", ""),
+            "namespace": labels.get("namespace")
+            or (alert.get("enriched_data") or {}).get("workload_namespace", ""),
+            "pod": alert.get("pod_name", ""),
+        }
         for f in s.get("resource_filters") or []:
             kind_of = f.get("resource_type", "")
             want = str(f.get("value") or f.get("resource_name") or "")
@@ -86,8 +92,14 @@ def alertmanager_matchers(s: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
 
     def add(name: str, op: str, value: str) -> None:
-        out.append({"name": name, "value": value, "isRegex": op in ("=~", "!~"),
-                    "isEqual": op in ("=", "=~")})  # fmt: skip
+        out.append(
+            {
+                "name": name,
+                "value": value,
+                "isRegex": op in ("=~", "!~"),
+                "isEqual": op in ("=", "=~"),
+            }
+        )
 
     kind = s["silence_type"]
     if kind == "alert_name":
@@ -103,8 +115,9 @@ def alertmanager_matchers(s: dict[str, Any]) -> list[dict[str, Any]]:
         filters = s.get("resource_filters") or []
         if len(filters) == 1:  # Alertmanager's matchers are all-of: one filter is exact
             f = filters[0]
-            label = {"workload": "workload"}.get(f.get("resource_type", ""),
-                                                 f.get("resource_type", ""))  # fmt: skip
+            label = {"workload": "workload"}.get(
+                f.get("resource_type", ""), f.get("resource_type", "")
+            )
             add(label, f.get("operator", "="), str(f.get("value") or f.get("resource_name", "")))
     if out and s.get("cluster_name"):
         add("cluster", "=", s["cluster_name"])
@@ -129,19 +142,26 @@ def _check(body: dict[str, Any], partial: bool = False) -> dict[str, Any]:
             out[key] = v
     for i, m in enumerate(out.get("label_matchers", [])):
         if not isinstance(m, dict) or m.get("operator", "=") not in OPERATORS or not m.get("name"):
-            raise BadRequest(f"label_matchers: {m!r}: name, operator ({', '.join(OPERATORS)}), "
-                             "value")  # fmt: skip
+            raise BadRequest(
+                f"label_matchers: {m!r}: name, operator ({', '.join(OPERATORS)}), " "value"
+            )
         if m.get("operator") in ("=~", "!~"):
             patterns.check(str(m.get("value", "")), f"label_matchers[{i}].value")
     for i, f in enumerate(out.get("resource_filters", [])):
-        if not isinstance(f, dict) or f.get("resource_type") not in RESOURCES or \
-                f.get("operator", "=") not in OPERATORS:  # fmt: skip
-            raise BadRequest(f"resource_filters: {f!r}: resource_type one of "
-                             f"{', '.join(RESOURCES)}, operator one of "
-                             f"{', '.join(OPERATORS)}")  # fmt: skip
+        if (
+            not isinstance(f, dict)
+            or f.get("resource_type") not in RESOURCES
+            or f.get("operator", "=") not in OPERATORS
+        ):
+            raise BadRequest(
+                f"resource_filters: {f!r}: resource_type one of "
+                f"{', '.join(RESOURCES)}, operator one of "
+                f"{', '.join(OPERATORS)}"
+            )
         if f.get("operator") in ("=~", "!~"):
-            patterns.check(str(f.get("value") or f.get("resource_name") or ""),
-                           f"resource_filters[{i}].value")  # fmt: skip
+            patterns.check(
+                str(f.get("value") or f.get("resource_name") or ""), f"resource_filters[{i}].value"
+            )
     for key in ("description", "reason", "ticket_url", "match_expression", "cluster_name"):
         if not partial or key in body:
             out[key] = str(body.get(key) or "")
@@ -169,8 +189,11 @@ class Silences:
         s = t.alert_silences
         out = row_dict(s, row)
         sa = t.silenced_alerts
-        out["silenced_count"] = int(conn.execute(select(func.count()).select_from(sa).where(
-            sa.c.silence_id == row.id)).scalar_one())  # fmt: skip
+        out["silenced_count"] = int(
+            conn.execute(
+                select(func.count()).select_from(sa).where(sa.c.silence_id == row.id)
+            ).scalar_one()
+        )
         return out
 
     def get(self, conn: Connection, sid: str) -> dict[str, Any]:
@@ -180,8 +203,16 @@ class Silences:
             raise NotFound(f"no silence {sid!r}")
         return self.json(conn, row)
 
-    def page(self, conn: Connection, cluster: str, enabled: bool | None, kind: str,
-             search: str, offset: int, limit: int) -> dict[str, Any]:  # fmt: skip
+    def page(
+        self,
+        conn: Connection,
+        cluster: str,
+        enabled: bool | None,
+        kind: str,
+        search: str,
+        offset: int,
+        limit: int,
+    ) -> dict[str, Any]:
         s = t.alert_silences
         cond: list[Any] = []
         if cluster:
@@ -194,10 +225,19 @@ class Silences:
             like = f"%{search.lower()}%"
             cond.append(or_(func.lower(s.c.name).like(like), func.lower(s.c.reason).like(like)))
         total = int(conn.execute(select(func.count()).select_from(s).where(*cond)).scalar_one())
-        rows = conn.execute(select(s).where(*cond).order_by(s.c.created_at.desc(), s.c.id)
-                            .offset(offset).limit(limit))  # fmt: skip
-        return {"data": [self.json(conn, r) for r in rows], "total": total, "offset": offset,
-                "limit": limit}  # fmt: skip
+        rows = conn.execute(
+            select(s)
+            .where(*cond)
+            .order_by(s.c.created_at.desc(), s.c.id)
+            .offset(offset)
+            .limit(limit)
+        )
+        return {
+            "data": [self.json(conn, r) for r in rows],
+            "total": total,
+            "offset": offset,
+            "limit": limit,
+        }
 
     def active(self, conn: Connection, now: datetime) -> list[dict[str, Any]]:
         s = t.alert_silences
@@ -210,23 +250,35 @@ class Silences:
         )
         return [row_dict(s, r) for r in rows]
 
-    def create(self, conn: Connection, body: dict[str, Any], now: datetime,
-               who: str) -> dict[str, Any]:  # fmt: skip
+    def create(
+        self, conn: Connection, body: dict[str, Any], now: datetime, who: str
+    ) -> dict[str, Any]:
         fields = _check(body)
         fields["starts_at"] = fields["starts_at"] or now
         if fields["ends_at"] is not None and fields["ends_at"] <= fields["starts_at"]:
             raise BadRequest("ends_at must be after starts_at")
         sid = str(uuid.uuid4())
-        row = {"id": sid, **fields, "created_by": who, "created_at": now, "updated_at": now,
-               "alertmanager_id": "", "alertmanager_error": ""}  # fmt: skip
+        row = {
+            "id": sid,
+            **fields,
+            "created_by": who,
+            "created_at": now,
+            "updated_at": now,
+            "alertmanager_id": "",
+            "alertmanager_error": "",
+        }
         row |= self._sync(row, now)
         conn.execute(t.alert_silences.insert().values(**row))
-        return {"silence_id": sid, "message": "alert silence created successfully",
-                "alertmanager_id": row["alertmanager_id"] or None,
-                "alertmanager_error": row["alertmanager_error"] or None}  # fmt: skip
+        return {
+            "silence_id": sid,
+            "message": "alert silence created successfully",
+            "alertmanager_id": row["alertmanager_id"] or None,
+            "alertmanager_error": row["alertmanager_error"] or None,
+        }
 
-    def update(self, conn: Connection, sid: str, body: dict[str, Any],
-               now: datetime) -> dict[str, Any]:  # fmt: skip
+    def update(
+        self, conn: Connection, sid: str, body: dict[str, Any], now: datetime
+    ) -> dict[str, Any]:
         s = t.alert_silences
         old = conn.execute(select(s).where(s.c.id == sid)).first()
         if old is None:
@@ -238,8 +290,9 @@ class Silences:
         row["ends_at"] = parse_time(row["ends_at"], "ends_at")
         row["created_at"] = parse_time(row["created_at"], "created_at")
         row |= self._sync(row, now)
-        conn.execute(update(s).where(s.c.id == sid).values(**{k: v for k, v in row.items()
-                                                              if k != "id"}))  # fmt: skip
+        conn.execute(
+            update(s).where(s.c.id == sid).values(**{k: v for k, v in row.items() if k != "id"})
+        )
         return {"silence_id": sid, "message": "alert silence updated successfully"}
 
     def disable(self, conn: Connection, sid: str, now: datetime) -> dict[str, Any]:
@@ -249,9 +302,16 @@ class Silences:
             raise NotFound(f"no silence {sid!r}")
         row = {**row_dict(s, old), "enabled": False, "updated_at": now}
         row |= self._sync(row, now)
-        conn.execute(update(s).where(s.c.id == sid).values(
-            enabled=False, updated_at=now, alertmanager_id=row["alertmanager_id"],
-            alertmanager_error=row["alertmanager_error"]))  # fmt: skip
+        conn.execute(
+            update(s)
+            .where(s.c.id == sid)
+            .values(
+                enabled=False,
+                updated_at=now,
+                alertmanager_id=row["alertmanager_id"],
+                alertmanager_error=row["alertmanager_error"],
+            )
+        )
         return {"silence_id": sid, "message": "alert silence disabled successfully"}
 
     def delete(self, conn: Connection, sid: str, now: datetime) -> dict[str, Any]:
@@ -276,10 +336,14 @@ class Silences:
         try:
             if on and matchers:
                 starts = parse_time(row["starts_at"], "starts_at") or now
-                sid = self.am.create_silence(matchers, starts, ends_at or now + FOREVER,
-                                             row.get("created_by", ""),
-                                             f"{row['name']}: {row.get('reason') or ''}".strip(),
-                                             old)  # fmt: skip
+                sid = self.am.create_silence(
+                    matchers,
+                    starts,
+                    ends_at or now + FOREVER,
+                    row.get("created_by", ""),
+                    f"{row['name']}: {row.get('reason') or ''}".strip(),
+                    old,
+                )
                 return {"alertmanager_id": sid, "alertmanager_error": ""}
             if old:
                 self.am.expire_silence(old)

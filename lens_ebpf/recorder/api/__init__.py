@@ -80,11 +80,15 @@ ROUTES: list[tuple[RouteTable, tuple[str, ...], str]] = [
 def mount(http: HttpServer, surfaces: dict[str, Surface]) -> assistants.Assistants:
     """Every table of ROUTES on http, each through its surface; the MCP tools' surface
     (its close() stops the SDK's session manager)."""
-    surfaces = {**surfaces, "lens-files": reports.LensFiles(surfaces["lens"]),
-                "alerts-files": reports.LensFiles(surfaces["alerts"]),
-                "management": management.ManagementApi(surfaces["lens"])}  # fmt: skip
-    mcp = assistants.Assistants(tools([(t.routes, p, s) for t, p, s in ROUTES if s != "mcp"],
-                                      surfaces))  # fmt: skip
+    surfaces = {
+        **surfaces,
+        "lens-files": reports.LensFiles(surfaces["lens"]),
+        "alerts-files": reports.LensFiles(surfaces["alerts"]),
+        "management": management.ManagementApi(surfaces["lens"]),
+    }
+    mcp = assistants.Assistants(
+        tools([(t.routes, p, s) for t, p, s in ROUTES if s != "mcp"], surfaces)
+    )
     surfaces["mcp"] = mcp
     for table, prefixes, surface in ROUTES:
         for prefix in prefixes:

@@ -12,22 +12,27 @@ from lens_ebpf.recorder.api.envelope import PAGE_MAX, Ask, bad, integer, param
 from lens_ebpf.recorder.lifecycle import parse_time
 
 routes = RouteTable()
-SPAN = (Param("start_time", "date-time", "RFC 3339", required=True),
-        Param("end_time", "date-time", "RFC 3339", required=True))  # fmt: skip
+SPAN = (
+    Param("start_time", "date-time", "RFC 3339", required=True),
+    Param("end_time", "date-time", "RFC 3339", required=True),
+)
 ORDERS = ("time", "utilization", "allocated_gpu_count")
 
 
 def paging(*orders: str) -> tuple[Param, ...]:
     """_order()'s parameters, ordered by one of orders."""
-    return (Param("page", "integer", "the page, from 1", default=1, minimum=1),
-            Param("page_size", "integer", "rows a page", default=20, minimum=1,
-                  maximum=PAGE_MAX),
-            Param("order_by", default="time", choices=orders),
-            Param("order_direction", default="desc", choices=("asc", "desc")))  # fmt: skip
+    return (
+        Param("page", "integer", "the page, from 1", default=1, minimum=1),
+        Param("page_size", "integer", "rows a page", default=20, minimum=1, maximum=PAGE_MAX),
+        Param("order_by", default="time", choices=orders),
+        Param("order_direction", default="desc", choices=("asc", "desc")),
+    )
 
 
-DIMENSION = (Param("dimension_type", required=True, choices=hours.DIMENSIONS),
-             Param("dimension_key", doc="the label or annotation key", required=True))  # fmt: skip
+DIMENSION = (
+    Param("dimension_type", required=True, choices=hours.DIMENSIONS),
+    Param("dimension_key", doc="the label or annotation key", required=True),
+)
 
 
 @routes.get("gpu-aggregation/clusters")
@@ -73,8 +78,10 @@ def _order(q: dict[str, str], allowed: tuple[str, ...]) -> tuple[int, int, str, 
     order = param(q, "order_by") or "time"
     direction = (param(q, "order_direction") or "desc").lower()
     if order not in allowed or direction not in ("asc", "desc"):
-        raise bad(f"order_by={order!r}, order_direction={direction!r}: "
-                  f"{' or '.join(allowed)}, asc or desc")  # fmt: skip
+        raise bad(
+            f"order_by={order!r}, order_direction={direction!r}: "
+            f"{' or '.join(allowed)}, asc or desc"
+        )
     return num, size, order, direction == "desc"
 
 
@@ -110,20 +117,27 @@ def dimension_values(ask: Ask) -> Any:
     return reads.dimension_values(ask.conn, ask.c.tables, dim, key, *_span_of(q))
 
 
-@routes.get("gpu-aggregation/namespaces/hourly-stats", Param("namespace"), SPAN,
-            paging(*ORDERS[:2]))  # fmt: skip
+@routes.get(
+    "gpu-aggregation/namespaces/hourly-stats", Param("namespace"), SPAN, paging(*ORDERS[:2])
+)
 def namespace_hourly(ask: Ask) -> Any:
     """Hourly GPU statistics per namespace (or of one) from start_time to end_time, one
     page."""
     q = ask.query
     start, end = _span_of(q)
     num, _, order, desc = _order(q, ("time", "utilization"))
-    return reads.namespace_stats(ask.conn, ask.c.tables, param(q, "namespace"), start,
-                                      end, num, order, desc)  # fmt: skip
+    return reads.namespace_stats(
+        ask.conn, ask.c.tables, param(q, "namespace"), start, end, num, order, desc
+    )
 
 
-@routes.get("gpu-aggregation/labels/hourly-stats", DIMENSION, Param("dimension_value"), SPAN,
-            paging(*ORDERS))  # fmt: skip
+@routes.get(
+    "gpu-aggregation/labels/hourly-stats",
+    DIMENSION,
+    Param("dimension_value"),
+    SPAN,
+    paging(*ORDERS),
+)
 def label_hourly(ask: Ask) -> Any:
     """Hourly GPU statistics per value of a label (or annotation) key, or of one value,
     from start_time to end_time, one page."""
@@ -133,23 +147,37 @@ def label_hourly(ask: Ask) -> Any:
         raise bad("dimension_key is required")
     start, end = _span_of(q)
     num, _, order, desc = _order(q, ("time", "utilization", "allocated_gpu_count"))
-    return reads.label_stats(ask.conn, ask.c.tables, dim, key,
-                                  param(q, "dimension_value"), start, end, num, order,
-                                  desc)  # fmt: skip
+    return reads.label_stats(
+        ask.conn, ask.c.tables, dim, key, param(q, "dimension_value"), start, end, num, order, desc
+    )
 
 
-@routes.get("gpu-aggregation/workloads/hourly-stats", Param("namespace"),
-            Param("workload_name"), Param("workload_type", doc="its kind"), SPAN,
-            paging(*ORDERS))  # fmt: skip
+@routes.get(
+    "gpu-aggregation/workloads/hourly-stats",
+    Param("namespace"),
+    Param("workload_name"),
+    Param("workload_type", doc="its kind"),
+    SPAN,
+    paging(*ORDERS),
+)
 def workload_hourly(ask: Ask) -> Any:
     """Hourly GPU statistics per workload (or of those named) from start_time to end_time,
     one page."""
     q = ask.query
     start, end = _span_of(q)
     num, _, order, desc = _order(q, ("time", "utilization", "allocated_gpu_count"))
-    return reads.workload_stats(ask.conn, ask.c.tables, param(q, "namespace"),
-                                     param(q, "workload_name"), param(q, "workload_type"),
-                                     start, end, num, order, desc)  # fmt: skip
+    return reads.workload_stats(
+        ask.conn,
+        ask.c.tables,
+        param(q, "namespace"),
+        param(q, "workload_name"),
+        param(q, "workload_type"),
+        start,
+        end,
+        num,
+        order,
+        desc,
+    )
 
 
 @routes.get("gpu-aggregation/snapshots/latest")
@@ -158,8 +186,11 @@ def latest_snapshot(ask: Ask) -> Any:
     return reads.latest_snapshot(ask.conn, ask.c.tables)
 
 
-@routes.get("gpu-aggregation/snapshots", Param("start_time", "date-time", "RFC 3339"),
-            Param("end_time", "date-time", "RFC 3339"))  # fmt: skip
+@routes.get(
+    "gpu-aggregation/snapshots",
+    Param("start_time", "date-time", "RFC 3339"),
+    Param("end_time", "date-time", "RFC 3339"),
+)
 def snapshots(ask: Ask) -> Any:
     """The cluster's GPU allocation snapshots from start_time to end_time (either may be
     left out), newest first."""

@@ -18,33 +18,60 @@ routes = RouteTable()
 
 
 # -- silences -------------------------------------------------------------------------------
-@routes.get("alert-silences", CLUSTER, ENABLED,
-            Param("silence_type", doc=", ".join(silences.TYPES)), Param("search"),
-            WINDOW)  # fmt: skip
+@routes.get(
+    "alert-silences",
+    CLUSTER,
+    ENABLED,
+    Param("silence_type", doc=", ".join(silences.TYPES)),
+    Param("search"),
+    WINDOW,
+)
 def silence_list(ask: Ask) -> Any:
     """The alert silences (a cluster's, and those of every cluster), filtered, one page."""
     offset, limit = window(ask)
-    return hub(ask).silences.page(ask.conn, cluster(ask), flag(ask, "enabled"),
-                                  param(ask.query, "silence_type") or "",
-                                  param(ask.query, "search") or "", offset, limit)  # fmt: skip
+    return hub(ask).silences.page(
+        ask.conn,
+        cluster(ask),
+        flag(ask, "enabled"),
+        param(ask.query, "silence_type") or "",
+        param(ask.query, "search") or "",
+        offset,
+        limit,
+    )
 
 
-@routes.get("alert-silences/silenced-alerts", Param("silence_id"), Param("alert_name"),
-            CLUSTER, WINDOW)  # fmt: skip
+@routes.get(
+    "alert-silences/silenced-alerts", Param("silence_id"), Param("alert_name"), CLUSTER, WINDOW
+)
 def silenced_alerts(ask: Ask) -> Any:
     """The alerts silences held, newest first: {data, total, offset, limit}."""
     from sqlalchemy import func, select
 
     sa, q = t.silenced_alerts, ask.query
-    cond = [sa.c[k] == v for k, v in (("silence_id", param(q, "silence_id")),
-                                      ("alert_name", param(q, "alert_name")),
-                                      ("cluster_name", cluster(ask))) if v]  # fmt: skip
+    cond = [
+        sa.c[k] == v
+        for k, v in (
+            ("silence_id", param(q, "silence_id")),
+            ("alert_name", param(q, "alert_name")),
+            ("cluster_name", cluster(ask)),
+        )
+        if v
+    ]
     offset, limit = window(ask)
     total = int(ask.conn.execute(select(func.count()).select_from(sa).where(*cond)).scalar_one())
-    rows = ask.conn.execute(select(sa).where(*cond).order_by(sa.c.silenced_at.desc(), sa.c.id)
-                            .offset(offset).limit(limit))  # fmt: skip
-    return {"data": [row_dict(sa, r) for r in rows], "total": total, "offset": offset,
-            "limit": limit}  # fmt: skip
+    rows = ask.conn.execute(
+        select(sa)
+        .where(*cond)
+        .order_by(sa.c.silenced_at.desc(), sa.c.id)
+        .offset(offset)
+        .limit(limit)
+    )
+    return {
+        "data": [row_dict(sa, r) for r in rows],
+        "total": total,
+        "offset": offset,
+        "limit": limit,
+    }
 
 
 @routes.get("alert-silences/{id}")
@@ -53,23 +80,39 @@ def silence_detail(ask: Ask) -> Any:
     return hub(ask).silences.get(ask.conn, ask.arg("id"))
 
 
-@routes.post("alert-silences",
-             Param("name", doc="what the silence is called", required=True, body=True),
-             Param("silence_type", doc="what it matches alerts by", required=True,
-                   choices=silences.TYPES, body=True),
-             Param("alert_names", "list", "the alert names it holds (silence_type alert_name)",
-                   body=True),
-             Param("label_matchers", "array", "[{name, operator (=, !=, =~, !~), value}] "
-                   "(silence_type label)", body=True),
-             Param("resource_filters", "array", "[{resource_type (cluster, node, namespace, "
-                   "workload, pod), operator, value}] (silence_type resource)", body=True),
-             Param("cluster_name", doc="the cluster whose alerts it holds; none: every "
-                   "cluster", body=True),
-             Param("starts_at", "date-time", "RFC 3339; none: now", body=True),
-             Param("ends_at", "date-time", "RFC 3339; none: until it is ended", body=True),
-             Param("reason", doc="why", body=True),
-             Param("description", body=True),
-             tool="lens_alert_silence_create")  # fmt: skip
+@routes.post(
+    "alert-silences",
+    Param("name", doc="what the silence is called", required=True, body=True),
+    Param(
+        "silence_type",
+        doc="what it matches alerts by",
+        required=True,
+        choices=silences.TYPES,
+        body=True,
+    ),
+    Param("alert_names", "list", "the alert names it holds (silence_type alert_name)", body=True),
+    Param(
+        "label_matchers",
+        "array",
+        "[{name, operator (=, !=, =~, !~), value}] " "(silence_type label)",
+        body=True,
+    ),
+    Param(
+        "resource_filters",
+        "array",
+        "[{resource_type (cluster, node, namespace, "
+        "workload, pod), operator, value}] (silence_type resource)",
+        body=True,
+    ),
+    Param(
+        "cluster_name", doc="the cluster whose alerts it holds; none: every " "cluster", body=True
+    ),
+    Param("starts_at", "date-time", "RFC 3339; none: now", body=True),
+    Param("ends_at", "date-time", "RFC 3339; none: until it is ended", body=True),
+    Param("reason", doc="why", body=True),
+    Param("description", body=True),
+    tool="lens_alert_silence_create",
+)
 def silence_create(ask: Ask) -> Any:
     """Silences alerts (by name, labels or resource) from starts_at to ends_at (none:
     until ended): {silence_id}; made in Alertmanager too. Needs the API's credentials."""

@@ -23,15 +23,23 @@ from lens_ebpf.recorder.errors import NotFound, Unavailable
 routes = RouteTable()
 LIMIT_MAX = 1000
 HOURS_MAX = 24 * 90
-CLUSTER = Param("cluster", doc='the cluster alerts come from (any name); "all" or none: every '
-                "cluster", also=("cluster_name",))  # fmt: skip
+CLUSTER = Param(
+    "cluster",
+    doc='the cluster alerts come from (any name); "all" or none: every ' "cluster",
+    also=("cluster_name",),
+)
 WINDOW = (  # window()'s: offset and limit, or page_num and page_size
     Param("offset", "integer", "rows skipped", default=0, minimum=0),
     Param("limit", "integer", "rows", default=20, minimum=1, maximum=LIMIT_MAX),
-    Param("page_num", "integer", "the page, from 1 (with page_size, for offset and limit)",
-          minimum=1, maximum=inputs.INT_MAX // LIMIT_MAX),
+    Param(
+        "page_num",
+        "integer",
+        "the page, from 1 (with page_size, for offset and limit)",
+        minimum=1,
+        maximum=inputs.INT_MAX // LIMIT_MAX,
+    ),
     Param("page_size", "integer", "rows a page (with page_num)", minimum=1, maximum=LIMIT_MAX),
-)  # fmt: skip
+)
 HOURS = Param("hours", "integer", "the last hours (0: 24)", default=24, maximum=HOURS_MAX)
 ENABLED = Param("enabled", "boolean", "enabled ones (true) or not (false); none: both")
 ID = Param("id", "integer", "its id")  # a rule's, a template's, a channel's
@@ -57,8 +65,9 @@ def window(ask: Ask, default: int = 20) -> tuple[int, int]:
     else:
         offset, limit = integer(q, "offset", 0), integer(q, "limit", default)
     if offset < 0 or not 1 <= limit <= LIMIT_MAX:
-        raise bad(f"offset={offset}, limit={limit}: offset 0 or more, limit from 1 to "
-                  f"{LIMIT_MAX}")  # fmt: skip
+        raise bad(
+            f"offset={offset}, limit={limit}: offset 0 or more, limit from 1 to " f"{LIMIT_MAX}"
+        )
     return offset, limit
 
 
@@ -104,25 +113,33 @@ def hours(ask: Ask, default: int = 24) -> int:
 
 
 # -- alerts ---------------------------------------------------------------------------------
-@routes.get("alerts", CLUSTER, Param("source", choices=SOURCES),
-            Param("severity", choices=SEVERITIES), Param("status", choices=STATUSES),
-            Param("alert_name", doc="a search of the name, workload, pod and node"),
-            Param("workload_id", doc="a workload's uid"), Param("pod_name"), Param("node_name"),
-            Param("starts_after", "date-time", "RFC 3339"),
-            Param("starts_before", "date-time", "RFC 3339"), WINDOW)  # fmt: skip
+@routes.get(
+    "alerts",
+    CLUSTER,
+    Param("source", choices=SOURCES),
+    Param("severity", choices=SEVERITIES),
+    Param("status", choices=STATUSES),
+    Param("alert_name", doc="a search of the name, workload, pod and node"),
+    Param("workload_id", doc="a workload's uid"),
+    Param("pod_name"),
+    Param("node_name"),
+    Param("starts_after", "date-time", "RFC 3339"),
+    Param("starts_before", "date-time", "RFC 3339"),
+    WINDOW,
+)
 def alert_list(ask: Ask) -> Any:
     """The alerts, newest first, filtered: {alerts, data (the same), total, offset,
     limit}."""
     q = ask.query
     filters: dict[str, Any] = {
-        "cluster_name": cluster(ask), "source": one_of(ask, "source", SOURCES),
+        "cluster_name": cluster(ask),
+        "source": one_of(ask, "source", SOURCES),
         "severity": one_of(ask, "severity", SEVERITIES),
         "status": one_of(ask, "status", STATUSES),
-        **{k: param(q, k) or "" for k in ("alert_name", "workload_id", "pod_name",
-                                          "node_name")},
+        **{k: param(q, k) or "" for k in ("alert_name", "workload_id", "pod_name", "node_name")},
         "starts_after": parse_time(param(q, "starts_after"), "starts_after"),
         "starts_before": parse_time(param(q, "starts_before"), "starts_before"),
-    }  # fmt: skip
+    }
     offset, limit = window(ask)
     return overview.events(ask.conn, filters, offset, limit)
 
@@ -134,16 +151,21 @@ def alert_summary(ask: Ask) -> Any:
     return overview.summary(ask.conn, cluster(ask), ask.now())
 
 
-@routes.get("alerts/trend", CLUSTER, HOURS,
-            Param("group_by", default="hour", choices=("hour", "day")))  # fmt: skip
+@routes.get(
+    "alerts/trend", CLUSTER, HOURS, Param("group_by", default="hour", choices=("hour", "day"))
+)
 def alert_trend(ask: Ask) -> Any:
     """How many alerts began each hour (or day) of the last hours, by severity."""
     by = one_of(ask, "group_by", ("hour", "day"))
     return overview.trend(ask.conn, cluster(ask), ask.now(), hours(ask), by == "day")
 
 
-@routes.get("alerts/top-sources", CLUSTER, HOURS,
-            Param("limit", "integer", "names (0: 10)", default=10, maximum=LIMIT_MAX))  # fmt: skip
+@routes.get(
+    "alerts/top-sources",
+    CLUSTER,
+    HOURS,
+    Param("limit", "integer", "names (0: 10)", default=10, maximum=LIMIT_MAX),
+)
 def alert_top_sources(ask: Ask) -> Any:
     """The alert names that fired most in the last hours: [{alert_name, count}]."""
     limit = integer(ask.query, "limit", 10) or 10
@@ -186,9 +208,19 @@ def advices(ask: Ask) -> Any:
 @routes.get("alert-rule-advices/summary")
 def advices_summary(ask: Ask) -> Any:
     """Rule advices' summary: all zeros (none are made here), in the keys the page reads."""
-    return {"pending": 0, "accepted": 0, "rejected": 0, "avg_confidence": 0, "total_count": 0,
-            "pending_count": 0, "applied_count": 0, "rejected_count": 0, "expired_count": 0,
-            "by_category": {}, "by_severity": {}}  # fmt: skip
+    return {
+        "pending": 0,
+        "accepted": 0,
+        "rejected": 0,
+        "avg_confidence": 0,
+        "total_count": 0,
+        "pending_count": 0,
+        "applied_count": 0,
+        "rejected_count": 0,
+        "expired_count": 0,
+        "by_category": {},
+        "by_severity": {},
+    }
 
 
 @routes.post("alert-rule-advices/refresh")
@@ -210,15 +242,25 @@ def advice_apply(ask: Ask) -> Any:
 
 
 # -- notification channels ------------------------------------------------------------------
-@routes.get("notification-channels", Param("type", choices=tuple(channels.REQUIRED)), ENABLED,
-            Param("search"), WINDOW)  # fmt: skip
+@routes.get(
+    "notification-channels",
+    Param("type", choices=tuple(channels.REQUIRED)),
+    ENABLED,
+    Param("search"),
+    WINDOW,
+)
 def channel_list(ask: Ask) -> Any:
     """The notification channels (their secrets shown as <secret>), filtered: {items,
     channels (the same), total, ...}."""
     offset, limit = window(ask)
-    return channels.page(ask.conn, one_of(ask, "type", tuple(channels.REQUIRED)),
-                         flag(ask, "enabled"), param(ask.query, "search") or "", offset,
-                         limit)  # fmt: skip
+    return channels.page(
+        ask.conn,
+        one_of(ask, "type", tuple(channels.REQUIRED)),
+        flag(ask, "enabled"),
+        param(ask.query, "search") or "",
+        offset,
+        limit,
+    )
 
 
 @routes.get("notification-channels/types")

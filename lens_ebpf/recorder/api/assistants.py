@@ -36,11 +36,13 @@ log = logging.getLogger(__name__)
 routes = RouteTable()
 MAX_BODY = 1 << 20  # a JSON-RPC message: a tool's name and arguments
 CALL_SECONDS = 300.0  # the longest a request to /mcp is waited for (a slow Prometheus)
-INSTRUCTIONS = ("lens-ebpf's recorder: GPU clusters, their nodes, workloads, allocation "
-                "and utilization, training progress and timelines, alerts. Each tool is "
-                "one route of its HTTP API and answers its JSON (the Primus-Lens envelope: "
-                "meta.code 2000 and data). Times are unix seconds unless a parameter says "
-                "RFC 3339.")  # fmt: skip
+INSTRUCTIONS = (
+    "lens-ebpf's recorder: GPU clusters, their nodes, workloads, allocation "
+    "and utilization, training progress and timelines, alerts. Each tool is "
+    "one route of its HTTP API and answers its JSON (the Primus-Lens envelope: "
+    "meta.code 2000 and data). Times are unix seconds unless a parameter says "
+    "RFC 3339."
+)
 
 
 @routes.post("mcp", max_body=MAX_BODY)
@@ -65,24 +67,27 @@ def mcp_delete(req: Request, server: Assistants) -> Answer:
 def stateless(method: str) -> Answer:
     """What streamable HTTP lets a stateless server answer a GET (its event stream) and a
     DELETE (a session's end): 405, POST allowed."""
-    status, ctype, body = json_response(405, {"error": f"{method} /mcp: this server is "
-                                              "stateless; POST each message"})  # fmt: skip
+    status, ctype, body = json_response(
+        405, {"error": f"{method} /mcp: this server is " "stateless; POST each message"}
+    )
     return status, ctype, body, {"Allow": "POST"}
 
 
 class Assistants(Surface):
     """The /mcp routes: handler(req, self) -> the SDK's answer."""
 
-    def __init__(self, tools: dict[str, Tool],
-                 composed: tuple[Composed, ...] = COMPOSED) -> None:  # fmt: skip
+    def __init__(self, tools: dict[str, Tool], composed: tuple[Composed, ...] = COMPOSED) -> None:
         self.tools = tools
         self.composed = {c.name: c for c in composed}
         if clash := set(self.tools) & set(self.composed):
             raise ValueError(f"tools named twice: {sorted(clash)}")
-        self.server: Server[Any] = Server("lens-ebpf-recorder", version=__version__,
-                                          instructions=INSTRUCTIONS,
-                                          on_list_tools=self._list,
-                                          on_call_tool=self._call)  # fmt: skip
+        self.server: Server[Any] = Server(
+            "lens-ebpf-recorder",
+            version=__version__,
+            instructions=INSTRUCTIONS,
+            on_list_tools=self._list,
+            on_call_tool=self._call,
+        )
         self._lock = threading.Lock()
         self._loop: EventLoopThread | None = None
         self._manager: StreamableHTTPSessionManager | None = None
@@ -131,9 +136,9 @@ class Assistants(Surface):
     async def _run(self, ready: threading.Event) -> None:
         """The SDK's session manager, running until close()."""
         self._done = asyncio.Event()
-        self._manager = StreamableHTTPSessionManager(self.server, json_response=True,
-                                                     stateless=True,
-                                                     max_request_body_size=MAX_BODY)  # fmt: skip
+        self._manager = StreamableHTTPSessionManager(
+            self.server, json_response=True, stateless=True, max_request_body_size=MAX_BODY
+        )
         async with self._manager.run():
             ready.set()
             await self._done.wait()
@@ -143,14 +148,20 @@ class Assistants(Surface):
         assert self._manager is not None
         host = req.headers.get("host", "localhost")
         scope: dict[str, Any] = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-            "method": method, "scheme": "http", "path": "/mcp", "raw_path": b"/mcp",
-            "query_string": b"", "root_path": "",
-            "headers": [(k.encode("latin-1"), v.encode("latin-1"))
-                        for k, v in req.headers.items()],
-            "client": (req.peer, 0), "server": (host, 0),
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": "/mcp",
+            "raw_path": b"/mcp",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in req.headers.items()],
+            "client": (req.peer, 0),
+            "server": (host, 0),
             "state": {"lens.request": req},  # what a tool call asks with (_head)
-        }  # fmt: skip
+        }
         answered = anyio.Event()
         sent = False
         status, ctype, extra, chunks = 500, "application/json", {}, []
@@ -183,23 +194,37 @@ class Assistants(Surface):
         return status, ctype, b"".join(chunks), extra
 
     # -- the tools ------------------------------------------------------------------------
-    async def _list(self, ctx: ServerRequestContext[Any],
-                    params: types.PaginatedRequestParams | None
-                    ) -> types.ListToolsResult:  # fmt: skip
-        out = [types.Tool(name=t.name, description=t.description, input_schema=t.schema,
-                          annotations=types.ToolAnnotations(
-                              read_only_hint=not t.write, destructive_hint=False,
-                              idempotent_hint=not t.write or t.route.method != "POST",
-                              open_world_hint=False))
-               for t in self.tools.values()]  # fmt: skip
-        out += [types.Tool(name=c.name, description=c.description, input_schema=c.schema,
-                           annotations=types.ToolAnnotations(read_only_hint=True,
-                                                             open_world_hint=False))
-                for c in self.composed.values()]  # fmt: skip
+    async def _list(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        out = [
+            types.Tool(
+                name=t.name,
+                description=t.description,
+                input_schema=t.schema,
+                annotations=types.ToolAnnotations(
+                    read_only_hint=not t.write,
+                    destructive_hint=False,
+                    idempotent_hint=not t.write or t.route.method != "POST",
+                    open_world_hint=False,
+                ),
+            )
+            for t in self.tools.values()
+        ]
+        out += [
+            types.Tool(
+                name=c.name,
+                description=c.description,
+                input_schema=c.schema,
+                annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+            )
+            for c in self.composed.values()
+        ]
         return types.ListToolsResult(tools=out)
 
-    async def _call(self, ctx: ServerRequestContext[Any],
-                    params: types.CallToolRequestParams) -> types.CallToolResult:  # fmt: skip
+    async def _call(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
         args = dict(params.arguments or {})
         head = _head(ctx)
         try:
@@ -217,8 +242,9 @@ class Assistants(Surface):
         if got.error is not None:
             return _error(got.error, got.data)
         structured = got.data if isinstance(got.data, dict) else None
-        return types.CallToolResult(content=[types.TextContent(text=got.text)],
-                                    structured_content=structured)  # fmt: skip
+        return types.CallToolResult(
+            content=[types.TextContent(text=got.text)], structured_content=structured
+        )
 
 
 def _head(ctx: ServerRequestContext[Any]) -> Request:
@@ -232,5 +258,6 @@ def _head(ctx: ServerRequestContext[Any]) -> Request:
 def _error(message: str, data: Any = None) -> types.CallToolResult:
     """A tool error (isError) carrying our message; the route's whole answer with it."""
     structured = data if isinstance(data, dict) else None
-    return types.CallToolResult(content=[types.TextContent(text=message)], is_error=True,
-                                structured_content=structured)  # fmt: skip
+    return types.CallToolResult(
+        content=[types.TextContent(text=message)], is_error=True, structured_content=structured
+    )

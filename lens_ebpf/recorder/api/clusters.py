@@ -36,8 +36,11 @@ def consumers(ask: Ask) -> Any:
     return workloads.consumers(ask.conn, ask.c, ask.now(), num, size)
 
 
-@routes.get("clusters/allocation", Param("start", "time", "unix seconds or RFC 3339"),
-            Param("end", "time", "unix seconds or RFC 3339"))  # fmt: skip
+@routes.get(
+    "clusters/allocation",
+    Param("start", "time", "unix seconds or RFC 3339"),
+    Param("end", "time", "unix seconds or RFC 3339"),
+)
 def cluster_allocation(ask: Ask) -> Any:
     """The cluster's GPU allocation over time, from its snapshots (the span: every one)."""
     end, start = when(ask.query, "end"), when(ask.query, "start")

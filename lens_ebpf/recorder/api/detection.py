@@ -27,19 +27,27 @@ def summary(ask: Ask) -> Any:
     "detection-status",
     Param("status", choices=detection_status.STATUSES),
     Param("state", choices=detection_status.STATES, doc="the detection's state"),
-    Param("page", "integer", "the page, from 1", default=1, minimum=1,
-          maximum=inputs.INT_MAX // PAGE_MAX),
+    Param(
+        "page",
+        "integer",
+        "the page, from 1",
+        default=1,
+        minimum=1,
+        maximum=inputs.INT_MAX // PAGE_MAX,
+    ),
     Param("page_size", "integer", "workloads a page", default=20, minimum=1, maximum=PAGE_MAX),
-)  # fmt: skip
+)
 def statuses(ask: Ask) -> Any:
     """?status, state, page, page_size (20, at most 100): {data, total, page, page_size}."""
     q = ask.query
     num, size = integer(q, "page", 1), integer(q, "page_size", 20)
     if not 1 <= num <= inputs.INT_MAX // PAGE_MAX or not 1 <= size <= PAGE_MAX:
-        raise bad(f"page={num}, page_size={size}: page 1 or more, page_size from 1 to "
-                  f"{PAGE_MAX}")  # fmt: skip
-    return detection_status.listing(ask.conn, ask.c.name, param(q, "status") or "",
-                                    param(q, "state") or "", num, size)  # fmt: skip
+        raise bad(
+            f"page={num}, page_size={size}: page 1 or more, page_size from 1 to " f"{PAGE_MAX}"
+        )
+    return detection_status.listing(
+        ask.conn, ask.c.name, param(q, "status") or "", param(q, "state") or "", num, size
+    )
 
 
 @routes.get("detection-status/{workload_uid}")
@@ -69,23 +77,25 @@ def tasks(ask: Ask) -> Any:
     return detection_status.tasks_of(ask.conn, ask.c.name, ask.arg("workload_uid"))
 
 
-@routes.get("detection-status/{workload_uid}/evidence",
-            Param("source", choices=frameworks.SOURCES))  # fmt: skip
+@routes.get("detection-status/{workload_uid}/evidence", Param("source", choices=frameworks.SOURCES))
 def evidence(ask: Ask) -> Any:
     """?source (process, log, image, label): its evidence, newest first."""
-    return detection_status.evidence_of(ask.conn, ask.c.name, ask.arg("workload_uid"),
-                                        param(ask.query, "source") or "")  # fmt: skip
+    return detection_status.evidence_of(
+        ask.conn, ask.c.name, ask.arg("workload_uid"), param(ask.query, "source") or ""
+    )
 
 
 @routes.post("detection-status/{workload_uid}/coverage/initialize")
 def coverage_initialize(ask: Ask) -> Any:
     """Coverage for a workload not looked at yet; a write (the API's credentials)."""
-    return detection_status.initialize(ask.conn, ask.c.name, ask.arg("workload_uid"), ask.now(),
-                                       who(ask))  # fmt: skip
+    return detection_status.initialize(
+        ask.conn, ask.c.name, ask.arg("workload_uid"), ask.now(), who(ask)
+    )
 
 
 @routes.post("detection-status/{workload_uid}/trigger")
 def trigger(ask: Ask) -> Any:
     """Detect the workload again at the leader's next look; a write."""
-    return detection_status.trigger(ask.conn, ask.c.name, ask.arg("workload_uid"), ask.now(),
-                                    who(ask))  # fmt: skip
+    return detection_status.trigger(
+        ask.conn, ask.c.name, ask.arg("workload_uid"), ask.now(), who(ask)
+    )

@@ -17,8 +17,9 @@ def node_devices(ask: Ask) -> Any:
     return devices.node_devices(ask.conn, ask.c.tables, ask.arg("name"))
 
 
-@routes.get("nodes/{name}/devices/changelog",
-            Param("since", "time", "unix seconds or RFC 3339"), PAGE)  # fmt: skip
+@routes.get(
+    "nodes/{name}/devices/changelog", Param("since", "time", "unix seconds or RFC 3339"), PAGE
+)
 def changelog(ask: Ask) -> Any:
     """What changed on a node's devices, a row per field changed, oldest first."""
     num, size = page(ask.query)

@@ -138,10 +138,14 @@ def failure(exc: Exception) -> ApiError | None:
     # what a client sent that a check let through and the database or Python cannot hold
     # (a value out of its column's range, a character its text refuses): the client's,
     # named by kind only (the statement and the driver's words stay here)
-    if isinstance(exc, DataError) or (isinstance(exc, StatementError) and
-                                      isinstance(exc.orig, OverflowError)):  # fmt: skip
-        return ApiError(400, 4001, "a value the database cannot store (out of range, or a "
-                        "character it does not take)")  # fmt: skip
+    if isinstance(exc, DataError) or (
+        isinstance(exc, StatementError) and isinstance(exc.orig, OverflowError)
+    ):
+        return ApiError(
+            400,
+            4001,
+            "a value the database cannot store (out of range, or a " "character it does not take)",
+        )
     if isinstance(exc, OverflowError):
         return ApiError(400, 4001, "a value out of range")
     if isinstance(exc, SQLAlchemyError):
@@ -170,8 +174,11 @@ class Outage:
             if self.down:
                 return
             self.down, self.requests = True, 1
-        log.warning("recorder: the database is unavailable to requests (%s); they are "
-                    "answered 503 until it is back", type(exc).__name__)  # fmt: skip
+        log.warning(
+            "recorder: the database is unavailable to requests (%s); they are "
+            "answered 503 until it is back",
+            type(exc).__name__,
+        )
 
     def answered(self) -> None:
         if not self.down:
@@ -211,8 +218,10 @@ def page(query: dict[str, str]) -> tuple[int, int]:
     """(page_num, page_size): defaults 1 and 10; a page size above 1,000 is refused."""
     out = []
     # (a page's offset, (page_num - 1) * page_size, within 64 bits too)
-    for name, default, most in (("page_num", 1, inputs.INT_MAX // PAGE_MAX),
-                                ("page_size", 10, PAGE_MAX)):  # fmt: skip
+    for name, default, most in (
+        ("page_num", 1, inputs.INT_MAX // PAGE_MAX),
+        ("page_size", 10, PAGE_MAX),
+    ):
         n = integer(query, name, default)
         if not 1 <= n <= most:
             raise bad(f"{name}={n}: must be from 1 to {most}")
@@ -259,24 +268,38 @@ def span(query: dict[str, str]) -> tuple[int, int, int]:
 
 
 PAGE = (  # page(): the Primus-Lens pages' paging
-    Param("page_num", "integer", "the page, from 1", default=1, minimum=1,
-          maximum=inputs.INT_MAX // PAGE_MAX),
+    Param(
+        "page_num",
+        "integer",
+        "the page, from 1",
+        default=1,
+        minimum=1,
+        maximum=inputs.INT_MAX // PAGE_MAX,
+    ),
     Param("page_size", "integer", "rows a page", default=10, minimum=1, maximum=PAGE_MAX),
-)  # fmt: skip
+)
 SPAN = (  # span(): a graph's span
     Param("start", "integer", "unix seconds", required=True),
     Param("end", "integer", "unix seconds", required=True),
     Param("step", "integer", "seconds between points", default=60, minimum=1),
 )
-CLUSTER = Param("cluster", doc="the cluster asked about (a followed cluster's name; a write "
-                "may name it in its JSON body instead); none: the home cluster")  # fmt: skip
+CLUSTER = Param(
+    "cluster",
+    doc="the cluster asked about (a followed cluster's name; a write "
+    "may name it in its JSON body instead); none: the home cluster",
+)
 TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no")  # a boolean as a query may say it
 BODY_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
-    "string": ((str,), "a string"), "integer": ((int,), "a whole number"),
-    "number": ((int, float), "a number"), "boolean": ((bool,), "true or false"),
-    "list": ((list,), "a list"), "array": ((list,), "a list"), "object": ((dict,), "an object"),
-    "date-time": ((str,), "an RFC 3339 time"), "time": ((int, str), "unix seconds or RFC 3339"),
-}  # fmt: skip
+    "string": ((str,), "a string"),
+    "integer": ((int,), "a whole number"),
+    "number": ((int, float), "a number"),
+    "boolean": ((bool,), "true or false"),
+    "list": ((list,), "a list"),
+    "array": ((list,), "a list"),
+    "object": ((dict,), "an object"),
+    "date-time": ((str,), "an RFC 3339 time"),
+    "time": ((int, str), "unix seconds or RFC 3339"),
+}
 
 
 def given(p: Param, values: dict[str, str]) -> tuple[str, str] | None:
@@ -326,8 +349,13 @@ def read_as(p: Param, name: str, raw: str) -> None:
         n = inputs.whole(raw, name)
         lo, hi = p.minimum, p.maximum
         if (lo is not None and n < lo) or (hi is not None and n > hi):
-            said = f"from {lo} to {hi}" if lo is not None and hi is not None else \
-                f"{lo} or more" if lo is not None else f"{hi} or less"  # fmt: skip
+            said = (
+                f"from {lo} to {hi}"
+                if lo is not None and hi is not None
+                else f"{lo} or more"
+                if lo is not None
+                else f"{hi} or less"
+            )
             raise bad(f"{name}={n}: must be {said}")
     elif p.kind == "number":
         try:
@@ -443,9 +471,14 @@ class LensApi(Surface):
 
     params: tuple[Param, ...] = (CLUSTER,)
 
-    def __init__(self, app: Services, connect: Connect,
-                 scopes: Callable[[str | None], Scope], begin: Connect | None = None,
-                 guard: WriteGuard | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        app: Services,
+        connect: Connect,
+        scopes: Callable[[str | None], Scope],
+        begin: Connect | None = None,
+        guard: WriteGuard | None = None,
+    ) -> None:
         self.app, self.connect, self.scopes = app, connect, scopes
         self.begin, self.guard = begin or connect, guard
 
@@ -512,8 +545,9 @@ class LensApi(Surface):
 
     def not_allowed(self, req: Request, method: str, allowed: list[str]) -> Answer:
         said = ", ".join(allowed) or "nothing"
-        return error(ApiError(405, NOT_ALLOWED, f"{method} /{req.path}: not served here "
-                              f"({said} is)"))  # fmt: skip
+        return error(
+            ApiError(405, NOT_ALLOWED, f"{method} /{req.path}: not served here " f"({said} is)")
+        )
 
 
 class AlertsApi(LensApi):

@@ -35,11 +35,17 @@ def _number(ask: Ask, name: str) -> float | None:
     Param("start_time_to", "date-time", "runs that began at or before"),
     Param("min_duration", "number", "seconds, at least"),
     Param("max_duration", "number", "seconds, at most"),
-    Param("page_num", "integer", "the page, from 1", default=1, minimum=1,
-          maximum=inputs.INT_MAX // PAGE_MAX),
+    Param(
+        "page_num",
+        "integer",
+        "the page, from 1",
+        default=1,
+        minimum=1,
+        maximum=inputs.INT_MAX // PAGE_MAX,
+    ),
     Param("page_size", "integer", "runs a page", default=20, minimum=1, maximum=PAGE_MAX),
     Param("order_by", doc="a field and ASC or DESC", default="started_at DESC"),
-)  # fmt: skip
+)
 def histories(ask: Ask) -> Any:
     """?job_name, job_type (a part of them), status, cluster_name, hostname,
     start_time_from, start_time_to (RFC 3339), min_duration, max_duration (seconds),
@@ -48,23 +54,30 @@ def histories(ask: Ask) -> Any:
     q = ask.query
     num, size = integer(q, "page_num", 1), integer(q, "page_size", 20)
     if not 1 <= num <= inputs.INT_MAX // PAGE_MAX or not 1 <= size <= PAGE_MAX:
-        raise bad(f"page_num={num}, page_size={size}: page_num 1 or more, page_size from 1 "
-                  f"to {PAGE_MAX}")  # fmt: skip
+        raise bad(
+            f"page_num={num}, page_size={size}: page_num 1 or more, page_size from 1 "
+            f"to {PAGE_MAX}"
+        )
     status = param(q, "status") or ""
     if status and status not in job_history.STATUSES:
         raise bad(f"status={status!r}: one of {', '.join(job_history.STATUSES)}")
     names = ("job_name", "job_type", "cluster_name", "hostname")
     filters: dict[str, Any] = {name: param(q, name) or "" for name in names}
-    filters |= {"status": status, "start_time_from": when(q, "start_time_from"),
-                "start_time_to": when(q, "start_time_to"),
-                "min_duration": _number(ask, "min_duration"),
-                "max_duration": _number(ask, "max_duration")}  # fmt: skip
+    filters |= {
+        "status": status,
+        "start_time_from": when(q, "start_time_from"),
+        "start_time_to": when(q, "start_time_to"),
+        "min_duration": _number(ask, "min_duration"),
+        "max_duration": _number(ask, "max_duration"),
+    }
     order = param(q, "order_by") or "started_at DESC"
     return job_history.listing(ask.conn, filters, order, num, size)
 
 
-@routes.get("job-execution-histories/recent-failures",
-            Param("limit", "integer", "runs", default=10, minimum=1, maximum=PAGE_MAX))  # fmt: skip
+@routes.get(
+    "job-execution-histories/recent-failures",
+    Param("limit", "integer", "runs", default=10, minimum=1, maximum=PAGE_MAX),
+)
 def recent_failures(ask: Ask) -> Any:
     """?limit (10, at most 100): the latest failed runs, newest first."""
     limit = integer(ask.query, "limit", 10)

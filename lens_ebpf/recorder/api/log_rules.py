@@ -31,10 +31,15 @@ routes = RouteTable()
 
 
 # -- log rules ------------------------------------------------------------------------------
-@routes.get("log-alert-rules", CLUSTER, ENABLED, Param("match_type", choices=logrules.MATCH_TYPES),
-            Param("severity", choices=SEVERITIES),
-            Param("search", doc="a part of the name", also=("keyword", "name")),
-            WINDOW)  # fmt: skip
+@routes.get(
+    "log-alert-rules",
+    CLUSTER,
+    ENABLED,
+    Param("match_type", choices=logrules.MATCH_TYPES),
+    Param("severity", choices=SEVERITIES),
+    Param("search", doc="a part of the name", also=("keyword", "name")),
+    WINDOW,
+)
 def log_rules(ask: Ask) -> Any:
     """The log alert rules (a cluster's, and those of every cluster), filtered, one
     page."""
@@ -103,12 +108,14 @@ def log_rule_test(ask: Ask) -> Any:
 
 
 # -- log rule templates ---------------------------------------------------------------------
-@routes.get("log-alert-rule-templates", Param("category"),
-            Param("built_in", "boolean", "shipped ones (true) or one's own (false)"))  # fmt: skip
+@routes.get(
+    "log-alert-rule-templates",
+    Param("category"),
+    Param("built_in", "boolean", "shipped ones (true) or one's own (false)"),
+)
 def templates(ask: Ask) -> Any:
     """The log alert rule templates, an array (the page groups it by category)."""
-    return logstore.templates(ask.conn, param(ask.query, "category") or "",
-                              flag(ask, "built_in"))  # fmt: skip
+    return logstore.templates(ask.conn, param(ask.query, "category") or "", flag(ask, "built_in"))
 
 
 @routes.get("log-alert-rule-templates/{id}", ID)
@@ -126,8 +133,9 @@ def template_create(ask: Ask) -> Any:
 @routes.post("log-alert-rule-templates/{id}/instantiate", ID)
 def template_instantiate(ask: Ask) -> Any:
     """{name, cluster_name, overrides}: a rule made of the template."""
-    return _changed(ask, logtemplates.instantiate(ask.conn, ident(ask), ask.body(), ask.now(),
-                                                  who(ask)))  # fmt: skip
+    return _changed(
+        ask, logtemplates.instantiate(ask.conn, ident(ask), ask.body(), ask.now(), who(ask))
+    )
 
 
 @routes.delete("log-alert-rule-templates/{id}", ID)
@@ -137,27 +145,39 @@ def template_delete(ask: Ask) -> Any:
 
 
 # -- across clusters, statistics, versions (issue 70: served inside served sections) -----------
-@routes.get("log-alert-rules/multi-cluster", WINDOW, ENABLED,
-            Param("severity", choices=SEVERITIES), Param("name", doc="a part of the name"),
-            Param("search", doc="a part of the name or description"))  # fmt: skip
+@routes.get(
+    "log-alert-rules/multi-cluster",
+    WINDOW,
+    ENABLED,
+    Param("severity", choices=SEVERITIES),
+    Param("name", doc="a part of the name"),
+    Param("search", doc="a part of the name or description"),
+)
 def log_rules_multi_cluster(ask: Ask) -> Any:
     """?name, enabled, severity, pageNum, pageSize: {clusters: [{cluster_name, rules,
     total}]}, each followed cluster's rules (its own and those of every cluster)."""
     offset, limit = window(ask)
-    filters = {"enabled": flag(ask, "enabled"), "severity": one_of(ask, "severity", SEVERITIES),
-               "search": param(ask.query, "name") or param(ask.query, "search")}  # fmt: skip
+    filters = {
+        "enabled": flag(ask, "enabled"),
+        "severity": one_of(ask, "severity", SEVERITIES),
+        "search": param(ask.query, "name") or param(ask.query, "search"),
+    }
     return rule_history.multi_cluster(ask.conn, ask.app.clusters.names(), filters, offset, limit)
 
 
-@routes.get("log-alert-rules/{id}/statistics", ID,
-            Param("date_from", doc="YYYY-MM-DD; none: 7 days ago"),
-            Param("date_to", doc="YYYY-MM-DD; none: today"))  # fmt: skip
+@routes.get(
+    "log-alert-rules/{id}/statistics",
+    ID,
+    Param("date_from", doc="YYYY-MM-DD; none: 7 days ago"),
+    Param("date_to", doc="YYYY-MM-DD; none: today"),
+)
 def log_rule_statistics(ask: Ask) -> Any:
     """?date_from, date_to (YYYY-MM-DD; the last 7 days): {summary, statistics}, the alerts
     it raised per day, hour and cluster."""
     q = ask.query
-    return rule_history.statistics(ask.conn, ident(ask), param(q, "date_from") or "",
-                                   param(q, "date_to") or "", ask.now())  # fmt: skip
+    return rule_history.statistics(
+        ask.conn, ident(ask), param(q, "date_from") or "", param(q, "date_to") or "", ask.now()
+    )
 
 
 @routes.get("log-alert-rules/{id}/versions", ID)
@@ -166,11 +186,13 @@ def log_rule_versions(ask: Ask) -> Any:
     return rule_history.versions(ask.conn, ident(ask))
 
 
-@routes.post("log-alert-rules/{id}/rollback/{version}", ID,
-             Param("version", "integer", "the version to restore"))  # fmt: skip
+@routes.post(
+    "log-alert-rules/{id}/rollback/{version}",
+    ID,
+    Param("version", "integer", "the version to restore"),
+)
 def log_rule_rollback(ask: Ask) -> Any:
     """An older version's fields applied again (a new version of its own)."""
-    got = rule_history.rollback(ask.conn, ident(ask), ident(ask, "version"), ask.now(),
-                                who(ask))  # fmt: skip
+    got = rule_history.rollback(ask.conn, ident(ask), ident(ask, "version"), ask.now(), who(ask))
     hub(ask).log_rules.invalidate()
     return got

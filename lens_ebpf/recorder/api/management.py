@@ -99,8 +99,15 @@ def cluster_initialize(ask: Ask) -> Any:
     cluster, as a task the leader runs: {task_id, status, message}."""
     m = hub(ask)
     ask.body()  # checked: storage_mode and the rest are the original's, unused here
-    return m.tasks.create(ask.conn, ask.arg("cluster_name"), "infrastructure", "initialize",
-                          ask.now(), who(ask), m.settings.agent_image())  # fmt: skip
+    return m.tasks.create(
+        ask.conn,
+        ask.arg("cluster_name"),
+        "infrastructure",
+        "initialize",
+        ask.now(),
+        who(ask),
+        m.settings.agent_image(),
+    )
 
 
 @routes.get(f"{ONE}/infrastructure/status")
@@ -108,8 +115,9 @@ def infrastructure(ask: Ask) -> Any:
     """Whether the agent is installed there (initialized), the last initialize task."""
     m, name = hub(ask), ask.arg("cluster_name")
     got = m.admin.get(ask.conn, name)
-    return tasks.infrastructure(ask.conn, name, got["infrastructure_status"],
-                                got["infrastructure_message"])  # fmt: skip
+    return tasks.infrastructure(
+        ask.conn, name, got["infrastructure_status"], got["infrastructure_message"]
+    )
 
 
 def _limit(ask: Ask) -> int:
@@ -134,8 +142,9 @@ def _task_id(ask: Ask) -> int:
 def cluster_tasks(ask: Ask) -> Any:
     """?scope, limit (20): {data: [TaskResponse]}, newest first."""
     hub(ask).admin.get(ask.conn, ask.arg("cluster_name"))
-    return tasks.listing(ask.conn, ask.arg("cluster_name"), param(ask.query, "scope") or "",
-                         _limit(ask))  # fmt: skip
+    return tasks.listing(
+        ask.conn, ask.arg("cluster_name"), param(ask.query, "scope") or "", _limit(ask)
+    )
 
 
 @routes.get(f"{ONE}/tasks/active", SCOPE)
@@ -166,11 +175,16 @@ def cluster_task_logs(ask: Ask) -> Any:
 def config_json(item: dict[str, Any]) -> dict[str, Any]:
     """ConfigResponse: its value an object ({"value": ...} for one of another type)."""
     value = item["value"]
-    return {"id": item["id"], "key": item["key"],
-            "value": value if isinstance(value, dict) else {"value": value},
-            "description": item["description"], "category": item["category"],
-            "version": item["version"], "updated_at": item["updated_at"] or "",
-            "updated_by": item["updated_by"]}  # fmt: skip
+    return {
+        "id": item["id"],
+        "key": item["key"],
+        "value": value if isinstance(value, dict) else {"value": value},
+        "description": item["description"],
+        "category": item["category"],
+        "version": item["version"],
+        "updated_at": item["updated_at"] or "",
+        "updated_by": item["updated_by"],
+    }
 
 
 @routes.get("management/config", Param("category"))
@@ -186,9 +200,12 @@ def installer_item(ask: Ask) -> dict[str, Any]:
     s = hub(ask).settings
     got = config_json(s.get(ask.conn, "recorder.management.agent_image"))
     image = s.installer()
-    return got | {"key": INSTALLER, "category": "installer",
-                  "value": {"repository": image["repository"], "tag": image["tag"]},
-                  "description": "the agent image Initialize installs"}  # fmt: skip
+    return got | {
+        "key": INSTALLER,
+        "category": "installer",
+        "value": {"repository": image["repository"], "tag": image["tag"]},
+        "description": "the agent image Initialize installs",
+    }
 
 
 @routes.get("management/config/installer")
@@ -213,8 +230,11 @@ def config_set(ask: Ask) -> Any:
     key, b = ask.arg("key"), ask.body()
     if key == INSTALLER:
         v = b.get("value")
-        if not isinstance(v, dict) or not isinstance(v.get("repository"), str) or \
-                not str(v.get("repository")).strip():  # fmt: skip
+        if (
+            not isinstance(v, dict)
+            or not isinstance(v.get("repository"), str)
+            or not str(v.get("repository")).strip()
+        ):
             raise bad("value: {repository, tag} is required")
         tag = str(v.get("tag") or "latest").strip()
         b = {**b, "value": f"{v['repository'].strip()}:{tag}"}
@@ -229,8 +249,12 @@ def config_set(ask: Ask) -> Any:
 def config_delete(ask: Ask) -> Any:
     """Back to the value the service started with: 204."""
     key = ask.arg("key")
-    hub(ask).settings.delete(ask.conn, "recorder.management.agent_image"
-                             if key == INSTALLER else key, ask.now(), who(ask))  # fmt: skip
+    hub(ask).settings.delete(
+        ask.conn,
+        "recorder.management.agent_image" if key == INSTALLER else key,
+        ask.now(),
+        who(ask),
+    )
     return Status(204)
 
 

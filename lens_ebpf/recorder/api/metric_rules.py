@@ -32,17 +32,27 @@ files = RouteTable()  # the rules file: text, its errors in the envelope
 
 
 # -- metric rules ---------------------------------------------------------------------------
-@routes.get("metric-alert-rules", CLUSTER, ENABLED,
-            Param("sync_status", choices=("pending", "synced", "failed")),
-            Param("search", doc="a part of the name", also=("name",)), WINDOW)  # fmt: skip
+@routes.get(
+    "metric-alert-rules",
+    CLUSTER,
+    ENABLED,
+    Param("sync_status", choices=("pending", "synced", "failed")),
+    Param("search", doc="a part of the name", also=("name",)),
+    WINDOW,
+)
 def metric_rules(ask: Ask) -> Any:
     """The metric (PromQL) alert rules, filtered, one page."""
     offset, limit = window(ask)
     q = ask.query
     return hub(ask).metric_rules.page(
-        ask.conn, cluster(ask), flag(ask, "enabled"),
+        ask.conn,
+        cluster(ask),
+        flag(ask, "enabled"),
         one_of(ask, "sync_status", ("pending", "synced", "failed")),
-        param(q, "search") or param(q, "name") or "", offset, limit)  # fmt: skip
+        param(q, "search") or param(q, "name") or "",
+        offset,
+        limit,
+    )
 
 
 @files.get("metric-alert-rules/rules-file", tool=False)  # a file for Prometheus
@@ -50,8 +60,12 @@ def metric_rules_file(ask: Ask) -> Any:
     """Every enabled rule as one Prometheus rules file (rule_files: where Prometheus runs
     without the Prometheus Operator)."""
     text = hub(ask).metric_rules.rules_text(ask.conn)
-    return 200, "application/yaml", text.encode(), {
-        "Content-Disposition": "inline; filename=lens-ebpf-rules.yaml"}  # fmt: skip
+    return (
+        200,
+        "application/yaml",
+        text.encode(),
+        {"Content-Disposition": "inline; filename=lens-ebpf-rules.yaml"},
+    )
 
 
 @routes.get("metric-alert-rules/{id}", ID)

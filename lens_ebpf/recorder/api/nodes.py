@@ -12,12 +12,20 @@ from lens_ebpf.recorder.api.envelope import PAGE, SPAN, Ask, bad, page, param, s
 routes = RouteTable()
 
 
-@routes.get("nodes", PAGE, Param("name", doc="a part of the node's name"),
-            Param("gpu_name", doc="the GPU model"),
-            Param("status", "list", "node statuses (any of them)"),
-            Param("order_by", doc="the field ordered by", default="name",
-                  choices=tuple(sorted(gpu_nodes.ORDER))),
-            Param("desc", "boolean", "descending", default=False))  # fmt: skip
+@routes.get(
+    "nodes",
+    PAGE,
+    Param("name", doc="a part of the node's name"),
+    Param("gpu_name", doc="the GPU model"),
+    Param("status", "list", "node statuses (any of them)"),
+    Param(
+        "order_by",
+        doc="the field ordered by",
+        default="name",
+        choices=tuple(sorted(gpu_nodes.ORDER)),
+    ),
+    Param("desc", "boolean", "descending", default=False),
+)
 def node_list(ask: Ask) -> Any:
     """One page of the GPU nodes, filtered and ordered, each with its GPUs' mean
     utilization now (NodeListResponse)."""
@@ -30,9 +38,18 @@ def node_list(ask: Ask) -> Any:
     if desc not in ("true", "false", "1", "0"):
         raise bad(f"desc={desc!r}: true or false")
     wanted = {s for s in (param(q, "status") or "").split(",") if s}
-    return gpu_nodes.node_list(ask.conn, ask.c, ask.now(), num, size, order_by,
-                               desc in ("true", "1"), param(q, "name") or "",
-                               param(q, "gpu_name") or "", wanted)  # fmt: skip
+    return gpu_nodes.node_list(
+        ask.conn,
+        ask.c,
+        ask.now(),
+        num,
+        size,
+        order_by,
+        desc in ("true", "1"),
+        param(q, "name") or "",
+        param(q, "gpu_name") or "",
+        wanted,
+    )
 
 
 @routes.get("nodes/fragmentation-analysis")

@@ -34,12 +34,27 @@ from lens_ebpf.recorder.errors import BadRequest
 from lens_ebpf.recorder.ingest.admission import Ingest, Outcome
 from lens_ebpf.recorder.training.intake import take_logs
 
-CODES = {400: 4001, 401: 4010, 403: 4003, 404: 4004, 405: NOT_ALLOWED, 408: 4008, 413: 4013,
-         415: 4015, 429: 4029, 503: 5003}  # fmt: skip
+CODES = {
+    400: 4001,
+    401: 4010,
+    403: 4003,
+    404: 4004,
+    405: NOT_ALLOWED,
+    408: 4008,
+    413: 4013,
+    415: 4015,
+    429: 4029,
+    503: 5003,
+}
 # what each route's body may declare: log shippers' JSON, JSON lines and plain lines; remote
 # write's protobuf; alerts' JSON
-LOGS = ("application/json", "application/x-ndjson", "application/jsonlines",
-        "application/json-lines", "text/plain")  # fmt: skip
+LOGS = (
+    "application/json",
+    "application/x-ndjson",
+    "application/jsonlines",
+    "application/json-lines",
+    "text/plain",
+)
 PROTOBUF = ("application/x-protobuf",)
 
 routes = RouteTable()
@@ -62,17 +77,16 @@ class Admitted(Surface):
     """handler(req, app) -> Outcome, behind the token check, counted and timed by route;
     each route's body bound is its setting (recorder.logs, recorder.remote_write)."""
 
-    params = (Param("cluster", doc="the cluster the body is of: this service's home one "
-                    "only"),)  # fmt: skip
+    params = (Param("cluster", doc="the cluster the body is of: this service's home one " "only"),)
 
     def __init__(self, app: Services, ingest: Ingest) -> None:
         self.app, self.ingest = app, ingest
 
     def max_body(self, route: Route) -> int:
         cfg = self.app.cfg
-        return {"logs": cfg.logs.max_body_bytes,
-                "prometheus": cfg.remote_write.max_body_bytes}.get(
-                    route.path, cfg.alerts.max_body_bytes)  # fmt: skip
+        return {"logs": cfg.logs.max_body_bytes, "prometheus": cfg.remote_write.max_body_bytes}.get(
+            route.path, cfg.alerts.max_body_bytes
+        )
 
     def admit(self, route: Route, head: Request) -> Answer | None:
         """The token and the site (Ingest.refused), then the Content-Type, on the head."""
@@ -96,8 +110,7 @@ class Admitted(Surface):
     def call(self, route: Route, req: Request) -> Answer:
         name = "/" + route.path  # admitted on its head (admit)
         start = time.perf_counter()
-        got = self.ingest.elsewhere(name, req.query.get("cluster", "")) or self._handle(
-            route, req)  # fmt: skip
+        got = self.ingest.elsewhere(name, req.query.get("cluster", "")) or self._handle(route, req)
         self.ingest.count(name, got.status, time.perf_counter() - start)
         return put(got)
 
@@ -115,13 +128,19 @@ class Admitted(Surface):
                 raise
             if down(exc):
                 self.app.outage.failed(exc)
-            return Outcome(e.status, e.message, headers={"Retry-After": "5"}
-                           if e.status == 503 else {})  # fmt: skip
+            return Outcome(
+                e.status, e.message, headers={"Retry-After": "5"} if e.status == 503 else {}
+            )
 
 
-@routes.post("logs", Param("namespace", doc="plain lines' pod's namespace"),
-             Param("pod", doc="plain lines' pod"), Param("container", doc="plain lines' container"),
-             Param("pod_uid", doc="plain lines' pod's uid"), takes=LOGS)  # fmt: skip
+@routes.post(
+    "logs",
+    Param("namespace", doc="plain lines' pod's namespace"),
+    Param("pod", doc="plain lines' pod"),
+    Param("container", doc="plain lines' container"),
+    Param("pod_uid", doc="plain lines' pod's uid"),
+    takes=LOGS,
+)
 def logs(req: Request, app: Services) -> Outcome:
     """Log shippers' lines (JSON, JSON lines, plain lines): training progress and the log
     alert rules. Taken here, or (with replicas, on one that does not lead) handed to the leader,
@@ -129,8 +148,16 @@ def logs(req: Request, app: Services) -> Outcome:
     if app.leadership is not None and not app.leadership.leads():
         return app.leadership.forward("logs", req.body, req.headers, req.query)
     also = app.alerts.lines if app.alerts is not None else None  # the log rules
-    return take_logs(app.training, app.writer, req.body, req.headers.get("content-encoding", ""),
-                     req.query, app.cfg.logs.max_body_bytes, app.clock(), also)  # fmt: skip
+    return take_logs(
+        app.training,
+        app.writer,
+        req.body,
+        req.headers.get("content-encoding", ""),
+        req.query,
+        app.cfg.logs.max_body_bytes,
+        app.clock(),
+        also,
+    )
 
 
 @routes.post("prometheus", takes=PROTOBUF)
@@ -164,8 +191,12 @@ def _alerts(req: Request, app: Services, source: str) -> Outcome:
         data["alert_id"] = alerts[0].id
     if refused:  # the others stored: a 400 (not sent again) that names what was not
         data["refused"] = refused
-        return Outcome(400, f"{len(refused)} of {data['received']} alerts refused, the others "
-                       f"stored: {'; '.join(refused)[:1000]}", data)  # fmt: skip
+        return Outcome(
+            400,
+            f"{len(refused)} of {data['received']} alerts refused, the others "
+            f"stored: {'; '.join(refused)[:1000]}",
+            data,
+        )
     return Outcome(200, "OK", data)
 
 

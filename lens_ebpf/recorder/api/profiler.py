@@ -22,10 +22,15 @@ files = RouteTable()  # a trace's bytes, the analysis page, the viewer: not the 
 SESSION = Param("session_id", required=True)
 CREATE = (
     Param("workload_uid", doc="the workload the trace is of", required=True, body=True),
-    Param("profiler_file_id", "integer", "the trace (workloads/{uid}/profiler-files' id)",
-          required=True, body=True),
+    Param(
+        "profiler_file_id",
+        "integer",
+        "the trace (workloads/{uid}/profiler-files' id)",
+        required=True,
+        body=True,
+    ),
     Param("ttl_minutes", "integer", "minutes the session lives", body=True),
-)  # fmt: skip
+)
 EXTEND = Param("extend_minutes", "integer", "minutes more", required=True, body=True)
 # the viewer's page: the trace-viewer page opens it with Perfetto's #!/viewer?url=/trace.json;
 # speedscope reads #profileURL=, so the hash is turned into that before speedscope loads,
@@ -61,8 +66,7 @@ def profiler_files(ask: Ask) -> Any:
     return got
 
 
-@files.get("profiler-files/{id}/download", Param("id", "integer", required=True),
-           tool=False)  # fmt: skip
+@files.get("profiler-files/{id}/download", Param("id", "integer", required=True), tool=False)
 def download(ask: Ask) -> Answer:
     """A trace's bytes as the process wrote them (fetched from its agent first where the
     recorder does not keep them)."""
@@ -79,10 +83,17 @@ def resource_profiles(ask: Ask) -> Any:
     return {"profiles": PROFILES}
 
 
-@routes.post("tracelens/sessions", *CREATE,
-             Param("resource_profile", doc="small, medium or large", body=True),
-             Param("profiler_file_ids", "array", "the other ranks' traces to analyse with it "
-                   "(none: those beside it, in its directory)", body=True))  # fmt: skip
+@routes.post(
+    "tracelens/sessions",
+    *CREATE,
+    Param("resource_profile", doc="small, medium or large", body=True),
+    Param(
+        "profiler_file_ids",
+        "array",
+        "the other ranks' traces to analyse with it " "(none: those beside it, in its directory)",
+        body=True,
+    ),
+)
 def tracelens_create(ask: Ask) -> Any:
     """Starts a TraceLens session over a trace and its sibling ranks: pending, then
     initializing (fetched and analysed by HolisticTraceAnalysis), ready with its ui_path
@@ -160,8 +171,10 @@ def viewer_dir(ask: Ask) -> Path:
     configured = ask.app.cfg.profiler.viewer_dir
     d = Path(configured) if configured else Path(sys.prefix) / "share" / "speedscope"
     if not (d / "index.html").is_file():
-        raise Unavailable(f"the trace viewer is not installed ({d}: scripts/setup.sh "
-                          "installs speedscope there)")  # fmt: skip
+        raise Unavailable(
+            f"the trace viewer is not installed ({d}: scripts/setup.sh "
+            "installs speedscope there)"
+        )
     return d
 
 
@@ -180,8 +193,9 @@ def perfetto_page(ask: Ask) -> Answer:
     return 200, "text/html; charset=utf-8", page.replace("<head>", "<head>" + HASH, 1).encode()
 
 
-@files.get("perfetto/sessions/{session_id}/ui/{name}", SESSION, Param("name", required=True),
-           tool=False)  # fmt: skip
+@files.get(
+    "perfetto/sessions/{session_id}/ui/{name}", SESSION, Param("name", required=True), tool=False
+)
 def perfetto_file(ask: Ask) -> Answer:
     """The session's trace.json (its trace as JSON), or one of the viewer's files."""
     sid, name = ask.arg("session_id"), ask.arg("name")

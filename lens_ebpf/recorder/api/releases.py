@@ -23,13 +23,13 @@ def ident(ask: Ask) -> int:
     return inputs.whole(raw, "id")
 
 
-@routes.get(VERSIONS, Param("channel"), Param("status", choices=("draft", "active",
-                                                                  "deprecated")))  # fmt: skip
+@routes.get(VERSIONS, Param("channel"), Param("status", choices=("draft", "active", "deprecated")))
 def versions(ask: Ask) -> Any:
     """?channel, status: every version, newest first (those seen running: channel
     observed)."""
-    return hub(ask).releases.versions(ask.conn, param(ask.query, "channel") or "",
-                                      param(ask.query, "status") or "")  # fmt: skip
+    return hub(ask).releases.versions(
+        ask.conn, param(ask.query, "channel") or "", param(ask.query, "status") or ""
+    )
 
 
 @routes.post(VERSIONS)
@@ -60,8 +60,9 @@ def version_delete(ask: Ask) -> Any:
 @routes.patch(f"{VERSIONS}/{{id}}/status")
 def version_status(ask: Ask) -> Any:
     """{status: draft, active or deprecated}."""
-    return hub(ask).releases.set_status(ask.conn, ident(ask), str(ask.body().get("status") or ""),
-                                        ask.now())  # fmt: skip
+    return hub(ask).releases.set_status(
+        ask.conn, ident(ask), str(ask.body().get("status") or ""), ask.now()
+    )
 
 
 @routes.get("releases/clusters")
@@ -78,8 +79,11 @@ def default(ask: Ask) -> Any:
     m = hub(ask)
     name = m.admin.default_name()
     ids = {c["cluster_name"]: c["id"] for c in m.admin.listing(ask.conn)}
-    return {"default_cluster": name, "cluster_id": ids.get(name, 0),
-            "explicit": bool(m.admin.clusters.default)}  # fmt: skip
+    return {
+        "default_cluster": name,
+        "cluster_id": ids.get(name, 0),
+        "explicit": bool(m.admin.clusters.default),
+    }
 
 
 @routes.put("releases/clusters/default")
@@ -117,8 +121,9 @@ def cluster_values(ask: Ask) -> Any:
     return hub(ask).releases.set_values(ask.conn, ask.arg("cluster_name"), ask.body(), ask.now())
 
 
-@routes.get(f"{CLUSTER}/history",
-            Param("limit", "integer", "entries", default=20, minimum=1, maximum=1000))  # fmt: skip
+@routes.get(
+    f"{CLUSTER}/history", Param("limit", "integer", "entries", default=20, minimum=1, maximum=1000)
+)
 def cluster_history(ask: Ask) -> Any:
     """?limit (20): its deploys, rollbacks and initializations, newest first."""
     limit = integer(ask.query, "limit", 20)
@@ -130,8 +135,9 @@ def cluster_history(ask: Ask) -> Any:
 @routes.post(f"{CLUSTER}/deploy")
 def cluster_deploy(ask: Ask) -> Any:
     """{action}: its version installed (the agent's objects with its image), as a task."""
-    return hub(ask).releases.deploy(ask.conn, ask.arg("cluster_name"), ask.body(), ask.now(),
-                                    who(ask))  # fmt: skip
+    return hub(ask).releases.deploy(
+        ask.conn, ask.arg("cluster_name"), ask.body(), ask.now(), who(ask)
+    )
 
 
 @routes.post(f"{CLUSTER}/rollback")

@@ -15,24 +15,28 @@ from lens_ebpf.recorder.reports import weekly
 routes = RouteTable()  # the envelope
 files = RouteTable()  # the file, or an error in the envelope
 BASE = "weekly-reports/gpu_utilization"
-TYPES = {"html": "text/html; charset=utf-8", "pdf": "application/pdf",
-         "json": "application/json"}  # fmt: skip
+TYPES = {"html": "text/html; charset=utf-8", "pdf": "application/pdf", "json": "application/json"}
 SIZE_MAX = 100  # the original's page size bound
 
 
-@routes.get(BASE, Param("cluster_name", doc="the reports of this cluster (cluster= too)"),
-            Param("status", doc="generated or failed"),
-            Param("page", "integer", "the page, from 1", default=1, minimum=1),
-            Param("page_size", "integer", f"reports a page (at most {SIZE_MAX})", default=20),
-            Param("size", "integer", "as page_size"))  # fmt: skip
+@routes.get(
+    BASE,
+    Param("cluster_name", doc="the reports of this cluster (cluster= too)"),
+    Param("status", doc="generated or failed"),
+    Param("page", "integer", "the page, from 1", default=1, minimum=1),
+    Param("page_size", "integer", f"reports a page (at most {SIZE_MAX})", default=20),
+    Param("size", "integer", "as page_size"),
+)
 def listing(ask: Ask) -> Any:
     """The weekly GPU utilization reports, newest period first, one page."""
     q = ask.query
     num = integer(q, "page", 1)
     size = integer(q, "size", 0) or integer(q, "page_size", 20)
     if num < 1 or not 1 <= size <= PAGE_MAX:
-        raise bad(f"page={num}, page_size={size}: page must be 1 or more, page_size from 1 "
-                  f"to {PAGE_MAX}")  # fmt: skip
+        raise bad(
+            f"page={num}, page_size={size}: page must be 1 or more, page_size from 1 "
+            f"to {PAGE_MAX}"
+        )
     cluster = param(q, "cluster_name") or param(q, "cluster") or ""
     return weekly.listing(ask.conn, cluster, param(q, "status") or "", num, min(size, SIZE_MAX))
 

@@ -15,15 +15,16 @@ from lens_ebpf.recorder.store import queries
 
 routes = RouteTable()
 CLUSTER = Param("cluster", doc="a followed cluster's name; none: the home cluster")
-PAGE = (Param("limit", "integer", "rows a page (1 to recorder.page_max; default 100 or it)"),
-        Param("continue", doc="the token of the previous page's answer"))  # fmt: skip
+PAGE = (
+    Param("limit", "integer", "rows a page (1 to recorder.page_max; default 100 or it)"),
+    Param("continue", doc="the token of the previous page's answer"),
+)
 
 
 class PlainJson(Surface):
     """handler(ask) -> data as JSON; a (status, data) pair where it says its own status."""
 
-    def __init__(self, app: Services, connect: Connect
-                 ) -> None:  # fmt: skip
+    def __init__(self, app: Services, connect: Connect) -> None:
         self.app, self.connect = app, connect
 
     def call(self, route: Route, req: Request) -> Answer:
@@ -78,10 +79,16 @@ def readyz(ask: Ask) -> Any:
     return Status(200 if ready else 503, body)
 
 
-@routes.get("workloads", CLUSTER, PAGE, Param("namespace"), Param("kind"),
-            Param("running", "boolean", "running ones (true) or not (false)"),
-            Param("deleted", "boolean", "deleted ones (true) or not (false)"),
-            Param("top", "boolean", "true: only workloads without a parent"))  # fmt: skip
+@routes.get(
+    "workloads",
+    CLUSTER,
+    PAGE,
+    Param("namespace"),
+    Param("kind"),
+    Param("running", "boolean", "running ones (true) or not (false)"),
+    Param("deleted", "boolean", "deleted ones (true) or not (false)"),
+    Param("top", "boolean", "true: only workloads without a parent"),
+)
 def workloads(ask: Ask) -> Any:
     """A cluster's workloads as stored, oldest first, one page: {items, continue}."""
     page = queries.page_of(ask.query, ask.app.cfg.page_max)
@@ -99,9 +106,17 @@ def workload(ask: Ask) -> Any:
     return found
 
 
-@routes.get("pods", CLUSTER, PAGE, Param("node"), Param("namespace"),
-            Param("since", doc="alive at any time since: RFC 3339, unix seconds, or an age "
-                  "(90s, 30m, 12h, 7d)"))  # fmt: skip
+@routes.get(
+    "pods",
+    CLUSTER,
+    PAGE,
+    Param("node"),
+    Param("namespace"),
+    Param(
+        "since",
+        doc="alive at any time since: RFC 3339, unix seconds, or an age " "(90s, 30m, 12h, 7d)",
+    ),
+)
 def pods(ask: Ask) -> Any:
     """A cluster's GPU pods as stored, oldest first, one page: {items, continue}."""
     page = queries.page_of(ask.query, ask.app.cfg.page_max)

@@ -14,8 +14,9 @@ from lens_ebpf.recorder.management import manifest
 from lens_ebpf.recorder.management.settings import AGENT_IMAGE
 
 routes = RouteTable()
-CATEGORY = Param("category", choices=("infrastructure", "detection", "notification",
-                                      "integration", "general"))  # fmt: skip
+CATEGORY = Param(
+    "category", choices=("infrastructure", "detection", "notification", "integration", "general")
+)
 
 
 @routes.get("system-config", CATEGORY)
@@ -80,8 +81,13 @@ def registry_set(ask: Ask) -> Any:
         raise bad("image_versions: an object of image names and tags is required")
     tag = str(versions.get(name) or tag)
     image = "/".join(p for p in (registry_, namespace, name) if p) + f":{tag}"
-    s.set(ask.conn, AGENT_IMAGE, {"value": image, "change_reason": "registry/config"},
-          ask.now(), who(ask))  # fmt: skip
+    s.set(
+        ask.conn,
+        AGENT_IMAGE,
+        {"value": image, "change_reason": "registry/config"},
+        ask.now(),
+        who(ask),
+    )
     return {"message": "Registry configuration saved", "config": s.registry()["config"]}
 
 
@@ -92,16 +98,22 @@ def registry_from_harbor(ask: Ask) -> Any:
     url = str(ask.body().get("harbor_external_url") or "").strip()
     parts = urlsplit(url if "://" in url else f"https://{url}")
     if not url or not parts.hostname:
-        raise bad("harbor_external_url: a Harbor address (https://harbor.example.com) is "
-                  "required")  # fmt: skip
+        raise bad(
+            "harbor_external_url: a Harbor address (https://harbor.example.com) is " "required"
+        )
     host = parts.hostname + (f":{parts.port}" if parts.port else "")
     cfg = hub(ask).settings.registry()["config"]
-    return {"message": "Synced from Harbor",
-            "config": {**cfg, "registry": host, "harbor_external_url": url}}  # fmt: skip
+    return {
+        "message": "Synced from Harbor",
+        "config": {**cfg, "registry": host, "harbor_external_url": url},
+    }
 
 
-@routes.get("registry/image-url", Param("image", doc="the image's name", default="lens-ebpf"),
-            Param("tag", doc="its tag; none: the agent image's"))  # fmt: skip
+@routes.get(
+    "registry/image-url",
+    Param("image", doc="the image's name", default="lens-ebpf"),
+    Param("tag", doc="its tag; none: the agent image's"),
+)
 def image_url(ask: Ask) -> Any:
     """?image, tag: the image's reference in the configured registry."""
     image = param(ask.query, "image") or "lens-ebpf"

@@ -22,8 +22,16 @@ from lens_ebpf.core.routes import WRITES, Answer, Param, Request, Route, Surface
 PREFIX = "lens_"
 NAMED = {"plain": "lens_seed_"}  # a surface whose routes' names would be another's
 # a request's own: not what a route called as a tool is asked with
-HOP = ("content-length", "content-type", "content-encoding", "transfer-encoding", "accept",
-       "mcp-session-id", "mcp-protocol-version", "last-event-id")  # fmt: skip
+HOP = (
+    "content-length",
+    "content-type",
+    "content-encoding",
+    "transfer-encoding",
+    "accept",
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "last-event-id",
+)
 
 
 class ToolError(Exception):
@@ -34,8 +42,10 @@ def tool_name(route: Route, prefix: str = PREFIX) -> str:
     """The route's tool name: the one it gives, or prefix and its path in snake_case."""
     if isinstance(route.tool, str):
         return route.tool
-    words = (re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", p.strip("{}")).lower().replace("-", "_")
-             for p in route.parts)  # fmt: skip
+    words = (
+        re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", p.strip("{}")).lower().replace("-", "_")
+        for p in route.parts
+    )
     return prefix + "_".join(words)
 
 
@@ -53,9 +63,11 @@ def description(handler: Callable[..., Any]) -> str:
 def input_schema(params: Iterable[Param]) -> dict[str, Any]:
     """The JSON Schema of a tool's arguments: one property per parameter."""
     params = list(params)
-    out: dict[str, Any] = {"type": "object",
-                           "properties": {p.name: p.schema() for p in params},
-                           "additionalProperties": False}  # fmt: skip
+    out: dict[str, Any] = {
+        "type": "object",
+        "properties": {p.name: p.schema() for p in params},
+        "additionalProperties": False,
+    }
     if required := [p.name for p in params if p.required]:
         out["required"] = required
     return out
@@ -120,13 +132,18 @@ class Tool:
         params = self.params
         unknown = sorted(set(args) - {p.name for p in params})
         if unknown:
-            raise ToolError(f"{', '.join(unknown)}: not an argument of {self.name} (it takes "
-                            f"{', '.join(p.name for p in params) or 'none'})")  # fmt: skip
+            raise ToolError(
+                f"{', '.join(unknown)}: not an argument of {self.name} (it takes "
+                f"{', '.join(p.name for p in params) or 'none'})"
+            )
         path = {p.name: text(args[p.name]) for p in self.route.path_params if p.name in args}
         if missing := [p.name for p in self.route.path_params if not path.get(p.name)]:
             raise ToolError(f"{', '.join(missing)} is required")
-        query = {p.name: text(args[p.name]) for p in params
-                 if not p.body and p.name not in path and args.get(p.name) is not None}  # fmt: skip
+        query = {
+            p.name: text(args[p.name])
+            for p in params
+            if not p.body and p.name not in path and args.get(p.name) is not None
+        }
         fields = {p.name: args[p.name] for p in params if p.body and p.name in args}
         body = json.dumps(fields).encode() if self.write else b""
         headers = {k: v for k, v in head.headers.items() if k not in HOP}
@@ -158,8 +175,9 @@ def text(value: Any) -> str:
     return json.dumps(value)
 
 
-def tools(routes: Iterable[tuple[Iterable[Route], tuple[str, ...], str]],
-          surfaces: dict[str, Surface]) -> dict[str, Tool]:  # fmt: skip
+def tools(
+    routes: Iterable[tuple[Iterable[Route], tuple[str, ...], str]], surfaces: dict[str, Surface]
+) -> dict[str, Tool]:
     """Every route that is a tool, by name (a name made twice is an error): routes as
     ROUTES lists them (a table's routes, its prefixes, its surface's name)."""
     out: dict[str, Tool] = {}
@@ -170,8 +188,9 @@ def tools(routes: Iterable[tuple[Iterable[Route], tuple[str, ...], str]],
             name = tool_name(r, NAMED.get(surface, PREFIX))
             if name in out:
                 raise ValueError(f"tool {name}: made of {out[name].served} and of /{r.path}")
-            out[name] = Tool(name, description(r.handler), r, surfaces[surface],
-                             f"{prefixes[0]}/{r.path}")  # fmt: skip
+            out[name] = Tool(
+                name, description(r.handler), r, surfaces[surface], f"{prefixes[0]}/{r.path}"
+            )
     return out
 
 
@@ -192,16 +211,25 @@ class Composed:
     def call(self, args: dict[str, Any], head: Request, known: dict[str, Tool]) -> Result:
         unknown = sorted(set(args) - {p.name for p in self.params})
         if unknown:
-            raise ToolError(f"{', '.join(unknown)}: not an argument of {self.name} (it takes "
-                            f"{', '.join(p.name for p in self.params)})")  # fmt: skip
+            raise ToolError(
+                f"{', '.join(unknown)}: not an argument of {self.name} (it takes "
+                f"{', '.join(p.name for p in self.params)})"
+            )
         out: dict[str, Any] = {}
         for key, tool, asks in self.parts:
-            got = known[tool].call({theirs: args[ours] for theirs, ours in asks.items()
-                                    if args.get(ours) is not None}, head)  # fmt: skip
+            got = known[tool].call(
+                {theirs: args[ours] for theirs, ours in asks.items() if args.get(ours) is not None},
+                head,
+            )
             if got.error is not None and key == self.parts[0][0]:
                 return got  # the first part says whether the question has an answer
-            out[key] = {"error": got.error} if got.error is not None else \
-                got.data.get("data") if isinstance(got.data, dict) else got.data  # fmt: skip
+            out[key] = (
+                {"error": got.error}
+                if got.error is not None
+                else got.data.get("data")
+                if isinstance(got.data, dict)
+                else got.data
+            )
         return Result(200, json.dumps(out, sort_keys=True), out, None)
 
 
@@ -212,15 +240,25 @@ COMPOSED = (
         "timeline (slowdowns, stalls, outliers, GPU faults and throttling, OOM kills, "
         "network regressions), its alerts and its training performance; each part as its "
         "own tool answers it (an error in a part is said there).",
-        (Param("uid", doc="the workload's uid", required=True),
-         Param("cluster", doc="the cluster it runs in; none: the home cluster"),
-         Param("start", "time", "unix seconds or RFC 3339; none: the workload's start"),
-         Param("end", "time", "unix seconds or RFC 3339; none: now")),
-        (("workload", "lens_workloads_uid", {"uid": "uid", "cluster": "cluster"}),
-         ("timeline", "lens_workloads_uid_timeline",
-          {"uid": "uid", "cluster": "cluster", "start": "start", "end": "end"}),
-         ("alerts", "lens_alerts", {"workload_id": "uid", "cluster": "cluster"}),
-         ("training", "lens_workloads_uid_training_performance",
-          {"uid": "uid", "cluster": "cluster", "start": "start", "end": "end"})),
+        (
+            Param("uid", doc="the workload's uid", required=True),
+            Param("cluster", doc="the cluster it runs in; none: the home cluster"),
+            Param("start", "time", "unix seconds or RFC 3339; none: the workload's start"),
+            Param("end", "time", "unix seconds or RFC 3339; none: now"),
+        ),
+        (
+            ("workload", "lens_workloads_uid", {"uid": "uid", "cluster": "cluster"}),
+            (
+                "timeline",
+                "lens_workloads_uid_timeline",
+                {"uid": "uid", "cluster": "cluster", "start": "start", "end": "end"},
+            ),
+            ("alerts", "lens_alerts", {"workload_id": "uid", "cluster": "cluster"}),
+            (
+                "training",
+                "lens_workloads_uid_training_performance",
+                {"uid": "uid", "cluster": "cluster", "start": "start", "end": "end"},
+            ),
+        ),
     ),
-)  # fmt: skip
+)

@@ -12,24 +12,29 @@ from lens_ebpf.recorder.training.timeline import Timeline
 routes = RouteTable()
 
 
-@routes.get("workloads/{uid}/trainingPerformance",
-            Param("start", "time", "unix seconds, milliseconds or RFC 3339"),
-            Param("end", "time", "unix seconds, milliseconds or RFC 3339"))  # fmt: skip
+@routes.get(
+    "workloads/{uid}/trainingPerformance",
+    Param("start", "time", "unix seconds, milliseconds or RFC 3339"),
+    Param("end", "time", "unix seconds, milliseconds or RFC 3339"),
+)
 def performance(ask: Ask) -> Any:
     """A training workload's performance points as its pods' logs give them (oldest
     first), and their summary."""
-    return training_performance(ask.conn, ask.c.tables, ask.arg("uid"),
-                                when(ask.query, "start"), when(ask.query, "end"))  # fmt: skip
+    return training_performance(
+        ask.conn, ask.c.tables, ask.arg("uid"), when(ask.query, "start"), when(ask.query, "end")
+    )
 
 
-@routes.get("workloads/{uid}/timeline",
-            Param("start", "time", "unix seconds or RFC 3339; none: the workload's start"),
-            Param("end", "time", "unix seconds or RFC 3339; none: now"))  # fmt: skip
+@routes.get(
+    "workloads/{uid}/timeline",
+    Param("start", "time", "unix seconds or RFC 3339; none: the workload's start"),
+    Param("end", "time", "unix seconds or RFC 3339; none: now"),
+)
 def timeline(ask: Ask) -> Any:
     """A workload's timeline, oldest first: training slowdowns, stalls and outliers, GPU
     faults and throttling, device changes, OOM kills and exits, pod events, network
     regressions; each naming its pod, node and device."""
     c = ask.c
     return Timeline(c.prom, ask.app.cfg.timeline, c.tables)(
-        ask.conn, ask.arg("uid"), when(ask.query, "start"), when(ask.query, "end"),
-        ask.now())  # fmt: skip
+        ask.conn, ask.arg("uid"), when(ask.query, "start"), when(ask.query, "end"), ask.now()
+    )

@@ -13,8 +13,11 @@ from lens_ebpf.recorder.training.timeline import Timeline
 routes = RouteTable()
 START = Param("start", "time", "unix seconds, milliseconds or RFC 3339; none: the workload's start")
 END = Param("end", "time", "unix seconds, milliseconds or RFC 3339; none: its end or now")
-METRICS = Param("metrics", "list", "only these figures (instant_, avg_, p50_, p90_, p95_, "
-                "max_gpu_utilization); none: all")  # fmt: skip
+METRICS = Param(
+    "metrics",
+    "list",
+    "only these figures (instant_, avg_, p50_, p90_, p95_, " "max_gpu_utilization); none: all",
+)
 
 
 def figures(raw: Any) -> list[str] | None:
@@ -35,8 +38,8 @@ def events(ask: Ask) -> Any:
     node and device."""
     c = ask.c
     return Timeline(c.prom, ask.app.cfg.timeline, c.tables)(
-        ask.conn, ask.arg("uid"), when(ask.query, "start"), when(ask.query, "end"),
-        ask.now())  # fmt: skip
+        ask.conn, ask.arg("uid"), when(ask.query, "start"), when(ask.query, "end"), ask.now()
+    )
 
 
 @routes.get("workloads/{uid}/gpuMetrics", SPAN)
@@ -51,16 +54,28 @@ def stats(ask: Ask) -> Any:
     """A workload's pods' mean GPU utilization over its life or a span: instant, average,
     p50, p90, p95 and max (0 where Prometheus cannot answer, said in meta.message)."""
     q = ask.query
-    return workload_stats.stats(ask.conn, ask.c, ask.arg("uid"), ask.now(), when(q, "start"),
-                                when(q, "end"), figures(param(q, "metrics")))  # fmt: skip
+    return workload_stats.stats(
+        ask.conn,
+        ask.c,
+        ask.arg("uid"),
+        ask.now(),
+        when(q, "start"),
+        when(q, "end"),
+        figures(param(q, "metrics")),
+    )
 
 
-@routes.post("workloads/batchStats",
-             Param("uids", "list", "the workloads' uids", required=True, body=True),
-             Param("metrics", "list", METRICS.doc, body=True),
-             Param("cluster", doc="the cluster asked about, as ?cluster= may name it "
-                   "(refused where they differ)", body=True),
-             tool="lens_workloads_batch_stats")  # fmt: skip
+@routes.post(
+    "workloads/batchStats",
+    Param("uids", "list", "the workloads' uids", required=True, body=True),
+    Param("metrics", "list", METRICS.doc, body=True),
+    Param(
+        "cluster",
+        doc="the cluster asked about, as ?cluster= may name it " "(refused where they differ)",
+        body=True,
+    ),
+    tool="lens_workloads_batch_stats",
+)
 def batch_stats(ask: Ask) -> Any:
     """{uids, metrics}: each workload's figures over its life as workloads/{uid}/stats
     answers them, by uid ({stats: {uid: ...}, missing: [uids not known]})."""

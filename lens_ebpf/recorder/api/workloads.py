@@ -15,10 +15,15 @@ NAME = Param("name", doc="the workload's name", required=True)
 NAMESPACE = Param("namespace", doc="its namespace (any: the newest of that kind and name)")
 
 
-@routes.get("workloads", PAGE, Param("name", doc="a part of the workload's name"),
-            Param("namespace"), Param("kind"), Param("status", doc="Running, Done, ..."),
-            Param("order_by", doc="newest first by this (none: start_at)",
-                  choices=("start_at", "end_at")))  # fmt: skip
+@routes.get(
+    "workloads",
+    PAGE,
+    Param("name", doc="a part of the workload's name"),
+    Param("namespace"),
+    Param("kind"),
+    Param("status", doc="Running, Done, ..."),
+    Param("order_by", doc="newest first by this (none: start_at)", choices=("start_at", "end_at")),
+)
 def workload_list(ask: Ask) -> Any:
     """One page of the top-level workloads, newest first, each with its GPUs and its pods'
     GPU utilization over its life (average, p50, p90, p95)."""
@@ -27,9 +32,18 @@ def workload_list(ask: Ask) -> Any:
     order = param(q, "order_by") or ""
     if order not in ("", "start_at", "end_at"):
         raise bad(f"order_by={order!r}: start_at or end_at")
-    return workloads.listing(ask.conn, ask.c, ask.now(), num, size, order, param(q, "name"),
-                             param(q, "namespace"), param(q, "kind"),
-                             param(q, "status"))  # fmt: skip
+    return workloads.listing(
+        ask.conn,
+        ask.c,
+        ask.now(),
+        num,
+        size,
+        order,
+        param(q, "name"),
+        param(q, "namespace"),
+        param(q, "kind"),
+        param(q, "status"),
+    )
 
 
 @routes.get("workloadMetadata")
@@ -70,8 +84,7 @@ def utilization_history(ask: Ask) -> Any:
     kind, name = param(q, "kind"), param(q, "name")
     if not kind or not name:
         raise bad("kind and name are required")
-    return reads.utilization_history(ask.conn, ask.c, kind, name, param(q, "namespace"),
-                                          *span(q))  # fmt: skip
+    return reads.utilization_history(ask.conn, ask.c, kind, name, param(q, "namespace"), *span(q))
 
 
 @routes.get("workloads/{uid}")

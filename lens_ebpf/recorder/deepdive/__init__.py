@@ -40,8 +40,9 @@ class DeepDive:
     """The process tree and the py-spy tasks of one recorder; each task runs on a thread
     of its own, its row the truth (a cancel written by any replica is seen while it runs)."""
 
-    def __init__(self, cfg: DeepDiveConfig, engine: Engine, cluster: str,
-                 clock: Callable[[], datetime]) -> None:  # fmt: skip
+    def __init__(
+        self, cfg: DeepDiveConfig, engine: Engine, cluster: str, clock: Callable[[], datetime]
+    ) -> None:
         self.cfg, self.engine, self.cluster, self.clock = cfg, engine, cluster, clock
         self.agents = Agents(cfg)
         self._threads: list[threading.Thread] = []
@@ -57,15 +58,24 @@ class DeepDive:
         now = self.clock()
         ended = 0
         with self.engine.begin() as conn:
-            rows = conn.execute(select(t.c.task_id, t.c.options, t.c.created_at).where(
-                t.c.cluster == self.cluster, t.c.status.in_(("pending", "running"))))  # fmt: skip
+            rows = conn.execute(
+                select(t.c.task_id, t.c.options, t.c.created_at).where(
+                    t.c.cluster == self.cluster, t.c.status.in_(("pending", "running"))
+                )
+            )
             for r in rows.all():
                 created = r.created_at if r.created_at.tzinfo else r.created_at.replace(tzinfo=UTC)
                 late = int(r.options.get("duration") or 0) + self.cfg.timeout_seconds + 60
                 if (now - created).total_seconds() > late:
-                    conn.execute(update(t).where(t.c.task_id == r.task_id).values(
-                        status="failed", completed_at=now,
-                        error="the recorder running it stopped before it ended"))  # fmt: skip
+                    conn.execute(
+                        update(t)
+                        .where(t.c.task_id == r.task_id)
+                        .values(
+                            status="failed",
+                            completed_at=now,
+                            error="the recorder running it stopped before it ended",
+                        )
+                    )
                     ended += 1
         return ended
 
@@ -83,55 +93,90 @@ class DeepDive:
             self.cfg.timeout_seconds,
         )
         containers = [tree_of(list(c.processes), c, pod) for c in got.containers]
-        return {"pod_name": got.pod_name or pod.name,
-                "pod_namespace": got.pod_namespace or pod.namespace, "pod_uid": pod_uid,
-                "node_name": pod.node, "containers": containers,
-                "total_processes": sum(c["process_count"] for c in containers),
-                "total_python": sum(c["python_count"] for c in containers),
-                "collected_at": stamp(self.clock())}  # fmt: skip
+        return {
+            "pod_name": got.pod_name or pod.name,
+            "pod_namespace": got.pod_namespace or pod.namespace,
+            "pod_uid": pod_uid,
+            "node_name": pod.node,
+            "containers": containers,
+            "total_processes": sum(c["process_count"] for c in containers),
+            "total_python": sum(c["python_count"] for c in containers),
+            "collected_at": stamp(self.clock()),
+        }
 
     def _on(self) -> None:
         if not self.cfg.enabled:
             raise Unavailable("the deep dive is off (recorder.deepdive.enabled)")
 
     # -- py-spy tasks --------------------------------------------------------------------
-    def create(self, conn: Connection, tables: Any, pod_uid: str, pid: int, node: str,
-               fmt: str, duration: int, rate: int, native: bool = False,
-               subprocesses: bool = False, locals_: bool = False, workload_uid: str = "",
-               reason: str = "requested") -> dict[str, Any]:  # fmt: skip
+    def create(
+        self,
+        conn: Connection,
+        tables: Any,
+        pod_uid: str,
+        pid: int,
+        node: str,
+        fmt: str,
+        duration: int,
+        rate: int,
+        native: bool = False,
+        subprocesses: bool = False,
+        locals_: bool = False,
+        workload_uid: str = "",
+        reason: str = "requested",
+    ) -> dict[str, Any]:
         """A pending task, started at once on a thread; its row as the API answers it."""
         self._on()
         if fmt not in FORMATS:
             raise BadRequest(f"format {fmt!r}: one of {', '.join(FORMATS)}")
         if not 1 <= duration <= self.cfg.max_duration_seconds:
-            raise BadRequest(f"duration {duration}: 1 to {self.cfg.max_duration_seconds} s "
-                             "(recorder.deepdive.max_duration_seconds)")  # fmt: skip
+            raise BadRequest(
+                f"duration {duration}: 1 to {self.cfg.max_duration_seconds} s "
+                "(recorder.deepdive.max_duration_seconds)"
+            )
         if not 1 <= rate <= 1000:
             raise BadRequest(f"rate {rate}: 1 to 1000 samples a second")
         if pid <= 0:
             raise BadRequest("pid: a host pid is required")
         pod = pod_place(conn, tables, pod_uid)
         if node and node != pod.node:
-            raise BadRequest(f"pod {pod.namespace}/{pod.name} runs on node {pod.node}, not "
-                             f"{node}")  # fmt: skip
+            raise BadRequest(
+                f"pod {pod.namespace}/{pod.name} runs on node {pod.node}, not " f"{node}"
+            )
         task = f"pyspy-{uuid.uuid4().hex[:8]}"
-        row = {"cluster": self.cluster, "task_id": task, "status": "pending",
-               "workload_uid": workload_uid or pod.workload_uid, "pod_uid": pod_uid,
-               "pod_name": pod.name, "pod_namespace": pod.namespace, "node_name": pod.node,
-               "pid": pid, "action": "dump" if fmt == "dump" else "record",
-               "options": {"duration": duration, "rate": rate, "format": fmt,
-                           "native": native, "subprocesses": subprocesses,
-                           "locals": locals_},
-               "reason": reason, "output_file": "", "file_size": 0, "content": None,
-               "error": "", "created_at": self.clock()}  # fmt: skip
+        row = {
+            "cluster": self.cluster,
+            "task_id": task,
+            "status": "pending",
+            "workload_uid": workload_uid or pod.workload_uid,
+            "pod_uid": pod_uid,
+            "pod_name": pod.name,
+            "pod_namespace": pod.namespace,
+            "node_name": pod.node,
+            "pid": pid,
+            "action": "dump" if fmt == "dump" else "record",
+            "options": {
+                "duration": duration,
+                "rate": rate,
+                "format": fmt,
+                "native": native,
+                "subprocesses": subprocesses,
+                "locals": locals_,
+            },
+            "reason": reason,
+            "output_file": "",
+            "file_size": 0,
+            "content": None,
+            "error": "",
+            "created_at": self.clock(),
+        }
         conn.execute(insert(schema.pyspy_tasks).values(row))
         self.start(task, pod)
         return task_view(row)
 
     def start(self, task: str, pod: PodPlace) -> threading.Thread:
         """Run a created task (once its row is committed)."""
-        t = threading.Thread(target=self._run, args=(task, pod), name=f"pyspy-{task}",
-                             daemon=True)  # fmt: skip
+        t = threading.Thread(target=self._run, args=(task, pod), name=f"pyspy-{task}", daemon=True)
         t.start()
         self._threads = [x for x in self._threads if x.is_alive()] + [t]
         return t
@@ -145,8 +190,9 @@ class DeepDive:
         """Update the task's row while its status is one of only_from; whether it was."""
         t = schema.pyspy_tasks
         with self.engine.begin() as conn:
-            got = conn.execute(update(t).where(t.c.task_id == task, t.c.status.in_(only_from))
-                               .values(**values))  # fmt: skip
+            got = conn.execute(
+                update(t).where(t.c.task_id == task, t.c.status.in_(only_from)).values(**values)
+            )
         return bool(got.rowcount)
 
     def _run(self, task: str, pod: PodPlace) -> None:
@@ -159,15 +205,23 @@ class DeepDive:
             if row is not None or self._stop.wait(0.05):
                 break
             row = self._row(task)
-        if row is None or not self._set(task, ("pending",), status="running",
-                                        started_at=self.clock()):  # fmt: skip
+        if row is None or not self._set(
+            task, ("pending",), status="running", started_at=self.clock()
+        ):
             return  # cancelled before it started
         o = row.options
-        req = pb.PySpyRequest(pod_uid=row.pod_uid, pid=row.pid, action=row.action,
-                              duration_seconds=o["duration"], rate=o["rate"],
-                              format="speedscope" if o["format"] == "dump" else o["format"],
-                              native=o["native"], subprocesses=o["subprocesses"],
-                              locals=o["locals"], task_id=task)  # fmt: skip
+        req = pb.PySpyRequest(
+            pod_uid=row.pod_uid,
+            pid=row.pid,
+            action=row.action,
+            duration_seconds=o["duration"],
+            rate=o["rate"],
+            format="speedscope" if o["format"] == "dump" else o["format"],
+            native=o["native"],
+            subprocesses=o["subprocesses"],
+            locals=o["locals"],
+            task_id=task,
+        )
         limit = (o["duration"] if row.action == "record" else 0) + self.cfg.timeout_seconds + 10
         try:
             fut = self.agents.start(pod.node, pod.address, "PySpy", req, limit)
@@ -180,14 +234,26 @@ class DeepDive:
                         fut.cancel()  # the agent kills py-spy
                         return
         except Exception as exc:  # the agent's refusal, or none reached
-            self._set(task, ("running",), status="failed", error=str(exc)[:2000],
-                      completed_at=self.clock())  # fmt: skip
+            self._set(
+                task,
+                ("running",),
+                status="failed",
+                error=str(exc)[:2000],
+                completed_at=self.clock(),
+            )
             log.info("py-spy task %s failed: %s", task, exc)
             return
         name = f"{task}.{EXT[o['format']]}"
         data = bytes(got.output)
-        self._set(task, ("running",), status="completed", content=data, file_size=len(data),
-                  output_file=name, completed_at=self.clock())  # fmt: skip
+        self._set(
+            task,
+            ("running",),
+            status="completed",
+            content=data,
+            file_size=len(data),
+            output_file=name,
+            completed_at=self.clock(),
+        )
 
     def _status(self, task: str) -> str:
         row = self._row(task)
@@ -201,9 +267,15 @@ class DeepDive:
             raise NotFound(f"task {task} not found")
         if row.status in ENDED:
             raise BadRequest(f"cannot cancel task in status: {row.status}")
-        conn.execute(update(t).where(t.c.task_id == task).values(
-            status="cancelled", completed_at=self.clock(),
-            error=f"cancelled: {reason}" if reason else "cancelled"))  # fmt: skip
+        conn.execute(
+            update(t)
+            .where(t.c.task_id == task)
+            .values(
+                status="cancelled",
+                completed_at=self.clock(),
+                error=f"cancelled: {reason}" if reason else "cancelled",
+            )
+        )
         return {"task_id": task, "status": "cancelled", "message": "task cancelled"}
 
     # -- the stacks at a stall -----------------------------------------------------------
@@ -224,8 +296,10 @@ class DeepDive:
         now = self.clock()
         with self._lock:
             held = self.captures.get(uid)
-            fresh = held is not None and \
-                (now - held.started).total_seconds() < self.cfg.stall_repeat_seconds  # fmt: skip
+            fresh = (
+                held is not None
+                and (now - held.started).total_seconds() < self.cfg.stall_repeat_seconds
+            )
             if fresh:
                 assert held is not None
                 if alert_id:
@@ -238,8 +312,9 @@ class DeepDive:
                 self.captures[uid] = held
                 self.stalls_captured += 1
         if not fresh:
-            t = threading.Thread(target=self._take, args=(held,), name=f"stall-{uid[:8]}",
-                                 daemon=True)  # fmt: skip
+            t = threading.Thread(
+                target=self._take, args=(held,), name=f"stall-{uid[:8]}", daemon=True
+            )
             t.start()
             self._threads = [x for x in self._threads if x.is_alive()] + [t]
         elif done:
@@ -286,13 +361,25 @@ class DeepDive:
         """The pod's main Python process (the Python one nearest its container's init)."""
         from lens_ebpf.protocol.gen import deepdive_pb2 as pb
 
-        r: dict[str, Any] = {"pod": pod.name, "pod_uid": pod.uid, "node": pod.node, "pid": 0,
-                             "task_id": "", "status": "failed", "error": "", "stack": [],
-                             "_pod": pod}  # fmt: skip
+        r: dict[str, Any] = {
+            "pod": pod.name,
+            "pod_uid": pod.uid,
+            "node": pod.node,
+            "pid": 0,
+            "task_id": "",
+            "status": "failed",
+            "error": "",
+            "stack": [],
+            "_pod": pod,
+        }
         try:
-            tree = self.agents.call(pod.node, pod.address, "ProcessTree",
-                                    pb.ProcessTreeRequest(pod_uid=pod.uid),
-                                    self.cfg.timeout_seconds)  # fmt: skip
+            tree = self.agents.call(
+                pod.node,
+                pod.address,
+                "ProcessTree",
+                pb.ProcessTreeRequest(pod_uid=pod.uid),
+                self.cfg.timeout_seconds,
+            )
         except Exception as exc:  # noqa: BLE001
             r["error"] = str(exc)
             return r
@@ -312,8 +399,7 @@ class DeepDive:
         pod: PodPlace = r["_pod"]
         req = pb.PySpyRequest(pod_uid=pod.uid, pid=r["pid"], action="dump")
         try:
-            return self.agents.start(pod.node, pod.address, "PySpy", req,
-                                     self.cfg.timeout_seconds)  # fmt: skip
+            return self.agents.start(pod.node, pod.address, "PySpy", req, self.cfg.timeout_seconds)
         except Exception as exc:  # noqa: BLE001
             r["error"] = str(exc)
             return None
@@ -334,15 +420,34 @@ class DeepDive:
             return
         task = f"pyspy-{uuid.uuid4().hex[:8]}"
         now = self.clock()
-        row = {"cluster": self.cluster, "task_id": task, "status": r["status"],
-               "workload_uid": cap.workload_uid, "pod_uid": pod.uid, "pod_name": pod.name,
-               "pod_namespace": pod.namespace, "node_name": pod.node, "pid": r["pid"],
-               "action": "dump", "options": {"duration": 0, "rate": 0, "format": "dump",
-                                             "native": False, "subprocesses": False,
-                                             "locals": False},
-               "reason": "stall", "output_file": f"{task}.dump.json" if data else "",
-               "file_size": len(data), "content": data or None, "error": r["error"][:2000],
-               "created_at": now, "started_at": now, "completed_at": now}  # fmt: skip
+        row = {
+            "cluster": self.cluster,
+            "task_id": task,
+            "status": r["status"],
+            "workload_uid": cap.workload_uid,
+            "pod_uid": pod.uid,
+            "pod_name": pod.name,
+            "pod_namespace": pod.namespace,
+            "node_name": pod.node,
+            "pid": r["pid"],
+            "action": "dump",
+            "options": {
+                "duration": 0,
+                "rate": 0,
+                "format": "dump",
+                "native": False,
+                "subprocesses": False,
+                "locals": False,
+            },
+            "reason": "stall",
+            "output_file": f"{task}.dump.json" if data else "",
+            "file_size": len(data),
+            "content": data or None,
+            "error": r["error"][:2000],
+            "created_at": now,
+            "started_at": now,
+            "completed_at": now,
+        }
         with self.engine.begin() as conn:
             conn.execute(insert(schema.pyspy_tasks).values(row))
         r["task_id"] = task
@@ -360,33 +465,59 @@ class DeepDive:
             cap.kept = True
         with self.engine.begin() as conn:
             stalled = conn.execute(
-                select(ev.c.id, ev.c.detail).where(
-                    ev.c.cluster == self.cluster, ev.c.workload_uid == cap.workload_uid,
-                    ev.c.kind == "training_stalled", ev.c.ended_at.is_(None))
-                .order_by(ev.c.at.desc())).first()  # fmt: skip
+                select(ev.c.id, ev.c.detail)
+                .where(
+                    ev.c.cluster == self.cluster,
+                    ev.c.workload_uid == cap.workload_uid,
+                    ev.c.kind == "training_stalled",
+                    ev.c.ended_at.is_(None),
+                )
+                .order_by(ev.c.at.desc())
+            ).first()
             if stalled is not None:
-                conn.execute(update(ev).where(ev.c.id == stalled.id).values(
-                    detail={**(stalled.detail or {}), "stacks": cap.summary}))  # fmt: skip
+                conn.execute(
+                    update(ev)
+                    .where(ev.c.id == stalled.id)
+                    .values(detail={**(stalled.detail or {}), "stacks": cap.summary})
+                )
                 alerts.append(f"lens-te-{self.cluster}-{stalled.id}")
             for aid in dict.fromkeys(alerts):
                 got = conn.execute(select(ae.c.raw_data).where(ae.c.id == aid)).first()
                 if got is not None:
-                    conn.execute(update(ae).where(ae.c.id == aid).values(
-                        raw_data={**(got.raw_data or {}), "stacks": cap.summary}))  # fmt: skip
+                    conn.execute(
+                        update(ae)
+                        .where(ae.c.id == aid)
+                        .values(raw_data={**(got.raw_data or {}), "stacks": cap.summary})
+                    )
                 else:
                     with self._lock:  # not stored yet: looked for again (_keep_soon)
                         if aid not in cap.alerts:
                             cap.alerts.append(aid)
             if first:
-                row = conn.execute(select(ev.c.namespace, ev.c.workload).where(
-                    ev.c.cluster == self.cluster, ev.c.workload_uid == cap.workload_uid)
-                    .limit(1)).first()  # fmt: skip
-                conn.execute(insert(ev).values(
-                    cluster=self.cluster, workload_uid=cap.workload_uid,
-                    namespace=row.namespace if row else "", workload=row.workload if row else "",
-                    pod_uid="", pod="", node="", kind="stall_stacks", signal="",
-                    at=self.clock(), ended_at=None, iteration=None, value=None, baseline=None,
-                    detail=cap.summary))  # fmt: skip
+                row = conn.execute(
+                    select(ev.c.namespace, ev.c.workload)
+                    .where(ev.c.cluster == self.cluster, ev.c.workload_uid == cap.workload_uid)
+                    .limit(1)
+                ).first()
+                conn.execute(
+                    insert(ev).values(
+                        cluster=self.cluster,
+                        workload_uid=cap.workload_uid,
+                        namespace=row.namespace if row else "",
+                        workload=row.workload if row else "",
+                        pod_uid="",
+                        pod="",
+                        node="",
+                        kind="stall_stacks",
+                        signal="",
+                        at=self.clock(),
+                        ended_at=None,
+                        iteration=None,
+                        value=None,
+                        baseline=None,
+                        detail=cap.summary,
+                    )
+                )
 
     def stop(self) -> None:
         self._stop.set()

@@ -34,8 +34,10 @@ def main_stack(dump: bytes) -> list[str]:
     if not isinstance(threads, list) or not threads:
         return []
     main = next((t for t in threads if t.get("thread_name") == "MainThread"), threads[0])
-    return [f"{f.get('name')} ({f.get('short_filename') or f.get('filename')}:{f.get('line')})"
-            for f in main.get("frames") or []]  # fmt: skip
+    return [
+        f"{f.get('name')} ({f.get('short_filename') or f.get('filename')}:{f.get('line')})"
+        for f in main.get("frames") or []
+    ]
 
 
 def signature(stack: list[str]) -> tuple[str, ...]:
@@ -57,6 +59,10 @@ def compare(ranks: list[dict[str, Any]], why: str, at: str) -> dict[str, Any]:
     for r in ranks:
         r.pop("_pod", None)
         r["differs"] = bool(r["stack"]) and signature(r["stack"]) != common
-    return {"reason": why, "captured_at": at, "ranks": ranks,
-            "different": [r["pod"] for r in ranks if r["differs"]],
-            "unread": [r["pod"] for r in ranks if not r["stack"]]}  # fmt: skip
+    return {
+        "reason": why,
+        "captured_at": at,
+        "ranks": ranks,
+        "different": [r["pod"] for r in ranks if r["differs"]],
+        "unread": [r["pod"] for r in ranks if not r["stack"]],
+    }

@@ -14,8 +14,12 @@ from lens_ebpf.recorder.store import schema
 
 FORMATS = ("flamegraph", "speedscope", "raw", "dump")  # dump: py-spy dump, each thread's stack
 EXT = {"flamegraph": "svg", "speedscope": "json", "raw": "txt", "dump": "dump.json"}
-TYPES = {"flamegraph": "image/svg+xml", "speedscope": "application/json", "raw": "text/plain",
-         "dump": "application/json"}  # fmt: skip
+TYPES = {
+    "flamegraph": "image/svg+xml",
+    "speedscope": "application/json",
+    "raw": "text/plain",
+    "dump": "application/json",
+}
 ENDED = ("completed", "failed", "cancelled")
 STATUSES = ("pending", "running", *ENDED)
 
@@ -32,11 +36,18 @@ def task_view(row: Any) -> dict[str, Any]:
     """A task in the original's TaskResponse shape (omitempty fields left out when empty)."""
     r = row if isinstance(row, dict) else row._mapping
     o = r["options"]
-    out: dict[str, Any] = {"task_id": r["task_id"], "status": r["status"],
-                           "pod_uid": r["pod_uid"], "pod_name": r["pod_name"],
-                           "pod_namespace": r["pod_namespace"], "node_name": r["node_name"],
-                           "pid": r["pid"], "duration": o["duration"], "format": o["format"],
-                           "created_at": stamp(r["created_at"])}  # fmt: skip
+    out: dict[str, Any] = {
+        "task_id": r["task_id"],
+        "status": r["status"],
+        "pod_uid": r["pod_uid"],
+        "pod_name": r["pod_name"],
+        "pod_namespace": r["pod_namespace"],
+        "node_name": r["node_name"],
+        "pid": r["pid"],
+        "duration": o["duration"],
+        "format": o["format"],
+        "created_at": stamp(r["created_at"]),
+    }
     if r["output_file"]:
         out["output_file"] = r["output_file"]
     if r["file_size"]:
@@ -62,24 +73,34 @@ def get_task(conn: Connection, tables: Any, task: str) -> dict[str, Any]:
     return task_view(row)
 
 
-def list_tasks(conn: Connection, tables: Any, filters: dict[str, str], limit: int,
-               offset: int) -> dict[str, Any]:  # fmt: skip
+def list_tasks(
+    conn: Connection, tables: Any, filters: dict[str, str], limit: int, offset: int
+) -> dict[str, Any]:
     """{tasks, total, limit, offset}, newest first."""
     t = tables.pyspy_tasks
     cond = [t.c[k] == v for k, v in filters.items() if v]
     total = conn.execute(select(func.count()).select_from(t).where(*cond)).scalar_one()
-    rows = conn.execute(select(*[t.c[c.name] for c in LIST]).where(*cond)
-                        .order_by(t.c.created_at.desc(), t.c.task_id)
-                        .offset(offset).limit(limit))  # fmt: skip
-    return {"tasks": [task_view(r) for r in rows], "total": int(total), "limit": limit,
-            "offset": offset}  # fmt: skip
+    rows = conn.execute(
+        select(*[t.c[c.name] for c in LIST])
+        .where(*cond)
+        .order_by(t.c.created_at.desc(), t.c.task_id)
+        .offset(offset)
+        .limit(limit)
+    )
+    return {
+        "tasks": [task_view(r) for r in rows],
+        "total": int(total),
+        "limit": limit,
+        "offset": offset,
+    }
 
 
 def task_file(conn: Connection, tables: Any, task: str, name: str) -> tuple[str, bytes]:
     """(its media type, its bytes); NotFound while there is no such file."""
     t = tables.pyspy_tasks
-    row = conn.execute(select(t.c.output_file, t.c.options, t.c.content, t.c.status)
-                       .where(t.c.task_id == task)).first()  # fmt: skip
+    row = conn.execute(
+        select(t.c.output_file, t.c.options, t.c.content, t.c.status).where(t.c.task_id == task)
+    ).first()
     if row is None:
         raise NotFound(f"task {task} not found")
     if row.status != "completed" or row.content is None:
@@ -94,8 +115,15 @@ def task_files(conn: Connection, tables: Any, task: str, cluster: str) -> dict[s
     got = get_task(conn, tables, task)
     files = []
     if got.get("file_path"):
-        files.append({"task_id": task, "file_name": got["output_file"],
-                      "format": got["format"], "file_size": got.get("file_size", 0),
-                      "storage_type": "database", "storage_path": f"pyspy_tasks/{task}",
-                      "download_url": f"{got['file_path']}?cluster={cluster}"})  # fmt: skip
+        files.append(
+            {
+                "task_id": task,
+                "file_name": got["output_file"],
+                "format": got["format"],
+                "file_size": got.get("file_size", 0),
+                "storage_type": "database",
+                "storage_path": f"pyspy_tasks/{task}",
+                "download_url": f"{got['file_path']}?cluster={cluster}",
+            }
+        )
     return {"task_id": task, "files": files}

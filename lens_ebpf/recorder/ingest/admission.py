@@ -80,16 +80,20 @@ def cross_site(headers: Mapping[str, str], hosts: tuple[str, ...] = ()) -> str |
     host = headers.get("host", "")
     name, allowed = _name(host), {h.lower() for h in hosts}
     if not (_literal(name) or name == "localhost" or name in allowed or host.lower() in allowed):
-        return (f"Host {host!r} is not this service's: a write without credentials is taken "
-                "only for an address, localhost or a name of its anonymous_hosts")  # fmt: skip
+        return (
+            f"Host {host!r} is not this service's: a write without credentials is taken "
+            "only for an address, localhost or a name of its anonymous_hosts"
+        )
     origin = headers.get("origin")
     if origin is None:
         return None
     netloc = urlsplit(origin).netloc.lower() if origin.lower() != "null" else ""
     if netloc and (netloc == host.lower() or netloc in allowed or _name(netloc) in allowed):
         return None
-    return (f"Origin {origin!r} is not this service's ({host}): a write without credentials "
-            "is taken only from the service's own pages")  # fmt: skip
+    return (
+        f"Origin {origin!r} is not this service's ({host}): a write without credentials "
+        "is taken only from the service's own pages"
+    )
 
 
 class Ingest(Collector):
@@ -108,12 +112,17 @@ class Ingest(Collector):
         self.seconds: dict[str, Buckets] = {}
         if self.path:
             if not self.token():
-                log.warning("recorder: recorder.ingest.token_file %s holds no token yet: "
-                            "POST routes answer 401 until it does", self.path)  # fmt: skip
+                log.warning(
+                    "recorder: recorder.ingest.token_file %s holds no token yet: "
+                    "POST routes answer 401 until it does",
+                    self.path,
+                )
         elif not self.anonymous:
-            log.warning("recorder: no recorder.ingest.token_file and listening beyond "
-                        "loopback: POST routes answer 401 (set a token, or "
-                        "ingest.allow_anonymous: true)")  # fmt: skip
+            log.warning(
+                "recorder: no recorder.ingest.token_file and listening beyond "
+                "loopback: POST routes answer 401 (set a token, or "
+                "ingest.allow_anonymous: true)"
+            )
 
     def token(self) -> str:
         """The token now: the file read again when it changed (a Secret's new token); the
@@ -137,8 +146,11 @@ class Ingest(Collector):
         if self.path:
             scheme, _, given = headers.get("authorization", "").partition(" ")
             token = self.token()
-            if token and scheme.lower() == "bearer" and hmac.compare_digest(
-                    given.strip().encode(), token.encode()):  # fmt: skip
+            if (
+                token
+                and scheme.lower() == "bearer"
+                and hmac.compare_digest(given.strip().encode(), token.encode())
+            ):
                 return None
             bearer = scheme.lower() == "bearer" and given.strip()
             why = "a wrong bearer token" if bearer else "no bearer token (Authorization: Bearer)"
@@ -152,8 +164,10 @@ class Ingest(Collector):
                 self.cross_site[route] = self.cross_site.get(route, 0) + 1
             return Outcome(403, f"{route}: {foreign}")
         else:
-            why = ("no recorder.ingest.token_file is set and the service listens beyond "
-                   "loopback (set a token, or ingest.allow_anonymous: true)")  # fmt: skip
+            why = (
+                "no recorder.ingest.token_file is set and the service listens beyond "
+                "loopback (set a token, or ingest.allow_anonymous: true)"
+            )
         with self._lock:
             self.unauthorized[route] = self.unauthorized.get(route, 0) + 1
         return Outcome(401, f"{route}: {why}")
@@ -162,8 +176,9 @@ class Ingest(Collector):
         """404 for a body of another cluster (?cluster=): the POST routes read the home
         cluster's pods; another cluster's senders post to a service of their own."""
         if asked and asked != self.home:
-            return Outcome(404, f"{route}: this service takes cluster {self.home!r}'s only, "
-                           f"not {asked!r}")  # fmt: skip
+            return Outcome(
+                404, f"{route}: this service takes cluster {self.home!r}'s only, " f"not {asked!r}"
+            )
         return None
 
     def count(self, route: str, status: int, seconds: float) -> None:
@@ -182,25 +197,35 @@ class Ingest(Collector):
             unauthorized = sorted(self.unauthorized.items())
             foreign_routes = sorted(self.cross_site.items())
             seconds = sorted((k, b.copy()) for k, b in self.seconds.items())
-        fam = Metric("lens_recorder_post_requests", "POST requests, by route and HTTP status",
-                     "counter")  # fmt: skip
+        fam = Metric(
+            "lens_recorder_post_requests", "POST requests, by route and HTTP status", "counter"
+        )
         for (route, status), n in requests:
-            fam.add_sample("lens_recorder_post_requests_total",
-                           {"route": route, "code": str(status)}, n)  # fmt: skip
+            fam.add_sample(
+                "lens_recorder_post_requests_total", {"route": route, "code": str(status)}, n
+            )
         yield fam
-        bad = Metric("lens_recorder_post_unauthorized", "POST requests refused (401): no or a "
-                     "wrong bearer token", "counter")  # fmt: skip
+        bad = Metric(
+            "lens_recorder_post_unauthorized",
+            "POST requests refused (401): no or a " "wrong bearer token",
+            "counter",
+        )
         for route, n in unauthorized:
             bad.add_sample("lens_recorder_post_unauthorized_total", {"route": route}, n)
         yield bad
-        foreign = Metric("lens_recorder_post_cross_site", "POST requests without credentials "
-                         "refused (403): another site's Origin, or a Host not this "
-                         "service's", "counter")  # fmt: skip
+        foreign = Metric(
+            "lens_recorder_post_cross_site",
+            "POST requests without credentials "
+            "refused (403): another site's Origin, or a Host not this "
+            "service's",
+            "counter",
+        )
         for route, n in foreign_routes:
             foreign.add_sample("lens_recorder_post_cross_site_total", {"route": route}, n)
         yield foreign
-        hist = HistogramMetricFamily("lens_recorder_post_request_seconds",
-                                     "Time to answer a POST", labels=["route"])  # fmt: skip
+        hist = HistogramMetricFamily(
+            "lens_recorder_post_request_seconds", "Time to answer a POST", labels=["route"]
+        )
         for route, b in seconds:
             hist.add_metric([route], b.cumulative(), b.total)
         yield hist
@@ -216,17 +241,22 @@ class WriteGuard(Collector):
     by route. Reads stay open. Who made a change is who the credentials say (user())."""
 
     def __init__(self, cfg: ApiConfig, listen_host: str) -> None:
-        self.tokens = Ingest(IngestConfig(token_file=cfg.token_file,
-                                          allow_anonymous=cfg.allow_anonymous,
-                                          anonymous_hosts=cfg.anonymous_hosts),
-                             listen_host)  # fmt: skip
+        self.tokens = Ingest(
+            IngestConfig(
+                token_file=cfg.token_file,
+                allow_anonymous=cfg.allow_anonymous,
+                anonymous_hosts=cfg.anonymous_hosts,
+            ),
+            listen_host,
+        )
         self.proxy = cfg.forwarded_user_from  # whose X-Forwarded-User is believed
         self.refusals: dict[tuple[str, int], int] = {}
         self.writes: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
 
-    def refused(self, route: str, headers: dict[str, str],
-                certified: bool) -> tuple[int, str] | None:  # fmt: skip
+    def refused(
+        self, route: str, headers: dict[str, str], certified: bool
+    ) -> tuple[int, str] | None:
         """(401 or 403, why) for a write it may not make; None when it may."""
         if certified:
             return None
@@ -237,8 +267,11 @@ class WriteGuard(Collector):
             token = t.token()
             if token and bearer and hmac.compare_digest(given.strip().encode(), token.encode()):
                 return None
-            got = (403, "a wrong bearer token") if bearer and token else (
-                401, "no bearer token (Authorization: Bearer) or client certificate")  # fmt: skip
+            got = (
+                (403, "a wrong bearer token")
+                if bearer and token
+                else (401, "no bearer token (Authorization: Bearer) or client certificate")
+            )
             if not token:
                 got = (401, f"recorder.api.token_file {t.path} holds no token (yet)")
         elif t.anonymous:
@@ -247,9 +280,12 @@ class WriteGuard(Collector):
                 return None
             got = (403, foreign)
         else:
-            got = (401, "no recorder.api.token_file is set and the service listens beyond "
-                   "loopback (set a token, use client certificates, or "
-                   "api.allow_anonymous: true)")  # fmt: skip
+            got = (
+                401,
+                "no recorder.api.token_file is set and the service listens beyond "
+                "loopback (set a token, use client certificates, or "
+                "api.allow_anonymous: true)",
+            )
         return self.refuse(route, *got)
 
     def refuse(self, route: str, status: int, why: str) -> tuple[int, str]:
@@ -285,16 +321,25 @@ class WriteGuard(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             refusals, writes = sorted(self.refusals.items()), sorted(self.writes.items())
-        bad = Metric("lens_recorder_api_writes_refused", "Writes to the cluster API refused: "
-                     "401 (no credentials), 403 (a wrong token, or another site's without "
-                     "credentials), 415 (a body not JSON), by route", "counter")  # fmt: skip
+        bad = Metric(
+            "lens_recorder_api_writes_refused",
+            "Writes to the cluster API refused: "
+            "401 (no credentials), 403 (a wrong token, or another site's without "
+            "credentials), 415 (a body not JSON), by route",
+            "counter",
+        )
         for (route, code), n in refusals:
-            bad.add_sample("lens_recorder_api_writes_refused_total",
-                           {"route": route, "code": str(code)}, n)  # fmt: skip
+            bad.add_sample(
+                "lens_recorder_api_writes_refused_total", {"route": route, "code": str(code)}, n
+            )
         yield bad
-        done = Metric("lens_recorder_api_writes", "Writes to the cluster API answered, by "
-                      "route and HTTP status", "counter")  # fmt: skip
+        done = Metric(
+            "lens_recorder_api_writes",
+            "Writes to the cluster API answered, by " "route and HTTP status",
+            "counter",
+        )
         for (route, code), n in writes:
-            done.add_sample("lens_recorder_api_writes_total",
-                            {"route": route, "code": str(code)}, n)  # fmt: skip
+            done.add_sample(
+                "lens_recorder_api_writes_total", {"route": route, "code": str(code)}, n
+            )
         yield done

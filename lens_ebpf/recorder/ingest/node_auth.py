@@ -12,8 +12,13 @@ from lens_ebpf.k8s.tokenreview import UNAUTHENTICATED, TokenReviewer, Verdict
 from lens_ebpf.protocol.stream_auth import Claim, CollectorAuthConfig, Guard
 
 
-def node_guard(cfg: CollectorAuthConfig, listen: str, home: str,
-               client_of: Callable[[str], Any], timeout: float) -> Guard:  # fmt: skip
+def node_guard(
+    cfg: CollectorAuthConfig,
+    listen: str,
+    home: str,
+    client_of: Callable[[str], Any],
+    timeout: float,
+) -> Guard:
     """The collector port's guard; client_of(cluster): that cluster's API client, or None
     (a cluster the service does not follow: its tokens cannot be reviewed here). A bare
     name in grpc.auth.service_accounts is an account of the service's own namespace."""
@@ -23,11 +28,15 @@ def node_guard(cfg: CollectorAuthConfig, listen: str, home: str,
         cluster = claim.cluster or home
         client = client_of(cluster)
         if client is None:
-            return Verdict(UNAUTHENTICATED, f"cluster {cluster!r} is not one this service "
-                           "follows (or its API is not configured): its tokens cannot be "
-                           "reviewed")  # fmt: skip
+            return Verdict(
+                UNAUTHENTICATED,
+                f"cluster {cluster!r} is not one this service "
+                "follows (or its API is not configured): its tokens cannot be "
+                "reviewed",
+            )
         reviewer = TokenReviewer(client, cfg.audience, timeout)
         return reviewer.node_pod(token, claim.node, allowed)
 
-    return Guard(cfg, listen, "collector", verify if cfg.tokenreview else None,
-                 node_bound=True, home=home)  # fmt: skip
+    return Guard(
+        cfg, listen, "collector", verify if cfg.tokenreview else None, node_bound=True, home=home
+    )

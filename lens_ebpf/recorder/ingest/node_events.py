@@ -36,19 +36,24 @@ GPU_DEVICES = (
 def event_row(cluster: str, node: str, ev: pb.Event, instance: str = "") -> dict[str, Any]:
     """The node_events row of one reporter event (a gap has no seq)."""
     kind = ev.WhichOneof("payload") or "unknown"
-    payload = to_dict(getattr(ev, kind)) \
-        if kind != "unknown" else {}  # fmt: skip
+    payload = to_dict(getattr(ev, kind)) if kind != "unknown" else {}
     ident = payload.get("identity") or {}
-    at = datetime.fromtimestamp(ev.ts_unix_nano / 1e9, UTC) if ev.ts_unix_nano else \
-        datetime.now(UTC)  # fmt: skip
+    at = (
+        datetime.fromtimestamp(ev.ts_unix_nano / 1e9, UTC) if ev.ts_unix_nano else datetime.now(UTC)
+    )
     return {
-        "cluster": cluster, "node": node, "instance": instance,
-        "seq": None if kind == "gap" else ev.seq, "at": at,
+        "cluster": cluster,
+        "node": node,
+        "instance": instance,
+        "seq": None if kind == "gap" else ev.seq,
+        "at": at,
         "kind": kind,
-        "namespace": ident.get("namespace", ""), "pod": ident.get("pod", ""),
-        "pod_uid": ident.get("pod_uid", ""), "container": ident.get("container", ""),
+        "namespace": ident.get("namespace", ""),
+        "pod": ident.get("pod", ""),
+        "pod_uid": ident.get("pod_uid", ""),
+        "container": ident.get("container", ""),
         "payload": payload,
-    }  # fmt: skip
+    }
 
 
 def agent_resources(cluster: str, ev: pb.Event, at: datetime) -> list[dict[str, Any]]:
@@ -63,22 +68,45 @@ def agent_resources(cluster: str, ev: pb.Event, at: datetime) -> list[dict[str, 
         for pattern, resource in GPU_DEVICES:
             if pattern.match(dev):
                 by_resource.setdefault(resource, []).append(dev)
-    return [{"cluster": cluster, "pod_uid": ident.pod_uid, "container": ident.container,
-             "source": "agent",
-             "resource": r, "count": len(devs), "model": "", "devices": sorted(devs),
-             "updated_at": at} for r, devs in sorted(by_resource.items())]  # fmt: skip
+    return [
+        {
+            "cluster": cluster,
+            "pod_uid": ident.pod_uid,
+            "container": ident.container,
+            "source": "agent",
+            "resource": r,
+            "count": len(devs),
+            "model": "",
+            "devices": sorted(devs),
+            "updated_at": at,
+        }
+        for r, devs in sorted(by_resource.items())
+    ]
 
 
 # a device record's fields as node_devices stores them (the proto's name -> the column)
-DEVICE_COLUMNS = {"device_kind": "kind", "slot": "slot", "key": "key", "index": "idx",
-                  "vendor": "vendor", "model": "model", "uuid": "uuid", "serial": "serial",
-                  "bdf": "bdf", "driver_version": "driver_version",
-                  "firmware_version": "firmware_version", "vbios_version": "vbios_version",
-                  "port_state": "port_state", "link_layer": "link_layer", "rate": "rate",
-                  "retired_pages_pending": "retired_pages_pending",
-                  "row_remap_pending": "row_remap_pending",
-                  "row_remap_failure": "row_remap_failure",
-                  "recovery_action": "recovery_action", "holder": "holder"}  # fmt: skip
+DEVICE_COLUMNS = {
+    "device_kind": "kind",
+    "slot": "slot",
+    "key": "key",
+    "index": "idx",
+    "vendor": "vendor",
+    "model": "model",
+    "uuid": "uuid",
+    "serial": "serial",
+    "bdf": "bdf",
+    "driver_version": "driver_version",
+    "firmware_version": "firmware_version",
+    "vbios_version": "vbios_version",
+    "port_state": "port_state",
+    "link_layer": "link_layer",
+    "rate": "rate",
+    "retired_pages_pending": "retired_pages_pending",
+    "row_remap_pending": "row_remap_pending",
+    "row_remap_failure": "row_remap_failure",
+    "recovery_action": "recovery_action",
+    "holder": "holder",
+}
 # what a change of identity or state is (not the index the agent numbers GPUs by)
 TRACKED = [c for c in DEVICE_COLUMNS.values() if c not in ("kind", "slot", "idx")]
 
@@ -108,8 +136,11 @@ def device_update(cluster: str, node: str, ev: pb.Event, at: datetime) -> Device
         msgs, inventory = list(ev.device_inventory.devices), True
     else:
         return None
-    gone = {ev.device_change.slot} if kind == "device_change" and \
-        ev.device_change.change == "disappeared" else set()  # fmt: skip
+    gone = (
+        {ev.device_change.slot}
+        if kind == "device_change" and ev.device_change.change == "disappeared"
+        else set()
+    )
     records = [{col: getattr(m, name) for name, col in DEVICE_COLUMNS.items()} for m in msgs]
     return DeviceUpdate(cluster, node, at, records, inventory, gone)
 
@@ -130,28 +161,49 @@ def _apply_devices(conn: Connection, cluster: str, updates: list[DeviceUpdate]) 
     """apply_devices for one cluster's updates."""
     nd, cl = t.node_devices, t.device_changelog
     whole = {u.node for u in updates if u.inventory}
-    named = sorted({(cluster, u.node, r["kind"], r["slot"]) for u in updates if u.node not in whole
-                    for r in u.records})  # fmt: skip
+    named = sorted(
+        {
+            (cluster, u.node, r["kind"], r["slot"])
+            for u in updates
+            if u.node not in whole
+            for r in u.records
+        }
+    )
     # both by the unique key's leading columns (cluster, node[, kind, slot])
-    wanted = [c for c in (and_(nd.c.cluster == cluster, nd.c.node.in_(sorted(whole)))
-                          if whole else None,
-                          tuple_(nd.c.cluster, nd.c.node, nd.c.kind, nd.c.slot).in_(named)
-                          if named else None)
-              if c is not None]  # fmt: skip
+    wanted = [
+        c
+        for c in (
+            and_(nd.c.cluster == cluster, nd.c.node.in_(sorted(whole))) if whole else None,
+            tuple_(nd.c.cluster, nd.c.node, nd.c.kind, nd.c.slot).in_(named) if named else None,
+        )
+        if c is not None
+    ]
     # (node, kind, slot) -> the row as it stands, with its id (None: inserted by this batch)
-    state: dict[tuple[str, str, str], dict[str, Any]] = {
-        (r.node, r.kind, r.slot): dict(r._mapping)
-        for r in conn.execute(select(nd).where(or_(*wanted)))
-    } if wanted else {}  # fmt: skip
+    state: dict[tuple[str, str, str], dict[str, Any]] = (
+        {
+            (r.node, r.kind, r.slot): dict(r._mapping)
+            for r in conn.execute(select(nd).where(or_(*wanted)))
+        }
+        if wanted
+        else {}
+    )
     changed: dict[tuple[str, str, str], dict[str, Any]] = {}
     log: list[dict[str, Any]] = []
 
-    def entry(node: str, at: datetime, row: dict[str, Any], field: str, old: Any,
-              new: Any) -> None:  # fmt: skip
-        log.append({"cluster": cluster, "at": at, "node": node, "kind": row["kind"],
-                    "slot": row["slot"],
-                    "device_key": row["key"], "field": field, "old_value": _text(old),
-                    "new_value": _text(new)})  # fmt: skip
+    def entry(node: str, at: datetime, row: dict[str, Any], field: str, old: Any, new: Any) -> None:
+        log.append(
+            {
+                "cluster": cluster,
+                "at": at,
+                "node": node,
+                "kind": row["kind"],
+                "slot": row["slot"],
+                "device_key": row["key"],
+                "field": field,
+                "old_value": _text(old),
+                "new_value": _text(new),
+            }
+        )
 
     for u in updates:
         for rec in u.records:
@@ -186,12 +238,16 @@ def _apply_devices(conn: Connection, cluster: str, updates: list[DeviceUpdate]) 
                     entry(u.node, u.at, old, "present", True, False)
                     old["present"] = False
                     changed[key] = old
-    inserts = [{k: v for k, v in row.items() if k != "id"}
-               for row in changed.values() if row["id"] is None]  # fmt: skip
+    inserts = [
+        {k: v for k, v in row.items() if k != "id"} for row in changed.values() if row["id"] is None
+    ]
     # bound as v_<column> (a bind parameter may not take its column's name)
     skip = ("id", "first_seen")
-    updates_ = [{**{f"v_{k}": v for k, v in row.items() if k not in skip}, "row_id": row["id"]}
-                for row in changed.values() if row["id"] is not None]  # fmt: skip
+    updates_ = [
+        {**{f"v_{k}": v for k, v in row.items() if k not in skip}, "row_id": row["id"]}
+        for row in changed.values()
+        if row["id"] is not None
+    ]
     insert_rows(conn, nd, inserts)
     if updates_:
         cols: dict[str, Any] = {c[2:]: bindparam(c) for c in updates_[0] if c != "row_id"}
@@ -206,10 +262,12 @@ def last_seqs(conn: Connection) -> Seqs:
     its newest INSTANCES_KEPT (the collector keeps no more)."""
     ne = t.node_events
     newest = func.max(ne.c.id)
-    rows = conn.execute(select(ne.c.cluster, ne.c.node, ne.c.instance, func.max(ne.c.seq))
-                        .where(ne.c.seq.is_not(None))
-                        .group_by(ne.c.cluster, ne.c.node, ne.c.instance)
-                        .order_by(newest))  # fmt: skip
+    rows = conn.execute(
+        select(ne.c.cluster, ne.c.node, ne.c.instance, func.max(ne.c.seq))
+        .where(ne.c.seq.is_not(None))
+        .group_by(ne.c.cluster, ne.c.node, ne.c.instance)
+        .order_by(newest)
+    )
     out: Seqs = {}
     for c, node, instance, seq in rows:
         out.setdefault(source(str(c), str(node)), {})[str(instance)] = int(str(seq))
@@ -280,8 +338,10 @@ class NodeEvents(Collector):
         new: set[tuple[str, str, str, int]] = set()
         if rows:
             key = ("cluster", "node", "instance", "seq")
-            new = {(r.cluster, r.node, r.instance, r.seq) for r in insert_rows(
-                conn, ne, rows, keys=list(key), returning=key)}  # fmt: skip
+            new = {
+                (r.cluster, r.node, r.instance, r.seq)
+                for r in insert_rows(conn, ne, rows, keys=list(key), returning=key)
+            }
         resources: dict[tuple[str, str, str, str], dict[str, Any]] = {}
         devices: list[DeviceUpdate] = []
         for row, res, update in items:
@@ -296,6 +356,10 @@ class NodeEvents(Collector):
         if devices:
             apply_devices(conn, devices)
         if resources:
-            insert_rows(conn, t.pod_resources, list(resources.values()),
-                        keys=["cluster", "pod_uid", "container", "source"],
-                        update=True)  # fmt: skip
+            insert_rows(
+                conn,
+                t.pod_resources,
+                list(resources.values()),
+                keys=["cluster", "pod_uid", "container", "source"],
+                update=True,
+            )

@@ -34,10 +34,17 @@ STORE_WAIT = 30.0  # the most the findings job waits for its alerts' commit
 
 
 class AlertJobs:
-    def __init__(self, engine: Engine, scopes: Callable[[], list[Scope]],
-                 concern: Callable[..., Any], silences: Silences, am: Alertmanager,
-                 clock: Callable[[], datetime], external_url: str = "",
-                 writer: Writer | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: Engine,
+        scopes: Callable[[], list[Scope]],
+        concern: Callable[..., Any],
+        silences: Silences,
+        am: Alertmanager,
+        clock: Callable[[], datetime],
+        external_url: str = "",
+        writer: Writer | None = None,
+    ) -> None:
         self.engine, self.scopes, self.concern = engine, scopes, concern
         self.writer = writer  # the leader's (fenced); None: written here at once
         self.silences, self.am, self.clock = silences, am, clock
@@ -45,8 +52,12 @@ class AlertJobs:
         self.stored: dict[str, int] = {}  # findings stored, by outcome
         self.late = late.Retries()  # the pending alerts' looks
         self.enriched_late = 0  # alerts enriched after they were stored
-        self.sent: dict[str, int] = {"alertmanager": 0, "alertmanager_failed": 0,
-                                     "webhook": 0, "webhook_failed": 0}  # fmt: skip
+        self.sent: dict[str, int] = {
+            "alertmanager": 0,
+            "alertmanager_failed": 0,
+            "webhook": 0,
+            "webhook_failed": 0,
+        }
 
     def store(self, alerts: list[ingest.AlertIn], now: datetime) -> dict[str, int]:
         """Alerts stored (deduplicated, enriched, silenced), in one transaction: the
@@ -57,8 +68,11 @@ class AlertJobs:
         got: list[dict[str, int]] = []
 
         def write(conn: Connection) -> None:
-            got.append(ingest.store(conn, alerts, now, self.concern,
-                                    self.silences.active(conn, now)).as_dict())  # fmt: skip
+            got.append(
+                ingest.store(
+                    conn, alerts, now, self.concern, self.silences.active(conn, now)
+                ).as_dict()
+            )
 
         return got[-1] if self._write(write) else {}  # the try that was committed
 
@@ -112,18 +126,29 @@ class AlertJobs:
         began (a line again after that is a new one)."""
         ae, r = t.alert_events, t.log_alert_rules
         with self.engine.begin() as conn:
-            rows = conn.execute(select(ae.c.id, ae.c.starts_at, ae.c.raw_data).where(
-                ae.c.source == "log", ae.c.status.in_(("firing", "silenced"))))  # fmt: skip
-            repeat = {int(x.id): int(x.repeat_interval) for x in conn.execute(
-                select(r.c.id, r.c.repeat_interval))}  # fmt: skip
+            rows = conn.execute(
+                select(ae.c.id, ae.c.starts_at, ae.c.raw_data).where(
+                    ae.c.source == "log", ae.c.status.in_(("firing", "silenced"))
+                )
+            )
+            repeat = {
+                int(x.id): int(x.repeat_interval)
+                for x in conn.execute(select(r.c.id, r.c.repeat_interval))
+            }
             for row in rows:
                 rid = int((row.raw_data or {}).get("rule_id", 0))
-                starts = row.starts_at if row.starts_at.tzinfo else \
-                    row.starts_at.replace(tzinfo=now.tzinfo)  # fmt: skip
+                starts = (
+                    row.starts_at
+                    if row.starts_at.tzinfo
+                    else row.starts_at.replace(tzinfo=now.tzinfo)
+                )
                 end = starts + timedelta(seconds=repeat.get(rid, 3600))
                 if end <= now:
-                    conn.execute(update(ae).where(ae.c.id == row.id).values(
-                        status="resolved", ends_at=end, updated_at=now))  # fmt: skip
+                    conn.execute(
+                        update(ae)
+                        .where(ae.c.id == row.id)
+                        .values(status="resolved", ends_at=end, updated_at=now)
+                    )
 
     # -- sending ---------------------------------------------------------------------------
     def notify(self) -> None:
@@ -147,28 +172,52 @@ class AlertJobs:
         ):
             if value:
                 labels.setdefault(key, value)
-        starts = row.starts_at if row.starts_at.tzinfo else \
-            row.starts_at.replace(tzinfo=self.clock().tzinfo)  # fmt: skip
+        starts = (
+            row.starts_at
+            if row.starts_at.tzinfo
+            else row.starts_at.replace(tzinfo=self.clock().tzinfo)
+        )
         ends = None
         if ended:
             ends = row.ends_at or self.clock()
             ends = ends if ends.tzinfo else ends.replace(tzinfo=starts.tzinfo)
         url = f"{self.external_url}/lens/alerts/events/{row.id}" if self.external_url else ""
-        return {"labels": labels, "annotations": dict(row.annotations or {}),
-                "starts_at": starts, "ends_at": ends, "generator_url": url}  # fmt: skip
+        return {
+            "labels": labels,
+            "annotations": dict(row.annotations or {}),
+            "starts_at": starts,
+            "ends_at": ends,
+            "generator_url": url,
+        }
 
     def _alertmanager(self, now: datetime) -> None:
         ae = t.alert_events
         with self.engine.connect() as conn:
-            live = list(conn.execute(select(ae).where(
-                ae.c.source.in_(OURS), ae.c.status.in_(("firing", "silenced")),
-                ae.c.updated_at >= now - RECENT).limit(SENT_MAX)))  # fmt: skip
-            ended = list(conn.execute(select(ae).where(
-                ae.c.source.in_(OURS), ae.c.status == "resolved",
-                ae.c.notification_status != "resolved", ae.c.notified_at.is_not(None),
-                ae.c.updated_at >= now - RECENT).limit(SENT_MAX)))  # fmt: skip
-        body = [self._postable(r, False) for r in live] + [self._postable(r, True)
-                                                          for r in ended]  # fmt: skip
+            live = list(
+                conn.execute(
+                    select(ae)
+                    .where(
+                        ae.c.source.in_(OURS),
+                        ae.c.status.in_(("firing", "silenced")),
+                        ae.c.updated_at >= now - RECENT,
+                    )
+                    .limit(SENT_MAX)
+                )
+            )
+            ended = list(
+                conn.execute(
+                    select(ae)
+                    .where(
+                        ae.c.source.in_(OURS),
+                        ae.c.status == "resolved",
+                        ae.c.notification_status != "resolved",
+                        ae.c.notified_at.is_not(None),
+                        ae.c.updated_at >= now - RECENT,
+                    )
+                    .limit(SENT_MAX)
+                )
+            )
+        body = [self._postable(r, False) for r in live] + [self._postable(r, True) for r in ended]
         if not body:
             return
         try:
@@ -183,52 +232,92 @@ class AlertJobs:
             for rows, state in ((live, "sent"), (ended, "resolved")):
                 ids = [r.id for r in rows]
                 if ids:
-                    conn.execute(update(ae).where(ae.c.id.in_(ids)).values(
-                        notified_at=now, notification_status=state if ok else
-                        "failed"))  # fmt: skip
-                    conn.execute(t.alert_notifications.insert(), [
-                        {"alert_id": i, "channel": "alertmanager",
-                         "status": "firing" if state == "sent" else "resolved", "sent_at": now,
-                         "ok": ok, "error_message": status} for i in ids])  # fmt: skip
+                    conn.execute(
+                        update(ae)
+                        .where(ae.c.id.in_(ids))
+                        .values(notified_at=now, notification_status=state if ok else "failed")
+                    )
+                    conn.execute(
+                        t.alert_notifications.insert(),
+                        [
+                            {
+                                "alert_id": i,
+                                "channel": "alertmanager",
+                                "status": "firing" if state == "sent" else "resolved",
+                                "sent_at": now,
+                                "ok": ok,
+                                "error_message": status,
+                            }
+                            for i in ids
+                        ],
+                    )
 
     def _channels(self, now: datetime) -> None:
         """Each enabled webhook channel: every alert of the last day once per state
         (firing, resolved) it reached."""
         ch, ae, an = t.notification_channels, t.alert_events, t.alert_notifications
         with self.engine.connect() as conn:
-            channels = list(conn.execute(select(ch).where(ch.c.enabled.is_(True),
-                                                          ch.c.type == "webhook")))  # fmt: skip
+            channels = list(
+                conn.execute(select(ch).where(ch.c.enabled.is_(True), ch.c.type == "webhook"))
+            )
             if not channels:
                 return
-            alerts = list(conn.execute(select(ae).where(ae.c.updated_at >= now - RECENT,
-                                                        ae.c.status != "silenced")))  # fmt: skip
-            done = {(r.alert_id, r.channel, r.status) for r in conn.execute(
-                select(an.c.alert_id, an.c.channel, an.c.status).where(
-                    and_(an.c.sent_at >= now - RECENT - RECENT, an.c.ok.is_(True))))}  # fmt: skip
+            alerts = list(
+                conn.execute(
+                    select(ae).where(ae.c.updated_at >= now - RECENT, ae.c.status != "silenced")
+                )
+            )
+            done = {
+                (r.alert_id, r.channel, r.status)
+                for r in conn.execute(
+                    select(an.c.alert_id, an.c.channel, an.c.status).where(
+                        and_(an.c.sent_at >= now - RECENT - RECENT, an.c.ok.is_(True))
+                    )
+                )
+            }
         for channel in channels:
             cfg = channel.config or {}
             for a in alerts:
                 state = "resolved" if a.status == "resolved" else "firing"
                 if (a.id, channel.name, state) in done:
                     continue
-                payload = {"alert_id": a.id, "source": a.source, "alert_name": a.alert_name,
-                           "severity": a.severity, "status": state,
-                           "starts_at": a.starts_at.isoformat(),
-                           "ends_at": a.ends_at.isoformat() if a.ends_at else None,
-                           "labels": a.labels, "annotations": a.annotations,
-                           "workload_id": a.workload_id, "workload_name": a.workload_name,
-                           "pod_name": a.pod_name, "node_name": a.node_name,
-                           "cluster_name": a.cluster_name}  # fmt: skip
+                payload = {
+                    "alert_id": a.id,
+                    "source": a.source,
+                    "alert_name": a.alert_name,
+                    "severity": a.severity,
+                    "status": state,
+                    "starts_at": a.starts_at.isoformat(),
+                    "ends_at": a.ends_at.isoformat() if a.ends_at else None,
+                    "labels": a.labels,
+                    "annotations": a.annotations,
+                    "workload_id": a.workload_id,
+                    "workload_name": a.workload_name,
+                    "pod_name": a.pod_name,
+                    "node_name": a.node_name,
+                    "cluster_name": a.cluster_name,
+                }
                 try:
-                    webhook(str(cfg.get("url", "")), payload, str(cfg.get("method") or "POST"),
-                            {str(k): str(v) for k, v in (cfg.get("headers") or {}).items()},
-                            float(cfg.get("timeout") or 10))  # fmt: skip
+                    webhook(
+                        str(cfg.get("url", "")),
+                        payload,
+                        str(cfg.get("method") or "POST"),
+                        {str(k): str(v) for k, v in (cfg.get("headers") or {}).items()},
+                        float(cfg.get("timeout") or 10),
+                    )
                     ok, err = True, ""
                     self.sent["webhook"] += 1
                 except SendError as exc:
                     ok, err = False, str(exc)
                     self.sent["webhook_failed"] += 1
                 with self.engine.begin() as conn:
-                    conn.execute(an.insert().values(alert_id=a.id, channel=channel.name,
-                                                    status=state, sent_at=now, ok=ok,
-                                                    error_message=err))  # fmt: skip
+                    conn.execute(
+                        an.insert().values(
+                            alert_id=a.id,
+                            channel=channel.name,
+                            status=state,
+                            sent_at=now,
+                            ok=ok,
+                            error_message=err,
+                        )
+                    )

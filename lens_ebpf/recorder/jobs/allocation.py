@@ -25,29 +25,54 @@ BACKFILL_HOURS = 24  # completed hours looked at for a missing row, and for util
 FILL_SECONDS = 300  # how often hours without utilization are asked for again
 # what retention.days prunes, by its time
 PRUNED = ("allocation_snapshots", "device_changelog", "training_points", "training_events")
-PRUNED_BY = {"gpu_allocation_snapshots": "snapshot_time", "cluster_gpu_hourly_stats": "stat_hour",
-             "namespace_gpu_hourly_stats": "stat_hour", "label_gpu_hourly_stats": "stat_hour",
-             "workload_gpu_hourly_stats": "stat_hour"}  # fmt: skip
+PRUNED_BY = {
+    "gpu_allocation_snapshots": "snapshot_time",
+    "cluster_gpu_hourly_stats": "stat_hour",
+    "namespace_gpu_hourly_stats": "stat_hour",
+    "label_gpu_hourly_stats": "stat_hour",
+    "workload_gpu_hourly_stats": "stat_hour",
+}
 REPORTS = "gpu_usage_weekly_reports"  # pruned after recorder.reports.keep_weeks
 # an hour's tables and each one's key, the cluster's last (its row marks the hour done)
 HOURLY = {
     "namespace_gpu_hourly_stats": ["cluster_name", "namespace", "stat_hour"],
-    "label_gpu_hourly_stats": ["cluster_name", "dimension_type", "dimension_key",
-                               "dimension_value", "stat_hour"],
+    "label_gpu_hourly_stats": [
+        "cluster_name",
+        "dimension_type",
+        "dimension_key",
+        "dimension_value",
+        "stat_hour",
+    ],
     "workload_gpu_hourly_stats": ["cluster_name", "owner_uid", "stat_hour"],
     "cluster_gpu_hourly_stats": ["cluster_name", "stat_hour"],
-}  # fmt: skip
-FILLED = ("avg_utilization", "max_utilization", "min_utilization", "p50_utilization",
-          "p95_utilization", "avg_gpu_memory_used", "max_gpu_memory_used",
-          "avg_gpu_memory_total", "sample_count")  # fmt: skip
+}
+FILLED = (
+    "avg_utilization",
+    "max_utilization",
+    "min_utilization",
+    "p50_utilization",
+    "p95_utilization",
+    "avg_gpu_memory_used",
+    "max_gpu_memory_used",
+    "avg_gpu_memory_total",
+    "sample_count",
+)
 floor_hour = acc.floor_hour
 
 
 class Jobs:
-    def __init__(self, engine: Engine, writer: Writer, scopes: Callable[[], list[Scope]],
-                 allocation_seconds: float, retention_days: float,
-                 clock: Callable[[], datetime], keys: acc.Keys | None = None,
-                 backfill_days: float = 7.0, report_weeks: int = 104) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: Engine,
+        writer: Writer,
+        scopes: Callable[[], list[Scope]],
+        allocation_seconds: float,
+        retention_days: float,
+        clock: Callable[[], datetime],
+        keys: acc.Keys | None = None,
+        backfill_days: float = 7.0,
+        report_weeks: int = 104,
+    ) -> None:
         self.engine, self.writer, self.scopes = engine, writer, scopes  # the clusters now
         self.interval = allocation_seconds
         self.retention = timedelta(days=retention_days)
@@ -88,9 +113,17 @@ class Jobs:
                 pair[0] += a["capacity"]
                 pair[1] += a["allocated"]
         total = [sum(c for c, _ in per_node.values()), sum(r for _, r in per_node.values())]
-        return [{"cluster": c.name, "at": now, "node": node, "allocatable": cap,
-                 "requested": r, "rate": 100 * r / cap if cap else 0.0}
-                for node, (cap, r) in sorted({**per_node, "": total}.items())]  # fmt: skip
+        return [
+            {
+                "cluster": c.name,
+                "at": now,
+                "node": node,
+                "allocatable": cap,
+                "requested": r,
+                "rate": 100 * r / cap if cap else 0.0,
+            }
+            for node, (cap, r) in sorted({**per_node, "": total}.items())
+        ]
 
     def hourly(self, now: datetime) -> int:
         """_hourly, with Prometheus asked no more in this run once it did not answer at all
@@ -125,12 +158,14 @@ class Jobs:
 
     def _hours_done(self, conn: Connection, cluster: str, since: datetime) -> set[datetime]:
         hs = t.cluster_gpu_hourly_stats
-        got = conn.execute(select(hs.c.stat_hour).where(hs.c.cluster_name == cluster,
-                                                        hs.c.stat_hour >= since))  # fmt: skip
+        got = conn.execute(
+            select(hs.c.stat_hour).where(hs.c.cluster_name == cluster, hs.c.stat_hour >= since)
+        )
         return {aware(r.stat_hour) for r in got}  # type: ignore[misc]
 
-    def _hour(self, conn: Connection, c: Scope, hour: datetime, now: datetime,
-              first: datetime | None) -> dict[str, list[dict[str, Any]]] | None:  # fmt: skip
+    def _hour(
+        self, conn: Connection, c: Scope, hour: datetime, now: datetime, first: datetime | None
+    ) -> dict[str, list[dict[str, Any]]] | None:
         """Every statistics row of the hour, or None when it cannot be computed (no
         snapshots, and before backfill_days or the first pod)."""
         got = acc.hour_from_snapshots(conn, c.tables, hour)
@@ -140,8 +175,9 @@ class Jobs:
             got = acc.hour_from_lifetimes(conn, c.tables, hour, self.keys, now)
         cap, allocated, works = got
         self.folded += acc.folded(works.values(), self.keys)
-        return acc.hour_rows(c.name, hour, cap, allocated, works, acc.hour_series(c, hour),
-                             self.keys, now)  # fmt: skip
+        return acc.hour_rows(
+            c.name, hour, cap, allocated, works, acc.hour_series(c, hour), self.keys, now
+        )
 
     def _write_hours(self, work: list[dict[str, list[dict[str, Any]]]]) -> int:
         if not work:
@@ -169,19 +205,42 @@ class Jobs:
             if not c.prom.url:
                 continue
             with self.engine.connect() as conn:
-                missing = [aware(r.stat_hour) for r in conn.execute(select(hs.c.stat_hour).where(
-                    hs.c.cluster_name == c.name, hs.c.stat_hour >= since,
-                    hs.c.avg_utilization.is_(None)))]  # fmt: skip
+                missing = [
+                    aware(r.stat_hour)
+                    for r in conn.execute(
+                        select(hs.c.stat_hour).where(
+                            hs.c.cluster_name == c.name,
+                            hs.c.stat_hour >= since,
+                            hs.c.avg_utilization.is_(None),
+                        )
+                    )
+                ]
                 for hour in missing:
                     series = acc.hour_series(c, hour)  # type: ignore[arg-type]
                     if series is None or not any(series.util_sum.values()):
                         continue
                     got = acc.hour_from_snapshots(conn, c.tables, hour)  # type: ignore[arg-type]
                     if got is None:
-                        got = acc.hour_from_lifetimes(conn, c.tables, hour, self.keys,  # type: ignore[arg-type]
-                                                      now)  # fmt: skip
-                    updates.append((c.name, acc.hour_rows(c.name, hour, *got, series,  # type: ignore[arg-type]
-                                                          self.keys, now)))  # fmt: skip
+                        got = acc.hour_from_lifetimes(
+                            conn,
+                            c.tables,
+                            hour,  # type: ignore[arg-type]
+                            self.keys,
+                            now,
+                        )
+                    updates.append(
+                        (
+                            c.name,
+                            acc.hour_rows(
+                                c.name,
+                                hour,  # type: ignore[arg-type]
+                                *got,
+                                series,
+                                self.keys,
+                                now,
+                            ),
+                        )
+                    )
         if updates:
 
             def write(conn: Connection) -> None:
@@ -209,8 +268,9 @@ class Jobs:
                 table = t.metadata.tables[name]
                 counts[name] = conn.execute(delete(table).where(table.c[col] < cutoff)).rowcount
             reports = t.gpu_usage_weekly_reports
-            counts[REPORTS] = conn.execute(delete(reports).where(
-                reports.c.period_end < now - self.report_retention)).rowcount  # fmt: skip
+            counts[REPORTS] = conn.execute(
+                delete(reports).where(reports.c.period_end < now - self.report_retention)
+            ).rowcount
 
         def done() -> None:
             for name, n in counts.items():

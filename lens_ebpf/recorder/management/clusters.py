@@ -32,16 +32,31 @@ from lens_ebpf.recorder.store.writer import redact
 MC = t.managed_clusters
 TASKS = t.cluster_tasks
 ACTIVE = ("pending", "running")
-INFRA = {"pending": "initializing", "running": "initializing", "completed": "ready",
-         "failed": "failed"}  # fmt: skip
+INFRA = {
+    "pending": "initializing",
+    "running": "initializing",
+    "completed": "ready",
+    "failed": "failed",
+}
 TEXT_FIELDS = ("display_name", "description")
 
 
 def empty_row(name: str, now: datetime, who: str = "") -> dict[str, Any]:
-    return {"cluster_name": name, "display_name": "", "description": "", "labels": {},
-            "is_default": False, "release_version_id": None, "values_override": {},
-            "deployed_version_id": None, "deployed_values": {}, "deployed_at": None,
-            "created_by": who, "created_at": now, "updated_at": now}  # fmt: skip
+    return {
+        "cluster_name": name,
+        "display_name": "",
+        "description": "",
+        "labels": {},
+        "is_default": False,
+        "release_version_id": None,
+        "values_override": {},
+        "deployed_version_id": None,
+        "deployed_values": {},
+        "deployed_at": None,
+        "created_by": who,
+        "created_at": now,
+        "updated_at": now,
+    }
 
 
 def ensure_row(conn: Connection, name: str, now: datetime, who: str = "") -> Any:
@@ -97,12 +112,18 @@ def kubeconfig_of(name: str, body: dict[str, Any]) -> str | None:
         user["client-certificate-data"] = _b64(str(body["k8s_cert_data"]))
         user["client-key-data"] = _b64(str(body["k8s_key_data"]))
     else:
-        raise BadRequest("k8s_token, or k8s_cert_data and k8s_key_data: how to authenticate "
-                         "to the cluster's API")  # fmt: skip
-    doc = {"apiVersion": "v1", "kind": "Config", "current-context": name,
-           "clusters": [{"name": name, "cluster": cluster}],
-           "users": [{"name": name, "user": user}],
-           "contexts": [{"name": name, "context": {"cluster": name, "user": name}}]}  # fmt: skip
+        raise BadRequest(
+            "k8s_token, or k8s_cert_data and k8s_key_data: how to authenticate "
+            "to the cluster's API"
+        )
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": name,
+        "clusters": [{"name": name, "cluster": cluster}],
+        "users": [{"name": name, "user": user}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+    }
     return yaml.safe_dump(doc, sort_keys=False)
 
 
@@ -137,19 +158,25 @@ class ClusterAdmin:
     def set_default(self, conn: Connection, name: str, now: datetime) -> dict[str, Any]:
         self._known(name)
         ensure_row(conn, name, now)
-        conn.execute(update(MC).where(MC.c.cluster_name != name, MC.c.is_default)
-                     .values(is_default=False, updated_at=now))  # fmt: skip
-        conn.execute(update(MC).where(MC.c.cluster_name == name)
-                     .values(is_default=True, updated_at=now))  # fmt: skip
+        conn.execute(
+            update(MC)
+            .where(MC.c.cluster_name != name, MC.c.is_default)
+            .values(is_default=False, updated_at=now)
+        )
+        conn.execute(
+            update(MC).where(MC.c.cluster_name == name).values(is_default=True, updated_at=now)
+        )
         self.clusters.default = name
         return {"message": "Default cluster set successfully", "cluster_name": name}
 
     def clear_default(self, conn: Connection, now: datetime) -> dict[str, Any]:
-        got = conn.execute(update(MC).where(MC.c.is_default).values(is_default=False,
-                                                                     updated_at=now))  # fmt: skip
+        got = conn.execute(
+            update(MC).where(MC.c.is_default).values(is_default=False, updated_at=now)
+        )
         self.clusters.default = ""
-        return {"message": "default cluster cleared" if got.rowcount else
-                "no default cluster to clear"}  # fmt: skip
+        return {
+            "message": "default cluster cleared" if got.rowcount else "no default cluster to clear"
+        }
 
     def default_name(self) -> str:
         """The default cluster (the home one unless one is set)."""
@@ -194,29 +221,42 @@ class ClusterAdmin:
         db = urlsplit(self.database_url.replace("+psycopg", ""))
         task = self.latest_task(conn, name, "infrastructure")
         scan = self.scanned(conn, name)
-        infra = INFRA.get(task.status, "not_initialized") if task is not None else \
-            ("ready" if scan.get("image") else "not_initialized")  # fmt: skip
+        infra = (
+            INFRA.get(task.status, "not_initialized")
+            if task is not None
+            else ("ready" if scan.get("image") else "not_initialized")
+        )
         up = bool(w is not None and w.up)
         made = row.created_at if row is not None else None
         skip = bool(getattr(getattr(client, "configuration", None), "verify_ssl", True) is False)
         return {
-            "id": ident, "cluster_name": name,
+            "id": ident,
+            "cluster_name": name,
             "display_name": (row.display_name if row is not None else "") or name,
             "description": row.description if row is not None else "",
             "source": w.source.origin if w is not None else "secret",
-            "k8s_endpoint": server, "k8s_configured": client is not None,
-            "k8s_insecure_skip_verify": skip, "k8s_manual_mode": not home,
+            "k8s_endpoint": server,
+            "k8s_configured": client is not None,
+            "k8s_insecure_skip_verify": skip,
+            "k8s_manual_mode": not home,
             "postgres_host": db.hostname or "" if db.scheme.startswith("postgres") else "",
             "postgres_port": (db.port or 5432) if db.scheme.startswith("postgres") else 0,
             "postgres_configured": db.scheme.startswith("postgres"),
-            "opensearch_host": "", "opensearch_port": 0, "opensearch_scheme": "",
+            "opensearch_host": "",
+            "opensearch_port": 0,
+            "opensearch_scheme": "",
             "opensearch_configured": False,
-            "prometheus_read_host": prom.hostname or "", "prometheus_read_port": prom.port or 0,
-            "prometheus_write_host": "", "prometheus_write_port": 0,
-            "prometheus_configured": bool(prom.hostname), "storage_manual_mode": False,
-            "storage_mode": "external", "infrastructure_status": infra,
+            "prometheus_read_host": prom.hostname or "",
+            "prometheus_read_port": prom.port or 0,
+            "prometheus_write_host": "",
+            "prometheus_write_port": 0,
+            "prometheus_configured": bool(prom.hostname),
+            "storage_manual_mode": False,
+            "storage_mode": "external",
+            "infrastructure_status": infra,
             "infrastructure_message": (task.error_message or task.current_stage)
-            if task is not None else "",
+            if task is not None
+            else "",
             "dataplane_status": "deployed" if scan.get("image") else "pending",
             "dataplane_version": scan.get("version", ""),
             "dataplane_message": scan.get("error", "") or scan.get("image", ""),
@@ -224,50 +264,67 @@ class ClusterAdmin:
             "status": "active" if up else "down",
             "is_default": name == self.default_name(),
             "labels": dict(row.labels or {}) if row is not None else {},
-            "created_at": when(made) or "", "updated_at": when(row.updated_at) or ""
-            if row is not None else "",
+            "created_at": when(made) or "",
+            "updated_at": when(row.updated_at) or "" if row is not None else "",
             # lens-ebpf's: whether its watches run and answer, why not
-            "up": up, "error": (w.state().get("error", "") if w is not None else ""),
+            "up": up,
+            "error": (w.state().get("error", "") if w is not None else ""),
             "home": home,
-        }  # fmt: skip
+        }
 
     # -- the Secret ---------------------------------------------------------------------------
     def _need_secret(self) -> None:
         if not self.secret:
-            raise Forbidden("clusters are added to the multi-cluster Secret, and "
-                            "multicluster.secret is not set (deploy/recorder sets it to "
-                            "multi-k8s-config)")  # fmt: skip
+            raise Forbidden(
+                "clusters are added to the multi-cluster Secret, and "
+                "multicluster.secret is not set (deploy/recorder sets it to "
+                "multi-k8s-config)"
+            )
 
     def _edit_secret(self, change: Callable[[dict[str, str]], object]) -> None:
         """The multi-cluster Secret read, changed and written back (made when missing; a
         concurrent change is a 409 to retry)."""
         core = self.clusters.home.api.core
         try:
-            cur: dict[str, Any] | None = call_raw(core.read_namespaced_secret, self.secret,
-                                                  self.namespace, timeout=self.timeout)  # fmt: skip
+            cur: dict[str, Any] | None = call_raw(
+                core.read_namespaced_secret, self.secret, self.namespace, timeout=self.timeout
+            )
         except Exception as exc:
             if getattr(exc, "status", None) != 404:
-                raise Unavailable(f"the multi-cluster Secret {self.namespace}/{self.secret}: "
-                                  f"{describe(exc)}") from None  # fmt: skip
+                raise Unavailable(
+                    f"the multi-cluster Secret {self.namespace}/{self.secret}: " f"{describe(exc)}"
+                ) from None
             cur = None
         data = dict((cur or {}).get("data") or {})
         change(data)
         try:
             if cur is None:
-                body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": data,
-                        "metadata": {"name": self.secret, "namespace": self.namespace}}  # fmt: skip
-                call_raw(core.create_namespaced_secret, self.namespace, body,
-                         timeout=self.timeout)  # fmt: skip
+                body = {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "type": "Opaque",
+                    "data": data,
+                    "metadata": {"name": self.secret, "namespace": self.namespace},
+                }
+                call_raw(core.create_namespaced_secret, self.namespace, body, timeout=self.timeout)
             else:
                 cur["data"] = data
-                call_raw(core.replace_namespaced_secret, self.secret, self.namespace, cur,
-                         timeout=self.timeout)  # fmt: skip
+                call_raw(
+                    core.replace_namespaced_secret,
+                    self.secret,
+                    self.namespace,
+                    cur,
+                    timeout=self.timeout,
+                )
         except Exception as exc:
             if getattr(exc, "status", None) == 409:
-                raise Conflict(f"the multi-cluster Secret {self.secret} changed meanwhile; "
-                               "try again") from None  # fmt: skip
-            raise Unavailable(f"the multi-cluster Secret {self.namespace}/{self.secret} could "
-                              f"not be written: {describe(exc)}") from None  # fmt: skip
+                raise Conflict(
+                    f"the multi-cluster Secret {self.secret} changed meanwhile; " "try again"
+                ) from None
+            raise Unavailable(
+                f"the multi-cluster Secret {self.namespace}/{self.secret} could "
+                f"not be written: {describe(exc)}"
+            ) from None
 
     def checked(self, name: str, text: str) -> str:
         """The kubeconfig when a client can be made of it and its API answers (BadRequest
@@ -280,19 +337,22 @@ class ClusterAdmin:
         try:
             return RawApi(client, min(self.timeout, 10.0)).version()
         except Exception as exc:
-            raise BadRequest(f"cluster {name}: its API at {server} does not answer: "
-                             f"{describe(exc)}") from None  # fmt: skip
+            raise BadRequest(
+                f"cluster {name}: its API at {server} does not answer: " f"{describe(exc)}"
+            ) from None
         finally:
             client.close()
 
     # -- writes -------------------------------------------------------------------------------
-    def add(self, conn: Connection, body: dict[str, Any], now: datetime, who: str
-            ) -> dict[str, Any]:  # fmt: skip
+    def add(
+        self, conn: Connection, body: dict[str, Any], now: datetime, who: str
+    ) -> dict[str, Any]:
         """A cluster the Secret holds from now on (201's body: its ClusterConfigResponse)."""
         name = str(body.get("cluster_name") or "").strip()
         if not re.match(CLUSTER_NAME, name):
-            raise BadRequest(f"cluster_name={name!r}: lowercase letters, digits and '-' (a "
-                             "DNS label)")  # fmt: skip
+            raise BadRequest(
+                f"cluster_name={name!r}: lowercase letters, digits and '-' (a " "DNS label)"
+            )
         if (
             self.clusters.get(name) is not None
             or conn.execute(select(MC.c.cluster_name).where(MC.c.cluster_name == name)).first()
@@ -301,8 +361,10 @@ class ClusterAdmin:
         self._need_secret()
         text = kubeconfig_of(name, body)
         if text is None:
-            raise BadRequest("kubeconfig (its text), or k8s_endpoint with k8s_token or a "
-                             "client certificate, is required")  # fmt: skip
+            raise BadRequest(
+                "kubeconfig (its text), or k8s_endpoint with k8s_token or a "
+                "client certificate, is required"
+            )
         self.checked(name, text)
         row = empty_row(name, now, who) | self._fields(body)
         conn.execute(MC.insert(), row)
@@ -326,21 +388,25 @@ class ClusterAdmin:
             out["labels"] = labels
         return out
 
-    def change(self, conn: Connection, name: str, body: dict[str, Any], now: datetime
-               ) -> dict[str, Any]:  # fmt: skip
+    def change(
+        self, conn: Connection, name: str, body: dict[str, Any], now: datetime
+    ) -> dict[str, Any]:
         """Its names and labels; a new kubeconfig (checked as when added) for a cluster the
         Secret holds."""
         w = self._known(name)
         ensure_row(conn, name, now)
         fields = self._fields(body)
         if fields:
-            conn.execute(update(MC).where(MC.c.cluster_name == name)
-                         .values(updated_at=now, **fields))  # fmt: skip
+            conn.execute(
+                update(MC).where(MC.c.cluster_name == name).values(updated_at=now, **fields)
+            )
         text = kubeconfig_of(name, body)
         if text is not None:
             if w.source.origin != "secret":
-                raise Forbidden(f"cluster {name} is reached through the service's settings "
-                                f"({w.source.origin}), not the multi-cluster Secret")  # fmt: skip
+                raise Forbidden(
+                    f"cluster {name} is reached through the service's settings "
+                    f"({w.source.origin}), not the multi-cluster Secret"
+                )
             self.checked(name, text)
             encoded = base64.b64encode(text.encode()).decode()
             self._edit_secret(lambda data: data.__setitem__(name, encoded))
@@ -351,10 +417,15 @@ class ClusterAdmin:
         """Out of the Secret: its watches stop, its finalizers come off."""
         w = self._known(name)
         if w.source.origin != "secret":
-            why = "the home cluster" if w.source.origin == "home" else \
-                "listed in the service's clusters: setting"  # fmt: skip
-            raise Forbidden(f"cluster {name} is {why}; only clusters of the multi-cluster "
-                            "Secret are removed here")  # fmt: skip
+            why = (
+                "the home cluster"
+                if w.source.origin == "home"
+                else "listed in the service's clusters: setting"
+            )
+            raise Forbidden(
+                f"cluster {name} is {why}; only clusters of the multi-cluster "
+                "Secret are removed here"
+            )
         self._edit_secret(lambda data: data.pop(name, None))
         conn.execute(delete(MC).where(MC.c.cluster_name == name))
         if self.clusters.default == name:
@@ -365,13 +436,18 @@ class ClusterAdmin:
     def test(self, name: str, database_up: bool) -> dict[str, Any]:
         """TestClusterConnection: the API's version, or why it does not answer."""
         w = self._known(name)
-        out: dict[str, Any] = {"cluster_name": name, "k8s_connected": False,
-                               "storage_connected": database_up}  # fmt: skip
+        out: dict[str, Any] = {
+            "cluster_name": name,
+            "k8s_connected": False,
+            "storage_connected": database_up,
+        }
         if w.client is None:
             return out | {"error": w.error or "no API client", "k8s_error": w.error}
         try:
-            out |= {"k8s_connected": True,
-                    "k8s_version": RawApi(w.client, min(self.timeout, 10.0)).version()}  # fmt: skip
+            out |= {
+                "k8s_connected": True,
+                "k8s_version": RawApi(w.client, min(self.timeout, 10.0)).version(),
+            }
         except Exception as exc:
             out["k8s_error"] = describe(exc)
         return out

@@ -17,11 +17,31 @@ import yaml
 
 AGENT = resources.files("lens_ebpf.recorder.management") / "agent"
 # kustomize's order of kinds (its legacy sort): what others need comes first
-ORDER = ("Namespace", "ResourceQuota", "StorageClass", "CustomResourceDefinition",
-         "ServiceAccount", "PodSecurityPolicy", "Role", "ClusterRole", "RoleBinding",
-         "ClusterRoleBinding", "ConfigMap", "Secret", "Endpoints", "Service", "LimitRange",
-         "PriorityClass", "PersistentVolume", "PersistentVolumeClaim", "Deployment",
-         "StatefulSet", "CronJob", "PodDisruptionBudget", "DaemonSet")  # fmt: skip
+ORDER = (
+    "Namespace",
+    "ResourceQuota",
+    "StorageClass",
+    "CustomResourceDefinition",
+    "ServiceAccount",
+    "PodSecurityPolicy",
+    "Role",
+    "ClusterRole",
+    "RoleBinding",
+    "ClusterRoleBinding",
+    "ConfigMap",
+    "Secret",
+    "Endpoints",
+    "Service",
+    "LimitRange",
+    "PriorityClass",
+    "PersistentVolume",
+    "PersistentVolumeClaim",
+    "Deployment",
+    "StatefulSet",
+    "CronJob",
+    "PodDisruptionBudget",
+    "DaemonSet",
+)
 # where each kind the manifest holds is served: (its API path's base, namespaced)
 PATHS = {
     "Namespace": ("/api/v1", "namespaces", False),
@@ -60,8 +80,13 @@ def objects(image: str = "") -> list[dict[str, Any]]:
         if gen.get("namespace"):
             meta["namespace"] = gen["namespace"]
         out.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data})
-    out.sort(key=lambda d: (ORDER.index(d["kind"]) if d["kind"] in ORDER else len(ORDER),
-                            d["metadata"].get("namespace", ""), d["metadata"]["name"]))  # fmt: skip
+    out.sort(
+        key=lambda d: (
+            ORDER.index(d["kind"]) if d["kind"] in ORDER else len(ORDER),
+            d["metadata"].get("namespace", ""),
+            d["metadata"]["name"],
+        )
+    )
     if image:
         for d in out:
             if d["kind"] == "DaemonSet":
@@ -105,16 +130,32 @@ class RawApi:
         headers = {"Accept": "application/json", "Content-Type": "application/json"}
         if hasattr(c, "param_serialize"):  # kubernetes >= 31
             m, url, hdrs, sent, post = c.param_serialize(
-                method=method, resource_path=path, header_params=headers, body=body,
-                auth_settings=["BearerToken"])  # fmt: skip
-            resp = c.call_api(m, url, header_params=hdrs, body=sent, post_params=post,
-                              _request_timeout=self.timeout)  # fmt: skip
+                method=method,
+                resource_path=path,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            resp = c.call_api(
+                m,
+                url,
+                header_params=hdrs,
+                body=sent,
+                post_params=post,
+                _request_timeout=self.timeout,
+            )
             resp.read()
         else:  # pragma: no cover - older clients
-            resp = c.call_api(path, method, header_params=headers, body=body,
-                              auth_settings=["BearerToken"], _preload_content=False,
-                              _request_timeout=self.timeout,
-                              _return_http_data_only=True)  # fmt: skip
+            resp = c.call_api(
+                path,
+                method,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=self.timeout,
+                _return_http_data_only=True,
+            )
         if not 200 <= resp.status < 300:
             raise ApiException(http_resp=resp)
         doc = json.loads(resp.data or b"{}")
@@ -137,8 +178,10 @@ def apply(api: RawApi, docs: list[dict[str, Any]], say: Callable[[str], None]) -
     for doc in docs:
         doc = copy.deepcopy(doc)
         m = doc["metadata"]
-        what = f"{doc['kind']} {m.get('namespace', '') + '/' if m.get('namespace') else ''}" \
-            f"{m['name']}"  # fmt: skip
+        what = (
+            f"{doc['kind']} {m.get('namespace', '') + '/' if m.get('namespace') else ''}"
+            f"{m['name']}"
+        )
         try:
             api.call("POST", path_of(doc, named=False), doc)
             say(f"created {what}")

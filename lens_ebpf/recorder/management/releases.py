@@ -29,20 +29,38 @@ log = logging.getLogger(__name__)
 RV = t.release_versions
 CHANNELS = ("stable", "beta", "canary", "observed")
 STATUSES = ("draft", "active", "deprecated")
-VERSION_FIELDS = {"version_name": str, "channel": str, "chart_repo": str, "chart_version": str,
-                  "image_registry": str, "image_tag": str, "default_values": dict,
-                  "values_schema": dict, "release_notes": str}  # fmt: skip
+VERSION_FIELDS = {
+    "version_name": str,
+    "channel": str,
+    "chart_repo": str,
+    "chart_version": str,
+    "image_registry": str,
+    "image_tag": str,
+    "default_values": dict,
+    "values_schema": dict,
+    "release_notes": str,
+}
 
 
 def version_json(r: Any) -> dict[str, Any]:
     """ReleaseVersion."""
-    return {"id": int(r.id), "version_name": r.version_name, "channel": r.channel,
-            "chart_repo": r.chart_repo, "chart_version": r.chart_version,
-            "image_registry": r.image_registry, "image_tag": r.image_tag,
-            "default_values": r.default_values or {}, "values_schema": r.values_schema or {},
-            "status": r.status, "release_notes": r.release_notes, "created_by": "",
-            "created_at": when(r.created_at), "updated_at": when(r.updated_at),
-            "image": image_of(r)}  # fmt: skip
+    return {
+        "id": int(r.id),
+        "version_name": r.version_name,
+        "channel": r.channel,
+        "chart_repo": r.chart_repo,
+        "chart_version": r.chart_version,
+        "image_registry": r.image_registry,
+        "image_tag": r.image_tag,
+        "default_values": r.default_values or {},
+        "values_schema": r.values_schema or {},
+        "status": r.status,
+        "release_notes": r.release_notes,
+        "created_by": "",
+        "created_at": when(r.created_at),
+        "updated_at": when(r.updated_at),
+        "image": image_of(r),
+    }
 
 
 def image_of(r: Any) -> str:
@@ -59,8 +77,15 @@ def image_of(r: Any) -> str:
 class Releases:
     """The versions, each cluster's, the leader's scan of what runs."""
 
-    def __init__(self, engine: Any, writer: Writer, clusters: Clusters, tasks: Tasks,
-                 timeout: float, clock: Callable[[], datetime]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: Any,
+        writer: Writer,
+        clusters: Clusters,
+        tasks: Tasks,
+        timeout: float,
+        clock: Callable[[], datetime],
+    ) -> None:
         self.engine, self.writer, self.clusters, self.tasks = engine, writer, clusters, tasks
         self.timeout, self.clock = timeout, clock
         self.scans: dict[str, int] = {"ok": 0, "error": 0}
@@ -92,27 +117,41 @@ class Releases:
             )
             return 0
         self.scans["ok"] += 1
-        ds = sorted(found, key=lambda d: (d["metadata"].get("name") != "lens-ebpf",
-                                          d["metadata"].get("namespace", "")))  # fmt: skip
+        ds = sorted(
+            found,
+            key=lambda d: (
+                d["metadata"].get("name") != "lens-ebpf",
+                d["metadata"].get("namespace", ""),
+            ),
+        )
         if ds:
             d = ds[0]
             image = str(d["spec"]["template"]["spec"]["containers"][0].get("image", ""))
             st = d.get("status") or {}
             repo, tag = manifest.split_image(image)
-            seen |= {"image": image, "version": tag, "repository": repo,
-                     "namespace": d["metadata"].get("namespace", ""),
-                     "name": d["metadata"].get("name", ""),
-                     "desired": int(st.get("desiredNumberScheduled") or 0),
-                     "ready": int(st.get("numberReady") or 0),
-                     "updated": int(st.get("updatedNumberScheduled") or 0),
-                     "created_at": d["metadata"].get("creationTimestamp", "")}  # fmt: skip
-        self.writer.submit(Op("managed_clusters", lambda conn: self._store(
-            conn, name, seen, seen.get("image"), now)))  # fmt: skip
+            seen |= {
+                "image": image,
+                "version": tag,
+                "repository": repo,
+                "namespace": d["metadata"].get("namespace", ""),
+                "name": d["metadata"].get("name", ""),
+                "desired": int(st.get("desiredNumberScheduled") or 0),
+                "ready": int(st.get("numberReady") or 0),
+                "updated": int(st.get("updatedNumberScheduled") or 0),
+                "created_at": d["metadata"].get("creationTimestamp", ""),
+            }
+        self.writer.submit(
+            Op(
+                "managed_clusters",
+                lambda conn: self._store(conn, name, seen, seen.get("image"), now),
+            )
+        )
         return 1
 
     @staticmethod
-    def _store(conn: Connection, name: str, seen: dict[str, Any], image: str | None,
-               now: datetime) -> None:  # fmt: skip
+    def _store(
+        conn: Connection, name: str, seen: dict[str, Any], image: str | None, now: datetime
+    ) -> None:
         row = ensure_row(conn, name, now)
         values: dict[str, Any] = {
             "deployed_values": {**(row.deployed_values or {}), "agent": seen},
@@ -122,21 +161,29 @@ class Releases:
             repo, tag = manifest.split_image(image)
             same = [
                 r
-                for r in conn.execute(
-                    select(RV).where(RV.c.image_tag == tag).order_by(RV.c.id)
-                )  # fmt: skip
+                for r in conn.execute(select(RV).where(RV.c.image_tag == tag).order_by(RV.c.id))
                 if image_of(r) == image
             ]
             vid = same[0].id if same else None
             if vid is None:
                 name_taken = conn.execute(select(RV.c.id).where(RV.c.version_name == tag)).first()
-                conn.execute(RV.insert(), {
-                    "version_name": tag if name_taken is None else f"{tag} ({repo})",
-                    "channel": "observed", "chart_repo": "", "chart_version": "",
-                    "image_registry": repo, "image_tag": tag, "default_values": {},
-                    "values_schema": {}, "status": "active",
-                    "release_notes": f"seen running in cluster {name}",
-                    "created_at": now, "updated_at": now})  # fmt: skip
+                conn.execute(
+                    RV.insert(),
+                    {
+                        "version_name": tag if name_taken is None else f"{tag} ({repo})",
+                        "channel": "observed",
+                        "chart_repo": "",
+                        "chart_version": "",
+                        "image_registry": repo,
+                        "image_tag": tag,
+                        "default_values": {},
+                        "values_schema": {},
+                        "status": "active",
+                        "release_notes": f"seen running in cluster {name}",
+                        "created_at": now,
+                        "updated_at": now,
+                    },
+                )
                 vid = conn.execute(
                     select(RV.c.id).where(RV.c.image_tag == tag, RV.c.image_registry == repo)
                 ).scalar()
@@ -179,8 +226,9 @@ class Releases:
             if body.get(k) is None:
                 continue
             if not isinstance(body[k], kind):
-                raise BadRequest(f"{k}: {'an object' if kind is dict else 'a string'} is "
-                                 "required")  # fmt: skip
+                raise BadRequest(
+                    f"{k}: {'an object' if kind is dict else 'a string'} is " "required"
+                )
             out[k] = body[k].strip() if isinstance(body[k], str) else body[k]
         if not partial:
             for k in ("version_name", "image_tag"):
@@ -193,20 +241,31 @@ class Releases:
             raise BadRequest(f"channel={out['channel']!r}: one of {', '.join(CHANNELS)}")
         return out
 
-    def create_version(self, conn: Connection, body: dict[str, Any], now: datetime
-                       ) -> dict[str, Any]:  # fmt: skip
+    def create_version(
+        self, conn: Connection, body: dict[str, Any], now: datetime
+    ) -> dict[str, Any]:
         fields = self._fields(body, partial=False)
-        if conn.execute(select(RV.c.id).where(RV.c.version_name == fields["version_name"])
-                        ).first():  # fmt: skip
+        if conn.execute(select(RV.c.id).where(RV.c.version_name == fields["version_name"])).first():
             raise Conflict(f"release version {fields['version_name']!r} exists already")
-        row = {"channel": "stable", "chart_repo": "", "chart_version": "", "image_registry": "",
-               "default_values": {}, "values_schema": {}, "status": "draft",
-               "release_notes": "", **fields, "created_at": now, "updated_at": now}  # fmt: skip
+        row = {
+            "channel": "stable",
+            "chart_repo": "",
+            "chart_version": "",
+            "image_registry": "",
+            "default_values": {},
+            "values_schema": {},
+            "status": "draft",
+            "release_notes": "",
+            **fields,
+            "created_at": now,
+            "updated_at": now,
+        }
         ident: int = conn.execute(RV.insert().returning(RV.c.id), row).scalar_one()
         return self.version(conn, int(ident))
 
-    def update_version(self, conn: Connection, ident: int, body: dict[str, Any],
-                       now: datetime) -> dict[str, Any]:  # fmt: skip
+    def update_version(
+        self, conn: Connection, ident: int, body: dict[str, Any], now: datetime
+    ) -> dict[str, Any]:
         self._version(conn, ident)
         fields = self._fields(body, partial=True)
         if (
@@ -219,8 +278,9 @@ class Releases:
         conn.execute(update(RV).where(RV.c.id == ident).values(updated_at=now, **fields))
         return self.version(conn, ident)
 
-    def set_status(self, conn: Connection, ident: int, status: str, now: datetime
-                   ) -> dict[str, Any]:  # fmt: skip
+    def set_status(
+        self, conn: Connection, ident: int, status: str, now: datetime
+    ) -> dict[str, Any]:
         if status not in STATUSES:
             raise BadRequest(f"status={status!r}: one of {', '.join(STATUSES)}")
         self._version(conn, ident)
@@ -240,11 +300,16 @@ class Releases:
         return {"status": "deleted"}
 
     # -- each cluster's -----------------------------------------------------------------------
-    def config_json(self, conn: Connection, r: Any, versions: dict[int, dict[str, Any]]
-                    ) -> dict[str, Any]:  # fmt: skip
+    def config_json(
+        self, conn: Connection, r: Any, versions: dict[int, dict[str, Any]]
+    ) -> dict[str, Any]:
         """ClusterReleaseConfig: the version it should run, the one it runs, in sync or not."""
-        task = conn.execute(select(TASKS).where(TASKS.c.cluster_name == r.cluster_name)
-                            .order_by(TASKS.c.id.desc()).limit(1)).first()  # fmt: skip
+        task = conn.execute(
+            select(TASKS)
+            .where(TASKS.c.cluster_name == r.cluster_name)
+            .order_by(TASKS.c.id.desc())
+            .limit(1)
+        ).first()
         agent = (r.deployed_values or {}).get("agent") or {}
         want, have = r.release_version_id, r.deployed_version_id
         if task is not None and task.status in ACTIVE:
@@ -258,17 +323,23 @@ class Releases:
         else:
             sync = "out_of_sync"
         out: dict[str, Any] = {
-            "id": 0, "cluster_name": r.cluster_name,
+            "id": 0,
+            "cluster_name": r.cluster_name,
             "release_version_id": int(want) if want is not None else None,
             "values_override": r.values_override or {},
             "deployed_version_id": int(have) if have is not None else None,
-            "deployed_values": r.deployed_values or {}, "deployed_at": when(r.deployed_at),
-            "sync_status": sync, "last_sync_at": agent.get("scanned_at"),
-            "last_sync_error": agent.get("error", ""), "auto_upgrade": False,
-            "upgrade_channel": "stable", "created_at": when(r.created_at),
+            "deployed_values": r.deployed_values or {},
+            "deployed_at": when(r.deployed_at),
+            "sync_status": sync,
+            "last_sync_at": agent.get("scanned_at"),
+            "last_sync_error": agent.get("error", ""),
+            "auto_upgrade": False,
+            "upgrade_channel": "stable",
+            "created_at": when(r.created_at),
             "updated_at": when(r.updated_at),
-            "agent_image": agent.get("image", ""), "is_default": bool(r.is_default),
-        }  # fmt: skip
+            "agent_image": agent.get("image", ""),
+            "is_default": bool(r.is_default),
+        }
         if want is not None and int(want) in versions:
             out["release_version"] = versions[int(want)]
         if have is not None and int(have) in versions:
@@ -298,8 +369,9 @@ class Releases:
                 return item
         raise NotFound(f"cluster config not found: {name!r}")
 
-    def set_version(self, conn: Connection, name: str, body: dict[str, Any], now: datetime
-                    ) -> dict[str, Any]:  # fmt: skip
+    def set_version(
+        self, conn: Connection, name: str, body: dict[str, Any], now: datetime
+    ) -> dict[str, Any]:
         """{release_version_id, values_override}: the version the cluster should run."""
         if self.clusters.get(name) is None:
             raise NotFound(f"cluster config not found: {name!r}")
@@ -311,50 +383,73 @@ class Releases:
         if not isinstance(values, dict):
             raise BadRequest("values_override: an object is required")
         ensure_row(conn, name, now)
-        conn.execute(update(MC).where(MC.c.cluster_name == name).values(
-            release_version_id=vid, values_override=values, updated_at=now))  # fmt: skip
+        conn.execute(
+            update(MC)
+            .where(MC.c.cluster_name == name)
+            .values(release_version_id=vid, values_override=values, updated_at=now)
+        )
         return {"status": "updated"}
 
-    def set_values(self, conn: Connection, name: str, body: dict[str, Any], now: datetime
-                   ) -> dict[str, Any]:  # fmt: skip
+    def set_values(
+        self, conn: Connection, name: str, body: dict[str, Any], now: datetime
+    ) -> dict[str, Any]:
         if self.clusters.get(name) is None:
             raise NotFound(f"cluster config not found: {name!r}")
         values = body.get("values_override", body)
         if not isinstance(values, dict):
             raise BadRequest("values_override: an object is required")
         ensure_row(conn, name, now)
-        conn.execute(update(MC).where(MC.c.cluster_name == name).values(
-            values_override=values, updated_at=now))  # fmt: skip
+        conn.execute(
+            update(MC)
+            .where(MC.c.cluster_name == name)
+            .values(values_override=values, updated_at=now)
+        )
         return self.config(conn, name)
 
-    def deploy(self, conn: Connection, name: str, body: dict[str, Any], now: datetime,
-               who: str) -> dict[str, Any]:  # fmt: skip
+    def deploy(
+        self, conn: Connection, name: str, body: dict[str, Any], now: datetime, who: str
+    ) -> dict[str, Any]:
         """The cluster's version installed (its agent objects with that image): a task."""
         cfg = self.config(conn, name)
         vid = cfg["release_version_id"]
         if vid is None:
-            raise BadRequest("no version configured for cluster: set one first (PUT "
-                             f"releases/clusters/{name}/version)")  # fmt: skip
+            raise BadRequest(
+                "no version configured for cluster: set one first (PUT "
+                f"releases/clusters/{name}/version)"
+            )
         v = self._version(conn, vid)
         action = str(body.get("action") or "")
         if not action:
             have = cfg["deployed_version_id"]
             action = "install" if have is None else ("upgrade" if have != vid else "sync")
-        values = {"image": image_of(v), **(v.default_values or {}), **cfg["values_override"],
-                  "previous_version_id": cfg["deployed_version_id"]}  # fmt: skip
+        values = {
+            "image": image_of(v),
+            **(v.default_values or {}),
+            **cfg["values_override"],
+            "previous_version_id": cfg["deployed_version_id"],
+        }
         got = self.tasks.create(conn, name, "apps", action, now, who, image_of(v), vid, values)
-        return {"message": "deployment triggered", "history_id": got["task_id"],
-                "task_id": got["task_id"]}  # fmt: skip
+        return {
+            "message": "deployment triggered",
+            "history_id": got["task_id"],
+            "task_id": got["task_id"],
+        }
 
     def rollback(self, conn: Connection, name: str, now: datetime, who: str) -> dict[str, Any]:
         """The version of the last deploy that completed before the current one, again."""
         if self.clusters.get(name) is None:
             raise NotFound(f"cluster config not found: {name!r}")
-        done = list(conn.execute(select(TASKS.c.release_version_id, TASKS.c.values_snapshot)
-                                 .where(TASKS.c.cluster_name == name,
-                                        TASKS.c.status == "completed",
-                                        TASKS.c.release_version_id.is_not(None))
-                                 .order_by(TASKS.c.id.desc())))  # fmt: skip
+        done = list(
+            conn.execute(
+                select(TASKS.c.release_version_id, TASKS.c.values_snapshot)
+                .where(
+                    TASKS.c.cluster_name == name,
+                    TASKS.c.status == "completed",
+                    TASKS.c.release_version_id.is_not(None),
+                )
+                .order_by(TASKS.c.id.desc())
+            )
+        )
         current = done[0].release_version_id if done else None
         before = (done[0].values_snapshot or {}).get("previous_version_id") if done else None
         back = (
@@ -365,13 +460,28 @@ class Releases:
         if back is None:
             raise NotFound("no successful deployment to rollback to")
         v = self._version(conn, int(back))
-        got = self.tasks.create(conn, name, "apps", "rollback", now, who, image_of(v), int(back),
-                                {"image": image_of(v), "previous_version_id": current})  # fmt: skip
+        got = self.tasks.create(
+            conn,
+            name,
+            "apps",
+            "rollback",
+            now,
+            who,
+            image_of(v),
+            int(back),
+            {"image": image_of(v), "previous_version_id": current},
+        )
         ensure_row(conn, name, now)
-        conn.execute(update(MC).where(MC.c.cluster_name == name).values(
-            release_version_id=int(back), updated_at=now))  # fmt: skip
-        return {"message": "rollback triggered", "history_id": got["task_id"],
-                "rollback_to_version": int(back)}  # fmt: skip
+        conn.execute(
+            update(MC)
+            .where(MC.c.cluster_name == name)
+            .values(release_version_id=int(back), updated_at=now)
+        )
+        return {
+            "message": "rollback triggered",
+            "history_id": got["task_id"],
+            "rollback_to_version": int(back),
+        }
 
     def history(self, conn: Connection, name: str, limit: int) -> list[dict[str, Any]]:
         versions = self._versions(conn)
@@ -388,6 +498,14 @@ class Releases:
 def _blank(name: str, now: datetime) -> Any:
     from types import SimpleNamespace
 
-    return SimpleNamespace(cluster_name=name, release_version_id=None, values_override={},
-                           deployed_version_id=None, deployed_values={}, deployed_at=None,
-                           is_default=False, created_at=now, updated_at=now)  # fmt: skip
+    return SimpleNamespace(
+        cluster_name=name,
+        release_version_id=None,
+        values_override={},
+        deployed_version_id=None,
+        deployed_values={},
+        deployed_at=None,
+        is_default=False,
+        created_at=now,
+        updated_at=now,
+    )

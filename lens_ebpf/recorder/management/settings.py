@@ -44,38 +44,78 @@ class Setting:
     description: str
 
 
-RUNTIME = {s.key: s for s in (
-    Setting("log_level", "general", "the service's log level (debug, info, warning, error)"),
-    Setting("recorder.retention.days", "general", "days snapshots, the device changelog, "
-            "training points and events are kept"),
-    Setting("recorder.job_history.enabled", "general", "the leader records each job run"),
-    Setting("recorder.job_history.retention_days", "general", "days job runs are kept"),
-    Setting("recorder.training.slowdown_factor", "detection", "an iteration this many medians "
-            "long is a training slowdown"),
-    Setting("recorder.training.stall_factor", "detection", "no progress for this many medians: "
-            "training stalled"),
-    Setting("recorder.training.series_ttl_seconds", "detection", "a workload's lens_training_* "
-            "series go this long after its last line"),
-    Setting("recorder.timeline.regression_factor", "detection", "a signal this many times its "
-            "baseline is a regression on the timeline"),
-    Setting("recorder.timeline.regression_minutes", "detection", "for at least this long"),
-    Setting("recorder.timeline.baseline_seconds", "detection", "the baseline: the median of "
-            "this long before"),
-    Setting("recorder.detection.max_attempts", "detection", "framework detection: runs with "
-            "no evidence before a workload rests"),
-    Setting("recorder.detection.batch", "detection", "framework detection: workloads "
-            "detected again per run, at most"),
-    Setting("recorder.prometheus.timeout_seconds", "integration", "Prometheus's answer, "
-            "seconds"),
-    Setting("recorder.reports.top_workloads", "general", "the weekly report: the most idle "
-            "workloads listed"),
-    Setting("recorder.reports.low_utilization_percent", "general", "the weekly report: a "
-            "workload below this utilization counts as low"),
-    Setting("recorder.alerts.external_url", "notification", "the web UI's address our alerts "
-            "link to"),
-    Setting(AGENT_IMAGE, "infrastructure", "the agent image Initialize and Deploy install "
-            "(\"\": deploy/agent's)"),
-)}  # fmt: skip
+RUNTIME = {
+    s.key: s
+    for s in (
+        Setting("log_level", "general", "the service's log level (debug, info, warning, error)"),
+        Setting(
+            "recorder.retention.days",
+            "general",
+            "days snapshots, the device changelog, " "training points and events are kept",
+        ),
+        Setting("recorder.job_history.enabled", "general", "the leader records each job run"),
+        Setting("recorder.job_history.retention_days", "general", "days job runs are kept"),
+        Setting(
+            "recorder.training.slowdown_factor",
+            "detection",
+            "an iteration this many medians " "long is a training slowdown",
+        ),
+        Setting(
+            "recorder.training.stall_factor",
+            "detection",
+            "no progress for this many medians: " "training stalled",
+        ),
+        Setting(
+            "recorder.training.series_ttl_seconds",
+            "detection",
+            "a workload's lens_training_* " "series go this long after its last line",
+        ),
+        Setting(
+            "recorder.timeline.regression_factor",
+            "detection",
+            "a signal this many times its " "baseline is a regression on the timeline",
+        ),
+        Setting("recorder.timeline.regression_minutes", "detection", "for at least this long"),
+        Setting(
+            "recorder.timeline.baseline_seconds",
+            "detection",
+            "the baseline: the median of " "this long before",
+        ),
+        Setting(
+            "recorder.detection.max_attempts",
+            "detection",
+            "framework detection: runs with " "no evidence before a workload rests",
+        ),
+        Setting(
+            "recorder.detection.batch",
+            "detection",
+            "framework detection: workloads " "detected again per run, at most",
+        ),
+        Setting(
+            "recorder.prometheus.timeout_seconds", "integration", "Prometheus's answer, " "seconds"
+        ),
+        Setting(
+            "recorder.reports.top_workloads",
+            "general",
+            "the weekly report: the most idle " "workloads listed",
+        ),
+        Setting(
+            "recorder.reports.low_utilization_percent",
+            "general",
+            "the weekly report: a " "workload below this utilization counts as low",
+        ),
+        Setting(
+            "recorder.alerts.external_url",
+            "notification",
+            "the web UI's address our alerts " "link to",
+        ),
+        Setting(
+            AGENT_IMAGE,
+            "infrastructure",
+            "the agent image Initialize and Deploy install " '("": deploy/agent\'s)',
+        ),
+    )
+}
 
 
 def hidden(key: str) -> bool:
@@ -90,8 +130,11 @@ def flatten(model: BaseModel, prefix: str = "") -> Iterator[tuple[str, Any]]:
         key = f"{prefix}{name}"
         if isinstance(value, BaseModel):
             yield from flatten(value, key + ".")
-        elif isinstance(value, dict) and value and all(isinstance(v, BaseModel)
-                                                        for v in value.values()):  # fmt: skip
+        elif (
+            isinstance(value, dict)
+            and value
+            and all(isinstance(v, BaseModel) for v in value.values())
+        ):
             for k, v in value.items():
                 yield from flatten(v, f"{key}.{k}.")
         else:
@@ -131,8 +174,10 @@ def checked(cfg: Config, key: str, value: Any) -> Any:
     try:
         got = type(node).model_validate(data)
     except ValidationError as exc:
-        why = "; ".join(e.get("msg", "") for e in exc.errors() if field in map(str, e["loc"])) \
-            or str(exc).splitlines()[-1]  # fmt: skip
+        why = (
+            "; ".join(e.get("msg", "") for e in exc.errors() if field in map(str, e["loc"]))
+            or str(exc).splitlines()[-1]
+        )
         raise BadRequest(f"{key}={value!r}: {why}") from None
     return getattr(got, field)
 
@@ -140,8 +185,11 @@ def checked(cfg: Config, key: str, value: Any) -> Any:
 class Settings:
     """The live settings, what the service started with, and their stored changes."""
 
-    def __init__(self, cfg: Config, hooks: dict[str, Callable[[Any], None]] | None = None,
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: Config,
+        hooks: dict[str, Callable[[Any], None]] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.base = cfg.model_copy(deep=True)  # the file's, environment's and flags' values
         self.hooks = hooks or {}
@@ -172,8 +220,9 @@ class Settings:
     def apply_stored(self, conn: Connection) -> int:
         """What the database holds applied (a key gone back to its start value); the keys
         changed here."""
-        stored = {r.key: r.value for r in conn.execute(select(SC.c.key, SC.c.value))
-                  if r.key in RUNTIME}  # fmt: skip
+        stored = {
+            r.key: r.value for r in conn.execute(select(SC.c.key, SC.c.value)) if r.key in RUNTIME
+        }
         n = 0
         for key in RUNTIME:
             want = checked(self.cfg, key, stored[key]) if key in stored else self.started(key)
@@ -188,33 +237,46 @@ class Settings:
         return n
 
     # -- the page ---------------------------------------------------------------------------
-    def item(self, key: str, row: Any, value: Any = None, start: Any = None
-             ) -> dict[str, Any]:  # fmt: skip
+    def item(self, key: str, row: Any, value: Any = None, start: Any = None) -> dict[str, Any]:
         """SystemConfig: the setting's value (its own type), whether it may change here."""
         if value is None:
             value, start = self.live(key), self.started(key)
         s = RUNTIME.get(key)
-        return {"id": int(row.id) if row is not None else 0, "key": key,
-                "value": shown(key, value),
-                "description": (row.description if row is not None and row.description
-                                else s.description if s else "set in the service's settings: "
-                                "changes with a restart"),
-                "category": (row.category if row is not None and row.category
-                             else s.category if s else "infrastructure"),
-                "is_encrypted": hidden(key), "version": int(row.version) if row is not None else 0,
-                "is_readonly": s is None,
-                "created_at": when(row.created_at) if row is not None else None,
-                "updated_at": when(row.updated_at) if row is not None else None,
-                "created_by": row.created_by if row is not None else "",
-                "updated_by": row.updated_by if row is not None else "",
-                "default_value": shown(key, start)}  # fmt: skip
+        return {
+            "id": int(row.id) if row is not None else 0,
+            "key": key,
+            "value": shown(key, value),
+            "description": (
+                row.description
+                if row is not None and row.description
+                else s.description
+                if s
+                else "set in the service's settings: " "changes with a restart"
+            ),
+            "category": (
+                row.category
+                if row is not None and row.category
+                else s.category
+                if s
+                else "infrastructure"
+            ),
+            "is_encrypted": hidden(key),
+            "version": int(row.version) if row is not None else 0,
+            "is_readonly": s is None,
+            "created_at": when(row.created_at) if row is not None else None,
+            "updated_at": when(row.updated_at) if row is not None else None,
+            "created_by": row.created_by if row is not None else "",
+            "updated_by": row.updated_by if row is not None else "",
+            "default_value": shown(key, start),
+        }
 
     def listing(self, conn: Connection, category: str) -> list[dict[str, Any]]:
         rows = {r.key: r for r in conn.execute(select(SC))}
         base = dict(flatten(self.base))
         items = [self.item(k, rows.get(k)) for k in RUNTIME]
-        items += [self.item(k, None, v, base.get(k)) for k, v in flatten(self.cfg)
-                  if k not in RUNTIME]  # fmt: skip
+        items += [
+            self.item(k, None, v, base.get(k)) for k, v in flatten(self.cfg) if k not in RUNTIME
+        ]
         return [i for i in items if not category or i["category"] == category]
 
     def get(self, conn: Connection, key: str) -> dict[str, Any]:
@@ -225,16 +287,19 @@ class Settings:
             return got
         return self.item(key, conn.execute(select(SC).where(SC.c.key == key)).first())
 
-    def set(self, conn: Connection, key: str, body: dict[str, Any], now: datetime, who: str
-            ) -> dict[str, Any]:  # fmt: skip
+    def set(
+        self, conn: Connection, key: str, body: dict[str, Any], now: datetime, who: str
+    ) -> dict[str, Any]:
         """{value, description, category, change_reason}: stored, audited and applied."""
         if "value" not in body:
             raise BadRequest("value is required")
         section_of(self.cfg, key)
         if key not in RUNTIME:
-            raise Forbidden(f"{key} changes only with a restart (the settings file, the "
-                            "environment or a flag); those that change here: "
-                            f"{', '.join(RUNTIME)}")  # fmt: skip
+            raise Forbidden(
+                f"{key} changes only with a restart (the settings file, the "
+                "environment or a flag); those that change here: "
+                f"{', '.join(RUNTIME)}"
+            )
         value = checked(self.cfg, key, body["value"])
         for name in ("description", "category", "change_reason"):
             if body.get(name) is not None and not isinstance(body[name], str):
@@ -261,30 +326,56 @@ class Settings:
         else:
             config_id, version = row.id, int(row.version) + 1
             extra = {k: body[k] for k in ("description", "category") if body.get(k)}
-            conn.execute(update(SC).where(SC.c.key == key).values(
-                value=value, version=version, updated_by=who, updated_at=now, **extra))  # fmt: skip
-        conn.execute(HISTORY.insert(), {
-            "config_id": config_id, "key": key, "old_value": old, "new_value": value,
-            "version": version, "change_reason": body.get("change_reason") or "",
-            "changed_at": now, "changed_by": who})  # fmt: skip
+            conn.execute(
+                update(SC)
+                .where(SC.c.key == key)
+                .values(value=value, version=version, updated_by=who, updated_at=now, **extra)
+            )
+        conn.execute(
+            HISTORY.insert(),
+            {
+                "config_id": config_id,
+                "key": key,
+                "old_value": old,
+                "new_value": value,
+                "version": version,
+                "change_reason": body.get("change_reason") or "",
+                "changed_at": now,
+                "changed_by": who,
+            },
+        )
         self.apply(key, value)
         self.applied[key] = value
-        return {"message": "Configuration saved", "key": key, "value": shown(key, value),
-                "version": version}  # fmt: skip
+        return {
+            "message": "Configuration saved",
+            "key": key,
+            "value": shown(key, value),
+            "version": version,
+        }
 
     def delete(self, conn: Connection, key: str, now: datetime, who: str) -> dict[str, Any]:
         """The stored change removed: back to the value the service started with."""
         section_of(self.cfg, key)
         row = conn.execute(select(SC).where(SC.c.key == key)).first()
         if row is None:
-            raise NotFound(f"{key} is not changed here (it has the value the service started "
-                           "with)")  # fmt: skip
+            raise NotFound(
+                f"{key} is not changed here (it has the value the service started " "with)"
+            )
         conn.execute(delete(SC).where(SC.c.key == key))
         back = self.started(key)
-        conn.execute(HISTORY.insert(), {
-            "config_id": row.id, "key": key, "old_value": row.value, "new_value": None,
-            "version": int(row.version) + 1, "change_reason": "deleted: back to the start value",
-            "changed_at": now, "changed_by": who})  # fmt: skip
+        conn.execute(
+            HISTORY.insert(),
+            {
+                "config_id": row.id,
+                "key": key,
+                "old_value": row.value,
+                "new_value": None,
+                "version": int(row.version) + 1,
+                "change_reason": "deleted: back to the start value",
+                "changed_at": now,
+                "changed_by": who,
+            },
+        )
         self.apply(key, back)
         self.applied.pop(key, None)
         return {"message": "Configuration deleted", "key": key}
@@ -298,11 +389,20 @@ class Settings:
             .order_by(HISTORY.c.changed_at.desc(), HISTORY.c.id.desc())
             .limit(HISTORY_MAX)
         )
-        return [{"id": int(r.id), "config_id": int(r.config_id), "key": r.key,
-                 "old_value": shown(key, r.old_value), "new_value": shown(key, r.new_value),
-                 "version": int(r.version), "change_reason": r.change_reason,
-                 "changed_at": when(r.changed_at), "changed_by": r.changed_by}
-                for r in conn.execute(q)]  # fmt: skip
+        return [
+            {
+                "id": int(r.id),
+                "config_id": int(r.config_id),
+                "key": r.key,
+                "old_value": shown(key, r.old_value),
+                "new_value": shown(key, r.new_value),
+                "version": int(r.version),
+                "change_reason": r.change_reason,
+                "changed_at": when(r.changed_at),
+                "changed_by": r.changed_by,
+            }
+            for r in conn.execute(q)
+        ]
 
     # -- the agent's image: the installer's (Cluster page), the registry's (System Config) ----
     def agent_image(self) -> str:
@@ -315,8 +415,11 @@ class Settings:
     def registry(self) -> dict[str, Any]:
         repo, tag = manifest.split_image(self.agent_image())
         head, _, name = repo.rpartition("/")
-        registry, _, namespace = head.partition("/") if "." in head.split("/")[0] or \
-            ":" in head.split("/")[0] else ("docker.io", "", head)  # fmt: skip
+        registry, _, namespace = (
+            head.partition("/")
+            if "." in head.split("/")[0] or ":" in head.split("/")[0]
+            else ("docker.io", "", head)
+        )
         dflt_repo, dflt_tag = manifest.split_image(manifest.agent_image())
         return {
             "config": {

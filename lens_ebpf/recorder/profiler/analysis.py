@@ -51,18 +51,24 @@ def analyse(directory: str) -> dict[str, Any]:
     try:
         tb = a.get_temporal_breakdown(visualize=False)
     except (IndexError, KeyError) as exc:
-        raise ValueError(f"no GPU kernels to break down (a CPU-only trace?): "
-                         f"{type(exc).__name__}") from None  # fmt: skip
+        raise ValueError(
+            f"no GPU kernels to break down (a CPU-only trace?): " f"{type(exc).__name__}"
+        ) from None
     ranks = []
     for r in tb.to_dict("records"):
-        ranks.append({"rank": int(r["rank"]), "idle_time_us": number(r["idle_time(us)"]),
-                      "compute_time_us": number(r["compute_time(us)"]),
-                      "non_compute_time_us": number(r["non_compute_time(us)"]),
-                      "kernel_time_us": number(r["kernel_time(us)"]),
-                      "idle_pct": number(r["idle_time_pctg"]),
-                      "compute_pct": number(r["compute_time_pctg"]),
-                      "non_compute_pct": number(r["non_compute_time_pctg"]),
-                      "comm_comp_overlap_pct": 0.0})  # fmt: skip
+        ranks.append(
+            {
+                "rank": int(r["rank"]),
+                "idle_time_us": number(r["idle_time(us)"]),
+                "compute_time_us": number(r["compute_time(us)"]),
+                "non_compute_time_us": number(r["non_compute_time(us)"]),
+                "kernel_time_us": number(r["kernel_time(us)"]),
+                "idle_pct": number(r["idle_time_pctg"]),
+                "compute_pct": number(r["compute_time_pctg"]),
+                "non_compute_pct": number(r["non_compute_time_pctg"]),
+                "comm_comp_overlap_pct": 0.0,
+            }
+        )
     try:
         got = a.get_comm_comp_overlap(visualize=False).to_dict("records")
         overlap = {int(o["rank"]): number(o["comp_comm_overlap_pctg"]) for o in got}
@@ -74,26 +80,47 @@ def analyse(directory: str) -> dict[str, Any]:
     kernels: list[dict[str, Any]] = []
     try:
         kt, kd = a.get_gpu_kernel_breakdown(visualize=False, num_kernels=TOP_KERNELS)
-        kinds = [{"kernel_type": str(k["kernel_type"]), "time_us": number(k["sum"]),
-                  "pct": number(k["percentage"])} for k in kt.to_dict("records")]  # fmt: skip
-        kernels = [{"rank": int(k["rank"]), "name": str(k["name"]),
-                    "kernel_type": str(k["kernel_type"]), "time_us": number(k["sum (us)"]),
-                    "mean_us": number(k["mean (us)"]), "max_us": number(k["max (us)"]),
-                    "count": 0} for k in kd.to_dict("records")]  # fmt: skip
+        kinds = [
+            {
+                "kernel_type": str(k["kernel_type"]),
+                "time_us": number(k["sum"]),
+                "pct": number(k["percentage"]),
+            }
+            for k in kt.to_dict("records")
+        ]
+        kernels = [
+            {
+                "rank": int(k["rank"]),
+                "name": str(k["name"]),
+                "kernel_type": str(k["kernel_type"]),
+                "time_us": number(k["sum (us)"]),
+                "mean_us": number(k["mean (us)"]),
+                "max_us": number(k["max (us)"]),
+                "count": 0,
+            }
+            for k in kd.to_dict("records")
+        ]
     except Exception:  # noqa: BLE001  (the breakdown above is the analysis; this adds to it)
         pass
     for r in ranks:  # each kernel type's own time on the rank (its top kernels and others)
         mine = [k for k in kernels if k["rank"] == r["rank"]]
-        for field, kind in (("communication_time_us", "COMMUNICATION"),
-                            ("memory_time_us", "MEMORY"),
-                            ("computation_kernel_time_us", "COMPUTATION")):  # fmt: skip
+        for field, kind in (
+            ("communication_time_us", "COMMUNICATION"),
+            ("memory_time_us", "MEMORY"),
+            ("computation_kernel_time_us", "COMPUTATION"),
+        ):
             r[field] = sum(k["time_us"] for k in mine if k["kernel_type"] == kind)
-    busiest = max(ranks, key=lambda r: (r["compute_time_us"] + r["non_compute_time_us"],
-                                        -r["rank"]))  # fmt: skip
-    return {"ranks": sorted(ranks, key=lambda r: r["rank"]), "kernel_types": kinds,
-            "top_kernels": kernels, "slowest_rank": busiest["rank"],
-            "slowest_rank_why": "the most GPU time busy (computation and communication): "
-                                "the rank the others wait on in a collective"}  # fmt: skip
+    busiest = max(
+        ranks, key=lambda r: (r["compute_time_us"] + r["non_compute_time_us"], -r["rank"])
+    )
+    return {
+        "ranks": sorted(ranks, key=lambda r: r["rank"]),
+        "kernel_types": kinds,
+        "top_kernels": kernels,
+        "slowest_rank": busiest["rank"],
+        "slowest_rank_why": "the most GPU time busy (computation and communication): "
+        "the rank the others wait on in a collective",
+    }
 
 
 def precheck(name: str, data: bytes) -> None:
@@ -106,13 +133,11 @@ def precheck(name: str, data: bytes) -> None:
         try:
             text = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as exc:
-            raise BadRequest(f"the traces could not be analysed: {name}: not gzip: {exc}"
-                             ) from None  # fmt: skip
+            raise BadRequest(f"the traces could not be analysed: {name}: not gzip: {exc}") from None
     try:
         doc = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"the traces could not be analysed: {name}: not JSON: {exc}"
-                         ) from None  # fmt: skip
+        raise BadRequest(f"the traces could not be analysed: {name}: not JSON: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise BadRequest(f"the traces could not be analysed: {name}: no traceEvents list")
     if not any(isinstance(e, dict) and e.get("cat") == "kernel" for e in doc["traceEvents"]):
@@ -131,8 +156,12 @@ def run(traces: list[tuple[str, bytes]], timeout: float) -> dict[str, Any]:
             (Path(tmp) / f"trace-{i}.json{'.gz' if gz else ''}").write_bytes(data)
         env = {**os.environ, "PYTHONWARNINGS": "ignore"}
         try:
-            got = subprocess.run([sys.executable, "-m", "lens_ebpf.recorder.profiler.analysis",
-                                  tmp], capture_output=True, timeout=timeout, env=env)  # fmt: skip
+            got = subprocess.run(
+                [sys.executable, "-m", "lens_ebpf.recorder.profiler.analysis", tmp],
+                capture_output=True,
+                timeout=timeout,
+                env=env,
+            )
         except subprocess.TimeoutExpired:
             raise Unavailable(f"the analysis took over {timeout:g} s") from None
     if got.returncode != 0:
@@ -144,12 +173,17 @@ def run(traces: list[tuple[str, bytes]], timeout: float) -> dict[str, Any]:
 
 
 def _bar(r: dict[str, Any]) -> str:
-    parts = [("compute", r["compute_pct"], "#3b82f6"), ("non-compute", r["non_compute_pct"],
-             "#f59e0b"), ("idle", r["idle_pct"], "#d1d5db")]  # fmt: skip
+    parts = [
+        ("compute", r["compute_pct"], "#3b82f6"),
+        ("non-compute", r["non_compute_pct"], "#f59e0b"),
+        ("idle", r["idle_pct"], "#d1d5db"),
+    ]
     x, out = 0.0, []
     for name, pct, color in parts:
-        out.append(f'<rect x="{x:.2f}%" width="{pct:.2f}%" height="18" fill="{color}">'
-                   f"<title>{name} {pct:.2f}%</title></rect>")  # fmt: skip
+        out.append(
+            f'<rect x="{x:.2f}%" width="{pct:.2f}%" height="18" fill="{color}">'
+            f"<title>{name} {pct:.2f}%</title></rect>"
+        )
         x += pct
     return f'<svg width="100%" height="18">{"".join(out)}</svg>'
 
@@ -162,14 +196,20 @@ def html(result: dict[str, Any], title: str) -> str:
         f"<td>{r['compute_time_us'] / 1000:.1f}</td><td>{r['non_compute_time_us'] / 1000:.1f}</td>"
         f"<td>{r.get('communication_time_us', 0.0) / 1000:.1f}</td>"
         f"<td>{r['idle_time_us'] / 1000:.1f}</td><td>{r['comm_comp_overlap_pct']:.1f}%</td>"
-        f"<td class=bar>{_bar(r)}</td></tr>" for r in result["ranks"])  # fmt: skip
-    kinds = "".join(f"<tr><td>{esc(k['kernel_type'])}</td><td>{k['time_us'] / 1000:.1f}</td>"
-                    f"<td>{k['pct']:.1f}%</td></tr>" for k in result["kernel_types"])  # fmt: skip
-    top = "".join(f"<tr><td>{k['rank']}</td><td class=name>{esc(k['name'][:160])}</td>"
-                  f"<td>{esc(k['kernel_type'])}</td><td>{k['time_us'] / 1000:.2f}</td>"
-                  f"<td>{k['mean_us']:.1f}</td></tr>"
-                  for k in sorted(result["top_kernels"],
-                                  key=lambda k: -k["time_us"])[:20])  # fmt: skip
+        f"<td class=bar>{_bar(r)}</td></tr>"
+        for r in result["ranks"]
+    )
+    kinds = "".join(
+        f"<tr><td>{esc(k['kernel_type'])}</td><td>{k['time_us'] / 1000:.1f}</td>"
+        f"<td>{k['pct']:.1f}%</td></tr>"
+        for k in result["kernel_types"]
+    )
+    top = "".join(
+        f"<tr><td>{k['rank']}</td><td class=name>{esc(k['name'][:160])}</td>"
+        f"<td>{esc(k['kernel_type'])}</td><td>{k['time_us'] / 1000:.2f}</td>"
+        f"<td>{k['mean_us']:.1f}</td></tr>"
+        for k in sorted(result["top_kernels"], key=lambda k: -k["time_us"])[:20]
+    )
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{esc(title)}</title><style>
 body{{font:14px system-ui,sans-serif;margin:24px;color:#111}} h1{{font-size:20px}}

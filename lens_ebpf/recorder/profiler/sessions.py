@@ -34,13 +34,34 @@ KINDS = {"tracelens": 60, "perfetto": 30}  # each kind's default minutes to live
 MOST_MINUTES = {"tracelens": 120, "perfetto": 60}  # an extension, at most (the original's)
 MAX_TTL = 24 * 60
 PROFILES = [  # the original's ResourceProfileResponse: what an analysis may take
-    {"value": "small", "label": "Small", "description": "one rank, a trace up to 100 MB",
-     "memory": "4Gi", "memory_bytes": 4 << 30, "cpu": 1, "is_default": False},
-    {"value": "medium", "label": "Medium", "description": "a few ranks, traces up to 500 MB",
-     "memory": "8Gi", "memory_bytes": 8 << 30, "cpu": 2, "is_default": True},
-    {"value": "large", "label": "Large", "description": "many ranks, or traces over 500 MB",
-     "memory": "16Gi", "memory_bytes": 16 << 30, "cpu": 4, "is_default": False},
-]  # fmt: skip
+    {
+        "value": "small",
+        "label": "Small",
+        "description": "one rank, a trace up to 100 MB",
+        "memory": "4Gi",
+        "memory_bytes": 4 << 30,
+        "cpu": 1,
+        "is_default": False,
+    },
+    {
+        "value": "medium",
+        "label": "Medium",
+        "description": "a few ranks, traces up to 500 MB",
+        "memory": "8Gi",
+        "memory_bytes": 8 << 30,
+        "cpu": 2,
+        "is_default": True,
+    },
+    {
+        "value": "large",
+        "label": "Large",
+        "description": "many ranks, or traces over 500 MB",
+        "memory": "16Gi",
+        "memory_bytes": 16 << 30,
+        "cpu": 4,
+        "is_default": False,
+    },
+]
 ENDED = ("failed", "expired", "deleted")
 
 
@@ -94,8 +115,15 @@ def for_viewer(text: bytes) -> bytes:
         if key not in ids:
             ids[key] = 1_000_000 + len(ids)
             what = "thread_name" if pid is not None else "process_name"
-            named.append({"ph": "M", "name": what, "pid": pid if pid is not None else ids[key],
-                          "tid": ids[key], "args": {"name": str(v)}})  # fmt: skip
+            named.append(
+                {
+                    "ph": "M",
+                    "name": what,
+                    "pid": pid if pid is not None else ids[key],
+                    "tid": ids[key],
+                    "args": {"name": str(v)},
+                }
+            )
         return ids[key]
 
     for e in events:
@@ -113,8 +141,9 @@ def for_viewer(text: bytes) -> bytes:
 
 
 class Sessions:
-    def __init__(self, cfg: ProfilerConfig, engine: Engine, profiler: Profiler,
-                 clock: Callable[[], datetime]) -> None:  # fmt: skip
+    def __init__(
+        self, cfg: ProfilerConfig, engine: Engine, profiler: Profiler, clock: Callable[[], datetime]
+    ) -> None:
         self.cfg, self.engine, self.profiler, self.clock = cfg, engine, profiler, clock
         self._slots = threading.Semaphore(cfg.analysis_workers)
         self._threads: list[threading.Thread] = []
@@ -126,16 +155,22 @@ class Sessions:
         if status not in ENDED and expiry(r) <= self.clock():
             status = "expired"
         out: dict[str, Any] = {
-            "session_id": r.session_id, "cluster_name": r.cluster,
-            "workload_uid": r.workload_uid, "profiler_file_id": r.profiler_file_id,
-            "profiler_file_ids": list(r.file_ids), "status": status,
+            "session_id": r.session_id,
+            "cluster_name": r.cluster,
+            "workload_uid": r.workload_uid,
+            "profiler_file_id": r.profiler_file_id,
+            "profiler_file_ids": list(r.file_ids),
+            "status": status,
             "status_message": r.status_message,
             "ui_path": f"/v1/{r.kind}/sessions/{r.session_id}/ui/" if status == "ready" else "",
-            "pod_name": "", "pod_ip": "", "created_at": stamp(r.created_at),
-            "ready_at": stamp(r.ready_at) or None, "expires_at": stamp(r.expires_at),
+            "pod_name": "",
+            "pod_ip": "",
+            "created_at": stamp(r.created_at),
+            "ready_at": stamp(r.ready_at) or None,
+            "expires_at": stamp(r.expires_at),
             "last_accessed_at": stamp(r.last_accessed_at) or None,
             "estimated_ready_seconds": 0 if status in ("ready", *ENDED) else 10,
-        }  # fmt: skip
+        }
         if r.kind == "tracelens":
             out["resource_profile"] = r.resource_profile
             out["analysis"] = r.result if status == "ready" else None
@@ -146,8 +181,11 @@ class Sessions:
     def _row(self, kind: str, cluster: str, session_id: str) -> Any:
         t = schema.profiler_sessions
         with self.engine.connect() as conn:
-            r = conn.execute(select(t).where(t.c.cluster == cluster, t.c.kind == kind,
-                                             t.c.session_id == session_id)).first()  # fmt: skip
+            r = conn.execute(
+                select(t).where(
+                    t.c.cluster == cluster, t.c.kind == kind, t.c.session_id == session_id
+                )
+            ).first()
         if r is None:
             raise NotFound(f"{kind} session {session_id!r} not found")
         return r
@@ -156,8 +194,9 @@ class Sessions:
         self._row(kind, cluster, session_id)
         t = schema.profiler_sessions
         with self.engine.begin() as conn:
-            conn.execute(update(t).where(t.c.session_id == session_id)
-                         .values(last_accessed_at=self.clock()))  # fmt: skip
+            conn.execute(
+                update(t).where(t.c.session_id == session_id).values(last_accessed_at=self.clock())
+            )
         return self.answer(self._row(kind, cluster, session_id))
 
     def listing(self, kind: str, cluster: str, workload_uid: str = "") -> dict[str, Any]:
@@ -185,19 +224,35 @@ class Sessions:
         f = self.profiler.row(cluster, file_id)
         if f.workload_uid != uid:
             raise BadRequest(f"profiler file {file_id} is not workload {uid}'s")
-        ids = [file_id] + (self._ranks(cluster, f, body.get("profiler_file_ids"))
-                           if kind == "tracelens" else [])  # fmt: skip
+        ids = [file_id] + (
+            self._ranks(cluster, f, body.get("profiler_file_ids")) if kind == "tracelens" else []
+        )
         now = self.clock()
         sid = uuid.uuid4().hex
         t = schema.profiler_sessions
         with self.engine.begin() as conn:
-            conn.execute(insert(t).values(
-                cluster=cluster, session_id=sid, kind=kind, workload_uid=uid,
-                profiler_file_id=file_id, file_ids=ids, status="pending", status_message="",
-                resource_profile=profile if kind == "tracelens" else "", result=None,
-                created_at=now, expires_at=now + timedelta(minutes=ttl)))  # fmt: skip
-        th = threading.Thread(target=self._prepare, args=(kind, cluster, sid, ids),
-                              name=f"{kind}-{sid[:8]}", daemon=True)  # fmt: skip
+            conn.execute(
+                insert(t).values(
+                    cluster=cluster,
+                    session_id=sid,
+                    kind=kind,
+                    workload_uid=uid,
+                    profiler_file_id=file_id,
+                    file_ids=ids,
+                    status="pending",
+                    status_message="",
+                    resource_profile=profile if kind == "tracelens" else "",
+                    result=None,
+                    created_at=now,
+                    expires_at=now + timedelta(minutes=ttl),
+                )
+            )
+        th = threading.Thread(
+            target=self._prepare,
+            args=(kind, cluster, sid, ids),
+            name=f"{kind}-{sid[:8]}",
+            daemon=True,
+        )
         self._threads = [x for x in self._threads if x.is_alive()] + [th]
         th.start()
         return self.answer(self._row(kind, cluster, sid))
@@ -208,7 +263,8 @@ class Sessions:
         if asked is None:
             return self._siblings(cluster, f)
         if not isinstance(asked, list) or not all(
-                isinstance(i, int) and not isinstance(i, bool) for i in asked):  # fmt: skip
+            isinstance(i, int) and not isinstance(i, bool) for i in asked
+        ):
             raise BadRequest(f"profiler_file_ids={asked!r}: a list of file ids")
         more = [i for i in dict.fromkeys(asked) if i != f.id]
         if len(more) >= self.cfg.max_ranks:
@@ -222,10 +278,17 @@ class Sessions:
         """The workload's other traces beside f (its directory, its container): its ranks."""
         t = schema.profiler_files
         with self.engine.connect() as conn:
-            rows = conn.execute(select(t.c.id, t.c.path).where(
-                t.c.cluster == cluster, t.c.workload_uid == f.workload_uid,
-                t.c.pod_uid == f.pod_uid, t.c.container_id == f.container_id,
-                t.c.id != f.id).order_by(t.c.rank, t.c.id)).all()  # fmt: skip
+            rows = conn.execute(
+                select(t.c.id, t.c.path)
+                .where(
+                    t.c.cluster == cluster,
+                    t.c.workload_uid == f.workload_uid,
+                    t.c.pod_uid == f.pod_uid,
+                    t.c.container_id == f.container_id,
+                    t.c.id != f.id,
+                )
+                .order_by(t.c.rank, t.c.id)
+            ).all()
         here = PurePosixPath(f.path).parent
         return [r.id for r in rows if PurePosixPath(r.path).parent == here][
             : self.cfg.max_ranks - 1
@@ -234,8 +297,9 @@ class Sessions:
     def _set(self, sid: str, **values: Any) -> None:
         t = schema.profiler_sessions
         with self.engine.begin() as conn:
-            conn.execute(update(t).where(t.c.session_id == sid, t.c.status.not_in(ENDED))
-                         .values(**values))  # fmt: skip
+            conn.execute(
+                update(t).where(t.c.session_id == sid, t.c.status.not_in(ENDED)).values(**values)
+            )
 
     def _prepare(self, kind: str, cluster: str, sid: str, ids: list[int]) -> None:
         """Fetch the traces and, for TraceLens, analyse them; the row says how it went."""
@@ -266,16 +330,20 @@ class Sessions:
         t = schema.profiler_sessions
         base = max(expiry(r), self.clock())
         with self.engine.begin() as conn:
-            conn.execute(update(t).where(t.c.session_id == sid)
-                         .values(expires_at=base + timedelta(minutes=minutes)))  # fmt: skip
+            conn.execute(
+                update(t)
+                .where(t.c.session_id == sid)
+                .values(expires_at=base + timedelta(minutes=minutes))
+            )
         return self.answer(self._row(kind, cluster, sid))
 
     def delete(self, kind: str, cluster: str, sid: str) -> dict[str, Any]:
         self._row(kind, cluster, sid)
         t = schema.profiler_sessions
         with self.engine.begin() as conn:
-            conn.execute(update(t).where(t.c.session_id == sid)
-                         .values(status="deleted", result=None))  # fmt: skip
+            conn.execute(
+                update(t).where(t.c.session_id == sid).values(status="deleted", result=None)
+            )
         return {"session_id": sid, "status": "deleted", "message": "session deleted"}
 
     # -- what the pages' iframes load ------------------------------------------------------

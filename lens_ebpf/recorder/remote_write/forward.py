@@ -56,11 +56,19 @@ class Forwarder:
         tls = cfg.tls
         kw: dict[str, object] = {}
         if cfg.url.startswith("https"):
-            kw = {"cert_reqs": "CERT_NONE" if tls.insecure_skip_verify else "CERT_REQUIRED",
-                  "ca_certs": tls.ca_file or None, "cert_file": tls.cert_file or None,
-                  "key_file": tls.key_file or None}  # fmt: skip
-        self.pool = urllib3.PoolManager(num_pools=4, maxsize=16, retries=False,
-                                        timeout=urllib3.Timeout(cfg.timeout_seconds), **kw)  # type: ignore[arg-type]  # fmt: skip
+            kw = {
+                "cert_reqs": "CERT_NONE" if tls.insecure_skip_verify else "CERT_REQUIRED",
+                "ca_certs": tls.ca_file or None,
+                "cert_file": tls.cert_file or None,
+                "key_file": tls.key_file or None,
+            }
+        self.pool = urllib3.PoolManager(
+            num_pools=4,
+            maxsize=16,
+            retries=False,
+            timeout=urllib3.Timeout(cfg.timeout_seconds),
+            **kw,  # type: ignore[arg-type]
+        )
         self.bearer = _Secret(cfg.bearer_token_file)
         self.password = _Secret(cfg.basic_auth.password_file)
         self.errors: dict[str, int] = {}
@@ -68,9 +76,12 @@ class Forwarder:
         self._lock = threading.Lock()
 
     def headers(self, version: int) -> dict[str, str]:
-        h = {"Content-Encoding": "snappy", "Content-Type": wire.CONTENT_TYPES[version],
-             "X-Prometheus-Remote-Write-Version": wire.VERSIONS[version],
-             "User-Agent": USER_AGENT}  # fmt: skip
+        h = {
+            "Content-Encoding": "snappy",
+            "Content-Type": wire.CONTENT_TYPES[version],
+            "X-Prometheus-Remote-Write-Version": wire.VERSIONS[version],
+            "User-Agent": USER_AGENT,
+        }
         if token := self.bearer.read():
             h["Authorization"] = f"Bearer {token}"
         elif self.cfg.basic_auth.username:
@@ -85,23 +96,37 @@ class Forwarder:
     def send(self, version: int, body: bytes) -> Answer:
         """body (uncompressed) to the receiver; what to tell the sender."""
         try:
-            r = self.pool.request("POST", self.cfg.url, body=wire.snappy(body),
-                                  headers=self.headers(version), preload_content=True)  # fmt: skip
+            r = self.pool.request(
+                "POST",
+                self.cfg.url,
+                body=wire.snappy(body),
+                headers=self.headers(version),
+                preload_content=True,
+            )
         except urllib3.exceptions.HTTPError as exc:
             self._count("unreachable")
-            return Answer(503, 0, f"the receiver {self.cfg.url} did not answer: "
-                                  f"{type(exc).__name__}: {exc}"[:500])  # fmt: skip
+            return Answer(
+                503,
+                0,
+                f"the receiver {self.cfg.url} did not answer: " f"{type(exc).__name__}: {exc}"[
+                    :500
+                ],
+            )
         with self._lock:
             self.requests[r.status] = self.requests.get(r.status, 0) + 1
         said = r.data[:300].decode(errors="replace").strip()
         if 200 <= r.status < 300:
-            written = {k: v for k, v in r.headers.items()
-                       if k.lower().startswith("x-prometheus-remote-write-")}  # fmt: skip
+            written = {
+                k: v
+                for k, v in r.headers.items()
+                if k.lower().startswith("x-prometheus-remote-write-")
+            }
             return Answer(204, r.status, "OK", written=written or None)
         if r.status == 429:
             self._count("429")
-            return Answer(429, 429, f"the receiver is throttling: {said}",
-                          r.headers.get("Retry-After", ""))  # fmt: skip
+            return Answer(
+                429, 429, f"the receiver is throttling: {said}", r.headers.get("Retry-After", "")
+            )
         if r.status >= 500:
             self._count("5xx")
             return Answer(503, r.status, f"the receiver answered {r.status}: {said}")

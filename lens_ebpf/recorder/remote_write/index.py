@@ -75,8 +75,9 @@ class Index:
 
     def held(self, node: str, slot: str, at_ms: float) -> list[str]:
         """The pods holding that device at that time."""
-        return [uid for start, end, uid in self.holders.get((node, slot), ())
-                if start <= at_ms < end]  # fmt: skip
+        return [
+            uid for start, end, uid in self.holders.get((node, slot), ()) if start <= at_ms < end
+        ]
 
 
 def host(value: str) -> str:
@@ -137,17 +138,32 @@ class _Held:
     rdma: dict[tuple[str, str], list[tuple[float, float, str]]] = field(default_factory=dict)
 
 
-def _pods(conn: Connection, t: Scoped, idx: Index, since: datetime,
-          only: tuple[str, Collection[str], Collection[tuple[str, str]]] | None = None
-          ) -> set[str]:  # fmt: skip
+def _pods(
+    conn: Connection,
+    t: Scoped,
+    idx: Index,
+    since: datetime,
+    only: tuple[str, Collection[str], Collection[tuple[str, str]]] | None = None,
+) -> set[str]:
     """Pods not deleted, and those deleted within HISTORY (their samples may come late),
     with the workloads above them (every level); only (node, uids, names): those on node
     ("" none), those of uids, and those of names ((namespace, name)) not on node. The
     uids of those not deleted."""
     p, refs, w = t.gpu_pods, t.workload_pod_references, t.gpu_workloads
     live = or_(p.c.deleted.is_(False), p.c.deleted_at >= since)
-    q = select(p.c.uid, p.c.namespace, p.c.name, p.c.node, p.c.workload_uid, p.c.deleted,
-               p.c.created_at).where(live).order_by(p.c.created_at)  # fmt: skip
+    q = (
+        select(
+            p.c.uid,
+            p.c.namespace,
+            p.c.name,
+            p.c.node,
+            p.c.workload_uid,
+            p.c.deleted,
+            p.c.created_at,
+        )
+        .where(live)
+        .order_by(p.c.created_at)
+    )
     if only is not None:
         # two reads, not one with an OR: uids by their key, the node's pods by its rows
         node, uids, names = only
@@ -161,8 +177,9 @@ def _pods(conn: Connection, t: Scoped, idx: Index, since: datetime,
         # by the pod_uid index: with the cluster in the WHERE, SQLite reads the whole
         # cluster's rows by the primary key (it covers the columns read): 10 ms at 100,000
         every = schema.workload_pod_references
-        ref_q = select(every.c.cluster, every.c.pod_uid, every.c.workload_uid) \
-            .where(every.c.pod_uid.in_(sorted({r.uid for r in rows})))  # fmt: skip
+        ref_q = select(every.c.cluster, every.c.pod_uid, every.c.workload_uid).where(
+            every.c.pod_uid.in_(sorted({r.uid for r in rows}))
+        )
     else:
         rows = list(conn.execute(q))
         ref_q = select(refs.c.pod_uid, refs.c.workload_uid)
@@ -193,13 +210,13 @@ def _pods(conn: Connection, t: Scoped, idx: Index, since: datetime,
     return alive
 
 
-def _devices(conn: Connection, t: Scoped, idx: Index, since: datetime,
-             node: str = "") -> _Held:  # fmt: skip
+def _devices(conn: Connection, t: Scoped, idx: Index, since: datetime, node: str = "") -> _Held:
     """GPUs and RDMA devices (every node's, or node's), and who held them when."""
     nd, cl, ne = t.node_devices, t.device_changelog, t.node_events
     held = _Held()
-    q = select(nd.c.node, nd.c.kind, nd.c.slot, nd.c.idx, nd.c.uuid, nd.c.serial, nd.c.bdf,
-               nd.c.holder)  # fmt: skip
+    q = select(
+        nd.c.node, nd.c.kind, nd.c.slot, nd.c.idx, nd.c.uuid, nd.c.serial, nd.c.bdf, nd.c.holder
+    )
     for r in conn.execute(q.where(nd.c.node == node) if node else q):
         if r.kind != "gpu":
             if r.kind == "rdma_port":
@@ -211,16 +228,20 @@ def _devices(conn: Connection, t: Scoped, idx: Index, since: datetime,
             if value:
                 gpus[(match, value)] = r.slot
         held.current[(r.node, r.slot)] = r.holder
-    q = select(cl.c.node, cl.c.slot, cl.c.at, cl.c.old_value, cl.c.new_value) \
-        .where(cl.c.field == "holder", cl.c.at >= since).order_by(cl.c.at, cl.c.id)  # fmt: skip
+    q = (
+        select(cl.c.node, cl.c.slot, cl.c.at, cl.c.old_value, cl.c.new_value)
+        .where(cl.c.field == "holder", cl.c.at >= since)
+        .order_by(cl.c.at, cl.c.id)
+    )
     for r in conn.execute(q.where(cl.c.node == node) if node else q):
-        held.changes.setdefault((r.node, r.slot), []).append((_ms(r.at), r.old_value,
-                                                              r.new_value))  # fmt: skip
+        held.changes.setdefault((r.node, r.slot), []).append((_ms(r.at), r.old_value, r.new_value))
     # RDMA devices: a pod holds one while its queue pairs are open on it
     opened: dict[tuple[str, str, str], float] = {}
-    q = select(ne.c.node, ne.c.at, ne.c.kind, ne.c.pod_uid, ne.c.payload) \
-        .where(ne.c.kind.in_(("rdma_open", "rdma_close")), ne.c.at >= since) \
-        .order_by(ne.c.at, ne.c.id)  # fmt: skip
+    q = (
+        select(ne.c.node, ne.c.at, ne.c.kind, ne.c.pod_uid, ne.c.payload)
+        .where(ne.c.kind.in_(("rdma_open", "rdma_close")), ne.c.at >= since)
+        .order_by(ne.c.at, ne.c.id)
+    )
     for r in conn.execute(q.where(ne.c.node == node) if node else q):
         payload = r.payload or {}
         dev = str(payload.get("device", ""))
@@ -231,8 +252,7 @@ def _devices(conn: Connection, t: Scoped, idx: Index, since: datetime,
         if r.kind == "rdma_open" and int(payload.get("queue_pairs", 0) or 0) > 0:
             opened.setdefault(use, _ms(r.at))
         elif use in opened:
-            held.rdma.setdefault((r.node, dev), []).append((opened.pop(use), _ms(r.at),
-                                                            r.pod_uid))  # fmt: skip
+            held.rdma.setdefault((r.node, dev), []).append((opened.pop(use), _ms(r.at), r.pod_uid))
     for (n, dev, uid), start in opened.items():
         held.rdma.setdefault((n, dev), []).append((start, math.inf, uid))
     return held
@@ -247,8 +267,11 @@ def _pod_key(holder: str) -> tuple[str, str]:
 def _holders(idx: Index, held: _Held, by_name: Mapping[tuple[str, str], str]) -> None:
     """idx's holders: each GPU's holder names as pod uids (by_name), RDMA devices' users."""
     for key, holder in held.current.items():
-        spans = [(a, b, by_name.get(_pod_key(h), ""))
-                 for a, b, h in _spans(held.changes.get(key, []), holder) if "/" in h]  # fmt: skip
+        spans = [
+            (a, b, by_name.get(_pod_key(h), ""))
+            for a, b, h in _spans(held.changes.get(key, []), holder)
+            if "/" in h
+        ]
         idx.holders[key] = [s for s in spans if s[2]]
     for key, uses in held.rdma.items():
         idx.holders.setdefault(key, []).extend(uses)
@@ -257,10 +280,14 @@ def _holders(idx: Index, held: _Held, by_name: Mapping[tuple[str, str], str]) ->
 def fingerprint(idx: Index) -> str:
     """What the copies depend on (not when it was read)."""
     h = hashlib.sha1()
-    parts = (sorted(idx.nodes), sorted(idx.addresses.items()),
-             sorted((n, sorted(g.items())) for n, g in idx.gpus.items()),
-             sorted(idx.holders.items()), sorted(idx.pods.items()),
-             sorted((n, sorted(d)) for n, d in idx.rdma.items()))  # fmt: skip
+    parts = (
+        sorted(idx.nodes),
+        sorted(idx.addresses.items()),
+        sorted((n, sorted(g.items())) for n, g in idx.gpus.items()),
+        sorted(idx.holders.items()),
+        sorted(idx.pods.items()),
+        sorted((n, sorted(d)) for n, d in idx.rdma.items()),
+    )
     for part in parts:
         h.update(repr(part).encode())
     return h.hexdigest()
@@ -277,10 +304,16 @@ class NodeEntries:
     unfound: frozenset[tuple[str, str]]  # holders (namespace, pod) no pod was found for
 
 
-def read_node(conn: Connection, now: datetime, t: Scoped, asked: str, known: Index,
-              uids: Collection[str] = (),
-              sought: frozenset[tuple[str, str]] = frozenset(),
-              pods: Collection[tuple[str, str]] = ()) -> NodeEntries:  # fmt: skip
+def read_node(
+    conn: Connection,
+    now: datetime,
+    t: Scoped,
+    asked: str,
+    known: Index,
+    uids: Collection[str] = (),
+    sought: frozenset[tuple[str, str]] = frozenset(),
+    pods: Collection[tuple[str, str]] = (),
+) -> NodeEntries:
     """A node's entries (asked: its name, or the name or address a series gave a node
     known does not know): its devices and who held them; the pods on it when a holder or
     a pod a series named (pods: (namespace, name)) is one known does not know (unless
@@ -292,9 +325,12 @@ def read_node(conn: Connection, now: datetime, t: Scoped, asked: str, known: Ind
     node = asked if asked in known.nodes else ""
     if not node:
         n = t.nodes
-        for r in conn.execute(select(n.c.name, n.c.address)
-                              .where(or_(n.c.name == asked, n.c.address == asked))
-                              .order_by(n.c.name).limit(1)):  # fmt: skip
+        for r in conn.execute(
+            select(n.c.name, n.c.address)
+            .where(or_(n.c.name == asked, n.c.address == asked))
+            .order_by(n.c.name)
+            .limit(1)
+        ):
             node = r.name
             if r.address:
                 part.addresses[r.address] = r.name
@@ -303,17 +339,24 @@ def read_node(conn: Connection, now: datetime, t: Scoped, asked: str, known: Ind
     part.nodes.add(node)
     held = _devices(conn, t, part, since, node)
     named = {h for h in held.current.values() if "/" in h}
-    named.update(h for changes in held.changes.values() for _, old, new in changes
-                 for h in (old, new) if "/" in h)  # fmt: skip
+    named.update(
+        h
+        for changes in held.changes.values()
+        for _, old, new in changes
+        for h in (old, new)
+        if "/" in h
+    )
     missing = frozenset(k for k in map(_pod_key, named) if k not in known.by_name)
     asked_for = frozenset(k for k in pods if k[1] and k not in known.by_name)
     missing |= asked_for
     want = {u for uses in held.rdma.values() for _, _, u in uses} | set(uids)
     want = {u for u in want if u and u not in known.pods}
     scan = not missing <= sought
-    alive = _pods(conn, t, part, since, (node if scan else "", want,
-                                         asked_for if scan else ())) \
-        if scan or want else set()  # fmt: skip
+    alive = (
+        _pods(conn, t, part, since, (node if scan else "", want, asked_for if scan else ()))
+        if scan or want
+        else set()
+    )
     _holders(part, held, ChainMap(part.by_name, known.by_name))
     unfound = frozenset(k for k in missing if k not in part.by_name)
     return NodeEntries(node, asked, part, alive, unfound)
@@ -327,16 +370,28 @@ def merged(base: Index, e: NodeEntries) -> Index | None:
     mine.update((n, dev) for dev in base.rdma.get(n, ()))
     pods = {uid: p for uid, p in part.pods.items() if base.pods.get(uid) != p}
     addresses = {a: m for a, m in part.addresses.items() if base.addresses.get(a) != m}
-    if n in base.nodes and not pods and not addresses and \
-            base.gpus.get(n, {}) == part.gpus.get(n, {}) and \
-            base.rdma.get(n, set()) == part.rdma.get(n, set()) and \
-            {k: base.holders[k] for k in mine if k in base.holders} == part.holders:  # fmt: skip
+    if (
+        n in base.nodes
+        and not pods
+        and not addresses
+        and base.gpus.get(n, {}) == part.gpus.get(n, {})
+        and base.rdma.get(n, set()) == part.rdma.get(n, set())
+        and {k: base.holders[k] for k in mine if k in base.holders} == part.holders
+    ):
         return None
-    idx = Index(generation=base.generation, built=base.built, nodes=base.nodes | {n},
-                addresses={**base.addresses, **addresses}, gpus=dict(base.gpus),
-                holders=dict(base.holders), rdma=dict(base.rdma),
-                pods={**base.pods, **pods}, by_name=dict(base.by_name),
-                names=dict(base.names), stamps=dict(base.stamps))  # fmt: skip
+    idx = Index(
+        generation=base.generation,
+        built=base.built,
+        nodes=base.nodes | {n},
+        addresses={**base.addresses, **addresses},
+        gpus=dict(base.gpus),
+        holders=dict(base.holders),
+        rdma=dict(base.rdma),
+        pods={**base.pods, **pods},
+        by_name=dict(base.by_name),
+        names=dict(base.names),
+        stamps=dict(base.stamps),
+    )
     if n in part.gpus:
         idx.gpus[n] = part.gpus[n]
     else:
@@ -365,9 +420,14 @@ class Indexer:
     (at most once a second per node). Per process, from the database: every replica has
     its own."""
 
-    def __init__(self, engine: Engine, interval: float, clock: Callable[[], datetime],
-                 cluster: str = "local",
-                 monotonic: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: Engine,
+        interval: float,
+        clock: Callable[[], datetime],
+        cluster: str = "local",
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.engine, self.interval, self.clock = engine, interval, clock
         self.monotonic = monotonic
         self.cluster = cluster  # the series come from this cluster's exporters
@@ -415,8 +475,9 @@ class Indexer:
             self.errors += 1
             raise
 
-    def look_again(self, node: str, uid: str = "",
-                   pod: tuple[str, str] | None = None) -> tuple[bool, Index]:  # fmt: skip
+    def look_again(
+        self, node: str, uid: str = "", pod: tuple[str, str] | None = None
+    ) -> tuple[bool, Index]:
         """On a miss on node (its name, or what a series named one the maps do not know by;
         uid: the pod uid it named; pod: the (namespace, name) it named, read as the full
         read would find it): node's entries read again, unless they were within the
@@ -456,21 +517,39 @@ class Indexer:
         self._asked[node] = now
         return True
 
-    def _read_node(self, node: str, uid: str, now: float, base: Index,
-                   sought: frozenset[tuple[str, str]],
-                   pod: tuple[str, str] | None = None) -> Index:  # fmt: skip
+    def _read_node(
+        self,
+        node: str,
+        uid: str,
+        now: float,
+        base: Index,
+        sought: frozenset[tuple[str, str]],
+        pod: tuple[str, str] | None = None,
+    ) -> Index:
         """look_again's read: the newest maps after it."""
         try:
             with self.engine.connect() as conn:
-                e = read_node(conn, self.clock(), scoped(self.cluster), node, base,
-                              (uid,) if uid else (), sought,
-                              (pod,) if pod else ())  # fmt: skip
+                e = read_node(
+                    conn,
+                    self.clock(),
+                    scoped(self.cluster),
+                    node,
+                    base,
+                    (uid,) if uid else (),
+                    sought,
+                    (pod,) if pod else (),
+                )
         except SQLAlchemyError as exc:
             with self._lock:
                 self.node_refreshes["failed"] += 1
                 self._held_off = now + self.interval
-            log.warning("remote write: reading node %s's entries again failed (none read "
-                        "again for %g s): %s", node, self.interval, exc)  # fmt: skip
+            log.warning(
+                "remote write: reading node %s's entries again failed (none read "
+                "again for %g s): %s",
+                node,
+                self.interval,
+                exc,
+            )
             return self.index
         with self._lock:
             if e.unfound:

@@ -36,9 +36,13 @@ REFUSED = {400: "bad_body", 413: "too_large", 415: "unsupported", 503: "no_recei
 
 
 class RemoteWrite(Collector):
-    def __init__(self, cfg: RemoteWriteConfig, engine: Engine,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 cluster: str = "local") -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: RemoteWriteConfig,
+        engine: Engine,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        cluster: str = "local",
+    ) -> None:
         self.cfg = cfg
         self.indexer = Indexer(engine, cfg.cache_seconds, clock, cluster)
         self.relabeler = Relabeler(cfg, self.indexer)
@@ -66,8 +70,9 @@ class RemoteWrite(Collector):
         what it became."""
         began = time.perf_counter()
         if self.forwarder is None:
-            return self._refuse(503, "recorder.remote_write.url is not set: there is no "
-                                     "receiver to write to")  # fmt: skip
+            return self._refuse(
+                503, "recorder.remote_write.url is not set: there is no " "receiver to write to"
+            )
         try:
             version = wire.version(headers)
             data = wire.unsnappy(body, self.cfg.max_body_bytes)
@@ -105,21 +110,27 @@ class RemoteWrite(Collector):
         said = {}
         if version == wire.V2:  # what 2.0 asks a receiver to say it wrote
             w = out.written
-            said = {"X-Prometheus-Remote-Write-Samples-Written": str(w.samples),
-                       "X-Prometheus-Remote-Write-Histograms-Written": str(w.histograms),
-                       "X-Prometheus-Remote-Write-Exemplars-Written": str(w.exemplars)}  # fmt: skip
+            said = {
+                "X-Prometheus-Remote-Write-Samples-Written": str(w.samples),
+                "X-Prometheus-Remote-Write-Histograms-Written": str(w.histograms),
+                "X-Prometheus-Remote-Write-Exemplars-Written": str(w.exemplars),
+            }
         if out.invalid:  # a partial write: the rest is written, these are named
             named = "; ".join(out.invalid)
-            return Outcome(400, f"{len(out.invalid)} series left out, the rest written: "
-                           f"{named[:2000]}", {"invalid": out.invalid[:100]},
-                           headers=said)  # fmt: skip
+            return Outcome(
+                400,
+                f"{len(out.invalid)} series left out, the rest written: " f"{named[:2000]}",
+                {"invalid": out.invalid[:100]},
+                headers=said,
+            )
         return Outcome(204, "", headers=said)
 
     # -- the maps, as Primus-Lens serves them ------------------------------------------
     def _home(self, cluster: str) -> None:
         if cluster != self.indexer.cluster:
-            raise NotFound(f"remote write serves cluster {self.indexer.cluster!r} only, not "
-                           f"{cluster!r}")  # fmt: skip
+            raise NotFound(
+                f"remote write serves cluster {self.indexer.cluster!r} only, not " f"{cluster!r}"
+            )
 
     def pods_cache(self, cluster: str, only: str = "") -> dict[str, Any]:
         """node (only that one, when given) -> device label -> device -> [pod name, pod uid],
@@ -139,8 +150,11 @@ class RemoteWrite(Collector):
         for (node, slot), names in sorted(by_slot.items()):
             if only and node != only:
                 continue
-            held = [(start, uid) for start, end, uid in idx.holders.get((node, slot), ())
-                    if start <= now < end]  # fmt: skip
+            held = [
+                (start, uid)
+                for start, end, uid in idx.holders.get((node, slot), ())
+                if start <= now < end
+            ]
             if len(held) != 1 or held[0][1] not in idx.pods:
                 continue
             start, uid = held[0]
@@ -149,10 +163,14 @@ class RemoteWrite(Collector):
                 for m, value in names:
                     if m == match:
                         cache.setdefault(node, {}).setdefault(label, {})[value] = [pod.name, uid]
-                        since.setdefault(node, {}).setdefault(label, {})[value] = \
-                            int(start / 1000) if math.isfinite(start) else None  # fmt: skip
-        return {"updated_at": int(idx.built.timestamp()) if idx.built else None,
-                "cache": cache, "since": since}  # fmt: skip
+                        since.setdefault(node, {}).setdefault(label, {})[value] = (
+                            int(start / 1000) if math.isfinite(start) else None
+                        )
+        return {
+            "updated_at": int(idx.built.timestamp()) if idx.built else None,
+            "cache": cache,
+            "since": since,
+        }
 
     def workload_cache(self, cluster: str) -> dict[str, Any]:
         """pod name -> [[workload name, workload uid], ...] (every level above it), and the
@@ -163,11 +181,13 @@ class RemoteWrite(Collector):
         by_uid: dict[str, list[list[str]]] = {}
         for uid, pod in sorted(idx.pods.items()):
             pairs = [[wname, wuid] for _, wname, wuid in pod.workloads]
-            by_name.setdefault(pod.name, []).extend(p for p in pairs
-                                                    if p not in by_name[pod.name])  # fmt: skip
+            by_name.setdefault(pod.name, []).extend(p for p in pairs if p not in by_name[pod.name])
             by_uid[uid] = pairs
-        return {"updated_at": int(idx.built.timestamp()) if idx.built else None,
-                "cache": by_name, "by_uid": by_uid}  # fmt: skip
+        return {
+            "updated_at": int(idx.built.timestamp()) if idx.built else None,
+            "cache": by_name,
+            "by_uid": by_uid,
+        }
 
     # -- metrics ---------------------------------------------------------------------
     def describe(self) -> Iterator[Metric]:
@@ -180,49 +200,89 @@ class RemoteWrite(Collector):
             lag, down, added = (h.copy() for h in (self.lag, self.downstream, self.added))
         errors = dict(self.forwarder.errors) if self.forwarder else {}
         refreshes = dict(self.indexer.node_refreshes)
-        yield counter("lens_recorder_remote_write_samples", "Samples of remote write requests "
-                      "the receiver took, by result: copied (to workload_ series), no_pod, "
-                      "no_workload; rejected (the receiver refused them)", samples,
-                      "result")  # fmt: skip
-        yield counter("lens_recorder_remote_write_series_written", "Series the receiver took "
-                      "(workload copies, and every series in proxy mode)",
-                      {"": written})  # fmt: skip
-        yield counter("lens_recorder_remote_write_series_invalid", "Series left out of a "
-                      "request because they could not be read (labels or samples malformed, "
-                      "a 2.0 reference past its symbols), the rest of it written and the "
-                      "request answered 400 naming them", {"": invalid})  # fmt: skip
-        yield counter("lens_recorder_remote_write_misses", "Series that found no pod but "
-                      "named, on a node, what the maps did not know (a device, a pod, the "
-                      "node, a device nobody held then), by what came of it: found once the "
-                      "node's entries were read again; not_found by that read; throttled "
-                      "(not read: the node's were within the last second, or a read failed "
-                      "just before)", misses, "result")  # fmt: skip
-        yield counter("lens_recorder_remote_write_node_refreshes", "A node's entries read "
-                      "again on a miss (at most once a second per node), by result: changed "
-                      "(the maps took what was new), unchanged, failed (the database did not "
-                      "answer: none read again for remote_write.cache_seconds)", refreshes,
-                      "result")  # fmt: skip
-        yield counter("lens_recorder_remote_write_refused", "Remote write requests refused: "
-                      "bad_body (400), too_large (413), unsupported (415), no_receiver (503)",
-                      refused, "reason")  # fmt: skip
-        yield counter("lens_recorder_remote_write_downstream_errors", "The receiver's "
-                      "failures: unreachable, 5xx, 429, 4xx", dict(sorted(errors.items())),
-                      "reason")  # fmt: skip
+        yield counter(
+            "lens_recorder_remote_write_samples",
+            "Samples of remote write requests "
+            "the receiver took, by result: copied (to workload_ series), no_pod, "
+            "no_workload; rejected (the receiver refused them)",
+            samples,
+            "result",
+        )
+        yield counter(
+            "lens_recorder_remote_write_series_written",
+            "Series the receiver took " "(workload copies, and every series in proxy mode)",
+            {"": written},
+        )
+        yield counter(
+            "lens_recorder_remote_write_series_invalid",
+            "Series left out of a "
+            "request because they could not be read (labels or samples malformed, "
+            "a 2.0 reference past its symbols), the rest of it written and the "
+            "request answered 400 naming them",
+            {"": invalid},
+        )
+        yield counter(
+            "lens_recorder_remote_write_misses",
+            "Series that found no pod but "
+            "named, on a node, what the maps did not know (a device, a pod, the "
+            "node, a device nobody held then), by what came of it: found once the "
+            "node's entries were read again; not_found by that read; throttled "
+            "(not read: the node's were within the last second, or a read failed "
+            "just before)",
+            misses,
+            "result",
+        )
+        yield counter(
+            "lens_recorder_remote_write_node_refreshes",
+            "A node's entries read "
+            "again on a miss (at most once a second per node), by result: changed "
+            "(the maps took what was new), unchanged, failed (the database did not "
+            "answer: none read again for remote_write.cache_seconds)",
+            refreshes,
+            "result",
+        )
+        yield counter(
+            "lens_recorder_remote_write_refused",
+            "Remote write requests refused: "
+            "bad_body (400), too_large (413), unsupported (415), no_receiver (503)",
+            refused,
+            "reason",
+        )
+        yield counter(
+            "lens_recorder_remote_write_downstream_errors",
+            "The receiver's " "failures: unreachable, 5xx, 429, 4xx",
+            dict(sorted(errors.items())),
+            "reason",
+        )
         for name, help_text, b in (
-            ("lens_recorder_remote_write_lag_seconds", "From a request's first sample to "
-             "its arrival", lag),
-            ("lens_recorder_remote_write_downstream_seconds", "The receiver's time to answer",
-             down),
-            ("lens_recorder_remote_write_added_seconds", "What the service adds to a "
-             "request it takes: its time less the receiver's", added),
-        ):  # fmt: skip
+            (
+                "lens_recorder_remote_write_lag_seconds",
+                "From a request's first sample to " "its arrival",
+                lag,
+            ),
+            (
+                "lens_recorder_remote_write_downstream_seconds",
+                "The receiver's time to answer",
+                down,
+            ),
+            (
+                "lens_recorder_remote_write_added_seconds",
+                "What the service adds to a " "request it takes: its time less the receiver's",
+                added,
+            ),
+        ):
             h = HistogramMetricFamily(name, help_text)
             h.add_metric([], b.cumulative(), b.total)
             yield h
         idx = self.indexer.index
-        g = Metric("lens_recorder_remote_write_cache", "The copies' maps: series remembered, "
-                   "their generation (it moves when the maps change)", "gauge")  # fmt: skip
-        g.add_sample("lens_recorder_remote_write_cache", {"what": "series"},
-                     len(self.relabeler.cache))  # fmt: skip
+        g = Metric(
+            "lens_recorder_remote_write_cache",
+            "The copies' maps: series remembered, "
+            "their generation (it moves when the maps change)",
+            "gauge",
+        )
+        g.add_sample(
+            "lens_recorder_remote_write_cache", {"what": "series"}, len(self.relabeler.cache)
+        )
         g.add_sample("lens_recorder_remote_write_cache", {"what": "generation"}, idx.generation)
         yield g

@@ -107,8 +107,9 @@ class Relabeler:
             elif spans:
                 static = None
         node = node or asked
-        r = Resolved(idx.generation, device, pod, labels, static, node, idx.stamps.get(node, 0),
-                     missing)  # fmt: skip
+        r = Resolved(
+            idx.generation, device, pod, labels, static, node, idx.stamps.get(node, 0), missing
+        )
         r.settled = static is not None and static in idx.pods
         return r
 
@@ -126,10 +127,17 @@ class Relabeler:
         would be a cold start)."""
         new = self.resolve(labels_of(old), idx)
         new.key = old.key
-        if (new.device, new.pod, new.static) == (old.device, old.pod, old.static) and \
-                old.held is not None and idx.pods.get(old.held) == old.held_pod:  # fmt: skip
-            new.held, new.held_pod, new.copies, new.proxy = (old.held, old.held_pod,
-                                                             old.copies, old.proxy)  # fmt: skip
+        if (
+            (new.device, new.pod, new.static) == (old.device, old.pod, old.static)
+            and old.held is not None
+            and idx.pods.get(old.held) == old.held_pod
+        ):
+            new.held, new.held_pod, new.copies, new.proxy = (
+                old.held,
+                old.held_pod,
+                old.copies,
+                old.proxy,
+            )
         return new
 
     @staticmethod
@@ -146,16 +154,17 @@ class Relabeler:
         held = idx.held(*r.device, at_ms)
         return not held or any(uid not in idx.pods for uid in held)
 
-    def look_again(self, r: Resolved, idx: Index, at_ms: float,
-                   res: Out) -> tuple[Resolved, Index] | None:  # fmt: skip
+    def look_again(
+        self, r: Resolved, idx: Index, at_ms: float, res: Out
+    ) -> tuple[Resolved, Index] | None:
         """A miss: the series' node's entries read again (at most once a second per node)
         and the series resolved against the newest maps (None: they are idx); counted by
         what came of it."""
         labels = labels_of(r)
         ns, name = self.named(labels)
-        read, fresh = self.indexer.look_again(r.node, labels.get("uid") or
-                                              labels.get("pod_uid") or "",
-                                              (ns, name) if ns else None)  # fmt: skip
+        read, fresh = self.indexer.look_again(
+            r.node, labels.get("uid") or labels.get("pod_uid") or "", (ns, name) if ns else None
+        )
         new = None
         if fresh is not idx:
             new = self.again(r, fresh)
@@ -178,10 +187,18 @@ class Relabeler:
         """The labels of a series' workload copies: one per workload above its pod."""
         if pod is None:
             return []
-        return [{**labels, "__name__": "workload_" + labels.get("__name__", ""),
-                 "job": self.cfg.job, "pod_name": pod.name, "pod_uid": pod.uid,
-                 "workload_name": wname, "workload_uid": wuid}
-                for _, wname, wuid in pod.workloads]  # fmt: skip
+        return [
+            {
+                **labels,
+                "__name__": "workload_" + labels.get("__name__", ""),
+                "job": self.cfg.job,
+                "pod_name": pod.name,
+                "pod_uid": pod.uid,
+                "workload_name": wname,
+                "workload_uid": wuid,
+            }
+            for _, wname, wuid in pod.workloads
+        ]
 
     def build(self, r: Resolved, pod_uid: str, idx: Index, original: bytes) -> None:
         """The copies' label bytes (and the proxied series') for this pod."""
@@ -230,8 +247,9 @@ class Relabeler:
                     try:
                         idx = self._series(data[start:end], idx, proxy, out, res)
                     except (ValueError, IndexError, DecodeError) as exc:  # it alone
-                        res.left_out(out, mark, f"series {count}"
-                                     f"{described(data[start:end])}", exc)  # fmt: skip
+                        res.left_out(
+                            out, mark, f"series {count}" f"{described(data[start:end])}", exc
+                        )
                     count += 1
                 elif tag == 0x1A and proxy:  # metadata: it goes on with the series
                     out.append(data[pos:end])
@@ -242,8 +260,9 @@ class Relabeler:
         res.body = b"".join(out)
         return res
 
-    def _series(self, ts: bytes, idx: Index, proxy: bool, out: list[bytes], res: Out,
-                looked: bool = False) -> Index:  # fmt: skip
+    def _series(
+        self, ts: bytes, idx: Index, proxy: bool, out: list[bytes], res: Out, looked: bool = False
+    ) -> Index:
         """One series; the maps the request goes on with (newer after a miss)."""
         p, m = 0, len(ts)
         while p < m and ts[p] == 0x0A:  # the labels (a length under 128 read inline)
@@ -258,8 +277,9 @@ class Relabeler:
         key = ts[:p]
         r = self.cache.get(key)
         if r is None:
-            r = self.resolve({lb.name: lb.value for lb in pb1.TimeSeries.FromString(key).labels},
-                             idx)  # fmt: skip
+            r = self.resolve(
+                {lb.name: lb.value for lb in pb1.TimeSeries.FromString(key).labels}, idx
+            )
             r.key = key
             if len(self.cache) >= CACHE_MAX:
                 self.cache.clear()
@@ -269,13 +289,15 @@ class Relabeler:
         # the samples: only Sample fields, else the series is read through protobuf
         q, count = p, 0
         settled = r.settled
-        need = not res.oldest_ms or not settled and (r.static is None or
-                                                     (not looked and bool(r.node)))  # fmt: skip
+        need = (
+            not res.oldest_ms or not settled and (r.static is None or (not looked and bool(r.node)))
+        )
         times: list[int] = []
         while q < m:
             if ts[q] != 0x12:
-                return self._series_pb(pb1.TimeSeries.FromString(ts), key, r, idx, proxy, out,
-                                       res, looked=looked)  # fmt: skip
+                return self._series_pb(
+                    pb1.TimeSeries.FromString(ts), key, r, idx, proxy, out, res, looked=looked
+                )
             length, start = _len(ts, q + 1)
             q = start + length
             count += 1
@@ -295,8 +317,17 @@ class Relabeler:
         if times and not res.oldest_ms:
             res.oldest_ms = float(times[0])
         if r.static is None and any(self.pod_at(r, idx, t) != pod_uid for t in times):
-            return self._series_pb(pb1.TimeSeries.FromString(ts), key, r, idx, proxy, out, res,
-                                   counted=True, looked=True)  # fmt: skip
+            return self._series_pb(
+                pb1.TimeSeries.FromString(ts),
+                key,
+                r,
+                idx,
+                proxy,
+                out,
+                res,
+                counted=True,
+                looked=True,
+            )
         if r.held != pod_uid:
             self.build(r, pod_uid, idx, key)
         res.counts[self.reason(pod_uid, idx)] += count
@@ -307,9 +338,18 @@ class Relabeler:
             out.append(wire.timeseries(r.proxy, rest))
         return idx
 
-    def _series_pb(self, ts: pb1.TimeSeries, key: bytes, r: Resolved, idx: Index, proxy: bool,
-                   out: list[bytes], res: Out, counted: bool = False,
-                   looked: bool = False) -> Index:  # fmt: skip
+    def _series_pb(
+        self,
+        ts: pb1.TimeSeries,
+        key: bytes,
+        r: Resolved,
+        idx: Index,
+        proxy: bool,
+        out: list[bytes],
+        res: Out,
+        counted: bool = False,
+        looked: bool = False,
+    ) -> Index:
         """A series read through protobuf: its samples, histograms and exemplars split by
         the pod holding its device at each one's time. The maps the request goes on
         with."""
@@ -340,19 +380,20 @@ class Relabeler:
                 out.append(wire.timeseries(r.proxy, rest))
         return idx
 
-    def _split(self, r: Resolved, idx: Index,
-               ts: pb1.TimeSeries) -> list[tuple[str, pb1.TimeSeries]]:  # fmt: skip
+    def _split(
+        self, r: Resolved, idx: Index, ts: pb1.TimeSeries
+    ) -> list[tuple[str, pb1.TimeSeries]]:
         """A series' samples, histograms and exemplars by the pod holding its device at
         each one's time, in time order."""
         parts: dict[str, pb1.TimeSeries] = {}
         for s in ts.samples:
             parts.setdefault(self.pod_at(r, idx, s.timestamp), pb1.TimeSeries()).samples.append(s)
         for h in ts.histograms:
-            parts.setdefault(self.pod_at(r, idx, h.timestamp),
-                             pb1.TimeSeries()).histograms.append(h)  # fmt: skip
+            parts.setdefault(self.pod_at(r, idx, h.timestamp), pb1.TimeSeries()).histograms.append(
+                h
+            )
         for e in ts.exemplars:
-            parts.setdefault(self.pod_at(r, idx, e.timestamp),
-                             pb1.TimeSeries()).exemplars.append(e)  # fmt: skip
+            parts.setdefault(self.pod_at(r, idx, e.timestamp), pb1.TimeSeries()).exemplars.append(e)
         return list(parts.items())
 
     # -- remote write 2.0 --------------------------------------------------------------
@@ -398,8 +439,7 @@ class Relabeler:
                 res.written.samples += len(src.samples)
                 res.written.histograms += len(src.histograms)
                 res.written.exemplars += len(src.exemplars)
-                times = [s.timestamp for s in src.samples] or \
-                    [h.timestamp for h in src.histograms]  # fmt: skip
+                times = [s.timestamp for s in src.samples] or [h.timestamp for h in src.histograms]
                 if not times:
                     continue
                 r = self.resolve(labels, idx)
@@ -417,12 +457,17 @@ class Relabeler:
                     copy(src, proxied(labels, pod))
                 oldest = min(oldest, times[0])
             except IndexError:  # it alone: the rest of the request goes on
-                named = {sym[a]: sym[b] for a, b in zip(src.labels_refs[::2],
-                                                        src.labels_refs[1::2], strict=False)
-                         if a < len(sym) and b < len(sym)}  # fmt: skip
-                res.left_out(new.timeseries, mark, f"series {k}{shown(named)}",
-                             ValueError("a label, exemplar or metadata reference past the "
-                                        "symbols table"))  # fmt: skip
+                named = {
+                    sym[a]: sym[b]
+                    for a, b in zip(src.labels_refs[::2], src.labels_refs[1::2], strict=False)
+                    if a < len(sym) and b < len(sym)
+                }
+                res.left_out(
+                    new.timeseries,
+                    mark,
+                    f"series {k}{shown(named)}",
+                    ValueError("a label, exemplar or metadata reference past the " "symbols table"),
+                )
         res.series = len(new.timeseries)
         res.body = new.SerializeToString() if res.series else b""
         res.oldest_ms = oldest if oldest != float("inf") else 0.0

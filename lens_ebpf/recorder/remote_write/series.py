@@ -66,9 +66,17 @@ class Resolved:
         "settled",
     )
 
-    def __init__(self, generation: int, device: tuple[str, str] | None, pod: str,
-                 labels: dict[str, str], static: str | None, node: str = "", stamp: int = 0,
-                 missing: str = "") -> None:  # fmt: skip
+    def __init__(
+        self,
+        generation: int,
+        device: tuple[str, str] | None,
+        pod: str,
+        labels: dict[str, str],
+        static: str | None,
+        node: str = "",
+        stamp: int = 0,
+        missing: str = "",
+    ) -> None:
         self.generation = generation
         # its node ("" for none; a node the maps do not know: the name or address it gave)
         # and that node's count of reads that changed it (Index.stamps) it was read against
@@ -96,8 +104,12 @@ def proxied(labels: dict[str, str], pod: Pod | None) -> dict[str, str]:
     if pod is None:
         return out
     top = pod.workloads[-1] if pod.workloads else ("", "", "")
-    for k, v in (("namespace", pod.namespace), ("pod", pod.name), ("workload_kind", top[0]),
-                 ("workload", top[1])):  # fmt: skip
+    for k, v in (
+        ("namespace", pod.namespace),
+        ("pod", pod.name),
+        ("workload_kind", top[0]),
+        ("workload", top[1]),
+    ):
         if v and not out.get(k):
             out[k] = v
     return out

@@ -18,8 +18,10 @@ import cramjam
 
 V1, V2 = 1, 2
 PROTOS = {"prometheus.WriteRequest": V1, "io.prometheus.write.v2.Request": V2}
-CONTENT_TYPES = {V1: "application/x-protobuf",
-                 V2: "application/x-protobuf;proto=io.prometheus.write.v2.Request"}  # fmt: skip
+CONTENT_TYPES = {
+    V1: "application/x-protobuf",
+    V2: "application/x-protobuf;proto=io.prometheus.write.v2.Request",
+}
 VERSIONS = {V1: "0.1.0", V2: "2.0.0"}
 
 
@@ -44,16 +46,22 @@ def version(headers: dict[str, str]) -> int:
         if key.strip().lower() == "proto":
             proto = value.strip().strip('"')
     if proto not in PROTOS:
-        raise WireError(415, f"Content-Type proto={proto}: prometheus.WriteRequest (1.0) or "
-                             "io.prometheus.write.v2.Request (2.0)")  # fmt: skip
+        raise WireError(
+            415,
+            f"Content-Type proto={proto}: prometheus.WriteRequest (1.0) or "
+            "io.prometheus.write.v2.Request (2.0)",
+        )
     got = PROTOS[proto]
     enc = headers.get("content-encoding", "")
     if enc.strip().lower() != "snappy":
         raise WireError(415, f"Content-Encoding {enc!r}: remote write bodies are snappy")
     said = headers.get("x-prometheus-remote-write-version", "")
     if said and not said.startswith("0.1." if got == V1 else "2."):
-        raise WireError(415, f"X-Prometheus-Remote-Write-Version {said!r} with "
-                             f"proto={proto}: {VERSIONS[got]} expected")  # fmt: skip
+        raise WireError(
+            415,
+            f"X-Prometheus-Remote-Write-Version {said!r} with "
+            f"proto={proto}: {VERSIONS[got]} expected",
+        )
     return got
 
 

@@ -52,9 +52,12 @@ class Hours:
 
     def view(self) -> dict[str, Any]:
         util = 100 * self.used / self.measured if self.measured else None
-        return {"gpu_hours": r(self.allocated), "used_gpu_hours": r(self.used),
-                "idle_gpu_hours": r(self.measured - self.used),
-                "utilization": r(util)}  # fmt: skip
+        return {
+            "gpu_hours": r(self.allocated),
+            "used_gpu_hours": r(self.used),
+            "idle_gpu_hours": r(self.measured - self.used),
+            "utilization": r(util),
+        }
 
 
 def r(v: float | None, digits: int = 2) -> float | None:
@@ -79,24 +82,54 @@ def pods_in(conn: Connection, c: Scope, start: datetime, end: datetime) -> list[
     p, w = c.tables.gpu_pods, c.tables.gpu_workloads
     stop = func.coalesce(p.c.ended_at, p.c.deleted_at)
     rows = conn.execute(
-        select(p.c.uid, p.c.namespace, p.c.name, p.c.node, p.c.gpus, p.c.started_at,
-               p.c.ended_at, p.c.deleted_at, w.c.uid.label("w_uid"), w.c.kind, w.c.name.label(
-                   "w_name"), w.c.labels)
+        select(
+            p.c.uid,
+            p.c.namespace,
+            p.c.name,
+            p.c.node,
+            p.c.gpus,
+            p.c.started_at,
+            p.c.ended_at,
+            p.c.deleted_at,
+            w.c.uid.label("w_uid"),
+            w.c.kind,
+            w.c.name.label("w_name"),
+            w.c.labels,
+        )
         .outerjoin(w, w.c.uid == p.c.workload_uid)
-        .where(p.c.started_at.is_not(None), p.c.started_at < end, p.c.gpus > 0,
-               or_(stop.is_(None), stop > start))
-        .order_by(p.c.namespace, p.c.name, p.c.uid))  # fmt: skip
+        .where(
+            p.c.started_at.is_not(None),
+            p.c.started_at < end,
+            p.c.gpus > 0,
+            or_(stop.is_(None), stop > start),
+        )
+        .order_by(p.c.namespace, p.c.name, p.c.uid)
+    )
     out = []
     for row in rows:
         began = max(_utc(row.started_at), start)
         stopped = min([_utc(x) for x in (row.ended_at, row.deleted_at) if x is not None] + [end])
         if stopped <= began:
             continue
-        wl = ((row.w_uid, row.kind, row.namespace, row.w_name) if row.w_uid
-              else (row.uid, "Pod", row.namespace, row.name))  # fmt: skip
+        wl = (
+            (row.w_uid, row.kind, row.namespace, row.w_name)
+            if row.w_uid
+            else (row.uid, "Pod", row.namespace, row.name)
+        )
         labels = {str(k): str(v) for k, v in (row.labels or {}).items()}
-        out.append(Pod(row.uid, row.namespace, row.name, row.node, int(row.gpus), began,
-                       stopped, wl, labels))  # fmt: skip
+        out.append(
+            Pod(
+                row.uid,
+                row.namespace,
+                row.name,
+                row.node,
+                int(row.gpus),
+                began,
+                stopped,
+                wl,
+                labels,
+            )
+        )
     return out
 
 
@@ -121,8 +154,9 @@ def days_of(start: datetime, end: datetime, tz: str) -> list[tuple[datetime, dat
     return out
 
 
-def utilization(c: Scope, days: list[tuple[datetime, datetime]],
-                notes: list[str]) -> list[dict[tuple[str, str], float]]:  # fmt: skip
+def utilization(
+    c: Scope, days: list[tuple[datetime, datetime]], notes: list[str]
+) -> list[dict[tuple[str, str], float]]:
     """Per day, each pod's (namespace, pod) mean GPU utilization over its samples of the
     day; empty where Prometheus is not set or cannot answer (said in notes)."""
     out: list[dict[tuple[str, str], float]] = [{} for _ in days]
@@ -145,19 +179,24 @@ def utilization(c: Scope, days: list[tuple[datetime, datetime]],
 def capacity(conn: Connection, c: Scope, a: datetime, b: datetime) -> float | None:
     """The cluster's GPUs in [a, b): the allocation snapshots' mean allocatable."""
     s = c.tables.allocation_snapshots
-    got = conn.execute(select(func.avg(s.c.allocatable)).where(
-        s.c.node == "", s.c.at >= a, s.c.at < b)).scalar()  # fmt: skip
+    got = conn.execute(
+        select(func.avg(s.c.allocatable)).where(s.c.node == "", s.c.at >= a, s.c.at < b)
+    ).scalar()
     return None if got is None else float(got)
 
 
 def nodes_capacity(conn: Connection, c: Scope) -> int:
     n = c.tables.nodes
-    return sum(int(v) for row in conn.execute(select(n.c.gpu_capacity).where(
-        n.c.deleted.is_(False))) for v in (row.gpu_capacity or {}).values())  # fmt: skip
+    return sum(
+        int(v)
+        for row in conn.execute(select(n.c.gpu_capacity).where(n.c.deleted.is_(False)))
+        for v in (row.gpu_capacity or {}).values()
+    )
 
 
-def figures(conn: Connection, c: Scope, start: datetime, end: datetime, opts: Options,
-            notes: list[str]) -> dict[str, Any]:  # fmt: skip
+def figures(
+    conn: Connection, c: Scope, start: datetime, end: datetime, opts: Options, notes: list[str]
+) -> dict[str, Any]:
     """The period's GPU-hours: by day, namespace, label and workload, and the summary."""
     pods = pods_in(conn, c, start, end)
     days = days_of(start, end, opts.timezone)
@@ -187,14 +226,28 @@ def figures(conn: Connection, c: Scope, start: datetime, end: datetime, opts: Op
         gpus = float(fallback) if gpus is None else gpus
         hours = gpus * (b - a).total_seconds() / HOUR
         cap_hours, most = cap_hours + hours, max(most, gpus)
-        daily.append({"date": a.astimezone(zone(opts.timezone)).date().isoformat(), "gpus": r(gpus),
-                      "capacity_gpu_hours": r(hours), **h.view(),
-                      "allocation": r(100 * h.allocated / hours if hours else None)})  # fmt: skip
+        daily.append(
+            {
+                "date": a.astimezone(zone(opts.timezone)).date().isoformat(),
+                "gpus": r(gpus),
+                "capacity_gpu_hours": r(hours),
+                **h.view(),
+                "allocation": r(100 * h.allocated / hours if hours else None),
+            }
+        )
     workloads = []
     for wk, h in by_wl.items():
         uid, kind, ns, name = wk
-        workloads.append({"uid": uid, "kind": kind, "namespace": ns, "name": name,
-                          "gpus": wl_gpus[wk], **h.view()})  # fmt: skip
+        workloads.append(
+            {
+                "uid": uid,
+                "kind": kind,
+                "namespace": ns,
+                "name": name,
+                "gpus": wl_gpus[wk],
+                **h.view(),
+            }
+        )
     known = [w for w in workloads if w["utilization"] is not None]
     idle = sorted(known, key=lambda w: (-w["idle_gpu_hours"], w["namespace"], w["name"]))
     summary = {
@@ -216,13 +269,13 @@ def figures(conn: Connection, c: Scope, start: datetime, end: datetime, opts: Op
         "namespaces": [
             {"namespace": ns, **h.view()}
             for ns, h in sorted(by_ns.items(), key=lambda kv: (-kv[1].allocated, kv[0]))
-        ],  # fmt: skip
+        ],
         "labels": [
             {"key": k, "value": v, **h.view()}
             for (k, v), h in sorted(
                 by_label.items(), key=lambda kv: (kv[0][0], -kv[1].allocated, kv[0][1])
             )
-        ],  # fmt: skip
+        ],
         "top_idle_workloads": idle[: opts.top_n],
         "pod_list": pods,
     }
@@ -236,8 +289,9 @@ def _names(pods: list[Pod]) -> list[str]:
     return sorted({f"{p.workload[2]}/{p.workload[3]}" for p in pods})
 
 
-def faults(conn: Connection, c: Scope, start: datetime, end: datetime,
-           pods: list[Pod]) -> dict[str, Any]:  # fmt: skip
+def faults(
+    conn: Connection, c: Scope, start: datetime, end: datetime, pods: list[Pod]
+) -> dict[str, Any]:
     """The period's GPU faults (node_events gpu_fault), each with the workloads it hit:
     the pod it names, else the GPU pods on its node at the time."""
     e = c.tables.node_events
@@ -247,17 +301,24 @@ def faults(conn: Connection, c: Scope, start: datetime, end: datetime,
     items = []
     for row in conn.execute(select(e).where(*cond).order_by(e.c.at, e.c.id).limit(LISTED)):
         at, pay = _utc(row.at), row.payload or {}
-        hit = ([by_uid[row.pod_uid]] if row.pod_uid in by_uid
-               else _running_on(pods, row.node, at))  # fmt: skip
-        items.append({"at": _iso(at), "node": row.node, "gpu_index": pay.get("gpu_index"),
-                      "fault": str(pay.get("fault", "")), "code": str(pay.get("code", "")),
-                      "message": str(pay.get("message", ""))[:200],
-                      "workloads": _names(hit)})  # fmt: skip
+        hit = [by_uid[row.pod_uid]] if row.pod_uid in by_uid else _running_on(pods, row.node, at)
+        items.append(
+            {
+                "at": _iso(at),
+                "node": row.node,
+                "gpu_index": pay.get("gpu_index"),
+                "fault": str(pay.get("fault", "")),
+                "code": str(pay.get("code", "")),
+                "message": str(pay.get("message", ""))[:200],
+                "workloads": _names(hit),
+            }
+        )
     return {"count": n, "items": items}
 
 
-def device_changes(conn: Connection, c: Scope, start: datetime, end: datetime,
-                   pods: list[Pod]) -> dict[str, Any]:  # fmt: skip
+def device_changes(
+    conn: Connection, c: Scope, start: datetime, end: datetime, pods: list[Pod]
+) -> dict[str, Any]:
     """The period's device changes (device_changelog), each with the workloads on its node
     at the time."""
     d = c.tables.device_changelog
@@ -266,10 +327,18 @@ def device_changes(conn: Connection, c: Scope, start: datetime, end: datetime,
     items = []
     for row in conn.execute(select(d).where(*cond).order_by(d.c.at, d.c.id).limit(LISTED)):
         at = _utc(row.at)
-        items.append({"at": _iso(at), "node": row.node, "kind": row.kind, "slot": row.slot,
-                      "field": row.field, "old_value": row.old_value,
-                      "new_value": row.new_value,
-                      "workloads": _names(_running_on(pods, row.node, at))})  # fmt: skip
+        items.append(
+            {
+                "at": _iso(at),
+                "node": row.node,
+                "kind": row.kind,
+                "slot": row.slot,
+                "field": row.field,
+                "old_value": row.old_value,
+                "new_value": row.new_value,
+                "workloads": _names(_running_on(pods, row.node, at)),
+            }
+        )
     return {"count": n, "items": items}
 
 
@@ -278,16 +347,26 @@ def training(conn: Connection, c: Scope, start: datetime, end: datetime) -> dict
     t = c.tables.training_events
     cond = [t.c.kind.in_(TRAINING_KINDS), t.c.at >= start, t.c.at < end]
     counts = dict.fromkeys(TRAINING_KINDS, 0)
-    for row in conn.execute(select(t.c.kind, func.count().label("n")).where(*cond)
-                            .group_by(t.c.kind)):  # fmt: skip
+    for row in conn.execute(
+        select(t.c.kind, func.count().label("n")).where(*cond).group_by(t.c.kind)
+    ):
         counts[str(row.kind)] = int(row.n)
     items = []
     for row in conn.execute(select(t).where(*cond).order_by(t.c.at, t.c.id).limit(LISTED)):
-        items.append({"at": _iso(aware(row.at)), "kind": row.kind, "namespace": row.namespace,
-                      "workload": row.workload, "pod": row.pod, "node": row.node,
-                      "iteration": row.iteration, "value": r(row.value),
-                      "baseline": r(row.baseline),
-                      "ended_at": _iso(aware(row.ended_at))})  # fmt: skip
+        items.append(
+            {
+                "at": _iso(aware(row.at)),
+                "kind": row.kind,
+                "namespace": row.namespace,
+                "workload": row.workload,
+                "pod": row.pod,
+                "node": row.node,
+                "iteration": row.iteration,
+                "value": r(row.value),
+                "baseline": r(row.baseline),
+                "ended_at": _iso(aware(row.ended_at)),
+            }
+        )
     return {"counts": counts, "items": items}
 
 
@@ -295,12 +374,27 @@ def _iso(at: datetime | None) -> str | None:
     return None if at is None else at.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-COMPARED = ("total_gpus", "total_gpu_hours", "used_gpu_hours", "idle_gpu_hours",
-            "avg_allocation", "avg_utilization", "workloads", "low_util_count")  # fmt: skip
+COMPARED = (
+    "total_gpus",
+    "total_gpu_hours",
+    "used_gpu_hours",
+    "idle_gpu_hours",
+    "avg_allocation",
+    "avg_utilization",
+    "workloads",
+    "low_util_count",
+)
 
 
-def weekly(conn: Connection, c: Scope, start: datetime, end: datetime, before: datetime,
-           opts: Options, name: str = "") -> dict[str, Any]:  # fmt: skip
+def weekly(
+    conn: Connection,
+    c: Scope,
+    start: datetime,
+    end: datetime,
+    before: datetime,
+    opts: Options,
+    name: str = "",
+) -> dict[str, Any]:
     """The report's content for [start, end), compared with [before, start)."""
     notes: list[str] = []
     got = figures(conn, c, start, end, opts, notes)
@@ -308,8 +402,9 @@ def weekly(conn: Connection, c: Scope, start: datetime, end: datetime, before: d
     prev = figures(conn, c, before, start, opts, [])
     prev.pop("pod_list")
     s, p = got["summary"], prev["summary"]
-    change = {k: (r(s[k] - p[k]) if s[k] is not None and p[k] is not None else None)
-              for k in COMPARED}  # fmt: skip
+    change = {
+        k: (r(s[k] - p[k]) if s[k] is not None and p[k] is not None else None) for k in COMPARED
+    }
     content = {
         "cluster_name": c.name,
         "week": name,
@@ -321,17 +416,28 @@ def weekly(conn: Connection, c: Scope, start: datetime, end: datetime, before: d
         "previous_week": {
             "period": {"start": _iso(before), "end": _iso(start)},
             "summary": p,
-        },  # fmt: skip
+        },
         "change": change,
         "notes": notes,
     }
-    content["chart_data"] = {"cluster_usage_trend": {
-        "title": "GPU allocation and utilization by day",
-        "x_axis": [d["date"] for d in got["daily"]],
-        "series": [{"name": "Allocation (%)", "type": "line",
-                    "data": [d["allocation"] for d in got["daily"]]},
-                   {"name": "Utilization (%)", "type": "line",
-                    "data": [d["utilization"] for d in got["daily"]]}]}}  # fmt: skip
+    content["chart_data"] = {
+        "cluster_usage_trend": {
+            "title": "GPU allocation and utilization by day",
+            "x_axis": [d["date"] for d in got["daily"]],
+            "series": [
+                {
+                    "name": "Allocation (%)",
+                    "type": "line",
+                    "data": [d["allocation"] for d in got["daily"]],
+                },
+                {
+                    "name": "Utilization (%)",
+                    "type": "line",
+                    "data": [d["utilization"] for d in got["daily"]],
+                },
+            ],
+        }
+    }
     content["markdown_report"] = markdown(content)
     return content
 
@@ -343,28 +449,46 @@ def _pct(v: float | None) -> str:
 def markdown(c: dict[str, Any]) -> str:
     """A short summary in Markdown (the UI's Report Content tab shows it)."""
     s, ch = c["summary"], c["change"]
-    lines = [f"# GPU utilization report: {c['cluster_name']}, {c['week']}", "",
-             f"- GPUs: {s['total_gpus']}",
-             f"- GPU-hours allocated: {s['total_gpu_hours']:.1f} "
-             f"(change {ch['total_gpu_hours'] or 0:+.1f})",
-             f"- GPU-hours used: {s['used_gpu_hours']:.1f}",
-             f"- Allocation: {_pct(s['avg_allocation'])}; utilization: "
-             f"{_pct(s['avg_utilization'])}",
-             f"- GPU faults: {c['gpu_faults']['count']}; device changes: "
-             f"{c['device_changes']['count']}", ""]  # fmt: skip
+    lines = [
+        f"# GPU utilization report: {c['cluster_name']}, {c['week']}",
+        "",
+        f"- GPUs: {s['total_gpus']}",
+        f"- GPU-hours allocated: {s['total_gpu_hours']:.1f} "
+        f"(change {ch['total_gpu_hours'] or 0:+.1f})",
+        f"- GPU-hours used: {s['used_gpu_hours']:.1f}",
+        f"- Allocation: {_pct(s['avg_allocation'])}; utilization: " f"{_pct(s['avg_utilization'])}",
+        f"- GPU faults: {c['gpu_faults']['count']}; device changes: "
+        f"{c['device_changes']['count']}",
+        "",
+    ]
     if c["top_idle_workloads"]:
-        lines += ["## Most idle GPU-hours", "", "| workload | GPU-hours | idle | utilization |",
-                  "| --- | --- | --- | --- |"]  # fmt: skip
-        lines += [f"| {w['namespace']}/{w['name']} | {w['gpu_hours']:.1f} | "
-                  f"{w['idle_gpu_hours']:.1f} | {_pct(w['utilization'])} |"
-                  for w in c["top_idle_workloads"]]  # fmt: skip
+        lines += [
+            "## Most idle GPU-hours",
+            "",
+            "| workload | GPU-hours | idle | utilization |",
+            "| --- | --- | --- | --- |",
+        ]
+        lines += [
+            f"| {w['namespace']}/{w['name']} | {w['gpu_hours']:.1f} | "
+            f"{w['idle_gpu_hours']:.1f} | {_pct(w['utilization'])} |"
+            for w in c["top_idle_workloads"]
+        ]
     return "\n".join(lines) + "\n"
 
 
 def metadata(content: dict[str, Any]) -> dict[str, Any]:
     """The list's summary figures (the original's metadata keys)."""
     s = content["summary"]
-    keys = ("avg_utilization", "avg_allocation", "total_gpus", "low_util_count",
-            "wasted_gpu_days", "total_gpu_hours")  # fmt: skip
-    return {"cluster_name": content["cluster_name"], "week": content["week"],
-            **{k: s[k] for k in keys}}  # fmt: skip
+    keys = (
+        "avg_utilization",
+        "avg_allocation",
+        "total_gpus",
+        "low_util_count",
+        "wasted_gpu_days",
+        "total_gpu_hours",
+    )
+    return {
+        "cluster_name": content["cluster_name"],
+        "week": content["week"],
+        **{k: s[k] for k in keys},
+    }

@@ -49,11 +49,15 @@ def _delta(v: Any, unit: str = "") -> str:
 def _table(head: list[str], rows: list[list[str]], numeric: set[int]) -> str:
     if not rows:
         return "<p class='none'>None this week.</p>"
-    th = "".join(f"<th class='{'n' if i in numeric else ''}'>{escape(h)}</th>"
-                 for i, h in enumerate(head))  # fmt: skip
-    body = "".join("<tr>" + "".join(f"<td class='{'n' if i in numeric else ''}'>{c}</td>"
-                                    for i, c in enumerate(row)) + "</tr>"
-                   for row in rows)  # fmt: skip
+    th = "".join(
+        f"<th class='{'n' if i in numeric else ''}'>{escape(h)}</th>" for i, h in enumerate(head)
+    )
+    body = "".join(
+        "<tr>"
+        + "".join(f"<td class='{'n' if i in numeric else ''}'>{c}</td>" for i, c in enumerate(row))
+        + "</tr>"
+        for row in rows
+    )
     return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
 
 
@@ -62,11 +66,14 @@ def html(c: dict[str, Any]) -> str:
     e = escape
     parts = [*_head(c), *_usage(c), *_events(c), *_compared(c)]
     if c["notes"]:
-        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in c["notes"])
-                     + "</ul>")  # fmt: skip
-    parts.append("<p class='sub'>Made by the lens-ebpf recorder from its own records and "
-                 "Prometheus; GPU-hours are GPUs allocated times the hours their pods ran.</p>"
-                 "</body></html>")  # fmt: skip
+        parts.append(
+            "<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in c["notes"]) + "</ul>"
+        )
+    parts.append(
+        "<p class='sub'>Made by the lens-ebpf recorder from its own records and "
+        "Prometheus; GPU-hours are GPUs allocated times the hours their pods ran.</p>"
+        "</body></html>"
+    )
     return "\n".join(parts)
 
 
@@ -74,13 +81,16 @@ def _head(c: dict[str, Any]) -> list[str]:
     """The title, the week and the summary's cards."""
     s = c["summary"]
     e = escape
-    cards = [("GPUs", _n(s["total_gpus"])), ("GPU-hours allocated", _n(s["total_gpu_hours"])),
-             ("GPU-hours used", _n(s["used_gpu_hours"])),
-             ("Idle GPU-hours", _n(s["idle_gpu_hours"])),
-             ("Allocation", _n(s["avg_allocation"], unit="%")),
-             ("Utilization", _n(s["avg_utilization"], unit="%")),
-             ("GPU faults", _n(c["gpu_faults"]["count"])),
-             ("Device changes", _n(c["device_changes"]["count"]))]  # fmt: skip
+    cards = [
+        ("GPUs", _n(s["total_gpus"])),
+        ("GPU-hours allocated", _n(s["total_gpu_hours"])),
+        ("GPU-hours used", _n(s["used_gpu_hours"])),
+        ("Idle GPU-hours", _n(s["idle_gpu_hours"])),
+        ("Allocation", _n(s["avg_allocation"], unit="%")),
+        ("Utilization", _n(s["avg_utilization"], unit="%")),
+        ("GPU faults", _n(c["gpu_faults"]["count"])),
+        ("Device changes", _n(c["device_changes"]["count"])),
+    ]
     return [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>GPU utilization report {e(c['cluster_name'])} {e(c['week'])}</title>",
@@ -90,7 +100,7 @@ def _head(c: dict[str, Any]) -> list[str]:
         f"{e(c['period']['end'])} ({e(c['period']['timezone'])} days)</div>",
         "<div class='cards'>"
         + "".join(f"<div class='card'><b>{v}</b><span>{e(k)}</span></div>" for k, v in cards)
-        + "</div>",  # fmt: skip
+        + "</div>",
     ]
 
 
@@ -100,11 +110,21 @@ def _usage(c: dict[str, Any]) -> list[str]:
     daily = c["daily"]
     day_chart = charts.daily_bars(
         [d["date"] for d in daily],
-        [("Allocation %", charts.BLUE, [d["allocation"] for d in daily]),
-         ("Utilization %", charts.GREEN, [d["utilization"] for d in daily])])  # fmt: skip
-    ns_chart = charts.hour_bars([(n["namespace"], n["gpu_hours"], n["used_gpu_hours"]
-                                  if n["utilization"] is not None else None)
-                                 for n in c["namespaces"][:15]])  # fmt: skip
+        [
+            ("Allocation %", charts.BLUE, [d["allocation"] for d in daily]),
+            ("Utilization %", charts.GREEN, [d["utilization"] for d in daily]),
+        ],
+    )
+    ns_chart = charts.hour_bars(
+        [
+            (
+                n["namespace"],
+                n["gpu_hours"],
+                n["used_gpu_hours"] if n["utilization"] is not None else None,
+            )
+            for n in c["namespaces"][:15]
+        ]
+    )
     parts = [
         "<h2>Allocation and utilization by day</h2>",
         day_chart,
@@ -122,7 +142,7 @@ def _usage(c: dict[str, Any]) -> list[str]:
                 for d in daily
             ],
             {1, 2, 3, 4, 5},
-        ),  # fmt: skip
+        ),
         "<h2>GPU-hours by namespace</h2>",
         ns_chart,
         _table(
@@ -138,14 +158,26 @@ def _usage(c: dict[str, Any]) -> list[str]:
                 for n in c["namespaces"]
             ],
             {1, 2, 3, 4},
-        ),  # fmt: skip
+        ),
     ]
     if c["labels"]:
-        parts += ["<h2>GPU-hours by label</h2>",
-                  _table(["Label", "Value", "GPU-hours allocated", "used", "utilization"],
-                         [[e(x["key"]), e(x["value"]), _n(x["gpu_hours"]),
-                           _n(x["used_gpu_hours"]), _n(x["utilization"], unit="%")]
-                          for x in c["labels"]], {2, 3, 4})]  # fmt: skip
+        parts += [
+            "<h2>GPU-hours by label</h2>",
+            _table(
+                ["Label", "Value", "GPU-hours allocated", "used", "utilization"],
+                [
+                    [
+                        e(x["key"]),
+                        e(x["value"]),
+                        _n(x["gpu_hours"]),
+                        _n(x["used_gpu_hours"]),
+                        _n(x["utilization"], unit="%"),
+                    ]
+                    for x in c["labels"]
+                ],
+                {2, 3, 4},
+            ),
+        ]
     return parts
 
 
@@ -168,7 +200,7 @@ def _events(c: dict[str, Any]) -> list[str]:
                 for w in c["top_idle_workloads"]
             ],
             {2, 3, 4, 5},
-        ),  # fmt: skip
+        ),
         f"<h2>GPU faults ({c['gpu_faults']['count']})</h2>",
         _table(
             ["Time", "Node", "GPU", "Fault", "Workloads hit"],
@@ -183,7 +215,7 @@ def _events(c: dict[str, Any]) -> list[str]:
                 for f in c["gpu_faults"]["items"]
             ],
             set(),
-        ),  # fmt: skip
+        ),
         f"<h2>Device changes ({c['device_changes']['count']})</h2>",
         _table(
             ["Time", "Node", "Device", "Field", "From", "To", "Workloads on the node"],
@@ -200,7 +232,7 @@ def _events(c: dict[str, Any]) -> list[str]:
                 for d in c["device_changes"]["items"]
             ],
             set(),
-        ),  # fmt: skip
+        ),
         "<h2>Training slowdowns and stalls ("
         + ", ".join(
             f"{k.removeprefix('training_')}: {n}" for k, n in c["training"]["counts"].items()
@@ -221,7 +253,7 @@ def _events(c: dict[str, Any]) -> list[str]:
                 for t in c["training"]["items"]
             ],
             {4, 5, 6},
-        ),  # fmt: skip
+        ),
     ]
 
 
@@ -229,12 +261,15 @@ def _compared(c: dict[str, Any]) -> list[str]:
     """The week's figures against the week before."""
     s, ch, prev = c["summary"], c["change"], c["previous_week"]["summary"]
     e = escape
-    compared = [("GPU-hours allocated", "total_gpu_hours", ""),
-                ("GPU-hours used", "used_gpu_hours", ""),
-                ("Idle GPU-hours", "idle_gpu_hours", ""),
-                ("Allocation", "avg_allocation", "%"), ("Utilization", "avg_utilization", "%"),
-                ("Workloads", "workloads", ""),
-                ("Low-utilization workloads", "low_util_count", "")]  # fmt: skip
+    compared = [
+        ("GPU-hours allocated", "total_gpu_hours", ""),
+        ("GPU-hours used", "used_gpu_hours", ""),
+        ("Idle GPU-hours", "idle_gpu_hours", ""),
+        ("Allocation", "avg_allocation", "%"),
+        ("Utilization", "avg_utilization", "%"),
+        ("Workloads", "workloads", ""),
+        ("Low-utilization workloads", "low_util_count", ""),
+    ]
     return [
         "<h2>Against the week before</h2>",
         _table(
@@ -244,7 +279,7 @@ def _compared(c: dict[str, Any]) -> list[str]:
                 for name, k, u in compared
             ],
             {1, 2, 3},
-        ),  # fmt: skip
+        ),
     ]
 
 
@@ -254,17 +289,28 @@ class ChromiumMissing(Unavailable):
 
 def chromium_args(chromium: str, profile: str, *more: str) -> list[str]:
     """Headless, and nothing fetched or kept beyond the page: no sync, no updates."""
-    return [chromium, "--headless", "--no-sandbox", "--disable-gpu",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--no-first-run", f"--user-data-dir={profile}", *more]  # fmt: skip
+    return [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        *more,
+    ]
 
 
 def find_chromium(chromium: str) -> str:
     found = shutil.which(chromium)
     if found is None:
-        raise ChromiumMissing(f"{chromium!r} not found on PATH: the PDF needs headless "
-                              "Chromium (Debian's chromium package; recorder.reports."
-                              "chromium names another); the HTML and JSON are served")  # fmt: skip
+        raise ChromiumMissing(
+            f"{chromium!r} not found on PATH: the PDF needs headless "
+            "Chromium (Debian's chromium package; recorder.reports."
+            "chromium names another); the HTML and JSON are served"
+        )
     return found
 
 
@@ -274,8 +320,13 @@ def pdf(document: str, chromium: str = "chromium") -> bytes:
     with tempfile.TemporaryDirectory(prefix="lens-report-") as tmp:
         page, out = Path(tmp) / "report.html", Path(tmp) / "report.pdf"
         page.write_text(document, encoding="utf-8")
-        args = chromium_args(exe, str(Path(tmp) / "profile"), f"--print-to-pdf={out}",
-                             "--no-pdf-header-footer", page.as_uri())  # fmt: skip
+        args = chromium_args(
+            exe,
+            str(Path(tmp) / "profile"),
+            f"--print-to-pdf={out}",
+            "--no-pdf-header-footer",
+            page.as_uri(),
+        )
         try:
             res = subprocess.run(args, capture_output=True, text=True, timeout=PDF_TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -286,14 +337,18 @@ def pdf(document: str, chromium: str = "chromium") -> bytes:
         return out.read_bytes()
 
 
-def screenshot(page: Path, png: Path, chromium: str = "chromium",
-               size: str = "1200,1600") -> None:  # fmt: skip
+def screenshot(page: Path, png: Path, chromium: str = "chromium", size: str = "1200,1600") -> None:
     """A PNG of an HTML file as headless Chromium draws it (the docs' example, the tests)."""
     exe = find_chromium(chromium)
     with tempfile.TemporaryDirectory(prefix="lens-report-") as tmp:
-        args = chromium_args(exe, str(Path(tmp) / "profile"), f"--screenshot={png}",
-                             f"--window-size={size}", "--hide-scrollbars",
-                             page.resolve().as_uri())  # fmt: skip
+        args = chromium_args(
+            exe,
+            str(Path(tmp) / "profile"),
+            f"--screenshot={png}",
+            f"--window-size={size}",
+            "--hide-scrollbars",
+            page.resolve().as_uri(),
+        )
         res = subprocess.run(args, capture_output=True, text=True, timeout=PDF_TIMEOUT)
         if res.returncode != 0 or not png.exists():
             raise Unavailable(f"chromium exited {res.returncode}: {res.stderr[-300:]}")

@@ -70,8 +70,10 @@ def due(now: datetime, weekday: str, hour: int, tz: str = "UTC") -> Week:
     """The last completed week whose report is due by now: a week's report falls due on
     the weekday and hour after it ends (the week before that while the hour has not come)."""
     this = containing(now, tz)
-    fire = datetime.combine(date.fromisocalendar(this.year, this.number, 1)
-                            + timedelta(days=WEEKDAYS.index(weekday)), time(hour),
-                            zone(tz)).astimezone(UTC)  # fmt: skip
+    fire = datetime.combine(
+        date.fromisocalendar(this.year, this.number, 1) + timedelta(days=WEEKDAYS.index(weekday)),
+        time(hour),
+        zone(tz),
+    ).astimezone(UTC)
     last = this.before()
     return last if now >= fire else last.before()

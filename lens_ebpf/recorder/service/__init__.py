@@ -65,8 +65,12 @@ log = logging.getLogger(__name__)
 class RecorderApp:
     """The recorder process's parts; start() and stop() in the right order."""
 
-    def __init__(self, cfg: Config, api_client: Any,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: Config,
+        api_client: Any,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self.cfg = cfg
         self.clock = clock
         self._store(cfg, api_client, clock)
@@ -98,28 +102,41 @@ class RecorderApp:
         self.prom = Prom(p.url, p.timeout_seconds, p.max_points)
         # every periodic job, leader-only or not: listed in start()
         self.runner = Runner(name="recorder", is_leader=self.leads)
-        self.clusters = Clusters(Shared(cfg, self.engine, self.lead_writer, self.prom, clock,
-                                        self.runner),
-                                 api_client)  # fmt: skip
+        self.clusters = Clusters(
+            Shared(cfg, self.engine, self.lead_writer, self.prom, clock, self.runner), api_client
+        )
         home = self.clusters.home
         assert home.tracker is not None and home.nodes is not None and home.storage is not None
-        self.api, self.tracker, self.nodes, self.storage = (home.api, home.tracker,
-                                                             home.nodes, home.storage)  # fmt: skip
+        self.api, self.tracker, self.nodes, self.storage = (
+            home.api,
+            home.tracker,
+            home.nodes,
+            home.storage,
+        )
         if not replicas:  # a leader reads its state back when it comes to lead
             self.clusters.recover()
         with self.engine.connect() as conn:
             self.node_events = NodeEvents(self.writer, last_seqs(conn), r.cluster_name)
         self.node_events.max_seq_jump = cfg.grpc.max_seq_jump
         if r.collect_listen:
-            self.node_events.guard = node_guard(cfg.grpc.auth, r.collect_listen,
-                                                r.cluster_name, self._client_of,
-                                                k.request_timeout_seconds)  # fmt: skip
+            self.node_events.guard = node_guard(
+                cfg.grpc.auth,
+                r.collect_listen,
+                r.cluster_name,
+                self._client_of,
+                k.request_timeout_seconds,
+            )
         self.kubelet: KubeletService | None = None
         ks = r.kubelet_service
         if ks.enabled:
-            self.kubelet = KubeletService(self.api.core, ks.namespace, ks.name, ks.ports,
-                                          ks.interval_seconds,
-                                          k.request_timeout_seconds)  # fmt: skip
+            self.kubelet = KubeletService(
+                self.api.core,
+                ks.namespace,
+                ks.name,
+                ks.ports,
+                ks.interval_seconds,
+                k.request_timeout_seconds,
+            )
 
     def _serving(self, cfg: Config, api_client: Any, clock: Callable[[], datetime]) -> None:
         """The metrics registry, ingest, training, the HTTP server, remote write, the
@@ -131,9 +148,14 @@ class RecorderApp:
         self.registry.register(JobMetrics(self.runner, "lens_recorder_job"))
         host, port = split_listen(r.listen)
         self.ingest = Ingest(r.ingest, host, r.cluster_name)
-        self.training = Training(r.training, self.lead_writer, self.tracker.gpu_pod,
-                                 self.tracker.running_workloads, clock,
-                                 r.cluster_name)  # fmt: skip
+        self.training = Training(
+            r.training,
+            self.lead_writer,
+            self.tracker.gpu_pod,
+            self.tracker.running_workloads,
+            clock,
+            r.cluster_name,
+        )
         if not replicas:
             with self.engine.connect() as conn:
                 self.training.recover(conn, clock())
@@ -141,10 +163,17 @@ class RecorderApp:
         self.registry.register(self.training)
         self.loop = EventLoopThread("aio")  # REST and the reporters' streams: one loop
         srv = cfg.server
-        self.http = HttpServer(host, port, self.registry, srv.max_connections,
-                               srv.request_timeout_seconds, srv.max_header_bytes, self.loop,
-                               tls_context(srv.tls.cert, srv.tls.key, srv.tls.client_ca),
-                               **front(srv))  # fmt: skip
+        self.http = HttpServer(
+            host,
+            port,
+            self.registry,
+            srv.max_connections,
+            srv.request_timeout_seconds,
+            srv.max_header_bytes,
+            self.loop,
+            tls_context(srv.tls.cert, srv.tls.key, srv.tls.client_ca),
+            **front(srv),
+        )
         self.registry.register(FrontMetrics(self.http.counters))
         self.remote_write = RemoteWrite(r.remote_write, self.engine, clock, r.cluster_name)
         self.registry.register(self.remote_write)
@@ -156,11 +185,18 @@ class RecorderApp:
             self.registry.register(self.storage_sync)
         if replicas:
             le, tls = r.leader_election, cfg.server.tls
-            self.leadership = Leadership(le, le.namespace or own_namespace(), self.engine,
-                                         api_client, k.request_timeout_seconds, self.http.port,
-                                         (tls.cert, tls.key) if tls.cert else None,
-                                         self._recover, self.clusters.watch,
-                                         self._unlead)  # fmt: skip
+            self.leadership = Leadership(
+                le,
+                le.namespace or own_namespace(),
+                self.engine,
+                api_client,
+                k.request_timeout_seconds,
+                self.http.port,
+                (tls.cert, tls.key) if tls.cert else None,
+                self._recover,
+                self.clusters.watch,
+                self._unlead,
+            )
             self.writer.fence = self.leadership.fence.check
             self.registry.register(self.leadership)
 
@@ -169,50 +205,92 @@ class RecorderApp:
         the profiler, the REST surfaces, outliers, the allocation jobs, the weekly report."""
         r = cfg.recorder
         host, _ = split_listen(r.listen)
-        self.alerts = Alerts(r.alerts, self.engine, self.lead_writer, self.remote_write,
-                             api_client, own_namespace(), r.cluster_name, self.tracker.gpu_pod,
-                             self.clusters.scopes, clock)  # fmt: skip
+        self.alerts = Alerts(
+            r.alerts,
+            self.engine,
+            self.lead_writer,
+            self.remote_write,
+            api_client,
+            own_namespace(),
+            r.cluster_name,
+            self.tracker.gpu_pod,
+            self.clusters.scopes,
+            clock,
+        )
         self.registry.register(self.alerts)
         self.write_guard = WriteGuard(r.api, host)
         self.registry.register(self.write_guard)
         self.management = self._management(cfg, clock)
-        self.detection = Detection(self.engine, self.lead_writer, self.clusters.scopes,
-                                   r.detection, clock)  # fmt: skip
+        self.detection = Detection(
+            self.engine, self.lead_writer, self.clusters.scopes, r.detection, clock
+        )
         # every run of every job, recorded by the leader (the Job Execution History page)
-        self.job_history = JobHistory(self.engine, self.writer, r.cluster_name, self.leads,
-                                      lambda: r.job_history.enabled,
-                                      identity_of(r.leader_election))  # fmt: skip
+        self.job_history = JobHistory(
+            self.engine,
+            self.writer,
+            r.cluster_name,
+            self.leads,
+            lambda: r.job_history.enabled,
+            identity_of(r.leader_election),
+        )
         self.runner.observe(self.job_history.observe)
         self.deepdive = DeepDive(r.deepdive, self.engine, r.cluster_name, clock)
         self.training.on_stall = self.deepdive.stall  # each rank's stack at a stall
         self.alerts.on_hang = self.deepdive.hang  # and at a hang's log alert
         self.profiler = Profiler(r.profiler, self.engine, r.cluster_name, clock)  # traces
         self.assistants = self._mount(cfg, clock)
-        self.outliers = Outliers(self.engine, self.lead_writer, self.prom,
-                                 self.tracker.running_pods,
-                                 r.jobs.outliers_seconds, clock, r.cluster_name)  # fmt: skip
+        self.outliers = Outliers(
+            self.engine,
+            self.lead_writer,
+            self.prom,
+            self.tracker.running_pods,
+            r.jobs.outliers_seconds,
+            clock,
+            r.cluster_name,
+        )
         self.registry.register(self.outliers)
         ag = r.aggregation
-        self.jobs = Jobs(self.engine, self.lead_writer, self.clusters.scopes,
-                         r.jobs.allocation_seconds, r.retention.days, clock,
-                         Keys(tuple(ag.label_keys), tuple(ag.annotation_keys), ag.max_values),
-                         ag.backfill_days, r.reports.keep_weeks)  # fmt: skip
+        self.jobs = Jobs(
+            self.engine,
+            self.lead_writer,
+            self.clusters.scopes,
+            r.jobs.allocation_seconds,
+            r.retention.days,
+            clock,
+            Keys(tuple(ag.label_keys), tuple(ag.annotation_keys), ag.max_values),
+            ag.backfill_days,
+            r.reports.keep_weeks,
+        )
         self.reports = weekly.job_for(r, self.engine, self.lead_writer, self.clusters.scopes)
 
     def _mount(self, cfg: Config, clock: Callable[[], datetime]) -> Assistants:
         """The REST surfaces on the HTTP server, over the parts made before; the assistants'
         (MCP) handle that api.mount returns."""
         r = cfg.recorder
-        parts = Services(r, self.clusters, self.remote_write, self.training, self.writer,
-                         self.readiness, clock, self.leadership, self.alerts,
-                         management=self.management, deepdive=self.deepdive,
-                         profiler=self.profiler)  # fmt: skip
+        parts = Services(
+            r,
+            self.clusters,
+            self.remote_write,
+            self.training,
+            self.writer,
+            self.readiness,
+            clock,
+            self.leadership,
+            self.alerts,
+            management=self.management,
+            deepdive=self.deepdive,
+            profiler=self.profiler,
+        )
         e, guard = self.engine, self.write_guard
-        return api.mount(self.http, {
-            "lens": LensApi(parts, e.connect, self.clusters.scope, e.begin, guard),
-            "alerts": AlertsApi(parts, e.connect, self.clusters.scope, e.begin, guard),
-            "plain": PlainJson(parts, e.connect),
-            "posts": Admitted(parts, self.ingest)})  # fmt: skip
+        return api.mount(
+            self.http,
+            {
+                "lens": LensApi(parts, e.connect, self.clusters.scope, e.begin, guard),
+                "alerts": AlertsApi(parts, e.connect, self.clusters.scope, e.begin, guard),
+                "plain": PlainJson(parts, e.connect),
+                "posts": Admitted(parts, self.ingest),
+            },
+        )
 
     def _management(self, cfg: Config, clock: Callable[[], datetime]) -> Management:
         """The Management pages' parts: the settings that change at run time (told to the
@@ -220,20 +298,31 @@ class RecorderApp:
         timeout = cfg.kubernetes.request_timeout_seconds
 
         def prom_timeout(v: float) -> None:
-            for p in {id(p): p for p in [self.prom, *(w.prom for w in self.clusters.all())]
-                      }.values():  # fmt: skip
+            for p in {
+                id(p): p for p in [self.prom, *(w.prom for w in self.clusters.all())]
+            }.values():
                 p.timeout = v
 
-        settings = Settings(cfg, hooks={
-            "recorder.retention.days": lambda v: setattr(self.jobs, "retention",
-                                                         timedelta(days=v)),
-            "recorder.prometheus.timeout_seconds": prom_timeout})  # fmt: skip
-        tasks = Tasks(self.engine, self.lead_writer, self.clusters, timeout,
-                      settings.agent_image, clock,
-                      lambda cluster: releases.scan_one(cluster))  # fmt: skip
+        settings = Settings(
+            cfg,
+            hooks={
+                "recorder.retention.days": lambda v: setattr(
+                    self.jobs, "retention", timedelta(days=v)
+                ),
+                "recorder.prometheus.timeout_seconds": prom_timeout,
+            },
+        )
+        tasks = Tasks(
+            self.engine,
+            self.lead_writer,
+            self.clusters,
+            timeout,
+            settings.agent_image,
+            clock,
+            lambda cluster: releases.scan_one(cluster),
+        )
         releases = Releases(self.engine, self.lead_writer, self.clusters, tasks, timeout, clock)
-        admin = ClusterAdmin(self.clusters, timeout, cfg.recorder.database_url,
-                             releases.scanned)  # fmt: skip
+        admin = ClusterAdmin(self.clusters, timeout, cfg.recorder.database_url, releases.scanned)
         return Management(admin, tasks, releases, settings)
 
     def apply_stored(self) -> None:
@@ -245,8 +334,12 @@ class RecorderApp:
 
     def jobs_to_run(self) -> list[Job]:
         """The periodic jobs (service/schedule.py's lists, one by domain)."""
-        return [*schedule.allocation(self), *schedule.alerts(self), *schedule.management(self),
-                *schedule.added(self)]  # fmt: skip
+        return [
+            *schedule.allocation(self),
+            *schedule.alerts(self),
+            *schedule.management(self),
+            *schedule.added(self),
+        ]
 
     def leads(self) -> bool:
         """Whether this replica does what must be done once (the leader-only jobs' gate):
@@ -263,8 +356,11 @@ class RecorderApp:
                     self.training.recover(conn, self.clock())
                 break
             except SQLAlchemyError as exc:
-                log.warning("recorder: leading, but the state cannot be read (%s, try %d)",
-                            type(exc).__name__, attempt)  # fmt: skip
+                log.warning(
+                    "recorder: leading, but the state cannot be read (%s, try %d)",
+                    type(exc).__name__,
+                    attempt,
+                )
                 if self._stop.wait(1):
                     return
 
@@ -305,8 +401,11 @@ class RecorderApp:
         try:
             self.job_history.flush()  # the last runs' records
         except SQLAlchemyError as exc:
-            log.warning("recorder: %d job runs not recorded (%s)", self.job_history.held(),
-                        type(exc).__name__)  # fmt: skip
+            log.warning(
+                "recorder: %d job runs not recorded (%s)",
+                self.job_history.held(),
+                type(exc).__name__,
+            )
         self.clusters.stop()
         self.deepdive.stop()
         self.profiler.close()
@@ -332,9 +431,12 @@ class RecorderApp:
         watching = self.tracker.pod_reflector.synced.is_set()
         following = self.leadership is not None and not self.leadership.leads()
         ok = (watching or following) and self.writer.up
-        body: dict[str, Any] = {"pods_synced": watching, "database_up": self.writer.up,
-                                "queued_writes": self.writer.depth(),
-                                "clusters": self.clusters.listing()}  # fmt: skip
+        body: dict[str, Any] = {
+            "pods_synced": watching,
+            "database_up": self.writer.up,
+            "queued_writes": self.writer.depth(),
+            "clusters": self.clusters.listing(),
+        }
         if self.leadership is not None:
             body["leader"] = self.leadership.state()
         if self.clusters.reload_error:

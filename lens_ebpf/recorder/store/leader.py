@@ -26,8 +26,9 @@ log = logging.getLogger(__name__)
 
 
 class LeaderFence:
-    def __init__(self, engine: Engine, name: str, identity: str, endpoint: str,
-                 leading: Callable[[], bool]) -> None:  # fmt: skip
+    def __init__(
+        self, engine: Engine, name: str, identity: str, endpoint: str, leading: Callable[[], bool]
+    ) -> None:
         self.engine, self.name, self.identity, self.endpoint = engine, name, identity, endpoint
         self.leading = leading  # the Lease's word: this replica leads now
         self.term = 0  # the term this replica claimed (0: none)
@@ -40,16 +41,40 @@ class LeaderFence:
         lead, terms = t.recorder_leader, t.leader_terms
         now = func.clock_timestamp()
         with self.engine.begin() as conn:
-            conn.execute(postgresql.insert(lead).values(
-                name=self.name, term=0, holder="", endpoint="", since=now,
-            ).on_conflict_do_nothing(index_elements=["name"]))  # fmt: skip
-            term = int(conn.execute(select(lead.c.term).where(lead.c.name == self.name)
-                                    .with_for_update()).scalar_one()) + 1  # fmt: skip
-            conn.execute(update(lead).where(lead.c.name == self.name).values(
-                term=term, holder=self.identity, endpoint=self.endpoint, since=now))  # fmt: skip
-            conn.execute(terms.insert().values(
-                name=self.name, term=term, holder=self.identity, endpoint=self.endpoint,
-                acquired_at=now, writes=0))  # fmt: skip
+            conn.execute(
+                postgresql.insert(lead)
+                .values(
+                    name=self.name,
+                    term=0,
+                    holder="",
+                    endpoint="",
+                    since=now,
+                )
+                .on_conflict_do_nothing(index_elements=["name"])
+            )
+            term = (
+                int(
+                    conn.execute(
+                        select(lead.c.term).where(lead.c.name == self.name).with_for_update()
+                    ).scalar_one()
+                )
+                + 1
+            )
+            conn.execute(
+                update(lead)
+                .where(lead.c.name == self.name)
+                .values(term=term, holder=self.identity, endpoint=self.endpoint, since=now)
+            )
+            conn.execute(
+                terms.insert().values(
+                    name=self.name,
+                    term=term,
+                    holder=self.identity,
+                    endpoint=self.endpoint,
+                    acquired_at=now,
+                    writes=0,
+                )
+            )
         self.term = term
         log.info("recorder: %s leads, term %d", self.identity, term)
         return term
@@ -62,16 +87,22 @@ class LeaderFence:
             return False
         lead, terms = t.recorder_leader, t.leader_terms
         now = func.clock_timestamp()
-        mine = conn.execute(update(lead).where(
-            lead.c.name == self.name, lead.c.term == self.term,
-            lead.c.holder == self.identity).values(holder=self.identity)).rowcount  # fmt: skip
+        mine = conn.execute(
+            update(lead)
+            .where(
+                lead.c.name == self.name, lead.c.term == self.term, lead.c.holder == self.identity
+            )
+            .values(holder=self.identity)
+        ).rowcount
         if mine != 1:
             self.refused += 1
             return False
         first = func.coalesce(terms.c.first_write_at, now)
-        conn.execute(update(terms).where(terms.c.name == self.name, terms.c.term == self.term)
-                     .values(writes=terms.c.writes + 1, last_write_at=now,
-                             first_write_at=first))  # fmt: skip
+        conn.execute(
+            update(terms)
+            .where(terms.c.name == self.name, terms.c.term == self.term)
+            .values(writes=terms.c.writes + 1, last_write_at=now, first_write_at=first)
+        )
         return True
 
     def leader(self, max_age: float = 1.0) -> tuple[str, str]:
@@ -82,8 +113,9 @@ class LeaderFence:
                 return holder, endpoint
         lead = t.recorder_leader
         with self.engine.connect() as conn:
-            row = conn.execute(select(lead.c.holder, lead.c.endpoint)
-                               .where(lead.c.name == self.name)).first()  # fmt: skip
+            row = conn.execute(
+                select(lead.c.holder, lead.c.endpoint).where(lead.c.name == self.name)
+            ).first()
         holder, endpoint = (str(row.holder), str(row.endpoint)) if row else ("", "")
         with self._lock:
             self._seen = (time.monotonic(), holder, endpoint)

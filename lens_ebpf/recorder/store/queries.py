@@ -100,8 +100,9 @@ def _paged(conn: Connection, stmt: Select[Any], table: Any, page: Page) -> dict[
     return out
 
 
-def workloads(conn: Connection, query: dict[str, str], page: Page,
-              cluster: str = "local") -> dict[str, Any]:  # fmt: skip
+def workloads(
+    conn: Connection, query: dict[str, str], page: Page, cluster: str = "local"
+) -> dict[str, Any]:
     """A cluster's workloads, oldest first; filters: namespace, kind, running (true/false),
     top (true: only workloads without a parent)."""
     wl = scoped(cluster).gpu_workloads
@@ -145,17 +146,24 @@ def workload(conn: Connection, uid: str, cluster: str = "local") -> dict[str, An
     # each pod's GPUs and events: one query for all of them, not two per pod
     res, ev = t.pod_resources, t.gpu_pods_events
     for r in conn.execute(
-        select(res.c.pod_uid, res.c.container, res.c.source, res.c.resource, res.c.count,
-               res.c.model, res.c.devices)
+        select(
+            res.c.pod_uid,
+            res.c.container,
+            res.c.source,
+            res.c.resource,
+            res.c.count,
+            res.c.model,
+            res.c.devices,
+        )
         .where(res.c.pod_uid.in_(by_uid))
         .order_by(res.c.container, res.c.source)
-    ).mappings():  # fmt: skip
+    ).mappings():
         by_uid[r["pod_uid"]]["resources"].append(_without_pod(r))
     for r in conn.execute(
         select(ev.c.pod_uid, ev.c.at, ev.c.type, ev.c.subject, ev.c.old_value, ev.c.new_value)
         .where(ev.c.pod_uid.in_(by_uid))
         .order_by(ev.c.id)
-    ).mappings():  # fmt: skip
+    ).mappings():
         by_uid[r["pod_uid"]]["events"].append(_without_pod(r))
     return out
 
@@ -165,8 +173,9 @@ def _without_pod(row: Any) -> dict[str, Any]:
     return {k: v for k, v in row_dict(row).items() if k != "pod_uid"}
 
 
-def pods(conn: Connection, query: dict[str, str], page: Page, now: datetime,
-         cluster: str = "local") -> dict[str, Any]:  # fmt: skip
+def pods(
+    conn: Connection, query: dict[str, str], page: Page, now: datetime, cluster: str = "local"
+) -> dict[str, Any]:
     """A cluster's GPU pods, oldest first: on node= (optional), alive at any time since
     since=."""
     p = scoped(cluster).gpu_pods
@@ -194,8 +203,9 @@ class ReportLine:
     gpu_seconds: float
 
 
-def report(conn: Connection, since: datetime, now: datetime, node: str = "",
-           cluster: str = "local") -> list[ReportLine]:  # fmt: skip
+def report(
+    conn: Connection, since: datetime, now: datetime, node: str = "", cluster: str = "local"
+) -> list[ReportLine]:
     """A cluster's top-level workloads whose GPU pods ran since `since` (on node, when
     given), with the GPU time their pods held: GPUs x (end or now - start), counted from
     since."""
@@ -204,20 +214,34 @@ def report(conn: Connection, since: datetime, now: datetime, node: str = "",
     cond = and_(p.c.started_at.is_not(None), or_(p.c.ended_at.is_(None), p.c.ended_at >= since))
     if node:
         cond = and_(cond, p.c.node == node)
-    rows = conn.execute(
-        select(wl, p.c.gpus, p.c.started_at.label("pod_started"),
-               p.c.ended_at.label("pod_ended"))
-        .join(refs, refs.c.workload_uid == wl.c.uid).join(p, p.c.uid == refs.c.pod_uid)
-        .where(and_(cond, wl.c.parent_uid.is_(None)))
-        .order_by(wl.c.created_at, wl.c.uid)).mappings().all()  # fmt: skip
+    rows = (
+        conn.execute(
+            select(
+                wl, p.c.gpus, p.c.started_at.label("pod_started"), p.c.ended_at.label("pod_ended")
+            )
+            .join(refs, refs.c.workload_uid == wl.c.uid)
+            .join(p, p.c.uid == refs.c.pod_uid)
+            .where(and_(cond, wl.c.parent_uid.is_(None)))
+            .order_by(wl.c.created_at, wl.c.uid)
+        )
+        .mappings()
+        .all()
+    )
     lines: dict[str, ReportLine] = {}
     for r in rows:
         line = lines.get(r["uid"])
         if line is None:
-            line = lines[r["uid"]] = ReportLine(r["kind"], r["namespace"], r["name"],
-                                                r["status"] + ("/deleted" if r["deleted"] else ""),
-                                                r["gpu_request"], 0, aware(r["created_at"]),
-                                                aware(r["ended_at"]), 0.0)  # fmt: skip
+            line = lines[r["uid"]] = ReportLine(
+                r["kind"],
+                r["namespace"],
+                r["name"],
+                r["status"] + ("/deleted" if r["deleted"] else ""),
+                r["gpu_request"],
+                0,
+                aware(r["created_at"]),
+                aware(r["ended_at"]),
+                0.0,
+            )
         start = max(aware(r["pod_started"]) or since, since)
         end = aware(r["pod_ended"]) or now
         line.pods += 1
@@ -231,12 +255,16 @@ def format_report(lines: list[ReportLine]) -> str:
     def when(d: datetime | None) -> str:
         return d.strftime("%m-%d %H:%M") if d else "-"
 
-    out = [f"{'WORKLOAD':<29} {'STATUS':<9} {'GPUS':>4} {'PODS':>4} {'CREATED':<11} "
-           f"{'ENDED':<11} {'GPU-H':>6}"]  # fmt: skip
+    out = [
+        f"{'WORKLOAD':<29} {'STATUS':<9} {'GPUS':>4} {'PODS':>4} {'CREATED':<11} "
+        f"{'ENDED':<11} {'GPU-H':>6}"
+    ]
     for x in lines:
         name = f"{x.kind}/{x.namespace}/{x.name}"
         name = name if len(name) <= 29 else name[:28] + "…"
         hours = x.gpu_seconds / 3600
-        out.append(f"{name:<29} {x.status[:9]:<9} {x.gpus:>4} {x.pods:>4} "
-                   f"{when(x.created):<11} {when(x.ended):<11} {hours:>6.2f}")  # fmt: skip
+        out.append(
+            f"{name:<29} {x.status[:9]:<9} {x.gpus:>4} {x.pods:>4} "
+            f"{when(x.created):<11} {when(x.ended):<11} {hours:>6.2f}"
+        )
     return "\n".join(out)

@@ -93,8 +93,9 @@ def upgrade(engine: Engine, cluster: str = "local", target: str = "head") -> str
     from alembic.runtime.migration import MigrationContext
 
     cfg = Config()
-    cfg.set_main_option("script_location", str(resources.files("lens_ebpf.recorder.store") /
-                                               "migrations"))  # fmt: skip
+    cfg.set_main_option(
+        "script_location", str(resources.files("lens_ebpf.recorder.store") / "migrations")
+    )
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             # replicas start together: one migrates, the others wait and find it done
@@ -111,9 +112,14 @@ def _json_value(v: Any) -> Any:
     raise TypeError(f"{type(v).__name__} is not a column value")
 
 
-def insert_rows(conn: Connection, table: Table, rows: list[dict[str, Any]],
-                keys: list[str] | None = None, update: bool = False,
-                returning: tuple[str, ...] = ()) -> list[Any]:  # fmt: skip
+def insert_rows(
+    conn: Connection,
+    table: Table,
+    rows: list[dict[str, Any]],
+    keys: list[str] | None = None,
+    update: bool = False,
+    returning: tuple[str, ...] = (),
+) -> list[Any]:
     """rows (all with the same columns) into table in one statement; with keys, a row whose
     keys exist is skipped (update=False) or has its other columns updated. Returns the
     `returning` columns of the rows written.
@@ -135,8 +141,14 @@ def insert_rows(conn: Connection, table: Table, rows: list[dict[str, Any]],
 
 
 @functools.lru_cache(maxsize=256)
-def _insert_statement(table: Table, cols: tuple[str, ...], keys: tuple[str, ...], update: bool,
-                      returning: tuple[str, ...], pg: bool) -> Any:  # fmt: skip
+def _insert_statement(
+    table: Table,
+    cols: tuple[str, ...],
+    keys: tuple[str, ...],
+    update: bool,
+    returning: tuple[str, ...],
+    pg: bool,
+) -> Any:
     """insert_rows's statement, built once per shape: building the construct (its derived
     table's columns above all) cost a tenth of the ingest's time at 1,000 nodes."""
     ins: Any = postgresql.insert(table) if pg else sqlite.insert(table)
@@ -148,9 +160,13 @@ def _insert_statement(table: Table, cols: tuple[str, ...], keys: tuple[str, ...]
         )
         ins = ins.from_select(list(cols), select(*(src.c[c] for c in cols)))
     if keys:
-        ins = ins.on_conflict_do_update(
-            index_elements=list(keys), set_={c: ins.excluded[c] for c in cols if c not in keys}) \
-            if update else ins.on_conflict_do_nothing(index_elements=list(keys))  # fmt: skip
+        ins = (
+            ins.on_conflict_do_update(
+                index_elements=list(keys), set_={c: ins.excluded[c] for c in cols if c not in keys}
+            )
+            if update
+            else ins.on_conflict_do_nothing(index_elements=list(keys))
+        )
     if returning:
         ins = ins.returning(*(table.c[c] for c in returning))
     return ins
@@ -184,8 +200,13 @@ class Op:
 class Writer:
     """One thread applying queued writes in order, surviving database outages."""
 
-    def __init__(self, engine: Engine, queue_max: int, retry_max: float = 10.0,
-                 fence: Callable[[Connection], bool] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: Engine,
+        queue_max: int,
+        retry_max: float = 10.0,
+        fence: Callable[[Connection], bool] | None = None,
+    ) -> None:
         self.engine = engine
         # with replicas: asked first in each transaction holding a leader's write; False
         # drops those writes (another replica leads now), counted in fenced
@@ -209,8 +230,9 @@ class Writer:
         with self._cond:
             if len(self._queue) >= self.queue_max:
                 self.dropped += 1
-                log.warning("recorder: write queue full (%d); dropped a %s write",
-                            self.queue_max, op.what)  # fmt: skip
+                log.warning(
+                    "recorder: write queue full (%d); dropped a %s write", self.queue_max, op.what
+                )
                 return False
             self._queue.append(op)
             self._cond.notify_all()
@@ -237,8 +259,9 @@ class Writer:
         return True
 
     def start(self, stop: threading.Event) -> None:
-        self._thread = threading.Thread(target=self.run, args=(stop,), name="recorder-db",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self.run, args=(stop,), name="recorder-db", daemon=True
+        )
         self._thread.start()
 
     def join(self, timeout: float) -> None:
@@ -281,8 +304,7 @@ class Writer:
         start = time.monotonic()
         with self.engine.begin() as conn:
             todo = batch
-            if self.fence is not None and any(op.fenced for op in batch) and \
-                    not self.fence(conn):  # fmt: skip
+            if self.fence is not None and any(op.fenced for op in batch) and not self.fence(conn):
                 todo = [op for op in batch if not op.fenced]
             i = 0
             while i < len(todo):
@@ -309,8 +331,9 @@ class Writer:
             self.committed += len(written)
             self.fenced += dropped
         if dropped:
-            log.warning("recorder: %d leader writes dropped: this replica does not lead now",
-                        dropped)  # fmt: skip
+            log.warning(
+                "recorder: %d leader writes dropped: this replica does not lead now", dropped
+            )
         for op in written:
             if op.done is not None:
                 try:
@@ -343,8 +366,11 @@ class Writer:
     def _down(self, exc: Exception) -> None:
         self.errors["unavailable"] += 1
         if self.up:
-            log.warning("recorder: database unavailable (%s); %d writes queued",
-                        (str(exc).splitlines() or [""])[0][:200], self.depth())  # fmt: skip
+            log.warning(
+                "recorder: database unavailable (%s); %d writes queued",
+                (str(exc).splitlines() or [""])[0][:200],
+                self.depth(),
+            )
         self.up = False
         self.last_error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:300]
 

@@ -40,10 +40,17 @@ __all__ = ["TrackedPod", "WorkloadTracker", "change_finalizer"]
 class WorkloadTracker(PodWatch, Finalizers):
     """The recorder's state and its handlers for pod and workload watch events."""
 
-    def __init__(self, api: DynamicApi, writer: Writer, resources: list[str], *,
-                 finalizers: bool = True, reflector_opts: dict[str, Any] | None = None,
-                 clock: Callable[[], datetime] = now_utc,
-                 cluster: str = "local") -> None:  # fmt: skip
+    def __init__(
+        self,
+        api: DynamicApi,
+        writer: Writer,
+        resources: list[str],
+        *,
+        finalizers: bool = True,
+        reflector_opts: dict[str, Any] | None = None,
+        clock: Callable[[], datetime] = now_utc,
+        cluster: str = "local",
+    ) -> None:
         self.api = api
         self.cluster = cluster  # every row it writes and reads is this cluster's
         self.writer = writer
@@ -56,11 +63,21 @@ class WorkloadTracker(PodWatch, Finalizers):
         self.names: dict[tuple[str, str], str] = {}  # (namespace, name) -> uid of pods
         self.workloads: dict[str, Workload] = {}
         self.kinds: dict[Kind, tuple[Reflector, threading.Event, threading.Thread]] = {}
-        self.pod_reflector = Reflector("pods", api.core.list_pod_for_all_namespaces,
-                                       self.replace_pods, self.pod_event, **self.opts)  # fmt: skip
+        self.pod_reflector = Reflector(
+            "pods",
+            api.core.list_pod_for_all_namespaces,
+            self.replace_pods,
+            self.pod_event,
+            **self.opts,
+        )
         self.malformed: dict[str, int] = {"pods": 0, "workloads": 0}
-        self.lookups: dict[str, int] = {"cached": 0, "fetched": 0, "gone": 0, "error": 0,
-                                        "not_followed": 0}  # fmt: skip
+        self.lookups: dict[str, int] = {
+            "cached": 0,
+            "fetched": 0,
+            "gone": 0,
+            "error": 0,
+            "not_followed": 0,
+        }
         self.finalizer_ops: dict[tuple[str, str], int] = {}
         self.watchers_collected = 0
         self._fin: queue.Queue[tuple[str, str, Kind, str, str]] = queue.Queue()
@@ -77,29 +94,39 @@ class WorkloadTracker(PodWatch, Finalizers):
         for row in conn.execute(q).mappings():
             kind = self.api.kind(row["api_version"], row["kind"])
             if kind is None:
-                log.warning("recorder: %s %s/%s: kind no longer served; not watched",
-                            row["kind"], row["namespace"], row["name"])  # fmt: skip
+                log.warning(
+                    "recorder: %s %s/%s: kind no longer served; not watched",
+                    row["kind"],
+                    row["namespace"],
+                    row["name"],
+                )
                 continue
             if row["deleted"]:  # stored as deleted, but the finalizer did not come off
                 self._fin.put(("remove", str(row["uid"]), kind, row["namespace"], row["name"]))
                 continue
             uid = str(row["uid"])
-            self.workloads[uid] = Workload(kind, row["kind"], row["namespace"], row["name"], uid,
-                                           None, dict(row))  # fmt: skip
+            self.workloads[uid] = Workload(
+                kind, row["kind"], row["namespace"], row["name"], uid, None, dict(row)
+            )
         pods, snaps, refs = t.gpu_pods, t.pod_snapshots, t.workload_pod_references
         c = self.cluster
         live = select(pods.c.uid).where(pods.c.cluster == c, pods.c.deleted.is_(False))
-        newest = select(func.max(snaps.c.id)).where(snaps.c.cluster == c,
-                                                    snaps.c.pod_uid.in_(live))  # fmt: skip
+        newest = select(func.max(snaps.c.id)).where(snaps.c.cluster == c, snaps.c.pod_uid.in_(live))
         last: dict[str, dict[str, Any]] = {}
-        for r in conn.execute(select(snaps).where(
-                snaps.c.id.in_(newest.group_by(snaps.c.pod_uid)))).mappings():  # fmt: skip
-            last[str(r["pod_uid"])] = {"metadata": r["pod_metadata"], "spec": r["spec"],
-                                       "status": r["status"]}  # fmt: skip
+        for r in conn.execute(
+            select(snaps).where(snaps.c.id.in_(newest.group_by(snaps.c.pod_uid)))
+        ).mappings():
+            last[str(r["pod_uid"])] = {
+                "metadata": r["pod_metadata"],
+                "spec": r["spec"],
+                "status": r["status"],
+            }
         owners: dict[str, list[str]] = {}
-        for pod_uid, w_uid in conn.execute(select(refs.c.pod_uid, refs.c.workload_uid)
-                                           .where(refs.c.cluster == c,
-                                                  refs.c.pod_uid.in_(live))):  # fmt: skip
+        for pod_uid, w_uid in conn.execute(
+            select(refs.c.pod_uid, refs.c.workload_uid).where(
+                refs.c.cluster == c, refs.c.pod_uid.in_(live)
+            )
+        ):
             owners.setdefault(str(pod_uid), []).append(str(w_uid))
         for row in conn.execute(
             select(pods).where(pods.c.cluster == c, pods.c.deleted.is_(False))
@@ -109,8 +136,11 @@ class WorkloadTracker(PodWatch, Finalizers):
             uids = sorted(owners.get(uid, ()), key=lambda w, top=row["workload_uid"]: w == top)
             self.pods[uid] = PodState(dict(row), last.get(uid, {}), tuple(uids))
             self.names[(str(row["namespace"]), str(row["name"]))] = uid
-        log.info("recorder: recovered %d pods and %d workloads from the database",
-                 len(self.pods), len(self.workloads))  # fmt: skip
+        log.info(
+            "recorder: recovered %d pods and %d workloads from the database",
+            len(self.pods),
+            len(self.workloads),
+        )
 
     def start(self) -> None:
         with self._lock:
@@ -153,9 +183,16 @@ class WorkloadTracker(PodWatch, Finalizers):
         row = st.row
         top = str(row.get("workload_uid") or "")
         w = self.workloads.get(top)
-        return TrackedPod(uid, str(row["namespace"]), str(row["name"]), str(row["node"]),
-                          bool(row["running"]), top, w.kind_name if w else "",
-                          w.name if w else "")  # fmt: skip
+        return TrackedPod(
+            uid,
+            str(row["namespace"]),
+            str(row["name"]),
+            str(row["node"]),
+            bool(row["running"]),
+            top,
+            w.kind_name if w else "",
+            w.name if w else "",
+        )
 
     def running_workloads(self) -> set[str]:
         """The top workloads with a pod running now."""

@@ -37,8 +37,14 @@ class Finalizers(TrackerState):
                     self._note_finalizer(item[1], False)
             except Exception as exc:  # API down: try again later
                 result = "error"
-                log.warning("recorder: %s finalizer on %s %s/%s: %s", action, item[2], item[3],
-                            item[4], f"{type(exc).__name__}: {exc}"[:200])  # fmt: skip
+                log.warning(
+                    "recorder: %s finalizer on %s %s/%s: %s",
+                    action,
+                    item[2],
+                    item[3],
+                    item[4],
+                    f"{type(exc).__name__}: {exc}"[:200],
+                )
                 if self._stop.wait(backoff.next()):
                     return
                 self._fin.put(item)
@@ -48,8 +54,9 @@ class Finalizers(TrackerState):
 
     def _note_finalizer(self, uid: str, held: bool) -> None:
         wl = t.gpu_workloads
-        stmt = update(wl).where(wl.c.cluster == self.cluster, wl.c.uid == uid
-                                ).values(finalizer=held)  # fmt: skip
+        stmt = (
+            update(wl).where(wl.c.cluster == self.cluster, wl.c.uid == uid).values(finalizer=held)
+        )
 
         def write(conn: Connection) -> None:
             conn.execute(stmt)
@@ -62,19 +69,27 @@ class Finalizers(TrackerState):
         done = 0
         for w in list(self.workloads.values()):
             try:
-                if self._finalize("remove", w.uid, w.kind, w.namespace, w.name) \
-                        in ("ok", "unchanged"):  # fmt: skip
+                if self._finalize("remove", w.uid, w.kind, w.namespace, w.name) in (
+                    "ok",
+                    "unchanged",
+                ):
                     self._note_finalizer(w.uid, False)
                     done += 1
             except Exception as exc:  # its API gone too: said; uninstall's command is left
-                log.warning("recorder (%s): finalizer of %s %s/%s stays: %s", self.cluster,
-                            w.kind_name, w.namespace, w.name,
-                            f"{type(exc).__name__}: {exc}"[:200])  # fmt: skip
+                log.warning(
+                    "recorder (%s): finalizer of %s %s/%s stays: %s",
+                    self.cluster,
+                    w.kind_name,
+                    w.namespace,
+                    w.name,
+                    f"{type(exc).__name__}: {exc}"[:200],
+                )
         return done
 
     def _finalize(self, action: str, uid: str, kind: Kind, namespace: str, name: str) -> str:
-        return change_finalizer(self.api, kind, namespace, name, uid, action == "add",
-                                partial(self._may_add, uid))  # fmt: skip
+        return change_finalizer(
+            self.api, kind, namespace, name, uid, action == "add", partial(self._may_add, uid)
+        )
 
     def _may_add(self, uid: str) -> bool:
         """Still tracked and not being finalized: the finalizer may go on."""
@@ -83,8 +98,15 @@ class Finalizers(TrackerState):
             return w is not None and not w.finalizing
 
 
-def change_finalizer(api: DynamicApi, kind: Kind, namespace: str, name: str, uid: str, add: bool,
-                     may_add: Callable[[], bool] = lambda: True) -> str:  # fmt: skip
+def change_finalizer(
+    api: DynamicApi,
+    kind: Kind,
+    namespace: str,
+    name: str,
+    uid: str,
+    add: bool,
+    may_add: Callable[[], bool] = lambda: True,
+) -> str:
     """Add or remove the recorder's finalizer on the object uid names ("ok", "unchanged",
     "gone", "conflict"), with its resourceVersion as a precondition (409: read again and
     retry, five times)."""

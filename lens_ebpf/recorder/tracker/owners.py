@@ -68,15 +68,19 @@ class OwnerWatch(TrackerState):
         except Exception as exc:
             code = status_code(exc)
             self.lookups["gone" if code == 404 else "error"] += 1
-            log.log(logging.DEBUG if code == 404 else logging.WARNING,
-                    "recorder: owner %s %s/%s: %s", ref["kind"], namespace, ref["name"],
-                    f"HTTP {code}" if code else f"{type(exc).__name__}: {exc}")  # fmt: skip
+            log.log(
+                logging.DEBUG if code == 404 else logging.WARNING,
+                "recorder: owner %s %s/%s: %s",
+                ref["kind"],
+                namespace,
+                ref["name"],
+                f"HTTP {code}" if code else f"{type(exc).__name__}: {exc}",
+            )
             if code == 404:
                 return None
             raise Unresolved from None
         self.lookups["fetched"] += 1
-        w = Workload(kind, ref["kind"], namespace, str(m["name"]), str(m["uid"]),
-                     lc.owner_ref(obj))  # fmt: skip
+        w = Workload(kind, ref["kind"], namespace, str(m["name"]), str(m["uid"]), lc.owner_ref(obj))
         if ref.get("uid") and ref["uid"] != w.uid:
             return None  # a new object of the same name: the pod's owner is gone
         self.workloads[w.uid] = w
@@ -128,24 +132,32 @@ class OwnerWatch(TrackerState):
             w.parent = lc.owner_ref(obj)
             deleting = gone or bool(m.get("deletionTimestamp"))
             row = {
-                "cluster": self.cluster, "uid": w.uid, "api_version": w.kind.api_version,
+                "cluster": self.cluster,
+                "uid": w.uid,
+                "api_version": w.kind.api_version,
                 "kind": w.kind_name,
-                "namespace": w.namespace, "name": w.name,
+                "namespace": w.namespace,
+                "name": w.name,
                 "parent_uid": w.parent["uid"] if w.parent else None,
-                "gpu_request": sum(reqs.values()), "gpu_resources": reqs, "status": status,
-                "running": ended is None and not deleting, "deleted": False,
+                "gpu_request": sum(reqs.values()),
+                "gpu_resources": reqs,
+                "status": status,
+                "running": ended is None and not deleting,
+                "deleted": False,
                 "labels": dict(m.get("labels") or {}),
                 "resource_version": str(m.get("resourceVersion", "")),
                 "created_at": lc.parse_time(m.get("creationTimestamp")) or now,
-                "ended_at": prev.get("ended_at") or ended, "deleted_at": None,
-            }  # fmt: skip
+                "ended_at": prev.get("ended_at") or ended,
+                "deleted_at": None,
+            }
             fins = list(m.get("finalizers") or ())
         else:
             deleting, row, fins = True, dict(prev), []
         if deleting:
             at = lc.parse_time((obj or {}).get("metadata", {}).get("deletionTimestamp")) or now
-            row.update(running=False, deleted=True, deleted_at=at,
-                       ended_at=row.get("ended_at") or at)  # fmt: skip
+            row.update(
+                running=False, deleted=True, deleted_at=at, ended_at=row.get("ended_at") or at
+            )
         same = all(prev.get(k) == v for k, v in row.items() if k != "updated_at")
         if not deleting:
             if not same:
@@ -186,9 +198,13 @@ class OwnerWatch(TrackerState):
         if kind in self.kinds:
             return
         stop = threading.Event()
-        refl = Reflector(str(kind), self.api.lister(kind), partial(self.replace_workloads, kind),
-                         self.workload_event, **self.opts)  # fmt: skip
-        th = threading.Thread(target=refl.run, args=(stop,), name=f"recorder-{kind}",
-                              daemon=True)  # fmt: skip
+        refl = Reflector(
+            str(kind),
+            self.api.lister(kind),
+            partial(self.replace_workloads, kind),
+            self.workload_event,
+            **self.opts,
+        )
+        th = threading.Thread(target=refl.run, args=(stop,), name=f"recorder-{kind}", daemon=True)
         self.kinds[kind] = (refl, stop, th)
         th.start()

@@ -57,8 +57,9 @@ class PodWatch(OwnerWatch):
             self._pod_update(uid, obj, snap, reqs)
         return uid
 
-    def _pod_update(self, uid: str, obj: dict[str, Any], snap: dict[str, Any],
-                    reqs: dict[str, int]) -> None:  # fmt: skip
+    def _pod_update(
+        self, uid: str, obj: dict[str, Any], snap: dict[str, Any], reqs: dict[str, int]
+    ) -> None:
         old = self.pods.get(uid)
         if old is not None and old.snap == snap:
             return  # nothing that matters changed
@@ -77,16 +78,24 @@ class PodWatch(OwnerWatch):
         if ended is None and phase in lc.TERMINAL_PHASES:
             ended = now
         row = {
-            "cluster": self.cluster, "uid": uid, "namespace": str(m.get("namespace", "")),
+            "cluster": self.cluster,
+            "uid": uid,
+            "namespace": str(m.get("namespace", "")),
             "name": str(m["name"]),
             "node": str((obj.get("spec") or {}).get("nodeName") or ""),
-            "gpus": sum(reqs.values()), "gpu_resources": reqs, "phase": phase,
-            "running": phase == "Running", "deleted": False,
+            "gpus": sum(reqs.values()),
+            "gpu_resources": reqs,
+            "phase": phase,
+            "running": phase == "Running",
+            "deleted": False,
             "workload_uid": refs[-1] if refs else None,
             "resource_version": str(m.get("resourceVersion", "")),
             "created_at": lc.parse_time(m.get("creationTimestamp")) or now,
-            "started_at": started, "ended_at": ended, "deleted_at": None, "updated_at": now,
-        }  # fmt: skip
+            "started_at": started,
+            "ended_at": ended,
+            "deleted_at": None,
+            "updated_at": now,
+        }
         changes = lc.pod_changes(old.snap if old is not None and old.snap else None, snap)
         if old is not None and not old.snap:
             changes = [c for c in changes if c.type != "created"]
@@ -103,30 +112,56 @@ class PodWatch(OwnerWatch):
             for res in resources:
                 upsert(conn, t.pod_resources, res, ["cluster", "pod_uid", "container", "source"])
             for w in new_refs:
-                insert_new(conn, t.workload_pod_references,
-                           {"cluster": self.cluster, "workload_uid": w, "pod_uid": uid,
-                            "created_at": now},
-                           ["cluster", "workload_uid", "pod_uid"])  # fmt: skip
+                insert_new(
+                    conn,
+                    t.workload_pod_references,
+                    {"cluster": self.cluster, "workload_uid": w, "pod_uid": uid, "created_at": now},
+                    ["cluster", "workload_uid", "pod_uid"],
+                )
 
         self.writer.submit(Op("gpu_pods", write))
 
-    def _write_snapshot(self, conn: Connection, uid: str, rv: str, at: datetime,
-                        snap: dict[str, Any]) -> None:  # fmt: skip
-        insert_new(conn, t.pod_snapshots, {
-            "cluster": self.cluster, "pod_uid": uid, "resource_version": rv, "taken_at": at,
-            "pod_metadata": snap["metadata"], "spec": snap["spec"], "status": snap["status"],
-        }, ["cluster", "pod_uid", "resource_version"])  # fmt: skip
+    def _write_snapshot(
+        self, conn: Connection, uid: str, rv: str, at: datetime, snap: dict[str, Any]
+    ) -> None:
+        insert_new(
+            conn,
+            t.pod_snapshots,
+            {
+                "cluster": self.cluster,
+                "pod_uid": uid,
+                "resource_version": rv,
+                "taken_at": at,
+                "pod_metadata": snap["metadata"],
+                "spec": snap["spec"],
+                "status": snap["status"],
+            },
+            ["cluster", "pod_uid", "resource_version"],
+        )
 
-    def _write_changes(self, conn: Connection, uid: str, rv: str, at: datetime,
-                       changes: list[lc.Change]) -> None:  # fmt: skip
+    def _write_changes(
+        self, conn: Connection, uid: str, rv: str, at: datetime, changes: list[lc.Change]
+    ) -> None:
         for c in changes:
-            insert_new(conn, t.gpu_pods_events, {
-                "cluster": self.cluster, "pod_uid": uid, "resource_version": rv, "at": at,
-                "type": c.type, "subject": c.subject, "old_value": c.old, "new_value": c.new,
-            }, ["cluster", "pod_uid", "resource_version", "type", "subject"])  # fmt: skip
+            insert_new(
+                conn,
+                t.gpu_pods_events,
+                {
+                    "cluster": self.cluster,
+                    "pod_uid": uid,
+                    "resource_version": rv,
+                    "at": at,
+                    "type": c.type,
+                    "subject": c.subject,
+                    "old_value": c.old,
+                    "new_value": c.new,
+                },
+                ["cluster", "pod_uid", "resource_version", "type", "subject"],
+            )
 
-    def _spec_resources(self, uid: str, obj: dict[str, Any], node: str,
-                        now: datetime) -> list[dict[str, Any]]:  # fmt: skip
+    def _spec_resources(
+        self, uid: str, obj: dict[str, Any], node: str, now: datetime
+    ) -> list[dict[str, Any]]:
         """pod_resources rows from the spec: per container, the GPUs it requests."""
         labels = self.api.node_labels(node) if node else {}
         model = next((labels[k] for k in MODEL_LABELS if labels.get(k)), "")
@@ -136,14 +171,24 @@ class PodWatch(OwnerWatch):
             for r in self.resources:
                 n = container_request(c, r, f"pod {uid}")
                 if n:
-                    out.append({"cluster": self.cluster, "pod_uid": uid,
-                                "container": str(c.get("name", "")),
-                                "source": "spec", "resource": r, "count": n, "model": model,
-                                "devices": [], "updated_at": now})  # fmt: skip
+                    out.append(
+                        {
+                            "cluster": self.cluster,
+                            "pod_uid": uid,
+                            "container": str(c.get("name", "")),
+                            "source": "spec",
+                            "resource": r,
+                            "count": n,
+                            "model": model,
+                            "devices": [],
+                            "updated_at": now,
+                        }
+                    )
         return out
 
-    def _pod_deleted(self, uid: str, obj: dict[str, Any] | None,
-                     snap: dict[str, Any] | None = None) -> None:  # fmt: skip
+    def _pod_deleted(
+        self, uid: str, obj: dict[str, Any] | None, snap: dict[str, Any] | None = None
+    ) -> None:
         """The pod is gone: its row is kept, marked deleted (obj None: deleted while the
         recorder was not watching)."""
         with self._lock:
@@ -154,8 +199,14 @@ class PodWatch(OwnerWatch):
             if self.names.get(key) == uid:
                 del self.names[key]
         now = self.clock()
-        row = {**old.row, "running": False, "deleted": True, "deleted_at": now,
-               "ended_at": old.row.get("ended_at") or now, "updated_at": now}  # fmt: skip
+        row = {
+            **old.row,
+            "running": False,
+            "deleted": True,
+            "deleted_at": now,
+            "ended_at": old.row.get("ended_at") or now,
+            "updated_at": now,
+        }
         if obj is not None:
             row["resource_version"] = str(obj["metadata"].get("resourceVersion", ""))
             st = obj.get("status") or {}

@@ -86,8 +86,10 @@ def megatron(line: str) -> Progress | None:
 
 # -- torchtitan -------------------------------------------------------------------------
 TITAN = re.compile(rf"\bstep:\s*(\d+)\s+loss:\s*({NUM})")
-TITAN_FIELDS = {"tps": re.compile(rf"\btps:\s*({NUM})"),
-                "tflops": re.compile(rf"\btflops:\s*({NUM})")}  # fmt: skip
+TITAN_FIELDS = {
+    "tps": re.compile(rf"\btps:\s*({NUM})"),
+    "tflops": re.compile(rf"\btflops:\s*({NUM})"),
+}
 
 
 def torchtitan(line: str) -> Progress | None:
@@ -97,10 +99,14 @@ def torchtitan(line: str) -> Progress | None:
     if m is None or "tps:" not in line:
         return None
     tps, tflops = (f.search(line) for f in TITAN_FIELDS.values())
-    return Progress("torchtitan", iteration=int(m.group(1)), loss=number(m.group(2)),
-                    tokens_per_second=number(tps.group(1)) if tps else None,
-                    tflops_per_gpu=number(tflops.group(1)) if tflops else None,
-                    derive_seconds=True)  # fmt: skip
+    return Progress(
+        "torchtitan",
+        iteration=int(m.group(1)),
+        loss=number(m.group(2)),
+        tokens_per_second=number(tps.group(1)) if tps else None,
+        tflops_per_gpu=number(tflops.group(1)) if tflops else None,
+        derive_seconds=True,
+    )
 
 
 # -- Hugging Face Trainer ---------------------------------------------------------------
@@ -117,16 +123,26 @@ def hf_trainer(line: str) -> Progress | None:
     pairs = {k: v for k, v in HF_PAIR.findall(line[start : start + 4096])}
     if "train_runtime" in pairs:
         sps = number(pairs.get("train_steps_per_second", ""))
-        got = {k: number(pairs.get(f"train_{k}", "")) for k in ("loss", "samples_per_second",
-                                                                 "tokens_per_second")}  # fmt: skip
-        return Progress("hf_trainer", iteration=whole(pairs["step"]) if "step" in pairs else None,
-                        iteration_seconds=1 / sps if sps else None, loss=got["loss"],
-                        samples_per_second=got["samples_per_second"],
-                        tokens_per_second=got["tokens_per_second"])  # fmt: skip
+        got = {
+            k: number(pairs.get(f"train_{k}", ""))
+            for k in ("loss", "samples_per_second", "tokens_per_second")
+        }
+        return Progress(
+            "hf_trainer",
+            iteration=whole(pairs["step"]) if "step" in pairs else None,
+            iteration_seconds=1 / sps if sps else None,
+            loss=got["loss"],
+            samples_per_second=got["samples_per_second"],
+            tokens_per_second=got["tokens_per_second"],
+        )
     if "loss" not in pairs or "epoch" not in pairs:
         return None  # an evaluation's dict (eval_loss), or not the Trainer's
-    return Progress("hf_trainer", iteration=whole(pairs["step"]) if "step" in pairs else None,
-                    loss=number(pairs["loss"]), derive_seconds=True)  # fmt: skip
+    return Progress(
+        "hf_trainer",
+        iteration=whole(pairs["step"]) if "step" in pairs else None,
+        loss=number(pairs["loss"]),
+        derive_seconds=True,
+    )
 
 
 # -- DeepSpeed ------------------------------------------------------------------------
@@ -141,12 +157,15 @@ def deepspeed(line: str) -> Progress | None:
     `[Rank 0] step=30, skipped=20, lr=[...]` (skipped steps so far)."""
     if m := DS_STEPS.search(line):
         t = DS_TIME.search(line, m.end())
-        return Progress("deepspeed", iteration=int(m.group(1)), loss=number(m.group(2)),
-                        iteration_seconds=number(t.group(1)) if t else None,
-                        samples_per_second=number(t.group(2)) if t else None)  # fmt: skip
+        return Progress(
+            "deepspeed",
+            iteration=int(m.group(1)),
+            loss=number(m.group(2)),
+            iteration_seconds=number(t.group(1)) if t else None,
+            samples_per_second=number(t.group(2)) if t else None,
+        )
     if m := DS_SKIPPED.search(line):
-        return Progress("deepspeed", iteration=int(m.group(1)),
-                        skipped_iterations=int(m.group(2)))  # fmt: skip
+        return Progress("deepspeed", iteration=int(m.group(1)), skipped_iterations=int(m.group(2)))
     return None
 
 

@@ -14,10 +14,16 @@ from lens_ebpf.recorder.training.progress import Training
 STORED_SECONDS = 10.0  # the most a POST waits for its points' commit
 
 
-def take_logs(training: Training, writer: Writer, body: bytes, encoding: str,
-              query: dict[str, str], max_body: int, now: datetime,
-              also: Callable[[list[LogLine], datetime], None] | None = None
-              ) -> Outcome:  # fmt: skip
+def take_logs(
+    training: Training,
+    writer: Writer,
+    body: bytes,
+    encoding: str,
+    query: dict[str, str],
+    max_body: int,
+    now: datetime,
+    also: Callable[[list[LogLine], datetime], None] | None = None,
+) -> Outcome:
     """The lines of a shipper's body (logs.py; query: its source's fields) stored: the
     answer waits for their commit, so a 200 means stored, and the sender retries anything
     else (the replicas' failover loses nothing: a line sent again is one point).
@@ -36,10 +42,12 @@ def take_logs(training: Training, writer: Writer, body: bytes, encoding: str,
     stored = threading.Event()
     counts, queued = training.ingest(got.lines, now, stored.set)
     if queued and not stored.wait(STORED_SECONDS):
-        return Outcome(503, f"not stored within {STORED_SECONDS:.0f} s (the database is slow "
-                       "or down): retry", headers={"Retry-After": "5"})  # fmt: skip
-    data = {"shipper": got.shipper, "lines": len(got.lines), "malformed": got.malformed,
-            **counts}  # fmt: skip
+        return Outcome(
+            503,
+            f"not stored within {STORED_SECONDS:.0f} s (the database is slow " "or down): retry",
+            headers={"Retry-After": "5"},
+        )
+    data = {"shipper": got.shipper, "lines": len(got.lines), "malformed": got.malformed, **counts}
     if got.malformed and not got.lines:
         return Outcome(400, f"no record taken: {got.why}", data)
     return Outcome(200, f"skipped {got.malformed}: {got.why}" if got.malformed else "OK", data)

@@ -123,8 +123,10 @@ def record_lines(rec: Any) -> tuple[str, list[LogLine]]:
     if "\x00" in ns + pod + (container or "") + (uid or ""):  # (PostgreSQL's text takes none)
         raise ValueError("a NUL character in the pod's namespace, name, container or uid")
     at = record_time(rec)
-    return shipper, [LogLine(at, ns, pod, str(container or ""), str(uid or ""), t)
-                     for t in text.rstrip("\n").split("\n")]  # fmt: skip
+    return shipper, [
+        LogLine(at, ns, pod, str(container or ""), str(uid or ""), t)
+        for t in text.rstrip("\n").split("\n")
+    ]
 
 
 def parse_body(body: bytes, query: dict[str, str]) -> Lines:
@@ -137,9 +139,14 @@ def parse_body(body: bytes, query: dict[str, str]) -> Lines:
             text = body.decode()
         except UnicodeDecodeError as exc:
             raise BodyError(400, f"plain lines are UTF-8: {exc}") from None
-        return Lines("plain", [LogLine(None, ns, pod, query.get("container", ""),
-                                       query.get("pod_uid", ""), line)
-                               for line in text.splitlines() if line.strip()])  # fmt: skip
+        return Lines(
+            "plain",
+            [
+                LogLine(None, ns, pod, query.get("container", ""), query.get("pod_uid", ""), line)
+                for line in text.splitlines()
+                if line.strip()
+            ],
+        )
     head = body.lstrip()[:1]
     records: list[Any] = []
     out = Lines("")
@@ -161,8 +168,9 @@ def parse_body(body: bytes, query: dict[str, str]) -> Lines:
                 out.malformed += 1
                 out.why = out.why or str(exc)
     elif head:
-        raise BodyError(400, "neither JSON records nor plain lines (plain lines need "
-                             "?namespace=&pod=)")  # fmt: skip
+        raise BodyError(
+            400, "neither JSON records nor plain lines (plain lines need " "?namespace=&pod=)"
+        )
     for rec in records:
         try:
             shipper, lines = record_lines(rec)

@@ -48,8 +48,13 @@ WINDOW = 300
 Z = 3.5
 REL = 0.1
 # signal -> the direction that is bad: high, low, or both
-SIGNALS = {"gpu_utilization": "both", "tcp_rtt": "high", "tcp_retransmits": "high",
-           "rdma_bytes": "both", "rdma_errors": "high"}  # fmt: skip
+SIGNALS = {
+    "gpu_utilization": "both",
+    "tcp_rtt": "high",
+    "tcp_retransmits": "high",
+    "rdma_bytes": "both",
+    "rdma_errors": "high",
+}
 
 
 @dataclass(frozen=True)
@@ -82,9 +87,16 @@ def robust_outliers(values: dict[str, float], direction: str) -> dict[str, Flag]
 
 
 class Outliers(Collector):
-    def __init__(self, engine: Engine, writer: Writer, metrics: prom.Prom,
-                 running_pods: Callable[[], dict[str, list[TrackedPod]]], interval: float,
-                 clock: Callable[[], datetime], cluster: str = "local") -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: Engine,
+        writer: Writer,
+        metrics: prom.Prom,
+        running_pods: Callable[[], dict[str, list[TrackedPod]]],
+        interval: float,
+        clock: Callable[[], datetime],
+        cluster: str = "local",
+    ) -> None:
         self.engine, self.writer, self.metrics = engine, writer, metrics
         self.cluster = cluster  # running_pods' cluster
         self.running_pods, self.interval, self.clock = running_pods, interval, clock
@@ -94,15 +106,20 @@ class Outliers(Collector):
         self.found = 0
         self._lock = threading.Lock()
 
-    def signals(self, conn: Connection, namespace: str, workload: str,
-                pods: list[TrackedPod], at: datetime) -> dict[str, dict[str, float]]:  # fmt: skip
+    def signals(
+        self, conn: Connection, namespace: str, workload: str, pods: list[TrackedPod], at: datetime
+    ) -> dict[str, dict[str, float]]:
         """signal -> pod uid -> value, for the pods that have one."""
         nodes = sorted({p.node for p in pods if p.node})
         devices = rdma_devices(conn, scoped(self.cluster), [p.uid for p in pods])
         by_name = {p.name: p.uid for p in pods}
-        util = {by_name[lbl["pod"]]: v for lbl, v in self.metrics.instant(
-            prom.gpu_utilization_by_pod(namespace, sorted(by_name), WINDOW), at)
-            if lbl.get("pod") in by_name}  # fmt: skip
+        util = {
+            by_name[lbl["pod"]]: v
+            for lbl, v in self.metrics.instant(
+                prom.gpu_utilization_by_pod(namespace, sorted(by_name), WINDOW), at
+            )
+            if lbl.get("pod") in by_name
+        }
         out = {"gpu_utilization": util}
         per_node = {
             "tcp_rtt": prom.rtt_p50_by_node(namespace, workload, nodes, WINDOW),
@@ -129,23 +146,45 @@ class Outliers(Collector):
                 if row is None:
                     continue
                 by_uid = {p.uid: p for p in pods}
-                for signal, values in self.signals(conn, row.namespace, row.name, pods,
-                                                   now).items():  # fmt: skip
+                for signal, values in self.signals(
+                    conn, row.namespace, row.name, pods, now
+                ).items():
                     for pod_uid, flag in robust_outliers(values, SIGNALS[signal]).items():
                         p = by_uid[pod_uid]
-                        found[(uid, pod_uid, signal)] = (flag, row.namespace, row.name, p.name,
-                                                         p.node)  # fmt: skip
+                        found[(uid, pod_uid, signal)] = (
+                            flag,
+                            row.namespace,
+                            row.name,
+                            p.name,
+                            p.node,
+                        )
         new, ends = [], []
         with self._lock:
             for key, (flag, ns, name, pod, node) in found.items():
                 if key not in self.flagged:
-                    new.append({"cluster": self.cluster, "workload_uid": key[0],
-                                "namespace": ns, "workload": name,
-                                "pod_uid": key[1], "pod": pod, "node": node, "kind": "outlier",
-                                "signal": key[2], "at": now, "ended_at": None,
-                                "iteration": None, "value": flag.value, "baseline": flag.median,
-                                "detail": {"score": flag.score, "direction": SIGNALS[key[2]],
-                                           "window_seconds": WINDOW}})  # fmt: skip
+                    new.append(
+                        {
+                            "cluster": self.cluster,
+                            "workload_uid": key[0],
+                            "namespace": ns,
+                            "workload": name,
+                            "pod_uid": key[1],
+                            "pod": pod,
+                            "node": node,
+                            "kind": "outlier",
+                            "signal": key[2],
+                            "at": now,
+                            "ended_at": None,
+                            "iteration": None,
+                            "value": flag.value,
+                            "baseline": flag.median,
+                            "detail": {
+                                "score": flag.score,
+                                "direction": SIGNALS[key[2]],
+                                "window_seconds": WINDOW,
+                            },
+                        }
+                    )
                     self.flagged[key] = (now, flag, ns, name, pod, node)
                 else:
                     since = self.flagged[key][0]
@@ -172,14 +211,19 @@ class Outliers(Collector):
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        fam = Metric("lens_workload_outlier", "1 while this pod is a robust outlier among its "
-                     "workload's pods on this signal", "gauge")  # fmt: skip
+        fam = Metric(
+            "lens_workload_outlier",
+            "1 while this pod is a robust outlier among its " "workload's pods on this signal",
+            "gauge",
+        )
         with self._lock:
             flagged = sorted(self.flagged.items())
         for (_, _, signal), (_, _, ns, name, pod, node) in flagged:
-            fam.add_sample("lens_workload_outlier", {"namespace": ns, "workload": name,
-                                                     "pod": pod, "node": node,
-                                                     "signal": signal}, 1)  # fmt: skip
+            fam.add_sample(
+                "lens_workload_outlier",
+                {"namespace": ns, "workload": name, "pod": pod, "node": node, "signal": signal},
+                1,
+            )
         yield fam
         runs = Metric("lens_recorder_outlier_runs", "Outlier comparisons, by result", "counter")
         for result, n in self.runs.items():
@@ -187,14 +231,29 @@ class Outliers(Collector):
         yield runs
 
 
-def _write(conn: Connection, cluster: str, new: list[dict[str, Any]],
-           ends: list[tuple[str, str, str, datetime]], now: datetime) -> None:  # fmt: skip
+def _write(
+    conn: Connection,
+    cluster: str,
+    new: list[dict[str, Any]],
+    ends: list[tuple[str, str, str, datetime]],
+    now: datetime,
+) -> None:
     if new:
         conn.execute(t.training_events.insert(), new)
     ev = t.training_events
     for uid, pod_uid, signal, since in ends:
-        conn.execute(update(ev).where(and_(
-            ev.c.cluster == cluster, ev.c.workload_uid == uid, ev.c.kind == "outlier",
-            ev.c.pod_uid == pod_uid,
-            ev.c.signal == signal, ev.c.at == since, ev.c.ended_at.is_(None)))
-            .values(ended_at=now))  # fmt: skip
+        conn.execute(
+            update(ev)
+            .where(
+                and_(
+                    ev.c.cluster == cluster,
+                    ev.c.workload_uid == uid,
+                    ev.c.kind == "outlier",
+                    ev.c.pod_uid == pod_uid,
+                    ev.c.signal == signal,
+                    ev.c.at == since,
+                    ev.c.ended_at.is_(None),
+                )
+            )
+            .values(ended_at=now)
+        )

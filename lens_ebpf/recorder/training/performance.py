@@ -13,9 +13,17 @@ from lens_ebpf.recorder.store.schema import Scoped
 from lens_ebpf.recorder.workloads import workload_pods
 
 POINTS_MAX = 10_000
-FIELDS = ("iteration", "target_iterations", "iteration_seconds", "tokens_per_second",
-          "tflops_per_gpu", "loss", "skipped_iterations", "nan_iterations",
-          "samples_per_second")  # fmt: skip
+FIELDS = (
+    "iteration",
+    "target_iterations",
+    "iteration_seconds",
+    "tokens_per_second",
+    "tflops_per_gpu",
+    "loss",
+    "skipped_iterations",
+    "nan_iterations",
+    "samples_per_second",
+)
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -57,12 +65,15 @@ def summary(rows: list[Any]) -> dict[str, Any]:
     }
 
 
-def training_performance(conn: Connection, t: Scoped, uid: str, start: datetime | None,
-                         end: datetime | None) -> dict[str, Any]:  # fmt: skip
+def training_performance(
+    conn: Connection, t: Scoped, uid: str, start: datetime | None, end: datetime | None
+) -> dict[str, Any]:
     """The points its pods' logs gave between start and end (either may be None; oldest
     first) and their summary; uid is any level of the workload hierarchy."""
-    if conn.execute(select(t.gpu_workloads.c.uid).where(t.gpu_workloads.c.uid == uid)
-                    ).first() is None:  # fmt: skip
+    if (
+        conn.execute(select(t.gpu_workloads.c.uid).where(t.gpu_workloads.c.uid == uid)).first()
+        is None
+    ):
         raise NotFound(f"workload not found: {uid!r}")
     if start is not None and end is not None and end < start:
         raise BadRequest("end is before start")
@@ -76,7 +87,14 @@ def training_performance(conn: Connection, t: Scoped, uid: str, start: datetime 
     if n > POINTS_MAX:
         raise BadRequest(f"start, end: {n} points; at most {POINTS_MAX}: narrow the range")
     rows = list(conn.execute(select(tp).where(*cond).order_by(tp.c.at, tp.c.id)))
-    points = [{"time": round(aware(r.at).timestamp(), 3),  # type: ignore[union-attr]
-               "pod": r.pod, "node": r.node, "format": r.format,
-               **{f: getattr(r, f) for f in FIELDS}} for r in rows]  # fmt: skip
+    points = [
+        {
+            "time": round(aware(r.at).timestamp(), 3),  # type: ignore[union-attr]
+            "pod": r.pod,
+            "node": r.node,
+            "format": r.format,
+            **{f: getattr(r, f) for f in FIELDS},
+        }
+        for r in rows
+    ]
     return {"points": points, "summary": summary(rows)}

@@ -42,8 +42,7 @@ MIN_WINDOW = 5  # iterations a median needs before anything is compared with it
 DUPLICATE_SECONDS = 60.0
 SEEN_MAX = 4096  # iterations remembered per workload (for duplicates)
 RECENT_LINES = 512  # line keys remembered per pod (for a shipper's retries)
-ITERATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-                     600.0)  # fmt: skip
+ITERATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 LAG_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 RESULTS = ("parsed", "not_progress", "not_gpu_pod", "no_workload", "duplicate")
 
@@ -107,9 +106,15 @@ class Batch:
 
 
 class Training(Collector):
-    def __init__(self, cfg: TrainingConfig, writer: Writer, pods: PodLookup,
-                 running: Callable[[], set[str]],
-                 clock: Callable[[], datetime], cluster: str = "local") -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: TrainingConfig,
+        writer: Writer,
+        pods: PodLookup,
+        running: Callable[[], set[str]],
+        clock: Callable[[], datetime],
+        cluster: str = "local",
+    ) -> None:
         self.cfg, self.writer, self.pods, self.running = cfg, writer, pods, running
         self.cluster = cluster  # its pods' (POST /logs reads the home cluster's pods)
         self.clock = clock
@@ -127,9 +132,9 @@ class Training(Collector):
         with self._lock:
             self.malformed += n
 
-    def ingest(self, lines: list[LogLine], received: datetime,
-               stored: Callable[[], None] | None = None
-               ) -> tuple[dict[str, int], bool]:  # fmt: skip
+    def ingest(
+        self, lines: list[LogLine], received: datetime, stored: Callable[[], None] | None = None
+    ) -> tuple[dict[str, int], bool]:
         """Each line of a GPU pod that a format parses becomes a point; the points and
         what they open or close are queued for the database (stored() runs once they are
         committed). Counts by result, and whether anything was queued."""
@@ -140,9 +145,9 @@ class Training(Collector):
             for k, n in b.counts.items():
                 self.lines[k] += n
         if b.points or b.events or b.ends:
-            return b.counts, self.writer.submit(Op("training_points",
-                                                   lambda conn: self.write(conn, b),
-                                                   done=stored))  # fmt: skip
+            return b.counts, self.writer.submit(
+                Op("training_points", lambda conn: self.write(conn, b), done=stored)
+            )
         return b.counts, False
 
     def _line(self, line: LogLine, received: datetime, b: Batch) -> None:
@@ -167,39 +172,63 @@ class Training(Collector):
             return
         b.counts["parsed"] += 1
         seconds = prog.iteration_seconds
-        if (seconds is None and prog.derive_seconds and prog.iteration is not None
-                and last.iteration is not None and last.at is not None
-                and prog.iteration > last.iteration and at > last.at):  # fmt: skip
+        if (
+            seconds is None
+            and prog.derive_seconds
+            and prog.iteration is not None
+            and last.iteration is not None
+            and last.at is not None
+            and prog.iteration > last.iteration
+            and at > last.at
+        ):
             seconds = (at - last.at).total_seconds() / (prog.iteration - last.iteration)
         if prog.iteration is not None:
             last.at, last.iteration = at, prog.iteration
-        b.points.append({
-            "cluster": self.cluster, "workload_uid": pod.workload_uid, "pod_uid": pod.uid,
-            "namespace": pod.namespace,
-            "pod": pod.name, "node": pod.node, "at": at, "received_at": received,
-            "format": prog.format, "iteration": prog.iteration,
-            "target_iterations": prog.target_iterations, "iteration_seconds": seconds,
-            "tokens_per_second": prog.tokens_per_second, "tflops_per_gpu": prog.tflops_per_gpu,
-            "loss": prog.loss, "skipped_iterations": prog.skipped_iterations,
-            "nan_iterations": prog.nan_iterations,
-            "samples_per_second": prog.samples_per_second, "line_key": key,
-        })  # fmt: skip
+        b.points.append(
+            {
+                "cluster": self.cluster,
+                "workload_uid": pod.workload_uid,
+                "pod_uid": pod.uid,
+                "namespace": pod.namespace,
+                "pod": pod.name,
+                "node": pod.node,
+                "at": at,
+                "received_at": received,
+                "format": prog.format,
+                "iteration": prog.iteration,
+                "target_iterations": prog.target_iterations,
+                "iteration_seconds": seconds,
+                "tokens_per_second": prog.tokens_per_second,
+                "tflops_per_gpu": prog.tflops_per_gpu,
+                "loss": prog.loss,
+                "skipped_iterations": prog.skipped_iterations,
+                "nan_iterations": prog.nan_iterations,
+                "samples_per_second": prog.samples_per_second,
+                "line_key": key,
+            }
+        )
         run = self.runs.get(pod.workload_uid)
         if run is None:
-            run = self.runs[pod.workload_uid] = Run(pod.workload_uid, pod.namespace,
-                                                    pod.workload_name or pod.workload_uid,
-                                                    deque(maxlen=self.cfg.window))  # fmt: skip
+            run = self.runs[pod.workload_uid] = Run(
+                pod.workload_uid,
+                pod.namespace,
+                pod.workload_name or pod.workload_uid,
+                deque(maxlen=self.cfg.window),
+            )
         run.touched = self.clock()
-        for name, value in (("tokens_per_second", prog.tokens_per_second),
-                            ("tflops_per_gpu", prog.tflops_per_gpu),
-                            ("loss", prog.loss)):  # fmt: skip
+        for name, value in (
+            ("tokens_per_second", prog.tokens_per_second),
+            ("tflops_per_gpu", prog.tflops_per_gpu),
+            ("loss", prog.loss),
+        ):
             if value is not None:
                 run.gauges[name] = value
         if prog.iteration is not None:
             self._iteration(run, pod, prog.iteration, at, seconds, b)
 
-    def _iteration(self, run: Run, pod: TrackedPod, it: int, at: datetime,
-                   seconds: float | None, b: Batch) -> None:  # fmt: skip
+    def _iteration(
+        self, run: Run, pod: TrackedPod, it: int, at: datetime, seconds: float | None, b: Batch
+    ) -> None:
         median = run.median()
         first = run.seen.get(it)
         near = timedelta(seconds=max(DUPLICATE_SECONDS, 2 * (median or 0)))
@@ -232,21 +261,52 @@ class Training(Collector):
         elif median is not None and seconds > self.cfg.slowdown_factor * median:
             run.slow = (at, median)
             run.slowdowns += 1
-            b.events.append(self._event(run, "training_slowdown", at, pod, it, seconds, median,
-                                        {"ratio": round(seconds / median, 6),
-                                         "factor": self.cfg.slowdown_factor,
-                                         "window": len(run.window)}))  # fmt: skip
+            b.events.append(
+                self._event(
+                    run,
+                    "training_slowdown",
+                    at,
+                    pod,
+                    it,
+                    seconds,
+                    median,
+                    {
+                        "ratio": round(seconds / median, 6),
+                        "factor": self.cfg.slowdown_factor,
+                        "window": len(run.window),
+                    },
+                )
+            )
         run.window.append(seconds)
 
-    def _event(self, run: Run, kind: str, at: datetime, pod: TrackedPod | None, it: int | None,
-               value: float | None, baseline: float | None,
-               detail: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-        return {"cluster": self.cluster, "workload_uid": run.uid, "namespace": run.namespace,
-                "workload": run.name,
-                "pod_uid": pod.uid if pod else "", "pod": pod.name if pod else "",
-                "node": pod.node if pod else "", "kind": kind, "signal": "", "at": at,
-                "ended_at": None, "iteration": it, "value": value, "baseline": baseline,
-                "detail": detail}  # fmt: skip
+    def _event(
+        self,
+        run: Run,
+        kind: str,
+        at: datetime,
+        pod: TrackedPod | None,
+        it: int | None,
+        value: float | None,
+        baseline: float | None,
+        detail: dict[str, Any],
+    ) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster,
+            "workload_uid": run.uid,
+            "namespace": run.namespace,
+            "workload": run.name,
+            "pod_uid": pod.uid if pod else "",
+            "pod": pod.name if pod else "",
+            "node": pod.node if pod else "",
+            "kind": kind,
+            "signal": "",
+            "at": at,
+            "ended_at": None,
+            "iteration": it,
+            "value": value,
+            "baseline": baseline,
+            "detail": detail,
+        }
 
     # -- stalls ----------------------------------------------------------------------
     def check(self, now: datetime) -> int:
@@ -259,18 +319,34 @@ class Training(Collector):
         with self._lock:
             for uid, run in list(self.runs.items()):
                 median = run.median()
-                if (run.stalled is None and median is not None and uid in running
-                        and run.last_progress is not None and now - run.last_progress
-                        > timedelta(seconds=self.cfg.stall_factor * median)):  # fmt: skip
+                if (
+                    run.stalled is None
+                    and median is not None
+                    and uid in running
+                    and run.last_progress is not None
+                    and now - run.last_progress > timedelta(seconds=self.cfg.stall_factor * median)
+                ):
                     run.stalled = run.last_progress
                     run.stalls += 1
                     quiet = (now - run.last_progress).total_seconds()
-                    b.events.append(self._event(run, "training_stalled", run.last_progress,
-                                                None, run.last_iteration, quiet, median,
-                                                {"detected_at": int(now.timestamp()),
-                                                 "factor": self.cfg.stall_factor}))  # fmt: skip
-                if run.touched is not None and now - run.touched > ttl and \
-                        run.slow is None and run.stalled is None:  # fmt: skip
+                    b.events.append(
+                        self._event(
+                            run,
+                            "training_stalled",
+                            run.last_progress,
+                            None,
+                            run.last_iteration,
+                            quiet,
+                            median,
+                            {"detected_at": int(now.timestamp()), "factor": self.cfg.stall_factor},
+                        )
+                    )
+                if (
+                    run.touched is not None
+                    and now - run.touched > ttl
+                    and run.slow is None
+                    and run.stalled is None
+                ):
                     del self.runs[uid]
         if b.events:
             self.writer.submit(Op("training_events", lambda conn: self.write(conn, b)))
@@ -285,10 +361,19 @@ class Training(Collector):
             conn.execute(t.training_events.insert(), b.events)
         ev = t.training_events
         for uid, kind, at, end in b.ends:
-            conn.execute(update(ev).where(and_(ev.c.cluster == self.cluster,
-                                               ev.c.workload_uid == uid, ev.c.kind == kind,
-                                               ev.c.at == at, ev.c.ended_at.is_(None)))
-                         .values(ended_at=end))  # fmt: skip
+            conn.execute(
+                update(ev)
+                .where(
+                    and_(
+                        ev.c.cluster == self.cluster,
+                        ev.c.workload_uid == uid,
+                        ev.c.kind == kind,
+                        ev.c.at == at,
+                        ev.c.ended_at.is_(None),
+                    )
+                )
+                .values(ended_at=end)
+            )
 
     def recover(self, conn: Connection, now: datetime) -> None:
         """Each workload with points in the last day: its last `window` iterations, so a
@@ -297,22 +382,33 @@ class Training(Collector):
         mine = scoped(self.cluster)
         tp, ev = mine.training_points, mine.training_events
         since = now - timedelta(days=1)
-        uids = [r[0] for r in conn.execute(select(tp.c.workload_uid).where(tp.c.at >= since)
-                                           .group_by(tp.c.workload_uid))]  # fmt: skip
+        uids = [
+            r[0]
+            for r in conn.execute(
+                select(tp.c.workload_uid).where(tp.c.at >= since).group_by(tp.c.workload_uid)
+            )
+        ]
         for uid in uids:
-            rows = list(conn.execute(
-                select(tp).where(tp.c.workload_uid == uid, tp.c.iteration.is_not(None))
-                .order_by(tp.c.at.desc(), tp.c.id.desc()).limit(4 * self.cfg.window)))  # fmt: skip
+            rows = list(
+                conn.execute(
+                    select(tp)
+                    .where(tp.c.workload_uid == uid, tp.c.iteration.is_not(None))
+                    .order_by(tp.c.at.desc(), tp.c.id.desc())
+                    .limit(4 * self.cfg.window)
+                )
+            )
             if not rows:
                 continue
-            name = conn.execute(select(mine.gpu_workloads.c.name).where(
-                mine.gpu_workloads.c.uid == uid)).scalar_one_or_none()  # fmt: skip
+            name = conn.execute(
+                select(mine.gpu_workloads.c.name).where(mine.gpu_workloads.c.uid == uid)
+            ).scalar_one_or_none()
             run = Run(uid, rows[0].namespace, str(name or uid), deque(maxlen=self.cfg.window))
             scratch = Batch()  # what was found then is stored already
             for r in reversed(rows):
                 at = aware(r.at) or now
-                pod = TrackedPod(str(r.pod_uid), r.namespace, r.pod, r.node, True, uid, "",
-                                 run.name)  # fmt: skip
+                pod = TrackedPod(
+                    str(r.pod_uid), r.namespace, r.pod, r.node, True, uid, "", run.name
+                )
                 last = self.last.setdefault(pod.uid, PodLast())
                 last.at, last.iteration = at, int(r.iteration)
                 last.remember(str(r.line_key))
@@ -320,9 +416,13 @@ class Training(Collector):
             # the metrics start again; what is open is what the table says
             run.seconds, run.slowdowns = Buckets(ITERATION_BUCKETS), 0
             run.slow = run.stalled = None
-            for e in conn.execute(select(ev.c.kind, ev.c.at, ev.c.baseline).where(
-                    ev.c.workload_uid == uid, ev.c.ended_at.is_(None),
-                    ev.c.kind.in_(("training_slowdown", "training_stalled")))):  # fmt: skip
+            for e in conn.execute(
+                select(ev.c.kind, ev.c.at, ev.c.baseline).where(
+                    ev.c.workload_uid == uid,
+                    ev.c.ended_at.is_(None),
+                    ev.c.kind.in_(("training_slowdown", "training_stalled")),
+                )
+            ):
                 if e.kind == "training_slowdown":
                     run.slow = (aware(e.at) or now, float(e.baseline or 0))
                 else:
@@ -340,37 +440,67 @@ class Training(Collector):
             lines = dict(self.lines)
             malformed = self.malformed
             lag = self.lag.copy()
-            snapshot = [(r.namespace, r.name, r.seconds.copy(), dict(r.gauges),
-                         r.slowdowns, r.stalls, r.slow is not None, r.stalled is not None)
-                        for r in runs]  # fmt: skip
-        yield counter("lens_recorder_log_lines", "Log lines taken by POST /logs, by result: "
-                      "parsed (a progress point), not_progress (a GPU pod's other lines), "
-                      "not_gpu_pod, no_workload, duplicate (sent again)", lines,
-                      "result")  # fmt: skip
-        yield counter("lens_recorder_log_records_malformed", "Shippers' records POST /logs "
-                      "skipped: no line, no pod, a time that does not parse",
-                      {"": malformed})  # fmt: skip
-        lag_fam = HistogramMetricFamily("lens_recorder_log_lag_seconds",
-                                        "From a log line's time to its arrival")  # fmt: skip
+            snapshot = [
+                (
+                    r.namespace,
+                    r.name,
+                    r.seconds.copy(),
+                    dict(r.gauges),
+                    r.slowdowns,
+                    r.stalls,
+                    r.slow is not None,
+                    r.stalled is not None,
+                )
+                for r in runs
+            ]
+        yield counter(
+            "lens_recorder_log_lines",
+            "Log lines taken by POST /logs, by result: "
+            "parsed (a progress point), not_progress (a GPU pod's other lines), "
+            "not_gpu_pod, no_workload, duplicate (sent again)",
+            lines,
+            "result",
+        )
+        yield counter(
+            "lens_recorder_log_records_malformed",
+            "Shippers' records POST /logs " "skipped: no line, no pod, a time that does not parse",
+            {"": malformed},
+        )
+        lag_fam = HistogramMetricFamily(
+            "lens_recorder_log_lag_seconds", "From a log line's time to its arrival"
+        )
         lag_fam.add_metric([], lag.cumulative(), lag.total)
         yield lag_fam
-        hist = HistogramMetricFamily("lens_training_iteration_seconds", "Time per training "
-                                     "iteration, each iteration once (the logs' own figure)",
-                                     labels=["namespace", "workload"])  # fmt: skip
-        gauges = {name: Metric(f"lens_training_{name}", help_text, "gauge")
-                  for name, help_text in (
-                      ("tokens_per_second", "Tokens per second per GPU, the last line's"),
-                      ("tflops_per_gpu", "TFLOP/s per GPU, the last line's"),
-                      ("loss", "Training loss, the last line's"))}  # fmt: skip
-        counters = {name: Metric(f"lens_training_{name}", help_text, "counter")
-                    for name, help_text in (
-                        ("slowdowns", "Slowdowns opened (an iteration over slowdown_factor "
-                                      "x the rolling median)"),
-                        ("stalls", "Stalls opened (no progress for stall_factor x the "
-                                   "median)"))}  # fmt: skip
-        active = {name: Metric(f"lens_training_{name}", help_text, "gauge")
-                  for name, help_text in (("slowdown_active", "1 while a slowdown is open"),
-                                          ("stalled", "1 while a stall is open"))}  # fmt: skip
+        hist = HistogramMetricFamily(
+            "lens_training_iteration_seconds",
+            "Time per training " "iteration, each iteration once (the logs' own figure)",
+            labels=["namespace", "workload"],
+        )
+        gauges = {
+            name: Metric(f"lens_training_{name}", help_text, "gauge")
+            for name, help_text in (
+                ("tokens_per_second", "Tokens per second per GPU, the last line's"),
+                ("tflops_per_gpu", "TFLOP/s per GPU, the last line's"),
+                ("loss", "Training loss, the last line's"),
+            )
+        }
+        counters = {
+            name: Metric(f"lens_training_{name}", help_text, "counter")
+            for name, help_text in (
+                (
+                    "slowdowns",
+                    "Slowdowns opened (an iteration over slowdown_factor " "x the rolling median)",
+                ),
+                ("stalls", "Stalls opened (no progress for stall_factor x the " "median)"),
+            )
+        }
+        active = {
+            name: Metric(f"lens_training_{name}", help_text, "gauge")
+            for name, help_text in (
+                ("slowdown_active", "1 while a slowdown is open"),
+                ("stalled", "1 while a stall is open"),
+            )
+        }
         for ns, name, seconds, g, slowdowns, stalls, slow, stalled in snapshot:
             lbl = {"namespace": ns, "workload": name}
             hist.add_metric([ns, name], seconds.cumulative(), seconds.total)

@@ -34,9 +34,20 @@ from lens_ebpf.recorder.workloads import workload_pods
 
 MAX_RANGE = timedelta(days=31)
 # entries at the same second: causes before what they cause
-ORDER = ("device_change", "gpu_throttling", "gpu_fault", "rdma_error_regression",
-         "tcp_rtt_regression", "oom_kill", "container_exit", "training_stalled",
-         "stall_stacks", "training_slowdown", "outlier", "alert")  # fmt: skip
+ORDER = (
+    "device_change",
+    "gpu_throttling",
+    "gpu_fault",
+    "rdma_error_regression",
+    "tcp_rtt_regression",
+    "oom_kill",
+    "container_exit",
+    "training_stalled",
+    "stall_stacks",
+    "training_slowdown",
+    "outlier",
+    "alert",
+)
 
 
 @dataclass(frozen=True)
@@ -48,9 +59,14 @@ class Regression:
     baseline: float
 
 
-def regressions(points: list[tuple[float, float]], factor: float, minutes: float,
-                baseline_seconds: float, step: float,
-                since: float) -> list[Regression]:  # fmt: skip
+def regressions(
+    points: list[tuple[float, float]],
+    factor: float,
+    minutes: float,
+    baseline_seconds: float,
+    step: float,
+    since: float,
+) -> list[Regression]:
     """Runs of points (time, value; sorted; NaN skipped) from `since` on whose value is
     above factor x the baseline (the median of the values in the baseline_seconds before
     the run's first point) for at least `minutes` (a point stands for `step` seconds)."""
@@ -85,11 +101,25 @@ def regressions(points: list[tuple[float, float]], factor: float, minutes: float
     return out
 
 
-def _entry(at: datetime | float, kind: str, pod: str, node: str, device: str,
-           message: str, detail: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def _entry(
+    at: datetime | float,
+    kind: str,
+    pod: str,
+    node: str,
+    device: str,
+    message: str,
+    detail: dict[str, Any],
+) -> dict[str, Any]:
     ts = at if isinstance(at, float | int) else aware(at).timestamp()  # type: ignore[union-attr]
-    return {"time": round(float(ts), 3), "type": kind, "pod": pod, "node": node,
-            "device": device, "message": message, "detail": detail}  # fmt: skip
+    return {
+        "time": round(float(ts), 3),
+        "type": kind,
+        "pod": pod,
+        "node": node,
+        "device": device,
+        "message": message,
+        "detail": detail,
+    }
 
 
 def _ts(value: Any) -> int | None:
@@ -100,8 +130,14 @@ class Timeline:
     def __init__(self, metrics: prom.Prom, cfg: TimelineConfig, tables: Scoped) -> None:
         self.metrics, self.cfg, self.t = metrics, cfg, tables  # one cluster's
 
-    def __call__(self, conn: Connection, uid: str, start: datetime | None,
-                 end: datetime | None, now: datetime) -> dict[str, Any]:  # fmt: skip
+    def __call__(
+        self,
+        conn: Connection,
+        uid: str,
+        start: datetime | None,
+        end: datetime | None,
+        now: datetime,
+    ) -> dict[str, Any]:
         """The workload's timeline from start (default: its creation) to end (now)."""
         w = conn.execute(
             select(self.t.gpu_workloads).where(self.t.gpu_workloads.c.uid == uid)
@@ -116,10 +152,14 @@ class Timeline:
         if end - start > MAX_RANGE:
             raise BadRequest(f"start, end: at most {MAX_RANGE.days} days")
         ctx = _Pods(conn, self.t, pods)
-        entries = [*self._training(conn, ctx, start, end), *self._faults(conn, ctx, start, end),
-                   *self._devices(conn, ctx, start, end), *self._containers(conn, ctx, start, end),
-                   *self._pod_events(conn, ctx, start, end),
-                   *self._alerts(conn, ctx, uid, start, end)]  # fmt: skip
+        entries = [
+            *self._training(conn, ctx, start, end),
+            *self._faults(conn, ctx, start, end),
+            *self._devices(conn, ctx, start, end),
+            *self._containers(conn, ctx, start, end),
+            *self._pod_events(conn, ctx, start, end),
+            *self._alerts(conn, ctx, uid, start, end),
+        ]
         incomplete: list[str] = []
         if pods:
             try:
@@ -127,42 +167,66 @@ class Timeline:
             except prom.PromError as exc:  # all its entries or none, said in meta.message too
                 incomplete.append(str(exc))
                 prom.missed(f"timeline entries from Prometheus: {exc}")
-        entries.sort(key=lambda e: (e["time"], ORDER.index(e["type"]) if e["type"] in ORDER
-                                    else len(ORDER), e["pod"], e["device"]))  # fmt: skip
-        return {"uid": w.uid, "kind": w.kind, "name": w.name, "namespace": w.namespace,
-                "start": int(start.timestamp()), "end": int(end.timestamp()),
-                "pods": sorted(p.name for p in pods), "entries": entries,
-                "incomplete": incomplete}  # fmt: skip
+        entries.sort(
+            key=lambda e: (
+                e["time"],
+                ORDER.index(e["type"]) if e["type"] in ORDER else len(ORDER),
+                e["pod"],
+                e["device"],
+            )
+        )
+        return {
+            "uid": w.uid,
+            "kind": w.kind,
+            "name": w.name,
+            "namespace": w.namespace,
+            "start": int(start.timestamp()),
+            "end": int(end.timestamp()),
+            "pods": sorted(p.name for p in pods),
+            "entries": entries,
+            "incomplete": incomplete,
+        }
 
     # -- the tables ------------------------------------------------------------------
-    def _training(self, conn: Connection, ctx: _Pods, start: datetime,
-                  end: datetime) -> Iterable[dict[str, Any]]:  # fmt: skip
+    def _training(
+        self, conn: Connection, ctx: _Pods, start: datetime, end: datetime
+    ) -> Iterable[dict[str, Any]]:
         ev = self.t.training_events
-        mine = or_(ev.c.pod_uid.in_(ctx.uids),
-                   (ev.c.pod_uid == "") & ev.c.workload_uid.in_(ctx.tops))  # fmt: skip
+        mine = or_(
+            ev.c.pod_uid.in_(ctx.uids), (ev.c.pod_uid == "") & ev.c.workload_uid.in_(ctx.tops)
+        )
         for r in _rows(conn, ev, start, end, mine):
             d = dict(r.detail or {})
             d["ended_at"] = _ts(r.ended_at)
             if r.kind == "training_slowdown":
-                d.update(iteration=r.iteration, iteration_seconds=r.value,
-                         median_seconds=r.baseline)  # fmt: skip
-                msg = (f"iteration {r.iteration} took {r.value:g} s, {d.get('ratio', 0):g}x "
-                       f"the median {r.baseline:g} s")  # fmt: skip
+                d.update(
+                    iteration=r.iteration, iteration_seconds=r.value, median_seconds=r.baseline
+                )
+                msg = (
+                    f"iteration {r.iteration} took {r.value:g} s, {d.get('ratio', 0):g}x "
+                    f"the median {r.baseline:g} s"
+                )
             elif r.kind == "training_stalled":
-                d.update(last_iteration=r.iteration, median_seconds=r.baseline,
-                         seconds_without_progress=r.value)  # fmt: skip
+                d.update(
+                    last_iteration=r.iteration,
+                    median_seconds=r.baseline,
+                    seconds_without_progress=r.value,
+                )
                 msg = f"no progress after iteration {r.iteration} (median {r.baseline:g} s)"
             elif r.kind == "stall_stacks":  # each rank's stack (recorder/deepdive/)
                 odd = ", ".join(d.get("different") or []) or "none"
                 msg = f"each rank's stack at the stall ({d.get('reason')}); differing: {odd}"
             else:
                 d.update(signal=r.signal, value=r.value, median=r.baseline)
-                msg = f"{r.pod} apart from the others on {r.signal}: {r.value:g} (median " \
-                      f"{r.baseline:g})"  # fmt: skip
+                msg = (
+                    f"{r.pod} apart from the others on {r.signal}: {r.value:g} (median "
+                    f"{r.baseline:g})"
+                )
             yield _entry(r.at, r.kind, r.pod, r.node, "", msg, d)
 
-    def _faults(self, conn: Connection, ctx: _Pods, start: datetime,
-                end: datetime) -> Iterable[dict[str, Any]]:  # fmt: skip
+    def _faults(
+        self, conn: Connection, ctx: _Pods, start: datetime, end: datetime
+    ) -> Iterable[dict[str, Any]]:
         ne = self.t.node_events
         for r in _rows(conn, ne, start, end, ne.c.kind == "gpu_fault", ne.c.node.in_(ctx.nodes)):
             p = r.payload or {}
@@ -170,36 +234,64 @@ class Timeline:
             pod = r.pod if (r.namespace, r.pod) in ctx.names else ctx.held.get((r.node, bdf), "")
             if not pod:
                 continue
-            yield _entry(r.at, "gpu_fault", pod, r.node, bdf,
-                         f"{p.get('fault', '')} {p.get('code', '')}: {p.get('message', '')}",
-                         {k: p.get(k) for k in ("fault", "code", "message", "gpu_index",
-                                                "uuid", "vendor")})  # fmt: skip
+            yield _entry(
+                r.at,
+                "gpu_fault",
+                pod,
+                r.node,
+                bdf,
+                f"{p.get('fault', '')} {p.get('code', '')}: {p.get('message', '')}",
+                {k: p.get(k) for k in ("fault", "code", "message", "gpu_index", "uuid", "vendor")},
+            )
 
-    def _devices(self, conn: Connection, ctx: _Pods, start: datetime,
-                 end: datetime) -> Iterable[dict[str, Any]]:  # fmt: skip
+    def _devices(
+        self, conn: Connection, ctx: _Pods, start: datetime, end: datetime
+    ) -> Iterable[dict[str, Any]]:
         cl = self.t.device_changelog
         for r in _rows(conn, cl, start, end, cl.c.node.in_(ctx.nodes)):
             pod = ctx.held.get((r.node, r.slot))
             if pod:
-                yield _entry(r.at, "device_change", pod, r.node, r.slot,
-                             f"{r.field}: {r.old_value!r} -> {r.new_value!r}",
-                             {"kind": r.kind, "device_key": r.device_key, "field": r.field,
-                              "old": r.old_value, "new": r.new_value})  # fmt: skip
+                yield _entry(
+                    r.at,
+                    "device_change",
+                    pod,
+                    r.node,
+                    r.slot,
+                    f"{r.field}: {r.old_value!r} -> {r.new_value!r}",
+                    {
+                        "kind": r.kind,
+                        "device_key": r.device_key,
+                        "field": r.field,
+                        "old": r.old_value,
+                        "new": r.new_value,
+                    },
+                )
 
-    def _containers(self, conn: Connection, ctx: _Pods, start: datetime,
-                    end: datetime) -> Iterable[dict[str, Any]]:  # fmt: skip
+    def _containers(
+        self, conn: Connection, ctx: _Pods, start: datetime, end: datetime
+    ) -> Iterable[dict[str, Any]]:
         ne = self.t.node_events
         kinds = ne.c.kind.in_(("oom_kill", "container_exit"))
         for r in _rows(conn, ne, start, end, kinds, ne.c.pod_uid.in_(ctx.uids)):
             p = r.payload or {}
-            what = f"{p.get('comm', '')} (pid {p.get('pid', 0)})" if r.kind == "oom_kill" \
-                else f"container {r.container}"  # fmt: skip
-            yield _entry(r.at, r.kind, r.pod, r.node, "", f"{r.kind}: {what}",
-                         {"container": r.container, "pid": p.get("pid"),
-                          "comm": p.get("comm")})  # fmt: skip
+            what = (
+                f"{p.get('comm', '')} (pid {p.get('pid', 0)})"
+                if r.kind == "oom_kill"
+                else f"container {r.container}"
+            )
+            yield _entry(
+                r.at,
+                r.kind,
+                r.pod,
+                r.node,
+                "",
+                f"{r.kind}: {what}",
+                {"container": r.container, "pid": p.get("pid"), "comm": p.get("comm")},
+            )
 
-    def _pod_events(self, conn: Connection, ctx: _Pods, start: datetime,
-                    end: datetime) -> Iterable[dict[str, Any]]:  # fmt: skip
+    def _pod_events(
+        self, conn: Connection, ctx: _Pods, start: datetime, end: datetime
+    ) -> Iterable[dict[str, Any]]:
         pe = self.t.gpu_pods_events
         for r in _rows(conn, pe, start, end, pe.c.pod_uid.in_(ctx.uids)):
             pod = ctx.by_uid[r.pod_uid]
@@ -214,28 +306,42 @@ class Timeline:
                 {"subject": r.subject, "old": r.old_value, "new": r.new_value},
             )
 
-    def _alerts(self, conn: Connection, ctx: _Pods, uid: str, start: datetime,
-                end: datetime) -> Iterable[dict[str, Any]]:  # fmt: skip
+    def _alerts(
+        self, conn: Connection, ctx: _Pods, uid: str, start: datetime, end: datetime
+    ) -> Iterable[dict[str, Any]]:
         """The alerts that concern the workload or its pods (alert_events: docs/recorder/
         alerts.md), where they began."""
         ae = schema.alert_events
         mine = or_(ae.c.workload_id.in_([uid, *ctx.tops]), ae.c.pod_id.in_(ctx.uids))
-        rows = conn.execute(select(ae).where(mine, ae.c.starts_at >= start,
-                                             ae.c.starts_at <= end)
-                            .order_by(ae.c.starts_at, ae.c.id))  # fmt: skip
+        rows = conn.execute(
+            select(ae)
+            .where(mine, ae.c.starts_at >= start, ae.c.starts_at <= end)
+            .order_by(ae.c.starts_at, ae.c.id)
+        )
         for r in rows:
             notes = r.annotations or {}
             text = notes.get("summary") or notes.get("description") or ""
-            yield _entry(r.starts_at, "alert", r.pod_name, r.node_name, "",
-                         f"{r.alert_name} ({r.severity}, {r.status})" + (f": {text}" if text
-                                                                         else ""),
-                         {"alert_id": r.id, "alert_name": r.alert_name, "source": r.source,
-                          "severity": r.severity, "status": r.status,
-                          "ends_at": _ts(r.ends_at)})  # fmt: skip
+            yield _entry(
+                r.starts_at,
+                "alert",
+                r.pod_name,
+                r.node_name,
+                "",
+                f"{r.alert_name} ({r.severity}, {r.status})" + (f": {text}" if text else ""),
+                {
+                    "alert_id": r.id,
+                    "alert_name": r.alert_name,
+                    "source": r.source,
+                    "severity": r.severity,
+                    "status": r.status,
+                    "ends_at": _ts(r.ends_at),
+                },
+            )
 
     # -- Prometheus ------------------------------------------------------------------
-    def _from_prometheus(self, conn: Connection, ctx: _Pods, start: datetime,
-                         end: datetime) -> list[dict[str, Any]]:  # fmt: skip
+    def _from_prometheus(
+        self, conn: Connection, ctx: _Pods, start: datetime, end: datetime
+    ) -> list[dict[str, Any]]:
         cfg, out = self.cfg, []
         since, until = int(start.timestamp()), int(end.timestamp())
         first = since - int(cfg.baseline_seconds)
@@ -249,13 +355,27 @@ class Timeline:
             for s in self.metrics.graph(expr, first, until, step):
                 node = s["labels"].get("node", "")
                 pts = [(float(v["timestamp"]), v["value"]) for v in s["values"]]
-                for r in regressions(pts, cfg.regression_factor, cfg.regression_minutes,
-                                     cfg.baseline_seconds, step, since):  # fmt: skip
-                    out.append(_entry(r.start, "tcp_rtt_regression", ctx.on_node(node), node,
-                                      "", f"median TCP RTT to the workload's pods "
-                                      f"{r.value * 1000:g} ms, {r.value / r.baseline:.2f}x its "
-                                      f"baseline {r.baseline * 1000:g} ms",
-                                      _regression(r)))  # fmt: skip
+                for r in regressions(
+                    pts,
+                    cfg.regression_factor,
+                    cfg.regression_minutes,
+                    cfg.baseline_seconds,
+                    step,
+                    since,
+                ):
+                    out.append(
+                        _entry(
+                            r.start,
+                            "tcp_rtt_regression",
+                            ctx.on_node(node),
+                            node,
+                            "",
+                            f"median TCP RTT to the workload's pods "
+                            f"{r.value * 1000:g} ms, {r.value / r.baseline:.2f}x its "
+                            f"baseline {r.baseline * 1000:g} ms",
+                            _regression(r),
+                        )
+                    )
         expr = prom.rdma_errors(
             nodes, rdma_devices(conn, self.t, ctx.uids), window, "node, device, port"
         )
@@ -263,11 +383,25 @@ class Timeline:
             lbl = s["labels"]
             node, port = lbl.get("node", ""), f"{lbl.get('device', '')}/{lbl.get('port', '')}"
             pts = [(float(v["timestamp"]), v["value"]) for v in s["values"]]
-            for r in regressions(pts, cfg.regression_factor, cfg.regression_minutes,
-                                 cfg.baseline_seconds, step, since):  # fmt: skip
-                out.append(_entry(r.start, "rdma_error_regression", ctx.on_node(node), node,
-                                  port, f"RDMA port errors {r.value:g}/s, baseline "
-                                  f"{r.baseline:g}/s", _regression(r)))  # fmt: skip
+            for r in regressions(
+                pts,
+                cfg.regression_factor,
+                cfg.regression_minutes,
+                cfg.baseline_seconds,
+                step,
+                since,
+            ):
+                out.append(
+                    _entry(
+                        r.start,
+                        "rdma_error_regression",
+                        ctx.on_node(node),
+                        node,
+                        port,
+                        f"RDMA port errors {r.value:g}/s, baseline " f"{r.baseline:g}/s",
+                        _regression(r),
+                    )
+                )
         for ns in sorted({n for n, _ in ctx.names}):
             names = sorted(p for n, p in ctx.names if n == ns)
             for s in self.metrics.graph(prom.throttling(ns, names), since, until, step):
@@ -275,11 +409,17 @@ class Timeline:
                 before = 0.0
                 for v in s["values"]:
                     if v["value"] >= 1 > before:
-                        out.append(_entry(float(v["timestamp"]), "gpu_throttling",
-                                          lbl.get("pod", ""), lbl.get("node", ""),
-                                          f"gpu{lbl.get('gpu_index', '')}",
-                                          f"clocks held down: {lbl.get('reason', '')}",
-                                          {"reason": lbl.get("reason", "")}))  # fmt: skip
+                        out.append(
+                            _entry(
+                                float(v["timestamp"]),
+                                "gpu_throttling",
+                                lbl.get("pod", ""),
+                                lbl.get("node", ""),
+                                f"gpu{lbl.get('gpu_index', '')}",
+                                f"clocks held down: {lbl.get('reason', '')}",
+                                {"reason": lbl.get("reason", "")},
+                            )
+                        )
                     before = v["value"]
         return out
 
@@ -287,13 +427,17 @@ class Timeline:
 def _rows(conn: Connection, table: Any, start: datetime, end: datetime, *cond: Any) -> Any:
     """A table's rows between start and end that meet cond, oldest first."""
     c = table.c
-    return conn.execute(select(table).where(*cond, c.at >= start, c.at <= end)
-                        .order_by(c.at, c.id))  # fmt: skip
+    return conn.execute(select(table).where(*cond, c.at >= start, c.at <= end).order_by(c.at, c.id))
 
 
 def _regression(r: Regression) -> dict[str, Any]:
-    return {"value": r.value, "baseline": r.baseline, "ratio": round(r.value / r.baseline, 6)
-            if r.baseline else None, "peak": r.peak, "until": int(r.end)}  # fmt: skip
+    return {
+        "value": r.value,
+        "baseline": r.baseline,
+        "ratio": round(r.value / r.baseline, 6) if r.baseline else None,
+        "peak": r.peak,
+        "until": int(r.end),
+    }
 
 
 class _Pods:
@@ -306,17 +450,23 @@ class _Pods:
         self.nodes = {p.node for p in pods if p.node}
         self.tops = sorted({p.workload_uid for p in pods if p.workload_uid})
         w = t.gpu_workloads
-        self.top_names = {(r.namespace, r.name) for r in conn.execute(
-            select(w.c.namespace, w.c.name).where(w.c.uid.in_(self.tops)))}  # fmt: skip
+        self.top_names = {
+            (r.namespace, r.name)
+            for r in conn.execute(select(w.c.namespace, w.c.name).where(w.c.uid.in_(self.tops)))
+        }
         # (node, slot) -> the pod the kubelet gave that GPU (now, or at some time)
         holders = {f"{ns}/{name}": name for ns, name in self.names}
         self.held: dict[tuple[str, str], str] = {}
         nd, cl = t.node_devices, t.device_changelog
-        for r in conn.execute(select(cl.c.node, cl.c.slot, cl.c.new_value).where(
-                cl.c.field == "holder", cl.c.new_value.in_(holders))):  # fmt: skip
+        for r in conn.execute(
+            select(cl.c.node, cl.c.slot, cl.c.new_value).where(
+                cl.c.field == "holder", cl.c.new_value.in_(holders)
+            )
+        ):
             self.held[(r.node, r.slot)] = holders[r.new_value]
-        for r in conn.execute(select(nd.c.node, nd.c.slot, nd.c.holder).where(
-                nd.c.holder.in_(holders))):  # fmt: skip
+        for r in conn.execute(
+            select(nd.c.node, nd.c.slot, nd.c.holder).where(nd.c.holder.in_(holders))
+        ):
             self.held[(r.node, r.slot)] = holders[r.holder]
 
     def on_node(self, node: str) -> str:
@@ -326,6 +476,7 @@ class _Pods:
 def rdma_devices(conn: Connection, t: Scoped, pod_uids: list[str]) -> list[str]:
     """The RDMA devices these pods' queue pairs opened (the agents' rdma_open)."""
     ne = t.node_events
-    rows = conn.execute(select(ne.c.payload).where(ne.c.kind == "rdma_open",
-                                                   ne.c.pod_uid.in_(pod_uids)))  # fmt: skip
+    rows = conn.execute(
+        select(ne.c.payload).where(ne.c.kind == "rdma_open", ne.c.pod_uid.in_(pod_uids))
+    )
     return sorted({str((r.payload or {}).get("device", "")) for r in rows} - {""})

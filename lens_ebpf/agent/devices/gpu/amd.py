@@ -61,14 +61,41 @@ METRICS_SIZES = {1: 96, 2: 104, 3: 120}  # content revision -> sizeof(gpu_metric
 INDEP_THROTTLE_OFFSET = 112  # gpu_metrics_v1_3.indep_throttle_status (u64)
 # SMU_THROTTLER_*_BIT (amdgpu_smu.h), the bits of the ASIC-independent throttle status
 THROTTLERS = {
-    "ppt0": 0, "ppt1": 1, "ppt2": 2, "ppt3": 3, "spl": 4, "fppt": 5, "sppt": 6,
-    "sppt_apu": 7, "tdc_gfx": 16, "tdc_soc": 17, "tdc_mem": 18, "tdc_vdd": 19,
-    "tdc_cvip": 20, "edc_cpu": 21, "edc_gfx": 22, "apcc": 23, "temp_gpu": 32,
-    "temp_core": 33, "temp_mem": 34, "temp_edge": 35, "temp_hotspot": 36, "temp_soc": 37,
-    "temp_vr_gfx": 38, "temp_vr_soc": 39, "temp_vr_mem0": 40, "temp_vr_mem1": 41,
-    "temp_liquid0": 42, "temp_liquid1": 43, "vrhot0": 44, "vrhot1": 45, "prochot_cpu": 46,
-    "prochot_gfx": 47, "ppm": 56, "fit": 57,
-}  # fmt: skip
+    "ppt0": 0,
+    "ppt1": 1,
+    "ppt2": 2,
+    "ppt3": 3,
+    "spl": 4,
+    "fppt": 5,
+    "sppt": 6,
+    "sppt_apu": 7,
+    "tdc_gfx": 16,
+    "tdc_soc": 17,
+    "tdc_mem": 18,
+    "tdc_vdd": 19,
+    "tdc_cvip": 20,
+    "edc_cpu": 21,
+    "edc_gfx": 22,
+    "apcc": 23,
+    "temp_gpu": 32,
+    "temp_core": 33,
+    "temp_mem": 34,
+    "temp_edge": 35,
+    "temp_hotspot": 36,
+    "temp_soc": 37,
+    "temp_vr_gfx": 38,
+    "temp_vr_soc": 39,
+    "temp_vr_mem0": 40,
+    "temp_vr_mem1": 41,
+    "temp_liquid0": 42,
+    "temp_liquid1": 43,
+    "vrhot0": 44,
+    "vrhot1": 45,
+    "prochot_cpu": 46,
+    "prochot_gfx": 47,
+    "ppm": 56,
+    "fit": 57,
+}
 
 
 def parse_gpu_metrics(data: bytes, r: GpuReading) -> None:
@@ -249,8 +276,9 @@ def parse_amd_smi(static: str, metric: str, process: str | None = None) -> list[
         r.card_model = str(board.get("model_number") or "")
         r.card_vendor = str(board.get("manufacturer_name") or asic.get("vendor_name") or "")
         r.vbios_version = str(vbios.get("version") or "")
-        r.memory_total = _unit_bytes((m.get("mem_usage") or {}).get("total_vram")) or \
-            _unit_bytes((s.get("vram") or {}).get("size"))  # fmt: skip
+        r.memory_total = _unit_bytes((m.get("mem_usage") or {}).get("total_vram")) or _unit_bytes(
+            (s.get("vram") or {}).get("size")
+        )
         r.memory_used = _unit_bytes((m.get("mem_usage") or {}).get("used_vram"))
         r.utilization = _val(m, "usage", "gfx_activity")
         temps = m.get("temperature") or {}
@@ -293,9 +321,11 @@ def _amdsmi_health(lib: Any, h: Any, r: GpuReading) -> None:
     for block in blocks:
         ec = _safe(lib.amdsmi_get_gpu_ecc_count, h, block)
         if isinstance(ec, dict):
-            for key, kind in (("correctable_count", "correctable"),
-                              ("uncorrectable_count", "uncorrectable"),
-                              ("deferred_count", "deferred")):  # fmt: skip
+            for key, kind in (
+                ("correctable_count", "correctable"),
+                ("uncorrectable_count", "uncorrectable"),
+                ("deferred_count", "deferred"),
+            ):
                 if isinstance(ec.get(key), int):
                     r.ras_errors[(block.name.lower(), kind)] = ec[key]
     replays = _safe(lib.amdsmi_get_gpu_pci_replay_counter, h)
@@ -322,18 +352,23 @@ def _amdsmi_health(lib: Any, h: Any, r: GpuReading) -> None:
         for stack, c in enumerate(hbm if isinstance(hbm, list) else []):
             if isinstance(c, int):
                 r.hbm_temperatures[stack] = float(c)
-        for key, into in (("xgmi_read_data_acc", r.xgmi_read_kb),
-                          ("xgmi_write_data_acc", r.xgmi_write_kb)):  # fmt: skip
+        for key, into in (
+            ("xgmi_read_data_acc", r.xgmi_read_kb),
+            ("xgmi_write_data_acc", r.xgmi_write_kb),
+        ):
             got = metrics.get(key)
             for link, kb in enumerate(got if isinstance(got, list) else []):
                 if isinstance(kb, int):
                     into[link] = kb
     mt = lib.AmdSmiMemoryType
-    for kind, total_attr, used_attr in ((mt.VIS_VRAM, "memory_visible_total",
-                                         "memory_visible_used"),
-                                        (mt.GTT, "gtt_total", "gtt_used")):  # fmt: skip
-        total, used = (_safe(lib.amdsmi_get_gpu_memory_total, h, kind),
-                       _safe(lib.amdsmi_get_gpu_memory_usage, h, kind))  # fmt: skip
+    for kind, total_attr, used_attr in (
+        (mt.VIS_VRAM, "memory_visible_total", "memory_visible_used"),
+        (mt.GTT, "gtt_total", "gtt_used"),
+    ):
+        total, used = (
+            _safe(lib.amdsmi_get_gpu_memory_total, h, kind),
+            _safe(lib.amdsmi_get_gpu_memory_usage, h, kind),
+        )
         setattr(r, total_attr, total if isinstance(total, int) else None)
         setattr(r, used_attr, used if isinstance(used, int) else None)
     ct = lib.AmdSmiClkType
@@ -356,10 +391,13 @@ def _amdsmi_health(lib: Any, h: Any, r: GpuReading) -> None:
 
 
 # amdsmi_get_pcie_info's counters (MI300), by the names the AMD exporter gives them
-PCIE_COUNTERS = {"replay": "pcie_replay_count", "recovery": "pcie_l0_to_recovery_count",
-                 "replay_rollover": "pcie_replay_roll_over_count",
-                 "nack_sent": "pcie_nak_sent_count",
-                 "nack_received": "pcie_nak_received_count"}  # fmt: skip
+PCIE_COUNTERS = {
+    "replay": "pcie_replay_count",
+    "recovery": "pcie_l0_to_recovery_count",
+    "replay_rollover": "pcie_replay_roll_over_count",
+    "nack_sent": "pcie_nak_sent_count",
+    "nack_received": "pcie_nak_received_count",
+}
 
 
 def _text(v: Any) -> str:
@@ -368,8 +406,7 @@ def _text(v: Any) -> str:
 
 
 def _amdsmi_device(lib: Any, index: int, h: Any) -> GpuReading:
-    r = GpuReading("amd", norm_bdf(lib.amdsmi_get_gpu_device_bdf(h)), index=index,
-                   source="amdsmi")  # fmt: skip
+    r = GpuReading("amd", norm_bdf(lib.amdsmi_get_gpu_device_bdf(h)), index=index, source="amdsmi")
     asic = _safe(lib.amdsmi_get_gpu_asic_info, h) or {}
     r.name = _text(asic.get("market_name"))
     r.device_id = _text(asic.get("device_id")).lower().removeprefix("0x")

@@ -113,8 +113,9 @@ class GpuCollector(PeriodicCollector):
         self.publish: Callable[[GpuFault], object] = lambda _ev: None
         self.last_xid: dict[str, int] = {}  # BDF -> the last Xid seen (dcgm's XID_ERRORS)
         # each read: the GPUs, and the labels of the pod the kubelet gave each (by BDF)
-        self.on_readings: Callable[[list[GpuReading], dict[str, dict[str, str]]], object] = \
-            lambda _gpus, _holders: None  # fmt: skip
+        self.on_readings: Callable[[list[GpuReading], dict[str, dict[str, str]]], object] = (
+            lambda _gpus, _holders: None
+        )
 
     def _read_vendor(self, vendor: str) -> None:
         for name, read in self.sources.get(vendor, []):
@@ -188,8 +189,17 @@ class GpuCollector(PeriodicCollector):
                 key = (r.bdf, kind, code)
                 prev, self._baseline[key] = self._baseline.get(key), n
                 if prev is not None and n > prev:
-                    self.fault(Fault(r.vendor, r.bdf, kind, code, message.format(n - prev, n),
-                                     count=n - prev, source="counter"))  # fmt: skip
+                    self.fault(
+                        Fault(
+                            r.vendor,
+                            r.bdf,
+                            kind,
+                            code,
+                            message.format(n - prev, n),
+                            count=n - prev,
+                            source="counter",
+                        )
+                    )
 
     def duplicate(self, f: Fault) -> bool:
         """True for the second report of one fault: an Xid the kernel log and NVML's event
@@ -223,19 +233,33 @@ class GpuCollector(PeriodicCollector):
                 self.last_xid[f.bdf] = int(f.code)
         g = next((r for r in self.readings() if r.bdf == f.bdf), None)
         for who in self.holders(g, f.pid):
-            ev = GpuFault(gpu_index=g.index if g else 0, bdf=f.bdf, uuid=g.uuid if g else "",
-                          vendor=f.vendor, fault=f.kind, code=f.code, message=f.message,
-                          pid=f.pid, **owner_fields(who))  # fmt: skip
+            ev = GpuFault(
+                gpu_index=g.index if g else 0,
+                bdf=f.bdf,
+                uuid=g.uuid if g else "",
+                vendor=f.vendor,
+                fault=f.kind,
+                code=f.code,
+                message=f.message,
+                pid=f.pid,
+                **owner_fields(who),
+            )
             self.publish(ev)
-            key = (str(g.index) if g else f.bdf, f.kind, f.code, ev.namespace, ev.pod,
-                   ev.workload)  # fmt: skip
+            key = (str(g.index) if g else f.bdf, f.kind, f.code, ev.namespace, ev.pod, ev.workload)
             with self._lock:
                 if key in self.faults or len(self.faults) < MAX_FAULT_SERIES:
                     self.faults[key] = self.faults.get(key, 0) + f.count
                 else:
                     self.faults_dropped += f.count
-            log.warning("gpu fault: %s %s %s on %s (pod %s/%s)", f.vendor, f.kind, f.code, f.bdf,
-                        ev.namespace, ev.pod)  # fmt: skip
+            log.warning(
+                "gpu fault: %s %s %s on %s (pod %s/%s)",
+                f.vendor,
+                f.kind,
+                f.code,
+                f.bdf,
+                ev.namespace,
+                ev.pod,
+            )
 
     def refresh(self) -> list[Metric]:
         for vendor in ("amd", "nvidia"):
@@ -256,8 +280,13 @@ class GpuCollector(PeriodicCollector):
         n = {"node": self.node}
         fams: dict[str, Metric] = {}
 
-        def add(name: str, help_text: str, labels: dict[str, str], value: float | None,
-                kind: str = "gauge") -> None:  # fmt: skip
+        def add(
+            name: str,
+            help_text: str,
+            labels: dict[str, str],
+            value: float | None,
+            kind: str = "gauge",
+        ) -> None:
             if value is None:
                 return  # unsupported or unknown: absent, never zero
             m = fams.get(name) or fams.setdefault(name, Metric(name, help_text, kind))
@@ -266,20 +295,46 @@ class GpuCollector(PeriodicCollector):
         with self._lock:
             counted, dropped = dict(self.faults), self.faults_dropped
         for (gpu, kind, code, ns, pod, workload), count in sorted(counted.items()):
-            add("lens_gpu_faults_total", "GPU faults (Xid, uncorrectable ECC and RAS errors), "
-                "with the pod that held the GPU", {"gpu": gpu, "kind": kind, "code": code,
-                                          "namespace": ns, "pod": pod, "workload": workload},
-                count, "counter")  # fmt: skip
+            add(
+                "lens_gpu_faults_total",
+                "GPU faults (Xid, uncorrectable ECC and RAS errors), "
+                "with the pod that held the GPU",
+                {
+                    "gpu": gpu,
+                    "kind": kind,
+                    "code": code,
+                    "namespace": ns,
+                    "pod": pod,
+                    "workload": workload,
+                },
+                count,
+                "counter",
+            )
         if counted or dropped:
-            add("lens_gpu_faults_unattributed_total", "GPU faults beyond the series cap, "
-                f"counted here ({MAX_FAULT_SERIES} series)", n, dropped, "counter")  # fmt: skip
-            add("lens_gpu_faults_duplicate_total", "Fault reports seen two ways (kernel log, "
-                "NVML events, error counters), counted once in lens_gpu_faults_total", n,
-                self.faults_duplicate, "counter")  # fmt: skip
+            add(
+                "lens_gpu_faults_unattributed_total",
+                "GPU faults beyond the series cap, " f"counted here ({MAX_FAULT_SERIES} series)",
+                n,
+                dropped,
+                "counter",
+            )
+            add(
+                "lens_gpu_faults_duplicate_total",
+                "Fault reports seen two ways (kernel log, "
+                "NVML events, error counters), counted once in lens_gpu_faults_total",
+                n,
+                self.faults_duplicate,
+                "counter",
+            )
         for rev, count in sorted(self.tables_skipped.items()):
-            add("lens_gpu_metrics_table_skipped_total", "AMD gpu_metrics tables read but not "
+            add(
+                "lens_gpu_metrics_table_skipped_total",
+                "AMD gpu_metrics tables read but not "
                 "understood (a layout revision lens-ebpf does not know), by revision",
-                {"revision": rev}, count, "counter")  # fmt: skip
+                {"revision": rev},
+                count,
+                "counter",
+            )
         for vendor in sorted(self.state):
             add(
                 "lens_gpu_reading_stale",
@@ -293,8 +348,12 @@ class GpuCollector(PeriodicCollector):
                 {"vendor": vendor},
                 round(self.clock() - self.state[vendor].at, 3),
             )
-            add("lens_gpu_source_info", "Where the reading came from (value 1)",
-                {"vendor": vendor, "source": self.state[vendor].source}, 1)  # fmt: skip
+            add(
+                "lens_gpu_source_info",
+                "Where the reading came from (value 1)",
+                {"vendor": vendor, "source": self.state[vendor].source},
+                1,
+            )
         if not gpus:
             return list(fams.values())
         families.gpu_families(add, n, gpus, owners, self.identify)
@@ -304,8 +363,9 @@ class GpuCollector(PeriodicCollector):
         if "dcgm" in self.compat:
             with self._lock:
                 xids = dict(self.last_xid)
-            out += compat_dcgm.families(gpus, self.node, lambda g: owners[id(g)],
-                                        lambda g: xids.get(g.bdf, 0))  # fmt: skip
+            out += compat_dcgm.families(
+                gpus, self.node, lambda g: owners[id(g)], lambda g: xids.get(g.bdf, 0)
+            )
         return out
 
 
@@ -390,8 +450,13 @@ def default_sources(g: GpuSettings, sysfs: Path) -> dict[str, list[Source]]:
 
         def amd_smi() -> list[GpuReading]:
             def call(*a: str) -> str:
-                return subprocess.run([tool, *a, "--json"], capture_output=True, text=True,
-                                      timeout=g.timeout_seconds, check=True).stdout  # fmt: skip
+                return subprocess.run(
+                    [tool, *a, "--json"],
+                    capture_output=True,
+                    text=True,
+                    timeout=g.timeout_seconds,
+                    check=True,
+                ).stdout
 
             return amd.parse_amd_smi(call("static"), call("metric"), call("process"))
 
@@ -402,23 +467,40 @@ def default_sources(g: GpuSettings, sysfs: Path) -> dict[str, list[Source]]:
         nv_sources.append(nvml_source(pynvml))
     smi = shutil.which(g.nvidia_smi)
     if smi:
-        nv_sources.append(("nvidia-smi", lambda: nvidia.parse_smi_csv(
-            *nvidia.run_nvidia_smi(smi, g.timeout_seconds))))  # fmt: skip
+        nv_sources.append(
+            (
+                "nvidia-smi",
+                lambda: nvidia.parse_smi_csv(*nvidia.run_nvidia_smi(smi, g.timeout_seconds)),
+            )
+        )
     return {"amd": amd_sources, "nvidia": nv_sources}
 
 
-def make_collector(devices: DevicesConfig, node: str, g: GpuSettings,
-                   identify: Callable[[int], dict[str, str]],
-                   allocated: Callable[[], dict[str, Any]]) -> GpuCollector:  # fmt: skip
+def make_collector(
+    devices: DevicesConfig,
+    node: str,
+    g: GpuSettings,
+    identify: Callable[[int], dict[str, str]],
+    allocated: Callable[[], dict[str, Any]],
+) -> GpuCollector:
     """The GPU collector from its settings (the agent's feature and `trace gpu`)."""
     sysfs = Path(devices.sysfs_root)
-    return GpuCollector(g.interval_seconds, node, default_sources(g, sysfs),
-                        g.stale_seconds, Path(devices.dev_root), identify=identify,
-                        allocated=allocated, sysfs=sysfs, compat=devices.compat)  # fmt: skip
+    return GpuCollector(
+        g.interval_seconds,
+        node,
+        default_sources(g, sysfs),
+        g.stale_seconds,
+        Path(devices.dev_root),
+        identify=identify,
+        allocated=allocated,
+        sysfs=sysfs,
+        compat=devices.compat,
+    )
 
 
-def fault_watchers(g: GpuSettings, gpu: GpuCollector
-                   ) -> tuple[faults.KmsgWatcher | None, nvidia.XidEvents | None]:  # fmt: skip
+def fault_watchers(
+    g: GpuSettings, gpu: GpuCollector
+) -> tuple[faults.KmsgWatcher | None, nvidia.XidEvents | None]:
     """What reports faults to gpu beside its own readings, each as configured: the kernel
     log, and NVML's Xid events where pynvml is installed."""
     kmsg = faults.KmsgWatcher(g.kmsg, gpu.fault) if g.kmsg else None
@@ -431,18 +513,28 @@ class GpuFeature(CollectorFeature):
     """AMD (amdsmi, amd-smi, sysfs) and NVIDIA (NVML, nvidia-smi) GPUs, and the node
     exporter's GPU routes; processes attributed to pods, GPUs to the pods they serve."""
 
-    VIEWS = {"/gpus": ("gpus", []), "/gpuDriverVersion": ("driver", ""),
-             "/cardMetrics": ("cards", []), "/driMapping": ("dri", {})}  # fmt: skip
+    VIEWS = {
+        "/gpus": ("gpus", []),
+        "/gpuDriverVersion": ("driver", ""),
+        "/cardMetrics": ("cards", []),
+        "/driMapping": ("dri", {}),
+    }
 
     def make(self) -> GpuCollector:
         g = self.ctx.settings("gpu", GpuSettings)
-        gpu = make_collector(self.ctx.devices, self.ctx.node.name, g, self.ctx.enrich.pid,
-                             lambda: self.ctx.offers.gpu_assignments())  # fmt: skip
+        gpu = make_collector(
+            self.ctx.devices,
+            self.ctx.node.name,
+            g,
+            self.ctx.enrich.pid,
+            lambda: self.ctx.offers.gpu_assignments(),
+        )
         gpu.publish = self.ctx.bus.publish
         watch, node = self.ctx.watch, self.ctx.node.name
         watch.expect("gpu")
         gpu.on_readings = lambda gpus, holders: watch.update(
-            "gpu", inventory.gpu_records(gpus, node, holders))  # fmt: skip
+            "gpu", inventory.gpu_records(gpus, node, holders)
+        )
         kmsg, xids = fault_watchers(g, gpu)
         if kmsg is not None:
             self.ctx.spawn("gpu-faults", lambda: kmsg.run(self.ctx.stop))

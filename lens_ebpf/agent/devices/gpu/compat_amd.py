@@ -43,48 +43,92 @@ def _minus(total: int | None, used: int | None) -> int | None:
 # name, help (the exporter's), value of one reading (None: absent)
 GAUGES: list[tuple[str, str, Callable[[GpuReading], float | None]]] = [
     ("gpu_gfx_activity", "Graphics engine usage percentage (0 - 100)", lambda g: g.utilization),
-    ("gpu_umc_activity", "Memory engine usage percentage (0 - 100)",
-     lambda g: g.memory_utilization),
+    (
+        "gpu_umc_activity",
+        "Memory engine usage percentage (0 - 100)",
+        lambda g: g.memory_utilization,
+    ),
     ("gpu_total_vram", "Total VRAM available in MB", lambda g: _mb(g.memory_total)),
     ("gpu_used_vram", "Total VRAM memory used in MB", lambda g: _mb(g.memory_used)),
     ("gpu_free_vram", "Total VRAM memory free in MB", lambda g: _mb(g.memory_free)),
-    ("gpu_total_visible_vram", "Total available visible VRAM memory in MB",
-     lambda g: _mb(g.memory_visible_total)),
-    ("gpu_used_visible_vram", "Used visible VRAM memory in MB",
-     lambda g: _mb(g.memory_visible_used)),
-    ("gpu_free_visible_vram", "Free visible VRAM memory in MB",
-     lambda g: _mb(_minus(g.memory_visible_total, g.memory_visible_used))),
+    (
+        "gpu_total_visible_vram",
+        "Total available visible VRAM memory in MB",
+        lambda g: _mb(g.memory_visible_total),
+    ),
+    (
+        "gpu_used_visible_vram",
+        "Used visible VRAM memory in MB",
+        lambda g: _mb(g.memory_visible_used),
+    ),
+    (
+        "gpu_free_visible_vram",
+        "Free visible VRAM memory in MB",
+        lambda g: _mb(_minus(g.memory_visible_total, g.memory_visible_used)),
+    ),
     ("gpu_total_gtt", "Total GTT memory in MB", lambda g: _mb(g.gtt_total)),
     ("gpu_used_gtt", "Current GTT memory usage in MB", lambda g: _mb(g.gtt_used)),
-    ("gpu_free_gtt", "Free GTT memory available in MB",
-     lambda g: _mb(_minus(g.gtt_total, g.gtt_used))),
+    (
+        "gpu_free_gtt",
+        "Free GTT memory available in MB",
+        lambda g: _mb(_minus(g.gtt_total, g.gtt_used)),
+    ),
     ("gpu_power_usage", "GPU power usage in Watts", lambda g: g.power_socket),
     ("gpu_package_power", "Current socket power in Watts", lambda g: g.power_current),
-    ("gpu_average_package_power", "Average socket power in Watts",
-     lambda g: g.power_average),
-    ("gpu_edge_temperature", "Edge temperature value in Celsius",
-     lambda g: g.temperatures.get("edge")),
-    ("gpu_junction_temperature", "Hotspot (aka junction) temperature value in Celsius",
-     lambda g: g.temperatures.get("junction")),
-    ("gpu_memory_temperature", "Memory temperature value in Celsius",
-     lambda g: g.temperatures.get("mem")),
-    ("gpu_energy_consumed", "Accumulated energy consumed by the GPU in Micro Joules (uJ)",
-     lambda g: None if g.energy_joules is None else g.energy_joules * 1e6),
+    ("gpu_average_package_power", "Average socket power in Watts", lambda g: g.power_average),
+    (
+        "gpu_edge_temperature",
+        "Edge temperature value in Celsius",
+        lambda g: g.temperatures.get("edge"),
+    ),
+    (
+        "gpu_junction_temperature",
+        "Hotspot (aka junction) temperature value in Celsius",
+        lambda g: g.temperatures.get("junction"),
+    ),
+    (
+        "gpu_memory_temperature",
+        "Memory temperature value in Celsius",
+        lambda g: g.temperatures.get("mem"),
+    ),
+    (
+        "gpu_energy_consumed",
+        "Accumulated energy consumed by the GPU in Micro Joules (uJ)",
+        lambda g: None if g.energy_joules is None else g.energy_joules * 1e6,
+    ),
     ("pcie_speed", "Current PCIe speed capable in GT/s", lambda g: g.pcie_speed_gts),
     ("pcie_max_speed", "Maximum capable PCIe speed in GT/s", lambda g: g.pcie_max_speed_gts),
-    ("pcie_bandwidth", "Current instantaneous bandwidth usage in Mb/s",
-     lambda g: g.pcie_bandwidth_mbs),
-    ("pcie_replay_count", "Total number of PCIe replays (NAKs)",
-     lambda g: g.pcie_counters.get("replay", g.pcie_replays)),
-    ("pcie_recovery_count", "Total number of PCIe recoveries",
-     lambda g: g.pcie_counters.get("recovery")),
-    ("pcie_replay_rollover_count", "PCIe Replay accumulated count",
-     lambda g: g.pcie_counters.get("replay_rollover")),
-    ("pcie_nack_sent_count", "PCIe NACK sent accumulated count",
-     lambda g: g.pcie_counters.get("nack_sent")),
-    ("pcie_nack_received_count", "PCIe NACK received accumulated count",
-     lambda g: g.pcie_counters.get("nack_received")),
-]  # fmt: skip
+    (
+        "pcie_bandwidth",
+        "Current instantaneous bandwidth usage in Mb/s",
+        lambda g: g.pcie_bandwidth_mbs,
+    ),
+    (
+        "pcie_replay_count",
+        "Total number of PCIe replays (NAKs)",
+        lambda g: g.pcie_counters.get("replay", g.pcie_replays),
+    ),
+    (
+        "pcie_recovery_count",
+        "Total number of PCIe recoveries",
+        lambda g: g.pcie_counters.get("recovery"),
+    ),
+    (
+        "pcie_replay_rollover_count",
+        "PCIe Replay accumulated count",
+        lambda g: g.pcie_counters.get("replay_rollover"),
+    ),
+    (
+        "pcie_nack_sent_count",
+        "PCIe NACK sent accumulated count",
+        lambda g: g.pcie_counters.get("nack_sent"),
+    ),
+    (
+        "pcie_nack_received_count",
+        "PCIe NACK received accumulated count",
+        lambda g: g.pcie_counters.get("nack_received"),
+    ),
+]
 
 
 def labels(g: GpuReading, hostname: str, owner: dict[str, str]) -> dict[str, str]:
@@ -112,8 +156,9 @@ def healthy(g: GpuReading) -> bool:
     return not any(n > 0 for (_, kind), n in g.ras_errors.items() if kind == "uncorrectable")
 
 
-def families(gpus: list[GpuReading], hostname: str,
-             owners: Callable[[GpuReading], dict[str, str]]) -> list[Metric]:  # fmt: skip
+def families(
+    gpus: list[GpuReading], hostname: str, owners: Callable[[GpuReading], dict[str, str]]
+) -> list[Metric]:
     """The exporter's families for the AMD GPUs among gpus."""
     amd = [g for g in gpus if g.vendor == "amd"]
     fams: dict[str, Metric] = {}
@@ -125,29 +170,48 @@ def families(gpus: list[GpuReading], hostname: str,
         m.add_sample(name, lbl, float(value))
 
     if amd:
-        add("gpu_nodes_total", "Number of GPU nodes on the machine", {"hostname": hostname},
-            len(amd))  # fmt: skip
+        add(
+            "gpu_nodes_total",
+            "Number of GPU nodes on the machine",
+            {"hostname": hostname},
+            len(amd),
+        )
     for g in amd:
         lbl = labels(g, hostname, owners(g))
         add("gpu_health", "Health of the GPU (1 healthy, 0 unhealthy)", lbl, float(healthy(g)))
         for name, help_text, value in GAUGES:
             add(name, help_text, lbl, value(g))
         for clock in sorted(set(g.clocks_mhz) | set(g.clock_ranges_mhz), key=_clock_order):
-            clbl = {**lbl, "clock_index": str(_clock_order(clock)),
-                    "clock_type": CLOCK_TYPES.get(clock, clock.upper())}  # fmt: skip
+            clbl = {
+                **lbl,
+                "clock_index": str(_clock_order(clock)),
+                "clock_type": CLOCK_TYPES.get(clock, clock.upper()),
+            }
             add("gpu_clock", "Clock measure of the GPU in Mhz", clbl, g.clocks_mhz.get(clock))
             lo, hi = g.clock_ranges_mhz.get(clock, (None, None))
             add("gpu_min_clock", "Minimum Clock measure of the GPU in Mhz", clbl, lo)
             add("gpu_max_clock", "Maximum Clock measure of the GPU in Mhz", clbl, hi)
         for stack, c in sorted(g.hbm_temperatures.items()):
-            add("gpu_hbm_temperature", "List of per-stack HBM temperatures in Celsius",
-                {**lbl, "hbm_index": str(stack)}, c)  # fmt: skip
+            add(
+                "gpu_hbm_temperature",
+                "List of per-stack HBM temperatures in Celsius",
+                {**lbl, "hbm_index": str(stack)},
+                c,
+            )
         for link, kb in sorted(g.xgmi_read_kb.items()):
-            add("gpu_xgmi_link_rx", "Accumulated XGMI Link Data Read in KB",
-                {**lbl, "link_index": str(link)}, kb)  # fmt: skip
+            add(
+                "gpu_xgmi_link_rx",
+                "Accumulated XGMI Link Data Read in KB",
+                {**lbl, "link_index": str(link)},
+                kb,
+            )
         for link, kb in sorted(g.xgmi_write_kb.items()):
-            add("gpu_xgmi_link_tx", "Accumulated XGMI Link Data Write in KB",
-                {**lbl, "link_index": str(link)}, kb)  # fmt: skip
+            add(
+                "gpu_xgmi_link_tx",
+                "Accumulated XGMI Link Data Write in KB",
+                {**lbl, "link_index": str(link)},
+                kb,
+            )
         totals: dict[str, int] = {}
         for (block, kind), n in sorted(g.ras_errors.items()):
             word = ECC_KINDS.get(kind)

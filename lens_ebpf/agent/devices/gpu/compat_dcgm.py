@@ -40,41 +40,85 @@ def _reserved_mib(g: GpuReading) -> float | None:
 
 # name, type, help (the CSV's), value of one reading (None: absent)
 FIELDS: list[tuple[str, str, str, Callable[[GpuReading], float | None]]] = [
-    ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).",
-     lambda g: g.clocks_mhz.get("sm")),
-    ("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).",
-     lambda g: g.clocks_mhz.get("memory")),
+    (
+        "DCGM_FI_DEV_SM_CLOCK",
+        "gauge",
+        "SM clock frequency (in MHz).",
+        lambda g: g.clocks_mhz.get("sm"),
+    ),
+    (
+        "DCGM_FI_DEV_MEM_CLOCK",
+        "gauge",
+        "Memory clock frequency (in MHz).",
+        lambda g: g.clocks_mhz.get("memory"),
+    ),
     ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", lambda g: g.temperature),
     ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", lambda g: g.power_draw),
-    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter",
-     "Total energy consumption since boot (in mJ).",
-     lambda g: None if g.energy_joules is None else round(g.energy_joules * 1000)),
-    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.",
-     lambda g: g.pcie_replays),
+    (
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "counter",
+        "Total energy consumption since boot (in mJ).",
+        lambda g: None if g.energy_joules is None else round(g.energy_joules * 1000),
+    ),
+    (
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "counter",
+        "Total number of PCIe retries.",
+        lambda g: g.pcie_replays,
+    ),
     ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", lambda g: g.utilization),
-    ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).",
-     lambda g: g.memory_utilization),
-    ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).",
-     lambda g: _mib(g.memory_free)),
-    ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).",
-     lambda g: _mib(g.memory_used)),
-    ("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).",
-     _reserved_mib),
-    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
-     "Number of remapped rows for uncorrectable errors",
-     lambda g: g.remapped_rows.get("uncorrectable")),
-    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter",
-     "Number of remapped rows for correctable errors",
-     lambda g: g.remapped_rows.get("correctable")),
-    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
-     lambda g: flag(g.row_remap_failure)),
-    ("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "The rate of data transmitted over the PCIe bus "
-     "- including both protocol headers and data payloads - in bytes per second.",
-     lambda g: g.pcie_bytes_per_second.get("tx")),
-    ("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "The rate of data received over the PCIe bus "
-     "- including both protocol headers and data payloads - in bytes per second.",
-     lambda g: g.pcie_bytes_per_second.get("rx")),
-]  # fmt: skip
+    (
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "gauge",
+        "Memory utilization (in %).",
+        lambda g: g.memory_utilization,
+    ),
+    (
+        "DCGM_FI_DEV_FB_FREE",
+        "gauge",
+        "Framebuffer memory free (in MiB).",
+        lambda g: _mib(g.memory_free),
+    ),
+    (
+        "DCGM_FI_DEV_FB_USED",
+        "gauge",
+        "Framebuffer memory used (in MiB).",
+        lambda g: _mib(g.memory_used),
+    ),
+    ("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).", _reserved_mib),
+    (
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Number of remapped rows for uncorrectable errors",
+        lambda g: g.remapped_rows.get("uncorrectable"),
+    ),
+    (
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Number of remapped rows for correctable errors",
+        lambda g: g.remapped_rows.get("correctable"),
+    ),
+    (
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "gauge",
+        "Whether remapping of rows has failed",
+        lambda g: flag(g.row_remap_failure),
+    ),
+    (
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "gauge",
+        "The rate of data transmitted over the PCIe bus "
+        "- including both protocol headers and data payloads - in bytes per second.",
+        lambda g: g.pcie_bytes_per_second.get("tx"),
+    ),
+    (
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "gauge",
+        "The rate of data received over the PCIe bus "
+        "- including both protocol headers and data payloads - in bytes per second.",
+        lambda g: g.pcie_bytes_per_second.get("rx"),
+    ),
+]
 
 
 def pci_bus_id(bdf: str) -> str:
@@ -94,14 +138,20 @@ def labels(g: GpuReading, hostname: str, owner: dict[str, str]) -> dict[str, str
         "DCGM_FI_DRIVER_VERSION": g.driver_version,
     }
     if owner.get("pod"):
-        lbl.update(namespace=owner.get("namespace", ""), pod=owner["pod"],
-                   container=owner.get("container", ""))  # fmt: skip
+        lbl.update(
+            namespace=owner.get("namespace", ""),
+            pod=owner["pod"],
+            container=owner.get("container", ""),
+        )
     return lbl
 
 
-def families(gpus: list[GpuReading], hostname: str,
-             owners: Callable[[GpuReading], dict[str, str]],
-             last_xid: Callable[[GpuReading], int]) -> list[Metric]:  # fmt: skip
+def families(
+    gpus: list[GpuReading],
+    hostname: str,
+    owners: Callable[[GpuReading], dict[str, str]],
+    last_xid: Callable[[GpuReading], int],
+) -> list[Metric]:
     """dcgm-exporter's families for the NVIDIA GPUs among gpus."""
     fams: dict[str, Metric] = {}
 
@@ -115,6 +165,11 @@ def families(gpus: list[GpuReading], hostname: str,
         lbl = labels(g, hostname, owners(g))
         for name, kind, help_text, value in FIELDS:
             add(name, kind, help_text, lbl, value(g))
-        add("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.", lbl,
-            last_xid(g))  # fmt: skip
+        add(
+            "DCGM_FI_DEV_XID_ERRORS",
+            "gauge",
+            "Value of the last XID error encountered.",
+            lbl,
+            last_xid(g),
+        )
     return list(fams.values())

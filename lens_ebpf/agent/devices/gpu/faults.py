@@ -23,11 +23,15 @@ from lens_ebpf.agent.devices.gpu.model import norm_bdf
 
 log = logging.getLogger(__name__)
 
-XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)\): "
-                 r"(\d+)(?:, (.*))?")  # fmt: skip
+XID = re.compile(
+    r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)\): "
+    r"(\d+)(?:, (.*))?"
+)
 XID_PID = re.compile(r"\bpid=(\d+)")
-AMD_RAS = re.compile(r"amdgpu (\S+): (?:amdgpu: )?(\d+) (uncorrectable|correctable) hardware "
-                     r"errors detected in (\w+) block")  # fmt: skip
+AMD_RAS = re.compile(
+    r"amdgpu (\S+): (?:amdgpu: )?(\d+) (uncorrectable|correctable) hardware "
+    r"errors detected in (\w+) block"
+)
 
 
 @dataclass(frozen=True)
@@ -56,11 +60,23 @@ def parse_fault(message: str) -> Fault | None:
     if m := XID.search(message):
         bdf = m.group(1) if "." in m.group(1) else m.group(1) + ".0"
         pid = XID_PID.search(m.group(3) or "")
-        return Fault("nvidia", norm_bdf(bdf), "xid", m.group(2), message[m.start():][:300],
-                     pid=int(pid.group(1)) if pid else 0)  # fmt: skip
+        return Fault(
+            "nvidia",
+            norm_bdf(bdf),
+            "xid",
+            m.group(2),
+            message[m.start() :][:300],
+            pid=int(pid.group(1)) if pid else 0,
+        )
     if m := AMD_RAS.search(message):
-        return Fault("amd", norm_bdf(m.group(1)), f"ras_{m.group(3)}", m.group(4),
-                     message[m.start():][:300], count=int(m.group(2)))  # fmt: skip
+        return Fault(
+            "amd",
+            norm_bdf(m.group(1)),
+            f"ras_{m.group(3)}",
+            m.group(4),
+            message[m.start() :][:300],
+            count=int(m.group(2)),
+        )
     return None
 
 
@@ -85,8 +101,12 @@ class KmsgWatcher:
             try:
                 fd = self.open()
             except OSError as exc:
-                log.warning("gpu faults: cannot read %s: %s; Xid and RAS reports from the "
-                            "kernel log are off", self.path, exc.strerror or exc)  # fmt: skip
+                log.warning(
+                    "gpu faults: cannot read %s: %s; Xid and RAS reports from the "
+                    "kernel log are off",
+                    self.path,
+                    exc.strerror or exc,
+                )
                 return
         try:
             while not stop.is_set():

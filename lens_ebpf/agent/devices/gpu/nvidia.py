@@ -18,8 +18,10 @@ from lens_ebpf.agent.devices.gpu.model import GpuProcess, GpuReading, norm_bdf
 log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
-QUERY_GPU = ("index,uuid,name,pci.bus_id,driver_version,memory.total,memory.used,"
-             "utilization.gpu,temperature.gpu,power.draw,power.limit")  # fmt: skip
+QUERY_GPU = (
+    "index,uuid,name,pci.bus_id,driver_version,memory.total,memory.used,"
+    "utilization.gpu,temperature.gpu,power.draw,power.limit"
+)
 QUERY_APPS = "gpu_uuid,pid,used_memory"
 MISSING = {"[N/A]", "[Not Supported]", "N/A", "[Unknown Error]", ""}
 
@@ -42,15 +44,21 @@ def _memory_v2(nvml: Any, h: Any) -> Any:
 
 # NVML's clock event (throttle) reason bits, by the names the metric uses
 CLOCK_EVENTS = {
-    "gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8, "sync_boost": 0x10, "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40, "hw_power_brake_slowdown": 0x80,
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
     "display_clock_setting": 0x100,
-}  # fmt: skip
+}
 
 
-def _answered(get: Callable[..., Any], fn: Any, h: Any, asks: dict[Any, tuple[Any, ...]]
-              ) -> dict[Any, Any]:  # fmt: skip
+def _answered(
+    get: Callable[..., Any], fn: Any, h: Any, asks: dict[Any, tuple[Any, ...]]
+) -> dict[Any, Any]:
     """{key: fn(h, *args)} for each key whose call answered (get() gives None when not)."""
     got = {key: get(fn, h, *args) for key, args in asks.items()}
     return {key: v for key, v in got.items() if v is not None}
@@ -59,19 +67,32 @@ def _answered(get: Callable[..., Any], fn: Any, h: Any, asks: dict[Any, tuple[An
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (R570+; the deprecated RESET_STATUS and
 # DRAIN_AND_RESET_STATUS fields before it) and its NVML_GPU_RECOVERY_ACTION_* values
 FI_GPU_RECOVERY_ACTION = 230
-RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p",
-                    4: "drain_and_reset", 5: "recover_imex_domain", 6: "bus_reset",
-                    7: "system_reboot"}  # fmt: skip
+RECOVERY_ACTIONS = {
+    0: "none",
+    1: "gpu_reset",
+    2: "node_reboot",
+    3: "drain_p2p",
+    4: "drain_and_reset",
+    5: "recover_imex_domain",
+    6: "bus_reset",
+    7: "system_reboot",
+}
 
 
 def _nvml_health(nvml: Any, h: Any, r: GpuReading, get: Callable[..., Any]) -> None:
     """ECC, page retirement, row remapping, clock events and clocks, PCIe replays,
     energy: each only where this GPU and driver answer."""
-    ecc = {(ename, cname): (etype, ctype)
-           for etype, ename in ((nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, "corrected"),
-                                (nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, "uncorrected"))
-           for ctype, cname in ((nvml.NVML_VOLATILE_ECC, "volatile"),
-                                (nvml.NVML_AGGREGATE_ECC, "aggregate"))}  # fmt: skip
+    ecc = {
+        (ename, cname): (etype, ctype)
+        for etype, ename in (
+            (nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, "corrected"),
+            (nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, "uncorrected"),
+        )
+        for ctype, cname in (
+            (nvml.NVML_VOLATILE_ECC, "volatile"),
+            (nvml.NVML_AGGREGATE_ECC, "aggregate"),
+        )
+    }
     got = _answered(get, nvml.nvmlDeviceGetTotalEccErrors, h, ecc)
     r.ecc_errors = {key: int(n) for key, n in got.items()}
     causes = {
@@ -95,8 +116,10 @@ def _nvml_health(nvml: Any, h: Any, r: GpuReading, get: Callable[..., Any]) -> N
         r.recovery_action = RECOVERY_ACTIONS.get(code, f"action_{code}")
     # the clock event reasons (R535+), formerly the throttle reasons
     reasons = None
-    for fn_name in ("nvmlDeviceGetCurrentClocksEventReasons",
-                    "nvmlDeviceGetCurrentClocksThrottleReasons"):  # fmt: skip
+    for fn_name in (
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+    ):
         fn = getattr(nvml, fn_name, None)
         if fn is not None and (reasons := get(fn, h)) is not None:
             break
@@ -200,8 +223,7 @@ class XidEvents:
                 nvml.nvmlDeviceRegisterEvents(h, nvml.nvmlEventTypeXidCriticalError, evset)
                 bdf = norm_bdf(_text(nvml.nvmlDeviceGetPciInfo(h).busId))
             except nvml.NVMLError as exc:
-                log.info("gpu %d: no NVML Xid events (%s); the kernel log still has them", i,
-                         exc)  # fmt: skip
+                log.info("gpu %d: no NVML Xid events (%s); the kernel log still has them", i, exc)
                 continue
             self.gpus[ctypes.cast(h, ctypes.c_void_p).value] = bdf
         if not self.gpus:
@@ -243,8 +265,9 @@ class XidEvents:
         self.events += 1
         bdf = self.gpus.get(ctypes.cast(data.device, ctypes.c_void_p).value, "unknown")
         xid = int(data.eventData)
-        self.on_fault(Fault("nvidia", bdf, "xid", str(xid), f"NVML Xid event: {xid}",
-                            source="nvml"))  # fmt: skip
+        self.on_fault(
+            Fault("nvidia", bdf, "xid", str(xid), f"NVML Xid event: {xid}", source="nvml")
+        )
 
 
 def read_nvml(nvml: Any) -> list[GpuReading]:
@@ -277,8 +300,15 @@ def parse_smi_csv(gpus: str, apps: str = "") -> list[GpuReading]:
         if len(f) != 11:
             raise SourceError(f"nvidia-smi line {lineno}: {len(f)} fields, expected 11")
         try:
-            r = GpuReading("nvidia", norm_bdf(f[3]), index=int(f[0]), uuid=f[1], name=f[2],
-                           driver_version=f[4], source="nvidia-smi")  # fmt: skip
+            r = GpuReading(
+                "nvidia",
+                norm_bdf(f[3]),
+                index=int(f[0]),
+                uuid=f[1],
+                name=f[2],
+                driver_version=f[4],
+                source="nvidia-smi",
+            )
             total, used = _num(f[5]), _num(f[6])
             r.memory_total = int(total * MIB) if total is not None else None
             r.memory_used = int(used * MIB) if used is not None else None
@@ -302,8 +332,13 @@ def run_nvidia_smi(tool: str, timeout: float) -> tuple[str, str]:
     """Both queries, each with a timeout (nvidia-smi hangs on a wedged driver)."""
 
     def call(*args: str) -> str:
-        res = subprocess.run([tool, *args, "--format=csv,noheader,nounits"], capture_output=True,
-                             text=True, timeout=timeout, check=False)  # fmt: skip
+        res = subprocess.run(
+            [tool, *args, "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         if res.returncode != 0:
             raise SourceError(f"{tool} exited {res.returncode}: {res.stderr.strip()[:200]}")
         return res.stdout

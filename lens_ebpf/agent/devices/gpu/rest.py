@@ -38,16 +38,26 @@ def gpu_entry(g: GpuReading, dri: dict[str, str], allocated_to: dict[str, str] |
     """One /gpus row: gpu, asic, bus, dri_device, then our extras."""
     return {
         "gpu": g.index,
-        "asic": {"market_name": g.name, "device_id": hex_id(g.device_id),
-                 "asic_serial": asic_serial(g)},
+        "asic": {
+            "market_name": g.name,
+            "device_id": hex_id(g.device_id),
+            "asic_serial": asic_serial(g),
+        },
         "bus": {"bdf": g.bdf},
-        "dri_device": {"card": dri.get("card", ""), "render": dri.get("render", ""),
-                       "pci_addr": g.bdf},  # fmt: skip
+        "dri_device": {
+            "card": dri.get("card", ""),
+            "render": dri.get("render", ""),
+            "pci_addr": g.bdf,
+        },
         # lens-ebpf's additions
-        "vendor": g.vendor, "uuid": g.uuid, "unique_id": g.unique_id,
-        "driver_version": g.driver_version, "memory_total_bytes": g.memory_total,
-        "source": g.source, "allocated_to": allocated_to or None,
-    }  # fmt: skip
+        "vendor": g.vendor,
+        "uuid": g.uuid,
+        "unique_id": g.unique_id,
+        "driver_version": g.driver_version,
+        "memory_total_bytes": g.memory_total,
+        "source": g.source,
+        "allocated_to": allocated_to or None,
+    }
 
 
 def card_entry(g: GpuReading, stale: bool) -> dict:
@@ -56,13 +66,20 @@ def card_entry(g: GpuReading, stale: bool) -> dict:
     if g.memory_used is not None and g.memory_total:
         mem_pct = round(100 * g.memory_used / g.memory_total, 2)
     return {
-        "gpu": g.index, "gpu_use_percent": g.utilization, "memory_use_percent": mem_pct,
+        "gpu": g.index,
+        "gpu_use_percent": g.utilization,
+        "memory_use_percent": mem_pct,
         # lens-ebpf's additions
-        "vendor": g.vendor, "bdf": g.bdf, "memory_used_bytes": g.memory_used,
-        "memory_total_bytes": g.memory_total, "temperature_celsius": g.temperature,
-        "temperatures": g.temperatures, "power_draw_watts": g.power_draw,
-        "power_limit_watts": g.power_limit, "stale": stale,
-    }  # fmt: skip
+        "vendor": g.vendor,
+        "bdf": g.bdf,
+        "memory_used_bytes": g.memory_used,
+        "memory_total_bytes": g.memory_total,
+        "temperature_celsius": g.temperature,
+        "temperatures": g.temperatures,
+        "power_draw_watts": g.power_draw,
+        "power_limit_watts": g.power_limit,
+        "stale": stale,
+    }
 
 
 def dri_map(gpus: list[GpuReading], dri: dict[str, dict[str, str]]) -> dict[str, dict]:
@@ -73,8 +90,14 @@ def dri_map(gpus: list[GpuReading], dri: dict[str, dict[str, str]]) -> dict[str,
         card = nodes.get("card")
         if not card:
             continue
-        out[card] = {"card": card, "render": nodes.get("render", ""), "pci_addr": g.bdf,
-                     "card_id": card_id(card), "gpu": g.index, "vendor": g.vendor}  # fmt: skip
+        out[card] = {
+            "card": card,
+            "render": nodes.get("render", ""),
+            "pci_addr": g.bdf,
+            "card_id": card_id(card),
+            "gpu": g.index,
+            "vendor": g.vendor,
+        }
     return out
 
 
@@ -93,8 +116,15 @@ def device_nodes(gpus: list[GpuReading], dri: dict[str, dict[str, str]]) -> dict
     """
     out: dict[str, dict] = {}
     for g in gpus:
-        dev = {"name": g.name, "id": g.index, "kind": "GPU", "uuid": hex_id(g.device_id),
-               "serial": asic_serial(g), "slot": g.bdf, "vendor": g.vendor}  # fmt: skip
+        dev = {
+            "name": g.name,
+            "id": g.index,
+            "kind": "GPU",
+            "uuid": hex_id(g.device_id),
+            "serial": asic_serial(g),
+            "slot": g.bdf,
+            "vendor": g.vendor,
+        }
         for path in dri.get(g.bdf, {}).values():
             out[path] = dev
         if g.vendor == "nvidia":

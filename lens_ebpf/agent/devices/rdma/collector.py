@@ -33,9 +33,12 @@ def guid_bytes(guid: str) -> str:
     return ":".join(bare[i : i + 2] for i in range(0, 16, 2))
 
 
-def rest_view(devices: list[sysfs.RdmaDevice], stats: list[statistic.PortStats],
-              links: list[resources.Link] | None = None,
-              qps: dict[tuple[str, int], list[dict]] | None = None) -> list[dict]:  # fmt: skip
+def rest_view(
+    devices: list[sysfs.RdmaDevice],
+    stats: list[statistic.PortStats],
+    links: list[resources.Link] | None = None,
+    qps: dict[tuple[str, int], list[dict]] | None = None,
+) -> list[dict]:
     """/rdma in the node exporter's shape: one entry per port. if_index is the RDMA device
     index `rdma link` or `rdma statistic` reports; for a device neither lists, the
     device's position by name, or the next index no other device holds. With resource
@@ -52,30 +55,39 @@ def rest_view(devices: list[sysfs.RdmaDevice], stats: list[statistic.PortStats],
     out = []
     for d in devices:
         for p in d.ports:
-            out.append({
-                "if_index": index[d.name], "if_name": d.name,
-                "node_guid": guid_bytes(d.node_guid),
-                "sys_image_guid": guid_bytes(d.sys_image_guid),
-                "port_guid": guid_bytes(p.port_guid), "link_layer": p.link_layer,
-                # lens-ebpf's additions
-                "port": p.number, "state": p.state_name, "netdev": d.netdev,
-            })  # fmt: skip
+            out.append(
+                {
+                    "if_index": index[d.name],
+                    "if_name": d.name,
+                    "node_guid": guid_bytes(d.node_guid),
+                    "sys_image_guid": guid_bytes(d.sys_image_guid),
+                    "port_guid": guid_bytes(p.port_guid),
+                    "link_layer": p.link_layer,
+                    # lens-ebpf's additions
+                    "port": p.number,
+                    "state": p.state_name,
+                    "netdev": d.netdev,
+                }
+            )
             if qps is not None:
                 out[-1]["queue_pairs"] = qps.get((d.name, p.number), [])
     return out
 
 
-def uverbs_devices(devices: list[sysfs.RdmaDevice], uverbs: dict[int, str],
-                   view: list[dict]) -> dict[str, dict]:  # fmt: skip
+def uverbs_devices(
+    devices: list[sysfs.RdmaDevice], uverbs: dict[int, str], view: list[dict]
+) -> dict[str, dict]:
     """/dev/infiniband/uverbsN -> the RDMA device behind it, in /pods' device shape."""
     by_name = {row["if_name"]: row for row in view}
     out = {}
     for n, name in uverbs.items():
         row = by_name.get(name)
         out[f"/dev/infiniband/uverbs{n}"] = {
-            "name": name, "id": row["if_index"] if row else -1, "kind": "RDMA",
+            "name": name,
+            "id": row["if_index"] if row else -1,
+            "kind": "RDMA",
             "uuid": row["node_guid"] if row else "",
-        }  # fmt: skip
+        }
     return out
 
 
@@ -86,8 +98,11 @@ MAX_QP_SERIES = 1000  # lens_rdma_queue_pairs series; QPs beyond are counted, no
 QpRows = list[tuple[resources.QueuePair, dict[str, str]]]  # each QP with who holds it
 
 
-def qp_rows(qps: list[resources.QueuePair], identify: Callable[[int], dict[str, str]],
-            first_port: dict[str, int]) -> QpRows:  # fmt: skip
+def qp_rows(
+    qps: list[resources.QueuePair],
+    identify: Callable[[int], dict[str, str]],
+    first_port: dict[str, int],
+) -> QpRows:
     """Each QP with who holds it: the pod identity of its process (empty for the host's
     processes and the kernel's QPs); a QP the kernel gave no port (5.10) on its device's
     first port."""
@@ -121,10 +136,14 @@ def qp_metrics(rows: QpRows) -> list[Metric]:
         "gauge",
     )
     for key, n in sorted(counts.items()):
-        fam.add_sample(fam.name, dict(zip(("device", "port", "type", "comm", *IDENTITY), key,
-                                          strict=True)), n)  # fmt: skip
-    unl = Metric("lens_rdma_queue_pairs_unlabelled", f"Queue pairs beyond the "
-                 f"{MAX_QP_SERIES} labelled series", "gauge")  # fmt: skip
+        fam.add_sample(
+            fam.name, dict(zip(("device", "port", "type", "comm", *IDENTITY), key, strict=True)), n
+        )
+    unl = Metric(
+        "lens_rdma_queue_pairs_unlabelled",
+        f"Queue pairs beyond the " f"{MAX_QP_SERIES} labelled series",
+        "gauge",
+    )
     unl.add_sample(unl.name, {}, over)
     return [fam, unl]
 
@@ -167,21 +186,29 @@ class RdmaCollector(PeriodicCollector):
         first_port = {d.name: d.ports[0].number for d in devices if d.ports}
         if devices and rdma is not None:
             links = self._tool("link", resources.parse_links, lambda: rdma("link", "show")) or []
-            qps = self._tool("resource", resources.parse_qps,
-                             lambda: rdma("resource", "show", "qp"))  # fmt: skip
+            qps = self._tool(
+                "resource", resources.parse_qps, lambda: rdma("resource", "show", "qp")
+            )
             rows = qp_rows(qps, self.identify, first_port) if qps is not None else None
         for d in devices:  # rxe and siw have no device/net in sysfs; `rdma link` says
             if not d.netdev:
-                d.netdev = next((ln.netdev for ln in links if ln.device == d.name
-                                 and ln.netdev), "")  # fmt: skip
+                d.netdev = next(
+                    (ln.netdev for ln in links if ln.device == d.name and ln.netdev), ""
+                )
         by_port: dict[tuple[str, int], list[dict]] | None = None
         if rows is not None:
             by_port = {}
             for qp, who in rows:
-                by_port.setdefault((qp.device, qp.port or 0), []).append({
-                    "lqpn": qp.lqpn, "type": qp.type, "state": qp.state, "pid": qp.pid,
-                    "comm": qp.comm, **{k: who.get(k, "") for k in (*IDENTITY, "container_id")},
-                })  # fmt: skip
+                by_port.setdefault((qp.device, qp.port or 0), []).append(
+                    {
+                        "lqpn": qp.lqpn,
+                        "type": qp.type,
+                        "state": qp.state,
+                        "pid": qp.pid,
+                        "comm": qp.comm,
+                        **{k: who.get(k, "") for k in (*IDENTITY, "container_id")},
+                    }
+                )
             self._changes(rows)
         self.views["rdma"] = rest_view(devices, stats, links, by_port)
         self.views["uverbs"] = sysfs.uverbs_map(self.sysfs_root)
@@ -193,8 +220,9 @@ class RdmaCollector(PeriodicCollector):
             qp_fams += self._qp_counters(devices, rdma)
         return device_metrics(devices) + stat_metrics(stats) + qp_fams
 
-    def _qp_counters(self, devices: list[sysfs.RdmaDevice], rdma: Callable[..., str]
-                     ) -> list[Metric]:  # fmt: skip
+    def _qp_counters(
+        self, devices: list[sysfs.RdmaDevice], rdma: Callable[..., str]
+    ) -> list[Metric]:
         """lens_rdma_qp_counter_total{device,port,counter,comm,namespace,pod,container,
         workload}: the per-QP counters the driver keeps, summed per process name and pod;
         lens_rdma_qp_counters_bound{device,port} says where binding took."""
@@ -205,10 +233,11 @@ class RdmaCollector(PeriodicCollector):
                     why = self.bind(d.name, p.number)
                     self.bound[(d.name, p.number)] = why
                     if why:
-                        log.info("rdma: no per-QP counters on %s/%d: %s", d.name, p.number,
-                                 why)  # fmt: skip
-        got = self._tool("statistic qp", qp_counters.parse,
-                         lambda: rdma("statistic", "qp", "show")) or []  # fmt: skip
+                        log.info("rdma: no per-QP counters on %s/%d: %s", d.name, p.number, why)
+        got = (
+            self._tool("statistic qp", qp_counters.parse, lambda: rdma("statistic", "qp", "show"))
+            or []
+        )
         sums: dict[tuple[str, ...], int] = {}
         for c in got:
             who = self.identify(c.pid) if c.pid is not None else {}
@@ -216,16 +245,22 @@ class RdmaCollector(PeriodicCollector):
                 key = (c.device, str(c.port), name, c.comm, *(who.get(k, "") for k in IDENTITY))
                 if key in sums or len(sums) < MAX_QP_SERIES:
                     sums[key] = sums.get(key, 0) + value
-        fam = Metric("lens_rdma_qp_counter", "Per-QP hardware counters (collectors.rdma."
-                     "qp_counters), summed per process and pod", "counter")  # fmt: skip
+        fam = Metric(
+            "lens_rdma_qp_counter",
+            "Per-QP hardware counters (collectors.rdma." "qp_counters), summed per process and pod",
+            "counter",
+        )
         for key, value in sorted(sums.items()):
             fam.add_sample(
                 fam.name + "_total",
                 dict(zip(("device", "port", "counter", "comm", *IDENTITY), key, strict=True)),
                 value,
             )
-        bound = Metric("lens_rdma_qp_counters_bound", "1 where per-QP counters were bound "
-                       "(auto, by QP type), 0 where the driver refused", "gauge")  # fmt: skip
+        bound = Metric(
+            "lens_rdma_qp_counters_bound",
+            "1 where per-QP counters were bound " "(auto, by QP type), 0 where the driver refused",
+            "gauge",
+        )
         for (dev, port), why in sorted(self.bound.items()):
             bound.add_sample(bound.name, {"device": dev, "port": str(port)}, 0 if why else 1)
         return [fam, bound]
@@ -240,11 +275,18 @@ class RdmaCollector(PeriodicCollector):
                 now[(who["container_id"], qp.device)] = (n + 1, who)
         for key in sorted(now.keys() - self.holders.keys()):
             n, who = now[key]
-            self.publish(RdmaUse(kind="rdma_open", device=key[1], queue_pairs=n,
-                                 **owner_fields(who)))  # fmt: skip
+            self.publish(
+                RdmaUse(kind="rdma_open", device=key[1], queue_pairs=n, **owner_fields(who))
+            )
         for key in sorted(self.holders.keys() - now.keys()):
-            self.publish(RdmaUse(kind="rdma_close", device=key[1], queue_pairs=0,
-                                 **owner_fields(self.holders[key][1])))  # fmt: skip
+            self.publish(
+                RdmaUse(
+                    kind="rdma_close",
+                    device=key[1],
+                    queue_pairs=0,
+                    **owner_fields(self.holders[key][1]),
+                )
+            )
         self.holders = now
 
     def _tool(self, what: str, parse: Callable[[str], Any], run: Callable[[], str]) -> Any:
@@ -299,8 +341,14 @@ class RdmaFeature(CollectorFeature):
             def bind(device: str, port: int) -> str:
                 return qp_counters.bind_auto(tool, device, port, c.timeout_seconds)
 
-        rdma = RdmaCollector(c.interval_seconds, Path(self.ctx.devices.sysfs_root), runner,
-                             tool_json, identify=self.ctx.enrich.pid, bind=bind)  # fmt: skip
+        rdma = RdmaCollector(
+            c.interval_seconds,
+            Path(self.ctx.devices.sysfs_root),
+            runner,
+            tool_json,
+            identify=self.ctx.enrich.pid,
+            bind=bind,
+        )
         rdma.publish = self.ctx.bus.publish
         watch, node = self.ctx.watch, self.ctx.node.name
         watch.expect("rdma")

@@ -126,27 +126,47 @@ NAMED = {
 # counters_ext/ file (mlx4's legacy duplicate) -> lens_rdma_port_legacy_<family>, the
 # node_exporter name, help. Exported beside the counters/ families, never into them.
 LEGACY = {
-    "port_xmit_data_64": ("transmit_bytes_total", "legacy_data_transmitted_bytes_total",
-                          "Bytes sent, counters_ext (4-byte words x 4)"),
-    "port_rcv_data_64": ("receive_bytes_total", "legacy_data_received_bytes_total",
-                         "Bytes received, counters_ext (4-byte words x 4)"),
-    "port_xmit_packets_64": ("transmit_packets_total", "legacy_packets_transmitted_total",
-                             "Packets sent, counters_ext"),
-    "port_rcv_packets_64": ("receive_packets_total", "legacy_packets_received_total",
-                            "Packets received, counters_ext"),
-    "port_unicast_xmit_packets": ("transmit_unicast_packets_total",
-                                  "legacy_unicast_packets_transmitted_total",
-                                  "Unicast packets sent, counters_ext"),
-    "port_unicast_rcv_packets": ("receive_unicast_packets_total",
-                                 "legacy_unicast_packets_received_total",
-                                 "Unicast packets received, counters_ext"),
-    "port_multicast_xmit_packets": ("transmit_multicast_packets_total",
-                                    "legacy_multicast_packets_transmitted_total",
-                                    "Multicast packets sent, counters_ext"),
-    "port_multicast_rcv_packets": ("receive_multicast_packets_total",
-                                   "legacy_multicast_packets_received_total",
-                                   "Multicast packets received, counters_ext"),
-}  # fmt: skip
+    "port_xmit_data_64": (
+        "transmit_bytes_total",
+        "legacy_data_transmitted_bytes_total",
+        "Bytes sent, counters_ext (4-byte words x 4)",
+    ),
+    "port_rcv_data_64": (
+        "receive_bytes_total",
+        "legacy_data_received_bytes_total",
+        "Bytes received, counters_ext (4-byte words x 4)",
+    ),
+    "port_xmit_packets_64": (
+        "transmit_packets_total",
+        "legacy_packets_transmitted_total",
+        "Packets sent, counters_ext",
+    ),
+    "port_rcv_packets_64": (
+        "receive_packets_total",
+        "legacy_packets_received_total",
+        "Packets received, counters_ext",
+    ),
+    "port_unicast_xmit_packets": (
+        "transmit_unicast_packets_total",
+        "legacy_unicast_packets_transmitted_total",
+        "Unicast packets sent, counters_ext",
+    ),
+    "port_unicast_rcv_packets": (
+        "receive_unicast_packets_total",
+        "legacy_unicast_packets_received_total",
+        "Unicast packets received, counters_ext",
+    ),
+    "port_multicast_xmit_packets": (
+        "transmit_multicast_packets_total",
+        "legacy_multicast_packets_transmitted_total",
+        "Multicast packets sent, counters_ext",
+    ),
+    "port_multicast_rcv_packets": (
+        "receive_multicast_packets_total",
+        "legacy_multicast_packets_received_total",
+        "Multicast packets received, counters_ext",
+    ),
+}
 
 
 def _family(name: str, help_text: str, kind: str = "gauge") -> Metric:
@@ -162,28 +182,47 @@ def device_metrics(devices: list[sysfs.RdmaDevice]) -> list[Metric]:
     phys = _family("lens_rdma_port_physical_state", "Physical state (5: LinkUp)")
     up = _family("lens_rdma_port_up", "1 when the port is ACTIVE")
     rate = _family("lens_rdma_port_rate_bytes_per_second", "Link rate")
-    sat = _family("lens_rdma_port_counter_saturated",
-                  "1: a legacy 32-bit counter is stuck at 4294967295 (not exported)")  # fmt: skip
+    sat = _family(
+        "lens_rdma_port_counter_saturated",
+        "1: a legacy 32-bit counter is stuck at 4294967295 (not exported)",
+    )
     named = {c: _family(f"lens_rdma_port_{n}", h, "counter") for c, (n, _, h) in NAMED.items()}
     legacy = {
         c: _family(f"lens_rdma_port_legacy_{n}", h, "counter") for c, (n, _, h) in LEGACY.items()
     }
     other = _family("lens_rdma_port_counter_total", "Other counters/ values", "counter")
-    other_legacy = _family("lens_rdma_port_legacy_counter_total", "Other counters_ext/ values",
-                           "counter")  # fmt: skip
+    other_legacy = _family(
+        "lens_rdma_port_legacy_counter_total", "Other counters_ext/ values", "counter"
+    )
     hw = _family("lens_rdma_port_hw_counter_total", "hw_counters/ values", "counter")
     for d in devices:
-        info.add_sample(info.name, {
-            "device": d.name, "node_guid": d.node_guid, "sys_image_guid": d.sys_image_guid,
-            "node_type": d.node_type, "fw_ver": d.fw_ver, "hca_type": d.hca_type,
-            "board_id": d.board_id, "netdev": d.netdev,
-        }, 1)  # fmt: skip
+        info.add_sample(
+            info.name,
+            {
+                "device": d.name,
+                "node_guid": d.node_guid,
+                "sys_image_guid": d.sys_image_guid,
+                "node_type": d.node_type,
+                "fw_ver": d.fw_ver,
+                "hca_type": d.hca_type,
+                "board_id": d.board_id,
+                "netdev": d.netdev,
+            },
+            1,
+        )
         for p in d.ports:
             lbl = {"device": d.name, "port": str(p.number)}
-            port_info.add_sample(port_info.name, {
-                **lbl, "state": p.state_name, "phys_state": p.phys_state_name,
-                "link_layer": p.link_layer, "rate": p.rate_text,
-            }, 1)  # fmt: skip
+            port_info.add_sample(
+                port_info.name,
+                {
+                    **lbl,
+                    "state": p.state_name,
+                    "phys_state": p.phys_state_name,
+                    "link_layer": p.link_layer,
+                    "rate": p.rate_text,
+                },
+                1,
+            )
             if p.state is not None:
                 state.add_sample(state.name, lbl, p.state)
                 up.add_sample(up.name, lbl, 1 if p.state == ACTIVE else 0)
@@ -193,8 +232,10 @@ def device_metrics(devices: list[sysfs.RdmaDevice]) -> list[Metric]:
                 rate.add_sample(rate.name, lbl, p.rate_bytes)
             for name in p.saturated:
                 sat.add_sample(sat.name, {**lbl, "counter": name}, 1)
-            for values, families, rest in ((p.counters, named, other),
-                                           (p.legacy, legacy, other_legacy)):  # fmt: skip
+            for values, families, rest in (
+                (p.counters, named, other),
+                (p.legacy, legacy, other_legacy),
+            ):
                 for name, value in values.items():
                     if name in sysfs.WORD_COUNTERS:
                         value *= 4
@@ -205,8 +246,20 @@ def device_metrics(devices: list[sysfs.RdmaDevice]) -> list[Metric]:
                         rest.add_sample(rest.name + "_total", {**lbl, "counter": name}, value)
             for name, value in p.hw_counters.items():
                 hw.add_sample(hw.name + "_total", {**lbl, "counter": name}, value)
-    fams = [info, port_info, state, phys, up, rate, sat, *named.values(), other,
-            *legacy.values(), other_legacy, hw]  # fmt: skip
+    fams = [
+        info,
+        port_info,
+        state,
+        phys,
+        up,
+        rate,
+        sat,
+        *named.values(),
+        other,
+        *legacy.values(),
+        other_legacy,
+        hw,
+    ]
     return [f for f in fams if f.samples]
 
 

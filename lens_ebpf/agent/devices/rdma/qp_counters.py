@@ -48,16 +48,25 @@ def parse_json(text: str) -> list[QpCounter]:
     for item in json_objects(text, "statistic qp show", QpCounterParseError):
         if not all(k in item for k in ("ifname", "port", "cntn")):
             raise QpCounterParseError(f"counter without ifname/port/cntn: {str(item)[:60]}")
-        counters = {k: v for k, v in item.items() if k not in META and NAME.match(k)
-                    and isinstance(v, int) and not isinstance(v, bool)}  # fmt: skip
+        counters = {
+            k: v
+            for k, v in item.items()
+            if k not in META and NAME.match(k) and isinstance(v, int) and not isinstance(v, bool)
+        }
         lqpn = item.get("lqpn", [])
         pid = item.get("pid")
-        out.append(QpCounter(str(item["ifname"]), int(item["port"]), int(item["cntn"]),
-                             str(item.get("qp-type", "")),
-                             pid if isinstance(pid, int) else None,
-                             str(item.get("comm", "")).strip("[]"), counters,
-                             tuple(q for q in lqpn if isinstance(q, int))
-                             if isinstance(lqpn, list) else ()))  # fmt: skip
+        out.append(
+            QpCounter(
+                str(item["ifname"]),
+                int(item["port"]),
+                int(item["cntn"]),
+                str(item.get("qp-type", "")),
+                pid if isinstance(pid, int) else None,
+                str(item.get("comm", "")).strip("[]"),
+                counters,
+                tuple(q for q in lqpn if isinstance(q, int)) if isinstance(lqpn, list) else (),
+            )
+        )
     return out
 
 
@@ -99,9 +108,17 @@ def parse_text(text: str) -> list[QpCounter]:
         if len(rest) % 2 or not port.isdigit() or not meta.get("cntn", "").isdigit():
             raise QpCounterParseError(f"line {lineno}: fields do not pair up")
         pid = meta.get("pid", "")
-        out.append(QpCounter(device, int(port), int(meta["cntn"]), meta.get("qp-type", ""),
-                             int(pid) if pid.isdigit() else None,
-                             meta.get("comm", "").strip("[]"), counters))  # fmt: skip
+        out.append(
+            QpCounter(
+                device,
+                int(port),
+                int(meta["cntn"]),
+                meta.get("qp-type", ""),
+                int(pid) if pid.isdigit() else None,
+                meta.get("comm", "").strip("[]"),
+                counters,
+            )
+        )
     return out
 
 
@@ -112,7 +129,11 @@ def parse(text: str) -> list[QpCounter]:
 def bind_auto(tool: str, device: str, port: int, timeout: float) -> str:
     """Turns on automatic per-QP counters by QP type on one port; "" when done, else why
     not (the driver has none, an older iproute2)."""
-    res = subprocess.run([tool, "statistic", "qp", "set", "link", f"{device}/{port}", "auto",
-                          "type", "on"], capture_output=True, text=True, timeout=timeout,
-                         check=False)  # fmt: skip
+    res = subprocess.run(
+        [tool, "statistic", "qp", "set", "link", f"{device}/{port}", "auto", "type", "on"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     return "" if res.returncode == 0 else (res.stderr.strip() or f"exit {res.returncode}")

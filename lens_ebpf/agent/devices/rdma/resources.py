@@ -42,8 +42,9 @@ class Link:
     netdev: str
 
 
-def json_objects(text: str, what: str, error: type[ToolOutputError] = ResourceParseError
-                 ) -> list[dict]:  # fmt: skip
+def json_objects(
+    text: str, what: str, error: type[ToolOutputError] = ResourceParseError
+) -> list[dict]:
     """The list of objects the rdma tool's -j prints (for every command), or error."""
     try:
         doc = json.loads(text)
@@ -64,11 +65,20 @@ def parse_qps(text: str) -> list[QueuePair]:
     for r in json_objects(text, "resource show qp"):
         lqpn = _int(r.get("lqpn"))
         if not isinstance(r.get("ifname"), str) or lqpn is None or not r.get("type"):
-            raise ResourceParseError(f"resource show qp: entry without ifname/lqpn/type: "
-                                     f"{str(r)[:80]}")  # fmt: skip
-        out.append(QueuePair(r["ifname"], _int(r.get("port")), lqpn, str(r["type"]),
-                             str(r.get("state", "")), _int(r.get("pid")),
-                             str(r.get("comm", "")).strip("[]")))  # fmt: skip
+            raise ResourceParseError(
+                f"resource show qp: entry without ifname/lqpn/type: " f"{str(r)[:80]}"
+            )
+        out.append(
+            QueuePair(
+                r["ifname"],
+                _int(r.get("port")),
+                lqpn,
+                str(r["type"]),
+                str(r.get("state", "")),
+                _int(r.get("pid")),
+                str(r.get("comm", "")).strip("[]"),
+            )
+        )
     return out
 
 
@@ -78,17 +88,20 @@ def parse_links(text: str) -> list[Link]:
     for r in json_objects(text, "link show"):
         index, port = _int(r.get("ifindex")), _int(r.get("port"))
         if not isinstance(r.get("ifname"), str) or index is None or port is None:
-            raise ResourceParseError(f"link show: entry without ifname/ifindex/port: "
-                                     f"{str(r)[:80]}")  # fmt: skip
+            raise ResourceParseError(
+                f"link show: entry without ifname/ifindex/port: " f"{str(r)[:80]}"
+            )
         out.append(Link(r["ifname"], index, port, str(r.get("netdev", ""))))
     return out
 
 
 def run_rdma(tool: str, timeout: float, *args: str) -> str:
     """`rdma -j ARGS` with a timeout; raises OSError or TimeoutExpired."""
-    res = subprocess.run([tool, "-j", *args], capture_output=True, text=True,
-                         timeout=timeout, check=False)  # fmt: skip
+    res = subprocess.run(
+        [tool, "-j", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
     if res.returncode != 0:
-        raise OSError(f"{tool} {' '.join(args)} exited {res.returncode}: "
-                      f"{res.stderr.strip()[:200]}")  # fmt: skip
+        raise OSError(
+            f"{tool} {' '.join(args)} exited {res.returncode}: " f"{res.stderr.strip()[:200]}"
+        )
     return res.stdout

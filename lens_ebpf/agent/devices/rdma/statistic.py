@@ -54,12 +54,20 @@ def parse_json(text: str) -> list[PortStats]:
         counters = {
             k: int(v)
             for k, v in item.items()
-            if k not in META_KEYS and isinstance(v, int) and not isinstance(v, bool)
+            if k not in META_KEYS
+            and isinstance(v, int)
+            and not isinstance(v, bool)
             and NAME.match(k)
-        }  # fmt: skip
+        }
         ifindex = item.get("ifindex")
-        out.append(PortStats(str(item["ifname"]), int(item["port"]), counters,
-                             ifindex if isinstance(ifindex, int) else None))  # fmt: skip
+        out.append(
+            PortStats(
+                str(item["ifname"]),
+                int(item["port"]),
+                counters,
+                ifindex if isinstance(ifindex, int) else None,
+            )
+        )
     return out
 
 

@@ -112,21 +112,52 @@ __all__ = [
 
 # the service's own tables (not scoped by cluster: a leader's, or the alerts', whose rows
 # name their cluster_name themselves)
-SERVICE_TABLES = ("recorder_leader", "leader_terms", "alert_events", "alert_silences",
-                  "silenced_alerts", "metric_alert_rules", "log_alert_rules",
-                  "log_alert_rule_templates", "notification_channels",
-                  "alert_notifications", "job_execution_history", "managed_clusters",
-                  "cluster_tasks", "system_config", "system_config_history",
-                  "release_versions", "log_alert_rule_versions",
-                  "profiler_file_chunks")  # fmt: skip
-TABLES = ("gpu_pods", "pod_snapshots", "gpu_pods_events", "pod_resources", "gpu_workloads",
-          "workload_pod_references", "node_events", "node_devices",
-          "device_changelog", "nodes", "allocation_snapshots",
-          "cluster_gpu_hourly_stats", "training_points", "training_events",
-          "gpu_allocation_snapshots", "namespace_gpu_hourly_stats", "label_gpu_hourly_stats",
-          "workload_gpu_hourly_stats", "gpu_usage_weekly_reports", "workload_detections",
-          "workload_detection_evidence", "pyspy_tasks", "profiler_files",
-          "profiler_sessions")  # fmt: skip
+SERVICE_TABLES = (
+    "recorder_leader",
+    "leader_terms",
+    "alert_events",
+    "alert_silences",
+    "silenced_alerts",
+    "metric_alert_rules",
+    "log_alert_rules",
+    "log_alert_rule_templates",
+    "notification_channels",
+    "alert_notifications",
+    "job_execution_history",
+    "managed_clusters",
+    "cluster_tasks",
+    "system_config",
+    "system_config_history",
+    "release_versions",
+    "log_alert_rule_versions",
+    "profiler_file_chunks",
+)
+TABLES = (
+    "gpu_pods",
+    "pod_snapshots",
+    "gpu_pods_events",
+    "pod_resources",
+    "gpu_workloads",
+    "workload_pod_references",
+    "node_events",
+    "node_devices",
+    "device_changelog",
+    "nodes",
+    "allocation_snapshots",
+    "cluster_gpu_hourly_stats",
+    "training_points",
+    "training_events",
+    "gpu_allocation_snapshots",
+    "namespace_gpu_hourly_stats",
+    "label_gpu_hourly_stats",
+    "workload_gpu_hourly_stats",
+    "gpu_usage_weekly_reports",
+    "workload_detections",
+    "workload_detection_evidence",
+    "pyspy_tasks",
+    "profiler_files",
+    "profiler_sessions",
+)
 
 
 class Scoped:

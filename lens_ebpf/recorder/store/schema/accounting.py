@@ -23,16 +23,18 @@ from lens_ebpf.recorder.store.schema.meta import NAME, UID, metadata
 # every jobs.allocation_seconds: per node (and node "" for the cluster) the GPUs allocatable
 # and those running pods requested
 allocation_snapshots = Table(
-    "allocation_snapshots", metadata,
+    "allocation_snapshots",
+    metadata,
     Column("cluster", String(NAME), nullable=False),
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-           autoincrement=True),
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("at", DateTime(timezone=True), nullable=False),
     Column("node", String(NAME), nullable=False),
     Column("allocatable", Integer, nullable=False),
     Column("requested", Integer, nullable=False),
     Column("rate", Float, nullable=False),  # percent
-)  # fmt: skip
+)
 Index(
     "ix_allocation_snapshots_node_at",
     allocation_snapshots.c.cluster,
@@ -42,7 +44,8 @@ Index(
 
 # one row per completed hour: the cluster's GPU capacity, allocation and utilization
 cluster_gpu_hourly_stats = Table(
-    "cluster_gpu_hourly_stats", metadata,
+    "cluster_gpu_hourly_stats",
+    metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("cluster_name", String(NAME), nullable=False),
     Column("stat_hour", DateTime(timezone=True), nullable=False),
@@ -59,14 +62,16 @@ cluster_gpu_hourly_stats = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
     UniqueConstraint("cluster_name", "stat_hour", name="uq_cluster_gpu_hourly_stats_hour"),
-)  # fmt: skip
+)
 
 # every jobs.allocation_seconds, per dimension (namespace, label, annotation, workload): the
 # GPUs running pods requested; allocation_details holds what the hour's statistics need
 gpu_allocation_snapshots = Table(
-    "gpu_allocation_snapshots", metadata,
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-           autoincrement=True),
+    "gpu_allocation_snapshots",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("cluster_name", String(NAME), nullable=False),
     Column("snapshot_time", DateTime(timezone=True), nullable=False),
     Column("dimension_type", String(16), nullable=False),  # cluster, namespace, label, ...
@@ -76,7 +81,7 @@ gpu_allocation_snapshots = Table(
     Column("allocated_gpu_count", Integer, nullable=False),
     Column("allocation_details", JSON, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
-)  # fmt: skip
+)
 Index(
     "ix_gpu_allocation_snapshots_type_time",
     gpu_allocation_snapshots.c.cluster_name,
@@ -86,7 +91,8 @@ Index(
 
 # one row per namespace and completed hour
 namespace_gpu_hourly_stats = Table(
-    "namespace_gpu_hourly_stats", metadata,
+    "namespace_gpu_hourly_stats",
+    metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("cluster_name", String(NAME), nullable=False),
     Column("namespace", String(NAME), nullable=False),
@@ -100,9 +106,10 @@ namespace_gpu_hourly_stats = Table(
     Column("active_workload_count", Integer, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
-    UniqueConstraint("cluster_name", "namespace", "stat_hour",
-                     name="uq_namespace_gpu_hourly_stats_hour"),
-)  # fmt: skip
+    UniqueConstraint(
+        "cluster_name", "namespace", "stat_hour", name="uq_namespace_gpu_hourly_stats_hour"
+    ),
+)
 # the Statistics pages read every namespace's hours of a span
 Index(
     "ix_namespace_gpu_hourly_stats_hour",
@@ -112,7 +119,8 @@ Index(
 
 # one row per label or annotation value and completed hour
 label_gpu_hourly_stats = Table(
-    "label_gpu_hourly_stats", metadata,
+    "label_gpu_hourly_stats",
+    metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("cluster_name", String(NAME), nullable=False),
     Column("dimension_type", String(16), nullable=False),  # label, annotation
@@ -126,13 +134,20 @@ label_gpu_hourly_stats = Table(
     Column("active_workload_count", Integer, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
-    UniqueConstraint("cluster_name", "dimension_type", "dimension_key", "dimension_value",
-                     "stat_hour", name="uq_label_gpu_hourly_stats_hour"),
-)  # fmt: skip
+    UniqueConstraint(
+        "cluster_name",
+        "dimension_type",
+        "dimension_key",
+        "dimension_value",
+        "stat_hour",
+        name="uq_label_gpu_hourly_stats_hour",
+    ),
+)
 
 # one row per top workload and completed hour
 workload_gpu_hourly_stats = Table(
-    "workload_gpu_hourly_stats", metadata,
+    "workload_gpu_hourly_stats",
+    metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("cluster_name", String(NAME), nullable=False),
     Column("namespace", String(NAME), nullable=False),
@@ -160,9 +175,10 @@ workload_gpu_hourly_stats = Table(
     Column("annotations", JSON, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
-    UniqueConstraint("cluster_name", "owner_uid", "stat_hour",
-                     name="uq_workload_gpu_hourly_stats_hour"),
-)  # fmt: skip
+    UniqueConstraint(
+        "cluster_name", "owner_uid", "stat_hour", name="uq_workload_gpu_hourly_stats_hour"
+    ),
+)
 Index(
     "ix_workload_gpu_hourly_stats_ns_hour",
     workload_gpu_hourly_stats.c.cluster_name,
@@ -177,7 +193,8 @@ Index(
 
 # the weekly GPU usage report, one per cluster and period
 gpu_usage_weekly_reports = Table(
-    "gpu_usage_weekly_reports", metadata,
+    "gpu_usage_weekly_reports",
+    metadata,
     Column("id", String(NAME), primary_key=True),
     Column("cluster_name", String(NAME), nullable=False),
     Column("period_start", DateTime(timezone=True), nullable=False),
@@ -192,4 +209,4 @@ gpu_usage_weekly_reports = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
     UniqueConstraint("cluster_name", "period_start", name="uq_gpu_usage_weekly_reports_period"),
-)  # fmt: skip
+)

@@ -24,7 +24,8 @@ from lens_ebpf.recorder.store.schema.meta import NAME, UID, metadata
 # notification channels and what was sent through them. Service tables: each row names
 # its cluster (cluster_name; "" = every cluster, where a rule or silence applies to all)
 alert_events = Table(
-    "alert_events", metadata,
+    "alert_events",
+    metadata,
     Column("id", String(64), primary_key=True),  # Alertmanager's fingerprint, or ours
     Column("source", String(20), nullable=False),  # metric, log, lens, webhook
     Column("alert_name", String(NAME), nullable=False),
@@ -48,14 +49,15 @@ alert_events = Table(
     Column("fired", Integer, nullable=False, default=1),  # times it fired (again after resolved)
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
-)  # fmt: skip
+)
 Index("ix_alert_events_starts", alert_events.c.starts_at)
 Index("ix_alert_events_workload", alert_events.c.workload_id, alert_events.c.starts_at)
 Index("ix_alert_events_node", alert_events.c.node_name, alert_events.c.starts_at)
 Index("ix_alert_events_status", alert_events.c.status, alert_events.c.severity)
 
 alert_silences = Table(
-    "alert_silences", metadata,
+    "alert_silences",
+    metadata,
     Column("id", String(64), primary_key=True),  # a UUID
     Column("name", String(NAME), nullable=False),
     Column("description", Text, nullable=False, default=""),
@@ -75,23 +77,27 @@ alert_silences = Table(
     Column("alertmanager_error", Text, nullable=False, default=""),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
-)  # fmt: skip
+)
 silenced_alerts = Table(
-    "silenced_alerts", metadata,
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-           autoincrement=True),
+    "silenced_alerts",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("silence_id", String(64), nullable=False, index=True),
     Column("alert_id", String(64), nullable=False, index=True),
     Column("alert_name", String(NAME), nullable=False),
     Column("cluster_name", String(NAME), nullable=False, default=""),
     Column("silenced_at", DateTime(timezone=True), nullable=False),
     UniqueConstraint("silence_id", "alert_id", name="uq_silenced_alerts"),
-)  # fmt: skip
+)
 
 metric_alert_rules = Table(
-    "metric_alert_rules", metadata,
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-           autoincrement=True),
+    "metric_alert_rules",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("name", String(NAME), nullable=False),
     Column("cluster_name", String(NAME), nullable=False),
     Column("enabled", Boolean, nullable=False, default=True),
@@ -108,12 +114,14 @@ metric_alert_rules = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
     UniqueConstraint("name", "cluster_name", name="uq_metric_alert_rules_name"),
-)  # fmt: skip
+)
 
 log_alert_rules = Table(
-    "log_alert_rules", metadata,
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-           autoincrement=True),
+    "log_alert_rules",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("name", String(NAME), nullable=False),
     Column("description", Text, nullable=False, default=""),
     Column("cluster_name", String(NAME), nullable=False),
@@ -134,11 +142,13 @@ log_alert_rules = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
     UniqueConstraint("name", "cluster_name", name="uq_log_alert_rules_name"),
-)  # fmt: skip
+)
 log_alert_rule_templates = Table(
-    "log_alert_rule_templates", metadata,
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-           autoincrement=True),
+    "log_alert_rule_templates",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("name", String(NAME), nullable=False, unique=True),
     Column("category", String(50), nullable=False),
     Column("description", Text, nullable=False, default=""),
@@ -149,12 +159,14 @@ log_alert_rule_templates = Table(
     Column("created_by", String(NAME), nullable=False, default=""),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
-)  # fmt: skip
+)
 
 notification_channels = Table(
-    "notification_channels", metadata,
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-           autoincrement=True),
+    "notification_channels",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("name", String(NAME), nullable=False, unique=True),
     Column("type", String(50), nullable=False),  # webhook, alertmanager (ours send); others kept
     Column("enabled", Boolean, nullable=False, default=True),
@@ -163,24 +175,28 @@ notification_channels = Table(
     Column("created_by", String(NAME), nullable=False, default=""),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
-)  # fmt: skip
+)
 alert_notifications = Table(
-    "alert_notifications", metadata,
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-           autoincrement=True),
+    "alert_notifications",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("alert_id", String(64), nullable=False, index=True),
     Column("channel", String(NAME), nullable=False),  # "alertmanager", or a channel's name
     Column("status", String(20), nullable=False),  # firing or resolved
     Column("sent_at", DateTime(timezone=True), nullable=False),
     Column("ok", Boolean, nullable=False),
     Column("error_message", Text, nullable=False, default=""),
-)  # fmt: skip
+)
 
 # a log rule as it was before each change (its versions; a rollback restores one)
 log_alert_rule_versions = Table(
-    "log_alert_rule_versions", metadata,
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-           autoincrement=True),
+    "log_alert_rule_versions",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("rule_id", BigInteger, nullable=False),
     Column("version", Integer, nullable=False),
     Column("config", JSON, nullable=False),
@@ -189,4 +205,4 @@ log_alert_rule_versions = Table(
     Column("created_by", String(NAME), nullable=False, default=""),
     Column("created_at", DateTime(timezone=True), nullable=False),
     UniqueConstraint("rule_id", "version", name="uq_log_alert_rule_versions"),
-)  # fmt: skip
+)

@@ -24,9 +24,11 @@ from lens_ebpf.recorder.store.schema.meta import NAME, UID, metadata
 # every run of a recorder job the leader ran: when, how it ended, its error and the writes
 # it made; kept recorder.job_history.retention_days
 job_execution_history = Table(
-    "job_execution_history", metadata,
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-           autoincrement=True),
+    "job_execution_history",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("job_name", String(NAME), nullable=False),  # storage_scan/<cluster>, snapshot, ...
     Column("job_type", String(NAME), nullable=False),  # the job without its cluster
     Column("schedule", String(64), nullable=False, default=""),  # @every 30s
@@ -42,18 +44,25 @@ job_execution_history = Table(
     Column("metadata", JSON, nullable=False),
     Column("execution_stats", JSON, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
-)  # fmt: skip
+)
 Index("ix_job_execution_history_started", job_execution_history.c.started_at)
-Index("ix_job_execution_history_job", job_execution_history.c.job_name,
-      job_execution_history.c.started_at)  # fmt: skip
-Index("ix_job_execution_history_status", job_execution_history.c.status,
-      job_execution_history.c.started_at)  # fmt: skip
+Index(
+    "ix_job_execution_history_job",
+    job_execution_history.c.job_name,
+    job_execution_history.c.started_at,
+)
+Index(
+    "ix_job_execution_history_status",
+    job_execution_history.c.status,
+    job_execution_history.c.started_at,
+)
 
 # a workload's training or inference framework, as its evidence says (frameworks.py): one
 # row per top workload, and one row per piece of evidence (a log format seen, an image, a
 # command line, an environment name, a label), kept as it was last seen
 workload_detections = Table(
-    "workload_detections", metadata,
+    "workload_detections",
+    metadata,
     Column("cluster", String(NAME), primary_key=True),
     Column("workload_uid", String(UID), primary_key=True),
     Column("status", String(16), nullable=False),  # unknown, suspected, confirmed, ...
@@ -77,12 +86,14 @@ workload_detections = Table(
     Column("task", JSON, nullable=False),  # the detection task: status, who asked, when
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
-)  # fmt: skip
+)
 workload_detection_evidence = Table(
-    "workload_detection_evidence", metadata,
+    "workload_detection_evidence",
+    metadata,
     Column("cluster", String(NAME), nullable=False),
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-           autoincrement=True),
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("workload_uid", String(UID), nullable=False),
     Column("key", String(NAME), nullable=False),  # what it is: log:megatron, image:<ref>, ...
     Column("source", String(16), nullable=False),  # log, process, image, label
@@ -97,12 +108,13 @@ workload_detection_evidence = Table(
     Column("detected_at", DateTime(timezone=True), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
     UniqueConstraint("cluster", "workload_uid", "key", name="uq_detection_evidence_key"),
-)  # fmt: skip
+)
 
 # the clusters the Management pages manage: what the multi-cluster Secret does not hold
 # (its kubeconfig stays there, never here): names and notes, the default, the release
 managed_clusters = Table(
-    "managed_clusters", metadata,
+    "managed_clusters",
+    metadata,
     Column("cluster_name", String(NAME), primary_key=True),
     Column("display_name", String(NAME), nullable=False, default=""),
     Column("description", Text, nullable=False, default=""),
@@ -116,13 +128,15 @@ managed_clusters = Table(
     Column("created_by", String(NAME), nullable=False, default=""),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
-)  # fmt: skip
+)
 # what was done to a cluster on the pages' asking: the agent's objects installed
 # (initialize, deploy, rollback), each object's outcome in its logs
 cluster_tasks = Table(
-    "cluster_tasks", metadata,
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-           autoincrement=True),
+    "cluster_tasks",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("cluster_name", String(NAME), nullable=False, index=True),
     Column("task_type", String(32), nullable=False),  # install
     Column("install_scope", String(32), nullable=False),  # infrastructure, apps
@@ -143,12 +157,14 @@ cluster_tasks = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False),
     Column("started_at", DateTime(timezone=True), nullable=True),
     Column("completed_at", DateTime(timezone=True), nullable=True),
-)  # fmt: skip
+)
 # the settings changed at run time (settings.py) and every change made (the audit)
 system_config = Table(
-    "system_config", metadata,
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-           autoincrement=True),
+    "system_config",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("key", String(NAME), nullable=False, unique=True),
     Column("value", JSON, nullable=False),
     Column("description", Text, nullable=False, default=""),
@@ -158,11 +174,13 @@ system_config = Table(
     Column("updated_by", String(NAME), nullable=False, default=""),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
-)  # fmt: skip
+)
 system_config_history = Table(
-    "system_config_history", metadata,
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-           autoincrement=True),
+    "system_config_history",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("config_id", BigInteger, nullable=False),
     Column("key", String(NAME), nullable=False, index=True),
     Column("old_value", JSON, nullable=True),  # none: set for the first time
@@ -171,12 +189,14 @@ system_config_history = Table(
     Column("change_reason", Text, nullable=False, default=""),
     Column("changed_at", DateTime(timezone=True), nullable=False),
     Column("changed_by", String(NAME), nullable=False, default=""),
-)  # fmt: skip
+)
 # lens-ebpf versions the Release page offers (an image registry and tag each)
 release_versions = Table(
-    "release_versions", metadata,
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-           autoincrement=True),
+    "release_versions",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("version_name", String(NAME), nullable=False, unique=True),
     Column("channel", String(32), nullable=False, default="stable"),
     Column("chart_repo", String(512), nullable=False, default=""),
@@ -189,4 +209,4 @@ release_versions = Table(
     Column("release_notes", Text, nullable=False, default=""),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
-)  # fmt: skip
+)

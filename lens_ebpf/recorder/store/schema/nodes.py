@@ -22,10 +22,12 @@ from lens_ebpf.recorder.store.schema.meta import NAME, UID, metadata
 # numbered by each agent process (instance: its EventBus.instance; "" from an agent older
 # than that), so a node's events are in order by at, then id, not by seq
 node_events = Table(
-    "node_events", metadata,
+    "node_events",
+    metadata,
     Column("cluster", String(NAME), nullable=False),
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-           autoincrement=True),
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("node", String(NAME), nullable=False),
     Column("instance", String(64), nullable=False, default="", server_default=""),
     Column("seq", BigInteger, nullable=True),  # none for a gap
@@ -37,13 +39,14 @@ node_events = Table(
     Column("container", String(NAME), nullable=False, default=""),
     Column("payload", JSON, nullable=False),
     UniqueConstraint("cluster", "node", "instance", "seq", name="uq_node_events_seq"),
-)  # fmt: skip
+)
 
 # every node's GPUs and RDMA ports as its agent last reported them (device_change,
 # device_inventory); one row per place a device sits (a GPU's BDF, an RDMA device/port),
 # kept when it goes (present false)
 node_devices = Table(
-    "node_devices", metadata,
+    "node_devices",
+    metadata,
     Column("cluster", String(NAME), nullable=False),
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("node", String(NAME), nullable=False),
@@ -71,15 +74,17 @@ node_devices = Table(
     Column("first_seen", DateTime(timezone=True), nullable=False),
     Column("last_seen", DateTime(timezone=True), nullable=False),
     UniqueConstraint("cluster", "node", "kind", "slot", name="uq_node_devices_slot"),
-)  # fmt: skip
+)
 
 # one row per field of a device that changed: serial, firmware, port state, health, ...
 # ("present" when it appeared or went)
 device_changelog = Table(
-    "device_changelog", metadata,
+    "device_changelog",
+    metadata,
     Column("cluster", String(NAME), nullable=False),
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-           autoincrement=True),
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("at", DateTime(timezone=True), nullable=False),
     Column("node", String(NAME), nullable=False),
     Column("kind", String(16), nullable=False),
@@ -88,7 +93,7 @@ device_changelog = Table(
     Column("field", String(32), nullable=False),
     Column("old_value", String(NAME), nullable=False, default=""),
     Column("new_value", String(NAME), nullable=False, default=""),
-)  # fmt: skip
+)
 Index(
     "ix_device_changelog_node_at",
     device_changelog.c.cluster,
@@ -98,7 +103,8 @@ Index(
 
 # the cluster's nodes as the API serves them (a Node watch): what the node pages show
 nodes = Table(
-    "nodes", metadata,
+    "nodes",
+    metadata,
     Column("cluster", String(NAME), primary_key=True),
     Column("name", String(NAME), primary_key=True),
     Column("address", String(64), nullable=False, default=""),  # InternalIP
@@ -116,4 +122,4 @@ nodes = Table(
     Column("taints", Integer, nullable=False, default=0),  # how many (a tainted node is faulty)
     Column("deleted", Boolean, nullable=False, default=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
-)  # fmt: skip
+)

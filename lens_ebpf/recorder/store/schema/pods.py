@@ -20,7 +20,8 @@ from lens_ebpf.recorder.store.schema.meta import NAME, UID, metadata
 
 # one row per pod that requested GPUs; kept after the pod is deleted
 gpu_pods = Table(
-    "gpu_pods", metadata,
+    "gpu_pods",
+    metadata,
     Column("cluster", String(NAME), primary_key=True),
     Column("uid", String(UID), primary_key=True),
     Column("namespace", String(NAME), nullable=False),
@@ -38,7 +39,7 @@ gpu_pods = Table(
     Column("ended_at", DateTime(timezone=True), nullable=True),  # Succeeded/Failed, or deleted
     Column("deleted_at", DateTime(timezone=True), nullable=True),
     Column("updated_at", DateTime(timezone=True), nullable=False),
-)  # fmt: skip
+)
 # a node's pods: remote write's index reads one node's again when a series names one it
 # does not know (a pod just started)
 Index("ix_gpu_pods_node", gpu_pods.c.cluster, gpu_pods.c.node)
@@ -46,7 +47,8 @@ Index("ix_gpu_pods_node", gpu_pods.c.cluster, gpu_pods.c.node)
 # the pod as the API served it, each time something that matters changed (env values and
 # secrets removed)
 pod_snapshots = Table(
-    "pod_snapshots", metadata,
+    "pod_snapshots",
+    metadata,
     Column("cluster", String(NAME), nullable=False),
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("pod_uid", String(UID), nullable=False, index=True),
@@ -56,11 +58,12 @@ pod_snapshots = Table(
     Column("spec", JSON, nullable=False),
     Column("status", JSON, nullable=False),
     UniqueConstraint("cluster", "pod_uid", "resource_version", name="uq_pod_snapshots_version"),
-)  # fmt: skip
+)
 
 # what changed between two snapshots: created, phase, condition, restart, deleted
 gpu_pods_events = Table(
-    "gpu_pods_events", metadata,
+    "gpu_pods_events",
+    metadata,
     Column("cluster", String(NAME), nullable=False),
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("pod_uid", String(UID), nullable=False, index=True),
@@ -70,13 +73,20 @@ gpu_pods_events = Table(
     Column("subject", String(NAME), nullable=False, default=""),  # condition or container
     Column("old_value", String(64), nullable=False, default=""),
     Column("new_value", String(64), nullable=False, default=""),
-    UniqueConstraint("cluster", "pod_uid", "resource_version", "type", "subject",
-                     name="uq_gpu_pods_events_change"),
-)  # fmt: skip
+    UniqueConstraint(
+        "cluster",
+        "pod_uid",
+        "resource_version",
+        "type",
+        "subject",
+        name="uq_gpu_pods_events_change",
+    ),
+)
 
 # GPUs per pod container: from the pod spec, and from the node agent's container_start
 pod_resources = Table(
-    "pod_resources", metadata,
+    "pod_resources",
+    metadata,
     Column("cluster", String(NAME), nullable=False),
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("pod_uid", String(UID), nullable=False, index=True),
@@ -87,14 +97,16 @@ pod_resources = Table(
     Column("model", String(NAME), nullable=False, default=""),
     Column("devices", JSON, nullable=False),  # device paths (agent) or [] (spec)
     Column("updated_at", DateTime(timezone=True), nullable=False),
-    UniqueConstraint("cluster", "pod_uid", "container", "source",
-                     name="uq_pod_resources_container"),
-)  # fmt: skip
+    UniqueConstraint(
+        "cluster", "pod_uid", "container", "source", name="uq_pod_resources_container"
+    ),
+)
 
 # the workloads above GPU pods, every level (ReplicaSet and its Deployment, Job and its
 # CronJob, custom resources)
 gpu_workloads = Table(
-    "gpu_workloads", metadata,
+    "gpu_workloads",
+    metadata,
     Column("cluster", String(NAME), primary_key=True),
     Column("uid", String(UID), primary_key=True),
     Column("api_version", String(NAME), nullable=False),
@@ -115,12 +127,13 @@ gpu_workloads = Table(
     Column("ended_at", DateTime(timezone=True), nullable=True),
     Column("deleted_at", DateTime(timezone=True), nullable=True),
     Column("updated_at", DateTime(timezone=True), nullable=False),
-)  # fmt: skip
+)
 
 workload_pod_references = Table(
-    "workload_pod_references", metadata,
+    "workload_pod_references",
+    metadata,
     Column("cluster", String(NAME), primary_key=True),
     Column("workload_uid", String(UID), primary_key=True),
     Column("pod_uid", String(UID), primary_key=True, index=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
-)  # fmt: skip
+)

@@ -21,7 +21,8 @@ from lens_ebpf.recorder.store.schema.meta import NAME, UID, metadata
 # py-spy runs the API asked for (pyspy/sample) or a stall took (the rank's stack): the
 # task's lifecycle (pending, running, completed, failed, cancelled) and py-spy's output
 pyspy_tasks = Table(
-    "pyspy_tasks", metadata,
+    "pyspy_tasks",
+    metadata,
     Column("cluster", String(NAME), nullable=False),
     Column("task_id", String(UID), primary_key=True),
     Column("status", String(16), nullable=False),
@@ -41,13 +42,14 @@ pyspy_tasks = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("started_at", DateTime(timezone=True), nullable=True),
     Column("completed_at", DateTime(timezone=True), nullable=True),
-)  # fmt: skip
+)
 Index("ix_pyspy_tasks_created", pyspy_tasks.c.cluster, pyspy_tasks.c.created_at)
 
 # PyTorch profiler traces the agents found in a workload's containers (issue 71): listed as
 # found, their bytes fetched from the agent on request, kept in chunks until the retention
 profiler_files = Table(
-    "profiler_files", metadata,
+    "profiler_files",
+    metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("cluster", String(NAME), nullable=False),
     Column("workload_uid", String(UID), nullable=False, index=True),
@@ -70,19 +72,27 @@ profiler_files = Table(
     Column("sha256", String(64), nullable=False, default=""),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("fetched_at", DateTime(timezone=True), nullable=True),
-)  # fmt: skip
-Index("ix_profiler_files_place", profiler_files.c.cluster, profiler_files.c.pod_uid,
-      profiler_files.c.container_id, profiler_files.c.path, profiler_files.c.mtime,
-      unique=True)  # fmt: skip
+)
+Index(
+    "ix_profiler_files_place",
+    profiler_files.c.cluster,
+    profiler_files.c.pod_uid,
+    profiler_files.c.container_id,
+    profiler_files.c.path,
+    profiler_files.c.mtime,
+    unique=True,
+)
 profiler_file_chunks = Table(
-    "profiler_file_chunks", metadata,
+    "profiler_file_chunks",
+    metadata,
     Column("file_id", Integer, primary_key=True),
     Column("chunk_index", Integer, primary_key=True),
     Column("content", LargeBinary, nullable=False),
-)  # fmt: skip
+)
 # a TraceLens analysis or a trace viewer over fetched traces (the pages' sessions)
 profiler_sessions = Table(
-    "profiler_sessions", metadata,
+    "profiler_sessions",
+    metadata,
     Column("cluster", String(NAME), nullable=False),
     Column("session_id", String(UID), primary_key=True),
     Column("kind", String(16), nullable=False),  # tracelens, perfetto
@@ -97,4 +107,4 @@ profiler_sessions = Table(
     Column("ready_at", DateTime(timezone=True), nullable=True),
     Column("expires_at", DateTime(timezone=True), nullable=False),
     Column("last_accessed_at", DateTime(timezone=True), nullable=True),
-)  # fmt: skip
+)

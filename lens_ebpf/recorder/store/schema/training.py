@@ -21,10 +21,12 @@ from lens_ebpf.recorder.store.schema.meta import NAME, UID, metadata
 # training progress from the pods' logs (POST /logs): one row per progress line a format
 # parsed; line_key (the pod, the line's time and text) makes a line sent twice one row
 training_points = Table(
-    "training_points", metadata,
+    "training_points",
+    metadata,
     Column("cluster", String(NAME), nullable=False),
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-           autoincrement=True),
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("workload_uid", String(UID), nullable=False),  # the pod's top workload
     Column("pod_uid", String(UID), nullable=False),
     Column("namespace", String(NAME), nullable=False),
@@ -44,16 +46,18 @@ training_points = Table(
     Column("samples_per_second", Float, nullable=True),
     Column("line_key", String(64), nullable=False),
     UniqueConstraint("cluster", "line_key", name="uq_training_points_line"),
-)  # fmt: skip
+)
 Index("ix_training_points_workload_at", training_points.c.workload_uid, training_points.c.at)
 
 # what the service found in a workload's progress and signals: training_slowdown,
 # training_stalled, outlier (a pod apart from the others on a signal)
 training_events = Table(
-    "training_events", metadata,
+    "training_events",
+    metadata,
     Column("cluster", String(NAME), nullable=False),
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-           autoincrement=True),
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("workload_uid", String(UID), nullable=False),  # the top workload
     Column("namespace", String(NAME), nullable=False),
     Column("workload", String(NAME), nullable=False),  # its name
@@ -68,5 +72,5 @@ training_events = Table(
     Column("value", Float, nullable=True),  # the iteration's seconds, the signal's value
     Column("baseline", Float, nullable=True),  # the median it was compared with
     Column("detail", JSON, nullable=False),
-)  # fmt: skip
+)
 Index("ix_training_events_workload_at", training_events.c.workload_uid, training_events.c.at)

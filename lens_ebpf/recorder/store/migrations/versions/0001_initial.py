@@ -62,7 +62,7 @@ def upgrade() -> None:
         sa.Column("new_value", sa.String(64), nullable=False),
         sa.UniqueConstraint(
             "pod_uid", "resource_version", "type", "subject", name="uq_gpu_pods_events_change"
-        ),  # fmt: skip
+        ),
     )
     op.create_index("ix_gpu_pods_events_pod_uid", "gpu_pods_events", ["pod_uid"])
     op.create_table(
@@ -107,8 +107,7 @@ def upgrade() -> None:
         sa.Column("pod_uid", sa.String(64), primary_key=True),
         sa.Column("created_at", TS, nullable=False),
     )
-    op.create_index("ix_workload_pod_references_pod_uid", "workload_pod_references",
-                    ["pod_uid"])  # fmt: skip
+    op.create_index("ix_workload_pod_references_pod_uid", "workload_pod_references", ["pod_uid"])
     op.create_table(
         "node_events",
         sa.Column(
@@ -116,7 +115,7 @@ def upgrade() -> None:
             sa.BigInteger().with_variant(sa.Integer, "sqlite"),
             primary_key=True,
             autoincrement=True,
-        ),  # fmt: skip
+        ),
         sa.Column("node", sa.String(253), nullable=False),
         sa.Column("seq", sa.BigInteger, nullable=True),
         sa.Column("at", TS, nullable=False),
@@ -132,6 +131,13 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    for table in ("node_events", "workload_pod_references", "gpu_workloads", "pod_resources",
-                  "gpu_pods_events", "pod_snapshots", "gpu_pods"):  # fmt: skip
+    for table in (
+        "node_events",
+        "workload_pod_references",
+        "gpu_workloads",
+        "pod_resources",
+        "gpu_pods_events",
+        "pod_snapshots",
+        "gpu_pods",
+    ):
         op.drop_table(table)

@@ -18,8 +18,9 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table("node_devices") as batch:
-        batch.add_column(sa.Column("recovery_action", sa.String(32), nullable=False,
-                                   server_default=""))  # fmt: skip
+        batch.add_column(
+            sa.Column("recovery_action", sa.String(32), nullable=False, server_default="")
+        )
         batch.add_column(sa.Column("holder", sa.String(253), nullable=False, server_default=""))
 
 

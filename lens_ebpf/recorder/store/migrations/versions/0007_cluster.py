@@ -28,13 +28,15 @@ PRIMARY = {
 # table -> (unique constraint, its columns without the cluster)
 UNIQUE = {
     "pod_snapshots": ("uq_pod_snapshots_version", ["pod_uid", "resource_version"]),
-    "gpu_pods_events": ("uq_gpu_pods_events_change",
-                        ["pod_uid", "resource_version", "type", "subject"]),
+    "gpu_pods_events": (
+        "uq_gpu_pods_events_change",
+        ["pod_uid", "resource_version", "type", "subject"],
+    ),
     "pod_resources": ("uq_pod_resources_container", ["pod_uid", "container", "source"]),
     "node_events": ("uq_node_events_seq", ["node", "seq"]),
     "node_devices": ("uq_node_devices_slot", ["node", "kind", "slot"]),
     "training_points": ("uq_training_points_line", ["line_key"]),
-}  # fmt: skip
+}
 INDEXES = {
     "device_changelog": ("ix_device_changelog_node_at", ["node", "at"]),
     "allocation_snapshots": ("ix_allocation_snapshots_node_at", ["node", "at"]),
@@ -47,13 +49,18 @@ def upgrade() -> None:
     pg = op.get_bind().dialect.name == "postgresql"
     for table in (*PRIMARY, *UNIQUE, *PLAIN):
         with op.batch_alter_table(table) as batch:
-            batch.add_column(sa.Column("cluster", sa.String(253), nullable=False,
-                                       server_default=home))  # fmt: skip
+            batch.add_column(
+                sa.Column("cluster", sa.String(253), nullable=False, server_default=home)
+            )
         with warnings.catch_warnings(), op.batch_alter_table(table) as batch:
             # SQLite's copy names the old key's columns primary too: the new key wins
             warnings.filterwarnings("ignore", "Table '_alembic_tmp_", sa.exc.SAWarning)
-            batch.alter_column("cluster", server_default=None, existing_type=sa.String(253),
-                               existing_nullable=False)  # fmt: skip
+            batch.alter_column(
+                "cluster",
+                server_default=None,
+                existing_type=sa.String(253),
+                existing_nullable=False,
+            )
             if table in PRIMARY:
                 if pg:
                     batch.drop_constraint(f"{table}_pkey", type_="primary")

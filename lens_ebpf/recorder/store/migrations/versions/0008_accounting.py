@@ -18,8 +18,13 @@ depends_on = None
 
 TS = sa.DateTime(timezone=True)
 ID = sa.BigInteger().with_variant(sa.Integer, "sqlite")
-UTILIZATION = ("avg_utilization", "max_utilization", "min_utilization", "p50_utilization",
-               "p95_utilization")  # fmt: skip
+UTILIZATION = (
+    "avg_utilization",
+    "max_utilization",
+    "min_utilization",
+    "p50_utilization",
+    "p95_utilization",
+)
 
 
 def upgrade() -> None:
@@ -172,9 +177,13 @@ def _workload_hours_and_reports() -> None:
 
 
 def downgrade() -> None:
-    for name in ("gpu_usage_weekly_reports", "workload_gpu_hourly_stats",
-                 "label_gpu_hourly_stats", "namespace_gpu_hourly_stats",
-                 "gpu_allocation_snapshots"):  # fmt: skip
+    for name in (
+        "gpu_usage_weekly_reports",
+        "workload_gpu_hourly_stats",
+        "label_gpu_hourly_stats",
+        "namespace_gpu_hourly_stats",
+        "gpu_allocation_snapshots",
+    ):
         op.drop_table(name)
     with op.batch_alter_table("cluster_gpu_hourly_stats") as batch:
         for name in UTILIZATION:

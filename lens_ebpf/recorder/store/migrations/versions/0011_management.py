@@ -49,10 +49,12 @@ def _job_history_and_detections() -> None:
         sa.Column("created_at", TS, nullable=False),
     )
     op.create_index("ix_job_execution_history_started", "job_execution_history", ["started_at"])
-    op.create_index("ix_job_execution_history_job", "job_execution_history",
-                    ["job_name", "started_at"])  # fmt: skip
-    op.create_index("ix_job_execution_history_status", "job_execution_history",
-                    ["status", "started_at"])  # fmt: skip
+    op.create_index(
+        "ix_job_execution_history_job", "job_execution_history", ["job_name", "started_at"]
+    )
+    op.create_index(
+        "ix_job_execution_history_status", "job_execution_history", ["status", "started_at"]
+    )
     op.create_table(
         "workload_detections",
         sa.Column("cluster", NAME, primary_key=True),
@@ -204,8 +206,15 @@ def _settings_and_releases() -> None:
 
 
 def downgrade() -> None:
-    for table in ("log_alert_rule_versions", "release_versions", "system_config_history",
-                  "system_config", "cluster_tasks", "managed_clusters",
-                  "workload_detection_evidence", "workload_detections",
-                  "job_execution_history"):  # fmt: skip
+    for table in (
+        "log_alert_rule_versions",
+        "release_versions",
+        "system_config_history",
+        "system_config",
+        "cluster_tasks",
+        "managed_clusters",
+        "workload_detection_evidence",
+        "workload_detections",
+        "job_execution_history",
+    ):
         op.drop_table(table)

@@ -20,14 +20,12 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table("node_events") as batch:
-        batch.add_column(sa.Column("instance", sa.String(64), nullable=False,
-                                   server_default=""))  # fmt: skip
+        batch.add_column(sa.Column("instance", sa.String(64), nullable=False, server_default=""))
     # the default stays: a replica not yet upgraded (a rolling update) writes rows
     # without the column, as an agent that does not say its instance
     with op.batch_alter_table("node_events") as batch:
         batch.drop_constraint("uq_node_events_seq", type_="unique")
-        batch.create_unique_constraint("uq_node_events_seq",
-                                       ["cluster", "node", "instance", "seq"])  # fmt: skip
+        batch.create_unique_constraint("uq_node_events_seq", ["cluster", "node", "instance", "seq"])
 
 
 def downgrade() -> None:
