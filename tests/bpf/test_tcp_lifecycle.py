@@ -26,7 +26,7 @@ from lens_ebpf.agent.events import EventBus, Subscription
 from lens_ebpf.agent.metrics.cache import MetricCache
 from lens_ebpf.agent.net.policy import load_policy
 from lens_ebpf.agent.tcp.tcp_flows import SPEC, TcpFlows
-from tests.conftest import hang_guard
+from tests.conftest import EMULATED, hang_guard
 from tests.netlab import exchange, listener, recv_exact
 
 from .conftest import FlowRig, polling
@@ -195,12 +195,8 @@ def test_both_attachments_count_the_same_connections_exactly(
         assert got[0] == got[1], name
 
 
-def test_a_refused_btf_typed_program_says_why_and_the_classic_tracepoint_takes_over(
-    policy_file: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The kernel refusing the BTF-typed program (its verifier's words in the error) and
-    a program that fails to load at all both leave the agent on the classic tracepoint."""
-    from lens_ebpf.agent.bpf import loader as loader_mod
+def test_the_kernel_refuses_a_bad_btf_typed_program_in_its_verifiers_words() -> None:
+    """The refusal the agent reads (below): the kernel's errno and its verifier's words."""
     from lens_ebpf.agent.bpf.btf import running
     from lens_ebpf.agent.bpf.syscall import load_btf_tracepoint
 
@@ -216,6 +212,21 @@ def test_a_refused_btf_typed_program_says_why_and_the_classic_tracepoint_takes_o
         load_btf_tracepoint(bad, b"GPL", type_id, "refused")
     why = str(refused.value)
     assert refused.value.errno in (errno.EACCES, errno.EINVAL) and ": " in why, why
+
+
+# the agent's choice is user space; the classic program on each kernel of the matrix is
+# the `classic` rig's (test_both_attachments_count_the_same_connections_exactly)
+@pytest.mark.skipif(EMULATED, reason="the agent's fallback is user space: host only")
+def test_a_refused_btf_typed_program_leaves_the_agent_on_the_classic_tracepoint(
+    policy_file: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A BTF-typed program the kernel refuses (the verifier's words in the error, as the
+    test above has them) and one that fails to load at all both leave the agent on the
+    classic tracepoint."""
+    from lens_ebpf.agent.bpf import loader as loader_mod
+
+    if planned_lifecycle() != BTF_TRACEPOINT:
+        pytest.skip("no BTF-typed lifecycle on this kernel")
 
     def refuse(*_: object) -> int:
         raise OSError(13, "Permission denied: R1 invalid mem access 'scalar'")

@@ -285,8 +285,7 @@ SPAN = (  # span(): a graph's span
 )
 CLUSTER = Param(
     "cluster",
-    doc="the cluster asked about (a followed cluster's name; a write "
-    "may name it in its JSON body instead); none: the home cluster",
+    doc="the cluster asked about (a followed cluster's name); none: the home cluster",
 )
 TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no")  # a boolean as a query may say it
 BODY_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
