@@ -11,8 +11,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from lens_ebpf.recorder.agent_channels import AgentChannels
 from lens_ebpf.recorder.config import DeepDiveConfig
+from lens_ebpf.recorder.deepdive.channels import AgentChannels
 from lens_ebpf.recorder.errors import BadRequest, Conflict, NotFound, Unavailable
 
 CODES = {

@@ -23,8 +23,8 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from lens_ebpf.core.times import aware
-from lens_ebpf.recorder.agent_channels import AgentChannels
 from lens_ebpf.recorder.config import ProfilerConfig
+from lens_ebpf.recorder.deepdive.channels import AgentChannels
 from lens_ebpf.recorder.errors import BadRequest, NotFound, Unavailable
 from lens_ebpf.recorder.store import schema
 
