@@ -9,6 +9,6 @@ once), enrich.py (labels to workload, pod, node, GPU), silences.py, correlate.py
 logrules.py (the engine), logtemplates.py (the shipped templates), findings.py (the
 service's own), notify.py (Alertmanager and webhook channels), rules.py (metric rules to
 Prometheus), channels.py, overview.py (summary, trend, top sources, by cluster),
-logstore.py (the log rules and templates as the pages change them). The service holds them
-as one (recorder/alerting.py); the periodic work is jobs/alerts.py; the routes
+logstore.py (the log rules and templates as the pages change them), patterns.py (RE2). The
+service holds them as one (service.py); the periodic work is jobs.py; the routes
 api/alerts.py, alert_silences.py, metric_rules.py and log_rules.py."""

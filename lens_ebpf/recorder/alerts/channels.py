@@ -1,5 +1,5 @@
 """Notification channels: where alerts are sent besides Alertmanager. This service sends
-through webhook channels (each alert once per state: jobs/alerts.py) and alertmanager
+through webhook channels (each alert once per state: jobs.py) and alertmanager
 channels (their test); the other types the pages offer (email, DingTalk, Slack, WeChat)
 are kept and listed, and their test says this service does not send through them: the
 user's Alertmanager routes and receivers do.

@@ -26,8 +26,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, select, update
 
-from lens_ebpf.recorder import inputs, patterns
-from lens_ebpf.recorder.alerts import model
+from lens_ebpf.recorder import inputs
+from lens_ebpf.recorder.alerts import model, patterns
 from lens_ebpf.recorder.alerts.ingest import AlertIn
 from lens_ebpf.recorder.alerts.model import new_id
 from lens_ebpf.recorder.errors import BadRequest, Conflict

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, func, or_, select, update
 
-from lens_ebpf.recorder import patterns
+from lens_ebpf.recorder.alerts import patterns
 from lens_ebpf.recorder.alerts.model import need_name, parse_time, row_dict
 from lens_ebpf.recorder.alerts.notify import Alertmanager, SendError
 from lens_ebpf.recorder.errors import BadRequest, NotFound

@@ -14,9 +14,9 @@ from typing import Any
 
 from lens_ebpf.core.routes import Param, RouteTable
 from lens_ebpf.recorder import inputs
-from lens_ebpf.recorder.alerting import Alerts
 from lens_ebpf.recorder.alerts import channels, correlate, overview
 from lens_ebpf.recorder.alerts.model import SEVERITIES, SOURCES, STATUSES, parse_time
+from lens_ebpf.recorder.alerts.service import Alerts
 from lens_ebpf.recorder.api.envelope import Ask, bad, integer, param
 from lens_ebpf.recorder.errors import NotFound, Unavailable
 

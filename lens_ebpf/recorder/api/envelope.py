@@ -58,7 +58,7 @@ from lens_ebpf.recorder.lifecycle import parse_time
 from lens_ebpf.recorder.scope import Scope
 
 if TYPE_CHECKING:
-    from lens_ebpf.recorder.alerting import Alerts
+    from lens_ebpf.recorder.alerts.service import Alerts
     from lens_ebpf.recorder.clusters import Clusters
     from lens_ebpf.recorder.config import RecorderConfig
     from lens_ebpf.recorder.deepdive import DeepDive

@@ -20,7 +20,7 @@ from lens_ebpf.core.runner import Job, JobMetrics, Runner
 from lens_ebpf.core.settings import split_listen
 from lens_ebpf.recorder import api
 from lens_ebpf.recorder.accounting.hours import Keys
-from lens_ebpf.recorder.alerting import Alerts
+from lens_ebpf.recorder.alerts.service import Alerts
 from lens_ebpf.recorder.api.assistants import Assistants
 from lens_ebpf.recorder.api.envelope import AlertsApi, LensApi, Services
 from lens_ebpf.recorder.api.front import FrontMetrics

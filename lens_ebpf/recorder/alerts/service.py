@@ -21,11 +21,11 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 
 from lens_ebpf.recorder.alerts import enrich, ingest, logtemplates, rules
+from lens_ebpf.recorder.alerts.jobs import AlertJobs
 from lens_ebpf.recorder.alerts.logrules import Line, LogRules
 from lens_ebpf.recorder.alerts.notify import Alertmanager
 from lens_ebpf.recorder.alerts.rules import MetricRules
 from lens_ebpf.recorder.alerts.silences import Silences
-from lens_ebpf.recorder.jobs.alerts import AlertJobs
 from lens_ebpf.recorder.scope import Scope
 from lens_ebpf.recorder.store.writer import Op, Writer
 
