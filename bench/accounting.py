@@ -45,7 +45,7 @@ from sqlalchemy import create_engine, delete, func, select
 from bench import service
 from bench.cluster_api import GPUS, node_object, postgres_cpu
 from lens_ebpf.recorder.accounting import hours as acc
-from lens_ebpf.recorder.jobs.allocation import HOURLY
+from lens_ebpf.recorder.accounting.jobs import HOURLY
 from lens_ebpf.recorder.reports import weekly
 from lens_ebpf.recorder.reports.week import due
 from lens_ebpf.recorder.store import schema as t

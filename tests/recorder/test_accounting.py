@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from lens_ebpf.core.times import aware
-from lens_ebpf.recorder.jobs.allocation import HOURLY
+from lens_ebpf.recorder.accounting.jobs import HOURLY
 from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer, eventually, pod
 from tests.recorder import objects

@@ -1,4 +1,5 @@
-"""The recorder's periodic jobs, each run by core/runner (listed in RecorderApp.start())."""
+"""What the recorder's periodic jobs (accounting/jobs.py, alerts/jobs.py, ...), each run by
+core/runner and listed in service/schedule.py, may meet."""
 
 from sqlalchemy.exc import SQLAlchemyError
 

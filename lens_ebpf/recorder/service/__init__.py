@@ -20,6 +20,7 @@ from lens_ebpf.core.runner import Job, JobMetrics, Runner
 from lens_ebpf.core.settings import split_listen
 from lens_ebpf.recorder import api
 from lens_ebpf.recorder.accounting.hours import Keys
+from lens_ebpf.recorder.accounting.jobs import Jobs
 from lens_ebpf.recorder.alerts.service import Alerts
 from lens_ebpf.recorder.api.assistants import Assistants
 from lens_ebpf.recorder.api.envelope import AlertsApi, LensApi, Services
@@ -34,7 +35,6 @@ from lens_ebpf.recorder.ingest.admission import Ingest, WriteGuard
 from lens_ebpf.recorder.ingest.node_auth import node_guard
 from lens_ebpf.recorder.ingest.node_events import NodeEvents, last_seqs
 from lens_ebpf.recorder.job_history import JobHistory
-from lens_ebpf.recorder.jobs.allocation import Jobs
 from lens_ebpf.recorder.kubelet_service import KubeletService
 from lens_ebpf.recorder.leadership import Leadership, identity_of
 from lens_ebpf.recorder.management.clusters import ClusterAdmin
