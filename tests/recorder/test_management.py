@@ -402,7 +402,7 @@ def test_frameworks_are_detected_from_their_evidence(
 
 def test_the_verdicts_of_evidence() -> None:
     """frameworks.py: stacks, inference, conflicts, a suspicion."""
-    from lens_ebpf.recorder import frameworks as fw
+    from lens_ebpf.recorder.detection import frameworks as fw
 
     v = fw.verdict(
         fw.from_image("docker.io/rocm/primus:v25.9", "main")

@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from lens_ebpf.core.routes import Param, RouteTable
-from lens_ebpf.recorder import detection_status, frameworks, inputs
+from lens_ebpf.recorder import inputs
 from lens_ebpf.recorder.api.envelope import Ask, bad, integer, param
+from lens_ebpf.recorder.detection import frameworks
+from lens_ebpf.recorder.detection import status as detection_status
 
 routes = RouteTable()
 PAGE_MAX = 100

@@ -57,7 +57,7 @@ Index(
     job_execution_history.c.started_at,
 )
 
-# a workload's training or inference framework, as its evidence says (frameworks.py): one
+# a workload's training or inference framework, as its evidence says (detection/frameworks.py): one
 # row per top workload, and one row per piece of evidence (a log format seen, an image, a
 # command line, an environment name, a label), kept as it was last seen
 workload_detections = Table(

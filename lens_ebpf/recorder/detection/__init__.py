@@ -3,7 +3,7 @@ recorder.detection.interval_seconds, for workloads with new evidence (training p
 lines, pod snapshots, programs the agents saw start) or none looked at yet, gathers each
 one's evidence (frameworks.py) and stores its verdict and the evidence; a workload's
 detection runs again whenever new evidence of it arrives, and when the page asks
-(detection_status.trigger), whose questions detection_status.py answers.
+(status.trigger), whose questions status.py answers.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, func, select
 
-from lens_ebpf.recorder import frameworks as fw
 from lens_ebpf.recorder.alerts.model import when
+from lens_ebpf.recorder.detection import frameworks as fw
 from lens_ebpf.recorder.lifecycle import parse_time
 from lens_ebpf.recorder.scope import Scope
 from lens_ebpf.recorder.store import schema as t

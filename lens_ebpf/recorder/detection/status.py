@@ -1,5 +1,5 @@
-"""The Detection Status page's questions, answered from what detection.py stores: each
-workload's verdict, its coverage by evidence source, its detection task and evidence, the
+"""The Detection Status page's questions, answered from what detection/__init__.py stores:
+each workload's verdict, its coverage by evidence source, its detection task and evidence, the
 summary, and the page's Trigger and Initialize (a workload's detection made due, its
 coverage started), in the original's shapes (DetectionStatusResponse,
 DetectionCoverageItem, DetectionTaskItem, DetectionEvidenceItem).
@@ -12,9 +12,9 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
-from lens_ebpf.recorder import frameworks as fw
 from lens_ebpf.recorder.alerts.model import when
 from lens_ebpf.recorder.detection import DETECTION, EVIDENCE, TASK
+from lens_ebpf.recorder.detection import frameworks as fw
 from lens_ebpf.recorder.errors import BadRequest, NotFound
 from lens_ebpf.recorder.lifecycle import parse_time
 from lens_ebpf.recorder.store import schema as t

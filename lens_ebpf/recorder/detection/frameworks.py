@@ -1,5 +1,5 @@
 """Which training or inference framework a workload runs, from what it shows: pure
-functions, evidence in and a verdict out (detection.py reads and stores).
+functions, evidence in and a verdict out (detection/__init__.py reads and stores).
 
 Evidence, by source (the Detection Status page's): `log` (the progress lines the training
 module parsed, by their format), `process` (the containers' command lines and environment
