@@ -17,7 +17,7 @@ from sqlalchemy import ColumnElement, Connection, func, select
 from lens_ebpf.core.times import aware
 from lens_ebpf.recorder import prom
 from lens_ebpf.recorder.errors import NotFound
-from lens_ebpf.recorder.gpu_nodes import gpu_names, known
+from lens_ebpf.recorder.nodes.gpus import gpu_names, known
 from lens_ebpf.recorder.scope import Scope
 from lens_ebpf.recorder.store.schema import Scoped
 

@@ -15,7 +15,7 @@ from sqlalchemy import Connection, func, select
 
 from lens_ebpf.core.times import aware
 from lens_ebpf.recorder import prom
-from lens_ebpf.recorder.allocation import cluster_allocation
+from lens_ebpf.recorder.nodes.allocation import cluster_allocation
 from lens_ebpf.recorder.scope import Scope
 from lens_ebpf.recorder.store.schema import Scoped
 from lens_ebpf.recorder.workloads import statuses

@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Engine, delete, select, update
 from lens_ebpf.core.times import aware
 from lens_ebpf.recorder import prom
 from lens_ebpf.recorder.accounting import hours as acc
-from lens_ebpf.recorder.allocation import gpu_allocation
+from lens_ebpf.recorder.nodes.allocation import gpu_allocation
 from lens_ebpf.recorder.scope import Scope
 from lens_ebpf.recorder.store import schema as t
 from lens_ebpf.recorder.store.writer import Op, Writer, insert_new

@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from lens_ebpf.recorder.gpu_nodes import GPU_NAME_LABELS
+from lens_ebpf.recorder.nodes.gpus import GPU_NAME_LABELS
 from lens_ebpf.recorder.remote_write.index import Index
 from lens_ebpf.recorder.remote_write.receiver import RemoteWrite
 from lens_ebpf.recorder.store import schema as t

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from lens_ebpf.core.routes import Param, RouteTable
-from lens_ebpf.recorder import allocation, overview, workloads
+from lens_ebpf.recorder import workloads
 from lens_ebpf.recorder.api.envelope import PAGE, Ask, page, when
+from lens_ebpf.recorder.nodes import allocation, overview
 
 routes = RouteTable()
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from lens_ebpf.core.routes import Param, RouteTable
-from lens_ebpf.recorder import allocation, gpu_nodes, node_analysis, workloads
+from lens_ebpf.recorder import workloads
 from lens_ebpf.recorder.api.envelope import PAGE, SPAN, Ask, bad, page, param, span
+from lens_ebpf.recorder.nodes import allocation
+from lens_ebpf.recorder.nodes import analysis as node_analysis
+from lens_ebpf.recorder.nodes import gpus as gpu_nodes
 
 routes = RouteTable()
 

@@ -9,8 +9,8 @@ from typing import Any
 from sqlalchemy import Connection, select
 
 from lens_ebpf.recorder import prom
-from lens_ebpf.recorder.allocation import allocation_percent, gpu_allocation
 from lens_ebpf.recorder.errors import NotFound
+from lens_ebpf.recorder.nodes.allocation import allocation_percent, gpu_allocation
 from lens_ebpf.recorder.scope import Scope
 from lens_ebpf.recorder.store.schema import Scoped
 

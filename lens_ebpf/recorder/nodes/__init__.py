@@ -1,6 +1,8 @@
 """The cluster's nodes: a Node watch kept in the `nodes` table (status from the Ready
 condition as Kubernetes reports it, GPU capacity and allocatable per configured resource,
-the labels that matter, the node's software), for the node routes."""
+the labels that matter, the node's software), for the node routes. Beside it: gpus.py
+(the GPU nodes and their GPUs), allocation.py (the GPUs allocated now), analysis.py
+(fragmentation and load balance), overview.py (the cluster at a glance, its heatmap)."""
 
 from __future__ import annotations
 

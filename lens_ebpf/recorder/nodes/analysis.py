@@ -13,7 +13,7 @@ from sqlalchemy import Connection, select
 
 from lens_ebpf.recorder import prom
 from lens_ebpf.recorder.errors import NotFound
-from lens_ebpf.recorder.gpu_nodes import gpu_nodes
+from lens_ebpf.recorder.nodes.gpus import gpu_nodes
 from lens_ebpf.recorder.scope import Scope
 
 LOW_UTILIZATION = 30.0  # percent
