@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from lens_ebpf.core.routes import Param, RouteTable
-from lens_ebpf.recorder import workload_stats, workloads
+from lens_ebpf.recorder import workloads
 from lens_ebpf.recorder.api.envelope import SPAN, Ask, bad, param, span, when
 from lens_ebpf.recorder.training.timeline import Timeline
+from lens_ebpf.recorder.workloads import stats as workload_stats
 
 routes = RouteTable()
 START = Param("start", "time", "unix seconds, milliseconds or RFC 3339; none: the workload's start")
