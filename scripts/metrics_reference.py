@@ -97,7 +97,7 @@ WRITERS = {
     "recorder/api/front.py": "recorder (HTTP server)",
     "recorder/training/": "recorder (training)",
     "recorder/remote_write/": "recorder (remote write)",
-    "recorder/clusters.py": "recorder (clusters)",
+    "recorder/tracker/clusters.py": "recorder (clusters)",
     "recorder/storage.py": "recorder (storage)",
     "recorder/": "recorder",
 }

@@ -244,7 +244,7 @@ def remove_finalizers(cfg: config.Config, api_client: Any) -> dict[str, int]:
 def _clients(cfg: config.Config, home: Any) -> dict[str, Any]:
     """Every cluster's API client: the home one first, then those a client can be made for."""
     from lens_ebpf.k8s.dynamic import DynamicApi
-    from lens_ebpf.recorder.clusters import Source, read_clusters_secret
+    from lens_ebpf.recorder.tracker.clusters import Source, read_clusters_secret
 
     sources = {name: Source("config", e.kubeconfig) for name, e in sorted(cfg.clusters.items())}
     if cfg.multicluster.secret:

@@ -16,9 +16,9 @@ from lens_ebpf.k8s.objects import ObjectError
 from lens_ebpf.protocol.gen import lens_pb2 as pb
 from lens_ebpf.recorder import lifecycle as lc
 from lens_ebpf.recorder.ingest.node_events import agent_resources, event_row
-from lens_ebpf.recorder.kubelet_service import node_addresses
 from lens_ebpf.recorder.store import queries
 from lens_ebpf.recorder.store.writer import Op, Writer, engine_for, redact, upgrade
+from lens_ebpf.recorder.tracker.kubelet_service import node_addresses
 
 GPUS = ["amd.com/gpu", "nvidia.com/gpu"]
 

@@ -59,7 +59,6 @@ from lens_ebpf.recorder.scope import Scope
 
 if TYPE_CHECKING:
     from lens_ebpf.recorder.alerts.service import Alerts
-    from lens_ebpf.recorder.clusters import Clusters
     from lens_ebpf.recorder.config import RecorderConfig
     from lens_ebpf.recorder.deepdive import DeepDive
     from lens_ebpf.recorder.ingest.admission import WriteGuard
@@ -68,6 +67,7 @@ if TYPE_CHECKING:
     from lens_ebpf.recorder.profiler.files import Profiler
     from lens_ebpf.recorder.remote_write.receiver import RemoteWrite
     from lens_ebpf.recorder.store.writer import Writer
+    from lens_ebpf.recorder.tracker.clusters import Clusters
     from lens_ebpf.recorder.training.progress import Training
 
 # /v1 as the UI names its API, /lens/v1 as it asks it when served under /lens/ (its build's

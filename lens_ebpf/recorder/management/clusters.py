@@ -22,12 +22,12 @@ from sqlalchemy import Connection, delete, select, update
 
 from lens_ebpf.k8s.reflector import call_raw, describe
 from lens_ebpf.recorder.alerts.model import when
-from lens_ebpf.recorder.clusters import Clusters, client_from_kubeconfig
 from lens_ebpf.recorder.config import CLUSTER_NAME
 from lens_ebpf.recorder.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailable
 from lens_ebpf.recorder.management.manifest import RawApi
 from lens_ebpf.recorder.store import schema as t
 from lens_ebpf.recorder.store.writer import redact
+from lens_ebpf.recorder.tracker.clusters import Clusters, client_from_kubeconfig
 
 MC = t.managed_clusters
 TASKS = t.cluster_tasks

@@ -16,7 +16,6 @@ from sqlalchemy import Connection, delete, select, update
 
 from lens_ebpf.k8s.reflector import describe
 from lens_ebpf.recorder.alerts.model import when
-from lens_ebpf.recorder.clusters import Clusters
 from lens_ebpf.recorder.errors import BadRequest, Conflict, Forbidden, NotFound
 from lens_ebpf.recorder.lifecycle import parse_time
 from lens_ebpf.recorder.management import manifest
@@ -24,6 +23,7 @@ from lens_ebpf.recorder.management.clusters import MC, TASKS, ensure_row
 from lens_ebpf.recorder.management.tasks import ACTIVE, Tasks, history_json
 from lens_ebpf.recorder.store import schema as t
 from lens_ebpf.recorder.store.writer import Op, Writer
+from lens_ebpf.recorder.tracker.clusters import Clusters
 
 log = logging.getLogger(__name__)
 RV = t.release_versions

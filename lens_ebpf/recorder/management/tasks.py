@@ -16,11 +16,11 @@ from sqlalchemy import Connection, Engine, select, update
 
 from lens_ebpf.k8s.reflector import describe
 from lens_ebpf.recorder.alerts.model import when
-from lens_ebpf.recorder.clusters import Clusters
 from lens_ebpf.recorder.errors import BadRequest, Conflict, NotFound
 from lens_ebpf.recorder.management import manifest
 from lens_ebpf.recorder.management.clusters import MC, TASKS
 from lens_ebpf.recorder.store.writer import Op, Writer
+from lens_ebpf.recorder.tracker.clusters import Clusters
 
 log = logging.getLogger(__name__)
 ACTIVE = ("pending", "running")

@@ -27,7 +27,6 @@ from lens_ebpf.recorder.api.envelope import AlertsApi, LensApi, Services
 from lens_ebpf.recorder.api.front import FrontMetrics
 from lens_ebpf.recorder.api.posts import Admitted
 from lens_ebpf.recorder.api.seed import PlainJson
-from lens_ebpf.recorder.clusters import Clusters, Shared, StorageConfigSync, own_namespace
 from lens_ebpf.recorder.config import Config
 from lens_ebpf.recorder.deepdive import DeepDive
 from lens_ebpf.recorder.detection import Detection
@@ -35,7 +34,6 @@ from lens_ebpf.recorder.ingest.admission import Ingest, WriteGuard
 from lens_ebpf.recorder.ingest.node_auth import node_guard
 from lens_ebpf.recorder.ingest.node_events import NodeEvents, last_seqs
 from lens_ebpf.recorder.job_history import JobHistory
-from lens_ebpf.recorder.kubelet_service import KubeletService
 from lens_ebpf.recorder.leadership import Leadership, identity_of
 from lens_ebpf.recorder.management.clusters import ClusterAdmin
 from lens_ebpf.recorder.management.hub import Management
@@ -56,6 +54,8 @@ from lens_ebpf.recorder.store.writer import (
     redact,
     upgrade,
 )
+from lens_ebpf.recorder.tracker.clusters import Clusters, Shared, StorageConfigSync, own_namespace
+from lens_ebpf.recorder.tracker.kubelet_service import KubeletService
 from lens_ebpf.recorder.training.outliers import Outliers
 from lens_ebpf.recorder.training.progress import Training
 
