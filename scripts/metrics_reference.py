@@ -94,6 +94,7 @@ WRITERS = {
     "core/runner.py": "both (periodic jobs)",
     "k8s/": "both (Kubernetes watches)",
     "recorder/ingest/": "recorder (ingest)",
+    "recorder/ingest/leadership.py": "recorder",  # the leader election, not the ingest's
     "recorder/api/front.py": "recorder (HTTP server)",
     "recorder/training/": "recorder (training)",
     "recorder/remote_write/": "recorder (remote write)",

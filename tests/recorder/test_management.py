@@ -184,7 +184,7 @@ def test_a_follower_records_no_runs(tmp_path: Path) -> None:
     from sqlalchemy import create_engine
 
     from lens_ebpf.core.runner import Runner
-    from lens_ebpf.recorder.job_history import JobHistory
+    from lens_ebpf.recorder.management.job_history import JobHistory
     from lens_ebpf.recorder.store.writer import Writer, upgrade
 
     eng = create_engine(f"sqlite:///{tmp_path / 'r.db'}")

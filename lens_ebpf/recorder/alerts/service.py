@@ -5,7 +5,7 @@ come in (counted by source and outcome), and the shipped rules and templates see
 Alerts that come in (POST alerts/metric, api/v2/alerts, alerts/webhook) are stored by the
 replica that takes them, in one transaction, before it answers. Our own (log rules on
 the lines POST /logs brings the leader, the findings job) are the leader's writes:
-fenced, as every leader write is (leadership.py)."""
+fenced, as every leader write is (ingest/leadership.py)."""
 
 from __future__ import annotations
 

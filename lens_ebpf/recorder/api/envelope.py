@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from lens_ebpf.recorder.config import RecorderConfig
     from lens_ebpf.recorder.deepdive import DeepDive
     from lens_ebpf.recorder.ingest.admission import WriteGuard
-    from lens_ebpf.recorder.leadership import Leadership
+    from lens_ebpf.recorder.ingest.leadership import Leadership
     from lens_ebpf.recorder.management.hub import Management
     from lens_ebpf.recorder.profiler.files import Profiler
     from lens_ebpf.recorder.remote_write.receiver import RemoteWrite

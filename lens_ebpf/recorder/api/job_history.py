@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from lens_ebpf.core.routes import Param, RouteTable
-from lens_ebpf.recorder import inputs, job_history
+from lens_ebpf.recorder import inputs
 from lens_ebpf.recorder.api.envelope import Ask, bad, integer, param, when
+from lens_ebpf.recorder.management import job_history
 
 routes = RouteTable()
 PAGE_MAX = 100  # the original's largest page

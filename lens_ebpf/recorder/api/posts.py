@@ -144,7 +144,7 @@ class Admitted(Surface):
 def logs(req: Request, app: Services) -> Outcome:
     """Log shippers' lines (JSON, JSON lines, plain lines): training progress and the log
     alert rules. Taken here, or (with replicas, on one that does not lead) handed to the leader,
-    which keeps the training progress (leadership.py)."""
+    which keeps the training progress (ingest/leadership.py)."""
     if app.leadership is not None and not app.leadership.leads():
         return app.leadership.forward("logs", req.body, req.headers, req.query)
     also = app.alerts.lines if app.alerts is not None else None  # the log rules

@@ -31,12 +31,12 @@ from lens_ebpf.recorder.config import Config
 from lens_ebpf.recorder.deepdive import DeepDive
 from lens_ebpf.recorder.detection import Detection
 from lens_ebpf.recorder.ingest.admission import Ingest, WriteGuard
+from lens_ebpf.recorder.ingest.leadership import Leadership, identity_of
 from lens_ebpf.recorder.ingest.node_auth import node_guard
 from lens_ebpf.recorder.ingest.node_events import NodeEvents, last_seqs
-from lens_ebpf.recorder.job_history import JobHistory
-from lens_ebpf.recorder.leadership import Leadership, identity_of
 from lens_ebpf.recorder.management.clusters import ClusterAdmin
 from lens_ebpf.recorder.management.hub import Management
+from lens_ebpf.recorder.management.job_history import JobHistory
 from lens_ebpf.recorder.management.releases import Releases
 from lens_ebpf.recorder.management.settings import Settings
 from lens_ebpf.recorder.management.tasks import Tasks
@@ -94,7 +94,7 @@ class RecorderApp:
         self.revision = upgrade(self.engine, r.cluster_name)
         self.writer = Writer(self.engine, r.queue_max, r.db_retry_max_seconds)
         # what only the leader does writes through lead_writer: with replicas, each of its
-        # writes is fenced by this replica's term (leadership.py); alone, it is the writer
+        # writes is fenced by this replica's term (ingest/leadership.py); alone, it is the writer
         replicas = r.leader_election.enabled
         self.lead_writer: Writer = LeaderWriter(self.writer) if replicas else self.writer
         self.leadership: Leadership | None = None  # made once the REST port is bound
@@ -348,7 +348,7 @@ class RecorderApp:
 
     def _recover(self) -> None:
         """This replica leads (its term claimed): the trackers' and training's state from
-        the database, before the jobs run and the watches start (leadership.py)."""
+        the database, before the jobs run and the watches start (ingest/leadership.py)."""
         for attempt in range(1, 1_000_000):
             try:
                 self.clusters.recover()
