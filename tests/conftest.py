@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -22,6 +24,21 @@ EMULATED = bool(os.environ.get("KMATRIX_KERNEL"))
 # limits are written for an idle host and multiplied here: a busy machine runs several
 # times slower, a TCG guest (about 8 times slower than the host on its own) more again.
 SLOWDOWN = 16.0 if EMULATED else 4.0
+
+
+@contextlib.contextmanager
+def flow_flood(exclusive: bool) -> Iterator[None]:
+    """make test's two workers share the host's TCP: a flood of distinct flows
+    (tests/e2e/test_storm.py) fills every agent's flows map on the host, the node lab's
+    too, and a flow made meanwhile lands in a map's overflow slot ("other"). The flood
+    holds this lock exclusively; a test that counts its own flows through an agent whose
+    map it does not own (the node lab's) holds it shared."""
+    with open(Path(tempfile.gettempdir()) / "lens-tests-flow-flood.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def hang_guard(seconds: float) -> float:

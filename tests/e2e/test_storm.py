@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.agentproc import AgentProc, parse_samples
-from tests.conftest import EMULATED, hang_guard, wait_for
+from tests.conftest import EMULATED, flow_flood, hang_guard, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -47,6 +47,12 @@ def test_million_flow_storm_keeps_metrics_bounded_and_counts_exact(tmp_path: Pat
     )
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
+    with flow_flood(exclusive=True):  # no other test's flows counted meanwhile
+        storm(gen, policy)
+
+
+def storm(gen: Path, policy: Path) -> None:
+    """The agent, the million refused connects and the accepted ones, counted."""
     agent = AgentProc("--policy", str(policy), "--no-collector.processes")
     try:
         agent.wait_ready()
