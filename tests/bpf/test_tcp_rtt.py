@@ -45,7 +45,7 @@ def ss_info(dst: str, dport: int, ns: str | None = None) -> dict[str, float]:
     m = re.search(r"\brtt:([\d.]+)/", out)
     segs = re.search(r"\bsegs_in:(\d+)", out)
     assert m and segs, out
-    return {"rtt_us": float(m.group(1)) * 1000, "segs_in": int(segs.group(1))}
+    return {"rtt_us": round(float(m.group(1)) * 1000, 3), "segs_in": int(segs.group(1))}
 
 
 def bucket_of(value_us: float, bounds: tuple[float, ...]) -> int:
