@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from lens_ebpf.core.http import Counters
+from lens_ebpf.core.http_connections import Counters
 
 
 class FrontMetrics(Collector):
