@@ -35,7 +35,7 @@ class Status:
 
 
 def hub(ask: Ask) -> Management:
-    got = getattr(ask.app, "management", None)
+    got: Management | None = getattr(ask.app, "management", None)
     if got is None:
         raise Unavailable("cluster management is not set up in this service")
     return got
