@@ -133,7 +133,9 @@ class Sections(BaseModel):
         return out
 
     def section(self, key: str) -> BaseModel:
-        got = (self.__pydantic_extra__ or {}).get(key)
+        # _sections made every extra value a model (validated, or given as one)
+        sections: dict[str, BaseModel] = self.__pydantic_extra__ or {}
+        got = sections.get(key)
         if got is None:
             raise KeyError(f"no section {key}")
         return got

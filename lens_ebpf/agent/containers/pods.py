@@ -35,8 +35,8 @@ def container_event(kind: str, c: ContainerInfo) -> ContainerChange:
 
 def pods_view(
     containers: dict[str, ContainerInfo],
-    gpus: dict[str, dict] | None = None,
-    rdma: dict[str, dict] | None = None,
+    gpus: dict[str, dict[str, Any]] | None = None,
+    rdma: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """/pods in the node exporter's shape: each container with the GPUs and RDMA devices
     it was given. gpus and rdma map a host device path to the device behind it (the GPU
@@ -78,10 +78,10 @@ def pods_view(
     return out
 
 
-def pod_gpus(devices: list[Any], nodes: dict[str, dict]) -> list[dict]:
+def pod_gpus(devices: list[Any], nodes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """A container's GPU device nodes as /pods entries: one per GPU (the card node's path
     when the container has it); a node no GPU reading explains keeps id -1."""
-    by_gpu: dict[tuple[str, int], dict] = {}
+    by_gpu: dict[tuple[str, int], dict[str, Any]] = {}
     out = []
     for d in devices:
         host = d.host_path or d.path

@@ -10,6 +10,7 @@ import grpc
 from prometheus_client.registry import Collector
 from pydantic import Field
 
+from lens_ebpf.agent.containers.runtime import ContainerInfo
 from lens_ebpf.agent.deepdive.pyspy import PySpy, find_pyspy
 from lens_ebpf.agent.deepdive.service import DeepDive, DeepDiveCollector
 from lens_ebpf.agent.feature import RUNNING, Feature, Settings, register
@@ -44,7 +45,7 @@ class DeepDiveFeature(Feature):
         procfs = Path(self.ctx.devices.procfs_root)
         resolver = self.ctx.enrich.containers
 
-        def containers() -> dict:
+        def containers() -> dict[str, ContainerInfo]:
             if resolver is None:
                 return {}
             resolver.refresh()  # a pod started a moment ago is found

@@ -10,6 +10,7 @@ import grpc
 from prometheus_client.registry import Collector
 from pydantic import Field
 
+from lens_ebpf.agent.containers.runtime import ContainerInfo
 from lens_ebpf.agent.feature import RUNNING, Feature, Settings, register
 from lens_ebpf.agent.profiler.discovery import NAMES
 from lens_ebpf.agent.profiler.service import Profiler, ProfilerCollector
@@ -42,7 +43,7 @@ class ProfilerFeature(Feature):
         s = self.settings()
         resolver = self.ctx.enrich.containers
 
-        def containers() -> dict:
+        def containers() -> dict[str, ContainerInfo]:
             if resolver is None:
                 return {}
             resolver.refresh()

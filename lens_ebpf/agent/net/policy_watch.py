@@ -14,12 +14,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from lens_ebpf.agent.net.policy import (
-    Network,
     Policy,
     PolicyError,
     load_policy,
     with_cluster_networks,
 )
+from lens_ebpf.core.networks import Network
 
 log = logging.getLogger(__name__)
 # told the effective policy; a ValueError refuses it (the last good one stays)

@@ -18,7 +18,8 @@ from prometheus_client.registry import Collector
 
 from lens_ebpf.agent.net.policy_watch import ClusterNetworks
 from lens_ebpf.agent.pods.index import ClusterIndex, Getter, OwnerResolver
-from lens_ebpf.k8s.objects import Network, ObjectError, kubeadm_networks, node_pod_cidrs
+from lens_ebpf.core.networks import Network
+from lens_ebpf.k8s.objects import ObjectError, kubeadm_networks, node_pod_cidrs
 from lens_ebpf.k8s.reflector import Reflector, call_raw, watch_metrics
 
 log = logging.getLogger(__name__)

@@ -277,6 +277,7 @@ class ProcEvents(RingProgram):
         done: list[Any] = []
 
         def make(seq: int, ts: int) -> list[Any]:
+            events: list[Any]
             events, *rest = mod.procs(
                 records, seq, ts, self.head, idents, self._comms, self.bpf_cfg.max_processes
             )

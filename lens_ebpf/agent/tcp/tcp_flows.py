@@ -401,6 +401,7 @@ class TcpFlows(RingProgram):
         failed: list[Any] = [0, None]
 
         def make(seq: int, ts: int) -> list[Any]:
+            events: list[Any]
             events, failed[0], failed[1] = flows(records, seq, ts, head, enrich, check)
             return events
 

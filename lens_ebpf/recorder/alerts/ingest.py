@@ -54,7 +54,8 @@ def _strings(v: Any, what: str) -> dict[str, str]:
     if not isinstance(v, dict):
         raise BadRequest(f"{what}: an object is required")
     inputs.checked(v, what, nul=True)
-    return inputs.without_nul({str(k): str(x) for k, x in v.items()})
+    clean: dict[str, str] = inputs.without_nul({str(k): str(x) for k, x in v.items()})
+    return clean
 
 
 def _one(

@@ -257,7 +257,10 @@ class DeepDive:
 
     def _status(self, task: str) -> str:
         row = self._row(task)
-        return row.status if row is not None else "cancelled"
+        if row is None:
+            return "cancelled"
+        status: str = row.status
+        return status
 
     def cancel(self, conn: Connection, task: str, reason: str) -> dict[str, Any]:
         t = schema.pyspy_tasks

@@ -139,7 +139,9 @@ class Profiler:
         self.agents.close()
 
     # -- listing -----------------------------------------------------------------------
-    def listing(self, cluster: str, tables: Any, workload_uid: str) -> tuple[list[dict], list[str]]:
+    def listing(
+        self, cluster: str, tables: Any, workload_uid: str
+    ) -> tuple[list[dict[str, Any]], list[str]]:
         """The workload's traces: asked of each running pod's agent now (new ones stored),
         then every one stored for it, newest first; and what could not be asked (an agent
         down is said, not an error; NotFound where every pod's agent says it is not

@@ -8,6 +8,7 @@ that (vendor, BDF, allocation, stale flags, ...) rides beside it as extra keys (
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from lens_ebpf.agent.devices.gpu.model import GpuReading
 
@@ -34,7 +35,9 @@ def card_id(card_path: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def gpu_entry(g: GpuReading, dri: dict[str, str], allocated_to: dict[str, str] | None) -> dict:
+def gpu_entry(
+    g: GpuReading, dri: dict[str, str], allocated_to: dict[str, str] | None
+) -> dict[str, Any]:
     """One /gpus row: gpu, asic, bus, dri_device, then our extras."""
     return {
         "gpu": g.index,
@@ -60,7 +63,7 @@ def gpu_entry(g: GpuReading, dri: dict[str, str], allocated_to: dict[str, str] |
     }
 
 
-def card_entry(g: GpuReading, stale: bool) -> dict:
+def card_entry(g: GpuReading, stale: bool) -> dict[str, Any]:
     """One /cardMetrics row; percents are null when the source cannot say."""
     mem_pct = None
     if g.memory_used is not None and g.memory_total:
@@ -82,9 +85,9 @@ def card_entry(g: GpuReading, stale: bool) -> dict:
     }
 
 
-def dri_map(gpus: list[GpuReading], dri: dict[str, dict[str, str]]) -> dict[str, dict]:
+def dri_map(gpus: list[GpuReading], dri: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
     """/driMapping: card path -> {card, render, pci_addr, card_id} (+ gpu, vendor)."""
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for g in gpus:
         nodes = dri.get(g.bdf, {})
         card = nodes.get("card")
@@ -108,13 +111,15 @@ def driver_version(gpus: list[GpuReading]) -> str:
     return next((g.driver_version for g in ordered if g.driver_version), "")
 
 
-def device_nodes(gpus: list[GpuReading], dri: dict[str, dict[str, str]]) -> dict[str, dict]:
+def device_nodes(
+    gpus: list[GpuReading], dri: dict[str, dict[str, str]]
+) -> dict[str, dict[str, Any]]:
     """Host device path -> the GPU behind it, in /pods' device shape (without the path).
 
     AMD: its /dev/dri card and render nodes. NVIDIA: /dev/nvidiaN is the GPU whose
     index is N (the device minor; NVML numbers GPUs in minor order on one driver).
     """
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     for g in gpus:
         dev = {
             "name": g.name,

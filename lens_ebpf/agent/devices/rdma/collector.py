@@ -37,8 +37,8 @@ def rest_view(
     devices: list[sysfs.RdmaDevice],
     stats: list[statistic.PortStats],
     links: list[resources.Link] | None = None,
-    qps: dict[tuple[str, int], list[dict]] | None = None,
-) -> list[dict]:
+    qps: dict[tuple[str, int], list[dict[str, Any]]] | None = None,
+) -> list[dict[str, Any]]:
     """/rdma in the node exporter's shape: one entry per port. if_index is the RDMA device
     index `rdma link` or `rdma statistic` reports; for a device neither lists, the
     device's position by name, or the next index no other device holds. With resource
@@ -75,8 +75,8 @@ def rest_view(
 
 
 def uverbs_devices(
-    devices: list[sysfs.RdmaDevice], uverbs: dict[int, str], view: list[dict]
-) -> dict[str, dict]:
+    devices: list[sysfs.RdmaDevice], uverbs: dict[int, str], view: list[dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
     """/dev/infiniband/uverbsN -> the RDMA device behind it, in /pods' device shape."""
     by_name = {row["if_name"]: row for row in view}
     out = {}
@@ -195,7 +195,7 @@ class RdmaCollector(PeriodicCollector):
                 d.netdev = next(
                     (ln.netdev for ln in links if ln.device == d.name and ln.netdev), ""
                 )
-        by_port: dict[tuple[str, int], list[dict]] | None = None
+        by_port: dict[tuple[str, int], list[dict[str, Any]]] | None = None
         if rows is not None:
             by_port = {}
             for qp, who in rows:

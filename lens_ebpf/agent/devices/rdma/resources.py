@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 from dataclasses import dataclass
+from typing import Any
 
 
 class ToolOutputError(ValueError):
@@ -44,7 +45,7 @@ class Link:
 
 def json_objects(
     text: str, what: str, error: type[ToolOutputError] = ResourceParseError
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """The list of objects the rdma tool's -j prints (for every command), or error."""
     try:
         doc = json.loads(text)
