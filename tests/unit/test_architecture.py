@@ -7,11 +7,14 @@ nor function over 120."""
 from __future__ import annotations
 
 import ast
+import inspect
 import subprocess
 import sys
 import tomllib
 from collections import defaultdict
 from pathlib import Path
+
+from lens_ebpf.core.routes import Request, RouteTable
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "lens_ebpf"
@@ -250,6 +253,49 @@ def test_the_list_check_sees_a_table_left_out(tmp_path: Path) -> None:
     (tmp_path / "gpus.py").write_text("routes = RouteTable()\n")
     (tmp_path / "__init__.py").write_text("ROUTES = [(nodes.routes, PREFIXES, 'lens')]\n")
     assert listed_tables(tmp_path) == ({"nodes", "gpus"}, {"nodes"})
+
+
+# -- one handler contract: every recorder handler takes the request context -----------------
+def handler_breaches(tables: list[RouteTable]) -> list[str]:
+    """The routes whose handler is not `def handler(ask: Ask)` (envelope.Ask: the request,
+    the service's parts, the database, the surface calling it), whatever its surface."""
+    out = []
+    for table in tables:
+        for r in table.routes:
+            got = [
+                (p.name, p.annotation if isinstance(p.annotation, str) else p.annotation.__name__)
+                for p in inspect.signature(r.handler).parameters.values()
+            ]
+            if got != [("ask", "Ask")]:
+                out.append(f"{r.method} {r.path}: {r.handler.__name__}{got}")
+    return out
+
+
+def test_every_recorder_handler_takes_the_request_context() -> None:
+    from lens_ebpf.recorder.api import ROUTES
+
+    tables = [t for t, _, _ in ROUTES]
+    assert len(tables) > 20 and handler_breaches(tables) == []
+
+
+def test_the_handler_check_sees_a_handler_written_another_way() -> None:
+    from lens_ebpf.recorder.api.envelope import Ask
+
+    routes = RouteTable()
+
+    @routes.get("a")
+    def a(ask: Ask) -> None: ...
+
+    @routes.post("b")
+    def b(req: Request, app: object) -> None: ...
+
+    @routes.get("c")
+    def c() -> None: ...
+
+    assert handler_breaches([routes]) == [
+        "POST b: b[('req', 'Request'), ('app', 'object')]",
+        "GET c: c[]",
+    ]
 
 
 def test_the_checker_sees_imports_in_functions_and_type_checking(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ from lens_ebpf.recorder.api import (
     workload_page,
     workloads,
 )
-from lens_ebpf.recorder.api.envelope import PREFIXES
+from lens_ebpf.recorder.api.envelope import PREFIXES, LensApi
 from lens_ebpf.recorder.api.tools import tools
 
 ROOT = ("",)
@@ -86,8 +86,12 @@ def mount(http: HttpServer, surfaces: dict[str, Surface]) -> assistants.Assistan
         "alerts-files": reports.LensFiles(surfaces["alerts"]),
         "management": management.ManagementApi(surfaces["lens"]),
     }
+    lens = surfaces["lens"]
+    assert isinstance(lens, LensApi)
     mcp = assistants.Assistants(
-        tools([(t.routes, p, s) for t, p, s in ROUTES if s != "mcp"], surfaces)
+        tools([(t.routes, p, s) for t, p, s in ROUTES if s != "mcp"], surfaces),
+        lens.app,
+        lens.connect,
     )
     surfaces["mcp"] = mcp
     for table, prefixes, surface in ROUTES:

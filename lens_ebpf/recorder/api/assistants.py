@@ -29,6 +29,7 @@ from lens_ebpf import __version__
 from lens_ebpf.core.http import json_response
 from lens_ebpf.core.loop import EventLoopThread
 from lens_ebpf.core.routes import Answer, Request, Route, RouteTable, Surface
+from lens_ebpf.recorder.api.envelope import Ask, Connect, Services
 from lens_ebpf.recorder.api.tools import COMPOSED, Composed, Tool, ToolError
 
 log = logging.getLogger(__name__)
@@ -46,22 +47,28 @@ INSTRUCTIONS = (
 
 
 @routes.post("mcp", max_body=MAX_BODY)
-def mcp_post(req: Request, server: Assistants) -> Answer:
+def mcp_post(ask: Ask) -> Answer:
     """MCP over streamable HTTP: a JSON-RPC message (initialize, tools/list, tools/call),
     answered as JSON."""
-    return server.answer("POST", req)
+    return server(ask).answer("POST", ask.req)
 
 
 @routes.get("mcp", tool=False)
-def mcp_get(req: Request, server: Assistants) -> Answer:
+def mcp_get(ask: Ask) -> Answer:
     """405: no event stream (a stateless server answers each POST whole)."""
     return stateless("GET")
 
 
 @routes.delete("mcp")
-def mcp_delete(req: Request, server: Assistants) -> Answer:
+def mcp_delete(ask: Ask) -> Answer:
     """405: no session to end (a stateless server keeps none)."""
     return stateless("DELETE")
+
+
+def server(ask: Ask) -> Assistants:
+    """The /mcp surface that called the handler (its SDK's session manager)."""
+    assert isinstance(ask.surface, Assistants), "a route of /mcp"
+    return ask.surface
 
 
 def stateless(method: str) -> Answer:
@@ -74,10 +81,16 @@ def stateless(method: str) -> Answer:
 
 
 class Assistants(Surface):
-    """The /mcp routes: handler(req, self) -> the SDK's answer."""
+    """The /mcp routes: handler(ask) -> the SDK's answer (ask.surface: this one)."""
 
-    def __init__(self, tools: dict[str, Tool], composed: tuple[Composed, ...] = COMPOSED) -> None:
-        self.tools = tools
+    def __init__(
+        self,
+        tools: dict[str, Tool],
+        app: Services,
+        connect: Connect,
+        composed: tuple[Composed, ...] = COMPOSED,
+    ) -> None:
+        self.tools, self.app, self.connect = tools, app, connect
         self.composed = {c.name: c for c in composed}
         if clash := set(self.tools) & set(self.composed):
             raise ValueError(f"tools named twice: {sorted(clash)}")
@@ -96,7 +109,11 @@ class Assistants(Surface):
 
     # -- the surface ----------------------------------------------------------------------
     def call(self, route: Route, req: Request) -> Answer:
-        got: Answer = route.handler(req, self)
+        ask = Ask(req, self.app, None, self.connect, self)
+        try:
+            got: Answer = route.handler(ask)
+        finally:
+            ask.close()
         return got
 
     def answer(self, method: str, req: Request) -> Answer:

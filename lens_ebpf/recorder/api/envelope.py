@@ -411,13 +411,15 @@ class Services:
 
 @dataclass
 class Ask:
-    """What a handler gets: the request, the cluster asked about (the Primus-Lens API's
-    `?cluster=`), the service's parts, and a database connection opened on first use."""
+    """What every recorder handler gets, its one argument (`def handler(ask: Ask)`): the
+    request, the cluster asked about (the Primus-Lens API's `?cluster=`), the service's
+    parts, a database connection opened on first use, and the surface calling it."""
 
     req: Request
     app: Services
     scope: Scope | None
     connect: Connect
+    surface: Surface | None = None  # the surface calling the handler (/mcp's: its SDK)
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     _conn: Connection | None = None
 

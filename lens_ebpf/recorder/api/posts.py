@@ -28,7 +28,15 @@ from lens_ebpf.core.routes import (
 from lens_ebpf.recorder import inputs
 from lens_ebpf.recorder.alerts import ingest
 from lens_ebpf.recorder.alerts.model import OWN_LABEL
-from lens_ebpf.recorder.api.envelope import NOT_ALLOWED, Services, check, down, failure
+from lens_ebpf.recorder.api.envelope import (
+    NOT_ALLOWED,
+    Ask,
+    Connect,
+    Services,
+    check,
+    down,
+    failure,
+)
 from lens_ebpf.recorder.api.envelope import answer as encoded
 from lens_ebpf.recorder.errors import BadRequest
 from lens_ebpf.recorder.ingest.admission import Ingest, Outcome
@@ -74,13 +82,13 @@ def put(got: Outcome) -> Answer:
 
 
 class Admitted(Surface):
-    """handler(req, app) -> Outcome, behind the token check, counted and timed by route;
+    """handler(ask) -> Outcome, behind the token check, counted and timed by route;
     each route's body bound is its setting (recorder.logs, recorder.remote_write)."""
 
     params = (Param("cluster", doc="the cluster the body is of: this service's home one " "only"),)
 
-    def __init__(self, app: Services, ingest: Ingest) -> None:
-        self.app, self.ingest = app, ingest
+    def __init__(self, app: Services, ingest: Ingest, connect: Connect) -> None:
+        self.app, self.ingest, self.connect = app, ingest, connect
 
     def max_body(self, route: Route) -> int:
         cfg = self.app.cfg
@@ -117,10 +125,11 @@ class Admitted(Surface):
     def _handle(self, route: Route, req: Request) -> Outcome:
         """The route's outcome; a bad parameter 400, the database down 503 (its outage
         logged once), as the cluster API answers them: never the driver's words."""
+        ask = Ask(req, self.app, None, self.connect, self)
         try:
             inputs.parameters(req.params, req.query)
             check(self.declared(route), req)
-            got: Outcome = route.handler(req, self.app)
+            got: Outcome = route.handler(ask)
             return got
         except Exception as exc:
             e = failure(exc)
@@ -131,6 +140,8 @@ class Admitted(Surface):
             return Outcome(
                 e.status, e.message, headers={"Retry-After": "5"} if e.status == 503 else {}
             )
+        finally:
+            ask.close()
 
 
 @routes.post(
@@ -141,10 +152,11 @@ class Admitted(Surface):
     Param("pod_uid", doc="plain lines' pod's uid"),
     takes=LOGS,
 )
-def logs(req: Request, app: Services) -> Outcome:
+def logs(ask: Ask) -> Outcome:
     """Log shippers' lines (JSON, JSON lines, plain lines): training progress and the log
     alert rules. Taken here, or (with replicas, on one that does not lead) handed to the leader,
     which keeps the training progress (ingest/leadership.py)."""
+    req, app = ask.req, ask.app
     if app.leadership is not None and not app.leadership.leads():
         return app.leadership.forward("logs", req.body, req.headers, req.query)
     also = app.alerts.lines if app.alerts is not None else None  # the log rules
@@ -161,14 +173,15 @@ def logs(req: Request, app: Services) -> Outcome:
 
 
 @routes.post("prometheus", takes=PROTOBUF)
-def prometheus(req: Request, app: Services) -> Outcome:
+def prometheus(ask: Ask) -> Outcome:
     """Prometheus remote write (1.0 and 2.0) in: copies of the workloads' series, with
     their pods and workloads, written on to recorder.remote_write.url."""
-    return app.remote_write.post(req.headers, req.body)
+    return ask.app.remote_write.post(ask.req.headers, ask.req.body)
 
 
-def _alerts(req: Request, app: Services, source: str) -> Outcome:
+def _alerts(ask: Ask, source: str) -> Outcome:
     """A body of alerts stored (before the answer): 200 {received, new, resolved, ...}."""
+    req, app = ask.req, ask.app
     if app.alerts is None:
         return Outcome(503, "alerts are not set up in this service")
     now, home = app.clock(), app.cfg.cluster_name
@@ -201,18 +214,18 @@ def _alerts(req: Request, app: Services, source: str) -> Outcome:
 
 
 @routes.post("alerts/metric")
-def alerts_metric(req: Request, app: Services) -> Outcome:
+def alerts_metric(ask: Ask) -> Outcome:
     """Alertmanager's webhook_config body (and VMAlert's notifier's)."""
-    return _alerts(req, app, "metric")
+    return _alerts(ask, "metric")
 
 
 @routes.post("api/v2/alerts")
-def alerts_v2(req: Request, app: Services) -> Outcome:
+def alerts_v2(ask: Ask) -> Outcome:
     """A list of postable alerts, as Prometheus posts them to an Alertmanager."""
-    return _alerts(req, app, "metric")
+    return _alerts(ask, "metric")
 
 
 @routes.post("alerts/webhook")
-def alerts_webhook(req: Request, app: Services) -> Outcome:
+def alerts_webhook(ask: Ask) -> Outcome:
     """{alert_name, severity, status, labels, annotations, starts_at, ends_at, id}."""
-    return _alerts(req, app, "webhook")
+    return _alerts(ask, "webhook")

@@ -288,7 +288,7 @@ class RecorderApp:
                 "lens": LensApi(parts, e.connect, self.clusters.scope, e.begin, guard),
                 "alerts": AlertsApi(parts, e.connect, self.clusters.scope, e.begin, guard),
                 "plain": PlainJson(parts, e.connect),
-                "posts": Admitted(parts, self.ingest),
+                "posts": Admitted(parts, self.ingest, e.connect),
             },
         )
 
