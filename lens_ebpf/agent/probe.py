@@ -74,11 +74,11 @@ def _library(names: tuple[str, ...]) -> str | None:
 
 def kubernetes_check(kubeconfig: str = "", timeout: float = 3.0) -> Check:
     """Which API the agent would use (in-cluster, else kubeconfig), and its version."""
-    from lens_ebpf.k8s.client import NotConfigured, api_client
+    from lens_ebpf.k8s.client import NotConfiguredError, api_client
 
     try:
         api = api_client("auto", kubeconfig)
-    except NotConfigured as exc:
+    except NotConfiguredError as exc:
         return Check("kubernetes", False, "standalone", f"{exc}; policy-only classification")
     except Exception as exc:
         return Check("kubernetes", False, "error", str(exc))

@@ -29,7 +29,7 @@ def own_namespace(sa_dir: Path = SA_DIR) -> str:
     return ns or "default"
 
 
-class NotConfigured(Exception):
+class NotConfiguredError(Exception):
     """No API to talk to: standalone mode (the message says why)."""
 
 
@@ -42,7 +42,7 @@ def api_client(mode: str, kubeconfig: str, sa_dir: Path = SA_DIR) -> Any:
     in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and (sa_dir / "token").exists()
     path = kubeconfig or os.environ.get("KUBECONFIG", "")
     if mode == "off":
-        raise NotConfigured("kubernetes.mode is off")
+        raise NotConfiguredError("kubernetes.mode is off")
     if not (mode in ("auto", "in-cluster") and in_cluster) and not (
         mode in ("auto", "kubeconfig") and path
     ):
@@ -51,7 +51,7 @@ def api_client(mode: str, kubeconfig: str, sa_dir: Path = SA_DIR) -> Any:
         if mode == "kubeconfig":
             raise ValueError("kubernetes.mode is kubeconfig but no kubeconfig is set")
         # decided before the client library is imported: standalone needs none
-        raise NotConfigured("no in-cluster account and no kubeconfig: standalone")
+        raise NotConfiguredError("no in-cluster account and no kubeconfig: standalone")
     from kubernetes import client, config
 
     conf = client.Configuration()

@@ -84,7 +84,7 @@ def bounded(seqs: Seqs | None) -> Seqs:
     return {node: dict(list(held.items())[-INSTANCES_KEPT:]) for node, held in (seqs or {}).items()}
 
 
-class SeqRefused(Exception):
+class SeqRefusedError(Exception):
     """An event numbered beyond what its node can have sent."""
 
 
@@ -184,7 +184,7 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
                         moved = self._held(node, instance) > sent
                     if moved:
                         wake.set()
-            except SeqRefused as exc:
+            except SeqRefusedError as exc:
                 refused.append(str(exc))
             except DecodeError:  # what came before it is held; the reporter hears why
                 refused.append(f"a message that is not a {kind}: the stream ends here")
@@ -239,7 +239,7 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
         return self.last.get(node, {}).get(instance, 0)
 
     def _accept(self, node: str, instance: str, ev: pb.Event) -> None:
-        """One event of the stream of node's instance, with the lock held; SeqRefused for
+        """One event of the stream of node's instance, with the lock held; SeqRefusedError for
         a number no agent can have reached since that instance's last."""
         last = self._last(node, instance)
         if ev.HasField("gap"):
@@ -258,7 +258,7 @@ class Collector(lens_pb2_grpc.CollectorServiceServicer):
                 last,
                 self.max_seq_jump,
             )
-            raise SeqRefused(
+            raise SeqRefusedError(
                 f"seq {ev.seq} is {ev.seq - last} past the last of the node's "
                 f"instance ({last}): more than grpc.max_seq_jump "
                 f"({self.max_seq_jump})"

@@ -92,7 +92,7 @@ class SubscriberAuthConfig(StreamAuthConfig):
     service_accounts: list[str] = Field(default_factory=lambda: ["lens-ebpf-recorder"])
 
 
-class Refused(Exception):
+class RefusedError(Exception):
     def __init__(self, code: grpc.StatusCode, why: str) -> None:
         super().__init__(why)
         self.code, self.why = code, why
@@ -258,17 +258,17 @@ class Guard:
         meta = {str(k).lower(): v for k, v in (context.invocation_metadata() or ())}
         try:
             return await self.check(bearer(meta), claim)
-        except Refused as r:
+        except RefusedError as r:
             self._refuse(str(context.peer() or ""), r, claim)
             await context.abort(r.code, r.why)
             raise  # abort raises; for the type checker
 
     async def check(self, token: str, claim: Claim) -> str:
-        """Who a token is for this claim; Refused when it may not."""
+        """Who a token is for this claim; RefusedError when it may not."""
         if not token:
             if self.anonymous:
                 return "anonymous"
-            raise Refused(
+            raise RefusedError(
                 grpc.StatusCode.UNAUTHENTICATED,
                 f"{self.what}: no bearer token (metadata 'authorization: Bearer "
                 "<token>'); see docs/security.md",
@@ -277,7 +277,7 @@ class Guard:
         if names:
             return self._static(names, claim)
         if self.verify is None:
-            raise Refused(
+            raise RefusedError(
                 grpc.StatusCode.UNAUTHENTICATED,
                 f"{self.what}: the token is none of grpc.auth.tokens_file's and no "
                 "TokenReview checks ServiceAccount tokens here",
@@ -285,7 +285,7 @@ class Guard:
         verdict = await self._verified(token, claim)
         if verdict.result == "ok":
             return verdict.identity
-        raise Refused(
+        raise RefusedError(
             CODES.get(verdict.result, grpc.StatusCode.UNAUTHENTICATED),
             f"{self.what}: {verdict.why}",
         )
@@ -299,7 +299,7 @@ class Guard:
         for name in names:
             if name in mine:
                 return name
-        raise Refused(
+        raise RefusedError(
             grpc.StatusCode.PERMISSION_DENIED,
             f"{self.what}: the token is {names[0]}'s (grpc.auth.tokens_file), not "
             f"node {claim.node!r}'s",
@@ -333,7 +333,7 @@ class Guard:
                     self._cache.popitem(last=False)
         return verdict
 
-    def _refuse(self, peer: str, r: Refused, claim: Claim) -> None:
+    def _refuse(self, peer: str, r: RefusedError, claim: Claim) -> None:
         # ipv4:10.0.0.5:41234, ipv6:[::1]:41234: the address without the port
         addr = peer.rpartition(":")[0] or peer
         with self._lock:

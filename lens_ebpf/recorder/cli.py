@@ -281,7 +281,7 @@ def _strip_kind(api: DynamicApi, kind: Kind) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lens_ebpf.k8s.client import NotConfigured, api_client
+    from lens_ebpf.k8s.client import NotConfiguredError, api_client
     from lens_ebpf.recorder import service
     from lens_ebpf.recorder.store.queries import QueryError
     from lens_ebpf.recorder.store.writer import DatabaseError
@@ -304,7 +304,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         try:
             client = api_client(cfg.kubernetes.mode, cfg.kubernetes.kubeconfig)
-        except NotConfigured as exc:
+        except NotConfiguredError as exc:
             raise CliError(f"recorder: needs the Kubernetes API ({exc})") from None
         except ValueError as exc:
             raise CliError(f"recorder: {exc}") from None

@@ -227,7 +227,7 @@ class PromError(Exception):
     """Prometheus cannot answer: not configured, down, or it refused the query (503)."""
 
 
-class PromDown(PromError):
+class PromDownError(PromError):
     """Prometheus did not answer at all: refused, reset, or silent past timeout_seconds."""
 
 
@@ -291,7 +291,7 @@ class Prom:
             raise PromError(f"prometheus at {self.url} answered {exc.code}: {detail}") from None
         except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out
             self.errors += 1
-            raise PromDown(f"prometheus at {self.url} is unavailable: {exc}") from None
+            raise PromDownError(f"prometheus at {self.url} is unavailable: {exc}") from None
         except ValueError as exc:
             self.errors += 1
             raise PromError(f"prometheus at {self.url} is unavailable: {exc}") from None
@@ -313,7 +313,7 @@ class Prom:
 
     def _maybe(self, read: Callable[[], T]) -> T | None:
         """read(), or None where Prometheus cannot answer (said to missing_figures). Within
-        one missing_figures, once this Prometheus did not answer at all (PromDown: down,
+        one missing_figures, once this Prometheus did not answer at all (PromDownError: down,
         or silent past timeout_seconds) the later reads give None at once; one it refused
         (4xx, 5xx) is no reason to skip the next."""
         if not self.url:
@@ -324,7 +324,7 @@ class Prom:
             return None  # its reason is said already
         try:
             return read()
-        except PromDown as exc:
+        except PromDownError as exc:
             if down is not None:
                 down.add(self.url)
             _missed(exc)

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from lens_ebpf.agent.deepdive import procs
-from lens_ebpf.agent.deepdive.pyspy import PySpy, Refusal
+from lens_ebpf.agent.deepdive.pyspy import PySpy, RefusalError
 from lens_ebpf.agent.deepdive.service import allowed
 from lens_ebpf.recorder.deepdive.stacks import compare, main_stack
 
@@ -114,7 +114,7 @@ def test_a_dump_waits_for_a_free_run_a_record_is_refused(tmp_path: Path) -> None
         await asyncio.sleep(0)
         try:
             await spy.run(3, "record", duration=1)
-        except Refusal as r:
+        except RefusalError as r:
             refused = f"{r.code}: {r.why}"
         assert not dump.done()
         spy.busy.discard(1)  # the run before it ends

@@ -13,7 +13,7 @@ import pytest
 from lens_ebpf.agent.config import KubernetesConfig
 from lens_ebpf.agent.pods.cluster import ClusterWatch, read_cluster_networks
 from lens_ebpf.agent.pods.index import Identity
-from lens_ebpf.k8s.client import NotConfigured, api_client
+from lens_ebpf.k8s.client import NotConfiguredError, api_client
 from tests.k8slab import FakeApiServer, eventually, owned, pod, service
 
 
@@ -169,9 +169,9 @@ def test_index_is_bounded_and_counts_refusals(api: FakeApiServer, tmp_path: Path
 def test_standalone_and_bad_kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.delenv("KUBECONFIG", raising=False)
-    with pytest.raises(NotConfigured, match="standalone"):
+    with pytest.raises(NotConfiguredError, match="standalone"):
         api_client("auto", "", tmp_path)
-    with pytest.raises(NotConfigured):
+    with pytest.raises(NotConfiguredError):
         api_client("off", "/whatever", tmp_path)
     with pytest.raises(ValueError, match="kubeconfig .*missing"):
         api_client("auto", str(tmp_path / "missing"), tmp_path)
@@ -322,7 +322,7 @@ def test_standalone_is_decided_without_the_client_library(
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setitem(sys.modules, "kubernetes", None)  # what import finds when absent
-    with pytest.raises(NotConfigured, match="no in-cluster account and no kubeconfig"):
+    with pytest.raises(NotConfiguredError, match="no in-cluster account and no kubeconfig"):
         api_client("auto", "", sa_dir=tmp_path)
     with pytest.raises(ValueError, match="no service account is mounted"):
         api_client("in-cluster", "", sa_dir=tmp_path)

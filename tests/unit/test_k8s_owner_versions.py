@@ -58,7 +58,7 @@ def test_a_cronjob_is_read_where_the_cluster_serves_it(
         api.kill()
 
 
-class Status(Exception):
+class ApiStatusError(Exception):
     def __init__(self, status: int) -> None:
         super().__init__(f"({status})")
         self.status = status
@@ -71,19 +71,19 @@ def test_only_a_404_asks_the_next_version() -> None:
         def get(namespace: str, name: str) -> dict[str, Any]:
             asked.append(version)
             if status:
-                raise Status(status)
+                raise ApiStatusError(status)
             return {"metadata": {"name": name, "namespace": namespace}}
 
         return get
 
     # refused (403) or failing (500): said as it is, not hidden behind another version
     for status in (403, 500):
-        with pytest.raises(Status) as err:
+        with pytest.raises(ApiStatusError) as err:
             FirstServed(getter("v1", status), getter("v1beta1"))("ns", "c")
         assert err.value.status == status
     assert asked == ["v1", "v1"]
     # missing at both: the last 404
     asked.clear()
-    with pytest.raises(Status) as err:
+    with pytest.raises(ApiStatusError) as err:
         FirstServed(getter("v1", 404), getter("v1beta1", 404))("ns", "c")
     assert (err.value.status, asked) == (404, ["v1", "v1beta1"])

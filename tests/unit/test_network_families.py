@@ -196,7 +196,7 @@ def test_apply_deltas_feeds_every_family_exactly() -> None:
     assert cache.get(flow_families.SEED_DNS, ()) == 120
 
 
-def test_a_pod_address_is_k8sPod_whatever_the_policy_said() -> None:
+def test_a_pod_address_is_class_k8s_pod_whatever_the_policy_said() -> None:
     idx = ClusterIndex()
     idx.replace_pods([pod("db-0", "10.0.0.7", "data", owner=("StatefulSet", "db"))])
     idx.replace_services([service("web", "93.184.216.34", "shop")])

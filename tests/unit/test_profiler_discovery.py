@@ -84,7 +84,7 @@ def test_traces_are_found_below_the_root_and_no_link_is_followed(tmp_path: Path)
         "/work/../etc",
         "relative",
     ):
-        with pytest.raises((discovery.Unsafe, FileNotFoundError)):
+        with pytest.raises((discovery.UnsafePathError, FileNotFoundError)):
             discovery.open_trace(root, bad)
     fd, st = discovery.open_trace(root, "/work/prof/step1/a.pt.trace.json")
     os.close(fd)

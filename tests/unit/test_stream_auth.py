@@ -37,7 +37,7 @@ from lens_ebpf.protocol.stream_auth import (
     Claim,
     CollectorAuthConfig,
     Guard,
-    Refused,
+    RefusedError,
     SubscriberAuthConfig,
 )
 from tests.agentproc import free_port
@@ -373,7 +373,7 @@ def test_a_call_without_a_token_is_taken_only_as_anonymous_says(
     if taken:
         assert asyncio.run(guard.check("", Claim())) == "anonymous"
     else:
-        with pytest.raises(Refused) as err:
+        with pytest.raises(RefusedError) as err:
             asyncio.run(guard.check("", Claim()))
         assert err.value.code == UNAUTH and "no bearer token" in err.value.why
 
@@ -415,7 +415,7 @@ def test_verdicts_are_cached_briefly_and_never_past_the_tokens_expiry() -> None:
     def check(token: str, node: str = "gpu-1") -> str:
         try:
             return asyncio.run(guard.check(token, Claim(node)))
-        except Refused as r:
+        except RefusedError as r:
             return r.code.name
 
     assert [check("good") for _ in range(3)] == ["lens-ebpf/lens-ebpf"] * 3
@@ -445,7 +445,7 @@ def test_tokens_file_changes_are_read_again(tmp_path: Path) -> None:
     )
     assert asyncio.run(guard.check("first", Claim("gpu-1"))) == "gpu-1"
     f.write_text("gpu-1 second-token\n")
-    with pytest.raises(Refused):
+    with pytest.raises(RefusedError):
         asyncio.run(guard.check("first", Claim("gpu-1")))
     assert asyncio.run(guard.check("second-token", Claim("gpu-1"))) == "gpu-1"
 

@@ -3,7 +3,7 @@ raw) and `dump` (each thread's stack as JSON, locals optional), bounded: one run
 process at a time, a duration cap, an output size cap, runs at once per node. A caller that
 goes away (a cancelled task) ends its run: the py-spy process is killed.
 
-Errors are `Refusal`s: a gRPC status code's name and a sentence for the operator."""
+Errors are `RefusalError`s: a gRPC status code's name and a sentence for the operator."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ FORMATS = ("speedscope", "flamegraph", "raw")
 SUFFIX = {"speedscope": ".json", "flamegraph": ".svg", "raw": ".txt", "dump": ".json"}
 
 
-class Refusal(Exception):
+class RefusalError(Exception):
     """code: a grpc.StatusCode name (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION,
     RESOURCE_EXHAUSTED, ABORTED, UNAVAILABLE, DEADLINE_EXCEEDED)."""
 
@@ -88,31 +88,33 @@ class PySpy:
 
     def check(self, pid: int, action: str, duration: int, rate: int, fmt: str) -> None:
         if action not in ("record", "dump"):
-            raise Refusal("INVALID_ARGUMENT", f"action {action!r}: record or dump")
+            raise RefusalError("INVALID_ARGUMENT", f"action {action!r}: record or dump")
         if action == "record":
             if fmt not in FORMATS:
-                raise Refusal("INVALID_ARGUMENT", f"format {fmt!r}: one of {', '.join(FORMATS)}")
+                raise RefusalError(
+                    "INVALID_ARGUMENT", f"format {fmt!r}: one of {', '.join(FORMATS)}"
+                )
             if not 1 <= duration <= self.max_duration:
-                raise Refusal(
+                raise RefusalError(
                     "INVALID_ARGUMENT",
                     f"duration {duration} s: 1 to "
                     f"{self.max_duration} (collectors.deepdive.max_duration_seconds)",
                 )
             if not 1 <= rate <= 1000:
-                raise Refusal("INVALID_ARGUMENT", f"rate {rate}: 1 to 1000 samples a second")
+                raise RefusalError("INVALID_ARGUMENT", f"rate {rate}: 1 to 1000 samples a second")
         if not self.binary:
-            raise Refusal(
+            raise RefusalError(
                 "FAILED_PRECONDITION",
                 "py-spy is not installed on this node's agent "
                 "(pip install py-spy; collectors.deepdive.pyspy names its path)",
             )
         if pid in self.busy:
-            raise Refusal(
+            raise RefusalError(
                 "RESOURCE_EXHAUSTED",
                 f"py-spy already runs against pid {pid}: one " "run per process at a time",
             )
         if len(self.busy) >= self.max_running:
-            raise Refusal(
+            raise RefusalError(
                 "RESOURCE_EXHAUSTED",
                 f"{len(self.busy)} py-spy runs on this node "
                 "already (collectors.deepdive.max_running)",
@@ -129,7 +131,7 @@ class PySpy:
         subprocesses: bool = False,
         locals_: bool = False,
     ) -> Result:
-        """py-spy's output; Refusal with the reason it could not be had. A dump waits up
+        """py-spy's output; RefusalError with the reason it could not be had. A dump waits up
         to dump_timeout for a free run (a stall dumps every rank of the node at once)."""
         if action == "dump":
             deadline = time.monotonic() + self.dump_timeout
@@ -143,7 +145,7 @@ class PySpy:
         self.busy.add(pid)
         try:
             got = await self._run(pid, action, duration, rate, fmt, native, subprocesses, locals_)
-        except Refusal as r:
+        except RefusalError as r:
             self._count(r.code.lower())
             raise
         except asyncio.CancelledError:
@@ -201,7 +203,7 @@ class PySpy:
             try:
                 stdout, stderr = await asyncio.wait_for(self._bounded(proc), limit)
             except TimeoutError:
-                raise Refusal(
+                raise RefusalError(
                     "DEADLINE_EXCEEDED",
                     f"py-spy {action} of pid {pid} did not " f"end within {limit:.0f} s",
                 ) from None
@@ -225,7 +227,7 @@ class PySpy:
                 if not out.exists():
                     raise self._failure(pid, action, text, gone)
                 if out.stat().st_size > self.max_output:
-                    raise Refusal(
+                    raise RefusalError(
                         "RESOURCE_EXHAUSTED",
                         f"py-spy's {fmt} output is "
                         f"{out.stat().st_size} bytes, over "
@@ -234,7 +236,7 @@ class PySpy:
                 data = out.read_bytes()
             exited = gone and action == "record"
             if exited:
-                raise Refusal(
+                raise RefusalError(
                     "ABORTED",
                     f"process {pid} exited during the {duration} s "
                     f"sample (after {seconds:.1f} s)",
@@ -251,7 +253,7 @@ class PySpy:
             if size > self.max_output:
                 proc.kill()
                 err_task.cancel()
-                raise Refusal(
+                raise RefusalError(
                     "RESOURCE_EXHAUSTED",
                     f"py-spy's output passed "
                     f"collectors.deepdive.max_output_bytes ({self.max_output})",
@@ -260,19 +262,19 @@ class PySpy:
         await proc.wait()
         return b"".join(chunks), await err_task
 
-    def _failure(self, pid: int, action: str, text: str, gone: bool) -> Refusal:
+    def _failure(self, pid: int, action: str, text: str, gone: bool) -> RefusalError:
         last = text.splitlines()[-1] if text else "no output"
         if gone:
-            return Refusal("ABORTED", f"process {pid} exited during py-spy {action}: {last}")
+            return RefusalError("ABORTED", f"process {pid} exited during py-spy {action}: {last}")
         lower = text.lower()
         if "python" in lower and ("not" in lower or "failed to find" in lower):
-            return Refusal(
+            return RefusalError(
                 "FAILED_PRECONDITION",
                 f"pid {pid} is not a Python process py-spy " f"can read: {last}",
             )
         if "permission" in lower or "ptrace" in lower:
-            return Refusal(
+            return RefusalError(
                 "FAILED_PRECONDITION",
                 f"py-spy may not read pid {pid} (it needs " f"CAP_SYS_PTRACE): {last}",
             )
-        return Refusal("INTERNAL", f"py-spy {action} of pid {pid} failed: {last}")
+        return RefusalError("INTERNAL", f"py-spy {action} of pid {pid} failed: {last}")

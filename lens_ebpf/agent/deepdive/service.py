@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from lens_ebpf.agent.containers.runtime import ContainerInfo
 from lens_ebpf.agent.deepdive import procs
-from lens_ebpf.agent.deepdive.pyspy import PySpy, Refusal
+from lens_ebpf.agent.deepdive.pyspy import PySpy, RefusalError
 from lens_ebpf.protocol.gen import deepdive_pb2 as pb
 from lens_ebpf.protocol.stream_auth import Claim, Guard
 
@@ -74,13 +74,13 @@ async def admit(
 def pod_containers(
     containers: dict[str, ContainerInfo], uid: str, node: str
 ) -> list[ContainerInfo]:
-    """The pod's running containers on this node (its sandbox left out); Refusal when it
+    """The pod's running containers on this node (its sandbox left out); RefusalError when it
     has none here."""
     if not uid:
-        raise Refusal("INVALID_ARGUMENT", "pod_uid is required")
+        raise RefusalError("INVALID_ARGUMENT", "pod_uid is required")
     mine = [c for c in containers.values() if c.pod_uid == uid and not c.sandbox]
     if not mine:
-        raise Refusal("NOT_FOUND", f"pod {uid} has no running container on node {node}")
+        raise RefusalError("NOT_FOUND", f"pod {uid} has no running container on node {node}")
     return sorted(mine, key=lambda c: (c.name, c.id))
 
 
@@ -150,7 +150,7 @@ class DeepDive:
         )
         self.calls[method] += 1
 
-    async def _fail(self, context: Any, r: Refusal) -> None:
+    async def _fail(self, context: Any, r: RefusalError) -> None:
         await context.abort(getattr(grpc.StatusCode, r.code, grpc.StatusCode.UNKNOWN), r.why)
 
     def _pod(self, uid: str) -> list[ContainerInfo]:
@@ -183,7 +183,7 @@ class DeepDive:
         req = pb.ProcessTreeRequest.FromString(raw)
         try:
             return self.tree(req.pod_uid)
-        except Refusal as r:
+        except RefusalError as r:
             await self._fail(context, r)
             raise
 
@@ -209,7 +209,7 @@ class DeepDive:
                 req.subprocesses,
                 req.locals,
             )
-        except Refusal as r:
+        except RefusalError as r:
             await self._fail(context, r)
             raise
         return pb.PySpyReply(
@@ -221,19 +221,19 @@ class DeepDive:
         )
 
     def _of_pod(self, uid: str, pid: int) -> None:
-        """Refusal unless pid is one of the pod's processes here."""
+        """RefusalError unless pid is one of the pod's processes here."""
         if pid <= 0:
-            raise Refusal("INVALID_ARGUMENT", f"pid {pid}: a host pid is required")
+            raise RefusalError("INVALID_ARGUMENT", f"pid {pid}: a host pid is required")
         containers = self._pod(uid)
         inits = [c.pid for c in containers if c.pid]
         mine = {procs.pid_namespace(self.procfs, i) for i in inits} - {""}
         if procs.pid_namespace(self.procfs, pid) not in mine:
-            raise Refusal(
+            raise RefusalError(
                 "NOT_FOUND", f"pid {pid} is not a process of pod {uid} on node " f"{self.node}"
             )
         p = procs.read_process(self.procfs, pid, 0.0)
         if p is not None and not p.is_python:
-            raise Refusal(
+            raise RefusalError(
                 "FAILED_PRECONDITION",
                 f"pid {pid} ({p.comm}) is not a Python "
                 "process: py-spy reads Python interpreters only",

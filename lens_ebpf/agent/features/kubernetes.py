@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 from lens_ebpf.agent.feature import ERROR, OFF, RUNNING, Feature, register
 from lens_ebpf.agent.pods.cluster import ClusterCollector, ClusterWatch
 from lens_ebpf.core.runner import Job
-from lens_ebpf.k8s.client import NotConfigured, api_client
+from lens_ebpf.k8s.client import NotConfiguredError, api_client
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ class KubernetesFeature(Feature):
         k = self.ctx.kubernetes
         try:
             api = api_client(k.mode, k.kubeconfig)
-        except NotConfigured as exc:
+        except NotConfiguredError as exc:
             self.state = {"state": OFF, "reason": str(exc)}
             log.info("kubernetes: %s", exc)
             return

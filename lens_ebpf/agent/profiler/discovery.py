@@ -28,7 +28,7 @@ RANK_JSON = re.compile(rb'"distributedInfo"\s*:\s*\{[^}]*?"rank"\s*:\s*(\d{1,7})
 PEEK = 64 << 10  # bytes of a trace read for its rank where its name does not say
 
 
-class Unsafe(Exception):
+class UnsafePathError(Exception):
     """A path that leaves the container's root or passes a symbolic link."""
 
 
@@ -43,21 +43,21 @@ class Found:
 
 
 def inside(root: Path, path: str) -> Path:
-    """root/path, each component checked: no '..', no symbolic link (Unsafe)."""
+    """root/path, each component checked: no '..', no symbolic link (UnsafePathError)."""
     p = PurePosixPath(path)
     if not p.is_absolute():
-        raise Unsafe(f"{path}: not absolute")
+        raise UnsafePathError(f"{path}: not absolute")
     at = root
     for part in p.parts[1:]:
         if part in ("..", "."):
-            raise Unsafe(f"{path}: {part} in it")
+            raise UnsafePathError(f"{path}: {part} in it")
         at = at / part
         try:
             mode = os.lstat(at).st_mode
         except OSError as exc:
             raise FileNotFoundError(path) from exc
         if stat.S_ISLNK(mode):
-            raise Unsafe(f"{path}: passes a symbolic link")
+            raise UnsafePathError(f"{path}: passes a symbolic link")
     return at
 
 
@@ -122,7 +122,7 @@ def walk(
     matches, depth levels down, no link followed; budget[0]: entries left to look at."""
     try:
         top = inside(root, start)
-    except (Unsafe, FileNotFoundError):
+    except (UnsafePathError, FileNotFoundError):
         return
     stack = [(top, PurePosixPath(start), 0)]
     pats = tuple(patterns)
@@ -162,7 +162,7 @@ def glob_files(
         rest = str(base.relative_to(fixed)) if base != fixed else ""
         try:
             top = inside(root, str(fixed))
-        except (Unsafe, FileNotFoundError):
+        except (UnsafePathError, FileNotFoundError):
             continue
         for p in sorted(top.glob(rest)) if rest else [top]:
             budget[0] -= 1
@@ -172,7 +172,7 @@ def glob_files(
             try:
                 inside(root, path)
                 st = os.lstat(p)
-            except (Unsafe, OSError):
+            except (UnsafePathError, OSError):
                 continue
             if stat.S_ISREG(st.st_mode):
                 yield path, st
@@ -236,5 +236,5 @@ def open_trace(root: Path, path: str) -> tuple[int, os.stat_result]:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise Unsafe(f"{path}: not a regular file")
+        raise UnsafePathError(f"{path}: not a regular file")
     return fd, st

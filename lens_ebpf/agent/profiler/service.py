@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 
 from lens_ebpf.agent.containers.runtime import ContainerInfo
 from lens_ebpf.agent.deepdive import procs
-from lens_ebpf.agent.deepdive.pyspy import Refusal
+from lens_ebpf.agent.deepdive.pyspy import RefusalError
 from lens_ebpf.agent.deepdive.service import admit, pod_containers
 from lens_ebpf.agent.profiler import discovery
 from lens_ebpf.protocol.gen import profiler_pb2 as pb
@@ -125,7 +125,7 @@ class Profiler:
         req = pb.ListProfilerFilesRequest.FromString(raw)
         try:
             return await asyncio.to_thread(self.listing, req.pod_uid)
-        except Refusal as r:
+        except RefusalError as r:
             await context.abort(getattr(grpc.StatusCode, r.code), r.why)
             raise
 
@@ -133,13 +133,13 @@ class Profiler:
         """The asked trace open, once the listing holds it and it is within the cap."""
         c = next((c for c in self._pod(req.pod_uid) if c.id == req.container_id), None)
         if c is None:
-            raise Refusal(
+            raise RefusalError(
                 "NOT_FOUND",
                 f"container {req.container_id} is not pod " f"{req.pod_uid}'s on node {self.node}",
             )
         known = {f.path: f for f in self._found(c)}
         if req.path not in known:
-            raise Refusal(
+            raise RefusalError(
                 "NOT_FOUND",
                 f"{req.path}: not a profiler trace of pod "
                 f"{req.pod_uid} (ListProfilerFiles names them)",
@@ -148,11 +148,11 @@ class Profiler:
         root = self.procfs / str(known[req.path].pid) / "root"
         try:
             fd, st = discovery.open_trace(root, req.path)
-        except (discovery.Unsafe, OSError) as exc:
-            raise Refusal("NOT_FOUND", f"{req.path}: {exc}") from None
+        except (discovery.UnsafePathError, OSError) as exc:
+            raise RefusalError("NOT_FOUND", f"{req.path}: {exc}") from None
         if st.st_size > cap:
             os.close(fd)
-            raise Refusal(
+            raise RefusalError(
                 "RESOURCE_EXHAUSTED", f"{req.path}: {st.st_size} bytes, over the " f"cap of {cap}"
             )
         return fd, st
@@ -162,7 +162,7 @@ class Profiler:
         req = pb.FetchProfilerFileRequest.FromString(raw)
         try:
             fd, st = await asyncio.to_thread(self.opened, req)
-        except Refusal as r:
+        except RefusalError as r:
             self.refused[r.code.lower()] += 1
             await context.abort(getattr(grpc.StatusCode, r.code), r.why)
             raise

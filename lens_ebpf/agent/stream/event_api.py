@@ -82,13 +82,13 @@ class EventApi:
 
     def _reviewer(self) -> TokenReviewer | None:
         """A TokenReviewer of the agent's API; None standalone."""
-        from lens_ebpf.k8s.client import NotConfigured, api_client
+        from lens_ebpf.k8s.client import NotConfiguredError, api_client
         from lens_ebpf.k8s.tokenreview import TokenReviewer
 
         k = self.kubernetes
         try:
             client = api_client(k.mode, k.kubeconfig)
-        except NotConfigured:
+        except NotConfiguredError:
             return None
         except Exception as exc:  # a configured API that cannot be used
             log.error("grpc.auth: no TokenReview (%s)", exc)

@@ -146,7 +146,7 @@ class ClusterWatch:
         self.prom = Prom(url, p.timeout_seconds, p.max_points) if url else shared.prom
         try:
             self.client = client if client is not None else source.client()
-        except Exception as exc:  # a broken kubeconfig; NotConfigured (no service account)
+        except Exception as exc:  # a broken kubeconfig; NotConfiguredError (no service account)
             # ValueError and OSError say what they are themselves
             said = isinstance(exc, ValueError | OSError)
             self.error = (str(exc) if said else f"{type(exc).__name__}: {exc}")[:300]

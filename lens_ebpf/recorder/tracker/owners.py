@@ -22,7 +22,7 @@ from lens_ebpf.recorder.tracker.state import (
     BAD_OBJECT,
     MAX_OWNER_HOPS,
     TrackerState,
-    Unresolved,
+    UnresolvedError,
     Workload,
     log,
 )
@@ -46,7 +46,7 @@ class OwnerWatch(TrackerState):
             else:
                 try:
                     w = self._fetch(namespace, ref)
-                except Unresolved:
+                except UnresolvedError:
                     return tuple(out), False
                 if w is None:
                     break
@@ -78,7 +78,7 @@ class OwnerWatch(TrackerState):
             )
             if code == 404:
                 return None
-            raise Unresolved from None
+            raise UnresolvedError from None
         self.lookups["fetched"] += 1
         w = Workload(kind, ref["kind"], namespace, str(m["name"]), str(m["uid"]), lc.owner_ref(obj))
         if ref.get("uid") and ref["uid"] != w.uid:

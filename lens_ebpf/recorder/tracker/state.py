@@ -60,7 +60,7 @@ class TrackedPod:
     workload_name: str
 
 
-class Unresolved(Exception):
+class UnresolvedError(Exception):
     """An owner the API could not tell about just now (not a 404)."""
 
 
