@@ -267,7 +267,7 @@ def missed(why: str) -> None:
     _missed(PromError(why))
 
 
-class TooManyPoints(ValueError):
+class TooManyPointsError(ValueError):
     """A range query beyond max_points (400, naming the parameters)."""
 
 
@@ -369,10 +369,10 @@ class Prom:
 
     def _range(self, query: str, start: int, end: int, step: int) -> Any:
         if end < start:
-            raise TooManyPoints(f"end={end} is before start={start}")
+            raise TooManyPointsError(f"end={end} is before start={start}")
         points = (end - start) // step + 1
         if points > self.max_points:
-            raise TooManyPoints(
+            raise TooManyPointsError(
                 f"start={start}, end={end}, step={step}: {points} points, more "
                 f"than recorder.prometheus.max_points ({self.max_points})"
             )

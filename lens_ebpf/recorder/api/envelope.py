@@ -127,7 +127,7 @@ def failure(exc: Exception) -> ApiError | None:
         return ApiError(409, 4002, str(exc))
     if isinstance(exc, Forbidden):
         return ApiError(403, 4003, str(exc))
-    if isinstance(exc, BadRequest | prom.TooManyPoints):
+    if isinstance(exc, BadRequest | prom.TooManyPointsError):
         return ApiError(400, 4001, str(exc))
     if isinstance(exc, NotFound):
         return ApiError(404, 4004, str(exc))

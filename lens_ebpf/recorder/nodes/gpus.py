@@ -215,7 +215,7 @@ def node_gpu_metrics(
     conn: Connection, c: Scope, name: str, start: int, end: int, step: int
 ) -> dict[str, Any]:
     """NodeGPUMetricsResponse: the node's GPUs' utilization (one series per GPU) and its
-    allocation rate, percent (prom.TooManyPoints beyond max_points)."""
+    allocation rate, percent (prom.TooManyPointsError beyond max_points)."""
     known(conn, c.tables, name)
     return {
         key: {

@@ -431,7 +431,7 @@ def consumers(conn: Connection, c: Scope, now: datetime, num: int, size: int) ->
 def graphs(conn: Connection, c: Scope, uid: str, start: int, end: int, step: int) -> dict[str, Any]:
     """Map of model.MetricsGraph: its GPUs' utilization, memory and power per node (the
     original's three), and beyond the original: memory and power per pod and summed, TCP
-    bytes/s and median RTT from its pods' nodes to its own pods (prom.TooManyPoints beyond
+    bytes/s and median RTT from its pods' nodes to its own pods (prom.TooManyPointsError beyond
     max_points)."""
     row = workload(conn, c.tables, uid)
     pods = workload_pods(conn, c.tables, uid)
