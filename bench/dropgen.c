@@ -1,9 +1,15 @@
-/* dropgen: a storm of packets the kernel drops: UDP datagrams to a port nobody listens on.
+/* dropgen: a storm of packets the kernel drops, as many a second as one CPU makes.
  *   dropgen ADDR PORT SECONDS RATE
- * sendmmsg() batches of 1-byte datagrams to ADDR:PORT for SECONDS, paced to RATE a second
- * (0: as fast as it goes). Each one the kernel accepts is dropped on the receive side
- * (NO_SOCKET, or CPU_BACKLOG when loopback's backlog overflows).
- * Prints: sent=N seconds=S rate=R */
+ * Sends 65,507-byte UDP datagrams to ADDR:PORT for SECONDS, paced to RATE packets a second
+ * (0: as fast as it goes). bench/drops.py routes ADDR through a veth of MTU 68 whose
+ * neighbour resolution is switched off (no ARP probes): IP cuts each datagram into 1,365
+ * fragments of 48 bytes and the kernel drops each one as it looks for the neighbour
+ * (NEIGH_FAILED), in the sender's own send() and without an error, so one system call
+ * makes 1,365 drops and nothing of the receive path runs. (1-byte datagrams to a closed
+ * port, one syscall each and the whole send and receive path, reached 20,000 a second
+ * here; a netfilter DROP in OUTPUT fails the send, one drop a syscall.)
+ * Prints: sent=N datagrams=D fragments=F seconds=S rate=R (N: fragments made, one drop
+ * each; F: fragments a datagram, from the route's MTU) */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -13,7 +19,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#define BATCH 256
+#define LEN 65507 /* the largest UDP payload over IPv4 */
 
 static double now(void)
 {
@@ -32,24 +38,34 @@ int main(int argc, char **argv)
     inet_pton(AF_INET, argv[1], &dst.sin_addr);
     double seconds = atof(argv[3]), rate = atof(argv[4]);
     int fd = socket(AF_INET, SOCK_DGRAM, 0);
-    static char byte = 'x';
-    static struct iovec iov = {.iov_base = &byte, .iov_len = 1};
-    static struct mmsghdr msgs[BATCH];
-    for (int i = 0; i < BATCH; i++) {
-        msgs[i].msg_hdr.msg_name = &dst;
-        msgs[i].msg_hdr.msg_namelen = sizeof(dst);
-        msgs[i].msg_hdr.msg_iov = &iov;
-        msgs[i].msg_hdr.msg_iovlen = 1;
+    int sndbuf = 64 << 20, pmtu = IP_PMTUDISC_DONT; /* fragment, never refuse */
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &sndbuf, sizeof(sndbuf));
+    setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu));
+    if (connect(fd, (struct sockaddr *)&dst, sizeof(dst))) {
+        perror("dropgen: connect");
+        return 1;
     }
-    long sent = 0;
+    int mtu = 0;
+    socklen_t ml = sizeof(mtu);
+    if (getsockopt(fd, IPPROTO_IP, IP_MTU, &mtu, &ml) || mtu < 68) {
+        perror("dropgen: IP_MTU");
+        return 1;
+    }
+    int per = ((mtu - 20) & ~7);                 /* payload bytes a fragment carries */
+    long frags = (LEN + 8 + per - 1) / per;      /* the UDP header rides in the first */
+    static char buf[LEN];
+    long datagrams = 0, failed = 0;
     double start = now(), t = start;
     while ((t = now()) - start < seconds) {
-        if (rate > 0 && sent >= rate * (t - start))
+        if (rate > 0 && datagrams * frags >= rate * (t - start))
             continue; /* ahead of the pace: spin (one CPU is the load's anyway) */
-        int n = sendmmsg(fd, msgs, BATCH, 0);
-        if (n > 0)
-            sent += n;
+        if (send(fd, buf, LEN, 0) == LEN)
+            datagrams++;
+        else
+            failed++;
     }
-    printf("sent=%ld seconds=%.3f rate=%.0f\n", sent, t - start, sent / (t - start));
+    double took = t - start;
+    printf("sent=%ld datagrams=%ld fragments=%ld failed=%ld seconds=%.3f rate=%.0f\n",
+           datagrams * frags, datagrams, frags, failed, took, datagrams * frags / took);
     return 0;
 }
