@@ -29,6 +29,7 @@
 /* tracepoint records name enum skb_drop_reason, which older header trees lack: a 4-byte
  * enum of our own either way */
 enum lens_skb_drop_reason { LENS_DROP_REASON_ANY = 0x7fffffff };
+#include "lens_common.h"
 #include "drops.h"
 
 #if !defined(MAX_DROP_KEYS) || !defined(MAX_POLICY_PREFIXES) || !defined(RINGBUF_PAGES)
