@@ -1,7 +1,12 @@
-/* Shared layouts for lens-ebpf programs. Mirrored once in Python
- * (lens_ebpf/agent/bpf/layouts.py), which checks each size at load time. */
+/* What every lens-ebpf program shares: the direction and class numbers, the policy trie's
+ * key and the trace filter (records Python fills: mirrored in lens_ebpf/agent/bpf/layouts.py,
+ * checked against this header by tests/unit/test_layouts.py and against BCC's layout at
+ * load), and helpers for BPF code only. A program's own records are in its header
+ * (tcp_flows.h, proc_events.h, drops.h); the compiled event path includes the first two. */
 #ifndef LENS_COMMON_H
 #define LENS_COMMON_H
+
+#include <linux/types.h>
 
 #define LENS_DIR_EGRESS 0
 #define LENS_DIR_INGRESS 1
@@ -16,16 +21,16 @@
 #define LENS_CLASS_LOCALHOST 5
 #define LENS_CLASS_INTERNAL 6
 
-#ifndef AF_INET
-#define AF_INET 2
 /* Runtime filter for one-by-one events (trace mode), filled by Python; counters and
  * histograms are never filtered. A zero field matches everything. */
 struct lens_trace_filter {
-    u32 pid;  /* the process (or, for process events, its parent) */
-    u16 port; /* local or remote port */
-    u16 enabled;
+    __u32 pid;  /* the process (or, for process events, its parent) */
+    __u16 port; /* local or remote port */
+    __u16 enabled;
 };
 
+#ifndef AF_INET
+#define AF_INET 2
 #endif
 #ifndef AF_INET6
 #define AF_INET6 10
@@ -39,8 +44,8 @@ struct lens_trace_filter {
 
 /* Key of the policy LPM trie: IPv4 as ::ffff:a.b.c.d, prefix length + 96. */
 struct lens_lpm_key {
-    u32 prefixlen;
-    u8 addr[16];
+    __u32 prefixlen;
+    __u8 addr[16];
 };
 
 static __always_inline void lens_map_v4(u8 *dst, const u8 *v4)

@@ -27,6 +27,7 @@
  * syscalls' argument and the killing signal from signal_deliver, kept per process until
  * it exits (reading task->exit_code through a header tree would be rule 1's wrong number).
  */
+#include "lens_common.h"
 #include "proc_events.h"
 
 /* Sizes come from the agent's config (bpf.max_processes, bpf.ringbuf_pages,
@@ -35,15 +36,7 @@
 #error "MAX_PROCS, RINGBUF_PAGES and KNOWN_CGROUPS come as -D flags"
 #endif
 
-#define EV_EXEC 1
-#define EV_EXIT 2
-#define EV_OOM 3
-
-#define PF_EXIT_CALLED 1
-#define PF_SIGNALED 2
-#define PF_OOM_VICTIM 4
-/* A record flag, not a process's: its cgroup is not in known_cgroups. */
-#define REC_NEW_CGROUP 8
+/* the record's kinds and flags (EV_*, PF_*, REC_NEW_CGROUP) are in proc_events.h */
 
 /* Index of the pstats array; mirrored in lens_ebpf/agent/processes/proc_events.py. */
 #define PS_RINGBUF_FULL 0

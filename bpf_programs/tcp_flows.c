@@ -61,6 +61,7 @@
  * bucket boundaries (-DLENS_RTT_BOUNDS, microseconds) per (direction, class, remote).
  * It lives here because it needs each socket's direction and class from socks.
  */
+#include "lens_common.h"
 #include "tcp_flows.h"
 /* struct sockaddr_in6: 5.10's tcp_probe record sizes its address fields with it */
 #include <linux/in6.h>

@@ -6,6 +6,7 @@ hands its events to each kind of subscriber as the Python path's."""
 import ctypes
 import dataclasses
 import random
+import re
 import socket
 
 import pytest
@@ -473,3 +474,59 @@ def test_ring_take_reads_what_is_committed_in_order(mod) -> None:
     assert mod.ring_take(consumer, bytes(producer), size - 1, page, rec) == (records[0], 0)
     with pytest.raises(ValueError, match="ring buffer"):
         mod.ring_take(consumer, bytes(producer), size - 2, page, rec)  # not a power of two
+
+
+# -------------------------------------------------------------- named field numbers
+
+PB_MESSAGES = ("Event", "FlowClosed", "ProcessExec", "ProcessExit", "OomKill", "Identity")
+
+
+def pb_defines() -> dict[str, int]:
+    text = (native.HERE / "pb_fields.h").read_text()
+    return {m[1]: int(m[2]) for m in re.finditer(r"(?m)^#define (PB_\w+) (\d+)\s*$", text)}
+
+
+def upper_snake(camel: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", camel).upper()
+
+
+def field_number(define: str) -> int | None:
+    """The lens.v1 number a PB_<MESSAGE>_<FIELD> name stands for, None if it names none."""
+    for msg in PB_MESSAGES:
+        prefix = f"PB_{upper_snake(msg)}_"
+        if define.startswith(prefix):
+            by_name = getattr(pb, msg).DESCRIPTOR.fields_by_name
+            got = by_name.get(define[len(prefix) :].lower())
+            return got.number if got is not None else None
+    return None
+
+
+def test_each_named_field_number_is_the_protos() -> None:
+    got = pb_defines()
+    assert len(got) >= 30
+    assert {name: field_number(name) for name in got} == got
+
+
+def test_runs_of_fields_written_in_a_loop_are_consecutive() -> None:
+    """_native.c writes enrichment's fields (extra_keys) from
+    PB_FLOW_CLOSED_REMOTE_NAMESPACE on and Identity's (identity_keys) from
+    PB_IDENTITY_CONTAINER_ID on, one number up each."""
+    src = (native.HERE / "_native.c").read_text()
+    for array, msg, first in (
+        ("extra_keys", pb.FlowClosed, "PB_FLOW_CLOSED_REMOTE_NAMESPACE"),
+        ("identity_keys", pb.Identity, "PB_IDENTITY_CONTAINER_ID"),
+    ):
+        body = re.search(rf"{array}\[\] = \{{(.*?)\}};", src, flags=re.S)
+        assert body, array
+        keys = re.findall(r'"(\w+)"', body[1])
+        numbers = [msg.DESCRIPTOR.fields_by_name[k].number for k in keys]
+        start = pb_defines()[first]
+        assert numbers == list(range(start, start + len(keys))), array
+
+
+def test_no_field_is_written_by_a_bare_number() -> None:
+    src = (native.HERE / "_native.c").read_text()
+    calls = re.findall(r"\b(?:put_(?:uint|int|str|pystr|identity)|pack)\(\s*&?\w+,\s*([^,]+),", src)
+    assert len(calls) >= 28
+    assert [c for c in calls if re.search(r"\b\d+\b", c)] == []
+    assert re.findall(r"\b\d+ << 3", src) == []  # a tag made by hand

@@ -1,8 +1,10 @@
 """Python mirrors of the records in bpf_programs/*.h (lens_common.h, tcp_flows.h,
-proc_events.h).
+proc_events.h, drops.h), the one source of each layout.
 
-Each mirror is checked field by field (name, offset, size) against the type BCC
-derived from the C at load time; a mismatch is an error, never a guess (docs/contributing/style.md).
+Each mirror is checked against its header by tests/unit/test_layouts.py (every struct
+there has one here, field by field, types too), and field by field (name, offset, size)
+against the type BCC derived from the C at load time; a mismatch is an error, never a
+guess (docs/contributing/style.md).
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ Python path makes: tests/unit/test_native.py compares them for every field) held
 small `Packed` object with its record; the Python event is made from the record only when
 a consumer asks for one (trace, a Subscribe filter on a field other than the kind).
 
+The records' layouts come from the programs' own headers (bpf_programs/tcp_flows.h,
+proc_events.h: `#include`d, never declared again) and the protobuf field numbers from
+`pb_fields.h`, named and checked against lens.proto by tests/unit/test_native.py.
+
 Built by `scripts/setup.sh` (so by `make run` and `make test`) with Debian's gcc against
 the running Python's headers (python3-dev), next to this file; `python -m
 lens_ebpf.agent.native` builds it again. Where it is missing, was built from another
@@ -23,10 +27,12 @@ import hashlib
 import importlib
 import logging
 import os
+import re
 import subprocess
 import sys
 import sysconfig
 import tempfile
+from importlib import resources
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
@@ -38,8 +44,29 @@ SOURCE = HERE / "_native.c"
 CFLAGS = ("-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-fvisibility=hidden")
 
 
+def include_dirs() -> tuple[Path, ...]:
+    """Where _native.c's quoted includes are: beside it (pb_fields.h), and the programs'
+    headers (bpf_programs/, as the loader finds them)."""
+    return HERE, Path(str(resources.files("bpf_programs")))
+
+
+def sources() -> list[Path]:
+    """_native.c and each header it includes with quotes: what the module is built from."""
+    found = [SOURCE]
+    for name in re.findall(r'(?m)^#include "([^"]+)"', SOURCE.read_text()):
+        where = [d / name for d in include_dirs() if (d / name).exists()]
+        if not where:
+            raise RuntimeError(f"_native.c includes {name}, in none of {include_dirs()}")
+        found.append(where[0])
+    return found
+
+
 def source_hash() -> str:
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    """The sources' digest: a module built from other ones (a header changed) is stale."""
+    digest = hashlib.sha256()
+    for path in sources():
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def target() -> Path:
@@ -56,7 +83,9 @@ def build(cc: str = "gcc") -> Path:
     # written beside, then renamed: an agent running now keeps the one it loaded
     fd, tmp = tempfile.mkstemp(prefix="._native", suffix=".so", dir=HERE)
     os.close(fd)
-    cmd = [cc, *CFLAGS, f"-I{include}", f'-DSOURCE_HASH="{source_hash()}"', str(SOURCE), "-o", tmp]
+    dirs = [f"-I{d}" for d in include_dirs()]
+    cmd = [cc, *CFLAGS, f"-I{include}", *dirs, f'-DSOURCE_HASH="{source_hash()}"']
+    cmd += [str(SOURCE), "-o", tmp]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     except FileNotFoundError:
@@ -120,7 +149,8 @@ def _load() -> tuple[ModuleType | None, str]:
     except ImportError as exc:
         return None, f"cannot load {target().name}: {exc}"
     if getattr(mod, "SOURCE_HASH", None) != source_hash():
-        return None, f"{target().name} was built from another _native.c: run scripts/setup.sh"
+        why = "was built from other sources (_native.c, its headers): run scripts/setup.sh"
+        return None, f"{target().name} {why}"
     from lens_ebpf.agent import events
 
     events.set_packed(mod.Packed)

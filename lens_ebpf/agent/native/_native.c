@@ -20,28 +20,17 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <linux/types.h>
 
-/* bpf_programs/tcp_flows.c's struct flow_event; layouts.FlowEvent mirrors it, and
- * FLOW_EVENT (the offsets below) is checked against that mirror by the tests and at
- * import (native/__init__.py). */
-struct flow_event {
-    uint64_t ts_ns;
-    uint64_t duration_ns;
-    uint64_t sent;
-    uint64_t recv;
-    uint64_t cgroup_id;
-    uint8_t laddr[16];
-    uint8_t raddr[16];
-    uint32_t pid;
-    uint32_t retrans;
-    uint16_t lport;
-    uint16_t rport;
-    uint8_t family;
-    uint8_t direction;
-    uint8_t cls;
-    uint8_t reason;
-    char comm[16];
-};
+/* The records, from the programs' own headers (bpf_programs/, on the include path
+ * native/__init__.py's build gives): struct flow_event (tcp_flows.h), struct proc_event
+ * and its kinds and flags (proc_events.h). layouts.FlowEvent and layouts.ProcEvent mirror
+ * them; flow_event_layout() and proc_event_layout() are checked against those mirrors at
+ * import (native.layout_differs) and by the tests. */
+#include "tcp_flows.h"
+#include "proc_events.h"
+/* the lens.v1 field numbers written below, by name */
+#include "pb_fields.h"
 
 #define AF_INET_ 2
 #ifndef SOURCE_HASH
@@ -62,7 +51,8 @@ static int configured;
 static PyObject *materializers; /* kind -> function(Packed) -> its Python event */
 static PyObject *kind_flow, *kind_abnormal, *kind_exec, *kind_exit, *kind_oom;
 
-/* enrichment's fields after class, in the payload's number order (15..23) */
+/* enrichment's fields after class, in the payload's number order (from
+ * PB_FLOW_CLOSED_REMOTE_NAMESPACE on) */
 static const char *const extra_keys[] = {
     "remote_namespace", "remote_pod", "remote_workload_kind", "remote_workload",
     "remote_service", "namespace", "pod", "workload_kind", "workload",
@@ -280,40 +270,41 @@ static int flow_payload(buf *b, const struct flow_event *r, const char *laddr, P
     PyObject *comm_owner = c_text(r->comm, sizeof r->comm, &comm, &comm_n);
     if (comm_owner == NULL)
         return -1;
-    put_uint(b, 1, r->pid);
-    int rc = put_str(b, 2, comm, comm_n);
+    put_uint(b, PB_FLOW_CLOSED_PID, r->pid);
+    int rc = put_str(b, PB_FLOW_CLOSED_COMM, comm, comm_n);
     Py_DECREF(comm_owner);
     if (rc < 0 || reserve(b, 24) < 0)
         return -1;
-    put_uint(b, 3, r->cgroup_id);
-    if (put_str(b, 4, laddr, llen) < 0 || reserve(b, 12) < 0)
+    put_uint(b, PB_FLOW_CLOSED_CGROUP_ID, r->cgroup_id);
+    if (put_str(b, PB_FLOW_CLOSED_LADDR, laddr, llen) < 0 || reserve(b, 12) < 0)
         return -1;
-    put_uint(b, 5, r->lport);
-    if (put_str(b, 6, raddr, rlen) < 0 || reserve(b, 12) < 0)
+    put_uint(b, PB_FLOW_CLOSED_LPORT, r->lport);
+    if (put_str(b, PB_FLOW_CLOSED_RADDR, raddr, rlen) < 0 || reserve(b, 12) < 0)
         return -1;
-    put_uint(b, 7, r->rport);
+    put_uint(b, PB_FLOW_CLOSED_RPORT, r->rport);
     text d = direction_names[r->direction].p ? direction_names[r->direction]
                                              : number_text(dscratch, r->direction);
-    if (put_str(b, 8, d.p, d.n) < 0)
+    if (put_str(b, PB_FLOW_CLOSED_DIRECTION, d.p, d.n) < 0)
         return -1;
     PyObject *cls = extra != Py_None ? PyDict_GetItemWithError(extra, cls_key) : NULL;
     if (cls != NULL) {
-        if (put_pystr(b, 9, cls) < 0)
+        if (put_pystr(b, PB_FLOW_CLOSED_CLASS, cls) < 0)
             return -1;
     } else if (PyErr_Occurred()) {
         return -1;
-    } else if (put_str(b, 9, class_names[r->cls].p, class_names[r->cls].n) < 0) {
+    } else if (put_str(b, PB_FLOW_CLOSED_CLASS, class_names[r->cls].p,
+                       class_names[r->cls].n) < 0) {
         return -1;
     }
     if (reserve(b, 48) < 0)
         return -1;
-    put_uint(b, 10, r->sent);
-    put_uint(b, 11, r->recv);
-    put_uint(b, 12, r->retrans);
-    put_uint(b, 13, r->duration_ns);
+    put_uint(b, PB_FLOW_CLOSED_SENT_BYTES, r->sent);
+    put_uint(b, PB_FLOW_CLOSED_RECEIVED_BYTES, r->recv);
+    put_uint(b, PB_FLOW_CLOSED_RETRANSMITS, r->retrans);
+    put_uint(b, PB_FLOW_CLOSED_DURATION_NS, r->duration_ns);
     text why = reason_names[r->reason].p ? reason_names[r->reason]
                                          : number_text(rscratch, r->reason);
-    if (put_str(b, 14, why.p, why.n) < 0)
+    if (put_str(b, PB_FLOW_CLOSED_REASON, why.p, why.n) < 0)
         return -1;
     if (extra != Py_None) {
         for (int i = 0; i < N_EXTRA; i++) {
@@ -325,7 +316,7 @@ static int flow_payload(buf *b, const struct flow_event *r, const char *laddr, P
                              extra_keys[i], Py_TYPE(v)->tp_name);
                 return -1;
             }
-            if (put_pystr(b, 15 + i, v) < 0)
+            if (put_pystr(b, PB_FLOW_CLOSED_REMOTE_NAMESPACE + i, v) < 0)
                 return -1;
         }
     }
@@ -333,18 +324,18 @@ static int flow_payload(buf *b, const struct flow_event *r, const char *laddr, P
 }
 
 /* one Packed: the Event's seq, wall time, node fields (head), then the payload as its
- * oneof field (tag: 10 flow_closed, 16 abnormal_flow) */
+ * oneof field (tag: PB_EVENT_FLOW_CLOSED, PB_EVENT_PROCESS_EXEC, ...) */
 static Packed *pack(PyObject *kind, uint32_t tag, long long seq, long long ts,
                     const char *head, Py_ssize_t head_n, const buf *payload,
                     const void *rec, Py_ssize_t rec_n, PyObject *extra) {
     uint8_t front[32];
     size_t fn = 0;
     if (seq) {
-        front[fn++] = 1 << 3;
+        front[fn++] = PB_EVENT_SEQ << 3;
         fn += varint_to(front + fn, (uint64_t)seq);
     }
     if (ts) {
-        front[fn++] = 2 << 3;
+        front[fn++] = PB_EVENT_TS_UNIX_NANO << 3;
         fn += varint_to(front + fn, (uint64_t)ts);
     }
     uint8_t mid[16];
@@ -598,7 +589,8 @@ static PyObject *flows(PyObject *Py_UNUSED(module), PyObject *args) {
         int failed = 0, fatal = 0;
         Packed *p = NULL;
         if (flow_payload(&b, &r, laddr, llen, raddr, rlen, extra) < 0 ||
-            (p = pack(kind_flow, 10, seq, ts, head, head_n, &b, &r, sizeof r, extra)) == NULL) {
+            (p = pack(kind_flow, PB_EVENT_FLOW_CLOSED, seq, ts, head, head_n, &b, &r,
+                      sizeof r, extra)) == NULL) {
             failed = 1;
         } else if (append(out, p) < 0) {
             fatal = 1;
@@ -608,8 +600,8 @@ static PyObject *flows(PyObject *Py_UNUSED(module), PyObject *args) {
                 PyObject *got = PyObject_CallOneArg(abnormal, raddr_s);
                 int yes = got ? PyObject_IsTrue(got) : -1;
                 Py_XDECREF(got);
-                if (yes < 0 || (yes && (p = pack(kind_abnormal, 16, seq, ts, head, head_n, &b,
-                                                 &r, sizeof r, extra)) == NULL))
+                if (yes < 0 || (yes && (p = pack(kind_abnormal, PB_EVENT_ABNORMAL_FLOW, seq, ts,
+                                                 head, head_n, &b, &r, sizeof r, extra)) == NULL))
                     failed = 1;
                 else if (yes && append(out, p) < 0)
                     fatal = 1;
@@ -722,26 +714,6 @@ static PyObject *layout(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored
 
 /* ---------------------------------------------------------------- process records */
 
-/* bpf_programs/proc_events.c's struct proc_event (layouts.ProcEvent mirrors it) */
-struct proc_event {
-    uint64_t ts_ns;
-    uint64_t cgroup_id;
-    uint32_t kind;
-    uint32_t pid;
-    uint32_t ppid;
-    int32_t exit_code;
-    int32_t signal;
-    uint32_t flags;
-    char comm[16];
-    char filename[256];
-};
-
-#define EV_EXEC 1
-#define EV_EXIT 2
-#define EV_OOM 3
-#define PF_OOM_VICTIM 4
-#define REC_NEW_CGROUP 8
-
 /* Identity's fields in number order (events.Owner's names) */
 static const char *const identity_keys[] = {
     "container_id", "container", "pod", "namespace", "pod_uid", "workload_kind", "workload",
@@ -782,7 +754,7 @@ static int put_identity(buf *b, uint32_t field, PyObject *who) {
                          Py_TYPE(v)->tp_name);
             goto out;
         }
-        if (put_pystr(&id, 1 + i, v) < 0)
+        if (put_pystr(&id, PB_IDENTITY_CONTAINER_ID + i, v) < 0)
             goto out;
     }
     if (reserve(b, id.n + 12) < 0)
@@ -906,9 +878,9 @@ static PyObject *procs(PyObject *Py_UNUSED(module), PyObject *args) {
         if (records_get(&recs, i, &r, "process") < 0)
             goto record_failed;
         switch (r.kind) {
-        case EV_EXEC: kind = kind_exec; tag = 11; break;
-        case EV_EXIT: kind = kind_exit; tag = 12; break;
-        case EV_OOM: kind = kind_oom; tag = 13; break;
+        case EV_EXEC: kind = kind_exec; tag = PB_EVENT_PROCESS_EXEC; break;
+        case EV_EXIT: kind = kind_exit; tag = PB_EVENT_PROCESS_EXIT; break;
+        case EV_OOM: kind = kind_oom; tag = PB_EVENT_OOM_KILL; break;
         default: continue;
         }
         for (Py_ssize_t j = 0; j < nseen; j++)
@@ -984,34 +956,41 @@ static PyObject *procs(PyObject *Py_UNUSED(module), PyObject *args) {
             Py_DECREF(comm_s);
             goto record_failed;
         }
-        put_uint(&b, 1, r.pid);
+        put_uint(&b,
+                 r.kind == EV_EXEC   ? PB_PROCESS_EXEC_PID
+                 : r.kind == EV_EXIT ? PB_PROCESS_EXIT_PID
+                                     : PB_OOM_KILL_PID,
+                 r.pid);
         if (r.kind == EV_EXEC) {
             const char *fp;
             Py_ssize_t fn;
-            put_uint(&b, 2, r.ppid);
+            put_uint(&b, PB_PROCESS_EXEC_PPID, r.ppid);
             PyObject *fowner = c_text(r.filename, sizeof r.filename, &fp, &fn);
-            rc = fowner == NULL || put_str(&b, 3, cp, cn) < 0 || put_str(&b, 4, fp, fn) < 0 ||
+            rc = fowner == NULL || put_str(&b, PB_PROCESS_EXEC_COMM, cp, cn) < 0 ||
+                         put_str(&b, PB_PROCESS_EXEC_FILENAME, fp, fn) < 0 ||
                          reserve(&b, 12) < 0
                      ? -1
                      : 0;
             Py_XDECREF(fowner);
             if (rc == 0) {
-                put_uint(&b, 5, r.cgroup_id);
-                rc = put_identity(&b, 6, sc->who);
+                put_uint(&b, PB_PROCESS_EXEC_CGROUP_ID, r.cgroup_id);
+                rc = put_identity(&b, PB_PROCESS_EXEC_IDENTITY, sc->who);
             }
             sc->execs++;
         } else if (r.kind == EV_EXIT) {
-            put_uint(&b, 2, r.ppid);
-            rc = put_str(&b, 3, cp, cn) < 0 || reserve(&b, 24) < 0 ? -1 : 0;
+            put_uint(&b, PB_PROCESS_EXIT_PPID, r.ppid);
+            rc = put_str(&b, PB_PROCESS_EXIT_COMM, cp, cn) < 0 || reserve(&b, 24) < 0 ? -1 : 0;
             if (rc == 0) {
-                put_int(&b, 4, r.exit_code);
-                put_int(&b, 5, r.signal);
-                put_uint(&b, 6, (r.flags & PF_OOM_VICTIM) ? 1 : 0);
-                rc = put_identity(&b, 7, sc->who);
+                put_int(&b, PB_PROCESS_EXIT_EXIT_CODE, r.exit_code);
+                put_int(&b, PB_PROCESS_EXIT_SIGNAL, r.signal);
+                put_uint(&b, PB_PROCESS_EXIT_OOM_KILLED, (r.flags & PF_OOM_VICTIM) ? 1 : 0);
+                rc = put_identity(&b, PB_PROCESS_EXIT_IDENTITY, sc->who);
             }
             sc->exits[exit_class(r.exit_code, r.signal)]++;
         } else {
-            rc = put_str(&b, 2, cp, cn) < 0 ? -1 : put_identity(&b, 3, sc->who);
+            rc = put_str(&b, PB_OOM_KILL_COMM, cp, cn) < 0
+                     ? -1
+                     : put_identity(&b, PB_OOM_KILL_IDENTITY, sc->who);
             sc->ooms++;
         }
         if (rc == 0)
