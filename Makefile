@@ -15,10 +15,7 @@ run: setup
 	$(VENV)/bin/lens-ebpf run --listen $(LISTEN)
 
 lint: setup-test
-	$(VENV)/bin/ruff check lens_ebpf tests bench
-	$(VENV)/bin/ruff format --check lens_ebpf tests bench
-	$(VENV)/bin/mypy lens_ebpf
-	$(VENV)/bin/mkdocs build --strict -q -d site
+	@scripts/lint.sh
 
 # The formatter owns the layout: ruff format, then ruff check's fixes (imports, the easy ones).
 fmt:
@@ -43,9 +40,10 @@ docs: setup-test
 	$(PY) scripts/routes_reference.py
 	$(VENV)/bin/mkdocs build --strict -d site
 
-# Two xdist workers, one per group (tests/conftest.py says which tests go together).
-test: lint
-	$(PY) -m pytest -q -rs --durations=25 -n 2 --dist loadgroup tests
+# The setup, lint, then two xdist workers, one per group (tests/conftest.py says which
+# tests go together); the kernel matrix's guests boot during the setup (scripts/test.sh).
+test:
+	@scripts/test.sh
 
 protos: setup-test
 	scripts/gen_protos.sh

@@ -123,6 +123,11 @@ if [ "$mode" = test ]; then
   if ! .venv/bin/python -m tests.vm.kernels fetch; then
     echo "setup: kernel matrix kernels not fetched; tests/vm will skip" >&2
   fi
+  # `make test` (scripts/test.sh) boots the guests now, so that they run while the rest
+  # of the setup, lint and the host's tests run (tests/vm/background.py)
+  if [ -n "${PYTEST_KMATRIX_DIR:-}" ]; then
+    .venv/bin/python -m tests.vm.background "$PYTEST_KMATRIX_DIR"
+  fi
 fi
 
 # The real API server lab's kube-apiserver and the real node's kubelet,

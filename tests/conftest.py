@@ -124,8 +124,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("dsession") and not _worker(config):
         from tests.vm import test_kernel_matrix
 
-        out = tempfile.mkdtemp(prefix="lens-kmatrix-")
-        os.environ[test_kernel_matrix.OUT_ENV] = out
+        # `make test` names it (scripts/test.sh) and may have booted the guests already
+        if not os.environ.get(test_kernel_matrix.OUT_ENV):
+            os.environ[test_kernel_matrix.OUT_ENV] = tempfile.mkdtemp(prefix="lens-kmatrix-")
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -133,9 +134,11 @@ def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
     """xdist's controller: a worker collected the kernel matrix, so boot its guests now,
     beside the host's tests (every worker collects the same tests; start() runs once)."""
     if any(i.startswith(MATRIX) for i in ids):
-        from tests.vm import test_kernel_matrix
+        from tests.vm import background, test_kernel_matrix
 
-        test_kernel_matrix.start(Path(os.environ[test_kernel_matrix.OUT_ENV]))
+        out = Path(os.environ[test_kernel_matrix.OUT_ENV])
+        if not background.started(out):
+            test_kernel_matrix.start(out)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -145,9 +148,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if _worker(session.config):
         return
     if any(i.nodeid.startswith(MATRIX) for i in session.items):
-        from tests.vm import test_kernel_matrix
+        from tests.vm import background, test_kernel_matrix
 
-        test_kernel_matrix.start(Path(tempfile.mkdtemp(prefix="lens-kmatrix-")))
+        early = os.environ.get(test_kernel_matrix.OUT_ENV)
+        if not (early and background.started(Path(early))):
+            test_kernel_matrix.start(Path(tempfile.mkdtemp(prefix="lens-kmatrix-")))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
