@@ -298,6 +298,55 @@ def test_the_handler_check_sees_a_handler_written_another_way() -> None:
     ]
 
 
+# -- SQL only in domain modules: the HTTP layer calls them, and speaks no SQL ----------------
+SQL_TYPES = {"Connection", "Engine"}  # what the HTTP layer may name of sqlalchemy (types)
+
+
+def sql_breaches(name: str, tree: ast.AST) -> list[str]:
+    """A statement built or run in the recorder's HTTP layer: sqlalchemy imported for more
+    than its errors (sqlalchemy.exc) and connection types, or .execute() called."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "sqlalchemy":
+            if node.module != "sqlalchemy.exc":
+                out += [
+                    f"{name}: imports {a.name} from {node.module}"
+                    for a in node.names
+                    if a.name not in SQL_TYPES
+                ]
+        elif isinstance(node, ast.Import):
+            out += [f"{name}: imports {a.name}" for a in node.names if a.name == "sqlalchemy"]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("execute", "exec_driver_sql")
+        ):
+            out.append(f"{name}: calls {node.func.attr}()")
+    return out
+
+
+def test_sql_lives_in_the_domain_modules() -> None:
+    wrong = [
+        b
+        for name, path in sorted(modules().items())
+        if under(name, ("lens_ebpf.recorder.api",))
+        for b in sql_breaches(name, ast.parse(path.read_text()))
+    ]
+    assert wrong == []
+
+
+def test_the_sql_check_sees_a_statement_in_a_handler() -> None:
+    src = (
+        "from sqlalchemy import Connection, select\nfrom sqlalchemy.exc import DataError\n"
+        "def f(ask):\n    import sqlalchemy\n    return ask.conn.execute(select(t))\n"
+    )
+    assert sql_breaches("lens_ebpf.recorder.api.x", ast.parse(src)) == [
+        "lens_ebpf.recorder.api.x: imports select from sqlalchemy",
+        "lens_ebpf.recorder.api.x: imports sqlalchemy",
+        "lens_ebpf.recorder.api.x: calls execute()",
+    ]
+
+
 def test_the_checker_sees_imports_in_functions_and_type_checking(tmp_path: Path) -> None:
     src = tmp_path / "x.py"
     src.write_text(

@@ -181,6 +181,42 @@ def _check(body: dict[str, Any], partial: bool = False) -> dict[str, Any]:
     return out
 
 
+def silenced(
+    conn: Connection,
+    silence_id: str,
+    alert_name: str,
+    cluster: str,
+    offset: int,
+    limit: int,
+) -> dict[str, Any]:
+    """The alerts silences held, newest first (those of silence_id, of alert_name, of
+    cluster where each is given): {data, total, offset, limit}."""
+    sa = t.silenced_alerts
+    cond = [
+        sa.c[k] == v
+        for k, v in (
+            ("silence_id", silence_id),
+            ("alert_name", alert_name),
+            ("cluster_name", cluster),
+        )
+        if v
+    ]
+    total = int(conn.execute(select(func.count()).select_from(sa).where(*cond)).scalar_one())
+    rows = conn.execute(
+        select(sa)
+        .where(*cond)
+        .order_by(sa.c.silenced_at.desc(), sa.c.id)
+        .offset(offset)
+        .limit(limit)
+    )
+    return {
+        "data": [row_dict(sa, r) for r in rows],
+        "total": total,
+        "offset": offset,
+        "limit": limit,
+    }
+
+
 class Silences:
     def __init__(self, alertmanager: Alertmanager | None) -> None:
         self.am = alertmanager  # None: silences are kept here only

@@ -9,10 +9,8 @@ from typing import Any
 
 from lens_ebpf.core.routes import Param, RouteTable
 from lens_ebpf.recorder.alerts import silences
-from lens_ebpf.recorder.alerts.model import row_dict
 from lens_ebpf.recorder.api.alerts import CLUSTER, ENABLED, WINDOW, cluster, flag, hub, who, window
 from lens_ebpf.recorder.api.envelope import Ask, param
-from lens_ebpf.recorder.store import schema as t
 
 routes = RouteTable()
 
@@ -45,33 +43,10 @@ def silence_list(ask: Ask) -> Any:
 )
 def silenced_alerts(ask: Ask) -> Any:
     """The alerts silences held, newest first: {data, total, offset, limit}."""
-    from sqlalchemy import func, select
-
-    sa, q = t.silenced_alerts, ask.query
-    cond = [
-        sa.c[k] == v
-        for k, v in (
-            ("silence_id", param(q, "silence_id")),
-            ("alert_name", param(q, "alert_name")),
-            ("cluster_name", cluster(ask)),
-        )
-        if v
-    ]
+    q = ask.query
+    silence, alert, name = param(q, "silence_id"), param(q, "alert_name"), cluster(ask)
     offset, limit = window(ask)
-    total = int(ask.conn.execute(select(func.count()).select_from(sa).where(*cond)).scalar_one())
-    rows = ask.conn.execute(
-        select(sa)
-        .where(*cond)
-        .order_by(sa.c.silenced_at.desc(), sa.c.id)
-        .offset(offset)
-        .limit(limit)
-    )
-    return {
-        "data": [row_dict(sa, r) for r in rows],
-        "total": total,
-        "offset": offset,
-        "limit": limit,
-    }
+    return silences.silenced(ask.conn, silence or "", alert or "", name, offset, limit)
 
 
 @routes.get("alert-silences/{id}")
