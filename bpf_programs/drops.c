@@ -21,6 +21,14 @@
  * address into a pod through the cluster index. Without BTF the drops are counted with
  * no address.
  *
+ * Whose namespace it was dropped in (-DLENS_DROP_NETNS, where the running kernel's BTF
+ * places sk_buff's sk and dev, the socket's and the device's struct net and its inode:
+ * every kernel of the matrix): the network namespace of the packet's socket where it has
+ * one (the sender, or the receiver it was queued for), else of its device (the interface
+ * it came in on or was going out of). A pod's namespace names the pod even where the
+ * packet's addresses are not in the index, on cgroup v1 and v2 alike (Python maps each
+ * namespace to the pod that holds its addresses).
+ *
  * Nothing per drop leaves the kernel: each increments one key of the drops map (a storm
  * of a million drops a second is a million increments). Only while a trace asks
  * (records_on) does each drop also go to the ring buffer, filtered by trace_filter.
@@ -144,6 +152,29 @@ static __always_inline int read_packet(u64 skb, struct packet *p)
 }
 #endif
 
+#ifdef LENS_DROP_NETNS
+/* The network namespace's inode of the packet's socket, else of its device; 0: neither.
+ * sk shares its place with ip_defrag_offset and dev with dev_scratch (a fragment being
+ * reassembled, a UDP datagram queued to its socket): a read that faults gives 0, and a
+ * queued datagram has its socket, which is read first. */
+static __always_inline u32 drop_netns(u64 skb)
+{
+    u64 sk = 0, dev = 0, net = 0;
+    u32 inum = 0;
+    bpf_probe_read_kernel(&sk, sizeof(sk), (void *)(skb + LENS_SKB_SK_OFF));
+    if (sk)
+        bpf_probe_read_kernel(&net, sizeof(net), (void *)(sk + LENS_SK_NET_OFF));
+    if (!net) {
+        bpf_probe_read_kernel(&dev, sizeof(dev), (void *)(skb + LENS_SKB_DEV_OFF));
+        if (dev)
+            bpf_probe_read_kernel(&net, sizeof(net), (void *)(dev + LENS_DEV_NET_OFF));
+    }
+    if (net)
+        bpf_probe_read_kernel(&inum, sizeof(inum), (void *)(net + LENS_NET_INUM_OFF));
+    return inum;
+}
+#endif
+
 /* Wake the trace reader once per this many records on a CPU; it polls on a timer too. */
 #define WAKEUP_EVERY 64
 
@@ -221,6 +252,9 @@ TRACEPOINT_PROBE(skb, kfree_skb)
             stat_add(ST_NO_HEADER);
         }
     }
+#endif
+#ifdef LENS_DROP_NETNS
+    k.netns = drop_netns((u64)args->skbaddr);
 #endif
     k.location = location;
     k.reason = reason;

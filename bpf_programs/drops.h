@@ -7,9 +7,9 @@
 
 #include <linux/types.h>
 
-/* One aggregate: packets the kernel dropped, by the address of the end on this node (the
- * destination of a packet it received, the source of one it sent), the policy class of the
- * other end, the protocol and why. */
+/* One aggregate: packets the kernel dropped, by the network namespace they were dropped
+ * in and the address of the end on this node (the destination of a packet it received,
+ * the source of one it sent), the policy class of the other end, the protocol and why. */
 struct drop_key {
     __u8 addr[16];   /* the local end, IPv4 as ::ffff:a.b.c.d */
     __u64 location;  /* the kernel code that dropped it, where no reason names it; else 0 */
@@ -19,7 +19,9 @@ struct drop_key {
     __u8 family;
     __u8 l4proto;    /* IPPROTO_* of the IP header (IPv6: its first next header) */
     __u8 overflow;   /* 1: the map was full; this is the per-(direction, class) slot */
-    __u8 pad[7];
+    __u8 pad[3];
+    __u32 netns;     /* the network namespace (its inode) of the packet's socket, else of
+                      * its device; 0: neither known (no -DLENS_DROP_NETNS, or neither) */
 };
 
 /* One drop, for trace mode only (records_on): never written otherwise. */

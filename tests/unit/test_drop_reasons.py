@@ -5,9 +5,13 @@ from __future__ import annotations
 import struct
 
 from lens_ebpf.agent.bpf.btf import ENUM, Btf
+from lens_ebpf.agent.bpf.layouts import DropKey
 from lens_ebpf.agent.bpf.spec import Kernel, resolve
 from lens_ebpf.agent.drops import listeners, reasons
-from lens_ebpf.agent.drops.drops import ADDRESSES, SPEC
+from lens_ebpf.agent.drops.drops import ADDRESSES, NETNS, SPEC, DropLabels
+from lens_ebpf.agent.enrich import Enrichment
+from lens_ebpf.agent.pods.index import ClusterIndex
+from tests.k8slab import pod
 
 
 def enum_btf(name: str, members: dict[str, int]) -> Btf:
@@ -52,6 +56,31 @@ def test_a_kernel_without_btf_counts_numbers_as_unknown() -> None:
     assert reasons.reason_label(3, None, False) == ""  # 5.10: the location names it
     plan = resolve(SPEC, Kernel(events=None, kprobes=False, btf=None))
     assert plan.choices[ADDRESSES].path is None
+    assert plan.choices[NETNS].path is None
+
+
+def test_a_pods_namespace_names_its_drops_before_their_address() -> None:
+    """A key's namespace, where it is a pod's, names the pod whatever the address; the
+    host's namespace (no pod's) leaves the address to name it."""
+    idx = ClusterIndex()
+    idx.replace_pods([pod("web-1", "10.244.0.7", "shop"), pod("db-1", "10.244.0.9", "data")])
+    enrich = Enrichment()
+    enrich.index = idx
+    labels = DropLabels({2: "NO_SOCKET"}, True, reasons.Locations(lambda: ""))
+    labels.netns_pods = {4026532001: ("shop", "web-1", "", "")}
+
+    def key(addr: str, netns: int) -> DropKey:
+        k = DropKey(family=2, l4proto=17, reason=2, netns=netns)
+        k.addr[10:16] = [0xFF, 0xFF, *map(int, addr.split("."))]
+        return k
+
+    # an address the index lacks, in the pod's namespace; the other pod's address too
+    assert labels(key("192.168.9.9", 4026532001), enrich)[:2] == ("shop", "web-1")
+    assert labels(key("10.244.0.9", 4026532001), enrich)[:2] == ("shop", "web-1")
+    # the host's namespace, or none known: the address
+    assert labels(key("10.244.0.9", 4026531840), enrich)[:2] == ("data", "db-1")
+    assert labels(key("10.244.0.9", 0), enrich)[:2] == ("data", "db-1")
+    assert labels(key("192.168.9.9", 0), enrich)[:2] == ("", "")
 
 
 def test_locations_resolve_to_the_function_they_lie_in() -> None:

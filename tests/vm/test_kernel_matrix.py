@@ -285,6 +285,8 @@ def test_real_kernel_suite(matrix: Matrix, series: str, headers: str) -> None:
     assert check["features"]["processes"]["paths"]["exit_codes"] == "btf"
     # and drops are attributed through the sk_buff fields BTF places, on every kernel
     assert check["features"]["drops"]["paths"]["addresses"] == "btf"
+    # and by the namespace of the packet's socket or device, BTF-placed too
+    assert check["features"]["drops"]["paths"]["netns"] == "btf"
 
 
 def summary_lines() -> list[str]:

@@ -140,7 +140,8 @@ class DropKey(ctypes.Structure):
         ("family", ctypes.c_uint8),
         ("l4proto", ctypes.c_uint8),
         ("overflow", ctypes.c_uint8),
-        ("pad", ctypes.c_uint8 * 7),
+        ("pad", ctypes.c_uint8 * 3),
+        ("netns", ctypes.c_uint32),
     ]
 
 

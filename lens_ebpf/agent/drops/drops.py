@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 NAME = "drops"
 TRACEPOINT_NAME = "skb:kfree_skb"
 ADDRESSES = "addresses"  # the need that attributes drops to pods
+NETNS = "netns"  # the need that attributes them by their network namespace
 SPEC = ProgramSpec(
     NAME,
     needs=(
@@ -67,6 +69,30 @@ SPEC = ProgramSpec(
             ),
             optional=True,
             what_is_lost="drops are not attributed to pods",
+        ),
+        # the network namespace of the packet's socket, else of its device (drops.c,
+        # LENS_DROP_NETNS): a pod's drops whose addresses the index does not hold
+        Need(
+            NETNS,
+            (
+                ProbePath(
+                    BTF,
+                    (),
+                    "LENS_DROP_NETNS",
+                    btf=tuple(
+                        BtfField(*f)
+                        for f in (
+                            ("LENS_SKB_SK_OFF", "sk_buff.sk", 8),
+                            ("LENS_SKB_DEV_OFF", "sk_buff.dev", 8),
+                            ("LENS_SK_NET_OFF", "sock.__sk_common.skc_net.net", 8),
+                            ("LENS_DEV_NET_OFF", "net_device.nd_net.net", 8),
+                            ("LENS_NET_INUM_OFF", "net.ns.inum", 4),
+                        )
+                    ),
+                ),
+            ),
+            optional=True,
+            what_is_lost="drops are attributed by their addresses alone, not their namespace",
         ),
     ),
     fields=(
@@ -110,18 +136,21 @@ def protocol_name(family: int, l4proto: int) -> str:
 
 
 class DropLabels:
-    """A drops-map key to its labels: who holds the address (the cluster index, as the
-    flows' local pod), the kernel's name for the reason, the location's function."""
+    """A drops-map key to its labels: whose it is (the pod of its network namespace, else
+    the pod holding the address by the cluster index, as the flows' local pod), the
+    kernel's name for the reason, the location's function."""
 
     def __init__(
         self, names: dict[int, str] | None, has_reasons: bool, locations: reasons.Locations
     ) -> None:
         self.names, self.has_reasons, self.locations = names, has_reasons, locations
+        # network namespace inode -> the pod it belongs to (pods' namespaces only)
+        self.netns_pods: dict[int, listeners.Who] = {}
 
     def __call__(self, key: Any, enrich: Enrichment) -> tuple[str, ...]:
-        who = ("",) * len(IDENTITY)
+        who = self.netns_pods.get(key.netns, listeners.NOBODY)
         lookup = enrich.lookup
-        if key.family and lookup is not None:
+        if who == listeners.NOBODY and key.family and lookup is not None:
             ident = lookup(format_addr(key.family, bytes(key.addr)))
             if ident is not None and ident.kind == "pod":
                 who = (ident.namespace, ident.name, ident.workload_kind, ident.workload)
@@ -201,6 +230,7 @@ class Drops(RingProgram):
         kernel = kernel or Kernel.running((SPEC,))
         self.plan = plan_for(SPEC, (), kernel)
         self.has_reasons = "LENS_TP_KFREE_SKB_REASON" in self.plan.defines
+        self.attributes_netns = "LENS_DROP_NETNS" in self.plan.defines
         # the running kernel's names, read from its BTF now: never a table of ours
         self.names = reasons.reason_names(
             kernel.btf if kernel.btf is not None else btf_mod.running()
@@ -211,9 +241,10 @@ class Drops(RingProgram):
         cache.register(
             DROPS,
             COUNTER,
-            "Packets the kernel dropped (skb:kfree_skb), by the pod holding the "
-            "address on this node, the other end's class, protocol and the "
-            "kernel's reason (its location where it names none)",
+            "Packets the kernel dropped (skb:kfree_skb), by the pod whose network "
+            "namespace dropped them (else the pod holding the address on this node), "
+            "the other end's class, protocol and the kernel's reason (its location "
+            "where it names none)",
             (
                 "namespace",
                 "pod",
@@ -290,12 +321,14 @@ class Drops(RingProgram):
         """The kernel's counts into the metric cache, labelled by the index as it is now."""
         if self.bpf is None:
             return
+        if self.attributes_netns:  # first: this read's drops find the namespaces as they are
+            self.read_listeners()
         with self._lock:
             for key, (grew,) in self.reader.read(self.bpf[b"drops"]):
                 if grew:  # an overflow slot seen for the first time, still empty
                     self.cache.inc(DROPS, self.labels(key, self.enrich), grew)
             self.read_stats(b"stats")
-        if self.listen is not None:
+        if self.listen is not None and not self.attributes_netns:
             self.read_listeners()
 
     def _pod_of(self, addresses: Iterable[str]) -> listeners.Who:
@@ -309,19 +342,27 @@ class Drops(RingProgram):
         return listeners.NOBODY
 
     def read_listeners(self) -> None:
-        """Walk every network namespace: its ListenOverflows and its listeners' drops."""
-        assert self.listen is not None
+        """Walk every network namespace: the pod each belongs to (by its addresses; the
+        agent's own, the host's, is none) for the drops' labels, and with listen on, its
+        ListenOverflows and its listeners' drops."""
 
         def look() -> listeners.Namespace | None:
             try:
-                return listeners.look()
+                return listeners.look(listen=self.listen is not None)
             except OSError as exc:
                 log.debug("%s: a namespace's listeners could not be read: %s", NAME, exc)
                 return None
 
+        own = os.stat("/proc/thread-self/ns/net").st_ino
+        pods: dict[int, listeners.Who] = {}
         for ino, ns in netns.in_each(netns.namespaces(), look):
             if ns is None:
                 self.listen_walks_failed += 1
+                continue
+            who = self._pod_of(ns.addresses)
+            if ino != own and who != listeners.NOBODY:
+                pods[ino] = who
+            if self.listen is None:
                 continue
             pod, overflows, _drops, ports = self.listen.take(ino, ns)
             if overflows:
@@ -329,7 +370,9 @@ class Drops(RingProgram):
             for port, grew in ports.items():
                 if grew:
                     self.cache.inc(LISTEN_DROPS, (*pod, str(port)), grew)
-        self.listen.end_round()
+        if self.listen is not None:
+            self.listen.end_round()
+        self.labels.netns_pods = pods
 
     def keys(self) -> int:
         return len(self.reader)

@@ -157,8 +157,9 @@ class Namespace:
     listeners: list[Listener]
 
 
-def look(net: Path = Path("/proc/thread-self/net")) -> Namespace:
-    """The calling thread's network namespace: its addresses, counters and listeners."""
+def look(net: Path = Path("/proc/thread-self/net"), listen: bool = True) -> Namespace:
+    """The calling thread's network namespace: its addresses, and (listen) its counters
+    and listeners."""
 
     def text(name: str) -> str:
         try:
@@ -166,11 +167,10 @@ def look(net: Path = Path("/proc/thread-self/net")) -> Namespace:
         except OSError:
             return ""
 
-    return Namespace(
-        parse_local_addresses(text("fib_trie"), text("if_inet6")),
-        parse_netstat(text("netstat")),
-        listeners(),
-    )
+    addresses = parse_local_addresses(text("fib_trie"), text("if_inet6"))
+    if not listen:
+        return Namespace(addresses, {}, [])
+    return Namespace(addresses, parse_netstat(text("netstat")), listeners())
 
 
 class Deltas:
