@@ -15,7 +15,6 @@ COPY pyproject.toml README.md ./
 COPY scripts/setup.sh scripts/setup.sh
 COPY lens_ebpf/ lens_ebpf/
 COPY bpf_programs/ bpf_programs/
-COPY policies/ policies/
 
 ENV PATH=/opt/lens-ebpf/.venv/bin:$PATH \
     PYTHONUNBUFFERED=1

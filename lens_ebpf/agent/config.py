@@ -217,4 +217,4 @@ def policy_path(cfg: Config) -> Path:
     """The policy file in force: the configured one or the shipped default."""
     if cfg.policy.path:
         return Path(cfg.policy.path)
-    return Path(str(resources.files("policies").joinpath("policy.yaml")))
+    return Path(str(resources.files("lens_ebpf.agent.net").joinpath("policy.yaml")))

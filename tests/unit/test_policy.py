@@ -171,7 +171,7 @@ def test_abnormal_lists(policy) -> None:
 def test_shipped_policy_parses() -> None:
     from importlib import resources
 
-    path = Path(str(resources.files("policies").joinpath("policy.yaml")))
+    path = Path(str(resources.files("lens_ebpf.agent.net").joinpath("policy.yaml")))
     p = load_policy(path)
     assert classify(p, "127.0.0.1") == "localhost"
     assert classify(p, "10.244.1.1") == "k8sPod"
