@@ -298,6 +298,81 @@ def test_the_handler_check_sees_a_handler_written_another_way() -> None:
     ]
 
 
+# -- one status -> meta.code table, one exception mapping, for every recorder surface --------
+CODE_TABLE = ("lens_ebpf.recorder.api.envelope", "CODES")
+# what a handler may raise that a surface answers (envelope.failure() reads them)
+ANSWERED = {
+    *("ApiError", "BadRequest", "NotFound", "Conflict", "Forbidden", "Unavailable"),
+    *("QueryError", "PromError", "TooManyPoints", "SQLAlchemyError", "IntegrityError"),
+    *("DataError", "OperationalError", "StatementError"),
+}
+
+
+def answer_breaches(name: str, tree: ast.AST) -> list[str]:
+    """A second status -> meta.code table (a dict of HTTP statuses to the API's 4-digit
+    codes) anywhere but envelope.CODES; a surface's except clause that answers a
+    handler's error itself instead of through failure()."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Dict):
+            target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
+            pairs = [
+                (k.value, v.value)
+                for k, v in zip(node.value.keys, node.value.values, strict=True)
+                if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)
+            ]
+            codes = [
+                (k, v)
+                for k, v in pairs
+                if isinstance(k, int) and isinstance(v, int) and 100 <= k < 600 and 1000 <= v < 6000
+            ]
+            if len(codes) >= 2 and (name, getattr(target, "id", "")) != CODE_TABLE:
+                out.append(f"{name}: {getattr(target, 'id', '?')} maps statuses to codes")
+        if not (isinstance(node, ast.ExceptHandler) and name.startswith("lens_ebpf.recorder.api")):
+            continue
+        caught = {
+            n.id if isinstance(n, ast.Name) else n.attr
+            for n in ast.walk(node.type or ast.Constant(None))
+            if isinstance(n, ast.Name | ast.Attribute)
+        }
+        calls = {getattr(n.func, "id", "") for n in ast.walk(node) if isinstance(n, ast.Call)}
+        answers = any(
+            isinstance(n, ast.Return) and n.value is not None and not _none(n.value)
+            for n in ast.walk(node)
+        )
+        if caught & ANSWERED and answers and "failure" not in calls:
+            out.append(f"{name}: answers {sorted(caught & ANSWERED)} itself")
+    return out
+
+
+def _none(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and node.value is None
+
+
+def test_one_code_table_and_one_exception_mapping() -> None:
+    wrong = [
+        b
+        for name, path in sorted(modules().items())
+        if under(name, ("lens_ebpf.recorder",))
+        for b in answer_breaches(name, ast.parse(path.read_text()))
+    ]
+    assert wrong == []
+
+
+def test_the_answer_check_sees_a_second_table_and_an_own_mapping() -> None:
+    src = (
+        "CODES = {400: 4001, 404: 4004}\nSIZES = {400: 1, 404: 2}\n"
+        "def call(route, req):\n    try:\n        return route.handler(req)\n"
+        "    except NotFound as exc:\n        return 404, str(exc)\n"
+        "    except BadRequest:\n        return None\n"
+        "    except Exception as exc:\n        e = failure(exc)\n        return e\n"
+    )
+    assert answer_breaches("lens_ebpf.recorder.api.x", ast.parse(src)) == [
+        "lens_ebpf.recorder.api.x: CODES maps statuses to codes",
+        "lens_ebpf.recorder.api.x: answers ['NotFound'] itself",
+    ]
+
+
 # -- SQL only in domain modules: the HTTP layer calls them, and speaks no SQL ----------------
 SQL_TYPES = {"Connection", "Engine"}  # what the HTTP layer may name of sqlalchemy (types)
 

@@ -76,16 +76,36 @@ log = logging.getLogger(__name__)
 
 PREFIXES = ("/v1", "/lens/v1", "/api")
 PAGE_MAX = 1000
-NOT_ALLOWED = 4016  # a method no route of the path takes (the original's InvalidOperation)
-# a request refused on its head or while its body came (core/http.py), by HTTP status
-REFUSED = {401: 4010, 403: 4003, 408: 4008, 413: 4013, 415: 4015, 503: 5003, 400: 4001}
+# HTTP status -> meta.code: the one table every recorder surface answers by (a handler's
+# error as failure() reads it, a request refused on its head or while its body came
+# (core/http.py), an ingest route's outcome); a status not here answers its status x 10
+CODES = {
+    400: 4001,  # a bad parameter or body, named
+    401: 4010,  # no credentials
+    403: 4003,  # a wrong token, another site, a write the service does not make
+    404: 4004,  # an unknown name
+    405: 4016,  # a method no route of the path takes (the original's InvalidOperation)
+    408: 4008,  # a body not whole in time
+    409: 4002,  # it exists already
+    413: 4013,  # a body too large
+    415: 4015,  # a Content-Type, encoding or protocol the route does not take
+    429: 4029,  # too many: retry later
+    503: 5003,  # a dependency down (named), the write queue full: retry
+}
 Connect = Callable[[], contextlib.AbstractContextManager[Connection]]  # a connection, closed after
 
 
+def code(status: int) -> int:
+    """The meta.code of an answer of status: 2000 for a success, else CODES'."""
+    return 2000 if status < 300 else CODES.get(status, status * 10)
+
+
 class ApiError(Exception):
-    def __init__(self, status: int, code: int, message: str) -> None:
+    """An answer's status and message; its meta.code is the status's (CODES)."""
+
+    def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+        self.status, self.code, self.message = status, code(status), message
 
 
 def bad(message: str) -> BadRequest:
@@ -111,7 +131,7 @@ def ok(data: Any, missing: list[str] | None = None) -> Response:
     them, an hour had no samples) the data holds 0 for them, the original's type (a
     page does arithmetic on them), and meta.message says which and why."""
     message = "OK" if not missing else UNKNOWN + "; ".join(missing)
-    return answer(200, {"meta": {"code": 2000, "message": message}, "data": data})
+    return answer(200, {"meta": {"code": code(200), "message": message}, "data": data})
 
 
 def error(e: ApiError) -> Response:
@@ -120,21 +140,21 @@ def error(e: ApiError) -> Response:
 
 def failure(exc: Exception) -> ApiError | None:
     """What a handler's exception answers: status, meta.code, message (None: not one the
-    API answers, a bug)."""
+    API answers, a bug). The one mapping every recorder surface answers errors by."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, Conflict):  # before BadRequest: both are ValueErrors
-        return ApiError(409, 4002, str(exc))
+        return ApiError(409, str(exc))
     if isinstance(exc, Forbidden):
-        return ApiError(403, 4003, str(exc))
+        return ApiError(403, str(exc))
     if isinstance(exc, BadRequest | prom.TooManyPointsError):
-        return ApiError(400, 4001, str(exc))
+        return ApiError(400, str(exc))
     if isinstance(exc, NotFound):
-        return ApiError(404, 4004, str(exc))
+        return ApiError(404, str(exc))
     if isinstance(exc, Unavailable | prom.PromError):
-        return ApiError(503, 5003, str(exc))
+        return ApiError(503, str(exc))
     if isinstance(exc, IntegrityError):  # a concurrent write made the same name first
-        return ApiError(409, 4002, f"it exists already: {type(exc.orig).__name__}")
+        return ApiError(409, f"it exists already: {type(exc.orig).__name__}")
     # what a client sent that a check let through and the database or Python cannot hold
     # (a value out of its column's range, a character its text refuses): the client's,
     # named by kind only (the statement and the driver's words stay here)
@@ -143,13 +163,12 @@ def failure(exc: Exception) -> ApiError | None:
     ):
         return ApiError(
             400,
-            4001,
             "a value the database cannot store (out of range, or a " "character it does not take)",
         )
     if isinstance(exc, OverflowError):
-        return ApiError(400, 4001, "a value out of range")
+        return ApiError(400, "a value out of range")
     if isinstance(exc, SQLAlchemyError):
-        return ApiError(503, 5003, f"database unavailable: {type(exc).__name__}")
+        return ApiError(503, f"database unavailable: {type(exc).__name__}")
     return None
 
 
@@ -500,7 +519,7 @@ class LensApi(Surface):
         return None if refused is None else self.refuse(route, *refused)
 
     def refuse(self, route: Route, status: int, message: str) -> Answer:
-        return error(ApiError(status, REFUSED.get(status, 4000), message))
+        return error(ApiError(status, message))
 
     def call(self, route: Route, req: Request) -> Answer:
         write = route.method in WRITES
@@ -541,14 +560,14 @@ class LensApi(Surface):
         try:
             self.scopes(param(req.query, "cluster") or None)
         except NotFound as exc:
-            return error(ApiError(404, 4004, str(exc)))
-        return error(ApiError(404, 4004, f"no route {req.path!r}"))
+            e = failure(exc)
+            assert e is not None
+            return error(e)
+        return error(ApiError(404, f"no route {req.path!r}"))
 
     def not_allowed(self, req: Request, method: str, allowed: list[str]) -> Answer:
         said = ", ".join(allowed) or "nothing"
-        return error(
-            ApiError(405, NOT_ALLOWED, f"{method} /{req.path}: not served here " f"({said} is)")
-        )
+        return error(ApiError(405, f"{method} /{req.path}: not served here " f"({said} is)"))
 
 
 class AlertsApi(LensApi):

@@ -29,31 +29,18 @@ from lens_ebpf.recorder import inputs
 from lens_ebpf.recorder.alerts import ingest
 from lens_ebpf.recorder.alerts.model import OWN_LABEL
 from lens_ebpf.recorder.api.envelope import (
-    NOT_ALLOWED,
     Ask,
     Connect,
     Services,
     check,
+    code,
     down,
     failure,
 )
 from lens_ebpf.recorder.api.envelope import answer as encoded
-from lens_ebpf.recorder.errors import BadRequest
 from lens_ebpf.recorder.ingest.admission import Ingest, Outcome
 from lens_ebpf.recorder.training.intake import take_logs
 
-CODES = {
-    400: 4001,
-    401: 4010,
-    403: 4003,
-    404: 4004,
-    405: NOT_ALLOWED,
-    408: 4008,
-    413: 4013,
-    415: 4015,
-    429: 4029,
-    503: 5003,
-}
 # what each route's body may declare: log shippers' JSON, JSON lines and plain lines; remote
 # write's protobuf; alerts' JSON
 LOGS = (
@@ -69,8 +56,7 @@ routes = RouteTable()
 
 
 def answer(status: int, message: str = "OK", data: Any = None) -> Response:
-    code = 2000 if status < 300 else CODES.get(status, status * 10)
-    return encoded(status, {"meta": {"code": code, "message": message}, "data": data})
+    return encoded(status, {"meta": {"code": code(status), "message": message}, "data": data})
 
 
 def put(got: Outcome) -> Answer:
@@ -186,14 +172,11 @@ def _alerts(ask: Ask, source: str) -> Outcome:
         return Outcome(503, "alerts are not set up in this service")
     now, home = app.clock(), app.cfg.cluster_name
     refused: list[str] = []
-    try:
-        doc = inputs.loads(req.body)
-        if source == "webhook":
-            alerts = [ingest.parse_generic(doc, home, now)]
-        else:
-            alerts, refused = ingest.parse_alertmanager(doc, home, now)
-    except BadRequest as exc:
-        return Outcome(400, str(exc))
+    doc = inputs.loads(req.body)  # BadRequest: 400, as failure() answers it
+    if source == "webhook":
+        alerts = [ingest.parse_generic(doc, home, now)]
+    else:
+        alerts, refused = ingest.parse_alertmanager(doc, home, now)
     # ours, sent to Alertmanager and routed back here: stored already, under their own id
     theirs = [a for a in alerts if OWN_LABEL not in a.labels]
     data: dict[str, Any] = dict(app.alerts.take(theirs, source))

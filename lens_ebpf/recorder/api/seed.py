@@ -10,7 +10,7 @@ from lens_ebpf.core.http import json_response
 from lens_ebpf.core.routes import Answer, Param, Request, Route, RouteTable, Surface
 from lens_ebpf.recorder import inputs
 from lens_ebpf.recorder.api.envelope import Ask, Connect, Services, check, down, failure
-from lens_ebpf.recorder.errors import BadRequest, NotFound
+from lens_ebpf.recorder.errors import NotFound
 from lens_ebpf.recorder.store import queries
 
 routes = RouteTable()
@@ -35,11 +35,7 @@ class PlainJson(Surface):
             got = route.handler(ask)
             if ask._conn is not None:
                 self.app.outage.answered()
-        except NotFound as exc:
-            return json_response(404, {"error": str(exc)})
-        except (BadRequest, queries.QueryError) as exc:
-            return json_response(400, {"error": str(exc)})
-        except Exception as exc:  # the database's, or a value it cannot hold: as the API's
+        except Exception as exc:  # as the API answers it: status and message
             e = failure(exc)
             if e is None:
                 raise

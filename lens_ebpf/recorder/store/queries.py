@@ -12,12 +12,13 @@ from typing import Any
 from sqlalchemy import Connection, Select, and_, or_, select
 
 from lens_ebpf.core.times import aware
+from lens_ebpf.recorder.errors import BadRequest
 from lens_ebpf.recorder.inputs import unix_time
 from lens_ebpf.recorder.lifecycle import parse_time
 from lens_ebpf.recorder.store.schema import scoped
 
 
-class QueryError(ValueError):
+class QueryError(BadRequest):
     """A request the API cannot answer as asked (400, worded for the client)."""
 
 
