@@ -14,7 +14,6 @@ WORKDIR /opt/lens-ebpf
 COPY pyproject.toml README.md ./
 COPY scripts/setup.sh scripts/setup.sh
 COPY lens_ebpf/ lens_ebpf/
-COPY bpf_programs/ bpf_programs/
 
 ENV PATH=/opt/lens-ebpf/.venv/bin:$PATH \
     PYTHONUNBUFFERED=1

@@ -17,9 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
 TEXT = r"""
+#include "lens_common.h"
 #include "tcp_flows.h"
 BPF_HASH(socks, u64, struct sock_info, MAX_SOCKETS);
 
@@ -60,7 +59,7 @@ class Floor:
         from bcc import BPF
 
         from lens_ebpf.agent.bpf import btf as btf_mod
-        from lens_ebpf.agent.bpf.loader import attach_btf_tracepoint
+        from lens_ebpf.agent.bpf.loader import attach_btf_tracepoint, program_dir
 
         kernel_btf = btf_mod.running()
         family = kernel_btf.member("sock.__sk_common.skc_family") if kernel_btf else None
@@ -69,7 +68,7 @@ class Floor:
         self.bpf = BPF(
             text=TEXT,
             cflags=[
-                f"-I{ROOT / 'bpf_programs'}",
+                f"-I{program_dir()}",
                 f"-DLENS_SK_FAMILY_OFF={family[0]}",
                 f"-DMAX_SOCKETS={max_sockets}",
             ],

@@ -16,7 +16,7 @@ a container are never one:
 
 A token never starts right after a letter, a digit, `/`, `.`, `:`, `~`, `$` or `@` (so
 `/proc/net/tcp`, `https://github.com/...` and `$HOME/.kube/config` are none), and one
-followed by `<`, `*`, `{` or `[` is a pattern (`bpf_programs/<name>.c`,
+followed by `<`, `*`, `{` or `[` is a pattern (`lens_ebpf/agent/bpf/programs/<name>.c`,
 `tests/unit/test_*.py`), not a path. Comments are Python's comments and docstrings and the
 comments of the C and shell sources under SOURCES."""
 
@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("lens_ebpf", "tests", "bench", "scripts", "bpf_programs")
+SOURCES = ("lens_ebpf", "tests", "bench", "scripts")
 OUR_KINDS = ("py", "md", "yaml", "yml")
 NOT_OURS = {"site", "build", "dist", "__pycache__", "node_modules"}
 TOKEN = re.compile(r"(?<![\w./:~$@-])(?:\.{1,2}/)*[\w-]+(?:[./][\w-]+)*/?(?![<*{\[\w])")
@@ -156,7 +156,7 @@ def test_what_is_not_a_repository_path_is_never_reported() -> None:
         "see https://github.com/iovisor/bcc/blob/master/tools/tcplife.py",
         "reads /proc/net/tcp and /sys/class/infiniband/mlx5_0/ports/1/counters",
         "the kubeconfig at $HOME/.kube/config or ~/.kube/config",
-        "one per program: bpf_programs/<name>.c, tests/unit/test_*.py",
+        "one per program: lens_ebpf/agent/bpf/programs/<name>.c, tests/unit/test_*.py",
         "in the container /etc/lens-ebpf/config.yaml, /var/run/lens/x.sock",
         "the kernel's net/ipv4/tcp_ipv4.c and include/uapi/linux/btf.h",
         "iovisor/bcc/tools/tcplife.py, kubectl exec deployment/lens-ebpf-recorder",

@@ -1,7 +1,7 @@
 """The Python mirrors are checked against the C layout field by field, not by size; and
-against the headers they mirror (bpf_programs/*.h, the one source of each record), read
-here without a compiler: each struct's members in order, laid out by ctypes as C lays
-them out."""
+against the headers they mirror (lens_ebpf/agent/bpf/programs/*.h, the one source of each
+record), read here without a compiler: each struct's members in order, laid out by ctypes
+as C lays them out."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Python mirrors of the records in bpf_programs/*.h (lens_common.h, tcp_flows.h,
+"""Python mirrors of the records in programs/*.h (lens_common.h, tcp_flows.h,
 proc_events.h, drops.h), the one source of each layout.
 
 Each mirror is checked against its header by tests/unit/test_layouts.py (every struct
@@ -129,7 +129,7 @@ class ProcEvent(ctypes.Structure):
 
 
 class DropKey(ctypes.Structure):
-    """struct drop_key (bpf_programs/drops.h)."""
+    """struct drop_key (programs/drops.h)."""
 
     _fields_ = [
         ("addr", ctypes.c_uint8 * 16),
@@ -146,7 +146,7 @@ class DropKey(ctypes.Structure):
 
 
 class DropEvent(ctypes.Structure):
-    """struct drop_event (bpf_programs/drops.h): one drop, while a trace asks."""
+    """struct drop_event (programs/drops.h): one drop, while a trace asks."""
 
     _fields_ = [
         ("ts_ns", ctypes.c_uint64),

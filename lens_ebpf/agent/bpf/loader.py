@@ -1,4 +1,4 @@
-"""Load bpf_programs/*.c with BCC: src_file plus -D cflags, never C built from strings."""
+"""Load bpf/programs/*.c with BCC: src_file plus -D cflags, never C built from strings."""
 
 from __future__ import annotations
 
@@ -122,8 +122,9 @@ class BpfIterator:
 
 
 def program_dir() -> Path:
-    """Where the .c files and their shared header live (found as package data)."""
-    return Path(str(resources.files("bpf_programs")))
+    """Where the .c files and their headers live: lens_ebpf/agent/bpf/programs/, found as
+    package data."""
+    return Path(str(resources.files("lens_ebpf.agent.bpf").joinpath("programs")))
 
 
 def program_source(name: str) -> Path:
@@ -206,7 +207,7 @@ class BpfLoader:
         return {name: fn() for name, fn in self._event_counts.items()}
 
     def load(self, plan: Plan, defines: Mapping[str, int | str] | None = None) -> Any | None:
-        """Compile bpf_programs/<name>.c with the plan's switches and attach what it
+        """Compile programs/<name>.c with the plan's switches and attach what it
         chose; None (with a status) when it can't."""
         name = plan.spec.name
         tps, raws, kps = plan.tracepoints(), plan.raw_tracepoints(), plan.kprobes()

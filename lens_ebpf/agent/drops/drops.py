@@ -1,4 +1,4 @@
-"""Loads bpf_programs/drops.c and turns its drops map into lens_packet_drops_total."""
+"""Loads bpf/programs/drops.c and turns its drops map into lens_packet_drops_total."""
 
 from __future__ import annotations
 

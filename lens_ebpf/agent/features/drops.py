@@ -1,4 +1,4 @@
-"""Packets the kernel dropped, per pod and reason: bpf_programs/drops.c as a feature."""
+"""Packets the kernel dropped, per pod and reason: bpf/programs/drops.c as a feature."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""exec, exit and OOM of every process, attributed to containers: bpf_programs/proc_events.c
+"""exec, exit and OOM of every process, attributed to containers: bpf/programs/proc_events.c
 as a feature, on top of the container runtime's view (features/container_runtime.py)."""
 
 from __future__ import annotations

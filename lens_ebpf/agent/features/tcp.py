@@ -1,4 +1,4 @@
-"""TCP flows, bytes, retransmits, resets and RTT: bpf_programs/tcp_flows.c as a feature."""
+"""TCP flows, bytes, retransmits, resets and RTT: bpf/programs/tcp_flows.c as a feature."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ Python path makes: tests/unit/test_native.py compares them for every field) held
 small `Packed` object with its record; the Python event is made from the record only when
 a consumer asks for one (trace, a Subscribe filter on a field other than the kind).
 
-The records' layouts come from the programs' own headers (bpf_programs/tcp_flows.h,
+The records' layouts come from the programs' own headers (bpf/programs/tcp_flows.h,
 proc_events.h: `#include`d, never declared again) and the protobuf field numbers from
 `pb_fields.h`, named and checked against lens.proto by tests/unit/test_native.py.
 
@@ -32,7 +32,6 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-from importlib import resources
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
@@ -46,8 +45,10 @@ CFLAGS = ("-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-fvisibility=hidden")
 
 def include_dirs() -> tuple[Path, ...]:
     """Where _native.c's quoted includes are: beside it (pb_fields.h), and the programs'
-    headers (bpf_programs/, as the loader finds them)."""
-    return HERE, Path(str(resources.files("bpf_programs")))
+    headers (bpf/programs/, as the loader finds them)."""
+    from lens_ebpf.agent.bpf.loader import program_dir
+
+    return HERE, program_dir()
 
 
 def sources() -> list[Path]:

@@ -22,7 +22,7 @@
 #include <string.h>
 #include <linux/types.h>
 
-/* The records, from the programs' own headers (bpf_programs/, on the include path
+/* The records, from the programs' own headers (bpf/programs/, on the include path
  * native/__init__.py's build gives): struct flow_event (tcp_flows.h), struct proc_event
  * and its kinds and flags (proc_events.h). layouts.FlowEvent and layouts.ProcEvent mirror
  * them; flow_event_layout() and proc_event_layout() are checked against those mirrors at

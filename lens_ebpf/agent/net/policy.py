@@ -13,7 +13,7 @@ import yaml
 from lens_ebpf.core import networks
 from lens_ebpf.core.networks import Network
 
-# Class ids as in bpf_programs/lens_common.h; a lower id wins when several match.
+# Class ids as in bpf/programs/lens_common.h; a lower id wins when several match.
 EXTERNAL = "externalHosts"
 CLASS_ORDER = ("k8sPod", "k8sSvc", "dns", "docker", "localhost", "internalHosts")
 CLASS_IDS = {EXTERNAL: 0, **{name: i + 1 for i, name in enumerate(CLASS_ORDER)}}

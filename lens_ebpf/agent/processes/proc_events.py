@@ -1,4 +1,4 @@
-"""Loads bpf_programs/proc_events.c; attributes exec, exit and OOM records to containers."""
+"""Loads bpf/programs/proc_events.c; attributes exec, exit and OOM records to containers."""
 
 from __future__ import annotations
 

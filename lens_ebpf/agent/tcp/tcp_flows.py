@@ -1,4 +1,4 @@
-"""Loads bpf_programs/tcp_flows.c and turns its maps and records into metrics and events
+"""Loads bpf/programs/tcp_flows.c and turns its maps and records into metrics and events
 (the program's own counts: lens_ebpf/agent/tcp/tcp_flows_stats.py)."""
 
 from __future__ import annotations
