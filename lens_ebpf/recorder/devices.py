@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, or_, select, tuple_
 
-from lens_ebpf.core.times import aware
+from lens_ebpf.core.times import aware, utc
 from lens_ebpf.recorder.errors import NotFound
 from lens_ebpf.recorder.ingest.node_events import DEVICE_COLUMNS
 from lens_ebpf.recorder.store.schema import Scoped
@@ -24,14 +24,14 @@ def _device(row: Any) -> dict[str, Any]:
     return {
         **rec,
         "present": row.present,
-        "first_seen": int(aware(row.first_seen).timestamp()),  # type: ignore[union-attr]
-        "last_seen": int(aware(row.last_seen).timestamp()),  # type: ignore[union-attr]
+        "first_seen": int(utc(row.first_seen).timestamp()),
+        "last_seen": int(utc(row.last_seen).timestamp()),
     }
 
 
 def _change(row: Any) -> dict[str, Any]:
     return {
-        "time": int(aware(row.at).timestamp()),  # type: ignore[union-attr]
+        "time": int(utc(row.at).timestamp()),
         "node": row.node,
         "kind": row.kind,
         "slot": row.slot,
@@ -79,7 +79,7 @@ def _arrived(conn: Connection, t: Scoped, place: Any, serial: str) -> datetime:
     """Since when this device sits in this place: its serial's arrival in the slot, or
     the slot's first report."""
     cl = t.device_changelog
-    arrived = conn.execute(
+    arrived: datetime | None = conn.execute(
         select(func.max(cl.c.at)).where(
             cl.c.node == place.node,
             cl.c.slot == place.slot,
@@ -87,8 +87,8 @@ def _arrived(conn: Connection, t: Scoped, place: Any, serial: str) -> datetime:
             cl.c.new_value == serial,
         )
     ).scalar_one_or_none()
-    first = aware(place.first_seen)
-    return max(first, aware(arrived)) if arrived else first  # type: ignore[type-var,return-value]
+    first = utc(place.first_seen)
+    return max(first, utc(arrived)) if arrived else first
 
 
 def _holders(conn: Connection, t: Scoped, place: Any, serial: str) -> list[dict[str, Any]]:
@@ -169,7 +169,7 @@ def _faults(conn: Connection, t: Scoped, place: Any, serial: str) -> list[dict[s
             continue
         out.append(
             {
-                "time": int(aware(r.at).timestamp()),  # type: ignore[union-attr]
+                "time": int(utc(r.at).timestamp()),
                 "node": r.node,
                 "slot": place.slot,
                 "fault": p.get("fault", ""),

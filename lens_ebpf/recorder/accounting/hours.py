@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
-from lens_ebpf.core.times import aware
+from lens_ebpf.core.times import aware, utc
 from lens_ebpf.recorder import prom
 from lens_ebpf.recorder.nodes.allocation import cluster_allocation
 from lens_ebpf.recorder.scope import Scope
@@ -298,7 +298,7 @@ def hour_from_lifetimes(
     spans: dict[str, tuple[float, float]] = {}
     kept = []
     for pod in pods:
-        start: datetime = aware(pod.started_at)  # type: ignore[assignment]
+        start: datetime = utc(pod.started_at)
         stop: datetime = aware(pod.ended_at or pod.deleted_at) or now
         lo, hi = max(start, hour), min(stop, end)
         if hi > lo:

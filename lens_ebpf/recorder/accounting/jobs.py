@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, select, update
 
-from lens_ebpf.core.times import aware
+from lens_ebpf.core.times import utc
 from lens_ebpf.recorder import prom
 from lens_ebpf.recorder.accounting import hours as acc
 from lens_ebpf.recorder.nodes.allocation import gpu_allocation
@@ -161,7 +161,7 @@ class Jobs:
         got = conn.execute(
             select(hs.c.stat_hour).where(hs.c.cluster_name == cluster, hs.c.stat_hour >= since)
         )
-        return {aware(r.stat_hour) for r in got}  # type: ignore[misc]
+        return {utc(r.stat_hour) for r in got}
 
     def _hour(
         self, conn: Connection, c: Scope, hour: datetime, now: datetime, first: datetime | None
@@ -206,7 +206,7 @@ class Jobs:
                 continue
             with self.engine.connect() as conn:
                 missing = [
-                    aware(r.stat_hour)
+                    utc(r.stat_hour)
                     for r in conn.execute(
                         select(hs.c.stat_hour).where(
                             hs.c.cluster_name == c.name,
@@ -216,15 +216,15 @@ class Jobs:
                     )
                 ]
                 for hour in missing:
-                    series = acc.hour_series(c, hour)  # type: ignore[arg-type]
+                    series = acc.hour_series(c, hour)
                     if series is None or not any(series.util_sum.values()):
                         continue
-                    got = acc.hour_from_snapshots(conn, c.tables, hour)  # type: ignore[arg-type]
+                    got = acc.hour_from_snapshots(conn, c.tables, hour)
                     if got is None:
                         got = acc.hour_from_lifetimes(
                             conn,
                             c.tables,
-                            hour,  # type: ignore[arg-type]
+                            hour,
                             self.keys,
                             now,
                         )
@@ -233,7 +233,7 @@ class Jobs:
                             c.name,
                             acc.hour_rows(
                                 c.name,
-                                hour,  # type: ignore[arg-type]
+                                hour,
                                 *got,
                                 series,
                                 self.keys,

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from sqlalchemy import JSON, Connection, Text, cast, func, select
 
-from lens_ebpf.core.times import aware
+from lens_ebpf.core.times import utc
 from lens_ebpf.recorder import prom
 from lens_ebpf.recorder.errors import BadRequest, NotFound
 from lens_ebpf.recorder.scope import Scope
@@ -24,7 +24,7 @@ PAGE_ALL = 10_000  # the original answers every hourly-stats page at this size
 
 def rfc3339(value: Any) -> str:
     """A time as Go's encoding/json writes a UTC time.Time."""
-    return aware(value).strftime("%Y-%m-%dT%H:%M:%SZ")  # type: ignore[union-attr]
+    return utc(value).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 TIMES = frozenset(("stat_hour", "created_at", "updated_at", "snapshot_time"))

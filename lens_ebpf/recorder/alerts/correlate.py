@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection, or_, select
 
-from lens_ebpf.core.times import aware
+from lens_ebpf.core.times import utc
 from lens_ebpf.recorder.alerts.model import alert_json
 from lens_ebpf.recorder.errors import NotFound
 from lens_ebpf.recorder.store import schema as t
@@ -42,7 +42,7 @@ CAUSAL = {
 
 def _score(a: Any, b: Any) -> tuple[float, str, list[str]]:
     score, kind, why = 0.0, "", []
-    gap = abs((aware(a.starts_at) - aware(b.starts_at)).total_seconds())  # type: ignore[operator]
+    gap = abs((utc(a.starts_at) - utc(b.starts_at)).total_seconds())
     if gap < 60:
         score, kind = score + 0.4, "time"
         why.append("began within a minute")
@@ -64,7 +64,7 @@ def _score(a: Any, b: Any) -> tuple[float, str, list[str]]:
         why.append(f"another source ({a.source}, {b.source})")
     cause = CAUSAL.get((a.alert_name, b.alert_name)) or CAUSAL.get((b.alert_name, a.alert_name))
     if cause:
-        first, then = (a, b) if aware(a.starts_at) <= aware(b.starts_at) else (b, a)  # type: ignore[operator]
+        first, then = (a, b) if utc(a.starts_at) <= utc(b.starts_at) else (b, a)
         score, kind = score + cause, "causal"
         why.append(
             f"{first.alert_name} on {first.node_name or first.pod_name or '?'} "
@@ -78,7 +78,7 @@ def correlations(conn: Connection, alert_id: str) -> dict[str, Any]:
     me = conn.execute(select(ae).where(ae.c.id == alert_id)).first()
     if me is None:
         raise NotFound(f"no alert {alert_id!r}")
-    starts: datetime = aware(me.starts_at)  # type: ignore[assignment]
+    starts: datetime = utc(me.starts_at)
     same = [
         c == v
         for c, v in (

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
-from lens_ebpf.core.times import aware
+from lens_ebpf.core.times import utc
 from lens_ebpf.recorder.errors import BadRequest
 from lens_ebpf.recorder.store.schema import Scoped
 
@@ -107,4 +107,4 @@ def allocation_points(
 
 
 def _ts(value: Any) -> int:
-    return int(aware(value).timestamp()) if value is not None else 0  # type: ignore[union-attr]
+    return int(utc(value).timestamp()) if value is not None else 0

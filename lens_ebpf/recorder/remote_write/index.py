@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from lens_ebpf.core.times import aware
+from lens_ebpf.core.times import utc
 from lens_ebpf.recorder.store import schema
 from lens_ebpf.recorder.store.schema import Scoped, scoped
 
@@ -97,7 +97,7 @@ def bdf(value: str) -> str:
 
 
 def _ms(at: Any) -> float:
-    return aware(at).timestamp() * 1000  # type: ignore[union-attr]
+    return utc(at).timestamp() * 1000
 
 
 def _spans(changes: list[tuple[float, str, str]], current: str) -> list[tuple[float, float, str]]:

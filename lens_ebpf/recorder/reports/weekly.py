@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select
 
-from lens_ebpf.core.times import aware
+from lens_ebpf.core.times import aware, utc
 from lens_ebpf.recorder.errors import BadRequest, NotFound, Unavailable
 from lens_ebpf.recorder.reports import content, render
 from lens_ebpf.recorder.reports.week import Week, containing, due
@@ -93,7 +93,7 @@ def make(
 
 
 def _when(v: Any, fmt: str) -> str:
-    return aware(v).strftime(fmt)  # type: ignore[union-attr]
+    return utc(v).strftime(fmt)
 
 
 def _last(end: Any) -> datetime:

@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, func, select
 
-from lens_ebpf.core.times import aware
+from lens_ebpf.core.times import utc
 from lens_ebpf.recorder.errors import BadRequest, NotFound
 from lens_ebpf.recorder.store.schema import Scoped
 from lens_ebpf.recorder.workloads import workload_pods
@@ -89,7 +89,7 @@ def training_performance(
     rows = list(conn.execute(select(tp).where(*cond).order_by(tp.c.at, tp.c.id)))
     points = [
         {
-            "time": round(aware(r.at).timestamp(), 3),  # type: ignore[union-attr]
+            "time": round(utc(r.at).timestamp(), 3),
             "pod": r.pod,
             "node": r.node,
             "format": r.format,

@@ -24,7 +24,7 @@ from typing import Any
 
 from sqlalchemy import Connection, or_, select
 
-from lens_ebpf.core.times import aware
+from lens_ebpf.core.times import aware, utc
 from lens_ebpf.recorder import prom
 from lens_ebpf.recorder.config import TimelineConfig
 from lens_ebpf.recorder.errors import BadRequest, NotFound
@@ -110,7 +110,7 @@ def _entry(
     message: str,
     detail: dict[str, Any],
 ) -> dict[str, Any]:
-    ts = at if isinstance(at, float | int) else aware(at).timestamp()  # type: ignore[union-attr]
+    ts = at if isinstance(at, float | int) else utc(at).timestamp()
     return {
         "time": round(float(ts), 3),
         "type": kind,
@@ -123,7 +123,7 @@ def _entry(
 
 
 def _ts(value: Any) -> int | None:
-    return int(aware(value).timestamp()) if value is not None else None  # type: ignore[union-attr]
+    return int(utc(value).timestamp()) if value is not None else None
 
 
 class Timeline:

@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, func, select
 
-from lens_ebpf.core.times import aware
+from lens_ebpf.core.times import aware, utc
 from lens_ebpf.recorder import prom
 from lens_ebpf.recorder.errors import NotFound
 from lens_ebpf.recorder.nodes.gpus import gpu_names, known
@@ -49,7 +49,7 @@ CHUNK = 500  # uids in one IN (...)
 
 
 def ts(value: Any) -> int:
-    return int(aware(value).timestamp()) if value is not None else 0  # type: ignore[union-attr]
+    return int(utc(value).timestamp()) if value is not None else 0
 
 
 def workload_status(row: Any) -> str:
