@@ -373,6 +373,57 @@ def test_the_answer_check_sees_a_second_table_and_an_own_mapping() -> None:
     ]
 
 
+# -- leader-only work gated one way: a job made by recorder/jobs' leader_job() --------------
+JOB_MAKER = "lens_ebpf/recorder/jobs/__init__.py"  # leader_job(), replica_job()
+# where the recorder may ask whether it leads, and why it is not a gate of leader work
+LEADS_ASKED = {
+    "lens_ebpf/recorder/service/__init__.py": "RecorderApp.leads(), the runner's gate; "
+    "readiness saying which replica leads",
+    "lens_ebpf/recorder/ingest/leadership.py": "the Lease and the term themselves",
+    "lens_ebpf/recorder/api/posts.py": "POST /logs handed to the leader",
+    "lens_ebpf/recorder/management/job_history.py": "runs recorded where the leader ran them",
+}
+
+
+def leader_breaches(rel: str, tree: ast.AST) -> list[str]:
+    """Leader-only work gated another way than a leader_job() the runner gates: a Job
+    made outside recorder/jobs (leader_only said by hand), leads() asked elsewhere."""
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        called = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+        if rel != JOB_MAKER and called == "Job":
+            out.append(f"{rel}: Job() made by hand")
+        if rel != JOB_MAKER and any(k.arg == "leader_only" for k in node.keywords):
+            out.append(f"{rel}: leader_only= said by hand")
+        if called == "leads" and rel not in LEADS_ASKED:
+            out.append(f"{rel}: asks leads()")
+    return out
+
+
+def test_leader_only_work_is_registered_one_way() -> None:
+    wrong = [
+        b
+        for p in sorted((PKG / "recorder").rglob("*.py"))
+        for b in leader_breaches(str(p.relative_to(ROOT)), ast.parse(p.read_text()))
+    ]
+    assert wrong == []
+
+
+def test_the_leader_check_sees_work_gated_another_way() -> None:
+    src = (
+        "def jobs(app):\n    if app.leadership.leads():\n        app.scan()\n"
+        "    return [Job('x', 60, f, leader_only=True), leader_job('y', 60, g)]\n"
+    )
+    assert leader_breaches("lens_ebpf/recorder/x.py", ast.parse(src)) == [
+        "lens_ebpf/recorder/x.py: asks leads()",
+        "lens_ebpf/recorder/x.py: Job() made by hand",
+        "lens_ebpf/recorder/x.py: leader_only= said by hand",
+    ]
+
+
 # -- SQL only in domain modules: the HTTP layer calls them, and speaks no SQL ----------------
 SQL_TYPES = {"Connection", "Engine"}  # what the HTTP layer may name of sqlalchemy (types)
 

@@ -1,9 +1,10 @@
 """The recorder's periodic jobs, one list by domain (RecorderApp.jobs_to_run() joins them
 in this order): the allocation statistics', training's and the outliers'; the alerts'; the
 Management pages' and the deep dive's; every replica's remote-write maps and the jobs a
-setting adds. Each is a Job of the one runner (core/runner.py); leader-only ones write or
-act on the cluster, and one replica does that (each cluster's storage scan is added by its
-ClusterWatch, leader-only)."""
+setting adds. Each is a Job of the one runner (core/runner.py), made one of two ways
+(recorder/jobs): leader_job(), work that writes or acts on the cluster, run by the leader
+alone; replica_job(), every replica's own (each cluster's storage scan is a leader_job its
+ClusterWatch adds)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from lens_ebpf.core.runner import Job
 from lens_ebpf.recorder.alerts import late
-from lens_ebpf.recorder.jobs import FAILURES
+from lens_ebpf.recorder.jobs import leader_job, replica_job
 
 if TYPE_CHECKING:
     from lens_ebpf.recorder.service import RecorderApp
@@ -20,133 +21,54 @@ if TYPE_CHECKING:
 def allocation(app: RecorderApp) -> list[Job]:
     """The allocation statistics (snapshot, hourly and prune share a thread: their first
     runs in this order), training's checks and the outliers."""
-    r, clock, alloc = app.cfg.recorder, app.clock, app.jobs
+    r, clock, alloc, lane = app.cfg.recorder, app.clock, app.jobs, "allocation"
     every = r.jobs.allocation_seconds
     return [
-        Job(
-            "snapshot",
-            every,
-            lambda: alloc.snapshot(clock()),
-            leader_only=True,
-            at_start=True,
-            lane="allocation",
-            quiet=FAILURES,
+        leader_job("snapshot", every, lambda: alloc.snapshot(clock()), at_start=True, lane=lane),
+        leader_job("hourly", every, lambda: alloc.hourly(clock()), at_start=True, lane=lane),
+        leader_job("prune", 3600, lambda: alloc.prune(clock()), at_start=True, lane=lane),
+        leader_job(
+            "training", r.training.check_seconds, lambda: app.training.check(clock()), quiet=()
         ),
-        Job(
-            "hourly",
-            every,
-            lambda: alloc.hourly(clock()),
-            leader_only=True,
-            at_start=True,
-            lane="allocation",
-            quiet=FAILURES,
-        ),
-        Job(
-            "prune",
-            3600,
-            lambda: alloc.prune(clock()),
-            leader_only=True,
-            at_start=True,
-            lane="allocation",
-            quiet=FAILURES,
-        ),
-        Job(
-            "training",
-            r.training.check_seconds,
-            lambda: app.training.check(clock()),
-            leader_only=True,
-        ),
-        Job(
-            "outliers",
-            r.jobs.outliers_seconds,
-            app.outliers.run_counted,
-            leader_only=True,
-            quiet=FAILURES,
-        ),
+        leader_job("outliers", r.jobs.outliers_seconds, app.outliers.run_counted),
     ]
 
 
 def alerts(app: RecorderApp) -> list[Job]:
-    r = app.cfg.recorder
+    r, jobs = app.cfg.recorder, app.alerts.jobs
     return [
         # the shipped log templates and rules and metric rules, once (idempotent)
-        Job("alerts_seed", 3600, app.alerts.seed, leader_only=True, at_start=True, quiet=FAILURES),
-        Job(
-            "alerts_findings",
-            r.alerts.findings_seconds,
-            app.alerts.jobs.findings,
-            leader_only=True,
-            quiet=FAILURES,
-        ),
-        Job(
-            "alerts_notify",
-            r.alerts.notify_seconds,
-            app.alerts.jobs.notify,
-            leader_only=True,
-            quiet=FAILURES,
-        ),
+        leader_job("alerts_seed", 3600, app.alerts.seed, at_start=True),
+        leader_job("alerts_findings", r.alerts.findings_seconds, jobs.findings),
+        leader_job("alerts_notify", r.alerts.notify_seconds, jobs.notify),
         # alerts stored before their pod or GPU was known, enriched once it is
-        Job(
-            "alerts_enrich", late.SECONDS, app.alerts.jobs.enrich, leader_only=True, quiet=FAILURES
-        ),
+        leader_job("alerts_enrich", late.SECONDS, jobs.enrich),
     ]
 
 
 def management(app: RecorderApp) -> list[Job]:
-    r, clock = app.cfg.recorder, app.clock
+    r, clock, m = app.cfg.recorder, app.clock, app.management
     return [
         # the Management pages': settings changed at run time and the default cluster
         # (every replica), runs recorded, frameworks detected, tasks run on clusters,
         # each cluster's agent version read
-        Job("settings", 10, app.apply_stored, leader_only=False, at_start=True, quiet=FAILURES),
-        Job("job_history", 5, app.job_history.flush, leader_only=False, quiet=FAILURES),
+        replica_job("settings", 10, app.apply_stored, at_start=True),
+        replica_job("job_history", 5, app.job_history.flush),
         # py-spy tasks whose replica stopped while they ran: failed, saying so
-        Job(
-            "pyspy_expire",
-            60,
-            app.deepdive.expire,
-            leader_only=False,
-            at_start=True,
-            quiet=FAILURES,
-        ),
+        replica_job("pyspy_expire", 60, app.deepdive.expire, at_start=True),
         # fetched profiler traces past recorder.profiler.retention_hours
-        Job(
-            "profiler_prune",
-            3600,
-            lambda: app.profiler.prune(clock()),
-            leader_only=True,
-            at_start=True,
-            quiet=FAILURES,
-        ),
-        Job(
+        leader_job("profiler_prune", 3600, lambda: app.profiler.prune(clock()), at_start=True),
+        # (the retention read at each run: a setting changed at run time)
+        leader_job(
             "job_history_prune",
             3600,
             lambda: app.job_history.prune(clock(), r.job_history.retention_days),
-            leader_only=True,
             at_start=True,
-            quiet=FAILURES,
         ),
-        Job(
-            "detection",
-            r.detection.interval_seconds,
-            app.detection.run,
-            leader_only=True,
-            quiet=FAILURES,
-        ),
-        Job(
-            "cluster_tasks",
-            r.management.task_seconds,
-            app.management.tasks.run,
-            leader_only=True,
-            quiet=FAILURES,
-        ),
-        Job(
-            "release_scan",
-            r.management.release_scan_seconds,
-            app.management.releases.scan,
-            leader_only=True,
-            at_start=True,
-            quiet=FAILURES,
+        leader_job("detection", r.detection.interval_seconds, app.detection.run),
+        leader_job("cluster_tasks", r.management.task_seconds, m.tasks.run),
+        leader_job(
+            "release_scan", r.management.release_scan_seconds, m.releases.scan, at_start=True
         ),
     ]
 
@@ -154,52 +76,28 @@ def management(app: RecorderApp) -> list[Job]:
 def added(app: RecorderApp) -> list[Job]:
     """Every replica's remote-write maps, then the jobs a setting adds."""
     r, mc, clock = app.cfg.recorder, app.cfg.multicluster, app.clock
-    jobs = [
-        # every replica answers remote writes from its own maps
-        Job(
-            "remote_write_index",
-            app.remote_write.indexer.interval,
-            app.remote_write.indexer.refresh_counted,
-            leader_only=False,
-            at_start=True,
-            quiet=FAILURES,
-        ),
-    ]
+    index = app.remote_write.indexer
+    # every replica answers remote writes from its own maps
+    jobs = [replica_job("remote_write_index", index.interval, index.refresh_counted, at_start=True)]
     # the last completed week's report, once, when due; first looked for one check after
     # start, not at it: a start (every replica's, every test's) does not wait on Chromium
     if r.reports.weekly:
         jobs.append(
-            Job(
-                "weekly_report",
-                r.reports.check_seconds,
-                lambda: app.reports.run(clock()),
-                leader_only=True,
-                quiet=FAILURES,
-            )
+            leader_job("weekly_report", r.reports.check_seconds, lambda: app.reports.run(clock()))
         )
-    if app.storage_sync is not None:
+    if (sync := app.storage_sync) is not None:
         jobs.append(
-            Job(
-                "storage_config_sync",
-                app.storage_sync.interval,
-                app.storage_sync.run_once,
-                leader_only=True,
-                at_start=True,
-            )
+            leader_job("storage_config_sync", sync.interval, sync.run_once, at_start=True, quiet=())
         )
     if mc.secret:  # read once by clusters.start(); every replica knows the clusters
         # (?cluster= is served everywhere), the leader alone watches them
         jobs.append(
-            Job("clusters_reload", mc.reload_seconds, app.clusters.reload, leader_only=False)
+            replica_job("clusters_reload", mc.reload_seconds, app.clusters.reload, quiet=())
         )
-    if app.kubelet is not None:
+    if (kubelet := app.kubelet) is not None:
         jobs.append(
-            Job(
-                "kubelet_service",
-                app.kubelet.interval,
-                app.kubelet.sync_counted,
-                leader_only=True,
-                at_start=True,
+            leader_job(
+                "kubelet_service", kubelet.interval, kubelet.sync_counted, at_start=True, quiet=()
             )
         )
     return jobs

@@ -34,12 +34,13 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
 from lens_ebpf.core.exposition import counter
-from lens_ebpf.core.runner import Job, Runner
+from lens_ebpf.core.runner import Runner
 from lens_ebpf.k8s.client import SA_DIR
 from lens_ebpf.k8s.dynamic import DynamicApi
 from lens_ebpf.k8s.reflector import call_raw
 from lens_ebpf.recorder.config import CLUSTER_NAME, Config
 from lens_ebpf.recorder.errors import NotFound
+from lens_ebpf.recorder.jobs import leader_job
 from lens_ebpf.recorder.nodes import NodeTracker
 from lens_ebpf.recorder.prom import Prom
 from lens_ebpf.recorder.scope import Scope
@@ -198,13 +199,10 @@ class ClusterWatch:
         th.start()
         self._threads.append(th)
         scan = self.storage
+        every = scan.cfg.scan_seconds
         self.shared.runner.add(
-            Job(
-                self.scan_job,
-                scan.cfg.scan_seconds,
-                lambda: scan.run_once(scan.clock()),
-                leader_only=True,
-                at_start=True,
+            leader_job(
+                self.scan_job, every, lambda: scan.run_once(scan.clock()), at_start=True, quiet=()
             )
         )
 
