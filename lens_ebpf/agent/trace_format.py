@@ -31,11 +31,11 @@ SHORT_KIND = {
 CLASS_SHORT = {"externalHosts": "external", "internalHosts": "internal", "localhost": "local"}
 
 
-def human_bytes(n: int) -> str:
+def human_bytes(n: float) -> str:
     for unit in ("", "K", "M", "G"):
         if n < 1024 or unit == "G":
             return f"{n:.0f}{unit}" if unit == "" else f"{n:.1f}{unit}"
-        n /= 1024  # type: ignore[assignment]
+        n /= 1024
     return str(n)
 
 

@@ -140,7 +140,9 @@ def statistics(
     q = select(a.c.starts_at, a.c.cluster_name, a.c.fired, a.c.labels).where(
         a.c.source == "log", a.c.starts_at >= start, a.c.starts_at < end
     )
-    alerts, fired = Counter(), Counter()  # type: ignore[var-annotated]
+    # (day, hour, cluster) -> alerts that started, and how often they fired
+    alerts: Counter[tuple[str, int, str]] = Counter()
+    fired: Counter[tuple[str, int, str]] = Counter()
     for r in conn.execute(q):
         if str((r.labels or {}).get("rule_id", "")) != str(rid):
             continue

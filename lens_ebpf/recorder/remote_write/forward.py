@@ -10,6 +10,7 @@ import base64
 import os
 import threading
 from dataclasses import dataclass
+from typing import TypedDict
 
 import urllib3
 
@@ -50,11 +51,20 @@ class _Secret:
         return self.value
 
 
+class _Tls(TypedDict, total=False):
+    """The TLS keywords urllib3.PoolManager hands its HTTPS pools."""
+
+    cert_reqs: str
+    ca_certs: str | None
+    cert_file: str | None
+    key_file: str | None
+
+
 class Forwarder:
     def __init__(self, cfg: RemoteWriteConfig) -> None:
         self.cfg = cfg
         tls = cfg.tls
-        kw: dict[str, object] = {}
+        kw: _Tls = {}
         if cfg.url.startswith("https"):
             kw = {
                 "cert_reqs": "CERT_NONE" if tls.insecure_skip_verify else "CERT_REQUIRED",
@@ -67,7 +77,7 @@ class Forwarder:
             maxsize=16,
             retries=False,
             timeout=urllib3.Timeout(cfg.timeout_seconds),
-            **kw,  # type: ignore[arg-type]
+            **kw,
         )
         self.bearer = _Secret(cfg.bearer_token_file)
         self.password = _Secret(cfg.basic_auth.password_file)
