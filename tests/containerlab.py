@@ -30,8 +30,12 @@ def unavailable() -> str | None:
 
 
 class Containerd:
-    def __init__(self, base: Path) -> None:
+    """containerd with its socket, state and log in `base` (removed at stop); its root
+    (content, snapshots, metadata) there too, or in `root`, kept between runs."""
+
+    def __init__(self, base: Path, root: Path | None = None) -> None:
         self.base = base
+        base.mkdir(parents=True, exist_ok=True)
         self.sock = base / "c.sock"
         self.state = base / "state"
         self.rootfs = base / "rootfs"
@@ -41,7 +45,7 @@ class Containerd:
             [
                 "containerd",
                 "--root",
-                str(base / "root"),
+                str(root or base / "root"),
                 "--state",
                 str(self.state),
                 "--address",

@@ -667,23 +667,8 @@ oom_score = 0
 
     def import_images(self) -> list[str]:
         """tests/kube/images.py's archives into containerd's k8s.io namespace, those not
-        imported already from the same archive (its size and mtime); the names."""
-        try:
-            done: dict[str, list[int]] = json.loads(IMPORTED.read_text())
-        except (OSError, ValueError):
-            done = {}
-        listed = set(self.ctr("-n", "k8s.io", "images", "ls", "-q").stdout.split())
-        todo = []
-        for ref in images.POD_IMAGES:
-            st = images.archive(ref).stat()
-            key = [st.st_size, st.st_mtime_ns]
-            if done.get(ref) != key or images.containerd_name(ref) not in listed:
-                todo.append(ref)
-                done[ref] = key
-        if todo:
-            images.import_into(str(CONTAINERD_SOCK), refs=tuple(todo))
-            IMPORTED.write_text(json.dumps(done, indent=1) + "\n")
-        return [images.containerd_name(ref) for ref in images.POD_IMAGES]
+        imported already from the same archive; the names."""
+        return images.import_missing(str(CONTAINERD_SOCK), IMPORTED)
 
     # -- clients ---------------------------------------------------------------------------
 
