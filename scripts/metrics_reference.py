@@ -634,7 +634,7 @@ def destructure(target: ast.AST, values: object) -> dict[str, object] | None:
     return None
 
 
-BUILDERS = {"Metric", "register", *CLASSES}
+BUILDERS = {"Metric", "Family", "register", *CLASSES}
 
 
 def build(call: ast.Call, ctx: Ctx) -> Family | None:
@@ -651,7 +651,7 @@ def build(call: ast.Call, ctx: Ctx) -> Family | None:
             CLASSES[fname],
             kw.get("labels"),
         )
-    elif fname == "Metric" and len(args) >= 3:
+    elif fname in ("Metric", "Family") and len(args) >= 3:
         name, help_node, kind = args[0], args[1], value(args[2], ctx)
     elif fname == "register" and len(args) >= 3:  # MetricCache.register
         name, help_node, kind = args[0], args[2], value(args[1], ctx)
@@ -777,8 +777,13 @@ def job_families(call: ast.Call, consts: Constants) -> Iterator[tuple[Family, No
         )
 
 
+# the methods that put a sample, by where their labels are: Metric.add_sample(name, labels,
+# value), exposition.Family's add(labels, value) and add_buckets(labels, buckets, sum)
+SAMPLES = {"add_sample": 1, "add": 0, "add_buckets": 0}
+
+
 def samples_labels(fn: ast.AST, var: str | None, ctx: Ctx) -> set[str]:
-    """Label names of the add_sample calls in fn on var (var, var[...], or a loop name
+    """Label names of the calls that put a sample in fn on var (var, var[...], or a loop name
     that takes var from a literal table); on any family where var is None."""
     names = {var} | aliases(fn, var) if var else set()
     out: set[str] = set()
@@ -786,13 +791,13 @@ def samples_labels(fn: ast.AST, var: str | None, ctx: Ctx) -> set[str]:
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "add_sample"
-            and len(node.args) >= 2
+            and node.func.attr in SAMPLES
+            and len(node.args) > SAMPLES[node.func.attr]
         ):
             on = node.func.value
             on = on.value if isinstance(on, ast.Subscript) else on
             if var is None or isinstance(on, ast.Name) and on.id in names:
-                out |= label_keys(node.args[1], ctx)
+                out |= label_keys(node.args[SAMPLES[node.func.attr]], ctx)
     return out
 
 

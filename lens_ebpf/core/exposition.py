@@ -49,13 +49,74 @@ class Buckets:
         return out
 
 
-def counter(name: str, help_text: str, values: Mapping[Any, float], label: str = "") -> Metric:
-    """A counter family (`name`, its samples `name_total`): one sample, or one per key of
-    values under label."""
-    m = Metric(name, help_text, "counter")
-    for key, n in values.items():
-        m.add_sample(name + "_total", {label: str(key)} if label else {}, n)
+class Family(Metric):
+    """A metric family, the one way lens_ebpf builds one (tests/unit/test_architecture.py
+    holds that): a counter's samples are named `name_total` (`total=False`: dcgm-exporter's
+    are not), any other's `name`; add() puts one sample per call."""
+
+    def __init__(self, name: str, help_text: str, kind: str, total: bool = True) -> None:
+        super().__init__(name, help_text, kind)
+        self.sample_name = name + "_total" if kind == "counter" and total else name
+
+    def add(self, labels: Mapping[str, str], value: float) -> Family:
+        self.add_sample(self.sample_name, dict(labels), value)
+        return self
+
+    def add_buckets(
+        self, labels: Mapping[str, str], buckets: Iterable[tuple[str, float]], total: float
+    ) -> Family:
+        """A histogram's series: its cumulative (le, count) pairs, +Inf last, and its sum
+        (as prometheus_client's HistogramMetricFamily.add_metric writes them)."""
+        acc = 0.0
+        for le, acc in buckets:
+            self.add_sample(self.name + "_bucket", {**labels, "le": le}, acc)
+        self.add_sample(self.name + "_count", dict(labels), acc)
+        self.add_sample(self.name + "_sum", dict(labels), total)
+        return self
+
+
+def family(name: str, help_text: str, kind: str, total: bool = True) -> Family:
+    """An empty family of a kind known at run time (a table's)."""
+    return Family(name, help_text, kind, total)
+
+
+def counter(
+    name: str,
+    help_text: str,
+    values: Mapping[Any, float] | float | None = None,
+    label: str = "",
+) -> Family:
+    """A counter family (`name`, its samples `name_total`): none yet, one sample (a number),
+    or one per key of values under label."""
+    m = Family(name, help_text, "counter")
+    if isinstance(values, Mapping):
+        for key, n in values.items():
+            m.add({label: str(key)} if label else {}, n)
+    elif values is not None:
+        m.add({}, values)
     return m
+
+
+def gauge(
+    name: str,
+    help_text: str,
+    values: Mapping[Any, float] | float | None = None,
+    label: str = "",
+) -> Family:
+    """A gauge family: none yet, one sample (a number), or one per key of values under
+    label."""
+    m = Family(name, help_text, "gauge")
+    if isinstance(values, Mapping):
+        for key, n in values.items():
+            m.add({label: str(key)} if label else {}, n)
+    elif values is not None:
+        m.add({}, values)
+    return m
+
+
+def histogram(name: str, help_text: str) -> Family:
+    """An empty histogram family: add_buckets() puts each series."""
+    return Family(name, help_text, "histogram")
 
 
 def escape_value(v: str) -> str:
