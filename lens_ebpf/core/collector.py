@@ -17,6 +17,7 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from lens_ebpf.core.exposition import counter, gauge
 from lens_ebpf.core.runner import Job, Runner
 
 log = logging.getLogger(__name__)
@@ -112,16 +113,16 @@ class CollectorSet(Collector):
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        dur = Metric("lens_agent_collector_duration_seconds", "Last refresh time", "gauge")
-        ok = Metric("lens_agent_collector_success", "1 when the last refresh worked", "gauge")
-        errs = Metric("lens_agent_collector_errors", "Refresh errors by reason", "counter")
-        runs = Metric("lens_agent_collector_runs", "Refreshes", "counter")
+        dur = gauge("lens_agent_collector_duration_seconds", "Last refresh time")
+        ok = gauge("lens_agent_collector_success", "1 when the last refresh worked")
+        errs = counter("lens_agent_collector_errors", "Refresh errors by reason")
+        runs = counter("lens_agent_collector_runs", "Refreshes")
         for c in self.collectors.values():
             yield from c.snapshot()
             lbl = {"collector": c.name}
-            dur.add_sample(dur.name, lbl, c.duration)
-            ok.add_sample(ok.name, lbl, 1.0 if c.success else 0.0)
-            runs.add_sample("lens_agent_collector_runs_total", lbl, c.runs)
+            dur.add(lbl, c.duration)
+            ok.add(lbl, 1.0 if c.success else 0.0)
+            runs.add(lbl, c.runs)
             for reason, n in sorted(c.errors.items()):
-                errs.add_sample("lens_agent_collector_errors_total", {**lbl, "reason": reason}, n)
+                errs.add({**lbl, "reason": reason}, n)
         yield from (dur, ok, errs, runs)

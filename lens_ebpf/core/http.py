@@ -33,10 +33,10 @@ from urllib.parse import unquote
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from lens_ebpf.core.exposition import CONTENT_TYPE, render
+from lens_ebpf.core.exposition import CONTENT_TYPE, counter, gauge, render
 from lens_ebpf.core.http_connections import Connection, Counters, Server, raise_open_files
 from lens_ebpf.core.loop import EventLoopThread
 from lens_ebpf.core.routes import (
@@ -401,62 +401,58 @@ class _HttpCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         c = self._c
-        yield GaugeMetricFamily(
-            "lens_agent_http_connections", "HTTP connections open", value=c.open
-        )
-        yield CounterMetricFamily(
+        yield gauge("lens_agent_http_connections", "HTTP connections open", c.open)
+        yield counter(
             "lens_agent_http_connections_refused",
             "HTTP connections refused (server.max_connections open)",
-            value=c.refused,
+            c.refused,
         )
-        yield CounterMetricFamily(
+        yield counter(
             "lens_agent_http_connections_timed_out",
             "HTTP connections closed: no whole request head in time",
-            value=c.cut,
+            c.cut,
         )
-        yield CounterMetricFamily(
+        yield counter(
             "lens_agent_http_request_heads_too_large",
             "HTTP request heads refused (431): over server.max_header_bytes",
-            value=c.oversized,
+            c.oversized,
         )
-        yield CounterMetricFamily(
+        yield counter(
             "lens_agent_http_request_bodies_too_large",
             "POST bodies refused (413): over their route's bound",
-            value=c.bodies_too_large,
+            c.bodies_too_large,
         )
-        yield CounterMetricFamily(
+        yield counter(
             "lens_agent_http_request_bodies_timed_out",
             "Request bodies not whole within server.body_timeout_seconds " "(408)",
-            value=c.bodies_timed_out,
+            c.bodies_timed_out,
         )
-        yield CounterMetricFamily(
+        yield counter(
             "lens_agent_http_request_bodies_abandoned",
             "Requests whose client hung up before its body was whole",
-            value=c.bodies_abandoned,
+            c.bodies_abandoned,
         )
-        yield CounterMetricFamily(
+        yield counter(
             "lens_agent_http_writes_busy",
             "Writes refused (503): server.max_writes_in_hand in hand, or "
             "server.max_body_bytes_in_hand held",
-            value=c.busy,
+            c.busy,
         )
-        yield GaugeMetricFamily(
+        yield gauge(
             "lens_agent_http_writes_in_hand",
             "Writes whose body is being read or handled now",
-            value=c.writes,
+            c.writes,
         )
-        yield GaugeMetricFamily(
+        yield gauge(
             "lens_agent_http_request_body_bytes_in_hand",
             "Request body bytes held now (being read or handled)",
-            value=c.body_bytes,
+            c.body_bytes,
         )
-        yield CounterMetricFamily(
-            "lens_agent_metrics_scrapes", "/metrics requests", value=c.scrapes
-        )
-        yield CounterMetricFamily(
+        yield counter("lens_agent_metrics_scrapes", "/metrics requests", c.scrapes)
+        yield counter(
             "lens_agent_metrics_renders",
             "/metrics renderings (concurrent scrapes share one)",
-            value=c.renders,
+            c.renders,
         )
 
 

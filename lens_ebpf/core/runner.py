@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from lens_ebpf.core.exposition import counter, gauge
+
 log = logging.getLogger(__name__)
 
 JITTER = 0.05  # the default: each wait is up to 5% longer than the interval
@@ -272,36 +274,33 @@ class JobMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         p = self.prefix
         families = [
-            (Metric(f"{p}_runs", "Periodic job runs, by job", "counter"), "runs"),
-            (Metric(f"{p}_errors", "Periodic job runs that failed, by job", "counter"), "failures"),
+            (counter(f"{p}_runs", "Periodic job runs, by job"), "runs"),
+            (counter(f"{p}_errors", "Periodic job runs that failed, by job"), "failures"),
             (
-                Metric(
+                counter(
                     f"{p}_skipped",
                     "Periodic job runs passed over: this replica did not " "lead",
-                    "counter",
                 ),
                 "skipped",
             ),
             (
-                Metric(
+                gauge(
                     f"{p}_last_success_timestamp_seconds",
                     "When the job last ran without " "failing (0: never)",
-                    "gauge",
                 ),
                 "last_success",
             ),
             (
-                Metric(f"{p}_duration_seconds", "How long the job's last run took", "gauge"),
+                gauge(f"{p}_duration_seconds", "How long the job's last run took"),
                 "last_duration",
             ),
         ]
-        leader = Metric(f"{p}_leader_only", "1 when the job runs on the leader only", "gauge")
+        leader = gauge(f"{p}_leader_only", "1 when the job runs on the leader only")
         for name, st in sorted(self.runner.state.copy().items()):
             lbl = {"job": name}
             for fam, attr in families:
-                suffix = "_total" if fam.type == "counter" else ""
-                fam.add_sample(fam.name + suffix, lbl, getattr(st, attr))
+                fam.add(lbl, getattr(st, attr))
             job = self.runner.jobs.get(name)
-            leader.add_sample(leader.name, lbl, 1.0 if job and job.leader_only else 0.0)
+            leader.add(lbl, 1.0 if job and job.leader_only else 0.0)
         yield from (fam for fam, _ in families)
         yield leader
