@@ -1,7 +1,7 @@
 """GPU accounting at the issue's size (1,000 nodes x 8 GPUs, 5,000 workloads, 200
 namespaces, 10 values per label key, a week of hours): one completed hour's statistics
-(`Jobs.hourly`, from the hour's allocation snapshots and, for an hour without any, from the
-pods' lifetimes), the allocation snapshot run, the week's report (content and HTML; PDF by
+(`AccountingJobs.hourly`, from the hour's allocation snapshots and, for an hour without any,
+from the pods' lifetimes), the allocation snapshot run, the week's report (content and HTML; PDF by
 Chromium where it is installed) and each Statistics route through the real HTTP server.
 
 The database (a SQLite file, or PostgreSQL with --postgres, root) is filled through the
@@ -511,7 +511,7 @@ def main() -> None:
         clock = Clock(args.postgres)
         app.jobs.snapshot(now)
         assert app.writer.flush(600)
-        print(f"snapshot run (Jobs.snapshot and its write): {clock.read()}")
+        print(f"snapshot run (AccountingJobs.snapshot and its write): {clock.read()}")
         s = t.gpu_allocation_snapshots
         with eng.begin() as conn:
             one = [
@@ -536,7 +536,8 @@ def main() -> None:
         assert app.writer.flush(600)
         made_rows = {n: count(n, t.metadata.tables[n].c.stat_hour == last) for n in HOURLY}
         print(
-            f"one hour from its snapshots (Jobs.hourly, the write included): {clock.read()}"
+            "one hour from its snapshots (AccountingJobs.hourly, the write included): "
+            f"{clock.read()}"
             " (goal <= 10 s): rows " + ", ".join(f"{k} {v}" for k, v in made_rows.items())
         )
         cl = t.cluster_gpu_hourly_stats
@@ -562,7 +563,7 @@ def main() -> None:
         assert app.jobs.hourly(now) == 1
         assert app.writer.flush(600)
         print(
-            f"one hour from the pods' lifetimes (Jobs.hourly, the write included): "
+            f"one hour from the pods' lifetimes (AccountingJobs.hourly, the write included): "
             f"{clock.read()} (goal <= 10 s)"
         )
 

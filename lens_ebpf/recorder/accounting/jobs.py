@@ -60,7 +60,7 @@ FILLED = (
 floor_hour = acc.floor_hour
 
 
-class Jobs:
+class AccountingJobs:
     def __init__(
         self,
         engine: Engine,

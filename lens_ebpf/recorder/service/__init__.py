@@ -20,7 +20,7 @@ from lens_ebpf.core.runner import Job, JobMetrics, Runner
 from lens_ebpf.core.settings import split_listen
 from lens_ebpf.recorder import api
 from lens_ebpf.recorder.accounting.hours import Keys
-from lens_ebpf.recorder.accounting.jobs import Jobs
+from lens_ebpf.recorder.accounting.jobs import AccountingJobs
 from lens_ebpf.recorder.alerts.service import Alerts
 from lens_ebpf.recorder.api.assistants import Assistants
 from lens_ebpf.recorder.api.envelope import AlertsApi, LensApi, Services
@@ -250,7 +250,7 @@ class RecorderApp:
         )
         self.registry.register(self.outliers)
         ag = r.aggregation
-        self.jobs = Jobs(
+        self.jobs = AccountingJobs(
             self.engine,
             self.lead_writer,
             self.clusters.scopes,
