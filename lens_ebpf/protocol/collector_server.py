@@ -15,7 +15,7 @@ whose events were accepted last; an older one is forgotten, and should it report
 is resumed from 0 (it sends its buffer again; a store keyed by the seq, as the recorder's
 table, holds each event once all the same).
 
-Who may report (Collector.guard, protocol/stream_auth.py): a stream is admitted before its
+Who may report (EventReceiver.guard, protocol/stream_auth.py): a stream is admitted before its
 first message is read; a node's state moves only by its own admitted streams, and a
 sequence number more than max_seq_jump past its instance's last is refused
 (INVALID_ARGUMENT: no agent numbers so far ahead, and one such event would hold every later
@@ -88,9 +88,11 @@ class SeqRefusedError(Exception):
     """An event numbered beyond what its node can have sent."""
 
 
-class Collector(lens_pb2_grpc.CollectorServiceServicer):
-    """Acknowledges what it holds; subclasses store events elsewhere (_store) and may
-    hold them for good later than they accept them (_held, then call _changed).
+class EventReceiver(lens_pb2_grpc.CollectorServiceServicer):
+    """The gRPC CollectorService's servicer: receives the agents' event streams (not a
+    prometheus_client Collector). Acknowledges what it holds; subclasses store events
+    elsewhere (_store) and may hold them for good later than they accept them (_held,
+    then call _changed).
 
     Report runs on grpc.aio: a reporter's stream is a coroutine, not a thread, so a
     thousand agents cost a thousand waiting coroutines. The state is under a lock:
@@ -311,7 +313,7 @@ class CollectorServer:
 
     def __init__(
         self,
-        collector: Collector,
+        collector: EventReceiver,
         listen: str,
         credentials: grpc.ServerCredentials | None,
         loop: EventLoopThread | None = None,
@@ -413,7 +415,7 @@ def serve(
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     path = Path(out_path) if out_path else None
     out = open(path, "a") if path else sys.stdout  # noqa: SIM115 (open while serving)
-    collector = Collector(out, recover(path) if path else {})
+    collector = EventReceiver(out, recover(path) if path else {})
     collector.guard, collector.max_seq_jump = guard, max_seq_jump
     server = CollectorServer(collector, listen, credentials)
     print(f"lens-ebpf collect: listening on {listen}", file=sys.stderr, flush=True)

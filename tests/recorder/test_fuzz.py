@@ -84,11 +84,11 @@ def test_a_message_that_does_not_decode_ends_the_stream_saying_so() -> None:
 
     import grpc
 
-    from lens_ebpf.protocol.collector_server import Collector, CollectorServer
+    from lens_ebpf.protocol.collector_server import CollectorServer, EventReceiver
     from lens_ebpf.protocol.gen import lens_pb2 as pb
 
     out = io.StringIO()
-    server = CollectorServer(Collector(out), "127.0.0.1:0", None)
+    server = CollectorServer(EventReceiver(out), "127.0.0.1:0", None)
     frames = [
         pb.Event(seq=1, oom_kill=pb.OomKill(pid=1)).SerializeToString(),
         b"\xff" * 10,

@@ -231,10 +231,10 @@ def test_a_collector_without_report_batch_gets_report(tmp_path: Any) -> None:
     """A collector older than ReportBatch (the method unknown to its server: UNIMPLEMENTED):
     the agent's reporter sends the same events with Report, each once, in order."""
     from lens_ebpf.core.loop import EventLoopThread
-    from lens_ebpf.protocol.collector_server import Collector
+    from lens_ebpf.protocol.collector_server import EventReceiver
 
     out = io.StringIO()
-    collector, loop = Collector(out), EventLoopThread("old-collector")
+    collector, loop = EventReceiver(out), EventLoopThread("old-collector")
 
     async def serve() -> tuple[grpc.aio.Server, int]:
         server = grpc.aio.server()

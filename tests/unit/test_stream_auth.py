@@ -27,8 +27,8 @@ from lens_ebpf.agent.stream.grpc_server import GrpcServer
 from lens_ebpf.agent.stream.reporter import Reporter, ReporterCollector
 from lens_ebpf.protocol.collector_server import (
     INSTANCES_KEPT,
-    Collector,
     CollectorServer,
+    EventReceiver,
     recover,
 )
 from lens_ebpf.protocol.gen import lens_pb2 as pb
@@ -66,11 +66,11 @@ def tokens(tmp_path: Path) -> Path:
 
 
 @pytest.fixture()
-def collector(tokens: Path) -> Iterator[tuple[Collector, io.StringIO, str]]:
+def collector(tokens: Path) -> Iterator[tuple[EventReceiver, io.StringIO, str]]:
     """The reference collector on loopback, refusing streams without a token (anonymous:
     never), each node's token from the file."""
     out = io.StringIO()
-    col = Collector(out)
+    col = EventReceiver(out)
     col.guard = Guard(
         CollectorAuthConfig(tokenreview=False, tokens_file=str(tokens), anonymous="never"),
         "127.0.0.1:0",
@@ -87,7 +87,7 @@ def stored(out: io.StringIO) -> list[dict[str, Any]]:
 
 
 def test_forged_streams_are_refused_and_move_no_nodes_state(
-    collector: tuple[Collector, io.StringIO, str], caplog: pytest.LogCaptureFixture
+    collector: tuple[EventReceiver, io.StringIO, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     col, out, addr = collector
     assert report_once(addr, "gpu-1", [fault(1, "gpu-1"), fault(2, "gpu-1")], "t-one").acks[-1] == 2
@@ -136,7 +136,7 @@ def test_forged_streams_are_refused_and_move_no_nodes_state(
 
 
 def test_a_reporter_presents_its_token_read_again_at_each_connect(
-    collector: tuple[Collector, io.StringIO, str], tokens: Path, tmp_path: Path
+    collector: tuple[EventReceiver, io.StringIO, str], tokens: Path, tmp_path: Path
 ) -> None:
     col, out, addr = collector
     token = tmp_path / "token"
@@ -198,7 +198,7 @@ def test_the_reporter_refuses_an_ack_beyond_what_it_numbered(tmp_path: Path) -> 
         liar.stop()
         # a collector that holds what it says: every event there
         out = io.StringIO()
-        srv = CollectorServer(Collector(out), f"127.0.0.1:{port}", None)
+        srv = CollectorServer(EventReceiver(out), f"127.0.0.1:{port}", None)
         try:
             wait_for(lambda: rep.acked == 5, "the buffer acknowledged")
             assert [json.loads(x)["seq"] for x in out.getvalue().splitlines()] == [
@@ -224,8 +224,8 @@ def test_a_restarted_agent_resumes_under_its_own_instance(tmp_path: Path) -> Non
     port, path = free_port(), tmp_path / "events.jsonl"
     target = f"127.0.0.1:{port}"
 
-    def serve() -> tuple[Collector, CollectorServer]:
-        col = Collector(open(path, "a"), recover(path))  # noqa: SIM115 (closed below)
+    def serve() -> tuple[EventReceiver, CollectorServer]:
+        col = EventReceiver(open(path, "a"), recover(path))  # noqa: SIM115 (closed below)
         return col, CollectorServer(col, target, None)
 
     def lines() -> list[tuple[str, int]]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, bindparam, func, or_, select, tuple_
 
-from lens_ebpf.protocol.collector_server import Collector, Seqs, bounded, keep
+from lens_ebpf.protocol.collector_server import EventReceiver, Seqs, bounded, keep
 from lens_ebpf.protocol.gen import lens_pb2 as pb
 from lens_ebpf.protocol.jsondict import to_dict
 from lens_ebpf.protocol.stream_auth import Claim
@@ -279,7 +279,7 @@ def source(cluster: str, node: str) -> str:
     return f"{cluster}/{node}"
 
 
-class NodeEvents(Collector):
+class NodeEvents(EventReceiver):
     """A collector whose events go through the recorder's writer."""
 
     def __init__(self, writer: Writer, last: Seqs, home: str = "local") -> None:
