@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Select, and_, or_, select
 
-from lens_ebpf.core.times import aware
+from lens_ebpf.core.times import aware, utc
 from lens_ebpf.recorder.errors import BadRequest
 from lens_ebpf.recorder.inputs import unix_time
 from lens_ebpf.recorder.lifecycle import parse_time
@@ -24,7 +24,7 @@ class QueryError(BadRequest):
 
 def json_value(value: Any) -> Any:
     if isinstance(value, datetime):
-        return aware(value).isoformat().replace("+00:00", "Z")  # type: ignore[union-attr]
+        return utc(value).isoformat().replace("+00:00", "Z")
     return value
 
 
@@ -96,7 +96,7 @@ def _paged(conn: Connection, stmt: Select[Any], table: Any, page: Page) -> dict[
     out: dict[str, Any] = {"items": [row_dict(r) for r in rows[: page.limit]]}
     if len(rows) > page.limit:
         tail = rows[page.limit - 1]
-        after = [aware(tail["created_at"]).isoformat(), tail["uid"]]  # type: ignore[union-attr]
+        after = [utc(tail["created_at"]).isoformat(), tail["uid"]]
         out["continue"] = base64.urlsafe_b64encode(json.dumps({"after": after}).encode()).decode()
     return out
 
