@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -43,10 +44,10 @@ from tests.vm import kernels, qemu
 ROOT = Path(__file__).resolve().parents[2]
 # a hang guard per test inside a guest; the guest as a whole is watched by qemu.boot
 # and no plugin the guest's tests do not use: hypothesis' alone is most of a
-# collection's imports, and a guest's emulated CPU runs them 20-40 times slower
+# collection's imports, and a guest's emulated CPU runs imports ~50 times slower
 PY = (
     ".venv/bin/python -m pytest -v -rs -o timeout=1800 -p no:cacheprovider "
-    "-p no:hypothesispytest -p no:anyio -p no:xdist"
+    "-p no:hypothesispytest -p no:anyio"
 )
 AGENT = "tests/e2e/test_agent.py::test_"
 # the agent: /readyz ready with each feature's path, a flow counted exactly, a clean
@@ -156,6 +157,22 @@ _started: Matrix | None = None
 _lock = threading.Lock()
 
 
+def precompile() -> None:
+    """The guests' bytecode written on the host first. The checkout reaches a guest
+    read-only, so a module without its .pyc here is compiled in every guest process that
+    imports it, on an emulated CPU (imports run ~50 times slower there); and nothing may
+    have compiled them here yet: `make test` boots the guests before pytest runs, and
+    PYTHONDONTWRITEBYTECODE, where set, keeps any run here from writing them. The
+    package's and the tests' modules, and the guest's test files as pytest rewrites them."""
+    py = str(ROOT / ".venv" / "bin" / "python")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    quiet = {"cwd": ROOT, "env": env, "stdout": subprocess.DEVNULL, "check": False}
+    subprocess.run([py, "-m", "compileall", "-q", "lens_ebpf", "tests"], **quiet)
+    files = sorted({p.split("::")[0] for p in SUITE.split()})
+    collect = [py, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", *files]
+    subprocess.run(collect, **quiet)
+
+
 def start(out_root: Path) -> Matrix:
     """Boot every kernel (two at a time) in the background; once per session."""
     global _started
@@ -167,6 +184,7 @@ def start(out_root: Path) -> Matrix:
             _started = Matrix(skip=reason, root=out_root)
             _plan(out_root, _started)
             return _started
+        precompile()
         pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kmatrix")
         matrix = Matrix(root=out_root)
         fallback = kernel_headers.find_fallback()
