@@ -129,13 +129,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from lens_ebpf.agent import probe
+    from lens_ebpf.agent import check
 
-    result = probe.run_checks(config.load(args.config))
+    result = check.run_checks(config.load(args.config))
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
-        print(probe.format_table(result))
+        print(check.format_table(result))
     return 0
 
 

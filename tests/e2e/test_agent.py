@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from lens_ebpf.agent import probe, tracefs
+from lens_ebpf.agent import check, tracefs
 from lens_ebpf.agent.bpf import btf
-from lens_ebpf.agent.probe import SPECS
+from lens_ebpf.agent.check import SPECS
 from tests.agentproc import AgentProc, free_port, run_cli
 from tests.conftest import EMULATED, wait_for
 from tests.netlab import exchange, listener
@@ -118,7 +118,7 @@ def test_check_json_reports_tracepoints_and_kprobes() -> None:
     assert out["features"]["tcp_flows"]["paths"]["bytes"] == bytes_paths()[1]
     # the table for people, with this kernel's reasons; as a process on the host only (a
     # guest starts Python slowly)
-    tables = [probe.format_table(out)]
+    tables = [check.format_table(out)]
     if not EMULATED:
         table = run_cli("check")
         assert table.returncode == 0

@@ -25,10 +25,10 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
+from lens_ebpf.agent.check import Check, kubernetes_check
 from lens_ebpf.agent.config import KubernetesConfig
 from lens_ebpf.agent.pods.cluster import ClusterCollector, ClusterWatch
 from lens_ebpf.agent.pods.index import Identity
-from lens_ebpf.agent.probe import Check, kubernetes_check
 from lens_ebpf.k8s.client import api_client
 from tests.conftest import hang_guard, wait_for
 from tests.kube.apiserver import KubeApiServer, unavailable

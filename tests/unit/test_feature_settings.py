@@ -24,7 +24,7 @@ WIRING = {
     "lens_ebpf/agent/service.py": "the Agent: builds each feature's Context, the event API",
     "lens_ebpf/agent/cli.py": "loads it for run, check and trace",
     "lens_ebpf/agent/trace.py": "trace's setup: builds the programs without the Agent",
-    "lens_ebpf/agent/probe.py": "`lens-ebpf check --config`: the tuner's section and the roots",
+    "lens_ebpf/agent/check.py": "`lens-ebpf check --config`: the tuner's section and the roots",
 }
 # what any module may take from agent/config.py: the section models it defines
 SECTIONS = frozenset(

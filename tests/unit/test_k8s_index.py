@@ -299,7 +299,7 @@ def test_identity_fields_reach_the_grpc_messages() -> None:
 def test_check_reports_the_api_and_its_version(
     api: FakeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lens_ebpf.agent.probe import kubernetes_check
+    from lens_ebpf.agent.check import kubernetes_check
 
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.delenv("KUBECONFIG", raising=False)

@@ -27,7 +27,7 @@ from lens_ebpf.agent.bpf.spec import (
     ProgramSpec,
     resolve,
 )
-from lens_ebpf.agent.probe import feature_plans, feature_support
+from lens_ebpf.agent.check import feature_plans, feature_support
 from lens_ebpf.agent.processes import proc_events
 from lens_ebpf.agent.tcp import tcp_flows
 

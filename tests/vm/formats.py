@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from lens_ebpf.agent import tracefs
-from lens_ebpf.agent.probe import SPECS
+from lens_ebpf.agent.check import SPECS
 from tests.vm import kernels, qemu
 
 ROOT = Path(__file__).resolve().parents[2]

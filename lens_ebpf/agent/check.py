@@ -1,4 +1,4 @@
-"""Capability probe: what this kernel and node support, and why not (`lens-ebpf check`)."""
+"""`lens-ebpf check`: what this kernel and node support, and why not."""
 
 from __future__ import annotations
 
@@ -184,7 +184,7 @@ def run_checks(cfg: Config | None = None) -> dict[str, Any]:
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """The probe as an 80-column table for people."""
+    """The check's result as an 80-column table for people."""
     lines = [f"{'CHECK':<16} {'OK':<4} {'VALUE':<26} DETAIL"]
     for c in result["checks"].values():
         lines.append(
