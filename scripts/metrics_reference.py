@@ -258,6 +258,8 @@ class Constants:
         if isinstance(node, ast.Name):
             if node.id in CLASSES:
                 return CLASSES[node.id]  # a table row naming a family's class: its type
+            if node.id in ("counter", "gauge"):
+                return node.id  # or core.exposition's function that builds one
             return self.values.get(node.id, KINDS.get(node.id))
         if isinstance(node, ast.Tuple | ast.List):
             out: list[object] = []
@@ -635,6 +637,7 @@ def destructure(target: ast.AST, values: object) -> dict[str, object] | None:
 
 
 BUILDERS = {"Metric", "Family", "register", *CLASSES}
+RUN = {"watch_metrics", "JobMetrics"}  # run on a stand-in, not read (families_in)
 
 
 def build(call: ast.Call, ctx: Ctx) -> Family | None:
@@ -675,22 +678,29 @@ def build(call: ast.Call, ctx: Ctx) -> Family | None:
     return fam
 
 
-def helper_families(call: ast.Call, ctx: Ctx) -> Iterator[Family]:
-    """The families a helper (a function whose body builds a family from its arguments)
-    makes for this call; their labels from the labels its body gives them."""
+def helper_families(call: ast.Call, ctx: Ctx, depth: int = 0) -> Iterator[Family]:
+    """The families a helper (a function whose body builds a family from its arguments,
+    itself or through another helper: core.exposition's gauge()) makes for this call; their
+    labels from the labels its body gives them."""
     for fn, mod in defs_called(call, ctx):
         inner = Ctx(mod, fn, {}, bind(call, fn, ctx, mod))
         for node in ast.walk(fn):
             if (
-                isinstance(node, ast.Call)
-                and call_name(node) in BUILDERS
-                and node.args
-                and not isinstance(node.args[0], ast.Constant)
+                not isinstance(node, ast.Call)
+                or not node.args
+                or isinstance(node.args[0], ast.Constant)
             ):
+                continue
+            if call_name(node) in BUILDERS:
                 fam = build(node, inner)
-                if fam is not None:
-                    fam.labels |= samples_labels(fn, None, inner)
-                    yield fam
+                fams = [fam] if fam is not None else []
+            elif depth < 2 and call_name(node) not in RUN:
+                fams = list(helper_families(node, inner, depth + 1))
+            else:
+                fams = []
+            for fam in fams:
+                fam.labels |= samples_labels(fn, None, inner)
+                yield fam
 
 
 def families_in(fn: ast.AST, mod: Module) -> Iterator[tuple[Family, str | None]]:

@@ -18,6 +18,8 @@ from typing import Any, ClassVar, TypedDict, TypeVar, cast
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from lens_ebpf.core.exposition import counter, gauge
+
 _WIRE = {"cls": "class"}  # field -> name outside Python (a keyword there)
 WIRE_ATTRS = {v: k for k, v in _WIRE.items()}
 
@@ -577,20 +579,19 @@ class EventBusCollector(Collector):
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        pub = Metric("lens_agent_events_published", "Events published by kind", "counter")
+        pub = counter("lens_agent_events_published", "Events published by kind")
         for kind, n in sorted(self._bus.published.items()):
-            pub.add_sample("lens_agent_events_published_total", {"kind": kind}, n)
-        lost = Metric(
+            pub.add({"kind": kind}, n)
+        lost = counter(
             "lens_agent_subscriber_events_dropped",
             "Events a subscriber lost because its queue was full",
-            "counter",
         )
         for name, n in sorted(self._bus.dropped_by_subscriber().items()):
-            lost.add_sample("lens_agent_subscriber_events_dropped_total", {"subscriber": name}, n)
-        live = Metric("lens_agent_subscribers", "Subscribers attached to the event bus", "gauge")
+            lost.add({"subscriber": name}, n)
+        live = gauge("lens_agent_subscribers", "Subscribers attached to the event bus")
         counts = collections.Counter(s.name for s in self._bus.subscriptions())
         for name, n in sorted(counts.items()):
-            live.add_sample("lens_agent_subscribers", {"subscriber": name}, n)
+            live.add({"subscriber": name}, n)
         yield pub
         yield lost
         yield live

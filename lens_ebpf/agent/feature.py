@@ -20,13 +20,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 from pydantic import BaseModel
 
 from lens_ebpf.agent.bpf.loader import ATTACHED
 from lens_ebpf.agent.registry import FEATURES
 from lens_ebpf.core.collector import PeriodicCollector
+from lens_ebpf.core.exposition import gauge
 from lens_ebpf.core.http import Response, envelope
 from lens_ebpf.core.registry import Registered
 from lens_ebpf.core.settings import Section, Sections
@@ -241,13 +242,14 @@ class FeatureCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         from lens_ebpf import __version__
 
-        info = GaugeMetricFamily("lens_agent_build_info", "Agent version", labels=("version",))
-        info.add_metric((__version__,), 1)
+        info = gauge("lens_agent_build_info", "Agent version")
+        info.add({"version": __version__}, 1)
         yield info
-        up = GaugeMetricFamily(
-            "lens_agent_feature_up", "1 when a feature is running", labels=("feature", "path")
-        )
+        up = gauge("lens_agent_feature_up", "1 when a feature is running")
         for name, f in self._views().items():
             # path: tracepoint or kprobe for BPF features; "" for the others
-            up.add_metric((name, f.get("path", "")), 1 if f["state"] in (ATTACHED, RUNNING) else 0)
+            up.add(
+                {"feature": name, "path": f.get("path", "")},
+                1 if f["state"] in (ATTACHED, RUNNING) else 0,
+            )
         yield up

@@ -58,8 +58,8 @@ class Family(Metric):
         super().__init__(name, help_text, kind)
         self.sample_name = name + "_total" if kind == "counter" and total else name
 
-    def add(self, labels: Mapping[str, str], value: float) -> Family:
-        self.add_sample(self.sample_name, dict(labels), value)
+    def add(self, labels: dict[str, str], value: float) -> Family:
+        self.add_sample(self.sample_name, labels, value)
         return self
 
     def add_buckets(
@@ -85,10 +85,12 @@ def counter(
     help_text: str,
     values: Mapping[Any, float] | float | None = None,
     label: str = "",
+    *,
+    total: bool = True,
 ) -> Family:
-    """A counter family (`name`, its samples `name_total`): none yet, one sample (a number),
-    or one per key of values under label."""
-    m = Family(name, help_text, "counter")
+    """A counter family (`name`, its samples `name_total`, or `name` where total is False):
+    none yet, one sample (a number), or one per key of values under label."""
+    m = Family(name, help_text, "counter", total)
     if isinstance(values, Mapping):
         for key, n in values.items():
             m.add({label: str(key)} if label else {}, n)

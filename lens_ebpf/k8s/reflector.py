@@ -20,6 +20,7 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from lens_ebpf.core.backoff import Backoff
+from lens_ebpf.core.exposition import counter, gauge
 
 log = logging.getLogger(__name__)
 
@@ -198,14 +199,14 @@ def watch_metrics(
 ) -> list[Metric]:
     """Each watch's health by resource, in the families named (written out by each caller,
     so that a metric's name finds its source): connected, restarts{reason}, events{type}."""
-    up = Metric(connected, "1 while the watch is connected", "gauge")
-    again = Metric(restarts, "Watches restarted, by why", "counter")
-    seen = Metric(events, "Watch events by type", "counter")
+    up = gauge(connected, "1 while the watch is connected")
+    again = counter(restarts, "Watches restarted, by why")
+    seen = counter(events, "Watch events by type")
     for r in reflectors:
         res = {"resource": r.resource}
-        up.add_sample(connected, res, 1 if r.connected else 0)
+        up.add(res, 1 if r.connected else 0)
         for why, n in r.restarts.items():
-            again.add_sample(f"{restarts}_total", {**res, "reason": why}, n)
+            again.add({**res, "reason": why}, n)
         for kind, n in sorted(r.events.items()):
-            seen.add_sample(f"{events}_total", {**res, "type": kind}, n)
+            seen.add({**res, "type": kind}, n)
     return [up, again, seen]

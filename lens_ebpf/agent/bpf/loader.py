@@ -24,6 +24,7 @@ from lens_ebpf.agent.bpf.syscall import (
     recursion_misses,
     run_stats,
 )
+from lens_ebpf.core.exposition import counter, gauge
 
 log = logging.getLogger(__name__)
 
@@ -388,57 +389,43 @@ class LoaderCollector(Collector):
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        attached = Metric(
-            "lens_agent_bpf_program_attached", "1 when the BPF program is attached", "gauge"
-        )
-        seconds = Metric("lens_agent_bpf_program_load_seconds", "Compile and attach time", "gauge")
+        attached = gauge("lens_agent_bpf_program_attached", "1 when the BPF program is attached")
+        seconds = gauge("lens_agent_bpf_program_load_seconds", "Compile and attach time")
         for st in self._loader.status.values():
-            attached.add_sample(
-                attached.name, {"program": st.name}, 1.0 if st.state == ATTACHED else 0.0
-            )
+            attached.add({"program": st.name}, 1.0 if st.state == ATTACHED else 0.0)
             if st.state == ATTACHED:
-                seconds.add_sample(seconds.name, {"program": st.name}, st.load_seconds)
-        missed = Metric(
+                seconds.add({"program": st.name}, st.load_seconds)
+        missed = counter(
             "lens_agent_bpf_program_missed",
             "Runs the kernel skipped because another BPF program was running on that CPU",
-            "counter",
         )
         for program, probe, n in self._loader.misses():
-            missed.add_sample(
-                "lens_agent_bpf_program_missed_total", {"program": program, "probe": probe}, n
-            )
-        ret_missed = Metric(
+            missed.add({"program": program, "probe": probe}, n)
+        ret_missed = counter(
             "lens_agent_kretprobe_missed",
             "Returns of a probed kernel function the program did not see: more threads were "
             "inside the function at once than the return probe has instances for",
-            "counter",
         )
         for program, probe, n in self._loader.retprobe_misses():
-            ret_missed.add_sample(
-                "lens_agent_kretprobe_missed_total", {"program": program, "probe": probe}, n
-            )
-        run_s = Metric(
+            ret_missed.add({"program": program, "probe": probe}, n)
+        run_s = counter(
             "lens_agent_bpf_program_run_seconds",
             "Time the kernel spent in the probe while its BPF run-time statistics were on",
-            "counter",
         )
-        runs = Metric(
+        runs = counter(
             "lens_agent_bpf_program_runs",
             "Runs of the probe while the kernel's BPF run-time statistics were on",
-            "counter",
         )
         for program, probe, ns, n in self._loader.run_stats():
             labels = {"program": program, "probe": probe}
-            run_s.add_sample("lens_agent_bpf_program_run_seconds_total", labels, ns / 1e9)
-            runs.add_sample("lens_agent_bpf_program_runs_total", labels, n)
-        got = Metric("lens_agent_events", "Ring-buffer records received", "counter")
-        lost = Metric("lens_agent_events_lost", "Events lost before user space", "counter")
+            run_s.add(labels, ns / 1e9)
+            runs.add(labels, n)
+        got = counter("lens_agent_events", "Ring-buffer records received")
+        lost = counter("lens_agent_events_lost", "Events lost before user space")
         for program, (received, losses) in self._loader.event_counts().items():
-            got.add_sample("lens_agent_events_total", {"program": program}, received)
+            got.add({"program": program}, received)
             for reason, n in losses.items():
-                lost.add_sample(
-                    "lens_agent_events_lost_total", {"program": program, "reason": reason}, n
-                )
+                lost.add({"program": program, "reason": reason}, n)
         yield attached
         yield seconds
         yield missed

@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from lens_ebpf.agent.containers.runtime import ContainerInfo
 from lens_ebpf.agent.events import ContainerChange
+from lens_ebpf.core.exposition import gauge
 
 GPU_NODE = re.compile(r"^/dev/(dri/(card|renderD)\d+|nvidia\d+)$")
 UVERBS = re.compile(r"^/dev/infiniband/uverbs\d+$")
@@ -120,6 +121,6 @@ class ContainersCollector(Collector):
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        running = Metric("lens_containers_running", "Containers the runtime reports", "gauge")
-        running.add_sample("lens_containers_running", {}, len(self._containers()))
+        running = gauge("lens_containers_running", "Containers the runtime reports")
+        running.add({}, len(self._containers()))
         yield running

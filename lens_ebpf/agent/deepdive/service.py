@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf.agent.containers.runtime import ContainerInfo
 from lens_ebpf.agent.deepdive import procs
 from lens_ebpf.agent.deepdive.pyspy import PySpy, RefusalError
+from lens_ebpf.core.exposition import counter, gauge
 from lens_ebpf.protocol.gen import deepdive_pb2 as pb
 from lens_ebpf.protocol.stream_auth import Claim, Guard
 
@@ -248,32 +249,24 @@ class DeepDiveCollector(Collector):
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        refused = CounterMetricFamily(
+        refused = counter(
             "lens_agent_deepdive_calls_refused",
             "DeepDiveService calls refused: "
             "unauthenticated (grpc.auth refused the token), permission_denied (no token, or "
             "a caller not in collectors.deepdive.callers)",
-            labels=["code"],
         )
         for code in ("unauthenticated", "permission_denied"):
-            refused.add_metric([code], self.dd.refused.get(code, 0))
+            refused.add({"code": code}, self.dd.refused.get(code, 0))
         yield refused
-        calls = CounterMetricFamily(
-            "lens_agent_deepdive_calls",
-            "DeepDiveService calls " "admitted, by method",
-            labels=["method"],
-        )
+        calls = counter("lens_agent_deepdive_calls", "DeepDiveService calls " "admitted, by method")
         for m in ("ProcessTree", "PySpy"):
-            calls.add_metric([m], self.dd.calls.get(m, 0))
+            calls.add({"method": m}, self.dd.calls.get(m, 0))
         yield calls
-        runs = CounterMetricFamily(
+        runs = counter(
             "lens_agent_pyspy_runs",
             "py-spy runs ended, by outcome " "(ok, cancelled, or the refusal's code in lower case)",
-            labels=["outcome"],
         )
         for outcome, n in sorted(self.dd.pyspy.runs.items()):
-            runs.add_metric([outcome], n)
+            runs.add({"outcome": outcome}, n)
         yield runs
-        yield GaugeMetricFamily(
-            "lens_agent_pyspy_running", "py-spy runs now", value=len(self.dd.pyspy.busy)
-        )
+        yield gauge("lens_agent_pyspy_running", "py-spy runs now", len(self.dd.pyspy.busy))

@@ -25,6 +25,7 @@ from pydantic import Field
 from lens_ebpf.agent.devices.files import read_text
 from lens_ebpf.agent.feature import CollectorFeature, Settings, register
 from lens_ebpf.core.collector import PeriodicCollector
+from lens_ebpf.core.exposition import counter, gauge
 from lens_ebpf.core.http import Response, json_response
 
 WEIGHTS = {"cpu": 0.4, "mem": 0.4, "pressure": 0.2}
@@ -191,9 +192,9 @@ class SystemCollector(PeriodicCollector):
 
         fams: list[Metric] = []
 
-        def gauge(name: str, help_text: str, value: float, labels: dict[str, str] = n) -> None:
-            m = Metric(name, help_text, "gauge")
-            m.add_sample(name, labels, value)
+        def put(name: str, help_text: str, value: float, labels: dict[str, str] = n) -> None:
+            m = gauge(name, help_text)
+            m.add(labels, value)
             fams.append(m)
 
         info = {
@@ -202,33 +203,33 @@ class SystemCollector(PeriodicCollector):
             "kernel": kernel,
             "cpu_model": cpu_model,
         }
-        gauge("hw_node_info", "Node identity (value 1)", 1, {**n, **info})
-        up = Metric("hw_node_uptime_seconds", "Seconds since boot", "counter")
-        up.add_sample("hw_node_uptime_seconds", n, uptime)
+        put("hw_node_info", "Node identity (value 1)", 1, {**n, **info})
+        up = counter("hw_node_uptime_seconds", "Seconds since boot", total=False)
+        up.add(n, uptime)
         fams.append(up)
-        gauge("hw_cpu_cores", "Physical CPU cores", cores)
-        gauge("hw_cpu_threads", "Logical CPUs", threads)
-        gauge("hw_cpu_usage_percent", "CPU busy since the last refresh", cpu * 100)
-        gauge("hw_memory_total_bytes", "MemTotal", total)
-        gauge("hw_memory_used_bytes", "MemTotal - MemAvailable", total - avail)
-        gauge("hw_memory_available_bytes", "MemAvailable", avail)
-        gauge("hw_memory_usage_percent", "Used / total", mem_ratio * 100)
-        gauge("cpu_load_1m", "1-minute load average", load1, {})
-        gauge("node_cpu_utilization_ratio", "CPU busy since the last refresh (0 to 1)", cpu, {})
+        put("hw_cpu_cores", "Physical CPU cores", cores)
+        put("hw_cpu_threads", "Logical CPUs", threads)
+        put("hw_cpu_usage_percent", "CPU busy since the last refresh", cpu * 100)
+        put("hw_memory_total_bytes", "MemTotal", total)
+        put("hw_memory_used_bytes", "MemTotal - MemAvailable", total - avail)
+        put("hw_memory_available_bytes", "MemAvailable", avail)
+        put("hw_memory_usage_percent", "Used / total", mem_ratio * 100)
+        put("cpu_load_1m", "1-minute load average", load1, {})
+        put("node_cpu_utilization_ratio", "CPU busy since the last refresh (0 to 1)", cpu, {})
         if psi["cpu"] is not None:
-            gauge("node_cpu_pressure_avg10", "PSI cpu some avg10", psi["cpu"], {})
+            put("node_cpu_pressure_avg10", "PSI cpu some avg10", psi["cpu"], {})
         if psi["memory"] is not None:
-            gauge("node_memory_pressure_avg10", "PSI memory some avg10", psi["memory"], {})
-        gauge("node_memory_total_bytes", "MemTotal", total, {})
-        gauge("node_memory_available_bytes", "MemAvailable", avail, {})
-        gauge("node_health_score", "0 (struggling) to 10 (idle); see the formula", score, {})
-        cpu_m = Metric("cpu_process_cpu_seconds", "CPU seconds of the top processes", "counter")
-        rss_m = Metric("cpu_process_rss_bytes", "Resident memory of the top processes", "gauge")
+            put("node_memory_pressure_avg10", "PSI memory some avg10", psi["memory"], {})
+        put("node_memory_total_bytes", "MemTotal", total, {})
+        put("node_memory_available_bytes", "MemAvailable", avail, {})
+        put("node_health_score", "0 (struggling) to 10 (idle); see the formula", score, {})
+        cpu_m = counter("cpu_process_cpu_seconds", "CPU seconds of the top processes")
+        rss_m = gauge("cpu_process_rss_bytes", "Resident memory of the top processes")
         top = self._top()
         for p, _ in top:
             lbl = {"pid": str(p.pid), "name": p.name}
-            cpu_m.add_sample("cpu_process_cpu_seconds_total", lbl, p.cpu_seconds)
-            rss_m.add_sample("cpu_process_rss_bytes", lbl, p.rss)
+            cpu_m.add(lbl, p.cpu_seconds)
+            rss_m.add(lbl, p.rss)
         fams += [cpu_m, rss_m]
         self.views["node"] = {
             "node_name": self.node,

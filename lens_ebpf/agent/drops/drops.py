@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf.agent.bpf import btf as btf_mod
@@ -36,6 +36,7 @@ from lens_ebpf.agent.metrics.cache import COUNTER, MetricCache
 from lens_ebpf.agent.net import netns
 from lens_ebpf.agent.net.policy import CLASS_IDS, CLASS_NAMES, MAX_PREFIXES, Policy, lpm_entries
 from lens_ebpf.agent.tcp.decode import direction_name, format_addr
+from lens_ebpf.core.exposition import counter
 
 log = logging.getLogger(__name__)
 
@@ -389,20 +390,20 @@ class DropsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         st = self._drops.kernel_stats
-        yield CounterMetricFamily(
+        yield counter(
             "lens_agent_drops_map_full",
             "Drops counted in an overflow slot (no reason, no address): the drops map was full",
-            value=st["map_full"],
+            st["map_full"],
         )
-        yield CounterMetricFamily(
+        yield counter(
             "lens_agent_drops_listener_walks_failed",
             "Network namespaces whose listeners and counters could not be read (not entered, "
             "or sock_diag refused): their overflows show at a later walk",
-            value=self._drops.listen_walks_failed,
+            self._drops.listen_walks_failed,
         )
-        yield CounterMetricFamily(
+        yield counter(
             "lens_packet_drops_unread_headers",
             "Dropped IP packets whose header the program could not read (counted under no "
             "address)",
-            value=st["no_header"],
+            st["no_header"],
         )

@@ -21,12 +21,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from pydantic import Field, field_validator
 
 from lens_ebpf.agent.events import EventBus, NodeTuned
 from lens_ebpf.agent.feature import CollectorFeature, Settings, register
 from lens_ebpf.core.collector import PeriodicCollector
+from lens_ebpf.core.exposition import counter, gauge
 
 log = logging.getLogger(__name__)
 
@@ -151,29 +152,21 @@ class Tuner(PeriodicCollector):
 
     def refresh(self) -> list[Metric]:
         self.tune_once()
-        desired = GaugeMetricFamily(
-            "lens_tuner_setting_desired",
-            "The value the tuner keeps a " "setting at, at least",
-            labels=["setting"],
+        desired = gauge(
+            "lens_tuner_setting_desired", "The value the tuner keeps a " "setting at, at least"
         )
-        current = GaugeMetricFamily(
-            "lens_tuner_setting_current", "The setting's value as last " "read", labels=["setting"]
-        )
-        changes = CounterMetricFamily(
-            "lens_tuner_changes", "Times the tuner raised the setting", labels=["setting"]
-        )
-        errors = CounterMetricFamily(
-            "lens_tuner_errors",
-            "Settings the tuner could not read or raise, by reason",
-            labels=["setting", "reason"],
+        current = gauge("lens_tuner_setting_current", "The setting's value as last " "read")
+        changes = counter("lens_tuner_changes", "Times the tuner raised the setting")
+        errors = counter(
+            "lens_tuner_errors", "Settings the tuner could not read or raise, by reason"
         )
         for name, want in self.desired.items():
-            desired.add_metric([name], want)
+            desired.add({"setting": name}, want)
             if name in self.current:
-                current.add_metric([name], self.current[name])
-            changes.add_metric([name], self.changes[name])
+                current.add({"setting": name}, self.current[name])
+            changes.add({"setting": name}, self.changes[name])
         for (name, reason), n in sorted(self.failures.items()):
-            errors.add_metric([name, reason], n)
+            errors.add({"setting": name, "reason": reason}, n)
         self.views["tuner"] = self.report()
         return [desired, current, changes, errors]
 

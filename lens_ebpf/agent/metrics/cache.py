@@ -20,7 +20,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from lens_ebpf.core.exposition import RenderedFamily, escape_value
+from lens_ebpf.core.exposition import RenderedFamily, counter, escape_value, gauge
 
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 INF = float("inf")
@@ -343,17 +343,14 @@ class CacheCollector(Collector):
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        size = Metric("lens_agent_cache_series", "Live series per metric family", GAUGE)
-        evicted = Metric("lens_agent_cache_evictions", "Series removed after their TTL", COUNTER)
-        refused = Metric(
-            "lens_agent_cache_refused", "New series refused at the family cap", COUNTER
-        )
-        over = Metric(
+        size = gauge("lens_agent_cache_series", "Live series per metric family")
+        evicted = counter("lens_agent_cache_evictions", "Series removed after their TTL")
+        refused = counter("lens_agent_cache_refused", "New series refused at the family cap")
+        over = counter(
             "lens_agent_cache_budget_refused",
             "New series refused at the cache's budget of exposition lines (cache.max_samples)",
-            COUNTER,
         )
-        cap = Metric("lens_agent_cache_max_series", "Series cap per metric family", GAUGE)
+        cap = gauge("lens_agent_cache_max_series", "Series cap per metric family")
         for fam, n, text in self._cache.render():
             if n:
                 yield RenderedFamily(
@@ -365,21 +362,17 @@ class CacheCollector(Collector):
                     functools.partial(_samples, fam),
                 )
             lbl = {"family": fam.name}
-            size.add_sample("lens_agent_cache_series", lbl, n)
-            evicted.add_sample("lens_agent_cache_evictions_total", lbl, fam.evicted)
-            refused.add_sample("lens_agent_cache_refused_total", lbl, fam.refused)
-            over.add_sample("lens_agent_cache_budget_refused_total", lbl, fam.refused_budget)
-            cap.add_sample("lens_agent_cache_max_series", lbl, fam.max_series)
-        samples = Metric(
-            "lens_agent_cache_samples", "Exposition lines the cached series take", GAUGE
-        )
-        samples.add_sample("lens_agent_cache_samples", {}, self._cache.samples)
+            size.add(lbl, n)
+            evicted.add(lbl, fam.evicted)
+            refused.add(lbl, fam.refused)
+            over.add(lbl, fam.refused_budget)
+            cap.add(lbl, fam.max_series)
+        samples = gauge("lens_agent_cache_samples", "Exposition lines the cached series take")
+        samples.add({}, self._cache.samples)
         yield from (size, evicted, refused, over, cap, samples)
         if self._cache.max_samples:
-            budget = Metric(
-                "lens_agent_cache_max_samples",
-                "Budget of exposition lines for all cached series",
-                GAUGE,
+            budget = gauge(
+                "lens_agent_cache_max_samples", "Budget of exposition lines for all cached series"
             )
-            budget.add_sample("lens_agent_cache_max_samples", {}, self._cache.max_samples)
+            budget.add({}, self._cache.max_samples)
             yield budget

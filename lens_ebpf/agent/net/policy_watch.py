@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf.agent.net.policy import (
@@ -19,6 +19,7 @@ from lens_ebpf.agent.net.policy import (
     load_policy,
     with_cluster_networks,
 )
+from lens_ebpf.core.exposition import counter, gauge
 from lens_ebpf.core.networks import Network
 
 log = logging.getLogger(__name__)
@@ -136,14 +137,12 @@ class PolicyCollector(Collector):
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        reloads = CounterMetricFamily(
-            "lens_agent_policy_reloads", "Policy reloads by result", labels=("result",)
-        )
+        reloads = counter("lens_agent_policy_reloads", "Policy reloads by result")
         for result, n in self._w.reloads.items():
-            reloads.add_metric((result,), n)
+            reloads.add({"result": result}, n)
         yield reloads
-        yield GaugeMetricFamily(
+        yield gauge(
             "lens_agent_policy_error",
             "1 while the last policy reload failed",
-            value=1 if self._w.last_error else 0,
+            1 if self._w.last_error else 0,
         )

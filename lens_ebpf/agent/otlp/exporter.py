@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf.agent.events import Subscription
@@ -36,6 +36,7 @@ from lens_ebpf.agent.otlp import wire
 from lens_ebpf.agent.otlp.logs import LogsEncoder
 from lens_ebpf.agent.otlp.metrics import Snapshot
 from lens_ebpf.core.backoff import Backoff
+from lens_ebpf.core.exposition import counter, gauge
 
 log = logging.getLogger(__name__)
 
@@ -361,73 +362,62 @@ class OtlpCollector(Collector):
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        exported = CounterMetricFamily(
+        exported = counter(
             "lens_agent_otlp_exported",
             "Items the OTLP endpoint " "took: log records, metric data points",
-            labels=["signal"],
         )
-        dropped = CounterMetricFamily(
+        dropped = counter(
             "lens_agent_otlp_dropped",
             "Items lost, by reason: queue_full (the oldest, beyond "
             "the queue's bound), rejected (the endpoint refused "
             "them), stopped (held when the agent stopped)",
-            labels=["signal", "reason"],
         )
-        batches = CounterMetricFamily(
+        batches = counter(
             "lens_agent_otlp_batches",
             "Requests' worth of items "
             "(a metric snapshot, a batch of log records), by what "
             "came of them: exported, dropped, rejected, stopped",
-            labels=["signal", "result"],
         )
-        made = CounterMetricFamily(
+        made = counter(
             "lens_agent_otlp_batches_made",
             "Requests' worth of items " "made: metric snapshots, batches of log records",
-            labels=["signal"],
         )
-        requests = CounterMetricFamily(
+        requests = counter(
             "lens_agent_otlp_requests",
             "POSTs to the endpoint, " "by result: ok, retry (failed, sent again), rejected",
-            labels=["signal", "result"],
         )
-        cpu = CounterMetricFamily(
+        cpu = counter(
             "lens_agent_otlp_encode_cpu_seconds",
             "CPU time making " "requests: reading, encoding, compressing",
-            labels=["signal"],
         )
-        sent = CounterMetricFamily(
-            "lens_agent_otlp_sent_bytes", "Request bytes POSTed, " "each try", labels=["signal"]
-        )
-        last = GaugeMetricFamily(
+        sent = counter("lens_agent_otlp_sent_bytes", "Request bytes POSTed, " "each try")
+        last = gauge(
             "lens_agent_otlp_last_success_timestamp_seconds",
             "When the endpoint last took a request",
-            labels=["signal"],
         )
-        queue = GaugeMetricFamily(
-            "lens_agent_otlp_queue",
-            "Waiting to be sent: log " "records, metric snapshots",
-            labels=["signal"],
+        queue = gauge(
+            "lens_agent_otlp_queue", "Waiting to be sent: log " "records, metric snapshots"
         )
-        cap = GaugeMetricFamily(
-            "lens_agent_otlp_queue_capacity",
-            "The queue's bound: log " "records, metric snapshots",
-            labels=["signal"],
+        cap = gauge(
+            "lens_agent_otlp_queue_capacity", "The queue's bound: log " "records, metric snapshots"
         )
         for signal, st in self._stats.items():
-            exported.add_metric([signal], st.exported)
+            exported.add({"signal": signal}, st.exported)
             q = self._queues.get(signal)
-            dropped.add_metric([signal, "queue_full"], q.dropped if q is not None else 0)
+            dropped.add(
+                {"signal": signal, "reason": "queue_full"}, q.dropped if q is not None else 0
+            )
             for reason in ("rejected", "stopped"):
-                dropped.add_metric([signal, reason], st.dropped[reason])
+                dropped.add({"signal": signal, "reason": reason}, st.dropped[reason])
             for result in ("exported", "dropped", "rejected", "stopped"):
-                batches.add_metric([signal, result], st.batches[result])
-            made.add_metric([signal], st.made)
+                batches.add({"signal": signal, "result": result}, st.batches[result])
+            made.add({"signal": signal}, st.made)
             for result in (OK, RETRY, REJECTED):
-                requests.add_metric([signal, result], st.requests[result])
-            cpu.add_metric([signal], st.encode_seconds)
-            sent.add_metric([signal], st.sent_bytes)
-            last.add_metric([signal], st.last_success)
+                requests.add({"signal": signal, "result": result}, st.requests[result])
+            cpu.add({"signal": signal}, st.encode_seconds)
+            sent.add({"signal": signal}, st.sent_bytes)
+            last.add({"signal": signal}, st.last_success)
         for signal, q in self._queues.items():
-            queue.add_metric([signal], len(q))
-            cap.add_metric([signal], q.size)
+            queue.add({"signal": signal}, len(q))
+            cap.add({"signal": signal}, q.size)
         yield from (exported, dropped, batches, made, requests, cpu, sent, last, queue, cap)

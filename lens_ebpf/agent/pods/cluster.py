@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from lens_ebpf.agent.net.policy_watch import ClusterNetworks
 from lens_ebpf.agent.pods.index import ClusterIndex, Getter, OwnerResolver
+from lens_ebpf.core.exposition import counter, gauge
 from lens_ebpf.core.networks import Network
 from lens_ebpf.k8s.objects import ObjectError, kubeadm_networks, node_pod_cidrs
 from lens_ebpf.k8s.reflector import Reflector, call_raw, watch_metrics
@@ -191,19 +192,19 @@ class ClusterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         idx = self._w.index
-        objs = Metric("lens_k8s_index_objects", "Objects in the pod/service index", "gauge")
-        refused = Metric("lens_k8s_index_refused", "Objects refused by a full index", "counter")
+        objs = gauge("lens_k8s_index_objects", "Objects in the pod/service index")
+        refused = counter("lens_k8s_index_refused", "Objects refused by a full index")
         for kind, n in idx.counts().items():
-            objs.add_sample("lens_k8s_index_objects", {"kind": kind}, n)
-            refused.add_sample("lens_k8s_index_refused_total", {"kind": kind}, idx.refused[kind])
-        bad = Metric("lens_k8s_bad_objects", "Objects skipped as malformed", "counter")
-        bad.add_sample("lens_k8s_bad_objects_total", {}, idx.bad_objects)
-        lists = Metric("lens_k8s_lists", "Full lists (start, and after 410 Gone)", "counter")
+            objs.add({"kind": kind}, n)
+            refused.add({"kind": kind}, idx.refused[kind])
+        bad = counter("lens_k8s_bad_objects", "Objects skipped as malformed")
+        bad.add({}, idx.bad_objects)
+        lists = counter("lens_k8s_lists", "Full lists (start, and after 410 Gone)")
         for r in self._w.reflectors:
-            lists.add_sample("lens_k8s_lists_total", {"resource": r.resource}, r.lists)
-        owners = Metric("lens_k8s_owner_lookups", "Owner reference lookups", "counter")
+            lists.add({"resource": r.resource}, r.lists)
+        owners = counter("lens_k8s_owner_lookups", "Owner reference lookups")
         for result, n in self._w.owners.lookups.items():
-            owners.add_sample("lens_k8s_owner_lookups_total", {"result": result}, n)
+            owners.add({"result": result}, n)
         watches = watch_metrics(
             self._w.reflectors,
             "lens_k8s_watch_connected",

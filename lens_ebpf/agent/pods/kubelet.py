@@ -23,6 +23,7 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from lens_ebpf.core.collector import CollectorError, PeriodicCollector
+from lens_ebpf.core.exposition import gauge
 from lens_ebpf.k8s.objects import ObjectError
 from lens_ebpf.k8s.resources import effective_request
 
@@ -237,20 +238,17 @@ class KubeletCollector(PeriodicCollector):
             raise CollectorError("parse", str(exc)) from None
         if alloc.bad_pods:
             self.count_error("bad_pod")
-        req = Metric("lens_k8s_gpu_requested", "GPUs requested by running pods", "gauge")
+        req = gauge("lens_k8s_gpu_requested", "GPUs requested by running pods")
         for r, n in sorted(alloc.requested.items()):
-            req.add_sample("lens_k8s_gpu_requested", {"resource": r}, n)
-        out = [req]
+            req.add({"resource": r}, n)
+        out: list[Metric] = [req]
         gpus = self.gpu_count()
         if gpus > 0:  # a node without GPUs has no allocation rate, not 0
-            rate = Metric(
+            rate = gauge(
                 "node_k8s_gpu_allocation_rate",
                 "Percent of the node's GPUs requested by running pods",
-                "gauge",
             )
-            rate.add_sample(
-                "node_k8s_gpu_allocation_rate", {}, sum(alloc.requested.values()) / gpus * 100
-            )
+            rate.add({}, sum(alloc.requested.values()) / gpus * 100)
             out.append(rate)
         return out
 
@@ -260,32 +258,26 @@ class KubeletCollector(PeriodicCollector):
         except ObjectError as exc:
             raise CollectorError("parse", str(exc)) from None
         node = {"node": st.node or self.node}
-        out = []
+        out: list[Metric] = []
 
-        def gauge(name: str, help_text: str, value: float | None) -> None:
+        def put(name: str, help_text: str, value: float | None) -> None:
             if value is not None:
-                m = Metric(name, help_text, "gauge")
-                m.add_sample(name, node, value)
+                m = gauge(name, help_text)
+                m.add(node, value)
                 out.append(m)
 
-        gauge(
-            "node_ephemeral_storage_usage_bytes", "Node filesystem used (kubelet nodefs)", st.used
-        )
-        gauge("node_ephemeral_storage_available_bytes", "Node filesystem available", st.available)
-        gauge("node_ephemeral_storage_capacity_bytes", "Node filesystem capacity", st.capacity)
+        put("node_ephemeral_storage_usage_bytes", "Node filesystem used (kubelet nodefs)", st.used)
+        put("node_ephemeral_storage_available_bytes", "Node filesystem available", st.available)
+        put("node_ephemeral_storage_capacity_bytes", "Node filesystem capacity", st.capacity)
         if st.used is not None and st.capacity:
-            gauge(
+            put(
                 "node_ephemeral_storage_usage_percent",
                 "Node filesystem used, percent",
                 st.used / st.capacity * 100,
             )
-        pods = Metric(
-            "pod_ephemeral_storage_usage_bytes", "Ephemeral storage used by a pod", "gauge"
-        )
+        pods = gauge("pod_ephemeral_storage_usage_bytes", "Ephemeral storage used by a pod")
         for ns, pod, used in sorted(st.pods):
-            pods.add_sample(
-                "pod_ephemeral_storage_usage_bytes", {"namespace": ns, "pod": pod, **node}, used
-            )
+            pods.add({"namespace": ns, "pod": pod, **node}, used)
         out.append(pods)
         out.extend(volume_families(st.volumes, node))
         return out
@@ -307,14 +299,13 @@ VOLUME_FAMILIES = (
 def volume_families(volumes: list[Volume], node: dict[str, str]) -> list[Metric]:
     """lens_pod_volume_*{namespace,pod,persistentvolumeclaim,volume,node}: the kubelet's
     measure of each claim a pod mounts (where it measured it)."""
-    fams = []
+    fams: list[Metric] = []
     for name, attr, help_text in VOLUME_FAMILIES:
-        m = Metric(name, help_text, "gauge")
+        m = gauge(name, help_text)
         for v in sorted(volumes, key=lambda v: (v.namespace, v.pod, v.volume)):
             value = getattr(v, attr)
             if value is not None:
-                m.add_sample(
-                    name,
+                m.add(
                     {
                         "namespace": v.namespace,
                         "pod": v.pod,

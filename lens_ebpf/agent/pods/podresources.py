@@ -20,6 +20,7 @@ from prometheus_client.core import Metric
 
 from lens_ebpf.agent.config import KubernetesConfig
 from lens_ebpf.core.collector import CollectorError, PeriodicCollector
+from lens_ebpf.core.exposition import gauge
 
 log = logging.getLogger(__name__)
 
@@ -102,14 +103,12 @@ class PodResourcesCollector(PeriodicCollector):
             name = code.name.lower() if code is not None else "rpc"
             raise CollectorError(name, f"PodResources List on {self.socket}: {name}") from None
         self.assigned = device_owners(resp, self.resources)
-        m = Metric(
-            "lens_k8s_device_allocated",
-            "Devices the kubelet allocated to a container (value 1)",
-            "gauge",
+        m = gauge(
+            "lens_k8s_device_allocated", "Devices the kubelet allocated to a container (value 1)"
         )
         for dev, owner in sorted(self.assigned.items()):
             labels = {"resource": owner.resource, "device_id": dev, **owner.labels()}
-            m.add_sample("lens_k8s_device_allocated", labels, 1)
+            m.add(labels, 1)
         return [m]
 
     def close(self) -> None:

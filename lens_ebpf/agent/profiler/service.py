@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf.agent.containers.runtime import ContainerInfo
@@ -22,6 +22,7 @@ from lens_ebpf.agent.deepdive import procs
 from lens_ebpf.agent.deepdive.pyspy import RefusalError
 from lens_ebpf.agent.deepdive.service import admit, pod_containers
 from lens_ebpf.agent.profiler import discovery
+from lens_ebpf.core.exposition import counter
 from lens_ebpf.protocol.gen import profiler_pb2 as pb
 from lens_ebpf.protocol.stream_auth import Guard
 
@@ -198,27 +199,22 @@ class ProfilerCollector(Collector):
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        refused = CounterMetricFamily(
+        refused = counter(
             "lens_agent_profiler_calls_refused",
             "ProfilerService calls refused: "
             "unauthenticated, permission_denied (no token, a caller not in "
             "collectors.profiler.callers), not_found, resource_exhausted (a trace over the "
             "cap)",
-            labels=["code"],
         )
         for code in ("unauthenticated", "permission_denied", "not_found", "resource_exhausted"):
-            refused.add_metric([code], self.p.refused.get(code, 0))
+            refused.add({"code": code}, self.p.refused.get(code, 0))
         yield refused
-        calls = CounterMetricFamily(
-            "lens_agent_profiler_calls",
-            "ProfilerService calls " "admitted, by method",
-            labels=["method"],
-        )
+        calls = counter("lens_agent_profiler_calls", "ProfilerService calls " "admitted, by method")
         for m in ("ListProfilerFiles", "FetchProfilerFile"):
-            calls.add_metric([m], self.p.calls.get(m, 0))
+            calls.add({"method": m}, self.p.calls.get(m, 0))
         yield calls
-        yield CounterMetricFamily(
+        yield counter(
             "lens_agent_profiler_sent_bytes",
             "Trace bytes sent to the " "recorder",
-            value=self.p.sent_bytes,
+            self.p.sent_bytes,
         )

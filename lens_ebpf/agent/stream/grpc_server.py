@@ -16,12 +16,13 @@ import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf import __version__
 from lens_ebpf.agent.events import Event, EventBus, Gap
 from lens_ebpf.agent.stream import convert
+from lens_ebpf.core.exposition import counter, gauge
 from lens_ebpf.core.loop import EventLoopThread
 from lens_ebpf.protocol.gen import lens_pb2 as pb
 from lens_ebpf.protocol.gen import lens_pb2_grpc
@@ -300,23 +301,20 @@ class _GrpcCollector(Collector):
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily(
-            "lens_agent_grpc_streams", "Subscribe streams open", value=self._e.active
-        )
-        yield CounterMetricFamily(
+        yield gauge("lens_agent_grpc_streams", "Subscribe streams open", self._e.active)
+        yield counter(
             "lens_agent_grpc_streams_refused",
             "Subscribe calls refused: grpc.max_subscribers streams open",
-            value=self._e.refused,
+            self._e.refused,
         )
-        denied = CounterMetricFamily(
+        denied = counter(
             "lens_agent_grpc_calls_refused",
             "EventService and NodeService calls refused by grpc.auth: "
             "unauthenticated (no or an invalid token), "
             "permission_denied (a caller not allowed), unavailable "
             "(the API server did not answer its TokenReview)",
-            labels=["code"],
         )
         counts = self._e.guard.refused if self._e.guard is not None else {}
         for code in ("unauthenticated", "permission_denied", "unavailable"):
-            denied.add_metric([code], counts.get(code, 0))
+            denied.add({"code": code}, counts.get(code, 0))
         yield denied

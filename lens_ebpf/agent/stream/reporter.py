@@ -29,12 +29,13 @@ import time
 from collections.abc import Callable, Iterator
 
 import grpc
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf.agent.events import Event, EventBus, EventFilter, Gap
 from lens_ebpf.agent.stream import convert
 from lens_ebpf.core.backoff import Backoff
+from lens_ebpf.core.exposition import counter, gauge
 from lens_ebpf.protocol.gen import lens_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -281,54 +282,54 @@ class ReporterCollector(Collector):
         for name, family, value, text in (
             (
                 "lens_agent_reporter_sent",
-                CounterMetricFamily,
+                counter,
                 r.sent,
                 "Events sent to the collector (sent again after a reconnect: counted again)",
             ),
             (
                 "lens_agent_reporter_acked",
-                CounterMetricFamily,
+                counter,
                 r.acked_events,
                 "Events the collector acknowledged (stored there)",
             ),
             (
                 "lens_agent_reporter_lost",
-                CounterMetricFamily,
+                counter,
                 r.lost,
                 "Events never sent: the reporter's bus subscription or its buffer overflowed "
                 "before they could go (announced to the collector in a gap)",
             ),
             (
                 "lens_agent_reporter_unconfirmed",
-                CounterMetricFamily,
+                counter,
                 r.unconfirmed,
                 "Events sent but gone from the buffer before the collector acknowledged them: "
                 "it may hold them (announced in a gap all the same)",
             ),
             (
                 "lens_agent_reporter_acked_seq",
-                GaugeMetricFamily,
+                gauge,
                 r.acked,
                 "The newest seq the collector acknowledged",
             ),
             (
                 "lens_agent_reporter_connected",
-                GaugeMetricFamily,
+                gauge,
                 1 if r.connected else 0,
                 "1 while the reporter's stream is up",
             ),
             (
                 "lens_agent_reporter_reconnects",
-                CounterMetricFamily,
+                counter,
                 r.reconnects,
                 "Streams opened again after a failure",
             ),
             (
                 "lens_agent_reporter_acks_refused",
-                CounterMetricFamily,
+                counter,
                 r.acks_refused,
                 "Acknowledgements refused: beyond the newest seq this agent numbered (the "
                 "collector holds events the agent never sent; the buffer is kept)",
             ),
         ):
-            yield family(name, text, value=value)
+            yield family(name, text, value)

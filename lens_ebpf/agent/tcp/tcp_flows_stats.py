@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from lens_ebpf.agent.tcp.tcp_flows import NAME, TcpFlows
+from lens_ebpf.core.exposition import counter, gauge
 
 
 class TcpFlowsCollector(Collector):
@@ -23,35 +24,29 @@ class TcpFlowsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         st, flows = self._flows.kernel_stats, self._flows
-        full = CounterMetricFamily(
-            "lens_agent_bpf_map_full",
-            "Updates refused by a full BPF map",
-            labels=("program", "map"),
-        )
+        full = counter("lens_agent_bpf_map_full", "Updates refused by a full BPF map")
         for map_name, stat in (
             ("socks", "sock_map_full"),
             ("flows", "flow_map_full"),
             ("rtt", "rtt_map_full"),
             ("connects", "connect_map_full"),
         ):
-            full.add_metric((NAME, map_name), st[stat])
+            full.add({"program": NAME, "map": map_name}, st[stat])
         yield full
-        missed = CounterMetricFamily(
+        missed = counter(
             "lens_agent_bpf_map_keys_missed",
             "Keys a batch read of a counters map did not return though the map held them "
             "(a kernel that passes over a busy bucket): each read alone, counted once",
-            labels=("program", "map"),
         )
         for map_name, n in flows.keys_missed().items():
-            missed.add_metric((NAME, map_name), n)
+            missed.add({"program": NAME, "map": map_name}, n)
         yield missed
-        untracked = CounterMetricFamily(
+        untracked = counter(
             "lens_tcp_untracked_bytes",
             "Bytes on TCP sockets opened before the agent started (no flow key known)",
-            labels=("way",),
         )
-        untracked.add_metric(("sent",), st["untracked_sent_bytes"])
-        untracked.add_metric(("received",), st["untracked_recv_bytes"])
+        untracked.add({"way": "sent"}, st["untracked_sent_bytes"])
+        untracked.add({"way": "received"}, st["untracked_recv_bytes"])
         yield untracked
         for name, help_text, value in (
             (
@@ -87,9 +82,9 @@ class TcpFlowsCollector(Collector):
                 flows.walks_failed,
             ),
         ):
-            yield CounterMetricFamily(name, help_text, value=value)
-        yield GaugeMetricFamily(
+            yield counter(name, help_text, value)
+        yield gauge(
             "lens_agent_tcp_flow_keys",
             "Flow keys held in the kernel map",
-            value=flows.tracked_keys(),
+            flows.tracked_keys(),
         )

@@ -20,6 +20,7 @@ from lens_ebpf.agent.devices.rdma.families import device_metrics, stat_metrics
 from lens_ebpf.agent.events import RdmaUse, owner_fields
 from lens_ebpf.agent.feature import CollectorFeature, Settings, register
 from lens_ebpf.core.collector import PeriodicCollector
+from lens_ebpf.core.exposition import counter, gauge
 
 log = logging.getLogger(__name__)
 
@@ -129,22 +130,18 @@ def qp_metrics(rows: QpRows) -> list[Metric]:
             counts[key] = counts.get(key, 0) + 1
         else:
             over += 1
-    fam = Metric(
+    fam = gauge(
         "lens_rdma_queue_pairs",
         "Queue pairs open now, by the process (comm) and "
         "pod that created them; the kernel's own under their comm",
-        "gauge",
     )
     for key, n in sorted(counts.items()):
-        fam.add_sample(
-            fam.name, dict(zip(("device", "port", "type", "comm", *IDENTITY), key, strict=True)), n
-        )
-    unl = Metric(
+        fam.add(dict(zip(("device", "port", "type", "comm", *IDENTITY), key, strict=True)), n)
+    unl = gauge(
         "lens_rdma_queue_pairs_unlabelled",
         f"Queue pairs beyond the " f"{MAX_QP_SERIES} labelled series",
-        "gauge",
     )
-    unl.add_sample(unl.name, {}, over)
+    unl.add({}, over)
     return [fam, unl]
 
 
@@ -245,24 +242,20 @@ class RdmaCollector(PeriodicCollector):
                 key = (c.device, str(c.port), name, c.comm, *(who.get(k, "") for k in IDENTITY))
                 if key in sums or len(sums) < MAX_QP_SERIES:
                     sums[key] = sums.get(key, 0) + value
-        fam = Metric(
+        fam = counter(
             "lens_rdma_qp_counter",
             "Per-QP hardware counters (collectors.rdma." "qp_counters), summed per process and pod",
-            "counter",
         )
         for key, value in sorted(sums.items()):
-            fam.add_sample(
-                fam.name + "_total",
-                dict(zip(("device", "port", "counter", "comm", *IDENTITY), key, strict=True)),
-                value,
+            fam.add(
+                dict(zip(("device", "port", "counter", "comm", *IDENTITY), key, strict=True)), value
             )
-        bound = Metric(
+        bound = gauge(
             "lens_rdma_qp_counters_bound",
             "1 where per-QP counters were bound " "(auto, by QP type), 0 where the driver refused",
-            "gauge",
         )
         for (dev, port), why in sorted(self.bound.items()):
-            bound.add_sample(bound.name, {"device": dev, "port": str(port)}, 0 if why else 1)
+            bound.add({"device": dev, "port": str(port)}, 0 if why else 1)
         return [fam, bound]
 
     def _changes(self, rows: QpRows) -> None:
