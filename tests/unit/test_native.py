@@ -5,9 +5,12 @@ hands its events to each kind of subscriber as the Python path's."""
 
 import ctypes
 import dataclasses
+import importlib.util
 import random
 import re
 import socket
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -530,3 +533,24 @@ def test_no_field_is_written_by_a_bare_number() -> None:
     assert len(calls) >= 28
     assert [c for c in calls if re.search(r"\b\d+\b", c)] == []
     assert re.findall(r"\b\d+ << 3", src) == []  # a tag made by hand
+
+
+def test_setup_py_builds_it_as_the_native_module_does() -> None:
+    """A wheel's module (setup.py's optional Extension) is built with the flags, include
+    dirs and SOURCE_HASH of `python -m lens_ebpf.agent.native`, and the wheel ships the
+    sources load() hashes, so a wheel's module loads; no compile here."""
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("lens_setup", root / "setup.py")
+    assert spec is not None and spec.loader is not None
+    setup_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(setup_py)  # not __main__: it calls no setup()
+    ext = setup_py.extension()
+    assert ext.name == "lens_ebpf.agent.native._native"
+    assert ext.optional is True
+    assert ext.define_macros == [("SOURCE_HASH", f'"{native.source_hash()}"')]
+    assert [(root / d).resolve() for d in ext.include_dirs] == list(native.include_dirs())
+    assert (root / ext.sources[0]).resolve() == native.SOURCE
+    assert tuple(ext.extra_compile_args) == native.COMPILE_FLAGS
+    shipped = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    hashed = {p.name for p in native.sources() if p.parent == native.HERE}
+    assert hashed <= set(shipped["package-data"]["lens_ebpf.agent.native"])

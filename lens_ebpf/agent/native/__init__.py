@@ -15,9 +15,11 @@ proc_events.h: `#include`d, never declared again) and the protobuf field numbers
 
 Built by `scripts/setup.sh` (so by `make run` and `make test`) with Debian's gcc against
 the running Python's headers (python3-dev), next to this file; `python -m
-lens_ebpf.agent.native` builds it again. Where it is missing, was built from another
-source, or does not match the records' layout, the agent keeps the Python path and says
-why (`events.encoder: python` chooses that path on purpose).
+lens_ebpf.agent.native` builds it again. A wheel or `pip install .` builds it too, as
+setup.py's optional extension, where a compiler and Python's headers are (the same flags,
+include dirs and SOURCE_HASH). Where it is missing, was built from another source, or
+does not match the records' layout, the agent keeps the Python path and says why
+(`events.encoder: python` chooses that path on purpose).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
@@ -40,7 +43,9 @@ log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "_native.c"
-CFLAGS = ("-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-fvisibility=hidden")
+# the compile's flags, here and in setup.py's Extension (which adds -fPIC and -shared itself)
+COMPILE_FLAGS = ("-O2", "-Wall", "-Wextra", "-fvisibility=hidden")
+CFLAGS = ("-fPIC", "-shared", *COMPILE_FLAGS)
 
 
 def include_dirs() -> tuple[Path, ...]:
@@ -51,21 +56,23 @@ def include_dirs() -> tuple[Path, ...]:
     return HERE, program_dir()
 
 
-def sources() -> list[Path]:
-    """_native.c and each header it includes with quotes: what the module is built from."""
+def sources(dirs: Sequence[Path] | None = None) -> list[Path]:
+    """_native.c and each header it includes with quotes, looked for in dirs (default
+    include_dirs(); setup.py names the source tree's): what the module is built from."""
+    where_from = tuple(dirs) if dirs is not None else include_dirs()
     found = [SOURCE]
     for name in re.findall(r'(?m)^#include "([^"]+)"', SOURCE.read_text()):
-        where = [d / name for d in include_dirs() if (d / name).exists()]
+        where = [d / name for d in where_from if (d / name).exists()]
         if not where:
-            raise RuntimeError(f"_native.c includes {name}, in none of {include_dirs()}")
+            raise RuntimeError(f"_native.c includes {name}, in none of {where_from}")
         found.append(where[0])
     return found
 
 
-def source_hash() -> str:
+def source_hash(dirs: Sequence[Path] | None = None) -> str:
     """The sources' digest: a module built from other ones (a header changed) is stale."""
     digest = hashlib.sha256()
-    for path in sources():
+    for path in sources(dirs):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -144,7 +151,7 @@ def load() -> tuple[ModuleType | None, str]:
 
 def _load() -> tuple[ModuleType | None, str]:
     if not target().exists():
-        return None, f"{target().name} not built (scripts/setup.sh builds it)"
+        return None, f"{target().name} not built (scripts/setup.sh or pip install builds it)"
     try:
         mod = importlib.import_module("lens_ebpf.agent.native._native")
     except ImportError as exc:
