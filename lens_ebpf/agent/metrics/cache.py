@@ -9,6 +9,7 @@ their series lives.
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 import time
 from collections import OrderedDict
@@ -20,7 +21,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from lens_ebpf.core.exposition import RenderedFamily, counter, escape_value, gauge
+from lens_ebpf.core.exposition import RenderedFamily, counter, escape_value, family, gauge
 
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 INF = float("inf")
@@ -313,21 +314,21 @@ def _base_name(fam: Family) -> str:
 
 def family_metrics(fam: Family, series: Iterable[tuple[Labels, Any]]) -> Metric:
     """Turn one family's series into a prometheus_client Metric."""
-    metric = Metric(_base_name(fam), fam.help, fam.kind)
+    # a counter's samples named as registered: with _total or (the seed's) without
+    metric = family(_base_name(fam), fam.help, fam.kind, total=fam.name.endswith("_total"))
     names = fam.labelnames
     if fam.kind == HISTOGRAM:
         bounds = [floatToGoString(b) for b in fam.buckets]
         for labels, (counts, total) in series:
-            base = dict(zip(names, labels, strict=True))
-            acc = 0
-            for bound, n in zip(bounds, counts, strict=True):
-                acc += n
-                metric.add_sample(fam.name + "_bucket", {**base, "le": bound}, acc)
-            metric.add_sample(fam.name + "_count", base, acc)
-            metric.add_sample(fam.name + "_sum", base, total)
+            cumulative = itertools.accumulate(counts)
+            metric.add_buckets(
+                dict(zip(names, labels, strict=True)),
+                zip(bounds, cumulative, strict=True),
+                total,
+            )
     else:
         for labels, value in series:
-            metric.add_sample(fam.name, dict(zip(names, labels, strict=True)), value)
+            metric.add(dict(zip(names, labels, strict=True)), value)
     return metric
 
 

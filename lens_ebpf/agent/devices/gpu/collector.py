@@ -36,6 +36,7 @@ from lens_ebpf.agent.devices.gpu.model import GpuReading
 from lens_ebpf.agent.events import GpuFault, owner_fields
 from lens_ebpf.agent.feature import CollectorFeature, Settings, register
 from lens_ebpf.core.collector import PeriodicCollector
+from lens_ebpf.core.exposition import Family, family
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +279,7 @@ class GpuCollector(PeriodicCollector):
 
     def _metrics(self, gpus: list[GpuReading], owners: dict[int, dict[str, str]]) -> list[Metric]:
         n = {"node": self.node}
-        fams: dict[str, Metric] = {}
+        fams: dict[str, Family] = {}
 
         def add(
             name: str,
@@ -289,8 +290,9 @@ class GpuCollector(PeriodicCollector):
         ) -> None:
             if value is None:
                 return  # unsupported or unknown: absent, never zero
-            m = fams.get(name) or fams.setdefault(name, Metric(name, help_text, kind))
-            m.add_sample(name, labels, value)
+            # a counter's samples named as given (gpu_xid_errors_total, ...)
+            m = fams.get(name) or fams.setdefault(name, family(name, help_text, kind, total=False))
+            m.add(labels, value)
 
         with self._lock:
             counted, dropped = dict(self.faults), self.faults_dropped
@@ -357,7 +359,7 @@ class GpuCollector(PeriodicCollector):
         if not gpus:
             return list(fams.values())
         families.gpu_families(add, n, gpus, owners, self.identify)
-        out = list(fams.values())
+        out: list[Metric] = list(fams.values())
         if "amd" in self.compat:
             out += compat_amd.families(gpus, self.node, lambda g: owners[id(g)])
         if "dcgm" in self.compat:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from prometheus_client.core import Metric
 
 from lens_ebpf.agent.devices.gpu.model import GpuReading
+from lens_ebpf.core.exposition import Family, gauge
 
 MB = 1024 * 1024
 # lens-ebpf's RAS block names (amdsmi's, sysfs's ras/<block>_err_count) -> the exporter's
@@ -161,13 +162,13 @@ def families(
 ) -> list[Metric]:
     """The exporter's families for the AMD GPUs among gpus."""
     amd = [g for g in gpus if g.vendor == "amd"]
-    fams: dict[str, Metric] = {}
+    fams: dict[str, Family] = {}
 
     def add(name: str, help_text: str, lbl: dict[str, str], value: float | None) -> None:
         if value is None:
             return
-        m = fams.get(name) or fams.setdefault(name, Metric(name, help_text, "gauge"))
-        m.add_sample(name, lbl, float(value))
+        m = fams.get(name) or fams.setdefault(name, gauge(name, help_text))
+        m.add(lbl, float(value))
 
     if amd:
         add(

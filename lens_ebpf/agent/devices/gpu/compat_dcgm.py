@@ -19,6 +19,7 @@ from collections.abc import Callable
 from prometheus_client.core import Metric
 
 from lens_ebpf.agent.devices.gpu.model import GpuReading, flag
+from lens_ebpf.core.exposition import Family, family
 
 MIB = 1024 * 1024
 
@@ -153,13 +154,14 @@ def families(
     last_xid: Callable[[GpuReading], int],
 ) -> list[Metric]:
     """dcgm-exporter's families for the NVIDIA GPUs among gpus."""
-    fams: dict[str, Metric] = {}
+    fams: dict[str, Family] = {}
 
     def add(name: str, kind: str, help_text: str, lbl: dict[str, str], v: float | None) -> None:
         if v is None:
             return
-        m = fams.get(name) or fams.setdefault(name, Metric(name, help_text, kind))
-        m.add_sample(name, lbl, float(v))  # dcgm-exporter's counters have no _total
+        # dcgm-exporter's counters have no _total
+        m = fams.get(name) or fams.setdefault(name, family(name, help_text, kind, total=False))
+        m.add(lbl, float(v))
 
     for g in (g for g in gpus if g.vendor == "nvidia"):
         lbl = labels(g, hostname, owners(g))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from prometheus_client.core import Metric
 
 from lens_ebpf.agent.devices.rdma import statistic, sysfs
+from lens_ebpf.core.exposition import Family, family, gauge
 
 ACTIVE = 4
 # counters/ file -> (lens_rdma_port_<family>, node_exporter's node_infiniband_<name>, help).
@@ -169,9 +170,9 @@ LEGACY = {
 }
 
 
-def _family(name: str, help_text: str, kind: str = "gauge") -> Metric:
+def _family(name: str, help_text: str, kind: str = "gauge") -> Family:
     base = name.removesuffix("_total") if kind == "counter" else name
-    return Metric(base, help_text, kind)
+    return family(base, help_text, kind)
 
 
 def device_metrics(devices: list[sysfs.RdmaDevice]) -> list[Metric]:
@@ -196,8 +197,7 @@ def device_metrics(devices: list[sysfs.RdmaDevice]) -> list[Metric]:
     )
     hw = _family("lens_rdma_port_hw_counter_total", "hw_counters/ values", "counter")
     for d in devices:
-        info.add_sample(
-            info.name,
+        info.add(
             {
                 "device": d.name,
                 "node_guid": d.node_guid,
@@ -212,8 +212,7 @@ def device_metrics(devices: list[sysfs.RdmaDevice]) -> list[Metric]:
         )
         for p in d.ports:
             lbl = {"device": d.name, "port": str(p.number)}
-            port_info.add_sample(
-                port_info.name,
+            port_info.add(
                 {
                     **lbl,
                     "state": p.state_name,
@@ -224,14 +223,14 @@ def device_metrics(devices: list[sysfs.RdmaDevice]) -> list[Metric]:
                 1,
             )
             if p.state is not None:
-                state.add_sample(state.name, lbl, p.state)
-                up.add_sample(up.name, lbl, 1 if p.state == ACTIVE else 0)
+                state.add(lbl, p.state)
+                up.add(lbl, 1 if p.state == ACTIVE else 0)
             if p.phys_state is not None:
-                phys.add_sample(phys.name, lbl, p.phys_state)
+                phys.add(lbl, p.phys_state)
             if p.rate_bytes is not None:
-                rate.add_sample(rate.name, lbl, p.rate_bytes)
+                rate.add(lbl, p.rate_bytes)
             for name in p.saturated:
-                sat.add_sample(sat.name, {**lbl, "counter": name}, 1)
+                sat.add({**lbl, "counter": name}, 1)
             for values, families, rest in (
                 (p.counters, named, other),
                 (p.legacy, legacy, other_legacy),
@@ -241,11 +240,11 @@ def device_metrics(devices: list[sysfs.RdmaDevice]) -> list[Metric]:
                         value *= 4
                     fam = families.get(name)
                     if fam is not None:
-                        fam.add_sample(f"{fam.name}_total", lbl, value)
+                        fam.add(lbl, value)
                     else:
-                        rest.add_sample(rest.name + "_total", {**lbl, "counter": name}, value)
+                        rest.add({**lbl, "counter": name}, value)
             for name, value in p.hw_counters.items():
-                hw.add_sample(hw.name + "_total", {**lbl, "counter": name}, value)
+                hw.add({**lbl, "counter": name}, value)
     fams = [
         info,
         port_info,
@@ -265,11 +264,11 @@ def device_metrics(devices: list[sysfs.RdmaDevice]) -> list[Metric]:
 
 def stat_metrics(stats: list[statistic.PortStats]) -> list[Metric]:
     """rdma_stat_<counter>{device,port}: one family per counter, created on first sight."""
-    fams: dict[str, Metric] = {}
+    fams: dict[str, Family] = {}
     for s in stats:
         for name, value in s.counters.items():
             fam = fams.get(name)
             if fam is None:
-                fam = fams[name] = Metric(f"rdma_stat_{name}", f"rdma statistic {name}", "gauge")
-            fam.add_sample(fam.name, {"device": s.device, "port": str(s.port)}, value)
+                fam = fams[name] = gauge(f"rdma_stat_{name}", f"rdma statistic {name}")
+            fam.add({"device": s.device, "port": str(s.port)}, value)
     return list(fams.values())
