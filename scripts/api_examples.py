@@ -70,10 +70,11 @@ def cut(value: Any, keep: int = 2) -> Any:
     return value
 
 
-def compact(value: Any, indent: int = 0, width: int = 92) -> str:
-    """JSON with what fits a line on one line."""
+def compact(value: Any, indent: int = 0, width: int = 92, lead: int = 0) -> str:
+    """JSON with what fits a line on one line; lead: what comes before the value on its
+    first line after the indent (its key)."""
     flat = json.dumps(value, ensure_ascii=False)
-    if indent + len(flat) <= width or not isinstance(value, dict | list) or not value:
+    if indent + lead + len(flat) <= width or not isinstance(value, dict | list) or not value:
         return flat
     pad = " " * (indent + 2)
     if isinstance(value, dict) and not any(
@@ -90,7 +91,10 @@ def compact(value: Any, indent: int = 0, width: int = 92) -> str:
         lines.append(line.rstrip().rstrip(","))
         return "{\n" + "\n".join(lines) + "\n" + " " * indent + "}"
     if isinstance(value, dict):
-        items = [f"{pad}{json.dumps(k)}: {compact(v, indent + 2, width)}" for k, v in value.items()]
+        items = [
+            f"{pad}{json.dumps(k)}: {compact(v, indent + 2, width, len(json.dumps(k)) + 2)}"
+            for k, v in value.items()
+        ]
         return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
     items = [pad + compact(v, indent + 2, width) for v in value]
     return "[\n" + ",\n".join(items) + "\n" + " " * indent + "]"
