@@ -473,6 +473,80 @@ def test_the_sql_check_sees_a_statement_in_a_handler() -> None:
     ]
 
 
+# -- one idiom for a metric family: core.exposition's counter(), gauge(), histogram(), family()
+EXPOSITION = "lens_ebpf.core.exposition"
+FAMILY_MAKERS = {"Metric", "Family"}  # and prometheus_client's *MetricFamily classes
+SAMPLE_PUTTERS = {"add_sample", "add_metric"}  # Family.add/add_buckets name the samples
+
+
+def family_breaches(name: str, tree: ast.AST) -> list[str]:
+    """A metric family built another way than by core.exposition's functions: a Metric, a
+    Family or a prometheus_client *MetricFamily made by hand, a class of its own over one,
+    a sample put by its name (add_sample, add_metric)."""
+    if name == EXPOSITION:
+        return []
+    imported = {  # prometheus_client's names and core.exposition's (not a Family of its own)
+        a.asname or a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom)
+        and ((n.module or "").startswith("prometheus_client") or n.module == EXPOSITION)
+        for a in n.names
+    }
+
+    def family_class(node: ast.expr) -> str:
+        called = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+        known = isinstance(node, ast.Attribute) or called in imported
+        maker = called in FAMILY_MAKERS or called.endswith("MetricFamily")
+        return called if known and maker else ""
+
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            out += [f"{name}: class {node.name}({c})" for c in map(family_class, node.bases) if c]
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        called = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+        if family_class(f):
+            out.append(f"{name}: {called}() made by hand")
+        if isinstance(f, ast.Attribute) and called in SAMPLE_PUTTERS:
+            out.append(f"{name}: {called}()")
+    return out
+
+
+def test_metric_families_are_built_one_way() -> None:
+    wrong = [
+        b
+        for name, path in sorted(modules().items())
+        for b in family_breaches(name, ast.parse(path.read_text()))
+    ]
+    assert wrong == []
+
+
+def test_the_family_check_sees_a_family_built_another_way() -> None:
+    src = (
+        "from prometheus_client.core import CounterMetricFamily, Metric\n"
+        "from lens_ebpf.core.exposition import Family, counter\n"
+        "class Mine(core.Metric):\n    pass\n"
+        "def collect(n):\n    m = Metric('x', 'help', 'gauge')\n"
+        "    m.add_sample('x', {}, n)\n"
+        "    c = CounterMetricFamily('y', 'help', labels=['a'])\n"
+        "    c.add_metric(['b'], n)\n"
+        "    return [m, c, Family('w', 'help', 'gauge'), counter('z', 'help', n)]\n"
+    )
+    assert family_breaches("lens_ebpf.agent.x", ast.parse(src)) == [
+        "lens_ebpf.agent.x: class Mine(Metric)",
+        "lens_ebpf.agent.x: Metric() made by hand",
+        "lens_ebpf.agent.x: add_sample()",
+        "lens_ebpf.agent.x: CounterMetricFamily() made by hand",
+        "lens_ebpf.agent.x: add_metric()",
+        "lens_ebpf.agent.x: Family() made by hand",
+    ]
+    assert family_breaches(EXPOSITION, ast.parse(src)) == []
+    own = "class Family:\n    pass\ndef declare():\n    return Family()\n"  # the cache's
+    assert family_breaches("lens_ebpf.agent.metrics.x", ast.parse(own)) == []
+
+
 def test_the_checker_sees_imports_in_functions_and_type_checking(tmp_path: Path) -> None:
     src = tmp_path / "x.py"
     src.write_text(
