@@ -634,7 +634,7 @@ NOT_JOBS = {
     "Lease's loss",
     (
         "lens_ebpf/protocol/collector_server.py",
-        "Collector._serve",
+        "EventReceiver._serve",
     ): "a reporter's stream: acks gathered over a short sleep",
     ("lens_ebpf/recorder/store/writer.py", "Writer.flush"): "waits, to a deadline, for the "
     "write queue to empty",
