@@ -23,7 +23,7 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from lens_ebpf.core.exposition import counter
+from lens_ebpf.core.exposition import counter, gauge
 from lens_ebpf.k8s.quantity import whole
 from lens_ebpf.k8s.reflector import call_raw
 from lens_ebpf.recorder import prom
@@ -361,15 +361,10 @@ class StorageScan(Collector):
         yield counter(
             "lens_recorder_storage_scans", "Storage scans, by result", self.runs, "result"
         )
-        healthy = Metric(
+        healthy = gauge(
             "lens_recorder_storage_backend_healthy",
             "1 while a storage backend " "(a StorageClass) has no reason to be unhealthy",
-            "gauge",
         )
         for cls, b in sorted((last.backends if last else {}).items()):
-            healthy.add_sample(
-                "lens_recorder_storage_backend_healthy",
-                {"storage_class": cls},
-                0 if b.reasons else 1,
-            )
+            healthy.add({"storage_class": cls}, 0 if b.reasons else 1)
         yield healthy

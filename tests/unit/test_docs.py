@@ -41,33 +41,46 @@ def named_in_code() -> dict[str, str]:
     def builds(node: ast.AST) -> bool:
         return isinstance(node, ast.Call) and (
             isinstance(node.func, ast.Name)
-            and node.func.id == "Metric"
+            and node.func.id in ("Metric", "Family")
             or metrics_reference.call_name(node).endswith("MetricFamily")
         )
 
-    helpers: dict[str, set[str]] = {}  # module (dotted) -> its helpers
-    for path, tree in trees.items():
-        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-        helpers[module] = {
-            fn.name
-            for fn in ast.walk(tree)
-            if isinstance(fn, ast.FunctionDef)
-            and any(
-                builds(c) and c.args and not isinstance(c.args[0], ast.Constant)  # type: ignore[attr-defined]
-                for c in ast.walk(fn)
-            )
+    def module_of(path: Path) -> str:
+        return ".".join(path.relative_to(ROOT).with_suffix("").parts)
+
+    def known(tree: ast.AST, module: str) -> set[str]:
+        """The helpers a module may call: its own and those it imports."""
+        return helpers[module] | {
+            a.asname or a.name
+            for imp in ast.walk(tree)
+            if isinstance(imp, ast.ImportFrom)
+            for a in imp.names
+            if a.name in helpers.get(imp.module or "", ())
         }
+
+    # module (dotted) -> its helpers: functions that build a family from a name they were
+    # given, themselves or through another helper (core.exposition's counter(), ...)
+    helpers: dict[str, set[str]] = {module_of(p): set() for p in trees}
+    for _ in range(3):
+        for path, tree in trees.items():
+            module = module_of(path)
+            mine = known(tree, module)
+            helpers[module] |= {
+                fn.name
+                for fn in ast.walk(tree)
+                if isinstance(fn, ast.FunctionDef)
+                and any(
+                    isinstance(c, ast.Call)
+                    and (builds(c) or metrics_reference.call_name(c) in mine)
+                    and c.args
+                    and not isinstance(c.args[0], ast.Constant)
+                    for c in ast.walk(fn)
+                )
+            }
     out = {}
     for path, tree in trees.items():
         where = path.relative_to(ROOT).as_posix()
-        mine = set(helpers[".".join(path.relative_to(ROOT).with_suffix("").parts)])
-        for imp in ast.walk(tree):
-            if isinstance(imp, ast.ImportFrom):
-                mine |= {
-                    a.asname or a.name
-                    for a in imp.names
-                    if a.name in helpers.get(imp.module or "", ())
-                }
+        mine = known(tree, module_of(path))
 
         def building(node: ast.AST, mine: set[str] = mine) -> bool:
             return (

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 
+from lens_ebpf.core.exposition import counter
 from lens_ebpf.recorder.alerts import enrich, ingest, logtemplates, rules
 from lens_ebpf.recorder.alerts.jobs import AlertJobs
 from lens_ebpf.recorder.alerts.logrules import Line, LogRules
@@ -181,59 +182,42 @@ class Alerts(Collector):
             errors, dropped = self.log_errors, self.log_dropped
         for outcome, n in self.jobs.stored.items():  # the findings job's
             received[("lens", outcome)] = received.get(("lens", outcome), 0) + n
-        got = Metric(
+        got = counter(
             "lens_recorder_alerts_received",
             "Alerts received or made, by source "
             "(metric, webhook, log, lens) and what storing them did (new, resolved, "
             "reopened, unchanged, silenced; own: ours, routed back by Alertmanager, "
             "not stored again; refused: not an alert, named in the answer, the rest "
             "of its batch stored)",
-            "counter",
         )
         for (source, outcome), n in sorted(received.items()):
-            got.add_sample(
-                "lens_recorder_alerts_received_total", {"source": source, "outcome": outcome}, n
-            )
+            got.add({"source": source, "outcome": outcome}, n)
         yield got
         c = self.log_rules.counts
-        lines = Metric(
+        lines = counter(
             "lens_recorder_log_rule_lines",
             "Log lines against the log rules: "
             "evaluated (line x rule), matched, fired (an alert), suppressed "
             "(matched within the rule's repeat_interval)",
-            "counter",
         )
         for what in ("evaluated", "matched", "fired", "suppressed"):
-            lines.add_sample(
-                "lens_recorder_log_rule_lines_total", {"result": what}, getattr(c, what)
-            )
+            lines.add({"result": what}, getattr(c, what))
         yield lines
-        yield self._counter(
-            "lens_recorder_log_rule_errors_total",
+        yield counter(
+            "lens_recorder_log_rule_errors",
             "Log rule evaluations that " "failed (the lines were taken all the same)",
             errors,
         )
-        yield self._counter(
-            "lens_recorder_log_alerts_dropped_total",
+        yield counter(
+            "lens_recorder_log_alerts_dropped",
             "Log alerts not stored: " "the write queue was full",
             dropped,
         )
-        sent = Metric(
+        sent = counter(
             "lens_recorder_alert_notifications",
             "Alerts sent on, by receiver " "(alertmanager, webhook) and result",
-            "counter",
         )
         for key, n in sorted(self.jobs.sent.items()):
             receiver, _, failed = key.partition("_")
-            sent.add_sample(
-                "lens_recorder_alert_notifications_total",
-                {"receiver": receiver, "result": "failed" if failed else "ok"},
-                n,
-            )
+            sent.add({"receiver": receiver, "result": "failed" if failed else "ok"}, n)
         yield sent
-
-    @staticmethod
-    def _counter(sample: str, help_text: str, value: float) -> Metric:
-        m = Metric(sample.removesuffix("_total"), help_text, "counter")
-        m.add_sample(sample, {}, value)
-        return m

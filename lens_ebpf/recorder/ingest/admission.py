@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from lens_ebpf.core.exposition import Buckets
+from lens_ebpf.core.exposition import Buckets, counter, histogram
 from lens_ebpf.recorder.config import ApiConfig, IngestConfig
 
 log = logging.getLogger(__name__)
@@ -197,37 +197,29 @@ class Ingest(Collector):
             unauthorized = sorted(self.unauthorized.items())
             foreign_routes = sorted(self.cross_site.items())
             seconds = sorted((k, b.copy()) for k, b in self.seconds.items())
-        fam = Metric(
-            "lens_recorder_post_requests", "POST requests, by route and HTTP status", "counter"
-        )
+        fam = counter("lens_recorder_post_requests", "POST requests, by route and HTTP status")
         for (route, status), n in requests:
-            fam.add_sample(
-                "lens_recorder_post_requests_total", {"route": route, "code": str(status)}, n
-            )
+            fam.add({"route": route, "code": str(status)}, n)
         yield fam
-        bad = Metric(
+        bad = counter(
             "lens_recorder_post_unauthorized",
             "POST requests refused (401): no or a " "wrong bearer token",
-            "counter",
         )
         for route, n in unauthorized:
-            bad.add_sample("lens_recorder_post_unauthorized_total", {"route": route}, n)
+            bad.add({"route": route}, n)
         yield bad
-        foreign = Metric(
+        foreign = counter(
             "lens_recorder_post_cross_site",
             "POST requests without credentials "
             "refused (403): another site's Origin, or a Host not this "
             "service's",
-            "counter",
         )
         for route, n in foreign_routes:
-            foreign.add_sample("lens_recorder_post_cross_site_total", {"route": route}, n)
+            foreign.add({"route": route}, n)
         yield foreign
-        hist = HistogramMetricFamily(
-            "lens_recorder_post_request_seconds", "Time to answer a POST", labels=["route"]
-        )
+        hist = histogram("lens_recorder_post_request_seconds", "Time to answer a POST")
         for route, b in seconds:
-            hist.add_metric([route], b.cumulative(), b.total)
+            hist.add_buckets({"route": route}, b.cumulative(), b.total)
         yield hist
 
 
@@ -321,25 +313,19 @@ class WriteGuard(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             refusals, writes = sorted(self.refusals.items()), sorted(self.writes.items())
-        bad = Metric(
+        bad = counter(
             "lens_recorder_api_writes_refused",
             "Writes to the cluster API refused: "
             "401 (no credentials), 403 (a wrong token, or another site's without "
             "credentials), 415 (a body not JSON), by route",
-            "counter",
         )
         for (route, code), n in refusals:
-            bad.add_sample(
-                "lens_recorder_api_writes_refused_total", {"route": route, "code": str(code)}, n
-            )
+            bad.add({"route": route, "code": str(code)}, n)
         yield bad
-        done = Metric(
+        done = counter(
             "lens_recorder_api_writes",
             "Writes to the cluster API answered, by " "route and HTTP status",
-            "counter",
         )
         for (route, code), n in writes:
-            done.add_sample(
-                "lens_recorder_api_writes_total", {"route": route, "code": str(code)}, n
-            )
+            done.add({"route": route, "code": str(code)}, n)
         yield done

@@ -31,7 +31,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from lens_ebpf.core.exposition import counter
+from lens_ebpf.core.exposition import counter, gauge
 from lens_ebpf.k8s.election import ElectionSettings, LeaderElector, LeaseApi
 from lens_ebpf.recorder.config import LeaderElectionConfig
 from lens_ebpf.recorder.ingest.admission import Outcome
@@ -222,14 +222,11 @@ class Leadership(Collector):
 
     def collect(self) -> Iterator[Metric]:
         e = self.elector
-        lead = Metric(
+        lead = gauge(
             "lens_recorder_leader",
             "1 while this replica leads (its Lease held and " "its term claimed)",
-            "gauge",
         )
-        lead.add_sample(
-            "lens_recorder_leader", {"identity": self.identity}, 1.0 if self.leads() else 0.0
-        )
+        lead.add({"identity": self.identity}, 1.0 if self.leads() else 0.0)
         yield lead
         yield counter(
             "lens_recorder_leader_transitions",

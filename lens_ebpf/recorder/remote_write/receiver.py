@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
-from lens_ebpf.core.exposition import Buckets, counter
+from lens_ebpf.core.exposition import Buckets, counter, gauge, histogram
 from lens_ebpf.recorder.config import RemoteWriteConfig
 from lens_ebpf.recorder.errors import NotFound
 from lens_ebpf.recorder.ingest.admission import Outcome
@@ -271,18 +271,15 @@ class RemoteWrite(Collector):
                 added,
             ),
         ):
-            h = HistogramMetricFamily(name, help_text)
-            h.add_metric([], b.cumulative(), b.total)
+            h = histogram(name, help_text)
+            h.add_buckets({}, b.cumulative(), b.total)
             yield h
         idx = self.indexer.index
-        g = Metric(
+        g = gauge(
             "lens_recorder_remote_write_cache",
             "The copies' maps: series remembered, "
             "their generation (it moves when the maps change)",
-            "gauge",
         )
-        g.add_sample(
-            "lens_recorder_remote_write_cache", {"what": "series"}, len(self.relabeler.cache)
-        )
-        g.add_sample("lens_recorder_remote_write_cache", {"what": "generation"}, idx.generation)
+        g.add({"what": "series"}, len(self.relabeler.cache))
+        g.add({"what": "generation"}, idx.generation)
         yield g

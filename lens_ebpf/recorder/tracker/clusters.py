@@ -33,7 +33,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
-from lens_ebpf.core.exposition import counter
+from lens_ebpf.core.exposition import counter, gauge
 from lens_ebpf.core.runner import Runner
 from lens_ebpf.k8s.client import SA_DIR
 from lens_ebpf.k8s.dynamic import DynamicApi
@@ -403,13 +403,11 @@ class Clusters(Collector):
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        up = Metric(
-            "lens_recorder_cluster_up",
-            "1 while the cluster's API is watched and " "answering",
-            "gauge",
+        up = gauge(
+            "lens_recorder_cluster_up", "1 while the cluster's API is watched and " "answering"
         )
         for w in sorted(self.all(), key=lambda w: w.name):
-            up.add_sample("lens_recorder_cluster_up", {"cluster": w.name}, 1 if w.up else 0)
+            up.add({"cluster": w.name}, 1 if w.up else 0)
         yield up
         yield counter(
             "lens_recorder_cluster_reloads",

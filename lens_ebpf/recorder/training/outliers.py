@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Connection, Engine, and_, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
+from lens_ebpf.core.exposition import counter, gauge
 from lens_ebpf.recorder import prom
 from lens_ebpf.recorder.store import schema as t
 from lens_ebpf.recorder.store.schema import scoped
@@ -211,23 +212,20 @@ class Outliers(Collector):
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        fam = Metric(
+        fam = gauge(
             "lens_workload_outlier",
             "1 while this pod is a robust outlier among its " "workload's pods on this signal",
-            "gauge",
         )
         with self._lock:
             flagged = sorted(self.flagged.items())
         for (_, _, signal), (_, _, ns, name, pod, node) in flagged:
-            fam.add_sample(
-                "lens_workload_outlier",
-                {"namespace": ns, "workload": name, "pod": pod, "node": node, "signal": signal},
-                1,
+            fam.add(
+                {"namespace": ns, "workload": name, "pod": pod, "node": node, "signal": signal}, 1
             )
         yield fam
-        runs = Metric("lens_recorder_outlier_runs", "Outlier comparisons, by result", "counter")
+        runs = counter("lens_recorder_outlier_runs", "Outlier comparisons, by result")
         for result, n in self.runs.items():
-            runs.add_sample("lens_recorder_outlier_runs_total", {"result": result}, n)
+            runs.add({"result": result}, n)
         yield runs
 
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import Connection, and_, select, update
 
-from lens_ebpf.core.exposition import Buckets, counter
+from lens_ebpf.core.exposition import Buckets, counter, gauge, histogram
 from lens_ebpf.core.times import aware
 from lens_ebpf.recorder.config import TrainingConfig
 from lens_ebpf.recorder.store import schema as t
@@ -466,18 +466,17 @@ class Training(Collector):
             "Shippers' records POST /logs " "skipped: no line, no pod, a time that does not parse",
             {"": malformed},
         )
-        lag_fam = HistogramMetricFamily(
+        lag_fam = histogram(
             "lens_recorder_log_lag_seconds", "From a log line's time to its arrival"
         )
-        lag_fam.add_metric([], lag.cumulative(), lag.total)
+        lag_fam.add_buckets({}, lag.cumulative(), lag.total)
         yield lag_fam
-        hist = HistogramMetricFamily(
+        hist = histogram(
             "lens_training_iteration_seconds",
             "Time per training " "iteration, each iteration once (the logs' own figure)",
-            labels=["namespace", "workload"],
         )
         gauges = {
-            name: Metric(f"lens_training_{name}", help_text, "gauge")
+            name: gauge(f"lens_training_{name}", help_text)
             for name, help_text in (
                 ("tokens_per_second", "Tokens per second per GPU, the last line's"),
                 ("tflops_per_gpu", "TFLOP/s per GPU, the last line's"),
@@ -485,7 +484,7 @@ class Training(Collector):
             )
         }
         counters = {
-            name: Metric(f"lens_training_{name}", help_text, "counter")
+            name: counter(f"lens_training_{name}", help_text)
             for name, help_text in (
                 (
                     "slowdowns",
@@ -495,7 +494,7 @@ class Training(Collector):
             )
         }
         active = {
-            name: Metric(f"lens_training_{name}", help_text, "gauge")
+            name: gauge(f"lens_training_{name}", help_text)
             for name, help_text in (
                 ("slowdown_active", "1 while a slowdown is open"),
                 ("stalled", "1 while a stall is open"),
@@ -503,13 +502,13 @@ class Training(Collector):
         }
         for ns, name, seconds, g, slowdowns, stalls, slow, stalled in snapshot:
             lbl = {"namespace": ns, "workload": name}
-            hist.add_metric([ns, name], seconds.cumulative(), seconds.total)
+            hist.add_buckets(lbl, seconds.cumulative(), seconds.total)
             for key, value in g.items():
-                gauges[key].add_sample(f"lens_training_{key}", lbl, value)
-            counters["slowdowns"].add_sample("lens_training_slowdowns_total", lbl, slowdowns)
-            counters["stalls"].add_sample("lens_training_stalls_total", lbl, stalls)
-            active["slowdown_active"].add_sample("lens_training_slowdown_active", lbl, slow)
-            active["stalled"].add_sample("lens_training_stalled", lbl, stalled)
+                gauges[key].add(lbl, value)
+            counters["slowdowns"].add(lbl, slowdowns)
+            counters["stalls"].add(lbl, stalls)
+            active["slowdown_active"].add(lbl, slow)
+            active["stalled"].add(lbl, stalled)
         yield hist
         yield from gauges.values()
         yield from counters.values()
