@@ -9,12 +9,14 @@ wins, in this order):
    `rdma_stat_<counter>`, AMD's ECC blocks) are only known by running them;
 2. the families the TCP feature registers in the agent's metric cache (its programs run in
    the kernel; registering them needs neither root nor BPF);
-3. every other family, read from the code that builds it: each `Metric(...)`,
-   `*MetricFamily(...)` and `cache.register(...)` whose name is a literal or a `for` over a
-   literal table (inline, a module's, a dict's items()), and each call of a helper that
-   builds one from its arguments (`_family(name, help, kind)`, `add(name, ...)`,
-   exposition.counter), read as the helper's body with the call's arguments. Its labels
-   from the `labels=` it is given and the `add_sample` calls on it (the helper's, the
+3. every other family, read from the code that builds it: each `Family(...)` (the one
+   way, core/exposition.py; `Metric(...)` and `*MetricFamily(...)` read the same) and
+   `cache.register(...)` whose name is a literal or a `for` over a literal table (inline,
+   a module's, a dict's items()), and each call of a helper that builds one from its
+   arguments, itself or through another (exposition's counter(), gauge(), histogram(),
+   family(); `_family(name, help, kind)`, `add(name, ...)`), read as the helper's body
+   with the call's arguments. Its labels from the `labels=` it is given and the calls
+   that put its samples (`add`, `add_buckets`, `add_sample`) on it (the helper's, the
    variable it is bound to, `x[k]` of a dict of families): a dict literal and its
    ** spreads, a name bound to one here, in the function around, or by every caller of
    the function (a parameter), a function that returns one, dict(zip(<literal tuple>, ...)).
