@@ -31,8 +31,8 @@ from lens_ebpf.recorder.api import (
     releases,
     remote_write,
     reports,
-    seed,
     storage,
+    stored,
     system_config,
     training,
     workload_page,
@@ -67,7 +67,7 @@ ROUTES: list[tuple[RouteTable, tuple[str, ...], str]] = [
     (releases.routes, PREFIXES, "lens"),
     (management.routes, PREFIXES, "management"),  # the original's: no envelope
     (remote_write.routes, (*PREFIXES, *ROOT), "lens"),  # /pods/cache as the original serves it
-    (seed.routes, ROOT, "plain"),
+    (stored.routes, ROOT, "plain"),
     (pyspy.routes, PREFIXES, "lens"),  # the Py-Spy Profiler tab: process trees, py-spy
     (pyspy.files, PREFIXES, "lens-files"),  # a py-spy task's file
     (profiler.routes, PREFIXES, "lens"),  # profiler traces, TraceLens and viewer sessions

@@ -26,7 +26,7 @@ from lens_ebpf.recorder.api.assistants import Assistants
 from lens_ebpf.recorder.api.envelope import AlertsApi, LensApi, Services
 from lens_ebpf.recorder.api.front import FrontMetrics
 from lens_ebpf.recorder.api.posts import Admitted
-from lens_ebpf.recorder.api.seed import PlainJson
+from lens_ebpf.recorder.api.stored import PlainJson
 from lens_ebpf.recorder.config import Config
 from lens_ebpf.recorder.deepdive import DeepDive
 from lens_ebpf.recorder.detection import Detection

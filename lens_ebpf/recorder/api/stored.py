@@ -1,5 +1,6 @@
-"""The seed's own REST, in plain JSON at the root: /healthz, /readyz, /workloads[/{uid}],
-/pods (paged with limit and continue; errors `{"error": ...}`: 400, 404, 503)."""
+"""The workloads and pods as stored, and the probes: the seed's own REST, in plain JSON
+at the root: /healthz, /readyz, /workloads[/{uid}], /pods (paged with limit and
+continue; errors `{"error": ...}`: 400, 404, 503)."""
 
 from __future__ import annotations
 
