@@ -198,9 +198,12 @@ KNOWN_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
 def exported_names() -> set[str]:
-    """Every metric name lens-ebpf can expose: the package's sources and the golden
-    expositions (real collector output, names built at run time included)."""
+    """Every metric name lens-ebpf can expose: the package's sources, the metric
+    reference generated from them (a counter's sample name: core.exposition adds its
+    _total) and the golden expositions (real collector output, names built at run time
+    included)."""
     text = "".join(p.read_text() for p in (ROOT / "lens_ebpf").rglob("*.py"))
+    text += (ROOT / "docs" / "reference" / "metrics.md").read_text()
     text += "".join(p.read_text() for p in (ROOT / "tests" / "golden").glob("*.prom"))
     return set(re.findall(r"[a-z][a-z0-9_]+", text))
 
