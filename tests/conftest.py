@@ -28,7 +28,7 @@ SLOWDOWN = 16.0 if EMULATED else 4.0
 
 @contextlib.contextmanager
 def flow_flood(exclusive: bool) -> Iterator[None]:
-    """make test's workers share the host's TCP: a flood of distinct flows
+    """make test's two workers share the host's TCP: a flood of distinct flows
     (tests/e2e/test_storm.py) fills every agent's flows map on the host, the node lab's
     too, and a flow made meanwhile lands in a map's overflow slot ("other"). The flood
     holds this lock exclusively; a test that counts its own flows through an agent whose
@@ -87,20 +87,17 @@ def netns_unavailable() -> str | None:
     return None
 
 
-# `make test` runs three pytest-xdist workers (`-n 3 --dist loadgroup`), one per group:
+# `make test` runs two pytest-xdist workers (`-n 2 --dist loadgroup`), one per group:
 # what loads BPF programs or starts agents on this host (their exact counts see the
-# host's traffic, and the kernel matrix's wait is theirs) in one, the Kubernetes labs (a
-# node, API servers: their own network namespace, ports and directories) in another,
-# the recorder's suite (its stand-in API servers, databases and Prometheus on free
-# ports, in directories of its own) in the third. Each group runs in order, as a plain
-# run does. Many of the last two's tests wait on time (an outage a minute long, a
-# deadline, a lease): a third worker fills the cores those waits leave idle.
-GROUPS = (("tests/kube/", "kube"), ("tests/recorder/", "recorder"))
+# host's traffic, and the kernel matrix's wait is theirs) in one, the recorder's suite
+# and the Kubernetes labs (a node, API servers: their own network namespace, ports
+# and directories) in the other. Each group runs in order, as a plain run does.
+SECOND_GROUP = ("tests/kube/", "tests/recorder/")
 MATRIX = "tests/vm/test_kernel_matrix.py"
 
 
 def _group(nodeid: str) -> str:
-    return next((group for top, group in GROUPS if nodeid.startswith(top)), "host")
+    return "services" if nodeid.startswith(SECOND_GROUP) else "host"
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist names the groups in the test ids

@@ -14,7 +14,7 @@ Under `make test` the guests boot during the setup, before pytest starts
 (tests/vm/background.py); otherwise as soon as pytest has collected this file
 (tests/conftest.py). Two run at a
 time (TCG is one host thread per guest CPU), and run while the host's tests run; the
-tests here wait for them. Under pytest-xdist (`make test` runs three workers) the
+tests here wait for them. Under pytest-xdist (`make test` runs two workers) the
 controller starts them once, when a worker reports it collected this file, and the
 worker that runs these tests reads each guest's result from the share it wrote
 (`result.json` beside its junit files). A guest that is
