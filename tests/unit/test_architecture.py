@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tomllib
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 from lens_ebpf.core.routes import Request, RouteTable
@@ -121,6 +122,18 @@ def under(name: str, roots: tuple[str, ...]) -> bool:
     return any(name == r or name.startswith(r + ".") for r in roots)
 
 
+def breaches(
+    check: Callable[[str, ast.AST], list[str]], roots: tuple[str, ...] = ("lens_ebpf",)
+) -> list[str]:
+    """What check finds in each module under roots, in the modules' order."""
+    return [
+        b
+        for name, path in sorted(modules().items())
+        if under(name, roots)
+        for b in check(name, ast.parse(path.read_text()))
+    ]
+
+
 def http_imports(name: str, path: Path, known: set[str]) -> set[str]:
     """What of the HTTP layer a module imports (aiohttp too), wherever it stands."""
     found = {t for t in imports(name, path, known) if under(t, HTTP_LAYER)}
@@ -220,11 +233,7 @@ def listed_tables(api: Path = PKG / "recorder" / "api") -> tuple[set[str], set[s
 
 
 def test_routes_are_added_one_way_and_listed_in_one_place() -> None:
-    wrong = [
-        b
-        for name, path in sorted(modules().items())
-        for b in route_breaches(name, ast.parse(path.read_text()))
-    ]
+    wrong = breaches(route_breaches)
     assert wrong == []
     made, listed = listed_tables()
     assert made and made == listed
@@ -350,12 +359,7 @@ def _none(node: ast.expr) -> bool:
 
 
 def test_one_code_table_and_one_exception_mapping() -> None:
-    wrong = [
-        b
-        for name, path in sorted(modules().items())
-        if under(name, ("lens_ebpf.recorder",))
-        for b in answer_breaches(name, ast.parse(path.read_text()))
-    ]
+    wrong = breaches(answer_breaches, ("lens_ebpf.recorder",))
     assert wrong == []
 
 
@@ -452,12 +456,7 @@ def sql_breaches(name: str, tree: ast.AST) -> list[str]:
 
 
 def test_sql_lives_in_the_domain_modules() -> None:
-    wrong = [
-        b
-        for name, path in sorted(modules().items())
-        if under(name, ("lens_ebpf.recorder.api",))
-        for b in sql_breaches(name, ast.parse(path.read_text()))
-    ]
+    wrong = breaches(sql_breaches, ("lens_ebpf.recorder.api",))
     assert wrong == []
 
 
@@ -515,11 +514,7 @@ def family_breaches(name: str, tree: ast.AST) -> list[str]:
 
 
 def test_metric_families_are_built_one_way() -> None:
-    wrong = [
-        b
-        for name, path in sorted(modules().items())
-        for b in family_breaches(name, ast.parse(path.read_text()))
-    ]
+    wrong = breaches(family_breaches)
     assert wrong == []
 
 
