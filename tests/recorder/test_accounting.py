@@ -44,6 +44,14 @@ def unknown(app: Any, path: str, rows: int) -> Any:
     return body["data"]
 
 
+def recorded(url: str, pods: int, nodes: int) -> bool:
+    """The service has stored this many running GPU pods and nodes: a snapshot taken
+    before the nodes are in counts no capacity, so no cluster allocation (the pods' and the
+    nodes' watches store independently)."""
+    running = sum(r["running"] for r in rows(url, "gpu_pods"))
+    return running == pods and len(rows(url, "nodes")) == nodes
+
+
 def gpu(
     name: str, ns: str, n: int, labels: dict[str, str], notes: dict[str, str]
 ) -> dict[str, Any]:
@@ -103,8 +111,7 @@ def test_hourly_accounting_snapshots_backfill_prometheus_and_the_ui(
             jobs__allocation_seconds=3600,
         )
         eventually(
-            lambda: sum(r["running"] for r in rows(url, "gpu_pods")) == 2
-            and app.jobs.runs["hourly"] >= 1,
+            lambda: recorded(url, 2, 2) and app.jobs.runs["hourly"] >= 1,
             timeout=15,
         )
         for minute in (10, 40):  # hour h: from snapshots
@@ -295,8 +302,7 @@ def test_utilization_missing_while_prometheus_is_down_then_filled(
             jobs__allocation_seconds=3600,
         )
         eventually(
-            lambda: sum(r["running"] for r in rows(db_url, "gpu_pods")) == 1
-            and app.jobs.runs["hourly"] >= 1,
+            lambda: recorded(db_url, 1, 1) and app.jobs.runs["hourly"] >= 1,
             timeout=15,
         )
         app.jobs.snapshot(h + timedelta(minutes=30))
@@ -373,7 +379,7 @@ def test_statistics_routes_conform_to_the_original_and_their_figures(
         now = [h - timedelta(minutes=10)]  # the start's snapshot falls in hour h-1
         app = recorder_app(db_url, clock=lambda: now[0], prometheus__url=prometheus.base)
         eventually(
-            lambda: sum(r["running"] for r in rows(db_url, "gpu_pods")) == 2
+            lambda: recorded(db_url, 2, 1)
             and len(rows(db_url, "gpu_workloads")) == 2
             and app.jobs.runs["hourly"] >= 1,
             timeout=15,
@@ -519,7 +525,7 @@ def test_a_restart_across_an_hour_boundary_writes_each_hour_once(
     first = recorder_app(db_url, clock=lambda: now[0])
     api.put("pods", gpu("a", "ml", 2, {"team": "research"}, {}))
     api.put("pods", gpu("c", "infer", 1, {"team": "serving"}, {}))
-    eventually(lambda: sum(r["running"] for r in rows(db_url, "gpu_pods")) == 2, timeout=15)
+    eventually(lambda: recorded(db_url, 2, 1), timeout=15)
     for minute in (10, 30):
         first.jobs.snapshot(h + timedelta(minutes=minute))
     now[0] = h + timedelta(minutes=40)
@@ -568,7 +574,7 @@ def test_values_beyond_max_values_fold_into_other_and_retention_prunes(
     app = recorder_app(db_url, clock=lambda: now[0], aggregation__max_values=1, retention__days=1)
     for name, team, n in (("x1", "x", 3), ("y1", "y", 2), ("z1", "z", 1)):
         api.put("pods", gpu(name, "ml", n, {"team": team}, {}))
-    eventually(lambda: sum(r["running"] for r in rows(db_url, "gpu_pods")) == 3, timeout=15)
+    eventually(lambda: recorded(db_url, 3, 1), timeout=15)
     for minute in (10, 40):
         app.jobs.snapshot(h + timedelta(minutes=minute))
     assert app.writer.flush(10)

@@ -563,7 +563,8 @@ def test_hours_without_samples_answer_numbers_and_say_so(
         app = recorder_app(db_url, clock=lambda: AT, prometheus__url=empty.base)
         eventually(
             lambda: sum(r["running"] for r in rows(db_url, "gpu_pods")) == 2
-            and len(rows(db_url, "gpu_workloads")) == 2,
+            and len(rows(db_url, "gpu_workloads")) == 2
+            and len(rows(db_url, "nodes")) == 1,  # the snapshots' capacity
             timeout=15,
         )
         h = datetime.fromtimestamp(T0, UTC)

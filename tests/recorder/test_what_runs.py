@@ -72,7 +72,8 @@ def started(
     app = recorder_app(db_url, clock=lambda: later)
     eventually(
         lambda: sum(r["running"] for r in rows(db_url, "gpu_pods")) == 2
-        and len(rows(db_url, "gpu_workloads")) == 4,
+        and len(rows(db_url, "gpu_workloads")) == 4
+        and len(rows(db_url, "nodes")) == 2,  # the snapshots' capacity
         timeout=15,
     )
     return app, pods, h, later
