@@ -41,8 +41,8 @@ docs: setup-test
 	$(PY) scripts/routes_reference.py
 	$(VENV)/bin/mkdocs build --strict -d site
 
-# The setup, lint, then two xdist workers, one per group (tests/conftest.py says which
-# tests go together); the kernel matrix's guests boot during the setup (scripts/test.sh).
+# The setup, lint, then two xdist workers over groups of tests (tests/conftest.py says
+# which go together); the kernel matrix's guests boot during the setup (scripts/test.sh).
 test:
 	@scripts/test.sh
 

@@ -16,4 +16,4 @@ stop_guests() {
 trap stop_guests EXIT
 scripts/setup.sh test
 scripts/lint.sh
-.venv/bin/python -m pytest -q -rs --durations=25 -n 2 --dist loadgroup tests
+.venv/bin/python -m pytest -q -rs --durations=25 -n 2 --dist loadgroup --no-loadscope-reorder tests

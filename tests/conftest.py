@@ -87,17 +87,27 @@ def netns_unavailable() -> str | None:
     return None
 
 
-# `make test` runs two pytest-xdist workers (`-n 2 --dist loadgroup`), one per group:
-# what loads BPF programs or starts agents on this host (their exact counts see the
-# host's traffic, and the kernel matrix's wait is theirs) in one, the recorder's suite
-# and the Kubernetes labs (a node, API servers: their own network namespace, ports
-# and directories) in the other. Each group runs in order, as a plain run does.
-SECOND_GROUP = ("tests/kube/", "tests/recorder/")
+# `make test` runs two pytest-xdist workers (`-n 2 --dist loadgroup --no-loadscope-reorder`)
+# over work units, each a group of tests run in order by one worker: a worker takes the
+# next unit, in collection order, when it has finished its last. "host" is what loads BPF
+# programs or starts agents on this host (their exact counts see the host's traffic, and
+# the kernel matrix's wait is theirs), so one worker runs all of it; "kube" is the
+# Kubernetes labs (one node lab, API servers) in order; each module of tests/recorder is a
+# unit of its own (its own ports, databases and directories), as is each of tests/unit. So
+# the first worker takes the host's tests and the second the node, and both then share the
+# rest (the recorder's modules, then the unit tests': small units, so both end together).
+HOST, KUBE = "host", "kube"
 MATRIX = "tests/vm/test_kernel_matrix.py"
 
 
 def _group(nodeid: str) -> str:
-    return "services" if nodeid.startswith(SECOND_GROUP) else "host"
+    path = nodeid.split("::", 1)[0]
+    if path.startswith("tests/kube/"):
+        return KUBE
+    for folder in ("recorder", "unit"):
+        if path.startswith(f"tests/{folder}/"):
+            return f"{folder}-{Path(path).stem}"
+    return HOST
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist names the groups in the test ids
