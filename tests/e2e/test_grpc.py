@@ -89,7 +89,21 @@ def test_filtered_subscriber_gets_exactly_its_containers_execs(tmp_path: Path) -
                 for e in reader.events
             )
 
-        wait_for(lambda: echoed(everything, two) and echoed(filtered, one), "both echoes")
+        def seen() -> str:  # what each stream has of /bin/*, for a failure's message
+            def of(reader: Reader) -> list[tuple[str, str, int]]:
+                return [
+                    (
+                        e.process_exec.filename,
+                        e.process_exec.identity.container_id,
+                        e.process_exec.cgroup_id,
+                    )
+                    for e in reader.events
+                    if e.process_exec.filename.startswith("/bin/")
+                ]
+
+            return f"both echoes ({one}, {two}); all: {of(everything)}; {one}'s: {of(filtered)}"
+
+        wait_for(lambda: echoed(everything, two) and echoed(filtered, one), seen)
         got, allev = filtered.close(), everything.close()
         assert {e.process_exec.identity.container_id for e in got} == {one}
         assert [

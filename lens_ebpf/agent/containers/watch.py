@@ -1,6 +1,14 @@
 """inotify on containerd's task directories: a new container is indexed the moment its
 spec (config.json) and then its init.pid are written, however short its life, rather
-than whenever the next exec or read cycle happens to look."""
+than whenever the next exec or read cycle happens to look.
+
+The tree is state/<task root>/<namespace>/<container>. containerd makes a task root and
+a namespace's directory only with their first container, so the state directory itself
+is watched for a task root, and a directory created under a watched one is walked as
+soon as it is watched: whatever was made in it before the watch took is watched too, and
+counts as a change. (Before, a task root made after the agent started was found by a
+once-a-second poll: the first containers of a runtime that had run none, a few
+milliseconds each, came and went unseen.)"""
 
 from __future__ import annotations
 
@@ -10,6 +18,7 @@ import os
 import select
 import struct
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,16 +28,22 @@ log = logging.getLogger(__name__)
 
 IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x8, 0x80, 0x100, 0x200
 IN_ISDIR, IN_NONBLOCK, IN_CLOEXEC = 0x40000000, 0x800, 0x80000
+IN_Q_OVERFLOW, IN_IGNORED = 0x4000, 0x8000  # sent whatever the mask
 MASK = IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_DELETE
 EVENT = struct.Struct("iIII")
+CONTAINER_DEPTH = 3  # state/<task root>/<namespace>/<container>
+TICK = 0.5  # how soon stop() is heard
 
 
 class RuntimeWatcher:
     """Calls on_change when containerd adds or removes a task or writes its files."""
 
-    def __init__(self, state_dir: Path, on_change: Callable[[], object]) -> None:
+    def __init__(
+        self, state_dir: Path, on_change: Callable[[], object], poll_seconds: float = 1.0
+    ) -> None:
         self.state_dir = state_dir
         self.on_change = on_change
+        self.poll_seconds = poll_seconds  # the state directory itself made after the start
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._fd = self._libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if self._fd < 0:
@@ -38,23 +53,33 @@ class RuntimeWatcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="runtime-watch", daemon=True)
 
-    def _watch(self, path: Path) -> None:
+    def _watch(self, path: Path) -> bool:
+        """Watch one directory; whether it was not watched before."""
         if path in self._paths or not path.is_dir():
-            return
+            return False
         wd = self._libc.inotify_add_watch(self._fd, str(path).encode(), MASK)
-        if wd >= 0:
-            self._watched[wd] = path
-            self._paths.add(path)
+        if wd < 0:
+            return False
+        self._watched[wd] = path
+        self._paths.add(path)
+        return True
 
-    def _watch_tree(self) -> None:
-        """The task roots, each containerd namespace, and each container directory."""
+    def _watch_tree(self) -> bool:
+        """The state directory, the task roots, each containerd namespace and each
+        container directory; whether any of them was not watched before."""
+        new = self._watch(self.state_dir)
         for task_dir in TASK_DIRS:
             root = self.state_dir / task_dir
-            self._watch(root)
-            for ns in (p for p in root.iterdir() if p.is_dir()) if root.is_dir() else ():
-                self._watch(ns)
-                for c in (p for p in ns.iterdir() if p.is_dir()):
-                    self._watch(c)
+            new |= self._watch(root)
+            for ns in _subdirs(root):
+                new |= self._watch(ns)
+                for c in _subdirs(ns):
+                    new |= self._watch(c)
+        return new
+
+    def _depth(self, path: Path) -> int:
+        """0 for the state directory, 1 a task root, 2 a namespace, 3 a container."""
+        return len(path.relative_to(self.state_dir).parts)
 
     def start(self) -> None:
         self._watch_tree()
@@ -66,27 +91,55 @@ class RuntimeWatcher:
         os.close(self._fd)
 
     def _run(self) -> None:
+        polled = time.monotonic()
         while not self._stop.is_set():
-            ready, _, _ = select.select([self._fd], [], [], 1.0)
+            ready, _, _ = select.select([self._fd], [], [], min(TICK, self.poll_seconds))
+            if time.monotonic() - polled >= self.poll_seconds:
+                polled = time.monotonic()
+                if self._watch_tree():  # the state directory made since
+                    self._changed()
             if not ready:
-                self._watch_tree()  # a task root containerd created since
                 continue
             try:
                 data = os.read(self._fd, 65536)
             except BlockingIOError:
                 continue
-            changed = False
+            changed = walk = False
             off = 0
             while off + EVENT.size <= len(data):
                 wd, mask, _cookie, length = EVENT.unpack_from(data, off)
                 name = data[off + EVENT.size : off + EVENT.size + length].rstrip(b"\0")
                 off += EVENT.size + length
+                if mask & IN_Q_OVERFLOW:  # events were lost: look at everything
+                    walk = changed = True
+                    continue
                 parent = self._watched.get(wd)
-                if parent is not None and mask & IN_CREATE and mask & IN_ISDIR:
-                    self._watch(parent / name.decode(errors="replace"))
+                if parent is None:
+                    continue
+                if mask & IN_IGNORED:  # the directory went: a new one of its name is new
+                    del self._watched[wd]
+                    self._paths.discard(parent)
+                    continue
+                depth = self._depth(parent)
+                if depth == 0 and name.decode(errors="replace") not in TASK_DIRS:
+                    continue  # the rest of containerd's state: not containers
+                if mask & IN_CREATE and mask & IN_ISDIR and depth < CONTAINER_DEPTH:
+                    walk = True
                 changed = True
+            if walk:
+                self._watch_tree()  # the new directory, and what was made in it already
             if changed:
-                try:
-                    self.on_change()
-                except Exception:  # the watcher must outlive a bad refresh
-                    log.exception("container refresh failed")
+                self._changed()
+
+    def _changed(self) -> None:
+        try:
+            self.on_change()
+        except Exception:  # the watcher must outlive a bad refresh
+            log.exception("container refresh failed")
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        return [p for p in path.iterdir() if p.is_dir()]
+    except OSError:  # not made yet, or gone
+        return []
