@@ -67,18 +67,22 @@ class RuntimeWatcher:
     def _watch_tree(self) -> bool:
         """The state directory, the task roots, each containerd namespace and each
         container directory; whether any of them was not watched before."""
-        new = self._watch(self.state_dir)
-        for task_dir in TASK_DIRS:
-            root = self.state_dir / task_dir
-            new |= self._watch(root)
-            for ns in _subdirs(root):
-                new |= self._watch(ns)
-                for c in _subdirs(ns):
-                    new |= self._watch(c)
+        return self._watch_below(self.state_dir, 0)
+
+    def _watch_below(self, path: Path, depth: int) -> bool:
+        """path (depth 0 the state directory, 1 a task root, 2 a namespace, 3 a container)
+        and the directories below it down to the containers'; whether any of them was not
+        watched before."""
+        new = self._watch(path)
+        if depth == 0:
+            below = [path / task_dir for task_dir in TASK_DIRS]
+        else:
+            below = _subdirs(path) if depth < CONTAINER_DEPTH else []
+        for child in below:
+            new |= self._watch_below(child, depth + 1)
         return new
 
     def _depth(self, path: Path) -> int:
-        """0 for the state directory, 1 a task root, 2 a namespace, 3 a container."""
         return len(path.relative_to(self.state_dir).parts)
 
     def start(self) -> None:
@@ -104,14 +108,15 @@ class RuntimeWatcher:
                 data = os.read(self._fd, 65536)
             except BlockingIOError:
                 continue
-            changed = walk = False
+            changed, made = False, []  # made: (a new directory, its depth)
             off = 0
             while off + EVENT.size <= len(data):
                 wd, mask, _cookie, length = EVENT.unpack_from(data, off)
                 name = data[off + EVENT.size : off + EVENT.size + length].rstrip(b"\0")
                 off += EVENT.size + length
                 if mask & IN_Q_OVERFLOW:  # events were lost: look at everything
-                    walk = changed = True
+                    made.append((self.state_dir, 0))
+                    changed = True
                     continue
                 parent = self._watched.get(wd)
                 if parent is None:
@@ -120,14 +125,14 @@ class RuntimeWatcher:
                     del self._watched[wd]
                     self._paths.discard(parent)
                     continue
-                depth = self._depth(parent)
-                if depth == 0 and name.decode(errors="replace") not in TASK_DIRS:
+                depth, child = self._depth(parent), name.decode(errors="replace")
+                if depth == 0 and child not in TASK_DIRS:
                     continue  # the rest of containerd's state: not containers
                 if mask & IN_CREATE and mask & IN_ISDIR and depth < CONTAINER_DEPTH:
-                    walk = True
+                    made.append((parent / child, depth + 1))
                 changed = True
-            if walk:
-                self._watch_tree()  # the new directory, and what was made in it already
+            for path, depth in made:  # each, and what was made in it before its watch
+                self._watch_below(path, depth)
             if changed:
                 self._changed()
 
