@@ -139,3 +139,11 @@ def rows(url: str, table: str) -> list[dict[str, Any]]:
             ]
     finally:
         eng.dispose()
+
+
+def recorded(url: str, pods: int, nodes: int) -> bool:
+    """The service has stored this many running GPU pods and nodes: a snapshot taken
+    before the nodes are in counts no capacity, so no cluster allocation (the pods' and the
+    nodes' watches store independently)."""
+    running = sum(r["running"] for r in rows(url, "gpu_pods"))
+    return running == pods and len(rows(url, "nodes")) == nodes

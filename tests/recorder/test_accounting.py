@@ -16,7 +16,7 @@ from lens_ebpf.recorder.accounting.jobs import HOURLY
 from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer, eventually, pod
 from tests.recorder import objects
-from tests.recorder.conftest import rows
+from tests.recorder.conftest import recorded, rows
 from tests.recorder.objects import NS, state
 from tests.recorder.test_cluster_api import (
     CONTRACTS,
@@ -42,14 +42,6 @@ def unknown(app: Any, path: str, rows: int) -> Any:
         "OK; figures unknown, answered as 0: " f"{rows} of these hours' rows have no GPU " "samples"
     ), body["meta"]
     return body["data"]
-
-
-def recorded(url: str, pods: int, nodes: int) -> bool:
-    """The service has stored this many running GPU pods and nodes: a snapshot taken
-    before the nodes are in counts no capacity, so no cluster allocation (the pods' and the
-    nodes' watches store independently)."""
-    running = sum(r["running"] for r in rows(url, "gpu_pods"))
-    return running == pods and len(rows(url, "nodes")) == nodes
 
 
 def gpu(

@@ -14,7 +14,7 @@ import requests
 from lens_ebpf.core.times import aware
 from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer, eventually, pod
-from tests.recorder.conftest import example, rows
+from tests.recorder.conftest import example, recorded, rows
 
 GO = "AMD-AGI/Primus-SaFE@c946dc3d Lens/modules"
 
@@ -1383,9 +1383,7 @@ def test_hourly_stats_from_snapshots_and_prometheus(
             retention__days=1,
         )
         eventually(
-            lambda: len(rows(url, "nodes")) == 2
-            and sum(r["running"] for r in rows(url, "gpu_pods")) == 2
-            and app.jobs.runs["hourly"] >= 1,
+            lambda: recorded(url, 2, 2) and app.jobs.runs["hourly"] >= 1,
             timeout=15,
         )
         for minute in (10, 40):

@@ -14,7 +14,7 @@ import requests
 
 from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer, eventually
-from tests.recorder.conftest import rows
+from tests.recorder.conftest import recorded, rows
 from tests.recorder.go_types import CONTRACT, INT, NUM, STR, TIME, violations
 from tests.recorder.objects import U, gpu_pod, state
 from tests.recorder.test_alert_pages import post_alerts
@@ -92,9 +92,7 @@ def fill(
     api.put("pods", plain_gpu_pod("c", "gpu-2", "nvidia.com/gpu", 1, "Running"))
     objects(api, AT)
     eventually(
-        lambda: sum(r["running"] for r in rows(url, "gpu_pods")) == 3
-        and len(rows(url, "gpu_workloads")) == 2
-        and len(rows(url, "nodes")) == 2,
+        lambda: recorded(url, 3, 2) and len(rows(url, "gpu_workloads")) == 2,
         timeout=15,
     )
     report_gpus(app)
@@ -562,9 +560,7 @@ def test_hours_without_samples_answer_numbers_and_say_so(
             api.put("pods", state(p, "Running", True))
         app = recorder_app(db_url, clock=lambda: AT, prometheus__url=empty.base)
         eventually(
-            lambda: sum(r["running"] for r in rows(db_url, "gpu_pods")) == 2
-            and len(rows(db_url, "gpu_workloads")) == 2
-            and len(rows(db_url, "nodes")) == 1,  # the snapshots' capacity
+            lambda: recorded(db_url, 2, 1) and len(rows(db_url, "gpu_workloads")) == 2,
             timeout=15,
         )
         h = datetime.fromtimestamp(T0, UTC)

@@ -13,7 +13,7 @@ import requests
 
 from tests.conftest import hang_guard
 from tests.k8slab import FakeApiServer, eventually
-from tests.recorder.conftest import rows
+from tests.recorder.conftest import recorded, rows
 from tests.recorder.objects import NS, U, gpu_pod, state, template, workload
 from tests.recorder.test_cluster_api import node
 
@@ -71,9 +71,7 @@ def started(
     pods = cluster(api)
     app = recorder_app(db_url, clock=lambda: later)
     eventually(
-        lambda: sum(r["running"] for r in rows(db_url, "gpu_pods")) == 2
-        and len(rows(db_url, "gpu_workloads")) == 4
-        and len(rows(db_url, "nodes")) == 2,  # the snapshots' capacity
+        lambda: recorded(db_url, 2, 2) and len(rows(db_url, "gpu_workloads")) == 4,
         timeout=15,
     )
     return app, pods, h, later
