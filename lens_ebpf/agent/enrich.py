@@ -91,9 +91,18 @@ class Enrichment:
 
     def _with_workload(self, who: dict[str, str]) -> dict[str, str]:
         """An identity with its pod's owner workload, where the cluster index knows the pod
-        (a new dict then; who itself is left as it was)."""
-        if self.index is not None and who["pod"]:
+        (a new dict then; who itself is left as it was). A pod named by its uid alone (a
+        kubepods cgroup whose container the runtime no longer lists) is named in full."""
+        if self.index is None:
+            return who
+        if who["pod"]:
             pod = self.index.pod(who["namespace"], who["pod"])
+        elif who["pod_uid"]:
+            pod = self.index.pod_by_uid(who["pod_uid"])
             if pod is not None:
-                return {**who, "workload_kind": pod.workload_kind, "workload": pod.workload}
+                who = {**who, "namespace": pod.namespace, "pod": pod.name}
+        else:
+            return who
+        if pod is not None:
+            return {**who, "workload_kind": pod.workload_kind, "workload": pod.workload}
         return who

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from lens_ebpf.agent import config
+from lens_ebpf.agent.bpf import btf
 from lens_ebpf.agent.bpf.loader import BpfLoader
 from lens_ebpf.agent.containers.cgroups import CgroupIndex, cgroup_path
 from lens_ebpf.agent.containers.resolver import ContainerResolver
@@ -157,6 +158,56 @@ def test_short_lived_container_still_attributed(prig: ProcRig, ctd: Containerd) 
     assert [e["kind"] for e in events] == ["process_exec", "process_exit"]
     assert events[0]["container"] == cid and events[0]["cgroup"] == f"/default/{cid}"
     assert events[1]["exit_code"] == 0
+
+
+def test_container_gone_before_its_records_are_read(ctd: Containerd) -> None:
+    """A starved agent, made certain here: nothing reads the ring buffer or the runtime
+    while a pod's container runs; its cgroup and runtime state are gone when the records
+    are read. The kernel's record of the cgroup's path (proc_events.c's cgroup_paths)
+    still names the container, and the pod through its uid."""
+    if btf.running() is None:
+        pytest.skip(f"no BTF ({btf.VMLINUX}): the kernel's cgroup paths need it")
+    cid = uuid.uuid4().hex + uuid.uuid4().hex
+    obj = pod("late-0", "", "team-l", owner=("Job", "late"))
+    uid = obj["metadata"]["uid"] = str(uuid.uuid4())
+    cgroup = f"/kubepods/besteffort/pod{uid}/{cid}"
+    cfg = config.load(None, env={})
+    cache, bus, loader = MetricCache(3600, 100000), EventBus(100000), BpfLoader()
+    resolver = ContainerResolver(CgroupIndex.for_host(), ContainerdState(ctd.state))
+    enrich = Enrichment(resolver)
+    enrich.index = ClusterIndex()
+    enrich.index.replace_pods([obj])
+    procs = ProcEvents(cfg.bpf, cache, bus, loader, enrich)
+    assert procs.start(), loader.status
+    assert loader.status["proc_events"].paths["cgroup_paths"] == "btf"
+    sub = bus.subscribe("late", accept=lambda e: e.get("pod_uid") == uid, maxsize=10**6)
+    try:
+        res = ctd.run(cid, "/bin/sh", "-c", "/bin/echo late; exit 4", cgroup=cgroup)
+        assert res.returncode == 4, res.stderr
+        assert resolver.index.root is not None
+        assert not (resolver.index.root / cgroup.lstrip("/")).exists()  # gone with it
+        assert cid not in ctd.ctr("container", "ls", "-q").stdout
+        events: list = []
+        with polling(procs, loader):
+            events = ProcRig(procs, bus, cache).drain(sub, exited("sh"))
+    finally:
+        loader.close()
+    execs = [e["filename"] for e in events if e["kind"] == "process_exec"]
+    assert execs[-2:] == ["/bin/sh", "/bin/echo"]
+    exits = {e["comm"]: e["exit_code"] for e in events if e["kind"] == "process_exit"}
+    assert exits["echo"] == 0 and exits["sh"] == 4
+    for e in events:
+        assert (e["cgroup"], e["container_id"], e["pod_uid"]) == (cgroup, cid, uid)
+        assert (e["namespace"], e["pod"], e["workload_kind"], e["workload"]) == (
+            "team-l",
+            "late-0",
+            "Job",
+            "late",
+        )
+        assert e["container"] == ""  # its name was in the runtime's state only
+    labels = ("team-l", "late-0", "")
+    assert cache.get(EXECS, labels) == len(execs)
+    assert cache.get(EXITS, (*labels, "error")) == 1  # sh
 
 
 def test_oom_kill_attributed_to_its_container(prig: ProcRig, ctd: Containerd) -> None:

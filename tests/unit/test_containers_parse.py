@@ -9,6 +9,7 @@ from lens_ebpf.agent.containers.cgroups import (
     CgroupIndex,
     cgroup2_root,
     cgroup_path,
+    kernel_path,
     parse_cgroup,
 )
 from lens_ebpf.agent.containers.pods import container_event, pods_view
@@ -267,6 +268,69 @@ def test_an_exited_container_names_its_late_records_for_a_while(tmp_path) -> Non
     now[0] += 0.5
     resolver.refresh()
     assert resolver.resolve(cgroup_id)[1] is None
+
+
+def slots(*names: bytes, size: int = 16, depth: int = 8) -> list[bytes]:
+    """proc_events.c's cgroup_paths names: each NUL-ended in a slot of size bytes."""
+    return [n.ljust(size, b"\0") for n in names] + [b"\x7f" * size] * (depth - len(names))
+
+
+def test_the_kernels_cgroup_path() -> None:
+    """Leaf first up to the root (whose name is empty); anything short of that is no path."""
+    assert kernel_path(slots(b"c1", b"pod-a", b"kubepods", b""), 4, True) == "/kubepods/pod-a/c1"
+    assert kernel_path(slots(b""), 1, True) == "/"
+    assert kernel_path(slots(b"c1", b"kubepods", b""), 3, False) is None  # deeper than 8
+    assert kernel_path(slots(b"c1", b"kubepods"), 2, True) is None  # the last is no root
+    assert kernel_path(slots(b"c1", b""), 0, True) is None
+    assert kernel_path(slots(b"c1", b""), 9, True) is None
+    # a name that filled its slot may have been cut short: not a path to trust
+    assert kernel_path(slots(b"x" * 15, b""), 2, True) is None
+    assert kernel_path(slots(b"x" * 14, b""), 2, True) == "/" + "x" * 14
+
+
+def test_a_cgroup_gone_before_it_was_indexed_is_named_by_the_kernels_path(tmp_path) -> None:
+    """The kernel recorded the path of a pod's cgroup that no longer exists: the resolver
+    indexes it, the container id and pod uid come from it, and the cluster index names
+    the pod by its uid."""
+    cgroups = tmp_path / "cgroup"
+    cgroups.mkdir()
+    gone = f"/kubepods/besteffort/pod{UID}/{CID}"
+    recorded = {4242: gone}
+    resolver = ContainerResolver(
+        CgroupIndex(cgroups, min_rescan=0), ContainerdState(tmp_path / "state", tmp_path)
+    )
+    resolver.kernel_path = recorded.get
+    enrich = Enrichment(resolver)
+    path, who, settled = enrich.cgroup(4242)
+    assert (path, who["container_id"], who["pod_uid"], who["pod"]) == (gone, CID, UID, "")
+    assert not settled  # its container may yet be listed
+    assert resolver.index.path(4242, rescan=False) == gone
+    obj = pod("web-0", "", "team-a", owner=("StatefulSet", "web"))
+    obj["metadata"]["uid"] = UID
+    enrich.index = ClusterIndex()
+    enrich.index.replace_pods([obj])
+    _, who, _ = enrich.cgroup(4242)
+    assert (who["namespace"], who["pod"], who["workload_kind"], who["workload"]) == (
+        "team-a",
+        "web-0",
+        "StatefulSet",
+        "web",
+    )
+    assert who["container"] == ""  # the runtime's state alone has its name
+    assert enrich.cgroup(4343)[0] == "/"  # nothing recorded, nothing indexed: the host
+
+
+def test_the_cluster_index_finds_pods_by_uid() -> None:
+    index = ClusterIndex()
+    a, b = pod("a-0", "10.0.0.1", "ns"), pod("b-0", "10.0.0.2", "ns")
+    index.replace_pods([a, b])
+    assert index.pod_by_uid("uid-a-0").name == "a-0" and index.pod_by_uid("nope") is None
+    again = pod("a-0", "10.0.0.1", "ns")
+    again["metadata"]["uid"] = "uid-a-1"  # the same name, a new pod
+    index.pod_event("MODIFIED", again)
+    assert index.pod_by_uid("uid-a-0") is None and index.pod_by_uid("uid-a-1").name == "a-0"
+    index.pod_event("DELETED", b)
+    assert index.pod_by_uid("uid-b-0") is None
 
 
 def test_process_records_become_the_events_the_constructor_makes(tmp_path) -> None:

@@ -116,7 +116,8 @@ def test_tcp_flows_paths_and_fields_per_kernel(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(EXPECT))
 def test_proc_events_degrades_only_the_missing_fields(name: str) -> None:
     plan = resolve(proc_events.SPEC, kernel(name))
-    assert plan.loadable and set(plan.paths().values()) == {TRACEPOINT}
+    assert plan.loadable and plan.paths().pop("cgroup_paths") == "off"  # no BTF given
+    assert set(plan.paths().values()) - {"off"} == {TRACEPOINT}
     assert ("LENS_TP_EXIT_GROUP_DEAD" in plan.defines) is (name == "6.18")
     assert "LENS_TP_OOM_COMM" in plan.defines  # every kernel here names the OOM victim
     if name != "6.18":
@@ -201,7 +202,9 @@ def test_summary_says_what_an_absent_optional_need_costs(tmp_path: Path) -> None
         "syscalls:sys_enter_exit missing): exits carry no exit code; "
         "signals: off (no tracepoint: signal:signal_deliver missing): "
         "exits carry no killing signal; "
-        "oom: off (no tracepoint: oom:mark_victim missing): no OOM kill events"
+        "oom: off (no tracepoint: oom:mark_victim missing): no OOM kill events; "
+        "cgroup_paths: off (no btf: BTF (/sys/kernel/btf/vmlinux absent or unreadable) "
+        "missing): a container gone before the agent reads its records is not named"
     )
 
 
@@ -364,3 +367,39 @@ def test_a_lifecycle_that_cannot_go_btf_typed_takes_the_classic_tracepoint_unrep
         assert plan.btf_tracepoints() == () and "LENS_LIFECYCLE_BTF" not in plan.defines
         assert plan.btf_trace_ids == {}
         assert "lifecycle" not in plan.summary()
+
+
+@needs_btf
+@pytest.mark.parametrize("parent", ["__parent", "parent"])
+def test_cgroup_paths_read_the_kernfs_parent_by_either_name(parent: str) -> None:
+    """Linux 6.15 renamed kernfs_node.parent to __parent: either places the same member;
+    the first path, passed over where the name is the other, is not reported."""
+    assert HOST_BTF is not None
+    real = HOST_BTF.member("kernfs_node.__parent") or HOST_BTF.member("kernfs_node.parent")
+    assert real is not None
+
+    class Named:
+        def __init__(self, inner: object) -> None:
+            self._inner = inner
+
+        def member(self, path: str) -> tuple[int, int] | None:
+            if path.startswith("kernfs_node.") and path.endswith("parent"):
+                return real if path == f"kernfs_node.{parent}" else None
+            return HOST_BTF.member(path)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._inner, name)
+
+    k = Kernel(FIXTURES / "6.18" / "events", False, btf=Named(HOST_BTF))
+    plan = resolve(proc_events.SPEC, k)
+    assert plan.paths()["cgroup_paths"] == "btf" and "cgroup_paths" not in plan.summary()
+    for define, member in (
+        ("LENS_TASK_CGROUPS_OFF", "task_struct.cgroups"),
+        ("LENS_CSS_SET_DFL_CGRP_OFF", "css_set.dfl_cgrp"),
+        ("LENS_CGROUP_KN_OFF", "cgroup.kn"),
+        ("LENS_KERNFS_NAME_OFF", "kernfs_node.name"),
+    ):
+        got = HOST_BTF.member(member)
+        assert got is not None and plan.defines[define] == got[0]
+    assert plan.defines["LENS_KERNFS_PARENT_OFF"] == real[0]
+    assert plan.defines["LENS_CGROUP_PATHS"] == 1

@@ -84,6 +84,23 @@ def parse_cgroup(path: str) -> CgroupRef:
     return CgroupRef(path, pod_uid=pod_uid, qos=qos)
 
 
+def kernel_path(names: list[bytes], levels: int, complete: bool) -> str | None:
+    """A cgroup's path from proc_events.c's cgroup_paths entry: each name a NUL-ended
+    slot, from the cgroup up to its hierarchy's root (whose own name is empty), levels
+    of them written; None where the root was not reached or a name may be cut short."""
+    if not complete or not 0 < levels <= len(names):
+        return None
+    parts = []
+    for slot in names[:levels]:
+        name = slot.split(b"\0", 1)[0]
+        if len(name) >= len(slot) - 1:  # the kernel's copy stops a byte short of the slot
+            return None
+        parts.append(name.decode(errors="replace"))
+    if parts[-1]:  # not a hierarchy's root
+        return None
+    return "/" + "/".join(reversed(parts[:-1]))
+
+
 def cgroup2_root(mountinfo: str) -> str | None:
     """Where the cgroup v2 hierarchy is mounted, from /proc/self/mountinfo."""
     for line in mountinfo.splitlines():
@@ -136,6 +153,11 @@ class CgroupIndex:
         with self._lock:
             self._paths[ino] = path if path.startswith("/") else "/" + path
         return ino
+
+    def learn(self, cgroup_id: int, path: str) -> None:
+        """Index a path found another way (the kernel's record of a cgroup now gone)."""
+        with self._lock:
+            self._paths.setdefault(cgroup_id, path)
 
     def path(self, cgroup_id: int, rescan: bool = True) -> str | None:
         """The path of a cgroup id; on a miss, walk the hierarchy again (at most 1/s)."""

@@ -53,6 +53,9 @@ class ContainerResolver:
         self._lock = threading.Lock()
         self._missed: set[int] = set()  # cgroup ids a runtime scan was already done for
         self._indexed: set[str] = set()  # containers whose cgroup is in the index
+        # cgroup id -> its path as the kernel recorded it when a record named it
+        # (proc_events.c's cgroup_paths), for a cgroup gone before it could be indexed
+        self.kernel_path: Callable[[int], str | None] = lambda cgroup_id: None
         # told of every change, whichever path (read loop or a lookup miss) found it
         self.on_change: Callable[[list[ContainerInfo], list[ContainerInfo]], None] = (
             lambda started, exited: None
@@ -98,7 +101,12 @@ class ContainerResolver:
             if cgroup_id not in self._missed or self._clock() - self._last > self._min_rescan:
                 self._missed.add(cgroup_id)
                 self.refresh()
-            path = self.index.path(cgroup_id)
+            path = self.index.path(cgroup_id, rescan=False)
+            if path is None and (path := self.kernel_path(cgroup_id)) is not None:
+                # a container gone before its cgroup could be indexed: the kernel's names
+                self.index.learn(cgroup_id, path)
+            if path is None:
+                path = self.index.path(cgroup_id)
         ref = parse_cgroup(path or "/")
         if not ref.container_id:
             return ref, None
@@ -127,8 +135,9 @@ def identity(ref: CgroupRef, info: ContainerInfo | None) -> dict[str, str]:
     """Event fields naming the container and pod; empty strings for the host."""
     if info is None:
         # a kubepods cgroup we have no runtime record of still names its container
+        # (a pod's cgroup: its leaf is the container's id, whatever the runtime)
         return {
-            "container_id": ref.container_id if ref.runtime else "",
+            "container_id": ref.container_id if ref.runtime or ref.pod_uid else "",
             "container": "",
             "pod": "",
             "namespace": "",

@@ -129,6 +129,7 @@ class _Table:
     bound: int
     entries: dict[tuple[str, str], _Entry] = field(default_factory=dict)
     by_ip: dict[str, tuple[str, str]] = field(default_factory=dict)
+    by_uid: dict[str, tuple[str, str]] = field(default_factory=dict)  # pods'
     refused: int = 0
 
 
@@ -192,8 +193,9 @@ class ClusterIndex:
                 continue
             new[(rec.namespace, rec.name)] = entry(rec)
         by_ip = {ip: key for key, e in new.items() for ip in e.ips}
+        by_uid = {e.ident.uid: key for key, e in new.items() if e.ident.uid}
         with self._lock:
-            table.entries, table.by_ip = new, by_ip
+            table.entries, table.by_ip, table.by_uid = new, by_ip, by_uid
             self.changes += 1
 
     def _event(
@@ -216,6 +218,8 @@ class ClusterIndex:
                 for ip in old.ips:
                     if table.by_ip.get(ip) == key:
                         del table.by_ip[ip]
+                if table.by_uid.get(old.ident.uid) == key:
+                    del table.by_uid[old.ident.uid]
             if new is not None:
                 if old is None and len(table.entries) >= table.bound:
                     table.refused += 1
@@ -223,6 +227,8 @@ class ClusterIndex:
                 table.entries[key] = new
                 for ip in new.ips:
                     table.by_ip[ip] = key
+                if new.ident.uid:
+                    table.by_uid[new.ident.uid] = key
             self.changes += 1
 
     def replace_pods(self, objs: Iterable[dict[str, Any]]) -> None:
@@ -250,6 +256,13 @@ class ClusterIndex:
     def pod(self, namespace: str, name: str) -> Identity | None:
         with self._lock:
             entry = self._pods.entries.get((namespace, name))
+        return entry.ident if entry else None
+
+    def pod_by_uid(self, uid: str) -> Identity | None:
+        """The pod of that uid (a container's cgroup names its pod by uid alone)."""
+        with self._lock:
+            key = self._pods.by_uid.get(uid)
+            entry = self._pods.entries.get(key) if key else None
         return entry.ident if entry else None
 
     def counts(self) -> dict[str, int]:

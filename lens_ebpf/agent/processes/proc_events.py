@@ -14,6 +14,7 @@ from lens_ebpf.agent.bpf.loader import BpfLoader, plan_for
 from lens_ebpf.agent.bpf.program import Records, RingProgram
 from lens_ebpf.agent.bpf.spec import BTF, TRACEPOINT, BtfField, Field, Need, ProbePath, ProgramSpec
 from lens_ebpf.agent.config import BpfConfig
+from lens_ebpf.agent.containers.cgroups import kernel_path
 from lens_ebpf.agent.enrich import Enrichment
 from lens_ebpf.agent.events import EventBus, ProcessEvent, maker
 from lens_ebpf.agent.metrics.cache import COUNTER, MetricCache
@@ -21,6 +22,19 @@ from lens_ebpf.agent.metrics.cache import COUNTER, MetricCache
 log = logging.getLogger(__name__)
 
 NAME = "proc_events"
+
+
+def _cgroup_path_fields(parent: str) -> tuple[BtfField, ...]:
+    """The members proc_events.c's remember_path reads, with the kernfs parent's name."""
+    return (
+        BtfField("LENS_TASK_CGROUPS_OFF", "task_struct.cgroups", 8),
+        BtfField("LENS_CSS_SET_DFL_CGRP_OFF", "css_set.dfl_cgrp", 8),
+        BtfField("LENS_CGROUP_KN_OFF", "cgroup.kn", 8),
+        BtfField("LENS_KERNFS_NAME_OFF", "kernfs_node.name", 8),
+        BtfField("LENS_KERNFS_PARENT_OFF", f"kernfs_node.{parent}", 8),
+    )
+
+
 # What proc_events.c needs, and what is lost without the optional parts (bpf/spec.py).
 SPEC = ProgramSpec(
     NAME,
@@ -59,6 +73,19 @@ SPEC = ProgramSpec(
             (ProbePath(TRACEPOINT, ("oom:mark_victim",), "LENS_OOM"),),
             optional=True,
             what_is_lost="no OOM kill events",
+        ),
+        # a cgroup's path read in the kernel, for records read after it is gone; the
+        # kernfs node's parent is __parent from Linux 6.15
+        Need(
+            "cgroup_paths",
+            (
+                ProbePath(
+                    BTF, (), "LENS_CGROUP_PATHS", btf=_cgroup_path_fields("parent"), quiet=True
+                ),
+                ProbePath(BTF, (), "LENS_CGROUP_PATHS", btf=_cgroup_path_fields("__parent")),
+            ),
+            optional=True,
+            what_is_lost="a container gone before the agent reads its records is not named",
         ),
     ),
     fields=(
@@ -219,6 +246,12 @@ class ProcEvents(RingProgram):
         if self.bpf is None:
             return False
         layouts.check_layout("proc_event", layouts.ProcEvent, self.bpf[b"layout_proc_event"].Leaf)
+        try:
+            self._cgroup_paths = self.bpf[b"cgroup_paths"]  # LENS_CGROUP_PATHS chosen
+        except KeyError:
+            pass
+        else:
+            self.resolver.kernel_path = self._kernel_path
         self.open_records(
             b"proc_events",
             self._on_event,
@@ -291,6 +324,16 @@ class ProcEvents(RingProgram):
             self.cache.inc(_METRICS[metric], (*labels, cls) if metric == 1 else labels, n)
         if bad:
             self.records_lost(bad, first_error)
+
+    def _kernel_path(self, cgroup_id: int) -> str | None:
+        """The path proc_events.c read for a cgroup when a record named it, if any."""
+        try:
+            got = self._cgroup_paths[ctypes.c_uint64(cgroup_id)]
+        except KeyError:
+            return None
+        raw, size = bytes(got.names), got.name_len or 1
+        names = [raw[i : i + size] for i in range(0, len(raw), size)]
+        return kernel_path(names, got.levels, bool(got.complete))
 
     def _remember_comm(self, pid: int, comm: str) -> None:
         """pid -> its comm at exec, bounded like the kernel's process map."""

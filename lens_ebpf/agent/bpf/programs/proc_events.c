@@ -21,6 +21,10 @@
  *   -DLENS_SIGNALS signal:signal_deliver  a fatal signal taken with SIG_DFL (Linux 3.3+)
  *   -DLENS_OOM oom:mark_victim   the OOM killer's victim            (Linux 4.19+ for pid;
  *                                its comm, -DLENS_TP_OOM_COMM, where the kernel has it)
+ *   -DLENS_CGROUP_PATHS          the path of a cgroup user space has not named yet, read
+ *                                from the current task's cgroup where the running kernel's
+ *                                BTF places the members (LENS_*_OFF below): a container
+ *                                gone before user space looks is still named
  *
  * sched_process_exit carries no exit code. Where the kernel describes itself in BTF the
  * task's exit_code is read at that offset; elsewhere the code comes from the exit
@@ -115,7 +119,68 @@ static __always_inline struct proc_event *reserve(u32 kind, u32 pid, u32 ppid)
     return e;
 }
 
-static __always_inline void submit(struct proc_event *e)
+#ifdef LENS_CGROUP_PATHS
+/* The names from a cgroup up to its hierarchy's root, leaf first (the root's is empty),
+ * of each cgroup a record names before user space has named it: its records are read
+ * after the fact, and a container of a few milliseconds, its cgroup with it, may be gone
+ * by then (runc removes the cgroup with the container). Written once per cgroup, by the
+ * first such record of a task in it; user space reads it where its own index of the
+ * hierarchy has no such id. levels: the names written; complete: the root was reached. */
+#define CGROUP_PATH_DEPTH 8
+#define CGROUP_NAME_LEN 128
+#define CGROUP_PATHS 512
+struct cgroup_path {
+    u8 names[CGROUP_PATH_DEPTH * CGROUP_NAME_LEN]; /* flat: BCC's Python type is 1-D */
+    u32 name_len;                                  /* CGROUP_NAME_LEN: each name's slot */
+    u32 levels;
+    u32 complete;
+    u32 pad;
+};
+BPF_TABLE("lru_hash", u64, struct cgroup_path, cgroup_paths, CGROUP_PATHS);
+BPF_PERCPU_ARRAY(cgroup_path_scratch, struct cgroup_path, 1); /* too big for the stack */
+
+/* the current task's cgroup of the default hierarchy (bpf_get_current_cgroup_id's):
+ * task->cgroups->dfl_cgrp->kn, then each kernfs node's name and parent */
+static __always_inline void remember_path(u64 cgroup)
+{
+    if (cgroup_paths.lookup(&cgroup))
+        return;
+    u32 zero = 0;
+    struct cgroup_path *p = cgroup_path_scratch.lookup(&zero);
+    if (!p)
+        return;
+    void *task = (void *)bpf_get_current_task();
+    void *set = 0, *cgrp = 0, *kn = 0, *name = 0;
+    bpf_probe_read_kernel(&set, sizeof(set), task + LENS_TASK_CGROUPS_OFF);
+    if (!set)
+        return;
+    bpf_probe_read_kernel(&cgrp, sizeof(cgrp), set + LENS_CSS_SET_DFL_CGRP_OFF);
+    if (!cgrp)
+        return;
+    bpf_probe_read_kernel(&kn, sizeof(kn), cgrp + LENS_CGROUP_KN_OFF);
+    p->name_len = CGROUP_NAME_LEN;
+    p->levels = 0;
+#pragma unroll
+    for (int i = 0; i < CGROUP_PATH_DEPTH; i++) {
+        if (kn) {
+            name = 0;
+            bpf_probe_read_kernel(&name, sizeof(name), kn + LENS_KERNFS_NAME_OFF);
+            p->names[i * CGROUP_NAME_LEN] = 0;
+            if (name)
+                bpf_probe_read_kernel_str(&p->names[i * CGROUP_NAME_LEN], CGROUP_NAME_LEN,
+                                          name);
+            p->levels = i + 1;
+            bpf_probe_read_kernel(&kn, sizeof(kn), kn + LENS_KERNFS_PARENT_OFF);
+        }
+    }
+    p->complete = kn == 0;
+    cgroup_paths.update(&cgroup, p);
+}
+#endif
+
+/* current: the record is of the task running now (an exec, an exit), whose cgroup's path
+ * can be read; an OOM kill's runs in the killer's context */
+static __always_inline void submit(struct proc_event *e, int current)
 {
     u32 idx = PS_EVENTS;
     u64 *n = pstats.lookup(&idx);
@@ -125,6 +190,10 @@ static __always_inline void submit(struct proc_event *e)
     if (!known_cgroups.lookup(&cgroup)) {
         e->flags |= REC_NEW_CGROUP;
         wake = BPF_RB_FORCE_WAKEUP;
+#ifdef LENS_CGROUP_PATHS
+        if (current)
+            remember_path(cgroup);
+#endif
     }
     proc_events.ringbuf_submit(e, wake);
 }
@@ -154,7 +223,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     bpf_get_current_comm(&e->comm, sizeof(e->comm));
     unsigned short off = args->data_loc_filename & 0xFFFF;
     bpf_probe_read_kernel_str(e->filename, sizeof(e->filename), (void *)args + off);
-    submit(e);
+    submit(e, 1);
     return 0;
 }
 
@@ -245,7 +314,7 @@ TRACEPOINT_PROBE(oom, mark_victim)
 #else
     e->comm[0] = 0; /* user space names it from the exec it saw, when it can */
 #endif
-    submit(e);
+    submit(e, 0);
     return 0;
 }
 #endif
@@ -293,7 +362,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
             e->flags |= PF_EXIT_CALLED;
         }
 #endif
-        submit(e);
+        submit(e, 1);
     }
     procs.delete(&tgid);
     return 0;
