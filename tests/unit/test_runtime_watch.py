@@ -1,11 +1,13 @@
 """The container runtime watcher on a real inotify: containerd's task tree made after the
 agent started, a container of a few milliseconds, and one whose name comes back. The
-once-a-second poll is switched off (an hour), so only inotify can find them."""
+once-a-second poll is switched off (an hour), so only inotify can find them; and the
+poll walks the tree only while part of it is unwatched."""
 
 from __future__ import annotations
 
 import shutil
 import threading
+import time
 from pathlib import Path
 
 from lens_ebpf.agent.containers.runtime import TASK_DIRS
@@ -73,5 +75,31 @@ def test_the_rest_of_containerds_state_is_not_watched(tmp_path: Path) -> None:
         assert seen.wait("303"), seen.pids
         watched = {p.relative_to(tmp_path).as_posix() for p in watcher._paths}
         assert watched == {".", TASK_DIRS[0], f"{TASK_DIRS[0]}/k8s.io", f"{TASK_DIRS[0]}/k8s.io/c2"}
+    finally:
+        watcher.stop()
+
+
+def test_the_tree_is_walked_again_only_while_part_of_it_is_unwatched(tmp_path: Path) -> None:
+    """A state directory made after the start is found by the poll (every 50 ms here);
+    once it is watched, inotify alone tells what changes: no walk of the tree again."""
+    state = tmp_path / "state"
+    c3 = state / TASK_DIRS[0] / "default" / "c3"
+    seen = Seen(c3)
+    watcher = RuntimeWatcher(state, seen, poll_seconds=0.05)
+    watcher.start()
+    try:
+        deadline = time.monotonic() + hang_guard(10)
+        while watcher.walks < 3:  # the start's, and the poll's while the directory is absent
+            assert time.monotonic() < deadline, watcher.walks
+            time.sleep(0.01)
+        c3.mkdir(parents=True)
+        (c3 / "init.pid").write_text("404")
+        assert seen.wait("404"), seen.pids
+        walks = watcher.walks
+        for pid in ("405", "406"):  # changes, and quiet time: no walk for either
+            (c3 / "init.pid").write_text(pid)
+            assert seen.wait(pid), seen.pids
+        time.sleep(0.5)
+        assert watcher.walks == walks
     finally:
         watcher.stop()

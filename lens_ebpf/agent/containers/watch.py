@@ -8,7 +8,9 @@ is watched for a task root, and a directory created under a watched one is walke
 soon as it is watched: whatever was made in it before the watch took is watched too, and
 counts as a change. (Before, a task root made after the agent started was found by a
 once-a-second poll: the first containers of a runtime that had run none, a few
-milliseconds each, came and went unseen.)"""
+milliseconds each, came and went unseen.) The whole tree is walked again, once a
+poll_seconds, only while some of it is not watched: the state directory not made yet, or
+a watch the kernel refused; otherwise inotify alone says what changed."""
 
 from __future__ import annotations
 
@@ -43,7 +45,11 @@ class RuntimeWatcher:
     ) -> None:
         self.state_dir = state_dir
         self.on_change = on_change
-        self.poll_seconds = poll_seconds  # the state directory itself made after the start
+        # how often the tree is walked again while some of it is not watched: the state
+        # directory not made yet, or a watch the kernel refused (fs.inotify.max_user_watches)
+        self.poll_seconds = poll_seconds
+        self._unwatched = False
+        self.walks = 0  # whole-tree walks, the first included
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._fd = self._libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if self._fd < 0:
@@ -59,6 +65,7 @@ class RuntimeWatcher:
             return False
         wd = self._libc.inotify_add_watch(self._fd, str(path).encode(), MASK)
         if wd < 0:
+            self._unwatched = self._unwatched or path.is_dir()  # refused, not gone: again later
             return False
         self._watched[wd] = path
         self._paths.add(path)
@@ -67,6 +74,8 @@ class RuntimeWatcher:
     def _watch_tree(self) -> bool:
         """The state directory, the task roots, each containerd namespace and each
         container directory; whether any of them was not watched before."""
+        self.walks += 1
+        self._unwatched = False
         return self._watch_below(self.state_dir, 0)
 
     def _watch_below(self, path: Path, depth: int) -> bool:
@@ -98,9 +107,10 @@ class RuntimeWatcher:
         polled = time.monotonic()
         while not self._stop.is_set():
             ready, _, _ = select.select([self._fd], [], [], min(TICK, self.poll_seconds))
-            if time.monotonic() - polled >= self.poll_seconds:
+            partial = self._unwatched or self.state_dir not in self._paths
+            if partial and time.monotonic() - polled >= self.poll_seconds:
                 polled = time.monotonic()
-                if self._watch_tree():  # the state directory made since
+                if self._watch_tree():  # the state directory made since, or a watch taken
                     self._changed()
             if not ready:
                 continue
