@@ -12,7 +12,7 @@ from sqlalchemy import Connection, delete, func, or_, select, update
 
 from lens_ebpf.recorder import inputs
 from lens_ebpf.recorder.alerts.logrules import check_rule
-from lens_ebpf.recorder.alerts.model import clone_target, need_name, new_id, row_dict
+from lens_ebpf.recorder.alerts.model import clone_target, need_name, new_id, paged, row_dict
 from lens_ebpf.recorder.errors import BadRequest, Conflict, Forbidden, NotFound
 from lens_ebpf.recorder.store import schema as t
 
@@ -32,25 +32,8 @@ def page(conn: Connection, filters: dict[str, Any], offset: int, limit: int) -> 
     if filters.get("search"):
         like = f"%{str(filters['search']).lower()}%"
         cond.append(or_(func.lower(r.c.name).like(like), func.lower(r.c.description).like(like)))
-    total = int(conn.execute(select(func.count()).select_from(r).where(*cond)).scalar_one())
-    rows = [
-        row_dict(r, x)
-        for x in conn.execute(
-            select(r)
-            .where(*cond)
-            .order_by(r.c.priority.desc(), r.c.created_at.desc(), r.c.id)
-            .offset(offset)
-            .limit(limit)
-        )
-    ]
-    return {
-        "data": rows,
-        "rules": rows,
-        "total": total,
-        "offset": offset,
-        "limit": limit,
-        "cluster_name": filters.get("cluster") or "",
-    }
+    got = paged(conn, r, cond, (r.c.priority.desc(), r.c.created_at.desc(), r.c.id), offset, limit)
+    return {**got, "rules": got["data"], "cluster_name": filters.get("cluster") or ""}
 
 
 def get(conn: Connection, rid: int) -> Any:

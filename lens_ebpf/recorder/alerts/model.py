@@ -4,10 +4,11 @@ null, lists as lists), the values a field may take, and the parameters the pages
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, Table, select
+from sqlalchemy import Connection, Row, Table, func, select
 
 from lens_ebpf.core.times import aware
 from lens_ebpf.recorder.errors import BadRequest
@@ -71,6 +72,23 @@ def row_dict(table: Table, row: Row[Any]) -> dict[str, Any]:
         v = getattr(row, col.name)
         out[col.name] = when(v) if isinstance(v, datetime) else v
     return out
+
+
+def paged(
+    conn: Connection,
+    table: Table,
+    cond: Sequence[Any],
+    order: Sequence[Any],
+    offset: int,
+    limit: int,
+    row: Callable[[Row[Any]], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """One page of a table's rows where every cond holds, in order, and how many hold:
+    {data, total, offset, limit}, each row as row gives it (row_dict by default)."""
+    total = int(conn.execute(select(func.count()).select_from(table).where(*cond)).scalar_one())
+    rows = conn.execute(select(table).where(*cond).order_by(*order).offset(offset).limit(limit))
+    make = row or (lambda r: row_dict(table, r))
+    return {"data": [make(r) for r in rows], "total": total, "offset": offset, "limit": limit}
 
 
 def alert_json(row: Row[Any], table: Table) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import promql_parser
 import yaml
 from sqlalchemy import Connection, delete, func, or_, select, update
 
-from lens_ebpf.recorder.alerts.model import clone_target, need_name, new_id, row_dict
+from lens_ebpf.recorder.alerts.model import clone_target, need_name, new_id, paged
 from lens_ebpf.recorder.errors import BadRequest, Conflict, Forbidden, NotFound
 from lens_ebpf.recorder.store import schema as t
 
@@ -240,20 +240,8 @@ class MetricRules:
             cond.append(
                 or_(func.lower(r.c.name).like(like), func.lower(r.c.description).like(like))
             )
-        total = int(conn.execute(select(func.count()).select_from(r).where(*cond)).scalar_one())
-        rows = conn.execute(
-            select(r)
-            .where(*cond)
-            .order_by(r.c.built_in, r.c.created_at.desc(), r.c.id)
-            .offset(offset)
-            .limit(limit)
-        )
-        return {
-            "data": [row_dict(r, x) for x in rows],
-            "total": total,
-            "offset": offset,
-            "limit": limit,
-        }
+        order = (r.c.built_in, r.c.created_at.desc(), r.c.id)
+        return paged(conn, r, cond, order, offset, limit)
 
     def get(self, conn: Connection, rid: int) -> Any:
         r = t.metric_alert_rules

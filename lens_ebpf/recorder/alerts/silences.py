@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import Connection, delete, func, or_, select, update
 
 from lens_ebpf.recorder.alerts import patterns
-from lens_ebpf.recorder.alerts.model import need_name, parse_time, row_dict
+from lens_ebpf.recorder.alerts.model import need_name, paged, parse_time, row_dict
 from lens_ebpf.recorder.alerts.notify import Alertmanager, SendError
 from lens_ebpf.recorder.errors import BadRequest, NotFound
 from lens_ebpf.recorder.store import schema as t
@@ -201,20 +201,7 @@ def silenced(
         )
         if v
     ]
-    total = int(conn.execute(select(func.count()).select_from(sa).where(*cond)).scalar_one())
-    rows = conn.execute(
-        select(sa)
-        .where(*cond)
-        .order_by(sa.c.silenced_at.desc(), sa.c.id)
-        .offset(offset)
-        .limit(limit)
-    )
-    return {
-        "data": [row_dict(sa, r) for r in rows],
-        "total": total,
-        "offset": offset,
-        "limit": limit,
-    }
+    return paged(conn, sa, cond, (sa.c.silenced_at.desc(), sa.c.id), offset, limit)
 
 
 class Silences:
@@ -260,20 +247,8 @@ class Silences:
         if search:
             like = f"%{search.lower()}%"
             cond.append(or_(func.lower(s.c.name).like(like), func.lower(s.c.reason).like(like)))
-        total = int(conn.execute(select(func.count()).select_from(s).where(*cond)).scalar_one())
-        rows = conn.execute(
-            select(s)
-            .where(*cond)
-            .order_by(s.c.created_at.desc(), s.c.id)
-            .offset(offset)
-            .limit(limit)
-        )
-        return {
-            "data": [self.json(conn, r) for r in rows],
-            "total": total,
-            "offset": offset,
-            "limit": limit,
-        }
+        order = (s.c.created_at.desc(), s.c.id)
+        return paged(conn, s, cond, order, offset, limit, lambda r: self.json(conn, r))
 
     def active(self, conn: Connection, now: datetime) -> list[dict[str, Any]]:
         s = t.alert_silences
