@@ -23,6 +23,7 @@ from lens_ebpf.agent.bpf.spec import (
     BtfField,
     Kernel,
     Need,
+    Plan,
     ProbePath,
     ProgramSpec,
     resolve,
@@ -228,6 +229,14 @@ needs_btf = pytest.mark.skipif(
 )
 
 
+def placed_as_btf_says(plan: Plan, members: dict[str, str]) -> None:
+    """Each -D define of the plan is the byte offset the host's BTF gives its member."""
+    assert HOST_BTF is not None
+    for define, member in members.items():
+        got = HOST_BTF.member(member)
+        assert got is not None and plan.defines[define] == got[0], (define, member, got)
+
+
 @needs_btf
 def test_with_btf_bytes_come_from_the_socket_counters_through_the_tcp_iterator() -> None:
     plan = resolve(tcp_flows.SPEC, Kernel(FIXTURES / "6.18" / "events", False, btf=HOST_BTF))
@@ -235,14 +244,14 @@ def test_with_btf_bytes_come_from_the_socket_counters_through_the_tcp_iterator()
     assert plan.iterators() == ("tcp",)
     assert plan.raw_tracepoints() == () and plan.kprobes() == ()
     assert "sock:sock_send_length" not in plan.tracepoints()
-    assert HOST_BTF is not None
-    for define, member in (
-        ("LENS_TCP_BYTES_ACKED_OFF", "tcp_sock.bytes_acked"),
-        ("LENS_TCP_COPIED_SEQ_OFF", "tcp_sock.copied_seq"),
-        ("LENS_SK_FLAGS_OFF", "sock.__sk_common.skc_flags"),
-    ):
-        got = HOST_BTF.member(member)
-        assert got is not None and plan.defines[define] == got[0]
+    placed_as_btf_says(
+        plan,
+        {
+            "LENS_TCP_BYTES_ACKED_OFF": "tcp_sock.bytes_acked",
+            "LENS_TCP_COPIED_SEQ_OFF": "tcp_sock.copied_seq",
+            "LENS_SK_FLAGS_OFF": "sock.__sk_common.skc_flags",
+        },
+    )
     assert plan.defines["LENS_BYTES_COUNTERS"] == 1
 
 
@@ -331,14 +340,15 @@ def test_with_btf_the_lifecycle_attaches_btf_typed_and_reads_the_socket_where_bt
     assert "sock:inet_sock_set_state" not in plan.tracepoints()
     assert plan.defines["LENS_LIFECYCLE_BTF"] == 1
     assert HOST_BTF is not None
-    for define, member in (
-        ("LENS_INET_SPORT_OFF", "inet_sock.inet_sport"),
-        ("LENS_INET_SADDR_OFF", "inet_sock.inet_saddr"),
-        ("LENS_SK_DPORT_OFF", "sock.__sk_common.skc_dport"),
-        ("LENS_SK_V6_DADDR_OFF", "sock.__sk_common.skc_v6_daddr"),
-    ):
-        got = HOST_BTF.member(member)
-        assert got is not None and plan.defines[define] == got[0]
+    placed_as_btf_says(
+        plan,
+        {
+            "LENS_INET_SPORT_OFF": "inet_sock.inet_sport",
+            "LENS_INET_SADDR_OFF": "inet_sock.inet_saddr",
+            "LENS_SK_DPORT_OFF": "sock.__sk_common.skc_dport",
+            "LENS_SK_V6_DADDR_OFF": "sock.__sk_common.skc_v6_daddr",
+        },
+    )
     # what the loader attaches it against: the kernel's btf_trace_<event> typedef, which
     # the plan carries so the loader does not parse the kernel's BTF again
     tid = HOST_BTF.trace_typedef("inet_sock_set_state")
@@ -393,13 +403,14 @@ def test_cgroup_paths_read_the_kernfs_parent_by_either_name(parent: str) -> None
     k = Kernel(FIXTURES / "6.18" / "events", False, btf=Named(HOST_BTF))
     plan = resolve(proc_events.SPEC, k)
     assert plan.paths()["cgroup_paths"] == "btf" and "cgroup_paths" not in plan.summary()
-    for define, member in (
-        ("LENS_TASK_CGROUPS_OFF", "task_struct.cgroups"),
-        ("LENS_CSS_SET_DFL_CGRP_OFF", "css_set.dfl_cgrp"),
-        ("LENS_CGROUP_KN_OFF", "cgroup.kn"),
-        ("LENS_KERNFS_NAME_OFF", "kernfs_node.name"),
-    ):
-        got = HOST_BTF.member(member)
-        assert got is not None and plan.defines[define] == got[0]
+    placed_as_btf_says(
+        plan,
+        {
+            "LENS_TASK_CGROUPS_OFF": "task_struct.cgroups",
+            "LENS_CSS_SET_DFL_CGRP_OFF": "css_set.dfl_cgrp",
+            "LENS_CGROUP_KN_OFF": "cgroup.kn",
+            "LENS_KERNFS_NAME_OFF": "kernfs_node.name",
+        },
+    )
     assert plan.defines["LENS_KERNFS_PARENT_OFF"] == real[0]
     assert plan.defines["LENS_CGROUP_PATHS"] == 1
