@@ -8,6 +8,7 @@ development machines' 6.18 (`python -m tests.vm.formats` refreshes them).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -385,7 +386,8 @@ def test_cgroup_paths_read_the_kernfs_parent_by_either_name(parent: str) -> None
     """Linux 6.15 renamed kernfs_node.parent to __parent: either places the same member;
     the first path, passed over where the name is the other, is not reported."""
     assert HOST_BTF is not None
-    real = HOST_BTF.member("kernfs_node.__parent") or HOST_BTF.member("kernfs_node.parent")
+    host: btf.Btf = HOST_BTF
+    real = host.member("kernfs_node.__parent") or host.member("kernfs_node.parent")
     assert real is not None
 
     class Named:
@@ -395,12 +397,12 @@ def test_cgroup_paths_read_the_kernfs_parent_by_either_name(parent: str) -> None
         def member(self, path: str) -> tuple[int, int] | None:
             if path.startswith("kernfs_node.") and path.endswith("parent"):
                 return real if path == f"kernfs_node.{parent}" else None
-            return HOST_BTF.member(path)
+            return host.member(path)
 
         def __getattr__(self, name: str) -> object:
             return getattr(self._inner, name)
 
-    k = Kernel(FIXTURES / "6.18" / "events", False, btf=Named(HOST_BTF))
+    k = Kernel(FIXTURES / "6.18" / "events", False, btf=cast(btf.Btf, Named(host)))
     plan = resolve(proc_events.SPEC, k)
     assert plan.paths()["cgroup_paths"] == "btf" and "cgroup_paths" not in plan.summary()
     placed_as_btf_says(
