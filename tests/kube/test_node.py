@@ -554,9 +554,17 @@ def test_gpu_workloads_from_the_device_plugin_to_the_agent_and_the_recorder(
         timeout=30,
     )
     assert recorder_workloads()["train"]["gpu_allocated"] == 1
-    wait_for(
-        lambda: status("train") == "Done", lambda: f"train Done: {recorder_workloads()}", timeout=90
-    )
+
+    def train_seen() -> str:  # the API's Job and pods beside the recorder's, for a failure
+        api = lens.get(f"/apis/batch/v1/namespaces/{APP}/jobs/train").get("status", {})
+        pods = [
+            (p["metadata"]["name"], p["status"].get("phase"), p["status"].get("containerStatuses"))
+            for p in lens.pods(APP, "job-name=train")
+        ]
+        mine = recorder_workloads()
+        return f"train Done: the API's Job {api}, its pods {pods}; the recorder's {mine}"
+
+    wait_for(lambda: status("train") == "Done", train_seen, timeout=90)
     done = recorder_workloads()["train"]
     assert done["end_at"] > done["start_at"] and done["uid"] == made["metadata"]["uid"]
     lens.kubectl("delete", "job", "train", "-n", APP, "--wait=false")
